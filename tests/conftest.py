@@ -1,0 +1,54 @@
+"""Shared test helpers: run the real CLI, alone or under a real ``mpiexec``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+def mpiexec_path() -> str:
+    """The mpiexec next to this Python (the mpich wheel's), else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.exists() else shutil.which("mpiexec")
+    if not found:
+        pytest.fail("mpiexec not found: install the 'mpich' wheel (pip install mpich)")
+    return found
+
+
+def xpnn_cmd(args: list[str], ranks: int = 1) -> list[str]:
+    """The command line that runs ``python -m xpnn ARGS`` on ``ranks`` real MPI processes."""
+    base = [sys.executable, "-m", "xpnn", *args]
+    if ranks == 1:
+        return base
+    return [mpiexec_path(), "-n", str(ranks), *base]
+
+
+def run_xpnn(
+    args: list[str], ranks: int = 1, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run the CLI and capture its output; a hang fails the test instead of the suite."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        xpnn_cmd(args, ranks),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=full_env,
+    )
+
+
+@pytest.fixture
+def fashion_dir() -> Path:
+    """Debian's dataset-fashion-mnist; CI installs it, so its absence is a failure, not a skip."""
+    if not (FASHION_DIR / "train-images-idx3-ubyte.gz").exists():
+        pytest.fail(f"{FASHION_DIR} missing: apt-get install dataset-fashion-mnist")
+    return FASHION_DIR
