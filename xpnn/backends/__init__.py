@@ -1,0 +1,52 @@
+"""Backends: one per array library. ``get_backend`` is the only way the rest of xpnn gets one."""
+
+from __future__ import annotations
+
+from xpnn.backends.base import Backend, NumpyBackend
+from xpnn.errors import UserError
+
+BACKENDS = ("numpy", "numba", "cupy", "auto")
+
+
+def get_backend(name: str, dtype: str = "float32", device_id: int = 0) -> Backend:
+    """Build the named backend; ``auto`` is CuPy where a GPU is usable, else Numba."""
+    if name == "auto":
+        name = "cupy" if gpu_unavailable_reason() is None else "numba"
+    if name == "numpy":
+        return NumpyBackend(dtype)
+    if name == "numba":
+        from xpnn.backends.numba_backend import NumbaBackend
+
+        return NumbaBackend(dtype)
+    if name == "cupy":
+        from xpnn.backends.cupy_backend import CupyBackend
+
+        return CupyBackend(dtype, device_id)
+    raise UserError(f"--backend: unknown backend {name!r} (choose {', '.join(BACKENDS)})")
+
+
+def gpu_unavailable_reason() -> str | None:
+    """None when CuPy and a CUDA device are usable, else the one-line reason why not."""
+    from xpnn.backends.cupy_backend import import_cupy
+
+    try:
+        import_cupy()
+    except UserError as exc:
+        return str(exc).removeprefix("--backend cupy: ")
+    return None
+
+
+def availability() -> dict[str, str | None]:
+    """Each concrete backend -> None if usable, else why not (for ``xpnn info``)."""
+    out: dict[str, str | None] = {"numpy": None}
+    try:
+        import numba  # noqa: F401
+
+        out["numba"] = None
+    except ImportError as exc:
+        out["numba"] = f"Numba is not installed ({exc})"
+    out["cupy"] = gpu_unavailable_reason()
+    return out
+
+
+__all__ = ["Backend", "BACKENDS", "get_backend", "availability", "gpu_unavailable_reason"]

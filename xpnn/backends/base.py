@@ -1,0 +1,72 @@
+"""The Backend object: everything array-library specific that the network needs, in one place.
+
+Network code receives a Backend and uses ``backend.xp`` and ``backend.kernels``; it never imports
+numpy or cupy. A backend subclass overrides only what differs (device, transfers, kernels).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from xpnn.backends.kernels import Kernels
+
+
+class Backend:
+    """An array namespace plus device, transfers, randomness, default dtype and kernel table."""
+
+    name: str = "base"
+    is_gpu: bool = False
+
+    def __init__(self, xp: ModuleType, kernels: Kernels, dtype: str = "float32") -> None:
+        if dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64, not {dtype!r}")
+        self.xp = xp
+        self.kernels = kernels
+        self.dtype_name = dtype
+        self.dtype = getattr(xp, dtype)
+
+    # -- device -------------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    def synchronize(self) -> None:
+        """Wait for queued device work; a no-op on the CPU, needed for honest GPU timings."""
+
+    # -- transfers ----------------------------------------------------------------------
+    def asarray(self, a: Any, dtype: Any = None) -> Any:
+        """Host (NumPy) data -> this backend's array, in ``dtype`` (default: the model dtype)."""
+        return self.xp.asarray(a, dtype=self.dtype if dtype is None else dtype)
+
+    def to_host(self, a: Any) -> np.ndarray:
+        """This backend's array -> a NumPy array (a copy on GPU backends)."""
+        return np.asarray(a)
+
+    # -- randomness ---------------------------------------------------------------------
+    @staticmethod
+    def host_rng(*seed: int) -> np.random.Generator:
+        """A seeded host generator: initial weights are drawn on the host so every backend (and
+        every rank before the broadcast) starts from bit-identical parameters."""
+        return np.random.default_rng(list(seed))
+
+    def pack_host(self, values: list[tuple[Any, tuple[int, ...]]]) -> np.ndarray:
+        """Concatenate initial values (arrays or constants with shapes) into one host vector."""
+        parts = [np.broadcast_to(np.asarray(v, dtype=np.float64), s).ravel() for v, s in values]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.device}, {self.dtype_name})"
+
+
+class NumpyBackend(Backend):
+    """Plain NumPy on the CPU; BLAS threads do the heavy lifting."""
+
+    name = "numpy"
+
+    def __init__(self, dtype: str = "float32") -> None:
+        from xpnn.backends.kernels import NumpyKernels
+
+        super().__init__(np, NumpyKernels(np), dtype)

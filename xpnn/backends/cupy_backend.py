@@ -1,0 +1,60 @@
+"""CuPy arrays on one NVIDIA GPU, with fused CUDA kernels.
+
+CuPy is imported here, lazily, and only when this backend is asked for: a CPU-only install never
+needs it. The device is chosen from the node-local MPI rank *before* CuPy first touches a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from xpnn.backends.base import Backend
+from xpnn.errors import UserError
+
+
+def import_cupy() -> Any:
+    """Import CuPy and check that a CUDA device is usable; a UserError says which part is not."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise UserError(
+            "--backend cupy: CuPy is not installed (pip install 'xpnn[cuda12]' or "
+            f"'xpnn[cuda13]'): {exc}"
+        ) from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDA driver missing or broken: CuPy raises its own error types
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"--backend cupy: no usable CUDA device ({msg})") from None
+    if count < 1:
+        raise UserError("--backend cupy: no CUDA device found")
+    return cupy
+
+
+class CupyBackend(Backend):
+    """GPU backend: arrays live on ``cuda:<device_id>``; transfers and syncs are explicit."""
+
+    name = "cupy"
+    is_gpu = True
+
+    def __init__(self, dtype: str = "float32", device_id: int = 0) -> None:
+        cupy = import_cupy()
+        self.device_id = device_id % cupy.cuda.runtime.getDeviceCount()
+        cupy.cuda.Device(self.device_id).use()
+        from xpnn.backends.cupy_kernels import CupyKernels
+
+        super().__init__(cupy, CupyKernels(cupy), dtype)
+
+    @property
+    def device(self) -> str:
+        props = self.xp.cuda.runtime.getDeviceProperties(self.device_id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        return f"cuda:{self.device_id} ({name})"
+
+    def synchronize(self) -> None:
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def to_host(self, a: Any) -> np.ndarray:
+        return self.xp.asnumpy(a)

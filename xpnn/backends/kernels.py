@@ -1,0 +1,158 @@
+"""The kernel table: the hot operations of the network, each with a generic ``xp`` version.
+
+``Kernels`` uses only array-API operations, so it runs on NumPy, CuPy and array-api-strict
+alike; that is the proof that the math is portable. Backends subclass it and override only the
+kernels they make faster (fused loops in Numba, elementwise kernels in CuPy). Every kernel takes
+and returns arrays of the backend; none of them synchronises or copies to the host.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from xpnn.backends.conv_kernels import ConvKernels
+
+Array = Any
+ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
+
+
+class Kernels(ConvKernels):
+    """Generic, array-API-only kernels."""
+
+    def __init__(self, xp: ModuleType) -> None:
+        self.xp = xp
+
+    # -- dense layer pieces -------------------------------------------------------------
+    def matmul_into(self, a: Array, b: Array, out: Array) -> Array:
+        """``out[...] = a @ b``; gradients land in views of the flat gradient buffer."""
+        out[...] = self.xp.matmul(a, b)
+        return out
+
+    def activation(self, z: Array, act: str) -> Array:
+        xp = self.xp
+        if act == "relu":
+            return xp.where(z > 0, z, xp.zeros_like(z))
+        if act == "sigmoid":
+            # exp(-|z|) never overflows; the two branches are the same function.
+            e = xp.exp(-xp.abs(z))
+            return xp.where(z >= 0, 1 / (1 + e), e / (1 + e))
+        if act == "tanh":
+            return xp.tanh(z)
+        if act == "identity":
+            return z
+        raise ValueError(f"unknown activation {act!r}")
+
+    def activation_grad(self, dy: Array, y: Array, act: str) -> Array:
+        """dL/dz from dL/dy and the activation's *output* y (all four are cheap that way)."""
+        xp = self.xp
+        if act == "relu":
+            return xp.where(y > 0, dy, xp.zeros_like(dy))
+        if act == "sigmoid":
+            return dy * y * (1 - y)
+        if act == "tanh":
+            return dy * (1 - y * y)
+        if act == "identity":
+            return dy
+        raise ValueError(f"unknown activation {act!r}")
+
+    def bias_act(self, z: Array, b: Array, act: str) -> Array:
+        """``act(z + b)``; may overwrite ``z`` (fused backends do it in place)."""
+        return self.activation(z + b, act)
+
+    def bias_act_backward(self, dy: Array, y: Array, act: str) -> tuple[Array, Array]:
+        """(dL/dz, dL/db) for ``y = act(z + b)``."""
+        dz = self.activation_grad(dy, y, act)
+        return dz, self.xp.sum(dz, axis=0)
+
+    # -- losses -------------------------------------------------------------------------
+    def one_hot(self, labels: Array, num_classes: int, dtype: Any) -> Array:
+        xp = self.xp
+        classes = xp.arange(num_classes, dtype=labels.dtype)
+        return xp.astype(xp.reshape(labels, (-1, 1)) == classes, dtype)
+
+    def softmax_cross_entropy(
+        self, logits: Array, labels: Array, scale: float
+    ) -> tuple[Array, Array]:
+        """(sum of per-sample losses, gradient of ``scale * sum`` w.r.t. the logits).
+
+        The sum (not the mean) is returned so that ranks can add their parts exactly; ``scale``
+        is 1 / global batch so that every rank's gradient is its share of the global mean.
+        """
+        xp = self.xp
+        m = xp.max(logits, axis=1, keepdims=True)
+        e = xp.exp(logits - m)
+        s = xp.sum(e, axis=1, keepdims=True)
+        onehot = self.one_hot(labels, logits.shape[1], logits.dtype)
+        picked = xp.sum(logits * onehot, axis=1)
+        loss = xp.sum(xp.log(s[:, 0]) + m[:, 0] - picked)
+        grad = (e / s - onehot) * scale
+        return loss, grad
+
+    def sigmoid_binary_cross_entropy(
+        self, logits: Array, labels: Array, scale: float
+    ) -> tuple[Array, Array]:
+        """The seeds' cost: independent sigmoids against one-hot targets, summed over classes."""
+        xp = self.xp
+        t = self.one_hot(labels, logits.shape[1], logits.dtype)
+        # log(1 + exp(-|z|)) + max(z, 0) - z t  is  -t log s(z) - (1-t) log(1-s(z)), stably.
+        relu = xp.where(logits > 0, logits, xp.zeros_like(logits))
+        loss = xp.sum(xp.log(1 + xp.exp(-xp.abs(logits))) + relu - logits * t)
+        grad = (self.activation(logits, "sigmoid") - t) * scale
+        return loss, grad
+
+    def count_correct(self, logits: Array, labels: Array) -> Array:
+        xp = self.xp
+        return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.int64))
+
+    # -- optimizer updates, in place on flat buffers ------------------------------------
+    def sgd_update(self, p: Array, g: Array, lr: float) -> None:
+        p -= lr * g
+
+    def momentum_update(self, p: Array, g: Array, v: Array, lr: float, mu: float) -> None:
+        """Heavy-ball momentum: v = mu v + g; p -= lr v (PyTorch's convention)."""
+        v *= mu
+        v += g
+        p -= lr * v
+
+    def adam_update(
+        self,
+        p: Array,
+        g: Array,
+        m: Array,
+        v: Array,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        step: int,
+    ) -> None:
+        """Adam (Kingma & Ba) with bias correction folded into the step size."""
+        m *= beta1
+        m += (1 - beta1) * g
+        v *= beta2
+        v += (1 - beta2) * (g * g)
+        c1 = 1 - beta1**step
+        c2 = 1 - beta2**step
+        p -= (lr / c1) * m / (self.xp.sqrt(v / c2) + eps)
+
+
+class NumpyKernels(Kernels):
+    """NumPy-API kernels (NumPy and CuPy): write results into existing buffers with ``out=``."""
+
+    def matmul_into(self, a: Array, b: Array, out: Array) -> Array:
+        return self.xp.matmul(a, b, out=out)
+
+    def bias_act(self, z: Array, b: Array, act: str) -> Array:
+        xp = self.xp
+        z += b
+        if act == "relu":
+            return xp.maximum(z, 0, out=z)
+        if act == "tanh":
+            return xp.tanh(z, out=z)
+        return self.activation(z, act)
+
+    def one_hot(self, labels: Array, num_classes: int, dtype: Any) -> Array:
+        out = self.xp.zeros((labels.shape[0], num_classes), dtype=dtype)
+        out[self.xp.arange(labels.shape[0]), labels] = 1
+        return out

@@ -1,0 +1,14 @@
+"""Layers, losses and models, written once against ``backend.xp``."""
+
+from xpnn.nn.activations import ReLU, Sigmoid, Tanh
+from xpnn.nn.dense import Dense
+from xpnn.nn.flatten import Flatten
+from xpnn.nn.layer import Context, Layer
+from xpnn.nn.losses import SigmoidBinaryCrossEntropy, SoftmaxCrossEntropy
+from xpnn.nn.models import build_model, cnn, mlp
+from xpnn.nn.sequential import Sequential
+
+__all__ = [
+    "Context", "Dense", "Flatten", "Layer", "ReLU", "Sequential", "Sigmoid",
+    "SigmoidBinaryCrossEntropy", "SoftmaxCrossEntropy", "Tanh", "build_model", "cnn", "mlp",
+]

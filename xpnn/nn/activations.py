@@ -1,0 +1,30 @@
+"""Stand-alone activation layers (Dense fuses its own; convolutions use these)."""
+
+from __future__ import annotations
+
+from xpnn.nn.layer import Array, Context, Layer
+
+
+class Activation(Layer):
+    """Elementwise nonlinearity; backward uses the output, which all of ours allow."""
+
+    kind = "identity"
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        self.y = self.kernels.activation(x, self.kind)
+        return self.y
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        return self.kernels.activation_grad(dy, self.y, self.kind) if need_dx else None
+
+
+class ReLU(Activation):
+    kind = "relu"
+
+
+class Sigmoid(Activation):
+    kind = "sigmoid"
+
+
+class Tanh(Activation):
+    kind = "tanh"

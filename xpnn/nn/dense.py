@@ -1,0 +1,45 @@
+"""Fully connected layer with a fused bias + activation."""
+
+from __future__ import annotations
+
+
+from xpnn.backends.kernels import ACTIVATIONS
+from xpnn.nn import init
+from xpnn.nn.layer import Array, Context, Layer
+
+
+class Dense(Layer):
+    """``y = act(x @ W + b)``; the activation is fused so one kernel touches ``z`` once."""
+
+    def __init__(self, units: int, activation: str = "identity") -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}")
+        self.units = units
+        self.activation = activation
+
+    def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
+        if len(in_shape) != 1:
+            raise ValueError(f"Dense expects flat inputs, got shape {in_shape}: add Flatten")
+        fan_in = in_shape[0]
+        shape = (fan_in, self.units)
+        self.add_param("W", init.for_activation(rng, shape, fan_in, self.units, self.activation))
+        self.add_param("b", 0.0, (self.units,))
+        return (self.units,)
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        z = self.xp.matmul(x, self.params["W"])
+        y = self.kernels.bias_act(z, self.params["b"], self.activation)
+        self.x, self.y = x, y
+        return y
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        dz, db = self.kernels.bias_act_backward(dy, self.y, self.activation)
+        self.kernels.matmul_into(self.x.T, dz, self.grads["W"])
+        self.grads["b"][...] = db
+        return self.xp.matmul(dz, self.params["W"].T) if need_dx else None
+
+    def __repr__(self) -> str:
+        return f"Dense({self.units}, {self.activation})"
+
+

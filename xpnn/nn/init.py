@@ -1,0 +1,23 @@
+"""Weight initialisers, drawn on the host so that every backend starts from the same numbers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def he_normal(rng: Any, shape: tuple[int, ...], fan_in: int) -> Any:
+    """He et al. (2015): keeps ReLU activations' variance constant through depth."""
+    return rng.standard_normal(shape) * math.sqrt(2.0 / fan_in)
+
+
+def xavier_uniform(rng: Any, shape: tuple[int, ...], fan_in: int, fan_out: int) -> Any:
+    """Glorot & Bengio (2010): for symmetric activations (sigmoid, tanh) and the output layer."""
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, size=shape)
+
+
+def for_activation(rng: Any, shape: tuple[int, ...], fan_in: int, fan_out: int, act: str) -> Any:
+    if act == "relu":
+        return he_normal(rng, shape, fan_in)
+    return xavier_uniform(rng, shape, fan_in, fan_out)

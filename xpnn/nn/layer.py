@@ -1,0 +1,61 @@
+"""The Layer contract: build once, then forward and backward side by side.
+
+A layer declares its parameters at ``build`` time with host-side initial values; the model then
+places every parameter and gradient as a view into one flat buffer (what the communicator
+sends whole). ``forward`` keeps what ``backward`` needs; ``backward`` *assigns* (never adds)
+the layer's gradients and returns the gradient of its input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Array = Any
+
+
+@dataclass
+class Context:
+    """What a forward pass needs beyond the input: mode, and what keys dropout's randomness.
+
+    ``sample_ids`` are the samples' indices in the data set and ``step`` the global step, so a
+    sample's dropout mask does not depend on which rank or batch position it landed on.
+    """
+
+    train: bool = False
+    step: int = 0
+    seed: int = 0
+    sample_ids: Array | None = None
+
+
+class Layer:
+    """Base class: parameters, gradients and the backend they live on."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, Array] = {}
+        self.grads: dict[str, Array] = {}
+        self.initial: dict[str, tuple[Any, tuple[int, ...]]] = {}
+
+    def build(self, in_shape: tuple[int, ...], backend: Any, rng: Any) -> tuple[int, ...]:
+        """Bind to a backend, declare parameters (host arrays from ``rng``), return out shape."""
+        self.backend = backend
+        self.xp = backend.xp
+        self.kernels = backend.kernels
+        return self.setup(tuple(in_shape), rng)
+
+    def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        """Override: declare parameters with ``add_param`` and return the output shape."""
+        return in_shape
+
+    def add_param(self, name: str, initial: Any, shape: tuple[int, ...] | None = None) -> None:
+        """Declare a parameter: a host array, or a constant (e.g. 0.0) with its ``shape``."""
+        self.initial[name] = (initial, tuple(shape if shape is not None else initial.shape))
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        raise NotImplementedError
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return type(self).__name__ + "()"

@@ -1,0 +1,103 @@
+"""Sequential model: layers in order, all parameters in one flat buffer, gradients in another.
+
+The flat layout is what makes data parallelism cheap: the communicator reduces a few large
+contiguous slices (buckets) instead of one message per tensor. Parameters are laid out in
+forward order, so the backward pass finishes gradients from the *end* of the buffer towards its
+start; ``on_grads_ready(offset)`` tells the caller that ``grads[offset:]`` is final.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from xpnn.nn.layer import Array, Context, Layer
+from xpnn.nn.losses import SoftmaxCrossEntropy
+
+
+class Sequential:
+    def __init__(self, layers: list[Layer], loss: Any = None) -> None:
+        self.layers = layers
+        self.loss = loss or SoftmaxCrossEntropy()
+
+    # -- construction -------------------------------------------------------------------
+    def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
+        """Initialise every parameter from ``seed`` and place it in the flat buffers."""
+        self.backend, self.xp = backend, backend.xp
+        rng = backend.host_rng(seed, 0)
+        shape = tuple(input_shape)
+        for layer in self.layers:
+            shape = layer.build(shape, backend, rng)
+        self.output_shape = shape
+        entries = [
+            (f"layer{i}.{name}", layer, name, value, shp)
+            for i, layer in enumerate(self.layers)
+            for name, (value, shp) in layer.initial.items()
+        ]
+        self.names = [e[0] for e in entries]
+        self.shapes = [e[4] for e in entries]
+        self.params = backend.asarray(backend.pack_host([(e[3], e[4]) for e in entries]))
+        self.grads = self.xp.zeros_like(self.params)
+        self.layer_offsets: list[int] = []
+        offset = 0
+        for layer in self.layers:
+            self.layer_offsets.append(offset)
+            for name, (_, shp) in layer.initial.items():
+                size = math.prod(shp)
+                layer.params[name] = self._view(self.params, offset, shp)
+                layer.grads[name] = self._view(self.grads, offset, shp)
+                offset += size
+        self.size = offset
+        return self
+
+    def _view(self, flat: Array, offset: int, shape: tuple[int, ...]) -> Array:
+        return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
+
+    # -- compute ------------------------------------------------------------------------
+    def forward(self, x: Array, ctx: Context) -> Array:
+        for layer in self.layers:
+            x = layer.forward(x, ctx)
+        return x
+
+    def backward(
+        self, dlogits: Array, on_grads_ready: Callable[[int], None] | None = None
+    ) -> None:
+        dy = dlogits
+        for i in range(len(self.layers) - 1, -1, -1):
+            dy = self.layers[i].backward(dy, need_dx=i > 0)
+            if on_grads_ready is not None:
+                on_grads_ready(self.layer_offsets[i])
+
+    def loss_and_grads(
+        self,
+        x: Array,
+        labels: Array,
+        ctx: Context,
+        scale: float,
+        on_grads_ready: Callable[[int], None] | None = None,
+    ) -> tuple[Array, Array]:
+        """Forward, loss, backward; returns (loss sum, number correct) as device scalars."""
+        logits = self.forward(x, ctx)
+        correct = self.backend.kernels.count_correct(logits, labels)
+        loss, dlogits = self.loss(self.backend.kernels, logits, labels, scale)
+        self.backward(dlogits, on_grads_ready)
+        return loss, correct
+
+    def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
+        """(loss sum, number correct) in eval mode, without touching the gradients."""
+        logits = self.forward(x, Context(train=False))
+        loss, _ = self.loss(self.backend.kernels, logits, labels, 1.0)
+        return loss, self.backend.kernels.count_correct(logits, labels)
+
+    # -- parameters by name -------------------------------------------------------------
+    def named_params(self) -> dict[str, Array]:
+        """Stable names (``layer0.W``...) -> views; what ``--save`` writes."""
+        out = {}
+        for i, layer in enumerate(self.layers):
+            for name in layer.initial:
+                out[f"layer{i}.{name}"] = layer.params[name]
+        return out
+
+    def summary(self) -> str:
+        return " -> ".join(repr(layer) for layer in self.layers) + f"  ({self.size:,} parameters)"
