@@ -1,0 +1,199 @@
+"""Downloads: hash checks, mirror fallback, caching, atomic writes; a local server only."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from xpnn.data import default_cache_dir, fetch
+from xpnn.errors import UserError
+
+PAYLOAD = b"\x00\x00\x08\x01\x00\x00\x00\x05" + bytes(range(5))
+NAME = "labels-idx1-ubyte.gz"
+GOOD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
+
+
+class Server:
+    """A static file server on 127.0.0.1 in a thread, counting the requests it gets."""
+
+    def __init__(self, root: Path, behaviour: str = "files") -> None:
+        self.requests: list[str] = []
+        self.closing = threading.Event()
+        handler = functools.partial(_Handler, self, behaviour, directory=str(root))
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/files/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    def __init__(self, server: Server, behaviour: str, *args, **kwargs) -> None:
+        self.owner, self.behaviour = server, behaviour
+        super().__init__(*args, **kwargs)
+
+    def translate_path(self, path: str) -> str:
+        return super().translate_path(path.removeprefix("/files"))
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self.owner.requests.append(self.path)
+        if self.behaviour == "short":  # promise more bytes than are sent, then hang up
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(PAYLOAD)
+            self.close_connection = True
+        elif self.behaviour == "silent":  # accept, then never answer
+            self.owner.closing.wait(10)
+        else:
+            super().do_GET()
+
+    def log_message(self, format: str, *args) -> None:  # keep pytest output clean
+        pass
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator:
+    """serve(files={name: bytes}, behaviour=...) -> a running Server; all closed afterwards."""
+    servers: list[Server] = []
+
+    def start(files: dict[str, bytes] | None = None, behaviour: str = "files") -> Server:
+        root = tmp_path / f"www{len(servers)}"
+        root.mkdir()
+        for name, data in (files or {}).items():
+            (root / name).write_bytes(data)
+        servers.append(Server(root, behaviour))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def dead_url() -> str:
+    """A URL on a port nobody listens on: connection refused, no network involved."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/"
+
+
+def listing(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def test_download_is_cached_and_reused(serve, tmp_path: Path) -> None:
+    server = serve({NAME: PAYLOAD})
+    cache = tmp_path / "cache"
+    path = fetch(NAME, GOOD_SHA, [server.url], cache)
+    assert path == cache / NAME and path.read_bytes() == PAYLOAD
+    assert server.requests == ["/files/" + NAME]
+    assert fetch(NAME, GOOD_SHA, [server.url], cache) == path
+    assert len(server.requests) == 1  # the second call never asked
+    assert listing(cache) == [NAME]  # no temporary files left behind
+
+
+def test_cached_copy_needs_no_mirror(tmp_path: Path) -> None:
+    (tmp_path / NAME).write_bytes(PAYLOAD)
+    assert fetch(NAME, GOOD_SHA, [], tmp_path) == tmp_path / NAME
+
+
+def test_corrupt_cached_copy_is_downloaded_again(serve, tmp_path: Path) -> None:
+    server = serve({NAME: PAYLOAD})
+    (tmp_path / NAME).write_bytes(b"garbage")
+    assert fetch(NAME, GOOD_SHA, [server.url], tmp_path).read_bytes() == PAYLOAD
+    assert len(server.requests) == 1
+
+
+def test_checksum_mismatch_rejected_and_nothing_cached(serve, tmp_path: Path) -> None:
+    server = serve({NAME: PAYLOAD + b"tampered"})
+    cache = tmp_path / "cache"
+    with pytest.raises(UserError) as info:
+        fetch(NAME, GOOD_SHA, [server.url], cache)
+    message = str(info.value)
+    assert "\n" not in message and f"{server.url}{NAME}: sha256 mismatch" in message
+    assert listing(cache) == []
+
+
+def test_stale_cached_copy_removed_when_all_mirrors_fail(tmp_path: Path) -> None:
+    (tmp_path / NAME).write_bytes(b"garbage")
+    with pytest.raises(UserError):
+        fetch(NAME, GOOD_SHA, [dead_url()], tmp_path)
+    assert listing(tmp_path) == []
+
+
+def test_mismatch_on_first_mirror_falls_back_to_second(serve, tmp_path: Path) -> None:
+    bad, good = serve({NAME: b"wrong"}), serve({NAME: PAYLOAD})
+    cache = tmp_path / "cache"
+    assert fetch(NAME, GOOD_SHA, [bad.url, good.url], cache).read_bytes() == PAYLOAD
+    assert len(bad.requests) == 1 and len(good.requests) == 1
+    assert listing(cache) == [NAME]
+
+
+def test_dead_first_mirror_falls_back(serve, tmp_path: Path) -> None:
+    server = serve({NAME: PAYLOAD})
+    mirror = server.url.rstrip("/")  # no trailing slash: the separator is added
+    assert fetch(NAME, GOOD_SHA, [dead_url(), mirror], tmp_path).read_bytes() == PAYLOAD
+    assert len(server.requests) == 1
+
+
+def test_all_mirrors_dead_is_one_line_user_error(tmp_path: Path) -> None:
+    mirrors = [dead_url(), dead_url()]
+    cache = tmp_path / "cache"
+    with pytest.raises(UserError) as info:
+        fetch(NAME, GOOD_SHA, mirrors, cache)
+    message = str(info.value)
+    assert "\n" not in message and NAME in message
+    for mirror in mirrors:
+        assert f"{mirror}{NAME}: connection refused" in message
+    assert listing(cache) == []
+
+
+def test_each_failure_reason_reported(serve, tmp_path: Path) -> None:
+    missing = serve({})  # 404
+    short = serve(behaviour="short")
+    mirrors = [missing.url, short.url, "nonsense-without-scheme"]
+    cache = tmp_path / "cache"
+    with pytest.raises(UserError) as info:
+        fetch(NAME, GOOD_SHA, mirrors, cache)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"{missing.url}{NAME}: HTTP 404" in message
+    assert f"{short.url}{NAME}: connection closed early" in message
+    assert "nonsense-without-scheme/" in message
+    assert listing(cache) == []
+
+
+def test_timeout_moves_on(serve, tmp_path: Path) -> None:
+    silent, good = serve(behaviour="silent"), serve({NAME: PAYLOAD})
+    path = fetch(NAME, GOOD_SHA, [silent.url, good.url], tmp_path, timeout=0.3)
+    assert path.read_bytes() == PAYLOAD
+    with pytest.raises(UserError, match=r"timed out after 0\.3 s"):
+        fetch(NAME, "0" * 64, [silent.url], tmp_path / "other", timeout=0.3)
+
+
+def test_no_mirrors_is_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no download mirrors"):
+        fetch(NAME, GOOD_SHA, [], tmp_path)
+
+
+def test_default_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XPNN_DATA_HOME", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "xpnn"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "xpnn"
+    monkeypatch.setenv("XPNN_DATA_HOME", str(tmp_path / "data"))
+    assert default_cache_dir() == tmp_path / "data"

@@ -1,0 +1,59 @@
+"""Seeded per-epoch shuffling and per-rank sharding of global batches.
+
+Every rank computes the same permutation from (seed, epoch) without communicating, cuts it into
+the same global batches, and takes its own contiguous slice of each. So the samples in a global
+batch do not depend on the number of ranks, which is what makes a 1-rank and an N-rank run the
+same computation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xpnn.errors import UserError
+
+
+def check_seed(seed: int) -> None:
+    """Seeds feed ``np.random.default_rng``, which takes only non-negative integers."""
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise UserError(f"--seed: must be an integer >= 0, got {seed!r}")
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The permutation of ``range(n)`` for this epoch, identical on every rank."""
+    check_seed(seed)
+    if n < 0 or epoch < 0:
+        raise ValueError(f"epoch_order: n and epoch must be >= 0, got n={n}, epoch={epoch}")
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def global_batches(
+    n: int, batch_size: int, seed: int, epoch: int, drop_last: bool = False
+) -> list[np.ndarray]:
+    """This epoch's global batches as index arrays; the last may be short unless dropped."""
+    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise UserError(f"--batch-size: must be an integer >= 1, got {batch_size!r}")
+    order = epoch_order(n, seed, epoch)
+    batches = [order[start : start + batch_size] for start in range(0, n, batch_size)]
+    if drop_last and batches and len(batches[-1]) < batch_size:
+        batches.pop()
+    return batches
+
+
+def shard_bounds(length: int, rank: int, size: int) -> tuple[int, int]:
+    """[start, stop) of ``rank``'s contiguous share; the first ``length % size`` get one extra."""
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"shard: need 0 <= rank < size, got rank={rank}, size={size}")
+    base, extra = divmod(length, size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def shard(batch_idx: np.ndarray, rank: int, size: int) -> np.ndarray:
+    """This rank's contiguous slice of one global batch (``np.array_split`` semantics).
+
+    A rank may get no samples when the batch is smaller than the number of ranks; callers
+    weight by sample count when averaging, so such a rank contributes zero, not NaN.
+    """
+    start, stop = shard_bounds(len(batch_idx), rank, size)
+    return batch_idx[start:stop]

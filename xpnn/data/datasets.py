@@ -1,0 +1,278 @@
+"""Dataset registry: MNIST, Fashion-MNIST (IDX files, local or downloaded) and a synthetic set.
+
+Every dataset comes back in one shape so the rest of xpnn never cares where it came from: float32
+inputs in [0, 1] (images as (N, 1, 28, 28)) and int64 labels.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xpnn.data.batches import check_seed
+from xpnn.data.download import default_cache_dir, fetch, sha256_file
+from xpnn.data.idx import IdxError, read_idx_pair
+from xpnn.errors import UserError
+
+NUM_CLASSES = 10
+DATASETS = ("mnist", "fashion-mnist", "synthetic")
+
+# role -> standard file name; the same four names for MNIST and Fashion-MNIST
+FILES = {
+    "train_images": "train-images-idx3-ubyte.gz",
+    "train_labels": "train-labels-idx1-ubyte.gz",
+    "test_images": "t10k-images-idx3-ubyte.gz",
+    "test_labels": "t10k-labels-idx1-ubyte.gz",
+}
+
+# SHA-256 of the gzip files: a download is only accepted when it matches
+SHA256 = {
+    "mnist": {
+        "train-images-idx3-ubyte.gz": (
+            "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609"
+        ),
+        "train-labels-idx1-ubyte.gz": (
+            "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c"
+        ),
+        "t10k-images-idx3-ubyte.gz": (
+            "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6"
+        ),
+        "t10k-labels-idx1-ubyte.gz": (
+            "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaf4ff8a1e6c4f8ab2"
+        ),
+    },
+    "fashion-mnist": {
+        "train-images-idx3-ubyte.gz": (
+            "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7"
+        ),
+        "train-labels-idx1-ubyte.gz": (
+            "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056"
+        ),
+        "t10k-images-idx3-ubyte.gz": (
+            "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa"
+        ),
+        "t10k-labels-idx1-ubyte.gz": (
+            "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05"
+        ),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an IDX dataset can come from besides --data-dir."""
+
+    mirrors: tuple[str, ...]
+    mirrors_env: str  # comma-separated override, e.g. for a local or institutional mirror
+    system_dir: Path | None = None  # a distribution package's copy, used before the cache
+
+
+SOURCES = {
+    "mnist": Source(
+        mirrors=(
+            "https://ossci-datasets.s3.amazonaws.com/mnist/",
+            "https://storage.googleapis.com/cvdf-datasets/mnist/",
+        ),
+        mirrors_env="XPNN_MNIST_MIRRORS",
+    ),
+    "fashion-mnist": Source(
+        mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
+        mirrors_env="XPNN_FASHION_MNIST_MIRRORS",
+        system_dir=Path("/usr/share/datasets/fashion-mnist"),  # Debian's dataset-fashion-mnist
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A classification dataset: float32 inputs in [0, 1], int64 labels in [0, num_classes)."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one sample, what a model's first layer is built for."""
+        return tuple(self.x_train.shape[1:])
+
+
+def load_dataset(
+    name: str,
+    data_dir: str | os.PathLike | None = None,
+    *,
+    replicate: int = 1,
+    synthetic_size: int = 6000,
+    synthetic_shape: tuple[int, ...] = (1, 28, 28),
+    seed: int = 0,
+    download: bool = True,
+) -> Dataset:
+    """Load a dataset by name; ``replicate`` K repeats the training set K times.
+
+    Repeating the training set is how the scaling studies get more work per epoch from a small
+    dataset without changing what is learned. ``seed`` only affects the synthetic set.
+    """
+    _check_replicate(replicate)
+    if name == "synthetic":
+        dataset = make_synthetic(synthetic_size, tuple(synthetic_shape), seed)
+    elif name in SOURCES:
+        dataset = _load_idx_dataset(name, data_dir, download)
+    else:
+        raise UserError(f"--dataset: unknown dataset {name!r} (choose {', '.join(DATASETS)})")
+    return replicate_train(dataset, replicate)
+
+
+def _check_replicate(replicate: int) -> None:
+    ok = isinstance(replicate, (int, np.integer)) and not isinstance(replicate, bool)
+    if not ok or replicate < 1:
+        raise UserError(f"--replicate: must be an integer >= 1, got {replicate!r}")
+
+
+def replicate_train(dataset: Dataset, k: int) -> Dataset:
+    """The dataset with its training set repeated ``k`` times (the test set unchanged)."""
+    if k == 1:
+        return dataset
+    return Dataset(
+        name=dataset.name,
+        x_train=np.concatenate([dataset.x_train] * k, axis=0),
+        y_train=np.concatenate([dataset.y_train] * k, axis=0),
+        x_test=dataset.x_test,
+        y_test=dataset.y_test,
+        num_classes=dataset.num_classes,
+    )
+
+
+# --- IDX datasets -------------------------------------------------------------------------------
+
+
+def mirrors_for(name: str) -> list[str]:
+    """The download mirrors for ``name``: the env override if set, else the built-in list."""
+    source = SOURCES[name]
+    override = os.environ.get(source.mirrors_env, "")
+    mirrors = [m.strip() for m in override.split(",") if m.strip()]
+    return mirrors or list(source.mirrors)
+
+
+def _files_in_dir(directory: Path) -> dict[str, Path]:
+    """The four files in a user's directory, each gzip or uncompressed; all must be there."""
+    if not directory.is_dir():
+        raise UserError(f"--data-dir {directory}: no such directory")
+    found, missing = {}, []
+    for role, gz_name in FILES.items():
+        raw_name = gz_name.removesuffix(".gz")
+        for candidate in (directory / gz_name, directory / raw_name):
+            if candidate.is_file():
+                found[role] = candidate
+                break
+        else:
+            missing.append(f"{gz_name} (or {raw_name})")
+    if missing:
+        raise UserError(f"--data-dir {directory}: missing {', '.join(missing)}")
+    return found
+
+
+def _files_in_cache(name: str, download: bool) -> dict[str, Path]:
+    """The four files from the download cache, fetched (and hash-checked) when needed."""
+    cache = default_cache_dir() / name
+    hashes = SHA256[name]
+    if download:
+        mirrors = mirrors_for(name)
+        return {role: fetch(fn, hashes[fn], mirrors, cache) for role, fn in FILES.items()}
+    found = {}
+    for role, filename in FILES.items():
+        path = cache / filename
+        if not path.is_file() or sha256_file(path) != hashes[filename]:
+            raise UserError(
+                f"{path}: missing or corrupt in the download cache and downloading is off "
+                f"(pass --data-dir DIR holding the {name} files)"
+            )
+        found[role] = path
+    return found
+
+
+def find_files(name: str, data_dir: str | os.PathLike | None, download: bool) -> dict[str, Path]:
+    """Resolve the four files: --data-dir, else the system copy, else the download cache."""
+    if data_dir is not None:
+        return _files_in_dir(Path(data_dir))
+    system_dir = SOURCES[name].system_dir
+    if system_dir is not None and all((system_dir / fn).is_file() for fn in FILES.values()):
+        return {role: system_dir / fn for role, fn in FILES.items()}
+    return _files_in_cache(name, download)
+
+
+def _images_to_float(images: np.ndarray, path: Path) -> np.ndarray:
+    """uint8 (N, H, W) pixels -> float32 (N, 1, H, W) in [0, 1]."""
+    if images.dtype != np.uint8:
+        raise IdxError(f"{path}: pixels are {images.dtype.name}, expected unsigned bytes (0x08)")
+    x = images.astype(np.float32)
+    x /= np.float32(255)
+    return x.reshape(images.shape[0], 1, *images.shape[1:])
+
+
+def _load_split(files: dict[str, Path], split: str) -> tuple[np.ndarray, np.ndarray]:
+    images_path, labels_path = files[f"{split}_images"], files[f"{split}_labels"]
+    images, labels = read_idx_pair(images_path, labels_path, NUM_CLASSES)
+    return _images_to_float(images, images_path), labels
+
+
+def _load_idx_dataset(name: str, data_dir: str | os.PathLike | None, download: bool) -> Dataset:
+    files = find_files(name, data_dir, download)
+    x_train, y_train = _load_split(files, "train")
+    x_test, y_test = _load_split(files, "test")
+    if x_test.shape[1:] != x_train.shape[1:]:
+        raise IdxError(
+            f"{files['test_images']}: images are {'x'.join(map(str, x_test.shape[2:]))} but "
+            f"{files['train_images']} has {'x'.join(map(str, x_train.shape[2:]))}"
+        )
+    return Dataset(name, x_train, y_train, x_test, y_test, NUM_CLASSES)
+
+
+# --- synthetic ----------------------------------------------------------------------------------
+
+
+def _check_synthetic(size: int, shape: tuple[int, ...]) -> None:
+    if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
+        raise UserError(f"--synthetic-size: must be an integer >= 1, got {size!r}")
+    if not shape or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
+        raise UserError(f"synthetic shape must be positive integers, got {shape!r}")
+
+
+def _synthetic_split(
+    prototypes: np.ndarray, n: int, rng: np.random.Generator, noise: float = 0.35
+) -> tuple[np.ndarray, np.ndarray]:
+    """n samples: a class prototype at random brightness, plus Gaussian noise, clipped to [0, 1]."""
+    y = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
+    brightness = rng.uniform(0.6, 1.0, size=n).astype(np.float32)
+    x = np.empty((n, *prototypes.shape[1:]), dtype=np.float32)
+    chunk = 8192  # bounds the temporary memory for large sizes
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        part = rng.standard_normal((stop - start, *x.shape[1:]), dtype=np.float32)
+        part *= np.float32(noise)
+        scale = brightness[start:stop].reshape(-1, *([1] * (x.ndim - 1)))
+        part += prototypes[y[start:stop]] * scale
+        np.clip(part, 0.0, 1.0, out=part)
+        x[start:stop] = part
+    return x, y
+
+
+def make_synthetic(size: int, shape: tuple[int, ...] = (1, 28, 28), seed: int = 0) -> Dataset:
+    """A deterministic, learnable 10-class set of any size and shape, for runs without data.
+
+    Each class has a fixed random prototype; samples are noisy, dimmed copies of it, so a model
+    can learn it but not from a single pixel. Train and test come from separate seeded streams,
+    and the test set has max(1000, size // 6) samples (10,000 for size 60,000, like MNIST).
+    """
+    _check_synthetic(size, shape)
+    check_seed(seed)
+    prototypes = np.random.default_rng([seed, 0]).random((NUM_CLASSES, *shape), dtype=np.float32)
+    x_train, y_train = _synthetic_split(prototypes, int(size), np.random.default_rng([seed, 1]))
+    n_test = max(1000, int(size) // 6)
+    x_test, y_test = _synthetic_split(prototypes, n_test, np.random.default_rng([seed, 2]))
+    return Dataset("synthetic", x_train, y_train, x_test, y_test, NUM_CLASSES)

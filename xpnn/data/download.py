@@ -1,0 +1,153 @@
+"""Download into a cache with SHA-256 verification, mirror fallback and atomic writes.
+
+A file only ever appears in the cache under its final name after its hash has been checked, so
+an interrupted or tampered download can never be mistaken for good data, and several MPI ranks
+fetching the same file at once each write their own temporary file and rename it into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import logging
+import os
+import socket
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from xpnn.errors import UserError
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+
+
+class ShortDownload(OSError):
+    """The server closed the connection before sending all the bytes it announced."""
+
+
+def default_cache_dir() -> Path:
+    """Where downloads live: $XPNN_DATA_HOME, else $XDG_CACHE_HOME/xpnn, else ~/.cache/xpnn."""
+    home = os.environ.get("XPNN_DATA_HOME")
+    if home:
+        return Path(home).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "xpnn"
+    return Path.home() / ".cache" / "xpnn"
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in chunks so large files need little memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _describe(exc: BaseException, timeout: float) -> str:
+    """A short, one-line account of why a mirror failed."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    if isinstance(exc, urllib.error.URLError):
+        exc = exc.reason if isinstance(exc.reason, BaseException) else exc
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"timed out after {timeout:g} s"
+    if isinstance(exc, socket.gaierror):
+        return f"host not found ({exc.strerror or exc})"
+    if isinstance(exc, ShortDownload):
+        return str(exc)
+    if isinstance(exc, http.client.IncompleteRead):
+        return f"connection closed early ({len(exc.partial)} bytes received)"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _download_to(url: str, dest, timeout: float) -> str:
+    """Stream ``url`` into the open file ``dest``; return the SHA-256 of what was written."""
+    digest, received = hashlib.sha256(), 0
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        announced = response.headers.get("Content-Length", "")
+        while chunk := response.read(CHUNK):
+            digest.update(chunk)
+            dest.write(chunk)
+            received += len(chunk)
+    if announced.isdigit() and received < int(announced):
+        raise ShortDownload(f"connection closed early ({received} of {announced} bytes received)")
+    return digest.hexdigest()
+
+
+def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | None:
+    """Fetch one URL into ``target`` atomically; None on success, else why it failed."""
+    try:
+        fd, tmp_name = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.", suffix=".part"
+        )
+    except OSError as exc:
+        raise UserError(
+            f"{target.parent}: cannot write to download cache: {exc.strerror}"
+        ) from None
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as dest:
+            got = _download_to(url, dest, timeout)
+        if got != sha256.lower():
+            return f"sha256 mismatch (got {got[:12]}..., expected {sha256[:12]}...)"
+        os.replace(tmp, target)
+        return None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return _describe(exc, timeout)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def fetch(
+    filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30
+) -> Path:
+    """Return ``cache_dir/filename`` holding the file whose SHA-256 is ``sha256``.
+
+    A cached copy with the right hash is reused without touching the network; otherwise each
+    mirror is tried in turn (URL = mirror + '/' + filename). All failing is a ``UserError`` that
+    says, in one line, what happened at each mirror.
+    """
+    cache_dir = Path(cache_dir)
+    target = cache_dir / filename
+    if target.is_file() and sha256_file(target) == sha256.lower():
+        return target
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"{cache_dir}: cannot use as download cache: {exc.strerror or exc}"
+        ) from None
+    if not mirrors:
+        raise UserError(f"{target}: not in the cache and no download mirrors are configured")
+    failures = []
+    for mirror in mirrors:
+        url = mirror.rstrip("/") + "/" + filename
+        log.info("downloading %s", url)
+        why = _try_mirror(url, sha256, target, timeout)
+        if why is None:
+            return target
+        failures.append(f"{url}: {why}")
+    _remove_if_bad(target, sha256)
+    raise UserError(f"could not download {filename} into {cache_dir}: " + "; ".join(failures))
+
+
+def _remove_if_bad(target: Path, sha256: str) -> None:
+    """Drop a stale or corrupt cached copy so nothing can read it later.
+
+    Checked again rather than deleted up front: another rank may have just renamed a good copy
+    into place, and that one must stay.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        if sha256_file(target) != sha256.lower():
+            target.unlink()
