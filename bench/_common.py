@@ -1,0 +1,167 @@
+"""Small helpers shared by the scripts in ``bench/``.
+
+Kept deliberately generic (timing, medians, text tables, CSV/JSON, BLAS thread
+control, a headless matplotlib) so each benchmark script stays about *what* it
+measures rather than how to print or save it. Nothing here imports xpnn, CuPy or
+matplotlib at import time: a benchmark must run on a bare NumPy install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+"""Default output folder, next to the scripts so the cwd does not matter."""
+
+
+def median(samples: Sequence[float]) -> float:
+    """Median of timing samples: robust to the one run the OS interrupted."""
+    if not samples:
+        raise ValueError("median of no samples")
+    return float(statistics.median(samples))
+
+
+def time_wall(
+    fn: Callable[[], object], repeats: int, warmup: int = 1, min_sample_s: float = 0.0
+) -> list[float]:
+    """Wall-clock seconds per call of ``fn``: ``repeats`` samples after ``warmup`` untimed calls.
+
+    Warm-up calls absorb one-off costs (page faults, lazy library init, cache
+    fill) that would otherwise land in the first sample. If the last warm-up
+    call took less than ``min_sample_s``, each sample times enough back-to-back
+    calls to fill it and reports the mean per call, as ``timeit`` does: a lone
+    microsecond call is mostly timer noise.
+    """
+    number = 1
+    for i in range(warmup):
+        t0 = time.perf_counter()
+        fn()
+        once = time.perf_counter() - t0
+        if i == warmup - 1 and once < min_sample_s:
+            number = min(math.ceil(min_sample_s / max(once, 1e-7)), 100_000)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - t0) / number)
+    return samples
+
+
+def fmt_num(value: float | None, digits: int = 3) -> str:
+    """A table cell: ``-`` for missing, else ``digits`` significant figures."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if value == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(value)))
+    decimals = max(0, digits - 1 - mag)
+    return f"{value:.{decimals}f}"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Plain-text table, first column left-aligned and the rest right-aligned."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        out = [cells[0].ljust(widths[0])]
+        out += [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+        return "  ".join(out).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), sep, *(line(r) for r in rows)])
+
+
+def write_csv(path: Path, fieldnames: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
+    """CSV with a fixed header; missing values are written as empty cells."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(fieldnames), extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fieldnames})
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Pretty JSON; NaN/inf are not valid JSON, so callers should use ``None``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+def blas_info() -> list[dict[str, Any]]:
+    """The BLAS libraries NumPy loaded, with their current thread counts."""
+    from threadpoolctl import threadpool_info
+
+    keep = ("internal_api", "version", "num_threads", "threading_layer", "architecture")
+    return [
+        {k: info.get(k) for k in keep} for info in threadpool_info() if info["user_api"] == "blas"
+    ]
+
+
+@contextlib.contextmanager
+def blas_threads(n: int | None) -> Iterator[None]:
+    """Limit the BLAS pool to ``n`` threads inside the block (``None``: leave it alone)."""
+    if n is None:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=n, user_api="blas"):
+        yield
+
+
+def load_avg() -> float | None:
+    """1-minute load average (None where the OS has none): other jobs skew CPU timings."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_warning() -> str | None:
+    """A warning line when other processes already keep the CPUs busy, else None."""
+    load, ncpu = load_avg(), os.cpu_count() or 1
+    if load is not None and load > 0.5 * ncpu:
+        return (
+            f"warning: load average {load:.2f} on {ncpu} CPUs before starting: "
+            "other processes compete for the cores, CPU times may be inflated"
+        )
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Enough context to tell whether two result files are comparable."""
+    return {
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m": load_avg(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def pyplot_agg() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, so plotting works with no display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
