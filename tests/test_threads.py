@@ -1,0 +1,123 @@
+"""Threads per rank: the arithmetic, the flag check, and the limits really applied."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT, mpiexec_path
+
+from xpnn.errors import UserError
+from xpnn.parallel.threads import node_cores, threads_per_rank
+
+
+@pytest.mark.parametrize(
+    "local_size, cores, expected",
+    [(1, 8, 8), (2, 8, 4), (3, 8, 2), (4, 2, 1), (16, 2, 1), (2, 2, 1), (1, 1, 1), (5, 64, 12)],
+)
+def test_cores_divided_among_node_ranks(local_size: int, cores: int, expected: int) -> None:
+    assert threads_per_rank(local_size, cores=cores) == expected
+
+
+def test_override_wins_and_is_checked() -> None:
+    assert threads_per_rank(4, cores=2, override=3) == 3
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(UserError, match="--threads"):
+            threads_per_rank(1, cores=4, override=bad)  # type: ignore[arg-type]
+
+
+def test_default_cores_from_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    assert node_cores() == len(os.sched_getaffinity(0))
+    assert threads_per_rank(1) == max(1, node_cores())
+
+
+def test_slurm_cpus_per_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    assert threads_per_rank(4) == 6
+    assert threads_per_rank(4, cores=8) == 2  # explicit cores: plain arithmetic
+
+
+def _child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "SLURM_"))}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_apply_threads_limits_blas_and_numba() -> None:
+    """In a child: limits set here would slow the rest of the test session."""
+    code = textwrap.dedent(
+        """
+        import numba, numpy
+        from threadpoolctl import threadpool_info
+        from xpnn.parallel.threads import apply_threads
+        info = apply_threads(1)
+        assert info["threads"] == 1, info
+        assert info["numba"] == 1 and numba.get_num_threads() == 1, info
+        assert all(p["num_threads"] == 1 for p in threadpool_info()), threadpool_info()
+        assert [p["threads"] for p in info["blas"]] == [1] * len(info["blas"]), info
+        print("LIMITED", info)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_child_env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "LIMITED" in proc.stdout
+
+
+def test_apply_threads_before_numba_import() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        from xpnn.parallel.threads import apply_threads
+        info = apply_threads(1)
+        assert "numba" not in sys.modules
+        import numba
+        assert numba.get_num_threads() == 1
+        print("DEFERRED", info["numba"])
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_child_env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "DEFERRED 1" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_two_ranks_share_the_node(tmp_path) -> None:
+    script = tmp_path / "threads.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os
+            from xpnn.parallel import init_world, threads_per_rank
+            w = init_world()
+            cores = len(os.sched_getaffinity(0))
+            print(f"rank {w.rank} local_size {w.local_size} cores {cores} "
+                  f"threads {threads_per_rank(w.local_size)}", flush=True)
+            """
+        )
+    )
+    proc = subprocess.run(
+        [mpiexec_path(), "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_child_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    # the launcher merges both ranks' output, lines may run together: match, don't split
+    found = re.findall(r"rank (\d) local_size (\d+) cores (\d+) threads (\d+)", proc.stdout)
+    assert sorted(int(f[0]) for f in found) == [0, 1], proc.stdout
+    for _, local_size, cores, threads in ((int(x) for x in f) for f in found):
+        assert local_size == 2
+        assert threads == max(1, cores // 2)
+        if cores == 2:  # this project's 2-core CI machine: one thread each
+            assert threads == 1

@@ -1,0 +1,245 @@
+"""Device-buffer communicators: CUDA-aware MPI and NCCL (through CuPy), and the choice between.
+
+CuPy is imported inside functions only, so importing this module (or ``xpnn.parallel``) on a
+machine without CUDA costs nothing. Host (NumPy) buffers given to these communicators take
+the ``mpi-host`` path they inherit.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import Any
+
+import numpy as np
+
+from xpnn.parallel.comm import Communicator, Handle, MpiHostCommunicator, _as_cupy, _MpiHandle
+from xpnn.parallel.cuda_aware import detect_cuda_aware
+from xpnn.parallel.world import World
+
+
+class MpiCudaCommunicator(MpiHostCommunicator):
+    """Device buffers handed straight to a CUDA-aware MPI (no host copies).
+
+    MPI does not know CUDA streams: the current stream is synchronised first so the kernels
+    that wrote the buffer have finished before MPI reads it.
+    """
+
+    name = "mpi-cuda"
+
+    def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+        self._comm.Allreduce(self._in_place, buf, mop)
+
+    def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+        return _MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
+
+    def _device_bcast(self, buf: Any, root: int) -> None:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+        self._comm.Bcast(buf, root=root)
+
+    def barrier(self) -> None:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+        self._comm.Barrier()
+
+
+class _NcclHandle:
+    """An NCCL reduction running on the communication stream; ``wait`` orders the current
+    stream after it (the host does not block: later kernels see the reduced buffer)."""
+
+    __slots__ = ("_event", "_buf")
+
+    def __init__(self, event: Any, buf: Any) -> None:
+        self._event, self._buf = event, buf
+
+    def wait(self) -> None:
+        if self._event is None:
+            return
+        import cupy
+
+        cupy.cuda.get_current_stream().wait_event(self._event)
+        self._event = self._buf = None
+
+
+class NcclCommunicator(MpiHostCommunicator):
+    """NCCL for device buffers; MPI for bootstrap (unique id), host data and barriers.
+
+    Blocking calls are queued on the current stream (asynchronous for the host, ordered for
+    the device, as any CuPy kernel). Non-blocking calls run on a separate stream that first
+    waits for the current one, so the reduction overlaps with the work queued after it.
+    """
+
+    name = "nccl"
+
+    def __init__(self, mpi_comm: Any) -> None:
+        super().__init__(mpi_comm)
+        import cupy
+        from cupy.cuda import nccl
+
+        self._nccl_mod = nccl
+        uid = nccl.get_unique_id() if self.rank == 0 else None
+        uid = mpi_comm.bcast(uid, root=0)
+        self._nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+        self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._nccl_ops = {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
+        self._nccl_types = {
+            np.dtype(np.float16): nccl.NCCL_FLOAT16,
+            np.dtype(np.float32): nccl.NCCL_FLOAT32,
+            np.dtype(np.float64): nccl.NCCL_FLOAT64,
+            np.dtype(np.int8): nccl.NCCL_INT8,
+            np.dtype(np.uint8): nccl.NCCL_UINT8,
+            np.dtype(np.int32): nccl.NCCL_INT32,
+            np.dtype(np.uint32): nccl.NCCL_UINT32,
+            np.dtype(np.int64): nccl.NCCL_INT64,
+            np.dtype(np.uint64): nccl.NCCL_UINT64,
+        }
+
+    def _nccl_type(self, dtype: np.dtype) -> int:
+        try:
+            return self._nccl_types[np.dtype(dtype)]
+        except KeyError:
+            raise TypeError(f"NCCL cannot reduce dtype {dtype}") from None
+
+    def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
+        import cupy
+
+        dev = _as_cupy(buf)
+        ptr = dev.data.ptr
+        stream = cupy.cuda.get_current_stream()
+        self._nccl.allReduce(
+            ptr, ptr, dev.size, self._nccl_type(dev.dtype), self._nccl_ops[op], stream.ptr
+        )
+
+    def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
+        import cupy
+
+        dev = _as_cupy(buf)
+        ptr = dev.data.ptr
+        self._stream.wait_event(cupy.cuda.get_current_stream().record())
+        self._nccl.allReduce(
+            ptr, ptr, dev.size, self._nccl_type(dev.dtype), self._nccl_ops[op], self._stream.ptr
+        )
+        return _NcclHandle(self._stream.record(), dev)
+
+    def _device_bcast(self, buf: Any, root: int) -> None:
+        import cupy
+
+        dev = _as_cupy(buf)
+        stream = cupy.cuda.get_current_stream()
+        self._nccl.bcast(dev.data.ptr, dev.size, self._nccl_type(dev.dtype), root, stream.ptr)
+
+    def barrier(self) -> None:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+        self._stream.synchronize()
+        self._comm.Barrier()
+
+
+def _local_gpu_info() -> dict:
+    """What this rank can do on the GPU; gathered from all ranks so all choose alike."""
+    import cupy
+
+    device = int(cupy.cuda.runtime.getDevice())
+    try:
+        bus = str(cupy.cuda.Device(device).pci_bus_id)
+    except Exception:  # older CuPy: the device index is the best we have
+        bus = f"device{device}"
+    try:
+        from cupy.cuda import nccl
+
+        nccl_ok = bool(getattr(nccl, "available", True))
+        nccl_why = "" if nccl_ok else "cupy.cuda.nccl is not available"
+    except Exception as exc:
+        nccl_ok, nccl_why = False, f"cupy.cuda.nccl failed to import: {exc}"
+    aware = detect_cuda_aware()
+    return {
+        "host": socket.gethostname(),
+        "device": device,
+        "gpu": (socket.gethostname(), bus),
+        "nccl": nccl_ok,
+        "nccl_why": nccl_why,
+        "aware": aware.aware,
+        "aware_why": aware.reason,
+    }
+
+
+def shared_gpu(infos: list[dict]) -> tuple[int, int, int] | None:
+    """The first two ranks that sit on the same physical GPU, and its device index, or None."""
+    seen: dict[Any, int] = {}
+    for rank, info in enumerate(infos):
+        key = tuple(info["gpu"])
+        if key in seen:
+            first = seen[key]
+            return first, rank, infos[first]["device"]
+        seen[key] = rank
+    return None
+
+
+def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]:
+    """Decide the transport from every rank's facts: (name, fallback reason, detail).
+
+    Pure (no CUDA, no MPI), so the rules are testable: auto -> nccl when every rank has NCCL
+    and its own GPU, else mpi-cuda when every rank's MPI is CUDA-aware, else mpi-host.
+    """
+    nccl_ok = all(i["nccl"] for i in infos)
+    aware = all(i["aware"] for i in infos)
+    shared = shared_gpu(infos) if len(infos) > 1 else None
+    no_nccl = next((i["nccl_why"] for i in infos if not i["nccl"]), "")
+    not_aware = next((i["aware_why"] for i in infos if not i["aware"]), "")
+    mpi_kind = "mpi-cuda" if aware else "mpi-host"
+    why_mpi = (
+        "MPI is CUDA-aware" if aware else f"MPI is not CUDA-aware ({not_aware}): staging via host"
+    )
+
+    if kind == "mpi-host":
+        return "mpi-host", None, "requested"
+    if kind == "mpi-cuda":
+        if aware:
+            return "mpi-cuda", None, "requested; " + infos[0]["aware_why"]
+        reason = f"--comm mpi-cuda: MPI is not CUDA-aware ({not_aware}); falling back to mpi-host"
+        return "mpi-host", reason, reason
+    if kind == "nccl":
+        if nccl_ok and shared is None:
+            return "nccl", None, "requested"
+        if not nccl_ok:
+            reason = f"--comm nccl: {no_nccl}; falling back to {mpi_kind}"
+        else:
+            a, b, dev = shared  # type: ignore[misc]
+            reason = (
+                f"--comm nccl: ranks {a} and {b} share GPU {dev} (NCCL refuses that); "
+                f"falling back to {mpi_kind}"
+            )
+        return mpi_kind, reason, reason
+    # auto
+    if nccl_ok and shared is None:
+        return "nccl", None, "one GPU per rank and NCCL available"
+    if not nccl_ok:
+        why = no_nccl
+    else:
+        a, b, dev = shared  # type: ignore[misc]
+        why = f"ranks {a} and {b} share GPU {dev}"
+    return mpi_kind, None, f"not nccl: {why}; {why_mpi}"
+
+
+def make_gpu_communicator(world: World, kind: str) -> Communicator:
+    """Gather every rank's GPU facts, agree on a transport, build it (collective)."""
+    comm = world.mpi_comm
+    infos = comm.allgather(_local_gpu_info())  # type: ignore[union-attr]
+    name, fallback, detail = choose_gpu_kind(infos, kind)
+    if fallback and world.rank == 0:
+        print(f"xpnn: {fallback}", file=sys.stderr, flush=True)
+    cls = {"nccl": NcclCommunicator, "mpi-cuda": MpiCudaCommunicator}.get(name, MpiHostCommunicator)
+    result = cls(comm)
+    result.fallback_reason = fallback
+    result.detail = detail
+    return result

@@ -1,0 +1,181 @@
+"""Failing well on many ranks: one clear line, the right exit code, no hung job.
+
+Two phases, two tools:
+
+* ``agree_on_user_errors(comm, fn)`` -- the **setup** phase (argument checks, reading and
+  validating data, building the model). Every rank runs ``fn``; what went wrong is gathered;
+  rank 0 prints it once; every rank leaves together with the same code (2 for a UserError, 1
+  for a bug) by raising ``CollectiveExit``, without MPI_Abort. ``fn`` must not communicate:
+  a rank that failed before a collective would leave the others waiting in it.
+* ``run_guarded(comm, fn)`` -- wraps the whole program, and so the **training** phase where
+  ranks communicate every step. Any exception is printed with its rank (``rank R: Type:
+  message``) and, with more than one rank, ends the job through ``MPI_Abort``: a rank that
+  just exited would leave the others blocked in their next allreduce forever (MPICH's
+  hydra does not notice a rank leaving through exit() while the others wait in a
+  collective; it does clean up after a rank killed by a signal).
+
+Typical CLI::
+
+    def main() -> int:
+        world = init_world()
+        return run_guarded(world, lambda: _main(world))
+
+    def _main(world):
+        cfg, data = agree_on_user_errors(world, lambda: setup(args, world))
+        train(cfg, data, world)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from xpnn.errors import UserError
+
+T = TypeVar("T")
+
+
+class CollectiveExit(SystemExit):
+    """Every rank is leaving with this code together; no abort is needed."""
+
+
+def _rank_size(world_or_comm: Any) -> tuple[int, int]:
+    if world_or_comm is None:
+        return 0, 1
+    return int(world_or_comm.rank), int(world_or_comm.size)
+
+
+def _allgather(world_or_comm: Any, obj: Any) -> list:
+    """allgather on a Communicator, or on the mpi4py communicator of a World."""
+    if hasattr(world_or_comm, "allgather_obj"):
+        return world_or_comm.allgather_obj(obj)
+    mpi_comm = getattr(world_or_comm, "mpi_comm", None)
+    if mpi_comm is None:
+        return [obj]
+    return mpi_comm.allgather(obj)
+
+
+def _abort(code: int) -> None:
+    """End every rank of the job: flush what this rank printed, then MPI_Abort."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Abort(code)
+
+
+def one_line(text: str) -> str:
+    """Messages must stay on one line on stderr, whatever the exception put in them."""
+    return " | ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` on one line (just ``Type`` when the message is empty)."""
+    msg = one_line(str(exc))
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def _debug() -> bool:
+    return os.environ.get("XPNN_DEBUG", "") not in ("", "0")
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(one_line(str(exc.code)), file=sys.stderr, flush=True)
+    return 1
+
+
+def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
+    """Run ``fn()`` and turn its outcome into an exit code; never leave other ranks hanging.
+
+    ``fn`` returning None or an int gives 0 or that int. A UserError: one stderr line, exit 2
+    (``xpnn: message`` alone, ``rank R: message`` with several ranks). Any other exception:
+    ``rank R: Type: message`` (full traceback only with ``XPNN_DEBUG=1``), exit 1. With more
+    than one rank a failure calls MPI_Abort with that code instead of returning, so every rank
+    stops within seconds. ``CollectiveExit`` (every rank leaving together) is just returned.
+    """
+    rank, size = _rank_size(world_or_comm)
+    try:
+        result = fn()
+    except CollectiveExit as exc:
+        return _exit_code(exc)
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code != 0 and size > 1:
+            _abort(code)
+        return code
+    except UserError as exc:
+        prefix = f"rank {rank}: " if size > 1 else "xpnn: "
+        print(prefix + one_line(str(exc)), file=sys.stderr, flush=True)
+        code = int(getattr(exc, "exit_code", 2))
+        if size > 1:
+            _abort(code)
+        return code
+    except BaseException as exc:  # noqa: B036 -- KeyboardInterrupt too: others must stop
+        if _debug():
+            traceback.print_exc()
+        prefix = f"rank {rank}: " if size > 1 else "xpnn: "
+        print(prefix + describe(exc), file=sys.stderr, flush=True)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        if size > 1:
+            _abort(code)
+        return code
+    if result is None:
+        return 0
+    if isinstance(result, bool) or not isinstance(result, int):
+        return 0
+    return result
+
+
+def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
+    """Run the rank-local setup ``fn`` on every rank, then agree on whether to go on.
+
+    Returns ``fn()``'s value when every rank succeeded. Otherwise rank 0 prints one line on
+    stderr and every rank raises ``CollectiveExit`` with the same code: 1 if any rank hit a
+    bug (an exception other than UserError), else 2 for a UserError (else the code of a
+    SystemExit, e.g. from argparse, which printed its own message). The line is the message
+    alone when every rank failed with the same message (``xpnn: message``), else it names the
+    first failing rank (``xpnn: rank R: message``), plus how many others failed.
+    """
+    rank, size = _rank_size(world_or_comm)
+    outcome: tuple[str, int, str] | None = None
+    result: Any = None
+    try:
+        result = fn()
+    except UserError as exc:
+        outcome = ("user", int(getattr(exc, "exit_code", 2)), one_line(str(exc)))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code:
+            outcome = ("exit", code, "")
+    except Exception as exc:
+        if _debug():
+            traceback.print_exc()
+        outcome = ("bug", 1, describe(exc))
+
+    outcomes = _allgather(world_or_comm, outcome) if size > 1 else [outcome]
+    failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
+    if not failed:
+        return result
+
+    for severity in ("bug", "user", "exit"):
+        chosen = [(r, o) for r, o in failed if o[0] == severity]
+        if chosen:
+            break
+    first_rank, (kind, code, message) = chosen[0]
+    if rank == 0 and message:
+        everyone_same = len(failed) == size and all(o == chosen[0][1] for _, o in failed)
+        if everyone_same or size == 1:
+            line = f"xpnn: {message}"
+        else:
+            others = len(failed) - 1
+            more = f" (and {others} more rank{'s' if others != 1 else ''})" if others else ""
+            line = f"xpnn: rank {first_rank}: {message}{more}"
+        print(line, file=sys.stderr, flush=True)
+    raise CollectiveExit(code)

@@ -1,0 +1,90 @@
+"""CPU threads inside one rank: share the node's cores among the ranks on it.
+
+Like OpenMP inside an MPI rank in C: with R ranks on a node of C cores, each rank runs
+C // R threads in BLAS and Numba, so ranks do not oversubscribe the cores and fight.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from xpnn.errors import UserError
+
+_LIMITER: object | None = None  # the live threadpoolctl controller; kept so limits stay applied
+
+
+def node_cores() -> int:
+    """Cores this process may run on (its affinity mask: respects cgroups, taskset, Slurm)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(local_size: int, cores: int | None = None, override: int | None = None) -> int:
+    """Threads for this rank: ``override`` (``--threads``) if given, else cores // ranks, >= 1.
+
+    With ``cores`` None the count comes from the affinity mask, divided among the
+    ``local_size`` ranks on this node. Under Slurm with ``--cpus-per-task`` the launcher has
+    already divided the node, so ``SLURM_CPUS_PER_TASK`` is used as is.
+    """
+    if override is not None:
+        if isinstance(override, bool) or not isinstance(override, int) or override < 1:
+            raise UserError(f"--threads {override}: must be a whole number >= 1")
+        return override
+    if local_size < 1:
+        raise ValueError(f"local_size must be >= 1, got {local_size}")
+    if cores is None:
+        per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
+        if per_task.isdigit() and int(per_task) >= 1 and "SLURM_STEP_ID" in os.environ:
+            return int(per_task)
+        cores = node_cores()
+    return max(1, cores // local_size)
+
+
+def apply_threads(n: int) -> dict:
+    """Limit BLAS/OpenMP pools and Numba to ``n`` threads; report what was limited.
+
+    threadpoolctl limits the libraries already loaded (NumPy's BLAS); ``OMP_NUM_THREADS`` is
+    set for ones loaded later. Numba is limited now if imported, else through
+    ``NUMBA_NUM_THREADS`` for when it is (importing it here would cost half a second for
+    backends that never use it).
+    """
+    global _LIMITER
+    if n < 1:
+        raise UserError(f"--threads {n}: must be a whole number >= 1")
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    numba_threads: int | None
+    if "numba" in sys.modules:
+        import numba
+
+        numba_threads = min(n, numba.config.NUMBA_NUM_THREADS)
+        numba.set_num_threads(numba_threads)
+    else:
+        os.environ["NUMBA_NUM_THREADS"] = str(n)
+        numba_threads = n
+    # after Numba: starting its threading layer may load an OpenMP runtime to limit as well
+    blas: list[dict] = []
+    try:
+        from threadpoolctl import threadpool_limits
+
+        _LIMITER = threadpool_limits(limits=n)
+        blas = _pools_info()
+    except ImportError:
+        pass
+    return {"threads": n, "blas": blas, "numba": numba_threads}
+
+
+def _pools_info() -> list[dict]:
+    """The thread pools threadpoolctl sees, as small JSON-friendly dicts."""
+    from threadpoolctl import threadpool_info
+
+    return [
+        {
+            "lib": info.get("internal_api"),
+            "api": info.get("user_api"),
+            "threads": info.get("num_threads"),
+        }
+        for info in threadpool_info()
+    ]

@@ -1,0 +1,108 @@
+"""Who am I: rank, size and node-local rank of this process.
+
+``init_world`` imports mpi4py only when a launcher started us (or ``XPNN_FORCE_MPI=1``):
+importing ``mpi4py.MPI`` initialises MPI, which is slow, can print warnings and, on some
+clusters, refuses to run outside the launcher. A plain ``python -m xpnn`` stays MPI-free.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from xpnn.errors import UserError
+
+# Variables that a launcher sets in every process it starts. Each entry: (variable, minimum size
+# it signals). Launchers set more, but one of these is always there:
+#   MPICH/Hydra and Intel MPI: PMI_RANK, PMI_SIZE, MPI_LOCALNRANKS; Open MPI: OMPI_COMM_WORLD_*;
+#   PMIx-based launchers (Open MPI 5, srun --mpi=pmix): PMIX_RANK; MVAPICH: MV2_COMM_WORLD_*;
+#   Cray PALS/ALPS: PALS_RANKID, ALPS_APP_PE.
+_LAUNCHER_VARS = (
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "MPI_LOCALNRANKS",
+    "MV2_COMM_WORLD_SIZE",
+    "PALS_RANKID",
+    "ALPS_APP_PE",
+)
+
+
+@dataclass
+class World:
+    """This process's place in the job; ``mpi_comm`` is None when running without MPI."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    mpi_comm: object | None
+
+    @property
+    def is_root(self) -> bool:
+        """Rank 0 prints, logs and saves."""
+        return self.rank == 0
+
+
+def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
+    """The variable that shows an MPI launcher started us, or None.
+
+    ``XPNN_FORCE_MPI=1`` forces MPI on (returns ``"XPNN_FORCE_MPI"``), ``=0`` forces it off.
+    Under Slurm, ``srun`` sets ``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS`` (else
+    ``SLURM_NTASKS`` is used); a false positive, such as the batch script itself, only costs
+    an MPI singleton of size 1, since rank and size are then asked of MPI.
+    """
+    env = os.environ if env is None else env
+    force = env.get("XPNN_FORCE_MPI", "").strip()
+    if force not in ("", "0", "1"):
+        raise UserError(f"XPNN_FORCE_MPI={force}: use 0 or 1")
+    if force == "1":
+        return "XPNN_FORCE_MPI"
+    if force == "0":
+        return None
+    for var in _LAUNCHER_VARS:
+        if env.get(var):
+            return var
+    if "SLURM_PROCID" in env:
+        ntasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
+        try:
+            if int(ntasks.split("(")[0]) > 1:
+                return "SLURM_PROCID"
+        except ValueError:
+            pass
+    return None
+
+
+def init_world(env: Mapping[str, str] | None = None) -> World:
+    """Find rank, size and node-local rank/size; import MPI only under a launcher.
+
+    Rank and size always come from MPI itself, never from the environment: the variables
+    only decide whether to start MPI at all. The local rank (ranks on the same node, via
+    ``Split_type(COMM_TYPE_SHARED)``) picks the GPU and divides the node's cores.
+    """
+    hint = launched_by_mpi(env)
+    if hint is None:
+        return World(rank=0, size=1, local_rank=0, local_size=1, mpi_comm=None)
+    try:
+        from mpi4py import MPI
+    except Exception as exc:  # ImportError, or RuntimeError when libmpi cannot be loaded
+        raise UserError(
+            f"started by an MPI launcher ({hint} is set) but mpi4py failed to load: {exc}"
+        ) from exc
+    world = MPI.COMM_WORLD
+    comm = world.Dup()
+    local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    try:
+        local_rank, local_size = local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+    return World(
+        rank=comm.Get_rank(),
+        size=comm.Get_size(),
+        local_rank=local_rank,
+        local_size=local_size,
+        mpi_comm=comm,
+    )
