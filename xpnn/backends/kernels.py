@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from xpnn.backends.conv_kernels import ConvKernels
+from xpnn.backends.conv_kernels import ConvKernels, NumpyConvKernels
 
 Array = Any
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
@@ -137,7 +137,7 @@ class Kernels(ConvKernels):
         p -= (lr / c1) * m / (self.xp.sqrt(v / c2) + eps)
 
 
-class NumpyKernels(Kernels):
+class NumpyKernels(NumpyConvKernels, Kernels):
     """NumPy-API kernels (NumPy and CuPy): write results into existing buffers with ``out=``."""
 
     def matmul_into(self, a: Array, b: Array, out: Array) -> Array:

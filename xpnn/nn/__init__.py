@@ -9,6 +9,17 @@ from xpnn.nn.models import build_model, cnn, mlp
 from xpnn.nn.sequential import Sequential
 
 __all__ = [
-    "Context", "Dense", "Flatten", "Layer", "ReLU", "Sequential", "Sigmoid",
-    "SigmoidBinaryCrossEntropy", "SoftmaxCrossEntropy", "Tanh", "build_model", "cnn", "mlp",
+    "Context",
+    "Dense",
+    "Flatten",
+    "Layer",
+    "ReLU",
+    "Sequential",
+    "Sigmoid",
+    "SigmoidBinaryCrossEntropy",
+    "SoftmaxCrossEntropy",
+    "Tanh",
+    "build_model",
+    "cnn",
+    "mlp",
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
 from xpnn.nn.layer import Array, Context, Layer
@@ -41,5 +40,3 @@ class Dense(Layer):
 
     def __repr__(self) -> str:
         return f"Dense({self.units}, {self.activation})"
-
-

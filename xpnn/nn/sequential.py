@@ -30,14 +30,8 @@ class Sequential:
         for layer in self.layers:
             shape = layer.build(shape, backend, rng)
         self.output_shape = shape
-        entries = [
-            (f"layer{i}.{name}", layer, name, value, shp)
-            for i, layer in enumerate(self.layers)
-            for name, (value, shp) in layer.initial.items()
-        ]
-        self.names = [e[0] for e in entries]
-        self.shapes = [e[4] for e in entries]
-        self.params = backend.asarray(backend.pack_host([(e[3], e[4]) for e in entries]))
+        initial = [v for layer in self.layers for v in layer.initial.values()]
+        self.params = backend.asarray(backend.pack_host(initial))
         self.grads = self.xp.zeros_like(self.params)
         self.layer_offsets: list[int] = []
         offset = 0
@@ -60,9 +54,7 @@ class Sequential:
             x = layer.forward(x, ctx)
         return x
 
-    def backward(
-        self, dlogits: Array, on_grads_ready: Callable[[int], None] | None = None
-    ) -> None:
+    def backward(self, dlogits: Array, on_grads_ready: Callable[[int], None] | None = None) -> None:
         dy = dlogits
         for i in range(len(self.layers) - 1, -1, -1):
             dy = self.layers[i].backward(dy, need_dx=i > 0)
@@ -92,12 +84,14 @@ class Sequential:
 
     # -- parameters by name -------------------------------------------------------------
     def named_params(self) -> dict[str, Array]:
-        """Stable names (``layer0.W``...) -> views; what ``--save`` writes."""
-        out = {}
-        for i, layer in enumerate(self.layers):
-            for name in layer.initial:
-                out[f"layer{i}.{name}"] = layer.params[name]
-        return out
+        """Stable names -> views; what ``--save`` writes. Layers are numbered among those that
+        have parameters, so an MLP's first Dense is ``layer0`` whatever Flatten precedes it."""
+        with_params = [layer for layer in self.layers if layer.initial]
+        return {
+            f"layer{i}.{name}": layer.params[name]
+            for i, layer in enumerate(with_params)
+            for name in layer.initial
+        }
 
     def summary(self) -> str:
         return " -> ".join(repr(layer) for layer in self.layers) + f"  ({self.size:,} parameters)"

@@ -1,0 +1,251 @@
+"""Command line: ``python -m xpnn [train] [flags]`` and ``python -m xpnn info``.
+
+Exit codes (the contract): 0 success; 2 a user error, printed as one line naming the flag or file;
+1 anything else. Under ``mpiexec`` every rank parses the same flags, so a flag error is printed
+by rank 0 only; errors found while setting up are agreed on by all ranks and printed once; a
+failure during training aborts the whole MPI job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from xpnn.errors import UserError
+
+
+class _ArgError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line (no usage dump) so it fits the contract."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _ArgError(message)
+
+
+def _positive_int(flag: str):  # noqa: ANN202
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}: not an integer: {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag}: must be at least 1, got {value}")
+        return value
+
+    return parse
+
+
+def _hidden(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--hidden: expected sizes like 512,256, got {text!r}"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--hidden: sizes must be positive, got {text!r}")
+    return sizes
+
+
+def _nonneg_float(flag: str):  # noqa: ANN202
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}: not a number: {text!r}") from None
+        if not value >= 0:
+            raise argparse.ArgumentTypeError(f"{flag}: must be >= 0, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m xpnn", description="Train a network over xp, alone or under MPI.")
+    a = p.add_argument
+    a("--backend", default="numpy", choices=["numpy", "numba", "cupy", "auto"])
+    a("--model", default="mlp", choices=["mlp", "cnn"])
+    a("--hidden", type=_hidden, default=(512, 256), help="MLP hidden sizes, e.g. 512,256")
+    a("--activation", default="relu", choices=["relu", "sigmoid", "tanh"])
+    a("--loss", default="softmax_cross_entropy", choices=["softmax_cross_entropy", "sigmoid_bce"])
+    a("--dataset", default="fashion-mnist", choices=["mnist", "fashion-mnist", "synthetic"])
+    a("--data-dir", default=None, help="directory holding the four IDX files")
+    a(
+        "--replicate",
+        type=_positive_int("--replicate"),
+        default=1,
+        help="repeat the training set K times (scaling studies)",
+    )
+    a("--synthetic-size", type=_positive_int("--synthetic-size"), default=6000)
+    a("--epochs", type=_positive_int("--epochs"), default=5)
+    a("--batch-size", default="128", help="GLOBAL batch size, or 'full' for full-batch GD")
+    a(
+        "--per-rank-batch",
+        type=_positive_int("--per-rank-batch"),
+        default=None,
+        help="batch per rank; the global batch is this times the number of ranks",
+    )
+    a("--lr", type=float, default=1e-3)
+    a(
+        "--lr-scaling",
+        default="none",
+        choices=["none", "linear"],
+        help="linear: multiply --lr by the number of ranks (Goyal et al.)",
+    )
+    a("--warmup-epochs", type=_nonneg_float("--warmup-epochs"), default=0.0)
+    a("--schedule", default="constant", choices=["constant", "step", "cosine"])
+    a("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
+    a("--dtype", default="float32", choices=["float32", "float64"])
+    a("--seed", type=int, default=0)
+    a(
+        "--threads",
+        type=_positive_int("--threads"),
+        default=None,
+        help="BLAS/Numba threads per rank (default: cores on the node / ranks on the node)",
+    )
+    a("--metrics", default=None, help="JSON-lines metrics file (rank 0 writes it)")
+    a("--save", default=None, help="save parameters to FILE.npz at the end")
+    a("--checkpoint-dir", default=None)
+    a("--resume", action="store_true", help="continue from the latest checkpoint")
+    a("--comm", default="auto", choices=["auto", "mpi-host", "mpi-cuda", "nccl"])
+    a("--bucket-mb", type=_nonneg_float("--bucket-mb"), default=25.0)
+    a("--parallel", default="data", choices=["data"])
+    a("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    return p
+
+
+def _launch_rank() -> int:
+    """This process's rank as the launcher says, without starting MPI (for flag errors)."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def _writable_file(flag: str, path: str | None) -> None:
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise UserError(f"{flag} {path}: directory {Path(path).parent} does not exist")
+
+
+def _global_batch(args: argparse.Namespace, size: int, n_train: int) -> int:
+    if args.per_rank_batch is not None:
+        return args.per_rank_batch * size
+    if args.batch_size == "full":
+        return n_train
+    try:
+        value = int(args.batch_size)
+    except ValueError:
+        raise UserError(
+            f"--batch-size: expected a number or 'full', got {args.batch_size!r}"
+        ) from None
+    if value < 1:
+        raise UserError(f"--batch-size: must be at least 1, got {value}")
+    return value
+
+
+def _setup(args: argparse.Namespace, world: Any) -> tuple:
+    """Everything that can fail because of the user's input, before any training starts."""
+    from xpnn.backends import get_backend
+    from xpnn.data import load_dataset
+    from xpnn.nn import build_model
+    from xpnn.parallel.comm import make_communicator
+    from xpnn.parallel.threads import apply_threads, threads_per_rank
+    from xpnn.train import TrainConfig
+
+    _writable_file("--metrics", args.metrics)
+    _writable_file("--save", args.save)
+    if args.resume and not args.checkpoint_dir:
+        raise UserError("--resume: needs --checkpoint-dir")
+    threads = threads_per_rank(world.local_size, override=args.threads)
+    thread_info = apply_threads(threads)
+    backend = get_backend(args.backend, args.dtype, device_id=world.local_rank)
+    comm = make_communicator(world, backend, args.comm)
+    data = load_dataset(
+        args.dataset,
+        args.data_dir,
+        replicate=args.replicate,
+        synthetic_size=args.synthetic_size,
+        seed=args.seed,
+    )
+    if args.model == "cnn" and tuple(data.input_shape) != (1, 28, 28):
+        raise UserError(f"--model cnn: needs 1x28x28 images, {args.dataset} has {data.input_shape}")
+    model = build_model(args.model, args.hidden, args.activation, data.num_classes, args.loss)
+    model.build(data.input_shape, backend, args.seed)
+    batch = _global_batch(args, comm.size, data.x_train.shape[0])
+    lr = args.lr * (comm.size if args.lr_scaling == "linear" else 1)
+    cfg = TrainConfig(
+        epochs=args.epochs,
+        batch_size=batch,
+        lr=lr,
+        optimizer=args.optimizer,
+        schedule=args.schedule,
+        warmup_epochs=args.warmup_epochs,
+        seed=args.seed,
+        bucket_mb=args.bucket_mb,
+        metrics=args.metrics,
+        save=args.save,
+        checkpoint_dir=args.checkpoint_dir,
+        resume=args.resume,
+        progress=not args.no_progress,
+        extra={
+            "threads": thread_info["threads"],
+            "model": args.model,
+            "dataset": args.dataset,
+            "global_batch": batch,
+            "dtype": args.dtype,
+        },
+    )
+    if args.metrics and comm.rank == 0 and not args.resume:
+        Path(args.metrics).write_text("")  # a fresh run starts a fresh metrics file
+    return backend, comm, data, model, cfg
+
+
+def _announce(backend: Any, comm: Any, model: Any, cfg: Any, data: Any) -> None:
+    if comm.rank != 0:
+        return
+    note = f" ({comm.fallback_reason})" if getattr(comm, "fallback_reason", None) else ""
+    print(
+        f"xpnn: {model.summary()}\n"
+        f"xpnn: {data.name} {data.x_train.shape[0]} train / {data.x_test.shape[0]} test, "
+        f"global batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend "
+        f"{backend.describe()}, comm {comm.name}{note}, {comm.size} rank(s) x "
+        f"{cfg.extra['threads']} thread(s)",
+        flush=True,
+    )
+
+
+def train_main(args: argparse.Namespace) -> int:
+    from xpnn.parallel.failure import agree_on_user_errors, run_guarded
+    from xpnn.parallel.world import init_world
+    from xpnn.train import Trainer
+
+    world = init_world()
+    backend, comm, data, model, cfg = agree_on_user_errors(world, lambda: _setup(args, world))
+    _announce(backend, comm, model, cfg, data)
+    return run_guarded(world, lambda: Trainer(model, data, backend, comm, cfg).run())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
+    if command == "info":
+        from xpnn.info import info_main
+
+        return info_main(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except _ArgError as exc:
+        if _launch_rank() == 0:
+            print(f"xpnn: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return train_main(args)
+    except UserError as exc:  # single process: nothing to agree on
+        print(f"xpnn: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,70 @@
+"""``python -m xpnn info``: what this machine offers: backends, devices, MPI, threads."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+
+
+def collect() -> dict:
+    from xpnn.backends import availability
+    from xpnn.parallel.threads import node_cores
+    from xpnn.parallel.world import init_world
+
+    world = init_world()
+    out: dict = {
+        "python": platform.python_version(),
+        "numpy": __import__("numpy").__version__,
+        "backends": {k: ("available" if v is None else v) for k, v in availability().items()},
+        "cores": node_cores(),
+        "world": {"rank": world.rank, "size": world.size, "local_size": world.local_size},
+    }
+    try:
+        import numba
+
+        out["numba"] = numba.__version__
+    except ImportError:
+        pass
+    if out["backends"]["cupy"] == "available":
+        import cupy
+
+        out["cupy"] = cupy.__version__
+        out["devices"] = []
+        for i in range(cupy.cuda.runtime.getDeviceCount()):
+            name = cupy.cuda.runtime.getDeviceProperties(i)["name"]
+            out["devices"].append(name.decode() if isinstance(name, bytes) else name)
+    from xpnn.parallel.threads import threads_per_rank
+
+    out["threads_per_rank"] = threads_per_rank(world.local_size)
+    try:
+        from xpnn.parallel.cuda_aware import mpi_info
+
+        out["mpi"] = mpi_info()
+    except ImportError as exc:
+        out["mpi"] = f"mpi4py not usable: {exc}"
+    return out
+
+
+def info_main(argv: list[str]) -> int:
+    data = collect()
+    if "--json" in argv:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"python {data['python']}, numpy {data['numpy']}, numba {data.get('numba', '-')}")
+    print("backends:")
+    for name, status in data["backends"].items():
+        print(f"  {name:6s} {status}")
+    for i, dev in enumerate(data.get("devices", [])):
+        print(f"  cuda:{i} {dev}")
+    print(f"cores: {data['cores']}; threads per rank by default: {data['threads_per_rank']}")
+    mpi = data["mpi"]
+    if isinstance(mpi, dict):
+        print(f"MPI: {mpi['library']} (MPI {mpi['mpi_version']}, mpi4py {mpi['mpi4py']})")
+        print(f"  mpi_memory_alloc_kinds: {mpi['alloc_kinds']}")
+        aware = "yes" if mpi["cuda_aware"] else "no"
+        print(f"  CUDA-aware: {aware} ({mpi['cuda_aware_reason']})")
+    else:
+        print(f"MPI: {mpi}")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,108 @@
+"""2-D convolution (NCHW) as im2col + one GEMM per layer, with reused column buffers."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from xpnn.nn import init
+from xpnn.nn.layer import Array, Context, Layer
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+class Conv2D(Layer):
+    """``y = conv(x, W) + b`` on NCHW inputs; ``W`` is (C_out, C_in, kh, kw), ``b`` is (C_out,).
+
+    Forward: ``cols = im2col(x)`` of shape (C_in*kh*kw, N*OH*OW), then one GEMM
+    ``W2 @ cols`` (C_out, N*OH*OW) with ``W2 = W.reshape(C_out, -1)``, then bias + a block
+    transpose to NCHW. Backward: ``dW2 = dY @ cols.T``, ``db = sum(dY)``, ``dcols = W2.T @ dY``
+    (written over ``cols``), ``dx = col2im(dcols)``.
+
+    The column buffer and the (C_out, N*OH*OW) GEMM buffer are allocated once per batch size
+    and dtype and reused every step (a small LRU cache, so the last, smaller batch of an epoch
+    or an evaluation batch size does not evict the training one). The layer keeps the state of
+    its *last* forward pass, like every layer.
+    """
+
+    CACHE_ENTRIES = 3
+
+    def __init__(
+        self,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int = 1,
+        padding: int = 0,
+    ) -> None:
+        super().__init__()
+        self.out_channels = int(out_channels)
+        self.kh, self.kw = _pair(kernel_size)
+        self.stride = int(stride)
+        self.padding = int(padding)
+        if min(self.out_channels, self.kh, self.kw, self.stride) < 1 or self.padding < 0:
+            raise ValueError(
+                f"bad Conv2D({out_channels}, {kernel_size}, stride={stride}, padding={padding})"
+            )
+        self._buffers: OrderedDict = OrderedDict()
+
+    def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
+        if len(in_shape) != 3:
+            raise ValueError(f"Conv2D expects (C, H, W) inputs, got shape {in_shape}")
+        c, h, w = in_shape
+        oh = (h + 2 * self.padding - self.kh) // self.stride + 1
+        ow = (w + 2 * self.padding - self.kw) // self.stride + 1
+        if oh < 1 or ow < 1:
+            raise ValueError(f"Conv2D kernel {self.kh}x{self.kw} larger than input {in_shape}")
+        self.in_shape, self.out_hw = in_shape, (oh, ow)
+        fan_in = c * self.kh * self.kw
+        shape = (self.out_channels, c, self.kh, self.kw)
+        self.add_param("W", init.he_normal(rng, shape, fan_in))
+        self.add_param("b", 0.0, (self.out_channels,))
+        return (self.out_channels, oh, ow)
+
+    def _scratch(self, n: int, dtype) -> tuple[Array, Array]:  # noqa: ANN001
+        """(cols, gemm) buffers for a batch of ``n``, reused across steps."""
+        key = (n, dtype)
+        bufs = self._buffers.get(key)
+        if bufs is None:
+            c = self.in_shape[0]
+            p = n * self.out_hw[0] * self.out_hw[1]
+            bufs = (
+                self.xp.empty((c * self.kh * self.kw, p), dtype=dtype),
+                self.xp.empty((self.out_channels, p), dtype=dtype),
+            )
+            self._buffers[key] = bufs
+            while len(self._buffers) > self.CACHE_ENTRIES:
+                self._buffers.popitem(last=False)
+        else:
+            self._buffers.move_to_end(key)
+        return bufs
+
+    def _w2(self, grads: bool = False) -> Array:
+        w = self.grads["W"] if grads else self.params["W"]
+        return self.xp.reshape(w, (self.out_channels, -1))
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        k = self.kernels
+        n = x.shape[0]
+        cols, gemm = self._scratch(n, x.dtype)
+        k.im2col(x, self.kh, self.kw, self.stride, self.padding, cols)
+        k.matmul_into(self._w2(), cols, gemm)
+        self.x_shape, self.cols, self.gemm = tuple(x.shape), cols, gemm
+        return k.conv_output(gemm, self.params["b"], (n, self.out_channels, *self.out_hw))
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        k = self.kernels
+        dyc, db = k.conv_output_grad(dy, self.gemm)
+        self.grads["b"][...] = db
+        k.matmul_into(dyc, self.cols.T, self._w2(grads=True))
+        if not need_dx:
+            return None
+        dcols = k.matmul_into(self._w2().T, dyc, self.cols)
+        return k.col2im(dcols, self.x_shape, self.kh, self.kw, self.stride, self.padding)
+
+    def __repr__(self) -> str:
+        extra = f", stride={self.stride}" if self.stride != 1 else ""
+        extra += f", padding={self.padding}" if self.padding else ""
+        return f"Conv2D({self.out_channels}, {self.kh}x{self.kw}{extra})"

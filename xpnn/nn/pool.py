@@ -1,0 +1,44 @@
+"""2-D max-pooling (NCHW), floor mode: windows that do not fit are dropped (Keras 'valid')."""
+
+from __future__ import annotations
+
+from xpnn.nn.layer import Array, Context, Layer
+
+
+class MaxPool2D(Layer):
+    """Max over ``size`` x ``size`` windows every ``stride`` (default: ``size``) positions.
+
+    Forward keeps the argmax of every window (its first maximum); backward sends each output
+    gradient to that one input position.
+    """
+
+    def __init__(self, size: int = 2, stride: int | None = None) -> None:
+        super().__init__()
+        self.size = int(size)
+        self.stride = int(stride) if stride is not None else self.size
+        if self.size < 1 or self.stride < 1:
+            raise ValueError(f"bad MaxPool2D({size}, stride={stride})")
+
+    def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
+        if len(in_shape) != 3:
+            raise ValueError(f"MaxPool2D expects (C, H, W) inputs, got shape {in_shape}")
+        c, h, w = in_shape
+        oh = (h - self.size) // self.stride + 1
+        ow = (w - self.size) // self.stride + 1
+        if oh < 1 or ow < 1:
+            raise ValueError(f"MaxPool2D window {self.size} larger than input {in_shape}")
+        return (c, oh, ow)
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        y, self.idx = self.kernels.maxpool2d_forward(x, self.size, self.stride)
+        self.x_shape = tuple(x.shape)
+        return y
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        if not need_dx:
+            return None
+        return self.kernels.maxpool2d_backward(dy, self.idx, self.x_shape, self.size, self.stride)
+
+    def __repr__(self) -> str:
+        extra = f", stride={self.stride}" if self.stride != self.size else ""
+        return f"MaxPool2D({self.size}{extra})"

@@ -1,0 +1,231 @@
+"""The training loop: shard, step, reduce, evaluate, report; the same code for 1 or N ranks.
+
+Every rank holds the whole data set (each loads it itself: no rank-0 scatter) and, for every
+global batch, takes only its contiguous share. The loss gradient is scaled by 1 / global batch,
+so summing the ranks' gradients gives exactly the 1-rank gradient. Metrics are reduced as exact
+sums and counts; only rank 0 prints, logs and saves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from xpnn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_params
+from xpnn.data import Dataset, global_batches, shard
+from xpnn.nn.layer import Context
+from xpnn.optim import Schedule, make_optimizer
+from xpnn.parallel.data_parallel import GradientBuckets
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 5
+    batch_size: int = 128  # global batch: the run's mathematics do not depend on the rank count
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    schedule: str = "constant"
+    warmup_epochs: float = 0.0
+    seed: int = 0
+    bucket_mb: float = 25.0
+    eval_batch_size: int = 1000
+    metrics: str | None = None
+    save: str | None = None
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    progress: bool = False
+    extra: dict = field(default_factory=dict)  # more keys for every metrics line
+
+
+def _fault_injection() -> tuple[int, int] | None:
+    """``XPNN_FAIL_AT=RANK:STEP`` makes that rank raise at that step: how the tests prove that
+    one failing rank stops the whole job. Unset in normal use."""
+    spec = os.environ.get("XPNN_FAIL_AT")
+    if not spec:
+        return None
+    rank, step = spec.split(":")
+    return int(rank), int(step)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: Any,
+        data: Dataset,
+        backend: Any,
+        comm: Any,
+        cfg: TrainConfig,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.model, self.data, self.backend, self.comm, self.cfg = model, data, backend, comm, cfg
+        self.xp = backend.xp
+        self.log = log or (lambda msg: print(msg, flush=True))
+        self.is_root = comm.rank == 0
+        xp = self.xp
+        self.x_train = backend.asarray(data.x_train)
+        self.y_train = backend.asarray(data.y_train, dtype=xp.int64)
+        self.n_train = data.x_train.shape[0]
+        self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
+        schedule = Schedule(
+            cfg.lr,
+            cfg.schedule,
+            warmup_steps=round(cfg.warmup_epochs * self.steps_per_epoch),
+            total_steps=cfg.epochs * self.steps_per_epoch,
+        )
+        self.optimizer = make_optimizer(
+            cfg.optimizer, model.params, model.grads, backend.kernels, schedule
+        )
+        self.buckets = GradientBuckets(model.grads, comm, int(cfg.bucket_mb * 2**20))
+        self.fail_at = _fault_injection()
+
+    # -- one global batch ----------------------------------------------------------------
+    def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
+        xp, model = self.xp, self.model
+        if self.fail_at == (self.comm.rank, step):
+            raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
+        local = shard(batch, self.comm.rank, self.comm.size)
+        if len(local) == 0:  # more ranks than samples in this batch: contribute zeros
+            model.grads[...] = 0
+            zero = xp.zeros((), dtype=xp.float64)
+            loss, correct = zero, zero
+        else:
+            idx = self.backend.asarray(local, dtype=xp.int64)
+            xb = xp.take(self.x_train, idx, axis=0)
+            yb = xp.take(self.y_train, idx, axis=0)
+            ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
+            loss, correct = model.loss_and_grads(xb, yb, ctx, 1.0 / len(batch), self.buckets.ready)
+        self.buckets.finish()
+        self.optimizer.step()
+        return loss, correct
+
+    # -- evaluation ----------------------------------------------------------------------
+    def evaluate(self) -> tuple[float, float]:
+        """Test loss and accuracy: each rank scores a contiguous part, sums are reduced."""
+        xp, data = self.xp, self.data
+        part = np.array_split(np.arange(data.x_test.shape[0]), self.comm.size)[self.comm.rank]
+        loss_sum, correct = 0.0, 0.0
+        for start in range(0, len(part), self.cfg.eval_batch_size):
+            sel = part[start : start + self.cfg.eval_batch_size]
+            xb = self.backend.asarray(data.x_test[sel])
+            yb = self.backend.asarray(data.y_test[sel], dtype=xp.int64)
+            loss, corr = self.model.evaluate(xb, yb)
+            loss_sum += float(loss)
+            correct += float(corr)
+        total = self.comm.allreduce_host(np.array([loss_sum, correct, len(part)], np.float64))
+        return total[0] / max(total[2], 1), total[1] / max(total[2], 1)
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg, model, comm = self.cfg, self.model, self.comm
+        start_epoch = self._maybe_resume()
+        comm.bcast_(model.params, 0)  # rank 0's parameters are everyone's
+        for buf in self.optimizer.state.values():
+            comm.bcast_(buf, 0)
+        common = {
+            "world_size": comm.size,
+            "backend": self.backend.name,
+            "comm": comm.name,
+            **cfg.extra,
+        }
+        total_seconds = 0.0
+        test_loss = test_acc = float("nan")
+        for epoch in range(start_epoch, cfg.epochs):
+            batches = global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)
+            self.backend.synchronize()
+            comm.barrier()
+            t0 = time.perf_counter()
+            loss_acc, correct_acc = 0.0, 0.0
+            steps = self._progress(batches, epoch)
+            for i, batch in enumerate(steps):
+                loss, correct = self.step(batch, epoch * self.steps_per_epoch + i)
+                loss_acc = loss_acc + loss
+                correct_acc = correct_acc + correct
+            self.backend.synchronize()
+            seconds = time.perf_counter() - t0
+            total_seconds += seconds
+            sums = comm.allreduce_host(
+                np.array([float(loss_acc), float(correct_acc)], dtype=np.float64)
+            )
+            train_loss, train_acc = sums[0] / self.n_train, sums[1] / self.n_train
+            test_loss, test_acc = self.evaluate()
+            record = {
+                "event": "epoch",
+                "epoch": epoch + 1,
+                "train_loss": train_loss,
+                "train_acc": train_acc,
+                "test_loss": test_loss,
+                "test_acc": test_acc,
+                "seconds": seconds,
+                "samples_per_s": self.n_train / seconds,
+                "lr": self.optimizer.schedule(max(0, self.optimizer.step_count - 1)),
+                **common,
+            }
+            self._report_epoch(record, first=epoch == start_epoch)
+            if cfg.checkpoint_dir and self.is_root:
+                save_checkpoint(cfg.checkpoint_dir, model, self.optimizer, epoch + 1, cfg.seed)
+        done = {
+            "event": "done",
+            "epochs": cfg.epochs,
+            "test_acc": test_acc,
+            "test_loss": test_loss,
+            "total_seconds": total_seconds,
+            "params": model.size,
+            **common,
+        }
+        if self.is_root:
+            self._write_metrics(done)
+            if cfg.save:
+                save_params(cfg.save, model)
+            self.log(
+                f"done: {cfg.epochs} epochs, test_acc {test_acc:.4f}, "
+                f"{total_seconds:.1f} s training, {model.size:,} parameters"
+            )
+        return done
+
+    def _maybe_resume(self) -> int:
+        cfg = self.cfg
+        if not (cfg.resume and cfg.checkpoint_dir):
+            return 0
+        path = latest_checkpoint(cfg.checkpoint_dir)
+        if path is None:
+            if self.is_root:
+                self.log(f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh")
+            return 0
+        epoch, step = load_checkpoint(path, self.model, self.optimizer)
+        if self.is_root:
+            self.log(f"resume: {path} (epoch {epoch}, step {step})")
+        return epoch
+
+    def _progress(self, batches: list, epoch: int) -> Any:
+        if not (self.cfg.progress and self.is_root and sys.stderr.isatty()):
+            return batches
+        from tqdm import tqdm
+
+        return tqdm(batches, desc=f"epoch {epoch + 1}", leave=False, unit="batch")
+
+    def _report_epoch(self, r: dict, first: bool) -> None:
+        if not self.is_root:
+            return
+        self._write_metrics(r)
+        where = f"  [{r['backend']}, comm {r['comm']}, {r['world_size']} rank(s)"
+        if "threads" in r:
+            where += f" x {r['threads']} thread(s)"
+        self.log(
+            f"epoch {r['epoch']}/{self.cfg.epochs}  train_loss {r['train_loss']:.4f}  "
+            f"test_loss {r['test_loss']:.4f}  test_acc {r['test_acc']:.4f}  "
+            f"{r['seconds']:.1f} s  {r['samples_per_s']:.0f} samples/s"
+            + (where + "]" if first else "")
+        )
+
+    def _write_metrics(self, record: dict) -> None:
+        if self.cfg.metrics:
+            with open(self.cfg.metrics, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
