@@ -8,6 +8,7 @@ sums and counts; only rank 0 prints, logs and saves.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -171,6 +172,7 @@ class Trainer:
             self._report_epoch(record, first=epoch == start_epoch)
             if cfg.checkpoint_dir and self.is_root:
                 save_checkpoint(cfg.checkpoint_dir, model, self.optimizer, epoch + 1, cfg.seed)
+        digests = comm.allgather_obj(self.params_digest())
         done = {
             "event": "done",
             "epochs": cfg.epochs,
@@ -178,6 +180,8 @@ class Trainer:
             "test_loss": test_loss,
             "total_seconds": total_seconds,
             "params": model.size,
+            "params_sha256": digests[0],
+            "ranks_agree": len(set(digests)) == 1,
             **common,
         }
         if self.is_root:
@@ -189,6 +193,10 @@ class Trainer:
                 f"{total_seconds:.1f} s training, {model.size:,} parameters"
             )
         return done
+
+    def params_digest(self) -> str:
+        """SHA-256 of this rank's parameters: equal on every rank, or data parallelism broke."""
+        return hashlib.sha256(self.backend.to_host(self.model.params).tobytes()).hexdigest()
 
     def _maybe_resume(self) -> int:
         cfg = self.cfg

@@ -1,0 +1,109 @@
+"""The command-line contract: flags, exit codes, the metrics file, saved parameters, info."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import run_xpnn
+
+SMALL = ["--dataset", "synthetic", "--synthetic-size", "600", "--hidden", "16", "--epochs", "2",
+         "--batch-size", "50", "--no-progress"]
+
+
+def _one_error_line(proc, *needles):
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--epochs", "0"], "--epochs"),
+        (["--epochs", "two"], "--epochs"),
+        (["--backend", "tpu"], "--backend"),
+        (["--hidden", "12,x"], "--hidden"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--lr", "-1"], "--lr"),
+        (["--threads", "0"], "--threads"),
+        (["--no-such-flag"], "--no-such-flag"),
+        (["--resume"], "--resume"),
+        (["--metrics", "/no/such/dir/m.jsonl"], "--metrics"),
+        (["--data-dir", "/no/such/dir", "--dataset", "mnist"], "/no/such/dir"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    _one_error_line(run_xpnn([*SMALL, *args], timeout=120), needle)
+
+
+def test_cupy_without_cupy_or_gpu_is_one_line_exit_2():
+    pytest.importorskip("numpy")
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            pytest.skip("a CUDA device is present: --backend cupy is expected to work here")
+    except Exception:
+        pass
+    _one_error_line(run_xpnn([*SMALL, "--backend", "cupy"]), "--backend cupy")
+
+
+def test_bad_flag_under_mpiexec_is_printed_once():
+    proc = run_xpnn([*SMALL, "--epochs", "0"], ranks=2, timeout=120)
+    _one_error_line(proc, "--epochs")
+
+
+def test_metrics_file_and_saved_parameters(tmp_path):
+    metrics, saved = tmp_path / "m.jsonl", tmp_path / "p.npz"
+    proc = run_xpnn([*SMALL, "--metrics", str(metrics), "--save", str(saved)])
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["event"] for r in records] == ["epoch", "epoch", "done"]
+    for r in records[:2]:
+        for key in ("epoch", "train_loss", "test_loss", "test_acc", "seconds", "samples_per_s",
+                    "world_size", "backend", "comm"):
+            assert key in r, key
+    assert records[1]["train_loss"] < records[0]["train_loss"]
+    done = records[-1]
+    assert done["epochs"] == 2 and done["world_size"] == 1 and done["comm"] == "self"
+    assert done["params"] == 784 * 16 + 16 + 16 * 10 + 10
+    with np.load(saved, allow_pickle=False) as params:
+        assert sorted(params.files) == ["layer0.W", "layer0.b", "layer1.W", "layer1.b"]
+        assert params["layer0.W"].shape == (784, 16)
+    assert "epoch 1/2" in proc.stdout and "comm self" in proc.stdout
+
+
+def test_resume_continues_the_same_run(tmp_path):
+    whole, resumed = tmp_path / "whole.npz", tmp_path / "resumed.npz"
+    base = [*SMALL, "--dtype", "float64"]
+    assert run_xpnn([*base, "--save", str(whole)]).returncode == 0
+    ckpt = tmp_path / "ckpt"
+    first = run_xpnn([*base, "--epochs", "1", "--checkpoint-dir", str(ckpt)])
+    assert first.returncode == 0, first.stderr
+    assert [p.name for p in ckpt.iterdir()] == ["checkpoint-epoch0001.npz"]
+    second = run_xpnn([*base, "--checkpoint-dir", str(ckpt), "--resume", "--save", str(resumed)])
+    assert second.returncode == 0, second.stderr
+    assert "resume:" in second.stdout
+    with np.load(whole) as a, np.load(resumed) as b:
+        for name in a.files:
+            np.testing.assert_allclose(b[name], a[name], rtol=1e-12)
+
+
+def test_full_batch_gradient_descent():
+    proc = run_xpnn([*SMALL, "--batch-size", "full", "--optimizer", "sgd", "--lr", "0.5"])
+    assert proc.returncode == 0, proc.stderr
+    assert "global batch 600" in proc.stdout
+
+
+def test_info_lists_backends_and_mpi():
+    proc = run_xpnn(["info"])
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "numpy  available" in out and "numba  available" in out
+    assert "cupy" in out and "MPI:" in out and "CUDA-aware:" in out
+    proc = run_xpnn(["info", "--json"])
+    data = json.loads(proc.stdout)
+    assert data["mpi"]["cuda_aware"] is False  # the mpich wheel is built without CUDA

@@ -1,0 +1,93 @@
+"""Data parallelism under real ``mpiexec``: N ranks compute the 1-rank run; failures stop all."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+from conftest import run_xpnn
+
+from xpnn.parallel.data_parallel import bucket_bounds
+
+# 300 samples, global batch 70: 5 batches (the last has 20), 70 splits 24/23/23 on 3 ranks.
+BASE = ["--dataset", "synthetic", "--synthetic-size", "300", "--hidden", "24,12", "--epochs", "2",
+        "--batch-size", "70", "--dtype", "float64", "--optimizer", "adam", "--lr", "0.01",
+        "--no-progress", "--threads", "1"]
+
+
+def _train(tmp_path, ranks, *extra, name="p"):
+    saved, metrics = tmp_path / f"{name}{ranks}.npz", tmp_path / f"{name}{ranks}.jsonl"
+    proc = run_xpnn([*BASE, *extra, "--save", str(saved), "--metrics", str(metrics)], ranks=ranks)
+    assert proc.returncode == 0, proc.stderr
+    with np.load(saved) as data:
+        params = {k: data[k] for k in data.files}
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return params, records
+
+
+def _assert_close(a, b):
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-10, atol=1e-13, err_msg=name)
+
+
+def test_one_two_and_three_ranks_compute_the_same_run(tmp_path):
+    one, rec1 = _train(tmp_path, 1)
+    two, rec2 = _train(tmp_path, 2)
+    three, rec3 = _train(tmp_path, 3)
+    _assert_close(one, two)
+    _assert_close(one, three)
+    assert rec2[-1]["world_size"] == 2 and rec2[-1]["comm"] == "mpi-host"
+    assert rec3[-1]["ranks_agree"] and rec2[-1]["ranks_agree"]
+    # Metrics are exact sums over ranks, not averages of padded shards.
+    for r1, r3 in zip(rec1[:2], rec3[:2], strict=True):
+        assert r1["train_loss"] == pytest.approx(r3["train_loss"], rel=1e-10)
+        assert r1["test_acc"] == r3["test_acc"]
+    # Training moved the parameters: equality is not the trivial kind.
+    assert rec1[1]["train_loss"] < rec1[0]["train_loss"]
+
+
+def test_bucket_size_does_not_change_the_result(tmp_path):
+    tiny, _ = _train(tmp_path, 2, "--bucket-mb", "0.0001", name="tiny")
+    one_bucket, _ = _train(tmp_path, 2, "--bucket-mb", "100", name="one")
+    _assert_close(tiny, one_bucket)
+
+
+def test_bucket_bounds_cover_the_buffer_from_the_end():
+    assert bucket_bounds(10, 4) == [(6, 10), (2, 6), (0, 2)]
+    assert bucket_bounds(10, 100) == [(0, 10)]
+    assert bucket_bounds(3, 0) == [(2, 3), (1, 2), (0, 1)]
+
+
+def test_all_ranks_hold_identical_parameters(tmp_path):
+    _, records = _train(tmp_path, 3, "--dtype", "float32")
+    assert records[-1]["ranks_agree"] is True
+    assert len(records[-1]["params_sha256"]) == 64
+
+
+def test_one_failing_rank_stops_the_job(tmp_path):
+    start = time.monotonic()
+    proc = run_xpnn([*BASE, "--epochs", "50"], ranks=2, timeout=60,
+                    env={"XPNN_FAIL_AT": "1:3"})
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert elapsed < 30
+    assert proc.stderr.count("rank 1:") == 1, proc.stderr
+    assert "injected failure at step 3" in proc.stderr
+
+
+def test_user_error_on_every_rank_is_printed_once(tmp_path):
+    proc = run_xpnn([*BASE, "--dataset", "mnist", "--data-dir", str(tmp_path)], ranks=2)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(tmp_path) in lines[0], proc.stderr
+
+
+def test_per_rank_batch_with_linear_lr_scaling_trains(tmp_path):
+    _, records = _train(
+        tmp_path, 2, "--per-rank-batch", "16", "--lr-scaling", "linear", "--warmup-epochs", "1",
+        "--epochs", "3", "--lr", "0.005", "--dtype", "float32",
+    )
+    epochs = [r for r in records if r["event"] == "epoch"]
+    assert records[-1]["global_batch"] == 32
+    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+    assert epochs[-1]["lr"] == pytest.approx(0.01)  # 0.005 x 2 ranks after warmup
