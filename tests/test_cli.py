@@ -6,8 +6,19 @@ import numpy as np
 import pytest
 from conftest import run_xpnn
 
-SMALL = ["--dataset", "synthetic", "--synthetic-size", "600", "--hidden", "16", "--epochs", "2",
-         "--batch-size", "50", "--no-progress"]
+SMALL = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-size",
+    "600",
+    "--hidden",
+    "16",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "50",
+    "--no-progress",
+]
 
 
 def _one_error_line(proc, *needles):
@@ -63,8 +74,17 @@ def test_metrics_file_and_saved_parameters(tmp_path):
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["event"] for r in records] == ["epoch", "epoch", "done"]
     for r in records[:2]:
-        for key in ("epoch", "train_loss", "test_loss", "test_acc", "seconds", "samples_per_s",
-                    "world_size", "backend", "comm"):
+        for key in (
+            "epoch",
+            "train_loss",
+            "test_loss",
+            "test_acc",
+            "seconds",
+            "samples_per_s",
+            "world_size",
+            "backend",
+            "comm",
+        ):
             assert key in r, key
     assert records[1]["train_loss"] < records[0]["train_loss"]
     done = records[-1]

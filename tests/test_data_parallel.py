@@ -10,9 +10,27 @@ from conftest import run_xpnn
 from xpnn.parallel.data_parallel import bucket_bounds
 
 # 300 samples, global batch 70: 5 batches (the last has 20), 70 splits 24/23/23 on 3 ranks.
-BASE = ["--dataset", "synthetic", "--synthetic-size", "300", "--hidden", "24,12", "--epochs", "2",
-        "--batch-size", "70", "--dtype", "float64", "--optimizer", "adam", "--lr", "0.01",
-        "--no-progress", "--threads", "1"]
+BASE = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-size",
+    "300",
+    "--hidden",
+    "24,12",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "70",
+    "--dtype",
+    "float64",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.01",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 
 
 def _train(tmp_path, ranks, *extra, name="p"):
@@ -66,8 +84,7 @@ def test_all_ranks_hold_identical_parameters(tmp_path):
 
 def test_one_failing_rank_stops_the_job(tmp_path):
     start = time.monotonic()
-    proc = run_xpnn([*BASE, "--epochs", "50"], ranks=2, timeout=60,
-                    env={"XPNN_FAIL_AT": "1:3"})
+    proc = run_xpnn([*BASE, "--epochs", "50"], ranks=2, timeout=60, env={"XPNN_FAIL_AT": "1:3"})
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
     assert elapsed < 30
@@ -84,8 +101,20 @@ def test_user_error_on_every_rank_is_printed_once(tmp_path):
 
 def test_per_rank_batch_with_linear_lr_scaling_trains(tmp_path):
     _, records = _train(
-        tmp_path, 2, "--per-rank-batch", "16", "--lr-scaling", "linear", "--warmup-epochs", "1",
-        "--epochs", "3", "--lr", "0.005", "--dtype", "float32",
+        tmp_path,
+        2,
+        "--per-rank-batch",
+        "16",
+        "--lr-scaling",
+        "linear",
+        "--warmup-epochs",
+        "1",
+        "--epochs",
+        "3",
+        "--lr",
+        "0.005",
+        "--dtype",
+        "float32",
     )
     epochs = [r for r in records if r["event"] == "epoch"]
     assert records[-1]["global_batch"] == 32

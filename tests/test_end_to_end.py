@@ -11,10 +11,31 @@ from conftest import run_xpnn
 def test_mlp_reaches_86_percent_on_fashion_mnist(backend, fashion_dir, tmp_path):
     metrics = tmp_path / "m.jsonl"
     proc = run_xpnn(
-        ["--backend", backend, "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir),
-         "--model", "mlp", "--hidden", "512,256", "--activation", "relu", "--optimizer", "adam",
-         "--lr", "1e-3", "--batch-size", "128", "--epochs", "3", "--metrics", str(metrics),
-         "--no-progress"],
+        [
+            "--backend",
+            backend,
+            "--dataset",
+            "fashion-mnist",
+            "--data-dir",
+            str(fashion_dir),
+            "--model",
+            "mlp",
+            "--hidden",
+            "512,256",
+            "--activation",
+            "relu",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--batch-size",
+            "128",
+            "--epochs",
+            "3",
+            "--metrics",
+            str(metrics),
+            "--no-progress",
+        ],
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Every GPU check in one call, for a machine with an NVIDIA GPU (CuPy, mpi4py, Numba present):
+# GPU tests, a 2-rank --backend cupy training run, the crossover, allreduce and throughput
+# benchmarks. Results go to ${OUT:-bench/results}. Usage: bash ci/gpu.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-bench/results}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+status=0
+step() { echo; echo "== $*"; }
+run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
+
+step "environment"
+nvidia-smi -L || true
+run "$PY" -m xpnn info
+
+step "GPU tests"
+run "$PY" -m pytest -q -ra tests/gpu tests/test_backends.py tests/test_layers.py
+
+MPIEXEC="$(command -v mpiexec || true)"
+step "2-rank --backend cupy training run"
+if [ -n "$MPIEXEC" ]; then
+  run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --dataset synthetic --synthetic-size 20000 \
+      --epochs 3 --batch-size 512 --metrics "$OUT/gpu_train.jsonl" --no-progress
+  for comm in mpi-host mpi-cuda nccl; do
+    run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --comm "$comm" --dataset synthetic \
+        --synthetic-size 4000 --epochs 1 --no-progress
+  done
+else
+  echo "skipped: no mpiexec on this machine (pip install mpich)"; status=1
+fi
+
+step "matmul crossover"
+run "$PY" bench/matmul_crossover.py --out "$OUT"
+
+step "allreduce (device buffers)"
+if [ -n "$MPIEXEC" ]; then
+  run "$MPIEXEC" -n 2 "$PY" bench/allreduce.py --backend cupy --json "$OUT/allreduce_gpu.json"
+fi
+
+step "throughput (cupy vs PyTorch CUDA)"
+run "$PY" bench/throughput.py --backends cupy --batches 128,512 --json "$OUT/throughput_gpu.json"
+run "$PY" bench/throughput.py --model cnn --backends cupy --batches 128 --json "$OUT/throughput_cnn_gpu.json"
+
+echo; [ $status -eq 0 ] && echo "ci/gpu.sh: all GPU checks passed" || echo "ci/gpu.sh: some checks FAILED"
+exit $status
