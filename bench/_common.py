@@ -165,3 +165,68 @@ def pyplot_agg() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _cpu_busy_seconds() -> float | None:
+    """CPU-seconds all CPUs spent busy since boot (Linux ``/proc/stat``), else None."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(v) for v in fields[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    busy = sum(ticks[:8]) - idle  # user..steal; guest time is already inside user
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    """CPU-seconds used by this process and its waited-for children (e.g. mpiexec runs)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class ForeignLoad:
+    """How many cores *other* processes kept busy while a block ran (None off Linux).
+
+    ``with ForeignLoad() as fl: ...`` then ``fl.cores``: (all CPUs' busy time - this process's
+    and its finished children's CPU time) / wall time. Unlike the load average it is exact for
+    the block and ignores our own threads, so a timing can be reported with the competition it
+    met: 0.0 is a quiet machine, 1.0 means another job used a whole core throughout.
+    """
+
+    def __enter__(self) -> ForeignLoad:
+        self.cores: float | None = None
+        self._busy0, self._own0 = _cpu_busy_seconds(), _own_cpu_seconds()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.perf_counter() - self._t0
+        busy1 = _cpu_busy_seconds()
+        if self._busy0 is None or busy1 is None or wall <= 0:
+            return
+        foreign = (busy1 - self._busy0) - (_own_cpu_seconds() - self._own0)
+        self.cores = round(max(0.0, foreign) / wall, 3)
+
+
+def foreign_load(interval_s: float = 1.0) -> float | None:
+    """Cores other processes keep busy right now, sampled over ``interval_s``."""
+    with ForeignLoad() as fl:
+        time.sleep(interval_s)
+    return fl.cores
+
+
+def wait_for_quiet(
+    max_cores: float = 0.3, timeout_s: float = 0.0, interval_s: float = 2.0
+) -> float | None:
+    """Wait (at most ``timeout_s``) until others use fewer than ``max_cores`` cores; return the last
+    reading. ``timeout_s`` 0 takes one reading and returns at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        cores = foreign_load(min(interval_s, 1.0))
+        if cores is None or cores < max_cores or time.monotonic() >= deadline:
+            return cores
+        time.sleep(max(0.0, interval_s - 1.0))

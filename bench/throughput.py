@@ -1,0 +1,664 @@
+"""Training throughput (samples/s) of xpnn's backends, side by side with PyTorch.
+
+One training step is forward + loss + backward + Adam update, float32, on random
+data that is already in memory (on the GPU for ``cupy``): data loading and
+host<->device transfers are *excluded*, on both sides. Per configuration (model,
+backend, batch size) the script
+
+* warms up (Numba compilation, BLAS/OpenMP pools, buffer caches, allocators);
+* times ``--repeats`` "epochs" of ``--steps`` steps each and reports the median
+  samples/s;
+* when PyTorch is importable, times the same network (same layers, Adam, same
+  batch, same thread count, float32) in the same process, *alternating* xpnn and
+  torch epoch by epoch (the order is flipped every repeat: A B, B A, ...), and
+  reports xpnn/torch as the median of the per-repeat ratios, which cancels most
+  of the drift of a shared, noisy machine.
+
+``--backends cupy`` is compared with torch on CUDA (both synchronised before the
+clock stops); without a usable GPU it is skipped with a one-line reason.
+``--ranks-compare`` also runs ``mpiexec -n 2 python -m xpnn ... --threads 1`` on
+synthetic data (whole CLI training loop: shuffling and batch gathering included,
+evaluation excluded) against a single PyTorch process with ``--threads`` threads
+running the same loop (shuffled batch gather + step).
+
+Run: ``python bench/throughput.py --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    from _common import (
+        RESULTS_DIR,
+        ForeignLoad,
+        busy_warning,
+        fmt_num,
+        format_table,
+        load_avg,
+        machine_info,
+        median,
+        write_json,
+    )
+except ImportError:  # imported as bench.throughput rather than run as a script
+    from bench._common import (
+        RESULTS_DIR,
+        ForeignLoad,
+        busy_warning,
+        fmt_num,
+        format_table,
+        load_avg,
+        machine_info,
+        median,
+        write_json,
+    )
+
+NAME = "throughput"
+ROOT = Path(__file__).resolve().parents[1]
+INPUT_SHAPE = (1, 28, 28)
+NUM_CLASSES = 10
+LR = 1e-3
+DEFAULT_STEPS = {"mlp": 50, "cnn": 8}
+DEFAULT_WARMUP = {"mlp": 10, "cnn": 3}
+# The issues' targets: (model, backend, batch, threads) -> minimum xpnn/torch ratio.
+TARGETS: dict[tuple[str, str, int, int], float] = {
+    ("mlp", "numba", 128, 2): 1.3,
+    ("cnn", "numba", 128, 2): 1.0,
+}
+RANKS_TARGET = 1.5  # CNN: 2 ranks x 1 thread vs torch 1 process x 2 threads
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 32,128, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def name_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in ("numpy", "numba", "cupy")]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"backends must be among numpy,numba,cupy, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bench/throughput.py",
+        description="Training samples/s of xpnn backends vs PyTorch (forward+backward+Adam).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a = p.add_argument
+    a("--model", choices=("mlp", "cnn"), default="mlp", help="mlp: 784-HIDDEN-10; cnn: 690,590 p.")
+    a("--hidden", type=int_list, default=[512, 256], help="MLP hidden sizes")
+    a("--backends", type=name_list, default=["numpy", "numba"], help="comma list")
+    a("--batches", type=int_list, default=[32, 128, 512], help="batch sizes")
+    a("--threads", type=positive_int, default=2, help="BLAS/Numba/torch threads")
+    a("--steps", type=positive_int, default=None, help="steps per timed epoch (mlp 50, cnn 8)")
+    a("--warmup", type=positive_int, default=None, help="untimed warm-up steps (mlp 10, cnn 3)")
+    a("--repeats", type=positive_int, default=5, help="timed epochs per side (median)")
+    a("--pool", type=positive_int, default=4, help="distinct random batches cycled through")
+    a("--seed", type=int, default=0)
+    a("--no-torch", action="store_true", help="skip the PyTorch side even if importable")
+    a("--ranks-compare", action="store_true", help="also: mpiexec -n 2 x 1 thread vs torch")
+    a("--ranks", type=positive_int, default=2, help="ranks for --ranks-compare")
+    a("--ranks-samples", type=positive_int, default=2048, help="synthetic train set size")
+    a("--ranks-epochs", type=positive_int, default=2, help="CLI epochs per run (first dropped)")
+    a("--ranks-repeats", type=positive_int, default=3, help="mpiexec runs (alternated with torch)")
+    a("--ranks-batch", type=positive_int, default=128, help="global batch for --ranks-compare")
+    a(
+        "--json",
+        type=Path,
+        default=None,
+        help=f"JSON file (default {RESULTS_DIR}/{NAME}_MODEL.json)",
+    )
+    return p
+
+
+# --------------------------------------------------------------------------- timing core
+
+
+@dataclass
+class Side:
+    """One thing to time: ``run(steps)`` trains ``steps`` steps and returns the seconds taken."""
+
+    label: str
+    run: Callable[[int], float]
+    batch: int
+    steps: int = 0
+    seconds: list[float] = field(default_factory=list)
+
+    def rates(self) -> list[float]:
+        return [self.batch * self.steps / s for s in self.seconds]
+
+
+def alternate(a: Side, b: Side | None, steps: int, repeats: int) -> None:
+    """Time ``repeats`` epochs of each side, A B / B A / A B ...; fills ``seconds``."""
+    a.steps = steps
+    if b is not None:
+        b.steps = steps
+    for r in range(repeats):
+        order = [a, b] if r % 2 == 0 else [b, a]
+        for side in order:
+            if side is not None:
+                side.seconds.append(side.run(steps))
+
+
+def paired_ratios(a: Side, b: Side) -> list[float]:
+    """Per-repeat throughput ratios a/b (= time b / time a) of adjacent measurements."""
+    return [tb / ta for ta, tb in zip(a.seconds, b.seconds, strict=True)]
+
+
+# --------------------------------------------------------------------------- xpnn side
+
+
+def random_batches(n_batches: int, batch: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng([seed, batch])
+    return [
+        (
+            rng.random((batch, *INPUT_SHAPE), dtype=np.float32),
+            rng.integers(0, NUM_CLASSES, size=batch, dtype=np.int64),
+        )
+        for _ in range(n_batches)
+    ]
+
+
+class XpnnTrainer:
+    """An xpnn model + Adam on one backend; ``epoch(steps, batches)`` is the timed loop."""
+
+    def __init__(self, backend: Any, model_name: str, hidden: Sequence[int], seed: int) -> None:
+        from xpnn.nn import build_model
+        from xpnn.optim import Schedule, make_optimizer
+
+        self.backend, self.seed = backend, seed
+        self.model = build_model(model_name, tuple(hidden), "relu", NUM_CLASSES)
+        self.model.build(INPUT_SHAPE, backend, seed)
+        self.opt = make_optimizer(
+            "adam", self.model.params, self.model.grads, backend.kernels, Schedule(LR)
+        )
+        self.step_count = 0
+
+    def device_batches(self, host: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple]:
+        xp = self.backend.xp
+        out = []
+        for x, y in host:
+            ids = self.backend.asarray(np.arange(len(y)), dtype=xp.int64)
+            out.append((self.backend.asarray(x), self.backend.asarray(y, dtype=xp.int64), ids))
+        self.backend.synchronize()
+        return out
+
+    def epoch(self, steps: int, batches: list[tuple]) -> float:
+        from xpnn.nn.layer import Context
+
+        model, opt = self.model, self.opt
+        self.backend.synchronize()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            x, y, ids = batches[i % len(batches)]
+            ctx = Context(train=True, step=self.step_count, seed=self.seed, sample_ids=ids)
+            model.loss_and_grads(x, y, ctx, 1.0 / len(y))
+            opt.step()
+            self.step_count += 1
+        self.backend.synchronize()
+        return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- torch side
+
+
+def torch_model(torch: Any, model_name: str, hidden: Sequence[int]) -> Any:
+    """The same network as ``xpnn.nn.models``: layer for layer, parameter for parameter."""
+    nn = torch.nn
+    if model_name == "mlp":
+        layers: list = [nn.Flatten()]
+        fan_in = int(np.prod(INPUT_SHAPE))
+        for h in hidden:
+            layers += [nn.Linear(fan_in, h), nn.ReLU()]
+            fan_in = h
+        layers.append(nn.Linear(fan_in, NUM_CLASSES))
+        return nn.Sequential(*layers)
+    layers, c_in = [], INPUT_SHAPE[0]
+    for c in (32, 128, 256):
+        layers += [nn.Conv2d(c_in, c, 3), nn.ReLU(), nn.MaxPool2d(2)]
+        c_in = c
+    layers += [nn.Flatten(), nn.Dropout(0.5)]
+    fan_in = 256  # 28 -> 26 -> 13 -> 11 -> 5 -> 3 -> 1: 256 x 1 x 1
+    for d in (1000, 100):
+        layers += [nn.Linear(fan_in, d), nn.ReLU()]
+        fan_in = d
+    layers.append(nn.Linear(fan_in, NUM_CLASSES))
+    return nn.Sequential(*layers)
+
+
+class TorchTrainer:
+    """The same network + ``torch.optim.Adam`` (PyTorch's defaults) on ``device``."""
+
+    def __init__(self, torch: Any, model_name: str, hidden: Sequence[int], device: str) -> None:
+        self.torch, self.device = torch, device
+        self.model = torch_model(torch, model_name, hidden).to(device).train()
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=LR)
+        self.params = sum(p.numel() for p in self.model.parameters())
+
+    def sync(self) -> None:
+        if self.device.startswith("cuda"):
+            self.torch.cuda.synchronize()
+
+    def device_batches(self, host: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple]:
+        t = self.torch
+        out = [(t.from_numpy(x).to(self.device), t.from_numpy(y).to(self.device)) for x, y in host]
+        self.sync()
+        return out
+
+    def train_step(self, x: Any, y: Any) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.torch.nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+
+    def epoch(self, steps: int, batches: list[tuple]) -> float:
+        self.sync()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            x, y = batches[i % len(batches)]
+            self.train_step(x, y)
+        self.sync()
+        return time.perf_counter() - t0
+
+
+def import_torch(threads: int) -> tuple[Any, str | None]:
+    """(torch, None), or (None, why not); sets torch's intra-op thread count."""
+    try:
+        import torch
+    except ImportError as exc:
+        return None, f"PyTorch is not importable ({exc})"
+    torch.set_num_threads(threads)
+    return torch, None
+
+
+# --------------------------------------------------------------------------- main sweep
+
+
+def check_backends(names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Backends that can run here, and a one-line reason for each that cannot."""
+    from xpnn.backends import availability
+
+    avail = availability()
+    ok, skipped = [], {}
+    for n in names:
+        reason = avail.get(n)
+        if reason is None:
+            ok.append(n)
+        else:
+            skipped[n] = reason
+            print(f"{n} skipped: {reason}", flush=True)
+    return ok, skipped
+
+
+def sweep(args: argparse.Namespace, torch: Any, backends: list[str]) -> list[dict[str, Any]]:
+    from xpnn.backends import get_backend
+
+    steps = args.steps or DEFAULT_STEPS[args.model]
+    warmup = args.warmup or DEFAULT_WARMUP[args.model]
+    trainers = {
+        b: XpnnTrainer(get_backend(b, "float32"), args.model, args.hidden, args.seed)
+        for b in backends
+    }
+    torch_trainers: dict[str, Any] = {}
+    results = []
+    for batch in args.batches:
+        host = random_batches(args.pool, batch, args.seed)
+        for b in backends:
+            xt = trainers[b]
+            device = "cuda" if xt.backend.is_gpu else "cpu"
+            tt, torch_note = None, None
+            if torch is not None:
+                if device == "cuda" and not torch.cuda.is_available():
+                    torch_note = "torch.cuda.is_available() is False"
+                else:
+                    if device not in torch_trainers:
+                        torch_trainers[device] = TorchTrainer(
+                            torch, args.model, args.hidden, device
+                        )
+                    tt = torch_trainers[device]
+            load_before = load_avg()
+            xb = xt.device_batches(host)
+            xt.epoch(warmup, xb)
+            xside = Side(f"xpnn-{b}", lambda s, xt=xt, xb=xb: xt.epoch(s, xb), batch)
+            tside = None
+            if tt is not None:
+                tb = tt.device_batches(host)
+                tt.epoch(warmup, tb)
+                tside = Side(f"torch-{device}", lambda s, tt=tt, tb=tb: tt.epoch(s, tb), batch)
+            with ForeignLoad() as fl:
+                alternate(xside, tside, steps, args.repeats)
+            row: dict[str, Any] = {
+                "model": args.model,
+                "backend": b,
+                "batch": batch,
+                "threads": args.threads,
+                "steps": steps,
+                "repeats": args.repeats,
+                "xpnn_samples_per_s": median(xside.rates()),
+                "xpnn_samples_per_s_all": [round(r, 2) for r in xside.rates()],
+                "torch_device": device if tside is not None else None,
+                "torch_samples_per_s": None,
+                "torch_samples_per_s_all": None,
+                "ratio": None,
+                "ratios": None,
+                "torch_note": torch_note,
+                "load_avg_before": load_before,
+                "load_avg_after": load_avg(),
+                "foreign_cores": fl.cores,
+            }
+            if tside is not None:
+                ratios = paired_ratios(xside, tside)
+                row.update(
+                    torch_samples_per_s=median(tside.rates()),
+                    torch_samples_per_s_all=[round(r, 2) for r in tside.rates()],
+                    ratio=median(ratios),
+                    ratios=[round(r, 4) for r in ratios],
+                )
+            results.append(row)
+            print(
+                f"  {args.model} {b:<5} batch {batch:>4}: xpnn {row['xpnn_samples_per_s']:,.0f}"
+                + (
+                    f"  torch {row['torch_samples_per_s']:,.0f}  ratio {row['ratio']:.2f}"
+                    if tside is not None
+                    else ""
+                )
+                + f"  samples/s  (others used {fl.cores} cores)",
+                flush=True,
+            )
+    return results
+
+
+# --------------------------------------------------------------------------- ranks compare
+
+
+def mpiexec_path() -> str | None:
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else shutil.which("mpiexec")
+
+
+def cli_epoch_rates(metrics: Path) -> list[float]:
+    """samples/s of every epoch after the first (the first includes compilation)."""
+    lines = [json.loads(s) for s in metrics.read_text().splitlines() if s.strip()]
+    epochs = [r for r in lines if r.get("event") == "epoch"]
+    later = epochs[1:] or epochs
+    return [float(r["samples_per_s"]) for r in later]
+
+
+def run_cli_ranks(args: argparse.Namespace, ranks: int, workdir: Path) -> float:
+    """One ``mpiexec -n RANKS python -m xpnn`` run: median samples/s of the epochs after the 1st."""
+    mpiexec = mpiexec_path()
+    if mpiexec is None:
+        raise RuntimeError("mpiexec not found")
+    metrics = workdir / "metrics.jsonl"
+    cmd = [
+        mpiexec, "-n", str(ranks), sys.executable, "-m", "xpnn",
+        "--model", args.model, "--hidden", ",".join(map(str, args.hidden)),
+        "--backend", "numba", "--dataset", "synthetic",
+        "--synthetic-size", str(args.ranks_samples), "--epochs", str(args.ranks_epochs),
+        "--batch-size", str(args.ranks_batch), "--threads", "1", "--seed", str(args.seed),
+        "--metrics", str(metrics), "--no-progress",
+    ]  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return median(cli_epoch_rates(metrics))
+
+
+def torch_cli_like_epoch(tt: TorchTrainer, x: Any, y: Any, batch: int, epoch: int) -> float:
+    """One epoch as the CLI runs it: a seeded shuffle, gathered batches, a step per batch."""
+    torch = tt.torch
+    n = x.shape[0]
+    order = torch.from_numpy(np.random.default_rng([0, epoch]).permutation(n))
+    t0 = time.perf_counter()
+    for start in range(0, n, batch):
+        idx = order[start : start + batch]
+        tt.train_step(x.index_select(0, idx), y.index_select(0, idx))
+    return n / (time.perf_counter() - t0)
+
+
+def ranks_compare(args: argparse.Namespace, torch: Any) -> dict[str, Any]:
+    """mpiexec -n R x 1 thread (xpnn CLI, numba) vs one torch process with --threads threads."""
+    from xpnn.data import load_dataset
+
+    data = load_dataset("synthetic", synthetic_size=args.ranks_samples, seed=args.seed)
+    tt = TorchTrainer(torch, args.model, args.hidden, "cpu")
+    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    torch_cli_like_epoch(tt, x, y, args.ranks_batch, 0)  # warm-up epoch
+    xpnn_rates, torch_rates, foreign = [], [], []
+    with tempfile.TemporaryDirectory(prefix="xpnn-throughput-") as tmp:
+        for r in range(args.ranks_repeats):
+            pair = ("xpnn", "torch") if r % 2 == 0 else ("torch", "xpnn")
+            for who in pair:
+                with ForeignLoad() as fl:
+                    if who == "xpnn":
+                        xpnn_rates.append(run_cli_ranks(args, args.ranks, Path(tmp)))
+                    else:
+                        torch_rates.append(torch_cli_like_epoch(tt, x, y, args.ranks_batch, r + 1))
+                foreign.append(fl.cores)
+            print(
+                f"  ranks-compare repeat {r + 1}: xpnn {args.ranks}x1 {xpnn_rates[-1]:,.0f}  "
+                f"torch 1x{args.threads} {torch_rates[-1]:,.0f} samples/s",
+                flush=True,
+            )
+    ratios = [a / b for a, b in zip(xpnn_rates, torch_rates, strict=True)]
+    return {
+        "model": args.model,
+        "ranks": args.ranks,
+        "threads_per_rank": 1,
+        "torch_threads": args.threads,
+        "samples": args.ranks_samples,
+        "global_batch": args.ranks_batch,
+        "epochs_per_run": args.ranks_epochs,
+        "xpnn_samples_per_s": median(xpnn_rates),
+        "xpnn_samples_per_s_all": [round(v, 2) for v in xpnn_rates],
+        "torch_samples_per_s": median(torch_rates),
+        "torch_samples_per_s_all": [round(v, 2) for v in torch_rates],
+        "ratio": median(ratios),
+        "ratios": [round(v, 4) for v in ratios],
+        "foreign_cores": foreign,
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def target_lines(results: list[dict], ranks: dict | None) -> list[dict[str, Any]]:
+    out = []
+    for (model, backend, batch, threads), target in TARGETS.items():
+        row = next(
+            (
+                r
+                for r in results
+                if (r["model"], r["backend"], r["batch"], r["threads"])
+                == (model, backend, batch, threads)
+                and r["ratio"] is not None
+                and r["torch_device"] == "cpu"
+            ),
+            None,
+        )
+        if row is None and not any(r["model"] == model for r in results):
+            continue
+        out.append(
+            {
+                "name": f"{model} {backend} vs torch CPU, batch {batch}, {threads} threads",
+                "target": target,
+                "ratio": None if row is None else row["ratio"],
+                "pass": None if row is None else row["ratio"] >= target,
+            }
+        )
+    if ranks is not None and ranks["model"] == "cnn" and ranks["ranks"] == 2:
+        out.append(
+            {
+                "name": f"cnn 2 ranks x 1 thread vs torch 1 process x {ranks['torch_threads']} "
+                "threads",
+                "target": RANKS_TARGET,
+                "ratio": ranks["ratio"],
+                "pass": ranks["ratio"] >= RANKS_TARGET,
+            }
+        )
+    return out
+
+
+def print_report(results: list[dict], ranks: dict | None, targets: list[dict]) -> None:
+    headers = ["model", "backend", "batch", "xpnn samples/s", "torch samples/s", "xpnn/torch",
+               "ratio min-max"]  # fmt: skip
+    rows = []
+    for r in results:
+        spread = "-"
+        if r["ratios"]:
+            spread = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
+        rows.append(
+            [
+                r["model"],
+                r["backend"] + ("" if r["torch_device"] in (None, "cpu") else " (vs cuda)"),
+                str(r["batch"]),
+                f"{r['xpnn_samples_per_s']:,.0f}",
+                "-" if r["torch_samples_per_s"] is None else f"{r['torch_samples_per_s']:,.0f}",
+                fmt_num(r["ratio"]),
+                spread,
+            ]
+        )
+    print()
+    print(format_table(headers, rows))
+    if ranks is not None:
+        print(
+            f"\nranks-compare ({ranks['model']}, synthetic {ranks['samples']}, global batch "
+            f"{ranks['global_batch']}): xpnn {ranks['ranks']} ranks x 1 thread "
+            f"{ranks['xpnn_samples_per_s']:,.0f} samples/s, torch 1 process x "
+            f"{ranks['torch_threads']} threads {ranks['torch_samples_per_s']:,.0f} samples/s, "
+            f"ratio {ranks['ratio']:.2f} (per-run {ranks['ratios']})"
+        )
+    if targets:
+        print("\ntargets (informational):")
+        for t in targets:
+            verdict = "not measured" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
+            got = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
+            print(f"  {verdict:<12} {t['name']}: {got} (target >= {t['target']})")
+
+
+def run(args: argparse.Namespace) -> int:
+    # Thread limits first: before Numba is imported and before any backend or torch starts.
+    from xpnn.parallel.threads import apply_threads
+
+    thread_info = apply_threads(args.threads)
+    warn = busy_warning()
+    if warn:
+        print(warn, flush=True)
+    backends, skipped = check_backends(args.backends)
+    torch, torch_reason = (None, "--no-torch") if args.no_torch else import_torch(args.threads)
+    if torch_reason and not args.no_torch:
+        print(f"torch comparison skipped: {torch_reason}", flush=True)
+    steps = args.steps or DEFAULT_STEPS[args.model]
+    print(
+        f"{NAME}: {args.model}"
+        + (f" 784-{'-'.join(map(str, args.hidden))}-10" if args.model == "mlp" else " (690,590 p.)")
+        + f", float32, Adam, {args.threads} threads, {steps} steps x {args.repeats} repeats,"
+        " random data in memory (data loading and transfers excluded)",
+        flush=True,
+    )
+    results = sweep(args, torch, backends) if backends else []
+    ranks = None
+    if args.ranks_compare:
+        if torch is None:
+            print(f"ranks-compare skipped: {torch_reason}", flush=True)
+        elif mpiexec_path() is None:
+            print("ranks-compare skipped: mpiexec not found", flush=True)
+        else:
+            ranks = ranks_compare(args, torch)
+    targets = target_lines(results, ranks)
+    print_report(results, ranks, targets)
+    numba_layer = None
+    if "numba" in backends:
+        import numba
+
+        try:
+            numba_layer = numba.threading_layer()
+        except ValueError:
+            numba_layer = None
+    from threadpoolctl import threadpool_info
+
+    out = {
+        "benchmark": NAME,
+        "machine": machine_info(),
+        "config": {
+            "model": args.model,
+            "hidden": args.hidden if args.model == "mlp" else None,
+            "backends": args.backends,
+            "batches": args.batches,
+            "threads": args.threads,
+            "steps": steps,
+            "warmup": args.warmup or DEFAULT_WARMUP[args.model],
+            "repeats": args.repeats,
+            "dtype": "float32",
+            "optimizer": "adam",
+            "data": "random, in memory; loading and transfers excluded",
+        },
+        "threads": thread_info,
+        "thread_pools": [
+            {
+                "lib": i.get("internal_api"),
+                "api": i.get("user_api"),
+                "threads": i.get("num_threads"),
+            }
+            for i in threadpool_info()
+        ],
+        "numba_threading_layer": numba_layer,
+        "torch": None if torch is None else torch.__version__,
+        "torch_threads": None if torch is None else torch.get_num_threads(),
+        "torch_skipped": torch_reason,
+        "skipped": skipped,
+        "results": results,
+        "ranks_compare": ranks,
+        "targets": targets,
+    }
+    path = args.json or RESULTS_DIR / f"{NAME}_{args.model}.json"
+    write_json(path, out)
+    print(f"\nwrote {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

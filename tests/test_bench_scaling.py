@@ -1,0 +1,113 @@
+"""bench/scaling.py runs real ``mpiexec -n 1`` and ``-n 2`` jobs on tiny settings and writes its
+tables, JSON and plot. Speed is never asserted: a 2-core CI box under load proves nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "scaling.py"
+
+pytestmark = pytest.mark.mpi
+
+
+def run_script(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_strong_weak_and_threads_tiny(tmp_path: Path) -> None:
+    proc = run_script(
+        [
+            "--dataset",
+            "synthetic",
+            "--synthetic-size",
+            "256",
+            "--hidden",
+            "16,8",
+            "--ranks",
+            "1,2",
+            "--epochs",
+            "2",
+            "--repeats",
+            "1",
+            "--batch-size",
+            "64",
+            "--per-rank-batch",
+            "64",
+            "--compare-threads",
+            "--out",
+            str(tmp_path),
+        ]  # fmt: skip
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads((tmp_path / "scaling.json").read_text())
+    png = (tmp_path / "scaling.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
+    strong, weak = out["strong"], out["weak"]
+    assert [(e["ranks"], e["threads_per_rank"]) for e in strong] == [(1, 1), (2, 1), (1, 2)]
+    assert [(e["ranks"], e["samples"]) for e in weak] == [(1, 256), (2, 512)]
+    for e in strong + weak:
+        assert e["time_s"] > 0 and e["efficiency"] > 0
+        assert all(t > 0 for t in e["times_s"])
+    assert strong[0]["speedup"] == pytest.approx(1.0)
+    assert all(e["speedup"] > 0 for e in strong)
+    assert {e["global_batch"] for e in strong} == {64}
+    assert [e["global_batch"] for e in weak] == [64, 128]
+    # weak N=1 and strong N=1 are the same command: run once, shared
+    assert len(out["runs"]) == 4
+    assert all(r["results"][0]["comm"] for r in out["runs"])
+    for line in ("Strong scaling", "Weak scaling", "Speedup", "targets (informational)"):
+        assert line in proc.stdout
+    names = [t["name"] for t in out["targets"]]
+    assert len(names) == 2 and all(t["pass"] is not None for t in out["targets"])
+
+
+def test_oversubscription_warns_and_epoch1_only(tmp_path: Path) -> None:
+    proc = run_script(
+        [
+            "--dataset",
+            "synthetic",
+            "--synthetic-size",
+            "128",
+            "--hidden",
+            "8",
+            "--ranks",
+            "1",
+            "--mode",
+            "strong",
+            "--epochs",
+            "1",
+            "--repeats",
+            "1",
+            "--threads-per-rank",
+            "64",
+            "--out",
+            str(tmp_path),
+        ]  # fmt: skip
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "oversubscribed" in proc.stdout
+    out = json.loads((tmp_path / "scaling.json").read_text())
+    assert out["weak"] is None and len(out["strong"]) == 1
+    assert (tmp_path / "scaling.png").exists()
+
+
+def test_failing_run_exits_nonzero(tmp_path: Path) -> None:
+    proc = run_script(
+        ["--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "nowhere"), "--ranks", "1",
+         "--mode", "strong", "--repeats", "1", "--out", str(tmp_path)],
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "run failed" in proc.stderr

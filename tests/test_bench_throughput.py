@@ -1,0 +1,143 @@
+"""bench/throughput.py runs end to end on tiny settings and writes a complete JSON file.
+
+Speed is never asserted (the numbers depend on the machine and its load): only that every
+configuration was measured, the numbers are positive, and the PyTorch side appears exactly when
+PyTorch is importable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "throughput.py"
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+ROW_KEYS = {
+    "model",
+    "backend",
+    "batch",
+    "threads",
+    "steps",
+    "repeats",
+    "xpnn_samples_per_s",
+    "xpnn_samples_per_s_all",
+    "torch_samples_per_s",
+    "ratio",
+    "ratios",
+    "foreign_cores",
+}
+
+
+def run_script(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def check_rows(out: dict, model: str, backends: list[str], batches: list[int]) -> None:
+    rows = out["results"]
+    assert {(r["backend"], r["batch"]) for r in rows} == {(b, n) for b in backends for n in batches}
+    for r in rows:
+        assert ROW_KEYS <= r.keys()
+        assert r["model"] == model
+        assert r["xpnn_samples_per_s"] > 0
+        assert len(r["xpnn_samples_per_s_all"]) == r["repeats"]
+        if HAS_TORCH:
+            assert r["torch_samples_per_s"] > 0
+            assert r["ratio"] > 0 and len(r["ratios"]) == r["repeats"]
+        else:
+            assert r["ratio"] is None
+
+
+@pytest.mark.mpi
+def test_mlp_tiny_with_ranks_compare(tmp_path: Path) -> None:
+    path = tmp_path / "tp.json"
+    proc = run_script(
+        [
+            "--model",
+            "mlp",
+            "--hidden",
+            "16",
+            "--backends",
+            "numpy,numba,cupy",
+            "--batches",
+            "8,32",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--repeats",
+            "2",
+            "--threads",
+            "1",
+            "--ranks-compare",
+            "--ranks-samples",
+            "256",
+            "--ranks-batch",
+            "64",
+            "--ranks-repeats",
+            "1",
+            "--json",
+            str(path),
+        ]  # fmt: skip
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(path.read_text())
+    assert out["benchmark"] == "throughput"
+    assert out["config"]["threads"] == 1 and out["threads"]["threads"] == 1
+    cupy_ran = "cupy" not in out["skipped"]
+    if not cupy_ran:  # no GPU here: one line says why, the CPU rows still come
+        assert any(line.startswith("cupy skipped: ") for line in proc.stdout.splitlines())
+    check_rows(out, "mlp", ["numpy", "numba"] + (["cupy"] if cupy_ran else []), [8, 32])
+    assert "xpnn/torch" in proc.stdout
+    rc = out["ranks_compare"]
+    if HAS_TORCH:
+        assert rc["ranks"] == 2 and rc["xpnn_samples_per_s"] > 0 and rc["torch_samples_per_s"] > 0
+        assert rc["ratio"] > 0
+    else:
+        assert rc is None and "ranks-compare skipped" in proc.stdout
+    # the targets are for other configurations (threads=2, batch 128): listed as not measured
+    assert all(t["pass"] is None for t in out["targets"])
+
+
+def test_cnn_tiny(tmp_path: Path) -> None:
+    path = tmp_path / "tp.json"
+    proc = run_script(
+        [
+            "--model",
+            "cnn",
+            "--backends",
+            "numba",
+            "--batches",
+            "4",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--repeats",
+            "1",
+            "--json",
+            str(path),
+        ]  # fmt: skip
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(path.read_text())
+    check_rows(out, "cnn", ["numba"], [4])
+    if HAS_TORCH:
+        assert out["torch_threads"] == 2
+
+
+def test_bad_flag_is_a_usage_error() -> None:
+    proc = run_script(["--backends", "tensorflow"], timeout=30)
+    assert proc.returncode == 2
+    assert "backends" in proc.stderr
