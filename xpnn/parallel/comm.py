@@ -289,17 +289,18 @@ class MpiHostCommunicator(Communicator):
 
     # -- in-place collectives --------------------------------------------------------------
     def allreduce_(self, buf: Any, op: str = "sum") -> None:
-        mop = self._mpi_op(op)
-        if is_device_array(buf):
-            self._device_allreduce(buf, op, mop)
-        else:
+        # the hot path for every gradient bucket: kept to a dict lookup and a type check
+        mop = self._ops.get(op) or self._mpi_op(op)
+        if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
             self._comm.Allreduce(self._in_place, buf, mop)
+        else:
+            self._device_allreduce(buf, op, mop)
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
-        mop = self._mpi_op(op)
-        if is_device_array(buf):
-            return self._device_iallreduce(buf, op, mop)
-        return _MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
+        mop = self._ops.get(op) or self._mpi_op(op)
+        if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
+            return _MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
+        return self._device_iallreduce(buf, op, mop)
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
         if is_device_array(buf):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -58,10 +59,18 @@ def _allgather(world_or_comm: Any, obj: Any) -> list:
     return mpi_comm.allgather(obj)
 
 
+ABORT_GRACE_S = 0.3
+
+
 def _abort(code: int) -> None:
-    """End every rank of the job: flush what this rank printed, then MPI_Abort."""
+    """End every rank of the job: flush what this rank printed, then MPI_Abort.
+
+    The short pause lets the launcher forward the message before it tears the job down
+    (hydra can drop output still in its pipes when the abort arrives first).
+    """
     sys.stdout.flush()
     sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)
     from mpi4py import MPI
 
     MPI.COMM_WORLD.Abort(code)
