@@ -1,9 +1,276 @@
-"""CuPy convolution, pooling and dropout kernels (filled in by the CNN work)."""
+"""CuPy convolution, pooling and dropout kernels: one CUDA thread per output element.
+
+Same layouts and results as ``conv_kernels`` (see its docstring). im2col is a gather per
+column entry; col2im and the max-pool backward are *gathers* per input element too (each thread
+sums the few entries that touch its pixel, in the same (i, j) order as the NumPy version), so
+there are no atomics and results are deterministic. The dropout hash is the same uint32
+arithmetic as everywhere else, so masks are bit-identical to NumPy's and Numba's.
+``conv_output`` / ``conv_output_grad`` (a block transpose, a bias add and a row sum) keep the
+NumPy-API versions, which CuPy runs as single elementwise/reduction kernels already.
+
+Kernels are built lazily on first use, so importing this module costs nothing without a GPU.
+"""
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from xpnn.backends.conv_kernels import conv_out_size, dropout_base_key, dropout_threshold
 from xpnn.backends.kernels import NumpyKernels
+
+Array = Any
+_GEOMETRY = (
+    "int32 c, int32 h, int32 w, int32 kh, int32 kw, int32 stride, int32 pad, "
+    "int32 oh, int32 ow, int64 ncols"
+)
+
+
+@cache
+def _im2col_kernel() -> Any:
+    import cupy as cp
+
+    return cp.ElementwiseKernel(
+        "raw T x, " + _GEOMETRY,
+        "T col",
+        """
+        long long row = i / ncols;
+        long long pos = i - row * ncols;
+        long long p = (long long)oh * ow;
+        long long b = pos / p;
+        int r = (int)(pos - b * p);
+        int y = r / ow, q = r - (r / ow) * ow;
+        int j = (int)(row % kw);
+        int t = (int)(row / kw);
+        int ii = t % kh, ci = t / kh;
+        int hh = y * stride + ii - pad, ww = q * stride + j - pad;
+        col = (hh >= 0 && hh < h && ww >= 0 && ww < w)
+            ? x[((b * c + ci) * h + hh) * (long long)w + ww] : (T)0;
+        """,
+        "xpnn_im2col",
+    )
+
+
+@cache
+def _col2im_kernel() -> Any:
+    import cupy as cp
+
+    return cp.ElementwiseKernel(
+        "raw T cols, " + _GEOMETRY,
+        "T dx",
+        """
+        int ww = (int)(i % w);
+        long long t = i / w;
+        int hh = (int)(t % h);
+        t /= h;
+        int ci = (int)(t % c);
+        long long b = t / c;
+        long long base = b * oh * ow;
+        T acc = 0;
+        for (int ii = 0; ii < kh; ++ii) {
+            int yy = hh + pad - ii;
+            if (yy < 0 || yy % stride != 0) continue;
+            int y = yy / stride;
+            if (y >= oh) continue;
+            for (int j = 0; j < kw; ++j) {
+                int qq = ww + pad - j;
+                if (qq < 0 || qq % stride != 0) continue;
+                int q = qq / stride;
+                if (q >= ow) continue;
+                long long row = (long long)(ci * kh + ii) * kw + j;
+                acc += cols[row * ncols + base + (long long)y * ow + q];
+            }
+        }
+        dx = acc;
+        """,
+        "xpnn_col2im",
+    )
+
+
+@cache
+def _maxpool_forward_kernel() -> Any:
+    import cupy as cp
+
+    return cp.ElementwiseKernel(
+        "raw T x, int32 h, int32 w, int32 oh, int32 ow, int32 size, int32 stride",
+        "T y, int32 idx",
+        """
+        int q = (int)(i % ow);
+        long long t = i / ow;
+        int r = (int)(t % oh);
+        long long plane = t / oh;
+        long long base = (plane * h + (long long)r * stride) * w + (long long)q * stride;
+        T best = x[base];
+        int k = 0;
+        for (int ii = 0; ii < size; ++ii) {
+            for (int j = 0; j < size; ++j) {
+                T v = x[base + (long long)ii * w + j];
+                if (v > best) { best = v; k = ii * size + j; }
+            }
+        }
+        y = best;
+        idx = k;
+        """,
+        "xpnn_maxpool_forward",
+    )
+
+
+@cache
+def _maxpool_backward_kernel() -> Any:
+    import cupy as cp
+
+    return cp.ElementwiseKernel(
+        "raw T dy, raw int32 idx, int32 h, int32 w, int32 oh, int32 ow, int32 size, int32 stride",
+        "T dx",
+        """
+        int ww = (int)(i % w);
+        long long t = i / w;
+        int hh = (int)(t % h);
+        long long plane = t / h;
+        int r_lo = hh - size + 1;
+        r_lo = r_lo > 0 ? (r_lo + stride - 1) / stride : 0;
+        int r_hi = min(hh / stride, oh - 1);
+        int q_lo = ww - size + 1;
+        q_lo = q_lo > 0 ? (q_lo + stride - 1) / stride : 0;
+        int q_hi = min(ww / stride, ow - 1);
+        T acc = 0;
+        for (int r = r_lo; r <= r_hi; ++r) {
+            for (int q = q_lo; q <= q_hi; ++q) {
+                long long o = (plane * oh + r) * ow + q;
+                if (idx[o] == (hh - r * stride) * size + (ww - q * stride)) acc += dy[o];
+            }
+        }
+        dx = acc;
+        """,
+        "xpnn_maxpool_backward",
+    )
+
+
+_FMIX32 = """
+__device__ __forceinline__ unsigned int xpnn_fmix32(unsigned int h) {
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return h;
+}
+"""
+
+
+@cache
+def _dropout_kernel() -> Any:
+    import cupy as cp
+
+    return cp.ElementwiseKernel(
+        "raw int64 ids, uint32 base, uint32 thr, T scale, int64 f",
+        "T mask",
+        """
+        long long b = i / f;
+        unsigned int e = (unsigned int)(i - b * f);
+        long long sid = ids[b];
+        unsigned int lo = (unsigned int)(sid & 0xffffffffLL);
+        unsigned int hi = (unsigned int)(((unsigned long long)sid) >> 32);
+        unsigned int s = xpnn_fmix32(base ^ xpnn_fmix32(lo + 0x9E3779B9u));
+        s = xpnn_fmix32(s ^ xpnn_fmix32(hi + 0x9E3779B9u));
+        unsigned int hsh = xpnn_fmix32(s ^ xpnn_fmix32(e + 0x9E3779B9u));
+        mask = hsh >= thr ? scale : (T)0;
+        """,
+        "xpnn_dropout_mask",
+        preamble=_FMIX32,
+    )
+
+
+def _i32(v: int) -> np.int32:
+    return np.int32(v)
 
 
 class CupyConvKernels(NumpyKernels):
-    """CuPy overrides of the convolution kernels; falls back to the generic ones."""
+    """CuPy overrides: im2col, col2im, max-pool forward/backward and the dropout mask."""
+
+    def _geometry(self, x_shape, kh, kw, stride, padding):  # noqa: ANN001, ANN202
+        n, c, h, w = x_shape
+        oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+        args = (c, h, w, kh, kw, stride, padding, oh, ow)
+        return oh, ow, (*(_i32(a) for a in args), np.int64(n * oh * ow))
+
+    def im2col(
+        self, x: Array, kh: int, kw: int, stride: int, padding: int, out: Array | None = None
+    ) -> Array:
+        cp = self.xp
+        x = cp.ascontiguousarray(x)
+        n, c = x.shape[:2]
+        oh, ow, geom = self._geometry(x.shape, kh, kw, stride, padding)
+        if out is None:
+            out = cp.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
+        _im2col_kernel()(x, *geom, out)
+        return out
+
+    def col2im(
+        self, cols: Array, x_shape: tuple[int, ...], kh: int, kw: int, stride: int, padding: int
+    ) -> Array:
+        cp = self.xp
+        _, _, geom = self._geometry(x_shape, kh, kw, stride, padding)
+        dx = cp.empty(tuple(x_shape), dtype=cols.dtype)
+        _col2im_kernel()(cp.ascontiguousarray(cols), *geom, dx)
+        return dx
+
+    def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
+        cp = self.xp
+        x = cp.ascontiguousarray(x)
+        n, c, h, w = x.shape
+        oh, ow = (h - size) // stride + 1, (w - size) // stride + 1
+        y = cp.empty((n, c, oh, ow), dtype=x.dtype)
+        idx = cp.empty((n, c, oh, ow), dtype=cp.int32)
+        args = (h, w, oh, ow, size, stride)
+        _maxpool_forward_kernel()(x, *(_i32(a) for a in args), y, idx)
+        return y, idx
+
+    def maxpool2d_backward(
+        self, dy: Array, idx: Array, x_shape: tuple[int, ...], size: int, stride: int
+    ) -> Array:
+        cp = self.xp
+        n, c, h, w = x_shape
+        oh, ow = dy.shape[2], dy.shape[3]
+        dx = cp.empty(tuple(x_shape), dtype=dy.dtype)
+        args = (h, w, oh, ow, size, stride)
+        _maxpool_backward_kernel()(
+            cp.ascontiguousarray(dy),
+            cp.ascontiguousarray(idx, dtype=cp.int32),
+            *(_i32(a) for a in args),
+            dx,
+        )
+        return dx
+
+    def dropout_mask(
+        self,
+        shape: tuple[int, ...],
+        p: float,
+        seed: int,
+        step: int,
+        sample_ids: Array,
+        dtype: Any,
+        salt: int = 0,
+    ) -> Array:
+        cp = self.xp
+        n = shape[0]
+        ids = cp.ascontiguousarray(cp.asarray(sample_ids), dtype=cp.int64)
+        if ids.shape[0] != n:
+            raise ValueError(f"{ids.shape[0]} sample ids for a batch of {n}")
+        dtype = np.dtype(dtype)
+        f = 1
+        for s in shape[1:]:
+            f *= s
+        mask = cp.empty(tuple(shape), dtype=dtype)
+        if mask.size:
+            _dropout_kernel()(
+                ids,
+                np.uint32(dropout_base_key(seed, step, salt)),
+                np.uint32(dropout_threshold(p)),
+                dtype.type(1.0 / (1.0 - p)),
+                np.int64(f),
+                mask,
+            )
+        return mask

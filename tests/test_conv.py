@@ -1,0 +1,271 @@
+"""Conv2D, MaxPool2D and Dropout: finite differences, numba == numpy, array-api-strict == numpy,
+the cnn preset, buffer reuse and the dropout mask's independence from batch composition."""
+
+import array_api_strict as xs
+import numpy as np
+import pytest
+from gradcheck import check_layer
+
+from xpnn.backends import get_backend
+from xpnn.backends.base import Backend
+from xpnn.backends.kernels import Kernels, NumpyKernels
+from xpnn.nn import Context, Dense, Flatten, ReLU, Sequential, cnn
+from xpnn.nn.conv import Conv2D
+from xpnn.nn.dropout import Dropout
+from xpnn.nn.pool import MaxPool2D
+
+RTOL = 1e-10
+
+
+def _strict_backend() -> Backend:
+    backend = Backend(xs, Kernels(xs), "float64")
+    backend.to_host = lambda a: np.from_dlpack(a)
+    return backend
+
+
+def _ctx(n, step=1, seed=3, ids=None, train=True):
+    return Context(
+        train=train, step=step, seed=seed, sample_ids=np.arange(n) if ids is None else ids
+    )
+
+
+# -- finite differences (numpy backend, float64) ----------------------------------------------
+@pytest.mark.parametrize(
+    "layer, in_shape",
+    [
+        (lambda: Conv2D(3, 3), (2, 5, 6)),
+        (lambda: Conv2D(2, (3, 2), stride=2, padding=1), (2, 7, 6)),
+        (lambda: Conv2D(2, 2, stride=3, padding=2), (1, 5, 5)),
+        (lambda: Conv2D(4, 1), (3, 3, 3)),
+    ],
+)
+def test_conv2d_matches_finite_differences(layer, in_shape):
+    check_layer(layer(), in_shape, batch=2)
+
+
+@pytest.mark.parametrize(
+    "layer, in_shape",
+    [
+        (lambda: MaxPool2D(2), (2, 5, 7)),  # odd sizes: floor mode drops the last row/column
+        (lambda: MaxPool2D(3, stride=2), (2, 7, 6)),  # overlapping windows
+        (lambda: MaxPool2D(2, stride=3), (1, 7, 8)),  # gaps between windows
+    ],
+)
+def test_maxpool_matches_finite_differences(layer, in_shape):
+    check_layer(layer(), in_shape, batch=2)
+
+
+def test_dropout_matches_finite_differences_with_its_mask_fixed():
+    layer = Dropout(0.4)
+    check_layer(layer, (3, 4, 5), batch=3)  # same ctx every call -> the same mask
+    mask = np.asarray(layer.mask)
+    assert set(np.unique(mask)) <= {0.0, 1 / 0.6}
+    dy = np.random.default_rng(0).standard_normal(mask.shape)
+    np.testing.assert_array_equal(layer.backward(dy), dy * mask)
+
+
+def test_layer_output_shapes_follow_floor_mode():
+    backend = get_backend("numpy", "float64")
+    layers = [
+        Conv2D(4, 3, stride=2, padding=1),
+        MaxPool2D(2),
+        Conv2D(2, (2, 1)),
+        MaxPool2D(2, stride=1),
+    ]
+    model = Sequential(layers).build((1, 13, 12), backend, 0)
+    assert model.output_shape == (2, 1, 2)
+    assert model.forward(np.ones((3, 1, 13, 12)), Context()).shape == (3, 2, 1, 2)
+    with pytest.raises(ValueError):
+        Sequential([MaxPool2D(3)]).build((1, 2, 5), backend, 0)
+
+
+# -- numba == numpy ---------------------------------------------------------------------------
+def _layer_run(backend, make, in_shape, batch=4, seed=0):
+    layer = make()
+    Sequential([layer]).build(in_shape, backend, seed)
+    rng = np.random.default_rng(seed + 10)
+    x = backend.asarray(rng.standard_normal((batch, *in_shape)))
+    ctx = _ctx(batch, ids=backend.asarray(np.arange(100, 100 + batch), dtype=backend.xp.int64))
+    y = layer.forward(x, ctx)
+    dy = backend.asarray(rng.standard_normal(y.shape))
+    dx = layer.backward(dy, need_dx=True)
+    out = {"y": backend.to_host(y), "dx": backend.to_host(dx)}
+    out.update({k: backend.to_host(g).copy() for k, g in layer.grads.items()})
+    return out
+
+
+LAYERS = [
+    (lambda: Conv2D(5, 3), (3, 9, 8)),
+    (lambda: Conv2D(4, (2, 3), stride=2, padding=1), (2, 9, 10)),
+    (lambda: MaxPool2D(2), (3, 9, 7)),
+    (lambda: MaxPool2D(3, stride=2), (2, 9, 8)),
+    (lambda: Dropout(0.3), (3, 4, 5)),
+    (lambda: Dropout(0.6), (17,)),
+]
+
+
+@pytest.mark.parametrize("make, in_shape", LAYERS)
+def test_numba_layers_equal_numpy_float64(make, in_shape):
+    ref = _layer_run(get_backend("numpy", "float64"), make, in_shape)
+    got = _layer_run(get_backend("numba", "float64"), make, in_shape)
+    for key in ref:
+        np.testing.assert_allclose(got[key], ref[key], rtol=RTOL, atol=1e-13, err_msg=key)
+
+
+@pytest.mark.parametrize("make, in_shape", LAYERS)
+def test_array_api_strict_layers_equal_numpy(make, in_shape):
+    ref = _layer_run(get_backend("numpy", "float64"), make, in_shape)
+    got = _layer_run(_strict_backend(), make, in_shape)
+    for key in ref:
+        np.testing.assert_allclose(got[key], ref[key], rtol=1e-12, atol=1e-14, err_msg=key)
+
+
+@pytest.mark.parametrize(
+    "shape", [(2, 3, 7, 6, 3, 2, 1, 0), (3, 2, 9, 8, 3, 3, 2, 1), (2, 1, 5, 5, 2, 3, 3, 2)]
+)
+def test_im2col_col2im_agree_across_kernel_tables_and_are_adjoint(shape):
+    n, c, h, w, kh, kw, s, p = shape
+    from xpnn.backends.numba_kernels import NumbaKernels
+
+    tables = [Kernels(np), NumpyKernels(np), NumbaKernels(np)]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((n, c, h, w))
+    cols = [t.im2col(x, kh, kw, s, p) for t in tables]
+    for other in cols[1:]:
+        np.testing.assert_array_equal(other, cols[0])
+    d = rng.standard_normal(cols[0].shape)
+    dxs = [t.col2im(d.copy(), x.shape, kh, kw, s, p) for t in tables]
+    for other in dxs[1:]:
+        np.testing.assert_allclose(other, dxs[0], rtol=1e-14)
+    assert np.isclose(np.sum(cols[0] * d), np.sum(x * dxs[0]))  # <im2col x, d> = <x, col2im d>
+
+
+def test_cnn_preset_has_690590_parameters_and_numba_equals_numpy():
+    def run(backend):
+        model = cnn().build((1, 28, 28), backend, seed=11)
+        rng = np.random.default_rng(4)
+        x = backend.asarray(rng.random((6, 1, 28, 28)))
+        y = backend.asarray(rng.integers(0, 10, 6), dtype=backend.xp.int64)
+        ids = backend.asarray(np.array([5, 900, 17, 3, 60000, 42]), dtype=backend.xp.int64)
+        ctx = Context(train=True, step=3, seed=7, sample_ids=ids)
+        logits = backend.to_host(model.forward(x, ctx)).copy()
+        loss, correct = model.loss_and_grads(x, y, ctx, 1 / 6)
+        return model, logits, float(loss), backend.to_host(model.grads).copy()
+
+    m_ref, logits_ref, loss_ref, grads_ref = run(get_backend("numpy", "float64"))
+    assert m_ref.size == 690590 == m_ref.params.size
+    _, logits, loss, grads = run(get_backend("numba", "float64"))
+    np.testing.assert_allclose(logits, logits_ref, rtol=RTOL, atol=1e-13)
+    np.testing.assert_allclose(loss, loss_ref, rtol=RTOL)
+    np.testing.assert_allclose(grads, grads_ref, rtol=RTOL, atol=1e-13)
+    assert np.any(grads_ref[:320] != 0)  # the first convolution did get gradients
+
+
+def test_small_conv_net_on_array_api_strict_equals_numpy():
+    def run(backend):
+        model = Sequential(
+            [
+                Conv2D(3, 3, padding=1),
+                ReLU(),
+                MaxPool2D(2),
+                Conv2D(4, 2, stride=2),
+                ReLU(),
+                Flatten(),
+                Dropout(0.3),
+                Dense(5),
+            ]
+        ).build((2, 9, 9), backend, seed=2)
+        rng = np.random.default_rng(3)
+        x = backend.asarray(rng.standard_normal((4, 2, 9, 9)))
+        y = backend.asarray(rng.integers(0, 5, 4), dtype=backend.xp.int64)
+        ids = backend.asarray(np.array([7, 1, 8, 2]), dtype=backend.xp.int64)
+        loss, _ = model.loss_and_grads(
+            x, y, Context(train=True, step=2, seed=9, sample_ids=ids), 1 / 4
+        )
+        return float(loss), backend.to_host(model.grads).copy()
+
+    loss_ref, grads_ref = run(get_backend("numpy", "float64"))
+    loss, grads = run(_strict_backend())
+    np.testing.assert_allclose(loss, loss_ref, rtol=1e-12)
+    np.testing.assert_allclose(grads, grads_ref, rtol=1e-12, atol=1e-14)
+
+
+# -- dropout masks -----------------------------------------------------------------------------
+def _masks(kernels, xp, ids, shape=(3, 5), p=0.5, seed=7, step=3, dtype="float32"):
+    m = kernels.dropout_mask(
+        (len(ids), *shape),
+        p,
+        seed,
+        step,
+        xp.asarray(np.asarray(ids), dtype=xp.int64),
+        getattr(xp, dtype),
+    )
+    return np.asarray(m) if xp is np else np.from_dlpack(m)
+
+
+def test_dropout_mask_of_a_sample_ignores_batch_composition_and_backend():
+    from xpnn.backends.numba_kernels import NumbaKernels
+
+    ids = np.array([3, 10, 2**40 + 5, 0, 77, 5, 123456, 9])
+    tables = [(Kernels(np), np), (NumpyKernels(np), np), (NumbaKernels(np), np), (Kernels(xs), xs)]
+    for dtype in ("float32", "float64"):
+        whole = _masks(Kernels(np), np, ids, dtype=dtype)
+        for k, xp in tables:
+            np.testing.assert_array_equal(_masks(k, xp, ids, dtype=dtype), whole)
+            perm = np.random.default_rng(0).permutation(len(ids))
+            np.testing.assert_array_equal(_masks(k, xp, ids[perm], dtype=dtype), whole[perm])
+            # split as over two ranks
+            parts = [_masks(k, xp, ids[:3], dtype=dtype), _masks(k, xp, ids[3:], dtype=dtype)]
+            np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def test_dropout_mask_depends_on_seed_step_and_salt_and_keeps_about_1_minus_p():
+    k = NumpyKernels(np)
+    ids = np.arange(200)
+    base = k.dropout_mask((200, 300), 0.3, 1, 2, ids, np.float32)
+    assert abs(np.mean(base > 0) - 0.7) < 0.01
+    assert set(np.unique(base)) == {0.0, np.float32(1 / 0.7)}
+    for other in (
+        k.dropout_mask((200, 300), 0.3, 2, 2, ids, np.float32),
+        k.dropout_mask((200, 300), 0.3, 1, 3, ids, np.float32),
+        k.dropout_mask((200, 300), 0.3, 1, 2, ids, np.float32, salt=1),
+    ):
+        assert 0.3 < np.mean((other > 0) != (base > 0)) < 0.5
+    # pinned: a change of the hash would silently change resumed runs
+    pinned = k.dropout_mask((1, 32), 0.5, 0, 0, np.array([0]), np.float64)
+    assert "".join("1" if v else "0" for v in pinned[0]) == PINNED_MASK
+
+
+PINNED_MASK = "11100110101000111011001010101010"  # seed 0, step 0, sample 0, p = 0.5
+
+
+def test_dropout_is_identity_in_eval_and_uses_positions_without_sample_ids():
+    backend = get_backend("numpy", "float64")
+    layer = Dropout(0.5)
+    Sequential([layer]).build((6,), backend, 0)
+    x = np.random.default_rng(0).standard_normal((4, 6))
+    assert layer.forward(x, Context(train=False)) is x
+    assert layer.backward(x) is x
+    y = layer.forward(x, Context(train=True, step=2, seed=1))
+    y_ids = layer.forward(x, Context(train=True, step=2, seed=1, sample_ids=np.arange(4)))
+    np.testing.assert_array_equal(y, y_ids)
+    with pytest.raises(ValueError):
+        Dropout(1.0)
+
+
+# -- buffers -----------------------------------------------------------------------------------
+def test_conv_reuses_its_column_buffers_per_batch_size():
+    backend = get_backend("numba", "float32")
+    conv = Conv2D(4, 3)
+    Sequential([conv]).build((2, 6, 6), backend, 0)
+    x = np.ones((8, 2, 6, 6), np.float32)
+    conv.forward(x, Context())
+    cols = conv.cols
+    conv.backward(np.ones((8, 4, 4, 4), np.float32))
+    conv.forward(x, Context())
+    assert conv.cols is cols
+    conv.forward(x[:3], Context())  # the last, smaller batch of an epoch
+    assert conv.cols is not cols and conv.cols.shape[1] == 3 * 16
+    conv.forward(x, Context())
+    assert conv.cols is cols
+    assert len(conv._buffers) == 2
