@@ -94,7 +94,7 @@ def _maxpool_forward_kernel() -> Any:
     import cupy as cp
 
     return cp.ElementwiseKernel(
-        "raw T x, int32 h, int32 w, int32 oh, int32 ow, int32 size, int32 stride",
+        "raw T x, int32 h, int32 w, int32 oh, int32 ow, int32 ksize, int32 stride",
         "T y, int32 idx",
         """
         int q = (int)(i % ow);
@@ -104,10 +104,10 @@ def _maxpool_forward_kernel() -> Any:
         long long base = (plane * h + (long long)r * stride) * w + (long long)q * stride;
         T best = x[base];
         int k = 0;
-        for (int ii = 0; ii < size; ++ii) {
-            for (int j = 0; j < size; ++j) {
+        for (int ii = 0; ii < ksize; ++ii) {
+            for (int j = 0; j < ksize; ++j) {
                 T v = x[base + (long long)ii * w + j];
-                if (v > best) { best = v; k = ii * size + j; }
+                if (v > best) { best = v; k = ii * ksize + j; }
             }
         }
         y = best;
@@ -122,24 +122,24 @@ def _maxpool_backward_kernel() -> Any:
     import cupy as cp
 
     return cp.ElementwiseKernel(
-        "raw T dy, raw int32 idx, int32 h, int32 w, int32 oh, int32 ow, int32 size, int32 stride",
+        "raw T dy, raw int32 idx, int32 h, int32 w, int32 oh, int32 ow, int32 ksize, int32 stride",
         "T dx",
         """
         int ww = (int)(i % w);
         long long t = i / w;
         int hh = (int)(t % h);
         long long plane = t / h;
-        int r_lo = hh - size + 1;
+        int r_lo = hh - ksize + 1;
         r_lo = r_lo > 0 ? (r_lo + stride - 1) / stride : 0;
         int r_hi = min(hh / stride, oh - 1);
-        int q_lo = ww - size + 1;
+        int q_lo = ww - ksize + 1;
         q_lo = q_lo > 0 ? (q_lo + stride - 1) / stride : 0;
         int q_hi = min(ww / stride, ow - 1);
         T acc = 0;
         for (int r = r_lo; r <= r_hi; ++r) {
             for (int q = q_lo; q <= q_hi; ++q) {
                 long long o = (plane * oh + r) * ow + q;
-                if (idx[o] == (hh - r * stride) * size + (ww - q * stride)) acc += dy[o];
+                if (idx[o] == (hh - r * stride) * ksize + (ww - q * stride)) acc += dy[o];
             }
         }
         dx = acc;
