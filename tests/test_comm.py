@@ -412,3 +412,33 @@ def test_killed_rank_ends_the_job(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert seconds < 30
     assert "should not get here" not in proc.stdout
+
+
+STUCK_IN_SETUP = """
+import sys
+from xpnn.errors import UserError
+from xpnn.parallel import agree_on_user_errors, init_world, run_guarded
+
+w = init_world()
+
+def setup():
+    if w.rank == 1:
+        raise UserError("--data-dir /node1/data: no such directory")
+    w.mpi_comm.allgather("gpu facts")  # rank 0 waits here for rank 1, which never comes
+    return "ready"
+
+def main():
+    agree_on_user_errors(w, setup)
+    print("trained", flush=True)
+
+sys.exit(run_guarded(w, main))
+"""
+
+
+@pytest.mark.mpi
+def test_rank_failing_before_a_setup_collective_aborts(tmp_path: Path) -> None:
+    proc, seconds = run_script(tmp_path, STUCK_IN_SETUP, 2, XPNN_AGREE_TIMEOUT="1")
+    assert proc.returncode == 2, proc.stderr
+    assert seconds < 20
+    assert proc.stderr.count("rank 1: --data-dir /node1/data: no such directory") == 1
+    assert "trained" not in proc.stdout

@@ -5,8 +5,11 @@ Two phases, two tools:
 * ``agree_on_user_errors(comm, fn)`` -- the **setup** phase (argument checks, reading and
   validating data, building the model). Every rank runs ``fn``; what went wrong is gathered;
   rank 0 prints it once; every rank leaves together with the same code (2 for a UserError, 1
-  for a bug) by raising ``CollectiveExit``, without MPI_Abort. ``fn`` must not communicate:
-  a rank that failed before a collective would leave the others waiting in it.
+  for a bug) by raising ``CollectiveExit``, without MPI_Abort. The agreement runs on its own
+  communicator; a rank that failed waits for the others at most ``XPNN_AGREE_TIMEOUT``
+  seconds (60): if some rank is stuck in a collective inside ``fn`` that the failed rank
+  skipped, it prints its own line and aborts the job instead of hanging. Best keep ``fn``
+  free of collectives anyway (build the communicator in a second agreement).
 * ``run_guarded(comm, fn)`` -- wraps the whole program, and so the **training** phase where
   ranks communicate every step. Any exception is printed with its rank (``rank R: Type:
   message``) and, with more than one rank, ends the job through ``MPI_Abort``: a rank that
@@ -47,16 +50,6 @@ def _rank_size(world_or_comm: Any) -> tuple[int, int]:
     if world_or_comm is None:
         return 0, 1
     return int(world_or_comm.rank), int(world_or_comm.size)
-
-
-def _allgather(world_or_comm: Any, obj: Any) -> list:
-    """allgather on a Communicator, or on the mpi4py communicator of a World."""
-    if hasattr(world_or_comm, "allgather_obj"):
-        return world_or_comm.allgather_obj(obj)
-    mpi_comm = getattr(world_or_comm, "mpi_comm", None)
-    if mpi_comm is None:
-        return [obj]
-    return mpi_comm.allgather(obj)
 
 
 ABORT_GRACE_S = 0.3
@@ -142,12 +135,47 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
     return result
 
 
+def agree_timeout() -> float:
+    """Seconds a failed rank waits for the others in ``agree_on_user_errors``."""
+    text = os.environ.get("XPNN_AGREE_TIMEOUT", "").strip()
+    try:
+        return float(text) if text else 60.0
+    except ValueError:
+        raise UserError(f"XPNN_AGREE_TIMEOUT={text}: expected seconds") from None
+
+
+def _gather_codes(size: int, code: int) -> Any:
+    """Every rank's exit code (0: fine) on the control communicator, or None on timeout.
+
+    Ranks that succeeded wait as long as it takes (others may still be loading data); a rank
+    that failed polls and gives up after ``agree_timeout()``.
+    """
+    import numpy as np
+
+    from xpnn.parallel.world import control_comm
+
+    comm: Any = control_comm()
+    mine = np.array([code], dtype=np.int32)
+    codes = np.zeros(size, dtype=np.int32)
+    req = comm.Iallgather(mine, codes)
+    if code == 0:
+        req.Wait()
+        return codes
+    deadline = time.monotonic() + agree_timeout()
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
+    return codes
+
+
 def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     """Run the rank-local setup ``fn`` on every rank, then agree on whether to go on.
 
     Returns ``fn()``'s value when every rank succeeded. Otherwise rank 0 prints one line on
-    stderr and every rank raises ``CollectiveExit`` with the same code: 1 if any rank hit a
-    bug (an exception other than UserError), else 2 for a UserError (else the code of a
+    stderr and every rank raises ``CollectiveExit`` with the same code (a failed rank that
+    waited ``XPNN_AGREE_TIMEOUT`` s for the others prints its own line and aborts): 1 if any
+    rank hit a bug (an exception other than UserError), else 2 for a UserError (else the code of a
     SystemExit, e.g. from argparse, which printed its own message). The line is the message
     alone when every rank failed with the same message (``xpnn: message``), else it names the
     first failing rank (``xpnn: rank R: message``), plus how many others failed.
@@ -168,7 +196,20 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
             traceback.print_exc()
         outcome = ("bug", 1, describe(exc))
 
-    outcomes = _allgather(world_or_comm, outcome) if size > 1 else [outcome]
+    if size > 1:
+        codes = _gather_codes(size, outcome[1] if outcome else 0)
+        if codes is None:  # the others never came: some rank is stuck inside fn
+            kind, code, message = outcome  # type: ignore[misc]
+            if message:
+                print(f"rank {rank}: {message}", file=sys.stderr, flush=True)
+            _abort(code)
+        if not any(codes):
+            return result
+        from xpnn.parallel.world import control_comm
+
+        outcomes = control_comm().allgather(outcome)  # type: ignore[attr-defined]
+    else:
+        outcomes = [outcome]
     failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
     if not failed:
         return result

@@ -31,6 +31,19 @@ _LAUNCHER_VARS = (
 )
 
 
+_CONTROL: object | None = None  # a private duplicate of COMM_WORLD for failure agreement
+
+
+def control_comm() -> object:
+    """The communicator ``failure`` agrees on: its own, so its messages never match a
+    collective that some rank is still inside (COMM_WORLD if init_world never ran)."""
+    if _CONTROL is not None:
+        return _CONTROL
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
 @dataclass
 class World:
     """This process's place in the job; ``mpi_comm`` is None when running without MPI."""
@@ -92,8 +105,11 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
         raise UserError(
             f"started by an MPI launcher ({hint} is set) but mpi4py failed to load: {exc}"
         ) from exc
+    global _CONTROL
     world = MPI.COMM_WORLD
     comm = world.Dup()
+    if _CONTROL is None:
+        _CONTROL = world.Dup()
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
     try:
         local_rank, local_size = local.Get_rank(), local.Get_size()
