@@ -150,11 +150,11 @@ def _global_batch(args: argparse.Namespace, size: int, n_train: int) -> int:
 
 
 def _setup(args: argparse.Namespace, world: Any) -> tuple:
-    """Everything that can fail because of the user's input, before any training starts."""
+    """Everything rank-local that can fail because of the user's input (no communication, so
+    the ranks can agree on the outcome afterwards)."""
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
     from xpnn.nn import build_model
-    from xpnn.parallel.comm import make_communicator
     from xpnn.parallel.threads import apply_threads, threads_per_rank
     from xpnn.train import TrainConfig
 
@@ -165,7 +165,6 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     threads = threads_per_rank(world.local_size, override=args.threads)
     thread_info = apply_threads(threads)
     backend = get_backend(args.backend, args.dtype, device_id=world.local_rank)
-    comm = make_communicator(world, backend, args.comm)
     data = load_dataset(
         args.dataset,
         args.data_dir,
@@ -177,8 +176,8 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         raise UserError(f"--model cnn: needs 1x28x28 images, {args.dataset} has {data.input_shape}")
     model = build_model(args.model, args.hidden, args.activation, data.num_classes, args.loss)
     model.build(data.input_shape, backend, args.seed)
-    batch = _global_batch(args, comm.size, data.x_train.shape[0])
-    lr = args.lr * (comm.size if args.lr_scaling == "linear" else 1)
+    batch = _global_batch(args, world.size, data.x_train.shape[0])
+    lr = args.lr * (world.size if args.lr_scaling == "linear" else 1)
     cfg = TrainConfig(
         epochs=args.epochs,
         batch_size=batch,
@@ -201,9 +200,9 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
             "dtype": args.dtype,
         },
     )
-    if args.metrics and comm.rank == 0 and not args.resume:
+    if args.metrics and world.rank == 0 and not args.resume:
         Path(args.metrics).write_text("")  # a fresh run starts a fresh metrics file
-    return backend, comm, data, model, cfg
+    return backend, data, model, cfg
 
 
 def _announce(backend: Any, comm: Any, model: Any, cfg: Any, data: Any) -> None:
@@ -226,7 +225,11 @@ def train_main(args: argparse.Namespace) -> int:
     from xpnn.train import Trainer
 
     world = init_world()
-    backend, comm, data, model, cfg = agree_on_user_errors(world, lambda: _setup(args, world))
+    from xpnn.parallel.comm import make_communicator
+
+    backend, data, model, cfg = agree_on_user_errors(world, lambda: _setup(args, world))
+    # A separate phase: on GPU backends building the communicator talks to the other ranks.
+    comm = agree_on_user_errors(world, lambda: make_communicator(world, backend, args.comm))
     _announce(backend, comm, model, cfg, data)
     return run_guarded(world, lambda: Trainer(model, data, backend, comm, cfg).run())
 

@@ -1,0 +1,79 @@
+"""The 690,590-parameter CNN: data-parallel equivalence with dropout on, and real training."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import run_xpnn
+
+TINY = [
+    "--model",
+    "cnn",
+    "--dataset",
+    "synthetic",
+    "--synthetic-size",
+    "96",
+    "--batch-size",
+    "30",
+    "--epochs",
+    "2",
+    "--dtype",
+    "float64",
+    "--backend",
+    "numba",
+    "--threads",
+    "1",
+    "--lr",
+    "0.003",
+    "--no-progress",
+]
+
+
+def test_cnn_one_rank_equals_two_ranks_with_dropout(tmp_path):
+    saved = {}
+    for ranks in (1, 2):
+        path = tmp_path / f"cnn{ranks}.npz"
+        metrics = tmp_path / f"cnn{ranks}.jsonl"
+        proc = run_xpnn([*TINY, "--save", str(path), "--metrics", str(metrics)], ranks=ranks)
+        assert proc.returncode == 0, proc.stderr
+        done = json.loads(metrics.read_text().splitlines()[-1])
+        assert done["params"] == 690590 and done["ranks_agree"]
+        with np.load(path) as data:
+            saved[ranks] = {k: data[k] for k in data.files}
+    assert len(saved[1]) == 12  # 3 convolutions + 3 dense layers, W and b each
+    for name, value in saved[1].items():
+        np.testing.assert_allclose(saved[2][name], value, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.slow
+def test_cnn_one_epoch_two_ranks_fashion_mnist(fashion_dir, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    proc = run_xpnn(
+        [
+            "--model",
+            "cnn",
+            "--dataset",
+            "fashion-mnist",
+            "--data-dir",
+            str(fashion_dir),
+            "--backend",
+            "numba",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "128",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--metrics",
+            str(metrics),
+            "--no-progress",
+        ],
+        ranks=2,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    done = json.loads(metrics.read_text().splitlines()[-1])
+    assert done["params"] == 690590 and done["world_size"] == 2
+    assert done["test_acc"] >= 0.80, done
