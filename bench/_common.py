@@ -230,3 +230,23 @@ def wait_for_quiet(
         if cores is None or cores < max_cores or time.monotonic() >= deadline:
             return cores
         time.sleep(max(0.0, interval_s - 1.0))
+
+
+def measure_quietly(
+    fn: Callable[[], Any], max_foreign: float, retries: int = 5, wait_s: float = 120.0
+) -> tuple[Any, float | None, int]:
+    """Run ``fn``; while other processes used more than ``max_foreign`` cores meanwhile, wait for
+    quiet (up to ``wait_s``) and run it again, at most ``retries`` more times.
+
+    Returns (``fn``'s result, the cores others used during the kept run, runs discarded). On a
+    shared machine a job that starts mid-measurement can slow a multi-threaded benchmark several
+    fold (spinning thread pools fight for the cores); redoing the few measurements it hit is
+    cheaper and more honest than a median over a polluted sample.
+    """
+    for attempt in range(retries + 1):
+        with ForeignLoad() as fl:
+            result = fn()
+        if fl.cores is None or fl.cores <= max_foreign or attempt == retries:
+            return result, fl.cores, attempt
+        wait_for_quiet(max_foreign, wait_s)
+    raise AssertionError("unreachable")

@@ -41,6 +41,7 @@ try:
         format_table,
         load_avg,
         machine_info,
+        measure_quietly,
         median,
         pyplot_agg,
         write_json,
@@ -54,6 +55,7 @@ except ImportError:  # imported as bench.scaling rather than run as a script
         format_table,
         load_avg,
         machine_info,
+        measure_quietly,
         median,
         pyplot_agg,
         write_json,
@@ -116,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--batch-size", type=positive_int, default=128, help="GLOBAL batch (strong scaling)")
     a("--per-rank-batch", type=positive_int, default=128, help="batch per rank (weak scaling)")
     a("--seed", type=int, default=0)
+    a("--max-foreign", type=float, default=0.25, help="redo a run if others used more cores")
+    a("--retries", type=int, default=3, help="redos per run at most (then kept)")
+    a("--quiet-timeout", type=float, default=300.0, help="seconds to wait for quiet per redo")
     a("--mpiexec", default=None, help="mpiexec to use (default: the venv's, else PATH)")
     a("--timeout", type=positive_int, default=1800, help="seconds allowed per run")
     a("--out", type=Path, default=RESULTS_DIR, help="output directory")
@@ -446,14 +451,21 @@ def run(args: argparse.Namespace) -> int:
         for r in range(args.repeats):
             for spec in order if r % 2 == 0 else order[::-1]:
                 try:
-                    res = run_once(args, spec, Path(tmp))
+                    res, _, redone = measure_quietly(
+                        lambda spec=spec: run_once(args, spec, Path(tmp)),
+                        args.max_foreign,
+                        args.retries,
+                        args.quiet_timeout,
+                    )
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     print(f"scaling: {exc}", file=sys.stderr)
                     return 1
+                res["redone_noisy"] = redone
                 runs[spec].append(res)
                 print(
                     f"  repeat {r + 1}/{args.repeats}  {spec.label:<40} {res['time_s']:.3f} s/epoch"
-                    f"  (epochs {res['epoch_seconds']}, others used {res['foreign_cores']} cores)",
+                    f"  (epochs {res['epoch_seconds']}, others used {res['foreign_cores']} cores"
+                    f", {redone} noisy runs redone)",
                     flush=True,
                 )
     summary = summarise(tables, runs)

@@ -44,24 +44,24 @@ import numpy as np
 try:
     from _common import (
         RESULTS_DIR,
-        ForeignLoad,
         busy_warning,
         fmt_num,
         format_table,
         load_avg,
         machine_info,
+        measure_quietly,
         median,
         write_json,
     )
 except ImportError:  # imported as bench.throughput rather than run as a script
     from bench._common import (
         RESULTS_DIR,
-        ForeignLoad,
         busy_warning,
         fmt_num,
         format_table,
         load_avg,
         machine_info,
+        measure_quietly,
         median,
         write_json,
     )
@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--repeats", type=positive_int, default=5, help="timed epochs per side (median)")
     a("--pool", type=positive_int, default=4, help="distinct random batches cycled through")
     a("--seed", type=int, default=0)
+    a("--gap", type=float, default=0.2, help="idle seconds before each timed epoch")
+    a("--max-foreign", type=float, default=0.25, help="redo a pair if others used more cores")
+    a("--retries", type=int, default=5, help="redos per pair at most (then kept, flagged)")
+    a("--quiet-timeout", type=float, default=120.0, help="seconds to wait for quiet per redo")
     a("--no-torch", action="store_true", help="skip the PyTorch side even if importable")
     a("--ranks-compare", action="store_true", help="also: mpiexec -n 2 x 1 thread vs torch")
     a("--ranks", type=positive_int, default=2, help="ranks for --ranks-compare")
@@ -162,16 +166,47 @@ class Side:
         return [self.batch * self.steps / s for s in self.seconds]
 
 
-def alternate(a: Side, b: Side | None, steps: int, repeats: int) -> None:
-    """Time ``repeats`` epochs of each side, A B / B A / A B ...; fills ``seconds``."""
+@dataclass
+class Pacing:
+    """How repeats are taken: an idle gap before each timed epoch, and redone when others were
+    busy (see ``measure_quietly``)."""
+
+    gap_s: float = 0.2
+    max_foreign: float = 0.25
+    retries: int = 5
+    wait_s: float = 120.0
+    foreign: list[float | None] = field(default_factory=list)
+    discarded: int = 0
+
+
+def alternate(a: Side, b: Side | None, steps: int, repeats: int, pacing: Pacing) -> None:
+    """Time ``repeats`` epochs of each side, A B / B A / A B ...; fills ``seconds``.
+
+    Each timed epoch starts after ``gap_s`` of idleness: thread pools (OpenBLAS, OpenMP) spin
+    for a while after their last job, and the spinning threads of the side that just ran would
+    otherwise steal cores from the next one (measured here: up to 25% on 2 cores). A pair hit
+    by another process's work is timed again once the machine is quiet.
+    """
     a.steps = steps
     if b is not None:
         b.steps = steps
-    for r in range(repeats):
-        order = [a, b] if r % 2 == 0 else [b, a]
+
+    def pair(order: list[Side]) -> list[float]:
+        out = []
         for side in order:
-            if side is not None:
-                side.seconds.append(side.run(steps))
+            time.sleep(pacing.gap_s)
+            out.append(side.run(steps))
+        return out
+
+    for r in range(repeats):
+        order = [s for s in ([a, b] if r % 2 == 0 else [b, a]) if s is not None]
+        seconds, foreign, discarded = measure_quietly(
+            lambda order=order: pair(order), pacing.max_foreign, pacing.retries, pacing.wait_s
+        )
+        pacing.foreign.append(foreign)
+        pacing.discarded += discarded
+        for side, s in zip(order, seconds, strict=True):
+            side.seconds.append(s)
 
 
 def paired_ratios(a: Side, b: Side) -> list[float]:
@@ -359,8 +394,8 @@ def sweep(args: argparse.Namespace, torch: Any, backends: list[str]) -> list[dic
                 tb = tt.device_batches(host)
                 tt.epoch(warmup, tb)
                 tside = Side(f"torch-{device}", lambda s, tt=tt, tb=tb: tt.epoch(s, tb), batch)
-            with ForeignLoad() as fl:
-                alternate(xside, tside, steps, args.repeats)
+            pacing = Pacing(args.gap, args.max_foreign, args.retries, args.quiet_timeout)
+            alternate(xside, tside, steps, args.repeats, pacing)
             row: dict[str, Any] = {
                 "model": args.model,
                 "backend": b,
@@ -378,7 +413,8 @@ def sweep(args: argparse.Namespace, torch: Any, backends: list[str]) -> list[dic
                 "torch_note": torch_note,
                 "load_avg_before": load_before,
                 "load_avg_after": load_avg(),
-                "foreign_cores": fl.cores,
+                "foreign_cores": pacing.foreign,
+                "discarded_noisy": pacing.discarded,
             }
             if tside is not None:
                 ratios = paired_ratios(xside, tside)
@@ -396,7 +432,8 @@ def sweep(args: argparse.Namespace, torch: Any, backends: list[str]) -> list[dic
                     if tside is not None
                     else ""
                 )
-                + f"  samples/s  (others used {fl.cores} cores)",
+                + f"  samples/s  (others used {max(pacing.foreign, default=None)} cores at most"
+                + f", {pacing.discarded} noisy pairs redone)",
                 flush=True,
             )
     return results
@@ -467,12 +504,16 @@ def ranks_compare(args: argparse.Namespace, torch: Any) -> dict[str, Any]:
         for r in range(args.ranks_repeats):
             pair = ("xpnn", "torch") if r % 2 == 0 else ("torch", "xpnn")
             for who in pair:
-                with ForeignLoad() as fl:
-                    if who == "xpnn":
-                        xpnn_rates.append(run_cli_ranks(args, args.ranks, Path(tmp)))
-                    else:
-                        torch_rates.append(torch_cli_like_epoch(tt, x, y, args.ranks_batch, r + 1))
-                foreign.append(fl.cores)
+                time.sleep(args.gap)
+                if who == "xpnn":
+                    fn = lambda: run_cli_ranks(args, args.ranks, Path(tmp))  # noqa: E731
+                else:
+                    fn = lambda r=r: torch_cli_like_epoch(tt, x, y, args.ranks_batch, r + 1)  # noqa: E731
+                rate, cores, _ = measure_quietly(
+                    fn, args.max_foreign, args.retries, args.quiet_timeout
+                )
+                (xpnn_rates if who == "xpnn" else torch_rates).append(rate)
+                foreign.append(cores)
             print(
                 f"  ranks-compare repeat {r + 1}: xpnn {args.ranks}x1 {xpnn_rates[-1]:,.0f}  "
                 f"torch 1x{args.threads} {torch_rates[-1]:,.0f} samples/s",
