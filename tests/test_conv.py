@@ -37,6 +37,9 @@ def _ctx(n, step=1, seed=3, ids=None, train=True):
         (lambda: Conv2D(2, (3, 2), stride=2, padding=1), (2, 7, 6)),
         (lambda: Conv2D(2, 2, stride=3, padding=2), (1, 5, 5)),
         (lambda: Conv2D(4, 1), (3, 3, 3)),
+        (lambda: Conv2D(3, 2, activation="tanh"), (2, 4, 5)),
+        (lambda: Conv2D(3, 2, stride=2, activation="sigmoid"), (2, 5, 5)),
+        (lambda: Conv2D(3, 2, padding=1, activation="relu"), (2, 4, 3)),
     ],
 )
 def test_conv2d_matches_finite_differences(layer, in_shape):
@@ -96,6 +99,9 @@ def _layer_run(backend, make, in_shape, batch=4, seed=0):
 
 LAYERS = [
     (lambda: Conv2D(5, 3), (3, 9, 8)),
+    (lambda: Conv2D(5, 3, activation="relu"), (3, 9, 8)),
+    (lambda: Conv2D(3, 2, activation="sigmoid"), (2, 6, 5)),
+    (lambda: Conv2D(3, 2, stride=2, padding=1, activation="tanh"), (2, 6, 5)),
     (lambda: Conv2D(4, (2, 3), stride=2, padding=1), (2, 9, 10)),
     (lambda: MaxPool2D(2), (3, 9, 7)),
     (lambda: MaxPool2D(3, stride=2), (2, 9, 8)),
@@ -190,6 +196,24 @@ def test_small_conv_net_on_array_api_strict_equals_numpy():
     np.testing.assert_allclose(grads, grads_ref, rtol=1e-12, atol=1e-14)
 
 
+def test_fused_activation_equals_a_separate_activation_layer():
+    backend = get_backend("numba", "float64")
+    rng = np.random.default_rng(5)
+    x, dy = rng.standard_normal((3, 2, 7, 7)), rng.standard_normal((3, 4, 5, 5))
+    outs = []
+    for layers in ([Conv2D(4, 3, activation="relu")], [Conv2D(4, 3), ReLU()]):
+        model = Sequential(layers).build((2, 7, 7), backend, 1)
+        y = model.forward(x, Context()).copy()
+        d = dy
+        for layer in reversed(layers):
+            d = layer.backward(d)
+        outs.append((y, d, model.grads.copy()))
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError):
+        Conv2D(4, 3, activation="softplus")
+
+
 # -- dropout masks -----------------------------------------------------------------------------
 def _masks(kernels, xp, ids, shape=(3, 5), p=0.5, seed=7, step=3, dtype="float32"):
     m = kernels.dropout_mask(
@@ -255,7 +279,7 @@ def test_dropout_is_identity_in_eval_and_uses_positions_without_sample_ids():
 
 # -- buffers -----------------------------------------------------------------------------------
 def test_conv_reuses_its_column_buffers_per_batch_size():
-    backend = get_backend("numba", "float32")
+    backend = get_backend("numpy", "float32")
     conv = Conv2D(4, 3)
     Sequential([conv]).build((2, 6, 6), backend, 0)
     x = np.ones((8, 2, 6, 6), np.float32)

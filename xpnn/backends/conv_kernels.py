@@ -6,9 +6,10 @@ Layout (shared by every backend, so the layers never branch):
   (C*kh*kw, N*OH*OW): row ``(c, i, j)`` (the order of ``W.reshape(C_out, -1)``), column
   ``(n, oh, ow)``. A convolution is then *one* GEMM per layer, ``W2 @ cols`` (C_out, N*OH*OW),
   and the backward pass two more (``dY @ cols.T`` for dW, ``W2.T @ dY`` for dcols).
-* ``conv_output(yc, b, shape)`` adds the bias and turns (C_out, N*P) into NCHW: a transpose
-  of blocks of P = OH*OW contiguous values; ``conv_output_grad(dy, out)`` is its adjoint and
-  also returns the bias gradient.
+* ``conv_output(yc, b, shape, act)`` adds the bias, applies the activation and turns
+  (C_out, N*P) into NCHW: a transpose of blocks of P = OH*OW contiguous values, fused with the
+  elementwise work; ``conv_output_grad(dy, out, y, act)`` is its adjoint (``y`` is the
+  activation's output) and also returns the bias gradient.
 * ``col2im(cols, x_shape, kh, kw, stride, padding)`` is the adjoint of ``im2col``; it may use
   ``cols`` as scratch.
 * ``maxpool2d_forward(x, size, stride) -> (y, idx)`` (floor mode; ``idx`` is the argmax's
@@ -126,16 +127,23 @@ class ConvKernels:
             dx = dx[:, :, padding : padding + h, padding : padding + w]
         return dx
 
-    def conv_output(self, yc: Array, b: Array, shape: tuple[int, ...]) -> Array:
-        """(C_out, N*P) GEMM result + bias -> (N, C_out, OH, OW)."""
+    def conv_output(
+        self, yc: Array, b: Array, shape: tuple[int, ...], act: str = "identity"
+    ) -> Array:
+        """act((C_out, N*P) GEMM result + bias) -> (N, C_out, OH, OW)."""
         xp = self.xp
         n, c, oh, ow = shape
         y = xp.permute_dims(xp.reshape(yc, (c, n, oh, ow)), (1, 0, 2, 3))
-        return y + xp.reshape(b, (1, c, 1, 1))
+        return self.activation(y + xp.reshape(b, (1, c, 1, 1)), act)
 
-    def conv_output_grad(self, dy: Array, out: Array | None = None) -> tuple[Array, Array]:
-        """(dL/d(GEMM result) as (C_out, N*P), written into ``out``; dL/db)."""
+    def conv_output_grad(
+        self, dy: Array, out: Array | None = None, y: Array | None = None, act: str = "identity"
+    ) -> tuple[Array, Array]:
+        """(dL/d(GEMM result) as (C_out, N*P), written into ``out``; dL/db). ``y`` is the
+        forward output (the activation's), needed unless ``act`` is the identity."""
         xp = self.xp
+        if act != "identity":
+            dy = self.activation_grad(dy, y, act)
         n, c, oh, ow = dy.shape
         dyc = xp.reshape(
             xp.permute_dims(xp.reshape(dy, (n, c, oh * ow)), (1, 0, 2)), (c, n * oh * ow)
@@ -260,15 +268,25 @@ class NumpyConvKernels:
             dx = dx[:, :, padding : padding + h, padding : padding + w]
         return dx
 
-    def conv_output(self, yc: Array, b: Array, shape: tuple[int, ...]) -> Array:
+    def conv_output(
+        self, yc: Array, b: Array, shape: tuple[int, ...], act: str = "identity"
+    ) -> Array:
         xp = self.xp
         n, c, oh, ow = shape
         y = xp.empty(shape, dtype=yc.dtype)
         xp.add(yc.reshape(c, n, oh, ow).transpose(1, 0, 2, 3), b.reshape(1, c, 1, 1), out=y)
-        return y
+        if act == "relu":
+            return xp.maximum(y, 0, out=y)
+        if act == "tanh":
+            return xp.tanh(y, out=y)
+        return self.activation(y, act)
 
-    def conv_output_grad(self, dy: Array, out: Array | None = None) -> tuple[Array, Array]:
+    def conv_output_grad(
+        self, dy: Array, out: Array | None = None, y: Array | None = None, act: str = "identity"
+    ) -> tuple[Array, Array]:
         xp = self.xp
+        if act != "identity":
+            dy = self.activation_grad(dy, y, act)
         n, c, oh, ow = dy.shape
         if out is None:
             out = xp.empty((c, n * oh * ow), dtype=dy.dtype)

@@ -33,6 +33,7 @@ _GOLDEN = np.uint64(GOLDEN)
 _S16 = np.uint64(16)
 _S13 = np.uint64(13)
 U = np.uint64
+_ACT_CODE = {"identity": 0, "relu": 1, "sigmoid": 2, "tanh": 3}
 
 
 @nb.njit(**_JIT)
@@ -119,7 +120,9 @@ def _col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover 
         n1 = min(n, n0 + step)
         cu = U(ci)
         for b in range(n0, n1):
-            dx[U(b), cu, :, :] = 0
+            for row in range(U(h)):
+                for col in range(U(w)):
+                    dx[U(b), cu, row, col] = 0
         for i in range(kh):
             for j in range(kw):
                 row = U((ci * kh + i) * kw + j)
@@ -143,9 +146,33 @@ def _col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover 
     return dx
 
 
+@nb.njit(**_JIT)
+def _act(v, act):  # pragma: no cover - compiled
+    """The activations of ``kernels.ACTIVATIONS`` by code (see ``_ACT_CODE``)."""
+    if act == 1:
+        return v if v > 0 else 0.0
+    if act == 2:
+        e = math.exp(-abs(v))
+        return 1 / (1 + e) if v >= 0 else e / (1 + e)
+    if act == 3:
+        return math.tanh(v)
+    return v
+
+
+@nb.njit(**_JIT)
+def _act_grad(g, y, act):  # pragma: no cover - compiled
+    if act == 1:
+        return g if y > 0 else 0.0
+    if act == 2:
+        return g * y * (1 - y)
+    if act == 3:
+        return g * (1 - y * y)
+    return g
+
+
 @nb.njit(parallel=True, **_JIT)
-def _conv_output(yc, bias, y):  # pragma: no cover - compiled
-    """y[n, c, :] = yc[c, n*P:(n+1)*P] + bias[c]; y is (N, C, P)."""
+def _conv_output(yc, bias, y, act):  # pragma: no cover - compiled
+    """y[n, c, :] = act(yc[c, n*P:(n+1)*P] + bias[c]); y is (N, C, P)."""
     n, c, p = y.shape
     pu = U(p)
     for b in prange(n):
@@ -153,23 +180,63 @@ def _conv_output(yc, bias, y):  # pragma: no cover - compiled
         o = bu * pu
         for ci in range(U(c)):
             bc = bias[ci]
-            for k in range(pu):
-                y[bu, ci, k] = yc[ci, o + k] + bc
+            if act == 1:  # the common case, kept branch-free for the vectoriser
+                for k in range(pu):
+                    v = yc[ci, o + k] + bc
+                    y[bu, ci, k] = v if v > 0 else 0
+            else:
+                for k in range(pu):
+                    y[bu, ci, k] = _act(yc[ci, o + k] + bc, act)
     return y
 
 
 @nb.njit(parallel=True, **_JIT)
-def _conv_output_grad(dy, out):  # pragma: no cover - compiled
-    """out[c, n*P + k] = dy[n, c, k]."""
+def _conv_output_grad(dy, y, out, act):  # pragma: no cover - compiled
+    """out[c, n*P + k] = act'(dy[n, c, k]) (``y`` unused for the identity)."""
     n, c, p = dy.shape
     pu, nu = U(p), U(n)
     for ci in prange(c):
         cu = U(ci)
         for b in range(nu):
             o = b * pu
-            for k in range(pu):
-                out[cu, o + k] = dy[b, cu, k]
+            if act == 0:
+                for k in range(pu):
+                    out[cu, o + k] = dy[b, cu, k]
+            elif act == 1:
+                for k in range(pu):
+                    out[cu, o + k] = dy[b, cu, k] if y[b, cu, k] > 0 else 0
+            else:
+                for k in range(pu):
+                    out[cu, o + k] = _act_grad(dy[b, cu, k], y[b, cu, k], act)
     return out
+
+
+@nb.njit(parallel=True, **_JIT)
+def _maxpool2x2(x, y, idx):  # pragma: no cover - compiled
+    """The common 2x2, stride-2 case, unrolled."""
+    n, c, h, w = x.shape
+    _, _, oh, ow = y.shape
+    for t in prange(n * c):
+        bu = U(t // c)
+        cu = U(t % c)
+        for r in range(U(oh)):
+            h0 = r * U(2)
+            for q in range(U(ow)):
+                w0 = q * U(2)
+                a0 = x[bu, cu, h0, w0]
+                a1 = x[bu, cu, h0, w0 + U(1)]
+                a2 = x[bu, cu, h0 + U(1), w0]
+                a3 = x[bu, cu, h0 + U(1), w0 + U(1)]
+                best, k = a0, 0
+                if a1 > best:
+                    best, k = a1, 1
+                if a2 > best:
+                    best, k = a2, 2
+                if a3 > best:
+                    best, k = a3, 3
+                y[bu, cu, r, q] = best
+                idx[bu, cu, r, q] = k
+    return y, idx
 
 
 @nb.njit(parallel=True, **_JIT)
@@ -198,17 +265,54 @@ def _maxpool_forward(x, size, stride, y, idx):  # pragma: no cover - compiled
 
 @nb.njit(parallel=True, **_JIT)
 def _maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
+    """General windows (overlapping or not): zero the plane, then add at the argmaxes."""
     n, c, h, w = dx.shape
     _, _, oh, ow = dy.shape
-    su, szu = U(stride), U(size)
+    su = U(stride)
+    di = np.empty(size * size, dtype=np.uint64)  # window offset -> (row, column)
+    dj = np.empty(size * size, dtype=np.uint64)
+    for k in range(size * size):
+        di[k] = k // size
+        dj[k] = k % size
     for t in prange(n * c):
         bu = U(t // c)
         cu = U(t % c)
-        dx[bu, cu, :, :] = 0
+        for row in range(U(h)):
+            for col in range(U(w)):
+                dx[bu, cu, row, col] = 0
         for r in range(U(oh)):
             for q in range(U(ow)):
-                k = U(idx[bu, cu, r, q])
-                dx[bu, cu, r * su + k // szu, q * su + k % szu] += dy[bu, cu, r, q]
+                k = idx[bu, cu, r, q]
+                dx[bu, cu, r * su + di[k], q * su + dj[k]] += dy[bu, cu, r, q]
+    return dx
+
+
+@nb.njit(parallel=True, **_JIT)
+def _maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
+    """2x2, stride 2: every dx element written once (gradient or zero), row by row, on flat
+    views (no zeroing pass; 2x faster than the window-by-window loop)."""
+    n, c, h, w = dx.shape
+    _, _, oh, ow = dy.shape
+    dxf, dyf, idf = dx.reshape(-1), dy.reshape(-1), idx.reshape(-1)
+    hw, ohw, wu, owu = U(h * w), U(oh * ow), U(w), U(ow)
+    one, two = U(1), U(2)
+    for t in prange(n * c):
+        dbase = U(t) * hw
+        ybase = U(t) * ohw
+        for r in range(U(oh)):
+            yrow = ybase + r * owu
+            for di in range(two):
+                drow = dbase + (r * two + di) * wu
+                k0 = di * two
+                for q in range(owu):
+                    k = U(idf[yrow + q])
+                    g = dyf[yrow + q]
+                    dxf[drow + q * two] = g if k == k0 else 0.0
+                    dxf[drow + q * two + one] = g if k == k0 + one else 0.0
+                for col in range(two * owu, wu):  # floor mode: columns no window covers
+                    dxf[drow + col] = 0
+        for i in range(dbase + two * U(oh) * wu, dbase + hw):  # ... and rows
+            dxf[i] = 0
     return dx
 
 
@@ -256,17 +360,23 @@ class NumbaConvKernels(NumpyKernels):
         cols = np.ascontiguousarray(cols)
         return _col2im(cols, dx, kh, kw, stride, padding, oh, ow, _chunks(n, c))
 
-    def conv_output(self, yc: Array, b: Array, shape: tuple[int, ...]) -> Array:
+    def conv_output(
+        self, yc: Array, b: Array, shape: tuple[int, ...], act: str = "identity"
+    ) -> Array:
         n, c, oh, ow = shape
         y = np.empty((n, c, oh * ow), dtype=yc.dtype)
-        _conv_output(np.ascontiguousarray(yc), b, y)
+        _conv_output(np.ascontiguousarray(yc), b, y, _ACT_CODE[act])
         return y.reshape(shape)
 
-    def conv_output_grad(self, dy: Array, out: Array | None = None) -> tuple[Array, Array]:
+    def conv_output_grad(
+        self, dy: Array, out: Array | None = None, y: Array | None = None, act: str = "identity"
+    ) -> tuple[Array, Array]:
         n, c, oh, ow = dy.shape
         if out is None:
             out = np.empty((c, n * oh * ow), dtype=dy.dtype)
-        _conv_output_grad(np.ascontiguousarray(dy).reshape(n, c, oh * ow), out)
+        dy3 = np.ascontiguousarray(dy).reshape(n, c, oh * ow)
+        y3 = dy3 if act == "identity" else np.ascontiguousarray(y).reshape(n, c, oh * ow)
+        _conv_output_grad(dy3, y3, out, _ACT_CODE[act])
         return out, out.sum(axis=1)
 
     def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
@@ -274,14 +384,19 @@ class NumbaConvKernels(NumpyKernels):
         n, c, h, w = x.shape
         oh, ow = (h - size) // stride + 1, (w - size) // stride + 1
         y = np.empty((n, c, oh, ow), dtype=x.dtype)
-        idx = np.empty((n, c, oh, ow), dtype=np.int32)
+        idx = np.empty((n, c, oh, ow), dtype=np.uint8 if size <= 16 else np.int32)
+        if size == 2 and stride == 2:
+            return _maxpool2x2(x, y, idx)
         return _maxpool_forward(x, size, stride, y, idx)
 
     def maxpool2d_backward(
         self, dy: Array, idx: Array, x_shape: tuple[int, ...], size: int, stride: int
     ) -> Array:
         dx = np.empty(tuple(x_shape), dtype=dy.dtype)
-        return _maxpool_backward(np.ascontiguousarray(dy), idx, size, stride, dx)
+        dy = np.ascontiguousarray(dy)
+        if size == 2 and stride == 2:
+            return _maxpool2x2_backward(dy, np.ascontiguousarray(idx), dx)
+        return _maxpool_backward(dy, idx, size, stride, dx)
 
     def dropout_mask(
         self,
