@@ -182,24 +182,41 @@ def _cpu_busy_seconds() -> float | None:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
-def _own_cpu_seconds() -> float:
-    """CPU-seconds used by this process and its waited-for children (e.g. mpiexec runs)."""
+def _pid_cpu_seconds(pid: int) -> float:
+    """CPU-seconds of a live process and its waited-for children (``/proc/PID/stat``), else 0."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime..cstime
+
+
+def _own_cpu_seconds(pids: Sequence[int] = ()) -> float:
+    """CPU-seconds used by this process, its waited-for children (e.g. mpiexec runs) and the
+    live helper processes ``pids`` (e.g. worker processes that have not exited)."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    own = t.user + t.system + t.children_user + t.children_system
+    return own + sum(_pid_cpu_seconds(p) for p in pids)
 
 
 class ForeignLoad:
     """How many cores *other* processes kept busy while a block ran (None off Linux).
 
     ``with ForeignLoad() as fl: ...`` then ``fl.cores``: (all CPUs' busy time - this process's
-    and its finished children's CPU time) / wall time. Unlike the load average it is exact for
-    the block and ignores our own threads, so a timing can be reported with the competition it
-    met: 0.0 is a quiet machine, 1.0 means another job used a whole core throughout.
+    and its finished children's CPU time - the CPU time of the live processes ``pids``) / wall
+    time. Unlike the load average it is exact for the block and ignores our own threads, so a
+    timing can be reported with the competition it met: 0.0 is a quiet machine, 1.0 means
+    another job used a whole core throughout.
     """
 
-    def __enter__(self) -> ForeignLoad:
+    def __init__(self, pids: Sequence[int] = ()) -> None:
+        self.pids = tuple(pids)
         self.cores: float | None = None
-        self._busy0, self._own0 = _cpu_busy_seconds(), _own_cpu_seconds()
+
+    def __enter__(self) -> ForeignLoad:
+        self.cores = None
+        self._busy0, self._own0 = _cpu_busy_seconds(), _own_cpu_seconds(self.pids)
         self._t0 = time.perf_counter()
         return self
 
@@ -208,7 +225,7 @@ class ForeignLoad:
         busy1 = _cpu_busy_seconds()
         if self._busy0 is None or busy1 is None or wall <= 0:
             return
-        foreign = (busy1 - self._busy0) - (_own_cpu_seconds() - self._own0)
+        foreign = (busy1 - self._busy0) - (_own_cpu_seconds(self.pids) - self._own0)
         self.cores = round(max(0.0, foreign) / wall, 3)
 
 
@@ -233,7 +250,11 @@ def wait_for_quiet(
 
 
 def measure_quietly(
-    fn: Callable[[], Any], max_foreign: float, retries: int = 5, wait_s: float = 120.0
+    fn: Callable[[], Any],
+    max_foreign: float,
+    retries: int = 5,
+    wait_s: float = 120.0,
+    pids: Sequence[int] = (),
 ) -> tuple[Any, float | None, int]:
     """Run ``fn``; while other processes used more than ``max_foreign`` cores meanwhile, wait for
     quiet (up to ``wait_s``) and run it again, at most ``retries`` more times.
@@ -241,10 +262,11 @@ def measure_quietly(
     Returns (``fn``'s result, the cores others used during the kept run, runs discarded). On a
     shared machine a job that starts mid-measurement can slow a multi-threaded benchmark several
     fold (spinning thread pools fight for the cores); redoing the few measurements it hit is
-    cheaper and more honest than a median over a polluted sample.
+    cheaper and more honest than a median over a polluted sample. ``pids``: live helper
+    processes whose CPU time is ours, not foreign (see ``ForeignLoad``).
     """
     for attempt in range(retries + 1):
-        with ForeignLoad() as fl:
+        with ForeignLoad(pids) as fl:
             result = fn()
         if fl.cores is None or fl.cores <= max_foreign or attempt == retries:
             return result, fl.cores, attempt

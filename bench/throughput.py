@@ -8,11 +8,19 @@ backend, batch size) the script
 * warms up (Numba compilation, BLAS/OpenMP pools, buffer caches, allocators);
 * times ``--repeats`` "epochs" of ``--steps`` steps each and reports the median
   samples/s;
-* when PyTorch is importable, times the same network (same layers, Adam, same
-  batch, same thread count, float32) in the same process, *alternating* xpnn and
-  torch epoch by epoch (the order is flipped every repeat: A B, B A, ...), and
-  reports xpnn/torch as the median of the per-repeat ratios, which cancels most
-  of the drift of a shared, noisy machine.
+* when PyTorch is importable, times the same network (same layers, Adam with
+  PyTorch's default implementation, same batch, same thread count, float32),
+  *alternating* xpnn and torch epoch by epoch (the order is flipped every repeat:
+  A B, B A, ...), and reports xpnn/torch as the median of the per-repeat ratios,
+  which cancels most of the drift of a shared, noisy machine.
+
+Every side runs in a worker process of its own (spawned, idle between requests), as
+its users would run it: two libraries' thread pools in one process interfere (an
+OpenMP runtime loaded by torch first ignores the ``OMP_WAIT_POLICY=PASSIVE`` that
+xpnn's Numba kernels set, and its spinning threads slow OpenBLAS ~10x on 2 cores).
+Each timed epoch follows an idle gap (``--gap``) so the pools of the side that just
+ran stop spinning, and a pair of epochs during which *other* processes used more
+than ``--max-foreign`` cores is timed again once the machine is quiet.
 
 ``--backends cupy`` is compared with torch on CUDA (both synchronised before the
 clock stops); without a usable GPU it is skipped with a one-line reason.
@@ -27,6 +35,7 @@ Run: ``python bench/throughput.py --help``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -169,12 +178,13 @@ class Side:
 @dataclass
 class Pacing:
     """How repeats are taken: an idle gap before each timed epoch, and redone when others were
-    busy (see ``measure_quietly``)."""
+    busy (see ``measure_quietly``); ``pids`` are our worker processes (not "others")."""
 
     gap_s: float = 0.2
     max_foreign: float = 0.25
     retries: int = 5
     wait_s: float = 120.0
+    pids: tuple[int, ...] = ()
     foreign: list[float | None] = field(default_factory=list)
     discarded: int = 0
 
@@ -201,7 +211,11 @@ def alternate(a: Side, b: Side | None, steps: int, repeats: int, pacing: Pacing)
     for r in range(repeats):
         order = [s for s in ([a, b] if r % 2 == 0 else [b, a]) if s is not None]
         seconds, foreign, discarded = measure_quietly(
-            lambda order=order: pair(order), pacing.max_foreign, pacing.retries, pacing.wait_s
+            lambda order=order: pair(order),
+            pacing.max_foreign,
+            pacing.retries,
+            pacing.wait_s,
+            pacing.pids,
         )
         pacing.foreign.append(foreign)
         pacing.discarded += discarded
@@ -214,9 +228,6 @@ def paired_ratios(a: Side, b: Side) -> list[float]:
     return [tb / ta for ta, tb in zip(a.seconds, b.seconds, strict=True)]
 
 
-# --------------------------------------------------------------------------- xpnn side
-
-
 def random_batches(n_batches: int, batch: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng([seed, batch])
     return [
@@ -226,6 +237,9 @@ def random_batches(n_batches: int, batch: int, seed: int) -> list[tuple[np.ndarr
         )
         for _ in range(n_batches)
     ]
+
+
+# --------------------------------------------------------------------------- xpnn side
 
 
 class XpnnTrainer:
@@ -241,6 +255,7 @@ class XpnnTrainer:
         self.opt = make_optimizer(
             "adam", self.model.params, self.model.grads, backend.kernels, Schedule(LR)
         )
+        self.params = self.model.size
         self.step_count = 0
 
     def device_batches(self, host: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple]:
@@ -329,15 +344,153 @@ class TorchTrainer:
         self.sync()
         return time.perf_counter() - t0
 
+    def cli_like_epoch(self, x: Any, y: Any, batch: int, epoch: int) -> float:
+        """One epoch as xpnn's CLI runs it: a seeded shuffle, gathered batches, a step each."""
+        torch = self.torch
+        n = x.shape[0]
+        order = torch.from_numpy(np.random.default_rng([0, epoch]).permutation(n))
+        t0 = time.perf_counter()
+        for start in range(0, n, batch):
+            idx = order[start : start + batch]
+            self.train_step(x.index_select(0, idx), y.index_select(0, idx))
+        return n / (time.perf_counter() - t0)
 
-def import_torch(threads: int) -> tuple[Any, str | None]:
-    """(torch, None), or (None, why not); sets torch's intra-op thread count."""
+
+# --------------------------------------------------------------------------- workers
+
+
+def worker_main(conn: Any, kind: str, name: str, cfg: dict[str, Any]) -> None:
+    """A child process owning one trainer: xpnn on backend ``name``, or torch on device ``name``.
+
+    Each side gets a process of its own, as its users would: thread-pool state does not leak
+    from one library into the other. (It does, in one process: an OpenMP runtime loaded by torch
+    first ignores the ``OMP_WAIT_POLICY=PASSIVE`` that xpnn's Numba kernels set at import, and
+    its spinning threads then slow OpenBLAS ~10x on 2 cores.)
+    """
     try:
-        import torch
-    except ImportError as exc:
-        return None, f"PyTorch is not importable ({exc})"
-    torch.set_num_threads(threads)
-    return torch, None
+        from xpnn.parallel.threads import apply_threads
+
+        threads = apply_threads(cfg["threads"])  # before Numba / torch start their pools
+        info: dict[str, Any] = {"pid": os.getpid(), "kind": kind, "name": name}
+        if kind == "torch":
+            import torch
+
+            torch.set_num_threads(cfg["threads"])
+            if name == "cuda" and not torch.cuda.is_available():
+                conn.send(("ok", {**info, "unavailable": "torch.cuda.is_available() is False"}))
+                return
+            trainer: Any = TorchTrainer(torch, cfg["model"], cfg["hidden"], name)
+            info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+        else:
+            from xpnn.backends import get_backend
+
+            trainer = XpnnTrainer(get_backend(name, "float32"), cfg["model"], cfg["hidden"], 0)
+        batches: list = []
+        data: Any = None
+        while True:
+            msg = conn.recv()
+            op = msg[0]
+            if op == "hello":
+                out: Any = {**info, "params": trainer.params, "threads": threads}
+                if kind == "xpnn" and name == "numba":
+                    import numba
+
+                    trainer.epoch(1, trainer.device_batches(random_batches(1, 2, 0)))
+                    out["numba_threading_layer"] = numba.threading_layer()
+                out["thread_pools"] = thread_pools()
+            elif op == "setup":  # (op, batch, pool, seed, warmup steps)
+                _, batch, pool, seed, warmup = msg
+                batches = trainer.device_batches(random_batches(pool, batch, seed))
+                out = trainer.epoch(warmup, batches)
+            elif op == "epoch":
+                out = trainer.epoch(msg[1], batches)
+            elif op == "cli_data":  # (op, samples, seed): the CLI's synthetic training set
+                from xpnn.data import load_dataset
+
+                ds = load_dataset("synthetic", synthetic_size=msg[1], seed=msg[2])
+                data = (trainer.torch.from_numpy(ds.x_train), trainer.torch.from_numpy(ds.y_train))
+                out = None
+            elif op == "cli_epoch":  # (op, batch, epoch)
+                out = trainer.cli_like_epoch(data[0], data[1], msg[1], msg[2])
+            elif op == "stop":
+                conn.send(("ok", None))
+                return
+            else:
+                raise ValueError(f"unknown worker request {op!r}")
+            conn.send(("ok", out))
+    except Exception:
+        import traceback
+
+        conn.send(("error", traceback.format_exc()))
+
+
+def thread_pools() -> list[dict[str, Any]]:
+    from threadpoolctl import threadpool_info
+
+    return [
+        {"lib": i.get("internal_api"), "api": i.get("user_api"), "threads": i.get("num_threads")}
+        for i in threadpool_info()
+    ]
+
+
+class Worker:
+    """Parent-side handle of a ``worker_main`` process (spawned: a clean interpreter)."""
+
+    def __init__(self, kind: str, name: str, cfg: dict[str, Any]) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.kind, self.name = kind, name
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker_main, args=(child, kind, name, cfg), daemon=True)
+        self.proc.start()
+        child.close()
+        first = self._recv_if_ended()
+        self.info: dict[str, Any] = first if first is not None else self.call("hello")
+
+    def _recv_if_ended(self) -> dict | None:
+        """A worker that could not start (e.g. no CUDA for torch) says so and exits."""
+        if self.conn.poll(0.0):
+            return self._unwrap(self.conn.recv())
+        return None
+
+    @staticmethod
+    def _unwrap(reply: tuple) -> Any:
+        status, value = reply
+        if status != "ok":
+            raise RuntimeError(f"benchmark worker failed:\n{value}")
+        return value
+
+    def call(self, *msg: Any) -> Any:
+        self.conn.send(msg)
+        try:
+            return self._unwrap(self.conn.recv())
+        except EOFError:
+            raise RuntimeError(f"{self.kind} worker {self.name} died") from None
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.call("stop")
+            except (RuntimeError, OSError):
+                pass
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def start_torch_worker(cfg: dict[str, Any], device: str) -> tuple[Worker | None, str | None]:
+    """A torch worker on ``device``, or (None, why not)."""
+    w = Worker("torch", device, cfg)
+    reason = w.info.get("unavailable")
+    if reason:
+        w.close()
+        return None, reason
+    return w, None
 
 
 # --------------------------------------------------------------------------- main sweep
@@ -359,42 +512,31 @@ def check_backends(names: list[str]) -> tuple[list[str], dict[str, str]]:
     return ok, skipped
 
 
-def sweep(args: argparse.Namespace, torch: Any, backends: list[str]) -> list[dict[str, Any]]:
-    from xpnn.backends import get_backend
-
+def sweep(
+    args: argparse.Namespace,
+    xpnn_workers: dict[str, Worker],
+    torch_workers: dict[str, Worker | None],
+    torch_notes: dict[str, str | None],
+) -> list[dict[str, Any]]:
     steps = args.steps or DEFAULT_STEPS[args.model]
     warmup = args.warmup or DEFAULT_WARMUP[args.model]
-    trainers = {
-        b: XpnnTrainer(get_backend(b, "float32"), args.model, args.hidden, args.seed)
-        for b in backends
-    }
-    torch_trainers: dict[str, Any] = {}
+    pids = tuple(w.pid for w in [*xpnn_workers.values(), *torch_workers.values()] if w)
     results = []
     for batch in args.batches:
-        host = random_batches(args.pool, batch, args.seed)
-        for b in backends:
-            xt = trainers[b]
-            device = "cuda" if xt.backend.is_gpu else "cpu"
-            tt, torch_note = None, None
-            if torch is not None:
-                if device == "cuda" and not torch.cuda.is_available():
-                    torch_note = "torch.cuda.is_available() is False"
-                else:
-                    if device not in torch_trainers:
-                        torch_trainers[device] = TorchTrainer(
-                            torch, args.model, args.hidden, device
-                        )
-                    tt = torch_trainers[device]
+        for tw in torch_workers.values():
+            if tw is not None:
+                tw.call("setup", batch, args.pool, args.seed, warmup)
+        for b, xw in xpnn_workers.items():
+            device = "cuda" if b == "cupy" else "cpu"
+            tw = torch_workers.get(device)
             load_before = load_avg()
-            xb = xt.device_batches(host)
-            xt.epoch(warmup, xb)
-            xside = Side(f"xpnn-{b}", lambda s, xt=xt, xb=xb: xt.epoch(s, xb), batch)
+            xw.call("setup", batch, args.pool, args.seed, warmup)
+            xside = Side(f"xpnn-{b}", lambda s, xw=xw: xw.call("epoch", s), batch)
             tside = None
-            if tt is not None:
-                tb = tt.device_batches(host)
-                tt.epoch(warmup, tb)
-                tside = Side(f"torch-{device}", lambda s, tt=tt, tb=tb: tt.epoch(s, tb), batch)
-            pacing = Pacing(args.gap, args.max_foreign, args.retries, args.quiet_timeout)
+            if tw is not None:
+                tw.call("epoch", warmup)  # re-warm after the other workers ran
+                tside = Side(f"torch-{device}", lambda s, tw=tw: tw.call("epoch", s), batch)
+            pacing = Pacing(args.gap, args.max_foreign, args.retries, args.quiet_timeout, pids)
             alternate(xside, tside, steps, args.repeats, pacing)
             row: dict[str, Any] = {
                 "model": args.model,
@@ -410,7 +552,7 @@ def sweep(args: argparse.Namespace, torch: Any, backends: list[str]) -> list[dic
                 "torch_samples_per_s_all": None,
                 "ratio": None,
                 "ratios": None,
-                "torch_note": torch_note,
+                "torch_note": torch_notes.get(device),
                 "load_avg_before": load_before,
                 "load_avg_after": load_avg(),
                 "foreign_cores": pacing.foreign,
@@ -469,36 +611,18 @@ def run_cli_ranks(args: argparse.Namespace, ranks: int, workdir: Path) -> float:
         "--batch-size", str(args.ranks_batch), "--threads", "1", "--seed", str(args.seed),
         "--metrics", str(metrics), "--no-progress",
     ]  # fmt: skip
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    )
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
     return median(cli_epoch_rates(metrics))
 
 
-def torch_cli_like_epoch(tt: TorchTrainer, x: Any, y: Any, batch: int, epoch: int) -> float:
-    """One epoch as the CLI runs it: a seeded shuffle, gathered batches, a step per batch."""
-    torch = tt.torch
-    n = x.shape[0]
-    order = torch.from_numpy(np.random.default_rng([0, epoch]).permutation(n))
-    t0 = time.perf_counter()
-    for start in range(0, n, batch):
-        idx = order[start : start + batch]
-        tt.train_step(x.index_select(0, idx), y.index_select(0, idx))
-    return n / (time.perf_counter() - t0)
-
-
-def ranks_compare(args: argparse.Namespace, torch: Any) -> dict[str, Any]:
+def ranks_compare(args: argparse.Namespace, tw: Worker) -> dict[str, Any]:
     """mpiexec -n R x 1 thread (xpnn CLI, numba) vs one torch process with --threads threads."""
-    from xpnn.data import load_dataset
-
-    data = load_dataset("synthetic", synthetic_size=args.ranks_samples, seed=args.seed)
-    tt = TorchTrainer(torch, args.model, args.hidden, "cpu")
-    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
-    torch_cli_like_epoch(tt, x, y, args.ranks_batch, 0)  # warm-up epoch
+    tw.call("cli_data", args.ranks_samples, args.seed)
+    tw.call("cli_epoch", args.ranks_batch, 0)  # warm-up epoch
     xpnn_rates, torch_rates, foreign = [], [], []
     with tempfile.TemporaryDirectory(prefix="xpnn-throughput-") as tmp:
         for r in range(args.ranks_repeats):
@@ -508,9 +632,9 @@ def ranks_compare(args: argparse.Namespace, torch: Any) -> dict[str, Any]:
                 if who == "xpnn":
                     fn = lambda: run_cli_ranks(args, args.ranks, Path(tmp))  # noqa: E731
                 else:
-                    fn = lambda r=r: torch_cli_like_epoch(tt, x, y, args.ranks_batch, r + 1)  # noqa: E731
+                    fn = lambda r=r: tw.call("cli_epoch", args.ranks_batch, r + 1)  # noqa: E731
                 rate, cores, _ = measure_quietly(
-                    fn, args.max_foreign, args.retries, args.quiet_timeout
+                    fn, args.max_foreign, args.retries, args.quiet_timeout, (tw.pid,)
                 )
                 (xpnn_rates if who == "xpnn" else torch_rates).append(rate)
                 foreign.append(cores)
@@ -616,46 +740,52 @@ def print_report(results: list[dict], ranks: dict | None, targets: list[dict]) -
 
 
 def run(args: argparse.Namespace) -> int:
-    # Thread limits first: before Numba is imported and before any backend or torch starts.
-    from xpnn.parallel.threads import apply_threads
-
-    thread_info = apply_threads(args.threads)
     warn = busy_warning()
     if warn:
         print(warn, flush=True)
     backends, skipped = check_backends(args.backends)
-    torch, torch_reason = (None, "--no-torch") if args.no_torch else import_torch(args.threads)
-    if torch_reason and not args.no_torch:
+    torch_reason = "--no-torch" if args.no_torch else None
+    if torch_reason is None and importlib.util.find_spec("torch") is None:
+        torch_reason = "PyTorch is not importable (pip install torch)"
         print(f"torch comparison skipped: {torch_reason}", flush=True)
     steps = args.steps or DEFAULT_STEPS[args.model]
     print(
         f"{NAME}: {args.model}"
         + (f" 784-{'-'.join(map(str, args.hidden))}-10" if args.model == "mlp" else " (690,590 p.)")
         + f", float32, Adam, {args.threads} threads, {steps} steps x {args.repeats} repeats,"
-        " random data in memory (data loading and transfers excluded)",
+        " random data in memory (data loading and transfers excluded), one process per side",
         flush=True,
     )
-    results = sweep(args, torch, backends) if backends else []
+    cfg = {"threads": args.threads, "model": args.model, "hidden": list(args.hidden)}
+    xpnn_workers: dict[str, Worker] = {}
+    torch_workers: dict[str, Worker | None] = {}
+    torch_notes: dict[str, str | None] = {}
     ranks = None
-    if args.ranks_compare:
-        if torch is None:
-            print(f"ranks-compare skipped: {torch_reason}", flush=True)
-        elif mpiexec_path() is None:
-            print("ranks-compare skipped: mpiexec not found", flush=True)
-        else:
-            ranks = ranks_compare(args, torch)
+    try:
+        for b in backends:
+            xpnn_workers[b] = Worker("xpnn", b, cfg)
+        if torch_reason is None:
+            for device in sorted({"cuda" if b == "cupy" else "cpu" for b in backends}):
+                torch_workers[device], torch_notes[device] = start_torch_worker(cfg, device)
+                if torch_notes[device]:
+                    print(f"torch {device} comparison skipped: {torch_notes[device]}", flush=True)
+        results = sweep(args, xpnn_workers, torch_workers, torch_notes) if backends else []
+        if args.ranks_compare:
+            if torch_reason is not None:
+                print(f"ranks-compare skipped: {torch_reason}", flush=True)
+            elif mpiexec_path() is None:
+                print("ranks-compare skipped: mpiexec not found", flush=True)
+            else:
+                tw = torch_workers.get("cpu") or start_torch_worker(cfg, "cpu")[0]
+                torch_workers["cpu"] = tw
+                ranks = ranks_compare(args, tw) if tw is not None else None
+    finally:
+        for w in [*xpnn_workers.values(), *torch_workers.values()]:
+            if w is not None:
+                w.close()
     targets = target_lines(results, ranks)
     print_report(results, ranks, targets)
-    numba_layer = None
-    if "numba" in backends:
-        import numba
-
-        try:
-            numba_layer = numba.threading_layer()
-        except ValueError:
-            numba_layer = None
-    from threadpoolctl import threadpool_info
-
+    tinfo = next((w.info for w in torch_workers.values() if w is not None), None)
     out = {
         "benchmark": NAME,
         "machine": machine_info(),
@@ -668,23 +798,23 @@ def run(args: argparse.Namespace) -> int:
             "steps": steps,
             "warmup": args.warmup or DEFAULT_WARMUP[args.model],
             "repeats": args.repeats,
+            "gap_s": args.gap,
+            "max_foreign_cores": args.max_foreign,
             "dtype": "float32",
             "optimizer": "adam",
             "data": "random, in memory; loading and transfers excluded",
+            "processes": "one worker process per backend and per torch device",
         },
-        "threads": thread_info,
-        "thread_pools": [
-            {
-                "lib": i.get("internal_api"),
-                "api": i.get("user_api"),
-                "threads": i.get("num_threads"),
-            }
-            for i in threadpool_info()
-        ],
-        "numba_threading_layer": numba_layer,
-        "torch": None if torch is None else torch.__version__,
-        "torch_threads": None if torch is None else torch.get_num_threads(),
+        "workers": {
+            f"{w.kind}-{w.name}": w.info
+            for w in [*xpnn_workers.values(), *torch_workers.values()]
+            if w is not None
+        },
+        "threads": args.threads,
+        "torch": None if tinfo is None else tinfo.get("torch"),
+        "torch_threads": None if tinfo is None else tinfo.get("torch_threads"),
         "torch_skipped": torch_reason,
+        "torch_notes": torch_notes,
         "skipped": skipped,
         "results": results,
         "ranks_compare": ranks,

@@ -96,7 +96,10 @@ def test_mlp_tiny_with_ranks_compare(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(path.read_text())
     assert out["benchmark"] == "throughput"
-    assert out["config"]["threads"] == 1 and out["threads"]["threads"] == 1
+    assert out["config"]["threads"] == 1
+    for info in out["workers"].values():  # each side ran in its own process with 1 thread
+        assert info["threads"]["threads"] == 1 and info["pid"] > 0
+    assert {"xpnn-numpy", "xpnn-numba"} <= out["workers"].keys()
     cupy_ran = "cupy" not in out["skipped"]
     if not cupy_ran:  # no GPU here: one line says why, the CPU rows still come
         assert any(line.startswith("cupy skipped: ") for line in proc.stdout.splitlines())
