@@ -327,6 +327,10 @@ def measure_gpu(
     ``cupyx.empty_pinned`` buffers, copied with ``ndarray.set`` (an async DMA on
     the current stream) and back with ``.get(out=pinned)``; allocating the
     pinned buffers is a one-off cost kept out of the timings.
+
+    Event times run from the start event to the end event on the GPU, so at
+    tiny sizes the kernel column includes CuPy's host-side dispatch (the GPU
+    idles while ``a @ b`` is launched): that is the latency a caller sees.
     """
     warmup = max(warmup, GPU_WARMUP_MIN)
     dtype = a.dtype
@@ -527,7 +531,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Time a matmul on CPU (NumPy) vs GPU (CuPy) with copies timed separately, "
         "and find the size where the GPU starts to win.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
         "--max-n",
@@ -535,31 +538,36 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"largest square n (default {MAX_N_GPU} with a GPU, {MAX_N_CPU_ONLY} without)",
     )
-    p.add_argument("--min-n", type=int, default=16, help="smallest square n")
+    p.add_argument("--min-n", type=int, default=16, help="smallest square n (default 16)")
     p.add_argument(
         "--shapes",
         default="all",
         help=f"preset {SHAPE_PRESETS} (small = square sweep + the blog's 120x30@30x20) "
-        "or a comma list of NxKxM",
+        "or a comma list of NxKxM (default all)",
     )
-    p.add_argument("--dtype", choices=(*DTYPES, "both"), default="both")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per column (median)")
+    p.add_argument("--dtype", choices=(*DTYPES, "both"), default="both", help="default both")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="timed runs per column, median reported (default 5)"
+    )
     p.add_argument(
         "--warmup",
         type=int,
         default=1,
-        help=f"untimed runs first (GPU uses at least {GPU_WARMUP_MIN})",
+        help=f"untimed runs first (default 1; the GPU uses at least {GPU_WARMUP_MIN})",
     )
     p.add_argument("--threads", type=int, default=None, help="BLAS threads (default: as loaded)")
     p.add_argument(
         "--cpu-budget",
         type=float,
         default=60.0,
-        help="skip a CPU shape whose estimated warm-up + repeats exceed this many seconds",
+        help="skip a CPU shape whose estimated warm-up + repeats exceed this many seconds "
+        "(default 60)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="input data seed (default 0)")
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU columns even if CuPy works")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="output directory")
+    p.add_argument(
+        "--out", type=Path, default=RESULTS_DIR, help="output directory (default bench/results)"
+    )
     p.add_argument("--csv", type=Path, default=None, help=f"CSV file (default OUT/{NAME}.csv)")
     p.add_argument("--json", type=Path, default=None, help=f"JSON file (default OUT/{NAME}.json)")
     p.add_argument("--plot", type=Path, default=None, help=f"PNG plot (default OUT/{NAME}.png)")
