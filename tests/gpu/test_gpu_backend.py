@@ -90,3 +90,38 @@ def test_two_rank_cupy_run_trains(tmp_path):
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
     assert records[-1]["backend"] == "cupy" and records[-1]["ranks_agree"]
     assert records[-1]["test_acc"] > 0.5
+
+
+def test_every_supported_comm_gives_the_same_parameters(tmp_path):
+    """Each --comm that works here (others fall back, saying so) trains to the same numbers."""
+    base = [
+        "--backend",
+        "cupy",
+        "--dataset",
+        "synthetic",
+        "--synthetic-size",
+        "600",
+        "--hidden",
+        "32",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "70",
+        "--dtype",
+        "float64",
+        "--no-progress",
+    ]
+    results = {}
+    for comm in ("mpi-host", "mpi-cuda", "nccl"):
+        saved, metrics = tmp_path / f"{comm}.npz", tmp_path / f"{comm}.jsonl"
+        proc = run_xpnn(
+            [*base, "--comm", comm, "--save", str(saved), "--metrics", str(metrics)], ranks=2
+        )
+        assert proc.returncode == 0, proc.stderr
+        used = json.loads(metrics.read_text().splitlines()[-1])["comm"]
+        with np.load(saved) as data:
+            results[used] = {k: data[k] for k in data.files}
+    ref = results["mpi-host"]
+    for used, params in results.items():
+        for name in ref:
+            np.testing.assert_allclose(params[name], ref[name], rtol=1e-10, err_msg=used)
