@@ -5,9 +5,9 @@ data that is already in memory (on the GPU for ``cupy``): data loading and
 host<->device transfers are *excluded*, on both sides. Per configuration (model,
 backend, batch size) the script
 
-* warms up (Numba compilation, BLAS/OpenMP pools, buffer caches, allocators);
-* times ``--repeats`` "epochs" of ``--steps`` steps each and reports the median
-  samples/s;
+* times ``--repeats`` "epochs" of ``--steps`` steps each, each epoch on a fresh
+  model and optimizer after ``--warmup`` untimed steps (Numba compilation, thread
+  pools, buffer caches, allocators), and reports the median samples/s;
 * when PyTorch is importable, times the same network (same layers, Adam with
   PyTorch's default implementation, same batch, same thread count, float32),
   *alternating* xpnn and torch epoch by epoch (the order is flipped every repeat:
@@ -134,7 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--batches", type=int_list, default=[32, 128, 512], help="batch sizes")
     a("--threads", type=positive_int, default=2, help="BLAS/Numba/torch threads")
     a("--steps", type=positive_int, default=None, help="steps per timed epoch (mlp 50, cnn 8)")
-    a("--warmup", type=positive_int, default=None, help="untimed warm-up steps (mlp 10, cnn 3)")
+    a(
+        "--warmup",
+        type=positive_int,
+        default=None,
+        help="untimed steps of a fresh model before each timed epoch (mlp 10, cnn 3); e.g."
+        " 1000 measures late-training speed (subnormal Adam state)",
+    )
     a("--repeats", type=positive_int, default=5, help="timed epochs per side (median)")
     a("--pool", type=positive_int, default=4, help="distinct random batches cycled through")
     a("--seed", type=int, default=0)
@@ -168,6 +174,7 @@ class Side:
     label: str
     run: Callable[[int], float]
     batch: int
+    prepare: Callable[[], object] | None = None  # untimed, before the idle gap
     steps: int = 0
     seconds: list[float] = field(default_factory=list)
 
@@ -204,6 +211,8 @@ def alternate(a: Side, b: Side | None, steps: int, repeats: int, pacing: Pacing)
     def pair(order: list[Side]) -> list[float]:
         out = []
         for side in order:
+            if side.prepare is not None:
+                side.prepare()
             time.sleep(pacing.gap_s)
             out.append(side.run(steps))
         return out
@@ -379,12 +388,20 @@ def worker_main(conn: Any, kind: str, name: str, cfg: dict[str, Any]) -> None:
             if name == "cuda" and not torch.cuda.is_available():
                 conn.send(("ok", {**info, "unavailable": "torch.cuda.is_available() is False"}))
                 return
-            trainer: Any = TorchTrainer(torch, cfg["model"], cfg["hidden"], name)
+
+            def make() -> Any:
+                return TorchTrainer(torch, cfg["model"], cfg["hidden"], name)
+
             info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
         else:
             from xpnn.backends import get_backend
 
-            trainer = XpnnTrainer(get_backend(name, "float32"), cfg["model"], cfg["hidden"], 0)
+            backend = get_backend(name, "float32")
+
+            def make() -> Any:
+                return XpnnTrainer(backend, cfg["model"], cfg["hidden"], 0)
+
+        trainer = make()
         batches: list = []
         data: Any = None
         while True:
@@ -398,10 +415,19 @@ def worker_main(conn: Any, kind: str, name: str, cfg: dict[str, Any]) -> None:
                     trainer.epoch(1, trainer.device_batches(random_batches(1, 2, 0)))
                     out["numba_threading_layer"] = numba.threading_layer()
                 out["thread_pools"] = thread_pools()
-            elif op == "setup":  # (op, batch, pool, seed, warmup steps)
-                _, batch, pool, seed, warmup = msg
+            elif op == "setup":  # (op, batch, pool, seed): this configuration's data
+                _, batch, pool, seed = msg
                 batches = trainer.device_batches(random_batches(pool, batch, seed))
-                out = trainer.epoch(warmup, batches)
+                out = None
+            elif op == "fresh":  # (op, warmup steps)
+                # A fresh model and optimizer before every timed epoch, warmed up untimed:
+                # - Adam's state ages: after ~650 steps, m of the weights whose gradient is
+                #   exactly 0 turns subnormal, which slows some kernels several fold; so every
+                #   timed epoch covers the same steps (warmup .. warmup + steps) of a run;
+                # - one model instance can run 30% faster or slower than the next (memory
+                #   placement), an offset that alternating cannot cancel but fresh ones average.
+                trainer = make()
+                out = trainer.epoch(msg[1], batches)
             elif op == "epoch":
                 out = trainer.epoch(msg[1], batches)
             elif op == "cli_data":  # (op, samples, seed): the CLI's synthetic training set
@@ -523,19 +549,26 @@ def sweep(
     pids = tuple(w.pid for w in [*xpnn_workers.values(), *torch_workers.values()] if w)
     results = []
     for batch in args.batches:
-        for tw in torch_workers.values():
-            if tw is not None:
-                tw.call("setup", batch, args.pool, args.seed, warmup)
         for b, xw in xpnn_workers.items():
             device = "cuda" if b == "cupy" else "cpu"
             tw = torch_workers.get(device)
             load_before = load_avg()
-            xw.call("setup", batch, args.pool, args.seed, warmup)
-            xside = Side(f"xpnn-{b}", lambda s, xw=xw: xw.call("epoch", s), batch)
-            tside = None
-            if tw is not None:
-                tw.call("epoch", warmup)  # re-warm after the other workers ran
-                tside = Side(f"torch-{device}", lambda s, tw=tw: tw.call("epoch", s), batch)
+            sides = []
+            for w, label in ((xw, f"xpnn-{b}"), (tw, f"torch-{device}")):
+                if w is None:
+                    sides.append(None)
+                    continue
+                w.call("setup", batch, args.pool, args.seed)
+                sides.append(
+                    Side(
+                        label,
+                        lambda s, w=w: w.call("epoch", s),
+                        batch,
+                        prepare=lambda w=w: w.call("fresh", warmup),
+                    )
+                )
+            xside, tside = sides
+            assert xside is not None
             pacing = Pacing(args.gap, args.max_foreign, args.retries, args.quiet_timeout, pids)
             alternate(xside, tside, steps, args.repeats, pacing)
             row: dict[str, Any] = {
