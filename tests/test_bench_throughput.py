@@ -146,3 +146,32 @@ def test_bad_flag_is_a_usage_error() -> None:
     proc = run_script(["--backends", "tensorflow"], timeout=30)
     assert proc.returncode == 2
     assert "backends" in proc.stderr
+
+
+def test_no_torch_flag(tmp_path: Path) -> None:
+    path = tmp_path / "tp.json"
+    proc = run_script(
+        [
+            "--hidden",
+            "8",
+            "--backends",
+            "numpy",
+            "--batches",
+            "4",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--repeats",
+            "1",
+            "--no-torch",
+            "--json",
+            str(path),
+        ]  # fmt: skip
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(path.read_text())
+    assert out["torch_skipped"] == "--no-torch" and out["torch"] is None
+    (row,) = out["results"]
+    assert row["xpnn_samples_per_s"] > 0 and row["ratio"] is None
+    assert all(t["pass"] is None for t in out["targets"])
