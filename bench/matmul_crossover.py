@@ -34,37 +34,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-try:
-    from _common import (
-        RESULTS_DIR,
-        blas_info,
-        blas_threads,
-        busy_warning,
-        fmt_num,
-        format_table,
-        machine_info,
-        median,
-        pyplot_agg,
-        time_wall,
-        write_csv,
-        write_json,
-    )
-except ImportError:  # imported as bench.matmul_crossover (e.g. python -m) rather than run
-    from bench._common import (
-        RESULTS_DIR,
-        blas_info,
-        blas_threads,
-        busy_warning,
-        fmt_num,
-        format_table,
-        machine_info,
-        median,
-        pyplot_agg,
-        time_wall,
-        write_csv,
-        write_json,
-    )
+from _common import (
+    RESULTS_DIR,
+    blas_info,
+    blas_threads,
+    busy_warning,
+    fmt_num,
+    format_table,
+    machine_info,
+    median,
+    pyplot_agg,
+    time_wall,
+    write_csv,
+    write_json,
+)
 
 NAME = "matmul_crossover"
 DTYPES = ("float32", "float64")

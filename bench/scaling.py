@@ -32,34 +32,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-try:
-    from _common import (
-        RESULTS_DIR,
-        ForeignLoad,
-        busy_warning,
-        fmt_num,
-        format_table,
-        load_avg,
-        machine_info,
-        measure_quietly,
-        median,
-        pyplot_agg,
-        write_json,
-    )
-except ImportError:  # imported as bench.scaling rather than run as a script
-    from bench._common import (
-        RESULTS_DIR,
-        ForeignLoad,
-        busy_warning,
-        fmt_num,
-        format_table,
-        load_avg,
-        machine_info,
-        measure_quietly,
-        median,
-        pyplot_agg,
-        write_json,
-    )
+from _common import (
+    RESULTS_DIR,
+    ForeignLoad,
+    busy_warning,
+    fmt_num,
+    format_table,
+    load_avg,
+    machine_info,
+    measure_quietly,
+    median,
+    pyplot_agg,
+    write_json,
+)
 
 NAME = "scaling"
 ROOT = Path(__file__).resolve().parents[1]

@@ -49,31 +49,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-try:
-    from _common import (
-        RESULTS_DIR,
-        busy_warning,
-        fmt_num,
-        format_table,
-        load_avg,
-        machine_info,
-        measure_quietly,
-        median,
-        write_json,
-    )
-except ImportError:  # imported as bench.throughput rather than run as a script
-    from bench._common import (
-        RESULTS_DIR,
-        busy_warning,
-        fmt_num,
-        format_table,
-        load_avg,
-        machine_info,
-        measure_quietly,
-        median,
-        write_json,
-    )
+from _common import (
+    RESULTS_DIR,
+    busy_warning,
+    fmt_num,
+    format_table,
+    load_avg,
+    machine_info,
+    measure_quietly,
+    median,
+    write_json,
+)
 
 NAME = "throughput"
 ROOT = Path(__file__).resolve().parents[1]
