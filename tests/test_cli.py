@@ -127,3 +127,43 @@ def test_info_lists_backends_and_mpi():
     proc = run_xpnn(["info", "--json"])
     data = json.loads(proc.stdout)
     assert data["mpi"]["cuda_aware"] is False  # the mpich wheel is built without CUDA
+
+
+def test_progress_bar_only_on_a_terminal():
+    """tqdm draws on stderr when stderr is a terminal (a pty here), and not into a pipe."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from conftest import ROOT
+
+    args = [a for a in SMALL if a != "--no-progress"]
+    leader, follower = pty.openpty()
+    # A new pty is 0x0; tqdm sizes its bar to the terminal and draws nothing in 0 columns.
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    proc = subprocess.run(
+        [sys.executable, "-m", "xpnn", *args],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        cwd=ROOT,
+        timeout=120,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the pty is closed and drained
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.returncode == 0
+    assert b"batch" in b"".join(chunks)  # tqdm's unit, e.g. "12/12 [00:00, 300batch/s]"
+    piped = run_xpnn(args)
+    assert piped.returncode == 0 and "batch/s" not in piped.stderr
