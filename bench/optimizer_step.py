@@ -1,0 +1,130 @@
+"""How long one optimizer update takes, per backend and against PyTorch.
+
+The optimizer touches every parameter every step; for a small MLP on two cores that is a large
+share of the step, so it is worth timing alone. Each side runs in its own process (PyTorch's
+OpenMP pool and Numba's must not share one: the first one loaded sets the wait policy), rounds
+alternate between the sides, and the table shows the median over rounds of each round's median.
+
+Run: ``python bench/optimizer_step.py [--params 535818] [--optimizer adam] [--rounds 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from _common import format_table, median, write_json
+
+SIDES = ("numpy", "numba", "torch")
+
+
+def time_side(side: str, params: int, optimizer: str, threads: int, calls: int) -> float:
+    """Median microseconds of one update, measured in a fresh process (``--worker``)."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        side,
+        "--params",
+        str(params),
+        "--optimizer",
+        optimizer,
+        "--threads",
+        str(threads),
+        "--calls",
+        str(calls),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["us"])
+
+
+def worker(side: str, params: int, optimizer: str, threads: int, calls: int) -> None:
+    import time
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    if side == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+        p = torch.nn.Parameter(torch.rand(params))
+        p.grad = torch.rand(params)
+        cls = {"sgd": torch.optim.SGD, "momentum": torch.optim.SGD, "adam": torch.optim.Adam}
+        kw = {"momentum": 0.9} if optimizer == "momentum" else {}
+        step = cls[optimizer]([p], lr=1e-3, **kw).step
+    else:
+        from xpnn.parallel.threads import apply_threads
+
+        apply_threads(threads)
+        import numpy as np
+
+        from xpnn.backends import get_backend
+        from xpnn.optim import Schedule, make_optimizer
+
+        backend = get_backend(side)
+        rng = np.random.default_rng(0)
+        p = backend.asarray(rng.random(params))
+        g = backend.asarray(rng.random(params))
+        step = make_optimizer(optimizer, p, g, backend.kernels, Schedule(1e-3)).step
+    for _ in range(10):
+        step()
+    samples = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        step()
+        samples.append((time.perf_counter() - t) * 1e6)
+    print(json.dumps({"us": median(samples)}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", type=int, default=535818, help="parameters (MLP 784-512-256-10)")
+    ap.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=200, help="timed updates per round")
+    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker, args.params, args.optimizer, args.threads, args.calls)
+        return 0
+    sides = [s for s in args.sides.split(",") if s]
+    if "torch" in sides:
+        try:
+            import importlib.util
+
+            if importlib.util.find_spec("torch") is None:
+                raise ImportError
+        except ImportError:
+            print("torch side skipped: PyTorch is not installed (pip install torch==2.13.0)")
+            sides.remove("torch")
+    results: dict[str, list[float]] = {s: [] for s in sides}
+    for _ in range(args.rounds):  # alternate the sides: the machine's speed drifts
+        for side in sides:
+            results[side].append(
+                time_side(side, args.params, args.optimizer, args.threads, args.calls)
+            )
+    rows = [[s, f"{median(v):.1f}", f"{min(v):.1f}-{max(v):.1f}"] for s, v in results.items()]
+    print(
+        f"{args.optimizer} update of {args.params:,} float32 parameters, {args.threads} threads, "
+        f"median of {args.rounds} alternated rounds x {args.calls} calls"
+    )
+    print(format_table(["side", "us per update", "round medians min-max"], rows))
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "us": {s: median(v) for s, v in results.items()},
+                "rounds": results,
+            },
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
