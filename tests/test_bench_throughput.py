@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "throughput.py"
 # never wait for a quiet machine in tests: the timings are not checked
 QUIET_CHECK_OFF = ["--max-foreign", "99", "--gap", "0"]
+TINY = "--steps 1 --warmup 1 --repeats 1".split()  # one timed step: enough to fill the JSON
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 ROW_KEYS = {
     "model",
@@ -65,33 +66,10 @@ def check_rows(out: dict, model: str, backends: list[str], batches: list[int]) -
 def test_mlp_tiny_with_ranks_compare(tmp_path: Path) -> None:
     path = tmp_path / "tp.json"
     proc = run_script(
-        [
-            "--model",
-            "mlp",
-            "--hidden",
-            "16",
-            "--backends",
-            "numpy,numba,cupy",
-            "--batches",
-            "8,32",
-            "--steps",
-            "3",
-            "--warmup",
-            "1",
-            "--repeats",
-            "2",
-            "--threads",
-            "1",
-            "--ranks-compare",
-            "--ranks-samples",
-            "256",
-            "--ranks-batch",
-            "64",
-            "--ranks-repeats",
-            "1",
-            "--json",
-            str(path),
-        ]  # fmt: skip
+        "--model mlp --hidden 16 --backends numpy,numba,cupy --batches 8,32 --steps 3 "
+        "--warmup 1 --repeats 2 --threads 1 --ranks-compare --ranks-samples 256 "
+        "--ranks-batch 64 --ranks-repeats 1".split()
+        + ["--json", str(path)]
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(path.read_text())
@@ -118,22 +96,7 @@ def test_mlp_tiny_with_ranks_compare(tmp_path: Path) -> None:
 def test_cnn_tiny(tmp_path: Path) -> None:
     path = tmp_path / "tp.json"
     proc = run_script(
-        [
-            "--model",
-            "cnn",
-            "--backends",
-            "numba",
-            "--batches",
-            "4",
-            "--steps",
-            "1",
-            "--warmup",
-            "1",
-            "--repeats",
-            "1",
-            "--json",
-            str(path),
-        ]  # fmt: skip
+        "--model cnn --backends numba --batches 4".split() + TINY + ["--json", str(path)]
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(path.read_text())
@@ -151,23 +114,7 @@ def test_bad_flag_is_a_usage_error() -> None:
 def test_no_torch_flag(tmp_path: Path) -> None:
     path = tmp_path / "tp.json"
     proc = run_script(
-        [
-            "--hidden",
-            "8",
-            "--backends",
-            "numpy",
-            "--batches",
-            "4",
-            "--steps",
-            "1",
-            "--warmup",
-            "1",
-            "--repeats",
-            "1",
-            "--no-torch",
-            "--json",
-            str(path),
-        ]  # fmt: skip
+        "--hidden 8 --backends numpy --batches 4 --no-torch".split() + TINY + ["--json", str(path)]
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(path.read_text())
