@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--hidden", type=hidden_sizes, default="1024,1024", help="MLP hidden sizes")
     a("--backend", choices=("numpy", "numba"), default="numba")
     a("--threads-per-rank", type=positive_int, default=1)
+    a("--comm", choices=("auto", "mpi-shm", "mpi-host"), default="auto", help="xpnn --comm")
     a("--compare-threads", action="store_true", help="add 1 rank x (max N x threads) threads")
     a("--epochs", type=positive_int, default=2, help="epochs per run; the first is dropped")
     a("--repeats", type=positive_int, default=3, help="runs per configuration (alternated)")
@@ -155,6 +156,7 @@ def command(args: argparse.Namespace, spec: RunSpec, metrics: Path) -> list[str]
         "--backend", args.backend, "--model", "mlp", "--hidden", args.hidden,
         "--dataset", args.dataset, "--epochs", str(args.epochs), "--seed", str(args.seed),
         "--threads", str(spec.threads), "--metrics", str(metrics), "--no-progress",
+        "--comm", args.comm,
     ]  # fmt: skip
     if args.dataset == "synthetic":
         cmd += ["--synthetic-size", str(spec.synthetic_size)]

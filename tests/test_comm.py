@@ -74,8 +74,14 @@ def main():
         assert (w.size, w.rank) == (int(os.environ["PMI_SIZE"]), int(os.environ["PMI_RANK"]))
     assert (w.local_rank, w.local_size) == (w.rank, w.size), (w.local_rank, w.local_size)
     comm = make_communicator(w, SimpleNamespace(name="numpy", is_gpu=False, xp=np))
-    expected_name = "mpi-host" if n > 1 else "self"
+    expected_name = "mpi-shm" if n > 1 else "self"
     assert comm.name == expected_name and comm.fallback_reason is None, comm.name
+    if n > 1:  # every rank sees what every other rank wrote to a shared array
+        shared = comm.shared_zeros((n, 3), np.float64)
+        shared[w.rank] = w.rank + 1
+        comm.fence()
+        assert np.array_equal(shared[:, 2], np.arange(1, n + 1)), shared
+        comm.fence()
     r = w.rank
     for dtype in (np.float32, np.float64):
         for size in (1, 7, 1000, 1 << 16):
@@ -204,6 +210,11 @@ def test_single_process_gets_self(kind: str) -> None:
 def test_device_transport_on_cpu_backend_is_user_error(kind: str) -> None:
     with pytest.raises(UserError, match=f"--comm {kind}: needs --backend cupy"):
         make_communicator(SINGLE, CPU, kind)
+
+
+def test_shared_memory_on_gpu_backend_is_user_error() -> None:
+    with pytest.raises(UserError, match="--comm mpi-shm: needs a CPU backend"):
+        make_communicator(SINGLE, GPU, "mpi-shm")
 
 
 def test_unknown_kind_and_self_with_many_ranks() -> None:

@@ -33,9 +33,10 @@ BASE = [
 ]
 
 
-def _train(tmp_path, ranks, *extra, name="p"):
+def _train(tmp_path, ranks, *extra, name="p", env=None):
     saved, metrics = tmp_path / f"{name}{ranks}.npz", tmp_path / f"{name}{ranks}.jsonl"
-    proc = run_xpnn([*BASE, *extra, "--save", str(saved), "--metrics", str(metrics)], ranks=ranks)
+    args = [*BASE, *extra, "--save", str(saved), "--metrics", str(metrics)]
+    proc = run_xpnn(args, ranks=ranks, env=env)
     assert proc.returncode == 0, proc.stderr
     with np.load(saved) as data:
         params = {k: data[k] for k in data.files}
@@ -48,13 +49,14 @@ def _assert_close(a, b):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-10, atol=1e-13, err_msg=name)
 
 
-def test_one_two_and_three_ranks_compute_the_same_run(tmp_path):
+@pytest.mark.parametrize("comm", ["mpi-shm", "mpi-host"])
+def test_one_two_and_three_ranks_compute_the_same_run(tmp_path, comm):
     one, rec1 = _train(tmp_path, 1)
-    two, rec2 = _train(tmp_path, 2)
-    three, rec3 = _train(tmp_path, 3)
+    two, rec2 = _train(tmp_path, 2, "--comm", comm)
+    three, rec3 = _train(tmp_path, 3, "--comm", comm)
     _assert_close(one, two)
     _assert_close(one, three)
-    assert rec2[-1]["world_size"] == 2 and rec2[-1]["comm"] == "mpi-host"
+    assert rec2[-1]["world_size"] == 2 and rec2[-1]["comm"] == comm
     assert rec3[-1]["ranks_agree"] and rec2[-1]["ranks_agree"]
     # Metrics are exact sums over ranks, not averages of padded shards.
     for r1, r3 in zip(rec1[:2], rec3[:2], strict=True):
@@ -65,8 +67,8 @@ def test_one_two_and_three_ranks_compute_the_same_run(tmp_path):
 
 
 def test_bucket_size_does_not_change_the_result(tmp_path):
-    tiny, _ = _train(tmp_path, 2, "--bucket-mb", "0.0001", name="tiny")
-    one_bucket, _ = _train(tmp_path, 2, "--bucket-mb", "100", name="one")
+    tiny, _ = _train(tmp_path, 2, "--comm", "mpi-host", "--bucket-mb", "0.0001", name="tiny")
+    one_bucket, _ = _train(tmp_path, 2, "--comm", "mpi-host", "--bucket-mb", "100", name="one")
     _assert_close(tiny, one_bucket)
 
 
@@ -77,14 +79,17 @@ def test_bucket_bounds_cover_the_buffer_from_the_end():
 
 
 def test_all_ranks_hold_identical_parameters(tmp_path):
-    _, records = _train(tmp_path, 3, "--dtype", "float32")
+    # mpi-host: every rank holds its own copy (with mpi-shm the node has one copy to compare)
+    _, records = _train(tmp_path, 3, "--dtype", "float32", "--comm", "mpi-host")
     assert records[-1]["ranks_agree"] is True
     assert len(records[-1]["params_sha256"]) == 64
 
 
-def test_one_failing_rank_stops_the_job(tmp_path):
+@pytest.mark.parametrize("comm", ["mpi-shm", "mpi-host"])
+def test_one_failing_rank_stops_the_job(tmp_path, comm):
     start = time.monotonic()
-    proc = run_xpnn([*BASE, "--epochs", "50"], ranks=2, timeout=60, env={"XPNN_FAIL_AT": "1:3"})
+    args = [*BASE, "--epochs", "50", "--comm", comm]
+    proc = run_xpnn(args, ranks=2, timeout=60, env={"XPNN_FAIL_AT": "1:3"})
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
     assert elapsed < 30
@@ -120,3 +125,38 @@ def test_per_rank_batch_with_linear_lr_scaling_trains(tmp_path):
     assert records[-1]["global_batch"] == 32
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
     assert epochs[-1]["lr"] == pytest.approx(0.01)  # 0.005 x 2 ranks after warmup
+
+
+def test_auto_shares_memory_on_one_node(tmp_path):
+    _, records = _train(tmp_path, 2)
+    assert records[-1]["comm"] == "mpi-shm"
+
+
+def test_two_nodes_of_two_ranks_compute_the_same_run(tmp_path):
+    """XPNN_RANKS_PER_NODE=2 makes 4 ranks two 'nodes': shared memory inside each, and the
+    slices allreduced between them (the multi-node path, on one machine)."""
+    one, _ = _train(tmp_path, 1)
+    four, rec4 = _train(tmp_path, 4, env={"XPNN_RANKS_PER_NODE": "2"})
+    _assert_close(one, four)
+    assert rec4[-1]["comm"] == "mpi-shm" and rec4[-1]["world_size"] == 4
+
+
+def test_uneven_nodes_fall_back_to_host_buffers_or_refuse(tmp_path):
+    uneven = {"XPNN_RANKS_PER_NODE": "2"}  # 3 ranks: nodes of 2 and 1
+    one, _ = _train(tmp_path, 1)
+    three, rec3 = _train(tmp_path, 3, env=uneven)
+    _assert_close(one, three)
+    assert rec3[-1]["comm"] == "mpi-host"
+    proc = run_xpnn([*BASE, "--comm", "mpi-shm"], ranks=3, env=uneven)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--comm mpi-shm: nodes hold different numbers" in lines[0]
+
+
+def test_resume_on_shared_memory_continues_the_same_run(tmp_path):
+    whole, _ = _train(tmp_path, 2, name="whole")
+    ckpt = str(tmp_path / "ckpt")
+    _train(tmp_path, 2, "--epochs", "1", "--checkpoint-dir", ckpt, name="first")
+    resumed, records = _train(tmp_path, 2, "--checkpoint-dir", ckpt, "--resume", name="second")
+    _assert_close(whole, resumed)
+    assert records[-1]["comm"] == "mpi-shm"

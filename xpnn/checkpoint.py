@@ -66,8 +66,13 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: Path, model: Any, optimizer: Any) -> tuple[int, int]:
-    """Restore parameters and optimizer state in place; returns (epochs done, steps done)."""
+def load_checkpoint(
+    path: Path, model: Any, optimizer: Any, restore_arrays: bool = True
+) -> tuple[int, int]:
+    """Restore parameters and optimizer state in place; returns (epochs done, steps done).
+
+    ``restore_arrays=False`` checks the file and restores only the step count: for ranks whose
+    buffers another rank of the node fills (shared memory)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -77,10 +82,12 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any) -> tuple[int, int]:
     for name, param in model.named_params().items():
         if name not in arrays or arrays[name].shape != tuple(param.shape):
             raise UserError(f"{path}: parameter {name} missing or of another shape than the model")
-        param[...] = model.backend.asarray(arrays[name], dtype=param.dtype)
+        if restore_arrays:
+            param[...] = model.backend.asarray(arrays[name], dtype=param.dtype)
     for key, buf in optimizer.state.items():
         if f"optim.{key}" not in arrays or arrays[f"optim.{key}"].shape != tuple(buf.shape):
             raise UserError(f"{path}: optimizer state {key} missing (another --optimizer?)")
-        buf[...] = xp.asarray(model.backend.asarray(arrays[f"optim.{key}"], dtype=buf.dtype))
+        if restore_arrays:
+            buf[...] = xp.asarray(model.backend.asarray(arrays[f"optim.{key}"], dtype=buf.dtype))
     optimizer.step_count = int(arrays["meta.step"])
     return int(arrays["meta.epoch"]), int(arrays["meta.step"])

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--save", default=None, help="save parameters to FILE.npz at the end")
     a("--checkpoint-dir", default=None)
     a("--resume", action="store_true", help="continue from the latest checkpoint")
-    a("--comm", default="auto", choices=["auto", "mpi-host", "mpi-cuda", "nccl"])
+    a("--comm", default="auto", choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"])
     a("--bucket-mb", type=_nonneg_float("--bucket-mb"), default=25.0)
     a("--parallel", default="data", choices=["data"])
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")

@@ -8,6 +8,7 @@ the same layout, which makes checkpoints and the state's equality across ranks t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +54,32 @@ class Schedule:
 
 
 class Optimizer:
-    """Base: holds the flat parameters/gradients, a schedule and named flat state buffers."""
+    """Base: holds the flat parameters/gradients, a schedule and named flat state buffers.
+
+    ``shard`` (a slice of the flat buffers) makes this rank update only that part, as ranks do
+    when they share one copy of the parameters (``parallel.shared_update``); ``zeros(shape,
+    dtype)`` allocates the state buffers, which always cover the whole model so that a
+    checkpoint reads them whole. ``p``, ``g`` and ``s`` are the views the update works on.
+    """
 
     state_names: tuple[str, ...] = ()
 
-    def __init__(self, params: Array, grads: Array, kernels: Any, schedule: Schedule) -> None:
+    def __init__(
+        self,
+        params: Array,
+        grads: Array,
+        kernels: Any,
+        schedule: Schedule,
+        shard: slice | None = None,
+        zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
+    ) -> None:
         self.params, self.grads, self.kernels, self.schedule = params, grads, kernels, schedule
         self.step_count = 0
-        self.state = {name: kernels.xp.zeros_like(params) for name in self.state_names}
+        zeros = zeros or (lambda shape, dtype: kernels.xp.zeros(shape, dtype=dtype))
+        self.state = {name: zeros(params.shape, params.dtype) for name in self.state_names}
+        self.shard = shard or slice(None)
+        self.p, self.g = params[self.shard], grads[self.shard]
+        self.s = {name: buf[self.shard] for name, buf in self.state.items()}
 
     def step(self) -> float:
         """Apply one update with the current gradients; returns the learning rate used."""
@@ -77,7 +96,7 @@ class SGD(Optimizer):
     """Plain (mini-batch, or with the whole data set as one batch, full) gradient descent."""
 
     def update(self, lr: float) -> None:
-        self.kernels.sgd_update(self.params, self.grads, lr)
+        self.kernels.sgd_update(self.p, self.g, lr)
 
 
 class Momentum(Optimizer):
@@ -88,7 +107,7 @@ class Momentum(Optimizer):
         self.mu = mu
 
     def update(self, lr: float) -> None:
-        self.kernels.momentum_update(self.params, self.grads, self.state["velocity"], lr, self.mu)
+        self.kernels.momentum_update(self.p, self.g, self.s["velocity"], lr, self.mu)
 
 
 class Adam(Optimizer):
@@ -101,14 +120,22 @@ class Adam(Optimizer):
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
 
     def update(self, lr: float) -> None:
-        m, v = self.state["m"], self.state["v"]
+        m, v = self.s["m"], self.s["v"]
         self.kernels.adam_update(
-            self.params, self.grads, m, v, lr, self.beta1, self.beta2, self.eps, self.step_count
+            self.p, self.g, m, v, lr, self.beta1, self.beta2, self.eps, self.step_count
         )
 
 
-def make_optimizer(name: str, params: Array, grads: Array, kernels: Any, schedule: Schedule):
+def make_optimizer(
+    name: str,
+    params: Array,
+    grads: Array,
+    kernels: Any,
+    schedule: Schedule,
+    shard: slice | None = None,
+    zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
+) -> Optimizer:
     classes = {"sgd": SGD, "momentum": Momentum, "adam": Adam}
     if name not in classes:
         raise UserError(f"--optimizer: unknown optimizer {name!r} (choose {', '.join(classes)})")
-    return classes[name](params, grads, kernels, schedule)
+    return classes[name](params, grads, kernels, schedule, shard, zeros)

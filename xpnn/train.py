@@ -24,7 +24,7 @@ from xpnn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint,
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
-from xpnn.parallel.data_parallel import GradientBuckets
+from xpnn.parallel.data_parallel import make_update
 
 
 @dataclass
@@ -81,10 +81,14 @@ class Trainer:
             warmup_steps=round(cfg.warmup_epochs * self.steps_per_epoch),
             total_steps=cfg.epochs * self.steps_per_epoch,
         )
-        self.optimizer = make_optimizer(
-            cfg.optimizer, model.params, model.grads, backend.kernels, schedule
-        )
-        self.buckets = GradientBuckets(model.grads, comm, int(cfg.bucket_mb * 2**20))
+
+        def optimizer(params: Any, grads: Any, shard: Any = None, zeros: Any = None) -> Any:
+            return make_optimizer(
+                cfg.optimizer, params, grads, backend.kernels, schedule, shard, zeros
+            )
+
+        self.update = make_update(model, comm, optimizer, int(cfg.bucket_mb * 2**20))
+        self.optimizer = self.update.optimizer
         self.fail_at = _fault_injection()
 
     # -- one global batch ----------------------------------------------------------------
@@ -102,9 +106,10 @@ class Trainer:
             xb = xp.take(self.x_train, idx, axis=0)
             yb = xp.take(self.y_train, idx, axis=0)
             ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
-            loss, correct = model.loss_and_grads(xb, yb, ctx, 1.0 / len(batch), self.buckets.ready)
-        self.buckets.finish()
-        self.optimizer.step()
+            loss, correct = model.loss_and_grads(
+                xb, yb, ctx, 1.0 / len(batch), self.update.grads_ready
+            )
+        self.update.finish()
         return loss, correct
 
     # -- evaluation ----------------------------------------------------------------------
@@ -127,9 +132,7 @@ class Trainer:
     def run(self) -> dict:
         cfg, model, comm = self.cfg, self.model, self.comm
         start_epoch = self._maybe_resume()
-        comm.bcast_(model.params, 0)  # rank 0's parameters are everyone's
-        for buf in self.optimizer.state.values():
-            comm.bcast_(buf, 0)
+        self.update.broadcast_initial()  # rank 0's parameters are everyone's
         common = {
             "world_size": comm.size,
             "backend": self.backend.name,
@@ -207,7 +210,9 @@ class Trainer:
             if self.is_root:
                 self.log(f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh")
             return 0
-        epoch, step = load_checkpoint(path, self.model, self.optimizer)
+        epoch, step = load_checkpoint(
+            path, self.model, self.optimizer, self.update.restores_checkpoint
+        )
         if self.is_root:
             self.log(f"resume: {path} (epoch {epoch}, step {step})")
         return epoch

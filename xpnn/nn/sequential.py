@@ -31,19 +31,32 @@ class Sequential:
             shape = layer.build(shape, backend, rng)
         self.output_shape = shape
         initial = [v for layer in self.layers for v in layer.initial.values()]
-        self.params = backend.asarray(backend.pack_host(initial))
-        self.grads = self.xp.zeros_like(self.params)
+        params = backend.asarray(backend.pack_host(initial))
+        self._bind(params, self.xp.zeros_like(params))
+        return self
+
+    def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
+        """Move the parameters into ``params`` (values copied unless ``copy`` is False) and the
+        gradients to ``grads``: how ranks on one node come to share one copy of the parameters
+        (only one of them copies)."""
+        if params.shape != (self.size,) or grads.shape != (self.size,):
+            raise ValueError(f"adopt: buffers must have shape ({self.size},)")
+        if copy:
+            params[...] = self.params
+        self._bind(params, grads)
+
+    def _bind(self, params: Array, grads: Array) -> None:
+        """Point every layer's named parameters and gradients at slices of the flat buffers."""
+        self.params, self.grads = params, grads
         self.layer_offsets: list[int] = []
         offset = 0
         for layer in self.layers:
             self.layer_offsets.append(offset)
             for name, (_, shp) in layer.initial.items():
-                size = math.prod(shp)
-                layer.params[name] = self._view(self.params, offset, shp)
-                layer.grads[name] = self._view(self.grads, offset, shp)
-                offset += size
+                layer.params[name] = self._view(params, offset, shp)
+                layer.grads[name] = self._view(grads, offset, shp)
+                offset += math.prod(shp)
         self.size = offset
-        return self
 
     def _view(self, flat: Array, offset: int, shape: tuple[int, ...]) -> Array:
         return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
@@ -57,7 +70,9 @@ class Sequential:
     def backward(self, dlogits: Array, on_grads_ready: Callable[[int], None] | None = None) -> None:
         dy = dlogits
         for i in range(len(self.layers) - 1, -1, -1):
-            dy = self.layers[i].backward(dy, need_dx=i > 0)
+            # a layer computes its input gradient only if some layer below has parameters:
+            # an MLP's first Dense (after Flatten) skips its largest matrix product
+            dy = self.layers[i].backward(dy, need_dx=self.layer_offsets[i] > 0)
             if on_grads_ready is not None:
                 on_grads_ready(self.layer_offsets[i])
 

@@ -22,7 +22,7 @@ from xpnn.errors import UserError
 from xpnn.parallel.world import World
 
 OPS = ("sum", "max", "min")
-KINDS = ("auto", "mpi-host", "mpi-cuda", "nccl", "self")
+KINDS = ("auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl", "self")
 
 
 class Handle(Protocol):
@@ -74,7 +74,7 @@ def is_device_array(buf: Any) -> bool:
 class Communicator:
     """Base class: the interface, the checks, and what needs no transport.
 
-    ``name`` says which path is live ("self", "mpi-host", "mpi-cuda", "nccl");
+    ``name`` says which path is live ("self", "mpi-shm", "mpi-host", "mpi-cuda", "nccl");
     ``fallback_reason`` is set when an explicit ``--comm`` request could not be honoured;
     ``detail`` says in a few words why ``auto`` chose this one.
     """
@@ -363,7 +363,8 @@ def make_communicator(world: World, backend: Any, kind: str = "auto") -> Communi
 
     One process without MPI always gets ``self``; with MPI started and one rank, ``auto``
     gives ``self`` while an explicit transport is honoured (handy for benchmarks). CPU
-    backends: ``auto`` is ``mpi-host``, device transports are a user error. GPU backends:
+    backends: ``auto`` is ``mpi-shm`` (node-shared parameters) when every node holds the same
+    number of ranks, else ``mpi-host``; device transports are a user error. GPU backends:
     ``auto`` prefers NCCL (one GPU per rank), then CUDA-aware MPI, then host staging; an
     explicit request that cannot work falls back with one line on rank 0's stderr.
     """
@@ -372,6 +373,8 @@ def make_communicator(world: World, backend: Any, kind: str = "auto") -> Communi
     is_gpu = bool(getattr(backend, "is_gpu", False))
     if not is_gpu and kind in ("mpi-cuda", "nccl"):
         raise UserError(f"--comm {kind}: needs --backend cupy")
+    if is_gpu and kind == "mpi-shm":
+        raise UserError("--comm mpi-shm: needs a CPU backend (numpy or numba)")
     if kind == "self":
         if world.size > 1:
             raise UserError(f"--comm self: only for a single process, this job has {world.size}")
@@ -379,9 +382,22 @@ def make_communicator(world: World, backend: Any, kind: str = "auto") -> Communi
     if world.mpi_comm is None or (world.size == 1 and kind == "auto"):
         return SelfCommunicator()
     if not is_gpu:
-        comm = MpiHostCommunicator(world.mpi_comm)
-        comm.detail = "host buffers"
-        return comm
+        return _cpu_communicator(world, kind)
     from xpnn.parallel.cuda_comm import make_gpu_communicator
 
     return make_gpu_communicator(world, kind)
+
+
+def _cpu_communicator(world: World, kind: str) -> Communicator:
+    if kind in ("auto", "mpi-shm"):
+        from xpnn.parallel.shm_comm import ShmCommunicator
+
+        try:
+            return ShmCommunicator.create(world.mpi_comm)
+        except UserError as exc:
+            if kind == "mpi-shm":
+                raise
+            reason = str(exc)
+    comm = MpiHostCommunicator(world.mpi_comm)
+    comm.detail = "host buffers" if kind == "mpi-host" else f"host buffers ({reason})"
+    return comm

@@ -1,5 +1,10 @@
 """Data parallelism: gradient buckets reduced while the backward pass is still running.
 
+``make_update`` picks how a step's gradients become an update: ``AllreduceUpdate`` (below) or,
+for ranks sharing a node's memory, ``shared_update.SharedUpdate``. The trainer sees one
+interface: ``grads_ready`` (passed to backward), ``finish()`` (after backward: reduce and
+update), ``broadcast_initial()`` and ``optimizer``.
+
 Parameters sit in one flat buffer in forward order, so backward completes gradients from the end
 of the buffer towards the start. The buffer is cut into buckets of about ``bucket_bytes`` from
 the end; each bucket's non-blocking allreduce is launched the moment every gradient in it is
@@ -10,6 +15,7 @@ ranks is the gradient of the global mean loss: 1 rank and N ranks do the same ma
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 Array = Any
@@ -57,3 +63,44 @@ class GradientBuckets:
             handle.wait()
         self._handles.clear()
         self._next = 0
+
+
+MakeOptimizer = Callable[..., Any]  # (params, grads, shard=None, zeros=None) -> Optimizer
+
+
+class AllreduceUpdate:
+    """Every rank holds all the parameters and runs the whole update on them.
+
+    The gradients are summed by ``GradientBuckets`` while backward runs; any communicator
+    works (one process, MPI, CUDA-aware MPI, NCCL), and ranks may sit on any nodes.
+    """
+
+    def __init__(self, model: Any, comm: Any, make_optimizer: MakeOptimizer, bucket_bytes: int):
+        self.model, self.comm = model, comm
+        self.optimizer = make_optimizer(model.params, model.grads)
+        self.buckets = GradientBuckets(model.grads, comm, bucket_bytes)
+        self.grads_ready: Callable[[int], None] | None = self.buckets.ready
+        self.restores_checkpoint = True  # every rank has its own buffers to fill
+
+    def broadcast_initial(self) -> None:
+        """Rank 0's parameters and optimizer state become everyone's."""
+        self.comm.bcast_(self.model.params, 0)
+        for buf in self.optimizer.state.values():
+            self.comm.bcast_(buf, 0)
+
+    def finish(self) -> None:
+        """After backward: wait for the summed gradients, then update."""
+        self.buckets.finish()
+        self.optimizer.step()
+
+
+def make_update(
+    model: Any, comm: Any, make_optimizer: MakeOptimizer, bucket_bytes: int
+) -> AllreduceUpdate | Any:
+    """The update scheme the communicator allows: one copy of the parameters per node when it
+    offers shared memory (``mpi-shm``), else a copy per rank kept equal by allreduce."""
+    if hasattr(comm, "shared_zeros"):
+        from xpnn.parallel.shared_update import SharedUpdate
+
+        return SharedUpdate(model, comm, make_optimizer)
+    return AllreduceUpdate(model, comm, make_optimizer, bucket_bytes)

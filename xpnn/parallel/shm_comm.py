@@ -1,0 +1,123 @@
+"""Node-shared memory: ranks on one node share buffers instead of sending them to each other.
+
+On one node, an allreduce of the gradients is memory traffic dressed up as messages: MPI copies
+every byte into a shared segment and out again, and then every rank runs the same optimizer
+update on the same numbers. ``ShmCommunicator`` lets ranks allocate arrays in memory that every
+rank of the node maps (``MPI.Win.Allocate_shared``), so the parameters exist once per node and
+each rank reads the others' gradients where they lie (see ``shared_update``).
+
+Ranks are grouped by node (``Split_type(COMM_TYPE_SHARED)``); ``cross`` joins the ranks that
+have the same node-local rank on every node, for the one message that must leave the node.
+Everything else (metrics, barriers, ``allreduce_``) is inherited from ``MpiHostCommunicator``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from xpnn.errors import UserError
+from xpnn.parallel.comm import MpiHostCommunicator
+
+RANKS_PER_NODE_VAR = "XPNN_RANKS_PER_NODE"  # tests: pretend one machine is several nodes
+
+
+def _node_comm(world_comm: Any, MPI: Any) -> Any:
+    """The ranks that share this node's memory, in world order (``XPNN_RANKS_PER_NODE=k``
+    cuts them into groups of k, so a multi-node layout can be tested on one machine)."""
+    node = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
+    forced = os.environ.get(RANKS_PER_NODE_VAR, "").strip()
+    if not forced:
+        return node
+    try:
+        k = int(forced)
+        if k < 1:
+            raise ValueError
+    except ValueError:
+        raise UserError(f"{RANKS_PER_NODE_VAR}={forced}: expected a positive integer") from None
+    group = node.Split(color=node.Get_rank() // k, key=node.Get_rank())
+    node.Free()
+    return group
+
+
+class ShmCommunicator(MpiHostCommunicator):
+    """MPI plus arrays shared by the ranks of a node. Build with ``ShmCommunicator.create``."""
+
+    name = "mpi-shm"
+
+    def __init__(self, mpi_comm: Any, node: Any, cross: Any) -> None:
+        super().__init__(mpi_comm)
+        self.node, self.cross = node, cross
+        self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
+        self.nodes = cross.Get_size()
+        self._windows: list[Any] = []
+
+    @classmethod
+    def create(cls, mpi_comm: Any) -> ShmCommunicator:
+        """Collective over ``mpi_comm``. Raises UserError (on every rank alike) when the nodes
+        hold different numbers of ranks: the shards of a node must line up across nodes."""
+        from mpi4py import MPI
+
+        node = _node_comm(mpi_comm, MPI)
+        sizes = mpi_comm.allgather(node.Get_size())
+        if len(set(sizes)) != 1:
+            node.Free()
+            counts = ", ".join(str(s) for s in sorted(set(sizes)))
+            raise UserError(
+                f"--comm mpi-shm: nodes hold different numbers of ranks ({counts}); "
+                "give every node the same number, or use --comm mpi-host"
+            )
+        cross = mpi_comm.Split(color=node.Get_rank(), key=mpi_comm.Get_rank())
+        comm = cls(mpi_comm, node, cross)
+        comm.detail = (
+            f"shared memory, {comm.local_size} rank(s) per node x {comm.nodes} node(s)"
+            if comm.nodes > 1
+            else f"shared memory, {comm.local_size} rank(s) on one node"
+        )
+        return comm
+
+    def shared_zeros(self, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
+        """A zero-filled array that every rank of the node maps; collective over the node.
+
+        Node-local rank 0 allocates the segment and the others map it. The window stays open
+        (in a passive-target epoch, so ``fence`` can order memory) until ``free``.
+        """
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        MPI = self._MPI
+        win = MPI.Win.Allocate_shared(
+            nbytes if self.local_rank == 0 else 0, dtype.itemsize, comm=self.node
+        )
+        win.Lock_all(MPI.MODE_NOCHECK)
+        self._windows.append(win)
+        buf, _ = win.Shared_query(0)
+        array = np.ndarray(shape, dtype=dtype, buffer=buf)
+        if self.local_rank == 0:
+            array[...] = 0
+        self.fence()
+        return array
+
+    def fence(self) -> None:
+        """Node barrier with memory ordering: what a rank wrote to shared arrays before it is
+        seen by every rank of the node after it (MPI's Sync / Barrier / Sync idiom)."""
+        for win in self._windows:
+            win.Sync()
+        self.node.Barrier()
+        for win in self._windows:
+            win.Sync()
+
+    def cross_allreduce_(self, buf: np.ndarray) -> None:
+        """Sum ``buf`` in place over the ranks with this node-local rank on every node."""
+        if self.nodes > 1:
+            self.cross.Allreduce(self._in_place, buf, self._MPI.SUM)
+
+    def free(self) -> None:
+        """Release the shared segments (their arrays must not be used afterwards)."""
+        for win in self._windows:
+            win.Unlock_all()
+            win.Free()
+        self._windows.clear()
