@@ -89,9 +89,15 @@ class ShmCommunicator(MpiHostCommunicator):
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         MPI = self._MPI
-        win = MPI.Win.Allocate_shared(
-            nbytes if self.local_rank == 0 else 0, dtype.itemsize, comm=self.node
-        )
+        try:
+            win = MPI.Win.Allocate_shared(
+                nbytes if self.local_rank == 0 else 0, dtype.itemsize, comm=self.node
+            )
+        except MPI.Exception as exc:  # e.g. a container's small /dev/shm
+            raise UserError(
+                f"--comm mpi-shm: could not allocate {nbytes / 2**20:.1f} MiB of shared memory "
+                f"({exc.Get_error_string()}); use --comm mpi-host"
+            ) from None
         win.Lock_all(MPI.MODE_NOCHECK)
         self._windows.append(win)
         buf, _ = win.Shared_query(0)
