@@ -8,6 +8,7 @@ matplotlib at import time: a benchmark must run on a bare NumPy install.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import json
@@ -272,3 +273,27 @@ def measure_quietly(
             return result, fl.cores, attempt
         wait_for_quiet(max_foreign, wait_s)
     raise AssertionError("unreachable")
+
+
+# -- command-line value parsers shared by the benchmarks --------------------------------------
+
+
+def int_list(text: str) -> list[int]:
+    """``1,2,4`` -> [1, 2, 4]; every value positive."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,2, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value

@@ -38,10 +38,12 @@ from _common import (
     busy_warning,
     fmt_num,
     format_table,
+    int_list,
     load_avg,
     machine_info,
     measure_quietly,
     median,
+    positive_int,
     pyplot_agg,
     write_json,
 )
@@ -52,26 +54,6 @@ DEFAULT_DATA_DIR = Path("/usr/share/datasets/fashion-mnist")
 TARGET_SPEEDUP = 1.8  # 2 ranks x 1 thread vs 1 rank x 1 thread, MLP 784-1024-1024-10, 60k
 TARGET_HIDDEN = (1024, 1024)
 TARGET_SAMPLES = 60_000
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,2, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def hidden_sizes(text: str) -> str:

@@ -54,10 +54,12 @@ from _common import (
     busy_warning,
     fmt_num,
     format_table,
+    int_list,
     load_avg,
     machine_info,
     measure_quietly,
     median,
+    positive_int,
     write_json,
 )
 
@@ -79,32 +81,12 @@ RANKS_TARGET = 1.5  # CNN: 2 ranks x 1 thread vs torch 1 process x 2 threads
 # --------------------------------------------------------------------------- flags
 
 
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 32,128, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def name_list(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in ("numpy", "numba", "cupy")]
     if not names or bad:
         raise argparse.ArgumentTypeError(f"backends must be among numpy,numba,cupy, got {text!r}")
     return list(dict.fromkeys(names))
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
