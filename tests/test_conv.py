@@ -4,7 +4,7 @@ the cnn preset, buffer reuse and the dropout mask's independence from batch comp
 import array_api_strict as xs
 import numpy as np
 import pytest
-from gradcheck import check_layer
+from gradcheck import check_layer, numeric_grad
 
 from xpnn.backends import get_backend
 from xpnn.backends.base import Backend
@@ -144,6 +144,92 @@ def test_im2col_col2im_agree_across_kernel_tables_and_are_adjoint(shape):
     for other in dxs[1:]:
         np.testing.assert_allclose(other, dxs[0], rtol=1e-14)
     assert np.isclose(np.sum(cols[0] * d), np.sum(x * dxs[0]))  # <im2col x, d> = <x, col2im d>
+
+
+@pytest.mark.parametrize(
+    "shape, out_hw",
+    [((2, 3, 13, 13, 3, 3, 1, 0), (10, 10)), ((3, 2, 9, 8, 3, 3, 2, 1), (4, 2))],
+)
+def test_im2col_col2im_with_out_hw_keep_only_the_first_outputs(shape, out_hw):
+    n, c, h, w, kh, kw, s, p = shape
+    from xpnn.backends.numba_kernels import NumbaKernels
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((n, c, h, w))
+    full = Kernels(np).im2col(x, kh, kw, s, p)
+    oh, ow = (h + 2 * p - kh) // s + 1, (w + 2 * p - kw) // s + 1
+    want = full.reshape(-1, n, oh, ow)[:, :, : out_hw[0], : out_hw[1]].reshape(c * kh * kw, -1)
+    d = rng.standard_normal(want.shape)
+    d_full = np.zeros((c * kh * kw, n, oh, ow))
+    d_full[:, :, : out_hw[0], : out_hw[1]] = d.reshape(-1, n, *out_hw)
+    dx_want = Kernels(np).col2im(d_full.reshape(full.shape), x.shape, kh, kw, s, p)
+    for t in (Kernels(np), NumpyKernels(np), NumbaKernels(np)):
+        np.testing.assert_array_equal(t.im2col(x, kh, kw, s, p, out_hw=out_hw), want)
+        dx = t.col2im(d.copy(), x.shape, kh, kw, s, p, out_hw=out_hw)
+        np.testing.assert_allclose(dx, dx_want, rtol=1e-13, atol=1e-14)
+    with pytest.raises(ValueError, match="out_hw"):
+        Kernels(np).im2col(x, kh, kw, s, p, out_hw=(oh + 1, ow))
+
+
+def _conv_pool_net() -> Sequential:
+    """Floor-mode pools that drop rows and columns, after convolutions with padding/stride."""
+    return Sequential(
+        [
+            Conv2D(3, 3, stride=2, padding=1, activation="tanh"),  # 9x8 -> 5x4, pool reads 4x4
+            MaxPool2D(2),
+            Conv2D(2, 2, activation="relu"),  # 2x2 -> 1x1: pool(1) keeps all
+            MaxPool2D(1),
+            Flatten(),
+            Dense(3),
+        ]
+    )
+
+
+def test_convolutions_skip_outputs_the_next_pool_never_reads():
+    backend = get_backend("numpy", "float64")
+    model = cnn().build((1, 28, 28), backend, seed=0)
+    convs = [layer for layer in model.layers if isinstance(layer, Conv2D)]
+    assert [c.out_hw for c in convs] == [(26, 26), (11, 11), (3, 3)]
+    assert [c.used_hw for c in convs] == [(26, 26), (10, 10), (2, 2)]
+    assert "computes 2x2 of 3x3" in model.summary()
+    net = _conv_pool_net().build((2, 9, 8), backend, seed=1)
+    assert [c.used_hw for c in net.layers if isinstance(c, Conv2D)] == [(4, 4), (1, 1)]
+
+
+def test_conv_pool_net_with_skipped_outputs_matches_finite_differences():
+    backend = get_backend("numpy", "float64")
+    model = _conv_pool_net().build((2, 9, 8), backend, seed=1)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 2, 9, 8))
+    y = np.array([0, 2, 1])
+
+    def f() -> float:
+        return float(model.evaluate(x, y)[0]) / 3
+
+    model.loss_and_grads(x, y, Context(train=True), 1 / 3)
+    np.testing.assert_allclose(model.grads, numeric_grad(f, model.params), rtol=1e-5, atol=1e-8)
+    assert np.any(model.grads[:12] != 0)
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "numba"])
+def test_cnn_with_skipped_outputs_equals_computing_them_all(backend_name):
+    """Limited convolutions give the loss and gradients of full ones (float64)."""
+    results = []
+    for limited in (True, False):
+        backend = get_backend(backend_name, "float64")
+        model = cnn().build((1, 28, 28), backend, seed=3)
+        if not limited:
+            for layer in model.layers:
+                if isinstance(layer, Conv2D):
+                    layer.limit_output(*layer.out_hw)
+        rng = np.random.default_rng(8)
+        x = rng.random((5, 1, 28, 28))
+        y = rng.integers(0, 10, 5)
+        ctx = Context(train=True, step=2, seed=4, sample_ids=np.arange(5))
+        loss, _ = model.loss_and_grads(x, y, ctx, 1 / 5)
+        results.append((float(loss), model.grads.copy()))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-12)
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-10, atol=1e-14)
 
 
 def test_cnn_preset_has_690590_parameters_and_numba_equals_numpy():

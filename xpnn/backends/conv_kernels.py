@@ -2,16 +2,19 @@
 
 Layout (shared by every backend, so the layers never branch):
 
-* ``im2col(x, kh, kw, stride, padding, out)`` turns ``x`` (N, C, H, W) into ``cols`` of shape
-  (C*kh*kw, N*OH*OW): row ``(c, i, j)`` (the order of ``W.reshape(C_out, -1)``), column
+* ``im2col(x, kh, kw, stride, padding, out, out_hw)`` turns ``x`` (N, C, H, W) into ``cols``
+  of shape (C*kh*kw, N*OH*OW): row ``(c, i, j)`` (the order of ``W.reshape(C_out, -1)``), column
   ``(n, oh, ow)``. A convolution is then *one* GEMM per layer, ``W2 @ cols`` (C_out, N*OH*OW),
   and the backward pass two more (``dY @ cols.T`` for dW, ``W2.T @ dY`` for dcols).
 * ``conv_output(yc, b, shape, act)`` adds the bias, applies the activation and turns
   (C_out, N*P) into NCHW: a transpose of blocks of P = OH*OW contiguous values, fused with the
   elementwise work; ``conv_output_grad(dy, out, y, act)`` is its adjoint (``y`` is the
   activation's output) and also returns the bias gradient.
-* ``col2im(cols, x_shape, kh, kw, stride, padding)`` is the adjoint of ``im2col``; it may use
-  ``cols`` as scratch.
+* ``col2im(cols, x_shape, kh, kw, stride, padding, out_hw)`` is the adjoint of ``im2col``; it
+  may use ``cols`` as scratch.
+* ``out_hw`` (default: every output the input allows) makes both compute only the first OH×OW
+  output positions: a floor-mode max-pool after the convolution never reads the others, so
+  they need neither computing nor a gradient (``Conv2D.limit_output``).
 * ``maxpool2d_forward(x, size, stride) -> (y, idx)`` (floor mode; ``idx`` is the argmax's
   row-major offset inside the window, first maximum on ties); ``maxpool2d_backward`` routes
   ``dy`` back to those positions.
@@ -70,6 +73,24 @@ def conv_out_size(size: int, k: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - k) // stride + 1
 
 
+def conv_out_hw(
+    x_shape: tuple[int, ...],
+    kh: int,
+    kw: int,
+    stride: int,
+    padding: int,
+    out_hw: tuple[int, int] | None = None,
+) -> tuple[int, int]:
+    """The (OH, OW) a kernel computes: all that fit, or the first ``out_hw`` of them."""
+    h, w = x_shape[-2:]
+    oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+    if out_hw is None:
+        return oh, ow
+    if not (0 < out_hw[0] <= oh and 0 < out_hw[1] <= ow):
+        raise ValueError(f"out_hw {tuple(out_hw)} outside the {oh}x{ow} outputs of {x_shape}")
+    return int(out_hw[0]), int(out_hw[1])
+
+
 def _window(start: int, count: int, stride: int) -> slice:
     """The slice of ``count`` positions ``start, start+stride, ...``."""
     return slice(start, start + stride * (count - 1) + 1, stride)
@@ -91,12 +112,19 @@ class ConvKernels:
         return xpad
 
     def im2col(
-        self, x: Array, kh: int, kw: int, stride: int, padding: int, out: Array | None = None
+        self,
+        x: Array,
+        kh: int,
+        kw: int,
+        stride: int,
+        padding: int,
+        out: Array | None = None,
+        out_hw: tuple[int, int] | None = None,
     ) -> Array:
         """(N, C, H, W) -> (C*kh*kw, N*OH*OW), written into ``out`` when given."""
         xp = self.xp
         n, c, h, w = x.shape
-        oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+        oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
         xpad = self._padded(x, padding)
         parts = [
             xpad[:, :, _window(i, oh, stride), _window(j, ow, stride)]
@@ -111,12 +139,19 @@ class ConvKernels:
         return out
 
     def col2im(
-        self, cols: Array, x_shape: tuple[int, ...], kh: int, kw: int, stride: int, padding: int
+        self,
+        cols: Array,
+        x_shape: tuple[int, ...],
+        kh: int,
+        kw: int,
+        stride: int,
+        padding: int,
+        out_hw: tuple[int, int] | None = None,
     ) -> Array:
         """The adjoint of ``im2col``: (C*kh*kw, N*OH*OW) -> (N, C, H, W), overlaps summed."""
         xp = self.xp
         n, c, h, w = x_shape
-        oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+        oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
         d = xp.permute_dims(xp.reshape(cols, (c, kh, kw, n, oh, ow)), (3, 0, 1, 2, 4, 5))
         dx = xp.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=cols.dtype)
         for i in range(kh):
@@ -230,11 +265,18 @@ class NumpyConvKernels:
     xp: Any
 
     def im2col(
-        self, x: Array, kh: int, kw: int, stride: int, padding: int, out: Array | None = None
+        self,
+        x: Array,
+        kh: int,
+        kw: int,
+        stride: int,
+        padding: int,
+        out: Array | None = None,
+        out_hw: tuple[int, int] | None = None,
     ) -> Array:
         xp = self.xp
         n, c, h, w = x.shape
-        oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+        oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
         if padding:
             xpad = xp.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=x.dtype)
             xpad[:, :, padding : padding + h, padding : padding + w] = x
@@ -252,11 +294,18 @@ class NumpyConvKernels:
         return out
 
     def col2im(
-        self, cols: Array, x_shape: tuple[int, ...], kh: int, kw: int, stride: int, padding: int
+        self,
+        cols: Array,
+        x_shape: tuple[int, ...],
+        kh: int,
+        kw: int,
+        stride: int,
+        padding: int,
+        out_hw: tuple[int, int] | None = None,
     ) -> Array:
         xp = self.xp
         n, c, h, w = x_shape
-        oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+        oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
         d = cols.reshape(c, kh, kw, n, oh, ow)
         # accumulate in cols' (C, N, ...) order (contiguous reads), transpose once at the end
         acc = xp.zeros((c, n, h + 2 * padding, w + 2 * padding), dtype=cols.dtype)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.backends.conv_kernels import conv_out_size, dropout_base_key, dropout_threshold
+from xpnn.backends.conv_kernels import conv_out_hw, dropout_base_key, dropout_threshold
 from xpnn.backends.kernels import NumpyKernels
 
 Array = Any
@@ -190,29 +190,43 @@ def _i32(v: int) -> np.int32:
 class CupyConvKernels(NumpyKernels):
     """CuPy overrides: im2col, col2im, max-pool forward/backward and the dropout mask."""
 
-    def _geometry(self, x_shape, kh, kw, stride, padding):  # noqa: ANN001, ANN202
+    def _geometry(self, x_shape, kh, kw, stride, padding, out_hw):  # noqa: ANN001, ANN202
         n, c, h, w = x_shape
-        oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+        oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
         args = (c, h, w, kh, kw, stride, padding, oh, ow)
         return oh, ow, (*(_i32(a) for a in args), np.int64(n * oh * ow))
 
     def im2col(
-        self, x: Array, kh: int, kw: int, stride: int, padding: int, out: Array | None = None
+        self,
+        x: Array,
+        kh: int,
+        kw: int,
+        stride: int,
+        padding: int,
+        out: Array | None = None,
+        out_hw: tuple[int, int] | None = None,
     ) -> Array:
         cp = self.xp
         x = cp.ascontiguousarray(x)
         n, c = x.shape[:2]
-        oh, ow, geom = self._geometry(x.shape, kh, kw, stride, padding)
+        oh, ow, geom = self._geometry(x.shape, kh, kw, stride, padding, out_hw)
         if out is None:
             out = cp.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
         _im2col_kernel()(x, *geom, out)
         return out
 
     def col2im(
-        self, cols: Array, x_shape: tuple[int, ...], kh: int, kw: int, stride: int, padding: int
+        self,
+        cols: Array,
+        x_shape: tuple[int, ...],
+        kh: int,
+        kw: int,
+        stride: int,
+        padding: int,
+        out_hw: tuple[int, int] | None = None,
     ) -> Array:
         cp = self.xp
-        _, _, geom = self._geometry(x_shape, kh, kw, stride, padding)
+        _, _, geom = self._geometry(x_shape, kh, kw, stride, padding, out_hw)
         dx = cp.empty(tuple(x_shape), dtype=cols.dtype)
         _col2im_kernel()(cp.ascontiguousarray(cols), *geom, dx)
         return dx

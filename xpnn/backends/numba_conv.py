@@ -18,7 +18,7 @@ from numba import prange
 
 from xpnn.backends.conv_kernels import (
     GOLDEN,
-    conv_out_size,
+    conv_out_hw,
     dropout_base_key,
     dropout_threshold,
 )
@@ -342,20 +342,34 @@ class NumbaConvKernels(NumpyKernels):
     """Numba overrides of every convolution, pooling and dropout kernel."""
 
     def im2col(
-        self, x: Array, kh: int, kw: int, stride: int, padding: int, out: Array | None = None
+        self,
+        x: Array,
+        kh: int,
+        kw: int,
+        stride: int,
+        padding: int,
+        out: Array | None = None,
+        out_hw: tuple[int, int] | None = None,
     ) -> Array:
         x = np.ascontiguousarray(x)
-        n, c, h, w = x.shape
-        oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+        n, c = x.shape[:2]
+        oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
         if out is None:
             out = np.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
         return _im2col(x, kh, kw, stride, padding, oh, ow, out, _chunks(n, c))
 
     def col2im(
-        self, cols: Array, x_shape: tuple[int, ...], kh: int, kw: int, stride: int, padding: int
+        self,
+        cols: Array,
+        x_shape: tuple[int, ...],
+        kh: int,
+        kw: int,
+        stride: int,
+        padding: int,
+        out_hw: tuple[int, int] | None = None,
     ) -> Array:
-        n, c, h, w = x_shape
-        oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+        n, c = x_shape[:2]
+        oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
         dx = np.empty(tuple(x_shape), dtype=cols.dtype)
         cols = np.ascontiguousarray(cols)
         return _col2im(cols, dx, kh, kw, stride, padding, oh, ow, _chunks(n, c))

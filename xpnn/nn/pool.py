@@ -29,6 +29,12 @@ class MaxPool2D(Layer):
             raise ValueError(f"MaxPool2D window {self.size} larger than input {in_shape}")
         return (c, oh, ow)
 
+    def extent_read(self, in_shape: tuple[int, ...]) -> tuple[int, int]:
+        """The (rows, columns) of a ``(C, H, W)`` input that some window covers: floor mode
+        drops the rest, so the layer before need not compute them."""
+        _, oh, ow = self.setup(in_shape, None)
+        return (oh - 1) * self.stride + self.size, (ow - 1) * self.stride + self.size
+
     def forward(self, x: Array, ctx: Context) -> Array:
         y, self.idx = self.kernels.maxpool2d_forward(x, self.size, self.stride)
         self.x_shape = tuple(x.shape)

@@ -26,14 +26,27 @@ class Sequential:
         """Initialise every parameter from ``seed`` and place it in the flat buffers."""
         self.backend, self.xp = backend, backend.xp
         rng = backend.host_rng(seed, 0)
-        shape = tuple(input_shape)
+        shapes = [tuple(input_shape)]
         for layer in self.layers:
-            shape = layer.build(shape, backend, rng)
-        self.output_shape = shape
+            shapes.append(layer.build(shapes[-1], backend, rng))
+        self.output_shape = shapes[-1]
+        self._skip_unread_outputs(shapes)
         initial = [v for layer in self.layers for v in layer.initial.values()]
         params = backend.asarray(backend.pack_host(initial))
         self._bind(params, self.xp.zeros_like(params))
         return self
+
+    def _skip_unread_outputs(self, shapes: list[tuple[int, ...]]) -> None:
+        """Where a layer that can limit its output (Conv2D) feeds one that reads only part of
+        its input (a floor-mode MaxPool2D), compute only that part: the rest would be computed,
+        dropped, and sent back a zero gradient."""
+        for layer, after, shape in zip(
+            self.layers[:-1], self.layers[1:], shapes[1:-1], strict=True
+        ):
+            limit = getattr(layer, "limit_output", None)
+            extent_read = getattr(after, "extent_read", None)
+            if limit is not None and extent_read is not None:
+                limit(*extent_read(shape))
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
         """Move the parameters into ``params`` (values copied unless ``copy`` is False) and the
