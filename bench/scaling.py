@@ -60,6 +60,11 @@ def hidden_sizes(text: str) -> str:
     return ",".join(str(v) for v in int_list(text))
 
 
+def batch_size(text: str) -> int | str:
+    """A positive global batch, or ``full`` (full-batch gradient descent)."""
+    return "full" if text == "full" else positive_int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bench/scaling.py",
@@ -83,8 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--compare-threads", action="store_true", help="add 1 rank x (max N x threads) threads")
     a("--epochs", type=positive_int, default=2, help="epochs per run; the first is dropped")
     a("--repeats", type=positive_int, default=3, help="runs per configuration (alternated)")
-    a("--batch-size", type=positive_int, default=128, help="GLOBAL batch (strong scaling)")
+    a(
+        "--batch-size",
+        type=batch_size,
+        default=128,
+        help="GLOBAL batch (strong scaling), or 'full': one step per epoch, as seed report 000",
+    )
     a("--per-rank-batch", type=positive_int, default=128, help="batch per rank (weak scaling)")
+    a("--optimizer", choices=("sgd", "momentum", "adam"), default="adam", help="xpnn --optimizer")
     a("--seed", type=int, default=0)
     a("--max-foreign", type=float, default=0.25, help="redo a run if others used more cores")
     a("--retries", type=int, default=3, help="redos per run at most (then kept)")
@@ -109,7 +120,7 @@ class RunSpec:
     samples: int  # training samples per epoch
     replicate: int  # --replicate (IDX datasets, weak scaling)
     synthetic_size: int
-    global_batch: int | None  # --batch-size, or None when per_rank_batch is used
+    global_batch: int | str | None  # --batch-size (a number or "full"), or None (per rank)
     per_rank_batch: int | None
 
     @property
@@ -138,7 +149,7 @@ def command(args: argparse.Namespace, spec: RunSpec, metrics: Path) -> list[str]
         "--backend", args.backend, "--model", "mlp", "--hidden", args.hidden,
         "--dataset", args.dataset, "--epochs", str(args.epochs), "--seed", str(args.seed),
         "--threads", str(spec.threads), "--metrics", str(metrics), "--no-progress",
-        "--comm", args.comm,
+        "--comm", args.comm, "--optimizer", args.optimizer,
     ]  # fmt: skip
     if args.dataset == "synthetic":
         cmd += ["--synthetic-size", str(spec.synthetic_size)]

@@ -113,3 +113,18 @@ def test_failing_run_exits_nonzero(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 1
     assert "run failed" in proc.stderr
+
+
+def test_seed_style_full_batch_sgd_and_bad_batch(tmp_path: Path) -> None:
+    """``--batch-size full --optimizer sgd`` (seed report 000's experiment) reaches the CLI."""
+    proc = run_script(
+        ["--dataset", "synthetic", "--synthetic-size", "200", "--hidden", "8", "--ranks", "2",
+         "--mode", "strong", "--epochs", "2", "--repeats", "1", "--batch-size", "full",
+         "--optimizer", "sgd", "--out", str(tmp_path)],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "batch full" in proc.stdout
+    strong = json.loads((tmp_path / "scaling.json").read_text())["strong"]
+    assert [e["global_batch"] for e in strong] == ["full", "full"]
+    bad = run_script(["--batch-size", "0"], timeout=30)
+    assert bad.returncode == 2 and "--batch-size" in bad.stderr
