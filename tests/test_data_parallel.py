@@ -1,11 +1,13 @@
 """Data parallelism under real ``mpiexec``: N ranks compute the 1-rank run; failures stop all."""
 
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
-from conftest import run_xpnn
+from conftest import ROOT, mpiexec_path, run_xpnn
 
 from xpnn.parallel.data_parallel import bucket_bounds
 
@@ -151,6 +153,26 @@ def test_uneven_nodes_fall_back_to_host_buffers_or_refuse(tmp_path):
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--comm mpi-shm: nodes hold different numbers" in lines[0]
+
+
+def test_full_shared_memory_is_a_one_line_error_not_a_crash(tmp_path):
+    """A /dev/shm too small for the segments (Docker's 64 MiB) would end in SIGBUS on the first
+    write; xpnn checks the free space first. The check is fed a nearly full /dev/shm here."""
+    launcher = tmp_path / "full_shm.py"
+    launcher.write_text(
+        "import sys\n"
+        "import xpnn.parallel.shm_comm as shm\n"
+        "shm.shm_free_bytes = lambda path=shm.SHM_DIR: 4096\n"
+        "from xpnn.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    cmd = [mpiexec_path(), "-n", "2", sys.executable, str(launcher), *BASE, "--comm", "mpi-shm"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "--comm mpi-shm: needs" in lines[0] and "/dev/shm has 0.0 MiB free" in lines[0]
+    assert "Traceback" not in proc.stderr
 
 
 def test_resume_on_shared_memory_continues_the_same_run(tmp_path):

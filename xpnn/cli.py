@@ -231,7 +231,10 @@ def train_main(args: argparse.Namespace) -> int:
     # A separate phase: on GPU backends building the communicator talks to the other ranks.
     comm = agree_on_user_errors(world, lambda: make_communicator(world, backend, args.comm))
     _announce(backend, comm, model, cfg, data)
-    return run_guarded(world, lambda: Trainer(model, data, backend, comm, cfg).run())
+    # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
+    # on every rank of a node; that is a user error to print once, not a crash per rank.
+    trainer = agree_on_user_errors(world, lambda: Trainer(model, data, backend, comm, cfg))
+    return run_guarded(world, trainer.run)
 
 
 def main(argv: list[str] | None = None) -> int:

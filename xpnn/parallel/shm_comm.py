@@ -23,6 +23,21 @@ from xpnn.errors import UserError
 from xpnn.parallel.comm import MpiHostCommunicator
 
 RANKS_PER_NODE_VAR = "XPNN_RANKS_PER_NODE"  # tests: pretend one machine is several nodes
+SHM_DIR = "/dev/shm"  # where MPICH and Open MPI keep node-shared segments on Linux
+
+
+def shm_free_bytes(path: str = SHM_DIR) -> int | None:
+    """Free bytes where shared segments live (None where that cannot be known).
+
+    Checked before allocating because a segment larger than the space left (Docker's default
+    /dev/shm is 64 MiB) is not refused by MPI: it is mapped, and the first write past the end
+    of the space kills the process with SIGBUS, or a huge one keeps it writing for minutes.
+    """
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _node_comm(world_comm: Any, MPI: Any) -> Any:
@@ -88,6 +103,13 @@ class ShmCommunicator(MpiHostCommunicator):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
+        free = self.node.bcast(shm_free_bytes() if self.local_rank == 0 else None, root=0)
+        if free is not None and nbytes > free:
+            raise UserError(
+                f"--comm mpi-shm: needs {nbytes / 2**20:.1f} MiB of shared memory but "
+                f"{SHM_DIR} has {free / 2**20:.1f} MiB free; enlarge it (docker run "
+                "--shm-size) or use --comm mpi-host"
+            )
         MPI = self._MPI
         try:
             win = MPI.Win.Allocate_shared(
