@@ -192,6 +192,7 @@ def test_convolutions_skip_outputs_the_next_pool_never_reads():
     assert [c.out_hw for c in convs] == [(26, 26), (11, 11), (3, 3)]
     assert [c.used_hw for c in convs] == [(26, 26), (10, 10), (2, 2)]
     assert "computes 2x2 of 3x3" in model.summary()
+    assert repr(Conv2D(4, 3, stride=2)) == "Conv2D(4, 3x3, stride=2)"  # unbuilt: no extent yet
     net = _conv_pool_net().build((2, 9, 8), backend, seed=1)
     assert [c.used_hw for c in net.layers if isinstance(c, Conv2D)] == [(4, 4), (1, 1)]
 
