@@ -46,6 +46,17 @@ def run_xpnn(
     )
 
 
+def run_bench(script: str, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``bench/SCRIPT ARGS`` from the project root and capture its output."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
 @pytest.fixture
 def fashion_dir() -> Path:
     """Debian's dataset-fashion-mnist; CI installs it, so its absence is a failure, not a skip."""

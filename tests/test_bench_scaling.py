@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_bench
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "scaling.py"
 # never wait for a quiet machine in tests: the timings are not checked
 QUIET_CHECK_OFF = ["--max-foreign", "99"]
 
@@ -19,13 +17,7 @@ pytestmark = pytest.mark.mpi
 
 
 def run_script(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args, *QUIET_CHECK_OFF],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    return run_bench("scaling.py", [*args, *QUIET_CHECK_OFF], timeout)
 
 
 def test_strong_weak_and_threads_tiny(tmp_path: Path) -> None:

@@ -10,13 +10,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_bench
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "throughput.py"
 # never wait for a quiet machine in tests: the timings are not checked
 QUIET_CHECK_OFF = ["--max-foreign", "99", "--gap", "0"]
 TINY = "--steps 1 --warmup 1 --repeats 1".split()  # one timed step: enough to fill the JSON
@@ -38,13 +36,7 @@ ROW_KEYS = {
 
 
 def run_script(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args, *QUIET_CHECK_OFF],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    return run_bench("throughput.py", [*args, *QUIET_CHECK_OFF], timeout)
 
 
 def check_rows(out: dict, model: str, backends: list[str], batches: list[int]) -> None:
