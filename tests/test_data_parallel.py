@@ -9,16 +9,21 @@ import numpy as np
 import pytest
 from conftest import ROOT, mpiexec_path, run_xpnn
 
-from xpnn.parallel.data_parallel import bucket_bounds
+from xpnn.backends import get_backend
+from xpnn.nn import build_model
+from xpnn.parallel.data_parallel import MIN_LAYER_BUCKET, bucket_bounds, layer_buckets
 
 # 300 samples, global batch 70: 5 batches (the last has 20), 70 splits 24/23/23 on 3 ranks.
+# Hidden 96,700: two Dense layers of >= MIN_LAYER_BUCKET values, so the layer-by-layer update
+# runs in two buckets (test_base_model_is_updated_in_two_buckets).
+HIDDEN = (96, 700)
 BASE = [
     "--dataset",
     "synthetic",
     "--synthetic-size",
     "300",
     "--hidden",
-    "24,12",
+    ",".join(map(str, HIDDEN)),
     "--epochs",
     "2",
     "--batch-size",
@@ -66,6 +71,11 @@ def test_one_two_and_three_ranks_compute_the_same_run(tmp_path, comm):
         assert r1["test_acc"] == r3["test_acc"]
     # Training moved the parameters: equality is not the trivial kind.
     assert rec1[1]["train_loss"] < rec1[0]["train_loss"]
+
+
+def test_base_model_is_updated_in_two_buckets():
+    model = build_model("mlp", HIDDEN).build((1, 28, 28), get_backend("numpy", "float64"), 0)
+    assert len(layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)) == 2
 
 
 def test_bucket_size_does_not_change_the_result(tmp_path):

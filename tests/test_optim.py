@@ -71,3 +71,21 @@ def test_bad_optimizer_and_lr_are_user_errors():
         make_optimizer("rmsprop", None, None, None, Schedule(0.1))
     with pytest.raises(UserError, match="--lr"):
         Schedule(-1.0)
+
+
+@pytest.mark.parametrize("n", [1000, 300_000])  # the serial and the parallel Numba loop
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
+def test_gradient_rows_are_summed_as_the_update_reads_them(name, n):
+    """A tuple of gradient buffers (one per rank sharing memory) updates like their sum."""
+    rng = np.random.default_rng(3)
+    rows = tuple(rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    results = []
+    for backend_name, grads in (("numpy", rows[0] + rows[1] + rows[2]), ("numba", rows)):
+        backend = get_backend(backend_name, "float32")
+        p = np.linspace(-1, 1, n, dtype=np.float32)
+        opt = make_optimizer(name, p, grads, backend.kernels, Schedule(0.01))
+        opt.step()
+        opt.step()
+        results.append(p)
+    np.testing.assert_allclose(results[1], results[0], rtol=2e-6, atol=1e-7)
+    assert not np.allclose(results[1], np.linspace(-1, 1, n, dtype=np.float32))

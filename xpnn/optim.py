@@ -56,10 +56,12 @@ class Schedule:
 class Optimizer:
     """Base: holds the flat parameters/gradients, a schedule and named flat state buffers.
 
-    ``shard`` (a slice of the flat buffers) makes this rank update only that part, as ranks do
-    when they share one copy of the parameters (``parallel.shared_update``); ``zeros(shape,
-    dtype)`` allocates the state buffers, which always cover the whole model so that a
-    checkpoint reads them whole. ``p``, ``g`` and ``s`` are the views the update works on.
+    ``grads`` is the flat gradient buffer, or a tuple of them whose sum is the gradient (ranks
+    that share one copy of the parameters each write one; the update sums them as it reads
+    them). ``parts`` (slices of the flat buffers, default: all of it) are what this optimizer
+    updates, each with ``update_part`` as soon as its gradients are final, as a rank does when
+    ranks share the update (``parallel.shared_update``). ``zeros(shape, dtype)`` allocates the
+    state buffers, which always cover the whole model so that a checkpoint reads them whole.
     """
 
     state_names: tuple[str, ...] = ()
@@ -67,36 +69,56 @@ class Optimizer:
     def __init__(
         self,
         params: Array,
-        grads: Array,
+        grads: Array | tuple[Array, ...],
         kernels: Any,
         schedule: Schedule,
-        shard: slice | None = None,
+        parts: list[slice] | None = None,
         zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
     ) -> None:
         self.params, self.grads, self.kernels, self.schedule = params, grads, kernels, schedule
         self.step_count = 0
+        self.lr = float("nan")
         zeros = zeros or (lambda shape, dtype: kernels.xp.zeros(shape, dtype=dtype))
         self.state = {name: zeros(params.shape, params.dtype) for name in self.state_names}
-        self.shard = shard or slice(None)
-        self.p, self.g = params[self.shard], grads[self.shard]
-        self.s = {name: buf[self.shard] for name, buf in self.state.items()}
+        self.parts = [slice(None)] if parts is None else list(parts)
+        rows = grads if isinstance(grads, tuple) else (grads,)
+        self._views = [
+            (
+                params[part],
+                tuple(g[part] for g in rows) if len(rows) > 1 else rows[0][part],
+                {name: buf[part] for name, buf in self.state.items()},
+            )
+            for part in self.parts
+        ]
+
+    def start_step(self) -> float:
+        """Advance to the next step; returns (and keeps, for ``update_part``) its learning
+        rate. Call once per step, before the first ``update_part``."""
+        self.lr = self.schedule(self.step_count)
+        self.step_count += 1
+        return self.lr
+
+    def update_part(self, index: int) -> None:
+        """Update ``parts[index]`` with the current gradients at this step's learning rate."""
+        p, g, state = self._views[index]
+        self.update(p, g, state, self.lr)
 
     def step(self) -> float:
-        """Apply one update with the current gradients; returns the learning rate used."""
-        lr = self.schedule(self.step_count)
-        self.step_count += 1
-        self.update(lr)
+        """Apply one update to every part; returns the learning rate used."""
+        lr = self.start_step()
+        for index in range(len(self.parts)):
+            self.update_part(index)
         return lr
 
-    def update(self, lr: float) -> None:
+    def update(self, p: Array, g: Any, state: dict[str, Array], lr: float) -> None:
         raise NotImplementedError
 
 
 class SGD(Optimizer):
     """Plain (mini-batch, or with the whole data set as one batch, full) gradient descent."""
 
-    def update(self, lr: float) -> None:
-        self.kernels.sgd_update(self.p, self.g, lr)
+    def update(self, p: Array, g: Any, state: dict[str, Array], lr: float) -> None:
+        self.kernels.sgd_update(p, g, lr)
 
 
 class Momentum(Optimizer):
@@ -106,8 +128,8 @@ class Momentum(Optimizer):
         super().__init__(*args)
         self.mu = mu
 
-    def update(self, lr: float) -> None:
-        self.kernels.momentum_update(self.p, self.g, self.s["velocity"], lr, self.mu)
+    def update(self, p: Array, g: Any, state: dict[str, Array], lr: float) -> None:
+        self.kernels.momentum_update(p, g, state["velocity"], lr, self.mu)
 
 
 class Adam(Optimizer):
@@ -119,23 +141,22 @@ class Adam(Optimizer):
         super().__init__(*args)
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
 
-    def update(self, lr: float) -> None:
-        m, v = self.s["m"], self.s["v"]
+    def update(self, p: Array, g: Any, state: dict[str, Array], lr: float) -> None:
         self.kernels.adam_update(
-            self.p, self.g, m, v, lr, self.beta1, self.beta2, self.eps, self.step_count
+            p, g, state["m"], state["v"], lr, self.beta1, self.beta2, self.eps, self.step_count
         )
 
 
 def make_optimizer(
     name: str,
     params: Array,
-    grads: Array,
+    grads: Array | tuple[Array, ...],
     kernels: Any,
     schedule: Schedule,
-    shard: slice | None = None,
+    parts: list[slice] | None = None,
     zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
 ) -> Optimizer:
     classes = {"sgd": SGD, "momentum": Momentum, "adam": Adam}
     if name not in classes:
         raise UserError(f"--optimizer: unknown optimizer {name!r} (choose {', '.join(classes)})")
-    return classes[name](params, grads, kernels, schedule, shard, zeros)
+    return classes[name](params, grads, kernels, schedule, parts, zeros)

@@ -82,9 +82,9 @@ class Trainer:
             total_steps=cfg.epochs * self.steps_per_epoch,
         )
 
-        def optimizer(params: Any, grads: Any, shard: Any = None, zeros: Any = None) -> Any:
+        def optimizer(params: Any, grads: Any, parts: Any = None, zeros: Any = None) -> Any:
             return make_optimizer(
-                cfg.optimizer, params, grads, backend.kernels, schedule, shard, zeros
+                cfg.optimizer, params, grads, backend.kernels, schedule, parts, zeros
             )
 
         self.update = make_update(model, comm, optimizer, int(cfg.bucket_mb * 2**20))

@@ -138,11 +138,11 @@ class CupyKernels(CupyConvKernels):
         fn((n,), (128,), (z, labels, grad, loss, cp.int32(n), cp.int32(k), z.dtype.type(scale)))
         return loss, grad
 
-    def momentum_update(self, p: Array, g: Array, v: Array, lr: float, mu: float) -> None:
+    def momentum_update(self, p: Array, g: Any, v: Array, lr: float, mu: float) -> None:
         t = p.dtype.type
-        _momentum_kernel()(g, t(lr), t(mu), p, v)
+        _momentum_kernel()(self.summed(g), t(lr), t(mu), p, v)
 
     def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step) -> None:  # noqa: ANN001
         t = p.dtype.type
         c1, c2 = 1 - beta1**step, 1 - beta2**step
-        _adam_kernel()(g, t(lr / c1), t(beta1), t(beta2), t(eps), t(c2), p, m, v)
+        _adam_kernel()(self.summed(g), t(lr / c1), t(beta1), t(beta2), t(eps), t(c2), p, m, v)

@@ -14,6 +14,7 @@ from typing import Any
 from xpnn.backends.conv_kernels import ConvKernels, NumpyConvKernels
 
 Array = Any
+Grad = Any  # an Array, or a tuple of Arrays whose sum is the gradient
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
 
 
@@ -106,11 +107,24 @@ class Kernels(ConvKernels):
         return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.int64))
 
     # -- optimizer updates, in place on flat buffers ------------------------------------
-    def sgd_update(self, p: Array, g: Array, lr: float) -> None:
-        p -= lr * g
+    # ``g`` is a gradient buffer, or a tuple of them whose sum is the gradient: ranks that
+    # share memory each write their own, and a fused update sums them as it reads them
+    # instead of in a pass over memory of its own.
+    def summed(self, g: Grad) -> Array:
+        """The gradient that ``g`` stands for (a new array when it is a tuple of several)."""
+        if not isinstance(g, tuple):
+            return g
+        total = g[0]
+        for part in g[1:]:
+            total = total + part
+        return total
 
-    def momentum_update(self, p: Array, g: Array, v: Array, lr: float, mu: float) -> None:
+    def sgd_update(self, p: Array, g: Grad, lr: float) -> None:
+        p -= lr * self.summed(g)
+
+    def momentum_update(self, p: Array, g: Grad, v: Array, lr: float, mu: float) -> None:
         """Heavy-ball momentum: v = mu v + g; p -= lr v (PyTorch's convention)."""
+        g = self.summed(g)
         v *= mu
         v += g
         p -= lr * v
@@ -118,7 +132,7 @@ class Kernels(ConvKernels):
     def adam_update(
         self,
         p: Array,
-        g: Array,
+        g: Grad,
         m: Array,
         v: Array,
         lr: float,
@@ -128,6 +142,7 @@ class Kernels(ConvKernels):
         step: int,
     ) -> None:
         """Adam (Kingma & Ba) with bias correction folded into the step size."""
+        g = self.summed(g)
         m *= beta1
         m += (1 - beta1) * g
         v *= beta2

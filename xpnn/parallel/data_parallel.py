@@ -1,7 +1,8 @@
 """Data parallelism: gradient buckets reduced while the backward pass is still running.
 
-``make_update`` picks how a step's gradients become an update: ``AllreduceUpdate`` (below) or,
-for ranks sharing a node's memory, ``shared_update.SharedUpdate``. The trainer sees one
+``make_update`` picks how a step's gradients become an update: ``AllreduceUpdate`` (below),
+``LocalUpdate`` (one process: each bucket of layers updated as soon as backward finishes it)
+or, for ranks sharing a node's memory, ``shared_update.SharedUpdate``. The trainer sees one
 interface: ``grads_ready`` (passed to backward), ``finish()`` (after backward: reduce and
 update), ``broadcast_initial()`` and ``optimizer``.
 
@@ -15,10 +16,11 @@ ranks is the gradient of the global mean loss: 1 rank and N ranks do the same ma
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 Array = Any
+MIN_LAYER_BUCKET = 1 << 16  # elements; a smaller layer is updated with the next one
 
 
 def bucket_bounds(n: int, per_bucket: int) -> list[tuple[int, int]]:
@@ -34,6 +36,38 @@ def bucket_bounds(n: int, per_bucket: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def layer_buckets(offsets: list[int], n: int, min_size: int) -> list[tuple[int, int]]:
+    """[start, end) ranges covering ``range(n)``, last range first, cut only where a layer's
+    parameters begin (where backward reports progress) and at least ``min_size`` long, except
+    the range at the start of the buffer, which takes what is left."""
+    bounds, end = [], n
+    for cut in sorted({o for o in offsets if 0 < o < n}, reverse=True):
+        if end - cut >= min_size:
+            bounds.append((cut, end))
+            end = cut
+    if end > 0:
+        bounds.append((0, end))
+    return bounds
+
+
+class BucketCursor:
+    """Walks one step's buckets (last range first) as backward finishes them."""
+
+    def __init__(self, bounds: list[tuple[int, int]]) -> None:
+        self.bounds = bounds
+        self._next = 0
+
+    def finished(self, offset: int) -> Iterator[int]:
+        """Indices of the buckets that ``grads[offset:]`` completes and were not yet seen."""
+        while self._next < len(self.bounds) and self.bounds[self._next][0] >= offset:
+            self._next += 1
+            yield self._next - 1
+
+    def rewind(self) -> None:
+        """The step is over: the next one starts from the last bucket again."""
+        self._next = 0
+
+
 class GradientBuckets:
     """Launches each bucket's ``iallreduce_`` as soon as backward has filled it."""
 
@@ -42,17 +76,16 @@ class GradientBuckets:
         itemsize = grads.dtype.itemsize
         self.bounds = bucket_bounds(grads.shape[0], bucket_bytes // itemsize)
         self.active = comm.size > 1
-        self._next = 0
+        self._cursor = BucketCursor(self.bounds)
         self._handles: list[Any] = []
 
     def ready(self, offset: int) -> None:
         """Backward says ``grads[offset:]`` is final: launch every bucket that lies inside."""
         if not self.active:
             return
-        while self._next < len(self.bounds) and self.bounds[self._next][0] >= offset:
-            start, end = self.bounds[self._next]
+        for i in self._cursor.finished(offset):
+            start, end = self.bounds[i]
             self._handles.append(self.comm.iallreduce_(self.grads[start:end], "sum"))
-            self._next += 1
 
     def finish(self) -> None:
         """Launch what is left and wait for all; the gradients are then the global ones."""
@@ -62,10 +95,10 @@ class GradientBuckets:
         for handle in self._handles:
             handle.wait()
         self._handles.clear()
-        self._next = 0
+        self._cursor.rewind()
 
 
-MakeOptimizer = Callable[..., Any]  # (params, grads, shard=None, zeros=None) -> Optimizer
+MakeOptimizer = Callable[..., Any]  # (params, grads, parts=None, zeros=None) -> Optimizer
 
 
 class AllreduceUpdate:
@@ -94,11 +127,45 @@ class AllreduceUpdate:
         self.optimizer.step()
 
 
+class LocalUpdate:
+    """One process: each bucket of layers is updated the moment backward has finished it.
+
+    The update is memory-bound, and right after backward wrote a layer's gradients (and read
+    its weights for the last time in the step) they are still in cache; after the whole
+    backward pass, most of them are not. Buckets are cut at layer boundaries.
+    """
+
+    def __init__(self, model: Any, comm: Any, make_optimizer: MakeOptimizer) -> None:
+        self.model, self.comm = model, comm
+        bounds = layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)
+        self.optimizer = make_optimizer(model.params, model.grads, [slice(*b) for b in bounds])
+        self.cursor = BucketCursor(bounds)
+        self.grads_ready: Callable[[int], None] | None = self._ready
+        self.restores_checkpoint = True
+
+    def broadcast_initial(self) -> None:
+        """Nothing to send: one process."""
+
+    def _ready(self, offset: int) -> None:
+        for i in self.cursor.finished(offset):
+            if i == 0:
+                self.optimizer.start_step()
+            self.optimizer.update_part(i)
+
+    def finish(self) -> None:
+        """Update what backward did not report (all of it, when a rank had no samples)."""
+        self._ready(0)
+        self.cursor.rewind()
+
+
 def make_update(
     model: Any, comm: Any, make_optimizer: MakeOptimizer, bucket_bytes: int
 ) -> AllreduceUpdate | Any:
-    """The update scheme the communicator allows: one copy of the parameters per node when it
-    offers shared memory (``mpi-shm``), else a copy per rank kept equal by allreduce."""
+    """The update scheme the communicator allows: none to talk to for one process; one copy
+    of the parameters per node when it offers shared memory (``mpi-shm``); else a copy per
+    rank kept equal by allreduce."""
+    if comm.size == 1:
+        return LocalUpdate(model, comm, make_optimizer)
     if hasattr(comm, "shared_zeros"):
         from xpnn.parallel.shared_update import SharedUpdate
 

@@ -1,14 +1,19 @@
-"""One copy of the parameters per node; each rank sums and updates its own slice of them.
+"""One copy of the parameters per node; each rank sums and updates its own share of them.
 
 With ``mpi-shm``, the node's ranks keep the parameters, the optimizer state and one gradient
-row per rank in shared memory. After backward, rank r of the node adds the other rows into its
-own row over its slice ``[lo, hi)`` only, (across nodes, allreduces that slice with the ranks
-of the same local rank), and runs the optimizer on that slice. Nothing is copied into messages,
-each optimizer element is updated once per node instead of once per rank, and the next forward
-pass reads the parameters where the owners wrote them. Two fences per step order it all: the
-gradients are complete before anyone sums, the update is complete before anyone reads.
+row per rank in shared memory. Nothing is copied into messages, and each optimizer element is
+updated once per node instead of once per rank.
 
-The summed slice is ``g_r + sum of the others``; with the loss scaled by 1 / global batch this
+The update runs layer by layer, while backward is still going: the buffer is cut into buckets
+at layer boundaries, and as soon as backward has finished a bucket's layers, the ranks meet at
+a fence (every row of the bucket is complete, and no rank still reads its parameters), and rank
+r of the node updates its share of the bucket, reading every rank's row and summing as it reads
+(across nodes, the node's sum of that share is first allreduced with the ranks of the same
+local rank). The update is memory-bound: done right after backward wrote a bucket's
+gradients, it finds them still in cache. A last fence after the last bucket: every share is
+updated before anyone's next forward pass.
+
+The summed share is ``g_r + sum of the others``; with the loss scaled by 1 / global batch this
 is the gradient of the global batch, so 1 rank and N ranks compute the same update.
 """
 
@@ -16,15 +21,23 @@ from __future__ import annotations
 
 from typing import Any
 
-ALIGN = 16  # slice bounds on 64-byte lines (float32), so ranks never write one cache line
+from xpnn.parallel.data_parallel import MIN_LAYER_BUCKET, BucketCursor, layer_buckets
+
+ALIGN = 16  # share bounds on 64-byte lines (float32), so ranks never write one cache line
 
 
-def shard_bounds(n: int, parts: int, index: int, align: int = ALIGN) -> tuple[int, int]:
-    """[lo, hi) of part ``index`` when ``range(n)`` is cut into ``parts`` near-equal,
-    ``align``-aligned slices (the last may be shorter; some may be empty for tiny n)."""
-    per = -(-n // parts)
-    per = -(-per // align) * align
-    return min(n, index * per), min(n, (index + 1) * per)
+def share_bounds(start: int, end: int, parts: int, index: int) -> tuple[int, int]:
+    """[lo, hi) of part ``index`` when ``range(start, end)`` is cut into ``parts`` near-equal
+    slices at multiples of ``ALIGN`` (the last may be shorter; some may be empty if tiny)."""
+    per = -(-(end - start) // parts)
+
+    def cut(k: int) -> int:
+        if k <= 0:
+            return start
+        at = -(-(start + k * per) // ALIGN) * ALIGN
+        return min(end, at)
+
+    return cut(index), cut(index + 1)
 
 
 class SharedUpdate:
@@ -37,12 +50,17 @@ class SharedUpdate:
         rows = comm.shared_zeros((comm.local_size, n), dtype)
         me = comm.local_rank
         model.adopt(params, rows[me], copy=me == 0)
-        lo, hi = shard_bounds(n, comm.local_size, me)
-        self.slice = slice(lo, hi)
-        self.own = rows[me, lo:hi]
-        self.others = [rows[r, lo:hi] for r in range(comm.local_size) if r != me]
-        self.optimizer = make_optimizer(params, rows[me], self.slice, comm.shared_zeros)
-        self.grads_ready = None  # nothing to start during backward: the rows are already shared
+        bounds = layer_buckets(model.layer_offsets, n, MIN_LAYER_BUCKET)
+        self.shares = [slice(*share_bounds(a, b, comm.local_size, me)) for a, b in bounds]
+        self.cursor = BucketCursor(bounds)
+        self.own = rows[me]
+        self.others = [rows[r] for r in range(comm.local_size) if r != me]
+        if comm.nodes > 1:  # the node's sum must exist to be allreduced: sum into own row
+            grads = self.own
+        else:  # the update sums the rows as it reads them
+            grads = (self.own, *self.others) if self.others else self.own
+        self.optimizer = make_optimizer(params, grads, self.shares, comm.shared_zeros)
+        self.grads_ready = self._ready
         self.restores_checkpoint = me == 0  # one writer per shared buffer
         comm.fence()
 
@@ -56,14 +74,22 @@ class SharedUpdate:
                 comm.cross.Bcast(buf, root=0)
         comm.fence()
 
-    def finish(self) -> None:
-        """After backward: sum this rank's slice of every row, update that slice, fence."""
+    def _ready(self, offset: int) -> None:
+        """Backward says ``grads[offset:]`` is final on this rank: update every bucket inside."""
         comm = self.comm
-        comm.fence()  # every row is complete
-        own = self.own
-        for other in self.others:
-            own += other
-        if comm.nodes > 1:
-            comm.cross_allreduce_(own)
-        self.optimizer.step()
-        comm.fence()  # every slice is updated before anyone's next forward pass
+        for i in self.cursor.finished(offset):
+            if i == 0:
+                self.optimizer.start_step()
+            comm.fence()  # every rank's row of this bucket is complete, its weights are read
+            if comm.nodes > 1:
+                own = self.own[self.shares[i]]
+                for other in self.others:
+                    own += other[self.shares[i]]
+                comm.cross_allreduce_(own)
+            self.optimizer.update_part(i)
+
+    def finish(self) -> None:
+        """After backward: update what is left, then fence before the next forward pass."""
+        self._ready(0)
+        self.cursor.rewind()
+        self.comm.fence()  # every share is updated before anyone's next forward pass

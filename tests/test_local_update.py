@@ -1,0 +1,65 @@
+"""One process updates each bucket of layers during backward: the same run, in another order."""
+
+import numpy as np
+import pytest
+
+from xpnn.backends import get_backend
+from xpnn.nn import build_model
+from xpnn.nn.layer import Context
+from xpnn.optim import Schedule, make_optimizer
+from xpnn.parallel.comm import SelfCommunicator
+from xpnn.parallel.data_parallel import LocalUpdate
+
+IN, HIDDEN = 260, (256, 256)  # first and second Dense are each a bucket (>= 65,536 values)
+
+
+def _model(backend):
+    model = build_model("mlp", HIDDEN, "relu", 10, "softmax_cross_entropy")
+    return model.build((IN,), backend, 0)
+
+
+def _batches(steps=3, size=32):
+    rng = np.random.default_rng(5)
+    return [(rng.standard_normal((size, IN)), rng.integers(0, 10, size)) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "numba"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+def test_layerwise_update_equals_one_update_after_backward(backend_name, optimizer):
+    backend = get_backend(backend_name, "float64")
+
+    def make(params, grads, parts=None, zeros=None):
+        return make_optimizer(optimizer, params, grads, backend.kernels, Schedule(0.01), parts)
+
+    layerwise, whole = _model(backend), _model(backend)
+    update = LocalUpdate(layerwise, SelfCommunicator(), make)
+    assert len(update.optimizer.parts) == 2
+    reference = make(whole.params, whole.grads)
+    for step, (x, y) in enumerate(_batches()):
+        ctx = Context(train=True, step=step)
+        layerwise.loss_and_grads(x, y, ctx, 1 / len(x), update.grads_ready)
+        update.finish()
+        whole.loss_and_grads(x, y, ctx, 1 / len(x))
+        reference.step()
+    np.testing.assert_array_equal(layerwise.params, whole.params)
+    assert reference.step_count == update.optimizer.step_count == 3
+
+
+def test_last_layers_are_updated_before_the_first_layer_runs_backward():
+    backend = get_backend("numpy", "float64")
+    model = _model(backend)
+
+    def make(params, grads, parts=None, zeros=None):
+        return make_optimizer("sgd", params, grads, backend.kernels, Schedule(0.01), parts)
+
+    update = LocalUpdate(model, SelfCommunicator(), make)
+    events = []
+    first_dense = next(layer for layer in model.layers if layer.initial)
+    backward = first_dense.backward
+    first_dense.backward = lambda *a, **k: (events.append("first backward"), backward(*a, **k))[1]
+    update_part = update.optimizer.update_part
+    update.optimizer.update_part = lambda i: (events.append(f"update {i}"), update_part(i))[1]
+    x, y = _batches(1)[0]
+    model.loss_and_grads(x, y, Context(train=True), 1 / len(x), update.grads_ready)
+    update.finish()
+    assert events == ["update 0", "first backward", "update 1"]
