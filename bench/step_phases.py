@@ -1,0 +1,103 @@
+"""Where one training step's time goes, per rank: compute, optimizer update, fences.
+
+Runs ``python -m xpnn`` with the arguments given, under whatever launched it (plain python for
+one rank, ``mpiexec -n N`` for N), with timers around the phases of ``Trainer.step``:
+
+- ``update``: the optimizer kernels (``Optimizer.update_part``: every bucket of layers),
+- ``fences``: the node-shared memory fences (``mpi-shm``), including the wait for the slowest
+  rank, which is where imbalance shows,
+- ``compute``: the rest of the step (batch gather, forward, loss, backward),
+
+and prints, for each rank, the median per step over the last epoch (the first one includes
+Numba's compilation), and the mean step: an epoch's time is the mean, which also pays for
+every step a stalled core made slow. Timing wraps methods only; nothing in the step changes.
+
+Run: ``mpiexec -n 2 python bench/step_phases.py --model mlp --hidden 1024,1024 --threads 1
+--epochs 2`` (any ``python -m xpnn`` arguments).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import format_table, median  # noqa: E402
+
+PHASES = ("update", "fences")
+
+
+class StepTimer:
+    """Per-step seconds of each phase, filled by wrapped methods."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+        self.current: dict[str, float] | None = None
+
+    def wrap(self, cls: Any, name: str, phase: str | None) -> None:
+        """Time ``cls.name``: as a phase of the running step, or (phase None) as the step."""
+        inner = getattr(cls, name)
+        timer = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if phase is None:
+                timer.current = dict.fromkeys(PHASES, 0.0)
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - t0
+                if phase is None:
+                    timer.current["step"] = elapsed
+                    timer.steps.append(timer.current)
+                    timer.current = None
+                elif timer.current is not None:
+                    timer.current[phase] += elapsed
+
+        setattr(cls, name, timed)
+
+    def last_epoch(self, steps_per_epoch: int) -> dict[str, float]:
+        """Median milliseconds per step of each phase over the last epoch's steps."""
+        last = self.steps[-steps_per_epoch:] if steps_per_epoch else self.steps
+        out = {p: 1e3 * median([s[p] for s in last]) for p in (*PHASES, "step")}
+        out["compute"] = 1e3 * median([s["step"] - s["update"] - s["fences"] for s in last])
+        out["mean"] = 1e3 * sum(s["step"] for s in last) / len(last)  # stalls count here
+        out["steps"] = len(last)
+        return out
+
+
+def main(argv: list[str]) -> int:
+    from xpnn import cli, optim, train
+    from xpnn.parallel import shm_comm
+
+    timer = StepTimer()
+    timer.wrap(train.Trainer, "step", None)
+    timer.wrap(optim.Optimizer, "update_part", "update")
+    timer.wrap(shm_comm.ShmCommunicator, "fence", "fences")
+    trainers: list[Any] = []
+    init = train.Trainer.__init__
+
+    def remember(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        trainers.append(self)
+
+    train.Trainer.__init__ = remember
+    code = cli.main(argv)
+    if code != 0 or not trainers or not timer.steps:
+        return code or 1
+    trainer = trainers[0]
+    mine = timer.last_epoch(trainer.steps_per_epoch)
+    rows = trainer.comm.allgather_obj(mine)
+    if trainer.comm.rank == 0:
+        print(f"\nstep phases, ms per step (median over the last epoch's {mine['steps']} steps):")
+        cols = ("mean", "step", "compute", "update", "fences")
+        table = [[str(r), *(f"{row[c]:.3f}" for c in cols)] for r, row in enumerate(rows)]
+        print(format_table(("rank", *cols), table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,43 @@
+"""bench/step_phases.py times the phases of real training steps, on 1 rank and under
+``mpiexec -n 2`` with shared memory. The figures are not checked, only that they add up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, mpiexec_path
+
+pytestmark = pytest.mark.mpi
+
+ARGS = [
+    "--dataset", "synthetic", "--synthetic-size", "256", "--hidden", "96,700",
+    "--epochs", "2", "--batch-size", "64", "--threads", "1", "--no-progress",
+]  # fmt: skip
+
+
+def _phases(ranks: int) -> list[list[float]]:
+    script = str(ROOT / "bench" / "step_phases.py")
+    cmd = [sys.executable, script, *ARGS]
+    if ranks > 1:
+        cmd = [mpiexec_path(), "-n", str(ranks), *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("step phases"))
+    assert "last epoch's 4 steps" in lines[head]
+    table = [line.split() for line in lines[head + 1 :] if line.strip()]
+    assert table[0] == ["rank", "mean", "step", "compute", "update", "fences"]
+    return [[float(x) for x in row] for row in table[2:]]  # skip the header rule
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_step_phases_add_up_on_every_rank(ranks):
+    rows = _phases(ranks)
+    assert [int(row[0]) for row in rows] == list(range(ranks))
+    for _, mean, step, compute, update, fences in rows:
+        assert mean > 0
+        assert update > 0 and compute > 0  # the timers saw the optimizer and the rest
+        assert compute + update + fences <= step * 1.5 + 0.01  # medians, so not exactly equal
+        assert (fences > 0) == (ranks > 1)  # one process has no fences
