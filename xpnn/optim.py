@@ -1,8 +1,9 @@
 """Optimizers over the model's flat buffers, and learning-rate schedules with warmup.
 
-An optimizer updates the whole flat parameter vector in one kernel call per step (the same
-kernel on every backend, fused where the backend can), and its state lives in flat buffers of
-the same layout, which makes checkpoints and the state's equality across ranks trivial.
+An optimizer updates slices of the flat parameter vector, one kernel call per slice (the
+whole vector, or one slice per bucket of layers as backward finishes it; the same kernel on
+every backend, fused where the backend can), and its state lives in flat buffers of the same
+layout, which makes checkpoints and the state's equality across ranks trivial.
 """
 
 from __future__ import annotations

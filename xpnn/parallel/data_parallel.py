@@ -127,13 +127,38 @@ class AllreduceUpdate:
         self.optimizer.step()
 
 
-class LocalUpdate:
-    """One process: each bucket of layers is updated the moment backward has finished it.
+class LayerwiseUpdate:
+    """Updates each bucket of layers the moment backward has finished it.
 
     The update is memory-bound, and right after backward wrote a layer's gradients (and read
     its weights for the last time in the step) they are still in cache; after the whole
-    backward pass, most of them are not. Buckets are cut at layer boundaries.
+    backward pass, most of them are not. Subclasses set ``optimizer`` (one part per bucket)
+    and ``cursor`` over the same buckets, and say in ``_before_part`` what makes a bucket's
+    gradients final.
     """
+
+    optimizer: Any
+    cursor: BucketCursor
+
+    def _before_part(self, index: int) -> None:
+        """Make bucket ``index``'s gradients final on this rank (nothing to do alone)."""
+
+    def _ready(self, offset: int) -> None:
+        """Backward says ``grads[offset:]`` is final on this rank: update every bucket inside."""
+        for i in self.cursor.finished(offset):
+            if i == 0:  # the step's first bucket starts the step
+                self.optimizer.start_step()
+            self._before_part(i)
+            self.optimizer.update_part(i)
+
+    def finish(self) -> None:
+        """Update what backward did not report (all of it, when a rank had no samples)."""
+        self._ready(0)
+        self.cursor.rewind()
+
+
+class LocalUpdate(LayerwiseUpdate):
+    """One process: nothing to exchange, buckets cut at layer boundaries."""
 
     def __init__(self, model: Any, comm: Any, make_optimizer: MakeOptimizer) -> None:
         self.model, self.comm = model, comm
@@ -145,17 +170,6 @@ class LocalUpdate:
 
     def broadcast_initial(self) -> None:
         """Nothing to send: one process."""
-
-    def _ready(self, offset: int) -> None:
-        for i in self.cursor.finished(offset):
-            if i == 0:
-                self.optimizer.start_step()
-            self.optimizer.update_part(i)
-
-    def finish(self) -> None:
-        """Update what backward did not report (all of it, when a rank had no samples)."""
-        self._ready(0)
-        self.cursor.rewind()
 
 
 def make_update(

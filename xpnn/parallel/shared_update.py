@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from xpnn.parallel.data_parallel import MIN_LAYER_BUCKET, BucketCursor, layer_buckets
+from xpnn.parallel.data_parallel import (
+    MIN_LAYER_BUCKET,
+    BucketCursor,
+    LayerwiseUpdate,
+    layer_buckets,
+)
 
 ALIGN = 16  # share bounds on 64-byte lines (float32), so ranks never write one cache line
 
@@ -40,7 +45,7 @@ def share_bounds(start: int, end: int, parts: int, index: int) -> tuple[int, int
     return cut(index), cut(index + 1)
 
 
-class SharedUpdate:
+class SharedUpdate(LayerwiseUpdate):
     """The ``mpi-shm`` update scheme; built collectively by every rank of the job."""
 
     def __init__(self, model: Any, comm: Any, make_optimizer: Any) -> None:
@@ -74,22 +79,18 @@ class SharedUpdate:
                 comm.cross.Bcast(buf, root=0)
         comm.fence()
 
-    def _ready(self, offset: int) -> None:
-        """Backward says ``grads[offset:]`` is final on this rank: update every bucket inside."""
+    def _before_part(self, index: int) -> None:
+        """Every rank's row of the bucket is complete and its weights are read; across nodes,
+        this rank's share of the node's sum is allreduced with the same share elsewhere."""
         comm = self.comm
-        for i in self.cursor.finished(offset):
-            if i == 0:
-                self.optimizer.start_step()
-            comm.fence()  # every rank's row of this bucket is complete, its weights are read
-            if comm.nodes > 1:
-                own = self.own[self.shares[i]]
-                for other in self.others:
-                    own += other[self.shares[i]]
-                comm.cross_allreduce_(own)
-            self.optimizer.update_part(i)
+        comm.fence()
+        if comm.nodes > 1:
+            own = self.own[self.shares[index]]
+            for other in self.others:
+                own += other[self.shares[index]]
+            comm.cross_allreduce_(own)
 
     def finish(self) -> None:
         """After backward: update what is left, then fence before the next forward pass."""
-        self._ready(0)
-        self.cursor.rewind()
+        super().finish()
         self.comm.fence()  # every share is updated before anyone's next forward pass
