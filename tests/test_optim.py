@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from xpnn.backends import get_backend
+from xpnn.backends.numba_kernels import PARALLEL_MIN_ELEMENTS
 from xpnn.errors import UserError
 from xpnn.optim import Schedule, make_optimizer
 
@@ -73,7 +74,7 @@ def test_bad_optimizer_and_lr_are_user_errors():
         Schedule(-1.0)
 
 
-@pytest.mark.parametrize("n", [1000, 300_000])  # the serial and the parallel Numba loop
+@pytest.mark.parametrize("n", [1000, PARALLEL_MIN_ELEMENTS + 1000])  # serial, parallel loop
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
 def test_gradient_rows_are_summed_as_the_update_reads_them(name, n):
     """A tuple of gradient buffers (one per rank sharing memory) updates like their sum."""

@@ -23,9 +23,9 @@ from xpnn.backends.conv_kernels import (
     dropout_threshold,
 )
 from xpnn.backends.kernels import NumpyKernels
+from xpnn.backends.numba_jit import ACT_CODE, JIT
 
 Array = Any
-_JIT = {"nogil": True, "cache": True}
 _M32 = np.uint64(0xFFFFFFFF)
 _M1 = np.uint64(0x85EBCA6B)
 _M2 = np.uint64(0xC2B2AE35)
@@ -33,10 +33,9 @@ _GOLDEN = np.uint64(GOLDEN)
 _S16 = np.uint64(16)
 _S13 = np.uint64(13)
 U = np.uint64
-_ACT_CODE = {"identity": 0, "relu": 1, "sigmoid": 2, "tanh": 3}
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _fmix32(h):  # pragma: no cover - compiled
     """murmur3 fmix32 on a uint64 holding a uint32 (Numba widens integers to 64 bits)."""
     h = h ^ (h >> _S16)
@@ -46,12 +45,12 @@ def _fmix32(h):  # pragma: no cover - compiled
     return h ^ (h >> _S16)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _mix(h, k):  # pragma: no cover - compiled
     return _fmix32(h ^ _fmix32((k + _GOLDEN) & _M32))
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _valid_range(j, pad, stride, size, count):  # pragma: no cover - compiled
     """Output positions q in [lo, hi) whose input ``q*stride + j - pad`` is inside [0, size)."""
     lo = 0
@@ -67,7 +66,7 @@ def _valid_range(j, pad, stride, size, count):  # pragma: no cover - compiled
 # wraparound test, which otherwise keeps LLVM from vectorising the inner loops (3-10x slower).
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **JIT)
 def _im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - compiled
     n, c, h, w = x.shape
     p = oh * ow
@@ -108,7 +107,7 @@ def _im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - 
     return out
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **JIT)
 def _col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover - compiled
     n, c, h, w = dx.shape
     p = oh * ow
@@ -146,9 +145,9 @@ def _col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover 
     return dx
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _act(v, act):  # pragma: no cover - compiled
-    """The activations of ``kernels.ACTIVATIONS`` by code (see ``_ACT_CODE``)."""
+    """The activations of ``kernels.ACTIVATIONS`` by code (see ``ACT_CODE``)."""
     if act == 1:
         return v if v > 0 else 0.0
     if act == 2:
@@ -159,7 +158,7 @@ def _act(v, act):  # pragma: no cover - compiled
     return v
 
 
-@nb.njit(**_JIT)
+@nb.njit(**JIT)
 def _act_grad(g, y, act):  # pragma: no cover - compiled
     if act == 1:
         return g if y > 0 else 0.0
@@ -170,7 +169,7 @@ def _act_grad(g, y, act):  # pragma: no cover - compiled
     return g
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **JIT)
 def _conv_output(yc, bias, y, act):  # pragma: no cover - compiled
     """y[n, c, :] = act(yc[c, n*P:(n+1)*P] + bias[c]); y is (N, C, P)."""
     n, c, p = y.shape
@@ -190,7 +189,7 @@ def _conv_output(yc, bias, y, act):  # pragma: no cover - compiled
     return y
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **JIT)
 def _conv_output_grad(dy, y, out, act):  # pragma: no cover - compiled
     """out[c, n*P + k] = act'(dy[n, c, k]) (``y`` unused for the identity)."""
     n, c, p = dy.shape
@@ -211,7 +210,7 @@ def _conv_output_grad(dy, y, out, act):  # pragma: no cover - compiled
     return out
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **JIT)
 def _maxpool2x2(x, y, idx):  # pragma: no cover - compiled
     """The common 2x2, stride-2 case, unrolled."""
     n, c, h, w = x.shape
@@ -239,7 +238,7 @@ def _maxpool2x2(x, y, idx):  # pragma: no cover - compiled
     return y, idx
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **JIT)
 def _maxpool_forward(x, size, stride, y, idx):  # pragma: no cover - compiled
     n, c, h, w = x.shape
     _, _, oh, ow = y.shape
@@ -263,7 +262,7 @@ def _maxpool_forward(x, size, stride, y, idx):  # pragma: no cover - compiled
     return y, idx
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **JIT)
 def _maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
     """General windows (overlapping or not): zero the plane, then add at the argmaxes."""
     n, c, h, w = dx.shape
@@ -287,7 +286,7 @@ def _maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
     return dx
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **JIT)
 def _maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
     """2x2, stride 2: every dx element written once (gradient or zero), row by row, on flat
     views (no zeroing pass; 2x faster than the window-by-window loop)."""
@@ -316,7 +315,7 @@ def _maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
     return dx
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **JIT)
 def _dropout_mask(ids, base, threshold, scale, out):  # pragma: no cover - compiled
     n, f = out.shape
     elems = np.empty(f, dtype=np.uint64)
@@ -379,7 +378,7 @@ class NumbaConvKernels(NumpyKernels):
     ) -> Array:
         n, c, oh, ow = shape
         y = np.empty((n, c, oh * ow), dtype=yc.dtype)
-        _conv_output(np.ascontiguousarray(yc), b, y, _ACT_CODE[act])
+        _conv_output(np.ascontiguousarray(yc), b, y, ACT_CODE[act])
         return y.reshape(shape)
 
     def conv_output_grad(
@@ -390,7 +389,7 @@ class NumbaConvKernels(NumpyKernels):
             out = np.empty((c, n * oh * ow), dtype=dy.dtype)
         dy3 = np.ascontiguousarray(dy).reshape(n, c, oh * ow)
         y3 = dy3 if act == "identity" else np.ascontiguousarray(y).reshape(n, c, oh * ow)
-        _conv_output_grad(dy3, y3, out, _ACT_CODE[act])
+        _conv_output_grad(dy3, y3, out, ACT_CODE[act])
         return out, out.sum(axis=1)
 
     def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:

@@ -9,8 +9,11 @@ Two measured pitfalls shape this file (2-core machine, MLP 784-512-256-10, batch
 - Numba's OpenMP threads spin after a parallel region and starve OpenBLAS's threads: a
   128x784x512 product went from 1.4 ms to 11 ms when followed by a parallel kernel.
   ``OMP_WAIT_POLICY=PASSIVE`` (set before Numba starts its pool) removes that.
-- Starting a parallel region costs ~15 us, more than a serial pass over a 128x512 array
-  (~3 us). So every kernel is compiled twice and the parallel one runs only on big arrays.
+- Waking the thread team costs more than a serial pass over a small array. So every kernel
+  is compiled twice and the parallel one runs only on big arrays: on 2 threads the Adam
+  update broke even near 2**19 values (``bench/optimizer_step.py --params 524287``: serial
+  145-152 us, ``--params 524288``: parallel 130-143 us; at 2**18 the serial loop won, 64-72 us
+  against 105-112 us).
 """
 
 from __future__ import annotations
@@ -28,19 +31,18 @@ from numba import prange
 
 from xpnn.backends.kernels import NumpyKernels
 from xpnn.backends.numba_conv import NumbaConvKernels
+from xpnn.backends.numba_jit import ACT_CODE, JIT
 
 Array = Any
-_ACT_CODE = {"identity": 0, "relu": 1, "sigmoid": 2, "tanh": 3}
-_JIT = {"nogil": True, "cache": True}
-PARALLEL_MIN_ELEMENTS = 1 << 18  # below this a serial loop beats starting the thread team
+PARALLEL_MIN_ELEMENTS = 1 << 19  # below this a serial loop beats waking the thread team
 
 
 class _Twin:
     """A kernel compiled serial and parallel; calls pick by the size of the first argument."""
 
     def __init__(self, fn) -> None:  # noqa: ANN001
-        self.serial = nb.njit(parallel=False, **_JIT)(fn)
-        self.parallel = nb.njit(parallel=True, **_JIT)(renamed(fn, "_parallel"))
+        self.serial = nb.njit(parallel=False, **JIT)(fn)
+        self.parallel = nb.njit(parallel=True, **JIT)(renamed(fn, "_parallel"))
 
     def __call__(self, first, *args):  # noqa: ANN001, ANN204
         big = first.size >= PARALLEL_MIN_ELEMENTS
@@ -174,11 +176,11 @@ class NumbaKernels(NumbaConvKernels, NumpyKernels):
     """NumPy kernels with the memory-bound ones replaced by fused, threaded Numba loops."""
 
     def bias_act(self, z: Array, b: Array, act: str) -> Array:
-        return _bias_act(z, b, _ACT_CODE[act])
+        return _bias_act(z, b, ACT_CODE[act])
 
     def bias_act_backward(self, dy: Array, y: Array, act: str) -> tuple[Array, Array]:
         chunks = max(1, min(nb.get_num_threads(), dy.shape[0]))
-        return _bias_act_backward(dy, y, _ACT_CODE[act], chunks)
+        return _bias_act_backward(dy, y, ACT_CODE[act], chunks)
 
     def softmax_cross_entropy(
         self, logits: Array, labels: Array, scale: float
