@@ -50,6 +50,24 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
     _one_error_line(run_xpnn([*SMALL, *args], timeout=120), needle)
 
 
+@pytest.mark.parametrize("flag", ["--epochs", "--bucket-mb", "--hidden"])
+def test_a_bad_value_names_its_flag_once(flag):
+    proc = run_xpnn([*SMALL, flag, "-1"], timeout=120)
+    _one_error_line(proc, flag)
+    assert proc.stderr.count(flag) == 1, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("ranks", "comm", "noted"), [(1, "auto", True), (2, "mpi-shm", True), (2, "mpi-host", False)]
+)
+def test_bucket_mb_says_when_it_has_no_effect(ranks, comm, noted):
+    """One process and mpi-shm cut buckets at layers; a --bucket-mb given there says so."""
+    proc = run_xpnn([*SMALL, "--comm", comm, "--bucket-mb", "1"], ranks=ranks, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert ("--bucket-mb has no effect" in proc.stderr) is noted, proc.stderr
+    assert "--bucket-mb has no effect" not in run_xpnn(SMALL, timeout=120).stderr
+
+
 def test_cupy_without_cupy_or_gpu_is_one_line_exit_2():
     pytest.importorskip("numpy")
     try:

@@ -1,4 +1,5 @@
-"""One process updates each bucket of layers during backward: the same run, in another order."""
+"""Updates in parts give the same run as one update after backward: one process updates each
+bucket of layers during backward; ``AllreduceUpdate`` updates each part as its buckets arrive."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from xpnn.nn import build_model
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.comm import SelfCommunicator
-from xpnn.parallel.data_parallel import LocalUpdate
+from xpnn.parallel.data_parallel import MIN_LAYER_BUCKET, AllreduceUpdate, LocalUpdate
 
 IN, HIDDEN = 260, (256, 256)  # first and second Dense are each a bucket (>= 65,536 values)
 
@@ -63,3 +64,35 @@ def test_last_layers_are_updated_before_the_first_layer_runs_backward():
     model.loss_and_grads(x, y, Context(train=True), 1 / len(x), update.grads_ready)
     update.finish()
     assert events == ["update 0", "first backward", "update 1"]
+
+
+@pytest.mark.parametrize("bucket_bytes", [10_000, 100 << 20])
+def test_allreduce_update_goes_part_by_part_in_whole_buckets(bucket_bytes):
+    """Parts are runs of whole buckets of >= MIN_LAYER_BUCKET values (the one at the start of
+    the buffer takes what is left), each waited for up to its first bucket; the run is the
+    same, bit for bit, as one update after backward."""
+    backend = get_backend("numba", "float64")
+
+    def make(params, grads, parts=None, zeros=None):
+        return make_optimizer("adam", params, grads, backend.kernels, Schedule(0.01), parts)
+
+    parted, whole = _model(backend), _model(backend)
+    update = AllreduceUpdate(parted, SelfCommunicator(), make, bucket_bytes)
+    parts, bounds = update.optimizer.parts, update.buckets.bounds
+    assert parts[0].stop == parted.size and parts[-1].start == 0
+    assert all(a.start == b.stop for a, b in zip(parts[:-1], parts[1:], strict=True))
+    assert all(p.stop - p.start >= MIN_LAYER_BUCKET for p in parts[:-1])
+    assert [bounds[k - 1][0] for k in update.waits] == [p.start for p in parts]
+    assert update.waits[-1] == len(bounds)
+    if bucket_bytes == 10_000:  # 109 buckets of 1,250 values: parts of 53, 53 and 3 buckets
+        assert len(bounds) == 109 and len(parts) == 3
+    else:
+        assert len(bounds) == len(parts) == 1
+    reference = make(whole.params, whole.grads)
+    for step, (x, y) in enumerate(_batches()):
+        ctx = Context(train=True, step=step)
+        parted.loss_and_grads(x, y, ctx, 1 / len(x), update.grads_ready)
+        update.finish()
+        whole.loss_and_grads(x, y, ctx, 1 / len(x))
+        reference.step()
+    np.testing.assert_array_equal(parted.params, whole.params)

@@ -25,7 +25,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag as one line (no usage dump) so it fits the contract."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise _ArgError(message)
+        # our type checks name their flag; argparse would name it a second time before that
+        flag = message.split(": ", 1)[0].removeprefix("argument ")
+        rest = message.removeprefix(f"argument {flag}: ")
+        raise _ArgError(rest if rest.startswith(f"{flag}: ") else message)
 
 
 def _positive_int(flag: str):  # noqa: ANN202
@@ -114,7 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpoint-dir", default=None)
     a("--resume", action="store_true", help="continue from the latest checkpoint")
     a("--comm", default="auto", choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"])
-    a("--bucket-mb", type=_nonneg_float("--bucket-mb"), default=25.0)
+    a(
+        "--bucket-mb",
+        type=_nonneg_float("--bucket-mb"),
+        default=None,
+        help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
+    )
     a("--parallel", default="data", choices=["data"])
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
     return p
@@ -155,6 +163,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
     from xpnn.nn import build_model
+    from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB
     from xpnn.parallel.threads import apply_threads, threads_per_rank
     from xpnn.train import TrainConfig
 
@@ -186,7 +195,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         schedule=args.schedule,
         warmup_epochs=args.warmup_epochs,
         seed=args.seed,
-        bucket_mb=args.bucket_mb,
+        bucket_mb=DEFAULT_BUCKET_MB if args.bucket_mb is None else args.bucket_mb,
         metrics=args.metrics,
         save=args.save,
         checkpoint_dir=args.checkpoint_dir,
@@ -205,7 +214,11 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     return backend, data, model, cfg
 
 
-def _announce(backend: Any, comm: Any, model: Any, cfg: Any, data: Any) -> None:
+def _announce(
+    backend: Any, comm: Any, model: Any, cfg: Any, data: Any, bucket_mb: float | None
+) -> None:
+    from xpnn.parallel.data_parallel import uses_byte_buckets
+
     if comm.rank != 0:
         return
     note = f" ({comm.fallback_reason})" if getattr(comm, "fallback_reason", None) else ""
@@ -217,6 +230,13 @@ def _announce(backend: Any, comm: Any, model: Any, cfg: Any, data: Any) -> None:
         f"{cfg.extra['threads']} thread(s)",
         flush=True,
     )
+    if bucket_mb is not None and not uses_byte_buckets(comm):
+        print(
+            f"xpnn: note: --bucket-mb has no effect with comm {comm.name} on {comm.size} "
+            "rank(s): the update's buckets are cut at layers",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def train_main(args: argparse.Namespace) -> int:
@@ -230,7 +250,7 @@ def train_main(args: argparse.Namespace) -> int:
     backend, data, model, cfg = agree_on_user_errors(world, lambda: _setup(args, world))
     # A separate phase: on GPU backends building the communicator talks to the other ranks.
     comm = agree_on_user_errors(world, lambda: make_communicator(world, backend, args.comm))
-    _announce(backend, comm, model, cfg, data)
+    _announce(backend, comm, model, cfg, data, args.bucket_mb)
     # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
     # on every rank of a node; that is a user error to print once, not a crash per rank.
     trainer = agree_on_user_errors(world, lambda: Trainer(model, data, backend, comm, cfg))

@@ -24,7 +24,7 @@ from xpnn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint,
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
-from xpnn.parallel.data_parallel import make_update
+from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
 
 
 @dataclass
@@ -36,7 +36,7 @@ class TrainConfig:
     schedule: str = "constant"
     warmup_epochs: float = 0.0
     seed: int = 0
-    bucket_mb: float = 25.0
+    bucket_mb: float = DEFAULT_BUCKET_MB
     eval_batch_size: int = 1000
     metrics: str | None = None
     save: str | None = None

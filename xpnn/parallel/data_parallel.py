@@ -21,6 +21,7 @@ from typing import Any
 
 Array = Any
 MIN_LAYER_BUCKET = 1 << 16  # elements; a smaller layer is updated with the next one
+DEFAULT_BUCKET_MB = 25.0  # allreduce buckets, as PyTorch DDP's bucket_cap_mb
 
 
 def bucket_bounds(n: int, per_bucket: int) -> list[tuple[int, int]]:
@@ -78,6 +79,7 @@ class GradientBuckets:
         self.active = comm.size > 1
         self._cursor = BucketCursor(self.bounds)
         self._handles: list[Any] = []
+        self._waited = 0
 
     def ready(self, offset: int) -> None:
         """Backward says ``grads[offset:]`` is final: launch every bucket that lies inside."""
@@ -87,14 +89,21 @@ class GradientBuckets:
             start, end = self.bounds[i]
             self._handles.append(self.comm.iallreduce_(self.grads[start:end], "sum"))
 
-    def finish(self) -> None:
-        """Launch what is left and wait for all; the gradients are then the global ones."""
+    def wait(self, count: int) -> None:
+        """Launch what is left, then wait until buckets ``0 .. count-1`` (in launch order:
+        from the end of the buffer) hold the global gradients."""
         if not self.active:
             return
         self.ready(0)
-        for handle in self._handles:
+        for handle in self._handles[self._waited : count]:
             handle.wait()
+        self._waited = max(self._waited, count)
+
+    def finish(self) -> None:
+        """Wait for every bucket; the next step starts from the last bucket again."""
+        self.wait(len(self.bounds))
         self._handles.clear()
+        self._waited = 0
         self._cursor.rewind()
 
 
@@ -105,13 +114,21 @@ class AllreduceUpdate:
     """Every rank holds all the parameters and runs the whole update on them.
 
     The gradients are summed by ``GradientBuckets`` while backward runs; any communicator
-    works (one process, MPI, CUDA-aware MPI, NCCL), and ranks may sit on any nodes.
+    works (one process, MPI, CUDA-aware MPI, NCCL), and ranks may sit on any nodes. The
+    update goes part by part as the allreduces complete, each part right after the wait
+    that made it final, while its summed gradients are still in cache. A part is one or
+    more whole buckets, at least ``MIN_LAYER_BUCKET`` values, so tiny buckets do not cost
+    one kernel call each.
     """
 
     def __init__(self, model: Any, comm: Any, make_optimizer: MakeOptimizer, bucket_bytes: int):
         self.model, self.comm = model, comm
-        self.optimizer = make_optimizer(model.params, model.grads)
         self.buckets = GradientBuckets(model.grads, comm, bucket_bytes)
+        starts = [start for start, _ in self.buckets.bounds]
+        parts = layer_buckets(starts, model.size, MIN_LAYER_BUCKET)
+        # a part is final once the bucket that begins where the part begins is reduced
+        self.waits = [starts.index(start) + 1 for start, _ in parts]
+        self.optimizer = make_optimizer(model.params, model.grads, [slice(*p) for p in parts])
         self.grads_ready: Callable[[int], None] | None = self.buckets.ready
         self.restores_checkpoint = True  # every rank has its own buffers to fill
 
@@ -122,9 +139,12 @@ class AllreduceUpdate:
             self.comm.bcast_(buf, 0)
 
     def finish(self) -> None:
-        """After backward: wait for the summed gradients, then update."""
+        """After backward: update each part as soon as its buckets hold the global sum."""
+        self.optimizer.start_step()
+        for index, count in enumerate(self.waits):
+            self.buckets.wait(count)
+            self.optimizer.update_part(index)
         self.buckets.finish()
-        self.optimizer.step()
 
 
 class LayerwiseUpdate:
@@ -180,8 +200,14 @@ def make_update(
     rank kept equal by allreduce."""
     if comm.size == 1:
         return LocalUpdate(model, comm, make_optimizer)
-    if hasattr(comm, "shared_zeros"):
+    if not uses_byte_buckets(comm):
         from xpnn.parallel.shared_update import SharedUpdate
 
         return SharedUpdate(model, comm, make_optimizer)
     return AllreduceUpdate(model, comm, make_optimizer, bucket_bytes)
+
+
+def uses_byte_buckets(comm: Any) -> bool:
+    """Whether ``make_update`` cuts gradients into ``bucket_bytes`` buckets (allreduce); one
+    process and node-shared memory cut them at layers instead."""
+    return comm.size > 1 and not hasattr(comm, "shared_zeros")

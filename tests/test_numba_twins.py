@@ -1,0 +1,194 @@
+"""Serial and parallel builds of every Numba twin kernel agree.
+
+``numba_kernels`` compiles each kernel twice (``_Twin``) and dispatches to the ``prange``
+build only for arrays of at least ``PARALLEL_MIN_ELEMENTS`` (2**19) values. Every other test
+uses small arrays, so without this file the parallel builds would run almost never. Here
+each build is called directly on identical inputs (fresh copies: the kernels write in place)
+of odd shapes, which no thread count divides evenly, and the outputs are compared.
+
+Tolerances: every output is computed by the same per-element (or per-row, per-chunk)
+arithmetic in both builds, with no fast-math, so it is bit-identical and compared exactly.
+The one exception is the loss of ``_softmax_xent``: a ``prange`` reduction whose partial
+sums the parallel build adds per thread, in another order than the serial loop.
+"""
+
+import numpy as np
+import pytest
+
+from xpnn.backends import numba_kernels as nk
+from xpnn.backends.numba_jit import ACT_CODE
+
+TWINS = {name: obj for name, obj in vars(nk).items() if isinstance(obj, nk._Twin)}
+DTYPES = [np.float32, np.float64]
+ROWS, COLS = 37, 53  # prime: no thread count splits them evenly
+SIZE = ROWS * COLS
+CASES = {"_bias_act", "_bias_act_backward", "_softmax_xent", "_sgd", "_momentum", "_adam"}
+
+
+def _fresh(args):
+    """A copy of every array in ``args``, inside tuples too; scalars as they are."""
+    out = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            out.append(a.copy())
+        elif isinstance(a, tuple):
+            out.append(tuple(x.copy() for x in a))
+        else:
+            out.append(a)
+    return out
+
+
+def _both(name, args):
+    """Run the serial and the parallel build of twin ``name`` on copies of ``args``; return
+    (result, arguments after the call) for each."""
+    twin = TWINS[name]
+    runs = []
+    for build in (twin.serial, twin.parallel):
+        fresh = _fresh(args)
+        runs.append((build(*fresh), fresh))
+    return runs
+
+
+def _assert_same_arrays(a, b):
+    """The arrays in two argument lists are bit-identical (in-place outputs included)."""
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_every_twin_has_a_case():
+    """A new twin in numba_kernels must get a case here."""
+    assert set(TWINS) == CASES
+
+
+@pytest.mark.parametrize("act", sorted(ACT_CODE))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_act(dtype, act):
+    """Elementwise bias + activation: exact."""
+    rng = np.random.default_rng(1)
+    z = (rng.standard_normal((ROWS, COLS)) * 4).astype(dtype)
+    z[0, :5] = 0  # relu's and sigmoid's branch points
+    b = rng.standard_normal(COLS).astype(dtype)
+    (out_s, args_s), (out_p, args_p) = _both("_bias_act", (z, b, ACT_CODE[act]))
+    np.testing.assert_array_equal(out_p, out_s)
+    _assert_same_arrays(args_s, args_p)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 5, ROWS])
+@pytest.mark.parametrize("act", sorted(ACT_CODE))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_act_backward(dtype, act, chunks):
+    """dz is elementwise and db adds per-chunk partial sums in chunk order in both builds
+    (the chunking is an argument, not the thread team), so both are exact."""
+    rng = np.random.default_rng(2)
+    dy = rng.standard_normal((ROWS, COLS)).astype(dtype)
+    y = rng.standard_normal((ROWS, COLS)).astype(dtype)
+    if act == "relu":
+        y = np.maximum(y, 0)
+    elif act == "sigmoid":
+        y = 1 / (1 + np.exp(-y))
+    elif act == "tanh":
+        y = np.tanh(y)
+    args = (dy, y, ACT_CODE[act], chunks)
+    ((dz_s, db_s), args_s), ((dz_p, db_p), args_p) = _both("_bias_act_backward", args)
+    assert db_p.dtype == dtype
+    np.testing.assert_array_equal(dz_p, dz_s)
+    np.testing.assert_array_equal(db_p, db_s)
+    _assert_same_arrays(args_s, args_p)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_xent(dtype):
+    """The gradient is per row: exact. The loss is a prange reduction, summed in another
+    order by the parallel build. Its accumulator is float64 for both dtypes (``loss = 0.0``)
+    and every row's term is >= 0, so any order stays within (ROWS - 1) * 2**-53 ~ 4e-15 of
+    the exact sum: rtol=1e-12 has a wide margin and would still catch a lost or doubled row."""
+    rng = np.random.default_rng(3)
+    z = (rng.standard_normal((ROWS, COLS)) * 5).astype(dtype)
+    labels = rng.integers(0, COLS, size=ROWS, dtype=np.int64)
+    args = (z, labels, dtype(1 / ROWS))
+    ((loss_s, grad_s), args_s), ((loss_p, grad_p), args_p) = _both("_softmax_xent", args)
+    assert isinstance(loss_s, float) and isinstance(loss_p, float)
+    assert grad_p.dtype == dtype
+    np.testing.assert_array_equal(grad_p, grad_s)
+    np.testing.assert_allclose(loss_p, loss_s, rtol=1e-12, atol=0)
+    _assert_same_arrays(args_s, args_p)
+
+
+def _grads(rng, dtype, n_grads, size=SIZE):
+    """A tuple of ``n_grads`` gradient buffers, as the optimizer kernels take them."""
+    return tuple(rng.standard_normal(size).astype(dtype) for _ in range(n_grads))
+
+
+@pytest.mark.parametrize("n_grads", [1, 2])  # one rank, two sharing memory
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sgd(dtype, n_grads):
+    """Elementwise update of p: exact."""
+    rng = np.random.default_rng(4)
+    p = rng.standard_normal(SIZE).astype(dtype)
+    args = (p, _grads(rng, dtype, n_grads), dtype(0.05))
+    (out_s, args_s), (out_p, args_p) = _both("_sgd", args)
+    assert out_s is None and out_p is None
+    assert not np.array_equal(args_s[0], p)
+    _assert_same_arrays(args_s, args_p)
+
+
+@pytest.mark.parametrize("n_grads", [1, 2])  # one rank, two sharing memory
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_momentum(dtype, n_grads):
+    """Elementwise update of p and v: exact."""
+    rng = np.random.default_rng(5)
+    p = rng.standard_normal(SIZE).astype(dtype)
+    v = rng.standard_normal(SIZE).astype(dtype)
+    args = (p, _grads(rng, dtype, n_grads), v, dtype(0.05), dtype(0.9))
+    (_, args_s), (_, args_p) = _both("_momentum", args)
+    assert not np.array_equal(args_s[0], p) and not np.array_equal(args_s[2], v)
+    _assert_same_arrays(args_s, args_p)
+
+
+@pytest.mark.parametrize("n_grads", [1, 2])  # one rank, two sharing memory
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adam(dtype, n_grads):
+    """Elementwise update of p, m and v: exact. Scalars built as NumbaKernels.adam_update
+    builds them (step 3), in the arrays' dtype."""
+    rng = np.random.default_rng(6)
+    p = rng.standard_normal(SIZE).astype(dtype)
+    m = (rng.standard_normal(SIZE) * 0.1).astype(dtype)
+    v = (rng.random(SIZE) * 0.01).astype(dtype)
+    lr, beta1, beta2, eps, step = 1e-3, 0.9, 0.999, 1e-8, 3
+    c1, c2 = 1 - beta1**step, 1 - beta2**step
+    t = dtype
+    scalars = (t(lr / c1), t(beta1), t(beta2), t(1 - beta1), t(1 - beta2), t(eps), t(c2))
+    args = (p, _grads(rng, dtype, n_grads), m, v, *scalars)
+    (_, args_s), (_, args_p) = _both("_adam", args)
+    assert not np.array_equal(args_s[0], p)
+    assert not np.array_equal(args_s[2], m) and not np.array_equal(args_s[3], v)
+    assert np.isfinite(args_s[0]).all()
+    _assert_same_arrays(args_s, args_p)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("n", "build"),
+    [(nk.PARALLEL_MIN_ELEMENTS - 1, "serial"), (nk.PARALLEL_MIN_ELEMENTS, "parallel")],
+)
+def test_sgd_dispatch_on_both_sides_of_the_threshold(n, build, dtype, monkeypatch):
+    """``_Twin.__call__`` picks the build by size, and each side matches NumPy."""
+    twin = nk._sgd
+    called = []
+    for name in ("serial", "parallel"):
+        real = getattr(twin, name)
+
+        def spy(*args, _real=real, _name=name):
+            called.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(twin, name, spy)
+    rng = np.random.default_rng(7)
+    p = rng.standard_normal(n).astype(dtype)
+    gs = _grads(rng, dtype, 2, size=n)
+    lr = dtype(0.01)
+    want = p - lr * sum(gs)
+    twin(p, gs, lr)
+    assert called == [build]
+    np.testing.assert_allclose(p, want, rtol=0, atol=1e-7)
