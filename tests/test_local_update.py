@@ -24,36 +24,44 @@ def _batches(steps=3, size=32):
     return [(rng.standard_normal((size, IN)), rng.integers(0, 10, size)) for _ in range(steps)]
 
 
-@pytest.mark.parametrize("backend_name", ["numpy", "numba"])
-@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
-def test_layerwise_update_equals_one_update_after_backward(backend_name, optimizer):
-    backend = get_backend(backend_name, "float64")
+def _maker(backend, optimizer):
+    """The ``make_optimizer`` callback an update scheme is built with."""
 
     def make(params, grads, parts=None, zeros=None):
         return make_optimizer(optimizer, params, grads, backend.kernels, Schedule(0.01), parts)
 
-    layerwise, whole = _model(backend), _model(backend)
-    update = LocalUpdate(layerwise, SelfCommunicator(), make)
-    assert len(update.optimizer.parts) == 2
+    return make
+
+
+def _assert_same_run_as_one_update(update, model, whole, make):
+    """Three steps updated by ``update`` during and after backward leave ``model`` where one
+    optimizer step after each whole backward pass leaves ``whole``, bit for bit."""
     reference = make(whole.params, whole.grads)
     for step, (x, y) in enumerate(_batches()):
         ctx = Context(train=True, step=step)
-        layerwise.loss_and_grads(x, y, ctx, 1 / len(x), update.grads_ready)
+        model.loss_and_grads(x, y, ctx, 1 / len(x), update.grads_ready)
         update.finish()
         whole.loss_and_grads(x, y, ctx, 1 / len(x))
         reference.step()
-    np.testing.assert_array_equal(layerwise.params, whole.params)
+    np.testing.assert_array_equal(model.params, whole.params)
     assert reference.step_count == update.optimizer.step_count == 3
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "numba"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+def test_layerwise_update_equals_one_update_after_backward(backend_name, optimizer):
+    backend = get_backend(backend_name, "float64")
+    make = _maker(backend, optimizer)
+    layerwise, whole = _model(backend), _model(backend)
+    update = LocalUpdate(layerwise, SelfCommunicator(), make)
+    assert len(update.optimizer.parts) == 2
+    _assert_same_run_as_one_update(update, layerwise, whole, make)
 
 
 def test_last_layers_are_updated_before_the_first_layer_runs_backward():
     backend = get_backend("numpy", "float64")
     model = _model(backend)
-
-    def make(params, grads, parts=None, zeros=None):
-        return make_optimizer("sgd", params, grads, backend.kernels, Schedule(0.01), parts)
-
-    update = LocalUpdate(model, SelfCommunicator(), make)
+    update = LocalUpdate(model, SelfCommunicator(), _maker(backend, "sgd"))
     events = []
     first_dense = next(layer for layer in model.layers if layer.initial)
     backward = first_dense.backward
@@ -72,10 +80,7 @@ def test_allreduce_update_goes_part_by_part_in_whole_buckets(bucket_bytes):
     the buffer takes what is left), each waited for up to its first bucket; the run is the
     same, bit for bit, as one update after backward."""
     backend = get_backend("numba", "float64")
-
-    def make(params, grads, parts=None, zeros=None):
-        return make_optimizer("adam", params, grads, backend.kernels, Schedule(0.01), parts)
-
+    make = _maker(backend, "adam")
     parted, whole = _model(backend), _model(backend)
     update = AllreduceUpdate(parted, SelfCommunicator(), make, bucket_bytes)
     parts, bounds = update.optimizer.parts, update.buckets.bounds
@@ -88,11 +93,4 @@ def test_allreduce_update_goes_part_by_part_in_whole_buckets(bucket_bytes):
         assert len(bounds) == 109 and len(parts) == 3
     else:
         assert len(bounds) == len(parts) == 1
-    reference = make(whole.params, whole.grads)
-    for step, (x, y) in enumerate(_batches()):
-        ctx = Context(train=True, step=step)
-        parted.loss_and_grads(x, y, ctx, 1 / len(x), update.grads_ready)
-        update.finish()
-        whole.loss_and_grads(x, y, ctx, 1 / len(x))
-        reference.step()
-    np.testing.assert_array_equal(parted.params, whole.params)
+    _assert_same_run_as_one_update(update, parted, whole, make)
