@@ -68,6 +68,14 @@ def test_bucket_mb_says_when_it_has_no_effect(ranks, comm, noted):
     assert "--bucket-mb has no effect" not in run_xpnn(SMALL, timeout=120).stderr
 
 
+def test_bucket_mb_help_states_the_default_used():
+    from xpnn.cli import build_parser
+    from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB
+
+    help_text = " ".join(build_parser().format_help().split())
+    assert f"(default {DEFAULT_BUCKET_MB:g};" in help_text
+
+
 def test_cupy_without_cupy_or_gpu_is_one_line_exit_2():
     pytest.importorskip("numpy")
     try:

@@ -38,9 +38,10 @@ def bucket_bounds(n: int, per_bucket: int) -> list[tuple[int, int]]:
 
 
 def layer_buckets(offsets: list[int], n: int, min_size: int) -> list[tuple[int, int]]:
-    """[start, end) ranges covering ``range(n)``, last range first, cut only where a layer's
-    parameters begin (where backward reports progress) and at least ``min_size`` long, except
-    the range at the start of the buffer, which takes what is left."""
+    """[start, end) ranges covering ``range(n)``, last range first, cut only at ``offsets``
+    (where a layer's parameters begin, i.e. where backward reports progress; or where
+    allreduce buckets begin) and at least ``min_size`` long, except the range at the start
+    of the buffer, which takes what is left."""
     bounds, end = [], n
     for cut in sorted({o for o in offsets if 0 < o < n}, reverse=True):
         if end - cut >= min_size:
