@@ -24,7 +24,7 @@ from xpnn.errors import UserError
 from xpnn.parallel.comm import SelfCommunicator, make_communicator
 from xpnn.parallel.cuda_comm import choose_gpu_kind, shared_gpu
 from xpnn.parallel.failure import CollectiveExit, agree_on_user_errors, run_guarded
-from xpnn.parallel.world import World, launched_by_mpi
+from xpnn.parallel.world import World, check_launcher_size, launched_by_mpi
 
 CPU = SimpleNamespace(name="numpy", is_gpu=False, xp=np)
 GPU = SimpleNamespace(name="cupy", is_gpu=True, xp=None)
@@ -193,6 +193,54 @@ def test_launcher_detection(env: dict, expected: str | None) -> None:
 def test_launcher_detection_bad_force_value() -> None:
     with pytest.raises(UserError, match="XPNN_FORCE_MPI"):
         launched_by_mpi({"XPNN_FORCE_MPI": "yes"})
+
+
+class _FakeMPI:
+    @staticmethod
+    def Get_library_version() -> str:  # noqa: N802 (mpi4py's name)
+        return "Open MPI v4.1.6, package: Debian OpenMPI\nmore"
+
+
+@pytest.mark.parametrize(
+    "env, size, var",
+    [
+        ({"PMI_SIZE": "2"}, 1, "PMI_SIZE"),
+        ({"OMPI_COMM_WORLD_SIZE": "4"}, 2, "OMPI_COMM_WORLD_SIZE"),
+        ({"MV2_COMM_WORLD_SIZE": "3"}, 1, "MV2_COMM_WORLD_SIZE"),
+        ({"PMI_SIZE": "2"}, 2, None),
+        ({"PMI_SIZE": "junk", "PMI_RANK": "0"}, 1, None),
+        ({"SLURM_NTASKS": "4"}, 1, None),  # a batch script's own variables are no launch
+        ({}, 1, None),
+    ],
+)
+def test_launcher_size_mismatch(env: dict, size: int, var: str | None) -> None:
+    """Processes that each see a world of one would each train the whole run alone."""
+    if var is None:
+        check_launcher_size(size, env, _FakeMPI)
+        return
+    with pytest.raises(UserError) as err:
+        check_launcher_size(size, env, _FakeMPI)
+    msg = str(err.value)
+    assert f"{var}={env[var]}" in msg and f"MPI sees {size}" in msg, msg
+    assert "'Open MPI v4.1.6, package: Debian OpenMPI'" in msg and "MPI4PY_LIBMPI" in msg, msg
+
+
+@pytest.mark.mpi
+def test_launcher_size_mismatch_through_cli(tmp_path: Path) -> None:
+    """A launcher variable from another MPI than mpi4py's: one line, exit 2, nothing trained."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "xpnn", "--dataset", "synthetic", "--synthetic-size", "256"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=_clean_env(OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="0"),
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("xpnn:")]
+    assert len(lines) == 1 and "OMPI_COMM_WORLD_SIZE=2" in lines[0], proc.stderr
+    assert "MPI sees 1" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert "epoch" not in proc.stdout, proc.stdout
 
 
 # -- make_communicator: CPU kinds ------------------------------------------------------------

@@ -29,6 +29,8 @@ _LAUNCHER_VARS = (
     "PALS_RANKID",
     "ALPS_APP_PE",
 )
+# Variables in which a launcher states how many processes it started.
+_LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
 _CONTROL: object | None = None  # a private duplicate of COMM_WORLD for failure agreement
@@ -89,6 +91,29 @@ def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def check_launcher_size(size: int, env: Mapping[str, str], mpi: object) -> None:
+    """Refuse to train when the launcher started N processes but MPI sees fewer.
+
+    That happens when mpi4py loaded another MPI library than the launcher's (an ``mpiexec``
+    from the mpich wheel with a system Open MPI, say): every process is then a singleton
+    that trains the whole run alone and writes the same outputs as the others.
+    """
+    for var in _LAUNCHER_SIZE_VARS:
+        try:
+            launched = int(env.get(var, ""))
+        except ValueError:
+            continue
+        if launched > size:
+            first_line = mpi.Get_library_version().splitlines()[0]  # type: ignore[attr-defined]
+            library = " ".join(first_line.split())
+            raise UserError(
+                f"the launcher started {launched} processes ({var}={launched}) but MPI sees "
+                f"{size}: mpi4py loaded {library!r}, not the launcher's MPI; use the mpiexec "
+                "of that library, or point mpi4py at the launcher's one with "
+                "MPI4PY_LIBMPI=/path/to/libmpi.so"
+            )
+
+
 def init_world(env: Mapping[str, str] | None = None) -> World:
     """Find rank, size and node-local rank/size; import MPI only under a launcher.
 
@@ -107,6 +132,7 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
         ) from exc
     global _CONTROL
     world = MPI.COMM_WORLD
+    check_launcher_size(world.Get_size(), os.environ if env is None else env, MPI)
     comm = world.Dup()
     if _CONTROL is None:
         _CONTROL = world.Dup()
