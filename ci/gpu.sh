@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one call, for a machine with an NVIDIA GPU (CuPy, mpi4py, Numba present):
-# GPU tests, a 2-rank --backend cupy training run, the crossover, allreduce and throughput
-# benchmarks. Results go to ${OUT:-bench/results}. Usage: bash ci/gpu.sh
+# GPU tests, a 2-rank --backend cupy training run, the crossover, allreduce, staging and
+# throughput benchmarks. Results go to ${OUT:-bench/results}. Usage: bash ci/gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/results}"
@@ -38,6 +38,12 @@ run "$PY" bench/matmul_crossover.py --out "$OUT"
 step "allreduce (device buffers)"
 if [ -n "$MPIEXEC" ]; then
   run "$MPIEXEC" -n 2 "$PY" bench/allreduce.py --backend cupy --json "$OUT/allreduce_gpu.json"
+fi
+
+step "host staging of device buffers, phase by phase (1 rank, then 2 ranks)"
+if [ -n "$MPIEXEC" ]; then
+  run "$MPIEXEC" -n 1 "$PY" bench/staging.py
+  run "$MPIEXEC" -n 2 "$PY" bench/staging.py
 fi
 
 step "throughput (cupy vs PyTorch CUDA)"

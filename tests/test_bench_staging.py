@@ -1,0 +1,38 @@
+"""bench/staging.py: without a GPU it says why in one line and exits 0; a bad size is a
+one-line usage error. (On a GPU, ci/gpu.sh runs it on 1 and 2 ranks.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+SCRIPT = str(ROOT / "bench" / "staging.py")
+
+
+def _has_cuda() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # ImportError, or no driver
+        return False
+
+
+@pytest.mark.skipif(_has_cuda(), reason="a CUDA device is present: the GPU path runs instead")
+def test_without_a_gpu_it_skips_in_one_line():
+    proc = subprocess.run(
+        [sys.executable, SCRIPT], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") == 1 and proc.stdout.startswith("staging: skipped"), proc.stdout
+
+
+def test_bad_size_is_a_usage_error():
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--sizes", "4,-1"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "--sizes" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
