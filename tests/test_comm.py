@@ -195,10 +195,7 @@ def test_launcher_detection_bad_force_value() -> None:
         launched_by_mpi({"XPNN_FORCE_MPI": "yes"})
 
 
-class _FakeMPI:
-    @staticmethod
-    def Get_library_version() -> str:  # noqa: N802 (mpi4py's name)
-        return "Open MPI v4.1.6, package: Debian OpenMPI\nmore"
+OPEN_MPI_VERSION = "Open MPI v4.1.6, package: Debian OpenMPI\nmore"  # as MPI reports it
 
 
 @pytest.mark.parametrize(
@@ -216,10 +213,10 @@ class _FakeMPI:
 def test_launcher_size_mismatch(env: dict, size: int, var: str | None) -> None:
     """Processes that each see a world of one would each train the whole run alone."""
     if var is None:
-        check_launcher_size(size, env, _FakeMPI)
+        check_launcher_size(size, env, OPEN_MPI_VERSION)
         return
     with pytest.raises(UserError) as err:
-        check_launcher_size(size, env, _FakeMPI)
+        check_launcher_size(size, env, OPEN_MPI_VERSION)
     msg = str(err.value)
     assert f"{var}={env[var]}" in msg and f"MPI sees {size}" in msg, msg
     assert "'Open MPI v4.1.6, package: Debian OpenMPI'" in msg and "MPI4PY_LIBMPI" in msg, msg

@@ -91,7 +91,7 @@ def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
-def check_launcher_size(size: int, env: Mapping[str, str], mpi: object) -> None:
+def check_launcher_size(size: int, env: Mapping[str, str], library_version: str) -> None:
     """Refuse to train when the launcher started N processes but MPI sees fewer.
 
     That happens when mpi4py loaded another MPI library than the launcher's (an ``mpiexec``
@@ -104,8 +104,7 @@ def check_launcher_size(size: int, env: Mapping[str, str], mpi: object) -> None:
         except ValueError:
             continue
         if launched > size:
-            first_line = mpi.Get_library_version().splitlines()[0]  # type: ignore[attr-defined]
-            library = " ".join(first_line.split())
+            library = " ".join(library_version.splitlines()[0].split())
             raise UserError(
                 f"the launcher started {launched} processes ({var}={launched}) but MPI sees "
                 f"{size}: mpi4py loaded {library!r}, not the launcher's MPI; use the mpiexec "
@@ -132,7 +131,8 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
         ) from exc
     global _CONTROL
     world = MPI.COMM_WORLD
-    check_launcher_size(world.Get_size(), os.environ if env is None else env, MPI)
+    env = os.environ if env is None else env
+    check_launcher_size(world.Get_size(), env, MPI.Get_library_version())
     comm = world.Dup()
     if _CONTROL is None:
         _CONTROL = world.Dup()
