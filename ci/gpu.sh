@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one call, for a machine with an NVIDIA GPU (CuPy, mpi4py, Numba present):
-# GPU tests, a 2-rank --backend cupy training run, the crossover, allreduce, staging and
-# throughput benchmarks. Results go to ${OUT:-bench/results}. Usage: bash ci/gpu.sh
+# GPU tests, 2-rank --backend cupy training runs (data and tensor parallel), the crossover,
+# allreduce, staging and throughput benchmarks. Results go to ${OUT:-bench/results}.
+# Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see README, GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/results}"
@@ -11,6 +12,22 @@ PY="${PYTHON:-python3}"
 status=0
 step() { echo; echo "== $*"; }
 run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  # What the image lacks, carried as wheels (README: GPU): installed under a prefix, found
+  # wherever this pip's scheme put them (Debian's adds local/), and put first.
+  step "wheels from .whl/"
+  P=/tmp/xpnn-wheels
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --prefix "$P" .whl/*.whl \
+    || { echo "FAILED: pip install .whl/*.whl"; exit 1; }
+  SITE="$(find "$P" -maxdepth 5 -type d -name '*-packages' | head -1)"
+  BIN="$(find "$P" -maxdepth 3 -type f -name mpiexec | head -1)"
+  LIBMPI="$(find "$P" -maxdepth 4 -name 'libmpi.so.12' | head -1)"
+  [ -n "$SITE" ] && export PYTHONPATH="$PYTHONPATH:$SITE"
+  [ -n "$BIN" ] && export PATH="$(dirname "$BIN"):$PATH"
+  [ -n "$LIBMPI" ] && export MPI4PY_LIBMPI="$LIBMPI"  # mpi4py's ABI build loads this MPI
+  echo "site $SITE, mpiexec ${BIN:-none}, MPI4PY_LIBMPI ${LIBMPI:-unset}"
+fi
 
 step "environment"
 nvidia-smi -L || true
@@ -24,6 +41,8 @@ step "2-rank --backend cupy training run"
 if [ -n "$MPIEXEC" ]; then
   run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --dataset synthetic --synthetic-size 20000 \
       --epochs 3 --batch-size 512 --metrics "$OUT/gpu_train.jsonl" --no-progress
+  run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --parallel tensor --dataset synthetic \
+      --synthetic-size 20000 --epochs 2 --batch-size 512 --no-progress
   for comm in mpi-host mpi-cuda nccl; do
     run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --comm "$comm" --dataset synthetic \
         --synthetic-size 4000 --epochs 1 --no-progress

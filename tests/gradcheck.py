@@ -23,19 +23,32 @@ def numeric_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 
 
 def check_layer(
-    layer, in_shape, batch: int = 3, seed: int = 0, ctx: Context | None = None, atol: float = 1e-6
+    layer,
+    in_shape,
+    batch: int = 3,
+    seed: int = 0,
+    ctx: Context | None = None,
+    atol: float = 1e-6,
+    x_shape: tuple[int, ...] | None = None,
+    before_forward=None,
 ):
     """Build ``layer`` on the float64 numpy backend; compare dx and every dparam with FD of
-    the scalar ``sum(forward(x) * R)`` for a random R."""
+    the scalar ``sum(forward(x) * R)`` for a random R.
+
+    ``x_shape``: the input a built layer takes, where it differs from the shape it is built
+    against (a slice, under tensor parallelism); ``before_forward(layer)`` runs after build.
+    """
     from xpnn.backends import get_backend
     from xpnn.nn.sequential import Sequential
 
     backend = get_backend("numpy", "float64")
     model = Sequential([layer]).build(in_shape, backend, seed)
+    if before_forward is not None:
+        before_forward(layer)
     rng = np.random.default_rng(seed + 1)
-    x = rng.standard_normal((batch, *in_shape))
+    x = rng.standard_normal((batch, *(x_shape or in_shape)))
     ctx = ctx or Context(train=True, step=1, seed=3, sample_ids=np.arange(batch))
-    r = rng.standard_normal((batch, *model.output_shape))
+    r = rng.standard_normal(layer.forward(x, ctx).shape)
 
     def f() -> float:
         return float(np.sum(layer.forward(x, ctx) * r))

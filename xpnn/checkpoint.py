@@ -33,9 +33,9 @@ def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
         raise
 
 
-def save_params(path: str | os.PathLike, model: Any) -> None:
-    to_host = model.backend.to_host
-    atomic_savez(path, {name: to_host(p) for name, p in model.named_params().items()})
+def save_params(path: str | os.PathLike, params: dict[str, np.ndarray]) -> None:
+    """``--save``: host arrays under their stable names (``layer0.W``...)."""
+    atomic_savez(path, params)
 
 
 def checkpoint_path(directory: str | os.PathLike, epoch: int) -> Path:

@@ -123,7 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
     )
-    a("--parallel", default="data", choices=["data"])
+    a(
+        "--parallel",
+        default="data",
+        choices=["data", "tensor"],
+        help="data: each rank a share of every batch; tensor: each rank a slice of every "
+        "pair of Dense layers (MLP only)",
+    )
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
     return p
 
@@ -171,6 +177,12 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     _writable_file("--save", args.save)
     if args.resume and not args.checkpoint_dir:
         raise UserError("--resume: needs --checkpoint-dir")
+    tensor = args.parallel == "tensor"
+    if tensor and args.checkpoint_dir:
+        raise UserError(
+            "--checkpoint-dir: not available with --parallel tensor (a checkpoint holds one "
+            "rank's parameters); use --save, or --parallel data"
+        )
     threads = threads_per_rank(world.local_size, override=args.threads)
     thread_info = apply_threads(threads)
     backend = get_backend(args.backend, args.dtype, device_id=world.local_rank)
@@ -184,9 +196,14 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     if args.model == "cnn" and tuple(data.input_shape) != (1, 28, 28):
         raise UserError(f"--model cnn: needs 1x28x28 images, {args.dataset} has {data.input_shape}")
     model = build_model(args.model, args.hidden, args.activation, data.num_classes, args.loss)
+    if tensor:
+        from xpnn.parallel.tensor_parallel import split_layers
+
+        model.layers = split_layers(model.layers, world.rank, world.size)
     model.build(data.input_shape, backend, args.seed)
-    batch = _global_batch(args, world.size, data.x_train.shape[0])
-    lr = args.lr * (world.size if args.lr_scaling == "linear" else 1)
+    replicas = 1 if tensor else world.size  # the ranks that each take a share of the batch
+    batch = _global_batch(args, replicas, data.x_train.shape[0])
+    lr = args.lr * (replicas if args.lr_scaling == "linear" else 1)
     cfg = TrainConfig(
         epochs=args.epochs,
         batch_size=batch,
@@ -201,12 +218,14 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
         progress=not args.no_progress,
+        parallel=args.parallel,
         extra={
             "threads": thread_info["threads"],
             "model": args.model,
             "dataset": args.dataset,
             "global_batch": batch,
             "dtype": args.dtype,
+            "parallel": args.parallel,
         },
     )
     if args.metrics and world.rank == 0 and not args.resume:
@@ -222,21 +241,31 @@ def _announce(
     if comm.rank != 0:
         return
     note = f" ({comm.fallback_reason})" if getattr(comm, "fallback_reason", None) else ""
+    tensor = cfg.parallel == "tensor"
+    summary = model.summary()
+    if tensor:
+        from xpnn.parallel.tensor_parallel import whole_size
+
+        summary += f" on rank 0 of {whole_size(model):,}, tensor parallel"
     print(
-        f"xpnn: {model.summary()}\n"
+        f"xpnn: {summary}\n"
         f"xpnn: {data.name} {data.x_train.shape[0]} train / {data.x_test.shape[0]} test, "
         f"global batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend "
         f"{backend.describe()}, comm {comm.name}{note}, {comm.size} rank(s) x "
         f"{cfg.extra['threads']} thread(s)",
         flush=True,
     )
-    if bucket_mb is not None and not uses_byte_buckets(comm):
-        print(
-            f"xpnn: note: --bucket-mb has no effect with comm {comm.name} on {comm.size} "
-            "rank(s): the update's buckets are cut at layers",
-            file=sys.stderr,
-            flush=True,
+    if bucket_mb is None:
+        return
+    if tensor:
+        why = "with --parallel tensor: no gradients are exchanged"
+    elif not uses_byte_buckets(comm):
+        why = (
+            f"with comm {comm.name} on {comm.size} rank(s): the update's buckets are cut at layers"
         )
+    else:
+        return
+    print(f"xpnn: note: --bucket-mb has no effect {why}", file=sys.stderr, flush=True)
 
 
 def train_main(args: argparse.Namespace) -> int:
@@ -250,6 +279,10 @@ def train_main(args: argparse.Namespace) -> int:
     backend, data, model, cfg = agree_on_user_errors(world, lambda: _setup(args, world))
     # A separate phase: on GPU backends building the communicator talks to the other ranks.
     comm = agree_on_user_errors(world, lambda: make_communicator(world, backend, args.comm))
+    if args.parallel == "tensor":
+        from xpnn.parallel.tensor_parallel import attach
+
+        attach(model, comm)
     _announce(backend, comm, model, cfg, data, args.bucket_mb)
     # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
     # on every rank of a node; that is a user error to print once, not a crash per rank.

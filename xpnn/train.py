@@ -24,6 +24,8 @@ from xpnn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint,
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
+from xpnn.parallel import tensor_parallel
+from xpnn.parallel.comm import SelfCommunicator
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
 
 
@@ -43,6 +45,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     resume: bool = False
     progress: bool = False
+    parallel: str = "data"  # or "tensor": every rank sees every sample (tensor_parallel.py)
     extra: dict = field(default_factory=dict)  # more keys for every metrics line
 
 
@@ -70,6 +73,8 @@ class Trainer:
         self.xp = backend.xp
         self.log = log or (lambda msg: print(msg, flush=True))
         self.is_root = comm.rank == 0
+        # the ranks that split the data: all of them, or (tensor parallelism) none
+        self.data_comm = comm if cfg.parallel == "data" else SelfCommunicator()
         xp = self.xp
         self.x_train = backend.asarray(data.x_train)
         self.y_train = backend.asarray(data.y_train, dtype=xp.int64)
@@ -87,16 +92,18 @@ class Trainer:
                 cfg.optimizer, params, grads, backend.kernels, schedule, parts, zeros
             )
 
-        self.update = make_update(model, comm, optimizer, int(cfg.bucket_mb * 2**20))
+        self.update = make_update(model, self.data_comm, optimizer, int(cfg.bucket_mb * 2**20))
         self.optimizer = self.update.optimizer
         self.fail_at = _fault_injection()
+        tensor = cfg.parallel == "tensor"
+        self.n_params = tensor_parallel.whole_size(model) if tensor else model.size
 
     # -- one global batch ----------------------------------------------------------------
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
         xp, model = self.xp, self.model
         if self.fail_at == (self.comm.rank, step):
             raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
-        local = shard(batch, self.comm.rank, self.comm.size)
+        local = shard(batch, self.data_comm.rank, self.data_comm.size)
         if len(local) == 0:  # more ranks than samples in this batch: contribute zeros
             model.grads[...] = 0
             zero = xp.zeros((), dtype=xp.float64)
@@ -116,7 +123,8 @@ class Trainer:
     def evaluate(self) -> tuple[float, float]:
         """Test loss and accuracy: each rank scores a contiguous part, sums are reduced."""
         xp, data = self.xp, self.data
-        part = np.array_split(np.arange(data.x_test.shape[0]), self.comm.size)[self.comm.rank]
+        dc = self.data_comm
+        part = np.array_split(np.arange(data.x_test.shape[0]), dc.size)[dc.rank]
         loss_sum, correct = 0.0, 0.0
         for start in range(0, len(part), self.cfg.eval_batch_size):
             sel = part[start : start + self.cfg.eval_batch_size]
@@ -125,7 +133,7 @@ class Trainer:
             loss, corr = self.model.evaluate(xb, yb)
             loss_sum += float(loss)
             correct += float(corr)
-        total = self.comm.allreduce_host(np.array([loss_sum, correct, len(part)], np.float64))
+        total = dc.allreduce_host(np.array([loss_sum, correct, len(part)], np.float64))
         return total[0] / max(total[2], 1), total[1] / max(total[2], 1)
 
     # -- the run -------------------------------------------------------------------------
@@ -155,7 +163,7 @@ class Trainer:
             self.backend.synchronize()
             seconds = time.perf_counter() - t0
             total_seconds += seconds
-            sums = comm.allreduce_host(
+            sums = self.data_comm.allreduce_host(
                 np.array([float(loss_acc), float(correct_acc)], dtype=np.float64)
             )
             train_loss, train_acc = sums[0] / self.n_train, sums[1] / self.n_train
@@ -176,13 +184,16 @@ class Trainer:
             if cfg.checkpoint_dir and self.is_root:
                 save_checkpoint(cfg.checkpoint_dir, model, self.optimizer, epoch + 1, cfg.seed)
         digests = comm.allgather_obj(self.params_digest())
+        # gathering slices is collective under tensor parallelism; otherwise rank 0's copy
+        keeps = cfg.save and (self.is_root or cfg.parallel == "tensor")
+        saved = self._whole_params() if keeps else None
         done = {
             "event": "done",
             "epochs": cfg.epochs,
             "test_acc": test_acc,
             "test_loss": test_loss,
             "total_seconds": total_seconds,
-            "params": model.size,
+            "params": self.n_params,
             "params_sha256": digests[0],
             "ranks_agree": len(set(digests)) == 1,
             **common,
@@ -190,16 +201,25 @@ class Trainer:
         if self.is_root:
             self._write_metrics(done)
             if cfg.save:
-                save_params(cfg.save, model)
+                save_params(cfg.save, saved)
             self.log(
                 f"done: {cfg.epochs} epochs, test_acc {test_acc:.4f}, "
-                f"{total_seconds:.1f} s training, {model.size:,} parameters"
+                f"{total_seconds:.1f} s training, {self.n_params:,} parameters"
             )
         return done
 
     def params_digest(self) -> str:
-        """SHA-256 of this rank's parameters: equal on every rank, or data parallelism broke."""
+        """SHA-256 of the parameters: equal on every rank, or the parallelism broke."""
+        if self.cfg.parallel == "tensor":
+            return tensor_parallel.params_digest(self.model, self.comm)
         return hashlib.sha256(self.backend.to_host(self.model.params).tobytes()).hexdigest()
+
+    def _whole_params(self) -> dict[str, np.ndarray]:
+        """Every parameter under its stable name, whole, on the host (what ``--save`` writes)."""
+        if self.cfg.parallel == "tensor":
+            return tensor_parallel.full_params(self.model, self.comm)
+        to_host = self.backend.to_host
+        return {name: to_host(p) for name, p in self.model.named_params().items()}
 
     def _maybe_resume(self) -> int:
         cfg = self.cfg

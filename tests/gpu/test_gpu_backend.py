@@ -174,3 +174,34 @@ def test_cupy_update_of_a_gradient_in_parts_equals_numpy(optimizer):
             opt.step()
         out[name] = backend.to_host(p)
     np.testing.assert_allclose(out["cupy"], out["numpy"], rtol=1e-12, atol=1e-14)
+
+
+def test_two_rank_cupy_tensor_parallel_computes_the_one_rank_numpy_run(tmp_path):
+    """Split layers on device buffers: activations and input gradients are allreduced through
+    whatever the communicator is here (host staging on one shared GPU)."""
+    base = [
+        "--dataset",
+        "synthetic",
+        "--synthetic-size",
+        "600",
+        "--hidden",
+        "48,40,24",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "70",
+        "--dtype",
+        "float64",
+        "--no-progress",
+    ]
+    saved = {}
+    for ranks, extra in ((1, ["--backend", "numpy"]), (2, ["--backend", "cupy"])):
+        path = tmp_path / f"{ranks}.npz"
+        args = [*base, *extra, "--parallel", "tensor", "--save", str(path)]
+        proc = run_xpnn(args, ranks=ranks)
+        assert proc.returncode == 0, proc.stderr
+        with np.load(path) as data:
+            saved[ranks] = {k: data[k] for k in data.files}
+    for name, ref in saved[1].items():
+        scale = np.abs(ref).max()
+        np.testing.assert_allclose(saved[2][name], ref, rtol=0, atol=1e-10 * scale, err_msg=name)

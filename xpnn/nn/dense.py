@@ -27,10 +27,15 @@ class Dense(Layer):
         return (self.units,)
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        z = self.xp.matmul(x, self.params["W"])
+        z = self.complete(self.xp.matmul(x, self.params["W"]))
         y = self.kernels.bias_act(z, self.params["b"], self.activation)
         self.x, self.y = x, y
         return y
+
+    def complete(self, z: Array) -> Array:
+        """``x @ W`` as this layer computed it is the whole pre-activation; a layer holding only
+        some rows of ``W`` (tensor parallelism) sums the ranks' parts here."""
+        return z
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         dz, db = self.kernels.bias_act_backward(dy, self.y, self.activation)

@@ -114,12 +114,16 @@ class Sequential:
     def named_params(self) -> dict[str, Array]:
         """Stable names -> views; what ``--save`` writes. Layers are numbered among those that
         have parameters, so an MLP's first Dense is ``layer0`` whatever Flatten precedes it."""
+        return {key: layer.params[name] for key, layer, name in self.param_names()}
+
+    def param_names(self) -> list[tuple[str, Layer, str]]:
+        """(stable name, layer, the layer's own name for it) for every parameter, in order."""
         with_params = [layer for layer in self.layers if layer.initial]
-        return {
-            f"layer{i}.{name}": layer.params[name]
+        return [
+            (f"layer{i}.{name}", layer, name)
             for i, layer in enumerate(with_params)
             for name in layer.initial
-        }
+        ]
 
     def summary(self) -> str:
         return " -> ".join(repr(layer) for layer in self.layers) + f"  ({self.size:,} parameters)"

@@ -1,0 +1,179 @@
+"""Tensor parallelism: split Dense layers, checked by finite differences and under real mpiexec."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import run_xpnn
+from gradcheck import check_layer
+
+from xpnn.backends import get_backend
+from xpnn.errors import UserError
+from xpnn.nn import build_model
+from xpnn.nn.dense import Dense
+from xpnn.nn.flatten import Flatten
+from xpnn.parallel.comm import SelfCommunicator
+from xpnn.parallel.tensor_parallel import (
+    ColumnDense,
+    RowDense,
+    attach,
+    split_layers,
+    whole_size,
+)
+
+
+def _alone(layer):
+    layer.comm = SelfCommunicator()
+
+
+@pytest.mark.parametrize("act", ["identity", "relu", "tanh", "sigmoid"])
+def test_column_dense_backward_matches_finite_differences(act):
+    """Units 2:5 of 6: the output is those units; dx is their part of the input gradient."""
+    check_layer(ColumnDense(6, act, (2, 5)), (7,), batch=4, before_forward=_alone)
+
+
+@pytest.mark.parametrize("act", ["identity", "relu", "tanh"])
+def test_row_dense_backward_matches_finite_differences(act):
+    """Rows 1:4 of 7: the input is that slice of the activations."""
+    check_layer(RowDense(5, act, (1, 4)), (7,), batch=4, x_shape=(3,), before_forward=_alone)
+
+
+def test_every_rank_keeps_its_slice_of_the_one_rank_initial_weights():
+    backend = get_backend("numpy", "float64")
+    full = build_model("mlp", (9, 6)).build((1, 4, 4), backend, seed=3).named_params()
+    parts = []
+    for rank in range(2):
+        model = build_model("mlp", (9, 6))
+        model.layers = split_layers(model.layers, rank, 2)
+        model.build((1, 4, 4), backend, seed=3)
+        parts.append(model.named_params())
+        assert whole_size(model) == sum(p.size for p in full.values())
+    np.testing.assert_array_equal(np.hstack([p["layer0.W"] for p in parts]), full["layer0.W"])
+    np.testing.assert_array_equal(np.hstack([p["layer0.b"] for p in parts]), full["layer0.b"])
+    np.testing.assert_array_equal(np.vstack([p["layer1.W"] for p in parts]), full["layer1.W"])
+    for name in ("layer1.b", "layer2.W", "layer2.b"):  # replicated
+        np.testing.assert_array_equal(parts[0][name], full[name])
+        np.testing.assert_array_equal(parts[1][name], full[name])
+    assert parts[0]["layer0.W"].shape == (16, 5) and parts[1]["layer0.W"].shape == (16, 4)
+
+
+def test_dense_layers_are_paired_and_a_last_odd_one_is_replicated():
+    layers = split_layers([Flatten(), Dense(8, "relu"), Dense(6, "relu"), Dense(3)], 1, 2)
+    kinds = [type(layer).__name__ for layer in layers]
+    assert kinds == ["Flatten", "ColumnDense", "RowDense", "Dense"]
+    assert (layers[1].lo, layers[1].hi) == (layers[2].lo, layers[2].hi) == (4, 8)
+    four = split_layers([Dense(8), Dense(6), Dense(4), Dense(3)], 0, 3)
+    assert [type(layer).__name__ for layer in four] == [
+        "ColumnDense",
+        "RowDense",
+        "ColumnDense",
+        "RowDense",
+    ]
+
+
+def test_one_process_tensor_parallel_is_the_plain_network():
+    backend = get_backend("numpy", "float64")
+    plain = build_model("mlp", (9, 6)).build((1, 4, 4), backend, seed=0)
+    split = build_model("mlp", (9, 6))
+    split.layers = split_layers(split.layers, 0, 1)
+    split.build((1, 4, 4), backend, seed=0)
+    attach(split, SelfCommunicator())
+    x = np.random.default_rng(1).standard_normal((5, 1, 4, 4))
+    labels = np.array([0, 3, 9, 2, 2])
+    from xpnn.nn.layer import Context
+
+    out = [m.loss_and_grads(x, labels, Context(train=True), 0.2) for m in (plain, split)]
+    assert float(out[0][0]) == pytest.approx(float(out[1][0]), rel=1e-14)
+    np.testing.assert_allclose(split.grads, plain.grads, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    "layers, message",
+    [
+        ([Flatten(), Dense(1, "relu"), Dense(4)], "a layer of 1 units cannot be split over 2"),
+    ],
+)
+def test_what_cannot_be_split_is_a_user_error(layers, message):
+    with pytest.raises(UserError, match=message):
+        split_layers(layers, 0, 2)
+
+
+def test_only_mlps_can_be_split():
+    with pytest.raises(UserError, match="only MLPs"):
+        split_layers(build_model("cnn").layers, 0, 2)
+
+
+# -- real mpiexec ----------------------------------------------------------------------------
+BASE = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-size",
+    "300",
+    "--epochs",
+    "2",
+    "--batch-size",
+    "70",
+    "--dtype",
+    "float64",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.01",
+    "--no-progress",
+    "--threads",
+    "1",
+]
+
+
+def _train(tmp_path, ranks, hidden, *extra):
+    saved = tmp_path / f"{ranks}{'-'.join(extra)}.npz"
+    metrics = saved.with_suffix(".jsonl")
+    args = [*BASE, "--hidden", hidden, *extra, "--save", str(saved), "--metrics", str(metrics)]
+    proc = run_xpnn(args, ranks=ranks)
+    assert proc.returncode == 0, proc.stderr
+    with np.load(saved) as data:
+        params = {k: data[k] for k in data.files}
+    return params, [json.loads(line) for line in metrics.read_text().splitlines()], proc
+
+
+@pytest.mark.parametrize("hidden", ["96,700", "96,700,64"])
+def test_two_and_three_ranks_tensor_parallel_compute_the_one_rank_run(tmp_path, hidden):
+    """96,700: one split pair and a replicated output layer; 96,700,64: two pairs, so the
+    second pair's column-split layer sends its input gradient back (an allreduce)."""
+    one, rec1, _ = _train(tmp_path, 1, hidden)
+    for ranks in (2, 3):
+        tp, rec, proc = _train(tmp_path, ranks, hidden, "--parallel", "tensor")
+        assert set(tp) == set(one)
+        for name in one:
+            assert tp[name].shape == one[name].shape
+            # the partial products are summed in another order: 1e-10 of each array's scale
+            scale = np.abs(one[name]).max()
+            np.testing.assert_allclose(
+                tp[name], one[name], rtol=0, atol=1e-10 * scale, err_msg=name
+            )
+        done = rec[-1]
+        assert done["parallel"] == "tensor" and done["world_size"] == ranks
+        assert done["ranks_agree"] and done["params"] == rec1[-1]["params"]
+        assert done["global_batch"] == 70  # every rank sees the whole batch
+        for r1, r in zip(rec1[:2], rec[:2], strict=True):  # metrics counted once, not per rank
+            assert r["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-10)
+            assert r["test_acc"] == r1["test_acc"]
+        assert "tensor parallel" in proc.stdout
+    assert rec1[1]["train_loss"] < rec1[0]["train_loss"]  # it trained: equality is not trivial
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "cnn"], "--parallel tensor: only MLPs"),
+        (["--hidden", "1,8"], "a layer of 1 units cannot be split over 2 ranks"),
+        (["--checkpoint-dir", "ck"], "--checkpoint-dir: not available with --parallel tensor"),
+    ],
+)
+def test_tensor_parallel_user_errors_are_one_line_exit_2(tmp_path, args, message):
+    proc = run_xpnn([*BASE, "--parallel", "tensor", *args, "--epochs", "1"], ranks=2, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert [line for line in lines if message in line] == [lines[-1]]
+    assert sum(message in line for line in lines) == 1  # printed once, not per rank
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,139 @@
+"""Tensor parallelism: every rank holds a slice of each big Dense layer and sees the whole batch.
+
+Megatron-LM's pairing for an MLP. Dense layers are taken two by two:
+
+- the first of a pair is split by **columns** (``ColumnDense``): rank r holds ``W[:, cols_r]``
+  and ``b[cols_r]`` and computes only its units of the output, with no communication;
+- the second is split by **rows** (``RowDense``): rank r holds ``W[cols_r, :]``, multiplies the
+  slice of the activations it owns, and the ranks' partial products are summed by one
+  allreduce before the (replicated) bias and activation.
+
+Backward mirrors it: the row-split layer's input gradient is already this rank's slice, and
+the column-split layer's input gradient is a partial sum (one allreduce, skipped for the first
+layer, whose input gradient nobody reads). A Dense layer left over at the end (the output
+layer of an MLP with an even number of hidden layers) is replicated: every rank computes it
+alike. So a step costs one allreduce of ``batch x units`` per pair forward, no exchange of
+gradients at all, and each rank stores and updates 1/N of the paired weights.
+
+Every rank draws the *whole* initial weights from the seed, as one process would, and keeps its
+slice: with the same seed, 1 rank and N ranks start from the same network and, up to the
+order of floating-point sums, compute the same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import numpy as np
+
+from xpnn.data.batches import shard_bounds
+from xpnn.errors import UserError
+from xpnn.nn.dense import Dense
+from xpnn.nn.flatten import Flatten
+from xpnn.nn.layer import Array, Layer
+
+
+class _SplitDense(Dense):
+    """A Dense that keeps a slice of its parameters along ``split`` (name -> axis)."""
+
+    split: dict[str, int] = {}
+
+    def __init__(self, units: int, activation: str, bounds: tuple[int, int]) -> None:
+        super().__init__(units, activation)
+        self.lo, self.hi = bounds
+        self.comm: Any = None  # set by ``attach`` once the communicator exists
+
+    def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        out = super().setup(in_shape, rng)  # the whole initial weights, as one rank draws them
+        self.whole_shapes = {name: shape for name, (_, shape) in self.initial.items()}
+        for name, axis in self.split.items():
+            value, shape = self.initial[name]
+            shape = tuple(self.hi - self.lo if a == axis else n for a, n in enumerate(shape))
+            if isinstance(value, np.ndarray):
+                value = np.take(value, np.arange(self.lo, self.hi), axis=axis)
+            self.initial[name] = (value, shape)
+        return out  # the layer's whole output shape: what the next layer is built against
+
+    def __repr__(self) -> str:
+        kind = type(self).__name__
+        return f"{kind}({self.units}, {self.activation}, [{self.lo}:{self.hi}])"
+
+
+class ColumnDense(_SplitDense):
+    """Holds output units ``[lo:hi]``: its output is this rank's slice of the activations."""
+
+    split = {"W": 1, "b": 0}
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        dx = super().backward(dy, need_dx)
+        if dx is not None:  # each rank's units contribute a part of every input's gradient
+            self.comm.allreduce_(dx, "sum")
+        return dx
+
+
+class RowDense(_SplitDense):
+    """Holds input rows ``[lo:hi]`` (the units the column-split layer before it computed)."""
+
+    split = {"W": 0}
+
+    def complete(self, z: Array) -> Array:
+        self.comm.allreduce_(z, "sum")  # every rank's rows: the whole pre-activation
+        return z
+
+
+def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
+    """``layers`` with their Dense layers paired into column- and row-split ones for ``rank``
+    of ``size``. Raises UserError for what cannot be split."""
+    if not all(isinstance(layer, (Flatten, Dense)) for layer in layers):
+        raise UserError("--parallel tensor: only MLPs (Flatten and Dense layers) can be split")
+    dense = [i for i, layer in enumerate(layers) if isinstance(layer, Dense)]
+    out = list(layers)
+    for first, second in zip(dense[0::2], dense[1::2], strict=False):
+        units = layers[first].units
+        if units < size:
+            raise UserError(
+                f"--parallel tensor: a layer of {units} units cannot be split over {size} "
+                "ranks (each needs at least one unit; use --parallel data or wider --hidden)"
+            )
+        bounds = shard_bounds(units, rank, size)
+        out[first] = ColumnDense(units, layers[first].activation, bounds)
+        out[second] = RowDense(layers[second].units, layers[second].activation, bounds)
+    return out
+
+
+def attach(model: Any, comm: Any) -> None:
+    """Give the split layers the communicator their forward and backward passes use."""
+    for layer in model.layers:
+        if isinstance(layer, _SplitDense):
+            layer.comm = comm
+
+
+def full_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
+    """Every parameter whole, on the host, on every rank (collective): the slices gathered in
+    rank order; a replicated parameter as this rank holds it."""
+    to_host = model.backend.to_host
+    out = {}
+    for key, layer, name in model.param_names():
+        value = to_host(layer.params[name])
+        axis = getattr(layer, "split", {}).get(name)
+        out[key] = value if axis is None else np.concatenate(comm.allgather_obj(value), axis)
+    return out
+
+
+def whole_size(model: Any) -> int:
+    """How many parameters the network has, all ranks' slices together."""
+    shapes = [
+        getattr(layer, "whole_shapes", {}).get(name, layer.initial[name][1])
+        for _, layer, name in model.param_names()
+    ]
+    return sum(math.prod(shape) for shape in shapes)
+
+
+def params_digest(model: Any, comm: Any) -> str:
+    """SHA-256 of the whole parameters: ranks agree unless their replicated layers drifted."""
+    digest = hashlib.sha256()
+    for value in full_params(model, comm).values():
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()
