@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--per-rank-batch", type=positive_int, default=128, help="batch per rank (weak scaling)")
     a("--optimizer", choices=("sgd", "momentum", "adam"), default="adam", help="xpnn --optimizer")
+    a(
+        "--parallel",
+        choices=("data", "tensor"),
+        default="data",
+        help="xpnn --parallel (tensor: strong scaling only, every rank sees the whole batch)",
+    )
     a("--seed", type=int, default=0)
     a("--max-foreign", type=float, default=0.25, help="redo a run if others used more cores")
     a("--retries", type=int, default=3, help="redos per run at most (then kept)")
@@ -149,7 +155,7 @@ def command(args: argparse.Namespace, spec: RunSpec, metrics: Path) -> list[str]
         "--backend", args.backend, "--model", "mlp", "--hidden", args.hidden,
         "--dataset", args.dataset, "--epochs", str(args.epochs), "--seed", str(args.seed),
         "--threads", str(spec.threads), "--metrics", str(metrics), "--no-progress",
-        "--comm", args.comm, "--optimizer", args.optimizer,
+        "--comm", args.comm, "--optimizer", args.optimizer, "--parallel", args.parallel,
     ]  # fmt: skip
     if args.dataset == "synthetic":
         cmd += ["--synthetic-size", str(spec.synthetic_size)]
@@ -198,6 +204,7 @@ def run_once(args: argparse.Namespace, spec: RunSpec, workdir: Path) -> dict[str
         "foreign_cores": fl.cores,
         "comm": first.get("comm"),
         "world_size": first.get("world_size"),
+        "parallel": first.get("parallel"),
         "threads_reported": first.get("threads"),
     }
 
@@ -334,7 +341,7 @@ def print_tables(summary: dict[str, list[dict]]) -> None:
 def targets(args: argparse.Namespace, summary: dict[str, list[dict]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     strong = summary.get("strong")
-    if not strong:
+    if not strong or args.parallel != "data":  # the targets are data parallelism's (issue 3)
         return out
     by = {(e["ranks"], e["threads_per_rank"]): e for e in strong}
     same = (
@@ -421,7 +428,8 @@ def run(args: argparse.Namespace) -> int:
     if warn:
         print(warn, flush=True)
     print(
-        f"{NAME}: mlp 784-{args.hidden.replace(',', '-')}-10, {args.backend}, {args.dataset}, "
+        f"{NAME}: mlp 784-{args.hidden.replace(',', '-')}-10, {args.parallel} parallel, "
+        f"{args.backend}, {args.dataset}, "
         f"{args.epochs} epochs/run (time = median of epochs after the first), "
         f"{args.repeats} repeats, {len(order)} distinct configurations",
         flush=True,
@@ -460,8 +468,8 @@ def run(args: argparse.Namespace) -> int:
     json_path = args.json or args.out / f"{NAME}.json"
     plot_path = args.plot or args.out / f"{NAME}.png"
     title = (
-        f"xpnn MLP 784-{args.hidden.replace(',', '-')}-10, {args.backend}, {args.dataset}, "
-        f"mpiexec, {cores} CPUs"
+        f"xpnn MLP 784-{args.hidden.replace(',', '-')}-10, {args.parallel} parallel, "
+        f"{args.backend}, {args.dataset}, mpiexec, {cores} CPUs"
     )
     plot(summary, plot_path, title)
     write_json(
@@ -497,7 +505,11 @@ def vars_spec(spec: RunSpec) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.parallel == "tensor" and args.mode != "strong":
+        parser.error("--parallel tensor: every rank sees the whole batch; use --mode strong")
+    return run(args)
 
 
 if __name__ == "__main__":
