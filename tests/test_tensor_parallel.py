@@ -1,6 +1,7 @@
 """Tensor parallelism: split Dense layers, checked by finite differences and under real mpiexec."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -177,3 +178,14 @@ def test_tensor_parallel_user_errors_are_one_line_exit_2(tmp_path, args, message
     assert [line for line in lines if message in line] == [lines[-1]]
     assert sum(message in line for line in lines) == 1  # printed once, not per rank
     assert "Traceback" not in proc.stderr
+
+
+def test_one_failing_rank_stops_a_tensor_parallel_job(tmp_path):
+    """Rank 1 raises at step 3 while rank 0 waits in the forward pass's allreduce for it."""
+    start = time.monotonic()
+    args = [*BASE, "--hidden", "96,700", "--parallel", "tensor", "--epochs", "50"]
+    proc = run_xpnn(args, ranks=2, timeout=60, env={"XPNN_FAIL_AT": "1:3"})
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 30
+    assert proc.stderr.count("rank 1:") == 1, proc.stderr
+    assert "injected failure at step 3" in proc.stderr
