@@ -13,6 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
+# The multi-rank equivalence runs: 300 synthetic samples, global batch 70 (5 batches, the last
+# of 20; 70 splits 24/23/23 on 3 ranks), 2 epochs of Adam in float64, one thread per rank.
+TINY_FLOAT64_RUN = [
+    "--dataset", "synthetic", "--synthetic-size", "300", "--epochs", "2", "--batch-size", "70",
+    "--dtype", "float64", "--optimizer", "adam", "--lr", "0.01", "--no-progress",
+    "--threads", "1",
+]  # fmt: skip
+
 
 def mpiexec_path() -> str:
     """The mpiexec next to this Python (the mpich wheel's), else the one on PATH."""

@@ -7,37 +7,16 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, mpiexec_path, run_xpnn
+from conftest import ROOT, TINY_FLOAT64_RUN, mpiexec_path, run_xpnn
 
 from xpnn.backends import get_backend
 from xpnn.nn import build_model
 from xpnn.parallel.data_parallel import MIN_LAYER_BUCKET, bucket_bounds, layer_buckets
 
-# 300 samples, global batch 70: 5 batches (the last has 20), 70 splits 24/23/23 on 3 ranks.
 # Hidden 96,700: two Dense layers of >= MIN_LAYER_BUCKET values, so the layer-by-layer update
 # runs in two buckets (test_base_model_is_updated_in_two_buckets).
 HIDDEN = (96, 700)
-BASE = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-size",
-    "300",
-    "--hidden",
-    ",".join(map(str, HIDDEN)),
-    "--epochs",
-    "2",
-    "--batch-size",
-    "70",
-    "--dtype",
-    "float64",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.01",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+BASE = [*TINY_FLOAT64_RUN, "--hidden", ",".join(map(str, HIDDEN))]
 
 
 def _train(tmp_path, ranks, *extra, name="p", env=None):

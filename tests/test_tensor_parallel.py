@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import run_xpnn
+from conftest import TINY_FLOAT64_RUN, run_xpnn
 from gradcheck import check_layer
 
 from xpnn.backends import get_backend
@@ -105,25 +105,7 @@ def test_only_mlps_can_be_split():
 
 
 # -- real mpiexec ----------------------------------------------------------------------------
-BASE = [
-    "--dataset",
-    "synthetic",
-    "--synthetic-size",
-    "300",
-    "--epochs",
-    "2",
-    "--batch-size",
-    "70",
-    "--dtype",
-    "float64",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.01",
-    "--no-progress",
-    "--threads",
-    "1",
-]
+BASE = TINY_FLOAT64_RUN
 
 
 def _train(tmp_path, ranks, hidden, *extra):

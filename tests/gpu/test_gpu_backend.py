@@ -26,6 +26,11 @@ from xpnn.nn import Context, mlp  # noqa: E402
 from xpnn.optim import Schedule, make_optimizer  # noqa: E402
 
 TOL = {"float32": 1e-5, "float64": 1e-10}
+# the multi-rank comparisons: 600 synthetic samples, global batch 70, 2 epochs in float64
+SMALL_FLOAT64_RUN = [
+    "--dataset", "synthetic", "--synthetic-size", "600", "--epochs", "2", "--batch-size", "70",
+    "--dtype", "float64", "--no-progress",
+]  # fmt: skip
 LR = 0.01
 
 
@@ -115,23 +120,7 @@ def test_two_rank_cupy_run_trains(tmp_path):
 
 def test_every_supported_comm_gives_the_same_parameters(tmp_path):
     """Each --comm that works here (others fall back, saying so) trains to the same numbers."""
-    base = [
-        "--backend",
-        "cupy",
-        "--dataset",
-        "synthetic",
-        "--synthetic-size",
-        "600",
-        "--hidden",
-        "32",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "70",
-        "--dtype",
-        "float64",
-        "--no-progress",
-    ]
+    base = [*SMALL_FLOAT64_RUN, "--backend", "cupy", "--hidden", "32"]
     results = {}
     # The last run cuts mpi-host's gradients into 1 kB buckets: many allreduces in flight and
     # an update part by part as they complete, on device buffers staged through the host.
@@ -179,21 +168,7 @@ def test_cupy_update_of_a_gradient_in_parts_equals_numpy(optimizer):
 def test_two_rank_cupy_tensor_parallel_computes_the_one_rank_numpy_run(tmp_path):
     """Split layers on device buffers: activations and input gradients are allreduced through
     whatever the communicator is here (host staging on one shared GPU)."""
-    base = [
-        "--dataset",
-        "synthetic",
-        "--synthetic-size",
-        "600",
-        "--hidden",
-        "48,40,24",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "70",
-        "--dtype",
-        "float64",
-        "--no-progress",
-    ]
+    base = [*SMALL_FLOAT64_RUN, "--hidden", "48,40,24"]
     saved = {}
     for ranks, extra in ((1, ["--backend", "numpy"]), (2, ["--backend", "cupy"])):
         path = tmp_path / f"{ranks}.npz"
