@@ -24,9 +24,9 @@ from xpnn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint,
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
-from xpnn.parallel import tensor_parallel
 from xpnn.parallel.comm import SelfCommunicator
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
+from xpnn.parallel.tensor_parallel import whole_params, whole_size
 
 
 @dataclass
@@ -47,6 +47,14 @@ class TrainConfig:
     progress: bool = False
     parallel: str = "data"  # or "tensor": every rank sees every sample (tensor_parallel.py)
     extra: dict = field(default_factory=dict)  # more keys for every metrics line
+
+
+def params_digest(params: dict[str, np.ndarray]) -> str:
+    """SHA-256 of the whole parameters: equal on every rank, or the parallelism broke."""
+    digest = hashlib.sha256()
+    for value in params.values():
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()
 
 
 def _fault_injection() -> tuple[int, int] | None:
@@ -95,8 +103,7 @@ class Trainer:
         self.update = make_update(model, self.data_comm, optimizer, int(cfg.bucket_mb * 2**20))
         self.optimizer = self.update.optimizer
         self.fail_at = _fault_injection()
-        tensor = cfg.parallel == "tensor"
-        self.n_params = tensor_parallel.whole_size(model) if tensor else model.size
+        self.n_params = whole_size(model)
 
     # -- one global batch ----------------------------------------------------------------
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
@@ -183,10 +190,8 @@ class Trainer:
             self._report_epoch(record, first=epoch == start_epoch)
             if cfg.checkpoint_dir and self.is_root:
                 save_checkpoint(cfg.checkpoint_dir, model, self.optimizer, epoch + 1, cfg.seed)
-        digests = comm.allgather_obj(self.params_digest())
-        # gathering slices is collective under tensor parallelism; otherwise rank 0's copy
-        keeps = cfg.save and (self.is_root or cfg.parallel == "tensor")
-        saved = self._whole_params() if keeps else None
+        whole = whole_params(model, comm)  # collective: split layers' slices are gathered
+        digests = comm.allgather_obj(params_digest(whole))
         done = {
             "event": "done",
             "epochs": cfg.epochs,
@@ -201,25 +206,12 @@ class Trainer:
         if self.is_root:
             self._write_metrics(done)
             if cfg.save:
-                save_params(cfg.save, saved)
+                save_params(cfg.save, whole)
             self.log(
                 f"done: {cfg.epochs} epochs, test_acc {test_acc:.4f}, "
                 f"{total_seconds:.1f} s training, {self.n_params:,} parameters"
             )
         return done
-
-    def params_digest(self) -> str:
-        """SHA-256 of the parameters: equal on every rank, or the parallelism broke."""
-        if self.cfg.parallel == "tensor":
-            return tensor_parallel.params_digest(self.model, self.comm)
-        return hashlib.sha256(self.backend.to_host(self.model.params).tobytes()).hexdigest()
-
-    def _whole_params(self) -> dict[str, np.ndarray]:
-        """Every parameter under its stable name, whole, on the host (what ``--save`` writes)."""
-        if self.cfg.parallel == "tensor":
-            return tensor_parallel.full_params(self.model, self.comm)
-        to_host = self.backend.to_host
-        return {name: to_host(p) for name, p in self.model.named_params().items()}
 
     def _maybe_resume(self) -> int:
         cfg = self.cfg

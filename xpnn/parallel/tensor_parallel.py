@@ -22,7 +22,6 @@ order of floating-point sums, compute the same run.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Any
 
@@ -110,9 +109,10 @@ def attach(model: Any, comm: Any) -> None:
             layer.comm = comm
 
 
-def full_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
-    """Every parameter whole, on the host, on every rank (collective): the slices gathered in
-    rank order; a replicated parameter as this rank holds it."""
+def whole_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
+    """Every parameter whole, under its stable name, on the host of every rank (collective):
+    a split layer's slices gathered in rank order; any other parameter as this rank holds it
+    (so for an unsplit model, just its parameters)."""
     to_host = model.backend.to_host
     out = {}
     for key, layer, name in model.param_names():
@@ -129,11 +129,3 @@ def whole_size(model: Any) -> int:
         for _, layer, name in model.param_names()
     ]
     return sum(math.prod(shape) for shape in shapes)
-
-
-def params_digest(model: Any, comm: Any) -> str:
-    """SHA-256 of the whole parameters: ranks agree unless their replicated layers drifted."""
-    digest = hashlib.sha256()
-    for value in full_params(model, comm).values():
-        digest.update(np.ascontiguousarray(value).tobytes())
-    return digest.hexdigest()
