@@ -98,10 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--optimizer", choices=("sgd", "momentum", "adam"), default="adam", help="xpnn --optimizer")
     a(
         "--parallel",
-        choices=("data", "tensor"),
+        choices=("data", "tensor", "pipeline"),
         default="data",
-        help="xpnn --parallel (tensor: strong scaling only, every rank sees the whole batch)",
+        help="xpnn --parallel (tensor, pipeline: strong scaling only, every rank sees the "
+        "whole batch)",
     )
+    a("--microbatches", type=positive_int, default=None, help="xpnn --microbatches (pipeline)")
     a("--seed", type=int, default=0)
     a("--max-foreign", type=float, default=0.25, help="redo a run if others used more cores")
     a("--retries", type=int, default=3, help="redos per run at most (then kept)")
@@ -157,6 +159,8 @@ def command(args: argparse.Namespace, spec: RunSpec, metrics: Path) -> list[str]
         "--threads", str(spec.threads), "--metrics", str(metrics), "--no-progress",
         "--comm", args.comm, "--optimizer", args.optimizer, "--parallel", args.parallel,
     ]  # fmt: skip
+    if args.microbatches is not None:
+        cmd += ["--microbatches", str(args.microbatches)]
     if args.dataset == "synthetic":
         cmd += ["--synthetic-size", str(spec.synthetic_size)]
     elif args.data_dir:
@@ -507,8 +511,10 @@ def vars_spec(spec: RunSpec) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.parallel == "tensor" and args.mode != "strong":
-        parser.error("--parallel tensor: every rank sees the whole batch; use --mode strong")
+    if args.parallel != "data" and args.mode != "strong":
+        parser.error(
+            f"--parallel {args.parallel}: every rank sees the whole batch; use --mode strong"
+        )
     return run(args)
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check in one call, for a machine with an NVIDIA GPU (CuPy, mpi4py, Numba present):
-# GPU tests, 2-rank --backend cupy training runs (data and tensor parallel), the crossover,
+# GPU tests, 2-rank --backend cupy training runs (data, tensor, pipeline parallel), the crossover,
 # allreduce, staging and throughput benchmarks. Results go to ${OUT:-bench/results}.
 # Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see README, GPU).
 set -uo pipefail
@@ -41,8 +41,10 @@ step "2-rank --backend cupy training run"
 if [ -n "$MPIEXEC" ]; then
   run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --dataset synthetic --synthetic-size 20000 \
       --epochs 3 --batch-size 512 --metrics "$OUT/gpu_train.jsonl" --no-progress
-  run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --parallel tensor --dataset synthetic \
-      --synthetic-size 20000 --epochs 2 --batch-size 512 --no-progress
+  for parallel in tensor pipeline; do
+    run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --parallel "$parallel" --dataset synthetic \
+        --synthetic-size 20000 --epochs 2 --batch-size 512 --no-progress
+  done
   for comm in mpi-host mpi-cuda nccl; do
     run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --comm "$comm" --dataset synthetic \
         --synthetic-size 4000 --epochs 1 --no-progress

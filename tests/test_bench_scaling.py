@@ -122,21 +122,24 @@ def test_seed_style_full_batch_sgd_and_bad_batch(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--batch-size" in bad.stderr
 
 
-def test_tensor_parallel_strong_scaling_reaches_the_cli(tmp_path: Path) -> None:
-    """``--parallel tensor`` runs every configuration tensor parallel; the data-parallel
+@pytest.mark.parametrize("parallel", ["tensor", "pipeline"])
+def test_model_parallel_strong_scaling_reaches_the_cli(tmp_path: Path, parallel: str) -> None:
+    """``--parallel tensor|pipeline`` runs every configuration that way; the data-parallel
     targets are not judged on it, and weak scaling (a batch per rank) is refused."""
     proc = run_script(
         ["--dataset", "synthetic", "--synthetic-size", "256", "--hidden", "16,8", "--ranks", "2",
          "--mode", "strong", "--epochs", "2", "--repeats", "1", "--batch-size", "64",
-         "--parallel", "tensor", "--out", str(tmp_path)],
+         "--parallel", parallel, "--microbatches", "2", "--out", str(tmp_path)],
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "tensor parallel" in proc.stdout and "targets" not in proc.stdout
+    assert f"{parallel} parallel" in proc.stdout and "targets" not in proc.stdout
     out = json.loads((tmp_path / "scaling.json").read_text())
-    assert out["config"]["parallel"] == "tensor" and out["targets"] == []
+    assert out["config"]["parallel"] == parallel and out["targets"] == []
     assert [(e["ranks"], e["global_batch"]) for e in out["strong"]] == [(1, 64), (2, 64)]
-    assert {r["results"][0]["parallel"] for r in out["runs"]} == {"tensor"}
-    bad = run_script(["--parallel", "tensor"], timeout=30)
+    assert {r["results"][0]["parallel"] for r in out["runs"]} == {parallel}
+    bad = run_script(["--parallel", parallel], timeout=30)
     assert (
-        bad.returncode == 2 and "--parallel tensor" in bad.stderr and "--mode strong" in bad.stderr
+        bad.returncode == 2
+        and f"--parallel {parallel}" in bad.stderr
+        and "--mode strong" in bad.stderr
     )

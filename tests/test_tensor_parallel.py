@@ -14,13 +14,8 @@ from xpnn.nn import build_model
 from xpnn.nn.dense import Dense
 from xpnn.nn.flatten import Flatten
 from xpnn.parallel.comm import SelfCommunicator
-from xpnn.parallel.tensor_parallel import (
-    ColumnDense,
-    RowDense,
-    attach,
-    split_layers,
-    whole_size,
-)
+from xpnn.parallel.tensor_parallel import ColumnDense, RowDense, attach, split_layers
+from xpnn.parallel.whole import whole_size
 
 
 def _alone(layer):

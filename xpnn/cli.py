@@ -69,6 +69,9 @@ def _nonneg_float(flag: str):  # noqa: ANN202
     return parse
 
 
+MICROBATCHES = 4  # GPipe's default for --parallel pipeline
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m xpnn", description="Train a network over xp, alone or under MPI.")
     a = p.add_argument
@@ -126,9 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--parallel",
         default="data",
-        choices=["data", "tensor"],
+        choices=["data", "tensor", "pipeline"],
         help="data: each rank a share of every batch; tensor: each rank a slice of every "
-        "pair of Dense layers (MLP only)",
+        "pair of Dense layers (MLP only); pipeline: each rank a run of consecutive layers",
+    )
+    a(
+        "--microbatches",
+        type=_positive_int("--microbatches"),
+        default=None,
+        help=f"--parallel pipeline: micro-batches per global batch (default {MICROBATCHES})",
     )
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
     return p
@@ -177,11 +186,10 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     _writable_file("--save", args.save)
     if args.resume and not args.checkpoint_dir:
         raise UserError("--resume: needs --checkpoint-dir")
-    tensor = args.parallel == "tensor"
-    if tensor and args.checkpoint_dir:
+    if args.parallel != "data" and args.checkpoint_dir:
         raise UserError(
-            "--checkpoint-dir: not available with --parallel tensor (a checkpoint holds one "
-            "rank's parameters); use --save, or --parallel data"
+            f"--checkpoint-dir: not available with --parallel {args.parallel} (a checkpoint "
+            "holds one rank's parameters); use --save, or --parallel data"
         )
     threads = threads_per_rank(world.local_size, override=args.threads)
     thread_info = apply_threads(threads)
@@ -196,12 +204,20 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     if args.model == "cnn" and tuple(data.input_shape) != (1, 28, 28):
         raise UserError(f"--model cnn: needs 1x28x28 images, {args.dataset} has {data.input_shape}")
     model = build_model(args.model, args.hidden, args.activation, data.num_classes, args.loss)
-    if tensor:
+    if args.parallel == "tensor":
         from xpnn.parallel.tensor_parallel import split_layers
 
         model.layers = split_layers(model.layers, world.rank, world.size)
-    model.build(data.input_shape, backend, args.seed)
-    replicas = 1 if tensor else world.size  # the ranks that each take a share of the batch
+    if args.parallel == "pipeline":
+        from xpnn.parallel.pipeline_parallel import build_stage
+
+        microbatches = args.microbatches or MICROBATCHES
+        shape = data.input_shape
+        model = build_stage(model, shape, backend, args.seed, world.rank, world.size, microbatches)
+    else:
+        model.build(data.input_shape, backend, args.seed)
+    # the ranks that each take a share of the batch
+    replicas = world.size if args.parallel == "data" else 1
     batch = _global_batch(args, replicas, data.x_train.shape[0])
     lr = args.lr * (replicas if args.lr_scaling == "linear" else 1)
     cfg = TrainConfig(
@@ -226,6 +242,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
             "global_batch": batch,
             "dtype": args.dtype,
             "parallel": args.parallel,
+            **({"microbatches": model.microbatches} if args.parallel == "pipeline" else {}),
         },
     )
     if args.metrics and world.rank == 0 and not args.resume:
@@ -234,17 +251,22 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
 
 
 def _announce(
-    backend: Any, comm: Any, model: Any, cfg: Any, data: Any, bucket_mb: float | None
+    backend: Any,
+    comm: Any,
+    model: Any,
+    cfg: Any,
+    data: Any,
+    bucket_mb: float | None,
+    microbatches: int | None,
 ) -> None:
     from xpnn.parallel.data_parallel import uses_byte_buckets
 
     if comm.rank != 0:
         return
     note = f" ({comm.fallback_reason})" if getattr(comm, "fallback_reason", None) else ""
-    tensor = cfg.parallel == "tensor"
     summary = model.summary()
-    if tensor:
-        from xpnn.parallel.tensor_parallel import whole_size
+    if cfg.parallel == "tensor":
+        from xpnn.parallel.whole import whole_size
 
         summary += f" on rank 0 of {whole_size(model):,}, tensor parallel"
     print(
@@ -255,10 +277,16 @@ def _announce(
         f"{cfg.extra['threads']} thread(s)",
         flush=True,
     )
+    if microbatches is not None and cfg.parallel != "pipeline":
+        print(
+            "xpnn: note: --microbatches has no effect without --parallel pipeline",
+            file=sys.stderr,
+            flush=True,
+        )
     if bucket_mb is None:
         return
-    if tensor:
-        why = "with --parallel tensor: no gradients are exchanged"
+    if cfg.parallel != "data":
+        why = f"with --parallel {cfg.parallel}: no gradients are exchanged"
     elif not uses_byte_buckets(comm):
         why = (
             f"with comm {comm.name} on {comm.size} rank(s): the update's buckets are cut at layers"
@@ -283,7 +311,9 @@ def train_main(args: argparse.Namespace) -> int:
         from xpnn.parallel.tensor_parallel import attach
 
         attach(model, comm)
-    _announce(backend, comm, model, cfg, data, args.bucket_mb)
+    if args.parallel == "pipeline":
+        model.comm = comm  # what the stage sends to and receives from its neighbours with
+    _announce(backend, comm, model, cfg, data, args.bucket_mb, args.microbatches)
     # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
     # on every rank of a node; that is a user error to print once, not a crash per rank.
     trainer = agree_on_user_errors(world, lambda: Trainer(model, data, backend, comm, cfg))

@@ -26,7 +26,7 @@ from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.comm import SelfCommunicator
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
-from xpnn.parallel.tensor_parallel import whole_params, whole_size
+from xpnn.parallel.whole import whole_params, whole_size
 
 
 @dataclass
@@ -45,7 +45,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     resume: bool = False
     progress: bool = False
-    parallel: str = "data"  # or "tensor": every rank sees every sample (tensor_parallel.py)
+    parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
     extra: dict = field(default_factory=dict)  # more keys for every metrics line
 
 
@@ -81,8 +81,11 @@ class Trainer:
         self.xp = backend.xp
         self.log = log or (lambda msg: print(msg, flush=True))
         self.is_root = comm.rank == 0
-        # the ranks that split the data: all of them, or (tensor parallelism) none
+        # the ranks that split the data: all of them, or (tensor, pipeline parallelism) none
         self.data_comm = comm if cfg.parallel == "data" else SelfCommunicator()
+        # the ranks whose losses add up to the network's: those that split the data, or the
+        # pipeline's stages (only the last scores; the others count zero)
+        self.metrics_comm = comm if cfg.parallel == "pipeline" else self.data_comm
         xp = self.xp
         self.x_train = backend.asarray(data.x_train)
         self.y_train = backend.asarray(data.y_train, dtype=xp.int64)
@@ -140,7 +143,8 @@ class Trainer:
             loss, corr = self.model.evaluate(xb, yb)
             loss_sum += float(loss)
             correct += float(corr)
-        total = dc.allreduce_host(np.array([loss_sum, correct, len(part)], np.float64))
+        scored = len(part) if self.model.scores else 0
+        total = self.metrics_comm.allreduce_host(np.array([loss_sum, correct, scored], np.float64))
         return total[0] / max(total[2], 1), total[1] / max(total[2], 1)
 
     # -- the run -------------------------------------------------------------------------
@@ -170,7 +174,7 @@ class Trainer:
             self.backend.synchronize()
             seconds = time.perf_counter() - t0
             total_seconds += seconds
-            sums = self.data_comm.allreduce_host(
+            sums = self.metrics_comm.allreduce_host(
                 np.array([float(loss_acc), float(correct_acc)], dtype=np.float64)
             )
             train_loss, train_acc = sums[0] / self.n_train, sums[1] / self.n_train

@@ -104,6 +104,11 @@ class Conv2D(Layer):
             self._buffers.move_to_end(key)
         return bufs
 
+    def replica(self) -> Conv2D:
+        twin = super().replica()
+        twin._buffers = OrderedDict()  # backward reads the columns forward left in them
+        return twin
+
     def _dwt(self) -> Array:
         """Scratch for the transposed weight gradient (C_in*kh*kw, C_out)."""
         if getattr(self, "_dwt_buf", None) is None:

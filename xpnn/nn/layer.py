@@ -8,6 +8,7 @@ the layer's gradients and returns the gradient of its input.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,12 @@ class Layer:
 
     def forward(self, x: Array, ctx: Context) -> Array:
         raise NotImplementedError
+
+    def replica(self) -> Layer:
+        """A twin sharing this layer's parameters and gradients (the same views) with its own
+        forward state: a pipeline stage keeps one per micro-batch in flight. A layer that
+        reuses scratch buffers across calls gives its twin its own."""
+        return copy.copy(self)
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         raise NotImplementedError

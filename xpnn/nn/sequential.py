@@ -17,6 +17,10 @@ from xpnn.nn.losses import SoftmaxCrossEntropy
 
 
 class Sequential:
+    scores = True  # its loss is the network's (a pipeline's earlier stages have none)
+    input_grad = False  # whether backward returns the gradient of the model's input
+    first_param_layer = 0  # how many layers with parameters come before this model's first
+
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:
         self.layers = layers
         self.loss = loss or SoftmaxCrossEntropy()
@@ -24,15 +28,25 @@ class Sequential:
     # -- construction -------------------------------------------------------------------
     def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
         """Initialise every parameter from ``seed`` and place it in the flat buffers."""
+        return self.setup(input_shape, backend, seed).place()
+
+    def setup(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
+        """Draw every layer's initial values from ``seed`` on the host, and learn every
+        layer's output shape (``shapes``); nothing is placed on the backend yet."""
         self.backend, self.xp = backend, backend.xp
         rng = backend.host_rng(seed, 0)
         shapes = [tuple(input_shape)]
         for layer in self.layers:
             shapes.append(layer.build(shapes[-1], backend, rng))
+        self.shapes = shapes
         self.output_shape = shapes[-1]
         self._skip_unread_outputs(shapes)
+        return self
+
+    def place(self) -> Sequential:
+        """Put the drawn initial values into one flat parameter buffer on the backend."""
         initial = [v for layer in self.layers for v in layer.initial.values()]
-        params = backend.asarray(backend.pack_host(initial))
+        params = self.backend.asarray(self.backend.pack_host(initial))
         self._bind(params, self.xp.zeros_like(params))
         return self
 
@@ -75,19 +89,31 @@ class Sequential:
         return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
 
     # -- compute ------------------------------------------------------------------------
-    def forward(self, x: Array, ctx: Context) -> Array:
-        for layer in self.layers:
+    def forward(self, x: Array, ctx: Context, layers: list[Layer] | None = None) -> Array:
+        """Through ``layers`` (default: the model's own; or replicas of them, see
+        ``Layer.replica``)."""
+        for layer in layers or self.layers:
             x = layer.forward(x, ctx)
         return x
 
-    def backward(self, dlogits: Array, on_grads_ready: Callable[[int], None] | None = None) -> None:
+    def backward(
+        self,
+        dlogits: Array,
+        on_grads_ready: Callable[[int], None] | None = None,
+        layers: list[Layer] | None = None,
+    ) -> Array | None:
+        """Assign every gradient; returns the input's gradient if ``input_grad``, else None.
+        ``layers``: the ones ``forward`` went through."""
+        layers = layers or self.layers
         dy = dlogits
-        for i in range(len(self.layers) - 1, -1, -1):
-            # a layer computes its input gradient only if some layer below has parameters:
-            # an MLP's first Dense (after Flatten) skips its largest matrix product
-            dy = self.layers[i].backward(dy, need_dx=self.layer_offsets[i] > 0)
+        for i in range(len(layers) - 1, -1, -1):
+            # a layer computes its input gradient only if some layer below has parameters
+            # (or someone reads it): an MLP's first Dense skips its largest matrix product
+            need_dx = self.layer_offsets[i] > 0 or self.input_grad
+            dy = layers[i].backward(dy, need_dx=need_dx)
             if on_grads_ready is not None:
                 on_grads_ready(self.layer_offsets[i])
+        return dy if self.input_grad else None
 
     def loss_and_grads(
         self,
@@ -121,7 +147,7 @@ class Sequential:
         with_params = [layer for layer in self.layers if layer.initial]
         return [
             (f"layer{i}.{name}", layer, name)
-            for i, layer in enumerate(with_params)
+            for i, layer in enumerate(with_params, start=self.first_param_layer)
             for name in layer.initial
         ]
 

@@ -121,6 +121,15 @@ class Communicator:
         """End the whole job now with ``code`` (used when one rank fails)."""
         raise NotImplementedError
 
+    def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
+        """Start sending ``buf`` to rank ``dest`` (pipeline stages); after ``wait()`` the
+        buffer may be reused. Messages between two ranks with one tag arrive in order."""
+        raise NotImplementedError(f"{self.name}: no point-to-point messages")
+
+    def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
+        """Fill ``buf`` with the next message from rank ``source`` (blocking)."""
+        raise NotImplementedError(f"{self.name}: no point-to-point messages")
+
     @staticmethod
     def _host_values(values: Any) -> np.ndarray:
         return np.array(values, dtype=np.float64, copy=True).reshape(-1)
@@ -223,7 +232,9 @@ def _as_cupy(buf: Any) -> Any:
 
 
 class _StagedHandle:
-    """Non-blocking reduction of a device buffer staged through a pinned host buffer."""
+    """Non-blocking operation on a device buffer staged through a pinned host buffer: a
+    reduction (the result is copied back to ``dev``) or a send (``dev`` None: nothing comes
+    back, the host buffer is only returned to the pool)."""
 
     __slots__ = ("_req", "_dev", "_slot", "_pool")
 
@@ -234,7 +245,10 @@ class _StagedHandle:
         if self._req is None:
             return
         self._req.Wait()
-        _copy_back(self._dev, self._slot, self._pool)
+        if self._dev is None:
+            self._pool.release(self._slot)
+        else:
+            _copy_back(self._dev, self._slot, self._pool)
         self._req = self._dev = self._slot = None
 
 
@@ -342,6 +356,32 @@ class MpiHostCommunicator(Communicator):
             self._pool.release(slot)
         else:
             _copy_back(dev, slot, self._pool)
+
+    # -- point to point (pipeline stages) ---------------------------------------------------
+    def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
+        if is_device_array(buf):
+            return self._device_isend(buf, dest, tag)
+        return _MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
+
+    def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
+        if is_device_array(buf):
+            self._device_recv(buf, source, tag)
+        else:
+            self._comm.Recv(buf, source=source, tag=tag)
+
+    def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
+        dev = _as_cupy(buf)
+        slot = self._pool.acquire(dev.size, dev.dtype)
+        _copy_out(dev, slot)
+        return _StagedHandle(
+            self._comm.Isend(slot.host, dest=dest, tag=tag), None, slot, self._pool
+        )
+
+    def _device_recv(self, buf: Any, source: int, tag: int) -> None:
+        dev = _as_cupy(buf)
+        slot = self._pool.acquire(dev.size, dev.dtype)
+        self._comm.Recv(slot.host, source=source, tag=tag)
+        _copy_back(dev, slot, self._pool)
 
     # -- small host data -------------------------------------------------------------------
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:

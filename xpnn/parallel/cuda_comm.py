@@ -51,6 +51,18 @@ class MpiCudaCommunicator(MpiHostCommunicator):
         cupy.cuda.get_current_stream().synchronize()
         self._comm.Barrier()
 
+    def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+        return _MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
+
+    def _device_recv(self, buf: Any, source: int, tag: int) -> None:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()  # the buffer's allocation is stream-ordered
+        self._comm.Recv(buf, source=source, tag=tag)
+
 
 class _NcclHandle:
     """An NCCL reduction running on the communication stream; ``wait`` orders the current

@@ -22,7 +22,6 @@ order of floating-point sums, compute the same run.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -107,25 +106,3 @@ def attach(model: Any, comm: Any) -> None:
     for layer in model.layers:
         if isinstance(layer, _SplitDense):
             layer.comm = comm
-
-
-def whole_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
-    """Every parameter whole, under its stable name, on the host of every rank (collective):
-    a split layer's slices gathered in rank order; any other parameter as this rank holds it
-    (so for an unsplit model, just its parameters)."""
-    to_host = model.backend.to_host
-    out = {}
-    for key, layer, name in model.param_names():
-        value = to_host(layer.params[name])
-        axis = getattr(layer, "split", {}).get(name)
-        out[key] = value if axis is None else np.concatenate(comm.allgather_obj(value), axis)
-    return out
-
-
-def whole_size(model: Any) -> int:
-    """How many parameters the network has, all ranks' slices together."""
-    shapes = [
-        getattr(layer, "whole_shapes", {}).get(name, layer.initial[name][1])
-        for _, layer, name in model.param_names()
-    ]
-    return sum(math.prod(shape) for shape in shapes)

@@ -1,0 +1,193 @@
+"""Pipeline parallelism: the stage cut, micro-batch gradient sums, and real mpiexec runs."""
+
+import itertools
+import json
+import time
+
+import numpy as np
+import pytest
+from conftest import TINY_FLOAT64_RUN, run_xpnn
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xpnn.backends import get_backend
+from xpnn.errors import UserError
+from xpnn.nn import build_model
+from xpnn.nn.layer import Context
+from xpnn.parallel.comm import SelfCommunicator
+from xpnn.parallel.pipeline_parallel import build_stage, layer_costs, stage_bounds
+
+
+# -- where the stages are cut ------------------------------------------------------------------
+def _brute_force(costs, has_params, stages):
+    """The smallest costliest stage over every valid cut (stages start at layers with
+    parameters, the first at layer 0)."""
+    starts = [i for i, p in enumerate(has_params) if p][1:]
+    best = np.inf
+    for cut in itertools.combinations(starts, stages - 1):
+        edges = [0, *cut, len(costs)]
+        best = min(best, max(sum(costs[a:b]) for a, b in itertools.pairwise(edges)))
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    layers=st.lists(st.tuples(st.integers(0, 50), st.booleans()), min_size=1, max_size=9),
+    stages=st.integers(1, 5),
+)
+def test_stage_bounds_are_the_best_contiguous_cut(layers, stages):
+    costs = [float(c) if p else 0.0 for c, p in layers]
+    has_params = [p for _, p in layers]
+    if sum(has_params) < stages:
+        with pytest.raises(UserError, match=f"{stages} ranks but the model has only"):
+            stage_bounds(costs, has_params, stages)
+        return
+    bounds = stage_bounds(costs, has_params, stages)
+    assert len(bounds) == stages and bounds[0][0] == 0 and bounds[-1][1] == len(costs)
+    for (_, end), (start, _) in itertools.pairwise(bounds):
+        assert end == start  # consecutive, nothing skipped
+    for a, b in bounds:
+        assert any(has_params[a:b])  # every stage holds parameters...
+    for a, _ in bounds[1:]:
+        assert has_params[a]  # ...and begins with them: a free layer stays with the one before
+    worst = max(sum(costs[a:b]) for a, b in bounds)
+    assert worst == _brute_force(costs, has_params, stages)
+
+
+def test_layer_costs_count_multiply_adds_per_sample():
+    model = build_model("cnn").setup((1, 28, 28), get_backend("numpy", "float32"), 0)
+    costs = layer_costs(model.layers, model.shapes)
+    conv1, pool1, conv2 = costs[:3]
+    assert conv1 == (32 * 9 + 32) * 26 * 26  # weights and bias, at each of 26x26 positions
+    assert pool1 == 0
+    assert conv2 == (128 * 32 * 9 + 128) * 10 * 10  # the part of 11x11 the pooling reads
+    dense = build_model("mlp", (64,)).setup((1, 28, 28), get_backend("numpy", "float32"), 0)
+    assert layer_costs(dense.layers, dense.shapes)[1:] == [784 * 64 + 64, 64 * 10 + 10]
+
+
+def test_the_mlp_of_the_benchmarks_is_cut_after_its_first_dense_layer():
+    model = build_model("mlp", (1024, 1024)).setup((784,), get_backend("numpy", "float32"), 0)
+    costs = layer_costs(model.layers, model.shapes)
+    assert stage_bounds(costs, [bool(la.initial) for la in model.layers], 2) == [(0, 2), (2, 4)]
+
+
+# -- the micro-batches' gradients, on one process ----------------------------------------------
+@pytest.mark.parametrize("microbatches", [1, 3, 7])
+def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches):
+    """One stage, M micro-batches: the gradient is the whole batch's, and each layer's part is
+    already final when backward reports it (the update starts there)."""
+    backend = get_backend("numpy", "float64")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((23, 1, 6, 6))
+    y = rng.integers(0, 10, 23)
+    ctx = Context(train=True, step=5, seed=1, sample_ids=np.arange(23))
+
+    def network():
+        from xpnn.nn.conv import Conv2D
+        from xpnn.nn.dense import Dense
+        from xpnn.nn.dropout import Dropout
+        from xpnn.nn.flatten import Flatten
+        from xpnn.nn.sequential import Sequential
+
+        return Sequential([Conv2D(3, 3, activation="relu"), Flatten(), Dropout(0.3), Dense(10)])
+
+    whole = network().build((1, 6, 6), backend, 0)
+    loss, correct = whole.loss_and_grads(x, y, ctx, 1 / 23)
+    stage = build_stage(network(), (1, 6, 6), backend, 0, 0, 1, microbatches)
+    stage.comm = SelfCommunicator()
+    np.testing.assert_array_equal(stage.params, whole.params)
+    reported = []
+
+    def ready(offset):
+        reported.append(offset)
+        np.testing.assert_allclose(stage.grads[offset:], whole.grads[offset:], rtol=1e-12)
+
+    loss_p, correct_p = stage.loss_and_grads(x, y, ctx, 1 / 23, ready)
+    assert sorted(set(reported)) == sorted(set(stage.layer_offsets))
+    np.testing.assert_allclose(stage.grads, whole.grads, rtol=1e-12, atol=1e-15)
+    assert float(loss_p) == pytest.approx(float(loss), rel=1e-12)
+    assert int(correct_p) == int(correct)
+    assert stage.summary().endswith(f"1 stage(s), {microbatches} micro-batch(es))")
+
+
+# -- real mpiexec --------------------------------------------------------------------------
+def _train(tmp_path, ranks, args):
+    saved = tmp_path / f"{ranks}-{len(args)}.npz"
+    metrics = saved.with_suffix(".jsonl")
+    proc = run_xpnn([*args, "--save", str(saved), "--metrics", str(metrics)], ranks=ranks)
+    assert proc.returncode == 0, proc.stderr
+    with np.load(saved) as data:
+        params = {k: data[k] for k in data.files}
+    return params, [json.loads(line) for line in metrics.read_text().splitlines()], proc
+
+
+CNN_DROPOUT = [
+    "--model", "cnn", "--dataset", "synthetic", "--synthetic-size", "96", "--batch-size", "30",
+    "--epochs", "2", "--dtype", "float64", "--backend", "numba", "--threads", "1", "--lr",
+    "0.003", "--no-progress",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, microbatches",
+    [
+        ([*TINY_FLOAT64_RUN, "--hidden", "96,64"], "3"),  # batch 70 = 24 + 23 + 23
+        (CNN_DROPOUT, "4"),  # convolutions, pooling and dropout; batch 30 = 8 + 8 + 7 + 7
+    ],
+    ids=["mlp", "cnn"],
+)
+def test_two_and_three_stages_compute_the_one_rank_run(tmp_path, args, microbatches):
+    one, rec1, _ = _train(tmp_path, 1, args)
+    for ranks in (2, 3):
+        pipeline = ["--parallel", "pipeline", "--microbatches", microbatches]
+        pp, rec, proc = _train(tmp_path, ranks, [*args, *pipeline])
+        assert list(pp) == list(one)  # the whole network, under the 1-rank names, in order
+        for name in one:
+            scale = np.abs(one[name]).max()
+            np.testing.assert_allclose(pp[name], one[name], rtol=0, atol=1e-10 * scale)
+        done = rec[-1]
+        assert done["parallel"] == "pipeline" and done["world_size"] == ranks
+        assert done["ranks_agree"] and done["params"] == rec1[-1]["params"]
+        for r1, r in zip(rec1[:2], rec[:2], strict=True):  # scored once, by the last stage
+            assert r["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-10)
+            assert r["test_loss"] == pytest.approx(r1["test_loss"], rel=1e-10)
+            assert r["train_acc"] == r1["train_acc"] and r["test_acc"] == r1["test_acc"]
+        assert f"{ranks} stage(s)" in proc.stdout
+    assert rec1[1]["train_loss"] < rec1[0]["train_loss"]  # it trained: equality is not trivial
+
+
+@pytest.mark.parametrize(
+    "ranks, args, message",
+    [
+        (4, ["--hidden", "16,16"], "--parallel pipeline: 4 ranks but the model has only 3 layers"),
+        (2, ["--checkpoint-dir", "ck"], "--checkpoint-dir: not available with --parallel pipeline"),
+    ],
+)
+def test_pipeline_user_errors_are_one_line_exit_2(ranks, args, message):
+    proc = run_xpnn(
+        [*TINY_FLOAT64_RUN, "--parallel", "pipeline", *args, "--epochs", "1"],
+        ranks=ranks,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert [line for line in lines if message in line] == [lines[-1]]
+    assert sum(message in line for line in lines) == 1  # printed once, not per rank
+    assert "Traceback" not in proc.stderr
+
+
+def test_microbatches_without_a_pipeline_says_it_has_no_effect():
+    proc = run_xpnn([*TINY_FLOAT64_RUN, "--hidden", "8", "--epochs", "1", "--microbatches", "2"])
+    assert proc.returncode == 0, proc.stderr
+    assert "--microbatches has no effect without --parallel pipeline" in proc.stderr
+
+
+def test_one_failing_stage_stops_the_pipeline(tmp_path):
+    """Rank 1 (the last stage) raises at step 3 while rank 0 waits for its gradients."""
+    start = time.monotonic()
+    args = [*TINY_FLOAT64_RUN, "--hidden", "96,64", "--parallel", "pipeline", "--epochs", "50"]
+    proc = run_xpnn(args, ranks=2, timeout=60, env={"XPNN_FAIL_AT": "1:3"})
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 30
+    assert proc.stderr.count("rank 1:") == 1, proc.stderr
+    assert "injected failure at step 3" in proc.stderr

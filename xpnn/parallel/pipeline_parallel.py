@@ -1,0 +1,253 @@
+"""Pipeline parallelism: consecutive layers on consecutive ranks, micro-batches streamed through.
+
+GPipe's schedule. The layers are cut into as many *stages* as there are ranks, each a run of
+consecutive layers of about equal cost (multiply-adds per sample), and rank s holds stage s
+only: its parameters, gradients and optimizer state. Every global batch is cut into
+``--microbatches`` M micro-batches:
+
+- forward: stage 0 reads the samples; every stage runs micro-batch m through its layers and
+  sends the activations to the next stage, then goes on with m + 1 while the next stage
+  works on m (the pipeline fills); the last stage computes the loss of each micro-batch;
+- backward, in reverse order: the last stage starts with the micro-batch it forwarded last;
+  every stage sends its input's gradient to the stage before it;
+- the gradients of the M micro-batches are summed (each one's loss is already scaled by 1 /
+  global batch, so the sum is the gradient of the whole batch), and each stage updates its
+  own parameters: no gradient is exchanged at all.
+
+A layer keeps what its backward pass needs from its last forward pass, so the stage runs
+each micro-batch through its own replicas of its layers (``Layer.replica``: the same
+parameters and gradients, their own saved activations and scratch buffers) and keeps M sets
+of activations until backward. GPipe re-computes them instead (re-materialisation), which
+saves that memory and costs one more forward pass per micro-batch; here memory is not what
+runs short.
+
+With the same seed, 1 rank and N stages draw the same initial network (every rank draws all
+of it and keeps its stage) and compute the same run, up to the order of floating-point sums.
+Idle time: each stage waits (N - 1) micro-batch slots per step (the pipeline's "bubble"),
+a fraction (N - 1) / (M + N - 1) of the step when the stages are balanced.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from xpnn.data.batches import shard_bounds
+from xpnn.errors import UserError
+from xpnn.nn.layer import Array, Context, Layer
+from xpnn.nn.sequential import Sequential
+
+FORWARD_TAG, BACKWARD_TAG, EVAL_TAG = 1, 2, 3
+
+
+def layer_costs(layers: list[Layer], shapes: list[tuple[int, ...]]) -> list[float]:
+    """Multiply-adds per sample of each layer, from its parameters and output shape: a Dense
+    layer's parameter count, a convolution's times the output positions it computes (a
+    convolution feeding a floor-mode pooling computes only those it reads: ``used_hw``).
+    Layers without parameters count as free."""
+    costs = []
+    for layer, out in zip(layers, shapes[1:], strict=True):
+        weights = sum(math.prod(shape) for _, shape in layer.initial.values())
+        positions = math.prod(getattr(layer, "used_hw", out[1:]))  # () for a Dense: 1
+        costs.append(float(weights * positions))
+    return costs
+
+
+def stage_bounds(costs: list[float], has_params: list[bool], stages: int) -> list[tuple[int, int]]:
+    """[start, end) layer ranges of ``stages`` consecutive stages that minimise the costliest
+    stage. Every stage holds at least one layer with parameters; a stage starts at such a
+    layer (the first stage at layer 0), so a parameter-free layer stays with the one before."""
+    starts = [i for i, p in enumerate(has_params) if p]
+    if len(starts) < stages:
+        raise UserError(
+            f"--parallel pipeline: {stages} ranks but the model has only {len(starts)} layers "
+            "with parameters (one stage each at most); use fewer ranks or --parallel data"
+        )
+    cuts = [0, *starts[1:]]  # where a stage may begin
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+
+    def cost(a: int, b: int) -> float:  # layers cuts[a] .. cuts[b] - 1
+        return prefix[cuts[b] if b < len(cuts) else n] - prefix[cuts[a]]
+
+    # best[k][a]: the smallest possible costliest stage when cuts[a:] make k stages
+    k_max, m = stages, len(cuts)
+    best = [[math.inf] * (m + 1) for _ in range(k_max + 1)]
+    choice = [[0] * (m + 1) for _ in range(k_max + 1)]
+    for a in range(m):
+        best[1][a] = cost(a, m)
+    for k in range(2, k_max + 1):
+        for a in range(m - k + 1):
+            for b in range(a + 1, m - k + 2):
+                value = max(cost(a, b), best[k - 1][b])
+                if value < best[k][a]:
+                    best[k][a], choice[k][a] = value, b
+    bounds, a = [], 0
+    for k in range(k_max, 1, -1):
+        b = choice[k][a]
+        bounds.append((cuts[a], cuts[b]))
+        a = b
+    bounds.append((cuts[a], n))
+    return bounds
+
+
+class PipelineStage(Sequential):
+    """The layers of one stage, and the GPipe schedule that runs them with the other stages.
+
+    The trainer sees a model: ``loss_and_grads`` and ``evaluate`` take the whole batch on
+    every rank (the first stage reads its samples, the last its labels) and return the loss
+    and number correct on the last stage, zeros elsewhere (``scores``).
+    """
+
+    def __init__(self, whole: Sequential, bounds: list[tuple[int, int]], index: int, M: int):
+        start, end = bounds[index]
+        super().__init__(whole.layers[start:end], whole.loss)
+        self.index, self.stages, self.microbatches = index, len(bounds), M
+        self.backend, self.xp = whole.backend, whole.xp
+        self.shapes = whole.shapes[start : end + 1]
+        self.output_shape = self.shapes[-1]
+        self.first, self.last = index == 0, index == len(bounds) - 1
+        self.scores = self.last
+        self.input_grad = not self.first
+        self.first_param_layer = sum(1 for layer in whole.layers[:start] if layer.initial)
+        self.whole_param_count = sum(
+            math.prod(shape) for layer in whole.layers for _, shape in layer.initial.values()
+        )
+        self.bounds = bounds
+        self.comm: Any = None  # set once the communicator exists
+
+    # -- messages between neighbouring stages ------------------------------------------------
+    def _receive(self, rows: int, shape: tuple[int, ...], source: int, tag: int) -> Array:
+        buf = self.xp.empty((rows, *shape), dtype=self.params.dtype)
+        self.comm.recv_(buf, source, tag)
+        return buf
+
+    # -- one global batch ----------------------------------------------------------------------
+    def loss_and_grads(
+        self, x: Array, labels: Array, ctx: Context, scale: float, on_grads_ready: Any = None
+    ) -> tuple[Array, Array]:
+        n = labels.shape[0]
+        parts = [shard_bounds(n, m, self.microbatches) for m in range(min(n, self.microbatches))]
+        ids = ctx.sample_ids
+        contexts = [
+            Context(
+                train=True,
+                step=ctx.step,
+                seed=ctx.seed,
+                sample_ids=None if ids is None else ids[lo:hi],
+            )
+            for lo, hi in parts
+        ]
+        zero = self.xp.zeros((), dtype=self.xp.float64)
+        loss_sum, correct = zero, zero
+        replicas = self._replicas(len(parts))
+        dlogits, sends = [], []
+        for (lo, hi), mctx, layers in zip(parts, contexts, replicas, strict=True):
+            if self.first:
+                xin = x[lo:hi]
+            else:
+                xin = self._receive(hi - lo, self.shapes[0], self.index - 1, FORWARD_TAG)
+            y = self.forward(xin, mctx, layers)
+            if self.last:
+                kernels = self.backend.kernels
+                correct = correct + kernels.count_correct(y, labels[lo:hi])
+                loss, dy = self.loss(kernels, y, labels[lo:hi], scale)
+                loss_sum = loss_sum + loss
+                dlogits.append(dy)
+            else:
+                sends.append(self.comm.isend(y, self.index + 1, FORWARD_TAG))
+        self._wait(sends)  # free: the next stage has them all before it sends anything back
+        acc = None
+        for m in range(len(parts) - 1, -1, -1):
+            lo, hi = parts[m]
+            if self.last:
+                dy = dlogits[m]
+            else:
+                dy = self._receive(hi - lo, self.output_shape, self.index + 1, BACKWARD_TAG)
+            final = m == 0
+            ready = self._summing(acc, on_grads_ready) if final else None
+            dx = self.backward(dy, ready, replicas[m])
+            if not self.first:
+                sends.append(self.comm.isend(dx, self.index - 1, BACKWARD_TAG))
+            if final:
+                break
+            if acc is None:
+                acc = self._accumulator()
+                acc[...] = self.grads
+            else:
+                acc += self.grads
+        self._wait(sends)
+        return loss_sum, correct
+
+    def _replicas(self, count: int) -> list[list[Layer]]:
+        """One set of layers per micro-batch in flight: the stage's own, then replicas (made
+        once, kept for every step)."""
+        if not hasattr(self, "_sets"):
+            self._sets = [self.layers]
+        while len(self._sets) < count:
+            self._sets.append([layer.replica() for layer in self.layers])
+        return self._sets[:count]
+
+    @staticmethod
+    def _wait(handles: list) -> None:
+        for handle in handles:
+            handle.wait()
+        handles.clear()
+
+    def _accumulator(self) -> Array:
+        """Where the micro-batches' gradients are summed: allocated once, reused every step."""
+        if getattr(self, "_acc", None) is None:
+            self._acc = self.xp.zeros_like(self.grads)
+        return self._acc
+
+    def _summing(self, acc: Array | None, on_grads_ready: Any) -> Any:
+        """The last micro-batch's callback: add the earlier micro-batches' gradients to each
+        layer's as backward finishes it, then report the layer (the update may start)."""
+        if acc is None:
+            return on_grads_ready
+        grads, done = self.grads, [self.size]
+
+        def ready(offset: int) -> None:
+            grads[offset : done[0]] += acc[offset : done[0]]
+            done[0] = offset
+            if on_grads_ready is not None:
+                on_grads_ready(offset)
+
+        return ready
+
+    def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
+        n = labels.shape[0]
+        y = x if self.first else self._receive(n, self.shapes[0], self.index - 1, EVAL_TAG)
+        y = self.forward(y, Context(train=False))
+        if not self.last:
+            self.comm.isend(y, self.index + 1, EVAL_TAG).wait()
+            zero = self.xp.zeros((), dtype=self.xp.float64)
+            return zero, zero
+        loss, _ = self.loss(self.backend.kernels, y, labels, 1.0)
+        return loss, self.backend.kernels.count_correct(y, labels)
+
+    def summary(self) -> str:
+        return (
+            " -> ".join(repr(layer) for layer in self.layers)
+            + f"  ({self.size:,} parameters on stage {self.index} of {self.whole_param_count:,}, "
+            f"{self.stages} stage(s), {self.microbatches} micro-batch(es))"
+        )
+
+
+def build_stage(
+    whole: Sequential,
+    input_shape: tuple[int, ...],
+    backend: Any,
+    seed: int,
+    rank: int,
+    size: int,
+    microbatches: int,
+) -> PipelineStage:
+    """Draw the whole network as one process would (``Sequential.setup``), cut it into
+    ``size`` stages and place only stage ``rank``'s parameters on the backend."""
+    whole.setup(input_shape, backend, seed)
+    costs = layer_costs(whole.layers, whole.shapes)
+    bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)
+    return PipelineStage(whole, bounds, rank, microbatches).place()

@@ -1,0 +1,43 @@
+"""The whole network, from the pieces the ranks hold: what is saved, digested and counted.
+
+Under data parallelism every rank holds all of it; under tensor parallelism each rank holds a
+slice of some layers (``split``: parameter name -> axis); under pipeline parallelism each rank
+holds some of the layers (a stage). The gathered result is the same dict, under the same
+stable names and in the same order, as one process would hold: ``--save`` files and the
+parameter digest do not depend on how the network was spread.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def whole_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
+    """Every parameter whole, under its stable name, on the host of every rank (collective)."""
+    to_host = model.backend.to_host
+    out = {}
+    for key, layer, name in model.param_names():
+        value = to_host(layer.params[name])
+        axis = getattr(layer, "split", {}).get(name)
+        out[key] = value if axis is None else np.concatenate(comm.allgather_obj(value), axis)
+    if getattr(model, "stages", 1) > 1:  # each rank holds other layers: rank order is theirs
+        merged: dict[str, np.ndarray] = {}
+        for part in comm.allgather_obj(out):
+            merged.update(part)
+        out = merged
+    return out
+
+
+def whole_size(model: Any) -> int:
+    """How many parameters the network has, all ranks' pieces together."""
+    counted = getattr(model, "whole_param_count", None)
+    if counted is not None:  # a pipeline stage knows the layers it does not hold
+        return counted
+    shapes = [
+        getattr(layer, "whole_shapes", {}).get(name, layer.initial[name][1])
+        for _, layer, name in model.param_names()
+    ]
+    return sum(math.prod(shape) for shape in shapes)
