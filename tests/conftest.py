@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,26 @@ def run_xpnn(
         cwd=ROOT,
         env=full_env,
     )
+
+
+def assert_failing_rank_stops_the_job(args: list[str]) -> None:
+    """Rank 1 raises at step 3 (``XPNN_FAIL_AT``): every rank exits non-zero within 30 s, and
+    the message names the rank once."""
+    start = time.monotonic()
+    proc = run_xpnn(args, ranks=2, timeout=60, env={"XPNN_FAIL_AT": "1:3"})
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 30
+    assert proc.stderr.count("rank 1:") == 1, proc.stderr
+    assert "injected failure at step 3" in proc.stderr
+
+
+def assert_one_line_user_error(proc: subprocess.CompletedProcess, message: str) -> None:
+    """Exit 2 with ``message`` as the last line, printed once (not per rank), no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert [line for line in lines if message in line] == [lines[-1]]
+    assert sum(message in line for line in lines) == 1
+    assert "Traceback" not in proc.stderr
 
 
 def run_bench(script: str, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:

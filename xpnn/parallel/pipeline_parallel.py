@@ -101,10 +101,12 @@ class PipelineStage(Sequential):
     and number correct on the last stage, zeros elsewhere (``scores``).
     """
 
-    def __init__(self, whole: Sequential, bounds: list[tuple[int, int]], index: int, M: int):
+    def __init__(
+        self, whole: Sequential, bounds: list[tuple[int, int]], index: int, microbatches: int
+    ) -> None:
         start, end = bounds[index]
         super().__init__(whole.layers[start:end], whole.loss)
-        self.index, self.stages, self.microbatches = index, len(bounds), M
+        self.index, self.stages, self.microbatches = index, len(bounds), microbatches
         self.backend, self.xp = whole.backend, whole.xp
         self.shapes = whole.shapes[start : end + 1]
         self.output_shape = self.shapes[-1]
@@ -115,8 +117,9 @@ class PipelineStage(Sequential):
         self.whole_param_count = sum(
             math.prod(shape) for layer in whole.layers for _, shape in layer.initial.values()
         )
-        self.bounds = bounds
         self.comm: Any = None  # set once the communicator exists
+        self._sets: list[list[Layer]] = [self.layers]  # one set of layers per micro-batch
+        self._acc: Array | None = None  # the micro-batches' gradients, summed
 
     # -- messages between neighbouring stages ------------------------------------------------
     def _receive(self, rows: int, shape: tuple[int, ...], source: int, tag: int) -> Array:
@@ -184,8 +187,6 @@ class PipelineStage(Sequential):
     def _replicas(self, count: int) -> list[list[Layer]]:
         """One set of layers per micro-batch in flight: the stage's own, then replicas (made
         once, kept for every step)."""
-        if not hasattr(self, "_sets"):
-            self._sets = [self.layers]
         while len(self._sets) < count:
             self._sets.append([layer.replica() for layer in self.layers])
         return self._sets[:count]
@@ -198,7 +199,7 @@ class PipelineStage(Sequential):
 
     def _accumulator(self) -> Array:
         """Where the micro-batches' gradients are summed: allocated once, reused every step."""
-        if getattr(self, "_acc", None) is None:
+        if self._acc is None:
             self._acc = self.xp.zeros_like(self.grads)
         return self._acc
 
