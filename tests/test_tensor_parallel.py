@@ -18,7 +18,7 @@ from xpnn.nn import build_model
 from xpnn.nn.dense import Dense
 from xpnn.nn.flatten import Flatten
 from xpnn.parallel.comm import SelfCommunicator
-from xpnn.parallel.tensor_parallel import ColumnDense, RowDense, attach, split_layers
+from xpnn.parallel.tensor_parallel import ColumnDense, RowDense, split_layers
 from xpnn.parallel.whole import whole_size
 
 
@@ -77,7 +77,7 @@ def test_one_process_tensor_parallel_is_the_plain_network():
     split = build_model("mlp", (9, 6))
     split.layers = split_layers(split.layers, 0, 1)
     split.build((1, 4, 4), backend, seed=0)
-    attach(split, SelfCommunicator())
+    split.attach(SelfCommunicator())
     x = np.random.default_rng(1).standard_normal((5, 1, 4, 4))
     labels = np.array([0, 3, 9, 2, 2])
     from xpnn.nn.layer import Context

@@ -264,11 +264,11 @@ def _announce(
     if comm.rank != 0:
         return
     note = f" ({comm.fallback_reason})" if getattr(comm, "fallback_reason", None) else ""
-    summary = model.summary()
-    if cfg.parallel == "tensor":
-        from xpnn.parallel.whole import whole_size
+    from xpnn.parallel.whole import whole_size
 
-        summary += f" on rank 0 of {whole_size(model):,}, tensor parallel"
+    summary = model.summary()
+    if whole_size(model) != model.size:  # tensor and pipeline parallel: rank 0 holds a part
+        summary += f" on rank 0 of {whole_size(model):,}, {cfg.parallel} parallel"
     print(
         f"xpnn: {summary}\n"
         f"xpnn: {data.name} {data.x_train.shape[0]} train / {data.x_test.shape[0]} test, "
@@ -307,12 +307,7 @@ def train_main(args: argparse.Namespace) -> int:
     backend, data, model, cfg = agree_on_user_errors(world, lambda: _setup(args, world))
     # A separate phase: on GPU backends building the communicator talks to the other ranks.
     comm = agree_on_user_errors(world, lambda: make_communicator(world, backend, args.comm))
-    if args.parallel == "tensor":
-        from xpnn.parallel.tensor_parallel import attach
-
-        attach(model, comm)
-    if args.parallel == "pipeline":
-        model.comm = comm  # what the stage sends to and receives from its neighbours with
+    model.attach(comm)  # split layers and pipeline stages talk through it
     _announce(backend, comm, model, cfg, data, args.bucket_mb, args.microbatches)
     # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
     # on every rank of a node; that is a user error to print once, not a crash per rank.

@@ -85,6 +85,13 @@ class Sequential:
                 offset += math.prod(shp)
         self.size = offset
 
+    def attach(self, comm: Any) -> None:
+        """Give the layers that talk to other ranks (tensor parallelism's split layers: those
+        with a ``comm`` attribute) the job's communicator, once it exists."""
+        for layer in self.layers:
+            if hasattr(layer, "comm"):
+                layer.comm = comm
+
     def _view(self, flat: Array, offset: int, shape: tuple[int, ...]) -> Array:
         return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
 

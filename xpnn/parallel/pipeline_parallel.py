@@ -117,11 +117,16 @@ class PipelineStage(Sequential):
         self.whole_param_count = sum(
             math.prod(shape) for layer in whole.layers for _, shape in layer.initial.values()
         )
-        self.comm: Any = None  # set once the communicator exists
+        self.comm: Any = None  # set by ``attach`` once the communicator exists
         self._sets: list[list[Layer]] = [self.layers]  # one set of layers per micro-batch
         self._acc: Array | None = None  # the micro-batches' gradients, summed
 
     # -- messages between neighbouring stages ------------------------------------------------
+    def attach(self, comm: Any) -> None:
+        """The stage sends to and receives from its neighbours through ``comm``."""
+        super().attach(comm)
+        self.comm = comm
+
     def _receive(self, rows: int, shape: tuple[int, ...], source: int, tag: int) -> Array:
         buf = self.xp.empty((rows, *shape), dtype=self.params.dtype)
         self.comm.recv_(buf, source, tag)
@@ -232,8 +237,8 @@ class PipelineStage(Sequential):
     def summary(self) -> str:
         return (
             " -> ".join(repr(layer) for layer in self.layers)
-            + f"  ({self.size:,} parameters on stage {self.index} of {self.whole_param_count:,}, "
-            f"{self.stages} stage(s), {self.microbatches} micro-batch(es))"
+            + f"  ({self.size:,} parameters; stage {self.index} of {self.stages} stage(s), "
+            f"{self.microbatches} micro-batch(es))"
         )
 
 

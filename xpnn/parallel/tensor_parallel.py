@@ -41,7 +41,7 @@ class _SplitDense(Dense):
     def __init__(self, units: int, activation: str, bounds: tuple[int, int]) -> None:
         super().__init__(units, activation)
         self.lo, self.hi = bounds
-        self.comm: Any = None  # set by ``attach`` once the communicator exists
+        self.comm: Any = None  # set by ``Sequential.attach`` once the communicator exists
 
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
         out = super().setup(in_shape, rng)  # the whole initial weights, as one rank draws them
@@ -99,10 +99,3 @@ def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
         out[first] = ColumnDense(units, layers[first].activation, bounds)
         out[second] = RowDense(layers[second].units, layers[second].activation, bounds)
     return out
-
-
-def attach(model: Any, comm: Any) -> None:
-    """Give the split layers the communicator their forward and backward passes use."""
-    for layer in model.layers:
-        if isinstance(layer, _SplitDense):
-            layer.comm = comm
