@@ -151,6 +151,7 @@ def test_two_and_three_stages_compute_the_one_rank_run(tmp_path, args, microbatc
             np.testing.assert_allclose(pp[name], one[name], rtol=0, atol=1e-10 * scale)
         done = rec[-1]
         assert done["parallel"] == "pipeline" and done["world_size"] == ranks
+        assert done["comm"] == "mpi-host"  # auto: no parameters to share between ranks
         assert done["ranks_agree"] and done["params"] == rec1[-1]["params"]
         for r1, r in zip(rec1[:2], rec[:2], strict=True):  # scored once, by the last stage
             assert r["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-10)
@@ -164,7 +165,6 @@ def test_two_and_three_stages_compute_the_one_rank_run(tmp_path, args, microbatc
     "ranks, args, message",
     [
         (4, ["--hidden", "16,16"], "--parallel pipeline: 4 ranks but the model has only 3 layers"),
-        (2, ["--checkpoint-dir", "ck"], "--checkpoint-dir: not available with --parallel pipeline"),
     ],
 )
 def test_pipeline_user_errors_are_one_line_exit_2(ranks, args, message):

@@ -135,6 +135,7 @@ def test_two_and_three_ranks_tensor_parallel_compute_the_one_rank_run(tmp_path, 
             )
         done = rec[-1]
         assert done["parallel"] == "tensor" and done["world_size"] == ranks
+        assert done["comm"] == "mpi-host"  # auto: no parameters to share between ranks
         assert done["ranks_agree"] and done["params"] == rec1[-1]["params"]
         assert done["global_batch"] == 70  # every rank sees the whole batch
         for r1, r in zip(rec1[:2], rec[:2], strict=True):  # metrics counted once, not per rank
@@ -149,7 +150,6 @@ def test_two_and_three_ranks_tensor_parallel_compute_the_one_rank_run(tmp_path, 
     [
         (["--model", "cnn"], "--parallel tensor: only MLPs"),
         (["--hidden", "1,8"], "a layer of 1 units cannot be split over 2 ranks"),
-        (["--checkpoint-dir", "ck"], "--checkpoint-dir: not available with --parallel tensor"),
     ],
 )
 def test_tensor_parallel_user_errors_are_one_line_exit_2(tmp_path, args, message):

@@ -1,8 +1,10 @@
 """Saved parameters and checkpoints: plain ``.npz`` files, written atomically.
 
 ``--save`` writes every parameter under its stable name (``layer0.W``...); a checkpoint adds
-the optimizer's flat state buffers and where training stood (epoch, step, seed), so a resumed
-run continues the same sequence of shuffles and learning rates.
+the optimizer's state under the same names (``optim.m.layer0.W``...) and where training stood
+(epoch, step, seed), so a resumed run continues the same sequence of shuffles, dropout masks
+and learning rates. Both hold the whole network, whatever parallelism wrote them: a run may
+resume on another number of ranks, or with another ``--parallel``.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from xpnn.errors import UserError
+from xpnn.parallel.whole import own_piece, whole_shape
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
@@ -27,10 +32,17 @@ def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
     try:
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from the user's group
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def save_params(path: str | os.PathLike, params: dict[str, np.ndarray]) -> None:
@@ -43,13 +55,20 @@ def checkpoint_path(directory: str | os.PathLike, epoch: int) -> Path:
 
 
 def save_checkpoint(
-    directory: str | os.PathLike, model: Any, optimizer: Any, epoch: int, seed: int
+    directory: str | os.PathLike,
+    params: dict[str, np.ndarray],
+    state: dict[str, dict[str, np.ndarray]],
+    epoch: int,
+    step: int,
+    seed: int,
 ) -> Path:
-    to_host = model.backend.to_host
-    arrays = {name: to_host(p) for name, p in model.named_params().items()}
-    arrays.update({f"optim.{k}": to_host(v) for k, v in optimizer.state.items()})
+    """Write the whole network's ``params`` and optimizer ``state`` (state name -> parameter
+    name -> array, e.g. ``optim.m.layer0.W``): host arrays, whole whatever the parallelism."""
+    arrays = dict(params)
+    for state_name, named in state.items():
+        arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
     arrays["meta.epoch"] = np.array(epoch)
-    arrays["meta.step"] = np.array(optimizer.step_count)
+    arrays["meta.step"] = np.array(step)
     arrays["meta.seed"] = np.array(seed)
     Path(directory).mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(directory, epoch)
@@ -69,25 +88,32 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
 def load_checkpoint(
     path: Path, model: Any, optimizer: Any, restore_arrays: bool = True
 ) -> tuple[int, int]:
-    """Restore parameters and optimizer state in place; returns (epochs done, steps done).
+    """Restore this rank's part of the parameters and optimizer state in place; returns
+    (epochs done, steps done).
 
     ``restore_arrays=False`` checks the file and restores only the step count: for ranks whose
     buffers another rank of the node fills (shared memory)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise UserError(f"{path}: not a readable checkpoint ({exc})") from None
-    xp = model.xp
-    for name, param in model.named_params().items():
-        if name not in arrays or arrays[name].shape != tuple(param.shape):
-            raise UserError(f"{path}: parameter {name} missing or of another shape than the model")
-        if restore_arrays:
-            param[...] = model.backend.asarray(arrays[name], dtype=param.dtype)
-    for key, buf in optimizer.state.items():
-        if f"optim.{key}" not in arrays or arrays[f"optim.{key}"].shape != tuple(buf.shape):
-            raise UserError(f"{path}: optimizer state {key} missing (another --optimizer?)")
-        if restore_arrays:
-            buf[...] = xp.asarray(model.backend.asarray(arrays[f"optim.{key}"], dtype=buf.dtype))
+    if "meta.step" not in arrays or "meta.epoch" not in arrays:
+        raise UserError(f"{path}: not an xpnn checkpoint (no meta.epoch / meta.step)")
+    targets = [("", "parameter", "", model.named_params())]
+    targets += [
+        (f"optim.{state}.", "optimizer state", " (another --optimizer?)", model.named_views(buf))
+        for state, buf in optimizer.state.items()
+    ]
+    for prefix, what, hint, views in targets:
+        for key, layer, name in model.param_names():
+            stored = arrays.get(prefix + key)
+            if stored is None or stored.shape != whole_shape(layer, name):
+                raise UserError(
+                    f"{path}: {what} {prefix}{key} missing or of another shape than the model{hint}"
+                )
+            if restore_arrays:
+                view = views[key]
+                view[...] = model.backend.asarray(own_piece(layer, name, stored), dtype=view.dtype)
     optimizer.step_count = int(arrays["meta.step"])
     return int(arrays["meta.epoch"]), int(arrays["meta.step"])

@@ -186,11 +186,6 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     _writable_file("--save", args.save)
     if args.resume and not args.checkpoint_dir:
         raise UserError("--resume: needs --checkpoint-dir")
-    if args.parallel != "data" and args.checkpoint_dir:
-        raise UserError(
-            f"--checkpoint-dir: not available with --parallel {args.parallel} (a checkpoint "
-            "holds one rank's parameters); use --save, or --parallel data"
-        )
     threads = threads_per_rank(world.local_size, override=args.threads)
     thread_info = apply_threads(threads)
     backend = get_backend(args.backend, args.dtype, device_id=world.local_rank)
@@ -264,10 +259,10 @@ def _announce(
     if comm.rank != 0:
         return
     note = f" ({comm.fallback_reason})" if getattr(comm, "fallback_reason", None) else ""
-    from xpnn.parallel.whole import whole_size
+    from xpnn.parallel.whole import is_spread, whole_size
 
     summary = model.summary()
-    if whole_size(model) != model.size:  # tensor and pipeline parallel: rank 0 holds a part
+    if is_spread(model):  # tensor and pipeline parallel: rank 0 holds a part
         summary += f" on rank 0 of {whole_size(model):,}, {cfg.parallel} parallel"
     print(
         f"xpnn: {summary}\n"
@@ -306,7 +301,9 @@ def train_main(args: argparse.Namespace) -> int:
 
     backend, data, model, cfg = agree_on_user_errors(world, lambda: _setup(args, world))
     # A separate phase: on GPU backends building the communicator talks to the other ranks.
-    comm = agree_on_user_errors(world, lambda: make_communicator(world, backend, args.comm))
+    comm = agree_on_user_errors(
+        world, lambda: make_communicator(world, backend, args.comm, args.parallel)
+    )
     model.attach(comm)  # split layers and pipeline stages talk through it
     _announce(backend, comm, model, cfg, data, args.bucket_mb, args.microbatches)
     # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full

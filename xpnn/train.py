@@ -26,7 +26,7 @@ from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.comm import SelfCommunicator
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
-from xpnn.parallel.whole import whole_params, whole_size
+from xpnn.parallel.whole import is_spread, whole_arrays, whole_params, whole_size
 
 
 @dataclass
@@ -107,6 +107,9 @@ class Trainer:
         self.optimizer = self.update.optimizer
         self.fail_at = _fault_injection()
         self.n_params = whole_size(model)
+        # Last: a checkpoint that does not fit is a user error of the setup phase, which every
+        # rank reports together (a stage finds a mismatch in its own layers only).
+        self.start_epoch = self._maybe_resume()
 
     # -- one global batch ----------------------------------------------------------------
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
@@ -150,7 +153,7 @@ class Trainer:
     # -- the run -------------------------------------------------------------------------
     def run(self) -> dict:
         cfg, model, comm = self.cfg, self.model, self.comm
-        start_epoch = self._maybe_resume()
+        start_epoch = self.start_epoch
         self.update.broadcast_initial()  # rank 0's parameters are everyone's
         common = {
             "world_size": comm.size,
@@ -192,8 +195,8 @@ class Trainer:
                 **common,
             }
             self._report_epoch(record, first=epoch == start_epoch)
-            if cfg.checkpoint_dir and self.is_root:
-                save_checkpoint(cfg.checkpoint_dir, model, self.optimizer, epoch + 1, cfg.seed)
+            if cfg.checkpoint_dir:
+                self._checkpoint(epoch + 1)
         whole = whole_params(model, comm)  # collective: split layers' slices are gathered
         digests = comm.allgather_obj(params_digest(whole))
         done = {
@@ -216,6 +219,27 @@ class Trainer:
                 f"{total_seconds:.1f} s training, {self.n_params:,} parameters"
             )
         return done
+
+    def _checkpoint(self, epochs_done: int) -> None:
+        """Rank 0 writes the whole network and optimizer state; where ranks hold pieces of it
+        (tensor, pipeline), every rank takes part in gathering them."""
+        model, optimizer, comm = self.model, self.optimizer, self.comm
+        if not (self.is_root or is_spread(model)):
+            return
+        params = whole_params(model, comm)
+        state = {
+            name: whole_arrays(model, comm, model.named_views(buf))
+            for name, buf in optimizer.state.items()
+        }
+        if self.is_root:
+            save_checkpoint(
+                self.cfg.checkpoint_dir,
+                params,
+                state,
+                epochs_done,
+                optimizer.step_count,
+                self.cfg.seed,
+            )
 
     def _maybe_resume(self) -> int:
         cfg = self.cfg

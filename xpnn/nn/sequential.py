@@ -149,6 +149,16 @@ class Sequential:
         have parameters, so an MLP's first Dense is ``layer0`` whatever Flatten precedes it."""
         return {key: layer.params[name] for key, layer, name in self.param_names()}
 
+    def named_views(self, flat: Array) -> dict[str, Array]:
+        """Stable names -> views of ``flat``, any buffer laid out as the parameters are (the
+        optimizer's state): how a checkpoint names each parameter's state."""
+        views, offset = {}, 0
+        for key, layer, name in self.param_names():
+            shape = tuple(layer.params[name].shape)
+            views[key] = self._view(flat, offset, shape)
+            offset += math.prod(shape)
+        return views
+
     def param_names(self) -> list[tuple[str, Layer, str]]:
         """(stable name, layer, the layer's own name for it) for every parameter, in order."""
         with_params = [layer for layer in self.layers if layer.initial]

@@ -398,13 +398,16 @@ class MpiHostCommunicator(Communicator):
         self._MPI.COMM_WORLD.Abort(code)
 
 
-def make_communicator(world: World, backend: Any, kind: str = "auto") -> Communicator:
+def make_communicator(
+    world: World, backend: Any, kind: str = "auto", parallel: str = "data"
+) -> Communicator:
     """The communicator for ``--comm kind`` on this backend; collective on every rank.
 
     One process without MPI always gets ``self``; with MPI started and one rank, ``auto``
     gives ``self`` while an explicit transport is honoured (handy for benchmarks). CPU
-    backends: ``auto`` is ``mpi-shm`` (node-shared parameters) when every node holds the same
-    number of ranks, else ``mpi-host``; device transports are a user error. GPU backends:
+    backends: ``auto`` is ``mpi-shm`` (node-shared parameters) for data parallelism when every
+    node holds the same number of ranks, else ``mpi-host`` (tensor and pipeline parallelism
+    share no parameters between ranks); device transports are a user error. GPU backends:
     ``auto`` prefers NCCL (one GPU per rank), then CUDA-aware MPI, then host staging; an
     explicit request that cannot work falls back with one line on rank 0's stderr.
     """
@@ -415,6 +418,11 @@ def make_communicator(world: World, backend: Any, kind: str = "auto") -> Communi
         raise UserError(f"--comm {kind}: needs --backend cupy")
     if is_gpu and kind == "mpi-shm":
         raise UserError("--comm mpi-shm: needs a CPU backend (numpy or numba)")
+    if kind == "mpi-shm" and parallel != "data":
+        raise UserError(
+            f"--comm mpi-shm: shares one copy of the parameters between data-parallel ranks; "
+            f"with --parallel {parallel} use mpi-host or auto"
+        )
     if kind == "self":
         if world.size > 1:
             raise UserError(f"--comm self: only for a single process, this job has {world.size}")
@@ -422,14 +430,16 @@ def make_communicator(world: World, backend: Any, kind: str = "auto") -> Communi
     if world.mpi_comm is None or (world.size == 1 and kind == "auto"):
         return SelfCommunicator()
     if not is_gpu:
-        return _cpu_communicator(world, kind)
+        return _cpu_communicator(world, kind, parallel)
     from xpnn.parallel.cuda_comm import make_gpu_communicator
 
     return make_gpu_communicator(world, kind)
 
 
-def _cpu_communicator(world: World, kind: str) -> Communicator:
-    if kind in ("auto", "mpi-shm"):
+def _cpu_communicator(world: World, kind: str, parallel: str) -> Communicator:
+    if parallel != "data":
+        reason = "mpi-shm is for --parallel data only"
+    elif kind in ("auto", "mpi-shm"):
         from xpnn.parallel.shm_comm import ShmCommunicator
 
         try:

@@ -50,9 +50,14 @@ class _SplitDense(Dense):
             value, shape = self.initial[name]
             shape = tuple(self.hi - self.lo if a == axis else n for a, n in enumerate(shape))
             if isinstance(value, np.ndarray):
-                value = np.take(value, np.arange(self.lo, self.hi), axis=axis)
+                value = self.piece(name, value)
             self.initial[name] = (value, shape)
         return out  # the layer's whole output shape: what the next layer is built against
+
+    def piece(self, name: str, whole: np.ndarray) -> np.ndarray:
+        """This rank's slice of ``whole``, laid out as the whole parameter ``name``."""
+        axis = self.split.get(name)
+        return whole if axis is None else np.take(whole, np.arange(self.lo, self.hi), axis=axis)
 
     def __repr__(self) -> str:
         kind = type(self).__name__

@@ -3,8 +3,10 @@
 Under data parallelism every rank holds all of it; under tensor parallelism each rank holds a
 slice of some layers (``split``: parameter name -> axis); under pipeline parallelism each rank
 holds some of the layers (a stage). The gathered result is the same dict, under the same
-stable names and in the same order, as one process would hold: ``--save`` files and the
-parameter digest do not depend on how the network was spread.
+stable names and in the same order, as one process would hold: ``--save`` files, checkpoints
+and the parameter digest do not depend on how the network was spread, and a checkpoint
+written by one parallelism resumes under another (``own_piece`` cuts this rank's part back
+out of a whole array).
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from typing import Any
 import numpy as np
 
 
-def whole_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
-    """Every parameter whole, under its stable name, on the host of every rank (collective)."""
+def whole_arrays(model: Any, comm: Any, pieces: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``pieces`` (stable name -> this rank's part of a parameter, or of anything laid out as
+    one: ``Sequential.named_views``) made whole, on the host of every rank (collective)."""
     to_host = model.backend.to_host
     out = {}
     for key, layer, name in model.param_names():
-        value = to_host(layer.params[name])
+        value = to_host(pieces[key])
         axis = getattr(layer, "split", {}).get(name)
         out[key] = value if axis is None else np.concatenate(comm.allgather_obj(value), axis)
     if getattr(model, "stages", 1) > 1:  # each rank holds other layers: rank order is theirs
@@ -31,13 +34,31 @@ def whole_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
     return out
 
 
+def whole_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
+    """Every parameter whole, under its stable name, on the host of every rank (collective)."""
+    return whole_arrays(model, comm, model.named_params())
+
+
+def whole_shape(layer: Any, name: str) -> tuple[int, ...]:
+    """The shape of parameter ``name`` of ``layer`` in the whole network."""
+    return tuple(getattr(layer, "whole_shapes", {}).get(name, layer.initial[name][1]))
+
+
+def own_piece(layer: Any, name: str, whole: np.ndarray) -> np.ndarray:
+    """This rank's part of ``whole``, a whole array laid out as parameter ``name`` of
+    ``layer`` (itself, unless the layer is split)."""
+    piece = getattr(layer, "piece", None)
+    return whole if piece is None else piece(name, whole)
+
+
+def is_spread(model: Any) -> bool:
+    """Does this rank hold only part of the network (tensor or pipeline parallelism)?"""
+    return whole_size(model) != model.size
+
+
 def whole_size(model: Any) -> int:
     """How many parameters the network has, all ranks' pieces together."""
     counted = getattr(model, "whole_param_count", None)
     if counted is not None:  # a pipeline stage knows the layers it does not hold
         return counted
-    shapes = [
-        getattr(layer, "whole_shapes", {}).get(name, layer.initial[name][1])
-        for _, layer, name in model.param_names()
-    ]
-    return sum(math.prod(shape) for shape in shapes)
+    return sum(math.prod(whole_shape(layer, name)) for _, layer, name in model.param_names())

@@ -1,0 +1,101 @@
+"""Checkpoints hold the whole network, whatever parallelism wrote them (real mpiexec runs).
+
+Each case writes a checkpoint after epoch 1 with one parallelism and resumes epoch 2 with
+another (or the same); both must match one uninterrupted process: the checkpoint file to the
+1-rank one, array by array (parameters and Adam's moments), and the resumed run's parameters
+to the 1-rank run's.
+"""
+
+import numpy as np
+import pytest
+from conftest import TINY_FLOAT64_RUN, assert_one_line_user_error, run_xpnn
+
+ARGS = [*TINY_FLOAT64_RUN, "--hidden", "96,64"]  # three Dense layers: a split pair + one more
+
+
+def _load(path):
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _assert_same(got, want, what):
+    assert list(got) == list(want), what  # the same names, in the same order
+    for name, value in want.items():
+        scale = max(np.abs(value).max(), 1e-300)
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-10 * scale, err_msg=name)
+
+
+def _parallel(kind):
+    return [] if kind == "data" else ["--parallel", kind]
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """The uninterrupted 1-rank run: its epoch-1 checkpoint and its final parameters."""
+    tmp = tmp_path_factory.mktemp("one")
+    saved = tmp / "final.npz"
+    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(tmp / "ck"), "--save", str(saved)])
+    assert proc.returncode == 0, proc.stderr
+    return _load(tmp / "ck" / "checkpoint-epoch0001.npz"), _load(saved)
+
+
+@pytest.mark.parametrize(
+    "writer, reader",
+    [
+        (("pipeline", 2), ("pipeline", 2)),
+        (("tensor", 2), ("tensor", 2)),
+        (("tensor", 2), ("pipeline", 3)),
+        (("pipeline", 2), ("data", 1)),
+    ],
+    ids=lambda side: f"{side[0]}{side[1]}",
+)
+def test_a_checkpoint_resumes_under_any_parallelism(tmp_path, one_rank, writer, reader):
+    checkpoint, final = one_rank
+    ck = tmp_path / "ck"
+    first = run_xpnn(
+        [*ARGS, *_parallel(writer[0]), "--epochs", "1", "--checkpoint-dir", str(ck)],
+        ranks=writer[1],
+    )
+    assert first.returncode == 0, first.stderr
+    written = _load(ck / "checkpoint-epoch0001.npz")
+    assert "optim.m.layer0.W" in written and written["optim.v.layer1.W"].shape == (96, 64)
+    _assert_same(written, checkpoint, "the checkpoint")
+
+    saved = tmp_path / "resumed.npz"
+    args = [*ARGS, *_parallel(reader[0]), "--checkpoint-dir", str(ck), "--resume"]
+    second = run_xpnn([*args, "--save", str(saved)], ranks=reader[1])
+    assert second.returncode == 0, second.stderr
+    assert "resume:" in second.stdout and "(epoch 1, step 5)" in second.stdout
+    _assert_same(_load(saved), final, "the resumed run")
+
+
+@pytest.mark.parametrize(
+    "other, message",
+    [
+        (["--hidden", "96,32"], "parameter layer1.W missing or of another shape than the model"),
+        (["--optimizer", "momentum"], "optimizer state optim.velocity.layer0.W missing"),
+    ],
+)
+def test_a_checkpoint_of_another_network_is_a_one_line_error(tmp_path, other, message):
+    ck = tmp_path / "ck"
+    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+    args = [*ARGS, *other, "--parallel", "pipeline", "--checkpoint-dir", str(ck), "--resume"]
+    proc = run_xpnn(args, ranks=2, timeout=120)
+    assert_one_line_user_error(proc, f"checkpoint-epoch0001.npz: {message}")
+
+
+def test_a_damaged_checkpoint_is_a_one_line_error(tmp_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "checkpoint-epoch0003.npz").write_bytes(b"PK\x03\x04 not really a zip file")
+    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
+    assert_one_line_user_error(proc, "checkpoint-epoch0003.npz: not a readable checkpoint")
+
+
+def test_saved_files_get_the_permissions_of_any_new_file(tmp_path):
+    """The temporary file behind the atomic rename is created 0600; the result must not be."""
+    from xpnn.checkpoint import atomic_savez
+
+    atomic_savez(tmp_path / "saved.npz", {"a": np.zeros(3)})
+    (tmp_path / "plain").write_bytes(b"")
+    assert (tmp_path / "saved.npz").stat().st_mode == (tmp_path / "plain").stat().st_mode
