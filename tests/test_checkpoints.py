@@ -69,6 +69,22 @@ def test_a_checkpoint_resumes_under_any_parallelism(tmp_path, one_rank, writer, 
     _assert_same(_load(saved), final, "the resumed run")
 
 
+def test_resuming_a_finished_run_trains_nothing_and_scores_it(tmp_path):
+    import json
+
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    first = run_xpnn([*ARGS, "--parallel", "pipeline", "--checkpoint-dir", str(ck)], ranks=2)
+    assert first.returncode == 0, first.stderr
+    done_then = first.stdout.splitlines()[-1]
+    args = [*ARGS, "--checkpoint-dir", str(ck), "--resume", "--metrics", str(metrics)]
+    again = run_xpnn(args)
+    assert again.returncode == 0, again.stderr
+    assert "(epoch 2, step 10); --epochs 2 reached, nothing to train" in again.stdout
+    assert "epoch 1/" not in again.stdout and "epoch 2/" not in again.stdout
+    (done,) = [json.loads(line, parse_constant=pytest.fail) for line in metrics.open()]
+    assert f"test_acc {done['test_acc']:.4f}" in done_then  # the same network, scored again
+
+
 @pytest.mark.parametrize(
     "other, message",
     [

@@ -44,6 +44,14 @@ def _one_error_line(proc, *needles):
         (["--resume"], "--resume"),
         (["--metrics", "/no/such/dir/m.jsonl"], "--metrics"),
         (["--data-dir", "/no/such/dir", "--dataset", "mnist"], "/no/such/dir"),
+        (["--hidden", "16,,8"], "--hidden"),  # a typo, not 16,8
+        (["--lr", "nan"], "--lr"),
+        (["--lr", "0"], "--lr: must be > 0"),
+        (["--save", "/tmp"], "--save /tmp: is a directory"),  # refused before, not after training
+        (
+            ["--checkpoint-dir", "/etc/hostname"],
+            "--checkpoint-dir /etc/hostname: exists and is not",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):
@@ -66,6 +74,15 @@ def test_bucket_mb_says_when_it_has_no_effect(ranks, comm, noted):
     assert proc.returncode == 0, proc.stderr
     assert ("--bucket-mb has no effect" in proc.stderr) is noted, proc.stderr
     assert "--bucket-mb has no effect" not in run_xpnn(SMALL, timeout=120).stderr
+
+
+@pytest.mark.parametrize("flags", [["--hidden", "64"], ["--activation", "tanh"]])
+def test_mlp_flags_say_they_have_no_effect_on_the_cnn(flags):
+    args = ["--model", "cnn", "--dataset", "synthetic", "--synthetic-size", "40", "--epochs", "1"]
+    proc = run_xpnn([*args, *flags, "--no-progress"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"note: {flags[0]} has no effect with --model cnn" in proc.stderr
+    assert "has no effect" not in run_xpnn([*SMALL, *flags], timeout=120).stderr  # the MLP
 
 
 def test_bucket_mb_help_states_the_default_used():

@@ -46,7 +46,7 @@ def _positive_int(flag: str):  # noqa: ANN202
 
 def _hidden(text: str) -> tuple[int, ...]:
     try:
-        sizes = tuple(int(t) for t in text.split(",") if t.strip())
+        sizes = tuple(int(t) for t in text.split(","))  # "16,,8" is a typo, not "16,8"
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--hidden: expected sizes like 512,256, got {text!r}"
@@ -56,20 +56,22 @@ def _hidden(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _nonneg_float(flag: str):  # noqa: ANN202
+def _float_at_least(flag: str, low: float, inclusive: bool = True):  # noqa: ANN202
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag}: not a number: {text!r}") from None
-        if not value >= 0:
-            raise argparse.ArgumentTypeError(f"{flag}: must be >= 0, got {text}")
+        if not (value >= low if inclusive else value > low):  # also refuses nan
+            bound = f">= {low:g}" if inclusive else f"> {low:g}"
+            raise argparse.ArgumentTypeError(f"{flag}: must be {bound}, got {text}")
         return value
 
     return parse
 
 
 MICROBATCHES = 4  # GPipe's default for --parallel pipeline
+HIDDEN = (512, 256)  # the MLP's default hidden layers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--backend", default="numpy", choices=["numpy", "numba", "cupy", "auto"])
     a("--model", default="mlp", choices=["mlp", "cnn"])
-    a("--hidden", type=_hidden, default=(512, 256), help="MLP hidden sizes, e.g. 512,256")
-    a("--activation", default="relu", choices=["relu", "sigmoid", "tanh"])
+    a("--hidden", type=_hidden, default=None, help="MLP hidden sizes (default 512,256)")
+    a("--activation", default=None, choices=["relu", "sigmoid", "tanh"], help="MLP (relu)")
     a("--loss", default="softmax_cross_entropy", choices=["softmax_cross_entropy", "sigmoid_bce"])
     a("--dataset", default="fashion-mnist", choices=["mnist", "fashion-mnist", "synthetic"])
     a("--data-dir", default=None, help="directory holding the four IDX files")
@@ -97,14 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="batch per rank; the global batch is this times the number of ranks",
     )
-    a("--lr", type=float, default=1e-3)
+    a("--lr", type=_float_at_least("--lr", 0.0, inclusive=False), default=1e-3)
     a(
         "--lr-scaling",
         default="none",
         choices=["none", "linear"],
         help="linear: multiply --lr by the number of ranks (Goyal et al.)",
     )
-    a("--warmup-epochs", type=_nonneg_float("--warmup-epochs"), default=0.0)
+    a("--warmup-epochs", type=_float_at_least("--warmup-epochs", 0.0), default=0.0)
     a("--schedule", default="constant", choices=["constant", "step", "cosine"])
     a("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
     a("--dtype", default="float32", choices=["float32", "float64"])
@@ -122,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--comm", default="auto", choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"])
     a(
         "--bucket-mb",
-        type=_nonneg_float("--bucket-mb"),
+        type=_float_at_least("--bucket-mb", 0.0),
         default=None,
         help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
     )
@@ -152,8 +154,18 @@ def _launch_rank() -> int:
 
 
 def _writable_file(flag: str, path: str | None) -> None:
-    if path is not None and not Path(path).resolve().parent.is_dir():
+    """Checked before training, not found out after it."""
+    if path is None:
+        return
+    if not Path(path).resolve().parent.is_dir():
         raise UserError(f"{flag} {path}: directory {Path(path).parent} does not exist")
+    if Path(path).is_dir():
+        raise UserError(f"{flag} {path}: is a directory; give a file name")
+
+
+def _checkpoint_dir(path: str | None) -> None:
+    if path is not None and Path(path).exists() and not Path(path).is_dir():
+        raise UserError(f"--checkpoint-dir {path}: exists and is not a directory")
 
 
 def _global_batch(args: argparse.Namespace, size: int, n_train: int) -> int:
@@ -184,6 +196,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
 
     _writable_file("--metrics", args.metrics)
     _writable_file("--save", args.save)
+    _checkpoint_dir(args.checkpoint_dir)
     if args.resume and not args.checkpoint_dir:
         raise UserError("--resume: needs --checkpoint-dir")
     threads = threads_per_rank(world.local_size, override=args.threads)
@@ -198,7 +211,8 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     )
     if args.model == "cnn" and tuple(data.input_shape) != (1, 28, 28):
         raise UserError(f"--model cnn: needs 1x28x28 images, {args.dataset} has {data.input_shape}")
-    model = build_model(args.model, args.hidden, args.activation, data.num_classes, args.loss)
+    hidden, activation = args.hidden or HIDDEN, args.activation or "relu"
+    model = build_model(args.model, hidden, activation, data.num_classes, args.loss)
     if args.parallel == "tensor":
         from xpnn.parallel.tensor_parallel import split_layers
 
@@ -245,17 +259,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     return backend, data, model, cfg
 
 
-def _announce(
-    backend: Any,
-    comm: Any,
-    model: Any,
-    cfg: Any,
-    data: Any,
-    bucket_mb: float | None,
-    microbatches: int | None,
-) -> None:
-    from xpnn.parallel.data_parallel import uses_byte_buckets
-
+def _announce(backend: Any, comm: Any, model: Any, cfg: Any, data: Any, args: Any) -> None:
     if comm.rank != 0:
         return
     note = f" ({comm.fallback_reason})" if getattr(comm, "fallback_reason", None) else ""
@@ -272,23 +276,30 @@ def _announce(
         f"{cfg.extra['threads']} thread(s)",
         flush=True,
     )
-    if microbatches is not None and cfg.parallel != "pipeline":
-        print(
-            "xpnn: note: --microbatches has no effect without --parallel pipeline",
-            file=sys.stderr,
-            flush=True,
+    for flag, why in _ineffective_flags(args, comm):
+        print(f"xpnn: note: {flag} has no effect {why}", file=sys.stderr, flush=True)
+
+
+def _ineffective_flags(args: Any, comm: Any) -> list[tuple[str, str]]:
+    """Flags the user gave that this run ignores, and why: said, not silently dropped."""
+    from xpnn.parallel.data_parallel import uses_byte_buckets
+
+    optional = ("hidden", "activation", "microbatches", "bucket_mb")
+    given = {flag for flag in optional if getattr(args, flag) is not None}
+    found = []
+    for flag in ("hidden", "activation"):
+        if flag in given and args.model != "mlp":
+            found.append((f"--{flag}", f"with --model {args.model}"))
+    if "microbatches" in given and args.parallel != "pipeline":
+        found.append(("--microbatches", "without --parallel pipeline"))
+    if "bucket_mb" in given and args.parallel != "data":
+        found.append(
+            ("--bucket-mb", f"with --parallel {args.parallel}: no gradients are exchanged")
         )
-    if bucket_mb is None:
-        return
-    if cfg.parallel != "data":
-        why = f"with --parallel {cfg.parallel}: no gradients are exchanged"
-    elif not uses_byte_buckets(comm):
-        why = (
-            f"with comm {comm.name} on {comm.size} rank(s): the update's buckets are cut at layers"
-        )
-    else:
-        return
-    print(f"xpnn: note: --bucket-mb has no effect {why}", file=sys.stderr, flush=True)
+    elif "bucket_mb" in given and not uses_byte_buckets(comm):
+        where = f"with comm {comm.name} on {comm.size} rank(s)"
+        found.append(("--bucket-mb", f"{where}: the update's buckets are cut at layers"))
+    return found
 
 
 def train_main(args: argparse.Namespace) -> int:
@@ -305,7 +316,7 @@ def train_main(args: argparse.Namespace) -> int:
         world, lambda: make_communicator(world, backend, args.comm, args.parallel)
     )
     model.attach(comm)  # split layers and pipeline stages talk through it
-    _announce(backend, comm, model, cfg, data, args.bucket_mb, args.microbatches)
+    _announce(backend, comm, model, cfg, data, args)
     # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
     # on every rank of a node; that is a user error to print once, not a crash per rank.
     trainer = agree_on_user_errors(world, lambda: Trainer(model, data, backend, comm, cfg))

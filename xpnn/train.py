@@ -197,6 +197,8 @@ class Trainer:
             self._report_epoch(record, first=epoch == start_epoch)
             if cfg.checkpoint_dir:
                 self._checkpoint(epoch + 1)
+        if start_epoch >= cfg.epochs:  # resumed with nothing left to train: score what we have
+            test_loss, test_acc = self.evaluate()
         whole = whole_params(model, comm)  # collective: split layers' slices are gathered
         digests = comm.allgather_obj(params_digest(whole))
         done = {
@@ -254,7 +256,10 @@ class Trainer:
             path, self.model, self.optimizer, self.update.restores_checkpoint
         )
         if self.is_root:
-            self.log(f"resume: {path} (epoch {epoch}, step {step})")
+            done = (
+                f"; --epochs {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
+            )
+            self.log(f"resume: {path} (epoch {epoch}, step {step}){done}")
         return epoch
 
     def _progress(self, batches: list, epoch: int) -> Any:
