@@ -33,6 +33,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from _common import nonneg_int, positive_int
 
 os.environ.setdefault("XPNN_FORCE_MPI", "1")  # a plain `python bench/allreduce.py` works too
 
@@ -207,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-size", type=parse_size, default=64 << 20, help="largest buffer (64M)")
     p.add_argument("--step", type=int, default=4, choices=(2, 4, 8), help="size multiplier")
-    p.add_argument("--iters", type=int, default=200, help="timed calls per size up to 1 MiB")
-    p.add_argument("--iters-large", type=int, default=40, help="timed calls above 1 MiB")
-    p.add_argument("--warmup", type=int, default=10, help="untimed calls per size")
+    p.add_argument(
+        "--iters", type=positive_int, default=200, help="timed calls per size up to 1 MiB"
+    )
+    p.add_argument("--iters-large", type=positive_int, default=40, help="timed calls above 1 MiB")
+    p.add_argument("--warmup", type=nonneg_int, default=10, help="untimed calls per size")
     p.add_argument("--backend", choices=("numpy", "cupy"), default="numpy")
     p.add_argument("--comm", default="auto", help="communicator for the host rows (auto)")
     p.add_argument("--json", metavar="FILE", help="write the rows and machine facts here")

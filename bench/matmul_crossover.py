@@ -43,6 +43,8 @@ from _common import (
     format_table,
     machine_info,
     median,
+    nonneg_int,
+    positive_int,
     pyplot_agg,
     time_wall,
     write_csv,
@@ -517,11 +519,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-n",
-        type=int,
+        type=positive_int,
         default=None,
         help=f"largest square n (default {MAX_N_GPU} with a GPU, {MAX_N_CPU_ONLY} without)",
     )
-    p.add_argument("--min-n", type=int, default=16, help="smallest square n (default 16)")
+    p.add_argument("--min-n", type=positive_int, default=16, help="smallest square n (default 16)")
     p.add_argument(
         "--shapes",
         default="all",
@@ -530,15 +532,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dtype", choices=(*DTYPES, "both"), default="both", help="default both")
     p.add_argument(
-        "--repeats", type=int, default=5, help="timed runs per column, median reported (default 5)"
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="timed runs per column, median reported (default 5)",
     )
     p.add_argument(
         "--warmup",
-        type=int,
+        type=nonneg_int,
         default=1,
         help=f"untimed runs first (default 1; the GPU uses at least {GPU_WARMUP_MIN})",
     )
-    p.add_argument("--threads", type=int, default=None, help="BLAS threads (default: as loaded)")
+    p.add_argument(
+        "--threads", type=positive_int, default=None, help="BLAS threads (default: as loaded)"
+    )
     p.add_argument(
         "--cpu-budget",
         type=float,
@@ -563,14 +570,9 @@ def progress(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.repeats < 1 or args.warmup < 0 or args.min_n < 1:
-        raise SystemExit("--repeats must be >= 1, --warmup >= 0, --min-n >= 1")
     cp, cpx, skip_reason = load_cupy(args.no_gpu)
     max_n = args.max_n or (MAX_N_GPU if cp is not None else MAX_N_CPU_ONLY)
-    try:
-        shapes = parse_shapes(args.shapes, args.min_n, max_n)
-    except argparse.ArgumentTypeError as exc:
-        raise SystemExit(str(exc)) from None
+    shapes = parse_shapes(args.shapes, args.min_n, max_n)  # checked by main() already
     dtypes = DTYPES if args.dtype == "both" else (args.dtype,)
     out_dir: Path = args.out
     csv_path = args.csv or out_dir / f"{NAME}.csv"
@@ -703,7 +705,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.max_n is not None and args.min_n > args.max_n:
+        parser.error(f"--min-n {args.min_n} is above --max-n {args.max_n}")
+    try:  # a bad --shapes is a usage error, found before anything is measured
+        parse_shapes(args.shapes, args.min_n, args.max_n or MAX_N_CPU_ONLY)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"--shapes: {exc}")
+    return run(args)
 
 
 if __name__ == "__main__":

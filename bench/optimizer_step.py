@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _common import format_table, median, write_json
+from _common import format_table, median, positive_int, write_json
 
 SIDES = ("numpy", "numba", "torch")
 
@@ -80,11 +80,13 @@ def worker(side: str, params: int, optimizer: str, threads: int, calls: int) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", type=int, default=535818, help="parameters (MLP 784-512-256-10)")
+    ap.add_argument(
+        "--params", type=positive_int, default=535818, help="parameters (MLP 784-512-256-10)"
+    )
     ap.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--calls", type=int, default=200, help="timed updates per round")
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--rounds", type=positive_int, default=5)
+    ap.add_argument("--calls", type=positive_int, default=200, help="timed updates per round")
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)

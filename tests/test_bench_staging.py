@@ -1,5 +1,5 @@
-"""bench/staging.py: without a GPU it says why in one line and exits 0; a bad size is a
-one-line usage error. (On a GPU, ci/gpu.sh runs it on 1 and 2 ranks.)"""
+"""bench/staging.py: without a GPU it says why in one line and exits 0 (a bad size:
+test_bench_usage.py). On a GPU, ci/gpu.sh runs it on 1 and 2 ranks."""
 
 from __future__ import annotations
 
@@ -28,11 +28,3 @@ def test_without_a_gpu_it_skips_in_one_line():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") == 1 and proc.stdout.startswith("staging: skipped"), proc.stdout
-
-
-def test_bad_size_is_a_usage_error():
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, "--sizes", "4,-1"], capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 2 and "--sizes" in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
