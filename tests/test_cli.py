@@ -172,6 +172,13 @@ def test_info_lists_backends_and_mpi():
     assert data["mpi"]["cuda_aware"] is False  # the mpich wheel is built without CUDA
 
 
+def test_info_under_mpiexec_prints_once_and_refuses_a_bad_flag():
+    proc = run_xpnn(["info"], ranks=2, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("backends:") == 1 and "ranks: 2 (2 on this node)" in proc.stdout
+    _one_error_line(run_xpnn(["info", "--bogus"], timeout=120), "unrecognized arguments: --bogus")
+
+
 def test_progress_bar_only_on_a_terminal():
     """tqdm draws on stderr when stderr is a terminal (a pty here), and not into a pipe."""
     import fcntl

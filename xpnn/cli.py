@@ -74,6 +74,12 @@ MICROBATCHES = 4  # GPipe's default for --parallel pipeline
 HIDDEN = (512, 256)  # the MLP's default hidden layers
 
 
+def build_info_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m xpnn info", description="What this machine offers to xpnn.")
+    p.add_argument("--json", action="store_true", help="machine-readable")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m xpnn", description="Train a network over xp, alone or under MPI.")
     a = p.add_argument
@@ -326,16 +332,17 @@ def train_main(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
-    if command == "info":
-        from xpnn.info import info_main
-
-        return info_main(argv)
+    parser = build_info_parser() if command == "info" else build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except _ArgError as exc:
         if _launch_rank() == 0:
             print(f"xpnn: {exc}", file=sys.stderr)
         return 2
+    if command == "info":
+        from xpnn.info import info_main
+
+        return info_main(as_json=args.json)
     try:
         return train_main(args)
     except UserError as exc:  # single process: nothing to agree on

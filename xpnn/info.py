@@ -46,9 +46,12 @@ def collect() -> dict:
     return out
 
 
-def info_main(argv: list[str]) -> int:
+def info_main(as_json: bool = False) -> int:
+    """Every rank takes part (starting MPI is collective); rank 0 alone prints."""
     data = collect()
-    if "--json" in argv:
+    if data["world"]["rank"] != 0:
+        return 0
+    if as_json:
         print(json.dumps(data, indent=2))
         return 0
     print(f"python {data['python']}, numpy {data['numpy']}, numba {data.get('numba', '-')}")
@@ -58,6 +61,9 @@ def info_main(argv: list[str]) -> int:
     for i, dev in enumerate(data.get("devices", [])):
         print(f"  cuda:{i} {dev}")
     print(f"cores: {data['cores']}; threads per rank by default: {data['threads_per_rank']}")
+    world = data["world"]
+    if world["size"] > 1:
+        print(f"ranks: {world['size']} ({world['local_size']} on this node)")
     mpi = data["mpi"]
     if isinstance(mpi, dict):
         print(f"MPI: {mpi['library']} (MPI {mpi['mpi_version']}, mpi4py {mpi['mpi4py']})")
