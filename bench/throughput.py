@@ -606,7 +606,8 @@ def run_cli_ranks(args: argparse.Namespace, ranks: int, workdir: Path) -> float:
     metrics = workdir / "metrics.jsonl"
     cmd = [
         mpiexec, "-n", str(ranks), sys.executable, "-m", "xpnn",
-        "--model", args.model, "--hidden", ",".join(map(str, args.hidden)),
+        "--model", args.model,
+        *(["--hidden", ",".join(map(str, args.hidden))] if args.model == "mlp" else []),
         "--backend", "numba", "--dataset", "synthetic",
         "--synthetic-size", str(args.ranks_samples), "--epochs", str(args.ranks_epochs),
         "--batch-size", str(args.ranks_batch), "--threads", "1", "--seed", str(args.seed),

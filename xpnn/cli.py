@@ -56,7 +56,7 @@ def _hidden(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _float_at_least(flag: str, low: float, inclusive: bool = True):  # noqa: ANN202
+def _float_from(flag: str, low: float, inclusive: bool = True):  # noqa: ANN202
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -105,14 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="batch per rank; the global batch is this times the number of ranks",
     )
-    a("--lr", type=_float_at_least("--lr", 0.0, inclusive=False), default=1e-3)
+    a("--lr", type=_float_from("--lr", 0.0, inclusive=False), default=1e-3)
     a(
         "--lr-scaling",
         default="none",
         choices=["none", "linear"],
         help="linear: multiply --lr by the number of ranks (Goyal et al.)",
     )
-    a("--warmup-epochs", type=_float_at_least("--warmup-epochs", 0.0), default=0.0)
+    a("--warmup-epochs", type=_float_from("--warmup-epochs", 0.0), default=0.0)
     a("--schedule", default="constant", choices=["constant", "step", "cosine"])
     a("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
     a("--dtype", default="float32", choices=["float32", "float64"])
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--comm", default="auto", choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"])
     a(
         "--bucket-mb",
-        type=_float_at_least("--bucket-mb", 0.0),
+        type=_float_from("--bucket-mb", 0.0),
         default=None,
         help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
     )
