@@ -100,6 +100,21 @@ def test_a_checkpoint_of_another_network_is_a_one_line_error(tmp_path, other, me
     assert_one_line_user_error(proc, f"checkpoint-epoch0001.npz: {message}")
 
 
+def test_a_checkpoint_of_the_older_flat_layout_is_a_one_line_error(tmp_path):
+    ck = tmp_path / "ck"
+    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+    path = ck / "checkpoint-epoch0001.npz"
+    named = _load(path)
+    old = {k: v for k, v in named.items() if not k.startswith("optim.")}
+    for state in ("m", "v"):  # the first layout: one flat buffer per state
+        old[f"optim.{state}"] = np.concatenate(
+            [v.ravel() for k, v in named.items() if k.startswith(f"optim.{state}.")]
+        )
+    np.savez(path, **old)
+    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
+    assert_one_line_user_error(proc, "checkpoint-epoch0001.npz: written by an older xpnn")
+
+
 def test_a_damaged_checkpoint_is_a_one_line_error(tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()

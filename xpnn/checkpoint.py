@@ -100,6 +100,11 @@ def load_checkpoint(
         raise UserError(f"{path}: not a readable checkpoint ({exc})") from None
     if "meta.step" not in arrays or "meta.epoch" not in arrays:
         raise UserError(f"{path}: not an xpnn checkpoint (no meta.epoch / meta.step)")
+    if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
+        raise UserError(
+            f"{path}: written by an older xpnn (one flat buffer per optimizer state, before "
+            "checkpoints named the state per parameter); resume it with that version"
+        )
     targets = [("", "parameter", "", model.named_params())]
     targets += [
         (f"optim.{state}.", "optimizer state", " (another --optimizer?)", model.named_views(buf))

@@ -182,3 +182,24 @@ def test_two_rank_cupy_model_parallel_computes_the_one_rank_numpy_run(tmp_path, 
     for name, ref in saved[1].items():
         scale = np.abs(ref).max()
         np.testing.assert_allclose(saved[2][name], ref, rtol=0, atol=1e-10 * scale, err_msg=name)
+
+
+def test_a_cupy_pipeline_checkpoint_resumes_on_one_cupy_rank(tmp_path):
+    """Checkpoints gather the stages from device buffers and restore into device buffers (the
+    optimizer state too): 2 CuPy stages for epoch 1, then 1 CuPy rank for epoch 2, ≡ 1 NumPy
+    rank throughout."""
+    base = [*SMALL_FLOAT64_RUN, "--hidden", "48,40"]
+    ref, out, ck = tmp_path / "ref.npz", tmp_path / "resumed.npz", tmp_path / "ck"
+    proc = run_xpnn([*base, "--backend", "numpy", "--save", str(ref)])
+    assert proc.returncode == 0, proc.stderr
+    first = [*base, "--backend", "cupy", "--parallel", "pipeline", "--epochs", "1"]
+    proc = run_xpnn([*first, "--checkpoint-dir", str(ck)], ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    second = [*base, "--backend", "cupy", "--checkpoint-dir", str(ck), "--resume"]
+    proc = run_xpnn([*second, "--save", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert "resume:" in proc.stdout
+    with np.load(ref) as want, np.load(out) as got:
+        for name in want.files:
+            scale = np.abs(want[name]).max()
+            np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-10 * scale)
