@@ -159,6 +159,13 @@ def parse_shapes(spec: str, min_n: int, max_n: int) -> list[Shape]:
     return shapes
 
 
+def shape_spec(text: str) -> str:
+    """``--shapes``: a preset, or an ``NxKxM`` list that parses (a usage error otherwise)."""
+    if text not in SHAPE_PRESETS:
+        parse_shapes(text, 1, 1)  # raises ArgumentTypeError, which argparse names the flag in
+    return text
+
+
 # --------------------------------------------------------------------------- CPU
 
 
@@ -526,6 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-n", type=positive_int, default=16, help="smallest square n (default 16)")
     p.add_argument(
         "--shapes",
+        type=shape_spec,
         default="all",
         help=f"preset {SHAPE_PRESETS} (small = square sweep + the blog's 120x30@30x20) "
         "or a comma list of NxKxM (default all)",
@@ -572,7 +580,7 @@ def progress(msg: str) -> None:
 def run(args: argparse.Namespace) -> int:
     cp, cpx, skip_reason = load_cupy(args.no_gpu)
     max_n = args.max_n or (MAX_N_GPU if cp is not None else MAX_N_CPU_ONLY)
-    shapes = parse_shapes(args.shapes, args.min_n, max_n)  # checked by main() already
+    shapes = parse_shapes(args.shapes, args.min_n, max_n)  # its syntax checked by argparse
     dtypes = DTYPES if args.dtype == "both" else (args.dtype,)
     out_dir: Path = args.out
     csv_path = args.csv or out_dir / f"{NAME}.csv"
@@ -709,10 +717,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_n is not None and args.min_n > args.max_n:
         parser.error(f"--min-n {args.min_n} is above --max-n {args.max_n}")
-    try:  # a bad --shapes is a usage error, found before anything is measured
-        parse_shapes(args.shapes, args.min_n, args.max_n or MAX_N_CPU_ONLY)
-    except argparse.ArgumentTypeError as exc:
-        parser.error(f"--shapes: {exc}")
     return run(args)
 
 
