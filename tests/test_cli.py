@@ -48,6 +48,10 @@ def _one_error_line(proc, *needles):
         (["--lr", "nan"], "--lr"),
         (["--lr", "0"], "--lr: must be > 0"),
         (["--save", "/tmp"], "--save /tmp: is a directory"),  # refused before, not after training
+        # places that cannot be written, even by root, are found before training too
+        (["--save", "/proc/m.npz"], "--save /proc/m.npz: cannot create files in /proc"),
+        (["--metrics", "/proc/m.jsonl"], "--metrics /proc/m.jsonl: cannot create files in"),
+        (["--checkpoint-dir", "/proc/ck"], "--checkpoint-dir /proc/ck: cannot create the dir"),
         (
             ["--checkpoint-dir", "/etc/hostname"],
             "--checkpoint-dir /etc/hostname: exists and is not",

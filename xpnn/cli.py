@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -159,19 +160,47 @@ def _launch_rank() -> int:
     return 0
 
 
-def _writable_file(flag: str, path: str | None) -> None:
-    """Checked before training, not found out after it."""
+def _takes_files(flag: str, path: str, directory: Path) -> None:
+    """A throwaway file proves ``directory`` can be written: permissions, read-only mounts and
+    pseudo file systems (/proc, /sys) all show up here instead of after the training."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"{flag} {path}: cannot create files in {directory} ({exc.strerror})"
+        ) from None
+
+
+def _writable_file(flag: str, path: str | None, writer: bool) -> None:
+    """Checked before training, not found out after it (``writer``: this rank writes it)."""
     if path is None:
         return
-    if not Path(path).resolve().parent.is_dir():
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
         raise UserError(f"{flag} {path}: directory {Path(path).parent} does not exist")
     if Path(path).is_dir():
         raise UserError(f"{flag} {path}: is a directory; give a file name")
+    if writer:
+        _takes_files(flag, path, parent)
 
 
-def _checkpoint_dir(path: str | None) -> None:
-    if path is not None and Path(path).exists() and not Path(path).is_dir():
+def _checkpoint_dir(path: str | None, writer: bool) -> None:
+    """The directory is made now, by the rank that will write into it, so that a place where
+    it cannot be made or written fails before the first epoch rather than at its end."""
+    if path is None:
+        return
+    if Path(path).exists() and not Path(path).is_dir():
         raise UserError(f"--checkpoint-dir {path}: exists and is not a directory")
+    if not writer:
+        return
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"--checkpoint-dir {path}: cannot create the directory ({exc.strerror})"
+        ) from None
+    _takes_files("--checkpoint-dir", path, Path(path))
 
 
 def _global_batch(args: argparse.Namespace, size: int, n_train: int) -> int:
@@ -200,9 +229,10 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     from xpnn.parallel.threads import apply_threads, threads_per_rank
     from xpnn.train import TrainConfig
 
-    _writable_file("--metrics", args.metrics)
-    _writable_file("--save", args.save)
-    _checkpoint_dir(args.checkpoint_dir)
+    writer = world.rank == 0  # rank 0 alone saves, logs and checkpoints
+    _writable_file("--metrics", args.metrics, writer)
+    _writable_file("--save", args.save, writer)
+    _checkpoint_dir(args.checkpoint_dir, writer)
     if args.resume and not args.checkpoint_dir:
         raise UserError("--resume: needs --checkpoint-dir")
     threads = threads_per_rank(world.local_size, override=args.threads)
