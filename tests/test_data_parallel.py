@@ -1,8 +1,11 @@
 """Data parallelism under real ``mpiexec``: N ranks compute the 1-rank run; failures stop all."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ from conftest import (
     assert_failing_rank_stops_the_job,
     mpiexec_path,
     run_xpnn,
+    xpnn_cmd,
 )
 
 from xpnn.backends import get_backend
@@ -85,6 +89,29 @@ def test_all_ranks_hold_identical_parameters(tmp_path):
 @pytest.mark.parametrize("comm", ["mpi-shm", "mpi-host"])
 def test_one_failing_rank_stops_the_job(comm):
     assert_failing_rank_stops_the_job([*BASE, "--epochs", "50", "--comm", comm])
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ctrl_c_stops_every_rank_with_130(ranks):
+    """SIGINT, to the process or to mpiexec (which passes it on to the ranks), after the first
+    epoch: each rank says ``interrupted`` (no traceback, no KeyboardInterrupt) and exits 130."""
+    cmd = xpnn_cmd([*BASE, "--epochs", "500"], ranks)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = ""
+        while not line.startswith("epoch 1/"):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()  # it ended before its first epoch
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    said = [line for line in err.splitlines() if "interrupted" in line]
+    assert 1 <= len(said) <= ranks, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
 def test_user_error_on_every_rank_is_printed_once(tmp_path):

@@ -98,7 +98,8 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
 
     ``fn`` returning None or an int gives 0 or that int. A UserError: one stderr line, exit 2
     (``xpnn: message`` alone, ``rank R: message`` with several ranks). Any other exception:
-    ``rank R: Type: message`` (full traceback only with ``XPNN_DEBUG=1``), exit 1. With more
+    ``rank R: Type: message`` (full traceback only with ``XPNN_DEBUG=1``), exit 1; Ctrl-C:
+    ``interrupted``, exit 130. With more
     than one rank a failure calls MPI_Abort with that code instead of returning, so every rank
     stops within seconds. ``CollectiveExit`` (every rank leaving together) is just returned.
     """
@@ -123,8 +124,11 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         if _debug():
             traceback.print_exc()
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
-        print(prefix + describe(exc), file=sys.stderr, flush=True)
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C, or mpiexec passing it on
+        print(
+            prefix + ("interrupted" if interrupted else describe(exc)), file=sys.stderr, flush=True
+        )
+        code = 130 if interrupted else 1
         if size > 1:
             _abort(code)
         return code
