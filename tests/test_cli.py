@@ -47,6 +47,8 @@ def _one_error_line(proc, *needles):
         (["--hidden", "16,,8"], "--hidden"),  # a typo, not 16,8
         (["--lr", "nan"], "--lr"),
         (["--lr", "0"], "--lr: must be > 0"),
+        (["--lr", "inf"], "--lr: must be finite"),
+        (["--bucket-mb", "inf"], "--bucket-mb: must be finite"),  # was an OverflowError
         (["--save", "/tmp"], "--save /tmp: is a directory"),  # refused before, not after training
         # places that cannot be written, even by root, are found before training too
         (["--save", "/proc/m.npz"], "--save /proc/m.npz: cannot create files in /proc"),
@@ -60,6 +62,31 @@ def _one_error_line(proc, *needles):
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):
     _one_error_line(run_xpnn([*SMALL, *args], timeout=120), needle)
+
+
+def _strict_json(line: str) -> dict:
+    def refuse(name: str) -> None:
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_diverging_run_stops_after_its_epoch_and_saves_nothing(tmp_path, ranks):
+    """--lr 1e30 turns the loss into NaN in epoch 1: the run stops there with one line (no
+    NumPy warnings), exit 1, on every rank; no checkpoint or --save file holds NaN, and the
+    metrics file stays strict JSON (null, not NaN) and says what happened."""
+    metrics, saved, ckpt = tmp_path / "m.jsonl", tmp_path / "p.npz", tmp_path / "ck"
+    args = [*SMALL, "--epochs", "3", "--lr", "1e30", "--metrics", str(metrics)]
+    args += ["--save", str(saved), "--checkpoint-dir", str(ckpt), "--backend", "numpy"]
+    proc = run_xpnn(args, ranks=ranks, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "diverged in epoch 1" in lines[0] and "--lr" in lines[0], lines
+    assert not saved.exists() and list(ckpt.iterdir()) == []
+    records = [_strict_json(line) for line in metrics.read_text().splitlines()]
+    assert [r["event"] for r in records] == ["epoch", "diverged"]
+    assert records[0]["train_loss"] is None and records[1]["epoch"] == 1
 
 
 @pytest.mark.parametrize("flag", ["--epochs", "--bucket-mb", "--hidden"])

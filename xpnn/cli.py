@@ -9,9 +9,11 @@ failure during training aborts the whole MPI job.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,8 @@ def _float_from(flag: str, low: float, inclusive: bool = True):  # noqa: ANN202
         if not (value >= low if inclusive else value > low):  # also refuses nan
             bound = f">= {low:g}" if inclusive else f"> {low:g}"
             raise argparse.ArgumentTypeError(f"{flag}: must be {bound}, got {text}")
+        if math.isinf(value):
+            raise argparse.ArgumentTypeError(f"{flag}: must be finite, got {text}")
         return value
 
     return parse
@@ -356,6 +360,11 @@ def train_main(args: argparse.Namespace) -> int:
     # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
     # on every rank of a node; that is a user error to print once, not a crash per rank.
     trainer = agree_on_user_errors(world, lambda: Trainer(model, data, backend, comm, cfg))
+    # A loss gone to inf/NaN is reported once, after its epoch (Trainer._diverged): NumPy's
+    # per-operation overflow warnings would only print the same news many times over.
+    warnings.filterwarnings(
+        "ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning, r"xpnn\."
+    )
     return run_guarded(world, trainer.run)
 
 

@@ -26,6 +26,7 @@ from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.comm import SelfCommunicator
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
+from xpnn.parallel.failure import CollectiveExit
 from xpnn.parallel.whole import is_spread, whole_arrays, whole_params, whole_size
 
 
@@ -47,6 +48,10 @@ class TrainConfig:
     progress: bool = False
     parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
     extra: dict = field(default_factory=dict)  # more keys for every metrics line
+
+
+def _not_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def params_digest(params: dict[str, np.ndarray]) -> str:
@@ -195,6 +200,8 @@ class Trainer:
                 **common,
             }
             self._report_epoch(record, first=epoch == start_epoch)
+            if not (math.isfinite(train_loss) and math.isfinite(test_loss)):
+                self._diverged(epoch + 1)
             if cfg.checkpoint_dir:
                 self._checkpoint(epoch + 1)
         if start_epoch >= cfg.epochs:  # resumed with nothing left to train: score what we have
@@ -221,6 +228,20 @@ class Trainer:
                 f"{total_seconds:.1f} s training, {self.n_params:,} parameters"
             )
         return done
+
+    def _diverged(self, epoch: int) -> None:
+        """Stop a run whose loss is no longer finite: every later epoch would be NaN too. The
+        losses are reduced, so every rank sees this and leaves together; the last checkpoint
+        written stays the latest, and no NaN parameters are saved."""
+        if self.is_root:
+            self._write_metrics({"event": "diverged", "epoch": epoch})
+            print(
+                f"xpnn: training diverged in epoch {epoch} (the loss is not finite): stopped, "
+                "with nothing saved from it; try a smaller --lr",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise CollectiveExit(1)
 
     def _checkpoint(self, epochs_done: int) -> None:
         """Rank 0 writes the whole network and optimizer state; where ranks hold pieces of it
@@ -284,6 +305,8 @@ class Trainer:
         )
 
     def _write_metrics(self, record: dict) -> None:
+        """One strict JSON line: a value that is not finite is written as null."""
+        record = {k: None if _not_finite(v) else v for k, v in record.items()}
         if self.cfg.metrics:
             with open(self.cfg.metrics, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+                fh.write(json.dumps(record, allow_nan=False) + "\n")
