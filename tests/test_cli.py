@@ -48,6 +48,7 @@ def _one_error_line(proc, *needles):
         (["--lr", "nan"], "--lr"),
         (["--lr", "0"], "--lr: must be > 0"),
         (["--lr", "inf"], "--lr: must be finite"),
+        (["--hidden", "99999999999"], "--hidden 99999999999: the network does not fit"),
         (["--bucket-mb", "inf"], "--bucket-mb: must be finite"),  # was an OverflowError
         (["--save", "/tmp"], "--save /tmp: is a directory"),  # refused before, not after training
         # places that cannot be written, even by root, are found before training too

@@ -257,14 +257,18 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         from xpnn.parallel.tensor_parallel import split_layers
 
         model.layers = split_layers(model.layers, world.rank, world.size)
-    if args.parallel == "pipeline":
-        from xpnn.parallel.pipeline_parallel import build_stage
+    try:
+        if args.parallel == "pipeline":
+            from xpnn.parallel.pipeline_parallel import build_stage
 
-        microbatches = args.microbatches or MICROBATCHES
-        shape = data.input_shape
-        model = build_stage(model, shape, backend, args.seed, world.rank, world.size, microbatches)
-    else:
-        model.build(data.input_shape, backend, args.seed)
+            microbatches = args.microbatches or MICROBATCHES
+            shape, seed, rank, size = data.input_shape, args.seed, world.rank, world.size
+            model = build_stage(model, shape, backend, seed, rank, size, microbatches)
+        else:
+            model.build(data.input_shape, backend, args.seed)
+    except MemoryError as exc:  # --hidden 99999999999: NumPy says how much it wanted
+        what = f"--hidden {','.join(map(str, hidden))}" if args.model == "mlp" else "--model cnn"
+        raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     # the ranks that each take a share of the batch
     replicas = world.size if args.parallel == "data" else 1
     batch = _global_batch(args, replicas, data.x_train.shape[0])
