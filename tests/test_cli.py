@@ -50,6 +50,7 @@ def _one_error_line(proc, *needles):
         (["--lr", "inf"], "--lr: must be finite"),
         (["--hidden", "99999999999"], "--hidden 99999999999: the network does not fit"),
         (["--bucket-mb", "inf"], "--bucket-mb: must be finite"),  # was an OverflowError
+        (["--bucket-mb", "0"], "--bucket-mb: must be > 0"),  # was one value per allreduce
         (["--save", "/tmp"], "--save /tmp: is a directory"),  # refused before, not after training
         # places that cannot be written, even by root, are found before training too
         (["--save", "/proc/m.npz"], "--save /proc/m.npz: cannot create files in /proc"),

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--comm", default="auto", choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"])
     a(
         "--bucket-mb",
-        type=_float_from("--bucket-mb", 0.0),
+        type=_float_from("--bucket-mb", 0.0, inclusive=False),  # 0 would be an allreduce per value
         default=None,
         help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
     )
