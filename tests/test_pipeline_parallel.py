@@ -75,6 +75,16 @@ def test_the_mlp_of_the_benchmarks_is_cut_after_its_first_dense_layer():
     assert stage_bounds(costs, [bool(la.initial) for la in model.layers], 2) == [(0, 2), (2, 4)]
 
 
+def test_only_the_first_stage_reads_the_samples():
+    """The trainer gathers (and on a GPU copies) the training set only where it is read."""
+    backend = get_backend("numpy", "float32")
+    reads = [
+        build_stage(build_model("mlp", (16, 16)), (784,), backend, 0, r, 3, 2).reads_input
+        for r in range(3)
+    ]
+    assert reads == [True, False, False]
+
+
 # -- the micro-batches' gradients, on one process ----------------------------------------------
 @pytest.mark.parametrize("microbatches", [1, 3, 7])
 def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches):

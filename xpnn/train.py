@@ -92,7 +92,8 @@ class Trainer:
         # pipeline's stages (only the last scores; the others count zero)
         self.metrics_comm = comm if cfg.parallel == "pipeline" else self.data_comm
         xp = self.xp
-        self.x_train = backend.asarray(data.x_train)
+        # a pipeline's later stages never read a sample: no copy of them on the device
+        self.x_train = backend.asarray(data.x_train) if model.reads_input else None
         self.y_train = backend.asarray(data.y_train, dtype=xp.int64)
         self.n_train = data.x_train.shape[0]
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
@@ -128,7 +129,7 @@ class Trainer:
             loss, correct = zero, zero
         else:
             idx = self.backend.asarray(local, dtype=xp.int64)
-            xb = xp.take(self.x_train, idx, axis=0)
+            xb = xp.take(self.x_train, idx, axis=0) if model.reads_input else None
             yb = xp.take(self.y_train, idx, axis=0)
             ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
             loss, correct = model.loss_and_grads(
@@ -146,7 +147,7 @@ class Trainer:
         loss_sum, correct = 0.0, 0.0
         for start in range(0, len(part), self.cfg.eval_batch_size):
             sel = part[start : start + self.cfg.eval_batch_size]
-            xb = self.backend.asarray(data.x_test[sel])
+            xb = self.backend.asarray(data.x_test[sel]) if self.model.reads_input else None
             yb = self.backend.asarray(data.y_test[sel], dtype=xp.int64)
             loss, corr = self.model.evaluate(xb, yb)
             loss_sum += float(loss)

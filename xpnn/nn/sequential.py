@@ -19,6 +19,7 @@ from xpnn.nn.losses import SoftmaxCrossEntropy
 class Sequential:
     scores = True  # its loss is the network's (a pipeline's earlier stages have none)
     input_grad = False  # whether backward returns the gradient of the model's input
+    reads_input = True  # whether forward reads the samples (a pipeline's later stages do not)
     first_param_layer = 0  # how many layers with parameters come before this model's first
 
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:

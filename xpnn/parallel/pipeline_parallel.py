@@ -97,7 +97,8 @@ class PipelineStage(Sequential):
     """The layers of one stage, and the GPipe schedule that runs them with the other stages.
 
     The trainer sees a model: ``loss_and_grads`` and ``evaluate`` take the whole batch on
-    every rank (the first stage reads its samples, the last its labels) and return the loss
+    every rank (the first stage reads its samples, the last its labels; the trainer does not
+    even gather the samples for the others, ``reads_input``) and return the loss
     and number correct on the last stage, zeros elsewhere (``scores``).
     """
 
@@ -113,6 +114,7 @@ class PipelineStage(Sequential):
         self.first, self.last = index == 0, index == len(bounds) - 1
         self.scores = self.last
         self.input_grad = not self.first
+        self.reads_input = self.first  # the others receive activations
         self.first_param_layer = sum(1 for layer in whole.layers[:start] if layer.initial)
         self.whole_param_count = sum(
             math.prod(shape) for layer in whole.layers for _, shape in layer.initial.values()
@@ -134,7 +136,12 @@ class PipelineStage(Sequential):
 
     # -- one global batch ----------------------------------------------------------------------
     def loss_and_grads(
-        self, x: Array, labels: Array, ctx: Context, scale: float, on_grads_ready: Any = None
+        self,
+        x: Array | None,  # the samples: read by the first stage, None for the others
+        labels: Array,
+        ctx: Context,
+        scale: float,
+        on_grads_ready: Any = None,
     ) -> tuple[Array, Array]:
         n = labels.shape[0]
         parts = [shard_bounds(n, m, self.microbatches) for m in range(min(n, self.microbatches))]
@@ -223,7 +230,7 @@ class PipelineStage(Sequential):
 
         return ready
 
-    def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
+    def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
         n = labels.shape[0]
         y = x if self.first else self._receive(n, self.shapes[0], self.index - 1, EVAL_TAG)
         y = self.forward(y, Context(train=False))
