@@ -467,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
         print("\ntargets (informational):")
         for t in tgt:
             verdict = "not measured" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
-            got = "-" if t["value"] is None else f"{t['value']:.2f}"
+            got = "-" if t["value"] is None else f"{t['value']:.3f}"  # 1.796 is not 1.80
             print(f"  {verdict:<12} {t['name']}: {got} (target {t['target']})")
     json_path = args.json or args.out / f"{NAME}.json"
     plot_path = args.plot or args.out / f"{NAME}.png"
