@@ -129,7 +129,8 @@ def test_model_parallel_strong_scaling_reaches_the_cli(tmp_path: Path, parallel:
     proc = run_script(
         ["--dataset", "synthetic", "--synthetic-size", "256", "--hidden", "16,8", "--ranks", "2",
          "--mode", "strong", "--epochs", "2", "--repeats", "1", "--batch-size", "64",
-         "--parallel", parallel, "--microbatches", "2", "--out", str(tmp_path)],
+         "--parallel", parallel, "--microbatches", "2", "--out", str(tmp_path),
+         *(["--pipeline-schedule", "1f1b"] if parallel == "pipeline" else [])],
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"{parallel} parallel" in proc.stdout and "targets" not in proc.stdout
@@ -137,6 +138,8 @@ def test_model_parallel_strong_scaling_reaches_the_cli(tmp_path: Path, parallel:
     assert out["config"]["parallel"] == parallel and out["targets"] == []
     assert [(e["ranks"], e["global_batch"]) for e in out["strong"]] == [(1, 64), (2, 64)]
     assert {r["results"][0]["parallel"] for r in out["runs"]} == {parallel}
+    if parallel == "pipeline":  # the 2-rank run; the 1-rank one is no pipeline
+        assert out["runs"][-1]["results"][0]["pipeline_schedule"] == "1f1b"
     bad = run_script(["--parallel", parallel], timeout=30)
     assert (
         bad.returncode == 2

@@ -19,7 +19,14 @@ from xpnn.errors import UserError
 from xpnn.nn import build_model
 from xpnn.nn.layer import Context
 from xpnn.parallel.comm import SelfCommunicator
-from xpnn.parallel.pipeline_parallel import build_stage, layer_costs, stage_bounds
+from xpnn.parallel.pipeline_parallel import (
+    SCHEDULES,
+    build_stage,
+    in_flight,
+    layer_costs,
+    one_f_one_b_order,
+    stage_bounds,
+)
 
 
 # -- where the stages are cut ------------------------------------------------------------------
@@ -75,6 +82,33 @@ def test_the_mlp_of_the_benchmarks_is_cut_after_its_first_dense_layer():
     assert stage_bounds(costs, [bool(la.initial) for la in model.layers], 2) == [(0, 2), (2, 4)]
 
 
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize(("microbatches", "stages"), [(1, 1), (4, 2), (3, 3), (2, 4), (8, 3)])
+def test_schedules_run_each_micro_batch_forward_then_backward_once(schedule, microbatches, stages):
+    for index in range(stages):
+        order = SCHEDULES[schedule](microbatches, stages, index)
+        assert sorted(order) == sorted([(k, m) for m in range(microbatches) for k in "BF"])
+        for m in range(microbatches):
+            assert order.index(("F", m)) < order.index(("B", m))
+        forwards = [m for k, m in order if k == "F"]
+        assert forwards == sorted(forwards)  # stages pass activations on in order
+        held = in_flight(order)
+        if schedule == "gpipe":
+            assert held == microbatches
+        else:  # 1F1B holds S - s micro-batches' activations, not M; backwards in order
+            assert held == min(stages - index, microbatches)
+            assert [m for k, m in order if k == "B"] == list(range(microbatches))
+
+
+def test_one_f_one_b_is_megatrons_order():
+    """Stage 0 of 3, 5 micro-batches: two forwards ahead, alternate, then drain."""
+    got = " ".join(f"{k}{m}" for k, m in one_f_one_b_order(5, 3, 0))
+    assert got == "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4"
+    assert " ".join(f"{k}{m}" for k, m in one_f_one_b_order(5, 3, 2)) == (
+        "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4"
+    )
+
+
 def test_only_the_first_stage_reads_the_samples():
     """The trainer gathers (and on a GPU copies) the training set only where it is read."""
     backend = get_backend("numpy", "float32")
@@ -86,10 +120,12 @@ def test_only_the_first_stage_reads_the_samples():
 
 
 # -- the micro-batches' gradients, on one process ----------------------------------------------
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("microbatches", [1, 3, 7])
-def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches):
+def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches, schedule):
     """One stage, M micro-batches: the gradient is the whole batch's, and each layer's part is
-    already final when backward reports it (the update starts there)."""
+    already final when backward reports it (the update starts there). Under 1F1B one stage
+    holds one micro-batch at a time: one set of layers, reused M times."""
     backend = get_backend("numpy", "float64")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((23, 1, 6, 6))
@@ -107,7 +143,7 @@ def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches):
 
     whole = network().build((1, 6, 6), backend, 0)
     loss, correct = whole.loss_and_grads(x, y, ctx, 1 / 23)
-    stage = build_stage(network(), (1, 6, 6), backend, 0, 0, 1, microbatches)
+    stage = build_stage(network(), (1, 6, 6), backend, 0, 0, 1, microbatches, schedule)
     stage.comm = SelfCommunicator()
     np.testing.assert_array_equal(stage.params, whole.params)
     reported = []
@@ -121,7 +157,8 @@ def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches):
     np.testing.assert_allclose(stage.grads, whole.grads, rtol=1e-12, atol=1e-15)
     assert float(loss_p) == pytest.approx(float(loss), rel=1e-12)
     assert int(correct_p) == int(correct)
-    assert stage.summary().endswith(f"1 stage(s), {microbatches} micro-batch(es))")
+    assert stage.summary().endswith(f"1 stage(s), {microbatches} micro-batch(es), {schedule})")
+    assert len(stage._sets) == (microbatches if schedule == "gpipe" else 1)
 
 
 # -- real mpiexec --------------------------------------------------------------------------
@@ -152,8 +189,9 @@ CNN_DROPOUT = [
 )
 def test_two_and_three_stages_compute_the_one_rank_run(tmp_path, args, microbatches):
     one, rec1, _ = _train(tmp_path, 1, args)
-    for ranks in (2, 3):
+    for ranks, schedule in ((2, "gpipe"), (3, "gpipe"), (2, "1f1b"), (3, "1f1b")):
         pipeline = ["--parallel", "pipeline", "--microbatches", microbatches]
+        pipeline += ["--pipeline-schedule", schedule]
         pp, rec, proc = _train(tmp_path, ranks, [*args, *pipeline])
         assert list(pp) == list(one)  # the whole network, under the 1-rank names, in order
         for name in one:
@@ -167,7 +205,8 @@ def test_two_and_three_stages_compute_the_one_rank_run(tmp_path, args, microbatc
             assert r["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-10)
             assert r["test_loss"] == pytest.approx(r1["test_loss"], rel=1e-10)
             assert r["train_acc"] == r1["train_acc"] and r["test_acc"] == r1["test_acc"]
-        assert f"{ranks} stage(s)" in proc.stdout
+        assert f"{ranks} stage(s), {microbatches} micro-batch(es), {schedule})" in proc.stdout
+        assert done["pipeline_schedule"] == schedule
     assert rec1[1]["train_loss"] < rec1[0]["train_loss"]  # it trained: equality is not trivial
 
 
@@ -186,10 +225,13 @@ def test_pipeline_user_errors_are_one_line_exit_2(ranks, args, message):
     assert_one_line_user_error(proc, message)
 
 
-def test_microbatches_without_a_pipeline_says_it_has_no_effect():
-    proc = run_xpnn([*TINY_FLOAT64_RUN, "--hidden", "8", "--epochs", "1", "--microbatches", "2"])
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--microbatches", "2"), ("--pipeline-schedule", "1f1b")]
+)
+def test_pipeline_flags_without_a_pipeline_say_they_have_no_effect(flag, value):
+    proc = run_xpnn([*TINY_FLOAT64_RUN, "--hidden", "8", "--epochs", "1", flag, value])
     assert proc.returncode == 0, proc.stderr
-    assert "--microbatches has no effect without --parallel pipeline" in proc.stderr
+    assert f"{flag} has no effect without --parallel pipeline" in proc.stderr
 
 
 def test_one_failing_stage_stops_the_pipeline():

@@ -152,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"--parallel pipeline: micro-batches per global batch (default {MICROBATCHES})",
     )
+    a(
+        "--pipeline-schedule",
+        choices=["gpipe", "1f1b"],
+        default=None,
+        help="--parallel pipeline: gpipe (all forwards, then all backwards; the default) or "
+        "1f1b (a forward and a backward in turn: activations of at most stages - s "
+        "micro-batches held, not M)",
+    )
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
     return p
 
@@ -263,7 +271,8 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
 
             microbatches = args.microbatches or MICROBATCHES
             shape, seed, rank, size = data.input_shape, args.seed, world.rank, world.size
-            model = build_stage(model, shape, backend, seed, rank, size, microbatches)
+            schedule = args.pipeline_schedule or "gpipe"
+            model = build_stage(model, shape, backend, seed, rank, size, microbatches, schedule)
         else:
             model.build(data.input_shape, backend, args.seed)
     except MemoryError as exc:  # --hidden 99999999999: NumPy says how much it wanted
@@ -295,7 +304,11 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
             "global_batch": batch,
             "dtype": args.dtype,
             "parallel": args.parallel,
-            **({"microbatches": model.microbatches} if args.parallel == "pipeline" else {}),
+            **(
+                {"microbatches": model.microbatches, "pipeline_schedule": model.schedule}
+                if args.parallel == "pipeline"
+                else {}
+            ),
         },
     )
     if args.metrics and world.rank == 0 and not args.resume:
@@ -328,14 +341,15 @@ def _ineffective_flags(args: Any, comm: Any) -> list[tuple[str, str]]:
     """Flags the user gave that this run ignores, and why: said, not silently dropped."""
     from xpnn.parallel.data_parallel import uses_byte_buckets
 
-    optional = ("hidden", "activation", "microbatches", "bucket_mb")
+    optional = ("hidden", "activation", "microbatches", "pipeline_schedule", "bucket_mb")
     given = {flag for flag in optional if getattr(args, flag) is not None}
     found = []
     for flag in ("hidden", "activation"):
         if flag in given and args.model != "mlp":
             found.append((f"--{flag}", f"with --model {args.model}"))
-    if "microbatches" in given and args.parallel != "pipeline":
-        found.append(("--microbatches", "without --parallel pipeline"))
+    for flag in ("microbatches", "pipeline_schedule"):
+        if flag in given and args.parallel != "pipeline":
+            found.append((f"--{flag.replace('_', '-')}", "without --parallel pipeline"))
     if "bucket_mb" in given and args.parallel != "data":
         found.append(
             ("--bucket-mb", f"with --parallel {args.parallel}: no gradients are exchanged")

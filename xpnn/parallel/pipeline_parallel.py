@@ -1,30 +1,35 @@
 """Pipeline parallelism: consecutive layers on consecutive ranks, micro-batches streamed through.
 
-GPipe's schedule. The layers are cut into as many *stages* as there are ranks, each a run of
-consecutive layers of about equal cost (multiply-adds per sample), and rank s holds stage s
-only: its parameters, gradients and optimizer state. Every global batch is cut into
-``--microbatches`` M micro-batches:
+The layers are cut into as many *stages* as there are ranks, each a run of consecutive
+layers of about equal cost (multiply-adds per sample), and rank s holds stage s only: its
+parameters, gradients and optimizer state. Every global batch is cut into
+``--microbatches`` M micro-batches, and two schedules (``--pipeline-schedule``) run them:
 
-- forward: stage 0 reads the samples; every stage runs micro-batch m through its layers and
-  sends the activations to the next stage, then goes on with m + 1 while the next stage
-  works on m (the pipeline fills); the last stage computes the loss of each micro-batch;
-- backward, in reverse order: the last stage starts with the micro-batch it forwarded last;
-  every stage sends its input's gradient to the stage before it;
-- the gradients of the M micro-batches are summed (each one's loss is already scaled by 1 /
-  global batch, so the sum is the gradient of the whole batch), and each stage updates its
-  own parameters: no gradient is exchanged at all.
+- GPipe (the default): every forward, then every backward in reverse order. Forward: stage 0
+  reads the samples; every stage runs micro-batch m through its layers and sends the
+  activations to the next stage, then goes on with m + 1 while the next stage works on m
+  (the pipeline fills); the last stage computes the loss of each micro-batch. Backward: the
+  last stage starts with the micro-batch it forwarded last; every stage sends its input's
+  gradient to the stage before it.
+- 1F1B (PipeDream-Flush, as Megatron-LM runs it): stage s forwards S - s - 1 micro-batches
+  ahead, then alternates one forward and one backward, then drains the backwards left.
+- Either way the gradients of the M micro-batches are summed (each one's loss is already
+  scaled by 1 / global batch, so the sum is the gradient of the whole batch), and each stage
+  updates its own parameters: no gradient is exchanged at all.
 
 A layer keeps what its backward pass needs from its last forward pass, so the stage runs
-each micro-batch through its own replicas of its layers (``Layer.replica``: the same
-parameters and gradients, their own saved activations and scratch buffers) and keeps M sets
-of activations until backward. GPipe re-computes them instead (re-materialisation), which
-saves that memory and costs one more forward pass per micro-batch; here memory is not what
-runs short.
+each micro-batch in flight through its own set of replicas of its layers (``Layer.replica``:
+the same parameters and gradients, their own saved activations and scratch buffers): M sets
+under GPipe, at most S - s under 1F1B, which is 1F1B's point: the activations held do not
+grow with M. A set is reused once its micro-batch's backward is done. GPipe re-computes the
+activations instead (re-materialisation), which saves that memory and costs one more forward
+pass per micro-batch; here memory is not what runs short.
 
 With the same seed, 1 rank and N stages draw the same initial network (every rank draws all
 of it and keeps its stage) and compute the same run, up to the order of floating-point sums.
-Idle time: each stage waits (N - 1) micro-batch slots per step (the pipeline's "bubble"),
-a fraction (N - 1) / (M + N - 1) of the step when the stages are balanced.
+Idle time, under both schedules: each stage waits (N - 1) micro-batch slots per step (the
+pipeline's "bubble"), a fraction (N - 1) / (M + N - 1) of the step when the stages are
+balanced.
 """
 
 from __future__ import annotations
@@ -93,8 +98,42 @@ def stage_bounds(costs: list[float], has_params: list[bool], stages: int) -> lis
     return bounds
 
 
+Order = list[tuple[str, int]]  # ("F", m): forward micro-batch m; ("B", m): its backward
+
+
+def gpipe_order(microbatches: int, stages: int, index: int) -> Order:
+    """GPipe: every forward, then every backward in reverse; all M micro-batches in flight."""
+    return [("F", m) for m in range(microbatches)] + [
+        ("B", m) for m in reversed(range(microbatches))
+    ]
+
+
+def one_f_one_b_order(microbatches: int, stages: int, index: int) -> Order:
+    """PipeDream-Flush (1F1B): stage s runs S - s - 1 forwards ahead, then a forward and a
+    backward in turn, then the backwards left. The bubble is GPipe's, but a micro-batch's
+    activations are freed by its backward as soon as it can be, so at most S - s are in flight
+    (not M): memory that does not grow with ``--microbatches``."""
+    warm = min(stages - index - 1, microbatches)
+    order = [("F", m) for m in range(warm)]
+    for j in range(microbatches - warm):
+        order += [("F", warm + j), ("B", j)]
+    return order + [("B", m) for m in range(microbatches - warm, microbatches)]
+
+
+SCHEDULES = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
+
+
+def in_flight(order: Order) -> int:
+    """The most micro-batches forwarded and not yet backwarded at once: sets of layers needed."""
+    most = live = 0
+    for kind, _ in order:
+        live += 1 if kind == "F" else -1
+        most = max(most, live)
+    return most
+
+
 class PipelineStage(Sequential):
-    """The layers of one stage, and the GPipe schedule that runs them with the other stages.
+    """The layers of one stage, and the schedule that runs them with the other stages.
 
     The trainer sees a model: ``loss_and_grads`` and ``evaluate`` take the whole batch on
     every rank (the first stage reads its samples, the last its labels; the trainer does not
@@ -103,11 +142,17 @@ class PipelineStage(Sequential):
     """
 
     def __init__(
-        self, whole: Sequential, bounds: list[tuple[int, int]], index: int, microbatches: int
+        self,
+        whole: Sequential,
+        bounds: list[tuple[int, int]],
+        index: int,
+        microbatches: int,
+        schedule: str = "gpipe",
     ) -> None:
         start, end = bounds[index]
         super().__init__(whole.layers[start:end], whole.loss)
         self.index, self.stages, self.microbatches = index, len(bounds), microbatches
+        self.schedule = schedule
         self.backend, self.xp = whole.backend, whole.xp
         self.shapes = whole.shapes[start : end + 1]
         self.output_shape = self.shapes[-1]
@@ -157,35 +202,39 @@ class PipelineStage(Sequential):
         ]
         zero = self.xp.zeros((), dtype=self.xp.float64)
         loss_sum, correct = zero, zero
-        replicas = self._replicas(len(parts))
-        dlogits, sends = [], []
-        for (lo, hi), mctx, layers in zip(parts, contexts, replicas, strict=True):
-            if self.first:
-                xin = x[lo:hi]
-            else:
-                xin = self._receive(hi - lo, self.shapes[0], self.index - 1, FORWARD_TAG)
-            y = self.forward(xin, mctx, layers)
-            if self.last:
-                kernels = self.backend.kernels
-                correct = correct + kernels.count_correct(y, labels[lo:hi])
-                loss, dy = self.loss(kernels, y, labels[lo:hi], scale)
-                loss_sum = loss_sum + loss
-                dlogits.append(dy)
-            else:
-                sends.append(self.comm.isend(y, self.index + 1, FORWARD_TAG))
-        self._wait(sends)  # free: the next stage has them all before it sends anything back
+        order = SCHEDULES[self.schedule](len(parts), self.stages, self.index)
+        sets = self._replicas(in_flight(order))
+        pending: list[list] = [[] for _ in sets]  # sends still reading each set's buffers
+        dlogits: dict[int, Array] = {}
+        last_backward = max(i for i, (kind, _) in enumerate(order) if kind == "B")
         acc = None
-        for m in range(len(parts) - 1, -1, -1):
-            lo, hi = parts[m]
+        for i, (kind, m) in enumerate(order):
+            (lo, hi), slot = parts[m], m % len(sets)  # the set of micro-batch m - len(sets)
+            layers = sets[slot]  # is free: the schedules finish its backward before this
+            if kind == "F":
+                self._wait(pending[slot])
+                if self.first:
+                    xin = x[lo:hi]
+                else:
+                    xin = self._receive(hi - lo, self.shapes[0], self.index - 1, FORWARD_TAG)
+                y = self.forward(xin, contexts[m], layers)
+                if self.last:
+                    kernels = self.backend.kernels
+                    correct = correct + kernels.count_correct(y, labels[lo:hi])
+                    loss, dlogits[m] = self.loss(kernels, y, labels[lo:hi], scale)
+                    loss_sum = loss_sum + loss
+                else:
+                    pending[slot].append(self.comm.isend(y, self.index + 1, FORWARD_TAG))
+                continue
             if self.last:
-                dy = dlogits[m]
+                dy = dlogits.pop(m)
             else:
                 dy = self._receive(hi - lo, self.output_shape, self.index + 1, BACKWARD_TAG)
-            final = m == 0
+            final = i == last_backward
             ready = self._summing(acc, on_grads_ready) if final else None
-            dx = self.backward(dy, ready, replicas[m])
+            dx = self.backward(dy, ready, layers)
             if not self.first:
-                sends.append(self.comm.isend(dx, self.index - 1, BACKWARD_TAG))
+                pending[slot].append(self.comm.isend(dx, self.index - 1, BACKWARD_TAG))
             if final:
                 break
             if acc is None:
@@ -193,7 +242,8 @@ class PipelineStage(Sequential):
                 acc[...] = self.grads
             else:
                 acc += self.grads
-        self._wait(sends)
+        for handles in pending:
+            self._wait(handles)
         return loss_sum, correct
 
     def _replicas(self, count: int) -> list[list[Layer]]:
@@ -245,7 +295,7 @@ class PipelineStage(Sequential):
         return (
             " -> ".join(repr(layer) for layer in self.layers)
             + f"  ({self.size:,} parameters; stage {self.index} of {self.stages} stage(s), "
-            f"{self.microbatches} micro-batch(es))"
+            f"{self.microbatches} micro-batch(es), {self.schedule})"
         )
 
 
@@ -257,10 +307,11 @@ def build_stage(
     rank: int,
     size: int,
     microbatches: int,
+    schedule: str = "gpipe",
 ) -> PipelineStage:
     """Draw the whole network as one process would (``Sequential.setup``), cut it into
     ``size`` stages and place only stage ``rank``'s parameters on the backend."""
     whole.setup(input_shape, backend, seed)
     costs = layer_costs(whole.layers, whole.shapes)
     bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)
-    return PipelineStage(whole, bounds, rank, microbatches).place()
+    return PipelineStage(whole, bounds, rank, microbatches, schedule).place()
