@@ -165,12 +165,16 @@ def test_cupy_update_of_a_gradient_in_parts_equals_numpy(optimizer):
     np.testing.assert_allclose(out["cupy"], out["numpy"], rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("parallel", ["tensor", "pipeline"])
-def test_two_rank_cupy_model_parallel_computes_the_one_rank_numpy_run(tmp_path, parallel):
-    """Split layers (tensor) or stages (pipeline) on device buffers: activations and input
-    gradients are allreduced, or sent between stages, through whatever the communicator is
-    here (host staging on one shared GPU)."""
-    base = [*SMALL_FLOAT64_RUN, "--hidden", "48,40,24", "--microbatches", "3"]
+@pytest.mark.parametrize(
+    ("parallel", "schedule"), [("tensor", None), ("pipeline", "gpipe"), ("pipeline", "1f1b")]
+)
+def test_two_rank_cupy_model_parallel_computes_the_one_rank_numpy_run(tmp_path, parallel, schedule):
+    """Split layers (tensor) or stages (pipeline, both schedules) on device buffers:
+    activations and input gradients are allreduced, or sent between stages, through whatever
+    the communicator is here (host staging on one shared GPU)."""
+    base = [*SMALL_FLOAT64_RUN, "--hidden", "48,40,24"]
+    if schedule:
+        base += ["--microbatches", "3", "--pipeline-schedule", schedule]
     saved = {}
     for ranks, extra in ((1, ["--backend", "numpy"]), (2, ["--backend", "cupy"])):
         path = tmp_path / f"{ranks}.npz"
