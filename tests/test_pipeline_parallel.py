@@ -109,6 +109,19 @@ def test_one_f_one_b_is_megatrons_order():
     )
 
 
+def test_a_schedule_that_reuses_a_set_in_flight_is_refused(monkeypatch):
+    """The executor gives micro-batch m the set of m - sets; an order that forwards m before
+    that one's backward would overwrite its activations: refused, not a wrong gradient."""
+    bad = [("F", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 0), ("B", 2)]  # 2 in flight, F2 early
+    monkeypatch.setitem(SCHEDULES, "gpipe", lambda microbatches, stages, index: bad)
+    backend = get_backend("numpy", "float64")
+    stage = build_stage(build_model("mlp", (8,)), (784,), backend, 0, 0, 1, 3)
+    stage.comm = SelfCommunicator()
+    x, y = np.ones((6, 784)), np.arange(6)
+    with pytest.raises(RuntimeError, match="micro-batch 0 in flight"):
+        stage.loss_and_grads(x, y, Context(train=True), 1 / 6)
+
+
 def test_only_the_first_stage_reads_the_samples():
     """The trainer gathers (and on a GPU copies) the training set only where it is read."""
     backend = get_backend("numpy", "float32")

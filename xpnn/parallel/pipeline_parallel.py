@@ -205,13 +205,17 @@ class PipelineStage(Sequential):
         order = SCHEDULES[self.schedule](len(parts), self.stages, self.index)
         sets = self._replicas(in_flight(order))
         pending: list[list] = [[] for _ in sets]  # sends still reading each set's buffers
+        holder: list[int | None] = [None] * len(sets)  # the micro-batch whose activations it has
         dlogits: dict[int, Array] = {}
         last_backward = max(i for i, (kind, _) in enumerate(order) if kind == "B")
         acc = None
         for i, (kind, m) in enumerate(order):
-            (lo, hi), slot = parts[m], m % len(sets)  # the set of micro-batch m - len(sets)
-            layers = sets[slot]  # is free: the schedules finish its backward before this
+            (lo, hi), slot = parts[m], m % len(sets)
+            layers = sets[slot]
             if kind == "F":
+                if holder[slot] is not None:  # a schedule must backward m - len(sets) first
+                    raise RuntimeError(f"pipeline schedule: micro-batch {holder[slot]} in flight")
+                holder[slot] = m
                 self._wait(pending[slot])
                 if self.first:
                     xin = x[lo:hi]
@@ -233,6 +237,7 @@ class PipelineStage(Sequential):
             final = i == last_backward
             ready = self._summing(acc, on_grads_ready) if final else None
             dx = self.backward(dy, ready, layers)
+            holder[slot] = None
             if not self.first:
                 pending[slot].append(self.comm.isend(dx, self.index - 1, BACKWARD_TAG))
             if final:
