@@ -123,6 +123,15 @@ def test_a_damaged_checkpoint_is_a_one_line_error(tmp_path):
     assert_one_line_user_error(proc, "checkpoint-epoch0003.npz: not a readable checkpoint")
 
 
+def test_an_npz_that_is_no_checkpoint_is_a_one_line_error(tmp_path):
+    """A --save file copied into the checkpoint directory: parameters, but no epoch or step."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    np.savez(ck / "checkpoint-epoch0002.npz", **{"layer0.W": np.zeros((2, 2))})
+    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
+    assert_one_line_user_error(proc, "checkpoint-epoch0002.npz: not an xpnn checkpoint")
+
+
 def test_saved_files_get_the_permissions_of_any_new_file(tmp_path):
     """The temporary file behind the atomic rename is created 0600; the result must not be."""
     from xpnn.checkpoint import atomic_savez

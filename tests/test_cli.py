@@ -48,6 +48,8 @@ def _one_error_line(proc, *needles):
         (["--lr", "nan"], "--lr"),
         (["--lr", "0"], "--lr: must be > 0"),
         (["--lr", "inf"], "--lr: must be finite"),
+        (["--lr", "abc"], "--lr: not a number: 'abc'"),
+        (["--batch-size", "abc"], "--batch-size: expected a number or 'full'"),
         (["--hidden", "99999999999"], "--hidden 99999999999: the network does not fit"),
         (["--bucket-mb", "inf"], "--bucket-mb: must be finite"),  # was an OverflowError
         (["--bucket-mb", "0"], "--bucket-mb: must be > 0"),  # was one value per allreduce
@@ -107,6 +109,13 @@ def test_bucket_mb_says_when_it_has_no_effect(ranks, comm, noted):
     assert proc.returncode == 0, proc.stderr
     assert ("--bucket-mb has no effect" in proc.stderr) is noted, proc.stderr
     assert "--bucket-mb has no effect" not in run_xpnn(SMALL, timeout=120).stderr
+
+
+@pytest.mark.parametrize("parallel", ["tensor", "pipeline"])
+def test_bucket_mb_under_model_parallelism_says_no_gradients_are_exchanged(parallel):
+    proc = run_xpnn([*SMALL, "--parallel", parallel, "--bucket-mb", "1"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"--bucket-mb has no effect with --parallel {parallel}" in proc.stderr
 
 
 @pytest.mark.parametrize("flags", [["--hidden", "64"], ["--activation", "tanh"]])

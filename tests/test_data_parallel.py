@@ -66,6 +66,18 @@ def test_base_model_is_updated_in_two_buckets():
     assert len(layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)) == 2
 
 
+@pytest.mark.parametrize("comm", ["mpi-shm", "mpi-host"])
+def test_ranks_left_without_samples_still_compute_the_one_rank_run(tmp_path, comm):
+    """A global batch of 2 on 3 ranks (the last batch of 301 samples has 1): the ranks with
+    no sample contribute zero gradients and zero loss, and the run is still the 1-rank one."""
+    small = ["--batch-size", "2", "--synthetic-size", "301", "--epochs", "1"]
+    one, rec1 = _train(tmp_path, 1, *small, name="b2")
+    three, rec3 = _train(tmp_path, 3, *small, "--comm", comm, name="b2")
+    _assert_close(one, three)
+    assert rec3[0]["train_loss"] == pytest.approx(rec1[0]["train_loss"], rel=1e-10)
+    assert rec3[0]["train_acc"] == rec1[0]["train_acc"]
+
+
 def test_bucket_size_does_not_change_the_result(tmp_path):
     # 10 kB buckets: ~120 over the 150k parameters, most cutting through a layer
     tiny, _ = _train(tmp_path, 2, "--comm", "mpi-host", "--bucket-mb", "0.01", name="tiny")
