@@ -188,6 +188,16 @@ def test_no_mirrors_is_user_error(tmp_path: Path) -> None:
         fetch(NAME, GOOD_SHA, [], tmp_path)
 
 
+@pytest.mark.parametrize(("cache", "message"), [
+    ("/proc/xpnn-cache", "cannot use as download cache"),  # cannot be made, even by root
+    ("/proc", "cannot write to download cache"),  # exists, takes no files
+])  # fmt: skip
+def test_unusable_cache_directory_is_one_line_user_error(cache: str, message: str) -> None:
+    with pytest.raises(UserError, match=message) as info:
+        fetch(NAME, GOOD_SHA, ["http://127.0.0.1:9/"], Path(cache))
+    assert "\n" not in str(info.value) and cache in str(info.value)
+
+
 def test_default_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("XPNN_DATA_HOME", raising=False)

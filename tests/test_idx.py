@@ -210,6 +210,18 @@ def test_missing_file(tmp_path: Path) -> None:
     assert "no such file" in assert_one_line(info.value, tmp_path / "nope.gz")
 
 
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(IdxError) as info:
+        read_idx(tmp_path)  # a directory where a file should be
+    assert "cannot read" in assert_one_line(info.value, tmp_path)
+
+
+def test_write_refuses_what_idx_cannot_hold(tmp_path: Path) -> None:
+    for array in (np.zeros(3, np.int64), np.zeros(())):  # no IDX type code; 0-D
+        with pytest.raises(ValueError, match="IDX cannot hold"):
+            write_idx(tmp_path / "x", array)
+
+
 def test_float_labels_rejected(tmp_path: Path) -> None:
     images = write_idx(tmp_path / "i.gz", np.zeros((3, 2, 2), np.uint8))
     labels = write_idx(tmp_path / "l.gz", np.zeros(3, np.float32))
