@@ -100,6 +100,14 @@ def test_schedules_run_each_micro_batch_forward_then_backward_once(schedule, mic
             assert [m for k, m in order if k == "B"] == list(range(microbatches))
 
 
+def test_the_cli_offers_exactly_the_schedules_there_are():
+    """The parser names them without importing the pipeline module (a fast --help)."""
+    from xpnn.cli import build_parser
+
+    action = next(a for a in build_parser()._actions if a.dest == "pipeline_schedule")
+    assert sorted(action.choices) == sorted(SCHEDULES)
+
+
 def test_one_f_one_b_is_megatrons_order():
     """Stage 0 of 3, 5 micro-batches: two forwards ahead, alternate, then drain."""
     got = " ".join(f"{k}{m}" for k, m in one_f_one_b_order(5, 3, 0))

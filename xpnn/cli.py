@@ -267,12 +267,18 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         model.layers = split_layers(model.layers, world.rank, world.size)
     try:
         if args.parallel == "pipeline":
-            from xpnn.parallel.pipeline_parallel import build_stage
+            from xpnn.parallel.pipeline_parallel import DEFAULT_SCHEDULE, build_stage
 
-            microbatches = args.microbatches or MICROBATCHES
-            shape, seed, rank, size = data.input_shape, args.seed, world.rank, world.size
-            schedule = args.pipeline_schedule or "gpipe"
-            model = build_stage(model, shape, backend, seed, rank, size, microbatches, schedule)
+            model = build_stage(
+                model,
+                data.input_shape,
+                backend,
+                args.seed,
+                world.rank,
+                world.size,
+                microbatches=args.microbatches or MICROBATCHES,
+                schedule=args.pipeline_schedule or DEFAULT_SCHEDULE,
+            )
         else:
             model.build(data.input_shape, backend, args.seed)
     except MemoryError as exc:  # --hidden 99999999999: NumPy says how much it wanted

@@ -121,6 +121,7 @@ def one_f_one_b_order(microbatches: int, stages: int, index: int) -> Order:
 
 
 SCHEDULES = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
+DEFAULT_SCHEDULE = "gpipe"
 
 
 def in_flight(order: Order) -> int:
@@ -147,7 +148,7 @@ class PipelineStage(Sequential):
         bounds: list[tuple[int, int]],
         index: int,
         microbatches: int,
-        schedule: str = "gpipe",
+        schedule: str,
     ) -> None:
         start, end = bounds[index]
         super().__init__(whole.layers[start:end], whole.loss)
@@ -312,7 +313,7 @@ def build_stage(
     rank: int,
     size: int,
     microbatches: int,
-    schedule: str = "gpipe",
+    schedule: str = DEFAULT_SCHEDULE,
 ) -> PipelineStage:
     """Draw the whole network as one process would (``Sequential.setup``), cut it into
     ``size`` stages and place only stage ``rank``'s parameters on the backend."""
