@@ -55,14 +55,14 @@ def run_xpnn(
     )
 
 
-def assert_failing_rank_stops_the_job(args: list[str]) -> None:
-    """Rank 1 raises at step 3 (``XPNN_FAIL_AT``): every rank exits non-zero within 30 s, and
-    the message names the rank once."""
+def assert_failing_rank_stops_the_job(args: list[str], ranks: int = 2, rank: int = 1) -> None:
+    """``rank`` raises at step 3 (``XPNN_FAIL_AT``): every rank exits non-zero within 30 s,
+    and the message names the rank once."""
     start = time.monotonic()
-    proc = run_xpnn(args, ranks=2, timeout=60, env={"XPNN_FAIL_AT": "1:3"})
+    proc = run_xpnn(args, ranks=ranks, timeout=60, env={"XPNN_FAIL_AT": f"{rank}:3"})
     assert proc.returncode != 0
     assert time.monotonic() - start < 30
-    assert proc.stderr.count("rank 1:") == 1, proc.stderr
+    assert proc.stderr.count(f"rank {rank}:") == 1, proc.stderr
     assert "injected failure at step 3" in proc.stderr
 
 

@@ -25,8 +25,10 @@ def _assert_same(got, want, what):
         np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-10 * scale, err_msg=name)
 
 
-def _parallel(kind):
-    return [] if kind == "data" else ["--parallel", kind]
+def _parallel(side):
+    """``(kind, ranks)`` or ``(kind, ranks, model ranks)``: the flags of that layout."""
+    flags = [] if side[0] == "data" else ["--parallel", side[0]]
+    return flags + (["--model-ranks", str(side[2])] if len(side) > 2 else [])
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +48,16 @@ def one_rank(tmp_path_factory):
         (("tensor", 2), ("tensor", 2)),
         (("tensor", 2), ("pipeline", 3)),
         (("pipeline", 2), ("data", 1)),
+        (("tensor", 4, 2), ("pipeline", 4, 2)),  # 2 replicas x 2 ranks, written and read
+        (("pipeline", 4, 2), ("data", 1)),
     ],
-    ids=lambda side: f"{side[0]}{side[1]}",
+    ids=lambda side: f"{side[0]}{'x'.join(map(str, side[1:]))}",
 )
 def test_a_checkpoint_resumes_under_any_parallelism(tmp_path, one_rank, writer, reader):
     checkpoint, final = one_rank
     ck = tmp_path / "ck"
     first = run_xpnn(
-        [*ARGS, *_parallel(writer[0]), "--epochs", "1", "--checkpoint-dir", str(ck)],
+        [*ARGS, *_parallel(writer), "--epochs", "1", "--checkpoint-dir", str(ck)],
         ranks=writer[1],
     )
     assert first.returncode == 0, first.stderr
@@ -62,7 +66,7 @@ def test_a_checkpoint_resumes_under_any_parallelism(tmp_path, one_rank, writer, 
     _assert_same(written, checkpoint, "the checkpoint")
 
     saved = tmp_path / "resumed.npz"
-    args = [*ARGS, *_parallel(reader[0]), "--checkpoint-dir", str(ck), "--resume"]
+    args = [*ARGS, *_parallel(reader), "--checkpoint-dir", str(ck), "--resume"]
     second = run_xpnn([*args, "--save", str(saved)], ranks=reader[1])
     assert second.returncode == 0, second.stderr
     assert "resume:" in second.stdout and "(epoch 1, step 5)" in second.stdout

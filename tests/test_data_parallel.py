@@ -13,6 +13,7 @@ from conftest import (
     ROOT,
     TINY_FLOAT64_RUN,
     assert_failing_rank_stops_the_job,
+    assert_one_line_user_error,
     mpiexec_path,
     run_xpnn,
     xpnn_cmd,
@@ -180,6 +181,12 @@ def test_uneven_nodes_fall_back_to_host_buffers_or_refuse(tmp_path):
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--comm mpi-shm: nodes hold different numbers" in lines[0]
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_a_bad_ranks_per_node_override_is_one_line_exit_2(value):
+    proc = run_xpnn([*BASE, "--comm", "mpi-shm"], ranks=2, env={"XPNN_RANKS_PER_NODE": value})
+    assert_one_line_user_error(proc, f"XPNN_RANKS_PER_NODE={value}: expected a positive integer")
 
 
 def test_full_shared_memory_is_a_one_line_error_not_a_crash(tmp_path):

@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
         "pair of Dense layers (MLP only); pipeline: each rank a run of consecutive layers",
     )
     a(
+        "--model-ranks",
+        type=_positive_int("--model-ranks"),
+        default=None,
+        help="--parallel tensor/pipeline: ranks that hold one replica of the network (default: "
+        "all); N ranks train N / K replicas data-parallel (2-D parallelism)",
+    )
+    a(
         "--microbatches",
         type=_positive_int("--microbatches"),
         default=None,
@@ -238,6 +245,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     from xpnn.data import load_dataset
     from xpnn.nn import build_model
     from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB
+    from xpnn.parallel.layout import place_of
     from xpnn.parallel.threads import apply_threads, threads_per_rank
     from xpnn.train import TrainConfig
 
@@ -261,10 +269,11 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         raise UserError(f"--model cnn: needs 1x28x28 images, {args.dataset} has {data.input_shape}")
     hidden, activation = args.hidden or HIDDEN, args.activation or "relu"
     model = build_model(args.model, hidden, activation, data.num_classes, args.loss)
+    place = place_of(world.rank, world.size, args.parallel, args.model_ranks)
     if args.parallel == "tensor":
         from xpnn.parallel.tensor_parallel import split_layers
 
-        model.layers = split_layers(model.layers, world.rank, world.size)
+        model.layers = split_layers(model.layers, place.index, place.model_ranks)
     try:
         if args.parallel == "pipeline":
             from xpnn.parallel.pipeline_parallel import DEFAULT_SCHEDULE, build_stage
@@ -274,8 +283,8 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
                 data.input_shape,
                 backend,
                 args.seed,
-                world.rank,
-                world.size,
+                place.index,
+                place.model_ranks,
                 microbatches=args.microbatches or MICROBATCHES,
                 schedule=args.pipeline_schedule or DEFAULT_SCHEDULE,
             )
@@ -284,8 +293,8 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     except MemoryError as exc:  # --hidden 99999999999: NumPy says how much it wanted
         what = f"--hidden {','.join(map(str, hidden))}" if args.model == "mlp" else "--model cnn"
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
-    # the ranks that each take a share of the batch
-    replicas = world.size if args.parallel == "data" else 1
+    # the ranks that each take a share of the batch: one per replica of the network
+    replicas = place.replicas
     batch = _global_batch(args, replicas, data.x_train.shape[0])
     lr = args.lr * (replicas if args.lr_scaling == "linear" else 1)
     cfg = TrainConfig(
@@ -310,6 +319,8 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
             "global_batch": batch,
             "dtype": args.dtype,
             "parallel": args.parallel,
+            "model_ranks": place.model_ranks,
+            "replicas": replicas,
             **(
                 {"microbatches": model.microbatches, "pipeline_schedule": model.schedule}
                 if args.parallel == "pipeline"
@@ -319,36 +330,39 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     )
     if args.metrics and world.rank == 0 and not args.resume:
         Path(args.metrics).write_text("")  # a fresh run starts a fresh metrics file
-    return backend, data, model, cfg
+    return backend, data, model, cfg, place
 
 
-def _announce(backend: Any, comm: Any, model: Any, cfg: Any, data: Any, args: Any) -> None:
+def _announce(backend: Any, groups: Any, model: Any, cfg: Any, data: Any, args: Any) -> None:
+    comm = groups.world
     if comm.rank != 0:
         return
-    note = f" ({comm.fallback_reason})" if getattr(comm, "fallback_reason", None) else ""
+    note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
     from xpnn.parallel.whole import is_spread, whole_size
 
     summary = model.summary()
     if is_spread(model):  # tensor and pipeline parallel: rank 0 holds a part
         summary += f" on rank 0 of {whole_size(model):,}, {cfg.parallel} parallel"
+        if groups.data.size > 1:
+            summary += f" over {groups.model.size} ranks x {groups.data.size} replicas"
     print(
         f"xpnn: {summary}\n"
         f"xpnn: {data.name} {data.x_train.shape[0]} train / {data.x_test.shape[0]} test, "
         f"global batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend "
-        f"{backend.describe()}, comm {comm.name}{note}, {comm.size} rank(s) x "
+        f"{backend.describe()}, comm {groups.name}{note}, {comm.size} rank(s) x "
         f"{cfg.extra['threads']} thread(s)",
         flush=True,
     )
-    for flag, why in _ineffective_flags(args, comm):
+    for flag, why in _ineffective_flags(args, groups):
         print(f"xpnn: note: {flag} has no effect {why}", file=sys.stderr, flush=True)
 
 
-def _ineffective_flags(args: Any, comm: Any) -> list[tuple[str, str]]:
+def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
     """Flags the user gave that this run ignores, and why: said, not silently dropped."""
     from xpnn.parallel.data_parallel import uses_byte_buckets
 
     optional = ("hidden", "activation", "microbatches", "pipeline_schedule", "bucket_mb")
-    given = {flag for flag in optional if getattr(args, flag) is not None}
+    given = {flag for flag in (*optional, "model_ranks") if getattr(args, flag) is not None}
     found = []
     for flag in ("hidden", "activation"):
         if flag in given and args.model != "mlp":
@@ -356,12 +370,15 @@ def _ineffective_flags(args: Any, comm: Any) -> list[tuple[str, str]]:
     for flag in ("microbatches", "pipeline_schedule"):
         if flag in given and args.parallel != "pipeline":
             found.append((f"--{flag.replace('_', '-')}", "without --parallel pipeline"))
-    if "bucket_mb" in given and args.parallel != "data":
+    if "model_ranks" in given and args.parallel == "data":
+        found.append(("--model-ranks", "with --parallel data: every rank holds the network"))
+    data = groups.data
+    if "bucket_mb" in given and data.size == 1 and args.parallel != "data":
         found.append(
             ("--bucket-mb", f"with --parallel {args.parallel}: no gradients are exchanged")
         )
-    elif "bucket_mb" in given and not uses_byte_buckets(comm):
-        where = f"with comm {comm.name} on {comm.size} rank(s)"
+    elif "bucket_mb" in given and not uses_byte_buckets(data):
+        where = f"with comm {data.name} on {data.size} rank(s)"
         found.append(("--bucket-mb", f"{where}: the update's buckets are cut at layers"))
     return found
 
@@ -372,18 +389,20 @@ def train_main(args: argparse.Namespace) -> int:
     from xpnn.train import Trainer
 
     world = init_world()
-    from xpnn.parallel.comm import make_communicator
+    from xpnn.parallel.layout import make_groups
 
-    backend, data, model, cfg = agree_on_user_errors(world, lambda: _setup(args, world))
-    # A separate phase: on GPU backends building the communicator talks to the other ranks.
-    comm = agree_on_user_errors(
-        world, lambda: make_communicator(world, backend, args.comm, args.parallel)
+    backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(args, world))
+    # A separate phase: on GPU backends building the communicators talks to the other ranks.
+    groups = agree_on_user_errors(
+        world, lambda: make_groups(world, place, backend, args.comm, args.parallel)
     )
-    model.attach(comm)  # split layers and pipeline stages talk through it
-    _announce(backend, comm, model, cfg, data, args)
+    model.attach(groups.model)  # split layers and pipeline stages talk within their replica
+    _announce(backend, groups, model, cfg, data, args)
     # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
     # on every rank of a node; that is a user error to print once, not a crash per rank.
-    trainer = agree_on_user_errors(world, lambda: Trainer(model, data, backend, comm, cfg))
+    trainer = agree_on_user_errors(
+        world, lambda: Trainer(model, data, backend, groups.world, cfg, groups=groups)
+    )
     # A loss gone to inf/NaN is reported once, after its epoch (Trainer._diverged): NumPy's
     # per-operation overflow warnings would only print the same news many times over.
     warnings.filterwarnings(

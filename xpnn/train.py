@@ -24,9 +24,9 @@ from xpnn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint,
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
-from xpnn.parallel.comm import SelfCommunicator
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
 from xpnn.parallel.failure import CollectiveExit
+from xpnn.parallel.layout import Groups
 from xpnn.parallel.whole import is_spread, whole_arrays, whole_params, whole_size
 
 
@@ -81,15 +81,22 @@ class Trainer:
         comm: Any,
         cfg: TrainConfig,
         log: Callable[[str], None] | None = None,
+        groups: Groups | None = None,
     ) -> None:
+        """``comm`` joins every rank of the job; ``groups`` says which of them hold one replica
+        of the network and which split the batches (default: ``comm`` is one or the other,
+        as ``cfg.parallel`` says)."""
         self.model, self.data, self.backend, self.comm, self.cfg = model, data, backend, comm, cfg
         self.xp = backend.xp
         self.log = log or (lambda msg: print(msg, flush=True))
         self.is_root = comm.rank == 0
-        # the ranks that split the data: all of them, or (tensor, pipeline parallelism) none
-        self.data_comm = comm if cfg.parallel == "data" else SelfCommunicator()
-        # the ranks whose losses add up to the network's: those that split the data, or the
-        # pipeline's stages (only the last scores; the others count zero)
+        self.groups = groups or Groups.of(comm, cfg.parallel)
+        # the ranks that split the data: one per replica of the network
+        self.data_comm = self.groups.data
+        # the ranks that hold one replica between them (tensor, pipeline parallelism)
+        self.model_comm = self.groups.model
+        # the ranks whose losses add up to the network's: those that split the data, or
+        # every pipeline stage of every replica (only the last stages score; the others count 0)
         self.metrics_comm = comm if cfg.parallel == "pipeline" else self.data_comm
         xp = self.xp
         # a pipeline's later stages never read a sample: no copy of them on the device
@@ -164,7 +171,7 @@ class Trainer:
         common = {
             "world_size": comm.size,
             "backend": self.backend.name,
-            "comm": comm.name,
+            "comm": self.groups.name,
             **cfg.extra,
         }
         total_seconds = 0.0
@@ -207,7 +214,7 @@ class Trainer:
                 self._checkpoint(epoch + 1)
         if start_epoch >= cfg.epochs:  # resumed with nothing left to train: score what we have
             test_loss, test_acc = self.evaluate()
-        whole = whole_params(model, comm)  # collective: split layers' slices are gathered
+        whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
         digests = comm.allgather_obj(params_digest(whole))
         done = {
             "event": "done",
@@ -246,9 +253,9 @@ class Trainer:
 
     def _checkpoint(self, epochs_done: int) -> None:
         """Rank 0 writes the whole network and optimizer state; where ranks hold pieces of it
-        (tensor, pipeline), every rank takes part in gathering them."""
-        model, optimizer, comm = self.model, self.optimizer, self.comm
-        if not (self.is_root or is_spread(model)):
+        (tensor, pipeline), every rank of rank 0's replica takes part in gathering them."""
+        model, optimizer, comm = self.model, self.optimizer, self.model_comm
+        if self.data_comm.rank != 0 or not (self.is_root or is_spread(model)):
             return
         params = whole_params(model, comm)
         state = {

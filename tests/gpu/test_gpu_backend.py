@@ -166,26 +166,37 @@ def test_cupy_update_of_a_gradient_in_parts_equals_numpy(optimizer):
 
 
 @pytest.mark.parametrize(
-    ("parallel", "schedule"), [("tensor", None), ("pipeline", "gpipe"), ("pipeline", "1f1b")]
+    ("parallel", "schedule", "ranks"),
+    [
+        ("tensor", None, 2),
+        ("pipeline", "gpipe", 2),
+        ("pipeline", "1f1b", 2),
+        ("tensor", None, 4),  # 2 replicas x 2 ranks (--model-ranks 2): 2-D
+        ("pipeline", "1f1b", 4),
+    ],
 )
-def test_two_rank_cupy_model_parallel_computes_the_one_rank_numpy_run(tmp_path, parallel, schedule):
+def test_cupy_model_parallel_computes_the_one_rank_numpy_run(tmp_path, parallel, schedule, ranks):
     """Split layers (tensor) or stages (pipeline, both schedules) on device buffers:
     activations and input gradients are allreduced, or sent between stages, through whatever
-    the communicator is here (host staging on one shared GPU)."""
+    the communicator is here (host staging on one shared GPU); with 4 ranks, two replicas of
+    2 ranks each also sum their gradients over the data group."""
     base = [*SMALL_FLOAT64_RUN, "--hidden", "48,40,24"]
     if schedule:
         base += ["--microbatches", "3", "--pipeline-schedule", schedule]
+    grid = ["--model-ranks", "2"] if ranks == 4 else []
     saved = {}
-    for ranks, extra in ((1, ["--backend", "numpy"]), (2, ["--backend", "cupy"])):
-        path = tmp_path / f"{ranks}.npz"
+    for n, extra in ((1, ["--backend", "numpy"]), (ranks, ["--backend", "cupy", *grid])):
+        path = tmp_path / f"{n}.npz"
         args = [*base, *extra, "--parallel", parallel, "--save", str(path)]
-        proc = run_xpnn(args, ranks=ranks)
+        proc = run_xpnn(args, ranks=n)
         assert proc.returncode == 0, proc.stderr
         with np.load(path) as data:
-            saved[ranks] = {k: data[k] for k in data.files}
+            saved[n] = {k: data[k] for k in data.files}
     for name, ref in saved[1].items():
         scale = np.abs(ref).max()
-        np.testing.assert_allclose(saved[2][name], ref, rtol=0, atol=1e-10 * scale, err_msg=name)
+        np.testing.assert_allclose(
+            saved[ranks][name], ref, rtol=0, atol=1e-10 * scale, err_msg=name
+        )
 
 
 def test_a_cupy_pipeline_checkpoint_resumes_on_one_cupy_rank(tmp_path):

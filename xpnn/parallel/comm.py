@@ -421,7 +421,8 @@ def make_communicator(
     if kind == "mpi-shm" and parallel != "data":
         raise UserError(
             f"--comm mpi-shm: shares one copy of the parameters between data-parallel ranks; "
-            f"with --parallel {parallel} use mpi-host or auto"
+            f"with --parallel {parallel} use mpi-host or auto, or --model-ranks K below the "
+            "rank count for data-parallel replicas"
         )
     if kind == "self":
         if world.size > 1:

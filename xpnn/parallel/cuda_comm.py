@@ -248,7 +248,7 @@ def make_gpu_communicator(world: World, kind: str) -> Communicator:
     comm = world.mpi_comm
     infos = comm.allgather(_local_gpu_info())  # type: ignore[union-attr]
     name, fallback, detail = choose_gpu_kind(infos, kind)
-    if fallback and world.rank == 0:
+    if fallback and world.is_root:
         print(f"xpnn: {fallback}", file=sys.stderr, flush=True)
     cls = {"nccl": NcclCommunicator, "mpi-cuda": MpiCudaCommunicator}.get(name, MpiHostCommunicator)
     result = cls(comm)

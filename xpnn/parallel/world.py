@@ -55,11 +55,12 @@ class World:
     local_rank: int
     local_size: int
     mpi_comm: object | None
+    speaks: bool | None = None  # a group of the job's ranks: is this the job's rank 0?
 
     @property
     def is_root(self) -> bool:
-        """Rank 0 prints, logs and saves."""
-        return self.rank == 0
+        """Rank 0 of the job prints, logs and saves (a group's rank 0 may not be it)."""
+        return self.rank == 0 if self.speaks is None else self.speaks
 
 
 def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:

@@ -1,0 +1,112 @@
+"""Who works with whom: the job's ranks as replicas of the network, each one rank or several.
+
+``--parallel data``: every rank holds the whole network and is a replica of its own.
+``--parallel tensor`` or ``pipeline`` spreads one replica over ``--model-ranks`` K ranks (all
+of them by default); with N ranks, the N / K replicas train data-parallel, each on its share
+of every global batch. That is 2-D parallelism, Megatron-LM's tensor (or pipeline) × data.
+
+Rank r is place ``r % K`` of replica ``r // K``: one replica's ranks are consecutive, so a
+launcher that fills nodes in rank order (``mpiexec``, ``srun``'s block distribution) keeps
+them on one node, where the messages of every layer (tensor) or micro-batch (pipeline) are
+cheapest; what crosses replicas is each step's gradients, as in data parallelism. The ranks
+at the same place of every replica hold the same part of the network, so they sum the same
+gradients: they are the data-parallel group, and any update scheme (``mpi-shm``'s shared
+parameters included) works on it unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from xpnn.errors import UserError
+from xpnn.parallel.comm import Communicator, MpiHostCommunicator, SelfCommunicator
+from xpnn.parallel.world import World
+
+
+@dataclass(frozen=True)
+class Place:
+    """This rank's place in the grid of ``replicas`` x ``model_ranks`` ranks."""
+
+    model_ranks: int  # ranks that hold one replica between them (1 under data parallelism)
+    replicas: int  # replicas of the network: the ranks that split each batch
+    index: int  # this rank's place within its replica: its slice or its stage
+    replica: int  # which replica this rank belongs to: its share of each batch
+
+
+def place_of(rank: int, size: int, parallel: str, model_ranks: int | None) -> Place:
+    """Rank ``rank`` of ``size`` under ``--parallel`` and ``--model-ranks`` (None: all ranks
+    for tensor and pipeline parallelism). Raises UserError for a grid that does not fit."""
+    if parallel == "data":
+        return Place(1, size, 0, rank)
+    k = size if model_ranks is None else model_ranks
+    if k > size:
+        raise UserError(f"--model-ranks {k}: more than the job's {size} rank(s)")
+    if size % k:
+        raise UserError(
+            f"--model-ranks {k}: {size} ranks do not split into replicas of {k} ranks; "
+            f"give a divisor of {size}"
+        )
+    return Place(k, size // k, rank % k, rank // k)
+
+
+@dataclass
+class Groups:
+    """The communicators of one rank: its whole job, its replica and its data-parallel peers."""
+
+    world: Communicator  # every rank: barriers, the parameter digest, a pipeline's metrics
+    model: Communicator  # this rank's replica: split layers and pipeline stages talk here
+    data: Communicator  # the same place in every replica: they split batches, sum gradients
+
+    @classmethod
+    def of(cls, comm: Communicator, parallel: str) -> Groups:
+        """The 1-D layouts: one communicator is the data group or the model group."""
+        if parallel == "data":
+            return cls(comm, SelfCommunicator(), comm)
+        return cls(comm, comm, SelfCommunicator())
+
+    @property
+    def name(self) -> str:
+        """Which transport is live: one name, or the replica's and the data group's."""
+        if self.data.size == 1:
+            return self.model.name
+        if self.model.size == 1:
+            return self.data.name
+        return f"{self.model.name} (model) + {self.data.name} (data)"
+
+    @property
+    def fallback_reason(self) -> str | None:
+        reasons = [getattr(c, "fallback_reason", None) for c in (self.model, self.data)]
+        return "; ".join(r for r in dict.fromkeys(reasons) if r) or None
+
+
+def sub_world(world: World, color: int) -> World:
+    """The ranks of ``world`` that share ``color``, in world order (collective)."""
+    from mpi4py import MPI
+
+    comm = world.mpi_comm.Split(color=color, key=world.rank)  # type: ignore[union-attr]
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        local_rank, local_size = local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+    return World(comm.Get_rank(), comm.Get_size(), local_rank, local_size, comm, world.is_root)
+
+
+def make_groups(world: World, place: Place, backend: Any, kind: str, parallel: str) -> Groups:
+    """Build this rank's communicators (collective on every rank). ``--comm`` picks the data
+    group's transport; a replica spread over ranks shares no parameters, so where ``--comm``
+    asks for ``mpi-shm`` the replica's ranks talk over ``auto``'s choice instead."""
+    from xpnn.parallel.comm import make_communicator
+
+    if place.model_ranks == 1:  # data parallelism, or replicas of one rank each
+        return Groups.of(make_communicator(world, backend, kind, "data"), "data")
+    if place.replicas == 1:
+        return Groups.of(make_communicator(world, backend, kind, parallel), parallel)
+    model_world = sub_world(world, place.replica)
+    data_world = sub_world(world, place.index)
+    model_kind = "auto" if kind == "mpi-shm" else kind
+    model = make_communicator(model_world, backend, model_kind, parallel)
+    data = make_communicator(data_world, backend, kind, "data")
+    everyone = MpiHostCommunicator(world.mpi_comm)  # host-side metrics and agreement only
+    return Groups(everyone, model, data)
