@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="xpnn --pipeline-schedule (pipeline)",
     )
+    a("--recompute", action="store_true", help="xpnn --recompute (pipeline)")
     a("--seed", type=int, default=0)
     a("--max-foreign", type=float, default=0.25, help="redo a run if others used more cores")
     a("--retries", type=int, default=3, help="redos per run at most (then kept)")
@@ -169,6 +170,8 @@ def command(args: argparse.Namespace, spec: RunSpec, metrics: Path) -> list[str]
         cmd += ["--microbatches", str(args.microbatches)]
     if args.pipeline_schedule is not None:
         cmd += ["--pipeline-schedule", args.pipeline_schedule]
+    if args.recompute:
+        cmd += ["--recompute"]
     if args.dataset == "synthetic":
         cmd += ["--synthetic-size", str(spec.synthetic_size)]
     elif args.data_dir:
@@ -217,7 +220,7 @@ def run_once(args: argparse.Namespace, spec: RunSpec, workdir: Path) -> dict[str
         "comm": first.get("comm"),
         "world_size": first.get("world_size"),
         "parallel": first.get("parallel"),
-        **{k: first[k] for k in ("microbatches", "pipeline_schedule") if k in first},
+        **{k: first[k] for k in ("microbatches", "pipeline_schedule", "recompute") if k in first},
         "threads_reported": first.get("threads"),
     }
 

@@ -130,7 +130,7 @@ def test_model_parallel_strong_scaling_reaches_the_cli(tmp_path: Path, parallel:
         ["--dataset", "synthetic", "--synthetic-size", "256", "--hidden", "16,8", "--ranks", "2",
          "--mode", "strong", "--epochs", "2", "--repeats", "1", "--batch-size", "64",
          "--parallel", parallel, "--microbatches", "2", "--out", str(tmp_path),
-         *(["--pipeline-schedule", "1f1b"] if parallel == "pipeline" else [])],
+         *(["--pipeline-schedule", "1f1b", "--recompute"] if parallel == "pipeline" else [])],
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert f"{parallel} parallel" in proc.stdout and "targets" not in proc.stdout
@@ -140,6 +140,7 @@ def test_model_parallel_strong_scaling_reaches_the_cli(tmp_path: Path, parallel:
     assert {r["results"][0]["parallel"] for r in out["runs"]} == {parallel}
     if parallel == "pipeline":  # the 2-rank run; the 1-rank one is no pipeline
         assert out["runs"][-1]["results"][0]["pipeline_schedule"] == "1f1b"
+        assert out["runs"][-1]["results"][0]["recompute"] is True
     bad = run_script(["--parallel", parallel], timeout=30)
     assert (
         bad.returncode == 2

@@ -141,12 +141,15 @@ def test_only_the_first_stage_reads_the_samples():
 
 
 # -- the micro-batches' gradients, on one process ----------------------------------------------
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("microbatches", [1, 3, 7])
-def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches, schedule):
+def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches, schedule, recompute):
     """One stage, M micro-batches: the gradient is the whole batch's, and each layer's part is
     already final when backward reports it (the update starts there). Under 1F1B one stage
-    holds one micro-batch at a time: one set of layers, reused M times."""
+    holds one micro-batch at a time: one set of layers, reused M times. With ``recompute``,
+    GPipe too runs every micro-batch through one set, and runs each forward again (dropout
+    included) before its backward."""
     backend = get_backend("numpy", "float64")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((23, 1, 6, 6))
@@ -164,7 +167,7 @@ def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches, sch
 
     whole = network().build((1, 6, 6), backend, 0)
     loss, correct = whole.loss_and_grads(x, y, ctx, 1 / 23)
-    stage = build_stage(network(), (1, 6, 6), backend, 0, 0, 1, microbatches, schedule)
+    stage = build_stage(network(), (1, 6, 6), backend, 0, 0, 1, microbatches, schedule, recompute)
     stage.comm = SelfCommunicator()
     np.testing.assert_array_equal(stage.params, whole.params)
     reported = []
@@ -178,8 +181,9 @@ def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches, sch
     np.testing.assert_allclose(stage.grads, whole.grads, rtol=1e-12, atol=1e-15)
     assert float(loss_p) == pytest.approx(float(loss), rel=1e-12)
     assert int(correct_p) == int(correct)
-    assert stage.summary().endswith(f"1 stage(s), {microbatches} micro-batch(es), {schedule})")
-    assert len(stage._sets) == (microbatches if schedule == "gpipe" else 1)
+    tail = f"1 stage(s), {microbatches} micro-batch(es), {schedule}"
+    assert stage.summary().endswith(tail + (", recompute)" if recompute else ")"))
+    assert len(stage._sets) == (microbatches if schedule == "gpipe" and not recompute else 1)
 
 
 # -- real mpiexec --------------------------------------------------------------------------
@@ -210,9 +214,11 @@ CNN_DROPOUT = [
 )
 def test_two_and_three_stages_compute_the_one_rank_run(tmp_path, args, microbatches):
     one, rec1, _ = _train(tmp_path, 1, args)
-    for ranks, schedule in ((2, "gpipe"), (3, "gpipe"), (2, "1f1b"), (3, "1f1b")):
+    runs = [(2, "gpipe", ""), (3, "gpipe", ""), (2, "1f1b", ""), (3, "1f1b", "")]
+    runs += [(2, "gpipe", "--recompute"), (3, "1f1b", "--recompute")]
+    for ranks, schedule, recompute in runs:
         pipeline = ["--parallel", "pipeline", "--microbatches", microbatches]
-        pipeline += ["--pipeline-schedule", schedule]
+        pipeline += ["--pipeline-schedule", schedule, *filter(None, [recompute])]
         pp, rec, proc = _train(tmp_path, ranks, [*args, *pipeline])
         assert list(pp) == list(one)  # the whole network, under the 1-rank names, in order
         for name in one:
@@ -226,8 +232,9 @@ def test_two_and_three_stages_compute_the_one_rank_run(tmp_path, args, microbatc
             assert r["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-10)
             assert r["test_loss"] == pytest.approx(r1["test_loss"], rel=1e-10)
             assert r["train_acc"] == r1["train_acc"] and r["test_acc"] == r1["test_acc"]
-        assert f"{ranks} stage(s), {microbatches} micro-batch(es), {schedule})" in proc.stdout
-        assert done["pipeline_schedule"] == schedule
+        shown = f"{ranks} stage(s), {microbatches} micro-batch(es), {schedule}"
+        assert shown + (", recompute)" if recompute else ")") in proc.stdout
+        assert done["pipeline_schedule"] == schedule and done["recompute"] == bool(recompute)
     assert rec1[1]["train_loss"] < rec1[0]["train_loss"]  # it trained: equality is not trivial
 
 

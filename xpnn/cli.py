@@ -167,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
         "1f1b (a forward and a backward in turn: activations of at most stages - s "
         "micro-batches held, not M)",
     )
+    a(
+        "--recompute",
+        action="store_true",
+        default=None,
+        help="--parallel pipeline: keep each micro-batch's stage input, not its activations, "
+        "and run its forward again before its backward (less memory, one more forward)",
+    )
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
     return p
 
@@ -287,6 +294,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
                 place.model_ranks,
                 microbatches=args.microbatches or MICROBATCHES,
                 schedule=args.pipeline_schedule or DEFAULT_SCHEDULE,
+                recompute=bool(args.recompute),
             )
         else:
             model.build(data.input_shape, backend, args.seed)
@@ -322,7 +330,11 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
             "model_ranks": place.model_ranks,
             "replicas": replicas,
             **(
-                {"microbatches": model.microbatches, "pipeline_schedule": model.schedule}
+                {
+                    "microbatches": model.microbatches,
+                    "pipeline_schedule": model.schedule,
+                    "recompute": model.recompute,
+                }
                 if args.parallel == "pipeline"
                 else {}
             ),
@@ -361,13 +373,14 @@ def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
     """Flags the user gave that this run ignores, and why: said, not silently dropped."""
     from xpnn.parallel.data_parallel import uses_byte_buckets
 
-    optional = ("hidden", "activation", "microbatches", "pipeline_schedule", "bucket_mb")
-    given = {flag for flag in (*optional, "model_ranks") if getattr(args, flag) is not None}
+    optional = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
+    optional += ("bucket_mb", "model_ranks")
+    given = {flag for flag in optional if getattr(args, flag) is not None}
     found = []
     for flag in ("hidden", "activation"):
         if flag in given and args.model != "mlp":
             found.append((f"--{flag}", f"with --model {args.model}"))
-    for flag in ("microbatches", "pipeline_schedule"):
+    for flag in ("microbatches", "pipeline_schedule", "recompute"):
         if flag in given and args.parallel != "pipeline":
             found.append((f"--{flag.replace('_', '-')}", "without --parallel pipeline"))
     if "model_ranks" in given and args.parallel == "data":

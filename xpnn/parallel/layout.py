@@ -20,7 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.parallel.comm import Communicator, MpiHostCommunicator, SelfCommunicator
+from xpnn.parallel.comm import (
+    Communicator,
+    MpiHostCommunicator,
+    SelfCommunicator,
+    make_communicator,
+)
 from xpnn.parallel.world import World
 
 
@@ -97,8 +102,6 @@ def make_groups(world: World, place: Place, backend: Any, kind: str, parallel: s
     """Build this rank's communicators (collective on every rank). ``--comm`` picks the data
     group's transport; a replica spread over ranks shares no parameters, so where ``--comm``
     asks for ``mpi-shm`` the replica's ranks talk over ``auto``'s choice instead."""
-    from xpnn.parallel.comm import make_communicator
-
     if place.model_ranks == 1:  # data parallelism, or replicas of one rank each
         return Groups.of(make_communicator(world, backend, kind, "data"), "data")
     if place.replicas == 1:

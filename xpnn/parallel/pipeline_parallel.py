@@ -21,9 +21,14 @@ A layer keeps what its backward pass needs from its last forward pass, so the st
 each micro-batch in flight through its own set of replicas of its layers (``Layer.replica``:
 the same parameters and gradients, their own saved activations and scratch buffers): M sets
 under GPipe, at most S - s under 1F1B, which is 1F1B's point: the activations held do not
-grow with M. A set is reused once its micro-batch's backward is done. GPipe re-computes the
-activations instead (re-materialisation), which saves that memory and costs one more forward
-pass per micro-batch; here memory is not what runs short.
+grow with M. A set is reused once its micro-batch's backward is done.
+
+``--recompute`` is GPipe's own way (re-materialisation): one set of layers, and each
+micro-batch's *input* to the stage kept until its backward, which first runs that micro-batch
+forward again (the same result: dropout masks come from the seed, step and sample). The
+activations inside a stage are then held for one micro-batch at a time, at the price of one
+more forward pass per micro-batch (none when the backward comes right after its own forward,
+as on 1F1B's last stage).
 
 With the same seed, 1 rank and N stages draw the same initial network (every rank draws all
 of it and keeps its stage) and compute the same run, up to the order of floating-point sums.
@@ -149,11 +154,12 @@ class PipelineStage(Sequential):
         index: int,
         microbatches: int,
         schedule: str,
+        recompute: bool = False,
     ) -> None:
         start, end = bounds[index]
         super().__init__(whole.layers[start:end], whole.loss)
         self.index, self.stages, self.microbatches = index, len(bounds), microbatches
-        self.schedule = schedule
+        self.schedule, self.recompute = schedule, recompute
         self.backend, self.xp = whole.backend, whole.xp
         self.shapes = whole.shapes[start : end + 1]
         self.output_shape = self.shapes[-1]
@@ -204,9 +210,10 @@ class PipelineStage(Sequential):
         zero = self.xp.zeros((), dtype=self.xp.float64)
         loss_sum, correct = zero, zero
         order = SCHEDULES[self.schedule](len(parts), self.stages, self.index)
-        sets = self._replicas(in_flight(order))
+        sets = self._replicas(1 if self.recompute else in_flight(order))
         pending: list[list] = [[] for _ in sets]  # sends still reading each set's buffers
         holder: list[int | None] = [None] * len(sets)  # the micro-batch whose activations it has
+        inputs: dict[int, Array] = {}  # recompute: each micro-batch's input, until its backward
         dlogits: dict[int, Array] = {}
         last_backward = max(i for i, (kind, _) in enumerate(order) if kind == "B")
         acc = None
@@ -214,7 +221,7 @@ class PipelineStage(Sequential):
             (lo, hi), slot = parts[m], m % len(sets)
             layers = sets[slot]
             if kind == "F":
-                if holder[slot] is not None:  # a schedule must backward m - len(sets) first
+                if holder[slot] is not None and not self.recompute:  # backward it first
                     raise RuntimeError(f"pipeline schedule: micro-batch {holder[slot]} in flight")
                 holder[slot] = m
                 self._wait(pending[slot])
@@ -222,6 +229,8 @@ class PipelineStage(Sequential):
                     xin = x[lo:hi]
                 else:
                     xin = self._receive(hi - lo, self.shapes[0], self.index - 1, FORWARD_TAG)
+                if self.recompute:
+                    inputs[m] = xin
                 y = self.forward(xin, contexts[m], layers)
                 if self.last:
                     kernels = self.backend.kernels
@@ -235,6 +244,10 @@ class PipelineStage(Sequential):
                 dy = dlogits.pop(m)
             else:
                 dy = self._receive(hi - lo, self.output_shape, self.index + 1, BACKWARD_TAG)
+            if self.recompute and holder[slot] != m:  # the set holds a later micro-batch's
+                self._wait(pending[slot])
+                self.forward(inputs[m], contexts[m], layers)  # activations: m's again
+            inputs.pop(m, None)
             final = i == last_backward
             ready = self._summing(acc, on_grads_ready) if final else None
             dx = self.backward(dy, ready, layers)
@@ -301,7 +314,8 @@ class PipelineStage(Sequential):
         return (
             " -> ".join(repr(layer) for layer in self.layers)
             + f"  ({self.size:,} parameters; stage {self.index} of {self.stages} stage(s), "
-            f"{self.microbatches} micro-batch(es), {self.schedule})"
+            f"{self.microbatches} micro-batch(es), {self.schedule}"
+            + (", recompute)" if self.recompute else ")")
         )
 
 
@@ -314,10 +328,11 @@ def build_stage(
     size: int,
     microbatches: int,
     schedule: str = DEFAULT_SCHEDULE,
+    recompute: bool = False,
 ) -> PipelineStage:
     """Draw the whole network as one process would (``Sequential.setup``), cut it into
     ``size`` stages and place only stage ``rank``'s parameters on the backend."""
     whole.setup(input_shape, backend, seed)
     costs = layer_costs(whole.layers, whole.shapes)
     bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)
-    return PipelineStage(whole, bounds, rank, microbatches, schedule).place()
+    return PipelineStage(whole, bounds, rank, microbatches, schedule, recompute).place()
