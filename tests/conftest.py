@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +22,15 @@ TINY_FLOAT64_RUN = [
     "--dataset", "synthetic", "--synthetic-size", "300", "--epochs", "2", "--batch-size", "70",
     "--dtype", "float64", "--optimizer", "adam", "--lr", "0.01", "--no-progress",
     "--threads", "1",
+]  # fmt: skip
+
+
+# The CNN (convolutions, pooling, dropout) for the equivalence runs: 96 synthetic samples,
+# global batch 30, 2 epochs of Adam in float64 on the numba backend, one thread per rank.
+CNN_DROPOUT_RUN = [
+    "--model", "cnn", "--dataset", "synthetic", "--synthetic-size", "96", "--batch-size", "30",
+    "--epochs", "2", "--dtype", "float64", "--backend", "numba", "--threads", "1", "--lr",
+    "0.003", "--no-progress",
 ]  # fmt: skip
 
 
@@ -53,6 +64,19 @@ def run_xpnn(
         cwd=ROOT,
         env=full_env,
     )
+
+
+def train_and_load(
+    tmp_path: Path, ranks: int, args: list[str]
+) -> tuple[dict[str, np.ndarray], list[dict], subprocess.CompletedProcess]:
+    """Train with ``--save`` and ``--metrics``: (saved parameters, metrics records, process)."""
+    saved = tmp_path / f"{ranks}-{abs(hash(tuple(args)))}.npz"
+    metrics = saved.with_suffix(".jsonl")
+    proc = run_xpnn([*args, "--save", str(saved), "--metrics", str(metrics)], ranks=ranks)
+    assert proc.returncode == 0, proc.stderr
+    with np.load(saved) as data:
+        params = {k: data[k] for k in data.files}
+    return params, [json.loads(line) for line in metrics.read_text().splitlines()], proc
 
 
 def assert_failing_rank_stops_the_job(args: list[str], ranks: int = 2, rank: int = 1) -> None:

@@ -4,29 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_xpnn
-
-TINY = [
-    "--model",
-    "cnn",
-    "--dataset",
-    "synthetic",
-    "--synthetic-size",
-    "96",
-    "--batch-size",
-    "30",
-    "--epochs",
-    "2",
-    "--dtype",
-    "float64",
-    "--backend",
-    "numba",
-    "--threads",
-    "1",
-    "--lr",
-    "0.003",
-    "--no-progress",
-]
+from conftest import CNN_DROPOUT_RUN, run_xpnn
 
 
 def test_cnn_one_rank_equals_two_ranks_with_dropout(tmp_path):
@@ -34,7 +12,8 @@ def test_cnn_one_rank_equals_two_ranks_with_dropout(tmp_path):
     for ranks in (1, 2):
         path = tmp_path / f"cnn{ranks}.npz"
         metrics = tmp_path / f"cnn{ranks}.jsonl"
-        proc = run_xpnn([*TINY, "--save", str(path), "--metrics", str(metrics)], ranks=ranks)
+        args = [*CNN_DROPOUT_RUN, "--save", str(path), "--metrics", str(metrics)]
+        proc = run_xpnn(args, ranks=ranks)
         assert proc.returncode == 0, proc.stderr
         done = json.loads(metrics.read_text().splitlines()[-1])
         assert done["params"] == 690590 and done["ranks_agree"]

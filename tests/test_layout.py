@@ -12,12 +12,14 @@ import sys
 import numpy as np
 import pytest
 from conftest import (
+    CNN_DROPOUT_RUN,
     ROOT,
     TINY_FLOAT64_RUN,
     assert_failing_rank_stops_the_job,
     assert_one_line_user_error,
     mpiexec_path,
     run_xpnn,
+    train_and_load,
 )
 
 from xpnn.errors import UserError
@@ -71,21 +73,6 @@ def test_the_one_dimensional_layouts_name_one_transport():
 
 # -- real mpiexec: 2 replicas x 2 ranks ---------------------------------------------------------
 MLP = [*TINY_FLOAT64_RUN, "--hidden", "96,700,64"]  # two split pairs (tensor), 4 Dense layers
-CNN_DROPOUT = [
-    "--model", "cnn", "--dataset", "synthetic", "--synthetic-size", "96", "--batch-size", "30",
-    "--epochs", "2", "--dtype", "float64", "--backend", "numba", "--threads", "1", "--lr",
-    "0.003", "--no-progress",
-]  # fmt: skip
-
-
-def _train(tmp_path, ranks, args):
-    saved = tmp_path / f"{ranks}-{abs(hash(tuple(args)))}.npz"
-    metrics = saved.with_suffix(".jsonl")
-    proc = run_xpnn([*args, "--save", str(saved), "--metrics", str(metrics)], ranks=ranks)
-    assert proc.returncode == 0, proc.stderr
-    with np.load(saved) as data:
-        params = {k: data[k] for k in data.files}
-    return params, [json.loads(line) for line in metrics.read_text().splitlines()], proc
 
 
 @pytest.mark.parametrize(
@@ -103,7 +90,7 @@ def _train(tmp_path, ranks, args):
             "mpi-host (model) + mpi-shm (data)",
         ),
         (
-            CNN_DROPOUT,
+            CNN_DROPOUT_RUN,
             ["--parallel", "pipeline", "--model-ranks", "2", "--pipeline-schedule", "1f1b"],
             "mpi-host (model) + mpi-shm (data)",
         ),
@@ -115,8 +102,8 @@ def test_replicas_of_a_spread_network_compute_the_one_rank_run(tmp_path, base, l
     """Global batch 70 (MLP) or 30 (CNN, with dropout): 35 or 15 samples per replica, cut
     again into micro-batches under pipelines; the gradients of the replicas are summed over
     the data group, the metrics counted once per sample."""
-    one, rec1, _ = _train(tmp_path, 1, base)
-    got, rec, proc = _train(tmp_path, 4, [*base, *layout])
+    one, rec1, _ = train_and_load(tmp_path, 1, base)
+    got, rec, proc = train_and_load(tmp_path, 4, [*base, *layout])
     assert list(got) == list(one)  # the whole network, under the 1-rank names, in order
     for name in one:
         scale = np.abs(one[name]).max()
@@ -137,7 +124,7 @@ def test_replicas_of_a_spread_network_compute_the_one_rank_run(tmp_path, base, l
 
 
 def test_per_rank_batch_and_linear_lr_count_replicas_not_ranks(tmp_path):
-    _, rec, proc = _train(
+    _, rec, proc = train_and_load(
         tmp_path,
         4,
         [*MLP, "--parallel", "tensor", "--model-ranks", "2", "--per-rank-batch", "35"]

@@ -1,15 +1,16 @@
 """Pipeline parallelism: the stage cut, micro-batch gradient sums, and real mpiexec runs."""
 
 import itertools
-import json
 
 import numpy as np
 import pytest
 from conftest import (
+    CNN_DROPOUT_RUN,
     TINY_FLOAT64_RUN,
     assert_failing_rank_stops_the_job,
     assert_one_line_user_error,
     run_xpnn,
+    train_and_load,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -187,39 +188,24 @@ def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches, sch
 
 
 # -- real mpiexec --------------------------------------------------------------------------
-def _train(tmp_path, ranks, args):
-    saved = tmp_path / f"{ranks}-{len(args)}.npz"
-    metrics = saved.with_suffix(".jsonl")
-    proc = run_xpnn([*args, "--save", str(saved), "--metrics", str(metrics)], ranks=ranks)
-    assert proc.returncode == 0, proc.stderr
-    with np.load(saved) as data:
-        params = {k: data[k] for k in data.files}
-    return params, [json.loads(line) for line in metrics.read_text().splitlines()], proc
-
-
-CNN_DROPOUT = [
-    "--model", "cnn", "--dataset", "synthetic", "--synthetic-size", "96", "--batch-size", "30",
-    "--epochs", "2", "--dtype", "float64", "--backend", "numba", "--threads", "1", "--lr",
-    "0.003", "--no-progress",
-]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     "args, microbatches",
     [
         ([*TINY_FLOAT64_RUN, "--hidden", "96,64"], "3"),  # batch 70 = 24 + 23 + 23
-        (CNN_DROPOUT, "4"),  # convolutions, pooling and dropout; batch 30 = 8 + 8 + 7 + 7
+        (CNN_DROPOUT_RUN, "4"),  # convolutions, pooling and dropout; batch 30 = 8 + 8 + 7 + 7
     ],
     ids=["mlp", "cnn"],
 )
 def test_two_and_three_stages_compute_the_one_rank_run(tmp_path, args, microbatches):
-    one, rec1, _ = _train(tmp_path, 1, args)
+    one, rec1, _ = train_and_load(tmp_path, 1, args)
     runs = [(2, "gpipe", ""), (3, "gpipe", ""), (2, "1f1b", ""), (3, "1f1b", "")]
     runs += [(2, "gpipe", "--recompute"), (3, "1f1b", "--recompute")]
     for ranks, schedule, recompute in runs:
         pipeline = ["--parallel", "pipeline", "--microbatches", microbatches]
         pipeline += ["--pipeline-schedule", schedule, *filter(None, [recompute])]
-        pp, rec, proc = _train(tmp_path, ranks, [*args, *pipeline])
+        pp, rec, proc = train_and_load(tmp_path, ranks, [*args, *pipeline])
         assert list(pp) == list(one)  # the whole network, under the 1-rank names, in order
         for name in one:
             scale = np.abs(one[name]).max()
