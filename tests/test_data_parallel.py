@@ -110,7 +110,16 @@ def test_ctrl_c_stops_every_rank_with_130(ranks):
     epoch: each rank says ``interrupted`` (no traceback, no KeyboardInterrupt) and exits 130."""
     cmd = xpnn_cmd([*BASE, "--epochs", "500"], ranks)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        # A shell's background job inherits SIGINT ignored, and Python then never raises
+        # KeyboardInterrupt: give the child the default disposition, as a terminal would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         line = ""
         while not line.startswith("epoch 1/"):
