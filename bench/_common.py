@@ -168,6 +168,16 @@ def pyplot_agg() -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: Path, title: str, dpi: int = 110) -> None:
+    """Title, lay out and write ``fig`` to ``path`` (its folder made), then free it."""
+    plt = pyplot_agg()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def _cpu_busy_seconds() -> float | None:
     """CPU-seconds all CPUs spent busy since boot (Linux ``/proc/stat``), else None."""
     try:

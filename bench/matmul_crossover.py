@@ -46,6 +46,7 @@ from _common import (
     nonneg_int,
     positive_int,
     pyplot_agg,
+    save_figure,
     time_wall,
     write_csv,
     write_json,
@@ -509,11 +510,7 @@ def plot(rows: Sequence[dict[str, Any]], dtypes: Sequence[str], path: Path, titl
         ax.grid(True, which="both", alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, title, dpi=120)
 
 
 # --------------------------------------------------------------------------- main

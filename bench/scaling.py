@@ -45,6 +45,7 @@ from _common import (
     median,
     positive_int,
     pyplot_agg,
+    save_figure,
     write_json,
 )
 
@@ -416,11 +417,7 @@ def plot(summary: dict[str, list[dict]], path: Path, title: str) -> None:
         ax.set_xticks(all_n)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title)
 
 
 # --------------------------------------------------------------------------- main

@@ -25,6 +25,7 @@ from conftest import ROOT
         ("scaling", ["--ranks", "0"], "--ranks"),
         ("throughput", ["--steps", "0"], "--steps: must be >= 1"),
         ("staging", ["--sizes", "4,-1"], "--sizes"),
+        ("pipeline_memory", ["--stages", "1"], "--stages"),
     ],
 )
 def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):

@@ -114,6 +114,7 @@ def test_replicas_of_a_spread_network_compute_the_one_rank_run(tmp_path, base, l
     assert done["model_ranks"] == k and done["replicas"] == 4 // k
     assert done["ranks_agree"] and done["params"] == rec1[-1]["params"]
     assert done["global_batch"] == rec1[-1]["global_batch"]
+    assert len(done["peak_rss_mb"]) == 4 and min(done["peak_rss_mb"]) > 20  # MiB, by rank
     for r1, r in zip(rec1[:2], rec[:2], strict=True):
         assert r["train_loss"] == pytest.approx(r1["train_loss"], rel=1e-10)
         assert r["test_loss"] == pytest.approx(r1["test_loss"], rel=1e-10)

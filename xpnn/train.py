@@ -62,6 +62,27 @@ def params_digest(params: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory so far, in MiB (None where the OS does not say).
+
+    Linux's VmHWM, not ``getrusage``: a process started by fork and exec inherits its parent's
+    high-water mark in ``ru_maxrss`` (a rank started from a 400 MiB Python would report 400).
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)  # bytes / KiB
+
+
 def _fault_injection() -> tuple[int, int] | None:
     """``XPNN_FAIL_AT=RANK:STEP`` makes that rank raise at that step: how the tests prove that
     one failing rank stops the whole job. Unset in normal use."""
@@ -216,6 +237,7 @@ class Trainer:
             test_loss, test_acc = self.evaluate()
         whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
         digests = comm.allgather_obj(params_digest(whole))
+        peak_rss = comm.allgather_obj(peak_rss_mb())
         done = {
             "event": "done",
             "epochs": cfg.epochs,
@@ -225,6 +247,7 @@ class Trainer:
             "params": self.n_params,
             "params_sha256": digests[0],
             "ranks_agree": len(set(digests)) == 1,
+            "peak_rss_mb": peak_rss,  # by rank: where a pipeline stage or a slice weighs most
             **common,
         }
         if self.is_root:
