@@ -110,6 +110,10 @@ def test_replicas_of_a_spread_network_compute_the_one_rank_run(tmp_path, base, l
         np.testing.assert_allclose(got[name], one[name], rtol=0, atol=1e-10 * scale, err_msg=name)
     done = rec[-1]
     assert done["world_size"] == 4 and done["comm"] == comm
+    if "(data)" in comm:  # the same two names, each on its own key
+        assert comm == f"{done['model_comm']} (model) + {done['data_comm']} (data)"
+    else:
+        assert done["model_comm"] == "self" and done["data_comm"] == comm
     k = int(layout[layout.index("--model-ranks") + 1])
     assert done["model_ranks"] == k and done["replicas"] == 4 // k
     assert done["ranks_agree"] and done["params"] == rec1[-1]["params"]

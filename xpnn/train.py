@@ -193,6 +193,8 @@ class Trainer:
             "world_size": comm.size,
             "backend": self.backend.name,
             "comm": self.groups.name,
+            "model_comm": self.model_comm.name,  # within a replica ("self": one rank holds it)
+            "data_comm": self.data_comm.name,  # between replicas ("self": only one replica)
             **cfg.extra,
         }
         total_seconds = 0.0
