@@ -87,12 +87,16 @@ def test_resuming_a_finished_run_trains_nothing_and_scores_it(tmp_path):
     assert "epoch 1/" not in again.stdout and "epoch 2/" not in again.stdout
     (done,) = [json.loads(line, parse_constant=pytest.fail) for line in metrics.open()]
     assert f"test_acc {done['test_acc']:.4f}" in done_then  # the same network, scored again
+    assert done["epochs"] == 2
+    fewer = run_xpnn([*args, "--epochs", "1"])  # the checkpoint is further on than asked
+    assert fewer.returncode == 0 and "done: 2 epochs" in fewer.stdout, fewer.stderr
 
 
 @pytest.mark.parametrize(
     "other, message",
     [
-        (["--hidden", "96,32"], "parameter layer1.W missing or of another shape than the model"),
+        # stage 0 holds layer 0, which fits; it sees that the file is bigger than the network
+        (["--hidden", "96,32"], "holds 82,218 parameters, the network has 78,794"),
         (["--optimizer", "momentum"], "optimizer state optim.velocity.layer0.W missing"),
     ],
 )
@@ -143,3 +147,53 @@ def test_saved_files_get_the_permissions_of_any_new_file(tmp_path):
     atomic_savez(tmp_path / "saved.npz", {"a": np.zeros(3)})
     (tmp_path / "plain").write_bytes(b"")
     assert (tmp_path / "saved.npz").stat().st_mode == (tmp_path / "plain").stat().st_mode
+
+
+@pytest.mark.parametrize(
+    "written, resumed, message",
+    [
+        # every layer the network has is there, but the file has one more
+        (["--hidden", "96,10"], ["--hidden", "96"], "holds 76,440 parameters, the network has"),
+        # Adam's moments, resumed by SGD, which keeps none: they would be dropped silently
+        ([], ["--optimizer", "sgd"], "optimizer state m, v, but this --optimizer keeps none"),
+        ([], ["--seed", "7"], "written by a run with --seed 0, this one has --seed 7"),
+    ],
+)
+def test_a_checkpoint_with_more_than_the_network_or_another_seed_is_refused(
+    tmp_path, written, resumed, message
+):
+    ck = tmp_path / "ck"
+    base = [*TINY_FLOAT64_RUN, "--epochs", "1", "--checkpoint-dir", str(ck)]
+    assert run_xpnn([*base, *(written or ["--hidden", "96,64"])]).returncode == 0
+    proc = run_xpnn([*base, "--hidden", "96,64", *resumed, "--epochs", "2", "--resume"])
+    assert_one_line_user_error(proc, f"checkpoint-epoch0001.npz: {message}")
+
+
+def test_a_new_run_refuses_a_directory_of_another_runs_checkpoints(tmp_path):
+    """Its checkpoints would mix with the other run's, and --resume would pick the other's."""
+    ck = tmp_path / "ck"
+    assert run_xpnn([*ARGS, "--epochs", "3", "--checkpoint-dir", str(ck)]).returncode == 0
+    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--seed", "2"])
+    assert_one_line_user_error(
+        proc, f"--checkpoint-dir {ck}: holds another run's checkpoints (checkpoint-epoch0003.npz)"
+    )
+    assert sorted(p.name for p in ck.iterdir())[-1] == "checkpoint-epoch0003.npz"  # untouched
+
+
+def test_the_latest_checkpoint_is_the_highest_epoch_by_number(tmp_path):
+    from xpnn.checkpoint import latest_checkpoint
+
+    for epoch in (9, 9999, 10000, 123):
+        (tmp_path / f"checkpoint-epoch{epoch:04d}.npz").write_bytes(b"")
+    (tmp_path / "checkpoint-epoch99999.npz.tmp").write_bytes(b"")  # a write cut short
+    assert latest_checkpoint(tmp_path).name == "checkpoint-epoch10000.npz"
+
+
+@pytest.mark.parametrize("value", [np.array([3, 4]), np.array("abc"), np.array(-5)])
+def test_a_checkpoint_with_a_damaged_epoch_is_a_one_line_error(tmp_path, value):
+    ck = tmp_path / "ck"
+    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+    path = ck / "checkpoint-epoch0001.npz"
+    np.savez(path, **{**_load(path), "meta.epoch": value})
+    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
+    assert_one_line_user_error(proc, "checkpoint-epoch0001.npz: damaged checkpoint (meta.epoch")

@@ -1,6 +1,7 @@
 """The command-line contract: flags, exit codes, the metrics file, saved parameters, info."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,9 +51,22 @@ def _one_error_line(proc, *needles):
         (["--lr", "inf"], "--lr: must be finite"),
         (["--lr", "abc"], "--lr: not a number: 'abc'"),
         (["--batch-size", "abc"], "--batch-size: expected a number or 'full'"),
-        (["--hidden", "99999999999"], "--hidden 99999999999: the network does not fit"),
+        (["--hidden", "2000000000"], "--hidden 2000000000: the network does not fit"),
+        (["--hidden", "99999999999999999999"], "--hidden: sizes must be at most 2147483647"),
+        (["--threads", "99999999999999"], "--threads: must be at most 4096"),  # was ctypes'
+        (["--synthetic-size", "99999999999999999999"], "--synthetic-size: must be at most"),
+        (["--replicate", "100000000"], "with --replicate 100000000: the data set does not fit"),
+        (["--batch-size", "64", "--per-rank-batch", "32"], "--batch-size and --per-rank-batch"),
+        (["--checkpoint-dir", ""], "--checkpoint-dir: empty path"),  # was: no checkpoints
+        (["--save", ""], "--save: empty path"),
+        (["--save", "/dev/null"], "--save /dev/null: exists and is not a regular file"),
+        (
+            ["--save", "/tmp/xpnn-same.out", "--metrics", "/tmp/xpnn-same.out"],
+            "--save /tmp/xpnn-same.out: the same file as --metrics",
+        ),
         (["--bucket-mb", "inf"], "--bucket-mb: must be finite"),  # was an OverflowError
-        (["--bucket-mb", "0"], "--bucket-mb: must be > 0"),  # was one value per allreduce
+        (["--bucket-mb", "0"], "--bucket-mb: must be >= 0.001"),  # was one value per allreduce
+        (["--bucket-mb", "1e-7"], "--bucket-mb: must be >= 0.001"),  # as good as hung
         (["--save", "/tmp"], "--save /tmp: is a directory"),  # refused before, not after training
         # places that cannot be written, even by root, are found before training too
         (["--save", "/proc/m.npz"], "--save /proc/m.npz: cannot create files in /proc"),
@@ -259,3 +273,49 @@ def test_progress_bar_only_on_a_terminal():
     assert b"batch" in b"".join(chunks)  # tqdm's unit, e.g. "12/12 [00:00, 300batch/s]"
     piped = run_xpnn(args)
     assert piped.returncode == 0 and "batch/s" not in piped.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "factors"), [([], [1, 0.1, 0.01]), (["--step-epochs", "2"], [1, 1, 0.1])]
+)
+def test_the_step_schedule_decays_by_epochs_not_steps(tmp_path, extra, factors):
+    """x0.1 every --step-epochs epochs (default a third of the run); each epoch's line logs the
+    rate of its last step. It once decayed at every step: 1e-12 after the first epoch."""
+    metrics = tmp_path / "m.jsonl"
+    args = [*SMALL, "--epochs", "3", "--lr", "0.01", "--schedule", "step", *extra]
+    proc = run_xpnn([*args, "--metrics", str(metrics)])
+    assert proc.returncode == 0, proc.stderr
+    epochs = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["event"] == "epoch"]
+    assert [r["lr"] for r in epochs] == pytest.approx([0.01 * f for f in factors], rel=1e-12)
+
+
+def test_ctrl_c_while_setting_up_is_interrupted_not_a_traceback():
+    """SIGINT while the data set is made (after Numba is loaded, before training): one line,
+    exit 130. It was a KeyboardInterrupt traceback, then death by SIGINT."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xpnn", *SMALL, "--backend", "numba", "--synthetic-size", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # see test_data_parallel
+    )
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 60
+    while "llvmlite" not in maps.read_text():  # the backend is built: the data set is next
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "xpnn: synthetic" not in out, "the signal came after the setup it was meant for"
+    assert proc.returncode == 130, err
+    assert err.strip() == "xpnn: interrupted" and "Traceback" not in err

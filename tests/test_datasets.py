@@ -114,6 +114,23 @@ def test_test_images_must_match_train_size(tmp_path: Path) -> None:
         load_dataset("mnist", data_dir=write_mnist_dir(tmp_path / "d", arrays))
 
 
+@pytest.mark.parametrize(
+    "role, shape, name",
+    [
+        ("train_images", (0, 28, 28), "train-images-idx3-ubyte.gz"),  # was "training diverged"
+        ("test_images", (0, 28, 28), "t10k-images-idx3-ubyte.gz"),  # was a test score of 0
+        ("train_images", (50, 0, 28), "train-images-idx3-ubyte.gz"),  # was ZeroDivisionError
+    ],
+)
+def test_image_files_without_pixels_are_refused(tmp_path: Path, role, shape, name) -> None:
+    arrays = small_arrays()
+    arrays[role] = np.zeros(shape, np.uint8)
+    labels = role.replace("images", "labels")
+    arrays[labels] = arrays[labels][: shape[0]]
+    with pytest.raises(IdxError, match=f"{name}: holds no pixels to learn from"):
+        load_dataset("mnist", data_dir=write_mnist_dir(tmp_path / "d", arrays))
+
+
 def test_pixels_must_be_bytes(tmp_path: Path) -> None:
     arrays = small_arrays()
     arrays["train_images"] = arrays["train_images"].astype(np.int16)

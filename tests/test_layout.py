@@ -128,12 +128,31 @@ def test_replicas_of_a_spread_network_compute_the_one_rank_run(tmp_path, base, l
     assert rec1[1]["train_loss"] < rec1[0]["train_loss"]  # it trained: equality is not trivial
 
 
+def test_replicas_on_pretend_nodes_share_memory_within_each(tmp_path):
+    """6 ranks as 3 pretend nodes of 2 (XPNN_RANKS_PER_NODE), 3 replicas of 2: each data group
+    ({0, 2, 4}, {1, 3, 5}) has one rank per node, so mpi-shm's cross-node allreduce runs. The
+    pretend nodes are cut by the rank in the job, not in the group (a group of 3 on one
+    machine was once cut as nodes of 2 and 1, and refused)."""
+    one, _, _ = train_and_load(tmp_path, 1, MLP)
+    layout = ["--parallel", "tensor", "--model-ranks", "2", "--comm", "mpi-shm"]
+    env = {"XPNN_RANKS_PER_NODE": "2"}
+    saved, metrics = tmp_path / "six.npz", tmp_path / "six.jsonl"
+    args = [*MLP, *layout, "--save", str(saved), "--metrics", str(metrics)]
+    proc = run_xpnn(args, ranks=6, env=env)
+    assert proc.returncode == 0, proc.stderr
+    done = json.loads(metrics.read_text().splitlines()[-1])
+    assert done["data_comm"] == "mpi-shm" and done["replicas"] == 3 and done["ranks_agree"]
+    with np.load(saved) as got:
+        for name, want in one.items():
+            scale = np.abs(want).max()
+            np.testing.assert_allclose(got[name], want, rtol=0, atol=1e-10 * scale, err_msg=name)
+
+
 def test_per_rank_batch_and_linear_lr_count_replicas_not_ranks(tmp_path):
+    i = MLP.index("--batch-size")
+    per_replica = [*MLP[:i], *MLP[i + 2 :], "--per-rank-batch", "35", "--lr-scaling", "linear"]
     _, rec, proc = train_and_load(
-        tmp_path,
-        4,
-        [*MLP, "--parallel", "tensor", "--model-ranks", "2", "--per-rank-batch", "35"]
-        + ["--lr-scaling", "linear"],
+        tmp_path, 4, [*per_replica, "--parallel", "tensor", "--model-ranks", "2"]
     )
     assert rec[-1]["global_batch"] == 70
     assert "global batch 70, adam lr 0.02" in proc.stdout

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.errors import UserError
-from xpnn.parallel.whole import own_piece, whole_shape
+from xpnn.parallel.whole import own_piece, whole_shape, whole_size
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
@@ -77,48 +77,81 @@ def save_checkpoint(
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
-    found = sorted(
-        p
-        for p in Path(directory).glob("checkpoint-epoch*.npz")
-        if re.fullmatch(r"checkpoint-epoch\d+\.npz", p.name)
-    )
-    return found[-1] if found else None
+    """The checkpoint of the highest epoch in ``directory`` (by number: 10000 after 9999)."""
+    found = {}
+    for p in Path(directory).glob("checkpoint-epoch*.npz"):
+        match = re.fullmatch(r"checkpoint-epoch(\d+)\.npz", p.name)
+        if match:
+            found[int(match.group(1))] = p
+    return found[max(found)] if found else None
+
+
+def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
+    """``meta.<name>``: a whole number (>= 0 but for the seed), or the file is damaged."""
+    value = arrays.get(f"meta.{name}")
+    if value is None:
+        raise UserError(f"{path}: not an xpnn checkpoint (no meta.{name})")
+    if value.shape != () or value.dtype.kind not in "iu" or (name != "seed" and int(value) < 0):
+        raise UserError(f"{path}: damaged checkpoint (meta.{name} is {value.tolist()!r})")
+    return int(value)
 
 
 def load_checkpoint(
-    path: Path, model: Any, optimizer: Any, restore_arrays: bool = True
+    path: Path, model: Any, optimizer: Any, restore_arrays: bool = True, seed: int | None = None
 ) -> tuple[int, int]:
     """Restore this rank's part of the parameters and optimizer state in place; returns
     (epochs done, steps done).
 
-    ``restore_arrays=False`` checks the file and restores only the step count: for ranks whose
-    buffers another rank of the node fills (shared memory)."""
+    The file must be this run's: the same network (no parameter more or less), the same
+    optimizer state, and, when ``seed`` is given, the same ``--seed`` (it decides the shuffles
+    and dropout masks of the epochs still to come). ``restore_arrays=False`` checks the file
+    and restores only the step count: for ranks whose buffers another rank of the node fills
+    (shared memory)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise UserError(f"{path}: not a readable checkpoint ({exc})") from None
-    if "meta.step" not in arrays or "meta.epoch" not in arrays:
-        raise UserError(f"{path}: not an xpnn checkpoint (no meta.epoch / meta.step)")
     if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
         raise UserError(
             f"{path}: written by an older xpnn (one flat buffer per optimizer state, before "
             "checkpoints named the state per parameter); resume it with that version"
+        )
+    epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
+    if seed is not None and stored_seed != seed:
+        raise UserError(
+            f"{path}: written by a run with --seed {stored_seed}, this one has --seed {seed}"
         )
     targets = [("", "parameter", "", model.named_params())]
     targets += [
         (f"optim.{state}.", "optimizer state", " (another --optimizer?)", model.named_views(buf))
         for state, buf in optimizer.state.items()
     ]
-    for prefix, what, hint, views in targets:
+    for prefix, what, hint, _ in targets:  # what this rank holds: each array there, as big
         for key, layer, name in model.param_names():
             stored = arrays.get(prefix + key)
             if stored is None or stored.shape != whole_shape(layer, name):
                 raise UserError(
                     f"{path}: {what} {prefix}{key} missing or of another shape than the model{hint}"
                 )
-            if restore_arrays:
+    # and nothing more: a layer or an optimizer state that the network does not have
+    stored = sum(v.size for k, v in arrays.items() if not k.startswith(("optim.", "meta.")))
+    if stored != whole_size(model):
+        raise UserError(
+            f"{path}: holds {stored:,} parameters, the network has {whole_size(model):,} "
+            "(another --hidden or --model?)"
+        )
+    states = sorted({k.split(".")[1] for k in arrays if k.startswith("optim.")})
+    if states != sorted(optimizer.state):
+        raise UserError(
+            f"{path}: optimizer state {', '.join(states) or 'none'}, but this --optimizer keeps "
+            f"{', '.join(sorted(optimizer.state)) or 'none'} (another --optimizer?)"
+        )
+    if restore_arrays:
+        for prefix, _, _, views in targets:
+            for key, layer, name in model.param_names():
                 view = views[key]
-                view[...] = model.backend.asarray(own_piece(layer, name, stored), dtype=view.dtype)
-    optimizer.step_count = int(arrays["meta.step"])
-    return int(arrays["meta.epoch"]), int(arrays["meta.step"])
+                piece = own_piece(layer, name, arrays[prefix + key])
+                view[...] = model.backend.asarray(piece, dtype=view.dtype)
+    optimizer.step_count = step
+    return epoch, step

@@ -34,7 +34,10 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgError(rest if rest.startswith(f"{flag}: ") else message)
 
 
-def _positive_int(flag: str):  # noqa: ANN202
+MOST = 2**31 - 1  # counts and sizes past this are typos, and past NumPy's or C's int types
+
+
+def _positive_int(flag: str, most: int = MOST):  # noqa: ANN202
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -42,6 +45,8 @@ def _positive_int(flag: str):  # noqa: ANN202
             raise argparse.ArgumentTypeError(f"{flag}: not an integer: {text!r}") from None
         if value < 1:
             raise argparse.ArgumentTypeError(f"{flag}: must be at least 1, got {value}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{flag}: must be at most {most}, got {value}")
         return value
 
     return parse
@@ -56,7 +61,20 @@ def _hidden(text: str) -> tuple[int, ...]:
         ) from None
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"--hidden: sizes must be positive, got {text!r}")
+    if max(sizes) > MOST:
+        raise argparse.ArgumentTypeError(f"--hidden: sizes must be at most {MOST}, got {text!r}")
     return sizes
+
+
+def _path(flag: str):  # noqa: ANN202
+    """A file or directory name; an empty one is a slip (the shell's ``--save $UNSET``)."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{flag}: empty path")
+        return text
+
+    return parse
 
 
 def _float_from(flag: str, low: float, inclusive: bool = True):  # noqa: ANN202
@@ -76,6 +94,7 @@ def _float_from(flag: str, low: float, inclusive: bool = True):  # noqa: ANN202
 
 
 MICROBATCHES = 4  # GPipe's default for --parallel pipeline
+BATCH = 128  # the global batch when neither --batch-size nor --per-rank-batch is given
 HIDDEN = (512, 256)  # the MLP's default hidden layers
 
 
@@ -94,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--activation", default=None, choices=["relu", "sigmoid", "tanh"], help="MLP (relu)")
     a("--loss", default="softmax_cross_entropy", choices=["softmax_cross_entropy", "sigmoid_bce"])
     a("--dataset", default="fashion-mnist", choices=["mnist", "fashion-mnist", "synthetic"])
-    a("--data-dir", default=None, help="directory holding the four IDX files")
+    a("--data-dir", type=_path("--data-dir"), help="directory holding the four IDX files")
     a(
         "--replicate",
         type=_positive_int("--replicate"),
@@ -103,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--synthetic-size", type=_positive_int("--synthetic-size"), default=6000)
     a("--epochs", type=_positive_int("--epochs"), default=5)
-    a("--batch-size", default="128", help="GLOBAL batch size, or 'full' for full-batch GD")
+    a("--batch-size", default=None, help="GLOBAL batch size (128), or 'full' for full-batch GD")
     a(
         "--per-rank-batch",
         type=_positive_int("--per-rank-batch"),
@@ -118,24 +137,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="linear: multiply --lr by the number of ranks (Goyal et al.)",
     )
     a("--warmup-epochs", type=_float_from("--warmup-epochs", 0.0), default=0.0)
-    a("--schedule", default="constant", choices=["constant", "step", "cosine"])
+    a(
+        "--schedule",
+        default="constant",
+        choices=["constant", "step", "cosine"],
+        help="step: x0.1 every --step-epochs epochs; cosine: down to 0 at the last step",
+    )
+    a(
+        "--step-epochs",
+        type=_positive_int("--step-epochs"),
+        default=None,
+        help="--schedule step: epochs between decays (default: a third of --epochs)",
+    )
     a("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
     a("--dtype", default="float32", choices=["float32", "float64"])
     a("--seed", type=int, default=0)
     a(
         "--threads",
-        type=_positive_int("--threads"),
+        type=_positive_int("--threads", most=4096),
         default=None,
         help="BLAS/Numba threads per rank (default: cores on the node / ranks on the node)",
+        # past a few thousand, BLAS libraries overflow or crawl
     )
-    a("--metrics", default=None, help="JSON-lines metrics file (rank 0 writes it)")
-    a("--save", default=None, help="save parameters to FILE.npz at the end")
-    a("--checkpoint-dir", default=None)
+    a("--metrics", type=_path("--metrics"), help="JSON-lines metrics file (rank 0 writes it)")
+    a("--save", type=_path("--save"), help="save parameters to FILE.npz at the end")
+    a("--checkpoint-dir", type=_path("--checkpoint-dir"))
     a("--resume", action="store_true", help="continue from the latest checkpoint")
     a("--comm", default="auto", choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"])
     a(
         "--bucket-mb",
-        type=_float_from("--bucket-mb", 0.0, inclusive=False),  # 0 would be an allreduce per value
+        # below ~1 kB a bucket is an allreduce per few values: a step takes seconds
+        type=_float_from("--bucket-mb", 0.001),
         default=None,
         help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
     )
@@ -198,8 +230,10 @@ def _takes_files(flag: str, path: str, directory: Path) -> None:
         ) from None
 
 
-def _writable_file(flag: str, path: str | None, writer: bool) -> None:
-    """Checked before training, not found out after it (``writer``: this rank writes it)."""
+def _writable_file(flag: str, path: str | None, writer: bool, replaced: bool = False) -> None:
+    """Checked before training, not found out after it (``writer``: this rank writes it;
+    ``replaced``: the file is written beside and renamed over, so what is there must be a
+    plain file: a rename would put the file in the place of a device or a pipe)."""
     if path is None:
         return
     parent = Path(path).resolve().parent
@@ -207,19 +241,30 @@ def _writable_file(flag: str, path: str | None, writer: bool) -> None:
         raise UserError(f"{flag} {path}: directory {Path(path).parent} does not exist")
     if Path(path).is_dir():
         raise UserError(f"{flag} {path}: is a directory; give a file name")
+    if replaced and Path(path).exists() and not Path(path).resolve().is_file():
+        raise UserError(f"{flag} {path}: exists and is not a regular file")
     if writer:
         _takes_files(flag, path, parent)
 
 
-def _checkpoint_dir(path: str | None, writer: bool) -> None:
+def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
     """The directory is made now, by the rank that will write into it, so that a place where
-    it cannot be made or written fails before the first epoch rather than at its end."""
+    it cannot be made or written fails before the first epoch rather than at its end. A new
+    run (no ``--resume``) refuses a directory that holds another run's checkpoints: its own
+    would mix with them, and a later ``--resume`` would pick up the other run's last one."""
     if path is None:
         return
     if Path(path).exists() and not Path(path).is_dir():
         raise UserError(f"--checkpoint-dir {path}: exists and is not a directory")
     if not writer:
         return
+    from xpnn.checkpoint import latest_checkpoint
+
+    if not resume and Path(path).is_dir() and (found := latest_checkpoint(path)) is not None:
+        raise UserError(
+            f"--checkpoint-dir {path}: holds another run's checkpoints ({found.name}); add "
+            "--resume to continue it, or give an empty directory"
+        )
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -231,7 +276,14 @@ def _checkpoint_dir(path: str | None, writer: bool) -> None:
 
 def _global_batch(args: argparse.Namespace, size: int, n_train: int) -> int:
     if args.per_rank_batch is not None:
+        if args.batch_size is not None:
+            raise UserError(
+                "--batch-size and --per-rank-batch: give one (the global batch, or the batch "
+                "of each replica)"
+            )
         return args.per_rank_batch * size
+    if args.batch_size is None:
+        return BATCH
     if args.batch_size == "full":
         return n_train
     try:
@@ -258,20 +310,28 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
 
     writer = world.rank == 0  # rank 0 alone saves, logs and checkpoints
     _writable_file("--metrics", args.metrics, writer)
-    _writable_file("--save", args.save, writer)
-    _checkpoint_dir(args.checkpoint_dir, writer)
+    _writable_file("--save", args.save, writer, replaced=True)
+    if args.save and args.metrics and Path(args.save).resolve() == Path(args.metrics).resolve():
+        raise UserError(f"--save {args.save}: the same file as --metrics")
+    _checkpoint_dir(args.checkpoint_dir, writer, args.resume)
     if args.resume and not args.checkpoint_dir:
         raise UserError("--resume: needs --checkpoint-dir")
     threads = threads_per_rank(world.local_size, override=args.threads)
     thread_info = apply_threads(threads)
     backend = get_backend(args.backend, args.dtype, device_id=world.local_rank)
-    data = load_dataset(
-        args.dataset,
-        args.data_dir,
-        replicate=args.replicate,
-        synthetic_size=args.synthetic_size,
-        seed=args.seed,
-    )
+    try:
+        data = load_dataset(
+            args.dataset,
+            args.data_dir,
+            replicate=args.replicate,
+            synthetic_size=args.synthetic_size,
+            seed=args.seed,
+        )
+    except MemoryError as exc:  # --replicate 100000000: NumPy says how much it wanted
+        what = [f"--synthetic-size {args.synthetic_size}"] if args.dataset == "synthetic" else []
+        what += [f"--replicate {args.replicate}"] if args.replicate > 1 else []
+        what = " with ".join(what) or f"--dataset {args.dataset}"
+        raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
     if args.model == "cnn" and tuple(data.input_shape) != (1, 28, 28):
         raise UserError(f"--model cnn: needs 1x28x28 images, {args.dataset} has {data.input_shape}")
     hidden, activation = args.hidden or HIDDEN, args.activation or "relu"
@@ -312,6 +372,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         optimizer=args.optimizer,
         schedule=args.schedule,
         warmup_epochs=args.warmup_epochs,
+        step_epochs=args.step_epochs,
         seed=args.seed,
         bucket_mb=DEFAULT_BUCKET_MB if args.bucket_mb is None else args.bucket_mb,
         metrics=args.metrics,
@@ -374,7 +435,7 @@ def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
     from xpnn.parallel.data_parallel import uses_byte_buckets
 
     optional = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
-    optional += ("bucket_mb", "model_ranks")
+    optional += ("step_epochs", "bucket_mb", "model_ranks")
     given = {flag for flag in optional if getattr(args, flag) is not None}
     found = []
     for flag in ("hidden", "activation"):
@@ -383,6 +444,8 @@ def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
     for flag in ("microbatches", "pipeline_schedule", "recompute"):
         if flag in given and args.parallel != "pipeline":
             found.append((f"--{flag.replace('_', '-')}", "without --parallel pipeline"))
+    if "step_epochs" in given and args.schedule != "step":
+        found.append(("--step-epochs", f"with --schedule {args.schedule}"))
     if "model_ranks" in given and args.parallel == "data":
         found.append(("--model-ranks", "with --parallel data: every rank holds the network"))
     data = groups.data
@@ -397,12 +460,18 @@ def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
 
 
 def train_main(args: argparse.Namespace) -> int:
-    from xpnn.parallel.failure import agree_on_user_errors, run_guarded
+    from xpnn.parallel.failure import run_guarded
     from xpnn.parallel.world import init_world
-    from xpnn.train import Trainer
 
     world = init_world()
+    # Guarded from the first line of setup: Ctrl-C while the data loads is "interrupted" too.
+    return run_guarded(world, lambda: _train(args, world))
+
+
+def _train(args: argparse.Namespace, world: Any) -> int:
+    from xpnn.parallel.failure import agree_on_user_errors
     from xpnn.parallel.layout import make_groups
+    from xpnn.train import Trainer
 
     backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(args, world))
     # A separate phase: on GPU backends building the communicators talks to the other ranks.
@@ -421,7 +490,8 @@ def train_main(args: argparse.Namespace) -> int:
     warnings.filterwarnings(
         "ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning, r"xpnn\."
     )
-    return run_guarded(world, trainer.run)
+    trainer.run()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -440,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
         return info_main(as_json=args.json)
     try:
         return train_main(args)
-    except UserError as exc:  # single process: nothing to agree on
+    except UserError as exc:  # before MPI (the launcher's variables): nothing to agree on
         print(f"xpnn: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while Python, NumPy or MPI start
+        print("xpnn: interrupted", file=sys.stderr, flush=True)
+        return 130

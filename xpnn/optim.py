@@ -25,7 +25,9 @@ class Schedule:
     """Learning rate at step t: linear warmup from ~0, then constant, step decay or cosine.
 
     Warmup follows Goyal et al. (2017): large effective batches (many ranks, linearly scaled
-    learning rates) start gently. ``total_steps`` is needed by the cosine schedule only.
+    learning rates) start gently. ``total_steps`` is needed by the cosine schedule only; the
+    step schedule multiplies the rate by ``gamma`` every ``step_size`` steps after warmup (the
+    trainer makes that a number of epochs).
     """
 
     base_lr: float

@@ -38,6 +38,7 @@ class TrainConfig:
     optimizer: str = "adam"
     schedule: str = "constant"
     warmup_epochs: float = 0.0
+    step_epochs: int | None = None  # --schedule step: x0.1 every this many epochs (a third)
     seed: int = 0
     bucket_mb: float = DEFAULT_BUCKET_MB
     eval_batch_size: int = 1000
@@ -125,11 +126,13 @@ class Trainer:
         self.y_train = backend.asarray(data.y_train, dtype=xp.int64)
         self.n_train = data.x_train.shape[0]
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
+        step_epochs = cfg.step_epochs or max(1, cfg.epochs // 3)
         schedule = Schedule(
             cfg.lr,
             cfg.schedule,
             warmup_steps=round(cfg.warmup_epochs * self.steps_per_epoch),
             total_steps=cfg.epochs * self.steps_per_epoch,
+            step_size=step_epochs * self.steps_per_epoch,  # the decay counts epochs, not steps
         )
 
         def optimizer(params: Any, grads: Any, parts: Any = None, zeros: Any = None) -> Any:
@@ -242,7 +245,7 @@ class Trainer:
         peak_rss = comm.allgather_obj(peak_rss_mb())
         done = {
             "event": "done",
-            "epochs": cfg.epochs,
+            "epochs": max(cfg.epochs, start_epoch),  # a resumed checkpoint may be further on
             "test_acc": test_acc,
             "test_loss": test_loss,
             "total_seconds": total_seconds,
@@ -253,11 +256,11 @@ class Trainer:
             **common,
         }
         if self.is_root:
-            self._write_metrics(done)
-            if cfg.save:
+            if cfg.save:  # first: a done line promises the saved parameters
                 save_params(cfg.save, whole)
+            self._write_metrics(done)
             self.log(
-                f"done: {cfg.epochs} epochs, test_acc {test_acc:.4f}, "
+                f"done: {done['epochs']} epochs, test_acc {test_acc:.4f}, "
                 f"{total_seconds:.1f} s training, {self.n_params:,} parameters"
             )
         return done
@@ -307,7 +310,7 @@ class Trainer:
                 self.log(f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh")
             return 0
         epoch, step = load_checkpoint(
-            path, self.model, self.optimizer, self.update.restores_checkpoint
+            path, self.model, self.optimizer, self.update.restores_checkpoint, seed=cfg.seed
         )
         if self.is_root:
             done = (

@@ -169,6 +169,11 @@ def read_idx_pair(
             f"expected 3-D images (count x rows x cols), header says {images.ndim}-D "
             f"{_shape_str(images.shape)}",
         )
+    if 0 in images.shape:
+        raise _fail(
+            str(images_path),
+            f"holds no pixels to learn from: header says {_shape_str(images.shape)}",
+        )
     labels = read_idx(labels_path)
     if labels.ndim != 1:
         raise _fail(

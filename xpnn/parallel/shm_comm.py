@@ -41,8 +41,9 @@ def shm_free_bytes(path: str = SHM_DIR) -> int | None:
 
 
 def _node_comm(world_comm: Any, MPI: Any) -> Any:
-    """The ranks that share this node's memory, in world order (``XPNN_RANKS_PER_NODE=k``
-    cuts them into groups of k, so a multi-node layout can be tested on one machine)."""
+    """The ranks of ``world_comm`` that share this node's memory, in its order
+    (``XPNN_RANKS_PER_NODE=k`` pretends the job's ranks 0..k-1, k..2k-1, ... are nodes, so a
+    multi-node layout can be tested on one machine)."""
     node = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
     forced = os.environ.get(RANKS_PER_NODE_VAR, "").strip()
     if not forced:
@@ -53,7 +54,9 @@ def _node_comm(world_comm: Any, MPI: Any) -> Any:
             raise ValueError
     except ValueError:
         raise UserError(f"{RANKS_PER_NODE_VAR}={forced}: expected a positive integer") from None
-    group = node.Split(color=node.Get_rank() // k, key=node.Get_rank())
+    # by the rank in the whole job: ``world_comm`` may be a data-parallel group (2-D layouts),
+    # whose ranks are not consecutive in the job
+    group = node.Split(color=MPI.COMM_WORLD.Get_rank() // k, key=node.Get_rank())
     node.Free()
     return group
 
