@@ -8,6 +8,7 @@ seed and global batch give the same parameters, metrics and checkpoints.
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -69,6 +70,9 @@ def test_the_one_dimensional_layouts_name_one_transport():
     tensor = Groups.of(alone, "tensor")
     assert tensor.model is alone and tensor.data.size == 1
     assert Groups.of(alone, "pipeline").fallback_reason is None
+    # an explicit --comm on one rank (mpiexec -n 1) is named, not hidden behind "self"
+    one_rank = SimpleNamespace(name="mpi-host", size=1, fallback_reason=None)
+    assert Groups.of(one_rank, "data").name == Groups.of(one_rank, "tensor").name == "mpi-host"
 
 
 # -- real mpiexec: 2 replicas x 2 ranks ---------------------------------------------------------

@@ -72,10 +72,12 @@ class Groups:
 
     @property
     def name(self) -> str:
-        """Which transport is live: one name, or the replica's and the data group's."""
-        if self.data.size == 1:
+        """Which transport is live: one name, or the replica's and the data group's (a
+        group with nobody to talk to is a ``SelfCommunicator``; an explicit ``--comm`` on
+        one rank is a real one, and named)."""
+        if isinstance(self.data, SelfCommunicator):
             return self.model.name
-        if self.model.size == 1:
+        if isinstance(self.model, SelfCommunicator):
             return self.data.name
         return f"{self.model.name} (model) + {self.data.name} (data)"
 
