@@ -106,6 +106,7 @@ def test_a_checkpoint_of_another_network_is_a_one_line_error(tmp_path, other, me
     args = [*ARGS, *other, "--parallel", "pipeline", "--checkpoint-dir", str(ck), "--resume"]
     proc = run_xpnn(args, ranks=2, timeout=120)
     assert_one_line_user_error(proc, f"checkpoint-epoch0001.npz: {message}")
+    assert "resume:" not in proc.stdout  # said only once every rank has accepted the file
 
 
 def test_a_checkpoint_of_the_older_flat_layout_is_a_one_line_error(tmp_path):

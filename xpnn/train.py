@@ -146,6 +146,7 @@ class Trainer:
         self.n_params = whole_size(model)
         # Last: a checkpoint that does not fit is a user error of the setup phase, which every
         # rank reports together (a stage finds a mismatch in its own layers only).
+        self.resume_note: str | None = None  # said when the run starts: every rank agreed
         self.start_epoch = self._maybe_resume()
 
     # -- one global batch ----------------------------------------------------------------
@@ -191,6 +192,8 @@ class Trainer:
     def run(self) -> dict:
         cfg, model, comm = self.cfg, self.model, self.comm
         start_epoch = self.start_epoch
+        if self.resume_note and self.is_root:
+            self.log(self.resume_note)
         self.update.broadcast_initial()  # rank 0's parameters are everyone's
         common = {
             "world_size": comm.size,
@@ -306,17 +309,13 @@ class Trainer:
             return 0
         path = latest_checkpoint(cfg.checkpoint_dir)
         if path is None:
-            if self.is_root:
-                self.log(f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh")
+            self.resume_note = f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh"
             return 0
         epoch, step = load_checkpoint(
             path, self.model, self.optimizer, self.update.restores_checkpoint, seed=cfg.seed
         )
-        if self.is_root:
-            done = (
-                f"; --epochs {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
-            )
-            self.log(f"resume: {path} (epoch {epoch}, step {step}){done}")
+        done = f"; --epochs {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
+        self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){done}"
         return epoch
 
     def _progress(self, batches: list, epoch: int) -> Any:
