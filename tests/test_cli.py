@@ -319,3 +319,15 @@ def test_ctrl_c_while_setting_up_is_interrupted_not_a_traceback():
     assert "xpnn: synthetic" not in out, "the signal came after the setup it was meant for"
     assert proc.returncode == 130, err
     assert err.strip() == "xpnn: interrupted" and "Traceback" not in err
+
+
+def test_settings_that_are_probably_a_slip_get_a_note():
+    import os
+
+    more = len(os.sched_getaffinity(0)) + 1  # one thread more than this machine's cores
+    proc = run_xpnn([*SMALL, "--epochs", "1", "--warmup-epochs", "2", "--threads", str(more)])
+    assert proc.returncode == 0, proc.stderr
+    assert "--warmup-epochs 2 is longer than the run (--epochs 1)" in proc.stderr
+    assert f"--threads {more} x 1 rank(s) on this node, which has {more - 1} core(s)" in proc.stderr
+    quiet = run_xpnn([*SMALL, "--epochs", "1", "--threads", "1"])
+    assert quiet.returncode == 0 and "note" not in quiet.stderr, quiet.stderr

@@ -406,7 +406,9 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     return backend, data, model, cfg, place
 
 
-def _announce(backend: Any, groups: Any, model: Any, cfg: Any, data: Any, args: Any) -> None:
+def _announce(
+    backend: Any, groups: Any, model: Any, cfg: Any, data: Any, args: Any, world: Any
+) -> None:
     comm = groups.world
     if comm.rank != 0:
         return
@@ -428,6 +430,27 @@ def _announce(backend: Any, groups: Any, model: Any, cfg: Any, data: Any, args: 
     )
     for flag, why in _ineffective_flags(args, groups):
         print(f"xpnn: note: {flag} has no effect {why}", file=sys.stderr, flush=True)
+    for note in _questionable_settings(args, cfg, world):
+        print(f"xpnn: note: {note}", file=sys.stderr, flush=True)
+
+
+def _questionable_settings(args: Any, cfg: Any, world: Any) -> list[str]:
+    """Settings that work but are probably not what was meant: said once, not refused."""
+    from xpnn.parallel.threads import node_cores
+
+    notes = []
+    if args.warmup_epochs > args.epochs:
+        notes.append(
+            f"--warmup-epochs {args.warmup_epochs:g} is longer than the run (--epochs "
+            f"{args.epochs}): the rate never reaches --lr"
+        )
+    threads, ranks, cores = cfg.extra["threads"], world.local_size, node_cores()
+    if threads * ranks > cores:
+        who = f"--threads {threads} x {ranks} rank(s)" if args.threads else f"{ranks} ranks"
+        notes.append(
+            f"{who} on this node, which has {cores} core(s): they take turns, which is slower"
+        )
+    return notes
 
 
 def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
@@ -479,7 +502,7 @@ def _train(args: argparse.Namespace, world: Any) -> int:
         world, lambda: make_groups(world, place, backend, args.comm, args.parallel)
     )
     model.attach(groups.model)  # split layers and pipeline stages talk within their replica
-    _announce(backend, groups, model, cfg, data, args)
+    _announce(backend, groups, model, cfg, data, args, world)
     # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
     # on every rank of a node; that is a user error to print once, not a crash per rank.
     trainer = agree_on_user_errors(
