@@ -15,8 +15,10 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -315,3 +317,137 @@ def _int_at_least(text: str, low: int) -> int:
     if value < low:
         raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
     return value
+
+
+def nonneg_float(text: str) -> float:
+    """A finite number >= 0 (``nan`` and ``inf`` are refused: they break comparisons, waits and
+    JSON)."""
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def choice_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    """A parser for a comma list of names among ``choices``: at least one, no unknown name,
+    duplicates dropped (first occurrence kept)."""
+    known = ",".join(choices)
+
+    def parse(text: str) -> list[str]:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(f"empty: give a comma list of {known}")
+        bad = [n for n in names if n not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(map(repr, bad))}: choose among {known}"
+            )
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
+def executable(text: str) -> str:
+    """A program to run (e.g. ``--mpiexec``): a path to an executable file, or a name found on
+    PATH; returned as an absolute path (the runs may start in another folder). Checked now, not
+    when the first run fails to start."""
+    if os.sep not in text and (os.altsep is None or os.altsep not in text):
+        found = shutil.which(text)
+        if found is None:
+            raise argparse.ArgumentTypeError(f"{text!r} is not on PATH")
+        return found
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist")
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text} is not an executable file")
+    return os.path.abspath(text)
+
+
+# -- output paths, checked before anything is measured -----------------------------------------
+
+
+def _takes_files(directory: Path) -> str | None:
+    """Why ``directory`` cannot take a new file (None: it can). A throwaway file proves it:
+    permissions, read-only mounts and pseudo file systems (/proc, /sys) all show up here, as
+    in xpnn's own command line."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        return f"cannot create files in {directory} ({exc.strerror})"
+    return None
+
+
+def file_problem(path: Path) -> str | None:
+    """Why a result file cannot be written at ``path`` (None: it can): its directory must
+    exist and take files."""
+    if path.is_dir():
+        return "is a directory; give a file name"
+    parent = path.parent
+    if not parent.is_dir():
+        return f"directory {parent} does not exist"
+    return _takes_files(parent)
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be an output folder (None: it can): it is a folder that takes files,
+    or it can be made (its nearest existing ancestor is a folder that takes files)."""
+    if path.is_dir():
+        return _takes_files(path)
+    if path.exists():
+        return "exists and is not a directory"
+    probe = path.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"cannot be made: {probe} is not a directory"
+    problem = _takes_files(probe)
+    return None if problem is None else f"cannot be made: {problem}"
+
+
+def refuse_unwritable(
+    parser: argparse.ArgumentParser, flag: str, path: Path, folder: bool = False
+) -> None:
+    """A usage error (exit 2, one line naming ``flag``) unless results can be written at
+    ``path``: a file, or with ``folder`` an output folder the script makes when missing."""
+    problem = folder_problem(path) if folder else file_problem(path)
+    if problem is not None:
+        parser.error(f"{flag} {path}: {problem}")
+
+
+def add_quiet_flags(a: Any, what: str, retries: int, quiet_timeout: float) -> None:
+    """The flags of ``measure_quietly``: redo a ``what`` that other processes disturbed."""
+    a(
+        "--max-foreign",
+        type=nonneg_float,
+        default=0.25,
+        help=f"redo a {what} if others used more cores",
+    )
+    a("--retries", type=nonneg_int, default=retries, help=f"redos per {what} at most (then kept)")
+    a(
+        "--quiet-timeout",
+        type=nonneg_float,
+        default=quiet_timeout,
+        help="seconds to wait for quiet per redo",
+    )
+
+
+def add_mpiexec_flag(a: Any) -> None:
+    """``--mpiexec``: the launcher of the runs, checked when the arguments are read."""
+    a(
+        "--mpiexec",
+        type=executable,
+        default=None,
+        help="mpiexec to use (default: the venv's, else PATH)",
+    )

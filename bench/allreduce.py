@@ -29,15 +29,21 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from _common import nonneg_int, positive_int
+from _common import nonneg_int, positive_int, refuse_unwritable
 
 os.environ.setdefault("XPNN_FORCE_MPI", "1")  # a plain `python bench/allreduce.py` works too
 
+from xpnn.errors import UserError  # noqa: E402
 from xpnn.parallel import init_world, make_communicator  # noqa: E402
+
+HOST_COMMS = ("auto", "mpi-shm", "mpi-host", "self")
+"""``--comm`` kinds for the host rows: ``make_communicator``'s CPU kinds (``mpi-cuda`` and
+``nccl`` need device buffers: ``--backend cupy`` adds those rows by itself)."""
 
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20}
 UNITS.update({"MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30})
@@ -118,12 +124,16 @@ def iters_for(nbytes: int, args: argparse.Namespace) -> int:
     return args.iters if nbytes <= (1 << 20) else args.iters_large
 
 
-def host_rows(world: Any, args: argparse.Namespace) -> list[dict]:
-    from mpi4py import MPI
-
+def host_communicator(world: Any, args: argparse.Namespace) -> Any:
+    """The communicator of the host rows; collective (a UserError on every rank if unusable)."""
     backend = SimpleNamespace(name="numpy", is_gpu=False, xp=np)
     kind = args.comm if world.size > 1 or args.comm != "auto" else "mpi-host"
-    comm = make_communicator(world, backend, kind)
+    return make_communicator(world, backend, kind)
+
+
+def host_rows(world: Any, args: argparse.Namespace, comm: Any) -> list[dict]:
+    from mpi4py import MPI
+
     raw_comm = MPI.COMM_WORLD
     rows = []
     for nbytes in sizes(args.max_size, args.step):
@@ -214,15 +224,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters-large", type=positive_int, default=40, help="timed calls above 1 MiB")
     p.add_argument("--warmup", type=nonneg_int, default=10, help="untimed calls per size")
     p.add_argument("--backend", choices=("numpy", "cupy"), default="numpy")
-    p.add_argument("--comm", default="auto", help="communicator for the host rows (auto)")
-    p.add_argument("--json", metavar="FILE", help="write the rows and machine facts here")
+    p.add_argument(
+        "--comm", choices=HOST_COMMS, default="auto", help="communicator for the host rows (auto)"
+    )
+    p.add_argument(
+        "--json", type=Path, metavar="FILE", help="write the rows and machine facts here"
+    )
     args = p.parse_args(argv)
     if args.max_size < 4:
         p.error("--max-size must be at least 4 bytes")
+    if args.json is not None:
+        refuse_unwritable(p, "--json", args.json)
 
     world = init_world()
     from mpi4py import MPI
 
+    try:  # before the header: a --comm this job cannot use is one line, nothing measured
+        host_comm = host_communicator(world, args)
+    except UserError as exc:
+        if world.rank == 0:
+            print(f"{p.prog}: error: {exc}", file=sys.stderr)
+        return 2
     if world.rank == 0:
         lib = " ".join(MPI.Get_library_version().split()[:3])
         print(
@@ -233,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         if world.size == 1:
             print("# 1 rank: this measures MPI's self path; run under mpiexec -n 2 or more")
         print(HEADER)
-    rows = host_rows(world, args)
+    rows = host_rows(world, args, host_comm)
     if args.backend == "cupy":
         rows += device_rows(world, args)
 

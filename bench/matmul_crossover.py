@@ -43,9 +43,11 @@ from _common import (
     format_table,
     machine_info,
     median,
+    nonneg_float,
     nonneg_int,
     positive_int,
     pyplot_agg,
+    refuse_unwritable,
     save_figure,
     time_wall,
     write_csv,
@@ -553,12 +555,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cpu-budget",
-        type=float,
+        type=nonneg_float,
         default=60.0,
         help="skip a CPU shape whose estimated warm-up + repeats exceed this many seconds "
-        "(default 60)",
+        "(default 60; 0: measure only the first shape of each dtype)",
     )
-    p.add_argument("--seed", type=int, default=0, help="input data seed (default 0)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="input data seed (default 0)")
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU columns even if CuPy works")
     p.add_argument(
         "--out", type=Path, default=RESULTS_DIR, help="output directory (default bench/results)"
@@ -714,6 +716,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_n is not None and args.min_n > args.max_n:
         parser.error(f"--min-n {args.min_n} is above --max-n {args.max_n}")
+    files = {"--csv": args.csv, "--json": args.json, "--plot": args.plot}
+    if None in files.values():  # some file goes to its default place in --out
+        refuse_unwritable(parser, "--out", args.out, folder=True)
+    for flag, path in files.items():
+        if path is not None:
+            refuse_unwritable(parser, flag, path)
     return run(args)
 
 

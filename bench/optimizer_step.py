@@ -11,14 +11,28 @@ Run: ``python bench/optimizer_step.py [--params 535818] [--optimizer adam] [--ro
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from _common import format_table, median, positive_int, write_json
+from _common import (
+    choice_list,
+    format_table,
+    median,
+    positive_int,
+    refuse_unwritable,
+    write_json,
+)
 
 SIDES = ("numpy", "numba", "torch")
+side_list = choice_list(SIDES)
+
+
+def sides_arg(text: str) -> str:
+    """``--sides``: a comma list among SIDES, kept as text (the JSON records it so)."""
+    return ",".join(side_list(text))
 
 
 def time_side(side: str, params: int, optimizer: str, threads: int, calls: int) -> float:
@@ -87,23 +101,25 @@ def main() -> int:
     ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--calls", type=positive_int, default=200, help="timed updates per round")
-    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument(
+        "--sides", type=sides_arg, default=",".join(SIDES), help="comma list among %(default)s"
+    )
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args.worker, args.params, args.optimizer, args.threads, args.calls)
         return 0
-    sides = [s for s in args.sides.split(",") if s]
-    if "torch" in sides:
-        try:
-            import importlib.util
-
-            if importlib.util.find_spec("torch") is None:
-                raise ImportError
-        except ImportError:
-            print("torch side skipped: PyTorch is not installed (pip install torch==2.13.0)")
-            sides.remove("torch")
+    if args.json is not None:
+        refuse_unwritable(ap, "--json", args.json)
+    sides = args.sides.split(",")
+    if "torch" in sides and importlib.util.find_spec("torch") is None:
+        why = "PyTorch is not installed (pip install torch==2.13.0)"
+        sides.remove("torch")
+        if not sides:  # nothing to time: say so, write nothing
+            print(f"{ap.prog}: error: --sides torch: {why}", file=sys.stderr)
+            return 2
+        print(f"torch side skipped: {why}")
     results: dict[str, list[float]] = {s: [] for s in sides}
     for _ in range(args.rounds):  # alternate the sides: the machine's speed drifts
         for side in sides:

@@ -43,18 +43,21 @@ from typing import Any
 from _common import (
     RESULTS_DIR,
     ForeignLoad,
+    add_mpiexec_flag,
     busy_warning,
     fmt_num,
     format_table,
     load_avg,
     machine_info,
     median,
+    nonneg_int,
     positive_int,
     pyplot_agg,
+    refuse_unwritable,
     save_figure,
     write_json,
 )
-from scaling import DEFAULT_DATA_DIR, ROOT, hidden_sizes, mpiexec_path
+from scaling import DEFAULT_DATA_DIR, ROOT, hidden_sizes, mpiexec_path, refuse_without_mpiexec
 
 NAME = "pipeline_memory"
 CONFIGS: list[tuple[str, bool]] = [
@@ -90,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--epochs", type=positive_int, default=2, help="epochs per run; the last one is timed")
     a("--repeats", type=positive_int, default=2, help="runs per configuration (alternated)")
     a("--backend", choices=("numpy", "numba"), default="numba")
-    a("--seed", type=int, default=0)
-    a("--mpiexec", default=None, help="mpiexec to use (default: the venv's, else PATH)")
+    a("--seed", type=nonneg_int, default=0, help="xpnn --seed")
+    add_mpiexec_flag(a)
     a("--timeout", type=positive_int, default=900, help="seconds allowed per run")
     a("--out", type=Path, default=RESULTS_DIR, help="output directory")
     return p
@@ -399,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--stages {args.stages}: a pipeline needs at least 2 stages")
     if args.dataset != "synthetic" and not args.data_dir:
         parser.error(f"--data-dir: where are the {args.dataset} IDX files? (none by default)")
+    refuse_unwritable(parser, "--out", args.out, folder=True)
+    refuse_without_mpiexec(parser, args.mpiexec)
     return run(args)
 
 

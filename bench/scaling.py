@@ -35,6 +35,8 @@ from typing import Any
 from _common import (
     RESULTS_DIR,
     ForeignLoad,
+    add_mpiexec_flag,
+    add_quiet_flags,
     busy_warning,
     fmt_num,
     format_table,
@@ -43,8 +45,10 @@ from _common import (
     machine_info,
     measure_quietly,
     median,
+    nonneg_int,
     positive_int,
     pyplot_agg,
+    refuse_unwritable,
     save_figure,
     write_json,
 )
@@ -78,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dataset", choices=("fashion-mnist", "mnist", "synthetic"), default="fashion-mnist")
     a(
         "--data-dir",
-        default=str(DEFAULT_DATA_DIR) if DEFAULT_DATA_DIR.is_dir() else None,
-        help="IDX directory (fashion-mnist/mnist)",
+        default=None,
+        help=f"IDX directory (default: {DEFAULT_DATA_DIR} for fashion-mnist if present; "
+        "for mnist, xpnn's own lookup: its download cache)",
     )
     a("--synthetic-size", type=positive_int, default=60_000, help="synthetic train samples")
     a("--hidden", type=hidden_sizes, default="1024,1024", help="MLP hidden sizes")
@@ -112,11 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="xpnn --pipeline-schedule (pipeline)",
     )
     a("--recompute", action="store_true", help="xpnn --recompute (pipeline)")
-    a("--seed", type=int, default=0)
-    a("--max-foreign", type=float, default=0.25, help="redo a run if others used more cores")
-    a("--retries", type=int, default=3, help="redos per run at most (then kept)")
-    a("--quiet-timeout", type=float, default=300.0, help="seconds to wait for quiet per redo")
-    a("--mpiexec", default=None, help="mpiexec to use (default: the venv's, else PATH)")
+    a("--seed", type=nonneg_int, default=0, help="xpnn --seed")
+    add_quiet_flags(a, "run", retries=3, quiet_timeout=300.0)
+    add_mpiexec_flag(a)
     a("--timeout", type=positive_int, default=1800, help="seconds allowed per run")
     a("--out", type=Path, default=RESULTS_DIR, help="output directory")
     a("--json", type=Path, default=None, help=f"JSON file (default OUT/{NAME}.json)")
@@ -149,14 +152,33 @@ class RunSpec:
         return f"{self.ranks}r x {self.threads}t, {self.samples} samples, {batch}"
 
 
-def mpiexec_path(flag: str | None) -> str:
+def default_data_dir(dataset: str) -> str | None:
+    """The ``--data-dir`` used when none is given: Debian's Fashion-MNIST for fashion-mnist
+    only. Other data sets get none, so that xpnn looks them up itself (never the wrong files)."""
+    if dataset == "fashion-mnist" and DEFAULT_DATA_DIR.is_dir():
+        return str(DEFAULT_DATA_DIR)
+    return None
+
+
+def find_mpiexec(flag: str | None) -> str | None:
+    """``--mpiexec`` (checked by ``executable``), else the venv's, else PATH's, else None."""
     if flag:
         return flag
     local = Path(sys.executable).parent / "mpiexec"
-    found = str(local) if local.exists() else shutil.which("mpiexec")
+    return str(local) if local.exists() else shutil.which("mpiexec")
+
+
+def mpiexec_path(flag: str | None) -> str:
+    found = find_mpiexec(flag)
     if found is None:
         raise SystemExit("scaling: mpiexec not found (install MPI or pass --mpiexec)")
     return found
+
+
+def refuse_without_mpiexec(parser: argparse.ArgumentParser, flag: str | None) -> None:
+    """A usage error now, rather than a failure when the first run starts."""
+    if find_mpiexec(flag) is None:
+        parser.error("--mpiexec: none given, and no mpiexec next to this Python or on PATH")
 
 
 def command(args: argparse.Namespace, spec: RunSpec, metrics: Path) -> list[str]:
@@ -524,6 +546,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(
             f"--parallel {args.parallel}: every rank sees the whole batch; use --mode strong"
         )
+    if args.data_dir is None:
+        args.data_dir = default_data_dir(args.dataset)
+    if args.json is None or args.plot is None:  # some file goes to its default place in --out
+        refuse_unwritable(parser, "--out", args.out, folder=True)
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            refuse_unwritable(parser, flag, path)
+    refuse_without_mpiexec(parser, args.mpiexec)
     return run(args)
 
 

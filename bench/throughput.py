@@ -51,7 +51,9 @@ from typing import Any
 import numpy as np
 from _common import (
     RESULTS_DIR,
+    add_quiet_flags,
     busy_warning,
+    choice_list,
     fmt_num,
     format_table,
     int_list,
@@ -59,7 +61,10 @@ from _common import (
     machine_info,
     measure_quietly,
     median,
+    nonneg_float,
+    nonneg_int,
     positive_int,
+    refuse_unwritable,
     write_json,
 )
 
@@ -81,12 +86,7 @@ RANKS_TARGET = 1.5  # CNN: 2 ranks x 1 thread vs torch 1 process x 2 threads
 # --------------------------------------------------------------------------- flags
 
 
-def name_list(text: str) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [n for n in names if n not in ("numpy", "numba", "cupy")]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"backends must be among numpy,numba,cupy, got {text!r}")
-    return list(dict.fromkeys(names))
+name_list = choice_list(("numpy", "numba", "cupy"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,11 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--repeats", type=positive_int, default=5, help="timed epochs per side (median)")
     a("--pool", type=positive_int, default=4, help="distinct random batches cycled through")
-    a("--seed", type=int, default=0)
-    a("--gap", type=float, default=0.2, help="idle seconds before each timed epoch")
-    a("--max-foreign", type=float, default=0.25, help="redo a pair if others used more cores")
-    a("--retries", type=int, default=5, help="redos per pair at most (then kept, flagged)")
-    a("--quiet-timeout", type=float, default=120.0, help="seconds to wait for quiet per redo")
+    a("--seed", type=nonneg_int, default=0)
+    a("--gap", type=nonneg_float, default=0.2, help="idle seconds before each timed epoch")
+    add_quiet_flags(a, "pair", retries=5, quiet_timeout=120.0)
     a("--no-torch", action="store_true", help="skip the PyTorch side even if importable")
     a("--ranks-compare", action="store_true", help="also: mpiexec -n 2 x 1 thread vs torch")
     a("--ranks", type=positive_int, default=2, help="ranks for --ranks-compare")
@@ -502,7 +500,6 @@ def check_backends(names: list[str]) -> tuple[list[str], dict[str, str]]:
             ok.append(n)
         else:
             skipped[n] = reason
-            print(f"{n} skipped: {reason}", flush=True)
     return ok, skipped
 
 
@@ -741,11 +738,12 @@ def print_report(results: list[dict], ranks: dict | None, targets: list[dict]) -
             print(f"  {verdict:<12} {t['name']}: {got} (target >= {t['target']})")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, backends: list[str], skipped: dict[str, str]) -> int:
     warn = busy_warning()
     if warn:
         print(warn, flush=True)
-    backends, skipped = check_backends(args.backends)
+    for name, reason in skipped.items():
+        print(f"{name} skipped: {reason}", flush=True)
     torch_reason = "--no-torch" if args.no_torch else None
     if torch_reason is None and importlib.util.find_spec("torch") is None:
         torch_reason = "PyTorch is not importable (pip install torch)"
@@ -822,15 +820,26 @@ def run(args: argparse.Namespace) -> int:
         "ranks_compare": ranks,
         "targets": targets,
     }
-    path = args.json or RESULTS_DIR / f"{NAME}_{args.model}.json"
+    path = json_path(args)
     write_json(path, out)
     print(f"\nwrote {path}")
     return 0
 
 
+def json_path(args: argparse.Namespace) -> Path:
+    return args.json or RESULTS_DIR / f"{NAME}_{args.model}.json"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    refuse_unwritable(parser, "--json", json_path(args))
+    backends, skipped = check_backends(args.backends)
+    if not backends:  # nothing could be measured: say why, and leave the results file alone
+        why = "; ".join(f"{name}: {reason}" for name, reason in skipped.items())
+        print(f"{parser.prog}: error: --backends: none can run here ({why})", file=sys.stderr)
+        return 2
+    return run(args, backends, skipped)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_bench
+from conftest import FASHION_DIR, run_bench
 
 # never wait for a quiet machine in tests: the timings are not checked
 QUIET_CHECK_OFF = ["--max-foreign", "99"]
@@ -105,6 +105,37 @@ def test_failing_run_exits_nonzero(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 1
     assert "run failed" in proc.stderr
+
+
+FASHION_DEFAULT = str(FASHION_DIR) if FASHION_DIR.is_dir() else None
+
+
+@pytest.mark.parametrize(
+    ("dataset", "given", "passed"),
+    [
+        ("mnist", None, None),
+        ("fashion-mnist", None, FASHION_DEFAULT),
+        ("mnist", "/some/mnist", "/some/mnist"),
+    ],
+)
+def test_default_data_dir_is_fashion_mnist_only(tmp_path: Path, dataset, given, passed) -> None:
+    """The Fashion-MNIST folder is the default for fashion-mnist only: mnist without --data-dir
+    passes none on (xpnn finds MNIST itself). Read from the command that a failing fake mpiexec
+    makes the script print; nothing is trained."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    proc = run_script(
+        ["--dataset", dataset, *(["--data-dir", given] if given else []), "--ranks", "1",
+         "--mode", "strong", "--repeats", "1", "--mpiexec", str(fake), "--out", str(tmp_path)],
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "run failed (exit 3)" in proc.stderr, proc.stderr
+    assert f"--dataset {dataset} " in proc.stderr
+    if passed is None:
+        assert "--data-dir" not in proc.stderr
+    else:
+        assert f"--data-dir {passed} " in proc.stderr
 
 
 def test_seed_style_full_batch_sgd_and_bad_batch(tmp_path: Path) -> None:

@@ -103,6 +103,25 @@ def test_bad_flag_is_a_usage_error() -> None:
     assert "backends" in proc.stderr
 
 
+def _cupy_usable() -> bool:
+    from xpnn.backends import gpu_unavailable_reason
+
+    return gpu_unavailable_reason() is None
+
+
+@pytest.mark.skipif(_cupy_usable(), reason="CuPy and a CUDA device work here: cupy rows run")
+def test_no_runnable_backend_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    """Only unusable backends asked for: exit 2 with one line saying which and why, no JSON
+    (an empty one would replace the committed results file by default)."""
+    path = tmp_path / "tp.json"
+    proc = run_script(["--backends", "cupy", "--json", str(path)], timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert "--backends: none can run here (cupy: " in line and "Traceback" not in line
+    assert not path.exists()
+
+
 def test_no_torch_flag(tmp_path: Path) -> None:
     path = tmp_path / "tp.json"
     proc = run_script(

@@ -26,6 +26,46 @@ from conftest import ROOT
         ("throughput", ["--steps", "0"], "--steps: must be >= 1"),
         ("staging", ["--sizes", "4,-1"], "--sizes"),
         ("pipeline_memory", ["--stages", "1"], "--stages"),
+        # a free-form choice: refused before the header, not a UserError after it
+        ("allreduce", ["--comm", "bogus", "--max-size", "1K"], "--comm: invalid choice: 'bogus'"),
+        # output places are checked before measuring, not written to after it
+        (
+            "allreduce",
+            ["--json", "/nonexistent/x.json", "--max-size", "1K"],
+            "--json /nonexistent/x.json: directory /nonexistent does not exist",
+        ),
+        ("allreduce", ["--json", "bench"], "--json bench: is a directory; give a file name"),
+        ("optimizer_step", ["--json", "/proc/x.json"], "--json /proc/x.json: cannot create files"),
+        ("matmul_crossover", ["--out", "/proc/mc"], "--out /proc/mc: cannot be made"),
+        ("matmul_crossover", ["--out", "README.md"], "--out README.md: exists and is not a dir"),
+        ("matmul_crossover", ["--csv", "/nonexistent/m.csv"], "--csv /nonexistent/m.csv: direc"),
+        ("throughput", ["--json", "/proc/t.json"], "--json /proc/t.json: cannot create files"),
+        ("scaling", ["--out", "/proc/s"], "--out /proc/s: cannot be made"),
+        ("scaling", ["--plot", "/nonexistent/s.png"], "--plot /nonexistent/s.png: directory"),
+        ("pipeline_memory", ["--out", "/proc/pm"], "--out /proc/pm: cannot be made"),
+        # comma lists of known names, at least one
+        ("optimizer_step", ["--sides", "numpy,bogus"], "--sides: unknown 'bogus'"),
+        ("optimizer_step", ["--sides", ""], "--sides: empty"),
+        ("throughput", ["--backends", ","], "--backends: empty"),
+        # counts and durations: non-negative, finite
+        ("scaling", ["--retries", "-1"], "--retries: must be >= 0"),
+        ("throughput", ["--retries", "-1"], "--retries: must be >= 0"),
+        ("throughput", ["--gap", "-1"], "--gap: must be >= 0"),
+        ("throughput", ["--gap", "nan"], "--gap: must be a finite number"),
+        ("scaling", ["--quiet-timeout", "nan"], "--quiet-timeout: must be a finite number"),
+        ("matmul_crossover", ["--cpu-budget", "nan"], "--cpu-budget: must be a finite number"),
+        ("matmul_crossover", ["--cpu-budget", "inf"], "--cpu-budget: must be a finite number"),
+        ("matmul_crossover", ["--cpu-budget", "-1"], "--cpu-budget: must be >= 0"),
+        # the mpiexec to run is found now, not when the first run starts
+        ("scaling", ["--mpiexec", "/nonexistent"], "--mpiexec: /nonexistent does not exist"),
+        ("pipeline_memory", ["--mpiexec", "/nonexistent"], "--mpiexec: /nonexistent does not"),
+        ("scaling", ["--mpiexec", "./README.md"], "--mpiexec: ./README.md is not an executable"),
+        ("scaling", ["--mpiexec", "no-such-mpiexec"], "--mpiexec: 'no-such-mpiexec' is not on"),
+        # xpnn's own rule for --seed (an integer >= 0), applied before any run
+        ("scaling", ["--seed", "-1"], "--seed: must be >= 0"),
+        ("pipeline_memory", ["--seed", "-1"], "--seed: must be >= 0"),
+        ("throughput", ["--seed", "-1"], "--seed: must be >= 0"),
+        ("matmul_crossover", ["--seed", "-1"], "--seed: must be >= 0"),
     ],
 )
 def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
