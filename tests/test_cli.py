@@ -328,6 +328,6 @@ def test_settings_that_are_probably_a_slip_get_a_note():
     proc = run_xpnn([*SMALL, "--epochs", "1", "--warmup-epochs", "2", "--threads", str(more)])
     assert proc.returncode == 0, proc.stderr
     assert "--warmup-epochs 2 is longer than the run (--epochs 1)" in proc.stderr
-    assert f"--threads {more} x 1 rank(s) on this node, which has {more - 1} core(s)" in proc.stderr
+    assert f"--threads {more} but this rank has {more - 1} core(s) of its own" in proc.stderr
     quiet = run_xpnn([*SMALL, "--epochs", "1", "--threads", "1"])
     assert quiet.returncode == 0 and "note" not in quiet.stderr, quiet.stderr

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, mpiexec_path
 
 from xpnn.errors import UserError
-from xpnn.parallel.threads import node_cores, threads_per_rank
+from xpnn.parallel.threads import core_share, node_cores, threads_per_rank
 
 
 @pytest.mark.parametrize(
@@ -121,3 +121,28 @@ def test_two_ranks_share_the_node(tmp_path) -> None:
         assert threads == max(1, cores // 2)
         if cores == 2:  # this project's 2-core CI machine: one thread each
             assert threads == 1
+
+
+def _cores(*ids: int) -> frozenset[int]:
+    return frozenset(ids)
+
+
+@pytest.mark.parametrize(
+    "node, me, expected",
+    [
+        ([_cores(0, 1, 2, 3)] * 2, 0, (2, False)),  # no binding (MPICH): 4 cores, 2 ranks
+        ([_cores(0), _cores(1)], 1, (1, False)),  # Open MPI's default for 2 ranks: a core each
+        ([_cores(0, 1, 2, 3), _cores(4, 5, 6, 7)], 0, (4, False)),  # srun --cpu-bind: 4 each
+        ([_cores(0, 1, 2, 3)] * 2 + [_cores(4, 5, 6, 7)], 2, (4, False)),  # by socket, uneven
+        ([_cores(0, 1, 2, 3)] * 2 + [_cores(4, 5, 6, 7)], 0, (2, False)),
+        ([_cores(0, 1)] * 3, 0, (1, True)),  # 3 ranks on 2 cores: crowded
+    ],
+)
+def test_a_ranks_cores_are_shared_only_with_the_ranks_that_can_run_on_them(node, me, expected):
+    assert core_share(node[me], node) == expected
+
+
+def test_the_share_decides_the_default_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    assert threads_per_rank(2, share=4) == 4  # bound: all of its own, not 4 // 2
+    assert threads_per_rank(2, share=4, override=1) == 1

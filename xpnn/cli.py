@@ -316,7 +316,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     _checkpoint_dir(args.checkpoint_dir, writer, args.resume)
     if args.resume and not args.checkpoint_dir:
         raise UserError("--resume: needs --checkpoint-dir")
-    threads = threads_per_rank(world.local_size, override=args.threads)
+    threads = threads_per_rank(world.local_size, override=args.threads, share=world.cores)
     thread_info = apply_threads(threads)
     backend = get_backend(args.backend, args.dtype, device_id=world.local_rank)
     try:
@@ -444,11 +444,16 @@ def _questionable_settings(args: Any, cfg: Any, world: Any) -> list[str]:
             f"--warmup-epochs {args.warmup_epochs:g} is longer than the run (--epochs "
             f"{args.epochs}): the rate never reaches --lr"
         )
-    threads, ranks, cores = cfg.extra["threads"], world.local_size, node_cores()
-    if threads * ranks > cores:
-        who = f"--threads {threads} x {ranks} rank(s)" if args.threads else f"{ranks} ranks"
+    threads, share = cfg.extra["threads"], world.cores or node_cores()
+    if world.crowded:
         notes.append(
-            f"{who} on this node, which has {cores} core(s): they take turns, which is slower"
+            f"{world.local_size} ranks on this node share fewer cores than there are ranks: "
+            "they take turns, which is slower"
+        )
+    elif threads > share:
+        notes.append(
+            f"--threads {threads} but this rank has {share} core(s) of its own: the threads "
+            "take turns, which is slower"
         )
     return notes
 

@@ -36,7 +36,7 @@ def collect() -> dict:
             out["devices"].append(name.decode() if isinstance(name, bytes) else name)
     from xpnn.parallel.threads import threads_per_rank
 
-    out["threads_per_rank"] = threads_per_rank(world.local_size)
+    out["threads_per_rank"] = threads_per_rank(world.local_size, share=world.cores)
     try:
         from xpnn.parallel.cuda_aware import mpi_info
 

@@ -170,7 +170,8 @@ def mpi_info() -> dict:
     awareness = detect_cuda_aware()
     return {
         "mpi4py": mpi4py.__version__,
-        "library": MPI.Get_library_version().strip().splitlines()[0],
+        # Open MPI ends the string with its C terminator: a NUL in the output otherwise
+        "library": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
         "mpi_version": "{}.{}".format(*MPI.Get_version()),
         "alloc_kinds": read_alloc_kinds(),
         "cuda_aware": awareness.aware,

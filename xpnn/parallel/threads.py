@@ -22,12 +22,37 @@ def node_cores() -> int:
         return os.cpu_count() or 1
 
 
-def threads_per_rank(local_size: int, cores: int | None = None, override: int | None = None) -> int:
-    """Threads for this rank: ``override`` (``--threads``) if given, else cores // ranks, >= 1.
+def affinity() -> frozenset[int]:
+    """The cores this process may run on."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset(range(os.cpu_count() or 1))
 
-    With ``cores`` None the count comes from the affinity mask, divided among the
-    ``local_size`` ranks on this node. Under Slurm with ``--cpus-per-task`` the launcher has
-    already divided the node, so ``SLURM_CPUS_PER_TASK`` is used as is.
+
+def core_share(own: frozenset[int], node: list[frozenset[int]]) -> tuple[int, bool]:
+    """(cores for this rank, crowded) from its affinity and that of every rank on its node.
+
+    This rank's cores are divided among the ranks whose affinity overlaps them: all ranks on
+    all cores (MPICH's ``mpiexec``, no binding): cores // ranks; each rank bound to cores of
+    its own (Open MPI's default for 2 ranks, ``srun --cpu-bind``): all of its own; ranks bound
+    to a socket together: the socket's cores // its ranks. ``crowded``: more ranks than cores.
+    """
+    sharers = max(1, sum(1 for cores in node if cores & own))
+    return max(1, len(own) // sharers), sharers > len(own)
+
+
+def threads_per_rank(
+    local_size: int,
+    cores: int | None = None,
+    override: int | None = None,
+    share: int | None = None,
+) -> int:
+    """Threads for this rank: ``override`` (``--threads``) if given, else its cores, >= 1.
+
+    Its cores: under Slurm with ``--cpus-per-task``, where the launcher has divided the node,
+    ``SLURM_CPUS_PER_TASK``; else ``share`` (``World.cores``: see ``core_share``), else
+    ``cores`` (default: the affinity mask) divided among the ``local_size`` ranks on the node.
     """
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
@@ -39,6 +64,8 @@ def threads_per_rank(local_size: int, cores: int | None = None, override: int | 
         per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
         if per_task.isdigit() and int(per_task) >= 1 and "SLURM_STEP_ID" in os.environ:
             return int(per_task)
+        if share is not None:
+            return max(1, share)
         cores = node_cores()
     return max(1, cores // local_size)
 

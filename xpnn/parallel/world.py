@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from xpnn.errors import UserError
+from xpnn.parallel.threads import affinity, core_share
 
 # Variables that a launcher sets in every process it starts. Each entry: (variable, minimum size
 # it signals). Launchers set more, but one of these is always there:
@@ -56,6 +57,8 @@ class World:
     local_size: int
     mpi_comm: object | None
     speaks: bool | None = None  # a group of the job's ranks: is this the job's rank 0?
+    cores: int | None = None  # this rank's share of the cores it may run on (core_share)
+    crowded: bool = False  # more ranks than cores where this rank runs
 
     @property
     def is_root(self) -> bool:
@@ -133,13 +136,15 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     global _CONTROL
     world = MPI.COMM_WORLD
     env = os.environ if env is None else env
-    check_launcher_size(world.Get_size(), env, MPI.Get_library_version())
+    check_launcher_size(world.Get_size(), env, MPI.Get_library_version().replace("\x00", ""))
     comm = world.Dup()
     if _CONTROL is None:
         _CONTROL = world.Dup()
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
     try:
         local_rank, local_size = local.Get_rank(), local.Get_size()
+        own = affinity()
+        cores, crowded = core_share(own, local.allgather(own))  # bound ranks or not
     finally:
         local.Free()
     return World(
@@ -148,4 +153,6 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
         local_rank=local_rank,
         local_size=local_size,
         mpi_comm=comm,
+        cores=cores,
+        crowded=crowded,
     )
