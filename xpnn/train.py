@@ -84,6 +84,13 @@ def peak_rss_mb() -> float | None:
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)  # bytes / KiB
 
 
+def warmup_steps(epochs: float, steps_per_epoch: int) -> int:
+    """Steps of ``--warmup-epochs``: rounded, but at least one when any warmup was asked for
+    (half an epoch of full-batch steps would round to none)."""
+    steps = round(epochs * steps_per_epoch)
+    return max(1, steps) if epochs > 0 else 0
+
+
 def _fault_injection() -> tuple[int, int] | None:
     """``XPNN_FAIL_AT=RANK:STEP`` makes that rank raise at that step: how the tests prove that
     one failing rank stops the whole job. Unset in normal use."""
@@ -130,7 +137,7 @@ class Trainer:
         schedule = Schedule(
             cfg.lr,
             cfg.schedule,
-            warmup_steps=round(cfg.warmup_epochs * self.steps_per_epoch),
+            warmup_steps=warmup_steps(cfg.warmup_epochs, self.steps_per_epoch),
             total_steps=cfg.epochs * self.steps_per_epoch,
             step_size=step_epochs * self.steps_per_epoch,  # the decay counts epochs, not steps
         )
@@ -190,7 +197,7 @@ class Trainer:
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> dict:
-        cfg, model, comm = self.cfg, self.model, self.comm
+        cfg, model, comm, xp = self.cfg, self.model, self.comm, self.xp
         start_epoch = self.start_epoch
         if self.resume_note and self.is_root:
             self.log(self.resume_note)
@@ -210,12 +217,15 @@ class Trainer:
             self.backend.synchronize()
             comm.barrier()
             t0 = time.perf_counter()
-            loss_acc, correct_acc = 0.0, 0.0
+            # float64 on the device: a float32 running sum drifts (4e-6 over an epoch here),
+            # and a host sum would wait for the device every step
+            loss_acc = xp.zeros((), dtype=xp.float64)
+            correct_acc = xp.zeros((), dtype=xp.float64)
             steps = self._progress(batches, epoch)
             for i, batch in enumerate(steps):
                 loss, correct = self.step(batch, epoch * self.steps_per_epoch + i)
-                loss_acc = loss_acc + loss
-                correct_acc = correct_acc + correct
+                loss_acc += loss
+                correct_acc += correct
             self.backend.synchronize()
             seconds = time.perf_counter() - t0
             total_seconds += seconds
