@@ -14,20 +14,17 @@ from xpnn.errors import UserError
 _LIMITER: object | None = None  # the live threadpoolctl controller; kept so limits stay applied
 
 
-def node_cores() -> int:
-    """Cores this process may run on (its affinity mask: respects cgroups, taskset, Slurm)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def affinity() -> frozenset[int]:
-    """The cores this process may run on."""
+    """The cores this process may run on (its affinity mask: cgroups, taskset, binding)."""
     try:
         return frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return frozenset(range(os.cpu_count() or 1))
+
+
+def node_cores() -> int:
+    """How many cores this process may run on."""
+    return len(affinity())
 
 
 def core_share(own: frozenset[int], node: list[frozenset[int]]) -> tuple[int, bool]:
