@@ -451,3 +451,21 @@ def add_mpiexec_flag(a: Any) -> None:
         default=None,
         help="mpiexec to use (default: the venv's, else PATH)",
     )
+
+
+# What matplotlib's Agg canvas writes (``FigureCanvasBase.get_supported_filetypes``), listed
+# here so that a plot path is checked without importing matplotlib before measuring.
+PLOT_SUFFIXES = ("eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz")
+PLOT_SUFFIXES += ("tif", "tiff", "webp")
+
+
+def plot_path(text: str) -> Path:
+    """``--plot FILE``: a name whose suffix matplotlib can write (else the figure would fail
+    after the whole measurement)."""
+    path = Path(text)
+    if path.suffix.lower().lstrip(".") not in PLOT_SUFFIXES:
+        raise argparse.ArgumentTypeError(
+            f"{text}: matplotlib cannot write {path.suffix or 'a name without a suffix'!r}; "
+            "use .png, .pdf or .svg"
+        )
+    return path

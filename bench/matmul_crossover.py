@@ -45,6 +45,7 @@ from _common import (
     median,
     nonneg_float,
     nonneg_int,
+    plot_path,
     positive_int,
     pyplot_agg,
     refuse_unwritable,
@@ -567,7 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--csv", type=Path, default=None, help=f"CSV file (default OUT/{NAME}.csv)")
     p.add_argument("--json", type=Path, default=None, help=f"JSON file (default OUT/{NAME}.json)")
-    p.add_argument("--plot", type=Path, default=None, help=f"PNG plot (default OUT/{NAME}.png)")
+    p.add_argument("--plot", type=plot_path, default=None, help=f"plot (default OUT/{NAME}.png)")
     return p
 
 

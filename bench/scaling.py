@@ -46,6 +46,7 @@ from _common import (
     measure_quietly,
     median,
     nonneg_int,
+    plot_path,
     positive_int,
     pyplot_agg,
     refuse_unwritable,
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--timeout", type=positive_int, default=1800, help="seconds allowed per run")
     a("--out", type=Path, default=RESULTS_DIR, help="output directory")
     a("--json", type=Path, default=None, help=f"JSON file (default OUT/{NAME}.json)")
-    a("--plot", type=Path, default=None, help=f"PNG plot (default OUT/{NAME}.png)")
+    a("--plot", type=plot_path, default=None, help=f"plot (default OUT/{NAME}.png)")
     return p
 
 

@@ -19,6 +19,8 @@ from conftest import ROOT
         ("matmul_crossover", ["--repeats", "0"], "--repeats: must be >= 1"),
         ("matmul_crossover", ["--warmup", "-1"], "--warmup: must be >= 0"),
         ("matmul_crossover", ["--shapes", "2x2"], "--shapes: bad shape '2x2'"),
+        ("matmul_crossover", ["--plot", "/tmp/x.foo"], "matplotlib cannot write '.foo'"),
+        ("scaling", ["--plot", "/tmp/scaling"], "--plot: /tmp/scaling: matplotlib cannot write"),
         ("allreduce", ["--iters", "0"], "--iters: must be >= 1"),
         ("allreduce", ["--max-size", "2"], "--max-size must be at least 4 bytes"),
         ("optimizer_step", ["--params", "0"], "--params: must be >= 1"),
@@ -78,3 +80,12 @@ def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
     last = proc.stderr.strip().splitlines()[-1]
     assert needle in last, proc.stderr
     assert proc.stdout == ""  # nothing measured, nothing reported
+
+
+def test_the_plot_suffixes_are_ones_matplotlib_writes():
+    """The list is kept by hand (checking a path must not import matplotlib before measuring)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _common import PLOT_SUFFIXES
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    assert set(PLOT_SUFFIXES) <= set(FigureCanvasBase.get_supported_filetypes())
