@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule",
         default="constant",
         choices=["constant", "step", "cosine"],
-        help="step: x0.1 every --step-epochs epochs; cosine: down to 0 at the last step",
+        help="step: x0.1 every --step-epochs epochs; cosine: half a cosine towards 0",
     )
     a(
         "--step-epochs",
@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=_positive_int("--threads", most=4096),
         default=None,
-        help="BLAS/Numba threads per rank (default: cores on the node / ranks on the node)",
+        help="BLAS/Numba threads per rank (default: the cores it may run on, shared with the "
+        "node's ranks that may run on them too)",
         # past a few thousand, BLAS libraries overflow or crawl
     )
     a("--metrics", type=_path("--metrics"), help="JSON-lines metrics file (rank 0 writes it)")
