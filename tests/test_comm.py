@@ -82,6 +82,20 @@ def main():
         comm.fence()
         assert np.array_equal(shared[:, 2], np.arange(1, n + 1)), shared
         comm.fence()
+        # every rank's gradient row starts on a page, whatever the model's size (777 values)
+        from xpnn.backends import get_backend
+        from xpnn.nn import build_model
+        from xpnn.optim import Schedule, make_optimizer
+        from xpnn.parallel.data_parallel import make_update
+        backend = get_backend("numpy", "float32")
+        model = build_model("mlp", (16,), "relu", 9).build((38,), backend, 0)
+        assert model.size % 1024 != 0, model.size
+        def opt(p, g, parts, zeros):
+            return make_optimizer("adam", p, g, backend.kernels, Schedule(0.1), parts, zeros)
+        update = make_update(model, comm, opt, 1 << 20)
+        assert update.own.ctypes.data == model.grads.ctypes.data
+        assert model.grads.ctypes.data % 4096 == 0
+        assert all(row.ctypes.data % 4096 == 0 for row in update.others)
     r = w.rank
     for dtype in (np.float32, np.float64):
         for size in (1, 7, 1000, 1 << 16):

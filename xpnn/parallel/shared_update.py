@@ -29,6 +29,15 @@ from xpnn.parallel.data_parallel import (
 )
 
 ALIGN = 16  # share bounds on 64-byte lines (float32), so ranks never write one cache line
+# Gradient rows start on pages. Laid end to end, row r starts r x (model size) values in:
+# for the MLP 784-1024-1024-10, rank 1's row began 40 bytes into a cache line, so its weight
+# gradient GEMMs wrote split lines, and ``ALIGN`` above held for rank 0's row only.
+ROW_ALIGN_BYTES = 4096
+
+
+def padded(n: int, align: int) -> int:
+    """``n`` rounded up to a multiple of ``align``."""
+    return -(-n // align) * align
 
 
 def share_bounds(start: int, end: int, parts: int, index: int) -> tuple[int, int]:
@@ -52,7 +61,8 @@ class SharedUpdate(LayerwiseUpdate):
         self.model, self.comm = model, comm
         n, dtype = model.size, model.params.dtype
         params = comm.shared_zeros((n,), dtype)
-        rows = comm.shared_zeros((comm.local_size, n), dtype)
+        stride = padded(n, ROW_ALIGN_BYTES // dtype.itemsize)
+        rows = comm.shared_zeros((comm.local_size, stride), dtype)[:, :n]
         me = comm.local_rank
         model.adopt(params, rows[me], copy=me == 0)
         bounds = layer_buckets(model.layer_offsets, n, MIN_LAYER_BUCKET)
