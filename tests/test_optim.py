@@ -90,3 +90,27 @@ def test_gradient_rows_are_summed_as_the_update_reads_them(name, n):
         results.append(p)
     np.testing.assert_allclose(results[1], results[0], rtol=2e-6, atol=1e-7)
     assert not np.allclose(results[1], np.linspace(-1, 1, n, dtype=np.float32))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
+def test_numpy_chunked_updates_give_the_bits_of_the_whole_buffer_formula(name, rows):
+    """NumPy's updates run a chunk at a time (``HostKernels``); over several chunks and a ragged
+    last one, with gradient rows summed as they are read, every value matches the array-API
+    formula over whole buffers exactly."""
+    from xpnn.backends.kernels import HostKernels, Kernels
+
+    n = 2 * HostKernels.CHUNK + 123
+    rng = np.random.default_rng(7)
+    grads = tuple(rng.standard_normal(n).astype(np.float32) for _ in range(rows))
+    grads = grads if rows > 1 else grads[0]
+    results = []
+    for kernels in (Kernels(np), HostKernels(np)):
+        p = np.linspace(-1, 1, n, dtype=np.float32)
+        opt = make_optimizer(name, p, grads, kernels, Schedule(0.01))
+        for _ in range(3):
+            opt.step()
+        results.append((p, *opt.state.values()))
+    assert not np.allclose(results[1][0], np.linspace(-1, 1, n, dtype=np.float32))
+    for whole, chunked in zip(*results, strict=True):
+        np.testing.assert_array_equal(chunked, whole)

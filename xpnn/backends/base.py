@@ -67,6 +67,6 @@ class NumpyBackend(Backend):
     name = "numpy"
 
     def __init__(self, dtype: str = "float32") -> None:
-        from xpnn.backends.kernels import NumpyKernels
+        from xpnn.backends.kernels import HostKernels
 
-        super().__init__(np, NumpyKernels(np), dtype)
+        super().__init__(np, HostKernels(np), dtype)

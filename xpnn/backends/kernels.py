@@ -171,3 +171,77 @@ class NumpyKernels(NumpyConvKernels, Kernels):
         out = self.xp.zeros((labels.shape[0], num_classes), dtype=dtype)
         out[self.xp.arange(labels.shape[0]), labels] = 1
         return out
+
+
+class HostKernels(NumpyKernels):
+    """NumPy on the CPU: the optimizer updates run a cache-sized chunk at a time.
+
+    Written over whole buffers, Adam's formula is a dozen NumPy passes over memory the size of
+    the model, each allocating a model-sized temporary (3.4 ms for the 1.86 M parameters of the
+    MLP 784-1024-1024-10, against 0.63 ms for Numba's fused loop). Chunk by chunk, the same
+    operations in the same order (so the same bits) find their operands and temporaries in
+    cache, and the model's buffers are read and written about once. Not for CuPy: one GPU kernel a
+    chunk would be slower than whole buffers.
+    """
+
+    # values per chunk (256 KiB of float32 per operand): the fastest here, 1.86 M-value Adam in
+    # 2.7 ms against 3.1 ms at 2**14 and 2.8 ms at 2**18; 2**12 pays Python per call (5.8 ms)
+    CHUNK = 1 << 16
+
+    def _chunks(self, p: Array, g: Grad):
+        """Yield (slice, the gradient's values over it): a view, or the rows summed in scratch."""
+        rows = g if isinstance(g, tuple) else (g,)
+        total = self.xp.empty(min(p.size, self.CHUNK), p.dtype) if len(rows) > 1 else None
+        for lo in range(0, p.size, self.CHUNK):
+            part = slice(lo, min(p.size, lo + self.CHUNK))
+            if total is None:
+                yield part, rows[0][part]
+                continue
+            here = total[: part.stop - lo]
+            self.xp.add(rows[0][part], rows[1][part], out=here)
+            for row in rows[2:]:
+                here += row[part]
+            yield part, here
+
+    def sgd_update(self, p: Array, g: Grad, lr: float) -> None:
+        scratch = self.xp.empty(min(p.size, self.CHUNK), p.dtype)
+        for part, gi in self._chunks(p, g):
+            step = self.xp.multiply(lr, gi, out=scratch[: gi.size])
+            p[part] -= step
+
+    def momentum_update(self, p: Array, g: Grad, v: Array, lr: float, mu: float) -> None:
+        scratch = self.xp.empty(min(p.size, self.CHUNK), p.dtype)
+        for part, gi in self._chunks(p, g):
+            vi = v[part]
+            vi *= mu
+            vi += gi
+            p[part] -= self.xp.multiply(lr, vi, out=scratch[: gi.size])
+
+    def adam_update(
+        self,
+        p: Array,
+        g: Grad,
+        m: Array,
+        v: Array,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        step: int,
+    ) -> None:
+        xp = self.xp
+        c1, c2 = 1 - beta1**step, 1 - beta2**step
+        a = xp.empty(min(p.size, self.CHUNK), p.dtype)
+        b = xp.empty_like(a)
+        for part, gi in self._chunks(p, g):
+            mi, vi, ta, tb = m[part], v[part], a[: gi.size], b[: gi.size]
+            mi *= beta1
+            mi += xp.multiply(1 - beta1, gi, out=ta)
+            vi *= beta2
+            xp.multiply(gi, gi, out=ta)
+            vi += xp.multiply(1 - beta2, ta, out=ta)
+            xp.divide(vi, c2, out=tb)
+            xp.sqrt(tb, out=tb)
+            tb += eps
+            xp.multiply(lr / c1, mi, out=ta)
+            p[part] -= xp.divide(ta, tb, out=ta)
