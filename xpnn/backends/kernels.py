@@ -180,8 +180,8 @@ class HostKernels(NumpyKernels):
     the model, each allocating a model-sized temporary (3.4 ms for the 1.86 M parameters of the
     MLP 784-1024-1024-10, against 0.63 ms for Numba's fused loop). Chunk by chunk, the same
     operations in the same order (so the same bits) find their operands and temporaries in
-    cache, and the model's buffers are read and written about once. Not for CuPy: one GPU kernel a
-    chunk would be slower than whole buffers.
+    cache, and the model's buffers are read and written about once. Not for CuPy: a GPU
+    kernel per chunk would be slower than whole buffers.
     """
 
     # values per chunk (256 KiB of float32 per operand): the fastest here, 1.86 M-value Adam in
@@ -217,18 +217,7 @@ class HostKernels(NumpyKernels):
             vi += gi
             p[part] -= self.xp.multiply(lr, vi, out=scratch[: gi.size])
 
-    def adam_update(
-        self,
-        p: Array,
-        g: Grad,
-        m: Array,
-        v: Array,
-        lr: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        step: int,
-    ) -> None:
+    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step) -> None:  # noqa: ANN001
         xp = self.xp
         c1, c2 = 1 - beta1**step, 1 - beta2**step
         a = xp.empty(min(p.size, self.CHUNK), p.dtype)
