@@ -68,6 +68,13 @@ from conftest import ROOT
         ("pipeline_memory", ["--seed", "-1"], "--seed: must be >= 0"),
         ("throughput", ["--seed", "-1"], "--seed: must be >= 0"),
         ("matmul_crossover", ["--seed", "-1"], "--seed: must be >= 0"),
+        # within_job: each side's xpnn arguments are checked as xpnn checks them
+        ("within_job", ["--a", "--epochs x"], "--a: --epochs: not an integer: 'x'"),
+        ("within_job", ["--b", "'unclosed"], "--b: No closing quotation"),
+        ("within_job", ["--rounds", "0"], "--rounds: must be >= 1"),
+        ("within_job", ["--a", "--seed 1", "--b", "--seed 1"], "nothing to compare"),
+        ("within_job", ["--json", "/proc/w.json"], "--json /proc/w.json: cannot create files"),
+        ("within_job", ["--a", "--dataset mnist --data-dir /nonexistent"], "no such directory"),
     ],
 )
 def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):

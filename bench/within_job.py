@@ -1,0 +1,183 @@
+"""Two xpnn configurations in one job, their training epochs timed in turn (ABBA).
+
+On a shared machine, runs made minutes apart differ by more than most changes worth measuring
+(here, identical 2-rank runs differ by up to 1.6x in speed). This script builds one trainer per
+configuration inside the same ``mpiexec`` job (each with its own model, data and buffers, from
+the same seed) and times whole training epochs of the two in turn, A B, then B A, and so on,
+after one untimed epoch of each (Numba's compilation, first touches). Both sides then see the
+same minutes of the machine. It prints each round's epoch times and their ratio A / B, and the
+median ratio: above 1 means B is faster.
+
+What it cannot remove is the job's own luck: where its buffers land in memory moves the two
+sides against each other by a few per cent from one job to the next (12th session: per-job
+median ratios from 0.95 to 1.04 for one pair of schemes). Run the job several times and look
+at the spread of the medians.
+
+Run: ``mpiexec -n 2 python bench/within_job.py --a "--comm mpi-shm" --b "--comm mpi-host"
+--rounds 6 -- --backend numba --hidden 1024,1024 --threads 1`` (after ``--``: the xpnn
+arguments both sides share; ``--a`` and ``--b``: what each adds). Only training steps are
+timed: no evaluation, logging or saving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import (  # noqa: E402
+    fmt_num,
+    format_table,
+    median,
+    positive_int,
+    refuse_unwritable,
+    write_json,
+)
+
+SIDES = ("a", "b")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """This script's flags before ``--``, the shared xpnn arguments after it."""
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(
+        description="Two xpnn configurations in one job, epochs timed in turn.",
+        usage="within_job.py [--a ARGS] [--b ARGS] [--rounds N] [--json PATH] -- [xpnn args]",
+    )
+    p.add_argument("--a", default="", help="xpnn arguments of side A (one quoted string)")
+    p.add_argument("--b", default="", help="xpnn arguments of side B (one quoted string)")
+    p.add_argument("--rounds", type=positive_int, default=6, help="timed epochs of each side")
+    p.add_argument("--json", type=Path, help="also write the rounds here")
+    args = p.parse_args(argv[:split])
+    args.common = argv[split + 1 :]
+    if args.json:
+        refuse_unwritable(p, "--json", args.json)
+    for side in SIDES:
+        try:
+            extra = shlex.split(getattr(args, side))
+        except ValueError as exc:
+            p.error(f"--{side}: {exc}")
+        setattr(args, side, extra)
+    if args.a == args.b:
+        p.error("--a and --b give the same arguments: nothing to compare")
+    return args
+
+
+def _usage_error(message: str) -> int:
+    from xpnn import cli
+
+    if cli._launch_rank() == 0:
+        print(f"within_job.py: {message}", file=sys.stderr)
+    return 2
+
+
+def build_trainer(args: argparse.Namespace, world: Any) -> Any:
+    """What ``python -m xpnn`` builds before it trains, for one side."""
+    from xpnn import cli
+    from xpnn.parallel.failure import agree_on_user_errors
+    from xpnn.parallel.layout import make_groups
+    from xpnn.train import Trainer
+
+    backend, data, model, cfg, place = agree_on_user_errors(world, lambda: cli._setup(args, world))
+    groups = agree_on_user_errors(
+        world, lambda: make_groups(world, place, backend, args.comm, args.parallel)
+    )
+    model.attach(groups.model)
+    return agree_on_user_errors(
+        world, lambda: Trainer(model, data, backend, groups.world, cfg, groups=groups)
+    )
+
+
+def train_epoch(trainer: Any, epoch: int) -> float:
+    """Seconds of one epoch of training steps, every rank starting and ending together."""
+    from xpnn.data import global_batches
+
+    batches = global_batches(trainer.n_train, trainer.cfg.batch_size, trainer.cfg.seed, epoch)
+    trainer.comm.barrier()
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        trainer.step(batch, epoch * trainer.steps_per_epoch + i)
+    trainer.backend.synchronize()
+    trainer.comm.barrier()
+    return time.perf_counter() - start
+
+
+def compare(opts: argparse.Namespace, sides: dict[str, argparse.Namespace], world: Any) -> int:
+    trainers = {s: build_trainer(sides[s], world) for s in SIDES}
+    times: dict[str, list[float]] = {s: [] for s in SIDES}
+    orders = []
+    for r in range(opts.rounds + 1):  # round 0: untimed warm-up of both
+        order = SIDES if r % 2 == 0 else SIDES[::-1]
+        for s in order:
+            seconds = train_epoch(trainers[s], r)
+            if r:
+                times[s].append(seconds)
+        if r:
+            orders.append("".join(order).upper())
+    if world.rank != 0:
+        return 0
+    ratios = [a / b for a, b in zip(times["a"], times["b"], strict=True)]
+    a_line, b_line = (" ".join(getattr(opts, s)) or "(nothing added)" for s in SIDES)
+    print(f"A: {a_line}\nB: {b_line}\nboth: {' '.join(opts.common) or '(xpnn defaults)'}")
+    print(f"{world.size} rank(s); seconds per training epoch, after one untimed epoch each\n")
+    rows = [
+        [str(i + 1), order, fmt_num(a), fmt_num(b), f"{q:.3f}"]
+        for i, (order, a, b, q) in enumerate(
+            zip(orders, times["a"], times["b"], ratios, strict=True)
+        )
+    ]
+    print(format_table(("round", "order", "A (s)", "B (s)", "A / B"), rows))
+    m = median(ratios)
+    faster = "B" if m > 1 else "A"
+    print(
+        f"\nmedian A {fmt_num(median(times['a']))} s, B {fmt_num(median(times['b']))} s; "
+        f"median ratio A / B {m:.3f}: {faster} faster by {abs(m - 1) * 100:.1f} % "
+        f"({sum(q > 1 for q in ratios)} of {len(ratios)} rounds favour B)"
+    )
+    if opts.json:
+        write_json(
+            opts.json,
+            {
+                "benchmark": "within_job",
+                "a": opts.a,
+                "b": opts.b,
+                "common": opts.common,
+                "ranks": world.size,
+                "rounds": [
+                    {"order": o, "a_s": a, "b_s": b, "ratio": q}
+                    for o, a, b, q in zip(orders, times["a"], times["b"], ratios, strict=True)
+                ],
+                "median_ratio": m,
+            },
+        )
+        print(f"wrote {opts.json}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    opts = parse(argv)
+    from xpnn import cli
+    from xpnn.errors import UserError
+    from xpnn.parallel.failure import run_guarded
+    from xpnn.parallel.world import init_world
+
+    sides = {}
+    for s in SIDES:
+        try:
+            sides[s] = cli.build_parser().parse_args([*opts.common, *getattr(opts, s)])
+        except cli._ArgError as exc:
+            return _usage_error(f"--{s}: {exc}")
+    try:
+        world = init_world()
+    except UserError as exc:
+        return _usage_error(str(exc))
+    return run_guarded(world, lambda: compare(opts, sides, world))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,46 @@
+"""bench/within_job.py: two configurations built in one job, their epochs timed in turn."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, mpiexec_path
+
+pytestmark = pytest.mark.mpi
+
+TINY = [
+    "--dataset", "synthetic", "--synthetic-size", "256", "--hidden", "16",
+    "--batch-size", "32", "--threads", "1",
+]  # fmt: skip
+
+
+def _run(tmp_path, ranks, a, b, rounds):
+    out = tmp_path / "within.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "within_job.py"), "--a", a, "--b", b]
+    cmd += ["--rounds", str(rounds), "--json", str(out), "--", *TINY]
+    if ranks > 1:
+        cmd = [mpiexec_path(), "-n", str(ranks), *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_two_schemes_alternate_abba_on_two_ranks(tmp_path):
+    stdout, got = _run(tmp_path, 2, "--comm mpi-shm", "--comm mpi-host", rounds=3)
+    assert got["ranks"] == 2 and got["a"] == ["--comm", "mpi-shm"]
+    assert [r["order"] for r in got["rounds"]] == ["BA", "AB", "BA"]
+    for r in got["rounds"]:
+        assert r["a_s"] > 0 and r["b_s"] > 0
+        assert r["ratio"] == pytest.approx(r["a_s"] / r["b_s"])
+    ratios = sorted(r["ratio"] for r in got["rounds"])
+    assert got["median_ratio"] == pytest.approx(ratios[1])
+    assert "A: --comm mpi-shm" in stdout and "B: --comm mpi-host" in stdout
+    assert f"median ratio A / B {got['median_ratio']:.3f}" in stdout
+
+
+def test_one_process_compares_two_optimizers(tmp_path):
+    _, got = _run(tmp_path, 1, "--optimizer sgd", "", rounds=1)
+    assert got["ranks"] == 1 and got["b"] == [] and len(got["rounds"]) == 1
