@@ -10,9 +10,8 @@ a fence (every row of the bucket is complete, and no rank still reads its parame
 r of the node updates its share of the bucket, reading every rank's row and summing as it reads
 (across nodes, the node's sum of that share is first allreduced with the ranks of the same
 local rank). The update is memory-bound: done right after backward wrote a bucket's
-gradients, it finds them still in cache. Odd ranks update a bucket's share a little later,
-while the even ones compute (``SharedUpdate._ready``). A last fence after the last bucket:
-every share is updated before anyone's next forward pass.
+gradients, it finds them still in cache. A last fence after the last bucket: every share is
+updated before anyone's next forward pass.
 
 The summed share is ``g_r + sum of the others``; with the loss scaled by 1 / global batch this
 is the gradient of the global batch, so 1 rank and N ranks compute the same update.
@@ -76,8 +75,6 @@ class SharedUpdate(LayerwiseUpdate):
         else:  # the update sums the rows as it reads them
             grads = (self.own, *self.others) if self.others else self.own
         self.optimizer = make_optimizer(params, grads, self.shares, comm.shared_zeros)
-        self.staggers = me % 2 == 1  # see ``_ready``
-        self._deferred: int | None = None
         self.grads_ready = self._ready
         self.restores_checkpoint = me == 0  # one writer per shared buffer
         comm.fence()
@@ -91,24 +88,6 @@ class SharedUpdate(LayerwiseUpdate):
             for buf in self.optimizer.state.values():
                 comm.cross.Bcast(buf, root=0)
         comm.fence()
-
-    def _ready(self, offset: int) -> None:
-        """Backward has finished ``grads[offset:]`` on this rank: fence and update each bucket
-        inside, except that odd local ranks put off their share of a bucket (all but the last)
-        until backward has finished the next one, just before its fence. Then one rank streams
-        the memory-bound update while the other computes, instead of both at once: about 1.4 %
-        of a step on two ranks (README, measured twice)."""
-        for i in self.cursor.finished(offset):
-            if i == 0:  # the step's first bucket starts the step
-                self.optimizer.start_step()
-            if self._deferred is not None:
-                self.optimizer.update_part(self._deferred)
-                self._deferred = None
-            self._before_part(i)
-            if self.staggers and i < len(self.shares) - 1:
-                self._deferred = i
-            else:
-                self.optimizer.update_part(i)
 
     def _before_part(self, index: int) -> None:
         """Every rank's row of the bucket is complete and its weights are read; across nodes,
