@@ -8,10 +8,9 @@ after one untimed epoch of each (Numba's compilation, first touches). Both sides
 same minutes of the machine. It prints each round's epoch times and their ratio A / B, and the
 median ratio: above 1 means B is faster.
 
-What it cannot remove is the job's own luck: where its buffers land in memory moves the two
-sides against each other by a few per cent from one job to the next (12th session: per-job
-median ratios from 0.95 to 1.04 for one pair of schemes). Run the job several times and look
-at the spread of the medians.
+What it cannot remove is the job's own luck (most likely where its buffers land in memory):
+with both sides the same, per-job median ratios here ranged from 0.99 to 1.02 (12th session).
+Run the job several times, with an A/A job beside them, and look at the spread.
 
 Run: ``mpiexec -n 2 python bench/within_job.py --a "--comm mpi-shm" --b "--comm mpi-host"
 --rounds 6 -- --backend numba --hidden 1024,1024 --threads 1`` (after ``--``: the xpnn
