@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT, mpiexec_path
@@ -44,3 +46,14 @@ def test_two_schemes_alternate_abba_on_two_ranks(tmp_path):
 def test_one_process_compares_two_optimizers(tmp_path):
     _, got = _run(tmp_path, 1, "--optimizer sgd", "", rounds=1)
     assert got["ranks"] == 1 and got["b"] == [] and len(got["rounds"]) == 1
+
+
+def test_a_failing_rank_stops_the_comparison():
+    cmd = [mpiexec_path(), "-n", "2", sys.executable, str(ROOT / "bench" / "within_job.py")]
+    cmd += ["--a", "--comm mpi-shm", "--b", "--comm mpi-host", "--rounds", "2", "--", *TINY]
+    env = {**os.environ, "XPNN_FAIL_AT": "1:3"}
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    assert proc.returncode != 0 and time.monotonic() - start < 30
+    assert "rank 1: RuntimeError: injected failure at step 3" in proc.stderr
+    assert "Traceback" not in proc.stderr and "median" not in proc.stdout
