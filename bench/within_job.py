@@ -75,23 +75,6 @@ def _usage_error(message: str) -> int:
     return 2
 
 
-def build_trainer(args: argparse.Namespace, world: Any) -> Any:
-    """What ``python -m xpnn`` builds before it trains, for one side."""
-    from xpnn import cli
-    from xpnn.parallel.failure import agree_on_user_errors
-    from xpnn.parallel.layout import make_groups
-    from xpnn.train import Trainer
-
-    backend, data, model, cfg, place = agree_on_user_errors(world, lambda: cli._setup(args, world))
-    groups = agree_on_user_errors(
-        world, lambda: make_groups(world, place, backend, args.comm, args.parallel)
-    )
-    model.attach(groups.model)
-    return agree_on_user_errors(
-        world, lambda: Trainer(model, data, backend, groups.world, cfg, groups=groups)
-    )
-
-
 def train_epoch(trainer: Any, epoch: int) -> float:
     """Seconds of one epoch of training steps, every rank starting and ending together."""
     from xpnn.data import global_batches
@@ -107,7 +90,9 @@ def train_epoch(trainer: Any, epoch: int) -> float:
 
 
 def compare(opts: argparse.Namespace, sides: dict[str, argparse.Namespace], world: Any) -> int:
-    trainers = {s: build_trainer(sides[s], world) for s in SIDES}
+    from xpnn import cli
+
+    trainers = {s: cli.build_trainer(sides[s], world, announce=False) for s in SIDES}
     times: dict[str, list[float]] = {s: [] for s in SIDES}
     orders = []
     for r in range(opts.rounds + 1):  # round 0: untimed warm-up of both

@@ -497,7 +497,9 @@ def train_main(args: argparse.Namespace) -> int:
     return run_guarded(world, lambda: _train(args, world))
 
 
-def _train(args: argparse.Namespace, world: Any) -> int:
+def build_trainer(args: argparse.Namespace, world: Any, announce: bool = True) -> Any:
+    """Everything ``python -m xpnn`` does before it trains (``bench/within_job.py`` builds two);
+    each phase's user errors are agreed on by every rank."""
     from xpnn.parallel.failure import agree_on_user_errors
     from xpnn.parallel.layout import make_groups
     from xpnn.train import Trainer
@@ -508,12 +510,17 @@ def _train(args: argparse.Namespace, world: Any) -> int:
         world, lambda: make_groups(world, place, backend, args.comm, args.parallel)
     )
     model.attach(groups.model)  # split layers and pipeline stages talk within their replica
-    _announce(backend, groups, model, cfg, data, args, world)
+    if announce:
+        _announce(backend, groups, model, cfg, data, args, world)
     # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
     # on every rank of a node; that is a user error to print once, not a crash per rank.
-    trainer = agree_on_user_errors(
+    return agree_on_user_errors(
         world, lambda: Trainer(model, data, backend, groups.world, cfg, groups=groups)
     )
+
+
+def _train(args: argparse.Namespace, world: Any) -> int:
+    trainer = build_trainer(args, world)
     # A loss gone to inf/NaN is reported once, after its epoch (Trainer._diverged): NumPy's
     # per-operation overflow warnings would only print the same news many times over.
     warnings.filterwarnings(

@@ -48,8 +48,7 @@ def share_bounds(start: int, end: int, parts: int, index: int) -> tuple[int, int
     def cut(k: int) -> int:
         if k <= 0:
             return start
-        at = -(-(start + k * per) // ALIGN) * ALIGN
-        return min(end, at)
+        return min(end, padded(start + k * per, ALIGN))
 
     return cut(index), cut(index + 1)
 
