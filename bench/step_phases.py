@@ -12,6 +12,11 @@ and prints, for each rank, the median per step over the last epoch (the first on
 Numba's compilation), and the mean step: an epoch's time is the mean, which also pays for
 every step a stalled core made slow. Timing wraps methods only; nothing in the step changes.
 
+Automatic garbage collection is off while it trains. Plain runs of this MLP make no full
+collection in their first epochs, but the objects Numba's first-epoch compilation leaves make
+one due, and this script's wrappers tipped it into the measured epoch: one ~55 ms step, which
+both ranks wait for, in each of six 2-rank runs (~0.1 ms on the mean step).
+
 Run: ``mpiexec -n 2 python bench/step_phases.py --backend numba --hidden 1024,1024 --threads 1
 --epochs 2`` (any ``python -m xpnn`` arguments; as there, the backend defaults to numpy,
 whose Adam takes ~4x as long as numba's on this model).
@@ -19,6 +24,7 @@ whose Adam takes ~4x as long as numba's on this model).
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from pathlib import Path
@@ -86,7 +92,11 @@ def main(argv: list[str]) -> int:
         trainers.append(self)
 
     train.Trainer.__init__ = remember
-    code = cli.main(argv)
+    gc.disable()  # see the module's docstring
+    try:
+        code = cli.main(argv)
+    finally:
+        gc.enable()
     if code != 0 or not trainers or not timer.steps:
         return code or 1
     trainer = trainers[0]

@@ -41,3 +41,30 @@ def test_step_phases_add_up_on_every_rank(ranks):
         assert update > 0 and compute > 0  # the timers saw the optimizer and the rest
         assert compute + update + fences <= step * 1.5 + 0.01  # medians, so not exactly equal
         assert (fences > 0) == (ranks > 1)  # one process has no fences
+
+
+def test_the_timed_steps_run_without_automatic_garbage_collection(monkeypatch):
+    """A full collection made due by Numba's compilation landed in the measured epoch of this
+    script (not of plain runs): the script keeps collection off while it trains, then on."""
+    import gc
+
+    from xpnn import optim, train
+    from xpnn.parallel import shm_comm
+
+    wrapped = [(train.Trainer, "__init__"), (optim.Optimizer, "update_part")]
+    for cls, name in [*wrapped, (shm_comm.ShmCommunicator, "fence")]:
+        monkeypatch.setattr(cls, name, getattr(cls, name))  # the script wraps these: restore
+    seen = []
+    step = train.Trainer.step
+
+    def watched(self, *args):
+        seen.append(gc.isenabled())
+        return step(self, *args)
+
+    monkeypatch.setattr(train.Trainer, "step", watched)
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import step_phases
+
+    assert step_phases.main(ARGS) == 0
+    assert len(seen) == 8 and not any(seen)
+    assert gc.isenabled()
