@@ -6,7 +6,11 @@ one rank, ``mpiexec -n N`` for N), with timers around the phases of ``Trainer.st
 - ``update``: the optimizer kernels (``Optimizer.update_part``: every bucket of layers),
 - ``fences``: the node-shared memory fences (``mpi-shm``), including the wait for the slowest
   rank, which is where imbalance shows,
-- ``compute``: the rest of the step (batch gather, forward, loss, backward),
+- ``compute``: the rest of the step (batch gather, forward, loss, backward), of which
+  - ``forward``: the model's forward pass (``Sequential.forward``),
+  - ``wgrad``: the weight-gradient products (``matmul_into``, the GEMMs that write the gradient
+    buffer). Their output is the size of the weights whatever the batch, so where the batch
+    is split over ranks, this is where a part that does not shrink shows;
 
 and prints, for each rank, the median per step over the last epoch (the first one includes
 Numba's compilation), and the mean step: an epoch's time is the mean, which also pays for
@@ -34,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import format_table, median  # noqa: E402
 
-PHASES = ("update", "fences")
+PHASES = ("update", "fences", "forward", "wgrad")
 
 
 class StepTimer:
@@ -78,12 +82,17 @@ class StepTimer:
 
 def main(argv: list[str]) -> int:
     from xpnn import cli, optim, train
+    from xpnn.backends import kernels
+    from xpnn.nn.sequential import Sequential
     from xpnn.parallel import shm_comm
 
     timer = StepTimer()
     timer.wrap(train.Trainer, "step", None)
     timer.wrap(optim.Optimizer, "update_part", "update")
     timer.wrap(shm_comm.ShmCommunicator, "fence", "fences")
+    timer.wrap(Sequential, "forward", "forward")
+    for cls in (kernels.Kernels, kernels.NumpyKernels):  # neither calls the other
+        timer.wrap(cls, "matmul_into", "wgrad")
     trainers: list[Any] = []
     init = train.Trainer.__init__
 
@@ -104,7 +113,7 @@ def main(argv: list[str]) -> int:
     rows = trainer.comm.allgather_obj(mine)
     if trainer.comm.rank == 0:
         print(f"\nstep phases, ms per step (median over the last epoch's {mine['steps']} steps):")
-        cols = ("mean", "step", "compute", "update", "fences")
+        cols = ("mean", "step", "compute", "forward", "wgrad", "update", "fences")
         table = [[str(r), *(f"{row[c]:.3f}" for c in cols)] for r, row in enumerate(rows)]
         print(format_table(("rank", *cols), table))
     return 0

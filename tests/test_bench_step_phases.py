@@ -28,7 +28,7 @@ def _phases(ranks: int) -> list[list[float]]:
     head = next(i for i, line in enumerate(lines) if line.startswith("step phases"))
     assert "last epoch's 4 steps" in lines[head]
     table = [line.split() for line in lines[head + 1 :] if line.strip()]
-    assert table[0] == ["rank", "mean", "step", "compute", "update", "fences"]
+    assert table[0] == ["rank", "mean", "step", "compute", "forward", "wgrad", "update", "fences"]
     return [[float(x) for x in row] for row in table[2:]]  # skip the header rule
 
 
@@ -36,9 +36,10 @@ def _phases(ranks: int) -> list[list[float]]:
 def test_step_phases_add_up_on_every_rank(ranks):
     rows = _phases(ranks)
     assert [int(row[0]) for row in rows] == list(range(ranks))
-    for _, mean, step, compute, update, fences in rows:
+    for _, mean, step, compute, forward, wgrad, update, fences in rows:
         assert mean > 0
         assert update > 0 and compute > 0  # the timers saw the optimizer and the rest
+        assert 0 < forward < compute and 0 < wgrad < compute  # parts of compute
         assert compute + update + fences <= step * 1.5 + 0.01  # medians, so not exactly equal
         assert (fences > 0) == (ranks > 1)  # one process has no fences
 
@@ -49,10 +50,14 @@ def test_the_timed_steps_run_without_automatic_garbage_collection(monkeypatch):
     import gc
 
     from xpnn import optim, train
+    from xpnn.backends import kernels
+    from xpnn.nn.sequential import Sequential
     from xpnn.parallel import shm_comm
 
     wrapped = [(train.Trainer, "__init__"), (optim.Optimizer, "update_part")]
-    for cls, name in [*wrapped, (shm_comm.ShmCommunicator, "fence")]:
+    wrapped += [(shm_comm.ShmCommunicator, "fence"), (Sequential, "forward")]
+    wrapped += [(kernels.Kernels, "matmul_into"), (kernels.NumpyKernels, "matmul_into")]
+    for cls, name in wrapped:
         monkeypatch.setattr(cls, name, getattr(cls, name))  # the script wraps these: restore
     seen = []
     step = train.Trainer.step

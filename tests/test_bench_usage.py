@@ -75,6 +75,9 @@ from conftest import ROOT
         ("within_job", ["--a", "--seed 1", "--b", "--seed 1"], "nothing to compare"),
         ("within_job", ["--json", "/proc/w.json"], "--json /proc/w.json: cannot create files"),
         ("within_job", ["--a", "--dataset mnist --data-dir /nonexistent"], "no such directory"),
+        ("gemm_split", ["--batch", "1", "--ranks", "2"], "--batch 1 is below --ranks 2"),
+        ("gemm_split", ["--hidden", "0"], "--hidden: expected positive integers"),
+        ("gemm_split", ["--seconds", "nan"], "--seconds: must be a finite number"),
     ],
 )
 def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
