@@ -10,7 +10,8 @@ efficiency at fewer rows, before any communication, update or stall: the inverse
 ratio bounds the speedup the products alone allow.
 
 Samples alternate the two batch sizes (AB BA ...); a sample is the mean time of as many calls
-as fill ``--seconds``, and the table shows the median over ``--samples`` samples.
+as fill ``--seconds`` after a warm-up call (``time_wall``), and the table shows the median over
+``--samples`` samples.
 
 Run: ``python bench/gemm_split.py [--hidden 1024,1024] [--batch 128] [--ranks 2]``.
 """
@@ -19,59 +20,55 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
+from functools import partial
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import blas_threads, format_table, int_list, median, nonneg_float, positive_int  # noqa: E402
+from _common import (  # noqa: E402
+    blas_threads,
+    format_table,
+    int_list,
+    median,
+    nonneg_float,
+    positive_int,
+    time_wall,
+)
 
 Product = tuple[str, str, Callable[[int], Callable[[], object]]]
 
 
 def products(inputs: int, hidden: list[int], classes: int) -> list[Product]:
-    """(name, shape, maker) for every product of one step; ``maker(rows)`` builds the operands
-    for a batch of ``rows`` and returns the call to time."""
+    """(name, shape, maker) for every product of one step; ``maker(n)`` builds the operands
+    for a batch of ``n`` rows and returns the call to time."""
     import numpy as np
 
     rng = np.random.default_rng(0)
+
+    def rand(*shape: int) -> np.ndarray:
+        return rng.random(shape, dtype=np.float32)
+
     sizes = [inputs, *hidden, classes]
     out: list[Product] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        w = rng.random((a, b), dtype=np.float32)
-        grad = np.empty_like(w)
-
-        def fwd(rows: int, a: int = a, w=w):  # noqa: ANN001, ANN202
-            x = rng.random((rows, a), dtype=np.float32)
-            return lambda: x @ w
-
-        def wgrad(rows: int, a: int = a, b: int = b, grad=grad):  # noqa: ANN001, ANN202
-            x = rng.random((rows, a), dtype=np.float32)
-            dz = rng.random((rows, b), dtype=np.float32)
-            return lambda: np.matmul(x.T, dz, out=grad)
-
-        def dx(rows: int, b: int = b, w=w):  # noqa: ANN001, ANN202
-            dz = rng.random((rows, b), dtype=np.float32)
-            return lambda: dz @ w.T
-
-        out.append((f"layer {i} forward", f"B x {a} @ {a} x {b}", fwd))
-        out.append((f"layer {i} weight grad", f"{a} x B @ B x {b}", wgrad))
-        if i > 0:
-            out.append((f"layer {i} input grad", f"B x {b} @ {b} x {a}", dx))
+    for i, (a, b) in enumerate(pairwise(sizes)):
+        w = rand(a, b)
+        grad = np.empty_like(w)  # the weight gradient lands in a buffer, as in Dense
+        out.append(
+            (f"layer {i} forward", f"B x {a} @ {a} x {b}",
+             lambda n, a=a, w=w: partial(np.matmul, rand(n, a), w))
+        )  # fmt: skip
+        out.append(
+            (f"layer {i} weight grad", f"{a} x B @ B x {b}",
+             lambda n, a=a, b=b, g=grad: partial(np.matmul, rand(n, a).T, rand(n, b), out=g))
+        )  # fmt: skip
+        if i > 0:  # no input gradient for the data
+            out.append(
+                (f"layer {i} input grad", f"B x {b} @ {b} x {a}",
+                 lambda n, b=b, w=w: partial(np.matmul, rand(n, b), w.T))
+            )  # fmt: skip
     return out
-
-
-def seconds_per_call(call: Callable[[], object], budget: float) -> float:
-    """Mean seconds of ``call`` over as many calls as fill ``budget`` (at least 3)."""
-    call()
-    n, start = 0, time.perf_counter()
-    while True:
-        call()
-        n += 1
-        elapsed = time.perf_counter() - start
-        if n >= 3 and elapsed >= budget:
-            return elapsed / n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in range(args.samples):
                 order = (args.batch, share) if s % 2 == 0 else (share, args.batch)
                 for b in order:
-                    samples[b].append(seconds_per_call(calls[b], args.seconds))
+                    samples[b].append(time_wall(calls[b], 1, min_sample_s=args.seconds)[0])
             whole, part = median(samples[args.batch]), median(samples[share])
             totals[args.batch] += whole
             totals[share] += part
