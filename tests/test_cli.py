@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_xpnn
+from conftest import assert_one_line_user_error, run_xpnn
 
 SMALL = [
     "--dataset",
@@ -123,6 +123,26 @@ def test_bucket_mb_says_when_it_has_no_effect(ranks, comm, noted):
     assert proc.returncode == 0, proc.stderr
     assert ("--bucket-mb has no effect" in proc.stderr) is noted, proc.stderr
     assert "--bucket-mb has no effect" not in run_xpnn(SMALL, timeout=120).stderr
+
+
+@pytest.mark.parametrize(
+    ("ranks", "comm", "noted"), [(1, "auto", True), (2, "mpi-host", True), (2, "mpi-shm", False)]
+)
+def test_node_share_says_when_it_has_no_effect(ranks, comm, noted):
+    """Only ranks that share a node's memory choose what to share."""
+    proc = run_xpnn([*SMALL, "--comm", comm, "--node-share", "gradients"], ranks=ranks)
+    assert proc.returncode == 0, proc.stderr
+    assert ("--node-share has no effect" in proc.stderr) is noted, proc.stderr
+
+
+def test_node_share_activations_refuses_a_cnn_in_one_line():
+    args = ["--model", "cnn", "--dataset", "synthetic", "--synthetic-size", "40", "--epochs", "1"]
+    proc = run_xpnn([*args, "--node-share", "activations", "--no-progress"], ranks=2)
+    assert_one_line_user_error(
+        proc,
+        "--node-share activations: needs a model whose layers with parameters are all "
+        "Dense, this one has Conv2D",
+    )
 
 
 @pytest.mark.parametrize("parallel", ["tensor", "pipeline"])

@@ -92,7 +92,7 @@ def main():
         assert model.size % 1024 != 0, model.size
         def opt(p, g, parts, zeros):
             return make_optimizer("adam", p, g, backend.kernels, Schedule(0.1), parts, zeros)
-        update = make_update(model, comm, opt, 1 << 20)
+        update = make_update(model, comm, opt, 1 << 20, 32, node_share="gradients")
         assert update.own.ctypes.data == model.grads.ctypes.data
         assert model.grads.ctypes.data % 4096 == 0
         assert all(row.ctypes.data % 4096 == 0 for row in update.others)

@@ -49,14 +49,25 @@ def _assert_close(a, b):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-10, atol=1e-13, err_msg=name)
 
 
-@pytest.mark.parametrize("comm", ["mpi-shm", "mpi-host"])
-def test_one_two_and_three_ranks_compute_the_same_run(tmp_path, comm):
+# (communicator flags, the update scheme they give the base run): with mpi-shm at batch 70,
+# the activations are the smaller thing to share (see test_auto_shares_memory_on_one_node)
+SCHEMES = [
+    (["--comm", "mpi-shm"], "shared activations"),
+    (["--comm", "mpi-shm", "--node-share", "gradients"], "shared gradients"),
+    (["--comm", "mpi-host"], "allreduce"),
+]
+
+
+@pytest.mark.parametrize(("flags", "scheme"), SCHEMES)
+def test_one_two_and_three_ranks_compute_the_same_run(tmp_path, flags, scheme):
     one, rec1 = _train(tmp_path, 1)
-    two, rec2 = _train(tmp_path, 2, "--comm", comm)
-    three, rec3 = _train(tmp_path, 3, "--comm", comm)
+    two, rec2 = _train(tmp_path, 2, *flags)
+    three, rec3 = _train(tmp_path, 3, *flags)
     _assert_close(one, two)
     _assert_close(one, three)
-    assert rec2[-1]["world_size"] == 2 and rec2[-1]["comm"] == comm
+    assert rec1[-1]["update"] == "local"
+    assert rec2[-1]["update"] == scheme and rec3[-1]["update"] == scheme
+    assert rec2[-1]["world_size"] == 2 and rec2[-1]["comm"] == flags[1]
     assert rec3[-1]["ranks_agree"] and rec2[-1]["ranks_agree"]
     # Metrics are exact sums over ranks, not averages of padded shards.
     for r1, r3 in zip(rec1[:2], rec3[:2], strict=True):
@@ -71,13 +82,14 @@ def test_base_model_is_updated_in_two_buckets():
     assert len(layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)) == 2
 
 
-@pytest.mark.parametrize("comm", ["mpi-shm", "mpi-host"])
-def test_ranks_left_without_samples_still_compute_the_one_rank_run(tmp_path, comm):
+@pytest.mark.parametrize(("flags", "scheme"), SCHEMES)
+def test_ranks_left_without_samples_still_compute_the_one_rank_run(tmp_path, flags, scheme):
     """A global batch of 2 on 3 ranks (the last batch of 301 samples has 1): the ranks with
     no sample contribute zero gradients and zero loss, and the run is still the 1-rank one."""
     small = ["--batch-size", "2", "--synthetic-size", "301", "--epochs", "1"]
     one, rec1 = _train(tmp_path, 1, *small, name="b2")
-    three, rec3 = _train(tmp_path, 3, *small, "--comm", comm, name="b2")
+    three, rec3 = _train(tmp_path, 3, *small, *flags, name="b2")
+    assert rec3[-1]["update"] == scheme
     _assert_close(one, three)
     assert rec3[0]["train_loss"] == pytest.approx(rec1[0]["train_loss"], rel=1e-10)
     assert rec3[0]["train_acc"] == rec1[0]["train_acc"]
@@ -173,15 +185,23 @@ def test_per_rank_batch_with_linear_lr_scaling_trains(tmp_path):
 def test_auto_shares_memory_on_one_node(tmp_path):
     _, records = _train(tmp_path, 2)
     assert records[-1]["comm"] == "mpi-shm"
+    # 70 x (784 + 96 + 96 + 700 + 700 + 10) activations < 2 ranks x 150,010 gradients
+    assert records[-1]["update"] == "shared activations"
+    _, big = _train(tmp_path, 2, "--batch-size", "300", name="big")  # 716 k > 300 k
+    assert big[-1]["update"] == "shared gradients"
 
 
-def test_two_nodes_of_two_ranks_compute_the_same_run(tmp_path):
+@pytest.mark.parametrize("share", ["activations", "gradients"])
+def test_two_nodes_of_two_ranks_compute_the_same_run(tmp_path, share):
     """XPNN_RANKS_PER_NODE=2 makes 4 ranks two 'nodes': shared memory inside each, and the
     slices allreduced between them (the multi-node path, on one machine)."""
     one, _ = _train(tmp_path, 1)
-    four, rec4 = _train(tmp_path, 4, env={"XPNN_RANKS_PER_NODE": "2"})
+    four, rec4 = _train(
+        tmp_path, 4, "--node-share", share, env={"XPNN_RANKS_PER_NODE": "2"}, name=share
+    )
     _assert_close(one, four)
     assert rec4[-1]["comm"] == "mpi-shm" and rec4[-1]["world_size"] == 4
+    assert rec4[-1]["update"] == f"shared {share}"
 
 
 def test_uneven_nodes_fall_back_to_host_buffers_or_refuse(tmp_path):

@@ -173,6 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
     )
     a(
+        "--node-share",
+        default=None,
+        choices=["auto", "gradients", "activations"],
+        help="mpi-shm: what the ranks of a node share, their gradients (summed by the update) "
+        "or the batch's activations (each rank computes some rows of every gradient; MLPs "
+        "only); auto (default): whichever is smaller",
+    )
+    a(
         "--parallel",
         default="data",
         choices=["data", "tensor", "pipeline"],
@@ -376,6 +384,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         step_epochs=args.step_epochs,
         seed=args.seed,
         bucket_mb=DEFAULT_BUCKET_MB if args.bucket_mb is None else args.bucket_mb,
+        node_share=args.node_share or "auto",
         metrics=args.metrics,
         save=args.save,
         checkpoint_dir=args.checkpoint_dir,
@@ -464,7 +473,7 @@ def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
     from xpnn.parallel.data_parallel import uses_byte_buckets
 
     optional = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
-    optional += ("step_epochs", "bucket_mb", "model_ranks")
+    optional += ("step_epochs", "bucket_mb", "model_ranks", "node_share")
     given = {flag for flag in optional if getattr(args, flag) is not None}
     found = []
     for flag in ("hidden", "activation"):
@@ -485,6 +494,9 @@ def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
     elif "bucket_mb" in given and not uses_byte_buckets(data):
         where = f"with comm {data.name} on {data.size} rank(s)"
         found.append(("--bucket-mb", f"{where}: the update's buckets are cut at layers"))
+    if "node_share" in given and (data.size == 1 or uses_byte_buckets(data)):
+        where = f"with comm {data.name} on {data.size} rank(s)"
+        found.append(("--node-share", f"{where}: only mpi-shm shares a node's memory"))
     return found
 
 

@@ -41,6 +41,7 @@ class TrainConfig:
     step_epochs: int | None = None  # --schedule step: x0.1 every this many epochs (a third)
     seed: int = 0
     bucket_mb: float = DEFAULT_BUCKET_MB
+    node_share: str = "auto"  # mpi-shm: the ranks of a node share gradients or activations
     eval_batch_size: int = 1000
     metrics: str | None = None
     save: str | None = None
@@ -147,7 +148,14 @@ class Trainer:
                 cfg.optimizer, params, grads, backend.kernels, schedule, parts, zeros
             )
 
-        self.update = make_update(model, self.data_comm, optimizer, int(cfg.bucket_mb * 2**20))
+        self.update = make_update(
+            model,
+            self.data_comm,
+            optimizer,
+            int(cfg.bucket_mb * 2**20),
+            cfg.batch_size,
+            cfg.node_share,
+        )
         self.optimizer = self.update.optimizer
         self.fail_at = _fault_injection()
         self.n_params = whole_size(model)
@@ -162,6 +170,7 @@ class Trainer:
         if self.fail_at == (self.comm.rank, step):
             raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
         local = shard(batch, self.data_comm.rank, self.data_comm.size)
+        self.update.begin_step(len(batch))
         if len(local) == 0:  # more ranks than samples in this batch: contribute zeros
             model.grads[...] = 0
             zero = xp.zeros((), dtype=xp.float64)
@@ -208,6 +217,7 @@ class Trainer:
             "comm": self.groups.name,
             "model_comm": self.model_comm.name,  # within a replica ("self": one rank holds it)
             "data_comm": self.data_comm.name,  # between replicas ("self": only one replica)
+            "update": self.update.name,  # how the replicas' gradients become one update
             **cfg.extra,
         }
         total_seconds = 0.0

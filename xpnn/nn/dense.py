@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
 from xpnn.nn.layer import Array, Context, Layer
@@ -9,6 +11,11 @@ from xpnn.nn.layer import Array, Context, Layer
 
 class Dense(Layer):
     """``y = act(x @ W + b)``; the activation is fused so one kernel touches ``z`` once."""
+
+    # Ranks of one node that share the batch instead of gradients set this (see
+    # ``parallel.shared_batch``): backward hands it ``x`` and ``dz``, and the gradients are
+    # made later, each rank computing some rows of them over every rank's samples.
+    batch_share: Any = None
 
     def __init__(self, units: int, activation: str = "identity") -> None:
         super().__init__()
@@ -39,9 +46,18 @@ class Dense(Layer):
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         dz, db = self.kernels.bias_act_backward(dy, self.y, self.activation)
-        self.kernels.matmul_into(self.x.T, dz, self.grads["W"])
-        self.grads["b"][...] = db
+        if self.batch_share is None:
+            self.kernels.matmul_into(self.x.T, dz, self.grads["W"])
+            self.grads["b"][...] = db
+        else:
+            self.batch_share.put(self.x, dz)
         return self.xp.matmul(dz, self.params["W"].T) if need_dx else None
+
+    def grads_of_share(self, x: Array, dz: Array, rows: slice, cols: slice) -> None:
+        """Assign the gradients of ``W[rows]`` and ``b[cols]`` from a batch's inputs ``x`` and
+        pre-activation gradients ``dz``: what ``backward`` assigns whole, one share of it."""
+        self.kernels.matmul_into(x[:, rows].T, dz, self.grads["W"][rows])
+        self.grads["b"][cols] = self.xp.sum(dz[:, cols], axis=0)
 
     def __repr__(self) -> str:
         return f"Dense({self.units}, {self.activation})"

@@ -2,9 +2,10 @@
 
 ``make_update`` picks how a step's gradients become an update: ``AllreduceUpdate`` (below),
 ``LocalUpdate`` (one process: each bucket of layers updated as soon as backward finishes it)
-or, for ranks sharing a node's memory, ``shared_update.SharedUpdate``. The trainer sees one
-interface: ``grads_ready`` (passed to backward), ``finish()`` (after backward: reduce and
-update), ``broadcast_initial()`` and ``optimizer``.
+or, for ranks sharing a node's memory, ``shared_update.SharedUpdate`` (they share gradients)
+or ``shared_batch.SharedBatchUpdate`` (they share the batch's activations). The trainer sees
+one interface (``Update``): ``begin_step`` and ``grads_ready`` (passed to backward),
+``finish()`` (after backward: reduce and update), ``broadcast_initial()`` and ``optimizer``.
 
 Parameters sit in one flat buffer in forward order, so backward completes gradients from the end
 of the buffer towards the start. The buffer is cut into buckets of about ``bucket_bytes`` from
@@ -111,7 +112,17 @@ class GradientBuckets:
 MakeOptimizer = Callable[..., Any]  # (params, grads, parts=None, zeros=None) -> Optimizer
 
 
-class AllreduceUpdate:
+class Update:
+    """What the trainer calls: ``begin_step`` (with the global batch's size), ``grads_ready``
+    (passed to backward), ``finish()`` after backward; ``broadcast_initial()`` once."""
+
+    name = "local"  # what the metrics call the scheme
+
+    def begin_step(self, global_batch: int) -> None:
+        """A step over ``global_batch`` samples begins (a scheme that must know it overrides)."""
+
+
+class AllreduceUpdate(Update):
     """Every rank holds all the parameters and runs the whole update on them.
 
     The gradients are summed by ``GradientBuckets`` while backward runs; any communicator
@@ -121,6 +132,8 @@ class AllreduceUpdate:
     more whole buckets, at least ``MIN_LAYER_BUCKET`` values, so tiny buckets do not cost
     one kernel call each.
     """
+
+    name = "allreduce"
 
     def __init__(self, model: Any, comm: Any, make_optimizer: MakeOptimizer, bucket_bytes: int):
         self.model, self.comm = model, comm
@@ -148,7 +161,7 @@ class AllreduceUpdate:
         self.buckets.finish()
 
 
-class LayerwiseUpdate:
+class LayerwiseUpdate(Update):
     """Updates each bucket of layers the moment backward has finished it.
 
     The update is memory-bound, and right after backward wrote a layer's gradients (and read
@@ -193,17 +206,29 @@ class LocalUpdate(LayerwiseUpdate):
         """Nothing to send: one process."""
 
 
+NODE_SHARES = ("auto", "gradients", "activations")
+
+
 def make_update(
-    model: Any, comm: Any, make_optimizer: MakeOptimizer, bucket_bytes: int
-) -> AllreduceUpdate | Any:
+    model: Any,
+    comm: Any,
+    make_optimizer: MakeOptimizer,
+    bucket_bytes: int,
+    batch_size: int,
+    node_share: str = "auto",
+) -> Update:
     """The update scheme the communicator allows: none to talk to for one process; one copy
-    of the parameters per node when it offers shared memory (``mpi-shm``); else a copy per
-    rank kept equal by allreduce."""
+    of the parameters per node when it offers shared memory (``mpi-shm``), the node's ranks
+    sharing their gradients or the batch's activations (``node_share``; ``auto``: whichever
+    is smaller for ``batch_size``); else a copy per rank kept equal by allreduce."""
     if comm.size == 1:
         return LocalUpdate(model, comm, make_optimizer)
     if not uses_byte_buckets(comm):
+        from xpnn.parallel.shared_batch import SharedBatchUpdate, shares_activations
         from xpnn.parallel.shared_update import SharedUpdate
 
+        if shares_activations(model, comm, batch_size, node_share):
+            return SharedBatchUpdate(model, comm, make_optimizer, batch_size)
         return SharedUpdate(model, comm, make_optimizer)
     return AllreduceUpdate(model, comm, make_optimizer, bucket_bytes)
 

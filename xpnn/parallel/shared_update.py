@@ -53,17 +53,45 @@ def share_bounds(start: int, end: int, parts: int, index: int) -> tuple[int, int
     return cut(index), cut(index + 1)
 
 
-class SharedUpdate(LayerwiseUpdate):
-    """The ``mpi-shm`` update scheme; built collectively by every rank of the job."""
+class NodeShared:
+    """One copy of the parameters and the optimizer state per node: what the two ``mpi-shm``
+    schemes (``SharedUpdate``, ``shared_batch.SharedBatchUpdate``) have in common."""
+
+    comm: Any
+    model: Any
+    optimizer: Any
+
+    def _share_params(self, model: Any, comm: Any, grads: Any) -> Any:
+        """Move the model's parameters into node-shared memory (node-local rank 0's values)
+        and its gradients into ``grads``; returns the shared parameters."""
+        self.model, self.comm = model, comm
+        params = comm.shared_zeros((model.size,), model.params.dtype)
+        model.adopt(params, grads, copy=comm.local_rank == 0)
+        self.restores_checkpoint = comm.local_rank == 0  # one writer per shared buffer
+        return params
+
+    def broadcast_initial(self) -> None:
+        """Node-local rank 0 wrote its parameters (``adopt``); across nodes, world rank 0's
+        parameters and optimizer state go to the other nodes' local rank 0."""
+        comm = self.comm
+        if comm.nodes > 1 and comm.local_rank == 0:
+            comm.cross.Bcast(self.model.params, root=0)
+            for buf in self.optimizer.state.values():
+                comm.cross.Bcast(buf, root=0)
+        comm.fence()
+
+
+class SharedUpdate(NodeShared, LayerwiseUpdate):
+    """The ``mpi-shm`` scheme that shares gradients; built collectively by every rank."""
+
+    name = "shared gradients"
 
     def __init__(self, model: Any, comm: Any, make_optimizer: Any) -> None:
-        self.model, self.comm = model, comm
         n, dtype = model.size, model.params.dtype
-        params = comm.shared_zeros((n,), dtype)
         stride = padded(n, ROW_ALIGN_BYTES // dtype.itemsize)
         rows = comm.shared_zeros((comm.local_size, stride), dtype)[:, :n]
         me = comm.local_rank
-        model.adopt(params, rows[me], copy=me == 0)
+        params = self._share_params(model, comm, rows[me])
         bounds = layer_buckets(model.layer_offsets, n, MIN_LAYER_BUCKET)
         self.shares = [slice(*share_bounds(a, b, comm.local_size, me)) for a, b in bounds]
         self.cursor = BucketCursor(bounds)
@@ -75,17 +103,6 @@ class SharedUpdate(LayerwiseUpdate):
             grads = (self.own, *self.others) if self.others else self.own
         self.optimizer = make_optimizer(params, grads, self.shares, comm.shared_zeros)
         self.grads_ready = self._ready
-        self.restores_checkpoint = me == 0  # one writer per shared buffer
-        comm.fence()
-
-    def broadcast_initial(self) -> None:
-        """Node-local rank 0 wrote its parameters (``adopt``); across nodes, world rank 0's
-        parameters and optimizer state go to the other nodes' local rank 0."""
-        comm = self.comm
-        if comm.nodes > 1 and comm.local_rank == 0:
-            comm.cross.Bcast(self.model.params, root=0)
-            for buf in self.optimizer.state.values():
-                comm.cross.Bcast(buf, root=0)
         comm.fence()
 
     def _before_part(self, index: int) -> None:

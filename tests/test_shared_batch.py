@@ -1,0 +1,104 @@
+"""The pieces of sharing activations on a node: gradient shares, the choice of scheme, where
+each rank's samples go. (The whole scheme under mpiexec: tests/test_data_parallel.py.)"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xpnn.backends import get_backend
+from xpnn.errors import UserError
+from xpnn.nn import build_model
+from xpnn.nn.dense import Dense
+from xpnn.nn.layer import Context
+from xpnn.parallel.shared_batch import _Placement, activation_values, shares_activations
+from xpnn.parallel.shared_update import share_bounds
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(0, 9), st.integers(1, 4))
+def test_shares_of_the_gradient_make_the_whole_gradient(fan_in, units, batch, parts):
+    """Each rank's rows of W and share of b, computed from the whole batch's x and dz, are the
+    rows of the gradient that backward assigns whole (an empty batch: zeros)."""
+    backend = get_backend("numpy", "float64")
+    layer = Dense(units, "relu")
+    layer.build((fan_in,), backend, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    layer.params = {name: rng.standard_normal(shape) for name, (_, shape) in layer.initial.items()}
+    layer.grads = {name: np.full_like(p, np.nan) for name, p in layer.params.items()}
+    x, dy = rng.standard_normal((batch, fan_in)), rng.standard_normal((batch, units))
+    layer.forward(x, Context(train=True))
+    layer.backward(dy)
+    whole = {name: g.copy() for name, g in layer.grads.items()}
+    dz, _ = backend.kernels.bias_act_backward(dy, layer.y, "relu")
+    for name in layer.grads:
+        layer.grads[name][...] = np.nan
+    for i in range(parts):
+        rows = slice(*share_bounds(0, fan_in, parts, i))
+        cols = slice(*share_bounds(0, units, parts, i))
+        layer.grads_of_share(x, dz, rows, cols)
+    for name in whole:
+        np.testing.assert_allclose(layer.grads[name], whole[name], rtol=1e-12, atol=1e-12)
+
+
+def test_backward_with_a_batch_share_hands_over_x_and_dz_and_assigns_nothing():
+    backend = get_backend("numpy", "float64")
+    layer = Dense(3, "tanh")
+    layer.build((4,), backend, np.random.default_rng(0))
+    rng = np.random.default_rng(2)
+    layer.params = {name: rng.standard_normal(shape) for name, (_, shape) in layer.initial.items()}
+    layer.grads = {name: np.full_like(p, 7.0) for name, p in layer.params.items()}
+    got = []
+    layer.batch_share = SimpleNamespace(put=lambda x, dz: got.append((x, dz)))
+    x, dy = rng.standard_normal((5, 4)), rng.standard_normal((5, 3))
+    layer.forward(x, Context(train=True))
+    dx = layer.backward(dy)
+    ((x_put, dz_put),) = got
+    np.testing.assert_array_equal(x_put, x)
+    np.testing.assert_allclose(dz_put, dy * (1 - layer.y**2))
+    np.testing.assert_allclose(dx, dz_put @ layer.params["W"].T)
+    assert all((g == 7.0).all() for g in layer.grads.values())  # left for the shares
+
+
+def _model(name, hidden=(1024, 1024)):
+    shape = (1, 28, 28)
+    return build_model(name, hidden).build(shape, get_backend("numpy", "float32"), 0)
+
+
+def test_auto_shares_whichever_is_smaller():
+    mlp, node = _model("mlp"), SimpleNamespace(local_size=2)
+    # 784-1024-1024-10: x and dz of the three layers, 128 x 4,890 = 0.63 M values
+    assert activation_values(mlp, 128) == 128 * (784 + 1024 + 1024 + 1024 + 1024 + 10)
+    assert shares_activations(mlp, node, 128, "auto")  # < 2 ranks x 1.86 M gradients
+    assert shares_activations(mlp, node, 512, "auto")
+    assert not shares_activations(mlp, node, 60_000, "auto")  # full batch: gradients
+    assert shares_activations(mlp, node, 60_000, "activations")  # as asked
+    assert not shares_activations(mlp, node, 128, "gradients")
+
+
+def test_only_dense_models_share_activations():
+    cnn, node = _model("cnn"), SimpleNamespace(local_size=2)
+    assert not shares_activations(cnn, node, 1, "auto")
+    assert not shares_activations(cnn, node, 1, "gradients")
+    with pytest.raises(UserError, match="--node-share activations: .* this one has Conv2D"):
+        shares_activations(cnn, node, 1, "activations")
+
+
+@pytest.mark.parametrize(
+    ("data_ranks", "size", "batch", "expected"),
+    [
+        ([0, 1], 2, 128, [(0, 64), (64, 128)]),
+        ([0, 1, 2], 3, 2, [(0, 1), (1, 2), (2, 2)]),  # the last rank has no sample
+        ([2, 3], 4, 10, [(0, 2), (2, 4)]),  # the second node of two: ranks 2, 3 of 4
+        ([1, 3], 4, 10, [(0, 3), (3, 5)]),  # a node's ranks need not be consecutive
+    ],
+)
+def test_each_rank_writes_its_samples_after_the_node_ranks_before_it(
+    data_ranks, size, batch, expected
+):
+    for me, (lo, hi) in enumerate(expected):
+        place = _Placement(data_ranks, size, me)
+        place.begin(batch)
+        assert (place.lo, place.hi, place.total) == (lo, hi, expected[-1][1])
