@@ -183,7 +183,11 @@ class LayerwiseUpdate(Update):
             if i == 0:  # the step's first bucket starts the step
                 self.optimizer.start_step()
             self._before_part(i)
-            self.optimizer.update_part(i)
+            self._update(i)
+
+    def _update(self, index: int) -> None:
+        """Run the optimizer on bucket ``index`` (one part of it, unless a subclass says)."""
+        self.optimizer.update_part(index)
 
     def finish(self) -> None:
         """Update what backward did not report (all of it, when a rank had no samples)."""

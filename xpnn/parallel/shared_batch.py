@@ -13,10 +13,11 @@ arrays, and after a fence, rank r computes the gradient of its share of ``W``'s 
 it, and updates those rows at once while their gradient is still in cache. No rank writes a
 gradient of the whole model, and none is summed.
 
-One fence per layer, in this order: ``dz`` of my samples, put into the shared arrays; ``dx =
-dz @ W.T`` for my samples (the last read of ``W`` in the step); fence; the gradient of my rows;
-the update of my rows. Once everyone has passed the fence nobody reads this ``W`` again in the
-step, so its rows can change. A last fence before the next forward pass. Across nodes, a rank's
+Within a layer, in this order: ``dz`` of my samples, put into the shared arrays; ``dx = dz @
+W.T`` for my samples (the last read of ``W`` in the step); fence; the gradient of my rows; the
+update of my rows. Once everyone has passed the fence nobody reads this ``W`` again in the
+step, so its rows can change. The fence is per bucket of layers (``layer_buckets``: a small
+layer waits for the next); a last fence before the next forward pass. Across nodes, a rank's
 rows of its node's gradient are allreduced with the same rows on the other nodes (the ranks
 with the same node-local rank) before the update, as ``shared_update`` does with its shares.
 """
@@ -29,7 +30,12 @@ from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.dense import Dense
 from xpnn.nn.sequential import Sequential
-from xpnn.parallel.data_parallel import Update
+from xpnn.parallel.data_parallel import (
+    MIN_LAYER_BUCKET,
+    BucketCursor,
+    LayerwiseUpdate,
+    layer_buckets,
+)
 from xpnn.parallel.shared_update import NodeShared, share_bounds
 
 Array = Any
@@ -121,8 +127,12 @@ class _SharedLayer:
         return w, slice(b + self.cols.start, b + self.cols.stop)
 
 
-class SharedBatchUpdate(NodeShared, Update):
-    """The ``mpi-shm`` scheme that shares activations; built collectively by every rank."""
+class SharedBatchUpdate(NodeShared, LayerwiseUpdate):
+    """The ``mpi-shm`` scheme that shares activations; built collectively by every rank.
+
+    Layers go in the buckets ``LayerwiseUpdate`` cuts (a small layer rides with the next), so
+    the MLP 784-1024-1024-10 has two fences in backward, as ``SharedUpdate`` does.
+    """
 
     name = "shared activations"
 
@@ -130,42 +140,37 @@ class SharedBatchUpdate(NodeShared, Update):
         params = self._share_params(model, comm, model.grads)  # the gradient stays private
         self.place = _Placement(comm.node.allgather(comm.rank), comm.size, comm.local_rank)
         rows = sum(self.place.lengths(batch_size))  # the node's samples in a full batch
-        self.layers: list[tuple[int, _SharedLayer]] = []  # backward order, with offsets
+        bounds = layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)
+        self.cursor = BucketCursor(bounds)
+        self.layers: list[list[_SharedLayer]] = [[] for _ in bounds]  # by bucket
+        self.parts: list[list[int]] = [[] for _ in bounds]  # the optimizer's, by bucket
         parts: list[slice] = []  # two per layer: my rows of W, my share of b
-        for index in range(len(model.layers) - 1, -1, -1):
-            layer = model.layers[index]
+        for index in range(len(model.layers)):
+            layer, offset = model.layers[index], model.layer_offsets[index]
             if layer.initial:
-                shared = _SharedLayer(layer, comm, rows, self.place)
-                layer.batch_share = shared
-                self.layers.append((model.layer_offsets[index], shared))
-                parts.extend(shared.parts(model.layer_offsets[index]))
+                bucket = next(i for i, (lo, hi) in enumerate(bounds) if lo <= offset < hi)
+                layer.batch_share = _SharedLayer(layer, comm, rows, self.place)
+                self.layers[bucket].append(layer.batch_share)
+                for part in layer.batch_share.parts(offset):
+                    self.parts[bucket].append(len(parts))
+                    parts.append(part)
         self.optimizer = make_optimizer(params, model.grads, parts, comm.shared_zeros)
         self.my_grads = [model.grads[part] for part in parts]
         self.grads_ready = self._ready
-        self._next = 0
         comm.fence()
 
     def begin_step(self, global_batch: int) -> None:
         self.place.begin(global_batch)
 
-    def _ready(self, offset: int) -> None:
-        """Backward is done with every layer from ``offset`` on: for each one not yet seen,
-        fence, compute this rank's rows of its gradient and update them."""
-        while self._next < len(self.layers) and self.layers[self._next][0] >= offset:
-            k = self._next
-            self._next += 1
-            if k == 0:  # the step's first layer starts the step
-                self.optimizer.start_step()
-            self.comm.fence()  # every rank's samples are in; nobody reads this W any more
-            self.layers[k][1].grads_of_share()
-            for grad in self.my_grads[2 * k : 2 * k + 2]:
-                self.comm.cross_allreduce_(grad)  # across nodes (nothing to do on one)
-            self.optimizer.update_part(2 * k)
-            self.optimizer.update_part(2 * k + 1)
-
-    def finish(self) -> None:
-        """Update what backward did not report (all of it, on a rank without samples), then
-        fence before anyone's next forward pass."""
-        self._ready(-1)
-        self._next = 0
+    def _before_part(self, index: int) -> None:
+        """Every rank's samples of the bucket's layers are in and nobody reads their weights
+        any more: compute this rank's rows of their gradients (summed across nodes)."""
         self.comm.fence()
+        for shared in self.layers[index]:
+            shared.grads_of_share()
+        for part in self.parts[index]:
+            self.comm.cross_allreduce_(self.my_grads[part])  # nothing to do on one node
+
+    def _update(self, index: int) -> None:
+        for part in self.parts[index]:
+            self.optimizer.update_part(part)

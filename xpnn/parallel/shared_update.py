@@ -80,6 +80,11 @@ class NodeShared:
                 comm.cross.Bcast(buf, root=0)
         comm.fence()
 
+    def finish(self) -> None:
+        """After backward: update what is left, then fence before the next forward pass."""
+        super().finish()  # type: ignore[misc]  # LayerwiseUpdate's, next in the subclasses' MRO
+        self.comm.fence()  # every share is updated before anyone's next forward pass
+
 
 class SharedUpdate(NodeShared, LayerwiseUpdate):
     """The ``mpi-shm`` scheme that shares gradients; built collectively by every rank."""
@@ -115,8 +120,3 @@ class SharedUpdate(NodeShared, LayerwiseUpdate):
             for other in self.others:
                 own += other[self.shares[index]]
             comm.cross_allreduce_(own)
-
-    def finish(self) -> None:
-        """After backward: update what is left, then fence before the next forward pass."""
-        super().finish()
-        self.comm.fence()  # every share is updated before anyone's next forward pass
