@@ -49,10 +49,10 @@ def _assert_close(a, b):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-10, atol=1e-13, err_msg=name)
 
 
-# (communicator flags, the update scheme they give the base run): with mpi-shm at batch 70,
-# the activations are the smaller thing to share (see test_auto_shares_memory_on_one_node)
+# (communicator flags, the update scheme they give); what auto picks depends on the batch
+# (test_auto_shares_memory_on_one_node)
 SCHEMES = [
-    (["--comm", "mpi-shm"], "shared activations"),
+    (["--comm", "mpi-shm", "--node-share", "activations"], "shared activations"),
     (["--comm", "mpi-shm", "--node-share", "gradients"], "shared gradients"),
     (["--comm", "mpi-host"], "allreduce"),
 ]
@@ -185,10 +185,10 @@ def test_per_rank_batch_with_linear_lr_scaling_trains(tmp_path):
 def test_auto_shares_memory_on_one_node(tmp_path):
     _, records = _train(tmp_path, 2)
     assert records[-1]["comm"] == "mpi-shm"
-    # 70 x (784 + 96 + 96 + 700 + 700 + 10) activations < 2 ranks x 150,010 gradients
-    assert records[-1]["update"] == "shared activations"
-    _, big = _train(tmp_path, 2, "--batch-size", "300", name="big")  # 716 k > 300 k
-    assert big[-1]["update"] == "shared gradients"
+    # 70 x (784 + 96 + 96 + 700 + 700 + 10) activations > 150,010 parameters
+    assert records[-1]["update"] == "shared gradients"
+    _, small = _train(tmp_path, 2, "--batch-size", "62", name="small")  # 147,932 < 150,010
+    assert small[-1]["update"] == "shared activations"
 
 
 @pytest.mark.parametrize("share", ["activations", "gradients"])
@@ -242,10 +242,12 @@ def test_full_shared_memory_is_a_one_line_error_not_a_crash(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_resume_on_shared_memory_continues_the_same_run(tmp_path):
-    whole, _ = _train(tmp_path, 2, name="whole")
-    ckpt = str(tmp_path / "ckpt")
-    _train(tmp_path, 2, "--epochs", "1", "--checkpoint-dir", ckpt, name="first")
-    resumed, records = _train(tmp_path, 2, "--checkpoint-dir", ckpt, "--resume", name="second")
+@pytest.mark.parametrize("share", ["gradients", "activations"])
+def test_resume_on_shared_memory_continues_the_same_run(tmp_path, share):
+    flags = ["--node-share", share]
+    whole, _ = _train(tmp_path, 2, *flags, name="whole")
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    _train(tmp_path, 2, *flags, "--epochs", "1", *ckpt, name="first")
+    resumed, records = _train(tmp_path, 2, *flags, *ckpt, "--resume", name="second")
     _assert_close(whole, resumed)
-    assert records[-1]["comm"] == "mpi-shm"
+    assert records[-1]["comm"] == "mpi-shm" and records[-1]["update"] == f"shared {share}"

@@ -68,22 +68,23 @@ def _model(name, hidden=(1024, 1024)):
 
 
 def test_auto_shares_whichever_is_smaller():
-    mlp, node = _model("mlp"), SimpleNamespace(local_size=2)
+    mlp = _model("mlp")
     # 784-1024-1024-10: x and dz of the three layers, 128 x 4,890 = 0.63 M values
     assert activation_values(mlp, 128) == 128 * (784 + 1024 + 1024 + 1024 + 1024 + 10)
-    assert shares_activations(mlp, node, 128, "auto")  # < 2 ranks x 1.86 M gradients
-    assert shares_activations(mlp, node, 512, "auto")
-    assert not shares_activations(mlp, node, 60_000, "auto")  # full batch: gradients
-    assert shares_activations(mlp, node, 60_000, "activations")  # as asked
-    assert not shares_activations(mlp, node, 128, "gradients")
+    assert shares_activations(mlp, 128, "auto")  # < the 1.86 M values of a gradient row
+    assert shares_activations(mlp, 381, "auto")
+    assert not shares_activations(mlp, 382, "auto")  # 1.868 M: more than a row
+    assert not shares_activations(mlp, 60_000, "auto")  # full batch: gradients
+    assert shares_activations(mlp, 60_000, "activations")  # as asked
+    assert not shares_activations(mlp, 128, "gradients")
 
 
 def test_only_dense_models_share_activations():
-    cnn, node = _model("cnn"), SimpleNamespace(local_size=2)
-    assert not shares_activations(cnn, node, 1, "auto")
-    assert not shares_activations(cnn, node, 1, "gradients")
+    cnn = _model("cnn")
+    assert not shares_activations(cnn, 1, "auto")
+    assert not shares_activations(cnn, 1, "gradients")
     with pytest.raises(UserError, match="--node-share activations: .* this one has Conv2D"):
-        shares_activations(cnn, node, 1, "activations")
+        shares_activations(cnn, 1, "activations")
 
 
 @pytest.mark.parametrize(

@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "gradients", "activations"],
         help="mpi-shm: what the ranks of a node share, their gradients (summed by the update) "
         "or the batch's activations (each rank computes some rows of every gradient; MLPs "
-        "only); auto (default): whichever is smaller",
+        "only); auto (default): activations when they are fewer values than the parameters",
     )
     a(
         "--parallel",

@@ -116,7 +116,7 @@ class Update:
     """What the trainer calls: ``begin_step`` (with the global batch's size), ``grads_ready``
     (passed to backward), ``finish()`` after backward; ``broadcast_initial()`` once."""
 
-    name = "local"  # what the metrics call the scheme
+    name: str  # what the metrics call the scheme
 
     def begin_step(self, global_batch: int) -> None:
         """A step over ``global_batch`` samples begins (a scheme that must know it overrides)."""
@@ -198,6 +198,8 @@ class LayerwiseUpdate(Update):
 class LocalUpdate(LayerwiseUpdate):
     """One process: nothing to exchange, buckets cut at layer boundaries."""
 
+    name = "local"
+
     def __init__(self, model: Any, comm: Any, make_optimizer: MakeOptimizer) -> None:
         self.model, self.comm = model, comm
         bounds = layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)
@@ -208,9 +210,6 @@ class LocalUpdate(LayerwiseUpdate):
 
     def broadcast_initial(self) -> None:
         """Nothing to send: one process."""
-
-
-NODE_SHARES = ("auto", "gradients", "activations")
 
 
 def make_update(
@@ -231,7 +230,7 @@ def make_update(
         from xpnn.parallel.shared_batch import SharedBatchUpdate, shares_activations
         from xpnn.parallel.shared_update import SharedUpdate
 
-        if shares_activations(model, comm, batch_size, node_share):
+        if shares_activations(model, batch_size, node_share):
             return SharedBatchUpdate(model, comm, make_optimizer, batch_size)
         return SharedUpdate(model, comm, make_optimizer)
     return AllreduceUpdate(model, comm, make_optimizer, bucket_bytes)
