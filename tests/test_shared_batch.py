@@ -13,8 +13,13 @@ from xpnn.errors import UserError
 from xpnn.nn import build_model
 from xpnn.nn.dense import Dense
 from xpnn.nn.layer import Context
-from xpnn.parallel.shared_batch import _Placement, activation_values, shares_activations
-from xpnn.parallel.shared_update import share_bounds
+from xpnn.parallel.shared_batch import (
+    _Placement,
+    activation_values,
+    row_align,
+    shares_activations,
+)
+from xpnn.parallel.shared_update import ALIGN, share_bounds
 
 
 @settings(deadline=None, max_examples=40)
@@ -85,6 +90,16 @@ def test_only_dense_models_share_activations():
     assert not shares_activations(cnn, 1, "gradients")
     with pytest.raises(UserError, match="--node-share activations: .* this one has Conv2D"):
         shares_activations(cnn, 1, "activations")
+
+
+@pytest.mark.parametrize(("units", "align"), [(1024, 1), (10, 8), (12, 4), (7, 16)])
+def test_row_shares_start_on_cache_lines_and_split_evenly(units, align):
+    assert row_align(units) == align
+    cuts = [share_bounds(0, 784, 2, i, row_align(units)) for i in range(2)]
+    assert cuts[0][1] == cuts[1][0] and (cuts[0][1] * units) % ALIGN == 0
+    assert abs((cuts[0][1] - cuts[0][0]) - (cuts[1][1] - cuts[1][0])) <= 2 * align
+    if units == 1024:
+        assert cuts == [(0, 392), (392, 784)]
 
 
 @pytest.mark.parametrize(

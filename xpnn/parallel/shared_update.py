@@ -40,15 +40,17 @@ def padded(n: int, align: int) -> int:
     return -(-n // align) * align
 
 
-def share_bounds(start: int, end: int, parts: int, index: int) -> tuple[int, int]:
+def share_bounds(
+    start: int, end: int, parts: int, index: int, align: int = ALIGN
+) -> tuple[int, int]:
     """[lo, hi) of part ``index`` when ``range(start, end)`` is cut into ``parts`` near-equal
-    slices at multiples of ``ALIGN`` (the last may be shorter; some may be empty if tiny)."""
+    slices at multiples of ``align`` (the last may be shorter; some may be empty if tiny)."""
     per = -(-(end - start) // parts)
 
     def cut(k: int) -> int:
         if k <= 0:
             return start
-        return min(end, padded(start + k * per, ALIGN))
+        return min(end, padded(start + k * per, align))
 
     return cut(index), cut(index + 1)
 
