@@ -1,7 +1,8 @@
 """One copy of the parameters per node; each rank sums and updates its own share of them.
 
-With ``mpi-shm``, the node's ranks keep the parameters, the optimizer state and one gradient
-row per rank in shared memory. Nothing is copied into messages, and each optimizer element is
+With ``mpi-shm`` (and ``--node-share gradients``; ``shared_batch`` shares activations instead),
+the node's ranks keep the parameters, the optimizer state and one gradient row per rank in
+shared memory. Nothing is copied into messages, and each optimizer element is
 updated once per node instead of once per rank.
 
 The update runs layer by layer, while backward is still going: the buffer is cut into buckets
