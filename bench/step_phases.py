@@ -9,8 +9,10 @@ one rank, ``mpiexec -n N`` for N), with timers around the phases of ``Trainer.st
 - ``compute``: the rest of the step (batch gather, forward, loss, backward), of which
   - ``forward``: the model's forward pass (``Sequential.forward``),
   - ``wgrad``: the weight-gradient products (``matmul_into``, the GEMMs that write the gradient
-    buffer). Their output is the size of the weights whatever the batch, so where the batch
-    is split over ranks, this is where a part that does not shrink shows;
+    buffer). Where ranks share gradients their output is the size of the weights whatever
+    the batch, so where the batch is split over ranks, this is where a part that does not
+    shrink shows; where they share activations (``--node-share``), each rank's rows of it
+    over the node's batch;
 
 and prints, for each rank, the median per step over the last epoch (the first one includes
 Numba's compilation), and the mean step: an epoch's time is the mean, which also pays for

@@ -92,6 +92,7 @@ class _Placement:
     def __init__(self, data_ranks: list[int], size: int, me: int) -> None:
         self.data_ranks, self.size, self.me = data_ranks, size, me
         self.lo = self.hi = self.total = 0
+        self._batch = -1  # the global batch the bounds are for (all but an epoch's last)
 
     def lengths(self, global_batch: int) -> list[int]:
         """How many samples each rank of the node has, in node-local order."""
@@ -99,6 +100,9 @@ class _Placement:
         return [hi - lo for lo, hi in bounds]
 
     def begin(self, global_batch: int) -> None:
+        if global_batch == self._batch:
+            return
+        self._batch = global_batch
         lengths = self.lengths(global_batch)
         self.lo = sum(lengths[: self.me])
         self.hi = self.lo + lengths[self.me]
@@ -179,8 +183,9 @@ class SharedBatchUpdate(NodeShared, LayerwiseUpdate):
         self.comm.fence()
         for shared in self.layers[index]:
             shared.grads_of_share()
-        for part in self.parts[index]:
-            self.comm.cross_allreduce_(self.my_grads[part])  # nothing to do on one node
+        if self.comm.nodes > 1:
+            for part in self.parts[index]:
+                self.comm.cross_allreduce_(self.my_grads[part])
 
     def _update(self, index: int) -> None:
         for part in self.parts[index]:
