@@ -12,7 +12,9 @@ one rank, ``mpiexec -n N`` for N), with timers around the phases of ``Trainer.st
     buffer). Where ranks share gradients their output is the size of the weights whatever
     the batch, so where the batch is split over ranks, this is where a part that does not
     shrink shows; where they share activations (``--node-share``), each rank's rows of it
-    over the node's batch;
+    over the node's batch (where they also split the wide layers' forward and input-gradient
+    products by units, those products call ``matmul_into`` too, and count as ``forward``
+    or not at all, never as ``wgrad``);
 
 and prints, for each rank, the median per step over the last epoch (the first one includes
 Numba's compilation), and the mean step: an epoch's time is the mean, which also pays for
@@ -49,6 +51,21 @@ class StepTimer:
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []
         self.current: dict[str, float] | None = None
+        self.muted = 0  # inside a method whose own calls are not phases
+
+    def mute(self, cls: Any, name: str) -> None:
+        """Phases called from inside ``cls.name`` do not count."""
+        inner = getattr(cls, name)
+        timer = self
+
+        def muted(*args: Any, **kwargs: Any) -> Any:
+            timer.muted += 1
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                timer.muted -= 1
+
+        setattr(cls, name, muted)
 
     def wrap(self, cls: Any, name: str, phase: str | None) -> None:
         """Time ``cls.name``: as a phase of the running step, or (phase None) as the step."""
@@ -56,6 +73,8 @@ class StepTimer:
         timer = self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if timer.muted:
+                return inner(*args, **kwargs)
             if phase is None:
                 timer.current = dict.fromkeys(PHASES, 0.0)
             t0 = time.perf_counter()
@@ -85,6 +104,7 @@ class StepTimer:
 def main(argv: list[str]) -> int:
     from xpnn import cli, optim, train
     from xpnn.backends import kernels
+    from xpnn.nn.dense import Dense
     from xpnn.nn.sequential import Sequential
     from xpnn.parallel import shm_comm
 
@@ -95,6 +115,8 @@ def main(argv: list[str]) -> int:
     timer.wrap(Sequential, "forward", "forward")
     for cls in (kernels.Kernels, kernels.NumpyKernels):  # neither calls the other
         timer.wrap(cls, "matmul_into", "wgrad")
+    for name in ("forward_units", "input_grad_rows"):  # products, not weight gradients
+        timer.mute(Dense, name)
     trainers: list[Any] = []
     init = train.Trainer.__init__
 

@@ -77,6 +77,23 @@ def test_one_two_and_three_ranks_compute_the_same_run(tmp_path, flags, scheme):
     assert rec1[1]["train_loss"] < rec1[0]["train_loss"]
 
 
+@pytest.mark.parametrize("hidden", ["8,96", "96,8", "8,8"])
+@pytest.mark.parametrize("small", [False, True], ids=["batch70", "batch2"])
+def test_layers_split_by_units_next_to_layers_split_by_samples(tmp_path, hidden, small):
+    """Sharing activations, the ranks split a wide Dense by its units and a narrow one (8
+    units, 10 outputs) by samples: with the wide layer above the narrow one, below it, and
+    none, 3 ranks compute the 1-rank run; with a global batch of 2 too (a rank without
+    samples in every step meets the others at every fence)."""
+    extra = ["--hidden", hidden]
+    if small:
+        extra += ["--batch-size", "2", "--synthetic-size", "301", "--epochs", "1"]
+    flags = ["--comm", "mpi-shm", "--node-share", "activations"]
+    one, _ = _train(tmp_path, 1, *extra, name="mixed")
+    three, rec3 = _train(tmp_path, 3, *extra, *flags, name="mixed")
+    assert rec3[-1]["update"] == "shared activations"
+    _assert_close(one, three)
+
+
 def test_base_model_is_updated_in_two_buckets():
     model = build_model("mlp", HIDDEN).build((1, 28, 28), get_backend("numpy", "float64"), 0)
     assert len(layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)) == 2

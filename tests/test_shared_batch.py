@@ -18,6 +18,7 @@ from xpnn.parallel.shared_batch import (
     activation_values,
     row_align,
     shares_activations,
+    splits_units,
 )
 from xpnn.parallel.shared_update import ALIGN, share_bounds
 
@@ -48,6 +49,50 @@ def test_shares_of_the_gradient_make_the_whole_gradient(fan_in, units, batch, pa
         np.testing.assert_allclose(layer.grads[name], whole[name], rtol=1e-12, atol=1e-12)
 
 
+@settings(deadline=None, max_examples=30)
+@given(
+    st.integers(1, 40),
+    st.integers(1, 40),
+    st.integers(0, 9),
+    st.integers(1, 4),
+    st.sampled_from(["numpy", "numba"]),
+    st.sampled_from(["relu", "tanh", "sigmoid", "identity"]),
+)
+def test_units_slices_make_the_whole_pass(fan_in, units, batch, parts, backend_name, act):
+    """The output, ``dz``, bias gradient and ``dx`` that ranks splitting a layer's units
+    write slice by slice into shared arrays (strided column blocks of them) are those of
+    the whole layer's forward and backward."""
+    backend = get_backend(backend_name, "float64")
+    layer = Dense(units, act)
+    layer.build((fan_in,), backend, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    layer.params = {name: rng.standard_normal(shape) for name, (_, shape) in layer.initial.items()}
+    layer.grads = {name: np.full_like(p, np.nan) for name, p in layer.params.items()}
+    x, dy = rng.standard_normal((batch, fan_in)), rng.standard_normal((batch, units))
+    y_whole = layer.forward(x, Context(train=True)).copy()
+    dx_whole = layer.backward(dy.copy())
+    db_whole = layer.grads["b"].copy()
+    y, dz, dx = np.full_like(y_whole, np.nan), dy.copy(), np.full_like(x, np.nan)
+    layer.grads["b"][...] = np.nan
+    for i in range(parts):
+        cols = slice(*share_bounds(0, units, parts, i))
+        layer.forward_units(x, cols, y[:, cols])
+        layer.backward_units(dz[:, cols], y[:, cols], cols)
+    for i in range(parts):  # every unit's dz is in: each part's inputs
+        rows = slice(*share_bounds(0, fan_in, parts, i))
+        layer.input_grad_rows(dz, rows, dx[:, rows])
+    np.testing.assert_allclose(y, y_whole, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(layer.grads["b"], db_whole, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, dx_whole, rtol=1e-12, atol=1e-12)
+
+
+def test_wide_layers_split_by_units_narrow_ones_by_samples():
+    """A rank gets a cache line of every row of a layer it splits by units, or none of it."""
+    assert splits_units(ALIGN * 2, 2) and splits_units(1024, 2)
+    assert not splits_units(ALIGN * 2 - 1, 2) and not splits_units(10, 2)
+    assert splits_units(ALIGN * 3, 3) and not splits_units(ALIGN * 3 - 1, 3)
+
+
 def test_backward_with_a_batch_share_hands_over_x_and_dz_and_assigns_nothing():
     backend = get_backend("numpy", "float64")
     layer = Dense(3, "tanh")
@@ -56,7 +101,7 @@ def test_backward_with_a_batch_share_hands_over_x_and_dz_and_assigns_nothing():
     layer.params = {name: rng.standard_normal(shape) for name, (_, shape) in layer.initial.items()}
     layer.grads = {name: np.full_like(p, 7.0) for name, p in layer.params.items()}
     got = []
-    layer.batch_share = SimpleNamespace(put=lambda x, dz: got.append((x, dz)))
+    layer.batch_share = SimpleNamespace(splits_units=False, put=lambda x, dz: got.append((x, dz)))
     x, dy = rng.standard_normal((5, 4)), rng.standard_normal((5, 3))
     layer.forward(x, Context(train=True))
     dx = layer.backward(dy)

@@ -171,7 +171,8 @@ class Trainer:
             raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
         local = shard(batch, self.data_comm.rank, self.data_comm.size)
         self.update.begin_step(len(batch))
-        if len(local) == 0:  # more ranks than samples in this batch: contribute zeros
+        if len(local) == 0 and not self.update.needs_every_rank:
+            # more ranks than samples in this batch: contribute zeros
             model.grads[...] = 0
             zero = xp.zeros((), dtype=xp.float64)
             loss, correct = zero, zero

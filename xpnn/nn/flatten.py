@@ -13,7 +13,7 @@ class Flatten(Layer):
         return (math.prod(in_shape),)
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        return self.xp.reshape(x, (x.shape[0], -1))
+        return self.xp.reshape(x, (x.shape[0], math.prod(self.in_shape)))  # -1: not at 0 rows
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         return self.xp.reshape(dy, (dy.shape[0], *self.in_shape)) if need_dx else None

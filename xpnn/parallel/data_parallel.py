@@ -117,6 +117,9 @@ class Update:
     (passed to backward), ``finish()`` after backward; ``broadcast_initial()`` once."""
 
     name: str  # what the metrics call the scheme
+    # whether every rank runs forward and backward even without samples (the ranks split the
+    # products of the node's batch between them); else a rank without samples adds zeros
+    needs_every_rank = False
 
     def begin_step(self, global_batch: int) -> None:
         """A step over ``global_batch`` samples begins (a scheme that must know it overrides)."""

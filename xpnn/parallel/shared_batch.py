@@ -13,13 +13,22 @@ arrays, and after a fence, rank r computes the gradient of its share of ``W``'s 
 it, and updates those rows at once while their gradient is still in cache. No rank writes a
 gradient of the whole model, and none is summed.
 
-Within a layer, in this order: ``dz`` of my samples, put into the shared arrays; ``dx = dz @
-W.T`` for my samples (the last read of ``W`` in the step); fence; the gradient of my rows; the
-update of my rows. Once everyone has passed the fence nobody reads this ``W`` again in the
-step, so its rows can change. The fence is per bucket of layers (``layer_buckets``: a small
-layer waits for the next); a last fence before the next forward pass. Across nodes, a rank's
-rows of its node's gradient are allreduced with the same rows on the other nodes (the ranks
-with the same node-local rank) before the update, as ``shared_update`` does with its shares.
+With the activations in shared memory anyway, a wide layer's other products are split the
+same way (``_UnitsLayer``): forward, rank r computes its units (columns of ``W``) for the
+node's whole batch; backward, after a fence, the gradient of its inputs (rows of ``W``), which
+are the units of the layer below that it owns there. Split by samples, every rank would read
+all of ``W`` twice a step whatever its share of the batch; split by units, each reads its part.
+Narrow layers (the 10-unit output) stay split by samples (``_SharedLayer``).
+
+Within a layer split by samples, in this order: ``dz`` of my samples, put into the shared
+arrays; ``dx = dz @ W.T`` for my samples (the last read of ``W`` in the step); fence; the
+gradient of my rows; the update of my rows. Once everyone has passed the fence nobody reads
+this ``W`` again in the step, so its rows can change. Split by units: ``dz`` of my units,
+fence, ``dx`` of my inputs (my rows of ``W`` only), the gradient and the update of my rows.
+The gradients wait for the end of a bucket of layers (``layer_buckets``: a small layer waits
+for the next); a last fence before the next forward pass. Across nodes, a rank's rows of its
+node's gradient are allreduced with the same rows on the other nodes (the ranks with the same
+node-local rank) before the update, as ``shared_update`` does with its shares.
 """
 
 from __future__ import annotations
@@ -110,13 +119,24 @@ class _Placement:
 
 
 class _SharedLayer:
-    """One Dense layer's shared inputs and pre-activation gradients, and this rank's share."""
+    """One Dense layer's shared inputs and pre-activation gradients, and this rank's share.
 
-    def __init__(self, layer: Any, comm: Any, samples: int, place: _Placement) -> None:
+    The layer runs its own forward and backward on this rank's samples; backward puts ``x``
+    and ``dz`` here, and after a fence the rank computes its rows of the gradient over all of
+    the node's samples. For the small layers (the MLP's 10-unit output).
+    """
+
+    splits_units = False
+
+    def __init__(
+        self, layer: Any, comm: Any, samples: int, place: _Placement, x: Array | None = None
+    ) -> None:
         fan_in, units = layer.params["W"].shape
         dtype = layer.params["W"].dtype
-        self.layer, self.place = layer, place
-        self.x = comm.shared_zeros((samples, fan_in), dtype)
+        self.layer, self.place, self.comm = layer, place, comm
+        # ``x`` given: the layer below splits its units and leaves its output there already
+        self.inputs_shared = x is not None
+        self.x = x if x is not None else comm.shared_zeros((samples, fan_in), dtype)
         self.dz = comm.shared_zeros((samples, units), dtype)
         me, size = comm.local_rank, comm.local_size
         self.rows = slice(*share_bounds(0, fan_in, size, me, row_align(units)))
@@ -125,7 +145,8 @@ class _SharedLayer:
     def put(self, x: Array, dz: Array) -> None:
         """This rank's samples (called by ``Dense.backward``)."""
         lo, hi = self.place.lo, self.place.hi
-        self.x[lo:hi] = x
+        if not self.inputs_shared:
+            self.x[lo:hi] = x
         self.dz[lo:hi] = dz
 
     def grads_of_share(self) -> None:
@@ -140,6 +161,72 @@ class _SharedLayer:
         w = slice(offset + self.rows.start * units, offset + self.rows.stop * units)
         b = offset + fan_in * units
         return w, slice(b + self.cols.start, b + self.cols.stop)
+
+
+class _UnitsLayer(_SharedLayer):
+    """A Dense layer whose products the node's ranks split by its weights, over the node's
+    whole batch: rank r computes the units ``cols`` of the output (``W[:, cols]``) in
+    forward, and the inputs ``rows`` of ``dx`` and the gradient of ``W[rows]`` in backward.
+
+    Split by samples, every rank reads all of ``W`` twice a step (forward and ``dx``), whatever
+    its share of the batch; split by units, each reads its part of ``W``, in products over the
+    node's batch. Between two such layers nothing leaves shared memory: the output of one is
+    the input of the next, and ``dx`` of one (inputs ``rows``) is the upper layer's gradient
+    for the lower layer's units ``cols``, which are the same slice.
+    """
+
+    splits_units = True
+
+    def __init__(
+        self, layer: Any, comm: Any, samples: int, place: _Placement, below: _UnitsLayer | None
+    ) -> None:
+        super().__init__(layer, comm, samples, place, below.y if below else None)
+        self.below = below
+        self.y = comm.shared_zeros(self.dz.shape, self.dz.dtype)  # dz holds dy, then dz
+        if below is not None:
+            self.rows = below.cols
+            below.grads_shared = True
+        self.grads_shared = False  # whether the layer above leaves my gradient in ``dz``
+
+    def forward(self, x: Array) -> Array:
+        """My samples' outputs, after every rank computed its units for the node's batch."""
+        place = self.place
+        n = place.total
+        if not self.inputs_shared:
+            self.x[place.lo : place.hi] = x
+            self.comm.fence()
+        self.layer.forward_units(self.x[:n], self.cols, self.y[:n, self.cols])
+        self.comm.fence()
+        return self.y[place.lo : place.hi]
+
+    def backward(self, dy: Array, need_dx: bool) -> Array | None:
+        """``dz`` of my units, then (after a fence) ``dx`` of my inputs: straight into the
+        layer below's ``dz`` if it splits its units too, else my samples' rows of it."""
+        place = self.place
+        n = place.total
+        if not self.grads_shared:  # dy: my samples' rows
+            self.dz[place.lo : place.hi] = dy
+            self.comm.fence()
+        self.layer.backward_units(self.dz[:n, self.cols], self.y[:n, self.cols], self.cols)
+        self.comm.fence()
+        if not need_dx:
+            return None
+        if self.below is not None:
+            out = self.below.dz[:n, self.rows]
+            self.layer.input_grad_rows(self.dz[:n], self.rows, out)
+            return out
+        return self.layer.xp.matmul(self.dz[place.lo : place.hi], self.layer.params["W"].T)
+
+    def grads_of_share(self) -> None:
+        """My rows of ``W``'s gradient (``b``'s share came with ``dz``, in backward)."""
+        n = self.place.total
+        self.layer.grads_of_share(self.x[:n], self.dz[:n], self.rows, None)
+
+
+def splits_units(units: int, local_size: int) -> bool:
+    """Whether the node's ranks split a Dense layer of ``units`` by its units: when each gets
+    at least a cache line of every row."""
+    return units >= ALIGN * local_size
 
 
 class SharedBatchUpdate(NodeShared, LayerwiseUpdate):
@@ -160,27 +247,52 @@ class SharedBatchUpdate(NodeShared, LayerwiseUpdate):
         self.layers: list[list[_SharedLayer]] = [[] for _ in bounds]  # by bucket
         self.parts: list[list[int]] = [[] for _ in bounds]  # the optimizer's, by bucket
         parts: list[slice] = []  # two per layer: my rows of W, my share of b
+        # whether a bucket's gradients need a fence first: unless backward made one after the
+        # bucket's last layer put its samples or read other ranks' rows of W (the same on
+        # every rank: a rank without samples of a step still fences with the others)
+        self.fence_first = [False for _ in bounds]
+        below: Any = None  # the share of the layer just below, if it splits its units
         for index in range(len(model.layers)):
             layer, offset = model.layers[index], model.layer_offsets[index]
+            share: Any = None
             if layer.initial:
+                share = self._share(layer, comm, samples, below)
+                layer.batch_share = share
                 bucket = next(i for i, (lo, hi) in enumerate(bounds) if lo <= offset < hi)
-                layer.batch_share = _SharedLayer(layer, comm, samples, self.place)
-                self.layers[bucket].append(layer.batch_share)
-                for part in layer.batch_share.parts(offset):
+                if not self.layers[bucket]:  # the bucket's lowest layer: backward ends there
+                    reads_rows = offset > 0 or model.input_grad  # dx: rows of every rank
+                    self.fence_first[bucket] = not share.splits_units or (
+                        share.below is None and reads_rows
+                    )
+                self.layers[bucket].append(share)
+                for part in share.parts(offset):
                     self.parts[bucket].append(len(parts))
                     parts.append(part)
+            below = share if share is not None and share.splits_units else None
         self.optimizer = make_optimizer(params, model.grads, parts, comm.shared_zeros)
         self.my_grads = [model.grads[part] for part in parts]
         self.grads_ready = self._ready
         comm.fence()
+
+    def _share(self, layer: Any, comm: Any, samples: int, below: Any) -> _SharedLayer:
+        """The layer's share: split by units if wide enough, fed by the layer below if that
+        one is."""
+        units = layer.params["W"].shape[1]
+        if splits_units(units, comm.local_size):
+            self.needs_every_rank = True
+            return _UnitsLayer(layer, comm, samples, self.place, below)
+        x = below.y if below is not None else None
+        return _SharedLayer(layer, comm, samples, self.place, x)
 
     def begin_step(self, global_batch: int) -> None:
         self.place.begin(global_batch)
 
     def _before_part(self, index: int) -> None:
         """Every rank's samples of the bucket's layers are in and nobody reads their weights
-        any more: compute this rank's rows of their gradients (summed across nodes)."""
-        self.comm.fence()
+        any more (a fence, if backward has not just made one): compute this rank's rows of
+        their gradients (summed across nodes)."""
+        if self.fence_first[index]:
+            self.comm.fence()
         for shared in self.layers[index]:
             shared.grads_of_share()
         if self.comm.nodes > 1:
