@@ -260,7 +260,9 @@ class SharedBatchUpdate(NodeShared, LayerwiseUpdate):
                 layer.batch_share = share
                 bucket = next(i for i, (lo, hi) in enumerate(bounds) if lo <= offset < hi)
                 if not self.layers[bucket]:  # the bucket's lowest layer: backward ends there
-                    reads_rows = offset > 0 or model.input_grad  # dx: rows of every rank
+                    # its dx, if it makes one, reads every rank's rows of W (unless the
+                    # layer below splits its units: then only its own)
+                    reads_rows = offset > 0 or model.input_grad
                     self.fence_first[bucket] = not share.splits_units or (
                         share.below is None and reads_rows
                     )
