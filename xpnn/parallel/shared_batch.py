@@ -72,8 +72,8 @@ def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
     as asked, or (``auto``) when the model allows it and the node's activations hold fewer
     values than the model has parameters, i.e. than one rank's gradient row. (Each rank writes
     a row and reads one row's worth in the update; with activations it writes its samples and
-    reads the batch's. On 2 ranks the MLP 784-1024-1024-10 was ~3 % faster sharing activations
-    at batch 128, ~3 % slower at 512; this rule cuts at 381.)"""
+    reads the batch's. On 2 ranks the MLP 784-1024-1024-10 was 4-7 % faster sharing
+    activations at batch 128, ~1.5 % slower at 512; this rule cuts at 381.)"""
     if node_share == "gradients":
         return False
     if not can_share_activations(model):
