@@ -57,7 +57,11 @@ class Dense(Layer):
             self.grads["b"][...] = db
         else:
             share.put(self.x, dz)
-        return self.xp.matmul(dz, self.params["W"].T) if need_dx else None
+        return self.input_grad(dz) if need_dx else None
+
+    def input_grad(self, dz: Array) -> Array:
+        """``dx = dz @ W.T``: what the layer below receives."""
+        return self.xp.matmul(dz, self.params["W"].T)
 
     # -- slices of the above, for ranks that split a layer's units (``shared_batch``) --------
     def forward_units(self, x: Array, cols: slice, out: Array) -> None:

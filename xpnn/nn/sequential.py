@@ -115,13 +115,16 @@ class Sequential:
         layers = layers or self.layers
         dy = dlogits
         for i in range(len(layers) - 1, -1, -1):
-            # a layer computes its input gradient only if some layer below has parameters
-            # (or someone reads it): an MLP's first Dense skips its largest matrix product
-            need_dx = self.layer_offsets[i] > 0 or self.input_grad
-            dy = layers[i].backward(dy, need_dx=need_dx)
+            dy = layers[i].backward(dy, need_dx=self.needs_input_grad(i))
             if on_grads_ready is not None:
                 on_grads_ready(self.layer_offsets[i])
         return dy if self.input_grad else None
+
+    def needs_input_grad(self, index: int) -> bool:
+        """Whether backward asks layer ``index`` for its input gradient: only if some layer
+        below has parameters (or someone reads it); an MLP's first Dense skips its largest
+        matrix product."""
+        return self.layer_offsets[index] > 0 or self.input_grad
 
     def loss_and_grads(
         self,

@@ -149,6 +149,12 @@ class _SharedLayer:
             self.x[lo:hi] = x
         self.dz[lo:hi] = dz
 
+    def owes_fence(self, makes_dx: bool) -> bool:
+        """Whether, when backward has finished this layer, a fence is owed before any rank
+        may change its rows of ``W``: here every rank's samples were just put, and its
+        ``dx`` read all of ``W``."""
+        return True
+
     def grads_of_share(self) -> None:
         """This rank's rows of the gradient, over every sample the node's ranks put."""
         n = self.place.total
@@ -215,7 +221,12 @@ class _UnitsLayer(_SharedLayer):
             out = self.below.dz[:n, self.rows]
             self.layer.input_grad_rows(self.dz[:n], self.rows, out)
             return out
-        return self.layer.xp.matmul(self.dz[place.lo : place.hi], self.layer.params["W"].T)
+        return self.layer.input_grad(self.dz[place.lo : place.hi])
+
+    def owes_fence(self, makes_dx: bool) -> bool:
+        """Backward ends on a fence, then reads only this rank's rows of ``W``, unless it
+        makes my samples' ``dx`` for a layer below that does not split its units."""
+        return makes_dx and self.below is None
 
     def grads_of_share(self) -> None:
         """My rows of ``W``'s gradient (``b``'s share came with ``dz``, in backward)."""
@@ -260,17 +271,14 @@ class SharedBatchUpdate(NodeShared, LayerwiseUpdate):
                 layer.batch_share = share
                 bucket = next(i for i, (lo, hi) in enumerate(bounds) if lo <= offset < hi)
                 if not self.layers[bucket]:  # the bucket's lowest layer: backward ends there
-                    # its dx, if it makes one, reads every rank's rows of W (unless the
-                    # layer below splits its units: then only its own)
-                    reads_rows = offset > 0 or model.input_grad
-                    self.fence_first[bucket] = not share.splits_units or (
-                        share.below is None and reads_rows
-                    )
+                    self.fence_first[bucket] = share.owes_fence(model.needs_input_grad(index))
                 self.layers[bucket].append(share)
                 for part in share.parts(offset):
                     self.parts[bucket].append(len(parts))
                     parts.append(part)
             below = share if share is not None and share.splits_units else None
+        shares = [share for bucket in self.layers for share in bucket]
+        self.needs_every_rank = any(share.splits_units for share in shares)
         self.optimizer = make_optimizer(params, model.grads, parts, comm.shared_zeros)
         self.my_grads = [model.grads[part] for part in parts]
         self.grads_ready = self._ready
@@ -281,7 +289,6 @@ class SharedBatchUpdate(NodeShared, LayerwiseUpdate):
         one is."""
         units = layer.params["W"].shape[1]
         if splits_units(units, comm.local_size):
-            self.needs_every_rank = True
             return _UnitsLayer(layer, comm, samples, self.place, below)
         x = below.y if below is not None else None
         return _SharedLayer(layer, comm, samples, self.place, x)
