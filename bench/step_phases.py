@@ -17,8 +17,12 @@ one rank, ``mpiexec -n N`` for N), with timers around the phases of ``Trainer.st
     or not at all, never as ``wgrad``);
 
 and prints, for each rank, the median per step over the last epoch (the first one includes
-Numba's compilation), and the mean step: an epoch's time is the mean, which also pays for
-every step a stalled core made slow. Timing wraps methods only; nothing in the step changes.
+Numba's compilation), and the mean step: an epoch's time is the mean, which also pays for every
+step a stalled core made slow. Timing wraps methods only; nothing in the step changes on the
+CPU. On a GPU backend (CuPy) a timer that only read the clock would time kernel launches, so
+there every phase and step synchronizes the device before and after it. Then the phases add up
+to the step, but the step loses the overlap of the host's launches with the device's work:
+compare its mean with the epoch time of a plain run.
 
 Automatic garbage collection is off while it trains. Plain runs of this MLP make no full
 collection in their first epochs, but the objects Numba's first-epoch compilation leaves make
@@ -52,6 +56,7 @@ class StepTimer:
         self.steps: list[dict[str, float]] = []
         self.current: dict[str, float] | None = None
         self.muted = 0  # inside a method whose own calls are not phases
+        self.sync: Any = None  # the device's synchronize, on a GPU backend
 
     def mute(self, cls: Any, name: str) -> None:
         """Phases called from inside ``cls.name`` do not count."""
@@ -77,10 +82,14 @@ class StepTimer:
                 return inner(*args, **kwargs)
             if phase is None:
                 timer.current = dict.fromkeys(PHASES, 0.0)
+            if timer.sync:
+                timer.sync()
             t0 = time.perf_counter()
             try:
                 return inner(*args, **kwargs)
             finally:
+                if timer.sync:
+                    timer.sync()
                 elapsed = time.perf_counter() - t0
                 if phase is None:
                     timer.current["step"] = elapsed
@@ -99,6 +108,12 @@ class StepTimer:
         out["mean"] = 1e3 * sum(s["step"] for s in last) / len(last)  # stalls count here
         out["steps"] = len(last)
         return out
+
+
+def device_sync(backend: Any) -> Any:
+    """What the timers wait for the device with: its synchronize on a GPU backend, else None
+    (on the CPU a call has finished its work when it returns)."""
+    return backend.synchronize if backend.is_gpu else None
 
 
 def main(argv: list[str]) -> int:
@@ -123,6 +138,7 @@ def main(argv: list[str]) -> int:
     def remember(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         trainers.append(self)
+        timer.sync = device_sync(self.backend)
 
     train.Trainer.__init__ = remember
     gc.disable()  # see the module's docstring

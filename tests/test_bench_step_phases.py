@@ -17,9 +17,10 @@ ARGS = [
 ]  # fmt: skip
 
 
-def _phases(ranks: int) -> list[list[float]]:
+def _phases(ranks: int, extra: tuple[str, ...] = ()) -> list[list[float]]:
+    """The script's table, one row of numbers per rank (``extra``: more xpnn arguments)."""
     script = str(ROOT / "bench" / "step_phases.py")
-    cmd = [sys.executable, script, *ARGS]
+    cmd = [sys.executable, script, *ARGS, *extra]
     if ranks > 1:
         cmd = [mpiexec_path(), "-n", str(ranks), *cmd]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
@@ -73,3 +74,70 @@ def test_the_timed_steps_run_without_automatic_garbage_collection(monkeypatch):
     assert step_phases.main(ARGS) == 0
     assert len(seen) == 8 and not any(seen)
     assert gc.isenabled()
+
+
+class _FakeDevice:
+    """Work 'launched' by a call finishes only when the host synchronizes, as on a GPU."""
+
+    def __init__(self) -> None:
+        self.pending = 0.0
+        self.syncs = 0
+
+    def launch(self, seconds: float) -> None:
+        self.pending += seconds
+
+    def synchronize(self) -> None:
+        import time
+
+        self.syncs += 1
+        time.sleep(self.pending)
+        self.pending = 0.0
+
+
+def test_on_a_device_each_phase_waits_for_its_work(monkeypatch):
+    """A timer that only read the clock would see the launch of asynchronous work, not the
+    work: with the device's synchronize (set for a GPU backend), the phase holds its work."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import step_phases
+
+    device = _FakeDevice()
+
+    class Step:
+        def run(self) -> None:
+            self.phase()
+
+        def phase(self) -> None:
+            device.launch(0.05)
+
+    for sync, least, most in ((None, 0.0, 0.01), (device.synchronize, 0.05, 1.0)):
+        timer = step_phases.StepTimer()
+        timer.sync = sync
+        monkeypatch.setattr(Step, "run", Step.run)
+        monkeypatch.setattr(Step, "phase", Step.phase)
+        timer.wrap(Step, "phase", "update")
+        timer.wrap(Step, "run", None)
+        Step().run()
+        (step,) = timer.steps
+        assert least <= step["update"] <= most
+        assert step["update"] <= step["step"]
+        device.synchronize()  # what the unsynchronized timer left behind
+    assert device.syncs == 4 + 1 + 1  # around the phase and the step, and the two cleanups
+
+
+def test_only_a_gpu_backend_makes_the_timers_synchronize(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import step_phases
+
+    from xpnn.backends import get_backend
+
+    for name in ("numpy", "numba"):
+        assert step_phases.device_sync(get_backend(name)) is None
+
+    class Gpu:
+        is_gpu = True
+
+        def synchronize(self) -> None:
+            pass
+
+    gpu = Gpu()
+    assert step_phases.device_sync(gpu) == gpu.synchronize
