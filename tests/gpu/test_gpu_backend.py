@@ -1,4 +1,5 @@
-"""The CuPy backend computes what the NumPy backend computes, and trains under mpiexec.
+"""The CuPy backend computes what the NumPy backend computes, and trains under mpiexec;
+``bench/step_phases.py`` times its steps.
 
 Skipped, with the reason, where CuPy or a CUDA device is missing (as in CI).
 """
@@ -20,6 +21,8 @@ try:
         pytest.skip("no CUDA device", allow_module_level=True)
 except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
     pytest.skip(f"no usable CuPy/CUDA device: {exc}", allow_module_level=True)
+
+from test_bench_step_phases import _phases  # noqa: E402
 
 from xpnn.backends import get_backend  # noqa: E402
 from xpnn.nn import Context, mlp  # noqa: E402
@@ -218,3 +221,12 @@ def test_a_cupy_pipeline_checkpoint_resumes_on_one_cupy_rank(tmp_path):
         for name in want.files:
             scale = np.abs(want[name]).max()
             np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-10 * scale)
+
+
+def test_step_phases_on_cupy_add_up():
+    """Its timers synchronize the device on CuPy, so the phases hold the device's work."""
+    (row,) = _phases(1, ("--backend", "cupy"))
+    _, mean, step, compute, forward, wgrad, update, fences = row
+    assert mean > 0 and update > 0 and fences == 0
+    assert 0 < forward < compute and 0 < wgrad < compute
+    assert compute + update <= step * 1.5 + 0.01
