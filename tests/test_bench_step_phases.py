@@ -101,19 +101,17 @@ def test_on_a_device_each_phase_waits_for_its_work(monkeypatch):
     import step_phases
 
     device = _FakeDevice()
-
-    class Step:
-        def run(self) -> None:
-            self.phase()
-
-        def phase(self) -> None:
-            device.launch(0.05)
-
     for sync, least, most in ((None, 0.0, 0.01), (device.synchronize, 0.05, 1.0)):
+
+        class Step:  # a fresh class for each timer to wrap
+            def run(self) -> None:
+                self.phase()
+
+            def phase(self) -> None:
+                device.launch(0.05)
+
         timer = step_phases.StepTimer()
         timer.sync = sync
-        monkeypatch.setattr(Step, "run", Step.run)
-        monkeypatch.setattr(Step, "phase", Step.phase)
         timer.wrap(Step, "phase", "update")
         timer.wrap(Step, "run", None)
         Step().run()
