@@ -390,6 +390,25 @@ def test_agree_on_user_errors_single_process(capsys: pytest.CaptureFixture) -> N
 
 
 # -- failure handling under mpiexec --------------------------------------------------------------
+# Rank 0 names MPICH's node segment files that it maps, by their names, removed or not.
+PRINT_SEGMENTS = """
+if w.rank == 0:
+    for line in open("/proc/self/maps"):
+        path = line.split(maxsplit=5)[5:] or [""]
+        if path[0].startswith("/dev/shm/mpich_shm_"):
+            print("segment", path[0].split()[0], flush=True)
+"""
+
+
+def assert_segments_gone(stdout: str) -> None:
+    """A job that ended by MPI_Abort or a killed rank never ran MPI_Finalize, which is where
+    MPICH removes its /dev/shm file; xpnn removes the name at start-up instead
+    (``segments``). The mpich wheel always has such a segment for two ranks."""
+    paths = {line.split()[1] for line in stdout.splitlines() if line.startswith("segment ")}
+    assert paths, "no MPICH segment found in /proc/self/maps"
+    assert not [path for path in paths if os.path.exists(path)]
+
+
 RANK1_RAISES = """
 import sys, time
 import numpy as np
@@ -397,7 +416,7 @@ from xpnn.parallel import init_world, make_communicator, run_guarded
 from types import SimpleNamespace
 
 w = init_world()
-
+{print_segments}
 def train():
     comm = make_communicator(w, SimpleNamespace(name="numpy", is_gpu=False, xp=np))
     buf = np.ones(1000, np.float32)
@@ -413,12 +432,13 @@ sys.exit(run_guarded(w, train))
 
 @pytest.mark.mpi
 def test_one_rank_raising_stops_the_job(tmp_path: Path) -> None:
-    proc, seconds = run_script(tmp_path, RANK1_RAISES, 2)
+    proc, seconds = run_script(tmp_path, RANK1_RAISES.format(print_segments=PRINT_SEGMENTS), 2)
     assert proc.returncode != 0
     assert seconds < 30
     assert proc.stderr.count("rank 1:") == 1, proc.stderr
     assert "rank 1: ValueError: exploding gradient" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert_segments_gone(proc.stdout)
 
 
 USER_ERROR = """
@@ -472,6 +492,7 @@ from xpnn.parallel import init_world, make_communicator, run_guarded
 from types import SimpleNamespace
 
 w = init_world()
+{print_segments}
 comm = make_communicator(w, SimpleNamespace(name="numpy", is_gpu=False, xp=np))
 buf = np.ones(10, np.float64)
 comm.allreduce_(buf)
@@ -484,10 +505,11 @@ print("should not get here", flush=True)
 
 @pytest.mark.mpi
 def test_killed_rank_ends_the_job(tmp_path: Path) -> None:
-    proc, seconds = run_script(tmp_path, SIGKILL, 2)
+    proc, seconds = run_script(tmp_path, SIGKILL.format(print_segments=PRINT_SEGMENTS), 2)
     assert proc.returncode != 0
     assert seconds < 30
     assert "should not get here" not in proc.stdout
+    assert_segments_gone(proc.stdout)
 
 
 STUCK_IN_SETUP = """

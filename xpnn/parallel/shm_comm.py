@@ -21,9 +21,9 @@ import numpy as np
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm import MpiHostCommunicator
+from xpnn.parallel.segments import SHM_DIR
 
 RANKS_PER_NODE_VAR = "XPNN_RANKS_PER_NODE"  # tests: pretend one machine is several nodes
-SHM_DIR = "/dev/shm"  # where MPICH and Open MPI keep node-shared segments on Linux
 
 
 def shm_free_bytes(path: str = SHM_DIR) -> int | None:

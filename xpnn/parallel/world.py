@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from xpnn.errors import UserError
+from xpnn.parallel.segments import unlink_mpich_segments
 from xpnn.parallel.threads import affinity, core_share
 
 # Variables that a launcher sets in every process it starts. Each entry: (variable, minimum size
@@ -147,6 +148,9 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
         cores, crowded = core_share(own, local.allgather(own))  # bound ranks or not
     finally:
         local.Free()
+    # the node's ranks have all passed MPI_Init (the allgather): MPICH's segment is mapped
+    # everywhere, and its name would outlive a job that aborts or loses a rank
+    unlink_mpich_segments()
     return World(
         rank=comm.Get_rank(),
         size=comm.Get_size(),

@@ -1,0 +1,48 @@
+"""Which /dev/shm names xpnn removes at start-up: MPICH's segments that this process maps, and
+nothing else. (That a failed two-rank job leaves none behind: ``test_comm.py``.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xpnn.parallel.segments import mpich_segments, unlink_mpich_segments
+
+
+def _maps(*paths: str) -> str:
+    """Lines as ``/proc/PID/maps`` writes them, one mapping per path."""
+    lines = ["7f00000000-7f00001000 r--p 00000000 00:00 0 ", "7f00002000-7f00003000 rw-p 0 0:0 0"]
+    for n, path in enumerate(paths):
+        lines.append(f"7f{n:02d}0000000-7f{n:02d}0200000 rw-s 00000000 00:1a 42   {path}")
+    return "\n".join(lines) + "\n"
+
+
+def test_only_named_mpich_segments_in_the_shm_dir() -> None:
+    maps = _maps(
+        "/dev/shm/mpich_shm_4f613dc5_0",
+        "/dev/shm/mpich_shm_4f613dc5_0",  # mapped twice: named once
+        "/dev/shm/mpich_shm_aaaa_0 (deleted)",  # removed already
+        "/dev/shm/ucx_shm_posix_21121d55 (deleted)",
+        "/dev/shm/sm_segment.host.0.1234",  # Open MPI's: left to Open MPI
+        "/tmp/mpich_shm_bbbb_0",  # not in the shm folder
+        "/dev/shm/sub/mpich_shm_cccc_0",
+        "/usr/lib/libmpi.so.12.5.0",
+    )
+    assert mpich_segments(maps) == ["/dev/shm/mpich_shm_4f613dc5_0"]
+    assert mpich_segments("") == []
+
+
+def test_unlink_removes_mapped_segments_and_skips_missing(tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    mapped, other, gone = shm / "mpich_shm_1_0", shm / "mpich_shm_2_0", shm / "mpich_shm_3_0"
+    mapped.write_bytes(b"x")
+    other.write_bytes(b"y")  # another job's segment: this process does not map it
+    maps = tmp_path / "maps"
+    maps.write_text(_maps(str(mapped), str(gone)))  # ``gone``: a rank of the node removed it
+    assert unlink_mpich_segments(str(maps), str(shm)) == [str(mapped)]
+    assert not mapped.exists() and other.exists()
+    assert unlink_mpich_segments(str(maps), str(shm)) == []  # a second call finds nothing
+
+
+def test_no_proc_no_action(tmp_path: Path) -> None:
+    assert unlink_mpich_segments(str(tmp_path / "no-such-maps")) == []
