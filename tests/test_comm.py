@@ -221,6 +221,12 @@ OPEN_MPI_VERSION = "Open MPI v4.1.6, package: Debian OpenMPI\nmore"  # as MPI re
         ({"PMI_SIZE": "2"}, 2, None),
         ({"PMI_SIZE": "junk", "PMI_RANK": "0"}, 1, None),
         ({"SLURM_NTASKS": "4"}, 1, None),  # a batch script's own variables are no launch
+        ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}, 1, None),
+        # mpiexec in an allocation: srun started one proxy a node, the MPI count settles it
+        ({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "PMI_SIZE": "8"}, 8, None),
+        ({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1", "PMI_SIZE": "2"}, 2, None),
+        ({"SLURM_STEP_ID": "2", "SLURM_STEP_NUM_TASKS": "2", "PMI_SIZE": "2"}, 2, None),  # pmi2
+        ({"SLURM_STEP_ID": "1", "SLURM_STEP_NUM_TASKS": "2"}, 2, None),  # srun --mpi=pmix
         ({}, 1, None),
     ],
 )
@@ -234,6 +240,43 @@ def test_launcher_size_mismatch(env: dict, size: int, var: str | None) -> None:
     msg = str(err.value)
     assert f"{var}={env[var]}" in msg and f"MPI sees {size}" in msg, msg
     assert "'Open MPI v4.1.6, package: Debian OpenMPI'" in msg and "MPI4PY_LIBMPI" in msg, msg
+
+
+@pytest.mark.parametrize("tasks", ["2", "4"])
+def test_srun_without_pmi_is_refused(tasks: str) -> None:
+    """``srun --mpi=none`` (many sites' default) gives each task a world of one."""
+    env = {"SLURM_STEP_ID": "1", "SLURM_STEP_NUM_TASKS": tasks, "SLURM_PROCID": "1"}
+    with pytest.raises(UserError) as err:
+        check_launcher_size(1, env, "MPICH Version:      5.0.2\nMPICH Release date: x")
+    msg = str(err.value)
+    assert msg.startswith(f"srun started {tasks} tasks (SLURM_STEP_NUM_TASKS={tasks})"), msg
+    assert "MPI sees 1" in msg and "'MPICH Version: 5.0.2'" in msg and "--mpi=pmi2" in msg, msg
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("command", [[], ["info"]])
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_srun_without_pmi_through_cli(tmp_path: Path, command: list[str], rank: str) -> None:
+    """What each task of ``srun -n 2 --mpi=none python -m xpnn`` sees: Slurm's variables and a
+    world of one. Each exits 2 without training; the task srun numbered 0 prints one line."""
+    env = _clean_env(
+        SLURM_PROCID=rank, SLURM_NTASKS="2", SLURM_STEP_ID="1", SLURM_STEP_NUM_TASKS="2"
+    )
+    args = ["--dataset", "synthetic", "--synthetic-size", "256"] if not command else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "xpnn", *command, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    if rank == "1":
+        assert proc.stderr == "" and proc.stdout == ""
+        return
+    assert proc.stderr.startswith("xpnn: srun started 2 tasks") and proc.stderr.count("\n") == 1
+    assert "epoch" not in proc.stdout and "ranks:" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.mpi

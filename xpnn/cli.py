@@ -552,14 +552,15 @@ def main(argv: list[str] | None = None) -> int:
         if _launch_rank() == 0:
             print(f"xpnn: {exc}", file=sys.stderr)
         return 2
-    if command == "info":
-        from xpnn.info import info_main
-
-        return info_main(as_json=args.json)
     try:
+        if command == "info":
+            from xpnn.info import info_main
+
+            return info_main(as_json=args.json)
         return train_main(args)
-    except UserError as exc:  # before MPI (the launcher's variables): nothing to agree on
-        print(f"xpnn: {exc}", file=sys.stderr)
+    except UserError as exc:  # before MPI (the launcher's variables): nothing to agree on,
+        if _launch_rank() == 0:  # but every process found the same, so one of them says it
+            print(f"xpnn: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C while Python, NumPy or MPI start
         print("xpnn: interrupted", file=sys.stderr, flush=True)

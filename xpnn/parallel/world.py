@@ -33,6 +33,7 @@ _LAUNCHER_VARS = (
 )
 # Variables in which a launcher states how many processes it started.
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+_SRUN_TASKS_VAR = "SLURM_STEP_NUM_TASKS"  # how many tasks srun started in this job step
 
 
 _CONTROL: object | None = None  # a private duplicate of COMM_WORLD for failure agreement
@@ -100,22 +101,35 @@ def check_launcher_size(size: int, env: Mapping[str, str], library_version: str)
     """Refuse to train when the launcher started N processes but MPI sees fewer.
 
     That happens when mpi4py loaded another MPI library than the launcher's (an ``mpiexec``
-    from the mpich wheel with a system Open MPI, say): every process is then a singleton
-    that trains the whole run alone and writes the same outputs as the others.
+    from the mpich wheel with a system Open MPI, say), or when ``srun`` started the tasks
+    without a process-management interface their MPI speaks (``--mpi=none``, the default of
+    many Slurm sites): every process is then a singleton that trains the whole run alone and
+    writes the same outputs as the others.
     """
+    library = " ".join((library_version.splitlines() or [""])[0].split())
     for var in _LAUNCHER_SIZE_VARS:
         try:
             launched = int(env.get(var, ""))
         except ValueError:
             continue
         if launched > size:
-            library = " ".join(library_version.splitlines()[0].split())
             raise UserError(
                 f"the launcher started {launched} processes ({var}={launched}) but MPI sees "
                 f"{size}: mpi4py loaded {library!r}, not the launcher's MPI; use the mpiexec "
                 "of that library, or point mpi4py at the launcher's one with "
                 "MPI4PY_LIBMPI=/path/to/libmpi.so"
             )
+        return  # the MPI launcher's own count settles it
+    # srun's count of this step's tasks. Not when an MPI launcher's count was there: mpiexec
+    # inside an allocation starts its proxies with srun, one a node, not one a rank.
+    tasks = env.get(_SRUN_TASKS_VAR, "")
+    if "SLURM_STEP_ID" in env and tasks.isdigit() and int(tasks) > size:
+        raise UserError(
+            f"srun started {tasks} tasks ({_SRUN_TASKS_VAR}={tasks}) but MPI sees {size}: "
+            f"srun gave them no process-management interface that {library!r} speaks; use "
+            "srun --mpi=pmi2 (MPICH, the mpich wheel) or --mpi=pmix (Open MPI), or mpiexec "
+            "inside the allocation"
+        )
 
 
 def init_world(env: Mapping[str, str] | None = None) -> World:
