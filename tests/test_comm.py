@@ -24,7 +24,7 @@ from xpnn.errors import UserError
 from xpnn.parallel.comm import SelfCommunicator, make_communicator
 from xpnn.parallel.cuda_comm import choose_gpu_kind, shared_gpu
 from xpnn.parallel.failure import CollectiveExit, agree_on_user_errors, run_guarded
-from xpnn.parallel.world import World, check_launcher_size, launched_by_mpi
+from xpnn.parallel.world import World, check_launcher_size, check_pmix, launched_by_mpi
 
 CPU = SimpleNamespace(name="numpy", is_gpu=False, xp=np)
 GPU = SimpleNamespace(name="cupy", is_gpu=True, xp=None)
@@ -253,15 +253,32 @@ def test_srun_without_pmi_is_refused(tasks: str) -> None:
     assert "MPI sees 1" in msg and "'MPICH Version: 5.0.2'" in msg and "--mpi=pmi2" in msg, msg
 
 
+# What each process of a launch that cannot form one world sees: the launcher's variables and
+# the mpich wheel. Without PMI (``srun -n 2 --mpi=none``) each is a world of one; under PMIx
+# (Open MPI's ``mpirun``) the wheel's MPI_Init would abort the process with an error stack.
+UNWORLDLY_LAUNCHES = {
+    "srun --mpi=none": (
+        {"SLURM_NTASKS": "2", "SLURM_STEP_ID": "1", "SLURM_STEP_NUM_TASKS": "2"},
+        "SLURM_PROCID",
+        "xpnn: srun started 2 tasks",
+    ),
+    "Open MPI mpirun": (
+        {"OMPI_COMM_WORLD_SIZE": "2", "PMIX_NAMESPACE": "prterun-vm-1@1"},
+        "OMPI_COMM_WORLD_RANK",
+        "xpnn: started through PMIx (PMIX_NAMESPACE is set",
+    ),
+}
+
+
 @pytest.mark.mpi
+@pytest.mark.parametrize("launch", sorted(UNWORLDLY_LAUNCHES))
 @pytest.mark.parametrize("command", [[], ["info"]])
 @pytest.mark.parametrize("rank", ["0", "1"])
-def test_srun_without_pmi_through_cli(tmp_path: Path, command: list[str], rank: str) -> None:
-    """What each task of ``srun -n 2 --mpi=none python -m xpnn`` sees: Slurm's variables and a
-    world of one. Each exits 2 without training; the task srun numbered 0 prints one line."""
-    env = _clean_env(
-        SLURM_PROCID=rank, SLURM_NTASKS="2", SLURM_STEP_ID="1", SLURM_STEP_NUM_TASKS="2"
-    )
+def test_launch_that_forms_no_world_through_cli(
+    tmp_path: Path, launch: str, command: list[str], rank: str
+) -> None:
+    """Each process exits 2 without training; the one the launcher numbered 0 prints one line."""
+    variables, rank_var, line = UNWORLDLY_LAUNCHES[launch]
     args = ["--dataset", "synthetic", "--synthetic-size", "256"] if not command else []
     proc = subprocess.run(
         [sys.executable, "-m", "xpnn", *command, *args],
@@ -269,14 +286,40 @@ def test_srun_without_pmi_through_cli(tmp_path: Path, command: list[str], rank: 
         text=True,
         timeout=60,
         cwd=tmp_path,
-        env=env,
+        env=_clean_env(**variables, **{rank_var: rank}),
     )
     assert proc.returncode == 2, proc.stderr
     if rank == "1":
         assert proc.stderr == "" and proc.stdout == ""
         return
-    assert proc.stderr.startswith("xpnn: srun started 2 tasks") and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(line) and proc.stderr.count("\n") == 1, proc.stderr
     assert "epoch" not in proc.stdout and "ranks:" not in proc.stdout, proc.stdout
+
+
+MPICH_WHEEL = "MPICH Version:      5.0.2\nMPICH configure:    --with-pm=hydra:gforker\n"
+
+
+@pytest.mark.parametrize(
+    "env, version, refused",
+    [
+        ({"PMIX_RANK": "0"}, MPICH_WHEEL, True),
+        ({"PMIX_NAMESPACE": "slurm.pmix.7.0"}, MPICH_WHEEL, True),
+        ({"PMIX_RANK": "0"}, "MPICH Version: 4.2.0\nMPICH configure: --with-pmix=/usr\n", False),
+        ({"PMIX_RANK": "0"}, OPEN_MPI_VERSION, False),
+        ({"PMIX_RANK": "0"}, "Intel(R) MPI Library 2021.10 for Linux* OS\n", False),
+        ({"PMI_RANK": "0", "PMI_SIZE": "2"}, MPICH_WHEEL, False),
+        ({}, MPICH_WHEEL, False),
+    ],
+)
+def test_mpich_without_pmix_under_pmix(env: dict, version: str, refused: bool) -> None:
+    if not refused:
+        check_pmix(env, version)
+        return
+    with pytest.raises(UserError) as err:
+        check_pmix(env, version)
+    msg = str(err.value)
+    assert msg.startswith("started through PMIx (PMIX_") and "'MPICH Version: 5.0.2'" in msg
+    assert "MPI4PY_LIBMPI" in msg and "--mpi=pmi2" in msg, msg
 
 
 @pytest.mark.mpi

@@ -8,8 +8,10 @@ clusters, refuses to run outside the launcher. A plain ``python -m xpnn`` stays 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.parallel.segments import unlink_mpich_segments
@@ -132,6 +134,53 @@ def check_launcher_size(size: int, env: Mapping[str, str], library_version: str)
         )
 
 
+def check_pmix(env: Mapping[str, str], library_version: str) -> None:
+    """Refuse an MPICH without PMIx under a PMIx launcher, before its ``MPI_Init`` aborts.
+
+    Open MPI's ``mpirun`` and ``srun --mpi=pmix`` start processes through PMIx
+    (``PMIX_RANK``, ``PMIX_NAMESPACE``). An MPICH built without it, such as the mpich wheel
+    that ``pip install`` brings, aborts in ``MPI_Init`` there with a page of error stack
+    ("Runtime environment uses unsupported PMI version PMIx"): a site's Open MPI ``mpirun``
+    with the wheel still in the virtual environment, typically.
+    """
+    var = next((v for v in ("PMIX_RANK", "PMIX_NAMESPACE") if env.get(v)), None)
+    first = " ".join((library_version.splitlines() or [""])[0].split())
+    if var is None or not first.startswith("MPICH") or "pmix" in library_version.lower():
+        return
+    raise UserError(
+        f"started through PMIx ({var} is set: Open MPI's mpirun, or srun --mpi=pmix) but "
+        f"mpi4py loaded {first!r}, built without PMIx; use that library's mpiexec or srun "
+        "--mpi=pmi2, or point mpi4py at the launcher's MPI with "
+        "MPI4PY_LIBMPI=/path/to/libmpi.so"
+    )
+
+
+def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
+    """Import mpi4py and start MPI; the MPI module and its library's version string.
+
+    The library is asked its name before ``MPI_Init`` (allowed by the standard), because an
+    ``MPI_Init`` that fails ends the process from C, past any Python error handling. mpi4py
+    then initialises as it would have by itself (thread level "multiple", finalized at exit).
+    """
+    try:
+        import mpi4py
+
+        if "mpi4py.MPI" not in sys.modules:  # else too late to choose: MPI has started
+            mpi4py.rc.initialize = False
+            mpi4py.rc.finalize = True
+        from mpi4py import MPI
+    except Exception as exc:  # ImportError, or RuntimeError when libmpi cannot be loaded
+        raise UserError(
+            f"started by an MPI launcher ({hint} is set) but mpi4py failed to load: {exc}"
+        ) from exc
+    # Open MPI ends the string with its C terminator
+    library = MPI.Get_library_version().replace("\x00", "")
+    check_pmix(env, library)
+    if not MPI.Is_initialized():
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    return MPI, library
+
+
 def init_world(env: Mapping[str, str] | None = None) -> World:
     """Find rank, size and node-local rank/size; import MPI only under a launcher.
 
@@ -142,16 +191,11 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     hint = launched_by_mpi(env)
     if hint is None:
         return World(rank=0, size=1, local_rank=0, local_size=1, mpi_comm=None)
-    try:
-        from mpi4py import MPI
-    except Exception as exc:  # ImportError, or RuntimeError when libmpi cannot be loaded
-        raise UserError(
-            f"started by an MPI launcher ({hint} is set) but mpi4py failed to load: {exc}"
-        ) from exc
+    env = os.environ if env is None else env
+    MPI, library = _start_mpi(hint, env)
     global _CONTROL
     world = MPI.COMM_WORLD
-    env = os.environ if env is None else env
-    check_launcher_size(world.Get_size(), env, MPI.Get_library_version().replace("\x00", ""))
+    check_launcher_size(world.Get_size(), env, library)
     comm = world.Dup()
     if _CONTROL is None:
         _CONTROL = world.Dup()
