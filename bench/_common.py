@@ -367,10 +367,13 @@ def executable(text: str) -> str:
             raise argparse.ArgumentTypeError(f"{text!r} is not on PATH")
         return found
     path = Path(text)
-    if not path.exists():
-        raise argparse.ArgumentTypeError(f"{text} does not exist")
-    if not path.is_file() or not os.access(path, os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text} is not an executable file")
+    try:
+        if not path.exists():
+            raise argparse.ArgumentTypeError(f"{text} does not exist")
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise argparse.ArgumentTypeError(f"{text} is not an executable file")
+    except OSError as exc:  # under a directory this user may not enter even stat() fails
+        raise argparse.ArgumentTypeError(f"{text}: {exc.strerror}") from None
     return os.path.abspath(text)
 
 
@@ -421,7 +424,10 @@ def refuse_unwritable(
 ) -> None:
     """A usage error (exit 2, one line naming ``flag``) unless results can be written at
     ``path``: a file, or with ``folder`` an output folder the script makes when missing."""
-    problem = folder_problem(path) if folder else file_problem(path)
+    try:
+        problem = folder_problem(path) if folder else file_problem(path)
+    except OSError as exc:  # under a directory this user may not enter even stat() fails
+        problem = exc.strerror or type(exc).__name__
     if problem is not None:
         parser.error(f"{flag} {path}: {problem}")
 

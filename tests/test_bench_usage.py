@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, without_root_rights
 
 
 @pytest.mark.parametrize(
@@ -90,6 +90,41 @@ def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
     last = proc.stderr.strip().splitlines()[-1]
     assert needle in last, proc.stderr
     assert proc.stdout == ""  # nothing measured, nothing reported
+
+
+@pytest.mark.parametrize(
+    ("script", "flag", "name"),
+    [
+        ("scaling", "--out", "o"),
+        ("scaling", "--mpiexec", "mpiexec"),
+        ("matmul_crossover", "--out", "o"),
+        ("pipeline_memory", "--out", "o"),
+        ("allreduce", "--json", "x.json"),
+        ("optimizer_step", "--json", "x.json"),
+        ("throughput", "--json", "x.json"),
+        ("within_job", "--json", "x.json"),
+    ],
+)
+def test_a_path_this_user_may_not_look_at(tmp_path, script, flag, name):
+    """Under a directory the user may not enter even ``stat()`` fails (before the 17th
+    session: a PermissionError traceback)."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    path = locked / name
+    locked.chmod(0)
+    try:
+        proc = subprocess.run(
+            [*without_root_rights(), sys.executable, f"bench/{script}.py", flag, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    finally:
+        locked.chmod(0o700)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{flag}" in proc.stderr and f"{path}: Permission denied" in proc.stderr, proc.stderr
+    assert proc.stdout == ""
 
 
 def test_the_plot_suffixes_are_ones_matplotlib_writes():

@@ -1,11 +1,15 @@
 """The command-line contract: flags, exit codes, the metrics file, saved parameters, info."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_user_error, run_xpnn
+from conftest import ROOT, assert_one_line_user_error, run_xpnn, without_root_rights
+
+from xpnn.errors import UserError, looking_at
 
 SMALL = [
     "--dataset",
@@ -80,6 +84,47 @@ def _one_error_line(proc, *needles):
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):
     _one_error_line(run_xpnn([*SMALL, *args], timeout=120), needle)
+
+
+@pytest.mark.parametrize(
+    ("flag", "name", "extra"),
+    [
+        ("--save", "m.npz", []),
+        ("--metrics", "m.jsonl", []),
+        ("--checkpoint-dir", "ck", []),
+        ("--checkpoint-dir", "ck", ["--resume"]),
+        ("--data-dir", "data", ["--dataset", "mnist"]),
+    ],
+)
+def test_a_path_this_user_may_not_look_at(tmp_path, flag, name, extra):
+    """Under a directory the user may not enter, even ``Path.exists()`` raises (before the 17th
+    session: ``xpnn: PermissionError: ...``, exit 1, as if it were a bug)."""
+    locked = tmp_path / "locked"
+    (locked / name).mkdir(parents=True)  # there, but out of reach
+    path = str(locked / name)
+    locked.chmod(0)
+    try:
+        proc = subprocess.run(
+            [*without_root_rights(), sys.executable, "-m", "xpnn", *SMALL, flag, path, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+    finally:
+        locked.chmod(0o700)
+    _one_error_line(proc, f"xpnn: {flag} {path}: ")
+
+
+def test_looking_at_names_the_flag_and_the_path_refused():
+    with pytest.raises(UserError, match=r"^--save /a/b\.npz: Permission denied$"):
+        with looking_at("--save", "/a/b.npz"):
+            raise PermissionError(13, "Permission denied", "/a/b.npz")
+    with pytest.raises(UserError, match=r"^--data-dir /a: Permission denied \(/a/x\.gz\)$"):
+        with looking_at("--data-dir", "/a"):
+            raise PermissionError(13, "Permission denied", "/a/x.gz")
+    with looking_at("--save", "/a"):  # nothing refused, nothing raised
+        pass
 
 
 def _strict_json(line: str) -> dict:

@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from xpnn.errors import UserError
+from xpnn.errors import UserError, looking_at
 
 
 class _ArgError(Exception):
@@ -245,13 +245,14 @@ def _writable_file(flag: str, path: str | None, writer: bool, replaced: bool = F
     plain file: a rename would put the file in the place of a device or a pipe)."""
     if path is None:
         return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise UserError(f"{flag} {path}: directory {Path(path).parent} does not exist")
-    if Path(path).is_dir():
-        raise UserError(f"{flag} {path}: is a directory; give a file name")
-    if replaced and Path(path).exists() and not Path(path).resolve().is_file():
-        raise UserError(f"{flag} {path}: exists and is not a regular file")
+    with looking_at(flag, path):
+        parent = Path(path).resolve().parent
+        if not parent.is_dir():
+            raise UserError(f"{flag} {path}: directory {Path(path).parent} does not exist")
+        if Path(path).is_dir():
+            raise UserError(f"{flag} {path}: is a directory; give a file name")
+        if replaced and Path(path).exists() and not Path(path).resolve().is_file():
+            raise UserError(f"{flag} {path}: exists and is not a regular file")
     if writer:
         _takes_files(flag, path, parent)
 
@@ -263,17 +264,18 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
     would mix with them, and a later ``--resume`` would pick up the other run's last one."""
     if path is None:
         return
-    if Path(path).exists() and not Path(path).is_dir():
-        raise UserError(f"--checkpoint-dir {path}: exists and is not a directory")
-    if not writer:
-        return
-    from xpnn.checkpoint import latest_checkpoint
+    with looking_at("--checkpoint-dir", path):
+        if Path(path).exists() and not Path(path).is_dir():
+            raise UserError(f"--checkpoint-dir {path}: exists and is not a directory")
+        if not writer:
+            return
+        from xpnn.checkpoint import latest_checkpoint
 
-    if not resume and Path(path).is_dir() and (found := latest_checkpoint(path)) is not None:
-        raise UserError(
-            f"--checkpoint-dir {path}: holds another run's checkpoints ({found.name}); add "
-            "--resume to continue it, or give an empty directory"
-        )
+        if not resume and Path(path).is_dir() and (found := latest_checkpoint(path)) is not None:
+            raise UserError(
+                f"--checkpoint-dir {path}: holds another run's checkpoints ({found.name}); add "
+                "--resume to continue it, or give an empty directory"
+            )
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:

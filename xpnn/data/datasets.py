@@ -15,7 +15,7 @@ import numpy as np
 from xpnn.data.batches import check_seed
 from xpnn.data.download import default_cache_dir, fetch, sha256_file
 from xpnn.data.idx import IdxError, read_idx_pair
-from xpnn.errors import UserError
+from xpnn.errors import UserError, looking_at
 
 NUM_CLASSES = 10
 DATASETS = ("mnist", "fashion-mnist", "synthetic")
@@ -161,17 +161,18 @@ def mirrors_for(name: str) -> list[str]:
 
 def _files_in_dir(directory: Path) -> dict[str, Path]:
     """The four files in a user's directory, each gzip or uncompressed; all must be there."""
-    if not directory.is_dir():
-        raise UserError(f"--data-dir {directory}: no such directory")
     found, missing = {}, []
-    for role, gz_name in FILES.items():
-        raw_name = gz_name.removesuffix(".gz")
-        for candidate in (directory / gz_name, directory / raw_name):
-            if candidate.is_file():
-                found[role] = candidate
-                break
-        else:
-            missing.append(f"{gz_name} (or {raw_name})")
+    with looking_at("--data-dir", directory):
+        if not directory.is_dir():
+            raise UserError(f"--data-dir {directory}: no such directory")
+        for role, gz_name in FILES.items():
+            raw_name = gz_name.removesuffix(".gz")
+            for candidate in (directory / gz_name, directory / raw_name):
+                if candidate.is_file():
+                    found[role] = candidate
+                    break
+            else:
+                missing.append(f"{gz_name} (or {raw_name})")
     if missing:
         raise UserError(f"--data-dir {directory}: missing {', '.join(missing)}")
     return found
