@@ -116,6 +116,28 @@ def test_a_path_this_user_may_not_look_at(tmp_path, flag, name, extra):
     _one_error_line(proc, f"xpnn: {flag} {path}: ")
 
 
+def test_stdout_closed_by_its_reader_stops_in_one_line():
+    """``python -m xpnn ... | head -1``: the reader goes away, and the next print fails. Before
+    the 17th session that said ``xpnn: BrokenPipeError: [Errno 32] Broken pipe``, exit 1, as a
+    bug would; now it stops as a program that SIGPIPE ended (141), saying why."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xpnn", *SMALL],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    proc.stdout.close()  # before the first line: every print of the run finds the pipe closed
+    try:
+        err = proc.stderr.read()
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.stderr.close()
+    assert code == 141, err
+    assert err == "xpnn: stdout was closed (broken pipe): stopped\n"
+
+
 def test_looking_at_names_the_flag_and_the_path_refused():
     with pytest.raises(UserError, match=r"^--save /a/b\.npz: Permission denied$"):
         with looking_at("--save", "/a/b.npz"):

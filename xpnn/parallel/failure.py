@@ -93,13 +93,26 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+SIGPIPE_EXIT = 141  # what a shell shows for a program that SIGPIPE ended (128 + 13)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the flush at exit does not fail on the closed pipe
+    a second time (Python's own advice for BrokenPipeError)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout to redirect
+        pass
+
+
 def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
     """Run ``fn()`` and turn its outcome into an exit code; never leave other ranks hanging.
 
     ``fn`` returning None or an int gives 0 or that int. A UserError: one stderr line, exit 2
     (``xpnn: message`` alone, ``rank R: message`` with several ranks). Any other exception:
     ``rank R: Type: message`` (full traceback only with ``XPNN_DEBUG=1``), exit 1; Ctrl-C:
-    ``interrupted``, exit 130. With more
+    ``interrupted``, exit 130; stdout closed under us (``| head``): exit 141. With more
     than one rank a failure calls MPI_Abort with that code instead of returning, so every rank
     stops within seconds. ``CollectiveExit`` (every rank leaving together) is just returned.
     """
@@ -125,10 +138,12 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
             traceback.print_exc()
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
         interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C, or mpiexec passing it on
-        print(
-            prefix + ("interrupted" if interrupted else describe(exc)), file=sys.stderr, flush=True
-        )
-        code = 130 if interrupted else 1
+        if isinstance(exc, BrokenPipeError):  # ``xpnn ... | head``: the reader has gone
+            _silence_stdout()
+            message, code = "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
+        else:
+            message, code = ("interrupted", 130) if interrupted else (describe(exc), 1)
+        print(prefix + message, file=sys.stderr, flush=True)
         if size > 1:
             _abort(code)
         return code
