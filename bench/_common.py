@@ -26,6 +26,22 @@ from typing import Any
 
 import numpy as np
 
+
+def run_main(main: Callable[[], int | None]) -> None:
+    """``sys.exit(main())``, except that a reader that goes away (``... | head``) ends the
+    script as it ends ``python -m xpnn``: one line, the shell's SIGPIPE code, no traceback."""
+    try:
+        code = main()
+    except BrokenPipeError:
+        from xpnn.parallel.failure import SIGPIPE_EXIT, silence_stdout
+
+        silence_stdout()
+        name = Path(sys.argv[0]).name
+        print(f"{name}: stdout was closed (broken pipe): stopped", file=sys.stderr, flush=True)
+        code = SIGPIPE_EXIT
+    sys.exit(code)
+
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 """Default output folder, next to the scripts so the cwd does not matter."""
 

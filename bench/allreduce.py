@@ -34,7 +34,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from _common import nonneg_int, positive_int, refuse_unwritable
+from _common import nonneg_int, positive_int, refuse_unwritable, run_main
 
 os.environ.setdefault("XPNN_FORCE_MPI", "1")  # a plain `python bench/allreduce.py` works too
 
@@ -279,4 +279,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

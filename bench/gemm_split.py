@@ -34,6 +34,7 @@ from _common import (  # noqa: E402
     median,
     nonneg_float,
     positive_int,
+    run_main,
     time_wall,
 )
 
@@ -130,4 +131,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -49,6 +49,7 @@ from _common import (
     positive_int,
     pyplot_agg,
     refuse_unwritable,
+    run_main,
     save_figure,
     time_wall,
     write_csv,
@@ -727,4 +728,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

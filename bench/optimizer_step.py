@@ -23,6 +23,7 @@ from _common import (
     median,
     positive_int,
     refuse_unwritable,
+    run_main,
     write_json,
 )
 
@@ -145,4 +146,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -50,6 +50,7 @@ from _common import (
     positive_int,
     pyplot_agg,
     refuse_unwritable,
+    run_main,
     save_figure,
     write_json,
 )
@@ -559,4 +560,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

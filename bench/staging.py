@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 
 import numpy as np
-from _common import int_list, positive_int
+from _common import int_list, positive_int, run_main
 
 DEFAULT_SIZES = "4,4096,16384,65536,262144,1048576"
 WARMUP = 30
@@ -87,4 +86,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

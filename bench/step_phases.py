@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import format_table, median  # noqa: E402
+from _common import format_table, median, run_main  # noqa: E402
 
 PHASES = ("update", "fences", "forward", "wgrad")
 
@@ -160,4 +160,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_main(lambda: main(sys.argv[1:]))

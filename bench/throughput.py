@@ -65,6 +65,7 @@ from _common import (
     nonneg_int,
     positive_int,
     refuse_unwritable,
+    run_main,
     write_json,
 )
 
@@ -843,4 +844,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

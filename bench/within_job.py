@@ -35,6 +35,7 @@ from _common import (  # noqa: E402
     median,
     positive_int,
     refuse_unwritable,
+    run_main,
     write_json,
 )
 
@@ -164,4 +165,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_main(lambda: main(sys.argv[1:]))

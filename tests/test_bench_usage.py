@@ -127,6 +127,38 @@ def test_a_path_this_user_may_not_look_at(tmp_path, script, flag, name):
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [
+        ("gemm_split", ["--samples", "2", "--seconds", "0"]),
+        ("allreduce", ["--max-size", "1K", "--iters", "2"]),
+        ("matmul_crossover", ["--max-n", "64", "--repeats", "2", "--shapes", "small"]),
+    ],
+)
+def test_stdout_closed_by_its_reader_stops_in_one_line(tmp_path, script, args):
+    """``python bench/X.py | head -1``: as ``python -m xpnn`` there, one line and exit 141
+    (before the 17th session, a BrokenPipeError traceback)."""
+    if script == "matmul_crossover":
+        args = [*args, "--out", str(tmp_path)]
+    proc = subprocess.Popen(
+        [sys.executable, f"bench/{script}.py", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    proc.stdout.close()  # before the first line: its print finds the pipe closed
+    try:
+        err = proc.stderr.read()
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        proc.stderr.close()
+    assert code == 141, err
+    assert err.splitlines()[-1] == f"{script}.py: stdout was closed (broken pipe): stopped", err
+    assert "Traceback" not in err
+
+
 def test_the_plot_suffixes_are_ones_matplotlib_writes():
     """The list is kept by hand (checking a path must not import matplotlib before measuring)."""
     sys.path.insert(0, str(ROOT / "bench"))

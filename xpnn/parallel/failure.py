@@ -96,7 +96,7 @@ def _exit_code(exc: SystemExit) -> int:
 SIGPIPE_EXIT = 141  # what a shell shows for a program that SIGPIPE ended (128 + 13)
 
 
-def _silence_stdout() -> None:
+def silence_stdout() -> None:
     """Point stdout at /dev/null, so that the flush at exit does not fail on the closed pipe
     a second time (Python's own advice for BrokenPipeError)."""
     try:
@@ -139,7 +139,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
         interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C, or mpiexec passing it on
         if isinstance(exc, BrokenPipeError):  # ``xpnn ... | head``: the reader has gone
-            _silence_stdout()
+            silence_stdout()
             message, code = "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
         else:
             message, code = ("interrupted", 130) if interrupted else (describe(exc), 1)
