@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, assert_one_line_user_error, run_xpnn, without_root_rights
 
-from xpnn.errors import UserError, looking_at
+from xpnn.errors import UserError, path_problems
 
 SMALL = [
     "--dataset",
@@ -138,14 +138,43 @@ def test_stdout_closed_by_its_reader_stops_in_one_line():
     assert err == "xpnn: stdout was closed (broken pipe): stopped\n"
 
 
-def test_looking_at_names_the_flag_and_the_path_refused():
+# ``python -m xpnn`` on a disk that fills up: every np.savez fails as a full disk does
+DISK_FULL = """
+import sys
+import numpy as np
+from xpnn.cli import main
+
+def full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+np.savez = full
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("flag", ["--save", "--checkpoint-dir", "--metrics"])
+def test_a_full_disk_names_the_flag(tmp_path, flag):
+    """Before the 17th session: ``xpnn: OSError: [Errno 28] No space left on device``, exit 1,
+    naming neither the flag nor the file. ``--metrics`` writes to /dev/full, a real full disk."""
+    if flag == "--metrics":
+        path = "/dev/full"
+        cmd = [sys.executable, "-m", "xpnn", *SMALL, flag, path]
+    else:
+        path = str(tmp_path / ("m.npz" if flag == "--save" else "ck"))
+        cmd = [sys.executable, "-c", DISK_FULL, *SMALL, flag, path]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    _one_error_line(proc, f"xpnn: {flag} {path}: No space left on device")
+    assert not list(tmp_path.glob("**/*.tmp"))  # no half-written file left beside
+
+
+def test_path_problems_name_the_flag_and_the_path_refused():
     with pytest.raises(UserError, match=r"^--save /a/b\.npz: Permission denied$"):
-        with looking_at("--save", "/a/b.npz"):
+        with path_problems("--save", "/a/b.npz"):
             raise PermissionError(13, "Permission denied", "/a/b.npz")
     with pytest.raises(UserError, match=r"^--data-dir /a: Permission denied \(/a/x\.gz\)$"):
-        with looking_at("--data-dir", "/a"):
+        with path_problems("--data-dir", "/a"):
             raise PermissionError(13, "Permission denied", "/a/x.gz")
-    with looking_at("--save", "/a"):  # nothing refused, nothing raised
+    with path_problems("--save", "/a"):  # nothing refused, nothing raised
         pass
 
 

@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from xpnn.errors import UserError, looking_at
+from xpnn.errors import UserError, path_problems
 
 
 class _ArgError(Exception):
@@ -245,7 +245,7 @@ def _writable_file(flag: str, path: str | None, writer: bool, replaced: bool = F
     plain file: a rename would put the file in the place of a device or a pipe)."""
     if path is None:
         return
-    with looking_at(flag, path):
+    with path_problems(flag, path):
         parent = Path(path).resolve().parent
         if not parent.is_dir():
             raise UserError(f"{flag} {path}: directory {Path(path).parent} does not exist")
@@ -264,7 +264,7 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
     would mix with them, and a later ``--resume`` would pick up the other run's last one."""
     if path is None:
         return
-    with looking_at("--checkpoint-dir", path):
+    with path_problems("--checkpoint-dir", path):
         if Path(path).exists() and not Path(path).is_dir():
             raise UserError(f"--checkpoint-dir {path}: exists and is not a directory")
         if not writer:

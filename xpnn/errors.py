@@ -17,11 +17,12 @@ class UserError(Exception):
 
 
 @contextmanager
-def looking_at(flag: str, path: object) -> Iterator[None]:
-    """Checks of a path the user gave, where the file system may refuse to answer: a path
-    under a directory this user may not enter makes even ``Path.exists()`` raise
-    ``PermissionError``. That is the user's to fix, so it becomes a ``UserError`` naming the
-    flag and the path (and the path refused, when it is another one)."""
+def path_problems(flag: str, path: object) -> Iterator[None]:
+    """Checks of a path the user gave, or writes to it, where the file system may refuse: a
+    path under a directory this user may not enter makes even ``Path.exists()`` raise
+    ``PermissionError``, and a full disk fails a save at the end of a run. Those are the
+    user's to fix, so they become a ``UserError`` naming the flag and the path (and the path
+    refused, when it is another one)."""
     try:
         yield
     except OSError as exc:

@@ -22,6 +22,7 @@ import numpy as np
 
 from xpnn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_params
 from xpnn.data import Dataset, global_batches, shard
+from xpnn.errors import path_problems
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
@@ -281,7 +282,8 @@ class Trainer:
         }
         if self.is_root:
             if cfg.save:  # first: a done line promises the saved parameters
-                save_params(cfg.save, whole)
+                with path_problems("--save", cfg.save):  # a full disk, say
+                    save_params(cfg.save, whole)
             self._write_metrics(done)
             self.log(
                 f"done: {done['epochs']} epochs, test_acc {test_acc:.4f}, "
@@ -315,14 +317,15 @@ class Trainer:
             for name, buf in optimizer.state.items()
         }
         if self.is_root:
-            save_checkpoint(
-                self.cfg.checkpoint_dir,
-                params,
-                state,
-                epochs_done,
-                optimizer.step_count,
-                self.cfg.seed,
-            )
+            with path_problems("--checkpoint-dir", self.cfg.checkpoint_dir):
+                save_checkpoint(
+                    self.cfg.checkpoint_dir,
+                    params,
+                    state,
+                    epochs_done,
+                    optimizer.step_count,
+                    self.cfg.seed,
+                )
 
     def _maybe_resume(self) -> int:
         cfg = self.cfg
@@ -364,5 +367,5 @@ class Trainer:
         """One strict JSON line: a value that is not finite is written as null."""
         record = {k: None if _not_finite(v) else v for k, v in record.items()}
         if self.cfg.metrics:
-            with open(self.cfg.metrics, "a") as fh:
+            with path_problems("--metrics", self.cfg.metrics), open(self.cfg.metrics, "a") as fh:
                 fh.write(json.dumps(record, allow_nan=False) + "\n")

@@ -15,7 +15,7 @@ import numpy as np
 from xpnn.data.batches import check_seed
 from xpnn.data.download import default_cache_dir, fetch, sha256_file
 from xpnn.data.idx import IdxError, read_idx_pair
-from xpnn.errors import UserError, looking_at
+from xpnn.errors import UserError, path_problems
 
 NUM_CLASSES = 10
 DATASETS = ("mnist", "fashion-mnist", "synthetic")
@@ -162,7 +162,7 @@ def mirrors_for(name: str) -> list[str]:
 def _files_in_dir(directory: Path) -> dict[str, Path]:
     """The four files in a user's directory, each gzip or uncompressed; all must be there."""
     found, missing = {}, []
-    with looking_at("--data-dir", directory):
+    with path_problems("--data-dir", directory):
         if not directory.is_dir():
             raise UserError(f"--data-dir {directory}: no such directory")
         for role, gz_name in FILES.items():
