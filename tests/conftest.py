@@ -99,7 +99,7 @@ def assert_one_line_user_error(proc: subprocess.CompletedProcess, message: str) 
     assert "Traceback" not in proc.stderr
 
 
-def without_root_rights() -> list[str]:
+def _without_root_rights() -> list[str]:
     """A command prefix that takes away root's right to ignore file modes, so that a directory
     of mode 000 stops root too (CI runs as root); nothing for anyone else."""
     if os.geteuid() != 0:
@@ -107,6 +107,43 @@ def without_root_rights() -> list[str]:
     setpriv = shutil.which("setpriv")  # util-linux, on every Debian
     assert setpriv, "setpriv is needed to test file permissions as root"
     return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def run_locked_out(
+    args: list[str], locked: Path, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """``python ARGS`` (from the project root) while the directory ``locked`` has mode 000,
+    as a user who may not enter it (root's rights taken away)."""
+    locked.chmod(0)
+    try:
+        return subprocess.run(
+            [*_without_root_rights(), sys.executable, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+        )
+    finally:
+        locked.chmod(0o700)
+
+
+def run_with_stdout_closed(args: list[str], timeout: float = 120) -> tuple[int, str]:
+    """``python ARGS | head -0``: stdout's reader has gone before the first line, so every
+    print finds the pipe closed. The exit code and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    proc.stdout.close()
+    try:
+        err = proc.stderr.read()
+        return proc.wait(timeout=timeout), err
+    finally:
+        proc.kill()
+        proc.stderr.close()
 
 
 def run_bench(script: str, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, without_root_rights
+from conftest import ROOT, run_locked_out, run_with_stdout_closed
 
 
 @pytest.mark.parametrize(
@@ -111,17 +111,7 @@ def test_a_path_this_user_may_not_look_at(tmp_path, script, flag, name):
     locked = tmp_path / "locked"
     locked.mkdir()
     path = locked / name
-    locked.chmod(0)
-    try:
-        proc = subprocess.run(
-            [*without_root_rights(), sys.executable, f"bench/{script}.py", flag, str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-        )
-    finally:
-        locked.chmod(0o700)
+    proc = run_locked_out([f"bench/{script}.py", flag, str(path)], locked, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{flag}" in proc.stderr and f"{path}: Permission denied" in proc.stderr, proc.stderr
     assert proc.stdout == ""
@@ -140,20 +130,7 @@ def test_stdout_closed_by_its_reader_stops_in_one_line(tmp_path, script, args):
     (before the 17th session, a BrokenPipeError traceback)."""
     if script == "matmul_crossover":
         args = [*args, "--out", str(tmp_path)]
-    proc = subprocess.Popen(
-        [sys.executable, f"bench/{script}.py", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    proc.stdout.close()  # before the first line: its print finds the pipe closed
-    try:
-        err = proc.stderr.read()
-        code = proc.wait(timeout=120)
-    finally:
-        proc.kill()
-        proc.stderr.close()
+    code, err = run_with_stdout_closed([f"bench/{script}.py", *args])
     assert code == 141, err
     assert err.splitlines()[-1] == f"{script}.py: stdout was closed (broken pipe): stopped", err
     assert "Traceback" not in err

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, assert_one_line_user_error, run_xpnn, without_root_rights
+from conftest import (
+    ROOT,
+    assert_one_line_user_error,
+    run_locked_out,
+    run_with_stdout_closed,
+    run_xpnn,
+)
 
 from xpnn.errors import UserError, path_problems
 
@@ -102,17 +108,7 @@ def test_a_path_this_user_may_not_look_at(tmp_path, flag, name, extra):
     locked = tmp_path / "locked"
     (locked / name).mkdir(parents=True)  # there, but out of reach
     path = str(locked / name)
-    locked.chmod(0)
-    try:
-        proc = subprocess.run(
-            [*without_root_rights(), sys.executable, "-m", "xpnn", *SMALL, flag, path, *extra],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-        )
-    finally:
-        locked.chmod(0o700)
+    proc = run_locked_out(["-m", "xpnn", *SMALL, flag, path, *extra], locked)
     _one_error_line(proc, f"xpnn: {flag} {path}: ")
 
 
@@ -120,20 +116,7 @@ def test_stdout_closed_by_its_reader_stops_in_one_line():
     """``python -m xpnn ... | head -1``: the reader goes away, and the next print fails. Before
     the 17th session that said ``xpnn: BrokenPipeError: [Errno 32] Broken pipe``, exit 1, as a
     bug would; now it stops as a program that SIGPIPE ended (141), saying why."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "xpnn", *SMALL],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    proc.stdout.close()  # before the first line: every print of the run finds the pipe closed
-    try:
-        err = proc.stderr.read()
-        code = proc.wait(timeout=120)
-    finally:
-        proc.kill()
-        proc.stderr.close()
+    code, err = run_with_stdout_closed(["-m", "xpnn", *SMALL])
     assert code == 141, err
     assert err == "xpnn: stdout was closed (broken pipe): stopped\n"
 
