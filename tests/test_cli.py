@@ -121,6 +121,10 @@ def test_stdout_closed_by_its_reader_stops_in_one_line():
     assert err == "xpnn: stdout was closed (broken pipe): stopped\n"
 
 
+def _run_python(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
 # ``python -m xpnn`` on a disk that fills up: every np.savez fails as a full disk does
 DISK_FULL = """
 import sys
@@ -145,9 +149,33 @@ def test_a_full_disk_names_the_flag(tmp_path, flag):
     else:
         path = str(tmp_path / ("m.npz" if flag == "--save" else "ck"))
         cmd = [sys.executable, "-c", DISK_FULL, *SMALL, flag, path]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = _run_python(cmd)
     _one_error_line(proc, f"xpnn: {flag} {path}: No space left on device")
     assert not list(tmp_path.glob("**/*.tmp"))  # no half-written file left beside
+
+
+# A training step whose arrays do not fit (``--model cnn --batch-size full`` under ``ulimit -v``
+# said "xpnn: MemoryError: Unable to allocate 4.84 GiB ...", exit 1, before the 17th session)
+OUT_OF_MEMORY = """
+import sys
+from xpnn.cli import main
+from xpnn.nn.sequential import Sequential
+
+def too_big(*args, **kwargs):
+    raise MemoryError("Unable to allocate 4.84 GiB for an array")
+
+Sequential.loss_and_grads = too_big
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_step_out_of_memory_names_the_batch():
+    proc = _run_python([sys.executable, "-c", OUT_OF_MEMORY, *SMALL])
+    _one_error_line(
+        proc,
+        "xpnn: --batch-size 50: a training step ran out of memory (Unable to allocate 4.84 GiB "
+        "for an array); try a smaller batch",
+    )
 
 
 def test_path_problems_name_the_flag_and_the_path_refused():

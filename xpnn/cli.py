@@ -540,7 +540,15 @@ def _train(args: argparse.Namespace, world: Any) -> int:
     warnings.filterwarnings(
         "ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning, r"xpnn\."
     )
-    trainer.run()
+    from xpnn.parallel.failure import one_line
+
+    try:
+        trainer.run()
+    except MemoryError as exc:  # a step's activations: under ulimit -v, or CuPy's OutOfMemory
+        raise UserError(
+            f"--batch-size {trainer.cfg.batch_size}: a training step ran out of memory "
+            f"({one_line(str(exc)) or type(exc).__name__}); try a smaller batch"
+        ) from None
     return 0
 
 
