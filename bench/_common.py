@@ -186,6 +186,26 @@ def pyplot_agg() -> Any:
     return plt
 
 
+def can_plot(parser: argparse.ArgumentParser, asked: bool) -> bool:
+    """Whether matplotlib is there to draw the plot (the ``plot`` extra, not a dependency),
+    found before anything is measured rather than after: a ``--plot`` asked for is a usage
+    error without it; the default plot is left out, with a note, and the rest is written."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        return True
+    if asked:
+        parser.error("--plot: needs matplotlib (pip install 'xpnn[plot]')")
+    print(
+        f"{parser.prog}: matplotlib is not installed: no plot (pip install 'xpnn[plot]')",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
+
+
 def save_figure(fig: Any, path: Path, title: str, dpi: int = 110) -> None:
     """Title, lay out and write ``fig`` to ``path`` (its folder made), then free it."""
     plt = pyplot_agg()

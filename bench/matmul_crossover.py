@@ -39,6 +39,7 @@ from _common import (
     blas_info,
     blas_threads,
     busy_warning,
+    can_plot,
     fmt_num,
     format_table,
     machine_info,
@@ -708,8 +709,9 @@ def run(args: argparse.Namespace) -> int:
     title = f"matmul CPU vs GPU: CPU {blas_desc}" + (
         f"; GPU {gpu['name']}" if gpu else f"; GPU columns skipped: {skip_reason}"
     )
-    plot(rows, dtypes, png_path, title)
-    print(f"wrote {csv_path}, {json_path}, {png_path}")
+    if args.draw_plot:
+        plot(rows, dtypes, png_path, title)
+    print(f"wrote {csv_path}, {json_path}" + (f", {png_path}" if args.draw_plot else ""))
     return 0
 
 
@@ -724,6 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag, path in files.items():
         if path is not None:
             refuse_unwritable(parser, flag, path)
+    args.draw_plot = can_plot(parser, args.plot is not None)
     return run(args)
 
 

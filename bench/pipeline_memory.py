@@ -45,6 +45,7 @@ from _common import (
     ForeignLoad,
     add_mpiexec_flag,
     busy_warning,
+    can_plot,
     fmt_num,
     format_table,
     load_avg,
@@ -377,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
         f"micro-batches, batch {args.batch_size}, {args.backend}, {data}, "
         f"{os.cpu_count()} CPUs"
     )
-    plot(summary, args.stages, plot_path, title)
+    if args.draw_plot:
+        plot(summary, args.stages, plot_path, title)
     write_json(
         json_path,
         {
@@ -392,7 +394,7 @@ def run(args: argparse.Namespace) -> int:
             ],
         },
     )
-    print(f"\nwrote {json_path}\nwrote {plot_path}")
+    print(f"\nwrote {json_path}" + (f"\nwrote {plot_path}" if args.draw_plot else ""))
     return 0
 
 
@@ -405,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--data-dir: where are the {args.dataset} IDX files? (none by default)")
     refuse_unwritable(parser, "--out", args.out, folder=True)
     refuse_without_mpiexec(parser, args.mpiexec)
+    args.draw_plot = can_plot(parser, asked=False)
     return run(args)
 
 

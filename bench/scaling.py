@@ -38,6 +38,7 @@ from _common import (
     add_mpiexec_flag,
     add_quiet_flags,
     busy_warning,
+    can_plot,
     fmt_num,
     format_table,
     int_list,
@@ -508,7 +509,8 @@ def run(args: argparse.Namespace) -> int:
         f"xpnn MLP 784-{args.hidden.replace(',', '-')}-10, {args.parallel} parallel, "
         f"{args.backend}, {args.dataset}, mpiexec, {cores} CPUs"
     )
-    plot(summary, plot_path, title)
+    if args.draw_plot:
+        plot(summary, plot_path, title)
     write_json(
         json_path,
         {
@@ -517,7 +519,7 @@ def run(args: argparse.Namespace) -> int:
             "config": {
                 k: (str(v) if isinstance(v, Path) else v)
                 for k, v in vars(args).items()
-                if k not in ("json", "plot", "out")
+                if k not in ("json", "plot", "out", "draw_plot")
             },
             "load_avg_end": load_avg(),
             "strong": summary.get("strong"),
@@ -526,7 +528,7 @@ def run(args: argparse.Namespace) -> int:
             "targets": tgt,
         },
     )
-    print(f"\nwrote {json_path}\nwrote {plot_path}")
+    print(f"\nwrote {json_path}" + (f"\nwrote {plot_path}" if args.draw_plot else ""))
     return 0
 
 
@@ -556,6 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if path is not None:
             refuse_unwritable(parser, flag, path)
     refuse_without_mpiexec(parser, args.mpiexec)
+    args.draw_plot = can_plot(parser, args.plot is not None)
     return run(args)
 
 

@@ -3,6 +3,7 @@ naming the flag, no traceback (as the xpnn command does)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -134,6 +135,63 @@ def test_stdout_closed_by_its_reader_stops_in_one_line(tmp_path, script, args):
     assert code == 141, err
     assert err.splitlines()[-1] == f"{script}.py: stdout was closed (broken pipe): stopped", err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "files"),
+    [
+        (
+            "matmul_crossover",
+            ["--max-n", "32", "--repeats", "1", "--shapes", "small"],
+            {"matmul_crossover.csv", "matmul_crossover.json"},
+        ),
+        (
+            "scaling",
+            [
+                "--ranks",
+                "1",
+                "--repeats",
+                "1",
+                "--dataset",
+                "synthetic",
+                "--synthetic-size",
+                "256",
+                "--epochs",
+                "2",
+                "--hidden",
+                "8",
+            ],
+            {"scaling.json"},
+        ),
+    ],
+)
+def test_without_matplotlib_the_results_are_still_written(tmp_path, script, args, files):
+    """matplotlib is the ``plot`` extra, not a dependency: without it (here an importable
+    ``matplotlib`` that fails, first on the path), the default plot is left out with a note
+    before measuring, and an explicit ``--plot`` is refused. Before the 17th session both
+    measured first and then died of ModuleNotFoundError."""
+    fake = tmp_path / "no-matplotlib" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
+    env = {**os.environ, "PYTHONPATH": f"{fake.parent}{os.pathsep}{ROOT}"}
+    out = tmp_path / "out"
+    cmd = [sys.executable, f"bench/{script}.py", *args, "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{script}.py: matplotlib is not installed: no plot" in proc.stderr.splitlines()[0]
+    assert {p.name for p in out.iterdir()} == files
+    asked = subprocess.run(
+        [*cmd, "--plot", str(tmp_path / "p.png")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
+    assert asked.returncode == 2 and asked.stdout == "", asked.stderr
+    assert asked.stderr.splitlines()[-1].endswith(
+        "--plot: needs matplotlib (pip install 'xpnn[plot]')"
+    )
 
 
 def test_the_plot_suffixes_are_ones_matplotlib_writes():
