@@ -137,11 +137,18 @@ def test_one_failing_rank_stops_the_job(comm):
     assert_failing_rank_stops_the_job([*BASE, "--epochs", "50", "--comm", comm])
 
 
+@pytest.mark.parametrize(
+    ("signum", "code", "said_word"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+)
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_ctrl_c_stops_every_rank_with_130(ranks):
-    """SIGINT, to the process or to mpiexec (which passes it on to the ranks), after the first
-    epoch: each rank says ``interrupted`` (no traceback, no KeyboardInterrupt) and exits 130."""
-    cmd = xpnn_cmd([*BASE, "--epochs", "500"], ranks)
+def test_ctrl_c_or_sigterm_stops_every_rank(tmp_path, ranks, signum, code, said_word):
+    """SIGINT (Ctrl-C) or SIGTERM (Slurm's time limit, scancel), to the process or to mpiexec
+    (which passes it on to the ranks), after the second epoch: each rank says so (no traceback,
+    no KeyboardInterrupt) and exits 130 or 143, leaving no half-written checkpoint. Before
+    the 17th session SIGTERM ended the ranks silently, as ``mpiexec``'s BAD TERMINATION."""
+    ckpt = tmp_path / "ck"
+    cmd = xpnn_cmd([*BASE, "--epochs", "500", "--checkpoint-dir", str(ckpt)], ranks)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         cmd,
@@ -155,18 +162,19 @@ def test_ctrl_c_stops_every_rank_with_130(ranks):
     )
     try:
         line = ""
-        while not line.startswith("epoch 1/"):
+        while not line.startswith("epoch 2/"):  # so epoch 1's checkpoint is written
             line = proc.stdout.readline()
             assert line, proc.stderr.read()  # it ended before its first epoch
         time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
-    said = [line for line in err.splitlines() if "interrupted" in line]
+    assert proc.returncode == code, err
+    said = [line for line in err.splitlines() if line.endswith(f": {said_word}")]
     assert 1 <= len(said) <= ranks, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert list(ckpt.glob("checkpoint-epoch*.npz")) and not list(ckpt.glob("*.tmp"))
 
 
 def test_user_error_on_every_rank_is_printed_once(tmp_path):

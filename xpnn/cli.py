@@ -503,10 +503,11 @@ def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
 
 
 def train_main(args: argparse.Namespace) -> int:
-    from xpnn.parallel.failure import run_guarded
+    from xpnn.parallel.failure import run_guarded, terminate_on_sigterm
     from xpnn.parallel.world import init_world
 
     world = init_world()
+    terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints left whole
     # Guarded from the first line of setup: Ctrl-C while the data loads is "interrupted" too.
     return run_guarded(world, lambda: _train(args, world))
 

@@ -94,6 +94,24 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 SIGPIPE_EXIT = 141  # what a shell shows for a program that SIGPIPE ended (128 + 13)
+SIGTERM_EXIT = 143  # ... and SIGTERM (128 + 15)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (Slurm's time limit, ``scancel``, ``kill``): the run stops as it does
+    on Ctrl-C, so that a file being written is finished or removed and every rank stops."""
+
+
+def terminate_on_sigterm() -> None:
+    """Raise ``Terminated`` in the main thread on SIGTERM (the command line's choice: a
+    program that uses xpnn as a library keeps its own handlers). Without it SIGTERM ends the
+    process at once, with no message, possibly half-way through writing a checkpoint."""
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def silence_stdout() -> None:
@@ -112,7 +130,8 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
     ``fn`` returning None or an int gives 0 or that int. A UserError: one stderr line, exit 2
     (``xpnn: message`` alone, ``rank R: message`` with several ranks). Any other exception:
     ``rank R: Type: message`` (full traceback only with ``XPNN_DEBUG=1``), exit 1; Ctrl-C:
-    ``interrupted``, exit 130; stdout closed under us (``| head``): exit 141. With more
+    ``interrupted``, exit 130; stdout closed under us (``| head``): exit 141; ``Terminated``
+    (SIGTERM): exit 143. With more
     than one rank a failure calls MPI_Abort with that code instead of returning, so every rank
     stops within seconds. ``CollectiveExit`` (every rank leaving together) is just returned.
     """
@@ -137,12 +156,15 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         if _debug():
             traceback.print_exc()
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
-        interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C, or mpiexec passing it on
         if isinstance(exc, BrokenPipeError):  # ``xpnn ... | head``: the reader has gone
             silence_stdout()
             message, code = "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
+        elif isinstance(exc, Terminated):
+            message, code = "terminated (SIGTERM)", SIGTERM_EXIT
+        elif isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or mpiexec passing it on
+            message, code = "interrupted", 130
         else:
-            message, code = ("interrupted", 130) if interrupted else (describe(exc), 1)
+            message, code = describe(exc), 1
         print(prefix + message, file=sys.stderr, flush=True)
         if size > 1:
             _abort(code)
