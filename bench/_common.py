@@ -28,17 +28,20 @@ import numpy as np
 
 
 def run_main(main: Callable[[], int | None]) -> None:
-    """``sys.exit(main())``, except that a reader that goes away (``... | head``) ends the
-    script as it ends ``python -m xpnn``: one line, the shell's SIGPIPE code, no traceback."""
+    """``sys.exit(main())``, except that a reader that goes away (``... | head``) or Ctrl-C
+    ends the script as it ends ``python -m xpnn``: one line, exit 141 or 130, no traceback."""
+    name = Path(sys.argv[0]).name
     try:
         code = main()
     except BrokenPipeError:
         from xpnn.parallel.failure import SIGPIPE_EXIT, silence_stdout
 
         silence_stdout()
-        name = Path(sys.argv[0]).name
         print(f"{name}: stdout was closed (broken pipe): stopped", file=sys.stderr, flush=True)
         code = SIGPIPE_EXIT
+    except KeyboardInterrupt:  # Ctrl-C: the run being timed is stopped with us (subprocess.run)
+        print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        code = 130
     sys.exit(code)
 
 

@@ -4,8 +4,10 @@ naming the flag, no traceback (as the xpnn command does)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT, run_locked_out, run_with_stdout_closed
@@ -192,6 +194,31 @@ def test_without_matplotlib_the_results_are_still_written(tmp_path, script, args
     assert asked.stderr.splitlines()[-1].endswith(
         "--plot: needs matplotlib (pip install 'xpnn[plot]')"
     )
+
+
+def test_ctrl_c_in_a_benchmark_is_one_line(tmp_path):
+    """SIGINT while ``scaling.py`` waits for the run it times: ``scaling.py: interrupted``,
+    exit 130 (before the 17th session, a KeyboardInterrupt traceback)."""
+    args = ["--ranks", "1", "--repeats", "1", "--dataset", "synthetic", "--synthetic-size"]
+    args += ["20000", "--epochs", "200", "--hidden", "64", "--out", str(tmp_path)]
+    proc = subprocess.Popen(
+        [sys.executable, "bench/scaling.py", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal would
+    )
+    try:
+        assert proc.stdout.readline().startswith("scaling: "), proc.stderr.read()
+        time.sleep(1.0)  # the timed run has started
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == "scaling.py: interrupted" and "Traceback" not in err, err
 
 
 def test_the_plot_suffixes_are_ones_matplotlib_writes():
