@@ -30,18 +30,13 @@ import numpy as np
 def run_main(main: Callable[[], int | None]) -> None:
     """``sys.exit(main())``, except that a reader that goes away (``... | head``) or Ctrl-C
     ends the script as it ends ``python -m xpnn``: one line, exit 141 or 130, no traceback."""
-    name = Path(sys.argv[0]).name
     try:
         code = main()
-    except BrokenPipeError:
-        from xpnn.parallel.failure import SIGPIPE_EXIT, silence_stdout
+    except (BrokenPipeError, KeyboardInterrupt) as exc:  # a run being timed stops with us
+        from xpnn.parallel.failure import stopped_from_outside
 
-        silence_stdout()
-        print(f"{name}: stdout was closed (broken pipe): stopped", file=sys.stderr, flush=True)
-        code = SIGPIPE_EXIT
-    except KeyboardInterrupt:  # Ctrl-C: the run being timed is stopped with us (subprocess.run)
-        print(f"{name}: interrupted", file=sys.stderr, flush=True)
-        code = 130
+        message, code = stopped_from_outside(exc) or ("stopped", 1)
+        print(f"{Path(sys.argv[0]).name}: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
 
 

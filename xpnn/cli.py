@@ -573,6 +573,9 @@ def main(argv: list[str] | None = None) -> int:
         if _launch_rank() == 0:  # but every process found the same, so one of them says it
             print(f"xpnn: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C while Python, NumPy or MPI start
-        print("xpnn: interrupted", file=sys.stderr, flush=True)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C while Python, NumPy or MPI start
+        from xpnn.parallel.failure import stopped_from_outside
+
+        message, code = stopped_from_outside(exc) or ("interrupted", 130)
+        print(f"xpnn: {message}", file=sys.stderr, flush=True)
+        return code

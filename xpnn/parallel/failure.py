@@ -124,6 +124,20 @@ def silence_stdout() -> None:
         pass
 
 
+def stopped_from_outside(exc: BaseException) -> tuple[str, int] | None:
+    """(what to say, exit code) when ``exc`` means the run was stopped from outside rather
+    than failed: stdout's reader left (``| head``; stdout is silenced), SIGTERM, Ctrl-C. None
+    for anything else. The command line and the benchmarks say these the same way."""
+    if isinstance(exc, BrokenPipeError):
+        silence_stdout()
+        return "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
+    if isinstance(exc, Terminated):
+        return "terminated (SIGTERM)", SIGTERM_EXIT
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or mpiexec passing it on
+        return "interrupted", 130
+    return None
+
+
 def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
     """Run ``fn()`` and turn its outcome into an exit code; never leave other ranks hanging.
 
@@ -156,15 +170,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         if _debug():
             traceback.print_exc()
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
-        if isinstance(exc, BrokenPipeError):  # ``xpnn ... | head``: the reader has gone
-            silence_stdout()
-            message, code = "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
-        elif isinstance(exc, Terminated):
-            message, code = "terminated (SIGTERM)", SIGTERM_EXIT
-        elif isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or mpiexec passing it on
-            message, code = "interrupted", 130
-        else:
-            message, code = describe(exc), 1
+        message, code = stopped_from_outside(exc) or (describe(exc), 1)
         print(prefix + message, file=sys.stderr, flush=True)
         if size > 1:
             _abort(code)

@@ -99,6 +99,11 @@ def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def library_name(library_version: str) -> str:
+    """The first line of ``MPI_Get_library_version``, its runs of spaces made one."""
+    return " ".join((library_version.splitlines() or [""])[0].split())
+
+
 def check_launcher_size(size: int, env: Mapping[str, str], library_version: str) -> None:
     """Refuse to train when the launcher started N processes but MPI sees fewer.
 
@@ -108,7 +113,7 @@ def check_launcher_size(size: int, env: Mapping[str, str], library_version: str)
     many Slurm sites): every process is then a singleton that trains the whole run alone and
     writes the same outputs as the others.
     """
-    library = " ".join((library_version.splitlines() or [""])[0].split())
+    library = library_name(library_version)
     for var in _LAUNCHER_SIZE_VARS:
         try:
             launched = int(env.get(var, ""))
@@ -144,7 +149,7 @@ def check_pmix(env: Mapping[str, str], library_version: str) -> None:
     with the wheel still in the virtual environment, typically.
     """
     var = next((v for v in ("PMIX_RANK", "PMIX_NAMESPACE") if env.get(v)), None)
-    first = " ".join((library_version.splitlines() or [""])[0].split())
+    first = library_name(library_version)
     if var is None or not first.startswith("MPICH") or "pmix" in library_version.lower():
         return
     raise UserError(
