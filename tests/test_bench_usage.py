@@ -81,6 +81,14 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
         ("gemm_split", ["--batch", "1", "--ranks", "2"], "--batch 1 is below --ranks 2"),
         ("gemm_split", ["--hidden", "0"], "--hidden: expected positive integers"),
         ("gemm_split", ["--seconds", "nan"], "--seconds: must be a finite number"),
+        ("core_contention", ["--cpus", "0,4096"], "--cpus: 4096 is not a CPU this process may"),
+        ("core_contention", ["--cpus", "0"], "--cpus: needs two or more CPUs to compare"),
+        ("core_contention", ["--cpus", "a"], "--cpus: expected CPU numbers like 0,1"),
+        ("core_contention", ["--gemm", "2,3"], "--gemm: expected M,K,N"),
+        ("core_contention", ["--stream-mib", "0"], "--stream-mib: must be > 0"),
+        ("core_contention", ["--kernels", "fma,x"], "--kernels: unknown 'x'"),
+        ("core_contention", ["--gemm", "1,100000,100000"], "--gemm: 37.3 GiB a process"),
+        ("core_contention", ["--stream-mib", "1e9"], "--stream-mib: 976562.5 GiB a process"),
     ],
 )
 def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
@@ -124,6 +132,7 @@ def test_a_path_this_user_may_not_look_at(tmp_path, script, flag, name):
     ("script", "args"),
     [
         ("gemm_split", ["--samples", "2", "--seconds", "0"]),
+        ("core_contention", ["--kernels", "fma", "--rounds", "1", "--seconds", "0"]),
         ("allreduce", ["--max-size", "1K", "--iters", "2"]),
         ("matmul_crossover", ["--max-n", "64", "--repeats", "2", "--shapes", "small"]),
     ],
