@@ -326,12 +326,23 @@ def measure_quietly(
 
 def int_list(text: str) -> list[int]:
     """``1,2,4`` -> [1, 2, 4]; every value positive."""
+    return _ints_at_least(text, 1, "integers like 1,2", "positive integers")
+
+
+def cpu_list(text: str) -> list[int]:
+    """``0,1`` -> [0, 1]: CPU numbers, from 0."""
+    return _ints_at_least(text, 0, "CPU numbers like 0,1", "CPU numbers like 0,1")
+
+
+def _ints_at_least(text: str, low: int, form: str, kind: str) -> list[int]:
+    """A comma list of integers, at least one, none below ``low``; the messages say what was
+    expected: ``form`` for text that is not integers, ``kind`` for values that are too low."""
     try:
         values = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,2, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {form}, got {text!r}") from None
+    if not values or min(values) < low:
+        raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}")
     return values
 
 

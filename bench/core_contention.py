@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import (  # noqa: E402
     choice_list,
+    cpu_list,
     format_table,
     int_list,
     median,
@@ -169,17 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
     a("--share", type=positive_int, default=1, help=argparse.SUPPRESS)
     a("--cpu", type=int, help=argparse.SUPPRESS)
     return ap
-
-
-def cpu_list(text: str) -> list[int]:
-    """``0,1`` -> [0, 1]: CPU numbers, from 0."""
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected CPU numbers like 0,1, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected CPU numbers like 0,1, got {text!r}")
-    return values
 
 
 def positive_float(text: str) -> float:
