@@ -40,6 +40,7 @@ os.environ.setdefault("XPNN_FORCE_MPI", "1")  # a plain `python bench/allreduce.
 
 from xpnn.errors import UserError  # noqa: E402
 from xpnn.parallel import init_world, make_communicator  # noqa: E402
+from xpnn.parallel.threads import node_cores  # noqa: E402
 
 HOST_COMMS = ("auto", "mpi-shm", "mpi-host", "self")
 """``--comm`` kinds for the host rows: ``make_communicator``'s CPU kinds (``mpi-cuda`` and
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             "local_size": world.local_size,
             "host": socket.gethostname(),
             "platform": platform.platform(),
-            "cpus": len(os.sched_getaffinity(0)),
+            "cpus": node_cores(),  # the affinity mask where the OS has one (not macOS)
             "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
             "iters": args.iters,
             "iters_large": args.iters_large,

@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
+    if not hasattr(os, "sched_setaffinity"):
+        ap.error("needs to pin processes to CPUs (os.sched_setaffinity), which this OS lacks")
     allowed = sorted(os.sched_getaffinity(0))
     cpus = allowed if args.cpus is None else args.cpus
     outside = sorted(set(cpus) - set(allowed))

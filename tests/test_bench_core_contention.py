@@ -66,3 +66,21 @@ def test_split_gives_each_process_its_share_of_the_work():
     for _alone, _together, ratio in table(proc.stdout).values():
         assert 0.75 < ratio < 1.35  # without the split, about 2 (the test above)
     assert "2 lockstep ranks splitting only this reach " in proc.stdout.splitlines()[-1]
+
+
+def test_an_os_that_cannot_pin_processes_is_told_so_in_one_line():
+    """macOS has no ``os.sched_setaffinity``: refused before measuring, not a traceback."""
+    bench = str(ROOT / "bench")
+    code = (
+        "import os, runpy, sys; del os.sched_setaffinity; "
+        f"sys.argv = [{str(SCRIPT)!r}]; sys.path.insert(0, {bench!r}); "
+        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1].endswith(
+        "error: needs to pin processes to CPUs (os.sched_setaffinity), which this OS lacks"
+    )
+    assert proc.stdout == ""
