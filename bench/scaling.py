@@ -453,7 +453,9 @@ def run(args: argparse.Namespace) -> int:
     order: list[RunSpec] = list(
         dict.fromkeys(canonical(s) for rows in tables.values() for _, s in rows)
     )
-    cores = os.cpu_count() or 1
+    from xpnn.parallel.threads import node_cores  # the affinity mask, or a CPU quota's cores
+
+    cores = node_cores()
     for spec in order:
         if spec.ranks * spec.threads > cores:
             print(

@@ -449,12 +449,23 @@ def test_ctrl_c_while_setting_up_is_interrupted_not_a_traceback():
 
 
 def test_settings_that_are_probably_a_slip_get_a_note():
-    import os
+    from xpnn.parallel.threads import node_cores
 
-    more = len(os.sched_getaffinity(0)) + 1  # one thread more than this machine's cores
+    more = node_cores() + 1  # one thread more than this machine's cores
     proc = run_xpnn([*SMALL, "--epochs", "1", "--warmup-epochs", "2", "--threads", str(more)])
     assert proc.returncode == 0, proc.stderr
     assert "--warmup-epochs 2 is longer than the run (--epochs 1)" in proc.stderr
     assert f"--threads {more} but this rank has {more - 1} core(s) of its own" in proc.stderr
     quiet = run_xpnn([*SMALL, "--epochs", "1", "--threads", "1"])
     assert quiet.returncode == 0 and "note" not in quiet.stderr, quiet.stderr
+
+
+@pytest.mark.mpi
+def test_more_ranks_than_cores_get_a_note_once():
+    from xpnn.parallel.threads import node_cores
+
+    ranks = node_cores() + 1
+    proc = run_xpnn([*SMALL, "--epochs", "1"], ranks=ranks)
+    assert proc.returncode == 0, proc.stderr
+    note = f"xpnn: note: {ranks} ranks on this node share fewer cores than there are ranks"
+    assert proc.stderr.count(note) == 1, proc.stderr  # said by rank 0 alone

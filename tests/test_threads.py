@@ -12,6 +12,7 @@ import pytest
 from conftest import ROOT, mpiexec_path
 
 from xpnn.errors import UserError
+from xpnn.parallel.cpu_quota import cpu_quota, quota_cores
 from xpnn.parallel.threads import core_share, node_cores, threads_per_rank
 
 
@@ -32,7 +33,9 @@ def test_override_wins_and_is_checked() -> None:
 
 def test_default_cores_from_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
-    assert node_cores() == len(os.sched_getaffinity(0))
+    limit = quota_cores(cpu_quota())  # None here; a container's quota where CI has one
+    cores = len(os.sched_getaffinity(0))
+    assert node_cores() == (cores if limit is None else min(cores, limit))
     assert threads_per_rank(1) == max(1, node_cores())
 
 
@@ -96,10 +99,10 @@ def test_two_ranks_share_the_node(tmp_path) -> None:
     script.write_text(
         textwrap.dedent(
             """
-            import os
             from xpnn.parallel import init_world, threads_per_rank
+            from xpnn.parallel.threads import node_cores
             w = init_world()
-            cores = len(os.sched_getaffinity(0))
+            cores = node_cores()  # the affinity mask, or a container's CPU quota
             print(f"rank {w.rank} local_size {w.local_size} cores {cores} "
                   f"threads {threads_per_rank(w.local_size)}", flush=True)
             """

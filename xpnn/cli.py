@@ -459,8 +459,8 @@ def _questionable_settings(args: Any, cfg: Any, world: Any) -> list[str]:
     threads, share = cfg.extra["threads"], world.cores or node_cores()
     if world.crowded:
         notes.append(
-            f"{world.local_size} ranks on this node share fewer cores than there are ranks: "
-            "they take turns, which is slower"
+            f"{world.local_size} ranks on this node share fewer cores than there are ranks "
+            "(or a CPU quota worth fewer): they take turns, which is slower"
         )
     elif threads > share:
         notes.append(

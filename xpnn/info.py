@@ -9,7 +9,8 @@ import sys
 
 def collect() -> dict:
     from xpnn.backends import availability
-    from xpnn.parallel.threads import node_cores
+    from xpnn.parallel.cpu_quota import cpu_quota
+    from xpnn.parallel.threads import affinity, node_cores
     from xpnn.parallel.world import init_world
 
     world = init_world()
@@ -18,6 +19,8 @@ def collect() -> dict:
         "numpy": __import__("numpy").__version__,
         "backends": {k: ("available" if v is None else v) for k, v in availability().items()},
         "cores": node_cores(),
+        "affinity_cores": len(affinity()),
+        "cpu_quota": cpu_quota(),
         "world": {"rank": world.rank, "size": world.size, "local_size": world.local_size},
     }
     try:
@@ -60,7 +63,11 @@ def info_main(as_json: bool = False) -> int:
         print(f"  {name:6s} {status}")
     for i, dev in enumerate(data.get("devices", [])):
         print(f"  cuda:{i} {dev}")
-    print(f"cores: {data['cores']}; threads per rank by default: {data['threads_per_rank']}")
+    quota, seen = data["cpu_quota"], data["affinity_cores"]
+    limited = "" if quota is None else f" (a CPU quota of {quota:g} on {seen} cores)"
+    print(
+        f"cores: {data['cores']}{limited}; threads per rank by default: {data['threads_per_rank']}"
+    )
     world = data["world"]
     if world["size"] > 1:
         print(f"ranks: {world['size']} ({world['local_size']} on this node)")

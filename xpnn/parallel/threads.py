@@ -10,6 +10,7 @@ import os
 import sys
 
 from xpnn.errors import UserError
+from xpnn.parallel.cpu_quota import cpu_quota, quota_cores
 
 _LIMITER: object | None = None  # the live threadpoolctl controller; kept so limits stay applied
 
@@ -23,20 +24,30 @@ def affinity() -> frozenset[int]:
 
 
 def node_cores() -> int:
-    """How many cores this process may run on."""
-    return len(affinity())
+    """How many cores this process may run on: its affinity mask, or fewer where a CPU quota
+    (a container's) allows less time than that (``cpu_quota``)."""
+    cores, limit = len(affinity()), quota_cores(cpu_quota())
+    return cores if limit is None else min(cores, limit)
 
 
-def core_share(own: frozenset[int], node: list[frozenset[int]]) -> tuple[int, bool]:
+def core_share(
+    own: frozenset[int], node: list[frozenset[int]], quota: int | None = None
+) -> tuple[int, bool]:
     """(cores for this rank, crowded) from its affinity and that of every rank on its node.
 
     This rank's cores are divided among the ranks whose affinity overlaps them: all ranks on
     all cores (MPICH's ``mpiexec``, no binding): cores // ranks; each rank bound to cores of
     its own (Open MPI's default for 2 ranks, ``srun --cpu-bind``): all of its own; ranks bound
-    to a socket together: the socket's cores // its ranks. ``crowded``: more ranks than cores.
+    to a socket together: the socket's cores // its ranks. ``quota``: the cores a CPU quota
+    allows (``quota_cores``), taken as shared by every rank of the node, as in one container.
+    ``crowded``: more ranks than cores.
     """
     sharers = max(1, sum(1 for cores in node if cores & own))
-    return max(1, len(own) // sharers), sharers > len(own)
+    cores, crowded = max(1, len(own) // sharers), sharers > len(own)
+    if quota is not None:
+        cores = min(cores, max(1, quota // len(node)))
+        crowded = crowded or len(node) > quota
+    return cores, crowded
 
 
 def threads_per_rank(

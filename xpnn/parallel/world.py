@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.parallel.cpu_quota import cpu_quota, quota_cores
 from xpnn.parallel.segments import unlink_mpich_segments
 from xpnn.parallel.threads import affinity, core_share
 
@@ -208,7 +209,8 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     try:
         local_rank, local_size = local.Get_rank(), local.Get_size()
         own = affinity()
-        cores, crowded = core_share(own, local.allgather(own))  # bound ranks or not
+        quota = quota_cores(cpu_quota())  # a container's limit, if any
+        cores, crowded = core_share(own, local.allgather(own), quota)  # bound ranks or not
     finally:
         local.Free()
     # the node's ranks have all passed MPI_Init (the allgather): MPICH's segment is mapped
