@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import train_and_load
 from test_download import Server, dead_url
 from test_idx import NAMES, small_arrays, write_mnist_dir
 
@@ -207,14 +208,47 @@ def test_unknown_dataset() -> None:
     assert str(info.value) == expected
 
 
-def test_replicate_repeats_train_only(tmp_path: Path) -> None:
+def test_replicate_repeats_train_only_without_copies(tmp_path: Path) -> None:
     directory = write_mnist_dir(tmp_path / "d")
     one = load_dataset("mnist", data_dir=directory)
     three = load_dataset("mnist", data_dir=directory, replicate=3)
-    np.testing.assert_array_equal(three.x_train, np.concatenate([one.x_train] * 3))
-    np.testing.assert_array_equal(three.y_train, np.tile(one.y_train, 3))
+    n = len(one.x_train)
+    assert three.n_train == 3 * n and three.train_repeats == 3
+    samples = np.arange(3 * n)
+    rows = three.stored_rows(samples)
+    np.testing.assert_array_equal(three.x_train[rows], np.concatenate([one.x_train] * 3))
+    np.testing.assert_array_equal(three.y_train[rows], np.tile(one.y_train, 3))
     np.testing.assert_array_equal(three.x_test, one.x_test)
-    assert len(load_dataset("synthetic", synthetic_size=50, replicate=2).x_train) == 100
+    assert three.x_train.nbytes == one.x_train.nbytes  # stored once, not three times
+    two = load_dataset("synthetic", synthetic_size=50, replicate=2)
+    assert two.n_train == 100 and len(two.x_train) == 50
+    assert ds.replicate_train(two, 3).n_train == 300  # repeats of repeats multiply
+    np.testing.assert_array_equal(one.stored_rows(np.arange(n)), np.arange(n))
+
+
+def test_replicate_trains_as_the_repeated_files_do(tmp_path: Path) -> None:
+    """--replicate 3 without copies against a training file holding the samples 3 times: the
+    same run to the bit (the CNN's dropout draws by sample number, which must not change)."""
+    arrays = small_arrays(n_train=40, n_test=16)
+    once = write_mnist_dir(tmp_path / "once", arrays)
+    thrice = dict(arrays)
+    thrice["train_images"] = np.concatenate([arrays["train_images"]] * 3)
+    thrice["train_labels"] = np.tile(arrays["train_labels"], 3)
+    thrice_dir = write_mnist_dir(tmp_path / "thrice", thrice)
+    common = ["--dataset", "mnist", "--model", "cnn", "--epochs", "1", "--batch-size", "32"]
+    common += ["--dtype", "float64", "--backend", "numpy", "--no-progress"]
+    a, ma, pa = train_and_load(tmp_path, 1, [*common, "--data-dir", str(once), "--replicate", "3"])
+    b, mb, _ = train_and_load(tmp_path, 1, [*common, "--data-dir", str(thrice_dir)])
+    assert "mnist 120 train / 16 test" in pa.stdout
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert ma[0]["train_loss"] == mb[0]["train_loss"]
+
+
+def test_a_replicate_whose_epoch_order_cannot_fit_is_a_memory_error_at_once() -> None:
+    with pytest.raises(MemoryError):  # the CLI makes it a one-line --replicate error
+        load_dataset("synthetic", synthetic_size=1000, replicate=10**14)
 
 
 @pytest.mark.parametrize("k", [0, -1, 1.5, True])

@@ -374,7 +374,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     # the ranks that each take a share of the batch: one per replica of the network
     replicas = place.replicas
-    batch = _global_batch(args, replicas, data.x_train.shape[0])
+    batch = _global_batch(args, replicas, data.n_train)
     lr = args.lr * (replicas if args.lr_scaling == "linear" else 1)
     cfg = TrainConfig(
         epochs=args.epochs,
@@ -434,7 +434,7 @@ def _announce(
             summary += f" over {groups.model.size} ranks x {groups.data.size} replicas"
     print(
         f"xpnn: {summary}\n"
-        f"xpnn: {data.name} {data.x_train.shape[0]} train / {data.x_test.shape[0]} test, "
+        f"xpnn: {data.name} {data.n_train} train / {data.x_test.shape[0]} test, "
         f"global batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend "
         f"{backend.describe()}, comm {groups.name}{note}, {comm.size} rank(s) x "
         f"{cfg.extra['threads']} thread(s)",

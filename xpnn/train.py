@@ -133,7 +133,7 @@ class Trainer:
         # a pipeline's later stages never read a sample: no copy of them on the device
         self.x_train = backend.asarray(data.x_train) if model.reads_input else None
         self.y_train = backend.asarray(data.y_train, dtype=xp.int64)
-        self.n_train = data.x_train.shape[0]
+        self.n_train = data.n_train  # with --replicate, more than it stores
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
         step_epochs = cfg.step_epochs or max(1, cfg.epochs // 3)
         schedule = Schedule(
@@ -179,8 +179,11 @@ class Trainer:
             loss, correct = zero, zero
         else:
             idx = self.backend.asarray(local, dtype=xp.int64)
-            xb = xp.take(self.x_train, idx, axis=0) if model.reads_input else None
-            yb = xp.take(self.y_train, idx, axis=0)
+            rows = idx  # the stored rows that hold these samples: others with --replicate
+            if self.data.train_repeats > 1:
+                rows = self.backend.asarray(self.data.stored_rows(local), dtype=xp.int64)
+            xb = xp.take(self.x_train, rows, axis=0) if model.reads_input else None
+            yb = xp.take(self.y_train, rows, axis=0)
             ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
             loss, correct = model.loss_and_grads(
                 xb, yb, ctx, 1.0 / len(batch), self.update.grads_ready

@@ -7,7 +7,7 @@ inputs in [0, 1] (images as (N, 1, 28, 28)) and int64 labels.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +88,11 @@ SOURCES = {
 
 @dataclass(frozen=True)
 class Dataset:
-    """A classification dataset: float32 inputs in [0, 1], int64 labels in [0, num_classes)."""
+    """A classification dataset: float32 inputs in [0, 1], int64 labels in [0, num_classes).
+
+    The training set is ``x_train`` / ``y_train`` repeated ``train_repeats`` times (``--replicate``)
+    without copies: sample i of an epoch is stored row ``i % len(x_train)`` (``stored_rows``).
+    """
 
     name: str
     x_train: np.ndarray
@@ -96,11 +100,21 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
+    train_repeats: int = 1
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         """Shape of one sample, what a model's first layer is built for."""
         return tuple(self.x_train.shape[1:])
+
+    @property
+    def n_train(self) -> int:
+        """Training samples in an epoch: the stored ones, times ``train_repeats``."""
+        return self.x_train.shape[0] * self.train_repeats
+
+    def stored_rows(self, samples: np.ndarray) -> np.ndarray:
+        """The rows of ``x_train`` / ``y_train`` that hold these training samples."""
+        return samples % self.x_train.shape[0] if self.train_repeats > 1 else samples
 
 
 def load_dataset(
@@ -135,17 +149,22 @@ def _check_replicate(replicate: int) -> None:
 
 
 def replicate_train(dataset: Dataset, k: int) -> Dataset:
-    """The dataset with its training set repeated ``k`` times (the test set unchanged)."""
+    """The dataset with its training set repeated ``k`` times (the test set unchanged).
+
+    Nothing is copied: each rank of a node used to hold k copies, so weak scaling over N ranks
+    (``--replicate N``) held N x N copies of the data set on a node. The epoch's order
+    still covers k x n samples, 8 bytes each; a k too large for that is refused here.
+    """
     if k == 1:
         return dataset
-    return Dataset(
-        name=dataset.name,
-        x_train=np.concatenate([dataset.x_train] * k, axis=0),
-        y_train=np.concatenate([dataset.y_train] * k, axis=0),
-        x_test=dataset.x_test,
-        y_test=dataset.y_test,
-        num_classes=dataset.num_classes,
-    )
+    total = dataset.n_train * k
+    try:
+        np.empty(total, dtype=np.int64)  # an epoch's order: refused now, not in epoch 1
+    except MemoryError:
+        raise MemoryError(
+            f"an epoch's order of {total:,} samples needs {total * 8 / 2**30:,.1f} GiB"
+        ) from None
+    return replace(dataset, train_repeats=dataset.train_repeats * k)
 
 
 # --- IDX datasets -------------------------------------------------------------------------------
