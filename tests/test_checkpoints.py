@@ -11,6 +11,7 @@ import pytest
 from conftest import TINY_FLOAT64_RUN, assert_one_line_user_error, run_xpnn
 
 ARGS = [*TINY_FLOAT64_RUN, "--hidden", "96,64"]  # three Dense layers: a split pair + one more
+MADE_5 = "written by a run that made 5 steps in 1 epoch(s)"  # 300 samples, batches of 70
 
 
 def _load(path):
@@ -158,8 +159,13 @@ def test_saved_files_get_the_permissions_of_any_new_file(tmp_path):
         # Adam's moments, resumed by SGD, which keeps none: they would be dropped silently
         ([], ["--optimizer", "sgd"], "optimizer state m, v, but this --optimizer keeps none"),
         ([], ["--seed", "7"], "written by a run with --seed 0, this one has --seed 7"),
+        # other batches, and the schedule's steps moved (300 samples: 5 steps of 70, 4 of 80)
+        ([], ["--batch-size", "80"], f"{MADE_5}, this one makes 4 an epoch (another "
+         "--batch-size, --replicate or data set?)"),
+        ([], ["--replicate", "2"], f"{MADE_5}, this one makes 9 an epoch"),
+        ([], ["--synthetic-size", "400"], f"{MADE_5}, this one makes 6 an epoch"),
     ],
-)
+)  # fmt: skip
 def test_a_checkpoint_with_more_than_the_network_or_another_seed_is_refused(
     tmp_path, written, resumed, message
 ):

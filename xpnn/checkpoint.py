@@ -97,16 +97,23 @@ def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
 
 
 def load_checkpoint(
-    path: Path, model: Any, optimizer: Any, restore_arrays: bool = True, seed: int | None = None
+    path: Path,
+    model: Any,
+    optimizer: Any,
+    restore_arrays: bool = True,
+    seed: int | None = None,
+    steps_per_epoch: int | None = None,
 ) -> tuple[int, int]:
     """Restore this rank's part of the parameters and optimizer state in place; returns
     (epochs done, steps done).
 
     The file must be this run's: the same network (no parameter more or less), the same
-    optimizer state, and, when ``seed`` is given, the same ``--seed`` (it decides the shuffles
-    and dropout masks of the epochs still to come). ``restore_arrays=False`` checks the file
-    and restores only the step count: for ranks whose buffers another rank of the node fills
-    (shared memory)."""
+    optimizer state, when ``seed`` is given the same ``--seed`` (it decides the shuffles
+    and dropout masks of the epochs still to come), and when ``steps_per_epoch`` is given as
+    many steps an epoch (another global batch or data set size would make other batches, and
+    move the schedule's warmup and decay, which count steps). ``restore_arrays=False`` checks
+    the file and restores only the step count: for ranks whose buffers another rank of the
+    node fills (shared memory)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -121,6 +128,11 @@ def load_checkpoint(
     if seed is not None and stored_seed != seed:
         raise UserError(
             f"{path}: written by a run with --seed {stored_seed}, this one has --seed {seed}"
+        )
+    if steps_per_epoch is not None and step != epoch * steps_per_epoch:
+        raise UserError(
+            f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
+            f"makes {steps_per_epoch} an epoch (another --batch-size, --replicate or data set?)"
         )
     targets = [("", "parameter", "", model.named_params())]
     targets += [

@@ -339,7 +339,12 @@ class Trainer:
             self.resume_note = f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh"
             return 0
         epoch, step = load_checkpoint(
-            path, self.model, self.optimizer, self.update.restores_checkpoint, seed=cfg.seed
+            path,
+            self.model,
+            self.optimizer,
+            self.update.restores_checkpoint,
+            seed=cfg.seed,
+            steps_per_epoch=self.steps_per_epoch,
         )
         done = f"; --epochs {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
         self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){done}"
