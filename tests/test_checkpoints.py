@@ -161,7 +161,7 @@ def test_saved_files_get_the_permissions_of_any_new_file(tmp_path):
         ([], ["--seed", "7"], "written by a run with --seed 0, this one has --seed 7"),
         # other batches, and the schedule's steps moved (300 samples: 5 steps of 70, 4 of 80)
         ([], ["--batch-size", "80"], f"{MADE_5}, this one makes 4 an epoch (another "
-         "--batch-size, --replicate or data set?)"),
+         "global batch, --replicate or data set?)"),
         ([], ["--replicate", "2"], f"{MADE_5}, this one makes 9 an epoch"),
         ([], ["--synthetic-size", "400"], f"{MADE_5}, this one makes 6 an epoch"),
     ],

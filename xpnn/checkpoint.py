@@ -132,7 +132,7 @@ def load_checkpoint(
     if steps_per_epoch is not None and step != epoch * steps_per_epoch:
         raise UserError(
             f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
-            f"makes {steps_per_epoch} an epoch (another --batch-size, --replicate or data set?)"
+            f"makes {steps_per_epoch} an epoch (another global batch, --replicate or data set?)"
         )
     targets = [("", "parameter", "", model.named_params())]
     targets += [
