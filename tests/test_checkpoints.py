@@ -22,6 +22,9 @@ def _load(path):
 def _assert_same(got, want, what):
     assert list(got) == list(want), what  # the same names, in the same order
     for name, value in want.items():
+        if value.dtype.kind == "U":  # meta.dataset
+            assert got[name] == value, name
+            continue
         scale = max(np.abs(value).max(), 1e-300)
         np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-10 * scale, err_msg=name)
 
@@ -204,3 +207,39 @@ def test_a_checkpoint_with_a_damaged_epoch_is_a_one_line_error(tmp_path, value):
     np.savez(path, **{**_load(path), "meta.epoch": value})
     proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
     assert_one_line_user_error(proc, "checkpoint-epoch0001.npz: damaged checkpoint (meta.epoch")
+
+
+def test_a_checkpoint_of_another_data_set_is_refused(tmp_path):
+    """MNIST-shaped files of as many samples as the synthetic set make as many steps: only
+    the data set's name in the checkpoint tells the runs apart."""
+    from test_idx import small_arrays, write_mnist_dir
+
+    ck = tmp_path / "ck"
+    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+    written = _load(ck / "checkpoint-epoch0001.npz")
+    assert str(written["meta.dataset"]) == "synthetic"
+    files = write_mnist_dir(tmp_path / "d", small_arrays(n_train=300))
+    other = ["--dataset", "mnist", "--data-dir", str(files)]
+    proc = run_xpnn([*ARGS, *other, "--checkpoint-dir", str(ck), "--resume"])
+    assert_one_line_user_error(
+        proc, "checkpoint-epoch0001.npz: written by a run on synthetic, this one is on mnist"
+    )
+
+
+def test_a_checkpoint_with_a_damaged_data_set_name_is_a_one_line_error(tmp_path):
+    ck = tmp_path / "ck"
+    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+    path = ck / "checkpoint-epoch0001.npz"
+    np.savez(path, **{**_load(path), "meta.dataset": np.array([1, 2])})
+    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
+    assert_one_line_user_error(proc, "checkpoint-epoch0001.npz: damaged checkpoint (meta.dataset")
+
+
+def test_a_checkpoint_that_names_no_data_set_still_resumes(tmp_path):
+    """Checkpoints from before the 18th session have no meta.dataset."""
+    ck = tmp_path / "ck"
+    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+    path = ck / "checkpoint-epoch0001.npz"
+    np.savez(path, **{k: v for k, v in _load(path).items() if k != "meta.dataset"})
+    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
+    assert proc.returncode == 0 and "(epoch 1, step 5)" in proc.stdout, proc.stderr

@@ -61,15 +61,19 @@ def save_checkpoint(
     epoch: int,
     step: int,
     seed: int,
+    dataset: str = "",
 ) -> Path:
     """Write the whole network's ``params`` and optimizer ``state`` (state name -> parameter
-    name -> array, e.g. ``optim.m.layer0.W``): host arrays, whole whatever the parallelism."""
+    name -> array, e.g. ``optim.m.layer0.W``): host arrays, whole whatever the parallelism;
+    and what a resume must match: the epoch, step, seed and data set's name."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
     arrays["meta.epoch"] = np.array(epoch)
     arrays["meta.step"] = np.array(step)
     arrays["meta.seed"] = np.array(seed)
+    if dataset:
+        arrays["meta.dataset"] = np.array(dataset)
     Path(directory).mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(directory, epoch)
     atomic_savez(path, arrays)
@@ -103,6 +107,7 @@ def load_checkpoint(
     restore_arrays: bool = True,
     seed: int | None = None,
     steps_per_epoch: int | None = None,
+    dataset: str | None = None,
 ) -> tuple[int, int]:
     """Restore this rank's part of the parameters and optimizer state in place; returns
     (epochs done, steps done).
@@ -111,7 +116,9 @@ def load_checkpoint(
     optimizer state, when ``seed`` is given the same ``--seed`` (it decides the shuffles
     and dropout masks of the epochs still to come), and when ``steps_per_epoch`` is given as
     many steps an epoch (another global batch or data set size would make other batches, and
-    move the schedule's warmup and decay, which count steps). ``restore_arrays=False`` checks
+    move the schedule's warmup and decay, which count steps), and when ``dataset`` is given and
+    the file names one (since the 18th session), the same data set: MNIST and Fashion-MNIST
+    make as many steps. ``restore_arrays=False`` checks
     the file and restores only the step count: for ranks whose buffers another rank of the
     node fills (shared memory)."""
     try:
@@ -128,6 +135,15 @@ def load_checkpoint(
     if seed is not None and stored_seed != seed:
         raise UserError(
             f"{path}: written by a run with --seed {stored_seed}, this one has --seed {seed}"
+        )
+    stored_dataset = arrays.get("meta.dataset")
+    if stored_dataset is not None and (
+        stored_dataset.shape != () or stored_dataset.dtype.kind != "U"
+    ):
+        raise UserError(f"{path}: damaged checkpoint (meta.dataset is {stored_dataset.tolist()!r})")
+    if dataset and stored_dataset is not None and str(stored_dataset) != dataset:
+        raise UserError(
+            f"{path}: written by a run on {stored_dataset}, this one is on {dataset} (--dataset)"
         )
     if steps_per_epoch is not None and step != epoch * steps_per_epoch:
         raise UserError(

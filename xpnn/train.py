@@ -328,6 +328,7 @@ class Trainer:
                     epochs_done,
                     optimizer.step_count,
                     self.cfg.seed,
+                    self.data.name,
                 )
 
     def _maybe_resume(self) -> int:
@@ -345,6 +346,7 @@ class Trainer:
             self.update.restores_checkpoint,
             seed=cfg.seed,
             steps_per_epoch=self.steps_per_epoch,
+            dataset=self.data.name,
         )
         done = f"; --epochs {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
         self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){done}"
