@@ -62,8 +62,12 @@ def test_apply_threads_limits_blas_and_numba() -> None:
         info = apply_threads(1)
         assert info["threads"] == 1, info
         assert info["numba"] == 1 and numba.get_num_threads() == 1, info
-        assert all(p["num_threads"] == 1 for p in threadpool_info()), threadpool_info()
-        assert [p["threads"] for p in info["blas"]] == [1] * len(info["blas"]), info
+        pools = threadpool_info()
+        # NumPy's BLAS is found (threadpoolctl < 3.5 sees none in NumPy 2's wheels, and an
+        # empty list passed the check below: two ranks then ran every core's worth each)
+        assert any(p["user_api"] == "blas" for p in pools), pools
+        assert all(p["num_threads"] == 1 for p in pools), pools
+        assert info["blas"] and [p["threads"] for p in info["blas"]] == [1] * len(info["blas"])
         print("LIMITED", info)
         """
     )
