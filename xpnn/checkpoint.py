@@ -100,6 +100,41 @@ def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
     return int(value)
 
 
+def _same_run(
+    path: Path,
+    arrays: dict[str, np.ndarray],
+    seed: int | None,
+    steps_per_epoch: int | None,
+    dataset: str | None,
+) -> tuple[int, int]:
+    """The file's (epoch, step), once its run is shown to be this one, as far as given:
+
+    - ``seed``: the same ``--seed`` (it decides the shuffles and dropout masks to come);
+    - ``steps_per_epoch``: as many steps an epoch (another global batch or data set size makes
+      other batches, and moves the schedule's warmup and decay, which count steps);
+    - ``dataset``: the same data set, where the file names one (since the 18th session):
+      MNIST and Fashion-MNIST make as many steps.
+    """
+    epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
+    if seed is not None and stored_seed != seed:
+        raise UserError(
+            f"{path}: written by a run with --seed {stored_seed}, this one has --seed {seed}"
+        )
+    stored = arrays.get("meta.dataset")
+    if stored is not None and (stored.shape != () or stored.dtype.kind != "U"):
+        raise UserError(f"{path}: damaged checkpoint (meta.dataset is {stored.tolist()!r})")
+    if dataset and stored is not None and str(stored) != dataset:
+        raise UserError(
+            f"{path}: written by a run on {stored}, this one is on {dataset} (--dataset)"
+        )
+    if steps_per_epoch is not None and step != epoch * steps_per_epoch:
+        raise UserError(
+            f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
+            f"makes {steps_per_epoch} an epoch (another global batch, --replicate or data set?)"
+        )
+    return epoch, step
+
+
 def load_checkpoint(
     path: Path,
     model: Any,
@@ -113,14 +148,9 @@ def load_checkpoint(
     (epochs done, steps done).
 
     The file must be this run's: the same network (no parameter more or less), the same
-    optimizer state, when ``seed`` is given the same ``--seed`` (it decides the shuffles
-    and dropout masks of the epochs still to come), and when ``steps_per_epoch`` is given as
-    many steps an epoch (another global batch or data set size would make other batches, and
-    move the schedule's warmup and decay, which count steps), and when ``dataset`` is given and
-    the file names one (since the 18th session), the same data set: MNIST and Fashion-MNIST
-    make as many steps. ``restore_arrays=False`` checks
-    the file and restores only the step count: for ranks whose buffers another rank of the
-    node fills (shared memory)."""
+    optimizer state, and what ``_same_run`` checks. ``restore_arrays=False`` checks the file
+    and restores only the step count: for ranks whose buffers another rank of the node fills
+    (shared memory)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -131,25 +161,7 @@ def load_checkpoint(
             f"{path}: written by an older xpnn (one flat buffer per optimizer state, before "
             "checkpoints named the state per parameter); resume it with that version"
         )
-    epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
-    if seed is not None and stored_seed != seed:
-        raise UserError(
-            f"{path}: written by a run with --seed {stored_seed}, this one has --seed {seed}"
-        )
-    stored_dataset = arrays.get("meta.dataset")
-    if stored_dataset is not None and (
-        stored_dataset.shape != () or stored_dataset.dtype.kind != "U"
-    ):
-        raise UserError(f"{path}: damaged checkpoint (meta.dataset is {stored_dataset.tolist()!r})")
-    if dataset and stored_dataset is not None and str(stored_dataset) != dataset:
-        raise UserError(
-            f"{path}: written by a run on {stored_dataset}, this one is on {dataset} (--dataset)"
-        )
-    if steps_per_epoch is not None and step != epoch * steps_per_epoch:
-        raise UserError(
-            f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
-            f"makes {steps_per_epoch} an epoch (another global batch, --replicate or data set?)"
-        )
+    epoch, step = _same_run(path, arrays, seed, steps_per_epoch, dataset)
     targets = [("", "parameter", "", model.named_params())]
     targets += [
         (f"optim.{state}.", "optimizer state", " (another --optimizer?)", model.named_views(buf))
