@@ -117,7 +117,7 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_together(
+def run_at_once(
     kind: str, cpus: list[int], args: argparse.Namespace, share: int = 1
 ) -> list[float]:
     """Mean call seconds of ``kind`` on each of ``cpus``, all running at once, each doing
@@ -186,39 +186,30 @@ def gemm_shape(text: str) -> list[int]:
     return shape
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    if args.worker:
-        return worker(args)
-    if not hasattr(os, "sched_setaffinity"):
-        ap.error("needs to pin processes to CPUs (os.sched_setaffinity), which this OS lacks")
-    allowed = sorted(os.sched_getaffinity(0))
-    cpus = allowed if args.cpus is None else args.cpus
-    outside = sorted(set(cpus) - set(allowed))
-    if outside:
-        ap.error(f"--cpus: {outside[0]} is not a CPU this process may use ({allowed})")
-    if len(cpus) < 2:
-        ap.error(f"--cpus: needs two or more CPUs to compare, got {cpus}")
-    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // len(cpus)
-    m, k, n = args.gemm
-    needs = {"gemm": 4 * (m * k + k * n + m * n), "stream": args.stream_mib * 2**20}
-    for kind in set(args.kernels) & set(needs):  # refused here, not as a worker's MemoryError
-        if needs[kind] > free:
-            flag = "--gemm" if kind == "gemm" else "--stream-mib"
-            ap.error(f"{flag}: {needs[kind] / 2**30:.1f} GiB a process, {free / 2**30:.1f} free")
-    share = len(cpus) if args.split else 1
-    alone: dict[str, list[list[float]]] = {k: [] for k in args.kernels}
-    together: dict[str, list[list[float]]] = {k: [] for k in args.kernels}
+Timings = dict[str, list[list[float]]]  # kernel -> a list per round -> a time per CPU
+
+
+def measure(args: argparse.Namespace, cpus: list[int], share: int) -> tuple[Timings, Timings]:
+    """Mean call seconds of every kernel on each CPU alone and on all of them at once (each
+    with 1 / ``share`` of the work), ``--rounds`` times."""
+    alone: Timings = {k: [] for k in args.kernels}
+    together: Timings = {k: [] for k in args.kernels}
     for r in range(args.rounds):
         for kind in args.kernels:
-            solo = lambda kind=kind: [run_together(kind, [c], args)[0] for c in cpus]  # noqa: E731
+            solo = lambda kind=kind: [run_at_once(kind, [c], args)[0] for c in cpus]  # noqa: E731
             if r % 2 == 0:  # alternate which comes first, against drifts of the machine
                 alone[kind].append(solo())
-                together[kind].append(run_together(kind, cpus, args, share))
+                together[kind].append(run_at_once(kind, cpus, args, share))
             else:
-                together[kind].append(run_together(kind, cpus, args, share))
+                together[kind].append(run_at_once(kind, cpus, args, share))
                 alone[kind].append(solo())
+    return alone, together
+
+
+def report(
+    args: argparse.Namespace, cpus: list[int], share: int, alone: Timings, together: Timings
+) -> None:
+    """The table (medians over the rounds) and what the slowest core allows N ranks."""
     each = f"1/{share} of the work each" if args.split else "the same work each"
     print(
         f"each kernel on each CPU alone, then on CPUs {','.join(map(str, cpus))} at once "
@@ -243,6 +234,32 @@ def main(argv: list[str] | None = None) -> int:
             f"{kind}: slowest core {ratio:.3f}x its time alone; "
             f"{n} lockstep ranks {doing} only this reach {n / share / ratio:.2f}x one"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if not hasattr(os, "sched_setaffinity"):
+        ap.error("needs to pin processes to CPUs (os.sched_setaffinity), which this OS lacks")
+    allowed = sorted(os.sched_getaffinity(0))
+    cpus = allowed if args.cpus is None else args.cpus
+    outside = sorted(set(cpus) - set(allowed))
+    if outside:
+        ap.error(f"--cpus: {outside[0]} is not a CPU this process may use ({allowed})")
+    if len(cpus) < 2:
+        ap.error(f"--cpus: needs two or more CPUs to compare, got {cpus}")
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // len(cpus)
+    m, k, n = args.gemm
+    needs = {"gemm": 4 * (m * k + k * n + m * n), "stream": args.stream_mib * 2**20}
+    for kind in set(args.kernels) & set(needs):  # refused here, not as a worker's MemoryError
+        if needs[kind] > free:
+            flag = "--gemm" if kind == "gemm" else "--stream-mib"
+            ap.error(f"{flag}: {needs[kind] / 2**30:.1f} GiB a process, {free / 2**30:.1f} free")
+    share = len(cpus) if args.split else 1
+    alone, together = measure(args, cpus, share)
+    report(args, cpus, share, alone, together)
     return 0
 
 
