@@ -6,6 +6,8 @@ another (or the same); both must match one uninterrupted process: the checkpoint
 to the 1-rank run's.
 """
 
+import json
+
 import numpy as np
 import pytest
 from conftest import TINY_FLOAT64_RUN, assert_one_line_user_error, run_xpnn
@@ -236,10 +238,42 @@ def test_a_checkpoint_with_a_damaged_data_set_name_is_a_one_line_error(tmp_path)
 
 
 def test_a_checkpoint_that_names_no_data_set_still_resumes(tmp_path):
-    """Checkpoints from before the 18th session have no meta.dataset."""
+    """Checkpoints from before the 18th session have no meta.dataset or meta.settings."""
     ck = tmp_path / "ck"
     assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
     path = ck / "checkpoint-epoch0001.npz"
-    np.savez(path, **{k: v for k, v in _load(path).items() if k != "meta.dataset"})
-    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
+    newer = ("meta.dataset", "meta.settings")
+    np.savez(path, **{k: v for k, v in _load(path).items() if k not in newer})
+    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume", "--lr", "0.002"])
     assert proc.returncode == 0 and "(epoch 1, step 5)" in proc.stdout, proc.stderr
+    assert "changed since" not in proc.stdout  # nothing to compare with
+
+
+def test_a_resume_that_changes_the_rates_to_come_says_so(tmp_path):
+    """Not refused (a lower rate for the rest of a run is a choice), but never silent."""
+    ck = tmp_path / "ck"
+    base = [*ARGS, "--checkpoint-dir", str(ck), "--schedule", "step"]
+    assert run_xpnn([*base, "--epochs", "1"]).returncode == 0
+    settings = _load(ck / "checkpoint-epoch0001.npz")["meta.settings"]
+    assert json.loads(str(settings)) == {
+        "dtype": "float64", "lr": 0.01, "schedule": "step", "step_epochs": 1,
+        "warmup_epochs": 0.0,
+    }  # fmt: skip
+    same = run_xpnn([*base, "--epochs", "2", "--step-epochs", "1", "--resume"])
+    assert same.returncode == 0 and "changed since" not in same.stdout, same.stdout
+    (ck / "checkpoint-epoch0002.npz").unlink()
+    other = run_xpnn([*base, "--epochs", "2", "--resume", "--lr", "0.005", "--warmup-epochs", "1"])
+    assert other.returncode == 0, other.stderr
+    line = next(line for line in other.stdout.splitlines() if line.startswith("resume:"))
+    assert line.endswith(
+        "(epoch 1, step 5); changed since: --lr 0.01 -> 0.005, --warmup-epochs 0.0 -> 1.0"
+    ), line
+
+
+def test_a_checkpoint_with_damaged_settings_is_a_one_line_error(tmp_path):
+    ck = tmp_path / "ck"
+    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+    path = ck / "checkpoint-epoch0001.npz"
+    np.savez(path, **{**_load(path), "meta.settings": np.array("[1, 2]")})
+    proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
+    assert_one_line_user_error(proc, "checkpoint-epoch0001.npz: damaged checkpoint (meta.settings")

@@ -9,6 +9,7 @@ resume on another number of ranks, or with another ``--parallel``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -62,10 +63,12 @@ def save_checkpoint(
     step: int,
     seed: int,
     dataset: str = "",
+    settings: dict[str, Any] | None = None,
 ) -> Path:
     """Write the whole network's ``params`` and optimizer ``state`` (state name -> parameter
     name -> array, e.g. ``optim.m.layer0.W``): host arrays, whole whatever the parallelism;
-    and what a resume must match: the epoch, step, seed and data set's name."""
+    what a resume must match: the epoch, step, seed and data set's name; and ``settings``
+    that a resume may change but is told about (``changed_settings``), as JSON."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
@@ -74,6 +77,8 @@ def save_checkpoint(
     arrays["meta.seed"] = np.array(seed)
     if dataset:
         arrays["meta.dataset"] = np.array(dataset)
+    if settings:
+        arrays["meta.settings"] = np.array(json.dumps(settings, sort_keys=True))
     Path(directory).mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(directory, epoch)
     atomic_savez(path, arrays)
@@ -143,9 +148,9 @@ def load_checkpoint(
     seed: int | None = None,
     steps_per_epoch: int | None = None,
     dataset: str | None = None,
-) -> tuple[int, int]:
+) -> tuple[int, int, dict[str, Any]]:
     """Restore this rank's part of the parameters and optimizer state in place; returns
-    (epochs done, steps done).
+    (epochs done, steps done, the settings the file's run had: empty before the 18th session).
 
     The file must be this run's: the same network (no parameter more or less), the same
     optimizer state, and what ``_same_run`` checks. ``restore_arrays=False`` checks the file
@@ -194,4 +199,27 @@ def load_checkpoint(
                 piece = own_piece(layer, name, arrays[prefix + key])
                 view[...] = model.backend.asarray(piece, dtype=view.dtype)
     optimizer.step_count = step
-    return epoch, step
+    return epoch, step, _settings(path, arrays)
+
+
+def _settings(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``meta.settings``: a JSON object in a string, or the file is damaged."""
+    stored = arrays.get("meta.settings")
+    if stored is None:
+        return {}
+    try:
+        settings = json.loads(str(stored)) if stored.shape == () else None
+    except ValueError:
+        settings = None
+    if stored.dtype.kind != "U" or not isinstance(settings, dict):
+        raise UserError(f"{path}: damaged checkpoint (meta.settings is {stored.tolist()!r})")
+    return settings
+
+
+def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``--flag old -> new`` for each setting both runs name that the resumed run changes."""
+    return [
+        f"--{key.replace('_', '-')} {before[key]} -> {now[key]}"
+        for key in sorted(before.keys() & now.keys())
+        if before[key] != now[key]
+    ]

@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_params
+from xpnn.checkpoint import (
+    changed_settings,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_params,
+)
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.errors import path_problems
 from xpnn.nn.layer import Context
@@ -135,13 +141,13 @@ class Trainer:
         self.y_train = backend.asarray(data.y_train, dtype=xp.int64)
         self.n_train = data.n_train  # with --replicate, more than it stores
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
-        step_epochs = cfg.step_epochs or max(1, cfg.epochs // 3)
+        self.step_epochs = cfg.step_epochs or max(1, cfg.epochs // 3)  # default: a third
         schedule = Schedule(
             cfg.lr,
             cfg.schedule,
             warmup_steps=warmup_steps(cfg.warmup_epochs, self.steps_per_epoch),
             total_steps=cfg.epochs * self.steps_per_epoch,
-            step_size=step_epochs * self.steps_per_epoch,  # the decay counts epochs, not steps
+            step_size=self.step_epochs * self.steps_per_epoch,  # the decay counts epochs, not steps
         )
 
         def optimizer(params: Any, grads: Any, parts: Any = None, zeros: Any = None) -> Any:
@@ -329,6 +335,7 @@ class Trainer:
                     optimizer.step_count,
                     self.cfg.seed,
                     self.data.name,
+                    self._settings(),
                 )
 
     def _maybe_resume(self) -> int:
@@ -339,7 +346,7 @@ class Trainer:
         if path is None:
             self.resume_note = f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh"
             return 0
-        epoch, step = load_checkpoint(
+        epoch, step, before = load_checkpoint(
             path,
             self.model,
             self.optimizer,
@@ -349,8 +356,23 @@ class Trainer:
             dataset=self.data.name,
         )
         done = f"; --epochs {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
-        self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){done}"
+        changed = changed_settings(before, self._settings())
+        since = f"; changed since: {', '.join(changed)}" if changed else ""
+        self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
         return epoch
+
+    def _settings(self) -> dict[str, Any]:
+        """What a resumed run may change and is told about when it does: the learning rate
+        (after --lr-scaling), its schedule, and the precision. With --schedule step the decay
+        interval, and with cosine the run's length, shape the rates still to come."""
+        cfg = self.cfg
+        settings: dict[str, Any] = {"lr": cfg.lr, "schedule": cfg.schedule}
+        settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": str(self.model.params.dtype)}
+        if cfg.schedule == "step":
+            settings["step_epochs"] = self.step_epochs
+        if cfg.schedule == "cosine":
+            settings["epochs"] = cfg.epochs
+        return settings
 
     def _progress(self, batches: list, epoch: int) -> Any:
         if not (self.cfg.progress and self.is_root and sys.stderr.isatty()):
