@@ -27,7 +27,7 @@ rows, of the stream's arrays), as data parallelism splits a fixed batch: then 1 
 the speedup of N ranks over one on that kernel, and a split stream shows whether the smaller
 shares fit a cache that the whole did not.
 
-Run: ``python bench/core_contention.py [--split] [--rounds 3] [--seconds 1] [--cpus 0,1]``.
+Run: ``python bench/core_contention.py [--split] [--rounds 3] [--cpus 0,1] [--json F]``.
 A CPU named twice gets two processes: that measures a core shared by two ranks (a ratio near
 2).
 """
@@ -48,10 +48,13 @@ from _common import (  # noqa: E402
     cpu_list,
     format_table,
     int_list,
+    machine_info,
     median,
     nonneg_float,
     positive_int,
+    refuse_unwritable,
     run_main,
+    write_json,
 )
 
 PROG = "bench/core_contention.py"
@@ -166,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--stream-mib", type=positive_float, default=24.0, help="stream kernel's two arrays, MiB")
     a("--gemm", type=gemm_shape, default=[128, 1024, 1024], help="M,K,N of the product")
     a("--split", action="store_true", help="together, each core does 1 / N of the work")
+    a("--json", type=Path, default=None, help="also write every round's times here")
     a("--worker", choices=KERNELS, help=argparse.SUPPRESS)
     a("--share", type=positive_int, default=1, help=argparse.SUPPRESS)
     a("--cpu", type=int, help=argparse.SUPPRESS)
@@ -257,9 +261,24 @@ def main(argv: list[str] | None = None) -> int:
         if needs[kind] > free:
             flag = "--gemm" if kind == "gemm" else "--stream-mib"
             ap.error(f"{flag}: {needs[kind] / 2**30:.1f} GiB a process, {free / 2**30:.1f} free")
+    if args.json is not None:
+        refuse_unwritable(ap, "--json", args.json)
     share = len(cpus) if args.split else 1
     alone, together = measure(args, cpus, share)
     report(args, cpus, share, alone, together)
+    if args.json is not None:
+        arguments = {k: v for k, v in vars(args).items() if k not in ("worker", "cpu", "share")}
+        arguments["json"] = str(args.json)
+        write_json(
+            args.json,
+            {
+                "args": arguments,
+                "cpus": cpus,
+                "work_share": share,
+                "seconds_per_call": {"alone": alone, "together": together},
+                "machine": machine_info(),
+            },
+        )
     return 0
 
 

@@ -3,7 +3,9 @@ pinned to one CPU must show it: each call takes about twice as long together as 
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -44,16 +46,26 @@ def test_two_processes_on_one_cpu_take_twice_as_long_as_one():
     assert 0.75 < reach < 1.25  # two ranks on one core: no faster than one
 
 
-def test_every_kernel_runs_on_every_cpu_given():
+def test_every_kernel_runs_on_every_cpu_given(tmp_path):
     cpus = sorted(os.sched_getaffinity(0))[:2] * (1 if len(os.sched_getaffinity(0)) > 1 else 2)
+    out = tmp_path / "cc.json"
     proc = run(
         "--cpus", ",".join(map(str, cpus)), "--rounds", "2", "--seconds", "0",
-        "--stream-mib", "1", "--gemm", "8,16,4",
+        "--stream-mib", "1", "--gemm", "8,16,4", "--json", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert sorted(table(proc.stdout)) == [(k, i) for k in ("fma", "gemm", "stream") for i in (0, 1)]
+    rows = table(proc.stdout)
+    assert sorted(rows) == [(k, i) for k in ("fma", "gemm", "stream") for i in (0, 1)]
     summary = proc.stdout.splitlines()[-3:]
     assert [line.split(":")[0] for line in summary] == ["fma", "stream", "gemm"]
+    saved = json.loads(out.read_text())  # every round's times, of which the table shows medians
+    assert saved["cpus"] == cpus and saved["work_share"] == 1
+    for (kind, i), (alone_ms, together_ms, _) in rows.items():
+        alone = [r[i] for r in saved["seconds_per_call"]["alone"][kind]]
+        together = [r[i] for r in saved["seconds_per_call"]["together"][kind]]
+        assert len(alone) == len(together) == 2
+        assert abs(1e3 * statistics.median(alone) - alone_ms) < 1e-3 + 1e-3 * alone_ms
+        assert abs(1e3 * statistics.median(together) - together_ms) < 1e-3 + 1e-3 * together_ms
 
 
 def test_split_gives_each_process_its_share_of_the_work():

@@ -87,6 +87,7 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
         ("core_contention", ["--gemm", "2,3"], "--gemm: expected M,K,N"),
         ("core_contention", ["--stream-mib", "0"], "--stream-mib: must be > 0"),
         ("core_contention", ["--kernels", "fma,x"], "--kernels: unknown 'x'"),
+        ("core_contention", ["--json", "/proc/c.json"], "--json /proc/c.json: cannot create files"),
         ("core_contention", ["--gemm", "1,100000,100000"], "--gemm: 37.3 GiB a process"),
         ("core_contention", ["--stream-mib", "1e9"], "--stream-mib: 976562.5 GiB a process"),
     ],
@@ -114,6 +115,7 @@ def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
         ("optimizer_step", "--json", "x.json"),
         ("throughput", "--json", "x.json"),
         ("within_job", "--json", "x.json"),
+        ("core_contention", "--json", "x.json"),
     ],
 )
 def test_a_path_this_user_may_not_look_at(tmp_path, script, flag, name):
