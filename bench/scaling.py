@@ -306,9 +306,14 @@ def canonical(spec: RunSpec) -> RunSpec:
 # --------------------------------------------------------------------------- report
 
 
+def paired_ratios(num: list[float], den: list[float]) -> list[float]:
+    """num[r] / den[r] for each repeat r (runs of the same repeat are adjacent in time)."""
+    return [a / b for a, b in zip(num, den, strict=False)]
+
+
 def paired_median_ratio(num: list[float], den: list[float]) -> float:
-    """Median over repeats of num[r] / den[r] (runs of the same repeat are adjacent in time)."""
-    return median([a / b for a, b in zip(num, den, strict=False)])
+    """Median over repeats of num[r] / den[r]."""
+    return median(paired_ratios(num, den))
 
 
 def summarise(
@@ -391,28 +396,51 @@ def targets(args: argparse.Namespace, summary: dict[str, list[dict]]) -> list[di
         and dataset_samples(args) == TARGET_SAMPLES
     )
     note = "" if same else " (config differs from the target's MLP 784-1024-1024-10 on 60,000)"
-    two = by.get((2, 1))
+    one, two, threads = by.get((1, 1)), by.get((2, 1)), by.get((1, 2))
+    speedups = [] if one is None or two is None else paired_ratios(one["times_s"], two["times_s"])
     out.append(
         {
             "name": "strong speedup 2 ranks x 1 thread vs 1 rank x 1 thread" + note,
             "target": f">= {TARGET_SPEEDUP}",
             "value": None if two is None else two["speedup"],
             "pass": None if two is None else two["speedup"] >= TARGET_SPEEDUP,
+            "per_repeat": speedups,
+            "repeats_meeting": sum(r >= TARGET_SPEEDUP for r in speedups),
         }
     )
-    threads = by.get((1, 2))
-    value = None
-    if two is not None and threads is not None:  # > 1: the ranks are faster than the threads
-        value = paired_median_ratio(threads["times_s"], two["times_s"])
+    ratios = []  # > 1: the ranks are faster than the threads
+    if two is not None and threads is not None:
+        ratios = paired_ratios(threads["times_s"], two["times_s"])
     out.append(
         {
             "name": "2 ranks x 1 thread faster than 1 rank x 2 threads (T(1x2) / T(2x1))" + note,
             "target": "> 1",
-            "value": value,
-            "pass": None if value is None else value > 1.0,
+            "value": median(ratios) if ratios else None,
+            "pass": median(ratios) > 1.0 if ratios else None,
+            "per_repeat": ratios,
+            "repeats_meeting": sum(r > 1.0 for r in ratios),
         }
     )
     return out
+
+
+def print_targets(tgt: list[dict[str, Any]]) -> None:
+    """Each target's verdict on the median, and how many repeats met it: on a noisy machine
+    one run's verdict says little when the repeats straddle the target."""
+    if not tgt:
+        return
+    print("\ntargets (informational):")
+    for t in tgt:
+        verdict = "not measured" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
+        got = "-" if t["value"] is None else f"{t['value']:.3f}"  # 1.796 is not 1.80
+        each = t["per_repeat"]
+        spread = ""
+        if len(each) > 1:
+            spread = (
+                f"; per repeat {min(each):.3f}-{max(each):.3f}, {t['repeats_meeting']} of "
+                f"{len(each)} meet it"
+            )
+        print(f"  {verdict:<12} {t['name']}: {got} (target {t['target']}{spread})")
 
 
 def plot(summary: dict[str, list[dict]], path: Path, title: str) -> None:
@@ -499,12 +527,7 @@ def run(args: argparse.Namespace) -> int:
     summary = summarise(tables, runs)
     print_tables(summary)
     tgt = targets(args, summary)
-    if tgt:
-        print("\ntargets (informational):")
-        for t in tgt:
-            verdict = "not measured" if t["pass"] is None else ("PASS" if t["pass"] else "FAIL")
-            got = "-" if t["value"] is None else f"{t['value']:.3f}"  # 1.796 is not 1.80
-            print(f"  {verdict:<12} {t['name']}: {got} (target {t['target']})")
+    print_targets(tgt)
     json_path = args.json or args.out / f"{NAME}.json"
     plot_path = args.plot or args.out / f"{NAME}.png"
     title = (

@@ -178,3 +178,48 @@ def test_model_parallel_strong_scaling_reaches_the_cli(tmp_path: Path, parallel:
         and f"--parallel {parallel}" in bad.stderr
         and "--mode strong" in bad.stderr
     )
+
+
+def _scaling_module(monkeypatch: pytest.MonkeyPatch):
+    """bench/scaling.py as a module (it imports ``_common`` from its own folder, and its
+    dataclasses look themselves up in ``sys.modules``)."""
+    import importlib.util
+    import sys
+
+    from conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("scaling_under_test", ROOT / "bench/scaling.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_targets_say_how_many_repeats_met_them(capsys, monkeypatch) -> None:
+    """The verdict is on the median of the per-repeat ratios; the line also gives their range
+    and how many met the target, since single repeats straddle it on a noisy machine."""
+    import argparse
+
+    scaling = _scaling_module(monkeypatch)
+    args = argparse.Namespace(parallel="data", hidden="1024,1024", dataset="fashion-mnist")
+    row = lambda ranks, threads, times: {  # noqa: E731
+        "ranks": ranks, "threads_per_rank": threads, "times_s": times,
+        "speedup": scaling.paired_median_ratio([6.0, 6.0, 6.0], times),
+    }  # fmt: skip
+    summary = {
+        "strong": [
+            row(1, 1, [6.0, 6.0, 6.0]), row(2, 1, [3.0, 3.5, 3.2]), row(1, 2, [3.3, 3.4, 3.3]),
+        ]
+    }  # fmt: skip
+    speedup, threads = scaling.targets(args, summary)
+    assert speedup["per_repeat"] == pytest.approx([2.0, 6 / 3.5, 6 / 3.2])
+    assert speedup["value"] == pytest.approx(6 / 3.2) and speedup["pass"]
+    assert speedup["repeats_meeting"] == 2  # 1.714 does not meet 1.8
+    assert threads["per_repeat"] == pytest.approx([1.1, 3.4 / 3.5, 3.3 / 3.2])
+    assert threads["repeats_meeting"] == 2 and threads["pass"]
+    scaling.print_targets([speedup, threads])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("  PASS         strong speedup 2 ranks x 1 thread vs 1 rank x")
+    assert lines[2].endswith(": 1.875 (target >= 1.8; per repeat 1.714-2.000, 2 of 3 meet it)")
+    assert lines[3].endswith(": 1.031 (target > 1; per repeat 0.971-1.100, 2 of 3 meet it)")
