@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import subprocess
+import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import train_and_load
+from conftest import run_xpnn, train_and_load
 from test_download import Server, dead_url
 from test_idx import NAMES, small_arrays, write_mnist_dir
 
@@ -95,9 +98,25 @@ def test_data_dir_missing_file(tmp_path: Path) -> None:
     assert "t10k-labels-idx1-ubyte.gz" in message and "train-images" not in message
 
 
+def test_data_dir_entry_that_is_not_a_file(tmp_path: Path) -> None:
+    directory = write_mnist_dir(tmp_path / "d")
+    (directory / "t10k-labels-idx1-ubyte.gz").unlink()
+    (directory / "t10k-labels-idx1-ubyte.gz").mkdir()
+    with pytest.raises(UserError) as info:
+        load_dataset("mnist", data_dir=directory)
+    assert (
+        str(info.value) == f"--data-dir {directory}: missing t10k-labels-idx1-ubyte.gz (not a file)"
+    )
+
+
 def test_data_dir_not_a_directory(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no such directory"):
         load_dataset("mnist", data_dir=tmp_path / "nowhere")
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"")
+    with pytest.raises(UserError) as info:  # it said "no such directory" too
+        load_dataset("mnist", data_dir=afile)
+    assert str(info.value) == f"--data-dir {afile}: not a directory"
 
 
 def test_data_dir_corrupt_file_is_idx_error(tmp_path: Path) -> None:
@@ -183,6 +202,52 @@ def test_no_download_and_empty_cache(offline: Path) -> None:
     with pytest.raises(UserError, match="downloading is off") as info:
         load_dataset("mnist", download=False)
     assert str(offline / "mnist") in str(info.value)
+
+
+@pytest.mark.parametrize("download", [True, False])
+def test_other_files_put_in_the_cache_are_refused_and_kept(
+    tmp_path: Path, offline: Path, download: bool
+) -> None:
+    """As the README suggests for offline use, but files other than the expected ones (here
+    small IDX files): they used to be deleted, with only the mirrors' errors to show for it."""
+    cache = write_mnist_dir(offline / "mnist")
+    before = {p.name: p.read_bytes() for p in cache.iterdir()}
+    images = cache / "train-images-idx3-ubyte.gz"
+    with pytest.raises(UserError) as info:
+        load_dataset("mnist", download=download)
+    got, expected = sha256_file(images), ds.SHA256["mnist"][images.name]
+    assert str(info.value) == (
+        f"{images}: the cached file's SHA-256 is {got[:12]}..., not the expected "
+        f"{expected[:12]}...; remove or replace it"
+    )
+    assert {p.name: p.read_bytes() for p in cache.iterdir()} == before
+
+
+def test_a_directory_in_place_of_a_cached_file(offline: Path) -> None:
+    """It was "xpnn: IsADirectoryError: [Errno 21] Is a directory", exit 1."""
+    (offline / "mnist" / "train-images-idx3-ubyte.gz").mkdir(parents=True)
+    for download in (True, False):
+        with pytest.raises(UserError) as info:
+            load_dataset("mnist", download=download)
+        assert str(info.value) == (
+            f"{offline / 'mnist' / 'train-images-idx3-ubyte.gz'}: in the download cache but a "
+            "directory, not a file; remove it"
+        )
+
+
+def test_a_directory_in_place_of_a_cached_file_exits_2(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (cache / "mnist" / "train-images-idx3-ubyte.gz").mkdir(parents=True)
+    proc = run_xpnn(
+        ["--dataset", "mnist", "--epochs", "1", "--no-progress"],
+        env={"XPNN_DATA_HOME": str(cache), "XPNN_MNIST_MIRRORS": dead_url()},
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"xpnn: {cache / 'mnist' / 'train-images-idx3-ubyte.gz'}: in the download cache but a "
+        "directory, not a file; remove it"
+    ]
 
 
 def test_unreachable_mirrors_is_one_line_error() -> None:
@@ -305,3 +370,76 @@ def test_synthetic_is_learnable() -> None:
 def test_synthetic_bad_arguments(kwargs: dict, flag: str) -> None:
     with pytest.raises(UserError, match=f"^{flag}: "):
         load_dataset("synthetic", **kwargs)
+
+
+def test_synthetic_larger_than_memory_is_refused_before_allocating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each array alone may be one the kernel promises, yet together they overfill memory:
+    the OOM killer, not an error. The total is checked against the machine first."""
+    monkeypatch.setattr(ds, "_memory_bytes", lambda: 50 * 2**20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(MemoryError) as info:
+            load_dataset("synthetic", synthetic_size=20_000)  # 63 MB of images, 0.3 of labels
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(info.value) == (
+        "20,000 samples of 1x28x28 and 3,333 test samples need 0.1 GiB, more than this "
+        "machine's 0.0 GiB of memory and swap"
+    )
+    assert peak < 2**20
+    load_dataset("synthetic", synthetic_size=10_000)  # 36 MB in all: fits
+
+
+def test_synthetic_images_are_allocated_before_the_labels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--synthetic-size 2147483647 drew 16 GiB of labels and 16 of brightness (and met the OOM
+    killer) before asking for the 6 TiB of images that could never fit. Here the images are
+    refused, as ones too large are: nothing sizeable may have been allocated before them."""
+    monkeypatch.setattr(ds, "_memory_bytes", lambda: None)  # unknown: no total check
+    real_empty = np.empty
+
+    def refuse_images(shape, dtype=float, *args, **kwargs):
+        if np.ndim(shape) and shape[0] == 1_000_000:  # the images, not NumPy's own uses
+            raise MemoryError("Unable to allocate the images")
+        return real_empty(shape, dtype, *args, **kwargs)
+
+    monkeypatch.setattr(np, "empty", refuse_images)
+    tracemalloc.start()
+    try:
+        with pytest.raises(MemoryError, match="Unable to allocate the images"):
+            load_dataset("synthetic", synthetic_size=1_000_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20  # before: 8 MB of labels, then 8 MB of brightness
+
+
+def test_machine_memory_is_known() -> None:
+    assert ds._memory_bytes() >= 2**28
+
+
+def test_oversized_synthetic_set_is_one_line_error(tmp_path: Path) -> None:
+    """The reviewer's command, under a 4 GiB address-space limit so that nothing can reach the
+    OOM killer whatever the code does."""
+    limited = (
+        "import resource, runpy, sys; "
+        "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
+        "sys.argv[0] = 'xpnn'; runpy.run_module('xpnn', run_name='__main__')"
+    )
+    args = ["--dataset", "synthetic", "--synthetic-size", "2147483647", "--epochs", "1"]
+    proc = subprocess.run(
+        [sys.executable, "-c", limited, *args, "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "xpnn: --synthetic-size 2147483647: the data set does not fit in memory (2,147,483,647 "
+        "samples of 1x28x28"
+    )

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import signal
 import socket
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from xpnn.data import default_cache_dir, fetch
+from xpnn.data import default_cache_dir, download, fetch
 from xpnn.errors import UserError
 
 PAYLOAD = b"\x00\x00\x08\x01\x00\x00\x00\x05" + bytes(range(5))
@@ -109,11 +112,23 @@ def test_cached_copy_needs_no_mirror(tmp_path: Path) -> None:
     assert fetch(NAME, GOOD_SHA, [], tmp_path) == tmp_path / NAME
 
 
-def test_corrupt_cached_copy_is_downloaded_again(serve, tmp_path: Path) -> None:
+def test_cached_copy_with_another_hash_is_refused_and_kept(serve, tmp_path: Path) -> None:
+    """Downloads land only after their hash is checked, so a cached file that fails it was put
+    there (or changed) by someone else: theirs to replace, not xpnn's to delete or overwrite."""
     server = serve({NAME: PAYLOAD})
-    (tmp_path / NAME).write_bytes(b"garbage")
-    assert fetch(NAME, GOOD_SHA, [server.url], tmp_path).read_bytes() == PAYLOAD
-    assert len(server.requests) == 1
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / NAME).write_bytes(b"garbage")
+    with pytest.raises(UserError) as info:
+        fetch(NAME, GOOD_SHA, [server.url], cache)
+    bad_sha = hashlib.sha256(b"garbage").hexdigest()
+    assert str(info.value) == (
+        f"{cache / NAME}: the cached file's SHA-256 is {bad_sha[:12]}..., not the expected "
+        f"{GOOD_SHA[:12]}...; remove or replace it"
+    )
+    assert (cache / NAME).read_bytes() == b"garbage"
+    assert server.requests == []  # nothing downloaded to overwrite it with
+    assert listing(cache) == [NAME]
 
 
 def test_checksum_mismatch_rejected_and_nothing_cached(serve, tmp_path: Path) -> None:
@@ -126,11 +141,115 @@ def test_checksum_mismatch_rejected_and_nothing_cached(serve, tmp_path: Path) ->
     assert listing(cache) == []
 
 
-def test_stale_cached_copy_removed_when_all_mirrors_fail(tmp_path: Path) -> None:
+def test_cached_copy_with_another_hash_is_kept_offline(tmp_path: Path) -> None:
+    """Offline, the error used to be the mirrors' "connection refused", and the file was gone."""
     (tmp_path / NAME).write_bytes(b"garbage")
-    with pytest.raises(UserError):
-        fetch(NAME, GOOD_SHA, [dead_url()], tmp_path)
-    assert listing(tmp_path) == []
+    with pytest.raises(UserError, match=r"SHA-256 is [0-9a-f]{12}\.\.\., not the expected") as info:
+        fetch(NAME, GOOD_SHA.upper(), [dead_url()], tmp_path)
+    assert "connection refused" not in str(info.value)
+    assert (tmp_path / NAME).read_bytes() == b"garbage"
+    assert listing(tmp_path) == [NAME]
+
+
+def test_cached_copy_is_checked_again_when_another_rank_renamed_a_good_one_in(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The file hashed may be replaced by another rank's verified download before the check
+    ends: the good copy now in place is used, not refused."""
+    target = tmp_path / NAME
+    target.write_bytes(b"garbage")
+    real, calls = download._hash_cached, []
+
+    def then_another_rank_renames(path: Path):
+        hashed = real(path)
+        calls.append(hashed[0])
+        if len(calls) == 1:
+            good = tmp_path / ".other-rank.part"
+            good.write_bytes(PAYLOAD)
+            os.replace(good, target)
+        return hashed
+
+    monkeypatch.setattr(download, "_hash_cached", then_another_rank_renames)
+    assert fetch(NAME, GOOD_SHA, [], tmp_path) == target
+    assert calls == [hashlib.sha256(b"garbage").hexdigest(), GOOD_SHA]
+    assert target.read_bytes() == PAYLOAD
+
+
+def test_another_ranks_download_is_used_when_this_ranks_mirrors_fail(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def fails_while_another_rank_succeeds(url: str, sha256: str, target: Path, timeout: float):
+        target.write_bytes(PAYLOAD)
+        return "connection refused"
+
+    monkeypatch.setattr(download, "_try_mirror", fails_while_another_rank_succeeds)
+    assert fetch(NAME, GOOD_SHA, ["http://127.0.0.1:9/"], tmp_path).read_bytes() == PAYLOAD
+
+
+@contextmanager
+def fails_if_hung(seconds: int) -> Iterator[None]:
+    """Fail rather than hang (opening a named pipe for reading waits for a writer)."""
+
+    def hung(*_) -> None:
+        raise TimeoutError("hung on the cache entry")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("kind", ["directory", "named pipe", "broken link", "unreadable link"])
+def test_something_else_in_place_of_a_cached_file_is_one_line_user_error(
+    serve, tmp_path: Path, kind: str
+) -> None:
+    server = serve({NAME: PAYLOAD})
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    target = cache / NAME
+    expected = {
+        "directory": "in the download cache but a directory, not a file; remove it",
+        "named pipe": "in the download cache but a named pipe, not a file; remove it",
+        "broken link": f"in the download cache but a symbolic link to {tmp_path / 'gone'}, "
+        "which does not exist; remove or fix it",
+        "unreadable link": "cannot read the cached download: Input/output error",
+    }[kind]
+    if kind == "directory":
+        target.mkdir()
+    elif kind == "named pipe":
+        os.mkfifo(target)
+    elif kind == "broken link":
+        target.symlink_to(tmp_path / "gone")
+    else:  # a "regular file" that fails every read, even as root
+        target.symlink_to("/proc/self/mem")
+    with fails_if_hung(20), pytest.raises(UserError) as info:
+        fetch(NAME, GOOD_SHA, [server.url], cache)
+    assert str(info.value) == f"{target}: {expected}"
+    assert server.requests == []  # and nothing replaced it
+    assert target.is_symlink() if "link" in kind else target.exists()
+    assert listing(cache) == [NAME]  # no temporary file left either
+
+
+def test_unreadable_cached_file_is_one_line_user_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """chmod 000 stops no one when the tests run as root, so the refusal is simulated."""
+    target = tmp_path / NAME
+    target.write_bytes(PAYLOAD)
+    real_open = os.open
+
+    def refuse(path, *args, **kwargs):
+        if Path(path) == target:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
+    with pytest.raises(UserError) as info:
+        fetch(NAME, GOOD_SHA, [], tmp_path)
+    assert str(info.value) == f"{target}: cannot read the cached download: Permission denied"
 
 
 def test_mismatch_on_first_mirror_falls_back_to_second(serve, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ inputs in [0, 1] (images as (N, 1, 28, 28)) and int64 labels.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from xpnn.data.batches import check_seed
-from xpnn.data.download import default_cache_dir, fetch, sha256_file
+from xpnn.data.download import cached, default_cache_dir, fetch
 from xpnn.data.idx import IdxError, read_idx_pair
 from xpnn.errors import UserError, path_problems
 
@@ -183,7 +184,8 @@ def _files_in_dir(directory: Path) -> dict[str, Path]:
     found, missing = {}, []
     with path_problems("--data-dir", directory):
         if not directory.is_dir():
-            raise UserError(f"--data-dir {directory}: no such directory")
+            what = "not a directory" if directory.exists() else "no such directory"
+            raise UserError(f"--data-dir {directory}: {what}")
         for role, gz_name in FILES.items():
             raw_name = gz_name.removesuffix(".gz")
             for candidate in (directory / gz_name, directory / raw_name):
@@ -191,7 +193,12 @@ def _files_in_dir(directory: Path) -> dict[str, Path]:
                     found[role] = candidate
                     break
             else:
-                missing.append(f"{gz_name} (or {raw_name})")
+                odd = next(
+                    (c for c in (directory / gz_name, directory / raw_name) if c.exists()), None
+                )
+                missing.append(
+                    f"{gz_name} (or {raw_name})" if odd is None else f"{odd.name} (not a file)"
+                )
     if missing:
         raise UserError(f"--data-dir {directory}: missing {', '.join(missing)}")
     return found
@@ -207,9 +214,9 @@ def _files_in_cache(name: str, download: bool) -> dict[str, Path]:
     found = {}
     for role, filename in FILES.items():
         path = cache / filename
-        if not path.is_file() or sha256_file(path) != hashes[filename]:
+        if not cached(path, hashes[filename]):  # another file there: a UserError of its own
             raise UserError(
-                f"{path}: missing or corrupt in the download cache and downloading is off "
+                f"{path}: not in the download cache and downloading is off "
                 f"(pass --data-dir DIR holding the {name} files)"
             )
         found[role] = path
@@ -263,13 +270,49 @@ def _check_synthetic(size: int, shape: tuple[int, ...]) -> None:
         raise UserError(f"synthetic shape must be positive integers, got {shape!r}")
 
 
+def _memory_bytes() -> int | None:
+    """This machine's RAM plus swap, the most any process here could fill; None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "SwapTotal"))
+    except (OSError, KeyError, ValueError):
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+
+def _check_synthetic_fits(size: int, shape: tuple[int, ...]) -> None:
+    """Refuse, before anything is allocated, a set larger than this machine's memory.
+
+    Each array on its own may be small enough for the kernel to promise (it only refuses
+    a single allocation beyond RAM + swap), yet the train and test images together fill
+    more than there is, which ends with the OOM killer instead of an error.
+    """
+    n_test = max(1000, size // 6)
+    per_sample = 4 * math.prod(int(d) for d in shape) + 8 + 8  # pixels, label, brightness
+    need = (size + n_test) * per_sample
+    have = _memory_bytes()
+    if have is not None and need > have:
+        raise MemoryError(
+            f"{size:,} samples of {'x'.join(map(str, shape))} and {n_test:,} test samples "
+            f"need {need / 2**30:,.1f} GiB, more than this machine's {have / 2**30:,.1f} GiB "
+            "of memory and swap"
+        )
+
+
 def _synthetic_split(
     prototypes: np.ndarray, n: int, rng: np.random.Generator, noise: float = 0.35
 ) -> tuple[np.ndarray, np.ndarray]:
-    """n samples: a class prototype at random brightness, plus Gaussian noise, clipped to [0, 1]."""
+    """n samples: a class prototype at random brightness, plus Gaussian noise, clipped to [0, 1].
+
+    The images, by far the largest array, are allocated first: a size that cannot fit fails
+    there at once, before gigabytes of labels are drawn.
+    """
+    x = np.empty((n, *prototypes.shape[1:]), dtype=np.float32)
     y = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
     brightness = rng.uniform(0.6, 1.0, size=n).astype(np.float32)
-    x = np.empty((n, *prototypes.shape[1:]), dtype=np.float32)
     chunk = 8192  # bounds the temporary memory for large sizes
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
@@ -291,6 +334,7 @@ def make_synthetic(size: int, shape: tuple[int, ...] = (1, 28, 28), seed: int = 
     """
     _check_synthetic(size, shape)
     check_seed(seed)
+    _check_synthetic_fits(int(size), shape)
     prototypes = np.random.default_rng([seed, 0]).random((NUM_CLASSES, *shape), dtype=np.float32)
     x_train, y_train = _synthetic_split(prototypes, int(size), np.random.default_rng([seed, 1]))
     n_test = max(1000, int(size) // 6)

@@ -13,6 +13,7 @@ import http.client
 import logging
 import os
 import socket
+import stat
 import tempfile
 import urllib.error
 import urllib.request
@@ -109,18 +110,100 @@ def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | No
             tmp.unlink()
 
 
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
+    """SHA-256 and identity of the file at ``target``, None when nothing is there.
+
+    Opened without blocking and checked to be a regular file before a byte is read, so a
+    directory, a named pipe or a device in the cache is refused rather than hung on.
+    """
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        if target.is_symlink():
+            raise UserError(
+                f"{target}: in the download cache but a symbolic link to "
+                f"{os.readlink(target)}, which does not exist; remove or fix it"
+            ) from None
+        return None  # nothing there (a cache directory that is a file: mkdir says so)
+    except OSError as exc:
+        raise UserError(
+            f"{target}: cannot read the cached download: {exc.strerror or exc}"
+        ) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # checked on the open file: nothing can swap it
+            raise UserError(
+                f"{target}: in the download cache but {_kind(info.st_mode)}, not a file; remove it"
+            )
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, CHUNK):
+            digest.update(chunk)
+    except OSError as exc:
+        raise UserError(
+            f"{target}: cannot read the cached download: {exc.strerror or exc}"
+        ) from None
+    finally:
+        os.close(fd)
+    return digest.hexdigest(), info
+
+
+def cached(target: Path, sha256: str) -> bool:
+    """True when ``target`` holds the file whose SHA-256 is ``sha256``, False when it is absent.
+
+    Anything else there is the user's to sort out, and a ``UserError`` naming it: xpnn writes
+    the cache only by renaming a verified download into place, so a file with another hash
+    is not one of its downloads (a different copy put there by hand, or one damaged since),
+    and it is neither deleted nor overwritten. A mismatch is checked against the file now at
+    ``target`` first: another rank may have just renamed a good copy over the one hashed.
+    """
+    expected = sha256.lower()
+    for _ in range(3):
+        hashed = _hash_cached(target)
+        if hashed is None:
+            return False
+        got, info = hashed
+        if got == expected:
+            return True
+        try:
+            now = os.stat(target)
+        except FileNotFoundError:
+            continue
+        if (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino):
+            break
+    raise UserError(
+        f"{target}: the cached file's SHA-256 is {got[:12]}..., not the expected "
+        f"{expected[:12]}...; remove or replace it"
+    )
+
+
 def fetch(
     filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30
 ) -> Path:
     """Return ``cache_dir/filename`` holding the file whose SHA-256 is ``sha256``.
 
-    A cached copy with the right hash is reused without touching the network; otherwise each
-    mirror is tried in turn (URL = mirror + '/' + filename). All failing is a ``UserError`` that
-    says, in one line, what happened at each mirror.
+    A cached copy with the right hash is reused without touching the network; one with another
+    hash, or something other than a readable file in its place, is a ``UserError`` (see
+    ``cached``) and is left as it is. A missing file is fetched from each mirror in turn
+    (URL = mirror + '/' + filename); all failing is a ``UserError`` that says, in one line,
+    what happened at each mirror.
     """
     cache_dir = Path(cache_dir)
     target = cache_dir / filename
-    if target.is_file() and sha256_file(target) == sha256.lower():
+    if cached(target, sha256):
         return target
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -138,16 +221,6 @@ def fetch(
         if why is None:
             return target
         failures.append(f"{url}: {why}")
-    _remove_if_bad(target, sha256)
+    if cached(target, sha256):  # another rank's download landed meanwhile
+        return target
     raise UserError(f"could not download {filename} into {cache_dir}: " + "; ".join(failures))
-
-
-def _remove_if_bad(target: Path, sha256: str) -> None:
-    """Drop a stale or corrupt cached copy so nothing can read it later.
-
-    Checked again rather than deleted up front: another rank may have just renamed a good copy
-    into place, and that one must stay.
-    """
-    with contextlib.suppress(FileNotFoundError):
-        if sha256_file(target) != sha256.lower():
-            target.unlink()
