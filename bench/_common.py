@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -321,17 +321,80 @@ def measure_quietly(
     raise AssertionError("unreachable")
 
 
+# -- the command line: one-line usage errors, printed once under mpiexec ----------------------
+
+
+def launch_rank() -> int:
+    """This process's rank as the launcher's environment says (0 outside mpiexec), without
+    starting MPI: xpnn's own rule."""
+    from xpnn.cli import launch_rank as xpnn_launch_rank
+
+    return xpnn_launch_rank()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse as ``python -m xpnn`` uses it: a usage error is the one line ``PROG: error:
+    MESSAGE`` (no usage block; a type check's message names its flag once, ``--cpus: ...``),
+    exit 2; under mpiexec every rank parses the same flags, so rank 0 alone prints it (and
+    ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        message = message.removeprefix("argument ")
+        if launch_rank() == 0:
+            print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if launch_rank() == 0:
+            super()._print_message(message, file)
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each flag's default, once and as the flag takes it: ``1,2`` for a list,
+    nothing where the help already says it ("default ..."), where there is none (``None``) or
+    for an on/off switch (``--split``: off unless given)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        shown = action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)
+        switch = action.nargs == 0
+        if not shown or switch or "default" in text or default in (None, argparse.SUPPRESS):
+            return action.help
+        if isinstance(default, (list, tuple)):
+            value = ",".join(map(str, default)).replace("%", "%%")
+        else:
+            value = "%(default)s"
+        return f"{text} (default: {value})" if text else f"(default: {value})"
+
+
 # -- command-line value parsers shared by the benchmarks --------------------------------------
 
 
 def int_list(text: str) -> list[int]:
-    """``1,2,4`` -> [1, 2, 4]; every value positive."""
+    """``1,2,4`` -> [1, 2, 4]; every value positive (repeats allowed: ``--hidden 64,64``)."""
     return _ints_at_least(text, 1, "integers like 1,2", "positive integers")
 
 
+def distinct_int_list(text: str) -> list[int]:
+    """``1,2,4`` -> [1, 2, 4]; every value positive, none given twice (each is one run)."""
+    return _no_repeats(int_list(text), text)
+
+
 def cpu_list(text: str) -> list[int]:
-    """``0,1`` -> [0, 1]: CPU numbers, from 0."""
+    """``0,1`` -> [0, 1]: CPU numbers, from 0. A CPU may be named twice: ``core_contention``
+    then pins two processes to it, which is how it measures a core shared by two ranks."""
     return _ints_at_least(text, 0, "CPU numbers like 0,1", "CPU numbers like 0,1")
+
+
+def _no_repeats(values: list, text: str) -> list:
+    """``values`` unchanged, unless one of them is given twice: a usage error naming it."""
+    seen: set = set()
+    for v in values:
+        if v in seen:
+            raise argparse.ArgumentTypeError(f"{v!r} given twice in {text!r}")
+        seen.add(v)
+    return values
 
 
 def _ints_at_least(text: str, low: int, form: str, kind: str) -> list[int]:
@@ -348,6 +411,16 @@ def _ints_at_least(text: str, low: int, form: str, kind: str) -> list[int]:
 
 def positive_int(text: str) -> int:
     return _int_at_least(text, 1)
+
+
+def timed_epochs(text: str) -> int:
+    """Epochs per run where the first is not timed: 2 at least, else nothing would be."""
+    value = _int_at_least(text, 1)
+    if value < 2:
+        raise argparse.ArgumentTypeError(
+            f"must be >= 2, got {value}: the first epoch includes compilation and is not timed"
+        )
+    return value
 
 
 def nonneg_int(text: str) -> int:
@@ -385,7 +458,7 @@ def _finite_float(text: str) -> float:
 
 def choice_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
     """A parser for a comma list of names among ``choices``: at least one, no unknown name,
-    duplicates dropped (first occurrence kept)."""
+    none given twice."""
     known = ",".join(choices)
 
     def parse(text: str) -> list[str]:
@@ -397,7 +470,7 @@ def choice_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
             raise argparse.ArgumentTypeError(
                 f"unknown {', '.join(map(repr, bad))}: choose among {known}"
             )
-        return list(dict.fromkeys(names))
+        return _no_repeats(names, text)
 
     return parse
 
@@ -406,6 +479,7 @@ def executable(text: str) -> str:
     """A program to run (e.g. ``--mpiexec``): a path to an executable file, or a name found on
     PATH; returned as an absolute path (the runs may start in another folder). Checked now, not
     when the first run fails to start."""
+    nonempty_path(text)
     if os.sep not in text and (os.altsep is None or os.altsep not in text):
         found = shutil.which(text)
         if found is None:
@@ -423,6 +497,19 @@ def executable(text: str) -> str:
 
 
 # -- output paths, checked before anything is measured -----------------------------------------
+
+
+def nonempty_path(text: str) -> str:
+    """A file or folder name as given; an empty one is a slip (the shell's ``--json $UNSET``),
+    refused as xpnn refuses it rather than read as the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    return text
+
+
+def out_path(text: str) -> Path:
+    """``--json``, ``--csv``, ``--out``: a non-empty path."""
+    return Path(nonempty_path(text))
 
 
 def _takes_files(directory: Path) -> str | None:
@@ -513,10 +600,47 @@ PLOT_SUFFIXES += ("tif", "tiff", "webp")
 def plot_path(text: str) -> Path:
     """``--plot FILE``: a name whose suffix matplotlib can write (else the figure would fail
     after the whole measurement)."""
-    path = Path(text)
+    path = out_path(text)
     if path.suffix.lower().lstrip(".") not in PLOT_SUFFIXES:
         raise argparse.ArgumentTypeError(
             f"{text}: matplotlib cannot write {path.suffix or 'a name without a suffix'!r}; "
             "use .png, .pdf or .svg"
         )
     return path
+
+
+# -- xpnn's own checks, made before the first run rather than by it ---------------------------
+
+
+def pipeline_problem(model: str, hidden: Sequence[int], stages: int) -> str | None:
+    """Why xpnn cannot cut ``model`` into ``stages`` pipeline stages (None: it can), by xpnn's
+    own rule (``stage_bounds``: every stage holds a layer with parameters), found on the host
+    before any run starts; the message is xpnn's."""
+    from xpnn.backends import get_backend
+    from xpnn.errors import UserError
+    from xpnn.nn.models import build_model
+    from xpnn.parallel.pipeline_parallel import layer_costs, stage_bounds
+
+    whole = build_model(model, tuple(hidden))
+    try:  # as build_stage does, without placing anything
+        whole.setup((1, 28, 28), get_backend("numpy"), 0)
+        layers = whole.layers
+        stage_bounds(layer_costs(layers, whole.shapes), [bool(x.initial) for x in layers], stages)
+    except UserError as exc:
+        return str(exc)
+    except MemoryError:  # a model too big to draw here: the run says so itself
+        return None
+    return None
+
+
+def data_dir_problem(dataset: str, data_dir: str) -> str | None:
+    """Why ``data_dir`` does not hold ``dataset``'s four IDX files (None: it does), as xpnn's
+    ``--data-dir`` lookup says it (``--data-dir DIR: no such directory``, ``...: missing ...``)."""
+    from xpnn.data.datasets import find_files
+    from xpnn.errors import UserError
+
+    try:
+        find_files(dataset, data_dir, download=False)
+    except UserError as exc:
+        return str(exc)
+    return None

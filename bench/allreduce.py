@@ -29,12 +29,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from _common import nonneg_int, positive_int, refuse_unwritable, run_main
+from _common import Parser, nonneg_int, out_path, positive_int, refuse_unwritable, run_main
 
 os.environ.setdefault("XPNN_FORCE_MPI", "1")  # a plain `python bench/allreduce.py` works too
 
@@ -216,7 +215,7 @@ def print_row(r: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--max-size", type=parse_size, default=64 << 20, help="largest buffer (64M)")
     p.add_argument("--step", type=int, default=4, choices=(2, 4, 8), help="size multiplier")
     p.add_argument(
@@ -229,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "--comm", choices=HOST_COMMS, default="auto", help="communicator for the host rows (auto)"
     )
     p.add_argument(
-        "--json", type=Path, metavar="FILE", help="write the rows and machine facts here"
+        "--json", type=out_path, metavar="FILE", help="write the rows and machine facts here"
     )
     args = p.parse_args(argv)
     if args.max_size < 4:

@@ -44,6 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import (  # noqa: E402
+    DefaultsFormatter,
+    Parser,
     choice_list,
     cpu_list,
     format_table,
@@ -51,6 +53,7 @@ from _common import (  # noqa: E402
     machine_info,
     median,
     nonneg_float,
+    out_path,
     positive_int,
     refuse_unwritable,
     run_main,
@@ -156,20 +159,25 @@ def run_at_once(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog=PROG,
         description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     a = ap.add_argument
     a("--kernels", type=choice_list(KERNELS), default=list(KERNELS), help="comma list")
-    a("--cpus", type=cpu_list, default=None, help="CPUs to use (default: all allowed)")
+    a(
+        "--cpus",
+        type=cpu_list,
+        default=None,
+        help="CPUs to use (default: all allowed); one named twice gets two processes",
+    )
     a("--rounds", type=positive_int, default=3, help="alone-then-together rounds")
     a("--seconds", type=nonneg_float, default=1.0, help="timing per kernel and process")
     a("--stream-mib", type=positive_float, default=24.0, help="stream kernel's two arrays, MiB")
     a("--gemm", type=gemm_shape, default=[128, 1024, 1024], help="M,K,N of the product")
     a("--split", action="store_true", help="together, each core does 1 / N of the work")
-    a("--json", type=Path, default=None, help="also write every round's times here")
+    a("--json", type=out_path, default=None, help="also write every round's times here")
     a("--worker", choices=KERNELS, help=argparse.SUPPRESS)
     a("--share", type=positive_int, default=1, help=argparse.SUPPRESS)
     a("--cpu", type=int, help=argparse.SUPPRESS)

@@ -28,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import (  # noqa: E402
+    DefaultsFormatter,
+    Parser,
     blas_threads,
     format_table,
     int_list,
@@ -73,10 +75,10 @@ def products(inputs: int, hidden: list[int], classes: int) -> list[Product]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="bench/gemm_split.py",
         description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     a = ap.add_argument
     a("--hidden", type=int_list, default=[1024, 1024], help="hidden layer sizes")

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from _common import (
     RESULTS_DIR,
+    Parser,
     blas_info,
     blas_threads,
     busy_warning,
@@ -46,6 +47,7 @@ from _common import (
     median,
     nonneg_float,
     nonneg_int,
+    out_path,
     plot_path,
     positive_int,
     pyplot_agg,
@@ -161,6 +163,8 @@ def parse_shapes(spec: str, min_n: int, max_n: int) -> list[Shape]:
             ) from None
         if min(n, k, m) < 1:
             raise argparse.ArgumentTypeError(f"bad shape {item!r}: sizes must be positive")
+        if any((s.n, s.k, s.m) == (n, k, m) for s in shapes):
+            raise argparse.ArgumentTypeError(f"shape {item!r} given twice in {spec!r}")
         shapes.append(Shape(n, k, m, "square" if n == k == m else "rect"))
     return shapes
 
@@ -522,7 +526,7 @@ def plot(rows: Sequence[dict[str, Any]], dtypes: Sequence[str], path: Path, titl
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         description="Time a matmul on CPU (NumPy) vs GPU (CuPy) with copies timed separately, "
         "and find the size where the GPU starts to win.",
     )
@@ -566,10 +570,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=nonneg_int, default=0, help="input data seed (default 0)")
     p.add_argument("--no-gpu", action="store_true", help="skip the GPU columns even if CuPy works")
     p.add_argument(
-        "--out", type=Path, default=RESULTS_DIR, help="output directory (default bench/results)"
+        "--out", type=out_path, default=RESULTS_DIR, help="output directory (default bench/results)"
     )
-    p.add_argument("--csv", type=Path, default=None, help=f"CSV file (default OUT/{NAME}.csv)")
-    p.add_argument("--json", type=Path, default=None, help=f"JSON file (default OUT/{NAME}.json)")
+    p.add_argument("--csv", type=out_path, default=None, help=f"CSV file (default OUT/{NAME}.csv)")
+    p.add_argument(
+        "--json", type=out_path, default=None, help=f"JSON file (default OUT/{NAME}.json)"
+    )
     p.add_argument("--plot", type=plot_path, default=None, help=f"plot (default OUT/{NAME}.png)")
     return p
 

@@ -18,9 +18,11 @@ import sys
 from pathlib import Path
 
 from _common import (
+    Parser,
     choice_list,
     format_table,
     median,
+    out_path,
     positive_int,
     refuse_unwritable,
     run_main,
@@ -28,16 +30,21 @@ from _common import (
 )
 
 SIDES = ("numpy", "numba", "torch")
-side_list = choice_list(SIDES)
+WORKER_TIMEOUT_S = 600
+OUT_OF_MEMORY = 3  # a worker's exit status when the parameters did not fit
 
 
-def sides_arg(text: str) -> str:
-    """``--sides``: a comma list among SIDES, kept as text (the JSON records it so)."""
-    return ",".join(side_list(text))
+class SideFailed(Exception):
+    """A side's worker process failed; ``code`` is this script's exit status for it."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def time_side(side: str, params: int, optimizer: str, threads: int, calls: int) -> float:
-    """Median microseconds of one update, measured in a fresh process (``--worker``)."""
+    """Median microseconds of one update, measured in a fresh process (``--worker``). A worker
+    that fails is ``SideFailed``, with the last line of its own error."""
     cmd = [
         sys.executable,
         __file__,
@@ -52,8 +59,36 @@ def time_side(side: str, params: int, optimizer: str, threads: int, calls: int) 
         "--calls",
         str(calls),
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SideFailed(
+            f"--sides {side}: the worker took more than {WORKER_TIMEOUT_S} s; "
+            "try fewer --params or --calls",
+            1,
+        ) from None
+    lines = (out.stderr or out.stdout).strip().splitlines()
+    last = lines[-1] if lines else "no output"
+    if out.returncode == OUT_OF_MEMORY:
+        raise SideFailed(f"--params {params}: too many for memory on the {side} side ({last})", 2)
+    if out.returncode != 0:
+        raise SideFailed(f"--sides {side}: the worker failed (exit {out.returncode}): {last}", 1)
     return float(json.loads(out.stdout.strip().splitlines()[-1])["us"])
+
+
+def worker_main(side: str, params: int, optimizer: str, threads: int, calls: int) -> int:
+    """``worker``, with running out of memory told apart: one line and ``OUT_OF_MEMORY``."""
+    try:
+        worker(side, params, optimizer, threads, calls)
+    except MemoryError as exc:
+        print(f"MemoryError: {exc}", file=sys.stderr)
+        return OUT_OF_MEMORY
+    except RuntimeError as exc:  # PyTorch's CPU allocator says it so
+        if "can't allocate memory" not in str(exc):
+            raise
+        print(f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+        return OUT_OF_MEMORY
+    return 0
 
 
 def worker(side: str, params: int, optimizer: str, threads: int, calls: int) -> None:
@@ -94,7 +129,7 @@ def worker(side: str, params: int, optimizer: str, threads: int, calls: int) -> 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--params", type=positive_int, default=535818, help="parameters (MLP 784-512-256-10)"
     )
@@ -103,17 +138,19 @@ def main() -> int:
     ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--calls", type=positive_int, default=200, help="timed updates per round")
     ap.add_argument(
-        "--sides", type=sides_arg, default=",".join(SIDES), help="comma list among %(default)s"
+        "--sides",
+        type=choice_list(SIDES),
+        default=list(SIDES),
+        help=f"comma list among {','.join(SIDES)} (default: all)",
     )
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--json", type=out_path, default=None)
     ap.add_argument("--worker", choices=SIDES, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker, args.params, args.optimizer, args.threads, args.calls)
-        return 0
+        return worker_main(args.worker, args.params, args.optimizer, args.threads, args.calls)
     if args.json is not None:
         refuse_unwritable(ap, "--json", args.json)
-    sides = args.sides.split(",")
+    sides = list(args.sides)
     if "torch" in sides and importlib.util.find_spec("torch") is None:
         why = "PyTorch is not installed (pip install torch==2.13.0)"
         sides.remove("torch")
@@ -124,9 +161,12 @@ def main() -> int:
     results: dict[str, list[float]] = {s: [] for s in sides}
     for _ in range(args.rounds):  # alternate the sides: the machine's speed drifts
         for side in sides:
-            results[side].append(
-                time_side(side, args.params, args.optimizer, args.threads, args.calls)
-            )
+            try:
+                us = time_side(side, args.params, args.optimizer, args.threads, args.calls)
+            except SideFailed as exc:
+                print(f"{ap.prog}: error: {exc}", file=sys.stderr)
+                return exc.code
+            results[side].append(us)
     rows = [[s, f"{median(v):.1f}", f"{min(v):.1f}-{max(v):.1f}"] for s, v in results.items()]
     print(
         f"{args.optimizer} update of {args.params:,} float32 parameters, {args.threads} threads, "
@@ -137,7 +177,11 @@ def main() -> int:
         write_json(
             args.json,
             {
-                "args": {k: str(v) for k, v in vars(args).items()},
+                "args": {
+                    k: str(v) if isinstance(v, Path) else v
+                    for k, v in vars(args).items()
+                    if k != "worker"  # this script's own, not a setting
+                },
                 "us": {s: median(v) for s, v in results.items()},
                 "rounds": results,
             },

@@ -42,16 +42,22 @@ from typing import Any
 
 from _common import (
     RESULTS_DIR,
+    DefaultsFormatter,
     ForeignLoad,
+    Parser,
     add_mpiexec_flag,
     busy_warning,
     can_plot,
+    data_dir_problem,
     fmt_num,
     format_table,
     load_avg,
     machine_info,
     median,
+    nonempty_path,
     nonneg_int,
+    out_path,
+    pipeline_problem,
     positive_int,
     pyplot_agg,
     refuse_unwritable,
@@ -73,11 +79,11 @@ NOISY_CORES = 0.25  # other processes used more cores than this during a run: sa
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="bench/pipeline_memory.py",
         description="Peak memory per pipeline stage and time per epoch of GPipe and 1F1B, "
         "with and without --recompute, under mpiexec.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     a = p.add_argument
     a("--model", choices=("mlp", "cnn"), default="cnn")
@@ -89,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--synthetic-size", type=positive_int, default=1024, help="synthetic train samples")
     a(
         "--data-dir",
+        type=nonempty_path,
         default=str(DEFAULT_DATA_DIR) if DEFAULT_DATA_DIR.is_dir() else None,
         help="IDX directory (fashion-mnist)",
     )
@@ -98,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=nonneg_int, default=0, help="xpnn --seed")
     add_mpiexec_flag(a)
     a("--timeout", type=positive_int, default=900, help="seconds allowed per run")
-    a("--out", type=Path, default=RESULTS_DIR, help="output directory")
+    a("--out", type=out_path, default=RESULTS_DIR, help="output directory")
     return p
 
 
@@ -403,8 +410,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.stages < 2:
         parser.error(f"--stages {args.stages}: a pipeline needs at least 2 stages")
-    if args.dataset != "synthetic" and not args.data_dir:
-        parser.error(f"--data-dir: where are the {args.dataset} IDX files? (none by default)")
+    hidden = [int(h) for h in args.hidden.split(",")]
+    problem = pipeline_problem(args.model, hidden, args.stages)  # xpnn's rule, before any run
+    if problem:
+        parser.error(f"--stages {args.stages}: {problem}")
+    if args.dataset != "synthetic":
+        if not args.data_dir:
+            parser.error(f"--data-dir: where are the {args.dataset} IDX files? (none by default)")
+        problem = data_dir_problem(args.dataset, args.data_dir)
+        if problem:
+            parser.error(problem)
     refuse_unwritable(parser, "--out", args.out, folder=True)
     refuse_without_mpiexec(parser, args.mpiexec)
     args.draw_plot = can_plot(parser, asked=False)

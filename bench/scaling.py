@@ -34,11 +34,15 @@ from typing import Any
 
 from _common import (
     RESULTS_DIR,
+    DefaultsFormatter,
     ForeignLoad,
+    Parser,
     add_mpiexec_flag,
     add_quiet_flags,
     busy_warning,
     can_plot,
+    data_dir_problem,
+    distinct_int_list,
     fmt_num,
     format_table,
     int_list,
@@ -46,13 +50,17 @@ from _common import (
     machine_info,
     measure_quietly,
     median,
+    nonempty_path,
     nonneg_int,
+    out_path,
+    pipeline_problem,
     plot_path,
     positive_int,
     pyplot_agg,
     refuse_unwritable,
     run_main,
     save_figure,
+    timed_epochs,
     write_json,
 )
 
@@ -74,17 +82,18 @@ def batch_size(text: str) -> int | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="bench/scaling.py",
         description="Strong and weak scaling of `python -m xpnn` under mpiexec.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     a = p.add_argument
-    a("--ranks", type=int_list, default=[1, 2], help="rank counts N (1 is always added)")
+    a("--ranks", type=distinct_int_list, default=[1, 2], help="rank counts N (1 always added)")
     a("--mode", choices=("strong", "weak", "both"), default="both")
     a("--dataset", choices=("fashion-mnist", "mnist", "synthetic"), default="fashion-mnist")
     a(
         "--data-dir",
+        type=nonempty_path,
         default=None,
         help=f"IDX directory (default: {DEFAULT_DATA_DIR} for fashion-mnist if present; "
         "for mnist, xpnn's own lookup: its download cache)",
@@ -95,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--threads-per-rank", type=positive_int, default=1)
     a("--comm", choices=("auto", "mpi-shm", "mpi-host"), default="auto", help="xpnn --comm")
     a("--compare-threads", action="store_true", help="add 1 rank x (max N x threads) threads")
-    a("--epochs", type=positive_int, default=2, help="epochs per run; the first is dropped")
+    a("--epochs", type=timed_epochs, default=2, help="epochs per run; the first is dropped")
     a("--repeats", type=positive_int, default=3, help="runs per configuration (alternated)")
     a(
         "--batch-size",
@@ -124,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_quiet_flags(a, "run", retries=3, quiet_timeout=300.0)
     add_mpiexec_flag(a)
     a("--timeout", type=positive_int, default=1800, help="seconds allowed per run")
-    a("--out", type=Path, default=RESULTS_DIR, help="output directory")
-    a("--json", type=Path, default=None, help=f"JSON file (default OUT/{NAME}.json)")
+    a("--out", type=out_path, default=RESULTS_DIR, help="output directory")
+    a("--json", type=out_path, default=None, help=f"JSON file (default OUT/{NAME}.json)")
     a("--plot", type=plot_path, default=None, help=f"plot (default OUT/{NAME}.png)")
     return p
 
@@ -214,9 +223,9 @@ def command(args: argparse.Namespace, spec: RunSpec, metrics: Path) -> list[str]
 def epoch_time(records: list[dict]) -> tuple[float, list[float]]:
     """(median seconds of the epochs after the first, every epoch's seconds)."""
     seconds = [float(r["seconds"]) for r in records if r.get("event") == "epoch"]
-    if not seconds:
-        raise RuntimeError("the metrics file has no epoch records")
-    return median(seconds[1:] or seconds), seconds
+    if len(seconds) < 2:  # --epochs is 2 at least: the run stopped early
+        raise RuntimeError(f"the metrics file has {len(seconds)} epoch record(s), 2 needed")
+    return median(seconds[1:]), seconds
 
 
 def run_once(args: argparse.Namespace, spec: RunSpec, workdir: Path) -> dict[str, Any]:
@@ -575,8 +584,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(
             f"--parallel {args.parallel}: every rank sees the whole batch; use --mode strong"
         )
+    if args.parallel == "pipeline":  # xpnn's rule, before the first run rather than by it
+        hidden = [int(h) for h in args.hidden.split(",")]
+        for n in sorted(set(args.ranks)):
+            problem = pipeline_problem("mlp", hidden, n)
+            if problem:
+                parser.error(f"--ranks {n}: {problem}")
     if args.data_dir is None:
         args.data_dir = default_data_dir(args.dataset)
+    elif args.dataset != "synthetic":
+        problem = data_dir_problem(args.dataset, args.data_dir)
+        if problem:
+            parser.error(problem)
     if args.json is None or args.plot is None:  # some file goes to its default place in --out
         refuse_unwritable(parser, "--out", args.out, folder=True)
     for flag, path in (("--json", args.json), ("--plot", args.plot)):

@@ -18,20 +18,21 @@ CUDA device it says so in one line and exits 0.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import numpy as np
-from _common import int_list, positive_int, run_main
+from _common import Parser, distinct_int_list, launch_rank, positive_int, run_main
 
 DEFAULT_SIZES = "4,4096,16384,65536,262144,1048576"
 WARMUP = 30
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", type=int_list, default=int_list(DEFAULT_SIZES), help="bytes")
+    p = Parser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--sizes", type=distinct_int_list, default=DEFAULT_SIZES, help=f"bytes ({DEFAULT_SIZES})"
+    )
     p.add_argument("--iters", type=positive_int, default=200, help="timed calls per size")
     args = p.parse_args(argv)
     try:
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
         gpus = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # ImportError, or no driver / device
-        print(f"staging: skipped, CuPy/CUDA not usable ({exc})")
+        if launch_rank() == 0:  # MPI is not started: the launcher's rank says who speaks
+            print(f"staging: skipped, CuPy/CUDA not usable ({exc})")
         return 0
     from mpi4py import MPI
 

@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import format_table, median, run_main  # noqa: E402
+from _common import Parser, format_table, median, run_main  # noqa: E402
 
 PHASES = ("update", "fences", "forward", "wgrad")
 
@@ -116,7 +116,21 @@ def device_sync(backend: Any) -> Any:
     return backend.synchronize if backend.is_gpu else None
 
 
+def help_parser() -> Parser:
+    """Only for ``--help``: every argument goes to ``python -m xpnn``, which checks them."""
+    return Parser(
+        prog="step_phases.py",
+        usage="[mpiexec -n N] python bench/step_phases.py [python -m xpnn arguments]",
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="Any python -m xpnn arguments (python -m xpnn --help lists them); the table is "
+        "the median per step over the last epoch, so give --epochs 2 or more.",
+    )
+
+
 def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        help_parser().print_help()
+        return 0
     from xpnn import cli, optim, train
     from xpnn.backends import kernels
     from xpnn.nn.dense import Dense

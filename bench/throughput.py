@@ -51,9 +51,12 @@ from typing import Any
 import numpy as np
 from _common import (
     RESULTS_DIR,
+    DefaultsFormatter,
+    Parser,
     add_quiet_flags,
     busy_warning,
     choice_list,
+    distinct_int_list,
     fmt_num,
     format_table,
     int_list,
@@ -63,9 +66,11 @@ from _common import (
     median,
     nonneg_float,
     nonneg_int,
+    out_path,
     positive_int,
     refuse_unwritable,
     run_main,
+    timed_epochs,
     write_json,
 )
 
@@ -91,16 +96,16 @@ name_list = choice_list(("numpy", "numba", "cupy"))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="bench/throughput.py",
         description="Training samples/s of xpnn backends vs PyTorch (forward+backward+Adam).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     a = p.add_argument
     a("--model", choices=("mlp", "cnn"), default="mlp", help="mlp: 784-HIDDEN-10; cnn: 690,590 p.")
     a("--hidden", type=int_list, default=[512, 256], help="MLP hidden sizes")
     a("--backends", type=name_list, default=["numpy", "numba"], help="comma list")
-    a("--batches", type=int_list, default=[32, 128, 512], help="batch sizes")
+    a("--batches", type=distinct_int_list, default=[32, 128, 512], help="batch sizes")
     a("--threads", type=positive_int, default=2, help="BLAS/Numba/torch threads")
     a("--steps", type=positive_int, default=None, help="steps per timed epoch (mlp 50, cnn 8)")
     a(
@@ -119,12 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--ranks-compare", action="store_true", help="also: mpiexec -n 2 x 1 thread vs torch")
     a("--ranks", type=positive_int, default=2, help="ranks for --ranks-compare")
     a("--ranks-samples", type=positive_int, default=2048, help="synthetic train set size")
-    a("--ranks-epochs", type=positive_int, default=2, help="CLI epochs per run (first dropped)")
+    a("--ranks-epochs", type=timed_epochs, default=2, help="CLI epochs per run (first dropped)")
     a("--ranks-repeats", type=positive_int, default=3, help="mpiexec runs (alternated with torch)")
     a("--ranks-batch", type=positive_int, default=128, help="global batch for --ranks-compare")
     a(
         "--json",
-        type=Path,
+        type=out_path,
         default=None,
         help=f"JSON file (default {RESULTS_DIR}/{NAME}_MODEL.json)",
     )
@@ -592,8 +597,9 @@ def cli_epoch_rates(metrics: Path) -> list[float]:
     """samples/s of every epoch after the first (the first includes compilation)."""
     lines = [json.loads(s) for s in metrics.read_text().splitlines() if s.strip()]
     epochs = [r for r in lines if r.get("event") == "epoch"]
-    later = epochs[1:] or epochs
-    return [float(r["samples_per_s"]) for r in later]
+    if len(epochs) < 2:  # --ranks-epochs is 2 at least: the run stopped early
+        raise RuntimeError(f"{metrics}: {len(epochs)} epoch record(s), 2 needed")
+    return [float(r["samples_per_s"]) for r in epochs[1:]]
 
 
 def run_cli_ranks(args: argparse.Namespace, ranks: int, workdir: Path) -> float:

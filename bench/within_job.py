@@ -30,9 +30,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import (  # noqa: E402
+    Parser,
+    data_dir_problem,
     fmt_num,
     format_table,
+    launch_rank,
     median,
+    out_path,
     positive_int,
     refuse_unwritable,
     run_main,
@@ -40,20 +44,42 @@ from _common import (  # noqa: E402
 )
 
 SIDES = ("a", "b")
+IGNORED = {
+    "epochs": "--rounds sets the timed epochs",
+    "save": "nothing is saved",
+    "metrics": "no metrics are written",
+    "checkpoint_dir": "no checkpoints are written",
+    "resume": "both sides start afresh",
+}
+"""xpnn flags this script does not act on (it times training steps only), and why."""
+
+
+def glued(argv: list[str]) -> list[str]:
+    """``--a X`` as ``--a=X``: a side's arguments are one word that may itself start with
+    ``--`` (``--a --recompute``), which argparse would take for a flag of its own."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in ("--a", "--b") and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """This script's flags before ``--``, the shared xpnn arguments after it."""
     split = argv.index("--") if "--" in argv else len(argv)
-    p = argparse.ArgumentParser(
+    p = Parser(
         description="Two xpnn configurations in one job, epochs timed in turn.",
         usage="within_job.py [--a ARGS] [--b ARGS] [--rounds N] [--json PATH] -- [xpnn args]",
     )
     p.add_argument("--a", default="", help="xpnn arguments of side A (one quoted string)")
     p.add_argument("--b", default="", help="xpnn arguments of side B (one quoted string)")
     p.add_argument("--rounds", type=positive_int, default=6, help="timed epochs of each side")
-    p.add_argument("--json", type=Path, help="also write the rounds here")
-    args = p.parse_args(argv[:split])
+    p.add_argument("--json", type=out_path, help="also write the rounds here")
+    args = p.parse_args(glued(argv[:split]))
     args.common = argv[split + 1 :]
     if args.json:
         refuse_unwritable(p, "--json", args.json)
@@ -69,11 +95,37 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _usage_error(message: str) -> int:
+    if launch_rank() == 0:  # every rank found the same: one says it
+        print(f"within_job.py: error: {message}", file=sys.stderr)
+    return 2
+
+
+def side_problem(opts: argparse.Namespace, sides: dict[str, argparse.Namespace]) -> str | None:
+    """What is wrong with the sides' xpnn arguments beyond their syntax, found before MPI and
+    any trainer (which would create files): an xpnn flag this script does not act on
+    (``IGNORED``), or a ``--data-dir`` without the data set. Named where it was given: in the
+    shared arguments (after ``--``) or in one side's."""
     from xpnn import cli
 
-    if cli._launch_rank() == 0:
-        print(f"within_job.py: {message}", file=sys.stderr)
-    return 2
+    parser = cli.build_parser()
+    defaults = parser.parse_args([])
+    common = parser.parse_args(opts.common)  # parsed with each side already: it parses
+    for dest, why in IGNORED.items():
+        flag = "--" + dest.replace("_", "-")
+        if getattr(common, dest) != getattr(defaults, dest):
+            return f"{flag} (after --): not used here, {why}"
+        for s in SIDES:
+            if getattr(sides[s], dest) != getattr(common, dest):
+                return f"--{s}: {flag}: not used here, {why}"
+    for s in SIDES:
+        args = sides[s]
+        if args.dataset == "synthetic" or args.data_dir is None:
+            continue
+        problem = data_dir_problem(args.dataset, args.data_dir)
+        if problem:
+            shared = (common.dataset, common.data_dir) == (args.dataset, args.data_dir)
+            return f"{problem} (after --)" if shared else f"--{s}: {problem}"
+    return None
 
 
 def train_epoch(trainer: Any, epoch: int) -> float:
@@ -157,6 +209,9 @@ def main(argv: list[str]) -> int:
             sides[s] = cli.build_parser().parse_args([*opts.common, *getattr(opts, s)])
         except cli._ArgError as exc:
             return _usage_error(f"--{s}: {exc}")
+    problem = side_problem(opts, sides)
+    if problem:  # refused before any trainer is built: nothing is created for nothing
+        return _usage_error(problem)
     try:
         world = init_world()
     except UserError as exc:

@@ -63,12 +63,26 @@ def test_four_configurations_tiny(tmp_path: Path) -> None:
     assert png.startswith(b"\x89PNG") and len(png) > 1000
 
 
-def test_a_failing_run_prints_its_command_and_exits_1(tmp_path: Path) -> None:
-    # an MLP 784-8-10 has 2 layers with parameters: xpnn refuses 3 stages
-    args = [*TINY, "--hidden", "8", "--stages", "3", "--out", str(tmp_path)]
-    proc = run_bench("pipeline_memory.py", args, timeout=120)
+def test_a_failing_run_prints_its_command_and_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XPNN_FAIL_AT", "1:1")  # each run's stage 1 raises at its second step
+    proc = run_bench("pipeline_memory.py", [*TINY, "--out", str(tmp_path)], timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "run failed" in proc.stderr and "-m xpnn --parallel pipeline" in proc.stderr
-    assert "only 2 layers with parameters" in proc.stderr
+    assert "injected failure at step 1" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "pipeline_memory.json").exists()
+
+
+def test_more_stages_than_layers_are_refused_before_any_run(tmp_path: Path) -> None:
+    """An MLP 784-8-10 has 2 layers with parameters: xpnn refuses 3 stages, and so does the
+    script, by xpnn's rule, before it starts mpiexec (before the 18th session, the first run
+    failed on it: "run failed (exit 2): <command>", exit 1)."""
+    args = [*TINY, "--hidden", "8", "--stages", "3", "--out", str(tmp_path / "out")]
+    proc = run_bench("pipeline_memory.py", args, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("bench/pipeline_memory.py: error: --stages 3: --parallel pipeline: ")
+    assert "only 2 layers with parameters" in line
+    assert list(tmp_path.iterdir()) == []

@@ -67,7 +67,7 @@ def test_strong_weak_and_threads_tiny(tmp_path: Path) -> None:
     assert len(names) == 2 and all(t["pass"] is not None for t in out["targets"])
 
 
-def test_oversubscription_warns_and_epoch1_only(tmp_path: Path) -> None:
+def test_oversubscription_warns(tmp_path: Path) -> None:
     proc = run_script(
         [
             "--dataset",
@@ -81,7 +81,7 @@ def test_oversubscription_warns_and_epoch1_only(tmp_path: Path) -> None:
             "--mode",
             "strong",
             "--epochs",
-            "1",
+            "2",
             "--repeats",
             "1",
             "--threads-per-rank",
@@ -97,14 +97,30 @@ def test_oversubscription_warns_and_epoch1_only(tmp_path: Path) -> None:
     assert (tmp_path / "scaling.png").exists()
 
 
-def test_failing_run_exits_nonzero(tmp_path: Path) -> None:
+def test_failing_run_exits_nonzero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XPNN_FAIL_AT", "0:1")  # the run's rank 0 raises at its second step
     proc = run_script(
-        ["--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "nowhere"), "--ranks", "1",
+        ["--dataset", "synthetic", "--synthetic-size", "128", "--hidden", "8", "--ranks", "1",
          "--mode", "strong", "--repeats", "1", "--out", str(tmp_path)],
         timeout=60,
     )  # fmt: skip
     assert proc.returncode == 1
-    assert "run failed" in proc.stderr
+    assert "run failed" in proc.stderr and "injected failure at step 1" in proc.stderr
+
+
+def test_a_data_dir_without_the_data_is_refused_before_any_run(tmp_path: Path) -> None:
+    """xpnn's own --data-dir check, made up front (before the 18th session, the first run
+    failed on it: "run failed (exit 2): <command>", exit 1)."""
+    proc = run_script(
+        ["--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "nowhere"), "--ranks", "1",
+         "--mode", "strong", "--repeats", "1", "--out", str(tmp_path / "out")],
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr == (
+        f"bench/scaling.py: error: --data-dir {tmp_path / 'nowhere'}: no such directory\n"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 FASHION_DEFAULT = str(FASHION_DIR) if FASHION_DIR.is_dir() else None
@@ -115,13 +131,20 @@ FASHION_DEFAULT = str(FASHION_DIR) if FASHION_DIR.is_dir() else None
     [
         ("mnist", None, None),
         ("fashion-mnist", None, FASHION_DEFAULT),
-        ("mnist", "/some/mnist", "/some/mnist"),
+        ("mnist", "MADE", "MADE"),
     ],
 )
 def test_default_data_dir_is_fashion_mnist_only(tmp_path: Path, dataset, given, passed) -> None:
     """The Fashion-MNIST folder is the default for fashion-mnist only: mnist without --data-dir
     passes none on (xpnn finds MNIST itself). Read from the command that a failing fake mpiexec
-    makes the script print; nothing is trained."""
+    makes the script print; nothing is trained. (MADE: a folder with the four files' names,
+    which the --data-dir check before the runs looks for.)"""
+    if given == "MADE":
+        given = passed = str(tmp_path / "mnist")
+        Path(given).mkdir()
+        for name in ("train-images-idx3", "train-labels-idx1", "t10k-images-idx3"):
+            (Path(given) / f"{name}-ubyte.gz").touch()
+        (Path(given) / "t10k-labels-idx1-ubyte").touch()  # uncompressed is found too
     fake = tmp_path / "mpiexec"
     fake.write_text("#!/bin/sh\nexit 3\n")
     fake.chmod(0o755)
@@ -223,3 +246,13 @@ def test_the_targets_say_how_many_repeats_met_them(capsys, monkeypatch) -> None:
     assert lines[2].startswith("  PASS         strong speedup 2 ranks x 1 thread vs 1 rank x")
     assert lines[2].endswith(": 1.875 (target >= 1.8; per repeat 1.714-2.000, 2 of 3 meet it)")
     assert lines[3].endswith(": 1.031 (target > 1; per repeat 0.971-1.100, 2 of 3 meet it)")
+
+
+def test_a_run_with_one_epoch_is_not_timed_by_it(monkeypatch) -> None:
+    """The first epoch includes compilation: a run that recorded only it is a failed run, not
+    timed by that epoch (before the 18th session, ``seconds[1:] or seconds`` timed it)."""
+    scaling = _scaling_module(monkeypatch)
+    epoch = lambda s: {"event": "epoch", "seconds": s}  # noqa: E731
+    assert scaling.epoch_time([epoch(9.0), epoch(2.0), epoch(4.0)]) == (3.0, [9.0, 2.0, 4.0])
+    with pytest.raises(RuntimeError, match="1 epoch record"):
+        scaling.epoch_time([epoch(9.0)])

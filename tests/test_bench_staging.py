@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, mpiexec_path
 
 SCRIPT = str(ROOT / "bench" / "staging.py")
 
@@ -25,6 +25,22 @@ def _has_cuda() -> bool:
 def test_without_a_gpu_it_skips_in_one_line():
     proc = subprocess.run(
         [sys.executable, SCRIPT], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") == 1 and proc.stdout.startswith("staging: skipped"), proc.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(_has_cuda(), reason="a CUDA device is present: the GPU path runs instead")
+def test_without_a_gpu_two_ranks_say_it_once():
+    """Rank 0 alone says it skipped (before the 18th session, every rank did)."""
+    proc = subprocess.run(
+        [mpiexec_path(), "-n", "2", sys.executable, SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") == 1 and proc.stdout.startswith("staging: skipped"), proc.stdout

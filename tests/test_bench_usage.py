@@ -4,6 +4,7 @@ naming the flag, no traceback (as the xpnn command does)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,6 +91,69 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
         ("core_contention", ["--json", "/proc/c.json"], "--json /proc/c.json: cannot create files"),
         ("core_contention", ["--gemm", "1,100000,100000"], "--gemm: 37.3 GiB a process"),
         ("core_contention", ["--stream-mib", "1e9"], "--stream-mib: 976562.5 GiB a process"),
+        # xpnn's own refusals, made before the first run rather than by it (before the 18th
+        # session: mpiexec started, then "run failed (exit 2): <command>" and exit 1)
+        (
+            "pipeline_memory",
+            ["--model", "mlp", "--hidden", "32,32", "--stages", "5"],
+            "--stages 5: --parallel pipeline: 5 ranks but the model has only 3 layers",
+        ),
+        (
+            "scaling",
+            ["--parallel", "pipeline", "--mode", "strong", "--hidden", "8", "--ranks", "2,3"],
+            "--ranks 3: --parallel pipeline: 3 ranks but the model has only 2 layers",
+        ),
+        (
+            "scaling",
+            ["--dataset", "fashion-mnist", "--data-dir", "bench/no-such-dir"],
+            "--data-dir bench/no-such-dir: no such directory",
+        ),
+        ("scaling", ["--dataset", "mnist", "--data-dir", "bench"], "--data-dir bench: missing"),
+        (
+            "pipeline_memory",
+            ["--dataset", "fashion-mnist", "--data-dir", "bench/no-such-dir"],
+            "--data-dir bench/no-such-dir: no such directory",
+        ),
+        # the first epoch is not timed: one epoch would time nothing (or, before, itself)
+        ("scaling", ["--epochs", "1"], "--epochs: must be >= 2, got 1: the first epoch includes"),
+        (
+            "throughput",
+            ["--ranks-compare", "--ranks-epochs", "1"],
+            "--ranks-epochs: must be >= 2, got 1: the first epoch includes compilation",
+        ),
+        # a list value given twice is a slip, not a second measurement
+        ("core_contention", ["--kernels", "fma,fma"], "--kernels: 'fma' given twice"),
+        ("optimizer_step", ["--sides", "numpy,numpy"], "--sides: 'numpy' given twice"),
+        ("throughput", ["--backends", "numpy,numba,numpy"], "--backends: 'numpy' given twice"),
+        ("throughput", ["--batches", "32,32"], "--batches: 32 given twice in '32,32'"),
+        ("scaling", ["--ranks", "2,2"], "--ranks: 2 given twice in '2,2'"),
+        ("staging", ["--sizes", "4,4"], "--sizes: 4 given twice in '4,4'"),
+        ("matmul_crossover", ["--shapes", "2x3x4,2x3x4"], "--shapes: shape '2x3x4' given twice"),
+        # an empty path is a slip (--json $UNSET), not the current folder
+        ("allreduce", ["--json", ""], "--json: empty path"),
+        ("scaling", ["--json", ""], "--json: empty path"),
+        ("core_contention", ["--json", ""], "--json: empty path"),
+        ("optimizer_step", ["--json", ""], "--json: empty path"),
+        ("throughput", ["--json", ""], "--json: empty path"),
+        ("within_job", ["--json", ""], "--json: empty path"),
+        ("matmul_crossover", ["--json", ""], "--json: empty path"),
+        ("matmul_crossover", ["--csv", ""], "--csv: empty path"),
+        ("matmul_crossover", ["--out", ""], "--out: empty path"),
+        ("matmul_crossover", ["--plot", ""], "--plot: empty path"),
+        ("scaling", ["--out", ""], "--out: empty path"),
+        ("scaling", ["--mpiexec", ""], "--mpiexec: empty path"),
+        ("scaling", ["--data-dir", ""], "--data-dir: empty path"),
+        ("pipeline_memory", ["--out", ""], "--out: empty path"),
+        # within_job times training steps only: xpnn flags it would ignore are refused
+        ("within_job", ["--a", "--epochs 3"], "--a: --epochs: not used here, --rounds sets"),
+        ("within_job", ["--b", "--save /tmp/w.npz"], "--b: --save: not used here"),
+        ("within_job", ["--a", "--metrics /tmp/w.jsonl"], "--a: --metrics: not used here"),
+        ("within_job", ["--b", "--checkpoint-dir /tmp/w"], "--b: --checkpoint-dir: not used"),
+        ("within_job", ["--a", "--resume"], "--a: --resume: not used here"),
+        ("within_job", ["--a", "--seed 1", "--", "--epochs", "3"], "--epochs (after --): not"),
+        # a side's one word starting with -- is its value, not a flag of within_job's own
+        # (before the 18th session: "argument --b: expected one argument")
+        ("within_job", ["--a", "--optimizer sgd", "--b", "--resume"], "--b: --resume: not used"),
     ],
 )
 def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
@@ -99,8 +163,10 @@ def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert needle in last, proc.stderr
+    # one line: no argparse usage block before it (before the 18th session there was one)
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.removeprefix("bench/").startswith(f"{script}.py: error: "), line
+    assert needle in line, proc.stderr
     assert proc.stdout == ""  # nothing measured, nothing reported
 
 
@@ -243,3 +309,53 @@ def test_the_plot_suffixes_are_ones_matplotlib_writes():
     from matplotlib.backend_bases import FigureCanvasBase
 
     assert set(PLOT_SUFFIXES) <= set(FigureCanvasBase.get_supported_filetypes())
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("script", "args", "needle"),
+    [
+        ("allreduce", ["--bogus"], "allreduce.py: error: unrecognized arguments: --bogus"),
+        ("within_job", ["--bogus"], "within_job.py: error: unrecognized arguments: --bogus"),
+        ("within_job", ["--a", "--resume"], "within_job.py: error: --a: --resume: not used"),
+    ],
+)
+def test_under_mpiexec_rank_0_alone_prints_a_usage_error(script, args, needle):
+    """Every rank parses the same flags: one line, not one per rank (before the 18th session,
+    usage and error twice on 2 ranks)."""
+    from conftest import mpiexec_path
+
+    cmd = [mpiexec_path(), "-n", "2", sys.executable, f"bench/{script}.py", *args]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr  # one line
+    assert needle in proc.stderr and proc.stdout == ""
+
+
+HELP_SCRIPTS = [
+    "allreduce", "core_contention", "gemm_split", "matmul_crossover", "optimizer_step",
+    "pipeline_memory", "scaling", "staging", "step_phases", "throughput", "within_job",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("script", HELP_SCRIPTS)
+def test_help_shows_each_default_once_as_the_flag_takes_it(script):
+    """No "(default: all allowed) (default: None)", no Python list (``[1, 2]``) where the flag
+    takes ``1,2``, and the script's own name (step_phases.py showed xpnn's help before the 18th
+    session)."""
+    proc = subprocess.run(
+        [sys.executable, f"bench/{script}.py", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    text = " ".join(proc.stdout.split())  # help wraps lines anywhere
+    assert proc.stdout.startswith("usage: ") and f"{script}.py" in proc.stdout.splitlines()[0]
+    assert "python -m xpnn [train]" not in text
+    assert "(default: None)" not in text
+    assert not re.search(r"default:? \[", text), text
+    assert not re.search(r"\(default[^)]*\) \(default", text), text

@@ -57,3 +57,34 @@ def test_a_failing_rank_stops_the_comparison():
     assert proc.returncode != 0 and time.monotonic() - start < 30
     assert "rank 1: RuntimeError: injected failure at step 3" in proc.stderr
     assert "Traceback" not in proc.stderr and "median" not in proc.stdout
+
+
+def test_a_side_of_one_word_starting_with_dashes_is_its_value(tmp_path):
+    """``--b --optimizer=momentum``: the word is side B's arguments, not a flag of this script
+    (before the 18th session: "argument --b: expected one argument")."""
+    _, got = _run(tmp_path, 1, "--optimizer=sgd", "--optimizer=momentum", rounds=1)
+    assert got["a"] == ["--optimizer=sgd"] and got["b"] == ["--optimizer=momentum"]
+
+
+@pytest.mark.parametrize(
+    ("where", "flag", "needle"),
+    [
+        ("--a", ["--metrics", "m.jsonl"], "--a: --metrics: not used here"),
+        ("--b", ["--checkpoint-dir", "ck"], "--b: --checkpoint-dir: not used here"),
+        ("--", ["--save", "s.npz"], "--save (after --): not used here"),
+    ],
+)
+def test_an_ignored_file_flag_is_refused_and_creates_nothing(tmp_path, where, flag, needle):
+    """Before the 18th session these were ignored, yet an empty metrics file or checkpoint
+    folder was left behind."""
+    flag = [flag[0], str(tmp_path / flag[1])]
+    cmd = [sys.executable, str(ROOT / "bench" / "within_job.py"), "--a", "--seed 1"]
+    if where == "--":
+        cmd += ["--", *TINY, *flag]
+    else:
+        cmd += [where, " ".join(flag), "--", *TINY]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"within_job.py: error: {needle}"), proc.stderr
+    assert list(tmp_path.iterdir()) == []
