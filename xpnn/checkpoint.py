@@ -51,6 +51,9 @@ def save_params(path: str | os.PathLike, params: dict[str, np.ndarray]) -> None:
     atomic_savez(path, params)
 
 
+CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)\.npz")  # what a --checkpoint-dir holds
+
+
 def checkpoint_path(directory: str | os.PathLike, epoch: int) -> Path:
     return Path(directory) / f"checkpoint-epoch{epoch:04d}.npz"
 
@@ -64,11 +67,13 @@ def save_checkpoint(
     seed: int,
     dataset: str = "",
     settings: dict[str, Any] | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> Path:
     """Write the whole network's ``params`` and optimizer ``state`` (state name -> parameter
     name -> array, e.g. ``optim.m.layer0.W``): host arrays, whole whatever the parallelism;
-    what a resume must match: the epoch, step, seed and data set's name; and ``settings``
-    that a resume may change but is told about (``changed_settings``), as JSON."""
+    what a resume must match: the epoch, step, seed, data set's name and ``identity`` (as
+    JSON); and ``settings`` that a resume may change but is told about
+    (``changed_settings``), as JSON."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
@@ -79,17 +84,29 @@ def save_checkpoint(
         arrays["meta.dataset"] = np.array(dataset)
     if settings:
         arrays["meta.settings"] = np.array(json.dumps(settings, sort_keys=True))
+    if identity:
+        arrays["meta.identity"] = np.array(json.dumps(identity, sort_keys=True))
     Path(directory).mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(directory, epoch)
     atomic_savez(path, arrays)
     return path
 
 
+def remove_unfinished(directory: str | os.PathLike) -> list[Path]:
+    """Delete what a killed run left of a checkpoint it was writing (``atomic_savez``'s
+    temporary files: SIGKILL and the OOM killer give no chance to remove them, and each is as
+    big as a checkpoint); returns them. For the run that owns the directory now."""
+    left = sorted(Path(directory).glob("checkpoint-epoch*.npz.*.tmp"))
+    for path in left:
+        path.unlink(missing_ok=True)
+    return left
+
+
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     """The checkpoint of the highest epoch in ``directory`` (by number: 10000 after 9999)."""
     found = {}
     for p in Path(directory).glob("checkpoint-epoch*.npz"):
-        match = re.fullmatch(r"checkpoint-epoch(\d+)\.npz", p.name)
+        match = CHECKPOINT_NAME.fullmatch(p.name)
         if match:
             found[int(match.group(1))] = p
     return found[max(found)] if found else None
@@ -111,6 +128,7 @@ def _same_run(
     seed: int | None,
     steps_per_epoch: int | None,
     dataset: str | None,
+    identity: dict[str, Any] | None = None,
 ) -> tuple[int, int]:
     """The file's (epoch, step), once its run is shown to be this one, as far as given:
 
@@ -118,7 +136,10 @@ def _same_run(
     - ``steps_per_epoch``: as many steps an epoch (another global batch or data set size makes
       other batches, and moves the schedule's warmup and decay, which count steps);
     - ``dataset``: the same data set, where the file names one (since the 18th session):
-      MNIST and Fashion-MNIST make as many steps.
+      MNIST and Fashion-MNIST make as many steps;
+    - ``identity``: each entry the file has too (since the 19th session): the global batch
+      and training set size, which may differ with as many steps an epoch (300 samples in
+      batches of 128 or of 140), and the network's activation and loss.
     """
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
     if seed is not None and stored_seed != seed:
@@ -137,7 +158,21 @@ def _same_run(
             f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
             f"makes {steps_per_epoch} an epoch (another global batch, --replicate or data set?)"
         )
+    stored_identity = _json_meta(path, arrays, "identity")
+    for key in sorted(stored_identity.keys() & (identity or {}).keys()):
+        if stored_identity[key] != identity[key]:
+            what, hint = IDENTITY_WORDS.get(key, (f"--{key}", ""))
+            raise UserError(
+                f"{path}: written by a run with {what} {stored_identity[key]}, this one has "
+                f"{what} {identity[key]}{hint}"
+            )
     return epoch, step
+
+
+IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``, and whence
+    "global_batch": ("global batch", " (--batch-size, or --per-rank-batch x ranks)"),
+    "train_samples": ("training set size", " (--synthetic-size, --replicate or data set)"),
+}
 
 
 def load_checkpoint(
@@ -148,6 +183,7 @@ def load_checkpoint(
     seed: int | None = None,
     steps_per_epoch: int | None = None,
     dataset: str | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> tuple[int, int, dict[str, Any]]:
     """Restore this rank's part of the parameters and optimizer state in place; returns
     (epochs done, steps done, the settings the file's run had: empty before the 18th session).
@@ -166,7 +202,7 @@ def load_checkpoint(
             f"{path}: written by an older xpnn (one flat buffer per optimizer state, before "
             "checkpoints named the state per parameter); resume it with that version"
         )
-    epoch, step = _same_run(path, arrays, seed, steps_per_epoch, dataset)
+    epoch, step = _same_run(path, arrays, seed, steps_per_epoch, dataset, identity)
     targets = [("", "parameter", "", model.named_params())]
     targets += [
         (f"optim.{state}.", "optimizer state", " (another --optimizer?)", model.named_views(buf))
@@ -178,6 +214,11 @@ def load_checkpoint(
             if stored is None or stored.shape != whole_shape(layer, name):
                 raise UserError(
                     f"{path}: {what} {prefix}{key} missing or of another shape than the model{hint}"
+                )
+            if stored.dtype.kind != "f":  # strings, complex, booleans: the file is damaged
+                raise UserError(
+                    f"{path}: damaged checkpoint ({prefix}{key} holds {stored.dtype} values, "
+                    "not floating point)"
                 )
     # and nothing more: a layer or an optimizer state that the network does not have
     stored = sum(v.size for k, v in arrays.items() if not k.startswith(("optim.", "meta.")))
@@ -199,21 +240,22 @@ def load_checkpoint(
                 piece = own_piece(layer, name, arrays[prefix + key])
                 view[...] = model.backend.asarray(piece, dtype=view.dtype)
     optimizer.step_count = step
-    return epoch, step, _settings(path, arrays)
+    return epoch, step, _json_meta(path, arrays, "settings")
 
 
-def _settings(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    """``meta.settings``: a JSON object in a string, or the file is damaged."""
-    stored = arrays.get("meta.settings")
+def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str, Any]:
+    """``meta.<name>``: a JSON object in a string ({} where the file has none, as files of
+    earlier sessions), or the file is damaged."""
+    stored = arrays.get(f"meta.{name}")
     if stored is None:
         return {}
     try:
-        settings = json.loads(str(stored)) if stored.shape == () else None
+        value = json.loads(str(stored)) if stored.shape == () else None
     except ValueError:
-        settings = None
-    if stored.dtype.kind != "U" or not isinstance(settings, dict):
-        raise UserError(f"{path}: damaged checkpoint (meta.settings is {stored.tolist()!r})")
-    return settings
+        value = None
+    if stored.dtype.kind != "U" or not isinstance(value, dict):
+        raise UserError(f"{path}: damaged checkpoint (meta.{name} is {stored.tolist()!r})")
+    return value
 
 
 def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:

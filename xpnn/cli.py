@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import stat
 import sys
 import tempfile
 import warnings
@@ -77,7 +78,7 @@ def _path(flag: str):  # noqa: ANN202
     return parse
 
 
-def _float_from(flag: str, low: float, inclusive: bool = True):  # noqa: ANN202
+def _float_from(flag: str, low: float, inclusive: bool = True, most: float = math.inf):  # noqa: ANN202
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -88,12 +89,28 @@ def _float_from(flag: str, low: float, inclusive: bool = True):  # noqa: ANN202
             raise argparse.ArgumentTypeError(f"{flag}: must be {bound}, got {text}")
         if math.isinf(value):
             raise argparse.ArgumentTypeError(f"{flag}: must be finite, got {text}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{flag}: must be at most {most:.10g}, got {text}")
         return value
 
     return parse
 
 
+SEED_END = 2**64  # a checkpoint keeps the seed as a 64-bit integer (NumPy's uint64)
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seed: not an integer: {text!r}") from None
+    if not 0 <= value < SEED_END:
+        raise argparse.ArgumentTypeError(f"--seed: must be from 0 to 2**64 - 1, got {value}")
+    return value
+
+
 MICROBATCHES = 4  # GPipe's default for --parallel pipeline
+SYNTHETIC_SIZE = 6000  # --dataset synthetic's samples when --synthetic-size is not given
 BATCH = 128  # the global batch when neither --batch-size nor --per-rank-batch is given
 HIDDEN = (512, 256)  # the MLP's default hidden layers
 
@@ -105,14 +122,36 @@ def build_info_parser() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m xpnn", description="Train a network over xp, alone or under MPI.")
+    p = _Parser(
+        prog="python -m xpnn",
+        usage="python -m xpnn [train] [flags]  |  python -m xpnn info [--json]",
+        description="Train a network over xp, alone or under MPI (mpiexec -n N python -m xpnn "
+        "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
+        "the MPI library and whether it is CUDA-aware.",
+    )
     a = p.add_argument
-    a("--backend", default="numpy", choices=["numpy", "numba", "cupy", "auto"])
-    a("--model", default="mlp", choices=["mlp", "cnn"])
+    a(
+        "--backend",
+        default="numpy",
+        choices=["numpy", "numba", "cupy", "auto"],
+        help="array library (default numpy); numba adds compiled CPU kernels; auto: cupy where "
+        "a GPU is usable, else numba",
+    )
+    a("--model", default="mlp", choices=["mlp", "cnn"], help="(default mlp)")
     a("--hidden", type=_hidden, default=None, help="MLP hidden sizes (default 512,256)")
     a("--activation", default=None, choices=["relu", "sigmoid", "tanh"], help="MLP (relu)")
-    a("--loss", default="softmax_cross_entropy", choices=["softmax_cross_entropy", "sigmoid_bce"])
-    a("--dataset", default="fashion-mnist", choices=["mnist", "fashion-mnist", "synthetic"])
+    a(
+        "--loss",
+        default="softmax_cross_entropy",
+        choices=["softmax_cross_entropy", "sigmoid_bce"],
+        help="softmax_cross_entropy (default) or sigmoid_bce (one-vs-rest logistic losses)",
+    )
+    a(
+        "--dataset",
+        default="fashion-mnist",
+        choices=["mnist", "fashion-mnist", "synthetic"],
+        help="(default fashion-mnist)",
+    )
     a("--data-dir", type=_path("--data-dir"), help="directory holding the four IDX files")
     a(
         "--replicate",
@@ -120,8 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="repeat the training set K times (scaling studies)",
     )
-    a("--synthetic-size", type=_positive_int("--synthetic-size"), default=6000)
-    a("--epochs", type=_positive_int("--epochs"), default=5)
+    a(
+        "--synthetic-size",
+        type=_positive_int("--synthetic-size"),
+        default=None,
+        help=f"--dataset synthetic: training samples (default {SYNTHETIC_SIZE:,})",
+    )
+    a("--epochs", type=_positive_int("--epochs"), default=5, help="(default 5)")
     a("--batch-size", default=None, help="GLOBAL batch size (128), or 'full' for full-batch GD")
     a(
         "--per-rank-batch",
@@ -129,14 +173,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="batch per rank; the global batch is this times the number of ranks",
     )
-    a("--lr", type=_float_from("--lr", 0.0, inclusive=False), default=1e-3)
+    a("--lr", type=_float_from("--lr", 0.0, inclusive=False), default=1e-3, help="(default 0.001)")
     a(
         "--lr-scaling",
         default="none",
         choices=["none", "linear"],
         help="linear: multiply --lr by the number of ranks (Goyal et al.)",
     )
-    a("--warmup-epochs", type=_float_from("--warmup-epochs", 0.0), default=0.0)
+    a(
+        "--warmup-epochs",
+        # past this the warmup's steps (epochs x steps an epoch) overflow a 64-bit count
+        type=_float_from("--warmup-epochs", 0.0, most=MOST),
+        default=0.0,
+        help="raise the rate linearly from ~0 to --lr over E epochs (default 0)",
+    )
     a(
         "--schedule",
         default="constant",
@@ -149,9 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="--schedule step: epochs between decays (default: a third of --epochs)",
     )
-    a("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])
-    a("--dtype", default="float32", choices=["float32", "float64"])
-    a("--seed", type=int, default=0)
+    a("--optimizer", default="adam", choices=["sgd", "momentum", "adam"], help="(default adam)")
+    a("--dtype", default="float32", choices=["float32", "float64"], help="(default float32)")
+    a(
+        "--seed",
+        type=_seed,
+        default=0,
+        help="initial weights, shuffles and dropout masks (default 0)",
+    )
     a(
         "--threads",
         type=_positive_int("--threads", most=4096),
@@ -164,11 +219,16 @@ def build_parser() -> argparse.ArgumentParser:
     a("--save", type=_path("--save"), help="save parameters to FILE.npz at the end")
     a("--checkpoint-dir", type=_path("--checkpoint-dir"))
     a("--resume", action="store_true", help="continue from the latest checkpoint")
-    a("--comm", default="auto", choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"])
+    a(
+        "--comm",
+        default="auto",
+        choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"],
+        help="how ranks exchange gradients (default auto: the fastest that works here)",
+    )
     a(
         "--bucket-mb",
         # below ~1 kB a bucket is an allreduce per few values: a step takes seconds
-        type=_float_from("--bucket-mb", 0.001),
+        type=_float_from("--bucket-mb", 0.001, most=2**20),  # a TB bucket is a typo
         default=None,
         help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
     )
@@ -219,8 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _launch_rank() -> int:
-    """This process's rank as the launcher says, without starting MPI (for flag errors)."""
+def launch_rank() -> int:
+    """This process's rank as the launcher says, without starting MPI (0 outside a launcher):
+    who prints a flag error that every process found (the command line, the benchmarks)."""
     for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
@@ -239,22 +300,49 @@ def _takes_files(flag: str, path: str, directory: Path) -> None:
         ) from None
 
 
-def _writable_file(flag: str, path: str | None, writer: bool, replaced: bool = False) -> None:
+def _writable_file(
+    flag: str, path: str | None, writer: bool, made: str | None = None, appended: bool = False
+) -> None:
     """Checked before training, not found out after it (``writer``: this rank writes it;
-    ``replaced``: the file is written beside and renamed over, so what is there must be a
-    plain file: a rename would put the file in the place of a device or a pipe)."""
+    ``made``: the ``--checkpoint-dir`` this run creates, which may hold it).
+
+    ``--save`` is written beside and renamed over, so what is there must be a regular file:
+    a rename would put the file in the place of a device or a pipe. ``--metrics`` is
+    ``appended``: emptied, then opened for each line, so it must take writes, and must not be
+    a pipe or a socket, whose reader would leave at the first line's end (the next line
+    would then wait for another reader forever); a terminal or ``/dev/full`` is written."""
     if path is None:
         return
+    from xpnn.checkpoint import CHECKPOINT_NAME
+
     with path_problems(flag, path):
         parent = Path(path).resolve().parent
-        if not parent.is_dir():
+        in_checkpoints = made is not None and parent == Path(made).resolve()
+        there = Path(path).stat().st_mode if Path(path).exists() else None
+        if there is None and parent.exists() and not parent.is_dir():
+            raise UserError(f"{flag} {path}: {Path(path).parent} is not a directory")
+        if there is None and not parent.is_dir() and not in_checkpoints:
             raise UserError(f"{flag} {path}: directory {Path(path).parent} does not exist")
-        if Path(path).is_dir():
+        if there is not None and stat.S_ISDIR(there):
             raise UserError(f"{flag} {path}: is a directory; give a file name")
-        if replaced and Path(path).exists() and not Path(path).resolve().is_file():
+        if there is not None and not appended and not stat.S_ISREG(there):
             raise UserError(f"{flag} {path}: exists and is not a regular file")
-    if writer:
+        if there is not None and (stat.S_ISFIFO(there) or stat.S_ISSOCK(there)):
+            raise UserError(f"{flag} {path}: is a pipe or a socket; give a file name")
+        if in_checkpoints and CHECKPOINT_NAME.fullmatch(Path(path).name):
+            raise UserError(
+                f"{flag} {path}: a name --checkpoint-dir uses for the run's checkpoints"
+            )
+    if not writer:
+        return
+    if there is None or stat.S_ISREG(there):  # a device is written in place: nothing is made
         _takes_files(flag, path, parent)
+    if appended and there is not None:  # a read-only file in a writable directory
+        try:
+            with open(path, "ab"):
+                pass
+        except OSError as exc:
+            raise UserError(f"{flag} {path}: cannot write to it ({exc.strerror})") from None
 
 
 def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
@@ -283,6 +371,10 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
             f"--checkpoint-dir {path}: cannot create the directory ({exc.strerror})"
         ) from None
     _takes_files("--checkpoint-dir", path, Path(path))
+    from xpnn.checkpoint import remove_unfinished
+
+    with path_problems("--checkpoint-dir", path):
+        remove_unfinished(path)
 
 
 def _global_batch(args: argparse.Namespace, size: int, n_train: int) -> int:
@@ -320,13 +412,19 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     from xpnn.train import TrainConfig
 
     writer = world.rank == 0  # rank 0 alone saves, logs and checkpoints
-    _writable_file("--metrics", args.metrics, writer)
-    _writable_file("--save", args.save, writer, replaced=True)
-    if args.save and args.metrics and Path(args.save).resolve() == Path(args.metrics).resolve():
-        raise UserError(f"--save {args.save}: the same file as --metrics")
-    _checkpoint_dir(args.checkpoint_dir, writer, args.resume)
     if args.resume and not args.checkpoint_dir:
         raise UserError("--resume: needs --checkpoint-dir")
+    if args.node_share == "activations" and args.parallel != "data":
+        raise UserError(
+            f"--node-share activations: only with --parallel data (this run has --parallel "
+            f"{args.parallel}, whose ranks split the network)"
+        )
+    # first, so that --save and --metrics may name files in it (run1/final.npz)
+    _checkpoint_dir(args.checkpoint_dir, writer, args.resume)
+    _writable_file("--metrics", args.metrics, writer, made=args.checkpoint_dir, appended=True)
+    _writable_file("--save", args.save, writer, made=args.checkpoint_dir)
+    if args.save and args.metrics and Path(args.save).resolve() == Path(args.metrics).resolve():
+        raise UserError(f"--save {args.save}: the same file as --metrics")
     threads = threads_per_rank(world.local_size, override=args.threads, share=world.cores)
     thread_info = apply_threads(threads)
     backend = get_backend(args.backend, args.dtype, device_id=world.local_rank)
@@ -335,11 +433,12 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
             args.dataset,
             args.data_dir,
             replicate=args.replicate,
-            synthetic_size=args.synthetic_size,
+            synthetic_size=args.synthetic_size or SYNTHETIC_SIZE,
             seed=args.seed,
         )
     except MemoryError as exc:  # --replicate 100000000: NumPy says how much it wanted
-        what = [f"--synthetic-size {args.synthetic_size}"] if args.dataset == "synthetic" else []
+        size = args.synthetic_size or SYNTHETIC_SIZE
+        what = [f"--synthetic-size {size}"] if args.dataset == "synthetic" else []
         what += [f"--replicate {args.replicate}"] if args.replicate > 1 else []
         what = " with ".join(what) or f"--dataset {args.dataset}"
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
@@ -391,6 +490,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         save=args.save,
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
+        network={"loss": args.loss, **({"activation": activation} if args.model == "mlp" else {})},
         progress=not args.no_progress,
         parallel=args.parallel,
         extra={
@@ -413,8 +513,6 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
             ),
         },
     )
-    if args.metrics and world.rank == 0 and not args.resume:
-        Path(args.metrics).write_text("")  # a fresh run starts a fresh metrics file
     return backend, data, model, cfg, place
 
 
@@ -440,6 +538,10 @@ def _announce(
         f"{cfg.extra['threads']} thread(s)",
         flush=True,
     )
+    if groups.auto_fallback:
+        print(
+            f"xpnn: note: comm {groups.name}: {groups.auto_fallback}", file=sys.stderr, flush=True
+        )
     for flag, why in _ineffective_flags(args, groups):
         print(f"xpnn: note: {flag} has no effect {why}", file=sys.stderr, flush=True)
     for note in _questionable_settings(args, cfg, world):
@@ -475,9 +577,16 @@ def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
     from xpnn.parallel.data_parallel import uses_byte_buckets
 
     optional = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
-    optional += ("step_epochs", "bucket_mb", "model_ranks", "node_share")
+    optional += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
+    optional += ("synthetic_size",)
     given = {flag for flag in optional if getattr(args, flag) is not None}
     found = []
+    if "data_dir" in given and args.dataset == "synthetic":
+        found.append(("--data-dir", "with --dataset synthetic: its samples are generated"))
+    if "synthetic_size" in given and args.dataset != "synthetic":
+        found.append(("--synthetic-size", f"with --dataset {args.dataset}"))
+    if args.comm not in ("auto", "self") and groups.world.size == 1:
+        found.append((f"--comm {args.comm}", "on 1 rank: there is nothing to exchange"))
     for flag in ("hidden", "activation"):
         if flag in given and args.model != "mlp":
             found.append((f"--{flag}", f"with --model {args.model}"))
@@ -503,13 +612,36 @@ def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
 
 
 def train_main(args: argparse.Namespace) -> int:
-    from xpnn.parallel.failure import run_guarded, terminate_on_sigterm
+    from xpnn.parallel.failure import run_guarded, stop_grace, stop_when_stuck, terminate_on_sigterm
     from xpnn.parallel.world import init_world
 
     world = init_world()
     terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints left whole
+    stop_when_stuck(stop_grace())  # ... and within seconds even where a rank cannot
     # Guarded from the first line of setup: Ctrl-C while the data loads is "interrupted" too.
     return run_guarded(world, lambda: _train(args, world))
+
+
+# Flags that may differ between ranks: where each reads its data (a node's own copy) and what
+# it shows; the files only rank 0 writes; and its threads (nodes may differ in cores).
+PER_RANK_FLAGS = ("data_dir", "metrics", "save", "checkpoint_dir", "no_progress", "threads")
+
+
+def _same_flags(args: argparse.Namespace, world: Any) -> None:
+    """Ranks started with other flags (an MPMD line, ``mpiexec -n 1 ... : -n 1 ...``) would
+    train different runs and, with another --epochs or batch, wait for each other forever."""
+    if world.size == 1:
+        return
+    mine = {k: v for k, v in sorted(vars(args).items()) if k not in PER_RANK_FLAGS}
+    everyone = world.mpi_comm.allgather(mine)
+    for rank, theirs in enumerate(everyone):
+        for key in mine:
+            if theirs[key] != everyone[0][key]:
+                flag = "--" + key.replace("_", "-")
+                raise UserError(
+                    f"{flag}: rank {rank} was given {theirs[key]}, rank 0 {everyone[0][key]}; "
+                    "every rank must get the same flags"
+                )
 
 
 def build_trainer(args: argparse.Namespace, world: Any, announce: bool = True) -> Any:
@@ -519,6 +651,7 @@ def build_trainer(args: argparse.Namespace, world: Any, announce: bool = True) -
     from xpnn.parallel.layout import make_groups
     from xpnn.train import Trainer
 
+    agree_on_user_errors(world, lambda: _same_flags(args, world))  # every rank calls it first
     backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(args, world))
     # A separate phase: on GPU backends building the communicators talks to the other ranks.
     groups = agree_on_user_errors(
@@ -553,6 +686,21 @@ def _train(args: argparse.Namespace, world: Any) -> int:
     return 0
 
 
+def _info(as_json: bool) -> int:
+    """``python -m xpnn info``; rank 0 alone prints, so only it can find stdout gone (``|
+    true``) or full (``>/dev/full``): one line, as training says it."""
+    from xpnn.info import info_main
+
+    try:
+        return info_main(as_json=as_json)
+    except OSError as exc:
+        from xpnn.parallel.failure import describe, say, stopped_from_outside
+
+        message, code = stopped_from_outside(exc) or (describe(exc), 1)
+        say(f"xpnn: {message}")
+        return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
@@ -560,17 +708,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except _ArgError as exc:
-        if _launch_rank() == 0:
+        if launch_rank() == 0:
             print(f"xpnn: {exc}", file=sys.stderr)
         return 2
     try:
         if command == "info":
-            from xpnn.info import info_main
-
-            return info_main(as_json=args.json)
+            return _info(args.json)
         return train_main(args)
     except UserError as exc:  # before MPI (the launcher's variables): nothing to agree on,
-        if _launch_rank() == 0:  # but every process found the same, so one of them says it
+        if launch_rank() == 0:  # but every process found the same, so one of them says it
             print(f"xpnn: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C while Python, NumPy or MPI start

@@ -79,5 +79,6 @@ def info_main(as_json: bool = False) -> int:
         print(f"  CUDA-aware: {aware} ({mpi['cuda_aware_reason']})")
     else:
         print(f"MPI: {mpi}")
-    sys.stdout.flush()
+    if sys.stdout is not None:  # None: started with stdout closed (>&-); print did nothing
+        sys.stdout.flush()
     return 0

@@ -28,7 +28,7 @@ from xpnn.checkpoint import (
     save_params,
 )
 from xpnn.data import Dataset, global_batches, shard
-from xpnn.errors import path_problems
+from xpnn.errors import UserError, path_problems
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
@@ -57,6 +57,9 @@ class TrainConfig:
     progress: bool = False
     parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
     extra: dict = field(default_factory=dict)  # more keys for every metrics line
+    # what the network computes that its parameters' shapes do not show (the command line
+    # puts --activation and --loss here): a resumed run must match it
+    network: dict = field(default_factory=dict)
 
 
 def _not_finite(value: Any) -> bool:
@@ -221,6 +224,9 @@ class Trainer:
         start_epoch = self.start_epoch
         if self.resume_note and self.is_root:
             self.log(self.resume_note)
+        if start_epoch == 0 and cfg.metrics and self.is_root:  # a fresh run, a fresh file
+            with path_problems("--metrics", cfg.metrics):
+                open(cfg.metrics, "w").close()
         self.update.broadcast_initial()  # rank 0's parameters are everyone's
         common = {
             "world_size": comm.size,
@@ -336,6 +342,7 @@ class Trainer:
                     self.cfg.seed,
                     self.data.name,
                     self._settings(),
+                    self._identity(),
                 )
 
     def _maybe_resume(self) -> int:
@@ -343,6 +350,17 @@ class Trainer:
         if not (cfg.resume and cfg.checkpoint_dir):
             return 0
         path = latest_checkpoint(cfg.checkpoint_dir)
+        # Each rank reads the directory; only rank 0 writes it. A directory on each node's own
+        # disk (or a stale copy) would resume the ranks from different epochs: a wrong run,
+        # then ranks that wait for each other forever.
+        seen = self.comm.allgather_obj(path.name if path else None)
+        if len(set(seen)) > 1:
+            found = ", ".join(f"rank {r}: {name or 'none'}" for r, name in enumerate(seen))
+            raise UserError(
+                f"--checkpoint-dir {cfg.checkpoint_dir}: the ranks find different latest "
+                f"checkpoints ({found}); every rank must see the same directory (a file "
+                "system shared by all nodes)"
+            )
         if path is None:
             self.resume_note = f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh"
             return 0
@@ -354,12 +372,23 @@ class Trainer:
             seed=cfg.seed,
             steps_per_epoch=self.steps_per_epoch,
             dataset=self.data.name,
+            identity=self._identity(),
         )
         done = f"; --epochs {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
         changed = changed_settings(before, self._settings())
         since = f"; changed since: {', '.join(changed)}" if changed else ""
         self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
         return epoch
+
+    def _identity(self) -> dict[str, Any]:
+        """What a resumed run must match beyond the parameters' shapes, the seed and the data
+        set's name: the global batch and the number of training samples (which decide every
+        batch to come) and ``TrainConfig.network``."""
+        return {
+            "global_batch": self.cfg.batch_size,
+            "train_samples": self.n_train,
+            **self.cfg.network,
+        }
 
     def _settings(self) -> dict[str, Any]:
         """What a resumed run may change and is told about when it does: the learning rate

@@ -76,7 +76,8 @@ class Communicator:
 
     ``name`` says which path is live ("self", "mpi-shm", "mpi-host", "mpi-cuda", "nccl");
     ``fallback_reason`` is set when an explicit ``--comm`` request could not be honoured;
-    ``detail`` says in a few words why ``auto`` chose this one.
+    ``detail`` says in a few words why ``auto`` chose this one; ``auto_fallback`` why ``auto``
+    settled for it rather than the faster transport it tries first (said as a note).
     """
 
     name: str = "base"
@@ -86,6 +87,7 @@ class Communicator:
         self.size = size
         self.fallback_reason: str | None = None
         self.detail: str | None = None
+        self.auto_fallback: str | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} rank {self.rank}/{self.size}>"
@@ -441,8 +443,9 @@ def _cpu_communicator(world: World, kind: str, parallel: str) -> Communicator:
     if parallel != "data":
         reason = "mpi-shm is for --parallel data only"
     elif kind in ("auto", "mpi-shm"):
-        from xpnn.parallel.shm_comm import ShmCommunicator
+        from xpnn.parallel.shm_comm import ShmCommunicator, forced_ranks_per_node
 
+        forced_ranks_per_node()  # a typo there is the user's to fix, not a reason to fall back
         try:
             return ShmCommunicator.create(world.mpi_comm)
         except UserError as exc:
@@ -451,4 +454,6 @@ def _cpu_communicator(world: World, kind: str, parallel: str) -> Communicator:
             reason = str(exc)
     comm = MpiHostCommunicator(world.mpi_comm)
     comm.detail = "host buffers" if kind == "mpi-host" else f"host buffers ({reason})"
+    if kind == "auto" and parallel == "data":
+        comm.auto_fallback = f"not mpi-shm: {reason.removeprefix('--comm mpi-shm: ')}"
     return comm

@@ -254,4 +254,6 @@ def make_gpu_communicator(world: World, kind: str) -> Communicator:
     result = cls(comm)
     result.fallback_reason = fallback
     result.detail = detail
+    if kind == "auto" and name != "nccl":  # e.g. two ranks on one GPU, an MPI without CUDA
+        result.auto_fallback = detail
     return result

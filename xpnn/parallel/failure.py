@@ -69,6 +69,15 @@ def _abort(code: int) -> None:
     MPI.COMM_WORLD.Abort(code)
 
 
+def say(line: str) -> None:
+    """One line on stderr in one write: Python's stderr writes through, so ``print`` would send
+    the text and its newline apart, and two ranks' lines could run together (``rank 1:
+    interruptedrank 0: interrupted``) where the launcher merges their output."""
+    if sys.stderr is not None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
 def one_line(text: str) -> str:
     """Messages must stay on one line on stderr, whatever the exception put in them."""
     return " | ".join(part.strip() for part in str(text).splitlines() if part.strip())
@@ -89,7 +98,7 @@ def _exit_code(exc: SystemExit) -> int:
         return 0
     if isinstance(exc.code, int):
         return exc.code
-    print(one_line(str(exc.code)), file=sys.stderr, flush=True)
+    say(one_line(str(exc.code)))
     return 1
 
 
@@ -112,6 +121,65 @@ def terminate_on_sigterm() -> None:
         raise Terminated
 
     signal.signal(signal.SIGTERM, handler)
+
+
+STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop by itself
+
+
+def stop_grace() -> float:
+    """``XPNN_STOP_GRACE`` seconds, else ``STOP_GRACE_S``."""
+    text = os.environ.get("XPNN_STOP_GRACE", "").strip()
+    try:
+        return float(text) if text else STOP_GRACE_S
+    except ValueError:
+        raise UserError(f"XPNN_STOP_GRACE={text}: expected seconds") from None
+
+
+def stop_when_stuck(grace: float) -> None:
+    """After SIGTERM or Ctrl-C, end the job if this rank has not stopped ``grace`` s later.
+
+    Python runs a signal's handler between bytecodes only, so a rank blocked in an MPI call
+    that never returns (another rank stopped, or gone without the launcher noticing) would
+    ignore both, and ``timeout`` or ``kill`` would leave the job running. The signal also
+    wakes a thread (``signal.set_wakeup_fd``), which waits ``grace`` seconds and then says so
+    and aborts the job (or exits, without MPI). Call it from the main thread."""
+    import signal
+    import threading
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            signum = os.read(read_end, 1)[0]
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                break
+        time.sleep(grace)
+        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+        code = SIGTERM_EXIT if signum == signal.SIGTERM else 130
+        rank, size = _mpi_rank_size()
+        prefix = f"rank {rank}: " if size > 1 else "xpnn: "
+        say(
+            f"{prefix}{what}, and still not stopped after {grace:g} s (blocked in a call "
+            "that does not return, such as MPI waiting for a rank that does not answer): "
+            "ending the job"
+        )
+        if size > 1:
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Abort(code)
+        os._exit(code)
+
+    threading.Thread(target=watch, name="xpnn-stop-watch", daemon=True).start()
+
+
+def _mpi_rank_size() -> tuple[int, int]:
+    """The job's rank and size where MPI has started, else (0, 1); never starts MPI."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return 0, 1
+    return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
 
 
 def silence_stdout() -> None:
@@ -161,7 +229,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         return code
     except UserError as exc:
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
-        print(prefix + one_line(str(exc)), file=sys.stderr, flush=True)
+        say(prefix + one_line(str(exc)))
         code = int(getattr(exc, "exit_code", 2))
         if size > 1:
             _abort(code)
@@ -171,7 +239,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
             traceback.print_exc()
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
-        print(prefix + message, file=sys.stderr, flush=True)
+        say(prefix + message)
         if size > 1:
             _abort(code)
         return code
@@ -248,7 +316,7 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
         if codes is None:  # the others never came: some rank is stuck inside fn
             kind, code, message = outcome  # type: ignore[misc]
             if message:
-                print(f"rank {rank}: {message}", file=sys.stderr, flush=True)
+                say(f"rank {rank}: {message}")
             _abort(code)
         if not any(codes):
             return result
@@ -274,5 +342,5 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
             others = len(failed) - 1
             more = f" (and {others} more rank{'s' if others != 1 else ''})" if others else ""
             line = f"xpnn: rank {first_rank}: {message}{more}"
-        print(line, file=sys.stderr, flush=True)
+        say(line)
     raise CollectiveExit(code)

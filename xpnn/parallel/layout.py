@@ -83,7 +83,14 @@ class Groups:
 
     @property
     def fallback_reason(self) -> str | None:
-        reasons = [getattr(c, "fallback_reason", None) for c in (self.model, self.data)]
+        return self._reasons("fallback_reason")
+
+    @property
+    def auto_fallback(self) -> str | None:
+        return self._reasons("auto_fallback")
+
+    def _reasons(self, kind: str) -> str | None:
+        reasons = [getattr(c, kind, None) for c in (self.model, self.data)]
         return "; ".join(r for r in dict.fromkeys(reasons) if r) or None
 
 

@@ -40,20 +40,28 @@ def shm_free_bytes(path: str = SHM_DIR) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def _node_comm(world_comm: Any, MPI: Any) -> Any:
-    """The ranks of ``world_comm`` that share this node's memory, in its order
-    (``XPNN_RANKS_PER_NODE=k`` pretends the job's ranks 0..k-1, k..2k-1, ... are nodes, so a
-    multi-node layout can be tested on one machine)."""
-    node = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
+def forced_ranks_per_node() -> int | None:
+    """``XPNN_RANKS_PER_NODE``, or None where it is not set."""
     forced = os.environ.get(RANKS_PER_NODE_VAR, "").strip()
     if not forced:
-        return node
+        return None
     try:
         k = int(forced)
         if k < 1:
             raise ValueError
     except ValueError:
         raise UserError(f"{RANKS_PER_NODE_VAR}={forced}: expected a positive integer") from None
+    return k
+
+
+def _node_comm(world_comm: Any, MPI: Any) -> Any:
+    """The ranks of ``world_comm`` that share this node's memory, in its order
+    (``XPNN_RANKS_PER_NODE=k`` pretends the job's ranks 0..k-1, k..2k-1, ... are nodes, so a
+    multi-node layout can be tested on one machine)."""
+    node = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
+    k = forced_ranks_per_node()
+    if k is None:
+        return node
     # by the rank in the whole job: ``world_comm`` may be a data-parallel group (2-D layouts),
     # whose ranks are not consecutive in the job
     group = node.Split(color=MPI.COMM_WORLD.Get_rank() // k, key=node.Get_rank())
