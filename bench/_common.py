@@ -17,6 +17,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -319,6 +320,43 @@ def measure_quietly(
             return result, fl.cores, attempt
         wait_for_quiet(max_foreign, wait_s)
     raise AssertionError("unreachable")
+
+
+# -- running ``python -m xpnn`` jobs -----------------------------------------------------------
+
+
+class RunFailed(RuntimeError):
+    """An ``mpiexec ... python -m xpnn`` run failed or ran out of time: the message names the
+    command and ends with the last lines it printed (xpnn's own one-line reason among them)."""
+
+
+def _tail(text: str | bytes | None, lines: int = 10) -> list[str]:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return (text or "").strip().splitlines()[-lines:]
+
+
+def run_job(cmd: Sequence[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` from the project root with xpnn importable (``PYTHONPATH``), capturing its
+    output; a non-zero exit or ``timeout`` seconds passing is a ``RunFailed``."""
+    root = str(Path(__file__).resolve().parents[1])
+    pythonpath = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    try:
+        proc = subprocess.run(
+            list(cmd), capture_output=True, text=True, env=env, cwd=root, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RunFailed(
+            f"run timed out after {timeout:g} s (--timeout): {' '.join(cmd)}\n  "
+            + "\n  ".join(_tail(exc.stderr))
+        ) from None
+    if proc.returncode != 0:
+        raise RunFailed(
+            f"run failed (exit {proc.returncode}): {' '.join(cmd)}\n  "
+            + "\n  ".join(_tail(proc.stderr or proc.stdout))
+        )
+    return proc
 
 
 # -- the command line: one-line usage errors, printed once under mpiexec ----------------------

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,11 +60,12 @@ from _common import (
     positive_int,
     pyplot_agg,
     refuse_unwritable,
+    run_job,
     run_main,
     save_figure,
     write_json,
 )
-from scaling import DEFAULT_DATA_DIR, ROOT, hidden_sizes, mpiexec_path, refuse_without_mpiexec
+from scaling import DEFAULT_DATA_DIR, hidden_sizes, mpiexec_path, refuse_without_mpiexec
 
 NAME = "pipeline_memory"
 CONFIGS: list[tuple[str, bool]] = [
@@ -138,36 +138,15 @@ def command(
     return cmd
 
 
-def tail_of(text: str | bytes | None, lines: int = 10) -> list[str]:
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
-    return (text or "").strip().splitlines()[-lines:]
-
-
 def run_once(
     args: argparse.Namespace, mpiexec: str, schedule: str, recompute: bool, metrics: Path
 ) -> dict[str, Any]:
     """One run: the per-rank peak RSS and the last epoch's seconds, as the metrics file says."""
     cmd = command(args, mpiexec, schedule, recompute, metrics)
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=pythonpath)
     t0 = time.perf_counter()
-    try:
-        with ForeignLoad() as fl:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=args.timeout
-            )
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(
-            f"run timed out after {args.timeout} s (--timeout): {' '.join(cmd)}\n  "
-            + "\n  ".join(tail_of(exc.stderr))
-        ) from None
+    with ForeignLoad() as fl:
+        run_job(cmd, args.timeout)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"run failed (exit {proc.returncode}): {' '.join(cmd)}\n  "
-            + "\n  ".join(tail_of(proc.stderr or proc.stdout))
-        )
     records = [json.loads(s) for s in metrics.read_text().splitlines() if s.strip()]
     epochs = [r for r in records if r.get("event") == "epoch"]
     done = [r for r in records if r.get("event") == "done"]

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +56,7 @@ from _common import (
     positive_int,
     pyplot_agg,
     refuse_unwritable,
+    run_job,
     run_main,
     save_figure,
     timed_epochs,
@@ -231,19 +230,10 @@ def epoch_time(records: list[dict]) -> tuple[float, list[float]]:
 def run_once(args: argparse.Namespace, spec: RunSpec, workdir: Path) -> dict[str, Any]:
     metrics = workdir / f"m_{spec.ranks}_{spec.threads}_{spec.samples}.jsonl"
     cmd = command(args, spec, metrics)
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=pythonpath)
     t0 = time.perf_counter()
     with ForeignLoad() as fl:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=args.timeout
-        )
+        run_job(cmd, args.timeout)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise RuntimeError(
-            f"run failed (exit {proc.returncode}): {' '.join(cmd)}\n  " + "\n  ".join(tail)
-        )
     records = [json.loads(s) for s in metrics.read_text().splitlines() if s.strip()]
     t, epochs = epoch_time(records)
     first = next(r for r in records if r.get("event") == "epoch")
@@ -522,7 +512,7 @@ def run(args: argparse.Namespace) -> int:
                         args.retries,
                         args.quiet_timeout,
                     )
-                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                except RuntimeError as exc:  # RunFailed, or a metrics file short of epochs
                     print(f"scaling: {exc}", file=sys.stderr)
                     return 1
                 res["redone_noisy"] = redone

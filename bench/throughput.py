@@ -39,7 +39,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ from _common import (
     RESULTS_DIR,
     DefaultsFormatter,
     Parser,
+    RunFailed,
     add_quiet_flags,
     busy_warning,
     choice_list,
@@ -69,6 +69,7 @@ from _common import (
     out_path,
     positive_int,
     refuse_unwritable,
+    run_job,
     run_main,
     timed_epochs,
     write_json,
@@ -617,11 +618,7 @@ def run_cli_ranks(args: argparse.Namespace, ranks: int, workdir: Path) -> float:
         "--batch-size", str(args.ranks_batch), "--threads", "1", "--seed", str(args.seed),
         "--metrics", str(metrics), "--no-progress",
     ]  # fmt: skip
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=pythonpath)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    run_job(cmd)
     return median(cli_epoch_rates(metrics))
 
 
@@ -785,7 +782,11 @@ def run(args: argparse.Namespace, backends: list[str], skipped: dict[str, str]) 
             else:
                 tw = torch_workers.get("cpu") or start_torch_worker(cfg, "cpu")[0]
                 torch_workers["cpu"] = tw
-                ranks = ranks_compare(args, tw) if tw is not None else None
+                try:
+                    ranks = ranks_compare(args, tw) if tw is not None else None
+                except RunFailed as exc:  # was a traceback
+                    print(f"throughput: --ranks-compare: {exc}", file=sys.stderr, flush=True)
+                    return 1
     finally:
         for w in [*xpnn_workers.values(), *torch_workers.values()]:
             if w is not None:

@@ -133,3 +133,31 @@ def test_no_torch_flag(tmp_path: Path) -> None:
     (row,) = out["results"]
     assert row["xpnn_samples_per_s"] > 0 and row["ratio"] is None
     assert all(t["pass"] is None for t in out["targets"])
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not HAS_TORCH, reason="--ranks-compare needs PyTorch, not installed here")
+def test_a_failed_ranks_compare_run_is_reported_without_a_traceback(tmp_path: Path) -> None:
+    """The ``mpiexec -n 2 python -m xpnn`` run failing (here: rank 0 raises at its first step)
+    ended the script in a RuntimeError traceback."""
+    import os
+    import sys
+
+    from conftest import ROOT
+
+    args = "--model mlp --hidden 16 --backends numpy --batches 8 --threads 1 --ranks-compare "
+    args += "--ranks-samples 256 --ranks-batch 64 --ranks-repeats 1"
+    cmd = [sys.executable, str(ROOT / "bench" / "throughput.py"), *args.split(), *TINY]
+    proc = subprocess.run(
+        [*cmd, *QUIET_CHECK_OFF, "--json", str(tmp_path / "tp.json")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**os.environ, "XPNN_FAIL_AT": "0:0"},
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("throughput: --ranks-compare: run failed (exit ")
+    assert "injected failure at step 0" in proc.stderr
+    assert not (tmp_path / "tp.json").exists()
