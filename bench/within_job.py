@@ -146,6 +146,9 @@ def compare(opts: argparse.Namespace, sides: dict[str, argparse.Namespace], worl
     from xpnn import cli
 
     trainers = {s: cli.build_trainer(sides[s], world, announce=False) for s in SIDES}
+    for s in SIDES if world.rank == 0 else ():  # what python -m xpnn would note, per side
+        for flag, why in cli.ineffective_flags(sides[s], trainers[s].groups):
+            print(f"within_job.py: note: --{s}: {flag} has no effect {why}", file=sys.stderr)
     times: dict[str, list[float]] = {s: [] for s in SIDES}
     orders = []
     for r in range(opts.rounds + 1):  # round 0: untimed warm-up of both

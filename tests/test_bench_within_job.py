@@ -48,6 +48,18 @@ def test_one_process_compares_two_optimizers(tmp_path):
     assert got["ranks"] == 1 and got["b"] == [] and len(got["rounds"]) == 1
 
 
+def test_a_flag_that_has_no_effect_on_a_side_says_so(tmp_path):
+    """``--b --recompute`` without a pipeline was timed silently as if it changed something."""
+    out = tmp_path / "within.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "within_job.py"), "--a", "", "--b=--recompute"]
+    cmd += ["--rounds", "1", "--json", str(out), "--", *TINY]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "within_job.py: note: --b: --recompute has no effect without --parallel pipeline"
+    ]
+
+
 def test_a_failing_rank_stops_the_comparison():
     cmd = [mpiexec_path(), "-n", "2", sys.executable, str(ROOT / "bench" / "within_job.py")]
     cmd += ["--a", "--comm mpi-shm", "--b", "--comm mpi-host", "--rounds", "2", "--", *TINY]

@@ -542,7 +542,7 @@ def _announce(
         print(
             f"xpnn: note: comm {groups.name}: {groups.auto_fallback}", file=sys.stderr, flush=True
         )
-    for flag, why in _ineffective_flags(args, groups):
+    for flag, why in ineffective_flags(args, groups):
         print(f"xpnn: note: {flag} has no effect {why}", file=sys.stderr, flush=True)
     for note in _questionable_settings(args, cfg, world):
         print(f"xpnn: note: {note}", file=sys.stderr, flush=True)
@@ -572,7 +572,7 @@ def _questionable_settings(args: Any, cfg: Any, world: Any) -> list[str]:
     return notes
 
 
-def _ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
+def ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
     """Flags the user gave that this run ignores, and why: said, not silently dropped."""
     from xpnn.parallel.data_parallel import uses_byte_buckets
 
