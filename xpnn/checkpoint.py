@@ -92,6 +92,17 @@ def save_checkpoint(
     return path
 
 
+def refuse_other_runs(directory: str | os.PathLike) -> None:
+    """A new run (no resume) may not write into a directory that holds another run's
+    checkpoints: its own would mix with them, and a later resume would pick up the other
+    run's last one."""
+    if Path(directory).is_dir() and (found := latest_checkpoint(directory)) is not None:
+        raise UserError(
+            f"--checkpoint-dir {directory}: holds another run's checkpoints ({found.name}); add "
+            "--resume to continue it, or give an empty directory"
+        )
+
+
 def remove_unfinished(directory: str | os.PathLike) -> list[Path]:
     """Delete what a killed run left of a checkpoint it was writing (``atomic_savez``'s
     temporary files: SIGKILL and the OOM killer give no chance to remove them, and each is as

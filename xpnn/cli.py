@@ -348,8 +348,8 @@ def _writable_file(
 def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
     """The directory is made now, by the rank that will write into it, so that a place where
     it cannot be made or written fails before the first epoch rather than at its end. A new
-    run (no ``--resume``) refuses a directory that holds another run's checkpoints: its own
-    would mix with them, and a later ``--resume`` would pick up the other run's last one."""
+    run (no ``--resume``) refuses a directory that holds another run's checkpoints
+    (``refuse_other_runs``)."""
     if path is None:
         return
     with path_problems("--checkpoint-dir", path):
@@ -357,13 +357,10 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
             raise UserError(f"--checkpoint-dir {path}: exists and is not a directory")
         if not writer:
             return
-        from xpnn.checkpoint import latest_checkpoint
+        from xpnn.checkpoint import refuse_other_runs
 
-        if not resume and Path(path).is_dir() and (found := latest_checkpoint(path)) is not None:
-            raise UserError(
-                f"--checkpoint-dir {path}: holds another run's checkpoints ({found.name}); add "
-                "--resume to continue it, or give an empty directory"
-            )
+        if not resume:
+            refuse_other_runs(path)
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -675,9 +672,18 @@ def _train(args: argparse.Namespace, world: Any) -> int:
         "ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning, r"xpnn\."
     )
     from xpnn.parallel.failure import one_line
+    from xpnn.train import TrainingDiverged
 
     try:
         trainer.run()
+    except TrainingDiverged as exc:  # every rank leaves with 1 together
+        if trainer.is_root:
+            print(
+                f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller --lr",
+                file=sys.stderr,
+                flush=True,
+            )
+        return 1
     except MemoryError as exc:  # a step's activations: under ulimit -v, or CuPy's OutOfMemory
         raise UserError(
             f"--batch-size {trainer.cfg.batch_size}: a training step ran out of memory "

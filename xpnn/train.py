@@ -24,6 +24,7 @@ from xpnn.checkpoint import (
     changed_settings,
     latest_checkpoint,
     load_checkpoint,
+    refuse_other_runs,
     save_checkpoint,
     save_params,
 )
@@ -32,7 +33,6 @@ from xpnn.errors import UserError, path_problems
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
-from xpnn.parallel.failure import CollectiveExit
 from xpnn.parallel.layout import Groups
 from xpnn.parallel.whole import is_spread, whole_arrays, whole_params, whole_size
 
@@ -60,6 +60,57 @@ class TrainConfig:
     # what the network computes that its parameters' shapes do not show (the command line
     # puts --activation and --loss here): a resumed run must match it
     network: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Values the command line refuses in its own words are refused here too, for
+        programs that build a config themselves (a batch of 0 was a ZeroDivisionError, an
+        ``eval_batch_size`` of -5 a test accuracy of 0)."""
+        whole = {"epochs": 1, "batch_size": 1, "eval_batch_size": 1}
+        for name, least in whole.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+                raise ValueError(
+                    f"TrainConfig.{name}: must be an integer >= {least}, got {value!r}"
+                )
+        if self.step_epochs is not None and (
+            not isinstance(self.step_epochs, (int, np.integer)) or self.step_epochs < 1
+        ):
+            raise ValueError(
+                f"TrainConfig.step_epochs: must be None or >= 1, got {self.step_epochs!r}"
+            )
+        for name in ("lr", "bucket_mb"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(
+                    f"TrainConfig.{name}: must be finite and > 0, got {getattr(self, name)!r}"
+                )
+        if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
+            raise ValueError(f"TrainConfig.warmup_epochs: must be >= 0, got {self.warmup_epochs!r}")
+        for name, choices in CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(
+                    f"TrainConfig.{name}: {value!r}, choose one of {', '.join(choices)}"
+                )
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("TrainConfig.resume: needs a checkpoint_dir")
+
+
+CHOICES = {  # TrainConfig's names among fixed choices
+    "parallel": ("data", "tensor", "pipeline"),
+    "node_share": ("auto", "gradients", "activations"),
+    "schedule": ("constant", "step", "cosine"),
+}
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss stopped being finite in ``epoch`` (from 1): raised on every rank together
+    (the losses are reduced), after that epoch's metrics line; nothing from that epoch was
+    checkpointed or saved. (A ``SystemExit`` before the 19th session: it ended a program
+    that tried several rates.)"""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__(f"training diverged in epoch {epoch} (the loss is not finite)")
+        self.epoch = epoch
 
 
 def _not_finite(value: Any) -> bool:
@@ -172,6 +223,9 @@ class Trainer:
         # Last: a checkpoint that does not fit is a user error of the setup phase, which every
         # rank reports together (a stage finds a mismatch in its own layers only).
         self.resume_note: str | None = None  # said when the run starts: every rank agreed
+        if cfg.checkpoint_dir and not cfg.resume:  # the command line checked it before
+            with path_problems("--checkpoint-dir", cfg.checkpoint_dir):
+                refuse_other_runs(cfg.checkpoint_dir)
         self.start_epoch = self._maybe_resume()
 
     # -- one global batch ----------------------------------------------------------------
@@ -312,13 +366,7 @@ class Trainer:
         written stays the latest, and no NaN parameters are saved."""
         if self.is_root:
             self._write_metrics({"event": "diverged", "epoch": epoch})
-            print(
-                f"xpnn: training diverged in epoch {epoch} (the loss is not finite): stopped, "
-                "with nothing saved from it; try a smaller --lr",
-                file=sys.stderr,
-                flush=True,
-            )
-        raise CollectiveExit(1)
+        raise TrainingDiverged(epoch)
 
     def _checkpoint(self, epochs_done: int) -> None:
         """Rank 0 writes the whole network and optimizer state; where ranks hold pieces of it
