@@ -364,6 +364,10 @@ class NumpyConvKernels:
                 hit &= ~found
                 found |= hit
                 idx += hit.astype(itype) * itype(k)  # (masked writes are ~10x slower)
+            nan = y != y  # a NaN window: no view equals y; point at its first NaN
+            if nan.any():
+                for k in range(size * size - 1, -1, -1):
+                    idx[nan & (views[k] != views[k])] = k
             return y, idx
         sn, sc, sh, sw = x.strides
         view = xp.lib.stride_tricks.as_strided(

@@ -14,7 +14,7 @@ from xpnn.backends.cupy_conv import CupyConvKernels
 Array = Any
 _ACT_EXPR = {
     "identity": "v",
-    "relu": "(v > 0 ? v : (T)0)",
+    "relu": "(v <= 0 ? (T)0 : v)",  # NaN stays NaN, as on NumPy
     "sigmoid": "(v >= 0 ? (T)1 / ((T)1 + exp(-v)) : exp(v) / ((T)1 + exp(v)))",
     "tanh": "tanh(v)",
 }
@@ -73,11 +73,15 @@ def _softmax_xent_kernel() -> Any:
         }
         sum = red[0];
         long long lab = labels[row];
+        // a label outside [0, k) (unchecked on the host: that would sync) must not read
+        // outside the row: the row's loss and gradient become NaN instead
+        bool bad = lab < 0 || lab >= k;
+        double nan = __longlong_as_double(0x7ff8000000000000LL);
         for (int j = threadIdx.x; j < k; j += blockDim.x) {
             double p = exp((double)zr[j] - mx) / sum;
-            gr[j] = (T)((p - (j == lab ? 1.0 : 0.0)) * (double)scale);
+            gr[j] = bad ? (T)nan : (T)((p - (j == lab ? 1.0 : 0.0)) * (double)scale);
         }
-        if (threadIdx.x == 0) atomicAdd(loss, log(sum) + mx - (double)zr[lab]);
+        if (threadIdx.x == 0) atomicAdd(loss, bad ? nan : log(sum) + mx - (double)zr[lab]);
     }
     """
     return cp.RawModule(

@@ -18,6 +18,55 @@ Grad = Any  # an Array, or a tuple of Arrays whose sum is the gradient
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
 
 
+def _is_integer_dtype(xp: ModuleType, dtype: Any) -> bool:
+    isdtype = getattr(xp, "isdtype", None)
+    if isdtype is not None:
+        try:
+            return bool(isdtype(dtype, "integral"))
+        except (TypeError, ValueError):
+            pass
+    kind = getattr(dtype, "kind", None)
+    return kind is not None and kind in "iu"
+
+
+def check_labels(xp: ModuleType, logits: Array, labels: Array) -> None:
+    """Labels must be a 1-D integer array with one class index per row of ``logits``.
+
+    Metadata only (shape and dtype): no pass over the values, no device sync. Without it a
+    column of labels (N, 1) broadcasts into a wrong loss and accuracy, and float labels fail
+    deep inside a kernel.
+    """
+    shape = getattr(labels, "shape", None)
+    dtype = getattr(labels, "dtype", None)
+    if shape is None or dtype is None:
+        raise ValueError(f"labels must be an integer array, got {type(labels).__name__}")
+    n = logits.shape[0]
+    if len(shape) != 1 or shape[0] != n:
+        raise ValueError(
+            f"labels must be a 1-D integer array of length {n} (one class index per row of "
+            f"logits of shape {tuple(logits.shape)}), got shape {tuple(shape)}"
+        )
+    if not _is_integer_dtype(xp, dtype):
+        raise ValueError(f"labels must be class indices of an integer dtype, got {dtype}")
+
+
+def check_label_values(labels: Any, num_classes: int) -> None:
+    """Every label is a class index in [0, num_classes). A pass over the labels (N values),
+    so only for host arrays, where a bad index reads or writes outside the logits."""
+    if labels.size == 0:
+        return
+    lo, hi = int(labels.min()), int(labels.max())
+    if lo < 0 or hi >= num_classes:
+        import numpy as np
+
+        bad = np.unique(labels[(labels < 0) | (labels >= num_classes)])
+        shown = ", ".join(str(int(v)) for v in bad[:10]) + (", ..." if bad.size > 10 else "")
+        raise ValueError(
+            f"labels out of range: {shown} ({bad.size} distinct bad value(s)); class "
+            f"indices must be in [0, {num_classes}) for {num_classes} classes"
+        )
+
+
 class Kernels(ConvKernels):
     """Generic, array-API-only kernels."""
 
@@ -33,7 +82,8 @@ class Kernels(ConvKernels):
     def activation(self, z: Array, act: str) -> Array:
         xp = self.xp
         if act == "relu":
-            return xp.where(z > 0, z, xp.zeros_like(z))
+            # NaN stays NaN (as np.maximum keeps it): a diverged run must show in the loss
+            return xp.where(z <= 0, xp.zeros_like(z), z)
         if act == "sigmoid":
             # exp(-|z|) never overflows; the two branches are the same function.
             e = xp.exp(-xp.abs(z))
@@ -85,7 +135,8 @@ class Kernels(ConvKernels):
         e = xp.exp(logits - m)
         s = xp.sum(e, axis=1, keepdims=True)
         onehot = self.one_hot(labels, logits.shape[1], logits.dtype)
-        picked = xp.sum(logits * onehot, axis=1)
+        # indexed, not sum(logits * onehot): a -inf logit of another class times 0 is NaN
+        picked = self.pick(logits, labels)
         loss = xp.sum(xp.log(s[:, 0]) + m[:, 0] - picked)
         grad = (e / s - onehot) * scale
         return loss, grad
@@ -97,13 +148,20 @@ class Kernels(ConvKernels):
         xp = self.xp
         t = self.one_hot(labels, logits.shape[1], logits.dtype)
         # log(1 + exp(-|z|)) + max(z, 0) - z t  is  -t log s(z) - (1-t) log(1-s(z)), stably.
-        relu = xp.where(logits > 0, logits, xp.zeros_like(logits))
+        relu = xp.where(logits <= 0, xp.zeros_like(logits), logits)
         loss = xp.sum(xp.log(1 + xp.exp(-xp.abs(logits))) + relu - logits * t)
         grad = (self.activation(logits, "sigmoid") - t) * scale
         return loss, grad
 
+    def pick(self, logits: Array, labels: Array) -> Array:
+        """``logits[i, labels[i]]`` for every row i."""
+        xp = self.xp
+        idx = xp.reshape(xp.astype(labels, xp.int64), (-1, 1))
+        return xp.reshape(xp.take_along_axis(logits, idx, axis=1), (-1,))
+
     def count_correct(self, logits: Array, labels: Array) -> Array:
         xp = self.xp
+        check_labels(xp, logits, labels)
         return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.int64))
 
     # -- optimizer updates, in place on flat buffers ------------------------------------
@@ -172,6 +230,9 @@ class NumpyKernels(NumpyConvKernels, Kernels):
         out[self.xp.arange(labels.shape[0]), labels] = 1
         return out
 
+    def pick(self, logits: Array, labels: Array) -> Array:
+        return logits[self.xp.arange(labels.shape[0]), labels]
+
 
 class HostKernels(NumpyKernels):
     """NumPy on the CPU: the optimizer updates run a cache-sized chunk at a time.
@@ -188,6 +249,22 @@ class HostKernels(NumpyKernels):
     # values per chunk (256 KiB of float32 per operand): the fastest here, 1.86 M-value Adam in
     # 2.7 ms against 3.1 ms at 2**14 and 2.8 ms at 2**18; 2**12 pays Python per call (5.8 ms)
     CHUNK = 1 << 16
+
+    # Host arrays: a pass over the N labels is cheap, and NumPy's fancy indexing would take a
+    # negative label as a class counted from the end without a word.
+    def softmax_cross_entropy(
+        self, logits: Array, labels: Array, scale: float
+    ) -> tuple[Array, Array]:
+        check_labels(self.xp, logits, labels)
+        check_label_values(labels, logits.shape[1])
+        return super().softmax_cross_entropy(logits, labels, scale)
+
+    def sigmoid_binary_cross_entropy(
+        self, logits: Array, labels: Array, scale: float
+    ) -> tuple[Array, Array]:
+        check_labels(self.xp, logits, labels)
+        check_label_values(labels, logits.shape[1])
+        return super().sigmoid_binary_cross_entropy(logits, labels, scale)
 
     def _chunks(self, p: Array, g: Grad):
         """Yield (slice, the gradient's values over it): a view, or the rows summed in scratch."""

@@ -149,7 +149,7 @@ def _col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover 
 def _act(v, act):  # pragma: no cover - compiled
     """The activations of ``kernels.ACTIVATIONS`` by code (see ``ACT_CODE``)."""
     if act == 1:
-        return v if v > 0 else 0.0
+        return 0.0 if v <= 0 else v  # NaN stays NaN, as in NumPy
     if act == 2:
         e = math.exp(-abs(v))
         return 1 / (1 + e) if v >= 0 else e / (1 + e)
@@ -182,7 +182,7 @@ def _conv_output(yc, bias, y, act):  # pragma: no cover - compiled
             if act == 1:  # the common case, kept branch-free for the vectoriser
                 for k in range(pu):
                     v = yc[ci, o + k] + bc
-                    y[bu, ci, k] = v if v > 0 else 0
+                    y[bu, ci, k] = 0 if v <= 0 else v  # NaN stays NaN
             else:
                 for k in range(pu):
                     y[bu, ci, k] = _act(yc[ci, o + k] + bc, act)
@@ -226,12 +226,14 @@ def _maxpool2x2(x, y, idx):  # pragma: no cover - compiled
                 a1 = x[bu, cu, h0, w0 + U(1)]
                 a2 = x[bu, cu, h0 + U(1), w0]
                 a3 = x[bu, cu, h0 + U(1), w0 + U(1)]
+                # "not <=" is true for a NaN too, and once best is NaN it stays: the first
+                # NaN in a window wins, as np.maximum and np.argmax have it
                 best, k = a0, 0
-                if a1 > best:
+                if not (a1 <= best) and best == best:
                     best, k = a1, 1
-                if a2 > best:
+                if not (a2 <= best) and best == best:
                     best, k = a2, 2
-                if a3 > best:
+                if not (a3 <= best) and best == best:
                     best, k = a3, 3
                 y[bu, cu, r, q] = best
                 idx[bu, cu, r, q] = k
@@ -254,7 +256,7 @@ def _maxpool_forward(x, size, stride, y, idx):  # pragma: no cover - compiled
                 for i in range(U(size)):
                     for j in range(U(size)):
                         v = x[bu, cu, h0 + i, w0 + j]
-                        if v > best:
+                        if not (v <= best) and best == best:  # first NaN wins
                             best = v
                             k = i * size + j
                 y[bu, cu, r, q] = best

@@ -29,7 +29,7 @@ import numba as nb
 import numpy as np
 from numba import prange
 
-from xpnn.backends.kernels import NumpyKernels
+from xpnn.backends.kernels import NumpyKernels, check_label_values, check_labels
 from xpnn.backends.numba_conv import NumbaConvKernels
 from xpnn.backends.numba_jit import ACT_CODE, JIT
 
@@ -72,7 +72,7 @@ def _bias_act(z, b, act):  # pragma: no cover - compiled
         for j in range(m):
             v = z[i, j] + b[j]
             if act == 1:
-                v = v if v > 0 else 0.0
+                v = 0.0 if v <= 0 else v  # NaN stays NaN, as in NumPy
             elif act == 2:
                 e = math.exp(-abs(v))
                 v = 1.0 / (1.0 + e) if v >= 0 else e / (1.0 + e)
@@ -185,8 +185,20 @@ class NumbaKernels(NumbaConvKernels, NumpyKernels):
     def softmax_cross_entropy(
         self, logits: Array, labels: Array, scale: float
     ) -> tuple[Array, Array]:
+        # the kernel indexes by label unchecked: one outside [0, K) reads and writes outside
+        # the arrays (a wrong gradient, or a segfault)
+        check_labels(np, logits, labels)
+        check_label_values(labels, logits.shape[1])
         loss, grad = _softmax_xent(logits, labels, logits.dtype.type(scale))
         return np.asarray(loss), grad
+
+    def sigmoid_binary_cross_entropy(
+        self, logits: Array, labels: Array, scale: float
+    ) -> tuple[Array, Array]:
+        # NumPy's one-hot, whose fancy indexing would take -1 as the last class
+        check_labels(np, logits, labels)
+        check_label_values(labels, logits.shape[1])
+        return super().sigmoid_binary_cross_entropy(logits, labels, scale)
 
     def sgd_update(self, p: Array, g: Any, lr: float) -> None:
         _sgd(p, _as_tuple(g), p.dtype.type(lr))

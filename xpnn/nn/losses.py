@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from xpnn.backends.kernels import check_labels
+
 Array = Any
 
 
@@ -11,6 +13,7 @@ class SoftmaxCrossEntropy:
     name = "softmax_cross_entropy"
 
     def __call__(self, kernels: Any, logits: Array, labels: Array, scale: float):  # noqa: ANN204
+        check_labels(kernels.xp, logits, labels)  # shape and dtype only: no pass, no sync
         return kernels.softmax_cross_entropy(logits, labels, scale)
 
 
@@ -20,6 +23,7 @@ class SigmoidBinaryCrossEntropy:
     name = "sigmoid_bce"
 
     def __call__(self, kernels: Any, logits: Array, labels: Array, scale: float):  # noqa: ANN204
+        check_labels(kernels.xp, logits, labels)  # shape and dtype only: no pass, no sync
         return kernels.sigmoid_binary_cross_entropy(logits, labels, scale)
 
 
