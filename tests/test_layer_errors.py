@@ -15,10 +15,10 @@ from xpnn.nn.sequential import Sequential
     ("make", "message"),
     [
         (lambda: Dense(4, activation="swish"), "unknown activation 'swish'"),
-        (lambda: MaxPool2D(0), "bad MaxPool2D"),
-        (lambda: MaxPool2D(2, stride=0), "bad MaxPool2D"),
-        (lambda: Conv2D(0, 3), "bad Conv2D"),
-        (lambda: Conv2D(4, 3, padding=-1), "bad Conv2D"),
+        (lambda: MaxPool2D(0), "MaxPool2D: size must be >= 1, got 0"),
+        (lambda: MaxPool2D(2, stride=0), "MaxPool2D: stride must be >= 1, got 0"),
+        (lambda: Conv2D(0, 3), "Conv2D: out_channels must be >= 1, got 0"),
+        (lambda: Conv2D(4, 3, padding=-1), "Conv2D: padding must be >= 0, got -1"),
     ],
 )
 def test_bad_layer_arguments_are_refused(make, message):

@@ -9,13 +9,22 @@ layout, which makes checkpoints and the state's equality across ranks trivial.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.nn.layer import is_floating
 
 Array = Any
+
+
+class OptimArgError(UserError, ValueError):
+    """A bad optimizer or schedule argument: a ``UserError`` for the CLI, a ``ValueError`` for
+    code that builds optimizers itself."""
+
+
 OPTIMIZERS = ("sgd", "momentum", "adam")
 SCHEDULES = ("constant", "step", "cosine")
 
@@ -39,9 +48,28 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
-            raise UserError(f"--schedule: unknown schedule {self.kind!r} (choose {SCHEDULES})")
-        if not self.base_lr > 0:
-            raise UserError(f"--lr: must be positive, got {self.base_lr}")
+            raise OptimArgError(
+                f"--schedule: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
+            )
+        if not self.base_lr > 0 or not math.isfinite(self.base_lr):
+            raise OptimArgError(f"--lr: must be positive, got {self.base_lr}")
+        for name in ("warmup_steps", "total_steps", "step_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise OptimArgError(f"Schedule: {name} must be an int, got {value!r}")
+        if self.warmup_steps < 0 or self.total_steps < 0:
+            raise OptimArgError(
+                f"Schedule: warmup_steps and total_steps must be >= 0, got "
+                f"{self.warmup_steps} and {self.total_steps}"
+            )
+        if self.step_size < 1:
+            raise OptimArgError(f"Schedule: step_size must be >= 1, got {self.step_size}")
+        if not self.gamma > 0 or not math.isfinite(self.gamma):
+            raise OptimArgError(f"Schedule: gamma must be positive, got {self.gamma}")
+        if self.kind == "cosine" and self.total_steps < 1:
+            raise OptimArgError(
+                f"Schedule: the cosine schedule needs total_steps >= 1, got {self.total_steps}"
+            )
 
     def __call__(self, step: int) -> float:
         """Learning rate for the 0-based optimizer step ``step``."""
@@ -49,7 +77,7 @@ class Schedule:
             return self.base_lr * (step + 1) / self.warmup_steps
         t = step - self.warmup_steps
         if self.kind == "step":
-            return self.base_lr * self.gamma ** (t // max(1, self.step_size))
+            return self.base_lr * self.gamma ** (t // self.step_size)
         if self.kind == "cosine":
             span = max(1, self.total_steps - self.warmup_steps)
             return 0.5 * self.base_lr * (1 + math.cos(math.pi * min(t, span) / span))
@@ -78,13 +106,14 @@ class Optimizer:
         parts: list[slice] | None = None,
         zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
     ) -> None:
+        rows = grads if isinstance(grads, tuple) else (grads,)
+        _check_buffers(params, rows)
         self.params, self.grads, self.kernels, self.schedule = params, grads, kernels, schedule
         self.step_count = 0
         self.lr = float("nan")
         zeros = zeros or (lambda shape, dtype: kernels.xp.zeros(shape, dtype=dtype))
         self.state = {name: zeros(params.shape, params.dtype) for name in self.state_names}
         self.parts = [slice(None)] if parts is None else list(parts)
-        rows = grads if isinstance(grads, tuple) else (grads,)
         self._views = [
             (
                 params[part],
@@ -117,6 +146,31 @@ class Optimizer:
         raise NotImplementedError
 
 
+def _check_buffers(params: Array, rows: tuple[Array, ...]) -> None:
+    """The kernels index every gradient buffer by the parameters' layout, and update in place:
+    each must match the parameters' shape, and all must be floating point."""
+    if getattr(params, "dtype", None) is None or not is_floating(params.dtype):
+        raise OptimArgError(
+            f"optimizer: params must be a floating-point array, got "
+            f"{getattr(params, 'dtype', type(params).__name__)}"
+        )
+    for g in rows:
+        if getattr(g, "shape", None) != params.shape:
+            raise OptimArgError(
+                f"optimizer: grads of shape {getattr(g, 'shape', None)} do not match params "
+                f"of shape {params.shape}"
+            )
+        if not is_floating(g.dtype):
+            raise OptimArgError(f"optimizer: grads must be floating point, got {g.dtype}")
+
+
+def _check_rate(owner: str, name: str, value: float) -> float:
+    """A decay rate: a real number in [0, 1)."""
+    if not (isinstance(value, numbers.Real) and 0.0 <= value < 1.0):
+        raise OptimArgError(f"{owner}: {name} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
 class SGD(Optimizer):
     """Plain (mini-batch, or with the whole data set as one batch, full) gradient descent."""
 
@@ -128,8 +182,8 @@ class Momentum(Optimizer):
     state_names = ("velocity",)
 
     def __init__(self, *args: Any, mu: float = 0.9) -> None:
+        self.mu = _check_rate("Momentum", "mu", mu)
         super().__init__(*args)
-        self.mu = mu
 
     def update(self, p: Array, g: Any, state: dict[str, Array], lr: float) -> None:
         self.kernels.momentum_update(p, g, state["velocity"], lr, self.mu)
@@ -141,8 +195,12 @@ class Adam(Optimizer):
     def __init__(
         self, *args: Any, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8
     ) -> None:
+        self.beta1 = _check_rate("Adam", "beta1", beta1)
+        self.beta2 = _check_rate("Adam", "beta2", beta2)
+        if not (isinstance(eps, numbers.Real) and 0.0 < eps < math.inf):
+            raise OptimArgError(f"Adam: eps must be positive, got {eps!r}")
+        self.eps = float(eps)
         super().__init__(*args)
-        self.beta1, self.beta2, self.eps = beta1, beta2, eps
 
     def update(self, p: Array, g: Any, state: dict[str, Array], lr: float) -> None:
         self.kernels.adam_update(

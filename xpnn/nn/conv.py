@@ -6,11 +6,17 @@ from collections import OrderedDict
 
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
-from xpnn.nn.layer import Array, Context, Layer
+from xpnn.nn.layer import Array, Context, Layer, check_int, is_floating
 
 
-def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+def _pair(name: str, v: int | tuple[int, int]) -> tuple[int, int]:
+    """An int ``k`` as ``(k, k)``, or a pair of ints, each checked to be >= 1."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"Conv2D: {name} must be an int or a pair of ints, got {v!r}")
+        return check_int("Conv2D", name, v[0]), check_int("Conv2D", name, v[1])
+    k = check_int("Conv2D", name, v)
+    return k, k
 
 
 class Conv2D(Layer):
@@ -48,17 +54,20 @@ class Conv2D(Layer):
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}")
+            raise ValueError(f"Conv2D: unknown activation {activation!r}")
         self.activation = activation
-        self.out_channels = int(out_channels)
-        self.kh, self.kw = _pair(kernel_size)
-        self.stride = int(stride)
-        self.padding = int(padding)
-        if min(self.out_channels, self.kh, self.kw, self.stride) < 1 or self.padding < 0:
-            raise ValueError(
-                f"bad Conv2D({out_channels}, {kernel_size}, stride={stride}, padding={padding})"
+        self.out_channels = check_int("Conv2D", "out_channels", out_channels)
+        self.kh, self.kw = _pair("kernel_size", kernel_size)
+        # the kernels take one stride and one padding for both axes
+        if isinstance(stride, (tuple, list)) or isinstance(padding, (tuple, list)):
+            raise TypeError(
+                f"Conv2D: stride and padding must be ints (the same for both axes), "
+                f"got stride={stride!r}, padding={padding!r}"
             )
+        self.stride = check_int("Conv2D", "stride", stride)
+        self.padding = check_int("Conv2D", "padding", padding, minimum=0)
         self._buffers: OrderedDict = OrderedDict()
+        self._dwt_buf: Array | None = None
         # all outputs the input allows, and the ones computed (set by setup / limit_output)
         self.out_hw: tuple[int, int] | None = None
         self.used_hw: tuple[int, int] | None = None
@@ -72,6 +81,8 @@ class Conv2D(Layer):
         if oh < 1 or ow < 1:
             raise ValueError(f"Conv2D kernel {self.kh}x{self.kw} larger than input {in_shape}")
         self.in_shape, self.out_hw = in_shape, (oh, ow)
+        self._dwt_buf = None  # a rebuild may change the channels or the dtype: fresh scratch
+        self._buffers.clear()
         self.limit_output(oh, ow)
         fan_in = c * self.kh * self.kw
         shape = (self.out_channels, c, self.kh, self.kw)
@@ -111,7 +122,7 @@ class Conv2D(Layer):
 
     def _dwt(self) -> Array:
         """Scratch for the transposed weight gradient (C_in*kh*kw, C_out)."""
-        if getattr(self, "_dwt_buf", None) is None:
+        if self._dwt_buf is None:
             k = self.in_shape[0] * self.kh * self.kw
             self._dwt_buf = self.xp.empty((k, self.out_channels), dtype=self.grads["W"].dtype)
         return self._dwt_buf
@@ -121,6 +132,14 @@ class Conv2D(Layer):
         return self.xp.reshape(w, (self.out_channels, -1))
 
     def forward(self, x: Array, ctx: Context) -> Array:
+        if tuple(x.shape[1:]) != self.in_shape or x.ndim != 4:
+            # the kernels index by the built geometry: another one would read or write past
+            # the column buffer (channels) or silently crop (a larger image)
+            raise ValueError(
+                f"Conv2D built for input (C,H,W)={self.in_shape}, got batch shape {tuple(x.shape)}"
+            )
+        if not is_floating(x.dtype):  # integer images (uint8): compute in the weights' dtype
+            x = self.xp.asarray(x, dtype=self.params["W"].dtype)
         k = self.kernels
         n = x.shape[0]
         cols, gemm = self._scratch(n, x.dtype)

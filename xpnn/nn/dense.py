@@ -6,7 +6,7 @@ from typing import Any
 
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
-from xpnn.nn.layer import Array, Context, Layer
+from xpnn.nn.layer import Array, Context, Layer, check_int
 
 
 class Dense(Layer):
@@ -21,8 +21,8 @@ class Dense(Layer):
     def __init__(self, units: int, activation: str = "identity") -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}")
-        self.units = units
+            raise ValueError(f"Dense: unknown activation {activation!r}")
+        self.units = check_int("Dense", "units", units)
         self.activation = activation
 
     def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
@@ -35,6 +35,11 @@ class Dense(Layer):
         return (self.units,)
 
     def forward(self, x: Array, ctx: Context) -> Array:
+        features = self.params["W"].shape[0]  # a row-split layer (RowDense) holds some rows
+        if x.ndim != 2 or x.shape[1] != features:
+            raise ValueError(
+                f"Dense built for {features} input features, got batch shape {tuple(x.shape)}"
+            )
         if ctx.train and self.batch_share is not None and self.batch_share.splits_units:
             return self.batch_share.forward(x)
         z = self.complete(self.xp.matmul(x, self.params["W"]))

@@ -5,8 +5,7 @@ from __future__ import annotations
 from xpnn.errors import UserError
 from xpnn.nn.dense import Dense
 from xpnn.nn.flatten import Flatten
-from xpnn.nn.losses import LOSSES
-from xpnn.nn.sequential import Sequential
+from xpnn.nn.sequential import Sequential, resolve_loss
 
 MODELS = ("mlp", "cnn")
 
@@ -19,7 +18,7 @@ def mlp(
 ) -> Sequential:
     """Flatten, then Dense layers with fused activations, then a linear output layer."""
     layers = [Flatten(), *(Dense(h, activation) for h in hidden), Dense(num_classes)]
-    return Sequential(layers, LOSSES[loss]())
+    return Sequential(layers, resolve_loss(loss))
 
 
 def cnn(
@@ -44,7 +43,7 @@ def cnn(
     layers += [Flatten(), Dropout(dropout)]
     layers += [Dense(d, "relu") for d in dense]
     layers.append(Dense(num_classes))
-    return Sequential(layers, LOSSES[loss]())
+    return Sequential(layers, resolve_loss(loss))
 
 
 def build_model(

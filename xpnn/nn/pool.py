@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xpnn.nn.layer import Array, Context, Layer
+from xpnn.nn.layer import Array, Context, Layer, check_int
 
 
 class MaxPool2D(Layer):
@@ -14,10 +14,13 @@ class MaxPool2D(Layer):
 
     def __init__(self, size: int = 2, stride: int | None = None) -> None:
         super().__init__()
-        self.size = int(size)
-        self.stride = int(stride) if stride is not None else self.size
-        if self.size < 1 or self.stride < 1:
-            raise ValueError(f"bad MaxPool2D({size}, stride={stride})")
+        if isinstance(size, (tuple, list)) or isinstance(stride, (tuple, list)):
+            raise TypeError(
+                f"MaxPool2D: size and stride must be ints (square windows only), "
+                f"got size={size!r}, stride={stride!r}"
+            )
+        self.size = check_int("MaxPool2D", "size", size)
+        self.stride = check_int("MaxPool2D", "stride", stride) if stride is not None else self.size
 
     def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
         if len(in_shape) != 3:
@@ -27,6 +30,7 @@ class MaxPool2D(Layer):
         ow = (w - self.size) // self.stride + 1
         if oh < 1 or ow < 1:
             raise ValueError(f"MaxPool2D window {self.size} larger than input {in_shape}")
+        self.channels = c
         return (c, oh, ow)
 
     def extent_read(self, in_shape: tuple[int, ...]) -> tuple[int, int]:
@@ -36,6 +40,13 @@ class MaxPool2D(Layer):
         return (oh - 1) * self.stride + self.size, (ow - 1) * self.stride + self.size
 
     def forward(self, x: Array, ctx: Context) -> Array:
+        # the height and width may be fewer than built for (a Conv2D before it computes only
+        # the rows and columns some window reads), never the channels
+        if x.ndim != 4 or x.shape[1] != self.channels or min(x.shape[2:]) < self.size:
+            raise ValueError(
+                f"MaxPool2D built for {self.channels} channels and {self.size}x{self.size} "
+                f"windows, got batch shape {tuple(x.shape)}"
+            )
         y, self.idx = self.kernels.maxpool2d_forward(x, self.size, self.stride)
         self.x_shape = tuple(x.shape)
         return y

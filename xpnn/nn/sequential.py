@@ -13,7 +13,23 @@ from collections.abc import Callable
 from typing import Any
 
 from xpnn.nn.layer import Array, Context, Layer
-from xpnn.nn.losses import SoftmaxCrossEntropy
+from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
+
+
+def resolve_loss(loss: Any) -> Any:
+    """A loss object from ``loss``: None (softmax cross-entropy), a name in ``LOSSES``, or a
+    callable ``loss(kernels, logits, labels, scale)``."""
+    if loss is None:
+        return SoftmaxCrossEntropy()
+    if isinstance(loss, str):
+        if loss not in LOSSES:
+            raise ValueError(f"unknown loss {loss!r} (choose {', '.join(LOSSES)})")
+        return LOSSES[loss]()
+    if isinstance(loss, type) and loss in LOSSES.values():
+        return loss()
+    if not callable(loss):
+        raise TypeError(f"loss must be a loss name or a callable loss object, got {loss!r}")
+    return loss
 
 
 class Sequential:
@@ -24,7 +40,7 @@ class Sequential:
 
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:
         self.layers = layers
-        self.loss = loss or SoftmaxCrossEntropy()
+        self.loss = resolve_loss(loss)
 
     # -- construction -------------------------------------------------------------------
     def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
@@ -109,16 +125,26 @@ class Sequential:
         dlogits: Array,
         on_grads_ready: Callable[[int], None] | None = None,
         layers: list[Layer] | None = None,
+        overwrite: bool = False,
     ) -> Array | None:
         """Assign every gradient; returns the input's gradient if ``input_grad``, else None.
-        ``layers``: the ones ``forward`` went through."""
+        ``layers``: the ones ``forward`` went through.
+
+        Fused backward kernels may write over the gradient they are given (numba's bias +
+        activation turns ``dy`` into ``dz`` in place), so ``dlogits`` is copied once first,
+        unless ``overwrite``: a caller that made it and reads it no more (``loss_and_grads``)
+        lets the layers reuse it."""
         layers = layers or self.layers
-        dy = dlogits
+        dy = dlogits if overwrite else self._copy(dlogits)
         for i in range(len(layers) - 1, -1, -1):
             dy = layers[i].backward(dy, need_dx=self.needs_input_grad(i))
             if on_grads_ready is not None:
                 on_grads_ready(self.layer_offsets[i])
         return dy if self.input_grad else None
+
+    def _copy(self, a: Array) -> Array:
+        """A copy of ``a`` (numpy and cupy arrays have ``copy``; an array API one may not)."""
+        return a.copy() if hasattr(a, "copy") else self.xp.asarray(a, copy=True)
 
     def needs_input_grad(self, index: int) -> bool:
         """Whether backward asks layer ``index`` for its input gradient: only if some layer
@@ -138,7 +164,7 @@ class Sequential:
         logits = self.forward(x, ctx)
         correct = self.backend.kernels.count_correct(logits, labels)
         loss, dlogits = self.loss(self.backend.kernels, logits, labels, scale)
-        self.backward(dlogits, on_grads_ready)
+        self.backward(dlogits, on_grads_ready, overwrite=True)  # dlogits is ours to reuse
         return loss, correct
 
     def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:

@@ -250,7 +250,7 @@ class PipelineStage(Sequential):
             inputs.pop(m, None)
             final = i == last_backward
             ready = self._summing(acc, on_grads_ready) if final else None
-            dx = self.backward(dy, ready, layers)
+            dx = self.backward(dy, ready, layers, overwrite=True)  # dy is ours: popped or received
             holder[slot] = None
             if not self.first:
                 pending[slot].append(self.comm.isend(dx, self.index - 1, BACKWARD_TAG))
