@@ -234,7 +234,16 @@ class NumpyKernels(NumpyConvKernels, Kernels):
         return logits[self.xp.arange(labels.shape[0]), labels]
 
 
-class HostKernels(NumpyKernels):
+class HostLabelChecks:
+    """Labels on the host: a pass over the N labels is cheap there (on a GPU it would wait for
+    the device), and the kernels that index by label must not read outside their arrays."""
+
+    def _check_labels(self, logits: Array, labels: Array) -> None:
+        check_labels(self.xp, logits, labels)  # type: ignore[attr-defined]
+        check_label_values(labels, logits.shape[1])
+
+
+class HostKernels(HostLabelChecks, NumpyKernels):
     """NumPy on the CPU: the optimizer updates run a cache-sized chunk at a time.
 
     Written over whole buffers, Adam's formula is a dozen NumPy passes over memory the size of
@@ -255,15 +264,13 @@ class HostKernels(NumpyKernels):
     def softmax_cross_entropy(
         self, logits: Array, labels: Array, scale: float
     ) -> tuple[Array, Array]:
-        check_labels(self.xp, logits, labels)
-        check_label_values(labels, logits.shape[1])
+        self._check_labels(logits, labels)
         return super().softmax_cross_entropy(logits, labels, scale)
 
     def sigmoid_binary_cross_entropy(
         self, logits: Array, labels: Array, scale: float
     ) -> tuple[Array, Array]:
-        check_labels(self.xp, logits, labels)
-        check_label_values(labels, logits.shape[1])
+        self._check_labels(logits, labels)
         return super().sigmoid_binary_cross_entropy(logits, labels, scale)
 
     def _chunks(self, p: Array, g: Grad):

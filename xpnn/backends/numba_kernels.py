@@ -29,7 +29,7 @@ import numba as nb
 import numpy as np
 from numba import prange
 
-from xpnn.backends.kernels import NumpyKernels, check_label_values, check_labels
+from xpnn.backends.kernels import HostLabelChecks, NumpyKernels
 from xpnn.backends.numba_conv import NumbaConvKernels
 from xpnn.backends.numba_jit import ACT_CODE, JIT
 
@@ -172,7 +172,7 @@ def _as_tuple(g: Any) -> tuple:
     return g if isinstance(g, tuple) else (g,)
 
 
-class NumbaKernels(NumbaConvKernels, NumpyKernels):
+class NumbaKernels(HostLabelChecks, NumbaConvKernels, NumpyKernels):
     """NumPy kernels with the memory-bound ones replaced by fused, threaded Numba loops."""
 
     def bias_act(self, z: Array, b: Array, act: str) -> Array:
@@ -187,8 +187,7 @@ class NumbaKernels(NumbaConvKernels, NumpyKernels):
     ) -> tuple[Array, Array]:
         # the kernel indexes by label unchecked: one outside [0, K) reads and writes outside
         # the arrays (a wrong gradient, or a segfault)
-        check_labels(np, logits, labels)
-        check_label_values(labels, logits.shape[1])
+        self._check_labels(logits, labels)
         loss, grad = _softmax_xent(logits, labels, logits.dtype.type(scale))
         return np.asarray(loss), grad
 
@@ -196,8 +195,7 @@ class NumbaKernels(NumbaConvKernels, NumpyKernels):
         self, logits: Array, labels: Array, scale: float
     ) -> tuple[Array, Array]:
         # NumPy's one-hot, whose fancy indexing would take -1 as the last class
-        check_labels(np, logits, labels)
-        check_label_values(labels, logits.shape[1])
+        self._check_labels(logits, labels)
         return super().sigmoid_binary_cross_entropy(logits, labels, scale)
 
     def sgd_update(self, p: Array, g: Any, lr: float) -> None:
