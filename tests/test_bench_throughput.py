@@ -135,29 +135,60 @@ def test_no_torch_flag(tmp_path: Path) -> None:
     assert all(t["pass"] is None for t in out["targets"])
 
 
-@pytest.mark.mpi
-@pytest.mark.skipif(not HAS_TORCH, reason="--ranks-compare needs PyTorch, not installed here")
-def test_a_failed_ranks_compare_run_is_reported_without_a_traceback(tmp_path: Path) -> None:
-    """The ``mpiexec -n 2 python -m xpnn`` run failing (here: rank 0 raises at its first step)
-    ended the script in a RuntimeError traceback."""
-    import os
+def _throughput_module(monkeypatch: pytest.MonkeyPatch):
+    """bench/throughput.py as a module (it imports ``_common`` from its own folder, and its
+    dataclasses look themselves up in ``sys.modules``)."""
     import sys
 
     from conftest import ROOT
 
-    args = "--model mlp --hidden 16 --backends numpy --batches 8 --threads 1 --ranks-compare "
-    args += "--ranks-samples 256 --ranks-batch 64 --ranks-repeats 1"
-    cmd = [sys.executable, str(ROOT / "bench" / "throughput.py"), *args.split(), *TINY]
-    proc = subprocess.run(
-        [*cmd, *QUIET_CHECK_OFF, "--json", str(tmp_path / "tp.json")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
-        env={**os.environ, "XPNN_FAIL_AT": "0:0"},
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(
+        "throughput_under_test", ROOT / "bench/throughput.py"
     )
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("throughput: --ranks-compare: run failed (exit ")
-    assert "injected failure at step 0" in proc.stderr
-    assert not (tmp_path / "tp.json").exists()
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+RANKS_ARGS = "--model mlp --hidden 16 --ranks-compare --ranks-samples 256 --ranks-batch 64".split()
+
+
+@pytest.mark.mpi
+def test_a_failed_ranks_compare_run_names_the_run_and_its_reason(monkeypatch, tmp_path):
+    """The ``mpiexec -n 2 python -m xpnn`` run failing (here: rank 0 raises at its first step)
+    was a RuntimeError carrying the whole of stderr; it is a RunFailed naming the command and
+    ending with xpnn's own line."""
+    mod = _throughput_module(monkeypatch)
+    args = mod.build_parser().parse_args(RANKS_ARGS)
+    monkeypatch.setenv("XPNN_FAIL_AT", "0:0")
+    with pytest.raises(mod.RunFailed) as failed:
+        mod.run_cli_ranks(args, 2, tmp_path)
+    message = str(failed.value)
+    assert message.startswith("run failed (exit ") and " -m xpnn " in message.splitlines()[0]
+    assert "injected failure at step 0" in message
+
+
+def test_a_failed_ranks_compare_ends_the_script_in_one_message(monkeypatch, capsys):
+    """...and the script said it as a traceback; now as ``throughput: --ranks-compare: ...``,
+    exit 1. (PyTorch's side is a stand-in: the xpnn run fails before it is asked anything.)"""
+    mod = _throughput_module(monkeypatch)
+
+    class StandInWorker:
+        info: dict = {}
+
+        def close(self) -> None:
+            pass
+
+    def failing(args, worker):
+        raise mod.RunFailed("run failed (exit 1): mpiexec -n 2 ...\n  rank 0: it broke")
+
+    monkeypatch.setattr(mod.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(mod, "start_torch_worker", lambda cfg, device: (StandInWorker(), None))
+    monkeypatch.setattr(mod, "ranks_compare", failing)
+    args = mod.build_parser().parse_args(RANKS_ARGS)
+    assert mod.run(args, [], {}) == 1
+    err = capsys.readouterr().err
+    expected = "run failed (exit 1): mpiexec -n 2 ...\n  rank 0: it broke\n"
+    assert err == "throughput: --ranks-compare: " + expected
