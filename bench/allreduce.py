@@ -60,9 +60,10 @@ def parse_size(text: str) -> int:
 
 
 def human(nbytes: int) -> str:
+    """``1 KiB``, ``1.5 KiB``: exact where it is not a whole number (1536 B was "1 KiB")."""
     for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
-            return f"{nbytes // scale} {unit}"
+            return f"{nbytes / scale:g} {unit}"
     return f"{nbytes} B"
 
 
@@ -231,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         "--json", type=out_path, metavar="FILE", help="write the rows and machine facts here"
     )
     args = p.parse_args(argv)
-    if args.max_size < 4:
-        p.error("--max-size must be at least 4 bytes")
+    if args.max_size < 4 or args.max_size % 4:  # float32 values: 10 B would send 8
+        p.error(f"--max-size: must be a multiple of 4 bytes (float32 values), got {args.max_size}")
     if args.json is not None:
         refuse_unwritable(p, "--json", args.json)
 

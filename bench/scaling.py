@@ -337,7 +337,7 @@ def summarise(
                     if spec.global_batch is not None
                     else spec.per_rank_batch * spec.ranks,
                     "time_s": median(times),
-                    "times_s": [round(v, 4) for v in times],
+                    "times_s": times,  # unrounded: the targets' per-repeat ratios use them
                     "speedup": ratio if kind == "strong" else None,
                     # strong: speedup per core used (= speedup / N with 1 thread per rank);
                     # weak: T1 / TN, the data per rank being fixed
@@ -448,7 +448,7 @@ def plot(summary: dict[str, list[dict]], path: Path, title: str) -> None:
     styles = {"strong": ("o-", "strong"), "weak": ("s--", "weak")}
     for kind, entries in summary.items():
         pts = [e for e in entries if e["threads_per_rank"] == entries[0]["threads_per_rank"]]
-        ns = [e["ranks"] for e in pts]
+        ns = [e["ranks"] * e["threads_per_rank"] for e in pts]  # cores used, as the axis says
         fmt, label = styles[kind]
         ax_t.plot(ns, [e["time_s"] for e in pts], fmt, label=f"{label} scaling")
         ax_e.plot(ns, [e["efficiency"] for e in pts], fmt, label=f"{label} scaling")

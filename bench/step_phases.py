@@ -14,7 +14,8 @@ one rank, ``mpiexec -n N`` for N), with timers around the phases of ``Trainer.st
     shrink shows; where they share activations (``--node-share``), each rank's rows of it
     over the node's batch (where they also split the wide layers' forward and input-gradient
     products by units, those products call ``matmul_into`` too, and count as ``forward``
-    or not at all, never as ``wgrad``);
+    or not at all, never as ``wgrad``; so do a ``Conv2D``'s forward and input-gradient
+    products);
 
 and prints, for each rank, the median per step over the last epoch (the first one includes
 Numba's compilation), and the mean step: an epoch's time is the mean, which also pays for every
@@ -127,25 +128,38 @@ def help_parser() -> Parser:
     )
 
 
-def main(argv: list[str]) -> int:
-    if "-h" in argv or "--help" in argv:
-        help_parser().print_help()
-        return 0
-    from xpnn import cli, optim, train
+def instrument(timer: StepTimer) -> None:
+    """Wrap the step and its phases' methods (for good: this script trains once)."""
+    from xpnn import optim, train
     from xpnn.backends import kernels
+    from xpnn.nn.conv import Conv2D
     from xpnn.nn.dense import Dense
     from xpnn.nn.sequential import Sequential
     from xpnn.parallel import shm_comm
 
-    timer = StepTimer()
     timer.wrap(train.Trainer, "step", None)
     timer.wrap(optim.Optimizer, "update_part", "update")
     timer.wrap(shm_comm.ShmCommunicator, "fence", "fences")
     timer.wrap(Sequential, "forward", "forward")
     for cls in (kernels.Kernels, kernels.NumpyKernels):  # neither calls the other
         timer.wrap(cls, "matmul_into", "wgrad")
-    for name in ("forward_units", "input_grad_rows"):  # products, not weight gradients
-        timer.mute(Dense, name)
+    for cls, name in (  # products, not weight gradients
+        (Dense, "forward_units"),
+        (Dense, "input_grad_rows"),
+        (Conv2D, "forward"),  # its product counts as forward (within Sequential.forward)
+        (Conv2D, "input_grad"),  # before the 19th session a CNN's wgrad counted both
+    ):
+        timer.mute(cls, name)
+
+
+def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        help_parser().print_help()
+        return 0
+    from xpnn import cli, train
+
+    timer = StepTimer()
+    instrument(timer)
     trainers: list[Any] = []
     init = train.Trainer.__init__
 

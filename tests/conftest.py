@@ -163,3 +163,18 @@ def fashion_dir() -> Path:
     if not (FASHION_DIR / "train-images-idx3-ubyte.gz").exists():
         pytest.fail(f"{FASHION_DIR} missing: apt-get install dataset-fashion-mnist")
     return FASHION_DIR
+
+
+@pytest.fixture(autouse=True)
+def _thread_variables_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that runs xpnn in this process sets ``OMP_NUM_THREADS`` and the like
+    (``apply_threads``); the processes later tests start would inherit them, and take them
+    for the user's (``xpnn: note: OMP_NUM_THREADS=1 in the environment ...``)."""
+    from xpnn.parallel.threads import THREAD_VARS
+
+    for var in THREAD_VARS:
+        if var in os.environ:
+            monkeypatch.setenv(var, os.environ[var])
+        else:  # delenv alone records nothing to undo for a variable that is not there
+            monkeypatch.setenv(var, "")
+            monkeypatch.delenv(var)

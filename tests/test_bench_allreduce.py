@@ -49,3 +49,13 @@ def test_an_os_without_affinity_masks_counts_every_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr
     meta = json.loads(out.read_text())["meta"]
     assert meta["ranks"] == 1 and meta["cpus"] == os.cpu_count()
+
+
+def test_a_size_between_units_is_labelled_exactly(monkeypatch) -> None:
+    """1536 B was labelled "1 KiB" (rounded down), beside a JSON row of 1536."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import allreduce
+
+    assert [allreduce.human(n) for n in (12, 1024, 1536, 3 << 19)] == [
+        "12 B", "1 KiB", "1.5 KiB", "1.5 MiB",
+    ]  # fmt: skip

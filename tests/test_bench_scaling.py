@@ -256,3 +256,40 @@ def test_a_run_with_one_epoch_is_not_timed_by_it(monkeypatch) -> None:
     assert scaling.epoch_time([epoch(9.0), epoch(2.0), epoch(4.0)]) == (3.0, [9.0, 2.0, 4.0])
     with pytest.raises(RuntimeError, match="1 epoch record"):
         scaling.epoch_time([epoch(9.0)])
+
+
+def test_the_summary_keeps_the_times_the_targets_divide(monkeypatch) -> None:
+    """The tables' ``times_s`` were rounded to 4 decimals and the targets' per-repeat ratios
+    divided those: short runs printed a median (1.136) that was not the median of the ratios
+    printed beside it."""
+    scaling = _scaling_module(monkeypatch)
+    one = scaling.RunSpec(1, 1, 300, 1, 300, 128, None)
+    two = scaling.RunSpec(2, 1, 300, 1, 300, 128, None)
+    raw = {one: [0.72957, 0.74337], two: [0.62172, 0.67667]}
+    runs = {
+        spec: [{"time_s": t, "foreign_cores": 0.0, "comm": "mpi-shm"} for t in times]
+        for spec, times in raw.items()
+    }
+    summary = scaling.summarise({"strong": [("1", one), ("2", two)]}, runs)
+    assert [e["times_s"] for e in summary["strong"]] == [raw[one], raw[two]]
+
+
+def test_the_plot_puts_each_row_at_the_cores_it_used(monkeypatch, tmp_path) -> None:
+    """With 2 threads per rank, 1 x 2 and 2 x 2 were drawn at x = 1 and 2 (their ranks) on an
+    axis of cores used, whose ticks were 2 and 4."""
+    pytest.importorskip("matplotlib")
+    scaling = _scaling_module(monkeypatch)
+    drawn = []
+    plt = scaling.pyplot_agg()
+    real = plt.Axes.plot
+
+    def record(ax, *args, **kwargs):
+        drawn.append((list(args[0]), kwargs.get("label")))
+        return real(ax, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Axes, "plot", record)
+    row = lambda ranks, threads: {  # noqa: E731
+        "ranks": ranks, "threads_per_rank": threads, "time_s": 1.0 / ranks, "efficiency": 1.0,
+    }  # fmt: skip
+    scaling.plot({"strong": [row(1, 2), row(2, 2)]}, tmp_path / "s.png", "t")
+    assert ([2, 4], "strong scaling") in drawn

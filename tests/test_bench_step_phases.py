@@ -58,6 +58,11 @@ def test_the_timed_steps_run_without_automatic_garbage_collection(monkeypatch):
     wrapped = [(train.Trainer, "__init__"), (optim.Optimizer, "update_part")]
     wrapped += [(shm_comm.ShmCommunicator, "fence"), (Sequential, "forward")]
     wrapped += [(kernels.Kernels, "matmul_into"), (kernels.NumpyKernels, "matmul_into")]
+    from xpnn.nn.conv import Conv2D
+    from xpnn.nn.dense import Dense
+
+    wrapped += [(Dense, "forward_units"), (Dense, "input_grad_rows")]
+    wrapped += [(Conv2D, "forward"), (Conv2D, "input_grad")]
     for cls, name in wrapped:
         monkeypatch.setattr(cls, name, getattr(cls, name))  # the script wraps these: restore
     seen = []
@@ -139,3 +144,45 @@ def test_only_a_gpu_backend_makes_the_timers_synchronize(monkeypatch):
 
     gpu = Gpu()
     assert step_phases.device_sync(gpu) == gpu.synchronize
+
+
+def test_a_conv_layers_forward_and_input_gradient_products_are_not_wgrad(monkeypatch):
+    """``wgrad`` timed every ``matmul_into``: for a CNN it also counted the convolutions'
+    forward products (already in ``forward``) and their input-gradient products."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import numpy as np
+    import step_phases
+
+    from xpnn import optim, train
+    from xpnn.backends import get_backend, kernels
+    from xpnn.nn import Context, Dense, Flatten, Sequential
+    from xpnn.nn.conv import Conv2D
+    from xpnn.parallel import shm_comm
+
+    wrapped = [(train.Trainer, "step"), (optim.Optimizer, "update_part")]
+    wrapped += [(shm_comm.ShmCommunicator, "fence"), (Sequential, "forward")]
+    wrapped += [(kernels.Kernels, "matmul_into"), (kernels.NumpyKernels, "matmul_into")]
+    wrapped += [(Dense, "forward_units"), (Dense, "input_grad_rows")]
+    wrapped += [(Conv2D, "forward"), (Conv2D, "input_grad")]
+    for cls, name in wrapped:  # put back after the test
+        monkeypatch.setattr(cls, name, cls.__dict__[name])
+    calls = {"wgrad": 0}
+    timer = step_phases.StepTimer()
+    step_phases.instrument(timer)
+    matmul = kernels.NumpyKernels.matmul_into
+
+    def counted(self, a, b, out):
+        if not timer.muted:
+            calls["wgrad"] += 1
+        return matmul(self, a, b, out)
+
+    monkeypatch.setattr(kernels.NumpyKernels, "matmul_into", counted)
+    backend = get_backend("numpy", "float64")
+    model = Sequential([Conv2D(2, 3), Conv2D(2, 3), Flatten(), Dense(3)])
+    model.build((1, 8, 8), backend, 0)
+    x = np.random.default_rng(0).random((2, 1, 8, 8))
+    timer.current = dict.fromkeys(step_phases.PHASES, 0.0)
+    model.loss_and_grads(x, np.array([0, 2]), Context(train=True), scale=0.5)
+    # the weight gradients of the two convolutions and the Dense layer; before, also the two
+    # convolutions' forward products and the second one's input gradient
+    assert calls["wgrad"] == 3

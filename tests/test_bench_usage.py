@@ -26,7 +26,9 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
         ("matmul_crossover", ["--plot", "/tmp/x.foo"], "matplotlib cannot write '.foo'"),
         ("scaling", ["--plot", "/tmp/scaling"], "--plot: /tmp/scaling: matplotlib cannot write"),
         ("allreduce", ["--iters", "0"], "--iters: must be >= 1"),
-        ("allreduce", ["--max-size", "2"], "--max-size must be at least 4 bytes"),
+        ("allreduce", ["--max-size", "2"], "--max-size: must be a multiple of 4 bytes"),
+        # 10 B sent 2 float32 values (8 B) and its bandwidth counted 10
+        ("allreduce", ["--max-size", "10"], "--max-size: must be a multiple of 4 bytes"),
         ("optimizer_step", ["--params", "0"], "--params: must be >= 1"),
         ("scaling", ["--ranks", "0"], "--ranks"),
         ("throughput", ["--steps", "0"], "--steps: must be >= 1"),

@@ -181,6 +181,32 @@ def test_ignored_flags_say_so(args, note):
     assert f"xpnn: note: {note}" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "needle"),
+    [
+        # the stuck-rank watch thread died in its sleep with a traceback, on SIGTERM
+        ("XPNN_STOP_GRACE", "-5", "XPNN_STOP_GRACE=-5: expected a number of seconds >= 0"),
+        ("XPNN_STOP_GRACE", "inf", "XPNN_STOP_GRACE=inf: expected a number of seconds >= 0"),
+        ("XPNN_FAIL_AT", "abc", "XPNN_FAIL_AT=abc: expected RANK:STEP"),  # was a ValueError, 1
+        # read only when a rank fails, where its own error replaced the real one
+        ("XPNN_AGREE_TIMEOUT", "abc", "XPNN_AGREE_TIMEOUT=abc: expected a number of seconds"),
+    ],
+)
+def test_a_bad_xpnn_variable_is_one_line_before_training(variable, value, needle):
+    proc = run_xpnn(SMALL, env={variable: value})
+    _refused(proc, needle)
+    assert "epoch 1" not in proc.stdout
+
+
+def test_a_thread_variable_the_run_overrides_is_noted():
+    """``OMP_NUM_THREADS=1`` was replaced by the default (the cores) without a word."""
+    proc = run_xpnn(SMALL, env={"OMP_NUM_THREADS": "97"})  # not this machine's cores
+    assert proc.returncode == 0, proc.stderr
+    assert "xpnn: note: OMP_NUM_THREADS=97 in the environment: xpnn uses" in proc.stderr
+    quiet = run_xpnn([*SMALL, "--threads", "2"], env={"OMP_NUM_THREADS": "97"})
+    assert "OMP_NUM_THREADS" not in quiet.stderr  # --threads chose
+
+
 def test_synthetic_size_without_synthetic_data_says_so(fashion_dir):
     args = ["--data-dir", str(fashion_dir), "--synthetic-size", "5", "--hidden", "8"]
     proc = run_xpnn([*args, "--epochs", "1", "--batch-size", "full", "--no-progress"])

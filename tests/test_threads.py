@@ -42,8 +42,33 @@ def test_default_cores_from_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_slurm_cpus_per_task(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "6")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
-    assert threads_per_rank(4) == 6
+    assert threads_per_rank(4, share=6) == 6
     assert threads_per_rank(4, cores=8) == 2  # explicit cores: plain arithmetic
+
+
+def test_slurm_cpus_per_task_is_capped_by_the_ranks_own_cores(monkeypatch: pytest.MonkeyPatch):
+    """Ranks that mpiexec started inside an ``sbatch -c 2`` job inherit the variable: 2 ranks
+    on 2 cores took 2 threads each, and the note blamed a --threads nobody gave."""
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    assert threads_per_rank(2, share=1) == 1
+    monkeypatch.setattr("xpnn.parallel.threads.node_cores", lambda: 1)  # taskset -c 0
+    assert threads_per_rank(1) == 1
+
+
+def test_thread_variables_the_run_overrides_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``OMP_NUM_THREADS=1`` (exported for every program, as HPC users do) was replaced by the
+    default without a word; the command line now notes it (``REPLACED_ENV``)."""
+    import xpnn.parallel.threads as threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")  # what the run uses: nothing to say
+    monkeypatch.setenv("NUMBA_NUM_THREADS", "2")  # restored afterwards, whatever the run sets
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "threadpoolctl", None)  # limit nothing here
+    monkeypatch.delitem(__import__("sys").modules, "numba", raising=False)  # nor Numba's pool
+    threads.apply_threads(2)
+    assert threads.REPLACED_ENV == {"OMP_NUM_THREADS": "1"}
 
 
 def _child_env() -> dict[str, str]:

@@ -566,6 +566,14 @@ def _questionable_settings(args: Any, cfg: Any, world: Any) -> list[str]:
             f"--threads {threads} but this rank has {share} core(s) of its own: the threads "
             "take turns, which is slower"
         )
+    from xpnn.parallel.threads import REPLACED_ENV
+
+    if REPLACED_ENV and args.threads is None:  # exported for all programs, or for this one?
+        given = ", ".join(f"{var}={value}" for var, value in REPLACED_ENV.items())
+        notes.append(
+            f"{given} in the environment: xpnn uses {threads} thread(s) per rank (its "
+            "cores); give --threads to choose"
+        )
     return notes
 
 
@@ -609,12 +617,19 @@ def ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
 
 
 def train_main(args: argparse.Namespace) -> int:
-    from xpnn.parallel.failure import run_guarded, stop_grace, stop_when_stuck, terminate_on_sigterm
+    from xpnn.parallel.failure import (
+        agree_timeout,
+        run_guarded,
+        stop_grace,
+        stop_when_stuck,
+        terminate_on_sigterm,
+    )
     from xpnn.parallel.world import init_world
 
     world = init_world()
     terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints left whole
     stop_when_stuck(stop_grace())  # ... and within seconds even where a rank cannot
+    agree_timeout()  # read when a rank fails, where a typo in it would hide the failure
     # Guarded from the first line of setup: Ctrl-C while the data loads is "interrupted" too.
     return run_guarded(world, lambda: _train(args, world))
 

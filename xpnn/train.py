@@ -159,7 +159,9 @@ def _fault_injection() -> tuple[int, int] | None:
     spec = os.environ.get("XPNN_FAIL_AT")
     if not spec:
         return None
-    rank, step = spec.split(":")
+    rank, _, step = spec.partition(":")
+    if not (rank.strip().isdigit() and step.strip().isdigit()):
+        raise UserError(f"XPNN_FAIL_AT={spec}: expected RANK:STEP, e.g. 1:3")
     return int(rank), int(step)
 
 

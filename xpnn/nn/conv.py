@@ -162,11 +162,14 @@ class Conv2D(Layer):
             gw[...] = self.xp.permute_dims(k.matmul_into(self.cols, dyc.T, self._dwt()), (1, 0))
         else:
             k.matmul_into(dyc, self.cols.T, gw)
-        if not need_dx:
-            return None
-        dcols = k.matmul_into(self._w2().T, dyc, self.cols)
+        return self.input_grad(dyc) if need_dx else None
+
+    def input_grad(self, dyc: Array) -> Array:
+        """The input's gradient from the output's (as columns, ``dyc``): a product of its own,
+        not a weight gradient (``bench/step_phases.py`` tells them apart by this method)."""
+        dcols = self.kernels.matmul_into(self._w2().T, dyc, self.cols)
         geometry = (self.kh, self.kw, self.stride, self.padding, self.used_hw)
-        return k.col2im(dcols, self.x_shape, *geometry)
+        return self.kernels.col2im(dcols, self.x_shape, *geometry)
 
     def __repr__(self) -> str:
         extra = f", stride={self.stride}" if self.stride != 1 else ""

@@ -30,6 +30,7 @@ Typical CLI::
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -128,11 +129,19 @@ STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop
 
 def stop_grace() -> float:
     """``XPNN_STOP_GRACE`` seconds, else ``STOP_GRACE_S``."""
-    text = os.environ.get("XPNN_STOP_GRACE", "").strip()
+    return _seconds("XPNN_STOP_GRACE", STOP_GRACE_S)
+
+
+def _seconds(var: str, default: float) -> float:
+    """The environment's ``var``: finite seconds >= 0, else a UserError naming it."""
+    text = os.environ.get(var, "").strip()
     try:
-        return float(text) if text else STOP_GRACE_S
+        value = float(text) if text else default
     except ValueError:
-        raise UserError(f"XPNN_STOP_GRACE={text}: expected seconds") from None
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):  # -5 or inf: the watch thread's sleep failed
+        raise UserError(f"{var}={text}: expected a number of seconds >= 0")
+    return value
 
 
 def stop_when_stuck(grace: float) -> None:
@@ -252,11 +261,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
 
 def agree_timeout() -> float:
     """Seconds a failed rank waits for the others in ``agree_on_user_errors``."""
-    text = os.environ.get("XPNN_AGREE_TIMEOUT", "").strip()
-    try:
-        return float(text) if text else 60.0
-    except ValueError:
-        raise UserError(f"XPNN_AGREE_TIMEOUT={text}: expected seconds") from None
+    return _seconds("XPNN_AGREE_TIMEOUT", 60.0)
 
 
 def _gather_codes(size: int, code: int) -> Any:

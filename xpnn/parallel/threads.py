@@ -59,8 +59,10 @@ def threads_per_rank(
     """Threads for this rank: ``override`` (``--threads``) if given, else its cores, >= 1.
 
     Its cores: under Slurm with ``--cpus-per-task``, where the launcher has divided the node,
-    ``SLURM_CPUS_PER_TASK``; else ``share`` (``World.cores``: see ``core_share``), else
-    ``cores`` (default: the affinity mask) divided among the ``local_size`` ranks on the node.
+    ``SLURM_CPUS_PER_TASK``, but no more than ``share`` (ranks that ``mpiexec`` started
+    inside an ``sbatch -c 2`` job inherit the variable, however many share the cores);
+    else ``share`` (``World.cores``: see ``core_share``), else ``cores`` (default: the
+    affinity mask) divided among the ``local_size`` ranks on the node.
     """
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
@@ -71,11 +73,17 @@ def threads_per_rank(
     if cores is None:
         per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
         if per_task.isdigit() and int(per_task) >= 1 and "SLURM_STEP_ID" in os.environ:
-            return int(per_task)
+            own = share if share is not None else max(1, node_cores() // local_size)
+            return max(1, min(int(per_task), own))
         if share is not None:
             return max(1, share)
         cores = node_cores()
     return max(1, cores // local_size)
+
+
+# What users export to limit threads; threadpoolctl's limits and Numba's count override them
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, and their values
 
 
 def apply_threads(n: int) -> dict:
@@ -89,6 +97,10 @@ def apply_threads(n: int) -> dict:
     global _LIMITER
     if n < 1:
         raise UserError(f"--threads {n}: must be a whole number >= 1")
+    REPLACED_ENV.clear()
+    REPLACED_ENV.update(
+        {var: os.environ[var] for var in THREAD_VARS if os.environ.get(var, str(n)) != str(n)}
+    )
     os.environ["OMP_NUM_THREADS"] = str(n)
     numba_threads: int | None
     if "numba" in sys.modules:
