@@ -129,6 +129,7 @@ class CupyKernels(CupyConvKernels):
     def softmax_cross_entropy(
         self, logits: Array, labels: Array, scale: float
     ) -> tuple[Array, Array]:
+        self.check_labels(logits, labels)  # shape and dtype; the range is checked in the kernel
         cp = self.xp
         z = cp.ascontiguousarray(logits)
         n, k = z.shape

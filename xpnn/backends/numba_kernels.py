@@ -186,17 +186,10 @@ class NumbaKernels(HostLabelChecks, NumbaConvKernels, NumpyKernels):
         self, logits: Array, labels: Array, scale: float
     ) -> tuple[Array, Array]:
         # the kernel indexes by label unchecked: one outside [0, K) reads and writes outside
-        # the arrays (a wrong gradient, or a segfault)
-        self._check_labels(logits, labels)
+        # the arrays (a wrong gradient, or a segfault); checked here (HostLabelChecks)
+        self.check_labels(logits, labels)
         loss, grad = _softmax_xent(logits, labels, logits.dtype.type(scale))
         return np.asarray(loss), grad
-
-    def sigmoid_binary_cross_entropy(
-        self, logits: Array, labels: Array, scale: float
-    ) -> tuple[Array, Array]:
-        # NumPy's one-hot, whose fancy indexing would take -1 as the last class
-        self._check_labels(logits, labels)
-        return super().sigmoid_binary_cross_entropy(logits, labels, scale)
 
     def sgd_update(self, p: Array, g: Any, lr: float) -> None:
         _sgd(p, _as_tuple(g), p.dtype.type(lr))
