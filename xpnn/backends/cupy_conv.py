@@ -107,7 +107,9 @@ def _maxpool_forward_kernel() -> Any:
         for (int ii = 0; ii < ksize; ++ii) {
             for (int j = 0; j < ksize; ++j) {
                 T v = x[base + (long long)ii * w + j];
-                if (v > best) { best = v; k = ii * ksize + j; }
+                // "not <=" holds for a NaN too, and a NaN best stays: the first NaN in a
+                // window wins, as np.argmax has it (a diverged run shows, as on the CPU)
+                if (!(v <= best) && best == best) { best = v; k = ii * ksize + j; }
             }
         }
         y = best;
