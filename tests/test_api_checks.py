@@ -46,6 +46,25 @@ def test_uint8_images_go_through_conv_models_as_dense_ones_do():
     np.testing.assert_array_equal(m.forward(x, Context()), m.forward(x.astype(float), Context()))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("conv", [False, True], ids=["dense", "conv"])
+def test_float64_input_to_a_float32_network_is_computed_in_float32(backend, conv):
+    """A float64 batch (``np.random`` data, say) made the whole pass float64: slower, and
+    Conv2D sized its column buffers for it."""
+    layers = [Conv2D(2, 3, activation="relu"), Flatten(), Dense(3)] if conv else [Dense(3)]
+    shape = (1, 6, 6) if conv else (36,)
+    x = np.random.default_rng(0).standard_normal((4, *shape))
+    y = np.array([0, 1, 2, 0])
+    m = _model(layers, shape, backend, "float32")
+    out = m.forward(x, Context())
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, m.forward(x.astype(np.float32), Context()))
+    m.loss_and_grads(x, y, Context(train=True), 0.25)
+    grads = m.grads.copy()
+    m.loss_and_grads(x.astype(np.float32), y, Context(train=True), 0.25)
+    np.testing.assert_array_equal(m.grads, grads)
+
+
 # -- backward leaves the caller's gradient alone ----------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_backward_does_not_overwrite_the_callers_gradient(backend):

@@ -3,6 +3,7 @@ xpnn as a demanding user would (each test failed before its fix)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -282,6 +283,25 @@ def test_ranks_given_other_flags_are_refused_not_left_waiting():
     assert_one_line_user_error(
         proc, "--epochs: rank 1 was given 3, rank 0 2; every rank must get the same flags"
     )
+
+
+def test_ranks_with_other_thread_counts_are_reported_rank_by_rank(tmp_path):
+    """--threads may differ between ranks (nodes differ in cores), but the run's line and
+    metrics gave rank 0's count as the whole run's."""
+    metrics = tmp_path / "m.jsonl"
+    proc = _run(
+        _mpmd([*SMALL, "--threads", "1", "--metrics", str(metrics)], [*SMALL, "--threads", "2"])
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "2 rank(s) x 1, 2 thread(s) (rank by rank)" in proc.stdout
+    record = json.loads(metrics.read_text().splitlines()[0])
+    assert record["threads"] == 1 and record["threads_per_rank"] == [1, 2]
+    proc = _run(
+        _mpmd([*SMALL, "--threads", "1", "--metrics", str(metrics)], [*SMALL, "--threads", "1"])
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "2 rank(s) x 1 thread(s)" in proc.stdout
+    assert "threads_per_rank" not in json.loads(metrics.read_text().splitlines()[0])
 
 
 def test_ranks_that_find_other_checkpoints_are_refused(tmp_path):

@@ -364,6 +364,22 @@ def test_dropout_is_identity_in_eval_and_uses_positions_without_sample_ids():
         Dropout(1.0)
 
 
+def test_dropout_without_a_step_draws_new_masks_each_training_pass():
+    """``Context(train=True)`` in a hand-written loop (the README's) keyed every step's mask
+    with step 0: one mask for the whole run. The layer now counts its own passes."""
+    backend = get_backend("numpy", "float64")
+    layer = Dropout(0.5)
+    Sequential([layer]).build((64,), backend, 0)
+    x = np.ones((4, 64))
+    first = layer.forward(x, Context(train=True)).copy()
+    second = layer.forward(x, Context(train=True)).copy()
+    assert not np.array_equal(first, second)
+    layer.forward(x, Context(train=False))  # evaluation is not a training pass
+    third = layer.forward(x, Context(train=True))
+    for step, got in enumerate((first, second, third)):
+        np.testing.assert_array_equal(got, layer.forward(x, Context(train=True, step=step)))
+
+
 # -- buffers -----------------------------------------------------------------------------------
 def test_conv_reuses_its_column_buffers_per_batch_size():
     backend = get_backend("numpy", "float32")

@@ -187,6 +187,34 @@ def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches, sch
     assert len(stage._sets) == (microbatches if schedule == "gpipe" and not recompute else 1)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_context_without_step_or_sample_ids_draws_the_whole_batch_masks(recompute):
+    """A hand-written loop passes ``Context(train=True)``: the micro-batches took batch
+    positions 0.. each (so their masks differed from the whole batch's), and every step drew
+    the same masks."""
+    from xpnn.nn.dense import Dense
+    from xpnn.nn.dropout import Dropout
+    from xpnn.nn.flatten import Flatten
+    from xpnn.nn.sequential import Sequential
+
+    def network():
+        return Sequential([Flatten(), Dense(16, "relu"), Dropout(0.5), Dense(10)])
+
+    backend = get_backend("numpy", "float64")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((23, 36)), rng.integers(0, 10, 23)
+    whole = network().build((36,), backend, 0)
+    stage = build_stage(network(), (36,), backend, 0, 0, 1, 3, "gpipe", recompute)
+    stage.comm = SelfCommunicator()
+    steps = []
+    for _ in range(2):
+        whole.loss_and_grads(x, y, Context(train=True), 1 / 23)
+        stage.loss_and_grads(x, y, Context(train=True), 1 / 23)
+        np.testing.assert_allclose(stage.grads, whole.grads, rtol=1e-12, atol=1e-15)
+        steps.append(stage.grads.copy())
+    assert not np.allclose(steps[0], steps[1])  # the second step drew new masks
+
+
 # -- real mpiexec --------------------------------------------------------------------------
 
 

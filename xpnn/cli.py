@@ -520,6 +520,7 @@ def _announce(
     if comm.rank != 0:
         return
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
+    from xpnn.parallel.threads import describe_threads
     from xpnn.parallel.whole import is_spread, whole_size
 
     summary = model.summary()
@@ -532,7 +533,7 @@ def _announce(
         f"xpnn: {data.name} {data.n_train} train / {data.x_test.shape[0]} test, "
         f"global batch {cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend "
         f"{backend.describe()}, comm {groups.name}{note}, {comm.size} rank(s) x "
-        f"{cfg.extra['threads']} thread(s)",
+        f"{describe_threads(cfg.extra)}",
         flush=True,
     )
     if groups.auto_fallback:
@@ -656,6 +657,16 @@ def _same_flags(args: argparse.Namespace, world: Any) -> None:
                 )
 
 
+def _threads_of_every_rank(cfg: Any, world: Any) -> None:
+    """Ranks on nodes with other core counts, or given other ``--threads``, use other thread
+    counts: the metrics then carry every rank's (``threads`` stays rank 0's)."""
+    if world.size == 1:
+        return
+    counts = world.mpi_comm.allgather(cfg.extra["threads"])
+    if len(set(counts)) > 1:
+        cfg.extra["threads_per_rank"] = counts
+
+
 def build_trainer(args: argparse.Namespace, world: Any, announce: bool = True) -> Any:
     """Everything ``python -m xpnn`` does before it trains (``bench/within_job.py`` builds two);
     each phase's user errors are agreed on by every rank."""
@@ -665,6 +676,7 @@ def build_trainer(args: argparse.Namespace, world: Any, announce: bool = True) -
 
     agree_on_user_errors(world, lambda: _same_flags(args, world))  # every rank calls it first
     backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(args, world))
+    _threads_of_every_rank(cfg, world)
     # A separate phase: on GPU backends building the communicators talks to the other ranks.
     groups = agree_on_user_errors(
         world, lambda: make_groups(world, place, backend, args.comm, args.parallel)

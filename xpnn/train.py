@@ -34,6 +34,7 @@ from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
 from xpnn.parallel.layout import Groups
+from xpnn.parallel.threads import describe_threads
 from xpnn.parallel.whole import is_spread, whole_arrays, whole_params, whole_size
 
 
@@ -466,7 +467,7 @@ class Trainer:
         self._write_metrics(r)
         where = f"  [{r['backend']}, comm {r['comm']}, {r['world_size']} rank(s)"
         if "threads" in r:
-            where += f" x {r['threads']} thread(s)"
+            where += f" x {describe_threads(r)}"
         self.log(
             f"epoch {r['epoch']}/{self.cfg.epochs}  train_loss {r['train_loss']:.4f}  "
             f"test_loss {r['test_loss']:.4f}  test_acc {r['test_acc']:.4f}  "

@@ -6,7 +6,7 @@ from collections import OrderedDict
 
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
-from xpnn.nn.layer import Array, Context, Layer, check_int, is_floating
+from xpnn.nn.layer import Array, Context, Layer, check_int
 
 
 def _pair(name: str, v: int | tuple[int, int]) -> tuple[int, int]:
@@ -138,8 +138,8 @@ class Conv2D(Layer):
             raise ValueError(
                 f"Conv2D built for input (C,H,W)={self.in_shape}, got batch shape {tuple(x.shape)}"
             )
-        if not is_floating(x.dtype):  # integer images (uint8): compute in the weights' dtype
-            x = self.xp.asarray(x, dtype=self.params["W"].dtype)
+        if x.dtype != self.params["W"].dtype:  # uint8 images, or float64 into a float32 net:
+            x = self.xp.asarray(x, dtype=self.params["W"].dtype)  # the weights' dtype, as Dense
         k = self.kernels
         n = x.shape[0]
         cols, gemm = self._scratch(n, x.dtype)

@@ -40,6 +40,8 @@ class Dense(Layer):
             raise ValueError(
                 f"Dense built for {features} input features, got batch shape {tuple(x.shape)}"
             )
+        if x.dtype != self.params["W"].dtype:  # float64 (or uint8) into a float32 network:
+            x = self.xp.asarray(x, dtype=self.params["W"].dtype)  # not a float64 pass
         if ctx.train and self.batch_share is not None and self.batch_share.splits_units:
             return self.batch_share.forward(x)
         z = self.complete(self.xp.matmul(x, self.params["W"]))

@@ -18,7 +18,9 @@ class Dropout(Layer):
     ``ctx.sample_ids`` (the samples' indices in the data set); when ``ctx.sample_ids`` is None
     the batch positions ``0..N-1`` stand in for them (then masks do depend on batch position).
     ``salt`` tells apart several Dropout layers of one model (same shape, same keys otherwise
-    means the same mask).
+    means the same mask). Without ``ctx.step`` the layer's own count of training passes keys
+    the mask: a loop that passes ``Context(train=True)`` each step must not get one mask for
+    the whole run.
     """
 
     def __init__(self, p: float = 0.5, salt: int = 0) -> None:
@@ -28,6 +30,7 @@ class Dropout(Layer):
         self.p = float(p)
         self.salt = int(salt)
         self.mask: Array | None = None
+        self.passes = 0  # training passes without a ctx.step: the step that keys the mask
 
     def forward(self, x: Array, ctx: Context) -> Array:
         if not ctx.train or self.p == 0.0:
@@ -36,8 +39,11 @@ class Dropout(Layer):
         ids = ctx.sample_ids
         if ids is None:
             ids = self.xp.arange(x.shape[0], dtype=self.xp.int64)
+        step = ctx.step
+        if step is None:
+            step, self.passes = self.passes, self.passes + 1
         self.mask = self.kernels.dropout_mask(
-            tuple(x.shape), self.p, ctx.seed, ctx.step, ids, x.dtype, self.salt
+            tuple(x.shape), self.p, ctx.seed, step, ids, x.dtype, self.salt
         )
         return x * self.mask
 

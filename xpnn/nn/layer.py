@@ -37,11 +37,14 @@ class Context:
     """What a forward pass needs beyond the input: mode, and what keys dropout's randomness.
 
     ``sample_ids`` are the samples' indices in the data set and ``step`` the global step, so a
-    sample's dropout mask does not depend on which rank or batch position it landed on.
+    sample's dropout mask does not depend on which rank or batch position it landed on. With
+    ``step=None`` (a hand-written loop) each Dropout layer counts its own training passes, so
+    every step still draws new masks; the trainer gives the step, which makes a resumed run
+    draw what the uninterrupted one did.
     """
 
     train: bool = False
-    step: int = 0
+    step: int | None = None
     seed: int = 0
     sample_ids: Array | None = None
 

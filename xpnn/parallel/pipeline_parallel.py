@@ -160,6 +160,7 @@ class PipelineStage(Sequential):
         super().__init__(whole.layers[start:end], whole.loss)
         self.index, self.stages, self.microbatches = index, len(bounds), microbatches
         self.schedule, self.recompute = schedule, recompute
+        self.passes = 0  # training passes without a ctx.step: the step that keys dropout
         self.backend, self.xp = whole.backend, whole.xp
         self.shapes = whole.shapes[start : end + 1]
         self.output_shape = self.shapes[-1]
@@ -197,13 +198,21 @@ class PipelineStage(Sequential):
     ) -> tuple[Array, Array]:
         n = labels.shape[0]
         parts = [shard_bounds(n, m, self.microbatches) for m in range(min(n, self.microbatches))]
+        # One key per step for every micro-batch, so that --recompute's second forward draws
+        # the first one's dropout masks; without sample ids the batch positions stand in, as
+        # they do for the whole batch on one stage.
+        step = ctx.step
+        if step is None:
+            step, self.passes = self.passes, self.passes + 1
         ids = ctx.sample_ids
         contexts = [
             Context(
                 train=True,
-                step=ctx.step,
+                step=step,
                 seed=ctx.seed,
-                sample_ids=None if ids is None else ids[lo:hi],
+                sample_ids=self.xp.arange(lo, hi, dtype=self.xp.int64)
+                if ids is None
+                else ids[lo:hi],
             )
             for lo, hi in parts
         ]

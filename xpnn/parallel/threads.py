@@ -135,3 +135,14 @@ def _pools_info() -> list[dict]:
         }
         for info in threadpool_info()
     ]
+
+
+def describe_threads(record: dict) -> str:
+    """``8 thread(s)``, or each rank's count where they differ (nodes with other core counts,
+    or other ``--threads`` per rank): rank 0's alone would misreport the run."""
+    per_rank = record.get("threads_per_rank")
+    if not per_rank:
+        return f"{record['threads']} thread(s)"
+    if len(per_rank) <= 8:
+        return f"{', '.join(map(str, per_rank))} thread(s) (rank by rank)"
+    return f"{min(per_rank)}-{max(per_rank)} thread(s) (differing by rank)"
