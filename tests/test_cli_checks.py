@@ -135,6 +135,19 @@ def test_a_killed_runs_half_written_checkpoint_is_removed(tmp_path):
     assert not left.exists() and other.exists()
 
 
+def test_a_killed_runs_half_written_save_is_removed(tmp_path):
+    """The same for --save: SIGKILL while rank 0 wrote final.npz left final.npz.*.tmp."""
+    save = tmp_path / "final[1].npz"  # glob characters in the name are taken as they are
+    left = tmp_path / "final[1].npz.k1x_9q2b.tmp"
+    left.write_bytes(b"half a file")
+    others = [tmp_path / "final1.npz.k1x_9q2b.tmp", tmp_path / "other.npz.a.tmp"]
+    for other in others:
+        other.write_text("keep")
+    proc = run_xpnn([*SMALL, "--save", str(save)])
+    assert proc.returncode == 0, proc.stderr
+    assert save.exists() and not left.exists() and all(p.exists() for p in others)
+
+
 def test_save_may_not_take_a_checkpoints_name(tmp_path):
     """It replaced the checkpoint with bare parameters, which the next --resume refused."""
     ck = tmp_path / "ck"

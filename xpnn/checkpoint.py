@@ -103,11 +103,14 @@ def refuse_other_runs(directory: str | os.PathLike) -> None:
         )
 
 
-def remove_unfinished(directory: str | os.PathLike) -> list[Path]:
-    """Delete what a killed run left of a checkpoint it was writing (``atomic_savez``'s
-    temporary files: SIGKILL and the OOM killer give no chance to remove them, and each is as
-    big as a checkpoint); returns them. For the run that owns the directory now."""
-    left = sorted(Path(directory).glob("checkpoint-epoch*.npz.*.tmp"))
+def remove_unfinished(
+    directory: str | os.PathLike, name: str = "checkpoint-epoch*.npz"
+) -> list[Path]:
+    """Delete what a killed run left of the files ``name`` (a glob) it was writing
+    (``atomic_savez``'s temporary files: SIGKILL and the OOM killer give no chance to remove
+    them, and each is as big as a checkpoint); returns them. For the run that writes those
+    files now: its checkpoints, or its ``--save``."""
+    left = sorted(Path(directory).glob(f"{name}.*.tmp"))
     for path in left:
         path.unlink(missing_ok=True)
     return left

@@ -337,6 +337,13 @@ def _writable_file(
         return
     if there is None or stat.S_ISREG(there):  # a device is written in place: nothing is made
         _takes_files(flag, path, parent)
+    if not appended and parent.is_dir():  # --save: what a killed run left of its file
+        import glob
+
+        from xpnn.checkpoint import remove_unfinished
+
+        with path_problems(flag, path):
+            remove_unfinished(parent, glob.escape(Path(path).name))
     if appended and there is not None:  # a read-only file in a writable directory
         try:
             with open(path, "ab"):
