@@ -16,6 +16,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
+
+def cupy_or_skip():  # noqa: ANN201 - the cupy module
+    """CuPy with a CUDA device, or the calling test module skipped, saying which is missing
+    (as in CI): for the top of each file in tests/gpu/."""
+    try:
+        import cupy
+
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
+        pytest.skip(f"no usable CuPy/CUDA device: {exc}", allow_module_level=True)
+    if count < 1:
+        pytest.skip("no CUDA device: getDeviceCount() == 0", allow_module_level=True)
+    return cupy
+
+
 # The multi-rank equivalence runs: 300 synthetic samples, global batch 70 (5 batches, the last
 # of 20; 70 splits 24/23/23 on 3 ranks), 2 epochs of Adam in float64, one thread per rank.
 TINY_FLOAT64_RUN = [

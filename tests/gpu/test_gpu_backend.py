@@ -10,17 +10,11 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_xpnn
+from conftest import cupy_or_skip, run_xpnn
 
 pytestmark = pytest.mark.gpu
 
-try:
-    import cupy
-
-    if cupy.cuda.runtime.getDeviceCount() < 1:
-        pytest.skip("no CUDA device", allow_module_level=True)
-except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
-    pytest.skip(f"no usable CuPy/CUDA device: {exc}", allow_module_level=True)
+cupy = cupy_or_skip()
 
 from test_bench_step_phases import _phases  # noqa: E402
 

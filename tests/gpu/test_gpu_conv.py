@@ -7,16 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import cupy_or_skip
 
 pytestmark = pytest.mark.gpu
 
-cp = pytest.importorskip("cupy")
-try:
-    _COUNT = int(cp.cuda.runtime.getDeviceCount())
-except Exception as exc:  # no driver: CUDARuntimeError
-    pytest.skip(f"no CUDA device: {exc}", allow_module_level=True)
-if _COUNT < 1:
-    pytest.skip("no CUDA device: getDeviceCount() == 0", allow_module_level=True)
+cp = cupy_or_skip()
 
 from xpnn.backends import get_backend  # noqa: E402
 from xpnn.backends.kernels import NumpyKernels  # noqa: E402
