@@ -63,6 +63,7 @@ from _common import (
     run_job,
     run_main,
     save_figure,
+    timed_epochs,
     write_json,
 )
 from scaling import DEFAULT_DATA_DIR, hidden_sizes, mpiexec_path, refuse_without_mpiexec
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=str(DEFAULT_DATA_DIR) if DEFAULT_DATA_DIR.is_dir() else None,
         help="IDX directory (fashion-mnist)",
     )
-    a("--epochs", type=positive_int, default=2, help="epochs per run; the last one is timed")
+    a("--epochs", type=timed_epochs, default=2, help="epochs per run; the last one is timed")
     a("--repeats", type=positive_int, default=2, help="runs per configuration (alternated)")
     a("--backend", choices=("numpy", "numba"), default="numba")
     a("--seed", type=nonneg_int, default=0, help="xpnn --seed")
