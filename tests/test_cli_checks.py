@@ -238,6 +238,18 @@ def test_help_names_info_and_the_defaults():
     assert "(default float32)" in text and "(default fashion-mnist)" in text
 
 
+def test_help_gives_every_flags_default():
+    """--schedule, --lr-scaling, --parallel and --replicate gave none, though the README
+    sends readers to --help for the defaults."""
+    from xpnn.cli import build_parser
+
+    for action in build_parser()._actions:
+        if action.option_strings and action.default not in (None, False, "==SUPPRESS=="):
+            text, value = " ".join(action.help.split()), action.default
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
+            assert "default" in text and shown in text, action.dest
+
+
 def test_info_with_stdout_gone_or_full_is_one_line():
     """Both were tracebacks (BrokenPipeError; OSError: [Errno 28])."""
     code, err = run_with_stdout_closed(["-m", "xpnn", "info"])

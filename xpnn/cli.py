@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--replicate",
         type=_positive_int("--replicate"),
         default=1,
-        help="repeat the training set K times (scaling studies)",
+        help="repeat the training set K times (scaling studies; default 1)",
     )
     a(
         "--synthetic-size",
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--lr-scaling",
         default="none",
         choices=["none", "linear"],
-        help="linear: multiply --lr by the number of ranks (Goyal et al.)",
+        help="linear: multiply --lr by the number of ranks (Goyal et al.; default none)",
     )
     a(
         "--warmup-epochs",
@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule",
         default="constant",
         choices=["constant", "step", "cosine"],
-        help="step: x0.1 every --step-epochs epochs; cosine: half a cosine towards 0",
+        help="step: x0.1 every --step-epochs epochs; cosine: half a cosine towards 0 "
+        "(default constant)",
     )
     a(
         "--step-epochs",
@@ -245,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="data",
         choices=["data", "tensor", "pipeline"],
         help="data: each rank a share of every batch; tensor: each rank a slice of every "
-        "pair of Dense layers (MLP only); pipeline: each rank a run of consecutive layers",
+        "pair of Dense layers (MLP only); pipeline: each rank a run of consecutive layers "
+        "(default data)",
     )
     a(
         "--model-ranks",
@@ -549,15 +551,28 @@ def _announce(
         )
     for flag, why in ineffective_flags(args, groups):
         print(f"xpnn: note: {flag} has no effect {why}", file=sys.stderr, flush=True)
-    for note in _questionable_settings(args, cfg, world):
+    for note in _questionable_settings(args, cfg, world, data.n_train):
         print(f"xpnn: note: {note}", file=sys.stderr, flush=True)
 
 
-def _questionable_settings(args: Any, cfg: Any, world: Any) -> list[str]:
+def _questionable_settings(
+    args: Any, cfg: Any, world: Any, n_train: int | None = None
+) -> list[str]:
     """Settings that work but are probably not what was meant: said once, not refused."""
     from xpnn.parallel.threads import node_cores
 
     notes = []
+    if args.parallel == "pipeline" and args.microbatches is not None:
+        # a batch is cut into at most one micro-batch per sample: more are never run
+        batch = min(cfg.batch_size, n_train or cfg.batch_size)
+        replicas = cfg.extra.get("replicas", 1)
+        share = -(-batch // replicas)  # the largest share of a batch a replica gets
+        if args.microbatches > share:
+            whose = "each replica's share of a batch" if replicas > 1 else "a batch"
+            notes.append(
+                f"--microbatches {args.microbatches} is more than the {share} sample(s) of "
+                f"{whose}: a step runs at most {share} micro-batch(es), of one sample each"
+            )
     if args.warmup_epochs > args.epochs:
         notes.append(
             f"--warmup-epochs {args.warmup_epochs:g} is longer than the run (--epochs "
@@ -683,6 +698,11 @@ def build_trainer(args: argparse.Namespace, world: Any, announce: bool = True) -
 
     agree_on_user_errors(world, lambda: _same_flags(args, world))  # every rank calls it first
     backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(args, world))
+    if world.size > 1:  # --data-dir may differ between ranks, the data they read may not
+        from xpnn.data.datasets import check_same_data
+
+        allgather = world.mpi_comm.allgather
+        agree_on_user_errors(world, lambda: check_same_data(data, args.data_dir, allgather))
     _threads_of_every_rank(cfg, world)
     # A separate phase: on GPU backends building the communicators talks to the other ranks.
     groups = agree_on_user_errors(
