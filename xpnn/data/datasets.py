@@ -6,15 +6,18 @@ inputs in [0, 1] (images as (N, 1, 28, 28)) and int64 labels.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from xpnn.data.batches import check_seed
-from xpnn.data.download import cached, default_cache_dir, fetch
+from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
 from xpnn.data.idx import IdxError, read_idx_pair
 from xpnn.errors import UserError, path_problems
 
@@ -179,12 +182,33 @@ def mirrors_for(name: str) -> list[str]:
     return mirrors or list(source.mirrors)
 
 
-def _files_in_dir(directory: Path) -> dict[str, Path]:
+def _absent(directory: Path) -> str:
+    """Why a --data-dir that does not exist is not there, with the likely slip when there is one."""
+    expanded = Path(os.path.expanduser(directory))  # Path.expanduser raises for ~nosuchuser
+    if expanded != directory:  # --data-dir=~/data: the shell expands no ~ after '='
+        return f"no such directory (the shell left its ~ as it is: did you mean {expanded}?)"
+    return "no such directory"
+
+
+def _not_there(directory: Path, gz_name: str, raw_name: str) -> str:
+    """How to describe a file of the four that is not in ``directory`` as a readable file."""
+    for candidate in (directory / gz_name, directory / raw_name):
+        if candidate.exists():
+            return f"{candidate.name} (not a file)"
+        if candidate.is_symlink():
+            return (
+                f"{candidate.name} (a symbolic link to {os.readlink(candidate)}, "
+                "which does not exist)"
+            )
+    return f"{gz_name} (or {raw_name})"
+
+
+def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
     """The four files in a user's directory, each gzip or uncompressed; all must be there."""
     found, missing = {}, []
     with path_problems("--data-dir", directory):
         if not directory.is_dir():
-            what = "not a directory" if directory.exists() else "no such directory"
+            what = "not a directory" if directory.exists() else _absent(directory)
             raise UserError(f"--data-dir {directory}: {what}")
         for role, gz_name in FILES.items():
             raw_name = gz_name.removesuffix(".gz")
@@ -193,15 +217,46 @@ def _files_in_dir(directory: Path) -> dict[str, Path]:
                     found[role] = candidate
                     break
             else:
-                odd = next(
-                    (c for c in (directory / gz_name, directory / raw_name) if c.exists()), None
-                )
-                missing.append(
-                    f"{gz_name} (or {raw_name})" if odd is None else f"{odd.name} (not a file)"
-                )
+                missing.append(_not_there(directory, gz_name, raw_name))
     if missing:
         raise UserError(f"--data-dir {directory}: missing {', '.join(missing)}")
+    _check_known_files(name, found)
     return found
+
+
+TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
+KNOWN_MOST_BYTES = 32 << 20  # the largest file in SHA256 has 26 MB: larger ones are not hashed
+
+
+def _known_as(path: Path) -> tuple[str, str] | None:
+    """(dataset, file name) when ``path`` is one of the canonical files in ``SHA256``."""
+    try:
+        if path.stat().st_size > KNOWN_MOST_BYTES:
+            return None
+        digest = sha256_file(path)
+    except OSError:
+        return None  # reading it will say what is wrong
+    for dataset, table in SHA256.items():
+        for filename, sha in table.items():
+            if sha == digest:
+                return dataset, filename
+    return None
+
+
+def _check_known_files(name: str, found: dict[str, Path]) -> None:
+    """A --data-dir's files are the user's own and are not hash-checked, but one that *is* a
+    canonical file of the other dataset, or of another role (the test images under the
+    training images' name), would be trained on without a word: that is refused."""
+    for role, path in found.items():
+        known = _known_as(path)
+        if known is None or known == (name, FILES[role]):
+            continue
+        dataset, filename = known
+        hint = f"; use --dataset {dataset}" if dataset != name else ""
+        raise UserError(
+            f"{path}: this is {TITLES[dataset]}'s {filename}, not {TITLES[name]}'s "
+            f"{FILES[role]} (by its SHA-256){hint}"
+        )
 
 
 def _files_in_cache(name: str, download: bool) -> dict[str, Path]:
@@ -226,7 +281,7 @@ def _files_in_cache(name: str, download: bool) -> dict[str, Path]:
 def find_files(name: str, data_dir: str | os.PathLike | None, download: bool) -> dict[str, Path]:
     """Resolve the four files: --data-dir, else the system copy, else the download cache."""
     if data_dir is not None:
-        return _files_in_dir(Path(data_dir))
+        return _files_in_dir(name, Path(data_dir))
     system_dir = SOURCES[name].system_dir
     if system_dir is not None and all((system_dir / fn).is_file() for fn in FILES.values()):
         return {role: system_dir / fn for role, fn in FILES.items()}
@@ -258,6 +313,46 @@ def _load_idx_dataset(name: str, data_dir: str | os.PathLike | None, download: b
             f"{files['train_images']} has {'x'.join(map(str, x_train.shape[2:]))}"
         )
     return Dataset(name, x_train, y_train, x_test, y_test, NUM_CLASSES)
+
+
+def fingerprint(dataset: Dataset) -> str:
+    """A digest of every value of the stored arrays (their shapes and dtypes too): equal on two
+    ranks exactly when they read the same data."""
+    digest = hashlib.sha256()
+    for array in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test):
+        digest.update(f"{array.dtype.str}{array.shape};".encode())
+        digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+    return digest.hexdigest()
+
+
+def check_same_data(
+    dataset: Dataset, data_dir: str | os.PathLike | None, allgather: Callable[[Any], list]
+) -> None:
+    """Refuse ranks that read other data (``allgather`` is the world's; every rank calls this).
+
+    Each rank reads its own files, and ``--data-dir`` may differ between ranks (a node's own
+    copy); copies that differ would have the ranks train on other samples without a word, or
+    cut their epochs into another number of batches and wait for each other forever.
+    """
+    if dataset.name == "synthetic":  # made from the flags, which every rank shares
+        return
+    sizes = (dataset.x_train.shape[0], dataset.x_test.shape[0])
+    everyone = allgather((str(data_dir) if data_dir else None, sizes, fingerprint(dataset)))
+    first_dir, first_sizes, first_digest = everyone[0]
+    for rank, (where, (n_train, n_test), digest) in enumerate(everyone):
+        if digest == first_digest:
+            continue
+        if (n_train, n_test) != first_sizes:
+            what = f"{n_train} train / {n_test} test samples, rank 0 {first_sizes[0]} / "
+            what += f"{first_sizes[1]}"
+        else:
+            what = "the same number of samples but other values"
+        here = f"--data-dir {where}" if where else "the default files"
+        there = f"--data-dir {first_dir}" if first_dir else "the default files"
+        raise UserError(
+            f"--data-dir: rank {rank} read other data than rank 0 ({what}; rank {rank} from "
+            f"{here}, rank 0 from {there}); every rank must read the same files"
+        )
 
 
 # --- synthetic ----------------------------------------------------------------------------------

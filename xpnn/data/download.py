@@ -24,21 +24,54 @@ from xpnn.errors import UserError
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
+# No file xpnn downloads comes near this (Fashion-MNIST's largest has 26 MB): a mirror that
+# sends more, or streams without end, is cut off before it fills the disk.
+MAX_DOWNLOAD_BYTES = 256 << 20
 
 
 class ShortDownload(OSError):
     """The server closed the connection before sending all the bytes it announced."""
 
 
+def _home() -> Path:
+    """The user's home: $HOME, else the password database's entry; a ``UserError`` if neither.
+
+    An empty $HOME counts as unset: ``Path.home()`` turns it into ``/``, and the cache became
+    ``/.cache/xpnn``, created at the root of the file system without a word.
+    """
+    home = os.environ.get("HOME", "")
+    if home:
+        return Path(home)
+    try:
+        import pwd
+
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError, OSError):
+        home = ""
+    if not home or home == "/":
+        raise UserError(
+            "no download cache: $HOME is not set and this user has no home directory; "
+            "set XPNN_DATA_HOME to a directory, or pass --data-dir"
+        )
+    return Path(home)
+
+
 def default_cache_dir() -> Path:
-    """Where downloads live: $XPNN_DATA_HOME, else $XDG_CACHE_HOME/xpnn, else ~/.cache/xpnn."""
+    """Where downloads live: $XPNN_DATA_HOME, else $XDG_CACHE_HOME/xpnn, else ~/.cache/xpnn.
+
+    As the XDG specification asks, an empty or relative $XDG_CACHE_HOME is ignored.
+    """
     home = os.environ.get("XPNN_DATA_HOME")
     if home:
-        return Path(home).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "xpnn"
-    return Path.home() / ".cache" / "xpnn"
+        expanded = os.path.expanduser(home)  # Path.expanduser raises for ~nosuchuser
+        if expanded.startswith("~"):
+            user = expanded[1:].split("/", 1)[0] or "the current user"
+            raise UserError(f"XPNN_DATA_HOME={home}: cannot expand ~: no home for {user}")
+        return Path(expanded)
+    xdg = os.path.expanduser(os.environ.get("XDG_CACHE_HOME", ""))
+    if os.path.isabs(xdg):
+        return Path(xdg) / "xpnn"
+    return _home() / ".cache" / "xpnn"
 
 
 def sha256_file(path: Path) -> str:
@@ -71,15 +104,26 @@ def _describe(exc: BaseException, timeout: float) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def _too_large(what: str) -> ShortDownload:
+    return ShortDownload(f"{what}, more than the {MAX_DOWNLOAD_BYTES >> 20} MiB any file may have")
+
+
 def _download_to(url: str, dest, timeout: float) -> str:
-    """Stream ``url`` into the open file ``dest``; return the SHA-256 of what was written."""
+    """Stream ``url`` into the open file ``dest``; return the SHA-256 of what was written.
+
+    At most ``MAX_DOWNLOAD_BYTES`` are taken: a server that announces or sends more is refused.
+    """
     digest, received = hashlib.sha256(), 0
     with urllib.request.urlopen(url, timeout=timeout) as response:
-        announced = response.headers.get("Content-Length", "")
+        announced = response.headers.get("Content-Length", "") or ""
+        if announced.isdigit() and int(announced) > MAX_DOWNLOAD_BYTES:
+            raise _too_large(f"announced {int(announced):,} bytes")
         while chunk := response.read(CHUNK):
             digest.update(chunk)
             dest.write(chunk)
             received += len(chunk)
+            if received > MAX_DOWNLOAD_BYTES:
+                raise _too_large(f"sent over {received:,} bytes")
     if announced.isdigit() and received < int(announced):
         raise ShortDownload(f"connection closed early ({received} of {announced} bytes received)")
     return digest.hexdigest()
@@ -190,6 +234,18 @@ def cached(target: Path, sha256: str) -> bool:
     )
 
 
+def _not_a_directory(path: Path) -> Path | None:
+    """``path`` or the first of its parents that is there but is no directory (a file where
+    the cache or one of its parents should be), else None."""
+    for candidate in (path, *path.parents):
+        try:
+            if candidate.exists():
+                return None if candidate.is_dir() else candidate
+        except OSError:
+            return None
+    return None
+
+
 def fetch(
     filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30
 ) -> Path:
@@ -208,9 +264,9 @@ def fetch(
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(
-            f"{cache_dir}: cannot use as download cache: {exc.strerror or exc}"
-        ) from None
+        blocker = _not_a_directory(cache_dir)
+        why = f"{blocker} is not a directory" if blocker else exc.strerror or str(exc)
+        raise UserError(f"{cache_dir}: cannot use as download cache: {why}") from None
     if not mirrors:
         raise UserError(f"{target}: not in the cache and no download mirrors are configured")
     failures = []

@@ -7,8 +7,10 @@ dimension, then the values in big-endian C order. Files are often gzip-compresse
 from __future__ import annotations
 
 import gzip
+import io
 import math
 import os
+import stat
 import zlib
 from pathlib import Path
 
@@ -79,58 +81,173 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
     return TYPE_CODES[code], dims, header_len
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped when it is gzip (by magic bytes) or named ``.gz``."""
+KIND = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+CHUNK = 1 << 22  # what is read (and, gzip, decompressed) at a time
+TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this many
+
+
+def _open_regular(path: Path) -> tuple[int, int]:
+    """An open descriptor on ``path`` and its size, after checking it is a regular file.
+
+    Opened without blocking and checked on the open file, so a named pipe (which would wait
+    for a writer forever) or a device (``/dev/zero`` never ends) is refused at once.
+    """
     source = str(path)
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise _fail(source, "no such file") from None
     except OSError as exc:
         raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
-    if not raw:
-        raise _fail(source, "empty file")
-    is_gzip = raw[:2] == GZIP_MAGIC
-    if path.suffix == ".gz" and not is_gzip:
-        raise _fail(
-            source,
-            f"named .gz but not gzip-compressed (starts with {_hex(raw[:4])}); "
-            "if it is an uncompressed IDX file, drop the .gz suffix",
-        )
-    if not is_gzip:
-        return raw
     try:
-        data = gzip.decompress(raw)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise _fail(source, f"corrupt gzip data: {exc}") from None
-    if not data:
+        info = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = next((what for test, what in KIND if test(info.st_mode)), "not a regular file")
+        raise _fail(source, f"cannot read: {kind}, not a file")
+    return fd, info.st_size
+
+
+def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
+    """Up to ``n`` bytes (fewer only at the end of the data), in chunks: the buffer grows with
+    what arrives, never to a size that only a (possibly corrupt) header claims."""
+    out = bytearray()
+    while len(out) < n:
+        chunk = stream.read(min(CHUNK, n - len(out)))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
+    """``n`` bytes that the file's size says are there, read into one buffer of that size
+    (fewer only if the file shrank meanwhile)."""
+    out = bytearray(n)
+    got = 0
+    with memoryview(out) as view:
+        while got < n:
+            k = stream.readinto(view[got : got + CHUNK])
+            if not k:
+                break
+            got += k
+    return out if got == n else out[:got]
+
+
+def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
+    """How many bytes are left, counted without keeping them, up to about ``most``; and
+    whether the count stopped there (so there may be more)."""
+    count = 0
+    while count < most:
+        chunk = stream.read(CHUNK)
+        if not chunk:
+            return count, False
+        count += len(chunk)
+    return count, True
+
+
+def _payload_problem(
+    source: str, dims: tuple[int, ...], dtype: np.dtype, actual: int, more: bool = False
+) -> IdxError | None:
+    """The error for ``actual`` payload bytes where the header asks for another number
+    (``more``: at least ``actual``, the rest was not counted); None when they agree."""
+    expected = math.prod(dims) * dtype.itemsize
+    what = "" if dtype.itemsize == 1 else f" {dtype.newbyteorder('=').name} values"
+    says = f"header says {_shape_str(dims)}{what} = {expected} bytes of data"
+    at_least = "at least " if more else ""
+    if actual < expected:
+        return _fail(source, f"truncated: {says}, file has {actual}")
+    if actual > expected:
+        return _fail(
+            source,
+            f"{at_least}{actual - expected} bytes of trailing data: {says}, "
+            f"file has {at_least}{actual}",
+        )
+    return None
+
+
+def _header_and_payload(
+    stream: io.BufferedIOBase, source: str, size: int | None
+) -> tuple[np.dtype, tuple[int, ...], bytearray]:
+    """Read an IDX stream: (dtype, dims, payload bytes).
+
+    ``size`` is the stream's length when it is known (an uncompressed file): a payload of
+    another size is refused before it is read, so a header that disagrees with a huge (or
+    sparse) file costs nothing. A gzip stream (``size`` None) is inflated only as far as the
+    header says, plus a bounded count of what follows: a gzip bomb is never held in memory.
+    """
+    head = _read_growing(stream, 4 + 4 * MAX_NDIM)
+    if not head:
         raise _fail(source, "empty file (after gunzip)")
-    return data
+    if size is None and bytes(head[:2]) == GZIP_MAGIC:
+        raise _fail(source, "gzip-compressed twice: gunzip it once to get the IDX file")
+    dtype, dims, header_len = parse_idx_header(bytes(head), source)
+    expected = math.prod(dims) * dtype.itemsize
+    payload = head[header_len:]
+    if size is not None:
+        problem = _payload_problem(source, dims, dtype, size - header_len)
+        if problem:
+            raise problem
+    try:
+        if len(payload) < expected:
+            read = _read_growing if size is None else _read_known
+            payload += read(stream, expected - len(payload))
+    except MemoryError:
+        raise MemoryError(f"{source}: {_shape_str(dims)} values, {expected:,} bytes") from None
+    if len(payload) < expected:
+        raise _payload_problem(source, dims, dtype, len(payload))  # type: ignore[misc]
+    rest, more = _count_rest(stream, TRAILING_COUNTED)
+    rest += len(payload) - expected
+    if rest:
+        raise _payload_problem(source, dims, dtype, expected + rest, more)  # type: ignore[misc]
+    return dtype, dims, payload
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (gzip or raw) into a writable native-endian array of the header's shape."""
+    """Read an IDX file (gzip or raw) into a writable native-endian array of the header's shape.
+
+    Gzip is recognised by its magic bytes; a ``.gz`` name without them is refused. Only a
+    regular file is opened (a named pipe or a device would hang or never end), and one longer
+    or shorter than its header says is refused without being read whole.
+    """
     path = Path(path)
     source = str(path)
-    data = _read_bytes(path)
-    dtype, dims, header_len = parse_idx_header(data, source)
-    expected = math.prod(dims) * dtype.itemsize
-    actual = len(data) - header_len
-    what = "" if dtype.itemsize == 1 else f" {dtype.newbyteorder('=').name} values"
-    if actual < expected:
-        raise _fail(
-            source,
-            f"truncated: header says {_shape_str(dims)}{what} = {expected} bytes of data, "
-            f"file has {actual}",
-        )
-    if actual > expected:
-        raise _fail(
-            source,
-            f"{actual - expected} bytes of trailing data: header says {_shape_str(dims)}{what} "
-            f"= {expected} bytes of data, file has {actual}",
-        )
-    array = np.frombuffer(data, dtype=dtype, count=math.prod(dims), offset=header_len)
-    return array.astype(dtype.newbyteorder("="), copy=True).reshape(dims)
+    fd, size = _open_regular(path)
+    with open(fd, "rb", buffering=CHUNK) as raw:
+        try:
+            magic = raw.read(4)
+            if not magic:
+                raise _fail(source, "empty file")
+            is_gzip = magic[:2] == GZIP_MAGIC
+            if path.suffix == ".gz" and not is_gzip:
+                raise _fail(
+                    source,
+                    f"named .gz but not gzip-compressed (starts with {_hex(magic)}); "
+                    "if it is an uncompressed IDX file, drop the .gz suffix",
+                )
+            raw.seek(0)
+            if is_gzip:
+                with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
+                    try:
+                        dtype, dims, payload = _header_and_payload(stream, source, None)
+                    except (OSError, EOFError, zlib.error) as exc:
+                        raise _fail(source, f"corrupt gzip data: {exc}") from None
+            else:
+                # /proc and some network file systems report 0 bytes: then read and count
+                dtype, dims, payload = _header_and_payload(raw, source, size or None)
+        except OSError as exc:  # the disk failed mid-read
+            raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
+    array = np.frombuffer(payload, dtype=dtype, count=math.prod(dims))
+    return array.astype(dtype.newbyteorder("="), copy=False).reshape(dims)  # writable
 
 
 def encode_idx(array: np.ndarray) -> bytes:
