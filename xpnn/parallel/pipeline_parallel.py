@@ -205,16 +205,10 @@ class PipelineStage(Sequential):
         if step is None:
             step, self.passes = self.passes, self.passes + 1
         ids = ctx.sample_ids
+        if ids is None:
+            ids = self.xp.arange(n, dtype=self.xp.int64)
         contexts = [
-            Context(
-                train=True,
-                step=step,
-                seed=ctx.seed,
-                sample_ids=self.xp.arange(lo, hi, dtype=self.xp.int64)
-                if ids is None
-                else ids[lo:hi],
-            )
-            for lo, hi in parts
+            Context(train=True, step=step, seed=ctx.seed, sample_ids=ids[lo:hi]) for lo, hi in parts
         ]
         zero = self.xp.zeros((), dtype=self.xp.float64)
         loss_sum, correct = zero, zero
