@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, assert_one_line_user_error, mpiexec_path, run_xpnn
+from test_datasets import offline  # noqa: F401 - autouse: an empty cache, no network
 from test_download import dead_url
 from test_idx import NAMES, small_arrays, write_mnist_dir
 
@@ -26,16 +27,6 @@ from xpnn.data.download import default_cache_dir, fetch
 from xpnn.errors import UserError
 
 HEADER_100 = b"\x00\x00\x08\x03" + (100).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2
-
-
-@pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """An empty cache of the test's own and mirrors that refuse: no test reaches the network."""
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("XPNN_DATA_HOME", str(cache))
-    monkeypatch.setenv("XPNN_MNIST_MIRRORS", dead_url())
-    monkeypatch.setenv("XPNN_FASHION_MNIST_MIRRORS", dead_url())
-    return cache
 
 
 def peak_bytes(fn) -> tuple[BaseException | None, int]:
@@ -271,14 +262,15 @@ def test_relative_xdg_cache_home_is_ignored(monkeypatch: pytest.MonkeyPatch) -> 
     assert default_cache_dir() == Path("/home/someone/.cache/xpnn")
 
 
-def test_cache_directory_that_is_a_file_says_so(offline: Path) -> None:
+def test_cache_directory_that_is_a_file_says_so(tmp_path: Path) -> None:
     """It said "...: cannot use as download cache: File exists"."""
-    offline.mkdir()
-    (offline / "mnist").write_text("not a directory")
+    cache = tmp_path / "cache"  # the offline fixture's XPNN_DATA_HOME
+    cache.mkdir()
+    (cache / "mnist").write_text("not a directory")
     with pytest.raises(UserError) as info:
         load_dataset("mnist")
     assert str(info.value) == (
-        f"{offline / 'mnist'}: cannot use as download cache: {offline / 'mnist'} is not a directory"
+        f"{cache / 'mnist'}: cannot use as download cache: {cache / 'mnist'} is not a directory"
     )
 
 
