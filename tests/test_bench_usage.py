@@ -118,6 +118,7 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
         ),
         # the first epoch is not timed: one epoch would time nothing (or, before, itself)
         ("scaling", ["--epochs", "1"], "--epochs: must be >= 2, got 1: the first epoch includes"),
+        ("pipeline_memory", ["--epochs", "1"], "--epochs: must be >= 2, got 1: the first epoch"),
         (
             "throughput",
             ["--ranks-compare", "--ranks-epochs", "1"],
