@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from xpnn.backends.kernels import dtype_is
 from xpnn.errors import UserError
-from xpnn.nn.layer import is_floating
+from xpnn.nn.layer import is_int
 
 Array = Any
 
@@ -55,7 +56,7 @@ class Schedule:
             raise OptimArgError(f"--lr: must be positive, got {self.base_lr}")
         for name in ("warmup_steps", "total_steps", "step_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            if not is_int(value):
                 raise OptimArgError(f"Schedule: {name} must be an int, got {value!r}")
         if self.warmup_steps < 0 or self.total_steps < 0:
             raise OptimArgError(
@@ -149,7 +150,7 @@ class Optimizer:
 def _check_buffers(params: Array, rows: tuple[Array, ...]) -> None:
     """The kernels index every gradient buffer by the parameters' layout, and update in place:
     each must match the parameters' shape, and all must be floating point."""
-    if getattr(params, "dtype", None) is None or not is_floating(params.dtype):
+    if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
         raise OptimArgError(
             f"optimizer: params must be a floating-point array, got "
             f"{getattr(params, 'dtype', type(params).__name__)}"
@@ -160,7 +161,7 @@ def _check_buffers(params: Array, rows: tuple[Array, ...]) -> None:
                 f"optimizer: grads of shape {getattr(g, 'shape', None)} do not match params "
                 f"of shape {params.shape}"
             )
-        if not is_floating(g.dtype):
+        if not dtype_is(g.dtype, "real floating"):
             raise OptimArgError(f"optimizer: grads must be floating point, got {g.dtype}")
 
 

@@ -30,7 +30,7 @@ from xpnn.checkpoint import (
 )
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.errors import UserError, path_problems
-from xpnn.nn.layer import Context
+from xpnn.nn.layer import Context, is_int
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
 from xpnn.parallel.layout import Groups
@@ -69,13 +69,11 @@ class TrainConfig:
         whole = {"epochs": 1, "batch_size": 1, "eval_batch_size": 1}
         for name, least in whole.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            if not is_int(value) or value < least:
                 raise ValueError(
                     f"TrainConfig.{name}: must be an integer >= {least}, got {value!r}"
                 )
-        if self.step_epochs is not None and (
-            not isinstance(self.step_epochs, (int, np.integer)) or self.step_epochs < 1
-        ):
+        if self.step_epochs is not None and (not is_int(self.step_epochs) or self.step_epochs < 1):
             raise ValueError(
                 f"TrainConfig.step_epochs: must be None or >= 1, got {self.step_epochs!r}"
             )

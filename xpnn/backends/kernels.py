@@ -18,18 +18,20 @@ Grad = Any  # an Array, or a tuple of Arrays whose sum is the gradient
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
 
 
-def _is_integer_dtype(xp: ModuleType, dtype: Any) -> bool:
-    isdtype = getattr(xp, "isdtype", None)
-    if isdtype is not None:
-        try:
-            return bool(isdtype(dtype, "integral"))
-        except (TypeError, ValueError):
-            pass
-    kind = getattr(dtype, "kind", None)
-    return kind is not None and kind in "iu"
+_KIND_LETTERS = {"integral": "iu", "real floating": "f"}
+_KIND_NAMES = {"integral": "int", "real floating": "float"}
 
 
-def check_labels(xp: ModuleType, logits: Array, labels: Array) -> None:
+def dtype_is(dtype: Any, kind: str) -> bool:
+    """Whether ``dtype`` is ``"integral"`` or ``"real floating"`` (the array API's names):
+    by NumPy's and CuPy's kind letter, else by an array API namespace's dtype name."""
+    letter = getattr(dtype, "kind", None)
+    if letter is not None:
+        return letter in _KIND_LETTERS[kind]
+    return _KIND_NAMES[kind] in str(dtype)
+
+
+def check_labels(logits: Array, labels: Array) -> None:
     """Labels must be a 1-D integer array with one class index per row of ``logits``.
 
     Metadata only (shape and dtype): no pass over the values, no device sync. Without it a
@@ -46,7 +48,7 @@ def check_labels(xp: ModuleType, logits: Array, labels: Array) -> None:
             f"labels must be a 1-D integer array of length {n} (one class index per row of "
             f"logits of shape {tuple(logits.shape)}), got shape {tuple(shape)}"
         )
-    if not _is_integer_dtype(xp, dtype):
+    if not dtype_is(dtype, "integral"):
         raise ValueError(f"labels must be class indices of an integer dtype, got {dtype}")
 
 
@@ -164,11 +166,11 @@ class Kernels(ConvKernels):
     def check_labels(self, logits: Array, labels: Array) -> None:
         """Shape and dtype only (``check_labels``): no pass over the values, no device sync.
         Every kernel that takes labels calls it once; host kernels add the values' range."""
-        check_labels(self.xp, logits, labels)
+        check_labels(logits, labels)
 
     def count_correct(self, logits: Array, labels: Array) -> Array:
         xp = self.xp
-        check_labels(xp, logits, labels)  # the shape (a column broadcasts); it indexes nothing
+        check_labels(logits, labels)  # the shape (a column broadcasts); it indexes nothing
         return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.int64))
 
     # -- optimizer updates, in place on flat buffers ------------------------------------

@@ -16,20 +16,20 @@ from typing import Any
 Array = Any
 
 
+def is_int(value: Any) -> bool:
+    """An int or a NumPy integer: a count or a size. Not a bool (``True`` is an int to
+    Python, never a count), a float or a string."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as a Python int: an int or numpy integer (not a bool, float or string) that is
-    at least ``minimum``; else a one-line TypeError/ValueError naming ``owner`` and ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    """``value`` as a Python int (``is_int``) that is at least ``minimum``; else a one-line
+    TypeError/ValueError naming ``owner`` and ``name``."""
+    if not is_int(value):
         raise TypeError(f"{owner}: {name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value!r}")
     return int(value)
-
-
-def is_floating(dtype: Any) -> bool:
-    """Whether ``dtype`` (numpy's, cupy's, or an array API namespace's) is a real float."""
-    kind = getattr(dtype, "kind", None)
-    return kind == "f" if kind is not None else "float" in str(dtype)
 
 
 @dataclass
