@@ -13,12 +13,12 @@ import http.client
 import logging
 import os
 import socket
-import stat
 import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from xpnn.data.files import NotAFile, open_regular
 from xpnn.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -154,20 +154,6 @@ def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | No
             tmp.unlink()
 
 
-def _kind(mode: int) -> str:
-    """What a file that is not a regular file is, in words."""
-    for test, what in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return what
-    return "not a regular file"
-
-
 def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
     """SHA-256 and identity of the file at ``target``, None when nothing is there.
 
@@ -175,7 +161,7 @@ def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
     directory, a named pipe or a device in the cache is refused rather than hung on.
     """
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd, info = open_regular(target)
     except (FileNotFoundError, NotADirectoryError):
         if target.is_symlink():
             raise UserError(
@@ -183,16 +169,15 @@ def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
                 f"{os.readlink(target)}, which does not exist; remove or fix it"
             ) from None
         return None  # nothing there (a cache directory that is a file: mkdir says so)
+    except NotAFile as exc:
+        raise UserError(
+            f"{target}: in the download cache but {exc.kind}, not a file; remove it"
+        ) from None
     except OSError as exc:
         raise UserError(
             f"{target}: cannot read the cached download: {exc.strerror or exc}"
         ) from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):  # checked on the open file: nothing can swap it
-            raise UserError(
-                f"{target}: in the download cache but {_kind(info.st_mode)}, not a file; remove it"
-            )
         digest = hashlib.sha256()
         while chunk := os.read(fd, CHUNK):
             digest.update(chunk)

@@ -10,12 +10,12 @@ import gzip
 import io
 import math
 import os
-import stat
 import zlib
 from pathlib import Path
 
 import numpy as np
 
+from xpnn.data.files import NotAFile, open_regular
 from xpnn.errors import UserError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -81,39 +81,22 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
     return TYPE_CODES[code], dims, header_len
 
 
-KIND = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a named pipe"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
 CHUNK = 1 << 22  # what is read (and, gzip, decompressed) at a time
 TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this many
 
 
 def _open_regular(path: Path) -> tuple[int, int]:
-    """An open descriptor on ``path`` and its size, after checking it is a regular file.
-
-    Opened without blocking and checked on the open file, so a named pipe (which would wait
-    for a writer forever) or a device (``/dev/zero`` never ends) is refused at once.
-    """
+    """An open descriptor on ``path`` and its size, after checking it is a regular file
+    (``open_regular``: a named pipe or a device is refused at once, not waited on)."""
     source = str(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd, info = open_regular(path)
     except FileNotFoundError:
         raise _fail(source, "no such file") from None
+    except NotAFile as exc:
+        raise _fail(source, f"cannot read: {exc.kind}, not a file") from None
     except OSError as exc:
         raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-    except OSError as exc:
-        os.close(fd)
-        raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        kind = next((what for test, what in KIND if test(info.st_mode)), "not a regular file")
-        raise _fail(source, f"cannot read: {kind}, not a file")
     return fd, info.st_size
 
 
