@@ -8,7 +8,6 @@ sums and counts; only rank 0 prints, logs and saves.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -29,6 +28,7 @@ from xpnn.checkpoint import (
     save_params,
 )
 from xpnn.data import Dataset, global_batches, shard
+from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
 from xpnn.nn.layer import Context, is_int
 from xpnn.optim import Schedule, make_optimizer
@@ -118,10 +118,7 @@ def _not_finite(value: Any) -> bool:
 
 def params_digest(params: dict[str, np.ndarray]) -> str:
     """SHA-256 of the whole parameters: equal on every rank, or the parallelism broke."""
-    digest = hashlib.sha256()
-    for value in params.values():
-        digest.update(np.ascontiguousarray(value).tobytes())
-    return digest.hexdigest()
+    return arrays_digest(params.values())
 
 
 def peak_rss_mb() -> float | None:

@@ -6,7 +6,6 @@ inputs in [0, 1] (images as (N, 1, 28, 28)) and int64 labels.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from collections.abc import Callable
@@ -19,6 +18,7 @@ import numpy as np
 from xpnn.data.batches import check_seed
 from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
 from xpnn.data.idx import IdxError, read_idx_pair
+from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
 
 NUM_CLASSES = 10
@@ -318,11 +318,7 @@ def _load_idx_dataset(name: str, data_dir: str | os.PathLike | None, download: b
 def fingerprint(dataset: Dataset) -> str:
     """A digest of every value of the stored arrays (their shapes and dtypes too): equal on two
     ranks exactly when they read the same data."""
-    digest = hashlib.sha256()
-    for array in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test):
-        digest.update(f"{array.dtype.str}{array.shape};".encode())
-        digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
-    return digest.hexdigest()
+    return arrays_digest((dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
 
 
 def check_same_data(
