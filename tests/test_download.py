@@ -7,7 +7,10 @@ import hashlib
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -59,6 +62,15 @@ class _Handler(SimpleHTTPRequestHandler):
             self.close_connection = True
         elif self.behaviour == "silent":  # accept, then never answer
             self.owner.closing.wait(10)
+        elif self.behaviour == "trickle":  # a byte every 0.05 s: no read ever times out
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            for _ in range(200):
+                if self.owner.closing.wait(0.05):
+                    break
+                self.wfile.write(b"x")
+                self.wfile.flush()
         else:
             super().do_GET()
 
@@ -300,6 +312,59 @@ def test_timeout_moves_on(serve, tmp_path: Path) -> None:
     assert path.read_bytes() == PAYLOAD
     with pytest.raises(UserError, match=r"timed out after 0\.3 s"):
         fetch(NAME, "0" * 64, [silent.url], tmp_path / "other", timeout=0.3)
+
+
+def test_trickling_mirror_is_cut_off(serve, tmp_path: Path) -> None:
+    """Every read got a byte within the timeout, so the download took as long as the server
+    liked (10 s here; forever from a stuck proxy), then failed as cut short."""
+    trickle, good = serve(behaviour="trickle"), serve({NAME: PAYLOAD})
+    start = time.monotonic()
+    path = fetch(NAME, GOOD_SHA, [trickle.url, good.url], tmp_path / "cache", timeout=0.3)
+    assert path.read_bytes() == PAYLOAD
+    assert time.monotonic() - start < 5
+    with pytest.raises(UserError, match=r": too slow: \d+ bytes in 0\.\d s, under the 16 KiB/s"):
+        fetch(NAME, GOOD_SHA, [trickle.url], tmp_path / "other", timeout=0.3)
+    assert listing(tmp_path / "other") == []
+
+
+def test_missing_home_is_not_created_for_the_cache(
+    serve, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """HOME=/home/nobody-here (a service user's placeholder): mkdir -p made it."""
+    home = tmp_path / "gone"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XPNN_DATA_HOME", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    server = serve({NAME: PAYLOAD})
+    with pytest.raises(UserError) as info:
+        fetch(NAME, GOOD_SHA, [server.url], default_cache_dir())
+    assert str(info.value) == (
+        f"{home}/.cache/xpnn: cannot use as download cache: $HOME ({home}) does not exist; "
+        "set XPNN_DATA_HOME to a directory, or pass --data-dir"
+    )
+    assert not home.exists() and server.requests == []
+    home.mkdir()  # once it is there, the cache is made in it
+    assert fetch(NAME, GOOD_SHA, [server.url], default_cache_dir()).read_bytes() == PAYLOAD
+
+
+def test_dead_processes_partial_downloads_are_removed(serve, tmp_path: Path) -> None:
+    """A rank killed mid-download (SIGKILL, the OOM killer) left .NAME.*.part for good."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    host = socket.gethostname()
+    parts = {
+        "dead": f".{NAME}.{host}.{dead}.k2j4.part",
+        "live": f".{NAME}.{host}.{os.getppid()}.a8x1.part",  # another rank, downloading now
+        "elsewhere": f".{NAME}.{host}-other-node.{dead}.q0p3.part",  # its own host's to judge
+        "other file": f".other-{NAME}.{host}.{dead}.z9z9.part",
+    }
+    for name in parts.values():
+        (cache / name).write_bytes(b"partial")
+    fetch(NAME, GOOD_SHA, [serve({NAME: PAYLOAD}).url], cache)
+    kept = [parts["live"], parts["elsewhere"], parts["other file"]]
+    assert listing(cache) == sorted([NAME, *kept])
 
 
 def test_no_mirrors_is_user_error(tmp_path: Path) -> None:

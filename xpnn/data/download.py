@@ -8,12 +8,14 @@ fetching the same file at once each write their own temporary file and rename it
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import http.client
 import logging
 import os
 import socket
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,10 +29,13 @@ CHUNK = 1 << 20
 # No file xpnn downloads comes near this (Fashion-MNIST's largest has 26 MB): a mirror that
 # sends more, or streams without end, is cut off before it fills the disk.
 MAX_DOWNLOAD_BYTES = 256 << 20
+# A read that waits longer than the timeout fails, but a mirror that sends a byte every few
+# seconds never waits that long: past the timeout, the average rate must stay above this.
+MIN_BYTES_PER_S = 16 << 10
 
 
-class ShortDownload(OSError):
-    """The server closed the connection before sending all the bytes it announced."""
+class BadTransfer(OSError):
+    """The server did not deliver the file: it hung up early, sent too much, or too slowly."""
 
 
 def _home() -> Path:
@@ -95,7 +100,7 @@ def _describe(exc: BaseException, timeout: float) -> str:
         return f"timed out after {timeout:g} s"
     if isinstance(exc, socket.gaierror):
         return f"host not found ({exc.strerror or exc})"
-    if isinstance(exc, ShortDownload):
+    if isinstance(exc, BadTransfer):
         return str(exc)
     if isinstance(exc, http.client.IncompleteRead):
         return f"connection closed early ({len(exc.partial)} bytes received)"
@@ -104,36 +109,75 @@ def _describe(exc: BaseException, timeout: float) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _too_large(what: str) -> ShortDownload:
-    return ShortDownload(f"{what}, more than the {MAX_DOWNLOAD_BYTES >> 20} MiB any file may have")
+def _too_large(what: str) -> BadTransfer:
+    return BadTransfer(f"{what}, more than the {MAX_DOWNLOAD_BYTES >> 20} MiB any file may have")
 
 
 def _download_to(url: str, dest, timeout: float) -> str:
     """Stream ``url`` into the open file ``dest``; return the SHA-256 of what was written.
 
-    At most ``MAX_DOWNLOAD_BYTES`` are taken: a server that announces or sends more is refused.
+    At most ``MAX_DOWNLOAD_BYTES`` are taken: a server that announces or sends more is refused,
+    and so is one that, after ``timeout`` seconds, has sent less than ``MIN_BYTES_PER_S`` on
+    average (``read1`` returns what one read of the socket brings, so a trickle is seen).
     """
-    digest, received = hashlib.sha256(), 0
+    digest, received, start = hashlib.sha256(), 0, time.monotonic()
     with urllib.request.urlopen(url, timeout=timeout) as response:
         announced = response.headers.get("Content-Length", "") or ""
         if announced.isdigit() and int(announced) > MAX_DOWNLOAD_BYTES:
             raise _too_large(f"announced {int(announced):,} bytes")
-        while chunk := response.read(CHUNK):
+        while chunk := response.read1(CHUNK):
             digest.update(chunk)
             dest.write(chunk)
             received += len(chunk)
             if received > MAX_DOWNLOAD_BYTES:
                 raise _too_large(f"sent over {received:,} bytes")
+            elapsed = time.monotonic() - start
+            if elapsed > timeout and received < MIN_BYTES_PER_S * elapsed:
+                raise BadTransfer(
+                    f"too slow: {received:,} bytes in {elapsed:.1f} s, under the "
+                    f"{MIN_BYTES_PER_S >> 10} KiB/s a download must average"
+                )
     if announced.isdigit() and received < int(announced):
-        raise ShortDownload(f"connection closed early ({received} of {announced} bytes received)")
+        raise BadTransfer(f"connection closed early ({received} of {announced} bytes received)")
     return digest.hexdigest()
+
+
+def _part_prefix(target: Path) -> str:
+    """How this process's partial downloads of ``target`` begin: host and process id, so that
+    a later run can tell a dead process's leftovers from a live rank's download."""
+    return f".{target.name}.{socket.gethostname()}.{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): there all the same
+        return True
+    return True
+
+
+def remove_orphaned_parts(target: Path) -> list[Path]:
+    """Delete the partial downloads of ``target`` that this host's dead processes left (a run
+    killed mid-download: its ``finally`` never ran, and each is up to a whole file); returns
+    them. Another host's, and a live process's (another rank downloading now), are left."""
+    mine = f".{target.name}.{socket.gethostname()}."
+    removed = []
+    for part in target.parent.glob(glob.escape(mine) + "*.part"):
+        pid = part.name[len(mine) :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                part.unlink()
+                removed.append(part)
+    return removed
 
 
 def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | None:
     """Fetch one URL into ``target`` atomically; None on success, else why it failed."""
     try:
         fd, tmp_name = tempfile.mkstemp(
-            dir=target.parent, prefix=f".{target.name}.", suffix=".part"
+            dir=target.parent, prefix=_part_prefix(target), suffix=".part"
         )
     except OSError as exc:
         raise UserError(
@@ -231,6 +275,16 @@ def _not_a_directory(path: Path) -> Path | None:
     return None
 
 
+def _missing_home(cache_dir: Path) -> Path | None:
+    """$HOME when it does not exist and ``cache_dir`` lies in it: making the cache would make
+    a home directory (a $HOME from another machine, or a service user's placeholder)."""
+    home = os.environ.get("HOME", "")
+    if not home or Path(home).exists():
+        return None
+    inside = Path(home) in (cache_dir, *cache_dir.parents)
+    return Path(home) if inside else None
+
+
 def fetch(
     filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30
 ) -> Path:
@@ -246,6 +300,12 @@ def fetch(
     target = cache_dir / filename
     if cached(target, sha256):
         return target
+    home = _missing_home(cache_dir)
+    if home is not None:
+        raise UserError(
+            f"{cache_dir}: cannot use as download cache: $HOME ({home}) does not exist; set "
+            "XPNN_DATA_HOME to a directory, or pass --data-dir"
+        )
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -254,6 +314,7 @@ def fetch(
         raise UserError(f"{cache_dir}: cannot use as download cache: {why}") from None
     if not mirrors:
         raise UserError(f"{target}: not in the cache and no download mirrors are configured")
+    remove_orphaned_parts(target)
     failures = []
     for mirror in mirrors:
         url = mirror.rstrip("/") + "/" + filename
