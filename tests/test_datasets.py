@@ -88,6 +88,23 @@ def test_data_dir_uncompressed_files(tmp_path: Path) -> None:
     np.testing.assert_array_equal(data.x_test, expected_x(arrays["test_images"]))
 
 
+def test_data_dir_with_both_copies_of_a_file(tmp_path: Path) -> None:
+    """gunzip -k leaves X.gz and X: the same data is fine, other data was read unnoticed."""
+    arrays = small_arrays(seed=5)
+    directory = write_mnist_dir(tmp_path / "d", arrays)
+    raw = directory / "train-labels-idx1-ubyte"
+    write_idx(raw, arrays["train_labels"])
+    data = load_dataset("mnist", data_dir=directory)
+    np.testing.assert_array_equal(data.y_train, arrays["train_labels"])
+    write_idx(raw, (arrays["train_labels"] + 1) % 10)  # relabelled since
+    with pytest.raises(UserError) as info:
+        load_dataset("mnist", data_dir=directory)
+    assert str(info.value) == (
+        f"--data-dir {directory}: train-labels-idx1-ubyte.gz and train-labels-idx1-ubyte hold "
+        "different data; remove the one not meant"
+    )
+
+
 def test_data_dir_missing_file(tmp_path: Path) -> None:
     directory = write_mnist_dir(tmp_path / "d")
     (directory / "t10k-labels-idx1-ubyte.gz").unlink()

@@ -17,7 +17,7 @@ import numpy as np
 
 from xpnn.data.batches import check_seed
 from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
-from xpnn.data.idx import IdxError, read_idx_pair
+from xpnn.data.idx import IdxError, read_idx, read_idx_pair
 from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
 
@@ -212,16 +212,27 @@ def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
             raise UserError(f"--data-dir {directory}: {what}")
         for role, gz_name in FILES.items():
             raw_name = gz_name.removesuffix(".gz")
-            for candidate in (directory / gz_name, directory / raw_name):
-                if candidate.is_file():
-                    found[role] = candidate
-                    break
+            there = [c for c in (directory / gz_name, directory / raw_name) if c.is_file()]
+            if len(there) == 2:
+                _check_same_copies(directory, *there)
+            if there:
+                found[role] = there[0]
             else:
                 missing.append(_not_there(directory, gz_name, raw_name))
     if missing:
         raise UserError(f"--data-dir {directory}: missing {', '.join(missing)}")
     _check_known_files(name, found)
     return found
+
+
+def _check_same_copies(directory: Path, gz: Path, raw: Path) -> None:
+    """Both ``X.gz`` and ``X`` (``gunzip -k``): the .gz is read, so the other must hold the
+    same data, or the run trains on the copy the user did not mean (one edited since)."""
+    if not np.array_equal(read_idx(gz), read_idx(raw)):
+        raise UserError(
+            f"--data-dir {directory}: {gz.name} and {raw.name} hold different data; "
+            "remove the one not meant"
+        )
 
 
 TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
