@@ -27,6 +27,10 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+# The checkout's xpnn, whether or not it is installed in this Python: the scripts measure the
+# code next to them, and their one-line errors (which ask xpnn who prints) need it importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 
 def run_main(main: Callable[[], int | None]) -> None:
     """``sys.exit(main())``, except that a reader that goes away (``... | head``) or Ctrl-C

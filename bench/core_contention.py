@@ -39,11 +39,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import (  # noqa: E402
+from _common import (
     DefaultsFormatter,
     Parser,
     choice_list,

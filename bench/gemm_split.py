@@ -19,15 +19,11 @@ Run: ``python bench/gemm_split.py [--hidden 1024,1024] [--batch 128] [--ranks 2]
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from functools import partial
 from itertools import pairwise
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import (  # noqa: E402
+from _common import (
     DefaultsFormatter,
     Parser,
     blas_threads,

@@ -94,7 +94,6 @@ def worker_main(side: str, params: int, optimizer: str, threads: int, calls: int
 def worker(side: str, params: int, optimizer: str, threads: int, calls: int) -> None:
     import time
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     if side == "torch":
         import torch
 

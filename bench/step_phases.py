@@ -40,12 +40,9 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import Parser, format_table, median, run_main  # noqa: E402
+from _common import Parser, format_table, median, run_main
 
 PHASES = ("update", "fences", "forward", "wgrad")
 

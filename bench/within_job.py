@@ -24,12 +24,9 @@ import argparse
 import shlex
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import (  # noqa: E402
+from _common import (
     Parser,
     data_dir_problem,
     fmt_num,

@@ -98,12 +98,12 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
         (
             "pipeline_memory",
             ["--model", "mlp", "--hidden", "32,32", "--stages", "5"],
-            "--stages 5: --parallel pipeline: 5 ranks but the model has only 3 layers",
+            "--stages 5: --parallel pipeline: 5 stages (a replica's ranks) but the model has only",
         ),
         (
             "scaling",
             ["--parallel", "pipeline", "--mode", "strong", "--hidden", "8", "--ranks", "2,3"],
-            "--ranks 3: --parallel pipeline: 3 ranks but the model has only 2 layers",
+            "--ranks 3: --parallel pipeline: 3 stages (a replica's ranks) but the model has only 2",
         ),
         (
             "scaling",
@@ -171,6 +171,25 @@ def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
     assert line.removeprefix("bench/").startswith(f"{script}.py: error: "), line
     assert needle in line, proc.stderr
     assert proc.stdout == ""  # nothing measured, nothing reported
+
+
+@pytest.mark.parametrize(
+    ("script", "args"), [("scaling", ["--ranks", "0"]), ("matmul_crossover", ["--min-n", "0"])]
+)
+def test_a_usage_error_needs_no_installed_xpnn(tmp_path, script, args):
+    """``python3 bench/scaling.py`` from a Python without xpnn installed (the system one, next
+    to a venv) died in the usage error itself: ModuleNotFoundError, from asking xpnn which
+    rank prints. The scripts now use the checkout's xpnn (here, an installed one that fails
+    to import stands first on the path)."""
+    fake = tmp_path / "not-installed" / "xpnn"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('xpnn is not installed')\n")
+    env = {**os.environ, "PYTHONPATH": str(fake.parent)}
+    cmd = [sys.executable, str(ROOT / "bench" / f"{script}.py"), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.removeprefix("bench/").startswith(f"{script}.py: error: {args[0]}"), line
 
 
 @pytest.mark.parametrize(

@@ -562,16 +562,21 @@ def _questionable_settings(
     from xpnn.parallel.threads import node_cores
 
     notes = []
-    if args.parallel == "pipeline" and args.microbatches is not None:
+    if args.parallel == "pipeline":
         # a batch is cut into at most one micro-batch per sample: more are never run
         batch = min(cfg.batch_size, n_train or cfg.batch_size)
         replicas = cfg.extra.get("replicas", 1)
         share = -(-batch // replicas)  # the largest share of a batch a replica gets
-        if args.microbatches > share:
+        if args.microbatches is not None and args.microbatches > share:
             whose = "each replica's share of a batch" if replicas > 1 else "a batch"
             notes.append(
                 f"--microbatches {args.microbatches} is more than the {share} sample(s) of "
                 f"{whose}: a step runs at most {share} micro-batch(es), of one sample each"
+            )
+        if args.recompute and min(args.microbatches or MICROBATCHES, share) == 1:
+            notes.append(
+                "--recompute has no effect with one micro-batch a step: its activations are "
+                "still held when its backward pass comes, so none are computed again"
             )
     if args.warmup_epochs > args.epochs:
         notes.append(
