@@ -85,7 +85,9 @@ def test_adam_divides_by_zero_like_numpy(build):
     f32 = np.float32
     p, g, m, v = np.ones(8, f32), np.zeros(8, f32), np.zeros(8, f32), np.zeros(8, f32)
     lr, b1, b2, eps = f32(1e-3), f32(0.9), f32(0.999), f32(0.0)
-    getattr(nk._adam, build)(p, (g,), m, v, lr, b1, b2, f32(1) - b1, f32(1) - b2, eps, f32(1))
+    tiny = np.finfo(f32).smallest_normal
+    scalars = (lr, b1, b2, f32(1) - b1, f32(1) - b2, eps, f32(1), tiny, np.sqrt(tiny))
+    getattr(nk._adam, build)(p, (g,), m, v, *scalars)
     assert np.isnan(p).all()
 
 
@@ -173,7 +175,8 @@ def test_momentum(dtype, n_grads):
     rng = np.random.default_rng(5)
     p = rng.standard_normal(SIZE).astype(dtype)
     v = rng.standard_normal(SIZE).astype(dtype)
-    args = (p, _grads(rng, dtype, n_grads), v, dtype(0.05), dtype(0.9))
+    tiny = np.finfo(dtype).smallest_normal
+    args = (p, _grads(rng, dtype, n_grads), v, dtype(0.05), dtype(0.9), tiny)
     (_, args_s), (_, args_p) = _both("_momentum", args)
     assert not np.array_equal(args_s[0], p) and not np.array_equal(args_s[2], v)
     _assert_same_arrays(args_s, args_p)
@@ -192,7 +195,8 @@ def test_adam(dtype, n_grads):
     c1, c2 = 1 - beta1**step, 1 - beta2**step
     t = dtype
     scalars = (t(lr / c1), t(beta1), t(beta2), t(1 - beta1), t(1 - beta2), t(eps), t(c2))
-    args = (p, _grads(rng, dtype, n_grads), m, v, *scalars)
+    tiny = np.finfo(dtype).smallest_normal
+    args = (p, _grads(rng, dtype, n_grads), m, v, *scalars, tiny, np.sqrt(tiny))
     (_, args_s), (_, args_p) = _both("_adam", args)
     assert not np.array_equal(args_s[0], p)
     assert not np.array_equal(args_s[2], m) and not np.array_equal(args_s[3], v)

@@ -143,29 +143,39 @@ def _sgd(p, gs, lr):  # pragma: no cover - compiled
 
 
 @twin
-def _momentum(p, gs, v, lr, mu):  # pragma: no cover - compiled
+def _momentum(p, gs, v, lr, mu, tiny):  # pragma: no cover - compiled
     for i in prange(p.size):
         gi = gs[0][i]
         for r in range(1, len(gs)):
             gi += gs[r][i]
         vi = mu * v[i] + gi
+        if -tiny < vi < tiny:  # subnormal: zero (Kernels.flush_subnormal says why)
+            vi = tiny - tiny
         v[i] = vi
         p[i] -= lr * vi
 
 
 @twin
-def _adam(p, gs, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2):  # pragma: no cover
+def _adam(
+    p, gs, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2, tiny, root_tiny
+):  # pragma: no cover
     """Every scalar arrives in the arrays' dtype: a float64 literal such as ``1.0 - beta1``
-    would promote the float32 loop to float64 and cost it its vectorisation (4x here)."""
+    (or a ``0.0``) would promote the float32 loop to float64 and cost it its vectorisation
+    (4x here)."""
     for i in prange(p.size):
         gi = gs[0][i]
         for r in range(1, len(gs)):
             gi += gs[r][i]
         mi = beta1 * m[i] + one_m_b1 * gi
-        vi = beta2 * v[i] + one_m_b2 * (gi * gi)
+        g2 = gi * gi if not -root_tiny < gi < root_tiny else tiny - tiny  # not subnormal
+        vi = beta2 * v[i] + one_m_b2 * g2
+        if -tiny < mi < tiny:  # subnormal: zero (Kernels.flush_subnormal says why)
+            mi = tiny - tiny
+        if -tiny < vi < tiny:
+            vi = tiny - tiny
         m[i] = mi
         v[i] = vi
-        p[i] -= lr_c1 * mi / (math.sqrt(vi / c2) + eps)
+        p[i] -= lr_c1 * (mi / (math.sqrt(vi / c2) + eps))
 
 
 def _as_tuple(g: Any) -> tuple:
@@ -195,10 +205,12 @@ class NumbaKernels(HostLabelChecks, NumbaConvKernels, NumpyKernels):
         _sgd(p, _as_tuple(g), p.dtype.type(lr))
 
     def momentum_update(self, p: Array, g: Any, v: Array, lr: float, mu: float) -> None:
-        _momentum(p, _as_tuple(g), v, p.dtype.type(lr), p.dtype.type(mu))
+        t = p.dtype.type
+        _momentum(p, _as_tuple(g), v, t(lr), t(mu), np.finfo(p.dtype).smallest_normal)
 
     def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step) -> None:  # noqa: ANN001
         t = p.dtype.type
         c1, c2 = 1 - beta1**step, 1 - beta2**step
         scalars = (t(lr / c1), t(beta1), t(beta2), t(1 - beta1), t(1 - beta2), t(eps), t(c2))
-        _adam(p, _as_tuple(g), m, v, *scalars)
+        tiny = np.finfo(p.dtype).smallest_normal
+        _adam(p, _as_tuple(g), m, v, *scalars, tiny, np.sqrt(tiny))
