@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         help="untimed steps of a fresh model before each timed epoch (mlp 10, cnn 3); e.g."
-        " 1000 measures late-training speed (subnormal Adam state)",
+        " 1000 measures late-training speed (an aged optimizer state)",
     )
     a("--repeats", type=positive_int, default=5, help="timed epochs per side (median)")
     a("--pool", type=positive_int, default=4, help="distinct random batches cycled through")
@@ -394,9 +394,10 @@ def worker_main(conn: Any, kind: str, name: str, cfg: dict[str, Any]) -> None:
                 out = None
             elif op == "fresh":  # (op, warmup steps)
                 # A fresh model and optimizer before every timed epoch, warmed up untimed:
-                # - Adam's state ages: after ~650 steps, m of the weights whose gradient is
-                #   exactly 0 turns subnormal, which slows some kernels several fold; so every
-                #   timed epoch covers the same steps (warmup .. warmup + steps) of a run;
+                # - a model's state ages (before the 21st session xpnn's Adam moments turned
+                #   subnormal after ~650 steps, which slowed its update several fold; PyTorch's
+                #   may still), so every timed epoch covers the same steps (warmup .. warmup +
+                #   steps) of a run;
                 # - one model instance can run 30% faster or slower than the next (memory
                 #   placement), an offset that alternating cannot cancel but fresh ones average.
                 trainer = make()
