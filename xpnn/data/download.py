@@ -142,10 +142,10 @@ def _download_to(url: str, dest, timeout: float) -> str:
     return digest.hexdigest()
 
 
-def _part_prefix(target: Path) -> str:
-    """How this process's partial downloads of ``target`` begin: host and process id, so that
-    a later run can tell a dead process's leftovers from a live rank's download."""
-    return f".{target.name}.{socket.gethostname()}.{os.getpid()}."
+def _host_prefix(target: Path) -> str:
+    """How this host's partial downloads of ``target`` begin; then comes the process id, so
+    that a later run can tell a dead process's leftovers from a live rank's download."""
+    return f".{target.name}.{socket.gethostname()}."
 
 
 def _alive(pid: int) -> bool:
@@ -162,7 +162,7 @@ def remove_orphaned_parts(target: Path) -> list[Path]:
     """Delete the partial downloads of ``target`` that this host's dead processes left (a run
     killed mid-download: its ``finally`` never ran, and each is up to a whole file); returns
     them. Another host's, and a live process's (another rank downloading now), are left."""
-    mine = f".{target.name}.{socket.gethostname()}."
+    mine = _host_prefix(target)
     removed = []
     for part in target.parent.glob(glob.escape(mine) + "*.part"):
         pid = part.name[len(mine) :].split(".", 1)[0]
@@ -177,7 +177,7 @@ def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | No
     """Fetch one URL into ``target`` atomically; None on success, else why it failed."""
     try:
         fd, tmp_name = tempfile.mkstemp(
-            dir=target.parent, prefix=_part_prefix(target), suffix=".part"
+            dir=target.parent, prefix=f"{_host_prefix(target)}{os.getpid()}.", suffix=".part"
         )
     except OSError as exc:
         raise UserError(
