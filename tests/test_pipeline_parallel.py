@@ -51,7 +51,9 @@ def test_stage_bounds_are_the_best_contiguous_cut(layers, stages):
     costs = [float(c) if p else 0.0 for c, p in layers]
     has_params = [p for _, p in layers]
     if sum(has_params) < stages:
-        with pytest.raises(UserError, match=f"{stages} ranks but the model has only"):
+        with pytest.raises(
+            UserError, match=rf"{stages} stages \(a replica's ranks\) but the model has only"
+        ):
             stage_bounds(costs, has_params, stages)
         return
     bounds = stage_bounds(costs, has_params, stages)
@@ -255,7 +257,11 @@ def test_two_and_three_stages_compute_the_one_rank_run(tmp_path, args, microbatc
 @pytest.mark.parametrize(
     "ranks, args, message",
     [
-        (4, ["--hidden", "16,16"], "--parallel pipeline: 4 ranks but the model has only 3 layers"),
+        (
+            4,
+            ["--hidden", "16,16"],
+            "--parallel pipeline: 4 stages (a replica's ranks) but the model has only 3",
+        ),
     ],
 )
 def test_pipeline_user_errors_are_one_line_exit_2(ranks, args, message):
