@@ -167,7 +167,7 @@ def remove_orphaned_parts(target: Path) -> list[Path]:
     for part in target.parent.glob(glob.escape(mine) + "*.part"):
         pid = part.name[len(mine) :].split(".", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # gone already, or another user's to remove
                 part.unlink()
                 removed.append(part)
     return removed
