@@ -38,7 +38,7 @@ def run_main(main: Callable[[], int | None]) -> None:
     try:
         code = main()
     except (BrokenPipeError, KeyboardInterrupt) as exc:  # a run being timed stops with us
-        from xpnn.parallel.failure import stopped_from_outside
+        from xpnn.runtime import stopped_from_outside
 
         message, code = stopped_from_outside(exc) or ("stopped", 1)
         print(f"{Path(sys.argv[0]).name}: {message}", file=sys.stderr, flush=True)
@@ -660,8 +660,8 @@ def pipeline_problem(model: str, hidden: Sequence[int], stages: int) -> str | No
     before any run starts; the message is xpnn's."""
     from xpnn.backends import get_backend
     from xpnn.errors import UserError
-    from xpnn.nn.models import build_model
-    from xpnn.parallel.pipeline_parallel import layer_costs, stage_bounds
+    from xpnn.nn import build_model
+    from xpnn.parallel.model import layer_costs, stage_bounds
 
     whole = build_model(model, tuple(hidden))
     try:  # as build_stage does, without placing anything
@@ -678,7 +678,7 @@ def pipeline_problem(model: str, hidden: Sequence[int], stages: int) -> str | No
 def data_dir_problem(dataset: str, data_dir: str) -> str | None:
     """Why ``data_dir`` does not hold ``dataset``'s four IDX files (None: it does), as xpnn's
     ``--data-dir`` lookup says it (``--data-dir DIR: no such directory``, ``...: missing ...``)."""
-    from xpnn.data.datasets import find_files
+    from xpnn.data import find_files
     from xpnn.errors import UserError
 
     try:

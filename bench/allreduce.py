@@ -38,8 +38,8 @@ from _common import Parser, nonneg_int, out_path, positive_int, refuse_unwritabl
 os.environ.setdefault("XPNN_FORCE_MPI", "1")  # a plain `python bench/allreduce.py` works too
 
 from xpnn.errors import UserError  # noqa: E402
-from xpnn.parallel import init_world, make_communicator  # noqa: E402
-from xpnn.parallel.threads import node_cores  # noqa: E402
+from xpnn.parallel.comm import make_communicator  # noqa: E402
+from xpnn.runtime import init_world, node_cores  # noqa: E402
 
 HOST_COMMS = ("auto", "mpi-shm", "mpi-host", "self")
 """``--comm`` kinds for the host rows: ``make_communicator``'s CPU kinds (``mpi-cuda`` and

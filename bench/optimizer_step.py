@@ -104,7 +104,7 @@ def worker(side: str, params: int, optimizer: str, threads: int, calls: int) -> 
         kw = {"momentum": 0.9} if optimizer == "momentum" else {}
         step = cls[optimizer]([p], lr=1e-3, **kw).step
     else:
-        from xpnn.parallel.threads import apply_threads
+        from xpnn.runtime import apply_threads
 
         apply_threads(threads)
         import numpy as np

@@ -480,7 +480,7 @@ def run(args: argparse.Namespace) -> int:
     order: list[RunSpec] = list(
         dict.fromkeys(canonical(s) for rows in tables.values() for _, s in rows)
     )
-    from xpnn.parallel.threads import node_cores  # the affinity mask, or a CPU quota's cores
+    from xpnn.runtime import node_cores  # the affinity mask, or a CPU quota's cores
 
     cores = node_cores()
     for spec in order:

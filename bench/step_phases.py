@@ -130,9 +130,9 @@ def instrument(timer: StepTimer) -> None:
     from xpnn import optim, train
     from xpnn.backends import kernels
     from xpnn.nn.conv import Conv2D
-    from xpnn.nn.dense import Dense
     from xpnn.nn.sequential import Sequential
-    from xpnn.parallel import shm_comm
+    from xpnn.parallel.comm import shm as shm_comm
+    from xpnn.parallel.model import shared
 
     timer.wrap(train.Trainer, "step", None)
     timer.wrap(optim.Optimizer, "update_part", "update")
@@ -141,8 +141,8 @@ def instrument(timer: StepTimer) -> None:
     for cls in (kernels.Kernels, kernels.NumpyKernels):  # neither calls the other
         timer.wrap(cls, "matmul_into", "wgrad")
     for cls, name in (  # products, not weight gradients
-        (Dense, "forward_units"),
-        (Dense, "input_grad_rows"),
+        (shared, "forward_units"),
+        (shared, "input_grad_rows"),
         (Conv2D, "forward"),  # its product counts as forward (within Sequential.forward)
         (Conv2D, "input_grad"),  # before the 19th session a CNN's wgrad counted both
     ):

@@ -250,7 +250,7 @@ class XpnnTrainer:
         return out
 
     def epoch(self, steps: int, batches: list[tuple]) -> float:
-        from xpnn.nn.layer import Context
+        from xpnn.nn import Context
 
         model, opt = self.model, self.opt
         self.backend.synchronize()
@@ -350,7 +350,7 @@ def worker_main(conn: Any, kind: str, name: str, cfg: dict[str, Any]) -> None:
     its spinning threads then slow OpenBLAS ~10x on 2 cores.)
     """
     try:
-        from xpnn.parallel.threads import apply_threads
+        from xpnn.runtime import apply_threads
 
         threads = apply_threads(cfg["threads"])  # before Numba / torch start their pools
         info: dict[str, Any] = {"pid": os.getpid(), "kind": kind, "name": name}

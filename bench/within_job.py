@@ -200,8 +200,7 @@ def main(argv: list[str]) -> int:
     opts = parse(argv)
     from xpnn import cli
     from xpnn.errors import UserError
-    from xpnn.parallel.failure import run_guarded
-    from xpnn.parallel.world import init_world
+    from xpnn.runtime import init_world, run_guarded
 
     sides = {}
     for s in SIDES:

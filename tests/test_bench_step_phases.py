@@ -53,15 +53,15 @@ def test_the_timed_steps_run_without_automatic_garbage_collection(monkeypatch):
     from xpnn import optim, train
     from xpnn.backends import kernels
     from xpnn.nn.sequential import Sequential
-    from xpnn.parallel import shm_comm
+    from xpnn.parallel.comm import shm as shm_comm
 
     wrapped = [(train.Trainer, "__init__"), (optim.Optimizer, "update_part")]
     wrapped += [(shm_comm.ShmCommunicator, "fence"), (Sequential, "forward")]
     wrapped += [(kernels.Kernels, "matmul_into"), (kernels.NumpyKernels, "matmul_into")]
     from xpnn.nn.conv import Conv2D
-    from xpnn.nn.dense import Dense
+    from xpnn.parallel.model import shared
 
-    wrapped += [(Dense, "forward_units"), (Dense, "input_grad_rows")]
+    wrapped += [(shared, "forward_units"), (shared, "input_grad_rows")]
     wrapped += [(Conv2D, "forward"), (Conv2D, "input_grad")]
     for cls, name in wrapped:
         monkeypatch.setattr(cls, name, getattr(cls, name))  # the script wraps these: restore
@@ -157,12 +157,13 @@ def test_a_conv_layers_forward_and_input_gradient_products_are_not_wgrad(monkeyp
     from xpnn.backends import get_backend, kernels
     from xpnn.nn import Context, Dense, Flatten, Sequential
     from xpnn.nn.conv import Conv2D
-    from xpnn.parallel import shm_comm
+    from xpnn.parallel.comm import shm as shm_comm
+    from xpnn.parallel.model import shared
 
     wrapped = [(train.Trainer, "step"), (optim.Optimizer, "update_part")]
     wrapped += [(shm_comm.ShmCommunicator, "fence"), (Sequential, "forward")]
     wrapped += [(kernels.Kernels, "matmul_into"), (kernels.NumpyKernels, "matmul_into")]
-    wrapped += [(Dense, "forward_units"), (Dense, "input_grad_rows")]
+    wrapped += [(shared, "forward_units"), (shared, "input_grad_rows")]
     wrapped += [(Conv2D, "forward"), (Conv2D, "input_grad")]
     for cls, name in wrapped:  # put back after the test
         monkeypatch.setattr(cls, name, cls.__dict__[name])

@@ -271,7 +271,7 @@ def test_mlp_flags_say_they_have_no_effect_on_the_cnn(flags):
 
 def test_bucket_mb_help_states_the_default_used():
     from xpnn.cli import build_parser
-    from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB
+    from xpnn.parallel.update import DEFAULT_BUCKET_MB
 
     help_text = " ".join(build_parser().format_help().split())
     assert f"(default {DEFAULT_BUCKET_MB:g};" in help_text
@@ -450,7 +450,7 @@ def test_ctrl_c_while_setting_up_is_interrupted_not_a_traceback():
 
 
 def test_settings_that_are_probably_a_slip_get_a_note():
-    from xpnn.parallel.threads import node_cores
+    from xpnn.runtime.threads import node_cores
 
     more = node_cores() + 1  # one thread more than this machine's cores
     proc = run_xpnn([*SMALL, "--epochs", "1", "--warmup-epochs", "2", "--threads", str(more)])

@@ -422,7 +422,7 @@ def test_sigterm_ends_a_job_whose_rank_stopped_answering():
 def test_say_writes_a_line_in_one_write(monkeypatch):
     """``print`` sent the text and its newline apart (stderr writes through): two ranks' lines
     ran together, ``rank 1: interruptedrank 0: interrupted``."""
-    from xpnn.parallel import failure
+    from xpnn.runtime import failure
 
     writes: list[str] = []
 

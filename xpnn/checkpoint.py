@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.errors import UserError
-from xpnn.parallel.whole import own_piece, whole_shape, whole_size
+from xpnn.parallel.model.whole import own_piece, whole_shape, whole_size
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:

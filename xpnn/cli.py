@@ -412,9 +412,9 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
     from xpnn.nn import build_model
-    from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB
-    from xpnn.parallel.layout import place_of
-    from xpnn.parallel.threads import apply_threads, threads_per_rank
+    from xpnn.parallel.model.layout import place_of
+    from xpnn.parallel.update import DEFAULT_BUCKET_MB
+    from xpnn.runtime.threads import apply_threads, threads_per_rank
     from xpnn.train import TrainConfig
 
     writer = world.rank == 0  # rank 0 alone saves, logs and checkpoints
@@ -454,12 +454,12 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
     model = build_model(args.model, hidden, activation, data.num_classes, args.loss)
     place = place_of(world.rank, world.size, args.parallel, args.model_ranks)
     if args.parallel == "tensor":
-        from xpnn.parallel.tensor_parallel import split_layers
+        from xpnn.parallel.model.tensor import split_layers
 
         model.layers = split_layers(model.layers, place.index, place.model_ranks)
     try:
         if args.parallel == "pipeline":
-            from xpnn.parallel.pipeline_parallel import DEFAULT_SCHEDULE, build_stage
+            from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE, build_stage
 
             model = build_stage(
                 model,
@@ -529,8 +529,8 @@ def _announce(
     if comm.rank != 0:
         return
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
-    from xpnn.parallel.threads import describe_threads
-    from xpnn.parallel.whole import is_spread, whole_size
+    from xpnn.parallel.model.whole import is_spread, whole_size
+    from xpnn.runtime.threads import describe_threads
 
     summary = model.summary()
     if is_spread(model):  # tensor and pipeline parallel: rank 0 holds a part
@@ -559,7 +559,7 @@ def _questionable_settings(
     args: Any, cfg: Any, world: Any, n_train: int | None = None
 ) -> list[str]:
     """Settings that work but are probably not what was meant: said once, not refused."""
-    from xpnn.parallel.threads import node_cores
+    from xpnn.runtime.threads import node_cores
 
     notes = []
     if args.parallel == "pipeline":
@@ -594,7 +594,7 @@ def _questionable_settings(
             f"--threads {threads} but this rank has {share} core(s) of its own: the threads "
             "take turns, which is slower"
         )
-    from xpnn.parallel.threads import REPLACED_ENV
+    from xpnn.runtime.threads import REPLACED_ENV
 
     if REPLACED_ENV and args.threads is None:  # exported for all programs, or for this one?
         given = ", ".join(f"{var}={value}" for var, value in REPLACED_ENV.items())
@@ -607,7 +607,7 @@ def _questionable_settings(
 
 def ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
     """Flags the user gave that this run ignores, and why: said, not silently dropped."""
-    from xpnn.parallel.data_parallel import uses_byte_buckets
+    from xpnn.parallel.update import uses_byte_buckets
 
     optional = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
     optional += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
@@ -645,14 +645,14 @@ def ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
 
 
 def train_main(args: argparse.Namespace) -> int:
-    from xpnn.parallel.failure import (
+    from xpnn.runtime.failure import (
         agree_timeout,
         run_guarded,
         stop_grace,
         stop_when_stuck,
         terminate_on_sigterm,
     )
-    from xpnn.parallel.world import init_world
+    from xpnn.runtime.world import init_world
 
     world = init_world()
     terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints left whole
@@ -697,8 +697,8 @@ def _threads_of_every_rank(cfg: Any, world: Any) -> None:
 def build_trainer(args: argparse.Namespace, world: Any, announce: bool = True) -> Any:
     """Everything ``python -m xpnn`` does before it trains (``bench/within_job.py`` builds two);
     each phase's user errors are agreed on by every rank."""
-    from xpnn.parallel.failure import agree_on_user_errors
-    from xpnn.parallel.layout import make_groups
+    from xpnn.parallel.model.layout import make_groups
+    from xpnn.runtime.failure import agree_on_user_errors
     from xpnn.train import Trainer
 
     agree_on_user_errors(world, lambda: _same_flags(args, world))  # every rank calls it first
@@ -730,7 +730,7 @@ def _train(args: argparse.Namespace, world: Any) -> int:
     warnings.filterwarnings(
         "ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning, r"xpnn\."
     )
-    from xpnn.parallel.failure import one_line
+    from xpnn.runtime.failure import one_line
     from xpnn.train import TrainingDiverged
 
     try:
@@ -759,7 +759,7 @@ def _info(as_json: bool) -> int:
     try:
         return info_main(as_json=as_json)
     except OSError as exc:
-        from xpnn.parallel.failure import describe, say, stopped_from_outside
+        from xpnn.runtime.failure import describe, say, stopped_from_outside
 
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
         say(f"xpnn: {message}")
@@ -785,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"xpnn: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C while Python, NumPy or MPI start
-        from xpnn.parallel.failure import stopped_from_outside
+        from xpnn.runtime.failure import stopped_from_outside
 
         message, code = stopped_from_outside(exc) or ("interrupted", 130)
         print(f"xpnn: {message}", file=sys.stderr, flush=True)

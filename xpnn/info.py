@@ -9,9 +9,9 @@ import sys
 
 def collect() -> dict:
     from xpnn.backends import availability
-    from xpnn.parallel.cpu_quota import cpu_quota
-    from xpnn.parallel.threads import affinity, node_cores
-    from xpnn.parallel.world import init_world
+    from xpnn.runtime.cpu_quota import cpu_quota
+    from xpnn.runtime.threads import affinity, node_cores
+    from xpnn.runtime.world import init_world
 
     world = init_world()
     out: dict = {
@@ -37,11 +37,11 @@ def collect() -> dict:
         for i in range(cupy.cuda.runtime.getDeviceCount()):
             name = cupy.cuda.runtime.getDeviceProperties(i)["name"]
             out["devices"].append(name.decode() if isinstance(name, bytes) else name)
-    from xpnn.parallel.threads import threads_per_rank
+    from xpnn.runtime.threads import threads_per_rank
 
     out["threads_per_rank"] = threads_per_rank(world.local_size, share=world.cores)
     try:
-        from xpnn.parallel.cuda_aware import mpi_info
+        from xpnn.parallel.comm.cuda_aware import mpi_info
 
         out["mpi"] = mpi_info()
     except ImportError as exc:

@@ -32,10 +32,10 @@ from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
 from xpnn.nn.layer import Context, is_int
 from xpnn.optim import Schedule, make_optimizer
-from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
-from xpnn.parallel.layout import Groups
-from xpnn.parallel.threads import describe_threads
-from xpnn.parallel.whole import is_spread, whole_arrays, whole_params, whole_size
+from xpnn.parallel.model.layout import Groups
+from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params, whole_size
+from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
+from xpnn.runtime.threads import describe_threads
 
 
 @dataclass

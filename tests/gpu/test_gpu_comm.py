@@ -41,7 +41,8 @@ import os, sys
 import numpy as np
 import cupy
 from types import SimpleNamespace
-from xpnn.parallel import init_world, make_communicator, run_guarded
+from xpnn.parallel.comm import make_communicator
+from xpnn.runtime import init_world, run_guarded
 
 w = init_world()
 cupy.cuda.Device(w.local_rank % cupy.cuda.runtime.getDeviceCount()).use()
@@ -129,7 +130,7 @@ def test_explicit_requests_on_a_shared_gpu_fall_back(tmp_path: Path) -> None:
     if GPUS >= 2:
         pytest.skip("each rank has its own GPU here; the shared-GPU fallback needs one GPU")
     body = """
-    from xpnn.parallel.cuda_aware import detect_cuda_aware
+    from xpnn.parallel.comm.cuda_aware import detect_cuda_aware
 
     def main():
         aware = detect_cuda_aware().aware

@@ -1,7 +1,7 @@
 """Data: IDX files, datasets (mnist, fashion-mnist, synthetic), downloads, sharding."""
 
 from xpnn.data.batches import epoch_order, global_batches, shard
-from xpnn.data.datasets import Dataset, load_dataset
+from xpnn.data.datasets import Dataset, find_files, load_dataset
 from xpnn.data.download import default_cache_dir, fetch
 from xpnn.data.idx import IdxError, parse_idx_header, read_idx, read_idx_pair, write_idx
 
@@ -11,6 +11,7 @@ __all__ = [
     "default_cache_dir",
     "epoch_order",
     "fetch",
+    "find_files",
     "global_batches",
     "load_dataset",
     "parse_idx_header",

@@ -1,35 +1,10 @@
-"""Parallel runtime: who am I (``world``), how ranks talk (``comm``), failing well
-(``failure``) and CPU threads per rank (``threads``).
+"""Training over many ranks, as three packages with their factories in ``__init__``:
 
-Importing this package imports neither mpi4py nor CuPy: MPI starts in ``init_world`` only
-under a launcher, CuPy only when a GPU communicator is built.
+- ``comm``: how ranks talk, one interface for every transport (``make_communicator``);
+- ``update``: how a step's gradients become one update (``make_update``);
+- ``model``: strategies that wrap or swap a model's layers (tensor and pipeline parallelism,
+  node-shared activations, the 2-D layout of replicas, the whole model gathered from pieces).
+
+The process itself (world, threads, failure) is ``xpnn.runtime``. Importing this package
+imports neither mpi4py nor CuPy.
 """
-
-from xpnn.parallel.comm import (
-    Communicator,
-    Handle,
-    MpiHostCommunicator,
-    SelfCommunicator,
-    make_communicator,
-)
-from xpnn.parallel.cuda_aware import CudaAwareness, detect_cuda_aware
-from xpnn.parallel.failure import CollectiveExit, agree_on_user_errors, run_guarded
-from xpnn.parallel.threads import apply_threads, threads_per_rank
-from xpnn.parallel.world import World, init_world
-
-__all__ = [
-    "CollectiveExit",
-    "Communicator",
-    "CudaAwareness",
-    "Handle",
-    "MpiHostCommunicator",
-    "SelfCommunicator",
-    "World",
-    "agree_on_user_errors",
-    "apply_threads",
-    "detect_cuda_aware",
-    "init_world",
-    "make_communicator",
-    "run_guarded",
-    "threads_per_rank",
-]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from xpnn.errors import UserError
-from xpnn.parallel.cuda_aware import CudaAwareness, detect_cuda_aware
+from xpnn.parallel.comm.cuda_aware import CudaAwareness, detect_cuda_aware
 
 
 def _fail() -> int:
@@ -88,7 +88,7 @@ def test_broken_query_is_not_aware() -> None:
 def test_real_mpich_wheel_is_not_cuda_aware() -> None:
     """The real library, asked for real (in a child: MPI must not start inside pytest)."""
     code = (
-        "from xpnn.parallel.cuda_aware import detect_cuda_aware, read_alloc_kinds, "
+        "from xpnn.parallel.comm.cuda_aware import detect_cuda_aware, read_alloc_kinds, "
         "query_mpix_cuda_support\n"
         "from mpi4py import MPI\n"
         "print(MPI.Get_library_version().split()[0])\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xpnn.parallel.segments import mpich_segments, unlink_mpich_segments
+from xpnn.runtime.segments import mpich_segments, unlink_mpich_segments
 
 
 def _maps(*paths: str) -> str:

@@ -272,7 +272,7 @@ def _gather_codes(size: int, code: int) -> Any:
     """
     import numpy as np
 
-    from xpnn.parallel.world import control_comm
+    from xpnn.runtime.world import control_comm
 
     comm: Any = control_comm()
     mine = np.array([code], dtype=np.int32)
@@ -325,7 +325,7 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
             _abort(code)
         if not any(codes):
             return result
-        from xpnn.parallel.world import control_comm
+        from xpnn.runtime.world import control_comm
 
         outcomes = control_comm().allgather(outcome)  # type: ignore[attr-defined]
     else:

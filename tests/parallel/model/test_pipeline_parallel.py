@@ -20,7 +20,7 @@ from xpnn.errors import UserError
 from xpnn.nn import build_model
 from xpnn.nn.layer import Context
 from xpnn.parallel.comm import SelfCommunicator
-from xpnn.parallel.pipeline_parallel import (
+from xpnn.parallel.model.pipeline import (
     SCHEDULES,
     build_stage,
     in_flight,

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.parallel.cpu_quota import cpu_quota, quota_cores
-from xpnn.parallel.segments import unlink_mpich_segments
-from xpnn.parallel.threads import affinity, core_share
+from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
+from xpnn.runtime.segments import unlink_mpich_segments
+from xpnn.runtime.threads import affinity, core_share
 
 # Variables that a launcher sets in every process it starts. Each entry: (variable, minimum size
 # it signals). Launchers set more, but one of these is always there:

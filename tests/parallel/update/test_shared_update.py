@@ -12,8 +12,8 @@ from xpnn.backends import get_backend
 from xpnn.nn import build_model
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
-from xpnn.parallel.data_parallel import MIN_LAYER_BUCKET, layer_buckets
-from xpnn.parallel.shared_update import ALIGN, share_bounds
+from xpnn.parallel.comm.shm import ALIGN, share_bounds
+from xpnn.parallel.update import MIN_LAYER_BUCKET, layer_buckets
 
 
 @given(st.integers(0, 3000), st.integers(0, 3000), st.integers(1, 9))

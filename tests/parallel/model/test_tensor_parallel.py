@@ -18,8 +18,8 @@ from xpnn.nn import build_model
 from xpnn.nn.dense import Dense
 from xpnn.nn.flatten import Flatten
 from xpnn.parallel.comm import SelfCommunicator
-from xpnn.parallel.tensor_parallel import ColumnDense, RowDense, split_layers
-from xpnn.parallel.whole import whole_size
+from xpnn.parallel.model.tensor import ColumnDense, RowDense, split_layers
+from xpnn.parallel.model.whole import whole_size
 
 
 def _alone(layer):

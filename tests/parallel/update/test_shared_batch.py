@@ -1,5 +1,5 @@
 """The pieces of sharing activations on a node: gradient shares, the choice of scheme, where
-each rank's samples go. (The whole scheme under mpiexec: tests/test_data_parallel.py.)"""
+each rank's samples go. (The whole scheme under mpiexec: test_data_parallel.py.)"""
 
 from types import SimpleNamespace
 
@@ -13,14 +13,18 @@ from xpnn.errors import UserError
 from xpnn.nn import build_model
 from xpnn.nn.dense import Dense
 from xpnn.nn.layer import Context
-from xpnn.parallel.shared_batch import (
-    _Placement,
-    activation_values,
+from xpnn.parallel.comm.shm import ALIGN, share_bounds
+from xpnn.parallel.model.shared import (
+    Placement,
+    SharedDense,
+    backward_units,
+    forward_units,
+    grads_of_rows,
+    input_grad_rows,
     row_align,
-    shares_activations,
     splits_units,
 )
-from xpnn.parallel.shared_update import ALIGN, share_bounds
+from xpnn.parallel.update.shared_batch import activation_values, shares_activations
 
 
 @settings(deadline=None, max_examples=40)
@@ -44,7 +48,7 @@ def test_shares_of_the_gradient_make_the_whole_gradient(fan_in, units, batch, pa
     for i in range(parts):
         rows = slice(*share_bounds(0, fan_in, parts, i))
         cols = slice(*share_bounds(0, units, parts, i))
-        layer.grads_of_share(x, dz, rows, cols)
+        grads_of_rows(layer, x, dz, rows, cols)
     for name in whole:
         np.testing.assert_allclose(layer.grads[name], whole[name], rtol=1e-12, atol=1e-12)
 
@@ -76,11 +80,11 @@ def test_units_slices_make_the_whole_pass(fan_in, units, batch, parts, backend_n
     layer.grads["b"][...] = np.nan
     for i in range(parts):
         cols = slice(*share_bounds(0, units, parts, i))
-        layer.forward_units(x, cols, y[:, cols])
-        layer.backward_units(dz[:, cols], y[:, cols], cols)
+        forward_units(layer, x, cols, y[:, cols])
+        backward_units(layer, dz[:, cols], y[:, cols], cols)
     for i in range(parts):  # every unit's dz is in: each part's inputs
         rows = slice(*share_bounds(0, fan_in, parts, i))
-        layer.input_grad_rows(dz, rows, dx[:, rows])
+        input_grad_rows(layer, dz, rows, dx[:, rows])
     np.testing.assert_allclose(y, y_whole, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(layer.grads["b"], db_whole, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dx, dx_whole, rtol=1e-12, atol=1e-12)
@@ -93,23 +97,28 @@ def test_wide_layers_split_by_units_narrow_ones_by_samples():
     assert splits_units(ALIGN * 3, 3) and not splits_units(ALIGN * 3 - 1, 3)
 
 
-def test_backward_with_a_batch_share_hands_over_x_and_dz_and_assigns_nothing():
+def test_backward_sharing_the_batch_hands_over_x_and_dz_and_assigns_nothing():
+    """A node of one rank whose shared arrays are plain arrays: the layer's samples land in
+    them, and the gradients are left for the shares to assign."""
     backend = get_backend("numpy", "float64")
-    layer = Dense(3, "tanh")
-    layer.build((4,), backend, np.random.default_rng(0))
+    dense = Dense(3, "tanh")
+    dense.build((4,), backend, np.random.default_rng(0))
     rng = np.random.default_rng(2)
-    layer.params = {name: rng.standard_normal(shape) for name, (_, shape) in layer.initial.items()}
-    layer.grads = {name: np.full_like(p, 7.0) for name, p in layer.params.items()}
-    got = []
-    layer.batch_share = SimpleNamespace(splits_units=False, put=lambda x, dz: got.append((x, dz)))
+    dense.params = {name: rng.standard_normal(shape) for name, (_, shape) in dense.initial.items()}
+    dense.grads = {name: np.full_like(p, 7.0) for name, p in dense.params.items()}
+    node = SimpleNamespace(shared_zeros=np.zeros, fence=lambda: None, local_rank=0, local_size=1)
+    place = Placement([0], 1, 0)
+    place.begin(5)
+    layer = SharedDense(dense, node, 5, place, None)
     x, dy = rng.standard_normal((5, 4)), rng.standard_normal((5, 3))
     layer.forward(x, Context(train=True))
     dx = layer.backward(dy)
-    ((x_put, dz_put),) = got
+    x_put, dz_put = layer.node_x, layer.node_dz
     np.testing.assert_array_equal(x_put, x)
     np.testing.assert_allclose(dz_put, dy * (1 - layer.y**2))
     np.testing.assert_allclose(dx, dz_put @ layer.params["W"].T)
     assert all((g == 7.0).all() for g in layer.grads.values())  # left for the shares
+    assert layer.params is dense.params and layer.grads is dense.grads  # the same views
 
 
 def _model(name, hidden=(1024, 1024)):
@@ -160,6 +169,6 @@ def test_each_rank_writes_its_samples_after_the_node_ranks_before_it(
     data_ranks, size, batch, expected
 ):
     for me, (lo, hi) in enumerate(expected):
-        place = _Placement(data_ranks, size, me)
+        place = Placement(data_ranks, size, me)
         place.begin(batch)
         assert (place.lo, place.hi, place.total) == (lo, hi, expected[-1][1])

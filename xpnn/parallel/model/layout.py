@@ -26,7 +26,7 @@ from xpnn.parallel.comm import (
     SelfCommunicator,
     make_communicator,
 )
-from xpnn.parallel.world import World
+from xpnn.runtime.world import World
 
 
 @dataclass(frozen=True)

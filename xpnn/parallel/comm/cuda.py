@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.parallel.comm import Communicator, Handle, MpiHostCommunicator, _as_cupy, _MpiHandle
-from xpnn.parallel.cuda_aware import detect_cuda_aware
-from xpnn.parallel.world import World
+from xpnn.parallel.comm.base import Communicator, Handle
+from xpnn.parallel.comm.cuda_aware import detect_cuda_aware
+from xpnn.parallel.comm.mpi import MpiHandle, MpiHostCommunicator, as_cupy
+from xpnn.runtime.world import World
 
 
 class MpiCudaCommunicator(MpiHostCommunicator):
@@ -26,6 +27,7 @@ class MpiCudaCommunicator(MpiHostCommunicator):
     """
 
     name = "mpi-cuda"
+    device_buffers = True
 
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         import cupy
@@ -37,7 +39,7 @@ class MpiCudaCommunicator(MpiHostCommunicator):
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
-        return _MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
+        return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         import cupy
@@ -55,7 +57,7 @@ class MpiCudaCommunicator(MpiHostCommunicator):
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
-        return _MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
+        return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
         import cupy
@@ -91,6 +93,7 @@ class NcclCommunicator(MpiHostCommunicator):
     """
 
     name = "nccl"
+    device_buffers = True
 
     def __init__(self, mpi_comm: Any) -> None:
         super().__init__(mpi_comm)
@@ -124,7 +127,7 @@ class NcclCommunicator(MpiHostCommunicator):
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         import cupy
 
-        dev = _as_cupy(buf)
+        dev = as_cupy(buf)
         ptr = dev.data.ptr
         stream = cupy.cuda.get_current_stream()
         self._nccl.allReduce(
@@ -134,7 +137,7 @@ class NcclCommunicator(MpiHostCommunicator):
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
         import cupy
 
-        dev = _as_cupy(buf)
+        dev = as_cupy(buf)
         ptr = dev.data.ptr
         self._stream.wait_event(cupy.cuda.get_current_stream().record())
         self._nccl.allReduce(
@@ -145,7 +148,7 @@ class NcclCommunicator(MpiHostCommunicator):
     def _device_bcast(self, buf: Any, root: int) -> None:
         import cupy
 
-        dev = _as_cupy(buf)
+        dev = as_cupy(buf)
         stream = cupy.cuda.get_current_stream()
         self._nccl.bcast(dev.data.ptr, dev.size, self._nccl_type(dev.dtype), root, stream.ptr)
 

@@ -22,9 +22,9 @@ from conftest import ROOT, mpiexec_path
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm import SelfCommunicator, make_communicator
-from xpnn.parallel.cuda_comm import choose_gpu_kind, shared_gpu
-from xpnn.parallel.failure import CollectiveExit, agree_on_user_errors, run_guarded
-from xpnn.parallel.world import World, check_launcher_size, check_pmix, launched_by_mpi
+from xpnn.parallel.comm.cuda import choose_gpu_kind, shared_gpu
+from xpnn.runtime.failure import CollectiveExit, agree_on_user_errors, run_guarded
+from xpnn.runtime.world import World, check_launcher_size, check_pmix, launched_by_mpi
 
 CPU = SimpleNamespace(name="numpy", is_gpu=False, xp=np)
 GPU = SimpleNamespace(name="cupy", is_gpu=True, xp=None)
@@ -62,7 +62,8 @@ COLLECTIVES = """
 import os, sys
 import numpy as np
 from types import SimpleNamespace
-from xpnn.parallel import init_world, make_communicator, run_guarded, threads_per_rank
+from xpnn.parallel.comm import make_communicator
+from xpnn.runtime import init_world, run_guarded, threads_per_rank
 
 EXPECTED_SIZE = int(sys.argv[1]) if len(sys.argv) > 1 else {ranks}
 
@@ -86,7 +87,7 @@ def main():
         from xpnn.backends import get_backend
         from xpnn.nn import build_model
         from xpnn.optim import Schedule, make_optimizer
-        from xpnn.parallel.data_parallel import make_update
+        from xpnn.parallel.update import make_update
         backend = get_backend("numpy", "float32")
         model = build_model("mlp", (16,), "relu", 9).build((38,), backend, 0)
         assert model.size % 1024 != 0, model.size
@@ -155,7 +156,8 @@ def test_collectives_under_mpiexec(tmp_path: Path, ranks: int) -> None:
 def test_init_world_without_launcher_does_not_import_mpi(tmp_path: Path) -> None:
     body = """
     import sys
-    from xpnn.parallel import init_world, make_communicator
+    from xpnn.parallel.comm import make_communicator
+    from xpnn.runtime import init_world
     import numpy as np
     from types import SimpleNamespace
     w = init_world()
@@ -175,7 +177,7 @@ def test_init_world_without_launcher_does_not_import_mpi(tmp_path: Path) -> None
 def test_force_mpi_without_launcher(tmp_path: Path) -> None:
     body = """
     import sys
-    from xpnn.parallel import init_world
+    from xpnn.runtime import init_world
     w = init_world()
     assert "mpi4py.MPI" in sys.modules and w.mpi_comm is not None and w.size == 1
     print("FORCED OK")
@@ -498,7 +500,8 @@ def assert_segments_gone(stdout: str) -> None:
 RANK1_RAISES = """
 import sys, time
 import numpy as np
-from xpnn.parallel import init_world, make_communicator, run_guarded
+from xpnn.parallel.comm import make_communicator
+from xpnn.runtime import init_world, run_guarded
 from types import SimpleNamespace
 
 w = init_world()
@@ -530,7 +533,7 @@ def test_one_rank_raising_stops_the_job(tmp_path: Path) -> None:
 USER_ERROR = """
 import sys
 from xpnn.errors import UserError
-from xpnn.parallel import agree_on_user_errors, init_world, run_guarded
+from xpnn.runtime import agree_on_user_errors, init_world, run_guarded
 
 w = init_world()
 WHO = {who}
@@ -574,7 +577,8 @@ def test_no_error_runs_on(tmp_path: Path) -> None:
 SIGKILL = """
 import os, sys
 import numpy as np
-from xpnn.parallel import init_world, make_communicator, run_guarded
+from xpnn.parallel.comm import make_communicator
+from xpnn.runtime import init_world, run_guarded
 from types import SimpleNamespace
 
 w = init_world()
@@ -601,7 +605,7 @@ def test_killed_rank_ends_the_job(tmp_path: Path) -> None:
 STUCK_IN_SETUP = """
 import sys
 from xpnn.errors import UserError
-from xpnn.parallel import agree_on_user_errors, init_world, run_guarded
+from xpnn.runtime import agree_on_user_errors, init_world, run_guarded
 
 w = init_world()
 

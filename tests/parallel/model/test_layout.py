@@ -25,7 +25,7 @@ from conftest import (
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm import SelfCommunicator
-from xpnn.parallel.layout import Groups, Place, place_of
+from xpnn.parallel.model.layout import Groups, Place, place_of
 
 
 @pytest.mark.parametrize(
@@ -194,8 +194,8 @@ import json, sys
 from pathlib import Path
 from types import SimpleNamespace
 import numpy as np
-from xpnn.parallel import init_world
-from xpnn.parallel.layout import make_groups, place_of, sub_world
+from xpnn.runtime import init_world
+from xpnn.parallel.model.layout import make_groups, place_of, sub_world
 
 w = init_world()
 place = place_of(w.rank, w.size, "pipeline", 2)

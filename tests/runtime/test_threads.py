@@ -12,8 +12,8 @@ import pytest
 from conftest import ROOT, mpiexec_path
 
 from xpnn.errors import UserError
-from xpnn.parallel.cpu_quota import cpu_quota, quota_cores
-from xpnn.parallel.threads import core_share, node_cores, threads_per_rank
+from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
+from xpnn.runtime.threads import core_share, node_cores, threads_per_rank
 
 
 @pytest.mark.parametrize(
@@ -52,14 +52,14 @@ def test_slurm_cpus_per_task_is_capped_by_the_ranks_own_cores(monkeypatch: pytes
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
     assert threads_per_rank(2, share=1) == 1
-    monkeypatch.setattr("xpnn.parallel.threads.node_cores", lambda: 1)  # taskset -c 0
+    monkeypatch.setattr("xpnn.runtime.threads.node_cores", lambda: 1)  # taskset -c 0
     assert threads_per_rank(1) == 1
 
 
 def test_thread_variables_the_run_overrides_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """``OMP_NUM_THREADS=1`` (exported for every program, as HPC users do) was replaced by the
     default without a word; the command line now notes it (``REPLACED_ENV``)."""
-    import xpnn.parallel.threads as threads
+    import xpnn.runtime.threads as threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("MKL_NUM_THREADS", "2")  # what the run uses: nothing to say
@@ -83,7 +83,7 @@ def test_apply_threads_limits_blas_and_numba() -> None:
         """
         import numba, numpy
         from threadpoolctl import threadpool_info
-        from xpnn.parallel.threads import apply_threads
+        from xpnn.runtime.threads import apply_threads
         info = apply_threads(1)
         assert info["threads"] == 1, info
         assert info["numba"] == 1 and numba.get_num_threads() == 1, info
@@ -107,7 +107,7 @@ def test_apply_threads_before_numba_import() -> None:
     code = textwrap.dedent(
         """
         import sys
-        from xpnn.parallel.threads import apply_threads
+        from xpnn.runtime.threads import apply_threads
         info = apply_threads(1)
         assert "numba" not in sys.modules
         import numba
@@ -128,8 +128,8 @@ def test_two_ranks_share_the_node(tmp_path) -> None:
     script.write_text(
         textwrap.dedent(
             """
-            from xpnn.parallel import init_world, threads_per_rank
-            from xpnn.parallel.threads import node_cores
+            from xpnn.runtime import init_world, threads_per_rank
+            from xpnn.runtime.threads import node_cores
             w = init_world()
             cores = node_cores()  # the affinity mask, or a container's CPU quota
             print(f"rank {w.rank} local_size {w.local_size} cores {cores} "

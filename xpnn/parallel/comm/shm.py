@@ -4,7 +4,8 @@ On one node, an allreduce of the gradients is memory traffic dressed up as messa
 every byte into a shared segment and out again, and then every rank runs the same optimizer
 update on the same numbers. ``ShmCommunicator`` lets ranks allocate arrays in memory that every
 rank of the node maps (``MPI.Win.Allocate_shared``), so the parameters exist once per node and
-each rank reads the others' gradients where they lie (see ``shared_update``).
+each rank reads the others' gradients where they lie (``parallel.update.node_shared``).
+``share_bounds`` cuts a range into the ranks' shares on cache lines.
 
 Ranks are grouped by node (``Split_type(COMM_TYPE_SHARED)``); ``cross`` joins the ranks that
 have the same node-local rank on every node, for the one message that must leave the node.
@@ -20,10 +21,31 @@ from typing import Any
 import numpy as np
 
 from xpnn.errors import UserError
-from xpnn.parallel.comm import MpiHostCommunicator
-from xpnn.parallel.segments import SHM_DIR
+from xpnn.parallel.comm.mpi import MpiHostCommunicator
+from xpnn.runtime.segments import SHM_DIR
 
 RANKS_PER_NODE_VAR = "XPNN_RANKS_PER_NODE"  # tests: pretend one machine is several nodes
+ALIGN = 16  # share bounds on 64-byte lines (float32), so ranks never write one cache line
+
+
+def padded(n: int, align: int) -> int:
+    """``n`` rounded up to a multiple of ``align``."""
+    return -(-n // align) * align
+
+
+def share_bounds(
+    start: int, end: int, parts: int, index: int, align: int = ALIGN
+) -> tuple[int, int]:
+    """[lo, hi) of part ``index`` when ``range(start, end)`` is cut into ``parts`` near-equal
+    slices at multiples of ``align`` (the last may be shorter; some may be empty if tiny)."""
+    per = -(-(end - start) // parts)
+
+    def cut(k: int) -> int:
+        if k <= 0:
+            return start
+        return min(end, padded(start + k * per, align))
+
+    return cut(index), cut(index + 1)
 
 
 def shm_free_bytes(path: str = SHM_DIR) -> int | None:
@@ -73,6 +95,7 @@ class ShmCommunicator(MpiHostCommunicator):
     """MPI plus arrays shared by the ranks of a node. Build with ``ShmCommunicator.create``."""
 
     name = "mpi-shm"
+    node_memory = True
 
     def __init__(self, mpi_comm: Any, node: Any, cross: Any) -> None:
         super().__init__(mpi_comm)

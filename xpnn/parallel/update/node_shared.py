@@ -1,6 +1,6 @@
 """One copy of the parameters per node; each rank sums and updates its own share of them.
 
-With ``mpi-shm`` (and ``--node-share gradients``; ``shared_batch`` shares activations instead),
+With ``mpi-shm`` (and ``node_share`` gradients; ``shared_batch`` shares activations instead),
 the node's ranks keep the parameters, the optimizer state and one gradient row per rank in
 shared memory. Nothing is copied into messages, and each optimizer element is
 updated once per node instead of once per rank.
@@ -22,43 +22,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from xpnn.parallel.data_parallel import (
+from xpnn.parallel.comm.shm import padded, share_bounds
+from xpnn.parallel.update.base import (
     MIN_LAYER_BUCKET,
     BucketCursor,
     LayerwiseUpdate,
     layer_buckets,
 )
 
-ALIGN = 16  # share bounds on 64-byte lines (float32), so ranks never write one cache line
 # Gradient rows start on pages. Laid end to end, row r starts r x (model size) values in:
 # for the MLP 784-1024-1024-10, rank 1's row began 40 bytes into a cache line, so its weight
-# gradient GEMMs wrote split lines, and ``ALIGN`` above held for rank 0's row only.
+# gradient GEMMs wrote split lines, and ``ALIGN`` held for rank 0's row only.
 ROW_ALIGN_BYTES = 4096
 
 
-def padded(n: int, align: int) -> int:
-    """``n`` rounded up to a multiple of ``align``."""
-    return -(-n // align) * align
-
-
-def share_bounds(
-    start: int, end: int, parts: int, index: int, align: int = ALIGN
-) -> tuple[int, int]:
-    """[lo, hi) of part ``index`` when ``range(start, end)`` is cut into ``parts`` near-equal
-    slices at multiples of ``align`` (the last may be shorter; some may be empty if tiny)."""
-    per = -(-(end - start) // parts)
-
-    def cut(k: int) -> int:
-        if k <= 0:
-            return start
-        return min(end, padded(start + k * per, align))
-
-    return cut(index), cut(index + 1)
-
-
-class NodeShared:
-    """One copy of the parameters and the optimizer state per node: what the two ``mpi-shm``
-    schemes (``SharedUpdate``, ``shared_batch.SharedBatchUpdate``) have in common."""
+class NodeSharedUpdate(LayerwiseUpdate):
+    """One copy of the parameters and the optimizer state per node: what the two schemes of a
+    communicator with ``node_memory`` (``SharedUpdate``, ``shared_batch.SharedBatchUpdate``)
+    have in common."""
 
     comm: Any
     model: Any
@@ -85,11 +66,11 @@ class NodeShared:
 
     def finish(self) -> None:
         """After backward: update what is left, then fence before the next forward pass."""
-        super().finish()  # type: ignore[misc]  # LayerwiseUpdate's, next in the subclasses' MRO
+        super().finish()
         self.comm.fence()  # every share is updated before anyone's next forward pass
 
 
-class SharedUpdate(NodeShared, LayerwiseUpdate):
+class SharedUpdate(NodeSharedUpdate):
     """The ``mpi-shm`` scheme that shares gradients; built collectively by every rank."""
 
     name = "shared gradients"

@@ -10,7 +10,7 @@ import os
 import sys
 
 from xpnn.errors import UserError
-from xpnn.parallel.cpu_quota import cpu_quota, quota_cores
+from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
 
 _LIMITER: object | None = None  # the live threadpoolctl controller; kept so limits stay applied
 

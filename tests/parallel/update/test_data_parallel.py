@@ -21,7 +21,7 @@ from conftest import (
 
 from xpnn.backends import get_backend
 from xpnn.nn import build_model
-from xpnn.parallel.data_parallel import MIN_LAYER_BUCKET, bucket_bounds, layer_buckets
+from xpnn.parallel.update import MIN_LAYER_BUCKET, bucket_bounds, layer_buckets
 
 # Hidden 96,700: two Dense layers of >= MIN_LAYER_BUCKET values, so the layer-by-layer update
 # runs in two buckets (test_base_model_is_updated_in_two_buckets).
@@ -253,7 +253,7 @@ def test_full_shared_memory_is_a_one_line_error_not_a_crash(tmp_path):
     launcher = tmp_path / "full_shm.py"
     launcher.write_text(
         "import sys\n"
-        "import xpnn.parallel.shm_comm as shm\n"
+        "import xpnn.parallel.comm.shm as shm\n"
         "shm.shm_free_bytes = lambda path=shm.SHM_DIR: 4096\n"
         "from xpnn.cli import main\n"
         "sys.exit(main())\n"

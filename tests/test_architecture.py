@@ -1,0 +1,103 @@
+"""The import layering of docs/architecture.md: a violation fails the suite, not only CI."""
+
+import ast
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+# Modules of xpnn that benchmarks may import names from besides packages (``__all__``).
+PUBLIC_MODULES = {"xpnn.errors", "xpnn.optim", "xpnn.train", "xpnn.run", "xpnn.digest"}
+# Imports that the library entry point (``xpnn.run``, Trainer callbacks: the other half of
+# issue 28) replaces: the command line's builder and the step timer's monkeypatched classes.
+PENDING = {
+    ("_common.py", "xpnn.cli"),
+    ("within_job.py", "xpnn.cli"),
+    ("step_phases.py", "xpnn.cli"),
+    ("step_phases.py", "xpnn.backends"),  # its kernels module, to patch
+    ("step_phases.py", "xpnn.nn.conv"),
+    ("step_phases.py", "xpnn.nn.sequential"),
+    ("step_phases.py", "xpnn.parallel.comm"),  # its shm module, to patch
+    ("step_phases.py", "xpnn.parallel.model"),  # its shared module, to patch
+}
+
+
+def lint_imports() -> str:
+    here = Path(sys.executable).parent / "lint-imports"
+    found = str(here) if here.exists() else shutil.which("lint-imports")
+    assert found, "lint-imports not found: pip install -e '.[test]' (import-linter)"
+    return found
+
+
+def test_the_import_contracts_hold():
+    """Layers and backends never import parallel, train or cli; nothing imports cli; no
+    import cycle between any two modules or packages (pyproject.toml, [tool.importlinter])."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [lint_imports(), "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout
+
+
+def public_names(module: str) -> set[str] | None:
+    """What ``from module import ...`` may take: a package's ``__all__``, a public module's
+    names without a leading underscore; None where nothing may be taken."""
+    mod = importlib.import_module(module)
+    if hasattr(mod, "__path__"):  # a package: its __init__ is its public face
+        return set(getattr(mod, "__all__", ()))
+    if module in PUBLIC_MODULES:
+        return {name for name in vars(mod) if not name.startswith("_")}
+    return None
+
+
+def xpnn_imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, names taken from it, line) for every import of xpnn in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "xpnn":
+            found.append((node.module, [a.name for a in node.names], node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "xpnn":
+                    found.append((alias.name, [], node.lineno))
+    return found
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "bench").glob("*.py")))
+def test_benchmarks_use_the_public_api(script):
+    """bench/ takes names only from xpnn's packages (what their ``__init__`` exports) and its
+    public modules: a benchmark that reaches into a module's insides breaks when it moves."""
+    wrong = []
+    for module, names, line in xpnn_imports(ROOT / "bench" / script):
+        if module == "xpnn":  # `from xpnn import optim`: one module each
+            pairs = [(f"xpnn.{name}", []) for name in names]
+        else:
+            pairs = [(module, names)]
+        for target, taken in pairs:
+            if (script, target) in PENDING:
+                continue
+            allowed = public_names(target)
+            if allowed is None or set(taken) - allowed:
+                bad = sorted(set(taken) - (allowed or set()))
+                wrong.append(f"bench/{script}:{line}: {target} {bad}")
+    assert not wrong, "not the public API:\n" + "\n".join(wrong)
+
+
+def test_a_reach_into_a_module_is_found(tmp_path):
+    """The check above can fail: a private module's name is refused."""
+    script = tmp_path / "b.py"
+    script.write_text("from xpnn.parallel.model.shared import share_layers\nimport xpnn.cli\n")
+    found = xpnn_imports(script)
+    assert found == [
+        ("xpnn.parallel.model.shared", ["share_layers"], 1),
+        ("xpnn.cli", [], 2),
+    ]
+    assert public_names("xpnn.parallel.model.shared") is None
+    assert public_names("xpnn.cli") is None
+    assert "share_layers" in public_names("xpnn.parallel.model")

@@ -1,0 +1,86 @@
+"""Communicators: one interface for every transport of gradients and metrics.
+
+``base``: the contract and ``SelfCommunicator`` (one process, no MPI); ``mpi``: MPI on host
+memory, device buffers staged through pinned host buffers; ``shm``: ranks of a node sharing
+arrays (``node_memory``); ``cuda``: device buffers handed to a CUDA-aware MPI or to NCCL
+(``device_buffers``), CuPy imported only when one is built. ``make_communicator`` picks one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xpnn.errors import UserError
+from xpnn.parallel.comm.base import Communicator, Handle, SelfCommunicator
+from xpnn.parallel.comm.cuda import make_gpu_communicator
+from xpnn.parallel.comm.mpi import MpiHostCommunicator
+from xpnn.parallel.comm.shm import ShmCommunicator, forced_ranks_per_node
+from xpnn.runtime.world import World
+
+KINDS = ("auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl", "self")
+
+
+def make_communicator(
+    world: World, backend: Any, kind: str = "auto", parallel: str = "data"
+) -> Communicator:
+    """The communicator for ``--comm kind`` on this backend; collective on every rank.
+
+    One process without MPI always gets ``self``; with MPI started and one rank, ``auto``
+    gives ``self`` while an explicit transport is honoured (handy for benchmarks). CPU
+    backends: ``auto`` is ``mpi-shm`` (node-shared parameters) for data parallelism when every
+    node holds the same number of ranks, else ``mpi-host`` (tensor and pipeline parallelism
+    share no parameters between ranks); device transports are a user error. GPU backends:
+    ``auto`` prefers NCCL (one GPU per rank), then CUDA-aware MPI, then host staging; an
+    explicit request that cannot work falls back with one line on rank 0's stderr.
+    """
+    if kind not in KINDS:
+        raise UserError(f"--comm {kind}: choose one of {', '.join(KINDS)}")
+    is_gpu = bool(getattr(backend, "is_gpu", False))
+    if not is_gpu and kind in ("mpi-cuda", "nccl"):
+        raise UserError(f"--comm {kind}: needs --backend cupy")
+    if is_gpu and kind == "mpi-shm":
+        raise UserError("--comm mpi-shm: needs a CPU backend (numpy or numba)")
+    if kind == "mpi-shm" and parallel != "data":
+        raise UserError(
+            f"--comm mpi-shm: shares one copy of the parameters between data-parallel ranks; "
+            f"with --parallel {parallel} use mpi-host or auto, or --model-ranks K below the "
+            "rank count for data-parallel replicas"
+        )
+    if kind == "self":
+        if world.size > 1:
+            raise UserError(f"--comm self: only for a single process, this job has {world.size}")
+        return SelfCommunicator()
+    if world.mpi_comm is None or (world.size == 1 and kind == "auto"):
+        return SelfCommunicator()
+    if not is_gpu:
+        return _cpu_communicator(world, kind, parallel)
+    return make_gpu_communicator(world, kind)
+
+
+def _cpu_communicator(world: World, kind: str, parallel: str) -> Communicator:
+    if parallel != "data":
+        reason = "mpi-shm is for --parallel data only"
+    elif kind in ("auto", "mpi-shm"):
+        forced_ranks_per_node()  # a typo there is the user's to fix, not a reason to fall back
+        try:
+            return ShmCommunicator.create(world.mpi_comm)
+        except UserError as exc:
+            if kind == "mpi-shm":
+                raise
+            reason = str(exc)
+    comm = MpiHostCommunicator(world.mpi_comm)
+    comm.detail = "host buffers" if kind == "mpi-host" else f"host buffers ({reason})"
+    if kind == "auto" and parallel == "data":
+        comm.auto_fallback = f"not mpi-shm: {reason.removeprefix('--comm mpi-shm: ')}"
+    return comm
+
+
+__all__ = [
+    "KINDS",
+    "Communicator",
+    "Handle",
+    "MpiHostCommunicator",
+    "SelfCommunicator",
+    "ShmCommunicator",
+    "make_communicator",
+]

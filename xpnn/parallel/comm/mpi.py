@@ -1,0 +1,258 @@
+"""MPI on host memory (``mpi-host``): every MPI library, CUDA-aware or not.
+
+Device buffers are staged through pinned host buffers that are allocated once per bucket shape
+and reused across steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_op, is_device_array
+
+
+class MpiHandle:
+    """An MPI request plus a reference to its buffer, so the buffer outlives the request."""
+
+    __slots__ = ("_req", "_buf")
+
+    def __init__(self, req: Any, buf: Any) -> None:
+        self._req = req
+        self._buf = buf
+
+    def wait(self) -> None:
+        if self._req is not None:
+            self._req.Wait()
+            self._req = None
+            self._buf = None
+
+
+class _PinnedSlot:
+    """One pinned host buffer and the event after which its last host-to-device copy is done."""
+
+    __slots__ = ("host", "event")
+
+    def __init__(self, host: np.ndarray) -> None:
+        self.host = host
+        self.event: Any = None
+
+
+class _PinnedPool:
+    """Pinned host buffers per (size, dtype), allocated once and reused across steps.
+
+    Several buffers per key exist only while several non-blocking reductions of that shape are
+    in flight at once (equal-sized gradient buckets); a returned buffer is reused only after
+    its pending copy back to the device has completed.
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, np.dtype], list[_PinnedSlot]] = {}
+        self.allocated = 0
+
+    def acquire(self, size: int, dtype: np.dtype) -> _PinnedSlot:
+        free = self._free.get((size, dtype))
+        if free:
+            slot = free.pop()
+            if slot.event is not None:
+                slot.event.synchronize()
+                slot.event = None
+            return slot
+        self.allocated += 1
+        return _PinnedSlot(_empty_pinned(size, dtype))
+
+    def release(self, slot: _PinnedSlot) -> None:
+        key = (slot.host.size, slot.host.dtype)
+        self._free.setdefault(key, []).append(slot)
+
+
+def _empty_pinned(size: int, dtype: np.dtype) -> np.ndarray:
+    """A page-locked NumPy array: device copies to and from it run at full PCIe speed."""
+    try:
+        import cupyx
+
+        return cupyx.empty_pinned((size,), dtype=dtype)
+    except (ImportError, AttributeError):
+        import cupy
+
+        mem = cupy.cuda.alloc_pinned_memory(max(1, size * dtype.itemsize))
+        return np.frombuffer(mem, dtype=dtype, count=size)
+
+
+def as_cupy(buf: Any) -> Any:
+    """A flat CuPy view of a contiguous device array (zero copy, ``__cuda_array_interface__``)."""
+    import cupy
+
+    dev = buf if isinstance(buf, cupy.ndarray) else cupy.asarray(buf)
+    if not dev.flags.c_contiguous:
+        raise ValueError("communication buffers must be contiguous")
+    return dev if dev.ndim == 1 else dev.reshape(-1)
+
+
+class _StagedHandle:
+    """Non-blocking operation on a device buffer staged through a pinned host buffer: a
+    reduction (the result is copied back to ``dev``) or a send (``dev`` None: nothing comes
+    back, the host buffer is only returned to the pool)."""
+
+    __slots__ = ("_req", "_dev", "_slot", "_pool")
+
+    def __init__(self, req: Any, dev: Any, slot: _PinnedSlot, pool: _PinnedPool) -> None:
+        self._req, self._dev, self._slot, self._pool = req, dev, slot, pool
+
+    def wait(self) -> None:
+        if self._req is None:
+            return
+        self._req.Wait()
+        if self._dev is None:
+            self._pool.release(self._slot)
+        else:
+            _copy_back(self._dev, self._slot, self._pool)
+        self._req = self._dev = self._slot = None
+
+
+def _copy_out(dev: Any, slot: _PinnedSlot) -> None:
+    """Device to pinned host, after the work queued on the current stream (the gradients)."""
+    import cupy
+
+    dev.get(stream=cupy.cuda.get_current_stream(), out=slot.host, blocking=True)
+
+
+def _copy_back(dev: Any, slot: _PinnedSlot, pool: _PinnedPool) -> None:
+    """Queue the host-to-device copy on the current stream and return the buffer to the pool."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    dev.set(slot.host, stream=stream)  # asynchronous from pinned memory; ordered on the stream
+    slot.event = stream.record()
+    pool.release(slot)
+
+
+class MpiHostCommunicator(Communicator):
+    """MPI on host memory: works with every MPI library, CUDA-aware or not.
+
+    NumPy buffers go straight to ``Allreduce(MPI.IN_PLACE, buf)``. Device buffers are copied
+    to a pinned host buffer (kept in a pool, so pinned memory is allocated once per bucket
+    shape), reduced there, and copied back on the current stream.
+    """
+
+    name = "mpi-host"
+
+    def __init__(self, mpi_comm: Any) -> None:
+        from mpi4py import MPI
+
+        super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size())
+        self._MPI = MPI
+        self._comm = mpi_comm
+        self._in_place = MPI.IN_PLACE
+        self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+        self._pool = _PinnedPool()
+
+    @property
+    def mpi_comm(self) -> Any:
+        """The underlying mpi4py communicator (a duplicate of COMM_WORLD)."""
+        return self._comm
+
+    def _mpi_op(self, op: str) -> Any:
+        try:
+            return self._ops[op]
+        except KeyError:
+            check_op(op)
+            raise
+
+    # -- in-place collectives --------------------------------------------------------------
+    def allreduce_(self, buf: Any, op: str = "sum") -> None:
+        # the hot path for every gradient bucket: kept to a dict lookup and a type check
+        mop = self._ops.get(op) or self._mpi_op(op)
+        if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
+            self._comm.Allreduce(self._in_place, buf, mop)
+        else:
+            self._device_allreduce(buf, op, mop)
+
+    def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
+        mop = self._ops.get(op) or self._mpi_op(op)
+        if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
+            return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
+        return self._device_iallreduce(buf, op, mop)
+
+    def bcast_(self, buf: Any, root: int = 0) -> None:
+        if is_device_array(buf):
+            self._device_bcast(buf, root)
+        else:
+            self._comm.Bcast(buf, root=root)
+
+    def barrier(self) -> None:
+        self._comm.Barrier()
+
+    # -- device buffers: staged through pinned host memory (overridden by cuda_comm) --------
+    def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
+        dev = as_cupy(buf)
+        if dev.size == 0:
+            return
+        slot = self._pool.acquire(dev.size, dev.dtype)
+        _copy_out(dev, slot)
+        self._comm.Allreduce(self._in_place, slot.host, mop)
+        _copy_back(dev, slot, self._pool)
+
+    def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
+        dev = as_cupy(buf)
+        if dev.size == 0:
+            return DONE
+        slot = self._pool.acquire(dev.size, dev.dtype)
+        _copy_out(dev, slot)
+        req = self._comm.Iallreduce(self._in_place, slot.host, mop)
+        return _StagedHandle(req, dev, slot, self._pool)
+
+    def _device_bcast(self, buf: Any, root: int) -> None:
+        dev = as_cupy(buf)
+        if dev.size == 0:
+            return
+        slot = self._pool.acquire(dev.size, dev.dtype)
+        if self.rank == root:
+            _copy_out(dev, slot)
+        self._comm.Bcast(slot.host, root=root)
+        if self.rank == root:
+            self._pool.release(slot)
+        else:
+            _copy_back(dev, slot, self._pool)
+
+    # -- point to point (pipeline stages) ---------------------------------------------------
+    def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
+        if is_device_array(buf):
+            return self._device_isend(buf, dest, tag)
+        return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
+
+    def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
+        if is_device_array(buf):
+            self._device_recv(buf, source, tag)
+        else:
+            self._comm.Recv(buf, source=source, tag=tag)
+
+    def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
+        dev = as_cupy(buf)
+        slot = self._pool.acquire(dev.size, dev.dtype)
+        _copy_out(dev, slot)
+        return _StagedHandle(
+            self._comm.Isend(slot.host, dest=dest, tag=tag), None, slot, self._pool
+        )
+
+    def _device_recv(self, buf: Any, source: int, tag: int) -> None:
+        dev = as_cupy(buf)
+        slot = self._pool.acquire(dev.size, dev.dtype)
+        self._comm.Recv(slot.host, source=source, tag=tag)
+        _copy_back(dev, slot, self._pool)
+
+    # -- small host data -------------------------------------------------------------------
+    def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
+        out = self._host_values(values)
+        self._comm.Allreduce(self._in_place, out, self._mpi_op(op))
+        return out
+
+    def allgather_obj(self, obj: Any) -> list:
+        return self._comm.allgather(obj)
+
+    def abort(self, code: int) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._MPI.COMM_WORLD.Abort(code)

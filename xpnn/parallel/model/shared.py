@@ -1,0 +1,249 @@
+"""Node-shared activations: Dense layers whose ranks on one node share the batch's ``x`` and ``dz``.
+
+A Dense layer's weight gradient is ``x.T @ dz`` over the batch, and what it is made of, the
+layer's inputs ``x`` and pre-activation gradients ``dz``, holds ``batch x (fan_in + units)``
+values against ``fan_in x units`` for the gradient: for the MLP 784-1024-1024-10 at batch 128,
+0.6 M values a step for the node against 1.9 M per rank. ``share_layers`` swaps every Dense of
+a built model for a twin that writes its samples' ``x`` and ``dz`` into node-shared arrays;
+after a fence, rank r computes the gradient of its share of ``W``'s rows (and of ``b``) over
+all of the node's samples (``share_grads``), one product over the node's batch as one process
+makes it. No rank writes a gradient of the whole model, and none is summed.
+(``parallel.update.shared_batch`` runs the fences and the update of each rank's rows.)
+
+With the activations in shared memory anyway, a wide layer's other products are split the
+same way (``UnitsDense``): forward, rank r computes its units (columns of ``W``) for the
+node's whole batch; backward, after a fence, the gradient of its inputs (rows of ``W``), which
+are the units of the layer below that it owns there. Split by samples, every rank would read
+all of ``W`` twice a step whatever its share of the batch; split by units, each reads its part.
+Narrow layers (the 10-unit output) stay split by samples (``SharedDense``).
+
+Within a layer split by samples, in this order: ``dz`` of my samples, put into the shared
+arrays; ``dx = dz @ W.T`` for my samples (the last read of ``W`` in the step); fence; the
+gradient of my rows; the update of my rows. Once everyone has passed the fence nobody reads
+this ``W`` again in the step, so its rows can change. Split by units: ``dz`` of my units,
+fence, ``dx`` of my inputs (my rows of ``W`` only), the gradient and the update of my rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from xpnn.data.batches import shard_bounds
+from xpnn.nn.dense import Dense
+from xpnn.nn.layer import Array, Context
+from xpnn.nn.sequential import Sequential
+from xpnn.parallel.comm.shm import ALIGN, share_bounds
+
+
+def param_layers(model: Any) -> list[Any]:
+    return [layer for layer in model.layers if layer.initial]
+
+
+def can_share_activations(model: Any) -> bool:
+    """Whether every layer with parameters is exactly a Dense of a plain model: other layers'
+    gradients are not ``x.T @ dz``, a subclass's own math would be lost in the swap
+    (tensor-parallel slices talk to other ranks), and a pipeline stage runs backward once per
+    micro-batch."""
+    return type(model) is Sequential and all(type(lay) is Dense for lay in param_layers(model))
+
+
+def row_align(units: int) -> int:
+    """Cut ``W``'s rows at multiples of this, so that shares start on cache lines (as
+    ``share_bounds`` cuts values) without rounding a share up by more: 1 for 1,024 units. (At
+    ``ALIGN`` rows, 784 rows split 400 / 384, and rank 0's larger share kept rank 1 waiting.)"""
+    return ALIGN // math.gcd(units, ALIGN)
+
+
+def splits_units(units: int, local_size: int) -> bool:
+    """Whether the node's ranks split a Dense layer of ``units`` by its units: when each gets
+    at least a cache line of every row."""
+    return units >= ALIGN * local_size
+
+
+# -- a Dense's products, for some of its units or inputs: the slices the node's ranks compute
+def forward_units(layer: Dense, x: Array, cols: slice, out: Array) -> None:
+    """``out[...] = act(x @ W[:, cols] + b[cols])``: the units ``cols`` of ``forward``."""
+    z = layer.kernels.matmul_into(x, layer.params["W"][:, cols], out)
+    y = layer.kernels.bias_act(z, layer.params["b"][cols], layer.activation)
+    if y is not out:
+        out[...] = y
+
+
+def backward_units(layer: Dense, dy: Array, y: Array, cols: slice) -> None:
+    """``dy`` (of the units ``cols``) becomes ``dz`` in place, and ``b[cols]`` gets its
+    gradient: the units ``cols`` of ``backward``'s first line."""
+    dz, db = layer.kernels.bias_act_backward(dy, y, layer.activation)
+    if dz is not dy:
+        dy[...] = dz
+    layer.grads["b"][cols] = db
+
+
+def input_grad_rows(layer: Dense, dz: Array, rows: slice, out: Array) -> None:
+    """``out[...] = dz @ W[rows].T``: the inputs ``rows`` of ``backward``'s ``dx``."""
+    layer.kernels.matmul_into(dz, layer.params["W"][rows].T, out)
+
+
+def grads_of_rows(layer: Dense, x: Array, dz: Array, rows: slice, cols: slice | None) -> None:
+    """Assign the gradients of ``W[rows]`` and ``b[cols]`` (none if None) from a batch's
+    inputs ``x`` and pre-activation gradients ``dz``: one share of what ``backward`` assigns
+    whole."""
+    layer.kernels.matmul_into(x[:, rows].T, dz, layer.grads["W"][rows])
+    if cols is not None:
+        layer.grads["b"][cols] = layer.xp.sum(dz[:, cols], axis=0)
+
+
+class Placement:
+    """Where this rank's samples go in the node's shared arrays, for the current step."""
+
+    def __init__(self, data_ranks: list[int], size: int, me: int) -> None:
+        self.data_ranks, self.size, self.me = data_ranks, size, me
+        self.lo = self.hi = self.total = 0
+        self._batch = -1  # the global batch the bounds are for (all but an epoch's last)
+
+    def lengths(self, global_batch: int) -> list[int]:
+        """How many samples each rank of the node has, in node-local order."""
+        bounds = (shard_bounds(global_batch, r, self.size) for r in self.data_ranks)
+        return [hi - lo for lo, hi in bounds]
+
+    def begin(self, global_batch: int) -> None:
+        if global_batch == self._batch:
+            return
+        self._batch = global_batch
+        lengths = self.lengths(global_batch)
+        self.lo = sum(lengths[: self.me])
+        self.hi = self.lo + lengths[self.me]
+        self.total = sum(lengths)
+
+
+class SharedDense(Dense):
+    """A built Dense whose node splits each batch by samples: it runs forward and backward on
+    this rank's samples, but backward puts ``x`` and ``dz`` into node-shared arrays instead of
+    assigning the weight gradient; ``share_grads`` later computes this rank's rows of it over
+    every sample of the node. For the small layers (the MLP's 10-unit output)."""
+
+    splits_units = False
+
+    def __init__(self, dense: Dense, comm: Any, samples: int, place: Placement, below: Any):
+        super().__init__(dense.units, dense.activation)
+        self.backend, self.xp, self.kernels = dense.backend, dense.xp, dense.kernels
+        self.params, self.grads, self.initial = dense.params, dense.grads, dense.initial
+        fan_in, units = self.params["W"].shape
+        dtype = self.params["W"].dtype
+        self.place, self.node = place, comm
+        # a layer below that splits its units leaves its output in shared memory already
+        self.inputs_shared = below is not None
+        self.node_x = (
+            below.node_y if below is not None else comm.shared_zeros((samples, fan_in), dtype)
+        )
+        self.node_dz = comm.shared_zeros((samples, units), dtype)
+        me, size = comm.local_rank, comm.local_size
+        self.rows = slice(*share_bounds(0, fan_in, size, me, row_align(units)))
+        self.cols = slice(*share_bounds(0, units, size, me))
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        dz, _ = self.kernels.bias_act_backward(dy, self.y, self.activation)
+        lo, hi = self.place.lo, self.place.hi
+        if not self.inputs_shared:
+            self.node_x[lo:hi] = self.x
+        self.node_dz[lo:hi] = dz
+        return self.input_grad(dz) if need_dx else None
+
+    def owes_fence(self, makes_dx: bool) -> bool:
+        """Whether, when backward has finished this layer, a fence is owed before any rank
+        may change its rows of ``W``: here every rank's samples were just put, and its
+        ``dx`` read all of ``W``."""
+        return True
+
+    def share_grads(self) -> None:
+        """This rank's rows of the gradient, over every sample the node's ranks put."""
+        n = self.place.total
+        grads_of_rows(self, self.node_x[:n], self.node_dz[:n], self.rows, self.cols)
+
+    def parts(self, offset: int) -> tuple[slice, slice]:
+        """This rank's share as slices of the flat buffers (the layer's W starts at
+        ``offset``, row-major, then b)."""
+        fan_in, units = self.params["W"].shape
+        w = slice(offset + self.rows.start * units, offset + self.rows.stop * units)
+        b = offset + fan_in * units
+        return w, slice(b + self.cols.start, b + self.cols.stop)
+
+
+class UnitsDense(SharedDense):
+    """A built Dense whose node's ranks split its products by its weights, over the node's
+    whole batch: rank r computes the units ``cols`` of the output (``W[:, cols]``) in
+    forward, and the inputs ``rows`` of ``dx`` and the gradient of ``W[rows]`` in backward.
+
+    Between two such layers nothing leaves shared memory: the output of one is the input of
+    the next, and ``dx`` of one (inputs ``rows``) is the upper layer's gradient for the lower
+    layer's units ``cols``, which are the same slice.
+    """
+
+    splits_units = True
+
+    def __init__(self, dense: Dense, comm: Any, samples: int, place: Placement, below: Any):
+        super().__init__(dense, comm, samples, place, below)
+        self.below = below
+        self.node_y = comm.shared_zeros(self.node_dz.shape, self.node_dz.dtype)  # dz: dy, then dz
+        if below is not None:
+            self.rows = below.cols
+            below.grads_shared = True
+        self.grads_shared = False  # whether the layer above leaves my gradient in ``node_dz``
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        """Training: my samples' outputs, after every rank computed its units for the node's
+        batch. Evaluation: a Dense's, on my samples alone."""
+        if not ctx.train:
+            return super().forward(x, ctx)
+        x = self.checked(x)
+        place = self.place
+        n = place.total
+        if not self.inputs_shared:
+            self.node_x[place.lo : place.hi] = x
+            self.node.fence()
+        forward_units(self, self.node_x[:n], self.cols, self.node_y[:n, self.cols])
+        self.node.fence()
+        return self.node_y[place.lo : place.hi]
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        """``dz`` of my units, then (after a fence) ``dx`` of my inputs: straight into the
+        layer below's ``dz`` if it splits its units too, else my samples' rows of it."""
+        place = self.place
+        n = place.total
+        if not self.grads_shared:  # dy: my samples' rows
+            self.node_dz[place.lo : place.hi] = dy
+            self.node.fence()
+        backward_units(self, self.node_dz[:n, self.cols], self.node_y[:n, self.cols], self.cols)
+        self.node.fence()
+        if not need_dx:
+            return None
+        if self.below is not None:
+            out = self.below.node_dz[:n, self.rows]
+            input_grad_rows(self, self.node_dz[:n], self.rows, out)
+            return out
+        return self.input_grad(self.node_dz[place.lo : place.hi])
+
+    def owes_fence(self, makes_dx: bool) -> bool:
+        """Backward ends on a fence, then reads only this rank's rows of ``W``, unless it
+        makes my samples' ``dx`` for a layer below that does not split its units."""
+        return makes_dx and self.below is None
+
+    def share_grads(self) -> None:
+        """My rows of ``W``'s gradient (``b``'s share came with ``dz``, in backward)."""
+        n = self.place.total
+        grads_of_rows(self, self.node_x[:n], self.node_dz[:n], self.rows, None)
+
+
+def share_layers(model: Sequential, comm: Any, samples: int, place: Placement) -> None:
+    """Swap every Dense of the built ``model`` for its node-shared twin (the same parameter
+    and gradient views): split by units where wide enough, else by samples; one fed by the
+    layer below where that one splits its units. Collective over the node (``comm`` has
+    ``node_memory``): the shared arrays, for ``samples`` samples, are allocated layer by layer
+    in the same order on every rank. The caller checked ``can_share_activations``."""
+    below: Any = None  # the layer just below, if it splits its units
+    for index, layer in enumerate(model.layers):
+        if layer.initial:
+            wide = splits_units(layer.params["W"].shape[1], comm.local_size)
+            layer = (UnitsDense if wide else SharedDense)(layer, comm, samples, place, below)
+            model.layers[index] = layer
+        below = layer if isinstance(layer, UnitsDense) else None
