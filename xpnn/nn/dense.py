@@ -27,8 +27,7 @@ class Dense(Layer):
         return (self.units,)
 
     def checked(self, x: Array) -> Array:
-        """``x`` as a batch of this layer's inputs, in the parameters' dtype; a float64 (or
-        uint8) batch into a float32 network is converted, not run as a float64 pass."""
+        """``x`` checked, in the parameters' dtype (not a float64 pass of a float32 network)."""
         features = self.params["W"].shape[0]  # a row-split layer (RowDense) holds some rows
         if x.ndim != 2 or x.shape[1] != features:
             raise ValueError(

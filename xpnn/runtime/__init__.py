@@ -1,10 +1,6 @@
-"""The process: who am I in the job (``world``), how many threads each rank runs (``threads``,
-``cpu_quota``), how one failing rank stops them all (``failure``), and MPI's node-shared
-segments (``segments``).
-
-Importing this package imports neither mpi4py nor CuPy: MPI starts in ``init_world`` only
-under a launcher.
-"""
+"""The process: who am I in the job (``world``), threads per rank (``threads``, ``cpu_quota``),
+one failing rank stopping all (``failure``), MPI's node-shared segments (``segments``).
+MPI starts in ``init_world``, and only under a launcher."""
 
 from xpnn.runtime.failure import (
     CollectiveExit,
@@ -15,14 +11,5 @@ from xpnn.runtime.failure import (
 from xpnn.runtime.threads import apply_threads, node_cores, threads_per_rank
 from xpnn.runtime.world import World, init_world
 
-__all__ = [
-    "CollectiveExit",
-    "World",
-    "agree_on_user_errors",
-    "apply_threads",
-    "init_world",
-    "node_cores",
-    "run_guarded",
-    "stopped_from_outside",
-    "threads_per_rank",
-]
+__all__ = ["CollectiveExit", "World", "agree_on_user_errors", "apply_threads", "init_world"]
+__all__ += ["node_cores", "run_guarded", "stopped_from_outside", "threads_per_rank"]

@@ -21,7 +21,7 @@ from conftest import (
 
 from xpnn.backends import get_backend
 from xpnn.nn import build_model
-from xpnn.parallel.update import MIN_LAYER_BUCKET, bucket_bounds, layer_buckets
+from xpnn.parallel.update.base import MIN_LAYER_BUCKET, bucket_bounds, layer_buckets
 
 # Hidden 96,700: two Dense layers of >= MIN_LAYER_BUCKET values, so the layer-by-layer update
 # runs in two buckets (test_base_model_is_updated_in_two_buckets).

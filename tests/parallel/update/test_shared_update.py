@@ -13,7 +13,7 @@ from xpnn.nn import build_model
 from xpnn.nn.layer import Context
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.comm.shm import ALIGN, share_bounds
-from xpnn.parallel.update import MIN_LAYER_BUCKET, layer_buckets
+from xpnn.parallel.update.base import MIN_LAYER_BUCKET, layer_buckets
 
 
 @given(st.integers(0, 3000), st.integers(0, 3000), st.integers(1, 9))

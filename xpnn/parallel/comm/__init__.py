@@ -1,10 +1,6 @@
-"""Communicators: one interface for every transport of gradients and metrics.
-
-``base``: the contract and ``SelfCommunicator`` (one process, no MPI); ``mpi``: MPI on host
-memory, device buffers staged through pinned host buffers; ``shm``: ranks of a node sharing
-arrays (``node_memory``); ``cuda``: device buffers handed to a CUDA-aware MPI or to NCCL
-(``device_buffers``), CuPy imported only when one is built. ``make_communicator`` picks one.
-"""
+"""Communicators, one interface for every transport: ``base`` (the contract, one process),
+``mpi`` (host memory), ``shm`` (node-shared arrays), ``cuda`` (CUDA-aware MPI, NCCL; CuPy
+imported only when one is built). ``make_communicator`` picks one."""
 
 from __future__ import annotations
 
@@ -75,12 +71,5 @@ def _cpu_communicator(world: World, kind: str, parallel: str) -> Communicator:
     return comm
 
 
-__all__ = [
-    "KINDS",
-    "Communicator",
-    "Handle",
-    "MpiHostCommunicator",
-    "SelfCommunicator",
-    "ShmCommunicator",
-    "make_communicator",
-]
+__all__ = ["KINDS", "Communicator", "Handle", "MpiHostCommunicator", "SelfCommunicator"]
+__all__ += ["ShmCommunicator", "make_communicator"]

@@ -1,10 +1,6 @@
-"""The Communicator contract and the transport that needs none: one process.
-
-Buffers are reduced in place and must be contiguous arrays of the backend (numpy, or cupy /
-anything with ``__cuda_array_interface__``). Non-blocking calls return a ``Handle``; after
-``wait()`` the buffer holds the result for the host (numpy) or for work queued afterwards on
-the current CUDA stream (device buffers).
-"""
+"""The Communicator contract, and one process. Buffers are reduced in place: contiguous numpy
+or device arrays (``__cuda_array_interface__``). After a ``Handle``'s ``wait()`` the buffer holds
+the result for the host (numpy) or for work queued afterwards on the current CUDA stream."""
 
 from __future__ import annotations
 

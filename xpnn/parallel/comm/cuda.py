@@ -30,40 +30,35 @@ class MpiCudaCommunicator(MpiHostCommunicator):
     device_buffers = True
 
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
+        _wait_for_stream()
         self._comm.Allreduce(self._in_place, buf, mop)
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
+        _wait_for_stream()
         return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
+        _wait_for_stream()
         self._comm.Bcast(buf, root=root)
 
     def barrier(self) -> None:
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
+        _wait_for_stream()
         self._comm.Barrier()
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
+        _wait_for_stream()
         return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()  # the buffer's allocation is stream-ordered
+        _wait_for_stream()  # the buffer's allocation is stream-ordered
         self._comm.Recv(buf, source=source, tag=tag)
+
+
+def _wait_for_stream() -> None:
+    """Until the work queued on the current CUDA stream is done: MPI does not know streams."""
+    import cupy
+
+    cupy.cuda.get_current_stream().synchronize()
 
 
 class _NcclHandle:
@@ -153,9 +148,7 @@ class NcclCommunicator(MpiHostCommunicator):
         self._nccl.bcast(dev.data.ptr, dev.size, self._nccl_type(dev.dtype), root, stream.ptr)
 
     def barrier(self) -> None:
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
+        _wait_for_stream()
         self._stream.synchronize()
         self._comm.Barrier()
 
@@ -206,11 +199,13 @@ def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]
     Pure (no CUDA, no MPI), so the rules are testable: auto -> nccl when every rank has NCCL
     and its own GPU, else mpi-cuda when every rank's MPI is CUDA-aware, else mpi-host.
     """
-    nccl_ok = all(i["nccl"] for i in infos)
     aware = all(i["aware"] for i in infos)
     shared = shared_gpu(infos) if len(infos) > 1 else None
-    no_nccl = next((i["nccl_why"] for i in infos if not i["nccl"]), "")
     not_aware = next((i["aware_why"] for i in infos if not i["aware"]), "")
+    not_nccl = next((i["nccl_why"] for i in infos if not i["nccl"]), None)  # None: usable
+    refused = not_nccl is None and shared is not None
+    if refused:
+        not_nccl = "ranks {} and {} share GPU {}".format(*shared)
     mpi_kind = "mpi-cuda" if aware else "mpi-host"
     why_mpi = (
         "MPI is CUDA-aware" if aware else f"MPI is not CUDA-aware ({not_aware}): staging via host"
@@ -223,27 +218,14 @@ def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]
             return "mpi-cuda", None, "requested; " + infos[0]["aware_why"]
         reason = f"--comm mpi-cuda: MPI is not CUDA-aware ({not_aware}); falling back to mpi-host"
         return "mpi-host", reason, reason
+    if not_nccl is None:
+        detail = "requested" if kind == "nccl" else "one GPU per rank and NCCL available"
+        return "nccl", None, detail
     if kind == "nccl":
-        if nccl_ok and shared is None:
-            return "nccl", None, "requested"
-        if not nccl_ok:
-            reason = f"--comm nccl: {no_nccl}; falling back to {mpi_kind}"
-        else:
-            a, b, dev = shared  # type: ignore[misc]
-            reason = (
-                f"--comm nccl: ranks {a} and {b} share GPU {dev} (NCCL refuses that); "
-                f"falling back to {mpi_kind}"
-            )
+        why = f"{not_nccl} (NCCL refuses that)" if refused else not_nccl
+        reason = f"--comm nccl: {why}; falling back to {mpi_kind}"
         return mpi_kind, reason, reason
-    # auto
-    if nccl_ok and shared is None:
-        return "nccl", None, "one GPU per rank and NCCL available"
-    if not nccl_ok:
-        why = no_nccl
-    else:
-        a, b, dev = shared  # type: ignore[misc]
-        why = f"ranks {a} and {b} share GPU {dev}"
-    return mpi_kind, None, f"not nccl: {why}; {why_mpi}"
+    return mpi_kind, None, f"not nccl: {not_nccl}; {why_mpi}"
 
 
 def make_gpu_communicator(world: World, kind: str) -> Communicator:

@@ -1,8 +1,5 @@
-"""MPI on host memory (``mpi-host``): every MPI library, CUDA-aware or not.
-
-Device buffers are staged through pinned host buffers that are allocated once per bucket shape
-and reused across steps.
-"""
+"""MPI on host memory (``mpi-host``): every MPI library, CUDA-aware or not; device buffers are
+staged through pinned host buffers, allocated once per bucket shape and reused."""
 
 from __future__ import annotations
 

@@ -1,27 +1,17 @@
 """Node-shared activations: Dense layers whose ranks on one node share the batch's ``x`` and ``dz``.
 
-A Dense layer's weight gradient is ``x.T @ dz`` over the batch, and what it is made of, the
-layer's inputs ``x`` and pre-activation gradients ``dz``, holds ``batch x (fan_in + units)``
-values against ``fan_in x units`` for the gradient: for the MLP 784-1024-1024-10 at batch 128,
-0.6 M values a step for the node against 1.9 M per rank. ``share_layers`` swaps every Dense of
-a built model for a twin that writes its samples' ``x`` and ``dz`` into node-shared arrays;
-after a fence, rank r computes the gradient of its share of ``W``'s rows (and of ``b``) over
-all of the node's samples (``share_grads``), one product over the node's batch as one process
-makes it. No rank writes a gradient of the whole model, and none is summed.
-(``parallel.update.shared_batch`` runs the fences and the update of each rank's rows.)
-
-With the activations in shared memory anyway, a wide layer's other products are split the
-same way (``UnitsDense``): forward, rank r computes its units (columns of ``W``) for the
-node's whole batch; backward, after a fence, the gradient of its inputs (rows of ``W``), which
-are the units of the layer below that it owns there. Split by samples, every rank would read
-all of ``W`` twice a step whatever its share of the batch; split by units, each reads its part.
-Narrow layers (the 10-unit output) stay split by samples (``SharedDense``).
-
-Within a layer split by samples, in this order: ``dz`` of my samples, put into the shared
-arrays; ``dx = dz @ W.T`` for my samples (the last read of ``W`` in the step); fence; the
-gradient of my rows; the update of my rows. Once everyone has passed the fence nobody reads
-this ``W`` again in the step, so its rows can change. Split by units: ``dz`` of my units,
-fence, ``dx`` of my inputs (my rows of ``W`` only), the gradient and the update of my rows.
+A Dense layer's weight gradient is ``x.T @ dz``, and ``x`` and ``dz`` hold ``batch x (fan_in +
+units)`` values against ``fan_in x units`` for the gradient: for the MLP 784-1024-1024-10 at
+batch 128, 0.6 M values a step for the node against 1.9 M per rank. So ``share_layers`` swaps
+every Dense for a twin that puts its samples' ``x`` and ``dz`` into node-shared arrays, and
+after a fence rank r computes its rows of ``W``'s gradient (and its share of ``b``'s) over the
+node's batch (``share_grads``), as one process would: no rank writes a whole gradient, none
+is summed. A wide layer splits its other products too (``UnitsDense``): forward, rank r
+computes its units (columns of ``W``) for the node's batch; backward, after a fence, the
+gradient of its inputs (rows of ``W``), so each rank reads only its part of ``W``. Narrow
+layers (the 10-unit output) stay split by samples (``SharedDense``): ``dx`` of my samples is
+the last read of ``W`` in the step, and once every rank has passed the next fence, the rows
+may change.
 """
 
 from __future__ import annotations

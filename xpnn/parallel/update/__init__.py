@@ -1,19 +1,18 @@
-"""How a step's gradients become one update; ``make_update`` picks the scheme.
-
-``LocalUpdate`` (one process), ``AllreduceUpdate`` (a copy of the parameters per rank, kept
-equal by bucketed allreduce over any communicator), and for communicators with
-``node_memory`` one copy per node: ``SharedUpdate`` (the node's ranks share gradients) or
-``SharedBatchUpdate`` (they share the batch's activations). The trainer sees one interface,
-``base.Update``.
-"""
+"""How a step's gradients become one update (``base.Update``); ``make_update`` picks the
+scheme: ``LocalUpdate``, ``AllreduceUpdate`` (a copy per rank), or with ``node_memory`` one
+copy per node, sharing gradients (``SharedUpdate``) or activations (``SharedBatchUpdate``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from xpnn.parallel.update.allreduce import DEFAULT_BUCKET_MB, AllreduceUpdate, bucket_bounds
-from xpnn.parallel.update.base import MIN_LAYER_BUCKET, MakeOptimizer, Update, layer_buckets
-from xpnn.parallel.update.local import LocalUpdate
+from xpnn.parallel.update.base import (
+    DEFAULT_BUCKET_MB,
+    AllreduceUpdate,
+    LocalUpdate,
+    MakeOptimizer,
+    Update,
+)
 from xpnn.parallel.update.node_shared import SharedUpdate
 from xpnn.parallel.update.shared_batch import SharedBatchUpdate, shares_activations
 
@@ -45,16 +44,4 @@ def uses_byte_buckets(comm: Any) -> bool:
     return comm.size > 1 and not comm.node_memory
 
 
-__all__ = [
-    "DEFAULT_BUCKET_MB",
-    "MIN_LAYER_BUCKET",
-    "AllreduceUpdate",
-    "LocalUpdate",
-    "SharedBatchUpdate",
-    "SharedUpdate",
-    "Update",
-    "bucket_bounds",
-    "layer_buckets",
-    "make_update",
-    "uses_byte_buckets",
-]
+__all__ = ["DEFAULT_BUCKET_MB", "Update", "make_update", "uses_byte_buckets"]

@@ -1,18 +1,12 @@
 """One copy of the parameters per node; each rank sums and updates its own share of them.
 
-With ``mpi-shm`` (and ``node_share`` gradients; ``shared_batch`` shares activations instead),
-the node's ranks keep the parameters, the optimizer state and one gradient row per rank in
-shared memory. Nothing is copied into messages, and each optimizer element is
-updated once per node instead of once per rank.
-
-The update runs layer by layer, while backward is still going: the buffer is cut into buckets
-at layer boundaries, and as soon as backward has finished a bucket's layers, the ranks meet at
-a fence (every row of the bucket is complete, and no rank still reads its parameters), and rank
-r of the node updates its share of the bucket, reading every rank's row and summing as it reads
-(across nodes, the node's sum of that share is first allreduced with the ranks of the same
-local rank). The update is memory-bound: done right after backward wrote a bucket's
-gradients, it finds them still in cache. A last fence after the last bucket: every share is
-updated before anyone's next forward pass.
+The node's ranks keep the parameters, the optimizer state and one gradient row per rank in
+shared memory: nothing is copied into messages, and each optimizer element is updated once
+per node. As soon as backward has finished a bucket of layers, the ranks meet at a fence (every
+row of the bucket is complete, no rank still reads its parameters), and rank r updates its
+share of the bucket, summing every rank's row as it reads, while the gradients are still in
+cache (across nodes, the node's sum of that share is first allreduced with the ranks of the
+same local rank). A last fence: every share is updated before anyone's next forward pass.
 
 The summed share is ``g_r + sum of the others``; with the loss scaled by 1 / global batch this
 is the gradient of the global batch, so 1 rank and N ranks compute the same update.
@@ -40,10 +34,6 @@ class NodeSharedUpdate(LayerwiseUpdate):
     """One copy of the parameters and the optimizer state per node: what the two schemes of a
     communicator with ``node_memory`` (``SharedUpdate``, ``shared_batch.SharedBatchUpdate``)
     have in common."""
-
-    comm: Any
-    model: Any
-    optimizer: Any
 
     def _share_params(self, model: Any, comm: Any, grads: Any) -> Any:
         """Move the model's parameters into node-shared memory (node-local rank 0's values)

@@ -1,16 +1,7 @@
-"""Ranks on one node share the batch's activations; each updates some rows of every weight.
-
-``node_shared`` shares gradients: every rank writes the gradient of every weight over its own
-samples, a row the size of the model, and the update sums the node's rows. At small batches
-that is the larger thing to share. Here the model's Dense layers are swapped for node-shared
-twins (``parallel.model.shared.share_layers``) that put their samples' ``x`` and ``dz`` into
-shared arrays, and rank r computes the gradient of its rows of each ``W`` over the node's
-batch and updates those rows at once, while their gradient is still in cache.
-
-The gradients wait for the end of a bucket of layers (``layer_buckets``: a small layer waits
-for the next); a last fence before the next forward pass. Across nodes, a rank's rows of its
-node's gradient are allreduced with the same rows on the other nodes (the ranks with the same
-node-local rank) before the update, as ``node_shared`` does with its shares.
+"""Ranks on one node share the batch's activations (``model.shared``); each computes and
+updates its rows of every weight while their gradient is in cache. The gradients wait for the
+end of a bucket of layers (a small layer waits for the next); across nodes, a rank's rows are
+allreduced with the same rows of the other nodes first, as ``node_shared`` does its shares.
 """
 
 from __future__ import annotations
