@@ -92,7 +92,7 @@ class Optimizer:
     that share one copy of the parameters each write one; the update sums them as it reads
     them). ``parts`` (slices of the flat buffers, default: all of it) are what this optimizer
     updates, each with ``update_part`` as soon as its gradients are final, as a rank does when
-    ranks share the update (``parallel.shared_update``). ``zeros(shape, dtype)`` allocates the
+    ranks share the update (``parallel.update.node_shared``). ``zeros(shape, dtype)`` allocates the
     state buffers, which always cover the whole model so that a checkpoint reads them whole.
     """
 

@@ -182,7 +182,7 @@ class MpiHostCommunicator(Communicator):
     def barrier(self) -> None:
         self._comm.Barrier()
 
-    # -- device buffers: staged through pinned host memory (overridden by cuda_comm) --------
+    # -- device buffers: staged through pinned host memory (cuda.py overrides them) --------
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         dev = as_cupy(buf)
         if dev.size == 0:
