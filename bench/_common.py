@@ -369,7 +369,7 @@ def run_job(cmd: Sequence[str], timeout: float | None = None) -> subprocess.Comp
 def launch_rank() -> int:
     """This process's rank as the launcher's environment says (0 outside mpiexec), without
     starting MPI: xpnn's own rule."""
-    from xpnn.cli import launch_rank as xpnn_launch_rank
+    from xpnn.parallel.world import launch_rank as xpnn_launch_rank
 
     return xpnn_launch_rank()
 

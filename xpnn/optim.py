@@ -17,6 +17,7 @@ from typing import Any
 from xpnn.backends.kernels import dtype_is
 from xpnn.errors import UserError
 from xpnn.nn.layer import is_int
+from xpnn.phases import UPDATE
 
 Array = Any
 
@@ -134,7 +135,8 @@ class Optimizer:
     def update_part(self, index: int) -> None:
         """Update ``parts[index]`` with the current gradients at this step's learning rate."""
         p, g, state = self._views[index]
-        self.update(p, g, state, self.lr)
+        with UPDATE:
+            self.update(p, g, state, self.lr)
 
     def step(self) -> float:
         """Apply one update to every part; returns the learning rate used."""

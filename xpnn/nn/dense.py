@@ -7,6 +7,7 @@ from typing import Any
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
 from xpnn.nn.layer import Array, Context, Layer, check_int
+from xpnn.phases import WGRAD
 
 
 class Dense(Layer):
@@ -60,7 +61,8 @@ class Dense(Layer):
             return share.backward(dy, need_dx)
         dz, db = self.kernels.bias_act_backward(dy, self.y, self.activation)
         if share is None:
-            self.kernels.matmul_into(self.x.T, dz, self.grads["W"])
+            with WGRAD:
+                self.kernels.matmul_into(self.x.T, dz, self.grads["W"])
             self.grads["b"][...] = db
         else:
             share.put(self.x, dz)
@@ -94,7 +96,8 @@ class Dense(Layer):
         """Assign the gradients of ``W[rows]`` and ``b[cols]`` (none if None) from a batch's
         inputs ``x`` and pre-activation gradients ``dz``: one share of what ``backward``
         assigns whole."""
-        self.kernels.matmul_into(x[:, rows].T, dz, self.grads["W"][rows])
+        with WGRAD:
+            self.kernels.matmul_into(x[:, rows].T, dz, self.grads["W"][rows])
         if cols is not None:
             self.grads["b"][cols] = self.xp.sum(dz[:, cols], axis=0)
 

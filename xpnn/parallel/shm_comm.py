@@ -22,6 +22,7 @@ import numpy as np
 from xpnn.errors import UserError
 from xpnn.parallel.comm import MpiHostCommunicator
 from xpnn.parallel.segments import SHM_DIR
+from xpnn.phases import FENCES
 
 RANKS_PER_NODE_VAR = "XPNN_RANKS_PER_NODE"  # tests: pretend one machine is several nodes
 
@@ -143,11 +144,12 @@ class ShmCommunicator(MpiHostCommunicator):
     def fence(self) -> None:
         """Node barrier with memory ordering: what a rank wrote to shared arrays before it is
         seen by every rank of the node after it (MPI's Sync / Barrier / Sync idiom)."""
-        for win in self._windows:
-            win.Sync()
-        self.node.Barrier()
-        for win in self._windows:
-            win.Sync()
+        with FENCES:
+            for win in self._windows:
+                win.Sync()
+            self.node.Barrier()
+            for win in self._windows:
+                win.Sync()
 
     def cross_allreduce_(self, buf: np.ndarray) -> None:
         """Sum ``buf`` in place over the ranks with this node-local rank on every node."""
