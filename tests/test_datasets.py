@@ -335,7 +335,7 @@ def test_a_replicate_whose_epoch_order_cannot_fit_is_a_memory_error_at_once() ->
 
 @pytest.mark.parametrize("k", [0, -1, 1.5, True])
 def test_replicate_must_be_positive_integer(k) -> None:
-    with pytest.raises(UserError, match="^--replicate: "):
+    with pytest.raises(UserError, match="^`replicate`: "):
         load_dataset("synthetic", synthetic_size=10, replicate=k)
 
 

@@ -51,10 +51,10 @@ class Schedule:
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
             raise OptimArgError(
-                f"--schedule: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
+                f"`schedule`: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
             )
         if not self.base_lr > 0 or not math.isfinite(self.base_lr):
-            raise OptimArgError(f"--lr: must be positive, got {self.base_lr}")
+            raise OptimArgError(f"`lr`: must be positive, got {self.base_lr}")
         for name in ("warmup_steps", "total_steps", "step_size"):
             value = getattr(self, name)
             if not is_int(value):
@@ -222,5 +222,5 @@ def make_optimizer(
 ) -> Optimizer:
     classes = {"sgd": SGD, "momentum": Momentum, "adam": Adam}
     if name not in classes:
-        raise UserError(f"--optimizer: unknown optimizer {name!r} (choose {', '.join(classes)})")
+        raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(classes)})")
     return classes[name](params, grads, kernels, schedule, parts, zeros)

@@ -218,17 +218,17 @@ def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]
     if kind == "mpi-cuda":
         if aware:
             return "mpi-cuda", None, "requested; " + infos[0]["aware_why"]
-        reason = f"--comm mpi-cuda: MPI is not CUDA-aware ({not_aware}); falling back to mpi-host"
+        reason = f"`comm` mpi-cuda: MPI is not CUDA-aware ({not_aware}); falling back to mpi-host"
         return "mpi-host", reason, reason
     if kind == "nccl":
         if nccl_ok and shared is None:
             return "nccl", None, "requested"
         if not nccl_ok:
-            reason = f"--comm nccl: {no_nccl}; falling back to {mpi_kind}"
+            reason = f"`comm` nccl: {no_nccl}; falling back to {mpi_kind}"
         else:
             a, b, dev = shared  # type: ignore[misc]
             reason = (
-                f"--comm nccl: ranks {a} and {b} share GPU {dev} (NCCL refuses that); "
+                f"`comm` nccl: ranks {a} and {b} share GPU {dev} (NCCL refuses that); "
                 f"falling back to {mpi_kind}"
             )
         return mpi_kind, reason, reason

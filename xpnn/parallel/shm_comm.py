@@ -94,8 +94,8 @@ class ShmCommunicator(MpiHostCommunicator):
             node.Free()
             counts = ", ".join(str(s) for s in sorted(set(sizes)))
             raise UserError(
-                f"--comm mpi-shm: nodes hold different numbers of ranks ({counts}); "
-                "give every node the same number, or use --comm mpi-host"
+                f"`comm` mpi-shm: nodes hold different numbers of ranks ({counts}); "
+                "give every node the same number, or use `comm` mpi-host"
             )
         cross = mpi_comm.Split(color=node.Get_rank(), key=mpi_comm.Get_rank())
         comm = cls(mpi_comm, node, cross)
@@ -118,9 +118,9 @@ class ShmCommunicator(MpiHostCommunicator):
         free = self.node.bcast(shm_free_bytes() if self.local_rank == 0 else None, root=0)
         if free is not None and nbytes > free:
             raise UserError(
-                f"--comm mpi-shm: needs {nbytes / 2**20:.1f} MiB of shared memory but "
+                f"`comm` mpi-shm: needs {nbytes / 2**20:.1f} MiB of shared memory but "
                 f"{SHM_DIR} has {free / 2**20:.1f} MiB free; enlarge it (docker run "
-                "--shm-size) or use --comm mpi-host"
+                "--shm-size) or use `comm` mpi-host"
             )
         MPI = self._MPI
         try:
@@ -129,8 +129,8 @@ class ShmCommunicator(MpiHostCommunicator):
             )
         except MPI.Exception as exc:  # e.g. a container's small /dev/shm
             raise UserError(
-                f"--comm mpi-shm: could not allocate {nbytes / 2**20:.1f} MiB of shared memory "
-                f"({exc.Get_error_string()}); use --comm mpi-host"
+                f"`comm` mpi-shm: could not allocate {nbytes / 2**20:.1f} MiB of shared memory "
+                f"({exc.Get_error_string()}); use `comm` mpi-host"
             ) from None
         win.Lock_all(MPI.MODE_NOCHECK)
         self._windows.append(win)
