@@ -100,7 +100,7 @@ def test_data_dir_with_both_copies_of_a_file(tmp_path: Path) -> None:
     with pytest.raises(UserError) as info:
         load_dataset("mnist", data_dir=directory)
     assert str(info.value) == (
-        f"--data-dir {directory}: train-labels-idx1-ubyte.gz and train-labels-idx1-ubyte hold "
+        f"`data_dir` {directory}: train-labels-idx1-ubyte.gz and train-labels-idx1-ubyte hold "
         "different data; remove the one not meant"
     )
 
@@ -122,7 +122,7 @@ def test_data_dir_entry_that_is_not_a_file(tmp_path: Path) -> None:
     with pytest.raises(UserError) as info:
         load_dataset("mnist", data_dir=directory)
     assert (
-        str(info.value) == f"--data-dir {directory}: missing t10k-labels-idx1-ubyte.gz (not a file)"
+        str(info.value) == f"`data_dir` {directory}: missing t10k-labels-idx1-ubyte.gz (not a file)"
     )
 
 
@@ -133,7 +133,7 @@ def test_data_dir_not_a_directory(tmp_path: Path) -> None:
     afile.write_bytes(b"")
     with pytest.raises(UserError) as info:  # it said "no such directory" too
         load_dataset("mnist", data_dir=afile)
-    assert str(info.value) == f"--data-dir {afile}: not a directory"
+    assert str(info.value) == f"`data_dir` {afile}: not a directory"
 
 
 def test_data_dir_corrupt_file_is_idx_error(tmp_path: Path) -> None:

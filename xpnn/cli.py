@@ -33,28 +33,25 @@ class _ArgError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line (no usage dump) so it fits the contract."""
+    """argparse that reports a bad flag as one line naming it (``--epochs: must be at least 1,
+    got 0``; no usage dump) so it fits the contract."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        # our type checks name their flag; argparse would name it a second time before that
-        flag = message.split(": ", 1)[0].removeprefix("argument ")
-        rest = message.removeprefix(f"argument {flag}: ")
-        raise _ArgError(rest if rest.startswith(f"{flag}: ") else message)
+        raise _ArgError(message.removeprefix("argument "))
 
 
 MOST = 2**31 - 1  # counts and sizes past this are typos, and past NumPy's or C's int types
 
 
-def _positive_int(flag: str, most: int = MOST):  # noqa: ANN202
+def _positive_int(most: int = MOST):  # noqa: ANN202
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag}: not an integer: {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag}: must be at least 1, got {value}")
-        if value > most:
-            raise argparse.ArgumentTypeError(f"{flag}: must be at most {most}, got {value}")
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not 1 <= value <= most:
+            bound = "at least 1" if value < 1 else f"at most {most}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
 
     return parse
@@ -64,40 +61,34 @@ def _hidden(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(t) for t in text.split(","))  # "16,,8" is a typo, not "16,8"
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--hidden: expected sizes like 512,256, got {text!r}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"expected sizes like 512,256, got {text!r}") from None
     if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"--hidden: sizes must be positive, got {text!r}")
+        raise argparse.ArgumentTypeError(f"sizes must be positive, got {text!r}")
     if max(sizes) > MOST:
-        raise argparse.ArgumentTypeError(f"--hidden: sizes must be at most {MOST}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"sizes must be at most {MOST}, got {text!r}")
     return sizes
 
 
-def _path(flag: str):  # noqa: ANN202
+def _path(text: str) -> str:
     """A file or directory name; an empty one is a slip (the shell's ``--save $UNSET``)."""
-
-    def parse(text: str) -> str:
-        if not text.strip():
-            raise argparse.ArgumentTypeError(f"{flag}: empty path")
-        return text
-
-    return parse
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    return text
 
 
-def _float_from(flag: str, low: float, inclusive: bool = True, most: float = math.inf):  # noqa: ANN202
+def _float_from(low: float, inclusive: bool = True, most: float = math.inf):  # noqa: ANN202
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag}: not a number: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if not (value >= low if inclusive else value > low):  # also refuses nan
             bound = f">= {low:g}" if inclusive else f"> {low:g}"
-            raise argparse.ArgumentTypeError(f"{flag}: must be {bound}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         if math.isinf(value):
-            raise argparse.ArgumentTypeError(f"{flag}: must be finite, got {text}")
+            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
         if value > most:
-            raise argparse.ArgumentTypeError(f"{flag}: must be at most {most:.10g}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be at most {most:.10g}, got {text}")
         return value
 
     return parse
@@ -110,13 +101,10 @@ def _seed(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--seed: not an integer: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if not 0 <= value < SEED_END:
-        raise argparse.ArgumentTypeError(f"--seed: must be from 0 to 2**64 - 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**64 - 1, got {value}")
     return value
-
-
-D = RunSpec()  # the defaults
 
 
 def build_info_parser() -> argparse.ArgumentParser:
@@ -126,6 +114,8 @@ def build_info_parser() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The flags, one per ``RunSpec`` field (``--no-progress`` for ``progress``), whose
+    defaults are ``RunSpec``'s."""
     p = _Parser(
         prog="python -m xpnn",
         usage="python -m xpnn [train] [flags]  |  python -m xpnn info [--json]",
@@ -133,118 +123,77 @@ def build_parser() -> argparse.ArgumentParser:
         "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
         "the MPI library and whether it is CUDA-aware.",
     )
-    a = p.add_argument
+    a, count = p.add_argument, _positive_int()
     a(
         "--backend",
-        default=D.backend,
         choices=["numpy", "numba", "cupy", "auto"],
         help="array library (default numpy); numba adds compiled CPU kernels; auto: cupy where "
         "a GPU is usable, else numba",
     )
-    a("--model", default=D.model, choices=["mlp", "cnn"], help="(default mlp)")
-    a("--hidden", type=_hidden, default=None, help="MLP hidden sizes (default 512,256)")
-    a("--activation", default=None, choices=["relu", "sigmoid", "tanh"], help="MLP (relu)")
+    a("--model", choices=["mlp", "cnn"], help="(default mlp)")
+    a("--hidden", type=_hidden, help="MLP hidden sizes (default 512,256)")
+    a("--activation", choices=["relu", "sigmoid", "tanh"], help="MLP (relu)")
     a(
         "--loss",
-        default=D.loss,
         choices=["softmax_cross_entropy", "sigmoid_bce"],
         help="softmax_cross_entropy (default) or sigmoid_bce (one-vs-rest logistic losses)",
     )
-    a(
-        "--dataset",
-        default=D.dataset,
-        choices=["mnist", "fashion-mnist", "synthetic"],
-        help="(default fashion-mnist)",
-    )
-    a("--data-dir", type=_path("--data-dir"), help="directory holding the four IDX files")
-    a(
-        "--replicate",
-        type=_positive_int("--replicate"),
-        default=D.replicate,
-        help="repeat the training set K times (scaling studies; default 1)",
-    )
+    a("--dataset", choices=["mnist", "fashion-mnist", "synthetic"], help="(default fashion-mnist)")
+    a("--data-dir", type=_path, help="directory holding the four IDX files")
+    a("--replicate", type=count, help="repeat the training set K times (scaling studies; 1)")
     a(
         "--synthetic-size",
-        type=_positive_int("--synthetic-size"),
-        default=None,
-        help=f"--dataset synthetic: training samples (default {SYNTHETIC_SIZE:,})",
+        type=count,
+        help=f"--dataset synthetic: training samples ({SYNTHETIC_SIZE:,})",
     )
-    a("--epochs", type=_positive_int("--epochs"), default=D.epochs, help="(default 5)")
-    a("--batch-size", default=None, help="GLOBAL batch size (128), or 'full' for full-batch GD")
-    a(
-        "--per-rank-batch",
-        type=_positive_int("--per-rank-batch"),
-        default=None,
-        help="batch per rank; the global batch is this times the number of ranks",
-    )
-    a("--lr", type=_float_from("--lr", 0.0, inclusive=False), default=D.lr, help="(default 0.001)")
+    a("--epochs", type=count, help="(default 5)")
+    a("--batch-size", help="GLOBAL batch size (128), or 'full' for full-batch GD")
+    a("--per-rank-batch", type=count, help="batch per rank; the global batch is this x the ranks")
+    a("--lr", type=_float_from(0.0, inclusive=False), help="(default 0.001)")
     a(
         "--lr-scaling",
-        default=D.lr_scaling,
         choices=["none", "linear"],
         help="linear: multiply --lr by the number of ranks (Goyal et al.; default none)",
     )
     a(
         "--warmup-epochs",
         # past this the warmup's steps (epochs x steps an epoch) overflow a 64-bit count
-        type=_float_from("--warmup-epochs", 0.0, most=MOST),
-        default=D.warmup_epochs,
+        type=_float_from(0.0, most=MOST),
         help="raise the rate linearly from ~0 to --lr over E epochs (default 0)",
     )
     a(
         "--schedule",
-        default=D.schedule,
         choices=["constant", "step", "cosine"],
         help="step: x0.1 every --step-epochs epochs; cosine: half a cosine towards 0 "
         "(default constant)",
     )
-    a(
-        "--step-epochs",
-        type=_positive_int("--step-epochs"),
-        default=None,
-        help="--schedule step: epochs between decays (default: a third of --epochs)",
-    )
-    a(
-        "--optimizer",
-        default=D.optimizer,
-        choices=["sgd", "momentum", "adam"],
-        help="(default adam)",
-    )
-    a("--dtype", default=D.dtype, choices=["float32", "float64"], help="(default float32)")
-    a(
-        "--seed",
-        type=_seed,
-        default=D.seed,
-        help="initial weights, shuffles and dropout masks (default 0)",
-    )
+    a("--step-epochs", type=count, help="--schedule step: epochs between decays (--epochs / 3)")
+    a("--optimizer", choices=["sgd", "momentum", "adam"], help="(default adam)")
+    a("--dtype", choices=["float32", "float64"], help="(default float32)")
+    a("--seed", type=_seed, help="initial weights, shuffles and dropout masks (default 0)")
     a(
         "--threads",
-        type=_positive_int("--threads", most=4096),
-        default=None,
+        type=_positive_int(most=4096),  # past a few thousand, BLAS libraries overflow or crawl
         help="BLAS/Numba threads per rank (default: the cores it may run on, shared with the "
         "node's ranks that may run on them too)",
-        # past a few thousand, BLAS libraries overflow or crawl
     )
-    a("--metrics", type=_path("--metrics"), help="JSON-lines metrics file (rank 0 writes it)")
-    a("--save", type=_path("--save"), help="save parameters to FILE.npz at the end")
-    a("--checkpoint-dir", type=_path("--checkpoint-dir"))
+    a("--metrics", type=_path, help="JSON-lines metrics file (rank 0 writes it)")
+    a("--save", type=_path, help="save parameters to FILE.npz at the end")
+    a("--checkpoint-dir", type=_path)
     a("--resume", action="store_true", help="continue from the latest checkpoint")
     a(
         "--comm",
-        default=D.comm,
         choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"],
         help="how ranks exchange gradients (default auto: the fastest that works here)",
     )
     a(
         "--bucket-mb",
         # below ~1 kB a bucket is an allreduce per few values: a step takes seconds
-        type=_float_from("--bucket-mb", 0.001, most=2**20),  # a TB bucket is a typo
-        default=None,
+        type=_float_from(0.001, most=2**20),  # a TB bucket is a typo
         help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
     )
     a(
         "--node-share",
-        default=None,
         choices=["auto", "gradients", "activations"],
         help="mpi-shm: what the ranks of a node share, their gradients (summed by the update) "
         "or the batch's activations (each rank computes some rows of every gradient; MLPs "
@@ -252,7 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--parallel",
-        default=D.parallel,
         choices=["data", "tensor", "pipeline"],
         help="data: each rank a share of every batch; tensor: each rank a slice of every "
         "pair of Dense layers (MLP only); pipeline: each rank a run of consecutive layers "
@@ -260,21 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--model-ranks",
-        type=_positive_int("--model-ranks"),
-        default=None,
+        type=count,
         help="--parallel tensor/pipeline: ranks that hold one replica of the network (default: "
         "all); N ranks train N / K replicas data-parallel (2-D parallelism)",
     )
     a(
         "--microbatches",
-        type=_positive_int("--microbatches"),
-        default=None,
+        type=count,
         help=f"--parallel pipeline: micro-batches per global batch (default {MICROBATCHES})",
     )
     a(
         "--pipeline-schedule",
         choices=["gpipe", "1f1b"],
-        default=None,
         help="--parallel pipeline: gpipe (all forwards, then all backwards; the default) or "
         "1f1b (a forward and a backward in turn: activations of at most stages - s "
         "micro-batches held, not M)",
@@ -282,11 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--recompute",
         action="store_true",
-        default=None,
         help="--parallel pipeline: keep each micro-batch's stage input, not its activations, "
         "and run its forward again before its backward (less memory, one more forward)",
     )
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(**{f.name: getattr(RunSpec, f.name) for f in fields(RunSpec)})
     return p
 
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-PARAM = re.compile(r"`([a-z][a-z0-9_]*)`")  # a parameter's name as messages write it
+PARAM = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")  # a parameter's name as messages write it
 
 
 class UserError(Exception):

@@ -1,35 +1,7 @@
 """Training: the ``Trainer`` loop and the callbacks that extend it."""
+# isort: skip_file
 
-from xpnn.train.callbacks import (
-    Callback,
-    Checkpoints,
-    EpochLog,
-    FaultInjection,
-    MetricsFile,
-    PhaseTimer,
-    ProgressBar,
-)
-from xpnn.train.trainer import (
-    TrainConfig,
-    Trainer,
-    TrainingDiverged,
-    params_digest,
-    peak_rss_mb,
-    warmup_steps,
-)
-
-__all__ = [
-    "Callback",
-    "Checkpoints",
-    "EpochLog",
-    "FaultInjection",
-    "MetricsFile",
-    "PhaseTimer",
-    "ProgressBar",
-    "TrainConfig",
-    "Trainer",
-    "TrainingDiverged",
-    "params_digest",
-    "peak_rss_mb",
-    "warmup_steps",
-]
+from xpnn.train.callbacks import Callback, Checkpoints, EpochLog, FaultInjection  # noqa: F401
+from xpnn.train.callbacks import MetricsFile, PhaseTimer, ProgressBar  # noqa: F401
+from xpnn.train.trainer import TrainConfig, Trainer, TrainingDiverged  # noqa: F401
+from xpnn.train.trainer import params_digest, peak_rss_mb, warmup_steps  # noqa: F401
