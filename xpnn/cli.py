@@ -140,7 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--dataset", choices=["mnist", "fashion-mnist", "synthetic"], help="(default fashion-mnist)")
     a("--data-dir", type=_path, help="directory holding the four IDX files")
-    a("--replicate", type=count, help="repeat the training set K times (scaling studies; 1)")
+    a(
+        "--replicate",
+        type=count,
+        help="repeat the training set K times (scaling studies; default 1)",
+    )
     a(
         "--synthetic-size",
         type=count,
@@ -331,8 +335,6 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
 def check_paths(spec: RunSpec, writer: bool) -> None:
     """The files and directory the run will write, checked before it trains (``writer``: this
     rank writes them)."""
-    if spec.resume and not spec.checkpoint_dir:
-        raise UserError("`resume`: needs `checkpoint_dir`")
     # first, so that --save and --metrics may name files in it (run1/final.npz)
     _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
     made = spec.checkpoint_dir

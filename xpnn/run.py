@@ -227,24 +227,15 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     replicas = place.replicas  # the ranks that each take a share of the batch
     batch = global_batch(spec, replicas, data.n_train)
     lr = spec.lr * (replicas if spec.lr_scaling == "linear" else 1)
+    same = ("epochs", "optimizer", "schedule", "warmup_epochs", "step_epochs", "seed", "metrics")
+    same += ("save", "checkpoint_dir", "resume", "progress", "parallel")  # as TrainConfig has them
     cfg = TrainConfig(
-        epochs=spec.epochs,
+        **{name: getattr(spec, name) for name in same},
         batch_size=batch,
         lr=lr,
-        optimizer=spec.optimizer,
-        schedule=spec.schedule,
-        warmup_epochs=spec.warmup_epochs,
-        step_epochs=spec.step_epochs,
-        seed=spec.seed,
         bucket_mb=DEFAULT_BUCKET_MB if spec.bucket_mb is None else spec.bucket_mb,
         node_share=spec.node_share or "auto",
-        metrics=spec.metrics,
-        save=spec.save,
-        checkpoint_dir=spec.checkpoint_dir,
-        resume=spec.resume,
         network={"loss": spec.loss, **({"activation": activation} if spec.model == "mlp" else {})},
-        progress=spec.progress,
-        parallel=spec.parallel,
         extra={
             "threads": thread_info["threads"],
             "model": spec.model,
