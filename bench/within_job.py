@@ -132,8 +132,7 @@ def train_epoch(trainer: Any, epoch: int) -> float:
     batches = global_batches(trainer.n_train, trainer.cfg.batch_size, trainer.cfg.seed, epoch)
     trainer.comm.barrier()
     start = time.perf_counter()
-    for i, batch in enumerate(batches):
-        trainer.step(batch, epoch * trainer.steps_per_epoch + i)
+    trainer.train_epoch(epoch, batches)
     trainer.backend.synchronize()
     trainer.comm.barrier()
     return time.perf_counter() - start

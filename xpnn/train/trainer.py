@@ -251,6 +251,24 @@ class Trainer:
         self.update.finish()
         return loss, correct
 
+    def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
+        """The steps of epoch ``epoch`` (from 0) over ``batches``, with the step callbacks: the
+        sums of their losses and correct predictions, on the device."""
+        xp, begin, end = self.xp, self._step_begin, self._step_end
+        # float64 on the device: a float32 running sum drifts (4e-6 over an epoch here),
+        # and a host sum would wait for the device every step
+        loss_acc = xp.zeros((), dtype=xp.float64)
+        correct_acc = xp.zeros((), dtype=xp.float64)
+        for step, batch in enumerate(batches, epoch * self.steps_per_epoch):
+            for callback in begin:
+                callback.on_step_begin(self, step)
+            loss, correct = self.step(batch, step)
+            loss_acc += loss
+            correct_acc += correct
+            for callback in end:
+                callback.on_step_end(self, step)
+        return loss_acc, correct_acc
+
     # -- evaluation ----------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
         """Test loss and accuracy: each rank scores a contiguous part, sums are reduced."""
@@ -271,7 +289,7 @@ class Trainer:
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> dict:
-        cfg, model, comm, xp = self.cfg, self.model, self.comm, self.xp
+        cfg, model, comm = self.cfg, self.model, self.comm
         start_epoch = self.start_epoch
         if self.resume_note and self.is_root:
             self.log(self.resume_note)
@@ -287,7 +305,6 @@ class Trainer:
         }
         for callback in self.callbacks:
             callback.on_train_begin(self)
-        begin, end = self._step_begin, self._step_end
         total_seconds = 0.0
         test_loss = test_acc = float("nan")
         for epoch in range(start_epoch, cfg.epochs):
@@ -297,19 +314,7 @@ class Trainer:
             t0 = time.perf_counter()
             for callback in self.callbacks:
                 callback.on_epoch_begin(self, epoch)
-            # float64 on the device: a float32 running sum drifts (4e-6 over an epoch here),
-            # and a host sum would wait for the device every step
-            loss_acc = xp.zeros((), dtype=xp.float64)
-            correct_acc = xp.zeros((), dtype=xp.float64)
-            first = epoch * self.steps_per_epoch
-            for step, batch in enumerate(batches, first):
-                for callback in begin:
-                    callback.on_step_begin(self, step)
-                loss, correct = self.step(batch, step)
-                loss_acc += loss
-                correct_acc += correct
-                for callback in end:
-                    callback.on_step_end(self, step)
+            loss_acc, correct_acc = self.train_epoch(epoch, batches)
             self.backend.synchronize()
             seconds = time.perf_counter() - t0
             total_seconds += seconds
