@@ -286,7 +286,7 @@ def test_mirror_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unknown_dataset() -> None:
     with pytest.raises(UserError) as info:
         load_dataset("cifar")
-    expected = "--dataset: unknown dataset 'cifar' (choose mnist, fashion-mnist, synthetic)"
+    expected = "`dataset`: unknown dataset 'cifar' (choose mnist, fashion-mnist, synthetic)"
     assert str(info.value) == expected
 
 
@@ -381,12 +381,13 @@ def test_synthetic_is_learnable() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs, flag",
-    [({"synthetic_size": 0}, "--synthetic-size"), ({"seed": -1}, "--seed")],
+    "kwargs, param",
+    [({"synthetic_size": 0}, "synthetic_size"), ({"seed": -1}, "seed")],
 )
-def test_synthetic_bad_arguments(kwargs: dict, flag: str) -> None:
-    with pytest.raises(UserError, match=f"^{flag}: "):
+def test_synthetic_bad_arguments(kwargs: dict, param: str) -> None:
+    with pytest.raises(UserError, match=f"^`{param}`: ") as info:
         load_dataset("synthetic", **kwargs)
+    assert info.value.param == param
 
 
 def test_synthetic_larger_than_memory_is_refused_before_allocating(
