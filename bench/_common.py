@@ -34,9 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def run_main(main: Callable[[], int | None]) -> None:
     """``sys.exit(main())``, except that a reader that goes away (``... | head``) or Ctrl-C
-    ends the script as it ends ``python -m xpnn``: one line, exit 141 or 130, no traceback."""
+    ends the script as it ends ``python -m xpnn``: one line, exit 141 or 130, no traceback.
+    xpnn's messages name its flags, as ``python -m xpnn`` says them."""
+    from xpnn.cli import flag_words
+    from xpnn.errors import worded
+
     try:
-        code = main()
+        with worded(flag_words):
+            code = main()
     except (BrokenPipeError, KeyboardInterrupt) as exc:  # a run being timed stops with us
         from xpnn.runtime import stopped_from_outside
 
@@ -369,7 +374,7 @@ def run_job(cmd: Sequence[str], timeout: float | None = None) -> subprocess.Comp
 def launch_rank() -> int:
     """This process's rank as the launcher's environment says (0 outside mpiexec), without
     starting MPI: xpnn's own rule."""
-    from xpnn.cli import launch_rank as xpnn_launch_rank
+    from xpnn.runtime import launch_rank as xpnn_launch_rank
 
     return xpnn_launch_rank()
 
@@ -659,6 +664,7 @@ def pipeline_problem(model: str, hidden: Sequence[int], stages: int) -> str | No
     own rule (``stage_bounds``: every stage holds a layer with parameters), found on the host
     before any run starts; the message is xpnn's."""
     from xpnn.backends import get_backend
+    from xpnn.cli import flag_words
     from xpnn.errors import UserError
     from xpnn.nn import build_model
     from xpnn.parallel.model import layer_costs, stage_bounds
@@ -669,7 +675,7 @@ def pipeline_problem(model: str, hidden: Sequence[int], stages: int) -> str | No
         layers = whole.layers
         stage_bounds(layer_costs(layers, whole.shapes), [bool(x.initial) for x in layers], stages)
     except UserError as exc:
-        return str(exc)
+        return flag_words(str(exc))
     except MemoryError:  # a model too big to draw here: the run says so itself
         return None
     return None
@@ -678,11 +684,12 @@ def pipeline_problem(model: str, hidden: Sequence[int], stages: int) -> str | No
 def data_dir_problem(dataset: str, data_dir: str) -> str | None:
     """Why ``data_dir`` does not hold ``dataset``'s four IDX files (None: it does), as xpnn's
     ``--data-dir`` lookup says it (``--data-dir DIR: no such directory``, ``...: missing ...``)."""
+    from xpnn.cli import flag_words
     from xpnn.data import find_files
     from xpnn.errors import UserError
 
     try:
         find_files(dataset, data_dir, download=False)
     except UserError as exc:
-        return str(exc)
+        return flag_words(str(exc))
     return None

@@ -37,6 +37,7 @@ from _common import Parser, nonneg_int, out_path, positive_int, refuse_unwritabl
 
 os.environ.setdefault("XPNN_FORCE_MPI", "1")  # a plain `python bench/allreduce.py` works too
 
+from xpnn.cli import flag_words  # noqa: E402
 from xpnn.errors import UserError  # noqa: E402
 from xpnn.parallel.comm import make_communicator  # noqa: E402
 from xpnn.runtime import init_world, node_cores  # noqa: E402
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         host_comm = host_communicator(world, args)
     except UserError as exc:
         if world.rank == 0:
-            print(f"{p.prog}: error: {exc}", file=sys.stderr)
+            print(f"{p.prog}: error: {flag_words(str(exc))}", file=sys.stderr)
         return 2
     if world.rank == 0:
         lib = " ".join(MPI.Get_library_version().split()[:3])

@@ -132,20 +132,22 @@ def train_epoch(trainer: Any, epoch: int) -> float:
     batches = global_batches(trainer.n_train, trainer.cfg.batch_size, trainer.cfg.seed, epoch)
     trainer.comm.barrier()
     start = time.perf_counter()
-    for i, batch in enumerate(batches):
-        trainer.step(batch, epoch * trainer.steps_per_epoch + i)
+    trainer.train_epoch(epoch, batches)
     trainer.backend.synchronize()
     trainer.comm.barrier()
     return time.perf_counter() - start
 
 
 def compare(opts: argparse.Namespace, sides: dict[str, argparse.Namespace], world: Any) -> int:
-    from xpnn import cli
+    from xpnn.cli import flag_words, to_spec
+    from xpnn.run import build_run, ineffective_settings
 
-    trainers = {s: cli.build_trainer(sides[s], world, announce=False) for s in SIDES}
+    specs = {s: to_spec(sides[s]) for s in SIDES}
+    trainers = {s: build_run(specs[s], world) for s in SIDES}
     for s in SIDES if world.rank == 0 else ():  # what python -m xpnn would note, per side
-        for flag, why in cli.ineffective_flags(sides[s], trainers[s].groups):
-            print(f"within_job.py: note: --{s}: {flag} has no effect {why}", file=sys.stderr)
+        for name, why in ineffective_settings(specs[s], trainers[s].groups):
+            note = flag_words(f"{name} has no effect {why}")
+            print(f"within_job.py: note: --{s}: {note}", file=sys.stderr)
     times: dict[str, list[float]] = {s: [] for s in SIDES}
     orders = []
     for r in range(opts.rounds + 1):  # round 0: untimed warm-up of both
@@ -214,7 +216,7 @@ def main(argv: list[str]) -> int:
     try:
         world = init_world()
     except UserError as exc:
-        return _usage_error(str(exc))
+        return _usage_error(cli.flag_words(str(exc)))
     return run_guarded(world, lambda: compare(opts, sides, world))
 
 

@@ -21,7 +21,7 @@ def test_epoch_order_is_a_seeded_permutation() -> None:
 
 
 def test_negative_seed_is_user_error() -> None:
-    with pytest.raises(UserError, match="^--seed: "):
+    with pytest.raises(UserError, match="^`seed`: "):
         epoch_order(10, seed=-1, epoch=0)
 
 
@@ -41,7 +41,7 @@ def test_drop_last() -> None:
 
 @pytest.mark.parametrize("batch_size", [0, -4])
 def test_bad_batch_size(batch_size: int) -> None:
-    with pytest.raises(UserError, match="^--batch-size: "):
+    with pytest.raises(UserError, match="^`batch_size`: "):
         global_batches(10, batch_size, 0, 0)
 
 

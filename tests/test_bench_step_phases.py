@@ -50,21 +50,8 @@ def test_the_timed_steps_run_without_automatic_garbage_collection(monkeypatch):
     script (not of plain runs): the script keeps collection off while it trains, then on."""
     import gc
 
-    from xpnn import optim, train
-    from xpnn.backends import kernels
-    from xpnn.nn.sequential import Sequential
-    from xpnn.parallel.comm import shm as shm_comm
+    from xpnn import train
 
-    wrapped = [(train.Trainer, "__init__"), (optim.Optimizer, "update_part")]
-    wrapped += [(shm_comm.ShmCommunicator, "fence"), (Sequential, "forward")]
-    wrapped += [(kernels.Kernels, "matmul_into"), (kernels.NumpyKernels, "matmul_into")]
-    from xpnn.nn.conv import Conv2D
-    from xpnn.parallel.model import shared
-
-    wrapped += [(shared, "forward_units"), (shared, "input_grad_rows")]
-    wrapped += [(Conv2D, "forward"), (Conv2D, "input_grad")]
-    for cls, name in wrapped:
-        monkeypatch.setattr(cls, name, getattr(cls, name))  # the script wraps these: restore
     seen = []
     step = train.Trainer.step
 
@@ -99,91 +86,74 @@ class _FakeDevice:
         self.pending = 0.0
 
 
-def test_on_a_device_each_phase_waits_for_its_work(monkeypatch):
+def _timed_step(is_gpu: bool, device: _FakeDevice) -> dict[str, float]:
+    """One step with an update phase that launches 50 ms of device work, as PhaseTimer sees it
+    on a backend that is (or is not) a GPU."""
+    from types import SimpleNamespace
+
+    from xpnn import phases
+    from xpnn.train import PhaseTimer
+
+    trainer = SimpleNamespace(
+        backend=SimpleNamespace(is_gpu=is_gpu, synchronize=device.synchronize)
+    )
+    timer = PhaseTimer()
+    timer.on_train_begin(trainer)
+    try:
+        timer.on_step_begin(trainer, 0)
+        with phases.UPDATE:
+            device.launch(0.05)
+        timer.on_step_end(trainer, 0)
+    finally:
+        timer.on_train_end(trainer, {"event": "done"})
+    (step,) = timer.steps
+    return step
+
+
+def test_on_a_device_each_phase_waits_for_its_work():
     """A timer that only read the clock would see the launch of asynchronous work, not the
-    work: with the device's synchronize (set for a GPU backend), the phase holds its work."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import step_phases
-
+    work: with the device's synchronize (a GPU backend), the phase holds its work."""
     device = _FakeDevice()
-    for sync, least, most in ((None, 0.0, 0.01), (device.synchronize, 0.05, 1.0)):
-
-        class Step:  # a fresh class for each timer to wrap
-            def run(self) -> None:
-                self.phase()
-
-            def phase(self) -> None:
-                device.launch(0.05)
-
-        timer = step_phases.StepTimer()
-        timer.sync = sync
-        timer.wrap(Step, "phase", "update")
-        timer.wrap(Step, "run", None)
-        Step().run()
-        (step,) = timer.steps
+    for is_gpu, least, most in ((False, 0.0, 0.01), (True, 0.05, 1.0)):
+        step = _timed_step(is_gpu, device)
         assert least <= step["update"] <= most
         assert step["update"] <= step["step"]
         device.synchronize()  # what the unsynchronized timer left behind
     assert device.syncs == 4 + 1 + 1  # around the phase and the step, and the two cleanups
 
 
-def test_only_a_gpu_backend_makes_the_timers_synchronize(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import step_phases
-
+def test_only_a_gpu_backend_makes_the_timers_synchronize():
     from xpnn.backends import get_backend
 
     for name in ("numpy", "numba"):
-        assert step_phases.device_sync(get_backend(name)) is None
-
-    class Gpu:
-        is_gpu = True
-
-        def synchronize(self) -> None:
-            pass
-
-    gpu = Gpu()
-    assert step_phases.device_sync(gpu) == gpu.synchronize
+        assert not get_backend(name).is_gpu  # so PhaseTimer never synchronizes them
+    device = _FakeDevice()
+    _timed_step(False, device)
+    assert device.syncs == 0
+    _timed_step(True, device)
+    assert device.syncs == 4
 
 
-def test_a_conv_layers_forward_and_input_gradient_products_are_not_wgrad(monkeypatch):
-    """``wgrad`` timed every ``matmul_into``: for a CNN it also counted the convolutions'
-    forward products (already in ``forward``) and their input-gradient products."""
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+def test_a_conv_layers_forward_and_input_gradient_products_are_not_wgrad():
+    """``wgrad`` is the weight gradients' products alone: not the convolutions' forward
+    products (already in ``forward``) nor their input-gradient products."""
     import numpy as np
-    import step_phases
 
-    from xpnn import optim, train
-    from xpnn.backends import get_backend, kernels
+    from xpnn import phases
+    from xpnn.backends import get_backend
     from xpnn.nn import Context, Dense, Flatten, Sequential
     from xpnn.nn.conv import Conv2D
-    from xpnn.parallel.comm import shm as shm_comm
-    from xpnn.parallel.model import shared
 
-    wrapped = [(train.Trainer, "step"), (optim.Optimizer, "update_part")]
-    wrapped += [(shm_comm.ShmCommunicator, "fence"), (Sequential, "forward")]
-    wrapped += [(kernels.Kernels, "matmul_into"), (kernels.NumpyKernels, "matmul_into")]
-    wrapped += [(shared, "forward_units"), (shared, "input_grad_rows")]
-    wrapped += [(Conv2D, "forward"), (Conv2D, "input_grad")]
-    for cls, name in wrapped:  # put back after the test
-        monkeypatch.setattr(cls, name, cls.__dict__[name])
-    calls = {"wgrad": 0}
-    timer = step_phases.StepTimer()
-    step_phases.instrument(timer)
-    matmul = kernels.NumpyKernels.matmul_into
-
-    def counted(self, a, b, out):
-        if not timer.muted:
-            calls["wgrad"] += 1
-        return matmul(self, a, b, out)
-
-    monkeypatch.setattr(kernels.NumpyKernels, "matmul_into", counted)
     backend = get_backend("numpy", "float64")
     model = Sequential([Conv2D(2, 3), Conv2D(2, 3), Flatten(), Dense(3)])
     model.build((1, 8, 8), backend, 0)
     x = np.random.default_rng(0).random((2, 1, 8, 8))
-    timer.current = dict.fromkeys(step_phases.PHASES, 0.0)
-    model.loss_and_grads(x, np.array([0, 2]), Context(train=True), scale=0.5)
-    # the weight gradients of the two convolutions and the Dense layer; before, also the two
-    # convolutions' forward products and the second one's input gradient
-    assert calls["wgrad"] == 3
+    entered: list[str] = []
+    phases.listen(lambda name, entering: entered.append(name) if entering else None)
+    try:
+        model.loss_and_grads(x, np.array([0, 2]), Context(train=True), scale=0.5)
+    finally:
+        phases.listen(None)
+    # the weight gradients of the two convolutions and the Dense layer; one forward pass
+    assert entered.count("wgrad") == 3
+    assert entered.count("forward") == 1

@@ -179,14 +179,22 @@ def test_a_step_out_of_memory_names_the_batch():
     )
 
 
-def test_path_problems_name_the_flag_and_the_path_refused():
-    with pytest.raises(UserError, match=r"^--save /a/b\.npz: Permission denied$"):
-        with path_problems("--save", "/a/b.npz"):
+def test_path_problems_name_the_parameter_and_the_path_refused():
+    """The library names the parameter (and carries it); the command line says its flag."""
+    from xpnn.cli import flag_words
+
+    with pytest.raises(UserError, match=r"^`save` /a/b\.npz: Permission denied$") as caught:
+        with path_problems("save", "/a/b.npz"):
             raise PermissionError(13, "Permission denied", "/a/b.npz")
-    with pytest.raises(UserError, match=r"^--data-dir /a: Permission denied \(/a/x\.gz\)$"):
-        with path_problems("--data-dir", "/a"):
+    assert caught.value.param == "save"
+    assert flag_words(str(caught.value)) == "--save /a/b.npz: Permission denied"
+    with pytest.raises(
+        UserError, match=r"^`data_dir` /a: Permission denied \(/a/x\.gz\)$"
+    ) as caught:
+        with path_problems("data_dir", "/a"):
             raise PermissionError(13, "Permission denied", "/a/x.gz")
-    with path_problems("--save", "/a"):  # nothing refused, nothing raised
+    assert flag_words(str(caught.value)) == "--data-dir /a: Permission denied (/a/x.gz)"
+    with path_problems("save", "/a"):  # nothing refused, nothing raised
         pass
 
 

@@ -306,7 +306,7 @@ def test_ranks_given_other_flags_are_refused_not_left_waiting():
     proc = _run(_mpmd([*SMALL, "--epochs", "2"], [*SMALL, "--epochs", "3"]))
     assert time.monotonic() - start < 30
     assert_one_line_user_error(
-        proc, "--epochs: rank 1 was given 3, rank 0 2; every rank must get the same flags"
+        proc, "--epochs: rank 1 was given 3, rank 0 2; every rank must get the same settings"
     )
 
 

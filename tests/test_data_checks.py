@@ -154,7 +154,7 @@ def test_fashion_files_for_dataset_mnist_are_refused(fashion_dir: Path, tmp_path
     path = directory / "train-images-idx3-ubyte.gz"
     assert str(info.value) == (
         f"{path}: this is Fashion-MNIST's train-images-idx3-ubyte.gz, not MNIST's "
-        "train-images-idx3-ubyte.gz (by its SHA-256); use --dataset fashion-mnist"
+        "train-images-idx3-ubyte.gz (by its SHA-256); use `dataset` fashion-mnist"
     )
 
 
@@ -334,7 +334,7 @@ def test_dangling_symlink_in_data_dir_says_so(tmp_path: Path) -> None:
     with pytest.raises(UserError) as info:
         load_dataset("mnist", data_dir=directory)
     assert str(info.value) == (
-        f"--data-dir {directory}: missing t10k-labels-idx1-ubyte.gz (a symbolic link to "
+        f"`data_dir` {directory}: missing t10k-labels-idx1-ubyte.gz (a symbolic link to "
         f"{tmp_path / 'gone'}, which does not exist)"
     )
 
@@ -345,6 +345,6 @@ def test_tilde_left_by_the_shell_is_pointed_out(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(UserError) as info:
         load_dataset("mnist", data_dir="~/xpnn-no-such-data")
     assert str(info.value) == (
-        "--data-dir ~/xpnn-no-such-data: no such directory (the shell left its ~ as it is: did "
+        "`data_dir` ~/xpnn-no-such-data: no such directory (the shell left its ~ as it is: did "
         "you mean /home/someone/xpnn-no-such-data?)"
     )

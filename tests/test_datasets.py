@@ -100,7 +100,7 @@ def test_data_dir_with_both_copies_of_a_file(tmp_path: Path) -> None:
     with pytest.raises(UserError) as info:
         load_dataset("mnist", data_dir=directory)
     assert str(info.value) == (
-        f"--data-dir {directory}: train-labels-idx1-ubyte.gz and train-labels-idx1-ubyte hold "
+        f"`data_dir` {directory}: train-labels-idx1-ubyte.gz and train-labels-idx1-ubyte hold "
         "different data; remove the one not meant"
     )
 
@@ -122,7 +122,7 @@ def test_data_dir_entry_that_is_not_a_file(tmp_path: Path) -> None:
     with pytest.raises(UserError) as info:
         load_dataset("mnist", data_dir=directory)
     assert (
-        str(info.value) == f"--data-dir {directory}: missing t10k-labels-idx1-ubyte.gz (not a file)"
+        str(info.value) == f"`data_dir` {directory}: missing t10k-labels-idx1-ubyte.gz (not a file)"
     )
 
 
@@ -133,7 +133,7 @@ def test_data_dir_not_a_directory(tmp_path: Path) -> None:
     afile.write_bytes(b"")
     with pytest.raises(UserError) as info:  # it said "no such directory" too
         load_dataset("mnist", data_dir=afile)
-    assert str(info.value) == f"--data-dir {afile}: not a directory"
+    assert str(info.value) == f"`data_dir` {afile}: not a directory"
 
 
 def test_data_dir_corrupt_file_is_idx_error(tmp_path: Path) -> None:
@@ -286,7 +286,7 @@ def test_mirror_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unknown_dataset() -> None:
     with pytest.raises(UserError) as info:
         load_dataset("cifar")
-    expected = "--dataset: unknown dataset 'cifar' (choose mnist, fashion-mnist, synthetic)"
+    expected = "`dataset`: unknown dataset 'cifar' (choose mnist, fashion-mnist, synthetic)"
     assert str(info.value) == expected
 
 
@@ -335,7 +335,7 @@ def test_a_replicate_whose_epoch_order_cannot_fit_is_a_memory_error_at_once() ->
 
 @pytest.mark.parametrize("k", [0, -1, 1.5, True])
 def test_replicate_must_be_positive_integer(k) -> None:
-    with pytest.raises(UserError, match="^--replicate: "):
+    with pytest.raises(UserError, match="^`replicate`: "):
         load_dataset("synthetic", synthetic_size=10, replicate=k)
 
 
@@ -381,12 +381,13 @@ def test_synthetic_is_learnable() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs, flag",
-    [({"synthetic_size": 0}, "--synthetic-size"), ({"seed": -1}, "--seed")],
+    "kwargs, param",
+    [({"synthetic_size": 0}, "synthetic_size"), ({"seed": -1}, "seed")],
 )
-def test_synthetic_bad_arguments(kwargs: dict, flag: str) -> None:
-    with pytest.raises(UserError, match=f"^{flag}: "):
+def test_synthetic_bad_arguments(kwargs: dict, param: str) -> None:
+    with pytest.raises(UserError, match=f"^`{param}`: ") as info:
         load_dataset("synthetic", **kwargs)
+    assert info.value.param == param
 
 
 def test_synthetic_larger_than_memory_is_refused_before_allocating(

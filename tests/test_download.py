@@ -340,7 +340,7 @@ def test_missing_home_is_not_created_for_the_cache(
         fetch(NAME, GOOD_SHA, [server.url], default_cache_dir())
     assert str(info.value) == (
         f"{home}/.cache/xpnn: cannot use as download cache: $HOME ({home}) does not exist; "
-        "set XPNN_DATA_HOME to a directory, or pass --data-dir"
+        "set XPNN_DATA_HOME to a directory, or pass `data_dir`"
     )
     assert not home.exists() and server.requests == []
     home.mkdir()  # once it is there, the cache is made in it

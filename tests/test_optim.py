@@ -68,9 +68,9 @@ def test_step_and_cosine_schedules():
 
 
 def test_bad_optimizer_and_lr_are_user_errors():
-    with pytest.raises(UserError, match="--optimizer"):
+    with pytest.raises(UserError, match="`optimizer`"):
         make_optimizer("rmsprop", None, None, None, Schedule(0.1))
-    with pytest.raises(UserError, match="--lr"):
+    with pytest.raises(UserError, match="`lr`"):
         Schedule(-1.0)
 
 

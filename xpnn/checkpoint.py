@@ -98,8 +98,8 @@ def refuse_other_runs(directory: str | os.PathLike) -> None:
     run's last one."""
     if Path(directory).is_dir() and (found := latest_checkpoint(directory)) is not None:
         raise UserError(
-            f"--checkpoint-dir {directory}: holds another run's checkpoints ({found.name}); add "
-            "--resume to continue it, or give an empty directory"
+            f"`checkpoint_dir` {directory}: holds another run's checkpoints ({found.name}); add "
+            "`resume` to continue it, or give an empty directory"
         )
 
 
@@ -158,19 +158,19 @@ def _same_run(
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
     if seed is not None and stored_seed != seed:
         raise UserError(
-            f"{path}: written by a run with --seed {stored_seed}, this one has --seed {seed}"
+            f"{path}: written by a run with `seed` {stored_seed}, this one has `seed` {seed}"
         )
     stored = arrays.get("meta.dataset")
     if stored is not None and (stored.shape != () or stored.dtype.kind != "U"):
         raise UserError(f"{path}: damaged checkpoint (meta.dataset is {stored.tolist()!r})")
     if dataset and stored is not None and str(stored) != dataset:
         raise UserError(
-            f"{path}: written by a run on {stored}, this one is on {dataset} (--dataset)"
+            f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
         )
     if steps_per_epoch is not None and step != epoch * steps_per_epoch:
         raise UserError(
             f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
-            f"makes {steps_per_epoch} an epoch (another global batch, --replicate or data set?)"
+            f"makes {steps_per_epoch} an epoch (another global batch, `replicate` or data set?)"
         )
     stored_identity = _json_meta(path, arrays, "identity")
     for key in sorted(stored_identity.keys() & (identity or {}).keys()):
@@ -184,8 +184,8 @@ def _same_run(
 
 
 IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``, and whence
-    "global_batch": ("global batch", " (--batch-size, or --per-rank-batch x ranks)"),
-    "train_samples": ("training set size", " (--synthetic-size, --replicate or data set)"),
+    "global_batch": ("global batch", " (`batch_size`, or `per_rank_batch` x ranks)"),
+    "train_samples": ("training set size", " (`synthetic_size`, `replicate` or data set)"),
 }
 
 
@@ -219,7 +219,7 @@ def load_checkpoint(
     epoch, step = _same_run(path, arrays, seed, steps_per_epoch, dataset, identity)
     targets = [("", "parameter", "", model.named_params())]
     targets += [
-        (f"optim.{state}.", "optimizer state", " (another --optimizer?)", model.named_views(buf))
+        (f"optim.{state}.", "optimizer state", " (another `optimizer`?)", model.named_views(buf))
         for state, buf in optimizer.state.items()
     ]
     for prefix, what, hint, _ in targets:  # what this rank holds: each array there, as big
@@ -239,13 +239,13 @@ def load_checkpoint(
     if stored != whole_size(model):
         raise UserError(
             f"{path}: holds {stored:,} parameters, the network has {whole_size(model):,} "
-            "(another --hidden or --model?)"
+            "(another `hidden` or `model`?)"
         )
     states = sorted({k.split(".")[1] for k in arrays if k.startswith("optim.")})
     if states != sorted(optimizer.state):
         raise UserError(
-            f"{path}: optimizer state {', '.join(states) or 'none'}, but this --optimizer keeps "
-            f"{', '.join(sorted(optimizer.state)) or 'none'} (another --optimizer?)"
+            f"{path}: optimizer state {', '.join(states) or 'none'}, but this `optimizer` keeps "
+            f"{', '.join(sorted(optimizer.state)) or 'none'} (another `optimizer`?)"
         )
     if restore_arrays:
         for prefix, _, _, views in targets:
@@ -273,9 +273,10 @@ def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str
 
 
 def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``--flag old -> new`` for each setting both runs name that the resumed run changes."""
+    """``name old -> new`` (the name in backticks) for each setting both runs name that the
+    resumed run changes."""
     return [
-        f"--{key.replace('_', '-')} {before[key]} -> {now[key]}"
+        f"`{key}` {before[key]} -> {now[key]}"
         for key in sorted(before.keys() & now.keys())
         if before[key] != now[key]
     ]

@@ -17,6 +17,7 @@ from typing import Any
 from xpnn.backends.kernels import dtype_is
 from xpnn.errors import UserError
 from xpnn.nn.layer import is_int
+from xpnn.phases import UPDATE
 
 Array = Any
 
@@ -50,10 +51,10 @@ class Schedule:
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
             raise OptimArgError(
-                f"--schedule: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
+                f"`schedule`: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
             )
         if not self.base_lr > 0 or not math.isfinite(self.base_lr):
-            raise OptimArgError(f"--lr: must be positive, got {self.base_lr}")
+            raise OptimArgError(f"`lr`: must be positive, got {self.base_lr}")
         for name in ("warmup_steps", "total_steps", "step_size"):
             value = getattr(self, name)
             if not is_int(value):
@@ -134,7 +135,8 @@ class Optimizer:
     def update_part(self, index: int) -> None:
         """Update ``parts[index]`` with the current gradients at this step's learning rate."""
         p, g, state = self._views[index]
-        self.update(p, g, state, self.lr)
+        with UPDATE:
+            self.update(p, g, state, self.lr)
 
     def step(self) -> float:
         """Apply one update to every part; returns the learning rate used."""
@@ -220,5 +222,5 @@ def make_optimizer(
 ) -> Optimizer:
     classes = {"sgd": SGD, "momentum": Momentum, "adam": Adam}
     if name not in classes:
-        raise UserError(f"--optimizer: unknown optimizer {name!r} (choose {', '.join(classes)})")
+        raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(classes)})")
     return classes[name](params, grads, kernels, schedule, parts, zeros)

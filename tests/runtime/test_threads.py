@@ -27,7 +27,7 @@ def test_cores_divided_among_node_ranks(local_size: int, cores: int, expected: i
 def test_override_wins_and_is_checked() -> None:
     assert threads_per_rank(4, cores=2, override=3) == 3
     for bad in (0, -2, 1.5, True):
-        with pytest.raises(UserError, match="--threads"):
+        with pytest.raises(UserError, match="`threads`"):
             threads_per_rank(1, cores=4, override=bad)  # type: ignore[arg-type]
 
 

@@ -22,7 +22,7 @@ def get_backend(name: str, dtype: str = "float32", device_id: int = 0) -> Backen
         from xpnn.backends.cupy_backend import CupyBackend
 
         return CupyBackend(dtype, device_id)
-    raise UserError(f"--backend: unknown backend {name!r} (choose {', '.join(BACKENDS)})")
+    raise UserError(f"`backend`: unknown backend {name!r} (choose {', '.join(BACKENDS)})")
 
 
 def gpu_unavailable_reason() -> str | None:
@@ -32,7 +32,7 @@ def gpu_unavailable_reason() -> str | None:
     try:
         import_cupy()
     except UserError as exc:
-        return str(exc).removeprefix("--backend cupy: ")
+        return str(exc).removeprefix("`backend` cupy: ")
     return None
 
 

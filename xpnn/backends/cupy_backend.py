@@ -20,16 +20,16 @@ def import_cupy() -> Any:
         import cupy
     except ImportError as exc:
         raise UserError(
-            "--backend cupy: CuPy is not installed (pip install 'xpnn[cuda12]' or "
+            "`backend` cupy: CuPy is not installed (pip install 'xpnn[cuda12]' or "
             f"'xpnn[cuda13]'): {exc}"
         ) from None
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDA driver missing or broken: CuPy raises its own error types
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"--backend cupy: no usable CUDA device ({msg})") from None
+        raise UserError(f"`backend` cupy: no usable CUDA device ({msg})") from None
     if count < 1:
-        raise UserError("--backend cupy: no CUDA device found")
+        raise UserError("`backend` cupy: no CUDA device found")
     return cupy
 
 

@@ -16,7 +16,7 @@ from xpnn.errors import UserError
 def check_seed(seed: int) -> None:
     """Seeds feed ``np.random.default_rng``, which takes only non-negative integers."""
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise UserError(f"--seed: must be an integer >= 0, got {seed!r}")
+        raise UserError(f"`seed`: must be an integer >= 0, got {seed!r}")
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -32,7 +32,7 @@ def global_batches(
 ) -> list[np.ndarray]:
     """This epoch's global batches as index arrays; the last may be short unless dropped."""
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise UserError(f"--batch-size: must be an integer >= 1, got {batch_size!r}")
+        raise UserError(f"`batch_size`: must be an integer >= 1, got {batch_size!r}")
     order = epoch_order(n, seed, epoch)
     batches = [order[start : start + batch_size] for start in range(0, n, batch_size)]
     if drop_last and batches and len(batches[-1]) < batch_size:

@@ -142,14 +142,14 @@ def load_dataset(
     elif name in SOURCES:
         dataset = _load_idx_dataset(name, data_dir, download)
     else:
-        raise UserError(f"--dataset: unknown dataset {name!r} (choose {', '.join(DATASETS)})")
+        raise UserError(f"`dataset`: unknown dataset {name!r} (choose {', '.join(DATASETS)})")
     return replicate_train(dataset, replicate)
 
 
 def _check_replicate(replicate: int) -> None:
     ok = isinstance(replicate, (int, np.integer)) and not isinstance(replicate, bool)
     if not ok or replicate < 1:
-        raise UserError(f"--replicate: must be an integer >= 1, got {replicate!r}")
+        raise UserError(f"`replicate`: must be an integer >= 1, got {replicate!r}")
 
 
 def replicate_train(dataset: Dataset, k: int) -> Dataset:
@@ -206,10 +206,10 @@ def _not_there(directory: Path, gz_name: str, raw_name: str) -> str:
 def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
     """The four files in a user's directory, each gzip or uncompressed; all must be there."""
     found, missing = {}, []
-    with path_problems("--data-dir", directory):
+    with path_problems("data_dir", directory):
         if not directory.is_dir():
             what = "not a directory" if directory.exists() else _absent(directory)
-            raise UserError(f"--data-dir {directory}: {what}")
+            raise UserError(f"`data_dir` {directory}: {what}")
         for role, gz_name in FILES.items():
             raw_name = gz_name.removesuffix(".gz")
             there = [c for c in (directory / gz_name, directory / raw_name) if c.is_file()]
@@ -220,7 +220,7 @@ def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
             else:
                 missing.append(_not_there(directory, gz_name, raw_name))
     if missing:
-        raise UserError(f"--data-dir {directory}: missing {', '.join(missing)}")
+        raise UserError(f"`data_dir` {directory}: missing {', '.join(missing)}")
     _check_known_files(name, found)
     return found
 
@@ -230,7 +230,7 @@ def _check_same_copies(directory: Path, gz: Path, raw: Path) -> None:
     same data, or the run trains on the copy the user did not mean (one edited since)."""
     if not np.array_equal(read_idx(gz), read_idx(raw)):
         raise UserError(
-            f"--data-dir {directory}: {gz.name} and {raw.name} hold different data; "
+            f"`data_dir` {directory}: {gz.name} and {raw.name} hold different data; "
             "remove the one not meant"
         )
 
@@ -263,7 +263,7 @@ def _check_known_files(name: str, found: dict[str, Path]) -> None:
         if known is None or known == (name, FILES[role]):
             continue
         dataset, filename = known
-        hint = f"; use --dataset {dataset}" if dataset != name else ""
+        hint = f"; use `dataset` {dataset}" if dataset != name else ""
         raise UserError(
             f"{path}: this is {TITLES[dataset]}'s {filename}, not {TITLES[name]}'s "
             f"{FILES[role]} (by its SHA-256){hint}"
@@ -283,7 +283,7 @@ def _files_in_cache(name: str, download: bool) -> dict[str, Path]:
         if not cached(path, hashes[filename]):  # another file there: a UserError of its own
             raise UserError(
                 f"{path}: not in the download cache and downloading is off "
-                f"(pass --data-dir DIR holding the {name} files)"
+                f"(pass `data_dir` DIR holding the {name} files)"
             )
         found[role] = path
     return found
@@ -354,10 +354,10 @@ def check_same_data(
             what += f"{first_sizes[1]}"
         else:
             what = "the same number of samples but other values"
-        here = f"--data-dir {where}" if where else "the default files"
-        there = f"--data-dir {first_dir}" if first_dir else "the default files"
+        here = f"`data_dir` {where}" if where else "the default files"
+        there = f"`data_dir` {first_dir}" if first_dir else "the default files"
         raise UserError(
-            f"--data-dir: rank {rank} read other data than rank 0 ({what}; rank {rank} from "
+            f"`data_dir`: rank {rank} read other data than rank 0 ({what}; rank {rank} from "
             f"{here}, rank 0 from {there}); every rank must read the same files"
         )
 
@@ -367,7 +367,7 @@ def check_same_data(
 
 def _check_synthetic(size: int, shape: tuple[int, ...]) -> None:
     if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
-        raise UserError(f"--synthetic-size: must be an integer >= 1, got {size!r}")
+        raise UserError(f"`synthetic_size`: must be an integer >= 1, got {size!r}")
     if not shape or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
         raise UserError(f"synthetic shape must be positive integers, got {shape!r}")
 

@@ -56,7 +56,7 @@ def _home() -> Path:
     if not home or home == "/":
         raise UserError(
             "no download cache: $HOME is not set and this user has no home directory; "
-            "set XPNN_DATA_HOME to a directory, or pass --data-dir"
+            "set XPNN_DATA_HOME to a directory, or pass `data_dir`"
         )
     return Path(home)
 
@@ -304,7 +304,7 @@ def fetch(
     if home is not None:
         raise UserError(
             f"{cache_dir}: cannot use as download cache: $HOME ({home}) does not exist; set "
-            "XPNN_DATA_HOME to a directory, or pass --data-dir"
+            "XPNN_DATA_HOME to a directory, or pass `data_dir`"
         )
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)

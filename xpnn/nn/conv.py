@@ -7,6 +7,7 @@ from collections import OrderedDict
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
 from xpnn.nn.layer import Array, Context, Layer, check_int
+from xpnn.phases import WGRAD
 
 
 def _pair(name: str, v: int | tuple[int, int]) -> tuple[int, int]:
@@ -156,12 +157,13 @@ class Conv2D(Layer):
         dyc, db = k.conv_output_grad(dy, self.gemm, self.y, self.activation)
         self.grads["b"][...] = db
         gw = self._w2(grads=True)
-        if gw.shape[1] >= gw.shape[0]:
-            # dW2.T = cols @ dY.T: OpenBLAS runs this orientation 10-15% faster when the
-            # patch length C_in*kh*kw is the longer side (and K = N*OH*OW is long).
-            gw[...] = self.xp.permute_dims(k.matmul_into(self.cols, dyc.T, self._dwt()), (1, 0))
-        else:
-            k.matmul_into(dyc, self.cols.T, gw)
+        with WGRAD:
+            if gw.shape[1] >= gw.shape[0]:
+                # dW2.T = cols @ dY.T: OpenBLAS runs this orientation 10-15% faster when the
+                # patch length C_in*kh*kw is the longer side (and K = N*OH*OW is long).
+                gw[...] = self.xp.permute_dims(k.matmul_into(self.cols, dyc.T, self._dwt()), (1, 0))
+            else:
+                k.matmul_into(dyc, self.cols.T, gw)
         return self.input_grad(dyc) if need_dx else None
 
     def input_grad(self, dyc: Array) -> Array:

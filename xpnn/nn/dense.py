@@ -5,6 +5,7 @@ from __future__ import annotations
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
 from xpnn.nn.layer import Array, Context, Layer, check_int
+from xpnn.phases import WGRAD
 
 
 class Dense(Layer):
@@ -51,7 +52,8 @@ class Dense(Layer):
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         dz, db = self.kernels.bias_act_backward(dy, self.y, self.activation)
-        self.kernels.matmul_into(self.x.T, dz, self.grads["W"])
+        with WGRAD:
+            self.kernels.matmul_into(self.x.T, dz, self.grads["W"])
         self.grads["b"][...] = db
         return self.input_grad(dz) if need_dx else None
 

@@ -57,4 +57,4 @@ def build_model(
         return mlp(hidden, activation, num_classes, loss)
     if name == "cnn":
         return cnn(num_classes, loss=loss)
-    raise UserError(f"--model: unknown model {name!r} (choose {', '.join(MODELS)})")
+    raise UserError(f"`model`: unknown model {name!r} (choose {', '.join(MODELS)})")

@@ -14,6 +14,7 @@ from typing import Any
 
 from xpnn.nn.layer import Array, Context, Layer
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
+from xpnn.phases import FORWARD
 
 
 def resolve_loss(loss: Any) -> Any:
@@ -116,8 +117,9 @@ class Sequential:
     def forward(self, x: Array, ctx: Context, layers: list[Layer] | None = None) -> Array:
         """Through ``layers`` (default: the model's own; or replicas of them, see
         ``Layer.replica``)."""
-        for layer in layers or self.layers:
-            x = layer.forward(x, ctx)
+        with FORWARD:
+            for layer in layers or self.layers:
+                x = layer.forward(x, ctx)
         return x
 
     def backward(

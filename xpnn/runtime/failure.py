@@ -38,7 +38,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from xpnn.errors import UserError
+from xpnn.errors import UserError, user_message
 
 T = TypeVar("T")
 
@@ -238,7 +238,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         return code
     except UserError as exc:
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
-        say(prefix + one_line(str(exc)))
+        say(prefix + one_line(user_message(exc)))
         code = int(getattr(exc, "exit_code", 2))
         if size > 1:
             _abort(code)
@@ -306,7 +306,7 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     try:
         result = fn()
     except UserError as exc:
-        outcome = ("user", int(getattr(exc, "exit_code", 2)), one_line(str(exc)))
+        outcome = ("user", int(getattr(exc, "exit_code", 2)), one_line(user_message(exc)))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:

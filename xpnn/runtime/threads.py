@@ -66,7 +66,7 @@ def threads_per_rank(
     """
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
-            raise UserError(f"--threads {override}: must be a whole number >= 1")
+            raise UserError(f"`threads` {override}: must be a whole number >= 1")
         return override
     if local_size < 1:
         raise ValueError(f"local_size must be >= 1, got {local_size}")
@@ -96,7 +96,7 @@ def apply_threads(n: int) -> dict:
     """
     global _LIMITER
     if n < 1:
-        raise UserError(f"--threads {n}: must be a whole number >= 1")
+        raise UserError(f"`threads` {n}: must be a whole number >= 1")
     REPLACED_ENV.clear()
     REPLACED_ENV.update(
         {var: os.environ[var] for var in THREAD_VARS if os.environ.get(var, str(n)) != str(n)}

@@ -100,6 +100,15 @@ def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
+def launch_rank() -> int:
+    """This process's rank as the launcher says, without starting MPI (0 outside a launcher):
+    who prints an error that every process found (a bad flag, before MPI starts)."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 def library_name(library_version: str) -> str:
     """The first line of ``MPI_Get_library_version``, its runs of spaces made one."""
     return " ".join((library_version.splitlines() or [""])[0].split())

@@ -355,26 +355,26 @@ def test_single_process_gets_self(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["mpi-cuda", "nccl"])
 def test_device_transport_on_cpu_backend_is_user_error(kind: str) -> None:
-    with pytest.raises(UserError, match=f"--comm {kind}: needs --backend cupy"):
+    with pytest.raises(UserError, match=f"`comm` {kind}: needs `backend` cupy"):
         make_communicator(SINGLE, CPU, kind)
 
 
 def test_shared_memory_on_gpu_backend_is_user_error() -> None:
-    with pytest.raises(UserError, match="--comm mpi-shm: needs a CPU backend"):
+    with pytest.raises(UserError, match="`comm` mpi-shm: needs a CPU backend"):
         make_communicator(SINGLE, GPU, "mpi-shm")
 
 
 @pytest.mark.parametrize("parallel", ["tensor", "pipeline"])
 def test_shared_memory_is_for_data_parallelism_only(parallel: str) -> None:
-    with pytest.raises(UserError, match=f"--comm mpi-shm: .* with --parallel {parallel} use"):
+    with pytest.raises(UserError, match=f"`comm` mpi-shm: .* with `parallel` {parallel} use"):
         make_communicator(SINGLE, CPU, "mpi-shm", parallel)
 
 
 def test_unknown_kind_and_self_with_many_ranks() -> None:
-    with pytest.raises(UserError, match="--comm tcp"):
+    with pytest.raises(UserError, match="`comm` tcp"):
         make_communicator(SINGLE, CPU, "tcp")
     many = World(rank=0, size=2, local_rank=0, local_size=2, mpi_comm=None)
-    with pytest.raises(UserError, match="--comm self"):
+    with pytest.raises(UserError, match="`comm` self"):
         make_communicator(many, CPU, "self")
 
 
@@ -428,7 +428,7 @@ def test_gpu_choice_rules() -> None:
     name, reason, _ = choose_gpu_kind(shared, "nccl")
     assert name == "mpi-host"
     assert reason == (
-        "--comm nccl: ranks 0 and 1 share GPU 0 (NCCL refuses that); falling back to mpi-host"
+        "`comm` nccl: ranks 0 and 1 share GPU 0 (NCCL refuses that); falling back to mpi-host"
     )
     assert choose_gpu_kind(aware_shared, "nccl")[0] == "mpi-cuda"
     name, reason, _ = choose_gpu_kind(no_nccl, "nccl")
@@ -436,7 +436,7 @@ def test_gpu_choice_rules() -> None:
 
     name, reason, _ = choose_gpu_kind(own, "mpi-cuda")
     assert name == "mpi-host"
-    assert reason.startswith("--comm mpi-cuda: MPI is not CUDA-aware (MPIX_Query_cuda_support")
+    assert reason.startswith("`comm` mpi-cuda: MPI is not CUDA-aware (MPIX_Query_cuda_support")
     assert reason.endswith("falling back to mpi-host")
     assert choose_gpu_kind([dict(i, aware=True) for i in own], "mpi-cuda")[:2] == (
         "mpi-cuda",

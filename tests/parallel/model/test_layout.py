@@ -54,8 +54,8 @@ def test_the_grid_covers_every_place_once():
 @pytest.mark.parametrize(
     "size, k, message",
     [
-        (4, 3, "--model-ranks 3: 4 ranks do not split into replicas of 3 ranks"),
-        (4, 8, "--model-ranks 8: more than the job's 4 rank(s)"),
+        (4, 3, "`model_ranks` 3: 4 ranks do not split into replicas of 3 ranks"),
+        (4, 8, "`model_ranks` 8: more than the job's 4 rank(s)"),
     ],
 )
 def test_a_grid_that_does_not_fit_is_a_user_error(size, k, message):

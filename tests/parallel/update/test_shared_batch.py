@@ -142,7 +142,7 @@ def test_only_dense_models_share_activations():
     cnn = _model("cnn")
     assert not shares_activations(cnn, 1, "auto")
     assert not shares_activations(cnn, 1, "gradients")
-    with pytest.raises(UserError, match="--node-share activations: .* this one has Conv2D"):
+    with pytest.raises(UserError, match="`node_share` activations: .* this one has Conv2D"):
         shares_activations(cnn, 1, "activations")
 
 

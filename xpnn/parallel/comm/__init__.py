@@ -30,21 +30,21 @@ def make_communicator(
     explicit request that cannot work falls back with one line on rank 0's stderr.
     """
     if kind not in KINDS:
-        raise UserError(f"--comm {kind}: choose one of {', '.join(KINDS)}")
+        raise UserError(f"`comm` {kind}: choose one of {', '.join(KINDS)}")
     is_gpu = bool(getattr(backend, "is_gpu", False))
     if not is_gpu and kind in ("mpi-cuda", "nccl"):
-        raise UserError(f"--comm {kind}: needs --backend cupy")
+        raise UserError(f"`comm` {kind}: needs `backend` cupy")
     if is_gpu and kind == "mpi-shm":
-        raise UserError("--comm mpi-shm: needs a CPU backend (numpy or numba)")
+        raise UserError("`comm` mpi-shm: needs a CPU backend (numpy or numba)")
     if kind == "mpi-shm" and parallel != "data":
         raise UserError(
-            f"--comm mpi-shm: shares one copy of the parameters between data-parallel ranks; "
-            f"with --parallel {parallel} use mpi-host or auto, or --model-ranks K below the "
+            f"`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "
+            f"with `parallel` {parallel} use mpi-host or auto, or `model_ranks` K below the "
             "rank count for data-parallel replicas"
         )
     if kind == "self":
         if world.size > 1:
-            raise UserError(f"--comm self: only for a single process, this job has {world.size}")
+            raise UserError(f"`comm` self: only for a single process, this job has {world.size}")
         return SelfCommunicator()
     if world.mpi_comm is None or (world.size == 1 and kind == "auto"):
         return SelfCommunicator()
@@ -55,7 +55,7 @@ def make_communicator(
 
 def _cpu_communicator(world: World, kind: str, parallel: str) -> Communicator:
     if parallel != "data":
-        reason = "mpi-shm is for --parallel data only"
+        reason = "mpi-shm is for `parallel` data only"
     elif kind in ("auto", "mpi-shm"):
         forced_ranks_per_node()  # a typo there is the user's to fix, not a reason to fall back
         try:
@@ -67,7 +67,7 @@ def _cpu_communicator(world: World, kind: str, parallel: str) -> Communicator:
     comm = MpiHostCommunicator(world.mpi_comm)
     comm.detail = "host buffers" if kind == "mpi-host" else f"host buffers ({reason})"
     if kind == "auto" and parallel == "data":
-        comm.auto_fallback = f"not mpi-shm: {reason.removeprefix('--comm mpi-shm: ')}"
+        comm.auto_fallback = f"not mpi-shm: {reason.removeprefix('`comm` mpi-shm: ')}"
     return comm
 
 

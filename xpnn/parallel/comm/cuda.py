@@ -216,14 +216,14 @@ def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]
     if kind == "mpi-cuda":
         if aware:
             return "mpi-cuda", None, "requested; " + infos[0]["aware_why"]
-        reason = f"--comm mpi-cuda: MPI is not CUDA-aware ({not_aware}); falling back to mpi-host"
+        reason = f"`comm` mpi-cuda: MPI is not CUDA-aware ({not_aware}); falling back to mpi-host"
         return "mpi-host", reason, reason
     if not_nccl is None:
         detail = "requested" if kind == "nccl" else "one GPU per rank and NCCL available"
         return "nccl", None, detail
     if kind == "nccl":
         why = f"{not_nccl} (NCCL refuses that)" if refused else not_nccl
-        reason = f"--comm nccl: {why}; falling back to {mpi_kind}"
+        reason = f"`comm` nccl: {why}; falling back to {mpi_kind}"
         return mpi_kind, reason, reason
     return mpi_kind, None, f"not nccl: {not_nccl}; {why_mpi}"
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm.mpi import MpiHostCommunicator
+from xpnn.phases import FENCES
 from xpnn.runtime.segments import SHM_DIR
 
 RANKS_PER_NODE_VAR = "XPNN_RANKS_PER_NODE"  # tests: pretend one machine is several nodes
@@ -116,8 +117,8 @@ class ShmCommunicator(MpiHostCommunicator):
             node.Free()
             counts = ", ".join(str(s) for s in sorted(set(sizes)))
             raise UserError(
-                f"--comm mpi-shm: nodes hold different numbers of ranks ({counts}); "
-                "give every node the same number, or use --comm mpi-host"
+                f"`comm` mpi-shm: nodes hold different numbers of ranks ({counts}); "
+                "give every node the same number, or use `comm` mpi-host"
             )
         cross = mpi_comm.Split(color=node.Get_rank(), key=mpi_comm.Get_rank())
         comm = cls(mpi_comm, node, cross)
@@ -140,9 +141,9 @@ class ShmCommunicator(MpiHostCommunicator):
         free = self.node.bcast(shm_free_bytes() if self.local_rank == 0 else None, root=0)
         if free is not None and nbytes > free:
             raise UserError(
-                f"--comm mpi-shm: needs {nbytes / 2**20:.1f} MiB of shared memory but "
+                f"`comm` mpi-shm: needs {nbytes / 2**20:.1f} MiB of shared memory but "
                 f"{SHM_DIR} has {free / 2**20:.1f} MiB free; enlarge it (docker run "
-                "--shm-size) or use --comm mpi-host"
+                "--shm-size) or use `comm` mpi-host"
             )
         MPI = self._MPI
         try:
@@ -151,8 +152,8 @@ class ShmCommunicator(MpiHostCommunicator):
             )
         except MPI.Exception as exc:  # e.g. a container's small /dev/shm
             raise UserError(
-                f"--comm mpi-shm: could not allocate {nbytes / 2**20:.1f} MiB of shared memory "
-                f"({exc.Get_error_string()}); use --comm mpi-host"
+                f"`comm` mpi-shm: could not allocate {nbytes / 2**20:.1f} MiB of shared memory "
+                f"({exc.Get_error_string()}); use `comm` mpi-host"
             ) from None
         win.Lock_all(MPI.MODE_NOCHECK)
         self._windows.append(win)
@@ -166,11 +167,12 @@ class ShmCommunicator(MpiHostCommunicator):
     def fence(self) -> None:
         """Node barrier with memory ordering: what a rank wrote to shared arrays before it is
         seen by every rank of the node after it (MPI's Sync / Barrier / Sync idiom)."""
-        for win in self._windows:
-            win.Sync()
-        self.node.Barrier()
-        for win in self._windows:
-            win.Sync()
+        with FENCES:
+            for win in self._windows:
+                win.Sync()
+            self.node.Barrier()
+            for win in self._windows:
+                win.Sync()
 
     def cross_allreduce_(self, buf: np.ndarray) -> None:
         """Sum ``buf`` in place over the ranks with this node-local rank on every node."""

@@ -46,10 +46,10 @@ def place_of(rank: int, size: int, parallel: str, model_ranks: int | None) -> Pl
         return Place(1, size, 0, rank)
     k = size if model_ranks is None else model_ranks
     if k > size:
-        raise UserError(f"--model-ranks {k}: more than the job's {size} rank(s)")
+        raise UserError(f"`model_ranks` {k}: more than the job's {size} rank(s)")
     if size % k:
         raise UserError(
-            f"--model-ranks {k}: {size} ranks do not split into replicas of {k} ranks; "
+            f"`model_ranks` {k}: {size} ranks do not split into replicas of {k} ranks; "
             f"give a divisor of {size}"
         )
     return Place(k, size // k, rank % k, rank // k)

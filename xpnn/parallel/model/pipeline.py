@@ -70,9 +70,9 @@ def stage_bounds(costs: list[float], has_params: list[bool], stages: int) -> lis
     starts = [i for i, p in enumerate(has_params) if p]
     if len(starts) < stages:
         raise UserError(
-            f"--parallel pipeline: {stages} stages (a replica's ranks) but the model has only "
+            f"`parallel` pipeline: {stages} stages (a replica's ranks) but the model has only "
             f"{len(starts)} layers with parameters (one stage each at most); use at most "
-            f"{len(starts)} ranks a replica (fewer ranks, or --model-ranks) or --parallel data"
+            f"{len(starts)} ranks a replica (fewer ranks, or `model_ranks`) or `parallel` data"
         )
     cuts = [0, *starts[1:]]  # where a stage may begin
     n = len(costs)

@@ -24,6 +24,7 @@ from xpnn.nn.dense import Dense
 from xpnn.nn.layer import Array, Context
 from xpnn.nn.sequential import Sequential
 from xpnn.parallel.comm.shm import ALIGN, share_bounds
+from xpnn.phases import WGRAD
 
 
 def param_layers(model: Any) -> list[Any]:
@@ -78,7 +79,8 @@ def grads_of_rows(layer: Dense, x: Array, dz: Array, rows: slice, cols: slice | 
     """Assign the gradients of ``W[rows]`` and ``b[cols]`` (none if None) from a batch's
     inputs ``x`` and pre-activation gradients ``dz``: one share of what ``backward`` assigns
     whole."""
-    layer.kernels.matmul_into(x[:, rows].T, dz, layer.grads["W"][rows])
+    with WGRAD:
+        layer.kernels.matmul_into(x[:, rows].T, dz, layer.grads["W"][rows])
     if cols is not None:
         layer.grads["b"][cols] = layer.xp.sum(dz[:, cols], axis=0)
 

@@ -90,15 +90,15 @@ def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
     """``layers`` with their Dense layers paired into column- and row-split ones for ``rank``
     of ``size``. Raises UserError for what cannot be split."""
     if not all(isinstance(layer, (Flatten, Dense)) for layer in layers):
-        raise UserError("--parallel tensor: only MLPs (Flatten and Dense layers) can be split")
+        raise UserError("`parallel` tensor: only MLPs (Flatten and Dense layers) can be split")
     dense = [i for i, layer in enumerate(layers) if isinstance(layer, Dense)]
     out = list(layers)
     for first, second in zip(dense[0::2], dense[1::2], strict=False):
         units = layers[first].units
         if units < size:
             raise UserError(
-                f"--parallel tensor: a layer of {units} units cannot be split over {size} "
-                "ranks (each needs at least one unit; use --parallel data or wider --hidden)"
+                f"`parallel` tensor: a layer of {units} units cannot be split over {size} "
+                "ranks (each needs at least one unit; use `parallel` data or wider `hidden`)"
             )
         bounds = shard_bounds(units, rank, size)
         out[first] = ColumnDense(units, layers[first].activation, bounds)

@@ -39,8 +39,8 @@ def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
             kinds = sorted({type(layer).__name__ for layer in param_layers(model)} - {"Dense"})
             what = ", ".join(kinds) or type(model).__name__
             raise UserError(
-                f"--node-share activations: needs a model whose layers with parameters are all "
-                f"Dense, this one has {what}; use --node-share gradients"
+                f"`node_share` activations: needs a model whose layers with parameters are all "
+                f"Dense, this one has {what}; use `node_share` gradients"
             )
         return False
     return node_share == "activations" or activation_values(model, batch_size) < model.size

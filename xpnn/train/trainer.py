@@ -8,12 +8,10 @@ sums and counts; only rank 0 prints, logs and saves.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +22,6 @@ from xpnn.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     refuse_other_runs,
-    save_checkpoint,
     save_params,
 )
 from xpnn.data import Dataset, global_batches, shard
@@ -33,9 +30,17 @@ from xpnn.errors import UserError, path_problems
 from xpnn.nn.layer import Context, is_int
 from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.model.layout import Groups
-from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params, whole_size
+from xpnn.parallel.model.whole import whole_params, whole_size
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
-from xpnn.runtime.threads import describe_threads
+from xpnn.train.callbacks import (
+    Callback,
+    Checkpoints,
+    EpochLog,
+    FaultInjection,
+    MetricsFile,
+    ProgressBar,
+    overrides,
+)
 
 
 @dataclass
@@ -46,7 +51,7 @@ class TrainConfig:
     optimizer: str = "adam"
     schedule: str = "constant"
     warmup_epochs: float = 0.0
-    step_epochs: int | None = None  # --schedule step: x0.1 every this many epochs (a third)
+    step_epochs: int | None = None  # schedule step: x0.1 every this many epochs (a third)
     seed: int = 0
     bucket_mb: float = DEFAULT_BUCKET_MB
     node_share: str = "auto"  # mpi-shm: the ranks of a node share gradients or activations
@@ -59,7 +64,7 @@ class TrainConfig:
     parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
     extra: dict = field(default_factory=dict)  # more keys for every metrics line
     # what the network computes that its parameters' shapes do not show (the command line
-    # puts --activation and --loss here): a resumed run must match it
+    # puts the activation and the loss here): a resumed run must match it
     network: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -104,16 +109,11 @@ CHOICES = {  # TrainConfig's names among fixed choices
 class TrainingDiverged(RuntimeError):
     """The loss stopped being finite in ``epoch`` (from 1): raised on every rank together
     (the losses are reduced), after that epoch's metrics line; nothing from that epoch was
-    checkpointed or saved. (A ``SystemExit`` before the 19th session: it ended a program
-    that tried several rates.)"""
+    checkpointed or saved. An exception, not an exit: a program may try several rates."""
 
     def __init__(self, epoch: int) -> None:
         super().__init__(f"training diverged in epoch {epoch} (the loss is not finite)")
         self.epoch = epoch
-
-
-def _not_finite(value: Any) -> bool:
-    return isinstance(value, float) and not math.isfinite(value)
 
 
 def params_digest(params: dict[str, np.ndarray]) -> str:
@@ -143,22 +143,10 @@ def peak_rss_mb() -> float | None:
 
 
 def warmup_steps(epochs: float, steps_per_epoch: int) -> int:
-    """Steps of ``--warmup-epochs``: rounded, but at least one when any warmup was asked for
+    """Steps of ``warmup_epochs``: rounded, but at least one when any warmup was asked for
     (half an epoch of full-batch steps would round to none)."""
     steps = round(epochs * steps_per_epoch)
     return max(1, steps) if epochs > 0 else 0
-
-
-def _fault_injection() -> tuple[int, int] | None:
-    """``XPNN_FAIL_AT=RANK:STEP`` makes that rank raise at that step: how the tests prove that
-    one failing rank stops the whole job. Unset in normal use."""
-    spec = os.environ.get("XPNN_FAIL_AT")
-    if not spec:
-        return None
-    rank, _, step = spec.partition(":")
-    if not (rank.strip().isdigit() and step.strip().isdigit()):
-        raise UserError(f"XPNN_FAIL_AT={spec}: expected RANK:STEP, e.g. 1:3")
-    return int(rank), int(step)
 
 
 class Trainer:
@@ -171,10 +159,12 @@ class Trainer:
         cfg: TrainConfig,
         log: Callable[[str], None] | None = None,
         groups: Groups | None = None,
+        callbacks: Sequence[Callback] = (),
     ) -> None:
         """``comm`` joins every rank of the job; ``groups`` says which of them hold one replica
         of the network and which split the batches (default: ``comm`` is one or the other,
-        as ``cfg.parallel`` says)."""
+        as ``cfg.parallel`` says). ``callbacks`` run after the ones ``cfg`` asks for (fault
+        injection, progress bar, metrics file, printed lines, checkpoints)."""
         self.model, self.data, self.backend, self.comm, self.cfg = model, data, backend, comm, cfg
         self.xp = backend.xp
         self.log = log or (lambda msg: print(msg, flush=True))
@@ -191,7 +181,7 @@ class Trainer:
         # a pipeline's later stages never read a sample: no copy of them on the device
         self.x_train = backend.asarray(data.x_train) if model.reads_input else None
         self.y_train = backend.asarray(data.y_train, dtype=xp.int64)
-        self.n_train = data.n_train  # with --replicate, more than it stores
+        self.n_train = data.n_train  # with ``replicate``, more than it stores
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
         self.step_epochs = cfg.step_epochs or max(1, cfg.epochs // 3)  # default: a third
         schedule = Schedule(
@@ -216,21 +206,30 @@ class Trainer:
             cfg.node_share,
         )
         self.optimizer = self.update.optimizer
-        self.fail_at = _fault_injection()
         self.n_params = whole_size(model)
+        fault = FaultInjection.from_env()
+        self.callbacks: list[Callback] = [
+            *([fault] if fault else []),
+            *([ProgressBar()] if ProgressBar.wanted(cfg.progress, self.is_root) else []),
+            *([MetricsFile(cfg.metrics)] if cfg.metrics else []),
+            EpochLog(self.log),
+            *([Checkpoints(cfg.checkpoint_dir)] if cfg.checkpoint_dir else []),
+            *callbacks,
+        ]
+        # the step events go only to the callbacks that act on them: free for the others
+        self._step_begin = [c for c in self.callbacks if overrides(c, "on_step_begin")]
+        self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
         # Last: a checkpoint that does not fit is a user error of the setup phase, which every
         # rank reports together (a stage finds a mismatch in its own layers only).
         self.resume_note: str | None = None  # said when the run starts: every rank agreed
         if cfg.checkpoint_dir and not cfg.resume:  # the command line checked it before
-            with path_problems("--checkpoint-dir", cfg.checkpoint_dir):
+            with path_problems("checkpoint_dir", cfg.checkpoint_dir):
                 refuse_other_runs(cfg.checkpoint_dir)
         self.start_epoch = self._maybe_resume()
 
     # -- one global batch ----------------------------------------------------------------
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
         xp, model = self.xp, self.model
-        if self.fail_at == (self.comm.rank, step):
-            raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
         local = shard(batch, self.data_comm.rank, self.data_comm.size)
         self.update.begin_step(len(batch))
         if len(local) == 0 and not self.update.needs_every_rank:
@@ -240,7 +239,7 @@ class Trainer:
             loss, correct = zero, zero
         else:
             idx = self.backend.asarray(local, dtype=xp.int64)
-            rows = idx  # the stored rows that hold these samples: others with --replicate
+            rows = idx  # the stored rows that hold these samples: others with ``replicate``
             if self.data.train_repeats > 1:
                 rows = self.backend.asarray(self.data.stored_rows(local), dtype=xp.int64)
             xb = xp.take(self.x_train, rows, axis=0) if model.reads_input else None
@@ -251,6 +250,24 @@ class Trainer:
             )
         self.update.finish()
         return loss, correct
+
+    def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
+        """The steps of epoch ``epoch`` (from 0) over ``batches``, with the step callbacks: the
+        sums of their losses and correct predictions, on the device."""
+        xp, begin, end = self.xp, self._step_begin, self._step_end
+        # float64 on the device: a float32 running sum drifts (4e-6 over an epoch here),
+        # and a host sum would wait for the device every step
+        loss_acc = xp.zeros((), dtype=xp.float64)
+        correct_acc = xp.zeros((), dtype=xp.float64)
+        for step, batch in enumerate(batches, epoch * self.steps_per_epoch):
+            for callback in begin:
+                callback.on_step_begin(self, step)
+            loss, correct = self.step(batch, step)
+            loss_acc += loss
+            correct_acc += correct
+            for callback in end:
+                callback.on_step_end(self, step)
+        return loss_acc, correct_acc
 
     # -- evaluation ----------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
@@ -272,15 +289,12 @@ class Trainer:
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> dict:
-        cfg, model, comm, xp = self.cfg, self.model, self.comm, self.xp
+        cfg, model, comm = self.cfg, self.model, self.comm
         start_epoch = self.start_epoch
         if self.resume_note and self.is_root:
             self.log(self.resume_note)
-        if start_epoch == 0 and cfg.metrics and self.is_root:  # a fresh run, a fresh file
-            with path_problems("--metrics", cfg.metrics):
-                open(cfg.metrics, "w").close()
         self.update.broadcast_initial()  # rank 0's parameters are everyone's
-        common = {
+        self.common = common = {
             "world_size": comm.size,
             "backend": self.backend.name,
             "comm": self.groups.name,
@@ -289,6 +303,8 @@ class Trainer:
             "update": self.update.name,  # how the replicas' gradients become one update
             **cfg.extra,
         }
+        for callback in self.callbacks:
+            callback.on_train_begin(self)
         total_seconds = 0.0
         test_loss = test_acc = float("nan")
         for epoch in range(start_epoch, cfg.epochs):
@@ -296,15 +312,9 @@ class Trainer:
             self.backend.synchronize()
             comm.barrier()
             t0 = time.perf_counter()
-            # float64 on the device: a float32 running sum drifts (4e-6 over an epoch here),
-            # and a host sum would wait for the device every step
-            loss_acc = xp.zeros((), dtype=xp.float64)
-            correct_acc = xp.zeros((), dtype=xp.float64)
-            steps = self._progress(batches, epoch)
-            for i, batch in enumerate(steps):
-                loss, correct = self.step(batch, epoch * self.steps_per_epoch + i)
-                loss_acc += loss
-                correct_acc += correct
+            for callback in self.callbacks:
+                callback.on_epoch_begin(self, epoch)
+            loss_acc, correct_acc = self.train_epoch(epoch, batches)
             self.backend.synchronize()
             seconds = time.perf_counter() - t0
             total_seconds += seconds
@@ -325,11 +335,10 @@ class Trainer:
                 "lr": self.optimizer.schedule(max(0, self.optimizer.step_count - 1)),
                 **common,
             }
-            self._report_epoch(record, first=epoch == start_epoch)
+            for callback in self.callbacks:  # checkpoints skip an epoch that diverged
+                callback.on_epoch_end(self, record)
             if not (math.isfinite(train_loss) and math.isfinite(test_loss)):
                 self._diverged(epoch + 1)
-            if cfg.checkpoint_dir:
-                self._checkpoint(epoch + 1)
         if start_epoch >= cfg.epochs:  # resumed with nothing left to train: score what we have
             test_loss, test_acc = self.evaluate()
         whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
@@ -347,49 +356,20 @@ class Trainer:
             "peak_rss_mb": peak_rss,  # by rank: where a pipeline stage or a slice weighs most
             **common,
         }
-        if self.is_root:
-            if cfg.save:  # first: a done line promises the saved parameters
-                with path_problems("--save", cfg.save):  # a full disk, say
-                    save_params(cfg.save, whole)
-            self._write_metrics(done)
-            self.log(
-                f"done: {done['epochs']} epochs, test_acc {test_acc:.4f}, "
-                f"{total_seconds:.1f} s training, {self.n_params:,} parameters"
-            )
+        if self.is_root and cfg.save:  # first: a done line promises the saved parameters
+            with path_problems("save", cfg.save):  # a full disk, say
+                save_params(cfg.save, whole)
+        for callback in self.callbacks:
+            callback.on_train_end(self, done)
         return done
 
     def _diverged(self, epoch: int) -> None:
         """Stop a run whose loss is no longer finite: every later epoch would be NaN too. The
         losses are reduced, so every rank sees this and leaves together; the last checkpoint
         written stays the latest, and no NaN parameters are saved."""
-        if self.is_root:
-            self._write_metrics({"event": "diverged", "epoch": epoch})
+        for callback in self.callbacks:
+            callback.on_train_end(self, {"event": "diverged", "epoch": epoch})
         raise TrainingDiverged(epoch)
-
-    def _checkpoint(self, epochs_done: int) -> None:
-        """Rank 0 writes the whole network and optimizer state; where ranks hold pieces of it
-        (tensor, pipeline), every rank of rank 0's replica takes part in gathering them."""
-        model, optimizer, comm = self.model, self.optimizer, self.model_comm
-        if self.data_comm.rank != 0 or not (self.is_root or is_spread(model)):
-            return
-        params = whole_params(model, comm)
-        state = {
-            name: whole_arrays(model, comm, model.named_views(buf))
-            for name, buf in optimizer.state.items()
-        }
-        if self.is_root:
-            with path_problems("--checkpoint-dir", self.cfg.checkpoint_dir):
-                save_checkpoint(
-                    self.cfg.checkpoint_dir,
-                    params,
-                    state,
-                    epochs_done,
-                    optimizer.step_count,
-                    self.cfg.seed,
-                    self.data.name,
-                    self._settings(),
-                    self._identity(),
-                )
 
     def _maybe_resume(self) -> int:
         cfg = self.cfg
@@ -403,7 +383,7 @@ class Trainer:
         if len(set(seen)) > 1:
             found = ", ".join(f"rank {r}: {name or 'none'}" for r, name in enumerate(seen))
             raise UserError(
-                f"--checkpoint-dir {cfg.checkpoint_dir}: the ranks find different latest "
+                f"`checkpoint_dir` {cfg.checkpoint_dir}: the ranks find different latest "
                 f"checkpoints ({found}); every rank must see the same directory (a file "
                 "system shared by all nodes)"
             )
@@ -418,15 +398,15 @@ class Trainer:
             seed=cfg.seed,
             steps_per_epoch=self.steps_per_epoch,
             dataset=self.data.name,
-            identity=self._identity(),
+            identity=self.identity(),
         )
-        done = f"; --epochs {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
-        changed = changed_settings(before, self._settings())
+        done = f"; `epochs` {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
+        changed = changed_settings(before, self.settings())
         since = f"; changed since: {', '.join(changed)}" if changed else ""
         self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
         return epoch
 
-    def _identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, Any]:
         """What a resumed run must match beyond the parameters' shapes, the seed and the data
         set's name: the global batch and the number of training samples (which decide every
         batch to come) and ``TrainConfig.network``."""
@@ -436,9 +416,9 @@ class Trainer:
             **self.cfg.network,
         }
 
-    def _settings(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, Any]:
         """What a resumed run may change and is told about when it does: the learning rate
-        (after --lr-scaling), its schedule, and the precision. With --schedule step the decay
+        (after ``lr_scaling``), its schedule, and the precision. With the step schedule the decay
         interval, and with cosine the run's length, shape the rates still to come."""
         cfg = self.cfg
         settings: dict[str, Any] = {"lr": cfg.lr, "schedule": cfg.schedule}
@@ -448,31 +428,3 @@ class Trainer:
         if cfg.schedule == "cosine":
             settings["epochs"] = cfg.epochs
         return settings
-
-    def _progress(self, batches: list, epoch: int) -> Any:
-        if not (self.cfg.progress and self.is_root and sys.stderr.isatty()):
-            return batches
-        from tqdm import tqdm
-
-        return tqdm(batches, desc=f"epoch {epoch + 1}", leave=False, unit="batch")
-
-    def _report_epoch(self, r: dict, first: bool) -> None:
-        if not self.is_root:
-            return
-        self._write_metrics(r)
-        where = f"  [{r['backend']}, comm {r['comm']}, {r['world_size']} rank(s)"
-        if "threads" in r:
-            where += f" x {describe_threads(r)}"
-        self.log(
-            f"epoch {r['epoch']}/{self.cfg.epochs}  train_loss {r['train_loss']:.4f}  "
-            f"test_loss {r['test_loss']:.4f}  test_acc {r['test_acc']:.4f}  "
-            f"{r['seconds']:.1f} s  {r['samples_per_s']:.0f} samples/s"
-            + (where + "]" if first else "")
-        )
-
-    def _write_metrics(self, record: dict) -> None:
-        """One strict JSON line: a value that is not finite is written as null."""
-        record = {k: None if _not_finite(v) else v for k, v in record.items()}
-        if self.cfg.metrics:
-            with path_problems("--metrics", self.cfg.metrics), open(self.cfg.metrics, "a") as fh:
-                fh.write(json.dumps(record, allow_nan=False) + "\n")

@@ -1,0 +1,377 @@
+"""A run from its choices: ``RunSpec`` (every choice, in parameter names) and
+``build_run(spec, world)``, which assembles the backend, data, model, parallel strategy and
+communicators into a ready ``Trainer``. The command line is one way to fill a ``RunSpec``; a
+program fills its own:
+
+    from xpnn.runtime.world import init_world
+    from xpnn.run import RunSpec, build_run
+
+    trainer = build_run(RunSpec(dataset="synthetic", epochs=2), init_world())
+    trainer.run()
+
+Errors the user can fix are ``UserError``s naming the parameter in backticks (`` `batch_size` ``);
+every rank agrees on them phase by phase, so a setup that fails on one rank stops all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xpnn.errors import UserError
+
+BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
+HIDDEN = (512, 256)  # the MLP's default hidden layers
+MICROBATCHES = 4  # GPipe's default for parallel="pipeline"
+SYNTHETIC_SIZE = 6000  # dataset "synthetic"'s samples when synthetic_size is not given
+
+
+@dataclass
+class RunSpec:
+    """The choices of one run. ``None`` means "the default", told apart from a value given so
+    that a setting this run ignores can be said (``ineffective_settings``)."""
+
+    backend: str = "numpy"  # numpy, numba, cupy, auto
+    model: str = "mlp"  # mlp, cnn
+    hidden: tuple[int, ...] | None = None  # MLP hidden sizes (HIDDEN)
+    activation: str | None = None  # MLP: relu (default), sigmoid, tanh
+    loss: str = "softmax_cross_entropy"  # or sigmoid_bce
+    dataset: str = "fashion-mnist"  # mnist, fashion-mnist, synthetic
+    data_dir: str | None = None  # the four IDX files (default: the system copy, or download)
+    replicate: int = 1  # the training set repeated this many times
+    synthetic_size: int | None = None  # dataset "synthetic": training samples (SYNTHETIC_SIZE)
+    epochs: int = 5
+    batch_size: int | str | None = None  # the global batch, or "full" (BATCH)
+    per_rank_batch: int | None = None  # or the batch of each replica
+    lr: float = 1e-3
+    lr_scaling: str = "none"  # "linear": lr times the replicas
+    warmup_epochs: float = 0.0
+    schedule: str = "constant"  # constant, step, cosine
+    step_epochs: int | None = None  # schedule "step": epochs between decays (a third)
+    optimizer: str = "adam"  # sgd, momentum, adam
+    dtype: str = "float32"  # or float64
+    seed: int = 0
+    threads: int | None = None  # BLAS/Numba threads per rank (default: its cores)
+    metrics: str | None = None  # JSON-lines metrics file, written by rank 0
+    save: str | None = None  # the parameters at the end (.npz)
+    checkpoint_dir: str | None = None
+    resume: bool = False  # continue from checkpoint_dir's latest checkpoint
+    comm: str = "auto"  # auto, mpi-shm, mpi-host, mpi-cuda, nccl (or self: one process)
+    bucket_mb: float | None = None  # allreduce bucket size (DEFAULT_BUCKET_MB)
+    node_share: str | None = None  # mpi-shm: auto (default), gradients, activations
+    parallel: str = "data"  # data, tensor, pipeline
+    model_ranks: int | None = None  # tensor/pipeline: ranks of one replica (default: all)
+    microbatches: int | None = None  # pipeline: micro-batches per batch (MICROBATCHES)
+    pipeline_schedule: str | None = None  # pipeline: gpipe (default) or 1f1b
+    recompute: bool | None = None  # pipeline: run a stage's forward again before its backward
+    progress: bool = True  # a progress bar on rank 0's terminal
+
+
+# What may differ between ranks: where each reads its data (a node's own copy) and what it
+# shows; the files only rank 0 writes; and its threads (nodes may differ in cores).
+PER_RANK = ("data_dir", "metrics", "save", "checkpoint_dir", "progress", "threads")
+
+
+def build_run(
+    spec: RunSpec,
+    world: Any,
+    callbacks: Sequence[Any] = (),
+    log: Callable[[str], None] | None = None,
+) -> Any:
+    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank of ``world`` (collective: every
+    rank calls it). ``callbacks`` extend the trainer; ``log`` prints rank 0's lines (default:
+    stdout). Each phase's user errors are agreed on by every rank."""
+    from xpnn.parallel.model.layout import make_groups
+    from xpnn.runtime.failure import agree_on_user_errors
+    from xpnn.train import Trainer
+
+    agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
+    backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(spec, world))
+    if world.size > 1:  # data_dir may differ between ranks, the data they read may not
+        from xpnn.data.datasets import check_same_data
+
+        allgather = world.mpi_comm.allgather
+        agree_on_user_errors(world, lambda: check_same_data(data, spec.data_dir, allgather))
+    _threads_of_every_rank(cfg, world)
+    # A separate phase: on GPU backends building the communicators talks to the other ranks.
+    groups = agree_on_user_errors(
+        world, lambda: make_groups(world, place, backend, spec.comm, spec.parallel)
+    )
+    model.attach(groups.model)  # split layers and pipeline stages talk within their replica
+    # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
+    # on every rank of a node; that is a user error to print once, not a crash per rank.
+    return agree_on_user_errors(
+        world,
+        lambda: Trainer(
+            model, data, backend, groups.world, cfg, log=log, groups=groups, callbacks=callbacks
+        ),
+    )
+
+
+def same_spec(spec: RunSpec, world: Any) -> None:
+    """Ranks given other choices (an MPMD line, ``mpiexec -n 1 ... : -n 1 ...``) would train
+    different runs and, with other ``epochs`` or batch, wait for each other forever."""
+    if world.size == 1:
+        return
+    mine = {k: v for k, v in sorted(dataclasses.asdict(spec).items()) if k not in PER_RANK}
+    everyone = world.mpi_comm.allgather(mine)
+    for rank, theirs in enumerate(everyone):
+        for key in mine:
+            if theirs[key] != everyone[0][key]:
+                raise UserError(
+                    f"`{key}`: rank {rank} was given {theirs[key]}, rank 0 {everyone[0][key]}; "
+                    "every rank must get the same settings"
+                )
+
+
+def _threads_of_every_rank(cfg: Any, world: Any) -> None:
+    """Ranks on nodes with other core counts, or given other ``threads``, use other thread
+    counts: the metrics then carry every rank's (``threads`` stays rank 0's)."""
+    if world.size == 1:
+        return
+    counts = world.mpi_comm.allgather(cfg.extra["threads"])
+    if len(set(counts)) > 1:
+        cfg.extra["threads_per_rank"] = counts
+
+
+def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
+    """The batch all replicas together take a step on."""
+    if spec.per_rank_batch is not None:
+        if spec.batch_size is not None:
+            raise UserError(
+                "`batch_size` and `per_rank_batch`: give one (the global batch, or the batch "
+                "of each replica)"
+            )
+        return spec.per_rank_batch * replicas
+    if spec.batch_size is None:
+        return BATCH
+    if spec.batch_size == "full":
+        return n_train
+    try:
+        value = int(spec.batch_size)
+    except ValueError:
+        raise UserError(
+            f"`batch_size`: expected a number or 'full', got {spec.batch_size!r}"
+        ) from None
+    if value < 1:
+        raise UserError(f"`batch_size`: must be at least 1, got {value}")
+    return value
+
+
+def _setup(spec: RunSpec, world: Any) -> tuple:
+    """Everything rank-local that can fail because of the user's input (no communication, so
+    the ranks can agree on the outcome afterwards)."""
+    from xpnn.backends import get_backend
+    from xpnn.data import load_dataset
+    from xpnn.nn import build_model
+    from xpnn.parallel.model.layout import place_of
+    from xpnn.parallel.update import DEFAULT_BUCKET_MB
+    from xpnn.runtime.threads import apply_threads, threads_per_rank
+    from xpnn.train import TrainConfig
+
+    if spec.resume and not spec.checkpoint_dir:
+        raise UserError("`resume`: needs `checkpoint_dir`")
+    if spec.node_share == "activations" and spec.parallel != "data":
+        raise UserError(
+            f"`node_share` activations: only with `parallel` data (this run has `parallel` "
+            f"{spec.parallel}, whose ranks split the network)"
+        )
+    threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
+    thread_info = apply_threads(threads)
+    backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank)
+    size = spec.synthetic_size or SYNTHETIC_SIZE
+    try:
+        data = load_dataset(
+            spec.dataset,
+            spec.data_dir,
+            replicate=spec.replicate,
+            synthetic_size=size,
+            seed=spec.seed,
+        )
+    except MemoryError as exc:  # replicate=100000000: NumPy says how much it wanted
+        what = [f"`synthetic_size` {size}"] if spec.dataset == "synthetic" else []
+        what += [f"`replicate` {spec.replicate}"] if spec.replicate > 1 else []
+        what = " with ".join(what) or f"`dataset` {spec.dataset}"
+        raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
+    if spec.model == "cnn" and tuple(data.input_shape) != (1, 28, 28):
+        raise UserError(f"`model` cnn: needs 1x28x28 images, {spec.dataset} has {data.input_shape}")
+    hidden, activation = spec.hidden or HIDDEN, spec.activation or "relu"
+    model = build_model(spec.model, hidden, activation, data.num_classes, spec.loss)
+    place = place_of(world.rank, world.size, spec.parallel, spec.model_ranks)
+    if spec.parallel == "tensor":
+        from xpnn.parallel.model.tensor import split_layers
+
+        model.layers = split_layers(model.layers, place.index, place.model_ranks)
+    try:
+        if spec.parallel == "pipeline":
+            from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE, build_stage
+
+            model = build_stage(
+                model,
+                data.input_shape,
+                backend,
+                spec.seed,
+                place.index,
+                place.model_ranks,
+                microbatches=spec.microbatches or MICROBATCHES,
+                schedule=spec.pipeline_schedule or DEFAULT_SCHEDULE,
+                recompute=bool(spec.recompute),
+            )
+        else:
+            model.build(data.input_shape, backend, spec.seed)
+    except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
+        what = f"`hidden` {','.join(map(str, hidden))}" if spec.model == "mlp" else "`model` cnn"
+        raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
+    replicas = place.replicas  # the ranks that each take a share of the batch
+    batch = global_batch(spec, replicas, data.n_train)
+    lr = spec.lr * (replicas if spec.lr_scaling == "linear" else 1)
+    same = ("epochs", "optimizer", "schedule", "warmup_epochs", "step_epochs", "seed", "metrics")
+    same += ("save", "checkpoint_dir", "resume", "progress", "parallel")  # as TrainConfig has them
+    cfg = TrainConfig(
+        **{name: getattr(spec, name) for name in same},
+        batch_size=batch,
+        lr=lr,
+        bucket_mb=DEFAULT_BUCKET_MB if spec.bucket_mb is None else spec.bucket_mb,
+        node_share=spec.node_share or "auto",
+        network={"loss": spec.loss, **({"activation": activation} if spec.model == "mlp" else {})},
+        extra={
+            "threads": thread_info["threads"],
+            "model": spec.model,
+            "dataset": spec.dataset,
+            "global_batch": batch,
+            "dtype": spec.dtype,
+            "parallel": spec.parallel,
+            "model_ranks": place.model_ranks,
+            "replicas": replicas,
+            **(
+                {
+                    "microbatches": model.microbatches,
+                    "pipeline_schedule": model.schedule,
+                    "recompute": model.recompute,
+                }
+                if spec.parallel == "pipeline"
+                else {}
+            ),
+        },
+    )
+    return backend, data, model, cfg, place
+
+
+def summary(trainer: Any) -> list[str]:
+    """What rank 0 says before training: the network, the data, and how the run is spread."""
+    from xpnn.parallel.model.whole import is_spread, whole_size
+    from xpnn.runtime.threads import describe_threads
+
+    groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
+    note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
+    line = model.summary()
+    if is_spread(model):  # tensor and pipeline parallel: rank 0 holds a part
+        line += f" on rank 0 of {whole_size(model):,}, {cfg.parallel} parallel"
+        if groups.data.size > 1:
+            line += f" over {groups.model.size} ranks x {groups.data.size} replicas"
+    return [
+        line,
+        f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
+        f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {trainer.backend.describe()}, "
+        f"comm {groups.name}{note}, {trainer.comm.size} rank(s) x {describe_threads(cfg.extra)}",
+    ]
+
+
+def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
+    """Everything about this run worth a word that is not an error: a transport chosen
+    instead of another, settings that have no effect, settings that are probably a slip."""
+    groups = trainer.groups
+    said = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
+    said += [f"{name} has no effect {why}" for name, why in ineffective_settings(spec, groups)]
+    return said + questionable_settings(spec, trainer.cfg, world, trainer.data.n_train)
+
+
+def questionable_settings(
+    spec: RunSpec, cfg: Any, world: Any, n_train: int | None = None
+) -> list[str]:
+    """Settings that work but are probably not what was meant: said once, not refused."""
+    from xpnn.runtime.threads import REPLACED_ENV, node_cores
+
+    notes = []
+    if spec.parallel == "pipeline":
+        # a batch is cut into at most one micro-batch per sample: more are never run
+        batch = min(cfg.batch_size, n_train or cfg.batch_size)
+        replicas = cfg.extra.get("replicas", 1)
+        share = -(-batch // replicas)  # the largest share of a batch a replica gets
+        if spec.microbatches is not None and spec.microbatches > share:
+            whose = "each replica's share of a batch" if replicas > 1 else "a batch"
+            notes.append(
+                f"`microbatches` {spec.microbatches} is more than the {share} sample(s) of "
+                f"{whose}: a step runs at most {share} micro-batch(es), of one sample each"
+            )
+        if spec.recompute and min(spec.microbatches or MICROBATCHES, share) == 1:
+            notes.append(
+                "`recompute` has no effect with one micro-batch a step: its activations are "
+                "still held when its backward pass comes, so none are computed again"
+            )
+    if spec.warmup_epochs > spec.epochs:
+        notes.append(
+            f"`warmup_epochs` {spec.warmup_epochs:g} is longer than the run (`epochs` "
+            f"{spec.epochs}): the rate never reaches `lr`"
+        )
+    threads, share = cfg.extra["threads"], world.cores or node_cores()
+    if world.crowded:
+        notes.append(
+            f"{world.local_size} ranks on this node share fewer cores than there are ranks "
+            "(or a CPU quota worth fewer): they take turns, which is slower"
+        )
+    elif threads > share:
+        notes.append(
+            f"`threads` {threads} but this rank has {share} core(s) of its own: the threads "
+            "take turns, which is slower"
+        )
+    if REPLACED_ENV and spec.threads is None:  # exported for all programs, or for this one?
+        given = ", ".join(f"{var}={value}" for var, value in REPLACED_ENV.items())
+        notes.append(
+            f"{given} in the environment: xpnn uses {threads} thread(s) per rank (its "
+            "cores); give `threads` to choose"
+        )
+    return notes
+
+
+OPTIONAL = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
+OPTIONAL += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
+OPTIONAL += ("synthetic_size",)  # settings whose None means "not given"
+
+
+def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
+    """Settings given that this run ignores, and why: said, not silently dropped."""
+    from xpnn.parallel.update import uses_byte_buckets
+
+    given = {name for name in OPTIONAL if getattr(spec, name) is not None}
+    found = []
+    if "data_dir" in given and spec.dataset == "synthetic":
+        found.append(("`data_dir`", "with `dataset` synthetic: its samples are generated"))
+    if "synthetic_size" in given and spec.dataset != "synthetic":
+        found.append(("`synthetic_size`", f"with `dataset` {spec.dataset}"))
+    if spec.comm not in ("auto", "self") and groups.world.size == 1:
+        found.append((f"`comm` {spec.comm}", "on 1 rank: there is nothing to exchange"))
+    for name in ("hidden", "activation"):
+        if name in given and spec.model != "mlp":
+            found.append((f"`{name}`", f"with `model` {spec.model}"))
+    for name in ("microbatches", "pipeline_schedule", "recompute"):
+        if name in given and spec.parallel != "pipeline":
+            found.append((f"`{name}`", "without `parallel` pipeline"))
+    if "step_epochs" in given and spec.schedule != "step":
+        found.append(("`step_epochs`", f"with `schedule` {spec.schedule}"))
+    if "model_ranks" in given and spec.parallel == "data":
+        found.append(("`model_ranks`", "with `parallel` data: every rank holds the network"))
+    data = groups.data
+    if "bucket_mb" in given and data.size == 1 and spec.parallel != "data":
+        found.append(
+            ("`bucket_mb`", f"with `parallel` {spec.parallel}: no gradients are exchanged")
+        )
+    elif "bucket_mb" in given and not uses_byte_buckets(data):
+        where = f"with comm {data.name} on {data.size} rank(s)"
+        found.append(("`bucket_mb`", f"{where}: the update's buckets are cut at layers"))
+    if "node_share" in given and (data.size == 1 or uses_byte_buckets(data)):
+        where = f"with comm {data.name} on {data.size} rank(s)"
+        found.append(("`node_share`", f"{where}: only mpi-shm shares a node's memory"))
+    return found

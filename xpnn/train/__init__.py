@@ -1,0 +1,11 @@
+"""Training: the ``Trainer`` loop and the callbacks that extend it."""
+# isort: skip_file
+
+from xpnn.train.callbacks import Callback, Checkpoints, EpochLog, FaultInjection
+from xpnn.train.callbacks import MetricsFile, PhaseTimer, ProgressBar
+from xpnn.train.trainer import TrainConfig, Trainer, TrainingDiverged
+from xpnn.train.trainer import params_digest, peak_rss_mb, warmup_steps
+
+__all__ = ["Callback", "Checkpoints", "EpochLog", "FaultInjection", "MetricsFile", "PhaseTimer"]
+__all__ += ["ProgressBar", "TrainConfig", "Trainer", "TrainingDiverged", "params_digest"]
+__all__ += ["peak_rss_mb", "warmup_steps"]

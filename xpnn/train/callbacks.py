@@ -1,0 +1,248 @@
+"""What a training run does besides training: each a callback the ``Trainer`` calls at its
+events (Chainer's extensions, Keras's callbacks), so that a program adds its own (a timer, a
+trace) without touching the loop.
+
+Events, in order: ``on_train_begin``; per epoch ``on_epoch_begin``, per step
+``on_step_begin`` / ``on_step_end``, then ``on_epoch_end`` with the epoch's metrics line;
+``on_train_end`` with the last line (``"event": "done"``, or ``"diverged"`` before the
+``TrainingDiverged`` it ends with). Every rank calls every callback; a callback that writes
+checks ``trainer.is_root``. The step events are called only for callbacks that override them,
+so a run without such a callback pays nothing per step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from xpnn import phases
+from xpnn.checkpoint import save_checkpoint
+from xpnn.errors import UserError, path_problems
+from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
+from xpnn.runtime.threads import describe_threads
+
+if TYPE_CHECKING:
+    from xpnn.train.trainer import Trainer
+
+
+class Callback:
+    """Does nothing at every event: a subclass overrides the events it needs."""
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        """Before the first epoch (after a resume, before its first epoch left)."""
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        """``epoch`` counts from 0; called inside the epoch's timed span."""
+
+    def on_step_begin(self, trainer: Trainer, step: int) -> None:
+        """``step`` counts every global batch of the run from 0."""
+
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        """After the step's update: the parameters are the next step's."""
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """``record``: the epoch's metrics line (DESIGN.md's contract)."""
+
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """``record``: the run's last line, ``"event"`` ``"done"`` or ``"diverged"``."""
+
+
+def overrides(callback: Callback, event: str) -> bool:
+    """Whether ``callback`` does something at ``event``."""
+    return getattr(type(callback), event) is not getattr(Callback, event)
+
+
+def finite(record: dict[str, Any]) -> bool:
+    """An epoch whose losses are numbers: one that is not is never checkpointed."""
+    return all(math.isfinite(record[k]) for k in ("train_loss", "test_loss"))
+
+
+class MetricsFile(Callback):
+    """The JSON-lines metrics file (rank 0): emptied by a fresh run, one strict line per epoch
+    and one at the end; a value that is not finite is written as null."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        if trainer.start_epoch == 0 and trainer.is_root:  # a fresh run, a fresh file
+            with path_problems("metrics", self.path):
+                open(self.path, "w").close()
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        self.write(trainer, record)
+
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        self.write(trainer, record)
+
+    def write(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if not trainer.is_root:
+            return
+        line = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                for k, v in record.items()}  # fmt: skip
+        with path_problems("metrics", self.path), open(self.path, "a") as fh:
+            fh.write(json.dumps(line, allow_nan=False) + "\n")
+
+
+class EpochLog(Callback):
+    """A line per epoch and one at the end, printed by rank 0 through ``log``."""
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+
+    def on_epoch_end(self, trainer: Trainer, r: dict[str, Any]) -> None:
+        if not trainer.is_root:
+            return
+        first = r["epoch"] == trainer.start_epoch + 1
+        where = f"  [{r['backend']}, comm {r['comm']}, {r['world_size']} rank(s)"
+        if "threads" in r:
+            where += f" x {describe_threads(r)}"
+        self.log(
+            f"epoch {r['epoch']}/{trainer.cfg.epochs}  train_loss {r['train_loss']:.4f}  "
+            f"test_loss {r['test_loss']:.4f}  test_acc {r['test_acc']:.4f}  "
+            f"{r['seconds']:.1f} s  {r['samples_per_s']:.0f} samples/s"
+            + (where + "]" if first else "")
+        )
+
+    def on_train_end(self, trainer: Trainer, r: dict[str, Any]) -> None:
+        if trainer.is_root and r["event"] == "done":
+            self.log(
+                f"done: {r['epochs']} epochs, test_acc {r['test_acc']:.4f}, "
+                f"{r['total_seconds']:.1f} s training, {r['params']:,} parameters"
+            )
+
+
+class ProgressBar(Callback):
+    """tqdm's bar over an epoch's steps, on rank 0's terminal."""
+
+    bar: Any = None
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        from tqdm import tqdm
+
+        total = trainer.steps_per_epoch
+        self.bar = tqdm(total=total, desc=f"epoch {epoch + 1}", leave=False, unit="batch")
+
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        self.bar.update()
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        self.bar.close()
+
+    @staticmethod
+    def wanted(progress: bool, is_root: bool) -> bool:
+        return progress and is_root and sys.stderr.isatty()
+
+
+class Checkpoints(Callback):
+    """After every epoch whose losses are finite, rank 0 writes the whole network and optimizer
+    state to ``directory``; where ranks hold pieces of it (tensor, pipeline), every rank of
+    rank 0's replica takes part in gathering them."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if not finite(record):
+            return
+        model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
+        if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
+            return
+        params = whole_params(model, comm)
+        state = {
+            name: whole_arrays(model, comm, model.named_views(buf))
+            for name, buf in optimizer.state.items()
+        }
+        if trainer.is_root:
+            with path_problems("checkpoint_dir", self.directory):
+                save_checkpoint(
+                    self.directory,
+                    params,
+                    state,
+                    record["epoch"],
+                    optimizer.step_count,
+                    trainer.cfg.seed,
+                    trainer.data.name,
+                    trainer.settings(),
+                    trainer.identity(),
+                )
+
+
+class FaultInjection(Callback):
+    """``XPNN_FAIL_AT=RANK:STEP`` makes that rank raise at that step: how the tests prove that
+    one failing rank stops the whole job. Unset in normal use."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_step_begin(self, trainer: Trainer, step: int) -> None:
+        if (trainer.comm.rank, step) == (self.rank, self.step):
+            raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
+
+    @classmethod
+    def from_env(cls) -> FaultInjection | None:
+        spec = os.environ.get("XPNN_FAIL_AT")
+        if not spec:
+            return None
+        rank, _, step = spec.partition(":")
+        if not (rank.strip().isdigit() and step.strip().isdigit()):
+            raise UserError(f"XPNN_FAIL_AT={spec}: expected RANK:STEP, e.g. 1:3")
+        return cls(int(rank), int(step))
+
+
+class PhaseTimer(Callback):
+    """Seconds of every training step and of its phases (``xpnn.phases``: forward, wgrad,
+    update, fences), one dict per step in ``steps``. A phase inside itself counts once. On a
+    GPU backend a timer that only read the clock would time kernel launches, so there every
+    phase and step synchronizes the device before and after it."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+        self.trainer: Trainer | None = None
+        self._current: dict[str, float] | None = None
+        self._open: dict[str, tuple[int, float]] = {}  # phase -> (depth, start)
+        self._sync: Any = None
+        self._t0 = 0.0
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self._sync = trainer.backend.synchronize if trainer.backend.is_gpu else None
+        phases.listen(self._mark)
+
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        phases.listen(None)
+
+    def on_step_begin(self, trainer: Trainer, step: int) -> None:
+        self._current = dict.fromkeys(phases.PHASES, 0.0)
+        if self._sync:
+            self._sync()
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        if self._sync:
+            self._sync()
+        assert self._current is not None
+        self._current["step"] = time.perf_counter() - self._t0
+        self.steps.append(self._current)
+        self._current = None
+
+    def _mark(self, name: str, entering: bool) -> None:
+        if self._current is None:  # outside a step: evaluation
+            return
+        depth, start = self._open.get(name, (0, 0.0))
+        if entering:
+            if depth == 0:
+                if self._sync:
+                    self._sync()
+                start = time.perf_counter()
+            self._open[name] = (depth + 1, start)
+            return
+        if depth == 1:
+            if self._sync:
+                self._sync()
+            self._current[name] += time.perf_counter() - start
+        self._open[name] = (depth - 1, start)
