@@ -46,3 +46,31 @@ def test_unlink_removes_mapped_segments_and_skips_missing(tmp_path: Path) -> Non
 
 def test_no_proc_no_action(tmp_path: Path) -> None:
     assert unlink_mpich_segments(str(tmp_path / "no-such-maps")) == []
+
+
+def test_only_the_hydra_topology_files_the_parent_holds_open(tmp_path: Path) -> None:
+    """The launcher's proxy holds its topology file open: that one is named (once); other
+    open files, and other users' topology files that it does not hold, are not."""
+    from xpnn.parallel.segments import HYDRA_TOPOLOGY_PREFIX, hydra_topology_files
+
+    fd_dir = tmp_path / "fd"
+    fd_dir.mkdir()
+    mine = HYDRA_TOPOLOGY_PREFIX + "abc123"
+    for fd, target in enumerate([mine, mine, "/tmp/other.txt", "/dev/null", "pipe:[1234]"]):
+        (fd_dir / str(fd)).symlink_to(target)
+    assert hydra_topology_files(str(fd_dir)) == [mine]
+    assert hydra_topology_files(str(tmp_path / "absent")) == []
+
+
+def test_unlink_hydra_topology_removes_what_the_parent_holds(tmp_path: Path, monkeypatch) -> None:
+    from xpnn.parallel import segments
+
+    real = tmp_path / "hydra_hwloc_xmlfile_x"
+    real.write_text("<topology/>")
+    fd_dir = tmp_path / "fd"
+    fd_dir.mkdir()
+    (fd_dir / "3").symlink_to(real)
+    monkeypatch.setattr(segments, "HYDRA_TOPOLOGY_PREFIX", str(tmp_path / "hydra_hwloc_xmlfile_"))
+    assert segments.unlink_hydra_topology(str(fd_dir)) == [str(real)]
+    assert segments.unlink_hydra_topology(str(fd_dir)) == []  # gone: another rank's turn
+    assert not real.exists()

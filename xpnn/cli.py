@@ -53,6 +53,21 @@ def _positive_int(flag: str, most: int = MOST):  # noqa: ANN202
     return parse
 
 
+def _whole_number(flag: str, most: int = MOST):  # noqa: ANN202
+    """An integer from 0 to ``most`` (0 meaning none or off, as the flag says)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}: not an integer: {text!r}") from None
+        if not 0 <= value <= most:
+            raise argparse.ArgumentTypeError(f"{flag}: must be from 0 to {most}, got {value}")
+        return value
+
+    return parse
+
+
 def _hidden(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(t) for t in text.split(","))  # "16,,8" is a typo, not "16,8"
@@ -220,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--save", type=_path("--save"), help="save parameters to FILE.npz at the end")
     a("--checkpoint-dir", type=_path("--checkpoint-dir"))
     a("--resume", action="store_true", help="continue from the latest checkpoint")
+    a(
+        "--keep-checkpoints",
+        type=_whole_number("--keep-checkpoints"),
+        default=None,
+        help="keep the newest K checkpoints, deleting older ones once a new one is complete "
+        "(default 2; 0 keeps every one)",
+    )
     a(
         "--comm",
         default="auto",
@@ -496,6 +518,7 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         save=args.save,
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
+        **({} if args.keep_checkpoints is None else {"keep_checkpoints": args.keep_checkpoints}),
         network={"loss": args.loss, **({"activation": activation} if args.model == "mlp" else {})},
         progress=not args.no_progress,
         parallel=args.parallel,
@@ -611,9 +634,11 @@ def ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
 
     optional = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
     optional += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
-    optional += ("synthetic_size",)
+    optional += ("synthetic_size", "keep_checkpoints")
     given = {flag for flag in optional if getattr(args, flag) is not None}
     found = []
+    if "keep_checkpoints" in given and not args.checkpoint_dir:
+        found.append(("--keep-checkpoints", "without --checkpoint-dir"))
     if "data_dir" in given and args.dataset == "synthetic":
         found.append(("--data-dir", "with --dataset synthetic: its samples are generated"))
     if "synthetic_size" in given and args.dataset != "synthetic":

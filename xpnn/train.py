@@ -20,9 +20,13 @@ from typing import Any
 import numpy as np
 
 from xpnn.checkpoint import (
+    KEEP_CHECKPOINTS,
+    DamagedCheckpoint,
     changed_settings,
+    checkpoints,
     latest_checkpoint,
     load_checkpoint,
+    prune_checkpoints,
     refuse_other_runs,
     save_checkpoint,
     save_params,
@@ -55,6 +59,7 @@ class TrainConfig:
     save: str | None = None
     checkpoint_dir: str | None = None
     resume: bool = False
+    keep_checkpoints: int = KEEP_CHECKPOINTS  # the newest K checkpoints stay; 0: every one
     progress: bool = False
     parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
     extra: dict = field(default_factory=dict)  # more keys for every metrics line
@@ -92,6 +97,11 @@ class TrainConfig:
                 )
         if self.resume and not self.checkpoint_dir:
             raise ValueError("TrainConfig.resume: needs a checkpoint_dir")
+        if not is_int(self.keep_checkpoints) or self.keep_checkpoints < 0:
+            raise ValueError(
+                f"TrainConfig.keep_checkpoints: must be an integer >= 0, got "
+                f"{self.keep_checkpoints!r}"
+            )
 
 
 CHOICES = {  # TrainConfig's names among fixed choices
@@ -390,6 +400,7 @@ class Trainer:
                     self._settings(),
                     self._identity(),
                 )
+                prune_checkpoints(self.cfg.checkpoint_dir, self.cfg.keep_checkpoints)
 
     def _maybe_resume(self) -> int:
         cfg = self.cfg
@@ -410,16 +421,25 @@ class Trainer:
         if path is None:
             self.resume_note = f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh"
             return 0
-        epoch, step, before = load_checkpoint(
-            path,
-            self.model,
-            self.optimizer,
-            self.update.restores_checkpoint,
-            seed=cfg.seed,
-            steps_per_epoch=self.steps_per_epoch,
-            dataset=self.data.name,
-            identity=self._identity(),
-        )
+        try:
+            epoch, step, before = load_checkpoint(
+                path,
+                self.model,
+                self.optimizer,
+                self.update.restores_checkpoint,
+                seed=cfg.seed,
+                steps_per_epoch=self.steps_per_epoch,
+                dataset=self.data.name,
+                identity=self._identity(),
+            )
+        except DamagedCheckpoint as exc:  # the one before it may be whole: say so
+            older = checkpoints(cfg.checkpoint_dir)[-2:-1]
+            if older:
+                raise DamagedCheckpoint(
+                    f"{exc}; the one before it, {older[0].name}, remains: move this one "
+                    "away to resume from it"
+                ) from None
+            raise
         done = f"; --epochs {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
         changed = changed_settings(before, self._settings())
         since = f"; changed since: {', '.join(changed)}" if changed else ""

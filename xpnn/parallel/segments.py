@@ -11,12 +11,20 @@ nobody opens it by name again, so its name can go at once (UCX does the same wit
 segments): the memory stays valid while any rank maps it and is freed when the last one exits,
 however it exits. Only MPICH's names are touched; other MPI libraries clean up after
 themselves or may open their files later.
+
+MPICH's launcher leaves a second file: hydra's proxy writes the node's hardware topology to
+``/tmp/hydra_hwloc_xmlfile_*`` for its ranks to read in ``MPI_Init`` (instead of each probing
+the hardware) and removes it when the job ends normally; a job ended by ``MPI_Abort`` or a
+signal kills the proxy first, and the 5 KB file stays for good. The proxy keeps the file open
+(``/proc/PPID/fd``), which is how a rank finds the one of its own job; once every rank of the
+node has passed ``MPI_Init`` nobody reads it again, so it goes at the same moment.
 """
 
 from __future__ import annotations
 
 import os
 
+HYDRA_TOPOLOGY_PREFIX = "/tmp/hydra_hwloc_xmlfile_"  # MPICH hydra's name (MPL_mkstemp)
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI keep node-shared segments on Linux
 MPICH_PREFIX = "mpich_shm_"
 _DELETED = " (deleted)"  # how /proc/PID/maps marks a mapped file whose name is gone
@@ -53,6 +61,38 @@ def unlink_mpich_segments(maps_path: str = "/proc/self/maps", shm_dir: str = SHM
         try:
             os.unlink(path)
         except OSError:  # gone already (another rank of the node), or not ours to remove
+            continue
+        removed.append(path)
+    return removed
+
+
+def hydra_topology_files(fd_dir: str) -> list[str]:
+    """The hydra topology files that the process whose ``/proc/PID/fd`` is ``fd_dir`` holds
+    open (its launcher's proxy: only it opens them)."""
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:  # not Linux, or a parent we may not look into: nothing to do
+        return []
+    found = []
+    for fd in fds:
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith(HYDRA_TOPOLOGY_PREFIX) and target not in found:
+            found.append(target)
+    return found
+
+
+def unlink_hydra_topology(fd_dir: str | None = None) -> list[str]:
+    """Unlink the topology file that this rank's hydra proxy (the parent process) wrote for
+    ``MPI_Init``; the paths removed. Call after a collective over the node's ranks, as
+    ``unlink_mpich_segments``. Under other launchers the parent holds no such file."""
+    removed = []
+    for path in hydra_topology_files(fd_dir or f"/proc/{os.getppid()}/fd"):
+        try:
+            os.unlink(path)
+        except OSError:  # another rank of the node removed it first
             continue
         removed.append(path)
     return removed

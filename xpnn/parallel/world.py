@@ -15,7 +15,7 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.parallel.cpu_quota import cpu_quota, quota_cores
-from xpnn.parallel.segments import unlink_mpich_segments
+from xpnn.parallel.segments import unlink_hydra_topology, unlink_mpich_segments
 from xpnn.parallel.threads import affinity, core_share
 
 # Variables that a launcher sets in every process it starts. Each entry: (variable, minimum size
@@ -214,8 +214,10 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     finally:
         local.Free()
     # the node's ranks have all passed MPI_Init (the allgather): MPICH's segment is mapped
-    # everywhere, and its name would outlive a job that aborts or loses a rank
+    # everywhere, and its name would outlive a job that aborts or loses a rank; so would the
+    # topology file hydra's proxy wrote for MPI_Init
     unlink_mpich_segments()
+    unlink_hydra_topology()
     return World(
         rank=comm.Get_rank(),
         size=comm.Get_size(),
