@@ -256,6 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
     )
     a(
+        "--stall-warn",
+        type=_float_from("--stall-warn", 0.0, most=MOST),
+        default=60.0,
+        metavar="S",
+        help="say where a rank waits once it has waited S seconds for the others in one "
+        "exchange (default 60; 0: never)",
+    )
+    a(
+        "--stall-abort",
+        type=_float_from("--stall-abort", 0.0, most=MOST),
+        default=0.0,
+        metavar="S",
+        help="end the job (exit 124) once a rank has waited S seconds in one exchange, naming "
+        "the ranks that waited (default 0: never; e.g. 600 on a cluster)",
+    )
+    a(
         "--node-share",
         default=None,
         choices=["auto", "gradients", "activations"],
@@ -518,6 +534,8 @@ def _setup(args: argparse.Namespace, world: Any) -> tuple:
         save=args.save,
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
+        stall_warn=args.stall_warn,
+        stall_abort=args.stall_abort,
         **({} if args.keep_checkpoints is None else {"keep_checkpoints": args.keep_checkpoints}),
         network={"loss": args.loss, **({"activation": activation} if args.model == "mlp" else {})},
         progress=not args.no_progress,
@@ -670,6 +688,7 @@ def ineffective_flags(args: Any, groups: Any) -> list[tuple[str, str]]:
 
 
 def train_main(args: argparse.Namespace) -> int:
+    from xpnn.parallel import stall
     from xpnn.parallel.failure import (
         agree_timeout,
         run_guarded,
@@ -679,6 +698,7 @@ def train_main(args: argparse.Namespace) -> int:
     )
     from xpnn.parallel.world import init_world
 
+    stall.set_limits(args.stall_warn, args.stall_abort)  # the setup's waits too
     world = init_world()
     terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints left whole
     stop_when_stuck(stop_grace())  # ... and within seconds even where a rank cannot
@@ -809,9 +829,10 @@ def main(argv: list[str] | None = None) -> int:
         if launch_rank() == 0:  # but every process found the same, so one of them says it
             print(f"xpnn: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # Ctrl-C while Python, NumPy or MPI start
-        from xpnn.parallel.failure import stopped_from_outside
+    except KeyboardInterrupt as exc:  # Ctrl-C while NumPy or MPI start (xpnn.cli.main called
+        from xpnn.parallel.failure import say, stopped_from_outside  # without xpnn.__main__)
 
         message, code = stopped_from_outside(exc) or ("interrupted", 130)
-        print(f"xpnn: {message}", file=sys.stderr, flush=True)
+        if launch_rank() == 0:
+            say(f"xpnn: {message}")
         return code

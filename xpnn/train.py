@@ -36,6 +36,7 @@ from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
 from xpnn.nn.layer import Context, is_int
 from xpnn.optim import Schedule, make_optimizer
+from xpnn.parallel import stall
 from xpnn.parallel.data_parallel import DEFAULT_BUCKET_MB, make_update
 from xpnn.parallel.layout import Groups
 from xpnn.parallel.threads import describe_threads
@@ -60,6 +61,10 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     resume: bool = False
     keep_checkpoints: int = KEEP_CHECKPOINTS  # the newest K checkpoints stay; 0: every one
+    # seconds one wait for other ranks may last before a warning, and before the job is
+    # ended (xpnn.parallel.stall); 0 is never
+    stall_warn: float = stall.STALL_WARN_S
+    stall_abort: float = 0.0
     progress: bool = False
     parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
     extra: dict = field(default_factory=dict)  # more keys for every metrics line
@@ -97,6 +102,10 @@ class TrainConfig:
                 )
         if self.resume and not self.checkpoint_dir:
             raise ValueError("TrainConfig.resume: needs a checkpoint_dir")
+        for name in ("stall_warn", "stall_abort"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"TrainConfig.{name}: must be seconds >= 0, got {value!r}")
         if not is_int(self.keep_checkpoints) or self.keep_checkpoints < 0:
             raise ValueError(
                 f"TrainConfig.keep_checkpoints: must be an integer >= 0, got "
@@ -227,6 +236,7 @@ class Trainer:
         )
         self.optimizer = self.update.optimizer
         self.fail_at = _fault_injection()
+        stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
         self.n_params = whole_size(model)
         # Last: a checkpoint that does not fit is a user error of the setup phase, which every
         # rank reports together (a stage finds a mismatch in its own layers only).
@@ -241,6 +251,8 @@ class Trainer:
         xp, model = self.xp, self.model
         if self.fail_at == (self.comm.rank, step):
             raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
+        stall.injected_pause(self.comm.rank, step)
+        stall.at_step(step)
         local = shard(batch, self.data_comm.rank, self.data_comm.size)
         self.update.begin_step(len(batch))
         if len(local) == 0 and not self.update.needs_every_rank:
@@ -267,6 +279,7 @@ class Trainer:
         """Test loss and accuracy: each rank scores a contiguous part, sums are reduced."""
         xp, data = self.xp, self.data
         dc = self.data_comm
+        stall.in_phase("evaluation")
         part = np.array_split(np.arange(data.x_test.shape[0]), dc.size)[dc.rank]
         loss_sum, correct = 0.0, 0.0
         for start in range(0, len(part), self.cfg.eval_batch_size):
@@ -304,6 +317,7 @@ class Trainer:
         for epoch in range(start_epoch, cfg.epochs):
             batches = global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)
             self.backend.synchronize()
+            stall.in_phase(f"the start of epoch {epoch + 1}")
             comm.barrier()
             t0 = time.perf_counter()
             # float64 on the device: a float32 running sum drifts (4e-6 over an epoch here),
@@ -318,6 +332,7 @@ class Trainer:
             self.backend.synchronize()
             seconds = time.perf_counter() - t0
             total_seconds += seconds
+            stall.in_phase(f"the end of epoch {epoch + 1}")
             sums = self.metrics_comm.allreduce_host(
                 np.array([float(loss_acc), float(correct_acc)], dtype=np.float64)
             )
@@ -342,6 +357,7 @@ class Trainer:
                 self._checkpoint(epoch + 1)
         if start_epoch >= cfg.epochs:  # resumed with nothing left to train: score what we have
             test_loss, test_acc = self.evaluate()
+        stall.in_phase("the end of the run")
         whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
         digests = comm.allgather_obj(params_digest(whole))
         peak_rss = comm.allgather_obj(peak_rss_mb())
@@ -382,6 +398,7 @@ class Trainer:
         model, optimizer, comm = self.model, self.optimizer, self.model_comm
         if self.data_comm.rank != 0 or not (self.is_root or is_spread(model)):
             return
+        stall.in_phase(f"the checkpoint of epoch {epochs_done}")
         params = whole_params(model, comm)
         state = {
             name: whole_arrays(model, comm, model.named_views(buf))

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from xpnn.errors import UserError
+from xpnn.parallel import stall
 from xpnn.parallel.world import World
 
 OPS = ("sum", "max", "min")
@@ -46,17 +47,19 @@ _DONE = DoneHandle()
 
 
 class _MpiHandle:
-    """An MPI request plus a reference to its buffer, so the buffer outlives the request."""
+    """An MPI request plus a reference to its buffer, so the buffer outlives the request, and
+    what it is, for a stall warning."""
 
-    __slots__ = ("_req", "_buf")
+    __slots__ = ("_req", "_buf", "_what")
 
-    def __init__(self, req: Any, buf: Any) -> None:
+    def __init__(self, req: Any, buf: Any, what: str) -> None:
         self._req = req
         self._buf = buf
+        self._what = what
 
     def wait(self) -> None:
         if self._req is not None:
-            self._req.Wait()
+            stall.wait(self._req, self._what)
             self._req = None
             self._buf = None
 
@@ -246,7 +249,7 @@ class _StagedHandle:
     def wait(self) -> None:
         if self._req is None:
             return
-        self._req.Wait()
+        stall.wait(self._req, "a send" if self._dev is None else "an allreduce")
         if self._dev is None:
             self._pool.release(self._slot)
         else:
@@ -274,9 +277,10 @@ def _copy_back(dev: Any, slot: _PinnedSlot, pool: _PinnedPool) -> None:
 class MpiHostCommunicator(Communicator):
     """MPI on host memory: works with every MPI library, CUDA-aware or not.
 
-    NumPy buffers go straight to ``Allreduce(MPI.IN_PLACE, buf)``. Device buffers are copied
+    NumPy buffers go straight to ``Iallreduce(MPI.IN_PLACE, buf)``. Device buffers are copied
     to a pinned host buffer (kept in a pool, so pinned memory is allocated once per bucket
-    shape), reduced there, and copied back on the current stream.
+    shape), reduced there, and copied back on the current stream. Every call that waits for
+    other ranks waits through ``stall.wait``: no spinning core, and a word when a rank stops.
     """
 
     name = "mpi-host"
@@ -308,24 +312,24 @@ class MpiHostCommunicator(Communicator):
         # the hot path for every gradient bucket: kept to a dict lookup and a type check
         mop = self._ops.get(op) or self._mpi_op(op)
         if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
-            self._comm.Allreduce(self._in_place, buf, mop)
+            stall.wait(self._comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
         else:
             self._device_allreduce(buf, op, mop)
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
         mop = self._ops.get(op) or self._mpi_op(op)
         if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
-            return _MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
+            return _MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf, "an allreduce")
         return self._device_iallreduce(buf, op, mop)
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
         if is_device_array(buf):
             self._device_bcast(buf, root)
         else:
-            self._comm.Bcast(buf, root=root)
+            stall.wait(self._comm.Ibcast(buf, root=root), "a broadcast")
 
     def barrier(self) -> None:
-        self._comm.Barrier()
+        stall.wait(self._comm.Ibarrier(), "a barrier")
 
     # -- device buffers: staged through pinned host memory (overridden by cuda_comm) --------
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
@@ -334,7 +338,7 @@ class MpiHostCommunicator(Communicator):
             return
         slot = self._pool.acquire(dev.size, dev.dtype)
         _copy_out(dev, slot)
-        self._comm.Allreduce(self._in_place, slot.host, mop)
+        stall.wait(self._comm.Iallreduce(self._in_place, slot.host, mop), "an allreduce")
         _copy_back(dev, slot, self._pool)
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
@@ -353,7 +357,7 @@ class MpiHostCommunicator(Communicator):
         slot = self._pool.acquire(dev.size, dev.dtype)
         if self.rank == root:
             _copy_out(dev, slot)
-        self._comm.Bcast(slot.host, root=root)
+        stall.wait(self._comm.Ibcast(slot.host, root=root), "a broadcast")
         if self.rank == root:
             self._pool.release(slot)
         else:
@@ -363,13 +367,14 @@ class MpiHostCommunicator(Communicator):
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
         if is_device_array(buf):
             return self._device_isend(buf, dest, tag)
-        return _MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
+        return _MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf, f"a send to rank {dest}")
 
     def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
         if is_device_array(buf):
             self._device_recv(buf, source, tag)
         else:
-            self._comm.Recv(buf, source=source, tag=tag)
+            what = f"a receive from rank {source}"
+            stall.wait(self._comm.Irecv(buf, source=source, tag=tag), what)
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
         dev = _as_cupy(buf)
@@ -382,16 +387,19 @@ class MpiHostCommunicator(Communicator):
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
         dev = _as_cupy(buf)
         slot = self._pool.acquire(dev.size, dev.dtype)
-        self._comm.Recv(slot.host, source=source, tag=tag)
+        what = f"a receive from rank {source}"
+        stall.wait(self._comm.Irecv(slot.host, source=source, tag=tag), what)
         _copy_back(dev, slot, self._pool)
 
     # -- small host data -------------------------------------------------------------------
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         out = self._host_values(values)
-        self._comm.Allreduce(self._in_place, out, self._mpi_op(op))
+        stall.wait(self._comm.Iallreduce(self._in_place, out, self._mpi_op(op)), "an allreduce")
         return out
 
     def allgather_obj(self, obj: Any) -> list:
+        # MPI has no non-blocking gather of objects: the barrier is where ranks wait
+        stall.wait(self._comm.Ibarrier(), "a barrier before gathering")
         return self._comm.allgather(obj)
 
     def abort(self, code: int) -> None:

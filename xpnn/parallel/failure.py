@@ -56,7 +56,7 @@ def _rank_size(world_or_comm: Any) -> tuple[int, int]:
 ABORT_GRACE_S = 0.3
 
 
-def _abort(code: int) -> None:
+def abort_job(code: int) -> None:
     """End every rank of the job: flush what this rank printed, then MPI_Abort.
 
     The short pause lets the launcher forward the message before it tears the job down
@@ -228,35 +228,67 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
     """
     rank, size = _rank_size(world_or_comm)
     try:
+        from xpnn.interrupts import hand_over
+
+        hand_over(Terminated)  # a signal noted while MPI started is raised here
         result = fn()
     except CollectiveExit as exc:
         return _exit_code(exc)
     except SystemExit as exc:
         code = _exit_code(exc)
         if code != 0 and size > 1:
-            _abort(code)
+            abort_job(code)
         return code
     except UserError as exc:
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
         say(prefix + one_line(str(exc)))
         code = int(getattr(exc, "exit_code", 2))
         if size > 1:
-            _abort(code)
+            abort_job(code)
         return code
     except BaseException as exc:  # noqa: B036 -- KeyboardInterrupt too: others must stop
         if _debug():
             traceback.print_exc()
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
+        if size > 1 and isinstance(exc, KeyboardInterrupt | Terminated) and stopped_together():
+            if rank == 0:  # every rank was told (mpiexec passes signals on): one line for all
+                say(f"xpnn: {message}")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # no MPI_Abort: nothing more to stop, and no launcher banner
         say(prefix + message)
         if size > 1:
-            _abort(code)
+            abort_job(code)
         return code
     if result is None:
         return 0
     if isinstance(result, bool) or not isinstance(result, int):
         return 0
     return result
+
+
+STOP_TOGETHER_S = 1.0  # how long an interrupted rank waits to hear that all others were too
+
+
+def stopped_together(within: float = STOP_TOGETHER_S) -> bool:
+    """Whether every rank reaches this call within ``within`` seconds of this one: a Ctrl-C or
+    SIGTERM given to ``mpiexec`` reaches every rank at once, and then each may simply exit
+    (``mpiexec`` then exits with the same code, silently); a signal that reached some ranks
+    only must end the others through MPI_Abort. Runs on the stall watch's communicator, which
+    carries no other collective, whatever collective the interrupt cut short."""
+    from xpnn.parallel import stall
+
+    comm = stall.watch_comm()
+    if comm is None:
+        return False
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + within
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
 
 
 def agree_timeout() -> float:
@@ -279,7 +311,9 @@ def _gather_codes(size: int, code: int) -> Any:
     codes = np.zeros(size, dtype=np.int32)
     req = comm.Iallgather(mine, codes)
     if code == 0:
-        req.Wait()
+        from xpnn.parallel import stall
+
+        stall.wait(req, "the agreement that setup succeeded")
         return codes
     deadline = time.monotonic() + agree_timeout()
     while not req.Test():
@@ -322,7 +356,7 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
             kind, code, message = outcome  # type: ignore[misc]
             if message:
                 say(f"rank {rank}: {message}")
-            _abort(code)
+            abort_job(code)
         if not any(codes):
             return result
         from xpnn.parallel.world import control_comm

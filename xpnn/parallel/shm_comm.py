@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.errors import UserError
+from xpnn.parallel import stall
 from xpnn.parallel.comm import MpiHostCommunicator
 from xpnn.parallel.segments import SHM_DIR
 
@@ -145,14 +146,14 @@ class ShmCommunicator(MpiHostCommunicator):
         seen by every rank of the node after it (MPI's Sync / Barrier / Sync idiom)."""
         for win in self._windows:
             win.Sync()
-        self.node.Barrier()
+        stall.wait(self.node.Ibarrier(), "a node barrier")
         for win in self._windows:
             win.Sync()
 
     def cross_allreduce_(self, buf: np.ndarray) -> None:
         """Sum ``buf`` in place over the ranks with this node-local rank on every node."""
         if self.nodes > 1:
-            self.cross.Allreduce(self._in_place, buf, self._MPI.SUM)
+            stall.wait(self.cross.Iallreduce(self._in_place, buf, self._MPI.SUM), "an allreduce")
 
     def free(self) -> None:
         """Release the shared segments (their arrays must not be used afterwards)."""
