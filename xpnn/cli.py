@@ -717,8 +717,10 @@ def _same_flags(args: argparse.Namespace, world: Any) -> None:
     train different runs and, with another --epochs or batch, wait for each other forever."""
     if world.size == 1:
         return
+    from xpnn.parallel import stall
+
     mine = {k: v for k, v in sorted(vars(args).items()) if k not in PER_RANK_FLAGS}
-    everyone = world.mpi_comm.allgather(mine)
+    everyone = stall.allgather(world.mpi_comm, mine, "the check that every rank has the same flags")
     for rank, theirs in enumerate(everyone):
         for key in mine:
             if theirs[key] != everyone[0][key]:
@@ -734,7 +736,9 @@ def _threads_of_every_rank(cfg: Any, world: Any) -> None:
     counts: the metrics then carry every rank's (``threads`` stays rank 0's)."""
     if world.size == 1:
         return
-    counts = world.mpi_comm.allgather(cfg.extra["threads"])
+    from xpnn.parallel import stall
+
+    counts = stall.allgather(world.mpi_comm, cfg.extra["threads"], "the gathering of thread counts")
     if len(set(counts)) > 1:
         cfg.extra["threads_per_rank"] = counts
 
@@ -750,8 +754,13 @@ def build_trainer(args: argparse.Namespace, world: Any, announce: bool = True) -
     backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(args, world))
     if world.size > 1:  # --data-dir may differ between ranks, the data they read may not
         from xpnn.data.datasets import check_same_data
+        from xpnn.parallel import stall
 
-        allgather = world.mpi_comm.allgather
+        def allgather(obj: Any) -> list:
+            return stall.allgather(
+                world.mpi_comm, obj, "the check that every rank has the same data"
+            )
+
         agree_on_user_errors(world, lambda: check_same_data(data, args.data_dir, allgather))
     _threads_of_every_rank(cfg, world)
     # A separate phase: on GPU backends building the communicators talks to the other ranks.

@@ -255,7 +255,9 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
             if rank == 0:  # every rank was told (mpiexec passes signals on): one line for all
                 say(f"xpnn: {message}")
             sys.stdout.flush()
-            sys.stderr.flush()
+            # the others leave once rank 0 has said it: the launcher may end a rank that is
+            # still running when another leaves, and with it a line not yet written
+            stopped_together()
             os._exit(code)  # no MPI_Abort: nothing more to stop, and no launcher banner
         say(prefix + message)
         if size > 1:
@@ -337,6 +339,11 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     rank, size = _rank_size(world_or_comm)
     outcome: tuple[str, int, str] | None = None
     result: Any = None
+    if size > 1:  # where a rank that stopped is waited for politely (collectives inside fn
+        from xpnn.parallel import stall  # would wait in MPI's own spinning calls)
+        from xpnn.parallel.world import control_comm
+
+        stall.wait(control_comm().Ibarrier(), "the barrier before a setup phase")  # type: ignore[attr-defined]
     try:
         result = fn()
     except UserError as exc:

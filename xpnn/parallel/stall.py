@@ -104,6 +104,13 @@ def wait(request: Any, what: str) -> None:
     _wait_long(request, what, start)
 
 
+def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
+    """mpi4py's ``allgather`` of small objects, with the waiting done in a barrier through
+    ``wait`` (MPI has no non-blocking gather of objects): for the setup's few exchanges."""
+    wait(mpi_comm.Ibarrier(), what)
+    return mpi_comm.allgather(obj)
+
+
 def _wait_long(request: Any, what: str, start: float) -> None:
     warn, abort = _limits["warn"], _limits["abort"]
     warned = announced = False
