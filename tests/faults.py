@@ -3,6 +3,7 @@ chosen moment, and tell what the job left behind in /tmp and /dev/shm."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -189,3 +190,12 @@ def mpi_started(launcher: int) -> bool:
         except OSError:
             continue
     return False
+
+
+def record(**fields: object) -> None:
+    """With ``XPNN_FAULT_LOG=FILE``, one JSON line per case: the tables of docs/reliability.md
+    are made from it."""
+    log = os.environ.get("XPNN_FAULT_LOG")
+    if log:
+        with open(log, "a") as fh:
+            fh.write(json.dumps(fields) + "\n")

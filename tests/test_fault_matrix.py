@@ -9,7 +9,6 @@ held open by ``XPNN_SAVE_FAULT=sleep:S``). Every checkpoint left behind must loa
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -17,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from conftest import TINY_FLOAT64_RUN, run_xpnn
-from faults import Job, left_behind, maps_numpy, mpi_started, snapshot, wait_for_file
+from faults import Job, left_behind, maps_numpy, mpi_started, record, snapshot, wait_for_file
 
 pytestmark = pytest.mark.mpi
 
@@ -73,26 +72,6 @@ def _environment(fault: str, moment: str) -> dict:
     return env
 
 
-def _record(fault: str, moment: str, code: int | None, seconds: float, err: str) -> None:
-    """With ``XPNN_FAULT_LOG=FILE``, one JSON line per case: the table of docs/reliability.md."""
-    log = os.environ.get("XPNN_FAULT_LOG")
-    if log:
-        said = [line for line in err.splitlines() if line.strip()]
-        with open(log, "a") as fh:
-            fh.write(
-                json.dumps(
-                    {
-                        "fault": fault,
-                        "moment": moment,
-                        "exit": code,
-                        "seconds": round(seconds, 2),
-                        "stderr": said,
-                    }
-                )
-                + "\n"
-            )
-
-
 @pytest.mark.parametrize("moment", MOMENTS)
 @pytest.mark.parametrize("fault", list(EXPECTED))
 def test_every_fault_ends_the_job_cleanly(tmp_path, fault, moment):
@@ -110,7 +89,15 @@ def test_every_fault_ends_the_job_cleanly(tmp_path, fault, moment):
     finally:
         job.kill()
     want_code, said = (AT_CHECKPOINT if moment == "checkpoint" else {}).get(fault, EXPECTED[fault])
-    _record(fault, moment, code, seconds, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    record(
+        test="matrix",
+        fault=fault,
+        moment=moment,
+        exit=code,
+        seconds=round(seconds, 2),
+        stderr=lines,
+    )
     assert code is not None, f"still running {BOUND_S + 30} s after the fault: {err}"
     assert seconds < BOUND_S, (seconds, err)
     assert code == want_code, err

@@ -4,8 +4,9 @@ SIGINT is sent at a sweep of delays after the start, from 0.01 s to 1 s: during 
 start-up, xpnn's imports, MPI's start, the setup and training. From the moment xpnn's handler
 is in place (``XPNN_HANDLER_MARK`` tells when) the outcome must be exactly ``xpnn:
 interrupted`` and exit 130. Before it, Python's start-up (its ``site`` imports, ~0.03-0.1 s
-on the 2-core test VM) ends as any Python program does: that is allowed, but no traceback
-may pass through xpnn's code. Every case must end in seconds and leave nothing behind.
+on the 2-core test VM) ends as any Python program does, and under ``mpiexec`` hydra's own
+start-up may take the signal before any rank exists: those are allowed, but no traceback may
+pass through xpnn's code. Every case must end in seconds and leave nothing behind.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 
 import pytest
 from conftest import ROOT, TINY_FLOAT64_RUN, xpnn_cmd
-from faults import left_behind, snapshot
+from faults import left_behind, record, snapshot
 
 pytestmark = pytest.mark.mpi
 
@@ -52,16 +53,36 @@ def test_ctrl_c_at_any_instant_is_one_line_and_exit_130(tmp_path, ranks):
         in_place = all((tmp_path / f"mark-{delay}.{r}").exists() for r in range(ranks))
         proc.send_signal(signal.SIGINT)
         start = time.monotonic()
+        lost = False
         try:
-            _, err = proc.communicate(timeout=30)
+            _, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-            pytest.fail(f"SIGINT at {delay} s: still running 30 s later: {err}")
+            # hydra takes a Ctrl-C that comes before it has started the ranks ("Sending
+            # Ctrl-C to processes as requested") and the ranks never get it; a user presses
+            # Ctrl-C again, which then reaches them
+            assert ranks > 1 and not in_place, f"SIGINT at {delay} s: running 10 s later"
+            lost = True
+            proc.send_signal(signal.SIGINT)
+            try:
+                _, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+                pytest.fail(f"SIGINT at {delay} s, and again: still running 30 s later: {err}")
         seconds = time.monotonic() - start
         exact = proc.returncode == 130 and err.splitlines() == ["xpnn: interrupted"]
         outcomes.append((delay, in_place, proc.returncode, exact, round(seconds, 2)))
-        assert seconds < 15, (delay, err)
+        record(
+            lost_by_launcher=lost,
+            test="ctrl-c",
+            ranks=ranks,
+            delay=delay,
+            handler=in_place,
+            exit=proc.returncode,
+            seconds=round(seconds, 2),
+            stderr=err.splitlines()[-3:],
+        )
+        assert seconds < (45 if lost else 15), (delay, err)
         if in_place:
             assert exact, (delay, proc.returncode, err)
         else:  # Python's own start-up: whatever it does, never from inside xpnn

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from conftest import TINY_FLOAT64_RUN, assert_one_line_user_error, run_xpnn
-from faults import Job, cpu_seconds
+from faults import Job, cpu_seconds, record
 
 from xpnn.parallel import stall
 
@@ -104,6 +104,13 @@ def test_a_stopped_rank_ends_the_job_and_its_peer_does_not_spin():
         code, err, _ = job.finish(30)
     finally:
         job.kill()
+    record(
+        test="stall-cpu",
+        cpu_s=round(used, 3),
+        waited_s=round(waited, 2),
+        exit=code,
+        stderr=err.splitlines(),
+    )
     assert used < 0.3 * waited, f"rank 0 used {used:.2f} s of CPU in {waited:.2f} s of waiting"
     assert code == stall.STALL_EXIT, err
     warned = [line for line in err.splitlines() if line.startswith("rank 0: has waited 1 s")]

@@ -4,8 +4,6 @@ The early interrupt handler goes in before anything else is imported: a Ctrl-C f
 instant that xpnn's code runs is one line and exit 130 (xpnn.interrupts).
 """
 
-import sys
-
 from xpnn.interrupts import catch_early_interrupts
 
 
@@ -18,4 +16,4 @@ def run() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    raise SystemExit(run())

@@ -14,18 +14,19 @@ imported, puts a handler in place until ``run_guarded`` takes over (``hand_over`
   has joined). It notes the signal and carries on; ``hand_over`` raises it once MPI runs,
   inside ``run_guarded``, where every rank stops together with one line.
 
-This module imports nothing from xpnn or beyond the standard library: it runs first.
+This module runs first, so it imports only what Python has loaded before any program runs
+(``os``, and ``_signal``, the C half of ``signal``: ``signal`` itself imports ``enum``, time
+enough for a Ctrl-C to land in the middle).
 """
 
 from __future__ import annotations
 
+import _signal
 import os
-import signal
-from typing import Any
 
 _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-_CODES = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated (SIGTERM)")}
-_state: dict[str, Any] = {"installed": False, "pending": None}
+_CODES = {_signal.SIGINT: (130, "interrupted"), _signal.SIGTERM: (143, "terminated (SIGTERM)")}
+_state: dict = {"installed": False, "pending": None}
 
 
 def _launch_rank() -> int | None:
@@ -36,7 +37,7 @@ def _launch_rank() -> int | None:
     return None
 
 
-def _handler(signum: int, frame: Any) -> None:
+def _handler(signum: int, frame: object) -> None:
     rank = _launch_rank()
     if rank is None:
         code, what = _CODES[signum]
@@ -50,8 +51,8 @@ def catch_early_interrupts() -> None:
     """Handle SIGINT and SIGTERM as the module's docstring says, until ``hand_over``. A
     signal the parent left ignored (a shell's background job) stays ignored."""
     for signum in _CODES:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, _handler)
+        if _signal.getsignal(signum) != _signal.SIG_IGN:
+            _signal.signal(signum, _handler)
     _state["installed"] = True
     mark = os.environ.get("XPNN_HANDLER_MARK")  # for the tests: the handler is in place now
     if mark:
@@ -66,15 +67,15 @@ def hand_over(terminated: type[BaseException]) -> None:
         return
     _state["installed"] = False
 
-    def on_sigterm(signum: int, frame: Any) -> None:
+    def on_sigterm(signum: int, frame: object) -> None:
         raise terminated
 
-    if signal.getsignal(signal.SIGINT) is _handler:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if signal.getsignal(signal.SIGTERM) is _handler:
-        signal.signal(signal.SIGTERM, on_sigterm)
+    if _signal.getsignal(_signal.SIGINT) is _handler:
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    if _signal.getsignal(_signal.SIGTERM) is _handler:
+        _signal.signal(_signal.SIGTERM, on_sigterm)
     pending, _state["pending"] = _state["pending"], None
-    if pending == signal.SIGINT:
+    if pending == _signal.SIGINT:
         raise KeyboardInterrupt
-    if pending == signal.SIGTERM:
+    if pending == _signal.SIGTERM:
         raise terminated
