@@ -250,9 +250,9 @@ def _same_run(
     - ``seed``: the same ``--seed`` (it decides the shuffles and dropout masks to come);
     - ``steps_per_epoch``: as many steps an epoch (another global batch or data set size makes
       other batches, and moves the schedule's warmup and decay, which count steps);
-    - ``dataset``: the same data set, where the file names one (since the 18th session):
-      MNIST and Fashion-MNIST make as many steps;
-    - ``identity``: each entry the file has too (since the 19th session): the global batch
+    - ``dataset``: the same data set, where the file names one (files of older xpnn versions
+      do not): MNIST and Fashion-MNIST make as many steps;
+    - ``identity``: each entry the file has too (older files have none): the global batch
       and training set size, which may differ with as many steps an epoch (300 samples in
       batches of 128 or of 140), and the network's activation and loss.
     """
@@ -305,7 +305,7 @@ def load_checkpoint(
     identity: dict[str, Any] | None = None,
 ) -> tuple[int, int, dict[str, Any]]:
     """Restore this rank's part of the parameters and optimizer state in place; returns
-    (epochs done, steps done, the settings the file's run had: empty before the 18th session).
+    (epochs done, steps done, the settings the file's run had: empty for older files).
 
     The file must be this run's: the same network (no parameter more or less), the same
     optimizer state, and what ``_same_run`` checks. ``restore_arrays=False`` checks the file
@@ -361,7 +361,7 @@ def load_checkpoint(
 
 def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str, Any]:
     """``meta.<name>``: a JSON object in a string ({} where the file has none, as files of
-    earlier sessions), or the file is damaged."""
+    older xpnn versions), or the file is damaged."""
     stored = arrays.get(f"meta.{name}")
     if stored is None:
         return {}

@@ -1,11 +1,12 @@
 """Ctrl-C and SIGTERM before the run is guarded: one line and exit 130 (143), not a traceback.
 
 ``python -m xpnn`` spends its first tenth of a second or more importing NumPy, mpi4py and
-Numba and starting MPI. Python raises ``KeyboardInterrupt`` wherever SIGINT lands, so a Ctrl-C
-there gave a traceback from the middle of an import, or, caught by code that imports in turn,
-"cannot load module more than once per process" from a half-loaded NumPy; SIGTERM ended the
-process without a word. ``catch_early_interrupts()``, called before anything else is
-imported, puts a handler in place until ``run_guarded`` takes over (``hand_over``):
+Numba and starting MPI. Python raises ``KeyboardInterrupt`` wherever SIGINT lands: left to
+itself, a Ctrl-C there is a traceback from the middle of an import, or, caught by code that
+imports in turn, "cannot load module more than once per process" from a half-loaded NumPy;
+SIGTERM ends the process without a word. ``catch_early_interrupts()``, called before
+anything else is imported, puts a handler in place until ``run_guarded`` takes over
+(``hand_over``):
 
 * a process on its own says ``xpnn: interrupted`` and leaves at once (``os._exit``: nothing
   is open yet that needs closing, and no import is left half done to trip over);

@@ -74,8 +74,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Values the command line refuses in its own words are refused here too, for
-        programs that build a config themselves (a batch of 0 was a ZeroDivisionError, an
-        ``eval_batch_size`` of -5 a test accuracy of 0)."""
+        programs that build a config themselves (unchecked, a batch of 0 would be a
+        ZeroDivisionError, an ``eval_batch_size`` of -5 a test accuracy of 0)."""
         whole = {"epochs": 1, "batch_size": 1, "eval_batch_size": 1}
         for name, least in whole.items():
             value = getattr(self, name)
@@ -123,8 +123,8 @@ CHOICES = {  # TrainConfig's names among fixed choices
 class TrainingDiverged(RuntimeError):
     """The loss stopped being finite in ``epoch`` (from 1): raised on every rank together
     (the losses are reduced), after that epoch's metrics line; nothing from that epoch was
-    checkpointed or saved. (A ``SystemExit`` before the 19th session: it ended a program
-    that tried several rates.)"""
+    checkpointed or saved. An exception, not a ``SystemExit``, so that a program trying
+    several rates can catch it and go on."""
 
     def __init__(self, epoch: int) -> None:
         super().__init__(f"training diverged in epoch {epoch} (the loss is not finite)")

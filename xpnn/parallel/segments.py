@@ -3,8 +3,8 @@
 MPICH keeps its intra-node message buffers in a file under /dev/shm (``mpich_shm_*``, 2 MiB
 for two ranks) and removes the file in ``MPI_Finalize``. A job that never finalizes leaves it
 behind: one that ends through ``MPI_Abort`` (how xpnn stops every rank when one fails) or whose
-rank was killed. /dev/shm is memory, so each failed job kept 2 MiB of RAM until the machine
-rebooted; 1,262 such files (2.8 GB) had piled up on the development VM from the failure tests.
+rank was killed. /dev/shm is memory, so each failed job would keep 2 MiB of RAM until the
+machine reboots, and a test suite that fails jobs on purpose would pile up gigabytes.
 
 Once every rank of the node has passed ``MPI_Init`` the segment is mapped everywhere and
 nobody opens it by name again, so its name can go at once (UCX does the same with its own
