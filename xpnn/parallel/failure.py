@@ -251,6 +251,8 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
             traceback.print_exc()
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
+        if isinstance(exc, KeyboardInterrupt | Terminated):
+            _calm_further_signals()
         if size > 1 and isinstance(exc, KeyboardInterrupt | Terminated) and stopped_together():
             if rank == 0:  # every rank was told (mpiexec passes signals on): one line for all
                 say(f"xpnn: {message}")
@@ -268,6 +270,19 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
     if isinstance(result, bool) or not isinstance(result, int):
         return 0
     return result
+
+
+def _calm_further_signals() -> None:
+    """A second Ctrl-C (people press it again when the first seems slow) must not cut the
+    stopping short with a traceback: from now on SIGINT and SIGTERM only wake the watch of
+    ``stop_when_stuck``, which ends the job should this rank not stop by itself."""
+    import signal
+
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: None)
+    except ValueError:  # not the main thread: signals are not this code's to handle
+        pass
 
 
 STOP_TOGETHER_S = 1.0  # how long an interrupted rank waits to hear that all others were too
