@@ -58,15 +58,18 @@ def left_behind(before: set[str]) -> list[str]:
     return sorted(new)
 
 
-HARNESS_PREFIXES = ("pytest-of-", "xpnn-bench-")  # made by test runs beside this one, not jobs
-COMPILER_SCRATCH = re.compile(r"cc[A-Za-z0-9]{6}\.\w+")  # GCC's temporary files (-save-temps off)
+HARNESS_PREFIXES = ("pytest-of-",)  # made by test runs beside this one, not jobs
+# the benchmark tests' folders (tempfile.mkdtemp(prefix="xpnn-bench-"), ...) and GCC's
+# temporary files: training jobs make neither
+# and Open MPI's session directories (ompi.HOST.UID): xpnn's jobs here run MPICH
+BESIDE = re.compile(r"xpnn-[a-z-]+-[a-z0-9_]{8}|cc[A-Za-z0-9]{6}\.\w+|ompi\..+")
 
 
 def _made_beside_this_test(path: str) -> bool:
     """Names that programs running beside this test on a shared machine make and no training
     job does: pytest's base directory, the benchmark tests' folders, a compiler's scratch."""
     name = os.path.basename(path)
-    return name.startswith(HARNESS_PREFIXES) or bool(COMPILER_SCRATCH.fullmatch(name))
+    return name.startswith(HARNESS_PREFIXES) or bool(BESIDE.fullmatch(name))
 
 
 def _children(pid: int) -> list[int]:

@@ -3,6 +3,7 @@ nothing else. (That a failed two-rank job leaves none behind: ``test_comm.py``.)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from xpnn.parallel.segments import mpich_segments, unlink_mpich_segments
@@ -74,3 +75,24 @@ def test_unlink_hydra_topology_removes_what_the_parent_holds(tmp_path: Path, mon
     assert segments.unlink_hydra_topology(str(fd_dir)) == [str(real)]
     assert segments.unlink_hydra_topology(str(fd_dir)) == []  # gone: another rank's turn
     assert not real.exists()
+
+
+def test_remove_stale_takes_only_old_unused_files(tmp_path: Path, monkeypatch) -> None:
+    """What an earlier job left and nobody uses goes; a file in use or just made stays."""
+    from xpnn.parallel import segments
+
+    shm, tmp = tmp_path / "shm", tmp_path / "tmp"
+    shm.mkdir()
+    tmp.mkdir()
+    monkeypatch.setattr(segments, "HYDRA_TOPOLOGY_PREFIX", str(tmp / "hydra_hwloc_xmlfile_"))
+    old_segment, old_topology = shm / "mpich_shm_aaaa_0", tmp / "hydra_hwloc_xmlfile_old"
+    in_use, fresh = shm / "mpich_shm_bbbb_0", tmp / "hydra_hwloc_xmlfile_new"
+    other = shm / "sm_segment.host.0"  # Open MPI's: not ours to judge
+    for path in (old_segment, old_topology, in_use, fresh, other):
+        path.write_bytes(b"x")
+    for path in (old_segment, old_topology, in_use, other):
+        os.utime(path, (0, 0))  # 1970: long stale
+    with open(in_use, "rb"):  # held by a live process: this one
+        removed = segments.remove_stale(shm_dir=str(shm))
+    assert sorted(removed) == sorted([str(old_segment), str(old_topology)])
+    assert in_use.exists() and fresh.exists() and other.exists()

@@ -23,6 +23,7 @@ node has passed ``MPI_Init`` nobody reads it again, so it goes at the same momen
 from __future__ import annotations
 
 import os
+import time
 
 HYDRA_TOPOLOGY_PREFIX = "/tmp/hydra_hwloc_xmlfile_"  # MPICH hydra's name (MPL_mkstemp)
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI keep node-shared segments on Linux
@@ -93,6 +94,75 @@ def unlink_hydra_topology(fd_dir: str | None = None) -> list[str]:
         try:
             os.unlink(path)
         except OSError:  # another rank of the node removed it first
+            continue
+        removed.append(path)
+    return removed
+
+
+STALE_AFTER_S = 60.0  # a live job maps its segment and holds its topology file all along
+
+
+def _ours_in_use() -> set[str]:
+    """The files that this user's running processes hold open or map (other users' are not
+    ours to read, and their files not ours to remove)."""
+    used: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    used.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                except OSError:
+                    pass
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6:
+                        used.add(fields[5].strip())
+        except OSError:  # gone, or another user's
+            continue
+    return used
+
+
+def remove_stale(min_age: float = STALE_AFTER_S, shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove what earlier jobs of this user left that no process uses: MPICH segments and
+    hydra topology files older than ``min_age`` seconds; the paths removed.
+
+    A job can end before xpnn's own removal runs: a rank killed by a signal during Python's
+    start-up while another waits inside ``MPI_Init`` (Ctrl-C to ``mpiexec`` in its first
+    tenth of a second), which neither MPICH nor hydra cleans up after. The next job removes
+    them. Only this user's files, unused by any of this user's processes, old enough that no
+    job is still setting them up."""
+    if not os.path.isdir("/proc"):
+        return []
+    folder, prefix = os.path.split(HYDRA_TOPOLOGY_PREFIX)
+    candidates = []
+    for where, start in ((shm_dir, MPICH_PREFIX), (folder, prefix)):
+        try:
+            names = os.listdir(where)
+        except OSError:
+            continue
+        candidates += [os.path.join(where, n) for n in names if n.startswith(start)]
+    now, uid = time.time(), os.getuid()
+    old = []
+    for path in candidates:
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_uid == uid and now - info.st_mtime >= min_age:
+            old.append(path)
+    if not old:
+        return []
+    used = _ours_in_use()
+    removed = []
+    for path in old:
+        if path in used:
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
             continue
         removed.append(path)
     return removed

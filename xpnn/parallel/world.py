@@ -15,7 +15,7 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.parallel.cpu_quota import cpu_quota, quota_cores
-from xpnn.parallel.segments import unlink_hydra_topology, unlink_mpich_segments
+from xpnn.parallel.segments import remove_stale, unlink_hydra_topology, unlink_mpich_segments
 from xpnn.parallel.threads import affinity, core_share
 
 # Variables that a launcher sets in every process it starts. Each entry: (variable, minimum size
@@ -221,6 +221,8 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     # topology file hydra's proxy wrote for MPI_Init
     unlink_mpich_segments()
     unlink_hydra_topology()
+    if local_rank == 0:  # and what earlier jobs that ended too early left (one rank a node)
+        remove_stale()
     return World(
         rank=comm.Get_rank(),
         size=comm.Get_size(),
