@@ -239,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-checkpoints",
         type=_whole_number("--keep-checkpoints"),
         default=None,
+        metavar="K",
         help="keep the newest K checkpoints, deleting older ones once a new one is complete "
         "(default 2; 0 keeps every one)",
     )
@@ -832,6 +833,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if command == "info":
+            from xpnn.interrupts import hand_over
+            from xpnn.parallel.failure import Terminated
+
+            hand_over(Terminated)  # no run_guarded here: Ctrl-C is the except clause's below
             return _info(args.json)
         return train_main(args)
     except UserError as exc:  # before MPI (the launcher's variables): nothing to agree on,
