@@ -33,11 +33,44 @@ def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
     try:
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
+            _injected_fault()
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before its name is: a power cut leaves no empty file
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from the user's group
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable (POSIX); where a directory cannot be opened (Windows), skip."""
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a directory: nothing more to do
+        pass
+    finally:
+        os.close(fd)
+
+
+def _injected_fault() -> None:
+    """``XPNN_SAVE_FAULT`` (for the fault tests; unset in normal use), with the temporary file
+    written: ``sleep:S`` pauses S seconds, so that a signal or a kill lands mid-write;
+    ``enospc`` fails as a full disk does."""
+    spec = os.environ.get("XPNN_SAVE_FAULT", "")
+    if spec == "enospc":
+        import errno
+
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    if spec.startswith("sleep:"):
+        import time
+
+        time.sleep(float(spec.removeprefix("sleep:")))
 
 
 def _umask() -> int:
@@ -116,14 +149,63 @@ def remove_unfinished(
     return left
 
 
-def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
-    """The checkpoint of the highest epoch in ``directory`` (by number: 10000 after 9999)."""
+def checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The checkpoints in ``directory``, oldest epoch first (by number: 10000 after 9999)."""
     found = {}
     for p in Path(directory).glob("checkpoint-epoch*.npz"):
         match = CHECKPOINT_NAME.fullmatch(p.name)
         if match:
             found[int(match.group(1))] = p
-    return found[max(found)] if found else None
+    return [found[epoch] for epoch in sorted(found)]
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The checkpoint of the highest epoch in ``directory``."""
+    found = checkpoints(directory)
+    return found[-1] if found else None
+
+
+KEEP_CHECKPOINTS = 2  # the newest, and one before it in case the newest is damaged
+
+
+def prune_checkpoints(directory: str | os.PathLike, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest checkpoints (0: keep every one); the paths removed.
+    Call only once the newest is complete (``atomic_savez`` has renamed it into place), so
+    that a run killed at any moment leaves at least ``keep`` whole checkpoints but the first."""
+    if keep < 0:
+        raise ValueError(f"keep: must be >= 0, got {keep}")
+    found = checkpoints(directory)
+    doomed = found[:-keep] if keep else []
+    for path in doomed:
+        path.unlink(missing_ok=True)
+    return doomed
+
+
+class DamagedCheckpoint(UserError):
+    """The file is no checkpoint xpnn could have written (unreadable, cut short, values out of
+    bounds or not finite), as opposed to one of another run: a resume can say that the one
+    before it, kept by ``keep``, is there to fall back on."""
+
+
+MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a later epoch
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` file ``path``, never running pickled code. A file that is not
+    a zip archive of ``.npy`` arrays is "not an xpnn checkpoint": NumPy would read a ``.npy``
+    as one array and call anything else pickled data, with advice about ``allow_pickle``."""
+    try:
+        if not zipfile.is_zipfile(path):
+            with open(path, "rb") as fh:
+                if fh.read(4) != b"PK\x03\x04":  # not even the start of a zip archive
+                    raise DamagedCheckpoint(f"{path}: not an xpnn checkpoint (not an .npz file)")
+            raise DamagedCheckpoint(f"{path}: not a readable checkpoint (cut short or damaged)")
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        if "pickle" in str(exc):  # an object array inside the archive
+            exc = "holds pickled objects, which are never loaded"
+        raise DamagedCheckpoint(f"{path}: not a readable checkpoint ({exc})") from None
 
 
 def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
@@ -132,8 +214,27 @@ def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
     if value is None:
         raise UserError(f"{path}: not an xpnn checkpoint (no meta.{name})")
     if value.shape != () or value.dtype.kind not in "iu" or (name != "seed" and int(value) < 0):
-        raise UserError(f"{path}: damaged checkpoint (meta.{name} is {value.tolist()!r})")
+        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.{name} is {value.tolist()!r})")
+    if name == "epoch" and int(value) > MOST_EPOCHS:
+        raise DamagedCheckpoint(
+            f"{path}: damaged checkpoint (meta.epoch is {int(value)}, past the most --epochs "
+            f"a run takes, {MOST_EPOCHS})"
+        )
     return int(value)
+
+
+def check_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Every parameter and optimizer state must be finite: a NaN resumed would make the run
+    report "training diverged" and blame the learning rate for a damaged file."""
+    for key, value in arrays.items():
+        if key.startswith("meta.") or value.dtype.kind != "f":
+            continue
+        if not np.isfinite(value).all():
+            bad = int(value.size - np.count_nonzero(np.isfinite(value)))
+            raise DamagedCheckpoint(
+                f"{path}: damaged checkpoint ({key} holds {bad:,} value(s) that are NaN or "
+                "infinite)"
+            )
 
 
 def _same_run(
@@ -149,20 +250,24 @@ def _same_run(
     - ``seed``: the same ``--seed`` (it decides the shuffles and dropout masks to come);
     - ``steps_per_epoch``: as many steps an epoch (another global batch or data set size makes
       other batches, and moves the schedule's warmup and decay, which count steps);
-    - ``dataset``: the same data set, where the file names one (since the 18th session):
-      MNIST and Fashion-MNIST make as many steps;
-    - ``identity``: each entry the file has too (since the 19th session): the global batch
+    - ``dataset``: the same data set, where the file names one (files of older xpnn versions
+      do not): MNIST and Fashion-MNIST make as many steps;
+    - ``identity``: each entry the file has too (older files have none): the global batch
       and training set size, which may differ with as many steps an epoch (300 samples in
       batches of 128 or of 140), and the network's activation and loss.
     """
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
+    if step < epoch:  # every epoch makes at least one step
+        raise DamagedCheckpoint(
+            f"{path}: damaged checkpoint (meta.step {step} is fewer than meta.epoch {epoch})"
+        )
     if seed is not None and stored_seed != seed:
         raise UserError(
             f"{path}: written by a run with `seed` {stored_seed}, this one has `seed` {seed}"
         )
     stored = arrays.get("meta.dataset")
     if stored is not None and (stored.shape != () or stored.dtype.kind != "U"):
-        raise UserError(f"{path}: damaged checkpoint (meta.dataset is {stored.tolist()!r})")
+        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.dataset is {stored.tolist()!r})")
     if dataset and stored is not None and str(stored) != dataset:
         raise UserError(
             f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
@@ -200,17 +305,13 @@ def load_checkpoint(
     identity: dict[str, Any] | None = None,
 ) -> tuple[int, int, dict[str, Any]]:
     """Restore this rank's part of the parameters and optimizer state in place; returns
-    (epochs done, steps done, the settings the file's run had: empty before the 18th session).
+    (epochs done, steps done, the settings the file's run had: empty for older files).
 
     The file must be this run's: the same network (no parameter more or less), the same
     optimizer state, and what ``_same_run`` checks. ``restore_arrays=False`` checks the file
     and restores only the step count: for ranks whose buffers another rank of the node fills
     (shared memory)."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise UserError(f"{path}: not a readable checkpoint ({exc})") from None
+    arrays = read_npz(path)
     if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
         raise UserError(
             f"{path}: written by an older xpnn (one flat buffer per optimizer state, before "
@@ -230,10 +331,11 @@ def load_checkpoint(
                     f"{path}: {what} {prefix}{key} missing or of another shape than the model{hint}"
                 )
             if stored.dtype.kind != "f":  # strings, complex, booleans: the file is damaged
-                raise UserError(
+                raise DamagedCheckpoint(
                     f"{path}: damaged checkpoint ({prefix}{key} holds {stored.dtype} values, "
                     "not floating point)"
                 )
+    check_finite(path, arrays)
     # and nothing more: a layer or an optimizer state that the network does not have
     stored = sum(v.size for k, v in arrays.items() if not k.startswith(("optim.", "meta.")))
     if stored != whole_size(model):
@@ -259,7 +361,7 @@ def load_checkpoint(
 
 def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str, Any]:
     """``meta.<name>``: a JSON object in a string ({} where the file has none, as files of
-    earlier sessions), or the file is damaged."""
+    older xpnn versions), or the file is damaged."""
     stored = arrays.get(f"meta.{name}")
     if stored is None:
         return {}
@@ -268,7 +370,7 @@ def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str
     except ValueError:
         value = None
     if stored.dtype.kind != "U" or not isinstance(value, dict):
-        raise UserError(f"{path}: damaged checkpoint (meta.{name} is {stored.tolist()!r})")
+        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.{name} is {stored.tolist()!r})")
     return value
 
 

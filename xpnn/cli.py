@@ -59,6 +59,21 @@ def _positive_int(most: int = MOST):  # noqa: ANN202
     return parse
 
 
+def _whole_number(most: int = MOST):  # noqa: ANN202
+    """An integer from 0 to ``most`` (0 meaning none or off, as the flag says)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not 0 <= value <= most:
+            raise argparse.ArgumentTypeError(f"must be from 0 to {most}, got {value}")
+        return value
+
+    return parse
+
+
 def _hidden(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(t) for t in text.split(","))  # "16,,8" is a typo, not "16,8"
@@ -188,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpoint-dir", type=_path)
     a("--resume", action="store_true", help="continue from the latest checkpoint")
     a(
+        "--keep-checkpoints",
+        type=_whole_number(),
+        metavar="K",
+        help="keep the newest K checkpoints, deleting older ones once a new one is complete "
+        "(default 2; 0 keeps every one)",
+    )
+    a(
         "--comm",
         choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"],
         help="how ranks exchange gradients (default auto: the fastest that works here)",
@@ -197,6 +219,20 @@ def build_parser() -> argparse.ArgumentParser:
         # below ~1 kB a bucket is an allreduce per few values: a step takes seconds
         type=_float_from(0.001, most=2**20),  # a TB bucket is a typo
         help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
+    )
+    a(
+        "--stall-warn",
+        type=_float_from(0.0, most=MOST),
+        metavar="S",
+        help="say where a rank waits once it has waited S seconds for the others in one "
+        "exchange (default 60; 0: never)",
+    )
+    a(
+        "--stall-abort",
+        type=_float_from(0.0, most=MOST),
+        metavar="S",
+        help="end the job (exit 124) once a rank has waited S seconds in one exchange, naming "
+        "the ranks that waited (default 0: never; e.g. 600 on a cluster)",
     )
     a(
         "--node-share",
@@ -373,6 +409,7 @@ def _say(line: str, err: bool = False) -> None:
 
 
 def train_main(args: argparse.Namespace, callbacks: Sequence[Any] = ()) -> int:
+    from xpnn.runtime import stall
     from xpnn.runtime.failure import (
         agree_timeout,
         run_guarded,
@@ -382,6 +419,7 @@ def train_main(args: argparse.Namespace, callbacks: Sequence[Any] = ()) -> int:
     )
     from xpnn.runtime.world import init_world
 
+    stall.set_limits(args.stall_warn, args.stall_abort)  # the setup's waits too
     world = init_world()
     terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints left whole
     stop_when_stuck(stop_grace())  # ... and within seconds even where a rank cannot
@@ -450,15 +488,20 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     with worded(flag_words):  # every message printed from here names flags
         try:
             if command == "info":
+                from xpnn.interrupts import hand_over
+                from xpnn.runtime.failure import Terminated
+
+                hand_over(Terminated)  # no run_guarded here: Ctrl-C is the except clause's below
                 return _info(args.json)
             return train_main(args, callbacks)
         except UserError as exc:  # before MPI (the launcher's variables): nothing to agree on,
             if launch_rank() == 0:  # but every process found the same, so one of them says it
                 print(f"xpnn: {user_message(exc)}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt as exc:  # Ctrl-C while Python, NumPy or MPI start
-            from xpnn.runtime.failure import stopped_from_outside
+        except KeyboardInterrupt as exc:  # Ctrl-C while NumPy or MPI start (xpnn.cli.main called
+            from xpnn.runtime.failure import say, stopped_from_outside  # without xpnn.__main__)
 
             message, code = stopped_from_outside(exc) or ("interrupted", 130)
-            print(f"xpnn: {message}", file=sys.stderr, flush=True)
+            if launch_rank() == 0:
+                say(f"xpnn: {message}")
             return code

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.runtime import stall
 
 BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
 HIDDEN = (512, 256)  # the MLP's default hidden layers
@@ -58,6 +59,9 @@ class RunSpec:
     save: str | None = None  # the parameters at the end (.npz)
     checkpoint_dir: str | None = None
     resume: bool = False  # continue from checkpoint_dir's latest checkpoint
+    keep_checkpoints: int | None = None  # the newest K checkpoints stay (2); 0: every one
+    stall_warn: float = 60.0  # seconds one wait for other ranks lasts before a warning; 0 never
+    stall_abort: float = 0.0  # seconds one wait lasts before the job is ended; 0 never
     comm: str = "auto"  # auto, mpi-shm, mpi-host, mpi-cuda, nccl (or self: one process)
     bucket_mb: float | None = None  # allreduce bucket size (DEFAULT_BUCKET_MB)
     node_share: str | None = None  # mpi-shm: auto (default), gradients, activations
@@ -92,7 +96,11 @@ def build_run(
     if world.size > 1:  # data_dir may differ between ranks, the data they read may not
         from xpnn.data.datasets import check_same_data
 
-        allgather = world.mpi_comm.allgather
+        def allgather(obj: Any) -> list:
+            return stall.allgather(
+                world.mpi_comm, obj, "the check that every rank has the same data"
+            )
+
         agree_on_user_errors(world, lambda: check_same_data(data, spec.data_dir, allgather))
     _threads_of_every_rank(cfg, world)
     # A separate phase: on GPU backends building the communicators talks to the other ranks.
@@ -116,7 +124,9 @@ def same_spec(spec: RunSpec, world: Any) -> None:
     if world.size == 1:
         return
     mine = {k: v for k, v in sorted(dataclasses.asdict(spec).items()) if k not in PER_RANK}
-    everyone = world.mpi_comm.allgather(mine)
+    everyone = stall.allgather(
+        world.mpi_comm, mine, "the check that every rank has the same settings"
+    )
     for rank, theirs in enumerate(everyone):
         for key in mine:
             if theirs[key] != everyone[0][key]:
@@ -131,7 +141,7 @@ def _threads_of_every_rank(cfg: Any, world: Any) -> None:
     counts: the metrics then carry every rank's (``threads`` stays rank 0's)."""
     if world.size == 1:
         return
-    counts = world.mpi_comm.allgather(cfg.extra["threads"])
+    counts = stall.allgather(world.mpi_comm, cfg.extra["threads"], "the gathering of thread counts")
     if len(set(counts)) > 1:
         cfg.extra["threads_per_rank"] = counts
 
@@ -229,12 +239,14 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     lr = spec.lr * (replicas if spec.lr_scaling == "linear" else 1)
     same = ("epochs", "optimizer", "schedule", "warmup_epochs", "step_epochs", "seed", "metrics")
     same += ("save", "checkpoint_dir", "resume", "progress", "parallel")  # as TrainConfig has them
+    same += ("stall_warn", "stall_abort")
     cfg = TrainConfig(
         **{name: getattr(spec, name) for name in same},
         batch_size=batch,
         lr=lr,
         bucket_mb=DEFAULT_BUCKET_MB if spec.bucket_mb is None else spec.bucket_mb,
         node_share=spec.node_share or "auto",
+        **({} if spec.keep_checkpoints is None else {"keep_checkpoints": spec.keep_checkpoints}),
         network={"loss": spec.loss, **({"activation": activation} if spec.model == "mlp" else {})},
         extra={
             "threads": thread_info["threads"],
@@ -338,7 +350,7 @@ def questionable_settings(
 
 OPTIONAL = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
 OPTIONAL += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
-OPTIONAL += ("synthetic_size",)  # settings whose None means "not given"
+OPTIONAL += ("synthetic_size", "keep_checkpoints")  # settings whose None means "not given"
 
 
 def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
@@ -347,6 +359,8 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
 
     given = {name for name in OPTIONAL if getattr(spec, name) is not None}
     found = []
+    if "keep_checkpoints" in given and not spec.checkpoint_dir:
+        found.append(("`keep_checkpoints`", "without `checkpoint_dir`"))
     if "data_dir" in given and spec.dataset == "synthetic":
         found.append(("`data_dir`", "with `dataset` synthetic: its samples are generated"))
     if "synthetic_size" in given and spec.dataset != "synthetic":

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from xpnn.errors import UserError, user_message
+from xpnn.runtime.abort import abort_job, say
 
 T = TypeVar("T")
 
@@ -51,32 +52,6 @@ def _rank_size(world_or_comm: Any) -> tuple[int, int]:
     if world_or_comm is None:
         return 0, 1
     return int(world_or_comm.rank), int(world_or_comm.size)
-
-
-ABORT_GRACE_S = 0.3
-
-
-def _abort(code: int) -> None:
-    """End every rank of the job: flush what this rank printed, then MPI_Abort.
-
-    The short pause lets the launcher forward the message before it tears the job down
-    (hydra can drop output still in its pipes when the abort arrives first).
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    time.sleep(ABORT_GRACE_S)
-    from mpi4py import MPI
-
-    MPI.COMM_WORLD.Abort(code)
-
-
-def say(line: str) -> None:
-    """One line on stderr in one write: Python's stderr writes through, so ``print`` would send
-    the text and its newline apart, and two ranks' lines could run together (``rank 1:
-    interruptedrank 0: interrupted``) where the launcher merges their output."""
-    if sys.stderr is not None:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
 
 
 def one_line(text: str) -> str:
@@ -228,35 +203,84 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
     """
     rank, size = _rank_size(world_or_comm)
     try:
+        from xpnn.interrupts import hand_over
+
+        hand_over(Terminated)  # a signal noted while MPI started is raised here
         result = fn()
     except CollectiveExit as exc:
         return _exit_code(exc)
     except SystemExit as exc:
         code = _exit_code(exc)
         if code != 0 and size > 1:
-            _abort(code)
+            abort_job(code)
         return code
     except UserError as exc:
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
         say(prefix + one_line(user_message(exc)))
         code = int(getattr(exc, "exit_code", 2))
         if size > 1:
-            _abort(code)
+            abort_job(code)
         return code
     except BaseException as exc:  # noqa: B036 -- KeyboardInterrupt too: others must stop
         if _debug():
             traceback.print_exc()
         prefix = f"rank {rank}: " if size > 1 else "xpnn: "
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
+        if isinstance(exc, KeyboardInterrupt | Terminated):
+            _calm_further_signals()
+        if size > 1 and isinstance(exc, KeyboardInterrupt | Terminated) and stopped_together():
+            if rank == 0:  # every rank was told (mpiexec passes signals on): one line for all
+                say(f"xpnn: {message}")
+            sys.stdout.flush()
+            # the others leave once rank 0 has said it: the launcher may end a rank that is
+            # still running when another leaves, and with it a line not yet written
+            stopped_together()
+            os._exit(code)  # no MPI_Abort: nothing more to stop, and no launcher banner
         say(prefix + message)
         if size > 1:
-            _abort(code)
+            abort_job(code)
         return code
     if result is None:
         return 0
     if isinstance(result, bool) or not isinstance(result, int):
         return 0
     return result
+
+
+def _calm_further_signals() -> None:
+    """A second Ctrl-C (people press it again when the first seems slow) must not cut the
+    stopping short with a traceback: from now on SIGINT and SIGTERM only wake the watch of
+    ``stop_when_stuck``, which ends the job should this rank not stop by itself."""
+    import signal
+
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: None)
+    except ValueError:  # not the main thread: signals are not this code's to handle
+        pass
+
+
+STOP_TOGETHER_S = 1.0  # how long an interrupted rank waits to hear that all others were too
+
+
+def stopped_together(within: float = STOP_TOGETHER_S) -> bool:
+    """Whether every rank reaches this call within ``within`` seconds of this one: a Ctrl-C or
+    SIGTERM given to ``mpiexec`` reaches every rank at once, and then each may simply exit
+    (``mpiexec`` then exits with the same code, silently); a signal that reached some ranks
+    only must end the others through MPI_Abort. Runs on the stall watch's communicator, which
+    carries no other collective, whatever collective the interrupt cut short."""
+    from xpnn.runtime import stall
+
+    comm = stall.watch_comm()
+    if comm is None:
+        return False
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + within
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
 
 
 def agree_timeout() -> float:
@@ -279,7 +303,9 @@ def _gather_codes(size: int, code: int) -> Any:
     codes = np.zeros(size, dtype=np.int32)
     req = comm.Iallgather(mine, codes)
     if code == 0:
-        req.Wait()
+        from xpnn.runtime import stall
+
+        stall.wait(req, "the agreement that setup succeeded")
         return codes
     deadline = time.monotonic() + agree_timeout()
     while not req.Test():
@@ -303,6 +329,11 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     rank, size = _rank_size(world_or_comm)
     outcome: tuple[str, int, str] | None = None
     result: Any = None
+    if size > 1:  # where a rank that stopped is waited for politely (collectives inside fn
+        from xpnn.runtime import stall  # would wait in MPI's own spinning calls)
+        from xpnn.runtime.world import control_comm
+
+        stall.wait(control_comm().Ibarrier(), "the barrier before a setup phase")  # type: ignore[attr-defined]
     try:
         result = fn()
     except UserError as exc:
@@ -322,7 +353,7 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
             kind, code, message = outcome  # type: ignore[misc]
             if message:
                 say(f"rank {rank}: {message}")
-            _abort(code)
+            abort_job(code)
         if not any(codes):
             return result
         from xpnn.runtime.world import control_comm

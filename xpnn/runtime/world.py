@@ -15,7 +15,7 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
-from xpnn.runtime.segments import unlink_mpich_segments
+from xpnn.runtime.segments import remove_stale, unlink_hydra_topology, unlink_mpich_segments
 from xpnn.runtime.threads import affinity, core_share
 
 # Variables that a launcher sets in every process it starts. Each entry: (variable, minimum size
@@ -214,6 +214,9 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     comm = world.Dup()
     if _CONTROL is None:
         _CONTROL = world.Dup()
+        from xpnn.runtime import stall
+
+        stall.attach(world.Dup())  # stall notes and the agreement to stop on a signal
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
     try:
         local_rank, local_size = local.Get_rank(), local.Get_size()
@@ -223,8 +226,12 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     finally:
         local.Free()
     # the node's ranks have all passed MPI_Init (the allgather): MPICH's segment is mapped
-    # everywhere, and its name would outlive a job that aborts or loses a rank
+    # everywhere, and its name would outlive a job that aborts or loses a rank; so would the
+    # topology file hydra's proxy wrote for MPI_Init
     unlink_mpich_segments()
+    unlink_hydra_topology()
+    if local_rank == 0:  # and what earlier jobs that ended too early left (one rank a node)
+        remove_stale()
     return World(
         rank=comm.Get_rank(),
         size=comm.Get_size(),

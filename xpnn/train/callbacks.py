@@ -20,9 +20,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from xpnn import phases
-from xpnn.checkpoint import save_checkpoint
+from xpnn.checkpoint import KEEP_CHECKPOINTS, prune_checkpoints, save_checkpoint
 from xpnn.errors import UserError, path_problems
 from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
+from xpnn.runtime import stall
 from xpnn.runtime.threads import describe_threads
 
 if TYPE_CHECKING:
@@ -143,8 +144,8 @@ class Checkpoints(Callback):
     state to ``directory``; where ranks hold pieces of it (tensor, pipeline), every rank of
     rank 0's replica takes part in gathering them."""
 
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
+    def __init__(self, directory: str, keep: int = KEEP_CHECKPOINTS) -> None:
+        self.directory, self.keep = directory, keep
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not finite(record):
@@ -152,6 +153,7 @@ class Checkpoints(Callback):
         model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
         if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
             return
+        stall.in_phase(f"the checkpoint of epoch {record['epoch']}")
         params = whole_params(model, comm)
         state = {
             name: whole_arrays(model, comm, model.named_views(buf))
@@ -170,6 +172,7 @@ class Checkpoints(Callback):
                     trainer.settings(),
                     trainer.identity(),
                 )
+                prune_checkpoints(self.directory, self.keep)  # only once the new one is whole
 
 
 class FaultInjection(Callback):

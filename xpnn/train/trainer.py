@@ -18,7 +18,10 @@ from typing import Any
 import numpy as np
 
 from xpnn.checkpoint import (
+    KEEP_CHECKPOINTS,
+    DamagedCheckpoint,
     changed_settings,
+    checkpoints,
     latest_checkpoint,
     load_checkpoint,
     refuse_other_runs,
@@ -32,6 +35,7 @@ from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.model.layout import Groups
 from xpnn.parallel.model.whole import whole_params, whole_size
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
+from xpnn.runtime import stall
 from xpnn.train.callbacks import (
     Callback,
     Checkpoints,
@@ -60,6 +64,11 @@ class TrainConfig:
     save: str | None = None
     checkpoint_dir: str | None = None
     resume: bool = False
+    keep_checkpoints: int = KEEP_CHECKPOINTS  # the newest K checkpoints stay; 0: every one
+    # seconds one wait for other ranks may last before a warning, and before the job is
+    # ended (xpnn.runtime.stall); 0 is never
+    stall_warn: float = stall.STALL_WARN_S
+    stall_abort: float = 0.0
     progress: bool = False
     parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
     extra: dict = field(default_factory=dict)  # more keys for every metrics line
@@ -69,8 +78,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Values the command line refuses in its own words are refused here too, for
-        programs that build a config themselves (a batch of 0 was a ZeroDivisionError, an
-        ``eval_batch_size`` of -5 a test accuracy of 0)."""
+        programs that build a config themselves (unchecked, a batch of 0 would be a
+        ZeroDivisionError, an ``eval_batch_size`` of -5 a test accuracy of 0)."""
         whole = {"epochs": 1, "batch_size": 1, "eval_batch_size": 1}
         for name, least in whole.items():
             value = getattr(self, name)
@@ -97,6 +106,15 @@ class TrainConfig:
                 )
         if self.resume and not self.checkpoint_dir:
             raise ValueError("TrainConfig.resume: needs a checkpoint_dir")
+        for name in ("stall_warn", "stall_abort"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"TrainConfig.{name}: must be seconds >= 0, got {value!r}")
+        if not is_int(self.keep_checkpoints) or self.keep_checkpoints < 0:
+            raise ValueError(
+                f"TrainConfig.keep_checkpoints: must be an integer >= 0, got "
+                f"{self.keep_checkpoints!r}"
+            )
 
 
 CHOICES = {  # TrainConfig's names among fixed choices
@@ -206,6 +224,7 @@ class Trainer:
             cfg.node_share,
         )
         self.optimizer = self.update.optimizer
+        stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
         self.n_params = whole_size(model)
         fault = FaultInjection.from_env()
         self.callbacks: list[Callback] = [
@@ -213,7 +232,11 @@ class Trainer:
             *([ProgressBar()] if ProgressBar.wanted(cfg.progress, self.is_root) else []),
             *([MetricsFile(cfg.metrics)] if cfg.metrics else []),
             EpochLog(self.log),
-            *([Checkpoints(cfg.checkpoint_dir)] if cfg.checkpoint_dir else []),
+            *(
+                [Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints)]
+                if cfg.checkpoint_dir
+                else []
+            ),
             *callbacks,
         ]
         # the step events go only to the callbacks that act on them: free for the others
@@ -230,6 +253,8 @@ class Trainer:
     # -- one global batch ----------------------------------------------------------------
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
         xp, model = self.xp, self.model
+        stall.injected_pause(self.comm.rank, step)
+        stall.at_step(step)
         local = shard(batch, self.data_comm.rank, self.data_comm.size)
         self.update.begin_step(len(batch))
         if len(local) == 0 and not self.update.needs_every_rank:
@@ -274,6 +299,7 @@ class Trainer:
         """Test loss and accuracy: each rank scores a contiguous part, sums are reduced."""
         xp, data = self.xp, self.data
         dc = self.data_comm
+        stall.in_phase("evaluation")
         part = np.array_split(np.arange(data.x_test.shape[0]), dc.size)[dc.rank]
         loss_sum, correct = 0.0, 0.0
         for start in range(0, len(part), self.cfg.eval_batch_size):
@@ -310,6 +336,7 @@ class Trainer:
         for epoch in range(start_epoch, cfg.epochs):
             batches = global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)
             self.backend.synchronize()
+            stall.in_phase(f"the start of epoch {epoch + 1}")
             comm.barrier()
             t0 = time.perf_counter()
             for callback in self.callbacks:
@@ -318,6 +345,7 @@ class Trainer:
             self.backend.synchronize()
             seconds = time.perf_counter() - t0
             total_seconds += seconds
+            stall.in_phase(f"the end of epoch {epoch + 1}")
             sums = self.metrics_comm.allreduce_host(
                 np.array([float(loss_acc), float(correct_acc)], dtype=np.float64)
             )
@@ -341,6 +369,7 @@ class Trainer:
                 self._diverged(epoch + 1)
         if start_epoch >= cfg.epochs:  # resumed with nothing left to train: score what we have
             test_loss, test_acc = self.evaluate()
+        stall.in_phase("the end of the run")
         whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
         digests = comm.allgather_obj(params_digest(whole))
         peak_rss = comm.allgather_obj(peak_rss_mb())
@@ -390,16 +419,25 @@ class Trainer:
         if path is None:
             self.resume_note = f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh"
             return 0
-        epoch, step, before = load_checkpoint(
-            path,
-            self.model,
-            self.optimizer,
-            self.update.restores_checkpoint,
-            seed=cfg.seed,
-            steps_per_epoch=self.steps_per_epoch,
-            dataset=self.data.name,
-            identity=self.identity(),
-        )
+        try:
+            epoch, step, before = load_checkpoint(
+                path,
+                self.model,
+                self.optimizer,
+                self.update.restores_checkpoint,
+                seed=cfg.seed,
+                steps_per_epoch=self.steps_per_epoch,
+                dataset=self.data.name,
+                identity=self.identity(),
+            )
+        except DamagedCheckpoint as exc:  # the one before it may be whole: say so
+            older = checkpoints(cfg.checkpoint_dir)[-2:-1]
+            if older:
+                raise DamagedCheckpoint(
+                    f"{exc}; the one before it, {older[0].name}, remains: move this one "
+                    "away to resume from it"
+                ) from None
+            raise
         done = f"; `epochs` {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
         changed = changed_settings(before, self.settings())
         since = f"; changed since: {', '.join(changed)}" if changed else ""

@@ -9,20 +9,23 @@ from typing import Any
 import numpy as np
 
 from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_op, is_device_array
+from xpnn.runtime import stall
 
 
 class MpiHandle:
-    """An MPI request plus a reference to its buffer, so the buffer outlives the request."""
+    """An MPI request plus a reference to its buffer, so the buffer outlives the request, and
+    what it is, for a stall warning."""
 
-    __slots__ = ("_req", "_buf")
+    __slots__ = ("_req", "_buf", "_what")
 
-    def __init__(self, req: Any, buf: Any) -> None:
+    def __init__(self, req: Any, buf: Any, what: str = "a transfer") -> None:
         self._req = req
         self._buf = buf
+        self._what = what
 
     def wait(self) -> None:
         if self._req is not None:
-            self._req.Wait()
+            stall.wait(self._req, self._what)
             self._req = None
             self._buf = None
 
@@ -101,7 +104,7 @@ class _StagedHandle:
     def wait(self) -> None:
         if self._req is None:
             return
-        self._req.Wait()
+        stall.wait(self._req, "a send" if self._dev is None else "an allreduce")
         if self._dev is None:
             self._pool.release(self._slot)
         else:
@@ -163,24 +166,24 @@ class MpiHostCommunicator(Communicator):
         # the hot path for every gradient bucket: kept to a dict lookup and a type check
         mop = self._ops.get(op) or self._mpi_op(op)
         if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
-            self._comm.Allreduce(self._in_place, buf, mop)
+            stall.wait(self._comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
         else:
             self._device_allreduce(buf, op, mop)
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
         mop = self._ops.get(op) or self._mpi_op(op)
         if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
-            return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
+            return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf, "an allreduce")
         return self._device_iallreduce(buf, op, mop)
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
         if is_device_array(buf):
             self._device_bcast(buf, root)
         else:
-            self._comm.Bcast(buf, root=root)
+            stall.wait(self._comm.Ibcast(buf, root=root), "a broadcast")
 
     def barrier(self) -> None:
-        self._comm.Barrier()
+        stall.wait(self._comm.Ibarrier(), "a barrier")
 
     # -- device buffers: staged through pinned host memory (cuda.py overrides them) --------
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
@@ -189,7 +192,7 @@ class MpiHostCommunicator(Communicator):
             return
         slot = self._pool.acquire(dev.size, dev.dtype)
         _copy_out(dev, slot)
-        self._comm.Allreduce(self._in_place, slot.host, mop)
+        stall.wait(self._comm.Iallreduce(self._in_place, slot.host, mop), "an allreduce")
         _copy_back(dev, slot, self._pool)
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
@@ -208,7 +211,7 @@ class MpiHostCommunicator(Communicator):
         slot = self._pool.acquire(dev.size, dev.dtype)
         if self.rank == root:
             _copy_out(dev, slot)
-        self._comm.Bcast(slot.host, root=root)
+        stall.wait(self._comm.Ibcast(slot.host, root=root), "a broadcast")
         if self.rank == root:
             self._pool.release(slot)
         else:
@@ -218,13 +221,14 @@ class MpiHostCommunicator(Communicator):
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
         if is_device_array(buf):
             return self._device_isend(buf, dest, tag)
-        return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
+        return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf, f"a send to rank {dest}")
 
     def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
         if is_device_array(buf):
             self._device_recv(buf, source, tag)
         else:
-            self._comm.Recv(buf, source=source, tag=tag)
+            what = f"a receive from rank {source}"
+            stall.wait(self._comm.Irecv(buf, source=source, tag=tag), what)
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
         dev = as_cupy(buf)
@@ -237,16 +241,19 @@ class MpiHostCommunicator(Communicator):
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
         dev = as_cupy(buf)
         slot = self._pool.acquire(dev.size, dev.dtype)
-        self._comm.Recv(slot.host, source=source, tag=tag)
+        what = f"a receive from rank {source}"
+        stall.wait(self._comm.Irecv(slot.host, source=source, tag=tag), what)
         _copy_back(dev, slot, self._pool)
 
     # -- small host data -------------------------------------------------------------------
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         out = self._host_values(values)
-        self._comm.Allreduce(self._in_place, out, self._mpi_op(op))
+        stall.wait(self._comm.Iallreduce(self._in_place, out, self._mpi_op(op)), "an allreduce")
         return out
 
     def allgather_obj(self, obj: Any) -> list:
+        # MPI has no non-blocking gather of objects: the barrier is where ranks wait
+        stall.wait(self._comm.Ibarrier(), "a barrier before gathering")
         return self._comm.allgather(obj)
 
     def abort(self, code: int) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 from xpnn.errors import UserError
 from xpnn.parallel.comm.mpi import MpiHostCommunicator
 from xpnn.phases import FENCES
+from xpnn.runtime import stall
 from xpnn.runtime.segments import SHM_DIR
 
 RANKS_PER_NODE_VAR = "XPNN_RANKS_PER_NODE"  # tests: pretend one machine is several nodes
@@ -170,14 +171,14 @@ class ShmCommunicator(MpiHostCommunicator):
         with FENCES:
             for win in self._windows:
                 win.Sync()
-            self.node.Barrier()
+            stall.wait(self.node.Ibarrier(), "a node barrier")
             for win in self._windows:
                 win.Sync()
 
     def cross_allreduce_(self, buf: np.ndarray) -> None:
         """Sum ``buf`` in place over the ranks with this node-local rank on every node."""
         if self.nodes > 1:
-            self.cross.Allreduce(self._in_place, buf, self._MPI.SUM)
+            stall.wait(self.cross.Iallreduce(self._in_place, buf, self._MPI.SUM), "an allreduce")
 
     def free(self) -> None:
         """Release the shared segments (their arrays must not be used afterwards)."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from xpnn.runtime import stall
+
 Array = Any
 MIN_LAYER_BUCKET = 1 << 16  # elements; a smaller layer is updated with the next one
 DEFAULT_BUCKET_MB = 25.0  # allreduce buckets, as PyTorch DDP's bucket_cap_mb
@@ -86,8 +88,9 @@ class GradientBuckets:
         if not self.active:
             return
         self.ready(0)
-        for handle in self._handles[self._waited : count]:
-            handle.wait()
+        for index in range(self._waited, min(count, len(self._handles))):
+            stall.in_bucket(index, len(self.bounds))  # said if the wait stalls
+            self._handles[index].wait()
         self._waited = max(self._waited, count)
 
     def finish(self) -> None:
