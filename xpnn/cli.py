@@ -409,6 +409,10 @@ def _say(line: str, err: bool = False) -> None:
 
 
 def train_main(args: argparse.Namespace, callbacks: Sequence[Any] = ()) -> int:
+    # NumPy is loaded while the early handler only notes a Ctrl-C: its C start-up turns one that
+    # lands mid-import into an ImportError, which run_guarded could not tell from a bad install
+    import numpy  # noqa: F401
+
     from xpnn.runtime import stall
     from xpnn.runtime.failure import (
         agree_timeout,

@@ -64,7 +64,7 @@ def test_only_the_hydra_topology_files_the_parent_holds_open(tmp_path: Path) -> 
 
 
 def test_unlink_hydra_topology_removes_what_the_parent_holds(tmp_path: Path, monkeypatch) -> None:
-    from xpnn.parallel import segments
+    from xpnn.runtime import segments
 
     real = tmp_path / "hydra_hwloc_xmlfile_x"
     real.write_text("<topology/>")
@@ -79,7 +79,7 @@ def test_unlink_hydra_topology_removes_what_the_parent_holds(tmp_path: Path, mon
 
 def test_remove_stale_takes_only_old_unused_files(tmp_path: Path, monkeypatch) -> None:
     """What an earlier job left and nobody uses goes; a file in use or just made stays."""
-    from xpnn.parallel import segments
+    from xpnn.runtime import segments
 
     shm, tmp = tmp_path / "shm", tmp_path / "tmp"
     shm.mkdir()
