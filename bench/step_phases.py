@@ -128,7 +128,7 @@ def help_parser() -> Parser:
 def instrument(timer: StepTimer) -> None:
     """Wrap the step and its phases' methods (for good: this script trains once)."""
     from xpnn import optim, train
-    from xpnn.backends import kernels
+    from xpnn.backends import cupy_kernels, kernels, numpy_kernels
     from xpnn.nn.conv import Conv2D
     from xpnn.nn.dense import Dense
     from xpnn.nn.sequential import Sequential
@@ -138,7 +138,8 @@ def instrument(timer: StepTimer) -> None:
     timer.wrap(optim.Optimizer, "update_part", "update")
     timer.wrap(shm_comm.ShmCommunicator, "fence", "fences")
     timer.wrap(Sequential, "forward", "forward")
-    for cls in (kernels.Kernels, kernels.NumpyKernels):  # neither calls the other
+    # neither calls another (CuPy's is NumPy's function, bound to its own class)
+    for cls in (kernels.Kernels, numpy_kernels.NumpyKernels, cupy_kernels.CupyKernels):
         timer.wrap(cls, "matmul_into", "wgrad")
     for cls, name in (  # products, not weight gradients
         (Dense, "forward_units"),

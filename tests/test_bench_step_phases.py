@@ -51,13 +51,14 @@ def test_the_timed_steps_run_without_automatic_garbage_collection(monkeypatch):
     import gc
 
     from xpnn import optim, train
-    from xpnn.backends import kernels
+    from xpnn.backends import cupy_kernels, kernels, numpy_kernels
     from xpnn.nn.sequential import Sequential
     from xpnn.parallel import shm_comm
 
     wrapped = [(train.Trainer, "__init__"), (optim.Optimizer, "update_part")]
     wrapped += [(shm_comm.ShmCommunicator, "fence"), (Sequential, "forward")]
-    wrapped += [(kernels.Kernels, "matmul_into"), (kernels.NumpyKernels, "matmul_into")]
+    wrapped += [(kernels.Kernels, "matmul_into"), (numpy_kernels.NumpyKernels, "matmul_into")]
+    wrapped += [(cupy_kernels.CupyKernels, "matmul_into")]
     from xpnn.nn.conv import Conv2D
     from xpnn.nn.dense import Dense
 
@@ -154,14 +155,15 @@ def test_a_conv_layers_forward_and_input_gradient_products_are_not_wgrad(monkeyp
     import step_phases
 
     from xpnn import optim, train
-    from xpnn.backends import get_backend, kernels
+    from xpnn.backends import cupy_kernels, get_backend, kernels, numpy_kernels
     from xpnn.nn import Context, Dense, Flatten, Sequential
     from xpnn.nn.conv import Conv2D
     from xpnn.parallel import shm_comm
 
     wrapped = [(train.Trainer, "step"), (optim.Optimizer, "update_part")]
     wrapped += [(shm_comm.ShmCommunicator, "fence"), (Sequential, "forward")]
-    wrapped += [(kernels.Kernels, "matmul_into"), (kernels.NumpyKernels, "matmul_into")]
+    wrapped += [(kernels.Kernels, "matmul_into"), (numpy_kernels.NumpyKernels, "matmul_into")]
+    wrapped += [(cupy_kernels.CupyKernels, "matmul_into")]
     wrapped += [(Dense, "forward_units"), (Dense, "input_grad_rows")]
     wrapped += [(Conv2D, "forward"), (Conv2D, "input_grad")]
     for cls, name in wrapped:  # put back after the test
@@ -169,14 +171,14 @@ def test_a_conv_layers_forward_and_input_gradient_products_are_not_wgrad(monkeyp
     calls = {"wgrad": 0}
     timer = step_phases.StepTimer()
     step_phases.instrument(timer)
-    matmul = kernels.NumpyKernels.matmul_into
+    matmul = numpy_kernels.NumpyKernels.matmul_into
 
     def counted(self, a, b, out):
         if not timer.muted:
             calls["wgrad"] += 1
         return matmul(self, a, b, out)
 
-    monkeypatch.setattr(kernels.NumpyKernels, "matmul_into", counted)
+    monkeypatch.setattr(numpy_kernels.NumpyKernels, "matmul_into", counted)
     backend = get_backend("numpy", "float64")
     model = Sequential([Conv2D(2, 3), Conv2D(2, 3), Flatten(), Dense(3)])
     model.build((1, 8, 8), backend, 0)

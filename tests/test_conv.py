@@ -8,7 +8,8 @@ from gradcheck import check_layer, numeric_grad
 
 from xpnn.backends import get_backend
 from xpnn.backends.base import Backend
-from xpnn.backends.kernels import Kernels, NumpyKernels
+from xpnn.backends.kernels import Kernels
+from xpnn.backends.numpy_kernels import NumpyKernels
 from xpnn.nn import Context, Dense, Flatten, ReLU, Sequential, cnn
 from xpnn.nn.conv import Conv2D
 from xpnn.nn.dropout import Dropout
