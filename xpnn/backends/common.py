@@ -4,6 +4,7 @@ its sample ids and element indices into)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 Array = Any
@@ -89,6 +90,14 @@ def dropout_base_key(seed: int, step: int, salt: int = 0) -> int:
         v = int(v) & 0xFFFFFFFFFFFFFFFF
         h = mix_host(mix_host(h, v & MASK32), v >> 32)
     return h
+
+
+def mask_rows(shape: tuple[int, ...], sample_ids: Array) -> tuple[int, int]:
+    """(N, values per sample) of a dropout mask of ``shape``: one sample id per row."""
+    n = shape[0]
+    if sample_ids.shape[0] != n:
+        raise ValueError(f"{sample_ids.shape[0]} sample ids for a batch of {n}")
+    return n, math.prod(shape[1:])
 
 
 def dropout_threshold(p: float) -> int:

@@ -12,8 +12,14 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends import cupy_conv as conv
-from xpnn.backends.common import conv_out_hw, conv_out_size, dropout_base_key, dropout_threshold
-from xpnn.backends.kernels import Array, Kernels, OutHW
+from xpnn.backends.common import (
+    conv_out_hw,
+    conv_out_size,
+    dropout_base_key,
+    dropout_threshold,
+    mask_rows,
+)
+from xpnn.backends.kernels import Kernels
 from xpnn.backends.numpy_kernels import NumpyKernels
 
 _ACT_EXPR = {
@@ -146,16 +152,14 @@ class CupyKernels(Kernels):
     conv_output = NumpyKernels.conv_output
     conv_output_grad = NumpyKernels.conv_output_grad
 
-    def bias_act(self, z: Array, b: Array, act: str) -> Array:
+    def bias_act(self, z, b, act):
         return _bias_act_kernel(act)(b, b.shape[0], z)
 
-    def bias_act_backward(self, dy: Array, y: Array, act: str) -> tuple[Array, Array]:
+    def bias_act_backward(self, dy, y, act):
         dz = _act_grad_kernel(act)(y, dy)
         return dz, dz.sum(axis=0)
 
-    def softmax_cross_entropy(
-        self, logits: Array, labels: Array, scale: float
-    ) -> tuple[Array, Array]:
+    def softmax_cross_entropy(self, logits, labels, scale):
         self.check_labels(logits, labels)  # shape and dtype; the range is checked in the kernel
         cp = self.xp
         z = cp.ascontiguousarray(logits)
@@ -170,11 +174,11 @@ class CupyKernels(Kernels):
         fn((n,), (128,), (z, labels, grad, loss, cp.int32(n), cp.int32(k), z.dtype.type(scale)))
         return loss, grad
 
-    def momentum_update(self, p: Array, g: Array, v: Array, lr: float, mu: float) -> None:
+    def momentum_update(self, p, g, v, lr, mu):
         t = p.dtype.type
         _momentum_kernel()(g, t(lr), t(mu), t(np.finfo(p.dtype).smallest_normal), p, v)
 
-    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step) -> None:  # noqa: ANN001
+    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step):
         t = p.dtype.type
         c1, c2 = 1 - beta1**step, 1 - beta2**step
         scalars = (t(lr / c1), t(beta1), t(beta2), t(eps), t(c2))
@@ -186,16 +190,7 @@ class CupyKernels(Kernels):
         oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
         return oh, ow, (*_i32(c, h, w, kh, kw, stride, padding, oh, ow), np.int64(n * oh * ow))
 
-    def im2col(
-        self,
-        x: Array,
-        kh: int,
-        kw: int,
-        stride: int,
-        padding: int,
-        out: Array | None = None,
-        out_hw: OutHW = None,
-    ) -> Array:
+    def im2col(self, x, kh, kw, stride, padding, out=None, out_hw=None):
         cp = self.xp
         x = cp.ascontiguousarray(x)
         n, c = x.shape[:2]
@@ -205,23 +200,14 @@ class CupyKernels(Kernels):
         conv.im2col_kernel()(x, *geom, out)
         return out
 
-    def col2im(
-        self,
-        cols: Array,
-        x_shape: tuple[int, ...],
-        kh: int,
-        kw: int,
-        stride: int,
-        padding: int,
-        out_hw: OutHW = None,
-    ) -> Array:
+    def col2im(self, cols, x_shape, kh, kw, stride, padding, out_hw=None):
         cp = self.xp
         _, _, geom = self._geometry(x_shape, kh, kw, stride, padding, out_hw)
         dx = cp.empty(tuple(x_shape), dtype=cols.dtype)
         conv.col2im_kernel()(cp.ascontiguousarray(cols), *geom, dx)
         return dx
 
-    def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
+    def maxpool2d_forward(self, x, size, stride):
         cp = self.xp
         x = cp.ascontiguousarray(x)
         n, c, h, w = x.shape
@@ -231,9 +217,7 @@ class CupyKernels(Kernels):
         conv.maxpool_forward_kernel()(x, *_i32(h, w, oh, ow, size, stride), y, idx)
         return y, idx
 
-    def maxpool2d_backward(
-        self, dy: Array, idx: Array, x_shape: tuple[int, ...], size: int, stride: int
-    ) -> Array:
+    def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
         cp = self.xp
         n, c, h, w = x_shape
         oh, ow = dy.shape[2], dy.shape[3]
@@ -246,25 +230,11 @@ class CupyKernels(Kernels):
         )
         return dx
 
-    def dropout_mask(
-        self,
-        shape: tuple[int, ...],
-        p: float,
-        seed: int,
-        step: int,
-        sample_ids: Array,
-        dtype: Any,
-        salt: int = 0,
-    ) -> Array:
+    def dropout_mask(self, shape, p, seed, step, sample_ids, dtype, salt=0):
         cp = self.xp
-        n = shape[0]
         ids = cp.ascontiguousarray(cp.asarray(sample_ids), dtype=cp.int64)
-        if ids.shape[0] != n:
-            raise ValueError(f"{ids.shape[0]} sample ids for a batch of {n}")
+        _, f = mask_rows(shape, ids)
         dtype = np.dtype(dtype)
-        f = 1
-        for s in shape[1:]:
-            f *= s
         mask = cp.empty(tuple(shape), dtype=dtype)
         if mask.size:
             conv.dropout_kernel()(

@@ -3,9 +3,9 @@
 Each public method of ``Kernels`` is one kernel, and its body here is the reference: it uses
 only array-API operations, so it runs on NumPy, CuPy and array-api-strict alike, the proof
 that the math is portable. A backend has one class that derives from ``Kernels`` (Numba's from
-NumPy's, whose arrays it computes on) and overrides only the kernels it makes faster, with
-the same signatures (``tests/test_kernels_protocol.py``). Every kernel takes and returns arrays
-of the backend; none of them synchronises or copies to the host.
+NumPy's, whose arrays it computes on) and overrides only the kernels it makes faster, with the
+same parameters (``tests/test_kernels_protocol.py``); the types are the ones written here.
+Every kernel takes and returns arrays of the backend; none synchronises or copies to the host.
 
 Layouts, the same on every backend so that the layers never branch:
 
@@ -51,6 +51,7 @@ from xpnn.backends.common import (
     dropout_base_key,
     dropout_threshold,
     dtype_is,
+    mask_rows,
     window,
 )
 
@@ -236,6 +237,15 @@ class Kernels:
             pi -= (lr / c1) * (mi / (self.xp.sqrt(vi / c2) + eps))
 
     # -- convolution ----------------------------------------------------------------------
+    def _padded(self, x: Array, padding: int) -> Array:
+        """``x`` (N, C, H, W) with ``padding`` zeros around each image."""
+        if not padding:
+            return x
+        n, c, h, w = x.shape
+        xpad = self.xp.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=x.dtype)
+        xpad[:, :, padding : padding + h, padding : padding + w] = x
+        return xpad
+
     def im2col(
         self,
         x: Array,
@@ -250,11 +260,7 @@ class Kernels:
         xp = self.xp
         n, c, h, w = x.shape
         oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
-        if padding:
-            xpad = xp.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=x.dtype)
-            xpad[:, :, padding : padding + h, padding : padding + w] = x
-        else:
-            xpad = x
+        xpad = self._padded(x, padding)
         parts = [
             xpad[:, :, window(i, oh, stride), window(j, ow, stride)]
             for i in range(kh)
@@ -371,12 +377,7 @@ class Kernels:
     ) -> Array:
         """(N, ...) mask of 0 and 1/(1-p); sample n's part depends only on its id (see top)."""
         xp = self.xp
-        n = shape[0]
-        f = 1
-        for s in shape[1:]:
-            f *= s
-        if sample_ids.shape[0] != n:
-            raise ValueError(f"{sample_ids.shape[0]} sample ids for a batch of {n}")
+        n, f = mask_rows(shape, sample_ids)
         keys = self._sample_keys(dropout_base_key(seed, step, salt), sample_ids)
         elems = self._fmix32(xp.arange(f, dtype=xp.uint32) + GOLDEN)
         h = self._fmix32(xp.reshape(keys, (n, 1)) ^ xp.reshape(elems, (1, f)))

@@ -24,15 +24,19 @@ import os
 import types
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-from typing import Any
 
 import numba as nb
 import numpy as np
 from numba import prange
 
 from xpnn.backends import numba_conv as conv
-from xpnn.backends.common import conv_out_hw, conv_out_size, dropout_base_key, dropout_threshold
-from xpnn.backends.kernels import Array, OutHW
+from xpnn.backends.common import (
+    conv_out_hw,
+    conv_out_size,
+    dropout_base_key,
+    dropout_threshold,
+    mask_rows,
+)
 from xpnn.backends.numba_jit import ACT_CODE, JIT, apply_act, apply_act_grad
 from xpnn.backends.numpy_kernels import NumpyKernels
 
@@ -173,50 +177,37 @@ def _tasks(n: int, c: int) -> int:
 class NumbaKernels(NumpyKernels):
     """NumPy's kernels with the memory-bound ones replaced by fused, threaded Numba loops."""
 
-    def bias_act(self, z: Array, b: Array, act: str) -> Array:
+    def bias_act(self, z, b, act):
         return _bias_act(z, b, ACT_CODE[act])
 
-    def bias_act_backward(self, dy: Array, y: Array, act: str) -> tuple[Array, Array]:
+    def bias_act_backward(self, dy, y, act):
         chunks = max(1, min(nb.get_num_threads(), dy.shape[0]))
         return _bias_act_backward(dy, y, ACT_CODE[act], chunks)
 
-    def softmax_cross_entropy(
-        self, logits: Array, labels: Array, scale: float
-    ) -> tuple[Array, Array]:
-        # the kernel indexes by label unchecked: one outside [0, K) reads and writes outside
-        # the arrays (a wrong gradient, or a segfault); checked here (NumpyKernels)
+    def softmax_cross_entropy(self, logits, labels, scale):
         self.check_labels(logits, labels)
         loss, grad = _softmax_xent(logits, labels, logits.dtype.type(scale))
         return np.asarray(loss), grad
 
     # -- optimizer updates ------------------------------------------------------------------
-    def sum_rows(self, rows: tuple[Array, ...], out: Array) -> Array:
+    def sum_rows(self, rows, out):
         return _sum_rows(out, tuple(rows))
 
-    def sgd_update(self, p: Array, g: Array, lr: float) -> None:
+    def sgd_update(self, p, g, lr):
         _sgd(p, g, p.dtype.type(lr))
 
-    def momentum_update(self, p: Array, g: Array, v: Array, lr: float, mu: float) -> None:
+    def momentum_update(self, p, g, v, lr, mu):
         t = p.dtype.type
         _momentum(p, g, v, t(lr), t(mu), np.finfo(p.dtype).smallest_normal)
 
-    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step) -> None:  # noqa: ANN001
+    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step):
         t = p.dtype.type
         c1, c2 = 1 - beta1**step, 1 - beta2**step
         scalars = (t(lr / c1), t(beta1), t(beta2), t(1 - beta1), t(1 - beta2), t(eps), t(c2))
         _adam(p, g, m, v, *scalars, np.finfo(p.dtype).smallest_normal)
 
     # -- convolution, pooling and dropout ---------------------------------------------------
-    def im2col(
-        self,
-        x: Array,
-        kh: int,
-        kw: int,
-        stride: int,
-        padding: int,
-        out: Array | None = None,
-        out_hw: OutHW = None,
-    ) -> Array:
+    def im2col(self, x, kh, kw, stride, padding, out=None, out_hw=None):
         x = np.ascontiguousarray(x)
         n, c = x.shape[:2]
         oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
@@ -224,33 +215,20 @@ class NumbaKernels(NumpyKernels):
             out = np.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
         return conv.im2col(x, kh, kw, stride, padding, oh, ow, out, _tasks(n, c))
 
-    def col2im(
-        self,
-        cols: Array,
-        x_shape: tuple[int, ...],
-        kh: int,
-        kw: int,
-        stride: int,
-        padding: int,
-        out_hw: OutHW = None,
-    ) -> Array:
+    def col2im(self, cols, x_shape, kh, kw, stride, padding, out_hw=None):
         n, c = x_shape[:2]
         oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
         dx = np.empty(tuple(x_shape), dtype=cols.dtype)
         cols = np.ascontiguousarray(cols)
         return conv.col2im(cols, dx, kh, kw, stride, padding, oh, ow, _tasks(n, c))
 
-    def conv_output(
-        self, yc: Array, b: Array, shape: tuple[int, ...], act: str = "identity"
-    ) -> Array:
+    def conv_output(self, yc, b, shape, act="identity"):
         n, c, oh, ow = shape
         y = np.empty((n, c, oh * ow), dtype=yc.dtype)
         conv.conv_output(np.ascontiguousarray(yc), b, y, ACT_CODE[act])
         return y.reshape(shape)
 
-    def conv_output_grad(
-        self, dy: Array, out: Array | None = None, y: Array | None = None, act: str = "identity"
-    ) -> tuple[Array, Array]:
+    def conv_output_grad(self, dy, out=None, y=None, act="identity"):
         n, c, oh, ow = dy.shape
         if out is None:
             out = np.empty((c, n * oh * ow), dtype=dy.dtype)
@@ -259,7 +237,7 @@ class NumbaKernels(NumpyKernels):
         conv.conv_output_grad(dy3, y3, out, ACT_CODE[act])
         return out, out.sum(axis=1)
 
-    def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
+    def maxpool2d_forward(self, x, size, stride):
         x = np.ascontiguousarray(x)
         n, c, h, w = x.shape
         oh, ow = conv_out_size(h, size, stride, 0), conv_out_size(w, size, stride, 0)
@@ -269,31 +247,17 @@ class NumbaKernels(NumpyKernels):
             return conv.maxpool2x2(x, y, idx)
         return conv.maxpool_forward(x, size, stride, y, idx)
 
-    def maxpool2d_backward(
-        self, dy: Array, idx: Array, x_shape: tuple[int, ...], size: int, stride: int
-    ) -> Array:
+    def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
         dx = np.empty(tuple(x_shape), dtype=dy.dtype)
         dy = np.ascontiguousarray(dy)
         if size == 2 and stride == 2:
             return conv.maxpool2x2_backward(dy, np.ascontiguousarray(idx), dx)
         return conv.maxpool_backward(dy, idx, size, stride, dx)
 
-    def dropout_mask(
-        self,
-        shape: tuple[int, ...],
-        p: float,
-        seed: int,
-        step: int,
-        sample_ids: Array,
-        dtype: Any,
-        salt: int = 0,
-    ) -> Array:
-        n = shape[0]
+    def dropout_mask(self, shape, p, seed, step, sample_ids, dtype, salt=0):
         ids = np.ascontiguousarray(sample_ids, dtype=np.int64)
-        if ids.shape[0] != n:
-            raise ValueError(f"{ids.shape[0]} sample ids for a batch of {n}")
         dtype = np.dtype(dtype)
-        out = np.empty((n, math.prod(shape[1:])), dtype=dtype)
+        out = np.empty(mask_rows(shape, ids), dtype=dtype)
         base = np.uint64(dropout_base_key(seed, step, salt))
         threshold = np.uint64(dropout_threshold(p))
         conv.dropout_mask(ids, base, threshold, dtype.type(1.0 / (1.0 - p)), out)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends.common import check_label_values, conv_out_hw, conv_out_size, window
-from xpnn.backends.kernels import Array, Kernels, OutHW
+from xpnn.backends.kernels import Array, Kernels
 
 
 @cache
@@ -38,7 +38,7 @@ class NumpyKernels(Kernels):
     # 2.8 ms at 2**18; 2**12 pays Python per call (5.8 ms)
     CHUNK = 1 << 16
 
-    def matmul_into(self, a: Array, b: Array, out: Array) -> Array:
+    def matmul_into(self, a, b, out):
         return self.xp.matmul(a, b, out=out)
 
     def _activate_in_place(self, z: Array, act: str) -> Array:
@@ -49,25 +49,25 @@ class NumpyKernels(Kernels):
             return self.xp.tanh(z, out=z)
         return self.activation(z, act)
 
-    def bias_act(self, z: Array, b: Array, act: str) -> Array:
+    def bias_act(self, z, b, act):
         z += b
         return self._activate_in_place(z, act)
 
-    def one_hot(self, labels: Array, num_classes: int, dtype: Any) -> Array:
+    def one_hot(self, labels, num_classes, dtype):
         out = self.xp.zeros((labels.shape[0], num_classes), dtype=dtype)
         out[self.xp.arange(labels.shape[0]), labels] = 1
         return out
 
-    def pick(self, logits: Array, labels: Array) -> Array:
+    def pick(self, logits, labels):
         return logits[self.xp.arange(labels.shape[0]), labels]
 
-    def check_labels(self, logits: Array, labels: Array) -> None:
+    def check_labels(self, logits, labels):
         """Labels on the host: a pass over the N labels is cheap there (on a GPU it would wait
         for the device), and the kernels that index by label must not read outside."""
         super().check_labels(logits, labels)
         check_label_values(labels, logits.shape[1])
 
-    def sum_rows(self, rows: tuple[Array, ...], out: Array) -> Array:
+    def sum_rows(self, rows, out):
         if len(rows) == 1:
             out[...] = rows[0]
             return out
@@ -76,7 +76,7 @@ class NumpyKernels(Kernels):
             out += row
         return out
 
-    def flush_subnormal(self, x: Array) -> None:
+    def flush_subnormal(self, x):
         """Without a branch: a value whose exponent bits are all 0 (zero or subnormal) is
         multiplied, as an integer, by 0. (``copyto(x, 0, where=abs(x) < tiny)`` gave the same
         bits 4x slower in training, where the zeros are scattered and every other element
@@ -85,23 +85,10 @@ class NumpyKernels(Kernels):
         np.multiply(bits, (bits & _exponent_bits(x.dtype)) != 0, out=bits)
 
     # -- convolution and pooling -----------------------------------------------------------
-    def im2col(
-        self,
-        x: Array,
-        kh: int,
-        kw: int,
-        stride: int,
-        padding: int,
-        out: Array | None = None,
-        out_hw: OutHW = None,
-    ) -> Array:
-        n, c, h, w = x.shape
+    def im2col(self, x, kh, kw, stride, padding, out=None, out_hw=None):
+        n, c = x.shape[:2]
         oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
-        if padding:
-            xpad = np.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=x.dtype)
-            xpad[:, :, padding : padding + h, padding : padding + w] = x
-        else:
-            xpad = x
+        xpad = self._padded(x, padding)
         sn, sc, sh, sw = xpad.strides
         view = np.lib.stride_tricks.as_strided(
             xpad,
@@ -113,16 +100,7 @@ class NumpyKernels(Kernels):
         out.reshape(c, kh, kw, n, oh, ow)[...] = view
         return out
 
-    def col2im(
-        self,
-        cols: Array,
-        x_shape: tuple[int, ...],
-        kh: int,
-        kw: int,
-        stride: int,
-        padding: int,
-        out_hw: OutHW = None,
-    ) -> Array:
+    def col2im(self, cols, x_shape, kh, kw, stride, padding, out_hw=None):
         n, c, h, w = x_shape
         oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
         d = cols.reshape(c, kh, kw, n, oh, ow)
@@ -135,17 +113,13 @@ class NumpyKernels(Kernels):
         dx[...] = acc[:, :, padding : padding + h, padding : padding + w].transpose(1, 0, 2, 3)
         return dx
 
-    def conv_output(
-        self, yc: Array, b: Array, shape: tuple[int, ...], act: str = "identity"
-    ) -> Array:
+    def conv_output(self, yc, b, shape, act="identity"):
         n, c, oh, ow = shape
         y = self.xp.empty(shape, dtype=yc.dtype)
         self.xp.add(yc.reshape(c, n, oh, ow).transpose(1, 0, 2, 3), b.reshape(1, c, 1, 1), out=y)
         return self._activate_in_place(y, act)
 
-    def conv_output_grad(
-        self, dy: Array, out: Array | None = None, y: Array | None = None, act: str = "identity"
-    ) -> tuple[Array, Array]:
+    def conv_output_grad(self, dy, out=None, y=None, act="identity"):
         if act != "identity":
             dy = self.activation_grad(dy, y, act)
         n, c, oh, ow = dy.shape
@@ -154,7 +128,7 @@ class NumpyKernels(Kernels):
         out.reshape(c, n, oh * ow)[...] = dy.reshape(n, c, oh * ow).transpose(1, 0, 2)
         return out, out.sum(axis=1)
 
-    def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
+    def maxpool2d_forward(self, x, size, stride):
         n, c, h, w = x.shape
         oh, ow = conv_out_size(h, size, stride, 0), conv_out_size(w, size, stride, 0)
         if stride == size:
@@ -192,9 +166,7 @@ class NumpyKernels(Kernels):
         y = np.take_along_axis(win, idx[..., None], axis=-1)[..., 0]
         return y, idx
 
-    def maxpool2d_backward(
-        self, dy: Array, idx: Array, x_shape: tuple[int, ...], size: int, stride: int
-    ) -> Array:
+    def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
         oh, ow = dy.shape[2:]
         dx = np.zeros(tuple(x_shape), dtype=dy.dtype)
         for i in range(size):
