@@ -95,17 +95,18 @@ def test_gradient_rows_are_summed_as_the_update_reads_them(name, n):
 @pytest.mark.parametrize("rows", [1, 2, 3])
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
 def test_numpy_chunked_updates_give_the_bits_of_the_whole_buffer_formula(name, rows):
-    """NumPy's updates run a chunk at a time (``HostKernels``); over several chunks and a ragged
+    """NumPy's updates run a chunk at a time (``NumpyKernels``); over several chunks and a ragged
     last one, with gradient rows summed as they are read, every value matches the array-API
     formula over whole buffers exactly."""
-    from xpnn.backends.kernels import HostKernels, Kernels
+    from xpnn.backends.kernels import Kernels
+    from xpnn.backends.numpy_kernels import NumpyKernels
 
-    n = 2 * HostKernels.CHUNK + 123
+    n = 2 * NumpyKernels.CHUNK + 123
     rng = np.random.default_rng(7)
     grads = tuple(rng.standard_normal(n).astype(np.float32) for _ in range(rows))
     grads = grads if rows > 1 else grads[0]
     results = []
-    for kernels in (Kernels(np), HostKernels(np)):
+    for kernels in (Kernels(np), NumpyKernels(np)):
         p = np.linspace(-1, 1, n, dtype=np.float32)
         opt = make_optimizer(name, p, grads, kernels, Schedule(0.01))
         for _ in range(3):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from xpnn.backends.kernels import dtype_is
+from xpnn.backends.common import dtype_is
 from xpnn.errors import UserError
 from xpnn.nn.layer import is_int
 from xpnn.phases import UPDATE
@@ -90,11 +90,12 @@ class Optimizer:
     """Base: holds the flat parameters/gradients, a schedule and named flat state buffers.
 
     ``grads`` is the flat gradient buffer, or a tuple of them whose sum is the gradient (ranks
-    that share one copy of the parameters each write one; the update sums them as it reads
-    them). ``parts`` (slices of the flat buffers, default: all of it) are what this optimizer
-    updates, each with ``update_part`` as soon as its gradients are final, as a rank does when
-    ranks share the update (``parallel.update.node_shared``). ``zeros(shape, dtype)`` allocates the
-    state buffers, which always cover the whole model so that a checkpoint reads them whole.
+    that share one copy of the parameters each write one): each part's rows are then added
+    (``Kernels.sum_rows``) into scratch that the update reads. ``parts`` (slices of the flat
+    buffers, default: all of it) are what this optimizer updates, each with ``update_part`` as
+    soon as its gradients are final, as a rank does when ranks share the update
+    (``parallel.update.node_shared``). ``zeros(shape, dtype)`` allocates the state buffers, which
+    always cover the whole model so that a checkpoint reads them whole.
     """
 
     state_names: tuple[str, ...] = ()
@@ -124,6 +125,8 @@ class Optimizer:
             )
             for part in self.parts
         ]
+        longest = max((p.shape[0] for p, _, _ in self._views), default=0)
+        self._summed = kernels.xp.empty((longest,), dtype=params.dtype) if len(rows) > 1 else None
 
     def start_step(self) -> float:
         """Advance to the next step; returns (and keeps, for ``update_part``) its learning
@@ -136,6 +139,8 @@ class Optimizer:
         """Update ``parts[index]`` with the current gradients at this step's learning rate."""
         p, g, state = self._views[index]
         with UPDATE:
+            if isinstance(g, tuple):
+                g = self.kernels.sum_rows(g, self._summed[: p.shape[0]])
             self.update(p, g, state, self.lr)
 
     def step(self) -> float:
@@ -145,7 +150,7 @@ class Optimizer:
             self.update_part(index)
         return lr
 
-    def update(self, p: Array, g: Any, state: dict[str, Array], lr: float) -> None:
+    def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
         raise NotImplementedError
 
 
@@ -177,7 +182,7 @@ def _check_rate(owner: str, name: str, value: float) -> float:
 class SGD(Optimizer):
     """Plain (mini-batch, or with the whole data set as one batch, full) gradient descent."""
 
-    def update(self, p: Array, g: Any, state: dict[str, Array], lr: float) -> None:
+    def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
         self.kernels.sgd_update(p, g, lr)
 
 
@@ -188,7 +193,7 @@ class Momentum(Optimizer):
         self.mu = _check_rate("Momentum", "mu", mu)
         super().__init__(*args)
 
-    def update(self, p: Array, g: Any, state: dict[str, Array], lr: float) -> None:
+    def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
         self.kernels.momentum_update(p, g, state["velocity"], lr, self.mu)
 
 
@@ -205,7 +210,7 @@ class Adam(Optimizer):
         self.eps = float(eps)
         super().__init__(*args)
 
-    def update(self, p: Array, g: Any, state: dict[str, Array], lr: float) -> None:
+    def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
         self.kernels.adam_update(
             p, g, state["m"], state["v"], lr, self.beta1, self.beta2, self.eps, self.step_count
         )

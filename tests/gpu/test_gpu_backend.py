@@ -146,7 +146,7 @@ def test_every_supported_comm_gives_the_same_parameters(tmp_path):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
 def test_cupy_update_of_a_gradient_in_parts_equals_numpy(optimizer):
-    """An optimizer handed its gradient as a tuple of parts (``Kernels.summed``) updates as
+    """An optimizer handed its gradient as a tuple of parts (``Kernels.sum_rows``) updates as
     NumPy does with the parts added up."""
     rng = np.random.default_rng(5)
     p0, g1, g2 = (rng.standard_normal(1000) for _ in range(3))

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 cp = cupy_or_skip()
 
 from xpnn.backends import get_backend  # noqa: E402
-from xpnn.backends.kernels import NumpyKernels  # noqa: E402
+from xpnn.backends.numpy_kernels import NumpyKernels  # noqa: E402
 from xpnn.nn import Context, Sequential, cnn  # noqa: E402
 from xpnn.nn.conv import Conv2D  # noqa: E402
 from xpnn.nn.dropout import Dropout  # noqa: E402

@@ -67,6 +67,6 @@ class NumpyBackend(Backend):
     name = "numpy"
 
     def __init__(self, dtype: str = "float32") -> None:
-        from xpnn.backends.kernels import HostKernels
+        from xpnn.backends.numpy_kernels import NumpyKernels
 
-        super().__init__(np, HostKernels(np), dtype)
+        super().__init__(np, NumpyKernels(np), dtype)

@@ -1,12 +1,12 @@
-"""CuPy convolution, pooling and dropout kernels: one CUDA thread per output element.
+"""The CUDA kernels behind ``CupyKernels``' convolution, pooling and dropout: one CUDA
+thread per output element, with the layouts and results of ``Kernels`` (see its module).
 
-Same layouts and results as ``conv_kernels`` (see its docstring). im2col is a gather per
-column entry; col2im and the max-pool backward are *gathers* per input element too (each thread
-sums the few entries that touch its pixel, in the same (i, j) order as the NumPy version), so
-there are no atomics and results are deterministic. The dropout hash is the same uint32
-arithmetic as everywhere else, so masks are bit-identical to NumPy's and Numba's.
-``conv_output`` / ``conv_output_grad`` (a block transpose, a bias add and a row sum) keep the
-NumPy-API versions, which CuPy runs as single elementwise/reduction kernels already.
+im2col is a gather per column entry; col2im and the max-pool backward are *gathers* per input
+element too (each thread sums the few entries that touch its pixel, in the same (i, j) order
+as the NumPy version), so there are no atomics and results are deterministic. The dropout hash
+is the same uint32 arithmetic as everywhere else, so masks are bit-identical to NumPy's and
+Numba's. ``conv_output`` / ``conv_output_grad`` (a block transpose, a bias add and a row sum)
+keep the NumPy-API versions, which CuPy runs as single elementwise/reduction kernels already.
 
 Kernels are built lazily on first use, so importing this module costs nothing without a GPU.
 """
@@ -16,12 +16,6 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-import numpy as np
-
-from xpnn.backends.conv_kernels import conv_out_hw, dropout_base_key, dropout_threshold
-from xpnn.backends.kernels import NumpyKernels
-
-Array = Any
 _GEOMETRY = (
     "int32 c, int32 h, int32 w, int32 kh, int32 kw, int32 stride, int32 pad, "
     "int32 oh, int32 ow, int64 ncols"
@@ -29,7 +23,7 @@ _GEOMETRY = (
 
 
 @cache
-def _im2col_kernel() -> Any:
+def im2col_kernel() -> Any:
     import cupy as cp
 
     return cp.ElementwiseKernel(
@@ -54,7 +48,7 @@ def _im2col_kernel() -> Any:
 
 
 @cache
-def _col2im_kernel() -> Any:
+def col2im_kernel() -> Any:
     import cupy as cp
 
     return cp.ElementwiseKernel(
@@ -90,7 +84,7 @@ def _col2im_kernel() -> Any:
 
 
 @cache
-def _maxpool_forward_kernel() -> Any:
+def maxpool_forward_kernel() -> Any:
     import cupy as cp
 
     return cp.ElementwiseKernel(
@@ -120,7 +114,7 @@ def _maxpool_forward_kernel() -> Any:
 
 
 @cache
-def _maxpool_backward_kernel() -> Any:
+def maxpool_backward_kernel() -> Any:
     import cupy as cp
 
     return cp.ElementwiseKernel(
@@ -163,7 +157,7 @@ __device__ __forceinline__ unsigned int xpnn_fmix32(unsigned int h) {
 
 
 @cache
-def _dropout_kernel() -> Any:
+def dropout_kernel() -> Any:
     import cupy as cp
 
     return cp.ElementwiseKernel(
@@ -183,110 +177,3 @@ def _dropout_kernel() -> Any:
         "xpnn_dropout_mask",
         preamble=_FMIX32,
     )
-
-
-def _i32(v: int) -> np.int32:
-    return np.int32(v)
-
-
-class CupyConvKernels(NumpyKernels):
-    """CuPy overrides: im2col, col2im, max-pool forward/backward and the dropout mask."""
-
-    def _geometry(self, x_shape, kh, kw, stride, padding, out_hw):  # noqa: ANN001, ANN202
-        n, c, h, w = x_shape
-        oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
-        args = (c, h, w, kh, kw, stride, padding, oh, ow)
-        return oh, ow, (*(_i32(a) for a in args), np.int64(n * oh * ow))
-
-    def im2col(
-        self,
-        x: Array,
-        kh: int,
-        kw: int,
-        stride: int,
-        padding: int,
-        out: Array | None = None,
-        out_hw: tuple[int, int] | None = None,
-    ) -> Array:
-        cp = self.xp
-        x = cp.ascontiguousarray(x)
-        n, c = x.shape[:2]
-        oh, ow, geom = self._geometry(x.shape, kh, kw, stride, padding, out_hw)
-        if out is None:
-            out = cp.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
-        _im2col_kernel()(x, *geom, out)
-        return out
-
-    def col2im(
-        self,
-        cols: Array,
-        x_shape: tuple[int, ...],
-        kh: int,
-        kw: int,
-        stride: int,
-        padding: int,
-        out_hw: tuple[int, int] | None = None,
-    ) -> Array:
-        cp = self.xp
-        _, _, geom = self._geometry(x_shape, kh, kw, stride, padding, out_hw)
-        dx = cp.empty(tuple(x_shape), dtype=cols.dtype)
-        _col2im_kernel()(cp.ascontiguousarray(cols), *geom, dx)
-        return dx
-
-    def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
-        cp = self.xp
-        x = cp.ascontiguousarray(x)
-        n, c, h, w = x.shape
-        oh, ow = (h - size) // stride + 1, (w - size) // stride + 1
-        y = cp.empty((n, c, oh, ow), dtype=x.dtype)
-        idx = cp.empty((n, c, oh, ow), dtype=cp.int32)
-        args = (h, w, oh, ow, size, stride)
-        _maxpool_forward_kernel()(x, *(_i32(a) for a in args), y, idx)
-        return y, idx
-
-    def maxpool2d_backward(
-        self, dy: Array, idx: Array, x_shape: tuple[int, ...], size: int, stride: int
-    ) -> Array:
-        cp = self.xp
-        n, c, h, w = x_shape
-        oh, ow = dy.shape[2], dy.shape[3]
-        dx = cp.empty(tuple(x_shape), dtype=dy.dtype)
-        args = (h, w, oh, ow, size, stride)
-        _maxpool_backward_kernel()(
-            cp.ascontiguousarray(dy),
-            cp.ascontiguousarray(idx, dtype=cp.int32),
-            *(_i32(a) for a in args),
-            dx,
-        )
-        return dx
-
-    def dropout_mask(
-        self,
-        shape: tuple[int, ...],
-        p: float,
-        seed: int,
-        step: int,
-        sample_ids: Array,
-        dtype: Any,
-        salt: int = 0,
-    ) -> Array:
-        cp = self.xp
-        n = shape[0]
-        ids = cp.ascontiguousarray(cp.asarray(sample_ids), dtype=cp.int64)
-        if ids.shape[0] != n:
-            raise ValueError(f"{ids.shape[0]} sample ids for a batch of {n}")
-        dtype = np.dtype(dtype)
-        f = 1
-        for s in shape[1:]:
-            f *= s
-        mask = cp.empty(tuple(shape), dtype=dtype)
-        if mask.size:
-            _dropout_kernel()(
-                ids,
-                np.uint32(dropout_base_key(seed, step, salt)),
-                np.uint32(dropout_threshold(p)),
-                dtype.type(1.0 / (1.0 - p)),
-                np.int64(f),
-                mask,
-            )
-        return mask

@@ -9,9 +9,19 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from xpnn.backends.cupy_conv import CupyConvKernels
+import numpy as np
 
-Array = Any
+from xpnn.backends import cupy_conv as conv
+from xpnn.backends.common import (
+    conv_out_hw,
+    conv_out_size,
+    dropout_base_key,
+    dropout_threshold,
+    mask_rows,
+)
+from xpnn.backends.kernels import Kernels
+from xpnn.backends.numpy_kernels import NumpyKernels
+
 _ACT_EXPR = {
     "identity": "v",
     "relu": "(v <= 0 ? (T)0 : v)",  # NaN stays NaN, as on NumPy
@@ -91,17 +101,24 @@ def _softmax_xent_kernel() -> Any:
     )
 
 
+# The optimizer updates with the subnormal policy of every backend (``kernels`` module):
+# state below the smallest normal number is 0, NaN and infinity are kept.
+_FLUSH = "(x < tiny && x > -tiny) ? (T)0 : x"
+
+
 @cache
 def _adam_kernel() -> Any:
     import cupy as cp
 
     return cp.ElementwiseKernel(
-        "T g, T lr_c1, T beta1, T beta2, T eps, T c2",
+        "T g, T lr_c1, T beta1, T beta2, T eps, T c2, T tiny",
         "T p, T m, T v",
-        """
-        m = beta1 * m + ((T)1 - beta1) * g;
-        v = beta2 * v + ((T)1 - beta2) * g * g;
-        p -= lr_c1 * m / (sqrt(v / c2) + eps);
+        f"""
+        T x = beta1 * m + ((T)1 - beta1) * g;
+        m = {_FLUSH};
+        x = beta2 * v + ((T)1 - beta2) * (g * g);
+        v = {_FLUSH};
+        p -= lr_c1 * (m / (sqrt(v / c2) + eps));
         """,
         "xpnn_adam",
     )
@@ -112,23 +129,37 @@ def _momentum_kernel() -> Any:
     import cupy as cp
 
     return cp.ElementwiseKernel(
-        "T g, T lr, T mu", "T p, T v", "v = mu * v + g; p -= lr * v;", "xpnn_momentum"
+        "T g, T lr, T mu, T tiny",
+        "T p, T v",
+        f"T x = mu * v + g; v = {_FLUSH}; p -= lr * v;",
+        "xpnn_momentum",
     )
 
 
-class CupyKernels(CupyConvKernels):
-    """NumPy-API kernels on CuPy arrays, with the hot ones fused into CUDA kernels."""
+def _i32(*values: int) -> tuple[np.int32, ...]:
+    return tuple(np.int32(v) for v in values)
 
-    def bias_act(self, z: Array, b: Array, act: str) -> Array:
+
+class CupyKernels(Kernels):
+    """Kernels on CuPy arrays: NumPy's ``out=`` versions where CuPy runs them as one kernel
+    already, and the hot ones fused into CUDA kernels of their own."""
+
+    matmul_into = NumpyKernels.matmul_into
+    _activate_in_place = NumpyKernels._activate_in_place
+    one_hot = NumpyKernels.one_hot
+    pick = NumpyKernels.pick
+    sum_rows = NumpyKernels.sum_rows
+    conv_output = NumpyKernels.conv_output
+    conv_output_grad = NumpyKernels.conv_output_grad
+
+    def bias_act(self, z, b, act):
         return _bias_act_kernel(act)(b, b.shape[0], z)
 
-    def bias_act_backward(self, dy: Array, y: Array, act: str) -> tuple[Array, Array]:
+    def bias_act_backward(self, dy, y, act):
         dz = _act_grad_kernel(act)(y, dy)
         return dz, dz.sum(axis=0)
 
-    def softmax_cross_entropy(
-        self, logits: Array, labels: Array, scale: float
-    ) -> tuple[Array, Array]:
+    def softmax_cross_entropy(self, logits, labels, scale):
         self.check_labels(logits, labels)  # shape and dtype; the range is checked in the kernel
         cp = self.xp
         z = cp.ascontiguousarray(logits)
@@ -143,11 +174,75 @@ class CupyKernels(CupyConvKernels):
         fn((n,), (128,), (z, labels, grad, loss, cp.int32(n), cp.int32(k), z.dtype.type(scale)))
         return loss, grad
 
-    def momentum_update(self, p: Array, g: Any, v: Array, lr: float, mu: float) -> None:
+    def momentum_update(self, p, g, v, lr, mu):
         t = p.dtype.type
-        _momentum_kernel()(self.summed(g), t(lr), t(mu), p, v)
+        _momentum_kernel()(g, t(lr), t(mu), t(np.finfo(p.dtype).smallest_normal), p, v)
 
-    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step) -> None:  # noqa: ANN001
+    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step):
         t = p.dtype.type
         c1, c2 = 1 - beta1**step, 1 - beta2**step
-        _adam_kernel()(self.summed(g), t(lr / c1), t(beta1), t(beta2), t(eps), t(c2), p, m, v)
+        scalars = (t(lr / c1), t(beta1), t(beta2), t(eps), t(c2))
+        _adam_kernel()(g, *scalars, t(np.finfo(p.dtype).smallest_normal), p, m, v)
+
+    # -- convolution, pooling and dropout ---------------------------------------------------
+    def _geometry(self, x_shape, kh, kw, stride, padding, out_hw):  # noqa: ANN001, ANN202
+        n, c, h, w = x_shape
+        oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
+        return oh, ow, (*_i32(c, h, w, kh, kw, stride, padding, oh, ow), np.int64(n * oh * ow))
+
+    def im2col(self, x, kh, kw, stride, padding, out=None, out_hw=None):
+        cp = self.xp
+        x = cp.ascontiguousarray(x)
+        n, c = x.shape[:2]
+        oh, ow, geom = self._geometry(x.shape, kh, kw, stride, padding, out_hw)
+        if out is None:
+            out = cp.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
+        conv.im2col_kernel()(x, *geom, out)
+        return out
+
+    def col2im(self, cols, x_shape, kh, kw, stride, padding, out_hw=None):
+        cp = self.xp
+        _, _, geom = self._geometry(x_shape, kh, kw, stride, padding, out_hw)
+        dx = cp.empty(tuple(x_shape), dtype=cols.dtype)
+        conv.col2im_kernel()(cp.ascontiguousarray(cols), *geom, dx)
+        return dx
+
+    def maxpool2d_forward(self, x, size, stride):
+        cp = self.xp
+        x = cp.ascontiguousarray(x)
+        n, c, h, w = x.shape
+        oh, ow = conv_out_size(h, size, stride, 0), conv_out_size(w, size, stride, 0)
+        y = cp.empty((n, c, oh, ow), dtype=x.dtype)
+        idx = cp.empty((n, c, oh, ow), dtype=cp.int32)
+        conv.maxpool_forward_kernel()(x, *_i32(h, w, oh, ow, size, stride), y, idx)
+        return y, idx
+
+    def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
+        cp = self.xp
+        n, c, h, w = x_shape
+        oh, ow = dy.shape[2], dy.shape[3]
+        dx = cp.empty(tuple(x_shape), dtype=dy.dtype)
+        conv.maxpool_backward_kernel()(
+            cp.ascontiguousarray(dy),
+            cp.ascontiguousarray(idx, dtype=cp.int32),
+            *_i32(h, w, oh, ow, size, stride),
+            dx,
+        )
+        return dx
+
+    def dropout_mask(self, shape, p, seed, step, sample_ids, dtype, salt=0):
+        cp = self.xp
+        ids = cp.ascontiguousarray(cp.asarray(sample_ids), dtype=cp.int64)
+        _, f = mask_rows(shape, ids)
+        dtype = np.dtype(dtype)
+        mask = cp.empty(tuple(shape), dtype=dtype)
+        if mask.size:
+            conv.dropout_kernel()(
+                ids,
+                np.uint32(dropout_base_key(seed, step, salt)),
+                np.uint32(dropout_threshold(p)),
+                dtype.type(1.0 / (1.0 - p)),
+                np.int64(f),
+                mask,
+            )
+        return mask

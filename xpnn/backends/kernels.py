@@ -1,77 +1,70 @@
-"""The kernel table: the hot operations of the network, each with a generic ``xp`` version.
+"""The ``Kernels`` protocol: every hot operation of the network, each with its array-API version.
 
-``Kernels`` uses only array-API operations, so it runs on NumPy, CuPy and array-api-strict
-alike; that is the proof that the math is portable. Backends subclass it and override only the
-kernels they make faster (fused loops in Numba, elementwise kernels in CuPy). Every kernel takes
-and returns arrays of the backend; none of them synchronises or copies to the host.
+Each public method of ``Kernels`` is one kernel, and its body here is the reference: it uses
+only array-API operations, so it runs on NumPy, CuPy and array-api-strict alike, the proof
+that the math is portable. A backend has one class that derives from ``Kernels`` (Numba's from
+NumPy's, whose arrays it computes on) and overrides only the kernels it makes faster, with the
+same parameters (``tests/test_kernels_protocol.py``); the types are the ones written here.
+Every kernel takes and returns arrays of the backend; none synchronises or copies to the host.
+
+Layouts, the same on every backend so that the layers never branch:
+
+* ``im2col(x, kh, kw, stride, padding, out, out_hw)`` turns ``x`` (N, C, H, W) into ``cols``
+  of shape (C*kh*kw, N*OH*OW): row ``(c, i, j)`` (the order of ``W.reshape(C_out, -1)``), column
+  ``(n, oh, ow)``. A convolution is then *one* GEMM per layer, ``W2 @ cols`` (C_out, N*OH*OW),
+  and the backward pass two more (``dY @ cols.T`` for dW, ``W2.T @ dY`` for dcols).
+  ``col2im`` is its adjoint and may use ``cols`` as scratch. ``out_hw`` (default: every output
+  the input allows) makes both compute only the first OH x OW output positions: a floor-mode
+  max-pool after the convolution never reads the others (``Conv2D.limit_output``).
+* ``conv_output(yc, b, shape, act)`` adds the bias, applies the activation and turns
+  (C_out, N*P) into NCHW; ``conv_output_grad(dy, out, y, act)`` is its adjoint (``y`` is the
+  activation's output) and also returns the bias gradient.
+* ``maxpool2d_forward(x, size, stride) -> (y, idx)`` (floor mode; ``idx`` is the argmax's
+  row-major offset inside the window, the first maximum on ties and the first NaN of a window
+  with one); ``maxpool2d_backward`` routes ``dy`` back to those positions.
+* ``dropout_mask``: ``0`` or ``1/(1-p)`` per element, from a counter-based hash of (seed, salt,
+  step, sample id, element index) in uint32 arithmetic, so every backend (and every rank, batch
+  position or batch split) draws the bit-identical mask for the same sample.
+* The optimizer updates work in place on flat buffers (or slices of them), with one gradient.
+  The gradient of ranks that share memory is the sum of one row per rank: ``sum_rows`` adds
+  them, and the optimizer hands the sum to the same update.
+
+Subnormal policy of every optimizer update, on every backend: after each update, a state value
+(momentum's velocity, Adam's two moments) whose magnitude is below the dtype's smallest normal
+number (1.2e-38 in float32) is 0; NaN and infinity are kept (``flush_subnormal`` says why).
 """
 
 from __future__ import annotations
 
-from functools import cache
 from types import ModuleType
 from typing import Any
 
-from xpnn.backends.conv_kernels import ConvKernels, NumpyConvKernels
+from xpnn.backends.common import (
+    ACTIVATIONS,
+    FMIX_M1,
+    FMIX_M2,
+    GOLDEN,
+    MASK32,
+    check_labels,
+    conv_out_hw,
+    conv_out_size,
+    dropout_base_key,
+    dropout_threshold,
+    dtype_is,
+    mask_rows,
+    window,
+)
 
 Array = Any
-Grad = Any  # an Array, or a tuple of Arrays whose sum is the gradient
-ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
+OutHW = tuple[int, int] | None
+__all__ = ["ACTIVATIONS", "Kernels", "dtype_is"]
 
 
-_KIND_LETTERS = {"integral": "iu", "real floating": "f"}
-_KIND_NAMES = {"integral": "int", "real floating": "float"}
+class Kernels:
+    """The protocol and its generic implementation: array-API operations only."""
 
-
-def dtype_is(dtype: Any, kind: str) -> bool:
-    """Whether ``dtype`` is ``"integral"`` or ``"real floating"`` (the array API's names):
-    by NumPy's and CuPy's kind letter, else by an array API namespace's dtype name."""
-    letter = getattr(dtype, "kind", None)
-    if letter is not None:
-        return letter in _KIND_LETTERS[kind]
-    return _KIND_NAMES[kind] in str(dtype)
-
-
-def check_labels(logits: Array, labels: Array) -> None:
-    """Labels must be a 1-D integer array with one class index per row of ``logits``.
-
-    Metadata only (shape and dtype): no pass over the values, no device sync. Without it a
-    column of labels (N, 1) broadcasts into a wrong loss and accuracy, and float labels fail
-    deep inside a kernel.
-    """
-    shape = getattr(labels, "shape", None)
-    dtype = getattr(labels, "dtype", None)
-    if shape is None or dtype is None:
-        raise ValueError(f"labels must be an integer array, got {type(labels).__name__}")
-    n = logits.shape[0]
-    if len(shape) != 1 or shape[0] != n:
-        raise ValueError(
-            f"labels must be a 1-D integer array of length {n} (one class index per row of "
-            f"logits of shape {tuple(logits.shape)}), got shape {tuple(shape)}"
-        )
-    if not dtype_is(dtype, "integral"):
-        raise ValueError(f"labels must be class indices of an integer dtype, got {dtype}")
-
-
-def check_label_values(labels: Any, num_classes: int) -> None:
-    """Every label is a class index in [0, num_classes). A pass over the labels (N values),
-    so only for host arrays, where a bad index reads or writes outside the logits."""
-    if labels.size == 0:
-        return
-    lo, hi = int(labels.min()), int(labels.max())
-    if lo < 0 or hi >= num_classes:
-        import numpy as np
-
-        bad = np.unique(labels[(labels < 0) | (labels >= num_classes)])
-        shown = ", ".join(str(int(v)) for v in bad[:10]) + (", ..." if bad.size > 10 else "")
-        raise ValueError(
-            f"labels out of range: {shown} ({bad.size} distinct bad value(s)); class "
-            f"indices must be in [0, {num_classes}) for {num_classes} classes"
-        )
-
-
-class Kernels(ConvKernels):
-    """Generic, array-API-only kernels."""
+    # values per pass of an optimizer update; None: the whole buffer in one pass
+    CHUNK: int | None = None
 
     def __init__(self, xp: ModuleType) -> None:
         self.xp = xp
@@ -115,7 +108,7 @@ class Kernels(ConvKernels):
         return self.activation(z + b, act)
 
     def bias_act_backward(self, dy: Array, y: Array, act: str) -> tuple[Array, Array]:
-        """(dL/dz, dL/db) for ``y = act(z + b)``."""
+        """(dL/dz, dL/db) for ``y = act(z + b)``; may overwrite ``dy``."""
         dz = self.activation_grad(dy, y, act)
         return dz, self.xp.sum(dz, axis=0)
 
@@ -124,6 +117,17 @@ class Kernels(ConvKernels):
         xp = self.xp
         classes = xp.arange(num_classes, dtype=labels.dtype)
         return xp.astype(xp.reshape(labels, (-1, 1)) == classes, dtype)
+
+    def pick(self, logits: Array, labels: Array) -> Array:
+        """``logits[i, labels[i]]`` for every row i."""
+        xp = self.xp
+        idx = xp.reshape(xp.astype(labels, xp.int64), (-1, 1))
+        return xp.reshape(xp.take_along_axis(logits, idx, axis=1), (-1,))
+
+    def check_labels(self, logits: Array, labels: Array) -> None:
+        """Shape and dtype only (``common.check_labels``): no pass over the values, no device
+        sync. Every kernel that takes labels calls it once; host kernels add the range."""
+        check_labels(logits, labels)
 
     def softmax_cross_entropy(
         self, logits: Array, labels: Array, scale: float
@@ -142,8 +146,7 @@ class Kernels(ConvKernels):
         # indexed, not sum(logits * onehot): a -inf logit of another class times 0 is NaN
         picked = self.pick(logits, labels)
         loss = xp.sum(xp.log(s[:, 0]) + m[:, 0] - picked)
-        grad = (e / s - onehot) * scale
-        return loss, grad
+        return loss, (e / s - onehot) * scale
 
     def sigmoid_binary_cross_entropy(
         self, logits: Array, labels: Array, scale: float
@@ -153,21 +156,10 @@ class Kernels(ConvKernels):
         xp = self.xp
         t = self.one_hot(labels, logits.shape[1], logits.dtype)
         # log(1 + exp(-|z|)) + max(z, 0) - z t  is  -t log s(z) - (1-t) log(1-s(z)), stably.
-        relu = xp.where(logits <= 0, xp.zeros_like(logits), logits)
-        loss = xp.sum(xp.log(1 + xp.exp(-xp.abs(logits))) + relu - logits * t)
-        grad = (self.activation(logits, "sigmoid") - t) * scale
-        return loss, grad
-
-    def pick(self, logits: Array, labels: Array) -> Array:
-        """``logits[i, labels[i]]`` for every row i."""
-        xp = self.xp
-        idx = xp.reshape(xp.astype(labels, xp.int64), (-1, 1))
-        return xp.reshape(xp.take_along_axis(logits, idx, axis=1), (-1,))
-
-    def check_labels(self, logits: Array, labels: Array) -> None:
-        """Shape and dtype only (``check_labels``): no pass over the values, no device sync.
-        Every kernel that takes labels calls it once; host kernels add the values' range."""
-        check_labels(logits, labels)
+        loss = xp.sum(
+            xp.log(1 + xp.exp(-xp.abs(logits))) + self.activation(logits, "relu") - logits * t
+        )
+        return loss, (self.activation(logits, "sigmoid") - t) * scale
 
     def count_correct(self, logits: Array, labels: Array) -> Array:
         xp = self.xp
@@ -175,20 +167,14 @@ class Kernels(ConvKernels):
         return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.int64))
 
     # -- optimizer updates, in place on flat buffers ------------------------------------
-    # ``g`` is a gradient buffer, or a tuple of them whose sum is the gradient: ranks that
-    # share memory each write their own, and a fused update sums them as it reads them
-    # instead of in a pass over memory of its own.
-    def summed(self, g: Grad) -> Array:
-        """The gradient that ``g`` stands for (a new array when it is a tuple of several)."""
-        if not isinstance(g, tuple):
-            return g
-        total = g[0]
-        for part in g[1:]:
-            total = total + part
-        return total
-
-    def sgd_update(self, p: Array, g: Grad, lr: float) -> None:
-        p -= lr * self.summed(g)
+    def sum_rows(self, rows: tuple[Array, ...], out: Array) -> Array:
+        """``out = rows[0] + rows[1] + ...``, added in that order: the gradient of ranks that
+        share memory, each of which wrote its own row (the node-shared update)."""
+        total = rows[0]
+        for row in rows[1:]:
+            total = total + row
+        out[...] = total
+        return out
 
     def flush_subnormal(self, x: Array) -> None:
         """Set the values of ``x`` that are subnormal (nonzero, below the dtype's smallest
@@ -206,18 +192,30 @@ class Kernels(ConvKernels):
         xp = self.xp
         x[xp.abs(x) < xp.finfo(x.dtype).smallest_normal] = 0
 
-    def momentum_update(self, p: Array, g: Grad, v: Array, lr: float, mu: float) -> None:
+    def _pieces(self, n: int) -> list[slice]:
+        """The slices of one update's passes: ``CHUNK`` values each (a chunk's operands and
+        temporaries stay in cache, and the buffers are read and written about once)."""
+        step = self.CHUNK or max(n, 1)
+        return [slice(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+    def sgd_update(self, p: Array, g: Array, lr: float) -> None:
+        for s in self._pieces(p.shape[0]):
+            pi = p[s]
+            pi -= lr * g[s]
+
+    def momentum_update(self, p: Array, g: Array, v: Array, lr: float, mu: float) -> None:
         """Heavy-ball momentum: v = mu v + g; p -= lr v (PyTorch's convention)."""
-        g = self.summed(g)
-        v *= mu
-        v += g
-        self.flush_subnormal(v)
-        p -= lr * v
+        for s in self._pieces(p.shape[0]):
+            pi, vi = p[s], v[s]
+            vi *= mu
+            vi += g[s]
+            self.flush_subnormal(vi)
+            pi -= lr * vi
 
     def adam_update(
         self,
         p: Array,
-        g: Grad,
+        g: Array,
         m: Array,
         v: Array,
         lr: float,
@@ -227,133 +225,161 @@ class Kernels(ConvKernels):
         step: int,
     ) -> None:
         """Adam (Kingma & Ba) with bias correction folded into the step size."""
-        g = self.summed(g)
-        m *= beta1
-        m += (1 - beta1) * g
-        self.flush_subnormal(m)
-        v *= beta2
-        v += (1 - beta2) * (g * g)
-        self.flush_subnormal(v)
-        c1 = 1 - beta1**step
-        c2 = 1 - beta2**step
-        p -= (lr / c1) * (m / (self.xp.sqrt(v / c2) + eps))
+        c1, c2 = 1 - beta1**step, 1 - beta2**step
+        for s in self._pieces(p.shape[0]):
+            pi, gi, mi, vi = p[s], g[s], m[s], v[s]
+            mi *= beta1
+            mi += (1 - beta1) * gi
+            self.flush_subnormal(mi)
+            vi *= beta2
+            vi += (1 - beta2) * (gi * gi)
+            self.flush_subnormal(vi)
+            pi -= (lr / c1) * (mi / (self.xp.sqrt(vi / c2) + eps))
 
+    # -- convolution ----------------------------------------------------------------------
+    def _padded(self, x: Array, padding: int) -> Array:
+        """``x`` (N, C, H, W) with ``padding`` zeros around each image."""
+        if not padding:
+            return x
+        n, c, h, w = x.shape
+        xpad = self.xp.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=x.dtype)
+        xpad[:, :, padding : padding + h, padding : padding + w] = x
+        return xpad
 
-class NumpyKernels(NumpyConvKernels, Kernels):
-    """NumPy-API kernels (NumPy and CuPy): write results into existing buffers with ``out=``."""
-
-    def matmul_into(self, a: Array, b: Array, out: Array) -> Array:
-        return self.xp.matmul(a, b, out=out)
-
-    def bias_act(self, z: Array, b: Array, act: str) -> Array:
+    def im2col(
+        self,
+        x: Array,
+        kh: int,
+        kw: int,
+        stride: int,
+        padding: int,
+        out: Array | None = None,
+        out_hw: OutHW = None,
+    ) -> Array:
+        """(N, C, H, W) -> (C*kh*kw, N*OH*OW), written into ``out`` when given."""
         xp = self.xp
-        z += b
-        if act == "relu":
-            return xp.maximum(z, 0, out=z)
-        if act == "tanh":
-            return xp.tanh(z, out=z)
-        return self.activation(z, act)
-
-    def one_hot(self, labels: Array, num_classes: int, dtype: Any) -> Array:
-        out = self.xp.zeros((labels.shape[0], num_classes), dtype=dtype)
-        out[self.xp.arange(labels.shape[0]), labels] = 1
+        n, c, h, w = x.shape
+        oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
+        xpad = self._padded(x, padding)
+        parts = [
+            xpad[:, :, window(i, oh, stride), window(j, ow, stride)]
+            for i in range(kh)
+            for j in range(kw)
+        ]
+        stacked = xp.stack(parts, axis=2)  # (N, C, kh*kw, OH, OW)
+        cols = xp.reshape(xp.permute_dims(stacked, (1, 2, 0, 3, 4)), (c * kh * kw, n * oh * ow))
+        if out is None:
+            return cols
+        out[...] = cols
         return out
 
-    def pick(self, logits: Array, labels: Array) -> Array:
-        return logits[self.xp.arange(labels.shape[0]), labels]
-
-
-class HostLabelChecks:
-    """Labels on the host: a pass over the N labels is cheap there (on a GPU it would wait for
-    the device), and the kernels that index by label must not read outside their arrays."""
-
-    def check_labels(self, logits: Array, labels: Array) -> None:
-        super().check_labels(logits, labels)  # type: ignore[misc]
-        check_label_values(labels, logits.shape[1])
-
-
-@cache
-def _exponent_bits(xp: ModuleType, dtype: Any) -> Any:
-    """The exponent field of a float dtype, as an integer of its size (the bits of infinity)."""
-    return xp.asarray(xp.inf, dtype=dtype).view(f"i{xp.dtype(dtype).itemsize}")[()]
-
-
-class HostKernels(HostLabelChecks, NumpyKernels):
-    """NumPy on the CPU: the optimizer updates run a cache-sized chunk at a time.
-
-    Written over whole buffers, Adam's formula is a dozen NumPy passes over memory the size of
-    the model, each allocating a model-sized temporary (3.4 ms for the 1.86 M parameters of the
-    MLP 784-1024-1024-10, against 0.63 ms for Numba's fused loop). Chunk by chunk, the same
-    operations in the same order (so the same bits) find their operands and temporaries in
-    cache, and the model's buffers are read and written about once: 2.7 ms. What is left of
-    the gap is NumPy's per-element cost of a dozen ufunc calls against one loop. Not for CuPy:
-    a GPU kernel per chunk would be slower than whole buffers.
-    """
-
-    # values per chunk (256 KiB of float32 per operand): the fastest here, 1.86 M-value Adam in
-    # 2.7 ms against 3.1 ms at 2**14 and 2.8 ms at 2**18; 2**12 pays Python per call (5.8 ms)
-    CHUNK = 1 << 16
-
-    def _chunks(self, p: Array, g: Grad):
-        """Yield (slice, the gradient's values over it): a view, or the rows summed in scratch."""
-        rows = g if isinstance(g, tuple) else (g,)
-        total = self.xp.empty(min(p.size, self.CHUNK), p.dtype) if len(rows) > 1 else None
-        for lo in range(0, p.size, self.CHUNK):
-            part = slice(lo, min(p.size, lo + self.CHUNK))
-            if total is None:
-                yield part, rows[0][part]
-                continue
-            here = total[: part.stop - lo]
-            self.xp.add(rows[0][part], rows[1][part], out=here)
-            for row in rows[2:]:
-                here += row[part]
-            yield part, here
-
-    def sgd_update(self, p: Array, g: Grad, lr: float) -> None:
-        scratch = self.xp.empty(min(p.size, self.CHUNK), p.dtype)
-        for part, gi in self._chunks(p, g):
-            step = self.xp.multiply(lr, gi, out=scratch[: gi.size])
-            p[part] -= step
-
-    def _flush_subnormal(self, x: Array, scratch: Array, mask: Array) -> None:
-        """``flush_subnormal`` on a chunk, in its scratch buffers and without a branch: a value
-        whose exponent bits are all 0 (zero or subnormal) is multiplied, as an integer, by 0.
-        (``copyto(x, 0, where=abs(x) < tiny)`` gave the same bits 4x slower in training, where
-        the zeros are scattered and every other element mispredicts a branch.)"""
+    def col2im(
+        self,
+        cols: Array,
+        x_shape: tuple[int, ...],
+        kh: int,
+        kw: int,
+        stride: int,
+        padding: int,
+        out_hw: OutHW = None,
+    ) -> Array:
+        """The adjoint of ``im2col``: (C*kh*kw, N*OH*OW) -> (N, C, H, W), overlaps summed."""
         xp = self.xp
-        ints = xp.dtype(f"i{x.dtype.itemsize}")
-        bits, scratch_bits = x.view(ints), scratch.view(ints)
-        xp.bitwise_and(bits, _exponent_bits(xp, x.dtype), out=scratch_bits)
-        xp.not_equal(scratch_bits, 0, out=mask)  # normal, infinite or NaN: kept
-        xp.multiply(bits, mask, out=bits)
+        n, c, h, w = x_shape
+        oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
+        d = xp.permute_dims(xp.reshape(cols, (c, kh, kw, n, oh, ow)), (3, 0, 1, 2, 4, 5))
+        dx = xp.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=cols.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                sl = (slice(None), slice(None), window(i, oh, stride), window(j, ow, stride))
+                dx[sl] = dx[sl] + d[:, :, i, j, :, :]
+        if padding:
+            dx = dx[:, :, padding : padding + h, padding : padding + w]
+        return dx
 
-    def momentum_update(self, p: Array, g: Grad, v: Array, lr: float, mu: float) -> None:
-        scratch = self.xp.empty(min(p.size, self.CHUNK), p.dtype)
-        mask = self.xp.empty(scratch.shape, bool)
-        for part, gi in self._chunks(p, g):
-            vi, ts, tm = v[part], scratch[: gi.size], mask[: gi.size]
-            vi *= mu
-            vi += gi
-            self._flush_subnormal(vi, ts, tm)
-            p[part] -= self.xp.multiply(lr, vi, out=ts)
-
-    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step) -> None:  # noqa: ANN001
+    def conv_output(
+        self, yc: Array, b: Array, shape: tuple[int, ...], act: str = "identity"
+    ) -> Array:
+        """act((C_out, N*P) GEMM result + bias) -> (N, C_out, OH, OW)."""
         xp = self.xp
-        c1, c2 = 1 - beta1**step, 1 - beta2**step
-        a = xp.empty(min(p.size, self.CHUNK), p.dtype)
-        b = xp.empty_like(a)
-        mask = xp.empty(a.shape, bool)
-        for part, gi in self._chunks(p, g):
-            mi, vi, ta, tb, tm = m[part], v[part], a[: gi.size], b[: gi.size], mask[: gi.size]
-            mi *= beta1
-            mi += xp.multiply(1 - beta1, gi, out=ta)
-            self._flush_subnormal(mi, ta, tm)
-            vi *= beta2
-            xp.multiply(gi, gi, out=ta)
-            vi += xp.multiply(1 - beta2, ta, out=ta)
-            self._flush_subnormal(vi, ta, tm)
-            xp.divide(vi, c2, out=tb)
-            xp.sqrt(tb, out=tb)
-            tb += eps
-            xp.divide(mi, tb, out=ta)
-            p[part] -= xp.multiply(lr / c1, ta, out=ta)
+        n, c, oh, ow = shape
+        y = xp.permute_dims(xp.reshape(yc, (c, n, oh, ow)), (1, 0, 2, 3))
+        return self.activation(y + xp.reshape(b, (1, c, 1, 1)), act)
+
+    def conv_output_grad(
+        self, dy: Array, out: Array | None = None, y: Array | None = None, act: str = "identity"
+    ) -> tuple[Array, Array]:
+        """(dL/d(GEMM result) as (C_out, N*P), written into ``out``; dL/db). ``y`` is the
+        forward output (the activation's), needed unless ``act`` is the identity."""
+        xp = self.xp
+        if act != "identity":
+            dy = self.activation_grad(dy, y, act)
+        n, c, oh, ow = dy.shape
+        dyc = xp.reshape(
+            xp.permute_dims(xp.reshape(dy, (n, c, oh * ow)), (1, 0, 2)), (c, n * oh * ow)
+        )
+        if out is not None:
+            out[...] = dyc
+            dyc = out
+        return dyc, xp.sum(dyc, axis=1)
+
+    # -- max-pooling ------------------------------------------------------------------------
+    def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
+        xp = self.xp
+        oh, ow = (conv_out_size(s, size, stride, 0) for s in x.shape[2:])
+        parts = [
+            x[:, :, window(i, oh, stride), window(j, ow, stride)]
+            for i in range(size)
+            for j in range(size)
+        ]
+        stacked = xp.stack(parts, axis=0)  # (size*size, N, C, OH, OW)
+        return xp.max(stacked, axis=0), xp.argmax(stacked, axis=0)
+
+    def maxpool2d_backward(
+        self, dy: Array, idx: Array, x_shape: tuple[int, ...], size: int, stride: int
+    ) -> Array:
+        xp = self.xp
+        oh, ow = dy.shape[2:]
+        dx = xp.zeros(tuple(x_shape), dtype=dy.dtype)
+        zero = xp.zeros_like(dy)
+        for i in range(size):
+            for j in range(size):
+                sl = (slice(None), slice(None), window(i, oh, stride), window(j, ow, stride))
+                dx[sl] = dx[sl] + xp.where(idx == i * size + j, dy, zero)
+        return dx
+
+    # -- dropout ----------------------------------------------------------------------------
+    def _fmix32(self, h: Array) -> Array:
+        h = h ^ (h >> 16)
+        h = h * FMIX_M1
+        h = h ^ (h >> 13)
+        h = h * FMIX_M2
+        return h ^ (h >> 16)
+
+    def _sample_keys(self, base: int, sample_ids: Array) -> Array:
+        """uint32 key per sample: ``mix(mix(base, id_lo), id_hi)``."""
+        xp = self.xp
+        ids = xp.astype(xp.asarray(sample_ids), xp.int64)
+        lo = xp.astype(ids & MASK32, xp.uint32)
+        hi = xp.astype((ids >> 32) & MASK32, xp.uint32)
+        s = self._fmix32(self._fmix32(lo + GOLDEN) ^ base)
+        return self._fmix32(self._fmix32(hi + GOLDEN) ^ s)
+
+    def dropout_mask(
+        self,
+        shape: tuple[int, ...],
+        p: float,
+        seed: int,
+        step: int,
+        sample_ids: Array,
+        dtype: Any,
+        salt: int = 0,
+    ) -> Array:
+        """(N, ...) mask of 0 and 1/(1-p); sample n's part depends only on its id (see top)."""
+        xp = self.xp
+        n, f = mask_rows(shape, sample_ids)
+        keys = self._sample_keys(dropout_base_key(seed, step, salt), sample_ids)
+        elems = self._fmix32(xp.arange(f, dtype=xp.uint32) + GOLDEN)
+        h = self._fmix32(xp.reshape(keys, (n, 1)) ^ xp.reshape(elems, (1, f)))
+        keep = xp.astype(h >= dropout_threshold(p), dtype)
+        return xp.reshape(keep * (1.0 / (1.0 - p)), tuple(shape))

@@ -1,6 +1,7 @@
 """Numba convolution, pooling and dropout kernels: threaded loops, one pass over memory each.
 
-Same layouts and results as ``conv_kernels`` (see its docstring). The im2col/col2im loops are
+The loops behind ``NumbaKernels``' convolution kernels, with the layouts and results of
+``Kernels`` (see its module's docstring). The im2col/col2im loops are
 split into (channel, batch-chunk) tasks: each task owns whole rows of ``cols`` (contiguous
 writes) and whole planes ``dx[n, c]`` (no races, no atomics), and there are enough tasks for
 every thread even when C = 1. Pooling and dropout are parallel over batch x channel planes and
@@ -9,23 +10,13 @@ samples.
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import numba as nb
 import numpy as np
 from numba import prange
 
-from xpnn.backends.conv_kernels import (
-    GOLDEN,
-    conv_out_hw,
-    dropout_base_key,
-    dropout_threshold,
-)
-from xpnn.backends.kernels import NumpyKernels
-from xpnn.backends.numba_jit import ACT_CODE, JIT
+from xpnn.backends.common import GOLDEN
+from xpnn.backends.numba_jit import JIT, apply_act, apply_act_grad
 
-Array = Any
 _M32 = np.uint64(0xFFFFFFFF)
 _M1 = np.uint64(0x85EBCA6B)
 _M2 = np.uint64(0xC2B2AE35)
@@ -67,7 +58,7 @@ def _valid_range(j, pad, stride, size, count):  # pragma: no cover - compiled
 
 
 @nb.njit(parallel=True, **JIT)
-def _im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - compiled
+def im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - compiled
     n, c, h, w = x.shape
     p = oh * ow
     step = (n + chunks - 1) // chunks
@@ -108,7 +99,7 @@ def _im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - 
 
 
 @nb.njit(parallel=True, **JIT)
-def _col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover - compiled
+def col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover - compiled
     n, c, h, w = dx.shape
     p = oh * ow
     step = (n + chunks - 1) // chunks
@@ -145,32 +136,8 @@ def _col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover 
     return dx
 
 
-@nb.njit(**JIT)
-def _act(v, act):  # pragma: no cover - compiled
-    """The activations of ``kernels.ACTIVATIONS`` by code (see ``ACT_CODE``)."""
-    if act == 1:
-        return 0.0 if v <= 0 else v  # NaN stays NaN, as in NumPy
-    if act == 2:
-        e = math.exp(-abs(v))
-        return 1 / (1 + e) if v >= 0 else e / (1 + e)
-    if act == 3:
-        return math.tanh(v)
-    return v
-
-
-@nb.njit(**JIT)
-def _act_grad(g, y, act):  # pragma: no cover - compiled
-    if act == 1:
-        return g if y > 0 else 0.0
-    if act == 2:
-        return g * y * (1 - y)
-    if act == 3:
-        return g * (1 - y * y)
-    return g
-
-
 @nb.njit(parallel=True, **JIT)
-def _conv_output(yc, bias, y, act):  # pragma: no cover - compiled
+def conv_output(yc, bias, y, code):  # pragma: no cover - compiled
     """y[n, c, :] = act(yc[c, n*P:(n+1)*P] + bias[c]); y is (N, C, P)."""
     n, c, p = y.shape
     pu = U(p)
@@ -179,18 +146,18 @@ def _conv_output(yc, bias, y, act):  # pragma: no cover - compiled
         o = bu * pu
         for ci in range(U(c)):
             bc = bias[ci]
-            if act == 1:  # the common case, kept branch-free for the vectoriser
+            if code == 1:  # the common case, kept branch-free for the vectoriser
                 for k in range(pu):
                     v = yc[ci, o + k] + bc
                     y[bu, ci, k] = 0 if v <= 0 else v  # NaN stays NaN
             else:
                 for k in range(pu):
-                    y[bu, ci, k] = _act(yc[ci, o + k] + bc, act)
+                    y[bu, ci, k] = apply_act(yc[ci, o + k] + bc, code)
     return y
 
 
 @nb.njit(parallel=True, **JIT)
-def _conv_output_grad(dy, y, out, act):  # pragma: no cover - compiled
+def conv_output_grad(dy, y, out, code):  # pragma: no cover - compiled
     """out[c, n*P + k] = act'(dy[n, c, k]) (``y`` unused for the identity)."""
     n, c, p = dy.shape
     pu, nu = U(p), U(n)
@@ -198,20 +165,20 @@ def _conv_output_grad(dy, y, out, act):  # pragma: no cover - compiled
         cu = U(ci)
         for b in range(nu):
             o = b * pu
-            if act == 0:
+            if code == 0:
                 for k in range(pu):
                     out[cu, o + k] = dy[b, cu, k]
-            elif act == 1:
+            elif code == 1:
                 for k in range(pu):
                     out[cu, o + k] = dy[b, cu, k] if y[b, cu, k] > 0 else 0
             else:
                 for k in range(pu):
-                    out[cu, o + k] = _act_grad(dy[b, cu, k], y[b, cu, k], act)
+                    out[cu, o + k] = apply_act_grad(dy[b, cu, k], y[b, cu, k], code)
     return out
 
 
 @nb.njit(parallel=True, **JIT)
-def _maxpool2x2(x, y, idx):  # pragma: no cover - compiled
+def maxpool2x2(x, y, idx):  # pragma: no cover - compiled
     """The common 2x2, stride-2 case, unrolled."""
     n, c, h, w = x.shape
     _, _, oh, ow = y.shape
@@ -241,7 +208,7 @@ def _maxpool2x2(x, y, idx):  # pragma: no cover - compiled
 
 
 @nb.njit(parallel=True, **JIT)
-def _maxpool_forward(x, size, stride, y, idx):  # pragma: no cover - compiled
+def maxpool_forward(x, size, stride, y, idx):  # pragma: no cover - compiled
     n, c, h, w = x.shape
     _, _, oh, ow = y.shape
     for t in prange(n * c):
@@ -265,7 +232,7 @@ def _maxpool_forward(x, size, stride, y, idx):  # pragma: no cover - compiled
 
 
 @nb.njit(parallel=True, **JIT)
-def _maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
+def maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
     """General windows (overlapping or not): zero the plane, then add at the argmaxes."""
     n, c, h, w = dx.shape
     _, _, oh, ow = dy.shape
@@ -289,7 +256,7 @@ def _maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
 
 
 @nb.njit(parallel=True, **JIT)
-def _maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
+def maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
     """2x2, stride 2: every dx element written once (gradient or zero), row by row, on flat
     views (no zeroing pass; 2x faster than the window-by-window loop)."""
     n, c, h, w = dx.shape
@@ -318,7 +285,7 @@ def _maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
 
 
 @nb.njit(parallel=True, **JIT)
-def _dropout_mask(ids, base, threshold, scale, out):  # pragma: no cover - compiled
+def dropout_mask(ids, base, threshold, scale, out):  # pragma: no cover - compiled
     n, f = out.shape
     elems = np.empty(f, dtype=np.uint64)
     for e in range(f):
@@ -331,105 +298,3 @@ def _dropout_mask(ids, base, threshold, scale, out):  # pragma: no cover - compi
         for e in range(f):
             out[b, e] = scale if _fmix32(s ^ elems[e]) >= threshold else 0
     return out
-
-
-def _chunks(n: int, c: int) -> int:
-    """Batch chunks per channel so that there are a few tasks per thread."""
-    want = 4 * nb.get_num_threads()
-    return max(1, min(n, math.ceil(want / max(c, 1))))
-
-
-class NumbaConvKernels(NumpyKernels):
-    """Numba overrides of every convolution, pooling and dropout kernel."""
-
-    def im2col(
-        self,
-        x: Array,
-        kh: int,
-        kw: int,
-        stride: int,
-        padding: int,
-        out: Array | None = None,
-        out_hw: tuple[int, int] | None = None,
-    ) -> Array:
-        x = np.ascontiguousarray(x)
-        n, c = x.shape[:2]
-        oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
-        if out is None:
-            out = np.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
-        return _im2col(x, kh, kw, stride, padding, oh, ow, out, _chunks(n, c))
-
-    def col2im(
-        self,
-        cols: Array,
-        x_shape: tuple[int, ...],
-        kh: int,
-        kw: int,
-        stride: int,
-        padding: int,
-        out_hw: tuple[int, int] | None = None,
-    ) -> Array:
-        n, c = x_shape[:2]
-        oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
-        dx = np.empty(tuple(x_shape), dtype=cols.dtype)
-        cols = np.ascontiguousarray(cols)
-        return _col2im(cols, dx, kh, kw, stride, padding, oh, ow, _chunks(n, c))
-
-    def conv_output(
-        self, yc: Array, b: Array, shape: tuple[int, ...], act: str = "identity"
-    ) -> Array:
-        n, c, oh, ow = shape
-        y = np.empty((n, c, oh * ow), dtype=yc.dtype)
-        _conv_output(np.ascontiguousarray(yc), b, y, ACT_CODE[act])
-        return y.reshape(shape)
-
-    def conv_output_grad(
-        self, dy: Array, out: Array | None = None, y: Array | None = None, act: str = "identity"
-    ) -> tuple[Array, Array]:
-        n, c, oh, ow = dy.shape
-        if out is None:
-            out = np.empty((c, n * oh * ow), dtype=dy.dtype)
-        dy3 = np.ascontiguousarray(dy).reshape(n, c, oh * ow)
-        y3 = dy3 if act == "identity" else np.ascontiguousarray(y).reshape(n, c, oh * ow)
-        _conv_output_grad(dy3, y3, out, ACT_CODE[act])
-        return out, out.sum(axis=1)
-
-    def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
-        x = np.ascontiguousarray(x)
-        n, c, h, w = x.shape
-        oh, ow = (h - size) // stride + 1, (w - size) // stride + 1
-        y = np.empty((n, c, oh, ow), dtype=x.dtype)
-        idx = np.empty((n, c, oh, ow), dtype=np.uint8 if size <= 16 else np.int32)
-        if size == 2 and stride == 2:
-            return _maxpool2x2(x, y, idx)
-        return _maxpool_forward(x, size, stride, y, idx)
-
-    def maxpool2d_backward(
-        self, dy: Array, idx: Array, x_shape: tuple[int, ...], size: int, stride: int
-    ) -> Array:
-        dx = np.empty(tuple(x_shape), dtype=dy.dtype)
-        dy = np.ascontiguousarray(dy)
-        if size == 2 and stride == 2:
-            return _maxpool2x2_backward(dy, np.ascontiguousarray(idx), dx)
-        return _maxpool_backward(dy, idx, size, stride, dx)
-
-    def dropout_mask(
-        self,
-        shape: tuple[int, ...],
-        p: float,
-        seed: int,
-        step: int,
-        sample_ids: Array,
-        dtype: Any,
-        salt: int = 0,
-    ) -> Array:
-        n = shape[0]
-        ids = np.ascontiguousarray(sample_ids, dtype=np.int64)
-        if ids.shape[0] != n:
-            raise ValueError(f"{ids.shape[0]} sample ids for a batch of {n}")
-        dtype = np.dtype(dtype)
-        out = np.empty((n, math.prod(shape[1:])), dtype=dtype)
-        base = np.uint64(dropout_base_key(seed, step, salt))
-        threshold = np.uint64(dropout_threshold(p))
-        _dropout_mask(ids, base, threshold, dtype.type(1.0 / (1.0 - p)), out)
-        return out.reshape(shape)

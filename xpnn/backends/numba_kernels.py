@@ -2,15 +2,16 @@
 
 Matrix products stay with BLAS (already optimal); what Numba fuses is the memory-bound glue
 around them: bias + activation, the activation's derivative + the bias gradient, softmax +
-cross-entropy + its gradient, and the optimizer updates. ``prange`` splits rows over the
-rank's threads, as OpenMP does inside an MPI rank in C.
+cross-entropy + its gradient, the optimizer updates, and the convolution's, pooling's and
+dropout's loops (``numba_conv``). ``prange`` splits rows over the rank's threads, as OpenMP
+does inside an MPI rank in C.
 
 Two measured pitfalls shape this file (2-core machine, MLP 784-512-256-10, batch 128):
 - Numba's OpenMP threads spin after a parallel region and starve OpenBLAS's threads: a
   128x784x512 product went from 1.4 ms to 11 ms when followed by a parallel kernel.
   ``OMP_WAIT_POLICY=PASSIVE`` (set before Numba starts its pool) removes that.
 - Waking the thread team costs more than a serial pass over a small array. So every kernel
-  is compiled twice and the parallel one runs only on big arrays: on 2 threads the Adam
+  here is compiled twice and the parallel one runs only on big arrays: on 2 threads the Adam
   update broke even near 2**19 values (``bench/optimizer_step.py --params 524287``: serial
   145-152 us, ``--params 524288``: parallel 130-143 us; at 2**18 the serial loop won, 64-72 us
   against 105-112 us).
@@ -23,17 +24,22 @@ import os
 import types
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-from typing import Any
 
 import numba as nb
 import numpy as np
 from numba import prange
 
-from xpnn.backends.kernels import HostLabelChecks, NumpyKernels
-from xpnn.backends.numba_conv import NumbaConvKernels
-from xpnn.backends.numba_jit import ACT_CODE, JIT
+from xpnn.backends import numba_conv as conv
+from xpnn.backends.common import (
+    conv_out_hw,
+    conv_out_size,
+    dropout_base_key,
+    dropout_threshold,
+    mask_rows,
+)
+from xpnn.backends.numba_jit import ACT_CODE, JIT, apply_act, apply_act_grad
+from xpnn.backends.numpy_kernels import NumpyKernels
 
-Array = Any
 PARALLEL_MIN_ELEMENTS = 1 << 19  # below this a serial loop beats waking the thread team
 
 
@@ -66,24 +72,16 @@ def twin(fn) -> _Twin:  # noqa: ANN001
 
 
 @twin
-def _bias_act(z, b, act):  # pragma: no cover - compiled
+def _bias_act(z, b, code):  # pragma: no cover - compiled
     n, m = z.shape
     for i in prange(n):
         for j in range(m):
-            v = z[i, j] + b[j]
-            if act == 1:
-                v = 0.0 if v <= 0 else v  # NaN stays NaN, as in NumPy
-            elif act == 2:
-                e = math.exp(-abs(v))
-                v = 1.0 / (1.0 + e) if v >= 0 else e / (1.0 + e)
-            elif act == 3:
-                v = math.tanh(v)
-            z[i, j] = v
+            z[i, j] = apply_act(z[i, j] + b[j], code)
     return z
 
 
 @twin
-def _bias_act_backward(dy, y, act, chunks):  # pragma: no cover - compiled
+def _bias_act_backward(dy, y, code, chunks):  # pragma: no cover - compiled
     """dz overwrites dy; per-chunk partial column sums keep the bias gradient parallel."""
     n, m = dy.shape
     partial = np.zeros((chunks, m), dtype=dy.dtype)
@@ -91,13 +89,7 @@ def _bias_act_backward(dy, y, act, chunks):  # pragma: no cover - compiled
     for c in prange(chunks):
         for i in range(c * step, min(n, (c + 1) * step)):
             for j in range(m):
-                g = dy[i, j]
-                if act == 1:
-                    g = g if y[i, j] > 0 else 0.0
-                elif act == 2:
-                    g = g * y[i, j] * (1.0 - y[i, j])
-                elif act == 3:
-                    g = g * (1.0 - y[i, j] * y[i, j])
+                g = apply_act_grad(dy[i, j], y[i, j], code)
                 dy[i, j] = g
                 partial[c, j] += g
     db = np.zeros(m, dtype=dy.dtype)
@@ -129,26 +121,29 @@ def _softmax_xent(z, labels, scale):  # pragma: no cover - compiled
     return loss, grad
 
 
-# The updates take the gradient as a tuple of equal buffers and sum them as they read them
-# (``gs`` of one buffer is the usual case; ranks sharing memory pass one row per rank). A
-# tuple, not a 2-D array: rows of a 2-D view are gathered element by element, and the loop
-# loses its vectorisation (a measured 8x); a homogeneous tuple compiles once per length.
+# ``rows`` is a tuple, not a 2-D array: rows of a 2-D view are gathered element by element,
+# and the loop loses its vectorisation (a measured 8x); a homogeneous tuple compiles once per
+# length.
 @twin
-def _sgd(p, gs, lr):  # pragma: no cover - compiled
-    for i in prange(p.size):
-        gi = gs[0][i]
-        for r in range(1, len(gs)):
-            gi += gs[r][i]
-        p[i] -= lr * gi
+def _sum_rows(out, rows):  # pragma: no cover - compiled
+    for i in prange(out.size):
+        total = rows[0][i]
+        for r in range(1, len(rows)):
+            total += rows[r][i]
+        out[i] = total
+    return out
 
 
 @twin
-def _momentum(p, gs, v, lr, mu, tiny):  # pragma: no cover - compiled
+def _sgd(p, g, lr):  # pragma: no cover - compiled
     for i in prange(p.size):
-        gi = gs[0][i]
-        for r in range(1, len(gs)):
-            gi += gs[r][i]
-        vi = mu * v[i] + gi
+        p[i] -= lr * g[i]
+
+
+@twin
+def _momentum(p, g, v, lr, mu, tiny):  # pragma: no cover - compiled
+    for i in prange(p.size):
+        vi = mu * v[i] + g[i]
         if -tiny < vi < tiny:  # subnormal: zero (Kernels.flush_subnormal says why)
             vi = tiny - tiny
         v[i] = vi
@@ -156,21 +151,14 @@ def _momentum(p, gs, v, lr, mu, tiny):  # pragma: no cover - compiled
 
 
 @twin
-def _adam(
-    p, gs, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2, tiny, root_tiny
-):  # pragma: no cover
+def _adam(p, g, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2, tiny):  # pragma: no cover
     """Every scalar arrives in the arrays' dtype: a float64 literal such as ``1.0 - beta1``
     (or a ``0.0``) would promote the float32 loop to float64 and cost it its vectorisation
     (4x here)."""
     for i in prange(p.size):
-        gi = gs[0][i]
-        for r in range(1, len(gs)):
-            gi += gs[r][i]
+        gi = g[i]
         mi = beta1 * m[i] + one_m_b1 * gi
-        # a square that would be subnormal (|g| < 1.1e-19 in float32) is 0: free in this loop,
-        # and v moves by less than 1e-41 (NumPy's passes would pay a whole one for it)
-        g2 = gi * gi if not -root_tiny < gi < root_tiny else tiny - tiny
-        vi = beta2 * v[i] + one_m_b2 * g2
+        vi = beta2 * v[i] + one_m_b2 * (gi * gi)
         if -tiny < mi < tiny:  # subnormal: zero (Kernels.flush_subnormal says why)
             mi = tiny - tiny
         if -tiny < vi < tiny:
@@ -180,39 +168,97 @@ def _adam(
         p[i] -= lr_c1 * (mi / (math.sqrt(vi / c2) + eps))
 
 
-def _as_tuple(g: Any) -> tuple:
-    return g if isinstance(g, tuple) else (g,)
+def _tasks(n: int, c: int) -> int:
+    """Batch chunks per channel of the im2col/col2im loops: a few tasks per thread."""
+    want = 4 * nb.get_num_threads()
+    return max(1, min(n, math.ceil(want / max(c, 1))))
 
 
-class NumbaKernels(HostLabelChecks, NumbaConvKernels, NumpyKernels):
-    """NumPy kernels with the memory-bound ones replaced by fused, threaded Numba loops."""
+class NumbaKernels(NumpyKernels):
+    """NumPy's kernels with the memory-bound ones replaced by fused, threaded Numba loops."""
 
-    def bias_act(self, z: Array, b: Array, act: str) -> Array:
+    def bias_act(self, z, b, act):
         return _bias_act(z, b, ACT_CODE[act])
 
-    def bias_act_backward(self, dy: Array, y: Array, act: str) -> tuple[Array, Array]:
+    def bias_act_backward(self, dy, y, act):
         chunks = max(1, min(nb.get_num_threads(), dy.shape[0]))
         return _bias_act_backward(dy, y, ACT_CODE[act], chunks)
 
-    def softmax_cross_entropy(
-        self, logits: Array, labels: Array, scale: float
-    ) -> tuple[Array, Array]:
-        # the kernel indexes by label unchecked: one outside [0, K) reads and writes outside
-        # the arrays (a wrong gradient, or a segfault); checked here (HostLabelChecks)
+    def softmax_cross_entropy(self, logits, labels, scale):
         self.check_labels(logits, labels)
         loss, grad = _softmax_xent(logits, labels, logits.dtype.type(scale))
         return np.asarray(loss), grad
 
-    def sgd_update(self, p: Array, g: Any, lr: float) -> None:
-        _sgd(p, _as_tuple(g), p.dtype.type(lr))
+    # -- optimizer updates ------------------------------------------------------------------
+    def sum_rows(self, rows, out):
+        return _sum_rows(out, tuple(rows))
 
-    def momentum_update(self, p: Array, g: Any, v: Array, lr: float, mu: float) -> None:
+    def sgd_update(self, p, g, lr):
+        _sgd(p, g, p.dtype.type(lr))
+
+    def momentum_update(self, p, g, v, lr, mu):
         t = p.dtype.type
-        _momentum(p, _as_tuple(g), v, t(lr), t(mu), np.finfo(p.dtype).smallest_normal)
+        _momentum(p, g, v, t(lr), t(mu), np.finfo(p.dtype).smallest_normal)
 
-    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step) -> None:  # noqa: ANN001
+    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step):
         t = p.dtype.type
         c1, c2 = 1 - beta1**step, 1 - beta2**step
         scalars = (t(lr / c1), t(beta1), t(beta2), t(1 - beta1), t(1 - beta2), t(eps), t(c2))
-        tiny = np.finfo(p.dtype).smallest_normal
-        _adam(p, _as_tuple(g), m, v, *scalars, tiny, np.sqrt(tiny))
+        _adam(p, g, m, v, *scalars, np.finfo(p.dtype).smallest_normal)
+
+    # -- convolution, pooling and dropout ---------------------------------------------------
+    def im2col(self, x, kh, kw, stride, padding, out=None, out_hw=None):
+        x = np.ascontiguousarray(x)
+        n, c = x.shape[:2]
+        oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
+        if out is None:
+            out = np.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
+        return conv.im2col(x, kh, kw, stride, padding, oh, ow, out, _tasks(n, c))
+
+    def col2im(self, cols, x_shape, kh, kw, stride, padding, out_hw=None):
+        n, c = x_shape[:2]
+        oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
+        dx = np.empty(tuple(x_shape), dtype=cols.dtype)
+        cols = np.ascontiguousarray(cols)
+        return conv.col2im(cols, dx, kh, kw, stride, padding, oh, ow, _tasks(n, c))
+
+    def conv_output(self, yc, b, shape, act="identity"):
+        n, c, oh, ow = shape
+        y = np.empty((n, c, oh * ow), dtype=yc.dtype)
+        conv.conv_output(np.ascontiguousarray(yc), b, y, ACT_CODE[act])
+        return y.reshape(shape)
+
+    def conv_output_grad(self, dy, out=None, y=None, act="identity"):
+        n, c, oh, ow = dy.shape
+        if out is None:
+            out = np.empty((c, n * oh * ow), dtype=dy.dtype)
+        dy3 = np.ascontiguousarray(dy).reshape(n, c, oh * ow)
+        y3 = dy3 if act == "identity" else np.ascontiguousarray(y).reshape(n, c, oh * ow)
+        conv.conv_output_grad(dy3, y3, out, ACT_CODE[act])
+        return out, out.sum(axis=1)
+
+    def maxpool2d_forward(self, x, size, stride):
+        x = np.ascontiguousarray(x)
+        n, c, h, w = x.shape
+        oh, ow = conv_out_size(h, size, stride, 0), conv_out_size(w, size, stride, 0)
+        y = np.empty((n, c, oh, ow), dtype=x.dtype)
+        idx = np.empty((n, c, oh, ow), dtype=np.uint8 if size <= 16 else np.int32)
+        if size == 2 and stride == 2:
+            return conv.maxpool2x2(x, y, idx)
+        return conv.maxpool_forward(x, size, stride, y, idx)
+
+    def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
+        dx = np.empty(tuple(x_shape), dtype=dy.dtype)
+        dy = np.ascontiguousarray(dy)
+        if size == 2 and stride == 2:
+            return conv.maxpool2x2_backward(dy, np.ascontiguousarray(idx), dx)
+        return conv.maxpool_backward(dy, idx, size, stride, dx)
+
+    def dropout_mask(self, shape, p, seed, step, sample_ids, dtype, salt=0):
+        ids = np.ascontiguousarray(sample_ids, dtype=np.int64)
+        dtype = np.dtype(dtype)
+        out = np.empty(mask_rows(shape, ids), dtype=dtype)
+        base = np.uint64(dropout_base_key(seed, step, salt))
+        threshold = np.uint64(dropout_threshold(p))
+        conv.dropout_mask(ids, base, threshold, dtype.type(1.0 / (1.0 - p)), out)
+        return out.reshape(shape)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
 from xpnn.nn.layer import Array, Context, Layer, check_int
@@ -37,13 +35,13 @@ class Conv2D(Layer):
     more. In the ``cnn`` preset that skips 21 of conv2's 121 positions and 5 of conv3's 9, 30 %
     of the network's multiply-adds, with the same results.
 
-    The column buffer and the (C_out, N*OH*OW) GEMM buffer are allocated once per batch size
-    and dtype and reused every step (a small LRU cache, so the last, smaller batch of an epoch
-    or an evaluation batch size does not evict the training one). The layer keeps the state of
-    its *last* forward pass, like every layer.
+    The column buffer and the (C_out, N*OH*OW) GEMM buffer are one pair of flat buffers, the
+    size of the largest batch seen and reused every step; a smaller batch (the last of an
+    epoch, an evaluation's slices: ``Sequential.evaluate``) uses their first values. One pair,
+    not one per batch size: a pair for each of the training batch, the epoch's last batch and
+    the evaluation's 1,000 samples took the CNN's peak memory past PyTorch's on the same run.
+    The layer keeps the state of its *last* forward pass, like every layer.
     """
-
-    CACHE_ENTRIES = 3
 
     def __init__(
         self,
@@ -67,7 +65,7 @@ class Conv2D(Layer):
             )
         self.stride = check_int("Conv2D", "stride", stride)
         self.padding = check_int("Conv2D", "padding", padding, minimum=0)
-        self._buffers: OrderedDict = OrderedDict()
+        self._buffers: tuple[Array, Array] | None = None  # flat (cols, gemm) scratch
         self._dwt_buf: Array | None = None
         # all outputs the input allows, and the ones computed (set by setup / limit_output)
         self.out_hw: tuple[int, int] | None = None
@@ -83,7 +81,6 @@ class Conv2D(Layer):
             raise ValueError(f"Conv2D kernel {self.kh}x{self.kw} larger than input {in_shape}")
         self.in_shape, self.out_hw = in_shape, (oh, ow)
         self._dwt_buf = None  # a rebuild may change the channels or the dtype: fresh scratch
-        self._buffers.clear()
         self.limit_output(oh, ow)
         fan_in = c * self.kh * self.kw
         shape = (self.out_channels, c, self.kh, self.kw)
@@ -96,29 +93,26 @@ class Conv2D(Layer):
         if not (0 < h <= self.out_hw[0] and 0 < w <= self.out_hw[1]):
             raise ValueError(f"limit_output({h}, {w}) outside the {self.out_hw} outputs")
         self.used_hw = (int(h), int(w))
-        self._buffers.clear()
+        self._buffers = None
 
     def _scratch(self, n: int, dtype) -> tuple[Array, Array]:  # noqa: ANN001
-        """(cols, gemm) buffers for a batch of ``n``, reused across steps."""
-        key = (n, dtype)
-        bufs = self._buffers.get(key)
-        if bufs is None:
-            c = self.in_shape[0]
-            p = n * self.used_hw[0] * self.used_hw[1]
-            bufs = (
-                self.xp.empty((c * self.kh * self.kw, p), dtype=dtype),
-                self.xp.empty((self.out_channels, p), dtype=dtype),
-            )
-            self._buffers[key] = bufs
-            while len(self._buffers) > self.CACHE_ENTRIES:
-                self._buffers.popitem(last=False)
-        else:
-            self._buffers.move_to_end(key)
-        return bufs
+        """(cols, gemm) for a batch of ``n``: views of the start of the layer's flat buffers,
+        which are replaced by larger ones when a batch needs more."""
+        xp, p = self.xp, n * self.used_hw[0] * self.used_hw[1]
+        rows = (self.in_shape[0] * self.kh * self.kw, self.out_channels)
+        if (
+            self._buffers is None
+            or self._buffers[0].dtype != dtype
+            or self._buffers[0].shape[0] < rows[0] * p
+        ):
+            self._buffers = self.cols = self.gemm = None  # the old pair goes first
+            self._buffers = tuple(xp.empty((r * p,), dtype=dtype) for r in rows)
+        pairs = zip(self._buffers, rows, strict=True)
+        return tuple(xp.reshape(b[: r * p], (r, p)) for b, r in pairs)
 
     def replica(self) -> Conv2D:
         twin = super().replica()
-        twin._buffers = OrderedDict()  # backward reads the columns forward left in them
+        twin._buffers = None  # backward reads the columns forward left in them
         return twin
 
     def _dwt(self) -> Array:

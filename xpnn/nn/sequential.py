@@ -38,6 +38,7 @@ class Sequential:
     input_grad = False  # whether backward returns the gradient of the model's input
     reads_input = True  # whether forward reads the samples (a pipeline's later stages do not)
     first_param_layer = 0  # how many layers with parameters come before this model's first
+    train_rows = 0  # the largest batch ``loss_and_grads`` has seen (``evaluate`` slices by it)
 
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:
         self.layers = layers
@@ -163,6 +164,7 @@ class Sequential:
         on_grads_ready: Callable[[int], None] | None = None,
     ) -> tuple[Array, Array]:
         """Forward, loss, backward; returns (loss sum, number correct) as device scalars."""
+        self.train_rows = max(self.train_rows, labels.shape[0])
         logits = self.forward(x, ctx)
         correct = self.backend.kernels.count_correct(logits, labels)
         loss, dlogits = self.loss(self.backend.kernels, logits, labels, scale)
@@ -170,10 +172,21 @@ class Sequential:
         return loss, correct
 
     def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
-        """(loss sum, number correct) in eval mode, without touching the gradients."""
-        logits = self.forward(x, Context(train=False))
-        loss, _ = self.loss(self.backend.kernels, logits, labels, 1.0)
-        return loss, self.backend.kernels.count_correct(logits, labels)
+        """(loss sum, number correct) in eval mode, without touching the gradients.
+
+        A batch larger than any this model trained on is scored in slices of that size: the
+        layers reuse training's scratch buffers instead of allocating their own (the CNN's
+        1,000-sample evaluation batches took more memory than all of its training)."""
+        n = labels.shape[0]
+        rows = self.train_rows or n
+        loss = correct = None
+        for lo in range(0, max(n, 1), max(rows, 1)):
+            part = slice(lo, lo + rows)
+            logits = self.forward(x[part], Context(train=False))
+            l, _ = self.loss(self.backend.kernels, logits, labels[part], 1.0)
+            c = self.backend.kernels.count_correct(logits, labels[part])
+            loss, correct = (l, c) if loss is None else (loss + l, correct + c)
+        return loss, correct
 
     # -- parameters by name -------------------------------------------------------------
     def named_params(self) -> dict[str, Array]:

@@ -1,0 +1,134 @@
+"""What every backend's kernels share besides the ``Kernels`` methods: label checks, the
+convolution geometry and the dropout hash's host half (the per-step key every backend mixes
+its sample ids and element indices into)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+Array = Any
+ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
+_KIND_LETTERS = {"integral": "iu", "real floating": "f"}
+_KIND_NAMES = {"integral": "int", "real floating": "float"}
+
+
+def dtype_is(dtype: Any, kind: str) -> bool:
+    """Whether ``dtype`` is ``"integral"`` or ``"real floating"`` (the array API's names):
+    by NumPy's and CuPy's kind letter, else by an array API namespace's dtype name."""
+    letter = getattr(dtype, "kind", None)
+    if letter is not None:
+        return letter in _KIND_LETTERS[kind]
+    return _KIND_NAMES[kind] in str(dtype)
+
+
+def check_labels(logits: Array, labels: Array) -> None:
+    """Labels must be a 1-D integer array with one class index per row of ``logits``.
+
+    Metadata only (shape and dtype): no pass over the values, no device sync. Without it a
+    column of labels (N, 1) broadcasts into a wrong loss and accuracy, and float labels fail
+    deep inside a kernel.
+    """
+    shape = getattr(labels, "shape", None)
+    dtype = getattr(labels, "dtype", None)
+    if shape is None or dtype is None:
+        raise ValueError(f"labels must be an integer array, got {type(labels).__name__}")
+    n = logits.shape[0]
+    if len(shape) != 1 or shape[0] != n:
+        raise ValueError(
+            f"labels must be a 1-D integer array of length {n} (one class index per row of "
+            f"logits of shape {tuple(logits.shape)}), got shape {tuple(shape)}"
+        )
+    if not dtype_is(dtype, "integral"):
+        raise ValueError(f"labels must be class indices of an integer dtype, got {dtype}")
+
+
+def check_label_values(labels: Any, num_classes: int) -> None:
+    """Every label is a class index in [0, num_classes). A pass over the labels (N values),
+    so only for host arrays, where a bad index reads or writes outside the logits."""
+    if labels.size == 0:
+        return
+    lo, hi = int(labels.min()), int(labels.max())
+    if lo < 0 or hi >= num_classes:
+        import numpy as np
+
+        bad = np.unique(labels[(labels < 0) | (labels >= num_classes)])
+        shown = ", ".join(str(int(v)) for v in bad[:10]) + (", ..." if bad.size > 10 else "")
+        raise ValueError(
+            f"labels out of range: {shown} ({bad.size} distinct bad value(s)); class "
+            f"indices must be in [0, {num_classes}) for {num_classes} classes"
+        )
+
+
+# -- the dropout hash: murmur3's 32-bit finaliser, chained over the keys ---------------------
+MASK32 = 0xFFFFFFFF
+FMIX_M1 = 0x85EBCA6B
+FMIX_M2 = 0xC2B2AE35
+GOLDEN = 0x9E3779B9
+
+
+def fmix32_host(h: int) -> int:
+    """murmur3 fmix32 on a Python int (the host half of the key chain)."""
+    h &= MASK32
+    h ^= h >> 16
+    h = (h * FMIX_M1) & MASK32
+    h ^= h >> 13
+    h = (h * FMIX_M2) & MASK32
+    h ^= h >> 16
+    return h
+
+
+def mix_host(h: int, k: int) -> int:
+    """``fmix32(h ^ fmix32(k + GOLDEN))``: a bijection in ``k`` for a fixed ``h``."""
+    return fmix32_host(h ^ fmix32_host((k + GOLDEN) & MASK32))
+
+
+def dropout_base_key(seed: int, step: int, salt: int = 0) -> int:
+    """The per-(seed, salt, step) key, every 64-bit half mixed in; computed on the host."""
+    h = 0
+    for v in (seed, salt, step):
+        v = int(v) & 0xFFFFFFFFFFFFFFFF
+        h = mix_host(mix_host(h, v & MASK32), v >> 32)
+    return h
+
+
+def mask_rows(shape: tuple[int, ...], sample_ids: Array) -> tuple[int, int]:
+    """(N, values per sample) of a dropout mask of ``shape``: one sample id per row."""
+    n = shape[0]
+    if sample_ids.shape[0] != n:
+        raise ValueError(f"{sample_ids.shape[0]} sample ids for a batch of {n}")
+    return n, math.prod(shape[1:])
+
+
+def dropout_threshold(p: float) -> int:
+    """Keep an element when its uint32 hash is ``>= threshold``: probability ~ 1 - p."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    return min(int(p * 4294967296.0), MASK32)
+
+
+def conv_out_size(size: int, k: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - k) // stride + 1
+
+
+def conv_out_hw(
+    x_shape: tuple[int, ...],
+    kh: int,
+    kw: int,
+    stride: int,
+    padding: int,
+    out_hw: tuple[int, int] | None = None,
+) -> tuple[int, int]:
+    """The (OH, OW) a kernel computes: all that fit, or the first ``out_hw`` of them."""
+    h, w = x_shape[-2:]
+    oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+    if out_hw is None:
+        return oh, ow
+    if not (0 < out_hw[0] <= oh and 0 < out_hw[1] <= ow):
+        raise ValueError(f"out_hw {tuple(out_hw)} outside the {oh}x{ow} outputs of {x_shape}")
+    return int(out_hw[0]), int(out_hw[1])
+
+
+def window(start: int, count: int, stride: int) -> slice:
+    """The slice of ``count`` positions ``start, start+stride, ...``."""
+    return slice(start, start + stride * (count - 1) + 1, stride)
