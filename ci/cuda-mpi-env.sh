@@ -20,6 +20,8 @@ fi
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
+# One rank a GPU can mean more ranks than the cores hwloc counts in a container's quota.
+export OMPI_MCA_rmaps_base_oversubscribe=1
 # Without the CUDA driver every process would print the same warning; `python -m xpnn info`
 # says once whether the device or the driver is missing.
 export OMPI_MCA_opal_warn_on_missing_libcuda=0

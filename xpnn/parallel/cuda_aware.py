@@ -254,6 +254,18 @@ def _library_cuda_aware(
     return CudaAwareness(False, "; ".join(notes))
 
 
+def nonblocking_device_collectives(library_version: str) -> bool:
+    """Whether this MPI library takes device buffers in non-blocking collectives too.
+
+    Open MPI's CUDA support (smcuda and its ``cuda`` collective component) covers send and
+    receive and the *blocking* collectives only: its CUDA FAQ says neither the non-blocking
+    collectives nor one-sided calls take device pointers, and libnbc would reduce device
+    memory with the CPU. MPICH's and MVAPICH's GPU support covers them.
+    ``library_version``: ``MPI.Get_library_version()``.
+    """
+    return not library_version.lstrip().startswith("Open MPI")
+
+
 def mpi_info() -> dict:
     """MPI facts for ``python -m xpnn info``: library, versions, CUDA-awareness (starts MPI)."""
     import mpi4py

@@ -13,8 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.parallel.comm import Communicator, Handle, MpiHostCommunicator, _as_cupy, _MpiHandle
-from xpnn.parallel.cuda_aware import detect_cuda_aware
+from xpnn.parallel.comm import (
+    _DONE,
+    Communicator,
+    Handle,
+    MpiHostCommunicator,
+    _as_cupy,
+    _MpiHandle,
+)
+from xpnn.parallel.cuda_aware import detect_cuda_aware, nonblocking_device_collectives
 from xpnn.parallel.world import World
 
 
@@ -22,10 +29,18 @@ class MpiCudaCommunicator(MpiHostCommunicator):
     """Device buffers handed straight to a CUDA-aware MPI (no host copies).
 
     MPI does not know CUDA streams: the current stream is synchronised first so the kernels
-    that wrote the buffer have finished before MPI reads it.
+    that wrote the buffer have finished before MPI reads it. Where the library takes device
+    buffers in blocking collectives only (Open MPI), a non-blocking allreduce of a device
+    buffer is done blocking and returns a finished handle.
     """
 
     name = "mpi-cuda"
+
+    def __init__(self, mpi_comm: Any) -> None:
+        super().__init__(mpi_comm)
+        self.nonblocking_device_collectives = nonblocking_device_collectives(
+            self._MPI.Get_library_version()
+        )
 
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         import cupy
@@ -37,6 +52,9 @@ class MpiCudaCommunicator(MpiHostCommunicator):
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
+        if not self.nonblocking_device_collectives:
+            self._comm.Allreduce(self._in_place, buf, mop)
+            return _DONE
         return _MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
