@@ -35,14 +35,20 @@ for tool in apt-get dpkg-source gcc g++ make perl realpath strip; do
 done
 [ -r "$DEBIAN_KEYRING" ] || die "$DEBIAN_KEYRING missing (apt-get install debian-archive-keyring)"
 
+is_py312() { "$1" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; }
 if [ -z "${PYTHONS:-}" ]; then
   PYTHONS="python3"
-  py312="$(command -v python3.12 || true)"
-  if [ -z "$py312" ] && command -v pyenv >/dev/null; then
-    py312="$(ls -d "$(pyenv root)"/versions/3.12.*/bin/python3 2>/dev/null | tail -1 || true)"
+  if ! is_py312 python3; then
+    # a pyenv shim on PATH may not run: take the first candidate that does
+    pyenv_root="$(pyenv root 2>/dev/null || true)"
+    for cand in python3.12 ${pyenv_root:+"$pyenv_root"/versions/3.12.*/bin/python3}; do
+      if is_py312 "$cand"; then PYTHONS="$PYTHONS $cand"; break; fi
+    done
   fi
-  [ -n "$py312" ] && PYTHONS="$PYTHONS $py312"
 fi
+for py in $PYTHONS; do
+  "$py" -c 'import sys' 2>/dev/null || die "PYTHONS: $py does not run"
+done
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/build-cuda-mpi.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -62,6 +68,8 @@ log "apt-get source openmpi=$OMPI_DEB_VERSION"
 apt-get "${APT_OPTS[@]}" update >/dev/null
 (cd "$WORK/src" && apt-get "${APT_OPTS[@]}" source --download-only "openmpi=$OMPI_DEB_VERSION" \
   >/dev/null)
+# dpkg-source may say it cannot check the maintainer's signature (no Debian keyring package):
+# the files were already checked by apt against the signed index.
 (cd "$WORK/src" && dpkg-source -q -x "openmpi_${OMPI_DEB_VERSION}.dsc" ompi >/dev/null)
 SRC="$WORK/src/ompi"
 # Debian's patches to configure.ac, *.am and *.m4 adapt its packaging (libdir, pkg-config,
@@ -104,7 +112,10 @@ echo "$MPI4PY_REQ" >"$WORK/mpi4py-req.txt"
 for py in $PYTHONS; do
   ver="$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
   log "mpi4py for Python $ver ($py)"
-  CFLAGS="-O0 -g0" MPICC="$PREFIX/bin/mpicc" "$py" -m pip install -q --no-cache-dir \
+  # -I first: a virtual environment's include/ comes before the wrapper's own directory, and
+  # holds the mpich wheel's mpi.h where that wheel is installed.
+  CFLAGS="-O0 -g0 -I$PREFIX/include" MPICC="$PREFIX/bin/mpicc" \
+    "$py" -m pip install -q --no-cache-dir \
     --no-binary mpi4py --no-deps --require-hashes -r "$WORK/mpi4py-req.txt" \
     --target "$PREFIX/python/$ver" >"$WORK/mpi4py-$ver.log" 2>&1 \
     || { tail -30 "$WORK/mpi4py-$ver.log"; die "mpi4py for $py failed"; }
