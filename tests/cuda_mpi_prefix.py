@@ -1,7 +1,8 @@
 """The CUDA-aware Open MPI prefix that ``bash ci/build-cuda-mpi.sh`` builds, for tests.
 
 Found at ``$XPNN_CUDA_MPI_PREFIX`` or ``.cuda-mpi/`` in the repository. CI does not build it
-(half an hour on a busy 2-core machine: docs/cuda-aware-mpi.md), so tests that need it skip, naming the command that builds it.
+(half an hour on a busy 2-core machine: docs/cuda-aware-mpi.md), so tests that need it skip,
+naming the command that builds it.
 """
 
 from __future__ import annotations
