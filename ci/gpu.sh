@@ -71,6 +71,20 @@ else
 fi
 MPIEXEC="$(command -v mpiexec || true)"
 [ -n "$MPIEXEC" ] || fail "no mpiexec on this machine"
+if [ "$HAVE_CUDA_MPI" = 1 ] && [ -n "$MPIEXEC" ]; then
+  # Open MPI copies large host messages between ranks with process_vm_readv (CMA), which a
+  # sandboxed kernel may refuse: then every large exchange would abort. Checked once here.
+  big='import numpy as np; from mpi4py import MPI; c = MPI.COMM_WORLD; b = np.ones(1 << 24)
+c.Allreduce(MPI.IN_PLACE, b); assert b.min() == b.max() == c.size, b[:3]; print("ok", c.size)'
+  if ! timeout 120 "$MPIEXEC" -n 2 "$PY" -c "$big" >"$OUT/preflight.log" 2>&1; then
+    cat "$OUT/preflight.log"
+    echo "2-rank 128 MiB host allreduce failed; again without CMA (single copy mechanism none)"
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none
+    timeout 120 "$MPIEXEC" -n 2 "$PY" -c "$big" >"$OUT/preflight.log" 2>&1 \
+      || fail "2-rank host allreduce fails under $CUDA_MPI: $(tail -3 "$OUT/preflight.log")"
+  fi
+  cat "$OUT/preflight.log"
+fi
 
 step "environment"
 nvidia-smi -L || true
