@@ -138,9 +138,11 @@ ompi_info --parsable --all | grep -E "mpi_built_with_cuda_support:value" || true
 if ! ompi_info --parsable --all | grep -q "mpi_built_with_cuda_support:value:true"; then
   die "ompi_info does not report mpi_built_with_cuda_support:value:true"
 fi
-for py in $PYTHONS; do
-  "$py" -c "from mpi4py import MPI; print('mpi4py', MPI.Get_library_version().split(',')[0])" \
-    || die "mpi4py does not import with $py"
+for py in $PYTHONS; do  # env.sh picks the mpi4py of the Python named in PYTHON
+  # shellcheck disable=SC2016
+  PYTHON="$py" bash -c '. "$1/env.sh" && "$PYTHON" -c "from mpi4py import MPI
+print(\"mpi4py\", MPI.Get_library_version().split(\",\")[0], \"for Python\", MPI.__file__)"' \
+    _ "$PREFIX" || die "mpi4py does not import with $py"
 done
 log "done in $(($(date +%s) - START)) s; $(du -sh "$PREFIX" | cut -f1) in $PREFIX"
 echo "use it with: . $PREFIX/env.sh"
