@@ -1,17 +1,41 @@
 #!/usr/bin/env bash
-# Every GPU check in one call, for a machine with an NVIDIA GPU (CuPy, mpi4py, Numba present):
-# GPU tests, 2-rank --backend cupy training runs (data, tensor, pipeline parallel), the crossover,
-# allreduce, staging and throughput benchmarks. Results go to ${OUT:-bench/results}.
-# Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see README, GPU).
+# Every GPU check in one call, for a machine with an NVIDIA GPU (CuPy, Numba present):
+#   1. --comm mpi-cuda on a really CUDA-aware MPI (the .cuda-mpi prefix that
+#      ci/build-cuda-mpi.sh builds, carried here): 2 ranks on one GPU train without falling
+#      back and save the same parameters as mpi-host (float64, 1e-10 relative);
+#   2. the mpi-cuda GPU tests (device collectives; data parallel = mpi-host, tensor and
+#      pipeline parallelism = 1 NumPy rank, over mpi-cuda) and detection against the library;
+#   3. allreduce of device buffers, 4 B to 256 MiB: mpi-cuda vs mpi-host (pinned staging) on
+#      2 ranks, and NCCL on 1 rank;
+#   4. throughput against PyTorch CUDA (MLP 784-512-256-10 at batch 128 and 512, CNN at 128);
+#   5. the other GPU tests, 2-rank training runs with each --comm and --parallel, the
+#      crossover and staging benchmarks.
+# Most telling first, so a run cut short still brought those back. Results, the log and the
+# time of each step go to ${OUT:-bench/results}. Any mismatch or fallback fails the script.
+# Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see README, GPU; the
+# prefix is taken from $XPNN_CUDA_MPI_PREFIX or .cuda-mpi/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/results}"
 mkdir -p "$OUT"
+if [ -z "${XPNN_GPU_SH_LOGGED:-}" ]; then  # everything also into $OUT/gpu.log, exit code kept
+  XPNN_GPU_SH_LOGGED=1 bash "$0" "$@" 2>&1 | tee "$OUT/gpu.log"
+  exit "${PIPESTATUS[0]}"
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
-status=0
-step() { echo; echo "== $*"; }
-run() { "$@" || { echo "FAILED ($?): $*"; status=1; }; }
+failed=()
+t_start=$(date +%s)
+t_step=$t_start
+step_name=""
+end_step() {
+  [ -n "$step_name" ] && echo "$step_name: $(($(date +%s) - t_step)) s" >>"$OUT/gpu_times.txt"
+  t_step=$(date +%s)
+}
+step() { end_step; step_name="$*"; echo; echo "== $* ($(($(date +%s) - t_start)) s in)"; }
+fail() { echo "FAILED: $*"; failed+=("$*"); }
+run() { "$@" || fail "($?) $*"; }
+: >"$OUT/gpu_times.txt"
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   # What the image lacks, carried as wheels (README: GPU): installed under a prefix, found
@@ -29,47 +53,139 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   echo "site $SITE, mpiexec ${BIN:-none}, MPI4PY_LIBMPI ${LIBMPI:-unset}"
 fi
 
+step "CUDA-aware MPI prefix"
+CUDA_MPI="${XPNN_CUDA_MPI_PREFIX:-$PWD/.cuda-mpi}"
+if [ -f "$CUDA_MPI/env.sh" ]; then
+  # Its mpirun, libmpi and mpi4py go first; the wheels' MPICH stays for nothing here.
+  unset MPI4PY_LIBMPI
+  # shellcheck disable=SC1091
+  PYTHON="$PY" . "$CUDA_MPI/env.sh"
+  export XPNN_CUDA_MPI_PREFIX="$CUDA_MPI" XPNN_TEST_MPIEXEC="$CUDA_MPI/bin/mpiexec"
+  echo "using $CUDA_MPI: $(command -v mpiexec)"
+  ompi_info --parsable --all | grep -q "mpi_built_with_cuda_support:value:true" \
+    || fail "$CUDA_MPI: ompi_info does not report mpi_built_with_cuda_support:value:true"
+  HAVE_CUDA_MPI=1
+else
+  fail "no CUDA-aware MPI at $CUDA_MPI: build it with 'bash ci/build-cuda-mpi.sh' and carry .cuda-mpi"
+  HAVE_CUDA_MPI=0
+fi
+MPIEXEC="$(command -v mpiexec || true)"
+[ -n "$MPIEXEC" ] || fail "no mpiexec on this machine"
+if [ "$HAVE_CUDA_MPI" = 1 ] && [ -n "$MPIEXEC" ]; then
+  # Open MPI copies large host messages between ranks with process_vm_readv (CMA), which a
+  # sandboxed kernel may refuse: then every large exchange would abort. Checked once here.
+  big='import numpy as np; from mpi4py import MPI; c = MPI.COMM_WORLD; b = np.ones(1 << 24)
+c.Allreduce(MPI.IN_PLACE, b); assert b.min() == b.max() == c.size, b[:3]; print("ok", c.size)'
+  if ! timeout 120 "$MPIEXEC" -n 2 "$PY" -c "$big" >"$OUT/preflight.log" 2>&1; then
+    cat "$OUT/preflight.log"
+    echo "2-rank 128 MiB host allreduce failed; again without CMA (single copy mechanism none)"
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none
+    timeout 120 "$MPIEXEC" -n 2 "$PY" -c "$big" >"$OUT/preflight.log" 2>&1 \
+      || fail "2-rank host allreduce fails under $CUDA_MPI: $(tail -3 "$OUT/preflight.log")"
+  fi
+  cat "$OUT/preflight.log"
+fi
+
 step "environment"
 nvidia-smi -L || true
-run "$PY" -m xpnn info
+"$PY" -m xpnn info | tee "$OUT/info.txt" || fail "python -m xpnn info"
+if [ "$HAVE_CUDA_MPI" = 1 ]; then
+  grep -q "^  CUDA-aware: yes" "$OUT/info.txt" || fail "xpnn info does not say 'CUDA-aware: yes'"
+fi
+
+# 2 ranks on one GPU, float64: mpi-cuda must be the live path and equal mpi-host.
+EQ_RUN=(--backend cupy --dataset synthetic --synthetic-size 4000 --epochs 2 --batch-size 256
+  --dtype float64 --no-progress)
+same_params() {  # FILE_A FILE_B: equal within 1e-10 relative, or say where not
+  "$PY" - "$1" "$2" <<'EOF'
+import sys
+import numpy as np
+with np.load(sys.argv[1], allow_pickle=False) as a, np.load(sys.argv[2], allow_pickle=False) as b:
+    assert sorted(a.files) == sorted(b.files), (a.files, b.files)
+    worst = 0.0
+    for k in a.files:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-10, atol=0, err_msg=k)
+        worst = max(worst, float(np.max(np.abs(a[k] - b[k]) / np.maximum(np.abs(b[k]), 1e-300))))
+print(f"{sys.argv[1]} == {sys.argv[2]}: {len(a.files)} arrays, worst relative difference {worst:.3g}")
+EOF
+}
+lives() {  # LOG COMM: the run line names COMM and nothing fell back
+  grep -q "comm $2, " "$1" || fail "$1: the run line does not say comm $2"
+  if grep -q "falling back" "$1"; then fail "$1: fell back: $(grep 'falling back' "$1")"; fi
+}
+
+if [ -n "$MPIEXEC" ]; then
+  step "mpi-cuda vs mpi-host: 2 ranks on one GPU, float64"
+  for comm in mpi-cuda mpi-host; do
+    run "$MPIEXEC" -n 2 "$PY" -m xpnn "${EQ_RUN[@]}" --comm "$comm" \
+      --save "$OUT/params_$comm.npz" --metrics "$OUT/train_$comm.jsonl" >"$OUT/train_$comm.log" 2>&1
+    cat "$OUT/train_$comm.log"
+    lives "$OUT/train_$comm.log" "$comm"
+  done
+  same_params "$OUT/params_mpi-cuda.npz" "$OUT/params_mpi-host.npz" \
+    || fail "mpi-cuda parameters differ from mpi-host's"
+fi
+
+# Tensor and pipeline parallelism over mpi-cuda against 1 NumPy rank: in the tests below.
+step "mpi-cuda GPU tests (collectives, data/tensor/pipeline = mpi-host / 1 NumPy rank), detection"
+run "$PY" -m pytest -q -ra tests/gpu/test_gpu_cuda_mpi.py tests/test_cuda_aware.py
+
+if [ -n "$MPIEXEC" ]; then
+  step "allreduce of device buffers, 4 B to 256 MiB (2 ranks: mpi-cuda, mpi-host; 1 rank: nccl)"
+  AR=(--backend cupy --max-size 256M --iters 100 --iters-large 20)
+  run "$MPIEXEC" -n 2 "$PY" bench/allreduce.py "${AR[@]}" --json "$OUT/allreduce_gpu.json"
+  run "$MPIEXEC" -n 1 "$PY" bench/allreduce.py "${AR[@]}" --json "$OUT/allreduce_gpu_1rank.json"
+  if [ "$HAVE_CUDA_MPI" = 1 ]; then
+    "$PY" - "$OUT/allreduce_gpu.json" <<'EOF' || fail "allreduce: no mpi-cuda device rows"
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+kinds = sorted({r["comm"] for r in rows if "(device)" in r["comm"]})
+print("device rows:", kinds)
+assert "mpi-cuda (device)" in kinds and "mpi-host (device)" in kinds, kinds
+EOF
+  fi
+fi
+
+step "throughput (cupy vs PyTorch CUDA)"
+run "$PY" bench/throughput.py --backends cupy --batches 128,512 --json "$OUT/throughput_gpu.json"
+run "$PY" bench/throughput.py --model cnn --backends cupy --batches 128 \
+  --json "$OUT/throughput_cnn_gpu.json"
 
 step "GPU tests"
-run "$PY" -m pytest -q -ra tests/gpu tests/test_backends.py tests/test_layers.py
+run "$PY" -m pytest -q -ra tests/gpu tests/test_backends.py tests/test_layers.py \
+  --ignore=tests/gpu/test_gpu_cuda_mpi.py
 
-MPIEXEC="$(command -v mpiexec || true)"
-step "2-rank --backend cupy training run"
 if [ -n "$MPIEXEC" ]; then
+  step "2-rank --backend cupy training runs"
   run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --dataset synthetic --synthetic-size 20000 \
-      --epochs 3 --batch-size 512 --metrics "$OUT/gpu_train.jsonl" --no-progress
-  for parallel in tensor pipeline; do
-    run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --parallel "$parallel" --dataset synthetic \
-        --synthetic-size 20000 --epochs 2 --batch-size 512 --no-progress
-  done
+    --epochs 3 --batch-size 512 --metrics "$OUT/gpu_train.jsonl" --no-progress
   for comm in mpi-host mpi-cuda nccl; do
     run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --comm "$comm" --dataset synthetic \
-        --synthetic-size 4000 --epochs 1 --no-progress
+      --synthetic-size 4000 --epochs 1 --no-progress
   done
-else
-  echo "skipped: no mpiexec on this machine (pip install mpich)"; status=1
+  for parallel in tensor pipeline; do
+    run "$MPIEXEC" -n 2 "$PY" -m xpnn --backend cupy --comm mpi-cuda --parallel "$parallel" \
+      --dataset synthetic --synthetic-size 20000 --epochs 2 --batch-size 512 --no-progress
+  done
 fi
 
 step "matmul crossover"
 run "$PY" bench/matmul_crossover.py --out "$OUT"
 
-step "allreduce (device buffers)"
 if [ -n "$MPIEXEC" ]; then
-  run "$MPIEXEC" -n 2 "$PY" bench/allreduce.py --backend cupy --json "$OUT/allreduce_gpu.json"
-fi
-
-step "host staging of device buffers, phase by phase (1 rank, then 2 ranks)"
-if [ -n "$MPIEXEC" ]; then
+  step "host staging of device buffers, phase by phase (1 rank, then 2 ranks)"
   run "$MPIEXEC" -n 1 "$PY" bench/staging.py
   run "$MPIEXEC" -n 2 "$PY" bench/staging.py
 fi
 
-step "throughput (cupy vs PyTorch CUDA)"
-run "$PY" bench/throughput.py --backends cupy --batches 128,512 --json "$OUT/throughput_gpu.json"
-run "$PY" bench/throughput.py --model cnn --backends cupy --batches 128 --json "$OUT/throughput_cnn_gpu.json"
-
-echo; [ $status -eq 0 ] && echo "ci/gpu.sh: all GPU checks passed" || echo "ci/gpu.sh: some checks FAILED"
-exit $status
+end_step
+echo "total: $(($(date +%s) - t_start)) s" >>"$OUT/gpu_times.txt"
+echo
+cat "$OUT/gpu_times.txt"
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "ci/gpu.sh: all GPU checks passed"
+  exit 0
+fi
+echo "ci/gpu.sh: ${#failed[@]} check(s) FAILED:"
+printf '  %s\n' "${failed[@]}"
+exit 1

@@ -50,7 +50,11 @@ CNN_DROPOUT_RUN = [
 
 
 def mpiexec_path() -> str:
-    """The mpiexec next to this Python (the mpich wheel's), else the one on PATH."""
+    """``$XPNN_TEST_MPIEXEC`` (ci/gpu.sh: the CUDA-aware MPI's), else the mpiexec next to this
+    Python (the mpich wheel's), else the one on PATH."""
+    forced = os.environ.get("XPNN_TEST_MPIEXEC")
+    if forced:
+        return forced
     here = Path(sys.executable).parent / "mpiexec"
     found = str(here) if here.exists() else shutil.which("mpiexec")
     if not found:

