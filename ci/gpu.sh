@@ -54,11 +54,11 @@ else
 fi
 
 step "matmul crossover"
-run "$PY" bench/matmul_crossover.py --out "$OUT"
+run "$PY" bench/matmul_crossover.py --out "$OUT/crossover.jsonl"
 
 step "allreduce (device buffers)"
 if [ -n "$MPIEXEC" ]; then
-  run "$MPIEXEC" -n 2 "$PY" bench/allreduce.py --backend cupy --json "$OUT/allreduce_gpu.json"
+  run "$PY" -m bench allreduce --device --out "$OUT/allreduce_gpu.jsonl"
 fi
 
 step "host staging of device buffers, phase by phase (1 rank, then 2 ranks)"
