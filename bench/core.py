@@ -67,7 +67,7 @@ def _mpi_library() -> str | None:
         from mpi4py import MPI
     except ImportError:
         return None
-    return MPI.Get_library_version().strip().splitlines()[0].strip()
+    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
 
 
 def _gpu() -> dict[str, Any] | None:
@@ -126,7 +126,7 @@ def machine_line(m: dict[str, Any]) -> str:
 
 
 def now() -> str:
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def stats(samples: Sequence[float]) -> dict[str, Any]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,34 @@ def build(args: argparse.Namespace) -> Path:
     return index
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def check(out: Path) -> list[str]:
+    """What is wrong with a built report: a table without rows, a missing or invalid PNG."""
+    import re
+
+    index = out / "index.md"
+    if not index.is_file():
+        return [f"{index}: missing"]
+    text = index.read_text()
+    problems = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = [ln for ln in block.strip().splitlines() if ln.startswith("|")]
+        if lines and len(lines) < 3:  # a header and its rule, no row
+            problems.append(f"a table without rows: {lines[0]}")
+    pngs = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
+    if not pngs:
+        problems.append("no figure")
+    for name in pngs:
+        png = out / name
+        if not png.is_file() or png.read_bytes()[:8] != PNG_SIGNATURE:
+            problems.append(f"{png}: missing or not a PNG")
+    if "|" not in text:
+        problems.append("no table")
+    return problems
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench report", description=__doc__)
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (~5 min)")
@@ -198,7 +227,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--data-dir")
     p.add_argument("--ranks", default="1,2", help="rank counts of the scaling studies")
     p.add_argument("--only", default=",".join(STUDIES), help=f"comma list of {', '.join(STUDIES)}")
+    p.add_argument(
+        "--check", action="store_true", help="check the report in --out, measure nothing"
+    )
     args = p.parse_args(argv)
+    if args.check:
+        problems = check(args.out)
+        for line in problems:
+            print(f"report: {line}", file=sys.stderr)
+        print(f"report: {args.out / 'index.md'}: " + ("bad" if problems else "ok"))
+        return 1 if problems else 0
     args.only = [s for s in args.only.split(",") if s]
     unknown = [s for s in args.only if s not in STUDIES]
     if unknown:
