@@ -107,6 +107,8 @@ def _study(name: str, args: argparse.Namespace, machine: dict[str, Any]) -> list
         flags += ["--ranks", args.ranks]
     if name == "parallel_modes":
         flags += ["--ranks", str(max(int(r) for r in args.ranks.split(",")))]
+    if name != "batch_regimes":  # its lr grid already makes many runs
+        flags += ["--repeats", str(args.repeats or (1 if args.quick else 3))]
     return benchmarks.load(name).run(parse(name, flags, args.quick), machine)
 
 
@@ -225,6 +227,7 @@ def main(argv: list[str]) -> int:
         "--dataset", default="synthetic", choices=("synthetic", "mnist", "fashion-mnist")
     )
     p.add_argument("--data-dir")
+    p.add_argument("--repeats", type=int, help="runs per configuration (default 3; 1 quick)")
     p.add_argument("--ranks", default="1,2", help="rank counts of the scaling studies")
     p.add_argument("--only", default=",".join(STUDIES), help=f"comma list of {', '.join(STUDIES)}")
     p.add_argument(
