@@ -33,10 +33,11 @@ def test_list_names_every_benchmark():
     proc = bench("LIST")
     assert proc.returncode == 0, proc.stderr
     names = [line.split()[0] for line in proc.stdout.splitlines()]
-    assert names == ["scaling", "cnn", "granularity", "batch_regimes", "parallel_modes"] + [
-        "crossover",
-        "allreduce",
-    ]
+    assert names == [
+        "scaling", "cnn", "granularity", "batch_regimes", "parallel_modes", "crossover",
+        "allreduce", "gemm_split", "throughput", "optimizer_step", "core_contention",
+        "within_job", "step_phases", "staging",
+    ]  # fmt: skip
 
 
 def test_an_unknown_benchmark_is_one_line_exit_2():
@@ -148,3 +149,71 @@ def test_the_recorded_gpu_results_name_machine_and_date():
         assert r["machine"]["gpu"]["name"].startswith("NVIDIA H100")
         assert r["time"] == "2026-11-22" and "README" in r["info"]["source"]
         assert all(math.isfinite(m["median"]) for m in r["metrics"].values())
+
+
+def test_gemm_split_times_every_product_at_both_batches(tmp_path):
+    out = tmp_path / "g.jsonl"
+    proc = bench(
+        "gemm_split", "--inputs", "6", "--hidden", "8", "--classes", "3", "--batch", "5",
+        "--ranks", "2", "--samples", "2", "--seconds", "0", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rs = read_records(out, "gemm_split")
+    assert [r["config"]["product"] for r in rs] == [
+        "layer 0 forward", "layer 0 weight grad",  # no input gradient for the data
+        "layer 1 forward", "layer 1 weight grad", "layer 1 input grad",
+    ]  # fmt: skip
+    for r in rs:
+        assert_schema(r, "gemm_split")
+        assert r["config"]["share"] == 3  # the larger share of 5 rows on 2 ranks
+        share, whole = r["metrics"]["share_us"]["samples"], r["metrics"]["whole_us"]["samples"]
+        ratios = [a / b for a, b in zip(share, whole, strict=True)]
+        assert r["metrics"]["ratio"]["samples"] == ratios
+    assert "ideal ratio 0.500" in proc.stdout
+
+
+def test_a_batch_below_the_ranks_is_refused_in_one_line():
+    proc = bench("gemm_split", "--batch", "1", "--ranks", "2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "bench: --batch 1 is below --ranks 2: a rank would get no rows"
+
+
+def test_step_phases_become_one_record_per_rank(tmp_path):
+    out = tmp_path / "p.jsonl"
+    proc = bench("step_phases", "--quick", "--ranks", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rs = read_records(out, "step_phases")
+    assert [r["config"]["rank"] for r in rs] == [0, 1]
+    for r in rs:
+        assert_schema(r, "step_phases")
+        m = {k: v["median"] for k, v in r["metrics"].items()}
+        assert m["step_ms"] > 0 and 0 < m["compute_ms"] <= m["step_ms"] * 1.01
+        assert "step_phases.py" in r["config"]["command"]
+
+
+def test_within_job_rounds_become_samples(tmp_path):
+    out = tmp_path / "w.jsonl"
+    proc = bench("within_job", "--quick", "--rounds", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "within_job")
+    assert_schema(r, "within_job")
+    assert r["config"]["ranks"] == 2 and r["repeats"] == 2
+    a, b = r["metrics"]["a_s"]["samples"], r["metrics"]["b_s"]["samples"]
+    assert r["metrics"]["a_over_b"]["samples"] == [x / y for x, y in zip(a, b, strict=True)]
+
+
+def test_optimizer_step_and_core_contention_records(tmp_path):
+    out = tmp_path / "o.jsonl"
+    proc = bench("optimizer_step", "--quick", "--rounds", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "optimizer_step")
+    assert r["config"]["side"] == "numpy" and r["config"]["params"] == 100000
+    assert r["repeats"] == 2 and r["metrics"]["us_per_update"]["median"] > 0
+    out = tmp_path / "c.jsonl"
+    proc = bench("core_contention", "--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rs = read_records(out, "core_contention")
+    assert {r["config"]["kernel"] for r in rs} == {"fma"}
+    assert [r["config"]["cpu"] for r in rs] == rs[0]["config"]["cpus"]
+    for r in rs:
+        assert r["metrics"]["alone_ms"]["median"] > 0 and r["metrics"]["together_ms"]["median"] > 0

@@ -43,9 +43,6 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
         ("within_job", ["--a", "--seed 1", "--b", "--seed 1"], "nothing to compare"),
         ("within_job", ["--json", "/proc/w.json"], "--json /proc/w.json: cannot create files"),
         ("within_job", ["--a", "--dataset mnist --data-dir /nonexistent"], "no such directory"),
-        ("gemm_split", ["--batch", "1", "--ranks", "2"], "--batch 1 is below --ranks 2"),
-        ("gemm_split", ["--hidden", "0"], "--hidden: expected positive integers"),
-        ("gemm_split", ["--seconds", "nan"], "--seconds: must be a finite number"),
         ("core_contention", ["--cpus", "0,4096"], "--cpus: 4096 is not a CPU this process may"),
         ("core_contention", ["--cpus", "0"], "--cpus: needs two or more CPUs to compare"),
         ("core_contention", ["--cpus", "a"], "--cpus: expected CPU numbers like 0,1"),
@@ -140,7 +137,6 @@ def test_a_path_this_user_may_not_look_at(tmp_path, script, flag, name):
 @pytest.mark.parametrize(
     ("script", "args"),
     [
-        ("gemm_split", ["--samples", "2", "--seconds", "0"]),
         ("core_contention", ["--kernels", "fma", "--rounds", "1", "--seconds", "0"]),
     ],
 )
@@ -208,7 +204,7 @@ def test_under_mpiexec_rank_0_alone_prints_a_usage_error(script, args, needle):
 
 
 HELP_SCRIPTS = [
-    "core_contention", "gemm_split", "optimizer_step", "staging", "step_phases", "throughput",
+    "core_contention", "optimizer_step", "staging", "step_phases", "throughput",
     "within_job",
 ]  # fmt: skip
 
