@@ -172,15 +172,6 @@ def test_ctrl_c_in_a_benchmark_is_one_line(tmp_path):
     assert err.splitlines()[-1] == "bench: interrupted" and "Traceback" not in err, err
 
 
-def test_the_plot_suffixes_are_ones_matplotlib_writes():
-    """The list is kept by hand (checking a path must not import matplotlib before measuring)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from _common import PLOT_SUFFIXES
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    assert set(PLOT_SUFFIXES) <= set(FigureCanvasBase.get_supported_filetypes())
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize(
     ("script", "args", "needle"),
