@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,18 +55,29 @@ def seed002_table() -> str:
     return markdown_table(heads, rows)
 
 
+def command_line(records: list[dict[str, Any]]) -> str:
+    """The last run's command, as an example of the study's runs."""
+    return f"A run of this study: `{records[-1]['config']['command']}`." if records else ""
+
+
 def modes_sentence(records: list[dict[str, Any]]) -> str:
     """When each mode wins, read from this run's numbers."""
     if not records:
         return ""
     by = {r["config"]["mode"]: r for r in records}
-    fastest = min(by, key=lambda m: median_of(by[m], "epoch_s"))
-    leanest = min(by, key=lambda m: median_of(by[m], "peak_rss_mb") or float("inf"))
-    fewest = min(by, key=lambda m: by[m]["info"]["bytes_per_step"])
+
+    def least(value: Any) -> str:
+        low = min(value(m) for m in by)
+        return " and ".join(m for m in by if value(m) == low)
+
+    fastest = least(lambda m: median_of(by[m], "epoch_s"))
+    leanest = least(lambda m: median_of(by[m], "peak_rss_mb") or float("inf"))
+    fewest = least(lambda m: by[m]["info"]["bytes_per_step"])
     return (
         f"Here {fastest} was fastest, {leanest} needed the least memory per rank and "
-        f"{fewest} sent the fewest bytes per step: data parallelism wins while the model fits "
-        "on every rank and its gradients are cheap to sum against the batch's arithmetic; "
+        f"{fewest} sent the fewest bytes per step (one run on a shared machine). Data "
+        "parallelism wins while the model fits on every rank and its gradients are cheap to "
+        "sum against the batch's arithmetic; "
         "tensor and pipeline parallelism win when the model or its activations do not fit one "
         "rank (they split the parameters), tensor when the batch is small relative to the "
         "weights, pipeline when links are slow (only the cut activations travel) and there "
@@ -117,6 +129,7 @@ def build(args: argparse.Namespace) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     pyplot()  # fail now, not after the measurements, without matplotlib
     machine = describe_machine()
+    load = os.getloadavg()[0]
     t0 = time.perf_counter()
     rec: dict[str, list[dict[str, Any]]] = {}
     for name in [s for s in STUDIES if s != "gpu" and s in args.only]:
@@ -138,12 +151,16 @@ def build(args: argparse.Namespace) -> Path:
         f"Generated {now()} by `python -m bench report{' --quick' if args.quick else ''}` "
         f"({size}; data: {args.dataset}; measuring took {time.perf_counter() - t0:.0f} s).\n",
         f"**Machine:** {machine_line(machine)}; host {machine['host']}, {machine['os']}.\n",
-        "Timings on a shared machine are noisy: each cell is a median, with its range when "
+        "Timings on a shared machine are noisy (load average when the report started: "
+        f"{load:.1f} on {machine['cores']} cores): each cell is a median, with its range when "
         "repeated; the command of every run is in `records.jsonl`.\n",
     ]
     if "scaling" in rec:
         parts += [
             "## Seed 000: strong and weak scaling (sigmoid MLP, BCE, full-batch GD)\n",
+            f"One hidden layer of {rec['scaling'][0]['config']['hidden']} sigmoid units (the "
+            "report does not give its width), one rank per core, 1 BLAS thread each. "
+            f"{command_line(rec['scaling'])}\n",
             f"Strong scaling (this run):\n\n{sc.table(rec['scaling'], 'strong')}\n",
             f"The report's Table 1 (i7-6700K, 4 cores, mpi4py):\n\n{strong000}\n",
             f"Weak scaling (this run):\n\n{sc.table(rec['scaling'], 'weak')}\n",
@@ -153,6 +170,7 @@ def build(args: argparse.Namespace) -> Path:
     if "cnn" in rec:
         parts += [
             "## Seed 002: the 690,590-parameter CNN, batch 128 per process, lr 0.001 × processes\n",
+            f"{command_line(rec['cnn'])}\n",
             f"This run:\n\n{benchmarks.load('cnn').table(rec['cnn'])}\n",
             f"The report's Table 2 (one node, Adam, 5 epochs, MNIST):\n\n{seed002_table()}\n",
             "![cnn](cnn.png)\n",
@@ -160,6 +178,7 @@ def build(args: argparse.Namespace) -> Path:
     if "granularity" in rec:
         parts += [
             "## Seed 003: granularity, speedup as the work per sample grows\n",
+            f"{command_line(rec['granularity'])}\n",
             f"{benchmarks.load('granularity').table(rec['granularity'])}\n",
             "![granularity](granularity.png)\n",
         ]
@@ -170,6 +189,7 @@ def build(args: argparse.Namespace) -> Path:
             f"Target test accuracy {r0['target']}, SGD, lr tuned per batch size from "
             f"{sorted({r['config']['lr'] for r in rec['batch_regimes']})}; steps interpolated "
             "between the per-epoch evaluations.\n",
+            f"{command_line(rec['batch_regimes'])}\n",
             f"{benchmarks.load('batch_regimes').table(rec['batch_regimes'])}\n",
             "![batch regimes](batch_regimes.png)\n",
         ]
@@ -180,6 +200,7 @@ def build(args: argparse.Namespace) -> Path:
             f"MLP 784-{pm[0]['config']['hidden'].replace(',', '-')}-10, global batch "
             f"{pm[0]['config']['batch_size']}, {pm[0]['config']['ranks']} ranks; bytes per "
             "step computed from the layer shapes (all ranks together).\n",
+            f"{command_line(pm)}\n",
             f"{benchmarks.load('parallel_modes').table(pm)}\n",
             modes_sentence(pm) + "\n",
             "![parallel modes](parallel_modes.png)\n",

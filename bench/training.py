@@ -39,16 +39,24 @@ def train_samples(args: argparse.Namespace) -> int:
     return args.samples if args.dataset == "synthetic" else 60_000
 
 
+def run_flags(flags: Sequence[str], args: argparse.Namespace) -> list[str]:
+    return [*flags, "--threads", str(args.threads), "--seed", "0"]
+
+
+def command(
+    ranks: int, flags: Sequence[str], args: argparse.Namespace, launcher: bool = True
+) -> str:
+    """The command line a reader can paste to repeat one run (metrics to m.jsonl)."""
+    launch = f"mpiexec -n {ranks} " if launcher else ""
+    return f"{launch}python -m xpnn {' '.join(run_flags(flags, args))} --metrics m.jsonl"
+
+
 def timed_run(
     ranks: int, flags: Sequence[str], args: argparse.Namespace, launcher: bool = True
 ) -> dict[str, Any]:
     """One training run's numbers: per-epoch time (median after the first when there are more
     than two), training time, final test metrics, peak memory per rank, every epoch's record."""
-    metrics = run_xpnn(
-        ranks if launcher else 0,
-        [*flags, "--threads", str(args.threads), "--seed", "0"],
-        args.timeout,
-    )
+    metrics = run_xpnn(ranks if launcher else 0, run_flags(flags, args), args.timeout)
     epochs = epochs_of(metrics)
     done = done_of(metrics)
     seconds = [float(e["seconds"]) for e in epochs]

@@ -108,14 +108,17 @@ def test_crossover_script_is_still_a_command(tmp_path):
 
 def test_steps_to_target_interpolates_between_evaluations():
     curve = [{"epoch": 1, "test_acc": 0.5}, {"epoch": 2, "test_acc": 0.9}]
-    assert batch_regimes.steps_to_target(curve, 10, 0.7) == 15.0
+    assert batch_regimes.steps_to_target(curve, 10, 0.7) == (15.0, False)
     assert batch_regimes.steps_to_target(curve, 10, 0.95) is None
+    # met at the first evaluation: only "at most one epoch" is known
+    assert batch_regimes.steps_to_target(curve, 10, 0.4) == (10.0, True)
 
 
 def test_regimes_follow_the_ratio_of_steps_per_doubling():
-    pts = [(8, 0.1, 800.0), (16, 0.1, 400.0), (32, 0.1, 300.0), (64, 0.1, 295.0)]
+    pts = [(8, 0.1, 800.0, False), (16, 0.1, 400.0, False), (32, 0.1, 300.0, False)]
+    pts += [(64, 0.1, 295.0, False), (128, 0.1, 290.0, True)]
     assert batch_regimes.regimes(pts) == [
-        "perfect scaling", "diminishing returns", "maximal data parallelism",
+        "perfect scaling", "diminishing returns", "maximal data parallelism", "–",
     ]  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from bench.core import int_list, markdown_table, median_of, record, spread
-from bench.training import add_data_arguments, data_flags, measure
+from bench.training import add_data_arguments, command, data_flags, measure
 
 NAME = "cnn"
 SUMMARY = "CNN time per epoch and test accuracy vs processes, lr x ranks (seed 002)"
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
             "ranks": n, "threads": args.threads, "per_rank_batch": args.per_rank_batch,
             "lr": args.lr * n, "epochs": args.epochs, "dataset": args.dataset,
             "train_samples": args.samples if args.dataset == "synthetic" else 60_000,
-            "command": f"mpiexec -n {n} python -m xpnn {' '.join(flags)}",
+            "command": command(n, flags, args),
         }  # fmt: skip
         out.append(record(NAME, config, samples, machine, info))
     return out

@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from bench.core import int_list, markdown_table, median_of, record, spread
-from bench.training import add_data_arguments, data_flags, measure
+from bench.training import add_data_arguments, command, data_flags, measure
 
 NAME = "granularity"
 SUMMARY = "time per epoch and speedup as the hidden width grows (seed 003)"
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
                 "width": width, "ranks": n, "threads": args.threads,
                 "batch_size": args.batch_size, "epochs": args.epochs, "dataset": args.dataset,
                 "macs_per_sample": 784 * width + width * 10,
-                "command": f"mpiexec -n {n} python -m xpnn {' '.join(flags)}",
+                "command": command(n, flags, args),
             }  # fmt: skip
             out.append(record(NAME, config, samples, machine, info))
     return out

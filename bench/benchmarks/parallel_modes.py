@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
-from bench.training import add_data_arguments, data_flags, measure
+from bench.training import add_data_arguments, command, data_flags, measure
 
 NAME = "parallel_modes"
 SUMMARY = "data vs tensor vs pipeline: time, bytes per step, peak memory per rank"
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
             "mode": mode, "ranks": args.ranks, "hidden": args.hidden, "threads": args.threads,
             "batch_size": args.batch_size, "microbatches": args.microbatches,
             "epochs": args.epochs, "dataset": args.dataset,
-            "command": f"mpiexec -n {args.ranks} python -m xpnn {' '.join(flags)}",
+            "command": command(args.ranks, flags, args),
         }  # fmt: skip
         out.append(record(NAME, config, samples, machine, info))
     return out
