@@ -73,7 +73,7 @@ class Script:
     def plot(self, records: list[dict[str, Any]], ax: Any) -> None:
         metric = next(iter(records[0]["metrics"])) if records else ""
         keys = [k for k in (records[0]["config"] if records else {}) if k != "command"]
-        labels = [" ".join(str(r["config"][k]) for k in keys[:3]) for r in records]
+        labels = [" ".join(str(r["config"][k]) for k in keys[:3])[:28] for r in records]
         ax.bar(labels, [r["metrics"][metric]["median"] for r in records])
         ax.set(ylabel=metric, title=self.NAME)
         ax.tick_params(axis="x", labelrotation=30, labelsize=7)
