@@ -162,9 +162,11 @@ def build(args: argparse.Namespace) -> Path:
             "report does not give its width), one rank per core, 1 BLAS thread each. "
             f"{command_line(rec['scaling'])}\n",
             f"Strong scaling (this run):\n\n{sc.table(rec['scaling'], 'strong')}\n",
-            f"The report's Table 1 (i7-6700K, 4 cores, mpi4py):\n\n{strong000}\n",
+            f"The report's Table 1 (i7-6700K, 4 cores, mpi4py; its times and speedups, the "
+            f"efficiency computed from them):\n\n{strong000}\n",
             f"Weak scaling (this run):\n\n{sc.table(rec['scaling'], 'weak')}\n",
-            f"The report's Table 2:\n\n{weak000}\n",
+            f"The report's Table 2 (its times; speedup and efficiency computed from them):"
+            f"\n\n{weak000}\n",
             "![scaling](scaling.png)\n",
         ]
     if "cnn" in rec:
@@ -172,7 +174,8 @@ def build(args: argparse.Namespace) -> Path:
             "## Seed 002: the 690,590-parameter CNN, batch 128 per process, lr 0.001 × processes\n",
             f"{command_line(rec['cnn'])}\n",
             f"This run:\n\n{benchmarks.load('cnn').table(rec['cnn'])}\n",
-            f"The report's Table 2 (one node, Adam, 5 epochs, MNIST):\n\n{seed002_table()}\n",
+            "The report's Table 2 (one node, Adam, 5 epochs, MNIST; its times, losses and "
+            f"accuracies, the speedup computed from them):\n\n{seed002_table()}\n",
             "![cnn](cnn.png)\n",
         ]
     if "granularity" in rec:
