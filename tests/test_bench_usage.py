@@ -52,9 +52,9 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
         ("core_contention", ["--json", "/proc/c.json"], "--json /proc/c.json: cannot create files"),
         ("core_contention", ["--gemm", "1,100000,100000"], "--gemm: 37.3 GiB a process"),
         ("core_contention", ["--stream-mib", "1e9"], "--stream-mib: 976562.5 GiB a process"),
-        # xpnn's own refusals, made before the first run rather than by it (before the 18th
-        # session: mpiexec started, then "run failed (exit 2): <command>" and exit 1)
-        # the first epoch is not timed: one epoch would time nothing (or, before, itself)
+        # xpnn's own refusals, made before the first run rather than by it (not mpiexec
+        # started, then "run failed (exit 2): <command>" and exit 1)
+        # the first epoch is not timed: one epoch would time nothing
         (
             "throughput",
             ["--ranks-compare", "--ranks-epochs", "1"],
@@ -79,7 +79,7 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
         ("within_job", ["--a", "--resume"], "--a: --resume: not used here"),
         ("within_job", ["--a", "--seed 1", "--", "--epochs", "3"], "--epochs (after --): not"),
         # a side's one word starting with -- is its value, not a flag of within_job's own
-        # (before the 18th session: "argument --b: expected one argument")
+        # (not "argument --b: expected one argument")
         ("within_job", ["--a", "--optimizer sgd", "--b", "--resume"], "--b: --resume: not used"),
     ],
 )
@@ -90,7 +90,7 @@ def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    # one line: no argparse usage block before it (before the 18th session there was one)
+    # one line: no argparse usage block before it
     (line,) = proc.stderr.strip().splitlines()
     assert line.removeprefix("bench/").startswith(f"{script}.py: error: "), line
     assert needle in line, proc.stderr
@@ -123,8 +123,8 @@ def test_a_usage_error_needs_no_installed_xpnn(tmp_path, script, args):
     ],
 )
 def test_a_path_this_user_may_not_look_at(tmp_path, script, flag, name):
-    """Under a directory the user may not enter even ``stat()`` fails (before the 17th
-    session: a PermissionError traceback)."""
+    """Under a directory the user may not enter even ``stat()`` fails: one line, not a
+    PermissionError traceback."""
     locked = tmp_path / "locked"
     locked.mkdir()
     path = locked / name
@@ -142,7 +142,7 @@ def test_a_path_this_user_may_not_look_at(tmp_path, script, flag, name):
 )
 def test_stdout_closed_by_its_reader_stops_in_one_line(tmp_path, script, args):
     """``python bench/X.py | head -1``: as ``python -m xpnn`` there, one line and exit 141
-    (before the 17th session, a BrokenPipeError traceback)."""
+    (not a BrokenPipeError traceback)."""
     code, err = run_with_stdout_closed([f"bench/{script}.py", *args])
     assert code == 141, err
     assert err.splitlines()[-1] == f"{script}.py: stdout was closed (broken pipe): stopped", err
@@ -181,8 +181,8 @@ def test_ctrl_c_in_a_benchmark_is_one_line(tmp_path):
     ],
 )
 def test_under_mpiexec_rank_0_alone_prints_a_usage_error(script, args, needle):
-    """Every rank parses the same flags: one line, not one per rank (before the 18th session,
-    usage and error twice on 2 ranks)."""
+    """Every rank parses the same flags: one line, not one per rank (not usage and error
+    twice on 2 ranks)."""
     from conftest import mpiexec_path
 
     cmd = [mpiexec_path(), "-n", "2", sys.executable, f"bench/{script}.py", *args]
@@ -203,8 +203,7 @@ HELP_SCRIPTS = [
 @pytest.mark.parametrize("script", HELP_SCRIPTS)
 def test_help_shows_each_default_once_as_the_flag_takes_it(script):
     """No "(default: all allowed) (default: None)", no Python list (``[1, 2]``) where the flag
-    takes ``1,2``, and the script's own name (step_phases.py showed xpnn's help before the 18th
-    session)."""
+    takes ``1,2``, and the script's own name (not xpnn's, for step_phases.py)."""
     proc = subprocess.run(
         [sys.executable, f"bench/{script}.py", "--help"],
         capture_output=True,
