@@ -1,16 +1,13 @@
-"""Small helpers shared by the scripts in ``bench/``.
-
-Kept deliberately generic (timing, medians, text tables, CSV/JSON, BLAS thread
-control, a headless matplotlib) so each benchmark script stays about *what* it
-measures rather than how to print or save it. Nothing here imports xpnn, CuPy or
-matplotlib at import time: a benchmark must run on a bare NumPy install.
+"""Helpers of the scripts in ``bench/`` that keep a command of their own (throughput,
+optimizer_step, core_contention, within_job, step_phases, staging): flags checked before
+measuring, one-line errors, medians, text tables, waiting for a quiet machine. The suite
+(``python -m bench``) runs them and turns what they write into records (bench/core.py).
+Nothing here imports xpnn, CuPy or matplotlib at import time.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
 import json
 import math
 import os
@@ -21,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -61,33 +58,6 @@ def median(samples: Sequence[float]) -> float:
     return float(statistics.median(samples))
 
 
-def time_wall(
-    fn: Callable[[], object], repeats: int, warmup: int = 1, min_sample_s: float = 0.0
-) -> list[float]:
-    """Wall-clock seconds per call of ``fn``: ``repeats`` samples after ``warmup`` untimed calls.
-
-    Warm-up calls absorb one-off costs (page faults, lazy library init, cache
-    fill) that would otherwise land in the first sample. If the last warm-up
-    call took less than ``min_sample_s``, each sample times enough back-to-back
-    calls to fill it and reports the mean per call, as ``timeit`` does: a lone
-    microsecond call is mostly timer noise.
-    """
-    number = 1
-    for i in range(warmup):
-        t0 = time.perf_counter()
-        fn()
-        once = time.perf_counter() - t0
-        if i == warmup - 1 and once < min_sample_s:
-            number = min(math.ceil(min_sample_s / max(once, 1e-7)), 100_000)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - t0) / number)
-    return samples
-
-
 def fmt_num(value: float | None, digits: int = 3) -> str:
     """A table cell: ``-`` for missing, else ``digits`` significant figures."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -114,42 +84,10 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(headers), sep, *(line(r) for r in rows)])
 
 
-def write_csv(path: Path, fieldnames: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
-    """CSV with a fixed header; missing values are written as empty cells."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(fieldnames), extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fieldnames})
-
-
 def write_json(path: Path, obj: Any) -> None:
     """Pretty JSON; NaN/inf are not valid JSON, so callers should use ``None``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n")
-
-
-def blas_info() -> list[dict[str, Any]]:
-    """The BLAS libraries NumPy loaded, with their current thread counts."""
-    from threadpoolctl import threadpool_info
-
-    keep = ("internal_api", "version", "num_threads", "threading_layer", "architecture")
-    return [
-        {k: info.get(k) for k in keep} for info in threadpool_info() if info["user_api"] == "blas"
-    ]
-
-
-@contextlib.contextmanager
-def blas_threads(n: int | None) -> Iterator[None]:
-    """Limit the BLAS pool to ``n`` threads inside the block (``None``: leave it alone)."""
-    if n is None:
-        yield
-        return
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=n, user_api="blas"):
-        yield
 
 
 def load_avg() -> float | None:
@@ -182,46 +120,6 @@ def machine_info() -> dict[str, Any]:
         "load_avg_1m": load_avg(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-
-
-def pyplot_agg() -> Any:
-    """``matplotlib.pyplot`` on the Agg backend, so plotting works with no display."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def can_plot(parser: argparse.ArgumentParser, asked: bool) -> bool:
-    """Whether matplotlib is there to draw the plot (the ``plot`` extra, not a dependency),
-    found before anything is measured rather than after: a ``--plot`` asked for is a usage
-    error without it; the default plot is left out, with a note, and the rest is written."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        return True
-    if asked:
-        parser.error("--plot: needs matplotlib (pip install 'xpnn[plot]')")
-    print(
-        f"{parser.prog}: matplotlib is not installed: no plot (pip install 'xpnn[plot]')",
-        file=sys.stderr,
-        flush=True,
-    )
-    return False
-
-
-def save_figure(fig: Any, path: Path, title: str, dpi: int = 110) -> None:
-    """Title, lay out and write ``fig`` to ``path`` (its folder made), then free it."""
-    plt = pyplot_agg()
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
 
 
 def _cpu_busy_seconds() -> float | None:
@@ -628,57 +526,7 @@ def add_quiet_flags(a: Any, what: str, retries: int, quiet_timeout: float) -> No
     )
 
 
-def add_mpiexec_flag(a: Any) -> None:
-    """``--mpiexec``: the launcher of the runs, checked when the arguments are read."""
-    a(
-        "--mpiexec",
-        type=executable,
-        default=None,
-        help="mpiexec to use (default: the venv's, else PATH)",
-    )
-
-
-# What matplotlib's Agg canvas writes (``FigureCanvasBase.get_supported_filetypes``), listed
-# here so that a plot path is checked without importing matplotlib before measuring.
-PLOT_SUFFIXES = ("eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz")
-PLOT_SUFFIXES += ("tif", "tiff", "webp")
-
-
-def plot_path(text: str) -> Path:
-    """``--plot FILE``: a name whose suffix matplotlib can write (else the figure would fail
-    after the whole measurement)."""
-    path = out_path(text)
-    if path.suffix.lower().lstrip(".") not in PLOT_SUFFIXES:
-        raise argparse.ArgumentTypeError(
-            f"{text}: matplotlib cannot write {path.suffix or 'a name without a suffix'!r}; "
-            "use .png, .pdf or .svg"
-        )
-    return path
-
-
 # -- xpnn's own checks, made before the first run rather than by it ---------------------------
-
-
-def pipeline_problem(model: str, hidden: Sequence[int], stages: int) -> str | None:
-    """Why xpnn cannot cut ``model`` into ``stages`` pipeline stages (None: it can), by xpnn's
-    own rule (``stage_bounds``: every stage holds a layer with parameters), found on the host
-    before any run starts; the message is xpnn's."""
-    from xpnn.backends import get_backend
-    from xpnn.cli import flag_words
-    from xpnn.errors import UserError
-    from xpnn.nn import build_model
-    from xpnn.parallel.model import layer_costs, stage_bounds
-
-    whole = build_model(model, tuple(hidden))
-    try:  # as build_stage does, without placing anything
-        whole.setup((1, 28, 28), get_backend("numpy"), 0)
-        layers = whole.layers
-        stage_bounds(layer_costs(layers, whole.shapes), [bool(x.initial) for x in layers], stages)
-    except UserError as exc:
-        return flag_words(str(exc))
-    except MemoryError:  # a model too big to draw here: the run says so itself
-        return None
-    return None
 
 
 def data_dir_problem(dataset: str, data_dir: str) -> str | None:

@@ -128,20 +128,22 @@ fi
 
 # Tensor and pipeline parallelism over mpi-cuda against 1 NumPy rank: in the tests below.
 step "mpi-cuda GPU tests (collectives, data/tensor/pipeline = mpi-host / 1 NumPy rank), detection"
-run "$PY" -m pytest -q -ra tests/gpu/test_gpu_cuda_mpi.py tests/test_cuda_aware.py
+run "$PY" -m pytest -q -ra tests/gpu/test_gpu_cuda_mpi.py tests/parallel/comm/test_cuda_aware.py
 
 if [ -n "$MPIEXEC" ]; then
   step "allreduce of device buffers, 4 B to 256 MiB (2 ranks: mpi-cuda, mpi-host; 1 rank: nccl)"
-  AR=(--backend cupy --max-size 256M --iters 100 --iters-large 20)
-  run "$MPIEXEC" -n 2 "$PY" bench/allreduce.py "${AR[@]}" --json "$OUT/allreduce_gpu.json"
-  run "$MPIEXEC" -n 1 "$PY" bench/allreduce.py "${AR[@]}" --json "$OUT/allreduce_gpu_1rank.json"
+  AR=(--device --max-size 268435456 --iters 20)
+  run env XPNN_MPIEXEC="$MPIEXEC" "$PY" -m bench allreduce "${AR[@]}" --ranks 2 \
+    --device-comms mpi-cuda,mpi-host --out "$OUT/allreduce_gpu.jsonl"
+  run env XPNN_MPIEXEC="$MPIEXEC" "$PY" -m bench allreduce "${AR[@]}" --ranks 1 \
+    --device-comms nccl --out "$OUT/allreduce_gpu_1rank.jsonl"
   if [ "$HAVE_CUDA_MPI" = 1 ]; then
-    "$PY" - "$OUT/allreduce_gpu.json" <<'EOF' || fail "allreduce: no mpi-cuda device rows"
+    "$PY" - "$OUT/allreduce_gpu.jsonl" <<'EOF' || fail "allreduce: no mpi-cuda device rows"
 import json, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-kinds = sorted({r["comm"] for r in rows if "(device)" in r["comm"]})
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+kinds = sorted({r["config"]["comm"] for r in rows if r["config"]["buffers"] == "device"})
 print("device rows:", kinds)
-assert "mpi-cuda (device)" in kinds and "mpi-host (device)" in kinds, kinds
+assert "mpi-cuda" in kinds and "mpi-host" in kinds, kinds
 EOF
   fi
 fi
@@ -170,7 +172,7 @@ if [ -n "$MPIEXEC" ]; then
 fi
 
 step "matmul crossover"
-run "$PY" bench/matmul_crossover.py --out "$OUT"
+run "$PY" bench/matmul_crossover.py --out "$OUT/crossover.jsonl"
 
 if [ -n "$MPIEXEC" ]; then
   step "host staging of device buffers, phase by phase (1 rank, then 2 ranks)"

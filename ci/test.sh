@@ -8,3 +8,9 @@ ruff check .
 ruff format --check .
 lint-imports
 python -m pytest -q -ra "$@"
+
+# The benchmark suite's quick report: it builds, every table has rows, every PNG is valid.
+REPORT_DIR="$(mktemp -d)"
+trap 'rm -rf "$REPORT_DIR"' EXIT
+python -m bench report --quick --out "$REPORT_DIR"
+python -m bench report --check --out "$REPORT_DIR"

@@ -481,6 +481,10 @@ def _info(as_json: bool) -> int:
 def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     """``python -m xpnn``; ``callbacks`` (``xpnn.train.Callback``) join the trainer's."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "plot":
+        from xpnn.plot import main as plot_main
+
+        return plot_main(argv[1:])
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
     parser = build_info_parser() if command == "info" else build_parser()
     try:

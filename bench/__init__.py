@@ -1,0 +1,1 @@
+"""xpnn's benchmark suite: ``python -m bench LIST | NAME [flags] | report [--quick]``."""

@@ -1,0 +1,92 @@
+"""``python -m bench LIST`` | ``python -m bench NAME [flags]`` | ``python -m bench report``.
+
+A benchmark run appends its records to ``bench/results/NAME.jsonl`` (``--out`` elsewhere),
+prints its table and draws ``NAME.png`` beside the records; ``--from FILE`` redraws both
+from records already measured. Exit 2 on a bad flag or a missing tool, 1 when a measured run
+fails, each with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import benchmarks
+from bench.benchmarks import parse
+from bench.core import (
+    RESULTS_DIR,
+    BenchError,
+    RunFailed,
+    describe_machine,
+    machine_line,
+    read_records,
+    write_records,
+)
+
+
+def run_benchmark(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Measure (or read back) one benchmark's records and draw its table and figure."""
+    mod = benchmarks.load(name)
+    if args.source is not None:
+        if not args.source.is_file():
+            raise BenchError(f"--from {args.source}: no such file")
+        return read_records(args.source, name)
+    return mod.run(args, describe_machine())
+
+
+def show(name: str, records: list[dict[str, Any]], png: Path | None) -> None:
+    mod = benchmarks.load(name)
+    if records:
+        print(f"{name} on {machine_line(records[0]['machine'])}\n")
+    print(mod.table(records))
+    if png is not None and records:
+        from bench.plots import draw
+
+        try:
+            print(f"\nplot: {draw(png, [lambda ax: mod.plot(records, ax)], name)}")
+        except ImportError as e:
+            print(f"\nno plot: {e}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        print("\nbenchmarks: " + ", ".join(benchmarks.NAMES) + "; and: LIST, report")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    try:
+        if name.lower() == "list":
+            for n in benchmarks.NAMES:
+                print(f"{n:16} {benchmarks.load(n).SUMMARY}")
+            return 0
+        if name == "report":
+            from bench import report
+
+            return report.main(rest)
+        if name not in benchmarks.NAMES:
+            raise BenchError(f"unknown benchmark {name!r}; `python -m bench LIST` names them")
+        args = parse(name, rest)
+        records = run_benchmark(name, args)
+        out = args.out or RESULTS_DIR / f"{name}.jsonl"
+        if args.source is None:
+            write_records(out, records)
+            print(f"records: {out}")
+        show(name, records, out.with_suffix(".png"))
+        return 0
+    except (BenchError, argparse.ArgumentTypeError) as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    except RunFailed as e:
+        print(f"bench: a measured run failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The registry: each benchmark is a module with NAME, SUMMARY, QUICK (the sizes of a quick
+run), ``add_arguments(parser)``, ``run(args, machine) -> records``, ``table(records)`` and
+``plot(records, ax)``; those with a script of their own are ``Script`` entries with the same
+attributes (bench/benchmarks/scripts.py)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+NAMES = (
+    "scaling",
+    "cnn",
+    "granularity",
+    "batch_regimes",
+    "parallel_modes",
+    "crossover",
+    "allreduce",
+    "gemm_split",
+    "throughput",
+    "optimizer_step",
+    "core_contention",
+    "within_job",
+    "step_phases",
+    "staging",
+)
+
+
+def load(name: str) -> ModuleType | Any:
+    """The benchmark's module, or for one with a script of its own, its ``Script`` entry."""
+    from bench.benchmarks.scripts import SCRIPTS
+
+    if name in SCRIPTS:
+        return SCRIPTS[name]
+    return importlib.import_module(f"bench.benchmarks.{name}")
+
+
+def _parser(mod: Any, prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=mod.SUMMARY, allow_abbrev=False)
+    p.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
+    p.add_argument("--out", type=Path, help="records file (default bench/results/NAME.jsonl)")
+    p.add_argument("--from", dest="source", type=Path, help="redraw from this records file")
+    mod.add_arguments(p)
+    return p
+
+
+def parse(name: str, argv: Sequence[str], quick: bool = False) -> argparse.Namespace:
+    mod = load(name)
+    p = _parser(mod, f"python -m bench {name}")
+    if quick or "--quick" in argv:
+        p.set_defaults(**mod.QUICK)  # explicit flags still win
+    if not getattr(mod, "PASSTHROUGH", False):
+        return p.parse_args(list(argv))
+    args, rest = p.parse_known_args(list(argv))
+    args.script_args = rest  # the script's own flags, unchanged
+    return args

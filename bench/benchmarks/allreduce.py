@@ -1,0 +1,146 @@
+"""Allreduce latency and bandwidth: xpnn's communicator against a raw mpi4py Allreduce.
+
+Run under ``mpiexec -n RANKS`` (this module launches itself); each size is timed alternately
+through xpnn's communicator (host buffers; with ``--device`` CuPy buffers too) and the raw
+``MPI.COMM_WORLD.Allreduce`` on the same buffer, the slowest rank's median counting. The
+overhead is xpnn's time over raw MPI's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from bench.core import find_mpiexec, markdown_table, median_of, record, run_command
+
+NAME = "allreduce"
+SUMMARY = "allreduce latency and bandwidth: xpnn's comm vs raw MPI, host and device buffers"
+QUICK = {"max_size": 1 << 20, "iters": 20}
+WORKER = "bench.benchmarks.allreduce"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--max-size", type=int, default=64 << 20, help="largest message, bytes")
+    p.add_argument("--iters", type=int, default=50, help="timed calls per size")
+    p.add_argument("--comm", default="auto", help="xpnn --comm for host buffers")
+    p.add_argument("--device", action="store_true", help="also CuPy buffers (needs a GPU)")
+    p.add_argument(
+        "--device-comms",
+        default="auto",
+        help="--comm kinds for device buffers, comma-separated (e.g. mpi-cuda,mpi-host,nccl)",
+    )
+    p.add_argument("--timeout", type=float, default=900)
+
+
+def sizes(max_size: int) -> list[int]:
+    out, s = [], 4
+    while s <= max_size:
+        out.append(s)
+        s *= 16
+    return out
+
+
+def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory(prefix="xpnn-bench-") as tmp:
+        out = Path(tmp) / "rows.json"
+        cmd = [find_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", WORKER, str(out)]
+        device = args.device_comms if args.device else ""
+        cmd += [str(args.max_size), str(args.iters), args.comm, device]
+        run_command(cmd, args.timeout)
+        rows = json.loads(out.read_text())
+    records = []
+    for r in rows:
+        config = {k: r[k] for k in ("size_bytes", "comm", "buffers", "ranks")}
+        samples = {"latency_us": r["latency_us"], "raw_latency_us": r["raw_latency_us"]}
+        records.append(record(NAME, config, {k: v for k, v in samples.items() if v}, machine))
+    return records
+
+
+def _time(comm: Any, ops: dict[str, Any], iters: int) -> dict[str, float]:
+    """Median seconds per call of each op, alternating their order; the slowest rank's."""
+    from mpi4py import MPI
+
+    out: dict[str, list[float]] = {k: [] for k in ops}
+    for i in range(iters + 3):
+        for name in list(ops) if i % 2 == 0 else list(ops)[::-1]:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            ops[name]()
+            if i >= 3:
+                out[name].append(time.perf_counter() - t0)
+    return {k: comm.allreduce(statistics.median(v), op=MPI.MAX) for k, v in out.items()}
+
+
+def worker(out: str, max_size: int, iters: int, comm_kind: str, device: str) -> None:
+    """``device``: the comma-separated --comm kinds to time on CuPy buffers ("": none). A kind
+    that cannot run here falls back as training would, and the row names what ran."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from xpnn.parallel.comm import make_communicator
+    from xpnn.runtime import init_world
+
+    world = init_world()
+    raw = MPI.COMM_WORLD
+    backend = SimpleNamespace(name="numpy", is_gpu=False, xp=np)
+    comm = make_communicator(world, backend, comm_kind if world.size > 1 else "mpi-host")
+    kinds = [("host", np, comm)]
+    if device:
+        import cupy
+
+        dev = SimpleNamespace(name="cupy", is_gpu=True, xp=cupy)
+        for kind in device.split(","):
+            kinds.append(("device", cupy, make_communicator(world, dev, kind)))
+    rows = []
+    for buffers, xp, c in kinds:
+        for nbytes in sizes(max_size):
+            buf = xp.zeros(nbytes // 4, dtype=xp.float32)
+            ops = {"xpnn": lambda c=c, buf=buf: c.allreduce_(buf)}
+            if buffers == "host":
+                ops["raw"] = lambda buf=buf: raw.Allreduce(MPI.IN_PLACE, buf)
+            t = _time(raw, ops, iters)
+            rows.append({
+                "size_bytes": nbytes, "comm": c.name, "buffers": buffers, "ranks": world.size,
+                "latency_us": [t["xpnn"] * 1e6],
+                "raw_latency_us": [t["raw"] * 1e6] if "raw" in t else None,
+            })  # fmt: skip
+    if world.rank == 0:
+        Path(out).write_text(json.dumps(rows))
+
+
+def table(records: list[dict[str, Any]]) -> str:
+    rows = []
+    for r in sorted(records, key=lambda r: (r["config"]["buffers"], r["config"]["size_bytes"])):
+        c, t, raw = r["config"], median_of(r, "latency_us"), median_of(r, "raw_latency_us")
+        bw = c["size_bytes"] / (t * 1e-6) / 1e9
+        rows.append([c["size_bytes"], c["buffers"], c["comm"], t, raw, raw and t / raw, bw])
+    heads = ["bytes", "buffers", "comm", "xpnn µs", "raw MPI µs", "overhead", "GB/s (alg)"]
+    return markdown_table(heads, rows)
+
+
+def plot(records: list[dict[str, Any]], ax: Any) -> None:
+    for buffers in sorted({r["config"]["buffers"] for r in records}):
+        rs = sorted(
+            (r for r in records if r["config"]["buffers"] == buffers),
+            key=lambda r: r["config"]["size_bytes"],
+        )
+        ax.plot(
+            [r["config"]["size_bytes"] for r in rs],
+            [median_of(r, "latency_us") for r in rs],
+            "o-",
+            label=f"xpnn, {buffers}",
+        )
+    ax.set(xscale="log", yscale="log", xlabel="bytes", ylabel="µs per allreduce", title="allreduce")
+    ax.legend(fontsize=7)
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])

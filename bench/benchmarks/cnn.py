@@ -1,0 +1,69 @@
+"""The 690,590-parameter CNN, data parallel, batch 128 per rank, lr 0.001 x ranks (seed 002).
+
+Its Table 2: time per epoch (median of the epochs), test loss and accuracy against the number
+of processes, Adam, 5 epochs. The global batch grows with the ranks, as there.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from bench.core import int_list, markdown_table, median_of, record, spread
+from bench.training import add_data_arguments, command, data_flags, measure
+
+NAME = "cnn"
+SUMMARY = "CNN time per epoch and test accuracy vs processes, lr x ranks (seed 002)"
+QUICK = {"samples": 256, "epochs": 2}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_data_arguments(p, samples=6000)
+    p.add_argument("--ranks", type=int_list, default=[1, 2], help="comma list of rank counts")
+    p.add_argument("--per-rank-batch", type=int, default=128)
+    p.add_argument("--lr", type=float, default=0.001, help="times the number of ranks")
+    p.add_argument("--epochs", type=int, default=5)
+
+
+def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for n in args.ranks:
+        flags = [
+            "--model", "cnn", "--optimizer", "adam", "--lr", repr(args.lr * n),
+            "--per-rank-batch", str(args.per_rank_batch), "--epochs", str(args.epochs),
+            *data_flags(args),
+        ]  # fmt: skip
+        samples, info = measure(n, flags, args)
+        config = {
+            "ranks": n, "threads": args.threads, "per_rank_batch": args.per_rank_batch,
+            "lr": args.lr * n, "epochs": args.epochs, "dataset": args.dataset,
+            "train_samples": args.samples if args.dataset == "synthetic" else 60_000,
+            "command": command(n, flags, args),
+        }  # fmt: skip
+        out.append(record(NAME, config, samples, machine, info))
+    return out
+
+
+def table(records: list[dict[str, Any]]) -> str:
+    rs = sorted(records, key=lambda r: r["config"]["ranks"])
+    base = median_of(rs[0], "epoch_s") if rs else None
+    rows = [
+        [
+            r["config"]["ranks"], r["config"]["ranks"] * r["config"]["per_rank_batch"],
+            r["config"]["lr"], spread(r, "epoch_s"), base / median_of(r, "epoch_s"),
+            median_of(r, "test_loss"), 100 * median_of(r, "test_acc"),
+        ]
+        for r in rs
+    ]  # fmt: skip
+    heads = ["processes", "global batch", "lr", "epoch s", "speedup", "test loss", "test acc %"]
+    return markdown_table(heads, rows)
+
+
+def plot(records: list[dict[str, Any]], ax: Any) -> None:
+    rs = sorted(records, key=lambda r: r["config"]["ranks"])
+    n = [r["config"]["ranks"] for r in rs]
+    ax.plot(n, [median_of(r, "epoch_s") for r in rs], "o-", label="epoch s")
+    ax.set(xlabel="processes", ylabel="seconds per epoch", title="CNN data parallel")
+    twin = ax.twinx()
+    twin.plot(n, [100 * median_of(r, "test_acc") for r in rs], "s--", color="C1")
+    twin.set_ylabel("test accuracy %")

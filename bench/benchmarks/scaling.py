@@ -1,0 +1,100 @@
+"""Strong and weak scaling of data-parallel training (seed 000's study, its network by default).
+
+Strong: the same data set (``--samples`` x ``--replicate``) on 1, 2, ... ranks. Weak:
+``--samples`` per rank (the set replicated once per rank). The defaults are seed 000's run:
+one sigmoid hidden layer, a sigmoid output with binary cross-entropy, full-batch gradient
+descent, 10 iterations (epochs of one step), 5,000 samples replicated 12 times = 60,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from bench.core import int_list, markdown_table, median_of, record, spread
+from bench.training import add_data_arguments, command, data_flags, measure
+
+NAME = "scaling"
+SUMMARY = "strong and weak scaling of data-parallel training (seed 000)"
+QUICK = {"samples": 1000, "replicate": 6, "epochs": 3, "hidden": "64"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_data_arguments(p, samples=5000)
+    p.add_argument("--ranks", type=int_list, default=[1, 2], help="comma list of rank counts")
+    p.add_argument("--modes", default="strong,weak", help="strong, weak or both")
+    p.add_argument("--replicate", type=int, default=12, help="strong: copies of the data")
+    p.add_argument("--hidden", default="256", help="hidden sizes")
+    p.add_argument("--activation", default="sigmoid")
+    p.add_argument("--loss", default="sigmoid_bce")
+    p.add_argument("--optimizer", default="sgd")
+    p.add_argument("--lr", default="0.1")
+    p.add_argument("--batch-size", default="full", help="global batch, or 'full'")
+    p.add_argument("--epochs", type=int, default=10, help="epochs (iterations when full batch)")
+
+
+def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
+    model = [
+        "--model", "mlp", "--hidden", args.hidden, "--activation", args.activation,
+        "--loss", args.loss, "--optimizer", args.optimizer, "--lr", args.lr,
+        "--batch-size", args.batch_size, "--epochs", str(args.epochs),
+    ]  # fmt: skip
+    out = []
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        if mode not in ("strong", "weak"):
+            raise argparse.ArgumentTypeError(f"--modes: unknown {mode!r} (strong, weak)")
+        for n in args.ranks:
+            copies = args.replicate if mode == "strong" else n
+            flags = [*model, *data_flags(args), "--replicate", str(copies)]
+            samples, info = measure(n, flags, args)
+            config = {
+                "mode": mode, "ranks": n, "threads": args.threads, "hidden": args.hidden,
+                "activation": args.activation, "loss": args.loss, "optimizer": args.optimizer,
+                "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
+                "dataset": args.dataset, "train_samples": args.samples * copies,
+                "command": command(n, flags, args),
+            }  # fmt: skip
+            out.append(record(NAME, config, samples, machine, info))
+    return out
+
+
+def rows(records: list[dict[str, Any]], mode: str) -> list[list[Any]]:
+    """Speedup (strong) or efficiency against the 1-rank run of the same mode."""
+    rs = sorted(
+        (r for r in records if r["config"]["mode"] == mode), key=lambda r: r["config"]["ranks"]
+    )
+    if not rs:
+        return []
+    base = median_of(rs[0], "train_s")
+    n0 = rs[0]["config"]["ranks"]
+    out = []
+    for r in rs:
+        n, t = r["config"]["ranks"], median_of(r, "train_s")
+        speedup = base / t if mode == "strong" else base / t * n / n0
+        out.append(
+            [r["config"]["train_samples"], n, spread(r, "train_s"), speedup, speedup * n0 / n]
+        )
+    return out
+
+
+def table(records: list[dict[str, Any]], mode: str | None = None) -> str:
+    """One mode's table, or every mode's present under a heading each."""
+    if mode is None:
+        modes = [m for m in ("strong", "weak") if rows(records, m)]
+        return "\n\n".join(f"{m} scaling:\n\n{table(records, m)}" for m in modes)
+    head = "speedup" if mode == "strong" else "scaled speedup"
+    return markdown_table(["samples", "ranks", "time s", head, "efficiency"], rows(records, mode))
+
+
+def plot(records: list[dict[str, Any]], ax: Any) -> None:
+    """Speedup (strong) and scaled speedup (weak) against ranks, with the ideal line."""
+    n: list[int] = []
+    for mode in ("strong", "weak"):
+        rs = rows(records, mode)
+        if rs:
+            n = [r[1] for r in rs]
+            ax.plot(n, [r[3] for r in rs], "o-", label=f"{mode} (measured)")
+    if n:
+        ax.plot(n, [x / n[0] for x in n], "r:", label="ideal")
+    ax.set(xlabel="ranks", ylabel="speedup", title="scaling")
+    ax.legend()

@@ -1,0 +1,34 @@
+"""Figures drawn from records (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend; ImportError says how to install it."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("matplotlib is not installed: pip install 'xpnn[plot]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def draw(path: Path, panels: list[Callable[[Any], None]], title: str = "") -> Path:
+    """One PNG with a panel per callable (each draws on the Axes it is given)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        panel(ax)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,274 @@
+"""``python -m bench report [--quick] [--out DIR]``: the seeds' studies, measured now, as
+``DIR/index.md`` with a PNG per study beside it and every record in ``DIR/records.jsonl``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import benchmarks
+from bench.benchmarks import parse
+from bench.core import (
+    describe_machine,
+    machine_line,
+    markdown_table,
+    median_of,
+    now,
+    read_records,
+    write_records,
+)
+from bench.plots import draw, pyplot
+
+RECORDED_GPU = Path(__file__).resolve().parent / "recorded" / "gpu-h100-2026-11-22.jsonl"
+
+# The seed reports' own numbers, printed beside ours (shared/seeds/000 and 002).
+SEED000_STRONG = [(1, 43.67), (2, 23.79), (4, 14.81), (6, 12.17), (8, 11.01)]
+SEED000_WEAK = [
+    (1, 5000, 4.3),
+    (2, 10000, 4.97),
+    (4, 20000, 5.65),
+    (6, 30000, 6.51),
+    (8, 40000, 7.68),
+]
+SEED002 = [(1, 142.04, 0.0441, 98.80), (2, 82.06, 0.0559, 98.43), (4, 34.40, 0.0659, 98.28),
+           (8, 20.52, 0.0912, 97.20)]  # fmt: skip
+
+STUDIES = ("scaling", "cnn", "granularity", "batch_regimes", "parallel_modes", "gpu")
+
+
+def seed000_tables() -> tuple[str, str]:
+    t1 = SEED000_STRONG[0][1]
+    strong = [[60000, n, t, t1 / t, t1 / t / n] for n, t in SEED000_STRONG]
+    w1 = SEED000_WEAK[0][2]
+    weak = [[d, n, t, w1 / t * n, w1 / t] for n, d, t in SEED000_WEAK]
+    heads = ["samples", "processors", "time s", "speedup", "efficiency"]
+    return markdown_table(heads, strong), markdown_table(heads, weak)
+
+
+def seed002_table() -> str:
+    heads = ["processes", "global batch", "epoch s", "speedup", "test loss", "test acc %"]
+    rows = [[n, 128 * n, t, SEED002[0][1] / t, loss, acc] for n, t, loss, acc in SEED002]
+    return markdown_table(heads, rows)
+
+
+def command_line(records: list[dict[str, Any]]) -> str:
+    """The last run's command, as an example of the study's runs."""
+    return f"A run of this study: `{records[-1]['config']['command']}`." if records else ""
+
+
+def modes_sentence(records: list[dict[str, Any]]) -> str:
+    """When each mode wins, read from this run's numbers."""
+    if not records:
+        return ""
+    by = {r["config"]["mode"]: r for r in records}
+
+    def least(value: Any) -> str:
+        low = min(value(m) for m in by)
+        return " and ".join(m for m in by if value(m) == low)
+
+    fastest = least(lambda m: median_of(by[m], "epoch_s"))
+    leanest = least(lambda m: median_of(by[m], "peak_rss_mb") or float("inf"))
+    fewest = least(lambda m: by[m]["info"]["bytes_per_step"])
+    return (
+        f"Here {fastest} was fastest, {leanest} needed the least memory per rank and "
+        f"{fewest} sent the fewest bytes per step (one run on a shared machine). Data "
+        "parallelism wins while the model fits on every rank and its gradients are cheap to "
+        "sum against the batch's arithmetic; "
+        "tensor and pipeline parallelism win when the model or its activations do not fit one "
+        "rank (they split the parameters), tensor when the batch is small relative to the "
+        "weights, pipeline when links are slow (only the cut activations travel) and there "
+        "are enough micro-batches to hide its bubble."
+    )
+
+
+def _gpu_section(args: argparse.Namespace, machine: dict[str, Any], out: Path) -> tuple[str, list]:
+    if machine.get("gpu"):
+        cross = benchmarks.load("crossover").run(parse("crossover", [], args.quick), machine)
+        ar_args = parse("allreduce", ["--device"], args.quick)
+        allr = benchmarks.load("allreduce").run(ar_args, machine)
+        head = "Measured in this run on " + machine["gpu"]["name"] + "."
+    else:
+        cross = read_records(RECORDED_GPU, "crossover")
+        allr = read_records(RECORDED_GPU, "allreduce")
+        m = cross[0]["machine"]
+        head = (
+            "**Not run here: this machine has no GPU.** The last recorded GPU results follow, "
+            f"measured on {m['gpu']['name']} ({m['cpu']}, {m['blas'][0]['internal_api']} "
+            f"{m['blas'][0]['version']}), dated {cross[0]['time']} "
+            f"(`bench/recorded/{RECORDED_GPU.name}`; {cross[0]['info']['source']})."
+        )
+    draw(out / "gpu.png", [
+        lambda ax: benchmarks.load("crossover").plot(cross, ax),
+        lambda ax: benchmarks.load("allreduce").plot(allr, ax),
+    ])  # fmt: skip
+    text = (
+        f"{head}\n\nCPU vs GPU matrix product (ms):\n\n{benchmarks.load('crossover').table(cross)}"
+        f"\n\nAllreduce, host vs device buffers:\n\n{benchmarks.load('allreduce').table(allr)}"
+        "\n\n![GPU](gpu.png)"
+    )
+    return text, cross + allr if machine.get("gpu") else []
+
+
+def _study(name: str, args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
+    flags = ["--dataset", args.dataset, *(["--data-dir", args.data_dir] if args.data_dir else [])]
+    if name in ("scaling", "cnn", "granularity"):
+        flags += ["--ranks", args.ranks]
+    if name == "parallel_modes":
+        flags += ["--ranks", str(max(int(r) for r in args.ranks.split(",")))]
+    if name != "batch_regimes":  # its lr grid already makes many runs
+        flags += ["--repeats", str(args.repeats or (1 if args.quick else 3))]
+    return benchmarks.load(name).run(parse(name, flags, args.quick), machine)
+
+
+def build(args: argparse.Namespace) -> Path:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    pyplot()  # fail now, not after the measurements, without matplotlib
+    machine = describe_machine()
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    rec: dict[str, list[dict[str, Any]]] = {}
+    for name in [s for s in STUDIES if s != "gpu" and s in args.only]:
+        print(f"report: {name} ...", flush=True)
+        rec[name] = _study(name, args, machine)
+        mod = benchmarks.load(name)
+        draw(out / f"{name}.png", [lambda ax, mod=mod, name=name: mod.plot(rec[name], ax)], name)
+    gpu_text, gpu_rec = _gpu_section(args, machine, out) if "gpu" in args.only else ("", [])
+    records_file = out / "records.jsonl"
+    records_file.unlink(missing_ok=True)
+    write_records(records_file, [r for rs in rec.values() for r in rs] + gpu_rec)
+    strong000, weak000 = seed000_tables()
+    sc = benchmarks.load("scaling")
+    size = (
+        "quick (small sizes, a smoke test: not comparable to the reports)" if args.quick else "full"
+    )
+    parts = [
+        "# xpnn: the seed reports' studies, measured on this machine\n",
+        f"Generated {now()} by `python -m bench report{' --quick' if args.quick else ''}` "
+        f"({size}; data: {args.dataset}; measuring took {time.perf_counter() - t0:.0f} s).\n",
+        f"**Machine:** {machine_line(machine)}; host {machine['host']}, {machine['os']}.\n",
+        "Timings on a shared machine are noisy (load average when the report started: "
+        f"{load:.1f} on {machine['cores']} cores): each cell is a median, with its range when "
+        "repeated; the command of every run is in `records.jsonl`.\n",
+    ]
+    if "scaling" in rec:
+        parts += [
+            "## Seed 000: strong and weak scaling (sigmoid MLP, BCE, full-batch GD)\n",
+            f"One hidden layer of {rec['scaling'][0]['config']['hidden']} sigmoid units (the "
+            "report does not give its width), one rank per core, 1 BLAS thread each. "
+            f"{command_line(rec['scaling'])}\n",
+            f"Strong scaling (this run):\n\n{sc.table(rec['scaling'], 'strong')}\n",
+            f"The report's Table 1 (i7-6700K, 4 cores, mpi4py; its times and speedups, the "
+            f"efficiency computed from them):\n\n{strong000}\n",
+            f"Weak scaling (this run):\n\n{sc.table(rec['scaling'], 'weak')}\n",
+            f"The report's Table 2 (its times; speedup and efficiency computed from them):"
+            f"\n\n{weak000}\n",
+            "![scaling](scaling.png)\n",
+        ]
+    if "cnn" in rec:
+        parts += [
+            "## Seed 002: the 690,590-parameter CNN, batch 128 per process, lr 0.001 × processes\n",
+            f"{command_line(rec['cnn'])}\n",
+            f"This run:\n\n{benchmarks.load('cnn').table(rec['cnn'])}\n",
+            "The report's Table 2 (one node, Adam, 5 epochs, MNIST; its times, losses and "
+            f"accuracies, the speedup computed from them):\n\n{seed002_table()}\n",
+            "![cnn](cnn.png)\n",
+        ]
+    if "granularity" in rec:
+        parts += [
+            "## Seed 003: granularity, speedup as the work per sample grows\n",
+            f"{command_line(rec['granularity'])}\n",
+            f"{benchmarks.load('granularity').table(rec['granularity'])}\n",
+            "![granularity](granularity.png)\n",
+        ]
+    if "batch_regimes" in rec:
+        r0 = rec["batch_regimes"][0]["config"]
+        parts += [
+            "## Seed 004: steps to a target accuracy against the global batch\n",
+            f"Target test accuracy {r0['target']}, SGD, lr tuned per batch size from "
+            f"{sorted({r['config']['lr'] for r in rec['batch_regimes']})}; steps interpolated "
+            "between the per-epoch evaluations.\n",
+            f"{command_line(rec['batch_regimes'])}\n",
+            f"{benchmarks.load('batch_regimes').table(rec['batch_regimes'])}\n",
+            "![batch regimes](batch_regimes.png)\n",
+        ]
+    if "parallel_modes" in rec:
+        pm = rec["parallel_modes"]
+        parts += [
+            "## Data vs tensor vs pipeline parallelism (same MLP, same global batch)\n",
+            f"MLP 784-{pm[0]['config']['hidden'].replace(',', '-')}-10, global batch "
+            f"{pm[0]['config']['batch_size']}, {pm[0]['config']['ranks']} ranks; bytes per "
+            "step computed from the layer shapes (all ranks together).\n",
+            f"{command_line(pm)}\n",
+            f"{benchmarks.load('parallel_modes').table(pm)}\n",
+            modes_sentence(pm) + "\n",
+            "![parallel modes](parallel_modes.png)\n",
+        ]
+    if gpu_text:
+        parts += ["## CPU vs GPU: matmul crossover and allreduce host vs device\n", gpu_text]
+    index = out / "index.md"
+    index.write_text("\n".join(parts) + "\n")
+    return index
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def check(out: Path) -> list[str]:
+    """What is wrong with a built report: a table without rows, a missing or invalid PNG."""
+    import re
+
+    index = out / "index.md"
+    if not index.is_file():
+        return [f"{index}: missing"]
+    text = index.read_text()
+    problems = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = [ln for ln in block.strip().splitlines() if ln.startswith("|")]
+        if lines and len(lines) < 3:  # a header and its rule, no row
+            problems.append(f"a table without rows: {lines[0]}")
+    pngs = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
+    if not pngs:
+        problems.append("no figure")
+    for name in pngs:
+        png = out / name
+        if not png.is_file() or png.read_bytes()[:8] != PNG_SIGNATURE:
+            problems.append(f"{png}: missing or not a PNG")
+    if "|" not in text:
+        problems.append("no table")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench report", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (~5 min)")
+    p.add_argument("--out", type=Path, default=Path("report"), help="directory (default report/)")
+    p.add_argument(
+        "--dataset", default="synthetic", choices=("synthetic", "mnist", "fashion-mnist")
+    )
+    p.add_argument("--data-dir")
+    p.add_argument("--repeats", type=int, help="runs per configuration (default 3; 1 quick)")
+    p.add_argument("--ranks", default="1,2", help="rank counts of the scaling studies")
+    p.add_argument("--only", default=",".join(STUDIES), help=f"comma list of {', '.join(STUDIES)}")
+    p.add_argument(
+        "--check", action="store_true", help="check the report in --out, measure nothing"
+    )
+    args = p.parse_args(argv)
+    if args.check:
+        problems = check(args.out)
+        for line in problems:
+            print(f"report: {line}", file=sys.stderr)
+        print(f"report: {args.out / 'index.md'}: " + ("bad" if problems else "ok"))
+        return 1 if problems else 0
+    args.only = [s for s in args.only.split(",") if s]
+    unknown = [s for s in args.only if s not in STUDIES]
+    if unknown:
+        p.error(f"--only: unknown {', '.join(unknown)} (choose from {', '.join(STUDIES)})")
+    t0 = time.perf_counter()
+    index = build(args)
+    print(f"report: {index} ({time.perf_counter() - t0:.0f} s)")
+    return 0

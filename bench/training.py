@@ -1,0 +1,106 @@
+"""What every training benchmark shares: the data flags, one timed run, its numbers.
+
+A run is ``mpiexec -n N python -m xpnn ... --metrics FILE``; what it measured is read from
+the metrics file (the CLI's stable contract), never parsed from its printed output.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from bench.core import done_of, epochs_of, run_xpnn
+
+
+def add_data_arguments(p: argparse.ArgumentParser, samples: int) -> None:
+    p.add_argument(
+        "--dataset", default="synthetic", choices=("synthetic", "mnist", "fashion-mnist")
+    )
+    p.add_argument("--data-dir", help="directory of the four IDX files (mnist, fashion-mnist)")
+    p.add_argument(
+        "--samples", type=int, default=samples, help="--dataset synthetic: training samples"
+    )
+    p.add_argument("--repeats", type=int, default=1, help="runs of each configuration")
+    p.add_argument("--threads", type=int, default=1, help="BLAS threads per rank")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
+
+
+def data_flags(args: argparse.Namespace, samples: int | None = None) -> list[str]:
+    flags = ["--dataset", args.dataset]
+    if args.dataset == "synthetic":
+        flags += ["--synthetic-size", str(samples or args.samples)]
+    elif args.data_dir:
+        flags += ["--data-dir", args.data_dir]
+    return flags
+
+
+def train_samples(args: argparse.Namespace) -> int:
+    return args.samples if args.dataset == "synthetic" else 60_000
+
+
+def run_flags(flags: Sequence[str], args: argparse.Namespace) -> list[str]:
+    return [*flags, "--threads", str(args.threads), "--seed", "0"]
+
+
+def command(
+    ranks: int, flags: Sequence[str], args: argparse.Namespace, launcher: bool = True
+) -> str:
+    """The command line a reader can paste to repeat one run (metrics to m.jsonl)."""
+    launch = f"mpiexec -n {ranks} " if launcher else ""
+    return f"{launch}python -m xpnn {' '.join(run_flags(flags, args))} --metrics m.jsonl"
+
+
+def timed_run(
+    ranks: int, flags: Sequence[str], args: argparse.Namespace, launcher: bool = True
+) -> dict[str, Any]:
+    """One training run's numbers: per-epoch time (median after the first when there are more
+    than two), training time, final test metrics, peak memory per rank, every epoch's record."""
+    metrics = run_xpnn(ranks if launcher else 0, run_flags(flags, args), args.timeout)
+    epochs = epochs_of(metrics)
+    done = done_of(metrics)
+    seconds = [float(e["seconds"]) for e in epochs]
+    steady = seconds[1:] if len(seconds) > 2 else seconds
+    rss = done.get("peak_rss_mb") or []
+    return {
+        "epoch_s": sorted(steady)[len(steady) // 2],
+        "train_s": sum(seconds),
+        "test_acc": done.get("test_acc"),
+        "test_loss": done.get("test_loss"),
+        "peak_rss_mb": max(rss) if rss else None,
+        "epochs": epochs,
+        "done": done,
+    }
+
+
+NUMBERS = ("epoch_s", "train_s", "test_acc", "test_loss", "peak_rss_mb")
+
+
+def numbers(run: dict[str, Any]) -> dict[str, float]:
+    return {k: run[k] for k in NUMBERS if run.get(k) is not None}
+
+
+def run_info(run: dict[str, Any]) -> dict[str, Any]:
+    """What the run said about itself (comm, params, per-epoch curves) for the record."""
+    d = run["done"]
+    keep = ("params", "world_size", "comm", "update", "parallel", "global_batch", "threads")
+    keep += ("peak_rss_mb",)  # by rank
+    info = {k: d.get(k) for k in keep}
+    info["curve"] = [
+        {k: e.get(k) for k in ("epoch", "train_loss", "test_loss", "test_acc", "seconds")}
+        for e in run["epochs"]
+    ]
+    return info
+
+
+def measure(
+    ranks: int, flags: Sequence[str], args: argparse.Namespace, launcher: bool = True
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """``args.repeats`` runs of one configuration: each number's samples, the last run's info."""
+    samples: dict[str, list[float]] = {}
+    last: dict[str, Any] = {}
+    for _ in range(args.repeats):
+        last = timed_run(ranks, flags, args, launcher)
+        for k, v in numbers(last).items():
+            samples.setdefault(k, []).append(float(v))
+    return samples, run_info(last)

@@ -1,0 +1,222 @@
+"""The benchmark suite: its records carry what was run, on what, and medians with ranges."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from conftest import ROOT
+
+from bench.benchmarks import batch_regimes, parallel_modes
+from bench.core import read_records
+from bench.report import check
+
+
+def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "bench", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def assert_schema(r: dict, name: str) -> None:
+    assert r["schema"] == 1 and r["benchmark"] == name
+    m = r["machine"]
+    assert m["cores"] >= 1 and m["cpu"] and m["mpi"].startswith("MPICH")
+    assert m["blas"] and m["blas"][0]["internal_api"] and "architecture" in m["blas"][0]
+    for stat in r["metrics"].values():
+        assert stat["min"] <= stat["median"] <= stat["max"]
+        assert len(stat["samples"]) == r["repeats"] or r["repeats"] == 0
+
+
+def test_list_names_every_benchmark():
+    proc = bench("LIST")
+    assert proc.returncode == 0, proc.stderr
+    names = [line.split()[0] for line in proc.stdout.splitlines()]
+    assert names == [
+        "scaling", "cnn", "granularity", "batch_regimes", "parallel_modes", "crossover",
+        "allreduce", "gemm_split", "throughput", "optimizer_step", "core_contention",
+        "within_job", "step_phases", "staging",
+    ]  # fmt: skip
+
+
+def test_an_unknown_benchmark_is_one_line_exit_2():
+    proc = bench("nosuch")
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "bench: unknown benchmark 'nosuch'; `python -m bench LIST` names them"
+    )
+
+
+def test_scaling_records_strong_and_weak(tmp_path):
+    out = tmp_path / "s.jsonl"
+    proc = bench(
+        "scaling", "--ranks", "1,2", "--samples", "300", "--replicate", "4", "--epochs", "2",
+        "--hidden", "16", "--repeats", "2", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rs = read_records(out, "scaling")
+    assert [(r["config"]["mode"], r["config"]["ranks"]) for r in rs] == [
+        ("strong", 1), ("strong", 2), ("weak", 1), ("weak", 2),
+    ]  # fmt: skip
+    for r in rs:
+        assert_schema(r, "scaling")
+        assert r["repeats"] == 2 and len(r["metrics"]["train_s"]["samples"]) == 2
+        assert r["info"]["world_size"] == r["config"]["ranks"]  # the run really had N ranks
+        assert r["config"]["activation"] == "sigmoid" and r["config"]["loss"] == "sigmoid_bce"
+        assert r["config"]["batch_size"] == "full"
+        assert len(r["info"]["curve"]) == 2
+    # strong: the same 1,200 samples; weak: 300 per rank
+    assert [r["config"]["train_samples"] for r in rs] == [1200, 1200, 300, 600]
+    assert "strong scaling" in proc.stdout and "weak scaling" in proc.stdout
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_table_is_redrawn_from_records_without_measuring(tmp_path):
+    out = tmp_path / "a.jsonl"
+    proc = bench("allreduce", "--quick", "--max-size", "1024", "--iters", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rs = read_records(out, "allreduce")
+    assert [r["config"]["size_bytes"] for r in rs] == [4, 64, 1024]
+    for r in rs:
+        assert_schema(r, "allreduce")
+        assert r["config"]["ranks"] == 2 and r["config"]["buffers"] == "host"
+        assert r["metrics"]["latency_us"]["median"] > 0
+        assert r["metrics"]["raw_latency_us"]["median"] > 0
+    again = bench("allreduce", "--from", str(out))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("| host |") == 3
+    assert out.read_text().count("\n") == 3  # --from appends nothing
+
+
+def test_crossover_script_is_still_a_command(tmp_path):
+    out = tmp_path / "c.jsonl"
+    cmd = [sys.executable, "bench/matmul_crossover.py", "--sizes", "8,32", "--no-extra"]
+    cmd += ["--dtypes", "float64", "--repeats", "3", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    rs = read_records(out, "crossover")
+    assert [(r["config"]["n"], r["config"]["dtype"]) for r in rs] == [
+        (8, "float64"),
+        (32, "float64"),
+    ]
+    for r in rs:
+        assert_schema(r, "crossover")
+        assert r["repeats"] == 3 and r["metrics"]["cpu_ms"]["median"] > 0
+        if r["machine"]["gpu"] is None:
+            assert r["info"]["gpu_skipped"] and "e2e_ms" not in r["metrics"]
+
+
+def test_steps_to_target_interpolates_between_evaluations():
+    curve = [{"epoch": 1, "test_acc": 0.5}, {"epoch": 2, "test_acc": 0.9}]
+    assert batch_regimes.steps_to_target(curve, 10, 0.7) == (15.0, False)
+    assert batch_regimes.steps_to_target(curve, 10, 0.95) is None
+    # met at the first evaluation: only "at most one epoch" is known
+    assert batch_regimes.steps_to_target(curve, 10, 0.4) == (10.0, True)
+
+
+def test_regimes_follow_the_ratio_of_steps_per_doubling():
+    pts = [(8, 0.1, 800.0, False), (16, 0.1, 400.0, False), (32, 0.1, 300.0, False)]
+    pts += [(64, 0.1, 295.0, False), (128, 0.1, 290.0, True)]
+    assert batch_regimes.regimes(pts) == [
+        "perfect scaling", "diminishing returns", "maximal data parallelism", "–",
+    ]  # fmt: skip
+
+
+def test_bytes_per_step_follow_the_shapes():
+    w = [784, 100, 10]
+    params = 784 * 100 + 100 + 100 * 10 + 10
+    assert parallel_modes.bytes_per_step("data", w, 2, 64) == 2 * params * 4
+    assert parallel_modes.bytes_per_step("data", w, 4, 64) == 6 * params * 4
+    # one pair (784->100->10): forward allreduce of 64 x 10; the first layer's input grad unsent
+    assert parallel_modes.bytes_per_step("tensor", w, 2, 64) == 2 * 64 * 10 * 4
+    # one cut after the first layer: 64 x 100 forward and back
+    assert parallel_modes.bytes_per_step("pipeline", w, 2, 64) == 2 * 64 * 100 * 4
+
+
+def test_report_check_finds_empty_tables_and_bad_pngs(tmp_path):
+    (tmp_path / "index.md").write_text("# r\n\n| a | b |\n|---|---|\n\n![x](x.png)\n")
+    (tmp_path / "x.png").write_bytes(b"not a png")
+    problems = check(tmp_path)
+    assert any("without rows" in p for p in problems)
+    assert any("not a PNG" in p for p in problems)
+    (tmp_path / "index.md").write_text("# r\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n![x](x.png)\n")
+    (tmp_path / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 8)
+    assert check(tmp_path) == []
+
+
+def test_the_recorded_gpu_results_name_machine_and_date():
+    path = ROOT / "bench" / "recorded" / "gpu-h100-2026-11-22.jsonl"
+    rs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {r["benchmark"] for r in rs} == {"crossover", "allreduce"}
+    for r in rs:
+        assert r["machine"]["gpu"]["name"].startswith("NVIDIA H100")
+        assert r["time"] == "2026-11-22" and "README" in r["info"]["source"]
+        assert all(math.isfinite(m["median"]) for m in r["metrics"].values())
+
+
+def test_gemm_split_times_every_product_at_both_batches(tmp_path):
+    out = tmp_path / "g.jsonl"
+    proc = bench(
+        "gemm_split", "--inputs", "6", "--hidden", "8", "--classes", "3", "--batch", "5",
+        "--ranks", "2", "--samples", "2", "--seconds", "0", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rs = read_records(out, "gemm_split")
+    assert [r["config"]["product"] for r in rs] == [
+        "layer 0 forward", "layer 0 weight grad",  # no input gradient for the data
+        "layer 1 forward", "layer 1 weight grad", "layer 1 input grad",
+    ]  # fmt: skip
+    for r in rs:
+        assert_schema(r, "gemm_split")
+        assert r["config"]["share"] == 3  # the larger share of 5 rows on 2 ranks
+        share, whole = r["metrics"]["share_us"]["samples"], r["metrics"]["whole_us"]["samples"]
+        ratios = [a / b for a, b in zip(share, whole, strict=True)]
+        assert r["metrics"]["ratio"]["samples"] == ratios
+    assert "ideal ratio 0.500" in proc.stdout
+
+
+def test_a_batch_below_the_ranks_is_refused_in_one_line():
+    proc = bench("gemm_split", "--batch", "1", "--ranks", "2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "bench: --batch 1 is below --ranks 2: a rank would get no rows"
+
+
+def test_step_phases_become_one_record_per_rank(tmp_path):
+    out = tmp_path / "p.jsonl"
+    proc = bench("step_phases", "--quick", "--ranks", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rs = read_records(out, "step_phases")
+    assert [r["config"]["rank"] for r in rs] == [0, 1]
+    for r in rs:
+        assert_schema(r, "step_phases")
+        m = {k: v["median"] for k, v in r["metrics"].items()}
+        assert m["step_ms"] > 0 and 0 < m["compute_ms"] <= m["step_ms"] * 1.01
+        assert "step_phases.py" in r["config"]["command"]
+
+
+def test_within_job_rounds_become_samples(tmp_path):
+    out = tmp_path / "w.jsonl"
+    proc = bench("within_job", "--quick", "--rounds", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "within_job")
+    assert_schema(r, "within_job")
+    assert r["config"]["ranks"] == 2 and r["repeats"] == 2
+    a, b = r["metrics"]["a_s"]["samples"], r["metrics"]["b_s"]["samples"]
+    assert r["metrics"]["a_over_b"]["samples"] == [x / y for x, y in zip(a, b, strict=True)]
+
+
+def test_optimizer_step_and_core_contention_records(tmp_path):
+    out = tmp_path / "o.jsonl"
+    proc = bench("optimizer_step", "--quick", "--rounds", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "optimizer_step")
+    assert r["config"]["side"] == "numpy" and r["config"]["params"] == 100000
+    assert r["repeats"] == 2 and r["metrics"]["us_per_update"]["median"] > 0
+    out = tmp_path / "c.jsonl"
+    proc = bench("core_contention", "--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rs = read_records(out, "core_contention")
+    assert {r["config"]["kernel"] for r in rs} == {"fma"}
+    assert [r["config"]["cpu"] for r in rs] == rs[0]["config"]["cpus"]
+    for r in rs:
+        assert r["metrics"]["alone_ms"]["median"] > 0 and r["metrics"]["together_ms"]["median"] > 0

@@ -1,0 +1,59 @@
+"""``python -m xpnn plot``: training curves from metrics files, one or several runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def metrics_file(path, world_size, epochs=3):
+    lines = [
+        {"event": "epoch", "epoch": e, "train_loss": 1 / e, "test_loss": 1.2 / e,
+         "train_acc": 1 - 0.5 / e, "test_acc": 1 - 0.6 / e, "seconds": 1.0,
+         "samples_per_s": 1000.0 * e, "world_size": world_size, "backend": "numpy"}
+        for e in range(1, epochs + 1)
+    ]  # fmt: skip
+    lines.append({"event": "done", "epochs": epochs, "test_acc": 0.8})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def plot(*args, env=None):
+    cmd = [sys.executable, "-m", "xpnn", "plot", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+
+
+def test_two_runs_side_by_side_make_one_png(tmp_path):
+    import matplotlib.image
+
+    a, b = metrics_file(tmp_path / "a.jsonl", 1), metrics_file(tmp_path / "b.jsonl", 2)
+    out = tmp_path / "curves.png"
+    proc = plot(a, b, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    image = matplotlib.image.imread(out)  # a valid PNG that matplotlib reads back
+    assert image.shape[1] > 2 * image.shape[0]  # three panels side by side
+
+
+def test_a_file_without_epochs_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"event": "done"}\n')
+    proc = plot(bad, "-o", tmp_path / "x.png")
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip() == f"xpnn plot: {bad}: no epoch records (is it an xpnn --metrics file?)"
+    )
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_without_matplotlib_it_says_how_to_install(tmp_path):
+    fake = tmp_path / "no-mpl" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
+    env = {**os.environ, "PYTHONPATH": f"{fake.parent}{os.pathsep}{ROOT}"}
+    proc = plot(metrics_file(tmp_path / "a.jsonl", 1), "-o", tmp_path / "x.png", env=env)
+    assert proc.returncode == 2
+    assert "pip install" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,104 @@
+"""``python -m xpnn plot METRICS.jsonl [more.jsonl ...] [-o FILE.png]``: training curves.
+
+Reads metrics files (the CLI's ``--metrics`` contract: one ``epoch`` record per epoch) and
+draws, for one run or several side by side: loss (train and test), accuracy (train and test)
+and throughput (samples/s) against the epoch. matplotlib is optional for xpnn, so it is
+imported only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from xpnn.errors import UserError
+
+INSTALL = "matplotlib is not installed: pip install 'xpnn[plot]' (or pip install matplotlib)"
+PANELS = (
+    ("loss", ("train_loss", "test_loss")),
+    ("accuracy", ("train_acc", "test_acc")),
+    ("samples / s", ("samples_per_s",)),
+)
+
+
+def read_epochs(path: Path) -> list[dict[str, Any]]:
+    """The epoch records of one metrics file; a UserError naming the file if it has none."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+    epochs = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {i} is not JSON ({e.msg})") from e
+        if isinstance(rec, dict) and rec.get("event") == "epoch":
+            epochs.append(rec)
+    if not epochs:
+        raise UserError(f"{path}: no epoch records (is it an xpnn --metrics file?)")
+    return epochs
+
+
+def label(path: Path, epochs: list[dict[str, Any]]) -> str:
+    e = epochs[0]
+    return f"{path.stem} ({e.get('world_size', '?')} rank(s), {e.get('backend', '?')})"
+
+
+def draw(paths: list[Path], out: Path) -> Path:
+    """One PNG, a panel per quantity, a line per run (solid train, dashed test)."""
+    runs = [(p, read_epochs(p)) for p in paths]
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError(INSTALL) from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
+    for i, (path, epochs) in enumerate(runs):
+        x = [e["epoch"] for e in epochs]
+        for ax, (title, keys) in zip(axes, PANELS, strict=True):
+            for key in keys:
+                y = [e.get(key) for e in epochs]
+                if all(v is None for v in y):
+                    continue
+                style = "--" if key.startswith("test") else "-"
+                ax.plot(x, y, style, color=f"C{i}", marker="o", ms=3,
+                        label=f"{label(path, epochs)} {key.split('_')[0]}")  # fmt: skip
+            ax.set(xlabel="epoch", title=title)
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m xpnn plot", description=__doc__.splitlines()[0])
+    p.add_argument("metrics", nargs="+", type=Path, help="metrics files (--metrics FILE.jsonl)")
+    p.add_argument("-o", "--out", type=Path, default=Path("metrics.png"), help="PNG to write")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        out = draw(args.metrics, args.out)
+    except ImportError as e:
+        print(f"xpnn plot: {e}", file=sys.stderr)
+        return 2
+    except UserError as e:
+        print(f"xpnn plot: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"xpnn plot: -o {args.out}: cannot write ({e.strerror or e})", file=sys.stderr)
+        return 2
+    print(f"xpnn plot: {out}")
+    return 0
