@@ -185,3 +185,18 @@ def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "cli" / "index.html").exists()
+
+
+def test_python_api_sweep_runs_as_written() -> None:
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    section = text.split("## A learning-rate sweep", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    printed = dict(re.findall(r"lr ([\d.]+): test accuracy (\d\.\d+)", proc.stdout))
+    assert set(printed) == {"0.01", "0.1"}, proc.stdout
+    assert float(printed["0.1"]) >= 0.9, proc.stdout  # the synthetic set is learnable
+    for lr, accuracy in printed.items():  # the numbers the page quotes
+        assert f"lr {lr}: test accuracy {accuracy}" in text, proc.stdout
