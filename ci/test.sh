@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The test command of README.md: lint, format check, the import contracts (pyproject.toml), then
-# the whole test suite (CPU backends, real mpiexec runs, real Fashion-MNIST). GPU tests skip,
-# saying why, where there is no GPU.
+# The test command of README.md: lint, format check, the import contracts (pyproject.toml), the
+# user guide (a broken link or a page missing from mkdocs.yml's nav fails), then the whole test
+# suite (CPU backends, real mpiexec runs, real Fashion-MNIST). GPU tests skip, saying why, where
+# there is no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ruff check .
 ruff format --check .
 lint-imports
-python -m pytest -q -ra "$@"
-
+site="$(mktemp -d)"
+mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 # The benchmark suite's quick report: it builds, every table has rows, every PNG is valid.
 REPORT_DIR="$(mktemp -d)"
 trap 'rm -rf "$REPORT_DIR"' EXIT
-python -m bench report --quick --out "$REPORT_DIR"
+python -m bench report --quick --out "$REPORT_DIR" >/dev/null
 python -m bench report --check --out "$REPORT_DIR"
+python -m pytest -q -ra "$@"

@@ -1,0 +1,202 @@
+"""The user documentation cannot rot silently: docs/cli.md and ``--help`` name the same flags,
+the README stays short and its links resolve, the documented ``info`` runs, the site builds
+with ``mkdocs build --strict``, and no history words come back into the files users read."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+CLI_MD = ROOT / "docs" / "cli.md"
+README = ROOT / "README.md"
+README_MOST_LINES = 260
+
+# The files the history-words check reads; extend with "xpnn", "tests", "bench", "ci".
+HISTORY_PATHS = ["README.md", "docs"]
+HISTORY_WORDS = re.compile(r"\bsessions?\b|(before|since|until) the [0-9]+(st|nd|rd|th)", re.I)
+HISTORY_ALLOWED = re.compile(r"test session", re.I)  # pytest's own wording
+
+FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
+HELP_FLAGS = {"-h", "--help"}
+
+
+def _help(subcommand: str) -> subprocess.CompletedProcess[str]:
+    argv = [] if subcommand == "train" else [subcommand]
+    return subprocess.run(
+        [sys.executable, "-m", "xpnn", *argv, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+def _help_flags(text: str) -> set[str]:
+    """Flags of argparse's option lines (``  -o FILE, --output FILE   help``): the text, not
+    the parser object, since ``--help`` is what a user reads and the parsers may move."""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if re.match(r"^ {2}-", line):
+            invocation = re.split(r" {2,}", line.strip(), maxsplit=1)[0]
+            flags.update(FLAG.findall(invocation))
+    return flags - HELP_FLAGS
+
+
+def _documented_sections() -> dict[str, str]:
+    """docs/cli.md's sections per subcommand: ``## `python -m xpnn SUB` `` up to the next
+    ``## ``."""
+    sections: dict[str, str] = {}
+    for chunk in re.split(r"^## ", CLI_MD.read_text(), flags=re.M)[1:]:
+        heading, _, body = chunk.partition("\n")
+        match = re.fullmatch(r"`python -m xpnn (\w+)`", heading.strip())
+        if match:
+            sections[match.group(1)] = body
+    return sections
+
+
+def _documented_flags(section: str) -> set[str]:
+    """The flags in the first cell of each row of the section's flag tables."""
+    flags: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| `-"):
+            flags.update(FLAG.findall(line.split("|")[1]))
+    return flags
+
+
+def test_every_subcommand_of_help_has_a_section() -> None:
+    main = _help("train")
+    assert main.returncode == 0, main.stderr
+    named = {"train"} | set(re.findall(r"python -m xpnn (\w+)", main.stdout))
+    missing = named - set(_documented_sections())
+    assert not missing, f"docs/cli.md has no '## `python -m xpnn SUB`' section for {missing}"
+
+
+@pytest.mark.parametrize("subcommand", sorted(_documented_sections()))
+def test_cli_md_and_help_name_the_same_flags(subcommand: str) -> None:
+    proc = _help(subcommand)
+    assert proc.returncode == 0, (
+        f"docs/cli.md documents `python -m xpnn {subcommand}`, but its --help fails: "
+        f"{proc.stderr.strip()}"
+    )
+    usage = proc.stdout.partition("\n")[0]
+    assert re.search(rf"python -m xpnn \[?{subcommand}\b", usage), (
+        f"docs/cli.md documents `python -m xpnn {subcommand}`, which is no subcommand: {usage}"
+    )
+    in_help = _help_flags(proc.stdout)
+    documented = _documented_flags(_documented_sections()[subcommand])
+    assert in_help, f"no flags parsed from `python -m xpnn {subcommand} --help`"
+    assert not in_help - documented, f"missing from docs/cli.md: {sorted(in_help - documented)}"
+    assert not documented - in_help, f"not in --help: {sorted(documented - in_help)}"
+
+
+def test_help_flag_parser_reads_argparse_layout() -> None:
+    text = (
+        "options:\n  -h, --help            show this help message and exit\n"
+        "  --backend {numpy,numba}\n                        array library (--lr too)\n"
+        "  -o FILE.png, --output FILE.png  where\n  --resume              continue\n"
+    )
+    assert _help_flags(text) == {"--backend", "-o", "--output", "--resume"}
+
+
+def test_readme_is_short() -> None:
+    lines = README.read_text().count("\n")
+    assert lines <= README_MOST_LINES, f"README.md has {lines} lines, at most {README_MOST_LINES}"
+
+
+def test_readme_links_resolve() -> None:
+    text = README.read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if "://" not in t]
+    assert local, "README.md links into docs/"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_info_runs_as_documented() -> None:
+    assert "python -m xpnn info" in CLI_MD.read_text()
+    assert "python -m xpnn info" in README.read_text()
+    proc = subprocess.run(
+        [sys.executable, "-m", "xpnn", "info"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    for line in ("backends:", "numpy", "MPI:", "CUDA-aware"):
+        assert line in proc.stdout, proc.stdout
+    as_json = subprocess.run(
+        [sys.executable, "-m", "xpnn", "info", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    assert isinstance(json.loads(as_json.stdout), dict)
+
+
+def _history_lines(paths: list[str]) -> list[str]:
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *paths],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout.split()
+    found = []
+    for name in sorted(set(files)):
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if HISTORY_WORDS.search(HISTORY_ALLOWED.sub("", line)):
+                found.append(f"{name}:{number}: {line.strip()}")
+    return found
+
+
+def test_no_history_words() -> None:
+    found = _history_lines(HISTORY_PATHS)
+    assert not found, "history belongs in git log:\n" + "\n".join(found)
+
+
+def test_history_check_finds_history() -> None:
+    for bad in ("in the 17th session", "Before the 19th, it hung", "since the 2nd run"):
+        assert HISTORY_WORDS.search(HISTORY_ALLOWED.sub("", bad)), bad
+    for fine in ("pytest's test session starts", "the 2nd rank", "before the run"):
+        assert not HISTORY_WORDS.search(HISTORY_ALLOWED.sub("", fine)), fine
+
+
+def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("mkdocs is not installed (pip install -e '.[docs]'; the test extra has it)")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (tmp_path / "cli" / "index.html").exists()
+
+
+def test_python_api_sweep_runs_as_written() -> None:
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    section = text.split("## A learning-rate sweep", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    printed = dict(re.findall(r"lr ([\d.]+): test accuracy (\d\.\d+)", proc.stdout))
+    assert set(printed) == {"0.01", "0.1"}, proc.stdout
+    assert float(printed["0.1"]) >= 0.9, proc.stdout  # the synthetic set is learnable
+    for lr, accuracy in printed.items():  # the numbers the page quotes
+        assert f"lr {lr}: test accuracy {accuracy}" in text, proc.stdout
