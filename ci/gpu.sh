@@ -154,7 +154,7 @@ run "$PY" bench/throughput.py --model cnn --backends cupy --batches 128 \
   --json "$OUT/throughput_cnn_gpu.json"
 
 step "GPU tests"
-run "$PY" -m pytest -q -ra tests/gpu tests/test_backends.py tests/test_layers.py \
+run "$PY" -m pytest -q -ra tests/gpu tests/backends/test_backends.py tests/nn/test_layers.py \
   --ignore=tests/gpu/test_gpu_cuda_mpi.py
 
 if [ -n "$MPIEXEC" ]; then

@@ -4,7 +4,7 @@ every step): the CUDA loss kernel makes that row's loss and gradient NaN instead
 outside the row, so the run stops as diverged rather than training on garbage.
 
 Skipped, with the reason, where CuPy or a CUDA device is missing (as in CI); the CPU side of
-each check is in tests/test_kernel_inputs.py.
+each check is in tests/backends/test_kernel_inputs.py.
 """
 
 from __future__ import annotations

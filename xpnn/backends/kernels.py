@@ -4,7 +4,7 @@ Each public method of ``Kernels`` is one kernel, and its body here is the refere
 only array-API operations, so it runs on NumPy, CuPy and array-api-strict alike, the proof
 that the math is portable. A backend has one class that derives from ``Kernels`` (Numba's from
 NumPy's, whose arrays it computes on) and overrides only the kernels it makes faster, with the
-same parameters (``tests/test_kernels_protocol.py``); the types are the ones written here.
+same parameters (``tests/backends/test_kernels_protocol.py``); the types are the ones written here.
 Every kernel takes and returns arrays of the backend; none synchronises or copies to the host.
 
 Layouts, the same on every backend so that the layers never branch:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "optimizer_step.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "optimizer_step.py"
 
 
 def test_optimizer_step_tiny(tmp_path):
