@@ -394,10 +394,9 @@ def worker_main(conn: Any, kind: str, name: str, cfg: dict[str, Any]) -> None:
                 out = None
             elif op == "fresh":  # (op, warmup steps)
                 # A fresh model and optimizer before every timed epoch, warmed up untimed:
-                # - a model's state ages (before the 21st session xpnn's Adam moments turned
-                #   subnormal after ~650 steps, which slowed its update several fold; PyTorch's
-                #   may still), so every timed epoch covers the same steps (warmup .. warmup +
-                #   steps) of a run;
+                # - a model's state ages (unflushed, Adam moments turn subnormal after ~650
+                #   steps, which slows an update several fold on some CPUs; PyTorch's may), so
+                #   every timed epoch covers the same steps (warmup .. warmup + steps) of a run;
                 # - one model instance can run 30% faster or slower than the next (memory
                 #   placement), an offset that alternating cannot cancel but fresh ones average.
                 trainer = make()

@@ -9,7 +9,7 @@ same minutes of the machine. It prints each round's epoch times and their ratio 
 median ratio: above 1 means B is faster.
 
 What it cannot remove is the job's own luck (most likely where its buffers land in memory):
-with both sides the same, per-job median ratios here ranged from 0.97 to 1.02 (12th session).
+with both sides the same, per-job median ratios ranged from 0.97 to 1.02 on a 2-core AMD EPYC VM.
 Run the job several times, with an A/A job beside them, and look at the spread.
 
 Run: ``mpiexec -n 2 python bench/within_job.py --a "--comm mpi-shm" --b "--comm mpi-host"

@@ -61,7 +61,7 @@ def left_behind(before: set[str]) -> list[str]:
 HARNESS_PREFIXES = ("pytest-of-",)  # made by test runs beside this one, not jobs
 # the benchmark tests' folders (tempfile.mkdtemp(prefix="xpnn-bench-"), ...) and GCC's
 # temporary files: training jobs make neither
-# and Open MPI's session directories (ompi.HOST.UID): xpnn's jobs here run MPICH
+# and Open MPI's per-job directories (ompi.HOST.UID): xpnn's jobs here run MPICH
 BESIDE = re.compile(r"xpnn-[a-z-]+-[a-z0-9_]{8}|cc[A-Za-z0-9]{6}\.\w+|ompi\..+")
 
 

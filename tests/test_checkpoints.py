@@ -238,7 +238,7 @@ def test_a_checkpoint_with_a_damaged_data_set_name_is_a_one_line_error(tmp_path)
 
 
 def test_a_checkpoint_that_names_no_data_set_still_resumes(tmp_path):
-    """Checkpoints from before the 18th session have no meta.dataset or meta.settings."""
+    """A checkpoint without meta.dataset or meta.settings (older files) still resumes."""
     ck = tmp_path / "ck"
     assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
     path = ck / "checkpoint-epoch0001.npz"

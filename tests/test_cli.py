@@ -104,8 +104,8 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
     ],
 )
 def test_a_path_this_user_may_not_look_at(tmp_path, flag, name, extra):
-    """Under a directory the user may not enter, even ``Path.exists()`` raises (before the 17th
-    session: ``xpnn: PermissionError: ...``, exit 1, as if it were a bug)."""
+    """Under a directory the user may not enter, even ``Path.exists()`` raises: one line
+    naming the flag, exit 2, not ``xpnn: PermissionError: ...``, exit 1, as if it were a bug."""
     locked = tmp_path / "locked"
     (locked / name).mkdir(parents=True)  # there, but out of reach
     path = str(locked / name)
@@ -114,9 +114,9 @@ def test_a_path_this_user_may_not_look_at(tmp_path, flag, name, extra):
 
 
 def test_stdout_closed_by_its_reader_stops_in_one_line():
-    """``python -m xpnn ... | head -1``: the reader goes away, and the next print fails. Before
-    the 17th session that said ``xpnn: BrokenPipeError: [Errno 32] Broken pipe``, exit 1, as a
-    bug would; now it stops as a program that SIGPIPE ended (141), saying why."""
+    """``python -m xpnn ... | head -1``: the reader goes away, and the next print fails. It
+    stops as a program that SIGPIPE ended (141), saying why, not ``xpnn: BrokenPipeError:
+    [Errno 32] Broken pipe``, exit 1, as a bug would."""
     code, err = run_with_stdout_closed(["-m", "xpnn", *SMALL])
     assert code == 141, err
     assert err == "xpnn: stdout was closed (broken pipe): stopped\n"
@@ -142,8 +142,8 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.mark.parametrize("flag", ["--save", "--checkpoint-dir", "--metrics"])
 def test_a_full_disk_names_the_flag(tmp_path, flag):
-    """Before the 17th session: ``xpnn: OSError: [Errno 28] No space left on device``, exit 1,
-    naming neither the flag nor the file. ``--metrics`` writes to /dev/full, a real full disk."""
+    """The flag and the file are named, not ``xpnn: OSError: [Errno 28] No space left on
+    device``, exit 1. ``--metrics`` writes to /dev/full, a real full disk."""
     if flag == "--metrics":
         path = "/dev/full"
         cmd = [sys.executable, "-m", "xpnn", *SMALL, flag, path]
@@ -155,8 +155,8 @@ def test_a_full_disk_names_the_flag(tmp_path, flag):
     assert not list(tmp_path.glob("**/*.tmp"))  # no half-written file left beside
 
 
-# A training step whose arrays do not fit (``--model cnn --batch-size full`` under ``ulimit -v``
-# said "xpnn: MemoryError: Unable to allocate 4.84 GiB ...", exit 1, before the 17th session)
+# A training step whose arrays do not fit (``--model cnn --batch-size full`` under ``ulimit -v``):
+# a user error naming the batch, not "xpnn: MemoryError: Unable to allocate 4.84 GiB ...", exit 1
 OUT_OF_MEMORY = """
 import sys
 from xpnn.cli import main

@@ -1,5 +1,5 @@
-"""What the command line refuses, notes or guards since the 19th session: found by running
-xpnn as a demanding user would (each test failed before its fix)."""
+"""What the command line refuses, notes or guards: cases found by running xpnn as a demanding
+user would."""
 
 from __future__ import annotations
 

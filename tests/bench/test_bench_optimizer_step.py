@@ -46,8 +46,8 @@ def _limit_memory() -> None:  # in the child, before it starts Python: like ``ul
 
 
 def test_a_side_out_of_memory_is_one_line_naming_params(tmp_path):
-    """The worker's MemoryError, said in one line with its own words (before the 18th session,
-    the parent's CalledProcessError traceback, the worker's error not shown)."""
+    """The worker's MemoryError, said in one line with its own words, not the parent's
+    CalledProcessError traceback that hides the worker's error."""
     out = tmp_path / "o.json"
     args = ["--params", "300000000", "--sides", "numpy", "--rounds", "1", "--calls", "1"]
     proc = subprocess.run(

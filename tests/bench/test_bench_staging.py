@@ -33,7 +33,7 @@ def test_without_a_gpu_it_skips_in_one_line():
 @pytest.mark.mpi
 @pytest.mark.skipif(_has_cuda(), reason="a CUDA device is present: the GPU path runs instead")
 def test_without_a_gpu_two_ranks_say_it_once():
-    """Rank 0 alone says it skipped (before the 18th session, every rank did)."""
+    """Rank 0 alone says it skipped, not every rank."""
     proc = subprocess.run(
         [mpiexec_path(), "-n", "2", sys.executable, SCRIPT],
         capture_output=True,

@@ -73,7 +73,7 @@ def test_a_failing_rank_stops_the_comparison():
 
 def test_a_side_of_one_word_starting_with_dashes_is_its_value(tmp_path):
     """``--b --optimizer=momentum``: the word is side B's arguments, not a flag of this script
-    (before the 18th session: "argument --b: expected one argument")."""
+    (not argparse's "argument --b: expected one argument")."""
     _, got = _run(tmp_path, 1, "--optimizer=sgd", "--optimizer=momentum", rounds=1)
     assert got["a"] == ["--optimizer=sgd"] and got["b"] == ["--optimizer=momentum"]
 
@@ -87,8 +87,8 @@ def test_a_side_of_one_word_starting_with_dashes_is_its_value(tmp_path):
     ],
 )
 def test_an_ignored_file_flag_is_refused_and_creates_nothing(tmp_path, where, flag, needle):
-    """Before the 18th session these were ignored, yet an empty metrics file or checkpoint
-    folder was left behind."""
+    """Flags that name files are refused, not ignored while an empty metrics file or
+    checkpoint folder is left behind."""
     flag = [flag[0], str(tmp_path / flag[1])]
     cmd = [sys.executable, str(ROOT / "bench" / "within_job.py"), "--a", "--seed 1"]
     if where == "--":

@@ -145,8 +145,8 @@ def test_one_failing_rank_stops_the_job(comm):
 def test_ctrl_c_or_sigterm_stops_every_rank(tmp_path, ranks, signum, code, said_word):
     """SIGINT (Ctrl-C) or SIGTERM (Slurm's time limit, scancel), to the process or to mpiexec
     (which passes it on to the ranks), after the second epoch: each rank says so (no traceback,
-    no KeyboardInterrupt) and exits 130 or 143, leaving no half-written checkpoint. Before
-    the 17th session SIGTERM ended the ranks silently, as ``mpiexec``'s BAD TERMINATION."""
+    no KeyboardInterrupt) and exits 130 or 143, leaving no half-written checkpoint, never
+    silently as ``mpiexec``'s BAD TERMINATION."""
     ckpt = tmp_path / "ck"
     cmd = xpnn_cmd([*BASE, "--epochs", "500", "--checkpoint-dir", str(ckpt)], ranks)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
