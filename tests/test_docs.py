@@ -201,3 +201,20 @@ def test_python_api_sweep_runs_as_written() -> None:
     assert float(printed["0.1"]) >= 0.9, proc.stdout  # the synthetic set is learnable
     for lr, accuracy in printed.items():  # the numbers the page quotes
         assert f"lr {lr}: test accuracy {accuracy}" in text, proc.stdout
+
+
+def test_python_api_run_spec_example_runs_as_written() -> None:
+    """The page's RunSpec example prints what the page says, alone and on two ranks."""
+    from conftest import mpiexec_path
+
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    section = text.split("## A whole run from a `RunSpec`", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    quoted = re.search(r"It prints `(test accuracy [^`]+)`", section).group(1)
+    for cmd in (
+        [sys.executable, "-c", code],
+        [mpiexec_path(), "-n", "2", sys.executable, "-c", code],
+    ):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == quoted, proc.stdout
