@@ -1,10 +1,4 @@
-"""Optimizers over the model's flat buffers, and learning-rate schedules with warmup.
-
-An optimizer updates slices of the flat parameter vector, one kernel call per slice (the
-whole vector, or one slice per bucket of layers as backward finishes it; the same kernel on
-every backend, fused where the backend can), and its state lives in flat buffers of the same
-layout, which makes checkpoints and the state's equality across ranks trivial.
-"""
+"""Optimizers over the model's flat buffers (state in the same layout), and schedules."""
 
 from __future__ import annotations
 
@@ -23,23 +17,16 @@ Array = Any
 
 
 class OptimArgError(UserError, ValueError):
-    """A bad optimizer or schedule argument: a ``UserError`` for the CLI, a ``ValueError`` for
-    code that builds optimizers itself."""
+    """A bad optimizer or schedule argument: ``UserError`` for the CLI, ``ValueError`` for code."""
 
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
 SCHEDULES = ("constant", "step", "cosine")
 
 
 @dataclass
 class Schedule:
-    """Learning rate at step t: linear warmup from ~0, then constant, step decay or cosine.
-
-    Warmup follows Goyal et al. (2017): large effective batches (many ranks, linearly scaled
-    learning rates) start gently. ``total_steps`` is needed by the cosine schedule only; the
-    step schedule multiplies the rate by ``gamma`` every ``step_size`` steps after warmup (the
-    trainer makes that a number of epochs).
-    """
+    """Learning rate at step t: linear warmup from ~0 (Goyal et al., 2017: large batches start
+    gently), then constant, ``gamma`` every ``step_size`` steps, or cosine to ``total_steps``."""
 
     base_lr: float
     kind: str = "constant"
@@ -87,16 +74,8 @@ class Schedule:
 
 
 class Optimizer:
-    """Base: holds the flat parameters/gradients, a schedule and named flat state buffers.
-
-    ``grads`` is the flat gradient buffer, or a tuple of them whose sum is the gradient (ranks
-    that share one copy of the parameters each write one): each part's rows are then added
-    (``Kernels.sum_rows``) into scratch that the update reads. ``parts`` (slices of the flat
-    buffers, default: all of it) are what this optimizer updates, each with ``update_part`` as
-    soon as its gradients are final, as a rank does when ranks share the update
-    (``parallel.update.node_shared``). ``zeros(shape, dtype)`` allocates the state buffers, which
-    always cover the whole model so that a checkpoint reads them whole.
-    """
+    """``grads``: a flat buffer, or a tuple of them to sum (ranks sharing the parameters);
+    ``parts``: the slices ``update_part`` updates; ``zeros``: allocates the whole state."""
 
     state_names: tuple[str, ...] = ()
 
@@ -129,8 +108,7 @@ class Optimizer:
         self._summed = kernels.xp.empty((longest,), dtype=params.dtype) if len(rows) > 1 else None
 
     def start_step(self) -> float:
-        """Advance to the next step; returns (and keeps, for ``update_part``) its learning
-        rate. Call once per step, before the first ``update_part``."""
+        """Advance to the next step and return its learning rate; before any ``update_part``."""
         self.lr = self.schedule(self.step_count)
         self.step_count += 1
         return self.lr
@@ -155,8 +133,7 @@ class Optimizer:
 
 
 def _check_buffers(params: Array, rows: tuple[Array, ...]) -> None:
-    """The kernels index every gradient buffer by the parameters' layout, and update in place:
-    each must match the parameters' shape, and all must be floating point."""
+    """The kernels index every buffer by the parameters' layout: same shape, floating point."""
     if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
         raise OptimArgError(
             f"optimizer: params must be a floating-point array, got "

@@ -8,18 +8,5 @@ from xpnn.nn.losses import SigmoidBinaryCrossEntropy, SoftmaxCrossEntropy
 from xpnn.nn.models import build_model, cnn, mlp
 from xpnn.nn.sequential import Sequential
 
-__all__ = [
-    "Context",
-    "Dense",
-    "Flatten",
-    "Layer",
-    "ReLU",
-    "Sequential",
-    "Sigmoid",
-    "SigmoidBinaryCrossEntropy",
-    "SoftmaxCrossEntropy",
-    "Tanh",
-    "build_model",
-    "cnn",
-    "mlp",
-]
+__all__ = ["Context", "Dense", "Flatten", "Layer", "ReLU", "Sequential", "Sigmoid", "Tanh"]
+__all__ += ["SigmoidBinaryCrossEntropy", "SoftmaxCrossEntropy", "build_model", "cnn", "mlp"]

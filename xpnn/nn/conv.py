@@ -21,27 +21,8 @@ def _pair(name: str, v: int | tuple[int, int]) -> tuple[int, int]:
 class Conv2D(Layer):
     """``y = act(conv(x, W) + b)`` on NCHW inputs; ``W`` is (C_out, C_in, kh, kw), ``b`` (C_out,).
 
-    ``activation`` (default: none) is fused into the pass that adds the bias and transposes the
-    GEMM result, as Dense fuses its own: ``Conv2D(c, 3, activation="relu")`` computes what
-    ``Conv2D(c, 3), ReLU()`` does, without the two extra passes over the activations.
-
-    Forward: ``cols = im2col(x)`` of shape (C_in*kh*kw, N*OH*OW), then one GEMM
-    ``W2 @ cols`` (C_out, N*OH*OW) with ``W2 = W.reshape(C_out, -1)``, then bias + a block
-    transpose to NCHW. Backward: ``dW2 = dY @ cols.T``, ``db = sum(dY)``, ``dcols = W2.T @ dY``
-    (written over ``cols``), ``dx = col2im(dcols)``.
-
-    ``limit_output(h, w)`` makes the layer compute only its first ``h`` x ``w`` output positions
-    (and their gradients): ``Sequential`` calls it when a floor-mode pool that follows reads no
-    more. In the ``cnn`` preset that skips 21 of conv2's 121 positions and 5 of conv3's 9, 30 %
-    of the network's multiply-adds, with the same results.
-
-    The column buffer and the (C_out, N*OH*OW) GEMM buffer are one pair of flat buffers, the
-    size of the largest batch seen and reused every step; a smaller batch (the last of an
-    epoch, an evaluation's slices: ``Sequential.evaluate``) uses their first values. One pair,
-    not one per batch size: a pair for each of the training batch, the epoch's last batch and
-    the evaluation's 1,000 samples took the CNN's peak memory past PyTorch's on the same run.
-    The layer keeps the state of its *last* forward pass, like every layer.
-    """
+    The activation is fused into the bias pass. The column and GEMM buffers are one flat pair
+    sized for the largest batch seen, so memory does not grow with the batch sizes seen."""
 
     def __init__(
         self,
@@ -67,7 +48,7 @@ class Conv2D(Layer):
         self.padding = check_int("Conv2D", "padding", padding, minimum=0)
         self._buffers: tuple[Array, Array] | None = None  # flat (cols, gemm) scratch
         self._dwt_buf: Array | None = None
-        # all outputs the input allows, and the ones computed (set by setup / limit_output)
+        # all outputs the input allows, and the ones computed
         self.out_hw: tuple[int, int] | None = None
         self.used_hw: tuple[int, int] | None = None
 
@@ -96,8 +77,7 @@ class Conv2D(Layer):
         self._buffers = None
 
     def _scratch(self, n: int, dtype) -> tuple[Array, Array]:  # noqa: ANN001
-        """(cols, gemm) for a batch of ``n``: views of the start of the layer's flat buffers,
-        which are replaced by larger ones when a batch needs more."""
+        """(cols, gemm) for a batch of ``n``: views of the start of the flat buffers."""
         xp, p = self.xp, n * self.used_hw[0] * self.used_hw[1]
         rows = (self.in_shape[0] * self.kh * self.kw, self.out_channels)
         if (
@@ -128,8 +108,7 @@ class Conv2D(Layer):
 
     def forward(self, x: Array, ctx: Context) -> Array:
         if tuple(x.shape[1:]) != self.in_shape or x.ndim != 4:
-            # the kernels index by the built geometry: another one would read or write past
-            # the column buffer (channels) or silently crop (a larger image)
+            # the kernels index by the built geometry: another would overrun or silently crop
             raise ValueError(
                 f"Conv2D built for input (C,H,W)={self.in_shape}, got batch shape {tuple(x.shape)}"
             )
@@ -161,8 +140,7 @@ class Conv2D(Layer):
         return self.input_grad(dyc) if need_dx else None
 
     def input_grad(self, dyc: Array) -> Array:
-        """The input's gradient from the output's (as columns, ``dyc``): a product of its own,
-        not a weight gradient (``bench/step_phases.py`` tells them apart by this method)."""
+        """The input's gradient (its own method: ``bench/step_phases.py`` times it apart)."""
         dcols = self.kernels.matmul_into(self._w2().T, dyc, self.cols)
         geometry = (self.kh, self.kw, self.stride, self.padding, self.used_hw)
         return self.kernels.col2im(dcols, self.x_shape, *geometry)

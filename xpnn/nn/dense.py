@@ -46,8 +46,7 @@ class Dense(Layer):
         return y
 
     def complete(self, z: Array) -> Array:
-        """``x @ W`` as this layer computed it is the whole pre-activation; a layer holding only
-        some rows of ``W`` (tensor parallelism) sums the ranks' parts here."""
+        """The whole pre-activation from ``x @ W``; a layer with some rows of ``W`` sums here."""
         return z
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:

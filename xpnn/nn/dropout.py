@@ -1,10 +1,4 @@
-"""Inverted dropout whose mask is a pure function of (seed, step, sample id, element).
-
-The mask comes from a counter-based hash (``kernels.dropout_mask``), not from a random
-generator's stream, so a sample's mask does not depend on the rank, the batch it landed in or
-its position there, nor on the backend: N ranks compute what 1 rank computes, and numba, numpy
-and cupy draw bit-identical masks.
-"""
+"""Inverted dropout; its mask hashes (seed, step, sample id, element), the same on any rank."""
 
 from __future__ import annotations
 
@@ -12,16 +6,9 @@ from xpnn.nn.layer import Array, Context, Layer
 
 
 class Dropout(Layer):
-    """Train mode: zero each element with probability ``p``, scale the rest by ``1/(1-p)``.
-
-    Eval mode: the identity. The mask is keyed by ``ctx.seed``, ``ctx.step`` and
-    ``ctx.sample_ids`` (the samples' indices in the data set); when ``ctx.sample_ids`` is None
-    the batch positions ``0..N-1`` stand in for them (then masks do depend on batch position).
-    ``salt`` tells apart several Dropout layers of one model (same shape, same keys otherwise
-    means the same mask). Without ``ctx.step`` the layer's own count of training passes keys
-    the mask: a loop that passes ``Context(train=True)`` each step must not get one mask for
-    the whole run.
-    """
+    """Train mode: zero each element with probability ``p``, scale the rest by ``1/(1-p)``;
+    eval mode: the identity. ``salt`` tells apart several Dropout layers of one model. Without
+    ``ctx.sample_ids`` the batch positions stand in; without ``ctx.step``, a count of passes."""
 
     def __init__(self, p: float = 0.5, salt: int = 0) -> None:
         super().__init__()

@@ -1,10 +1,5 @@
-"""The Layer contract: build once, then forward and backward side by side.
-
-A layer declares its parameters at ``build`` time with host-side initial values; the model then
-places every parameter and gradient as a view into one flat buffer (what the communicator
-sends whole). ``forward`` keeps what ``backward`` needs; ``backward`` *assigns* (never adds)
-the layer's gradients and returns the gradient of its input.
-"""
+"""The Layer contract: parameters are declared on the host, then placed as views into one flat
+buffer; ``backward`` *assigns* (never adds) the gradients and returns the input's gradient."""
 
 from __future__ import annotations
 
@@ -17,14 +12,12 @@ Array = Any
 
 
 def is_int(value: Any) -> bool:
-    """An int or a NumPy integer: a count or a size. Not a bool (``True`` is an int to
-    Python, never a count), a float or a string."""
+    """An int or a NumPy integer, not a bool (to Python an int, never a count)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as a Python int (``is_int``) that is at least ``minimum``; else a one-line
-    TypeError/ValueError naming ``owner`` and ``name``."""
+    """``value`` as a Python int at least ``minimum``; else a one-line TypeError/ValueError."""
     if not is_int(value):
         raise TypeError(f"{owner}: {name} must be an int, got {value!r}")
     if value < minimum:
@@ -34,14 +27,7 @@ def check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
 
 @dataclass
 class Context:
-    """What a forward pass needs beyond the input: mode, and what keys dropout's randomness.
-
-    ``sample_ids`` are the samples' indices in the data set and ``step`` the global step, so a
-    sample's dropout mask does not depend on which rank or batch position it landed on. With
-    ``step=None`` (a hand-written loop) each Dropout layer counts its own training passes, so
-    every step still draws new masks; the trainer gives the step, which makes a resumed run
-    draw what the uninterrupted one did.
-    """
+    """The mode, and what keys dropout's masks: the global step and the samples' indices."""
 
     train: bool = False
     step: int | None = None
@@ -76,9 +62,7 @@ class Layer:
         raise NotImplementedError
 
     def replica(self) -> Layer:
-        """A twin sharing this layer's parameters and gradients (the same views) with its own
-        forward state: a pipeline stage keeps one per micro-batch in flight. A layer that
-        reuses scratch buffers across calls gives its twin its own."""
+        """A twin sharing the parameters and gradients, with its own forward state."""
         return copy.copy(self)
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:

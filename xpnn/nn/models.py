@@ -28,17 +28,13 @@ def cnn(
     dropout: float = 0.5,
     loss: str = "softmax_cross_entropy",
 ) -> Sequential:
-    """The MPI deep-learning report's CNN: 690,590 parameters on 1x28x28 inputs.
-
-    Three valid 3x3 convolutions (32, 128, 256 channels), each followed by ReLU and 2x2
-    max-pooling; dropout; Dense 1000, Dense 100 (ReLU), Dense 10.
-    """
+    """The MPI deep-learning report's CNN: 690,590 parameters on 1x28x28 inputs."""
     from xpnn.nn.conv import Conv2D
     from xpnn.nn.dropout import Dropout
     from xpnn.nn.pool import MaxPool2D
 
     layers: list = []
-    for c in channels:  # ReLU fused into the convolution's bias pass: one pass fewer each way
+    for c in channels:  # ReLU fused into the convolution's bias pass
         layers += [Conv2D(c, 3, activation="relu"), MaxPool2D(2)]
     layers += [Flatten(), Dropout(dropout)]
     layers += [Dense(d, "relu") for d in dense]

@@ -6,11 +6,7 @@ from xpnn.nn.layer import Array, Context, Layer, check_int
 
 
 class MaxPool2D(Layer):
-    """Max over ``size`` x ``size`` windows every ``stride`` (default: ``size``) positions.
-
-    Forward keeps the argmax of every window (its first maximum); backward sends each output
-    gradient to that one input position.
-    """
+    """Max over ``size`` x ``size`` windows every ``stride`` (default: ``size``) positions."""
 
     def __init__(self, size: int = 2, stride: int | None = None) -> None:
         super().__init__()
@@ -34,14 +30,12 @@ class MaxPool2D(Layer):
         return (c, oh, ow)
 
     def extent_read(self, in_shape: tuple[int, ...]) -> tuple[int, int]:
-        """The (rows, columns) of a ``(C, H, W)`` input that some window covers: floor mode
-        drops the rest, so the layer before need not compute them."""
+        """The (rows, columns) of a ``(C, H, W)`` input that some window covers."""
         _, oh, ow = self.setup(in_shape, None)
         return (oh - 1) * self.stride + self.size, (ow - 1) * self.stride + self.size
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        # the height and width may be fewer than built for (a Conv2D before it computes only
-        # the rows and columns some window reads), never the channels
+        # the height and width may be fewer than built for (``extent_read``), not the channels
         if x.ndim != 4 or x.shape[1] != self.channels or min(x.shape[2:]) < self.size:
             raise ValueError(
                 f"MaxPool2D built for {self.channels} channels and {self.size}x{self.size} "

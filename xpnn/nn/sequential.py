@@ -1,10 +1,5 @@
-"""Sequential model: layers in order, all parameters in one flat buffer, gradients in another.
-
-The flat layout is what makes data parallelism cheap: the communicator reduces a few large
-contiguous slices (buckets) instead of one message per tensor. Parameters are laid out in
-forward order, so the backward pass finishes gradients from the *end* of the buffer towards its
-start; ``on_grads_ready(offset)`` tells the caller that ``grads[offset:]`` is final.
-"""
+"""Sequential model: layers in order, all parameters in one flat buffer, gradients in another
+(a few large slices to reduce); ``on_grads_ready(offset)``: ``grads[offset:]`` is final."""
 
 from __future__ import annotations
 
@@ -44,14 +39,12 @@ class Sequential:
         self.layers = layers
         self.loss = resolve_loss(loss)
 
-    # -- construction -------------------------------------------------------------------
     def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
         """Initialise every parameter from ``seed`` and place it in the flat buffers."""
         return self.setup(input_shape, backend, seed).place()
 
     def setup(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
-        """Draw every layer's initial values from ``seed`` on the host, and learn every
-        layer's output shape (``shapes``); nothing is placed on the backend yet."""
+        """Draw every layer's initial values on the host and learn its output shape."""
         self.backend, self.xp = backend, backend.xp
         rng = backend.host_rng(seed, 0)
         shapes = [tuple(input_shape)]
@@ -70,9 +63,7 @@ class Sequential:
         return self
 
     def _skip_unread_outputs(self, shapes: list[tuple[int, ...]]) -> None:
-        """Where a layer that can limit its output (Conv2D) feeds one that reads only part of
-        its input (a floor-mode MaxPool2D), compute only that part: the rest would be computed,
-        dropped, and sent back a zero gradient."""
+        """Where a Conv2D feeds a floor-mode MaxPool2D, compute only what the pool reads."""
         for layer, after, shape in zip(
             self.layers[:-1], self.layers[1:], shapes[1:-1], strict=True
         ):
@@ -82,9 +73,7 @@ class Sequential:
                 limit(*extent_read(shape))
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
-        """Move the parameters into ``params`` (values copied unless ``copy`` is False) and the
-        gradients to ``grads``: how ranks on one node come to share one copy of the parameters
-        (only one of them copies)."""
+        """Move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``."""
         if params.shape != (self.size,) or grads.shape != (self.size,):
             raise ValueError(f"adopt: buffers must have shape ({self.size},)")
         if copy:
@@ -105,8 +94,7 @@ class Sequential:
         self.size = offset
 
     def attach(self, comm: Any) -> None:
-        """Give the layers that talk to other ranks (tensor parallelism's split layers: those
-        with a ``comm`` attribute) the job's communicator, once it exists."""
+        """Give the layers with a ``comm`` attribute the job's communicator, once it exists."""
         for layer in self.layers:
             if hasattr(layer, "comm"):
                 layer.comm = comm
@@ -114,10 +102,8 @@ class Sequential:
     def _view(self, flat: Array, offset: int, shape: tuple[int, ...]) -> Array:
         return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
 
-    # -- compute ------------------------------------------------------------------------
     def forward(self, x: Array, ctx: Context, layers: list[Layer] | None = None) -> Array:
-        """Through ``layers`` (default: the model's own; or replicas of them, see
-        ``Layer.replica``)."""
+        """Through ``layers`` (default: the model's own; or their replicas)."""
         with FORWARD:
             for layer in layers or self.layers:
                 x = layer.forward(x, ctx)
@@ -131,12 +117,7 @@ class Sequential:
         overwrite: bool = False,
     ) -> Array | None:
         """Assign every gradient; returns the input's gradient if ``input_grad``, else None.
-        ``layers``: the ones ``forward`` went through.
-
-        Fused backward kernels may write over the gradient they are given (numba's bias +
-        activation turns ``dy`` into ``dz`` in place), so ``dlogits`` is copied once first,
-        unless ``overwrite``: a caller that made it and reads it no more (``loss_and_grads``)
-        lets the layers reuse it."""
+        Fused kernels may write over ``dy``, so ``dlogits`` is copied first unless ``overwrite``."""
         layers = layers or self.layers
         dy = dlogits if overwrite else self._copy(dlogits)
         for i in range(len(layers) - 1, -1, -1):
@@ -150,9 +131,7 @@ class Sequential:
         return a.copy() if hasattr(a, "copy") else self.xp.asarray(a, copy=True)
 
     def needs_input_grad(self, index: int) -> bool:
-        """Whether backward asks layer ``index`` for its input gradient: only if some layer
-        below has parameters (or someone reads it); an MLP's first Dense skips its largest
-        matrix product."""
+        """Whether layer ``index``'s input gradient is read (a layer below has parameters)."""
         return self.layer_offsets[index] > 0 or self.input_grad
 
     def loss_and_grads(
@@ -172,11 +151,7 @@ class Sequential:
         return loss, correct
 
     def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
-        """(loss sum, number correct) in eval mode, without touching the gradients.
-
-        A batch larger than any this model trained on is scored in slices of that size: the
-        layers reuse training's scratch buffers instead of allocating their own (the CNN's
-        1,000-sample evaluation batches took more memory than all of its training)."""
+        """(loss sum, number correct) in eval mode, in slices of the largest training batch."""
         n = labels.shape[0]
         rows = self.train_rows or n
         loss = correct = None
@@ -188,15 +163,12 @@ class Sequential:
             loss, correct = (l, c) if loss is None else (loss + l, correct + c)
         return loss, correct
 
-    # -- parameters by name -------------------------------------------------------------
     def named_params(self) -> dict[str, Array]:
-        """Stable names -> views; what ``--save`` writes. Layers are numbered among those that
-        have parameters, so an MLP's first Dense is ``layer0`` whatever Flatten precedes it."""
+        """Stable names -> views (``layerN`` counts layers with parameters); what is saved."""
         return {key: layer.params[name] for key, layer, name in self.param_names()}
 
     def named_views(self, flat: Array) -> dict[str, Array]:
-        """Stable names -> views of ``flat``, any buffer laid out as the parameters are (the
-        optimizer's state): how a checkpoint names each parameter's state."""
+        """Stable names -> views of ``flat``, a buffer laid out as the parameters are."""
         views, offset = {}, 0
         for key, layer, name in self.param_names():
             shape = tuple(layer.params[name].shape)

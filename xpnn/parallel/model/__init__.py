@@ -1,6 +1,5 @@
 """Strategies that wrap or swap a model's layers when a run is built (layers know none of
-them): ``tensor`` (``split_layers``), ``pipeline`` (``build_stage``), ``shared`` (``share_layers``:
-node-shared activations), ``layout`` (replicas x model ranks), ``whole`` (the whole network)."""
+them), the ranks' layout, and the whole network from its pieces."""
 
 from xpnn.parallel.model.layout import make_groups, place_of
 from xpnn.parallel.model.pipeline import build_stage, layer_costs, stage_bounds

@@ -1,18 +1,6 @@
-"""Who works with whom: the job's ranks as replicas of the network, each one rank or several.
-
-``--parallel data``: every rank holds the whole network and is a replica of its own.
-``--parallel tensor`` or ``pipeline`` spreads one replica over ``--model-ranks`` K ranks (all
-of them by default); with N ranks, the N / K replicas train data-parallel, each on its share
-of every global batch. That is 2-D parallelism, Megatron-LM's tensor (or pipeline) × data.
-
-Rank r is place ``r % K`` of replica ``r // K``: one replica's ranks are consecutive, so a
-launcher that fills nodes in rank order (``mpiexec``, ``srun``'s block distribution) keeps
-them on one node, where the messages of every layer (tensor) or micro-batch (pipeline) are
-cheapest; what crosses replicas is each step's gradients, as in data parallelism. The ranks
-at the same place of every replica hold the same part of the network, so they sum the same
-gradients: they are the data-parallel group, and any update scheme (``mpi-shm``'s shared
-parameters included) works on it unchanged.
-"""
+"""Who works with whom: a replica spread over ``--model-ranks`` K ranks, N / K replicas
+data-parallel. Rank r is place ``r % K`` of replica ``r // K``: a replica's ranks are
+consecutive, so launchers that fill nodes in rank order keep each replica on one node."""
 
 from __future__ import annotations
 
@@ -40,8 +28,7 @@ class Place:
 
 
 def place_of(rank: int, size: int, parallel: str, model_ranks: int | None) -> Place:
-    """Rank ``rank`` of ``size`` under ``--parallel`` and ``--model-ranks`` (None: all ranks
-    for tensor and pipeline parallelism). Raises UserError for a grid that does not fit."""
+    """Rank ``rank`` of ``size`` under ``--parallel`` and ``--model-ranks`` (None: all)."""
     if parallel == "data":
         return Place(1, size, 0, rank)
     k = size if model_ranks is None else model_ranks
@@ -72,9 +59,7 @@ class Groups:
 
     @property
     def name(self) -> str:
-        """Which transport is live: one name, or the replica's and the data group's (a
-        group with nobody to talk to is a ``SelfCommunicator``; an explicit ``--comm`` on
-        one rank is a real one, and named)."""
+        """Which transport is live: one name, or the replica's and the data group's."""
         if isinstance(self.data, SelfCommunicator):
             return self.model.name
         if isinstance(self.model, SelfCommunicator):
@@ -108,9 +93,8 @@ def sub_world(world: World, color: int) -> World:
 
 
 def make_groups(world: World, place: Place, backend: Any, kind: str, parallel: str) -> Groups:
-    """Build this rank's communicators (collective on every rank). ``--comm`` picks the data
-    group's transport; a replica spread over ranks shares no parameters, so where ``--comm``
-    asks for ``mpi-shm`` the replica's ranks talk over ``auto``'s choice instead."""
+    """This rank's communicators (collective). ``--comm`` picks the data group's; a replica
+    shares no parameters, so for ``mpi-shm`` its ranks talk over ``auto``'s choice."""
     if place.model_ranks == 1:  # data parallelism, or replicas of one rank each
         return Groups.of(make_communicator(world, backend, kind, "data"), "data")
     if place.replicas == 1:

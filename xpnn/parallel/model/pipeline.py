@@ -1,40 +1,9 @@
 """Pipeline parallelism: consecutive layers on consecutive ranks, micro-batches streamed through.
 
-The layers are cut into as many *stages* as there are ranks, each a run of consecutive
-layers of about equal cost (multiply-adds per sample), and rank s holds stage s only: its
-parameters, gradients and optimizer state. Every global batch is cut into
-``--microbatches`` M micro-batches, and two schedules (``--pipeline-schedule``) run them:
-
-- GPipe (the default): every forward, then every backward in reverse order. Forward: stage 0
-  reads the samples; every stage runs micro-batch m through its layers and sends the
-  activations to the next stage, then goes on with m + 1 while the next stage works on m
-  (the pipeline fills); the last stage computes the loss of each micro-batch. Backward: the
-  last stage starts with the micro-batch it forwarded last; every stage sends its input's
-  gradient to the stage before it.
-- 1F1B (PipeDream-Flush, as Megatron-LM runs it): stage s forwards S - s - 1 micro-batches
-  ahead, then alternates one forward and one backward, then drains the backwards left.
-- Either way the gradients of the M micro-batches are summed (each one's loss is already
-  scaled by 1 / global batch, so the sum is the gradient of the whole batch), and each stage
-  updates its own parameters: no gradient is exchanged at all.
-
-A layer keeps what its backward pass needs from its last forward pass, so the stage runs
-each micro-batch in flight through its own set of replicas of its layers (``Layer.replica``:
-the same parameters and gradients, their own saved activations and scratch buffers): M sets
-under GPipe, at most S - s under 1F1B, which is 1F1B's point: the activations held do not
-grow with M. A set is reused once its micro-batch's backward is done.
-
-``--recompute`` is GPipe's own way (re-materialisation): one set of layers, and each
-micro-batch's *input* to the stage kept until its backward, which first runs that micro-batch
-forward again (the same result: dropout masks come from the seed, step and sample). The
-activations inside a stage are then held for one micro-batch at a time, at the price of one
-more forward pass per micro-batch (none when the backward comes right after its own forward,
-as on 1F1B's last stage).
-
-With the same seed, 1 rank and N stages draw the same initial network (every rank draws all
-of it and keeps its stage) and compute the same run, up to the order of floating-point sums.
-Idle time, under both schedules: each stage waits (N - 1) micro-batch slots per step (the
-pipeline's "bubble"), a fraction (N - 1) / (M + N - 1) of the step when the stages are
-balanced.
+Rank s holds stage s, layers of about equal cost; each stage sums its M micro-batches'
+gradients and updates its own parameters. Each micro-batch in flight has its own replicas of
+the layers: M sets under GPipe, at most S - s under 1F1B. ``--recompute`` keeps one set and
+each micro-batch's input, and forwards it again before its backward.
 """
 
 from __future__ import annotations
@@ -51,10 +20,7 @@ FORWARD_TAG, BACKWARD_TAG, EVAL_TAG = 1, 2, 3
 
 
 def layer_costs(layers: list[Layer], shapes: list[tuple[int, ...]]) -> list[float]:
-    """Multiply-adds per sample of each layer, from its parameters and output shape: a Dense
-    layer's parameter count, a convolution's times the output positions it computes (a
-    convolution feeding a floor-mode pooling computes only those it reads: ``used_hw``).
-    Layers without parameters count as free."""
+    """Multiply-adds per sample of each layer: parameters times output positions computed."""
     costs = []
     for layer, out in zip(layers, shapes[1:], strict=True):
         weights = sum(math.prod(shape) for _, shape in layer.initial.values())
@@ -64,9 +30,8 @@ def layer_costs(layers: list[Layer], shapes: list[tuple[int, ...]]) -> list[floa
 
 
 def stage_bounds(costs: list[float], has_params: list[bool], stages: int) -> list[tuple[int, int]]:
-    """[start, end) layer ranges of ``stages`` consecutive stages that minimise the costliest
-    stage. Every stage holds at least one layer with parameters; a stage starts at such a
-    layer (the first stage at layer 0), so a parameter-free layer stays with the one before."""
+    """[start, end) layer ranges of ``stages`` stages that minimise the costliest one; each
+    starts at a layer with parameters (a parameter-free layer stays with the one before)."""
     starts = [i for i, p in enumerate(has_params) if p]
     if len(starts) < stages:
         raise UserError(
@@ -115,10 +80,7 @@ def gpipe_order(microbatches: int, stages: int, index: int) -> Order:
 
 
 def one_f_one_b_order(microbatches: int, stages: int, index: int) -> Order:
-    """PipeDream-Flush (1F1B): stage s runs S - s - 1 forwards ahead, then a forward and a
-    backward in turn, then the backwards left. The bubble is GPipe's, but a micro-batch's
-    activations are freed by its backward as soon as it can be, so at most S - s are in flight
-    (not M): memory that does not grow with ``--microbatches``."""
+    """PipeDream-Flush (1F1B): S - s - 1 forwards ahead, then a forward and a backward in turn."""
     warm = min(stages - index - 1, microbatches)
     order = [("F", m) for m in range(warm)]
     for j in range(microbatches - warm):
@@ -140,13 +102,8 @@ def in_flight(order: Order) -> int:
 
 
 class PipelineStage(Sequential):
-    """The layers of one stage, and the schedule that runs them with the other stages.
-
-    The trainer sees a model: ``loss_and_grads`` and ``evaluate`` take the whole batch on
-    every rank (the first stage reads its samples, the last its labels; the trainer does not
-    even gather the samples for the others, ``reads_input``) and return the loss
-    and number correct on the last stage, zeros elsewhere (``scores``).
-    """
+    """One stage's layers and the schedule that runs them: a model to the trainer, scored on
+    the last stage (``scores``) and reading samples on the first (``reads_input``)."""
 
     def __init__(
         self,
@@ -177,9 +134,7 @@ class PipelineStage(Sequential):
         self._sets: list[list[Layer]] = [self.layers]  # one set of layers per micro-batch
         self._acc: Array | None = None  # the micro-batches' gradients, summed
 
-    # -- messages between neighbouring stages ------------------------------------------------
     def attach(self, comm: Any) -> None:
-        """The stage sends to and receives from its neighbours through ``comm``."""
         super().attach(comm)
         self.comm = comm
 
@@ -188,7 +143,6 @@ class PipelineStage(Sequential):
         self.comm.recv_(buf, source, tag)
         return buf
 
-    # -- one global batch ----------------------------------------------------------------------
     def loss_and_grads(
         self,
         x: Array | None,  # the samples: read by the first stage, None for the others
@@ -199,9 +153,7 @@ class PipelineStage(Sequential):
     ) -> tuple[Array, Array]:
         n = labels.shape[0]
         parts = [shard_bounds(n, m, self.microbatches) for m in range(min(n, self.microbatches))]
-        # One key per step for every micro-batch, so that --recompute's second forward draws
-        # the first one's dropout masks; without sample ids the batch positions stand in, as
-        # they do for the whole batch on one stage.
+        # one dropout key per step for every micro-batch: --recompute redraws the same masks
         step = ctx.step
         if step is None:
             step, self.passes = self.passes, self.passes + 1
@@ -270,8 +222,7 @@ class PipelineStage(Sequential):
         return loss_sum, correct
 
     def _replicas(self, count: int) -> list[list[Layer]]:
-        """One set of layers per micro-batch in flight: the stage's own, then replicas (made
-        once, kept for every step)."""
+        """One set of layers per micro-batch in flight: the stage's own, then replicas."""
         while len(self._sets) < count:
             self._sets.append([layer.replica() for layer in self.layers])
         return self._sets[:count]
@@ -289,8 +240,7 @@ class PipelineStage(Sequential):
         return self._acc
 
     def _summing(self, acc: Array | None, on_grads_ready: Any) -> Any:
-        """The last micro-batch's callback: add the earlier micro-batches' gradients to each
-        layer's as backward finishes it, then report the layer (the update may start)."""
+        """The last micro-batch's callback: add the earlier ones' gradients, then report."""
         if acc is None:
             return on_grads_ready
         grads, done = self.grads, [self.size]
@@ -334,8 +284,7 @@ def build_stage(
     schedule: str = DEFAULT_SCHEDULE,
     recompute: bool = False,
 ) -> PipelineStage:
-    """Draw the whole network as one process would (``Sequential.setup``), cut it into
-    ``size`` stages and place only stage ``rank``'s parameters on the backend."""
+    """Draw the whole network as one process would, and place only stage ``rank`` of ``size``."""
     whole.setup(input_shape, backend, seed)
     costs = layer_costs(whole.layers, whole.shapes)
     bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)

@@ -1,17 +1,9 @@
 """Node-shared activations: Dense layers whose ranks on one node share the batch's ``x`` and ``dz``.
 
-A Dense layer's weight gradient is ``x.T @ dz``, and ``x`` and ``dz`` hold ``batch x (fan_in +
-units)`` values against ``fan_in x units`` for the gradient: for the MLP 784-1024-1024-10 at
-batch 128, 0.6 M values a step for the node against 1.9 M per rank. So ``share_layers`` swaps
-every Dense for a twin that puts its samples' ``x`` and ``dz`` into node-shared arrays, and
-after a fence rank r computes its rows of ``W``'s gradient (and its share of ``b``'s) over the
-node's batch (``share_grads``), as one process would: no rank writes a whole gradient, none
-is summed. A wide layer splits its other products too (``UnitsDense``): forward, rank r
-computes its units (columns of ``W``) for the node's batch; backward, after a fence, the
-gradient of its inputs (rows of ``W``), so each rank reads only its part of ``W``. Narrow
-layers (the 10-unit output) stay split by samples (``SharedDense``): ``dx`` of my samples is
-the last read of ``W`` in the step, and once every rank has passed the next fence, the rows
-may change.
+At small batches they hold fewer values than the gradient ``x.T @ dz``. After a fence rank r
+computes its rows of that gradient over the node's batch, as one process would. A wide layer
+(``UnitsDense``) also splits forward and ``dx`` by units; a narrow one (``SharedDense``) runs
+them on this rank's samples.
 """
 
 from __future__ import annotations
@@ -32,23 +24,18 @@ def param_layers(model: Any) -> list[Any]:
 
 
 def can_share_activations(model: Any) -> bool:
-    """Whether every layer with parameters is exactly a Dense of a plain model: other layers'
-    gradients are not ``x.T @ dz``, a subclass's own math would be lost in the swap
-    (tensor-parallel slices talk to other ranks), and a pipeline stage runs backward once per
-    micro-batch."""
+    """Whether every layer with parameters is exactly a Dense (whose gradient is ``x.T @ dz``)
+    of a plain model (a pipeline stage runs backward once per micro-batch)."""
     return type(model) is Sequential and all(type(lay) is Dense for lay in param_layers(model))
 
 
 def row_align(units: int) -> int:
-    """Cut ``W``'s rows at multiples of this, so that shares start on cache lines (as
-    ``share_bounds`` cuts values) without rounding a share up by more: 1 for 1,024 units. (At
-    ``ALIGN`` rows, 784 rows split 400 / 384, and rank 0's larger share kept rank 1 waiting.)"""
+    """Cut ``W``'s rows at multiples of this, the fewest rows that start a share on a cache line."""
     return ALIGN // math.gcd(units, ALIGN)
 
 
 def splits_units(units: int, local_size: int) -> bool:
-    """Whether the node's ranks split a Dense layer of ``units`` by its units: when each gets
-    at least a cache line of every row."""
+    """Whether the node's ranks split a Dense by units: each gets a cache line of every row."""
     return units >= ALIGN * local_size
 
 
@@ -62,8 +49,7 @@ def forward_units(layer: Dense, x: Array, cols: slice, out: Array) -> None:
 
 
 def backward_units(layer: Dense, dy: Array, y: Array, cols: slice) -> None:
-    """``dy`` (of the units ``cols``) becomes ``dz`` in place, and ``b[cols]`` gets its
-    gradient: the units ``cols`` of ``backward``'s first line."""
+    """``dy`` (of the units ``cols``) becomes ``dz`` in place; ``b[cols]`` gets its gradient."""
     dz, db = layer.kernels.bias_act_backward(dy, y, layer.activation)
     if dz is not dy:
         dy[...] = dz
@@ -76,9 +62,7 @@ def input_grad_rows(layer: Dense, dz: Array, rows: slice, out: Array) -> None:
 
 
 def grads_of_rows(layer: Dense, x: Array, dz: Array, rows: slice, cols: slice | None) -> None:
-    """Assign the gradients of ``W[rows]`` and ``b[cols]`` (none if None) from a batch's
-    inputs ``x`` and pre-activation gradients ``dz``: one share of what ``backward`` assigns
-    whole."""
+    """Assign the gradients of ``W[rows]`` and ``b[cols]`` (none if None): one share."""
     with WGRAD:
         layer.kernels.matmul_into(x[:, rows].T, dz, layer.grads["W"][rows])
     if cols is not None:
@@ -109,10 +93,8 @@ class Placement:
 
 
 class SharedDense(Dense):
-    """A built Dense whose node splits each batch by samples: it runs forward and backward on
-    this rank's samples, but backward puts ``x`` and ``dz`` into node-shared arrays instead of
-    assigning the weight gradient; ``share_grads`` later computes this rank's rows of it over
-    every sample of the node. For the small layers (the MLP's 10-unit output)."""
+    """A built Dense whose node splits each batch by samples; backward puts ``x`` and ``dz``
+    into node-shared arrays instead of assigning the weight gradient (``share_grads`` does)."""
 
     splits_units = False
 
@@ -142,9 +124,7 @@ class SharedDense(Dense):
         return self.input_grad(dz) if need_dx else None
 
     def owes_fence(self, makes_dx: bool) -> bool:
-        """Whether, when backward has finished this layer, a fence is owed before any rank
-        may change its rows of ``W``: here every rank's samples were just put, and its
-        ``dx`` read all of ``W``."""
+        """Whether backward leaves a fence owed before any rank may change its rows of ``W``."""
         return True
 
     def share_grads(self) -> None:
@@ -153,8 +133,7 @@ class SharedDense(Dense):
         grads_of_rows(self, self.node_x[:n], self.node_dz[:n], self.rows, self.cols)
 
     def parts(self, offset: int) -> tuple[slice, slice]:
-        """This rank's share as slices of the flat buffers (the layer's W starts at
-        ``offset``, row-major, then b)."""
+        """This rank's share as slices of the flat buffers (W at ``offset``, row-major, then b)."""
         fan_in, units = self.params["W"].shape
         w = slice(offset + self.rows.start * units, offset + self.rows.stop * units)
         b = offset + fan_in * units
@@ -162,14 +141,8 @@ class SharedDense(Dense):
 
 
 class UnitsDense(SharedDense):
-    """A built Dense whose node's ranks split its products by its weights, over the node's
-    whole batch: rank r computes the units ``cols`` of the output (``W[:, cols]``) in
-    forward, and the inputs ``rows`` of ``dx`` and the gradient of ``W[rows]`` in backward.
-
-    Between two such layers nothing leaves shared memory: the output of one is the input of
-    the next, and ``dx`` of one (inputs ``rows``) is the upper layer's gradient for the lower
-    layer's units ``cols``, which are the same slice.
-    """
+    """A built Dense whose node's ranks split its products: units ``cols`` forward, inputs
+    ``rows`` of ``dx`` and ``W``'s gradient backward; two in a row share the arrays between."""
 
     splits_units = True
 
@@ -183,8 +156,7 @@ class UnitsDense(SharedDense):
         self.grads_shared = False  # whether the layer above leaves my gradient in ``node_dz``
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        """Training: my samples' outputs, after every rank computed its units for the node's
-        batch. Evaluation: a Dense's, on my samples alone."""
+        """Training: my samples' outputs, once every rank computed its units."""
         if not ctx.train:
             return super().forward(x, ctx)
         x = self.checked(x)
@@ -198,8 +170,8 @@ class UnitsDense(SharedDense):
         return self.node_y[place.lo : place.hi]
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
-        """``dz`` of my units, then (after a fence) ``dx`` of my inputs: straight into the
-        layer below's ``dz`` if it splits its units too, else my samples' rows of it."""
+        """``dz`` of my units, then (after a fence) ``dx`` of my inputs: into the layer below's
+        ``dz`` if it splits its units too, else my samples' rows."""
         place = self.place
         n = place.total
         if not self.grads_shared:  # dy: my samples' rows
@@ -216,8 +188,7 @@ class UnitsDense(SharedDense):
         return self.input_grad(self.node_dz[place.lo : place.hi])
 
     def owes_fence(self, makes_dx: bool) -> bool:
-        """Backward ends on a fence, then reads only this rank's rows of ``W``, unless it
-        makes my samples' ``dx`` for a layer below that does not split its units."""
+        """Backward ends on a fence; one is owed only if it then reads all of ``W`` for ``dx``."""
         return makes_dx and self.below is None
 
     def share_grads(self) -> None:
@@ -227,11 +198,8 @@ class UnitsDense(SharedDense):
 
 
 def share_layers(model: Sequential, comm: Any, samples: int, place: Placement) -> None:
-    """Swap every Dense of the built ``model`` for its node-shared twin (the same parameter
-    and gradient views): split by units where wide enough, else by samples; one fed by the
-    layer below where that one splits its units. Collective over the node (``comm`` has
-    ``node_memory``): the shared arrays, for ``samples`` samples, are allocated layer by layer
-    in the same order on every rank. The caller checked ``can_share_activations``."""
+    """Swap every Dense of the built ``model`` for its node-shared twin (the same views).
+    Collective: every rank allocates the shared arrays in the same order."""
     below: Any = None  # the layer just below, if it splits its units
     for index, layer in enumerate(model.layers):
         if layer.initial:

@@ -1,24 +1,6 @@
-"""Tensor parallelism: every rank holds a slice of each big Dense layer and sees the whole batch.
-
-Megatron-LM's pairing for an MLP. Dense layers are taken two by two:
-
-- the first of a pair is split by **columns** (``ColumnDense``): rank r holds ``W[:, cols_r]``
-  and ``b[cols_r]`` and computes only its units of the output, with no communication;
-- the second is split by **rows** (``RowDense``): rank r holds ``W[cols_r, :]``, multiplies the
-  slice of the activations it owns, and the ranks' partial products are summed by one
-  allreduce before the (replicated) bias and activation.
-
-Backward mirrors it: the row-split layer's input gradient is already this rank's slice, and
-the column-split layer's input gradient is a partial sum (one allreduce, skipped for the first
-layer, whose input gradient nobody reads). A Dense layer left over at the end (the output
-layer of an MLP with an even number of hidden layers) is replicated: every rank computes it
-alike. So a step costs one allreduce of ``batch x units`` per pair forward, no exchange of
-gradients at all, and each rank stores and updates 1/N of the paired weights.
-
-Every rank draws the *whole* initial weights from the seed, as one process would, and keeps its
-slice: with the same seed, 1 rank and N ranks start from the same network and, up to the
-order of floating-point sums, compute the same run.
-"""
+"""Tensor parallelism, Megatron-LM's pairing for an MLP: of each pair of Dense layers the first
+is split by columns, the second by rows (one allreduce each way); a Dense left over is
+replicated. Every rank draws the whole initial weights and keeps its slice."""
 
 from __future__ import annotations
 
@@ -44,7 +26,7 @@ class _SplitDense(Dense):
         self.comm: Any = None  # set by ``Sequential.attach`` once the communicator exists
 
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
-        out = super().setup(in_shape, rng)  # the whole initial weights, as one rank draws them
+        out = super().setup(in_shape, rng)  # the whole initial weights
         self.whole_shapes = {name: shape for name, (_, shape) in self.initial.items()}
         for name, axis in self.split.items():
             value, shape = self.initial[name]
@@ -52,7 +34,7 @@ class _SplitDense(Dense):
             if isinstance(value, np.ndarray):
                 value = self.piece(name, value)
             self.initial[name] = (value, shape)
-        return out  # the layer's whole output shape: what the next layer is built against
+        return out  # the whole output shape: what the next layer is built against
 
     def piece(self, name: str, whole: np.ndarray) -> np.ndarray:
         """This rank's slice of ``whole``, laid out as the whole parameter ``name``."""
@@ -87,8 +69,7 @@ class RowDense(_SplitDense):
 
 
 def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
-    """``layers`` with their Dense layers paired into column- and row-split ones for ``rank``
-    of ``size``. Raises UserError for what cannot be split."""
+    """``layers`` with their Dense layers paired into split ones for ``rank`` of ``size``."""
     if not all(isinstance(layer, (Flatten, Dense)) for layer in layers):
         raise UserError("`parallel` tensor: only MLPs (Flatten and Dense layers) can be split")
     dense = [i for i, layer in enumerate(layers) if isinstance(layer, Dense)]

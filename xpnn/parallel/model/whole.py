@@ -1,13 +1,5 @@
-"""The whole network, from the pieces the ranks hold: what is saved, digested and counted.
-
-Under data parallelism every rank holds all of it; under tensor parallelism each rank holds a
-slice of some layers (``split``: parameter name -> axis); under pipeline parallelism each rank
-holds some of the layers (a stage). The gathered result is the same dict, under the same
-stable names and in the same order, as one process would hold: ``--save`` files, checkpoints
-and the parameter digest do not depend on how the network was spread, and a checkpoint
-written by one parallelism resumes under another (``own_piece`` cuts this rank's part back
-out of a whole array).
-"""
+"""The whole network from the ranks' pieces, named and ordered as one process has it: saved
+files, checkpoints and the digest do not depend on the parallelism."""
 
 from __future__ import annotations
 
@@ -18,8 +10,7 @@ import numpy as np
 
 
 def whole_arrays(model: Any, comm: Any, pieces: dict[str, Any]) -> dict[str, np.ndarray]:
-    """``pieces`` (stable name -> this rank's part of a parameter, or of anything laid out as
-    one: ``Sequential.named_views``) made whole, on the host of every rank (collective)."""
+    """``pieces`` (stable name -> this rank's part) made whole on every rank (collective)."""
     to_host = model.backend.to_host
     out = {}
     for key, layer, name in model.param_names():
@@ -45,8 +36,7 @@ def whole_shape(layer: Any, name: str) -> tuple[int, ...]:
 
 
 def own_piece(layer: Any, name: str, whole: np.ndarray) -> np.ndarray:
-    """This rank's part of ``whole``, a whole array laid out as parameter ``name`` of
-    ``layer`` (itself, unless the layer is split)."""
+    """This rank's part of ``whole``, laid out as parameter ``name`` of ``layer``."""
     piece = getattr(layer, "piece", None)
     return whole if piece is None else piece(name, whole)
 

@@ -1,6 +1,4 @@
-"""How a step's gradients become one update (``base.Update``); ``make_update`` picks the
-scheme: ``LocalUpdate``, ``AllreduceUpdate`` (a copy per rank), or with ``node_memory`` one
-copy per node, sharing gradients (``SharedUpdate``) or activations (``SharedBatchUpdate``)."""
+"""How a step's gradients become one update (``base.Update``); ``make_update`` picks the scheme."""
 
 from __future__ import annotations
 
@@ -25,10 +23,8 @@ def make_update(
     batch_size: int,
     node_share: str = "auto",
 ) -> Update:
-    """The update scheme the communicator allows: none to talk to for one process; one copy
-    of the parameters per node when it offers shared memory (``mpi-shm``), the node's ranks
-    sharing their gradients or the batch's activations (``node_share``; ``auto``: whichever
-    is smaller for ``batch_size``); else a copy per rank kept equal by allreduce."""
+    """Local for one process; with node memory one copy per node, sharing gradients or
+    activations (``node_share``); else a copy per rank kept equal by allreduce."""
     if comm.size == 1:
         return LocalUpdate(model, comm, make_optimizer)
     if comm.node_memory:
@@ -39,8 +35,7 @@ def make_update(
 
 
 def uses_byte_buckets(comm: Any) -> bool:
-    """Whether ``make_update`` cuts gradients into ``bucket_bytes`` buckets (allreduce); one
-    process and node-shared memory cut them at layers instead."""
+    """Whether ``make_update`` cuts gradients into ``bucket_bytes`` buckets, not at layers."""
     return comm.size > 1 and not comm.node_memory
 
 

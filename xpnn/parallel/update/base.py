@@ -1,14 +1,6 @@
-"""The Update contract, its buckets, and the schemes that need no node memory:
-``AllreduceUpdate`` (any communicator), ``LocalUpdate`` (one process), and ``LayerwiseUpdate``,
-the base of that and of the node-shared schemes.
-
-Parameters sit in one flat buffer in forward order, so backward completes gradients from the end
-of the buffer towards the start. The buffer is cut into buckets of about ``bucket_bytes`` from
-the end; each bucket's non-blocking allreduce is launched the moment every gradient in it is
-final (PyTorch DDP's buckets, Horovod's tensor fusion), and all are waited for before the
-optimizer step. Each rank's gradient is already scaled by 1 / global batch, so the *sum* over
-ranks is the gradient of the global mean loss: 1 rank and N ranks do the same mathematics.
-"""
+"""The Update contract, its buckets, and the schemes that need no node memory. Backward fills
+the flat gradients from the end, so buckets are cut from the end and each is allreduced once
+final (as PyTorch DDP's). Each rank scales by 1 / global batch, so the sum is the mean's."""
 
 from __future__ import annotations
 
@@ -23,17 +15,14 @@ DEFAULT_BUCKET_MB = 25.0  # allreduce buckets, as PyTorch DDP's bucket_cap_mb
 
 
 def bucket_bounds(n: int, per_bucket: int) -> list[tuple[int, int]]:
-    """[start, end) ranges covering ``range(n)``, last range first, each ``per_bucket`` long
-    (the first range of the buffer takes the remainder)."""
+    """[start, end) ranges covering ``range(n)``, last first, ``per_bucket`` long but the first."""
     per_bucket = max(1, per_bucket)
     return layer_buckets(list(range(n - per_bucket, 0, -per_bucket)), n, per_bucket)
 
 
 def layer_buckets(offsets: list[int], n: int, min_size: int) -> list[tuple[int, int]]:
-    """[start, end) ranges covering ``range(n)``, last range first, cut only at ``offsets``
-    (where a layer's parameters begin, i.e. where backward reports progress; or where
-    allreduce buckets begin) and at least ``min_size`` long, except the range at the start
-    of the buffer, which takes what is left."""
+    """[start, end) ranges covering ``range(n)``, last first, cut only at ``offsets`` (where
+    backward reports progress) and at least ``min_size`` long but the one at the start."""
     bounds, end = [], n
     for cut in sorted({o for o in offsets if 0 < o < n}, reverse=True):
         if end - cut >= min_size:
@@ -83,8 +72,7 @@ class GradientBuckets:
             self._handles.append(self.comm.iallreduce_(self.grads[start:end], "sum"))
 
     def wait(self, count: int) -> None:
-        """Launch what is left, then wait until buckets ``0 .. count-1`` (in launch order:
-        from the end of the buffer) hold the global gradients."""
+        """Launch what is left, then wait for buckets ``0 .. count-1`` (in launch order)."""
         if not self.active:
             return
         self.ready(0)
@@ -105,31 +93,22 @@ MakeOptimizer = Callable[..., Any]  # (params, grads, parts=None, zeros=None) ->
 
 
 class Update:
-    """What the trainer calls: ``begin_step`` (with the global batch's size), ``grads_ready``
-    (passed to backward), ``finish()`` after backward; ``broadcast_initial()`` once."""
+    """Per step: ``begin_step``, ``grads_ready`` in backward, ``finish``; ``broadcast_initial``."""
 
     name: str  # what the metrics call the scheme
     optimizer: Any  # its ``state`` is what checkpoints save
     grads_ready: Callable[[int], None] | None  # None: the scheme waits for ``finish``
     restores_checkpoint: bool  # whether this rank writes a checkpoint's values (shared: one)
-    # whether every rank runs forward and backward even without samples (the ranks split the
-    # products of the node's batch between them); else a rank without samples adds zeros
+    # whether every rank runs forward and backward even without samples (they split products)
     needs_every_rank = False
 
     def begin_step(self, global_batch: int) -> None:
-        """A step over ``global_batch`` samples begins (a scheme that must know it overrides)."""
+        """A step over ``global_batch`` samples begins."""
 
 
 class AllreduceUpdate(Update):
-    """Every rank holds all the parameters and runs the whole update on them.
-
-    The gradients are summed by ``GradientBuckets`` while backward runs; any communicator
-    works (one process, MPI, CUDA-aware MPI, NCCL), and ranks may sit on any nodes. The
-    update goes part by part as the allreduces complete, each part right after the wait
-    that made it final, while its summed gradients are still in cache. A part is one or
-    more whole buckets, at least ``MIN_LAYER_BUCKET`` values, so tiny buckets do not cost
-    one kernel call each.
-    """
+    """Every rank holds all the parameters; each part (whole buckets) is updated right after
+    the wait that made it final, while its summed gradients are still in cache."""
 
     name = "allreduce"
 
@@ -160,14 +139,7 @@ class AllreduceUpdate(Update):
 
 
 class LayerwiseUpdate(Update):
-    """Updates each bucket of layers the moment backward has finished it.
-
-    The update is memory-bound, and right after backward wrote a layer's gradients (and read
-    its weights for the last time in the step) they are still in cache; after the whole
-    backward pass, most of them are not. Subclasses set ``optimizer`` (one part per bucket)
-    and ``cursor`` over the same buckets, and say in ``_before_part`` what makes a bucket's
-    gradients final.
-    """
+    """Updates each bucket of layers once backward has finished it, while it is in cache."""
 
     optimizer: Any
     cursor: BucketCursor
@@ -176,7 +148,7 @@ class LayerwiseUpdate(Update):
         """Make bucket ``index``'s gradients final on this rank (nothing to do alone)."""
 
     def _ready(self, offset: int) -> None:
-        """Backward says ``grads[offset:]`` is final on this rank: update every bucket inside."""
+        """``grads[offset:]`` is final on this rank: update every bucket inside."""
         for i in self.cursor.finished(offset):
             if i == 0:  # the step's first bucket starts the step
                 self.optimizer.start_step()
@@ -184,7 +156,6 @@ class LayerwiseUpdate(Update):
             self._update(i)
 
     def _update(self, index: int) -> None:
-        """Run the optimizer on bucket ``index`` (one part of it, unless a subclass says)."""
         self.optimizer.update_part(index)
 
     def finish(self) -> None:

@@ -1,43 +1,22 @@
-"""One copy of the parameters per node; each rank sums and updates its own share of them.
-
-The node's ranks keep the parameters, the optimizer state and one gradient row per rank in
-shared memory: nothing is copied into messages, and each optimizer element is updated once
-per node. As soon as backward has finished a bucket of layers, the ranks meet at a fence (every
-row of the bucket is complete, no rank still reads its parameters), and rank r updates its
-share of the bucket, summing every rank's row as it reads, while the gradients are still in
-cache (across nodes, the node's sum of that share is first allreduced with the ranks of the
-same local rank). A last fence: every share is updated before anyone's next forward pass.
-
-The summed share is ``g_r + sum of the others``; with the loss scaled by 1 / global batch this
-is the gradient of the global batch, so 1 rank and N ranks compute the same update.
-"""
+"""One copy of the parameters per node, with one gradient row per rank: once backward has
+finished a bucket, the ranks fence and each sums the rows of its share and updates it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from xpnn.parallel.comm.shm import padded, share_bounds
-from xpnn.parallel.update.base import (
-    MIN_LAYER_BUCKET,
-    BucketCursor,
-    LayerwiseUpdate,
-    layer_buckets,
-)
+from xpnn.parallel.update.base import MIN_LAYER_BUCKET, BucketCursor, LayerwiseUpdate, layer_buckets
 
-# Gradient rows start on pages. Laid end to end, row r starts r x (model size) values in:
-# for the MLP 784-1024-1024-10, rank 1's row began 40 bytes into a cache line, so its weight
-# gradient GEMMs wrote split lines, and ``ALIGN`` held for rank 0's row only.
+# Gradient rows start on pages: laid end to end, a row could start mid cache line.
 ROW_ALIGN_BYTES = 4096
 
 
 class NodeSharedUpdate(LayerwiseUpdate):
-    """One copy of the parameters and the optimizer state per node: what the two schemes of a
-    communicator with ``node_memory`` (``SharedUpdate``, ``shared_batch.SharedBatchUpdate``)
-    have in common."""
+    """What the two schemes with one copy of the parameters per node have in common."""
 
     def _share_params(self, model: Any, comm: Any, grads: Any) -> Any:
-        """Move the model's parameters into node-shared memory (node-local rank 0's values)
-        and its gradients into ``grads``; returns the shared parameters."""
+        """Move the parameters into node-shared memory and the gradients into ``grads``."""
         self.model, self.comm = model, comm
         params = comm.shared_zeros((model.size,), model.params.dtype)
         model.adopt(params, grads, copy=comm.local_rank == 0)
@@ -45,8 +24,7 @@ class NodeSharedUpdate(LayerwiseUpdate):
         return params
 
     def broadcast_initial(self) -> None:
-        """Node-local rank 0 wrote its parameters (``adopt``); across nodes, world rank 0's
-        parameters and optimizer state go to the other nodes' local rank 0."""
+        """Across nodes, world rank 0's parameters and state go to each node's local rank 0."""
         comm = self.comm
         if comm.nodes > 1 and comm.local_rank == 0:
             comm.cross.Bcast(self.model.params, root=0)
@@ -55,7 +33,6 @@ class NodeSharedUpdate(LayerwiseUpdate):
         comm.fence()
 
     def finish(self) -> None:
-        """After backward: update what is left, then fence before the next forward pass."""
         super().finish()
         self.comm.fence()  # every share is updated before anyone's next forward pass
 
@@ -85,8 +62,7 @@ class SharedUpdate(NodeSharedUpdate):
         comm.fence()
 
     def _before_part(self, index: int) -> None:
-        """Every rank's row of the bucket is complete and its weights are read; across nodes,
-        this rank's share of the node's sum is allreduced with the same share elsewhere."""
+        """Fence: every row of the bucket is complete; across nodes, allreduce my share."""
         comm = self.comm
         comm.fence()
         if comm.nodes > 1:

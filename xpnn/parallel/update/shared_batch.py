@@ -1,8 +1,4 @@
-"""Ranks on one node share the batch's activations (``model.shared``); each computes and
-updates its rows of every weight while their gradient is in cache. The gradients wait for the
-end of a bucket of layers (a small layer waits for the next); across nodes, a rank's rows are
-allreduced with the same rows of the other nodes first, as ``node_shared`` does its shares.
-"""
+"""Ranks on one node share the batch's activations; each computes and updates its rows."""
 
 from __future__ import annotations
 
@@ -26,12 +22,8 @@ def activation_values(model: Any, batch_size: int) -> int:
 
 
 def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
-    """Whether the node's ranks share activations (``SharedBatchUpdate``) rather than gradients:
-    as asked, or (``auto``) when the model allows it and the node's activations hold fewer
-    values than the model has parameters, i.e. than one rank's gradient row. (Each rank writes
-    a row and reads one row's worth in the update; with activations it writes its samples and
-    reads the batch's. On 2 ranks the MLP 784-1024-1024-10 was 4-7 % faster sharing
-    activations at batch 128, ~1.5 % slower at 512; this rule cuts at 381.)"""
+    """Whether to share activations: as asked, or (``auto``) when allowed and they hold fewer
+    values than one rank's gradient row (the memory traffic each scheme costs)."""
     if node_share == "gradients":
         return False
     if not can_share_activations(model):
@@ -47,11 +39,7 @@ def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
 
 
 class SharedBatchUpdate(NodeSharedUpdate):
-    """The ``mpi-shm`` scheme that shares activations; built collectively by every rank.
-
-    Layers go in the buckets ``LayerwiseUpdate`` cuts (a small layer rides with the next), so
-    the MLP 784-1024-1024-10 has two fences in backward, as ``SharedUpdate`` does.
-    """
+    """The ``mpi-shm`` scheme that shares activations; built collectively by every rank."""
 
     name = "shared activations"
 
@@ -65,9 +53,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
         self.layers: list[list[SharedDense]] = [[] for _ in bounds]  # by bucket
         self.parts: list[list[int]] = [[] for _ in bounds]  # the optimizer's, by bucket
         parts: list[slice] = []  # two per layer: my rows of W, my share of b
-        # whether a bucket's gradients need a fence first: unless backward made one after the
-        # bucket's last layer put its samples or read other ranks' rows of W (the same on
-        # every rank: a rank without samples of a step still fences with the others)
+        # whether a bucket's gradients need a fence first (the same on every rank)
         self.fence_first = [False for _ in bounds]
         for index, layer in enumerate(model.layers):
             if not layer.initial:
@@ -90,9 +76,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
         self.place.begin(global_batch)
 
     def _before_part(self, index: int) -> None:
-        """Every rank's samples of the bucket's layers are in and nobody reads their weights
-        any more (a fence, if backward has not just made one): compute this rank's rows of
-        their gradients (summed across nodes)."""
+        """Once every rank's samples are in: my rows of the bucket's gradients."""
         if self.fence_first[index]:
             self.comm.fence()
         for layer in self.layers[index]:
