@@ -18,8 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # Test modules share helpers by module name (``from test_idx import small_arrays``) across the
 # folders that mirror the source tree, so each such folder is importable from every other.
 for _folder in sorted(Path(__file__).parent.iterdir()):
-    if _folder.is_dir() and not (_folder / "__init__.py").exists() and _folder.name != "__pycache__":
+    if (
+        _folder.is_dir()
+        and _folder.name != "__pycache__"
+        and not (_folder / "__init__.py").exists()
+    ):
         sys.path.append(str(_folder))
+
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 
 
