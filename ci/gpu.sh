@@ -12,7 +12,7 @@
 #      crossover and staging benchmarks.
 # Most telling first, so a run cut short still brought those back. Results, the log and the
 # time of each step go to ${OUT:-bench/results}. Any mismatch or fallback fails the script.
-# Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see README, GPU; the
+# Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see docs/gpu.md; the
 # prefix is taken from $XPNN_CUDA_MPI_PREFIX or .cuda-mpi/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,7 @@ run() { "$@" || fail "($?) $*"; }
 : >"$OUT/gpu_times.txt"
 
 if compgen -G ".whl/*.whl" >/dev/null; then
-  # What the image lacks, carried as wheels (README: GPU): installed under a prefix, found
+  # What the image lacks, carried as wheels (docs/gpu.md): installed under a prefix, found
   # wherever this pip's scheme put them (Debian's adds local/), and put first.
   step "wheels from .whl/"
   P=/tmp/xpnn-wheels

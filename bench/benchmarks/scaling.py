@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from bench.core import int_list, markdown_table, median_of, record, spread
-from bench.training import add_data_arguments, command, data_flags, measure
+from bench.training import add_data_arguments, command, data_flags, measure, train_samples
 
 NAME = "scaling"
 SUMMARY = "strong and weak scaling of data-parallel training (seed 000)"
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
                 "mode": mode, "ranks": n, "threads": args.threads, "hidden": args.hidden,
                 "activation": args.activation, "loss": args.loss, "optimizer": args.optimizer,
                 "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
-                "dataset": args.dataset, "train_samples": args.samples * copies,
+                "dataset": args.dataset, "train_samples": train_samples(args) * copies,
                 "command": command(n, flags, args),
             }  # fmt: skip
             out.append(record(NAME, config, samples, machine, info))
