@@ -245,7 +245,7 @@ def check(out: Path) -> list[str]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench report", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (a minute or two on 2 cores)")
+    p.add_argument("--quick", action="store_true", help="small sizes, one repeat (minutes)")
     p.add_argument("--out", type=Path, default=Path("report"), help="directory (default report/)")
     p.add_argument(
         "--dataset", default="synthetic", choices=("synthetic", "mnist", "fashion-mnist")
