@@ -1,37 +1,21 @@
 """The ``Kernels`` protocol: every hot operation of the network, each with its array-API version.
 
-Each public method of ``Kernels`` is one kernel, and its body here is the reference: it uses
-only array-API operations, so it runs on NumPy, CuPy and array-api-strict alike, the proof
-that the math is portable. A backend has one class that derives from ``Kernels`` (Numba's from
-NumPy's, whose arrays it computes on) and overrides only the kernels it makes faster, with the
-same parameters (``tests/backends/test_kernels_protocol.py``); the types are the ones written here.
-Every kernel takes and returns arrays of the backend; none synchronises or copies to the host.
+The bodies here use only array-API operations (NumPy, CuPy, array-api-strict alike) and are the
+reference; a backend's class overrides only the kernels it makes faster, with the same parameters
+(``tests/backends/test_kernels_protocol.py``). No kernel synchronises or copies to the host.
 
 Layouts, the same on every backend so that the layers never branch:
 
-* ``im2col(x, kh, kw, stride, padding, out, out_hw)`` turns ``x`` (N, C, H, W) into ``cols``
-  of shape (C*kh*kw, N*OH*OW): row ``(c, i, j)`` (the order of ``W.reshape(C_out, -1)``), column
-  ``(n, oh, ow)``. A convolution is then *one* GEMM per layer, ``W2 @ cols`` (C_out, N*OH*OW),
-  and the backward pass two more (``dY @ cols.T`` for dW, ``W2.T @ dY`` for dcols).
-  ``col2im`` is its adjoint and may use ``cols`` as scratch. ``out_hw`` (default: every output
-  the input allows) makes both compute only the first OH x OW output positions: a floor-mode
-  max-pool after the convolution never reads the others (``Conv2D.limit_output``).
-* ``conv_output(yc, b, shape, act)`` adds the bias, applies the activation and turns
-  (C_out, N*P) into NCHW; ``conv_output_grad(dy, out, y, act)`` is its adjoint (``y`` is the
-  activation's output) and also returns the bias gradient.
-* ``maxpool2d_forward(x, size, stride) -> (y, idx)`` (floor mode; ``idx`` is the argmax's
-  row-major offset inside the window, the first maximum on ties and the first NaN of a window
-  with one); ``maxpool2d_backward`` routes ``dy`` back to those positions.
-* ``dropout_mask``: ``0`` or ``1/(1-p)`` per element, from a counter-based hash of (seed, salt,
-  step, sample id, element index) in uint32 arithmetic, so every backend (and every rank, batch
-  position or batch split) draws the bit-identical mask for the same sample.
-* The optimizer updates work in place on flat buffers (or slices of them), with one gradient.
-  The gradient of ranks that share memory is the sum of one row per rank: ``sum_rows`` adds
-  them, and the optimizer hands the sum to the same update.
-
-Subnormal policy of every optimizer update, on every backend: after each update, a state value
-(momentum's velocity, Adam's two moments) whose magnitude is below the dtype's smallest normal
-number (1.2e-38 in float32) is 0; NaN and infinity are kept (``flush_subnormal`` says why).
+* ``im2col`` turns ``x`` (N, C, H, W) into ``cols`` (C*kh*kw, N*OH*OW), rows in the order of
+  ``W.reshape(C_out, -1)``: a convolution is one GEMM ``W2 @ cols``. ``col2im`` is its adjoint
+  and may use ``cols`` as scratch. ``out_hw`` limits both to the first OH x OW outputs, all a
+  floor-mode max-pool after the convolution reads (``Conv2D.limit_output``).
+* ``maxpool2d_forward`` returns ``idx``, the argmax's row-major offset in the window (the first
+  maximum on ties, the first NaN of a window with one).
+* ``dropout_mask`` hashes (seed, salt, step, sample id, element index) in uint32 arithmetic, so
+  every backend, rank and batch split draws the bit-identical mask for the same sample.
+* Optimizer updates work in place on flat buffers; after each, a state value below the dtype's
+  smallest normal number is 0, NaN and infinity are kept (``flush_subnormal`` says why).
 """
 
 from __future__ import annotations
@@ -63,7 +47,6 @@ __all__ = ["ACTIVATIONS", "Kernels", "dtype_is"]
 class Kernels:
     """The protocol and its generic implementation: array-API operations only."""
 
-    # values per pass of an optimizer update; None: the whole buffer in one pass
     CHUNK: int | None = None
 
     def __init__(self, xp: ModuleType) -> None:
@@ -125,8 +108,7 @@ class Kernels:
         return xp.reshape(xp.take_along_axis(logits, idx, axis=1), (-1,))
 
     def check_labels(self, logits: Array, labels: Array) -> None:
-        """Shape and dtype only (``common.check_labels``): no pass over the values, no device
-        sync. Every kernel that takes labels calls it once; host kernels add the range."""
+        """Shape and dtype only: no pass over the values, no device sync (host kernels add it)."""
         check_labels(logits, labels)
 
     def softmax_cross_entropy(
@@ -134,8 +116,7 @@ class Kernels:
     ) -> tuple[Array, Array]:
         """(sum of per-sample losses, gradient of ``scale * sum`` w.r.t. the logits).
 
-        The sum (not the mean) is returned so that ranks can add their parts exactly; ``scale``
-        is 1 / global batch so that every rank's gradient is its share of the global mean.
+        A sum, so ranks add their parts exactly; ``scale`` is 1 / global batch.
         """
         self.check_labels(logits, labels)
         xp = self.xp
@@ -168,8 +149,7 @@ class Kernels:
 
     # -- optimizer updates, in place on flat buffers ------------------------------------
     def sum_rows(self, rows: tuple[Array, ...], out: Array) -> Array:
-        """``out = rows[0] + rows[1] + ...``, added in that order: the gradient of ranks that
-        share memory, each of which wrote its own row (the node-shared update)."""
+        """``out = rows[0] + rows[1] + ...`` in that order: node-shared ranks' gradient rows."""
         total = rows[0]
         for row in rows[1:]:
             total = total + row
@@ -177,24 +157,15 @@ class Kernels:
         return out
 
     def flush_subnormal(self, x: Array) -> None:
-        """Set the values of ``x`` that are subnormal (nonzero, below the dtype's smallest
-        normal number: 1.2e-38 in float32) to zero. NaN and infinity are kept.
+        """Zero the subnormal values of ``x`` (optimizer state); NaN and infinity are kept.
 
-        For the optimizers' state. A moment whose gradient stays 0 (the weights of a dead ReLU
-        unit) decays by its beta every step: Adam's first moment falls below the smallest
-        normal number some 650 steps after its last gradient, and spends another ~150 steps
-        there on its way to 0. On x86 CPUs, and many others, an operation on a subnormal value
-        takes a slow microcode path: the 2nd and 3rd epochs of the MLP 784-1024-1024-10 on
-        Fashion-MNIST took 20 % and 50 % longer than the first on one rank (README, *Subnormal
-        optimizer state*). Such a moment moves no weight, so it is zero from there on, as a
-        flush-to-zero CPU mode would make it. Adam also divides ``m`` before it multiplies by
-        the step size: that product was subnormal for ``m`` up to 1e-35."""
+        A moment whose gradient stays 0 (a dead ReLU unit) decays into subnormals, which take a
+        slow microcode path on x86 (README, *Subnormal optimizer state*); it moves no weight."""
         xp = self.xp
         x[xp.abs(x) < xp.finfo(x.dtype).smallest_normal] = 0
 
     def _pieces(self, n: int) -> list[slice]:
-        """The slices of one update's passes: ``CHUNK`` values each (a chunk's operands and
-        temporaries stay in cache, and the buffers are read and written about once)."""
+        """One update's passes: ``CHUNK`` values each (None: the whole buffer), kept in cache."""
         step = self.CHUNK or max(n, 1)
         return [slice(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
@@ -309,8 +280,7 @@ class Kernels:
     def conv_output_grad(
         self, dy: Array, out: Array | None = None, y: Array | None = None, act: str = "identity"
     ) -> tuple[Array, Array]:
-        """(dL/d(GEMM result) as (C_out, N*P), written into ``out``; dL/db). ``y`` is the
-        forward output (the activation's), needed unless ``act`` is the identity."""
+        """(dL/d(GEMM result) as (C_out, N*P), into ``out``; dL/db); ``y``: the forward output."""
         xp = self.xp
         if act != "identity":
             dy = self.activation_grad(dy, y, act)
@@ -357,7 +327,6 @@ class Kernels:
         return h ^ (h >> 16)
 
     def _sample_keys(self, base: int, sample_ids: Array) -> Array:
-        """uint32 key per sample: ``mix(mix(base, id_lo), id_hi)``."""
         xp = self.xp
         ids = xp.astype(xp.asarray(sample_ids), xp.int64)
         lo = xp.astype(ids & MASK32, xp.uint32)

@@ -1,11 +1,8 @@
 """Numba convolution, pooling and dropout kernels: threaded loops, one pass over memory each.
 
-The loops behind ``NumbaKernels``' convolution kernels, with the layouts and results of
-``Kernels`` (see its module's docstring). The im2col/col2im loops are
-split into (channel, batch-chunk) tasks: each task owns whole rows of ``cols`` (contiguous
-writes) and whole planes ``dx[n, c]`` (no races, no atomics), and there are enough tasks for
-every thread even when C = 1. Pooling and dropout are parallel over batch x channel planes and
-samples.
+Layouts and results are ``Kernels``'. im2col/col2im run as (channel, batch-chunk) tasks, each
+owning whole rows of ``cols`` and whole planes ``dx[n, c]`` (no races), enough for every thread
+even when C = 1.
 """
 
 from __future__ import annotations
@@ -257,8 +254,7 @@ def maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
 
 @nb.njit(parallel=True, **JIT)
 def maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
-    """2x2, stride 2: every dx element written once (gradient or zero), row by row, on flat
-    views (no zeroing pass; 2x faster than the window-by-window loop)."""
+    """2x2, stride 2: every dx element written once, on flat views (2x faster than zeroing)."""
     n, c, h, w = dx.shape
     _, _, oh, ow = dy.shape
     dxf, dyf, idf = dx.reshape(-1), dy.reshape(-1), idx.reshape(-1)

@@ -1,20 +1,12 @@
 """Numba-compiled CPU kernels: one pass over memory where NumPy would make several.
 
-Matrix products stay with BLAS (already optimal); what Numba fuses is the memory-bound glue
-around them: bias + activation, the activation's derivative + the bias gradient, softmax +
-cross-entropy + its gradient, the optimizer updates, and the convolution's, pooling's and
-dropout's loops (``numba_conv``). ``prange`` splits rows over the rank's threads, as OpenMP
-does inside an MPI rank in C.
-
-Two measured pitfalls shape this file (2-core machine, MLP 784-512-256-10, batch 128):
-- Numba's OpenMP threads spin after a parallel region and starve OpenBLAS's threads: a
-  128x784x512 product went from 1.4 ms to 11 ms when followed by a parallel kernel.
-  ``OMP_WAIT_POLICY=PASSIVE`` (set before Numba starts its pool) removes that.
-- Waking the thread team costs more than a serial pass over a small array. So every kernel
-  here is compiled twice and the parallel one runs only on big arrays: on 2 threads the Adam
-  update broke even near 2**19 values (``bench/optimizer_step.py --params 524287``: serial
-  145-152 us, ``--params 524288``: parallel 130-143 us; at 2**18 the serial loop won, 64-72 us
-  against 105-112 us).
+Products stay with BLAS; Numba fuses the memory-bound glue around them, ``prange`` splitting
+rows over the rank's threads. Two measured pitfalls (2-core machine, MLP 784-512-256-10):
+- Numba's OpenMP threads spin after a parallel region and starve OpenBLAS's (a 128x784x512
+  product: 1.4 ms -> 11 ms); ``OMP_WAIT_POLICY=PASSIVE``, set before Numba starts, fixes it.
+- Waking the thread team costs more than a serial pass over a small array, so each kernel is
+  compiled twice and the parallel build runs only from ``PARALLEL_MIN_ELEMENTS`` values (where
+  the Adam update broke even on 2 threads, ``bench/optimizer_step.py --params``).
 """
 
 from __future__ import annotations
@@ -56,9 +48,8 @@ class _Twin:
 
 
 def renamed(fn, suffix: str):  # noqa: ANN001, ANN201
-    """A copy of ``fn`` under another qualified name. Numba's on-disk cache keys entries by
-    qualified name and signature, not by compile flags: without this, the serial and the
-    parallel build share one cache entry and whichever was compiled first serves both."""
+    """A copy of ``fn`` under another qualified name: Numba's on-disk cache keys by name and
+    signature, not compile flags, so the serial and parallel builds would share an entry."""
     copy = types.FunctionType(
         fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__, fn.__closure__
     )
@@ -121,9 +112,8 @@ def _softmax_xent(z, labels, scale):  # pragma: no cover - compiled
     return loss, grad
 
 
-# ``rows`` is a tuple, not a 2-D array: rows of a 2-D view are gathered element by element,
-# and the loop loses its vectorisation (a measured 8x); a homogeneous tuple compiles once per
-# length.
+# ``rows`` is a tuple, not a 2-D array, whose rows would be gathered element by element and
+# lose the vectorisation (8x); a homogeneous tuple compiles once per length.
 @twin
 def _sum_rows(out, rows):  # pragma: no cover - compiled
     for i in prange(out.size):
@@ -152,9 +142,8 @@ def _momentum(p, g, v, lr, mu, tiny):  # pragma: no cover - compiled
 
 @twin
 def _adam(p, g, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2, tiny):  # pragma: no cover
-    """Every scalar arrives in the arrays' dtype: a float64 literal such as ``1.0 - beta1``
-    (or a ``0.0``) would promote the float32 loop to float64 and cost it its vectorisation
-    (4x here)."""
+    """Every scalar arrives in the arrays' dtype: a float64 literal (``1.0 - beta1``, ``0.0``)
+    would promote the float32 loop and cost its vectorisation (4x)."""
     for i in prange(p.size):
         gi = g[i]
         mi = beta1 * m[i] + one_m_b1 * gi

@@ -1,9 +1,5 @@
-"""Opening only regular files, checked on the open descriptor.
-
-A named pipe waits for a writer forever and a device (``/dev/zero``) never ends, so whatever
-is about to be read whole (an IDX file, a cached download) is opened without blocking and
-refused unless ``fstat`` says it is a regular file; checked on the open file, nothing can be
-swapped in between.
+"""Opening only regular files, checked on the open descriptor: a named pipe waits forever and
+a device never ends, so what is read whole is opened without blocking and checked by ``fstat``.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ _KINDS = (
 
 
 class NotAFile(Exception):
-    """There is something at the path, but not a regular file; ``kind`` says what, in words."""
+    """Something at the path that is not a regular file; ``kind`` says what, in words."""
 
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
@@ -35,8 +31,8 @@ def file_kind(mode: int) -> str:
 
 
 def open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
-    """A descriptor open for reading on ``path`` and its ``fstat``; ``NotAFile`` when it is not
-    a regular file (the descriptor closed). ``os.open``'s and ``fstat``'s errors pass on."""
+    """A descriptor open for reading on ``path`` and its ``fstat``; ``NotAFile`` (closed) when it
+    is not a regular file."""
     fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)

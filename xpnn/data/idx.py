@@ -1,7 +1,7 @@
 """IDX reader (the MNIST file format), strict enough that a bad file is a one-line user error.
 
-Format: two zero bytes, a type-code byte, a dimension-count byte, then one big-endian uint32 per
-dimension, then the values in big-endian C order. Files are often gzip-compressed.
+Format: 00 00, a type code, a dimension count, one big-endian uint32 per dimension, then the
+values in big-endian C order; often gzip-compressed.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ class IdxError(UserError):
 
 
 def _fail(source: str, problem: str) -> IdxError:
-    """Build the one-line error: path first, so the user knows which file to fix."""
     return IdxError(f"{source}: {problem}".replace("\n", " "))
 
 
@@ -50,11 +49,8 @@ def _shape_str(dims: tuple[int, ...]) -> str:
 
 
 def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tuple[int, ...], int]:
-    """Parse and validate an IDX header: (big-endian dtype, dims, header length in bytes).
-
-    Only the header is examined, so this never fails for reasons other than ``IdxError``; the
-    payload length is checked by ``read_idx``.
-    """
+    """Parse and validate an IDX header: (big-endian dtype, dims, header length in bytes);
+    raises only ``IdxError``. ``read_idx`` checks the payload's length."""
     if len(data) == 0:
         raise _fail(source, "empty file")
     if len(data) < 4:
@@ -86,8 +82,7 @@ TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this
 
 
 def _open_regular(path: Path) -> tuple[int, int]:
-    """An open descriptor on ``path`` and its size, after checking it is a regular file
-    (``open_regular``: a named pipe or a device is refused at once, not waited on)."""
+    """An open descriptor on ``path`` and its size; ``open_regular`` refuses what is no file."""
     source = str(path)
     try:
         fd, info = open_regular(path)
@@ -101,8 +96,8 @@ def _open_regular(path: Path) -> tuple[int, int]:
 
 
 def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """Up to ``n`` bytes (fewer only at the end of the data), in chunks: the buffer grows with
-    what arrives, never to a size that only a (possibly corrupt) header claims."""
+    """Up to ``n`` bytes, in chunks: the buffer grows with what arrives, never to a size that
+    only a (possibly corrupt) header claims."""
     out = bytearray()
     while len(out) < n:
         chunk = stream.read(min(CHUNK, n - len(out)))
@@ -113,8 +108,7 @@ def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
 
 
 def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """``n`` bytes that the file's size says are there, read into one buffer of that size
-    (fewer only if the file shrank meanwhile)."""
+    """``n`` bytes that the file's size says are there, into one buffer of that size."""
     out = bytearray(n)
     got = 0
     with memoryview(out) as view:
@@ -127,8 +121,7 @@ def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
 
 
 def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
-    """How many bytes are left, counted without keeping them, up to about ``most``; and
-    whether the count stopped there (so there may be more)."""
+    """(bytes left, counted without keeping them up to about ``most``; whether it stopped)."""
     count = 0
     while count < most:
         chunk = stream.read(CHUNK)
@@ -141,8 +134,8 @@ def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
 def _payload_problem(
     source: str, dims: tuple[int, ...], dtype: np.dtype, actual: int, more: bool = False
 ) -> IdxError | None:
-    """The error for ``actual`` payload bytes where the header asks for another number
-    (``more``: at least ``actual``, the rest was not counted); None when they agree."""
+    """The error for ``actual`` payload bytes (``more``: at least that many) when the header
+    asks for another number, else None."""
     expected = math.prod(dims) * dtype.itemsize
     what = "" if dtype.itemsize == 1 else f" {dtype.newbyteorder('=').name} values"
     says = f"header says {_shape_str(dims)}{what} = {expected} bytes of data"
@@ -163,10 +156,9 @@ def _header_and_payload(
 ) -> tuple[np.dtype, tuple[int, ...], bytearray]:
     """Read an IDX stream: (dtype, dims, payload bytes).
 
-    ``size`` is the stream's length when it is known (an uncompressed file): a payload of
-    another size is refused before it is read, so a header that disagrees with a huge (or
-    sparse) file costs nothing. A gzip stream (``size`` None) is inflated only as far as the
-    header says, plus a bounded count of what follows: a gzip bomb is never held in memory.
+    With ``size`` known (an uncompressed file), a payload of another size is refused before it
+    is read; a gzip stream is inflated only as far as the header says, plus a bounded count of
+    what follows, so a gzip bomb is never held in memory.
     """
     head = _read_growing(stream, 4 + 4 * MAX_NDIM)
     if not head:
@@ -196,12 +188,8 @@ def _header_and_payload(
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (gzip or raw) into a writable native-endian array of the header's shape.
-
-    Gzip is recognised by its magic bytes; a ``.gz`` name without them is refused. Only a
-    regular file is opened (a named pipe or a device would hang or never end), and one longer
-    or shorter than its header says is refused without being read whole.
-    """
+    """Read an IDX file (gzip, by its magic bytes, or raw) into a writable native-endian array
+    of the header's shape; only a regular file of the header's length is accepted."""
     path = Path(path)
     source = str(path)
     fd, size = _open_regular(path)
@@ -257,11 +245,8 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> Path:
 def read_idx_pair(
     images_path: str | os.PathLike, labels_path: str | os.PathLike, num_classes: int = 10
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Read matching image and label files: images (N, rows, cols) as stored, labels int64.
-
-    Checks what a classifier needs: 3-D images, 1-D integer labels, equal counts, every label
-    in ``[0, num_classes)``.
-    """
+    """Read matching image and label files: images (N, rows, cols) as stored, labels int64,
+    each in ``[0, num_classes)``."""
     images = read_idx(images_path)
     if images.ndim != 3:
         raise _fail(
