@@ -55,7 +55,7 @@ class Backend:
 
 
 class NumpyBackend(Backend):
-    """Plain NumPy on the CPU; BLAS threads do the heavy lifting."""
+    """Plain NumPy on the CPU."""
 
     name = "numpy"
 
@@ -63,3 +63,14 @@ class NumpyBackend(Backend):
         from xpnn.backends.numpy_kernels import NumpyKernels
 
         super().__init__(np, NumpyKernels(np), dtype)
+
+
+class NumbaBackend(Backend):
+    """CPU backend whose memory-bound kernels are compiled, threaded loops."""
+
+    name = "numba"
+
+    def __init__(self, dtype: str = "float32") -> None:
+        from xpnn.backends.numba_kernels import NumbaKernels
+
+        super().__init__(np, NumbaKernels(np), dtype)

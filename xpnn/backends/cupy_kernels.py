@@ -179,7 +179,6 @@ class CupyKernels(Kernels):
         scalars = (t(lr / c1), t(beta1), t(beta2), t(eps), t(c2))
         _adam_kernel()(g, *scalars, t(np.finfo(p.dtype).smallest_normal), p, m, v)
 
-    # -- convolution, pooling and dropout ---------------------------------------------------
     def _geometry(self, x_shape, kh, kw, stride, padding, out_hw):  # noqa: ANN001, ANN202
         n, c, h, w = x_shape
         oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)

@@ -36,33 +36,27 @@ PARALLEL_MIN_ELEMENTS = 1 << 19  # below this a serial loop beats waking the thr
 
 
 class _Twin:
-    """A kernel compiled serial and parallel; calls pick by the size of the first argument."""
+    """A kernel compiled serial and parallel; calls pick by the size of the first argument.
+
+    The parallel build compiles a copy of ``fn`` under another qualified name: Numba's on-disk
+    cache keys by name and signature, not compile flags, so the builds would share an entry.
+    """
 
     def __init__(self, fn) -> None:  # noqa: ANN001
         self.serial = nb.njit(parallel=False, **JIT)(fn)
-        self.parallel = nb.njit(parallel=True, **JIT)(renamed(fn, "_parallel"))
+        copy = types.FunctionType(
+            fn.__code__, fn.__globals__, fn.__name__ + "_parallel", fn.__defaults__, fn.__closure__
+        )
+        copy.__qualname__ = fn.__qualname__ + "_parallel"
+        copy.__module__ = fn.__module__
+        self.parallel = nb.njit(parallel=True, **JIT)(copy)
 
     def __call__(self, first, *args):  # noqa: ANN001, ANN204
         big = first.size >= PARALLEL_MIN_ELEMENTS
         return (self.parallel if big else self.serial)(first, *args)
 
 
-def renamed(fn, suffix: str):  # noqa: ANN001, ANN201
-    """A copy of ``fn`` under another qualified name: Numba's on-disk cache keys by name and
-    signature, not compile flags, so the serial and parallel builds would share an entry."""
-    copy = types.FunctionType(
-        fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__, fn.__closure__
-    )
-    copy.__qualname__ = fn.__qualname__ + suffix
-    copy.__module__ = fn.__module__
-    return copy
-
-
-def twin(fn) -> _Twin:  # noqa: ANN001
-    return _Twin(fn)
-
-
-@twin
+@_Twin
 def _bias_act(z, b, code):  # pragma: no cover - compiled
     n, m = z.shape
     for i in prange(n):
@@ -71,7 +65,7 @@ def _bias_act(z, b, code):  # pragma: no cover - compiled
     return z
 
 
-@twin
+@_Twin
 def _bias_act_backward(dy, y, code, chunks):  # pragma: no cover - compiled
     """dz overwrites dy; per-chunk partial column sums keep the bias gradient parallel."""
     n, m = dy.shape
@@ -90,7 +84,7 @@ def _bias_act_backward(dy, y, code, chunks):  # pragma: no cover - compiled
     return dy, db
 
 
-@twin
+@_Twin
 def _softmax_xent(z, labels, scale):  # pragma: no cover - compiled
     n, k = z.shape
     grad = np.empty_like(z)
@@ -114,7 +108,7 @@ def _softmax_xent(z, labels, scale):  # pragma: no cover - compiled
 
 # ``rows`` is a tuple, not a 2-D array, whose rows would be gathered element by element and
 # lose the vectorisation (8x); a homogeneous tuple compiles once per length.
-@twin
+@_Twin
 def _sum_rows(out, rows):  # pragma: no cover - compiled
     for i in prange(out.size):
         total = rows[0][i]
@@ -124,13 +118,13 @@ def _sum_rows(out, rows):  # pragma: no cover - compiled
     return out
 
 
-@twin
+@_Twin
 def _sgd(p, g, lr):  # pragma: no cover - compiled
     for i in prange(p.size):
         p[i] -= lr * g[i]
 
 
-@twin
+@_Twin
 def _momentum(p, g, v, lr, mu, tiny):  # pragma: no cover - compiled
     for i in prange(p.size):
         vi = mu * v[i] + g[i]
@@ -140,7 +134,7 @@ def _momentum(p, g, v, lr, mu, tiny):  # pragma: no cover - compiled
         p[i] -= lr * vi
 
 
-@twin
+@_Twin
 def _adam(p, g, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2, tiny):  # pragma: no cover
     """Every scalar arrives in the arrays' dtype: a float64 literal (``1.0 - beta1``, ``0.0``)
     would promote the float32 loop and cost its vectorisation (4x)."""
@@ -178,7 +172,6 @@ class NumbaKernels(NumpyKernels):
         loss, grad = _softmax_xent(logits, labels, logits.dtype.type(scale))
         return np.asarray(loss), grad
 
-    # -- optimizer updates ------------------------------------------------------------------
     def sum_rows(self, rows, out):
         return _sum_rows(out, tuple(rows))
 
@@ -195,7 +188,6 @@ class NumbaKernels(NumpyKernels):
         scalars = (t(lr / c1), t(beta1), t(beta2), t(1 - beta1), t(1 - beta2), t(eps), t(c2))
         _adam(p, g, m, v, *scalars, np.finfo(p.dtype).smallest_normal)
 
-    # -- convolution, pooling and dropout ---------------------------------------------------
     def im2col(self, x, kh, kw, stride, padding, out=None, out_hw=None):
         x = np.ascontiguousarray(x)
         n, c = x.shape[:2]

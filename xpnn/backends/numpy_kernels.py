@@ -74,16 +74,13 @@ class NumpyKernels(Kernels):
         bits = x.view(f"i{x.dtype.itemsize}")
         np.multiply(bits, (bits & _exponent_bits(x.dtype)) != 0, out=bits)
 
-    # -- convolution and pooling -----------------------------------------------------------
     def im2col(self, x, kh, kw, stride, padding, out=None, out_hw=None):
         n, c = x.shape[:2]
         oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
         xpad = self._padded(x, padding)
         sn, sc, sh, sw = xpad.strides
         view = np.lib.stride_tricks.as_strided(
-            xpad,
-            shape=(c, kh, kw, n, oh, ow),
-            strides=(sc, sh, sw, sn, sh * stride, sw * stride),
+            xpad, shape=(c, kh, kw, n, oh, ow), strides=(sc, sh, sw, sn, sh * stride, sw * stride)
         )
         if out is None:
             out = np.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
@@ -147,9 +144,7 @@ class NumpyKernels(Kernels):
             return y, idx
         sn, sc, sh, sw = x.strides
         view = np.lib.stride_tricks.as_strided(
-            x,
-            shape=(n, c, oh, ow, size, size),
-            strides=(sn, sc, sh * stride, sw * stride, sh, sw),
+            x, shape=(n, c, oh, ow, size, size), strides=(sn, sc, sh * stride, sw * stride, sh, sw)
         )
         win = view.reshape(n, c, oh, ow, size * size)
         idx = win.argmax(axis=-1)

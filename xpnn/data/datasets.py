@@ -145,9 +145,6 @@ def replicate_train(dataset: Dataset, k: int) -> Dataset:
     return replace(dataset, train_repeats=dataset.train_repeats * k)
 
 
-# --- IDX datasets -------------------------------------------------------------------------------
-
-
 def mirrors_for(name: str) -> list[str]:
     """The download mirrors for ``name``: the env override if set, else the built-in list."""
     source = SOURCES[name]
@@ -220,11 +217,8 @@ def _known_as(path: Path) -> tuple[str, str] | None:
         digest = sha256_file(path)
     except OSError:
         return None  # reading it will say what is wrong
-    for dataset, table in SHA256.items():
-        for filename, sha in table.items():
-            if sha == digest:
-                return dataset, filename
-    return None
+    known = ((d, f) for d, table in SHA256.items() for f, sha in table.items() if sha == digest)
+    return next(known, None)
 
 
 def _check_known_files(name: str, found: dict[str, Path]) -> None:
@@ -271,19 +265,17 @@ def find_files(name: str, data_dir: str | os.PathLike | None, download: bool) ->
     return _files_in_cache(name, download)
 
 
-def _images_to_float(images: np.ndarray, path: Path) -> np.ndarray:
-    """uint8 (N, H, W) pixels -> float32 (N, 1, H, W) in [0, 1]."""
-    if images.dtype != np.uint8:
-        raise IdxError(f"{path}: pixels are {images.dtype.name}, expected unsigned bytes (0x08)")
-    x = images.astype(np.float32)
-    x /= np.float32(255)
-    return x.reshape(images.shape[0], 1, *images.shape[1:])
-
-
 def _load_split(files: dict[str, Path], split: str) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 (N, H, W) pixels as float32 (N, 1, H, W) in [0, 1], and the labels."""
     images_path, labels_path = files[f"{split}_images"], files[f"{split}_labels"]
     images, labels = read_idx_pair(images_path, labels_path, NUM_CLASSES)
-    return _images_to_float(images, images_path), labels
+    if images.dtype != np.uint8:
+        raise IdxError(
+            f"{images_path}: pixels are {images.dtype.name}, expected unsigned bytes (0x08)"
+        )
+    x = images.astype(np.float32)
+    x /= np.float32(255)
+    return x.reshape(images.shape[0], 1, *images.shape[1:]), labels
 
 
 def _load_idx_dataset(name: str, data_dir: str | os.PathLike | None, download: bool) -> Dataset:
@@ -329,15 +321,6 @@ def check_same_data(
         )
 
 
-# --- synthetic ----------------------------------------------------------------------------------
-
-
-def _check_synthetic(size: int, shape: tuple[int, ...]) -> None:
-    check_int("synthetic_size", size, 1)
-    if not shape or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
-        raise UserError(f"synthetic shape must be positive integers, got {shape!r}")
-
-
 def _memory_bytes() -> int | None:
     """This machine's RAM plus swap, the most any process here could fill; None if unknown."""
     try:
@@ -351,10 +334,9 @@ def _memory_bytes() -> int | None:
             return None
 
 
-def _check_synthetic_fits(size: int, shape: tuple[int, ...]) -> None:
+def _check_synthetic_fits(size: int, n_test: int, shape: tuple[int, ...]) -> None:
     """Refuse, before anything is allocated, a set larger than this machine's memory: each
     array alone may be allowed, yet all together end in the OOM killer instead of an error."""
-    n_test = max(1000, size // 6)
     per_sample = 4 * math.prod(int(d) for d in shape) + 8 + 8  # pixels, label, brightness
     need = (size + n_test) * per_sample
     have = _memory_bytes()
@@ -389,11 +371,13 @@ def _synthetic_split(
 def make_synthetic(size: int, shape: tuple[int, ...] = (1, 28, 28), seed: int = 0) -> Dataset:
     """A deterministic, learnable 10-class set of any size and shape, for runs without data;
     the test set has max(1000, size // 6) samples (10,000 for 60,000, like MNIST)."""
-    _check_synthetic(size, shape)
+    check_int("synthetic_size", size, 1)
+    if not shape or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
+        raise UserError(f"synthetic shape must be positive integers, got {shape!r}")
     check_seed(seed)
-    _check_synthetic_fits(int(size), shape)
+    size, n_test = int(size), max(1000, int(size) // 6)
+    _check_synthetic_fits(size, n_test, shape)
     prototypes = np.random.default_rng([seed, 0]).random((NUM_CLASSES, *shape), dtype=np.float32)
-    x_train, y_train = _synthetic_split(prototypes, int(size), np.random.default_rng([seed, 1]))
-    n_test = max(1000, int(size) // 6)
+    x_train, y_train = _synthetic_split(prototypes, size, np.random.default_rng([seed, 1]))
     x_test, y_test = _synthetic_split(prototypes, n_test, np.random.default_rng([seed, 2]))
     return Dataset("synthetic", x_train, y_train, x_test, y_test, NUM_CLASSES)

@@ -36,7 +36,7 @@ class IdxError(UserError):
     """A malformed IDX file; the message starts with the file's path and says what is wrong."""
 
 
-def _fail(source: str, problem: str) -> IdxError:
+def _fail(source: str | os.PathLike, problem: str) -> IdxError:
     return IdxError(f"{source}: {problem}".replace("\n", " "))
 
 
@@ -250,34 +250,30 @@ def read_idx_pair(
     images = read_idx(images_path)
     if images.ndim != 3:
         raise _fail(
-            str(images_path),
+            images_path,
             f"expected 3-D images (count x rows x cols), header says {images.ndim}-D "
             f"{_shape_str(images.shape)}",
         )
     if 0 in images.shape:
         raise _fail(
-            str(images_path),
-            f"holds no pixels to learn from: header says {_shape_str(images.shape)}",
+            images_path, f"holds no pixels to learn from: header says {_shape_str(images.shape)}"
         )
     labels = read_idx(labels_path)
     if labels.ndim != 1:
         raise _fail(
-            str(labels_path),
+            labels_path,
             f"expected 1-D labels, header says {labels.ndim}-D {_shape_str(labels.shape)}",
         )
     if labels.dtype.kind not in "iu":
-        raise _fail(str(labels_path), f"labels must be integers, file holds {labels.dtype.name}")
+        raise _fail(labels_path, f"labels must be integers, file holds {labels.dtype.name}")
     if len(labels) != len(images):
-        raise _fail(
-            str(labels_path),
-            f"{len(labels)} labels but {images_path} has {len(images)} images",
-        )
+        raise _fail(labels_path, f"{len(labels)} labels but {images_path} has {len(images)} images")
     labels = labels.astype(np.int64)
     bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
     if bad.size:
         i = int(bad[0])
         raise _fail(
-            str(labels_path),
+            labels_path,
             f"label {labels[i]} at index {i} is outside [0, {num_classes}) "
             f"({bad.size} bad labels in all)",
         )
