@@ -123,5 +123,4 @@ def conv_out_hw(
 
 
 def window(start: int, count: int, stride: int) -> slice:
-    """The slice of ``count`` positions ``start, start+stride, ...``."""
     return slice(start, start + stride * (count - 1) + 1, stride)

@@ -1,21 +1,16 @@
 """The ``Kernels`` protocol: every hot operation of the network, each with its array-API version.
 
-The bodies here use only array-API operations (NumPy, CuPy, array-api-strict alike) and are the
-reference; a backend's class overrides only the kernels it makes faster, with the same parameters
-(``tests/backends/test_kernels_protocol.py``). No kernel synchronises or copies to the host.
+These bodies use only array-API operations and are the reference; a backend's class overrides
+the kernels it makes faster, with the same parameters. No kernel synchronises or copies to the
+host. Layouts are the same on every backend, so that the layers never branch:
 
-Layouts, the same on every backend so that the layers never branch:
-
-* ``im2col`` turns ``x`` (N, C, H, W) into ``cols`` (C*kh*kw, N*OH*OW), rows in the order of
-  ``W.reshape(C_out, -1)``: a convolution is one GEMM ``W2 @ cols``. ``col2im`` is its adjoint
-  and may use ``cols`` as scratch. ``out_hw`` limits both to the first OH x OW outputs, all a
-  floor-mode max-pool after the convolution reads (``Conv2D.limit_output``).
-* ``maxpool2d_forward`` returns ``idx``, the argmax's row-major offset in the window (the first
-  maximum on ties, the first NaN of a window with one).
-* ``dropout_mask`` hashes (seed, salt, step, sample id, element index) in uint32 arithmetic, so
-  every backend, rank and batch split draws the bit-identical mask for the same sample.
-* Optimizer updates work in place on flat buffers; after each, a state value below the dtype's
-  smallest normal number is 0, NaN and infinity are kept (``flush_subnormal`` says why).
+* ``im2col``: (N, C, H, W) -> (C*kh*kw, N*OH*OW), rows in ``W.reshape(C_out, -1)``'s order, so a
+  convolution is one GEMM; ``col2im`` is its adjoint and may use ``cols`` as scratch. ``out_hw``
+  limits both to the outputs a floor-mode max-pool reads (``Conv2D.limit_output``).
+* ``maxpool2d_forward``'s ``idx``: the argmax's offset in the window (first maximum, first NaN).
+* ``dropout_mask`` hashes (seed, salt, step, sample id, element) in uint32 arithmetic: every
+  backend, rank and batch split draws the bit-identical mask for a sample.
+* Optimizer updates work in place on flat buffers and zero subnormal state (``flush_subnormal``).
 """
 
 from __future__ import annotations
@@ -52,7 +47,6 @@ class Kernels:
     def __init__(self, xp: ModuleType) -> None:
         self.xp = xp
 
-    # -- dense layer pieces -------------------------------------------------------------
     def matmul_into(self, a: Array, b: Array, out: Array) -> Array:
         """``out[...] = a @ b``; gradients land in views of the flat gradient buffer."""
         out[...] = self.xp.matmul(a, b)
@@ -95,14 +89,12 @@ class Kernels:
         dz = self.activation_grad(dy, y, act)
         return dz, self.xp.sum(dz, axis=0)
 
-    # -- losses -------------------------------------------------------------------------
     def one_hot(self, labels: Array, num_classes: int, dtype: Any) -> Array:
         xp = self.xp
         classes = xp.arange(num_classes, dtype=labels.dtype)
         return xp.astype(xp.reshape(labels, (-1, 1)) == classes, dtype)
 
     def pick(self, logits: Array, labels: Array) -> Array:
-        """``logits[i, labels[i]]`` for every row i."""
         xp = self.xp
         idx = xp.reshape(xp.astype(labels, xp.int64), (-1, 1))
         return xp.reshape(xp.take_along_axis(logits, idx, axis=1), (-1,))
@@ -114,10 +106,8 @@ class Kernels:
     def softmax_cross_entropy(
         self, logits: Array, labels: Array, scale: float
     ) -> tuple[Array, Array]:
-        """(sum of per-sample losses, gradient of ``scale * sum`` w.r.t. the logits).
-
-        A sum, so ranks add their parts exactly; ``scale`` is 1 / global batch.
-        """
+        """(sum of per-sample losses, gradient of ``scale * sum`` w.r.t. the logits): a sum, so
+        ranks add their parts exactly; ``scale`` is 1 / global batch."""
         self.check_labels(logits, labels)
         xp = self.xp
         m = xp.max(logits, axis=1, keepdims=True)
@@ -147,7 +137,6 @@ class Kernels:
         check_labels(logits, labels)  # the shape (a column broadcasts); it indexes nothing
         return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.int64))
 
-    # -- optimizer updates, in place on flat buffers ------------------------------------
     def sum_rows(self, rows: tuple[Array, ...], out: Array) -> Array:
         """``out = rows[0] + rows[1] + ...`` in that order: node-shared ranks' gradient rows."""
         total = rows[0]
@@ -157,10 +146,8 @@ class Kernels:
         return out
 
     def flush_subnormal(self, x: Array) -> None:
-        """Zero the subnormal values of ``x`` (optimizer state); NaN and infinity are kept.
-
-        A moment whose gradient stays 0 (a dead ReLU unit) decays into subnormals, which take a
-        slow microcode path on x86 (README, *Subnormal optimizer state*); it moves no weight."""
+        """Zero the subnormal values of ``x``, keeping NaN and infinity: optimizer state of a dead
+        ReLU unit decays into them, and x86 takes a slow path on each (README, *Subnormal*)."""
         xp = self.xp
         x[xp.abs(x) < xp.finfo(x.dtype).smallest_normal] = 0
 
@@ -207,9 +194,7 @@ class Kernels:
             self.flush_subnormal(vi)
             pi -= (lr / c1) * (mi / (self.xp.sqrt(vi / c2) + eps))
 
-    # -- convolution ----------------------------------------------------------------------
     def _padded(self, x: Array, padding: int) -> Array:
-        """``x`` (N, C, H, W) with ``padding`` zeros around each image."""
         if not padding:
             return x
         n, c, h, w = x.shape
@@ -293,7 +278,6 @@ class Kernels:
             dyc = out
         return dyc, xp.sum(dyc, axis=1)
 
-    # -- max-pooling ------------------------------------------------------------------------
     def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
         xp = self.xp
         oh, ow = (conv_out_size(s, size, stride, 0) for s in x.shape[2:])
@@ -318,7 +302,6 @@ class Kernels:
                 dx[sl] = dx[sl] + xp.where(idx == i * size + j, dy, zero)
         return dx
 
-    # -- dropout ----------------------------------------------------------------------------
     def _fmix32(self, h: Array) -> Array:
         h = h ^ (h >> 16)
         h = h * FMIX_M1

@@ -36,11 +36,8 @@ PARALLEL_MIN_ELEMENTS = 1 << 19  # below this a serial loop beats waking the thr
 
 
 class _Twin:
-    """A kernel compiled serial and parallel; calls pick by the size of the first argument.
-
-    The parallel build compiles a copy of ``fn`` under another qualified name: Numba's on-disk
-    cache keys by name and signature, not compile flags, so the builds would share an entry.
-    """
+    """A kernel compiled serial and parallel; calls pick by the size of the first argument. The
+    parallel build is of a renamed copy: Numba's disk cache keys by name, not by compile flags."""
 
     def __init__(self, fn) -> None:  # noqa: ANN001
         self.serial = nb.njit(parallel=False, **JIT)(fn)

@@ -21,12 +21,8 @@ def _exponent_bits(dtype: Any) -> Any:
 
 
 class NumpyKernels(Kernels):
-    """NumPy on the CPU; BLAS threads do the products.
-
-    The optimizer updates run the reference formulas a cache-sized chunk at a time (the same
-    bits): over whole buffers, Adam is a dozen passes with model-sized temporaries (1.86 M
-    values: 3.4 ms, against 2.7 ms chunked).
-    """
+    """NumPy on the CPU. Optimizer updates run the reference formulas a cache-sized chunk at a
+    time, the same bits: 1.86 M-value Adam in 2.7 ms against 3.4 ms over whole buffers."""
 
     # 256 KiB of float32 per operand: 2.8 ms at 2**18, 3.1 ms at 2**14, 5.8 ms at 2**12
     CHUNK = 1 << 16

@@ -53,7 +53,6 @@ def shard_bounds(length: int, rank: int, size: int) -> tuple[int, int]:
 
 
 def shard(batch_idx: np.ndarray, rank: int, size: int) -> np.ndarray:
-    """This rank's contiguous slice of one global batch (``np.array_split`` semantics); it may
-    be empty, so callers weight by sample count."""
+    """This rank's contiguous slice of a global batch (``np.array_split``'s); it may be empty."""
     start, stop = shard_bounds(len(batch_idx), rank, size)
     return batch_idx[start:stop]

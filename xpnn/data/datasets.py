@@ -79,11 +79,8 @@ SOURCES = {
 
 @dataclass(frozen=True)
 class Dataset:
-    """A classification dataset: float32 inputs in [0, 1], int64 labels in [0, num_classes).
-
-    The training set is ``x_train`` repeated ``train_repeats`` times without copies
-    (``stored_rows``).
-    """
+    """A classification dataset: float32 inputs in [0, 1], int64 labels in [0, num_classes); the
+    training set is ``x_train`` repeated ``train_repeats`` times without copies."""
 
     name: str
     x_train: np.ndarray

@@ -73,7 +73,6 @@ def default_cache_dir() -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file, read in chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -82,7 +81,7 @@ def sha256_file(path: Path) -> str:
 
 
 def _describe(exc: BaseException, timeout: float) -> str:
-    """A short, one-line account of why a mirror failed."""
+    """Why a mirror failed, in a few words."""
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}"
     if isinstance(exc, urllib.error.URLError):
@@ -215,11 +214,8 @@ def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
 
 
 def cached(target: Path, sha256: str) -> bool:
-    """True when ``target`` holds the file whose SHA-256 is ``sha256``, False when it is absent.
-
-    Anything else there is not one of xpnn's verified downloads: a ``UserError``, the file left
-    as it is. A mismatch is checked again when another rank renamed a new file over it.
-    """
+    """True when ``target`` holds the file whose SHA-256 is ``sha256``, False when it is absent;
+    anything else there (checked again if another rank renamed a file over it) is a UserError."""
     expected = sha256.lower()
     for _ in range(3):
         hashed = _hash_cached(target)
@@ -252,8 +248,7 @@ def _not_a_directory(path: Path) -> Path | None:
 
 
 def _missing_home(cache_dir: Path) -> Path | None:
-    """$HOME when it does not exist and ``cache_dir`` lies in it: making the cache would make
-    a home directory."""
+    """$HOME when it is missing and holds ``cache_dir``: making the cache would make a home."""
     home = os.environ.get("HOME", "")
     if not home or Path(home).exists():
         return None

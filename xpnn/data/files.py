@@ -26,13 +26,11 @@ class NotAFile(Exception):
 
 
 def file_kind(mode: int) -> str:
-    """What a file that is not a regular file is, in words."""
     return next((what for test, what in _KINDS if test(mode)), "not a regular file")
 
 
 def open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
-    """A descriptor open for reading on ``path`` and its ``fstat``; ``NotAFile`` (closed) when it
-    is not a regular file."""
+    """A descriptor open for reading on ``path`` and its ``fstat``; else ``NotAFile``."""
     fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)

@@ -96,8 +96,7 @@ def _open_regular(path: Path) -> tuple[int, int]:
 
 
 def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """Up to ``n`` bytes, in chunks: the buffer grows with what arrives, never to a size that
-    only a (possibly corrupt) header claims."""
+    """Up to ``n`` bytes; the buffer grows with what arrives, not to what a header claims."""
     out = bytearray()
     while len(out) < n:
         chunk = stream.read(min(CHUNK, n - len(out)))
@@ -134,8 +133,7 @@ def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
 def _payload_problem(
     source: str, dims: tuple[int, ...], dtype: np.dtype, actual: int, more: bool = False
 ) -> IdxError | None:
-    """The error for ``actual`` payload bytes (``more``: at least that many) when the header
-    asks for another number, else None."""
+    """The error for ``actual`` (``more``: or more) payload bytes the header disagrees with."""
     expected = math.prod(dims) * dtype.itemsize
     what = "" if dtype.itemsize == 1 else f" {dtype.newbyteorder('=').name} values"
     says = f"header says {_shape_str(dims)}{what} = {expected} bytes of data"
@@ -154,12 +152,9 @@ def _payload_problem(
 def _header_and_payload(
     stream: io.BufferedIOBase, source: str, size: int | None
 ) -> tuple[np.dtype, tuple[int, ...], bytearray]:
-    """Read an IDX stream: (dtype, dims, payload bytes).
-
-    With ``size`` known (an uncompressed file), a payload of another size is refused before it
-    is read; a gzip stream is inflated only as far as the header says, plus a bounded count of
-    what follows, so a gzip bomb is never held in memory.
-    """
+    """Read an IDX stream: (dtype, dims, payload). With ``size`` known, a payload of another size
+    is refused before it is read; gzip is inflated only as far as the header says, plus a bounded
+    count of what follows, so a gzip bomb is never held in memory."""
     head = _read_growing(stream, 4 + 4 * MAX_NDIM)
     if not head:
         raise _fail(source, "empty file (after gunzip)")
@@ -245,8 +240,7 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> Path:
 def read_idx_pair(
     images_path: str | os.PathLike, labels_path: str | os.PathLike, num_classes: int = 10
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Read matching image and label files: images (N, rows, cols) as stored, labels int64,
-    each in ``[0, num_classes)``."""
+    """Matching image and label files: images (N, rows, cols) as stored, int64 labels in range."""
     images = read_idx(images_path)
     if images.ndim != 3:
         raise _fail(
