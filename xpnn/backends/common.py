@@ -7,6 +7,8 @@ import math
 from typing import Any
 
 Array = Any
+Shape = tuple[int, ...]
+OutHW = tuple[int, int] | None
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
 _KIND_LETTERS = {"integral": "iu", "real floating": "f"}
 _KIND_NAMES = {"integral": "int", "real floating": "float"}
@@ -85,7 +87,7 @@ def dropout_base_key(seed: int, step: int, salt: int = 0) -> int:
     return h
 
 
-def mask_rows(shape: tuple[int, ...], sample_ids: Array) -> tuple[int, int]:
+def mask_rows(shape: Shape, sample_ids: Array) -> tuple[int, int]:
     """(N, values per sample) of a dropout mask of ``shape``: one sample id per row."""
     n = shape[0]
     if sample_ids.shape[0] != n:
@@ -105,12 +107,7 @@ def conv_out_size(size: int, k: int, stride: int, padding: int) -> int:
 
 
 def conv_out_hw(
-    x_shape: tuple[int, ...],
-    kh: int,
-    kw: int,
-    stride: int,
-    padding: int,
-    out_hw: tuple[int, int] | None = None,
+    x_shape: Shape, kh: int, kw: int, stride: int, padding: int, out_hw: OutHW = None
 ) -> tuple[int, int]:
     """The (OH, OW) a kernel computes: all that fit, or the first ``out_hw`` of them."""
     h, w = x_shape[-2:]

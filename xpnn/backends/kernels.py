@@ -24,6 +24,7 @@ from xpnn.backends.common import (
     FMIX_M2,
     GOLDEN,
     MASK32,
+    OutHW,
     check_labels,
     conv_out_hw,
     conv_out_size,
@@ -35,7 +36,6 @@ from xpnn.backends.common import (
 )
 
 Array = Any
-OutHW = tuple[int, int] | None
 __all__ = ["ACTIVATIONS", "Kernels", "dtype_is"]
 
 
@@ -147,7 +147,7 @@ class Kernels:
 
     def flush_subnormal(self, x: Array) -> None:
         """Zero the subnormal values of ``x``, keeping NaN and infinity: optimizer state of a dead
-        ReLU unit decays into them, and x86 takes a slow path on each (README, *Subnormal*)."""
+        ReLU unit decays into them, each a slow path on x86 (docs/decisions/subnormal-flush.md)."""
         xp = self.xp
         x[xp.abs(x) < xp.finfo(x.dtype).smallest_normal] = 0
 

@@ -11,12 +11,12 @@ import numba as nb
 import numpy as np
 from numba import prange
 
-from xpnn.backends.common import GOLDEN
+from xpnn.backends.common import FMIX_M1, FMIX_M2, GOLDEN, MASK32
 from xpnn.backends.numba_jit import JIT, apply_act, apply_act_grad
 
-_M32 = np.uint64(0xFFFFFFFF)
-_M1 = np.uint64(0x85EBCA6B)
-_M2 = np.uint64(0xC2B2AE35)
+_M32 = np.uint64(MASK32)
+_M1 = np.uint64(FMIX_M1)
+_M2 = np.uint64(FMIX_M2)
 _GOLDEN = np.uint64(GOLDEN)
 _S16 = np.uint64(16)
 _S13 = np.uint64(13)

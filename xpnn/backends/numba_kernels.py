@@ -1,12 +1,7 @@
 """Numba-compiled CPU kernels: one pass over memory where NumPy would make several.
 
-Products stay with BLAS; Numba fuses the memory-bound glue around them, ``prange`` splitting
-rows over the rank's threads. Two measured pitfalls (2-core machine, MLP 784-512-256-10):
-- Numba's OpenMP threads spin after a parallel region and starve OpenBLAS's (a 128x784x512
-  product: 1.4 ms -> 11 ms); ``OMP_WAIT_POLICY=PASSIVE``, set before Numba starts, fixes it.
-- Waking the thread team costs more than a serial pass over a small array, so each kernel is
-  compiled twice and the parallel build runs only from ``PARALLEL_MIN_ELEMENTS`` values (where
-  the Adam update broke even on 2 threads, ``bench/optimizer_step.py --params``).
+Products stay with BLAS; Numba fuses the memory-bound glue around them. Why the OpenMP wait
+policy is passive and each kernel has a serial twin: docs/decisions/numba-wait-policy.md.
 """
 
 from __future__ import annotations
