@@ -287,11 +287,6 @@ def _load_idx_dataset(name: str, data_dir: str | os.PathLike | None, download: b
     return Dataset(name, x_train, y_train, x_test, y_test, NUM_CLASSES)
 
 
-def fingerprint(dataset: Dataset) -> str:
-    """A digest of the stored arrays (values, shapes, dtypes): equal when ranks read the same."""
-    return arrays_digest((dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
-
-
 def check_same_data(
     dataset: Dataset, data_dir: str | os.PathLike | None, allgather: Callable[[Any], list]
 ) -> None:
@@ -300,7 +295,8 @@ def check_same_data(
     if dataset.name == "synthetic":  # made from the flags, which every rank shares
         return
     sizes = (dataset.x_train.shape[0], dataset.x_test.shape[0])
-    everyone = allgather((str(data_dir) if data_dir else None, sizes, fingerprint(dataset)))
+    values = arrays_digest((dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
+    everyone = allgather((str(data_dir) if data_dir else None, sizes, values))
     first_dir, first_sizes, first_digest = everyone[0]
     for rank, (where, (n_train, n_test), digest) in enumerate(everyone):
         if digest == first_digest:

@@ -25,17 +25,14 @@ class NotAFile(Exception):
         self.kind = kind
 
 
-def file_kind(mode: int) -> str:
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
-
-
 def open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
     """A descriptor open for reading on ``path`` and its ``fstat``; else ``NotAFile``."""
     fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise NotAFile(file_kind(info.st_mode))
+            kind = next((what for test, what in _KINDS if test(info.st_mode)), "not a regular file")
+            raise NotAFile(kind)
     except BaseException:
         os.close(fd)
         raise
