@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xpnn.backends.base import Backend, NumpyBackend
+from xpnn.backends.base import Backend, NumbaBackend, NumpyBackend
 from xpnn.errors import UserError
 
 BACKENDS = ("numpy", "numba", "cupy", "auto")
@@ -15,8 +15,6 @@ def get_backend(name: str, dtype: str = "float32", device_id: int = 0) -> Backen
     if name == "numpy":
         return NumpyBackend(dtype)
     if name == "numba":
-        from xpnn.backends.numba_backend import NumbaBackend
-
         return NumbaBackend(dtype)
     if name == "cupy":
         from xpnn.backends.cupy_backend import CupyBackend

@@ -1,8 +1,5 @@
-"""The Backend object: everything array-library specific that the network needs, in one place.
-
-Network code receives a Backend and uses ``backend.xp`` and ``backend.kernels``; it never imports
-numpy or cupy. A backend subclass overrides only what differs (device, transfers, kernels).
-"""
+"""The Backend object: everything array-library specific that the network needs, in one place;
+network code uses ``backend.xp`` and ``backend.kernels`` and never imports numpy or cupy."""
 
 from __future__ import annotations
 
@@ -28,7 +25,6 @@ class Backend:
         self.dtype_name = dtype
         self.dtype = getattr(xp, dtype)
 
-    # -- device -------------------------------------------------------------------------
     @property
     def device(self) -> str:
         return "cpu"
@@ -36,7 +32,6 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for queued device work; a no-op on the CPU, needed for honest GPU timings."""
 
-    # -- transfers ----------------------------------------------------------------------
     def asarray(self, a: Any, dtype: Any = None) -> Any:
         """Host (NumPy) data -> this backend's array, in ``dtype`` (default: the model dtype)."""
         return self.xp.asarray(a, dtype=self.dtype if dtype is None else dtype)
@@ -45,11 +40,9 @@ class Backend:
         """This backend's array -> a NumPy array (a copy on GPU backends)."""
         return np.asarray(a)
 
-    # -- randomness ---------------------------------------------------------------------
     @staticmethod
     def host_rng(*seed: int) -> np.random.Generator:
-        """A seeded host generator: initial weights are drawn on the host so every backend (and
-        every rank before the broadcast) starts from bit-identical parameters."""
+        """A seeded host generator: weights drawn on the host are bit-identical on every backend."""
         return np.random.default_rng(list(seed))
 
     def pack_host(self, values: list[tuple[Any, tuple[int, ...]]]) -> np.ndarray:
@@ -62,7 +55,7 @@ class Backend:
 
 
 class NumpyBackend(Backend):
-    """Plain NumPy on the CPU; BLAS threads do the heavy lifting."""
+    """Plain NumPy on the CPU."""
 
     name = "numpy"
 
@@ -70,3 +63,14 @@ class NumpyBackend(Backend):
         from xpnn.backends.numpy_kernels import NumpyKernels
 
         super().__init__(np, NumpyKernels(np), dtype)
+
+
+class NumbaBackend(Backend):
+    """CPU backend whose memory-bound kernels are compiled, threaded loops."""
+
+    name = "numba"
+
+    def __init__(self, dtype: str = "float32") -> None:
+        from xpnn.backends.numba_kernels import NumbaKernels
+
+        super().__init__(np, NumbaKernels(np), dtype)

@@ -1,6 +1,5 @@
-"""What every backend's kernels share besides the ``Kernels`` methods: label checks, the
-convolution geometry and the dropout hash's host half (the per-step key every backend mixes
-its sample ids and element indices into)."""
+"""What every backend's kernels share: label checks, convolution geometry, the dropout hash's
+host half."""
 
 from __future__ import annotations
 
@@ -8,14 +7,15 @@ import math
 from typing import Any
 
 Array = Any
+Shape = tuple[int, ...]
+OutHW = tuple[int, int] | None
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
 _KIND_LETTERS = {"integral": "iu", "real floating": "f"}
 _KIND_NAMES = {"integral": "int", "real floating": "float"}
 
 
 def dtype_is(dtype: Any, kind: str) -> bool:
-    """Whether ``dtype`` is ``"integral"`` or ``"real floating"`` (the array API's names):
-    by NumPy's and CuPy's kind letter, else by an array API namespace's dtype name."""
+    """Whether ``dtype`` is ``"integral"`` or ``"real floating"``, by kind letter or by name."""
     letter = getattr(dtype, "kind", None)
     if letter is not None:
         return letter in _KIND_LETTERS[kind]
@@ -23,12 +23,8 @@ def dtype_is(dtype: Any, kind: str) -> bool:
 
 
 def check_labels(logits: Array, labels: Array) -> None:
-    """Labels must be a 1-D integer array with one class index per row of ``logits``.
-
-    Metadata only (shape and dtype): no pass over the values, no device sync. Without it a
-    column of labels (N, 1) broadcasts into a wrong loss and accuracy, and float labels fail
-    deep inside a kernel.
-    """
+    """Labels must be a 1-D integer array with one class index per row of ``logits``; a column
+    (N, 1) would broadcast into a wrong loss. Metadata only: no pass over values, no sync."""
     shape = getattr(labels, "shape", None)
     dtype = getattr(labels, "dtype", None)
     if shape is None or dtype is None:
@@ -44,8 +40,7 @@ def check_labels(logits: Array, labels: Array) -> None:
 
 
 def check_label_values(labels: Any, num_classes: int) -> None:
-    """Every label is a class index in [0, num_classes). A pass over the labels (N values),
-    so only for host arrays, where a bad index reads or writes outside the logits."""
+    """Every label is in [0, num_classes): a pass over the labels, for host arrays only."""
     if labels.size == 0:
         return
     lo, hi = int(labels.min()), int(labels.max())
@@ -68,7 +63,7 @@ GOLDEN = 0x9E3779B9
 
 
 def fmix32_host(h: int) -> int:
-    """murmur3 fmix32 on a Python int (the host half of the key chain)."""
+    """murmur3 fmix32 on a Python int."""
     h &= MASK32
     h ^= h >> 16
     h = (h * FMIX_M1) & MASK32
@@ -84,7 +79,7 @@ def mix_host(h: int, k: int) -> int:
 
 
 def dropout_base_key(seed: int, step: int, salt: int = 0) -> int:
-    """The per-(seed, salt, step) key, every 64-bit half mixed in; computed on the host."""
+    """The per-(seed, salt, step) key, every 32-bit half mixed in."""
     h = 0
     for v in (seed, salt, step):
         v = int(v) & 0xFFFFFFFFFFFFFFFF
@@ -92,7 +87,7 @@ def dropout_base_key(seed: int, step: int, salt: int = 0) -> int:
     return h
 
 
-def mask_rows(shape: tuple[int, ...], sample_ids: Array) -> tuple[int, int]:
+def mask_rows(shape: Shape, sample_ids: Array) -> tuple[int, int]:
     """(N, values per sample) of a dropout mask of ``shape``: one sample id per row."""
     n = shape[0]
     if sample_ids.shape[0] != n:
@@ -112,12 +107,7 @@ def conv_out_size(size: int, k: int, stride: int, padding: int) -> int:
 
 
 def conv_out_hw(
-    x_shape: tuple[int, ...],
-    kh: int,
-    kw: int,
-    stride: int,
-    padding: int,
-    out_hw: tuple[int, int] | None = None,
+    x_shape: Shape, kh: int, kw: int, stride: int, padding: int, out_hw: OutHW = None
 ) -> tuple[int, int]:
     """The (OH, OW) a kernel computes: all that fit, or the first ``out_hw`` of them."""
     h, w = x_shape[-2:]
@@ -130,5 +120,4 @@ def conv_out_hw(
 
 
 def window(start: int, count: int, stride: int) -> slice:
-    """The slice of ``count`` positions ``start, start+stride, ...``."""
     return slice(start, start + stride * (count - 1) + 1, stride)

@@ -1,8 +1,4 @@
-"""CuPy arrays on one NVIDIA GPU, with fused CUDA kernels.
-
-CuPy is imported here, lazily, and only when this backend is asked for: a CPU-only install never
-needs it. The device is chosen from the node-local MPI rank *before* CuPy first touches a GPU.
-"""
+"""CuPy arrays on one NVIDIA GPU, with fused CUDA kernels; CuPy is imported only when asked for."""
 
 from __future__ import annotations
 

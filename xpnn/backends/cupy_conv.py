@@ -1,14 +1,7 @@
-"""The CUDA kernels behind ``CupyKernels``' convolution, pooling and dropout: one CUDA
-thread per output element, with the layouts and results of ``Kernels`` (see its module).
+"""The CUDA kernels behind ``CupyKernels``' convolution, pooling and dropout, built lazily.
 
-im2col is a gather per column entry; col2im and the max-pool backward are *gathers* per input
-element too (each thread sums the few entries that touch its pixel, in the same (i, j) order
-as the NumPy version), so there are no atomics and results are deterministic. The dropout hash
-is the same uint32 arithmetic as everywhere else, so masks are bit-identical to NumPy's and
-Numba's. ``conv_output`` / ``conv_output_grad`` (a block transpose, a bias add and a row sum)
-keep the NumPy-API versions, which CuPy runs as single elementwise/reduction kernels already.
-
-Kernels are built lazily on first use, so importing this module costs nothing without a GPU.
+One thread per output element; col2im and the max-pool backward gather per input pixel, in
+NumPy's (i, j) order, so there are no atomics and results are deterministic.
 """
 
 from __future__ import annotations

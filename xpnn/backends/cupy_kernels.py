@@ -1,8 +1,4 @@
-"""CuPy kernels: the same fusions as the Numba backend, as CUDA elementwise/raw kernels.
-
-Built lazily on first use (CuPy compiles and caches them), so importing this module costs
-nothing on a machine without a GPU.
-"""
+"""CuPy kernels: the Numba backend's fusions as CUDA kernels, built lazily on first use."""
 
 from __future__ import annotations
 
@@ -101,8 +97,7 @@ def _softmax_xent_kernel() -> Any:
     )
 
 
-# The optimizer updates with the subnormal policy of every backend (``kernels`` module):
-# state below the smallest normal number is 0, NaN and infinity are kept.
+# the subnormal policy of every backend (``Kernels.flush_subnormal``)
 _FLUSH = "(x < tiny && x > -tiny) ? (T)0 : x"
 
 
@@ -184,7 +179,6 @@ class CupyKernels(Kernels):
         scalars = (t(lr / c1), t(beta1), t(beta2), t(eps), t(c2))
         _adam_kernel()(g, *scalars, t(np.finfo(p.dtype).smallest_normal), p, m, v)
 
-    # -- convolution, pooling and dropout ---------------------------------------------------
     def _geometry(self, x_shape, kh, kw, stride, padding, out_hw):  # noqa: ANN001, ANN202
         n, c, h, w = x_shape
         oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)

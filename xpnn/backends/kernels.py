@@ -1,37 +1,16 @@
 """The ``Kernels`` protocol: every hot operation of the network, each with its array-API version.
 
-Each public method of ``Kernels`` is one kernel, and its body here is the reference: it uses
-only array-API operations, so it runs on NumPy, CuPy and array-api-strict alike, the proof
-that the math is portable. A backend has one class that derives from ``Kernels`` (Numba's from
-NumPy's, whose arrays it computes on) and overrides only the kernels it makes faster, with the
-same parameters (``tests/backends/test_kernels_protocol.py``); the types are the ones written here.
-Every kernel takes and returns arrays of the backend; none synchronises or copies to the host.
+These bodies use only array-API operations and are the reference; a backend's class overrides
+the kernels it makes faster, with the same parameters. No kernel synchronises or copies to the
+host. Layouts are the same on every backend, so that the layers never branch:
 
-Layouts, the same on every backend so that the layers never branch:
-
-* ``im2col(x, kh, kw, stride, padding, out, out_hw)`` turns ``x`` (N, C, H, W) into ``cols``
-  of shape (C*kh*kw, N*OH*OW): row ``(c, i, j)`` (the order of ``W.reshape(C_out, -1)``), column
-  ``(n, oh, ow)``. A convolution is then *one* GEMM per layer, ``W2 @ cols`` (C_out, N*OH*OW),
-  and the backward pass two more (``dY @ cols.T`` for dW, ``W2.T @ dY`` for dcols).
-  ``col2im`` is its adjoint and may use ``cols`` as scratch. ``out_hw`` (default: every output
-  the input allows) makes both compute only the first OH x OW output positions: a floor-mode
-  max-pool after the convolution never reads the others (``Conv2D.limit_output``).
-* ``conv_output(yc, b, shape, act)`` adds the bias, applies the activation and turns
-  (C_out, N*P) into NCHW; ``conv_output_grad(dy, out, y, act)`` is its adjoint (``y`` is the
-  activation's output) and also returns the bias gradient.
-* ``maxpool2d_forward(x, size, stride) -> (y, idx)`` (floor mode; ``idx`` is the argmax's
-  row-major offset inside the window, the first maximum on ties and the first NaN of a window
-  with one); ``maxpool2d_backward`` routes ``dy`` back to those positions.
-* ``dropout_mask``: ``0`` or ``1/(1-p)`` per element, from a counter-based hash of (seed, salt,
-  step, sample id, element index) in uint32 arithmetic, so every backend (and every rank, batch
-  position or batch split) draws the bit-identical mask for the same sample.
-* The optimizer updates work in place on flat buffers (or slices of them), with one gradient.
-  The gradient of ranks that share memory is the sum of one row per rank: ``sum_rows`` adds
-  them, and the optimizer hands the sum to the same update.
-
-Subnormal policy of every optimizer update, on every backend: after each update, a state value
-(momentum's velocity, Adam's two moments) whose magnitude is below the dtype's smallest normal
-number (1.2e-38 in float32) is 0; NaN and infinity are kept (``flush_subnormal`` says why).
+* ``im2col``: (N, C, H, W) -> (C*kh*kw, N*OH*OW), rows in ``W.reshape(C_out, -1)``'s order, so a
+  convolution is one GEMM; ``col2im`` is its adjoint and may use ``cols`` as scratch. ``out_hw``
+  limits both to the outputs a floor-mode max-pool reads (``Conv2D.limit_output``).
+* ``maxpool2d_forward``'s ``idx``: the argmax's offset in the window (first maximum, first NaN).
+* ``dropout_mask`` hashes (seed, salt, step, sample id, element) in uint32 arithmetic: every
+  backend, rank and batch split draws the bit-identical mask for a sample.
+* Optimizer updates work in place on flat buffers and zero subnormal state (``flush_subnormal``).
 """
 
 from __future__ import annotations
@@ -45,6 +24,7 @@ from xpnn.backends.common import (
     FMIX_M2,
     GOLDEN,
     MASK32,
+    OutHW,
     check_labels,
     conv_out_hw,
     conv_out_size,
@@ -56,20 +36,17 @@ from xpnn.backends.common import (
 )
 
 Array = Any
-OutHW = tuple[int, int] | None
 __all__ = ["ACTIVATIONS", "Kernels", "dtype_is"]
 
 
 class Kernels:
     """The protocol and its generic implementation: array-API operations only."""
 
-    # values per pass of an optimizer update; None: the whole buffer in one pass
     CHUNK: int | None = None
 
     def __init__(self, xp: ModuleType) -> None:
         self.xp = xp
 
-    # -- dense layer pieces -------------------------------------------------------------
     def matmul_into(self, a: Array, b: Array, out: Array) -> Array:
         """``out[...] = a @ b``; gradients land in views of the flat gradient buffer."""
         out[...] = self.xp.matmul(a, b)
@@ -112,31 +89,25 @@ class Kernels:
         dz = self.activation_grad(dy, y, act)
         return dz, self.xp.sum(dz, axis=0)
 
-    # -- losses -------------------------------------------------------------------------
     def one_hot(self, labels: Array, num_classes: int, dtype: Any) -> Array:
         xp = self.xp
         classes = xp.arange(num_classes, dtype=labels.dtype)
         return xp.astype(xp.reshape(labels, (-1, 1)) == classes, dtype)
 
     def pick(self, logits: Array, labels: Array) -> Array:
-        """``logits[i, labels[i]]`` for every row i."""
         xp = self.xp
         idx = xp.reshape(xp.astype(labels, xp.int64), (-1, 1))
         return xp.reshape(xp.take_along_axis(logits, idx, axis=1), (-1,))
 
     def check_labels(self, logits: Array, labels: Array) -> None:
-        """Shape and dtype only (``common.check_labels``): no pass over the values, no device
-        sync. Every kernel that takes labels calls it once; host kernels add the range."""
+        """Shape and dtype only: no pass over the values, no device sync (host kernels add it)."""
         check_labels(logits, labels)
 
     def softmax_cross_entropy(
         self, logits: Array, labels: Array, scale: float
     ) -> tuple[Array, Array]:
-        """(sum of per-sample losses, gradient of ``scale * sum`` w.r.t. the logits).
-
-        The sum (not the mean) is returned so that ranks can add their parts exactly; ``scale``
-        is 1 / global batch so that every rank's gradient is its share of the global mean.
-        """
+        """(sum of per-sample losses, gradient of ``scale * sum`` w.r.t. the logits): a sum, so
+        ranks add their parts exactly; ``scale`` is 1 / global batch."""
         self.check_labels(logits, labels)
         xp = self.xp
         m = xp.max(logits, axis=1, keepdims=True)
@@ -166,10 +137,8 @@ class Kernels:
         check_labels(logits, labels)  # the shape (a column broadcasts); it indexes nothing
         return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.int64))
 
-    # -- optimizer updates, in place on flat buffers ------------------------------------
     def sum_rows(self, rows: tuple[Array, ...], out: Array) -> Array:
-        """``out = rows[0] + rows[1] + ...``, added in that order: the gradient of ranks that
-        share memory, each of which wrote its own row (the node-shared update)."""
+        """``out = rows[0] + rows[1] + ...`` in that order: node-shared ranks' gradient rows."""
         total = rows[0]
         for row in rows[1:]:
             total = total + row
@@ -177,24 +146,13 @@ class Kernels:
         return out
 
     def flush_subnormal(self, x: Array) -> None:
-        """Set the values of ``x`` that are subnormal (nonzero, below the dtype's smallest
-        normal number: 1.2e-38 in float32) to zero. NaN and infinity are kept.
-
-        For the optimizers' state. A moment whose gradient stays 0 (the weights of a dead ReLU
-        unit) decays by its beta every step: Adam's first moment falls below the smallest
-        normal number some 650 steps after its last gradient, and spends another ~150 steps
-        there on its way to 0. On x86 CPUs, and many others, an operation on a subnormal value
-        takes a slow microcode path: the 2nd and 3rd epochs of the MLP 784-1024-1024-10 on
-        Fashion-MNIST took 20 % and 50 % longer than the first on one rank (README, *Subnormal
-        optimizer state*). Such a moment moves no weight, so it is zero from there on, as a
-        flush-to-zero CPU mode would make it. Adam also divides ``m`` before it multiplies by
-        the step size: that product was subnormal for ``m`` up to 1e-35."""
+        """Zero the subnormal values of ``x``, keeping NaN and infinity: optimizer state of a dead
+        ReLU unit decays into them, each a slow path on x86 (docs/decisions/subnormal-flush.md)."""
         xp = self.xp
         x[xp.abs(x) < xp.finfo(x.dtype).smallest_normal] = 0
 
     def _pieces(self, n: int) -> list[slice]:
-        """The slices of one update's passes: ``CHUNK`` values each (a chunk's operands and
-        temporaries stay in cache, and the buffers are read and written about once)."""
+        """One update's passes: ``CHUNK`` values each (None: the whole buffer), kept in cache."""
         step = self.CHUNK or max(n, 1)
         return [slice(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
@@ -236,9 +194,7 @@ class Kernels:
             self.flush_subnormal(vi)
             pi -= (lr / c1) * (mi / (self.xp.sqrt(vi / c2) + eps))
 
-    # -- convolution ----------------------------------------------------------------------
     def _padded(self, x: Array, padding: int) -> Array:
-        """``x`` (N, C, H, W) with ``padding`` zeros around each image."""
         if not padding:
             return x
         n, c, h, w = x.shape
@@ -309,8 +265,7 @@ class Kernels:
     def conv_output_grad(
         self, dy: Array, out: Array | None = None, y: Array | None = None, act: str = "identity"
     ) -> tuple[Array, Array]:
-        """(dL/d(GEMM result) as (C_out, N*P), written into ``out``; dL/db). ``y`` is the
-        forward output (the activation's), needed unless ``act`` is the identity."""
+        """(dL/d(GEMM result) as (C_out, N*P), into ``out``; dL/db); ``y``: the forward output."""
         xp = self.xp
         if act != "identity":
             dy = self.activation_grad(dy, y, act)
@@ -323,7 +278,6 @@ class Kernels:
             dyc = out
         return dyc, xp.sum(dyc, axis=1)
 
-    # -- max-pooling ------------------------------------------------------------------------
     def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
         xp = self.xp
         oh, ow = (conv_out_size(s, size, stride, 0) for s in x.shape[2:])
@@ -348,7 +302,6 @@ class Kernels:
                 dx[sl] = dx[sl] + xp.where(idx == i * size + j, dy, zero)
         return dx
 
-    # -- dropout ----------------------------------------------------------------------------
     def _fmix32(self, h: Array) -> Array:
         h = h ^ (h >> 16)
         h = h * FMIX_M1
@@ -357,7 +310,6 @@ class Kernels:
         return h ^ (h >> 16)
 
     def _sample_keys(self, base: int, sample_ids: Array) -> Array:
-        """uint32 key per sample: ``mix(mix(base, id_lo), id_hi)``."""
         xp = self.xp
         ids = xp.astype(xp.asarray(sample_ids), xp.int64)
         lo = xp.astype(ids & MASK32, xp.uint32)

@@ -1,11 +1,8 @@
 """Numba convolution, pooling and dropout kernels: threaded loops, one pass over memory each.
 
-The loops behind ``NumbaKernels``' convolution kernels, with the layouts and results of
-``Kernels`` (see its module's docstring). The im2col/col2im loops are
-split into (channel, batch-chunk) tasks: each task owns whole rows of ``cols`` (contiguous
-writes) and whole planes ``dx[n, c]`` (no races, no atomics), and there are enough tasks for
-every thread even when C = 1. Pooling and dropout are parallel over batch x channel planes and
-samples.
+Layouts and results are ``Kernels``'. im2col/col2im run as (channel, batch-chunk) tasks, each
+owning whole rows of ``cols`` and whole planes ``dx[n, c]`` (no races), enough for every thread
+even when C = 1.
 """
 
 from __future__ import annotations
@@ -14,12 +11,12 @@ import numba as nb
 import numpy as np
 from numba import prange
 
-from xpnn.backends.common import GOLDEN
+from xpnn.backends.common import FMIX_M1, FMIX_M2, GOLDEN, MASK32
 from xpnn.backends.numba_jit import JIT, apply_act, apply_act_grad
 
-_M32 = np.uint64(0xFFFFFFFF)
-_M1 = np.uint64(0x85EBCA6B)
-_M2 = np.uint64(0xC2B2AE35)
+_M32 = np.uint64(MASK32)
+_M1 = np.uint64(FMIX_M1)
+_M2 = np.uint64(FMIX_M2)
 _GOLDEN = np.uint64(GOLDEN)
 _S16 = np.uint64(16)
 _S13 = np.uint64(13)
@@ -257,8 +254,7 @@ def maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
 
 @nb.njit(parallel=True, **JIT)
 def maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
-    """2x2, stride 2: every dx element written once (gradient or zero), row by row, on flat
-    views (no zeroing pass; 2x faster than the window-by-window loop)."""
+    """2x2, stride 2: every dx element written once, on flat views (2x faster than zeroing)."""
     n, c, h, w = dx.shape
     _, _, oh, ow = dy.shape
     dxf, dyf, idf = dx.reshape(-1), dy.reshape(-1), idx.reshape(-1)

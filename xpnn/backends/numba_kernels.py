@@ -1,20 +1,7 @@
 """Numba-compiled CPU kernels: one pass over memory where NumPy would make several.
 
-Matrix products stay with BLAS (already optimal); what Numba fuses is the memory-bound glue
-around them: bias + activation, the activation's derivative + the bias gradient, softmax +
-cross-entropy + its gradient, the optimizer updates, and the convolution's, pooling's and
-dropout's loops (``numba_conv``). ``prange`` splits rows over the rank's threads, as OpenMP
-does inside an MPI rank in C.
-
-Two measured pitfalls shape this file (2-core machine, MLP 784-512-256-10, batch 128):
-- Numba's OpenMP threads spin after a parallel region and starve OpenBLAS's threads: a
-  128x784x512 product went from 1.4 ms to 11 ms when followed by a parallel kernel.
-  ``OMP_WAIT_POLICY=PASSIVE`` (set before Numba starts its pool) removes that.
-- Waking the thread team costs more than a serial pass over a small array. So every kernel
-  here is compiled twice and the parallel one runs only on big arrays: on 2 threads the Adam
-  update broke even near 2**19 values (``bench/optimizer_step.py --params 524287``: serial
-  145-152 us, ``--params 524288``: parallel 130-143 us; at 2**18 the serial loop won, 64-72 us
-  against 105-112 us).
+Products stay with BLAS; Numba fuses the memory-bound glue around them. Why the OpenMP wait
+policy is passive and each kernel has a serial twin: docs/decisions/numba-wait-policy.md.
 """
 
 from __future__ import annotations
@@ -44,34 +31,24 @@ PARALLEL_MIN_ELEMENTS = 1 << 19  # below this a serial loop beats waking the thr
 
 
 class _Twin:
-    """A kernel compiled serial and parallel; calls pick by the size of the first argument."""
+    """A kernel compiled serial and parallel; calls pick by the size of the first argument. The
+    parallel build is of a renamed copy: Numba's disk cache keys by name, not by compile flags."""
 
     def __init__(self, fn) -> None:  # noqa: ANN001
         self.serial = nb.njit(parallel=False, **JIT)(fn)
-        self.parallel = nb.njit(parallel=True, **JIT)(renamed(fn, "_parallel"))
+        copy = types.FunctionType(
+            fn.__code__, fn.__globals__, fn.__name__ + "_parallel", fn.__defaults__, fn.__closure__
+        )
+        copy.__qualname__ = fn.__qualname__ + "_parallel"
+        copy.__module__ = fn.__module__
+        self.parallel = nb.njit(parallel=True, **JIT)(copy)
 
     def __call__(self, first, *args):  # noqa: ANN001, ANN204
         big = first.size >= PARALLEL_MIN_ELEMENTS
         return (self.parallel if big else self.serial)(first, *args)
 
 
-def renamed(fn, suffix: str):  # noqa: ANN001, ANN201
-    """A copy of ``fn`` under another qualified name. Numba's on-disk cache keys entries by
-    qualified name and signature, not by compile flags: without this, the serial and the
-    parallel build share one cache entry and whichever was compiled first serves both."""
-    copy = types.FunctionType(
-        fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__, fn.__closure__
-    )
-    copy.__qualname__ = fn.__qualname__ + suffix
-    copy.__module__ = fn.__module__
-    return copy
-
-
-def twin(fn) -> _Twin:  # noqa: ANN001
-    return _Twin(fn)
-
-
-@twin
+@_Twin
 def _bias_act(z, b, code):  # pragma: no cover - compiled
     n, m = z.shape
     for i in prange(n):
@@ -80,7 +57,7 @@ def _bias_act(z, b, code):  # pragma: no cover - compiled
     return z
 
 
-@twin
+@_Twin
 def _bias_act_backward(dy, y, code, chunks):  # pragma: no cover - compiled
     """dz overwrites dy; per-chunk partial column sums keep the bias gradient parallel."""
     n, m = dy.shape
@@ -99,7 +76,7 @@ def _bias_act_backward(dy, y, code, chunks):  # pragma: no cover - compiled
     return dy, db
 
 
-@twin
+@_Twin
 def _softmax_xent(z, labels, scale):  # pragma: no cover - compiled
     n, k = z.shape
     grad = np.empty_like(z)
@@ -121,10 +98,9 @@ def _softmax_xent(z, labels, scale):  # pragma: no cover - compiled
     return loss, grad
 
 
-# ``rows`` is a tuple, not a 2-D array: rows of a 2-D view are gathered element by element,
-# and the loop loses its vectorisation (a measured 8x); a homogeneous tuple compiles once per
-# length.
-@twin
+# ``rows`` is a tuple, not a 2-D array, whose rows would be gathered element by element and
+# lose the vectorisation (8x); a homogeneous tuple compiles once per length.
+@_Twin
 def _sum_rows(out, rows):  # pragma: no cover - compiled
     for i in prange(out.size):
         total = rows[0][i]
@@ -134,13 +110,13 @@ def _sum_rows(out, rows):  # pragma: no cover - compiled
     return out
 
 
-@twin
+@_Twin
 def _sgd(p, g, lr):  # pragma: no cover - compiled
     for i in prange(p.size):
         p[i] -= lr * g[i]
 
 
-@twin
+@_Twin
 def _momentum(p, g, v, lr, mu, tiny):  # pragma: no cover - compiled
     for i in prange(p.size):
         vi = mu * v[i] + g[i]
@@ -150,11 +126,10 @@ def _momentum(p, g, v, lr, mu, tiny):  # pragma: no cover - compiled
         p[i] -= lr * vi
 
 
-@twin
+@_Twin
 def _adam(p, g, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2, tiny):  # pragma: no cover
-    """Every scalar arrives in the arrays' dtype: a float64 literal such as ``1.0 - beta1``
-    (or a ``0.0``) would promote the float32 loop to float64 and cost it its vectorisation
-    (4x here)."""
+    """Every scalar arrives in the arrays' dtype: a float64 literal (``1.0 - beta1``, ``0.0``)
+    would promote the float32 loop and cost its vectorisation (4x)."""
     for i in prange(p.size):
         gi = g[i]
         mi = beta1 * m[i] + one_m_b1 * gi
@@ -189,7 +164,6 @@ class NumbaKernels(NumpyKernels):
         loss, grad = _softmax_xent(logits, labels, logits.dtype.type(scale))
         return np.asarray(loss), grad
 
-    # -- optimizer updates ------------------------------------------------------------------
     def sum_rows(self, rows, out):
         return _sum_rows(out, tuple(rows))
 
@@ -206,7 +180,6 @@ class NumbaKernels(NumpyKernels):
         scalars = (t(lr / c1), t(beta1), t(beta2), t(1 - beta1), t(1 - beta2), t(eps), t(c2))
         _adam(p, g, m, v, *scalars, np.finfo(p.dtype).smallest_normal)
 
-    # -- convolution, pooling and dropout ---------------------------------------------------
     def im2col(self, x, kh, kw, stride, padding, out=None, out_hw=None):
         x = np.ascontiguousarray(x)
         n, c = x.shape[:2]

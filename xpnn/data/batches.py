@@ -1,9 +1,7 @@
 """Seeded per-epoch shuffling and per-rank sharding of global batches.
 
-Every rank computes the same permutation from (seed, epoch) without communicating, cuts it into
-the same global batches, and takes its own contiguous slice of each. So the samples in a global
-batch do not depend on the number of ranks, which is what makes a 1-rank and an N-rank run the
-same computation.
+Every rank computes the same permutation from (seed, epoch) and takes its own slice of each
+global batch, so a global batch's samples do not depend on the number of ranks.
 """
 
 from __future__ import annotations
@@ -13,10 +11,15 @@ import numpy as np
 from xpnn.errors import UserError
 
 
+def check_int(name: str, value: int, least: int) -> None:
+    """``value`` must be an integer (not a bool) >= ``least``; the error names ``name``."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+        raise UserError(f"`{name}`: must be an integer >= {least}, got {value!r}")
+
+
 def check_seed(seed: int) -> None:
     """Seeds feed ``np.random.default_rng``, which takes only non-negative integers."""
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise UserError(f"`seed`: must be an integer >= 0, got {seed!r}")
+    check_int("seed", seed, 0)
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -50,10 +53,6 @@ def shard_bounds(length: int, rank: int, size: int) -> tuple[int, int]:
 
 
 def shard(batch_idx: np.ndarray, rank: int, size: int) -> np.ndarray:
-    """This rank's contiguous slice of one global batch (``np.array_split`` semantics).
-
-    A rank may get no samples when the batch is smaller than the number of ranks; callers
-    weight by sample count when averaging, so such a rank contributes zero, not NaN.
-    """
+    """This rank's contiguous slice of a global batch (``np.array_split``'s); it may be empty."""
     start, stop = shard_bounds(len(batch_idx), rank, size)
     return batch_idx[start:stop]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.data.batches import check_seed
+from xpnn.data.batches import check_int, check_seed
 from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
 from xpnn.data.idx import IdxError, read_idx, read_idx_pair
 from xpnn.digest import arrays_digest
@@ -32,36 +32,23 @@ FILES = {
     "test_labels": "t10k-labels-idx1-ubyte.gz",
 }
 
-# SHA-256 of the gzip files: a download is only accepted when it matches
+# SHA-256 of the gzip files, in FILES' order: a download is only accepted when it matches
 SHA256 = {
-    "mnist": {
-        "train-images-idx3-ubyte.gz": (
-            "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609"
+    name: dict(zip(FILES.values(), hashes, strict=True))
+    for name, hashes in {
+        "mnist": (
+            "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+            "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+            "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+            "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaf4ff8a1e6c4f8ab2",
         ),
-        "train-labels-idx1-ubyte.gz": (
-            "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c"
+        "fashion-mnist": (
+            "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
+            "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
+            "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
+            "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
         ),
-        "t10k-images-idx3-ubyte.gz": (
-            "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6"
-        ),
-        "t10k-labels-idx1-ubyte.gz": (
-            "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaf4ff8a1e6c4f8ab2"
-        ),
-    },
-    "fashion-mnist": {
-        "train-images-idx3-ubyte.gz": (
-            "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7"
-        ),
-        "train-labels-idx1-ubyte.gz": (
-            "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056"
-        ),
-        "t10k-images-idx3-ubyte.gz": (
-            "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa"
-        ),
-        "t10k-labels-idx1-ubyte.gz": (
-            "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05"
-        ),
-    },
+    }.items()
 }
 
 
@@ -92,11 +79,8 @@ SOURCES = {
 
 @dataclass(frozen=True)
 class Dataset:
-    """A classification dataset: float32 inputs in [0, 1], int64 labels in [0, num_classes).
-
-    The training set is ``x_train`` / ``y_train`` repeated ``train_repeats`` times (``--replicate``)
-    without copies: sample i of an epoch is stored row ``i % len(x_train)`` (``stored_rows``).
-    """
+    """A classification dataset: float32 inputs in [0, 1], int64 labels in [0, num_classes); the
+    training set is ``x_train`` repeated ``train_repeats`` times without copies."""
 
     name: str
     x_train: np.ndarray
@@ -131,12 +115,9 @@ def load_dataset(
     seed: int = 0,
     download: bool = True,
 ) -> Dataset:
-    """Load a dataset by name; ``replicate`` K repeats the training set K times.
-
-    Repeating the training set is how the scaling studies get more work per epoch from a small
-    dataset without changing what is learned. ``seed`` only affects the synthetic set.
-    """
-    _check_replicate(replicate)
+    """Load a dataset by name; ``replicate`` K repeats the training set K times (more work per
+    epoch for scaling studies, the same learning). ``seed`` only affects the synthetic set."""
+    check_int("replicate", replicate, 1)
     if name == "synthetic":
         dataset = make_synthetic(synthetic_size, tuple(synthetic_shape), seed)
     elif name in SOURCES:
@@ -146,19 +127,9 @@ def load_dataset(
     return replicate_train(dataset, replicate)
 
 
-def _check_replicate(replicate: int) -> None:
-    ok = isinstance(replicate, (int, np.integer)) and not isinstance(replicate, bool)
-    if not ok or replicate < 1:
-        raise UserError(f"`replicate`: must be an integer >= 1, got {replicate!r}")
-
-
 def replicate_train(dataset: Dataset, k: int) -> Dataset:
-    """The dataset with its training set repeated ``k`` times (the test set unchanged).
-
-    Nothing is copied: each rank of a node used to hold k copies, so weak scaling over N ranks
-    (``--replicate N``) held N x N copies of the data set on a node. The epoch's order
-    still covers k x n samples, 8 bytes each; a k too large for that is refused here.
-    """
+    """The dataset with its training set repeated ``k`` times, nothing copied; a ``k`` whose
+    epoch order (k x n samples, 8 bytes each) does not fit in memory is refused here."""
     if k == 1:
         return dataset
     total = dataset.n_train * k
@@ -169,9 +140,6 @@ def replicate_train(dataset: Dataset, k: int) -> Dataset:
             f"an epoch's order of {total:,} samples needs {total * 8 / 2**30:,.1f} GiB"
         ) from None
     return replace(dataset, train_repeats=dataset.train_repeats * k)
-
-
-# --- IDX datasets -------------------------------------------------------------------------------
 
 
 def mirrors_for(name: str) -> list[str]:
@@ -226,8 +194,7 @@ def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
 
 
 def _check_same_copies(directory: Path, gz: Path, raw: Path) -> None:
-    """Both ``X.gz`` and ``X`` (``gunzip -k``): the .gz is read, so the other must hold the
-    same data, or the run trains on the copy the user did not mean (one edited since)."""
+    """Both ``X.gz`` and ``X`` (``gunzip -k``): the .gz is read, so both must hold the same data."""
     if not np.array_equal(read_idx(gz), read_idx(raw)):
         raise UserError(
             f"`data_dir` {directory}: {gz.name} and {raw.name} hold different data; "
@@ -247,17 +214,13 @@ def _known_as(path: Path) -> tuple[str, str] | None:
         digest = sha256_file(path)
     except OSError:
         return None  # reading it will say what is wrong
-    for dataset, table in SHA256.items():
-        for filename, sha in table.items():
-            if sha == digest:
-                return dataset, filename
-    return None
+    known = ((d, f) for d, table in SHA256.items() for f, sha in table.items() if sha == digest)
+    return next(known, None)
 
 
 def _check_known_files(name: str, found: dict[str, Path]) -> None:
-    """A --data-dir's files are the user's own and are not hash-checked, but one that *is* a
-    canonical file of the other dataset, or of another role (the test images under the
-    training images' name), would be trained on without a word: that is refused."""
+    """Refuse a --data-dir file that is a canonical file of another dataset or role (the test
+    images under the training images' name), which would be trained on without a word."""
     for role, path in found.items():
         known = _known_as(path)
         if known is None or known == (name, FILES[role]):
@@ -299,19 +262,17 @@ def find_files(name: str, data_dir: str | os.PathLike | None, download: bool) ->
     return _files_in_cache(name, download)
 
 
-def _images_to_float(images: np.ndarray, path: Path) -> np.ndarray:
-    """uint8 (N, H, W) pixels -> float32 (N, 1, H, W) in [0, 1]."""
-    if images.dtype != np.uint8:
-        raise IdxError(f"{path}: pixels are {images.dtype.name}, expected unsigned bytes (0x08)")
-    x = images.astype(np.float32)
-    x /= np.float32(255)
-    return x.reshape(images.shape[0], 1, *images.shape[1:])
-
-
 def _load_split(files: dict[str, Path], split: str) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 (N, H, W) pixels as float32 (N, 1, H, W) in [0, 1], and the labels."""
     images_path, labels_path = files[f"{split}_images"], files[f"{split}_labels"]
     images, labels = read_idx_pair(images_path, labels_path, NUM_CLASSES)
-    return _images_to_float(images, images_path), labels
+    if images.dtype != np.uint8:
+        raise IdxError(
+            f"{images_path}: pixels are {images.dtype.name}, expected unsigned bytes (0x08)"
+        )
+    x = images.astype(np.float32)
+    x /= np.float32(255)
+    return x.reshape(images.shape[0], 1, *images.shape[1:]), labels
 
 
 def _load_idx_dataset(name: str, data_dir: str | os.PathLike | None, download: bool) -> Dataset:
@@ -326,25 +287,16 @@ def _load_idx_dataset(name: str, data_dir: str | os.PathLike | None, download: b
     return Dataset(name, x_train, y_train, x_test, y_test, NUM_CLASSES)
 
 
-def fingerprint(dataset: Dataset) -> str:
-    """A digest of every value of the stored arrays (their shapes and dtypes too): equal on two
-    ranks exactly when they read the same data."""
-    return arrays_digest((dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
-
-
 def check_same_data(
     dataset: Dataset, data_dir: str | os.PathLike | None, allgather: Callable[[Any], list]
 ) -> None:
-    """Refuse ranks that read other data (``allgather`` is the world's; every rank calls this).
-
-    Each rank reads its own files, and ``--data-dir`` may differ between ranks (a node's own
-    copy); copies that differ would have the ranks train on other samples without a word, or
-    cut their epochs into another number of batches and wait for each other forever.
-    """
+    """Refuse ranks that read other data (``allgather`` is the world's; every rank calls this):
+    they would train on other samples, or cut epochs differently and wait for each other."""
     if dataset.name == "synthetic":  # made from the flags, which every rank shares
         return
     sizes = (dataset.x_train.shape[0], dataset.x_test.shape[0])
-    everyone = allgather((str(data_dir) if data_dir else None, sizes, fingerprint(dataset)))
+    values = arrays_digest((dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
+    everyone = allgather((str(data_dir) if data_dir else None, sizes, values))
     first_dir, first_sizes, first_digest = everyone[0]
     for rank, (where, (n_train, n_test), digest) in enumerate(everyone):
         if digest == first_digest:
@@ -362,16 +314,6 @@ def check_same_data(
         )
 
 
-# --- synthetic ----------------------------------------------------------------------------------
-
-
-def _check_synthetic(size: int, shape: tuple[int, ...]) -> None:
-    if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1:
-        raise UserError(f"`synthetic_size`: must be an integer >= 1, got {size!r}")
-    if not shape or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
-        raise UserError(f"synthetic shape must be positive integers, got {shape!r}")
-
-
 def _memory_bytes() -> int | None:
     """This machine's RAM plus swap, the most any process here could fill; None if unknown."""
     try:
@@ -385,14 +327,9 @@ def _memory_bytes() -> int | None:
             return None
 
 
-def _check_synthetic_fits(size: int, shape: tuple[int, ...]) -> None:
-    """Refuse, before anything is allocated, a set larger than this machine's memory.
-
-    Each array on its own may be small enough for the kernel to promise (it only refuses
-    a single allocation beyond RAM + swap), yet the train and test images together fill
-    more than there is, which ends with the OOM killer instead of an error.
-    """
-    n_test = max(1000, size // 6)
+def _check_synthetic_fits(size: int, n_test: int, shape: tuple[int, ...]) -> None:
+    """Refuse, before anything is allocated, a set larger than this machine's memory: each
+    array alone may be allowed, yet all together end in the OOM killer instead of an error."""
     per_sample = 4 * math.prod(int(d) for d in shape) + 8 + 8  # pixels, label, brightness
     need = (size + n_test) * per_sample
     have = _memory_bytes()
@@ -408,10 +345,7 @@ def _synthetic_split(
     prototypes: np.ndarray, n: int, rng: np.random.Generator, noise: float = 0.35
 ) -> tuple[np.ndarray, np.ndarray]:
     """n samples: a class prototype at random brightness, plus Gaussian noise, clipped to [0, 1].
-
-    The images, by far the largest array, are allocated first: a size that cannot fit fails
-    there at once, before gigabytes of labels are drawn.
-    """
+    The images are allocated first, so a size that cannot fit fails before labels are drawn."""
     x = np.empty((n, *prototypes.shape[1:]), dtype=np.float32)
     y = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
     brightness = rng.uniform(0.6, 1.0, size=n).astype(np.float32)
@@ -428,17 +362,15 @@ def _synthetic_split(
 
 
 def make_synthetic(size: int, shape: tuple[int, ...] = (1, 28, 28), seed: int = 0) -> Dataset:
-    """A deterministic, learnable 10-class set of any size and shape, for runs without data.
-
-    Each class has a fixed random prototype; samples are noisy, dimmed copies of it, so a model
-    can learn it but not from a single pixel. Train and test come from separate seeded streams,
-    and the test set has max(1000, size // 6) samples (10,000 for size 60,000, like MNIST).
-    """
-    _check_synthetic(size, shape)
+    """A deterministic, learnable 10-class set of any size and shape, for runs without data;
+    the test set has max(1000, size // 6) samples (10,000 for 60,000, like MNIST)."""
+    check_int("synthetic_size", size, 1)
+    if not shape or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
+        raise UserError(f"synthetic shape must be positive integers, got {shape!r}")
     check_seed(seed)
-    _check_synthetic_fits(int(size), shape)
+    size, n_test = int(size), max(1000, int(size) // 6)
+    _check_synthetic_fits(size, n_test, shape)
     prototypes = np.random.default_rng([seed, 0]).random((NUM_CLASSES, *shape), dtype=np.float32)
-    x_train, y_train = _synthetic_split(prototypes, int(size), np.random.default_rng([seed, 1]))
-    n_test = max(1000, int(size) // 6)
+    x_train, y_train = _synthetic_split(prototypes, size, np.random.default_rng([seed, 1]))
     x_test, y_test = _synthetic_split(prototypes, n_test, np.random.default_rng([seed, 2]))
     return Dataset("synthetic", x_train, y_train, x_test, y_test, NUM_CLASSES)

@@ -1,8 +1,7 @@
 """Download into a cache with SHA-256 verification, mirror fallback and atomic writes.
 
-A file only ever appears in the cache under its final name after its hash has been checked, so
-an interrupted or tampered download can never be mistaken for good data, and several MPI ranks
-fetching the same file at once each write their own temporary file and rename it into place.
+A file appears in the cache under its final name only once its hash is checked; ranks fetching
+the same file at once each write their own temporary file and rename it into place.
 """
 
 from __future__ import annotations
@@ -26,11 +25,10 @@ from xpnn.errors import UserError
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
-# No file xpnn downloads comes near this (Fashion-MNIST's largest has 26 MB): a mirror that
-# sends more, or streams without end, is cut off before it fills the disk.
+# far above any file xpnn downloads (26 MB): a mirror streaming without end is cut off
 MAX_DOWNLOAD_BYTES = 256 << 20
-# A read that waits longer than the timeout fails, but a mirror that sends a byte every few
-# seconds never waits that long: past the timeout, the average rate must stay above this.
+# past the timeout, the average rate must stay above this (a mirror that trickles a byte at a
+# time never trips the read timeout)
 MIN_BYTES_PER_S = 16 << 10
 
 
@@ -40,10 +38,7 @@ class BadTransfer(OSError):
 
 def _home() -> Path:
     """The user's home: $HOME, else the password database's entry; a ``UserError`` if neither.
-
-    An empty $HOME counts as unset: ``Path.home()`` turns it into ``/``, and the cache became
-    ``/.cache/xpnn``, created at the root of the file system without a word.
-    """
+    An empty $HOME counts as unset (``Path.home()`` would put the cache at ``/.cache/xpnn``)."""
     home = os.environ.get("HOME", "")
     if home:
         return Path(home)
@@ -62,10 +57,8 @@ def _home() -> Path:
 
 
 def default_cache_dir() -> Path:
-    """Where downloads live: $XPNN_DATA_HOME, else $XDG_CACHE_HOME/xpnn, else ~/.cache/xpnn.
-
-    As the XDG specification asks, an empty or relative $XDG_CACHE_HOME is ignored.
-    """
+    """Where downloads live: $XPNN_DATA_HOME, else $XDG_CACHE_HOME/xpnn (if absolute, as the
+    XDG specification asks), else ~/.cache/xpnn."""
     home = os.environ.get("XPNN_DATA_HOME")
     if home:
         expanded = os.path.expanduser(home)  # Path.expanduser raises for ~nosuchuser
@@ -80,7 +73,6 @@ def default_cache_dir() -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file, read in chunks so large files need little memory."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -89,7 +81,7 @@ def sha256_file(path: Path) -> str:
 
 
 def _describe(exc: BaseException, timeout: float) -> str:
-    """A short, one-line account of why a mirror failed."""
+    """Why a mirror failed, in a few words."""
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}"
     if isinstance(exc, urllib.error.URLError):
@@ -115,11 +107,7 @@ def _too_large(what: str) -> BadTransfer:
 
 def _download_to(url: str, dest, timeout: float) -> str:
     """Stream ``url`` into the open file ``dest``; return the SHA-256 of what was written.
-
-    At most ``MAX_DOWNLOAD_BYTES`` are taken: a server that announces or sends more is refused,
-    and so is one that, after ``timeout`` seconds, has sent less than ``MIN_BYTES_PER_S`` on
-    average (``read1`` returns what one read of the socket brings, so a trickle is seen).
-    """
+    ``read1`` returns what one read of the socket brings, so a trickle is seen."""
     digest, received, start = hashlib.sha256(), 0, time.monotonic()
     with urllib.request.urlopen(url, timeout=timeout) as response:
         announced = response.headers.get("Content-Length", "") or ""
@@ -143,8 +131,7 @@ def _download_to(url: str, dest, timeout: float) -> str:
 
 
 def _host_prefix(target: Path) -> str:
-    """How this host's partial downloads of ``target`` begin; then comes the process id, so
-    that a later run can tell a dead process's leftovers from a live rank's download."""
+    """How this host's partial downloads of ``target`` begin; the process id follows."""
     return f".{target.name}.{socket.gethostname()}."
 
 
@@ -159,9 +146,8 @@ def _alive(pid: int) -> bool:
 
 
 def remove_orphaned_parts(target: Path) -> list[Path]:
-    """Delete the partial downloads of ``target`` that this host's dead processes left (a run
-    killed mid-download: its ``finally`` never ran, and each is up to a whole file); returns
-    them. Another host's, and a live process's (another rank downloading now), are left."""
+    """Delete and return the partial downloads of ``target`` left by this host's dead processes
+    (killed mid-download); another host's, and a live rank's, are left."""
     mine = _host_prefix(target)
     removed = []
     for part in target.parent.glob(glob.escape(mine) + "*.part"):
@@ -199,13 +185,16 @@ def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | No
 
 
 def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
-    """SHA-256 and identity of the file at ``target``, None when nothing is there.
-
-    Opened without blocking and checked to be a regular file before a byte is read, so a
-    directory, a named pipe or a device in the cache is refused rather than hung on.
-    """
+    """SHA-256 and identity of the file at ``target``, None when nothing is there; anything
+    but a regular file (a named pipe, a device) is refused rather than hung on."""
     try:
         fd, info = open_regular(target)
+        try:
+            digest = hashlib.sha256()
+            while chunk := os.read(fd, CHUNK):
+                digest.update(chunk)
+        finally:
+            os.close(fd)
     except (FileNotFoundError, NotADirectoryError):
         if target.is_symlink():
             raise UserError(
@@ -221,28 +210,12 @@ def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
         raise UserError(
             f"{target}: cannot read the cached download: {exc.strerror or exc}"
         ) from None
-    try:
-        digest = hashlib.sha256()
-        while chunk := os.read(fd, CHUNK):
-            digest.update(chunk)
-    except OSError as exc:
-        raise UserError(
-            f"{target}: cannot read the cached download: {exc.strerror or exc}"
-        ) from None
-    finally:
-        os.close(fd)
     return digest.hexdigest(), info
 
 
 def cached(target: Path, sha256: str) -> bool:
-    """True when ``target`` holds the file whose SHA-256 is ``sha256``, False when it is absent.
-
-    Anything else there is the user's to sort out, and a ``UserError`` naming it: xpnn writes
-    the cache only by renaming a verified download into place, so a file with another hash
-    is not one of its downloads (a different copy put there by hand, or one damaged since),
-    and it is neither deleted nor overwritten. A mismatch is checked against the file now at
-    ``target`` first: another rank may have just renamed a good copy over the one hashed.
-    """
+    """True when ``target`` holds the file whose SHA-256 is ``sha256``, False when it is absent;
+    anything else there (checked again if another rank renamed a file over it) is a UserError."""
     expected = sha256.lower()
     for _ in range(3):
         hashed = _hash_cached(target)
@@ -264,8 +237,7 @@ def cached(target: Path, sha256: str) -> bool:
 
 
 def _not_a_directory(path: Path) -> Path | None:
-    """``path`` or the first of its parents that is there but is no directory (a file where
-    the cache or one of its parents should be), else None."""
+    """``path`` or the first of its parents that is there but is no directory, else None."""
     for candidate in (path, *path.parents):
         try:
             if candidate.exists():
@@ -276,8 +248,7 @@ def _not_a_directory(path: Path) -> Path | None:
 
 
 def _missing_home(cache_dir: Path) -> Path | None:
-    """$HOME when it does not exist and ``cache_dir`` lies in it: making the cache would make
-    a home directory (a $HOME from another machine, or a service user's placeholder)."""
+    """$HOME when it is missing and holds ``cache_dir``: making the cache would make a home."""
     home = os.environ.get("HOME", "")
     if not home or Path(home).exists():
         return None
@@ -288,14 +259,9 @@ def _missing_home(cache_dir: Path) -> Path | None:
 def fetch(
     filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30
 ) -> Path:
-    """Return ``cache_dir/filename`` holding the file whose SHA-256 is ``sha256``.
-
-    A cached copy with the right hash is reused without touching the network; one with another
-    hash, or something other than a readable file in its place, is a ``UserError`` (see
-    ``cached``) and is left as it is. A missing file is fetched from each mirror in turn
-    (URL = mirror + '/' + filename); all failing is a ``UserError`` that says, in one line,
-    what happened at each mirror.
-    """
+    """Return ``cache_dir/filename`` holding the file whose SHA-256 is ``sha256``: the cached
+    copy (see ``cached``), else a download from each mirror in turn; all failing is a
+    ``UserError`` that says what happened at each."""
     cache_dir = Path(cache_dir)
     target = cache_dir / filename
     if cached(target, sha256):

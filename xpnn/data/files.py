@@ -1,9 +1,5 @@
-"""Opening only regular files, checked on the open descriptor.
-
-A named pipe waits for a writer forever and a device (``/dev/zero``) never ends, so whatever
-is about to be read whole (an IDX file, a cached download) is opened without blocking and
-refused unless ``fstat`` says it is a regular file; checked on the open file, nothing can be
-swapped in between.
+"""Opening only regular files, checked on the open descriptor: a named pipe waits forever and
+a device never ends, so what is read whole is opened without blocking and checked by ``fstat``.
 """
 
 from __future__ import annotations
@@ -22,26 +18,21 @@ _KINDS = (
 
 
 class NotAFile(Exception):
-    """There is something at the path, but not a regular file; ``kind`` says what, in words."""
+    """Something at the path that is not a regular file; ``kind`` says what, in words."""
 
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
         self.kind = kind
 
 
-def file_kind(mode: int) -> str:
-    """What a file that is not a regular file is, in words."""
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
-
-
 def open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
-    """A descriptor open for reading on ``path`` and its ``fstat``; ``NotAFile`` when it is not
-    a regular file (the descriptor closed). ``os.open``'s and ``fstat``'s errors pass on."""
+    """A descriptor open for reading on ``path`` and its ``fstat``; else ``NotAFile``."""
     fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise NotAFile(file_kind(info.st_mode))
+            kind = next((what for test, what in _KINDS if test(info.st_mode)), "not a regular file")
+            raise NotAFile(kind)
     except BaseException:
         os.close(fd)
         raise

@@ -1,7 +1,7 @@
 """IDX reader (the MNIST file format), strict enough that a bad file is a one-line user error.
 
-Format: two zero bytes, a type-code byte, a dimension-count byte, then one big-endian uint32 per
-dimension, then the values in big-endian C order. Files are often gzip-compressed.
+Format: 00 00, a type code, a dimension count, one big-endian uint32 per dimension, then the
+values in big-endian C order; often gzip-compressed.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ class IdxError(UserError):
     """A malformed IDX file; the message starts with the file's path and says what is wrong."""
 
 
-def _fail(source: str, problem: str) -> IdxError:
-    """Build the one-line error: path first, so the user knows which file to fix."""
+def _fail(source: str | os.PathLike, problem: str) -> IdxError:
     return IdxError(f"{source}: {problem}".replace("\n", " "))
 
 
@@ -50,11 +49,8 @@ def _shape_str(dims: tuple[int, ...]) -> str:
 
 
 def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tuple[int, ...], int]:
-    """Parse and validate an IDX header: (big-endian dtype, dims, header length in bytes).
-
-    Only the header is examined, so this never fails for reasons other than ``IdxError``; the
-    payload length is checked by ``read_idx``.
-    """
+    """Parse and validate an IDX header: (big-endian dtype, dims, header length in bytes);
+    raises only ``IdxError``. ``read_idx`` checks the payload's length."""
     if len(data) == 0:
         raise _fail(source, "empty file")
     if len(data) < 4:
@@ -86,8 +82,7 @@ TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this
 
 
 def _open_regular(path: Path) -> tuple[int, int]:
-    """An open descriptor on ``path`` and its size, after checking it is a regular file
-    (``open_regular``: a named pipe or a device is refused at once, not waited on)."""
+    """An open descriptor on ``path`` and its size; ``open_regular`` refuses what is no file."""
     source = str(path)
     try:
         fd, info = open_regular(path)
@@ -101,8 +96,7 @@ def _open_regular(path: Path) -> tuple[int, int]:
 
 
 def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """Up to ``n`` bytes (fewer only at the end of the data), in chunks: the buffer grows with
-    what arrives, never to a size that only a (possibly corrupt) header claims."""
+    """Up to ``n`` bytes; the buffer grows with what arrives, not to what a header claims."""
     out = bytearray()
     while len(out) < n:
         chunk = stream.read(min(CHUNK, n - len(out)))
@@ -113,8 +107,7 @@ def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
 
 
 def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """``n`` bytes that the file's size says are there, read into one buffer of that size
-    (fewer only if the file shrank meanwhile)."""
+    """``n`` bytes that the file's size says are there, into one buffer of that size."""
     out = bytearray(n)
     got = 0
     with memoryview(out) as view:
@@ -127,8 +120,7 @@ def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
 
 
 def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
-    """How many bytes are left, counted without keeping them, up to about ``most``; and
-    whether the count stopped there (so there may be more)."""
+    """(bytes left, counted without keeping them up to about ``most``; whether it stopped)."""
     count = 0
     while count < most:
         chunk = stream.read(CHUNK)
@@ -141,8 +133,7 @@ def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
 def _payload_problem(
     source: str, dims: tuple[int, ...], dtype: np.dtype, actual: int, more: bool = False
 ) -> IdxError | None:
-    """The error for ``actual`` payload bytes where the header asks for another number
-    (``more``: at least ``actual``, the rest was not counted); None when they agree."""
+    """The error for ``actual`` (``more``: or more) payload bytes the header disagrees with."""
     expected = math.prod(dims) * dtype.itemsize
     what = "" if dtype.itemsize == 1 else f" {dtype.newbyteorder('=').name} values"
     says = f"header says {_shape_str(dims)}{what} = {expected} bytes of data"
@@ -161,13 +152,9 @@ def _payload_problem(
 def _header_and_payload(
     stream: io.BufferedIOBase, source: str, size: int | None
 ) -> tuple[np.dtype, tuple[int, ...], bytearray]:
-    """Read an IDX stream: (dtype, dims, payload bytes).
-
-    ``size`` is the stream's length when it is known (an uncompressed file): a payload of
-    another size is refused before it is read, so a header that disagrees with a huge (or
-    sparse) file costs nothing. A gzip stream (``size`` None) is inflated only as far as the
-    header says, plus a bounded count of what follows: a gzip bomb is never held in memory.
-    """
+    """Read an IDX stream: (dtype, dims, payload). With ``size`` known, a payload of another size
+    is refused before it is read; gzip is inflated only as far as the header says, plus a bounded
+    count of what follows, so a gzip bomb is never held in memory."""
     head = _read_growing(stream, 4 + 4 * MAX_NDIM)
     if not head:
         raise _fail(source, "empty file (after gunzip)")
@@ -196,12 +183,8 @@ def _header_and_payload(
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (gzip or raw) into a writable native-endian array of the header's shape.
-
-    Gzip is recognised by its magic bytes; a ``.gz`` name without them is refused. Only a
-    regular file is opened (a named pipe or a device would hang or never end), and one longer
-    or shorter than its header says is refused without being read whole.
-    """
+    """Read an IDX file (gzip, by its magic bytes, or raw) into a writable native-endian array
+    of the header's shape; only a regular file of the header's length is accepted."""
     path = Path(path)
     source = str(path)
     fd, size = _open_regular(path)
@@ -257,42 +240,34 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> Path:
 def read_idx_pair(
     images_path: str | os.PathLike, labels_path: str | os.PathLike, num_classes: int = 10
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Read matching image and label files: images (N, rows, cols) as stored, labels int64.
-
-    Checks what a classifier needs: 3-D images, 1-D integer labels, equal counts, every label
-    in ``[0, num_classes)``.
-    """
+    """Matching image and label files: images (N, rows, cols) as stored, int64 labels in range."""
     images = read_idx(images_path)
     if images.ndim != 3:
         raise _fail(
-            str(images_path),
+            images_path,
             f"expected 3-D images (count x rows x cols), header says {images.ndim}-D "
             f"{_shape_str(images.shape)}",
         )
     if 0 in images.shape:
         raise _fail(
-            str(images_path),
-            f"holds no pixels to learn from: header says {_shape_str(images.shape)}",
+            images_path, f"holds no pixels to learn from: header says {_shape_str(images.shape)}"
         )
     labels = read_idx(labels_path)
     if labels.ndim != 1:
         raise _fail(
-            str(labels_path),
+            labels_path,
             f"expected 1-D labels, header says {labels.ndim}-D {_shape_str(labels.shape)}",
         )
     if labels.dtype.kind not in "iu":
-        raise _fail(str(labels_path), f"labels must be integers, file holds {labels.dtype.name}")
+        raise _fail(labels_path, f"labels must be integers, file holds {labels.dtype.name}")
     if len(labels) != len(images):
-        raise _fail(
-            str(labels_path),
-            f"{len(labels)} labels but {images_path} has {len(images)} images",
-        )
+        raise _fail(labels_path, f"{len(labels)} labels but {images_path} has {len(images)} images")
     labels = labels.astype(np.int64)
     bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
     if bad.size:
         i = int(bad[0])
         raise _fail(
-            str(labels_path),
+            labels_path,
             f"label {labels[i]} at index {i} is outside [0, {num_classes}) "
             f"({bad.size} bad labels in all)",
         )
