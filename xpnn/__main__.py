@@ -1,8 +1,4 @@
-"""``python -m xpnn`` and the ``xpnn`` command: see xpnn.cli.
-
-The early interrupt handler goes in before anything else is imported: a Ctrl-C from the first
-instant that xpnn's code runs is one line and exit 130 (xpnn.interrupts).
-"""
+"""``python -m xpnn`` (xpnn.cli), with xpnn.interrupts' handler in before any import."""
 
 from xpnn.interrupts import catch_early_interrupts
 

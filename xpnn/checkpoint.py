@@ -1,18 +1,16 @@
-"""Saved parameters and checkpoints: plain ``.npz`` files, written atomically.
-
-``--save`` writes every parameter under its stable name (``layer0.W``...); a checkpoint adds
-the optimizer's state under the same names (``optim.m.layer0.W``...) and where training stood
-(epoch, step, seed), so a resumed run continues the same sequence of shuffles, dropout masks
-and learning rates. Both hold the whole network, whatever parallelism wrote them: a run may
-resume on another number of ranks, or with another ``--parallel``.
-"""
+"""Saved parameters and checkpoints: plain ``.npz`` files, written atomically, holding the
+whole network (``layer0.W``, ``optim.m.layer0.W``, ``meta.epoch``...), so that a run may resume
+on another number of ranks or with another ``--parallel``."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
 import tempfile
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -51,25 +49,18 @@ def _fsync_dir(directory: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on a directory: nothing more to do
-        pass
+        with contextlib.suppress(OSError):  # some file systems refuse fsync on a directory
+            os.fsync(fd)
     finally:
         os.close(fd)
 
 
 def _injected_fault() -> None:
-    """``XPNN_SAVE_FAULT`` (for the fault tests; unset in normal use), with the temporary file
-    written: ``sleep:S`` pauses S seconds, so that a signal or a kill lands mid-write;
-    ``enospc`` fails as a full disk does."""
+    """``XPNN_SAVE_FAULT`` (fault tests): ``sleep:S`` pauses mid-write, ``enospc`` fails."""
     spec = os.environ.get("XPNN_SAVE_FAULT", "")
     if spec == "enospc":
-        import errno
-
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if spec.startswith("sleep:"):
-        import time
-
         time.sleep(float(spec.removeprefix("sleep:")))
 
 
@@ -79,16 +70,7 @@ def _umask() -> int:
     return mask
 
 
-def save_params(path: str | os.PathLike, params: dict[str, np.ndarray]) -> None:
-    """``--save``: host arrays under their stable names (``layer0.W``...)."""
-    atomic_savez(path, params)
-
-
 CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)\.npz")  # what a --checkpoint-dir holds
-
-
-def checkpoint_path(directory: str | os.PathLike, epoch: int) -> Path:
-    return Path(directory) / f"checkpoint-epoch{epoch:04d}.npz"
 
 
 def save_checkpoint(
@@ -102,33 +84,26 @@ def save_checkpoint(
     settings: dict[str, Any] | None = None,
     identity: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the whole network's ``params`` and optimizer ``state`` (state name -> parameter
-    name -> array, e.g. ``optim.m.layer0.W``): host arrays, whole whatever the parallelism;
-    what a resume must match: the epoch, step, seed, data set's name and ``identity`` (as
-    JSON); and ``settings`` that a resume may change but is told about
-    (``changed_settings``), as JSON."""
+    """Write host ``params``, optimizer ``state`` (state -> name -> array), what a resume must
+    match, and the ``settings`` it may change but is told about."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
-    arrays["meta.epoch"] = np.array(epoch)
-    arrays["meta.step"] = np.array(step)
-    arrays["meta.seed"] = np.array(seed)
+    for name, value in (("epoch", epoch), ("step", step), ("seed", seed)):
+        arrays[f"meta.{name}"] = np.array(value)
     if dataset:
         arrays["meta.dataset"] = np.array(dataset)
-    if settings:
-        arrays["meta.settings"] = np.array(json.dumps(settings, sort_keys=True))
-    if identity:
-        arrays["meta.identity"] = np.array(json.dumps(identity, sort_keys=True))
+    for name, value in (("settings", settings), ("identity", identity)):
+        if value:
+            arrays[f"meta.{name}"] = np.array(json.dumps(value, sort_keys=True))
     Path(directory).mkdir(parents=True, exist_ok=True)
-    path = checkpoint_path(directory, epoch)
+    path = Path(directory) / f"checkpoint-epoch{epoch:04d}.npz"
     atomic_savez(path, arrays)
     return path
 
 
 def refuse_other_runs(directory: str | os.PathLike) -> None:
-    """A new run (no resume) may not write into a directory that holds another run's
-    checkpoints: its own would mix with them, and a later resume would pick up the other
-    run's last one."""
+    """A new run may not mix its checkpoints with another run's."""
     if Path(directory).is_dir() and (found := latest_checkpoint(directory)) is not None:
         raise UserError(
             f"`checkpoint_dir` {directory}: holds another run's checkpoints ({found.name}); add "
@@ -139,10 +114,7 @@ def refuse_other_runs(directory: str | os.PathLike) -> None:
 def remove_unfinished(
     directory: str | os.PathLike, name: str = "checkpoint-epoch*.npz"
 ) -> list[Path]:
-    """Delete what a killed run left of the files ``name`` (a glob) it was writing
-    (``atomic_savez``'s temporary files: SIGKILL and the OOM killer give no chance to remove
-    them, and each is as big as a checkpoint); returns them. For the run that writes those
-    files now: its checkpoints, or its ``--save``."""
+    """Delete and return the temporary files a killed run left of the files ``name`` (a glob)."""
     left = sorted(Path(directory).glob(f"{name}.*.tmp"))
     for path in left:
         path.unlink(missing_ok=True)
@@ -153,14 +125,12 @@ def checkpoints(directory: str | os.PathLike) -> list[Path]:
     """The checkpoints in ``directory``, oldest epoch first (by number: 10000 after 9999)."""
     found = {}
     for p in Path(directory).glob("checkpoint-epoch*.npz"):
-        match = CHECKPOINT_NAME.fullmatch(p.name)
-        if match:
+        if match := CHECKPOINT_NAME.fullmatch(p.name):
             found[int(match.group(1))] = p
     return [found[epoch] for epoch in sorted(found)]
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
-    """The checkpoint of the highest epoch in ``directory``."""
     found = checkpoints(directory)
     return found[-1] if found else None
 
@@ -169,31 +139,24 @@ KEEP_CHECKPOINTS = 2  # the newest, and one before it in case the newest is dama
 
 
 def prune_checkpoints(directory: str | os.PathLike, keep: int) -> list[Path]:
-    """Delete all but the ``keep`` newest checkpoints (0: keep every one); the paths removed.
-    Call only once the newest is complete (``atomic_savez`` has renamed it into place), so
-    that a run killed at any moment leaves at least ``keep`` whole checkpoints but the first."""
+    """Delete and return all but the ``keep`` newest checkpoints (0: none), the newest whole."""
     if keep < 0:
         raise ValueError(f"keep: must be >= 0, got {keep}")
-    found = checkpoints(directory)
-    doomed = found[:-keep] if keep else []
+    doomed = checkpoints(directory)[:-keep] if keep else []
     for path in doomed:
         path.unlink(missing_ok=True)
     return doomed
 
 
 class DamagedCheckpoint(UserError):
-    """The file is no checkpoint xpnn could have written (unreadable, cut short, values out of
-    bounds or not finite), as opposed to one of another run: a resume can say that the one
-    before it, kept by ``keep``, is there to fall back on."""
+    """No checkpoint xpnn could have written (not another run's): the one before may do."""
 
 
 MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a later epoch
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every array of the ``.npz`` file ``path``, never running pickled code. A file that is not
-    a zip archive of ``.npy`` arrays is "not an xpnn checkpoint": NumPy would read a ``.npy``
-    as one array and call anything else pickled data, with advice about ``allow_pickle``."""
+    """Every array of the ``.npz`` file ``path``, never running pickled code."""
     try:
         if not zipfile.is_zipfile(path):
             with open(path, "rb") as fh:
@@ -224,8 +187,7 @@ def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
 
 
 def check_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Every parameter and optimizer state must be finite: a NaN resumed would make the run
-    report "training diverged" and blame the learning rate for a damaged file."""
+    """Every parameter and optimizer state must be finite, or a resume would blame the rate."""
     for key, value in arrays.items():
         if key.startswith("meta.") or value.dtype.kind != "f":
             continue
@@ -245,17 +207,7 @@ def _same_run(
     dataset: str | None,
     identity: dict[str, Any] | None = None,
 ) -> tuple[int, int]:
-    """The file's (epoch, step), once its run is shown to be this one, as far as given:
-
-    - ``seed``: the same ``--seed`` (it decides the shuffles and dropout masks to come);
-    - ``steps_per_epoch``: as many steps an epoch (another global batch or data set size makes
-      other batches, and moves the schedule's warmup and decay, which count steps);
-    - ``dataset``: the same data set, where the file names one (files of older xpnn versions
-      do not): MNIST and Fashion-MNIST make as many steps;
-    - ``identity``: each entry the file has too (older files have none): the global batch
-      and training set size, which may differ with as many steps an epoch (300 samples in
-      batches of 128 or of 140), and the network's activation and loss.
-    """
+    """The file's (epoch, step), once its run is shown to be this one, as far as given."""
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
     if step < epoch:  # every epoch makes at least one step
         raise DamagedCheckpoint(
@@ -304,13 +256,8 @@ def load_checkpoint(
     dataset: str | None = None,
     identity: dict[str, Any] | None = None,
 ) -> tuple[int, int, dict[str, Any]]:
-    """Restore this rank's part of the parameters and optimizer state in place; returns
-    (epochs done, steps done, the settings the file's run had: empty for older files).
-
-    The file must be this run's: the same network (no parameter more or less), the same
-    optimizer state, and what ``_same_run`` checks. ``restore_arrays=False`` checks the file
-    and restores only the step count: for ranks whose buffers another rank of the node fills
-    (shared memory)."""
+    """Restore this rank's part of the parameters and optimizer state; returns (epochs, steps,
+    the file's settings). ``restore_arrays=False``: a node's other rank fills the buffers."""
     arrays = read_npz(path)
     if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
         raise UserError(
@@ -360,8 +307,7 @@ def load_checkpoint(
 
 
 def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str, Any]:
-    """``meta.<name>``: a JSON object in a string ({} where the file has none, as files of
-    older xpnn versions), or the file is damaged."""
+    """``meta.<name>``: a JSON object in a string ({} where there is none), or damaged."""
     stored = arrays.get(f"meta.{name}")
     if stored is None:
         return {}
@@ -375,8 +321,7 @@ def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str
 
 
 def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``name old -> new`` (the name in backticks) for each setting both runs name that the
-    resumed run changes."""
+    """``name old -> new`` for each setting both runs name that the resumed run changes."""
     return [
         f"`{key}` {before[key]} -> {now[key]}"
         for key in sorted(before.keys() & now.keys())

@@ -1,18 +1,11 @@
-"""Command line: ``python -m xpnn [train] [flags]`` and ``python -m xpnn info``.
-
-The flags fill a ``RunSpec`` (``xpnn.run``), which the library builds into a run; here are only
-what a command line adds: its flags, the checks of the paths it is given, the flag named where
-the library names a parameter (`` `batch_size` `` is ``--batch-size``), and the exit codes.
-
-Exit codes (the contract): 0 success; 2 a user error, printed as one line naming the flag or file;
-1 anything else. Under ``mpiexec`` every rank parses the same flags, so a flag error is printed
-by rank 0 only; errors found while setting up are agreed on by all ranks and printed once; a
-failure during training aborts the whole MPI job.
-"""
+"""``python -m xpnn [train|info|plot]``: flags that fill a ``RunSpec``, checks of the paths
+given, and the exit codes: 0 success; 2 a user error, one line naming the flag or file, printed
+once for all ranks; 1 anything else."""
 
 from __future__ import annotations
 
 import argparse
+import glob
 import math
 import stat
 import sys
@@ -24,8 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from xpnn.errors import PARAM, UserError, path_problems, user_message, worded
-from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec
-from xpnn.runtime.world import launch_rank
+from xpnn.info import info_main
+from xpnn.interrupts import hand_over
+from xpnn.plot import main as plot_main
+from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec, build_run, notes, summary
+from xpnn.runtime import failure, stall
+from xpnn.runtime.world import init_world, launch_rank
 
 __all__ = ["FLAGS", "build_parser", "flag_words", "main", "to_spec"]  # what scripts may use
 
@@ -35,8 +32,7 @@ class _ArgError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line naming it (``--epochs: must be at least 1,
-    got 0``; no usage dump) so it fits the contract."""
+    """argparse that reports a bad flag as one line naming it, with no usage dump."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise _ArgError(message.removeprefix("argument "))
@@ -45,12 +41,16 @@ class _Parser(argparse.ArgumentParser):
 MOST = 2**31 - 1  # counts and sizes past this are typos, and past NumPy's or C's int types
 
 
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
 def _positive_int(most: int = MOST):  # noqa: ANN202
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        value = _int(text)
         if not 1 <= value <= most:
             bound = "at least 1" if value < 1 else f"at most {most}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
@@ -59,16 +59,11 @@ def _positive_int(most: int = MOST):  # noqa: ANN202
     return parse
 
 
-def _whole_number(most: int = MOST):  # noqa: ANN202
-    """An integer from 0 to ``most`` (0 meaning none or off, as the flag says)."""
-
+def _whole_number(most: int = MOST, shown: str = ""):  # noqa: ANN202
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        value = _int(text)
         if not 0 <= value <= most:
-            raise argparse.ArgumentTypeError(f"must be from 0 to {most}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be from 0 to {shown or most}, got {value}")
         return value
 
     return parse
@@ -111,17 +106,7 @@ def _float_from(low: float, inclusive: bool = True, most: float = math.inf):  # 
     return parse
 
 
-SEED_END = 2**64  # a checkpoint keeps the seed as a 64-bit integer (NumPy's uint64)
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 0 <= value < SEED_END:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 2**64 - 1, got {value}")
-    return value
+_seed = _whole_number(2**64 - 1, "2**64 - 1")  # a checkpoint keeps the seed as a uint64
 
 
 def build_info_parser() -> argparse.ArgumentParser:
@@ -131,8 +116,7 @@ def build_info_parser() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The flags, one per ``RunSpec`` field (``--no-progress`` for ``progress``), whose
-    defaults are ``RunSpec``'s."""
+    """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
     p = _Parser(
         prog="python -m xpnn",
         usage="python -m xpnn [train] [flags]  |  python -m xpnn info [--json]",
@@ -278,8 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _takes_files(param: str, path: str, directory: Path) -> None:
-    """A throwaway file proves ``directory`` can be written: permissions, read-only mounts and
-    pseudo file systems (/proc, /sys) all show up here instead of after the training."""
+    """A throwaway file proves ``directory`` can be written, before the training, not after."""
     try:
         with tempfile.TemporaryFile(dir=directory):
             pass
@@ -292,17 +275,11 @@ def _takes_files(param: str, path: str, directory: Path) -> None:
 def _writable_file(
     param: str, path: str | None, writer: bool, made: str | None = None, appended: bool = False
 ) -> None:
-    """Checked before training, not found out after it (``writer``: this rank writes it;
-    ``made``: the ``--checkpoint-dir`` this run creates, which may hold it).
-
-    ``--save`` is written beside and renamed over, so what is there must be a regular file:
-    a rename would put the file in the place of a device or a pipe. ``--metrics`` is
-    ``appended``: emptied, then opened for each line, so it must take writes, and must not be
-    a pipe or a socket, whose reader would leave at the first line's end (the next line
-    would then wait for another reader forever); a terminal or ``/dev/full`` is written."""
+    """``writer``: this rank writes it; ``made``: the checkpoint dir this run creates. A rename
+    replaces ``--save``; ``--metrics`` is ``appended`` to, so no pipe, whose reader would leave."""
     if path is None:
         return
-    from xpnn.checkpoint import CHECKPOINT_NAME
+    from xpnn.checkpoint import CHECKPOINT_NAME, remove_unfinished
 
     with path_problems(param, path):
         parent = Path(path).resolve().parent
@@ -327,10 +304,6 @@ def _writable_file(
     if there is None or stat.S_ISREG(there):  # a device is written in place: nothing is made
         _takes_files(param, path, parent)
     if not appended and parent.is_dir():  # --save: what a killed run left of its file
-        import glob
-
-        from xpnn.checkpoint import remove_unfinished
-
         with path_problems(param, path):
             remove_unfinished(parent, glob.escape(Path(path).name))
     if appended and there is not None:  # a read-only file in a writable directory
@@ -342,19 +315,16 @@ def _writable_file(
 
 
 def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
-    """The directory is made now, by the rank that will write into it, so that a place where
-    it cannot be made or written fails before the first epoch rather than at its end. A new
-    run (no ``--resume``) refuses a directory that holds another run's checkpoints
-    (``refuse_other_runs``)."""
+    """Made now by the rank that writes into it, so that a bad place fails before training."""
     if path is None:
         return
+    from xpnn.checkpoint import refuse_other_runs, remove_unfinished
+
     with path_problems("checkpoint_dir", path):
         if Path(path).exists() and not Path(path).is_dir():
             raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
         if not writer:
             return
-        from xpnn.checkpoint import refuse_other_runs
-
         if not resume:
             refuse_other_runs(path)
     try:
@@ -364,16 +334,12 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
             f"`checkpoint_dir` {path}: cannot create the directory ({exc.strerror})"
         ) from None
     _takes_files("checkpoint_dir", path, Path(path))
-    from xpnn.checkpoint import remove_unfinished
-
     with path_problems("checkpoint_dir", path):
         remove_unfinished(path)
 
 
 def check_paths(spec: RunSpec, writer: bool) -> None:
-    """The files and directory the run will write, checked before it trains (``writer``: this
-    rank writes them)."""
-    # first, so that --save and --metrics may name files in it (run1/final.npz)
+    """What the run will write, the directory first: ``--save`` may name a file in it."""
     _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
     made = spec.checkpoint_dir
     _writable_file("metrics", spec.metrics, writer, made=made, appended=True)
@@ -382,13 +348,9 @@ def check_paths(spec: RunSpec, writer: bool) -> None:
         raise UserError(f"`save` {spec.save}: the same file as `metrics`")
 
 
-def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """Each parameter's flag: ``batch_size`` -> ``--batch-size``."""
-    flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
-    return flags | {"progress": "--no-progress"}
-
-
-FLAGS = flags_of(build_parser())
+# Each parameter's flag: ``batch_size`` -> ``--batch-size``.
+FLAGS = {a.dest: a.option_strings[0] for a in build_parser()._actions if a.option_strings}
+FLAGS["progress"] = "--no-progress"
 
 
 def flag_words(text: str) -> str:
@@ -397,7 +359,6 @@ def flag_words(text: str) -> str:
 
 
 def to_spec(args: argparse.Namespace) -> RunSpec:
-    """The run the flags describe."""
     given = vars(args)
     spec = RunSpec(**{f.name: given[f.name] for f in fields(RunSpec) if f.name in given})
     spec.progress = not args.no_progress
@@ -409,43 +370,28 @@ def _say(line: str, err: bool = False) -> None:
 
 
 def train_main(args: argparse.Namespace, callbacks: Sequence[Any] = ()) -> int:
-    # NumPy is loaded while the early handler only notes a Ctrl-C: its C start-up turns one that
-    # lands mid-import into an ImportError, which run_guarded could not tell from a bad install
+    # Loaded while the early handler only notes a Ctrl-C: one mid-import is an ImportError
     import numpy  # noqa: F401
-
-    from xpnn.runtime import stall
-    from xpnn.runtime.failure import (
-        agree_timeout,
-        run_guarded,
-        stop_grace,
-        stop_when_stuck,
-        terminate_on_sigterm,
-    )
-    from xpnn.runtime.world import init_world
 
     stall.set_limits(args.stall_warn, args.stall_abort)  # the setup's waits too
     world = init_world()
-    terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints left whole
-    stop_when_stuck(stop_grace())  # ... and within seconds even where a rank cannot
-    agree_timeout()  # read when a rank fails, where a typo in it would hide the failure
-    # Guarded from the first line of setup: Ctrl-C while the data loads is "interrupted" too.
-    return run_guarded(world, lambda: _train(to_spec(args), world, callbacks))
+    failure.terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints whole
+    failure.stop_when_stuck(failure.stop_grace())  # ... and within seconds where a rank cannot
+    failure.agree_timeout()  # read when a rank fails, where a typo in it would hide the failure
+    return failure.run_guarded(world, lambda: _train(to_spec(args), world, callbacks))
 
 
 def _train(spec: RunSpec, world: Any, callbacks: Sequence[Any]) -> int:
-    from xpnn.run import build_run, notes, summary
-    from xpnn.runtime.failure import agree_on_user_errors, one_line
     from xpnn.train import TrainingDiverged
 
-    agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
+    failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
     trainer = build_run(spec, world, callbacks, log=_say)
     if world.rank == 0:
         for line in summary(trainer):
             _say(f"xpnn: {line}")
         for note in notes(spec, trainer, world):
             _say(f"xpnn: note: {note}", err=True)
-    # A loss gone to inf/NaN is reported once, after its epoch (Trainer._diverged): NumPy's
-    # per-operation overflow warnings would only print the same news many times over.
+    # A loss gone to inf/NaN is reported once, after its epoch: not per NumPy operation.
     warnings.filterwarnings(
         "ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning, r"xpnn\."
     )
@@ -458,23 +404,18 @@ def _train(spec: RunSpec, world: Any, callbacks: Sequence[Any]) -> int:
     except MemoryError as exc:  # a step's activations: under ulimit -v, or CuPy's OutOfMemory
         raise UserError(
             f"--batch-size {trainer.cfg.batch_size}: a training step ran out of memory "
-            f"({one_line(str(exc)) or type(exc).__name__}); try a smaller batch"
+            f"({failure.one_line(str(exc)) or type(exc).__name__}); try a smaller batch"
         ) from None
     return 0
 
 
 def _info(as_json: bool) -> int:
-    """``python -m xpnn info``; rank 0 alone prints, so only it can find stdout gone (``|
-    true``) or full (``>/dev/full``): one line, as training says it."""
-    from xpnn.info import info_main
-
+    """``python -m xpnn info``; stdout gone or full is one line, as training says it."""
     try:
         return info_main(as_json=as_json)
     except OSError as exc:
-        from xpnn.runtime.failure import describe, say, stopped_from_outside
-
-        message, code = stopped_from_outside(exc) or (describe(exc), 1)
-        say(f"xpnn: {message}")
+        message, code = failure.stopped_from_outside(exc) or (failure.describe(exc), 1)
+        failure.say(f"xpnn: {message}")
         return code
 
 
@@ -482,8 +423,6 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     """``python -m xpnn``; ``callbacks`` (``xpnn.train.Callback``) join the trainer's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "plot":
-        from xpnn.plot import main as plot_main
-
         return plot_main(argv[1:])
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
     parser = build_info_parser() if command == "info" else build_parser()
@@ -496,20 +435,15 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     with worded(flag_words):  # every message printed from here names flags
         try:
             if command == "info":
-                from xpnn.interrupts import hand_over
-                from xpnn.runtime.failure import Terminated
-
-                hand_over(Terminated)  # no run_guarded here: Ctrl-C is the except clause's below
+                hand_over(failure.Terminated)  # no run_guarded: Ctrl-C is for the except below
                 return _info(args.json)
             return train_main(args, callbacks)
-        except UserError as exc:  # before MPI (the launcher's variables): nothing to agree on,
-            if launch_rank() == 0:  # but every process found the same, so one of them says it
+        except UserError as exc:  # before MPI: every process found the same, one says it
+            if launch_rank() == 0:
                 print(f"xpnn: {user_message(exc)}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt as exc:  # Ctrl-C while NumPy or MPI start (xpnn.cli.main called
-            from xpnn.runtime.failure import say, stopped_from_outside  # without xpnn.__main__)
-
-            message, code = stopped_from_outside(exc) or ("interrupted", 130)
+        except KeyboardInterrupt as exc:  # while NumPy or MPI start, without xpnn.__main__
+            message, code = failure.stopped_from_outside(exc) or ("interrupted", 130)
             if launch_rank() == 0:
-                say(f"xpnn: {message}")
+                failure.say(f"xpnn: {message}")
             return code

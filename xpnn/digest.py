@@ -1,5 +1,4 @@
-"""One SHA-256 over several arrays: what ranks compare to prove they hold the same values
-(the data they loaded, the parameters they trained) without sending the arrays."""
+"""One SHA-256 over several arrays: ranks compare it to prove they hold the same values."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ import numpy as np
 
 
 def arrays_digest(arrays: Iterable[np.ndarray]) -> str:
-    """Hex SHA-256 of the arrays' dtypes, shapes and values, in order (no copy of a
-    contiguous array)."""
+    """Hex SHA-256 of the arrays' dtypes, shapes and values, in order."""
     digest = hashlib.sha256()
     for array in arrays:
         array = np.ascontiguousarray(array)

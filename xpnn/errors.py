@@ -1,10 +1,4 @@
-"""User-facing errors.
-
-A ``UserError`` is a mistake the user can fix (a bad setting, a missing or corrupt file). The
-library names settings by their parameter names, in backticks (`` `batch_size` ``); the command
-line words each as its flag (``--batch-size``) when it prints the one line, and exits 2.
-Anything else is a bug and exits 1.
-"""
+"""User errors, which name settings in backticks (`` `batch_size` ``): the CLI says flags."""
 
 from __future__ import annotations
 
@@ -16,8 +10,7 @@ PARAM = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")  # a parameter's name as m
 
 
 class UserError(Exception):
-    """A problem with the user's input: one line naming the file or parameter and what is
-    wrong. ``param`` is the parameter it is about (default: the first one the message names)."""
+    """A mistake the user can fix; ``param`` defaults to the first one the message names."""
 
     exit_code = 2
 
@@ -32,8 +25,7 @@ _wordings: list[Callable[[str], str]] = []
 
 @contextmanager
 def worded(wording: Callable[[str], str]) -> Iterator[None]:
-    """Within this block, ``user_message`` passes every message through ``wording``: how the
-    command line names its flags where the library names parameters."""
+    """Within this block, ``user_message`` passes every message through ``wording``."""
     _wordings.append(wording)
     try:
         yield
@@ -51,11 +43,7 @@ def user_message(text: object) -> str:
 
 @contextmanager
 def path_problems(param: str, path: object) -> Iterator[None]:
-    """Checks of a path the user gave, or writes to it, where the file system may refuse: a
-    path under a directory this user may not enter makes even ``Path.exists()`` raise
-    ``PermissionError``, and a full disk fails a save at the end of a run. Those are the
-    user's to fix, so they become a ``UserError`` naming the parameter and the path (and the
-    path refused, when it is another one)."""
+    """An ``OSError`` on a path the user gave (a full disk, a closed directory) is theirs."""
     try:
         yield
     except OSError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import sys
@@ -10,7 +11,7 @@ import sys
 def collect() -> dict:
     from xpnn.backends import availability
     from xpnn.runtime.cpu_quota import cpu_quota
-    from xpnn.runtime.threads import affinity, node_cores
+    from xpnn.runtime.threads import affinity, node_cores, threads_per_rank
     from xpnn.runtime.world import init_world
 
     world = init_world()
@@ -23,12 +24,8 @@ def collect() -> dict:
         "cpu_quota": cpu_quota(),
         "world": {"rank": world.rank, "size": world.size, "local_size": world.local_size},
     }
-    try:
-        import numba
-
-        out["numba"] = numba.__version__
-    except ImportError:
-        pass
+    with contextlib.suppress(ImportError):
+        out["numba"] = __import__("numba").__version__
     if out["backends"]["cupy"] == "available":
         import cupy
 
@@ -37,8 +34,6 @@ def collect() -> dict:
         for i in range(cupy.cuda.runtime.getDeviceCount()):
             name = cupy.cuda.runtime.getDeviceProperties(i)["name"]
             out["devices"].append(name.decode() if isinstance(name, bytes) else name)
-    from xpnn.runtime.threads import threads_per_rank
-
     out["threads_per_rank"] = threads_per_rank(world.local_size, share=world.cores)
     try:
         from xpnn.parallel.comm.cuda_aware import mpi_info

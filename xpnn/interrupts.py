@@ -1,24 +1,7 @@
-"""Ctrl-C and SIGTERM before the run is guarded: one line and exit 130 (143), not a traceback.
-
-``python -m xpnn`` spends its first tenth of a second or more importing NumPy, mpi4py and
-Numba and starting MPI. Python raises ``KeyboardInterrupt`` wherever SIGINT lands: left to
-itself, a Ctrl-C there is a traceback from the middle of an import, or, caught by code that
-imports in turn, "cannot load module more than once per process" from a half-loaded NumPy;
-SIGTERM ends the process without a word. ``catch_early_interrupts()``, called before
-anything else is imported, puts a handler in place until ``run_guarded`` takes over
-(``hand_over``):
-
-* a process on its own says ``xpnn: interrupted`` and leaves at once (``os._exit``: nothing
-  is open yet that needs closing, and no import is left half done to trip over);
-* a rank under an MPI launcher must not leave before MPI has started: the others would wait
-  for it inside ``MPI_Init`` for ever (hydra does not notice a process that leaves before it
-  has joined). It notes the signal and carries on; ``hand_over`` raises it once MPI runs,
-  inside ``run_guarded``, where every rank stops together with one line.
-
-This module runs first, so it imports only what Python has loaded before any program runs
-(``os``, and ``_signal``, the C half of ``signal``: ``signal`` itself imports ``enum``, time
-enough for a Ctrl-C to land in the middle).
-"""
+"""Ctrl-C and SIGTERM before ``run_guarded`` takes over: one line and exit 130 (143), not a
+traceback from mid-import. A rank under an MPI launcher only notes the signal, since the others
+would wait for it in ``MPI_Init`` forever; ``hand_over`` raises it once MPI runs. Imports only
+what Python loads before any program (``signal`` imports ``enum``, time for a Ctrl-C to land)."""
 
 from __future__ import annotations
 
@@ -39,8 +22,7 @@ def _launch_rank() -> int | None:
 
 
 def _handler(signum: int, frame: object) -> None:
-    rank = _launch_rank()
-    if rank is None:
+    if _launch_rank() is None:
         code, what = _CODES[signum]
         os.write(2, f"xpnn: {what}\n".encode())
         os._exit(code)
@@ -49,8 +31,7 @@ def _handler(signum: int, frame: object) -> None:
 
 
 def catch_early_interrupts() -> None:
-    """Handle SIGINT and SIGTERM as the module's docstring says, until ``hand_over``. A
-    signal the parent left ignored (a shell's background job) stays ignored."""
+    """Handle SIGINT and SIGTERM until ``hand_over``; one the parent left ignored stays so."""
     for signum in _CODES:
         if _signal.getsignal(signum) != _signal.SIG_IGN:
             _signal.signal(signum, _handler)
@@ -61,9 +42,7 @@ def catch_early_interrupts() -> None:
 
 
 def hand_over(terminated: type[BaseException]) -> None:
-    """From here on ``run_guarded`` handles signals: SIGINT raises ``KeyboardInterrupt``
-    again, and SIGTERM ``terminated`` where the early handler still holds it. A signal that
-    came while MPI started is raised now, so that every rank stops together."""
+    """SIGINT raises ``KeyboardInterrupt`` again, SIGTERM ``terminated``; a pending one now."""
     if not _state["installed"]:
         return
     _state["installed"] = False

@@ -1,9 +1,5 @@
-"""Named phases of a training step that a timer may listen to: free when nothing listens.
-
-The code that does the work marks it (``with WGRAD: ...``); a listener (``PhaseTimer``, a
-trainer callback) is told each phase's start and end. With no listener a mark is two method
-calls and an attribute test, so the hot loop carries it at no measurable cost.
-"""
+"""Named phases of a training step (``with WGRAD: ...``) that a listener (``PhaseTimer``) may
+time; with none a mark costs two method calls and a test."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """``python -m xpnn plot METRICS.jsonl [more.jsonl ...] [-o FILE.png]``: training curves.
-
-Reads metrics files (the CLI's ``--metrics`` contract: one ``epoch`` record per epoch) and
-draws, for one run or several side by side: loss (train and test), accuracy (train and test)
-and throughput (samples/s) against the epoch. matplotlib is optional for xpnn, so it is
-imported only here.
-"""
+(matplotlib is optional for xpnn, so it is imported only here.)"""
 
 from __future__ import annotations
 
@@ -45,11 +40,6 @@ def read_epochs(path: Path) -> list[dict[str, Any]]:
     return epochs
 
 
-def label(path: Path, epochs: list[dict[str, Any]]) -> str:
-    e = epochs[0]
-    return f"{path.stem} ({e.get('world_size', '?')} rank(s), {e.get('backend', '?')})"
-
-
 def draw(paths: list[Path], out: Path) -> Path:
     """One PNG, a panel per quantity, a line per run (solid train, dashed test)."""
     runs = [(p, read_epochs(p)) for p in paths]
@@ -63,6 +53,8 @@ def draw(paths: list[Path], out: Path) -> Path:
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
     for i, (path, epochs) in enumerate(runs):
         x = [e["epoch"] for e in epochs]
+        first = epochs[0]
+        label = f"{path.stem} ({first.get('world_size', '?')} rank(s), {first.get('backend', '?')})"
         for ax, (title, keys) in zip(axes, PANELS, strict=True):
             for key in keys:
                 y = [e.get(key) for e in epochs]
@@ -70,7 +62,7 @@ def draw(paths: list[Path], out: Path) -> Path:
                     continue
                 style = "--" if key.startswith("test") else "-"
                 ax.plot(x, y, style, color=f"C{i}", marker="o", ms=3,
-                        label=f"{label(path, epochs)} {key.split('_')[0]}")  # fmt: skip
+                        label=f"{label} {key.split('_')[0]}")  # fmt: skip
             ax.set(xlabel="epoch", title=title)
     for ax in axes:
         ax.legend(fontsize=7)
@@ -91,10 +83,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         out = draw(args.metrics, args.out)
-    except ImportError as e:
-        print(f"xpnn plot: {e}", file=sys.stderr)
-        return 2
-    except UserError as e:
+    except (ImportError, UserError) as e:
         print(f"xpnn plot: {e}", file=sys.stderr)
         return 2
     except OSError as e:

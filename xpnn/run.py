@@ -1,21 +1,10 @@
-"""A run from its choices: ``RunSpec`` (every choice, in parameter names) and
-``build_run(spec, world)``, which assembles the backend, data, model, parallel strategy and
-communicators into a ready ``Trainer``. The command line is one way to fill a ``RunSpec``; a
-program fills its own:
-
-    from xpnn.runtime.world import init_world
-    from xpnn.run import RunSpec, build_run
-
-    trainer = build_run(RunSpec(dataset="synthetic", epochs=2), init_world())
-    trainer.run()
-
-Errors the user can fix are ``UserError``s naming the parameter in backticks (`` `batch_size` ``);
-every rank agrees on them phase by phase, so a setup that fails on one rank stops all of them.
-"""
+"""A run from its choices: ``RunSpec`` (in parameter names) and ``build_run(spec, world)``,
+which assembles it into a ``Trainer``; every rank agrees on user errors phase by phase."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +20,7 @@ SYNTHETIC_SIZE = 6000  # dataset "synthetic"'s samples when synthetic_size is no
 
 @dataclass
 class RunSpec:
-    """The choices of one run. ``None`` means "the default", told apart from a value given so
-    that a setting this run ignores can be said (``ineffective_settings``)."""
+    """The choices of one run; ``None`` is "the default", so that an ignored one can be said."""
 
     backend: str = "numpy"  # numpy, numba, cupy, auto
     model: str = "mlp"  # mlp, cnn
@@ -73,8 +61,7 @@ class RunSpec:
     progress: bool = True  # a progress bar on rank 0's terminal
 
 
-# What may differ between ranks: where each reads its data (a node's own copy) and what it
-# shows; the files only rank 0 writes; and its threads (nodes may differ in cores).
+# What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
 PER_RANK = ("data_dir", "metrics", "save", "checkpoint_dir", "progress", "threads")
 
 
@@ -84,9 +71,7 @@ def build_run(
     callbacks: Sequence[Any] = (),
     log: Callable[[str], None] | None = None,
 ) -> Any:
-    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank of ``world`` (collective: every
-    rank calls it). ``callbacks`` extend the trainer; ``log`` prints rank 0's lines (default:
-    stdout). Each phase's user errors are agreed on by every rank."""
+    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank (collective); ``log``: rank 0's."""
     from xpnn.parallel.model.layout import make_groups
     from xpnn.runtime.failure import agree_on_user_errors
     from xpnn.train import Trainer
@@ -96,20 +81,20 @@ def build_run(
     if world.size > 1:  # data_dir may differ between ranks, the data they read may not
         from xpnn.data.datasets import check_same_data
 
-        def allgather(obj: Any) -> list:
-            return stall.allgather(
-                world.mpi_comm, obj, "the check that every rank has the same data"
-            )
-
+        what = "the check that every rank has the same data"
+        allgather = functools.partial(stall.allgather, world.mpi_comm, what=what)
         agree_on_user_errors(world, lambda: check_same_data(data, spec.data_dir, allgather))
-    _threads_of_every_rank(cfg, world)
+        counts = stall.allgather(
+            world.mpi_comm, cfg.extra["threads"], "the gathering of thread counts"
+        )
+        if len(set(counts)) > 1:  # other cores or `threads`: the metrics carry every rank's
+            cfg.extra["threads_per_rank"] = counts
     # A separate phase: on GPU backends building the communicators talks to the other ranks.
     groups = agree_on_user_errors(
         world, lambda: make_groups(world, place, backend, spec.comm, spec.parallel)
     )
     model.attach(groups.model)  # split layers and pipeline stages talk within their replica
-    # A third: the trainer allocates node-shared buffers (mpi-shm), which can find /dev/shm full
-    # on every rank of a node; that is a user error to print once, not a crash per rank.
+    # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a user error said once.
     return agree_on_user_errors(
         world,
         lambda: Trainer(
@@ -119,8 +104,7 @@ def build_run(
 
 
 def same_spec(spec: RunSpec, world: Any) -> None:
-    """Ranks given other choices (an MPMD line, ``mpiexec -n 1 ... : -n 1 ...``) would train
-    different runs and, with other ``epochs`` or batch, wait for each other forever."""
+    """Ranks given other choices (an MPMD line) would train different runs, or hang."""
     if world.size == 1:
         return
     mine = {k: v for k, v in sorted(dataclasses.asdict(spec).items()) if k not in PER_RANK}
@@ -134,16 +118,6 @@ def same_spec(spec: RunSpec, world: Any) -> None:
                     f"`{key}`: rank {rank} was given {theirs[key]}, rank 0 {everyone[0][key]}; "
                     "every rank must get the same settings"
                 )
-
-
-def _threads_of_every_rank(cfg: Any, world: Any) -> None:
-    """Ranks on nodes with other core counts, or given other ``threads``, use other thread
-    counts: the metrics then carry every rank's (``threads`` stays rank 0's)."""
-    if world.size == 1:
-        return
-    counts = stall.allgather(world.mpi_comm, cfg.extra["threads"], "the gathering of thread counts")
-    if len(set(counts)) > 1:
-        cfg.extra["threads_per_rank"] = counts
 
 
 def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
@@ -171,8 +145,7 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
 
 
 def _setup(spec: RunSpec, world: Any) -> tuple:
-    """Everything rank-local that can fail because of the user's input (no communication, so
-    the ranks can agree on the outcome afterwards)."""
+    """Everything rank-local the user's input can fail: no communication, agreed on after."""
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
     from xpnn.nn import build_model
@@ -257,17 +230,12 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             "parallel": spec.parallel,
             "model_ranks": place.model_ranks,
             "replicas": replicas,
-            **(
-                {
-                    "microbatches": model.microbatches,
-                    "pipeline_schedule": model.schedule,
-                    "recompute": model.recompute,
-                }
-                if spec.parallel == "pipeline"
-                else {}
-            ),
         },
     )
+    if spec.parallel == "pipeline":  # as the stage settled them
+        cfg.extra["microbatches"] = model.microbatches
+        cfg.extra["pipeline_schedule"] = model.schedule
+        cfg.extra["recompute"] = model.recompute
     return backend, data, model, cfg, place
 
 
@@ -292,17 +260,14 @@ def summary(trainer: Any) -> list[str]:
 
 
 def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
-    """Everything about this run worth a word that is not an error: a transport chosen
-    instead of another, settings that have no effect, settings that are probably a slip."""
+    """Worth a word, not an error: a fallback transport, settings ignored or probably a slip."""
     groups = trainer.groups
     said = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
     said += [f"{name} has no effect {why}" for name, why in ineffective_settings(spec, groups)]
     return said + questionable_settings(spec, trainer.cfg, world, trainer.data.n_train)
 
 
-def questionable_settings(
-    spec: RunSpec, cfg: Any, world: Any, n_train: int | None = None
-) -> list[str]:
+def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> list[str]:
     """Settings that work but are probably not what was meant: said once, not refused."""
     from xpnn.runtime.threads import REPLACED_ENV, node_cores
 
@@ -378,14 +343,13 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
     if "model_ranks" in given and spec.parallel == "data":
         found.append(("`model_ranks`", "with `parallel` data: every rank holds the network"))
     data = groups.data
+    where = f"with comm {data.name} on {data.size} rank(s)"
     if "bucket_mb" in given and data.size == 1 and spec.parallel != "data":
         found.append(
             ("`bucket_mb`", f"with `parallel` {spec.parallel}: no gradients are exchanged")
         )
     elif "bucket_mb" in given and not uses_byte_buckets(data):
-        where = f"with comm {data.name} on {data.size} rank(s)"
         found.append(("`bucket_mb`", f"{where}: the update's buckets are cut at layers"))
     if "node_share" in given and (data.size == 1 or uses_byte_buckets(data)):
-        where = f"with comm {data.name} on {data.size} rank(s)"
         found.append(("`node_share`", f"{where}: only mpi-shm shares a node's memory"))
     return found

@@ -1,21 +1,11 @@
-"""What a training run does besides training: each a callback the ``Trainer`` calls at its
-events (Chainer's extensions, Keras's callbacks), so that a program adds its own (a timer, a
-trace) without touching the loop.
-
-Events, in order: ``on_train_begin``; per epoch ``on_epoch_begin``, per step
-``on_step_begin`` / ``on_step_end``, then ``on_epoch_end`` with the epoch's metrics line;
-``on_train_end`` with the last line (``"event": "done"``, or ``"diverged"`` before the
-``TrainingDiverged`` it ends with). Every rank calls every callback; a callback that writes
-checks ``trainer.is_root``. The step events are called only for callbacks that override them,
-so a run without such a callback pays nothing per step.
-"""
+"""Callbacks the ``Trainer`` calls at its events, on every rank (one that writes checks
+``trainer.is_root``); step events go only to the callbacks that override them."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -53,18 +43,11 @@ class Callback:
 
 
 def overrides(callback: Callback, event: str) -> bool:
-    """Whether ``callback`` does something at ``event``."""
     return getattr(type(callback), event) is not getattr(Callback, event)
 
 
-def finite(record: dict[str, Any]) -> bool:
-    """An epoch whose losses are numbers: one that is not is never checkpointed."""
-    return all(math.isfinite(record[k]) for k in ("train_loss", "test_loss"))
-
-
 class MetricsFile(Callback):
-    """The JSON-lines metrics file (rank 0): emptied by a fresh run, one strict line per epoch
-    and one at the end; a value that is not finite is written as null."""
+    """The JSON-lines metrics file (rank 0), emptied by a fresh run; not finite is null."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -75,18 +58,14 @@ class MetricsFile(Callback):
                 open(self.path, "w").close()
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        self.write(trainer, record)
-
-    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        self.write(trainer, record)
-
-    def write(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not trainer.is_root:
             return
         line = {k: None if isinstance(v, float) and not math.isfinite(v) else v
                 for k, v in record.items()}  # fmt: skip
         with path_problems("metrics", self.path), open(self.path, "a") as fh:
             fh.write(json.dumps(line, allow_nan=False) + "\n")
+
+    on_train_end = on_epoch_end  # the run's last line, written as an epoch's
 
 
 class EpochLog(Callback):
@@ -134,22 +113,16 @@ class ProgressBar(Callback):
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         self.bar.close()
 
-    @staticmethod
-    def wanted(progress: bool, is_root: bool) -> bool:
-        return progress and is_root and sys.stderr.isatty()
-
 
 class Checkpoints(Callback):
-    """After every epoch whose losses are finite, rank 0 writes the whole network and optimizer
-    state to ``directory``; where ranks hold pieces of it (tensor, pipeline), every rank of
-    rank 0's replica takes part in gathering them."""
+    """After every epoch, rank 0 writes the whole network and optimizer state (gathered)."""
 
     def __init__(self, directory: str, keep: int = KEEP_CHECKPOINTS) -> None:
         self.directory, self.keep = directory, keep
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        if not finite(record):
-            return
+        if not all(math.isfinite(record[k]) for k in ("train_loss", "test_loss")):
+            return  # a diverged epoch is never checkpointed
         model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
         if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
             return
@@ -176,8 +149,7 @@ class Checkpoints(Callback):
 
 
 class FaultInjection(Callback):
-    """``XPNN_FAIL_AT=RANK:STEP`` makes that rank raise at that step: how the tests prove that
-    one failing rank stops the whole job. Unset in normal use."""
+    """``XPNN_FAIL_AT=RANK:STEP`` makes that rank raise at that step (for the fault tests)."""
 
     def __init__(self, rank: int, step: int) -> None:
         self.rank, self.step = rank, step
@@ -198,10 +170,8 @@ class FaultInjection(Callback):
 
 
 class PhaseTimer(Callback):
-    """Seconds of every training step and of its phases (``xpnn.phases``: forward, wgrad,
-    update, fences), one dict per step in ``steps``. A phase inside itself counts once. On a
-    GPU backend a timer that only read the clock would time kernel launches, so there every
-    phase and step synchronizes the device before and after it."""
+    """Seconds of every step and its phases (``xpnn.phases``), a dict per step in ``steps``; on
+    a GPU each is synchronized at both ends, or it would time kernel launches."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []

@@ -1,13 +1,9 @@
-"""The training loop: shard, step, reduce, evaluate, report; the same code for 1 or N ranks.
-
-Every rank holds the whole data set (each loads it itself: no rank-0 scatter) and, for every
-global batch, takes only its contiguous share. The loss gradient is scaled by 1 / global batch,
-so summing the ranks' gradients gives exactly the 1-rank gradient. Metrics are reduced as exact
-sums and counts; only rank 0 prints, logs and saves.
-"""
+"""The training loop, the same for 1 or N ranks: each takes its share of every global batch,
+the gradient scaled by 1 / global batch, so the ranks' gradients sum to the 1-rank one."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -17,16 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.checkpoint import (
-    KEEP_CHECKPOINTS,
-    DamagedCheckpoint,
-    changed_settings,
-    checkpoints,
-    latest_checkpoint,
-    load_checkpoint,
-    refuse_other_runs,
-    save_params,
-)
+from xpnn import checkpoint
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
@@ -64,23 +51,17 @@ class TrainConfig:
     save: str | None = None
     checkpoint_dir: str | None = None
     resume: bool = False
-    keep_checkpoints: int = KEEP_CHECKPOINTS  # the newest K checkpoints stay; 0: every one
-    # seconds one wait for other ranks may last before a warning, and before the job is
-    # ended (xpnn.runtime.stall); 0 is never
-    stall_warn: float = stall.STALL_WARN_S
-    stall_abort: float = 0.0
+    keep_checkpoints: int = checkpoint.KEEP_CHECKPOINTS  # the newest K stay; 0: every one
+    stall_warn: float = stall.STALL_WARN_S  # seconds a wait for other ranks lasts till a warning
+    stall_abort: float = 0.0  # ... till the job is ended (0: never)
     progress: bool = False
     parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
     extra: dict = field(default_factory=dict)  # more keys for every metrics line
-    # what the network computes that its parameters' shapes do not show (the command line
-    # puts the activation and the loss here): a resumed run must match it
-    network: dict = field(default_factory=dict)
+    network: dict = field(default_factory=dict)  # activation, loss: what a resume must match
 
     def __post_init__(self) -> None:
-        """Values the command line refuses in its own words are refused here too, for
-        programs that build a config themselves (unchecked, a batch of 0 would be a
-        ZeroDivisionError, an ``eval_batch_size`` of -5 a test accuracy of 0)."""
-        whole = {"epochs": 1, "batch_size": 1, "eval_batch_size": 1}
+        """What the command line refuses, refused here too for programs that build a config."""
+        whole = {"epochs": 1, "batch_size": 1, "eval_batch_size": 1, "keep_checkpoints": 0}
         for name, least in whole.items():
             value = getattr(self, name)
             if not is_int(value) or value < least:
@@ -92,10 +73,9 @@ class TrainConfig:
                 f"TrainConfig.step_epochs: must be None or >= 1, got {self.step_epochs!r}"
             )
         for name in ("lr", "bucket_mb"):
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                raise ValueError(
-                    f"TrainConfig.{name}: must be finite and > 0, got {getattr(self, name)!r}"
-                )
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"TrainConfig.{name}: must be finite and > 0, got {value!r}")
         if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
             raise ValueError(f"TrainConfig.warmup_epochs: must be >= 0, got {self.warmup_epochs!r}")
         for name, choices in CHOICES.items():
@@ -110,11 +90,6 @@ class TrainConfig:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"TrainConfig.{name}: must be seconds >= 0, got {value!r}")
-        if not is_int(self.keep_checkpoints) or self.keep_checkpoints < 0:
-            raise ValueError(
-                f"TrainConfig.keep_checkpoints: must be an integer >= 0, got "
-                f"{self.keep_checkpoints!r}"
-            )
 
 
 CHOICES = {  # TrainConfig's names among fixed choices
@@ -125,33 +100,19 @@ CHOICES = {  # TrainConfig's names among fixed choices
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss stopped being finite in ``epoch`` (from 1): raised on every rank together
-    (the losses are reduced), after that epoch's metrics line; nothing from that epoch was
-    checkpointed or saved. An exception, not an exit: a program may try several rates."""
+    """The loss stopped being finite in ``epoch`` (from 1): raised on every rank together."""
 
     def __init__(self, epoch: int) -> None:
         super().__init__(f"training diverged in epoch {epoch} (the loss is not finite)")
         self.epoch = epoch
 
 
-def params_digest(params: dict[str, np.ndarray]) -> str:
-    """SHA-256 of the whole parameters: equal on every rank, or the parallelism broke."""
-    return arrays_digest(params.values())
-
-
 def peak_rss_mb() -> float | None:
-    """This process's peak resident memory so far, in MiB (None where the OS does not say).
-
-    Linux's VmHWM, not ``getrusage``: a process started by fork and exec inherits its parent's
-    high-water mark in ``ru_maxrss`` (a rank started from a 400 MiB Python would report 400).
-    """
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)  # kB
-    except OSError:
-        pass
+    """Peak resident memory in MiB (or None): VmHWM, as ``ru_maxrss`` survives fork and exec."""
+    with contextlib.suppress(OSError), open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)  # kB
     try:
         import resource
     except ImportError:  # Windows
@@ -161,10 +122,8 @@ def peak_rss_mb() -> float | None:
 
 
 def warmup_steps(epochs: float, steps_per_epoch: int) -> int:
-    """Steps of ``warmup_epochs``: rounded, but at least one when any warmup was asked for
-    (half an epoch of full-batch steps would round to none)."""
-    steps = round(epochs * steps_per_epoch)
-    return max(1, steps) if epochs > 0 else 0
+    """Steps of ``warmup_epochs``: rounded, but at least one when any warmup was asked for."""
+    return max(1, round(epochs * steps_per_epoch)) if epochs > 0 else 0
 
 
 class Trainer:
@@ -179,26 +138,19 @@ class Trainer:
         groups: Groups | None = None,
         callbacks: Sequence[Callback] = (),
     ) -> None:
-        """``comm`` joins every rank of the job; ``groups`` says which of them hold one replica
-        of the network and which split the batches (default: ``comm`` is one or the other,
-        as ``cfg.parallel`` says). ``callbacks`` run after the ones ``cfg`` asks for (fault
-        injection, progress bar, metrics file, printed lines, checkpoints)."""
+        """``groups``: which ranks of ``comm`` hold a replica, which split the batches."""
         self.model, self.data, self.backend, self.comm, self.cfg = model, data, backend, comm, cfg
         self.xp = backend.xp
         self.log = log or (lambda msg: print(msg, flush=True))
         self.is_root = comm.rank == 0
         self.groups = groups or Groups.of(comm, cfg.parallel)
-        # the ranks that split the data: one per replica of the network
-        self.data_comm = self.groups.data
-        # the ranks that hold one replica between them (tensor, pipeline parallelism)
-        self.model_comm = self.groups.model
-        # the ranks whose losses add up to the network's: those that split the data, or
-        # every pipeline stage of every replica (only the last stages score; the others count 0)
+        self.data_comm = self.groups.data  # one rank per replica
+        self.model_comm = self.groups.model  # the ranks of one replica
+        # the ranks whose losses add up: every pipeline stage (only the last ones score)
         self.metrics_comm = comm if cfg.parallel == "pipeline" else self.data_comm
-        xp = self.xp
         # a pipeline's later stages never read a sample: no copy of them on the device
         self.x_train = backend.asarray(data.x_train) if model.reads_input else None
-        self.y_train = backend.asarray(data.y_train, dtype=xp.int64)
+        self.y_train = backend.asarray(data.y_train, dtype=self.xp.int64)
         self.n_train = data.n_train  # with ``replicate``, more than it stores
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
         self.step_epochs = cfg.step_epochs or max(1, cfg.epochs // 3)  # default: a third
@@ -215,42 +167,31 @@ class Trainer:
                 cfg.optimizer, params, grads, backend.kernels, schedule, parts, zeros
             )
 
+        bucket_bytes = int(cfg.bucket_mb * 2**20)
         self.update = make_update(
-            model,
-            self.data_comm,
-            optimizer,
-            int(cfg.bucket_mb * 2**20),
-            cfg.batch_size,
-            cfg.node_share,
+            model, self.data_comm, optimizer, bucket_bytes, cfg.batch_size, cfg.node_share
         )
         self.optimizer = self.update.optimizer
         stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
         self.n_params = whole_size(model)
-        fault = FaultInjection.from_env()
-        self.callbacks: list[Callback] = [
-            *([fault] if fault else []),
-            *([ProgressBar()] if ProgressBar.wanted(cfg.progress, self.is_root) else []),
-            *([MetricsFile(cfg.metrics)] if cfg.metrics else []),
+        own = [
+            FaultInjection.from_env(),
+            ProgressBar() if cfg.progress and self.is_root and sys.stderr.isatty() else None,
+            MetricsFile(cfg.metrics) if cfg.metrics else None,
             EpochLog(self.log),
-            *(
-                [Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints)]
-                if cfg.checkpoint_dir
-                else []
-            ),
-            *callbacks,
+            Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints) if cfg.checkpoint_dir else None,
         ]
-        # the step events go only to the callbacks that act on them: free for the others
+        self.callbacks: list[Callback] = [c for c in own if c is not None] + list(callbacks)
+        # the step events go only to the callbacks that act on them
         self._step_begin = [c for c in self.callbacks if overrides(c, "on_step_begin")]
         self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
-        # Last: a checkpoint that does not fit is a user error of the setup phase, which every
-        # rank reports together (a stage finds a mismatch in its own layers only).
+        # Last: a checkpoint that does not fit is a setup error that every rank reports together.
         self.resume_note: str | None = None  # said when the run starts: every rank agreed
         if cfg.checkpoint_dir and not cfg.resume:  # the command line checked it before
             with path_problems("checkpoint_dir", cfg.checkpoint_dir):
-                refuse_other_runs(cfg.checkpoint_dir)
+                checkpoint.refuse_other_runs(cfg.checkpoint_dir)
         self.start_epoch = self._maybe_resume()
 
-    # -- one global batch ----------------------------------------------------------------
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
         xp, model = self.xp, self.model
         stall.injected_pause(self.comm.rank, step)
@@ -277,11 +218,9 @@ class Trainer:
         return loss, correct
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
-        """The steps of epoch ``epoch`` (from 0) over ``batches``, with the step callbacks: the
-        sums of their losses and correct predictions, on the device."""
+        """Epoch ``epoch`` (from 0): the sums of its losses and correct predictions, on device."""
         xp, begin, end = self.xp, self._step_begin, self._step_end
-        # float64 on the device: a float32 running sum drifts (4e-6 over an epoch here),
-        # and a host sum would wait for the device every step
+        # float64 on the device: a float32 sum drifts, a host sum waits for the device each step
         loss_acc = xp.zeros((), dtype=xp.float64)
         correct_acc = xp.zeros((), dtype=xp.float64)
         for step, batch in enumerate(batches, epoch * self.steps_per_epoch):
@@ -294,11 +233,9 @@ class Trainer:
                 callback.on_step_end(self, step)
         return loss_acc, correct_acc
 
-    # -- evaluation ----------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float]:
         """Test loss and accuracy: each rank scores a contiguous part, sums are reduced."""
-        xp, data = self.xp, self.data
-        dc = self.data_comm
+        xp, data, dc = self.xp, self.data, self.data_comm
         stall.in_phase("evaluation")
         part = np.array_split(np.arange(data.x_test.shape[0]), dc.size)[dc.rank]
         loss_sum, correct = 0.0, 0.0
@@ -313,10 +250,8 @@ class Trainer:
         total = self.metrics_comm.allreduce_host(np.array([loss_sum, correct, scored], np.float64))
         return total[0] / max(total[2], 1), total[1] / max(total[2], 1)
 
-    # -- the run -------------------------------------------------------------------------
     def run(self) -> dict:
-        cfg, model, comm = self.cfg, self.model, self.comm
-        start_epoch = self.start_epoch
+        cfg, model, comm, start_epoch = self.cfg, self.model, self.comm, self.start_epoch
         if self.resume_note and self.is_root:
             self.log(self.resume_note)
         self.update.broadcast_initial()  # rank 0's parameters are everyone's
@@ -365,13 +300,15 @@ class Trainer:
             }
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged
                 callback.on_epoch_end(self, record)
-            if not (math.isfinite(train_loss) and math.isfinite(test_loss)):
-                self._diverged(epoch + 1)
+            if not (math.isfinite(train_loss) and math.isfinite(test_loss)):  # every rank sees it
+                for callback in self.callbacks:
+                    callback.on_train_end(self, {"event": "diverged", "epoch": epoch + 1})
+                raise TrainingDiverged(epoch + 1)
         if start_epoch >= cfg.epochs:  # resumed with nothing left to train: score what we have
             test_loss, test_acc = self.evaluate()
         stall.in_phase("the end of the run")
         whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
-        digests = comm.allgather_obj(params_digest(whole))
+        digests = comm.allgather_obj(arrays_digest(whole.values()))  # equal, or parallelism broke
         peak_rss = comm.allgather_obj(peak_rss_mb())
         done = {
             "event": "done",
@@ -387,27 +324,17 @@ class Trainer:
         }
         if self.is_root and cfg.save:  # first: a done line promises the saved parameters
             with path_problems("save", cfg.save):  # a full disk, say
-                save_params(cfg.save, whole)
+                checkpoint.atomic_savez(cfg.save, whole)
         for callback in self.callbacks:
             callback.on_train_end(self, done)
         return done
-
-    def _diverged(self, epoch: int) -> None:
-        """Stop a run whose loss is no longer finite: every later epoch would be NaN too. The
-        losses are reduced, so every rank sees this and leaves together; the last checkpoint
-        written stays the latest, and no NaN parameters are saved."""
-        for callback in self.callbacks:
-            callback.on_train_end(self, {"event": "diverged", "epoch": epoch})
-        raise TrainingDiverged(epoch)
 
     def _maybe_resume(self) -> int:
         cfg = self.cfg
         if not (cfg.resume and cfg.checkpoint_dir):
             return 0
-        path = latest_checkpoint(cfg.checkpoint_dir)
-        # Each rank reads the directory; only rank 0 writes it. A directory on each node's own
-        # disk (or a stale copy) would resume the ranks from different epochs: a wrong run,
-        # then ranks that wait for each other forever.
+        path = checkpoint.latest_checkpoint(cfg.checkpoint_dir)
+        # A directory on each node's own disk would resume ranks from different epochs.
         seen = self.comm.allgather_obj(path.name if path else None)
         if len(set(seen)) > 1:
             found = ", ".join(f"rank {r}: {name or 'none'}" for r, name in enumerate(seen))
@@ -420,7 +347,7 @@ class Trainer:
             self.resume_note = f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh"
             return 0
         try:
-            epoch, step, before = load_checkpoint(
+            epoch, step, before = checkpoint.load_checkpoint(
                 path,
                 self.model,
                 self.optimizer,
@@ -430,24 +357,22 @@ class Trainer:
                 dataset=self.data.name,
                 identity=self.identity(),
             )
-        except DamagedCheckpoint as exc:  # the one before it may be whole: say so
-            older = checkpoints(cfg.checkpoint_dir)[-2:-1]
+        except checkpoint.DamagedCheckpoint as exc:  # the one before it may be whole: say so
+            older = checkpoint.checkpoints(cfg.checkpoint_dir)[-2:-1]
             if older:
-                raise DamagedCheckpoint(
+                raise checkpoint.DamagedCheckpoint(
                     f"{exc}; the one before it, {older[0].name}, remains: move this one "
                     "away to resume from it"
                 ) from None
             raise
         done = f"; `epochs` {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
-        changed = changed_settings(before, self.settings())
+        changed = checkpoint.changed_settings(before, self.settings())
         since = f"; changed since: {', '.join(changed)}" if changed else ""
         self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
         return epoch
 
     def identity(self) -> dict[str, Any]:
-        """What a resumed run must match beyond the parameters' shapes, the seed and the data
-        set's name: the global batch and the number of training samples (which decide every
-        batch to come) and ``TrainConfig.network``."""
+        """What a resume must match beyond shapes, seed and data set (every batch to come)."""
         return {
             "global_batch": self.cfg.batch_size,
             "train_samples": self.n_train,
@@ -455,9 +380,7 @@ class Trainer:
         }
 
     def settings(self) -> dict[str, Any]:
-        """What a resumed run may change and is told about when it does: the learning rate
-        (after ``lr_scaling``), its schedule, and the precision. With the step schedule the decay
-        interval, and with cosine the run's length, shape the rates still to come."""
+        """What a resume may change and is told about: the rates to come and the precision."""
         cfg = self.cfg
         settings: dict[str, Any] = {"lr": cfg.lr, "schedule": cfg.schedule}
         settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": str(self.model.params.dtype)}
