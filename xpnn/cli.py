@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
     p = _Parser(
         prog="python -m xpnn",
-        usage="python -m xpnn [train] [flags]  |  python -m xpnn info [--json]",
+        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... [-o PNG]",
         description="Train a network over xp, alone or under MPI (mpiexec -n N python -m xpnn "
         "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
         "the MPI library and whether it is CUDA-aware.",
@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--lr-scaling",
         choices=["none", "linear"],
-        help="linear: multiply --lr by the number of ranks (Goyal et al.; default none)",
+        help="linear: multiply --lr by the number of replicas, the ranks that split a batch "
+        "(Goyal et al.; default none)",
     )
     a(
         "--warmup-epochs",
@@ -202,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--bucket-mb",
         # below ~1 kB a bucket is an allreduce per few values: a step takes seconds
         type=_float_from(0.001, most=2**20),  # a TB bucket is a typo
-        help="allreduce bucket size in MB (default 25; mpi-host and the GPU comms)",
+        help="allreduce bucket size in MiB (default 25; mpi-host and the GPU comms)",
     )
     a(
         "--stall-warn",
