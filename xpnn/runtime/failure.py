@@ -261,7 +261,7 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     rank, size = _rank_size(world_or_comm)
     outcome: tuple[str, int, str] | None = None
     result: Any = None
-    if size > 1:
+    if size > 1:  # slow ranks are waited for here politely, not in MPI's spinning calls
         stall.wait(control_comm().Ibarrier(), "the barrier before a setup phase")  # type: ignore[attr-defined]
     try:
         result = fn()
