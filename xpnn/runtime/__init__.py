@@ -1,6 +1,5 @@
-"""The process: who am I in the job (``world``), threads per rank (``threads``, ``cpu_quota``),
-one failing rank stopping all (``failure``), MPI's node-shared segments (``segments``).
-MPI starts in ``init_world``, and only under a launcher."""
+"""The process: its place in the job (``world``), threads per rank (``threads``), one failing
+rank stopping all (``failure``, ``stall``), what MPICH leaves behind (``segments``)."""
 
 from xpnn.runtime.failure import (
     CollectiveExit,

@@ -1,5 +1,5 @@
-"""The last words of a rank: one line on stderr, and the end of every rank of the job. Apart
-from ``failure`` so that the stall watch, which ``failure`` uses, can end a job too."""
+"""The last words of a rank: one line on stderr, and the end of every rank of the job (apart
+from ``failure`` so that the stall watch, which ``failure`` uses, can end a job too)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,8 @@ ABORT_GRACE_S = 0.3
 
 
 def abort_job(code: int) -> None:
-    """End every rank of the job: flush what this rank printed, then MPI_Abort.
-
-    The short pause lets the launcher forward the message before it tears the job down
-    (hydra can drop output still in its pipes when the abort arrives first).
-    """
+    """Flush, pause so the launcher forwards the message (hydra drops output still in its
+    pipes when the abort arrives first), then MPI_Abort."""
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)
@@ -23,10 +20,14 @@ def abort_job(code: int) -> None:
     MPI.COMM_WORLD.Abort(code)
 
 
+def prefix(rank: int, size: int) -> str:
+    """What a rank's line begins with: its rank where there are several."""
+    return f"rank {rank}: " if size > 1 else "xpnn: "
+
+
 def say(line: str) -> None:
-    """One line on stderr in one write: Python's stderr writes through, so ``print`` would send
-    the text and its newline apart, and two ranks' lines could run together (``rank 1:
-    interruptedrank 0: interrupted``) where the launcher merges their output."""
+    """One line on stderr in one write: ``print`` sends the text and its newline apart, and
+    two ranks' lines could run together where the launcher merges their output."""
     if sys.stderr is not None:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

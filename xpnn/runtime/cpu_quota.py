@@ -1,12 +1,6 @@
-"""How many CPUs' worth of time this process's control group may use: Docker's ``--cpus``,
-a Kubernetes CPU limit, systemd's ``CPUQuota=``.
-
-The affinity mask says which cores a process may run on; a CFS quota says how much of their
-time it gets. A container limited to one CPU on a 2-core host still sees both cores, and two
-threads or ranks there take turns within every period (the kernel throttles them), however
-many cores they see. So threads per rank, and the warning for more ranks than cores, count
-the quota too. Linux only: elsewhere, or with no quota, there is none.
-"""
+"""How many CPUs' worth of time this process's cgroup may use (Docker's ``--cpus``, a
+Kubernetes CPU limit): a container limited to one CPU still sees every core in its affinity
+mask, so threads per rank count the quota too. Linux only."""
 
 from __future__ import annotations
 
@@ -30,9 +24,8 @@ def _v1_limit(folder: Path) -> float | None:
 
 
 def _limits(mount: Path, path: str, read: Callable[[Path], float | None]) -> list[float]:
-    """The quotas set on the cgroup ``path`` under ``mount`` and on its ancestors (the
-    tightest one applies). Inside a container ``path`` may name the host's cgroup while the
-    container sees its own at the mount point: then that is the one read."""
+    """The quotas on the cgroup ``path`` under ``mount`` and its ancestors. Inside a container
+    ``path`` may name the host's cgroup: then the mount point's own is read."""
     folder = mount / path.lstrip("/")
     folders = [folder, *folder.parents] if folder.is_dir() else [mount]
     found = []
@@ -49,8 +42,7 @@ def _limits(mount: Path, path: str, read: Callable[[Path], float | None]) -> lis
 
 
 def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_FS) -> float | None:
-    """The tightest CPU quota on this process's cgroups, in CPUs (1.5: one and a half CPUs'
-    time per period); None without one."""
+    """The tightest CPU quota on this process's cgroups, in CPUs; None without one."""
     try:
         lines = Path(proc_cgroup).read_text().splitlines()
     except OSError:
@@ -69,6 +61,5 @@ def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_FS) -> 
 
 
 def quota_cores(quota: float | None) -> int | None:
-    """Whole cores a quota is worth, rounded up (1.5 CPUs keep two threads busy 75 % of the
-    time: more work than one thread does); None without a quota."""
+    """Whole cores a quota is worth, rounded up (1.5 CPUs keep two threads busy)."""
     return None if quota is None else max(1, math.ceil(quota - 1e-9))

@@ -1,25 +1,9 @@
 """Waiting for other ranks without burning a core, and saying so when they do not come.
 
-MPICH's blocking calls (``Allreduce``, ``Barrier``, ``Wait``) poll at full speed: a rank that
-waits for a stopped one (SIGSTOP, a node swapping, a hung file system) sits at 100 % of a core
-for as long as the job lasts, without a word. Every wait of xpnn's MPI communicators goes
-through ``wait(request, what)`` instead:
-
-* it polls ``Test()`` at full speed for ``SPIN_S``, where small exchanges end;
-* then it sleeps ``MIN_NAP_S`` between polls, which costs an exchange under way nothing (MPI
-  moves data only when polled, and on the 2-core development VM a 25 MB allreduce between 2
-  ranks took as long with 50 us naps between polls as in ``Wait()``, and a third longer
-  polled without naps);
-* after ``NAP_GROWS_AFTER_S`` the naps grow to ``MAX_NAP_S``: a rank waiting for a stopped
-  one uses a few per cent of a core, and a wait that long ends at most 5 ms late;
-* after ``stall_warn`` seconds in one wait it prints one line naming the step, the phase and
-  the bucket it waits in (once per wait); after ``stall_abort`` seconds the job ends with
-  ``STALL_EXIT`` and one line naming the ranks that waited and those they waited for. The
-  waiting ranks learn of each other through notes sent on a communicator of their own, so the
-  lowest of them speaks for all; the others follow ``ABORT_DEFER_S`` later should it not.
-
-``set_limits`` sets both limits for the process (the command line's ``--stall-warn`` and
-``--stall-abort``); ``at_step``, ``in_phase`` and ``in_bucket`` say where the rank is.
+MPICH's blocking calls poll at full speed, so a rank waiting for a stopped one sits at 100 %
+of a core, silently; every wait of xpnn's MPI communicators goes through ``wait`` instead,
+which naps between polls (MPI moves data only when polled). After ``stall_warn`` s it warns
+once; after ``stall_abort`` s the lowest waiting rank ends the job with ``STALL_EXIT``.
 """
 
 from __future__ import annotations
@@ -28,6 +12,9 @@ import math
 import os
 import time
 from typing import Any
+
+from xpnn.errors import UserError
+from xpnn.runtime.abort import abort_job, prefix, say
 
 SPIN_S = 0.0005  # polls at full speed first: small exchanges end within this
 MIN_NAP_S = 0.00005  # the sleep between polls while an exchange may be under way
@@ -52,13 +39,12 @@ def set_limits(stall_warn: float = STALL_WARN_S, stall_abort: float = 0.0) -> No
 
 
 def limits() -> tuple[float, float]:
-    """(stall_warn, stall_abort) in seconds; 0 is off."""
     return _limits["warn"], _limits["abort"]
 
 
 def attach(watch_comm: Any) -> None:
-    """The communicator (mpi4py, every rank of the job, used for nothing else) on which
-    waiting ranks send each other notes and interrupted ranks agree to stop."""
+    """The communicator (every rank, used for nothing else) for the notes of waiting ranks
+    and the agreement of interrupted ranks to stop."""
     _state["comm"] = watch_comm
 
 
@@ -68,17 +54,14 @@ def watch_comm() -> Any:
 
 
 def at_step(step: int) -> None:
-    """A training step begins: the phase is its gradient exchange until said otherwise."""
     _where.update(phase="training step", step=step, bucket=None)
 
 
 def in_phase(phase: str) -> None:
-    """What the rank does now, outside a step's gradient exchange (evaluation, checkpoint...)."""
     _where.update(phase=phase, bucket=None)
 
 
 def in_bucket(index: int, count: int) -> None:
-    """The rank waits for bucket ``index`` (from 0) of ``count`` of this step's gradients."""
     _where["bucket"] = (index, count)
 
 
@@ -94,7 +77,6 @@ def where() -> str:
 
 
 def wait(request: Any, what: str) -> None:
-    """Wait until the MPI ``request`` completes, politely (see the module's docstring)."""
     if request.Test():
         return
     start = time.perf_counter()
@@ -105,8 +87,8 @@ def wait(request: Any, what: str) -> None:
 
 
 def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
-    """mpi4py's ``allgather`` of small objects, with the waiting done in a barrier through
-    ``wait`` (MPI has no non-blocking gather of objects): for the setup's few exchanges."""
+    """mpi4py's ``allgather``, waiting politely in a barrier first (MPI has no non-blocking
+    gather of objects)."""
     wait(mpi_comm.Ibarrier(), what)
     return mpi_comm.allgather(obj)
 
@@ -119,7 +101,9 @@ def _wait_long(request: Any, what: str, start: float) -> None:
         waited = time.perf_counter() - start
         if warn and not warned and waited >= warn:
             warned = True
-            _say(f"{_prefix()}has waited {warn:g} s for the others in {what} ({where()})")
+            say(
+                f"{prefix(*_rank_size())}has waited {warn:g} s for the others in {what} ({where()})"
+            )
         if abort:
             if not announced and waited >= abort / 2:
                 announced = True
@@ -139,11 +123,6 @@ def _rank_size() -> tuple[int, int]:
     from mpi4py import MPI  # a request exists, so MPI has started
 
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
-def _prefix() -> str:
-    rank, size = _rank_size()
-    return f"rank {rank}: " if size > 1 else "xpnn: "
 
 
 def _send_notes() -> None:
@@ -166,22 +145,18 @@ def _received_notes() -> set[int]:
 
 
 def _maybe_abort(what: str, waited: float, abort: float, others: set[int]) -> None:
-    """End the job: at once on the lowest waiting rank that this one knows of, else after
-    ``ABORT_DEFER_S`` more (the lowest may be gone or stopped itself)."""
+    """End the job: at once on the lowest waiting rank known, else ``ABORT_DEFER_S`` later
+    (the lowest may be stopped itself)."""
     rank, size = _rank_size()
     waiting = sorted(others | {rank})
     if rank != waiting[0] and waited < abort + ABORT_DEFER_S:
         return
     absent = [r for r in range(size) if r not in waiting]
-    _say(stall_line(waiting, absent, abort, f"rank {rank} in {what}, {where()}"))
-    from xpnn.runtime.abort import abort_job
-
+    say(stall_line(waiting, absent, abort, f"rank {rank} in {what}, {where()}"))
     abort_job(STALL_EXIT)
 
 
 def stall_line(waiting: list[int], absent: list[int], abort: float, detail: str) -> str:
-    """The one line that ends a stalled job."""
-
     def ranks(group: list[int]) -> str:
         return f"rank{'s' if len(group) != 1 else ''} {', '.join(map(str, group))}"
 
@@ -189,15 +164,8 @@ def stall_line(waiting: list[int], absent: list[int], abort: float, detail: str)
     return f"xpnn: stalled: {ranks(waiting)} waited {abort:g} s {awaited}({detail}); ending the job"
 
 
-def _say(line: str) -> None:
-    from xpnn.runtime.abort import say
-
-    say(line)
-
-
 def injected_pause(rank: int, step: int) -> None:
-    """``XPNN_SLEEP_AT=RANK:STEP:SECONDS`` (for the stall tests; unset in normal use): that rank
-    sleeps before that step, as a rank held up by a slow disk or a busy node would."""
+    """``XPNN_SLEEP_AT=RANK:STEP:SECONDS`` (the stall tests): that rank sleeps before that step."""
     spec = os.environ.get("XPNN_SLEEP_AT")
     if not spec:
         return
@@ -205,8 +173,6 @@ def injected_pause(rank: int, step: int) -> None:
     try:
         at_rank, at_step_, seconds = int(parts[0]), int(parts[1]), float(parts[2])
     except (IndexError, ValueError):
-        from xpnn.errors import UserError
-
         raise UserError(f"XPNN_SLEEP_AT={spec}: expected RANK:STEP:SECONDS, e.g. 1:3:5") from None
     if (at_rank, at_step_) == (rank, step):
         time.sleep(seconds)

@@ -1,8 +1,5 @@
-"""CPU threads inside one rank: share the node's cores among the ranks on it.
-
-Like OpenMP inside an MPI rank in C: with R ranks on a node of C cores, each rank runs
-C // R threads in BLAS and Numba, so ranks do not oversubscribe the cores and fight.
-"""
+"""CPU threads inside one rank: R ranks on a node of C cores run C // R threads each in BLAS
+and Numba, so ranks do not oversubscribe the cores."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ def affinity() -> frozenset[int]:
 
 
 def node_cores() -> int:
-    """How many cores this process may run on: its affinity mask, or fewer where a CPU quota
-    (a container's) allows less time than that (``cpu_quota``)."""
+    """Cores this process may run on: its affinity mask, or fewer under a CPU quota."""
     cores, limit = len(affinity()), quota_cores(cpu_quota())
     return cores if limit is None else min(cores, limit)
 
@@ -33,15 +29,8 @@ def node_cores() -> int:
 def core_share(
     own: frozenset[int], node: list[frozenset[int]], quota: int | None = None
 ) -> tuple[int, bool]:
-    """(cores for this rank, crowded) from its affinity and that of every rank on its node.
-
-    This rank's cores are divided among the ranks whose affinity overlaps them: all ranks on
-    all cores (MPICH's ``mpiexec``, no binding): cores // ranks; each rank bound to cores of
-    its own (Open MPI's default for 2 ranks, ``srun --cpu-bind``): all of its own; ranks bound
-    to a socket together: the socket's cores // its ranks. ``quota``: the cores a CPU quota
-    allows (``quota_cores``), taken as shared by every rank of the node, as in one container.
-    ``crowded``: more ranks than cores.
-    """
+    """(cores for this rank, more ranks than cores): its cores divided among the node's ranks
+    whose affinity overlaps them, and a CPU ``quota`` (cores) shared by every rank of the node."""
     sharers = max(1, sum(1 for cores in node if cores & own))
     cores, crowded = max(1, len(own) // sharers), sharers > len(own)
     if quota is not None:
@@ -56,14 +45,9 @@ def threads_per_rank(
     override: int | None = None,
     share: int | None = None,
 ) -> int:
-    """Threads for this rank: ``override`` (``--threads``) if given, else its cores, >= 1.
-
-    Its cores: under Slurm with ``--cpus-per-task``, where the launcher has divided the node,
-    ``SLURM_CPUS_PER_TASK``, but no more than ``share`` (ranks that ``mpiexec`` started
-    inside an ``sbatch -c 2`` job inherit the variable, however many share the cores);
-    else ``share`` (``World.cores``: see ``core_share``), else ``cores`` (default: the
-    affinity mask) divided among the ``local_size`` ranks on the node.
-    """
+    """Threads for this rank: ``override`` if given, else its cores, >= 1: in a Slurm step,
+    ``SLURM_CPUS_PER_TASK`` capped at ``share`` (ranks of ``mpiexec`` inside ``sbatch -c``
+    inherit it); else ``share``; else ``cores`` divided among the ``local_size`` ranks."""
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             raise UserError(f"`threads` {override}: must be a whole number >= 1")
@@ -88,12 +72,7 @@ REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, 
 
 def apply_threads(n: int) -> dict:
     """Limit BLAS/OpenMP pools and Numba to ``n`` threads; report what was limited.
-
-    threadpoolctl limits the libraries already loaded (NumPy's BLAS); ``OMP_NUM_THREADS`` is
-    set for ones loaded later. Numba is limited now if imported, else through
-    ``NUMBA_NUM_THREADS`` for when it is (importing it here would cost half a second for
-    backends that never use it).
-    """
+    Numba is limited through the environment unless imported: importing it costs 0.5 s."""
     global _LIMITER
     if n < 1:
         raise UserError(f"`threads` {n}: must be a whole number >= 1")
@@ -124,7 +103,6 @@ def apply_threads(n: int) -> dict:
 
 
 def _pools_info() -> list[dict]:
-    """The thread pools threadpoolctl sees, as small JSON-friendly dicts."""
     from threadpoolctl import threadpool_info
 
     return [
@@ -138,8 +116,7 @@ def _pools_info() -> list[dict]:
 
 
 def describe_threads(record: dict) -> str:
-    """``8 thread(s)``, or each rank's count where they differ (nodes with other core counts,
-    or other ``--threads`` per rank): rank 0's alone would misreport the run."""
+    """``8 thread(s)``, or each rank's count where they differ."""
     per_rank = record.get("threads_per_rank")
     if not per_rank:
         return f"{record['threads']} thread(s)"

@@ -1,8 +1,5 @@
-"""Who am I: rank, size and node-local rank of this process.
-
-``init_world`` imports mpi4py only when a launcher started us (or ``XPNN_FORCE_MPI=1``):
-importing ``mpi4py.MPI`` initialises MPI, which is slow, can print warnings and, on some
-clusters, refuses to run outside the launcher. A plain ``python -m xpnn`` stays MPI-free.
+"""Who am I: rank, size and node-local rank of this process. MPI starts only under a
+launcher (or ``XPNN_FORCE_MPI=1``): it is slow to start and some clusters refuse it outside one.
 """
 
 from __future__ import annotations
@@ -18,11 +15,8 @@ from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
 from xpnn.runtime.segments import remove_stale, unlink_hydra_topology, unlink_mpich_segments
 from xpnn.runtime.threads import affinity, core_share
 
-# Variables that a launcher sets in every process it starts. Each entry: (variable, minimum size
-# it signals). Launchers set more, but one of these is always there:
-#   MPICH/Hydra and Intel MPI: PMI_RANK, PMI_SIZE, MPI_LOCALNRANKS; Open MPI: OMPI_COMM_WORLD_*;
-#   PMIx-based launchers (Open MPI 5, srun --mpi=pmix): PMIX_RANK; MVAPICH: MV2_COMM_WORLD_*;
-#   Cray PALS/ALPS: PALS_RANKID, ALPS_APP_PE.
+# One of these is set in every process a launcher starts (MPICH/Hydra, Intel MPI, Open MPI,
+# PMIx, MVAPICH, Cray PALS/ALPS).
 _LAUNCHER_VARS = (
     "PMI_RANK",
     "PMI_SIZE",
@@ -34,17 +28,16 @@ _LAUNCHER_VARS = (
     "PALS_RANKID",
     "ALPS_APP_PE",
 )
-# Variables in which a launcher states how many processes it started.
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 _SRUN_TASKS_VAR = "SLURM_STEP_NUM_TASKS"  # how many tasks srun started in this job step
 
 
-_CONTROL: object | None = None  # a private duplicate of COMM_WORLD for failure agreement
+_CONTROL: object | None = None  # a duplicate of COMM_WORLD for failure agreement
 
 
 def control_comm() -> object:
-    """The communicator ``failure`` agrees on: its own, so its messages never match a
-    collective that some rank is still inside (COMM_WORLD if init_world never ran)."""
+    """``failure``'s own communicator, so its messages never match a collective some rank
+    is still inside (COMM_WORLD if init_world never ran)."""
     if _CONTROL is not None:
         return _CONTROL
     from mpi4py import MPI
@@ -72,13 +65,8 @@ class World:
 
 
 def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
-    """The variable that shows an MPI launcher started us, or None.
-
-    ``XPNN_FORCE_MPI=1`` forces MPI on (returns ``"XPNN_FORCE_MPI"``), ``=0`` forces it off.
-    Under Slurm, ``srun`` sets ``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS`` (else
-    ``SLURM_NTASKS`` is used); a false positive, such as the batch script itself, only costs
-    an MPI singleton of size 1, since rank and size are then asked of MPI.
-    """
+    """The variable that shows an MPI launcher started us, or None. A false positive (a
+    Slurm batch script) only costs an MPI singleton: rank and size are asked of MPI."""
     env = os.environ if env is None else env
     force = env.get("XPNN_FORCE_MPI", "").strip()
     if force not in ("", "0", "1"):
@@ -101,8 +89,8 @@ def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def launch_rank() -> int:
-    """This process's rank as the launcher says, without starting MPI (0 outside a launcher):
-    who prints an error that every process found (a bad flag, before MPI starts)."""
+    """The launcher's rank for this process, without starting MPI (0 outside a launcher):
+    which process prints an error found before MPI starts."""
     for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
@@ -115,14 +103,8 @@ def library_name(library_version: str) -> str:
 
 
 def check_launcher_size(size: int, env: Mapping[str, str], library_version: str) -> None:
-    """Refuse to train when the launcher started N processes but MPI sees fewer.
-
-    That happens when mpi4py loaded another MPI library than the launcher's (an ``mpiexec``
-    from the mpich wheel with a system Open MPI, say), or when ``srun`` started the tasks
-    without a process-management interface their MPI speaks (``--mpi=none``, the default of
-    many Slurm sites): every process is then a singleton that trains the whole run alone and
-    writes the same outputs as the others.
-    """
+    """Refuse to train when the launcher started N processes but MPI sees fewer (another MPI
+    library than the launcher's, or ``srun --mpi=none``): each would train alone."""
     library = library_name(library_version)
     for var in _LAUNCHER_SIZE_VARS:
         try:
@@ -137,8 +119,7 @@ def check_launcher_size(size: int, env: Mapping[str, str], library_version: str)
                 "MPI4PY_LIBMPI=/path/to/libmpi.so"
             )
         return  # the MPI launcher's own count settles it
-    # srun's count of this step's tasks. Not when an MPI launcher's count was there: mpiexec
-    # inside an allocation starts its proxies with srun, one a node, not one a rank.
+    # mpiexec inside an allocation starts its proxies with srun: one task a node, not a rank
     tasks = env.get(_SRUN_TASKS_VAR, "")
     if "SLURM_STEP_ID" in env and tasks.isdigit() and int(tasks) > size:
         raise UserError(
@@ -150,14 +131,8 @@ def check_launcher_size(size: int, env: Mapping[str, str], library_version: str)
 
 
 def check_pmix(env: Mapping[str, str], library_version: str) -> None:
-    """Refuse an MPICH without PMIx under a PMIx launcher, before its ``MPI_Init`` aborts.
-
-    Open MPI's ``mpirun`` and ``srun --mpi=pmix`` start processes through PMIx
-    (``PMIX_RANK``, ``PMIX_NAMESPACE``). An MPICH built without it, such as the mpich wheel
-    that ``pip install`` brings, aborts in ``MPI_Init`` there with a page of error stack
-    ("Runtime environment uses unsupported PMI version PMIx"): a site's Open MPI ``mpirun``
-    with the wheel still in the virtual environment, typically.
-    """
+    """Refuse an MPICH without PMIx (the mpich wheel) under a PMIx launcher, before its
+    ``MPI_Init`` aborts with a page of error stack."""
     var = next((v for v in ("PMIX_RANK", "PMIX_NAMESPACE") if env.get(v)), None)
     first = library_name(library_version)
     if var is None or not first.startswith("MPICH") or "pmix" in library_version.lower():
@@ -171,12 +146,8 @@ def check_pmix(env: Mapping[str, str], library_version: str) -> None:
 
 
 def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
-    """Import mpi4py and start MPI; the MPI module and its library's version string.
-
-    The library is asked its name before ``MPI_Init`` (allowed by the standard), because an
-    ``MPI_Init`` that fails ends the process from C, past any Python error handling. mpi4py
-    then initialises as it would have by itself (thread level "multiple", finalized at exit).
-    """
+    """Import mpi4py and start MPI; the MPI module and its library's version string, asked
+    before ``MPI_Init`` since a failing ``MPI_Init`` ends the process past Python's handling."""
     try:
         import mpi4py
 
@@ -197,12 +168,7 @@ def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
 
 
 def init_world(env: Mapping[str, str] | None = None) -> World:
-    """Find rank, size and node-local rank/size; import MPI only under a launcher.
-
-    Rank and size always come from MPI itself, never from the environment: the variables
-    only decide whether to start MPI at all. The local rank (ranks on the same node, via
-    ``Split_type(COMM_TYPE_SHARED)``) picks the GPU and divides the node's cores.
-    """
+    """Rank, size and node-local rank/size, asked of MPI (the environment only starts it)."""
     hint = launched_by_mpi(env)
     if hint is None:
         return World(rank=0, size=1, local_rank=0, local_size=1, mpi_comm=None)
@@ -225,9 +191,7 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
         cores, crowded = core_share(own, local.allgather(own), quota)  # bound ranks or not
     finally:
         local.Free()
-    # the node's ranks have all passed MPI_Init (the allgather): MPICH's segment is mapped
-    # everywhere, and its name would outlive a job that aborts or loses a rank; so would the
-    # topology file hydra's proxy wrote for MPI_Init
+    # the node's ranks have all passed MPI_Init (the allgather): see ``segments``
     unlink_mpich_segments()
     unlink_hydra_topology()
     if local_rank == 0:  # and what earlier jobs that ended too early left (one rank a node)

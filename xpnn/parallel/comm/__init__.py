@@ -1,6 +1,5 @@
 """Communicators, one interface for every transport: ``base`` (the contract, one process),
-``mpi`` (host memory), ``shm`` (node-shared arrays), ``cuda`` (CUDA-aware MPI, NCCL; CuPy
-imported only when one is built). ``make_communicator`` picks one."""
+``mpi`` (host memory), ``shm`` (node-shared arrays), ``cuda`` (CUDA-aware MPI, NCCL)."""
 
 from __future__ import annotations
 
@@ -20,15 +19,7 @@ def make_communicator(
     world: World, backend: Any, kind: str = "auto", parallel: str = "data"
 ) -> Communicator:
     """The communicator for ``--comm kind`` on this backend; collective on every rank.
-
-    One process without MPI always gets ``self``; with MPI started and one rank, ``auto``
-    gives ``self`` while an explicit transport is honoured (handy for benchmarks). CPU
-    backends: ``auto`` is ``mpi-shm`` (node-shared parameters) for data parallelism when every
-    node holds the same number of ranks, else ``mpi-host`` (tensor and pipeline parallelism
-    share no parameters between ranks); device transports are a user error. GPU backends:
-    ``auto`` prefers NCCL (one GPU per rank), then CUDA-aware MPI, then host staging; an
-    explicit request that cannot work falls back with one line on rank 0's stderr.
-    """
+    With one rank an explicit transport is still honoured (benchmarks)."""
     if kind not in KINDS:
         raise UserError(f"`comm` {kind}: choose one of {', '.join(KINDS)}")
     is_gpu = bool(getattr(backend, "is_gpu", False))

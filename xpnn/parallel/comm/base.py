@@ -13,20 +13,18 @@ OPS = ("sum", "max", "min")
 
 
 class Handle(Protocol):
-    """A pending non-blocking operation."""
-
     def wait(self) -> None:
         """Block until the buffer holds the result (idempotent)."""
         ...
 
 
 class DoneHandle:
-    """A handle for an operation that finished before it was returned."""
+    """An operation that finished before it was returned."""
 
     __slots__ = ()
 
     def wait(self) -> None:
-        """Nothing to wait for."""
+        pass
 
 
 DONE = DoneHandle()
@@ -38,23 +36,14 @@ def check_op(op: str) -> None:
 
 
 def is_device_array(buf: Any) -> bool:
-    """True for arrays in GPU memory (CuPy, Numba CUDA...): they carry the CUDA interface."""
+    """True for arrays in GPU memory (they carry the CUDA interface)."""
     return type(buf) is not np.ndarray and hasattr(buf, "__cuda_array_interface__")
 
 
 class Communicator:
-    """Base class: the interface, the checks, and what needs no transport.
-
-    ``name`` says which path is live ("self", "mpi-shm", "mpi-host", "mpi-cuda", "nccl");
-    ``fallback_reason`` is set when an explicit ``--comm`` request could not be honoured;
-    ``detail`` says in a few words why ``auto`` chose this one; ``auto_fallback`` why ``auto``
-    settled for it rather than the faster transport it tries first (said as a note).
-
-    Capabilities are attributes, read by the update schemes: ``node_memory``, the ranks of a
-    node can allocate arrays they all map (``shared_zeros``, ``fence``, ``local_rank``,
-    ``local_size``, ``nodes``, ``cross_allreduce_``: ``shm.ShmCommunicator``);
-    ``device_buffers``, device arrays go to the transport without a copy through the host.
-    """
+    """The interface. ``fallback_reason``: why an explicit ``--comm`` was not honoured;
+    ``detail``: why this one; ``auto_fallback``: why ``auto`` settled for it. Capabilities:
+    ``node_memory`` (``shm.ShmCommunicator``'s interface), ``device_buffers`` (no host copy)."""
 
     name: str = "base"
     node_memory: bool = False
@@ -71,43 +60,33 @@ class Communicator:
         return f"<{type(self).__name__} {self.name} rank {self.rank}/{self.size}>"
 
     def allreduce_(self, buf: Any, op: str = "sum") -> None:
-        """Reduce ``buf`` across ranks, in place."""
         raise NotImplementedError
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
-        """Start an in-place reduction; the result is there after ``handle.wait()``."""
         raise NotImplementedError
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
-        """Overwrite ``buf`` on every rank with root's."""
         raise NotImplementedError
 
     def barrier(self) -> None:
-        """Wait until every rank gets here."""
         raise NotImplementedError
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
-        """Reduce a small host array (metrics: sums and counts) in float64; returns a new array.
-
-        float64 holds integers exactly up to 2**53, so counts summed across ranks are exact.
-        """
+        """Reduce a small host array in float64 (counts exact to 2**53); a new array."""
         raise NotImplementedError
 
     def allgather_obj(self, obj: Any) -> list:
-        """Gather one small picklable object from every rank, in rank order."""
+        """One small picklable object from every rank, in rank order."""
         raise NotImplementedError
 
     def abort(self, code: int) -> None:
-        """End the whole job now with ``code`` (used when one rank fails)."""
         raise NotImplementedError
 
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
-        """Start sending ``buf`` to rank ``dest`` (pipeline stages); after ``wait()`` the
-        buffer may be reused. Messages between two ranks with one tag arrive in order."""
+        """After ``wait()`` the buffer may be reused; messages with one tag arrive in order."""
         raise NotImplementedError(f"{self.name}: no point-to-point messages")
 
     def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
-        """Fill ``buf`` with the next message from rank ``source`` (blocking)."""
         raise NotImplementedError(f"{self.name}: no point-to-point messages")
 
     @staticmethod
@@ -116,7 +95,7 @@ class Communicator:
 
 
 class SelfCommunicator(Communicator):
-    """One process: every collective is the identity, so it costs nothing."""
+    """One process: every collective is the identity."""
 
     name = "self"
 

@@ -1,9 +1,5 @@
-"""Device-buffer communicators: CUDA-aware MPI and NCCL (through CuPy), and the choice between.
-
-CuPy is imported inside functions only, so importing this module (or ``xpnn.parallel``) on a
-machine without CUDA costs nothing. Host (NumPy) buffers given to these communicators take
-the ``mpi-host`` path they inherit.
-"""
+"""Device-buffer communicators, CUDA-aware MPI and NCCL, and the choice between them. CuPy
+is imported inside functions only; host buffers take the inherited ``mpi-host`` path."""
 
 from __future__ import annotations
 
@@ -20,13 +16,8 @@ from xpnn.runtime.world import World
 
 
 class MpiCudaCommunicator(MpiHostCommunicator):
-    """Device buffers handed straight to a CUDA-aware MPI (no host copies).
-
-    MPI does not know CUDA streams: the current stream is synchronised first so the kernels
-    that wrote the buffer have finished before MPI reads it. Where the library takes device
-    buffers in blocking collectives only (Open MPI), a non-blocking allreduce of a device
-    buffer is done blocking and returns a finished handle.
-    """
+    """Device buffers handed straight to a CUDA-aware MPI, after the current stream is done
+    (MPI does not know streams). Open MPI's non-blocking device allreduce runs blocking."""
 
     name = "mpi-cuda"
     device_buffers = True
@@ -73,8 +64,8 @@ def _wait_for_stream() -> None:
 
 
 class _NcclHandle:
-    """An NCCL reduction running on the communication stream; ``wait`` orders the current
-    stream after it (the host does not block: later kernels see the reduced buffer)."""
+    """An NCCL reduction on the communication stream; ``wait`` orders the current stream
+    after it without blocking the host."""
 
     __slots__ = ("_event", "_buf")
 
@@ -91,12 +82,8 @@ class _NcclHandle:
 
 
 class NcclCommunicator(MpiHostCommunicator):
-    """NCCL for device buffers; MPI for bootstrap (unique id), host data and barriers.
-
-    Blocking calls are queued on the current stream (asynchronous for the host, ordered for
-    the device, as any CuPy kernel). Non-blocking calls run on a separate stream that first
-    waits for the current one, so the reduction overlaps with the work queued after it.
-    """
+    """NCCL for device buffers; MPI for the unique id, host data and barriers. Non-blocking
+    calls run on their own stream, overlapping the work queued after them."""
 
     name = "nccl"
     device_buffers = True
@@ -205,11 +192,8 @@ def shared_gpu(infos: list[dict]) -> tuple[int, int, int] | None:
 
 
 def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]:
-    """Decide the transport from every rank's facts: (name, fallback reason, detail).
-
-    Pure (no CUDA, no MPI), so the rules are testable: auto -> nccl when every rank has NCCL
-    and its own GPU, else mpi-cuda when every rank's MPI is CUDA-aware, else mpi-host.
-    """
+    """(name, fallback reason, detail) from every rank's facts; pure, so testable:
+    auto -> nccl (every rank has NCCL and its own GPU), else mpi-cuda, else mpi-host."""
     aware = all(i["aware"] for i in infos)
     shared = shared_gpu(infos) if len(infos) > 1 else None
     not_aware = next((i["aware_why"] for i in infos if not i["aware"]), "")

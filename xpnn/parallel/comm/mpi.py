@@ -13,8 +13,7 @@ from xpnn.runtime import stall
 
 
 class MpiHandle:
-    """An MPI request plus a reference to its buffer, so the buffer outlives the request, and
-    what it is, for a stall warning."""
+    """An MPI request, its buffer (kept alive until done) and what it is, for stall warnings."""
 
     __slots__ = ("_req", "_buf", "_what")
 
@@ -31,7 +30,7 @@ class MpiHandle:
 
 
 class _PinnedSlot:
-    """One pinned host buffer and the event after which its last host-to-device copy is done."""
+    """A pinned host buffer and the event that ends its last host-to-device copy."""
 
     __slots__ = ("host", "event")
 
@@ -41,12 +40,8 @@ class _PinnedSlot:
 
 
 class _PinnedPool:
-    """Pinned host buffers per (size, dtype), allocated once and reused across steps.
-
-    Several buffers per key exist only while several non-blocking reductions of that shape are
-    in flight at once (equal-sized gradient buckets); a returned buffer is reused only after
-    its pending copy back to the device has completed.
-    """
+    """Pinned host buffers per (size, dtype), reused across steps once their copy back to
+    the device is done; one per reduction of that shape in flight."""
 
     def __init__(self) -> None:
         self._free: dict[tuple[int, np.dtype], list[_PinnedSlot]] = {}
@@ -69,7 +64,7 @@ class _PinnedPool:
 
 
 def _empty_pinned(size: int, dtype: np.dtype) -> np.ndarray:
-    """A page-locked NumPy array: device copies to and from it run at full PCIe speed."""
+    """A page-locked NumPy array: device copies run at full PCIe speed."""
     try:
         import cupyx
 
@@ -82,7 +77,7 @@ def _empty_pinned(size: int, dtype: np.dtype) -> np.ndarray:
 
 
 def as_cupy(buf: Any) -> Any:
-    """A flat CuPy view of a contiguous device array (zero copy, ``__cuda_array_interface__``)."""
+    """A flat zero-copy CuPy view of a contiguous device array."""
     import cupy
 
     dev = buf if isinstance(buf, cupy.ndarray) else cupy.asarray(buf)
@@ -92,9 +87,8 @@ def as_cupy(buf: Any) -> Any:
 
 
 class _StagedHandle:
-    """Non-blocking operation on a device buffer staged through a pinned host buffer: a
-    reduction (the result is copied back to ``dev``) or a send (``dev`` None: nothing comes
-    back, the host buffer is only returned to the pool)."""
+    """A reduction staged through pinned memory, copied back to ``dev``; or a send (``dev``
+    None: the host buffer only returns to the pool)."""
 
     __slots__ = ("_req", "_dev", "_slot", "_pool")
 
@@ -113,7 +107,7 @@ class _StagedHandle:
 
 
 def _copy_out(dev: Any, slot: _PinnedSlot) -> None:
-    """Device to pinned host, after the work queued on the current stream (the gradients)."""
+    """Device to pinned host, after the work queued on the current stream."""
     import cupy
 
     dev.get(stream=cupy.cuda.get_current_stream(), out=slot.host, blocking=True)
@@ -130,12 +124,7 @@ def _copy_back(dev: Any, slot: _PinnedSlot, pool: _PinnedPool) -> None:
 
 
 class MpiHostCommunicator(Communicator):
-    """MPI on host memory: works with every MPI library, CUDA-aware or not.
-
-    NumPy buffers go straight to ``Allreduce(MPI.IN_PLACE, buf)``. Device buffers are copied
-    to a pinned host buffer (kept in a pool, so pinned memory is allocated once per bucket
-    shape), reduced there, and copied back on the current stream.
-    """
+    """MPI on host memory; device buffers are reduced in pooled pinned host buffers."""
 
     name = "mpi-host"
 
@@ -151,7 +140,6 @@ class MpiHostCommunicator(Communicator):
 
     @property
     def mpi_comm(self) -> Any:
-        """The underlying mpi4py communicator (a duplicate of COMM_WORLD)."""
         return self._comm
 
     def _mpi_op(self, op: str) -> Any:
@@ -161,7 +149,6 @@ class MpiHostCommunicator(Communicator):
             check_op(op)
             raise
 
-    # -- in-place collectives --------------------------------------------------------------
     def allreduce_(self, buf: Any, op: str = "sum") -> None:
         # the hot path for every gradient bucket: kept to a dict lookup and a type check
         mop = self._ops.get(op) or self._mpi_op(op)
@@ -217,7 +204,6 @@ class MpiHostCommunicator(Communicator):
         else:
             _copy_back(dev, slot, self._pool)
 
-    # -- point to point (pipeline stages) ---------------------------------------------------
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
         if is_device_array(buf):
             return self._device_isend(buf, dest, tag)
@@ -245,7 +231,6 @@ class MpiHostCommunicator(Communicator):
         stall.wait(self._comm.Irecv(slot.host, source=source, tag=tag), what)
         _copy_back(dev, slot, self._pool)
 
-    # -- small host data -------------------------------------------------------------------
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         out = self._host_values(values)
         stall.wait(self._comm.Iallreduce(self._in_place, out, self._mpi_op(op)), "an allreduce")

@@ -1,15 +1,7 @@
-"""Node-shared memory: ranks on one node share buffers instead of sending them to each other.
-
-On one node, an allreduce of the gradients is memory traffic dressed up as messages: MPI copies
-every byte into a shared segment and out again, and then every rank runs the same optimizer
-update on the same numbers. ``ShmCommunicator`` lets ranks allocate arrays in memory that every
-rank of the node maps (``MPI.Win.Allocate_shared``), so the parameters exist once per node and
-each rank reads the others' gradients where they lie (``parallel.update.node_shared``).
-``share_bounds`` cuts a range into the ranks' shares on cache lines.
-
-Ranks are grouped by node (``Split_type(COMM_TYPE_SHARED)``); ``cross`` joins the ranks that
-have the same node-local rank on every node, for the one message that must leave the node.
-Everything else (metrics, barriers, ``allreduce_``) is inherited from ``MpiHostCommunicator``.
+"""Node-shared memory: on one node an allreduce is memory traffic dressed up as messages, so
+ranks map arrays they all share (``MPI.Win.Allocate_shared``) and the parameters exist once per
+node (``parallel.update.node_shared``). ``cross`` joins the ranks with the same node-local
+rank on every node, for the one message that must leave the node.
 """
 
 from __future__ import annotations
@@ -31,15 +23,14 @@ ALIGN = 16  # share bounds on 64-byte lines (float32), so ranks never write one 
 
 
 def padded(n: int, align: int) -> int:
-    """``n`` rounded up to a multiple of ``align``."""
     return -(-n // align) * align
 
 
 def share_bounds(
     start: int, end: int, parts: int, index: int, align: int = ALIGN
 ) -> tuple[int, int]:
-    """[lo, hi) of part ``index`` when ``range(start, end)`` is cut into ``parts`` near-equal
-    slices at multiples of ``align`` (the last may be shorter; some may be empty if tiny)."""
+    """[lo, hi) of part ``index`` of ``range(start, end)`` cut into ``parts`` near-equal
+    slices at multiples of ``align`` (some may be empty if tiny)."""
     per = -(-(end - start) // parts)
 
     def cut(k: int) -> int:
@@ -51,12 +42,8 @@ def share_bounds(
 
 
 def shm_free_bytes(path: str = SHM_DIR) -> int | None:
-    """Free bytes where shared segments live (None where that cannot be known).
-
-    Checked before allocating because a segment larger than the space left (Docker's default
-    /dev/shm is 64 MiB) is not refused by MPI: it is mapped, and the first write past the end
-    of the space kills the process with SIGBUS, or a huge one keeps it writing for minutes.
-    """
+    """Free bytes where shared segments live, or None. MPI does not refuse a segment larger
+    than that (Docker's /dev/shm is 64 MiB): the first write past it kills with SIGBUS."""
     try:
         st = os.statvfs(path)
     except OSError:
@@ -65,7 +52,6 @@ def shm_free_bytes(path: str = SHM_DIR) -> int | None:
 
 
 def forced_ranks_per_node() -> int | None:
-    """``XPNN_RANKS_PER_NODE``, or None where it is not set."""
     forced = os.environ.get(RANKS_PER_NODE_VAR, "").strip()
     if not forced:
         return None
@@ -79,15 +65,13 @@ def forced_ranks_per_node() -> int | None:
 
 
 def _node_comm(world_comm: Any, MPI: Any) -> Any:
-    """The ranks of ``world_comm`` that share this node's memory, in its order
-    (``XPNN_RANKS_PER_NODE=k`` pretends the job's ranks 0..k-1, k..2k-1, ... are nodes, so a
-    multi-node layout can be tested on one machine)."""
+    """The ranks of ``world_comm`` on this node (``XPNN_RANKS_PER_NODE=k``: each k
+    consecutive ranks of the job count as one node, to test multi-node layouts)."""
     node = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
     k = forced_ranks_per_node()
     if k is None:
         return node
-    # by the rank in the whole job: ``world_comm`` may be a data-parallel group (2-D layouts),
-    # whose ranks are not consecutive in the job
+    # by the job's rank: a data-parallel group's (2-D layouts) are not consecutive
     group = node.Split(color=MPI.COMM_WORLD.Get_rank() // k, key=node.Get_rank())
     node.Free()
     return group
@@ -108,8 +92,8 @@ class ShmCommunicator(MpiHostCommunicator):
 
     @classmethod
     def create(cls, mpi_comm: Any) -> ShmCommunicator:
-        """Collective over ``mpi_comm``. Raises UserError (on every rank alike) when the nodes
-        hold different numbers of ranks: the shards of a node must line up across nodes."""
+        """Collective; a UserError on every rank when nodes hold different numbers of ranks
+        (a node's shards must line up across nodes)."""
         from mpi4py import MPI
 
         node = _node_comm(mpi_comm, MPI)
@@ -131,11 +115,8 @@ class ShmCommunicator(MpiHostCommunicator):
         return comm
 
     def shared_zeros(self, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
-        """A zero-filled array that every rank of the node maps; collective over the node.
-
-        Node-local rank 0 allocates the segment and the others map it. The window stays open
-        (in a passive-target epoch, so ``fence`` can order memory) until ``free``.
-        """
+        """A zero-filled array every rank of the node maps; collective over the node. Its
+        window stays in a passive-target epoch, so ``fence`` can order memory, until ``free``."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
@@ -166,8 +147,7 @@ class ShmCommunicator(MpiHostCommunicator):
         return array
 
     def fence(self) -> None:
-        """Node barrier with memory ordering: what a rank wrote to shared arrays before it is
-        seen by every rank of the node after it (MPI's Sync / Barrier / Sync idiom)."""
+        """Node barrier with memory ordering (MPI's Sync / Barrier / Sync idiom)."""
         with FENCES:
             for win in self._windows:
                 win.Sync()
@@ -176,12 +156,11 @@ class ShmCommunicator(MpiHostCommunicator):
                 win.Sync()
 
     def cross_allreduce_(self, buf: np.ndarray) -> None:
-        """Sum ``buf`` in place over the ranks with this node-local rank on every node."""
         if self.nodes > 1:
             stall.wait(self.cross.Iallreduce(self._in_place, buf, self._MPI.SUM), "an allreduce")
 
     def free(self) -> None:
-        """Release the shared segments (their arrays must not be used afterwards)."""
+        """Release the shared segments; their arrays must not be used afterwards."""
         for win in self._windows:
             win.Unlock_all()
             win.Free()
