@@ -1,7 +1,7 @@
 """``python bench/matmul_crossover.py [flags]``: the suite's ``crossover`` benchmark as a script.
 
-The same as ``python -m bench crossover [flags]``; kept as a command because CI and the
-README's GPU checks run it by this path.
+The same as ``python -m bench crossover [flags]``; kept as a command because ci/gpu.sh and
+users run it by this path.
 """
 
 import sys

@@ -9,7 +9,7 @@ per buffer size, on every rank (after a barrier, median over ``--iters`` calls):
 * set+sync: ``dev.set(pinned)`` then a stream synchronise (pinned host to device);
 * raw d2h: a bare ``cudaMemcpyAsync`` device to host plus synchronise, for comparison.
 
-It is how the README's finding was made that two ranks sharing one GPU pay 150-300 us for
+On the H100 machine (docs/gpu.md) it showed that two ranks sharing one GPU pay 150-300 us for
 each small (<= 16 KiB) host-to-device copy, against about 15 us from 64 KiB up or with one rank.
 
 Run: ``mpiexec -n 2 python bench/staging.py`` (and ``-n 1`` to compare). Without CuPy or a

@@ -150,7 +150,7 @@ def test_the_recorded_gpu_results_name_machine_and_date():
     assert {r["benchmark"] for r in rs} == {"crossover", "allreduce"}
     for r in rs:
         assert r["machine"]["gpu"]["name"].startswith("NVIDIA H100")
-        assert r["time"] == "2026-11-22" and "README" in r["info"]["source"]
+        assert r["time"] == "2026-11-22" and "bash ci/gpu.sh" in r["info"]["source"]
         assert all(math.isfinite(m["median"]) for m in r["metrics"].values())
 
 
