@@ -257,8 +257,11 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     """Run the rank-local setup ``fn`` on every rank, then agree on whether to go on: on any
     failure rank 0 prints one line and every rank raises ``CollectiveExit`` with one code (bug
     1, else UserError 2, else SystemExit's). Keep ``fn`` free of collectives: a failed rank
-    waits ``XPNN_AGREE_TIMEOUT`` s for the others, then aborts the job."""
+    waits ``XPNN_AGREE_TIMEOUT`` s for the others, then aborts the job. Alone there is
+    nothing to agree on: the error reaches the caller (a program, or ``run_guarded``)."""
     rank, size = _rank_size(world_or_comm)
+    if size == 1:
+        return fn()
     outcome: tuple[str, int, str] | None = None
     result: Any = None
     if size > 1:  # slow ranks are waited for here politely, not in MPI's spinning calls

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from xpnn.errors import user_message
 from xpnn.parallel.comm.base import DONE, Communicator, Handle
 from xpnn.parallel.comm.cuda_aware import detect_cuda_aware, nonblocking_device_collectives
 from xpnn.parallel.comm.mpi import MpiHandle, MpiHostCommunicator, as_cupy
@@ -229,7 +230,7 @@ def make_gpu_communicator(world: World, kind: str) -> Communicator:
     infos = comm.allgather(_local_gpu_info())  # type: ignore[union-attr]
     name, fallback, detail = choose_gpu_kind(infos, kind)
     if fallback and world.is_root:
-        print(f"xpnn: {fallback}", file=sys.stderr, flush=True)
+        print(f"xpnn: {user_message(fallback)}", file=sys.stderr, flush=True)
     cls = {"nccl": NcclCommunicator, "mpi-cuda": MpiCudaCommunicator}.get(name, MpiHostCommunicator)
     result = cls(comm)
     result.fallback_reason = fallback
