@@ -1,6 +1,6 @@
 """``python -m xpnn`` (xpnn.cli), with xpnn.interrupts' handler in before any import."""
 
-from xpnn.interrupts import catch_early_interrupts
+from xpnn.interrupts import catch_early_interrupts, forget_handled_interrupt
 
 
 def run() -> int:
@@ -8,7 +8,10 @@ def run() -> int:
     catch_early_interrupts()
     from xpnn.cli import main
 
-    return main()
+    code = main()
+    if code in (130, 143):  # stopped by a signal, said and handled
+        forget_handled_interrupt()
+    return code
 
 
 if __name__ == "__main__":

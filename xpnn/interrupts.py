@@ -59,3 +59,13 @@ def hand_over(terminated: type[BaseException]) -> None:
         raise KeyboardInterrupt
     if pending == _signal.SIGTERM:
         raise terminated
+
+
+def forget_handled_interrupt() -> None:
+    """A Ctrl-C that landed in code run through ``PyRun_String`` (as some C extensions do at
+    import) leaves CPython's "unhandled KeyboardInterrupt" flag set even though xpnn handled
+    it, and Python would then end by SIGINT instead of with the exit code xpnn chose.
+    Running one statement that way clears the flag."""
+    import ctypes
+
+    ctypes.pythonapi.PyRun_SimpleString(b"pass")
