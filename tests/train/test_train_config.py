@@ -40,8 +40,8 @@ def _trainer(cfg: TrainConfig) -> Trainer:
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow, on its way to inf
 def test_a_diverged_run_is_an_exception_a_sweep_can_catch():
-    """It was a SystemExit (``CollectiveExit``): ``except Exception`` in a learning-rate sweep
-    did not catch it, and the whole program ended."""
+    """An exception, not a SystemExit: ``except Exception`` in a learning-rate sweep catches
+    it, and the program goes on to the next rate."""
     finished = []
     for lr in (1e300, 1e-3):
         try:
