@@ -13,6 +13,8 @@ from pathlib import Path
 
 from conftest import ROOT, xpnn_cmd
 
+from xpnn.runtime.segments import files_in_use
+
 SCRATCH_DIRS = ("/tmp", "/dev/shm")
 
 
@@ -27,33 +29,13 @@ def snapshot() -> set[str]:
     return names
 
 
-def _held_by_a_live_process() -> set[str]:
-    """Files that some running process holds open or maps (another job still at work)."""
-    held = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-                except OSError:
-                    pass
-            with open(f"/proc/{pid}/maps") as fh:
-                fields = (line.split(maxsplit=5) for line in fh)
-                held |= {f[5].strip() for f in fields if len(f) == 6}
-        except OSError:
-            continue
-    return held
-
-
 def left_behind(before: set[str]) -> list[str]:
     """What appeared in /tmp or /dev/shm since ``before`` and no live process holds: on a
     machine shared with other jobs, theirs are open or mapped while they run; a leak is not."""
     new = {path for path in snapshot() - before if not _made_beside_this_test(path)}
     if new:  # another program's scratch file of the moment (a compiler's) is gone soon after
         time.sleep(0.5)
-        held = _held_by_a_live_process()
+        held = files_in_use()
         new = {path for path in new if path not in held and os.path.lexists(path)}
     return sorted(new)
 

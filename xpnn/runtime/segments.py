@@ -79,8 +79,8 @@ def unlink_hydra_topology(fd_dir: str | None = None) -> list[str]:
 STALE_AFTER_S = 60.0  # a live job maps its segment and holds its topology file all along
 
 
-def _ours_in_use() -> set[str]:
-    """The files that this user's running processes hold open or map."""
+def files_in_use() -> set[str]:
+    """The files that running processes this user may inspect hold open or map."""
     used: set[str] = set()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -125,5 +125,5 @@ def remove_stale(min_age: float = STALE_AFTER_S, shm_dir: str = SHM_DIR) -> list
             old.append(path)
     if not old:
         return []
-    used = _ours_in_use()
+    used = files_in_use()
     return _unlink([path for path in old if path not in used])
