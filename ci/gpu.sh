@@ -14,6 +14,9 @@
 # time of each step go to ${OUT:-bench/results}. Any mismatch or fallback fails the script.
 # Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see docs/gpu.md; the
 # prefix is taken from $XPNN_CUDA_MPI_PREFIX or .cuda-mpi/).
+# Every command runs under `timeout` (XPNN_GPU_STEP_LIMIT, 240 s), so a hung collective costs
+# minutes, not the lease; with XPNN_GPU_BUDGET=SECONDS, commands that would start after that
+# much time are skipped and listed, so a lease of fixed length still brings the log back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/results}"
@@ -34,7 +37,24 @@ end_step() {
 }
 step() { end_step; step_name="$*"; echo; echo "== $* ($(($(date +%s) - t_start)) s in)"; }
 fail() { echo "FAILED: $*"; failed+=("$*"); }
-run() { "$@" || fail "($?) $*"; }
+skipped=()
+STEP_LIMIT="${XPNN_GPU_STEP_LIMIT:-240}"
+run() {  # COMMAND...: under a time limit, within the budget; a failure is recorded, not fatal
+  local limit="$STEP_LIMIT"
+  if [ -n "${XPNN_GPU_BUDGET:-}" ]; then
+    local left=$((XPNN_GPU_BUDGET - ($(date +%s) - t_start)))
+    if [ "$left" -lt 20 ]; then
+      echo "SKIPPED (budget): $*"
+      skipped+=("$*")
+      return 0
+    fi
+    [ "$left" -lt "$limit" ] && limit="$left"
+  fi
+  timeout -k 10 "$limit" "$@"
+  local rc=$?
+  [ "$rc" = 124 ] && echo "TIMED OUT after $limit s: $*"
+  [ "$rc" = 0 ] || fail "($rc) $*"
+}
 : >"$OUT/gpu_times.txt"
 
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -76,11 +96,11 @@ if [ "$HAVE_CUDA_MPI" = 1 ] && [ -n "$MPIEXEC" ]; then
   # sandboxed kernel may refuse: then every large exchange would abort. Checked once here.
   big='import numpy as np; from mpi4py import MPI; c = MPI.COMM_WORLD; b = np.ones(1 << 24)
 c.Allreduce(MPI.IN_PLACE, b); assert b.min() == b.max() == c.size, b[:3]; print("ok", c.size)'
-  if ! timeout 120 "$MPIEXEC" -n 2 "$PY" -c "$big" >"$OUT/preflight.log" 2>&1; then
+  if ! timeout 60 "$MPIEXEC" -n 2 "$PY" -c "$big" >"$OUT/preflight.log" 2>&1; then
     cat "$OUT/preflight.log"
     echo "2-rank 128 MiB host allreduce failed; again without CMA (single copy mechanism none)"
     export OMPI_MCA_btl_vader_single_copy_mechanism=none
-    timeout 120 "$MPIEXEC" -n 2 "$PY" -c "$big" >"$OUT/preflight.log" 2>&1 \
+    timeout 60 "$MPIEXEC" -n 2 "$PY" -c "$big" >"$OUT/preflight.log" 2>&1 \
       || fail "2-rank host allreduce fails under $CUDA_MPI: $(tail -3 "$OUT/preflight.log")"
   fi
   cat "$OUT/preflight.log"
@@ -88,9 +108,25 @@ fi
 
 step "environment"
 nvidia-smi -L || true
-"$PY" -m xpnn info | tee "$OUT/info.txt" || fail "python -m xpnn info"
+timeout 120 "$PY" -m xpnn info | tee "$OUT/info.txt" || fail "python -m xpnn info"
 if [ "$HAVE_CUDA_MPI" = 1 ]; then
   grep -q "^  CUDA-aware: yes" "$OUT/info.txt" || fail "xpnn info does not say 'CUDA-aware: yes'"
+fi
+if [ "$HAVE_CUDA_MPI" = 1 ] && [ -n "$MPIEXEC" ]; then
+  # One 2-rank allreduce of a 128 MiB device buffer straight through MPI. Two ranks on one GPU
+  # talk through Open MPI's smcuda transport, whose CUDA IPC a sandboxed driver may refuse;
+  # then again without IPC (device memory staged by Open MPI itself), saying so.
+  dev='import cupy as cp; from mpi4py import MPI; c = MPI.COMM_WORLD; b = cp.ones(1 << 24)
+cp.cuda.get_current_stream().synchronize(); c.Allreduce(MPI.IN_PLACE, b)
+assert float(b.min()) == float(b.max()) == c.size, b[:3]; print("device allreduce ok", c.size)'
+  if ! timeout -k 5 60 "$MPIEXEC" -n 2 "$PY" -c "$dev" >"$OUT/preflight_device.log" 2>&1; then
+    cat "$OUT/preflight_device.log"
+    echo "2-rank device allreduce failed; again without CUDA IPC (btl_smcuda_use_cuda_ipc 0)"
+    export OMPI_MCA_btl_smcuda_use_cuda_ipc=0
+    timeout -k 5 60 "$MPIEXEC" -n 2 "$PY" -c "$dev" >"$OUT/preflight_device.log" 2>&1 \
+      || fail "2-rank device allreduce fails under $CUDA_MPI: $(tail -3 "$OUT/preflight_device.log")"
+  fi
+  cat "$OUT/preflight_device.log"
 fi
 
 # 2 ranks on one GPU, float64: mpi-cuda must be the live path and equal mpi-host.
@@ -110,6 +146,7 @@ print(f"{sys.argv[1]} == {sys.argv[2]}: {len(a.files)} arrays, worst relative di
 EOF
 }
 lives() {  # LOG COMM: the run line names COMM and nothing fell back
+  [ -f "$1" ] || { fail "$1: no log"; return; }
   grep -q "comm $2, " "$1" || fail "$1: the run line does not say comm $2"
   if grep -q "falling back" "$1"; then fail "$1: fell back: $(grep 'falling back' "$1")"; fi
 }
@@ -184,6 +221,10 @@ end_step
 echo "total: $(($(date +%s) - t_start)) s" >>"$OUT/gpu_times.txt"
 echo
 cat "$OUT/gpu_times.txt"
+if [ ${#skipped[@]} -gt 0 ]; then
+  echo "ci/gpu.sh: ${#skipped[@]} command(s) skipped, past XPNN_GPU_BUDGET=$XPNN_GPU_BUDGET s:"
+  printf '  %s\n' "${skipped[@]}"
+fi
 if [ ${#failed[@]} -eq 0 ]; then
   echo "ci/gpu.sh: all GPU checks passed"
   exit 0
