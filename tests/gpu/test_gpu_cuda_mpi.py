@@ -71,7 +71,8 @@ def test_device_buffer_collectives_over_mpi_cuda(env: dict[str, str], tmp_path: 
             import sys
             import cupy
             from types import SimpleNamespace
-            from xpnn.parallel import init_world, make_communicator, run_guarded
+            from xpnn.parallel.comm import make_communicator
+            from xpnn.runtime import init_world, run_guarded
 
             w = init_world()
             cupy.cuda.Device(w.local_rank % cupy.cuda.runtime.getDeviceCount()).use()
