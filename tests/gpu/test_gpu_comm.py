@@ -144,7 +144,7 @@ def test_explicit_requests_on_a_shared_gpu_fall_back(tmp_path: Path) -> None:
         comm = make_communicator(w, GPU, "mpi-cuda")
         if not aware:
             assert comm.name == "mpi-host", comm.name
-            assert comm.fallback_reason.startswith("--comm mpi-cuda: MPI is not CUDA-aware")
+            assert comm.fallback_reason.startswith("`comm` mpi-cuda: MPI is not CUDA-aware")
         print(f"FALLBACK OK {w.rank}", flush=True)
 
     sys.exit(run_guarded(w, main))
@@ -152,7 +152,7 @@ def test_explicit_requests_on_a_shared_gpu_fall_back(tmp_path: Path) -> None:
     proc = run(tmp_path, body, 2)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert proc.stdout.count("FALLBACK OK") == 2
-    note = "xpnn: --comm nccl: ranks 0 and 1 share GPU 0 (NCCL refuses that); falling back to "
+    note = "xpnn: `comm` nccl: ranks 0 and 1 share GPU 0 (NCCL refuses that); falling back to "
     assert proc.stderr.count(note) == 1, proc.stderr  # printed once, by rank 0
 
 
