@@ -67,7 +67,9 @@ def _mpi_library() -> str | None:
         from mpi4py import MPI
     except ImportError:
         return None
-    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    from xpnn.runtime import library_name
+
+    return library_name(MPI.Get_library_version())
 
 
 def _gpu() -> dict[str, Any] | None:

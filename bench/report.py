@@ -23,7 +23,10 @@ from bench.core import (
 )
 from bench.plots import draw, pyplot
 
-RECORDED_GPU = Path(__file__).resolve().parent / "recorded" / "gpu-h100-2026-11-22.jsonl"
+# The newest recording of the GPU benchmarks (files named gpu-MACHINE-YYYY-MM-DD.jsonl)
+RECORDED_GPU = max(
+    (Path(__file__).resolve().parent / "recorded").glob("gpu-*.jsonl"), key=lambda p: p.stem[-10:]
+)
 
 # The seed reports' own numbers, printed beside ours (shared/seeds/000 and 002).
 SEED000_STRONG = [(1, 43.67), (2, 23.79), (4, 14.81), (6, 12.17), (8, 11.01)]

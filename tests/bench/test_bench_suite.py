@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 from bench.benchmarks import batch_regimes, parallel_modes
@@ -144,14 +145,25 @@ def test_report_check_finds_empty_tables_and_bad_pngs(tmp_path):
     assert check(tmp_path) == []
 
 
-def test_the_recorded_gpu_results_name_machine_and_date():
-    path = ROOT / "bench" / "recorded" / "gpu-h100-2026-11-22.jsonl"
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "bench" / "recorded").glob("gpu-*.jsonl")), ids=lambda p: p.name
+)
+def test_the_recorded_gpu_results_name_machine_and_date(path):
     rs = [json.loads(line) for line in path.read_text().splitlines()]
     assert {r["benchmark"] for r in rs} == {"crossover", "allreduce"}
+    kind, date = path.stem.split("-")[1], path.stem[-10:]  # gpu-h200-2026-11-26
     for r in rs:
-        assert r["machine"]["gpu"]["name"].startswith("NVIDIA H100")
-        assert r["time"] == "2026-11-22" and "bash ci/gpu.sh" in r["info"]["source"]
+        assert r["machine"]["gpu"]["name"].lower().startswith(f"nvidia {kind}")
+        assert r["time"].startswith(date) and "bash ci/gpu.sh" in r["info"]["source"]
+        assert "\\u0000" not in json.dumps(r)  # Open MPI's version string ends in a NUL
         assert all(math.isfinite(m["median"]) for m in r["metrics"].values())
+
+
+def test_the_report_shows_the_newest_recording():
+    from bench.report import RECORDED_GPU
+
+    newest = max((ROOT / "bench" / "recorded").glob("gpu-*.jsonl"), key=lambda p: p.stem[-10:])
+    assert RECORDED_GPU == newest and RECORDED_GPU.name == "gpu-h200-2026-11-26.jsonl"
 
 
 def test_gemm_split_times_every_product_at_both_batches(tmp_path):

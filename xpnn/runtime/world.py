@@ -98,8 +98,9 @@ def launch_rank() -> int:
 
 
 def library_name(library_version: str) -> str:
-    """The first line of ``MPI_Get_library_version``, its runs of spaces made one."""
-    return " ".join((library_version.splitlines() or [""])[0].split())
+    """The first line of ``MPI_Get_library_version``, its runs of spaces made one (and without
+    the C terminator that Open MPI leaves at its end)."""
+    return " ".join((library_version.replace("\x00", "").splitlines() or [""])[0].split())
 
 
 def check_launcher_size(size: int, env: Mapping[str, str], library_version: str) -> None:

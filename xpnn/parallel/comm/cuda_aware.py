@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.runtime.world import library_name
 
 _DEFAULT: object = object()
 
@@ -239,8 +240,7 @@ def mpi_info() -> dict:
     problem = awareness.cuda_problem if awareness.library else cuda_runtime_problem()
     return {
         "mpi4py": mpi4py.__version__,
-        # Open MPI ends the string with its C terminator: a NUL in the output otherwise
-        "library": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
+        "library": library_name(MPI.Get_library_version()),
         "mpi_version": "{}.{}".format(*MPI.Get_version()),
         "alloc_kinds": read_alloc_kinds(),
         "mpix_query_cuda_support": query,
