@@ -55,7 +55,7 @@ def test_a_long_wait_sleeps_instead_of_spinning(limits):
 
 def test_an_exchange_under_way_is_polled_without_naps(limits, monkeypatch):
     """MPI moves a large message only while it is polled: a nap between polls would stretch
-    an allreduce of tens of MiB (12x on Open MPI's non-blocking collectives)."""
+    an allreduce of MiBs (Open MPI 4.1, 4 MiB: 30 ms polled with naps, 1.9 ms without)."""
     limits(0, 0)
     naps = []
     monkeypatch.setattr(stall.time, "sleep", naps.append)
