@@ -1,10 +1,11 @@
 """Steps to a target test accuracy against the global batch (seed 004, Shallue et al. 2018).
 
 For each batch size the learning rate is tuned from a small grid (the fewest steps wins).
-The step at which the target is first met is interpolated linearly between the epochs'
-evaluations (the metrics file has one per epoch); met at the first evaluation, it is only
-known to be at most one epoch's steps, shown as "≤" and left out of the regimes. Doubling
-the batch halves the steps in the perfect-scaling regime, helps less in the
+Each run trains in this process through the library (``RunSpec``, ``build_run``) with a
+callback that scores the test set at steps about 10 % apart and ends the run at the first
+score at or above the target; the step is interpolated between that score and the one
+before. (An epoch's evaluation would know a small batch's step only to within an epoch.)
+Doubling the batch halves the steps in the perfect-scaling regime, helps less in the
 diminishing-returns regime and not at all in the regime of maximal data parallelism.
 """
 
@@ -12,69 +13,121 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from typing import Any
 
 from bench.core import float_list, int_list, markdown_table, record
-from bench.training import add_data_arguments, command, data_flags, measure, train_samples
+from bench.training import add_data_arguments, train_samples
+from xpnn.train import Callback
 
 NAME = "batch_regimes"
 SUMMARY = "steps to a target accuracy vs global batch, lr tuned per size (seed 004)"
 QUICK = {"samples": 512, "batches": [8, 16, 32, 64, 128, 256], "lrs": [0.1, 0.3]}
 QUICK |= {"max_steps": 300, "target": 0.9}
 PERFECT, NO_GAIN = 0.65, 0.9  # steps(2B) / steps(B) below, and above, which a regime is named
+GROWTH = 1.1  # the next score comes after this many times the steps done so far
+PATIENCE = 12  # scores in a row without a new best (2.8x the steps): the target is out of reach
+TARGETS = {"synthetic": 0.99, "mnist": 0.97, "fashion-mnist": 0.83}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p, samples=1024)
     p.add_argument("--batches", type=int_list, default=[4, 8, 16, 32, 64, 128, 256, 512, 1024])
     p.add_argument("--lrs", type=float_list, default=[0.01, 0.03, 0.1, 0.3, 1.0])
-    p.add_argument("--target", type=float, default=0.99, help="test accuracy to reach")
-    p.add_argument("--max-steps", type=int, default=3000, help="steps budget per run")
+    p.add_argument(
+        "--target", type=float, help="test accuracy to reach (default: " +
+        ", ".join(f"{k} {v}" for k, v in TARGETS.items()) + ")",
+    )  # fmt: skip
+    p.add_argument("--max-steps", type=int, default=60000, help="steps budget per run")
+    p.add_argument("--max-epochs", type=int, default=30, help="epochs budget per run")
     p.add_argument("--hidden", default="64")
+    p.add_argument("--backend", default="numpy", choices=("numpy", "numba"))
 
 
-def steps_to_target(
-    curve: list[dict[str, Any]], per_epoch: int, target: float
-) -> tuple[float, bool] | None:
-    """(steps, whether only an upper bound) to the first evaluation at or above ``target``."""
-    prev_steps, prev_acc = 0.0, None
-    for e in curve:
-        steps, acc = e["epoch"] * per_epoch, e["test_acc"]
-        if acc is not None and acc >= target:
-            if prev_acc is None:  # met at the first evaluation: somewhere in the first epoch
-                return float(steps), True
-            frac = (target - prev_acc) / (acc - prev_acc) if acc > prev_acc else 1.0
-            return prev_steps + max(0.0, min(1.0, frac)) * (steps - prev_steps), False
-        prev_steps, prev_acc = steps, acc if acc is not None else prev_acc
+class _Stop(Exception):
+    """Ends a run from inside its training loop: target met or budget spent."""
+
+
+class TargetWatch(Callback):
+    """Scores the test set at steps about ``GROWTH`` apart; stops at the target, at the
+    budget, or after ``PATIENCE`` scores without progress (a diverged or stalled run)."""
+
+    def __init__(self, target: float, max_steps: int) -> None:
+        self.target, self.max_steps = target, max_steps
+        self.curve: list[tuple[int, float]] = []  # (steps done, test accuracy)
+        self._next = 1
+        self._since_best = 0
+
+    def on_step_end(self, trainer: Any, step: int) -> None:
+        done = step + 1
+        if done < self._next and done < self.max_steps:
+            return
+        acc = float(trainer.evaluate()[1])
+        best = max((a for _, a in self.curve), default=-1.0)
+        self._since_best = 0 if acc > best else self._since_best + 1
+        self.curve.append((done, acc))
+        self._next = max(done + 1, math.ceil(done * GROWTH))
+        if acc >= self.target or done >= self.max_steps or self._since_best >= PATIENCE:
+            raise _Stop
+
+
+def steps_to_target(curve: list[tuple[int, float]], target: float) -> float | None:
+    """The step at which the test accuracy crossed ``target``, interpolated linearly between
+    the scores either side; None if it never did."""
+    prev: tuple[int, float] | None = None
+    for steps, acc in curve:
+        if acc >= target:
+            if prev is None:
+                return float(steps)
+            s0, a0 = prev
+            frac = (target - a0) / (acc - a0) if acc > a0 else 1.0
+            return s0 + max(0.0, min(1.0, frac)) * (steps - s0)
+        prev = (steps, acc)
     return None
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
+    from xpnn.run import RunSpec, build_run
+    from xpnn.runtime import init_world
+    from xpnn.train import TrainingDiverged
+
+    world = init_world()
+    target = args.target if args.target is not None else TARGETS[args.dataset]
     n = train_samples(args)
+    hidden = tuple(int(h) for h in args.hidden.split(","))
     out = []
     for batch in args.batches:
         per_epoch = math.ceil(n / batch)
-        epochs = max(2, min(400, math.ceil(args.max_steps / per_epoch)))
+        max_steps = min(args.max_steps, args.max_epochs * per_epoch)
         for lr in args.lrs:
-            flags = [
-                "--model", "mlp", "--hidden", args.hidden, "--optimizer", "sgd", "--lr", repr(lr),
-                "--batch-size", str(batch), "--epochs", str(epochs), *data_flags(args),
-            ]  # fmt: skip
-            samples, info = measure(1, flags, args, launcher=False)
-            hit = steps_to_target(info["curve"], per_epoch, args.target)
+            spec = RunSpec(
+                backend=args.backend, hidden=hidden, optimizer="sgd", lr=lr, batch_size=batch,
+                epochs=math.ceil(max_steps / per_epoch), dataset=args.dataset,
+                data_dir=args.data_dir, threads=args.threads, progress=False,
+                synthetic_size=args.samples if args.dataset == "synthetic" else None,
+            )  # fmt: skip
+            watch = TargetWatch(target, max_steps)
+            t0 = time.perf_counter()
+            try:
+                build_run(spec, world, callbacks=[watch], log=lambda line: None).run()
+            except (_Stop, TrainingDiverged):
+                pass
+            samples = {"seconds": [time.perf_counter() - t0]}
+            hit = steps_to_target(watch.curve, target)
             if hit is not None:
-                samples["steps"] = [hit[0]]
-                info["upper_bound"] = hit[1]
+                samples["steps"] = [hit]
             config = {
-                "batch": batch, "lr": lr, "target": args.target, "epochs": epochs,
+                "batch": batch, "lr": lr, "target": target, "max_steps": max_steps,
                 "steps_per_epoch": per_epoch, "hidden": args.hidden, "dataset": args.dataset,
-                "train_samples": n, "command": command(1, flags, args, launcher=False),
+                "backend": args.backend, "train_samples": n,
+                "command": f"python -m bench batch_regimes --dataset {args.dataset} "
+                f"--batches {batch} --lrs {lr} --target {target} --hidden {args.hidden}",
             }  # fmt: skip
-            out.append(record(NAME, config, samples, machine, info))
+            out.append(record(NAME, config, samples, machine, {"curve": watch.curve}))
     return out
 
 
-Point = tuple[int, float | None, float | None, bool]  # batch, best lr, steps, upper bound
+Point = tuple[int, float | None, float | None]  # batch, best lr, steps (None: not reached)
 
 
 def best(records: list[dict[str, Any]]) -> list[Point]:
@@ -82,24 +135,20 @@ def best(records: list[dict[str, Any]]) -> list[Point]:
     out: list[Point] = []
     for batch in sorted({r["config"]["batch"] for r in records}):
         hits = [
-            (
-                r["metrics"]["steps"]["median"],
-                r["config"]["lr"],
-                r["info"].get("upper_bound", False),
-            )
+            (r["metrics"]["steps"]["median"], r["config"]["lr"])
             for r in records
             if r["config"]["batch"] == batch and "steps" in r["metrics"]
         ]
-        steps, lr, bound = min(hits) if hits else (None, None, False)
-        out.append((batch, lr, steps, bound))
+        steps, lr = min(hits) if hits else (None, None)
+        out.append((batch, lr, steps))
     return out
 
 
 def regimes(points: list[Point]) -> list[str]:
     """The regime of each step from one batch size to the next (by the ratio of steps)."""
     names = []
-    for (b0, _, s0, u0), (b1, _, s1, u1) in zip(points, points[1:], strict=False):
-        if s0 is None or s1 is None or u0 or u1:
+    for (b0, _, s0), (b1, _, s1) in zip(points, points[1:], strict=False):
+        if s0 is None or s1 is None:
             names.append("–")
             continue
         ratio = (s1 / s0) ** (1 / math.log2(b1 / b0))  # per doubling
@@ -114,9 +163,8 @@ def table(records: list[dict[str, Any]]) -> str:
     pts = best(records)
     reg = ["–", *regimes(pts)]
     rows = []
-    for (b, lr, steps, bound), g in zip(pts, reg, strict=True):
-        cell = "not reached" if steps is None else f"≤ {steps:.0f}" if bound else steps
-        rows.append([b, "–" if lr is None else lr, cell, g])
+    for (b, lr, steps), g in zip(pts, reg, strict=True):
+        rows.append([b, "–" if lr is None else lr, "not reached" if steps is None else steps, g])
     heads = ["global batch", "best lr", "steps to target", "regime (from the smaller batch)"]
     return markdown_table(heads, rows)
 
@@ -127,11 +175,7 @@ def plot(records: list[dict[str, Any]], ax: Any) -> None:
     colours["maximal data parallelism"] = "C3"
     for (b0, *_), (b1, *_), g in zip(pts, pts[1:], regimes(pts), strict=False):
         ax.axvspan(b0, b1, color=colours.get(g, "white"), alpha=0.2, lw=0)
-    ax.plot([p[0] for p in pts], [p[2] for p in pts], "k-")
-    known = [p for p in pts if not p[3]]
-    ax.plot([p[0] for p in known], [p[2] for p in known], "ko", label="measured")
-    bound = [p for p in pts if p[3]]
-    ax.plot([p[0] for p in bound], [p[2] for p in bound], "kv", mfc="none", label="at most")
+    ax.plot([p[0] for p in pts], [p[2] for p in pts], "ko-", label="measured")
     if pts:
         b0, s0 = pts[0][0], pts[0][2]
         ax.plot([p[0] for p in pts], [s0 * b0 / p[0] for p in pts], "k:", lw=0.8, label="perfect")

@@ -108,16 +108,34 @@ def test_crossover_script_is_still_a_command(tmp_path):
 
 
 def test_steps_to_target_interpolates_between_evaluations():
-    curve = [{"epoch": 1, "test_acc": 0.5}, {"epoch": 2, "test_acc": 0.9}]
-    assert batch_regimes.steps_to_target(curve, 10, 0.7) == (15.0, False)
-    assert batch_regimes.steps_to_target(curve, 10, 0.95) is None
-    # met at the first evaluation: only "at most one epoch" is known
-    assert batch_regimes.steps_to_target(curve, 10, 0.4) == (10.0, True)
+    curve = [(10, 0.5), (20, 0.9)]
+    assert batch_regimes.steps_to_target(curve, 0.7) == 15.0
+    assert batch_regimes.steps_to_target(curve, 0.95) is None
+    assert batch_regimes.steps_to_target(curve, 0.4) == 10.0  # met at the first score
+
+
+def test_the_watch_scores_about_ten_percent_apart_and_stops_at_the_target():
+    class Trainer:  # the one method the callback calls: accuracy rises 0.001 a step
+        step = 0
+
+        def evaluate(self):
+            return 0.0, 0.001 * self.step
+
+    trainer, watch = Trainer(), batch_regimes.TargetWatch(target=0.5, max_steps=10_000)
+    with pytest.raises(batch_regimes._Stop):
+        for step in range(10_000):
+            trainer.step = step + 1
+            watch.on_step_end(trainer, step)
+    steps = [s for s, _ in watch.curve]
+    assert steps[:10] == list(range(1, 11)) and steps[-1] >= 500 > steps[-2]
+    assert all(b <= max(a + 1, math.ceil(a * 1.1)) for a, b in zip(steps, steps[1:], strict=False))
+    assert len(steps) < 60  # not every step
+    assert batch_regimes.steps_to_target(watch.curve, 0.5) == pytest.approx(500)
 
 
 def test_regimes_follow_the_ratio_of_steps_per_doubling():
-    pts = [(8, 0.1, 800.0, False), (16, 0.1, 400.0, False), (32, 0.1, 300.0, False)]
-    pts += [(64, 0.1, 295.0, False), (128, 0.1, 290.0, True)]
+    pts = [(8, 0.1, 800.0), (16, 0.1, 400.0), (32, 0.1, 300.0), (64, 0.1, 295.0)]
+    pts += [(128, None, None)]
     assert batch_regimes.regimes(pts) == [
         "perfect scaling", "diminishing returns", "maximal data parallelism", "–",
     ]  # fmt: skip
