@@ -75,7 +75,8 @@ def modes_sentence(records: list[dict[str, Any]]) -> str:
 
     fastest = least(lambda m: median_of(by[m], "epoch_s"))
     leanest = least(lambda m: median_of(by[m], "peak_rss_mb") or float("inf"))
-    fewest = least(lambda m: by[m]["info"]["bytes_per_step"])
+    sent = {m: median_of(by[m], "comm_bytes_per_step") for m in by}  # 0 is a count, None not
+    fewest = least(lambda m: float("inf") if sent[m] is None else sent[m])
     return (
         f"Here {fastest} was fastest, {leanest} needed the least memory per rank and "
         f"{fewest} sent the fewest bytes per step (one run on a shared machine). Data "
@@ -205,7 +206,7 @@ def build(args: argparse.Namespace) -> Path:
             "## Data vs tensor vs pipeline parallelism (same MLP, same global batch)\n",
             f"MLP 784-{pm[0]['config']['hidden'].replace(',', '-')}-10, global batch "
             f"{pm[0]['config']['batch_size']}, {pm[0]['config']['ranks']} ranks; bytes per "
-            "step computed from the layer shapes (all ranks together).\n",
+            "step: the payload all ranks together hand to MPI, as the communicators count it.\n",
             f"{command_line(pm)}\n",
             f"{benchmarks.load('parallel_modes').table(pm)}\n",
             modes_sentence(pm) + "\n",

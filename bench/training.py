@@ -55,25 +55,28 @@ def timed_run(
     ranks: int, flags: Sequence[str], args: argparse.Namespace, launcher: bool = True
 ) -> dict[str, Any]:
     """One training run's numbers: per-epoch time (median after the first when there are more
-    than two), training time, final test metrics, peak memory per rank, every epoch's record."""
+    than two), training time, final test metrics, peak memory per rank, the payload bytes all
+    ranks handed to MPI per training step (median over epochs), every epoch's record."""
     metrics = run_xpnn(ranks if launcher else 0, run_flags(flags, args), args.timeout)
     epochs = epochs_of(metrics)
     done = done_of(metrics)
     seconds = [float(e["seconds"]) for e in epochs]
     steady = seconds[1:] if len(seconds) > 2 else seconds
     rss = done.get("peak_rss_mb") or []
+    sent = sorted(float(e["comm_bytes_per_step"]) for e in epochs if "comm_bytes_per_step" in e)
     return {
         "epoch_s": sorted(steady)[len(steady) // 2],
         "train_s": sum(seconds),
         "test_acc": done.get("test_acc"),
         "test_loss": done.get("test_loss"),
         "peak_rss_mb": max(rss) if rss else None,
+        "comm_bytes_per_step": sent[len(sent) // 2] if sent else None,
         "epochs": epochs,
         "done": done,
     }
 
 
-NUMBERS = ("epoch_s", "train_s", "test_acc", "test_loss", "peak_rss_mb")
+NUMBERS = ("epoch_s", "train_s", "test_acc", "test_loss", "peak_rss_mb", "comm_bytes_per_step")
 
 
 def numbers(run: dict[str, Any]) -> dict[str, float]:

@@ -1,11 +1,12 @@
 """Data vs tensor vs pipeline parallelism on one MLP and one global batch (and the pipeline's
 schedules: GPipe, 1F1B, 1F1B with recomputation).
 
-Time per epoch and peak memory per rank are measured; bytes communicated per step are computed
-from the layer shapes (no communicator counts its bytes): data parallelism allreduces every
-gradient, 2(N-1)/N x params per rank in a ring; tensor parallelism allreduces a batch x units
-activation per pair of Dense layers forward and the column layer's input gradient backward;
-a pipeline sends each micro-batch's activation forward and its gradient back at every cut.
+Time per epoch and peak memory per rank are measured and the bytes sent per step counted: by
+the communicators, the payload all ranks together hand to MPI per training step
+(the metrics file's ``comm_bytes_per_step``; how many bytes a ring allreduce puts on the wire
+is the MPI library's business). Every mode runs over ``--comm mpi-host`` by default: tensor
+and pipeline parallelism cannot share memory, and data parallelism over ``mpi-shm`` works in
+memory shared by the node's ranks, sending no bytes through MPI on one node.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ NAME = "parallel_modes"
 SUMMARY = "data vs tensor vs pipeline: time, bytes per step, peak memory per rank"
 QUICK = {"samples": 1024, "hidden": "256,256", "epochs": 2}
 MODES = ("data", "tensor", "pipeline-gpipe", "pipeline-1f1b", "pipeline-1f1b-recompute")
-ITEM = 4  # float32
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,26 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--modes", default=",".join(MODES))
-
-
-def widths(hidden: str) -> list[int]:
-    return [784, *(int(h) for h in hidden.split(",")), 10]
-
-
-def bytes_per_step(mode: str, w: list[int], n: int, batch: int) -> float:
-    """Bytes all ranks together send per step, from the shapes (ring allreduce: 2(N-1)/N)."""
-    ring = 2 * (n - 1)  # x size: the sum over ranks of 2(N-1)/N x size
-    if mode == "data":
-        return ring * sum(a * b + b for a, b in zip(w, w[1:], strict=False)) * ITEM
-    if mode == "tensor":
-        total = 0
-        for i in range(0, len(w) - 2, 2):  # pairs of Dense layers (i, i+1)
-            total += batch * w[i + 2]  # forward: the row layer's partial sums
-            total += batch * w[i] if i > 0 else 0  # backward: the column layer's input grad
-        return ring * total * ITEM
-    costs = [a * b for a, b in zip(w, w[1:], strict=False)]
-    cut = min(range(1, len(costs)), key=lambda k: max(sum(costs[:k]), sum(costs[k:])))
-    return 2 * batch * w[cut] * ITEM if n == 2 else float("nan")
+    p.add_argument("--comm", default="mpi-host", help="xpnn --comm for every mode")
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
@@ -58,6 +39,7 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
     base = [
         "--model", "mlp", "--hidden", args.hidden, "--optimizer", "sgd", "--lr", "0.05",
         "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), *data_flags(args),
+        "--comm", args.comm,
     ]  # fmt: skip
     for mode in [m for m in args.modes.split(",") if m]:
         if mode not in MODES:
@@ -68,13 +50,10 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
             flags += ["--microbatches", str(args.microbatches), "--pipeline-schedule", rest[0]]
             flags += ["--recompute"] if "recompute" in rest else []
         samples, info = measure(args.ranks, flags, args)
-        info["bytes_per_step"] = bytes_per_step(
-            kind, widths(args.hidden), args.ranks, args.batch_size
-        )
         config = {
             "mode": mode, "ranks": args.ranks, "hidden": args.hidden, "threads": args.threads,
             "batch_size": args.batch_size, "microbatches": args.microbatches,
-            "epochs": args.epochs, "dataset": args.dataset,
+            "epochs": args.epochs, "dataset": args.dataset, "comm": args.comm,
             "command": command(args.ranks, flags, args),
         }  # fmt: skip
         out.append(record(NAME, config, samples, machine, info))
@@ -85,13 +64,20 @@ def table(records: list[dict[str, Any]]) -> str:
     rows = [
         [
             r["config"]["mode"], r["config"]["ranks"], spread(r, "epoch_s"),
-            r["info"]["bytes_per_step"] / 2**20, spread(r, "peak_rss_mb"),
+            mib_sent(r), spread(r, "peak_rss_mb"),
             100 * median_of(r, "test_acc"),
         ]
         for r in records
     ]  # fmt: skip
-    heads = ["mode", "ranks", "epoch s", "MiB sent per step", "peak RSS MB/rank", "test acc %"]
+    heads = ["mode", "ranks", "epoch s", "MiB to MPI per step (all ranks)"]
+    heads += ["peak RSS MB/rank", "test acc %"]
     return markdown_table(heads, rows)
+
+
+def mib_sent(r: dict[str, Any]) -> float | None:
+    """The counted payload bytes per step, all ranks together, in MiB (None: not counted)."""
+    sent = median_of(r, "comm_bytes_per_step")
+    return None if sent is None else sent / 2**20
 
 
 def plot(records: list[dict[str, Any]], ax: Any) -> None:

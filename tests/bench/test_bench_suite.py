@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from bench.benchmarks import batch_regimes, parallel_modes
+from bench.benchmarks import batch_regimes
 from bench.core import read_records
 from bench.report import check
 
@@ -139,17 +139,6 @@ def test_regimes_follow_the_ratio_of_steps_per_doubling():
     assert batch_regimes.regimes(pts) == [
         "perfect scaling", "diminishing returns", "maximal data parallelism", "–",
     ]  # fmt: skip
-
-
-def test_bytes_per_step_follow_the_shapes():
-    w = [784, 100, 10]
-    params = 784 * 100 + 100 + 100 * 10 + 10
-    assert parallel_modes.bytes_per_step("data", w, 2, 64) == 2 * params * 4
-    assert parallel_modes.bytes_per_step("data", w, 4, 64) == 6 * params * 4
-    # one pair (784->100->10): forward allreduce of 64 x 10; the first layer's input grad unsent
-    assert parallel_modes.bytes_per_step("tensor", w, 2, 64) == 2 * 64 * 10 * 4
-    # one cut after the first layer: 64 x 100 forward and back
-    assert parallel_modes.bytes_per_step("pipeline", w, 2, 64) == 2 * 64 * 100 * 4
 
 
 def test_report_check_finds_empty_tables_and_bad_pngs(tmp_path):

@@ -5,7 +5,8 @@ import subprocess
 import sys
 
 import numpy as np
-from conftest import ROOT
+import pytest
+from conftest import ROOT, run_xpnn
 
 # A process started from this one (fork and exec, as a launcher does): its peak must be its
 # own, not this big test process's (which ``getrusage`` would report).
@@ -55,3 +56,48 @@ def test_any_warmup_asked_for_is_at_least_one_step():
     assert warmup_steps(0.5, 1) == 1  # half an epoch of full-batch steps: not none
     assert warmup_steps(0.0, 100) == 0
     assert warmup_steps(2.5, 10) == 25
+
+
+WIDTHS = [784, 16, 12, 8, 10]  # --hidden 16,12,8: two pairs of Dense layers under tensor
+BATCH, STEPS = 40, 3  # 120 samples: every step the same global batch
+
+
+def shape_bytes(parallel: str, comm: str) -> int:
+    """Bytes 2 ranks together hand to MPI per float32 step, from the layer shapes alone."""
+    if comm == "mpi-shm":  # the ranks of one node share the update in memory: nothing sent
+        return 0
+    if parallel == "data":  # every rank allreduces every gradient once
+        params = sum(a * b + b for a, b in zip(WIDTHS, WIDTHS[1:], strict=False))
+        return 2 * params * 4
+    if parallel == "tensor":  # per rank: each row layer's output forward, each column
+        rows = BATCH * (WIDTHS[2] + WIDTHS[4])  # layer's input gradient backward but the
+        return 2 * (rows + BATCH * WIDTHS[2]) * 4  # first's (no gradient for the data)
+    # one cut, after the first Dense (it holds most of the work): its activations forward,
+    # their gradients back, every sample once each way
+    return 2 * BATCH * WIDTHS[1] * 4
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "parallel, comm",
+    [("data", "mpi-host"), ("data", "mpi-shm"), ("tensor", "mpi-host"), ("pipeline", "mpi-host")],
+)
+def test_counted_bytes_per_step_follow_the_shapes(tmp_path, parallel, comm):
+    """The metrics' byte counts, from a real 2-rank run, against the shapes: a communication
+    left uncounted, or counted twice, changes them."""
+    metrics = tmp_path / "m.jsonl"
+    args = ["--dataset", "synthetic", "--synthetic-size", str(BATCH * STEPS), "--epochs", "2"]
+    args += ["--batch-size", str(BATCH), "--hidden", "16,12,8", "--optimizer", "sgd"]
+    args += ["--parallel", parallel, "--comm", comm]
+    args += ["--microbatches", "2"] if parallel == "pipeline" else []
+    args += ["--threads", "1", "--no-progress", "--metrics", str(metrics)]
+    proc = run_xpnn(args, ranks=2, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    epochs = [json.loads(line) for line in metrics.read_text().splitlines()][:-1]
+    want = shape_bytes(parallel, comm)
+    group = "data_comm_bytes" if parallel == "data" else "model_comm_bytes"
+    other = "model_comm_bytes" if parallel == "data" else "data_comm_bytes"
+    for e in epochs:
+        assert e["comm"] == comm and e["comm_bytes_per_step"] == want
+        assert e["comm_bytes"] == e[group] == STEPS * want and e[other] == 0
+    assert len(epochs) == 2

@@ -233,6 +233,11 @@ class Trainer:
                 callback.on_step_end(self, step)
         return loss_acc, correct_acc
 
+    def bytes_sent(self) -> np.ndarray:
+        """This rank's payload bytes handed to MPI so far: [data group, replica] (float64,
+        exact to 2**53, to be summed over every rank in one ``allreduce_host``)."""
+        return np.array([self.data_comm.bytes_sent, self.model_comm.bytes_sent], np.float64)
+
     def evaluate(self) -> tuple[float, float]:
         """Test loss and accuracy: each rank scores a contiguous part, sums are reduced."""
         xp, data, dc = self.xp, self.data, self.data_comm
@@ -276,11 +281,14 @@ class Trainer:
             t0 = time.perf_counter()
             for callback in self.callbacks:
                 callback.on_epoch_begin(self, epoch)
+            sent = -self.bytes_sent()
             loss_acc, correct_acc = self.train_epoch(epoch, batches)
+            sent += self.bytes_sent()
             self.backend.synchronize()
             seconds = time.perf_counter() - t0
             total_seconds += seconds
             stall.in_phase(f"the end of epoch {epoch + 1}")
+            data_bytes, model_bytes = (int(b) for b in comm.allreduce_host(sent))
             sums = self.metrics_comm.allreduce_host(
                 np.array([float(loss_acc), float(correct_acc)], dtype=np.float64)
             )
@@ -296,6 +304,10 @@ class Trainer:
                 "seconds": seconds,
                 "samples_per_s": self.n_train / seconds,
                 "lr": self.optimizer.schedule(max(0, self.optimizer.step_count - 1)),
+                "comm_bytes": data_bytes + model_bytes,
+                "comm_bytes_per_step": (data_bytes + model_bytes) / len(batches),
+                "data_comm_bytes": data_bytes,
+                "model_comm_bytes": model_bytes,
                 **common,
             }
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged

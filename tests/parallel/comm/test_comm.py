@@ -391,9 +391,45 @@ def test_self_communicator_is_identity() -> None:
     assert comm.allgather_obj({"a": 1}) == [{"a": 1}]
     with pytest.raises(ValueError, match="prod"):
         comm.allreduce_(buf, "prod")
+    assert comm.bytes_sent == 0  # one process hands nothing to a transport
     with pytest.raises(SystemExit) as exc:
         comm.abort(3)
     assert exc.value.code == 3
+
+
+BYTES_SENT = """
+import sys
+import numpy as np
+from xpnn.parallel.comm import MpiHostCommunicator, ShmCommunicator
+from xpnn.runtime import init_world, run_guarded
+
+def main():
+    w = init_world()
+    for comm in (MpiHostCommunicator(w.mpi_comm), ShmCommunicator.create(w.mpi_comm)):
+        root = comm.rank == 0
+        comm.allreduce_(np.ones(10))  # 80 bytes from every rank
+        comm.iallreduce_(np.ones(5, np.float32)).wait()  # 20
+        comm.bcast_(np.ones(3), root=0)  # 24 from the root, nothing from the others
+        comm.allreduce_host([1, 2])  # 16: float64 whatever the values' type
+        if root:
+            comm.isend(np.ones(4, np.int64), dest=1).wait()  # 32 from the sender
+        else:
+            comm.recv_(np.empty(4, np.int64), source=0)  # the sender counted it
+        comm.barrier()
+        comm.allgather_obj("setup")
+        want = 80 + 20 + 16 + (24 + 32 if root else 0)
+        assert comm.bytes_sent == want, (comm.name, comm.bytes_sent, want)
+    print(f"OK rank {w.rank}", flush=True)
+
+sys.exit(run_guarded(init_world(), main))
+"""
+
+
+@pytest.mark.mpi
+def test_communicators_count_the_bytes_this_rank_sends(tmp_path: Path) -> None:
+    proc, _ = run_script(tmp_path, BYTES_SENT, 2, timeout=60)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "OK rank 0" in proc.stdout and "OK rank 1" in proc.stdout
 
 
 # -- GPU transport choice: pure rules, no GPU needed -------------------------------------------

@@ -43,7 +43,14 @@ def is_device_array(buf: Any) -> bool:
 class Communicator:
     """The interface. ``fallback_reason``: why an explicit ``--comm`` was not honoured;
     ``detail``: why this one; ``auto_fallback``: why ``auto`` settled for it. Capabilities:
-    ``node_memory`` (``shm.ShmCommunicator``'s interface), ``device_buffers`` (no host copy)."""
+    ``node_memory`` (``shm.ShmCommunicator``'s interface), ``device_buffers`` (no host copy).
+
+    ``bytes_sent``: the payload bytes this rank has handed to the transport, what it
+    contributes and not the library's wire traffic (a ring allreduce moves about twice that):
+    ``allreduce_``, ``iallreduce_``, ``allreduce_host`` and ``isend`` count their buffer; a
+    ``bcast_`` counts on its root only and ``recv_`` not at all (the sender counted it).
+    Barriers, ``allgather_obj`` (small setup objects) and node-shared memory count nothing.
+    An integer add per call, never a sync: read it before and after what is to be measured."""
 
     name: str = "base"
     node_memory: bool = False
@@ -55,6 +62,11 @@ class Communicator:
         self.fallback_reason: str | None = None
         self.detail: str | None = None
         self.auto_fallback: str | None = None
+        self.bytes_sent = 0
+
+    def _count(self, buf: Any) -> None:
+        """``buf`` handed to the transport by this rank: the one place bytes are counted."""
+        self.bytes_sent += buf.nbytes
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} rank {self.rank}/{self.size}>"
@@ -95,7 +107,7 @@ class Communicator:
 
 
 class SelfCommunicator(Communicator):
-    """One process: every collective is the identity."""
+    """One process: every collective is the identity, so nothing is sent (``bytes_sent`` 0)."""
 
     name = "self"
 

@@ -152,6 +152,7 @@ class MpiHostCommunicator(Communicator):
     def allreduce_(self, buf: Any, op: str = "sum") -> None:
         # the hot path for every gradient bucket: kept to a dict lookup and a type check
         mop = self._ops.get(op) or self._mpi_op(op)
+        self._count(buf)
         if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
             stall.wait(self._comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
         else:
@@ -159,11 +160,14 @@ class MpiHostCommunicator(Communicator):
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
         mop = self._ops.get(op) or self._mpi_op(op)
+        self._count(buf)
         if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
             return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf, "an allreduce")
         return self._device_iallreduce(buf, op, mop)
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
+        if self.rank == root:
+            self._count(buf)
         if is_device_array(buf):
             self._device_bcast(buf, root)
         else:
@@ -205,6 +209,7 @@ class MpiHostCommunicator(Communicator):
             _copy_back(dev, slot, self._pool)
 
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
+        self._count(buf)
         if is_device_array(buf):
             return self._device_isend(buf, dest, tag)
         return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf, f"a send to rank {dest}")
@@ -233,6 +238,7 @@ class MpiHostCommunicator(Communicator):
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         out = self._host_values(values)
+        self._count(out)
         stall.wait(self._comm.Iallreduce(self._in_place, out, self._mpi_op(op)), "an allreduce")
         return out
 

@@ -157,6 +157,7 @@ class ShmCommunicator(MpiHostCommunicator):
 
     def cross_allreduce_(self, buf: np.ndarray) -> None:
         if self.nodes > 1:
+            self._count(buf)
             stall.wait(self.cross.Iallreduce(self._in_place, buf, self._MPI.SUM), "an allreduce")
 
     def free(self) -> None:
