@@ -86,6 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError as e:  # `python -m bench NAME | head`: as python -m xpnn there
+        from xpnn.runtime import stopped_from_outside
+
+        message, code = stopped_from_outside(e) or ("stopped", 1)
+        print(f"bench: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ class Script:
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
-    """A script's own flags, and what follows ``--`` (xpnn's, for within_job)."""
+    """A script's own flags, and what follows ``--``."""
     i = argv.index("--") if "--" in argv else len(argv)
     return argv[:i], argv[i:]
 
@@ -119,31 +119,6 @@ def _optimizer_step(d: dict[str, Any], machine: dict[str, Any]) -> list[dict[str
         )
         for side, rounds in d["rounds"].items()
     ]
-
-
-def _core_contention(d: dict[str, Any], machine: dict[str, Any]) -> list[dict[str, Any]]:
-    alone, together = d["seconds_per_call"]["alone"], d["seconds_per_call"]["together"]
-    out = []
-    for kind in alone:
-        for i, cpu in enumerate(d["cpus"]):
-            config = {"kernel": kind, "cpu": cpu, "cpus": d["cpus"], "work_share": d["work_share"]}
-            samples = {
-                "alone_ms": [1e3 * r[i] for r in alone[kind]],
-                "together_ms": [1e3 * r[i] for r in together[kind]],
-            }
-            out.append(record("core_contention", config, samples, machine))
-    return out
-
-
-def _within_job(d: dict[str, Any], machine: dict[str, Any]) -> list[dict[str, Any]]:
-    rounds = d["rounds"]
-    config = {"a": d["a"], "b": d["b"], "common": d["common"], "ranks": d["ranks"]}
-    samples = {
-        "a_s": [r["a_s"] for r in rounds],
-        "b_s": [r["b_s"] for r in rounds],
-        "a_over_b": [r["ratio"] for r in rounds],
-    }
-    return [record("within_job", config, samples, machine)]
 
 
 def _step_phases(stdout: str, machine: dict[str, Any]) -> list[dict[str, Any]]:
@@ -195,22 +170,6 @@ SCRIPTS = {
             "optimizer_step.py",
             _optimizer_step,
             quick=["--params", "100000", "--rounds", "1", "--calls", "5", "--sides", "numpy"],
-        ),
-        Script(
-            "core_contention",
-            "a kernel alone vs on every core at once (what a shared VM costs a rank)",
-            "core_contention.py",
-            _core_contention,
-            quick=["--kernels", "fma", "--rounds", "1", "--seconds", "0.2"],
-        ),
-        Script(
-            "within_job",
-            "two xpnn configurations in one job, epochs timed in turn (A/B)",
-            "within_job.py",
-            _within_job,
-            quick=["--a", "", "--b", "--comm mpi-host", "--rounds", "1", "--"]
-            + ["--dataset", "synthetic", "--synthetic-size", "256", "--hidden", "16"],
-            ranks=2,
         ),
         Script(
             "step_phases",

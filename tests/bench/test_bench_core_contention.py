@@ -1,98 +1,110 @@
-"""bench/core_contention.py times kernels on each core alone and on all at once. Two processes
-pinned to one CPU must show it: each call takes about twice as long together as alone."""
+"""``python -m bench core_contention``: kernels timed on each CPU alone and on all at once, one
+record per kernel and process, and its refusals before anything is measured."""
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import subprocess
 import sys
 
-from conftest import ROOT
+import pytest
+from conftest import ROOT, run_with_stdout_closed
+from test_bench_suite import assert_schema
 
-SCRIPT = ROOT / "bench" / "core_contention.py"
+from bench.core import read_records
 
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=ROOT
-    )
+CPUS = sorted(os.sched_getaffinity(0))
 
 
-def table(stdout: str) -> dict[tuple[str, int], list[float]]:
-    """(kernel, row index) -> [alone ms, together ms, ratio]."""
-    rows: dict[tuple[str, int], list[float]] = {}
-    for line in stdout.splitlines()[3:]:
-        if not line.strip():
-            break
-        kind, _cpu, *values = line.split()
-        index = sum(1 for k, _ in rows if k == kind)
-        rows[kind, index] = [float(v) for v in values]
-    return rows
-
-
-def test_two_processes_on_one_cpu_take_twice_as_long_as_one():
-    cpu = str(min(os.sched_getaffinity(0)))
-    proc = run("--cpus", f"{cpu},{cpu}", "--kernels", "fma", "--rounds", "1", "--seconds", "0.6")
-    assert proc.returncode == 0, proc.stderr
-    rows = table(proc.stdout)
-    assert set(rows) == {("fma", 0), ("fma", 1)}
-    for alone, together, ratio in rows.values():
-        assert abs(together / alone - ratio) < 0.01  # one round: the ratio of the two medians
-        assert 1.6 < ratio < 2.6  # the CPU is shared: pinning and the common start both work
-    assert proc.stdout.splitlines()[-1].startswith("fma: slowest core ")
-    reach = float(proc.stdout.splitlines()[-1].split(" reach ")[1].split("x")[0])
-    assert 0.75 < reach < 1.25  # two ranks on one core: no faster than one
+def bench(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "bench", "core_contention", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 def test_every_kernel_runs_on_every_cpu_given(tmp_path):
-    cpus = sorted(os.sched_getaffinity(0))[:2] * (1 if len(os.sched_getaffinity(0)) > 1 else 2)
-    out = tmp_path / "cc.json"
-    proc = run(
+    cpus = CPUS[:2] if len(CPUS) > 1 else CPUS * 2
+    out = tmp_path / "cc.jsonl"
+    proc = bench(
         "--cpus", ",".join(map(str, cpus)), "--rounds", "2", "--seconds", "0",
-        "--stream-mib", "1", "--gemm", "8,16,4", "--json", str(out),
+        "--stream-mib", "1", "--gemm", "8,16,4", "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    rows = table(proc.stdout)
-    assert sorted(rows) == [(k, i) for k in ("fma", "gemm", "stream") for i in (0, 1)]
-    summary = proc.stdout.splitlines()[-3:]
-    assert [line.split(":")[0] for line in summary] == ["fma", "stream", "gemm"]
-    saved = json.loads(out.read_text())  # every round's times, of which the table shows medians
-    assert saved["cpus"] == cpus and saved["work_share"] == 1
-    for (kind, i), (alone_ms, together_ms, _) in rows.items():
-        alone = [r[i] for r in saved["seconds_per_call"]["alone"][kind]]
-        together = [r[i] for r in saved["seconds_per_call"]["together"][kind]]
-        assert len(alone) == len(together) == 2
-        assert abs(1e3 * statistics.median(alone) - alone_ms) < 1e-3 + 1e-3 * alone_ms
-        assert abs(1e3 * statistics.median(together) - together_ms) < 1e-3 + 1e-3 * together_ms
+    rs = read_records(out, "core_contention")
+    assert [(r["config"]["kernel"], r["config"]["process"]) for r in rs] == [
+        (k, i) for k in ("fma", "stream", "gemm") for i in (0, 1)
+    ]
+    for r in rs:
+        assert_schema(r, "core_contention")
+        c, m = r["config"], r["metrics"]
+        assert c["cpus"] == cpus and c["cpu"] == cpus[c["process"]] and c["work_share"] == 1
+        assert c.get("gemm") == ([8, 16, 4] if c["kernel"] == "gemm" else None)
+        assert c.get("stream_mib") == (1.0 if c["kernel"] == "stream" else None)
+        assert r["repeats"] == 2 and m["alone_ms"]["median"] > 0 and m["together_ms"]["median"] > 0
+        pairs = zip(m["together_ms"]["samples"], m["alone_ms"]["samples"], strict=True)
+        assert m["ratio"]["samples"] == [t / a for t, a in pairs]  # round by round
+        assert len(r["info"]["others_cores"]) == 2 * (len(cpus) + 1)  # each set of processes
+    summary = [line.split(":")[0] for line in proc.stdout.splitlines() if "lockstep" in line]
+    assert summary == ["fma", "stream", "gemm"]
+    again = bench("--from", str(out))  # the table again, from the records alone
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("| fma |") == 2 and "lockstep" in again.stdout
 
 
-def test_split_gives_each_process_its_share_of_the_work():
-    """Two processes on one CPU, each with half the work, take as long as one with all of it."""
-    cpu = str(min(os.sched_getaffinity(0)))
-    args = ["--cpus", f"{cpu},{cpu}", "--kernels", "fma", "--rounds", "1", "--seconds", "0.6"]
-    proc = run(*args, "--split")
+def test_a_cpu_named_twice_gets_two_processes_and_split_shares_the_work(tmp_path):
+    cpu = CPUS[0]
+    out = tmp_path / "cc.jsonl"
+    args = ["--cpus", f"{cpu},{cpu}", "--kernels", "fma", "--rounds", "1", "--seconds", "0"]
+    proc = bench(*args, "--split", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "(1/2 of the work each)" in proc.stdout.splitlines()[0]
-    for _alone, _together, ratio in table(proc.stdout).values():
-        assert 0.75 < ratio < 1.35  # without the split, about 2 (the test above)
-    assert "2 lockstep ranks splitting only this reach " in proc.stdout.splitlines()[-1]
+    rs = read_records(out, "core_contention")
+    assert [(r["config"]["process"], r["config"]["cpu"]) for r in rs] == [(0, cpu), (1, cpu)]
+    assert {r["config"]["work_share"] for r in rs} == {2}
+    worst = max(r["metrics"]["ratio"]["median"] for r in rs)
+    assert f"2 lockstep ranks splitting only this reach {1 / worst:.2f}x one" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--cpus", "0,4096"], "--cpus: 4096 is not a CPU this process may use"),
+        (["--cpus", "0"], "--cpus: needs two or more CPUs to compare"),
+        (["--cpus", "a"], "--cpus: expected CPU numbers like 0,1"),
+        (["--gemm", "2,3"], "--gemm: expected M,K,N"),
+        (["--stream-mib", "0"], "--stream-mib: must be > 0"),
+        (["--seconds", "nan"], "--seconds: must be a finite number"),
+        (["--rounds", "0"], "--rounds: must be >= 1"),
+        (["--kernels", "fma,x"], "--kernels: unknown 'x'"),
+        (["--kernels", "fma,fma"], "--kernels: 'fma' given twice"),
+        # refused here, not as a worker's MemoryError
+        (["--gemm", "1,100000,100000"], "--gemm: 37.3 GiB a process"),
+        (["--stream-mib", "1e9"], "--stream-mib: 976562.5 GiB a process"),
+    ],
+)
+def test_a_bad_flag_is_one_line_before_anything_runs(tmp_path, args, needle):
+    proc = bench("--out", str(tmp_path / "cc.jsonl"), *args)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"bench: {needle}"), line
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_os_that_cannot_pin_processes_is_told_so_in_one_line():
     """macOS has no ``os.sched_setaffinity``: refused before measuring, not a traceback."""
-    bench = str(ROOT / "bench")
-    code = (
-        "import os, runpy, sys; del os.sched_setaffinity; "
-        f"sys.argv = [{str(SCRIPT)!r}]; sys.path.insert(0, {bench!r}); "
-        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
-    )
+    code = "import os, sys; del os.sched_setaffinity; from bench.__main__ import main; "
+    code += "sys.exit(main(['core_contention']))"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.splitlines()[-1].endswith(
-        "error: needs to pin processes to CPUs (os.sched_setaffinity), which this OS lacks"
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.strip() == (
+        "bench: core_contention pins processes to CPUs (os.sched_setaffinity), which this OS lacks"
     )
-    assert proc.stdout == ""
+
+
+def test_stdout_closed_by_its_reader_stops_in_one_line(tmp_path):
+    """``python -m bench core_contention | head -1``: as ``python -m xpnn`` there, one line and
+    exit 141 (not a BrokenPipeError traceback)."""
+    args = ["--kernels", "fma", "--rounds", "1", "--seconds", "0", "--out", str(tmp_path / "c")]
+    code, err = run_with_stdout_closed(["-m", "bench", "core_contention", *args])
+    assert code == 141, err
+    assert err.strip() == "bench: stdout was closed (broken pipe): stopped"

@@ -1,15 +1,18 @@
-"""bench/within_job.py: two configurations built in one job, their epochs timed in turn."""
+"""``python -m bench within_job``: two configurations built in one job, their epochs timed in
+turn, one record per job; the sides' xpnn flags checked before the job starts."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import ROOT, mpiexec_path
+from conftest import ROOT
+from test_bench_suite import assert_schema
+
+from bench.core import read_records
 
 pytestmark = pytest.mark.mpi
 
@@ -19,63 +22,90 @@ TINY = [
 ]  # fmt: skip
 
 
-def _run(tmp_path, ranks, a, b, rounds):
-    out = tmp_path / "within.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "within_job.py"), "--a", a, "--b", b]
-    cmd += ["--rounds", str(rounds), "--json", str(out), "--", *TINY]
-    if ranks > 1:
-        cmd = [mpiexec_path(), "-n", str(ranks), *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout, json.loads(out.read_text())
+def bench(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "bench", "within_job", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
 
 
 def test_two_schemes_alternate_abba_on_two_ranks(tmp_path):
-    stdout, got = _run(tmp_path, 2, "--comm mpi-shm", "--comm mpi-host", rounds=3)
-    assert got["ranks"] == 2 and got["a"] == ["--comm", "mpi-shm"]
-    assert [r["order"] for r in got["rounds"]] == ["BA", "AB", "BA"]
-    for r in got["rounds"]:
-        assert r["a_s"] > 0 and r["b_s"] > 0
-        assert r["ratio"] == pytest.approx(r["a_s"] / r["b_s"])
-    ratios = sorted(r["ratio"] for r in got["rounds"])
-    assert got["median_ratio"] == pytest.approx(ratios[1])
-    assert "A: --comm mpi-shm" in stdout and "B: --comm mpi-host" in stdout
-    assert f"median ratio A / B {got['median_ratio']:.3f}" in stdout
+    out = tmp_path / "w.jsonl"
+    proc = bench("--a", "--comm mpi-shm", "--b", "--comm mpi-host", "--rounds", "3",
+                 "--out", str(out), "--", *TINY)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "within_job")
+    assert_schema(r, "within_job")
+    c, m = r["config"], r["metrics"]
+    assert c == {"a": ["--comm", "mpi-shm"], "b": ["--comm", "mpi-host"], "common": TINY,
+                 "ranks": 2}  # fmt: skip
+    assert r["info"]["orders"] == ["BA", "AB", "BA"] and r["repeats"] == 3
+    assert m["a_s"]["median"] > 0 and m["b_s"]["median"] > 0
+    pairs = zip(m["a_s"]["samples"], m["b_s"]["samples"], strict=True)
+    assert m["a_over_b"]["samples"] == [a / b for a, b in pairs]
+    assert f"median A / B {m['a_over_b']['median']:.3f}" in proc.stdout
+    assert "| --comm mpi-shm | --comm mpi-host |" in proc.stdout
 
 
-def test_one_process_compares_two_optimizers(tmp_path):
-    _, got = _run(tmp_path, 1, "--optimizer sgd", "", rounds=1)
-    assert got["ranks"] == 1 and got["b"] == [] and len(got["rounds"]) == 1
+def test_one_process_compares_two_optimizers_given_as_one_word_each(tmp_path):
+    """``--a=--optimizer=sgd``: the word is side A's flags, not a flag of the suite's."""
+    out = tmp_path / "w.jsonl"
+    proc = bench("--ranks", "1", "--a=--optimizer=sgd", "--b=--optimizer=momentum",
+                 "--rounds", "1", "--out", str(out), "--", *TINY)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "within_job")
+    assert r["config"]["ranks"] == 1 and r["info"]["orders"] == ["BA"]
+    assert r["config"]["a"] == ["--optimizer=sgd"] and r["config"]["b"] == ["--optimizer=momentum"]
 
 
 def test_a_flag_that_has_no_effect_on_a_side_says_so(tmp_path):
-    """``--b --recompute`` without a pipeline was timed silently as if it changed something."""
-    out = tmp_path / "within.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "within_job.py"), "--a", "", "--b=--recompute"]
-    cmd += ["--rounds", "1", "--json", str(out), "--", *TINY]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    """``--b --recompute`` without a pipeline is timed, with the note python -m xpnn gives."""
+    out = tmp_path / "w.jsonl"
+    proc = bench("--ranks", "1", "--b=--recompute", "--rounds", "1", "--out", str(out), "--", *TINY)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [
-        "within_job.py: note: --b: --recompute has no effect without --parallel pipeline"
+        "bench: note: --b: --recompute has no effect without --parallel pipeline"
     ]
+    (r,) = read_records(out, "within_job")
+    assert r["info"]["notes"]["b"] == ["--recompute has no effect without --parallel pipeline"]
 
 
-def test_a_failing_rank_stops_the_comparison():
-    cmd = [mpiexec_path(), "-n", "2", sys.executable, str(ROOT / "bench" / "within_job.py")]
-    cmd += ["--a", "--comm mpi-shm", "--b", "--comm mpi-host", "--rounds", "2", "--", *TINY]
+def test_a_failing_rank_stops_the_comparison(tmp_path):
     env = {**os.environ, "XPNN_FAIL_AT": "1:3"}
+    out = tmp_path / "w.jsonl"
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
-    assert proc.returncode != 0 and time.monotonic() - start < 30
+    proc = bench("--a", "--comm mpi-shm", "--b", "--comm mpi-host", "--rounds", "2",
+                 "--out", str(out), "--", *TINY, env=env)  # fmt: skip
+    assert proc.returncode == 1 and time.monotonic() - start < 60, proc.stderr
     assert "rank 1: RuntimeError: injected failure at step 3" in proc.stderr
-    assert "Traceback" not in proc.stderr and "median" not in proc.stdout
+    assert "Traceback" not in proc.stderr and proc.stdout == "" and not out.exists()
 
 
-def test_a_side_of_one_word_starting_with_dashes_is_its_value(tmp_path):
-    """``--b --optimizer=momentum``: the word is side B's arguments, not a flag of this script
-    (not argparse's "argument --b: expected one argument")."""
-    _, got = _run(tmp_path, 1, "--optimizer=sgd", "--optimizer=momentum", rounds=1)
-    assert got["a"] == ["--optimizer=sgd"] and got["b"] == ["--optimizer=momentum"]
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        # each side's xpnn flags are checked as xpnn checks them
+        (["--a", "--epochs x"], "--a: --epochs: not an integer: 'x'"),
+        (["--a", "--seed 1", "--", "--epochs", "x"], "--epochs: not an integer: 'x' (after --)"),
+        (["--b", "'unclosed"], "--b: No closing quotation"),
+        (["--rounds", "0"], "--rounds: must be >= 1"),
+        (["--ranks", "0"], "--ranks: must be >= 1"),
+        (["--a", "--seed 1", "--b", "--seed 1"], "--a and --b give the same arguments"),
+        (["--a", "--dataset mnist --data-dir /nonexistent"], "--a: --data-dir /nonexistent: no"),
+        # only training steps are timed: xpnn flags it would ignore are refused
+        (["--a", "--epochs 3"], "--a: --epochs: not used here, --rounds sets"),
+        (["--b", "--save /tmp/w.npz"], "--b: --save: not used here"),
+        (["--a=--resume"], "--a: --resume: not used here"),
+        (["--a", "--seed 1", "--", "--epochs", "3"], "--epochs (after --): not used here"),
+        # a side's one word starting with -- needs the = form
+        (["--b", "--resume"], "--b: expected one argument"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_bad_flag_is_one_line_before_the_job_starts(tmp_path, args, needle):
+    proc = bench("--out", str(tmp_path / "w.jsonl"), *args)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"bench: {needle}"), line
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -90,13 +120,13 @@ def test_an_ignored_file_flag_is_refused_and_creates_nothing(tmp_path, where, fl
     """Flags that name files are refused, not ignored while an empty metrics file or
     checkpoint folder is left behind."""
     flag = [flag[0], str(tmp_path / flag[1])]
-    cmd = [sys.executable, str(ROOT / "bench" / "within_job.py"), "--a", "--seed 1"]
+    args = ["--a", "--seed 1", "--out", str(tmp_path / "w.jsonl")]
     if where == "--":
-        cmd += ["--", *TINY, *flag]
+        args += ["--", *TINY, *flag]
     else:
-        cmd += [where, " ".join(flag), "--", *TINY]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        args += [where, " ".join(flag), "--", *TINY]
+    proc = bench(*args)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith(f"within_job.py: error: {needle}"), proc.stderr
+    assert line.startswith(f"bench: {needle}"), proc.stderr
     assert list(tmp_path.iterdir()) == []
