@@ -10,7 +10,9 @@ import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
+
+from bench.core import BenchError
 
 NAMES = (
     "scaling",
@@ -39,8 +41,15 @@ def load(name: str) -> ModuleType | Any:
     return importlib.import_module(f"bench.benchmarks.{name}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line naming it (``bench: --sizes: ...``, exit 2), no usage block."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        raise BenchError(message.removeprefix("argument "))
+
+
 def _parser(mod: Any, prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=mod.SUMMARY, allow_abbrev=False)
+    p = _Parser(prog=prog, description=mod.SUMMARY, allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     p.add_argument("--out", type=Path, help="records file (default bench/results/NAME.jsonl)")
     p.add_argument("--from", dest="source", type=Path, help="redraw from this records file")
