@@ -63,3 +63,22 @@ def test_a_bad_flag_is_one_line_with_or_without_a_gpu(args, line):
     proc = bench(*args)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == line + "\n"
+
+
+def test_table_and_plot_are_drawn_from_records_alone(tmp_path):
+    """``--from`` needs no GPU: records shaped as the workers send them (rank 0 and 1 of a
+    2-rank run) give a row per rank and size and a PNG."""
+    from bench.core import describe_machine, record, write_records
+
+    rows = [({"rank": r, "ranks": 2, "size_bytes": b}, {f"{p}_us": [1.0, 2.0, 3.0] for p in PHASES})
+            for r in (0, 1) for b in (4, 65536)]  # fmt: skip
+    path = write_records(
+        tmp_path / "s.jsonl", [record("staging", c, s, describe_machine()) for c, s in rows]
+    )
+    proc = bench("--from", str(path), "--out", str(path))  # the PNG beside it
+    assert proc.returncode == 0, proc.stderr
+    cells = [[c.strip() for c in line.split("|")[1:4]] for line in proc.stdout.splitlines()]
+    assert [c for c in cells if c[:1] == ["2"]] == [
+        ["2", "0", "4"], ["2", "0", "65536"], ["2", "1", "4"], ["2", "1", "65536"],
+    ]  # fmt: skip
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
