@@ -71,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise BenchError(f"unknown benchmark {name!r}; `python -m bench LIST` names them")
         args = parse(name, rest)
         records = run_benchmark(name, args)
+        if args.source is None and not records:
+            return 0  # it measured nothing here and said why (staging without a GPU)
         out = args.out or RESULTS_DIR / f"{name}.jsonl"
         if args.source is None:
             write_records(out, records)

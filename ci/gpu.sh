@@ -213,8 +213,10 @@ run "$PY" bench/matmul_crossover.py --out "$OUT/crossover.jsonl"
 
 if [ -n "$MPIEXEC" ]; then
   step "host staging of device buffers, phase by phase (1 rank, then 2 ranks)"
-  run "$MPIEXEC" -n 1 "$PY" bench/staging.py
-  run "$MPIEXEC" -n 2 "$PY" bench/staging.py
+  for ranks in 1 2; do
+    run env XPNN_MPIEXEC="$MPIEXEC" "$PY" -m bench staging --ranks "$ranks" \
+      --out "$OUT/staging.jsonl"
+  done
 fi
 
 end_step

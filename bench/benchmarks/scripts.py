@@ -1,7 +1,6 @@
 """Benchmarks that keep a script of their own in ``bench/`` (worker processes, CPU pinning, a
 timer inside the training loop), run through the suite: the script's flags pass through
-unchanged, and what it writes (its ``--json`` file, or for ``step_phases`` its table) becomes
-records of the suite's schema.
+unchanged, and what it writes (its ``--json`` file) becomes records of the suite's schema.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ class Script:
     convert: Convert
     quick: list[str] = field(default_factory=list)
     ranks: int = 0  # 0: plain python; N: under mpiexec -n N (``--ranks`` changes it)
-    json_flag: bool = True  # False: the records come from its printed table
     QUICK: dict[str, Any] = field(default_factory=dict)
     PASSTHROUGH: bool = True
 
@@ -50,11 +48,8 @@ class Script:
         extra = [*head, *tail]
         with tempfile.TemporaryDirectory(prefix="xpnn-bench-") as tmp:
             out = Path(tmp) / "out.json"
-            if self.json_flag:
-                head = ["--json", str(out), *head]
-            stdout = run_command([*cmd, *head, *tail], args.timeout)
-            print(stdout, end="")
-            data = json.loads(out.read_text()) if self.json_flag else stdout
+            print(run_command([*cmd, "--json", str(out), *head, *tail], args.timeout), end="")
+            data = json.loads(out.read_text())
         records = self.convert(data, machine)
         for r in records:
             r["config"]["command"] = " ".join([Path(cmd[-1]).name, *extra])
@@ -107,50 +102,6 @@ def _throughput(d: dict[str, Any], machine: dict[str, Any]) -> list[dict[str, An
     return out
 
 
-def _optimizer_step(d: dict[str, Any], machine: dict[str, Any]) -> list[dict[str, Any]]:
-    a = d["args"]
-    return [
-        record(
-            "optimizer_step",
-            {"side": side, "optimizer": a["optimizer"], "params": a["params"]}
-            | {"threads": a["threads"], "calls": a["calls"]},
-            {"us_per_update": rounds},
-            machine,
-        )
-        for side, rounds in d["rounds"].items()
-    ]
-
-
-def _step_phases(stdout: str, machine: dict[str, Any]) -> list[dict[str, Any]]:
-    """The script's table: a header line, a rule, one row per rank (ms per step)."""
-    lines = stdout.splitlines()
-    start = next(i for i, s in enumerate(lines) if s.startswith("step phases, ms per step"))
-    head = lines[start + 1].split()
-    out = []
-    for line in lines[start + 3 :]:
-        cells = line.split()
-        if len(cells) != len(head) or not cells[0].isdigit():
-            break
-        values = dict(zip(head, cells, strict=True))
-        metrics = {f"{k}_ms": [float(v)] for k, v in values.items() if k != "rank"}
-        out.append(record("step_phases", {"rank": int(values["rank"])}, metrics, machine))
-    return out
-
-
-def _staging(stdout: str, machine: dict[str, Any]) -> list[dict[str, Any]]:
-    """Its lines ``rank r/N  BYTES B  get G  mpi M  set+sync S  total T  raw d2h R  (us...)``;
-    none where it skipped (no GPU)."""
-    out = []
-    for line in stdout.splitlines():
-        cells = line.replace("raw d2h", "raw_d2h").split()
-        if not line.startswith("rank ") or "get" not in cells:
-            continue
-        rank, size = cells[1].split("/")
-        config = {"rank": int(rank), "ranks": int(size), "size_bytes": int(cells[2])}
-        names = ("get", "mpi", "set+sync", "total", "raw_d2h")
-        metrics = {f"{n}_us": [float(cells[cells.index(n) + 1])] for n in names}
-        out.append(record("staging", config, metrics, machine))
-    return out
 
 
 SCRIPTS = {
@@ -165,30 +116,6 @@ SCRIPTS = {
             + ["--backends", "numpy", "--hidden", "64", "--max-foreign", "99", "--gap", "0"],
         ),
         Script(
-            "optimizer_step",
-            "one optimizer update: NumPy vs Numba vs PyTorch, microseconds",
-            "optimizer_step.py",
-            _optimizer_step,
-            quick=["--params", "100000", "--rounds", "1", "--calls", "5", "--sides", "numpy"],
-        ),
-        Script(
-            "step_phases",
-            "where a training step's time goes, per rank: compute, update, fences",
-            "step_phases.py",
-            _step_phases,
-            quick=["--dataset", "synthetic", "--synthetic-size", "512", "--hidden", "64"]
-            + ["--epochs", "2", "--batch-size", "64", "--threads", "1", "--no-progress"],
-            ranks=1,
-            json_flag=False,
-        ),
-        Script(
-            "staging",
-            "a host-staged allreduce of device buffers, phase by phase (GPU)",
-            "staging.py",
-            _staging,
-            quick=["--iters", "20"],
-            ranks=2,
-            json_flag=False,
         ),
     )
 }

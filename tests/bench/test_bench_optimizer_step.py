@@ -1,44 +1,38 @@
-"""bench/optimizer_step.py runs, tiny, and reports a positive time per side."""
+"""``python -m bench optimizer_step``: a record per side with a positive time per round, and
+a side that cannot run said in one line."""
 
-import json
+from __future__ import annotations
+
+import importlib.util
 import os
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "optimizer_step.py"
+import pytest
+from conftest import ROOT
+
+from bench.core import read_records
 
 
-def test_optimizer_step_tiny(tmp_path):
-    out = tmp_path / "o.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--params",
-            "1000",
-            "--rounds",
-            "1",
-            "--calls",
-            "5",
-            "--sides",
-            "numpy,numba",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def bench(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "bench", "optimizer_step", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, **kw)
+
+
+def test_a_record_per_side_with_a_sample_per_round(tmp_path):
+    out = tmp_path / "o.jsonl"
+    args = ["--params", "1000", "--rounds", "2", "--calls", "5", "--sides", "numpy,numba"]
+    proc = bench(*args, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    data = json.loads(out.read_text())
-    assert set(data["us"]) == {"numpy", "numba"} and all(v > 0 for v in data["us"].values())
-    assert "us per update" in proc.stdout
-    # the settings with their own types, not strings ("1000", "None"), and none internal
-    args = data["args"]
-    assert args["params"] == 1000 and args["sides"] == ["numpy", "numba"] and "worker" not in args
-    assert args["json"] == str(out)
+    rs = read_records(out, "optimizer_step")
+    assert [r["config"]["side"] for r in rs] == ["numpy", "numba"]
+    for r in rs:
+        c = r["config"]
+        assert set(c) == {"side", "optimizer", "params", "threads", "calls"}
+        assert (c["optimizer"], c["params"], c["threads"], c["calls"]) == ("adam", 1000, 2, 5)
+        assert r["repeats"] == 2 and r["metrics"]["us_per_update"]["median"] > 0
+    assert "µs per update" in proc.stdout and "| numba |" in proc.stdout
 
 
 def _limit_memory() -> None:  # in the child, before it starts Python: like ``ulimit -v 3000000``
@@ -46,38 +40,59 @@ def _limit_memory() -> None:  # in the child, before it starts Python: like ``ul
 
 
 def test_a_side_out_of_memory_is_one_line_naming_params(tmp_path):
-    """The worker's MemoryError, said in one line with its own words, not the parent's
-    CalledProcessError traceback that hides the worker's error."""
-    out = tmp_path / "o.json"
+    """The worker's MemoryError, said in one line with its own words (exit 2: a smaller
+    --params fixes it), not a measured run's failure, and no records."""
+    out = tmp_path / "o.jsonl"
     args = ["--params", "300000000", "--sides", "numpy", "--rounds", "1", "--calls", "1"]
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *args, "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=_limit_memory,
-    )
+    proc = bench(*args, "--out", str(out), preexec_fn=_limit_memory)
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(
-        "optimizer_step.py: error: --params 300000000: too many for memory on the numpy side "
+        "bench: --params 300000000: too many for memory on the numpy side "
         "(MemoryError: Unable to allocate"
     ), proc.stderr
     assert not out.exists()
 
 
-def test_a_failing_worker_is_one_line_with_its_last_error(tmp_path):
-    """Any other failure of a side: exit 1, the side named, the worker's last error line."""
+def test_a_failing_worker_names_its_side_and_ends_with_its_error(tmp_path):
+    """Any other failure of a side: exit 1, its command (which names the side) and the
+    worker's last error line."""
     fake = tmp_path / "fake" / "torch"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise RuntimeError('this torch is broken')\n")
-    env = {**os.environ, "PYTHONPATH": str(fake.parent)}
-    args = ["--params", "1000", "--sides", "torch", "--rounds", "1", "--calls", "1"]
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env=env
-    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)])}
+    proc = bench("--params", "1000", "--sides", "torch", "--rounds", "1", "--calls", "1", env=env)
     assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "optimizer_step.py: error: --sides torch: the worker failed (exit 1): "
-        "RuntimeError: this torch is broken"
-    ]
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("bench: a measured run failed: exit 1: "), proc.stderr
+    assert "bench.benchmarks.optimizer_step torch 1000 adam" in lines[0], proc.stderr
+    assert lines[-1] == "RuntimeError: this torch is broken"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is not None, reason="PyTorch is installed here"
+)
+def test_torch_alone_without_pytorch_is_one_line():
+    proc = bench("--sides", "torch")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == (
+        "bench: --sides torch: PyTorch is not installed (pip install torch==2.13.0)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--params", "0"], "bench: --params: must be >= 1, got 0"),
+        (["--calls", "x"], "bench: --calls: not an integer: 'x'"),
+        (["--sides", "numpy,bogus"], "bench: --sides: unknown 'bogus': choose among "),
+        (["--sides", ""], "bench: --sides: empty: give a comma list of "),
+        (["--sides", "numpy,numpy"], "bench: --sides: 'numpy' given twice in 'numpy,numpy'"),
+        (["--optimizer", "lbfgs"], "bench: --optimizer: invalid choice: 'lbfgs'"),
+        (["--bogus"], "bench: unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_bad_flag_is_one_line_before_measuring(args, line):
+    proc = bench(*args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(line), proc.stderr

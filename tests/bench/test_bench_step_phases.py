@@ -1,70 +1,105 @@
-"""bench/step_phases.py times the phases of real training steps, on 1 rank and under
+"""``python -m bench step_phases`` times the phases of real training steps, on 1 rank and under
 ``mpiexec -n 2`` with shared memory. The figures are not checked, only that they add up."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
-from conftest import ROOT, mpiexec_path
+from conftest import ROOT
 
-pytestmark = pytest.mark.mpi
+from bench.benchmarks import step_phases
+from bench.core import read_records
+from xpnn.train import Callback
 
 ARGS = [
     "--dataset", "synthetic", "--synthetic-size", "256", "--hidden", "96,700",
     "--epochs", "2", "--batch-size", "64", "--threads", "1", "--no-progress",
 ]  # fmt: skip
+PHASES = ("step", "compute", "forward", "wgrad", "update", "fences")
 
 
-def _phases(ranks: int, extra: tuple[str, ...] = ()) -> list[list[float]]:
-    """The script's table, one row of numbers per rank (``extra``: more xpnn arguments)."""
-    script = str(ROOT / "bench" / "step_phases.py")
-    cmd = [sys.executable, script, *ARGS, *extra]
-    if ranks > 1:
-        cmd = [mpiexec_path(), "-n", str(ranks), *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    head = next(i for i, line in enumerate(lines) if line.startswith("step phases"))
-    assert "last epoch's 4 steps" in lines[head]
-    table = [line.split() for line in lines[head + 1 :] if line.strip()]
-    assert table[0] == ["rank", "mean", "step", "compute", "forward", "wgrad", "update", "fences"]
-    return [[float(x) for x in row] for row in table[2:]]  # skip the header rule
+def bench(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "bench", "step_phases", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
 
 
+def _phases(ranks: int, extra: tuple[str, ...] = ()) -> list[dict]:
+    """The records of one run, one per rank (``extra``: more xpnn arguments); each holds the
+    last epoch's 4 steps."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "p.jsonl"
+        proc = bench("--ranks", str(ranks), *ARGS, *extra, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        rs = read_records(out, "step_phases")
+    assert "last epoch's 4 steps" in proc.stdout
+    for r in rs:
+        assert set(r["config"]) == {"rank", "ranks", "command"} and r["repeats"] == 4
+        assert set(r["metrics"]) == {f"{p}_ms" for p in PHASES}
+        samples = {p: r["metrics"][f"{p}_ms"]["samples"] for p in PHASES}
+        for step, compute, update, fences in zip(
+            samples["step"], samples["compute"], samples["update"], samples["fences"], strict=True
+        ):  # every step's parts are that step's
+            assert compute + update + fences == pytest.approx(step, rel=1e-9)
+    return rs
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_step_phases_add_up_on_every_rank(ranks):
-    rows = _phases(ranks)
-    assert [int(row[0]) for row in rows] == list(range(ranks))
-    for _, mean, step, compute, forward, wgrad, update, fences in rows:
-        assert mean > 0
-        assert update > 0 and compute > 0  # the timers saw the optimizer and the rest
-        assert 0 < forward < compute and 0 < wgrad < compute  # parts of compute
-        assert compute + update + fences <= step * 1.5 + 0.01  # medians, so not exactly equal
-        assert (fences > 0) == (ranks > 1)  # one process has no fences
+    rs = _phases(ranks)
+    assert [r["config"]["rank"] for r in rs] == list(range(ranks))
+    for r in rs:
+        m = {p: r["metrics"][f"{p}_ms"]["median"] for p in PHASES}
+        assert r["config"]["ranks"] == ranks and r["info"]["mean_ms"] > 0
+        assert m["update"] > 0 and m["compute"] > 0  # the timers saw the optimizer and the rest
+        assert 0 < m["forward"] < m["compute"] and 0 < m["wgrad"] < m["compute"]
+        assert m["compute"] + m["update"] + m["fences"] <= m["step"] * 1.5 + 0.01  # medians
+        assert (m["fences"] > 0) == (ranks > 1)  # one process has no fences
 
 
-def test_the_timed_steps_run_without_automatic_garbage_collection(monkeypatch):
-    """A full collection made due by Numba's compilation landed in the measured epoch of this
-    script (not of plain runs): the script keeps collection off while it trains, then on."""
-    import gc
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--ranks", "0"], "bench: --ranks: must be >= 1, got 0"),
+        (["--epochs", "x"], "bench: --epochs: not an integer: 'x'"),  # xpnn's flags, by xpnn
+        (["--bogus"], "bench: unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_bad_flag_is_one_line_before_training(args, line):
+    proc = bench(*args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == line + "\n"
 
-    from xpnn import train
 
-    seen = []
-    step = train.Trainer.step
+def test_help_is_the_suites_not_xpnns():
+    """Every flag it does not know goes to xpnn, but ``--help`` is its own."""
+    proc = bench("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m bench step_phases") and "--ranks" in proc.stdout
 
-    def watched(self, *args):
-        seen.append(gc.isenabled())
-        return step(self, *args)
 
-    monkeypatch.setattr(train.Trainer, "step", watched)
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import step_phases
+class _GcWatch(Callback):
+    """Notes, at every step, whether automatic garbage collection is on."""
 
-    assert step_phases.main(ARGS) == 0
-    assert len(seen) == 8 and not any(seen)
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def on_step_begin(self, trainer, step) -> None:  # noqa: ANN001
+        self.seen.append(gc.isenabled())
+
+
+def test_the_timed_steps_run_without_automatic_garbage_collection():
+    """A full collection made due by Numba's compilation landed in the measured epoch (not of
+    plain runs): collection is off while it trains, then on again."""
+    watch = _GcWatch()
+    timer = step_phases.time_phases(ARGS, callbacks=[watch])
+    assert timer is not None and len(timer.steps) == 8
+    assert len(watch.seen) == 8 and not any(watch.seen)
     assert gc.isenabled()
 
 

@@ -200,23 +200,3 @@ def test_a_batch_below_the_ranks_is_refused_in_one_line():
     assert proc.stderr.strip() == "bench: --batch 1 is below --ranks 2: a rank would get no rows"
 
 
-def test_step_phases_become_one_record_per_rank(tmp_path):
-    out = tmp_path / "p.jsonl"
-    proc = bench("step_phases", "--quick", "--ranks", "2", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    rs = read_records(out, "step_phases")
-    assert [r["config"]["rank"] for r in rs] == [0, 1]
-    for r in rs:
-        assert_schema(r, "step_phases")
-        m = {k: v["median"] for k, v in r["metrics"].items()}
-        assert m["step_ms"] > 0 and 0 < m["compute_ms"] <= m["step_ms"] * 1.01
-        assert "step_phases.py" in r["config"]["command"]
-
-
-def test_optimizer_step_records(tmp_path):
-    out = tmp_path / "o.jsonl"
-    proc = bench("optimizer_step", "--quick", "--rounds", "2", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    (r,) = read_records(out, "optimizer_step")
-    assert r["config"]["side"] == "numpy" and r["config"]["params"] == 100000
-    assert r["repeats"] == 2 and r["metrics"]["us_per_update"]["median"] > 0

@@ -3,7 +3,6 @@ naming the flag, no traceback (as the xpnn command does)."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -17,17 +16,11 @@ from conftest import ROOT, run_locked_out
 @pytest.mark.parametrize(
     ("script", "args", "needle"),
     [
-        # 10 B sent 2 float32 values (8 B) and its bandwidth counted 10
-        ("optimizer_step", ["--params", "0"], "--params: must be >= 1"),
         ("throughput", ["--steps", "0"], "--steps: must be >= 1"),
-        ("staging", ["--sizes", "4,-1"], "--sizes"),
         # a free-form choice: refused before the header, not a UserError after it
         # output places are checked before measuring, not written to after it
-        ("optimizer_step", ["--json", "/proc/x.json"], "--json /proc/x.json: cannot create files"),
         ("throughput", ["--json", "/proc/t.json"], "--json /proc/t.json: cannot create files"),
         # comma lists of known names, at least one
-        ("optimizer_step", ["--sides", "numpy,bogus"], "--sides: unknown 'bogus'"),
-        ("optimizer_step", ["--sides", ""], "--sides: empty"),
         ("throughput", ["--backends", ","], "--backends: empty"),
         # counts and durations: non-negative, finite
         ("throughput", ["--retries", "-1"], "--retries: must be >= 0"),
@@ -45,12 +38,9 @@ from conftest import ROOT, run_locked_out
             "--ranks-epochs: must be >= 2, got 1: the first epoch includes compilation",
         ),
         # a list value given twice is a slip, not a second measurement
-        ("optimizer_step", ["--sides", "numpy,numpy"], "--sides: 'numpy' given twice"),
         ("throughput", ["--backends", "numpy,numba,numpy"], "--backends: 'numpy' given twice"),
         ("throughput", ["--batches", "32,32"], "--batches: 32 given twice in '32,32'"),
-        ("staging", ["--sizes", "4,4"], "--sizes: 4 given twice in '4,4'"),
         # an empty path is a slip (--json $UNSET), not the current folder
-        ("optimizer_step", ["--json", ""], "--json: empty path"),
         ("throughput", ["--json", ""], "--json: empty path"),
     ],
 )
@@ -68,26 +58,9 @@ def test_a_bad_argument_is_a_one_line_usage_error(script, args, needle):
     assert proc.stdout == ""  # nothing measured, nothing reported
 
 
-@pytest.mark.parametrize(("script", "args"), [("optimizer_step", ["--params", "0"])])
-def test_a_usage_error_needs_no_installed_xpnn(tmp_path, script, args):
-    """``python3 bench/optimizer_step.py`` from a Python without xpnn installed (here, an
-    installed one that fails to import stands first on the path) still gives its one-line
-    usage error: the scripts use the checkout's xpnn."""
-    fake = tmp_path / "not-installed" / "xpnn"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('xpnn is not installed')\n")
-    env = {**os.environ, "PYTHONPATH": str(fake.parent)}
-    cmd = [sys.executable, str(ROOT / "bench" / f"{script}.py"), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
-    assert proc.returncode == 2, proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
-    assert line.removeprefix("bench/").startswith(f"{script}.py: error: {args[0]}"), line
-
-
 @pytest.mark.parametrize(
     ("script", "flag", "name"),
     [
-        ("optimizer_step", "--json", "x.json"),
         ("throughput", "--json", "x.json"),
     ],
 )
@@ -126,13 +99,13 @@ def test_ctrl_c_in_a_benchmark_is_one_line(tmp_path):
     assert err.splitlines()[-1] == "bench: interrupted" and "Traceback" not in err, err
 
 
-HELP_SCRIPTS = ["optimizer_step", "staging", "step_phases", "throughput"]
+HELP_SCRIPTS = ["throughput"]
 
 
 @pytest.mark.parametrize("script", HELP_SCRIPTS)
 def test_help_shows_each_default_once_as_the_flag_takes_it(script):
     """No "(default: all allowed) (default: None)", no Python list (``[1, 2]``) where the flag
-    takes ``1,2``, and the script's own name (not xpnn's, for step_phases.py)."""
+    takes ``1,2``, and the script's own name."""
     proc = subprocess.run(
         [sys.executable, f"bench/{script}.py", "--help"],
         capture_output=True,

@@ -1,5 +1,5 @@
 """The CuPy backend computes what the NumPy backend computes, and trains under mpiexec;
-``bench/step_phases.py`` times its steps.
+``python -m bench step_phases`` times its steps.
 
 Skipped, with the reason, where CuPy or a CUDA device is missing (as in CI).
 """
@@ -219,8 +219,8 @@ def test_a_cupy_pipeline_checkpoint_resumes_on_one_cupy_rank(tmp_path):
 
 def test_step_phases_on_cupy_add_up():
     """Its timers synchronize the device on CuPy, so the phases hold the device's work."""
-    (row,) = _phases(1, ("--backend", "cupy"))
-    _, mean, step, compute, forward, wgrad, update, fences = row
-    assert mean > 0 and update > 0 and fences == 0
-    assert 0 < forward < compute and 0 < wgrad < compute
-    assert compute + update <= step * 1.5 + 0.01
+    (r,) = _phases(1, ("--backend", "cupy"))
+    m = {k.removesuffix("_ms"): v["median"] for k, v in r["metrics"].items()}
+    assert r["info"]["mean_ms"] > 0 and m["update"] > 0 and m["fences"] == 0
+    assert 0 < m["forward"] < m["compute"] and 0 < m["wgrad"] < m["compute"]
+    assert m["compute"] + m["update"] <= m["step"] * 1.5 + 0.01

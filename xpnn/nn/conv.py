@@ -140,7 +140,7 @@ class Conv2D(Layer):
         return self.input_grad(dyc) if need_dx else None
 
     def input_grad(self, dyc: Array) -> Array:
-        """The input's gradient (its own method: ``bench/step_phases.py`` times it apart)."""
+        """The input's gradient (its own method: ``python -m bench step_phases`` times it apart)."""
         dcols = self.kernels.matmul_into(self._w2().T, dyc, self.cols)
         geometry = (self.kh, self.kw, self.stride, self.padding, self.used_hw)
         return self.kernels.col2im(dcols, self.x_shape, *geometry)
