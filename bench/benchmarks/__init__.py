@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 NAMES = (
     "scaling",
@@ -39,8 +40,17 @@ def load(name: str) -> ModuleType | Any:
     return importlib.import_module(f"bench.benchmarks.{name}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, ``PROG: error: --flag: what is wrong``, exit 2 (no usage
+    block), as ``python -m xpnn`` says it."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        print(f"{self.prog}: error: {message.removeprefix('argument ')}", file=sys.stderr)
+        sys.exit(2)
+
+
 def _parser(mod: Any, prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=mod.SUMMARY, allow_abbrev=False)
+    p = _Parser(prog=prog, description=mod.SUMMARY, allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     p.add_argument("--out", type=Path, help="records file (default bench/results/NAME.jsonl)")
     p.add_argument("--from", dest="source", type=Path, help="redraw from this records file")
