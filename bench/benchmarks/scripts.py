@@ -85,28 +85,6 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:i], argv[i:]
 
 
-def _throughput(d: dict[str, Any], machine: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for row in d["results"]:
-        config = {k: row[k] for k in ("model", "backend", "batch", "threads", "steps")}
-        samples = {"xpnn_samples_per_s": row["xpnn_samples_per_s_all"]}
-        if row.get("torch_samples_per_s_all"):
-            samples["torch_samples_per_s"] = row["torch_samples_per_s_all"]
-            samples["xpnn_over_torch"] = row["ratios"]
-        info = {"torch": d.get("torch"), "torch_skipped": d.get("torch_skipped")}
-        info["foreign_cores"] = row.get("foreign_cores")
-        out.append(record("throughput", config, samples, machine, info))
-    rc = d.get("ranks_compare")
-    if rc:
-        config = {"model": rc["model"], "backend": f"cli {rc['ranks']} ranks x 1 thread"}
-        config |= {"batch": rc["global_batch"], "threads": rc["torch_threads"], "steps": None}
-        samples = {"xpnn_samples_per_s": rc["xpnn_samples_per_s_all"]}
-        samples |= {"torch_samples_per_s": rc["torch_samples_per_s_all"]}
-        samples |= {"xpnn_over_torch": rc["ratios"]}
-        out.append(record("throughput", config, samples, machine))
-    return out
-
-
 def _optimizer_step(d: dict[str, Any], machine: dict[str, Any]) -> list[dict[str, Any]]:
     a = d["args"]
     return [
@@ -181,14 +159,6 @@ def _staging(stdout: str, machine: dict[str, Any]) -> list[dict[str, Any]]:
 SCRIPTS = {
     s.NAME: s
     for s in (
-        Script(
-            "throughput",
-            "training samples/s of xpnn's backends beside PyTorch's (same network, same loop)",
-            "throughput.py",
-            _throughput,
-            quick=["--steps", "2", "--warmup", "1", "--repeats", "1", "--batches", "32"]
-            + ["--backends", "numpy", "--hidden", "64", "--max-foreign", "99", "--gap", "0"],
-        ),
         Script(
             "optimizer_step",
             "one optimizer update: NumPy vs Numba vs PyTorch, microseconds",

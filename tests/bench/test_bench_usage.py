@@ -19,23 +19,14 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
     [
         # 10 B sent 2 float32 values (8 B) and its bandwidth counted 10
         ("optimizer_step", ["--params", "0"], "--params: must be >= 1"),
-        ("throughput", ["--steps", "0"], "--steps: must be >= 1"),
         ("staging", ["--sizes", "4,-1"], "--sizes"),
         # a free-form choice: refused before the header, not a UserError after it
         # output places are checked before measuring, not written to after it
         ("optimizer_step", ["--json", "/proc/x.json"], "--json /proc/x.json: cannot create files"),
-        ("throughput", ["--json", "/proc/t.json"], "--json /proc/t.json: cannot create files"),
         # comma lists of known names, at least one
         ("optimizer_step", ["--sides", "numpy,bogus"], "--sides: unknown 'bogus'"),
         ("optimizer_step", ["--sides", ""], "--sides: empty"),
-        ("throughput", ["--backends", ","], "--backends: empty"),
-        # counts and durations: non-negative, finite
-        ("throughput", ["--retries", "-1"], "--retries: must be >= 0"),
-        ("throughput", ["--gap", "-1"], "--gap: must be >= 0"),
-        ("throughput", ["--gap", "nan"], "--gap: must be a finite number"),
         # the mpiexec to run is found now, not when the first run starts
-        # xpnn's own rule for --seed (an integer >= 0), applied before any run
-        ("throughput", ["--seed", "-1"], "--seed: must be >= 0"),
         # within_job: each side's xpnn arguments are checked as xpnn checks them
         ("within_job", ["--a", "--epochs x"], "--a: --epochs: not an integer: 'x'"),
         ("within_job", ["--b", "'unclosed"], "--b: No closing quotation"),
@@ -54,22 +45,13 @@ from conftest import ROOT, run_locked_out, run_with_stdout_closed
         ("core_contention", ["--stream-mib", "1e9"], "--stream-mib: 976562.5 GiB a process"),
         # xpnn's own refusals, made before the first run rather than by it (not mpiexec
         # started, then "run failed (exit 2): <command>" and exit 1)
-        # the first epoch is not timed: one epoch would time nothing
-        (
-            "throughput",
-            ["--ranks-compare", "--ranks-epochs", "1"],
-            "--ranks-epochs: must be >= 2, got 1: the first epoch includes compilation",
-        ),
         # a list value given twice is a slip, not a second measurement
         ("core_contention", ["--kernels", "fma,fma"], "--kernels: 'fma' given twice"),
         ("optimizer_step", ["--sides", "numpy,numpy"], "--sides: 'numpy' given twice"),
-        ("throughput", ["--backends", "numpy,numba,numpy"], "--backends: 'numpy' given twice"),
-        ("throughput", ["--batches", "32,32"], "--batches: 32 given twice in '32,32'"),
         ("staging", ["--sizes", "4,4"], "--sizes: 4 given twice in '4,4'"),
         # an empty path is a slip (--json $UNSET), not the current folder
         ("core_contention", ["--json", ""], "--json: empty path"),
         ("optimizer_step", ["--json", ""], "--json: empty path"),
-        ("throughput", ["--json", ""], "--json: empty path"),
         ("within_job", ["--json", ""], "--json: empty path"),
         # within_job times training steps only: xpnn flags it would ignore are refused
         ("within_job", ["--a", "--epochs 3"], "--a: --epochs: not used here, --rounds sets"),
@@ -117,7 +99,6 @@ def test_a_usage_error_needs_no_installed_xpnn(tmp_path, script, args):
     ("script", "flag", "name"),
     [
         ("optimizer_step", "--json", "x.json"),
-        ("throughput", "--json", "x.json"),
         ("within_job", "--json", "x.json"),
         ("core_contention", "--json", "x.json"),
     ],
@@ -195,8 +176,7 @@ def test_under_mpiexec_rank_0_alone_prints_a_usage_error(script, args, needle):
 
 
 HELP_SCRIPTS = [
-    "core_contention", "optimizer_step", "staging", "step_phases", "throughput",
-    "within_job",
+    "core_contention", "optimizer_step", "staging", "step_phases", "within_job",
 ]  # fmt: skip
 
 
