@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,18 @@ def run_benchmark(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             raise BenchError(f"--from {args.source}: no such file")
         return read_records(args.source, name)
     return mod.run(args, describe_machine())
+
+
+def check_out(path: Path) -> None:
+    """Refuse a records file that cannot be written now, before measuring, not after."""
+    try:
+        if path.is_dir():
+            raise BenchError(f"--out {path}: is a directory; give a file name")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise BenchError(f"--out {path}: cannot write there ({e.strerror or e})") from None
 
 
 def show(name: str, records: list[dict[str, Any]], png: Path | None) -> None:
@@ -70,10 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name not in benchmarks.NAMES:
             raise BenchError(f"unknown benchmark {name!r}; `python -m bench LIST` names them")
         args = parse(name, rest)
+        out = args.out or RESULTS_DIR / f"{name}.jsonl"
+        if args.source is None:
+            check_out(out)
         records = run_benchmark(name, args)
         if args.source is None and not records:
             return 0  # it measured nothing here and said why (staging without a GPU)
-        out = args.out or RESULTS_DIR / f"{name}.jsonl"
         if args.source is None:
             write_records(out, records)
             print(f"records: {out}")

@@ -186,9 +186,9 @@ EOF
 fi
 
 step "throughput (cupy vs PyTorch CUDA)"
-run "$PY" bench/throughput.py --backends cupy --batches 128,512 --json "$OUT/throughput_gpu.json"
-run "$PY" bench/throughput.py --model cnn --backends cupy --batches 128 \
-  --json "$OUT/throughput_cnn_gpu.json"
+run "$PY" -m bench throughput --backends cupy --batches 128,512 --out "$OUT/throughput_gpu.jsonl"
+run "$PY" -m bench throughput --model cnn --backends cupy --batches 128 \
+  --out "$OUT/throughput_cnn_gpu.jsonl"
 
 step "GPU tests"
 run "$PY" -m pytest -q -ra tests/gpu tests/backends/test_backends.py tests/nn/test_layers.py \

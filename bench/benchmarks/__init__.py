@@ -1,7 +1,7 @@
 """The registry: each benchmark is a module with NAME, SUMMARY, QUICK (the sizes of a quick
 run), ``add_arguments(parser)``, ``run(args, machine) -> records``, ``table(records)`` and
-``plot(records, ax)``; those with a script of their own are ``Script`` entries with the same
-attributes (bench/benchmarks/scripts.py)."""
+``plot(records, ax)``. A module with ``PASSTHROUGH = True`` gets the flags it does not know
+in ``args.passthrough_args`` (step_phases hands them to ``python -m xpnn``)."""
 
 from __future__ import annotations
 
@@ -32,12 +32,8 @@ NAMES = (
 )
 
 
-def load(name: str) -> ModuleType | Any:
-    """The benchmark's module, or for one with a script of its own, its ``Script`` entry."""
-    from bench.benchmarks.scripts import SCRIPTS
-
-    if name in SCRIPTS:
-        return SCRIPTS[name]
+def load(name: str) -> ModuleType:
+    """The benchmark's module."""
     return importlib.import_module(f"bench.benchmarks.{name}")
 
 
@@ -65,5 +61,5 @@ def parse(name: str, argv: Sequence[str], quick: bool = False) -> argparse.Names
     if not getattr(mod, "PASSTHROUGH", False):
         return p.parse_args(list(argv))
     args, rest = p.parse_known_args(list(argv))
-    args.script_args = rest  # the script's own flags, unchanged
+    args.passthrough_args = rest  # flags for what the benchmark runs (xpnn), unchanged
     return args

@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
-    flags = [*BASE, *(QUICK_XPNN if args.quick else []), *args.script_args]
+    flags = [*BASE, *(QUICK_XPNN if args.quick else []), *args.passthrough_args]
     from xpnn import cli
 
     try:

@@ -198,5 +198,3 @@ def test_a_batch_below_the_ranks_is_refused_in_one_line():
     proc = bench("gemm_split", "--batch", "1", "--ranks", "2")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "bench: --batch 1 is below --ranks 2: a rank would get no rows"
-
-

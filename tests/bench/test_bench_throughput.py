@@ -1,106 +1,128 @@
-"""bench/throughput.py runs end to end on tiny settings and writes a complete JSON file.
-
-Speed is never asserted (the numbers depend on the machine and its load): only that every
-configuration was measured, the numbers are positive, and the PyTorch side appears exactly when
-PyTorch is importable.
+"""``python -m bench throughput`` on tiny settings: one record per model, backend and batch,
+with what was run, positive medians, and the PyTorch side and the ratio exactly where PyTorch
+ran. Speed is never asserted (the numbers depend on the machine and its load).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
-import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_bench
+from conftest import ROOT, run_locked_out
 
-# never wait for a quiet machine in tests: the timings are not checked
-QUIET_CHECK_OFF = ["--max-foreign", "99", "--gap", "0"]
-TINY = "--steps 1 --warmup 1 --repeats 1".split()  # one timed step: enough to fill the JSON
+from bench.benchmarks.throughput import alternate
+from bench.core import read_records
+
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-ROW_KEYS = {
-    "model",
-    "backend",
-    "batch",
-    "threads",
-    "steps",
-    "repeats",
-    "xpnn_samples_per_s",
-    "xpnn_samples_per_s_all",
-    "torch_samples_per_s",
-    "ratio",
-    "ratios",
-    "foreign_cores",
-}
+# never wait for a quiet machine in tests: the timings are not checked
+TINY = "--steps 2 --warmup 1 --repeats 2 --threads 1 --hidden 16 --max-foreign 99 --gap 0"
+CONFIG_KEYS = {"loop", "model", "backend", "batch", "threads", "steps", "warmup", "hidden"}
 
 
-def run_script(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return run_bench("throughput.py", [*args, *QUIET_CHECK_OFF], timeout)
+def bench(args: list[str], timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "bench", "throughput", *args]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **env}
+    )
 
 
-def check_rows(out: dict, model: str, backends: list[str], batches: list[int]) -> None:
-    rows = out["results"]
-    assert {(r["backend"], r["batch"]) for r in rows} == {(b, n) for b in backends for n in batches}
-    for r in rows:
-        assert ROW_KEYS <= r.keys()
-        assert r["model"] == model
-        assert r["xpnn_samples_per_s"] > 0
-        assert len(r["xpnn_samples_per_s_all"]) == r["repeats"]
-        if HAS_TORCH:
-            assert r["torch_samples_per_s"] > 0
-            assert r["ratio"] > 0 and len(r["ratios"]) == r["repeats"]
-        else:
-            assert r["ratio"] is None
+def check_torch_side(r: dict, repeats: int, ran: bool) -> None:
+    """PyTorch's samples/s and the per-round ratio where it ran; neither where it did not."""
+    m = r["metrics"]
+    if not ran:
+        assert "torch_samples_per_s" not in m and "xpnn_over_torch" not in m
+        return
+    x, t = m["xpnn_samples_per_s"]["samples"], m["torch_samples_per_s"]["samples"]
+    assert len(t) == repeats and min(t) > 0
+    assert m["xpnn_over_torch"]["samples"] == pytest.approx(
+        [a / b for a, b in zip(x, t, strict=True)]
+    )
+
+
+def test_records_of_every_backend_and_batch(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    proc = bench(["--backends", "numpy,numba", "--batches", "8,32", "--no-torch", *TINY.split()]
+                 + ["--out", str(out)])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rs = read_records(out, "throughput")
+    assert [(r["config"]["backend"], r["config"]["batch"]) for r in rs] == [
+        ("numpy", 8), ("numba", 8), ("numpy", 32), ("numba", 32),
+    ]  # fmt: skip
+    pids = set()
+    for r in rs:
+        c, m = r["config"], r["metrics"]
+        assert CONFIG_KEYS <= c.keys() and c["model"] == "mlp" and c["hidden"] == [16]
+        assert (c["loop"], c["threads"], c["steps"], c["warmup"]) == ("steps", 1, 2, 1)
+        assert r["repeats"] == 2 and r["machine"]["cores"] >= 1
+        stat = m["xpnn_samples_per_s"]
+        assert len(stat["samples"]) == 2 and 0 < stat["min"] <= stat["median"] <= stat["max"]
+        check_torch_side(r, 2, ran=False)  # --no-torch: no torch column, no ratio
+        assert c["torch_device"] is None and r["info"]["torch_skipped"] == "--no-torch"
+        (worker,) = r["info"]["workers"].values()  # its own process, limited to 1 thread
+        assert worker["threads"]["threads"] == 1 and worker["params"] == 784 * 16 + 16 + 170
+        pids.add(worker["pid"])
+        assert len(r["info"]["foreign_cores"]) == 2
+    assert len(pids) == 2  # one worker per backend, kept across batches
+    assert "| xpnn/torch |" in proc.stdout and proc.stdout.count("| mlp | num") == 4
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+    again = bench(["--from", str(out), "--out", str(out)])  # redrawn from the records alone
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("| mlp | num") == 4 and out.read_text().count("\n") == 4
+
+
+def test_the_torch_side_runs_exactly_when_pytorch_is_importable(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    args = ["--model", "cnn", "--backends", "numba", "--batches", "4", *TINY.split()]
+    proc = bench([*args, "--repeats", "1", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "throughput")
+    assert r["config"]["model"] == "cnn" and r["config"]["hidden"] is None
+    check_torch_side(r, 1, ran=HAS_TORCH)
+    workers = r["info"]["workers"]
+    if HAS_TORCH:  # the same network on both sides, parameter for parameter
+        assert r["config"]["torch_device"] == "cpu"
+        assert workers["torch-cpu"]["params"] == workers["xpnn-numba"]["params"] == 690_590
+    else:
+        assert r["config"]["torch_device"] is None and "torch-cpu" not in workers
+        assert r["info"]["torch_skipped"].startswith("PyTorch is not importable")
+        assert "torch comparison skipped: PyTorch is not importable" in proc.stdout
 
 
 @pytest.mark.mpi
-def test_mlp_tiny_with_ranks_compare(tmp_path: Path) -> None:
-    path = tmp_path / "tp.json"
-    proc = run_script(
-        "--model mlp --hidden 16 --backends numpy,numba,cupy --batches 8,32 --steps 3 "
-        "--warmup 1 --repeats 2 --threads 1 --ranks-compare --ranks-samples 256 "
-        "--ranks-batch 64 --ranks-repeats 1".split()
-        + ["--json", str(path)]
-    )
+def test_ranks_compare_times_the_cli_under_mpiexec(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    args = ["--backends", "numpy", "--batches", "8", "--ranks-compare", "--ranks-samples", "256"]
+    args += ["--ranks-batch", "64", "--ranks-repeats", "2", *TINY.split(), "--out", str(out)]
+    proc = bench(args)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(path.read_text())
-    assert out["benchmark"] == "throughput"
-    assert out["config"]["threads"] == 1
-    for info in out["workers"].values():  # each side ran in its own process with 1 thread
-        assert info["threads"]["threads"] == 1 and info["pid"] > 0
-    assert {"xpnn-numpy", "xpnn-numba"} <= out["workers"].keys()
-    cupy_ran = "cupy" not in out["skipped"]
-    if not cupy_ran:  # no GPU here: one line says why, the CPU rows still come
-        assert any(line.startswith("cupy skipped: ") for line in proc.stdout.splitlines())
-    check_rows(out, "mlp", ["numpy", "numba"] + (["cupy"] if cupy_ran else []), [8, 32])
-    assert "xpnn/torch" in proc.stdout
-    rc = out["ranks_compare"]
-    if HAS_TORCH:
-        assert rc["ranks"] == 2 and rc["xpnn_samples_per_s"] > 0 and rc["torch_samples_per_s"] > 0
-        assert rc["ratio"] > 0
-    else:
-        assert rc is None and "ranks-compare skipped" in proc.stdout
-    # the targets are for other configurations (threads=2, batch 128): listed as not measured
-    assert all(t["pass"] is None for t in out["targets"])
-
-
-def test_cnn_tiny(tmp_path: Path) -> None:
-    path = tmp_path / "tp.json"
-    proc = run_script(
-        "--model cnn --backends numba --batches 4".split() + TINY + ["--json", str(path)]
+    steps, cli = read_records(out, "throughput")
+    assert steps["config"]["loop"] == "steps"
+    c = cli["config"]
+    assert (c["loop"], c["ranks"], c["threads"], c["batch"], c["samples"]) == ("cli", 2, 1, 64, 256)
+    assert cli["metrics"]["xpnn_samples_per_s"]["min"] > 0 and cli["repeats"] == 2
+    assert "--threads" in cli["info"]["command"] and c["torch_threads"] == (
+        1 if HAS_TORCH else None
     )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(path.read_text())
-    check_rows(out, "cnn", ["numba"], [4])
-    if HAS_TORCH:
-        assert out["torch_threads"] == 2
+    check_torch_side(cli, 2, ran=HAS_TORCH)
+    assert "2 ranks × 1 thread" in proc.stdout
 
 
-def test_bad_flag_is_a_usage_error() -> None:
-    proc = run_script(["--backends", "tensorflow"], timeout=30)
-    assert proc.returncode == 2
-    assert "backends" in proc.stderr
+@pytest.mark.mpi
+def test_a_failed_cli_run_names_the_run_and_its_reason(tmp_path: Path) -> None:
+    """Rank 0 of the ``mpiexec -n 2 python -m xpnn`` run raises at its first step: exit 1, the
+    command and xpnn's own line, no traceback of ours, no records."""
+    out = tmp_path / "t.jsonl"
+    args = ["--backends", "numpy", "--batches", "8", "--ranks-compare", "--ranks-samples", "256"]
+    proc = bench([*args, *TINY.split(), "--out", str(out)], XPNN_FAIL_AT="0:0")
+    assert proc.returncode == 1, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("bench: a measured run failed: exit ") and " -m xpnn " in first
+    assert "injected failure at step 0" in proc.stderr and not out.exists()
 
 
 def _cupy_usable() -> bool:
@@ -111,84 +133,63 @@ def _cupy_usable() -> bool:
 
 @pytest.mark.skipif(_cupy_usable(), reason="CuPy and a CUDA device work here: cupy rows run")
 def test_no_runnable_backend_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
-    """Only unusable backends asked for: exit 2 with one line saying which and why, no JSON
-    (an empty one would replace the committed results file by default)."""
-    path = tmp_path / "tp.json"
-    proc = run_script(["--backends", "cupy", "--json", str(path)], timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stdout == ""
+    out = tmp_path / "t.jsonl"
+    proc = bench(["--backends", "cupy", "--out", str(out)], timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
-    assert "--backends: none can run here (cupy: " in line and "Traceback" not in line
-    assert not path.exists()
+    assert line.startswith("bench: --backends: none can run here (cupy: ")
+    assert not out.exists()
 
 
-def test_no_torch_flag(tmp_path: Path) -> None:
-    path = tmp_path / "tp.json"
-    proc = run_script(
-        "--hidden 8 --backends numpy --batches 4 --no-torch".split() + TINY + ["--json", str(path)]
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(path.read_text())
-    assert out["torch_skipped"] == "--no-torch" and out["torch"] is None
-    (row,) = out["results"]
-    assert row["xpnn_samples_per_s"] > 0 and row["ratio"] is None
-    assert all(t["pass"] is None for t in out["targets"])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--steps", "0"], "--steps: must be >= 1"),
+        (["--backends", ","], "--backends: empty"),
+        (["--backends", "tensorflow"], "--backends: unknown 'tensorflow'"),
+        (["--backends", "numpy,numba,numpy"], "--backends: 'numpy' given twice"),
+        (["--batches", "32,32"], "--batches: 32 given twice in '32,32'"),
+        (["--retries", "-1"], "--retries: must be >= 0"),
+        (["--gap", "-1"], "--gap: must be >= 0"),
+        (["--gap", "nan"], "--gap: must be a finite number"),
+        (["--seed", "-1"], "--seed: must be >= 0"),
+        (["--model", "rnn"], "--model: invalid choice: 'rnn'"),
+        # the first epoch is not timed: one epoch would time nothing
+        (["--ranks-compare", "--ranks-epochs", "1"], "--ranks-epochs: must be >= 2, got 1"),
+        # the records' place is checked before measuring, not written to after it
+        (["--out", "/proc/t.jsonl"], "--out /proc/t.jsonl: cannot write there"),
+        (["--out", "/tmp"], "--out /tmp: is a directory"),
+    ],
+)
+def test_a_bad_argument_is_one_line_exit_2(args: list[str], needle: str) -> None:
+    proc = bench(args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()  # no usage block, no traceback
+    assert needle in line and proc.stdout == ""
 
 
-def _throughput_module(monkeypatch: pytest.MonkeyPatch):
-    """bench/throughput.py as a module (it imports ``_common`` from its own folder, and its
-    dataclasses look themselves up in ``sys.modules``)."""
-    import sys
-
-    from conftest import ROOT
-
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(
-        "throughput_under_test", ROOT / "bench/throughput.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+def test_an_out_path_this_user_may_not_look_at(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    path = locked / "t.jsonl"
+    cmd = ["-m", "bench", "throughput", "--out", str(path)]
+    proc = run_locked_out(cmd, locked, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line == f"bench: --out {path}: cannot write there (Permission denied)"
 
 
-RANKS_ARGS = "--model mlp --hidden 16 --ranks-compare --ranks-samples 256 --ranks-batch 64".split()
+def test_sides_alternate_and_each_keeps_its_own_numbers() -> None:
+    """A B, B A, A B: the ratio of a round compares measurements taken side by side, and
+    every number goes back to the side that produced it, whatever the order."""
+    calls: list[str] = []
 
+    def side(name: str, value: float):
+        return (lambda: calls.append(f"prepare {name}"), lambda: calls.append(name) or value)
 
-@pytest.mark.mpi
-def test_a_failed_ranks_compare_run_names_the_run_and_its_reason(monkeypatch, tmp_path):
-    """The ``mpiexec -n 2 python -m xpnn`` run failing (here: rank 0 raises at its first step)
-    was a RuntimeError carrying the whole of stderr; it is a RunFailed naming the command and
-    ending with xpnn's own line."""
-    mod = _throughput_module(monkeypatch)
-    args = mod.build_parser().parse_args(RANKS_ARGS)
-    monkeypatch.setenv("XPNN_FAIL_AT", "0:0")
-    with pytest.raises(mod.RunFailed) as failed:
-        mod.run_cli_ranks(args, 2, tmp_path)
-    message = str(failed.value)
-    assert message.startswith("run failed (exit ") and " -m xpnn " in message.splitlines()[0]
-    assert "injected failure at step 0" in message
-
-
-def test_a_failed_ranks_compare_ends_the_script_in_one_message(monkeypatch, capsys):
-    """...and the script said it as a traceback; now as ``throughput: --ranks-compare: ...``,
-    exit 1. (PyTorch's side is a stand-in: the xpnn run fails before it is asked anything.)"""
-    mod = _throughput_module(monkeypatch)
-
-    class StandInWorker:
-        info: dict = {}
-
-        def close(self) -> None:
-            pass
-
-    def failing(args, worker):
-        raise mod.RunFailed("run failed (exit 1): mpiexec -n 2 ...\n  rank 0: it broke")
-
-    monkeypatch.setattr(mod.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(mod, "start_torch_worker", lambda cfg, device: (StandInWorker(), None))
-    monkeypatch.setattr(mod, "ranks_compare", failing)
-    args = mod.build_parser().parse_args(RANKS_ARGS)
-    assert mod.run(args, [], {}) == 1
-    err = capsys.readouterr().err
-    expected = "run failed (exit 1): mpiexec -n 2 ...\n  rank 0: it broke\n"
-    assert err == "throughput: --ranks-compare: " + expected
+    quiet = argparse.Namespace(gap=0.0, max_foreign=99.0, retries=0, quiet_timeout=0.0)
+    numbers, foreign, redone = alternate([side("a", 1.0), side("b", 2.0)], 3, quiet, [])
+    assert [c for c in calls if not c.startswith("prepare")] == ["a", "b", "b", "a", "a", "b"]
+    assert calls[:2] == ["prepare a", "a"]  # each side prepared right before it is timed
+    assert numbers == [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
+    assert len(foreign) == 3 and redone == 0
