@@ -30,7 +30,6 @@ import sys
 import time
 from typing import Any
 
-from bench._common import ForeignLoad, choice_list, cpu_list, nonneg_float, positive_int
 from bench.core import (
     ROOT,
     BenchError,
@@ -41,6 +40,8 @@ from bench.core import (
     record,
     spread,
 )
+from bench.flags import choice_list, cpu_list, nonneg_float, positive_int
+from bench.quiet import ForeignLoad
 
 NAME = "core_contention"
 SUMMARY = "a kernel alone vs on every core at once (what a shared VM costs a rank)"

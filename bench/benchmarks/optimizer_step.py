@@ -26,7 +26,7 @@ WORKER = "bench.benchmarks.optimizer_step"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bench._common import choice_list, positive_int
+    from bench.flags import choice_list, positive_int
 
     p.add_argument("--params", type=positive_int, default=535818, help="MLP 784-512-256-10's")
     p.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])

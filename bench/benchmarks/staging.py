@@ -35,7 +35,7 @@ WARMUP = 30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bench._common import distinct_int_list, positive_int
+    from bench.flags import distinct_int_list, positive_int
 
     sizes = [4, 4096, 16384, 65536, 262144, 1048576]
     p.add_argument("--ranks", type=int_list, default=[1, 2], help="mpiexec -n, each in turn")

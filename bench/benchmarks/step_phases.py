@@ -52,7 +52,7 @@ PHASES = ("step", "compute", "forward", "wgrad", "update", "fences")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bench._common import positive_int
+    from bench.flags import positive_int
 
     p.add_argument("--ranks", type=positive_int, default=1, help="mpiexec -n")
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed for the run")

@@ -28,18 +28,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench._common import (
-    add_quiet_flags,
-    busy_warning,
-    choice_list,
-    distinct_int_list,
-    load_avg,
-    measure_quietly,
-    nonneg_float,
-    nonneg_int,
-    positive_int,
-    timed_epochs,
-)
 from bench.benchmarks.throughput_workers import Unavailable, Worker
 from bench.core import (
     BenchError,
@@ -52,6 +40,15 @@ from bench.core import (
     run_xpnn,
     spread,
 )
+from bench.flags import (
+    choice_list,
+    distinct_int_list,
+    nonneg_float,
+    nonneg_int,
+    positive_int,
+    timed_epochs,
+)
+from bench.quiet import add_quiet_flags, busy_warning, load_avg, measure_quietly
 
 NAME = "throughput"
 SUMMARY = "training samples/s of xpnn's backends beside PyTorch's (same network, same loop)"

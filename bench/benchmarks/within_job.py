@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench._common import data_dir_problem, positive_int
 from bench.core import (
     BenchError,
     find_mpiexec,
@@ -34,6 +33,7 @@ from bench.core import (
     run_command,
     spread,
 )
+from bench.flags import data_dir_problem, positive_int
 
 NAME = "within_job"
 SUMMARY = "two xpnn configurations in one job, epochs timed in turn (A/B)"

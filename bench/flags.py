@@ -1,0 +1,126 @@
+"""Flag types of the benchmarks: each refuses a bad value in one line naming what is wrong,
+before anything is measured."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Sequence
+
+
+def int_list(text: str) -> list[int]:
+    """``1,2,4`` -> [1, 2, 4]; every value positive (repeats allowed: ``--hidden 64,64``)."""
+    return _ints_at_least(text, 1, "integers like 1,2", "positive integers")
+
+
+def distinct_int_list(text: str) -> list[int]:
+    """``1,2,4`` -> [1, 2, 4]; every value positive, none given twice (each is one run)."""
+    return _no_repeats(int_list(text), text)
+
+
+def cpu_list(text: str) -> list[int]:
+    """``0,1`` -> [0, 1]: CPU numbers, from 0. A CPU may be named twice: ``core_contention``
+    then pins two processes to it, which is how it measures a core shared by two ranks."""
+    return _ints_at_least(text, 0, "CPU numbers like 0,1", "CPU numbers like 0,1")
+
+
+def _no_repeats(values: list, text: str) -> list:
+    """``values`` unchanged, unless one of them is given twice: a usage error naming it."""
+    seen: set = set()
+    for v in values:
+        if v in seen:
+            raise argparse.ArgumentTypeError(f"{v!r} given twice in {text!r}")
+        seen.add(v)
+    return values
+
+
+def _ints_at_least(text: str, low: int, form: str, kind: str) -> list[int]:
+    """A comma list of integers, at least one, none below ``low``; the messages say what was
+    expected: ``form`` for text that is not integers, ``kind`` for values that are too low."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {form}, got {text!r}") from None
+    if not values or min(values) < low:
+        raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def timed_epochs(text: str) -> int:
+    """Epochs per run where the first is not timed: 2 at least, else nothing would be."""
+    value = _int_at_least(text, 1)
+    if value < 2:
+        raise argparse.ArgumentTypeError(
+            f"must be >= 2, got {value}: the first epoch includes compilation and is not timed"
+        )
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    """A finite number >= 0 (``nan`` and ``inf`` are refused: they break comparisons, waits and
+    JSON)."""
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def choice_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    """A parser for a comma list of names among ``choices``: at least one, no unknown name,
+    none given twice."""
+    known = ",".join(choices)
+
+    def parse(text: str) -> list[str]:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        if not names:
+            raise argparse.ArgumentTypeError(f"empty: give a comma list of {known}")
+        bad = [n for n in names if n not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(map(repr, bad))}: choose among {known}"
+            )
+        return _no_repeats(names, text)
+
+    return parse
+
+
+def data_dir_problem(dataset: str, data_dir: str) -> str | None:
+    """Why ``data_dir`` does not hold ``dataset``'s four IDX files (None: it does), as xpnn's
+    ``--data-dir`` lookup says it (``--data-dir DIR: no such directory``, ``...: missing ...``)."""
+    from xpnn.cli import flag_words
+    from xpnn.data import find_files
+    from xpnn.errors import UserError
+
+    try:
+        find_files(dataset, data_dir, download=False)
+    except UserError as exc:
+        return flag_words(str(exc))
+    return None
