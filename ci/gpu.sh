@@ -7,9 +7,10 @@
 #      pipeline parallelism = 1 NumPy rank, over mpi-cuda) and detection against the library;
 #   3. allreduce of device buffers, 4 B to 256 MiB: mpi-cuda vs mpi-host (pinned staging) on
 #      2 ranks, and NCCL on 1 rank;
-#   4. throughput against PyTorch CUDA (MLP 784-512-256-10 at batch 128 and 512, CNN at 128);
+#   4. throughput against PyTorch CUDA (MLP 784-512-256-10 at batch 128 and 512, CNN at 128),
+#      the CNN's step phases on the GPU, and the staging benchmark;
 #   5. the other GPU tests, 2-rank training runs with each --comm and --parallel, the
-#      crossover and staging benchmarks.
+#      crossover benchmark.
 # Most telling first, so a run cut short still brought those back. Results, the log and the
 # time of each step go to ${OUT:-bench/results}. Any mismatch or fallback fails the script.
 # Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see docs/gpu.md; the
@@ -190,6 +191,15 @@ run "$PY" -m bench throughput --backends cupy --batches 128,512 --out "$OUT/thro
 run "$PY" -m bench throughput --model cnn --backends cupy --batches 128 \
   --out "$OUT/throughput_cnn_gpu.jsonl"
 
+if [ -n "$MPIEXEC" ]; then
+  # Where the CNN's step goes on the GPU: each phase timed with the device synchronised.
+  step "step phases of the CNN on cupy; host staging of device buffers, phase by phase"
+  run env XPNN_MPIEXEC="$MPIEXEC" "$PY" -m bench step_phases --ranks 1 --backend cupy \
+    --model cnn --batch-size 128 --dataset synthetic --synthetic-size 12800 --epochs 2 \
+    --out "$OUT/step_phases_cnn_gpu.jsonl"
+  run env XPNN_MPIEXEC="$MPIEXEC" "$PY" -m bench staging --ranks 1,2 --out "$OUT/staging.jsonl"
+fi
+
 step "GPU tests"
 run "$PY" -m pytest -q -ra tests/gpu tests/backends/test_backends.py tests/nn/test_layers.py \
   --ignore=tests/gpu/test_gpu_cuda_mpi.py
@@ -210,14 +220,6 @@ fi
 
 step "matmul crossover"
 run "$PY" bench/matmul_crossover.py --out "$OUT/crossover.jsonl"
-
-if [ -n "$MPIEXEC" ]; then
-  step "host staging of device buffers, phase by phase (1 rank, then 2 ranks)"
-  for ranks in 1 2; do
-    run env XPNN_MPIEXEC="$MPIEXEC" "$PY" -m bench staging --ranks "$ranks" \
-      --out "$OUT/staging.jsonl"
-  done
-fi
 
 end_step
 echo "total: $(($(date +%s) - t_start)) s" >>"$OUT/gpu_times.txt"
