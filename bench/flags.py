@@ -83,6 +83,22 @@ def nonneg_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A finite number > 0 (seconds to allow, a budget)."""
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]: an accuracy to reach."""
+    value = _finite_float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def _finite_float(text: str) -> float:
     try:
         value = float(text)

@@ -25,7 +25,9 @@ from bench.plots import draw, pyplot
 
 # The newest recording of the GPU benchmarks (files named gpu-MACHINE-YYYY-MM-DD.jsonl)
 RECORDED_GPU = max(
-    (Path(__file__).resolve().parent / "recorded").glob("gpu-*.jsonl"), key=lambda p: p.stem[-10:]
+    (Path(__file__).resolve().parent / "recorded").glob("gpu-*.jsonl"),
+    key=lambda p: p.stem[-10:],
+    default=None,
 )
 
 # The seed reports' own numbers, printed beside ours (shared/seeds/000 and 002).
@@ -95,6 +97,8 @@ def _gpu_section(args: argparse.Namespace, machine: dict[str, Any], out: Path) -
         ar_args = parse("allreduce", ["--device"], args.quick)
         allr = benchmarks.load("allreduce").run(ar_args, machine)
         head = "Measured in this run on " + machine["gpu"]["name"] + "."
+    elif RECORDED_GPU is None:
+        return "**Not run here: this machine has no GPU**, and no GPU results are recorded.", []
     else:
         cross = read_records(RECORDED_GPU, "crossover")
         allr = read_records(RECORDED_GPU, "allreduce")

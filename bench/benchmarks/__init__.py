@@ -57,7 +57,7 @@ def parse(name: str, argv: Sequence[str], quick: bool = False) -> argparse.Names
     mod = load(name)
     p = _parser(mod, f"python -m bench {name}")
     if quick or "--quick" in argv:
-        p.set_defaults(**mod.QUICK)  # explicit flags still win
+        p.set_defaults(**mod.QUICK, quick=True)  # explicit flags still win
     if not getattr(mod, "PASSTHROUGH", False):
         return p.parse_args(list(argv))
     args, rest = p.parse_known_args(list(argv))

@@ -17,6 +17,8 @@ import time
 from typing import Any
 
 from bench.core import float_list, int_list, markdown_table, record
+from bench.flags import fraction, positive_int
+from bench.flags import int_list as flag_int_list
 from bench.training import add_data_arguments, train_samples
 from xpnn.train import Callback
 
@@ -26,7 +28,9 @@ QUICK = {"samples": 512, "batches": [8, 16, 32, 64, 128, 256], "lrs": [0.1, 0.3]
 QUICK |= {"max_steps": 300, "target": 0.9}
 PERFECT, NO_GAIN = 0.65, 0.9  # steps(2B) / steps(B) below, and above, which a regime is named
 GROWTH = 1.1  # the next score comes after this many times the steps done so far
-PATIENCE = 12  # scores in a row without a new best (2.8x the steps): the target is out of reach
+# No new best score since the steps were a quarter of what they are (and 200 steps at least):
+# the target is out of reach for this learning rate (it diverged or stalled).
+PATIENCE, PATIENCE_STEPS = 4, 200
 TARGETS = {"synthetic": 0.99, "mnist": 0.97, "fashion-mnist": 0.83}
 
 
@@ -35,12 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=int_list, default=[4, 8, 16, 32, 64, 128, 256, 512, 1024])
     p.add_argument("--lrs", type=float_list, default=[0.01, 0.03, 0.1, 0.3, 1.0])
     p.add_argument(
-        "--target", type=float, help="test accuracy to reach (default: " +
+        "--target", type=fraction, help="test accuracy to reach (default: " +
         ", ".join(f"{k} {v}" for k, v in TARGETS.items()) + ")",
     )  # fmt: skip
-    p.add_argument("--max-steps", type=int, default=60000, help="steps budget per run")
-    p.add_argument("--max-epochs", type=int, default=30, help="epochs budget per run")
-    p.add_argument("--hidden", default="64")
+    p.add_argument("--max-steps", type=positive_int, default=60000, help="steps budget per run")
+    p.add_argument("--max-epochs", type=positive_int, default=30, help="epochs budget per run")
+    p.add_argument("--hidden", type=flag_int_list, default=[64], help="hidden widths, e.g. 64,64")
     p.add_argument("--backend", default="numpy", choices=("numpy", "numba"))
 
 
@@ -50,24 +54,25 @@ class _Stop(Exception):
 
 class TargetWatch(Callback):
     """Scores the test set at steps about ``GROWTH`` apart; stops at the target, at the
-    budget, or after ``PATIENCE`` scores without progress (a diverged or stalled run)."""
+    budget, or when the best score is ``PATIENCE`` times as old (a diverged or stalled run)."""
 
     def __init__(self, target: float, max_steps: int) -> None:
         self.target, self.max_steps = target, max_steps
         self.curve: list[tuple[int, float]] = []  # (steps done, test accuracy)
         self._next = 1
-        self._since_best = 0
+        self._best = (0, -1.0)  # (steps, accuracy) of the best score
 
     def on_step_end(self, trainer: Any, step: int) -> None:
         done = step + 1
         if done < self._next and done < self.max_steps:
             return
         acc = float(trainer.evaluate()[1])
-        best = max((a for _, a in self.curve), default=-1.0)
-        self._since_best = 0 if acc > best else self._since_best + 1
+        if acc > self._best[1]:
+            self._best = (done, acc)
         self.curve.append((done, acc))
         self._next = max(done + 1, math.ceil(done * GROWTH))
-        if acc >= self.target or done >= self.max_steps or self._since_best >= PATIENCE:
+        stalled = done >= max(PATIENCE_STEPS, PATIENCE * self._best[0])
+        if acc >= self.target or done >= self.max_steps or stalled:
             raise _Stop
 
 
@@ -94,7 +99,8 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
     world = init_world()
     target = args.target if args.target is not None else TARGETS[args.dataset]
     n = train_samples(args)
-    hidden = tuple(int(h) for h in args.hidden.split(","))
+    hidden = tuple(args.hidden)
+    width = ",".join(map(str, hidden))
     out = []
     for batch in args.batches:
         per_epoch = math.ceil(n / batch)
@@ -116,12 +122,18 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
             hit = steps_to_target(watch.curve, target)
             if hit is not None:
                 samples["steps"] = [hit]
+            data = f"--dataset {args.dataset} " + (
+                f"--samples {args.samples}" if args.dataset == "synthetic"
+                else f"--data-dir {args.data_dir}" if args.data_dir else ""
+            )  # fmt: skip
             config = {
                 "batch": batch, "lr": lr, "target": target, "max_steps": max_steps,
-                "steps_per_epoch": per_epoch, "hidden": args.hidden, "dataset": args.dataset,
+                "steps_per_epoch": per_epoch, "hidden": width, "dataset": args.dataset,
                 "backend": args.backend, "train_samples": n,
-                "command": f"python -m bench batch_regimes --dataset {args.dataset} "
-                f"--batches {batch} --lrs {lr} --target {target} --hidden {args.hidden}",
+                "command": f"python -m bench batch_regimes {data.strip()} --batches {batch} "
+                f"--lrs {lr} --target {target} --hidden {width} --backend {args.backend} "
+                f"--threads {args.threads} --max-steps {args.max_steps} "
+                f"--max-epochs {args.max_epochs}",
             }  # fmt: skip
             out.append(record(NAME, config, samples, machine, {"curve": watch.curve}))
     return out
@@ -171,6 +183,10 @@ def table(records: list[dict[str, Any]]) -> str:
 
 def plot(records: list[dict[str, Any]], ax: Any) -> None:
     pts = [p for p in best(records) if p[2] is not None]
+    ax.set_title("batch-size regimes")
+    if not pts:
+        ax.text(0.5, 0.5, "no batch size reached the target", ha="center", transform=ax.transAxes)
+        return
     colours = {"perfect scaling": "C2", "diminishing returns": "C1"}
     colours["maximal data parallelism"] = "C3"
     for (b0, *_), (b1, *_), g in zip(pts, pts[1:], regimes(pts), strict=False):
@@ -182,5 +198,4 @@ def plot(records: list[dict[str, Any]], ax: Any) -> None:
     for g, c in colours.items():
         ax.fill_between([], [], color=c, alpha=0.2, label=g)
     ax.set(xscale="log", yscale="log", xlabel="global batch", ylabel="steps to target")
-    ax.set_title("batch-size regimes")
     ax.legend(fontsize=7)

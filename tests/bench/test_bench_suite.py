@@ -133,6 +133,34 @@ def test_the_watch_scores_about_ten_percent_apart_and_stops_at_the_target():
     assert batch_regimes.steps_to_target(watch.curve, 0.5) == pytest.approx(500)
 
 
+def test_the_watch_gives_up_on_a_rate_whose_best_score_is_four_times_as_old():
+    class Trainer:  # best around step 60, worse after: a diverged learning rate
+        step = 0
+
+        def evaluate(self):
+            return 0.0, 0.3 if 55 <= self.step <= 65 else 0.1
+
+    trainer, watch = Trainer(), batch_regimes.TargetWatch(target=0.9, max_steps=10_000)
+    with pytest.raises(batch_regimes._Stop):
+        for step in range(10_000):
+            trainer.step = step + 1
+            watch.on_step_end(trainer, step)
+    best = next(s for s, a in watch.curve if a == 0.3)
+    assert 4 * best <= watch.curve[-1][0] < 4.4 * best  # at the first score past 4 x best
+    assert batch_regimes.steps_to_target(watch.curve, 0.9) is None
+
+
+def test_the_plot_of_a_study_where_no_batch_reached_the_target(tmp_path):
+    from bench.plots import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    rec = {"config": {"batch": 8, "lr": 0.1}, "metrics": {"seconds": {"median": 1.0}}}
+    batch_regimes.plot([rec], ax)  # no steps: says so, no log scale of nothing
+    fig.savefig(tmp_path / "b.png")
+    assert "no batch size reached the target" in [t.get_text() for t in ax.texts]
+
+
 def test_regimes_follow_the_ratio_of_steps_per_doubling():
     pts = [(8, 0.1, 800.0), (16, 0.1, 400.0), (32, 0.1, 300.0), (64, 0.1, 295.0)]
     pts += [(128, None, None)]

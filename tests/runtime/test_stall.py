@@ -62,7 +62,7 @@ def test_an_exchange_under_way_is_polled_without_naps(limits, monkeypatch):
     request = _Later(stall.YIELD_S / 2)
     stall.wait(request, "a test")
     assert naps == []
-    assert request.tests > 1000  # polled all along, not once at the end
+    assert request.tests > 100  # polled all along, not once at the end
 
 
 def test_a_short_wait_ends_at_once(limits):
