@@ -22,6 +22,7 @@ NAMES = (
     "parallel_modes",
     "crossover",
     "allreduce",
+    "polling",
     "gemm_split",
     "throughput",
     "optimizer_step",
