@@ -9,8 +9,8 @@ per buffer size, on every rank (after a barrier, one sample per call):
 * set_sync: ``dev.set(pinned)`` then a stream synchronise (pinned host to device);
 * raw_d2h: a bare ``cudaMemcpyAsync`` device to host plus synchronise, for comparison.
 
-On the H100 machine (docs/gpu.md) it showed that two ranks sharing one GPU pay 150-300 us for
-each small (<= 16 KiB) host-to-device copy, against about 15 us from 64 KiB up or with one rank.
+Two ranks sharing one GPU pay about 150 us for each small (<= 16 KiB) host-to-device copy,
+against 10-20 us from 64 KiB up or with one rank (docs/gpu.md: the H100 and H200 machines).
 Without CuPy or a CUDA device it says so in one line and records nothing.
 """
 

@@ -10,7 +10,7 @@ the per-repeat ratios, which cancels most of a shared machine's drift.
 
 Every side runs in a worker process of its own (``throughput_workers``). Each timed epoch
 follows ``--gap`` idle seconds, so the thread pools of the side that just ran stop spinning
-(they stole up to 25% of the next side's time on 2 cores), and a pair during which other
+(a spinning pool takes cores the next side needs), and a pair during which other
 processes used more than ``--max-foreign`` cores is timed again once the machine is quiet.
 
 ``--ranks-compare`` also times ``mpiexec -n RANKS python -m xpnn ... --threads 1`` on synthetic

@@ -89,7 +89,7 @@ def test_a_table_is_redrawn_from_records_without_measuring(tmp_path):
     assert out.read_text().count("\n") == 3  # --from appends nothing
 
 
-def test_crossover_script_is_still_a_command(tmp_path):
+def test_crossover_runs_as_a_script_of_its_own(tmp_path):
     out = tmp_path / "c.jsonl"
     cmd = [sys.executable, "bench/matmul_crossover.py", "--sizes", "8,32", "--no-extra"]
     cmd += ["--dtypes", "float64", "--repeats", "3", "--out", str(out)]
@@ -185,7 +185,7 @@ def test_report_check_finds_empty_tables_and_bad_pngs(tmp_path):
 )
 def test_the_recorded_gpu_results_name_machine_and_date(path):
     rs = [json.loads(line) for line in path.read_text().splitlines()]
-    assert {r["benchmark"] for r in rs} == {"crossover", "allreduce"}
+    assert {"crossover", "allreduce"} <= {r["benchmark"] for r in rs}  # what the report shows
     kind, date = path.stem.split("-")[1], path.stem[-10:]  # gpu-h200-2026-11-26
     for r in rs:
         assert r["machine"]["gpu"]["name"].lower().startswith(f"nvidia {kind}")
