@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.core import find_mpiexec, markdown_table, median_of, record, run_command
+from bench.flags import positive_float
 
 NAME = "allreduce"
 SUMMARY = "allreduce latency and bandwidth: xpnn's comm vs raw MPI, host and device buffers"
@@ -37,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="--comm kinds for device buffers, comma-separated (e.g. mpi-cuda,mpi-host,nccl)",
     )
-    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--timeout", type=positive_float, default=900)
 
 
 def sizes(max_size: int) -> list[int]:

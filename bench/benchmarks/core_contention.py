@@ -40,7 +40,7 @@ from bench.core import (
     record,
     spread,
 )
-from bench.flags import choice_list, cpu_list, nonneg_float, positive_int
+from bench.flags import choice_list, cpu_list, positive_float, positive_int
 from bench.quiet import ForeignLoad
 
 NAME = "core_contention"
@@ -51,13 +51,6 @@ WORKER = "bench.benchmarks.core_contention"
 ONE_THREAD = dict.fromkeys(
     ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"), "1"
 )
-
-
-def positive_float(text: str) -> float:
-    value = nonneg_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
 
 
 def gemm_shape(text: str) -> list[int]:
@@ -72,11 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--kernels", type=choice_list(KERNELS), default=list(KERNELS), help="fma,stream,gemm")
     a("--cpus", type=cpu_list, help="CPUs to use (all allowed); one named twice gets two processes")
     a("--rounds", type=positive_int, default=3, help="alone-then-together rounds")
-    a("--seconds", type=nonneg_float, default=1.0, help="timing per kernel and process")
+    a("--seconds", type=positive_float, default=1.0, help="timing per kernel and process")
     a("--stream-mib", type=positive_float, default=24.0, help="stream kernel's two arrays, MiB")
     a("--gemm", type=gemm_shape, default=[128, 1024, 1024], help="M,K,N of the product")
     a("--split", action="store_true", help="together, each process does 1 / N of the work")
-    a("--timeout", type=float, default=600, help="seconds allowed per set of processes")
+    a("--timeout", type=positive_float, default=600, help="seconds allowed per set of processes")
 
 
 def make_kernel(kind: str, stream_mib: float, gemm: list[int], share: int = 1) -> Any:

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from bench.core import BenchError, markdown_table, median_of, record, run_command, spread
+from bench.flags import positive_float
 
 NAME = "optimizer_step"
 SUMMARY = "one optimizer update: NumPy vs Numba vs PyTorch, microseconds"
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=5, help="alternated rounds")
     p.add_argument("--calls", type=positive_int, default=200, help="timed updates per round")
     p.add_argument("--sides", type=choice_list(SIDES), default=list(SIDES), help=",".join(SIDES))
-    p.add_argument("--timeout", type=float, default=600, help="seconds allowed per worker")
+    p.add_argument("--timeout", type=positive_float, default=600, help="seconds allowed per worker")
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:

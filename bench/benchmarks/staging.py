@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import find_mpiexec, int_list, markdown_table, median_of, record, run_command
+from bench.flags import positive_float
 
 NAME = "staging"
 SUMMARY = "a host-staged allreduce of device buffers, phase by phase (GPU)"
@@ -41,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int_list, default=[1, 2], help="mpiexec -n, each in turn")
     p.add_argument("--sizes", type=distinct_int_list, default=sizes, help="buffer bytes")
     p.add_argument("--iters", type=positive_int, default=200, help="timed calls per size")
-    p.add_argument("--timeout", type=float, default=600, help="seconds allowed per run")
+    p.add_argument("--timeout", type=positive_float, default=600, help="seconds allowed per run")
 
 
 def gpu_problem() -> str | None:

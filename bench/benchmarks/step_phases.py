@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import BenchError, find_mpiexec, markdown_table, median_of, record, run_command
+from bench.flags import positive_float
 
 NAME = "step_phases"
 SUMMARY = "where a training step's time goes, per rank: compute, update, fences"
@@ -55,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from bench.flags import positive_int
 
     p.add_argument("--ranks", type=positive_int, default=1, help="mpiexec -n")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds allowed for the run")
+    p.add_argument(
+        "--timeout", type=positive_float, default=1800, help="seconds allowed for the run"
+    )
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:

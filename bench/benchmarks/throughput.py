@@ -45,6 +45,7 @@ from bench.flags import (
     distinct_int_list,
     nonneg_float,
     nonneg_int,
+    positive_float,
     positive_int,
     timed_epochs,
 )
@@ -80,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--ranks-epochs", type=timed_epochs, default=2, help="CLI epochs per run (first dropped)")
     a("--ranks-repeats", type=positive_int, default=3, help="CLI runs, in turn with torch's")
     a("--ranks-batch", type=positive_int, default=128, help="global batch for --ranks-compare")
-    a("--timeout", type=float, default=1800, help="seconds allowed per CLI run")
+    a("--timeout", type=positive_float, default=1800, help="seconds allowed per CLI run")
 
 
 def alternate(

@@ -33,7 +33,7 @@ from bench.core import (
     run_command,
     spread,
 )
-from bench.flags import data_dir_problem, positive_int
+from bench.flags import data_dir_problem, positive_float, positive_int
 
 NAME = "within_job"
 SUMMARY = "two xpnn configurations in one job, epochs timed in turn (A/B)"
@@ -60,7 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{side}", default="", help=f"xpnn flags side {side.upper()} adds, "
                        f"one quoted string (--{side}=--flag for a flag alone)")  # fmt: skip
     p.add_argument("--rounds", type=positive_int, default=6, help="timed epochs of each side")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds allowed for the job")
+    p.add_argument(
+        "--timeout", type=positive_float, default=3600, help="seconds allowed for the job"
+    )
     p.add_argument("common", nargs="*", metavar="-- XPNN_FLAGS", help="flags both sides share")
 
 
