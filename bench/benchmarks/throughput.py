@@ -8,7 +8,7 @@ network (Adam with PyTorch's defaults, same batch, threads and dtype; on CUDA fo
 timed in turn, the order flipped every repeat (A B, B A, ...), and xpnn/torch is the median of
 the per-repeat ratios, which cancels most of a shared machine's drift.
 
-Every side runs in a worker process of its own (``throughput_workers``). Each timed epoch
+Every side runs in a worker process of its own (``_throughput_workers``). Each timed epoch
 follows ``--gap`` idle seconds, so the thread pools of the side that just ran stop spinning
 (a spinning pool takes cores the next side needs), and a pair during which other
 processes used more than ``--max-foreign`` cores is timed again once the machine is quiet.
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.benchmarks.throughput_workers import Unavailable, Worker
+from bench.benchmarks._throughput_workers import Unavailable, Worker
 from bench.core import (
     BenchError,
     RunFailed,
