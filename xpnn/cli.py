@@ -24,18 +24,19 @@ from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec, build_run, notes, su
 from xpnn.runtime import failure, stall
 from xpnn.runtime.world import init_world, launch_rank
 
-__all__ = ["FLAGS", "build_parser", "flag_words", "main", "to_spec"]  # what scripts may use
+# what scripts may use
+__all__ = ["FLAGS", "ArgError", "build_parser", "flag_words", "main", "to_spec"]
 
 
-class _ArgError(Exception):
-    pass
+class ArgError(Exception):
+    """A bad flag, in one line naming it (the parser's error, without the usage)."""
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag as one line naming it, with no usage dump."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise _ArgError(message.removeprefix("argument "))
+        raise ArgError(message.removeprefix("argument "))
 
 
 MOST = 2**31 - 1  # counts and sizes past this are typos, and past NumPy's or C's int types
@@ -429,7 +430,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     parser = build_info_parser() if command == "info" else build_parser()
     try:
         args = parser.parse_args(argv)
-    except _ArgError as exc:
+    except ArgError as exc:
         if launch_rank() == 0:
             print(f"xpnn: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ collectives) only inside ``MPI_Test``/``MPI_Wait``. Under ``mpiexec -n RANKS`` (
 launches itself) each size of host buffer is reduced, in turn, by the blocking
 ``MPI_Allreduce``, by ``MPI_Iallreduce`` then ``MPI_Wait``, and by ``MPI_Iallreduce`` polled
 with ``MPI_Test`` in a tight loop, with ``sched_yield`` between tests, with a 50 µs sleep
-between tests, and by xpnn's own wait (``xpnn.runtime.stall.wait``); the slowest rank's
+between tests, and by xpnn's own wait (``xpnn.runtime.wait_polled``); the slowest rank's
 median counts.
 """
 
@@ -55,12 +55,12 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
 
 
 def _poll(method: str, request: Any) -> None:
-    from xpnn.runtime import stall
+    from xpnn.runtime import wait_polled
 
     if method == "wait":
         request.Wait()
     elif method == "xpnn":
-        stall.wait(request, "an allreduce")
+        wait_polled(request, "an allreduce")
     else:
         pause = {"spin": None, "yield": os.sched_yield, "nap50": lambda: time.sleep(50e-6)}
         nap = pause[method]

@@ -85,7 +85,7 @@ def sides_of(args: argparse.Namespace) -> dict[str, list[str]]:
     def parse(flags: list[str], where: str) -> argparse.Namespace:
         try:
             return parser.parse_args(flags)
-        except cli._ArgError as exc:
+        except cli.ArgError as exc:
             raise BenchError(where.format(exc)) from None
 
     defaults, common = parser.parse_args([]), parse(args.common, "{} (after --)")
