@@ -217,6 +217,16 @@ def run_command(cmd: Sequence[str], timeout: float | None = None) -> str:
     return proc.stdout
 
 
+def run_worker(module: str, ranks: int, args: Sequence[str], timeout: float | None) -> Any:
+    """``mpiexec -n RANKS python -m MODULE OUT ARGS...``: the JSON its rank 0 wrote to OUT. A
+    benchmark that needs processes of its own runs itself (its ``__main__``) this way."""
+    with tempfile.TemporaryDirectory(prefix="xpnn-bench-") as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", module, str(out), *args]
+        run_command(cmd, timeout)
+        return json.loads(out.read_text())
+
+
 def xpnn_command(ranks: int, flags: Sequence[str]) -> list[str]:
     """``mpiexec -n N python -m xpnn FLAGS`` (plain ``python -m xpnn`` for ranks == 0)."""
     base = [sys.executable, "-m", "xpnn", *flags, "--no-progress"]

@@ -16,12 +16,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.core import find_mpiexec, markdown_table, median_of, record, run_command
+from bench.core import markdown_table, median_of, record, run_worker
 from bench.flags import distinct_int_list, positive_float, positive_int
 
 NAME = "polling"
@@ -41,12 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory(prefix="xpnn-bench-") as tmp:
-        out = Path(tmp) / "rows.json"
-        cmd = [find_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", WORKER, str(out)]
-        cmd += [",".join(map(str, args.sizes)), str(args.iters)]
-        run_command(cmd, args.timeout)
-        rows = json.loads(out.read_text())
+    sizes = ",".join(map(str, args.sizes))
+    rows = run_worker(WORKER, args.ranks, [sizes, str(args.iters)], args.timeout)
     return [
         record(NAME, {k: r[k] for k in ("size_bytes", "method", "ranks")},
                {"latency_us": r["latency_us"]}, machine)

@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.core import find_mpiexec, int_list, markdown_table, median_of, record, run_command
+from bench.core import int_list, markdown_table, median_of, record, run_worker
 from bench.flags import positive_float
 
 NAME = "staging"
@@ -63,12 +62,9 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
         return []
     out = []
     for ranks in args.ranks:
-        with tempfile.TemporaryDirectory(prefix="xpnn-bench-") as tmp:
-            rows = Path(tmp) / "rows.json"
-            cmd = [find_mpiexec(), "-n", str(ranks), sys.executable, "-m", WORKER, str(rows)]
-            run_command([*cmd, ",".join(map(str, args.sizes)), str(args.iters)], args.timeout)
-            for config, samples in json.loads(rows.read_text()):
-                out.append(record(NAME, config, samples, machine))
+        sizes = ",".join(map(str, args.sizes))
+        rows = run_worker(WORKER, ranks, [sizes, str(args.iters)], args.timeout)
+        out += [record(NAME, config, samples, machine) for config, samples in rows]
     return out
 
 

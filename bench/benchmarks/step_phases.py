@@ -33,12 +33,11 @@ import argparse
 import gc
 import json
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.core import BenchError, find_mpiexec, markdown_table, median_of, record, run_command
+from bench.core import BenchError, markdown_table, median_of, record, run_worker
 from bench.flags import positive_float
 
 NAME = "step_phases"
@@ -67,13 +66,9 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
 
     try:
         cli.build_parser().parse_args(flags)
-    except Exception as exc:  # xpnn's parser raises its one-line usage error
+    except cli.ArgError as exc:  # xpnn's one-line usage error
         raise BenchError(str(exc)) from None
-    with tempfile.TemporaryDirectory(prefix="xpnn-bench-") as tmp:
-        out = Path(tmp) / "steps.json"
-        cmd = [find_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", WORKER, str(out)]
-        run_command([*cmd, *flags], args.timeout)
-        ranks = json.loads(out.read_text())
+    ranks = run_worker(WORKER, args.ranks, flags, args.timeout)
     command = f"python -m bench step_phases --ranks {args.ranks} {' '.join(flags)}"
     return [
         record(NAME, {"rank": r, "ranks": args.ranks, "command": command}, samples, machine, info)

@@ -19,20 +19,11 @@ import argparse
 import json
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.core import (
-    BenchError,
-    find_mpiexec,
-    markdown_table,
-    median_of,
-    record,
-    run_command,
-    spread,
-)
+from bench.core import BenchError, markdown_table, median_of, record, run_worker, spread
 from bench.flags import data_dir_problem, positive_float, positive_int
 
 NAME = "within_job"
@@ -108,12 +99,8 @@ def sides_of(args: argparse.Namespace) -> dict[str, list[str]]:
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
     sides = sides_of(args)
-    with tempfile.TemporaryDirectory(prefix="xpnn-bench-") as tmp:
-        out = Path(tmp) / "rounds.json"
-        flags = json.dumps({"common": args.common, **sides})
-        cmd = [find_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", WORKER]
-        run_command([*cmd, str(out), str(args.rounds), flags], args.timeout)
-        got = json.loads(out.read_text())
+    flags = json.dumps({"common": args.common, **sides})
+    got = run_worker(WORKER, args.ranks, [str(args.rounds), flags], args.timeout)
     for s in SIDES:  # what python -m xpnn would note, per side
         for note in got["notes"][s]:
             print(f"bench: note: --{s}: {note}", file=sys.stderr)
