@@ -216,6 +216,7 @@ class Worker:
 
         ctx = mp.get_context("spawn")
         self.label = f"{kind}-{name}"
+        self.timeout = float(cfg.get("timeout", 1800))  # a hung worker (a CUDA hang) ends the run
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=serve, args=(child, kind, name, cfg), daemon=True)
         self.proc.start()
@@ -231,6 +232,8 @@ class Worker:
         return int(self.proc.pid or 0)
 
     def _reply(self) -> Any:
+        if not self.conn.poll(self.timeout):
+            raise RunFailed(f"the {self.label} worker gave no answer in {self.timeout:g} s")
         try:
             status, value = self.conn.recv()
         except EOFError:

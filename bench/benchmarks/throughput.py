@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--ranks-epochs", type=timed_epochs, default=2, help="CLI epochs per run (first dropped)")
     a("--ranks-repeats", type=positive_int, default=3, help="CLI runs, in turn with torch's")
     a("--ranks-batch", type=positive_int, default=128, help="global batch for --ranks-compare")
-    a("--timeout", type=positive_float, default=1800, help="seconds allowed per CLI run")
+    a("--timeout", type=positive_float, default=1800, help="seconds per CLI run or worker answer")
 
 
 def alternate(
@@ -228,6 +228,7 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
     if torch_skipped:
         print(f"torch comparison skipped: {torch_skipped}", flush=True)
     cfg = {"threads": args.threads, "model": args.model, "hidden": list(args.hidden)}
+    cfg["timeout"] = args.timeout
     info: dict[str, Any] = {"skipped": skipped, "torch_skipped": torch_skipped}
     workers: dict[str, Worker] = {}
     torch_workers: dict[str, Worker | None] = {}
