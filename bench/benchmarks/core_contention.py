@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import subprocess
 import sys
 import time
@@ -148,6 +149,8 @@ def at_once(
     ]
     try:
         for c, p in zip(cpus, procs, strict=True):
+            if not select.select([p.stdout], [], [], args.timeout)[0]:
+                raise subprocess.TimeoutExpired(p.args, args.timeout)
             if p.stdout.readline().strip() != "ready":
                 _, err = p.communicate(timeout=args.timeout)
                 tail = "\n".join(err.strip().splitlines()[-8:])
