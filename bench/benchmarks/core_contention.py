@@ -41,7 +41,7 @@ from bench.core import (
     record,
     spread,
 )
-from bench.flags import choice_list, cpu_list, positive_float, positive_int
+from bench.flags import choice_list, cpu_list, nonneg_float, positive_float, positive_int
 from bench.quiet import ForeignLoad
 
 NAME = "core_contention"
@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--kernels", type=choice_list(KERNELS), default=list(KERNELS), help="fma,stream,gemm")
     a("--cpus", type=cpu_list, help="CPUs to use (all allowed); one named twice gets two processes")
     a("--rounds", type=positive_int, default=3, help="alone-then-together rounds")
-    a("--seconds", type=positive_float, default=1.0, help="timing per kernel and process")
+    a("--seconds", type=nonneg_float, default=1.0, help="timing per kernel and process")
     a("--stream-mib", type=positive_float, default=24.0, help="stream kernel's two arrays, MiB")
     a("--gemm", type=gemm_shape, default=[128, 1024, 1024], help="M,K,N of the product")
     a("--split", action="store_true", help="together, each process does 1 / N of the work")
