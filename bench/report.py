@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from bench.core import (
     write_records,
 )
 from bench.plots import draw, pyplot
+from bench.quiet import load_avg
 
 # The newest recording of the GPU benchmarks (files named gpu-MACHINE-YYYY-MM-DD.jsonl)
 RECORDED_GPU = max(
@@ -137,7 +137,7 @@ def build(args: argparse.Namespace) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     pyplot()  # fail now, not after the measurements, without matplotlib
     machine = describe_machine()
-    load = os.getloadavg()[0]
+    load = load_avg()
     t0 = time.perf_counter()
     rec: dict[str, list[dict[str, Any]]] = {}
     for name in [s for s in STUDIES if s != "gpu" and s in args.only]:
@@ -160,7 +160,8 @@ def build(args: argparse.Namespace) -> Path:
         f"({size}; data: {args.dataset}; measuring took {time.perf_counter() - t0:.0f} s).\n",
         f"**Machine:** {machine_line(machine)}; host {machine['host']}, {machine['os']}.\n",
         "Timings on a shared machine are noisy (load average when the report started: "
-        f"{load:.1f} on {machine['cores']} cores): each cell is a median, with its range when "
+        f"{'unknown' if load is None else f'{load:.1f}'} on {machine['cores']} cores): each "
+        "cell is a median, with its range when "
         "repeated; the command of every run is in `records.jsonl`.\n",
     ]
     if "scaling" in rec:
