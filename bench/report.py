@@ -199,8 +199,9 @@ def build(args: argparse.Namespace) -> Path:
         parts += [
             "## Seed 004: steps to a target accuracy against the global batch\n",
             f"Target test accuracy {r0['target']}, SGD, lr tuned per batch size from "
-            f"{sorted({r['config']['lr'] for r in rec['batch_regimes']})}; steps interpolated "
-            "between the per-epoch evaluations.\n",
+            f"{sorted({r['config']['lr'] for r in rec['batch_regimes']})}; the test set scored "
+            "at steps about 10 % apart, the step interpolated between the scores either side "
+            "of the target.\n",
             f"{command_line(rec['batch_regimes'])}\n",
             f"{benchmarks.load('batch_regimes').table(rec['batch_regimes'])}\n",
             "![batch regimes](batch_regimes.png)\n",

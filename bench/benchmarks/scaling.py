@@ -1,9 +1,10 @@
 """Strong and weak scaling of data-parallel training (seed 000's study, its network by default).
 
-Strong: the same data set (``--samples`` x ``--replicate``) on 1, 2, ... ranks. Weak:
-``--samples`` per rank (the set replicated once per rank). The defaults are seed 000's run:
+Strong: the same data set on 1, 2, ... ranks, replicated to 60,000 samples unless
+``--replicate`` says otherwise (the synthetic set's 5,000 samples 12 times; MNIST and
+Fashion-MNIST once). Weak: the training set once per rank. The defaults are seed 000's run:
 one sigmoid hidden layer, a sigmoid output with binary cross-entropy, full-batch gradient
-descent, 10 iterations (epochs of one step), 5,000 samples replicated 12 times = 60,000.
+descent, 10 iterations (epochs of one step).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import argparse
 from typing import Any
 
 from bench.core import int_list, markdown_table, median_of, record, spread
+from bench.flags import positive_int
 from bench.training import add_data_arguments, command, data_flags, measure, train_samples
 
 NAME = "scaling"
 SUMMARY = "strong and weak scaling of data-parallel training (seed 000)"
+SEED000_SAMPLES = 60_000  # the report's strong-scaling set: MNIST's 5,000 replicated 12 times
 QUICK = {"samples": 1000, "replicate": 6, "epochs": 3, "hidden": "64"}
 
 
@@ -23,7 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p, samples=5000)
     p.add_argument("--ranks", type=int_list, default=[1, 2], help="comma list of rank counts")
     p.add_argument("--modes", default="strong,weak", help="strong, weak or both")
-    p.add_argument("--replicate", type=int, default=12, help="strong: copies of the data")
+    p.add_argument(
+        "--replicate", type=positive_int, help="strong: copies of the data (default: to 60,000)"
+    )
     p.add_argument("--hidden", default="256", help="hidden sizes")
     p.add_argument("--activation", default="sigmoid")
     p.add_argument("--loss", default="sigmoid_bce")
@@ -44,7 +49,7 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
         if mode not in ("strong", "weak"):
             raise argparse.ArgumentTypeError(f"--modes: unknown {mode!r} (strong, weak)")
         for n in args.ranks:
-            copies = args.replicate if mode == "strong" else n
+            copies = strong_copies(args) if mode == "strong" else n
             flags = [*model, *data_flags(args), "--replicate", str(copies)]
             samples, info = measure(n, flags, args)
             config = {
@@ -56,6 +61,11 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
             }  # fmt: skip
             out.append(record(NAME, config, samples, machine, info))
     return out
+
+
+def strong_copies(args: argparse.Namespace) -> int:
+    """Copies of the training set that make seed 000's 60,000 samples (or ``--replicate``)."""
+    return args.replicate or max(1, round(SEED000_SAMPLES / train_samples(args)))
 
 
 def rows(records: list[dict[str, Any]], mode: str) -> list[list[Any]]:

@@ -226,3 +226,17 @@ def test_a_batch_below_the_ranks_is_refused_in_one_line():
     proc = bench("gemm_split", "--batch", "1", "--ranks", "2")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "bench: --batch 1 is below --ranks 2: a rank would get no rows"
+
+
+@pytest.mark.parametrize(
+    ("argv", "copies"),
+    [
+        (["--dataset", "synthetic", "--samples", "5000"], 12),  # seed 000's 5,000 x 12
+        (["--dataset", "fashion-mnist"], 1),  # already 60,000
+        (["--dataset", "fashion-mnist", "--replicate", "3"], 3),
+    ],
+)
+def test_strong_scaling_replicates_the_set_to_seed_000s_60000_samples(argv, copies):
+    from bench.benchmarks import parse, scaling
+
+    assert scaling.strong_copies(parse("scaling", argv)) == copies
