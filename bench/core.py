@@ -13,7 +13,6 @@ and a table rebuilt from ``bench/results/*.jsonl`` without measuring again.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import os
@@ -296,23 +295,3 @@ def spread(r: dict[str, Any], metric: str) -> str:
     if len(m["samples"]) < 2:
         return fmt(m["median"])
     return f"{fmt(m['median'])} ({fmt(m['min'])}–{fmt(m['max'])})"
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
-
-
-def float_list(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from e
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {text!r}")
-    return values

@@ -13,6 +13,14 @@ def int_list(text: str) -> list[int]:
     return _ints_at_least(text, 1, "integers like 1,2", "positive integers")
 
 
+def float_list(text: str) -> list[float]:
+    """``0.01,0.1`` -> [0.01, 0.1]; every value a finite number > 0."""
+    values = [positive_float(v) for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected numbers like 0.01,0.1, got {text!r}")
+    return values
+
+
 def distinct_int_list(text: str) -> list[int]:
     """``1,2,4`` -> [1, 2, 4]; every value positive, none given twice (each is one run)."""
     return _no_repeats(int_list(text), text)

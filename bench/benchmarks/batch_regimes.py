@@ -16,9 +16,8 @@ import math
 import time
 from typing import Any
 
-from bench.core import float_list, int_list, markdown_table, record
-from bench.flags import fraction, positive_int
-from bench.flags import int_list as flag_int_list
+from bench.core import markdown_table, record
+from bench.flags import float_list, fraction, int_list, positive_int
 from bench.training import add_data_arguments, train_samples
 from xpnn.train import Callback
 
@@ -44,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--max-steps", type=positive_int, default=60000, help="steps budget per run")
     p.add_argument("--max-epochs", type=positive_int, default=30, help="epochs budget per run")
-    p.add_argument("--hidden", type=flag_int_list, default=[64], help="hidden widths, e.g. 64,64")
+    p.add_argument("--hidden", type=int_list, default=[64], help="hidden widths, e.g. 64,64")
     p.add_argument("--backend", default="numpy", choices=("numpy", "numba"))
 
 

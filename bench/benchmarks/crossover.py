@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.core import int_list, markdown_table, median_of, record
+from bench.core import markdown_table, median_of, record
+from bench.flags import int_list
 
 NAME = "crossover"
 SUMMARY = "CPU vs GPU matmul time, copies counted; where the GPU starts to win"

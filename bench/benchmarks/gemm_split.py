@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from bench.core import int_list, markdown_table, median_of, record, spread
+from bench.core import markdown_table, median_of, record, spread
+from bench.flags import int_list
 
 NAME = "gemm_split"
 SUMMARY = "an MLP step's matrix products at the global batch vs one rank's share"

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bench.core import int_list, markdown_table, median_of, record, spread
+from bench.core import markdown_table, median_of, record, spread
+from bench.flags import int_list
 from bench.training import add_data_arguments, command, data_flags, measure
 
 NAME = "granularity"

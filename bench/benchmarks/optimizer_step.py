@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from bench.core import BenchError, markdown_table, median_of, record, run_command, spread
-from bench.flags import positive_float
+from bench.flags import choice_list, positive_float, positive_int
 
 NAME = "optimizer_step"
 SUMMARY = "one optimizer update: NumPy vs Numba vs PyTorch, microseconds"
@@ -27,7 +27,6 @@ WORKER = "bench.benchmarks.optimizer_step"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bench.flags import choice_list, positive_int
 
     p.add_argument("--params", type=positive_int, default=535818, help="MLP 784-512-256-10's")
     p.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam"])

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bench.core import int_list, markdown_table, median_of, record, spread
-from bench.flags import positive_int
+from bench.core import markdown_table, median_of, record, spread
+from bench.flags import int_list, positive_int
 from bench.training import add_data_arguments, command, data_flags, measure, train_samples
 
 NAME = "scaling"

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.core import int_list, markdown_table, median_of, record, run_worker
-from bench.flags import positive_float
+from bench.core import markdown_table, median_of, record, run_worker
+from bench.flags import distinct_int_list, int_list, positive_float, positive_int
 
 NAME = "staging"
 SUMMARY = "a host-staged allreduce of device buffers, phase by phase (GPU)"
@@ -35,7 +35,6 @@ WARMUP = 30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bench.flags import distinct_int_list, positive_int
 
     sizes = [4, 4096, 16384, 65536, 262144, 1048576]
     p.add_argument("--ranks", type=int_list, default=[1, 2], help="mpiexec -n, each in turn")

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import BenchError, markdown_table, median_of, record, run_worker
-from bench.flags import positive_float
+from bench.flags import positive_float, positive_int
 
 NAME = "step_phases"
 SUMMARY = "where a training step's time goes, per rank: compute, update, fences"
@@ -52,7 +52,6 @@ PHASES = ("step", "compute", "forward", "wgrad", "update", "fences")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bench.flags import positive_int
 
     p.add_argument("--ranks", type=positive_int, default=1, help="mpiexec -n")
     p.add_argument(
