@@ -35,13 +35,19 @@ from bench.core import (
     ROOT,
     BenchError,
     RunFailed,
-    int_list,
     markdown_table,
     median_of,
     record,
     spread,
 )
-from bench.flags import choice_list, cpu_list, nonneg_float, positive_float, positive_int
+from bench.flags import (
+    choice_list,
+    cpu_list,
+    int_list,
+    nonneg_float,
+    positive_float,
+    positive_int,
+)
 from bench.quiet import ForeignLoad
 
 NAME = "core_contention"

@@ -33,7 +33,6 @@ from bench.core import (
     BenchError,
     RunFailed,
     epochs_of,
-    int_list,
     markdown_table,
     median_of,
     record,
@@ -43,6 +42,7 @@ from bench.core import (
 from bench.flags import (
     choice_list,
     distinct_int_list,
+    int_list,
     nonneg_float,
     nonneg_int,
     positive_float,
