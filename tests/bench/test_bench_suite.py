@@ -36,7 +36,7 @@ def test_list_names_every_benchmark():
     names = [line.split()[0] for line in proc.stdout.splitlines()]
     assert names == [
         "scaling", "cnn", "granularity", "batch_regimes", "parallel_modes", "crossover",
-        "allreduce", "gemm_split", "throughput", "optimizer_step", "core_contention",
+        "allreduce", "polling", "gemm_split", "throughput", "optimizer_step", "core_contention",
         "within_job", "step_phases", "staging",
     ]  # fmt: skip
 
