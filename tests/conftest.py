@@ -176,14 +176,18 @@ def run_with_stdout_closed(args: list[str], timeout: float = 120) -> tuple[int, 
         proc.stderr.close()
 
 
-def run_bench(script: str, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``bench/SCRIPT ARGS`` from the project root and capture its output."""
+def run_bench(
+    *args: str, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m bench ARGS`` from the project root, its output captured, no stdin."""
     return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args],
+        [sys.executable, "-m", "bench", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
     )
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_with_stdout_closed
+from conftest import ROOT, run_bench, run_with_stdout_closed
 from test_bench_suite import assert_schema
 
 from bench.core import read_records
@@ -17,8 +17,7 @@ CPUS = sorted(os.sched_getaffinity(0))
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "bench", "core_contention", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return run_bench("core_contention", *args)
 
 
 def test_every_kernel_runs_on_every_cpu_given(tmp_path):

@@ -4,10 +4,9 @@ GPU, a record per rank and buffer size with every phase (ci/gpu.sh runs it on 1 
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
-from conftest import ROOT
+from conftest import run_bench
 
 from bench.benchmarks.staging import PHASES, gpu_problem
 from bench.core import read_records
@@ -16,10 +15,7 @@ NO_GPU = gpu_problem()
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "bench", "staging", *args]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL
-    )
+    return run_bench("staging", *args)
 
 
 @pytest.mark.skipif(not NO_GPU, reason="a CUDA device is present: the GPU path runs instead")

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import gc
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import run_bench
 
 from bench.benchmarks import step_phases
 from bench.core import read_records
@@ -24,8 +23,7 @@ PHASES = ("step", "compute", "forward", "wgrad", "update", "fences")
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "bench", "step_phases", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    return run_bench("step_phases", *args, timeout=180)
 
 
 def _phases(ranks: int, extra: tuple[str, ...] = ()) -> list[dict]:

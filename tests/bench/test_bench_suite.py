@@ -8,16 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_bench
 
 from bench.benchmarks import batch_regimes
 from bench.core import read_records
 from bench.report import check
 
-
-def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "bench", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+bench = run_bench
 
 
 def assert_schema(r: dict, name: str) -> None:

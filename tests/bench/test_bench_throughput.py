@@ -9,11 +9,10 @@ import argparse
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_locked_out
+from conftest import run_bench, run_locked_out
 
 from bench.benchmarks.throughput import alternate
 from bench.core import read_records
@@ -25,10 +24,7 @@ CONFIG_KEYS = {"loop", "model", "backend", "batch", "threads", "steps", "warmup"
 
 
 def bench(args: list[str], timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "bench", "throughput", *args]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **env}
-    )
+    return run_bench("throughput", *args, timeout=timeout, env={**os.environ, **env})
 
 
 def check_torch_side(r: dict, repeats: int, ran: bool) -> None:

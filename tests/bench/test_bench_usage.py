@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, run_locked_out
+from conftest import ROOT, run_bench, run_locked_out
 
 from bench.benchmarks import NAMES
 
@@ -73,7 +73,4 @@ def test_help_shows_each_default_once_as_the_flag_takes_it(name):
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "bench", *args],
-        capture_output=True, text=True, timeout=60, cwd=ROOT, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    return run_bench(*args, timeout=60)

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 import pytest
-from conftest import ROOT
+from conftest import run_bench
 from test_bench_suite import assert_schema
 
 from bench.core import read_records
@@ -23,8 +22,7 @@ TINY = [
 
 
 def bench(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "bench", "within_job", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    return run_bench("within_job", *args, timeout=120, env=env)
 
 
 def test_two_schemes_alternate_abba_on_two_ranks(tmp_path):
