@@ -151,7 +151,7 @@ def test_rebuilt_conv_model_does_not_reuse_stale_scratch():
     m.build((2, 6, 6), b64, seed=0)
     m.loss_and_grads(x, y, Context(train=True), 0.5)
     np.testing.assert_array_equal(m.grads, ref.grads)
-    m.build((3, 6, 6), b64, seed=0)  # another channel count: the old scratch no longer fits
+    m.build((3, 6, 6), b64, seed=0)  # 3 channels: scratch sized for 2 does not fit
     m.loss_and_grads(np.ones((2, 3, 6, 6)), y, Context(train=True), 0.5)
 
 

@@ -98,8 +98,8 @@ def test_a_resume_that_starts_afresh_starts_a_fresh_metrics_file(tmp_path):
 
 
 def test_a_read_only_metrics_file_is_refused_before_training(tmp_path):
-    """It was ``xpnn: PermissionError: ...``, exit 1 (with --resume: found after the first
-    epoch, which was lost)."""
+    """One line and exit 2 before the first epoch, not ``xpnn: PermissionError: ...`` and exit 1
+    after it (with --resume, an epoch lost)."""
     metrics = tmp_path / "m.jsonl"
     metrics.write_text("")
     metrics.chmod(0o444)
@@ -213,7 +213,7 @@ def test_a_bad_xpnn_variable_is_one_line_before_training(variable, value, needle
 
 
 def test_a_thread_variable_the_run_overrides_is_noted():
-    """``OMP_NUM_THREADS=1`` was replaced by the default (the cores) without a word."""
+    """``OMP_NUM_THREADS`` replaced by the default (the cores) is said, not done silently."""
     proc = run_xpnn(SMALL, env={"OMP_NUM_THREADS": "97"})  # not this machine's cores
     assert proc.returncode == 0, proc.stderr
     assert "xpnn: note: OMP_NUM_THREADS=97 in the environment: xpnn uses" in proc.stderr
@@ -251,7 +251,7 @@ def test_help_gives_every_flags_default():
 
 
 def test_info_with_stdout_gone_or_full_is_one_line():
-    """Both were tracebacks (BrokenPipeError; OSError: [Errno 28])."""
+    """One line each, not a BrokenPipeError or ``OSError: [Errno 28]`` traceback."""
     code, err = run_with_stdout_closed(["-m", "xpnn", "info"])
     assert (code, err) == (141, "xpnn: stdout was closed (broken pipe): stopped\n")
     with open("/dev/full", "w") as full:
@@ -264,8 +264,8 @@ def test_info_with_stdout_gone_or_full_is_one_line():
 
 
 def test_a_checkpoint_of_strings_is_damaged(tmp_path):
-    """Strings were parsed into numbers, complex values cast with a warning: training went on
-    from garbage."""
+    """Strings parsed into numbers, or complex values cast with a warning, would let training go
+    on from garbage: such a checkpoint is refused as damaged."""
     ck = tmp_path / "ck"
     assert run_xpnn([*SMALL, "--checkpoint-dir", str(ck)]).returncode == 0
     path = ck / "checkpoint-epoch0001.npz"
@@ -368,7 +368,7 @@ def test_a_bad_ranks_per_node_is_an_error_under_auto_too():
 
 
 def test_auto_says_why_it_settled_for_mpi_host():
-    """Uneven nodes (1 and 2 ranks) rule out mpi-shm; auto's choice was silent."""
+    """Uneven nodes (1 and 2 ranks) rule out mpi-shm; auto says so instead of settling silently."""
     proc = run_xpnn([*SMALL, "--threads", "1"], ranks=3, env={"XPNN_RANKS_PER_NODE": "2"})
     assert proc.returncode == 0, proc.stderr
     assert "comm mpi-host" in proc.stdout

@@ -159,7 +159,7 @@ def test_fashion_files_for_dataset_mnist_are_refused(fashion_dir: Path, tmp_path
 
 
 def test_train_and_test_files_swapped_are_refused(fashion_dir: Path, tmp_path: Path) -> None:
-    """The 10,000 test samples were trained on and the 60,000 training ones tested."""
+    """Swapped files would train on the 10,000 test samples and test on the 60,000 training ones."""
     other = {"train": "t10k", "t10k": "train"}
     swap = {n: other[n.split("-")[0]] + n[n.index("-") :] for n in NAMES.values()}
     directory = linked_dir(tmp_path / "d", fashion_dir, swap)

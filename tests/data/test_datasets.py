@@ -89,7 +89,7 @@ def test_data_dir_uncompressed_files(tmp_path: Path) -> None:
 
 
 def test_data_dir_with_both_copies_of_a_file(tmp_path: Path) -> None:
-    """gunzip -k leaves X.gz and X: the same data is fine, other data was read unnoticed."""
+    """gunzip -k leaves X.gz and X: the same data is fine, other data is refused, not read."""
     arrays = small_arrays(seed=5)
     directory = write_mnist_dir(tmp_path / "d", arrays)
     raw = directory / "train-labels-idx1-ubyte"
@@ -226,7 +226,8 @@ def test_other_files_put_in_the_cache_are_refused_and_kept(
     tmp_path: Path, offline: Path, download: bool
 ) -> None:
     """As the README suggests for offline use, but files other than the expected ones (here
-    small IDX files): they used to be deleted, with only the mirrors' errors to show for it."""
+    small IDX files): they are refused and kept, not deleted with only the mirrors' errors to
+    show for it."""
     cache = write_mnist_dir(offline / "mnist")
     before = {p.name: p.read_bytes() for p in cache.iterdir()}
     images = cache / "train-images-idx3-ubyte.gz"
@@ -241,7 +242,7 @@ def test_other_files_put_in_the_cache_are_refused_and_kept(
 
 
 def test_a_directory_in_place_of_a_cached_file(offline: Path) -> None:
-    """It was "xpnn: IsADirectoryError: [Errno 21] Is a directory", exit 1."""
+    """One line naming the path, not "xpnn: IsADirectoryError: [Errno 21] Is a directory"."""
     (offline / "mnist" / "train-images-idx3-ubyte.gz").mkdir(parents=True)
     for download in (True, False):
         with pytest.raises(UserError) as info:

@@ -125,8 +125,8 @@ def test_cached_copy_needs_no_mirror(tmp_path: Path) -> None:
 
 
 def test_cached_copy_with_another_hash_is_refused_and_kept(serve, tmp_path: Path) -> None:
-    """Downloads land only after their hash is checked, so a cached file that fails it was put
-    there (or changed) by someone else: theirs to replace, not xpnn's to delete or overwrite."""
+    """Downloads land only after their hash is checked, so a cached file that fails it is
+    someone else's (put there or changed): theirs to replace, not xpnn's to delete or overwrite."""
     server = serve({NAME: PAYLOAD})
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -154,7 +154,8 @@ def test_checksum_mismatch_rejected_and_nothing_cached(serve, tmp_path: Path) ->
 
 
 def test_cached_copy_with_another_hash_is_kept_offline(tmp_path: Path) -> None:
-    """Offline, the error used to be the mirrors' "connection refused", and the file was gone."""
+    """Offline, the error names the hash, not the mirrors' "connection refused", and the file
+    stays."""
     (tmp_path / NAME).write_bytes(b"garbage")
     with pytest.raises(UserError, match=r"SHA-256 is [0-9a-f]{12}\.\.\., not the expected") as info:
         fetch(NAME, GOOD_SHA.upper(), [dead_url()], tmp_path)

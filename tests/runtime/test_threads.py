@@ -57,8 +57,8 @@ def test_slurm_cpus_per_task_is_capped_by_the_ranks_own_cores(monkeypatch: pytes
 
 
 def test_thread_variables_the_run_overrides_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``OMP_NUM_THREADS=1`` (exported for every program, as HPC users do) was replaced by the
-    default without a word; the command line now notes it (``REPLACED_ENV``)."""
+    """``OMP_NUM_THREADS=1`` (exported for every program, as HPC users do) must not be replaced
+    by the default without a word: the command line notes it (``REPLACED_ENV``)."""
     import xpnn.runtime.threads as threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -58,8 +58,8 @@ def test_recompute_with_one_microbatch_is_said(extra, said):
 
 
 def test_too_many_stages_names_the_ranks_of_a_replica():
-    """Under --model-ranks the advice "use fewer ranks" was wrong: 6 ranks in 2 replicas of
-    3 fail for a 2-layer model just as 3 ranks do; the ranks of a replica are what count."""
+    """Under --model-ranks "use fewer ranks" would be wrong advice: 6 ranks in 2 replicas of 3
+    fail for a 2-layer model just as 3 ranks do; the ranks of a replica are what count."""
     proc = run_xpnn([*SMALL, "--model-ranks", "3"], ranks=3, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (
