@@ -212,3 +212,19 @@ def _thread_variables_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
         else:  # delenv alone records nothing to undo for a variable that is not there
             monkeypatch.setenv(var, "")
             monkeypatch.delenv(var)
+
+
+def cnn_preset_step(backend):
+    """The 690,590-parameter CNN, built from seed 11, on one batch of 6 with dropout drawn from
+    fixed sample ids: (model, logits, loss, gradients on the host), to compare backends."""
+    from xpnn.nn import Context, cnn
+
+    model = cnn().build((1, 28, 28), backend, seed=11)
+    rng = np.random.default_rng(4)
+    x = backend.asarray(rng.random((6, 1, 28, 28)))
+    y = backend.asarray(rng.integers(0, 10, 6), dtype=backend.xp.int64)
+    ids = backend.asarray(np.array([5, 900, 17, 3, 60000, 42]), dtype=backend.xp.int64)
+    ctx = Context(train=True, step=3, seed=7, sample_ids=ids)
+    logits = backend.to_host(model.forward(x, ctx)).copy()
+    loss, _ = model.loss_and_grads(x, y, ctx, 1 / 6)
+    return model, logits, float(loss), backend.to_host(model.grads).copy()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import cupy_or_skip
+from conftest import cnn_preset_step, cupy_or_skip
 
 pytestmark = pytest.mark.gpu
 
@@ -15,7 +15,7 @@ cp = cupy_or_skip()
 
 from xpnn.backends import get_backend  # noqa: E402
 from xpnn.backends.numpy_kernels import NumpyKernels  # noqa: E402
-from xpnn.nn import Context, Sequential, cnn  # noqa: E402
+from xpnn.nn import Context, Sequential  # noqa: E402
 from xpnn.nn.conv import Conv2D  # noqa: E402
 from xpnn.nn.dropout import Dropout  # noqa: E402
 from xpnn.nn.pool import MaxPool2D  # noqa: E402
@@ -122,18 +122,7 @@ def test_cupy_layers_equal_numpy(make, in_shape):
 
 
 def test_cnn_preset_on_cupy_equals_numpy():
-    def run(backend):
-        model = cnn().build((1, 28, 28), backend, seed=11)
-        rng = np.random.default_rng(4)
-        x = backend.asarray(rng.random((6, 1, 28, 28)))
-        y = backend.asarray(rng.integers(0, 10, 6), dtype=backend.xp.int64)
-        ids = backend.asarray(np.array([5, 900, 17, 3, 60000, 42]), dtype=backend.xp.int64)
-        loss, _ = model.loss_and_grads(
-            x, y, Context(train=True, step=3, seed=7, sample_ids=ids), 1 / 6
-        )
-        return float(loss), backend.to_host(model.grads).copy()
-
-    loss_ref, grads_ref = run(get_backend("numpy", "float64"))
-    loss, grads = run(get_backend("cupy", "float64"))
+    _, _, loss_ref, grads_ref = cnn_preset_step(get_backend("numpy", "float64"))
+    _, _, loss, grads = cnn_preset_step(get_backend("cupy", "float64"))
     np.testing.assert_allclose(loss, loss_ref, rtol=RTOL)
     np.testing.assert_allclose(grads, grads_ref, rtol=RTOL, atol=1e-12)

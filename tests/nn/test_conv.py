@@ -4,6 +4,7 @@ the cnn preset, buffer reuse and the dropout mask's independence from batch comp
 import array_api_strict as xs
 import numpy as np
 import pytest
+from conftest import cnn_preset_step
 from gradcheck import check_layer, numeric_grad
 
 from xpnn.backends import get_backend
@@ -235,20 +236,9 @@ def test_cnn_with_skipped_outputs_equals_computing_them_all(backend_name):
 
 
 def test_cnn_preset_has_690590_parameters_and_numba_equals_numpy():
-    def run(backend):
-        model = cnn().build((1, 28, 28), backend, seed=11)
-        rng = np.random.default_rng(4)
-        x = backend.asarray(rng.random((6, 1, 28, 28)))
-        y = backend.asarray(rng.integers(0, 10, 6), dtype=backend.xp.int64)
-        ids = backend.asarray(np.array([5, 900, 17, 3, 60000, 42]), dtype=backend.xp.int64)
-        ctx = Context(train=True, step=3, seed=7, sample_ids=ids)
-        logits = backend.to_host(model.forward(x, ctx)).copy()
-        loss, correct = model.loss_and_grads(x, y, ctx, 1 / 6)
-        return model, logits, float(loss), backend.to_host(model.grads).copy()
-
-    m_ref, logits_ref, loss_ref, grads_ref = run(get_backend("numpy", "float64"))
+    m_ref, logits_ref, loss_ref, grads_ref = cnn_preset_step(get_backend("numpy", "float64"))
     assert m_ref.size == 690590 == m_ref.params.size
-    _, logits, loss, grads = run(get_backend("numba", "float64"))
+    _, logits, loss, grads = cnn_preset_step(get_backend("numba", "float64"))
     np.testing.assert_allclose(logits, logits_ref, rtol=RTOL, atol=1e-13)
     np.testing.assert_allclose(loss, loss_ref, rtol=RTOL)
     np.testing.assert_allclose(grads, grads_ref, rtol=RTOL, atol=1e-13)
