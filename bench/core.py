@@ -280,7 +280,7 @@ def fmt(x: float | None, digits: int = 3) -> str:
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
-        return fmt(v) if isinstance(v, float) else str(v)
+        return fmt(v) if v is None or isinstance(v, float) else str(v)
 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
@@ -292,6 +292,6 @@ def spread(r: dict[str, Any], metric: str) -> str:
     m = r["metrics"].get(metric)
     if m is None:
         return "–"
-    if len(m["samples"]) < 2:
+    if len(m.get("samples", ())) < 2:  # one run, or a copy that left its samples out
         return fmt(m["median"])
     return f"{fmt(m['median'])} ({fmt(m['min'])}–{fmt(m['max'])})"
