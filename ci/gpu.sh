@@ -219,7 +219,7 @@ if [ -n "$MPIEXEC" ]; then
 fi
 
 step "matmul crossover"
-run "$PY" bench/matmul_crossover.py --out "$OUT/crossover.jsonl"
+run "$PY" -m bench crossover --out "$OUT/crossover.jsonl"
 
 end_step
 echo "total: $(($(date +%s) - t_start)) s" >>"$OUT/gpu_times.txt"

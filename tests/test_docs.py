@@ -175,8 +175,7 @@ def test_history_check_finds_history() -> None:
 
 
 def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
-    if importlib.util.find_spec("mkdocs") is None:
-        pytest.skip("mkdocs is not installed (pip install -e '.[docs]'; the test extra has it)")
+    assert importlib.util.find_spec("mkdocs"), "mkdocs missing: pip install -e '.[test]'"
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
         capture_output=True,

@@ -12,13 +12,12 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench.core import find_mpiexec, markdown_table, median_of, record, run_command
+from bench.core import markdown_table, median_of, record, run_worker
 from bench.flags import positive_float
 
 NAME = "allreduce"
@@ -50,13 +49,9 @@ def sizes(max_size: int) -> list[int]:
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory(prefix="xpnn-bench-") as tmp:
-        out = Path(tmp) / "rows.json"
-        cmd = [find_mpiexec(), "-n", str(args.ranks), sys.executable, "-m", WORKER, str(out)]
-        device = args.device_comms if args.device else ""
-        cmd += [str(args.max_size), str(args.iters), args.comm, device]
-        run_command(cmd, args.timeout)
-        rows = json.loads(out.read_text())
+    device = args.device_comms if args.device else ""
+    flags = [str(args.max_size), str(args.iters), args.comm, device]
+    rows = run_worker(WORKER, args.ranks, flags, args.timeout)
     records = []
     for r in rows:
         config = {k: r[k] for k in ("size_bytes", "comm", "buffers", "ranks")}

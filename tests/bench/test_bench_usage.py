@@ -32,9 +32,23 @@ def test_an_out_path_this_user_may_not_look_at(tmp_path):
     locked.mkdir()
     path = locked / "c.jsonl"
     proc = run_locked_out(["-m", "bench", "crossover", "--out", str(path)], locked, timeout=60)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "--out" in proc.stderr and "Permission denied" in proc.stderr, proc.stderr
-    assert proc.stdout == ""
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line == f"bench: --out {path}: cannot write there (Permission denied)"
+
+
+@pytest.mark.parametrize(
+    ("out", "needle"),
+    [
+        ("/proc/c.jsonl", "--out /proc/c.jsonl: cannot write there"),
+        ("/tmp", "--out /tmp: is a directory"),
+    ],
+)
+def test_the_records_place_is_checked_before_measuring(out, needle):
+    proc = bench("crossover", "--out", out)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert needle in line
 
 
 def test_ctrl_c_in_a_benchmark_is_one_line(tmp_path):
