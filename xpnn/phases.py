@@ -34,7 +34,7 @@ FORWARD = Phase("forward")  # the model's forward pass
 WGRAD = Phase("wgrad")  # the products that write weight gradients
 UPDATE = Phase("update")  # the optimizer's update of one part of the parameters
 FENCES = Phase("fences")  # node-shared memory fences, the wait for the node's slowest rank
-PHASES = ("update", "fences", "forward", "wgrad")
+PHASES = tuple(p.name for p in (UPDATE, FENCES, FORWARD, WGRAD))
 
 
 def listen(listener: Listener | None) -> None:

@@ -48,7 +48,7 @@ class RunSpec:
     checkpoint_dir: str | None = None
     resume: bool = False  # continue from checkpoint_dir's latest checkpoint
     keep_checkpoints: int | None = None  # the newest K checkpoints stay (2); 0: every one
-    stall_warn: float = 60.0  # seconds one wait for other ranks lasts before a warning; 0 never
+    stall_warn: float = stall.STALL_WARN_S  # seconds a wait lasts before a warning; 0 never
     stall_abort: float = 0.0  # seconds one wait lasts before the job is ended; 0 never
     comm: str = "auto"  # auto, mpi-shm, mpi-host, mpi-cuda, nccl (or self: one process)
     bucket_mb: float | None = None  # allreduce bucket size (DEFAULT_BUCKET_MB)

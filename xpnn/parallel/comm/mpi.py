@@ -243,9 +243,7 @@ class MpiHostCommunicator(Communicator):
         return out
 
     def allgather_obj(self, obj: Any) -> list:
-        # MPI has no non-blocking gather of objects: the barrier is where ranks wait
-        stall.wait(self._comm.Ibarrier(), "a barrier before gathering")
-        return self._comm.allgather(obj)
+        return stall.allgather(self._comm, obj, "a barrier before gathering")
 
     def abort(self, code: int) -> None:
         sys.stdout.flush()

@@ -55,7 +55,7 @@ class SharedUpdate(NodeSharedUpdate):
         self.others = [rows[r] for r in range(comm.local_size) if r != me]
         if comm.nodes > 1:  # the node's sum must exist to be allreduced: sum into own row
             grads = self.own
-        else:  # the update sums the rows as it reads them
+        else:  # the optimizer sums the rows (kernels.sum_rows) before it updates
             grads = (self.own, *self.others) if self.others else self.own
         self.optimizer = make_optimizer(params, grads, self.shares, comm.shared_zeros)
         self.grads_ready = self._ready
