@@ -5,24 +5,30 @@ once for all ranks; 1 anything else."""
 from __future__ import annotations
 
 import argparse
-import glob
+import difflib
+import functools
 import math
-import stat
 import sys
-import tempfile
-import warnings
 from collections.abc import Sequence
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
-from xpnn.errors import PARAM, UserError, path_problems, user_message, worded
+from xpnn.backends import BACKENDS
+from xpnn.backends.base import DTYPES
+from xpnn.data.datasets import DATASETS
+from xpnn.errors import PARAM, UserError, user_message, worded
 from xpnn.info import info_main
 from xpnn.interrupts import hand_over
+from xpnn.nn.losses import LOSSES
+from xpnn.nn.models import MLP_ACTIVATIONS
+from xpnn.optim import SCHEDULES
+from xpnn.parallel.comm import KINDS
+from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
+from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from xpnn.plot import main as plot_main
-from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec, build_run, notes, summary
-from xpnn.runtime import failure, stall
-from xpnn.runtime.world import init_world, launch_rank
+from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec, launch
+from xpnn.runtime import failure
+from xpnn.runtime.world import launch_rank
 
 # what scripts may use
 __all__ = ["FLAGS", "ArgError", "build_parser", "flag_words", "main", "to_spec"]
@@ -33,10 +39,34 @@ class ArgError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line naming it, with no usage dump."""
+    """argparse that reports a bad flag as one line naming it, with no usage dump, takes no
+    abbreviation (``--e 1`` is not ``--epochs 1``) and suggests the flag a typo meant."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ArgError(message.removeprefix("argument "))
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        known, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            raise ArgError(self._unknown(unknown))
+        return known
+
+    def _unknown(self, unknown: list[str]) -> str:
+        """argparse's line, with the closest flag for the first mistyped one (difflib)."""
+        flags = [f for action in self._actions for f in action.option_strings]
+        line = f"unrecognized arguments: {' '.join(unknown)}"
+        for word in unknown:
+            typed = word.split("=", 1)[0]
+            if typed.startswith("--"):
+                # a cut-short flag means the one it begins; else the closest spelling
+                close = [f for f in flags if f.startswith(typed)][:1]
+                close = close or difflib.get_close_matches(typed, flags, n=1, cutoff=0.6)
+                if close:
+                    return f"{line} (did you mean {close[0]}?)"
+        return line
 
 
 MOST = 2**31 - 1  # counts and sizes past this are typos, and past NumPy's or C's int types
@@ -128,19 +158,34 @@ def build_parser() -> argparse.ArgumentParser:
     a, count = p.add_argument, _positive_int()
     a(
         "--backend",
-        choices=["numpy", "numba", "cupy", "auto"],
+        choices=BACKENDS,
         help="array library (default numpy); numba adds compiled CPU kernels; auto: cupy where "
         "a GPU is usable, else numba",
     )
-    a("--model", choices=["mlp", "cnn"], help="(default mlp)")
+    a(
+        "--model",
+        metavar="MODEL",
+        help="mlp (default), cnn, or your own: FILE.py:FUNCTION or package.module:FUNCTION, "
+        "a function f(input_shape, num_classes) returning an xpnn.nn.Sequential, imported by "
+        "every rank",
+    )
     a("--hidden", type=_hidden, help="MLP hidden sizes (default 512,256)")
-    a("--activation", choices=["relu", "sigmoid", "tanh"], help="MLP (relu)")
+    a(
+        "--activation",
+        choices=MLP_ACTIVATIONS,
+        help="the MLP's hidden layers' activation (default relu)",
+    )
     a(
         "--loss",
-        choices=["softmax_cross_entropy", "sigmoid_bce"],
+        choices=list(LOSSES),
         help="softmax_cross_entropy (default) or sigmoid_bce (one-vs-rest logistic losses)",
     )
-    a("--dataset", choices=["mnist", "fashion-mnist", "synthetic"], help="(default fashion-mnist)")
+    a(
+        "--dataset",
+        choices=DATASETS,
+        help="fashion-mnist (default), mnist, or synthetic: generated separable classes of "
+        "1x28x28 images, nothing to download",
+    )
     a("--data-dir", type=_path, help="directory holding the four IDX files")
     a(
         "--replicate",
@@ -152,10 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=count,
         help=f"--dataset synthetic: training samples ({SYNTHETIC_SIZE:,})",
     )
-    a("--epochs", type=count, help="(default 5)")
+    a("--epochs", type=count, help="passes over the training set (default 5)")
     a("--batch-size", help="GLOBAL batch size (128), or 'full' for full-batch GD")
     a("--per-rank-batch", type=count, help="batch per rank; the global batch is this x the ranks")
-    a("--lr", type=_float_from(0.0, inclusive=False), help="(default 0.001)")
+    a(
+        "--lr",
+        type=_float_from(0.0, inclusive=False),
+        help="learning rate, the largest the schedule reaches (default 0.001)",
+    )
     a(
         "--lr-scaling",
         choices=["none", "linear"],
@@ -170,13 +219,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--schedule",
-        choices=["constant", "step", "cosine"],
+        choices=SCHEDULES,
         help="step: x0.1 every --step-epochs epochs; cosine: half a cosine towards 0 "
         "(default constant)",
     )
     a("--step-epochs", type=count, help="--schedule step: epochs between decays (--epochs / 3)")
-    a("--optimizer", choices=["sgd", "momentum", "adam"], help="(default adam)")
-    a("--dtype", choices=["float32", "float64"], help="(default float32)")
+    a(
+        "--optimizer",
+        choices=["sgd", "momentum", "adam"],
+        help="sgd, momentum (heavy ball, 0.9) or adam (betas 0.9, 0.999; default adam)",
+    )
+    a(
+        "--dtype",
+        choices=DTYPES,
+        help="the parameters' and activations' precision (default float32)",
+    )
     a("--seed", type=_seed, help="initial weights, shuffles and dropout masks (default 0)")
     a(
         "--threads",
@@ -186,7 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--metrics", type=_path, help="JSON-lines metrics file (rank 0 writes it)")
     a("--save", type=_path, help="save parameters to FILE.npz at the end")
-    a("--checkpoint-dir", type=_path)
+    a(
+        "--checkpoint-dir",
+        type=_path,
+        help="write the network and optimizer state here after every epoch (rank 0)",
+    )
     a("--resume", action="store_true", help="continue from the latest checkpoint")
     a(
         "--keep-checkpoints",
@@ -197,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--comm",
-        choices=["auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl"],
+        choices=[kind for kind in KINDS if kind != "self"],
         help="how ranks exchange gradients (default auto: the fastest that works here)",
     )
     a(
@@ -222,14 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--node-share",
-        choices=["auto", "gradients", "activations"],
+        choices=NODE_SHARES,
         help="mpi-shm: what the ranks of a node share, their gradients (summed by the update) "
         "or the batch's activations (each rank computes some rows of every gradient; MLPs "
         "only); auto (default): activations when they are fewer values than the parameters",
     )
     a(
         "--parallel",
-        choices=["data", "tensor", "pipeline"],
+        choices=PARALLEL,
         help="data: each rank a share of every batch; tensor: each rank a slice of every "
         "pair of Dense layers (MLP only); pipeline: each rank a run of consecutive layers "
         "(default data)",
@@ -247,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--pipeline-schedule",
-        choices=["gpipe", "1f1b"],
+        choices=list(PIPELINE_SCHEDULES),
         help="--parallel pipeline: gpipe (all forwards, then all backwards; the default) or "
         "1f1b (a forward and a backward in turn: activations of at most stages - s "
         "micro-batches held, not M)",
@@ -261,93 +322,6 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(**{f.name: getattr(RunSpec, f.name) for f in fields(RunSpec)})
     return p
-
-
-def _takes_files(param: str, path: str, directory: Path) -> None:
-    """A throwaway file proves ``directory`` can be written, before the training, not after."""
-    try:
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-    except OSError as exc:
-        raise UserError(
-            f"`{param}` {path}: cannot create files in {directory} ({exc.strerror})"
-        ) from None
-
-
-def _writable_file(
-    param: str, path: str | None, writer: bool, made: str | None = None, appended: bool = False
-) -> None:
-    """``writer``: this rank writes it; ``made``: the checkpoint dir this run creates. A rename
-    replaces ``--save``; ``--metrics`` is ``appended`` to, so no pipe, whose reader would leave."""
-    if path is None:
-        return
-    from xpnn.checkpoint import CHECKPOINT_NAME, remove_unfinished
-
-    with path_problems(param, path):
-        parent = Path(path).resolve().parent
-        in_checkpoints = made is not None and parent == Path(made).resolve()
-        there = Path(path).stat().st_mode if Path(path).exists() else None
-        if there is None and parent.exists() and not parent.is_dir():
-            raise UserError(f"`{param}` {path}: {Path(path).parent} is not a directory")
-        if there is None and not parent.is_dir() and not in_checkpoints:
-            raise UserError(f"`{param}` {path}: directory {Path(path).parent} does not exist")
-        if there is not None and stat.S_ISDIR(there):
-            raise UserError(f"`{param}` {path}: is a directory; give a file name")
-        if there is not None and not appended and not stat.S_ISREG(there):
-            raise UserError(f"`{param}` {path}: exists and is not a regular file")
-        if there is not None and (stat.S_ISFIFO(there) or stat.S_ISSOCK(there)):
-            raise UserError(f"`{param}` {path}: is a pipe or a socket; give a file name")
-        if in_checkpoints and CHECKPOINT_NAME.fullmatch(Path(path).name):
-            raise UserError(
-                f"`{param}` {path}: a name `checkpoint_dir` uses for the run's checkpoints"
-            )
-    if not writer:
-        return
-    if there is None or stat.S_ISREG(there):  # a device is written in place: nothing is made
-        _takes_files(param, path, parent)
-    if not appended and parent.is_dir():  # --save: what a killed run left of its file
-        with path_problems(param, path):
-            remove_unfinished(parent, glob.escape(Path(path).name))
-    if appended and there is not None:  # a read-only file in a writable directory
-        try:
-            with open(path, "ab"):
-                pass
-        except OSError as exc:
-            raise UserError(f"`{param}` {path}: cannot write to it ({exc.strerror})") from None
-
-
-def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
-    """Made now by the rank that writes into it, so that a bad place fails before training."""
-    if path is None:
-        return
-    from xpnn.checkpoint import refuse_other_runs, remove_unfinished
-
-    with path_problems("checkpoint_dir", path):
-        if Path(path).exists() and not Path(path).is_dir():
-            raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
-        if not writer:
-            return
-        if not resume:
-            refuse_other_runs(path)
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"`checkpoint_dir` {path}: cannot create the directory ({exc.strerror})"
-        ) from None
-    _takes_files("checkpoint_dir", path, Path(path))
-    with path_problems("checkpoint_dir", path):
-        remove_unfinished(path)
-
-
-def check_paths(spec: RunSpec, writer: bool) -> None:
-    """What the run will write, the directory first: ``--save`` may name a file in it."""
-    _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
-    made = spec.checkpoint_dir
-    _writable_file("metrics", spec.metrics, writer, made=made, appended=True)
-    _writable_file("save", spec.save, writer, made=made)
-    if spec.save and spec.metrics and Path(spec.save).resolve() == Path(spec.metrics).resolve():
-        raise UserError(f"`save` {spec.save}: the same file as `metrics`")
 
 
 # Each parameter's flag: ``batch_size`` -> ``--batch-size``.
@@ -372,43 +346,7 @@ def _say(line: str, err: bool = False) -> None:
 
 
 def train_main(args: argparse.Namespace, callbacks: Sequence[Any] = ()) -> int:
-    # Loaded while the early handler only notes a Ctrl-C: one mid-import is an ImportError
-    import numpy  # noqa: F401
-
-    stall.set_limits(args.stall_warn, args.stall_abort)  # the setup's waits too
-    world = init_world()
-    failure.terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints whole
-    failure.stop_when_stuck(failure.stop_grace())  # ... and within seconds where a rank cannot
-    failure.agree_timeout()  # read when a rank fails, where a typo in it would hide the failure
-    return failure.run_guarded(world, lambda: _train(to_spec(args), world, callbacks))
-
-
-def _train(spec: RunSpec, world: Any, callbacks: Sequence[Any]) -> int:
-    from xpnn.train import TrainingDiverged
-
-    failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
-    trainer = build_run(spec, world, callbacks, log=_say)
-    if world.rank == 0:
-        for line in summary(trainer):
-            _say(f"xpnn: {line}")
-        for note in notes(spec, trainer, world):
-            _say(f"xpnn: note: {note}", err=True)
-    # A loss gone to inf/NaN is reported once, after its epoch: not per NumPy operation.
-    warnings.filterwarnings(
-        "ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning, r"xpnn\."
-    )
-    try:
-        trainer.run()
-    except TrainingDiverged as exc:  # every rank leaves with 1 together
-        if trainer.is_root:
-            _say(f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller --lr", True)
-        return 1
-    except MemoryError as exc:  # a step's activations: under ulimit -v, or CuPy's OutOfMemory
-        raise UserError(
-            f"--batch-size {trainer.cfg.batch_size}: a training step ran out of memory "
-            f"({failure.one_line(str(exc)) or type(exc).__name__}); try a smaller batch"
-        ) from None
-    return 0
+    return launch(to_spec(args), callbacks, log=_say, warn=functools.partial(_say, err=True))
 
 
 def _info(as_json: bool) -> int:

@@ -1,5 +1,6 @@
-"""A run from its choices: ``RunSpec`` (in parameter names) and ``build_run(spec, world)``,
-which assembles it into a ``Trainer``; every rank agrees on user errors phase by phase."""
+"""A run from its choices: ``RunSpec`` (in parameter names); ``build_run(spec, world)``
+assembles it into a ``Trainer``, every rank agreeing on user errors phase by phase; ``run(spec)``
+runs the whole job as the command line does (threads, failures, signals, every rank stopping)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ class RunSpec:
     """The choices of one run; ``None`` is "the default", so that an ignored one can be said."""
 
     backend: str = "numpy"  # numpy, numba, cupy, auto
-    model: str = "mlp"  # mlp, cnn
+    model: Any = "mlp"  # mlp, cnn, FILE.py:FUNCTION, package.module:FUNCTION, a factory
+    # f(input_shape, num_classes) -> model, or a model (an unbuilt xpnn.nn.Sequential)
     hidden: tuple[int, ...] | None = None  # MLP hidden sizes (HIDDEN)
     activation: str | None = None  # MLP: relu (default), sigmoid, tanh
     loss: str = "softmax_cross_entropy"  # or sigmoid_bce
@@ -63,6 +65,97 @@ class RunSpec:
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
 PER_RANK = ("data_dir", "metrics", "save", "checkpoint_dir", "progress", "threads")
+
+
+class RunFailed(RuntimeError):
+    """The job stopped, its reason already said in one line: ``exit_code`` 2 for a user error,
+    1 for a bug or a diverged loss, 124 a stall, 130 or 143 a signal."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(f"the run failed (exit code {exit_code})")
+        self.exit_code = exit_code
+
+
+def run(
+    spec: RunSpec,
+    callbacks: Sequence[Any] = (),
+    log: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``spec`` on this rank (every rank of ``mpiexec`` calls it) and return the final
+    metrics record; ``log``/``warn``: where rank 0's lines and notes go (stdout/stderr).
+    A failure on any rank stops every rank; here it raises ``RunFailed``."""
+    outcome: dict[str, Any] = {}
+    code = launch(spec, callbacks, log, warn, outcome)
+    if code:
+        raise RunFailed(code)
+    return outcome["done"]
+
+
+def launch(
+    spec: RunSpec,
+    callbacks: Sequence[Any] = (),
+    log: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+    outcome: dict[str, Any] | None = None,
+) -> int:
+    """``run`` as an exit code (the command line's): the world, signals, and the guard that
+    turns a failure into one line and stops every rank with one code."""
+    # Loaded while the early handler only notes a Ctrl-C: one mid-import is an ImportError
+    import numpy  # noqa: F401
+
+    from xpnn.runtime import failure
+    from xpnn.runtime.world import init_world
+
+    stall.set_limits(spec.stall_warn, spec.stall_abort)  # the setup's waits too
+    world = init_world()
+    failure.terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints whole
+    failure.stop_when_stuck(failure.stop_grace())  # ... and within seconds where a rank cannot
+    failure.agree_timeout()  # read when a rank fails, where a typo in it would hide the failure
+    out = {} if outcome is None else outcome
+    return failure.run_guarded(world, lambda: _job(spec, world, callbacks, log, warn, out))
+
+
+def _job(
+    spec: RunSpec,
+    world: Any,
+    callbacks: Sequence[Any],
+    log: Callable[[str], None] | None,
+    warn: Callable[[str], None] | None,
+    outcome: dict[str, Any],
+) -> int:
+    import sys
+    import warnings
+
+    from xpnn.outputs import check_paths
+    from xpnn.runtime import failure
+    from xpnn.train import TrainingDiverged
+
+    say = log or (lambda line: print(line, flush=True))
+    note = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+    failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
+    trainer = build_run(spec, world, callbacks, log=say)
+    if world.rank == 0:
+        for line in summary(trainer):
+            say(f"xpnn: {line}")
+        for line in notes(spec, trainer, world):
+            note(f"xpnn: note: {line}")
+    # A loss gone to inf/NaN is reported once, after its epoch: not per NumPy operation.
+    warnings.filterwarnings(
+        "ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning, r"xpnn\."
+    )
+    try:
+        outcome["done"] = trainer.run()
+    except TrainingDiverged as exc:  # every rank leaves with 1 together
+        if trainer.is_root:
+            note(f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller `lr`")
+        return 1
+    except MemoryError as exc:  # a step's activations: under ulimit -v, or CuPy's OutOfMemory
+        raise UserError(
+            f"`batch_size` {trainer.cfg.batch_size}: a training step ran out of memory "
+            f"({failure.one_line(str(exc)) or type(exc).__name__}); try a smaller batch"
+        ) from None
+    return 0
 
 
 def build_run(
@@ -107,7 +200,11 @@ def same_spec(spec: RunSpec, world: Any) -> None:
     """Ranks given other choices (an MPMD line) would train different runs, or hang."""
     if world.size == 1:
         return
-    mine = {k: v for k, v in sorted(dataclasses.asdict(spec).items()) if k not in PER_RANK}
+    from xpnn.nn.models import model_name
+
+    mine = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    mine = {k: v for k, v in sorted(mine.items()) if k not in PER_RANK}
+    mine["model"] = model_name(spec.model)  # a model object is compared by its name
     everyone = stall.allgather(
         world.mpi_comm, mine, "the check that every rank has the same settings"
     )
@@ -148,7 +245,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     """Everything rank-local the user's input can fail: no communication, agreed on after."""
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
-    from xpnn.nn import build_model
+    from xpnn.nn.models import make_model, model_name
     from xpnn.parallel.model.layout import place_of
     from xpnn.parallel.update import DEFAULT_BUCKET_MB
     from xpnn.runtime.threads import apply_threads, threads_per_rank
@@ -178,10 +275,10 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         what += [f"`replicate` {spec.replicate}"] if spec.replicate > 1 else []
         what = " with ".join(what) or f"`dataset` {spec.dataset}"
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
-    if spec.model == "cnn" and tuple(data.input_shape) != (1, 28, 28):
-        raise UserError(f"`model` cnn: needs 1x28x28 images, {spec.dataset} has {data.input_shape}")
     hidden, activation = spec.hidden or HIDDEN, spec.activation or "relu"
-    model = build_model(spec.model, hidden, activation, data.num_classes, spec.loss)
+    model = make_model(
+        spec.model, data.input_shape, data.num_classes, hidden, activation, spec.loss
+    )
     place = place_of(world.rank, world.size, spec.parallel, spec.model_ranks)
     if spec.parallel == "tensor":
         from xpnn.parallel.model.tensor import split_layers
@@ -205,7 +302,9 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         else:
             model.build(data.input_shape, backend, spec.seed)
     except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
-        what = f"`hidden` {','.join(map(str, hidden))}" if spec.model == "mlp" else "`model` cnn"
+        what = f"`model` {model_name(spec.model)}"
+        if spec.model == "mlp":
+            what = f"`hidden` {','.join(map(str, hidden))}"
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     replicas = place.replicas  # the ranks that each take a share of the batch
     batch = global_batch(spec, replicas, data.n_train)
@@ -223,7 +322,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         network={"loss": spec.loss, **({"activation": activation} if spec.model == "mlp" else {})},
         extra={
             "threads": thread_info["threads"],
-            "model": spec.model,
+            "model": model_name(spec.model),
             "dataset": spec.dataset,
             "global_batch": batch,
             "dtype": spec.dtype,
@@ -288,6 +387,12 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
                 "`recompute` has no effect with one micro-batch a step: its activations are "
                 "still held when its backward pass comes, so none are computed again"
             )
+    if cfg.batch_size > n_train and spec.batch_size != "full":
+        given = "per_rank_batch" if spec.per_rank_batch is not None else "batch_size"
+        notes.append(
+            f"`{given}` makes a global batch of {cfg.batch_size}, more than the {n_train} "
+            "training samples: every step takes the whole set (full-batch)"
+        )
     if spec.warmup_epochs > spec.epochs:
         notes.append(
             f"`warmup_epochs` {spec.warmup_epochs:g} is longer than the run (`epochs` "
@@ -320,6 +425,7 @@ OPTIONAL += ("synthetic_size", "keep_checkpoints")  # settings whose None means 
 
 def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
+    from xpnn.nn.models import model_name
     from xpnn.parallel.update import uses_byte_buckets
 
     given = {name for name in OPTIONAL if getattr(spec, name) is not None}
@@ -334,7 +440,7 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
         found.append((f"`comm` {spec.comm}", "on 1 rank: there is nothing to exchange"))
     for name in ("hidden", "activation"):
         if name in given and spec.model != "mlp":
-            found.append((f"`{name}`", f"with `model` {spec.model}"))
+            found.append((f"`{name}`", f"with `model` {model_name(spec.model)}"))
     for name in ("microbatches", "pipeline_schedule", "recompute"):
         if name in given and spec.parallel != "pipeline":
             found.append((f"`{name}`", "without `parallel` pipeline"))

@@ -10,6 +10,8 @@ import numpy as np
 
 from xpnn.backends.kernels import Kernels
 
+DTYPES = ("float32", "float64")  # what a backend computes in
+
 
 class Backend:
     """An array namespace plus device, transfers, randomness, default dtype and kernel table."""
@@ -18,7 +20,7 @@ class Backend:
     is_gpu: bool = False
 
     def __init__(self, xp: ModuleType, kernels: Kernels, dtype: str = "float32") -> None:
-        if dtype not in ("float32", "float64"):
+        if dtype not in DTYPES:
             raise ValueError(f"dtype must be float32 or float64, not {dtype!r}")
         self.xp = xp
         self.kernels = kernels

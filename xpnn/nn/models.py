@@ -1,6 +1,15 @@
-"""Model presets: the networks of the seed reports, by name."""
+"""Models by name: the presets of the seed reports, or a user's factory
+``f(input_shape, num_classes) -> model`` named ``FILE.py:FUNCTION`` or ``package.module:FUNCTION``
+(imported by each process that asks)."""
 
 from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.nn.dense import Dense
@@ -8,6 +17,7 @@ from xpnn.nn.flatten import Flatten
 from xpnn.nn.sequential import Sequential, resolve_loss
 
 MODELS = ("mlp", "cnn")
+MLP_ACTIVATIONS = ("relu", "sigmoid", "tanh")  # the hidden layers' choices
 
 
 def mlp(
@@ -54,3 +64,85 @@ def build_model(
     if name == "cnn":
         return cnn(num_classes, loss=loss)
     raise UserError(f"`model`: unknown model {name!r} (choose {', '.join(MODELS)})")
+
+
+Factory = Callable[[tuple[int, ...], int], Any]  # (input shape, classes) -> an unbuilt model
+
+
+def model_name(model: Any) -> str:
+    """How a run's ``model`` is shown and compared between ranks: a preset, path or name."""
+    if isinstance(model, str):
+        return model
+    if callable(model):
+        return getattr(model, "__qualname__", type(model).__name__)
+    return type(model).__name__
+
+
+def load_factory(where: str) -> Factory:
+    """The function ``FILE.py:FUNCTION`` or ``package.module:FUNCTION`` names (imported here)."""
+    source, sep, name = where.rpartition(":")
+    if not sep or not source or not name.isidentifier():
+        raise UserError(
+            f"`model` {where}: expected {', '.join(MODELS)}, FILE.py:FUNCTION or "
+            "package.module:FUNCTION"
+        )
+    if source.endswith(".py"):
+        path = Path(source)
+        if not path.is_file():
+            raise UserError(f"`model` {where}: no file {source}")
+        module_name = f"xpnn_user_model_{path.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise UserError(f"`model` {where}: {source} cannot be imported as Python")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses and pickling look the module up
+        _import(where, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
+    else:
+        module = _import(where, lambda: importlib.import_module(source))
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise UserError(f"`model` {where}: {source} has no function {name}")
+    return factory
+
+
+def _import(where: str, load: Callable[[], Any]) -> Any:
+    """The user's module loaded; its own failure is one line naming it, not a traceback."""
+    try:
+        return load()
+    except ModuleNotFoundError as exc:
+        raise UserError(f"`model` {where}: no module {exc.name}") from None
+    except Exception as exc:  # noqa: BLE001 -- the user's code: any error is theirs to see
+        raise UserError(
+            f"`model` {where}: importing it raised {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def make_model(
+    model: Any,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    hidden: tuple[int, ...] = (512, 256),
+    activation: str = "relu",
+    loss: str = "softmax_cross_entropy",
+) -> Sequential:
+    """The unbuilt model a run's ``model`` gives: a preset name, a factory's path, a factory
+    ``f(input_shape, num_classes)``, or a model itself."""
+    if isinstance(model, str) and model in MODELS:
+        if model == "cnn" and tuple(input_shape) != (1, 28, 28):
+            raise UserError(f"`model` cnn: needs 1x28x28 images, the data has {input_shape}")
+        return build_model(model, hidden, activation, num_classes, loss)
+    what = model_name(model)
+    if isinstance(model, str):
+        model = load_factory(model)
+    if callable(model):
+        try:
+            model = model(tuple(input_shape), num_classes)
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- the user's factory
+            raise UserError(f"`model` {what}: it raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, Sequential):
+        raise UserError(
+            f"`model` {what}: gave {type(model).__name__}, expected an xpnn.nn.Sequential"
+        )
+    return model

@@ -18,8 +18,8 @@ from xpnn.data import Dataset, global_batches, shard
 from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
 from xpnn.nn.layer import Context, is_int
-from xpnn.optim import Schedule, make_optimizer
-from xpnn.parallel.model.layout import Groups
+from xpnn.optim import SCHEDULES, Schedule, make_optimizer
+from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL, Groups
 from xpnn.parallel.model.whole import whole_params, whole_size
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
 from xpnn.runtime import stall
@@ -92,11 +92,7 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name}: must be seconds >= 0, got {value!r}")
 
 
-CHOICES = {  # TrainConfig's names among fixed choices
-    "parallel": ("data", "tensor", "pipeline"),
-    "node_share": ("auto", "gradients", "activations"),
-    "schedule": ("constant", "step", "cosine"),
-}
+CHOICES = {"parallel": PARALLEL, "node_share": NODE_SHARES, "schedule": SCHEDULES}
 
 
 class TrainingDiverged(RuntimeError):

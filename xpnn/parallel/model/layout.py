@@ -16,6 +16,9 @@ from xpnn.parallel.comm import (
 )
 from xpnn.runtime.world import World
 
+PARALLEL = ("data", "tensor", "pipeline")  # how the ranks share the work
+NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ranks share
+
 
 @dataclass(frozen=True)
 class Place:

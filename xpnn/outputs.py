@@ -1,0 +1,99 @@
+"""The files a run writes, checked before it trains: a bad place is a user error naming the
+parameter at the start, not a crash after the last epoch."""
+
+from __future__ import annotations
+
+import glob
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from xpnn.errors import UserError, path_problems
+
+
+def _takes_files(param: str, path: str, directory: Path) -> None:
+    """A throwaway file proves ``directory`` can be written, before the training, not after."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"`{param}` {path}: cannot create files in {directory} ({exc.strerror})"
+        ) from None
+
+
+def _writable_file(
+    param: str, path: str | None, writer: bool, made: str | None = None, appended: bool = False
+) -> None:
+    """``writer``: this rank writes it; ``made``: the checkpoint dir this run creates. A rename
+    replaces ``--save``; ``--metrics`` is ``appended`` to, so no pipe, whose reader would leave."""
+    if path is None:
+        return
+    from xpnn.checkpoint import CHECKPOINT_NAME, remove_unfinished
+
+    with path_problems(param, path):
+        parent = Path(path).resolve().parent
+        in_checkpoints = made is not None and parent == Path(made).resolve()
+        there = Path(path).stat().st_mode if Path(path).exists() else None
+        if there is None and parent.exists() and not parent.is_dir():
+            raise UserError(f"`{param}` {path}: {Path(path).parent} is not a directory")
+        if there is None and not parent.is_dir() and not in_checkpoints:
+            raise UserError(f"`{param}` {path}: directory {Path(path).parent} does not exist")
+        if there is not None and stat.S_ISDIR(there):
+            raise UserError(f"`{param}` {path}: is a directory; give a file name")
+        if there is not None and not appended and not stat.S_ISREG(there):
+            raise UserError(f"`{param}` {path}: exists and is not a regular file")
+        if there is not None and (stat.S_ISFIFO(there) or stat.S_ISSOCK(there)):
+            raise UserError(f"`{param}` {path}: is a pipe or a socket; give a file name")
+        if in_checkpoints and CHECKPOINT_NAME.fullmatch(Path(path).name):
+            raise UserError(
+                f"`{param}` {path}: a name `checkpoint_dir` uses for the run's checkpoints"
+            )
+    if not writer:
+        return
+    if there is None or stat.S_ISREG(there):  # a device is written in place: nothing is made
+        _takes_files(param, path, parent)
+    if not appended and parent.is_dir():  # --save: what a killed run left of its file
+        with path_problems(param, path):
+            remove_unfinished(parent, glob.escape(Path(path).name))
+    if appended and there is not None:  # a read-only file in a writable directory
+        try:
+            with open(path, "ab"):
+                pass
+        except OSError as exc:
+            raise UserError(f"`{param}` {path}: cannot write to it ({exc.strerror})") from None
+
+
+def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
+    """Made now by the rank that writes into it, so that a bad place fails before training."""
+    if path is None:
+        return
+    from xpnn.checkpoint import refuse_other_runs, remove_unfinished
+
+    with path_problems("checkpoint_dir", path):
+        if Path(path).exists() and not Path(path).is_dir():
+            raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
+        if not writer:
+            return
+        if not resume:
+            refuse_other_runs(path)
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"`checkpoint_dir` {path}: cannot create the directory ({exc.strerror})"
+        ) from None
+    _takes_files("checkpoint_dir", path, Path(path))
+    with path_problems("checkpoint_dir", path):
+        remove_unfinished(path)
+
+
+def check_paths(spec: Any, writer: bool) -> None:
+    """What the run will write, the directory first: ``save`` may name a file in it."""
+    _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
+    made = spec.checkpoint_dir
+    _writable_file("metrics", spec.metrics, writer, made=made, appended=True)
+    _writable_file("save", spec.save, writer, made=made)
+    if spec.save and spec.metrics and Path(spec.save).resolve() == Path(spec.metrics).resolve():
+        raise UserError(f"`save` {spec.save}: the same file as `metrics`")
