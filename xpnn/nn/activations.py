@@ -8,6 +8,8 @@ from xpnn.nn.layer import Array, Context, Layer
 class Activation(Layer):
     """Elementwise nonlinearity; backward uses the output, which all of ours allow."""
 
+    tensor_split = "elementwise"
+
     kind = "identity"
 
     def forward(self, x: Array, ctx: Context) -> Array:

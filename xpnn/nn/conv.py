@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
 from xpnn.nn.layer import Array, Context, Layer, check_int
@@ -69,7 +71,10 @@ class Conv2D(Layer):
         self.add_param("b", 0.0, (self.out_channels,))
         return (self.out_channels, oh, ow)
 
-    def limit_output(self, h: int, w: int) -> None:
+    def output_positions(self, out_shape: tuple[int, ...]) -> int:
+        return math.prod(self.used_hw or out_shape[1:])
+
+    def limit_output(self, h: int, w: int) -> None:  # type: ignore[override]
         """Compute only output rows < ``h`` and columns < ``w``; the output shrinks to match."""
         if not (0 < h <= self.out_hw[0] and 0 < w <= self.out_hw[1]):
             raise ValueError(f"limit_output({h}, {w}) outside the {self.out_hw} outputs")

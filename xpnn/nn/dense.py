@@ -11,6 +11,8 @@ from xpnn.phases import WGRAD
 class Dense(Layer):
     """``y = act(x @ W + b)``; the activation is fused so one kernel touches ``z`` once."""
 
+    tensor_split = "dense"
+
     def __init__(self, units: int, activation: str = "identity") -> None:
         super().__init__()
         if activation not in ACTIVATIONS:

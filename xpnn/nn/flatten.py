@@ -8,6 +8,10 @@ from xpnn.nn.layer import Array, Context, Layer
 
 
 class Flatten(Layer):
+    """``(N, *shape) -> (N, prod(shape))``."""
+
+    tensor_split = "replicate"
+
     def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
         self.in_shape = in_shape
         return (math.prod(in_shape),)

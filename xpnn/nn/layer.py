@@ -4,9 +4,10 @@ buffer; ``backward`` *assigns* (never adds) the gradients and returns the input'
 from __future__ import annotations
 
 import copy
+import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 Array = Any
 
@@ -35,8 +36,20 @@ class Context:
     sample_ids: Array | None = None
 
 
+TENSOR_SPLITS = {  # how a layer declares it takes part in tensor parallelism
+    "none": "cannot be split: tensor parallelism refuses a model that holds it",
+    "replicate": "holds nothing to split: every rank runs it whole, outside a split pair",
+    "elementwise": "acts on each value alone: runs on a rank's slice of the activations too",
+    "dense": "x @ W + b with W (in, out): split by columns, the next by rows (Megatron-LM)",
+}
+
+
 class Layer:
-    """Base class: parameters, gradients and the backend they live on."""
+    """Base class: parameters, gradients and the backend they live on. The class attributes
+    and methods below are what models and parallel strategies may ask of any layer."""
+
+    tensor_split: ClassVar[str] = "none"  # a key of TENSOR_SPLITS
+    split: ClassVar[dict[str, int]] = {}  # parameter -> the axis this rank holds a slice of
 
     def __init__(self) -> None:
         self.params: dict[str, Array] = {}
@@ -67,6 +80,29 @@ class Layer:
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         raise NotImplementedError
+
+    def attach(self, comm: Any) -> None:
+        """Given the communicator of the ranks that hold this model, once it exists: a layer
+        that talks to them (a split twin) keeps it."""
+
+    def whole_shape(self, name: str) -> tuple[int, ...]:
+        """Parameter ``name``'s shape in the whole network (a split layer holds a slice)."""
+        return self.initial[name][1]
+
+    def piece(self, name: str, whole: Any) -> Any:
+        """This rank's part of the whole host array ``whole`` of parameter ``name``."""
+        return whole
+
+    def extent_read(self, in_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The leading part of each spatial axis of ``in_shape`` this layer reads (None: all)."""
+        return None
+
+    def limit_output(self, *extent: int) -> None:
+        """Compute only the ``extent`` of the output the next layer reads (if it can)."""
+
+    def output_positions(self, out_shape: tuple[int, ...]) -> int:
+        """Per sample, how many times the parameters are applied (a cost for pipeline cuts)."""
+        return math.prod(out_shape[1:])
 
     def __repr__(self) -> str:
         return type(self).__name__ + "()"

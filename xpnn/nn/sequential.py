@@ -29,6 +29,10 @@ def resolve_loss(loss: Any) -> Any:
 
 
 class Sequential:
+    """Layers in order: the ``Model`` the trainer, checkpoints and parallel strategies use."""
+
+    stages = 1  # how many pipeline stages the network is cut into (each rank holds one)
+    whole_param_count: int | None = None  # a stage's count of the whole network's parameters
     scores = True  # its loss is the network's (a pipeline's earlier stages have none)
     input_grad = False  # whether backward returns the gradient of the model's input
     reads_input = True  # whether forward reads the samples (a pipeline's later stages do not)
@@ -67,10 +71,9 @@ class Sequential:
         for layer, after, shape in zip(
             self.layers[:-1], self.layers[1:], shapes[1:-1], strict=True
         ):
-            limit = getattr(layer, "limit_output", None)
-            extent_read = getattr(after, "extent_read", None)
-            if limit is not None and extent_read is not None:
-                limit(*extent_read(shape))
+            extent = after.extent_read(shape)
+            if extent is not None:
+                layer.limit_output(*extent)
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
         """Move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``."""
@@ -94,10 +97,9 @@ class Sequential:
         self.size = offset
 
     def attach(self, comm: Any) -> None:
-        """Give the layers with a ``comm`` attribute the job's communicator, once it exists."""
+        """Give every layer the communicator of the ranks that hold this model, once it exists."""
         for layer in self.layers:
-            if hasattr(layer, "comm"):
-                layer.comm = comm
+            layer.attach(comm)
 
     def _view(self, flat: Array, offset: int, shape: tuple[int, ...]) -> Array:
         return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)

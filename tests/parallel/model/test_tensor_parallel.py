@@ -98,9 +98,23 @@ def test_what_cannot_be_split_is_a_user_error(layers, message):
         split_layers(layers, 0, 2)
 
 
-def test_only_mlps_can_be_split():
-    with pytest.raises(UserError, match="only MLPs"):
+def test_a_layer_that_declares_no_split_is_named():
+    with pytest.raises(
+        UserError, match=r"Conv2D\(.*cannot be split \(its `tensor_split` is 'none'"
+    ):
         split_layers(build_model("cnn").layers, 0, 2)
+
+
+def test_the_split_follows_what_layers_declare():
+    """An elementwise layer runs on a slice between a pair; a replicated one may not."""
+    from xpnn.nn import Tanh
+
+    layers = [Flatten(), Dense(8), Tanh(), Dense(4)]
+    out = split_layers(layers, 1, 2)
+    assert [type(layer) for layer in out] == [Flatten, ColumnDense, Tanh, RowDense]
+    assert (out[1].lo, out[1].hi) == (4, 8) and (out[3].lo, out[3].hi) == (4, 8)
+    with pytest.raises(UserError, match=r"Flatten\(\) cannot be split between a split pair"):
+        split_layers([Flatten(), Dense(8), Flatten(), Dense(4)], 0, 2)
 
 
 # -- real mpiexec ----------------------------------------------------------------------------
@@ -148,7 +162,7 @@ def test_two_and_three_ranks_tensor_parallel_compute_the_one_rank_run(tmp_path, 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--model", "cnn"], "--parallel tensor: only MLPs"),
+        (["--model", "cnn"], "--parallel tensor: Conv2D(32, 3x3, relu) cannot be split (its"),
         (["--hidden", "1,8"], "a layer of 1 units cannot be split over 2 ranks"),
     ],
 )

@@ -24,8 +24,7 @@ def layer_costs(layers: list[Layer], shapes: list[tuple[int, ...]]) -> list[floa
     costs = []
     for layer, out in zip(layers, shapes[1:], strict=True):
         weights = sum(math.prod(shape) for _, shape in layer.initial.values())
-        positions = math.prod(getattr(layer, "used_hw", out[1:]))  # () for a Dense: 1
-        costs.append(float(weights * positions))
+        costs.append(float(weights * layer.output_positions(out)))
     return costs
 
 

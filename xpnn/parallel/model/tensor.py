@@ -1,6 +1,8 @@
-"""Tensor parallelism, Megatron-LM's pairing for an MLP: of each pair of Dense layers the first
-is split by columns, the second by rows (one allreduce each way); a Dense left over is
-replicated. Every rank draws the whole initial weights and keeps its slice."""
+"""Tensor parallelism, Megatron-LM's pairing: of each pair of layers that declare
+``tensor_split = "dense"`` the first is swapped for its column-split twin, the second for its
+row-split twin (one allreduce each way); one left over is replicated. Between a pair only
+``"elementwise"`` layers may stand, outside it ``"replicate"`` ones too. Every rank draws the
+whole initial weights and keeps its slice."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import numpy as np
 from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.dense import Dense
-from xpnn.nn.flatten import Flatten
 from xpnn.nn.layer import Array, Layer
 
 
@@ -23,7 +24,13 @@ class _SplitDense(Dense):
     def __init__(self, units: int, activation: str, bounds: tuple[int, int]) -> None:
         super().__init__(units, activation)
         self.lo, self.hi = bounds
-        self.comm: Any = None  # set by ``Sequential.attach`` once the communicator exists
+        self.comm: Any = None  # set by ``attach`` once the communicator exists
+
+    def attach(self, comm: Any) -> None:
+        self.comm = comm
+
+    def whole_shape(self, name: str) -> tuple[int, ...]:
+        return self.whole_shapes[name]
 
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
         out = super().setup(in_shape, rng)  # the whole initial weights
@@ -68,13 +75,25 @@ class RowDense(_SplitDense):
         return z
 
 
+TWINS = {"dense": (ColumnDense, RowDense)}  # a declared split -> its (first, second) twins
+
+
 def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
-    """``layers`` with their Dense layers paired into split ones for ``rank`` of ``size``."""
-    if not all(isinstance(layer, (Flatten, Dense)) for layer in layers):
-        raise UserError("`parallel` tensor: only MLPs (Flatten and Dense layers) can be split")
-    dense = [i for i, layer in enumerate(layers) if isinstance(layer, Dense)]
+    """``layers`` with their pairs of splittable layers swapped for ``rank`` of ``size``'s
+    twins; a layer that declares no split is refused, named."""
+    pairable = [i for i, layer in enumerate(layers) if layer.tensor_split in TWINS]
+    pairs = list(zip(pairable[0::2], pairable[1::2], strict=False))
+    inside = {i for first, second in pairs for i in range(first + 1, second)}
+    for i, layer in enumerate(layers):
+        allowed = ("elementwise",) if i in inside else ("elementwise", "replicate", *TWINS)
+        if layer.tensor_split not in allowed:
+            where = "between a split pair " if i in inside else ""
+            raise UserError(
+                f"`parallel` tensor: {layer!r} cannot be split {where}(its `tensor_split` is "
+                f"{layer.tensor_split!r}); use `parallel` data or pipeline"
+            )
     out = list(layers)
-    for first, second in zip(dense[0::2], dense[1::2], strict=False):
+    for first, second in pairs:
         units = layers[first].units
         if units < size:
             raise UserError(
@@ -82,6 +101,7 @@ def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
                 "ranks (each needs at least one unit; use `parallel` data or wider `hidden`)"
             )
         bounds = shard_bounds(units, rank, size)
-        out[first] = ColumnDense(units, layers[first].activation, bounds)
-        out[second] = RowDense(layers[second].units, layers[second].activation, bounds)
+        column, row = TWINS[layers[first].tensor_split]
+        out[first] = column(units, layers[first].activation, bounds)
+        out[second] = row(layers[second].units, layers[second].activation, bounds)
     return out

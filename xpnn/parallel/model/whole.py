@@ -15,9 +15,9 @@ def whole_arrays(model: Any, comm: Any, pieces: dict[str, Any]) -> dict[str, np.
     out = {}
     for key, layer, name in model.param_names():
         value = to_host(pieces[key])
-        axis = getattr(layer, "split", {}).get(name)
+        axis = layer.split.get(name)
         out[key] = value if axis is None else np.concatenate(comm.allgather_obj(value), axis)
-    if getattr(model, "stages", 1) > 1:  # each rank holds other layers: rank order is theirs
+    if model.stages > 1:  # each rank holds other layers: rank order is theirs
         merged: dict[str, np.ndarray] = {}
         for part in comm.allgather_obj(out):
             merged.update(part)
@@ -32,13 +32,12 @@ def whole_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
 
 def whole_shape(layer: Any, name: str) -> tuple[int, ...]:
     """The shape of parameter ``name`` of ``layer`` in the whole network."""
-    return tuple(getattr(layer, "whole_shapes", {}).get(name, layer.initial[name][1]))
+    return tuple(layer.whole_shape(name))
 
 
 def own_piece(layer: Any, name: str, whole: np.ndarray) -> np.ndarray:
     """This rank's part of ``whole``, laid out as parameter ``name`` of ``layer``."""
-    piece = getattr(layer, "piece", None)
-    return whole if piece is None else piece(name, whole)
+    return layer.piece(name, whole)
 
 
 def is_spread(model: Any) -> bool:
@@ -48,7 +47,6 @@ def is_spread(model: Any) -> bool:
 
 def whole_size(model: Any) -> int:
     """How many parameters the network has, all ranks' pieces together."""
-    counted = getattr(model, "whole_param_count", None)
-    if counted is not None:  # a pipeline stage knows the layers it does not hold
-        return counted
+    if model.whole_param_count is not None:  # a stage knows the layers it does not hold
+        return model.whole_param_count
     return sum(math.prod(whole_shape(layer, name)) for _, layer, name in model.param_names())
