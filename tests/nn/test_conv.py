@@ -5,7 +5,6 @@ import array_api_strict as xs
 import numpy as np
 import pytest
 from conftest import cnn_preset_step
-from gradcheck import check_layer, numeric_grad
 
 from xpnn.backends import get_backend
 from xpnn.backends.base import Backend
@@ -15,6 +14,7 @@ from xpnn.nn import Context, Dense, Flatten, ReLU, Sequential, cnn
 from xpnn.nn.conv import Conv2D
 from xpnn.nn.dropout import Dropout
 from xpnn.nn.pool import MaxPool2D
+from xpnn.testing import check_layer, numeric_grad
 
 RTOL = 1e-10
 

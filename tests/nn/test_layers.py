@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
-from gradcheck import check_layer, numeric_grad
 
 from xpnn.backends import get_backend
 from xpnn.nn import Dense, Flatten, ReLU, Sigmoid, Tanh, mlp
 from xpnn.nn.layer import Context
+from xpnn.testing import check_layer, numeric_grad
 
 
 @pytest.mark.parametrize("act", ["identity", "relu", "sigmoid", "tanh"])

@@ -10,7 +10,6 @@ from conftest import (
     assert_one_line_user_error,
     run_xpnn,
 )
-from gradcheck import check_layer
 
 from xpnn.backends import get_backend
 from xpnn.errors import UserError
@@ -20,6 +19,7 @@ from xpnn.nn.flatten import Flatten
 from xpnn.parallel.comm import SelfCommunicator
 from xpnn.parallel.model.tensor import ColumnDense, RowDense, split_layers
 from xpnn.parallel.model.whole import whole_size
+from xpnn.testing import check_layer
 
 
 def _alone(layer):

@@ -1,13 +1,19 @@
-"""Central finite differences for any layer or model, in float64."""
+"""Checks for your own layers: ``check_layer`` compares a layer's ``backward`` (the input's
+gradient and every parameter's) with central finite differences, in float64."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from xpnn.nn.layer import Context
+from xpnn.nn.layer import Context, Layer
+from xpnn.nn.sequential import Sequential
+
+__all__ = ["check_layer", "numeric_grad"]
 
 
-def numeric_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+def numeric_grad(f: Callable[[], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """d f / d x by central differences, perturbing ``x`` in place one entry at a time."""
     grad = np.zeros_like(x)
     flat, gflat = x.reshape(-1), grad.reshape(-1)
@@ -23,15 +29,15 @@ def numeric_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 
 
 def check_layer(
-    layer,
-    in_shape,
+    layer: Layer,
+    in_shape: tuple[int, ...],
     batch: int = 3,
     seed: int = 0,
     ctx: Context | None = None,
     atol: float = 1e-6,
     x_shape: tuple[int, ...] | None = None,
-    before_forward=None,
-):
+    before_forward: Callable[[Layer], None] | None = None,
+) -> Sequential:
     """Build ``layer`` on the float64 numpy backend; compare dx and every dparam with FD of
     the scalar ``sum(forward(x) * R)`` for a random R.
 
@@ -39,7 +45,6 @@ def check_layer(
     against (a slice, under tensor parallelism); ``before_forward(layer)`` runs after build.
     """
     from xpnn.backends import get_backend
-    from xpnn.nn.sequential import Sequential
 
     backend = get_backend("numpy", "float64")
     model = Sequential([layer]).build(in_shape, backend, seed)
