@@ -175,11 +175,9 @@ def build_run(
         from xpnn.data.datasets import check_same_data
 
         what = "the check that every rank has the same data"
-        allgather = functools.partial(stall.allgather, world.mpi_comm, what=what)
+        allgather = functools.partial(world.allgather_obj, what=what)
         agree_on_user_errors(world, lambda: check_same_data(data, spec.data_dir, allgather))
-        counts = stall.allgather(
-            world.mpi_comm, cfg.extra["threads"], "the gathering of thread counts"
-        )
+        counts = world.allgather_obj(cfg.extra["threads"], "the gathering of thread counts")
         if len(set(counts)) > 1:  # other cores or `threads`: the metrics carry every rank's
             cfg.extra["threads_per_rank"] = counts
     # A separate phase: on GPU backends building the communicators talks to the other ranks.
@@ -205,9 +203,7 @@ def same_spec(spec: RunSpec, world: Any) -> None:
     mine = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
     mine = {k: v for k, v in sorted(mine.items()) if k not in PER_RANK}
     mine["model"] = model_name(spec.model)  # a model object is compared by its name
-    everyone = stall.allgather(
-        world.mpi_comm, mine, "the check that every rank has the same settings"
-    )
+    everyone = world.allgather_obj(mine, "the check that every rank has the same settings")
     for rank, theirs in enumerate(everyone):
         for key in mine:
             if theirs[key] != everyone[0][key]:

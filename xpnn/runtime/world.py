@@ -63,6 +63,27 @@ class World:
         """Rank 0 of the job prints, logs and saves (a group's rank 0 may not be it)."""
         return self.rank == 0 if self.speaks is None else self.speaks
 
+    def allgather_obj(self, obj: Any, what: str) -> list:
+        """One small picklable object from every rank, in rank order; the wait is polled by
+        the stall watch and named ``what``."""
+        if self.mpi_comm is None:
+            return [obj]
+        from xpnn.runtime import stall
+
+        return stall.allgather(self.mpi_comm, obj, what)
+
+    def split(self, color: int) -> World:
+        """The ranks that share ``color``, in this world's order (collective)."""
+        from mpi4py import MPI
+
+        comm = self.mpi_comm.Split(color=color, key=self.rank)  # type: ignore[union-attr]
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        try:
+            local_rank, local_size = local.Get_rank(), local.Get_size()
+        finally:
+            local.Free()
+        return World(comm.Get_rank(), comm.Get_size(), local_rank, local_size, comm, self.is_root)
+
 
 def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
     """The variable that shows an MPI launcher started us, or None. A false positive (a

@@ -195,13 +195,13 @@ from pathlib import Path
 from types import SimpleNamespace
 import numpy as np
 from xpnn.runtime import init_world
-from xpnn.parallel.model.layout import make_groups, place_of, sub_world
+from xpnn.parallel.model.layout import make_groups, place_of
 
 w = init_world()
 place = place_of(w.rank, w.size, "pipeline", 2)
 cpu = SimpleNamespace(name="numpy", is_gpu=False, xp=np)
 g = make_groups(w, place, cpu, "auto", "pipeline")
-sub = sub_world(w, place.replica)
+sub = w.split(place.replica)
 Path(sys.argv[1], f"{w.rank}.json").write_text(json.dumps({
     "rank": w.rank,
     "model": g.model.allgather_obj(w.rank),
@@ -209,6 +209,8 @@ Path(sys.argv[1], f"{w.rank}.json").write_text(json.dumps({
     "world": g.world.allgather_obj(w.rank),
     "names": [g.model.name, g.data.name],
     "speaks": sub.is_root,
+    "bcast": g.model.bcast_obj(f"from {w.rank}", root=1),
+    "gathered": w.allgather_obj(w.rank, "the test's gathering"),
 }))
 """
 
@@ -228,6 +230,8 @@ def test_each_rank_talks_to_its_replica_and_to_its_place_in_the_others(tmp_path)
     assert sorted(seen) == [0, 1, 2, 3]
     for rank, r in seen.items():
         assert r["model"] == [0, 1] if rank < 2 else r["model"] == [2, 3]
+        assert r["bcast"] == ("from 1" if rank < 2 else "from 3")  # root 1 of each replica
+        assert r["gathered"] == [0, 1, 2, 3]
         assert r["data"] == [0, 2] if rank % 2 == 0 else r["data"] == [1, 3]
         assert r["world"] == [0, 1, 2, 3]
         assert r["names"] == ["mpi-host", "mpi-shm"]

@@ -87,8 +87,13 @@ class Communicator:
         """Reduce a small host array in float64 (counts exact to 2**53); a new array."""
         raise NotImplementedError
 
-    def allgather_obj(self, obj: Any) -> list:
-        """One small picklable object from every rank, in rank order."""
+    def allgather_obj(self, obj: Any, what: str = "a gathering of objects") -> list:
+        """One small picklable object from every rank, in rank order; ``what`` names the wait
+        for the stall watch (it polls, so a rank that never comes is said, not hung on)."""
+        raise NotImplementedError
+
+    def bcast_obj(self, obj: Any, root: int = 0, what: str = "a broadcast of an object") -> Any:
+        """``root``'s small picklable object, on every rank (polled as ``allgather_obj``)."""
         raise NotImplementedError
 
     def abort(self, code: int) -> None:
@@ -132,8 +137,13 @@ class SelfCommunicator(Communicator):
         check_op(op)
         return self._host_values(values)
 
-    def allgather_obj(self, obj: Any) -> list:
+    def allgather_obj(self, obj: Any, what: str = "") -> list:
         return [obj]
+
+    def bcast_obj(self, obj: Any, root: int = 0, what: str = "") -> Any:
+        if root != 0:
+            raise ValueError(f"bcast root {root} out of range for 1 rank")
+        return obj
 
     def abort(self, code: int) -> None:
         sys.stdout.flush()

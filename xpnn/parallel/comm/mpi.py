@@ -242,8 +242,12 @@ class MpiHostCommunicator(Communicator):
         stall.wait(self._comm.Iallreduce(self._in_place, out, self._mpi_op(op)), "an allreduce")
         return out
 
-    def allgather_obj(self, obj: Any) -> list:
-        return stall.allgather(self._comm, obj, "a barrier before gathering")
+    def allgather_obj(self, obj: Any, what: str = "a barrier before gathering") -> list:
+        return stall.allgather(self._comm, obj, what)
+
+    def bcast_obj(self, obj: Any, root: int = 0, what: str = "a barrier before a broadcast") -> Any:
+        stall.wait(self._comm.Ibarrier(), what)  # MPI has no non-blocking bcast of objects
+        return self._comm.bcast(obj, root=root)
 
     def abort(self, code: int) -> None:
         sys.stdout.flush()

@@ -155,6 +155,11 @@ class ShmCommunicator(MpiHostCommunicator):
             for win in self._windows:
                 win.Sync()
 
+    def cross_bcast_(self, buf: np.ndarray) -> None:
+        """World rank 0's ``buf`` to the same-place rank of every node (node-local rank 0s)."""
+        if self.nodes > 1:
+            stall.wait(self.cross.Ibcast(buf, root=0), "a broadcast across nodes")
+
     def cross_allreduce_(self, buf: np.ndarray) -> None:
         if self.nodes > 1:
             self._count(buf)

@@ -82,19 +82,6 @@ class Groups:
         return "; ".join(r for r in dict.fromkeys(reasons) if r) or None
 
 
-def sub_world(world: World, color: int) -> World:
-    """The ranks of ``world`` that share ``color``, in world order (collective)."""
-    from mpi4py import MPI
-
-    comm = world.mpi_comm.Split(color=color, key=world.rank)  # type: ignore[union-attr]
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        local_rank, local_size = local.Get_rank(), local.Get_size()
-    finally:
-        local.Free()
-    return World(comm.Get_rank(), comm.Get_size(), local_rank, local_size, comm, world.is_root)
-
-
 def make_groups(world: World, place: Place, backend: Any, kind: str, parallel: str) -> Groups:
     """This rank's communicators (collective). ``--comm`` picks the data group's; a replica
     shares no parameters, so for ``mpi-shm`` its ranks talk over ``auto``'s choice."""
@@ -102,8 +89,8 @@ def make_groups(world: World, place: Place, backend: Any, kind: str, parallel: s
         return Groups.of(make_communicator(world, backend, kind, "data"), "data")
     if place.replicas == 1:
         return Groups.of(make_communicator(world, backend, kind, parallel), parallel)
-    model_world = sub_world(world, place.replica)
-    data_world = sub_world(world, place.index)
+    model_world = world.split(place.replica)
+    data_world = world.split(place.index)
     model_kind = "auto" if kind == "mpi-shm" else kind
     model = make_communicator(model_world, backend, model_kind, parallel)
     data = make_communicator(data_world, backend, kind, "data")

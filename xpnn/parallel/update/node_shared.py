@@ -27,9 +27,9 @@ class NodeSharedUpdate(LayerwiseUpdate):
         """Across nodes, world rank 0's parameters and state go to each node's local rank 0."""
         comm = self.comm
         if comm.nodes > 1 and comm.local_rank == 0:
-            comm.cross.Bcast(self.model.params, root=0)
+            comm.cross_bcast_(self.model.params)
             for buf in self.optimizer.state.values():
-                comm.cross.Bcast(buf, root=0)
+                comm.cross_bcast_(buf)
         comm.fence()
 
     def finish(self) -> None:
