@@ -39,6 +39,10 @@ class Model(Protocol):
         """The logits of a batch."""
         ...
 
+    def predict(self, x: Array) -> Array:
+        """The logits of ``x`` in evaluation mode."""
+        ...
+
     def loss_and_grads(
         self,
         x: Array | None,

@@ -111,6 +111,10 @@ class Sequential:
                 x = layer.forward(x, ctx)
         return x
 
+    def predict(self, x: Array) -> Array:
+        """The logits of ``x`` in evaluation mode (dropout off), on the backend."""
+        return self.forward(self.backend.asarray(x), Context(train=False))
+
     def backward(
         self,
         dlogits: Array,
