@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,11 @@ def check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def copy_array(xp: Any, a: Array) -> Array:
+    """A copy of ``a`` (NumPy and CuPy arrays have ``copy``; an array API one may not)."""
+    return a.copy() if hasattr(a, "copy") else xp.asarray(a, copy=True)
+
+
 @dataclass
 class Context:
     """The mode, and what keys dropout's masks: the global step and the samples' indices."""
@@ -37,6 +43,13 @@ class Context:
 
 class Layer:
     """Base class: parameters, gradients and the backend they live on."""
+
+    # How tensor parallelism may split this layer's sublayers, Megatron-style: each entry
+    # (column, row, column_group, row_group) names a Dense sublayer whose output units are cut
+    # across ranks in groups of ``column_group`` (a head's q, k and v together) and the Dense
+    # after it whose input rows are cut in groups of ``row_group``, the same groups to a rank.
+    # Empty: the layer is replicated (each rank holds all of it).
+    tensor_pairs: tuple[tuple[str, str, int, int], ...] = ()
 
     def __init__(self) -> None:
         self.params: dict[str, Array] = {}
@@ -57,6 +70,15 @@ class Layer:
     def add_param(self, name: str, initial: Any, shape: tuple[int, ...] | None = None) -> None:
         """Declare a parameter: a host array, or a constant (e.g. 0.0) with its ``shape``."""
         self.initial[name] = (initial, tuple(shape if shape is not None else initial.shape))
+
+    def bind(self, name: str, param: Array, grad: Array) -> None:
+        """Point parameter ``name`` and its gradient at views of the model's flat buffers."""
+        self.params[name] = param
+        self.grads[name] = grad
+
+    def walk(self) -> Iterator[Layer]:
+        """This layer and every layer inside it (a composite's sublayers, depth first)."""
+        yield self
 
     def forward(self, x: Array, ctx: Context) -> Array:
         raise NotImplementedError

@@ -87,15 +87,14 @@ class Sequential:
         offset = 0
         for layer in self.layers:
             self.layer_offsets.append(offset)
-            for name, (_, shp) in layer.initial.items():
-                layer.params[name] = self._view(params, offset, shp)
-                layer.grads[name] = self._view(grads, offset, shp)
+            for name, (_, shp) in layer.initial.items():  # a dotted name binds a sublayer's
+                layer.bind(name, self._view(params, offset, shp), self._view(grads, offset, shp))
                 offset += math.prod(shp)
         self.size = offset
 
     def attach(self, comm: Any) -> None:
         """Give the layers with a ``comm`` attribute the job's communicator, once it exists."""
-        for layer in self.layers:
+        for layer in (inner for top in self.layers for inner in top.walk()):
             if hasattr(layer, "comm"):
                 layer.comm = comm
 
