@@ -15,6 +15,7 @@ host. Layouts are the same on every backend, so that the layers never branch:
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 from typing import Any
 
@@ -133,9 +134,36 @@ class Kernels:
         return loss, (self.activation(logits, "sigmoid") - t) * scale
 
     def count_correct(self, logits: Array, labels: Array) -> Array:
+        """Samples whose top logit is the label; (N, T, K) logits of sequences count each
+        sample's fraction of positions right (so the mean over samples is per position)."""
         xp = self.xp
+        if logits.ndim > 2:
+            positions = math.prod(labels.shape[1:])
+            hits = xp.astype(xp.argmax(logits, axis=-1) == labels, xp.float64)
+            return xp.sum(hits) / positions
         check_labels(logits, labels)  # the shape (a column broadcasts); it indexes nothing
         return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.int64))
+
+    def embedding_grad(self, ids: Array, dy: Array, out: Array) -> Array:
+        """``out[...] = 0``, then ``out[ids[i]] += dy[i]`` for every row ``i`` of (N, D) ``dy``:
+        an embedding's gradient. The array API has no scatter-add: a one-hot product here."""
+        onehot = self.one_hot(ids, out.shape[0], dy.dtype)
+        return self.matmul_into(self.xp.permute_dims(onehot, (1, 0)), dy, out)
+
+    def causal_softmax(self, scores: Array) -> Array:
+        """Softmax over the last axis of (..., T, T) attention scores where query ``i`` sees
+        keys ``j <= i``: the masked entries get probability exactly 0."""
+        xp = self.xp
+        t = scores.shape[-1]
+        pos = xp.arange(t)
+        seen = xp.reshape(pos, (t, 1)) >= xp.reshape(pos, (1, t))
+        masked = xp.where(seen, scores, xp.asarray(-xp.inf, dtype=scores.dtype))
+        e = xp.exp(masked - xp.max(masked, axis=-1, keepdims=True))
+        return e / xp.sum(e, axis=-1, keepdims=True)
+
+    def causal_softmax_backward(self, dp: Array, p: Array) -> Array:
+        """dL/dscores from dL/dp and ``causal_softmax``'s output ``p`` (0 where masked)."""
+        return p * (dp - self.xp.sum(dp * p, axis=-1, keepdims=True))
 
     def sum_rows(self, rows: tuple[Array, ...], out: Array) -> Array:
         """``out = rows[0] + rows[1] + ...`` in that order: node-shared ranks' gradient rows."""

@@ -17,6 +17,7 @@ import numpy as np
 from numba import prange
 
 from xpnn.backends import numba_conv as conv
+from xpnn.backends import numba_seq as seq
 from xpnn.backends.common import (
     conv_out_hw,
     conv_out_size,
@@ -143,6 +144,11 @@ def _adam(p, g, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2, tiny):  
         p[i] -= lr_c1 * (mi / (math.sqrt(vi / c2) + eps))
 
 
+_causal_softmax = _Twin(seq.causal_softmax)
+_causal_softmax_backward = _Twin(seq.causal_softmax_backward)
+_embedding_grad = nb.njit(**JIT)(seq.embedding_grad)
+
+
 def _tasks(n: int, c: int) -> int:
     """Batch chunks per channel of the im2col/col2im loops: a few tasks per thread."""
     want = 4 * nb.get_num_threads()
@@ -235,3 +241,19 @@ class NumbaKernels(NumpyKernels):
         threshold = np.uint64(dropout_threshold(p))
         conv.dropout_mask(ids, base, threshold, dtype.type(1.0 / (1.0 - p)), out)
         return out.reshape(shape)
+
+    def embedding_grad(self, ids, dy, out):
+        if ids.size and (ids.min() < 0 or ids.max() >= out.shape[0]):  # the loop checks none
+            raise IndexError(f"embedding ids outside [0, {out.shape[0]})")
+        return _embedding_grad(np.ascontiguousarray(ids), np.ascontiguousarray(dy), out)
+
+    def causal_softmax(self, scores):
+        t = scores.shape[-1]
+        s = np.ascontiguousarray(scores).reshape(-1, t, t)
+        return _causal_softmax(s, np.empty_like(s)).reshape(scores.shape)
+
+    def causal_softmax_backward(self, dp, p):
+        t = p.shape[-1]
+        dp3 = np.ascontiguousarray(dp).reshape(-1, t, t)
+        p3 = np.ascontiguousarray(p).reshape(-1, t, t)
+        return _causal_softmax_backward(dp3, p3, np.empty_like(p3)).reshape(p.shape)

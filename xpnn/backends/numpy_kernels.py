@@ -47,6 +47,11 @@ class NumpyKernels(Kernels):
         out[self.xp.arange(labels.shape[0]), labels] = 1
         return out
 
+    def embedding_grad(self, ids, dy, out):
+        out[...] = 0
+        np.add.at(out, ids, dy)  # unbuffered: a repeated id adds every row
+        return out
+
     def pick(self, logits, labels):
         return logits[self.xp.arange(labels.shape[0]), labels]
 

@@ -1,14 +1,21 @@
 """Layers, losses and models, written once against ``backend.xp``."""
 
-from xpnn.nn.activations import ReLU, Sigmoid, Tanh
+from xpnn.nn.activations import GELU, ReLU, Sigmoid, Tanh
+from xpnn.nn.attention import CausalSelfAttention, FeedForward
+from xpnn.nn.composite import Chain, Residual
 from xpnn.nn.dense import Dense
+from xpnn.nn.embedding import Embedding, PositionEmbedding
 from xpnn.nn.flatten import Flatten
+from xpnn.nn.gpt import SequenceCrossEntropy, gpt, transformer_block
 from xpnn.nn.layer import Context, Layer
 from xpnn.nn.losses import SigmoidBinaryCrossEntropy, SoftmaxCrossEntropy
 from xpnn.nn.model import Model
 from xpnn.nn.models import build_model, cnn, mlp
+from xpnn.nn.norm import LayerNorm
 from xpnn.nn.sequential import Sequential
 
 __all__ = ["Context", "Dense", "Flatten", "Layer", "Model", "ReLU", "Sequential", "Sigmoid"]
 __all__ += ["Tanh"]
 __all__ += ["SigmoidBinaryCrossEntropy", "SoftmaxCrossEntropy", "build_model", "cnn", "mlp"]
+__all__ += ["CausalSelfAttention", "Chain", "Embedding", "FeedForward", "GELU", "LayerNorm"]
+__all__ += ["PositionEmbedding", "Residual", "SequenceCrossEntropy", "gpt", "transformer_block"]

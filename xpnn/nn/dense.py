@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
 from xpnn.nn.layer import Array, Context, Layer, check_int
@@ -21,42 +23,54 @@ class Dense(Layer):
         self.activation = activation
 
     def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
-        if len(in_shape) != 1:
-            raise ValueError(f"Dense expects flat inputs, got shape {in_shape}: add Flatten")
-        fan_in = in_shape[0]
+        if len(in_shape) < 1:
+            raise ValueError(f"Dense expects inputs with a feature axis, got shape {in_shape}")
+        fan_in = in_shape[-1]
         shape = (fan_in, self.units)
         self.add_param("W", init.for_activation(rng, shape, fan_in, self.units, self.activation))
         self.add_param("b", 0.0, (self.units,))
-        return (self.units,)
+        return (*in_shape[:-1], self.units)
 
     def checked(self, x: Array) -> Array:
-        """``x`` checked, in the parameters' dtype (not a float64 pass of a float32 network)."""
+        """``x`` checked, as rows of features (leading axes merged), in the parameters' dtype
+        (not a float64 pass of a float32 network)."""
         features = self.params["W"].shape[0]  # a row-split layer (RowDense) holds some rows
-        if x.ndim != 2 or x.shape[1] != features:
+        if x.ndim < 2 or x.shape[-1] != features:
             raise ValueError(
                 f"Dense built for {features} input features, got batch shape {tuple(x.shape)}"
             )
+        if x.ndim > 2:
+            x = self.xp.reshape(x, (math.prod(x.shape[:-1]), features))
         if x.dtype != self.params["W"].dtype:
             x = self.xp.asarray(x, dtype=self.params["W"].dtype)
         return x
 
     def forward(self, x: Array, ctx: Context) -> Array:
+        self.lead = tuple(x.shape[:-1])  # (B,) or (B, T, ...): ``W`` acts on the last axis
         x = self.checked(x)
         z = self.complete(self.xp.matmul(x, self.params["W"]))
         y = self.kernels.bias_act(z, self.params["b"], self.activation)
         self.x, self.y = x, y
-        return y
+        return self._unflat(y)
+
+    def _unflat(self, rows: Array) -> Array:
+        """``rows`` (one per input position) with the input's leading axes back."""
+        if len(self.lead) == 1:
+            return rows
+        return self.xp.reshape(rows, (*self.lead, rows.shape[-1]))
 
     def complete(self, z: Array) -> Array:
         """The whole pre-activation from ``x @ W``; a layer with some rows of ``W`` sums here."""
         return z
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        if dy.ndim > 2:
+            dy = self.xp.reshape(dy, (self.y.shape[0], dy.shape[-1]))
         dz, db = self.kernels.bias_act_backward(dy, self.y, self.activation)
         with WGRAD:
             self.kernels.matmul_into(self.x.T, dz, self.grads["W"])
         self.grads["b"][...] = db
-        return self.input_grad(dz) if need_dx else None
+        return self._unflat(self.input_grad(dz)) if need_dx else None
 
     def input_grad(self, dz: Array) -> Array:
         """``dx = dz @ W.T``: what the layer below receives."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,6 +25,11 @@ def check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value!r}")
     return int(value)
+
+
+def copy_array(xp: Any, a: Array) -> Array:
+    """A copy of ``a`` (NumPy and CuPy arrays have ``copy``; an array API one may not)."""
+    return a.copy() if hasattr(a, "copy") else xp.asarray(a, copy=True)
 
 
 @dataclass
@@ -51,6 +57,13 @@ class Layer:
     tensor_split: ClassVar[str] = "none"  # a key of TENSOR_SPLITS
     split: ClassVar[dict[str, int]] = {}  # parameter -> the axis this rank holds a slice of
 
+    # How tensor parallelism may split this layer's sublayers, Megatron-style: each entry
+    # (column, row, column_group, row_group) names a Dense sublayer whose output units are cut
+    # across ranks in groups of ``column_group`` (a head's q, k and v together) and the Dense
+    # after it whose input rows are cut in groups of ``row_group``, the same groups to a rank.
+    # Empty: the layer is replicated (each rank holds all of it).
+    tensor_pairs: tuple[tuple[str, str, int, int], ...] = ()
+
     def __init__(self) -> None:
         self.params: dict[str, Array] = {}
         self.grads: dict[str, Array] = {}
@@ -70,6 +83,15 @@ class Layer:
     def add_param(self, name: str, initial: Any, shape: tuple[int, ...] | None = None) -> None:
         """Declare a parameter: a host array, or a constant (e.g. 0.0) with its ``shape``."""
         self.initial[name] = (initial, tuple(shape if shape is not None else initial.shape))
+
+    def bind(self, name: str, param: Array, grad: Array) -> None:
+        """Point parameter ``name`` and its gradient at views of the model's flat buffers."""
+        self.params[name] = param
+        self.grads[name] = grad
+
+    def walk(self) -> Iterator[Layer]:
+        """This layer and every layer inside it (a composite's sublayers, depth first)."""
+        yield self
 
     def forward(self, x: Array, ctx: Context) -> Array:
         raise NotImplementedError

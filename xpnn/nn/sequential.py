@@ -90,15 +90,14 @@ class Sequential:
         offset = 0
         for layer in self.layers:
             self.layer_offsets.append(offset)
-            for name, (_, shp) in layer.initial.items():
-                layer.params[name] = self._view(params, offset, shp)
-                layer.grads[name] = self._view(grads, offset, shp)
+            for name, (_, shp) in layer.initial.items():  # a dotted name binds a sublayer's
+                layer.bind(name, self._view(params, offset, shp), self._view(grads, offset, shp))
                 offset += math.prod(shp)
         self.size = offset
 
     def attach(self, comm: Any) -> None:
-        """Give every layer the communicator of the ranks that hold this model, once it exists."""
-        for layer in self.layers:
+        """Give every layer (and sublayer) the communicator of the ranks that hold this model."""
+        for layer in (inner for top in self.layers for inner in top.walk()):
             layer.attach(comm)
 
     def _view(self, flat: Array, offset: int, shape: tuple[int, ...]) -> Array:

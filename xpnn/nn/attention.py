@@ -1,0 +1,81 @@
+"""Causal multi-head self-attention and the transformer's feed-forward block, as composites
+of Dense layers that declare how tensor parallelism splits them (``Layer.tensor_pairs``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from xpnn.nn.activations import GELU
+from xpnn.nn.composite import Chain
+from xpnn.nn.dense import Dense
+from xpnn.nn.layer import Array, Context, check_int
+
+
+class CausalSelfAttention(Chain):
+    """(B, T, D) -> (B, T, D): ``qkv`` (Dense D -> 3D) makes each head's query, key and value,
+    position ``i`` attends to positions ``<= i`` (``Kernels.causal_softmax``), ``proj`` (Dense
+    D -> D) mixes the heads. ``qkv``'s output columns are ordered (head, q/k/v, head dim), so a
+    rank holding heads ``[lo:hi]`` holds one contiguous slice of them (Megatron's layout)."""
+
+    def __init__(self, embed: int, heads: int) -> None:
+        self.embed = check_int("CausalSelfAttention", "embed", embed)
+        self.heads = check_int("CausalSelfAttention", "heads", heads)
+        if embed % heads:
+            raise ValueError(
+                f"CausalSelfAttention: embed {embed} is not a multiple of heads {heads}"
+            )
+        self.head_dim = embed // heads
+        super().__init__({"qkv": Dense(3 * embed), "proj": Dense(embed)})
+        self.tensor_pairs = (("qkv", "proj", 3 * self.head_dim, self.head_dim),)
+
+    def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        if len(in_shape) != 2 or in_shape[1] != self.embed:
+            raise ValueError(
+                f"CausalSelfAttention({self.embed}) expects (T, {self.embed}) inputs, "
+                f"got shape {in_shape}"
+            )
+        self.build_child("qkv", in_shape, rng)
+        return self.build_child("proj", in_shape, rng)  # it reads the heads' merged outputs
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        xp = self.xp
+        qkv = self.children["qkv"].forward(x, ctx)
+        b, t, width = qkv.shape
+        heads = width // (3 * self.head_dim)  # this rank's heads under tensor parallelism
+        split = xp.reshape(qkv, (b, t, heads, 3, self.head_dim))
+        q, k, v = (split[:, :, :, i, :] for i in range(3))
+        self.q, self.k, self.v = (xp.permute_dims(a, (0, 2, 1, 3)) for a in (q, k, v))
+        scores = xp.matmul(self.q, xp.permute_dims(self.k, (0, 1, 3, 2)))
+        self.p = self.kernels.causal_softmax(scores * (1.0 / math.sqrt(self.head_dim)))
+        out = xp.matmul(self.p, self.v)  # (B, heads, T, head dim)
+        merged = xp.reshape(xp.permute_dims(out, (0, 2, 1, 3)), (b, t, heads * self.head_dim))
+        return self.children["proj"].forward(merged, ctx)
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        xp = self.xp
+        dmerged = self.children["proj"].backward(dy, need_dx=True)
+        b, heads, t, hd = self.q.shape
+        dout = xp.permute_dims(xp.reshape(dmerged, (b, t, heads, hd)), (0, 2, 1, 3))
+        dp = xp.matmul(dout, xp.permute_dims(self.v, (0, 1, 3, 2)))
+        dv = xp.matmul(xp.permute_dims(self.p, (0, 1, 3, 2)), dout)
+        ds = self.kernels.causal_softmax_backward(dp, self.p) * (1.0 / math.sqrt(hd))
+        dq = xp.matmul(ds, self.k)
+        dk = xp.matmul(xp.permute_dims(ds, (0, 1, 3, 2)), self.q)
+        dqkv = xp.stack([xp.permute_dims(a, (0, 2, 1, 3)) for a in (dq, dk, dv)], axis=3)
+        return self.children["qkv"].backward(xp.reshape(dqkv, (b, t, 3 * heads * hd)), need_dx)
+
+    def __repr__(self) -> str:
+        return f"CausalSelfAttention({self.embed}, {self.heads} heads)"
+
+
+class FeedForward(Chain):
+    """``down(GELU(up(x)))``: Dense D -> ``hidden``, tanh GELU, Dense ``hidden`` -> D; split
+    column- then row-parallel under tensor parallelism."""
+
+    tensor_pairs = (("up", "down", 1, 1),)
+
+    def __init__(self, embed: int, hidden: int) -> None:
+        check_int("FeedForward", "embed", embed)
+        check_int("FeedForward", "hidden", hidden)
+        super().__init__({"up": Dense(hidden), "act": GELU(), "down": Dense(embed)})

@@ -1,0 +1,133 @@
+"""Composite layers: named sublayers whose parameters the composite declares as its own under
+nested names (``attn.qkv.W``), so they live in the model's one flat buffer and are saved under
+``layerN.attn.qkv.W``. ``Chain`` runs its sublayers in order; ``Residual`` adds its input."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from xpnn.nn.layer import Array, Context, Layer, copy_array
+
+
+def _named(layers: Mapping[str, Layer] | Sequence[Layer], owner: str) -> dict[str, Layer]:
+    """``layers`` by name: a mapping's keys, or a sequence's positions ("0", "1", ...)."""
+    if isinstance(layers, Mapping):
+        items = dict(layers)
+    else:
+        items = {str(i): layer for i, layer in enumerate(layers)}
+    if not items:
+        raise ValueError(f"{owner}: needs at least one layer")
+    for name, layer in items.items():
+        if not isinstance(name, str) or not name or "." in name:
+            raise ValueError(
+                f"{owner}: sublayer names must be non-empty strings without '.', got {name!r}"
+            )
+        if not isinstance(layer, Layer):
+            raise TypeError(f"{owner}: sublayer {name!r} must be a Layer, got {layer!r}")
+    return items
+
+
+class Chain(Layer):
+    """Sublayers run in order; a subclass may run them its own way (``setup``/``forward``/
+    ``backward``) and still gets the nested parameters, replicas and tensor-split views."""
+
+    def __init__(self, layers: Mapping[str, Layer] | Sequence[Layer]) -> None:
+        super().__init__()
+        self.children = _named(layers, type(self).__name__)
+
+    def build(self, in_shape: tuple[int, ...], backend: Any, rng: Any) -> tuple[int, ...]:
+        self.initial = {}  # a rebuild declares every nested parameter again
+        return super().build(in_shape, backend, rng)
+
+    def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        shape = in_shape
+        for name in self.children:
+            shape = self.build_child(name, shape, rng)
+        return shape
+
+    def build_child(self, name: str, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        """Build sublayer ``name`` on this layer's backend; declare its parameters as ours."""
+        child = self.children[name]
+        out = child.build(in_shape, self.backend, rng)
+        for key, value in child.initial.items():
+            self.initial[f"{name}.{key}"] = value
+        return out
+
+    def bind(self, name: str, param: Array, grad: Array) -> None:
+        super().bind(name, param, grad)
+        child, _, rest = name.partition(".")
+        self.children[child].bind(rest, param, grad)
+
+    def walk(self) -> Iterator[Layer]:
+        yield self
+        for child in self.children.values():
+            yield from child.walk()
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        for child in self.children.values():
+            x = child.forward(x, ctx)
+        return x
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        children = list(self.children.values())
+        for i in range(len(children) - 1, -1, -1):
+            dy = children[i].backward(dy, need_dx=need_dx or i > 0)
+        return dy
+
+    def replica(self) -> Chain:
+        twin = copy.copy(self)  # the same parameter views; each sublayer its own forward state
+        twin.children = {name: child.replica() for name, child in self.children.items()}
+        return twin
+
+    # -- what tensor parallelism's whole-network view asks of a layer (parallel/model/whole.py)
+    def _nested(self, attribute: str) -> dict[str, Any]:
+        out = {}
+        for name, child in self.children.items():
+            for key, value in getattr(child, attribute, {}).items():
+                out[f"{name}.{key}"] = value
+        return out
+
+    @property
+    def split(self) -> dict[str, int]:
+        """Nested parameter name -> the axis a sublayer keeps a slice of (tensor parallelism)."""
+        return self._nested("split")
+
+    @property
+    def whole_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Nested parameter name -> its shape in the whole network, where a sublayer is split."""
+        return self._nested("whole_shapes")
+
+    def piece(self, name: str, whole: np.ndarray) -> np.ndarray:
+        """This rank's part of the whole parameter ``name``, from the sublayer that holds it."""
+        child, _, rest = name.partition(".")
+        piece = getattr(self.children[child], "piece", None)
+        return whole if piece is None else piece(rest, whole)
+
+    def __repr__(self) -> str:
+        inner = " -> ".join(repr(child) for child in self.children.values())
+        return f"{type(self).__name__}({inner})"
+
+
+class Residual(Chain):
+    """``y = x + f(x)``, ``f`` the sublayers in order; its output shape must be its input's."""
+
+    def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        out = super().setup(in_shape, rng)
+        if tuple(out) != tuple(in_shape):
+            raise ValueError(
+                f"Residual: its layers map {tuple(in_shape)} to {tuple(out)}; "
+                "y = x + f(x) needs the same shape"
+            )
+        return out
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        return x + super().forward(x, ctx)
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        # the sublayers' fused kernels may write over their dy: f gets a copy
+        inner = super().backward(copy_array(self.xp, dy), need_dx)
+        return dy + inner if need_dx else None

@@ -1,0 +1,73 @@
+"""Learned embeddings: token vectors gathered by index, and position vectors added."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from xpnn.nn.layer import Array, Context, Layer, check_int
+
+EMBEDDING_STD = 0.02  # GPT-2's initial scale for token and position vectors
+
+
+class Embedding(Layer):
+    """Integer ids (any shape) -> rows of ``W`` (``vocab``, ``dim``): output (*ids, dim). Its
+    backward adds each position's gradient into its id's row (``Kernels.embedding_grad``);
+    ids have no gradient, so it returns None."""
+
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.vocab = check_int("Embedding", "vocab", vocab)
+        self.dim = check_int("Embedding", "dim", dim)
+
+    def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        self.add_param("W", rng.standard_normal((self.vocab, self.dim)) * EMBEDDING_STD)
+        return (*in_shape, self.dim)
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        xp = self.xp
+        ids = xp.reshape(x, (math.prod(x.shape),))
+        if ids.dtype != xp.int64:  # ids may arrive as floats from a generic batch path
+            ids = xp.astype(ids, xp.int64)
+        self.ids, self.shape = ids, tuple(x.shape)
+        rows = xp.take(self.params["W"], ids, axis=0)
+        return xp.reshape(rows, (*self.shape, self.dim))
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        dy = self.xp.reshape(dy, (self.ids.shape[0], self.dim))
+        self.kernels.embedding_grad(self.ids, dy, self.grads["W"])
+        return None
+
+    def __repr__(self) -> str:
+        return f"Embedding({self.vocab}, {self.dim})"
+
+
+class PositionEmbedding(Layer):
+    """``y = x + W[:T]`` on (B, T, D) inputs: one learned vector per position, ``W`` is
+    (``max_len``, D); inputs may be shorter than ``max_len`` (generation's first steps)."""
+
+    def __init__(self, max_len: int) -> None:
+        super().__init__()
+        self.max_len = check_int("PositionEmbedding", "max_len", max_len)
+
+    def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        if len(in_shape) != 2 or in_shape[0] > self.max_len:
+            raise ValueError(
+                f"PositionEmbedding({self.max_len}) expects (T, D) inputs with T <= "
+                f"{self.max_len}, got shape {in_shape}"
+            )
+        self.add_param("W", rng.standard_normal((self.max_len, in_shape[1])) * EMBEDDING_STD)
+        return in_shape
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        self.length = x.shape[1]
+        return x + self.params["W"][: self.length, :]
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        grad = self.grads["W"]
+        grad[...] = 0
+        grad[: self.length, :] = self.xp.sum(dy, axis=0)
+        return dy if need_dx else None
+
+    def __repr__(self) -> str:
+        return f"PositionEmbedding({self.max_len})"

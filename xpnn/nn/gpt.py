@@ -1,0 +1,57 @@
+"""A character-level GPT: token and position embeddings, pre-LayerNorm transformer blocks, a
+final LayerNorm and a vocabulary head, trained with softmax cross-entropy at every position."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xpnn.nn.attention import CausalSelfAttention, FeedForward
+from xpnn.nn.composite import Chain, Residual
+from xpnn.nn.dense import Dense
+from xpnn.nn.embedding import Embedding, PositionEmbedding
+from xpnn.nn.layer import Array, check_int
+from xpnn.nn.norm import LayerNorm
+from xpnn.nn.sequential import Sequential
+
+GPT_DEFAULTS = {"layers": 4, "heads": 4, "embed": 128, "block": 64}
+
+
+class SequenceCrossEntropy:
+    """Softmax cross-entropy at every position of (N, T, V) logits against (N, T) labels: each
+    sample's loss is its mean over positions, so a sum over samples divided by their number is
+    nats per token (what the trainer reports)."""
+
+    name = "sequence_cross_entropy"
+
+    def __call__(self, kernels: Any, logits: Array, labels: Array, scale: float):  # noqa: ANN204
+        xp = kernels.xp
+        n, t, v = logits.shape
+        flat = xp.reshape(logits, (n * t, v))
+        loss, grad = kernels.softmax_cross_entropy(flat, xp.reshape(labels, (n * t,)), scale / t)
+        return loss / t, xp.reshape(grad, (n, t, v))
+
+
+def transformer_block(embed: int, heads: int) -> Chain:
+    """Pre-LayerNorm: ``x + attn(ln(x))``, then ``x + ff(ln(x))`` with a 4x wider hidden layer.
+    Parameter names: ``attn.ln.*``, ``attn.sa.qkv.*``, ``attn.sa.proj.*``, ``mlp.ln.*``,
+    ``mlp.ff.up.*``, ``mlp.ff.down.*``."""
+    attn = Residual({"ln": LayerNorm(), "sa": CausalSelfAttention(embed, heads)})
+    mlp = Residual({"ln": LayerNorm(), "ff": FeedForward(embed, 4 * embed)})
+    return Chain({"attn": attn, "mlp": mlp})
+
+
+def gpt(
+    vocab: int,
+    layers: int = GPT_DEFAULTS["layers"],
+    heads: int = GPT_DEFAULTS["heads"],
+    embed: int = GPT_DEFAULTS["embed"],
+    block: int = GPT_DEFAULTS["block"],
+) -> Sequential:
+    """Token ids (N, ``block``) -> next-token logits (N, ``block``, ``vocab``). Each block is
+    one top-level layer (``layer2`` .. ``layer{layers+1}``): pipeline stages cut between them."""
+    check_int("gpt", "vocab", vocab)
+    check_int("gpt", "layers", layers)
+    seq = [Embedding(vocab, embed), PositionEmbedding(check_int("gpt", "block", block))]
+    seq += [transformer_block(embed, heads) for _ in range(layers)]
+    seq += [LayerNorm(), Dense(vocab)]
+    return Sequential(seq, SequenceCrossEntropy())
