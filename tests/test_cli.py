@@ -181,7 +181,7 @@ def test_a_step_out_of_memory_names_the_batch():
 
 def test_path_problems_name_the_parameter_and_the_path_refused():
     """The library names the parameter (and carries it); the command line says its flag."""
-    from xpnn.cli import flag_words
+    from xpnn.flags import flag_words
 
     with pytest.raises(UserError, match=r"^`save` /a/b\.npz: Permission denied$") as caught:
         with path_problems("save", "/a/b.npz"):
@@ -278,7 +278,7 @@ def test_mlp_flags_say_they_have_no_effect_on_the_cnn(flags):
 
 
 def test_bucket_mb_help_states_the_default_used():
-    from xpnn.cli import build_parser
+    from xpnn.flags import build_parser
     from xpnn.parallel.update import DEFAULT_BUCKET_MB
 
     help_text = " ".join(build_parser().format_help().split())

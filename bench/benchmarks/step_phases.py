@@ -1,8 +1,8 @@
 """Where one training step's time goes, per rank: compute, optimizer update, fences.
 
-Trains once through ``python -m xpnn`` (under ``mpiexec -n RANKS``; every flag this benchmark
-does not know is xpnn's) with xpnn's ``PhaseTimer`` callback, which times every step and the
-phases the library marks (``xpnn.phases``):
+Trains once as ``python -m xpnn`` does, through ``xpnn.run.run`` (under ``mpiexec -n RANKS``;
+every flag this benchmark does not know is xpnn's) with xpnn's ``PhaseTimer`` callback,
+which times every step and the phases the library marks (``xpnn.phases``):
 
 - ``update``: the optimizer kernels (``Optimizer.update_part``: every bucket of layers),
 - ``fences``: the node-shared memory fences (``mpi-shm``), including the wait for the slowest
@@ -61,11 +61,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
     flags = [*BASE, *(QUICK_XPNN if args.quick else []), *args.passthrough_args]
-    from xpnn import cli
+    from xpnn.flags import ArgError, build_parser
 
     try:
-        cli.build_parser().parse_args(flags)
-    except cli.ArgError as exc:  # xpnn's one-line usage error
+        build_parser().parse_args(flags)
+    except ArgError as exc:  # xpnn's one-line usage error
         raise BenchError(str(exc)) from None
     ranks = run_worker(WORKER, args.ranks, flags, args.timeout)
     command = f"python -m bench step_phases --ranks {args.ranks} {' '.join(flags)}"
@@ -85,14 +85,21 @@ def last_epoch(steps: list[dict[str, float]], per_epoch: int) -> tuple[dict, dic
 
 def time_phases(argv: Sequence[str], callbacks: Sequence[Any] = ()) -> Any:
     """Train with ``python -m xpnn``'s flags ``argv`` and a ``PhaseTimer``; the timer, or
-    None where training failed (xpnn said why)."""
-    from xpnn import cli
+    None where training failed (xpnn said why, in flags)."""
+    from xpnn.errors import worded
+    from xpnn.flags import build_parser, flag_words, to_spec
+    from xpnn.run import launch
     from xpnn.train import PhaseTimer
 
+    def say(line: str, err: bool = False) -> None:
+        print(flag_words(line), file=sys.stderr if err else sys.stdout, flush=True)
+
     timer = PhaseTimer()
+    spec = to_spec(build_parser().parse_args(list(argv)))  # checked before the job started
     gc.disable()  # see the module's docstring
     try:
-        code = cli.main(list(argv), callbacks=[timer, *callbacks])
+        with worded(flag_words):
+            code = launch(spec, [timer, *callbacks], log=say, warn=lambda line: say(line, True))
     finally:
         gc.enable()
     return timer if code == 0 and timer.trainer is not None and timer.steps else None

@@ -61,7 +61,7 @@ def sides_of(args: argparse.Namespace) -> dict[str, list[str]]:
     """Each side's added xpnn flags, checked as xpnn checks them, before any job starts (a
     trainer would create files): a problem is named where it was given, ``--a``, ``--b`` or
     after ``--``."""
-    from xpnn import cli
+    from xpnn.flags import ArgError, build_parser
 
     sides = {}
     for s in SIDES:
@@ -71,12 +71,12 @@ def sides_of(args: argparse.Namespace) -> dict[str, list[str]]:
             raise BenchError(f"--{s}: {exc}") from None
     if sides["a"] == sides["b"]:
         raise BenchError("--a and --b give the same arguments: nothing to compare")
-    parser = cli.build_parser()
+    parser = build_parser()
 
     def parse(flags: list[str], where: str) -> argparse.Namespace:
         try:
             return parser.parse_args(flags)
-        except cli.ArgError as exc:
+        except ArgError as exc:
             raise BenchError(where.format(exc)) from None
 
     defaults, common = parser.parse_args([]), parse(args.common, "{} (after --)")
@@ -125,7 +125,7 @@ def _epoch(trainer: Any, epoch: int) -> float:
 
 
 def _compare(out: str, rounds: int, specs: dict[str, Any], world: Any) -> int:
-    from xpnn.cli import flag_words
+    from xpnn.flags import flag_words
     from xpnn.run import build_run, notes
 
     trainers = {s: build_run(specs[s], world) for s in SIDES}
@@ -148,8 +148,8 @@ def _compare(out: str, rounds: int, specs: dict[str, Any], world: Any) -> int:
 
 def worker(out: str, rounds: int, flags: dict[str, list[str]]) -> int:
     """One rank of the job: both trainers, their epochs in turn; rank 0 writes ``out``."""
-    from xpnn.cli import build_parser, flag_words, to_spec
     from xpnn.errors import UserError, worded
+    from xpnn.flags import build_parser, flag_words, to_spec
     from xpnn.runtime import init_world, run_guarded
 
     parser = build_parser()

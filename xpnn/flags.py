@@ -1,0 +1,334 @@
+"""The training flags: an argparse parser with a flag per ``RunSpec`` field, its choices read
+from the registries that own them (backends, data sets, losses, schedules, communicators,
+parallel layouts), ``to_spec`` from parsed flags, and ``flag_words`` that says a library
+message's parameters as flags. The command line and the benchmarks share it."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
+
+from xpnn.backends import BACKENDS
+from xpnn.backends.base import DTYPES
+from xpnn.data.datasets import DATASETS
+from xpnn.errors import PARAM
+from xpnn.nn.losses import LOSSES
+from xpnn.nn.models import MLP_ACTIVATIONS
+from xpnn.optim import SCHEDULES
+from xpnn.parallel.comm import KINDS
+from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
+from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
+from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec
+
+__all__ = ["FLAGS", "ArgError", "build_info_parser", "build_parser", "flag_words", "to_spec"]
+
+
+class ArgError(Exception):
+    """A bad flag, in one line naming it (the parser's error, without the usage)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line naming it, with no usage dump, takes no
+    abbreviation (``--e 1`` is not ``--epochs 1``) and suggests the flag a typo meant."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ArgError(message.removeprefix("argument "))
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        known, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            raise ArgError(self._unknown(unknown))
+        return known
+
+    def _unknown(self, unknown: list[str]) -> str:
+        """argparse's line, with the closest flag for the first mistyped one (difflib)."""
+        flags = [f for action in self._actions for f in action.option_strings]
+        line = f"unrecognized arguments: {' '.join(unknown)}"
+        for word in unknown:
+            typed = word.split("=", 1)[0]
+            if typed.startswith("--"):
+                # a cut-short flag means the one it begins; else the closest spelling
+                close = [f for f in flags if f.startswith(typed)][:1]
+                close = close or difflib.get_close_matches(typed, flags, n=1, cutoff=0.6)
+                if close:
+                    return f"{line} (did you mean {close[0]}?)"
+        return line
+
+
+MOST = 2**31 - 1  # counts and sizes past this are typos, and past NumPy's or C's int types
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _positive_int(most: int = MOST):  # noqa: ANN202
+    def parse(text: str) -> int:
+        value = _int(text)
+        if not 1 <= value <= most:
+            bound = "at least 1" if value < 1 else f"at most {most}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+def _whole_number(most: int = MOST, shown: str = ""):  # noqa: ANN202
+    def parse(text: str) -> int:
+        value = _int(text)
+        if not 0 <= value <= most:
+            raise argparse.ArgumentTypeError(f"must be from 0 to {shown or most}, got {value}")
+        return value
+
+    return parse
+
+
+def _hidden(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(t) for t in text.split(","))  # "16,,8" is a typo, not "16,8"
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sizes like 512,256, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be positive, got {text!r}")
+    if max(sizes) > MOST:
+        raise argparse.ArgumentTypeError(f"sizes must be at most {MOST}, got {text!r}")
+    return sizes
+
+
+def _path(text: str) -> str:
+    """A file or directory name; an empty one is a slip (the shell's ``--save $UNSET``)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    return text
+
+
+def _float_from(low: float, inclusive: bool = True, most: float = math.inf):  # noqa: ANN202
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (value >= low if inclusive else value > low):  # also refuses nan
+            bound = f">= {low:g}" if inclusive else f"> {low:g}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        if math.isinf(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:.10g}, got {text}")
+        return value
+
+    return parse
+
+
+_seed = _whole_number(2**64 - 1, "2**64 - 1")  # a checkpoint keeps the seed as a uint64
+
+
+def build_info_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m xpnn info", description="What this machine offers to xpnn.")
+    p.add_argument("--json", action="store_true", help="machine-readable")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
+    p = _Parser(
+        prog="python -m xpnn",
+        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... [-o PNG]",
+        description="Train a network over xp, alone or under MPI (mpiexec -n N python -m xpnn "
+        "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
+        "the MPI library and whether it is CUDA-aware.",
+    )
+    a, count = p.add_argument, _positive_int()
+    a(
+        "--backend",
+        choices=BACKENDS,
+        help="array library (default numpy); numba adds compiled CPU kernels; auto: cupy where "
+        "a GPU is usable, else numba",
+    )
+    a(
+        "--model",
+        metavar="MODEL",
+        help="mlp (default), cnn, or your own: FILE.py:FUNCTION or package.module:FUNCTION, "
+        "a function f(input_shape, num_classes) returning an xpnn.nn.Sequential, imported by "
+        "every rank",
+    )
+    a("--hidden", type=_hidden, help="MLP hidden sizes (default 512,256)")
+    a(
+        "--activation",
+        choices=MLP_ACTIVATIONS,
+        help="the MLP's hidden layers' activation (default relu)",
+    )
+    a(
+        "--loss",
+        choices=list(LOSSES),
+        help="softmax_cross_entropy (default) or sigmoid_bce (one-vs-rest logistic losses)",
+    )
+    a(
+        "--dataset",
+        choices=DATASETS,
+        help="fashion-mnist (default), mnist, or synthetic: generated separable classes of "
+        "1x28x28 images, nothing to download",
+    )
+    a("--data-dir", type=_path, help="directory holding the four IDX files")
+    a(
+        "--replicate",
+        type=count,
+        help="repeat the training set K times (scaling studies; default 1)",
+    )
+    a(
+        "--synthetic-size",
+        type=count,
+        help=f"--dataset synthetic: training samples ({SYNTHETIC_SIZE:,})",
+    )
+    a("--epochs", type=count, help="passes over the training set (default 5)")
+    a("--batch-size", help="GLOBAL batch size (128), or 'full' for full-batch GD")
+    a("--per-rank-batch", type=count, help="batch per rank; the global batch is this x the ranks")
+    a(
+        "--lr",
+        type=_float_from(0.0, inclusive=False),
+        help="learning rate, the largest the schedule reaches (default 0.001)",
+    )
+    a(
+        "--lr-scaling",
+        choices=["none", "linear"],
+        help="linear: multiply --lr by the number of replicas, the ranks that split a batch "
+        "(Goyal et al.; default none)",
+    )
+    a(
+        "--warmup-epochs",
+        # past this the warmup's steps (epochs x steps an epoch) overflow a 64-bit count
+        type=_float_from(0.0, most=MOST),
+        help="raise the rate linearly from ~0 to --lr over E epochs (default 0)",
+    )
+    a(
+        "--schedule",
+        choices=SCHEDULES,
+        help="step: x0.1 every --step-epochs epochs; cosine: half a cosine towards 0 "
+        "(default constant)",
+    )
+    a("--step-epochs", type=count, help="--schedule step: epochs between decays (--epochs / 3)")
+    a(
+        "--optimizer",
+        choices=["sgd", "momentum", "adam"],
+        help="sgd, momentum (heavy ball, 0.9) or adam (betas 0.9, 0.999; default adam)",
+    )
+    a(
+        "--dtype",
+        choices=DTYPES,
+        help="the parameters' and activations' precision (default float32)",
+    )
+    a("--seed", type=_seed, help="initial weights, shuffles and dropout masks (default 0)")
+    a(
+        "--threads",
+        type=_positive_int(most=4096),  # past a few thousand, BLAS libraries overflow or crawl
+        help="BLAS/Numba threads per rank (default: the cores it may run on, shared with the "
+        "node's ranks that may run on them too)",
+    )
+    a("--metrics", type=_path, help="JSON-lines metrics file (rank 0 writes it)")
+    a("--save", type=_path, help="save parameters to FILE.npz at the end")
+    a(
+        "--checkpoint-dir",
+        type=_path,
+        help="write the network and optimizer state here after every epoch (rank 0)",
+    )
+    a("--resume", action="store_true", help="continue from the latest checkpoint")
+    a(
+        "--keep-checkpoints",
+        type=_whole_number(),
+        metavar="K",
+        help="keep the newest K checkpoints, deleting older ones once a new one is complete "
+        "(default 2; 0 keeps every one)",
+    )
+    a(
+        "--comm",
+        choices=[kind for kind in KINDS if kind != "self"],
+        help="how ranks exchange gradients (default auto: the fastest that works here)",
+    )
+    a(
+        "--bucket-mb",
+        # below ~1 kB a bucket is an allreduce per few values: a step takes seconds
+        type=_float_from(0.001, most=2**20),  # a TB bucket is a typo
+        help="allreduce bucket size in MiB (default 25; mpi-host and the GPU comms)",
+    )
+    a(
+        "--stall-warn",
+        type=_float_from(0.0, most=MOST),
+        metavar="S",
+        help="say where a rank waits once it has waited S seconds for the others in one "
+        "exchange (default 60; 0: never)",
+    )
+    a(
+        "--stall-abort",
+        type=_float_from(0.0, most=MOST),
+        metavar="S",
+        help="end the job (exit 124) once a rank has waited S seconds in one exchange, naming "
+        "the ranks that waited (default 0: never; e.g. 600 on a cluster)",
+    )
+    a(
+        "--node-share",
+        choices=NODE_SHARES,
+        help="mpi-shm: what the ranks of a node share, their gradients (summed by the update) "
+        "or the batch's activations (each rank computes some rows of every gradient; MLPs "
+        "only); auto (default): activations when they are fewer values than the parameters",
+    )
+    a(
+        "--parallel",
+        choices=PARALLEL,
+        help="data: each rank a share of every batch; tensor: each rank a slice of every "
+        "pair of Dense layers (MLP only); pipeline: each rank a run of consecutive layers "
+        "(default data)",
+    )
+    a(
+        "--model-ranks",
+        type=count,
+        help="--parallel tensor/pipeline: ranks that hold one replica of the network (default: "
+        "all); N ranks train N / K replicas data-parallel (2-D parallelism)",
+    )
+    a(
+        "--microbatches",
+        type=count,
+        help=f"--parallel pipeline: micro-batches per global batch (default {MICROBATCHES})",
+    )
+    a(
+        "--pipeline-schedule",
+        choices=list(PIPELINE_SCHEDULES),
+        help="--parallel pipeline: gpipe (all forwards, then all backwards; the default) or "
+        "1f1b (a forward and a backward in turn: activations of at most stages - s "
+        "micro-batches held, not M)",
+    )
+    a(
+        "--recompute",
+        action="store_true",
+        help="--parallel pipeline: keep each micro-batch's stage input, not its activations, "
+        "and run its forward again before its backward (less memory, one more forward)",
+    )
+    a("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(**{f.name: getattr(RunSpec, f.name) for f in fields(RunSpec)})
+    return p
+
+
+# Each parameter's flag: ``batch_size`` -> ``--batch-size``.
+FLAGS = {a.dest: a.option_strings[0] for a in build_parser()._actions if a.option_strings}
+FLAGS["progress"] = "--no-progress"
+
+
+def flag_words(text: str) -> str:
+    """A library message as the command line says it: each parameter named as its flag."""
+    return PARAM.sub(lambda m: FLAGS.get(m[1], m[0]), text)
+
+
+def to_spec(args: argparse.Namespace) -> RunSpec:
+    given = vars(args)
+    spec = RunSpec(**{f.name: given[f.name] for f in fields(RunSpec) if f.name in given})
+    spec.progress = not args.no_progress
+    return spec
