@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# The test command of README.md: lint, format check, the benchmark suite's quick report, then
+# The test command of README.md (it sets up ./.venv with ci/setup.sh where no virtual
+# environment is active and none is there): lint, format check, the benchmark suite's quick report, then
 # the whole test suite (CPU backends, real mpiexec runs, real Fashion-MNIST), which also checks
 # the import contracts (tests/test_architecture.py) and builds the user guide strictly
 # (tests/test_docs.py). GPU tests skip, saying why, where there is no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# An active virtual environment is used as it is; else ./.venv, set up first if it is missing.
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  [ -x .venv/bin/mpiexec ] || bash ci/setup.sh --no-run
+  export VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH"
+fi
 ruff check .
 ruff format --check .
 # The benchmark suite's quick report: it builds, every table has rows, every PNG is valid.
