@@ -173,11 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(LOSSES),
         help="softmax_cross_entropy (default) or sigmoid_bce (one-vs-rest logistic losses)",
     )
+    synthetic = "generated separable classes of 1x28x28 images, nothing to download"
     a(
         "--dataset",
         choices=DATASETS,
-        help="fashion-mnist (default), mnist, or synthetic: generated separable classes of "
-        "1x28x28 images, nothing to download",
+        help=f"fashion-mnist (default), mnist, or synthetic: {synthetic}",
     )
     a("--data-dir", type=_path, help="directory holding the four IDX files")
     a(
