@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--optimizer",
         choices=["sgd", "momentum", "adam"],
-        help="sgd, momentum (heavy ball, 0.9) or adam (betas 0.9, 0.999; default adam)",
+        help="sgd, momentum (heavy ball, 0.9) or adam (betas 0.9, 0.999) (default adam)",
     )
     a(
         "--dtype",

@@ -100,7 +100,7 @@ def test_what_cannot_be_split_is_a_user_error(layers, message):
 
 def test_a_layer_that_declares_no_split_is_named():
     with pytest.raises(
-        UserError, match=r"Conv2D\(.*cannot be split \(its `tensor_split` is 'none'"
+        UserError, match=r"Conv2D\(.*cannot be split \(it declares tensor_split 'none'"
     ):
         split_layers(build_model("cnn").layers, 0, 2)
 

@@ -89,8 +89,8 @@ def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
         if layer.tensor_split not in allowed:
             where = "between a split pair " if i in inside else ""
             raise UserError(
-                f"`parallel` tensor: {layer!r} cannot be split {where}(its `tensor_split` is "
-                f"{layer.tensor_split!r}); use `parallel` data or pipeline"
+                f"`parallel` tensor: {layer!r} cannot be split {where}(it declares "
+                f"tensor_split {layer.tensor_split!r}); use `parallel` data or pipeline"
             )
     out = list(layers)
     for first, second in pairs:
