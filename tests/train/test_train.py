@@ -13,7 +13,7 @@ from conftest import ROOT, run_xpnn
 PEAKS = """
 import json
 import numpy as np
-from xpnn.train import peak_rss_mb
+from xpnn.runtime import peak_rss_mb
 before = peak_rss_mb()
 block = np.ones(200 * 2**20 // 8)  # 200 MiB, every page written
 print(json.dumps([before, peak_rss_mb()]))

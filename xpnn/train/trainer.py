@@ -3,7 +3,6 @@ the gradient scaled by 1 / global batch, so the ranks' gradients sum to the 1-ra
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
@@ -23,6 +22,7 @@ from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL, Groups
 from xpnn.parallel.model.whole import whole_params, whole_size
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
 from xpnn.runtime import stall
+from xpnn.runtime.memory import peak_rss_mb
 from xpnn.train.callbacks import (
     Callback,
     Checkpoints,
@@ -101,20 +101,6 @@ class TrainingDiverged(RuntimeError):
     def __init__(self, epoch: int) -> None:
         super().__init__(f"training diverged in epoch {epoch} (the loss is not finite)")
         self.epoch = epoch
-
-
-def peak_rss_mb() -> float | None:
-    """Peak resident memory in MiB (or None): VmHWM, as ``ru_maxrss`` survives fork and exec."""
-    with contextlib.suppress(OSError), open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)  # kB
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)  # bytes / KiB
 
 
 def warmup_steps(epochs: float, steps_per_epoch: int) -> int:
