@@ -177,9 +177,9 @@ def build_run(
         what = "the check that every rank has the same data"
         allgather = functools.partial(world.allgather_obj, what=what)
         agree_on_user_errors(world, lambda: check_same_data(data, spec.data_dir, allgather))
-        counts = world.allgather_obj(cfg.extra["threads"], "the gathering of thread counts")
+        counts = world.allgather_obj(cfg.facts.threads, "the gathering of thread counts")
         if len(set(counts)) > 1:  # other cores or `threads`: the metrics carry every rank's
-            cfg.extra["threads_per_rank"] = counts
+            cfg.facts.threads_per_rank = counts
     # A separate phase: on GPU backends building the communicators talks to the other ranks.
     groups = agree_on_user_errors(
         world, lambda: make_groups(world, place, backend, spec.comm, spec.parallel)
@@ -245,7 +245,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     from xpnn.parallel.model.layout import place_of
     from xpnn.parallel.update import DEFAULT_BUCKET_MB
     from xpnn.runtime.threads import apply_threads, threads_per_rank
-    from xpnn.train import TrainConfig
+    from xpnn.train import RunFacts, TrainConfig
 
     if spec.resume and not spec.checkpoint_dir:
         raise UserError("`resume`: needs `checkpoint_dir`")
@@ -315,22 +315,23 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         bucket_mb=DEFAULT_BUCKET_MB if spec.bucket_mb is None else spec.bucket_mb,
         node_share=spec.node_share or "auto",
         **({} if spec.keep_checkpoints is None else {"keep_checkpoints": spec.keep_checkpoints}),
-        network={"loss": spec.loss, **({"activation": activation} if spec.model == "mlp" else {})},
-        extra={
-            "threads": thread_info["threads"],
-            "model": model_name(spec.model),
-            "dataset": spec.dataset,
-            "global_batch": batch,
-            "dtype": spec.dtype,
-            "parallel": spec.parallel,
-            "model_ranks": place.model_ranks,
-            "replicas": replicas,
-        },
+        facts=RunFacts(
+            threads=thread_info["threads"],
+            model=model_name(spec.model),
+            dataset=spec.dataset,
+            global_batch=batch,
+            dtype=spec.dtype,
+            parallel=spec.parallel,
+            model_ranks=place.model_ranks,
+            replicas=replicas,
+            loss=spec.loss,
+            activation=activation if spec.model == "mlp" else None,
+        ),
     )
     if spec.parallel == "pipeline":  # as the stage settled them
-        cfg.extra["microbatches"] = model.microbatches
-        cfg.extra["pipeline_schedule"] = model.schedule
-        cfg.extra["recompute"] = model.recompute
+        cfg.facts.microbatches = model.microbatches
+        cfg.facts.pipeline_schedule = model.schedule
+        cfg.facts.recompute = model.recompute
     return backend, data, model, cfg, place
 
 
@@ -340,6 +341,7 @@ def summary(trainer: Any) -> list[str]:
     from xpnn.runtime.threads import describe_threads
 
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
+    threads = describe_threads(cfg.facts.record())
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
     line = model.summary()
     if is_spread(model):  # tensor and pipeline parallel: rank 0 holds a part
@@ -350,7 +352,7 @@ def summary(trainer: Any) -> list[str]:
         line,
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
         f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {trainer.backend.describe()}, "
-        f"comm {groups.name}{note}, {trainer.comm.size} rank(s) x {describe_threads(cfg.extra)}",
+        f"comm {groups.name}{note}, {trainer.comm.size} rank(s) x {threads}",
     ]
 
 
@@ -370,7 +372,7 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
     if spec.parallel == "pipeline":
         # a batch is cut into at most one micro-batch per sample: more are never run
         batch = min(cfg.batch_size, n_train or cfg.batch_size)
-        replicas = cfg.extra.get("replicas", 1)
+        replicas = cfg.facts.replicas or 1
         share = -(-batch // replicas)  # the largest share of a batch a replica gets
         if spec.microbatches is not None and spec.microbatches > share:
             whose = "each replica's share of a batch" if replicas > 1 else "a batch"
@@ -394,7 +396,7 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
             f"`warmup_epochs` {spec.warmup_epochs:g} is longer than the run (`epochs` "
             f"{spec.epochs}): the rate never reaches `lr`"
         )
-    threads, share = cfg.extra["threads"], world.cores or node_cores()
+    threads, share = cfg.facts.threads, world.cores or node_cores()
     if world.crowded:
         notes.append(
             f"{world.local_size} ranks on this node share fewer cores than there are ranks "

@@ -3,9 +3,9 @@
 
 from xpnn.train.callbacks import Callback, Checkpoints, EpochLog, FaultInjection
 from xpnn.train.callbacks import MetricsFile, PhaseTimer, ProgressBar
-from xpnn.train.trainer import TrainConfig, Trainer, TrainingDiverged
+from xpnn.train.trainer import RunFacts, TrainConfig, Trainer, TrainingDiverged
 from xpnn.train.trainer import warmup_steps
 
 __all__ = ["Callback", "Checkpoints", "EpochLog", "FaultInjection", "MetricsFile", "PhaseTimer"]
 __all__ += ["ProgressBar", "TrainConfig", "Trainer", "TrainingDiverged"]
-__all__ += ["warmup_steps"]
+__all__ += ["RunFacts", "warmup_steps"]

@@ -7,7 +7,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,39 @@ from xpnn.train.callbacks import (
 
 
 @dataclass
+class RunFacts:
+    """What every metrics line says about the run beyond the trainer's settings, and what a
+    resume must match of the network (``loss``, ``activation``); None: not said."""
+
+    threads: int | None = None  # BLAS/Numba threads of each rank
+    model: str | None = None
+    dataset: str | None = None
+    global_batch: int | None = None
+    dtype: str | None = None
+    parallel: str | None = None
+    model_ranks: int | None = None
+    replicas: int | None = None
+    threads_per_rank: list[int] | None = None  # where the ranks' counts differ
+    microbatches: int | None = None  # a pipeline's, as its stage settled them
+    pipeline_schedule: str | None = None
+    recompute: bool | None = None
+    loss: str | None = None  # what a resume must match
+    activation: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The keys a metrics line carries (DESIGN.md's contract)."""
+        said = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: v for k, v in said.items() if v is not None and k not in NETWORK}
+
+    def network(self) -> dict[str, Any]:
+        """What a resume must match beyond shapes: the loss, the MLP's activation."""
+        return {k: getattr(self, k) for k in NETWORK if getattr(self, k) is not None}
+
+
+NETWORK = ("loss", "activation")
+
+
+@dataclass
 class TrainConfig:
     epochs: int = 5
     batch_size: int = 128  # global batch: the run's mathematics do not depend on the rank count
@@ -56,8 +89,7 @@ class TrainConfig:
     stall_abort: float = 0.0  # ... till the job is ended (0: never)
     progress: bool = False
     parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
-    extra: dict = field(default_factory=dict)  # more keys for every metrics line
-    network: dict = field(default_factory=dict)  # activation, loss: what a resume must match
+    facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
 
     def __post_init__(self) -> None:
         """What the command line refuses, refused here too for programs that build a config."""
@@ -249,7 +281,7 @@ class Trainer:
             "model_comm": self.model_comm.name,  # within a replica ("self": one rank holds it)
             "data_comm": self.data_comm.name,  # between replicas ("self": only one replica)
             "update": self.update.name,  # how the replicas' gradients become one update
-            **cfg.extra,
+            **cfg.facts.record(),
         }
         for callback in self.callbacks:
             callback.on_train_begin(self)
@@ -370,7 +402,7 @@ class Trainer:
         return {
             "global_batch": self.cfg.batch_size,
             "train_samples": self.n_train,
-            **self.cfg.network,
+            **self.cfg.facts.network(),
         }
 
     def settings(self) -> dict[str, Any]:

@@ -162,7 +162,10 @@ def test_two_and_three_ranks_tensor_parallel_compute_the_one_rank_run(tmp_path, 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--model", "cnn"], "--parallel tensor: Conv2D(32, 3x3, relu) cannot be split (it declares"),
+        (
+            ["--model", "cnn"],
+            "--parallel tensor: Conv2D(32, 3x3, relu) cannot be split (it declares",
+        ),
         (["--hidden", "1,8"], "a layer of 1 units cannot be split over 2 ranks"),
     ],
 )
