@@ -83,3 +83,21 @@ def test_a_factory_that_raises_is_named(tmp_path):
     (tmp_path / "bad.py").write_text("def build(shape, classes):\n    raise KeyError('x')\n")
     proc = run_xpnn(["--model", f"{tmp_path / 'bad.py'}:build", *FLOAT64], timeout=120)
     assert_one_line_user_error(proc, "bad.py:build: it raised KeyError: 'x'")
+
+
+def test_run_from_python_raises_run_failed_with_the_exit_code(tmp_path):
+    """``xpnn.run.run``: one line naming the parameter (not the flag), then ``RunFailed``."""
+    script = tmp_path / "bad_run.py"
+    script.write_text(
+        "from xpnn.run import RunFailed, RunSpec, run\n"
+        "try:\n"
+        "    run(RunSpec(model='absent.py:build', dataset='synthetic', progress=False))\n"
+        "except RunFailed as exc:\n"
+        "    print('exit code', exc.exit_code)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "exit code 2"
+    assert proc.stderr.strip() == "xpnn: `model` absent.py:build: no file absent.py"
