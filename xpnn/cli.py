@@ -132,7 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="array library (default numpy); numba adds compiled CPU kernels; auto: cupy where "
         "a GPU is usable, else numba",
     )
-    a("--model", choices=["mlp", "cnn"], help="(default mlp)")
+    a(
+        "--model",
+        choices=["mlp", "cnn", "gpt"],
+        help="(default mlp); gpt: a character-level "
+        "transformer for --dataset tinyshakespeare or text",
+    )
+    a("--layers", type=count, help="gpt: transformer blocks (default 4)")
+    a("--heads", type=count, help="gpt: attention heads a block, dividing --embed (default 4)")
+    a("--embed", type=count, help="gpt: embedding width (default 128)")
+    a("--block", type=count, help="gpt: context length in characters (default 64)")
     a("--hidden", type=_hidden, help="MLP hidden sizes (default 512,256)")
     a("--activation", choices=["relu", "sigmoid", "tanh"], help="MLP (relu)")
     a(
@@ -140,8 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["softmax_cross_entropy", "sigmoid_bce"],
         help="softmax_cross_entropy (default) or sigmoid_bce (one-vs-rest logistic losses)",
     )
-    a("--dataset", choices=["mnist", "fashion-mnist", "synthetic"], help="(default fashion-mnist)")
-    a("--data-dir", type=_path, help="directory holding the four IDX files")
+    a(
+        "--dataset",
+        choices=["mnist", "fashion-mnist", "synthetic", "tinyshakespeare", "text"],
+        help="(default fashion-mnist); tinyshakespeare and text (a UTF-8 file as --data-dir) "
+        "train --model gpt",
+    )
+    a(
+        "--data-dir",
+        type=_path,
+        help="directory holding the four IDX files (tinyshakespeare: its input.txt; text: "
+        "the file)",
+    )
     a(
         "--replicate",
         type=count,

@@ -23,11 +23,15 @@ class RunSpec:
     """The choices of one run; ``None`` is "the default", so that an ignored one can be said."""
 
     backend: str = "numpy"  # numpy, numba, cupy, auto
-    model: str = "mlp"  # mlp, cnn
+    model: str = "mlp"  # mlp, cnn, gpt
+    layers: int | None = None  # gpt: transformer blocks (GPT_DEFAULTS)
+    heads: int | None = None  # gpt: attention heads a block
+    embed: int | None = None  # gpt: embedding width
+    block: int | None = None  # gpt: context length, the text windows' length
     hidden: tuple[int, ...] | None = None  # MLP hidden sizes (HIDDEN)
     activation: str | None = None  # MLP: relu (default), sigmoid, tanh
     loss: str = "softmax_cross_entropy"  # or sigmoid_bce
-    dataset: str = "fashion-mnist"  # mnist, fashion-mnist, synthetic
+    dataset: str = "fashion-mnist"  # mnist, fashion-mnist, synthetic, tinyshakespeare, text
     data_dir: str | None = None  # the four IDX files (default: the system copy, or download)
     replicate: int = 1  # the training set repeated this many times
     synthetic_size: int | None = None  # dataset "synthetic": training samples (SYNTHETIC_SIZE)
@@ -148,7 +152,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     """Everything rank-local the user's input can fail: no communication, agreed on after."""
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
-    from xpnn.nn import build_model
+    from xpnn.nn import build_model, gpt
     from xpnn.parallel.model.layout import place_of
     from xpnn.parallel.update import DEFAULT_BUCKET_MB
     from xpnn.runtime.threads import apply_threads, threads_per_rank
@@ -172,6 +176,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             replicate=spec.replicate,
             synthetic_size=size,
             seed=spec.seed,
+            block=gpt_settings(spec)["block"],
         )
     except MemoryError as exc:  # replicate=100000000: NumPy says how much it wanted
         what = [f"`synthetic_size` {size}"] if spec.dataset == "synthetic" else []
@@ -181,7 +186,11 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     if spec.model == "cnn" and tuple(data.input_shape) != (1, 28, 28):
         raise UserError(f"`model` cnn: needs 1x28x28 images, {spec.dataset} has {data.input_shape}")
     hidden, activation = spec.hidden or HIDDEN, spec.activation or "relu"
-    model = build_model(spec.model, hidden, activation, data.num_classes, spec.loss)
+    check_text_model(spec, data)
+    if spec.model == "gpt":
+        model = gpt(data.num_classes, **gpt_settings(spec))
+    else:
+        model = build_model(spec.model, hidden, activation, data.num_classes, spec.loss)
     place = place_of(world.rank, world.size, spec.parallel, spec.model_ranks)
     if spec.parallel == "tensor":
         from xpnn.parallel.model.tensor import split_layers
@@ -220,7 +229,11 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         bucket_mb=DEFAULT_BUCKET_MB if spec.bucket_mb is None else spec.bucket_mb,
         node_share=spec.node_share or "auto",
         **({} if spec.keep_checkpoints is None else {"keep_checkpoints": spec.keep_checkpoints}),
-        network={"loss": spec.loss, **({"activation": activation} if spec.model == "mlp" else {})},
+        network={
+            "loss": spec.loss,
+            **({"activation": activation} if spec.model == "mlp" else {}),
+            **gpt_identity(spec, data),
+        },
         extra={
             "threads": thread_info["threads"],
             "model": spec.model,
@@ -237,6 +250,43 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         cfg.extra["pipeline_schedule"] = model.schedule
         cfg.extra["recompute"] = model.recompute
     return backend, data, model, cfg, place
+
+
+def gpt_settings(spec: RunSpec) -> dict[str, int]:
+    """The GPT's sizes: the given ones, else ``GPT_DEFAULTS``."""
+    from xpnn.nn.gpt import GPT_DEFAULTS
+
+    return {
+        k: default if getattr(spec, k) is None else getattr(spec, k)
+        for k, default in GPT_DEFAULTS.items()
+    }
+
+
+def gpt_identity(spec: RunSpec, data: Any) -> dict[str, Any]:
+    """What a checkpoint of a GPT must say to be sampled from (``xpnn generate``) and resumed."""
+    if spec.model != "gpt":
+        return {}
+    return {"model": "gpt", **gpt_settings(spec), "vocab": data.vocab.chars}
+
+
+def check_text_model(spec: RunSpec, data: Any) -> None:
+    """A GPT reads text; the image models read images."""
+    is_text = data.vocab is not None
+    if spec.model == "gpt" and not is_text:
+        raise UserError(
+            f"`model` gpt: needs a text data set (`dataset` tinyshakespeare or text), "
+            f"not {spec.dataset}"
+        )
+    if spec.model != "gpt" and is_text:
+        raise UserError(f"`dataset` {spec.dataset}: a text data set trains `model` gpt")
+    sizes = gpt_settings(spec)
+    if spec.model == "gpt" and sizes["embed"] % sizes["heads"]:
+        raise UserError(
+            f"`heads` {sizes['heads']}: does not divide `embed` {sizes['embed']} "
+            "(each head takes an equal share of the embedding)"
+        )
+    if spec.model == "gpt" and spec.loss != "softmax_cross_entropy":
+        raise UserError("`loss`: `model` gpt trains with softmax_cross_entropy at every position")
 
 
 def summary(trainer: Any) -> list[str]:
@@ -316,6 +366,7 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
 OPTIONAL = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
 OPTIONAL += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
 OPTIONAL += ("synthetic_size", "keep_checkpoints")  # settings whose None means "not given"
+OPTIONAL += ("layers", "heads", "embed", "block")
 
 
 def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
@@ -334,6 +385,9 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
         found.append((f"`comm` {spec.comm}", "on 1 rank: there is nothing to exchange"))
     for name in ("hidden", "activation"):
         if name in given and spec.model != "mlp":
+            found.append((f"`{name}`", f"with `model` {spec.model}"))
+    for name in ("layers", "heads", "embed", "block"):
+        if name in given and spec.model != "gpt":
             found.append((f"`{name}`", f"with `model` {spec.model}"))
     for name in ("microbatches", "pipeline_schedule", "recompute"):
         if name in given and spec.parallel != "pipeline":

@@ -18,11 +18,12 @@ import numpy as np
 from xpnn.data.batches import check_int, check_seed
 from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
 from xpnn.data.idx import IdxError, read_idx, read_idx_pair
+from xpnn.data.text import TEXT_DATASETS, load_text
 from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
 
 NUM_CLASSES = 10
-DATASETS = ("mnist", "fashion-mnist", "synthetic")
+DATASETS = ("mnist", "fashion-mnist", "synthetic", *TEXT_DATASETS)
 
 # role -> standard file name; the same four names for MNIST and Fashion-MNIST
 FILES = {
@@ -89,6 +90,7 @@ class Dataset:
     y_test: np.ndarray
     num_classes: int
     train_repeats: int = 1
+    vocab: Any = None  # a text set's ``Vocabulary``: its ids' characters
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -114,11 +116,15 @@ def load_dataset(
     synthetic_shape: tuple[int, ...] = (1, 28, 28),
     seed: int = 0,
     download: bool = True,
+    block: int = 64,
 ) -> Dataset:
     """Load a dataset by name; ``replicate`` K repeats the training set K times (more work per
-    epoch for scaling studies, the same learning). ``seed`` only affects the synthetic set."""
+    epoch for scaling studies, the same learning). ``seed`` affects the synthetic set and a
+    text set's windows; ``block`` is a text set's window length (``xpnn.data.text``)."""
     check_int("replicate", replicate, 1)
-    if name == "synthetic":
+    if name in TEXT_DATASETS:
+        dataset = load_text(name, data_dir, block, seed, download=download)
+    elif name == "synthetic":
         dataset = make_synthetic(synthetic_size, tuple(synthetic_shape), seed)
     elif name in SOURCES:
         dataset = _load_idx_dataset(name, data_dir, download)

@@ -1,6 +1,8 @@
-"""Tensor parallelism, Megatron-LM's pairing for an MLP: of each pair of Dense layers the first
-is split by columns, the second by rows (one allreduce each way); a Dense left over is
-replicated. Every rank draws the whole initial weights and keeps its slice."""
+"""Tensor parallelism, Megatron-LM's pairing: of each pair of Dense layers the first is split by
+columns, the second by rows (one allreduce each way). The pairs are the ones a model's layers
+declare (``Layer.tensor_pairs``: attention heads, a transformer's MLP), else an MLP's Dense
+layers in turn; what is left is replicated. Every rank draws the whole initial weights and
+keeps its slice."""
 
 from __future__ import annotations
 
@@ -68,8 +70,33 @@ class RowDense(_SplitDense):
         return z
 
 
+def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
+    """Swap the Dense pairs each layer declares in ``tensor_pairs`` (attention heads, a
+    transformer's MLP) for this rank's column- and row-split twins; the rest is replicated."""
+    for top in layers:
+        for layer in list(top.walk()):
+            for column, row, column_group, row_group in layer.tensor_pairs:
+                first, second = layer.children[column], layer.children[row]
+                groups = first.units // column_group
+                if groups < size:
+                    raise UserError(
+                        f"`parallel` tensor: {layer!r} splits into {groups} parts, fewer than "
+                        f"the {size} ranks (use at most {groups} ranks a replica, or `parallel` "
+                        "data or pipeline)"
+                    )
+                lo, hi = shard_bounds(groups, rank, size)
+                bounds = (lo * column_group, hi * column_group)
+                layer.children[column] = ColumnDense(first.units, first.activation, bounds)
+                bounds = (lo * row_group, hi * row_group)
+                layer.children[row] = RowDense(second.units, second.activation, bounds)
+    return layers
+
+
 def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
-    """``layers`` with their Dense layers paired into split ones for ``rank`` of ``size``."""
+    """``layers`` with their Dense layers paired into split ones for ``rank`` of ``size``:
+    the pairs the layers declare (``Layer.tensor_pairs``), else an MLP's Dense layers in turn."""
+    if any(inner.tensor_pairs for top in layers for inner in top.walk()):
+        return split_declared(layers, rank, size)
     if not all(isinstance(layer, (Flatten, Dense)) for layer in layers):
         raise UserError("`parallel` tensor: only MLPs (Flatten and Dense layers) can be split")
     dense = [i for i, layer in enumerate(layers) if isinstance(layer, Dense)]

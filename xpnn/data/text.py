@@ -1,0 +1,142 @@
+"""Character-level text: tiny Shakespeare (downloaded, hash-checked) or any UTF-8 file.
+
+The characters of the file, sorted, are the vocabulary; the first 90 % of the text trains, the
+rest validates. A training sample is a window of ``block`` characters at a start drawn from
+the seed and the sample's index, its labels the window one character later: the trainer's
+epoch order (seed, epoch) then fixes which windows each global step takes, so N ranks draw what
+one rank draws. An epoch is ``windows`` such windows. Validation is the fixed set of
+consecutive, non-overlapping windows of the held-out text.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
+from xpnn.errors import UserError
+
+TEXT_DATASETS = ("tinyshakespeare", "text")
+TRAIN_FRACTION = 0.9
+TEXT_WINDOWS = 32 * 500  # windows an epoch: 500 steps of batch 32
+WINDOW_SALT = 0x7E47  # keys the window starts apart from every other draw of the seed
+
+SHAKESPEARE_FILE = "input.txt"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_MIRRORS = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/",
+)
+SHAKESPEARE_MIRRORS_ENV = "XPNN_TINYSHAKESPEARE_MIRRORS"
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The characters a model reads and writes, id ``i`` being ``chars[i]``."""
+
+    chars: str
+
+    def encode(self, text: str) -> np.ndarray:
+        index = {c: i for i, c in enumerate(self.chars)}
+        unknown = sorted(set(text) - index.keys())
+        if unknown:
+            raise UserError(f"text: characters outside the vocabulary: {''.join(unknown)[:20]!r}")
+        return np.fromiter((index[c] for c in text), dtype=np.int32, count=len(text))
+
+    def decode(self, ids: np.ndarray) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+
+def shakespeare_path(data_dir: str | os.PathLike | None, download: bool = True) -> Path:
+    """``input.txt``: in ``data_dir`` (a directory holding it, or the file), else the download
+    cache, fetched when needed; its SHA-256 is checked either way."""
+    if data_dir is not None:
+        path = Path(data_dir)
+        if path.is_dir():
+            path = path / SHAKESPEARE_FILE
+        if not path.is_file():
+            raise UserError(f"`data_dir` {data_dir}: no {SHAKESPEARE_FILE} there")
+        if sha256_file(path) != SHAKESPEARE_SHA256:
+            raise UserError(
+                f"`data_dir` {path}: not tiny Shakespeare's {SHAKESPEARE_FILE} (its SHA-256 "
+                f"differs; for another text use `dataset` text)"
+            )
+        return path
+    cache = default_cache_dir() / "tinyshakespeare"
+    if download:
+        override = os.environ.get(SHAKESPEARE_MIRRORS_ENV, "")
+        mirrors = [m.strip() for m in override.split(",") if m.strip()]
+        return fetch(
+            SHAKESPEARE_FILE, SHAKESPEARE_SHA256, mirrors or list(SHAKESPEARE_MIRRORS), cache
+        )
+    path = cache / SHAKESPEARE_FILE
+    if not cached(path, SHAKESPEARE_SHA256):
+        raise UserError(
+            f"{path}: not in the download cache and downloading is off "
+            f"(pass `data_dir` holding {SHAKESPEARE_FILE})"
+        )
+    return path
+
+
+def read_text(path: str | os.PathLike, what: str = "`data_dir`") -> str:
+    """The UTF-8 text of ``path``, or a one-line UserError naming ``what``."""
+    try:
+        return Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {path}: a directory; `dataset` text reads one file") from None
+    except OSError as exc:
+        raise UserError(f"{what} {path}: {exc.strerror or exc}") from None
+
+
+def window_starts(count: int, limit: int, seed: int) -> np.ndarray:
+    """``count`` window starts in ``[0, limit)``, sample ``i``'s from (seed, i) alone."""
+    return np.random.default_rng([seed, WINDOW_SALT]).integers(0, limit, size=count)
+
+
+def text_dataset(name: str, text: str, block: int, seed: int, windows: int = TEXT_WINDOWS):
+    """A ``Dataset`` of ``windows`` training windows of ``block`` characters and the held-out
+    text's consecutive windows; ``num_classes`` is the vocabulary's size."""
+    from xpnn.data.datasets import Dataset
+
+    vocab = Vocabulary("".join(sorted(set(text))))
+    ids = vocab.encode(text)
+    cut = int(len(ids) * TRAIN_FRACTION)
+    train, held = ids[:cut], ids[cut:]
+    if len(train) <= block or len(held) <= block:
+        raise UserError(
+            f"`data_dir`: {len(ids):,} characters are too few for windows of `block` {block} "
+            f"(90 % trains, 10 % validates: each part needs more than {block})"
+        )
+    starts = window_starts(windows, len(train) - block, seed)
+    spans = starts[:, None] + np.arange(block)
+    n_val = (len(held) - 1) // block
+    val = held[: n_val * block + 1]
+    x_test = val[:-1].reshape(n_val, block)
+    y_test = val[1:].reshape(n_val, block)
+    return Dataset(
+        name, train[spans], train[spans + 1], x_test, y_test, len(vocab.chars), vocab=vocab
+    )
+
+
+def load_text(
+    name: str,
+    data_dir: str | os.PathLike | None,
+    block: int,
+    seed: int,
+    windows: int = TEXT_WINDOWS,
+    download: bool = True,
+):
+    """``tinyshakespeare`` (downloaded unless ``data_dir``) or ``text`` (``data_dir`` a file)."""
+    if name == "tinyshakespeare":
+        path = shakespeare_path(data_dir, download)
+    elif data_dir is None:
+        raise UserError("`dataset` text: needs `data_dir`, the UTF-8 file to train on")
+    else:
+        path = Path(data_dir)
+    return text_dataset(name, read_text(path), block, seed, windows)
