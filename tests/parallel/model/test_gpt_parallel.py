@@ -1,0 +1,89 @@
+"""The GPT under data, tensor (heads split) and pipeline (blocks staged) parallelism: each
+equals one rank in float64, under real mpiexec, and tensor splits cut whole heads."""
+
+import numpy as np
+import pytest
+from conftest import assert_one_line_user_error, run_xpnn, train_and_load
+
+from xpnn.backends import get_backend
+from xpnn.nn import gpt
+from xpnn.parallel.model.tensor import ColumnDense, RowDense, split_layers
+from xpnn.parallel.model.whole import whole_size
+
+
+def write_text(path) -> str:
+    """A few thousand characters of seeded words: a small vocabulary with structure."""
+    rng = np.random.default_rng(0)
+    words = ["to", "be", "or", "not", "the", "king", "queen", "shall", "my", "lord"]
+    text = " ".join(rng.choice(words, 900)) + "\n"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def gpt_args(tmp_path) -> list[str]:
+    corpus = write_text(tmp_path / "corpus.txt")
+    return [
+        "--model", "gpt", "--dataset", "text", "--data-dir", corpus, "--layers", "2",
+        "--heads", "2", "--embed", "8", "--block", "6", "--batch-size", "4000", "--epochs", "1",
+        "--dtype", "float64", "--lr", "0.01", "--threads", "1", "--no-progress",
+    ]  # fmt: skip
+
+
+def test_tensor_split_keeps_whole_heads_of_the_one_rank_weights():
+    backend = get_backend("numpy", "float64")
+    full = gpt(7, layers=1, heads=2, embed=8, block=4).build((4,), backend, 3).named_params()
+    parts = []
+    for rank in range(2):
+        model = gpt(7, layers=1, heads=2, embed=8, block=4)
+        split_layers(model.layers, rank, 2)
+        attn = model.layers[2].children["attn"].children["sa"]
+        assert isinstance(attn.children["qkv"], ColumnDense)
+        assert isinstance(attn.children["proj"], RowDense)
+        model.build((4,), backend, 3)
+        parts.append(model.named_params())
+        assert whole_size(model) == sum(p.size for p in full.values())
+    qkv = "layer2.attn.sa.qkv.W"
+    assert parts[0][qkv].shape == (8, 12)  # one head: its 4 query, key and value columns
+    np.testing.assert_array_equal(np.hstack([p[qkv] for p in parts]), full[qkv])
+    for name in ("layer2.attn.sa.proj.W", "layer2.mlp.ff.down.W"):
+        np.testing.assert_array_equal(np.vstack([p[name] for p in parts]), full[name])
+    for name in ("layer0.W", "layer2.attn.ln.gamma", "layer2.attn.sa.proj.b", "layer4.W"):
+        np.testing.assert_array_equal(parts[1][name], full[name])  # replicated
+
+
+@pytest.mark.parametrize(
+    "ranks, mode",
+    [
+        (2, ["--parallel", "data"]),
+        (2, ["--parallel", "tensor"]),
+        (2, ["--parallel", "pipeline", "--microbatches", "3"]),
+        (3, ["--parallel", "pipeline", "--pipeline-schedule", "1f1b", "--microbatches", "4"]),
+        (4, ["--parallel", "tensor", "--model-ranks", "2"]),  # 2 replicas x 2 tensor ranks
+    ],
+    ids=["data", "tensor", "pipeline", "pipeline-1f1b", "tensor-x-data"],
+)
+def test_parallel_gpt_computes_the_one_rank_run(tmp_path, ranks, mode):
+    args = gpt_args(tmp_path)
+    one, rec1, _ = train_and_load(tmp_path, 1, args)
+    got, rec, _ = train_and_load(tmp_path, ranks, [*args, *mode])
+    assert list(got) == list(one)
+    assert "layer2.attn.sa.qkv.W" in one
+    for name in one:
+        # the key bias's gradient is 0 but for round-off (softmax ignores a row's shift): its
+        # values are round-off, compared against the largest value of the parameter
+        scale = np.abs(one[name]).max()
+        close = {"rtol": 1e-9, "atol": 1e-9 * scale, "err_msg": name}
+        np.testing.assert_allclose(got[name], one[name], **close)
+    assert rec[-1]["ranks_agree"]
+    assert rec[0]["test_loss"] == pytest.approx(rec1[0]["test_loss"], rel=1e-9)
+    vocab = len(set((tmp_path / "corpus.txt").read_text()))
+    assert rec1[0]["test_loss"] < np.log(vocab)  # it learned: better than a uniform guess
+
+
+def test_a_gpt_needs_text_and_heads_dividing_the_embedding(tmp_path):
+    proc = run_xpnn(["--model", "gpt", "--dataset", "synthetic", "--epochs", "1"])
+    assert_one_line_user_error(proc, "--model gpt: needs a text data set")
+    proc = run_xpnn([*gpt_args(tmp_path), "--heads", "3"])
+    assert_one_line_user_error(proc, "--heads 3: does not divide --embed 8")
+    proc = run_xpnn([*gpt_args(tmp_path), "--parallel", "tensor"], ranks=3)
+    assert_one_line_user_error(proc, "splits into 2 parts, fewer than the 3 ranks")
