@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from xpnn.errors import PARAM, UserError, path_problems, user_message, worded
+from xpnn.generate import main as generate_main
 from xpnn.info import info_main
 from xpnn.interrupts import hand_over
 from xpnn.plot import main as plot_main
@@ -445,6 +446,8 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
+    if argv and argv[0] == "generate":
+        return generate_main(argv[1:])
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
     parser = build_info_parser() if command == "info" else build_parser()
     try:

@@ -10,9 +10,11 @@ consecutive, non-overlapping windows of the held-out text.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -140,3 +142,16 @@ def load_text(
     else:
         path = Path(data_dir)
     return text_dataset(name, read_text(path), block, seed, windows)
+
+
+def text_metrics(dataset: Any, loss: float, accuracy: float, samples_per_s: float) -> dict:
+    """A text set's evaluation in its own words: ``val_loss`` (nats per character),
+    ``perplexity``, ``next_char_acc`` and ``tokens_per_s``; nothing for other sets."""
+    if dataset.vocab is None:
+        return {}
+    return {
+        "val_loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),  # a diverged run's loss overflows exp
+        "next_char_acc": accuracy,
+        "tokens_per_s": samples_per_s * dataset.x_train.shape[1],
+    }

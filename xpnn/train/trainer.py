@@ -15,6 +15,7 @@ import numpy as np
 
 from xpnn import checkpoint
 from xpnn.data import Dataset, global_batches, shard
+from xpnn.data.text import text_metrics
 from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
 from xpnn.nn.layer import Context, is_int
@@ -308,6 +309,7 @@ class Trainer:
                 "comm_bytes_per_step": (data_bytes + model_bytes) / len(batches),
                 "data_comm_bytes": data_bytes,
                 "model_comm_bytes": model_bytes,
+                **text_metrics(self.data, test_loss, test_acc, self.n_train / seconds),
                 **common,
             }
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged
@@ -322,6 +324,7 @@ class Trainer:
         whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
         digests = comm.allgather_obj(arrays_digest(whole.values()))  # equal, or parallelism broke
         peak_rss = comm.allgather_obj(peak_rss_mb())
+        trained = max(cfg.epochs - start_epoch, 0) * self.n_train  # samples this run trained
         done = {
             "event": "done",
             "epochs": max(cfg.epochs, start_epoch),  # a resumed checkpoint may be further on
@@ -332,6 +335,7 @@ class Trainer:
             "params_sha256": digests[0],
             "ranks_agree": len(set(digests)) == 1,
             "peak_rss_mb": peak_rss,  # by rank: where a pipeline stage or a slice weighs most
+            **text_metrics(self.data, test_loss, test_acc, trained / max(total_seconds, 1e-9)),
             **common,
         }
         if self.is_root and cfg.save:  # first: a done line promises the saved parameters
