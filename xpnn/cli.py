@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
     p = _Parser(
         prog="python -m xpnn",
-        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... [-o PNG]",
+        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... [-o PNG]"
+        "  |  generate CHECKPOINT [--chars N]",
         description="Train a network over xp, alone or under MPI (mpiexec -n N python -m xpnn "
         "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
         "the MPI library and whether it is CUDA-aware.",
