@@ -57,11 +57,11 @@ def sample(
     from xpnn.nn.layer import Context
 
     if temperature <= 0:
-        raise UserError(f"`temperature`: must be > 0, got {temperature}")
+        raise UserError(f"temperature: must be > 0, got {temperature}")
     index = {c: i for i, c in enumerate(vocab)}
     unknown = sorted(set(prompt) - index.keys())
     if unknown:
-        raise UserError(f"`prompt`: characters the model never saw: {''.join(unknown)!r}")
+        raise UserError(f"prompt: characters the model never saw: {''.join(unknown)!r}")
     ids = [index[c] for c in prompt] or [0]
     block = model.shapes[0][0]
     rng = np.random.default_rng(seed)
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
             raise UserError(f"--temperature: must be > 0, got {temperature}")
         text = sample(model, vocab, args.chars, temperature, args.seed, args.prompt)
     except UserError as exc:
-        print(f"xpnn generate: {exc}".replace("`prompt`", "--prompt"), file=sys.stderr)
+        print(f"xpnn generate: {exc}".replace("prompt:", "--prompt:"), file=sys.stderr)
         return 2
     print(args.prompt + text if args.prompt != "\n" else text)
     return 0
