@@ -123,7 +123,9 @@ def load_dataset(
     text set's windows; ``block`` is a text set's window length (``xpnn.data.text``)."""
     check_int("replicate", replicate, 1)
     if name in TEXT_DATASETS:
-        dataset = load_text(name, data_dir, block, seed, download=download)
+        split = load_text(name, data_dir, block, seed, download=download)
+        arrays = (split.x_train, split.y_train, split.x_test, split.y_test)
+        dataset = Dataset(name, *arrays, len(split.vocab.chars), vocab=split.vocab)
     elif name == "synthetic":
         dataset = make_synthetic(synthetic_size, tuple(synthetic_shape), seed)
     elif name in SOURCES:

@@ -101,11 +101,20 @@ def window_starts(count: int, limit: int, seed: int) -> np.ndarray:
     return np.random.default_rng([seed, WINDOW_SALT]).integers(0, limit, size=count)
 
 
-def text_dataset(name: str, text: str, block: int, seed: int, windows: int = TEXT_WINDOWS):
-    """A ``Dataset`` of ``windows`` training windows of ``block`` characters and the held-out
-    text's consecutive windows; ``num_classes`` is the vocabulary's size."""
-    from xpnn.data.datasets import Dataset
+@dataclass(frozen=True)
+class TextSplit:
+    """The training windows and their labels, the validation windows and theirs, the vocab."""
 
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    vocab: Vocabulary
+
+
+def text_split(text: str, block: int, seed: int, windows: int = TEXT_WINDOWS) -> TextSplit:
+    """``windows`` training windows of ``block`` characters and the held-out text's
+    consecutive windows, as ids of the text's vocabulary."""
     vocab = Vocabulary("".join(sorted(set(text))))
     ids = vocab.encode(text)
     cut = int(len(ids) * TRAIN_FRACTION)
@@ -121,9 +130,7 @@ def text_dataset(name: str, text: str, block: int, seed: int, windows: int = TEX
     val = held[: n_val * block + 1]
     x_test = val[:-1].reshape(n_val, block)
     y_test = val[1:].reshape(n_val, block)
-    return Dataset(
-        name, train[spans], train[spans + 1], x_test, y_test, len(vocab.chars), vocab=vocab
-    )
+    return TextSplit(train[spans], train[spans + 1], x_test, y_test, vocab)
 
 
 def load_text(
@@ -133,7 +140,7 @@ def load_text(
     seed: int,
     windows: int = TEXT_WINDOWS,
     download: bool = True,
-):
+) -> TextSplit:
     """``tinyshakespeare`` (downloaded unless ``data_dir``) or ``text`` (``data_dir`` a file)."""
     if name == "tinyshakespeare":
         path = shakespeare_path(data_dir, download)
@@ -141,7 +148,7 @@ def load_text(
         raise UserError("`dataset` text: needs `data_dir`, the UTF-8 file to train on")
     else:
         path = Path(data_dir)
-    return text_dataset(name, read_text(path), block, seed, windows)
+    return text_split(read_text(path), block, seed, windows)
 
 
 def text_metrics(dataset: Any, loss: float, accuracy: float, samples_per_s: float) -> dict:
