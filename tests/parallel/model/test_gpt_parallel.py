@@ -87,3 +87,15 @@ def test_a_gpt_needs_text_and_heads_dividing_the_embedding(tmp_path):
     assert_one_line_user_error(proc, "--heads 3: does not divide --embed 8")
     proc = run_xpnn([*gpt_args(tmp_path), "--parallel", "tensor"], ranks=3)
     assert_one_line_user_error(proc, "splits into 2 parts, fewer than the 3 ranks")
+
+
+def test_a_gpt_checkpoint_resumes_exactly(tmp_path):
+    """Nested names carry the parameters and Adam's state: 1 epoch + resume = 2 epochs."""
+    args = [*gpt_args(tmp_path), "--epochs", "2"]
+    straight, _, _ = train_and_load(tmp_path, 1, args)
+    ck = str(tmp_path / "ck")
+    first = run_xpnn([*gpt_args(tmp_path), "--checkpoint-dir", ck])
+    assert first.returncode == 0, first.stderr
+    resumed, _, _ = train_and_load(tmp_path, 1, [*args, "--checkpoint-dir", ck, "--resume"])
+    for name in straight:
+        np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
