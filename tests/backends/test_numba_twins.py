@@ -30,8 +30,6 @@ CASES = {
     "_sgd",
     "_momentum",
     "_adam",
-    "_causal_softmax",
-    "_causal_softmax_backward",
 }
 
 
@@ -251,16 +249,3 @@ def test_sgd_dispatch_on_both_sides_of_the_threshold(n, build, dtype, monkeypatc
     twin(p, g, lr)
     assert called == [build]
     np.testing.assert_allclose(p, want, rtol=0, atol=1e-7)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_causal_softmax_and_backward(dtype):
-    """Per row, the same arithmetic in both builds: exact."""
-    rng = np.random.default_rng(7)
-    s = (rng.standard_normal((ROWS, 11, 11)) * 3).astype(dtype)
-    (p_s, args_s), (p_p, args_p) = _both("_causal_softmax", (s, np.empty_like(s)))
-    np.testing.assert_array_equal(p_p, p_s)
-    _assert_same_arrays(args_s, args_p)
-    dp = rng.standard_normal(s.shape).astype(dtype)
-    (ds_s, _), (ds_p, _) = _both("_causal_softmax_backward", (dp, p_s, np.empty_like(s)))
-    np.testing.assert_array_equal(ds_p, ds_s)
