@@ -274,6 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
         "micro-batches held, not M)",
     )
     a(
+        "--tensor-ranks",
+        type=count,
+        help="--parallel pipeline: ranks that split each stage tensor-parallel (default 1); "
+        "--model-ranks K makes K / T stages, N / K replicas (3-D parallelism)",
+    )
+    a(
         "--recompute",
         action="store_true",
         help="--parallel pipeline: keep each micro-batch's stage input, not its activations, "

@@ -61,6 +61,7 @@ class RunSpec:
     model_ranks: int | None = None  # tensor/pipeline: ranks of one replica (default: all)
     microbatches: int | None = None  # pipeline: micro-batches per batch (MICROBATCHES)
     pipeline_schedule: str | None = None  # pipeline: gpipe (default) or 1f1b
+    tensor_ranks: int | None = None  # pipeline: ranks splitting each stage tensor-parallel (1)
     recompute: bool | None = None  # pipeline: run a stage's forward again before its backward
     progress: bool = True  # a progress bar on rank 0's terminal
 
@@ -98,6 +99,10 @@ def build_run(
         world, lambda: make_groups(world, place, backend, spec.comm, spec.parallel)
     )
     model.attach(groups.model)  # split layers and pipeline stages talk within their replica
+    if spec.parallel == "pipeline" and (spec.tensor_ranks or 1) > 1:  # 3-D: a stage's parts
+        model.attach_split(
+            agree_on_user_errors(world, lambda: stage_comm(world, place, model, backend, spec))
+        )
     # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a user error said once.
     return agree_on_user_errors(
         world,
@@ -192,10 +197,12 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     else:
         model = build_model(spec.model, hidden, activation, data.num_classes, spec.loss)
     place = place_of(world.rank, world.size, spec.parallel, spec.model_ranks)
-    if spec.parallel == "tensor":
+    part, parts = tensor_part(spec, place, model)  # a pipeline stage's tensor part (0, 1: none)
+    if spec.parallel == "tensor" or parts > 1:
         from xpnn.parallel.model.tensor import split_layers
 
-        model.layers = split_layers(model.layers, place.index, place.model_ranks)
+        split = (place.index, place.model_ranks) if spec.parallel == "tensor" else (part, parts)
+        model.layers = split_layers(model.layers, *split)
     try:
         if spec.parallel == "pipeline":
             from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE, build_stage
@@ -205,11 +212,12 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
                 data.input_shape,
                 backend,
                 spec.seed,
-                place.index,
-                place.model_ranks,
+                place.index // parts,
+                place.model_ranks // parts,
                 microbatches=spec.microbatches or MICROBATCHES,
                 schedule=spec.pipeline_schedule or DEFAULT_SCHEDULE,
                 recompute=bool(spec.recompute),
+                tensor=(part, parts),
             )
         else:
             model.build(data.input_shape, backend, spec.seed)
@@ -249,7 +257,38 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         cfg.extra["microbatches"] = model.microbatches
         cfg.extra["pipeline_schedule"] = model.schedule
         cfg.extra["recompute"] = model.recompute
+        cfg.extra["tensor_ranks"] = model.parts
     return backend, data, model, cfg, place
+
+
+def tensor_part(spec: RunSpec, place: Any, model: Any) -> tuple[int, int]:
+    """(this rank's tensor part of its pipeline stage, the parts a stage): a replica of K
+    ranks is K / T stages of T parts, stage s part p on its rank s * T + p."""
+    parts = spec.tensor_ranks or 1
+    if spec.parallel != "pipeline" or parts == 1:
+        return 0, 1
+    if not any(inner.tensor_pairs for top in model.layers for inner in top.walk()):
+        # an MLP's pairs are top-level layers, which a stage boundary could separate
+        raise UserError(
+            f"`tensor_ranks` {parts}: `model` {spec.model} declares no splits inside its "
+            "layers (`model` gpt does); use `parallel` tensor"
+        )
+    if place.model_ranks % parts:
+        raise UserError(
+            f"`tensor_ranks` {parts}: does not divide a replica's {place.model_ranks} ranks "
+            "into pipeline stages"
+        )
+    return place.index % parts, parts
+
+
+def stage_comm(world: Any, place: Any, model: Any, backend: Any, spec: RunSpec) -> Any:
+    """The communicator of this rank's pipeline stage's tensor parts (collective)."""
+    from xpnn.parallel.comm import make_communicator
+    from xpnn.parallel.model.layout import sub_world
+
+    sub = sub_world(world, place.replica * model.stages + model.index)
+    kind = "auto" if spec.comm == "mpi-shm" else spec.comm
+    return make_communicator(sub, backend, kind, "tensor")
 
 
 def gpt_settings(spec: RunSpec) -> dict[str, int]:
@@ -366,7 +405,7 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
 OPTIONAL = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
 OPTIONAL += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
 OPTIONAL += ("synthetic_size", "keep_checkpoints")  # settings whose None means "not given"
-OPTIONAL += ("layers", "heads", "embed", "block")
+OPTIONAL += ("layers", "heads", "embed", "block", "tensor_ranks")
 
 
 def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
@@ -389,7 +428,7 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
     for name in ("layers", "heads", "embed", "block"):
         if name in given and spec.model != "gpt":
             found.append((f"`{name}`", f"with `model` {spec.model}"))
-    for name in ("microbatches", "pipeline_schedule", "recompute"):
+    for name in ("microbatches", "pipeline_schedule", "recompute", "tensor_ranks"):
         if name in given and spec.parallel != "pipeline":
             found.append((f"`{name}`", "without `parallel` pipeline"))
     if "step_epochs" in given and spec.schedule != "step":

@@ -59,8 +59,11 @@ def test_tensor_split_keeps_whole_heads_of_the_one_rank_weights():
         (2, ["--parallel", "pipeline", "--microbatches", "3"]),
         (3, ["--parallel", "pipeline", "--pipeline-schedule", "1f1b", "--microbatches", "4"]),
         (4, ["--parallel", "tensor", "--model-ranks", "2"]),  # 2 replicas x 2 tensor ranks
+        (4, ["--parallel", "pipeline", "--tensor-ranks", "2", "--pipeline-schedule", "1f1b"]),
+        # 3-D: 2 replicas x 2 stages x 2 tensor parts
+        (8, ["--parallel", "pipeline", "--tensor-ranks", "2", "--model-ranks", "4"]),
     ],
-    ids=["data", "tensor", "pipeline", "pipeline-1f1b", "tensor-x-data"],
+    ids=["data", "tensor", "pipeline", "pipeline-1f1b", "tensor-x-data", "pipeline-x-tensor", "3d"],
 )
 def test_parallel_gpt_computes_the_one_rank_run(tmp_path, ranks, mode):
     args = gpt_args(tmp_path)
@@ -87,6 +90,11 @@ def test_a_gpt_needs_text_and_heads_dividing_the_embedding(tmp_path):
     assert_one_line_user_error(proc, "--heads 3: does not divide --embed 8")
     proc = run_xpnn([*gpt_args(tmp_path), "--parallel", "tensor"], ranks=3)
     assert_one_line_user_error(proc, "splits into 2 parts, fewer than the 3 ranks")
+    three = ["--parallel", "pipeline", "--tensor-ranks", "2"]
+    proc = run_xpnn([*gpt_args(tmp_path), *three], ranks=3)
+    assert_one_line_user_error(proc, "--tensor-ranks 2: does not divide a replica's 3 ranks")
+    proc = run_xpnn(["--dataset", "synthetic", "--epochs", "1", *three], ranks=2)
+    assert_one_line_user_error(proc, "--model mlp declares no splits inside its layers")
 
 
 def test_a_gpt_checkpoint_resumes_exactly(tmp_path):

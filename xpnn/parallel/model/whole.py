@@ -12,11 +12,12 @@ import numpy as np
 def whole_arrays(model: Any, comm: Any, pieces: dict[str, Any]) -> dict[str, np.ndarray]:
     """``pieces`` (stable name -> this rank's part) made whole on every rank (collective)."""
     to_host = model.backend.to_host
+    split_comm = getattr(model, "split_comm", None) or comm  # a stage's tensor parts
     out = {}
     for key, layer, name in model.param_names():
         value = to_host(pieces[key])
         axis = getattr(layer, "split", {}).get(name)
-        out[key] = value if axis is None else np.concatenate(comm.allgather_obj(value), axis)
+        out[key] = value if axis is None else np.concatenate(split_comm.allgather_obj(value), axis)
     if getattr(model, "stages", 1) > 1:  # each rank holds other layers: rank order is theirs
         merged: dict[str, np.ndarray] = {}
         for part in comm.allgather_obj(out):
