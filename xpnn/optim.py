@@ -286,10 +286,8 @@ class Adam(Optimizer):
     def update(
         self, p: Array, g: Array, state: dict[str, Array], lr: float, decay: float = 1.0
     ) -> None:
-        self.kernels.adam_update(
-            p, g, state["m"], state["v"], lr, self.beta1, self.beta2, self.eps, self.step_count,
-            decay,
-        )  # fmt: skip
+        m, v, t = state["m"], state["v"], self.step_count
+        self.kernels.adam_update(p, g, m, v, lr, self.beta1, self.beta2, self.eps, t, decay)
 
 
 class AdamW(Adam):
