@@ -365,7 +365,9 @@ class Trainer:
             callback.on_train_begin(self)
         total_seconds = 0.0
         test_loss = test_acc = float("nan")
-        for epoch in range(start_epoch, cfg.epochs):
+        if cfg.steps is not None:
+            total_seconds, test_loss, test_acc = self._train_steps(cfg.steps)
+        for epoch in range(start_epoch, cfg.epochs if cfg.steps is None else 0):
             batches = global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)
             self.backend.synchronize()
             stall.in_phase(f"the start of epoch {epoch + 1}")
@@ -402,13 +404,15 @@ class Trainer:
                 "model_comm_bytes": model_bytes,
                 **common,
             }
+            if cfg.clip_norm is not None:  # the epoch's last step's, before clipping
+                record["grad_norm"] = self.optimizer.grad_norm
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged
                 callback.on_epoch_end(self, record)
             if not (math.isfinite(train_loss) and math.isfinite(test_loss)):  # every rank sees it
                 for callback in self.callbacks:
                     callback.on_train_end(self, {"event": "diverged", "epoch": epoch + 1})
                 raise TrainingDiverged(epoch + 1)
-        if start_epoch >= cfg.epochs:  # resumed with nothing left to train: score what we have
+        if cfg.steps is None and start_epoch >= cfg.epochs:  # resumed with nothing left to train
             test_loss, test_acc = self.evaluate()
         stall.in_phase("the end of the run")
         whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
@@ -416,7 +420,9 @@ class Trainer:
         peak_rss = comm.allgather_obj(peak_rss_mb())
         done = {
             "event": "done",
-            "epochs": max(cfg.epochs, start_epoch),  # a resumed checkpoint may be further on
+            # a resumed checkpoint may be further on
+            "epochs": self._epochs_seen if cfg.steps else max(cfg.epochs, start_epoch),
+            "steps": self.optimizer.step_count,
             "test_acc": test_acc,
             "test_loss": test_loss,
             "total_seconds": total_seconds,
@@ -432,6 +438,80 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_train_end(self, done)
         return done
+
+    def _train_steps(self, steps: int) -> tuple[float, float, float]:
+        """Train ``steps`` steps through as many epochs' batches as they take, with an ``eval``
+        record every ``eval_every`` steps; returns (seconds, test loss, test accuracy)."""
+        cfg, xp = self.cfg, self.xp
+        every = cfg.eval_every or steps
+        total_seconds, test_loss, test_acc = 0.0, float("nan"), float("nan")
+        step, epoch, span = 0, 0, None
+        while step < steps:
+            for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch):
+                if span is None:  # a span of steps between evaluations begins
+                    self.backend.synchronize()
+                    stall.in_phase(f"the start of step {step + 1}")
+                    self.comm.barrier()
+                    zero = xp.zeros((), dtype=xp.float64)
+                    span = {"t0": time.perf_counter(), "sent": -self.bytes_sent(), "steps": 0}
+                    span |= {"loss": zero, "correct": zero, "samples": 0}
+                for callback in self._step_begin:
+                    callback.on_step_begin(self, step)
+                loss, correct = self.step(batch, step)
+                span["loss"], span["correct"] = span["loss"] + loss, span["correct"] + correct
+                span["samples"] += len(batch)
+                span["steps"] += 1
+                for callback in self._step_end:
+                    callback.on_step_end(self, step)
+                step += 1
+                if step % every == 0 or step == steps:
+                    record = self._eval_record(step, epoch + 1, span)
+                    total_seconds += record["seconds"]
+                    test_loss, test_acc = record["test_loss"], record["test_acc"]
+                    span = None
+                if step == steps:
+                    break
+            epoch += 1
+        self._epochs_seen = epoch
+        return total_seconds, test_loss, test_acc
+
+    def _eval_record(self, step: int, epoch: int, span: dict[str, Any]) -> dict[str, Any]:
+        """The ``eval`` record of the steps in ``span``, given to every callback (collective)."""
+        sent = span["sent"] + self.bytes_sent()
+        self.backend.synchronize()
+        seconds = time.perf_counter() - span["t0"]
+        stall.in_phase(f"the evaluation at step {step}")
+        data_bytes, model_bytes = (int(b) for b in self.comm.allreduce_host(sent))
+        sums = self.metrics_comm.allreduce_host(
+            np.array([float(span["loss"]), float(span["correct"])], dtype=np.float64)
+        )
+        test_loss, test_acc = self.evaluate()
+        record = {
+            "event": "eval",
+            "step": step,
+            "epoch": step / self.steps_per_epoch,  # epochs' worth of batches, a fraction
+            "train_loss": sums[0] / span["samples"],
+            "train_acc": sums[1] / span["samples"],
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "seconds": seconds,
+            "samples_per_s": span["samples"] / seconds,
+            "lr": self.optimizer.lr,
+            "comm_bytes": data_bytes + model_bytes,
+            "comm_bytes_per_step": (data_bytes + model_bytes) / span["steps"],
+            "data_comm_bytes": data_bytes,
+            "model_comm_bytes": model_bytes,
+            **self.common,
+        }
+        if self.cfg.clip_norm is not None:
+            record["grad_norm"] = self.optimizer.grad_norm
+        for callback in self.callbacks:
+            callback.on_eval(self, record)
+        if not (math.isfinite(record["train_loss"]) and math.isfinite(test_loss)):
+            for callback in self.callbacks:
+                callback.on_train_end(self, {"event": "diverged", "epoch": epoch})
+            raise TrainingDiverged(epoch)
+        return record
 
     def _maybe_resume(self) -> int:
         cfg = self.cfg
