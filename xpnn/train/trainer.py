@@ -572,4 +572,11 @@ class Trainer:
             settings["step_epochs"] = self.step_epochs
         if cfg.schedule == "cosine":
             settings["epochs"] = cfg.epochs
+        recipe = ("momentum", "betas", "eps", "weight_decay", "warmup_steps", "clip_norm")
+        for name in recipe:  # as JSON gives them back: a list for a tuple
+            value = getattr(cfg, name)
+            if value is not None:
+                settings[name] = list(value) if isinstance(value, tuple) else value
+        if cfg.min_lr:
+            settings["min_lr"] = cfg.min_lr
         return settings
