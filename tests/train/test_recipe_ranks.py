@@ -4,7 +4,7 @@ micro-steps = 1 rank taking the same global batch at once."""
 
 import numpy as np
 import pytest
-from conftest import TINY_FLOAT64_RUN, run_xpnn, train_and_load
+from conftest import CNN_DROPOUT_RUN, TINY_FLOAT64_RUN, run_xpnn, train_and_load
 
 CLIP = 0.05  # below the gradients' norm in every step of this run: clipping always acts
 RECIPE = [
@@ -100,3 +100,17 @@ def test_bad_recipe_flags_are_one_line_errors(tmp_path, flags, message):
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_recipe_on_the_cnn_with_dropout(tmp_path):
+    """Convolution kernels decay as matrices; each micro-step draws its samples' own dropout
+    masks, so 2 ranks x 3 micro-steps are the 1-rank run."""
+    recipe = ["--optimizer", "adamw", "--weight-decay", "0.1", "--clip-norm", "0.01"]
+    one, rec1, _ = train_and_load(tmp_path, 1, [*CNN_DROPOUT_RUN, *recipe])
+    two, rec2, _ = train_and_load(
+        tmp_path, 2, [*CNN_DROPOUT_RUN, *recipe, "--accumulate", "3", "--comm", "mpi-host"]
+    )
+    for name in one:
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-9, atol=1e-12, err_msg=name)
+    assert rec2[0]["grad_norm"] == pytest.approx(rec1[0]["grad_norm"], rel=1e-9)
+    assert rec1[0]["grad_norm"] > 0.01
