@@ -125,10 +125,20 @@ class ProgressBar(Callback):
         self.bar = tqdm(total=total, desc=f"epoch {epoch + 1}", leave=False, unit="batch")
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
+        if self.bar is None:  # training by steps: one bar over the run's steps
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=trainer.cfg.steps, desc="steps", leave=False, unit="batch")
         self.bar.update()
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         self.bar.close()
+        self.bar = None
+
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 class Checkpoints(Callback):
