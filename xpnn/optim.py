@@ -194,13 +194,13 @@ class Optimizer:
 
     def _clip_scale(self, clip: GradClip) -> float | None:
         """The factor that brings the gradients' global norm to ``max_norm`` (None: within)."""
-        local = 0.0
+        local: Any = 0.0
         for index, (p, g, _) in enumerate(self._views):
             if isinstance(g, tuple):
                 g = self.kernels.sum_rows(g, self._summed[: p.shape[0]])
             for s in self._counted[index]:
-                local += self.kernels.sum_squares(g[s])
-        self.grad_norm = math.sqrt(clip.total(local))
+                local = local + self.kernels.sum_squares(g[s])
+        self.grad_norm = math.sqrt(clip.total(float(local)))  # the device's one wait
         factor = clip.max_norm / (self.grad_norm + 1e-6)  # PyTorch's guard against 0
         return factor if not factor >= 1.0 else None  # a nan norm makes the step nan
 

@@ -145,9 +145,10 @@ class Kernels:
         out[...] = total
         return out
 
-    def sum_squares(self, x: Array) -> float:
-        """The sum of the squares of the flat ``x`` (a gradient's norm, squared)."""
-        return float(self.xp.sum(x * x))
+    def sum_squares(self, x: Array) -> Array:
+        """The sum of the squares of the flat ``x`` (a gradient's norm, squared), a float64
+        scalar left on the device: the caller adds several, then reads one number."""
+        return self.xp.sum(x * x, dtype=self.xp.float64)
 
     def flush_subnormal(self, x: Array) -> None:
         """Zero the subnormal values of ``x``, keeping NaN and infinity: optimizer state of a dead

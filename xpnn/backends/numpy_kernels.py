@@ -65,7 +65,7 @@ class NumpyKernels(Kernels):
         return out
 
     def sum_squares(self, x):
-        return float(np.dot(x, x))  # BLAS, no temporary
+        return np.float64(np.dot(x, x))  # BLAS, no temporary
 
     def flush_subnormal(self, x):
         """Branch-free: a value whose exponent bits are all 0 is multiplied, as an integer, by 0
