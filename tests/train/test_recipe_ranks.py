@@ -2,6 +2,8 @@
 accumulation) on N ranks computes the 1-rank run, in float64 under real mpiexec: N ranks x K
 micro-steps = 1 rank taking the same global batch at once."""
 
+import json
+
 import numpy as np
 import pytest
 from conftest import CNN_DROPOUT_RUN, TINY_FLOAT64_RUN, run_xpnn, train_and_load
@@ -114,3 +116,24 @@ def test_the_recipe_on_the_cnn_with_dropout(tmp_path):
         np.testing.assert_allclose(two[name], one[name], rtol=1e-9, atol=1e-12, err_msg=name)
     assert rec2[0]["grad_norm"] == pytest.approx(rec1[0]["grad_norm"], rel=1e-9)
     assert rec1[0]["grad_norm"] > 0.01
+
+
+@pytest.mark.parametrize("node_share", ["gradients", "activations"])
+def test_the_recipe_over_two_nodes_of_shared_memory(tmp_path, one_rank, node_share):
+    """4 ranks as 2 nodes of 2 (each node one copy of the parameters, its ranks each a share):
+    the norm adds the shares of a node once, not once per node."""
+    saved, metrics = tmp_path / "p.npz", tmp_path / "m.jsonl"
+    flags = ["--comm", "mpi-shm", "--node-share", node_share, "--threads", "1"]
+    if node_share == "gradients":
+        flags += ["--accumulate", "2"]
+    proc = run_xpnn(
+        [*RECIPE, *flags, "--save", str(saved), "--metrics", str(metrics)],
+        ranks=4,
+        env={"XPNN_RANKS_PER_NODE": "2"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    with np.load(saved) as data:
+        got = {k: data[k] for k in data.files}
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert records[-1]["update"] == f"shared {node_share}"
+    _assert_same_run(got, records, one_rank)
