@@ -292,13 +292,17 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
     if spec.parallel == "pipeline":
         # a batch is cut into at most one micro-batch per sample: more are never run
         batch = min(cfg.batch_size, n_train or cfg.batch_size)
+        batch = -(-batch // spec.accumulate)  # what one micro-step of `accumulate` takes
         replicas = cfg.extra.get("replicas", 1)
         share = -(-batch // replicas)  # the largest share of a batch a replica gets
         if spec.microbatches is not None and spec.microbatches > share:
             whose = "each replica's share of a batch" if replicas > 1 else "a batch"
+            runs = "a step runs"
+            if spec.accumulate > 1:
+                whose, runs = f"{whose}'s micro-step (`accumulate`)", "each micro-step runs"
             notes.append(
                 f"`microbatches` {spec.microbatches} is more than the {share} sample(s) of "
-                f"{whose}: a step runs at most {share} micro-batch(es), of one sample each"
+                f"{whose}: {runs} at most {share} micro-batch(es), of one sample each"
             )
         if spec.recompute and min(spec.microbatches or MICROBATCHES, share) == 1:
             notes.append(
