@@ -208,19 +208,8 @@ class Trainer:
             clip = GradClip(cfg.clip_norm, self._norm_total, shared)
 
         def optimizer(params: Any, grads: Any, parts: Any = None, zeros: Any = None) -> Any:
-            kernels = backend.kernels
-            return make_optimizer(
-                cfg.optimizer,
-                params,
-                grads,
-                kernels,
-                schedule,
-                parts,
-                zeros,
-                **hyper,
-                matrices=matrices,
-                clip=clip,
-            )
+            args = (params, grads, backend.kernels, schedule, parts, zeros)
+            return make_optimizer(cfg.optimizer, *args, **hyper, matrices=matrices, clip=clip)
 
         bucket_bytes = int(cfg.bucket_mb * 2**20)
         self.update = make_update(
