@@ -108,6 +108,22 @@ def _float_from(low: float, inclusive: bool = True, most: float = math.inf):  # 
     return parse
 
 
+def _rate(text: str) -> float:
+    """A decay rate in [0, 1): momentum, Adam's betas."""
+    value = _float_from(0.0)(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be below 1, got {text}")
+    return value
+
+
+def _betas(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected two rates like 0.9,0.999, got {text!r}")
+    first, second = (_rate(part) for part in parts)
+    return first, second
+
+
 _seed = _whole_number(2**64 - 1, "2**64 - 1")  # a checkpoint keeps the seed as a uint64
 
 
@@ -196,7 +212,55 @@ def build_parser() -> argparse.ArgumentParser:
         "(default constant)",
     )
     a("--step-epochs", type=count, help="--schedule step: epochs between decays (--epochs / 3)")
-    a("--optimizer", choices=["sgd", "momentum", "adam"], help="(default adam)")
+    a(
+        "--warmup-steps",
+        type=_whole_number(),
+        help="the warmup counted in steps, instead of --warmup-epochs (default 0)",
+    )
+    a(
+        "--min-lr",
+        type=_float_from(0.0),
+        help="--schedule cosine: the rate the cosine ends at (default 0; at most --lr)",
+    )
+    a(
+        "--optimizer",
+        choices=["sgd", "momentum", "adam", "adamw"],
+        help="adamw: Adam with decoupled weight decay on the weight matrices (default adam)",
+    )
+    a("--momentum", type=_rate, help="--optimizer momentum: its coefficient (default 0.9)")
+    a("--betas", type=_betas, help="--optimizer adam/adamw: B1,B2 (default 0.9,0.999)")
+    a(
+        "--eps",
+        type=_float_from(0.0, inclusive=False),
+        help="--optimizer adam/adamw: added to the denominator (default 1e-8)",
+    )
+    a(
+        "--weight-decay",
+        type=_float_from(0.0),
+        help="--optimizer adamw: parameters with 2+ dimensions shrink by lr x this a step "
+        "(default 0.01; biases and norm gains never)",
+    )
+    a(
+        "--clip-norm",
+        type=_float_from(0.0, inclusive=False),
+        metavar="C",
+        help="scale each step's gradients down to global norm C, over the whole model on "
+        "any number of ranks (default: no clipping)",
+    )
+    a(
+        "--accumulate",
+        type=count,
+        metavar="K",
+        help="take each global batch in K micro-steps, summing their gradients: the same "
+        "step in less memory (default 1)",
+    )
+    a("--steps", type=count, help="train this many steps instead of --epochs")
+    a(
+        "--eval-every",
+        type=count,
+        metavar="M",
+        help="--steps: evaluate and write a record every M steps (default: at the end)",
+    )
     a("--dtype", choices=["float32", "float64"], help="(default float32)")
     a("--seed", type=_seed, help="initial weights, shuffles and dropout masks (default 0)")
     a(

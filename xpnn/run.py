@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.optim import HYPER_PARAMETERS
 from xpnn.runtime import stall
 
 BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
@@ -64,6 +65,16 @@ class RunSpec:
     tensor_ranks: int | None = None  # pipeline: ranks splitting each stage tensor-parallel (1)
     recompute: bool | None = None  # pipeline: run a stage's forward again before its backward
     progress: bool = True  # a progress bar on rank 0's terminal
+    momentum: float | None = None  # optimizer momentum (0.9)
+    betas: tuple[float, float] | None = None  # adam, adamw: (0.9, 0.999)
+    eps: float | None = None  # adam, adamw: (1e-8)
+    weight_decay: float | None = None  # adamw: decoupled, on matrices (0.01)
+    warmup_steps: int | None = None  # the warmup in steps, instead of warmup_epochs
+    min_lr: float | None = None  # schedule cosine: the rate it ends at (0)
+    clip_norm: float | None = None  # clip the gradients to this global norm
+    accumulate: int = 1  # micro-steps each global batch is taken in
+    steps: int | None = None  # train this many steps, not epochs
+    eval_every: int | None = None  # steps: an evaluation record every this many steps
 
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
@@ -230,6 +241,10 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     same = ("epochs", "optimizer", "schedule", "warmup_epochs", "step_epochs", "seed", "metrics")
     same += ("save", "checkpoint_dir", "resume", "progress", "parallel")  # as TrainConfig has them
     same += ("stall_warn", "stall_abort")
+    same += ("warmup_steps", "clip_norm", "accumulate", "steps", "eval_every")
+    if spec.warmup_steps is not None and spec.warmup_epochs > 0:
+        raise UserError("`warmup_steps` and `warmup_epochs`: give one")
+    hyper = {name: getattr(spec, name) for name in HYPER_PARAMETERS[spec.optimizer]}
     cfg = TrainConfig(
         **{name: getattr(spec, name) for name in same},
         batch_size=batch,
@@ -237,6 +252,8 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         bucket_mb=DEFAULT_BUCKET_MB if spec.bucket_mb is None else spec.bucket_mb,
         node_share=spec.node_share or "auto",
         **({} if spec.keep_checkpoints is None else {"keep_checkpoints": spec.keep_checkpoints}),
+        **hyper,
+        min_lr=spec.min_lr or 0.0,
         network={
             "loss": spec.loss,
             **({"activation": activation} if spec.model == "mlp" else {}),
@@ -364,13 +381,17 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
     if spec.parallel == "pipeline":
         # a batch is cut into at most one micro-batch per sample: more are never run
         batch = min(cfg.batch_size, n_train or cfg.batch_size)
+        batch = -(-batch // spec.accumulate)  # what one micro-step of `accumulate` takes
         replicas = cfg.extra.get("replicas", 1)
         share = -(-batch // replicas)  # the largest share of a batch a replica gets
         if spec.microbatches is not None and spec.microbatches > share:
             whose = "each replica's share of a batch" if replicas > 1 else "a batch"
+            runs = "a step runs"
+            if spec.accumulate > 1:
+                whose, runs = f"{whose}'s micro-step (`accumulate`)", "each micro-step runs"
             notes.append(
                 f"`microbatches` {spec.microbatches} is more than the {share} sample(s) of "
-                f"{whose}: a step runs at most {share} micro-batch(es), of one sample each"
+                f"{whose}: {runs} at most {share} micro-batch(es), of one sample each"
             )
         if spec.recompute and min(spec.microbatches or MICROBATCHES, share) == 1:
             notes.append(
@@ -406,6 +427,7 @@ OPTIONAL = ("hidden", "activation", "microbatches", "pipeline_schedule", "recomp
 OPTIONAL += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
 OPTIONAL += ("synthetic_size", "keep_checkpoints")  # settings whose None means "not given"
 OPTIONAL += ("layers", "heads", "embed", "block", "tensor_ranks")
+OPTIONAL += ("momentum", "betas", "eps", "weight_decay", "min_lr", "eval_every")
 
 
 def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
@@ -431,6 +453,13 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
     for name in ("microbatches", "pipeline_schedule", "recompute", "tensor_ranks"):
         if name in given and spec.parallel != "pipeline":
             found.append((f"`{name}`", "without `parallel` pipeline"))
+    for name in ("momentum", "betas", "eps", "weight_decay"):
+        if name in given and name not in HYPER_PARAMETERS[spec.optimizer]:
+            found.append((f"`{name}`", f"with `optimizer` {spec.optimizer}"))
+    if "min_lr" in given and spec.schedule != "cosine":
+        found.append(("`min_lr`", f"with `schedule` {spec.schedule}"))
+    if "eval_every" in given and spec.steps is None:
+        found.append(("`eval_every`", "without `steps`: each epoch ends with an evaluation"))
     if "step_epochs" in given and spec.schedule != "step":
         found.append(("`step_epochs`", f"with `schedule` {spec.schedule}"))
     if "model_ranks" in given and spec.parallel == "data":

@@ -28,6 +28,22 @@ def resolve_loss(loss: Any) -> Any:
     return loss
 
 
+def adding(
+    acc: Array, grads: Array, on_grads_ready: Callable[[int], None] | None
+) -> Callable[[int], None]:
+    """A backward's ``on_grads_ready`` that first adds ``acc`` (earlier passes' gradients,
+    summed) into each newly final ``grads[offset:]``, then reports it on."""
+    done = [grads.shape[0]]
+
+    def ready(offset: int) -> None:
+        grads[offset : done[0]] += acc[offset : done[0]]
+        done[0] = offset
+        if on_grads_ready is not None:
+            on_grads_ready(offset)
+
+    return ready
+
+
 class Sequential:
     scores = True  # its loss is the network's (a pipeline's earlier stages have none)
     input_grad = False  # whether backward returns the gradient of the model's input

@@ -107,3 +107,37 @@ def test_a_gpt_checkpoint_resumes_exactly(tmp_path):
     resumed, _, _ = train_and_load(tmp_path, 1, [*args, "--checkpoint-dir", ck, "--resume"])
     for name in straight:
         np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
+
+
+GPT_CLIP = 0.05  # below the gradients' global norm in every step: clipping always acts
+GPT_RECIPE = [
+    "--batch-size", "12", "--steps", "3", "--optimizer", "adamw", "--weight-decay", "0.1",
+    "--betas", "0.9,0.95", "--schedule", "cosine", "--warmup-steps", "1", "--min-lr", "0.001",
+    "--clip-norm", str(GPT_CLIP),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "ranks, mode",
+    [
+        (2, ["--parallel", "tensor"]),
+        (2, ["--parallel", "pipeline", "--microbatches", "2"]),
+        (4, ["--parallel", "pipeline", "--tensor-ranks", "2"]),  # stages x tensor parts
+    ],
+    ids=["tensor", "pipeline", "pipeline-x-tensor"],
+)
+def test_the_clipped_adamw_gpt_on_split_ranks_is_the_one_rank_run(tmp_path, ranks, mode):
+    """The global norm counts each split parameter's slices once and each replicated one
+    (LayerNorms, embeddings) once, over every stage and part: the clipped steps agree."""
+    args = [*gpt_args(tmp_path), *GPT_RECIPE]
+    one, rec1, _ = train_and_load(tmp_path, 1, args)
+    got, rec, _ = train_and_load(tmp_path, ranks, [*args, *mode])
+    for name in one:
+        scale = np.abs(one[name]).max()
+        close = {"rtol": 1e-9, "atol": 1e-9 * scale, "err_msg": name}
+        np.testing.assert_allclose(got[name], one[name], **close)
+    norms = [r["grad_norm"] for r in rec if "grad_norm" in r]
+    norms1 = [r["grad_norm"] for r in rec1 if "grad_norm" in r]
+    assert norms and norms == pytest.approx(norms1, rel=1e-9)
+    assert min(norms1) > GPT_CLIP
+    assert rec[-1]["ranks_agree"]

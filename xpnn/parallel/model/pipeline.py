@@ -14,7 +14,7 @@ from typing import Any
 from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
-from xpnn.nn.sequential import Sequential
+from xpnn.nn.sequential import Sequential, adding
 from xpnn.parallel.model.whole import whole_shape
 
 FORWARD_TAG, BACKWARD_TAG, EVAL_TAG = 1, 2, 3
@@ -256,17 +256,7 @@ class PipelineStage(Sequential):
 
     def _summing(self, acc: Array | None, on_grads_ready: Any) -> Any:
         """The last micro-batch's callback: add the earlier ones' gradients, then report."""
-        if acc is None:
-            return on_grads_ready
-        grads, done = self.grads, [self.size]
-
-        def ready(offset: int) -> None:
-            grads[offset : done[0]] += acc[offset : done[0]]
-            done[0] = offset
-            if on_grads_ready is not None:
-                on_grads_ready(offset)
-
-        return ready
+        return on_grads_ready if acc is None else adding(acc, self.grads, on_grads_ready)
 
     def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
         n = labels.shape[0]

@@ -42,6 +42,22 @@ def own_piece(layer: Any, name: str, whole: np.ndarray) -> np.ndarray:
     return whole if piece is None else piece(name, whole)
 
 
+def replicated_ranges(model: Any, parallel: str, model_rank: int) -> list[tuple[int, int]]:
+    """[start, end) ranges of this rank's flat buffer holding parameters that another rank of
+    its replica holds too (tensor parallelism's unsplit ones), counted there, not here: under
+    tensor parallelism the replica's rank is the part, under 3-D the stage's ``part``."""
+    part = model_rank if parallel == "tensor" else getattr(model, "part", 0)
+    if part == 0:
+        return []
+    out, offset = [], 0
+    for _, layer, name in model.param_names():
+        size = math.prod(layer.params[name].shape)
+        if name not in getattr(layer, "split", {}):
+            out.append((offset, offset + size))
+        offset += size
+    return out
+
+
 def is_spread(model: Any) -> bool:
     """Does this rank hold only part of the network (tensor or pipeline parallelism)?"""
     return whole_size(model) != model.size
