@@ -23,17 +23,29 @@ def test_windows_vocabulary_and_split(tmp_path):
     assert vocab.chars == "".join(sorted(set(TEXT))) and data.num_classes == len(vocab.chars)
     cut = int(len(TEXT) * 0.9)
     train, held = TEXT[:cut], TEXT[cut:]
-    assert data.x_train.shape == (text.TEXT_WINDOWS, 5)
-    for x, y in zip(data.x_train[:50], data.y_train[:50], strict=True):
+    assert data.n_train == text.TEXT_WINDOWS and data.input_shape == (5,)
+    stream = data.windows.stream
+    spans = data.windows.spans(seed=3, step=7, samples=np.arange(50))
+    for x, y in zip(stream[spans], stream[spans + 1], strict=True):
         window = vocab.decode(x) + vocab.decode(y[-1:])
         assert window in train and vocab.decode(y) == window[1:]
     joined = "".join(vocab.decode(row) for row in data.x_test)
     assert held.startswith(joined) and len(joined) == (len(held) - 1) // 5 * 5
     assert (data.y_test[:, :-1] == data.x_test[:, 1:]).all()
-    again = load_dataset("text", path, block=5, seed=3)
-    other = load_dataset("text", path, block=5, seed=4)
-    np.testing.assert_array_equal(again.x_train, data.x_train)  # the seed fixes the windows
-    assert not np.array_equal(other.x_train, data.x_train)
+
+
+def test_windows_are_fresh_each_step_and_fixed_by_seed_step_and_sample():
+    windows = text.TextWindows(np.arange(10_000, dtype=np.int32), block=8, per_epoch=1000)
+    samples = np.array([5, 900, 17, 3])
+    first = windows.starts(0, 4, samples)
+    np.testing.assert_array_equal(first, windows.starts(0, 4, samples))
+    # a sample's start does not depend on which other samples a rank draws with it
+    np.testing.assert_array_equal(first[1:3], windows.starts(0, 4, samples[1:3]))
+    assert not np.array_equal(first, windows.starts(0, 5, samples))  # the next step: fresh
+    assert not np.array_equal(first, windows.starts(1, 4, samples))  # another seed
+    everything = windows.starts(0, 4, np.arange(1000))
+    assert everything.min() >= 0 and everything.max() < 10_000 - 8
+    assert len(np.unique(everything)) > 900  # drawn across the whole text
 
 
 @pytest.mark.parametrize(

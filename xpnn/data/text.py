@@ -1,13 +1,13 @@
 """Character-level text: tiny Shakespeare (downloaded, hash-checked) or any UTF-8 file.
 
 The characters of the file, sorted, are the vocabulary; the first 90 % of the text trains, the
-rest validates. A training sample is a window of ``block`` characters at a start drawn from
-the seed and the sample's index, its labels the window one character later: the trainer's
-epoch order (seed, epoch) then fixes which windows each global step takes, so N ranks draw what
-one rank draws. An epoch is ``windows`` such windows. Validation is the fixed set of
+rest validates. A training sample is a window of ``block`` characters, its labels the window one
+character later, at a start drawn afresh for every step from (seed, global step, sample index):
+the trainer's batches fix which sample indices a global step takes, so N ranks draw what one
+rank draws, and no two steps reuse a set of windows. An epoch counts ``windows`` samples (a
+unit for runs by epochs; a run by ``steps`` needs none). Validation is the fixed set of
 consecutive, non-overlapping windows of the held-out text.
 """
-
 from __future__ import annotations
 
 import math
@@ -96,25 +96,44 @@ def read_text(path: str | os.PathLike, what: str = "`data_dir`") -> str:
         raise UserError(f"{what} {path}: {exc.strerror or exc}") from None
 
 
-def window_starts(count: int, limit: int, seed: int) -> np.ndarray:
-    """``count`` window starts in ``[0, limit)``, sample ``i``'s from (seed, i) alone."""
-    return np.random.default_rng([seed, WINDOW_SALT]).integers(0, limit, size=count)
+@dataclass(frozen=True)
+class TextWindows:
+    """The training text as ids and how samples become windows of it: sample ``i`` of global
+    step ``step`` starts at a position drawn from (seed, step) and ``i`` alone."""
+
+    stream: np.ndarray  # the training text's ids
+    block: int
+    per_epoch: int  # samples an epoch counts
+
+    @property
+    def limit(self) -> int:
+        """Window starts lie in ``[0, limit)``: each window and its labels fit in the text."""
+        return len(self.stream) - self.block
+
+    def starts(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
+        """The window starts of ``samples`` (indices below ``per_epoch``) at global ``step``."""
+        rng = np.random.default_rng([seed, WINDOW_SALT, step])
+        return rng.integers(0, self.limit, size=self.per_epoch)[samples]
+
+    def spans(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
+        """(len(samples), block) positions of the samples' windows in ``stream``; the labels
+        sit one position later."""
+        return self.starts(seed, step, samples)[:, None] + np.arange(self.block)
 
 
 @dataclass(frozen=True)
 class TextSplit:
-    """The training windows and their labels, the validation windows and theirs, the vocab."""
+    """The training windows, the validation windows and their labels, the vocabulary."""
 
-    x_train: np.ndarray
-    y_train: np.ndarray
+    train: TextWindows
     x_test: np.ndarray
     y_test: np.ndarray
     vocab: Vocabulary
 
 
-def text_split(text: str, block: int, seed: int, windows: int = TEXT_WINDOWS) -> TextSplit:
-    """``windows`` training windows of ``block`` characters and the held-out text's
-    consecutive windows, as ids of the text's vocabulary."""
+def text_split(text: str, block: int, windows: int = TEXT_WINDOWS) -> TextSplit:
+    """Windows of ``block`` characters of the text's first 90 % (``windows`` an epoch) and the
+    held-out text's consecutive windows, as ids of the text's vocabulary."""
     vocab = Vocabulary("".join(sorted(set(text))))
     ids = vocab.encode(text)
     cut = int(len(ids) * TRAIN_FRACTION)
@@ -124,20 +143,17 @@ def text_split(text: str, block: int, seed: int, windows: int = TEXT_WINDOWS) ->
             f"`data_dir`: {len(ids):,} characters are too few for windows of `block` {block} "
             f"(90 % trains, 10 % validates: each part needs more than {block})"
         )
-    starts = window_starts(windows, len(train) - block, seed)
-    spans = starts[:, None] + np.arange(block)
     n_val = (len(held) - 1) // block
     val = held[: n_val * block + 1]
     x_test = val[:-1].reshape(n_val, block)
     y_test = val[1:].reshape(n_val, block)
-    return TextSplit(train[spans], train[spans + 1], x_test, y_test, vocab)
+    return TextSplit(TextWindows(train, block, windows), x_test, y_test, vocab)
 
 
 def load_text(
     name: str,
     data_dir: str | os.PathLike | None,
     block: int,
-    seed: int,
     windows: int = TEXT_WINDOWS,
     download: bool = True,
 ) -> TextSplit:
@@ -148,7 +164,7 @@ def load_text(
         raise UserError("`dataset` text: needs `data_dir`, the UTF-8 file to train on")
     else:
         path = Path(data_dir)
-    return text_split(read_text(path), block, seed, windows)
+    return text_split(read_text(path), block, windows)
 
 
 def text_metrics(dataset: Any, loss: float, accuracy: float, samples_per_s: float) -> dict:

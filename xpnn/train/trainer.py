@@ -183,8 +183,12 @@ class Trainer:
         # the ranks whose losses add up: every pipeline stage (only the last ones score)
         self.metrics_comm = comm if cfg.parallel == "pipeline" else self.data_comm
         # a pipeline's later stages never read a sample: no copy of them on the device
-        self.x_train = backend.asarray(data.x_train) if model.reads_input else None
-        self.y_train = backend.asarray(data.y_train, dtype=self.xp.int64)
+        self.x_train = self.y_train = self.stream = None
+        if data.windows is not None:  # text: windows of the stream, drawn each step
+            self.stream = backend.asarray(data.windows.stream, dtype=self.xp.int64)
+        else:
+            self.x_train = backend.asarray(data.x_train) if model.reads_input else None
+            self.y_train = backend.asarray(data.y_train, dtype=self.xp.int64)
         self.n_train = data.n_train  # with ``replicate``, more than it stores
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
         self.step_epochs = cfg.step_epochs or max(1, cfg.epochs // 3)  # default: a third
@@ -294,8 +298,14 @@ class Trainer:
         rows = idx  # the stored rows that hold these samples: others with ``replicate``
         if self.data.train_repeats > 1:
             rows = self.backend.asarray(self.data.stored_rows(local), dtype=xp.int64)
-        xb = xp.take(self.x_train, rows, axis=0) if model.reads_input else None
-        yb = xp.take(self.y_train, rows, axis=0)
+        if self.stream is not None:
+            spans = self.data.windows.spans(self.cfg.seed, step, self.data.stored_rows(local))
+            at = self.backend.asarray(spans, dtype=xp.int64)
+            xb = xp.take(self.stream, at) if model.reads_input else None
+            yb = xp.take(self.stream, at + 1)
+        else:
+            xb = xp.take(self.x_train, rows, axis=0) if model.reads_input else None
+            yb = xp.take(self.y_train, rows, axis=0)
         ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
         return model.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
 
