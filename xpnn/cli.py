@@ -458,6 +458,16 @@ def to_spec(args: argparse.Namespace) -> RunSpec:
     return spec
 
 
+UNSET = object()
+
+
+def typed_settings(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset[str]:
+    """The ``RunSpec`` fields whose flags ``argv`` types (parsed again with no defaults)."""
+    probe = argparse.Namespace(**{f.name: UNSET for f in fields(RunSpec)})
+    parser.parse_args(argv, namespace=probe)
+    return frozenset(name for name, value in vars(probe).items() if value is not UNSET)
+
+
 def _say(line: str, err: bool = False) -> None:
     print(flag_words(line), file=sys.stderr if err else sys.stdout, flush=True)
 
@@ -471,14 +481,18 @@ def train_main(args: argparse.Namespace, callbacks: Sequence[Any] = ()) -> int:
     failure.terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints whole
     failure.stop_when_stuck(failure.stop_grace())  # ... and within seconds where a rank cannot
     failure.agree_timeout()  # read when a rank fails, where a typo in it would hide the failure
-    return failure.run_guarded(world, lambda: _train(to_spec(args), world, callbacks))
+    return failure.run_guarded(
+        world, lambda: _train(to_spec(args), world, callbacks, getattr(args, "given", None))
+    )
 
 
-def _train(spec: RunSpec, world: Any, callbacks: Sequence[Any]) -> int:
+def _train(
+    spec: RunSpec, world: Any, callbacks: Sequence[Any], given: frozenset[str] | None = None
+) -> int:
     from xpnn.train import TrainingDiverged
 
     failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
-    trainer = build_run(spec, world, callbacks, log=_say)
+    trainer = build_run(spec, world, callbacks, log=_say, given=given)
     if world.rank == 0:
         for line in summary(trainer):
             _say(f"xpnn: {line}")
@@ -523,6 +537,8 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     parser = build_info_parser() if command == "info" else build_parser()
     try:
         args = parser.parse_args(argv)
+        if command == "train":
+            args.given = typed_settings(parser, argv)
     except ArgError as exc:
         if launch_rank() == 0:
             print(f"xpnn: {exc}", file=sys.stderr)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.optim import HYPER_PARAMETERS
+from xpnn.presets import describe_preset, gpt_preset
 from xpnn.runtime import stall
 
 BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
@@ -86,14 +87,20 @@ def build_run(
     world: Any,
     callbacks: Sequence[Any] = (),
     log: Callable[[str], None] | None = None,
+    given: Collection[str] | None = None,
 ) -> Any:
-    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank (collective); ``log``: rank 0's."""
+    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank (collective); ``log``: rank 0's;
+    ``given``: the settings the user chose (default: those off their defaults), which a
+    model's preset leaves alone."""
     from xpnn.parallel.model.layout import make_groups
     from xpnn.runtime.failure import agree_on_user_errors
     from xpnn.train import Trainer
 
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
+    spec, preset = gpt_preset(spec, given)  # --model gpt: nanoGPT's recipe where spec is silent
     backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(spec, world))
+    if preset:
+        cfg.extra["preset"] = {k: list(v) if isinstance(v, tuple) else v for k, v in preset.items()}
     if world.size > 1:  # data_dir may differ between ranks, the data they read may not
         from xpnn.data.datasets import check_same_data
 
@@ -357,7 +364,12 @@ def summary(trainer: Any) -> list[str]:
         line += f" on rank 0 of {whole_size(model):,}, {cfg.parallel} parallel"
         if groups.data.size > 1:
             line += f" over {groups.model.size} ranks x {groups.data.size} replicas"
+    preset = cfg.extra.get("preset")
+    said = (
+        [f"the gpt recipe for the settings not given: {describe_preset(preset)}"] if preset else []
+    )
     return [
+        *said,
         line,
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
         f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {trainer.backend.describe()}, "

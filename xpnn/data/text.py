@@ -8,6 +8,7 @@ rank draws, and no two steps reuse a set of windows. An epoch counts ``windows``
 unit for runs by epochs; a run by ``steps`` needs none). Validation is the fixed set of
 consecutive, non-overlapping windows of the held-out text.
 """
+
 from __future__ import annotations
 
 import math

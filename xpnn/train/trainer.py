@@ -504,6 +504,7 @@ class Trainer:
             "comm_bytes_per_step": (data_bytes + model_bytes) / span["steps"],
             "data_comm_bytes": data_bytes,
             "model_comm_bytes": model_bytes,
+            **text_metrics(self.data, test_loss, test_acc, span["samples"] / seconds),
             **self.common,
         }
         if self.cfg.clip_norm is not None:
