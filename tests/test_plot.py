@@ -57,3 +57,14 @@ def test_without_matplotlib_it_says_how_to_install(tmp_path):
     proc = plot(metrics_file(tmp_path / "a.jsonl", 1), "-o", tmp_path / "x.png", env=env)
     assert proc.returncode == 2
     assert "pip install" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_run_by_steps_plots_its_eval_records(tmp_path):
+    from xpnn.plot import read_epochs
+
+    path = tmp_path / "steps.jsonl"
+    lines = [{"event": "eval", "step": s, "epoch": s / 5, "train_loss": 1 / s} for s in (4, 8)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in [*lines, {"event": "done"}]))
+    assert [r["epoch"] for r in read_epochs(path)] == [0.8, 1.6]
+    proc = plot(path, "-o", tmp_path / "steps.png")
+    assert proc.returncode == 0, proc.stderr

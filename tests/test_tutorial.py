@@ -69,7 +69,7 @@ def test_the_tutorials_python_run_uses_the_factory(user_dir):
         ("{dir}/my.py:nothing", "my.py has no function nothing"),
         ("{dir}/absent.py:build", "no file"),
         ("no_such_module:build", "--model no_such_module:build: no module no_such_module"),
-        ("my.py", "expected mlp, cnn, FILE.py:FUNCTION or package.module:FUNCTION"),
+        ("my.py", "expected mlp, cnn, gpt, FILE.py:FUNCTION or package.module:FUNCTION"),
     ],
 )
 def test_a_bad_model_path_is_one_line_naming_the_flag_on_every_rank(user_dir, where, message):

@@ -18,13 +18,14 @@ from xpnn.data.datasets import DATASETS
 from xpnn.errors import PARAM
 from xpnn.nn.losses import LOSSES
 from xpnn.nn.models import MLP_ACTIVATIONS
-from xpnn.optim import SCHEDULES
+from xpnn.optim import OPTIMIZERS, SCHEDULES
 from xpnn.parallel.comm import KINDS
 from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec
 
 __all__ = ["FLAGS", "ArgError", "build_info_parser", "build_parser", "flag_words", "to_spec"]
+__all__ += ["typed_settings"]
 
 
 class ArgError(Exception):
@@ -130,6 +131,22 @@ def _float_from(low: float, inclusive: bool = True, most: float = math.inf):  # 
     return parse
 
 
+def _rate(text: str) -> float:
+    """A decay rate in [0, 1): momentum, Adam's betas."""
+    value = _float_from(0.0)(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be below 1, got {text}")
+    return value
+
+
+def _betas(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected two rates like 0.9,0.999, got {text!r}")
+    first, second = (_rate(part) for part in parts)
+    return first, second
+
+
 _seed = _whole_number(2**64 - 1, "2**64 - 1")  # a checkpoint keeps the seed as a uint64
 
 
@@ -143,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
     p = _Parser(
         prog="python -m xpnn",
-        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... [-o PNG]",
+        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... [-o PNG]"
+        "  |  generate CHECKPOINT [--chars N]",
         description="Train a network over xp, alone or under MPI (mpiexec -n N python -m xpnn "
         "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
         "the MPI library and whether it is CUDA-aware.",
@@ -158,10 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--model",
         metavar="MODEL",
-        help="mlp (default), cnn, or your own: FILE.py:FUNCTION or package.module:FUNCTION, "
+        help="mlp (default), cnn, gpt (a character-level transformer for --dataset "
+        "tinyshakespeare or text), or your own: FILE.py:FUNCTION or package.module:FUNCTION, "
         "a function f(input_shape, num_classes) returning an xpnn.nn.Sequential, imported by "
         "every rank",
     )
+    a("--layers", type=count, help="gpt: transformer blocks (default 4)")
+    a("--heads", type=count, help="gpt: attention heads a block, dividing --embed (default 4)")
+    a("--embed", type=count, help="gpt: embedding width (default 128)")
+    a("--block", type=count, help="gpt: context length in characters (default 64)")
     a("--hidden", type=_hidden, help="MLP hidden sizes (default 512,256)")
     a(
         "--activation",
@@ -177,9 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--dataset",
         choices=DATASETS,
-        help=f"fashion-mnist (default), mnist, or synthetic: {synthetic}",
+        help=f"fashion-mnist, mnist, synthetic: {synthetic}; tinyshakespeare and text (a "
+        "UTF-8 file as --data-dir) train --model gpt (default fashion-mnist)",
     )
-    a("--data-dir", type=_path, help="directory holding the four IDX files")
+    a(
+        "--data-dir",
+        type=_path,
+        help="directory holding the four IDX files (tinyshakespeare: its input.txt; text: "
+        "the file)",
+    )
     a(
         "--replicate",
         type=count,
@@ -218,9 +247,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--step-epochs", type=count, help="--schedule step: epochs between decays (--epochs / 3)")
     a(
+        "--warmup-steps",
+        type=_whole_number(),
+        help="the warmup counted in steps, instead of --warmup-epochs (default 0)",
+    )
+    a(
+        "--min-lr",
+        type=_float_from(0.0),
+        help="--schedule cosine: the rate the cosine ends at (default 0; at most --lr)",
+    )
+    a(
         "--optimizer",
-        choices=["sgd", "momentum", "adam"],
-        help="sgd, momentum (heavy ball, 0.9) or adam (betas 0.9, 0.999) (default adam)",
+        choices=list(OPTIMIZERS),
+        help="sgd, momentum (heavy ball), adam, or adamw: Adam with decoupled weight decay on "
+        "the weight matrices (default adam)",
+    )
+    a("--momentum", type=_rate, help="--optimizer momentum: its coefficient (default 0.9)")
+    a("--betas", type=_betas, help="--optimizer adam/adamw: B1,B2 (default 0.9,0.999)")
+    a(
+        "--eps",
+        type=_float_from(0.0, inclusive=False),
+        help="--optimizer adam/adamw: added to the denominator (default 1e-8)",
+    )
+    a(
+        "--weight-decay",
+        type=_float_from(0.0),
+        help="--optimizer adamw: parameters with 2+ dimensions shrink by lr x this a step "
+        "(default 0.01; biases and norm gains never)",
+    )
+    a(
+        "--clip-norm",
+        type=_float_from(0.0, inclusive=False),
+        metavar="C",
+        help="scale each step's gradients down to global norm C, over the whole model on "
+        "any number of ranks (default: no clipping)",
+    )
+    a(
+        "--accumulate",
+        type=count,
+        metavar="K",
+        help="take each global batch in K micro-steps, summing their gradients: the same "
+        "step in less memory (default 1)",
+    )
+    a("--steps", type=count, help="train this many steps instead of --epochs")
+    a(
+        "--eval-every",
+        type=count,
+        metavar="M",
+        help="--steps: evaluate and write a record every M steps (default: at the end)",
     )
     a(
         "--dtype",
@@ -285,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--parallel",
         choices=PARALLEL,
         help="data: each rank a share of every batch; tensor: each rank a slice of every "
-        "pair of Dense layers (MLP only); pipeline: each rank a run of consecutive layers "
+        "pair of layers that declare a split (an MLP's Dense layers, a GPT's heads and MLPs); "
+        "pipeline: each rank a run of consecutive layers "
         "(default data)",
     )
     a(
@@ -305,6 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="--parallel pipeline: gpipe (all forwards, then all backwards; the default) or "
         "1f1b (a forward and a backward in turn: activations of at most stages - s "
         "micro-batches held, not M)",
+    )
+    a(
+        "--tensor-ranks",
+        type=count,
+        help="--parallel pipeline: ranks that split each stage tensor-parallel (default 1); "
+        "--model-ranks K makes K / T stages, N / K replicas (3-D parallelism)",
     )
     a(
         "--recompute",
@@ -332,3 +413,13 @@ def to_spec(args: argparse.Namespace) -> RunSpec:
     spec = RunSpec(**{f.name: given[f.name] for f in fields(RunSpec) if f.name in given})
     spec.progress = not args.no_progress
     return spec
+
+
+UNSET = object()  # a flag's value before the command line sets it
+
+
+def typed_settings(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset[str]:
+    """The ``RunSpec`` fields whose flags ``argv`` types (parsed again with no defaults)."""
+    probe = argparse.Namespace(**{f.name: UNSET for f in fields(RunSpec)})
+    parser.parse_args(argv, namespace=probe)
+    return frozenset(name for name, value in vars(probe).items() if value is not UNSET)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from xpnn.backends.common import dtype_is
@@ -26,7 +26,8 @@ SCHEDULES = ("constant", "step", "cosine")
 @dataclass
 class Schedule:
     """Learning rate at step t: linear warmup from ~0 (Goyal et al., 2017: large batches start
-    gently), then constant, ``gamma`` every ``step_size`` steps, or cosine to ``total_steps``."""
+    gently), then constant, ``gamma`` every ``step_size`` steps, or half a cosine from
+    ``base_lr`` down to ``min_lr`` at ``total_steps`` (and ``min_lr`` after)."""
 
     base_lr: float
     kind: str = "constant"
@@ -34,6 +35,7 @@ class Schedule:
     total_steps: int = 0
     step_size: int = 1
     gamma: float = 0.1
+    min_lr: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
@@ -55,6 +57,10 @@ class Schedule:
             raise OptimArgError(f"Schedule: step_size must be >= 1, got {self.step_size}")
         if not self.gamma > 0 or not math.isfinite(self.gamma):
             raise OptimArgError(f"Schedule: gamma must be positive, got {self.gamma}")
+        if not (0.0 <= self.min_lr <= self.base_lr):  # also refuses nan
+            raise OptimArgError(
+                f"`min_lr`: must be from 0 to `lr` ({self.base_lr:g}), got {self.min_lr!r}"
+            )
         if self.kind == "cosine" and self.total_steps < 1:
             raise OptimArgError(
                 f"Schedule: the cosine schedule needs total_steps >= 1, got {self.total_steps}"
@@ -69,15 +75,77 @@ class Schedule:
             return self.base_lr * self.gamma ** (t // self.step_size)
         if self.kind == "cosine":
             span = max(1, self.total_steps - self.warmup_steps)
-            return 0.5 * self.base_lr * (1 + math.cos(math.pi * min(t, span) / span))
+            cosine = 0.5 * (1 + math.cos(math.pi * min(t, span) / span))
+            return self.min_lr + (self.base_lr - self.min_lr) * cosine
         return self.base_lr
+
+
+Ranges = list[tuple[int, int]]  # [start, end) ranges of the flat buffer
+
+
+@dataclass
+class GradClip:
+    """Clipping by the global norm (``torch.nn.utils.clip_grad_norm_``'s formula): ``total``
+    turns this rank's sum of squares into the whole model's (adding the other ranks' distinct
+    parts); ``skip``: ranges whose values another rank counts (a replicated parameter)."""
+
+    max_norm: float
+    total: Callable[[float], float] = float
+    skip: Ranges = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_norm, numbers.Real) and 0 < self.max_norm < math.inf):
+            raise OptimArgError(f"`clip_norm`: must be positive, got {self.max_norm!r}")
+
+
+def pieces(part: slice, n: int, ranges: Ranges) -> list[tuple[slice, bool]]:
+    """``part`` of a buffer of ``n`` values cut at ``ranges``: (slice within the part, whether
+    it lies inside one of them), in order."""
+    start, stop, _ = part.indices(n)
+    out, pos = [], start
+    for lo, hi in merged(ranges):
+        lo, hi = max(lo, start), min(hi, stop)
+        if lo >= hi:
+            continue
+        if lo > pos:
+            out.append((slice(pos - start, lo - start), False))
+        out.append((slice(lo - start, hi - start), True))
+        pos = hi
+    if pos < stop:
+        out.append((slice(pos - start, stop - start), False))
+    return out
+
+
+def merged(ranges: Ranges) -> Ranges:
+    """``ranges`` sorted, the touching ones joined (one kernel call for neighbours)."""
+    out: Ranges = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        elif lo < hi:
+            out.append((lo, hi))
+    return out
+
+
+def matrix_ranges(shapes: list[tuple[int, ...]]) -> Ranges:
+    """The ranges of the parameters with two or more dimensions, for parameters of ``shapes``
+    laid end to end: what weight decay applies to (not biases or norm gains)."""
+    out, offset = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        if len(shape) >= 2:
+            out.append((offset, offset + size))
+        offset += size
+    return out
 
 
 class Optimizer:
     """``grads``: a flat buffer, or a tuple of them to sum (ranks sharing the parameters);
-    ``parts``: the slices ``update_part`` updates; ``zeros``: allocates the whole state."""
+    ``parts``: the slices ``update_part`` updates; ``zeros``: allocates the whole state;
+    ``clip``: scale the gradients to a global norm first (every part final at ``start_step``)."""
 
     state_names: tuple[str, ...] = ()
+    clip: GradClip | None = None
 
     def __init__(
         self,
@@ -93,6 +161,8 @@ class Optimizer:
         self.params, self.grads, self.kernels, self.schedule = params, grads, kernels, schedule
         self.step_count = 0
         self.lr = float("nan")
+        self.grad_norm = float("nan")  # the last step's, when clipping
+        self._scale: float | None = None  # the last step's clipping factor, if below 1
         zeros = zeros or (lambda shape, dtype: kernels.xp.zeros(shape, dtype=dtype))
         self.state = {name: zeros(params.shape, params.dtype) for name in self.state_names}
         self.parts = [slice(None)] if parts is None else list(parts)
@@ -107,11 +177,32 @@ class Optimizer:
         longest = max((p.shape[0] for p, _, _ in self._views), default=0)
         self._summed = kernels.xp.empty((longest,), dtype=params.dtype) if len(rows) > 1 else None
 
+    def set_clip(self, clip: GradClip | None) -> None:
+        """Clip every step's gradients by their global norm (None: never)."""
+        self.clip = clip
+        n = self.params.shape[0]
+        skip = clip.skip if clip else []
+        self._counted = [[s for s, out in pieces(part, n, skip) if not out] for part in self.parts]
+
     def start_step(self) -> float:
         """Advance to the next step and return its learning rate; before any ``update_part``."""
         self.lr = self.schedule(self.step_count)
         self.step_count += 1
+        if self.clip is not None:
+            self._scale = self._clip_scale(self.clip)
         return self.lr
+
+    def _clip_scale(self, clip: GradClip) -> float | None:
+        """The factor that brings the gradients' global norm to ``max_norm`` (None: within)."""
+        local: Any = 0.0
+        for index, (p, g, _) in enumerate(self._views):
+            if isinstance(g, tuple):
+                g = self.kernels.sum_rows(g, self._summed[: p.shape[0]])
+            for s in self._counted[index]:
+                local = local + self.kernels.sum_squares(g[s])
+        self.grad_norm = math.sqrt(clip.total(float(local)))  # the device's one wait
+        factor = clip.max_norm / (self.grad_norm + 1e-6)  # PyTorch's guard against 0
+        return factor if not factor >= 1.0 else None  # a nan norm makes the step nan
 
     def update_part(self, index: int) -> None:
         """Update ``parts[index]`` with the current gradients at this step's learning rate."""
@@ -119,7 +210,12 @@ class Optimizer:
         with UPDATE:
             if isinstance(g, tuple):
                 g = self.kernels.sum_rows(g, self._summed[: p.shape[0]])
-            self.update(p, g, state, self.lr)
+            if self._scale is not None:
+                g *= self._scale  # the reduced gradients are this step's alone: scaled in place
+            self._apply(index, p, g, state)
+
+    def _apply(self, index: int, p: Array, g: Array, state: dict[str, Array]) -> None:
+        self.update(p, g, state, self.lr)
 
     def step(self) -> float:
         """Apply one update to every part; returns the learning rate used."""
@@ -187,10 +283,49 @@ class Adam(Optimizer):
         self.eps = float(eps)
         super().__init__(*args)
 
-    def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
-        self.kernels.adam_update(
-            p, g, state["m"], state["v"], lr, self.beta1, self.beta2, self.eps, self.step_count
-        )
+    def update(
+        self, p: Array, g: Array, state: dict[str, Array], lr: float, decay: float = 1.0
+    ) -> None:
+        m, v, t = state["m"], state["v"], self.step_count
+        self.kernels.adam_update(p, g, m, v, lr, self.beta1, self.beta2, self.eps, t, decay)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter, as ``torch.optim.AdamW``): each
+    step first multiplies the parameters in ``matrices`` (flat [start, end) ranges; default
+    all) by ``1 - lr * weight_decay``, fused into Adam's kernel."""
+
+    def __init__(
+        self, *args: Any, weight_decay: float = 0.01, matrices: Ranges | None = None, **adam: Any
+    ) -> None:
+        if not (isinstance(weight_decay, numbers.Real) and 0.0 <= weight_decay < math.inf):
+            raise OptimArgError(f"`weight_decay`: must be >= 0, got {weight_decay!r}")
+        self.weight_decay = float(weight_decay)
+        super().__init__(*args, **adam)
+        n = self.params.shape[0]
+        ranges = [(0, n)] if matrices is None else matrices
+        self._decayed = [pieces(part, n, ranges) for part in self.parts]
+
+    def _apply(self, index: int, p: Array, g: Array, state: dict[str, Array]) -> None:
+        decay = 1.0 - self.lr * self.weight_decay
+        for s, decays in self._decayed[index]:
+            views = {name: buf[s] for name, buf in state.items()}
+            self.update(p[s], g[s], views, self.lr, decay if decays else 1.0)
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {
+    "sgd": SGD,
+    "momentum": Momentum,
+    "adam": Adam,
+    "adamw": AdamW,
+}
+# The hyper-parameters each optimizer takes (``make_optimizer``'s keywords).
+HYPER_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "sgd": (),
+    "momentum": ("momentum",),
+    "adam": ("betas", "eps"),
+    "adamw": ("betas", "eps", "weight_decay"),
+}
 
 
 def make_optimizer(
@@ -201,8 +336,36 @@ def make_optimizer(
     schedule: Schedule,
     parts: list[slice] | None = None,
     zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
+    *,
+    momentum: float | None = None,
+    betas: tuple[float, float] | None = None,
+    eps: float | None = None,
+    weight_decay: float | None = None,
+    matrices: Ranges | None = None,
+    clip: GradClip | None = None,
 ) -> Optimizer:
-    classes = {"sgd": SGD, "momentum": Momentum, "adam": Adam}
-    if name not in classes:
-        raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(classes)})")
-    return classes[name](params, grads, kernels, schedule, parts, zeros)
+    """Optimizer ``name`` over the flat buffers; a hyper-parameter left None keeps its default
+    (momentum 0.9; betas (0.9, 0.999), eps 1e-8; AdamW's weight_decay 0.01, on ``matrices``)."""
+    if name not in OPTIMIZERS:
+        choices = ", ".join(OPTIMIZERS)
+        raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {choices})")
+    given = {"momentum": momentum, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+    for key, value in given.items():
+        if value is not None and key not in HYPER_PARAMETERS[name]:
+            raise OptimArgError(f"`{key}`: not a hyper-parameter of `optimizer` {name}")
+    kwargs: dict[str, Any] = {}
+    if momentum is not None:
+        kwargs["mu"] = momentum
+    if betas is not None:
+        if len(betas) != 2:
+            raise OptimArgError(f"`betas`: expected two rates, got {betas!r}")
+        kwargs["beta1"], kwargs["beta2"] = betas
+    if eps is not None:
+        kwargs["eps"] = eps
+    if name == "adamw":
+        kwargs["matrices"] = matrices
+        if weight_decay is not None:
+            kwargs["weight_decay"] = weight_decay
+    optimizer = OPTIMIZERS[name](params, grads, kernels, schedule, parts, zeros, **kwargs)
+    optimizer.set_clip(clip)
+    return optimizer

@@ -20,7 +20,7 @@ PANELS = (
 
 
 def read_epochs(path: Path) -> list[dict[str, Any]]:
-    """The epoch records of one metrics file; a UserError naming the file if it has none."""
+    """The epoch (or eval) records of one metrics file; a UserError naming the file if none."""
     try:
         lines = path.read_text().splitlines()
     except OSError as e:
@@ -33,7 +33,8 @@ def read_epochs(path: Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: line {i} is not JSON ({e.msg})") from e
-        if isinstance(rec, dict) and rec.get("event") == "epoch":
+        # a run by --steps writes eval records, at fractions of an epoch
+        if isinstance(rec, dict) and rec.get("event") in ("epoch", "eval"):
             epochs.append(rec)
     if not epochs:
         raise UserError(f"{path}: no epoch records (is it an xpnn --metrics file?)")

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.optim import HYPER_PARAMETERS
+from xpnn.presets import describe_preset, gpt_preset
 from xpnn.runtime import stall
 
 BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
@@ -24,12 +26,16 @@ class RunSpec:
     """The choices of one run; ``None`` is "the default", so that an ignored one can be said."""
 
     backend: str = "numpy"  # numpy, numba, cupy, auto
-    model: Any = "mlp"  # mlp, cnn, FILE.py:FUNCTION, package.module:FUNCTION, a factory
+    model: Any = "mlp"  # mlp, cnn, gpt, FILE.py:FUNCTION, package.module:FUNCTION, a factory
     # f(input_shape, num_classes) -> model, or a model (an unbuilt xpnn.nn.Sequential)
+    layers: int | None = None  # gpt: transformer blocks (GPT_DEFAULTS)
+    heads: int | None = None  # gpt: attention heads a block
+    embed: int | None = None  # gpt: embedding width
+    block: int | None = None  # gpt: context length, the text windows' length
     hidden: tuple[int, ...] | None = None  # MLP hidden sizes (HIDDEN)
     activation: str | None = None  # MLP: relu (default), sigmoid, tanh
     loss: str = "softmax_cross_entropy"  # or sigmoid_bce
-    dataset: str = "fashion-mnist"  # mnist, fashion-mnist, synthetic
+    dataset: str = "fashion-mnist"  # mnist, fashion-mnist, synthetic, tinyshakespeare, text
     data_dir: str | None = None  # the four IDX files (default: the system copy, or download)
     replicate: int = 1  # the training set repeated this many times
     synthetic_size: int | None = None  # dataset "synthetic": training samples (SYNTHETIC_SIZE)
@@ -59,8 +65,19 @@ class RunSpec:
     model_ranks: int | None = None  # tensor/pipeline: ranks of one replica (default: all)
     microbatches: int | None = None  # pipeline: micro-batches per batch (MICROBATCHES)
     pipeline_schedule: str | None = None  # pipeline: gpipe (default) or 1f1b
+    tensor_ranks: int | None = None  # pipeline: ranks splitting each stage tensor-parallel (1)
     recompute: bool | None = None  # pipeline: run a stage's forward again before its backward
     progress: bool = True  # a progress bar on rank 0's terminal
+    momentum: float | None = None  # optimizer momentum (0.9)
+    betas: tuple[float, float] | None = None  # adam, adamw: (0.9, 0.999)
+    eps: float | None = None  # adam, adamw: (1e-8)
+    weight_decay: float | None = None  # adamw: decoupled, on matrices (0.01)
+    warmup_steps: int | None = None  # the warmup in steps, instead of warmup_epochs
+    min_lr: float | None = None  # schedule cosine: the rate it ends at (0)
+    clip_norm: float | None = None  # clip the gradients to this global norm
+    accumulate: int = 1  # micro-steps each global batch is taken in
+    steps: int | None = None  # train this many steps, not epochs
+    eval_every: int | None = None  # steps: an evaluation record every this many steps
 
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
@@ -98,9 +115,11 @@ def launch(
     log: Callable[[str], None] | None = None,
     warn: Callable[[str], None] | None = None,
     outcome: dict[str, Any] | None = None,
+    given: Collection[str] | None = None,
 ) -> int:
     """``run`` as an exit code (the command line's): the world, signals, and the guard that
-    turns a failure into one line and stops every rank with one code."""
+    turns a failure into one line and stops every rank with one code; ``given``: as
+    ``build_run``'s."""
     # Loaded while the early handler only notes a Ctrl-C: one mid-import is an ImportError
     import numpy  # noqa: F401
 
@@ -113,7 +132,7 @@ def launch(
     failure.stop_when_stuck(failure.stop_grace())  # ... and within seconds where a rank cannot
     failure.agree_timeout()  # read when a rank fails, where a typo in it would hide the failure
     out = {} if outcome is None else outcome
-    return failure.run_guarded(world, lambda: _job(spec, world, callbacks, log, warn, out))
+    return failure.run_guarded(world, lambda: _job(spec, world, callbacks, log, warn, out, given))
 
 
 def _job(
@@ -123,6 +142,7 @@ def _job(
     log: Callable[[str], None] | None,
     warn: Callable[[str], None] | None,
     outcome: dict[str, Any],
+    given: Collection[str] | None = None,
 ) -> int:
     import sys
     import warnings
@@ -134,7 +154,7 @@ def _job(
     say = log or (lambda line: print(line, flush=True))
     note = warn or (lambda line: print(line, file=sys.stderr, flush=True))
     failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
-    trainer = build_run(spec, world, callbacks, log=say)
+    trainer = build_run(spec, world, callbacks, log=say, given=given)
     if world.rank == 0:
         for line in summary(trainer):
             say(f"xpnn: {line}")
@@ -163,14 +183,20 @@ def build_run(
     world: Any,
     callbacks: Sequence[Any] = (),
     log: Callable[[str], None] | None = None,
+    given: Collection[str] | None = None,
 ) -> Any:
-    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank (collective); ``log``: rank 0's."""
+    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank (collective); ``log``: rank 0's;
+    ``given``: the settings the user chose (default: those off their defaults), which a
+    model's preset leaves alone."""
     from xpnn.parallel.model.layout import make_groups
     from xpnn.runtime.failure import agree_on_user_errors
     from xpnn.train import Trainer
 
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
+    spec, preset = gpt_preset(spec, given)  # --model gpt: nanoGPT's recipe where spec is silent
     backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(spec, world))
+    if preset:
+        cfg.facts.preset = {k: list(v) if isinstance(v, tuple) else v for k, v in preset.items()}
     if world.size > 1:  # data_dir may differ between ranks, the data they read may not
         from xpnn.data.datasets import check_same_data
 
@@ -185,6 +211,10 @@ def build_run(
         world, lambda: make_groups(world, place, backend, spec.comm, spec.parallel)
     )
     model.attach(groups.model)  # split layers and pipeline stages talk within their replica
+    if spec.parallel == "pipeline" and (spec.tensor_ranks or 1) > 1:  # 3-D: a stage's parts
+        model.attach_split(
+            agree_on_user_errors(world, lambda: stage_comm(world, place, model, backend, spec))
+        )
     # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a user error said once.
     return agree_on_user_errors(
         world,
@@ -265,6 +295,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             replicate=spec.replicate,
             synthetic_size=size,
             seed=spec.seed,
+            block=gpt_settings(spec)["block"],
         )
     except MemoryError as exc:  # replicate=100000000: NumPy says how much it wanted
         what = [f"`synthetic_size` {size}"] if spec.dataset == "synthetic" else []
@@ -272,14 +303,23 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         what = " with ".join(what) or f"`dataset` {spec.dataset}"
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
     hidden, activation = spec.hidden or HIDDEN, spec.activation or "relu"
+    check_text_model(spec, data)
     model = make_model(
-        spec.model, data.input_shape, data.num_classes, hidden, activation, spec.loss
+        spec.model,
+        data.input_shape,
+        data.num_classes,
+        hidden,
+        activation,
+        spec.loss,
+        gpt_sizes=gpt_settings(spec),
     )
     place = place_of(world.rank, world.size, spec.parallel, spec.model_ranks)
-    if spec.parallel == "tensor":
+    part, parts = tensor_part(spec, place, model)  # a pipeline stage's tensor part (0, 1: none)
+    if spec.parallel == "tensor" or parts > 1:
         from xpnn.parallel.model.tensor import split_layers
 
-        model.layers = split_layers(model.layers, place.index, place.model_ranks)
+        split = (place.index, place.model_ranks) if spec.parallel == "tensor" else (part, parts)
+        model.layers = split_layers(model.layers, *split)
     try:
         if spec.parallel == "pipeline":
             from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE, build_stage
@@ -289,11 +329,12 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
                 data.input_shape,
                 backend,
                 spec.seed,
-                place.index,
-                place.model_ranks,
+                place.index // parts,
+                place.model_ranks // parts,
                 microbatches=spec.microbatches or MICROBATCHES,
                 schedule=spec.pipeline_schedule or DEFAULT_SCHEDULE,
                 recompute=bool(spec.recompute),
+                tensor=(part, parts),
             )
         else:
             model.build(data.input_shape, backend, spec.seed)
@@ -308,6 +349,10 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     same = ("epochs", "optimizer", "schedule", "warmup_epochs", "step_epochs", "seed", "metrics")
     same += ("save", "checkpoint_dir", "resume", "progress", "parallel")  # as TrainConfig has them
     same += ("stall_warn", "stall_abort")
+    same += ("warmup_steps", "clip_norm", "accumulate", "steps", "eval_every")
+    if spec.warmup_steps is not None and spec.warmup_epochs > 0:
+        raise UserError("`warmup_steps` and `warmup_epochs`: give one")
+    hyper = {name: getattr(spec, name) for name in HYPER_PARAMETERS[spec.optimizer]}
     cfg = TrainConfig(
         **{name: getattr(spec, name) for name in same},
         batch_size=batch,
@@ -315,6 +360,8 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         bucket_mb=DEFAULT_BUCKET_MB if spec.bucket_mb is None else spec.bucket_mb,
         node_share=spec.node_share or "auto",
         **({} if spec.keep_checkpoints is None else {"keep_checkpoints": spec.keep_checkpoints}),
+        **hyper,
+        min_lr=spec.min_lr or 0.0,
         facts=RunFacts(
             threads=thread_info["threads"],
             model=model_name(spec.model),
@@ -326,13 +373,82 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             replicas=replicas,
             loss=spec.loss,
             activation=activation if spec.model == "mlp" else None,
+            **gpt_identity(spec, data),
         ),
     )
     if spec.parallel == "pipeline":  # as the stage settled them
         cfg.facts.microbatches = model.microbatches
         cfg.facts.pipeline_schedule = model.schedule
         cfg.facts.recompute = model.recompute
+        cfg.facts.tensor_ranks = model.parts
     return backend, data, model, cfg, place
+
+
+def tensor_part(spec: RunSpec, place: Any, model: Any) -> tuple[int, int]:
+    """(this rank's tensor part of its pipeline stage, the parts a stage): a replica of K
+    ranks is K / T stages of T parts, stage s part p on its rank s * T + p."""
+    parts = spec.tensor_ranks or 1
+    if spec.parallel != "pipeline" or parts == 1:
+        return 0, 1
+    if not any(inner.tensor_pairs for top in model.layers for inner in top.walk()):
+        # an MLP's pairs are top-level layers, which a stage boundary could separate
+        raise UserError(
+            f"`tensor_ranks` {parts}: `model` {spec.model} declares no splits inside its "
+            "layers (`model` gpt does); use `parallel` tensor"
+        )
+    if place.model_ranks % parts:
+        raise UserError(
+            f"`tensor_ranks` {parts}: does not divide a replica's {place.model_ranks} ranks "
+            "into pipeline stages"
+        )
+    return place.index % parts, parts
+
+
+def stage_comm(world: Any, place: Any, model: Any, backend: Any, spec: RunSpec) -> Any:
+    """The communicator of this rank's pipeline stage's tensor parts (collective)."""
+    from xpnn.parallel.comm import make_communicator
+
+    sub = world.split(place.replica * model.stages + model.index)
+    kind = "auto" if spec.comm == "mpi-shm" else spec.comm
+    return make_communicator(sub, backend, kind, "tensor")
+
+
+def gpt_settings(spec: RunSpec) -> dict[str, int]:
+    """The GPT's sizes: the given ones, else ``GPT_DEFAULTS``."""
+    from xpnn.nn.gpt import GPT_DEFAULTS
+
+    return {
+        k: default if getattr(spec, k) is None else getattr(spec, k)
+        for k, default in GPT_DEFAULTS.items()
+    }
+
+
+def gpt_identity(spec: RunSpec, data: Any) -> dict[str, Any]:
+    """What a checkpoint of a GPT must say to be sampled from (``xpnn generate``) and resumed:
+    its sizes and vocabulary (``RunFacts.network`` adds the model's name)."""
+    if spec.model != "gpt":
+        return {}
+    return {**gpt_settings(spec), "vocab": data.vocab.chars}
+
+
+def check_text_model(spec: RunSpec, data: Any) -> None:
+    """A GPT reads text; the image models read images."""
+    is_text = data.vocab is not None
+    if spec.model == "gpt" and not is_text:
+        raise UserError(
+            f"`model` gpt: needs a text data set (`dataset` tinyshakespeare or text), "
+            f"not {spec.dataset}"
+        )
+    if spec.model != "gpt" and is_text:
+        raise UserError(f"`dataset` {spec.dataset}: a text data set trains `model` gpt")
+    sizes = gpt_settings(spec)
+    if spec.model == "gpt" and sizes["embed"] % sizes["heads"]:
+        raise UserError(
+            f"`heads` {sizes['heads']}: does not divide `embed` {sizes['embed']} "
+            "(each head takes an equal share of the embedding)"
+        )
+    if spec.model == "gpt" and spec.loss != "softmax_cross_entropy":
+        raise UserError("`loss`: `model` gpt trains with softmax_cross_entropy at every position")
 
 
 def summary(trainer: Any) -> list[str]:
@@ -348,7 +464,12 @@ def summary(trainer: Any) -> list[str]:
         line += f" on rank 0 of {whole_size(model):,}, {cfg.parallel} parallel"
         if groups.data.size > 1:
             line += f" over {groups.model.size} ranks x {groups.data.size} replicas"
+    preset = cfg.facts.preset
+    said = (
+        [f"the gpt recipe for the settings not given: {describe_preset(preset)}"] if preset else []
+    )
     return [
+        *said,
         line,
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
         f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {trainer.backend.describe()}, "
@@ -372,13 +493,17 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
     if spec.parallel == "pipeline":
         # a batch is cut into at most one micro-batch per sample: more are never run
         batch = min(cfg.batch_size, n_train or cfg.batch_size)
+        batch = -(-batch // spec.accumulate)  # what one micro-step of `accumulate` takes
         replicas = cfg.facts.replicas or 1
         share = -(-batch // replicas)  # the largest share of a batch a replica gets
         if spec.microbatches is not None and spec.microbatches > share:
             whose = "each replica's share of a batch" if replicas > 1 else "a batch"
+            runs = "a step runs"
+            if spec.accumulate > 1:
+                whose, runs = f"{whose}'s micro-step (`accumulate`)", "each micro-step runs"
             notes.append(
                 f"`microbatches` {spec.microbatches} is more than the {share} sample(s) of "
-                f"{whose}: a step runs at most {share} micro-batch(es), of one sample each"
+                f"{whose}: {runs} at most {share} micro-batch(es), of one sample each"
             )
         if spec.recompute and min(spec.microbatches or MICROBATCHES, share) == 1:
             notes.append(
@@ -419,6 +544,8 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
 OPTIONAL = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
 OPTIONAL += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
 OPTIONAL += ("synthetic_size", "keep_checkpoints")  # settings whose None means "not given"
+OPTIONAL += ("layers", "heads", "embed", "block", "tensor_ranks")
+OPTIONAL += ("momentum", "betas", "eps", "weight_decay", "min_lr", "eval_every")
 
 
 def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
@@ -439,9 +566,19 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
     for name in ("hidden", "activation"):
         if name in given and spec.model != "mlp":
             found.append((f"`{name}`", f"with `model` {model_name(spec.model)}"))
-    for name in ("microbatches", "pipeline_schedule", "recompute"):
+    for name in ("layers", "heads", "embed", "block"):
+        if name in given and spec.model != "gpt":
+            found.append((f"`{name}`", f"with `model` {model_name(spec.model)}"))
+    for name in ("microbatches", "pipeline_schedule", "recompute", "tensor_ranks"):
         if name in given and spec.parallel != "pipeline":
             found.append((f"`{name}`", "without `parallel` pipeline"))
+    for name in ("momentum", "betas", "eps", "weight_decay"):
+        if name in given and name not in HYPER_PARAMETERS[spec.optimizer]:
+            found.append((f"`{name}`", f"with `optimizer` {spec.optimizer}"))
+    if "min_lr" in given and spec.schedule != "cosine":
+        found.append(("`min_lr`", f"with `schedule` {spec.schedule}"))
+    if "eval_every" in given and spec.steps is None:
+        found.append(("`eval_every`", "without `steps`: each epoch ends with an evaluation"))
     if "step_epochs" in given and spec.schedule != "step":
         found.append(("`step_epochs`", f"with `schedule` {spec.schedule}"))
     if "model_ranks" in given and spec.parallel == "data":

@@ -8,7 +8,7 @@ from xpnn.backends import get_backend
 from xpnn.backends.base import Backend
 from xpnn.backends.kernels import Kernels
 from xpnn.nn import Context, mlp
-from xpnn.optim import Schedule, make_optimizer
+from xpnn.optim import GradClip, Schedule, make_optimizer, matrix_ranges
 
 RTOL = 1e-10
 
@@ -21,7 +21,13 @@ def _batch(seed=0, n=16):
 def _run(backend, act="relu", optimizer="adam", steps=2, loss="softmax_cross_entropy"):
     """Forward+backward and ``steps`` optimizer steps; returns host copies of everything."""
     model = mlp((32, 16), act, loss=loss).build((1, 8, 8), backend, seed=5)
-    opt = make_optimizer(optimizer, model.params, model.grads, backend.kernels, Schedule(0.01))
+    recipe = {}
+    if optimizer == "adamw":  # with the recipe's other pieces: decay on matrices, clipping
+        shapes = [tuple(layer.params[name].shape) for _, layer, name in model.param_names()]
+        recipe = {"matrices": matrix_ranges(shapes), "clip": GradClip(0.05)}
+    opt = make_optimizer(
+        optimizer, model.params, model.grads, backend.kernels, Schedule(0.01), **recipe
+    )
     out = {}
     for step in range(steps):
         x, y = _batch(step)
@@ -44,7 +50,7 @@ def _assert_same(a, b, rtol=RTOL):
 
 
 @pytest.mark.parametrize("act", ["relu", "sigmoid", "tanh"])
-@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "adamw"])
 def test_numba_equals_numpy_float64(act, optimizer):
     ref = _run(get_backend("numpy", "float64"), act, optimizer)
     _assert_same(ref, _run(get_backend("numba", "float64"), act, optimizer))
@@ -55,13 +61,14 @@ def test_numba_equals_numpy_with_sigmoid_bce():
     _assert_same(ref, _run(get_backend("numba", "float64"), loss="sigmoid_bce"))
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
 @pytest.mark.parametrize("act", ["relu", "sigmoid", "tanh"])
-def test_array_api_strict_runs_the_same_math(act):
+def test_array_api_strict_runs_the_same_math(act, optimizer):
     """The generic kernels use only the array API: the proof that the math is portable."""
     strict = Backend(xs, Kernels(xs), "float64")
     strict.to_host = lambda a: np.from_dlpack(a)
-    ref = _run(get_backend("numpy", "float64"), act, "adam")
-    _assert_same(ref, _run(strict, act, "adam"), rtol=1e-12)
+    ref = _run(get_backend("numpy", "float64"), act, optimizer)
+    _assert_same(ref, _run(strict, act, optimizer), rtol=1e-12)
 
 
 def test_float32_is_the_default_dtype():

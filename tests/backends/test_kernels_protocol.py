@@ -32,6 +32,7 @@ def test_the_protocol_lists_the_kernels_the_layers_and_optimizers_call():
     wanted = {"matmul_into", "bias_act", "bias_act_backward", "activation", "activation_grad"}
     wanted |= {"softmax_cross_entropy", "sigmoid_binary_cross_entropy", "count_correct"}
     wanted |= {"sum_rows", "sgd_update", "momentum_update", "adam_update", "flush_subnormal"}
+    wanted |= {"sum_squares"}
     wanted |= {"im2col", "col2im", "conv_output", "conv_output_grad", "dropout_mask"}
     wanted |= {"maxpool2d_forward", "maxpool2d_backward"}
     assert wanted <= names

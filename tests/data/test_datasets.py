@@ -287,7 +287,8 @@ def test_mirror_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unknown_dataset() -> None:
     with pytest.raises(UserError) as info:
         load_dataset("cifar")
-    expected = "`dataset`: unknown dataset 'cifar' (choose mnist, fashion-mnist, synthetic)"
+    expected = "`dataset`: unknown dataset 'cifar' (choose mnist, fashion-mnist, synthetic, "
+    expected += "tinyshakespeare, text)"
     assert str(info.value) == expected
 
 

@@ -144,7 +144,7 @@ def test_every_supported_comm_gives_the_same_parameters(tmp_path):
             np.testing.assert_allclose(params[name], ref[name], rtol=1e-10, err_msg=used)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "adamw"])
 def test_cupy_update_of_a_gradient_in_parts_equals_numpy(optimizer):
     """An optimizer handed its gradient as a tuple of parts (``Kernels.sum_rows``) updates as
     NumPy does with the parts added up."""

@@ -106,14 +106,14 @@ def _adam_kernel() -> Any:
     import cupy as cp
 
     return cp.ElementwiseKernel(
-        "T g, T lr_c1, T beta1, T beta2, T eps, T c2, T tiny",
+        "T g, T lr_c1, T beta1, T beta2, T eps, T c2, T decay, T tiny",
         "T p, T m, T v",
         f"""
         T x = beta1 * m + ((T)1 - beta1) * g;
         m = {_FLUSH};
         x = beta2 * v + ((T)1 - beta2) * (g * g);
         v = {_FLUSH};
-        p -= lr_c1 * (m / (sqrt(v / c2) + eps));
+        p = decay * p - lr_c1 * (m / (sqrt(v / c2) + eps));
         """,
         "xpnn_adam",
     )
@@ -209,10 +209,10 @@ class CupyKernels(Kernels):
         t = p.dtype.type
         _momentum_kernel()(g, t(lr), t(mu), t(np.finfo(p.dtype).smallest_normal), p, v)
 
-    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step):
+    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step, decay=1.0):
         t = p.dtype.type
         c1, c2 = 1 - beta1**step, 1 - beta2**step
-        scalars = (t(lr / c1), t(beta1), t(beta2), t(eps), t(c2))
+        scalars = (t(lr / c1), t(beta1), t(beta2), t(eps), t(c2), t(decay))
         _adam_kernel()(g, *scalars, t(np.finfo(p.dtype).smallest_normal), p, m, v)
 
     def _geometry(self, x_shape, kh, kw, stride, padding, out_hw):  # noqa: ANN001, ANN202

@@ -173,6 +173,11 @@ class Kernels:
         out[...] = total
         return out
 
+    def sum_squares(self, x: Array) -> Array:
+        """The sum of the squares of the flat ``x`` (a gradient's norm, squared), a float64
+        scalar left on the device: the caller adds several, then reads one number."""
+        return self.xp.sum(x * x, dtype=self.xp.float64)
+
     def flush_subnormal(self, x: Array) -> None:
         """Zero the subnormal values of ``x``, keeping NaN and infinity: optimizer state of a dead
         ReLU unit decays into them, each a slow path on x86 (docs/decisions/subnormal-flush.md)."""
@@ -209,11 +214,15 @@ class Kernels:
         beta2: float,
         eps: float,
         step: int,
+        decay: float = 1.0,
     ) -> None:
-        """Adam (Kingma & Ba) with bias correction folded into the step size."""
+        """Adam (Kingma & Ba) with bias correction folded into the step size; ``decay``: the
+        factor ``1 - lr * weight_decay`` of AdamW (Loshchilov & Hutter), on ``p`` first."""
         c1, c2 = 1 - beta1**step, 1 - beta2**step
         for s in self._pieces(p.shape[0]):
             pi, gi, mi, vi = p[s], g[s], m[s], v[s]
+            if decay != 1.0:
+                pi *= decay
             mi *= beta1
             mi += (1 - beta1) * gi
             self.flush_subnormal(mi)

@@ -18,11 +18,12 @@ import numpy as np
 from xpnn.data.batches import check_int, check_seed
 from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
 from xpnn.data.idx import IdxError, read_idx, read_idx_pair
+from xpnn.data.text import TEXT_DATASETS, load_text
 from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
 
 NUM_CLASSES = 10
-DATASETS = ("mnist", "fashion-mnist", "synthetic")
+DATASETS = ("mnist", "fashion-mnist", "synthetic", *TEXT_DATASETS)
 
 # role -> standard file name; the same four names for MNIST and Fashion-MNIST
 FILES = {
@@ -89,6 +90,8 @@ class Dataset:
     y_test: np.ndarray
     num_classes: int
     train_repeats: int = 1
+    vocab: Any = None  # a text set's ``Vocabulary``: its ids' characters
+    windows: Any = None  # a text set's ``TextWindows``: samples drawn afresh every step
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -97,12 +100,15 @@ class Dataset:
 
     @property
     def n_train(self) -> int:
-        """Training samples in an epoch: the stored ones, times ``train_repeats``."""
-        return self.x_train.shape[0] * self.train_repeats
+        """Training samples in an epoch: the stored ones (a text set's windows an epoch),
+        times ``train_repeats``."""
+        stored = self.x_train.shape[0] if self.windows is None else self.windows.per_epoch
+        return stored * self.train_repeats
 
     def stored_rows(self, samples: np.ndarray) -> np.ndarray:
         """The rows of ``x_train`` / ``y_train`` that hold these training samples."""
-        return samples % self.x_train.shape[0] if self.train_repeats > 1 else samples
+        stored = self.n_train // self.train_repeats
+        return samples % stored if self.train_repeats > 1 else samples
 
 
 def load_dataset(
@@ -114,11 +120,21 @@ def load_dataset(
     synthetic_shape: tuple[int, ...] = (1, 28, 28),
     seed: int = 0,
     download: bool = True,
+    block: int = 64,
 ) -> Dataset:
     """Load a dataset by name; ``replicate`` K repeats the training set K times (more work per
-    epoch for scaling studies, the same learning). ``seed`` only affects the synthetic set."""
+    epoch for scaling studies, the same learning). ``seed`` affects the synthetic set; ``block``
+    is a text set's window length (``xpnn.data.text``)."""
     check_int("replicate", replicate, 1)
-    if name == "synthetic":
+    if name in TEXT_DATASETS:
+        split = load_text(name, data_dir, block, download=download)
+        stream = split.train.stream  # row s of the views: the window at s (nothing copied)
+        x_train = np.lib.stride_tricks.sliding_window_view(stream[:-1], block)
+        y_train = np.lib.stride_tricks.sliding_window_view(stream[1:], block)
+        arrays = (x_train, y_train, split.x_test, split.y_test)
+        classes = len(split.vocab.chars)
+        dataset = Dataset(name, *arrays, classes, vocab=split.vocab, windows=split.train)
+    elif name == "synthetic":
         dataset = make_synthetic(synthetic_size, tuple(synthetic_shape), seed)
     elif name in SOURCES:
         dataset = _load_idx_dataset(name, data_dir, download)

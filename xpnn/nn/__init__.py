@@ -6,7 +6,7 @@ from xpnn.nn.composite import Chain, Residual
 from xpnn.nn.dense import Dense
 from xpnn.nn.embedding import Embedding, PositionEmbedding
 from xpnn.nn.flatten import Flatten
-from xpnn.nn.gpt import SequenceCrossEntropy, gpt, transformer_block
+from xpnn.nn.gpt import SequenceCrossEntropy, TransformerBlock, gpt, transformer_block
 from xpnn.nn.layer import Context, Layer
 from xpnn.nn.losses import SigmoidBinaryCrossEntropy, SoftmaxCrossEntropy
 from xpnn.nn.model import Model
@@ -18,4 +18,5 @@ __all__ = ["Context", "Dense", "Flatten", "Layer", "Model", "ReLU", "Sequential"
 __all__ += ["Tanh"]
 __all__ += ["SigmoidBinaryCrossEntropy", "SoftmaxCrossEntropy", "build_model", "cnn", "mlp"]
 __all__ += ["CausalSelfAttention", "Chain", "Embedding", "FeedForward", "GELU", "LayerNorm"]
-__all__ += ["PositionEmbedding", "Residual", "SequenceCrossEntropy", "gpt", "transformer_block"]
+__all__ += ["PositionEmbedding", "Residual", "SequenceCrossEntropy", "TransformerBlock", "gpt"]
+__all__ += ["transformer_block"]

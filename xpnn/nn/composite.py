@@ -8,8 +8,6 @@ import copy
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 
 
@@ -84,28 +82,24 @@ class Chain(Layer):
         return twin
 
     # -- what tensor parallelism's whole-network view asks of a layer (parallel/model/whole.py)
-    def _nested(self, attribute: str) -> dict[str, Any]:
-        out = {}
-        for name, child in self.children.items():
-            for key, value in getattr(child, attribute, {}).items():
-                out[f"{name}.{key}"] = value
-        return out
-
     @property
-    def split(self) -> dict[str, int]:
+    def split(self) -> dict[str, int]:  # type: ignore[override]
         """Nested parameter name -> the axis a sublayer keeps a slice of (tensor parallelism)."""
-        return self._nested("split")
+        return {
+            f"{name}.{key}": axis
+            for name, child in self.children.items()
+            for key, axis in child.split.items()
+        }
 
-    @property
-    def whole_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Nested parameter name -> its shape in the whole network, where a sublayer is split."""
-        return self._nested("whole_shapes")
+    def whole_shape(self, name: str) -> tuple[int, ...]:
+        """Nested parameter ``name``'s shape in the whole network, from its sublayer."""
+        child, _, rest = name.partition(".")
+        return self.children[child].whole_shape(rest)
 
-    def piece(self, name: str, whole: np.ndarray) -> np.ndarray:
+    def piece(self, name: str, whole: Any) -> Any:
         """This rank's part of the whole parameter ``name``, from the sublayer that holds it."""
         child, _, rest = name.partition(".")
-        piece = getattr(self.children[child], "piece", None)
-        return whole if piece is None else piece(rest, whole)
+        return self.children[child].piece(rest, whole)
 
     def __repr__(self) -> str:
         inner = " -> ".join(repr(child) for child in self.children.values())

@@ -31,13 +31,24 @@ class SequenceCrossEntropy:
         return loss / t, xp.reshape(grad, (n, t, v))
 
 
-def transformer_block(embed: int, heads: int) -> Chain:
+class TransformerBlock(Chain):
     """Pre-LayerNorm: ``x + attn(ln(x))``, then ``x + ff(ln(x))`` with a 4x wider hidden layer.
     Parameter names: ``attn.ln.*``, ``attn.sa.qkv.*``, ``attn.sa.proj.*``, ``mlp.ln.*``,
     ``mlp.ff.up.*``, ``mlp.ff.down.*``."""
-    attn = Residual({"ln": LayerNorm(), "sa": CausalSelfAttention(embed, heads)})
-    mlp = Residual({"ln": LayerNorm(), "ff": FeedForward(embed, 4 * embed)})
-    return Chain({"attn": attn, "mlp": mlp})
+
+    def __init__(self, embed: int, heads: int) -> None:
+        attn = Residual({"ln": LayerNorm(), "sa": CausalSelfAttention(embed, heads)})
+        mlp = Residual({"ln": LayerNorm(), "ff": FeedForward(embed, 4 * embed)})
+        super().__init__({"attn": attn, "mlp": mlp})
+        self.embed, self.heads = embed, heads
+
+    def __repr__(self) -> str:
+        return f"TransformerBlock({self.embed}, {self.heads} heads)"
+
+
+def transformer_block(embed: int, heads: int) -> TransformerBlock:
+    """One GPT block (``TransformerBlock``)."""
+    return TransformerBlock(embed, heads)
 
 
 def gpt(

@@ -26,6 +26,8 @@ class Model(Protocol):
     stages: int  # pipeline stages the network is cut into (1: it is whole here)
     whole_param_count: int | None  # the whole network's parameters, where not all are here
     layer_offsets: list[int]  # where each layer's parameters start in ``params``
+    part: int  # the tensor part of a pipeline stage this rank holds (0 outside 3-D)
+    split_comm: Any  # the ranks holding the other slices of its split layers (None: its comm)
 
     def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Model:
         """Draw the initial weights from ``seed`` and place them in the flat buffers."""

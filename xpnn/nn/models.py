@@ -16,7 +16,7 @@ from xpnn.nn.dense import Dense
 from xpnn.nn.flatten import Flatten
 from xpnn.nn.sequential import Sequential, resolve_loss
 
-MODELS = ("mlp", "cnn")
+MODELS = ("mlp", "cnn", "gpt")
 MLP_ACTIVATIONS = ("relu", "sigmoid", "tanh")  # the hidden layers' choices
 
 
@@ -124,9 +124,15 @@ def make_model(
     hidden: tuple[int, ...] = (512, 256),
     activation: str = "relu",
     loss: str = "softmax_cross_entropy",
+    gpt_sizes: dict[str, int] | None = None,
 ) -> Sequential:
     """The unbuilt model a run's ``model`` gives: a preset name, a factory's path, a factory
-    ``f(input_shape, num_classes)``, or a model itself."""
+    ``f(input_shape, num_classes)``, or a model itself; ``gpt_sizes``: ``gpt``'s layers, heads,
+    embed and block (``num_classes`` is its vocabulary)."""
+    if model == "gpt":
+        from xpnn.nn.gpt import gpt
+
+        return gpt(num_classes, **(gpt_sizes or {}))
     if isinstance(model, str) and model in MODELS:
         if model == "cnn" and tuple(input_shape) != (1, 28, 28):
             raise UserError(f"`model` cnn: needs 1x28x28 images, the data has {input_shape}")

@@ -28,6 +28,22 @@ def resolve_loss(loss: Any) -> Any:
     return loss
 
 
+def adding(
+    acc: Array, grads: Array, on_grads_ready: Callable[[int], None] | None
+) -> Callable[[int], None]:
+    """A backward's ``on_grads_ready`` that first adds ``acc`` (earlier passes' gradients,
+    summed) into each newly final ``grads[offset:]``, then reports it on."""
+    done = [grads.shape[0]]
+
+    def ready(offset: int) -> None:
+        grads[offset : done[0]] += acc[offset : done[0]]
+        done[0] = offset
+        if on_grads_ready is not None:
+            on_grads_ready(offset)
+
+    return ready
+
+
 class Sequential:
     """Layers in order: the ``Model`` the trainer, checkpoints and parallel strategies use."""
 
@@ -37,6 +53,8 @@ class Sequential:
     input_grad = False  # whether backward returns the gradient of the model's input
     reads_input = True  # whether forward reads the samples (a pipeline's later stages do not)
     first_param_layer = 0  # how many layers with parameters come before this model's first
+    part = 0  # which tensor part of a pipeline stage this rank holds (3-D parallelism)
+    split_comm: Any = None  # the ranks holding this model's other slices, where not its comm
     train_rows = 0  # the largest batch ``loss_and_grads`` has seen (``evaluate`` slices by it)
 
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:

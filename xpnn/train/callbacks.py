@@ -38,6 +38,9 @@ class Callback:
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         """``record``: the epoch's metrics line (DESIGN.md's contract)."""
 
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """Training by ``steps``: ``record`` (``"event"`` ``"eval"``) every ``eval_every``."""
+
     def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         """``record``: the run's last line, ``"event"`` ``"done"`` or ``"diverged"``."""
 
@@ -66,6 +69,7 @@ class MetricsFile(Callback):
             fh.write(json.dumps(line, allow_nan=False) + "\n")
 
     on_train_end = on_epoch_end  # the run's last line, written as an epoch's
+    on_eval = on_epoch_end
 
 
 class EpochLog(Callback):
@@ -88,8 +92,21 @@ class EpochLog(Callback):
             + (where + "]" if first else "")
         )
 
+    def on_eval(self, trainer: Trainer, r: dict[str, Any]) -> None:
+        if trainer.is_root:
+            self.log(
+                f"step {r['step']}/{trainer.cfg.steps}  train_loss {r['train_loss']:.4f}  "
+                f"test_loss {r['test_loss']:.4f}  test_acc {r['test_acc']:.4f}  "
+                f"lr {r['lr']:.3g}  {r['samples_per_s']:.0f} samples/s"
+            )
+
     def on_train_end(self, trainer: Trainer, r: dict[str, Any]) -> None:
-        if trainer.is_root and r["event"] == "done":
+        if trainer.is_root and r["event"] == "done" and "steps" in r and trainer.cfg.steps:
+            self.log(
+                f"done: {r['steps']} steps, test_acc {r['test_acc']:.4f}, "
+                f"{r['total_seconds']:.1f} s training, {r['params']:,} parameters"
+            )
+        elif trainer.is_root and r["event"] == "done":
             self.log(
                 f"done: {r['epochs']} epochs, test_acc {r['test_acc']:.4f}, "
                 f"{r['total_seconds']:.1f} s training, {r['params']:,} parameters"
@@ -108,10 +125,20 @@ class ProgressBar(Callback):
         self.bar = tqdm(total=total, desc=f"epoch {epoch + 1}", leave=False, unit="batch")
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
+        if self.bar is None:  # training by steps: one bar over the run's steps
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=trainer.cfg.steps, desc="steps", leave=False, unit="batch")
         self.bar.update()
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         self.bar.close()
+        self.bar = None
+
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 class Checkpoints(Callback):

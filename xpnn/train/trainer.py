@@ -14,12 +14,14 @@ import numpy as np
 
 from xpnn import checkpoint
 from xpnn.data import Dataset, global_batches, shard
+from xpnn.data.text import text_metrics
 from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
 from xpnn.nn.layer import Context, is_int
-from xpnn.optim import SCHEDULES, Schedule, make_optimizer
+from xpnn.nn.sequential import adding
+from xpnn.optim import SCHEDULES, GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL, Groups
-from xpnn.parallel.model.whole import whole_params, whole_size
+from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
 from xpnn.runtime import stall
 from xpnn.runtime.memory import peak_rss_mb
@@ -51,8 +53,15 @@ class RunFacts:
     microbatches: int | None = None  # a pipeline's, as its stage settled them
     pipeline_schedule: str | None = None
     recompute: bool | None = None
+    tensor_ranks: int | None = None  # a pipeline stage's tensor parts (3-D parallelism)
+    preset: dict[str, Any] | None = None  # the settings a model's recipe filled (--model gpt)
     loss: str | None = None  # what a resume must match
     activation: str | None = None
+    layers: int | None = None  # a GPT's sizes and vocabulary: what ``generate`` rebuilds
+    heads: int | None = None
+    embed: int | None = None
+    block: int | None = None
+    vocab: str | None = None
 
     def record(self) -> dict[str, Any]:
         """The keys a metrics line carries (DESIGN.md's contract)."""
@@ -60,11 +69,13 @@ class RunFacts:
         return {k: v for k, v in said.items() if v is not None and k not in NETWORK}
 
     def network(self) -> dict[str, Any]:
-        """What a resume must match beyond shapes: the loss, the MLP's activation."""
-        return {k: getattr(self, k) for k in NETWORK if getattr(self, k) is not None}
+        """What a resume must match beyond shapes: the loss, the MLP's activation, a text
+        model's name, sizes and vocabulary (``generate`` builds the model from them)."""
+        said = {k: getattr(self, k) for k in NETWORK if getattr(self, k) is not None}
+        return {"model": self.model, **said} if self.vocab is not None else said
 
 
-NETWORK = ("loss", "activation")
+NETWORK = ("loss", "activation", "layers", "heads", "embed", "block", "vocab")
 
 
 @dataclass
@@ -89,11 +100,22 @@ class TrainConfig:
     stall_abort: float = 0.0  # ... till the job is ended (0: never)
     progress: bool = False
     parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
+    momentum: float | None = None  # the optimizer's hyper-parameters (None: its default)
+    betas: tuple[float, float] | None = None
+    eps: float | None = None
+    weight_decay: float | None = None  # adamw: decoupled, on parameters of 2+ dimensions
+    warmup_steps: int | None = None  # instead of warmup_epochs
+    min_lr: float = 0.0  # schedule cosine: the rate it decays to
+    clip_norm: float | None = None  # scale the gradients to at most this global norm
+    accumulate: int = 1  # micro-steps a step's batch is taken in, their gradients summed
+    steps: int | None = None  # train this many steps, not epochs
+    eval_every: int | None = None  # with steps: an evaluation record every this many steps
     facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
 
     def __post_init__(self) -> None:
         """What the command line refuses, refused here too for programs that build a config."""
         whole = {"epochs": 1, "batch_size": 1, "eval_batch_size": 1, "keep_checkpoints": 0}
+        whole |= {"accumulate": 1}
         for name, least in whole.items():
             value = getattr(self, name)
             if not is_int(value) or value < least:
@@ -118,10 +140,31 @@ class TrainConfig:
                 )
         if self.resume and not self.checkpoint_dir:
             raise ValueError("TrainConfig.resume: needs a checkpoint_dir")
+        check_recipe(self)
         for name in ("stall_warn", "stall_abort"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"TrainConfig.{name}: must be seconds >= 0, got {value!r}")
+
+
+def check_recipe(cfg: TrainConfig) -> None:
+    """The step-counting settings: whole numbers where counts, positive where sizes."""
+    for name in ("warmup_steps", "steps", "eval_every"):
+        value = getattr(cfg, name)
+        least = 0 if name == "warmup_steps" else 1
+        if value is not None and (not is_int(value) or value < least):
+            raise ValueError(f"TrainConfig.{name}: must be None or >= {least}, got {value!r}")
+    if cfg.clip_norm is not None and not (math.isfinite(cfg.clip_norm) and cfg.clip_norm > 0):
+        raise ValueError(f"TrainConfig.clip_norm: must be None or > 0, got {cfg.clip_norm!r}")
+    if cfg.accumulate > cfg.batch_size:
+        raise UserError(
+            f"`accumulate` {cfg.accumulate}: more micro-steps than the global batch's "
+            f"{cfg.batch_size} samples"
+        )
+    if cfg.steps is not None and cfg.checkpoint_dir:
+        raise UserError(
+            "`checkpoint_dir`: checkpoints are written at the end of epochs, not with `steps`"
+        )
 
 
 CHOICES = {"parallel": PARALLEL, "node_share": NODE_SHARES, "schedule": SCHEDULES}
@@ -163,28 +206,51 @@ class Trainer:
         # the ranks whose losses add up: every pipeline stage (only the last ones score)
         self.metrics_comm = comm if cfg.parallel == "pipeline" else self.data_comm
         # a pipeline's later stages never read a sample: no copy of them on the device
-        self.x_train = backend.asarray(data.x_train) if model.reads_input else None
-        self.y_train = backend.asarray(data.y_train, dtype=self.xp.int64)
+        self.x_train = self.y_train = self.stream = None
+        if data.windows is not None:  # text: windows of the stream, drawn each step
+            self.stream = backend.asarray(data.windows.stream, dtype=self.xp.int64)
+        else:
+            self.x_train = backend.asarray(data.x_train) if model.reads_input else None
+            self.y_train = backend.asarray(data.y_train, dtype=self.xp.int64)
         self.n_train = data.n_train  # with ``replicate``, more than it stores
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
         self.step_epochs = cfg.step_epochs or max(1, cfg.epochs // 3)  # default: a third
+        warmup = cfg.warmup_steps
+        if warmup is None:
+            warmup = warmup_steps(cfg.warmup_epochs, self.steps_per_epoch)
+        self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
         schedule = Schedule(
             cfg.lr,
             cfg.schedule,
-            warmup_steps=warmup_steps(cfg.warmup_epochs, self.steps_per_epoch),
-            total_steps=cfg.epochs * self.steps_per_epoch,
+            warmup_steps=warmup,
+            total_steps=self.total_steps,
             step_size=self.step_epochs * self.steps_per_epoch,  # the decay counts epochs, not steps
+            min_lr=cfg.min_lr,
         )
+        hyper = {name: getattr(cfg, name) for name in ("momentum", "betas", "eps", "weight_decay")}
+        shapes = [tuple(layer.params[name].shape) for _, layer, name in model.param_names()]
+        matrices = matrix_ranges(shapes)
+        clip = None
+        if cfg.clip_norm is not None:
+            shared = replicated_ranges(model, cfg.parallel, self.model_comm.rank)
+            clip = GradClip(cfg.clip_norm, self._norm_total, shared)
 
         def optimizer(params: Any, grads: Any, parts: Any = None, zeros: Any = None) -> Any:
-            return make_optimizer(
-                cfg.optimizer, params, grads, backend.kernels, schedule, parts, zeros
-            )
+            args = (params, grads, backend.kernels, schedule, parts, zeros)
+            return make_optimizer(cfg.optimizer, *args, **hyper, matrices=matrices, clip=clip)
 
         bucket_bytes = int(cfg.bucket_mb * 2**20)
         self.update = make_update(
-            model, self.data_comm, optimizer, bucket_bytes, cfg.batch_size, cfg.node_share
+            model,
+            self.data_comm,
+            optimizer,
+            bucket_bytes,
+            cfg.batch_size,
+            cfg.node_share,
+            deferred=clip is not None,
+            accumulate=cfg.accumulate,
         )
+        self._acc: Any = None  # the earlier micro-steps' gradients, summed (accumulate > 1)
         self.optimizer = self.update.optimizer
         stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
         self.n_params = whole_size(model)
@@ -206,30 +272,65 @@ class Trainer:
                 checkpoint.refuse_other_runs(cfg.checkpoint_dir)
         self.start_epoch = self._maybe_resume()
 
+    def _norm_total(self, local: float) -> float:
+        """This rank's sum of squares of the reduced gradient made the whole model's: its
+        replica's shares, then the replica's slices or stages (replicas hold equal sums)."""
+        replica = self.update.share_total(local)
+        return float(self.model_comm.allreduce_host([replica])[0])
+
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
+        """One optimizer step on the global ``batch``, in ``accumulate`` micro-steps (each
+        scaled by 1 / global batch, their gradients summed: the same step as one pass)."""
         xp, model = self.xp, self.model
         stall.injected_pause(self.comm.rank, step)
         stall.at_step(step)
-        local = shard(batch, self.data_comm.rank, self.data_comm.size)
         self.update.begin_step(len(batch))
-        if len(local) == 0 and not self.update.needs_every_rank:
-            # more ranks than samples in this batch: contribute zeros
-            model.grads[...] = 0
-            zero = xp.zeros((), dtype=xp.float64)
-            loss, correct = zero, zero
-        else:
-            idx = self.backend.asarray(local, dtype=xp.int64)
-            rows = idx  # the stored rows that hold these samples: others with ``replicate``
-            if self.data.train_repeats > 1:
-                rows = self.backend.asarray(self.data.stored_rows(local), dtype=xp.int64)
-            xb = xp.take(self.x_train, rows, axis=0) if model.reads_input else None
-            yb = xp.take(self.y_train, rows, axis=0)
-            ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
-            loss, correct = model.loss_and_grads(
-                xb, yb, ctx, 1.0 / len(batch), self.update.grads_ready
-            )
+        micro = np.array_split(batch, self.cfg.accumulate)
+        loss = correct = xp.zeros((), dtype=xp.float64)
+        summed = False  # whether self._acc holds this step's earlier micro-steps
+        for k, part in enumerate(micro):
+            last = k == len(micro) - 1
+            local = shard(part, self.data_comm.rank, self.data_comm.size)
+            if len(local) == 0 and not self.update.needs_every_rank:
+                if last:  # more ranks than samples: contribute zeros (or the earlier ones')
+                    if summed:
+                        model.grads[...] = self._acc
+                    else:
+                        model.grads[...] = 0
+                continue
+            ready = self.update.grads_ready if last else None
+            if last and summed:
+                ready = adding(self._acc, model.grads, ready)
+            part_loss, part_correct = self._pass(local, len(batch), step, ready)
+            loss, correct = loss + part_loss, correct + part_correct
+            if not last:
+                if self._acc is None:
+                    self._acc = xp.zeros_like(model.grads)
+                if summed:
+                    self._acc += model.grads
+                else:
+                    self._acc[...] = model.grads
+                summed = True
         self.update.finish()
         return loss, correct
+
+    def _pass(self, local: np.ndarray, batch: int, step: int, ready: Any) -> tuple[Any, Any]:
+        """Forward and backward over this rank's samples ``local`` of a ``batch``-sample step."""
+        xp, model = self.xp, self.model
+        idx = self.backend.asarray(local, dtype=xp.int64)
+        rows = idx  # the stored rows that hold these samples: others with ``replicate``
+        if self.data.train_repeats > 1:
+            rows = self.backend.asarray(self.data.stored_rows(local), dtype=xp.int64)
+        if self.stream is not None:
+            spans = self.data.windows.spans(self.cfg.seed, step, self.data.stored_rows(local))
+            at = self.backend.asarray(spans, dtype=xp.int64)
+            xb = xp.take(self.stream, at) if model.reads_input else None
+            yb = xp.take(self.stream, at + 1)
+        else:
+            xb = xp.take(self.x_train, rows, axis=0) if model.reads_input else None
+            yb = xp.take(self.y_train, rows, axis=0)
+        ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
+        return model.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
         """Epoch ``epoch`` (from 0): the sums of its losses and correct predictions, on device."""
@@ -287,7 +388,9 @@ class Trainer:
             callback.on_train_begin(self)
         total_seconds = 0.0
         test_loss = test_acc = float("nan")
-        for epoch in range(start_epoch, cfg.epochs):
+        if cfg.steps is not None:
+            total_seconds, test_loss, test_acc = self._train_steps(cfg.steps)
+        for epoch in range(start_epoch, cfg.epochs if cfg.steps is None else 0):
             batches = global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)
             self.backend.synchronize()
             stall.in_phase(f"the start of epoch {epoch + 1}")
@@ -322,23 +425,29 @@ class Trainer:
                 "comm_bytes_per_step": (data_bytes + model_bytes) / len(batches),
                 "data_comm_bytes": data_bytes,
                 "model_comm_bytes": model_bytes,
+                **text_metrics(self.data, test_loss, test_acc, self.n_train / seconds),
                 **common,
             }
+            if cfg.clip_norm is not None:  # the epoch's last step's, before clipping
+                record["grad_norm"] = self.optimizer.grad_norm
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged
                 callback.on_epoch_end(self, record)
             if not (math.isfinite(train_loss) and math.isfinite(test_loss)):  # every rank sees it
                 for callback in self.callbacks:
                     callback.on_train_end(self, {"event": "diverged", "epoch": epoch + 1})
                 raise TrainingDiverged(epoch + 1)
-        if start_epoch >= cfg.epochs:  # resumed with nothing left to train: score what we have
+        if cfg.steps is None and start_epoch >= cfg.epochs:  # resumed with nothing left to train
             test_loss, test_acc = self.evaluate()
         stall.in_phase("the end of the run")
         whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
         digests = comm.allgather_obj(arrays_digest(whole.values()))  # equal, or parallelism broke
         peak_rss = comm.allgather_obj(peak_rss_mb())
+        trained = max(cfg.epochs - start_epoch, 0) * self.n_train  # samples this run trained
         done = {
             "event": "done",
-            "epochs": max(cfg.epochs, start_epoch),  # a resumed checkpoint may be further on
+            # a resumed checkpoint may be further on
+            "epochs": self._epochs_seen if cfg.steps else max(cfg.epochs, start_epoch),
+            "steps": self.optimizer.step_count,
             "test_acc": test_acc,
             "test_loss": test_loss,
             "total_seconds": total_seconds,
@@ -346,6 +455,7 @@ class Trainer:
             "params_sha256": digests[0],
             "ranks_agree": len(set(digests)) == 1,
             "peak_rss_mb": peak_rss,  # by rank: where a pipeline stage or a slice weighs most
+            **text_metrics(self.data, test_loss, test_acc, trained / max(total_seconds, 1e-9)),
             **common,
         }
         if self.is_root and cfg.save:  # first: a done line promises the saved parameters
@@ -354,6 +464,81 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_train_end(self, done)
         return done
+
+    def _train_steps(self, steps: int) -> tuple[float, float, float]:
+        """Train ``steps`` steps through as many epochs' batches as they take, with an ``eval``
+        record every ``eval_every`` steps; returns (seconds, test loss, test accuracy)."""
+        cfg, xp = self.cfg, self.xp
+        every = cfg.eval_every or steps
+        total_seconds, test_loss, test_acc = 0.0, float("nan"), float("nan")
+        step, epoch, span = 0, 0, None
+        while step < steps:
+            for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch):
+                if span is None:  # a span of steps between evaluations begins
+                    self.backend.synchronize()
+                    stall.in_phase(f"the start of step {step + 1}")
+                    self.comm.barrier()
+                    zero = xp.zeros((), dtype=xp.float64)
+                    span = {"t0": time.perf_counter(), "sent": -self.bytes_sent(), "steps": 0}
+                    span |= {"loss": zero, "correct": zero, "samples": 0}
+                for callback in self._step_begin:
+                    callback.on_step_begin(self, step)
+                loss, correct = self.step(batch, step)
+                span["loss"], span["correct"] = span["loss"] + loss, span["correct"] + correct
+                span["samples"] += len(batch)
+                span["steps"] += 1
+                for callback in self._step_end:
+                    callback.on_step_end(self, step)
+                step += 1
+                if step % every == 0 or step == steps:
+                    record = self._eval_record(step, epoch + 1, span)
+                    total_seconds += record["seconds"]
+                    test_loss, test_acc = record["test_loss"], record["test_acc"]
+                    span = None
+                if step == steps:
+                    break
+            epoch += 1
+        self._epochs_seen = epoch
+        return total_seconds, test_loss, test_acc
+
+    def _eval_record(self, step: int, epoch: int, span: dict[str, Any]) -> dict[str, Any]:
+        """The ``eval`` record of the steps in ``span``, given to every callback (collective)."""
+        sent = span["sent"] + self.bytes_sent()
+        self.backend.synchronize()
+        seconds = time.perf_counter() - span["t0"]
+        stall.in_phase(f"the evaluation at step {step}")
+        data_bytes, model_bytes = (int(b) for b in self.comm.allreduce_host(sent))
+        sums = self.metrics_comm.allreduce_host(
+            np.array([float(span["loss"]), float(span["correct"])], dtype=np.float64)
+        )
+        test_loss, test_acc = self.evaluate()
+        record = {
+            "event": "eval",
+            "step": step,
+            "epoch": step / self.steps_per_epoch,  # epochs' worth of batches, a fraction
+            "train_loss": sums[0] / span["samples"],
+            "train_acc": sums[1] / span["samples"],
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "seconds": seconds,
+            "samples_per_s": span["samples"] / seconds,
+            "lr": self.optimizer.lr,
+            "comm_bytes": data_bytes + model_bytes,
+            "comm_bytes_per_step": (data_bytes + model_bytes) / span["steps"],
+            "data_comm_bytes": data_bytes,
+            "model_comm_bytes": model_bytes,
+            **text_metrics(self.data, test_loss, test_acc, span["samples"] / seconds),
+            **self.common,
+        }
+        if self.cfg.clip_norm is not None:
+            record["grad_norm"] = self.optimizer.grad_norm
+        for callback in self.callbacks:
+            callback.on_eval(self, record)
+        if not (math.isfinite(record["train_loss"]) and math.isfinite(test_loss)):
+            for callback in self.callbacks:
+                callback.on_train_end(self, {"event": "diverged", "epoch": epoch})
+            raise TrainingDiverged(epoch)
+        return record
 
     def _maybe_resume(self) -> int:
         cfg = self.cfg
@@ -414,4 +599,11 @@ class Trainer:
             settings["step_epochs"] = self.step_epochs
         if cfg.schedule == "cosine":
             settings["epochs"] = cfg.epochs
+        recipe = ("momentum", "betas", "eps", "weight_decay", "warmup_steps", "clip_norm")
+        for name in recipe:  # as JSON gives them back: a list for a tuple
+            value = getattr(cfg, name)
+            if value is not None:
+                settings[name] = list(value) if isinstance(value, tuple) else value
+        if cfg.min_lr:
+            settings["min_lr"] = cfg.min_lr
         return settings

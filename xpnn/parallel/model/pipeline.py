@@ -14,16 +14,18 @@ from typing import Any
 from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
-from xpnn.nn.sequential import Sequential
+from xpnn.nn.sequential import Sequential, adding
+from xpnn.parallel.model.whole import whole_shape
 
 FORWARD_TAG, BACKWARD_TAG, EVAL_TAG = 1, 2, 3
 
 
 def layer_costs(layers: list[Layer], shapes: list[tuple[int, ...]]) -> list[float]:
-    """Multiply-adds per sample of each layer: parameters times output positions computed."""
+    """Multiply-adds per sample of each layer: parameters times output positions computed
+    (whole parameters: every tensor part of a stage cuts the pipeline alike)."""
     costs = []
     for layer, out in zip(layers, shapes[1:], strict=True):
-        weights = sum(math.prod(shape) for _, shape in layer.initial.values())
+        weights = sum(math.prod(whole_shape(layer, name)) for name in layer.initial)
         costs.append(float(weights * layer.output_positions(out)))
     return costs
 
@@ -112,6 +114,7 @@ class PipelineStage(Sequential):
         microbatches: int,
         schedule: str,
         recompute: bool = False,
+        tensor: tuple[int, int] = (0, 1),
     ) -> None:
         start, end = bounds[index]
         super().__init__(whole.layers[start:end], whole.loss)
@@ -122,12 +125,18 @@ class PipelineStage(Sequential):
         self.shapes = whole.shapes[start : end + 1]
         self.output_shape = self.shapes[-1]
         self.first, self.last = index == 0, index == len(bounds) - 1
-        self.scores = self.last
+        # ``tensor`` (part, parts): the stage's layers are split over ``parts`` ranks, stage s
+        # part p being rank s * parts + p of the replica; part 0 of the last stage scores
+        self.part, self.parts = tensor
+        self.prev_rank = (index - 1) * self.parts + self.part
+        self.next_rank = (index + 1) * self.parts + self.part
+        self.split_comm: Any = None  # the stage's tensor-parallel ranks (``attach_split``)
+        self.scores = self.last and self.part == 0
         self.input_grad = not self.first
         self.reads_input = self.first  # the others receive activations
         self.first_param_layer = sum(1 for layer in whole.layers[:start] if layer.initial)
         self.whole_param_count = sum(
-            math.prod(shape) for layer in whole.layers for _, shape in layer.initial.values()
+            math.prod(whole_shape(layer, name)) for layer in whole.layers for name in layer.initial
         )
         self.comm: Any = None  # set by ``attach`` once the communicator exists
         self._sets: list[list[Layer]] = [self.layers]  # one set of layers per micro-batch
@@ -136,6 +145,11 @@ class PipelineStage(Sequential):
     def attach(self, comm: Any) -> None:
         super().attach(comm)
         self.comm = comm
+
+    def attach_split(self, comm: Any) -> None:
+        """Give the stage's split layers the ranks of its tensor parts (after ``attach``)."""
+        super().attach(comm)
+        self.split_comm = comm
 
     def _receive(self, rows: int, shape: tuple[int, ...], source: int, tag: int) -> Array:
         buf = self.xp.empty((rows, *shape), dtype=self.params.dtype)
@@ -183,22 +197,23 @@ class PipelineStage(Sequential):
                 if self.first:
                     xin = x[lo:hi]
                 else:
-                    xin = self._receive(hi - lo, self.shapes[0], self.index - 1, FORWARD_TAG)
+                    xin = self._receive(hi - lo, self.shapes[0], self.prev_rank, FORWARD_TAG)
                 if self.recompute:
                     inputs[m] = xin
                 y = self.forward(xin, contexts[m], layers)
                 if self.last:
                     kernels = self.backend.kernels
-                    correct = correct + kernels.count_correct(y, labels[lo:hi])
                     loss, dlogits[m] = self.loss(kernels, y, labels[lo:hi], scale)
-                    loss_sum = loss_sum + loss
+                    if self.scores:  # once a replica, not once a tensor part
+                        correct = correct + kernels.count_correct(y, labels[lo:hi])
+                        loss_sum = loss_sum + loss
                 else:
-                    pending[slot].append(self.comm.isend(y, self.index + 1, FORWARD_TAG))
+                    pending[slot].append(self.comm.isend(y, self.next_rank, FORWARD_TAG))
                 continue
             if self.last:
                 dy = dlogits.pop(m)
             else:
-                dy = self._receive(hi - lo, self.output_shape, self.index + 1, BACKWARD_TAG)
+                dy = self._receive(hi - lo, self.output_shape, self.next_rank, BACKWARD_TAG)
             if self.recompute and holder[slot] != m:  # the set holds a later micro-batch's
                 self._wait(pending[slot])
                 self.forward(inputs[m], contexts[m], layers)  # activations: m's again
@@ -208,7 +223,7 @@ class PipelineStage(Sequential):
             dx = self.backward(dy, ready, layers, overwrite=True)  # dy is ours: popped or received
             holder[slot] = None
             if not self.first:
-                pending[slot].append(self.comm.isend(dx, self.index - 1, BACKWARD_TAG))
+                pending[slot].append(self.comm.isend(dx, self.prev_rank, BACKWARD_TAG))
             if final:
                 break
             if acc is None:
@@ -240,27 +255,20 @@ class PipelineStage(Sequential):
 
     def _summing(self, acc: Array | None, on_grads_ready: Any) -> Any:
         """The last micro-batch's callback: add the earlier ones' gradients, then report."""
-        if acc is None:
-            return on_grads_ready
-        grads, done = self.grads, [self.size]
-
-        def ready(offset: int) -> None:
-            grads[offset : done[0]] += acc[offset : done[0]]
-            done[0] = offset
-            if on_grads_ready is not None:
-                on_grads_ready(offset)
-
-        return ready
+        return on_grads_ready if acc is None else adding(acc, self.grads, on_grads_ready)
 
     def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
         n = labels.shape[0]
-        y = x if self.first else self._receive(n, self.shapes[0], self.index - 1, EVAL_TAG)
+        y = x if self.first else self._receive(n, self.shapes[0], self.prev_rank, EVAL_TAG)
         y = self.forward(y, Context(train=False))
         if not self.last:
-            self.comm.isend(y, self.index + 1, EVAL_TAG).wait()
+            self.comm.isend(y, self.next_rank, EVAL_TAG).wait()
             zero = self.xp.zeros((), dtype=self.xp.float64)
             return zero, zero
         loss, _ = self.loss(self.backend.kernels, y, labels, 1.0)
+        if not self.scores:  # another tensor part of the last stage scores
+            zero = self.xp.zeros((), dtype=self.xp.float64)
+            return zero, zero
         return loss, self.backend.kernels.count_correct(y, labels)
 
     def summary(self) -> str:
@@ -282,9 +290,12 @@ def build_stage(
     microbatches: int,
     schedule: str = DEFAULT_SCHEDULE,
     recompute: bool = False,
+    tensor: tuple[int, int] = (0, 1),
 ) -> PipelineStage:
-    """Draw the whole network as one process would, and place only stage ``rank`` of ``size``."""
+    """Draw the whole network as one process would, and place only stage ``rank`` of ``size``
+    (its tensor part ``tensor[0]`` of ``tensor[1]`` where its layers are split)."""
     whole.setup(input_shape, backend, seed)
     costs = layer_costs(whole.layers, whole.shapes)
     bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)
-    return PipelineStage(whole, bounds, rank, microbatches, schedule, recompute).place()
+    stage = PipelineStage(whole, bounds, rank, microbatches, schedule, recompute, tensor)
+    return stage.place()

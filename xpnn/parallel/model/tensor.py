@@ -1,8 +1,9 @@
 """Tensor parallelism, Megatron-LM's pairing: of each pair of layers that declare
 ``tensor_split = "dense"`` the first is swapped for its column-split twin, the second for its
 row-split twin (one allreduce each way); one left over is replicated. Between a pair only
-``"elementwise"`` layers may stand, outside it ``"replicate"`` ones too. Every rank draws the
-whole initial weights and keeps its slice."""
+``"elementwise"`` layers may stand, outside it ``"replicate"`` ones too. A composite layer
+declares its pairs of sublayers instead (``Layer.tensor_pairs``: attention heads, a
+transformer's MLP). Every rank draws the whole initial weights and keeps its slice."""
 
 from __future__ import annotations
 
@@ -78,9 +79,36 @@ class RowDense(_SplitDense):
 TWINS = {"dense": (ColumnDense, RowDense)}  # a declared split -> its (first, second) twins
 
 
+def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
+    """Swap the sublayer pairs each layer declares in ``tensor_pairs`` (attention heads, a
+    transformer's MLP) for this rank's column- and row-split twins; the rest is replicated."""
+    for top in layers:
+        for layer in list(top.walk()):
+            for column, row, column_group, row_group in layer.tensor_pairs:
+                first, second = layer.children[column], layer.children[row]
+                groups = first.units // column_group
+                if groups < size:
+                    raise UserError(
+                        f"`parallel` tensor: {layer!r} splits into {groups} parts, fewer than "
+                        f"the {size} ranks (use at most {groups} ranks a replica, or `parallel` "
+                        "data or pipeline)"
+                    )
+                lo, hi = shard_bounds(groups, rank, size)
+                first_twin, _ = TWINS[first.tensor_split]
+                _, second_twin = TWINS[second.tensor_split]
+                bounds = (lo * column_group, hi * column_group)
+                layer.children[column] = first_twin(first.units, first.activation, bounds)
+                bounds = (lo * row_group, hi * row_group)
+                layer.children[row] = second_twin(second.units, second.activation, bounds)
+    return layers
+
+
 def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
     """``layers`` with their pairs of splittable layers swapped for ``rank`` of ``size``'s
-    twins; a layer that declares no split is refused, named."""
+    twins: the pairs composite layers declare (``tensor_pairs``), else the layers that declare
+    a ``tensor_split`` in turn; a layer that declares no split is refused, named."""
+    if any(inner.tensor_pairs for top in layers for inner in top.walk()):
+        return split_declared(layers, rank, size)
     pairable = [i for i, layer in enumerate(layers) if layer.tensor_split in TWINS]
     pairs = list(zip(pairable[0::2], pairable[1::2], strict=False))
     inside = {i for first, second in pairs for i in range(first + 1, second)}

@@ -12,11 +12,12 @@ import numpy as np
 def whole_arrays(model: Any, comm: Any, pieces: dict[str, Any]) -> dict[str, np.ndarray]:
     """``pieces`` (stable name -> this rank's part) made whole on every rank (collective)."""
     to_host = model.backend.to_host
+    split_comm = model.split_comm or comm  # a stage's tensor parts
     out = {}
     for key, layer, name in model.param_names():
         value = to_host(pieces[key])
         axis = layer.split.get(name)
-        out[key] = value if axis is None else np.concatenate(comm.allgather_obj(value), axis)
+        out[key] = value if axis is None else np.concatenate(split_comm.allgather_obj(value), axis)
     if model.stages > 1:  # each rank holds other layers: rank order is theirs
         merged: dict[str, np.ndarray] = {}
         for part in comm.allgather_obj(out):
@@ -38,6 +39,22 @@ def whole_shape(layer: Any, name: str) -> tuple[int, ...]:
 def own_piece(layer: Any, name: str, whole: np.ndarray) -> np.ndarray:
     """This rank's part of ``whole``, laid out as parameter ``name`` of ``layer``."""
     return layer.piece(name, whole)
+
+
+def replicated_ranges(model: Any, parallel: str, model_rank: int) -> list[tuple[int, int]]:
+    """[start, end) ranges of this rank's flat buffer holding parameters that another rank of
+    its replica holds too (tensor parallelism's unsplit ones), counted there, not here: under
+    tensor parallelism the replica's rank is the part, under 3-D the stage's ``part``."""
+    part = model_rank if parallel == "tensor" else model.part
+    if part == 0:
+        return []
+    out, offset = [], 0
+    for _, layer, name in model.param_names():
+        size = math.prod(layer.params[name].shape)
+        if name not in layer.split:
+            out.append((offset, offset + size))
+        offset += size
+    return out
 
 
 def is_spread(model: Any) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xpnn.errors import UserError
 from xpnn.parallel.update.base import (
     DEFAULT_BUCKET_MB,
     AllreduceUpdate,
@@ -22,16 +23,25 @@ def make_update(
     bucket_bytes: int,
     batch_size: int,
     node_share: str = "auto",
+    deferred: bool = False,
+    accumulate: int = 1,
 ) -> Update:
     """Local for one process; with node memory one copy per node, sharing gradients or
-    activations (``node_share``); else a copy per rank kept equal by allreduce."""
+    activations (``node_share``); else a copy per rank kept equal by allreduce. ``deferred``:
+    no part is updated before the whole gradient is reduced (clipping by the global norm);
+    ``accumulate``: micro-steps a step sums (activations are shared for one batch at once)."""
     if comm.size == 1:
-        return LocalUpdate(model, comm, make_optimizer)
+        return LocalUpdate(model, comm, make_optimizer, deferred)
     if comm.node_memory:
-        if shares_activations(model, batch_size, node_share):
-            return SharedBatchUpdate(model, comm, make_optimizer, batch_size)
-        return SharedUpdate(model, comm, make_optimizer)
-    return AllreduceUpdate(model, comm, make_optimizer, bucket_bytes)
+        if accumulate > 1 and node_share == "activations":
+            raise UserError(
+                "`node_share` activations: not with `accumulate` above 1 (the ranks share one "
+                "batch's activations); use `node_share` gradients"
+            )
+        if accumulate == 1 and shares_activations(model, batch_size, node_share):
+            return SharedBatchUpdate(model, comm, make_optimizer, batch_size, deferred)
+        return SharedUpdate(model, comm, make_optimizer, deferred)
+    return AllreduceUpdate(model, comm, make_optimizer, bucket_bytes, deferred)
 
 
 def uses_byte_buckets(comm: Any) -> bool:

@@ -101,9 +101,16 @@ class Update:
     restores_checkpoint: bool  # whether this rank writes a checkpoint's values (shared: one)
     # whether every rank runs forward and backward even without samples (they split products)
     needs_every_rank = False
+    # whether updates wait for the whole reduced gradient (clipping by the global norm needs it)
+    deferred = False
 
     def begin_step(self, global_batch: int) -> None:
         """A step over ``global_batch`` samples begins."""
+
+    def share_total(self, local: float) -> float:
+        """A sum over this rank's part of the reduced gradient made the replica's sum (the
+        ranks of a replica hold it whole here: nothing to add)."""
+        return local
 
 
 class AllreduceUpdate(Update):
@@ -112,8 +119,15 @@ class AllreduceUpdate(Update):
 
     name = "allreduce"
 
-    def __init__(self, model: Any, comm: Any, make_optimizer: MakeOptimizer, bucket_bytes: int):
-        self.model, self.comm = model, comm
+    def __init__(
+        self,
+        model: Any,
+        comm: Any,
+        make_optimizer: MakeOptimizer,
+        bucket_bytes: int,
+        deferred: bool = False,
+    ):
+        self.model, self.comm, self.deferred = model, comm, deferred
         self.buckets = GradientBuckets(model.grads, comm, bucket_bytes)
         starts = [start for start, _ in self.buckets.bounds]
         parts = layer_buckets(starts, model.size, MIN_LAYER_BUCKET)
@@ -131,6 +145,8 @@ class AllreduceUpdate(Update):
 
     def finish(self) -> None:
         """After backward: update each part as soon as its buckets hold the global sum."""
+        if self.deferred:
+            self.buckets.wait(len(self.buckets.bounds))
         self.optimizer.start_step()
         for index, count in enumerate(self.waits):
             self.buckets.wait(count)
@@ -150,10 +166,11 @@ class LayerwiseUpdate(Update):
     def _ready(self, offset: int) -> None:
         """``grads[offset:]`` is final on this rank: update every bucket inside."""
         for i in self.cursor.finished(offset):
-            if i == 0:  # the step's first bucket starts the step
+            if i == 0 and not self.deferred:  # the step's first bucket starts the step
                 self.optimizer.start_step()
             self._before_part(i)
-            self._update(i)
+            if not self.deferred:
+                self._update(i)
 
     def _update(self, index: int) -> None:
         self.optimizer.update_part(index)
@@ -161,6 +178,10 @@ class LayerwiseUpdate(Update):
     def finish(self) -> None:
         """Update what backward did not report (all of it, when a rank had no samples)."""
         self._ready(0)
+        if self.deferred:  # every bucket is final: now the step
+            self.optimizer.start_step()
+            for index in range(len(self.cursor.bounds)):
+                self._update(index)
         self.cursor.rewind()
 
 
@@ -169,8 +190,10 @@ class LocalUpdate(LayerwiseUpdate):
 
     name = "local"
 
-    def __init__(self, model: Any, comm: Any, make_optimizer: MakeOptimizer) -> None:
-        self.model, self.comm = model, comm
+    def __init__(
+        self, model: Any, comm: Any, make_optimizer: MakeOptimizer, deferred: bool = False
+    ) -> None:
+        self.model, self.comm, self.deferred = model, comm, deferred
         bounds = layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)
         self.optimizer = make_optimizer(model.params, model.grads, [slice(*b) for b in bounds])
         self.cursor = BucketCursor(bounds)

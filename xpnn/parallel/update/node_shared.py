@@ -23,6 +23,10 @@ class NodeSharedUpdate(LayerwiseUpdate):
         self.restores_checkpoint = comm.local_rank == 0  # one writer per shared buffer
         return params
 
+    def share_total(self, local: float) -> float:
+        """Each rank of a node holds a share of the reduced gradient, each node all of it."""
+        return float(self.comm.allreduce_host([local])[0]) / self.comm.nodes
+
     def broadcast_initial(self) -> None:
         """Across nodes, world rank 0's parameters and state go to each node's local rank 0."""
         comm = self.comm
@@ -42,7 +46,8 @@ class SharedUpdate(NodeSharedUpdate):
 
     name = "shared gradients"
 
-    def __init__(self, model: Any, comm: Any, make_optimizer: Any) -> None:
+    def __init__(self, model: Any, comm: Any, make_optimizer: Any, deferred: bool = False) -> None:
+        self.deferred = deferred
         n, dtype = model.size, model.params.dtype
         stride = padded(n, ROW_ALIGN_BYTES // dtype.itemsize)
         rows = comm.shared_zeros((comm.local_size, stride), dtype)[:, :n]
@@ -53,7 +58,9 @@ class SharedUpdate(NodeSharedUpdate):
         self.cursor = BucketCursor(bounds)
         self.own = rows[me]
         self.others = [rows[r] for r in range(comm.local_size) if r != me]
-        if comm.nodes > 1:  # the node's sum must exist to be allreduced: sum into own row
+        # the node's sum must exist to be allreduced, or (deferred) measured: sum into own row
+        self.sums_own = comm.nodes > 1 or deferred
+        if self.sums_own:
             grads = self.own
         else:  # the optimizer sums the rows (kernels.sum_rows) before it updates
             grads = (self.own, *self.others) if self.others else self.own
@@ -65,8 +72,9 @@ class SharedUpdate(NodeSharedUpdate):
         """Fence: every row of the bucket is complete; across nodes, allreduce my share."""
         comm = self.comm
         comm.fence()
-        if comm.nodes > 1:
+        if self.sums_own:
             own = self.own[self.shares[index]]
             for other in self.others:
                 own += other[self.shares[index]]
-            comm.cross_allreduce_(own)
+            if comm.nodes > 1:
+                comm.cross_allreduce_(own)

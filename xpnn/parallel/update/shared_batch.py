@@ -43,7 +43,10 @@ class SharedBatchUpdate(NodeSharedUpdate):
 
     name = "shared activations"
 
-    def __init__(self, model: Any, comm: Any, make_optimizer: Any, batch_size: int) -> None:
+    def __init__(
+        self, model: Any, comm: Any, make_optimizer: Any, batch_size: int, deferred: bool = False
+    ) -> None:
+        self.deferred = deferred
         params = self._share_params(model, comm, model.grads)  # the gradient stays private
         self.place = Placement(comm.node.allgather(comm.rank), comm.size, comm.local_rank)
         samples = sum(self.place.lengths(batch_size))  # the node's share of a full batch

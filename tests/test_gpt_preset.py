@@ -1,0 +1,65 @@
+"""--model gpt's defaults: nanoGPT's small recipe for every setting the user left unset; the
+settings given win, and the start-up lines say which were filled."""
+
+import json
+
+import pytest
+from conftest import run_xpnn
+from parallel.model.test_gpt_parallel import write_text
+
+from xpnn.presets import gpt_preset
+from xpnn.run import RunSpec
+
+RECIPE = {
+    "optimizer": "adamw", "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "lr": 1e-3,
+    "schedule": "cosine", "warmup_steps": 100, "min_lr": 1e-4, "clip_norm": 1.0,
+    "batch_size": 32,
+}  # fmt: skip
+
+
+def test_the_recipe_fills_a_gpt_spec_left_at_its_defaults():
+    spec, filled = gpt_preset(RunSpec(model="gpt", dataset="tinyshakespeare"))
+    assert filled == RECIPE
+    for name, value in RECIPE.items():
+        assert getattr(spec, name) == value
+    mlp = RunSpec(model="mlp")
+    assert gpt_preset(mlp) == (mlp, {})
+
+
+@pytest.mark.parametrize(
+    "chosen, given, unfilled",
+    [
+        ({"lr": 3e-4, "batch_size": 64}, None, {"lr", "batch_size"}),
+        # typed but equal to the default: still the user's choice, as the command line says
+        ({"optimizer": "adam"}, {"optimizer"}, {"optimizer", "weight_decay"}),
+        ({"optimizer": "sgd"}, None, {"optimizer", "betas", "eps", "weight_decay"}),
+        ({"schedule": "step"}, None, {"schedule", "min_lr"}),
+        ({"warmup_epochs": 1.0}, None, {"warmup_steps"}),
+        ({"per_rank_batch": 8}, None, {"batch_size"}),
+    ],
+)
+def test_settings_given_win(chosen, given, unfilled):
+    spec, filled = gpt_preset(RunSpec(model="gpt", **chosen), given)
+    assert set(filled) == set(RECIPE) - unfilled
+    for name, value in chosen.items():
+        assert getattr(spec, name) == value
+
+
+def test_the_start_up_lines_name_what_the_recipe_filled(tmp_path):
+    corpus = write_text(tmp_path / "corpus.txt")
+    metrics = tmp_path / "m.jsonl"
+    args = [
+        "--model", "gpt", "--dataset", "text", "--data-dir", corpus, "--layers", "1",
+        "--heads", "2", "--embed", "8", "--block", "6", "--steps", "2", "--threads", "1",
+        "--no-progress", "--lr", "0.001", "--optimizer", "adam", "--metrics", str(metrics),
+    ]  # fmt: skip
+    proc = run_xpnn(args)
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if "gpt recipe" in ln)
+    assert "--betas 0.9,0.95" in line and "--clip-norm 1" in line and "--batch-size 32" in line
+    assert "--lr" not in line and "--optimizer" not in line and "--weight-decay" not in line
+    assert "global batch 32, adam lr 0.001" in proc.stdout
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert records[-1]["preset"]["clip_norm"] == 1.0 and "optimizer" not in records[-1]["preset"]
+    evals = [r for r in records if r["event"] == "eval"]
+    assert evals and all(r["val_loss"] == r["test_loss"] and "tokens_per_s" in r for r in evals)

@@ -1,0 +1,181 @@
+"""Character-level text: tiny Shakespeare (downloaded, hash-checked) or any UTF-8 file.
+
+The characters of the file, sorted, are the vocabulary; the first 90 % of the text trains, the
+rest validates. A training sample is a window of ``block`` characters, its labels the window one
+character later, at a start drawn afresh for every step from (seed, global step, sample index):
+the trainer's batches fix which sample indices a global step takes, so N ranks draw what one
+rank draws, and no two steps reuse a set of windows. An epoch counts ``windows`` samples (a
+unit for runs by epochs; a run by ``steps`` needs none). Validation is the fixed set of
+consecutive, non-overlapping windows of the held-out text.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
+from xpnn.errors import UserError
+
+TEXT_DATASETS = ("tinyshakespeare", "text")
+TRAIN_FRACTION = 0.9
+TEXT_WINDOWS = 32 * 500  # windows an epoch: 500 steps of batch 32
+WINDOW_SALT = 0x7E47  # keys the window starts apart from every other draw of the seed
+
+SHAKESPEARE_FILE = "input.txt"
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_MIRRORS = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/",
+)
+SHAKESPEARE_MIRRORS_ENV = "XPNN_TINYSHAKESPEARE_MIRRORS"
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The characters a model reads and writes, id ``i`` being ``chars[i]``."""
+
+    chars: str
+
+    def encode(self, text: str) -> np.ndarray:
+        index = {c: i for i, c in enumerate(self.chars)}
+        unknown = sorted(set(text) - index.keys())
+        if unknown:
+            raise UserError(f"text: characters outside the vocabulary: {''.join(unknown)[:20]!r}")
+        return np.fromiter((index[c] for c in text), dtype=np.int32, count=len(text))
+
+    def decode(self, ids: np.ndarray) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+
+def shakespeare_path(data_dir: str | os.PathLike | None, download: bool = True) -> Path:
+    """``input.txt``: in ``data_dir`` (a directory holding it, or the file), else the download
+    cache, fetched when needed; its SHA-256 is checked either way."""
+    if data_dir is not None:
+        path = Path(data_dir)
+        if path.is_dir():
+            path = path / SHAKESPEARE_FILE
+        if not path.is_file():
+            raise UserError(f"`data_dir` {data_dir}: no {SHAKESPEARE_FILE} there")
+        if sha256_file(path) != SHAKESPEARE_SHA256:
+            raise UserError(
+                f"`data_dir` {path}: not tiny Shakespeare's {SHAKESPEARE_FILE} (its SHA-256 "
+                f"differs; for another text use `dataset` text)"
+            )
+        return path
+    cache = default_cache_dir() / "tinyshakespeare"
+    if download:
+        override = os.environ.get(SHAKESPEARE_MIRRORS_ENV, "")
+        mirrors = [m.strip() for m in override.split(",") if m.strip()]
+        return fetch(
+            SHAKESPEARE_FILE, SHAKESPEARE_SHA256, mirrors or list(SHAKESPEARE_MIRRORS), cache
+        )
+    path = cache / SHAKESPEARE_FILE
+    if not cached(path, SHAKESPEARE_SHA256):
+        raise UserError(
+            f"{path}: not in the download cache and downloading is off "
+            f"(pass `data_dir` holding {SHAKESPEARE_FILE})"
+        )
+    return path
+
+
+def read_text(path: str | os.PathLike, what: str = "`data_dir`") -> str:
+    """The UTF-8 text of ``path``, or a one-line UserError naming ``what``."""
+    try:
+        return Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {path}: a directory; `dataset` text reads one file") from None
+    except OSError as exc:
+        raise UserError(f"{what} {path}: {exc.strerror or exc}") from None
+
+
+@dataclass(frozen=True)
+class TextWindows:
+    """The training text as ids and how samples become windows of it: sample ``i`` of global
+    step ``step`` starts at a position drawn from (seed, step) and ``i`` alone."""
+
+    stream: np.ndarray  # the training text's ids
+    block: int
+    per_epoch: int  # samples an epoch counts
+
+    @property
+    def limit(self) -> int:
+        """Window starts lie in ``[0, limit)``: each window and its labels fit in the text."""
+        return len(self.stream) - self.block
+
+    def starts(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
+        """The window starts of ``samples`` (indices below ``per_epoch``) at global ``step``."""
+        rng = np.random.default_rng([seed, WINDOW_SALT, step])
+        return rng.integers(0, self.limit, size=self.per_epoch)[samples]
+
+    def spans(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
+        """(len(samples), block) positions of the samples' windows in ``stream``; the labels
+        sit one position later."""
+        return self.starts(seed, step, samples)[:, None] + np.arange(self.block)
+
+
+@dataclass(frozen=True)
+class TextSplit:
+    """The training windows, the validation windows and their labels, the vocabulary."""
+
+    train: TextWindows
+    x_test: np.ndarray
+    y_test: np.ndarray
+    vocab: Vocabulary
+
+
+def text_split(text: str, block: int, windows: int = TEXT_WINDOWS) -> TextSplit:
+    """Windows of ``block`` characters of the text's first 90 % (``windows`` an epoch) and the
+    held-out text's consecutive windows, as ids of the text's vocabulary."""
+    vocab = Vocabulary("".join(sorted(set(text))))
+    ids = vocab.encode(text)
+    cut = int(len(ids) * TRAIN_FRACTION)
+    train, held = ids[:cut], ids[cut:]
+    if len(train) <= block or len(held) <= block:
+        raise UserError(
+            f"`data_dir`: {len(ids):,} characters are too few for windows of `block` {block} "
+            f"(90 % trains, 10 % validates: each part needs more than {block})"
+        )
+    n_val = (len(held) - 1) // block
+    val = held[: n_val * block + 1]
+    x_test = val[:-1].reshape(n_val, block)
+    y_test = val[1:].reshape(n_val, block)
+    return TextSplit(TextWindows(train, block, windows), x_test, y_test, vocab)
+
+
+def load_text(
+    name: str,
+    data_dir: str | os.PathLike | None,
+    block: int,
+    windows: int = TEXT_WINDOWS,
+    download: bool = True,
+) -> TextSplit:
+    """``tinyshakespeare`` (downloaded unless ``data_dir``) or ``text`` (``data_dir`` a file)."""
+    if name == "tinyshakespeare":
+        path = shakespeare_path(data_dir, download)
+    elif data_dir is None:
+        raise UserError("`dataset` text: needs `data_dir`, the UTF-8 file to train on")
+    else:
+        path = Path(data_dir)
+    return text_split(read_text(path), block, windows)
+
+
+def text_metrics(dataset: Any, loss: float, accuracy: float, samples_per_s: float) -> dict:
+    """A text set's evaluation in its own words: ``val_loss`` (nats per character),
+    ``perplexity``, ``next_char_acc`` and ``tokens_per_s``; nothing for other sets."""
+    if dataset.vocab is None:
+        return {}
+    return {
+        "val_loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),  # a diverged run's loss overflows exp
+        "next_char_acc": accuracy,
+        "tokens_per_s": samples_per_s * dataset.x_train.shape[1],
+    }
