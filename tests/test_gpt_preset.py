@@ -63,3 +63,17 @@ def test_the_start_up_lines_name_what_the_recipe_filled(tmp_path):
     assert records[-1]["preset"]["clip_norm"] == 1.0 and "optimizer" not in records[-1]["preset"]
     evals = [r for r in records if r["event"] == "eval"]
     assert evals and all(r["val_loss"] == r["test_loss"] and "tokens_per_s" in r for r in evals)
+
+
+def test_a_setting_the_recipe_makes_effective_draws_no_note(tmp_path):
+    """``--weight-decay`` alone: the recipe's AdamW uses it, so no "has no effect" note."""
+    corpus = write_text(tmp_path / "corpus.txt")
+    args = [
+        "--model", "gpt", "--dataset", "text", "--data-dir", corpus, "--layers", "1",
+        "--heads", "2", "--embed", "8", "--block", "6", "--steps", "1", "--threads", "1",
+        "--no-progress", "--weight-decay", "0.05",
+    ]  # fmt: skip
+    proc = run_xpnn(args)
+    assert proc.returncode == 0, proc.stderr
+    assert "no effect" not in proc.stderr
+    assert "adamw lr 0.001" in proc.stdout

@@ -21,6 +21,7 @@ from xpnn.generate import main as generate_main
 from xpnn.info import info_main
 from xpnn.interrupts import hand_over
 from xpnn.plot import main as plot_main
+from xpnn.presets import gpt_preset
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec, build_run, notes, summary
 from xpnn.runtime import failure, stall
 from xpnn.runtime.world import init_world, launch_rank
@@ -496,7 +497,8 @@ def _train(
     if world.rank == 0:
         for line in summary(trainer):
             _say(f"xpnn: {line}")
-        for note in notes(spec, trainer, world):
+        effective = gpt_preset(spec, given)[0]  # the settings the run has, a preset's too
+        for note in notes(effective, trainer, world):
             _say(f"xpnn: note: {note}", err=True)
     # A loss gone to inf/NaN is reported once, after its epoch: not per NumPy operation.
     warnings.filterwarnings(
