@@ -77,3 +77,31 @@ def test_a_setting_the_recipe_makes_effective_draws_no_note(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "no effect" not in proc.stderr
     assert "adamw lr 0.001" in proc.stdout
+
+
+def test_adamw_decays_the_gpt_matrices_and_nothing_else():
+    """The decay ranges, from the nested parameter names' shapes: embeddings and Dense
+    matrices decay; biases and LayerNorm gains and shifts do not."""
+    import numpy as np
+
+    from xpnn.backends import get_backend
+    from xpnn.nn import gpt
+    from xpnn.optim import matrix_ranges
+
+    model = gpt(7, layers=2, heads=2, embed=8, block=4).build((4,), get_backend("numpy"), 0)
+    names = model.param_names()
+    shapes = [tuple(layer.params[name].shape) for _, layer, name in names]
+    mask = np.zeros(model.size, dtype=bool)
+    for lo, hi in matrix_ranges(shapes):
+        mask[lo:hi] = True
+    offset, decayed = 0, set()
+    for (key, _, _), shape in zip(names, shapes, strict=True):
+        size = int(np.prod(shape))
+        assert mask[offset : offset + size].all() or not mask[offset : offset + size].any()
+        if mask[offset]:
+            decayed.add(key)
+        offset += size
+    assert "layer2.attn.sa.qkv.W" in decayed and "layer0.W" in decayed
+    assert "layer3.mlp.ff.down.W" in decayed
+    assert not {k for k in decayed if k.endswith((".b", ".gamma", ".beta"))}
+    assert len(decayed) == 2 + 2 * 4 + 1  # embeddings, 4 matrices a block, the head
