@@ -63,3 +63,45 @@ def test_the_start_up_lines_name_what_the_recipe_filled(tmp_path):
     assert records[-1]["preset"]["clip_norm"] == 1.0 and "optimizer" not in records[-1]["preset"]
     evals = [r for r in records if r["event"] == "eval"]
     assert evals and all(r["val_loss"] == r["test_loss"] and "tokens_per_s" in r for r in evals)
+
+
+def test_a_setting_the_recipe_makes_effective_draws_no_note(tmp_path):
+    """``--weight-decay`` alone: the recipe's AdamW uses it, so no "has no effect" note."""
+    corpus = write_text(tmp_path / "corpus.txt")
+    args = [
+        "--model", "gpt", "--dataset", "text", "--data-dir", corpus, "--layers", "1",
+        "--heads", "2", "--embed", "8", "--block", "6", "--steps", "1", "--threads", "1",
+        "--no-progress", "--weight-decay", "0.05",
+    ]  # fmt: skip
+    proc = run_xpnn(args)
+    assert proc.returncode == 0, proc.stderr
+    assert "no effect" not in proc.stderr
+    assert "adamw lr 0.001" in proc.stdout
+
+
+def test_adamw_decays_the_gpt_matrices_and_nothing_else():
+    """The decay ranges, from the nested parameter names' shapes: embeddings and Dense
+    matrices decay; biases and LayerNorm gains and shifts do not."""
+    import numpy as np
+
+    from xpnn.backends import get_backend
+    from xpnn.nn import gpt
+    from xpnn.optim import matrix_ranges
+
+    model = gpt(7, layers=2, heads=2, embed=8, block=4).build((4,), get_backend("numpy"), 0)
+    names = model.param_names()
+    shapes = [tuple(layer.params[name].shape) for _, layer, name in names]
+    mask = np.zeros(model.size, dtype=bool)
+    for lo, hi in matrix_ranges(shapes):
+        mask[lo:hi] = True
+    offset, decayed = 0, set()
+    for (key, _, _), shape in zip(names, shapes, strict=True):
+        size = int(np.prod(shape))
+        assert mask[offset : offset + size].all() or not mask[offset : offset + size].any()
+        if mask[offset]:
+            decayed.add(key)
+        offset += size
+    assert "layer2.attn.sa.qkv.W" in decayed and "layer0.W" in decayed
+    assert "layer3.mlp.ff.down.W" in decayed
+    assert not {k for k in decayed if k.endswith((".b", ".gamma", ".beta"))}
+    assert len(decayed) == 2 + 2 * 4 + 1  # embeddings, 4 matrices a block, the head

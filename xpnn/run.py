@@ -158,7 +158,8 @@ def _job(
     if world.rank == 0:
         for line in summary(trainer):
             say(f"xpnn: {line}")
-        for line in notes(spec, trainer, world):
+        effective = gpt_preset(spec, given)[0]  # the settings the run has, a preset's too
+        for line in notes(effective, trainer, world):
             note(f"xpnn: note: {line}")
     # A loss gone to inf/NaN is reported once, after its epoch: not per NumPy operation.
     warnings.filterwarnings(

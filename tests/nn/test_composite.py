@@ -163,6 +163,16 @@ def test_numba_sequence_kernels_equal_numpy():
     np.testing.assert_allclose(
         got.causal_softmax_backward(dp, p), ref.causal_softmax_backward(dp, p), atol=1e-15
     )
+    x, dy_gelu = 3 * _normal(4, 6, 5), _normal(4, 6, 5)
+    (y, t), (y_ref, t_ref) = got.gelu(x), ref.gelu(x)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(t, t_ref, rtol=1e-14, atol=1e-14)  # tanh: a few ulp
+    np.testing.assert_allclose(
+        got.gelu_backward(dy_gelu, x, t),
+        ref.gelu_backward(dy_gelu, x, t_ref),
+        rtol=1e-13,
+        atol=1e-14,
+    )
     ids, dy = np.array([3, 0, 3, 3, 1]), _normal(5, 4)
     out_ref, out_got = np.ones((5, 4)), np.ones((5, 4))
     ref.embedding_grad(ids, dy, out_ref)

@@ -40,6 +40,10 @@ Array = Any
 __all__ = ["ACTIVATIONS", "Kernels", "dtype_is"]
 
 
+GELU_C = math.sqrt(2.0 / math.pi)  # the tanh GELU's constants (Hendrycks & Gimpel, 2016)
+GELU_A = 0.044715
+
+
 class Kernels:
     """The protocol and its generic implementation: array-API operations only."""
 
@@ -149,6 +153,17 @@ class Kernels:
         an embedding's gradient. The array API has no scatter-add: a one-hot product here."""
         onehot = self.one_hot(ids, out.shape[0], dy.dtype)
         return self.matmul_into(self.xp.permute_dims(onehot, (1, 0)), dy, out)
+
+    def gelu(self, x: Array) -> tuple[Array, Array]:
+        """The tanh GELU ``y = x/2 (1 + t)``, ``t = tanh(sqrt(2/pi) (x + 0.044715 x^3))``:
+        ``(y, t)``, ``t`` kept for the backward."""
+        t = self.xp.tanh(GELU_C * (x + GELU_A * x * x * x))
+        return 0.5 * x * (1.0 + t), t
+
+    def gelu_backward(self, dy: Array, x: Array, t: Array) -> Array:
+        """dL/dx of ``gelu`` from dL/dy, its input ``x`` and its ``t``."""
+        inner = GELU_C * (1.0 + 3.0 * GELU_A * x * x)
+        return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * inner)
 
     def causal_softmax(self, scores: Array) -> Array:
         """Softmax over the last axis of (..., T, T) attention scores where query ``i`` sees

@@ -151,6 +151,8 @@ def _adam(  # pragma: no cover - compiled
 _causal_softmax = nb.njit(**JIT)(seq.causal_softmax)
 _causal_softmax_backward = nb.njit(**JIT)(seq.causal_softmax_backward)
 _embedding_grad = nb.njit(**JIT)(seq.embedding_grad)
+_gelu = _Twin(seq.gelu)
+_gelu_backward = _Twin(seq.gelu_backward)
 
 
 def _tasks(n: int, c: int) -> int:
@@ -250,6 +252,18 @@ class NumbaKernels(NumpyKernels):
         if ids.size and (ids.min() < 0 or ids.max() >= out.shape[0]):  # the loop checks none
             raise IndexError(f"embedding ids outside [0, {out.shape[0]})")
         return _embedding_grad(np.ascontiguousarray(ids), np.ascontiguousarray(dy), out)
+
+    def gelu(self, x):
+        flat = np.ascontiguousarray(x).reshape(-1)
+        y, t = np.empty_like(flat), np.empty_like(flat)
+        _gelu(flat, y, t)
+        return y.reshape(x.shape), t.reshape(x.shape)
+
+    def gelu_backward(self, dy, x, t):
+        flat = np.ascontiguousarray(x).reshape(-1)
+        dx = np.empty_like(flat)
+        _gelu_backward(np.ascontiguousarray(dy).reshape(-1), flat, t.reshape(-1), dx)
+        return dx.reshape(x.shape)
 
     def causal_softmax(self, scores):
         t = scores.shape[-1]

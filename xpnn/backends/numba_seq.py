@@ -53,3 +53,22 @@ def embedding_grad(ids, dy, out):  # pragma: no cover - compiled
         for j in range(d):
             out[row, j] += dy[i, j]
     return out
+
+
+def gelu(x, y, t):  # pragma: no cover - compiled
+    """``Kernels.gelu`` over flat ``x`` in one pass, ``y`` and ``t`` written."""
+    c, a = math.sqrt(2.0 / math.pi), 0.044715
+    for i in prange(x.size):
+        v = x[i]
+        th = math.tanh(c * (v + a * v * v * v))
+        t[i] = th
+        y[i] = 0.5 * v * (1.0 + th)
+
+
+def gelu_backward(dy, x, t, dx):  # pragma: no cover - compiled
+    """``Kernels.gelu_backward`` over flat arrays in one pass."""
+    c, a = math.sqrt(2.0 / math.pi), 0.044715
+    for i in prange(x.size):
+        v, th = x[i], t[i]
+        inner = c * (1.0 + 3.0 * a * v * v)
+        dx[i] = dy[i] * (0.5 * (1.0 + th) + 0.5 * v * (1.0 - th * th) * inner)
