@@ -63,7 +63,7 @@ def _text_file(args: argparse.Namespace) -> str:
     """The file the torch side reads: ``--text``, or tiny Shakespeare as xpnn finds it."""
     if args.text:
         return args.text
-    from xpnn.data.text import shakespeare_path
+    from xpnn.data import shakespeare_path
 
     return str(shakespeare_path(args.data_dir))
 

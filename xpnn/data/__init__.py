@@ -1,9 +1,10 @@
-"""Data: IDX files, datasets (mnist, fashion-mnist, synthetic), downloads, sharding."""
+"""Data: IDX files, datasets (mnist, fashion-mnist, synthetic, text), downloads, sharding."""
 
 from xpnn.data.batches import epoch_order, global_batches, shard
 from xpnn.data.datasets import Dataset, find_files, load_dataset
 from xpnn.data.download import default_cache_dir, fetch
 from xpnn.data.idx import IdxError, parse_idx_header, read_idx, read_idx_pair, write_idx
+from xpnn.data.text import shakespeare_path
 
 __all__ = [
     "Dataset",
@@ -17,6 +18,7 @@ __all__ = [
     "parse_idx_header",
     "read_idx",
     "read_idx_pair",
+    "shakespeare_path",
     "shard",
     "write_idx",
 ]
