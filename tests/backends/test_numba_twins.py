@@ -30,6 +30,8 @@ CASES = {
     "_sgd",
     "_momentum",
     "_adam",
+    "_gelu",
+    "_gelu_backward",
 }
 
 
@@ -250,3 +252,16 @@ def test_sgd_dispatch_on_both_sides_of_the_threshold(n, build, dtype, monkeypatc
     twin(p, g, lr)
     assert called == [build]
     np.testing.assert_allclose(p, want, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_and_its_backward(dtype):
+    """Elementwise: exact."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(SIZE) * 3).astype(dtype)
+    y, t = np.empty_like(x), np.empty_like(x)
+    (_, args_s), (_, args_p) = _both("_gelu", (x, y, t))
+    _assert_same_arrays(args_s, args_p)
+    dy, dx = rng.standard_normal(SIZE).astype(dtype), np.empty_like(x)
+    (_, args_s), (_, args_p) = _both("_gelu_backward", (dy, x, args_s[2], dx))
+    _assert_same_arrays(args_s, args_p)

@@ -165,6 +165,7 @@ class PipelineStage(Sequential):
         on_grads_ready: Any = None,
     ) -> tuple[Array, Array]:
         n = labels.shape[0]
+        self.train_rows = max(self.train_rows, n)  # every stage sees the batch's labels
         parts = [shard_bounds(n, m, self.microbatches) for m in range(min(n, self.microbatches))]
         # one dropout key per step for every micro-batch: --recompute redraws the same masks
         step = ctx.step
@@ -258,6 +259,18 @@ class PipelineStage(Sequential):
         return on_grads_ready if acc is None else adding(acc, self.grads, on_grads_ready)
 
     def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
+        """The loss and correct count, no more rows at once than a training step holds (the
+        activations of a whole test set can outweigh the model many times)."""
+        n = labels.shape[0]
+        rows = max(self.train_rows or n, 1)
+        loss = correct = self.xp.zeros((), dtype=self.xp.float64)
+        for lo in range(0, max(n, 1), rows):
+            part = slice(lo, lo + rows)
+            l, c = self._evaluate_rows(None if x is None else x[part], labels[part])
+            loss, correct = loss + l, correct + c
+        return loss, correct
+
+    def _evaluate_rows(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
         n = labels.shape[0]
         y = x if self.first else self._receive(n, self.shapes[0], self.prev_rank, EVAL_TAG)
         y = self.forward(y, Context(train=False))
