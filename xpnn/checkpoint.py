@@ -71,6 +71,7 @@ def _umask() -> int:
 
 
 CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)\.npz")  # what a --checkpoint-dir holds
+TEMPORARY_NAME = re.compile(r".+\.[a-z0-9_]{8}\.tmp")  # atomic_savez's: mkstemp's 8 characters
 
 
 def save_checkpoint(
@@ -114,8 +115,19 @@ def refuse_other_runs(directory: str | os.PathLike) -> None:
 def remove_unfinished(
     directory: str | os.PathLike, name: str = "checkpoint-epoch*.npz"
 ) -> list[Path]:
-    """Delete and return the temporary files a killed run left of the files ``name`` (a glob)."""
-    left = sorted(Path(directory).glob(f"{name}.*.tmp"))
+    """Delete and return the temporary files a killed run left of the files ``name`` (a glob):
+    only names ``atomic_savez`` makes (a user's ``final.npz.backup.tmp`` stays), and only those
+    no process on this host holds open (another live job's write in progress stays)."""
+    left = [
+        path
+        for path in sorted(Path(directory).glob(f"{name}.*.tmp"))
+        if TEMPORARY_NAME.fullmatch(path.name)
+    ]
+    if left:
+        from xpnn.runtime.segments import files_in_use
+
+        used = files_in_use()
+        left = [path for path in left if str(path.resolve()) not in used]
     for path in left:
         path.unlink(missing_ok=True)
     return left

@@ -21,7 +21,7 @@ from xpnn.info import info_main
 from xpnn.interrupts import hand_over
 from xpnn.plot import main as plot_main
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec, build_run, notes, summary
-from xpnn.runtime import failure, stall
+from xpnn.runtime import failure, lock, stall
 from xpnn.runtime.world import init_world, launch_rank
 
 # what scripts may use
@@ -327,8 +327,6 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
             raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
         if not writer:
             return
-        if not resume:
-            refuse_other_runs(path)
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -337,6 +335,9 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
         ) from None
     _takes_files("checkpoint_dir", path, Path(path))
     with path_problems("checkpoint_dir", path):
+        lock.hold(path)  # first: what is in the directory is this job's only once it is held
+        if not resume:
+            refuse_other_runs(path)
         remove_unfinished(path)
 
 
