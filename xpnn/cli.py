@@ -21,7 +21,7 @@ from xpnn.info import info_main
 from xpnn.interrupts import hand_over
 from xpnn.plot import main as plot_main
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec, build_run, notes, summary
-from xpnn.runtime import failure, lock, stall
+from xpnn.runtime import failure, lock, stall, startup
 from xpnn.runtime.world import init_world, launch_rank
 
 # what scripts may use
@@ -377,16 +377,58 @@ def train_main(args: argparse.Namespace, callbacks: Sequence[Any] = ()) -> int:
     import numpy  # noqa: F401
 
     stall.set_limits(args.stall_warn, args.stall_abort)  # the setup's waits too
+    # a typo in these would hide a failure: said once MPI is up, by every rank together
+    problem = _problem(failure.stop_grace) or _problem(failure.agree_timeout)
+    # before MPI_Init: a signal while a rank waits there for another ends it too
+    failure.stop_when_stuck(failure.STOP_GRACE_S if problem else failure.stop_grace())
     world = init_world()
     failure.terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints whole
-    failure.stop_when_stuck(failure.stop_grace())  # ... and within seconds where a rank cannot
-    failure.agree_timeout()  # read when a rank fails, where a typo in it would hide the failure
-    return failure.run_guarded(world, lambda: _train(to_spec(args), world, callbacks))
+    return failure.run_guarded(world, lambda: _train(to_spec(args), world, callbacks, problem))
 
 
-def _train(spec: RunSpec, world: Any, callbacks: Sequence[Any]) -> int:
+def _problem(check: Any) -> str | None:
+    """The line of the UserError ``check()`` raises, or None."""
+    try:
+        check()
+    except UserError as exc:
+        return user_message(exc)
+    return None
+
+
+def _start_up_failure(command: str, line: str) -> int:
+    """A problem found before MPI runs, on this rank and maybe only here: under a launcher it
+    still starts MPI, so that the others hear of it rather than wait in ``MPI_Init``."""
+    from xpnn.runtime.world import launched_by_mpi
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    joined = mpi is not None and mpi.Is_initialized()  # a check after MPI_Init failed
+    try:
+        under_launcher = launched_by_mpi() is not None
+    except UserError:
+        under_launcher = False
+    if joined or not under_launcher:
+        if launch_rank() == 0:  # every process found the same: one says it
+            failure.say(f"xpnn: {line}")
+        return 2
+    try:
+        world = init_world()
+    except UserError as exc:  # MPI does not start on this rank: ask the launcher to end it
+        for said in dict.fromkeys((line, user_message(exc))):
+            failure.say(f"rank {launch_rank()}: {failure.one_line(said)}")
+        startup.abort_launch()
+        return 2
+    if world.size == 1:
+        failure.say(f"xpnn: {line}")
+        return 2
+    return failure.run_guarded(world, lambda: startup.agree_to_start(world, command, line))
+
+
+def _train(spec: RunSpec, world: Any, callbacks: Sequence[Any], problem: str | None = None) -> int:
     from xpnn.train import TrainingDiverged
 
+    startup.agree_to_start(world, "train", problem)  # first: a rank may have failed already
+    if problem:  # alone
+        raise UserError(problem)
     failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
     trainer = build_run(spec, world, callbacks, log=_say)
     if world.rank == 0:
@@ -416,6 +458,8 @@ def _info(as_json: bool) -> int:
     """``python -m xpnn info``; stdout gone or full is one line, as training says it."""
     try:
         return info_main(as_json=as_json)
+    except failure.CollectiveExit as exc:  # the job's ranks do not all run `info`
+        return int(exc.code or 0)
     except OSError as exc:
         message, code = failure.stopped_from_outside(exc) or (failure.describe(exc), 1)
         failure.say(f"xpnn: {message}")
@@ -432,19 +476,15 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     try:
         args = parser.parse_args(argv)
     except ArgError as exc:
-        if launch_rank() == 0:
-            print(f"xpnn: {exc}", file=sys.stderr)
-        return 2
+        return _start_up_failure(command, str(exc))
     with worded(flag_words):  # every message printed from here names flags
         try:
             if command == "info":
                 hand_over(failure.Terminated)  # no run_guarded: Ctrl-C is for the except below
                 return _info(args.json)
             return train_main(args, callbacks)
-        except UserError as exc:  # before MPI: every process found the same, one says it
-            if launch_rank() == 0:
-                print(f"xpnn: {user_message(exc)}", file=sys.stderr)
-            return 2
+        except UserError as exc:  # before MPI: maybe on this rank alone
+            return _start_up_failure(command, user_message(exc))
         except KeyboardInterrupt as exc:  # while NumPy or MPI start, without xpnn.__main__
             message, code = failure.stopped_from_outside(exc) or ("interrupted", 130)
             if launch_rank() == 0:

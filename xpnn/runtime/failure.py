@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from xpnn.errors import UserError, user_message
 from xpnn.runtime import stall
 from xpnn.runtime.abort import abort_job, prefix, say
-from xpnn.runtime.world import control_comm
+from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
 T = TypeVar("T")
 
@@ -107,9 +107,10 @@ def stop_when_stuck(grace: float) -> None:
             signum = os.read(read_end, 1)[0]
             if signum in (signal.SIGTERM, signal.SIGINT):
                 break
-        time.sleep(grace)
         what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
         code = SIGTERM_EXIT if signum == signal.SIGTERM else 130
+        left_in_init(what, code, min(grace, INIT_GRACE_S))
+        time.sleep(grace)
         rank, size = _mpi_rank_size()
         say(
             f"{prefix(rank, size)}{what}, and still not stopped after {grace:g} s (blocked in a "
@@ -123,6 +124,23 @@ def stop_when_stuck(grace: float) -> None:
         os._exit(code)
 
     threading.Thread(target=watch, name="xpnn-stop-watch", daemon=True).start()
+
+
+INIT_GRACE_S = 2.0  # after a signal, how long a rank may still wait in MPI_Init for others
+
+
+def left_in_init(what: str, code: int, grace: float) -> None:
+    """End this rank (exit ``code``) if it is still inside ``MPI_Init`` ``grace`` s after a
+    signal: the ranks it waits for may never come (one failed before MPI)."""
+    deadline = time.monotonic() + grace
+    while in_mpi_init() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if in_mpi_init():
+        say(
+            f"rank {launch_rank()}: {what} while waiting in MPI_Init for the job's other "
+            "ranks, which have not all started: ending this rank"
+        )
+        os._exit(code)
 
 
 def _mpi_rank_size() -> tuple[int, int]:

@@ -77,8 +77,10 @@ def _stale_without_flock(fd: int) -> bool:
     if not isinstance(who, dict) or not who:
         return True
     pid = who.get("pid")
-    return who.get("host") == socket.gethostname() and isinstance(pid, int) and not (
-        _process_alive(pid)
+    return (
+        who.get("host") == socket.gethostname()
+        and isinstance(pid, int)
+        and not (_process_alive(pid))
     )
 
 
