@@ -1,12 +1,15 @@
 """One job at a time in a checkpoint directory: ``hold(directory)`` takes an advisory lock
 (``flock``) on ``DIR/.xpnn-lock`` for the rest of the process, and writes who holds it (host,
 pid, job id, start time) into that file. The kernel drops the lock when the holder exits in any
-way (``kill -9`` included), so a lock whose holder is gone is never in force; only its words
-stay, rewritten by the next holder. The file itself stays: removing it at the end would let a
-third job lock a new file while a second still holds the old one."""
+way (``kill -9`` included), so a lock whose holder is gone is never in force; only its file
+stays, rewritten by the next holder. A process that ends normally removes the file while it
+still holds the lock, and a taker checks that the file it locked is still the one named, so
+two jobs never hold two files of one name."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import errno
 import json
 import os
@@ -87,12 +90,33 @@ def _stale_without_flock(fd: int) -> bool:
 def hold(directory: str | os.PathLike) -> Path:
     """Lock ``directory`` (which must exist) for this process, or raise a ``UserError``
     naming the live holder; taking it again in the same process does nothing."""
-    import fcntl
-
     key = str(Path(directory).resolve())
     path = Path(directory) / LOCK_NAME
     if key in _held:
         return path
+    for _ in range(100):  # another job removed the file between its open and its lock
+        fd = _locked(directory, path)
+        if fd is not None:
+            break
+    else:
+        raise UserError(f"`checkpoint_dir` {directory}: {LOCK_NAME} keeps being replaced")
+    _held[key] = fd
+    return path
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
+
+
+def _locked(directory: str | os.PathLike, path: Path) -> int | None:
+    """The descriptor of ``path`` locked and naming this process, or None to try again."""
+    import fcntl
+
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
         try:
@@ -104,6 +128,9 @@ def hold(directory: str | os.PathLike) -> Path:
                 raise
             if not _stale_without_flock(fd):
                 raise _refusal(directory, fd) from None
+        if not _same_file(fd, path):
+            os.close(fd)
+            return None
         who = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id()}
         who["started"] = round(time.time(), 3)
         data = (json.dumps(who) + "\n").encode()
@@ -112,11 +139,18 @@ def hold(directory: str | os.PathLike) -> Path:
     except BaseException:
         os.close(fd)
         raise
-    _held[key] = fd
-    return path
+    return fd
 
 
 def release_all() -> None:
-    """Drop every lock this process holds (tests; a process's end drops them anyway)."""
+    """Remove the lock files this process holds, then drop the locks (at exit)."""
     while _held:
-        os.close(_held.popitem()[1])
+        directory, fd = _held.popitem()
+        path = Path(directory) / LOCK_NAME
+        with contextlib.suppress(OSError):
+            if _same_file(fd, path):
+                path.unlink()
+        os.close(fd)
+
+
+atexit.register(release_all)
