@@ -346,6 +346,11 @@ def check_paths(spec: RunSpec, writer: bool) -> None:
     _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
     made = spec.checkpoint_dir
     _writable_file("metrics", spec.metrics, writer, made=made, appended=True)
+    if writer and spec.metrics:  # a fresh run empties it, a resume appends: only to metrics
+        from xpnn.train.metrics_file import check_metrics_file
+
+        with path_problems("metrics", spec.metrics):
+            check_metrics_file(spec.metrics)
     _writable_file("save", spec.save, writer, made=made)
     if spec.save and spec.metrics and Path(spec.save).resolve() == Path(spec.metrics).resolve():
         raise UserError(f"`save` {spec.save}: the same file as `metrics`")
