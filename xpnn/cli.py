@@ -189,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpoint-dir", type=_path)
     a("--resume", action="store_true", help="continue from the latest checkpoint")
     a(
+        "--checkpoint-signal",
+        choices=["USR1", "USR2"],
+        help="on this signal, stop after the epoch under way and its checkpoint, with exit 75 "
+        "(a requeue script's cue; e.g. sbatch --signal=USR1@600)",
+    )
+    a(
         "--keep-checkpoints",
         type=_whole_number(),
         metavar="K",
@@ -386,6 +392,10 @@ def train_main(args: argparse.Namespace, callbacks: Sequence[Any] = ()) -> int:
     problem = _problem(failure.stop_grace) or _problem(failure.agree_timeout)
     # before MPI_Init: a signal while a rank waits there for another ends it too
     failure.stop_when_stuck(failure.STOP_GRACE_S if problem else failure.stop_grace())
+    if args.checkpoint_signal:
+        from xpnn.train.requeue import CheckpointOnSignal
+
+        callbacks = [CheckpointOnSignal(args.checkpoint_signal, args.checkpoint_dir), *callbacks]
     world = init_world()
     failure.terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints whole
     return failure.run_guarded(world, lambda: _train(to_spec(args), world, callbacks, problem))
@@ -447,6 +457,9 @@ def _train(spec: RunSpec, world: Any, callbacks: Sequence[Any], problem: str | N
     )
     try:
         trainer.run()
+        if world.size > 1:  # no rank leaves xpnn's signal handling for MPI_Finalize, which
+            # Python cannot interrupt, while rank 0 still writes `save`
+            stall.wait(world.mpi_comm.Ibarrier(), "the barrier after the run")
     except TrainingDiverged as exc:  # every rank leaves with 1 together
         if trainer.is_root:
             _say(f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller --lr", True)

@@ -61,18 +61,35 @@ SIGPIPE_EXIT = 141  # what a shell shows for a program that SIGPIPE ended (128 +
 SIGTERM_EXIT = 143  # ... and SIGTERM (128 + 15)
 
 
+# What ends a run as Ctrl-C does, each with exit 128 + its number: Slurm's time limit and
+# scancel (TERM), a closed terminal or ssh session (HUP), Ctrl-\\ (QUIT), a CPU-time limit (XCPU)
+STOP_NAMES = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU")
+STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_NAMES if hasattr(signal, name))
+
+
 class Terminated(BaseException):
-    """SIGTERM arrived (Slurm's time limit, ``scancel``): stop as on Ctrl-C."""
+    """A stop signal arrived (``STOP_SIGNALS``): stop as on Ctrl-C."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def words(self) -> str:
+        return f"terminated ({signal.Signals(self.signum).name})"
 
 
 def terminate_on_sigterm() -> None:
-    """Raise ``Terminated`` on SIGTERM, so a checkpoint being written is finished or removed.
-    The command line's choice: a program using xpnn as a library keeps its own handlers."""
+    """Raise ``Terminated`` on every stop signal, so a file being written is finished or
+    removed (after MPI_Init: a library's own handler, UCX's for SIGHUP, is replaced). The
+    command line's choice: a program using xpnn as a library keeps its own handlers."""
 
     def handler(signum: int, frame: Any) -> None:
-        raise Terminated
+        raise Terminated(signum)
 
-    signal.signal(signal.SIGTERM, handler)
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) != signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+            signal.signal(signum, handler)
 
 
 STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop by itself
@@ -105,10 +122,10 @@ def stop_when_stuck(grace: float) -> None:
     def watch() -> None:
         while True:
             signum = os.read(read_end, 1)[0]
-            if signum in (signal.SIGTERM, signal.SIGINT):
+            if signum in (*STOP_SIGNALS, signal.SIGINT):
                 break
-        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
-        code = SIGTERM_EXIT if signum == signal.SIGTERM else 130
+        what = Terminated(signum).words if signum != signal.SIGINT else "interrupted"
+        code = 128 + signum
         left_in_init(what, code, min(grace, INIT_GRACE_S))
         time.sleep(grace)
         rank, size = _mpi_rank_size()
@@ -167,7 +184,7 @@ def stopped_from_outside(exc: BaseException) -> tuple[str, int] | None:
         silence_stdout()
         return "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
     if isinstance(exc, Terminated):
-        return "terminated (SIGTERM)", SIGTERM_EXIT
+        return exc.words, 128 + exc.signum
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or mpiexec passing it on
         return "interrupted", 130
     return None
@@ -220,8 +237,9 @@ def _calm_further_signals() -> None:
     """A second Ctrl-C must not cut the stopping short with a traceback: SIGINT and SIGTERM
     now only wake the watch of ``stop_when_stuck``."""
     try:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: None)
+        for signum in (signal.SIGINT, *STOP_SIGNALS):
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                signal.signal(signum, lambda *_: None)
     except ValueError:  # not the main thread: signals are not this code's to handle
         pass
 
