@@ -51,7 +51,12 @@ def _ints_at_least(text: str, low: int, form: str, kind: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected {form}, got {text!r}") from None
     if not values or min(values) < low:
         raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}")
+    if max(values) > MOST_INT:  # sizes and counts past C's int: typos, and crash NumPy or MPI
+        raise argparse.ArgumentTypeError(f"values must be at most {MOST_INT}, got {text!r}")
     return values
+
+
+MOST_INT = 2**31 - 1
 
 
 def positive_int(text: str) -> int:
@@ -96,7 +101,12 @@ def positive_float(text: str) -> float:
     value = _finite_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if value > MOST_FLOAT:  # past this, timeouts overflow the C types that wait
+        raise argparse.ArgumentTypeError(f"must be at most {MOST_FLOAT:g}, got {text}")
     return value
+
+
+MOST_FLOAT = 1e9  # seconds (31 years) or MiB: anything larger is a typo
 
 
 def fraction(text: str) -> float:
