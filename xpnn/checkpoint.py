@@ -23,8 +23,9 @@ from xpnn.parallel.model.whole import own_piece, whole_shape, whole_size
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write to a temporary file beside ``path`` and rename: a crash never leaves half a file."""
-    path = Path(path)
+    """Write to a temporary file beside ``path`` and rename: a crash never leaves half a file.
+    A symbolic link is followed: the file it names is replaced, the link stays."""
+    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     if path.parent and not path.parent.exists():
         raise UserError(f"{path}: directory {path.parent} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
@@ -181,6 +182,10 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         if "pickle" in str(exc):  # an object array inside the archive
             exc = "holds pickled objects, which are never loaded"
         raise DamagedCheckpoint(f"{path}: not a readable checkpoint ({exc})") from None
+    except MemoryError:  # an array header that claims terabytes: damaged, or not xpnn's
+        raise DamagedCheckpoint(
+            f"{path}: not a readable checkpoint (an array larger than this machine's memory)"
+        ) from None
 
 
 def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:

@@ -108,7 +108,12 @@ def _seconds(var: str, default: float) -> float:
         value = math.nan
     if not (math.isfinite(value) and value >= 0):  # -5 or inf: the watch thread's sleep failed
         raise UserError(f"{var}={text}: expected a number of seconds >= 0")
+    if value > MOST_SECONDS:  # 1e308 overflows the sleep of the watch thread
+        raise UserError(f"{var}={text}: expected at most {MOST_SECONDS:g} seconds (a day)")
     return value
+
+
+MOST_SECONDS = 86400.0
 
 
 def stop_when_stuck(grace: float) -> None:
