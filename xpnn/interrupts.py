@@ -73,3 +73,8 @@ def forget_handled_interrupt() -> None:
     import ctypes
 
     ctypes.pythonapi.PyRun_SimpleString(b"pass")
+
+
+def pending_signal() -> int | None:
+    """The signal noted and not yet raised (under a launcher, before ``hand_over``)."""
+    return _state["pending"]

@@ -120,9 +120,13 @@ def stop_when_stuck(grace: float) -> None:
     """After SIGTERM or Ctrl-C, end the job if this rank has not stopped ``grace`` s later:
     Python runs handlers between bytecodes only, so a rank blocked in an MPI call would ignore
     the signal; a thread woken by ``set_wakeup_fd`` ends it. Call from the main thread."""
+    from xpnn.interrupts import pending_signal
+
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    if pending_signal() is not None:  # noted during the imports: MPI_Init may never return
+        os.write(write_end, bytes([pending_signal()]))
 
     def watch() -> None:
         while True:
