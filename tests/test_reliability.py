@@ -114,7 +114,7 @@ def test_a_start_up_failure_on_some_ranks_ends_the_job_at_once(tmp_path):
     train = [*XPNN, *ARGS]
     cases = {
         "a bad flag on rank 1": (train, [*train, "--lr", "nan"], {}, "rank 1: --lr: must be > 0"),
-        "info : train": ([*XPNN, "info"], train, {}, "rank 1 runs `train`, rank 0 `info`"),
+        "info : train": ([*XPNN, "info"], train, {}, "rank 1 runs 'train', rank 0 'info'"),
         "a bad variable on rank 1": (
             train,
             ["env", "XPNN_STOP_GRACE=soon", *train],

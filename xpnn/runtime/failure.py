@@ -62,7 +62,7 @@ SIGTERM_EXIT = 143  # ... and SIGTERM (128 + 15)
 
 
 # What ends a run as Ctrl-C does, each with exit 128 + its number: Slurm's time limit and
-# scancel (TERM), a closed terminal or ssh session (HUP), Ctrl-\\ (QUIT), a CPU-time limit (XCPU)
+# scancel (TERM), a closed terminal or ssh connection (HUP), Ctrl-\\ (QUIT), a CPU-time limit (XCPU)
 STOP_NAMES = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU")
 STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_NAMES if hasattr(signal, name))
 

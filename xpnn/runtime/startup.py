@@ -31,7 +31,7 @@ def agree_to_start(world: Any, command: str, problem: str | None = None) -> None
     elif len(set(commands)) > 1:
         other = next(r for r, c in enumerate(commands) if c != commands[0])
         line = (
-            f"xpnn: rank {other} runs `{commands[other]}`, rank 0 `{commands[0]}`: every "
+            f"xpnn: rank {other} runs {commands[other]!r}, rank 0 {commands[0]!r}: every "
             "rank of a job must run the same command"
         )
     else:
