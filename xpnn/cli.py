@@ -476,7 +476,7 @@ def _info(as_json: bool) -> int:
     """``python -m xpnn info``; stdout gone or full is one line, as training says it."""
     try:
         return info_main(as_json=as_json)
-    except failure.CollectiveExit as exc:  # the job's ranks do not all run `info`
+    except failure.CollectiveExit as exc:  # the job's ranks do not all run info
         return int(exc.code or 0)
     except OSError as exc:
         message, code = failure.stopped_from_outside(exc) or (failure.describe(exc), 1)
