@@ -401,7 +401,6 @@ class Trainer:
         cfg = self.cfg
         settings: dict[str, Any] = {"lr": cfg.lr, "schedule": cfg.schedule}
         settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": str(self.model.params.dtype)}
-        settings |= {"ranks": self.comm.size, "parallel": cfg.parallel}  # named, never refused
         if cfg.schedule == "step":
             settings["step_epochs"] = self.step_epochs
         if cfg.schedule == "cosine":
