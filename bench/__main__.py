@@ -35,10 +35,13 @@ def run_benchmark(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         if not args.source.is_file():
             raise BenchError(f"--from {args.source}: no such file")
         try:
-            return read_records(args.source, name)
+            records = read_records(args.source, name)
         except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError) as e:
             why = getattr(e, "strerror", None) or type(e).__name__
             raise BenchError(f"--from {args.source}: not a records file ({why})") from None
+        if not records:
+            raise BenchError(f"--from {args.source}: holds no records of {name}")
+        return records
     return mod.run(args, describe_machine())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def int_list(text: str) -> list[int]:
@@ -158,3 +159,11 @@ def data_dir_problem(dataset: str, data_dir: str) -> str | None:
     except UserError as exc:
         return flag_words(str(exc))
     return None
+
+
+def file_path(text: str) -> Path:
+    """A file name to write (the figure goes beside it, as NAME.png): not empty, not ``.``."""
+    path = Path(text)
+    if not text.strip() or path.name in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"expected a file name, got {text!r}")
+    return path

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench import benchmarks
 from bench.__main__ import main as bench_main
 from xpnn.checkpoint import DamagedCheckpoint, read_npz
 from xpnn.cli import ArgError, build_parser
@@ -32,7 +33,15 @@ TEXT = st.one_of(
 )
 FLAGS = [a.option_strings[-1] for a in build_parser()._actions if a.option_strings]
 FLAGS.remove("--help")
-BENCH_FLAGS = ["--timeout", "--sizes", "--ranks", "--repeats", "--out", "--threads"]
+BENCH = [n for n in benchmarks.NAMES if not getattr(benchmarks.load(n), "PASSTHROUGH", False)]
+BENCH_FLAGS = {  # every flag of every benchmark that takes a value
+    name: [
+        a.option_strings[-1]
+        for a in benchmarks._parser(benchmarks.load(name), name)._actions
+        if a.option_strings and a.nargs != 0 and a.dest not in ("help", "source")
+    ]
+    for name in BENCH
+}
 
 
 def _one_line_or_nothing(err: str) -> None:
@@ -91,16 +100,11 @@ def test_plot_takes_any_file_and_output_name(tmp_path_factory, capsys, data, out
 
 
 @FEW
-@given(
-    name=st.sampled_from(["polling", "scaling", "crossover", "allreduce", "throughput"]),
-    flag=st.sampled_from(BENCH_FLAGS),
-    value=TEXT,
-    data=st.binary(max_size=200),
-)
-def test_bench_takes_any_flag_value_and_records_file(
-    tmp_path_factory, capsys, name, flag, value, data
-):
+@given(pick=st.data(), value=TEXT, data=st.binary(max_size=200))
+def test_bench_takes_any_flag_value_and_records_file(tmp_path_factory, capsys, pick, value, data):
     """With ``--from`` nothing is measured: the flags are checked and the file read."""
+    name = pick.draw(st.sampled_from(BENCH))
+    flag = pick.draw(st.sampled_from(BENCH_FLAGS[name]))
     records = tmp_path_factory.mktemp("bench") / "records.jsonl"
     records.write_bytes(data)
     try:
