@@ -135,7 +135,7 @@ def stop_when_stuck(grace: float) -> None:
                 break
         what = Terminated(signum).words if signum != signal.SIGINT else "interrupted"
         code = 128 + signum
-        left_in_init(what, code, min(grace, INIT_GRACE_S))
+        left_in_init(what, code, grace)
         time.sleep(grace)
         rank, size = _mpi_rank_size()
         say(
@@ -156,17 +156,29 @@ INIT_GRACE_S = 2.0  # after a signal, how long a rank may still wait in MPI_Init
 
 
 def left_in_init(what: str, code: int, grace: float) -> None:
-    """End this rank (exit ``code``) if it is still inside ``MPI_Init`` ``grace`` s after a
-    signal: the ranks it waits for may never come (one failed before MPI)."""
+    """End this rank (exit ``code``) once it has been inside ``MPI_Init`` for
+    ``INIT_GRACE_S`` after a signal: the ranks it waits for may never come (one failed before
+    MPI). Returns once MPI runs, or after ``grace`` s before it."""
     deadline = time.monotonic() + grace
-    while in_mpi_init() and time.monotonic() < deadline:
+    inside_since = None
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if in_mpi_init():
+            inside_since = inside_since or now
+            if now - inside_since >= INIT_GRACE_S:
+                say(
+                    f"rank {launch_rank()}: {what} while waiting in MPI_Init for the job's "
+                    "other ranks, which have not all started: ending this rank"
+                )
+                os._exit(code)
+        elif _mpi_started():
+            return
         time.sleep(0.02)
-    if in_mpi_init():
-        say(
-            f"rank {launch_rank()}: {what} while waiting in MPI_Init for the job's other "
-            "ranks, which have not all started: ending this rank"
-        )
-        os._exit(code)
+
+
+def _mpi_started() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized()
 
 
 def _mpi_rank_size() -> tuple[int, int]:
