@@ -21,7 +21,7 @@ from xpnn.info import info_main
 from xpnn.interrupts import hand_over
 from xpnn.plot import main as plot_main
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec, build_run, notes, summary
-from xpnn.runtime import failure, stall
+from xpnn.runtime import failure, lock, stall, startup
 from xpnn.runtime.world import init_world, launch_rank
 
 # what scripts may use
@@ -189,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpoint-dir", type=_path)
     a("--resume", action="store_true", help="continue from the latest checkpoint")
     a(
+        "--checkpoint-signal",
+        choices=["USR1", "USR2"],
+        help="on this signal, stop after the epoch under way and its checkpoint, with exit 75 "
+        "(a requeue script's cue; e.g. sbatch --signal=USR1@600)",
+    )
+    a(
         "--keep-checkpoints",
         type=_whole_number(),
         metavar="K",
@@ -327,8 +333,6 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
             raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
         if not writer:
             return
-        if not resume:
-            refuse_other_runs(path)
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -337,6 +341,9 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
         ) from None
     _takes_files("checkpoint_dir", path, Path(path))
     with path_problems("checkpoint_dir", path):
+        lock.hold(path)  # first: what is in the directory is this job's only once it is held
+        if not resume:
+            refuse_other_runs(path)
         remove_unfinished(path)
 
 
@@ -345,6 +352,11 @@ def check_paths(spec: RunSpec, writer: bool) -> None:
     _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
     made = spec.checkpoint_dir
     _writable_file("metrics", spec.metrics, writer, made=made, appended=True)
+    if writer and spec.metrics:  # a fresh run empties it, a resume appends: only to metrics
+        from xpnn.train.metrics_file import check_metrics_file
+
+        with path_problems("metrics", spec.metrics):
+            check_metrics_file(spec.metrics)
     _writable_file("save", spec.save, writer, made=made)
     if spec.save and spec.metrics and Path(spec.save).resolve() == Path(spec.metrics).resolve():
         raise UserError(f"`save` {spec.save}: the same file as `metrics`")
@@ -376,16 +388,62 @@ def train_main(args: argparse.Namespace, callbacks: Sequence[Any] = ()) -> int:
     import numpy  # noqa: F401
 
     stall.set_limits(args.stall_warn, args.stall_abort)  # the setup's waits too
+    # a typo in these would hide a failure: said once MPI is up, by every rank together
+    problem = _problem(failure.stop_grace) or _problem(failure.agree_timeout)
+    # before MPI_Init: a signal while a rank waits there for another ends it too
+    failure.stop_when_stuck(failure.STOP_GRACE_S if problem else failure.stop_grace())
+    if args.checkpoint_signal:
+        from xpnn.train.requeue import CheckpointOnSignal
+
+        callbacks = [CheckpointOnSignal(args.checkpoint_signal, args.checkpoint_dir), *callbacks]
     world = init_world()
     failure.terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints whole
-    failure.stop_when_stuck(failure.stop_grace())  # ... and within seconds where a rank cannot
-    failure.agree_timeout()  # read when a rank fails, where a typo in it would hide the failure
-    return failure.run_guarded(world, lambda: _train(to_spec(args), world, callbacks))
+    return failure.run_guarded(world, lambda: _train(to_spec(args), world, callbacks, problem))
 
 
-def _train(spec: RunSpec, world: Any, callbacks: Sequence[Any]) -> int:
+def _problem(check: Any) -> str | None:
+    """The line of the UserError ``check()`` raises, or None."""
+    try:
+        check()
+    except UserError as exc:
+        return user_message(exc)
+    return None
+
+
+def _start_up_failure(command: str, line: str) -> int:
+    """A problem found before MPI runs, on this rank and maybe only here: under a launcher it
+    still starts MPI, so that the others hear of it rather than wait in ``MPI_Init``."""
+    from xpnn.runtime.world import launched_by_mpi
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    joined = mpi is not None and mpi.Is_initialized()  # a check after MPI_Init failed
+    try:
+        under_launcher = launched_by_mpi() is not None
+    except UserError:
+        under_launcher = False
+    if joined or not under_launcher:
+        if launch_rank() == 0:  # every process found the same: one says it
+            failure.say(f"xpnn: {line}")
+        return 2
+    try:
+        world = init_world()
+    except UserError as exc:  # MPI does not start on this rank: ask the launcher to end it
+        for said in dict.fromkeys((line, user_message(exc))):
+            failure.say(f"rank {launch_rank()}: {failure.one_line(said)}")
+        startup.abort_launch()
+        return 2
+    if world.size == 1:
+        failure.say(f"xpnn: {line}")
+        return 2
+    return failure.run_guarded(world, lambda: startup.agree_to_start(world, command, line))
+
+
+def _train(spec: RunSpec, world: Any, callbacks: Sequence[Any], problem: str | None = None) -> int:
     from xpnn.train import TrainingDiverged
 
+    startup.agree_to_start(world, "train", problem)  # first: a rank may have failed already
+    if problem:  # alone
+        raise UserError(problem)
     failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
     trainer = build_run(spec, world, callbacks, log=_say)
     if world.rank == 0:
@@ -399,6 +457,9 @@ def _train(spec: RunSpec, world: Any, callbacks: Sequence[Any]) -> int:
     )
     try:
         trainer.run()
+        if world.size > 1:  # no rank leaves xpnn's signal handling for MPI_Finalize, which
+            # Python cannot interrupt, while rank 0 still writes `save`
+            stall.wait(world.mpi_comm.Ibarrier(), "the barrier after the run")
     except TrainingDiverged as exc:  # every rank leaves with 1 together
         if trainer.is_root:
             _say(f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller --lr", True)
@@ -415,6 +476,8 @@ def _info(as_json: bool) -> int:
     """``python -m xpnn info``; stdout gone or full is one line, as training says it."""
     try:
         return info_main(as_json=as_json)
+    except failure.CollectiveExit as exc:  # the job's ranks do not all run info
+        return int(exc.code or 0)
     except OSError as exc:
         message, code = failure.stopped_from_outside(exc) or (failure.describe(exc), 1)
         failure.say(f"xpnn: {message}")
@@ -431,19 +494,15 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     try:
         args = parser.parse_args(argv)
     except ArgError as exc:
-        if launch_rank() == 0:
-            print(f"xpnn: {exc}", file=sys.stderr)
-        return 2
+        return _start_up_failure(command, str(exc))
     with worded(flag_words):  # every message printed from here names flags
         try:
             if command == "info":
                 hand_over(failure.Terminated)  # no run_guarded: Ctrl-C is for the except below
                 return _info(args.json)
             return train_main(args, callbacks)
-        except UserError as exc:  # before MPI: every process found the same, one says it
-            if launch_rank() == 0:
-                print(f"xpnn: {user_message(exc)}", file=sys.stderr)
-            return 2
+        except UserError as exc:  # before MPI: maybe on this rank alone
+            return _start_up_failure(command, user_message(exc))
         except KeyboardInterrupt as exc:  # while NumPy or MPI start, without xpnn.__main__
             message, code = failure.stopped_from_outside(exc) or ("interrupted", 130)
             if launch_rank() == 0:

@@ -11,10 +11,12 @@ import sys
 def collect() -> dict:
     from xpnn.backends import availability
     from xpnn.runtime.cpu_quota import cpu_quota
+    from xpnn.runtime.startup import agree_to_start
     from xpnn.runtime.threads import affinity, node_cores, threads_per_rank
     from xpnn.runtime.world import init_world
 
     world = init_world()
+    agree_to_start(world, "info")  # an MPMD line's other ranks may be training: they must hear
     out: dict = {
         "python": platform.python_version(),
         "numpy": __import__("numpy").__version__,

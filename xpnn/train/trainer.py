@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.model.layout import Groups
 from xpnn.parallel.model.whole import whole_params, whole_size
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
-from xpnn.runtime import stall
+from xpnn.runtime import lock, stall
 from xpnn.train.callbacks import (
     Callback,
     Checkpoints,
@@ -187,6 +188,10 @@ class Trainer:
         self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
         # Last: a checkpoint that does not fit is a setup error that every rank reports together.
         self.resume_note: str | None = None  # said when the run starts: every rank agreed
+        if cfg.checkpoint_dir and self.is_root:  # one job a directory (the CLI took it first)
+            with path_problems("checkpoint_dir", cfg.checkpoint_dir):
+                os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+                lock.hold(cfg.checkpoint_dir)
         if cfg.checkpoint_dir and not cfg.resume:  # the command line checked it before
             with path_problems("checkpoint_dir", cfg.checkpoint_dir):
                 checkpoint.refuse_other_runs(cfg.checkpoint_dir)
