@@ -232,7 +232,8 @@ def main(argv: list[str]) -> int:
         print(f"xpnn: {exc}", file=sys.stderr)
         return 2
     rows = summarize(merged, info)
-    print(f"merged {len(info)} rank(s) into {out} (open it in https://ui.perfetto.dev)")
+    ranks = len({e["pid"] for e in merged["traceEvents"] if "pid" in e})
+    print(f"merged {ranks} rank(s) into {out} (open it in https://ui.perfetto.dev)")
     if rows:
         print("per step, ms (share of the step); hidden: communication overlapped by compute")
         offsets = {r: i.get("clock_offset_us", 0.0) for r, i in info.items()}
