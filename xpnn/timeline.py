@@ -217,6 +217,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("directory", help="the --trace directory (or one with flight records)")
     parser.add_argument("-o", "--output", help="the merged trace (default DIR/merged.json)")
+    parser.add_argument("--png", help="also draw the last two traced steps (needs matplotlib)")
     args = parser.parse_args(argv)
     try:
         if not os.path.isdir(args.directory):
@@ -228,6 +229,8 @@ def main(argv: list[str]) -> int:
                 json.dump(merged, fh)
         except OSError as exc:
             raise UserError(f"trace -o {out}: {exc.strerror}") from None
+        if args.png:
+            _draw(merged, args.png)
     except UserError as exc:
         print(f"xpnn: {exc}", file=sys.stderr)
         return 2
@@ -240,3 +243,18 @@ def main(argv: list[str]) -> int:
         for line in table(rows, offsets):
             print(line)
     return 0
+
+
+def _draw(merged: dict[str, Any], path: str) -> None:
+    try:
+        from xpnn.timeline_plot import draw
+    except ImportError:  # pragma: no cover - matplotlib is the plot extra
+        raise UserError("trace --png: needs matplotlib (pip install matplotlib)") from None
+    if not any(e.get("cat") == "step" for e in merged["traceEvents"]):
+        raise UserError("trace --png: no traced steps to draw (flight records only)")
+    try:
+        draw(merged, path)
+    except ImportError:
+        raise UserError("trace --png: needs matplotlib (pip install matplotlib)") from None
+    except OSError as exc:
+        raise UserError(f"trace --png {path}: {exc.strerror}") from None
