@@ -13,15 +13,17 @@ COLOURS = {
     "update": "#55A868",
     "wait": "#C44E52",
     "communication": "#937860",
+    "post": "#DA8BC3",
     "evaluation": "#8C8C8C",
+    "other": "#E5E5E5",
 }
 
 
 def _kind(event: dict[str, Any]) -> str | None:
     """What a compute-lane span is drawn as (None: not drawn, e.g. the step itself)."""
     name, cat = event["name"], event["cat"]
-    if cat == "wait":
-        return "wait"
+    if cat in ("wait", "post"):
+        return cat
     if cat == "evaluation":
         return "evaluation"
     if cat == "phase":
@@ -70,7 +72,9 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = 
         if comm:
             rows.append(f"rank {rank} communication")
             y += 1
-        for kind in ("forward", "backward", "loss", "update", "evaluation", "wait"):
+        step_bars = [_bar(e, start) for e in mine if e["cat"] == "step"]
+        ax.broken_barh(step_bars, (y, 0.8), color=COLOURS["other"])  # the step outside every span
+        for kind in ("forward", "backward", "loss", "update", "post", "evaluation", "wait"):
             bars = [_bar(e, start) for e in mine if _kind(e) == kind]
             if bars:
                 ax.broken_barh(bars, (y, 0.8), color=COLOURS[kind])
@@ -83,7 +87,7 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = 
                 label = e["name"][0].upper() + e["name"].split()[-1]
                 ax.text(
                     (e["ts"] - start + e["dur"] / 2) / 1e3, y + 0.4, label,
-                    ha="center", va="center", fontsize=9,
+                    ha="center", va="center", fontsize=9, clip_on=True,
                 )  # fmt: skip
             rows.append(f"rank {rank} micro-batches")
             y += 1
@@ -96,8 +100,10 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = 
     shown = [k for k in COLOURS if any(_kind(e) == k for e in visible)]
     if any(e["cat"] == "communication" for e in visible):
         shown.append("communication")
-    handles = [Patch(color=COLOURS[k], label=k) for k in dict.fromkeys(shown)]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=7,
+    shown.append("other")
+    names = {"post": "posting an operation", "other": "step, in no span", "wait": "waiting"}
+    handles = [Patch(color=COLOURS[k], label=names.get(k, k)) for k in dict.fromkeys(shown)]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5,
               frameon=False, fontsize=10)  # fmt: skip
     if title:
         ax.set_title(title)

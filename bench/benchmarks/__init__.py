@@ -30,6 +30,7 @@ NAMES = (
     "within_job",
     "step_phases",
     "staging",
+    "trace_cost",
 )
 
 

@@ -23,13 +23,14 @@ class Record:
     """One operation; ``end`` is None while it has not been seen to finish."""
 
     __slots__ = ("seq", "op", "nbytes", "peer", "bucket", "microbatch", "step", "start")
-    __slots__ += ("wait", "end", "group")
+    __slots__ += ("posted", "wait", "end", "group")
 
     def __init__(self, seq: int, op: str, nbytes: int, peer: int | None, group: str) -> None:
         self.seq, self.op, self.nbytes, self.peer, self.group = seq, op, nbytes, peer, group
         self.bucket, self.microbatch = _tags["bucket"], _tags["microbatch"]
         self.step = _tags["step"]
         self.start = _now()
+        self.posted: float | None = None  # when the non-blocking call returned
         self.wait: float | None = None
         self.end: float | None = None
 
@@ -126,6 +127,7 @@ class Tracked:
 
     def __init__(self, handle: Any, record: Record) -> None:
         self.handle, self.record = handle, record
+        record.posted = _now()
 
     def wait(self) -> None:
         record = self.record

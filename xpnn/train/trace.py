@@ -139,6 +139,8 @@ class Trace(Callback):
         lane = self._comm_lane(record.start, record.end)
         args = {"bytes": record.nbytes, "seq": record.seq, "group": record.group}
         self.add(name, "communication", lane, record.start, record.end, args)
+        if record.posted is not None:  # handing it to MPI took the compute lane's time
+            self.add(f"post {name}", "post", phases.COMPUTE, record.start, record.posted, args)
         if record.end > record.wait:
             self.add(f"wait {name}", "wait", phases.COMPUTE, record.wait, record.end, args)
 
