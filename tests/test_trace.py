@@ -230,3 +230,14 @@ def test_a_stopped_rank_is_named_with_its_operation_and_the_dumps(tmp_path):
     out = cli_trace(tmp_path)  # a directory of flight records alone merges too
     merged = _trace(tmp_path / "merged.json")
     assert "merged" in out and any(e.get("cat") == "flight" for e in merged)
+
+
+@pytest.mark.mpi
+def test_a_failing_rank_dumps_its_flight_record(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    args = [*ARGS, "--comm", "mpi-host", "--metrics", str(metrics)]
+    proc = run_xpnn(args, ranks=2, env={"XPNN_FAIL_AT": "1:3"})
+    assert proc.returncode == 1, proc.stderr
+    dump = json.loads((tmp_path / "flight-rank1.json").read_text())
+    assert dump["reason"].startswith("failed: ") and "injected failure" in dump["reason"]
+    assert dump["operations"][-1]["step"] == 2  # its last operations, of the step before

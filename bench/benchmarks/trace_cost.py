@@ -6,12 +6,17 @@ recorder's record of one operation cost while tracing is off."""
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
 from bench.training import add_data_arguments, command, data_flags, timed_run
+from xpnn import phases
+from xpnn.runtime import flight
+from xpnn.train import Trace
 
 NAME = "trace_cost"
 SUMMARY = "--trace off vs on: seconds per epoch, alternated; the cost of a trace point when off"
@@ -31,9 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def off_costs(calls: int = 200_000) -> dict[str, list[float]]:
-    """Nanoseconds of a layer's trace point and of one flight record, tracing off."""
-    from xpnn import phases
-    from xpnn.runtime import flight
+    """Nanoseconds of a layer's trace point (tracing off, on) and of one flight record."""
 
     class Comm:
         size = 2
@@ -51,7 +54,22 @@ def off_costs(calls: int = 200_000) -> dict[str, list[float]]:
             pass
     per_op = (time.perf_counter() - t0) / (calls // 10)
     flight.clear()
-    return {"span_off_ns": [per_span * 1e9], "flight_op_ns": [per_op * 1e9]}
+    trace = Trace("unused")  # a span recorded while tracing is on
+    trace.rank = 0
+    t0 = time.perf_counter()
+    for _ in range(calls // 10):
+        with trace.span("forward", phases.COMPUTE):
+            pass
+    per_on = (time.perf_counter() - t0) / (calls // 10)
+    ns = {"span_off_ns": per_span, "flight_op_ns": per_op, "span_on_ns": per_on}
+    return {key: [value * 1e9] for key, value in ns.items()}
+
+
+def events_per_step(directory: str) -> float:
+    """Spans a traced step recorded on rank 0 (its trace file's spans over its steps)."""
+    events = json.loads((Path(directory) / "trace-rank0.json").read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    return len(spans) / max(1, sum(e["cat"] == "step" for e in spans))
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
@@ -67,6 +85,10 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
             for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
                 numbers = timed_run(args.ranks, runs[mode], args)
                 samples[mode].setdefault("epoch_s", []).append(numbers["epoch_s"])
+                samples[mode].setdefault("steps_per_epoch", []).append(
+                    args.samples / args.batch_size
+                )
+        samples["on"]["spans_per_step"] = [events_per_step(tmp)]
     samples["off"].update(off_costs())
     out = []
     for mode, measured in samples.items():
@@ -90,11 +112,20 @@ def table(records: list[dict[str, Any]]) -> str:
             rows.append([mode, spread(by[mode], "epoch_s"), base and 100 * (t / base - 1)])
     text = markdown_table(["--trace", "epoch s", "cost vs off %"], rows)
     if "off" in by and "span_off_ns" in by["off"]["metrics"]:
+        off = by["off"]
         text += (
-            f"\n\nWith tracing off a trace point took {median_of(by['off'], 'span_off_ns'):.0f} "
-            f"ns and the flight record of one operation {median_of(by['off'], 'flight_op_ns'):.0f}"
-            " ns (timed in one process)."
+            f"\n\nTimed in one process: a trace point took {median_of(off, 'span_off_ns'):.0f} "
+            f"ns with tracing off and {median_of(off, 'span_on_ns'):.0f} ns with it on; the "
+            f"flight record of one operation {median_of(off, 'flight_op_ns'):.0f} ns."
         )
+        spans = median_of(by["on"], "spans_per_step") if "on" in by else None
+        steps = median_of(off, "steps_per_epoch")
+        if spans and steps and base:
+            share = spans * median_of(off, "span_on_ns") * 1e-9 / (base / steps)
+            text += (
+                f" A traced step recorded {spans:.0f} spans: at that cost, "
+                f"{100 * share:.2f} % of a step of {1e3 * base / steps:.1f} ms."
+            )
     return text
 
 

@@ -80,9 +80,11 @@ def _group(comm: Any) -> str:
 
 def post(comm: Any, op: str, nbytes: int = 0, peer: int | None = None) -> Record:
     """``op`` is handed to the transport now; numbered in ``comm``'s own sequence."""
-    seq = comm.__dict__.get("_flight_seq", 0) + 1
+    own = comm.__dict__
+    seq = own.get("_flight_seq", 0) + 1
     comm._flight_seq = seq
-    record = Record(seq, op, nbytes, peer, _group(comm))
+    group = own.get("_flight_group") or own.setdefault("_flight_group", _group(comm))
+    record = Record(seq, op, nbytes, peer, group)
     _ring.append(record)
     return record
 
