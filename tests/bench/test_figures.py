@@ -1,7 +1,7 @@
 """Figures a reader can trust, read from their artists: every figure of ``bench report`` (drawn
-from the recorded report's and GPU recording's own records) and of ``xpnn plot`` has a legend
-where it draws several labelled things and names nothing it does not draw, integer ticks on
-count axes, and time, speedup, memory and accuracy axes that start at 0."""
+from the recorded report's own records), of the GPU recording's benchmarks and of ``xpnn plot``
+has a legend where it draws several labelled things and names nothing it does not draw, integer
+ticks on count axes, and time, speedup, memory and accuracy axes that start at 0."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ FROM_ZERO = ("seconds", "speedup", "MB", "MiB", "accuracy", "loss", "samples")
 def _figures() -> list[tuple[str, list]]:
     found = [(s, panels(s, [r for r in RECORDS if r["benchmark"] == s])) for s in STUDIES[:-1]]
     gpu = read_records(RECORDED_GPU)
-    for name in ("crossover", "allreduce"):
+    for name in ("crossover", "allreduce", "staging", "throughput", "step_phases"):
         rs = [r for r in gpu if r["benchmark"] == name]
         found.append((name, [lambda ax, rs=rs, name=name: load(name).plot(rs, ax)]))
     return found
