@@ -86,6 +86,13 @@ def test_trace_steps_without_trace_is_refused(tmp_path):
     assert "needs --trace" in proc.stderr
 
 
+def test_a_trace_directory_that_cannot_be_made_is_said_at_the_start(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = run_xpnn([*ARGS, "--epochs", "100000", "--trace", str(blocker / "traces")])
+    assert_one_line_user_error(proc, "--trace")
+
+
 def test_one_process_traces_layers_loss_and_update(tmp_path, capsys):
     assert cli.main([*ARGS, "--trace", str(tmp_path), "--trace-steps", "1:4"]) == 0
     events = _trace(tmp_path / "trace-rank0.json")

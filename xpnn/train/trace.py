@@ -284,4 +284,10 @@ def observers(spec: Any, rank: int) -> list[Callback]:
             raise UserError(f"`trace_steps` {exc}") from None
         if not spec.trace:
             raise UserError("`trace_steps`: needs `trace`")
-    return [Trace(spec.trace, steps)] if spec.trace else []
+    if not spec.trace:
+        return []
+    with path_problems("trace", spec.trace):  # said at the start, not after the traced steps
+        os.makedirs(spec.trace, exist_ok=True)
+        if not os.access(spec.trace, os.W_OK | os.X_OK):
+            raise UserError(f"`trace` {spec.trace}: not a directory this user may write to")
+    return [Trace(spec.trace, steps)]
