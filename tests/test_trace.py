@@ -248,3 +248,12 @@ def test_a_failing_rank_dumps_its_flight_record(tmp_path):
     dump = json.loads((tmp_path / "flight-rank1.json").read_text())
     assert dump["reason"].startswith("failed: ") and "injected failure" in dump["reason"]
     assert dump["operations"][-1]["step"] == 2  # its last operations, of the step before
+
+
+def test_a_wait_for_a_silent_peer_names_both():
+    where = {"group": "2 ranks", "seq": 2599, "op": "receive", "nbytes": 12800, "peer": 1}
+    where |= {"bucket": None, "microbatch": 3, "step": 305}
+    assert flight.describe({0: where}, [1], None) == (
+        "rank 0 waits in receive #2599 from rank 1 (12.5 KiB, micro-batch 3, step 305); "
+        "rank 1 did not answer"
+    )

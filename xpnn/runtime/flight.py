@@ -47,7 +47,7 @@ class Record:
             where.append(f"micro-batch {self.microbatch}")
         if self.step is not None:
             where.append(f"step {self.step}")
-        return f"{self.op}{peer if self.peer is not None else ''} #{self.seq}" + (
+        return f"{self.op} #{self.seq}{peer if self.peer is not None else ''}" + (
             f" ({', '.join(where)})" if where else ""
         )
 
@@ -230,10 +230,8 @@ def describe(
             )
         else:
             mixed = collective and len({p["group"] for p in waiting.values()}) == 1
-            head = "mismatch: ranks in different operations (" if mixed else "("
-            parts.append(
-                head + "; ".join(f"rank {r} waits in {n}" for r, n in sorted(names.items())) + ")"
-            )
+            each = "; ".join(f"rank {r} waits in {n}" for r, n in sorted(names.items()))
+            parts.append(f"mismatch: ranks in different operations ({each})" if mixed else each)
             if absent:
                 parts.append(f"{_ranks(absent)} did not answer")
     if dumped:
