@@ -37,12 +37,18 @@ def test_interval_arithmetic():
     assert timeline.length([(0, 2), (5, 6)]) == 3
 
 
-def test_clock_offsets_are_medians_against_rank_0():
+def test_clock_offsets_are_bounded_by_every_barrier():
     def doc(clock):
         return {"otherData": {"xpnn": {"clock": clock}}}
 
-    offsets = timeline.clock_offsets({0: doc([10, 20, 30]), 1: doc([110, 121, 130])})
-    assert offsets == {0: 0, 1: 100}
+    # rank 1's clock runs 100 ahead; it left the second barrier 500 late (descheduled)
+    rank0 = [[0, 10], [20, 30], [40, 44]]
+    rank1 = [[105, 108], [119, 630], [141, 146]]
+    offsets = timeline.clock_offsets({0: doc(rank0), 1: doc(rank1)})
+    assert offsets[0] == 0
+    assert offsets[1] == pytest.approx(101.5)  # the bounds [97, 106] met; true 100
+    apart = [[[0, 1], [10, 11]], [[500, 501], [600, 601]]]  # bounds [589, 501]: never meet
+    assert timeline.clock_offsets({0: doc(apart[0]), 1: doc(apart[1])})[1] == 545  # middles
 
 
 def test_the_summary_counts_hidden_and_exposed_communication():

@@ -46,7 +46,11 @@ def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
 
 
 def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
-    """Each rank's clock minus rank 0's (us): the median over the barriers both sampled."""
+    """Each rank's clock minus rank 0's (us). A barrier ends after the last rank entered and
+    before the first left, so each barrier bounds the offset between (rank's entry - rank 0's
+    exit) and (rank's exit - rank 0's entry); the bounds of all barriers are intersected and
+    the middle taken (where a rank was held up so long that they do not meet, the median of
+    the barriers' middles)."""
     samples = {
         r: t.get("otherData", {}).get("xpnn", {}).get("clock") or [] for r, t in traces.items()
     }
@@ -54,7 +58,13 @@ def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
     offsets = {}
     for rank, own in samples.items():
         pairs = list(zip(own, reference, strict=False))
-        offsets[rank] = statistics.median(a - b for a, b in pairs) if pairs else 0.0
+        if not pairs:
+            offsets[rank] = 0.0
+            continue
+        low = max(entry - left0 for (entry, _), (_, left0) in pairs)
+        high = min(left - entry0 for (_, left), (entry0, _) in pairs)
+        middles = [(e + x) / 2 - (e0 + x0) / 2 for (e, x), (e0, x0) in pairs]
+        offsets[rank] = (low + high) / 2 if low <= high else statistics.median(middles)
     return offsets
 
 

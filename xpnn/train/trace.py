@@ -91,7 +91,7 @@ class Trace(Callback):
             "schedule": getattr(model, "schedule", None),
             "window": list(self.window),
             "clock": self.clock,
-            "clock_unit": "us, time.perf_counter, right after each of the same barriers",
+            "clock_unit": "us, time.perf_counter, entering and leaving each of the same barriers",
         }
         if trainer.backend.is_gpu:
             import cupy
@@ -197,13 +197,14 @@ class Trace(Callback):
         end_event.record()
         self._device.append((name, start_event, end_event))
 
-    def _clock_samples(self, comm: Any) -> list[float]:
-        """This rank's clock right after each of ``CLOCK_ROUNDS`` barriers (every rank): the
-        merge takes each rank's median difference to rank 0 as its clock offset."""
+    def _clock_samples(self, comm: Any) -> list[list[float]]:
+        """This rank's clock as it entered and as it left each of ``CLOCK_ROUNDS`` barriers
+        (every rank): ``xpnn.timeline.clock_offsets`` bounds each rank's offset with them."""
         samples = []
         for _ in range(CLOCK_ROUNDS):
+            entered = _now()
             comm.barrier()
-            samples.append(_now() * 1e6)
+            samples.append([entered * 1e6, _now() * 1e6])
         return samples
 
     def _start(self) -> None:
