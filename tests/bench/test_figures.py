@@ -109,3 +109,19 @@ def test_xpnn_plot_has_integer_epochs_and_readable_legends(tmp_path, monkeypatch
         assert ax.get_legend().get_texts()[0].get_fontsize() >= 9
     accuracy = next(ax for ax in fig.axes if ax.get_title() == "accuracy")
     assert accuracy.get_ylim() == (0, 1)
+
+
+def test_the_report_is_redrawn_from_its_records(tmp_path):
+    import shutil
+
+    from bench.report import check, redraw
+
+    shutil.copy(ROOT / "docs" / "report" / "records.jsonl", tmp_path)
+    shutil.copy(ROOT / "docs" / "report" / "index.md", tmp_path)
+    index = redraw(tmp_path)
+    assert check(tmp_path) == []
+    text, recorded = index.read_text(), (ROOT / "docs" / "report" / "index.md").read_text()
+    assert text.split("\n## ")[0] == recorded.split("\n## ")[0]  # the measurement's header
+    assert text.count("\n## Seed ") == recorded.count("\n## Seed ") == 4
+    assert "[Reproducing the reports](../reproducing.md)" in text
+    assert " and tensor and " not in text  # a list in prose, not joined by "and"s
