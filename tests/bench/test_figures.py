@@ -125,3 +125,12 @@ def test_the_report_is_redrawn_from_its_records(tmp_path):
     assert text.count("\n## Seed ") == recorded.count("\n## Seed ") == 4
     assert "[Reproducing the reports](../reproducing.md)" in text
     assert " and tensor and " not in text  # a list in prose, not joined by "and"s
+
+
+def test_a_column_empty_in_every_row_is_left_out():
+    from bench.core import markdown_table
+
+    text = markdown_table(["n", "d2h_pinned ms", "e2e ms"], [[1, None, 2.0], [2, None, 3.0]])
+    assert text.splitlines()[0] == "| n | e2e ms |" and "–" not in text
+    kept = markdown_table(["n", "raw"], [[1, None], [2, 5.0]])
+    assert kept.splitlines()[0] == "| n | raw |" and "| 1 | – |" in kept
