@@ -13,6 +13,7 @@ from conftest import ROOT
 
 # Modules of xpnn that benchmarks may import names from besides packages (``__all__``).
 PUBLIC_MODULES = {"xpnn.errors", "xpnn.optim", "xpnn.train", "xpnn.run", "xpnn.digest"}
+PUBLIC_MODULES |= {"xpnn.phases"}  # the seam that step timers and tracers listen on
 # Imports that the library entry point (``xpnn.run``, Trainer callbacks: the other half of
 # issue 28) replaces: the command line's builder and the step timer's monkeypatched classes.
 

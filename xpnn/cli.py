@@ -23,6 +23,8 @@ from xpnn.plot import main as plot_main
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec, build_run, notes, summary
 from xpnn.runtime import failure, lock, stall, startup
 from xpnn.runtime.world import init_world, launch_rank
+from xpnn.timeline import main as trace_main
+from xpnn.timeline import parse_steps
 
 # what scripts may use
 __all__ = ["FLAGS", "ArgError", "build_parser", "flag_words", "main", "to_spec"]
@@ -89,6 +91,14 @@ def _path(text: str) -> str:
     return text
 
 
+def _trace_steps(text: str) -> str:
+    try:
+        parse_steps(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _float_from(low: float, inclusive: bool = True, most: float = math.inf):  # noqa: ANN202
     def parse(text: str) -> float:
         try:
@@ -120,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
     p = _Parser(
         prog="python -m xpnn",
-        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... [-o PNG]",
+        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... "
+        "[-o PNG]  |  trace DIR [-o MERGED]",
         description="Train a network over xp, alone or under MPI (mpiexec -n N python -m xpnn "
         "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
         "the MPI library and whether it is CUDA-aware.",
@@ -265,6 +276,20 @@ def build_parser() -> argparse.ArgumentParser:
         "and run its forward again before its backward (less memory, one more forward)",
     )
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    a(
+        "--trace",
+        type=_path,
+        metavar="DIR",
+        help="every rank writes DIR/trace-rankN.json, a timeline (Chrome trace events) of "
+        "--trace-steps; python -m xpnn trace DIR merges them",
+    )
+    a(
+        "--trace-steps",
+        type=_trace_steps,
+        metavar="A:B",
+        help="--trace: steps A to B-1, counted over the run from 0 (default: 5 steps from "
+        "step 3, earlier in a shorter run)",
+    )
     p.set_defaults(**{f.name: getattr(RunSpec, f.name) for f in fields(RunSpec)})
     return p
 
@@ -489,6 +514,8 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
+    if argv and argv[0] == "trace":
+        return trace_main(argv[1:])
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
     parser = build_info_parser() if command == "info" else build_parser()
     try:

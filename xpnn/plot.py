@@ -96,8 +96,14 @@ def draw(paths: list[Path], out: Path) -> Path:
                 ax.plot(x, y, style, color=f"C{i}", marker="o", ms=3,
                         label=f"{label} {key.split('_')[0]}")  # fmt: skip
             ax.set(xlabel="epoch", title=title)
-    for ax in axes:
-        ax.legend(fontsize=7)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax, (title, _) in zip(axes, PANELS, strict=True):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are counts
+        ax.set_ylim(bottom=0)  # a small change is not drawn as a cliff
+        if title == "accuracy":
+            ax.set_ylim(top=1.0)
+        ax.legend(fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=100, format="png")
     plt.close(fig)

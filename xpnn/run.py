@@ -59,10 +59,12 @@ class RunSpec:
     pipeline_schedule: str | None = None  # pipeline: gpipe (default) or 1f1b
     recompute: bool | None = None  # pipeline: run a stage's forward again before its backward
     progress: bool = True  # a progress bar on rank 0's terminal
+    trace: str | None = None  # a directory: every rank's timeline of steps ``trace_steps``
+    trace_steps: str | None = None  # "A:B", steps A to B-1 (default: a few after the first)
 
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
-PER_RANK = ("data_dir", "metrics", "save", "checkpoint_dir", "progress", "threads")
+PER_RANK = ("data_dir", "metrics", "save", "checkpoint_dir", "progress", "threads", "trace")
 
 
 def build_run(
@@ -75,6 +77,7 @@ def build_run(
     from xpnn.parallel.model.layout import make_groups
     from xpnn.runtime.failure import agree_on_user_errors
     from xpnn.train import Trainer
+    from xpnn.train.trace import observers
 
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
     backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(spec, world))
@@ -94,6 +97,7 @@ def build_run(
         world, lambda: make_groups(world, place, backend, spec.comm, spec.parallel)
     )
     model.attach(groups.model)  # split layers and pipeline stages talk within their replica
+    callbacks = [*callbacks, *agree_on_user_errors(world, lambda: observers(spec, world.rank))]
     # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a user error said once.
     return agree_on_user_errors(
         world,

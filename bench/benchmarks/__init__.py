@@ -31,6 +31,7 @@ NAMES = (
     "within_job",
     "step_phases",
     "staging",
+    "trace_cost",
 )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from xpnn.errors import UserError, user_message
-from xpnn.runtime import stall
+from xpnn.runtime import flight, stall
 from xpnn.runtime.abort import abort_job, prefix, say
 from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
@@ -237,6 +237,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         if _debug():
             traceback.print_exc()
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
+        flight.dump(f"failed: {message}")  # the operations it saw last, for the others' story
         if isinstance(exc, KeyboardInterrupt | Terminated):
             _calm_further_signals()
         if size > 1 and isinstance(exc, KeyboardInterrupt | Terminated) and stopped_together():

@@ -9,3 +9,6 @@ from xpnn.train.trainer import peak_rss_mb, warmup_steps
 __all__ = ["Callback", "Checkpoints", "EpochLog", "FaultInjection", "MetricsFile", "PhaseTimer"]
 __all__ += ["ProgressBar", "TrainConfig", "Trainer", "TrainingDiverged", "peak_rss_mb"]
 __all__ += ["warmup_steps"]
+from xpnn.train.trace import Trace  # noqa: E402 -- after the callbacks it extends
+
+__all__ += ["Trace"]

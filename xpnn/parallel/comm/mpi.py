@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from xpnn import phases
 from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_op, is_device_array
-from xpnn.runtime import stall
+from xpnn.runtime import flight, stall
 
 
 class MpiHandle:
@@ -110,7 +111,8 @@ def _copy_out(dev: Any, slot: _PinnedSlot) -> None:
     """Device to pinned host, after the work queued on the current stream."""
     import cupy
 
-    dev.get(stream=cupy.cuda.get_current_stream(), out=slot.host, blocking=True)
+    with phases.span("device to host", phases.COPIES):
+        dev.get(stream=cupy.cuda.get_current_stream(), out=slot.host, blocking=True)
 
 
 def _copy_back(dev: Any, slot: _PinnedSlot, pool: _PinnedPool) -> None:
@@ -118,7 +120,8 @@ def _copy_back(dev: Any, slot: _PinnedSlot, pool: _PinnedPool) -> None:
     import cupy
 
     stream = cupy.cuda.get_current_stream()
-    dev.set(slot.host, stream=stream)  # asynchronous from pinned memory; ordered on the stream
+    with phases.span("host to device (queued)", phases.COPIES):
+        dev.set(slot.host, stream=stream)  # asynchronous from pinned memory; ordered on the stream
     slot.event = stream.record()
     pool.release(slot)
 
@@ -153,28 +156,33 @@ class MpiHostCommunicator(Communicator):
         # the hot path for every gradient bucket: kept to a dict lookup and a type check
         mop = self._ops.get(op) or self._mpi_op(op)
         self._count(buf)
-        if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
-            stall.wait(self._comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
-        else:
-            self._device_allreduce(buf, op, mop)
+        with flight.Op(self, "allreduce", buf.nbytes):
+            if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
+                stall.wait(self._comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
+            else:
+                self._device_allreduce(buf, op, mop)
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
         mop = self._ops.get(op) or self._mpi_op(op)
         self._count(buf)
+        record = flight.post(self, "allreduce", buf.nbytes)
         if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
-            return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf, "an allreduce")
-        return self._device_iallreduce(buf, op, mop)
+            req = self._comm.Iallreduce(self._in_place, buf, mop)
+            return flight.Tracked(MpiHandle(req, buf, "an allreduce"), record)
+        return flight.Tracked(self._device_iallreduce(buf, op, mop), record)
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
         if self.rank == root:
             self._count(buf)
-        if is_device_array(buf):
-            self._device_bcast(buf, root)
-        else:
-            stall.wait(self._comm.Ibcast(buf, root=root), "a broadcast")
+        with flight.Op(self, "broadcast", buf.nbytes):
+            if is_device_array(buf):
+                self._device_bcast(buf, root)
+            else:
+                stall.wait(self._comm.Ibcast(buf, root=root), "a broadcast")
 
     def barrier(self) -> None:
-        stall.wait(self._comm.Ibarrier(), "a barrier")
+        with flight.Op(self, "barrier"):
+            stall.wait(self._comm.Ibarrier(), "a barrier")
 
     # -- device buffers: staged through pinned host memory (cuda.py overrides them) --------
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
@@ -210,16 +218,19 @@ class MpiHostCommunicator(Communicator):
 
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
         self._count(buf)
+        record = flight.post(self, "send", buf.nbytes, dest)
         if is_device_array(buf):
-            return self._device_isend(buf, dest, tag)
-        return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf, f"a send to rank {dest}")
+            return flight.Tracked(self._device_isend(buf, dest, tag), record)
+        req = self._comm.Isend(buf, dest=dest, tag=tag)
+        return flight.Tracked(MpiHandle(req, buf, f"a send to rank {dest}"), record)
 
     def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
-        if is_device_array(buf):
-            self._device_recv(buf, source, tag)
-        else:
-            what = f"a receive from rank {source}"
-            stall.wait(self._comm.Irecv(buf, source=source, tag=tag), what)
+        with flight.Op(self, "receive", buf.nbytes, source):
+            if is_device_array(buf):
+                self._device_recv(buf, source, tag)
+            else:
+                what = f"a receive from rank {source}"
+                stall.wait(self._comm.Irecv(buf, source=source, tag=tag), what)
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
         dev = as_cupy(buf)
@@ -239,7 +250,9 @@ class MpiHostCommunicator(Communicator):
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         out = self._host_values(values)
         self._count(out)
-        stall.wait(self._comm.Iallreduce(self._in_place, out, self._mpi_op(op)), "an allreduce")
+        with flight.Op(self, "allreduce", out.nbytes):
+            mop = self._mpi_op(op)
+            stall.wait(self._comm.Iallreduce(self._in_place, out, mop), "an allreduce")
         return out
 
     def allgather_obj(self, obj: Any) -> list:
