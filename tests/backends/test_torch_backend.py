@@ -164,3 +164,23 @@ def test_device_is_refused_by_the_other_backends():
 def test_info_lists_torch_and_the_devices_it_sees():
     assert availability()["torch"] is None
     assert visible_devices()[0] == "cpu"
+
+
+@pytest.mark.parametrize("act", ["identity", "relu", "sigmoid", "tanh"])
+def test_the_in_place_overrides_give_the_generic_results(act):
+    xp = get_backend("torch").xp
+    fast, generic = TorchKernels(xp), Kernels(xp)
+    rng = np.random.default_rng(1)
+    a, b = (
+        torch.as_tensor(rng.standard_normal((6, 5))),
+        torch.as_tensor(rng.standard_normal((5, 4))),
+    )
+    a[0, 0] = float("nan")  # a diverged run stays visible
+    out = torch.empty(6, 4, dtype=torch.float64)
+    assert fast.matmul_into(a, b, out) is out
+    want = generic.matmul_into(a, b, torch.empty(6, 4, dtype=torch.float64))
+    torch.testing.assert_close(out, want, equal_nan=True, rtol=0, atol=0)
+    bias = torch.as_tensor(rng.standard_normal(4))
+    torch.testing.assert_close(
+        fast.bias_act(out.clone(), bias, act), generic.bias_act(out, bias, act), equal_nan=True
+    )

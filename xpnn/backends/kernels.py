@@ -289,8 +289,10 @@ class Kernels:
             for i in range(size)
             for j in range(size)
         ]
-        stacked = xp.stack(parts, axis=0)  # (size*size, N, C, OH, OW)
-        return xp.max(stacked, axis=0), xp.argmax(stacked, axis=0)
+        # (N, C, OH, OW, size*size): a reduction along the contiguous last axis (PyTorch's
+        # argmax over a leading axis of 4 took 3.4x as long)
+        stacked = xp.stack(parts, axis=-1)
+        return xp.max(stacked, axis=-1), xp.argmax(stacked, axis=-1)
 
     def maxpool2d_backward(
         self, dy: Array, idx: Array, x_shape: tuple[int, ...], size: int, stride: int
@@ -302,7 +304,9 @@ class Kernels:
         for i in range(size):
             for j in range(size):
                 sl = (slice(None), slice(None), window(i, oh, stride), window(j, ow, stride))
-                dx[sl] = dx[sl] + xp.where(idx == i * size + j, dy, zero)
+                routed = xp.where(idx == i * size + j, dy, zero)
+                # windows that do not overlap: each element is written once, not added to
+                dx[sl] = routed if stride >= size else dx[sl] + routed
         return dx
 
     def _low32(self, h: Array) -> Array:
