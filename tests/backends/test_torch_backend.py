@@ -5,7 +5,7 @@ and torch == numpy in float64 for every layer, loss, optimizer and the presets. 
 import numpy as np
 import pytest
 import torch
-from conftest import cnn_preset_step
+from conftest import cnn_preset_step, run_xpnn
 from gradcheck import check_layer, numeric_grad
 from test_backends import _assert_same, _run
 from test_conv import LAYERS, _layer_run
@@ -164,6 +164,16 @@ def test_device_is_refused_by_the_other_backends():
 def test_info_lists_torch_and_the_devices_it_sees():
     assert availability()["torch"] is None
     assert visible_devices()[0] == "cpu"
+    proc = run_xpnn(["info"])
+    assert proc.returncode == 0, proc.stderr
+    assert "  torch  available" in proc.stdout
+    assert f"torch {torch.__version__} devices: cpu" in proc.stdout
+
+
+def test_float64_on_apple_gpus_is_a_user_error(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    with pytest.raises(UserError, match="`dtype` float64: Apple's MPS devices have no float64"):
+        get_backend("torch", "float64", device="mps")
 
 
 @pytest.mark.parametrize("act", ["identity", "relu", "sigmoid", "tanh"])

@@ -94,6 +94,8 @@ class TorchBackend(Backend):
         torch, xp = import_torch()
         self.torch = torch
         self.torch_device = resolve_device(torch, device, local_rank)
+        if self.torch_device.type == "mps" and dtype == "float64":
+            raise UserError("`dtype` float64: Apple's MPS devices have no float64 (use float32)")
         self.is_gpu = self.torch_device.type != "cpu"
         if self.is_gpu:
             if self.torch_device.type in ("cuda", "xpu"):
