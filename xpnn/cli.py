@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=["numpy", "numba", "cupy", "torch", "auto"],
         help="array library (default numpy); numba adds compiled CPU kernels; torch: PyTorch "
-        "tensors (pip install 'xpnn[torch]'); auto: cupy where a GPU is usable, else numba",
+        "tensors (pip install 'xpnn[torch]'); auto: cupy where a GPU is usable, else torch where "
+        "PyTorch sees an accelerator, else numba",
     )
     a(
         "--device",

@@ -194,3 +194,15 @@ def test_the_in_place_overrides_give_the_generic_results(act):
     torch.testing.assert_close(
         fast.bias_act(out.clone(), bias, act), generic.bias_act(out, bias, act), equal_nan=True
     )
+
+
+@pytest.mark.parametrize("accelerator", [None, "cuda", "mps"])
+def test_auto_takes_torch_where_pytorch_sees_an_accelerator(accelerator, monkeypatch):
+    """Without CuPy, an AMD (ROCm: cuda), Apple (mps) or Intel GPU is PyTorch's to drive."""
+    from xpnn.backends import auto_without_cupy
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: accelerator == "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: accelerator == "mps")
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    assert auto_without_cupy() == ("numba" if accelerator is None else "torch")
