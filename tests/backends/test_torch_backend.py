@@ -206,3 +206,25 @@ def test_auto_takes_torch_where_pytorch_sees_an_accelerator(accelerator, monkeyp
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: accelerator == "mps")
     monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
     assert auto_without_cupy() == ("numba" if accelerator is None else "torch")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+def test_the_optimizer_overrides_give_the_generic_bits(dtype, optimizer):
+    """Subnormal, NaN and infinite state included, over three steps."""
+    xp = get_backend("torch").xp
+    rng = np.random.default_rng(2)
+    bufs = [torch.as_tensor(rng.standard_normal(1001) * 0.01, dtype=dtype) for _ in range(4)]
+    bufs[3] = bufs[3].abs()
+    bufs[2][:3] = torch.tensor([torch.finfo(dtype).smallest_normal / 4, float("nan"), -np.inf])
+    copies = [b.clone() for b in bufs]
+    for step in (1, 2, 3):
+        for k, (p, g, m, v) in ((TorchKernels(xp), bufs), (Kernels(xp), copies)):
+            if optimizer == "sgd":
+                k.sgd_update(p, g, 0.1)
+            elif optimizer == "momentum":
+                k.momentum_update(p, g, m, 0.1, 0.9)
+            else:
+                k.adam_update(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, step)
+    for got, want in zip(bufs, copies, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
