@@ -139,9 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     a, count = p.add_argument, _positive_int()
     a(
         "--backend",
-        choices=["numpy", "numba", "cupy", "auto"],
-        help="array library (default numpy); numba adds compiled CPU kernels; auto: cupy where "
-        "a GPU is usable, else numba",
+        choices=["numpy", "numba", "cupy", "torch", "auto"],
+        help="array library (default numpy); numba adds compiled CPU kernels; torch: PyTorch "
+        "tensors (pip install 'xpnn[torch]'); auto: cupy where a GPU is usable, else torch where "
+        "PyTorch sees an accelerator, else numba",
+    )
+    a(
+        "--device",
+        help="backend torch: auto (default: cuda, xpu, mps, then cpu), cpu, cuda, mps, xpu, or "
+        "a PyTorch device such as cuda:1; an accelerator without an index: one per rank",
     )
     a("--model", choices=["mlp", "cnn"], help="(default mlp)")
     a("--hidden", type=_hidden, help="MLP hidden sizes (default 512,256)")

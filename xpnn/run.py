@@ -22,7 +22,8 @@ SYNTHETIC_SIZE = 6000  # dataset "synthetic"'s samples when synthetic_size is no
 class RunSpec:
     """The choices of one run; ``None`` is "the default", so that an ignored one can be said."""
 
-    backend: str = "numpy"  # numpy, numba, cupy, auto
+    backend: str = "numpy"  # numpy, numba, cupy, torch, auto
+    device: str | None = None  # backend torch: auto (default), cpu, cuda, mps, xpu, cuda:1...
     model: str = "mlp"  # mlp, cnn
     hidden: tuple[int, ...] | None = None  # MLP hidden sizes (HIDDEN)
     activation: str | None = None  # MLP: relu (default), sigmoid, tanh
@@ -167,7 +168,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         )
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
     thread_info = apply_threads(threads)
-    backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank)
+    backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank, device=spec.device)
     size = spec.synthetic_size or SYNTHETIC_SIZE
     try:
         data = load_dataset(

@@ -90,6 +90,18 @@ def test_the_torch_side_runs_exactly_when_pytorch_is_importable(tmp_path: Path) 
         assert "torch comparison skipped: PyTorch is not importable" in proc.stdout
 
 
+def test_the_torch_backend_runs_beside_the_same_network_in_torch_nn(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    proc = bench(["--backends", "torch", "--batches", "4", *TINY.split(), "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "throughput")
+    assert r["config"]["backend"] == "torch" and r["config"]["torch_device"] == "cpu"
+    check_torch_side(r, 2, ran=True)
+    workers = r["info"]["workers"]
+    assert workers["xpnn-torch"]["device"] == "cpu"
+    assert workers["xpnn-torch"]["params"] == workers["torch-cpu"]["params"] == 784 * 16 + 186
+
+
 @pytest.mark.mpi
 def test_ranks_compare_times_the_cli_under_mpiexec(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"

@@ -400,7 +400,7 @@ class Trainer:
         """What a resume may change and is told about: the rates to come and the precision."""
         cfg = self.cfg
         settings: dict[str, Any] = {"lr": cfg.lr, "schedule": cfg.schedule}
-        settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": str(self.model.params.dtype)}
+        settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": self.backend.dtype_name}
         if cfg.schedule == "step":
             settings["step_epochs"] = self.step_epochs
         if cfg.schedule == "cosine":
