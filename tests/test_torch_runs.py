@@ -2,6 +2,8 @@
 equal the one-rank NumPy run (float64), the CNN preset too, and checkpoints cross between
 NumPy and PyTorch both ways (the state they hold bit for bit)."""
 
+import json
+
 import numpy as np
 import pytest
 from conftest import CNN_DROPOUT_RUN, TINY_FLOAT64_RUN, run_xpnn, train_and_load
@@ -76,3 +78,18 @@ def test_node_shared_memory_is_refused_for_torch_in_one_line():
     proc = run_xpnn([*MLP, *TORCH, "--comm", "mpi-shm", "--epochs", "1"], ranks=2)
     assert proc.returncode == 2, proc.stderr
     assert "--comm mpi-shm: node-shared memory holds NumPy arrays, not torch's" in proc.stderr
+
+
+@pytest.mark.mpi
+def test_a_torch_data_parallel_trace_shows_its_allreduces(tmp_path):
+    """The flight recorder's and the tracer's hooks see torch tensors' allreduces too."""
+    trace = tmp_path / "trace"
+    args = [*MLP, *TORCH, "--comm", "mpi-host", "--bucket-mb", "0.01", "--trace", str(trace)]
+    proc = run_xpnn(args, ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        trace_file = json.loads((trace / f"trace-rank{rank}.json").read_text())
+        assert trace_file["otherData"]["xpnn"]["backend"] == "torch"
+        spans = [e for e in trace_file["traceEvents"] if e.get("ph") == "X"]
+        reduces = [e for e in spans if e["cat"] == "communication" and "allreduce" in e["name"]]
+        assert len(reduces) >= 2 and any(e["name"].startswith("forward ") for e in spans)

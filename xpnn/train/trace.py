@@ -36,6 +36,56 @@ def default_window(total_steps: int) -> tuple[int, int]:
     return start, max(start + 1, min(total_steps, start + DEFAULT_STEPS))
 
 
+class _CupyEvents:
+    """CUDA events on CuPy's current stream."""
+
+    def __init__(self) -> None:
+        import cupy
+
+        self._cuda = cupy.cuda
+
+    def mark(self) -> Any:
+        event = self._cuda.Event()
+        event.record()
+        return event
+
+    def synchronize(self) -> None:
+        self._cuda.Device().synchronize()
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return self._cuda.get_elapsed_time(start, end)
+
+
+class _TorchCudaEvents:
+    """CUDA events on PyTorch's current stream (a torch backend on a CUDA or ROCm device)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda
+
+    def mark(self) -> Any:
+        event = self._cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def synchronize(self) -> None:
+        self._cuda.synchronize()
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end)
+
+
+def device_events(backend: Any) -> _CupyEvents | _TorchCudaEvents | None:
+    """The CUDA events that time ``backend``'s device work; None on the CPU, and on devices
+    whose events PyTorch does not expose alike (MPS, XPU): their spans stay on the host."""
+    if not backend.is_gpu:
+        return None
+    if backend.array_library == "torch":
+        return _TorchCudaEvents() if backend.torch_device.type == "cuda" else None
+    return _CupyEvents()
+
+
 class _Span:
     """One span: appended to the trace when it closes."""
 
@@ -67,7 +117,7 @@ class Trace(Callback):
         self._previous: Any = None
         self._open: dict[str, list[float]] = {}  # phase -> start times (they nest)
         self._slots: list[float] = []  # the end of the last operation on each comm lane
-        self._cuda: Any = None
+        self._events: _CupyEvents | _TorchCudaEvents | None = None
         self._device: list[tuple[str, Any, Any]] = []
         self._step_start = 0.0
 
@@ -93,10 +143,7 @@ class Trace(Callback):
             "clock": self.clock,
             "clock_unit": "us, time.perf_counter, entering and leaving each of the same barriers",
         }
-        if trainer.backend.is_gpu:
-            import cupy
-
-            self._cuda = cupy.cuda
+        self._events = device_events(trainer.backend)
 
     def on_step_begin(self, trainer: Trainer, step: int) -> None:
         if step == self.window[0] and not self.active:
@@ -185,17 +232,13 @@ class Trace(Callback):
         return phases.COMMUNICATION + len(self._slots) - 1
 
     def device_mark(self) -> Any:
-        """A CUDA event recorded on the current stream (GPU backends), else None."""
-        if self._cuda is None:
+        """A CUDA event recorded on the current stream (CUDA devices), else None."""
+        if self._events is None:
             return None
-        event = self._cuda.Event()
-        event.record()
-        return event
+        return self._events.mark()
 
     def device_span(self, name: str, start_event: Any) -> None:
-        end_event = self._cuda.Event()
-        end_event.record()
-        self._device.append((name, start_event, end_event))
+        self._device.append((name, start_event, self._events.mark()))
 
     def _clock_samples(self, comm: Any) -> list[list[float]]:
         """This rank's clock as it entered and as it left each of ``CLOCK_ROUNDS`` barriers
@@ -212,8 +255,8 @@ class Trace(Callback):
         self._previous = phases.listening()
         phases.listen(self._phase)
         phases.trace_to(self)
-        if self._cuda is not None:  # device times are measured from this event on
-            self._cuda.Device().synchronize()
+        if self._events is not None:  # device times are measured from this event on
+            self._events.synchronize()
             self._device_origin = (self.device_mark(), _now())
 
     def _finish(self) -> None:
@@ -227,9 +270,9 @@ class Trace(Callback):
 
     def _device_events(self) -> None:
         """The CUDA events' spans on the device lane, placed by the origin's host time."""
-        self._cuda.Device().synchronize()
+        self._events.synchronize()
         origin, host = self._device_origin
-        get = self._cuda.get_elapsed_time  # milliseconds between two recorded events
+        get = self._events.elapsed_ms  # milliseconds between two recorded events
         for name, start, end in self._device:
             begin = host + get(origin, start) / 1e3
             self.add(name, "device", phases.DEVICE, begin, begin + get(start, end) / 1e3)
