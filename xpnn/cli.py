@@ -22,7 +22,7 @@ from xpnn.interrupts import hand_over
 from xpnn.plot import main as plot_main
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec, build_run, notes, summary
 from xpnn.runtime import failure, lock, stall, startup
-from xpnn.runtime.world import init_world, launch_rank
+from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank
 from xpnn.timeline import main as trace_main
 from xpnn.timeline import parse_steps
 
@@ -458,6 +458,10 @@ def _start_up_failure(command: str, line: str) -> int:
         return 2
     try:
         world = init_world()
+    except LaunchMismatch as exc:  # no MPI on any rank, and no launcher to ask: rank 0 says it
+        if launch_rank() == 0:
+            failure.say(f"xpnn: {failure.one_line(user_message(exc))}")
+        return 2
     except UserError as exc:  # MPI does not start on this rank: ask the launcher to end it
         for said in dict.fromkeys((line, user_message(exc))):
             failure.say(f"rank {launch_rank()}: {failure.one_line(said)}")

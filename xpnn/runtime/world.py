@@ -45,6 +45,11 @@ def control_comm() -> object:
     return MPI.COMM_WORLD
 
 
+class LaunchMismatch(UserError):
+    """A launcher and an MPI library that cannot work together: every process of the job
+    finds it alike, before MPI starts, so the launcher's rank 0 alone says it."""
+
+
 @dataclass
 class World:
     """This process's place in the job; ``mpi_comm`` is None when running without MPI."""
@@ -138,7 +143,7 @@ def check_pmix(env: Mapping[str, str], library_version: str) -> None:
     first = library_name(library_version)
     if var is None or not first.startswith("MPICH") or "pmix" in library_version.lower():
         return
-    raise UserError(
+    raise LaunchMismatch(
         f"started through PMIx ({var} is set: Open MPI's mpirun, or srun --mpi=pmix) but "
         f"mpi4py loaded {first!r}, built without PMIx; use that library's mpiexec or srun "
         "--mpi=pmi2, or point mpi4py at the launcher's MPI with "
