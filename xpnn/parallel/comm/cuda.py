@@ -15,6 +15,7 @@ from xpnn.parallel.comm.arrays import CUPY, TORCH, CupyArrays, TorchArrays
 from xpnn.parallel.comm.base import DONE, Communicator, Handle
 from xpnn.parallel.comm.cuda_aware import detect_cuda_aware, nonblocking_device_collectives
 from xpnn.parallel.comm.mpi import MpiHandle, MpiHostCommunicator, as_cupy
+from xpnn.runtime import flight
 from xpnn.runtime.world import World
 
 
@@ -48,7 +49,8 @@ class MpiCudaCommunicator(MpiHostCommunicator):
 
     def barrier(self) -> None:
         self._arrays.wait_for_stream()
-        self._comm.Barrier()
+        with flight.Op(self, "barrier"):
+            self._comm.Barrier()
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
         self._arrays.wait_for_stream()
@@ -144,7 +146,8 @@ class NcclCommunicator(MpiHostCommunicator):
     def barrier(self) -> None:
         CUPY.wait_for_stream()
         self._stream.synchronize()
-        self._comm.Barrier()
+        with flight.Op(self, "barrier"):
+            self._comm.Barrier()
 
 
 def _local_torch_info() -> dict:
