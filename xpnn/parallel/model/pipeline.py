@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from xpnn import phases
 from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
 from xpnn.nn.sequential import Sequential
+from xpnn.runtime import flight
 
 FORWARD_TAG, BACKWARD_TAG, EVAL_TAG = 1, 2, 3
 
@@ -175,47 +177,55 @@ class PipelineStage(Sequential):
         for i, (kind, m) in enumerate(order):
             (lo, hi), slot = parts[m], m % len(sets)
             layers = sets[slot]
-            if kind == "F":
-                if holder[slot] is not None and not self.recompute:  # backward it first
-                    raise RuntimeError(f"pipeline schedule: micro-batch {holder[slot]} in flight")
-                holder[slot] = m
-                self._wait(pending[slot])
-                if self.first:
-                    xin = x[lo:hi]
-                else:
-                    xin = self._receive(hi - lo, self.shapes[0], self.index - 1, FORWARD_TAG)
-                if self.recompute:
-                    inputs[m] = xin
-                y = self.forward(xin, contexts[m], layers)
+            flight.tag(microbatch=m)  # the sends and receives of this micro-batch
+            name = f"{'forward' if kind == 'F' else 'backward'} micro-batch {m}"
+            with phases.span(name):  # continue and break leave the span too
+                if kind == "F":
+                    if holder[slot] is not None and not self.recompute:  # backward it first
+                        raise RuntimeError(
+                            f"pipeline schedule: micro-batch {holder[slot]} in flight"
+                        )
+                    holder[slot] = m
+                    self._wait(pending[slot])
+                    if self.first:
+                        xin = x[lo:hi]
+                    else:
+                        xin = self._receive(hi - lo, self.shapes[0], self.index - 1, FORWARD_TAG)
+                    if self.recompute:
+                        inputs[m] = xin
+                    y = self.forward(xin, contexts[m], layers)
+                    if self.last:
+                        kernels = self.backend.kernels
+                        correct = correct + kernels.count_correct(y, labels[lo:hi])
+                        loss, dlogits[m] = self.loss(kernels, y, labels[lo:hi], scale)
+                        loss_sum = loss_sum + loss
+                    else:
+                        pending[slot].append(self.comm.isend(y, self.index + 1, FORWARD_TAG))
+                    continue
                 if self.last:
-                    kernels = self.backend.kernels
-                    correct = correct + kernels.count_correct(y, labels[lo:hi])
-                    loss, dlogits[m] = self.loss(kernels, y, labels[lo:hi], scale)
-                    loss_sum = loss_sum + loss
+                    dy = dlogits.pop(m)
                 else:
-                    pending[slot].append(self.comm.isend(y, self.index + 1, FORWARD_TAG))
-                continue
-            if self.last:
-                dy = dlogits.pop(m)
-            else:
-                dy = self._receive(hi - lo, self.output_shape, self.index + 1, BACKWARD_TAG)
-            if self.recompute and holder[slot] != m:  # the set holds a later micro-batch's
-                self._wait(pending[slot])
-                self.forward(inputs[m], contexts[m], layers)  # activations: m's again
-            inputs.pop(m, None)
-            final = i == last_backward
-            ready = self._summing(acc, on_grads_ready) if final else None
-            dx = self.backward(dy, ready, layers, overwrite=True)  # dy is ours: popped or received
-            holder[slot] = None
-            if not self.first:
-                pending[slot].append(self.comm.isend(dx, self.index - 1, BACKWARD_TAG))
-            if final:
-                break
-            if acc is None:
-                acc = self._accumulator()
-                acc[...] = self.grads
-            else:
-                acc += self.grads
+                    dy = self._receive(hi - lo, self.output_shape, self.index + 1, BACKWARD_TAG)
+                if self.recompute and holder[slot] != m:  # the set holds a later micro-batch's
+                    self._wait(pending[slot])
+                    self.forward(inputs[m], contexts[m], layers)  # activations: m's again
+                inputs.pop(m, None)
+                final = i == last_backward
+                ready = self._summing(acc, on_grads_ready) if final else None
+                dx = self.backward(
+                    dy, ready, layers, overwrite=True
+                )  # dy is ours: popped or received
+                holder[slot] = None
+                if not self.first:
+                    pending[slot].append(self.comm.isend(dx, self.index - 1, BACKWARD_TAG))
+                if final:
+                    break
+                if acc is None:
+                    acc = self._accumulator()
+                    acc[...] = self.grads
+                else:
+                    acc += self.grads
+        flight.tag()
         for handles in pending:
             self._wait(handles)
         return loss_sum, correct
