@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import cnn_preset_step, run_xpnn
-from gradcheck import check_layer, numeric_grad
 from test_backends import _assert_same, _run
 from test_conv import LAYERS, _layer_run
 
@@ -19,6 +18,7 @@ from xpnn.nn import Context, Dense, Flatten, ReLU, Sigmoid, Tanh, mlp
 from xpnn.nn.conv import Conv2D
 from xpnn.nn.dropout import Dropout
 from xpnn.nn.pool import MaxPool2D
+from xpnn.testing import check_layer, numeric_grad
 
 RTOL = 1e-10
 
