@@ -34,7 +34,14 @@ def run_benchmark(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.source is not None:
         if not args.source.is_file():
             raise BenchError(f"--from {args.source}: no such file")
-        return read_records(args.source, name)
+        try:
+            records = read_records(args.source, name)
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError) as e:
+            why = getattr(e, "strerror", None) or type(e).__name__
+            raise BenchError(f"--from {args.source}: not a records file ({why})") from None
+        if not records:
+            raise BenchError(f"--from {args.source}: holds no records of {name}")
+        return records
     return mod.run(args, describe_machine())
 
 
@@ -100,6 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunFailed as e:
         print(f"bench: a measured run failed: {e}", file=sys.stderr)
         return 1
+    except (MemoryError, ValueError) as e:  # --sizes far past this machine's memory
+        if isinstance(e, ValueError) and "array is too big" not in str(e):  # NumPy's words
+            raise
+        print("bench: out of memory: give smaller sizes or counts", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130

@@ -279,9 +279,16 @@ def fmt(x: float | None, digits: int = 3) -> str:
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table; a column that is empty in every row is left out, not a column of –."""
+
     def cell(v: Any) -> str:
         return fmt(v) if v is None or isinstance(v, float) else str(v)
 
+    empty = [i for i in range(len(headers)) if rows and all(cell(r[i]) == "–" for r in rows)]
+    if empty:
+        keep = [i for i in range(len(headers)) if i not in empty]
+        headers = [headers[i] for i in keep]
+        rows = [[r[i] for i in keep] for r in rows]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def int_list(text: str) -> list[int]:
@@ -51,7 +52,12 @@ def _ints_at_least(text: str, low: int, form: str, kind: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected {form}, got {text!r}") from None
     if not values or min(values) < low:
         raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}")
+    if max(values) > MOST_INT:  # sizes and counts past C's int: typos, and crash NumPy or MPI
+        raise argparse.ArgumentTypeError(f"values must be at most {MOST_INT}, got {text!r}")
     return values
+
+
+MOST_INT = 2**31 - 1
 
 
 def positive_int(text: str) -> int:
@@ -96,7 +102,12 @@ def positive_float(text: str) -> float:
     value = _finite_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if value > MOST_FLOAT:  # past this, timeouts overflow the C types that wait
+        raise argparse.ArgumentTypeError(f"must be at most {MOST_FLOAT:g}, got {text}")
     return value
+
+
+MOST_FLOAT = 1e9  # seconds (31 years) or MiB: anything larger is a typo
 
 
 def fraction(text: str) -> float:
@@ -148,3 +159,11 @@ def data_dir_problem(dataset: str, data_dir: str) -> str | None:
     except UserError as exc:
         return flag_words(str(exc))
     return None
+
+
+def file_path(text: str) -> Path:
+    """A file name to write (the figure goes beside it, as NAME.png): not empty, not ``.``."""
+    path = Path(text)
+    if not text.strip() or path.name in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"expected a file name, got {text!r}")
+    return path

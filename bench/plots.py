@@ -32,3 +32,21 @@ def draw(path: Path, panels: list[Callable[[Any], None]], title: str = "") -> Pa
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def count_axis(ax: Any, values: list[int], axis: str = "x") -> None:
+    """A count (ranks, processes) on ``axis``: a tick at each value drawn, no fractions."""
+    ticks = sorted(set(values))
+    if axis == "x":
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+    else:
+        ax.set_yticks(ticks, [str(t) for t in ticks])
+
+
+def legend(ax: Any, *others: Any, **kwargs: Any) -> None:
+    """One legend for ``ax`` and the axes sharing it (a ``twinx``): every labelled line."""
+    handles, labels = ax.get_legend_handles_labels()
+    for other in others:
+        h, lab = other.get_legend_handles_labels()
+        handles, labels = handles + h, labels + lab
+    ax.legend(handles, labels, **{"fontsize": 9, **kwargs})

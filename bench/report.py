@@ -42,6 +42,12 @@ SEED000_WEAK = [
 SEED002 = [(1, 142.04, 0.0441, 98.80), (2, 82.06, 0.0559, 98.43), (4, 34.40, 0.0659, 98.28),
            (8, 20.52, 0.0912, 97.20)]  # fmt: skip
 
+SEEDS = (
+    "Each section repeats the experiment of one seed report, the five reports (course reports, "
+    "a blog post, a project proposal) whose questions xpnn answers, numbered 000 to 004: "
+    "[Reproducing the reports](../reproducing.md) names each one, gives its exact commands and "
+    "compares its numbers with these.\n"
+)
 STUDIES = ("scaling", "cnn", "granularity", "batch_regimes", "parallel_modes", "gpu")
 
 
@@ -65,23 +71,43 @@ def command_line(records: list[dict[str, Any]]) -> str:
     return f"A run of this study: `{records[-1]['config']['command']}`." if records else ""
 
 
+def words(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def modes_sentence(records: list[dict[str, Any]]) -> str:
-    """When each mode wins, read from this run's numbers."""
+    """When each mode wins, read from this run's numbers, in sentences."""
     if not records:
         return ""
     by = {r["config"]["mode"]: r for r in records}
 
-    def least(value: Any) -> str:
+    def least(value: Any) -> tuple[list[str], float]:
         low = min(value(m) for m in by)
-        return " and ".join(m for m in by if value(m) == low)
+        return [m for m in by if value(m) == low], low
 
-    fastest = least(lambda m: median_of(by[m], "epoch_s"))
-    leanest = least(lambda m: median_of(by[m], "peak_rss_mb") or float("inf"))
+    def who(names: list[str], single: str, shared: str) -> str:
+        if len(names) == len(by):
+            return f"every mode {shared}"
+        return f"{words([f'`{n}`' for n in names])} {single if len(names) == 1 else shared}"
+
+    fastest, seconds = least(lambda m: median_of(by[m], "epoch_s"))
+    leanest, mb = least(lambda m: median_of(by[m], "peak_rss_mb") or float("inf"))
     sent = {m: median_of(by[m], "comm_bytes_per_step") for m in by}  # 0 is a count, None not
-    fewest = least(lambda m: float("inf") if sent[m] is None else sent[m])
+    fewest, low = least(lambda m: float("inf") if sent[m] is None else sent[m])
+    memory = f"the least memory per rank ({mb:.0f} MB)"
+    if leanest == fastest:
+        first = (
+            f"{who(fastest, 'was', 'were')} fastest ({seconds:.2f} s per epoch) and needed {memory}"
+        )
+    else:
+        first = (
+            f"{who(fastest, 'was', 'were')} fastest ({seconds:.2f} s per epoch) and "
+            f"{who(leanest, 'needed', 'needed')} {memory}"
+        )
     return (
-        f"Here {fastest} was fastest, {leanest} needed the least memory per rank and "
-        f"{fewest} sent the fewest bytes per step (one run on a shared machine). Data "
+        f"In this run {first}; {who(fewest, 'sent', 'sent')} the fewest bytes per step "
+        f"({low / 2**20:.2f} MiB, all ranks together). One run on a shared machine. Data "
         "parallelism wins while the model fits on every rank and its gradients are cheap to "
         "sum against the batch's arithmetic; "
         "tensor and pipeline parallelism win when the model or its activations do not fit one "
@@ -96,7 +122,13 @@ def _gpu_section(args: argparse.Namespace, machine: dict[str, Any], out: Path) -
         cross = benchmarks.load("crossover").run(parse("crossover", [], args.quick), machine)
         ar_args = parse("allreduce", ["--device"], args.quick)
         allr = benchmarks.load("allreduce").run(ar_args, machine)
-        head = "Measured in this run on " + machine["gpu"]["name"] + "."
+    return _gpu_text(out, *((cross, allr) if machine.get("gpu") else ([], [])))
+
+
+def _gpu_text(out: Path, cross: list, allr: list) -> tuple[str, list]:
+    """The GPU section from this run's records, else from the newest recording."""
+    if cross:
+        head = "Measured in this run on " + cross[0]["machine"]["gpu"]["name"] + "."
     elif RECORDED_GPU is None:
         return "**Not run here: this machine has no GPU**, and no GPU results are recorded.", []
     else:
@@ -118,7 +150,16 @@ def _gpu_section(args: argparse.Namespace, machine: dict[str, Any], out: Path) -
         f"\n\nAllreduce, host vs device buffers:\n\n{benchmarks.load('allreduce').table(allr)}"
         "\n\n![GPU](gpu.png)"
     )
-    return text, cross + allr if machine.get("gpu") else []
+    return text, cross + allr if head.startswith("Measured") else []
+
+
+def panels(name: str, records: list[dict[str, Any]]) -> list[Any]:
+    """The panels of a study's figure: its ``plot``, and bytes per step for parallel modes."""
+    mod = benchmarks.load(name)
+    drawn = [lambda ax: mod.plot(records, ax)]
+    if hasattr(mod, "plot_bytes"):
+        drawn.append(lambda ax: mod.plot_bytes(records, ax))
+    return drawn
 
 
 def _study(name: str, args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
@@ -143,18 +184,15 @@ def build(args: argparse.Namespace) -> Path:
     for name in [s for s in STUDIES if s != "gpu" and s in args.only]:
         print(f"report: {name} ...", flush=True)
         rec[name] = _study(name, args, machine)
-        mod = benchmarks.load(name)
-        draw(out / f"{name}.png", [lambda ax, mod=mod, name=name: mod.plot(rec[name], ax)], name)
+        draw(out / f"{name}.png", panels(name, rec[name]))
     gpu_text, gpu_rec = _gpu_section(args, machine, out) if "gpu" in args.only else ("", [])
     records_file = out / "records.jsonl"
     records_file.unlink(missing_ok=True)
     write_records(records_file, [r for rs in rec.values() for r in rs] + gpu_rec)
-    strong000, weak000 = seed000_tables()
-    sc = benchmarks.load("scaling")
     size = (
         "quick (small sizes, a smoke test: not comparable to the reports)" if args.quick else "full"
     )
-    parts = [
+    header = [
         "# xpnn: the seed reports' studies, measured on this machine\n",
         f"Generated {now()} by `python -m bench report{' --quick' if args.quick else ''}` "
         f"({size}; data: {args.dataset}; measuring took {time.perf_counter() - t0:.0f} s).\n",
@@ -164,6 +202,31 @@ def build(args: argparse.Namespace) -> Path:
         "cell is a median, with its range when "
         "repeated; the command of every run is in `records.jsonl`.\n",
     ]
+    return render(out, header, rec, gpu_text)
+
+
+def redraw(out: Path) -> Path:
+    """The text and figures of the report in ``out`` again from its ``records.jsonl`` (and its
+    header, which describes the measurement), measuring nothing."""
+    pyplot()
+    records = read_records(out / "records.jsonl")
+    rec = {s: [r for r in records if r["benchmark"] == s] for s in STUDIES if s != "gpu"}
+    rec = {s: rs for s, rs in rec.items() if rs}
+    for name, rs in rec.items():
+        draw(out / f"{name}.png", panels(name, rs))
+    by = {b: [r for r in records if r["benchmark"] == b] for b in ("crossover", "allreduce")}
+    gpu_text, _ = _gpu_text(out, by["crossover"], by["allreduce"])
+    index = out / "index.md"
+    old = index.read_text() if index.is_file() else "# xpnn: the seed reports' studies\n"
+    head = old.split("\n## ")[0].split("\nEach section repeats")[0].rstrip("\n") + "\n"
+    return render(out, [head], rec, gpu_text)
+
+
+def render(out: Path, header: list[str], rec: dict[str, list], gpu_text: str) -> Path:
+    """``out/index.md``: ``header``, then a section per study in ``rec``, then ``gpu_text``."""
+    strong000, weak000 = seed000_tables()
+    sc = benchmarks.load("scaling")
+    parts = [*header, SEEDS]
     if "scaling" in rec:
         parts += [
             "## Seed 000: strong and weak scaling (sigmoid MLP, BCE, full-batch GD)\n",
@@ -267,7 +330,15 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--check", action="store_true", help="check the report in --out, measure nothing"
     )
+    p.add_argument(
+        "--redraw",
+        action="store_true",
+        help="write the text and figures of the report in --out again from its records.jsonl",
+    )
     args = p.parse_args(argv)
+    if args.redraw:
+        print(f"report: {redraw(args.out)} (drawn again from records.jsonl)")
+        return 0
     if args.check:
         problems = check(args.out)
         for line in problems:

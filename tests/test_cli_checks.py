@@ -126,7 +126,7 @@ def test_a_killed_runs_half_written_checkpoint_is_removed(tmp_path):
     for good: nothing removed it."""
     ck = tmp_path / "ck"
     assert run_xpnn([*SMALL, "--checkpoint-dir", str(ck)]).returncode == 0
-    left = ck / "checkpoint-epoch0002.npz.k1x_9q.tmp"
+    left = ck / "checkpoint-epoch0002.npz.k1x_9q2b.tmp"
     left.write_bytes(b"half a checkpoint")
     other = ck / "notes.tmp"  # not ours
     other.write_text("keep")
@@ -235,7 +235,7 @@ def test_help_names_info_and_the_defaults():
     assert "python -m xpnn info" in text
     for default in ("(default numpy)", "(default 5)", "(default 0.001)", "(default adam)"):
         assert default in text, default
-    assert "(default float32)" in text and "(default fashion-mnist)" in text
+    assert "(default float32)" in text and "fashion-mnist (default)" in text
 
 
 def test_help_gives_every_flags_default():

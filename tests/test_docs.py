@@ -184,7 +184,14 @@ def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert (tmp_path / "cli" / "index.html").exists()
+    # from file:// a link to a directory opens its listing: every page is a file, linked so
+    home = (tmp_path / "index.html").read_text()
+    assert (tmp_path / "cli.html").exists() and 'href="cli.html"' in home
+    local = re.findall(r'href="([^":#?]+)"', home)
+    assert local and not [link for link in local if link.endswith("/")], local
+    assert "fonts.googleapis.com" not in home  # nothing fetched from the network
+    assert (tmp_path / "search" / "search_index.js").exists()  # search without a server
+    assert "content.code.copy" in home  # copyable code blocks (Material's feature flag)
 
 
 def test_python_api_sweep_runs_as_written() -> None:

@@ -9,7 +9,7 @@ def run() -> int:
     from xpnn.cli import main
 
     code = main()
-    if code in (130, 143):  # stopped by a signal, said and handled
+    if code in (130, 143, 129, 131, 152):  # stopped by a signal, said and handled
         forget_handled_interrupt()
     return code
 

@@ -23,8 +23,9 @@ from xpnn.parallel.model.whole import own_piece, whole_shape, whole_size
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write to a temporary file beside ``path`` and rename: a crash never leaves half a file."""
-    path = Path(path)
+    """Write to a temporary file beside ``path`` and rename: a crash never leaves half a file.
+    A symbolic link is followed: the file it names is replaced, the link stays."""
+    path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     if path.parent and not path.parent.exists():
         raise UserError(f"{path}: directory {path.parent} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
@@ -71,6 +72,7 @@ def _umask() -> int:
 
 
 CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)\.npz")  # what a --checkpoint-dir holds
+TEMPORARY_NAME = re.compile(r".+\.[a-z0-9_]{8}\.tmp")  # atomic_savez's: mkstemp's 8 characters
 
 
 def save_checkpoint(
@@ -114,8 +116,19 @@ def refuse_other_runs(directory: str | os.PathLike) -> None:
 def remove_unfinished(
     directory: str | os.PathLike, name: str = "checkpoint-epoch*.npz"
 ) -> list[Path]:
-    """Delete and return the temporary files a killed run left of the files ``name`` (a glob)."""
-    left = sorted(Path(directory).glob(f"{name}.*.tmp"))
+    """Delete and return the temporary files a killed run left of the files ``name`` (a glob):
+    only names ``atomic_savez`` makes (a user's ``final.npz.backup.tmp`` stays), and only those
+    no process on this host holds open (another live job's write in progress stays)."""
+    left = [
+        path
+        for path in sorted(Path(directory).glob(f"{name}.*.tmp"))
+        if TEMPORARY_NAME.fullmatch(path.name)
+    ]
+    if left:
+        from xpnn.runtime.segments import files_in_use
+
+        used = files_in_use()
+        left = [path for path in left if str(path.resolve()) not in used]
     for path in left:
         path.unlink(missing_ok=True)
     return left
@@ -169,6 +182,10 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         if "pickle" in str(exc):  # an object array inside the archive
             exc = "holds pickled objects, which are never loaded"
         raise DamagedCheckpoint(f"{path}: not a readable checkpoint ({exc})") from None
+    except MemoryError:  # an array header that claims terabytes: damaged, or not xpnn's
+        raise DamagedCheckpoint(
+            f"{path}: not a readable checkpoint (an array larger than this machine's memory)"
+        ) from None
 
 
 def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:

@@ -1,6 +1,7 @@
-"""``python -m xpnn [train|info|plot|generate]``: the flags (``xpnn.flags``) fill a ``RunSpec`` that
-``xpnn.run`` runs, and the exit codes: 0 success; 2 a user error, one line naming the flag or
-file, printed once for all ranks; 1 anything else."""
+"""``python -m xpnn [train|info|plot|trace|generate]``: the flags (``xpnn.flags``) fill a
+``RunSpec`` that ``xpnn.run`` runs; a problem found before MPI starts on one rank still reaches
+every rank; the exit codes: 0 success; 2 a user error, one line naming the flag or file, printed
+once for all ranks; 1 anything else."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from xpnn.info import info_main
 from xpnn.interrupts import hand_over
 from xpnn.plot import main as plot_main
 from xpnn.run import launch
-from xpnn.runtime import failure
-from xpnn.runtime.world import launch_rank
+from xpnn.runtime import failure, startup
+from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank
+from xpnn.timeline import main as trace_main
 
 __all__ = ["main"]
 
@@ -38,14 +40,52 @@ def train_main(
     args: argparse.Namespace, callbacks: Sequence[Any] = (), given: frozenset[str] | None = None
 ) -> int:
     """``given``: the settings typed on the command line, which a model's preset leaves alone."""
+    if args.checkpoint_signal:  # before MPI_Init: the signal's default action ends the process
+        from xpnn.train.requeue import CheckpointOnSignal
+
+        callbacks = [CheckpointOnSignal(args.checkpoint_signal, args.checkpoint_dir), *callbacks]
     warn = functools.partial(_say, err=True)
     return launch(to_spec(args), callbacks, log=_say, warn=warn, given=given)
+
+
+def _start_up_failure(command: str, line: str) -> int:
+    """A problem found before MPI runs, on this rank and maybe only here: under a launcher it
+    still starts MPI, so that the others hear of it rather than wait in ``MPI_Init``."""
+    from xpnn.runtime.world import launched_by_mpi
+
+    mpi = sys.modules.get("mpi4py.MPI")
+    joined = mpi is not None and mpi.Is_initialized()  # a check after MPI_Init failed
+    try:
+        under_launcher = launched_by_mpi() is not None
+    except UserError:
+        under_launcher = False
+    if joined or not under_launcher:
+        if launch_rank() == 0:  # every process found the same: one says it
+            failure.say(f"xpnn: {line}")
+        return 2
+    try:
+        world = init_world()
+    except LaunchMismatch as exc:  # no MPI on any rank, and no launcher to ask: rank 0 says it
+        if launch_rank() == 0:
+            failure.say(f"xpnn: {failure.one_line(user_message(exc))}")
+        return 2
+    except UserError as exc:  # MPI does not start on this rank: ask the launcher to end it
+        for said in dict.fromkeys((line, user_message(exc))):
+            failure.say(f"rank {launch_rank()}: {failure.one_line(said)}")
+        startup.abort_launch()
+        return 2
+    if world.size == 1:
+        failure.say(f"xpnn: {line}")
+        return 2
+    return failure.run_guarded(world, lambda: startup.agree_to_start(world, command, line))
 
 
 def _info(as_json: bool) -> int:
     """``python -m xpnn info``; stdout gone or full is one line, as training says it."""
     try:
         return info_main(as_json=as_json)
+    except failure.CollectiveExit as exc:  # the job's ranks do not all run info
+        return int(exc.code or 0)
     except OSError as exc:
         message, code = failure.stopped_from_outside(exc) or (failure.describe(exc), 1)
         failure.say(f"xpnn: {message}")
@@ -59,25 +99,23 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
         return plot_main(argv[1:])
     if argv and argv[0] == "generate":
         return generate_main(argv[1:])
+    if argv and argv[0] == "trace":
+        return trace_main(argv[1:])
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
     parser = build_info_parser() if command == "info" else build_parser()
     try:
         args = parser.parse_args(argv)
         given = typed_settings(parser, argv) if command == "train" else None
     except ArgError as exc:
-        if launch_rank() == 0:
-            print(f"xpnn: {exc}", file=sys.stderr)
-        return 2
+        return _start_up_failure(command, str(exc))
     with worded(flag_words):  # every message printed from here names flags
         try:
             if command == "info":
                 hand_over(failure.Terminated)  # no run_guarded: Ctrl-C is for the except below
                 return _info(args.json)
             return train_main(args, callbacks, given)
-        except UserError as exc:  # before MPI: every process found the same, one says it
-            if launch_rank() == 0:
-                print(f"xpnn: {user_message(exc)}", file=sys.stderr)
-            return 2
+        except UserError as exc:  # before MPI: maybe on this rank alone
+            return _start_up_failure(command, user_message(exc))
         except KeyboardInterrupt as exc:  # while NumPy or MPI start, without xpnn.__main__
             message, code = failure.stopped_from_outside(exc) or ("interrupted", 130)
             if launch_rank() == 0:

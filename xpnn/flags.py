@@ -23,6 +23,8 @@ from xpnn.parallel.comm import KINDS
 from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec
+from xpnn.timeline import parse_steps
+from xpnn.train.requeue import SIGNALS
 
 __all__ = ["FLAGS", "ArgError", "build_info_parser", "build_parser", "flag_words", "to_spec"]
 __all__ += ["typed_settings"]
@@ -113,6 +115,14 @@ def _path(text: str) -> str:
     return text
 
 
+def _trace_steps(text: str) -> str:
+    try:
+        parse_steps(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _float_from(low: float, inclusive: bool = True, most: float = math.inf):  # noqa: ANN202
     def parse(text: str) -> float:
         try:
@@ -160,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
     p = _Parser(
         prog="python -m xpnn",
-        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... [-o PNG]"
-        "  |  generate CHECKPOINT [--chars N]",
+        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... "
+        "[-o PNG]  |  trace DIR [-o MERGED]  |  generate CHECKPOINT [--chars N]",
         description="Train a network over xp, alone or under MPI (mpiexec -n N python -m xpnn "
         "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
         "the MPI library and whether it is CUDA-aware.",
@@ -170,8 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--backend",
         choices=BACKENDS,
-        help="array library (default numpy); numba adds compiled CPU kernels; auto: cupy where "
-        "a GPU is usable, else numba",
+        help="array library (default numpy); numba adds compiled CPU kernels; torch: PyTorch "
+        "tensors (pip install 'xpnn[torch]'); auto: cupy where a GPU is usable, else torch where "
+        "PyTorch sees an accelerator, else numba",
+    )
+    a(
+        "--device",
+        help="backend torch: auto (default: cuda, xpu, mps, then cpu), cpu, cuda, mps, xpu, or "
+        "a PyTorch device such as cuda:1; an accelerator without an index: one per rank",
     )
     a(
         "--model",
@@ -317,6 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--resume", action="store_true", help="continue from the latest checkpoint")
     a(
+        "--checkpoint-signal",  # the command line's alone: its exit code 75 is a requeue's cue
+        choices=SIGNALS,
+        help="on this signal, stop after the epoch under way and its checkpoint, with exit 75 "
+        "(a requeue script's cue; e.g. sbatch --signal=USR1@600)",
+    )
+    a(
         "--keep-checkpoints",
         type=_whole_number(),
         metavar="K",
@@ -394,6 +416,20 @@ def build_parser() -> argparse.ArgumentParser:
         "and run its forward again before its backward (less memory, one more forward)",
     )
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    a(
+        "--trace",
+        type=_path,
+        metavar="DIR",
+        help="every rank writes DIR/trace-rankN.json, a timeline (Chrome trace events) of "
+        "--trace-steps; python -m xpnn trace DIR merges them",
+    )
+    a(
+        "--trace-steps",
+        type=_trace_steps,
+        metavar="A:B",
+        help="--trace: steps A to B-1, counted over the run from 0 (default: 5 steps from "
+        "step 3, earlier in a shorter run)",
+    )
     p.set_defaults(**{f.name: getattr(RunSpec, f.name) for f in fields(RunSpec)})
     return p
 

@@ -11,10 +11,12 @@ import sys
 def collect() -> dict:
     from xpnn.backends import availability
     from xpnn.runtime.cpu_quota import cpu_quota
+    from xpnn.runtime.startup import agree_to_start
     from xpnn.runtime.threads import affinity, node_cores, threads_per_rank
     from xpnn.runtime.world import init_world
 
     world = init_world()
+    agree_to_start(world, "info")  # an MPMD line's other ranks may be training: they must hear
     out: dict = {
         "python": platform.python_version(),
         "numpy": __import__("numpy").__version__,
@@ -34,6 +36,11 @@ def collect() -> dict:
         for i in range(cupy.cuda.runtime.getDeviceCount()):
             name = cupy.cuda.runtime.getDeviceProperties(i)["name"]
             out["devices"].append(name.decode() if isinstance(name, bytes) else name)
+    if out["backends"]["torch"] == "available":
+        from xpnn.backends.torch_backend import visible_devices
+
+        out["torch"] = __import__("torch").__version__
+        out["torch_devices"] = visible_devices()
     out["threads_per_rank"] = threads_per_rank(world.local_size, share=world.cores)
     try:
         from xpnn.parallel.comm.cuda_aware import mpi_info
@@ -58,6 +65,8 @@ def info_main(as_json: bool = False) -> int:
         print(f"  {name:6s} {status}")
     for i, dev in enumerate(data.get("devices", [])):
         print(f"  cuda:{i} {dev}")
+    if "torch_devices" in data:
+        print(f"torch {data['torch']} devices: {', '.join(data['torch_devices'])}")
     quota, seen = data["cpu_quota"], data["affinity_cores"]
     limited = "" if quota is None else f" (a CPU quota of {quota:g} on {seen} cores)"
     print(

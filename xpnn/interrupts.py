@@ -10,6 +10,9 @@ import os
 
 _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 _CODES = {_signal.SIGINT: (130, "interrupted"), _signal.SIGTERM: (143, "terminated (SIGTERM)")}
+for _name in ("SIGHUP", "SIGQUIT", "SIGXCPU"):  # failure.STOP_SIGNALS, without importing it
+    if hasattr(_signal, _name):
+        _CODES[getattr(_signal, _name)] = (128 + getattr(_signal, _name), f"terminated ({_name})")
 _state: dict = {"installed": False, "pending": None}
 
 
@@ -47,18 +50,19 @@ def hand_over(terminated: type[BaseException]) -> None:
         return
     _state["installed"] = False
 
-    def on_sigterm(signum: int, frame: object) -> None:
-        raise terminated
+    def on_stop(signum: int, frame: object) -> None:
+        raise terminated(signum)
 
     if _signal.getsignal(_signal.SIGINT) is _handler:
         _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-    if _signal.getsignal(_signal.SIGTERM) is _handler:
-        _signal.signal(_signal.SIGTERM, on_sigterm)
+    for signum in _CODES:
+        if signum != _signal.SIGINT and _signal.getsignal(signum) is _handler:
+            _signal.signal(signum, on_stop)
     pending, _state["pending"] = _state["pending"], None
     if pending == _signal.SIGINT:
         raise KeyboardInterrupt
-    if pending == _signal.SIGTERM:
-        raise terminated
+    if pending is not None:
+        raise terminated(pending)
 
 
 def forget_handled_interrupt() -> None:
@@ -69,3 +73,8 @@ def forget_handled_interrupt() -> None:
     import ctypes
 
     ctypes.pythonapi.PyRun_SimpleString(b"pass")
+
+
+def pending_signal() -> int | None:
+    """The signal noted and not yet raised (under a launcher, before ``hand_over``)."""
+    return _state["pending"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError, path_problems
+from xpnn.runtime import lock
 
 
 def _takes_files(param: str, path: str, directory: Path) -> None:
@@ -76,8 +77,6 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
             raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
         if not writer:
             return
-        if not resume:
-            refuse_other_runs(path)
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -86,6 +85,9 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
         ) from None
     _takes_files("checkpoint_dir", path, Path(path))
     with path_problems("checkpoint_dir", path):
+        lock.hold(path)  # first: what is in the directory is this job's only once it is held
+        if not resume:
+            refuse_other_runs(path)
         remove_unfinished(path)
 
 
@@ -94,6 +96,11 @@ def check_paths(spec: Any, writer: bool) -> None:
     _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
     made = spec.checkpoint_dir
     _writable_file("metrics", spec.metrics, writer, made=made, appended=True)
+    if writer and spec.metrics:  # a fresh run empties it, a resume appends: only to metrics
+        from xpnn.train.metrics_file import check_metrics_file
+
+        with path_problems("metrics", spec.metrics):
+            check_metrics_file(spec.metrics)
     _writable_file("save", spec.save, writer, made=made)
     if spec.save and spec.metrics and Path(spec.save).resolve() == Path(spec.metrics).resolve():
         raise UserError(f"`save` {spec.save}: the same file as `metrics`")

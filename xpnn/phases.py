@@ -40,3 +40,50 @@ PHASES = tuple(p.name for p in (UPDATE, FENCES, FORWARD, WGRAD))
 def listen(listener: Listener | None) -> None:
     """Send every phase's start and end to ``listener`` (None: to nobody)."""
     _listener[0] = listener
+
+
+def listening() -> Listener | None:
+    """The listener ``listen`` set (a second one chains to it)."""
+    return _listener[0]
+
+
+# -- the timeline tracer (``xpnn.train.trace.Trace``): spans on fixed lanes of each rank --------
+COMPUTE, COPIES, DEVICE, COMMUNICATION = 1, 2, 3, 10  # lanes (trace ``tid``); 10, 11, ...: ops
+
+
+class _Nothing:
+    """The span when nobody traces: entering and leaving it does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+NOTHING = _Nothing()
+_tracer: list[Any] = [None]
+
+
+def trace_to(tracer: Any) -> None:
+    """Send spans to ``tracer`` (``span(name, lane)``, ``layer_span(kind, index, layer)``,
+    ``operation(record)``), or to nobody (None)."""
+    _tracer[0] = tracer
+
+
+def tracer() -> Any:
+    return _tracer[0]
+
+
+def span(name: str, lane: int = COMPUTE) -> Any:
+    """``with span("loss"):`` a span on ``lane`` while a tracer listens; else nothing."""
+    t = _tracer[0]
+    return NOTHING if t is None else t.span(name, lane)
+
+
+def layer_span(kind: str, index: int, layer: Any) -> Any:
+    """A layer's ``forward`` or ``backward``, named lazily: a tracer that is off costs a test."""
+    t = _tracer[0]
+    return NOTHING if t is None else t.layer_span(kind, index, layer)

@@ -20,29 +20,65 @@ PANELS = (
 
 
 def read_epochs(path: Path) -> list[dict[str, Any]]:
-    """The epoch (or eval) records of one metrics file; a UserError naming the file if none."""
+    """The epoch (or eval) records of one metrics file; a UserError naming the file if it has
+    none, or if a record is not one (no epoch number, a value drawn that is not a number)."""
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_bytes().decode("utf-8").splitlines()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (is it an xpnn --metrics file?)") from None
     epochs = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}: line {i} is not JSON ({e.msg})") from e
+        except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested deep
+            raise UserError(f"{path}: line {i} is not JSON ({getattr(e, 'msg', e)})") from None
         # a run by --steps writes eval records, at fractions of an epoch
         if isinstance(rec, dict) and rec.get("event") in ("epoch", "eval"):
+            _check_record(path, i, rec)
             epochs.append(rec)
     if not epochs:
         raise UserError(f"{path}: no epoch records (is it an xpnn --metrics file?)")
     return epochs
 
 
+def _check_record(path: Path, line: int, rec: dict[str, Any]) -> None:
+    epoch = rec.get("epoch")
+    if rec.get("event") == "eval":  # at a fraction of an epoch
+        number = isinstance(epoch, int | float) and not isinstance(epoch, bool)
+        if not number or not 0 <= epoch < 2**53:
+            raise UserError(f"{path}: line {line}: an eval record without an epoch number")
+    elif not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**53:
+        raise UserError(f"{path}: line {line}: an epoch record without a whole-number epoch")
+    for _, keys in PANELS:
+        for key in keys:
+            value = rec.get(key)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or (isinstance(value, int) and abs(value) >= 2**1000)  # past a float's range
+            ):
+                raise UserError(f"{path}: line {line}: {key} is not a number ({value!r:.40})")
+
+
+def check_out(out: Path, inputs: list[Path]) -> None:
+    """``-o`` names a PNG file to write: it is written under exactly that name."""
+    if out.suffix.lower() != ".png":
+        raise UserError(f"-o {out}: give a file name ending in .png")
+    if out.is_dir():
+        raise UserError(f"-o {out}: is a directory; give a file name ending in .png")
+    if out.exists() and not out.is_file():
+        raise UserError(f"-o {out}: exists and is not a regular file")
+    if any(out.resolve() == path.resolve() for path in inputs):
+        raise UserError(f"-o {out}: is one of the metrics files given")
+
+
 def draw(paths: list[Path], out: Path) -> Path:
     """One PNG, a panel per quantity, a line per run (solid train, dashed test)."""
+    check_out(out, paths)
     runs = [(p, read_epochs(p)) for p in paths]
     try:
         import matplotlib
@@ -65,23 +101,40 @@ def draw(paths: list[Path], out: Path) -> Path:
                 ax.plot(x, y, style, color=f"C{i}", marker="o", ms=3,
                         label=f"{label} {key.split('_')[0]}")  # fmt: skip
             ax.set(xlabel="epoch", title=title)
-    for ax in axes:
-        ax.legend(fontsize=7)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax, (title, _) in zip(axes, PANELS, strict=True):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are counts
+        ax.set_ylim(bottom=0)  # a small change is not drawn as a cliff
+        if title == "accuracy":
+            ax.set_ylim(top=1.0)
+        ax.legend(fontsize=9)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=100, format="png")
     plt.close(fig)
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag as one line, with no usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(message.removeprefix("argument "))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m xpnn plot", description=__doc__.splitlines()[0])
+    p = _Parser(prog="python -m xpnn plot", description=__doc__.splitlines()[0])
     p.add_argument("metrics", nargs="+", type=Path, help="metrics files (--metrics FILE.jsonl)")
     p.add_argument("-o", "--out", type=Path, default=Path("metrics.png"), help="PNG to write")
     return p
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UserError as e:
+        print(f"xpnn plot: {e}", file=sys.stderr)
+        return 2
     try:
         out = draw(args.metrics, args.out)
     except (ImportError, UserError) as e:

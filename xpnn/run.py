@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xpnn.errors import UserError
+from xpnn.errors import UserError, user_message
 from xpnn.optim import HYPER_PARAMETERS
 from xpnn.presets import describe_preset, gpt_preset
 from xpnn.runtime import stall
@@ -25,7 +25,8 @@ SYNTHETIC_SIZE = 6000  # dataset "synthetic"'s samples when synthetic_size is no
 class RunSpec:
     """The choices of one run; ``None`` is "the default", so that an ignored one can be said."""
 
-    backend: str = "numpy"  # numpy, numba, cupy, auto
+    backend: str = "numpy"  # numpy, numba, cupy, torch, auto
+    device: str | None = None  # backend torch: auto (default), cpu, cuda, mps, xpu, cuda:1...
     model: Any = "mlp"  # mlp, cnn, gpt, FILE.py:FUNCTION, package.module:FUNCTION, a factory
     # f(input_shape, num_classes) -> model, or a model (an unbuilt xpnn.nn.Sequential)
     layers: int | None = None  # gpt: transformer blocks (GPT_DEFAULTS)
@@ -78,10 +79,12 @@ class RunSpec:
     accumulate: int = 1  # micro-steps each global batch is taken in
     steps: int | None = None  # train this many steps, not epochs
     eval_every: int | None = None  # steps: an evaluation record every this many steps
+    trace: str | None = None  # a directory: every rank's timeline of steps ``trace_steps``
+    trace_steps: str | None = None  # "A:B", steps A to B-1 (default: a few after the first)
 
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
-PER_RANK = ("data_dir", "metrics", "save", "checkpoint_dir", "progress", "threads")
+PER_RANK = ("data_dir", "metrics", "save", "checkpoint_dir", "progress", "threads", "trace")
 
 
 class RunFailed(RuntimeError):
@@ -127,12 +130,25 @@ def launch(
     from xpnn.runtime.world import init_world
 
     stall.set_limits(spec.stall_warn, spec.stall_abort)  # the setup's waits too
+    # a typo in these would hide a failure: said once MPI is up, by every rank together
+    problem = _problem(failure.stop_grace) or _problem(failure.agree_timeout)
+    # before MPI_Init: a signal while a rank waits there for another ends it too
+    failure.stop_when_stuck(failure.STOP_GRACE_S if problem else failure.stop_grace())
     world = init_world()
     failure.terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints whole
-    failure.stop_when_stuck(failure.stop_grace())  # ... and within seconds where a rank cannot
-    failure.agree_timeout()  # read when a rank fails, where a typo in it would hide the failure
     out = {} if outcome is None else outcome
-    return failure.run_guarded(world, lambda: _job(spec, world, callbacks, log, warn, out, given))
+    return failure.run_guarded(
+        world, lambda: _job(spec, world, callbacks, log, warn, out, given, problem)
+    )
+
+
+def _problem(check: Callable[[], Any]) -> str | None:
+    """The line of the UserError ``check()`` raises, or None."""
+    try:
+        check()
+    except UserError as exc:
+        return user_message(exc)
+    return None
 
 
 def _job(
@@ -143,13 +159,18 @@ def _job(
     warn: Callable[[str], None] | None,
     outcome: dict[str, Any],
     given: Collection[str] | None = None,
+    problem: str | None = None,
 ) -> int:
     import sys
     import warnings
 
     from xpnn.outputs import check_paths
-    from xpnn.runtime import failure
+    from xpnn.runtime import failure, startup
     from xpnn.train import TrainingDiverged
+
+    startup.agree_to_start(world, "train", problem)  # first: a rank may have failed already
+    if problem:  # alone
+        raise UserError(problem)
 
     say = log or (lambda line: print(line, flush=True))
     note = warn or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -167,6 +188,9 @@ def _job(
     )
     try:
         outcome["done"] = trainer.run()
+        if world.size > 1:  # no rank leaves xpnn's signal handling for MPI_Finalize, which
+            # Python cannot interrupt, while rank 0 still writes `save`
+            stall.wait(world.mpi_comm.Ibarrier(), "the barrier after the run")
     except TrainingDiverged as exc:  # every rank leaves with 1 together
         if trainer.is_root:
             note(f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller `lr`")
@@ -192,6 +216,7 @@ def build_run(
     from xpnn.parallel.model.layout import make_groups
     from xpnn.runtime.failure import agree_on_user_errors
     from xpnn.train import Trainer
+    from xpnn.train.trace import observers
 
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
     spec, preset = gpt_preset(spec, given)  # --model gpt: nanoGPT's recipe where spec is silent
@@ -216,6 +241,7 @@ def build_run(
         model.attach_split(
             agree_on_user_errors(world, lambda: stage_comm(world, place, model, backend, spec))
         )
+    callbacks = [*callbacks, *agree_on_user_errors(world, lambda: observers(spec, world.rank))]
     # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a user error said once.
     return agree_on_user_errors(
         world,
@@ -287,7 +313,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         )
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
     thread_info = apply_threads(threads)
-    backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank)
+    backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank, device=spec.device)
     size = spec.synthetic_size or SYNTHETIC_SIZE
     try:
         data = load_dataset(

@@ -37,32 +37,35 @@ def check_layer(
     atol: float = 1e-6,
     x_shape: tuple[int, ...] | None = None,
     before_forward: Callable[[Layer], None] | None = None,
+    backend: str = "numpy",
 ) -> Sequential:
-    """Build ``layer`` on the float64 numpy backend; compare dx and every dparam with FD of
-    the scalar ``sum(forward(x) * R)`` for a random R.
+    """Build ``layer`` on a float64 host backend (``numpy`` or ``torch``); compare dx and every
+    dparam with FD of the scalar ``sum(forward(x) * R)`` for a random R. The input and the
+    parameters are perturbed through NumPy views of the backend's arrays (zero copy on the CPU).
 
     ``x_shape``: the input a built layer takes, where it differs from the shape it is built
     against (a slice, under tensor parallelism); ``before_forward(layer)`` runs after build.
     """
     from xpnn.backends import get_backend
 
-    backend = get_backend("numpy", "float64")
-    model = Sequential([layer]).build(in_shape, backend, seed)
+    arrays = get_backend(backend, "float64")
+    host = arrays.to_host
+    model = Sequential([layer]).build(in_shape, arrays, seed)
     if before_forward is not None:
         before_forward(layer)
     rng = np.random.default_rng(seed + 1)
-    x = rng.standard_normal((batch, *(x_shape or in_shape)))
+    x = arrays.asarray(rng.standard_normal((batch, *(x_shape or in_shape))))
     ctx = ctx or Context(train=True, step=1, seed=3, sample_ids=np.arange(batch))
     r = rng.standard_normal(layer.forward(x, ctx).shape)
 
     def f() -> float:
-        return float(np.sum(layer.forward(x, ctx) * r))
+        return float(np.sum(host(layer.forward(x, ctx)) * r))
 
     layer.forward(x, ctx)
-    dx = layer.backward(r.copy(), need_dx=True)
-    np.testing.assert_allclose(dx, numeric_grad(f, x), rtol=1e-5, atol=atol)
+    dx = host(layer.backward(arrays.asarray(r.copy()), need_dx=True))
+    np.testing.assert_allclose(dx, numeric_grad(f, host(x)), rtol=1e-5, atol=atol)
     for name, p in layer.params.items():
         np.testing.assert_allclose(
-            layer.grads[name], numeric_grad(f, p), rtol=1e-5, atol=atol, err_msg=name
+            host(layer.grads[name]), numeric_grad(f, host(p)), rtol=1e-5, atol=atol, err_msg=name
         )
     return model

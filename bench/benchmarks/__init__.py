@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from bench.core import BenchError
+from bench.flags import file_path
 
 NAMES = (
     "scaling",
@@ -31,6 +32,7 @@ NAMES = (
     "step_phases",
     "staging",
     "gpt",
+    "trace_cost",
 )
 
 
@@ -49,7 +51,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser(mod: Any, prog: str) -> argparse.ArgumentParser:
     p = _Parser(prog=prog, description=mod.SUMMARY, allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
-    p.add_argument("--out", type=Path, help="records file (default bench/results/NAME.jsonl)")
+    p.add_argument("--out", type=file_path, help="records file (default bench/results/NAME.jsonl)")
     p.add_argument("--from", dest="source", type=Path, help="redraw from this records file")
     mod.add_arguments(p)
     return p

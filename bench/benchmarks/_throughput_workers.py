@@ -97,8 +97,8 @@ class TorchTrainer:
         self.params = sum(p.numel() for p in self.model.parameters())
 
     def sync(self) -> None:
-        if self.device == "cuda":
-            self.torch.cuda.synchronize()
+        if self.device != "cpu":
+            getattr(self.torch, self.device).synchronize()
 
     def device_batches(self, host: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple]:
         t = self.torch
@@ -144,14 +144,16 @@ class Service:
             import torch
 
             torch.set_num_threads(cfg["threads"])
-            if name == "cuda" and not torch.cuda.is_available():
-                raise Unavailable("torch.cuda.is_available() is False")
+            if name != "cpu" and not getattr(torch, name).is_available():
+                raise Unavailable(f"torch.{name}.is_available() is False")
             self.torch = torch
             self.info |= {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
         else:
             from xpnn.backends import get_backend
 
-            self.backend = get_backend(name, "float32")
+            device = cfg.get("torch_device") if name == "torch" else None
+            self.backend = get_backend(name, "float32", device=device)
+            self.info["device"] = self.backend.device
         self.trainer = self._make()
         self.batches: list = []
         if name == "numba":  # compile now, then say which threading layer Numba chose

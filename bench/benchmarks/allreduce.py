@@ -123,19 +123,24 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 def plot(records: list[dict[str, Any]], ax: Any) -> None:
-    for buffers in sorted({r["config"]["buffers"] for r in records}):
+    """A line per buffer kind and transport (each its own curve, never joined)."""
+    for buffers, comm in sorted({(r["config"]["buffers"], r["config"]["comm"]) for r in records}):
         rs = sorted(
-            (r for r in records if r["config"]["buffers"] == buffers),
+            (
+                r
+                for r in records
+                if (r["config"]["buffers"], r["config"]["comm"]) == (buffers, comm)
+            ),
             key=lambda r: r["config"]["size_bytes"],
         )
         ax.plot(
             [r["config"]["size_bytes"] for r in rs],
             [median_of(r, "latency_us") for r in rs],
             "o-",
-            label=f"xpnn, {buffers}",
+            label=f"{buffers} buffers, {comm}",
         )
     ax.set(xscale="log", yscale="log", xlabel="bytes", ylabel="µs per allreduce", title="allreduce")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
 
 
 if __name__ == "__main__":

@@ -188,13 +188,15 @@ def plot(records: list[dict[str, Any]], ax: Any) -> None:
         return
     colours = {"perfect scaling": "C2", "diminishing returns": "C1"}
     colours["maximal data parallelism"] = "C3"
+    drawn: set[str] = set()  # the legend names only the regimes it shades
     for (b0, *_), (b1, *_), g in zip(pts, pts[1:], regimes(pts), strict=False):
-        ax.axvspan(b0, b1, color=colours.get(g, "white"), alpha=0.2, lw=0)
-    ax.plot([p[0] for p in pts], [p[2] for p in pts], "ko-", label="measured")
-    if pts:
-        b0, s0 = pts[0][0], pts[0][2]
-        ax.plot([p[0] for p in pts], [s0 * b0 / p[0] for p in pts], "k:", lw=0.8, label="perfect")
-    for g, c in colours.items():
-        ax.fill_between([], [], color=c, alpha=0.2, label=g)
+        if g in colours:
+            label = f"regime: {g}" if g not in drawn else None
+            ax.axvspan(b0, b1, color=colours[g], alpha=0.2, lw=0, label=label)
+            drawn.add(g)
+    ax.plot([p[0] for p in pts], [p[2] for p in pts], "ko-", label="measured (best lr)")
+    b0, s0 = pts[0][0], pts[0][2]
+    ideal = [s0 * b0 / p[0] for p in pts]
+    ax.plot([p[0] for p in pts], ideal, "k:", lw=0.8, label="half the steps per doubled batch")
     ax.set(xscale="log", yscale="log", xlabel="global batch", ylabel="steps to target")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)

@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
 from bench.flags import int_list
+from bench.plots import count_axis, legend
 from bench.training import add_data_arguments, command, data_flags, measure
 
 NAME = "cnn"
@@ -63,8 +64,12 @@ def table(records: list[dict[str, Any]]) -> str:
 def plot(records: list[dict[str, Any]], ax: Any) -> None:
     rs = sorted(records, key=lambda r: r["config"]["ranks"])
     n = [r["config"]["ranks"] for r in rs]
-    ax.plot(n, [median_of(r, "epoch_s") for r in rs], "o-", label="epoch s")
+    ax.plot(n, [median_of(r, "epoch_s") for r in rs], "o-", label="seconds per epoch")
     ax.set(xlabel="processes", ylabel="seconds per epoch", title="CNN data parallel")
+    ax.set_ylim(bottom=0)
+    count_axis(ax, n)
     twin = ax.twinx()
-    twin.plot(n, [100 * median_of(r, "test_acc") for r in rs], "s--", color="C1")
-    twin.set_ylabel("test accuracy %")
+    acc = [100 * median_of(r, "test_acc") for r in rs]
+    twin.plot(n, acc, "s--", color="C1", label="test accuracy % (right)")
+    twin.set(ylabel="test accuracy %", ylim=(0, 100))  # a change of 0.3 points looks like one
+    legend(ax, twin, loc="lower left")

@@ -146,7 +146,11 @@ def table(records: list[dict[str, Any]]) -> str:
             [c.replace("_ms", ""), *(wins_from(records, d, c) or "never" for d in dtypes)]
             for c in cols
         ]
-        text += "\n\nGPU wins from square n =\n\n" + markdown_table(["", *dtypes], wins)
+        text += (
+            "\n\nThe smallest square n (n×n @ n×n) from which the GPU is faster, counting "
+            "the kernel alone, the kernel with pinned copies, and with pageable copies:\n\n"
+            + markdown_table(["GPU time", *dtypes], wins)
+        )
     return text
 
 
@@ -161,4 +165,4 @@ def plot(records: list[dict[str, Any]], ax: Any) -> None:
     ax.set(
         xscale="log", yscale="log", xlabel="n (n×n @ n×n)", ylabel="ms", title="matmul crossover"
     )
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)

@@ -74,5 +74,6 @@ def plot(records: list[dict[str, Any]], ax: Any) -> None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{n} ranks")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xscale="log", xlabel="multiply-adds per sample", ylabel="speedup over 1 rank")
+    ax.set_ylim(bottom=0)
     ax.set_title("granularity")
-    ax.legend()
+    ax.legend(fontsize=9)

@@ -15,6 +15,7 @@ import argparse
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
+from bench.plots import legend
 from bench.training import add_data_arguments, command, data_flags, measure
 
 NAME = "parallel_modes"
@@ -81,10 +82,25 @@ def mib_sent(r: dict[str, Any]) -> float | None:
 
 
 def plot(records: list[dict[str, Any]], ax: Any) -> None:
+    """Seconds per epoch (bars) and peak memory per rank (markers, right axis) per mode."""
     names = [r["config"]["mode"] for r in records]
-    ax.bar(names, [median_of(r, "epoch_s") for r in records], color="C0")
-    ax.set(ylabel="seconds per epoch", title="parallel modes")
-    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    ax.bar(names, [median_of(r, "epoch_s") for r in records], color="C0", label="seconds per epoch")
+    ax.set(ylabel="seconds per epoch", title="time and memory")
+    ax.set_ylim(0, 1.3 * max((median_of(r, "epoch_s") or 0 for r in records), default=1))
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     twin = ax.twinx()
-    twin.plot(names, [median_of(r, "peak_rss_mb") for r in records], "rs", label="peak RSS")
-    twin.set_ylabel("peak RSS MB per rank")
+    rss = [median_of(r, "peak_rss_mb") for r in records]
+    twin.plot(names, rss, "rs", label="peak RSS MB per rank (right)")
+    twin.set(ylabel="peak RSS MB per rank", ylim=(0, 1.3 * max((v or 0 for v in rss), default=1)))
+    legend(ax, twin, loc="upper left")
+
+
+def plot_bytes(records: list[dict[str, Any]], ax: Any) -> None:
+    """What each mode hands to MPI per step, all ranks together: the point of the study."""
+    names = [r["config"]["mode"] for r in records]
+    sent = [mib_sent(r) or 0.0 for r in records]
+    ax.bar(names, sent, color="C2")
+    ax.set(ylabel="MiB to MPI per step (all ranks)", title="bytes per step")
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    for x, value in enumerate(sent):
+        ax.annotate(f"{value:.2f}", (x, value), ha="center", va="bottom", fontsize=8)

@@ -14,6 +14,7 @@ from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
 from bench.flags import int_list, positive_int
+from bench.plots import count_axis, legend
 from bench.training import add_data_arguments, command, data_flags, measure, train_samples
 
 NAME = "scaling"
@@ -106,5 +107,7 @@ def plot(records: list[dict[str, Any]], ax: Any) -> None:
             ax.plot(n, [r[3] for r in rs], "o-", label=f"{mode} (measured)")
     if n:
         ax.plot(n, [x / n[0] for x in n], "r:", label="ideal")
-    ax.set(xlabel="ranks", ylabel="speedup", title="scaling")
-    ax.legend()
+        count_axis(ax, n)
+    ax.set(xlabel="ranks", ylabel="speedup over 1 rank", title="scaling")
+    ax.set_ylim(bottom=0)
+    legend(ax)

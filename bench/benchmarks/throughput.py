@@ -64,7 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--model", choices=("mlp", "cnn"), default="mlp", help="mlp: 784-HIDDEN-10; cnn: 690,590 p.")
     a("--hidden", type=int_list, default=[512, 256], help="MLP hidden sizes (default 512,256)")
-    a("--backends", type=choice_list(("numpy", "numba", "cupy")), default=["numpy", "numba"])
+    a(
+        "--backends",
+        type=choice_list(("numpy", "numba", "cupy", "torch")),
+        default=["numpy", "numba"],
+    )
+    a("--torch-device", default="cpu", help="backend torch's device and its native side's (cpu)")
     a("--batches", type=distinct_int_list, default=[32, 128, 512], help="default 32,128,512")
     a("--threads", type=positive_int, default=2, help="BLAS/Numba/torch threads per process")
     a("--steps", type=positive_int, help="steps per timed epoch (default mlp 50, cnn 8)")
@@ -150,7 +155,7 @@ def sweep(
     pids = [w.pid for w in [*workers.values(), *torch_workers.values()] if w]
     out = []
     for batch, (backend, xw) in itertools.product(args.batches, workers.items()):
-        device = "cuda" if backend == "cupy" else "cpu"
+        device = _native_device(backend, args)
         pair = [w for w in (xw, torch_workers.get(device)) if w is not None]
         for w in pair:
             w.call("setup", batch, args.pool, args.seed)
@@ -170,6 +175,13 @@ def sweep(
         out.append(r)
         print(f"  {args.model} {backend} batch {batch}: " + _line(r), flush=True)
     return out
+
+
+def _native_device(backend: str, args: argparse.Namespace) -> str:
+    """Where the native PyTorch side runs beside ``backend``: on its device."""
+    if backend == "torch":
+        return args.torch_device.split(":")[0]
+    return "cuda" if backend == "cupy" else "cpu"
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -228,14 +240,14 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
     if torch_skipped:
         print(f"torch comparison skipped: {torch_skipped}", flush=True)
     cfg = {"threads": args.threads, "model": args.model, "hidden": list(args.hidden)}
-    cfg["timeout"] = args.timeout
+    cfg |= {"timeout": args.timeout, "torch_device": args.torch_device}
     info: dict[str, Any] = {"skipped": skipped, "torch_skipped": torch_skipped}
     workers: dict[str, Worker] = {}
     torch_workers: dict[str, Worker | None] = {}
     try:
         for b in backends:
             workers[b] = Worker("xpnn", b, cfg)
-        devices = {"cuda" if b == "cupy" else "cpu" for b in backends} | (
+        devices = {_native_device(b, args) for b in backends} | (
             {"cpu"} if args.ranks_compare else set()
         )
         for device in sorted(devices) if torch_skipped is None else []:

@@ -12,9 +12,11 @@ from xpnn.backends.cupy_kernels import CupyKernels
 from xpnn.backends.kernels import Kernels
 from xpnn.backends.numba_kernels import NumbaKernels
 from xpnn.backends.numpy_kernels import NumpyKernels
+from xpnn.backends.torch_kernels import TorchKernels
 
 CLASSES = {"numpy": NumpyKernels, "numba": NumbaKernels, "cupy": CupyKernels}
-BASES = {"numpy": Kernels, "numba": NumpyKernels, "cupy": Kernels}
+CLASSES["torch"] = TorchKernels
+BASES = {"numpy": Kernels, "numba": NumpyKernels, "cupy": Kernels, "torch": Kernels}
 
 
 def _parameters(fn) -> list:
@@ -57,7 +59,7 @@ def test_each_override_has_the_protocols_signature(backend):
         assert _parameters(member) == _parameters(protocol[name]), name
 
 
-@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("backend", ["numpy", "numba", "torch"])
 def test_get_backend_hands_out_the_backends_class(backend):
     assert type(get_backend(backend, "float64").kernels) is CLASSES[backend]
 

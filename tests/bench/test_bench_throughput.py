@@ -64,7 +64,8 @@ def test_records_of_every_backend_and_batch(tmp_path: Path) -> None:
         pids.add(worker["pid"])
         assert len(r["info"]["foreign_cores"]) == 2
     assert len(pids) == 2  # one worker per backend, kept across batches
-    assert "| xpnn/torch |" in proc.stdout and proc.stdout.count("| mlp | num") == 4
+    assert proc.stdout.count("| mlp | num") == 4
+    assert "xpnn/torch" not in proc.stdout  # --no-torch: a column of dashes is left out
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     again = bench(["--from", str(out), "--out", str(out)])  # redrawn from the records alone
     assert again.returncode == 0, again.stderr
@@ -87,6 +88,18 @@ def test_the_torch_side_runs_exactly_when_pytorch_is_importable(tmp_path: Path) 
         assert r["config"]["torch_device"] is None and "torch-cpu" not in workers
         assert r["info"]["torch_skipped"].startswith("PyTorch is not importable")
         assert "torch comparison skipped: PyTorch is not importable" in proc.stdout
+
+
+def test_the_torch_backend_runs_beside_the_same_network_in_torch_nn(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    proc = bench(["--backends", "torch", "--batches", "4", *TINY.split(), "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "throughput")
+    assert r["config"]["backend"] == "torch" and r["config"]["torch_device"] == "cpu"
+    check_torch_side(r, 2, ran=True)
+    workers = r["info"]["workers"]
+    assert workers["xpnn-torch"]["device"] == "cpu"
+    assert workers["xpnn-torch"]["params"] == workers["torch-cpu"]["params"] == 784 * 16 + 186
 
 
 @pytest.mark.mpi

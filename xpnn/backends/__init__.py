@@ -5,13 +5,20 @@ from __future__ import annotations
 from xpnn.backends.base import Backend, NumbaBackend, NumpyBackend
 from xpnn.errors import UserError
 
-BACKENDS = ("numpy", "numba", "cupy", "auto")
+BACKENDS = ("numpy", "numba", "cupy", "torch", "auto")
 
 
-def get_backend(name: str, dtype: str = "float32", device_id: int = 0) -> Backend:
-    """Build the named backend; ``auto`` is CuPy where a GPU is usable, else Numba."""
+def get_backend(
+    name: str, dtype: str = "float32", device_id: int = 0, device: str | None = None
+) -> Backend:
+    """Build the named backend; ``auto`` is CuPy where a GPU is usable, else PyTorch where it
+    sees an accelerator (an AMD, Apple or Intel GPU, or CUDA without CuPy), else Numba.
+    ``device`` (torch only): auto, cpu, cuda, mps, xpu or a torch device string;
+    ``device_id``: this rank's index on its node, the GPU it takes when none is named."""
+    if device is not None and name != "torch":
+        raise UserError(f"`device` {device}: only for `backend` torch (not {name})")
     if name == "auto":
-        name = "cupy" if gpu_unavailable_reason() is None else "numba"
+        name = "cupy" if gpu_unavailable_reason() is None else auto_without_cupy()
     if name == "numpy":
         return NumpyBackend(dtype)
     if name == "numba":
@@ -20,6 +27,10 @@ def get_backend(name: str, dtype: str = "float32", device_id: int = 0) -> Backen
         from xpnn.backends.cupy_backend import CupyBackend
 
         return CupyBackend(dtype, device_id)
+    if name == "torch":
+        from xpnn.backends.torch_backend import TorchBackend
+
+        return TorchBackend(dtype, device, device_id)
     raise UserError(f"`backend`: unknown backend {name!r} (choose {', '.join(BACKENDS)})")
 
 
@@ -44,7 +55,31 @@ def availability() -> dict[str, str | None]:
     except ImportError as exc:
         out["numba"] = f"Numba is not installed ({exc})"
     out["cupy"] = gpu_unavailable_reason()
+    out["torch"] = torch_unavailable_reason()
     return out
+
+
+def auto_without_cupy() -> str:
+    """``torch`` where PyTorch (with array-api-compat) sees an accelerator, else ``numba``."""
+    import importlib.util
+
+    if not all(importlib.util.find_spec(m) for m in ("torch", "array_api_compat")):
+        return "numba"
+    from xpnn.backends.torch_backend import ACCELERATORS, device_count, import_torch
+
+    torch, _ = import_torch()
+    return "torch" if any(device_count(torch, kind) for kind in ACCELERATORS) else "numba"
+
+
+def torch_unavailable_reason() -> str | None:
+    """None when PyTorch and array-api-compat import, else the one-line reason why not."""
+    from xpnn.backends.torch_backend import import_torch
+
+    try:
+        import_torch()
+    except UserError as exc:
+        return str(exc).removeprefix("`backend` torch: ")
+    return None
 
 
 __all__ = ["Backend", "BACKENDS", "get_backend", "availability", "gpu_unavailable_reason"]

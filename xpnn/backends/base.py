@@ -18,6 +18,9 @@ class Backend:
 
     name: str = "base"
     is_gpu: bool = False
+    # whose arrays these are: NumPy's can live in node-shared memory, and communicators move
+    # CuPy's and PyTorch's device buffers each their own way
+    array_library: str = "numpy"
 
     def __init__(self, xp: ModuleType, kernels: Kernels, dtype: str = "float32") -> None:
         if dtype not in DTYPES:

@@ -34,6 +34,7 @@ class CupyBackend(Backend):
 
     name = "cupy"
     is_gpu = True
+    array_library = "cupy"
 
     def __init__(self, dtype: str = "float32", device_id: int = 0) -> None:
         cupy = import_cupy()

@@ -9,7 +9,7 @@ from typing import Any
 
 from xpnn.nn.layer import Array, Context, Layer
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
-from xpnn.phases import FORWARD
+from xpnn.phases import FORWARD, layer_span, span
 
 
 def resolve_loss(loss: Any) -> Any:
@@ -124,8 +124,9 @@ class Sequential:
     def forward(self, x: Array, ctx: Context, layers: list[Layer] | None = None) -> Array:
         """Through ``layers`` (default: the model's own; or their replicas)."""
         with FORWARD:
-            for layer in layers or self.layers:
-                x = layer.forward(x, ctx)
+            for i, layer in enumerate(layers or self.layers):
+                with layer_span("forward", i, layer):
+                    x = layer.forward(x, ctx)
         return x
 
     def predict(self, x: Array) -> Array:
@@ -144,7 +145,8 @@ class Sequential:
         layers = layers or self.layers
         dy = dlogits if overwrite else self._copy(dlogits)
         for i in range(len(layers) - 1, -1, -1):
-            dy = layers[i].backward(dy, need_dx=self.needs_input_grad(i))
+            with layer_span("backward", i, layers[i]):
+                dy = layers[i].backward(dy, need_dx=self.needs_input_grad(i))
             if on_grads_ready is not None:
                 on_grads_ready(self.layer_offsets[i])
         return dy if self.input_grad else None
@@ -168,8 +170,9 @@ class Sequential:
         """Forward, loss, backward; returns (loss sum, number correct) as device scalars."""
         self.train_rows = max(self.train_rows, labels.shape[0])
         logits = self.forward(x, ctx)
-        correct = self.backend.kernels.count_correct(logits, labels)
-        loss, dlogits = self.loss(self.backend.kernels, logits, labels, scale)
+        with span("loss"):
+            correct = self.backend.kernels.count_correct(logits, labels)
+            loss, dlogits = self.loss(self.backend.kernels, logits, labels, scale)
         self.backward(dlogits, on_grads_ready, overwrite=True)  # dlogits is ours to reuse
         return loss, correct
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from xpnn.errors import UserError, user_message
-from xpnn.runtime import stall
+from xpnn.runtime import flight, stall
 from xpnn.runtime.abort import abort_job, prefix, say
-from xpnn.runtime.world import control_comm
+from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
 T = TypeVar("T")
 
@@ -61,18 +61,35 @@ SIGPIPE_EXIT = 141  # what a shell shows for a program that SIGPIPE ended (128 +
 SIGTERM_EXIT = 143  # ... and SIGTERM (128 + 15)
 
 
+# What ends a run as Ctrl-C does, each with exit 128 + its number: Slurm's time limit and
+# scancel (TERM), a closed terminal or ssh connection (HUP), Ctrl-\\ (QUIT), a CPU-time limit (XCPU)
+STOP_NAMES = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU")
+STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_NAMES if hasattr(signal, name))
+
+
 class Terminated(BaseException):
-    """SIGTERM arrived (Slurm's time limit, ``scancel``): stop as on Ctrl-C."""
+    """A stop signal arrived (``STOP_SIGNALS``): stop as on Ctrl-C."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def words(self) -> str:
+        return f"terminated ({signal.Signals(self.signum).name})"
 
 
 def terminate_on_sigterm() -> None:
-    """Raise ``Terminated`` on SIGTERM, so a checkpoint being written is finished or removed.
-    The command line's choice: a program using xpnn as a library keeps its own handlers."""
+    """Raise ``Terminated`` on every stop signal, so a file being written is finished or
+    removed (after MPI_Init: a library's own handler, UCX's for SIGHUP, is replaced). The
+    command line's choice: a program using xpnn as a library keeps its own handlers."""
 
     def handler(signum: int, frame: Any) -> None:
-        raise Terminated
+        raise Terminated(signum)
 
-    signal.signal(signal.SIGTERM, handler)
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) != signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+            signal.signal(signum, handler)
 
 
 STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop by itself
@@ -91,25 +108,35 @@ def _seconds(var: str, default: float) -> float:
         value = math.nan
     if not (math.isfinite(value) and value >= 0):  # -5 or inf: the watch thread's sleep failed
         raise UserError(f"{var}={text}: expected a number of seconds >= 0")
+    if value > MOST_SECONDS:  # 1e308 overflows the sleep of the watch thread
+        raise UserError(f"{var}={text}: expected at most {MOST_SECONDS:g} seconds (a day)")
     return value
+
+
+MOST_SECONDS = 86400.0
 
 
 def stop_when_stuck(grace: float) -> None:
     """After SIGTERM or Ctrl-C, end the job if this rank has not stopped ``grace`` s later:
     Python runs handlers between bytecodes only, so a rank blocked in an MPI call would ignore
     the signal; a thread woken by ``set_wakeup_fd`` ends it. Call from the main thread."""
+    from xpnn.interrupts import pending_signal
+
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    if pending_signal() is not None:  # noted during the imports: MPI_Init may never return
+        os.write(write_end, bytes([pending_signal()]))
 
     def watch() -> None:
         while True:
             signum = os.read(read_end, 1)[0]
-            if signum in (signal.SIGTERM, signal.SIGINT):
+            if signum in (*STOP_SIGNALS, signal.SIGINT):
                 break
+        what = Terminated(signum).words if signum != signal.SIGINT else "interrupted"
+        code = 128 + signum
+        left_in_init(what, code, grace)
         time.sleep(grace)
-        what = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
-        code = SIGTERM_EXIT if signum == signal.SIGTERM else 130
         rank, size = _mpi_rank_size()
         say(
             f"{prefix(rank, size)}{what}, and still not stopped after {grace:g} s (blocked in a "
@@ -123,6 +150,35 @@ def stop_when_stuck(grace: float) -> None:
         os._exit(code)
 
     threading.Thread(target=watch, name="xpnn-stop-watch", daemon=True).start()
+
+
+INIT_GRACE_S = 2.0  # after a signal, how long a rank may still wait in MPI_Init for others
+
+
+def left_in_init(what: str, code: int, grace: float) -> None:
+    """End this rank (exit ``code``) once it has been inside ``MPI_Init`` for
+    ``INIT_GRACE_S`` after a signal: the ranks it waits for may never come (one failed before
+    MPI). Returns once MPI runs, or after ``grace`` s before it."""
+    deadline = time.monotonic() + grace
+    inside_since = None
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if in_mpi_init():
+            inside_since = inside_since or now
+            if now - inside_since >= INIT_GRACE_S:
+                say(
+                    f"rank {launch_rank()}: {what} while waiting in MPI_Init for the job's "
+                    "other ranks, which have not all started: ending this rank"
+                )
+                os._exit(code)
+        elif _mpi_started():
+            return
+        time.sleep(0.02)
+
+
+def _mpi_started() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized()
 
 
 def _mpi_rank_size() -> tuple[int, int]:
@@ -149,7 +205,7 @@ def stopped_from_outside(exc: BaseException) -> tuple[str, int] | None:
         silence_stdout()
         return "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
     if isinstance(exc, Terminated):
-        return "terminated (SIGTERM)", SIGTERM_EXIT
+        return exc.words, 128 + exc.signum
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or mpiexec passing it on
         return "interrupted", 130
     return None
@@ -181,6 +237,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         if _debug():
             traceback.print_exc()
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
+        flight.dump(f"failed: {message}")  # the operations it saw last, for the others' story
         if isinstance(exc, KeyboardInterrupt | Terminated):
             _calm_further_signals()
         if size > 1 and isinstance(exc, KeyboardInterrupt | Terminated) and stopped_together():
@@ -202,8 +259,9 @@ def _calm_further_signals() -> None:
     """A second Ctrl-C must not cut the stopping short with a traceback: SIGINT and SIGTERM
     now only wake the watch of ``stop_when_stuck``."""
     try:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: None)
+        for signum in (signal.SIGINT, *STOP_SIGNALS):
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                signal.signal(signum, lambda *_: None)
     except ValueError:  # not the main thread: signals are not this code's to handle
         pass
 

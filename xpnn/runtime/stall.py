@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.runtime import flight
 from xpnn.runtime.abort import abort_job, prefix, say
 
 SPIN_S = 0.0005  # polls at full speed first: small exchanges end within this
@@ -59,6 +60,7 @@ def watch_comm() -> Any:
 
 def at_step(step: int) -> None:
     _where.update(phase="training step", step=step, bucket=None)
+    flight.at_step(step)
 
 
 def in_phase(phase: str) -> None:
@@ -104,19 +106,21 @@ def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
 def _wait_long(request: Any, what: str, start: float) -> None:
     warn, abort = _limits["warn"], _limits["abort"]
     warned = announced = False
-    waiting: set[int] = set()
+    waiting: dict[int, Any] = {}  # rank -> where it waits (``flight.position``)
     while True:
         waited = time.perf_counter() - start
         if warn and not warned and waited >= warn:
             warned = True
+            flight.dump(f"waited {warn:g} s in {what}")
             say(
                 f"{prefix(*_rank_size())}has waited {warn:g} s for the others in {what} ({where()})"
             )
         if abort:
             if not announced and waited >= abort / 2:
                 announced = True
+                flight.dump(f"waited {abort / 2:g} s in {what}: the job may be ended")
                 _send_notes()
-            waiting |= _received_notes()
+            waiting.update(_received_notes())
             if waited >= abort:
                 _maybe_abort(what, waited, abort, waiting)
         time.sleep(min(MAX_NAP_S, max(MIN_NAP_S, (waited - NAP_GROWS_AFTER_S) / 10)))
@@ -141,35 +145,48 @@ def _send_notes() -> None:
     rank, size = comm.Get_rank(), comm.Get_size()
     for other in range(size):
         if other != rank:  # small: sent eagerly, also to a rank that is stopped
-            _state["sent"].append(comm.isend(rank, dest=other, tag=_NOTE_TAG))
+            note = (rank, flight.position())  # and where it waits, for the stall line
+            _state["sent"].append(comm.isend(note, dest=other, tag=_NOTE_TAG))
 
 
-def _received_notes() -> set[int]:
+def _received_notes() -> dict[int, Any]:
     comm = _state["comm"]
-    found: set[int] = set()
+    found: dict[int, Any] = {}
     while comm is not None and comm.iprobe(tag=_NOTE_TAG):
-        found.add(int(comm.recv(tag=_NOTE_TAG)))
+        rank, position = comm.recv(tag=_NOTE_TAG)
+        found[int(rank)] = position
     return found
 
 
-def _maybe_abort(what: str, waited: float, abort: float, others: set[int]) -> None:
+def _maybe_abort(what: str, waited: float, abort: float, others: dict[int, Any]) -> None:
     """End the job: at once on the lowest waiting rank known, else ``ABORT_DEFER_S`` later
     (the lowest may be stopped itself)."""
     rank, size = _rank_size()
-    waiting = sorted(others | {rank})
+    positions = {**others, rank: flight.position()}
+    waiting = sorted(positions)
     if rank != waiting[0] and waited < abort + ABORT_DEFER_S:
         return
     absent = [r for r in range(size) if r not in waiting]
-    say(stall_line(waiting, absent, abort, f"rank {rank} in {what}, {where()}"))
+    flight.dump(f"ended the job after {abort:g} s in {what}")
+    account = flight.describe(positions, absent, flight.dump_pattern())
+    say(stall_line(waiting, absent, abort, f"rank {rank} in {what}, {where()}", account))
     abort_job(STALL_EXIT)
 
 
-def stall_line(waiting: list[int], absent: list[int], abort: float, detail: str) -> str:
+def stall_line(
+    waiting: list[int], absent: list[int], abort: float, detail: str, account: str = ""
+) -> str:
+    """``account``: the flight recorder's (who never entered which operation, the dumps)."""
+
     def ranks(group: list[int]) -> str:
         return f"rank{'s' if len(group) != 1 else ''} {', '.join(map(str, group))}"
 
     awaited = f"for {ranks(absent)} " if absent else ""
-    return f"xpnn: stalled: {ranks(waiting)} waited {abort:g} s {awaited}({detail}); ending the job"
+    account = f": {account}" if account else ""
+    return (
+        f"xpnn: stalled: {ranks(waiting)} waited {abort:g} s {awaited}({detail}){account}; "
+        "ending the job"
+    )
 
 
 def injected_pause(rank: int, step: int) -> None:

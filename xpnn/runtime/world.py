@@ -45,6 +45,11 @@ def control_comm() -> object:
     return MPI.COMM_WORLD
 
 
+class LaunchMismatch(UserError):
+    """A launcher and an MPI library that cannot work together: every process of the job
+    finds it alike, before MPI starts, so the launcher's rank 0 alone says it."""
+
+
 @dataclass
 class World:
     """This process's place in the job; ``mpi_comm`` is None when running without MPI."""
@@ -159,7 +164,7 @@ def check_pmix(env: Mapping[str, str], library_version: str) -> None:
     first = library_name(library_version)
     if var is None or not first.startswith("MPICH") or "pmix" in library_version.lower():
         return
-    raise UserError(
+    raise LaunchMismatch(
         f"started through PMIx ({var} is set: Open MPI's mpirun, or srun --mpi=pmix) but "
         f"mpi4py loaded {first!r}, built without PMIx; use that library's mpiexec or srun "
         "--mpi=pmi2, or point mpi4py at the launcher's MPI with "
@@ -185,8 +190,57 @@ def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
     library = MPI.Get_library_version().replace("\x00", "")
     check_pmix(env, library)
     if not MPI.Is_initialized():
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        _init_thread(MPI)
     return MPI, library
+
+
+_starting = {"in_init": False}  # read by the stop watch thread while MPI_Init blocks
+
+
+def in_mpi_init() -> bool:
+    """Whether this process is inside ``MPI_Init``, waiting for the job's other ranks."""
+    return _starting["in_init"]
+
+
+def _libmpi() -> Any:
+    """The loaded MPI library through ctypes, or None (no ``/proc``, or another name)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            paths = {line.split()[-1] for line in fh if "/libmpi" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+            if hasattr(lib, "MPI_Init_thread"):
+                return lib
+        except OSError:
+            continue
+    return None
+
+
+def _init_thread(MPI: Any) -> None:
+    """``MPI_Init_thread`` through ctypes, which lets go of Python's lock while it waits
+    (mpi4py holds it): a signal then still wakes the stop watch, which ends a rank whose
+    others never start MPI."""
+    import ctypes
+
+    lib = _libmpi()
+    if lib is None:
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        return
+    provided = ctypes.c_int()
+    _starting["in_init"] = True
+    try:
+        code = lib.MPI_Init_thread(
+            None, None, ctypes.c_int(MPI.THREAD_MULTIPLE), ctypes.byref(provided)
+        )
+    finally:
+        _starting["in_init"] = False
+    if code != 0:
+        raise UserError(f"MPI_Init_thread failed (MPI error {code})")
 
 
 def init_world(env: Mapping[str, str] | None = None) -> World:

@@ -9,3 +9,6 @@ from xpnn.train.trainer import warmup_steps
 __all__ = ["Callback", "Checkpoints", "EpochLog", "FaultInjection", "MetricsFile", "PhaseTimer"]
 __all__ += ["ProgressBar", "TrainConfig", "Trainer", "TrainingDiverged"]
 __all__ += ["RunFacts", "warmup_steps"]
+from xpnn.train.trace import Trace  # noqa: E402 -- after the callbacks it extends
+
+__all__ += ["Trace"]

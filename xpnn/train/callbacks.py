@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -15,6 +14,7 @@ from xpnn.errors import UserError, path_problems
 from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
 from xpnn.runtime import stall
 from xpnn.runtime.threads import describe_threads
+from xpnn.train import metrics_file
 
 if TYPE_CHECKING:
     from xpnn.train.trainer import Trainer
@@ -56,17 +56,22 @@ class MetricsFile(Callback):
         self.path = path
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        if trainer.start_epoch == 0 and trainer.is_root:  # a fresh run, a fresh file
-            with path_problems("metrics", self.path):
+        if not trainer.is_root:
+            return
+        with path_problems("metrics", self.path):
+            metrics_file.check_metrics_file(self.path)  # never empty another file
+            if trainer.start_epoch == 0:  # a fresh run, a fresh file
                 open(self.path, "w").close()
+            else:  # each epoch once: what came after the resumed checkpoint goes
+                metrics_file.keep_until(self.path, trainer.start_epoch)
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not trainer.is_root:
             return
         line = {k: None if isinstance(v, float) and not math.isfinite(v) else v
                 for k, v in record.items()}  # fmt: skip
-        with path_problems("metrics", self.path), open(self.path, "a") as fh:
-            fh.write(json.dumps(line, allow_nan=False) + "\n")
+        with path_problems("metrics", self.path):
+            metrics_file.append_record(self.path, line)
 
     on_train_end = on_epoch_end  # the run's last line, written as an epoch's
     on_eval = on_epoch_end

@@ -4,6 +4,7 @@ the gradient scaled by 1 / global batch, so the ranks' gradients sum to the 1-ra
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from xpnn.optim import SCHEDULES, GradClip, Schedule, make_optimizer, matrix_ran
 from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL, Groups
 from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
-from xpnn.runtime import stall
+from xpnn.runtime import lock, stall
 from xpnn.runtime.memory import peak_rss_mb
 from xpnn.train.callbacks import (
     Callback,
@@ -267,6 +268,10 @@ class Trainer:
         self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
         # Last: a checkpoint that does not fit is a setup error that every rank reports together.
         self.resume_note: str | None = None  # said when the run starts: every rank agreed
+        if cfg.checkpoint_dir and self.is_root:  # one job a directory (the CLI took it first)
+            with path_problems("checkpoint_dir", cfg.checkpoint_dir):
+                os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+                lock.hold(cfg.checkpoint_dir)
         if cfg.checkpoint_dir and not cfg.resume:  # the command line checked it before
             with path_problems("checkpoint_dir", cfg.checkpoint_dir):
                 checkpoint.refuse_other_runs(cfg.checkpoint_dir)
@@ -594,7 +599,7 @@ class Trainer:
         """What a resume may change and is told about: the rates to come and the precision."""
         cfg = self.cfg
         settings: dict[str, Any] = {"lr": cfg.lr, "schedule": cfg.schedule}
-        settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": str(self.model.params.dtype)}
+        settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": self.backend.dtype_name}
         if cfg.schedule == "step":
             settings["step_epochs"] = self.step_epochs
         if cfg.schedule == "cosine":

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.parallel.comm.arrays import arrays_of
 from xpnn.parallel.comm.base import Communicator, Handle, SelfCommunicator
 from xpnn.parallel.comm.cuda import make_gpu_communicator
 from xpnn.parallel.comm.mpi import MpiHostCommunicator
@@ -23,10 +24,16 @@ def make_communicator(
     if kind not in KINDS:
         raise UserError(f"`comm` {kind}: choose one of {', '.join(KINDS)}")
     is_gpu = bool(getattr(backend, "is_gpu", False))
+    library = getattr(backend, "array_library", "numpy")  # a Backend's; stand-ins lack it
     if not is_gpu and kind in ("mpi-cuda", "nccl"):
-        raise UserError(f"`comm` {kind}: needs `backend` cupy")
+        raise UserError(f"`comm` {kind}: needs `backend` cupy (or torch on a GPU)")
     if is_gpu and kind == "mpi-shm":
         raise UserError("`comm` mpi-shm: needs a CPU backend (numpy or numba)")
+    if kind == "mpi-shm" and library != "numpy":
+        raise UserError(
+            f"`comm` mpi-shm: node-shared memory holds NumPy arrays, not "
+            f"{library}'s (backend numpy or numba; torch uses mpi-host)"
+        )
     if kind == "mpi-shm" and parallel != "data":
         raise UserError(
             f"`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "
@@ -40,13 +47,15 @@ def make_communicator(
     if world.mpi_comm is None or (world.size == 1 and kind == "auto"):
         return SelfCommunicator()
     if not is_gpu:
-        return _cpu_communicator(world, kind, parallel)
-    return make_gpu_communicator(world, kind)
+        return _cpu_communicator(world, kind, parallel, library)
+    return make_gpu_communicator(world, kind, arrays_of(library))
 
 
-def _cpu_communicator(world: World, kind: str, parallel: str) -> Communicator:
+def _cpu_communicator(world: World, kind: str, parallel: str, library: str) -> Communicator:
     if parallel != "data":
         reason = "mpi-shm is for `parallel` data only"
+    elif library != "numpy":
+        reason = f"node-shared memory holds NumPy arrays, not {library}'s"
     elif kind in ("auto", "mpi-shm"):
         forced_ranks_per_node()  # a typo there is the user's to fix, not a reason to fall back
         try:
@@ -55,7 +64,7 @@ def _cpu_communicator(world: World, kind: str, parallel: str) -> Communicator:
             if kind == "mpi-shm":
                 raise
             reason = str(exc)
-    comm = MpiHostCommunicator(world.mpi_comm)
+    comm = MpiHostCommunicator(world.mpi_comm, arrays_of(library))
     comm.detail = "host buffers" if kind == "mpi-host" else f"host buffers ({reason})"
     if kind == "auto" and parallel == "data":
         comm.auto_fallback = f"not mpi-shm: {reason.removeprefix('`comm` mpi-shm: ')}"

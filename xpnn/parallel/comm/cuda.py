@@ -1,5 +1,6 @@
 """Device-buffer communicators, CUDA-aware MPI and NCCL, and the choice between them. CuPy
-is imported inside functions only; host buffers take the inherited ``mpi-host`` path."""
+and PyTorch are imported inside functions only; host buffers take the inherited ``mpi-host``
+path. NCCL is reached through CuPy, so PyTorch's device tensors go through MPI."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 import numpy as np
 
 from xpnn.errors import user_message
+from xpnn.parallel.comm.arrays import CUPY, TORCH, CupyArrays, TorchArrays
 from xpnn.parallel.comm.base import DONE, Communicator, Handle
 from xpnn.parallel.comm.cuda_aware import detect_cuda_aware, nonblocking_device_collectives
 from xpnn.parallel.comm.mpi import MpiHandle, MpiHostCommunicator, as_cupy
+from xpnn.runtime import flight
 from xpnn.runtime.world import World
 
 
@@ -23,45 +26,39 @@ class MpiCudaCommunicator(MpiHostCommunicator):
     name = "mpi-cuda"
     device_buffers = True
 
-    def __init__(self, mpi_comm: Any) -> None:
-        super().__init__(mpi_comm)
+    def __init__(self, mpi_comm: Any, arrays: CupyArrays | TorchArrays = CUPY) -> None:
+        super().__init__(mpi_comm, arrays)
         self.nonblocking_device_collectives = nonblocking_device_collectives(
             self._MPI.Get_library_version()
         )
 
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
-        _wait_for_stream()
+        self._arrays.wait_for_stream()
         self._comm.Allreduce(self._in_place, buf, mop)
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
-        _wait_for_stream()
+        self._arrays.wait_for_stream()
         if not self.nonblocking_device_collectives:  # Open MPI: device buffers block
             self._comm.Allreduce(self._in_place, buf, mop)
             return DONE
         return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
-        _wait_for_stream()
+        self._arrays.wait_for_stream()
         self._comm.Bcast(buf, root=root)
 
     def barrier(self) -> None:
-        _wait_for_stream()
-        self._comm.Barrier()
+        self._arrays.wait_for_stream()
+        with flight.Op(self, "barrier"):
+            self._comm.Barrier()
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
-        _wait_for_stream()
+        self._arrays.wait_for_stream()
         return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
-        _wait_for_stream()  # the buffer's allocation is stream-ordered
+        self._arrays.wait_for_stream()  # the buffer's allocation is stream-ordered
         self._comm.Recv(buf, source=source, tag=tag)
-
-
-def _wait_for_stream() -> None:
-    """Until the work queued on the current CUDA stream is done: MPI does not know streams."""
-    import cupy
-
-    cupy.cuda.get_current_stream().synchronize()
 
 
 class _NcclHandle:
@@ -147,9 +144,35 @@ class NcclCommunicator(MpiHostCommunicator):
         self._nccl.bcast(dev.data.ptr, dev.size, self._nccl_type(dev.dtype), root, stream.ptr)
 
     def barrier(self) -> None:
-        _wait_for_stream()
+        CUPY.wait_for_stream()
         self._stream.synchronize()
-        self._comm.Barrier()
+        with flight.Op(self, "barrier"):
+            self._comm.Barrier()
+
+
+def _local_torch_info() -> dict:
+    """``_local_gpu_info`` for a PyTorch device: CUDA (or ROCm) goes through MPI, CUDA-aware
+    or staged; NCCL is CuPy's here, and MPS and XPU buffers are staged through the host."""
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "a CUDA-aware MPI takes CUDA buffers only; this device's are staged via host"
+        info = {"device": 0, "gpu": (socket.gethostname(), "0"), "aware": False}
+        return {**info, "host": socket.gethostname(), "aware_why": why, **_NO_NCCL}
+    device = int(torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(device)
+    aware = detect_cuda_aware()
+    return {
+        "host": socket.gethostname(),
+        "device": device,
+        "gpu": (socket.gethostname(), str(getattr(props, "uuid", device))),
+        "aware": aware.aware,
+        "aware_why": aware.reason,
+        **_NO_NCCL,
+    }
+
+
+_NO_NCCL = {"nccl": False, "nccl_why": "NCCL is reached through CuPy; backend torch uses MPI"}
 
 
 def _local_gpu_info() -> dict:
@@ -224,15 +247,18 @@ def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]
     return mpi_kind, None, f"not nccl: {not_nccl}; {why_mpi}"
 
 
-def make_gpu_communicator(world: World, kind: str) -> Communicator:
+def make_gpu_communicator(
+    world: World, kind: str, arrays: CupyArrays | TorchArrays = CUPY
+) -> Communicator:
     """Gather every rank's GPU facts, agree on a transport, build it (collective)."""
     comm = world.mpi_comm
-    infos = comm.allgather(_local_gpu_info())  # type: ignore[union-attr]
+    local = _local_torch_info() if arrays is TORCH else _local_gpu_info()
+    infos = comm.allgather(local)  # type: ignore[union-attr]
     name, fallback, detail = choose_gpu_kind(infos, kind)
     if fallback and world.is_root:
         print(f"xpnn: {user_message(fallback)}", file=sys.stderr, flush=True)
     cls = {"nccl": NcclCommunicator, "mpi-cuda": MpiCudaCommunicator}.get(name, MpiHostCommunicator)
-    result = cls(comm)
+    result = NcclCommunicator(comm) if cls is NcclCommunicator else cls(comm, arrays)
     result.fallback_reason = fallback
     result.detail = detail
     if kind == "auto" and name != "nccl":  # e.g. two ranks on one GPU, an MPI without CUDA

@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_op, is_device_array
-from xpnn.runtime import stall
+from xpnn import phases
+from xpnn.parallel.comm.arrays import CUPY, CupyArrays, TorchArrays
+from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_op
+from xpnn.runtime import flight, stall
 
 
 class MpiHandle:
@@ -43,7 +45,8 @@ class _PinnedPool:
     """Pinned host buffers per (size, dtype), reused across steps once their copy back to
     the device is done; one per reduction of that shape in flight."""
 
-    def __init__(self) -> None:
+    def __init__(self, arrays: CupyArrays | TorchArrays) -> None:
+        self._arrays = arrays
         self._free: dict[tuple[int, np.dtype], list[_PinnedSlot]] = {}
         self.allocated = 0
 
@@ -56,34 +59,33 @@ class _PinnedPool:
                 slot.event = None
             return slot
         self.allocated += 1
-        return _PinnedSlot(_empty_pinned(size, dtype))
+        return _PinnedSlot(self._arrays.empty_pinned(size, dtype))
 
     def release(self, slot: _PinnedSlot) -> None:
         key = (slot.host.size, slot.host.dtype)
         self._free.setdefault(key, []).append(slot)
 
+    def slot_for(self, dev: Any) -> _PinnedSlot:
+        """A slot of ``dev``'s size and dtype."""
+        return self.acquire(self._arrays.size(dev), self._arrays.host_dtype(dev))
 
-def _empty_pinned(size: int, dtype: np.dtype) -> np.ndarray:
-    """A page-locked NumPy array: device copies run at full PCIe speed."""
-    try:
-        import cupyx
+    def copy_out(self, dev: Any) -> _PinnedSlot:
+        """A slot holding ``dev``'s values, copied after the work queued before."""
+        slot = self.slot_for(dev)
+        with phases.span("device to host", phases.COPIES):
+            self._arrays.copy_out(dev, slot.host)
+        return slot
 
-        return cupyx.empty_pinned((size,), dtype=dtype)
-    except (ImportError, AttributeError):
-        import cupy
-
-        mem = cupy.cuda.alloc_pinned_memory(max(1, size * dtype.itemsize))
-        return np.frombuffer(mem, dtype=dtype, count=size)
+    def copy_back(self, dev: Any, slot: _PinnedSlot) -> None:
+        """Queue the copy of ``slot`` into ``dev``; the slot returns to the pool."""
+        with phases.span("host to device (queued)", phases.COPIES):
+            slot.event = self._arrays.copy_back(dev, slot.host)
+        self.release(slot)
 
 
 def as_cupy(buf: Any) -> Any:
     """A flat zero-copy CuPy view of a contiguous device array."""
-    import cupy
-
-    dev = buf if isinstance(buf, cupy.ndarray) else cupy.asarray(buf)
-    if not dev.flags.c_contiguous:
-        raise ValueError("communication buffers must be contiguous")
-    return dev if dev.ndim == 1 else dev.reshape(-1)
+    return CUPY.flat(buf)
 
 
 class _StagedHandle:
@@ -102,33 +104,17 @@ class _StagedHandle:
         if self._dev is None:
             self._pool.release(self._slot)
         else:
-            _copy_back(self._dev, self._slot, self._pool)
+            self._pool.copy_back(self._dev, self._slot)
         self._req = self._dev = self._slot = None
 
 
-def _copy_out(dev: Any, slot: _PinnedSlot) -> None:
-    """Device to pinned host, after the work queued on the current stream."""
-    import cupy
-
-    dev.get(stream=cupy.cuda.get_current_stream(), out=slot.host, blocking=True)
-
-
-def _copy_back(dev: Any, slot: _PinnedSlot, pool: _PinnedPool) -> None:
-    """Queue the host-to-device copy on the current stream and return the buffer to the pool."""
-    import cupy
-
-    stream = cupy.cuda.get_current_stream()
-    dev.set(slot.host, stream=stream)  # asynchronous from pinned memory; ordered on the stream
-    slot.event = stream.record()
-    pool.release(slot)
-
-
 class MpiHostCommunicator(Communicator):
-    """MPI on host memory; device buffers are reduced in pooled pinned host buffers."""
+    """MPI on host memory; device buffers are reduced in pooled pinned host buffers.
+    ``arrays``: the array library whose device buffers come (CuPy's or PyTorch's)."""
 
     name = "mpi-host"
 
-    def __init__(self, mpi_comm: Any) -> None:
+    def __init__(self, mpi_comm: Any, arrays: CupyArrays | TorchArrays = CUPY) -> None:
         from mpi4py import MPI
 
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size())
@@ -136,7 +122,8 @@ class MpiHostCommunicator(Communicator):
         self._comm = mpi_comm
         self._in_place = MPI.IN_PLACE
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
-        self._pool = _PinnedPool()
+        self._arrays = arrays
+        self._pool = _PinnedPool(arrays)
 
     @property
     def mpi_comm(self) -> Any:
@@ -153,93 +140,97 @@ class MpiHostCommunicator(Communicator):
         # the hot path for every gradient bucket: kept to a dict lookup and a type check
         mop = self._ops.get(op) or self._mpi_op(op)
         self._count(buf)
-        if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
-            stall.wait(self._comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
-        else:
-            self._device_allreduce(buf, op, mop)
+        with flight.Op(self, "allreduce", buf.nbytes):
+            if type(buf) is np.ndarray or not self._arrays.is_device(buf):
+                stall.wait(self._comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
+            else:
+                self._device_allreduce(buf, op, mop)
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
         mop = self._ops.get(op) or self._mpi_op(op)
         self._count(buf)
-        if type(buf) is np.ndarray or not hasattr(buf, "__cuda_array_interface__"):
-            return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf, "an allreduce")
-        return self._device_iallreduce(buf, op, mop)
+        record = flight.post(self, "allreduce", buf.nbytes)
+        if type(buf) is np.ndarray or not self._arrays.is_device(buf):
+            req = self._comm.Iallreduce(self._in_place, buf, mop)
+            return flight.Tracked(MpiHandle(req, buf, "an allreduce"), record)
+        return flight.Tracked(self._device_iallreduce(buf, op, mop), record)
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
         if self.rank == root:
             self._count(buf)
-        if is_device_array(buf):
-            self._device_bcast(buf, root)
-        else:
-            stall.wait(self._comm.Ibcast(buf, root=root), "a broadcast")
+        with flight.Op(self, "broadcast", buf.nbytes):
+            if self._arrays.is_device(buf):
+                self._device_bcast(buf, root)
+            else:
+                stall.wait(self._comm.Ibcast(buf, root=root), "a broadcast")
 
     def barrier(self) -> None:
-        stall.wait(self._comm.Ibarrier(), "a barrier")
+        with flight.Op(self, "barrier"):
+            stall.wait(self._comm.Ibarrier(), "a barrier")
 
     # -- device buffers: staged through pinned host memory (cuda.py overrides them) --------
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
-        dev = as_cupy(buf)
-        if dev.size == 0:
+        dev = self._arrays.flat(buf)
+        if not self._arrays.size(dev):
             return
-        slot = self._pool.acquire(dev.size, dev.dtype)
-        _copy_out(dev, slot)
+        slot = self._pool.copy_out(dev)
         stall.wait(self._comm.Iallreduce(self._in_place, slot.host, mop), "an allreduce")
-        _copy_back(dev, slot, self._pool)
+        self._pool.copy_back(dev, slot)
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
-        dev = as_cupy(buf)
-        if dev.size == 0:
+        dev = self._arrays.flat(buf)
+        if not self._arrays.size(dev):
             return DONE
-        slot = self._pool.acquire(dev.size, dev.dtype)
-        _copy_out(dev, slot)
+        slot = self._pool.copy_out(dev)
         req = self._comm.Iallreduce(self._in_place, slot.host, mop)
         return _StagedHandle(req, dev, slot, self._pool)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
-        dev = as_cupy(buf)
-        if dev.size == 0:
+        dev = self._arrays.flat(buf)
+        if not self._arrays.size(dev):
             return
-        slot = self._pool.acquire(dev.size, dev.dtype)
-        if self.rank == root:
-            _copy_out(dev, slot)
+        slot = self._pool.copy_out(dev) if self.rank == root else self._pool.slot_for(dev)
         stall.wait(self._comm.Ibcast(slot.host, root=root), "a broadcast")
         if self.rank == root:
             self._pool.release(slot)
         else:
-            _copy_back(dev, slot, self._pool)
+            self._pool.copy_back(dev, slot)
 
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
         self._count(buf)
-        if is_device_array(buf):
-            return self._device_isend(buf, dest, tag)
-        return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf, f"a send to rank {dest}")
+        record = flight.post(self, "send", buf.nbytes, dest)
+        if self._arrays.is_device(buf):
+            return flight.Tracked(self._device_isend(buf, dest, tag), record)
+        req = self._comm.Isend(buf, dest=dest, tag=tag)
+        return flight.Tracked(MpiHandle(req, buf, f"a send to rank {dest}"), record)
 
     def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
-        if is_device_array(buf):
-            self._device_recv(buf, source, tag)
-        else:
-            what = f"a receive from rank {source}"
-            stall.wait(self._comm.Irecv(buf, source=source, tag=tag), what)
+        with flight.Op(self, "receive", buf.nbytes, source):
+            if self._arrays.is_device(buf):
+                self._device_recv(buf, source, tag)
+            else:
+                what = f"a receive from rank {source}"
+                stall.wait(self._comm.Irecv(buf, source=source, tag=tag), what)
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
-        dev = as_cupy(buf)
-        slot = self._pool.acquire(dev.size, dev.dtype)
-        _copy_out(dev, slot)
+        slot = self._pool.copy_out(self._arrays.flat(buf))
         return _StagedHandle(
             self._comm.Isend(slot.host, dest=dest, tag=tag), None, slot, self._pool
         )
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
-        dev = as_cupy(buf)
-        slot = self._pool.acquire(dev.size, dev.dtype)
+        dev = self._arrays.flat(buf)
+        slot = self._pool.slot_for(dev)
         what = f"a receive from rank {source}"
         stall.wait(self._comm.Irecv(slot.host, source=source, tag=tag), what)
-        _copy_back(dev, slot, self._pool)
+        self._pool.copy_back(dev, slot)
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         out = self._host_values(values)
         self._count(out)
-        stall.wait(self._comm.Iallreduce(self._in_place, out, self._mpi_op(op)), "an allreduce")
+        with flight.Op(self, "allreduce", out.nbytes):
+            mop = self._mpi_op(op)
+            stall.wait(self._comm.Iallreduce(self._in_place, out, mop), "an allreduce")
         return out
 
     def allgather_obj(self, obj: Any, what: str = "a barrier before gathering") -> list:

@@ -15,7 +15,7 @@ import numpy as np
 from xpnn.errors import UserError
 from xpnn.parallel.comm.mpi import MpiHostCommunicator
 from xpnn.phases import FENCES
-from xpnn.runtime import stall
+from xpnn.runtime import flight, stall
 from xpnn.runtime.segments import SHM_DIR
 
 RANKS_PER_NODE_VAR = "XPNN_RANKS_PER_NODE"  # tests: pretend one machine is several nodes
@@ -151,7 +151,8 @@ class ShmCommunicator(MpiHostCommunicator):
         with FENCES:
             for win in self._windows:
                 win.Sync()
-            stall.wait(self.node.Ibarrier(), "a node barrier")
+            with flight.Op(self, "node barrier"):
+                stall.wait(self.node.Ibarrier(), "a node barrier")
             for win in self._windows:
                 win.Sync()
 
@@ -163,7 +164,9 @@ class ShmCommunicator(MpiHostCommunicator):
     def cross_allreduce_(self, buf: np.ndarray) -> None:
         if self.nodes > 1:
             self._count(buf)
-            stall.wait(self.cross.Iallreduce(self._in_place, buf, self._MPI.SUM), "an allreduce")
+            with flight.Op(self, "allreduce across nodes", buf.nbytes):
+                req = self.cross.Iallreduce(self._in_place, buf, self._MPI.SUM)
+                stall.wait(req, "an allreduce")
 
     def free(self) -> None:
         """Release the shared segments; their arrays must not be used afterwards."""

@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from xpnn import phases
 from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
 from xpnn.nn.sequential import Sequential, adding
 from xpnn.parallel.model.whole import whole_shape
+from xpnn.runtime import flight
 
 FORWARD_TAG, BACKWARD_TAG, EVAL_TAG = 1, 2, 3
 
@@ -190,48 +192,56 @@ class PipelineStage(Sequential):
         for i, (kind, m) in enumerate(order):
             (lo, hi), slot = parts[m], m % len(sets)
             layers = sets[slot]
-            if kind == "F":
-                if holder[slot] is not None and not self.recompute:  # backward it first
-                    raise RuntimeError(f"pipeline schedule: micro-batch {holder[slot]} in flight")
-                holder[slot] = m
-                self._wait(pending[slot])
-                if self.first:
-                    xin = x[lo:hi]
-                else:
-                    xin = self._receive(hi - lo, self.shapes[0], self.prev_rank, FORWARD_TAG)
-                if self.recompute:
-                    inputs[m] = xin
-                y = self.forward(xin, contexts[m], layers)
+            flight.tag(microbatch=m)  # the sends and receives of this micro-batch
+            name = f"{'forward' if kind == 'F' else 'backward'} micro-batch {m}"
+            with phases.span(name):  # continue and break leave the span too
+                if kind == "F":
+                    if holder[slot] is not None and not self.recompute:  # backward it first
+                        raise RuntimeError(
+                            f"pipeline schedule: micro-batch {holder[slot]} in flight"
+                        )
+                    holder[slot] = m
+                    self._wait(pending[slot])
+                    if self.first:
+                        xin = x[lo:hi]
+                    else:
+                        xin = self._receive(hi - lo, self.shapes[0], self.prev_rank, FORWARD_TAG)
+                    if self.recompute:
+                        inputs[m] = xin
+                    y = self.forward(xin, contexts[m], layers)
+                    if self.last:
+                        kernels = self.backend.kernels
+                        loss, dlogits[m] = self.loss(kernels, y, labels[lo:hi], scale)
+                        if self.scores:  # once a replica, not once a tensor part
+                            correct = correct + kernels.count_correct(y, labels[lo:hi])
+                            loss_sum = loss_sum + loss
+                    else:
+                        pending[slot].append(self.comm.isend(y, self.next_rank, FORWARD_TAG))
+                    continue
                 if self.last:
-                    kernels = self.backend.kernels
-                    loss, dlogits[m] = self.loss(kernels, y, labels[lo:hi], scale)
-                    if self.scores:  # once a replica, not once a tensor part
-                        correct = correct + kernels.count_correct(y, labels[lo:hi])
-                        loss_sum = loss_sum + loss
+                    dy = dlogits.pop(m)
                 else:
-                    pending[slot].append(self.comm.isend(y, self.next_rank, FORWARD_TAG))
-                continue
-            if self.last:
-                dy = dlogits.pop(m)
-            else:
-                dy = self._receive(hi - lo, self.output_shape, self.next_rank, BACKWARD_TAG)
-            if self.recompute and holder[slot] != m:  # the set holds a later micro-batch's
-                self._wait(pending[slot])
-                self.forward(inputs[m], contexts[m], layers)  # activations: m's again
-            inputs.pop(m, None)
-            final = i == last_backward
-            ready = self._summing(acc, on_grads_ready) if final else None
-            dx = self.backward(dy, ready, layers, overwrite=True)  # dy is ours: popped or received
-            holder[slot] = None
-            if not self.first:
-                pending[slot].append(self.comm.isend(dx, self.prev_rank, BACKWARD_TAG))
-            if final:
-                break
-            if acc is None:
-                acc = self._accumulator()
-                acc[...] = self.grads
-            else:
-                acc += self.grads
+                    dy = self._receive(hi - lo, self.output_shape, self.next_rank, BACKWARD_TAG)
+                if self.recompute and holder[slot] != m:  # the set holds a later micro-batch's
+                    self._wait(pending[slot])
+                    self.forward(inputs[m], contexts[m], layers)  # activations: m's again
+                inputs.pop(m, None)
+                final = i == last_backward
+                ready = self._summing(acc, on_grads_ready) if final else None
+                dx = self.backward(
+                    dy, ready, layers, overwrite=True
+                )  # dy is ours: popped or received
+                holder[slot] = None
+                if not self.first:
+                    pending[slot].append(self.comm.isend(dx, self.prev_rank, BACKWARD_TAG))
+                if final:
+                    break
+                if acc is None:
+                    acc = self._accumulator()
+                    acc[...] = self.grads
+                else:
+                    acc += self.grads
+        flight.tag()
         for handles in pending:
             self._wait(handles)
         return loss_sum, correct

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from xpnn.runtime import stall
+from xpnn.runtime import flight, stall
 
 Array = Any
 MIN_LAYER_BUCKET = 1 << 16  # elements; a smaller layer is updated with the next one
@@ -69,7 +69,9 @@ class GradientBuckets:
             return
         for i in self._cursor.finished(offset):
             start, end = self.bounds[i]
+            flight.tag(bucket=i + 1)  # the flight record and the trace name the bucket
             self._handles.append(self.comm.iallreduce_(self.grads[start:end], "sum"))
+            flight.tag()
 
     def wait(self, count: int) -> None:
         """Launch what is left, then wait for buckets ``0 .. count-1`` (in launch order)."""

@@ -1,0 +1,361 @@
+"""A week-long job on a shared cluster, under a real ``mpiexec``: one job per checkpoint
+directory, no hang when some ranks fail at start-up, clean ends on every stop signal (the final
+save included), checkpoint-and-exit on request, and a metrics file that records each epoch once.
+Cases that need no second rank run in the process. With ``XPNN_FAULT_LOG`` each case writes a
+line for docs/reliability.md's table."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT, TINY_FLOAT64_RUN, mpiexec_path, run_xpnn
+from faults import Job, left_behind, record, snapshot, wait_for_file
+
+from xpnn.checkpoint import DamagedCheckpoint, atomic_savez, read_npz, remove_unfinished
+from xpnn.runtime import lock
+from xpnn.train import metrics_file
+
+ARGS = [*TINY_FLOAT64_RUN, "--hidden", "16"]
+LONG = [*ARGS, "--epochs", "100000"]
+XPNN = [sys.executable, "-m", "xpnn"]
+
+
+def _mpmd(first: list[str], second: list[str], env: dict | None = None) -> tuple:
+    """``mpiexec -n 1 FIRST : -n 1 SECOND``: (exit code, stderr, seconds)."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        [mpiexec_path(), "-n", "1", *first, ":", "-n", "1", *second],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    return proc.returncode, proc.stderr, time.monotonic() - start
+
+
+def _xpnn_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith(("xpnn:", "rank "))]
+
+
+# ------------------------------------------------------------------ the checkpoint lock
+
+
+@pytest.mark.mpi
+def test_a_second_job_in_a_checkpoint_directory_is_refused_naming_the_holder(tmp_path):
+    """Two jobs started together, and a resubmitted ``--resume``: the second is refused in
+    one line naming the first (job id, pid, host), which finishes untouched."""
+    ck = tmp_path / "ck"
+    holder = Job(
+        [*ARGS, "--epochs", "2", "--checkpoint-dir", str(ck)],
+        env={"XPNN_SAVE_FAULT": "sleep:4", "SLURM_JOB_ID": "4242"},
+    )
+    held = wait_for_file(ck, "checkpoint-epoch0001.npz.*.tmp")
+    for extra in ([], ["--resume"]):
+        start = time.monotonic()
+        second = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), *extra], timeout=120)
+        lines = _xpnn_lines(second.stderr)
+        assert second.returncode == 2, second.stderr
+        assert len(lines) == 1 and "in use by job 4242, pid" in lines[0], second.stderr
+        record(case="lock", moment="second job" + (" --resume" if extra else ""), exit=2,
+               seconds=round(time.monotonic() - start, 2), stderr=lines[0])  # fmt: skip
+        assert held.exists(), "the second job deleted the first one's checkpoint in progress"
+    code, err, _ = holder.finish(120)
+    assert code == 0, err
+    assert sorted(p.name for p in ck.iterdir()) == [
+        "checkpoint-epoch0001.npz",
+        "checkpoint-epoch0002.npz",
+    ]  # the lock file went with its holder
+
+
+def test_a_lock_whose_holder_is_gone_is_taken(tmp_path):
+    """A lock file left by a killed job (its words remain, its lock does not) is no obstacle;
+    the same process taking it twice is one hold."""
+    (tmp_path / lock.LOCK_NAME).write_text('{"host": "h", "pid": 999999999, "job_id": "7"}')
+    try:
+        lock.hold(tmp_path)
+        lock.hold(tmp_path)
+        who = json.loads((tmp_path / lock.LOCK_NAME).read_text())
+        assert who["pid"] == os.getpid() and who["host"] and who["started"] > 0
+        code = f"from xpnn.runtime import lock; lock.hold({str(tmp_path)!r})"
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert other.returncode == 1 and f"pid {os.getpid()} on" in other.stderr
+    finally:
+        lock.release_all()
+    assert not (tmp_path / lock.LOCK_NAME).exists()
+
+
+def test_the_sweep_of_unfinished_writes_takes_only_its_own_names(tmp_path):
+    """A user's ``final.npz.backup.tmp`` stays; a write under way (held open) stays."""
+    user = tmp_path / "final.npz.backup.tmp"
+    left = tmp_path / "final.npz.abcd1234.tmp"
+    open_now = tmp_path / "final.npz.wxyz5678.tmp"
+    for path in (user, left, open_now):
+        path.write_bytes(b"x")
+    with open(open_now, "rb"):
+        assert remove_unfinished(tmp_path, "final.npz") == [left]
+    assert user.exists() and open_now.exists() and not left.exists()
+
+
+# ------------------------------------------------------------------------- start-up
+
+
+@pytest.mark.mpi
+def test_a_start_up_failure_on_some_ranks_ends_the_job_at_once(tmp_path):
+    """Each would hang for ever in MPI_Init were the failing rank to leave before MPI."""
+    train = [*XPNN, *ARGS]
+    cases = {
+        "a bad flag on rank 1": (train, [*train, "--lr", "nan"], {}, "rank 1: --lr: must be > 0"),
+        "info : train": ([*XPNN, "info"], train, {}, "rank 1 runs 'train', rank 0 'info'"),
+        "a bad variable on rank 1": (
+            train,
+            ["env", "XPNN_STOP_GRACE=soon", *train],
+            {},
+            "rank 1: XPNN_STOP_GRACE=soon",
+        ),
+        "rank 1 cannot load MPI": (
+            train,
+            ["env", "MPI4PY_LIBMPI=/nonexistent/libmpi.so", *train],
+            {},
+            "rank 1: started by an MPI launcher",
+        ),
+    }
+    for case, (first, second, env, said) in cases.items():
+        code, err, seconds = _mpmd(first, second, env)
+        lines = _xpnn_lines(err)
+        record(case="start-up", moment=case, exit=code, seconds=round(seconds, 2), stderr=said)
+        assert code == 2, (case, err)
+        assert seconds < 30, case
+        assert len(lines) == 1 and said in lines[0], (case, err)
+        assert "Traceback" not in err
+
+
+@pytest.mark.mpi
+def test_a_signal_ends_a_rank_waiting_in_mpi_init_for_one_that_never_comes():
+    """Rank 1 never starts MPI: SIGTERM to rank 0, inside MPI_Init, ends the job in seconds."""
+    proc = subprocess.Popen(
+        [mpiexec_path(), "-n", "1", *XPNN, *ARGS, ":", "-n", "1", sys.executable, "-c",
+         "import time; time.sleep(60)"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    job = Job.__new__(Job)
+    job.proc, job.out = proc, ""
+    try:
+        rank0 = _xpnn_rank(proc.pid)
+        time.sleep(3)  # well inside MPI_Init, waiting for rank 1
+        os.kill(rank0, signal.SIGTERM)
+        code, err, seconds = job.finish(30)
+    finally:
+        job.kill()
+    lines = _xpnn_lines(err)
+    record(case="SIGTERM", moment="MPI_Init, a rank missing", exit=code,
+           seconds=round(seconds, 2), stderr=lines[-1] if lines else "")  # fmt: skip
+    assert code == 143, err
+    assert len(lines) == 1 and "terminated (SIGTERM) while waiting in MPI_Init" in lines[0]
+
+
+def _xpnn_rank(launcher: int, timeout: float = 60) -> int:
+    from faults import _children
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack = _children(launcher)
+        while stack:
+            pid = stack.pop()
+            stack += _children(pid)
+            try:  # the proxy's child between its fork and its exec is not it yet
+                line = Path(f"/proc/{pid}/cmdline").read_bytes()
+                python = os.readlink(f"/proc/{pid}/exe") == os.path.realpath(sys.executable)
+            except OSError:
+                continue
+            if python and b"-m\x00xpnn" in line:
+                return pid
+        time.sleep(0.01)
+    raise AssertionError("rank 0 did not start")
+
+
+# ------------------------------------------------------------------------- signals
+
+
+@pytest.mark.mpi
+def test_every_stop_signal_is_one_line_and_128_plus_its_number(tmp_path):
+    """SIGHUP and SIGXCPU to every rank (a hang-up reaches the terminal's whole job, Slurm
+    signals every task); SIGQUIT to ``mpiexec``, which passes it on; SIGHUP to one rank."""
+    cases = [
+        (signal.SIGHUP, "all ranks"),
+        (signal.SIGXCPU, "all ranks"),
+        (signal.SIGQUIT, "mpiexec"),
+        (signal.SIGHUP, "rank 1"),
+    ]
+    for signum, target in cases:
+        before = snapshot()
+        job = Job([*LONG, "--checkpoint-dir", str(tmp_path / f"{signum}-{target}")])
+        try:
+            ranks = job.ranks(2)
+            job.wait_for_line("epoch 2/")
+            pids = {"mpiexec": [job.proc.pid], "rank 1": [ranks[1]]}.get(target, ranks.values())
+            for pid in pids:
+                os.kill(pid, signum)
+            code, err, seconds = job.finish(30)
+        finally:
+            job.kill()
+        name = signal.Signals(signum).name
+        lines = _xpnn_lines(err)
+        record(case=name, moment=f"mid-training, to {target}", exit=code,
+               seconds=round(seconds, 2), stderr=lines[-1] if lines else "")  # fmt: skip
+        assert code == 128 + signum, (name, target, err)
+        who = "rank 1" if target == "rank 1" else "xpnn"
+        assert lines == [f"{who}: terminated ({name})"], (name, target, err)
+        assert not left_behind(before)
+        assert not list((tmp_path / f"{signum}-{target}").glob("*.tmp"))
+
+
+@pytest.mark.mpi
+def test_sigterm_during_the_final_save_leaves_no_file_and_no_tmp(tmp_path):
+    """Every rank waits for rank 0's ``--save`` inside xpnn's signal handling, not in
+    MPI_Finalize: the job stops together, one line, exit 143, nothing half-written."""
+    saved = tmp_path / "final.npz"
+    job = Job([*ARGS, "--epochs", "1", "--save", str(saved)], env={"XPNN_SAVE_FAULT": "sleep:30"})
+    try:
+        job.ranks(2)
+        wait_for_file(tmp_path, "final.npz.*.tmp")
+        os.kill(job.proc.pid, signal.SIGTERM)
+        code, err, seconds = job.finish(30)
+    finally:
+        job.kill()
+    lines = _xpnn_lines(err)
+    record(case="SIGTERM", moment="the final --save, to mpiexec", exit=code,
+           seconds=round(seconds, 2), stderr=lines[-1] if lines else "")  # fmt: skip
+    assert code == 143, err
+    assert lines == ["xpnn: terminated (SIGTERM)"], err
+    assert sorted(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------- checkpoint-and-exit, the metrics file
+
+
+@pytest.mark.mpi
+def test_checkpoint_signal_then_resume_records_every_epoch_once(tmp_path):
+    """USR1 after epoch 2: exit 75 once its checkpoint is written. A stop during the next
+    checkpoint leaves that epoch's record without its checkpoint, and a full disk half a
+    line: the resume drops both, so the file holds epochs 1..5 once, in order."""
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    common = [*LONG, "--checkpoint-dir", str(ck), "--metrics", str(metrics)]
+    job = Job([*common, "--checkpoint-signal", "USR1"])
+    try:
+        job.ranks(2)
+        job.wait_for_line("epoch 2/")
+        os.kill(job.proc.pid, signal.SIGUSR1)
+        code, err, seconds = job.finish(60)
+    finally:
+        job.kill()
+    said = [line for line in job.out.splitlines() if "SIGUSR1" in line]
+    record(case="SIGUSR1 (--checkpoint-signal USR1)", moment="mid-training, to mpiexec",
+           exit=code, seconds=round(seconds, 2), stderr=said[-1] if said else "")  # fmt: skip
+    assert code == 75, err
+    assert len(said) == 1 and "written; stopping with exit 75" in said[0]
+    last = int(sorted(ck.glob("checkpoint-epoch*.npz"))[-1].name[16:20])
+    assert last >= 2 and _epochs(metrics) == list(range(1, last + 1))
+
+    # a stop while the next checkpoint is written: its epoch's record is in the file
+    job = Job([*common, "--resume"], env={"XPNN_SAVE_FAULT": "sleep:30"})
+    try:
+        job.ranks(2)
+        wait_for_file(ck, f"checkpoint-epoch{last + 1:04d}.npz.*.tmp")
+        os.kill(job.proc.pid, signal.SIGTERM)
+        code, err, _ = job.finish(60)
+    finally:
+        job.kill()
+    assert code == 143, err
+    assert _epochs(metrics) == list(range(1, last + 2))
+    with open(metrics, "a") as fh:
+        fh.write('{"event": "epoch", "epo')  # a full disk's half line
+
+    done = run_xpnn([*ARGS, "--epochs", str(last + 3), "--checkpoint-dir", str(ck),
+                     "--metrics", str(metrics), "--resume"], ranks=2)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _epochs(metrics) == list(range(1, last + 4))
+    events = [json.loads(line)["event"] for line in metrics.read_text().splitlines()]
+    assert events[-1] == "done" and events.count("done") == 1
+
+
+def _epochs(metrics: Path) -> list[int]:
+    return [
+        r["epoch"]
+        for r in map(json.loads, metrics.read_text().splitlines())
+        if r["event"] == "epoch"
+    ]
+
+
+@pytest.mark.mpi
+def test_metrics_refuses_a_file_that_is_not_an_xpnn_metrics_file(tmp_path):
+    """The data set's labels, another run's checkpoint: neither is emptied."""
+    checkpoint = tmp_path / "c.npz"
+    atomic_savez(checkpoint, {"a": np.zeros(3)})
+    text = tmp_path / "notes.txt"
+    text.write_text("my notes\n")
+    for path in (checkpoint, text):
+        before = path.read_bytes()
+        proc = run_xpnn([*ARGS, "--metrics", str(path)], ranks=2)
+        lines = _xpnn_lines(proc.stderr)
+        assert proc.returncode == 2, proc.stderr
+        assert len(lines) == 1 and "is not an xpnn metrics file" in lines[0]
+        assert path.read_bytes() == before
+    record(case="--metrics", moment="a file that is not a metrics file", exit=2, seconds=0,
+           stderr=lines[0])  # fmt: skip
+
+
+def test_a_failed_write_leaves_no_half_record(tmp_path, monkeypatch):
+    """A full disk mid-line: the file is cut back to its last whole line."""
+    path = tmp_path / "m.jsonl"
+    metrics_file.append_record(path, {"event": "epoch", "epoch": 1})
+    real = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        real(fd, bytes(data[:10]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError):
+        metrics_file.append_record(path, {"event": "epoch", "epoch": 2})
+    monkeypatch.undo()
+    assert path.read_text() == '{"event": "epoch", "epoch": 1}\n'
+
+
+# --------------------------------------------------------------------- smaller items
+
+
+def test_a_checkpoint_claiming_terabytes_is_damaged_not_out_of_memory(tmp_path):
+    """An ``.npy`` header that claims 10^13 bytes: exit 2 naming the file, not MemoryError."""
+    import zipfile
+
+    header = b"{'descr': '<f8', 'fortran_order': False, 'shape': (1250000000000,), }"
+    header += b" " * (118 - len(header)) + b"\n"
+    with zipfile.ZipFile(tmp_path / "c.npz", "w") as zf:
+        zf.writestr("layer0.W.npy", b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little")
+                    + header + b"\0" * 64)  # fmt: skip
+    with pytest.raises(DamagedCheckpoint, match="c.npz: not a readable checkpoint"):
+        read_npz(tmp_path / "c.npz")
+
+
+def test_save_through_a_symbolic_link_replaces_the_file_it_names(tmp_path):
+    target, link = tmp_path / "target.npz", tmp_path / "link.npz"
+    link.symlink_to(target)
+    atomic_savez(link, {"a": np.ones(2)})
+    assert link.is_symlink() and target.is_file()
+
+
+def test_a_huge_stop_grace_is_refused_in_one_line(tmp_path):
+    proc = run_xpnn(ARGS, env={"XPNN_STOP_GRACE": "1e308"})
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        proc.stderr.strip() == "xpnn: XPNN_STOP_GRACE=1e308: expected at most 86400 seconds (a day)"
+    )

@@ -1,0 +1,128 @@
+"""PyTorch tensors through ``array_api_compat.torch``: the generic kernels on every device
+PyTorch reaches (CPU, CUDA and ROCm, Apple's MPS, Intel's XPU). PyTorch is imported only when
+asked for; autograd is never used (tensors have no ``requires_grad``, xpnn runs its own
+backward passes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from xpnn.backends.base import Backend
+from xpnn.errors import UserError
+
+DEVICES = ("auto", "cpu", "cuda", "mps", "xpu")
+ACCELERATORS = ("cuda", "xpu", "mps")  # what ``auto`` tries, in this order, before the CPU
+
+
+def import_torch() -> tuple[Any, Any]:
+    """(torch, its array-API namespace); a UserError says which package is missing."""
+    try:
+        import torch
+        from array_api_compat import torch as xp
+    except ImportError as exc:
+        raise UserError(
+            "`backend` torch: PyTorch and array-api-compat are needed "
+            f"(pip install 'xpnn[torch]'): {exc}"
+        ) from None
+    return torch, xp
+
+
+def device_count(torch: Any, kind: str) -> int:
+    """How many devices of ``kind`` (cuda, xpu, mps) this PyTorch build can use; 0 if none."""
+    if kind == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        return 1 if mps is not None and mps.is_available() else 0
+    module = getattr(torch, kind, None)
+    if module is None or not module.is_available():
+        return 0
+    return int(module.device_count())
+
+
+def visible_devices() -> list[str]:
+    """Every torch device this process sees, ``cpu`` first (for ``xpnn info``)."""
+    torch, _ = import_torch()
+    found = ["cpu"]
+    for kind in ACCELERATORS:
+        for i in range(device_count(torch, kind)):
+            found.append(f"{kind}:{i} ({_device_name(torch, kind, i)})")
+    return found
+
+
+def _device_name(torch: Any, kind: str, index: int) -> str:
+    if kind == "mps":
+        return "Apple GPU"
+    try:
+        return str(getattr(torch, kind).get_device_name(index))
+    except Exception:  # a build without the query: the index is what there is to say
+        return kind
+
+
+def resolve_device(torch: Any, name: str | None, local_rank: int = 0) -> Any:
+    """``device`` (auto, cpu, cuda, mps, xpu or a torch string such as ``cuda:1``) -> a
+    ``torch.device``; an accelerator without an index gets the rank's own on its node."""
+    if name in (None, "auto"):
+        name = next((k for k in ACCELERATORS if device_count(torch, k)), "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise UserError(
+            f"`device` {name!r}: not a PyTorch device (choose {', '.join(DEVICES)}, "
+            "or one such as cuda:1)"
+        ) from None
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    count = device_count(torch, dev.type)
+    if count == 0:
+        raise UserError(f"`device` {name}: this PyTorch build sees no {dev.type} device")
+    if dev.index is None:
+        return torch.device(dev.type, local_rank % count if dev.type != "mps" else 0)
+    if dev.index >= count:
+        raise UserError(f"`device` {name}: only {count} {dev.type} device(s) seen")
+    return dev
+
+
+class TorchBackend(Backend):
+    """Tensors on one torch device. On an accelerator it becomes PyTorch's default device, so
+    that the layers' ``xp.zeros(...)`` land there, as CuPy's current device does for CuPy."""
+
+    name = "torch"
+    array_library = "torch"
+
+    def __init__(self, dtype: str = "float32", device: str | None = None, local_rank: int = 0):
+        torch, xp = import_torch()
+        self.torch = torch
+        self.torch_device = resolve_device(torch, device, local_rank)
+        if self.torch_device.type == "mps" and dtype == "float64":
+            raise UserError("`dtype` float64: Apple's MPS devices have no float64 (use float32)")
+        self.is_gpu = self.torch_device.type != "cpu"
+        if self.is_gpu:
+            if self.torch_device.type in ("cuda", "xpu"):
+                getattr(torch, self.torch_device.type).set_device(self.torch_device)
+            torch.set_default_device(self.torch_device)
+        from xpnn.backends.torch_kernels import TorchKernels
+
+        super().__init__(xp, TorchKernels(xp), dtype)
+
+    @property
+    def device(self) -> str:
+        dev = self.torch_device
+        if dev.type == "cpu":
+            return "cpu"
+        return f"{dev} ({_device_name(self.torch, dev.type, dev.index or 0)})"
+
+    def synchronize(self) -> None:
+        if self.is_gpu:
+            getattr(self.torch, self.torch_device.type).synchronize()
+
+    def asarray(self, a: Any, dtype: Any = None) -> Any:
+        """Host data -> a tensor on the device; a matching NumPy array on the CPU is shared."""
+        wanted = self.dtype if dtype is None else dtype
+        return self.torch.as_tensor(a, dtype=wanted, device=self.torch_device)
+
+    def to_host(self, a: Any) -> np.ndarray:
+        """A tensor -> NumPy: a view of a CPU tensor (as NumPy's backend returns), else a copy."""
+        if isinstance(a, self.torch.Tensor):
+            return a.detach().cpu().numpy()
+        return np.asarray(a)

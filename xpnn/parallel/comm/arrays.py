@@ -1,0 +1,158 @@
+"""What a communicator needs to know about one array library's device buffers: which buffers
+are on a device, a flat view, pinned host memory, stream-ordered copies both ways and waiting
+for the queued work. CuPy's and PyTorch's, each imported only when a device buffer comes."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+
+class CupyArrays:
+    """CuPy arrays (and any array carrying ``__cuda_array_interface__``) on the current device."""
+
+    library = "cupy"
+
+    @staticmethod
+    def is_device(buf: Any) -> bool:
+        return type(buf) is not np.ndarray and hasattr(buf, "__cuda_array_interface__")
+
+    @staticmethod
+    def flat(buf: Any) -> Any:
+        """A flat zero-copy CuPy view of a contiguous device array."""
+        import cupy
+
+        dev = buf if isinstance(buf, cupy.ndarray) else cupy.asarray(buf)
+        if not dev.flags.c_contiguous:
+            raise ValueError("communication buffers must be contiguous")
+        return dev if dev.ndim == 1 else dev.reshape(-1)
+
+    @staticmethod
+    def size(dev: Any) -> int:
+        return int(dev.size)
+
+    @staticmethod
+    def host_dtype(dev: Any) -> np.dtype:
+        return np.dtype(dev.dtype)
+
+    @staticmethod
+    def empty_pinned(size: int, dtype: np.dtype) -> np.ndarray:
+        """A page-locked NumPy array: device copies run at full PCIe speed."""
+        try:
+            import cupyx
+
+            return cupyx.empty_pinned((size,), dtype=dtype)
+        except (ImportError, AttributeError):
+            import cupy
+
+            mem = cupy.cuda.alloc_pinned_memory(max(1, size * dtype.itemsize))
+            return np.frombuffer(mem, dtype=dtype, count=size)
+
+    @staticmethod
+    def copy_out(dev: Any, host: np.ndarray) -> None:
+        """Device to host, after the work queued on the current stream."""
+        import cupy
+
+        dev.get(stream=cupy.cuda.get_current_stream(), out=host, blocking=True)
+
+    @staticmethod
+    def copy_back(dev: Any, host: np.ndarray) -> Any:
+        """Queue the host-to-device copy on the current stream; the event that ends it."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        dev.set(host, stream=stream)  # asynchronous from pinned memory; ordered on the stream
+        return stream.record()
+
+    @staticmethod
+    def wait_for_stream() -> None:
+        """Until the work queued on the current CUDA stream is done: MPI does not know streams."""
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
+class TorchArrays:
+    """PyTorch tensors. A CPU tensor is a host buffer (MPI reads it through DLPack, no copy);
+    one on CUDA, ROCm, MPS or XPU is a device buffer: handed to a CUDA-aware MPI after its
+    stream is done, or staged through pinned host memory."""
+
+    library = "torch"
+
+    @staticmethod
+    def is_device(buf: Any) -> bool:
+        device = getattr(buf, "device", None)
+        return type(buf) is not np.ndarray and device is not None and device.type != "cpu"
+
+    @staticmethod
+    def flat(buf: Any) -> Any:
+        if not buf.is_contiguous():
+            raise ValueError("communication buffers must be contiguous")
+        return buf.reshape(-1)
+
+    @staticmethod
+    def size(dev: Any) -> int:
+        return int(dev.numel())
+
+    @staticmethod
+    def host_dtype(dev: Any) -> np.dtype:
+        return _numpy_dtype(dev.dtype)
+
+    @staticmethod
+    def empty_pinned(size: int, dtype: np.dtype) -> np.ndarray:
+        """Page-locked where PyTorch has an accelerator to lock it for (CUDA, ROCm, XPU), else
+        plain host memory (MPS shares memory with the CPU); a NumPy view of the tensor."""
+        import torch
+
+        wanted = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        try:
+            return torch.empty(size, dtype=wanted, pin_memory=True).numpy()
+        except RuntimeError:  # no accelerator that pins memory
+            return np.empty(size, dtype=dtype)
+
+    @staticmethod
+    def copy_out(dev: Any, host: np.ndarray) -> None:
+        """Device to host; a blocking copy, so it runs after the work queued before it."""
+        import torch
+
+        torch.from_numpy(host).copy_(dev)
+
+    @staticmethod
+    def copy_back(dev: Any, host: np.ndarray) -> Any:
+        """Host to device: queued on the current CUDA stream (its event returned), blocking on
+        the devices whose events PyTorch does not expose alike (MPS, XPU)."""
+        import torch
+
+        if dev.device.type != "cuda":
+            dev.copy_(torch.from_numpy(host))
+            return None
+        dev.copy_(torch.from_numpy(host), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    @staticmethod
+    def wait_for_stream() -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()
+
+
+@cache
+def _numpy_dtype(torch_dtype: Any) -> np.dtype:
+    import torch
+
+    return torch.empty(0, dtype=torch_dtype, device="cpu").numpy().dtype
+
+
+CUPY = CupyArrays()
+TORCH = TorchArrays()
+
+
+def arrays_of(library: str) -> CupyArrays | TorchArrays:
+    """The device-buffer handling for a backend's ``array_library``: PyTorch's, else CuPy's
+    (NumPy's buffers are all host buffers, which every communicator takes as they are)."""
+    return TORCH if library == "torch" else CUPY

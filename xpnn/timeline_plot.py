@@ -1,0 +1,115 @@
+"""A merged trace drawn with matplotlib (``python -m xpnn trace DIR --png FILE``): for each rank
+its pipeline micro-batches, its compute lane (layers' forward and backward, loss, update, the
+waits for other ranks) and its communication lanes, over the last traced steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+COLOURS = {
+    "forward": "#4C72B0",
+    "backward": "#DD8452",
+    "loss": "#8172B3",
+    "update": "#55A868",
+    "wait": "#C44E52",
+    "communication": "#937860",
+    "post": "#DA8BC3",
+    "evaluation": "#8C8C8C",
+    "other": "#E5E5E5",
+}
+
+
+def _kind(event: dict[str, Any]) -> str | None:
+    """What a compute-lane span is drawn as (None: not drawn, e.g. the step itself)."""
+    name, cat = event["name"], event["cat"]
+    if cat in ("wait", "post"):
+        return cat
+    if cat == "evaluation":
+        return "evaluation"
+    if cat == "phase":
+        return "update" if name == "update" else None
+    if cat == "span" and "micro-batch" not in name:
+        for kind in ("forward", "backward", "loss"):
+            if name.startswith(kind):
+                return kind
+    return None
+
+
+def window(events: list[dict[str, Any]], steps: int) -> tuple[float, float]:
+    """The time range of rank 0's last ``steps`` traced steps (us)."""
+    ranks = sorted({e["pid"] for e in events if e.get("cat") == "step"})
+    mine = sorted(
+        (e for e in events if e.get("cat") == "step" and e["pid"] == ranks[0]),
+        key=lambda e: e["ts"],
+    )[-steps:]
+    return mine[0]["ts"], mine[-1]["ts"] + mine[-1]["dur"]
+
+
+def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = None) -> None:
+    """Write the last ``steps`` traced steps of every rank as a PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    events = [e for e in merged["traceEvents"] if e.get("ph") == "X"]
+    start, end = window(events, steps)
+    visible = [e for e in events if e["ts"] < end and e["ts"] + e["dur"] > start]
+    ranks = sorted({e["pid"] for e in visible})
+    rows: list[str] = []
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 1.1 * len(ranks)), layout="constrained")
+    y = 0.0
+    for rank in ranks:
+        mine = [e for e in visible if e["pid"] == rank]
+        comm = [e for e in mine if e["cat"] == "communication"]
+        micro = [e for e in mine if e["cat"] == "span" and "micro-batch" in e["name"]]
+        lanes = sorted({e["tid"] for e in comm})
+        for e in comm:  # one thin bar per communication lane, side by side
+            height = 0.8 / max(len(lanes), 1)
+            top = y + height * lanes.index(e["tid"])
+            ax.broken_barh([_bar(e, start)], (top, height * 0.9), color=COLOURS["communication"])
+        if comm:
+            rows.append(f"rank {rank} communication")
+            y += 1
+        step_bars = [_bar(e, start) for e in mine if e["cat"] == "step"]
+        ax.broken_barh(step_bars, (y, 0.8), color=COLOURS["other"])  # the step outside every span
+        for kind in ("forward", "backward", "loss", "update", "post", "evaluation", "wait"):
+            bars = [_bar(e, start) for e in mine if _kind(e) == kind]
+            if bars:
+                ax.broken_barh(bars, (y, 0.8), color=COLOURS[kind])
+        rows.append(f"rank {rank} compute")
+        y += 1
+        if micro:
+            for e in micro:
+                colour = COLOURS["forward" if e["name"].startswith("forward") else "backward"]
+                ax.broken_barh([_bar(e, start)], (y, 0.8), color=colour, alpha=0.5)
+                label = e["name"][0].upper() + e["name"].split()[-1]
+                ax.text(
+                    (e["ts"] - start + e["dur"] / 2) / 1e3, y + 0.4, label,
+                    ha="center", va="center", fontsize=9, clip_on=True,
+                )  # fmt: skip
+            rows.append(f"rank {rank} micro-batches")
+            y += 1
+    ax.set_yticks([i + 0.4 for i in range(len(rows))], rows)
+    ax.set_ylim(-0.2, len(rows))
+    ax.invert_yaxis()
+    ax.set_xlim(0, (end - start) / 1e3)
+    ax.set_xlabel(f"time in the last {steps} traced step(s), ms (rank 0's clock)")
+    ax.grid(axis="x", alpha=0.3)
+    shown = [k for k in COLOURS if any(_kind(e) == k for e in visible)]
+    if any(e["cat"] == "communication" for e in visible):
+        shown.append("communication")
+    shown.append("other")
+    names = {"post": "posting an operation", "other": "step, in no span", "wait": "waiting"}
+    handles = [Patch(color=COLOURS[k], label=names.get(k, k)) for k in dict.fromkeys(shown)]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5,
+              frameon=False, fontsize=10)  # fmt: skip
+    if title:
+        ax.set_title(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bar(event: dict[str, Any], origin: float) -> tuple[float, float]:
+    return (event["ts"] - origin) / 1e3, event["dur"] / 1e3

@@ -1,0 +1,337 @@
+"""The timeline trace: every rank writes ``trace-rank{N}.json`` (Chrome trace events, which
+Perfetto and chrome://tracing open) for a window of steps: layers' forward and backward, the
+loss, the optimizer's update, every collective and point-to-point operation from post to end on
+a communication lane and the wait for it on the compute lane, host<->device copies, pipeline
+micro-batches; on a GPU, device spans from CUDA events. ``python -m xpnn trace DIR`` merges."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from xpnn import phases
+from xpnn.errors import UserError, path_problems
+from xpnn.runtime import flight
+from xpnn.timeline import parse_steps
+from xpnn.train.callbacks import Callback
+
+if TYPE_CHECKING:
+    from xpnn.train.trainer import Trainer
+
+DEFAULT_START, DEFAULT_STEPS = 3, 5  # a few steps after the first ones (allocation, JIT)
+CLOCK_ROUNDS = 9  # barriers whose exit times estimate each rank's clock offset to rank 0
+LANES = {
+    phases.COMPUTE: "compute",
+    phases.COPIES: "host<->device copies",
+    phases.DEVICE: "device (CUDA events)",
+}
+_now = time.perf_counter
+
+
+def default_window(total_steps: int) -> tuple[int, int]:
+    """``DEFAULT_STEPS`` steps from ``DEFAULT_START``, moved earlier in a short run."""
+    start = max(0, min(DEFAULT_START, total_steps - DEFAULT_STEPS))
+    return start, max(start + 1, min(total_steps, start + DEFAULT_STEPS))
+
+
+class _CupyEvents:
+    """CUDA events on CuPy's current stream."""
+
+    def __init__(self) -> None:
+        import cupy
+
+        self._cuda = cupy.cuda
+
+    def mark(self) -> Any:
+        event = self._cuda.Event()
+        event.record()
+        return event
+
+    def synchronize(self) -> None:
+        self._cuda.Device().synchronize()
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return self._cuda.get_elapsed_time(start, end)
+
+
+class _TorchCudaEvents:
+    """CUDA events on PyTorch's current stream (a torch backend on a CUDA or ROCm device)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda
+
+    def mark(self) -> Any:
+        event = self._cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def synchronize(self) -> None:
+        self._cuda.synchronize()
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end)
+
+
+def device_events(backend: Any) -> _CupyEvents | _TorchCudaEvents | None:
+    """The CUDA events that time ``backend``'s device work; None on the CPU, and on devices
+    whose events PyTorch does not expose alike (MPS, XPU): their spans stay on the host."""
+    if not backend.is_gpu:
+        return None
+    if backend.array_library == "torch":
+        return _TorchCudaEvents() if backend.torch_device.type == "cuda" else None
+    return _CupyEvents()
+
+
+class _Span:
+    """One span: appended to the trace when it closes."""
+
+    __slots__ = ("trace", "name", "lane", "start", "device")
+
+    def __init__(self, trace: Trace, name: str, lane: int) -> None:
+        self.trace, self.name, self.lane = trace, name, lane
+
+    def __enter__(self) -> None:
+        self.device = self.trace.device_mark()
+        self.start = _now()
+
+    def __exit__(self, *exc: Any) -> None:
+        end = _now()
+        self.trace.add(self.name, "span", self.lane, self.start, end)
+        if self.device is not None:
+            self.trace.device_span(self.name, self.device)
+
+
+class Trace(Callback):
+    """Writes ``directory/trace-rank{N}.json`` on every rank for steps ``steps`` (``(A, B)``:
+    A to B-1; None: ``default_window``)."""
+
+    def __init__(self, directory: str, steps: tuple[int, int] | None = None) -> None:
+        self.directory, self.steps = directory, steps
+        self.events: list[tuple] = []  # (name, cat, lane, start s, end s, args)
+        self.active = False
+        self.written: str | None = None
+        self._previous: Any = None
+        self._open: dict[str, list[float]] = {}  # phase -> start times (they nest)
+        self._slots: list[float] = []  # the end of the last operation on each comm lane
+        self._events: _CupyEvents | _TorchCudaEvents | None = None
+        self._device: list[tuple[str, Any, Any]] = []
+        self._step_start = 0.0
+
+    # -- the trainer's events --------------------------------------------------------------
+    def on_train_begin(self, trainer: Trainer) -> None:
+        self.rank, self.size = trainer.comm.rank, trainer.comm.size
+        total = trainer.cfg.epochs * trainer.steps_per_epoch
+        self.window = self.steps or default_window(total)
+        self.steps_per_epoch = trainer.steps_per_epoch
+        self.clock = self._clock_samples(trainer.comm)
+        model = trainer.model
+        self.info = {
+            "rank": self.rank,
+            "ranks": self.size,
+            "parallel": trainer.cfg.parallel,
+            "backend": trainer.backend.name,
+            "comm": trainer.data_comm.name,
+            "stage": getattr(model, "index", None),
+            "stages": getattr(model, "stages", None),
+            "microbatches": getattr(model, "microbatches", None),
+            "schedule": getattr(model, "schedule", None),
+            "window": list(self.window),
+            "clock": self.clock,
+            "clock_unit": "us, time.perf_counter, entering and leaving each of the same barriers",
+        }
+        self._events = device_events(trainer.backend)
+
+    def on_step_begin(self, trainer: Trainer, step: int) -> None:
+        if step == self.window[0] and not self.active:
+            self._start()
+        if self.active:
+            self._step_start = _now()
+
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        if not self.active:
+            return
+        self.add(f"step {step}", "step", phases.COMPUTE, self._step_start, _now())
+        self._last_step_end = _now()
+        epoch_ends = (step + 1) % self.steps_per_epoch == 0
+        if step >= self.window[1] - 1 and not epoch_ends:
+            self._finish()
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if not self.active:
+            return
+        # the test set's evaluation and the epoch's metrics ran since the last step ended
+        self.add("evaluation", "evaluation", phases.COMPUTE, self._last_step_end, _now())
+        if record["epoch"] * self.steps_per_epoch >= self.window[1]:
+            self._finish()
+
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.active or self.written is None:
+            self._finish()  # a run shorter than the window: what there is
+
+    # -- the tracer's interface (``xpnn.phases.trace_to``) ------------------------------------
+    def span(self, name: str, lane: int) -> _Span:
+        return _Span(self, name, lane)
+
+    def layer_span(self, kind: str, index: int, layer: Any) -> _Span:
+        return _Span(self, f"{kind} {index} {type(layer).__name__}", phases.COMPUTE)
+
+    def operation(self, record: Any) -> None:
+        """A finished operation (``xpnn.runtime.flight.Record``): on a communication lane from
+        post to end, and the wait for it on the compute lane."""
+        name = record.name()
+        lane = self._comm_lane(record.start, record.end)
+        args = {"bytes": record.nbytes, "seq": record.seq, "group": record.group}
+        self.add(name, "communication", lane, record.start, record.end, args)
+        if record.posted is not None:  # handing it to MPI took the compute lane's time
+            self.add(f"post {name}", "post", phases.COMPUTE, record.start, record.posted, args)
+        if record.end > record.wait:
+            self.add(f"wait {name}", "wait", phases.COMPUTE, record.wait, record.end, args)
+
+    def _phase(self, name: str, entering: bool) -> None:
+        if self._previous is not None:
+            self._previous(name, entering)
+        starts = self._open.setdefault(name, [])
+        if entering:
+            starts.append(_now())
+        elif starts:
+            start = starts.pop()
+            if not starts:  # the outermost of a nested phase
+                self.add(name, "phase", phases.COMPUTE, start, _now())
+
+    # -- recording ----------------------------------------------------------------------------
+    def add(
+        self,
+        name: str,
+        cat: str,
+        lane: int,
+        start: float,
+        end: float,
+        args: dict[str, Any] | None = None,
+    ) -> None:
+        # a tuple, made a dict when written: cheap to add, and no work for the cyclic GC
+        self.events.append((name, cat, lane, start, end, args))
+
+    def _event(self, name: str, cat: str, lane: int, start: float, end: float, args: Any) -> dict:
+        event = {"name": name, "cat": cat, "ph": "X", "pid": self.rank, "tid": lane}
+        event["ts"], event["dur"] = start * 1e6, max(0.0, end - start) * 1e6
+        if args:
+            event["args"] = args
+        return event
+
+    def _comm_lane(self, start: float, end: float) -> int:
+        """The first communication lane free at ``start``: overlapping operations side by side."""
+        for i, last in enumerate(self._slots):
+            if last <= start:
+                self._slots[i] = end
+                return phases.COMMUNICATION + i
+        self._slots.append(end)
+        return phases.COMMUNICATION + len(self._slots) - 1
+
+    def device_mark(self) -> Any:
+        """A CUDA event recorded on the current stream (CUDA devices), else None."""
+        if self._events is None:
+            return None
+        return self._events.mark()
+
+    def device_span(self, name: str, start_event: Any) -> None:
+        self._device.append((name, start_event, self._events.mark()))
+
+    def _clock_samples(self, comm: Any) -> list[list[float]]:
+        """This rank's clock as it entered and as it left each of ``CLOCK_ROUNDS`` barriers
+        (every rank): ``xpnn.timeline.clock_offsets`` bounds each rank's offset with them."""
+        samples = []
+        for _ in range(CLOCK_ROUNDS):
+            entered = _now()
+            comm.barrier()
+            samples.append([entered * 1e6, _now() * 1e6])
+        return samples
+
+    def _start(self) -> None:
+        self.active = True
+        self._previous = phases.listening()
+        phases.listen(self._phase)
+        phases.trace_to(self)
+        if self._events is not None:  # device times are measured from this event on
+            self._events.synchronize()
+            self._device_origin = (self.device_mark(), _now())
+
+    def _finish(self) -> None:
+        if self.active:
+            phases.trace_to(None)
+            phases.listen(self._previous)
+            self.active = False
+        if self._device:
+            self._device_events()
+        self.written = self._write()
+
+    def _device_events(self) -> None:
+        """The CUDA events' spans on the device lane, placed by the origin's host time."""
+        self._events.synchronize()
+        origin, host = self._device_origin
+        get = self._events.elapsed_ms  # milliseconds between two recorded events
+        for name, start, end in self._device:
+            begin = host + get(origin, start) / 1e3
+            self.add(name, "device", phases.DEVICE, begin, begin + get(start, end) / 1e3)
+        self._device.clear()
+
+    def _meta(self) -> list[dict[str, Any]]:
+        def name(kind: str, tid: int, value: str) -> dict[str, Any]:
+            return {"name": kind, "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": value}}
+
+        stage = self.info.get("stage")
+        label = f"rank {self.rank} (host)" + (f", stage {stage}" if stage is not None else "")
+        meta = [name("process_name", 0, label)]
+        meta.append({"name": "process_sort_index", "ph": "M", "pid": self.rank, "tid": 0,
+                     "args": {"sort_index": self.rank}})  # fmt: skip
+        used = {e[2] for e in self.events}
+        for tid in sorted(used):
+            lane = LANES.get(tid) or f"communication {tid - phases.COMMUNICATION + 1}"
+            meta.append(name("thread_name", tid, lane))
+            meta.append({"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": tid,
+                         "args": {"sort_index": tid}})  # fmt: skip
+        return meta
+
+    def _write(self) -> str:
+        path = os.path.join(self.directory, f"trace-rank{self.rank}.json")
+        doc = {
+            "traceEvents": self._meta() + [self._event(*e) for e in self.events],
+            "displayTimeUnit": "ms",
+            "otherData": {"xpnn": self.info},
+        }
+        with path_problems("trace", self.directory):
+            os.makedirs(self.directory, exist_ok=True)
+            with open(path, "w") as fh:
+                json.dump(doc, fh)
+        return path
+
+
+def flight_directory(metrics: str | None, checkpoint_dir: str | None, trace: str | None) -> str:
+    """Where the flight recorder dumps: beside the metrics, else the checkpoints, the trace."""
+    if metrics:
+        return os.path.dirname(os.path.abspath(metrics))
+    return checkpoint_dir or trace  # type: ignore[return-value]
+
+
+def observers(spec: Any, rank: int) -> list[Callback]:
+    """The ``Trace`` that ``spec.trace`` asks for, and where the flight recorder dumps."""
+    if spec.metrics or spec.checkpoint_dir or spec.trace:
+        flight.dump_to(flight_directory(spec.metrics, spec.checkpoint_dir, spec.trace), rank)
+    steps = None
+    if spec.trace_steps is not None:
+        try:
+            steps = parse_steps(spec.trace_steps)
+        except ValueError as exc:
+            raise UserError(f"`trace_steps` {exc}") from None
+        if not spec.trace:
+            raise UserError("`trace_steps`: needs `trace`")
+    if not spec.trace:
+        return []
+    with path_problems("trace", spec.trace):  # said at the start, not after the traced steps
+        os.makedirs(spec.trace, exist_ok=True)
+        if not os.access(spec.trace, os.W_OK | os.X_OK):
+            raise UserError(f"`trace` {spec.trace}: not a directory this user may write to")
+    return [Trace(spec.trace, steps)]
