@@ -241,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="--steps: evaluate and write a record every M steps (default: at the end)",
     )
     a("--dtype", choices=["float32", "float64"], help="(default float32)")
+    a(
+        "--precision",
+        choices=["fp32", "bf16", "fp16"],
+        help="bf16, fp16: forward and backward in low precision on fp32 master parameters "
+        "(fp16 with dynamic loss scaling; default fp32)",
+    )
     a("--seed", type=_seed, help="initial weights, shuffles and dropout masks (default 0)")
     a(
         "--threads",
