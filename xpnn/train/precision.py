@@ -5,6 +5,7 @@ them, before the exchange. fp16 adds dynamic loss scaling (PyTorch's ``GradScale
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -130,10 +131,11 @@ class Precision:
         self.model.loss = self.loss
 
     def _fp32_loss(self, kernels: Any, logits: Array, labels: Array, scale: float) -> Any:
-        """The loss in fp32 (softmax in low precision loses the small probabilities); its
-        gradient back in low precision, multiplied by the loss scale."""
+        """The loss in the master precision (softmax in low precision loses the small
+        probabilities); its gradient back in low precision, multiplied by the loss scale."""
         factor = self.loss_scale.scale if self.loss_scale else 1.0
-        loss, dlogits = self.loss(kernels, self.xp.astype(logits, self.xp.float32), labels, scale)
+        wide = self.xp.astype(logits, self.master[0].dtype)
+        loss, dlogits = self.loss(kernels, wide, labels, scale)
         if factor != 1.0:
             dlogits *= factor
         return loss, self.xp.astype(dlogits, self.dtype)
@@ -156,6 +158,13 @@ class Precision:
 
         return casting
 
+    def _quiet(self) -> Any:
+        """NumPy's overflow warnings silenced under loss scaling (CuPy warns of none)."""
+        errstate = getattr(self.xp, "errstate", None)
+        if self.loss_scale is None or errstate is None:
+            return contextlib.nullcontext()
+        return errstate(over="ignore", invalid="ignore")
+
     def loss_and_grads(
         self, x: Array, labels: Array, ctx: Any, scale: float, ready: Callable[[int], None] | None
     ) -> tuple[Array, Array]:
@@ -164,7 +173,8 @@ class Precision:
         try:
             x = None if x is None else self.xp.astype(x, self.dtype)
             casting = self._casting(ready)
-            loss, correct = self.model.loss_and_grads(x, labels, ctx, scale, casting)
+            with self._quiet():  # an fp16 overflow is the loss scale's to handle
+                loss, correct = self.model.loss_and_grads(x, labels, ctx, scale, casting)
         finally:
             self._master()
         return loss, correct
