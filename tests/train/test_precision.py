@@ -135,3 +135,18 @@ def test_two_ranks_in_bf16_compute_the_one_rank_run(tmp_path, one_rank_bf16, com
 )
 def test_bad_precision_flags_are_one_line(flags, message):
     assert_one_line_user_error(run_xpnn([*RUN, *flags]), message)
+
+
+def test_numba_hands_low_precision_to_numpys_kernels_and_says_so(tmp_path):
+    flags = [*RUN, "--backend", "numba", "--precision", "bf16"]
+    _, records, proc = train_and_load(tmp_path, 1, flags)
+    assert records[-1]["backend"] == "numpy"
+    assert "note: --precision bf16: NumPy's kernels run it" in proc.stderr
+
+
+def test_fp16_with_accumulation_and_clipping_on_two_ranks(tmp_path):
+    flags = [*RUN, "--precision", "fp16", "--accumulate", "2", "--clip-norm", "0.5"]
+    _, records, _ = train_and_load(tmp_path, 2, flags)
+    assert records[-1]["ranks_agree"] and records[-1]["skipped_steps"] == 0
+    assert records[-1]["update"] == "shared gradients"  # mpi-shm: gradients, not activations
+    assert records[1]["train_loss"] < records[0]["train_loss"]
