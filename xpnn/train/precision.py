@@ -20,16 +20,20 @@ GROWTH_INTERVAL = 2000  # good steps before the scale doubles (GradScaler's defa
 
 
 def low_dtype(xp: Any, precision: str) -> Any:
-    """The array library's dtype for ``precision`` (bf16 from ``ml_dtypes`` where it lacks one)."""
+    """The array library's dtype for ``precision``: its own, else ``ml_dtypes``' (NumPy has
+    float16 but no bfloat16) where its arrays accept that one."""
     name = DTYPE_NAMES[precision]
     dtype = getattr(xp, name, None)
     if dtype is not None:
         return dtype
-    if xp.__name__.startswith("numpy"):  # NumPy has float16 but no bfloat16
-        import ml_dtypes
+    import ml_dtypes
 
-        return getattr(ml_dtypes, name)
-    raise UserError(f"`precision` {precision}: the {xp.__name__} arrays have no {name}")
+    dtype = getattr(ml_dtypes, name)
+    try:
+        xp.zeros((1,), dtype=dtype)
+    except (TypeError, ValueError, NotImplementedError):
+        raise UserError(f"`precision` {precision}: {xp.__name__} arrays have no {name}") from None
+    return dtype
 
 
 @dataclass
