@@ -97,7 +97,7 @@ if [ "${1:-all}" = "scaling-precision" ]; then
     batch=512; [ "$model" = cnn ] && batch=128
     for precision in fp32 bf16 fp16; do
       run "$PY" -m xpnn --backend cupy --model "$model" --precision "$precision" \
-        --dataset synthetic --synthetic-size 12800 --epochs 3 --batch-size "$batch" \
+        --dataset synthetic --synthetic-size 12800 --epochs 2 --batch-size "$batch" \
         --no-progress --metrics "$OUT/precision_${model}_$precision.jsonl" \
         >"$OUT/precision_${model}_$precision.log" 2>&1
       tail -2 "$OUT/precision_${model}_$precision.log"
