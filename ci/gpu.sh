@@ -14,7 +14,8 @@
 # Most telling first, so a run cut short still brought those back. Results, the log and the
 # time of each step go to ${OUT:-bench/results}. Any mismatch or fallback fails the script.
 # `bash ci/gpu.sh scaling-precision` runs only the 16-core CPU scaling studies and the mixed
-# precision timings (its own lease of about 6 minutes).
+# precision timings (its own lease of about 6 minutes; XPNN_GPU_BUDGET=330 keeps it there).
+# On 2 loaded cores, with XPNN_SCALING_RANKS=1,2 and no GPU, its CPU steps took 143 s.
 # Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see docs/gpu.md; the
 # prefix is taken from $XPNN_CUDA_MPI_PREFIX or .cuda-mpi/).
 # Every command runs under `timeout` (XPNN_GPU_STEP_LIMIT, 240 s), so a hung collective costs
