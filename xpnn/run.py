@@ -174,7 +174,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             f"`node_share` activations: only with `parallel` data (this run has `parallel` "
             f"{spec.parallel}, whose ranks split the network)"
         )
-    check_precision(spec.precision, spec.parallel)
+    check_precision(spec.precision, spec.parallel, spec.node_share)
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
     thread_info = apply_threads(threads)
     backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank)

@@ -131,6 +131,7 @@ def test_two_ranks_in_bf16_compute_the_one_rank_run(tmp_path, one_rank_bf16, com
     [
         (["--precision", "fp8"], "--precision: invalid choice: 'fp8'"),
         (["--precision", "bf16", "--parallel", "tensor"], "--precision bf16: only with"),
+        (["--precision", "fp16", "--node-share", "activations"], "not with --node-share"),
     ],
 )
 def test_bad_precision_flags_are_one_line(flags, message):
@@ -150,3 +151,15 @@ def test_fp16_with_accumulation_and_clipping_on_two_ranks(tmp_path):
     assert records[-1]["ranks_agree"] and records[-1]["skipped_steps"] == 0
     assert records[-1]["update"] == "shared gradients"  # mpi-shm: gradients, not activations
     assert records[1]["train_loss"] < records[0]["train_loss"]
+
+
+def test_a_resumed_bf16_run_is_the_uninterrupted_one(tmp_path):
+    """Checkpoints hold the fp32 master parameters and state; the bf16 copy is cast from them."""
+    flags = [*RUN, "--precision", "bf16", "--checkpoint-dir", str(tmp_path / "ck")]
+    whole, _, _ = train_and_load(tmp_path, 1, [*RUN, "--precision", "bf16"])
+    first = run_xpnn([*flags, "--epochs", "1"])
+    assert first.returncode == 0, first.stderr
+    resumed, records, _ = train_and_load(tmp_path, 1, [*flags, "--resume"])
+    assert records[-1]["epochs"] == 2
+    for name in whole:
+        np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)

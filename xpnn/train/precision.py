@@ -193,13 +193,19 @@ class Precision:
             self._master()
 
 
-def check_precision(precision: str, parallel: str) -> None:
+def check_precision(precision: str, parallel: str, node_share: str | None = None) -> None:
     """Mixed precision is for data parallelism (split layers would exchange low-precision
-    activations, which the host-staged MPI transport cannot sum)."""
+    activations, which the host-staged MPI transport cannot sum), with each rank's own
+    activations (node-shared ones are held in the master precision)."""
     if precision not in PRECISIONS:
         raise UserError(f"`precision` {precision!r}: choose one of {', '.join(PRECISIONS)}")
     if precision != "fp32" and parallel != "data":
         raise UserError(
             f"`precision` {precision}: only with `parallel` data (this run has `parallel` "
             f"{parallel})"
+        )
+    if precision != "fp32" and node_share == "activations":
+        raise UserError(
+            f"`precision` {precision}: not with `node_share` activations; use `node_share` "
+            "gradients"
         )

@@ -583,4 +583,6 @@ class Trainer:
                 settings[name] = list(value) if isinstance(value, tuple) else value
         if cfg.min_lr:
             settings["min_lr"] = cfg.min_lr
+        if cfg.precision != "fp32":
+            settings["precision"] = cfg.precision
         return settings
