@@ -13,6 +13,9 @@
 #      crossover benchmark.
 # Most telling first, so a run cut short still brought those back. Results, the log and the
 # time of each step go to ${OUT:-bench/results}. Any mismatch or fallback fails the script.
+# `bash ci/gpu.sh scaling-precision` runs only the 16-core CPU scaling studies and the mixed
+# precision timings (its own lease of about 6 minutes; XPNN_GPU_BUDGET=330 keeps it there).
+# On 2 loaded cores, with XPNN_SCALING_RANKS=1,2 and no GPU, its CPU steps took 143 s.
 # Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see docs/gpu.md; the
 # prefix is taken from $XPNN_CUDA_MPI_PREFIX or .cuda-mpi/).
 # Every command runs under `timeout` (XPNN_GPU_STEP_LIMIT, 240 s), so a hung collective costs
@@ -72,6 +75,41 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   [ -n "$BIN" ] && export PATH="$(dirname "$BIN"):$PATH"
   [ -n "$LIBMPI" ] && export MPI4PY_LIBMPI="$LIBMPI"  # mpi4py's ABI build loads this MPI
   echo "site $SITE, mpiexec ${BIN:-none}, MPI4PY_LIBMPI ${LIBMPI:-unset}"
+fi
+
+if [ "${1:-all}" = "scaling-precision" ]; then
+  # The 16-core CPU scaling studies of seeds 000 (scaling), 002 (cnn) and 003 (granularity) at
+  # 1-16 ranks, and mixed precision on CuPy beside fp32: one run of about 6 minutes. Copy
+  # $OUT/scaling16_*.jsonl into bench/recorded/ afterwards (the report reads them there).
+  RANKS="${XPNN_SCALING_RANKS:-1,2,4,8,16}"  # 1,2: the check of this step on a small machine
+  CORES="$(nproc)"
+  [ "$CORES" -ge 16 ] || echo "note: $CORES cores here, 16 ranks will share them"
+  step "seed 000: strong and weak scaling at $RANKS ranks (CPU, 1 thread a rank)"
+  run "$PY" -m bench scaling --ranks "$RANKS" --threads 1 --repeats 1 \
+    --out "$OUT/scaling16_000.jsonl"
+  step "seed 002: the CNN at $RANKS ranks, batch 128 a rank (CPU)"
+  run "$PY" -m bench cnn --ranks "$RANKS" --threads 1 --repeats 1 --samples 6144 --epochs 1 \
+    --out "$OUT/scaling16_002.jsonl"
+  step "seed 003: granularity at $RANKS ranks (CPU)"
+  run "$PY" -m bench granularity --ranks "$RANKS" --threads 1 --repeats 1 --widths 16,256,4096 \
+    --out "$OUT/scaling16_003.jsonl"
+  step "--precision fp32, bf16, fp16 on cupy: MLP at batch 512, CNN at batch 128"
+  for model in mlp cnn; do
+    batch=512; [ "$model" = cnn ] && batch=128
+    for precision in fp32 bf16 fp16; do
+      run "$PY" -m xpnn --backend cupy --model "$model" --precision "$precision" \
+        --dataset synthetic --synthetic-size 12800 --epochs 2 --batch-size "$batch" \
+        --no-progress --metrics "$OUT/precision_${model}_$precision.jsonl" \
+        >"$OUT/precision_${model}_$precision.log" 2>&1
+      tail -2 "$OUT/precision_${model}_$precision.log"
+    done
+  done
+  end_step
+  echo "total: $(($(date +%s) - t_start)) s" >>"$OUT/gpu_times.txt"
+  cat "$OUT/gpu_times.txt"
+  [ ${#failed[@]} -eq 0 ] || { printf 'FAILED: %s\n' "${failed[@]}"; exit 1; }
+  echo "ci/gpu.sh scaling-precision: done"
+  exit 0
 fi
 
 step "CUDA-aware MPI prefix"

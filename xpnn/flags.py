@@ -24,6 +24,7 @@ from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec
 from xpnn.timeline import parse_steps
+from xpnn.train.precision import PRECISIONS
 from xpnn.train.requeue import SIGNALS
 
 __all__ = ["FLAGS", "ArgError", "build_info_parser", "build_parser", "flag_words", "to_spec"]
@@ -316,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=DTYPES,
         help="the parameters' and activations' precision (default float32)",
+    )
+    a(
+        "--precision",
+        choices=PRECISIONS,
+        help="bf16, fp16: forward and backward in low precision on fp32 master parameters "
+        "(fp16 with dynamic loss scaling; default fp32)",
     )
     a("--seed", type=_seed, help="initial weights, shuffles and dropout masks (default 0)")
     a(

@@ -81,6 +81,7 @@ class RunSpec:
     eval_every: int | None = None  # steps: an evaluation record every this many steps
     trace: str | None = None  # a directory: every rank's timeline of steps ``trace_steps``
     trace_steps: str | None = None  # "A:B", steps A to B-1 (default: a few after the first)
+    precision: str = "fp32"  # bf16, fp16: fp32 master parameters, low-precision passes
 
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
@@ -303,6 +304,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     from xpnn.parallel.update import DEFAULT_BUCKET_MB
     from xpnn.runtime.threads import apply_threads, threads_per_rank
     from xpnn.train import RunFacts, TrainConfig
+    from xpnn.train.precision import check_precision
 
     if spec.resume and not spec.checkpoint_dir:
         raise UserError("`resume`: needs `checkpoint_dir`")
@@ -311,9 +313,12 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             f"`node_share` activations: only with `parallel` data (this run has `parallel` "
             f"{spec.parallel}, whose ranks split the network)"
         )
+    check_precision(spec.precision, spec.parallel, spec.node_share)
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
     thread_info = apply_threads(threads)
     backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank, device=spec.device)
+    if spec.precision != "fp32" and backend.name == "numba":  # its kernels are fp32/fp64 only
+        backend = get_backend("numpy", spec.dtype)
     size = spec.synthetic_size or SYNTHETIC_SIZE
     try:
         data = load_dataset(
@@ -377,6 +382,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     same += ("save", "checkpoint_dir", "resume", "progress", "parallel")  # as TrainConfig has them
     same += ("stall_warn", "stall_abort")
     same += ("warmup_steps", "clip_norm", "accumulate", "steps", "eval_every")
+    same += ("precision",)
     if spec.warmup_steps is not None and spec.warmup_epochs > 0:
         raise UserError("`warmup_steps` and `warmup_epochs`: give one")
     hyper = {name: getattr(spec, name) for name in HYPER_PARAMETERS[spec.optimizer]}
@@ -385,7 +391,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         batch_size=batch,
         lr=lr,
         bucket_mb=DEFAULT_BUCKET_MB if spec.bucket_mb is None else spec.bucket_mb,
-        node_share=spec.node_share or "auto",
+        node_share=spec.node_share or ("auto" if spec.precision == "fp32" else "gradients"),
         **({} if spec.keep_checkpoints is None else {"keep_checkpoints": spec.keep_checkpoints}),
         **hyper,
         min_lr=spec.min_lr or 0.0,
@@ -395,6 +401,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             dataset=spec.dataset,
             global_batch=batch,
             dtype=spec.dtype,
+            precision=spec.precision,
             parallel=spec.parallel,
             model_ranks=place.model_ranks,
             replicas=replicas,
@@ -509,6 +516,8 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     groups = trainer.groups
     said = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
     said += [f"{name} has no effect {why}" for name, why in ineffective_settings(spec, groups)]
+    if spec.precision != "fp32" and spec.backend != "numpy" and trainer.backend.name == "numpy":
+        said.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
     return said + questionable_settings(spec, trainer.cfg, world, trainer.data.n_train)
 
 

@@ -35,6 +35,7 @@ from xpnn.train.callbacks import (
     ProgressBar,
     overrides,
 )
+from xpnn.train.precision import PRECISIONS, Precision
 
 
 @dataclass
@@ -47,6 +48,7 @@ class RunFacts:
     dataset: str | None = None
     global_batch: int | None = None
     dtype: str | None = None
+    precision: str | None = None
     parallel: str | None = None
     model_ranks: int | None = None
     replicas: int | None = None
@@ -111,6 +113,7 @@ class TrainConfig:
     accumulate: int = 1  # micro-steps a step's batch is taken in, their gradients summed
     steps: int | None = None  # train this many steps, not epochs
     eval_every: int | None = None  # with steps: an evaluation record every this many steps
+    precision: str = "fp32"  # bf16, fp16: forward and backward on a low-precision copy
     facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
 
     def __post_init__(self) -> None:
@@ -168,7 +171,12 @@ def check_recipe(cfg: TrainConfig) -> None:
         )
 
 
-CHOICES = {"parallel": PARALLEL, "node_share": NODE_SHARES, "schedule": SCHEDULES}
+CHOICES = {
+    "parallel": PARALLEL,
+    "node_share": NODE_SHARES,
+    "schedule": SCHEDULES,
+    "precision": PRECISIONS,
+}
 
 
 class TrainingDiverged(RuntimeError):
@@ -248,11 +256,15 @@ class Trainer:
             bucket_bytes,
             cfg.batch_size,
             cfg.node_share,
-            deferred=clip is not None,
+            deferred=clip is not None or cfg.precision == "fp16",  # fp16: skip overflows
             accumulate=cfg.accumulate,
         )
         self._acc: Any = None  # the earlier micro-steps' gradients, summed (accumulate > 1)
         self.optimizer = self.update.optimizer
+        self.precision: Precision | None = None  # fp32: the model's own passes
+        if cfg.precision != "fp32":
+            self.precision = Precision(cfg.precision, backend, agree=self._norm_total)
+            self.precision.attach(model, self.optimizer)
         stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
         self.n_params = whole_size(model)
         own = [
@@ -335,6 +347,8 @@ class Trainer:
             xb = xp.take(self.x_train, rows, axis=0) if model.reads_input else None
             yb = xp.take(self.y_train, rows, axis=0)
         ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
+        if self.precision is not None:
+            return self.precision.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
         return model.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
@@ -368,7 +382,7 @@ class Trainer:
             sel = part[start : start + self.cfg.eval_batch_size]
             xb = self.backend.asarray(data.x_test[sel]) if self.model.reads_input else None
             yb = self.backend.asarray(data.y_test[sel], dtype=xp.int64)
-            loss, corr = self.model.evaluate(xb, yb)
+            loss, corr = (self.precision or self.model).evaluate(xb, yb)
             loss_sum += float(loss)
             correct += float(corr)
         scored = len(part) if self.model.scores else 0
@@ -435,6 +449,8 @@ class Trainer:
             }
             if cfg.clip_norm is not None:  # the epoch's last step's, before clipping
                 record["grad_norm"] = self.optimizer.grad_norm
+            if self.precision is not None:  # fp16: steps whose gradients overflowed, so far
+                record["skipped_steps"] = self.precision.skipped
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged
                 callback.on_epoch_end(self, record)
             if not (math.isfinite(train_loss) and math.isfinite(test_loss)):  # every rank sees it
@@ -463,6 +479,8 @@ class Trainer:
             **text_metrics(self.data, test_loss, test_acc, trained / max(total_seconds, 1e-9)),
             **common,
         }
+        if self.precision is not None:
+            done["skipped_steps"] = self.precision.skipped
         if self.is_root and cfg.save:  # first: a done line promises the saved parameters
             with path_problems("save", cfg.save):  # a full disk, say
                 checkpoint.atomic_savez(cfg.save, whole)
@@ -537,6 +555,8 @@ class Trainer:
         }
         if self.cfg.clip_norm is not None:
             record["grad_norm"] = self.optimizer.grad_norm
+        if self.precision is not None:
+            record["skipped_steps"] = self.precision.skipped
         for callback in self.callbacks:
             callback.on_eval(self, record)
         if not (math.isfinite(record["train_loss"]) and math.isfinite(test_loss)):
@@ -611,4 +631,6 @@ class Trainer:
                 settings[name] = list(value) if isinstance(value, tuple) else value
         if cfg.min_lr:
             settings["min_lr"] = cfg.min_lr
+        if cfg.precision != "fp32":
+            settings["precision"] = cfg.precision
         return settings

@@ -1,0 +1,211 @@
+"""Mixed precision: fp32 master parameters and optimizer state stay in the flat buffers the
+update owns; forward and backward run on a low-precision flat copy (bf16 or fp16), re-cast after
+each update; the low-precision gradients are cast to fp32 (and unscaled) as backward finishes
+them, before the exchange. fp16 adds dynamic loss scaling (PyTorch's ``GradScaler`` rule)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from xpnn.errors import UserError
+
+Array = Any
+PRECISIONS = ("fp32", "bf16", "fp16")
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
+INITIAL_SCALE = 2.0**15  # PyTorch GradScaler's init_scale is 2**16; 2**15 leaves fp16 headroom
+GROWTH_INTERVAL = 2000  # good steps before the scale doubles (GradScaler's default)
+
+
+def low_dtype(xp: Any, precision: str) -> Any:
+    """The array library's dtype for ``precision``: its own, else ``ml_dtypes``' (NumPy has
+    float16 but no bfloat16) where its arrays accept that one."""
+    name = DTYPE_NAMES[precision]
+    dtype = getattr(xp, name, None)
+    if dtype is not None:
+        return dtype
+    import ml_dtypes
+
+    dtype = getattr(ml_dtypes, name)
+    try:
+        xp.zeros((1,), dtype=dtype)
+    except (TypeError, ValueError, NotImplementedError):
+        raise UserError(f"`precision` {precision}: {xp.__name__} arrays have no {name}") from None
+    return dtype
+
+
+@dataclass
+class LossScale:
+    """Dynamic loss scaling: multiply the loss by ``scale``; a step whose gradients overflow is
+    skipped and halves it, ``growth_interval`` good steps in a row double it."""
+
+    scale: float = INITIAL_SCALE
+    growth_interval: int = GROWTH_INTERVAL
+    good_steps: int = 0
+    skipped: int = 0
+
+    def update(self, finite: bool) -> bool:
+        """Record a step's verdict; returns whether the step is applied."""
+        if not finite:
+            self.scale = max(self.scale / 2.0, 1.0)
+            self.good_steps = 0
+            self.skipped += 1
+            return False
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale *= 2.0
+            self.good_steps = 0
+        return True
+
+
+class Precision:
+    """The low-precision side of a data-parallel run on ``backend``: ``attach`` a built model
+    and its update's optimizer, then train through ``loss_and_grads`` and ``evaluate``."""
+
+    def __init__(
+        self,
+        precision: str,
+        backend: Any,
+        loss_scale: LossScale | None = None,
+        agree: Callable[[float], float] = float,
+    ) -> None:
+        """``agree``: a count of bad values on this rank -> the total over the ranks that
+        hold parts of the reduced gradient (collective), so that every rank skips together."""
+        if precision not in DTYPE_NAMES:
+            raise ValueError(f"precision: {precision!r}, choose one of {', '.join(DTYPE_NAMES)}")
+        self.name, self.backend, self.xp = precision, backend, backend.xp
+        self.dtype = low_dtype(self.xp, precision)
+        if loss_scale is None and precision == "fp16":
+            loss_scale = LossScale()
+        self.loss_scale = loss_scale
+        self.agree = agree
+        self._dirty = True  # the low-precision parameters lag the master ones
+        self._skip = False
+
+    @property
+    def skipped(self) -> int:
+        """Steps skipped because their gradients overflowed."""
+        return self.loss_scale.skipped if self.loss_scale else 0
+
+    def attach(self, model: Any, optimizer: Any) -> None:
+        """Make the low-precision copies of ``model``'s flat buffers and wrap ``optimizer``."""
+        self.model = model
+        self.master = (model.params, model.grads)
+        self.low_params = self.xp.astype(model.params, self.dtype)
+        self.low_grads = self.xp.zeros_like(self.low_params)
+        self.loss = model.loss
+        self._wrap(optimizer)
+
+    def _wrap(self, opt: Any) -> None:
+        """The optimizer's step marks the low copy stale; with loss scaling, a step whose
+        reduced gradients are not finite is skipped (no update, no step counted)."""
+        start, update = opt.start_step, opt.update_part
+
+        def start_step() -> float:
+            self._dirty = True
+            self._skip = False
+            if self.loss_scale is None:
+                return start()
+            grads = self.model.grads  # this rank's fp32 gradients, reduced where it owns them
+            bad = 0.0 if bool(self.xp.all(self.xp.isfinite(grads))) else 1.0
+            if self.loss_scale.update(self.agree(bad) == 0):
+                return start()
+            self._skip = True
+            return opt.lr
+
+        def update_part(index: int) -> None:
+            if not self._skip:
+                update(index)
+
+        opt.start_step, opt.update_part = start_step, update_part
+
+    def _low(self) -> None:
+        """Point the layers at the low-precision copy, re-cast from the master if stale."""
+        master = self.master[0]
+        if self._dirty:
+            self.low_params[...] = self.xp.astype(master, self.dtype)
+            self._dirty = False
+        self.model.adopt(self.low_params, self.low_grads, copy=False)
+        self.model.loss = self._fp32_loss
+
+    def _master(self) -> None:
+        self.model.adopt(*self.master, copy=False)
+        self.model.loss = self.loss
+
+    def _fp32_loss(self, kernels: Any, logits: Array, labels: Array, scale: float) -> Any:
+        """The loss in the master precision (softmax in low precision loses the small
+        probabilities); its gradient back in low precision, multiplied by the loss scale."""
+        factor = self.loss_scale.scale if self.loss_scale else 1.0
+        wide = self.xp.astype(logits, self.master[0].dtype)
+        loss, dlogits = self.loss(kernels, wide, labels, scale)
+        if factor != 1.0:
+            dlogits *= factor
+        return loss, self.xp.astype(dlogits, self.dtype)
+
+    def _casting(self, ready: Callable[[int], None] | None) -> Callable[[int], None]:
+        """A backward's ``on_grads_ready`` that first casts each newly final low-precision
+        ``[offset:]`` into the fp32 gradients (divided by the loss scale), then reports it."""
+        xp, low, grads = self.xp, self.low_grads, self.master[1]
+        inverse = 1.0 / self.loss_scale.scale if self.loss_scale else 1.0
+        done = [grads.shape[0]]
+
+        def casting(offset: int) -> None:
+            part = xp.astype(low[offset : done[0]], grads.dtype)
+            if inverse != 1.0:
+                part *= inverse
+            grads[offset : done[0]] = part
+            done[0] = offset
+            if ready is not None:
+                ready(offset)
+
+        return casting
+
+    def _quiet(self) -> Any:
+        """NumPy's overflow warnings silenced under loss scaling (CuPy warns of none)."""
+        errstate = getattr(self.xp, "errstate", None)
+        if self.loss_scale is None or errstate is None:
+            return contextlib.nullcontext()
+        return errstate(over="ignore", invalid="ignore")
+
+    def loss_and_grads(
+        self, x: Array, labels: Array, ctx: Any, scale: float, ready: Callable[[int], None] | None
+    ) -> tuple[Array, Array]:
+        """The model's ``loss_and_grads`` in low precision; the fp32 gradients come out."""
+        self._low()
+        try:
+            x = None if x is None else self.xp.astype(x, self.dtype)
+            casting = self._casting(ready)
+            with self._quiet():  # an fp16 overflow is the loss scale's to handle
+                loss, correct = self.model.loss_and_grads(x, labels, ctx, scale, casting)
+        finally:
+            self._master()
+        return loss, correct
+
+    def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
+        """The model's ``evaluate`` with the low-precision forward and the fp32 loss."""
+        self._low()
+        try:
+            x = None if x is None else self.xp.astype(x, self.dtype)
+            return self.model.evaluate(x, labels)
+        finally:
+            self._master()
+
+
+def check_precision(precision: str, parallel: str, node_share: str | None = None) -> None:
+    """Mixed precision is for data parallelism (split layers would exchange low-precision
+    activations, which the host-staged MPI transport cannot sum), with each rank's own
+    activations (node-shared ones are held in the master precision)."""
+    if precision not in PRECISIONS:
+        raise UserError(f"`precision` {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if precision != "fp32" and parallel != "data":
+        raise UserError(
+            f"`precision` {precision}: only with `parallel` data (this run has `parallel` "
+            f"{parallel})"
+        )
+    if precision != "fp32" and node_share == "activations":
+        raise UserError(
+            f"`precision` {precision}: not with `node_share` activations; use `node_share` "
+            "gradients"
+        )
