@@ -74,10 +74,13 @@ class TorchKernels(Kernels):
         beta2: float,
         eps: float,
         step: int,
+        decay: float = 1.0,
     ) -> None:
         """The generic formula, operation for operation, through one scratch tensor."""
         c1, c2 = 1 - beta1**step, 1 - beta2**step
         t = self._scratch(p)
+        if decay != 1.0:  # AdamW's decoupled decay, on p first
+            p.mul_(decay)
         m.mul_(beta1)
         m.add_(torch.mul(g, 1 - beta1, out=t))
         self.flush_subnormal(m)
