@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import cnn_preset_step, run_xpnn
 from test_backends import _assert_same, _run
+from test_composite import CASES as COMPOSITE_CASES
 from test_conv import LAYERS, _layer_run
 
 from xpnn.backends import availability, get_backend
@@ -14,7 +15,7 @@ from xpnn.backends.kernels import Kernels
 from xpnn.backends.torch_backend import resolve_device, visible_devices
 from xpnn.backends.torch_kernels import TorchKernels
 from xpnn.errors import UserError
-from xpnn.nn import Context, Dense, Flatten, ReLU, Sigmoid, Tanh, mlp
+from xpnn.nn import Context, Dense, Flatten, ReLU, Sequential, Sigmoid, Tanh, mlp
 from xpnn.nn.conv import Conv2D
 from xpnn.nn.dropout import Dropout
 from xpnn.nn.pool import MaxPool2D
@@ -228,3 +229,29 @@ def test_the_optimizer_overrides_give_the_generic_bits(dtype, optimizer):
                 k.adam_update(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, step)
     for got, want in zip(bufs, copies, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("case", sorted(COMPOSITE_CASES))
+def test_every_sequence_layer_on_torch_equals_numpy_float64(torch64, case):
+    """The composite and sequence layers (LayerNorm, GELU, Residual, Embedding, attention,
+    a transformer block) compute NumPy's forward, gradients and input gradient on torch."""
+    make, in_shape, x = COMPOSITE_CASES[case]
+    x_host = x()
+    results = []
+    for backend in (get_backend("numpy", "float64"), torch64):
+        model = Sequential(make()).build(in_shape, backend, 0)
+        model.input_grad = x_host.dtype.kind == "f"
+        xb = backend.asarray(x_host)
+        y = model.forward(xb, Context(train=True))
+        dy = backend.asarray(np.random.default_rng(5).standard_normal(tuple(y.shape)))
+        dx = model.backward(dy)
+        results.append(
+            (
+                backend.to_host(y).copy(),
+                backend.to_host(model.grads).copy(),
+                None if dx is None else backend.to_host(dx).copy(),
+            )
+        )
+    for ref, got in zip(*results, strict=True):
+        if ref is not None:
+            np.testing.assert_allclose(got, ref, rtol=RTOL, atol=1e-12)

@@ -1,5 +1,6 @@
 """Composite layers and the sequence-model layers: every backward against central finite
-differences in float64 on every CPU backend (NumPy, Numba, the array API's strict namespace)."""
+differences in float64 on every CPU backend (NumPy, Numba, PyTorch's CPU tensors, the array
+API's strict namespace)."""
 
 import array_api_strict as xs
 import numpy as np
@@ -25,10 +26,12 @@ from xpnn.nn import (
 from xpnn.nn.layer import Context
 from xpnn.testing import numeric_grad
 
-BACKENDS = ["numpy", "numba", "strict"]
+BACKENDS = ["numpy", "numba", "torch", "strict"]
 
 
 def backend_of(name: str) -> Backend:
+    if name == "torch":
+        return get_backend("torch", "float64", device="cpu")
     if name != "strict":
         return get_backend(name, "float64")
     backend = Backend(xs, Kernels(xs), "float64")
