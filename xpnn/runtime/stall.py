@@ -97,10 +97,22 @@ def wait(request: Any, what: str) -> None:
 
 
 def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
-    """mpi4py's ``allgather``, waiting politely in a barrier first (MPI has no non-blocking
-    gather of objects)."""
-    wait(mpi_comm.Ibarrier(), what)
-    return mpi_comm.allgather(obj)
+    """mpi4py's ``allgather`` of objects, each exchange polled by ``wait``: the sizes, then the
+    pickled bytes: were one step blocking, a rank stopped just before it would leave the others
+    inside MPI, unwatched and for ever."""
+    import numpy as np
+    from mpi4py import MPI
+
+    mine = np.frombuffer(MPI.pickle.dumps(obj), dtype=np.uint8)
+    sizes = np.zeros(mpi_comm.Get_size(), dtype=np.int64)
+    wait(mpi_comm.Iallgather(np.array([mine.size], dtype=np.int64), sizes), what)
+    counts = [int(n) for n in sizes]
+    starts = [0, *np.cumsum(counts)[:-1].tolist()]
+    everyone = np.empty(sum(counts), dtype=np.uint8)
+    wait(mpi_comm.Iallgatherv(mine, [everyone, (counts, starts), MPI.BYTE]), what)
+    return [
+        MPI.pickle.loads(everyone[a : a + n].tobytes()) for a, n in zip(starts, counts, strict=True)
+    ]
 
 
 def _wait_long(request: Any, what: str, start: float) -> None:
