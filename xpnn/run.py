@@ -191,7 +191,7 @@ def _job(
         outcome["done"] = trainer.run()
         if world.size > 1:  # no rank leaves xpnn's signal handling for MPI_Finalize, which
             # Python cannot interrupt, while rank 0 still writes `save`
-            stall.wait(world.mpi_comm.Ibarrier(), "the barrier after the run")
+            world.barrier("the barrier after the run")
     except TrainingDiverged as exc:  # every rank leaves with 1 together
         if trainer.is_root:
             note(f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller `lr`")

@@ -77,6 +77,14 @@ class World:
 
         return stall.allgather(self.mpi_comm, obj, what)
 
+    def barrier(self, what: str) -> None:
+        """Every rank here, the wait polled by the stall watch and named ``what``."""
+        if self.mpi_comm is None:
+            return
+        from xpnn.runtime import stall
+
+        stall.wait(self.mpi_comm.Ibarrier(), what)
+
     def split(self, color: int) -> World:
         """The ranks that share ``color``, in this world's order (collective)."""
         from mpi4py import MPI
