@@ -22,7 +22,7 @@ from xpnn.optim import OPTIMIZERS, SCHEDULES
 from xpnn.parallel.comm import KINDS
 from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
-from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec
+from xpnn.run import LR_SCALINGS, MICROBATCHES, SYNTHETIC_SIZE, RunSpec
 from xpnn.timeline import parse_steps
 from xpnn.train.precision import PRECISIONS
 from xpnn.train.requeue import SIGNALS
@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--lr-scaling",
-        choices=["none", "linear"],
+        choices=LR_SCALINGS,
         help="linear: multiply --lr by the number of replicas, the ranks that split a batch "
         "(Goyal et al.; default none)",
     )

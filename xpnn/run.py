@@ -19,6 +19,7 @@ BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is gi
 HIDDEN = (512, 256)  # the MLP's default hidden layers
 MICROBATCHES = 4  # GPipe's default for parallel="pipeline"
 SYNTHETIC_SIZE = 6000  # dataset "synthetic"'s samples when synthetic_size is not given
+LR_SCALINGS = ("none", "linear")  # linear: lr times the replicas
 
 
 @dataclass
