@@ -218,6 +218,8 @@ def build_run(
     from xpnn.parallel.model.layout import make_groups
     from xpnn.runtime.failure import agree_on_user_errors
     from xpnn.train import Trainer
+    from xpnn.train.callbacks import run_callbacks
+    from xpnn.train.resume import start
     from xpnn.train.trace import observers
 
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
@@ -244,13 +246,28 @@ def build_run(
             agree_on_user_errors(world, lambda: stage_comm(world, place, model, backend, spec))
         )
     callbacks = [*callbacks, *agree_on_user_errors(world, lambda: observers(spec, world.rank))]
-    # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a user error said once.
-    return agree_on_user_errors(
-        world,
-        lambda: Trainer(
-            model, data, backend, groups.world, cfg, log=log, groups=groups, callbacks=callbacks
-        ),
-    )
+    stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
+
+    def trainer() -> Trainer:
+        say = log or (lambda line: print(line, flush=True))
+        own = run_callbacks(
+            say,
+            world.rank == 0,
+            metrics=cfg.metrics,
+            save=cfg.save,
+            checkpoint_dir=cfg.checkpoint_dir,
+            keep_checkpoints=cfg.keep_checkpoints,
+            progress=cfg.progress,
+        )
+        built = Trainer(
+            model, data, backend, groups.world, cfg, say, groups, callbacks=[*own, *callbacks]
+        )
+        start(built, cfg.checkpoint_dir, cfg.resume)  # last: a resume loads into it
+        return built
+
+    # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a checkpoint may not fit
+    # the network: user errors said once.
+    return agree_on_user_errors(world, trainer)
 
 
 def same_spec(spec: RunSpec, world: Any) -> None:

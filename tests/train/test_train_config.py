@@ -10,6 +10,8 @@ from xpnn.data import load_dataset
 from xpnn.errors import UserError
 from xpnn.nn import build_model
 from xpnn.parallel.comm import SelfCommunicator
+from xpnn.run import RunSpec, build_run
+from xpnn.runtime import init_world
 from xpnn.train import TrainConfig, Trainer, TrainingDiverged
 
 
@@ -55,9 +57,11 @@ def test_a_diverged_run_is_an_exception_a_sweep_can_catch():
 def test_a_new_run_refuses_a_directory_of_another_runs_checkpoints(tmp_path):
     """Through the library a second run overwrote the first one's epochs 1-2 while its epoch 3
     stayed, and a later resume continued the first run. The command line refused it."""
-    cfg = TrainConfig(epochs=2, batch_size=50, checkpoint_dir=str(tmp_path))
-    _trainer(cfg).run()
+    tiny = {"dataset": "synthetic", "synthetic_size": 200, "hidden": (8,), "batch_size": 50}
+    tiny |= {"dtype": "float64", "progress": False, "checkpoint_dir": str(tmp_path)}
+    world, silent = init_world(), lambda line: None
+    build_run(RunSpec(**tiny, epochs=2), world, log=silent).run()
     with pytest.raises(UserError, match="holds another run's checkpoints"):
-        _trainer(cfg)
-    resumed = TrainConfig(epochs=3, batch_size=50, checkpoint_dir=str(tmp_path), resume=True)
-    assert _trainer(resumed).run()["epochs"] == 3
+        build_run(RunSpec(**tiny, epochs=2), world, log=silent)
+    resumed = build_run(RunSpec(**tiny, epochs=3, resume=True), world, log=silent)
+    assert resumed.run()["epochs"] == 3

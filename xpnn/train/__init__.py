@@ -2,13 +2,13 @@
 # isort: skip_file
 
 from xpnn.train.callbacks import Callback, Checkpoints, EpochLog, FaultInjection
-from xpnn.train.callbacks import MetricsFile, PhaseTimer, ProgressBar
+from xpnn.train.callbacks import MetricsFile, PhaseTimer, ProgressBar, SaveParameters
 from xpnn.train.trainer import RunFacts, TrainConfig, Trainer, TrainingDiverged
 from xpnn.train.trainer import warmup_steps
 
 __all__ = ["Callback", "Checkpoints", "EpochLog", "FaultInjection", "MetricsFile", "PhaseTimer"]
 __all__ += ["ProgressBar", "TrainConfig", "Trainer", "TrainingDiverged"]
-__all__ += ["RunFacts", "warmup_steps"]
+__all__ += ["RunFacts", "SaveParameters", "warmup_steps"]
 from xpnn.train.trace import Trace  # noqa: E402 -- after the callbacks it extends
 
 __all__ += ["Trace"]

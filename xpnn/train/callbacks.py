@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from xpnn import phases
-from xpnn.checkpoint import KEEP_CHECKPOINTS, prune_checkpoints, save_checkpoint
+from xpnn.checkpoint import KEEP_CHECKPOINTS, atomic_savez, prune_checkpoints, save_checkpoint
 from xpnn.errors import UserError, path_problems
 from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
 from xpnn.runtime import stall
@@ -178,6 +179,42 @@ class Checkpoints(Callback):
                     trainer.identity(),
                 )
                 prune_checkpoints(self.directory, self.keep)  # only once the new one is whole
+
+
+class SaveParameters(Callback):
+    """At the end of a run rank 0 writes the whole network's parameters by name (``.npz``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if record["event"] == "done" and trainer.is_root:
+            with path_problems("save", self.path):  # a full disk, say
+                atomic_savez(self.path, trainer.final_params)
+
+
+def run_callbacks(
+    log: Any,
+    is_root: bool,
+    *,
+    metrics: str | None = None,
+    save: str | None = None,
+    checkpoint_dir: str | None = None,
+    keep_checkpoints: int = KEEP_CHECKPOINTS,
+    progress: bool = False,
+) -> list[Callback]:
+    """The callbacks a run's own settings make, in the order they act: the saved parameters
+    before the metrics file's done line promises them, an epoch's checkpoint before a caller's
+    callback sees the epoch (a requeue's ``CheckpointOnSignal``)."""
+    own = [
+        SaveParameters(save) if save else None,
+        FaultInjection.from_env(),
+        ProgressBar() if progress and is_root and sys.stderr.isatty() else None,
+        MetricsFile(metrics) if metrics else None,
+        EpochLog(log),
+        Checkpoints(checkpoint_dir, keep_checkpoints) if checkpoint_dir else None,
+    ]
+    return [c for c in own if c is not None]
 
 
 class FaultInjection(Callback):

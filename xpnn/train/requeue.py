@@ -38,7 +38,7 @@ class CheckpointOnSignal(Callback):
         self.asked = True  # acted on where every rank can agree: the end of an epoch
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        # after the Checkpoints callback (the trainer's own come first): the epoch is saved
+        # after the Checkpoints callback (the run's own come first): the epoch is saved
         asked = trainer.comm.allreduce_host(np.array([float(self.asked)]))[0] > 0
         if not asked or not math.isfinite(record["train_loss"] + record["test_loss"]):
             return

@@ -4,8 +4,6 @@ the gradient scaled by 1 / global batch, so the ranks' gradients sum to the 1-ra
 from __future__ import annotations
 
 import math
-import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -17,24 +15,16 @@ from xpnn import checkpoint
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.data.text import text_metrics
 from xpnn.digest import arrays_digest
-from xpnn.errors import UserError, path_problems
+from xpnn.errors import UserError
 from xpnn.nn.layer import Context, is_int
 from xpnn.nn.sequential import adding
 from xpnn.optim import SCHEDULES, GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL, Groups
 from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
-from xpnn.runtime import lock, stall
+from xpnn.runtime import stall
 from xpnn.runtime.memory import peak_rss_mb
-from xpnn.train.callbacks import (
-    Callback,
-    Checkpoints,
-    EpochLog,
-    FaultInjection,
-    MetricsFile,
-    ProgressBar,
-    overrides,
-)
+from xpnn.train.callbacks import Callback, overrides
 from xpnn.train.precision import PRECISIONS, Precision
 
 
@@ -265,29 +255,14 @@ class Trainer:
         if cfg.precision != "fp32":
             self.precision = Precision(cfg.precision, backend, agree=self._norm_total)
             self.precision.attach(model, self.optimizer)
-        stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
         self.n_params = whole_size(model)
-        own = [
-            FaultInjection.from_env(),
-            ProgressBar() if cfg.progress and self.is_root and sys.stderr.isatty() else None,
-            MetricsFile(cfg.metrics) if cfg.metrics else None,
-            EpochLog(self.log),
-            Checkpoints(cfg.checkpoint_dir, cfg.keep_checkpoints) if cfg.checkpoint_dir else None,
-        ]
-        self.callbacks: list[Callback] = [c for c in own if c is not None] + list(callbacks)
+        self.callbacks: list[Callback] = list(callbacks)
         # the step events go only to the callbacks that act on them
         self._step_begin = [c for c in self.callbacks if overrides(c, "on_step_begin")]
         self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
-        # Last: a checkpoint that does not fit is a setup error that every rank reports together.
-        self.resume_note: str | None = None  # said when the run starts: every rank agreed
-        if cfg.checkpoint_dir and self.is_root:  # one job a directory (the CLI took it first)
-            with path_problems("checkpoint_dir", cfg.checkpoint_dir):
-                os.makedirs(cfg.checkpoint_dir, exist_ok=True)
-                lock.hold(cfg.checkpoint_dir)
-        if cfg.checkpoint_dir and not cfg.resume:  # the command line checked it before
-            with path_problems("checkpoint_dir", cfg.checkpoint_dir):
-                checkpoint.refuse_other_runs(cfg.checkpoint_dir)
-        self.start_epoch = self._maybe_resume()
+        self.start_epoch = 0  # a resume (``xpnn.train.resume.start``) sets where the run starts
+        self.resume_note: str | None = None  # ... and what it says when the run starts
+        self.final_params: dict[str, np.ndarray] = {}  # the whole model's, once the run is done
 
     def _norm_total(self, local: float) -> float:
         """This rank's sum of squares of the reduced gradient made the whole model's: its
@@ -481,9 +456,7 @@ class Trainer:
         }
         if self.precision is not None:
             done["skipped_steps"] = self.precision.skipped
-        if self.is_root and cfg.save:  # first: a done line promises the saved parameters
-            with path_problems("save", cfg.save):  # a full disk, say
-                checkpoint.atomic_savez(cfg.save, whole)
+        self.final_params = whole  # what ``SaveParameters`` writes
         for callback in self.callbacks:
             callback.on_train_end(self, done)
         return done
@@ -564,48 +537,6 @@ class Trainer:
                 callback.on_train_end(self, {"event": "diverged", "epoch": epoch})
             raise TrainingDiverged(epoch)
         return record
-
-    def _maybe_resume(self) -> int:
-        cfg = self.cfg
-        if not (cfg.resume and cfg.checkpoint_dir):
-            return 0
-        path = checkpoint.latest_checkpoint(cfg.checkpoint_dir)
-        # A directory on each node's own disk would resume ranks from different epochs.
-        seen = self.comm.allgather_obj(path.name if path else None)
-        if len(set(seen)) > 1:
-            found = ", ".join(f"rank {r}: {name or 'none'}" for r, name in enumerate(seen))
-            raise UserError(
-                f"`checkpoint_dir` {cfg.checkpoint_dir}: the ranks find different latest "
-                f"checkpoints ({found}); every rank must see the same directory (a file "
-                "system shared by all nodes)"
-            )
-        if path is None:
-            self.resume_note = f"resume: no checkpoint in {cfg.checkpoint_dir}, starting afresh"
-            return 0
-        try:
-            epoch, step, before = checkpoint.load_checkpoint(
-                path,
-                self.model,
-                self.optimizer,
-                self.update.restores_checkpoint,
-                seed=cfg.seed,
-                steps_per_epoch=self.steps_per_epoch,
-                dataset=self.data.name,
-                identity=self.identity(),
-            )
-        except checkpoint.DamagedCheckpoint as exc:  # the one before it may be whole: say so
-            older = checkpoint.checkpoints(cfg.checkpoint_dir)[-2:-1]
-            if older:
-                raise checkpoint.DamagedCheckpoint(
-                    f"{exc}; the one before it, {older[0].name}, remains: move this one "
-                    "away to resume from it"
-                ) from None
-            raise
-        done = f"; `epochs` {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
-        changed = checkpoint.changed_settings(before, self.settings())
-        since = f"; changed since: {', '.join(changed)}" if changed else ""
-        self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
-        return epoch
 
     def identity(self) -> dict[str, Any]:
         """What a resume must match beyond shapes, seed and data set (every batch to come)."""

@@ -1,0 +1,73 @@
+"""Where a run starts: ``checkpoint_dir`` taken for this job alone (locked; a fresh run refuses
+another run's checkpoints) and, with ``resume``, its latest checkpoint loaded into the model
+and the optimizer. ``start`` is collective: every rank calls it once its trainer is built."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from xpnn import checkpoint
+from xpnn.errors import UserError, path_problems
+from xpnn.runtime import lock
+
+if TYPE_CHECKING:
+    from xpnn.train.trainer import Trainer
+
+
+def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool) -> None:
+    """Sets ``trainer.start_epoch`` (0 for a fresh run) and ``trainer.resume_note`` (said when
+    the run starts); a checkpoint that does not fit is a user error every rank raises."""
+    if not checkpoint_dir:
+        return
+    if trainer.is_root:  # one job a directory (the command line took it first)
+        with path_problems("checkpoint_dir", checkpoint_dir):
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            lock.hold(checkpoint_dir)
+    if not resume:  # the command line checked it before
+        with path_problems("checkpoint_dir", checkpoint_dir):
+            checkpoint.refuse_other_runs(checkpoint_dir)
+        return
+    trainer.start_epoch = resume_latest(trainer, checkpoint_dir)
+
+
+def resume_latest(trainer: Trainer, directory: str) -> int:
+    """Loads ``directory``'s latest checkpoint, if any, and returns the epoch it ends."""
+    cfg = trainer.cfg
+    path = checkpoint.latest_checkpoint(directory)
+    # A directory on each node's own disk would resume ranks from different epochs.
+    seen = trainer.comm.allgather_obj(path.name if path else None)
+    if len(set(seen)) > 1:
+        found = ", ".join(f"rank {r}: {name or 'none'}" for r, name in enumerate(seen))
+        raise UserError(
+            f"`checkpoint_dir` {directory}: the ranks find different latest "
+            f"checkpoints ({found}); every rank must see the same directory (a file "
+            "system shared by all nodes)"
+        )
+    if path is None:
+        trainer.resume_note = f"resume: no checkpoint in {directory}, starting afresh"
+        return 0
+    try:
+        epoch, step, before = checkpoint.load_checkpoint(
+            path,
+            trainer.model,
+            trainer.optimizer,
+            trainer.update.restores_checkpoint,
+            seed=cfg.seed,
+            steps_per_epoch=trainer.steps_per_epoch,
+            dataset=trainer.data.name,
+            identity=trainer.identity(),
+        )
+    except checkpoint.DamagedCheckpoint as exc:  # the one before it may be whole: say so
+        older = checkpoint.checkpoints(directory)[-2:-1]
+        if older:
+            raise checkpoint.DamagedCheckpoint(
+                f"{exc}; the one before it, {older[0].name}, remains: move this one "
+                "away to resume from it"
+            ) from None
+        raise
+    done = f"; `epochs` {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
+    changed = checkpoint.changed_settings(before, trainer.settings())
+    since = f"; changed since: {', '.join(changed)}" if changed else ""
+    trainer.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
+    return epoch
