@@ -15,7 +15,7 @@ from xpnn.errors import UserError
 from xpnn.run import RunSpec, build_run, global_batch
 from xpnn.runtime.world import init_world
 from xpnn.train import Callback, MetricsFile, PhaseTimer
-from xpnn.train.callbacks import overrides
+from xpnn.train.trainer import overrides
 
 TINY = dict(dataset="synthetic", synthetic_size=192, hidden=(16,), epochs=2, batch_size=64)
 TINY |= dict(threads=1, progress=False, seed=3)

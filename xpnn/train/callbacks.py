@@ -1,5 +1,7 @@
-"""Callbacks the ``Trainer`` calls at its events, on every rank (one that writes checks
-``trainer.is_root``); step events go only to the callbacks that override them."""
+"""The callbacks a run is made of besides its loop (``Callback``, in ``trainer.py``): the
+metrics file, the epoch log, the progress bar, checkpoints, the saved parameters, fault
+injection and the step-phase timer; each acts on every rank (one that writes checks
+``trainer.is_root``)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import math
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from xpnn import phases
 from xpnn.checkpoint import KEEP_CHECKPOINTS, atomic_savez, prune_checkpoints, save_checkpoint
@@ -16,38 +18,7 @@ from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
 from xpnn.runtime import stall
 from xpnn.runtime.threads import describe_threads
 from xpnn.train import metrics_file
-
-if TYPE_CHECKING:
-    from xpnn.train.trainer import Trainer
-
-
-class Callback:
-    """Does nothing at every event: a subclass overrides the events it needs."""
-
-    def on_train_begin(self, trainer: Trainer) -> None:
-        """Before the first epoch (after a resume, before its first epoch left)."""
-
-    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
-        """``epoch`` counts from 0; called inside the epoch's timed span."""
-
-    def on_step_begin(self, trainer: Trainer, step: int) -> None:
-        """``step`` counts every global batch of the run from 0."""
-
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
-        """After the step's update: the parameters are the next step's."""
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """``record``: the epoch's metrics line (DESIGN.md's contract)."""
-
-    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """Training by ``steps``: ``record`` (``"event"`` ``"eval"``) every ``eval_every``."""
-
-    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """``record``: the run's last line, ``"event"`` ``"done"`` or ``"diverged"``."""
-
-
-def overrides(callback: Callback, event: str) -> bool:
-    return getattr(type(callback), event) is not getattr(Callback, event)
+from xpnn.train.trainer import Callback, Trainer
 
 
 class MetricsFile(Callback):

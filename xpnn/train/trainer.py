@@ -24,7 +24,6 @@ from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_siz
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
 from xpnn.runtime import stall
 from xpnn.runtime.memory import peak_rss_mb
-from xpnn.train.callbacks import Callback, overrides
 from xpnn.train.precision import PRECISIONS, Precision
 
 
@@ -167,6 +166,36 @@ CHOICES = {
     "schedule": SCHEDULES,
     "precision": PRECISIONS,
 }
+
+
+class Callback:
+    """Called by the ``Trainer`` at its events, on every rank; does nothing at every event: a
+    subclass overrides the events it needs (step events go only to those that override them)."""
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        """Before the first epoch (after a resume, before its first epoch left)."""
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        """``epoch`` counts from 0; called inside the epoch's timed span."""
+
+    def on_step_begin(self, trainer: Trainer, step: int) -> None:
+        """``step`` counts every global batch of the run from 0."""
+
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        """After the step's update: the parameters are the next step's."""
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """``record``: the epoch's metrics line (DESIGN.md's contract)."""
+
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """Training by ``steps``: ``record`` (``"event"`` ``"eval"``) every ``eval_every``."""
+
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """``record``: the run's last line, ``"event"`` ``"done"`` or ``"diverged"``."""
+
+
+def overrides(callback: Callback, event: str) -> bool:
+    return getattr(type(callback), event) is not getattr(Callback, event)
 
 
 class TrainingDiverged(RuntimeError):
