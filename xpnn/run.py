@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -223,7 +224,8 @@ def build_run(
     from xpnn.train.trace import observers
 
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
-    spec, preset = gpt_preset(spec, given)  # --model gpt: nanoGPT's recipe where spec is silent
+    # --model gpt: nanoGPT's recipe where spec is silent; then checked, the defaults filled
+    spec, preset = agree_on_user_errors(world, lambda: resolve(spec, given))
     backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(spec, world))
     if preset:
         cfg.facts.preset = {k: list(v) if isinstance(v, tuple) else v for k, v in preset.items()}
@@ -246,23 +248,23 @@ def build_run(
             agree_on_user_errors(world, lambda: stage_comm(world, place, model, backend, spec))
         )
     callbacks = [*callbacks, *agree_on_user_errors(world, lambda: observers(spec, world.rank))]
-    stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
+    stall.set_limits(spec.stall_warn, spec.stall_abort)  # for every wait of this process
 
     def trainer() -> Trainer:
         say = log or (lambda line: print(line, flush=True))
         own = run_callbacks(
             say,
             world.rank == 0,
-            metrics=cfg.metrics,
-            save=cfg.save,
-            checkpoint_dir=cfg.checkpoint_dir,
-            keep_checkpoints=cfg.keep_checkpoints,
-            progress=cfg.progress,
+            metrics=spec.metrics,
+            save=spec.save,
+            checkpoint_dir=spec.checkpoint_dir,
+            keep_checkpoints=spec.keep_checkpoints,
+            progress=spec.progress,
         )
         built = Trainer(
             model, data, backend, groups.world, cfg, say, groups, callbacks=[*own, *callbacks]
         )
-        start(built, cfg.checkpoint_dir, cfg.resume)  # last: a resume loads into it
+        start(built, spec.checkpoint_dir, spec.resume)  # last: a resume loads into it
         return built
 
     # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a checkpoint may not fit
@@ -313,17 +315,54 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
     return value
 
 
-def _setup(spec: RunSpec, world: Any) -> tuple:
-    """Everything rank-local the user's input can fail: no communication, agreed on after."""
-    from xpnn.backends import get_backend
-    from xpnn.data import load_dataset
-    from xpnn.nn.models import make_model, model_name
-    from xpnn.parallel.model.layout import place_of
-    from xpnn.parallel.update import DEFAULT_BUCKET_MB
-    from xpnn.runtime.threads import apply_threads, threads_per_rank
-    from xpnn.train import RunFacts, TrainConfig
+# The settings that count (whole numbers from the least one) and the sizes (finite, positive
+# or, in NON_NEGATIVE, from 0): None, where a setting allows it, is "not given".
+COUNTS = {"epochs": 1, "accumulate": 1, "replicate": 1, "step_epochs": 1, "steps": 1}
+COUNTS |= {"eval_every": 1, "warmup_steps": 0, "keep_checkpoints": 0}
+SIZES = ("lr", "bucket_mb", "clip_norm")  # the optimizer checks its own hyper-parameters
+NON_NEGATIVE = ("warmup_epochs", "stall_warn", "stall_abort")
+
+
+def choices() -> dict[str, Collection[str]]:
+    """The choices of the settings a run's code branches on, as their registries list them."""
+    from xpnn.optim import OPTIMIZERS, SCHEDULES
+    from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
+    from xpnn.train.precision import PRECISIONS
+
+    return {
+        "parallel": PARALLEL,
+        "node_share": NODE_SHARES,
+        "schedule": SCHEDULES,
+        "precision": PRECISIONS,
+        "optimizer": tuple(OPTIMIZERS),
+        "lr_scaling": LR_SCALINGS,
+    }
+
+
+def check_spec(spec: RunSpec) -> None:
+    """Every setting's own range and every pair that cannot go together, checked once for
+    the command line and for programs alike; raises a ``UserError`` naming the setting."""
+    from xpnn.nn.layer import is_int
     from xpnn.train.precision import check_precision
 
+    for name, least in COUNTS.items():
+        value = getattr(spec, name)
+        if value is not None and (not is_int(value) or value < least):
+            raise UserError(f"`{name}`: must be a whole number >= {least}, got {value!r}")
+    for name in (*SIZES, *NON_NEGATIVE):
+        value = getattr(spec, name)
+        if value is None:
+            continue
+        positive = name in SIZES
+        if not (isinstance(value, int | float) and math.isfinite(value)) or (
+            value <= 0 if positive else value < 0
+        ):
+            bound = "> 0" if positive else ">= 0"
+            raise UserError(f"`{name}`: must be a finite number {bound}, got {value!r}")
+    for name, allowed in choices().items():
+        value = getattr(spec, name)
+        if value is not None and value not in allowed:
+            raise UserError(f"`{name}` {value!r}: choose one of {', '.join(allowed)}")
     if spec.resume and not spec.checkpoint_dir:
         raise UserError("`resume`: needs `checkpoint_dir`")
     if spec.node_share == "activations" and spec.parallel != "data":
@@ -332,12 +371,98 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             f"{spec.parallel}, whose ranks split the network)"
         )
     check_precision(spec.precision, spec.parallel, spec.node_share)
+    if spec.warmup_steps is not None and spec.warmup_epochs > 0:
+        raise UserError("`warmup_steps` and `warmup_epochs`: give one")
+    if spec.steps is not None and spec.checkpoint_dir:
+        raise UserError(
+            "`checkpoint_dir`: checkpoints are written at the end of epochs, not with `steps`"
+        )
+
+
+def with_defaults(spec: RunSpec) -> RunSpec:
+    """``spec`` with each setting it leaves ``None`` that has a default given that default:
+    the one place they are chosen (a model's recipe, ``gpt_preset``, fills its own first)."""
+    from xpnn.checkpoint import KEEP_CHECKPOINTS
+    from xpnn.nn.gpt import GPT_DEFAULTS
+    from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE
+    from xpnn.parallel.update import DEFAULT_BUCKET_MB
+
+    defaults = {
+        "hidden": HIDDEN,
+        "activation": "relu",
+        "synthetic_size": SYNTHETIC_SIZE,
+        "step_epochs": max(1, spec.epochs // 3),  # schedule step: a third of the run
+        "min_lr": 0.0,
+        "keep_checkpoints": KEEP_CHECKPOINTS,
+        "bucket_mb": DEFAULT_BUCKET_MB,
+        "node_share": "auto" if spec.precision == "fp32" else "gradients",
+        "microbatches": MICROBATCHES,
+        "pipeline_schedule": DEFAULT_SCHEDULE,
+        "tensor_ranks": 1,
+        "recompute": False,
+        **GPT_DEFAULTS,
+    }
+    unset = {name: value for name, value in defaults.items() if getattr(spec, name) is None}
+    return dataclasses.replace(spec, **unset)
+
+
+def resolve(spec: RunSpec, given: Collection[str] | None = None) -> tuple[RunSpec, dict]:
+    """The settings a run has: a model's recipe where ``spec`` is silent (``gpt_preset``,
+    ``given`` as there), checked, then the defaults; and what the recipe filled."""
+    spec, preset = gpt_preset(spec, given)
+    check_spec(spec)
+    return with_defaults(spec), preset
+
+
+def train_config(spec: RunSpec, replicas: int = 1, n_train: int = 0, facts: Any = None) -> Any:
+    """The trainer's settings (``xpnn.train.TrainConfig``) from ``spec``, checked and its
+    defaults filled: the global batch of ``replicas`` sharing ``n_train`` samples, ``lr``
+    scaled with ``lr_scaling`` linear."""
+    check_spec(spec)
+    return _train_config(with_defaults(spec), replicas, n_train, facts)
+
+
+def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> Any:
+    """``train_config`` of a resolved ``spec``: TrainConfig's fields are RunSpec's, but for
+    the global batch, the scaled rate and the hyper-parameters ``optimizer`` does not take."""
+    from xpnn.train import RunFacts, TrainConfig
+
+    batch = global_batch(spec, replicas, n_train)
+    if spec.accumulate > batch:
+        raise UserError(
+            f"`accumulate` {spec.accumulate}: more micro-steps than the global batch's "
+            f"{batch} samples"
+        )
+    taken = HYPER_PARAMETERS[spec.optimizer]
+    same = {f.name for f in dataclasses.fields(TrainConfig)} & RUN_FIELDS
+    return TrainConfig(
+        **{name: getattr(spec, name) for name in same},
+        batch_size=batch,
+        lr=spec.lr * (replicas if spec.lr_scaling == "linear" else 1),
+        **{name: getattr(spec, name) if name in taken else None for name in HYPERS},
+        facts=facts or RunFacts(),
+    )
+
+
+HYPERS = ("momentum", "betas", "eps", "weight_decay")  # an optimizer's, where it takes them
+RUN_FIELDS = {f.name for f in dataclasses.fields(RunSpec)} - {"batch_size", "lr", *HYPERS}
+
+
+def _setup(spec: RunSpec, world: Any) -> tuple:
+    """Everything rank-local the user's input can fail: no communication, agreed on after."""
+    from xpnn.backends import get_backend
+    from xpnn.data import load_dataset
+    from xpnn.nn.models import make_model, model_name
+    from xpnn.parallel.model.layout import place_of
+    from xpnn.runtime.threads import apply_threads, threads_per_rank
+    from xpnn.train import RunFacts
+
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
     thread_info = apply_threads(threads)
     backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank, device=spec.device)
     if spec.precision != "fp32" and backend.name == "numba":  # its kernels are fp32/fp64 only
         backend = get_backend("numpy", spec.dtype)
-    size = spec.synthetic_size or SYNTHETIC_SIZE
+    size = spec.synthetic_size
     try:
         data = load_dataset(
             spec.dataset,
@@ -352,14 +477,13 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         what += [f"`replicate` {spec.replicate}"] if spec.replicate > 1 else []
         what = " with ".join(what) or f"`dataset` {spec.dataset}"
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
-    hidden, activation = spec.hidden or HIDDEN, spec.activation or "relu"
     check_text_model(spec, data)
     model = make_model(
         spec.model,
         data.input_shape,
         data.num_classes,
-        hidden,
-        activation,
+        spec.hidden,
+        spec.activation,
         spec.loss,
         gpt_sizes=gpt_settings(spec),
     )
@@ -372,7 +496,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         model.layers = split_layers(model.layers, *split)
     try:
         if spec.parallel == "pipeline":
-            from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE, build_stage
+            from xpnn.parallel.model.pipeline import build_stage
 
             model = build_stage(
                 model,
@@ -381,9 +505,9 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
                 spec.seed,
                 place.index // parts,
                 place.model_ranks // parts,
-                microbatches=spec.microbatches or MICROBATCHES,
-                schedule=spec.pipeline_schedule or DEFAULT_SCHEDULE,
-                recompute=bool(spec.recompute),
+                microbatches=spec.microbatches,
+                schedule=spec.pipeline_schedule,
+                recompute=spec.recompute,
                 tensor=(part, parts),
             )
         else:
@@ -391,43 +515,24 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
         what = f"`model` {model_name(spec.model)}"
         if spec.model == "mlp":
-            what = f"`hidden` {','.join(map(str, hidden))}"
+            what = f"`hidden` {','.join(map(str, spec.hidden))}"
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     replicas = place.replicas  # the ranks that each take a share of the batch
-    batch = global_batch(spec, replicas, data.n_train)
-    lr = spec.lr * (replicas if spec.lr_scaling == "linear" else 1)
-    same = ("epochs", "optimizer", "schedule", "warmup_epochs", "step_epochs", "seed", "metrics")
-    same += ("save", "checkpoint_dir", "resume", "progress", "parallel")  # as TrainConfig has them
-    same += ("stall_warn", "stall_abort")
-    same += ("warmup_steps", "clip_norm", "accumulate", "steps", "eval_every")
-    same += ("precision",)
-    if spec.warmup_steps is not None and spec.warmup_epochs > 0:
-        raise UserError("`warmup_steps` and `warmup_epochs`: give one")
-    hyper = {name: getattr(spec, name) for name in HYPER_PARAMETERS[spec.optimizer]}
-    cfg = TrainConfig(
-        **{name: getattr(spec, name) for name in same},
-        batch_size=batch,
-        lr=lr,
-        bucket_mb=DEFAULT_BUCKET_MB if spec.bucket_mb is None else spec.bucket_mb,
-        node_share=spec.node_share or ("auto" if spec.precision == "fp32" else "gradients"),
-        **({} if spec.keep_checkpoints is None else {"keep_checkpoints": spec.keep_checkpoints}),
-        **hyper,
-        min_lr=spec.min_lr or 0.0,
-        facts=RunFacts(
-            threads=thread_info["threads"],
-            model=model_name(spec.model),
-            dataset=spec.dataset,
-            global_batch=batch,
-            dtype=spec.dtype,
-            precision=spec.precision,
-            parallel=spec.parallel,
-            model_ranks=place.model_ranks,
-            replicas=replicas,
-            loss=spec.loss,
-            activation=activation if spec.model == "mlp" else None,
-            **gpt_identity(spec, data),
-        ),
+    facts = RunFacts(
+        threads=thread_info["threads"],
+        model=model_name(spec.model),
+        dataset=spec.dataset,
+        dtype=spec.dtype,
+        precision=spec.precision,
+        parallel=spec.parallel,
+        model_ranks=place.model_ranks,
+        replicas=replicas,
+        loss=spec.loss,
+        activation=spec.activation if spec.model == "mlp" else None,
+        **gpt_identity(spec, data),
     )
+    cfg = _train_config(spec, replicas, data.n_train, facts)
+    facts.global_batch = cfg.batch_size
     if spec.parallel == "pipeline":  # as the stage settled them
         cfg.facts.microbatches = model.microbatches
         cfg.facts.pipeline_schedule = model.schedule

@@ -11,20 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from xpnn import checkpoint
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.data.text import text_metrics
 from xpnn.digest import arrays_digest
-from xpnn.errors import UserError
-from xpnn.nn.layer import Context, is_int
+from xpnn.nn.layer import Context
 from xpnn.nn.sequential import adding
-from xpnn.optim import SCHEDULES, GradClip, Schedule, make_optimizer, matrix_ranges
-from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL, Groups
+from xpnn.optim import GradClip, Schedule, make_optimizer, matrix_ranges
+from xpnn.parallel.model.layout import Groups
 from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
-from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
+from xpnn.parallel.update import make_update
 from xpnn.runtime import stall
 from xpnn.runtime.memory import peak_rss_mb
-from xpnn.train.precision import PRECISIONS, Precision
+from xpnn.train.precision import Precision
 
 
 @dataclass
@@ -72,100 +70,33 @@ NETWORK = ("loss", "activation", "layers", "heads", "embed", "block", "vocab")
 
 @dataclass
 class TrainConfig:
-    epochs: int = 5
-    batch_size: int = 128  # global batch: the run's mathematics do not depend on the rank count
-    lr: float = 1e-3
-    optimizer: str = "adam"
-    schedule: str = "constant"
-    warmup_epochs: float = 0.0
-    step_epochs: int | None = None  # schedule step: x0.1 every this many epochs (a third)
-    seed: int = 0
-    bucket_mb: float = DEFAULT_BUCKET_MB
-    node_share: str = "auto"  # mpi-shm: the ranks of a node share gradients or activations
-    eval_batch_size: int = 1000
-    metrics: str | None = None
-    save: str | None = None
-    checkpoint_dir: str | None = None
-    resume: bool = False
-    keep_checkpoints: int = checkpoint.KEEP_CHECKPOINTS  # the newest K stay; 0: every one
-    stall_warn: float = stall.STALL_WARN_S  # seconds a wait for other ranks lasts till a warning
-    stall_abort: float = 0.0  # ... till the job is ended (0: never)
-    progress: bool = False
-    parallel: str = "data"  # or "tensor", "pipeline": every rank sees every sample
-    momentum: float | None = None  # the optimizer's hyper-parameters (None: its default)
-    betas: tuple[float, float] | None = None
-    eps: float | None = None
-    weight_decay: float | None = None  # adamw: decoupled, on parameters of 2+ dimensions
-    warmup_steps: int | None = None  # instead of warmup_epochs
-    min_lr: float = 0.0  # schedule cosine: the rate it decays to
-    clip_norm: float | None = None  # scale the gradients to at most this global norm
-    accumulate: int = 1  # micro-steps a step's batch is taken in, their gradients summed
-    steps: int | None = None  # train this many steps, not epochs
-    eval_every: int | None = None  # with steps: an evaluation record every this many steps
-    precision: str = "fp32"  # bf16, fp16: forward and backward on a low-precision copy
+    """The loop's settings, typed and resolved: ``xpnn.run.train_config`` makes them from a
+    ``RunSpec``, whose fields of the same names say what each means and its default."""
+
+    epochs: int
+    batch_size: int  # the global batch: the run's mathematics do not depend on the rank count
+    lr: float  # with lr_scaling linear, times the replicas
+    optimizer: str
+    schedule: str
+    warmup_epochs: float
+    warmup_steps: int | None  # instead of warmup_epochs
+    step_epochs: int  # schedule step: x0.1 every this many epochs
+    min_lr: float  # schedule cosine: the rate it decays to
+    momentum: float | None  # the optimizer's hyper-parameters (None: its default)
+    betas: tuple[float, float] | None
+    eps: float | None
+    weight_decay: float | None
+    clip_norm: float | None  # scale the gradients to at most this global norm
+    accumulate: int  # micro-steps a step's batch is taken in, their gradients summed
+    steps: int | None  # train this many steps, not epochs
+    eval_every: int | None  # with steps: an evaluation record every this many steps
+    seed: int
+    bucket_mb: float
+    node_share: str  # mpi-shm: the ranks of a node share gradients or activations
+    parallel: str  # data, tensor, pipeline: every rank sees every sample
+    precision: str  # bf16, fp16: forward and backward on a low-precision copy
+    eval_batch_size: int = 1000  # the trainer's own: test samples scored a pass
     facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
-
-    def __post_init__(self) -> None:
-        """What the command line refuses, refused here too for programs that build a config."""
-        whole = {"epochs": 1, "batch_size": 1, "eval_batch_size": 1, "keep_checkpoints": 0}
-        whole |= {"accumulate": 1}
-        for name, least in whole.items():
-            value = getattr(self, name)
-            if not is_int(value) or value < least:
-                raise ValueError(
-                    f"TrainConfig.{name}: must be an integer >= {least}, got {value!r}"
-                )
-        if self.step_epochs is not None and (not is_int(self.step_epochs) or self.step_epochs < 1):
-            raise ValueError(
-                f"TrainConfig.step_epochs: must be None or >= 1, got {self.step_epochs!r}"
-            )
-        for name in ("lr", "bucket_mb"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"TrainConfig.{name}: must be finite and > 0, got {value!r}")
-        if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
-            raise ValueError(f"TrainConfig.warmup_epochs: must be >= 0, got {self.warmup_epochs!r}")
-        for name, choices in CHOICES.items():
-            value = getattr(self, name)
-            if value not in choices:
-                raise ValueError(
-                    f"TrainConfig.{name}: {value!r}, choose one of {', '.join(choices)}"
-                )
-        if self.resume and not self.checkpoint_dir:
-            raise ValueError("TrainConfig.resume: needs a checkpoint_dir")
-        check_recipe(self)
-        for name in ("stall_warn", "stall_abort"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"TrainConfig.{name}: must be seconds >= 0, got {value!r}")
-
-
-def check_recipe(cfg: TrainConfig) -> None:
-    """The step-counting settings: whole numbers where counts, positive where sizes."""
-    for name in ("warmup_steps", "steps", "eval_every"):
-        value = getattr(cfg, name)
-        least = 0 if name == "warmup_steps" else 1
-        if value is not None and (not is_int(value) or value < least):
-            raise ValueError(f"TrainConfig.{name}: must be None or >= {least}, got {value!r}")
-    if cfg.clip_norm is not None and not (math.isfinite(cfg.clip_norm) and cfg.clip_norm > 0):
-        raise ValueError(f"TrainConfig.clip_norm: must be None or > 0, got {cfg.clip_norm!r}")
-    if cfg.accumulate > cfg.batch_size:
-        raise UserError(
-            f"`accumulate` {cfg.accumulate}: more micro-steps than the global batch's "
-            f"{cfg.batch_size} samples"
-        )
-    if cfg.steps is not None and cfg.checkpoint_dir:
-        raise UserError(
-            "`checkpoint_dir`: checkpoints are written at the end of epochs, not with `steps`"
-        )
-
-
-CHOICES = {
-    "parallel": PARALLEL,
-    "node_share": NODE_SHARES,
-    "schedule": SCHEDULES,
-    "precision": PRECISIONS,
-}
 
 
 class Callback:
@@ -242,7 +173,6 @@ class Trainer:
             self.y_train = backend.asarray(data.y_train, dtype=self.xp.int64)
         self.n_train = data.n_train  # with ``replicate``, more than it stores
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
-        self.step_epochs = cfg.step_epochs or max(1, cfg.epochs // 3)  # default: a third
         warmup = cfg.warmup_steps
         if warmup is None:
             warmup = warmup_steps(cfg.warmup_epochs, self.steps_per_epoch)
@@ -252,7 +182,7 @@ class Trainer:
             cfg.schedule,
             warmup_steps=warmup,
             total_steps=self.total_steps,
-            step_size=self.step_epochs * self.steps_per_epoch,  # the decay counts epochs, not steps
+            step_size=cfg.step_epochs * self.steps_per_epoch,  # the decay counts epochs, not steps
             min_lr=cfg.min_lr,
         )
         hyper = {name: getattr(cfg, name) for name in ("momentum", "betas", "eps", "weight_decay")}
@@ -581,7 +511,7 @@ class Trainer:
         settings: dict[str, Any] = {"lr": cfg.lr, "schedule": cfg.schedule}
         settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": self.backend.dtype_name}
         if cfg.schedule == "step":
-            settings["step_epochs"] = self.step_epochs
+            settings["step_epochs"] = cfg.step_epochs
         if cfg.schedule == "cosine":
             settings["epochs"] = cfg.epochs
         recipe = ("momentum", "betas", "eps", "weight_decay", "warmup_steps", "clip_norm")
