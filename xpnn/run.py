@@ -571,13 +571,10 @@ def stage_comm(world: Any, place: Any, model: Any, backend: Any, spec: RunSpec) 
 
 
 def gpt_settings(spec: RunSpec) -> dict[str, int]:
-    """The GPT's sizes: the given ones, else ``GPT_DEFAULTS``."""
+    """The GPT's sizes of a resolved ``spec`` (``with_defaults``)."""
     from xpnn.nn.gpt import GPT_DEFAULTS
 
-    return {
-        k: default if getattr(spec, k) is None else getattr(spec, k)
-        for k, default in GPT_DEFAULTS.items()
-    }
+    return {name: getattr(spec, name) for name in GPT_DEFAULTS}
 
 
 def gpt_identity(spec: RunSpec, data: Any) -> dict[str, Any]:
