@@ -14,15 +14,18 @@ from typing import Any
 
 from xpnn.backends import BACKENDS
 from xpnn.backends.base import DTYPES
+from xpnn.checkpoint import KEEP_CHECKPOINTS
 from xpnn.data.datasets import DATASETS
 from xpnn.errors import PARAM
+from xpnn.nn.gpt import GPT_DEFAULTS
 from xpnn.nn.losses import LOSSES
 from xpnn.nn.models import MLP_ACTIVATIONS
 from xpnn.optim import OPTIMIZERS, SCHEDULES
 from xpnn.parallel.comm import KINDS
 from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
-from xpnn.run import LR_SCALINGS, MICROBATCHES, SYNTHETIC_SIZE, RunSpec
+from xpnn.parallel.update import DEFAULT_BUCKET_MB
+from xpnn.run import BATCH, HIDDEN, LR_SCALINGS, MICROBATCHES, SYNTHETIC_SIZE, RunSpec
 from xpnn.timeline import parse_steps
 from xpnn.train.precision import PRECISIONS
 from xpnn.train.requeue import SIGNALS
@@ -158,6 +161,13 @@ def _betas(text: str) -> tuple[float, float]:
     return first, second
 
 
+def _shown(default: Any) -> str:
+    """A default as the help says it: 0.001, not 1e-3's repr; sizes as the flag takes them."""
+    if isinstance(default, tuple):
+        return ",".join(map(str, default))
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
 _seed = _whole_number(2**64 - 1, "2**64 - 1")  # a checkpoint keeps the seed as a uint64
 
 
@@ -198,11 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
         "a function f(input_shape, num_classes) returning an xpnn.nn.Sequential, imported by "
         "every rank",
     )
-    a("--layers", type=count, help="gpt: transformer blocks (default 4)")
-    a("--heads", type=count, help="gpt: attention heads a block, dividing --embed (default 4)")
-    a("--embed", type=count, help="gpt: embedding width (default 128)")
-    a("--block", type=count, help="gpt: context length in characters (default 64)")
-    a("--hidden", type=_hidden, help="MLP hidden sizes (default 512,256)")
+    a("--layers", type=count, help=f"gpt: transformer blocks (default {GPT_DEFAULTS['layers']})")
+    heads = f"gpt: attention heads a block, dividing --embed (default {GPT_DEFAULTS['heads']})"
+    a("--heads", type=count, help=heads)
+    a("--embed", type=count, help=f"gpt: embedding width (default {GPT_DEFAULTS['embed']})")
+    block = f"gpt: context length in characters (default {GPT_DEFAULTS['block']})"
+    a("--block", type=count, help=block)
+    a("--hidden", type=_hidden, help=f"MLP hidden sizes (default {_shown(HIDDEN)})")
     a(
         "--activation",
         choices=MLP_ACTIVATIONS,
@@ -229,20 +241,20 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--replicate",
         type=count,
-        help="repeat the training set K times (scaling studies; default 1)",
+        help=f"repeat the training set K times (scaling studies; default {RunSpec.replicate})",
     )
     a(
         "--synthetic-size",
         type=count,
         help=f"--dataset synthetic: training samples ({SYNTHETIC_SIZE:,})",
     )
-    a("--epochs", type=count, help="passes over the training set (default 5)")
-    a("--batch-size", help="GLOBAL batch size (128), or 'full' for full-batch GD")
+    a("--epochs", type=count, help=f"passes over the training set (default {RunSpec.epochs})")
+    a("--batch-size", help=f"GLOBAL batch size ({BATCH}), or 'full' for full-batch GD")
     a("--per-rank-batch", type=count, help="batch per rank; the global batch is this x the ranks")
     a(
         "--lr",
         type=_float_from(0.0, inclusive=False),
-        help="learning rate, the largest the schedule reaches (default 0.001)",
+        help=f"learning rate, the largest the schedule reaches (default {_shown(RunSpec.lr)})",
     )
     a(
         "--lr-scaling",
@@ -254,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmup-epochs",
         # past this the warmup's steps (epochs x steps an epoch) overflow a 64-bit count
         type=_float_from(0.0, most=MOST),
-        help="raise the rate linearly from ~0 to --lr over E epochs (default 0)",
+        help="raise the rate linearly from ~0 to --lr over E epochs "
+        f"(default {_shown(RunSpec.warmup_epochs)})",
     )
     a(
         "--schedule",
@@ -304,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=count,
         metavar="K",
         help="take each global batch in K micro-steps, summing their gradients: the same "
-        "step in less memory (default 1)",
+        f"step in less memory (default {RunSpec.accumulate})",
     )
     a("--steps", type=count, help="train this many steps instead of --epochs")
     a(
@@ -324,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="bf16, fp16: forward and backward in low precision on fp32 master parameters "
         "(fp16 with dynamic loss scaling; default fp32)",
     )
-    a("--seed", type=_seed, help="initial weights, shuffles and dropout masks (default 0)")
+    seed = f"initial weights, shuffles and dropout masks (default {RunSpec.seed})"
+    a("--seed", type=_seed, help=seed)
     a(
         "--threads",
         type=_positive_int(most=4096),  # past a few thousand, BLAS libraries overflow or crawl
@@ -350,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_whole_number(),
         metavar="K",
         help="keep the newest K checkpoints, deleting older ones once a new one is complete "
-        "(default 2; 0 keeps every one)",
+        f"(default {KEEP_CHECKPOINTS}; 0 keeps every one)",
     )
     a(
         "--comm",
@@ -361,14 +375,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--bucket-mb",
         # below ~1 kB a bucket is an allreduce per few values: a step takes seconds
         type=_float_from(0.001, most=2**20),  # a TB bucket is a typo
-        help="allreduce bucket size in MiB (default 25; mpi-host and the GPU comms)",
+        help=f"allreduce bucket size in MiB (default {_shown(DEFAULT_BUCKET_MB)}; mpi-host and the "
+        "GPU comms)",
     )
     a(
         "--stall-warn",
         type=_float_from(0.0, most=MOST),
         metavar="S",
         help="say where a rank waits once it has waited S seconds for the others in one "
-        "exchange (default 60; 0: never)",
+        f"exchange (default {_shown(RunSpec.stall_warn)}; 0: never)",
     )
     a(
         "--stall-abort",
