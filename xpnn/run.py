@@ -9,12 +9,15 @@ import functools
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xpnn.errors import UserError, user_message
 from xpnn.optim import HYPER_PARAMETERS
 from xpnn.presets import describe_preset, gpt_preset
 from xpnn.runtime import stall
+
+if TYPE_CHECKING:
+    from xpnn.train import TrainConfig
 
 BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
 HIDDEN = (512, 256)  # the MLP's default hidden layers
@@ -414,7 +417,9 @@ def resolve(spec: RunSpec, given: Collection[str] | None = None) -> tuple[RunSpe
     return with_defaults(spec), preset
 
 
-def train_config(spec: RunSpec, replicas: int = 1, n_train: int = 0, facts: Any = None) -> Any:
+def train_config(
+    spec: RunSpec, replicas: int = 1, n_train: int = 0, facts: Any = None
+) -> TrainConfig:
     """The trainer's settings (``xpnn.train.TrainConfig``) from ``spec``, checked and its
     defaults filled: the global batch of ``replicas`` sharing ``n_train`` samples, ``lr``
     scaled with ``lr_scaling`` linear."""
@@ -422,7 +427,11 @@ def train_config(spec: RunSpec, replicas: int = 1, n_train: int = 0, facts: Any 
     return _train_config(with_defaults(spec), replicas, n_train, facts)
 
 
-def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> Any:
+HYPERS = ("momentum", "betas", "eps", "weight_decay")  # an optimizer's, where it takes them
+RUN_FIELDS = {f.name for f in dataclasses.fields(RunSpec)} - {"batch_size", "lr", *HYPERS}
+
+
+def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> TrainConfig:
     """``train_config`` of a resolved ``spec``: TrainConfig's fields are RunSpec's, but for
     the global batch, the scaled rate and the hyper-parameters ``optimizer`` does not take."""
     from xpnn.train import RunFacts, TrainConfig
@@ -442,10 +451,6 @@ def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> Any
         **{name: getattr(spec, name) if name in taken else None for name in HYPERS},
         facts=facts or RunFacts(),
     )
-
-
-HYPERS = ("momentum", "betas", "eps", "weight_decay")  # an optimizer's, where it takes them
-RUN_FIELDS = {f.name for f in dataclasses.fields(RunSpec)} - {"batch_size", "lr", *HYPERS}
 
 
 def _setup(spec: RunSpec, world: Any) -> tuple:
@@ -728,7 +733,7 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
     for name in ("microbatches", "pipeline_schedule", "recompute", "tensor_ranks"):
         if name in given and spec.parallel != "pipeline":
             found.append((f"`{name}`", "without `parallel` pipeline"))
-    for name in ("momentum", "betas", "eps", "weight_decay"):
+    for name in HYPERS:
         if name in given and name not in HYPER_PARAMETERS[spec.optimizer]:
             found.append((f"`{name}`", f"with `optimizer` {spec.optimizer}"))
     if "min_lr" in given and spec.schedule != "cosine":
