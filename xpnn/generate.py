@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from xpnn.backends import BACKENDS
 from xpnn.errors import UserError
 
 
@@ -89,9 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="> 0; lower is safer (1.0)")
     p.add_argument("--seed", type=int, default=0, help="the draws' seed (default 0)")
     p.add_argument("--prompt", default="\n", help="text to continue (default a newline)")
-    p.add_argument(
-        "--backend", choices=["numpy", "numba", "cupy", "auto"], default="numpy", help="(numpy)"
-    )
+    p.add_argument("--backend", choices=BACKENDS, default="numpy", help="(numpy)")
     return p
 
 
