@@ -65,6 +65,21 @@ def embedding_grad(ids, dy, out):  # pragma: no cover - compiled
     return out
 
 
+def gelu_inner(x, t, c, a):  # pragma: no cover - compiled
+    """``t = c (x + a x^3)`` (``c = sqrt(2/pi)``, ``a = 0.044715`` in ``x``'s dtype), the
+    GELU's ``tanh`` argument in the generic formula's order of operations, so that NumPy's
+    ``tanh`` of it gives the generic formula's bits."""
+    for i in range(x.size):
+        v = x[i]
+        t[i] = c * (v + a * v * v * v)
+
+
+def gelu_outer(x, t, y, half, one):  # pragma: no cover - compiled
+    """``y = x/2 (1 + t)`` once ``t`` holds the ``tanh`` (``half``, ``one`` in the dtype)."""
+    for i in range(x.size):
+        y[i] = half * x[i] * (one + t[i])
+
+
 def gelu_backward(dy, x, t, dx):  # pragma: no cover - compiled
     """``Kernels.gelu_backward`` over flat arrays in one pass."""
     c, a = math.sqrt(2.0 / math.pi), 0.044715
