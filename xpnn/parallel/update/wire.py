@@ -6,6 +6,7 @@ overflows comes back infinite, and the loss scale's step check skips that step."
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -34,9 +35,10 @@ class GradWire:
         """A new buffer holding ``grads`` (times the scale) as sent, and the scale used."""
         factor = self.scale() if self.scale is not None else 1.0
         values = grads * factor if factor != 1.0 else grads
-        if self.narrow:
-            return to_bits(self.xp, values, self.dtype), factor
-        return self.xp.astype(values, getattr(self.xp, self.dtype)), factor
+        with _quiet(self.xp):  # a value past the dtype's range is the loss scale's to handle
+            if self.narrow:
+                return to_bits(self.xp, values, self.dtype), factor
+            return self.xp.astype(values, getattr(self.xp, self.dtype)), factor
 
     def unpack(self, buf: Array, factor: float, grads: Array) -> None:
         """The summed ``buf`` back into ``grads``, divided by the scale it was sent with."""
@@ -68,6 +70,12 @@ class GradWire:
         else:
             comm.cross_allreduce_(buf)
         self.unpack(buf, factor, grads)
+
+
+def _quiet(xp: Any) -> Any:
+    """NumPy's overflow warnings silenced (CuPy and PyTorch warn of none)."""
+    errstate = getattr(xp, "errstate", None)
+    return contextlib.nullcontext() if errstate is None else errstate(over="ignore")
 
 
 class WireHandle:
