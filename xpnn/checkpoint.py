@@ -229,7 +229,9 @@ def _same_run(
 ) -> tuple[int, int]:
     """The file's (epoch, step), once its run is shown to be this one, as far as given."""
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
-    if step < epoch:  # every epoch makes at least one step
+    scaled = _loss_scale(path, arrays)
+    skipped = scaled["skipped"] if scaled else 0  # fp16: steps whose update overflowed
+    if step + skipped < epoch:  # every epoch makes at least one step
         raise DamagedCheckpoint(
             f"{path}: damaged checkpoint (meta.step {step} is fewer than meta.epoch {epoch})"
         )
@@ -244,7 +246,7 @@ def _same_run(
         raise UserError(
             f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
         )
-    if steps_per_epoch is not None and step != epoch * steps_per_epoch:
+    if steps_per_epoch is not None and step + skipped != epoch * steps_per_epoch:
         raise UserError(
             f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
             f"makes {steps_per_epoch} an epoch (another global batch, `replicate` or data set?)"
@@ -354,7 +356,14 @@ def stored_loss_scale(path: str | os.PathLike) -> dict[str, Any] | None:
             arrays = {"meta.loss_scale": data["meta.loss_scale"]}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise DamagedCheckpoint(f"{path}: not a readable checkpoint ({exc})") from None
-    state = _json_meta(Path(path), arrays, "loss_scale")
+    return _loss_scale(Path(path), arrays)
+
+
+def _loss_scale(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """``meta.loss_scale``, checked; None where the file has none."""
+    if "meta.loss_scale" not in arrays:
+        return None
+    state = _json_meta(path, arrays, "loss_scale")
     for key, kind in LOSS_SCALE_KEYS.items():
         value = state.get(key)
         good = isinstance(value, int | float) and not isinstance(value, bool)
