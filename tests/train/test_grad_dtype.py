@@ -256,3 +256,11 @@ def test_shared_memory_on_one_node_sends_no_gradients_and_says_so(tmp_path):
     _, records, proc = train_and_load(tmp_path, 2, flags)
     assert "note: --grad-dtype has no effect with comm mpi-shm" in proc.stderr
     assert records[0]["comm_bytes"] == 0
+
+
+def test_torch_tensors_are_sent_narrow_alike(tmp_path, one_rank, narrow_runs):
+    """PyTorch has its own bfloat16: the same bits, the same bytes (CPU tensors, 2 ranks)."""
+    torch_flags = [*SGD_STEPS, *HOST, "--backend", "torch", "--device", "cpu"]
+    params, records, _ = train_and_load(tmp_path, 2, [*torch_flags, "--grad-dtype", "bfloat16"])
+    assert records[0]["comm_bytes"] == narrow_runs["bfloat16"][1][0]["comm_bytes"]
+    _close_to_one_rank(one_rank, params, "bfloat16")
