@@ -19,12 +19,35 @@ def check_narrow(dtype: str) -> None:
         raise ValueError(f"16-bit float {dtype!r}: expected one of {', '.join(NARROW)}")
 
 
+@cache
+def native_dtype(xp: Any, dtype: str) -> Any:
+    """``xp``'s own ``dtype`` (float16 everywhere, bfloat16 in PyTorch), else ``ml_dtypes``'
+    where ``xp``'s arrays take it (NumPy's do, CuPy's do not), else None: then the bits are
+    computed with integer arithmetic."""
+    found = getattr(xp, dtype, None)
+    if found is not None:
+        return found
+    import ml_dtypes
+
+    found = getattr(ml_dtypes, dtype)
+    try:
+        xp.zeros((1,), dtype=found)
+    except (TypeError, ValueError, NotImplementedError):
+        return None
+    return found
+
+
 def to_bits(xp: Any, values: Any, dtype: str) -> Any:
     """``values`` rounded to ``dtype`` (to nearest, ties to even), as a new ``uint16`` array."""
-    native = getattr(xp, dtype, None)  # float16 everywhere; bfloat16 in PyTorch
+    native = native_dtype(xp, dtype)
     if native is not None:
         return xp.astype(values, native).view(xp.uint16)
-    # bfloat16 is float32's upper half: round the dropped 16 bits to nearest, ties to even
+    return bfloat16_bits(xp, values)
+
+
+def bfloat16_bits(xp: Any, values: Any) -> Any:
+    """``to_bits`` for bfloat16 by integer arithmetic, for libraries without the type (CuPy):
+    bfloat16 is float32's upper half, the dropped 16 bits rounded to nearest, ties to even."""
     wide = xp.astype(values, xp.float32)
     bits = wide.view(xp.uint32)
     rounded = xp.astype((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16, xp.uint16)
@@ -33,9 +56,14 @@ def to_bits(xp: Any, values: Any, dtype: str) -> Any:
 
 def from_bits(xp: Any, bits: Any, dtype: str, wide: Any) -> Any:
     """The ``dtype`` values whose ``uint16`` bits are ``bits``, as a new array of ``wide``."""
-    native = getattr(xp, dtype, None)
+    native = native_dtype(xp, dtype)
     if native is not None:
         return xp.astype(bits.view(native), wide)
+    return bfloat16_values(xp, bits, wide)
+
+
+def bfloat16_values(xp: Any, bits: Any, wide: Any) -> Any:
+    """``from_bits`` for bfloat16 by integer arithmetic: the bits are float32's upper half."""
     return xp.astype((xp.astype(bits, xp.uint32) << 16).view(xp.float32), wide)
 
 
