@@ -57,9 +57,7 @@ class GradientBuckets:
 
     def __init__(self, grads: Array, comm: Any, bucket_bytes: int, wire: Any = None) -> None:
         self.grads, self.comm, self.wire = grads, comm, wire
-        itemsize = grads.dtype.itemsize
-        if wire is not None:
-            itemsize = 2 if wire.narrow else 4
+        itemsize = grads.dtype.itemsize if wire is None else wire.itemsize
         self.bounds = bucket_bounds(grads.shape[0], bucket_bytes // itemsize)
         self.active = comm.size > 1
         self._cursor = BucketCursor(self.bounds)

@@ -30,6 +30,7 @@ class GradWire:
             raise ValueError(f"grad_dtype: {dtype!r}, choose one of {', '.join(GRAD_DTYPES)}")
         self.dtype, self.xp, self.scale = dtype, xp, scale
         self.narrow = dtype in NARROW
+        self.itemsize = 2 if self.narrow else 4  # bytes a value sent
 
     def pack(self, grads: Array) -> tuple[Array, float]:
         """A new buffer holding ``grads`` (times the scale) as sent, and the scale used."""
