@@ -44,6 +44,14 @@ GELU_C = math.sqrt(2.0 / math.pi)  # the tanh GELU's constants (Hendrycks & Gimp
 GELU_A = 0.044715
 
 
+def _written(value: Array, out: Array | None) -> Array:
+    """``value``, or ``out`` with ``value`` written into it when an ``out`` is given."""
+    if out is None:
+        return value
+    out[...] = value
+    return out
+
+
 class Kernels:
     """The protocol and its generic implementation: array-API operations only."""
 
@@ -208,23 +216,37 @@ class Kernels:
         """dL/dscores from dL/dp and ``causal_softmax``'s output ``p`` (0 where masked)."""
         return p * (dp - self.xp.sum(dp * p, axis=-1, keepdims=True))
 
-    def causal_attention(self, q: Array, k: Array, v: Array, scale: float) -> tuple[Array, Array]:
+    def causal_attention(
+        self, q: Array, k: Array, v: Array, scale: float, out: Array | None = None
+    ) -> tuple[Array, Array]:
         """Causal scaled dot-product attention of (B, heads, T, head dim) queries, keys and
         values: ``(out, p)``, ``p = causal_softmax(q k^T scale)`` (kept for the backward) and
-        ``out = p v``."""
+        ``out = p v``, written into ``out`` when given (a view of the caller's layout spares
+        it a copy)."""
         xp = self.xp
         p = self.causal_softmax(xp.matmul(q, xp.permute_dims(k, (0, 1, 3, 2))) * scale)
-        return xp.matmul(p, v), p
+        return _written(xp.matmul(p, v), out), p
 
     def causal_attention_backward(
-        self, dout: Array, q: Array, k: Array, v: Array, p: Array, scale: float
+        self,
+        dout: Array,
+        q: Array,
+        k: Array,
+        v: Array,
+        p: Array,
+        scale: float,
+        out: tuple[Array, Array, Array] | None = None,
     ) -> tuple[Array, Array, Array]:
-        """``(dq, dk, dv)`` of ``causal_attention`` from dL/dout."""
+        """``(dq, dk, dv)`` of ``causal_attention`` from dL/dout, written into ``out``'s three
+        arrays when given."""
         xp = self.xp
         dv = xp.matmul(xp.permute_dims(p, (0, 1, 3, 2)), dout)
         dp = xp.matmul(dout, xp.permute_dims(v, (0, 1, 3, 2)))
         ds = self.causal_softmax_backward(dp, p) * scale
-        return xp.matmul(ds, k), xp.matmul(xp.permute_dims(ds, (0, 1, 3, 2)), q), dv
+        grads = (xp.matmul(ds, k), xp.matmul(xp.permute_dims(ds, (0, 1, 3, 2)), q), dv)
+        if out is None:
+            return grads
+        return tuple(_written(g, o) for g, o in zip(grads, out, strict=True))
 
     def sum_rows(self, rows: tuple[Array, ...], out: Array) -> Array:
         """``out = rows[0] + rows[1] + ...`` in that order: node-shared ranks' gradient rows."""

@@ -335,10 +335,11 @@ class NumbaKernels(NumpyKernels):
         _over_threads(part, flat.size, flat.size >= PARALLEL_MIN_ELEMENTS)
         return y.reshape(x.shape), t.reshape(x.shape)
 
-    def causal_attention(self, q, k, v, scale):
+    def causal_attention(self, q, k, v, scale, out=None):
         b, heads, t, _ = q.shape
         p = np.empty((b, heads, t, t), dtype=q.dtype)
-        out = np.empty((b, heads, t, v.shape[-1]), dtype=q.dtype)
+        if out is None:
+            out = np.empty((b, heads, t, v.shape[-1]), dtype=q.dtype)
 
         def part(s: slice) -> None:
             scores = np.matmul(q[s], k[s].transpose(0, 1, 3, 2))
@@ -349,9 +350,9 @@ class NumbaKernels(NumpyKernels):
         _over_threads(part, b, p.size >= PARALLEL_MIN_ELEMENTS)
         return out, p
 
-    def causal_attention_backward(self, dout, q, k, v, p, scale):
+    def causal_attention_backward(self, dout, q, k, v, p, scale, out=None):
         t = p.shape[-1]
-        dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+        dq, dk, dv = out or (np.empty_like(q), np.empty_like(k), np.empty_like(v))
 
         def part(s: slice) -> None:
             np.matmul(p[s].transpose(0, 1, 3, 2), dout[s], out=dv[s])
