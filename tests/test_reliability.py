@@ -239,6 +239,108 @@ def test_sigterm_during_the_final_save_leaves_no_file_and_no_tmp(tmp_path):
     assert sorted(tmp_path.iterdir()) == []
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGQUIT])
+def test_sigint_and_sigquit_during_the_final_save_end_as_sigterm_does(tmp_path, signum):
+    """The signals hydra's ``mpiexec`` passes on, at the last moment: as SIGTERM above."""
+    saved = tmp_path / "final.npz"
+    job = Job([*ARGS, "--epochs", "1", "--save", str(saved)], env={"XPNN_SAVE_FAULT": "sleep:30"})
+    try:
+        job.ranks(2)
+        wait_for_file(tmp_path, "final.npz.*.tmp")
+        os.kill(job.proc.pid, signum)
+        code, err, seconds = job.finish(30)
+    finally:
+        job.kill()
+    lines = _xpnn_lines(err)
+    name = signal.Signals(signum).name
+    record(case=name, moment="the final --save, to mpiexec", exit=code,
+           seconds=round(seconds, 2), stderr=lines[-1] if lines else "")  # fmt: skip
+    assert code == 128 + signum, err
+    words = "interrupted" if signum == signal.SIGINT else f"terminated ({name})"
+    assert lines == [f"xpnn: {words}"], err
+    assert sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.mpi
+def test_signals_hydra_does_not_pass_on_end_mpiexec_and_the_next_run_recovers(tmp_path):
+    """SIGHUP, SIGXCPU and SIGUSR2 to hydra's ``mpiexec``, while rank 0 writes a checkpoint:
+    ``mpiexec`` has no handler for them and dies of it (exit 128 + n), and its proxy kills
+    every rank with SIGKILL within a millisecond, before any rank can say a word. What xpnn
+    promises there: every checkpoint with its name is whole, no rank is left, and the write
+    cut short is a ``.tmp`` that the ``--resume`` of the job removes."""
+    ck = tmp_path / "ck"
+    for signum in (signal.SIGHUP, signal.SIGXCPU, signal.SIGUSR2):
+        before = snapshot()
+        job = Job([*LONG, "--checkpoint-dir", str(ck), *(["--resume"] if ck.exists() else [])],
+                  env={"XPNN_SAVE_FAULT": "sleep:30"})  # fmt: skip
+        try:
+            ranks = job.ranks(2)
+            for old in ck.glob("*.tmp"):  # the last case's, which this job's start removes
+                while old.exists():
+                    time.sleep(0.01)
+            wait_for_file(ck, "checkpoint-epoch*.npz.*.tmp")
+            os.kill(job.proc.pid, signum)
+            code, err, seconds = job.finish(30)
+        finally:
+            job.kill()
+        name = signal.Signals(signum).name
+        record(case=name, moment="a checkpoint's write, to mpiexec", exit=code,
+               seconds=round(seconds, 2), stderr="none: its proxy SIGKILLs the ranks")  # fmt: skip
+        assert code == -signum, (name, err)  # a shell shows 128 + n
+        assert _xpnn_lines(err) == [], (name, err)
+        assert _gone(ranks.values()), name
+        assert len(list(ck.glob("*.tmp"))) == 1, name
+        for path in ck.glob("checkpoint-epoch*.npz"):
+            read_npz(path)  # whole
+        assert not left_behind(before)
+
+
+def _gone(pids, timeout: float = 10) -> bool:
+    """Whether the processes end (a zombie not yet reaped counts as ended) within seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                alive += [Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]]
+            except OSError:
+                continue
+        if all(state == "Z" for state in alive):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_closed_stdout_is_one_line_and_exit_141(tmp_path, ranks):
+    """``python -m xpnn ... | head -1``, alone and under ``mpiexec -n 2``: the rank writing the
+    progress lines meets the closed pipe itself (under hydra it writes into ``mpiexec``'s own
+    stdout pipe), says so and ends the job; no ``.tmp``, every checkpoint whole."""
+    ck = tmp_path / "ck"
+    job = Job([*LONG, "--checkpoint-dir", str(ck)], ranks=ranks)
+    try:
+        first = job.proc.stdout.readline()
+        job.proc.stdout.close()  # what `head -1` does once it has its line
+        start = time.monotonic()
+        err = job.proc.stderr.read()
+        code = job.proc.wait(30)
+        seconds = time.monotonic() - start
+    finally:
+        job.kill()
+    lines = _xpnn_lines(err)
+    record(case="a closed stdout (| head -1)", moment=f"mid-training, {ranks} rank(s)",
+           exit=code, seconds=round(seconds, 2), stderr=lines[-1] if lines else "")  # fmt: skip
+    assert first.startswith("xpnn: ")
+    assert code == 141, err
+    who = "rank 0" if ranks == 2 else "xpnn"
+    assert lines == [f"{who}: stdout was closed (broken pipe): stopped"], err
+    assert not list(ck.glob("*.tmp"))
+    for path in ck.glob("checkpoint-epoch*.npz"):
+        read_npz(path)
+
+
 # ------------------------------------------------- checkpoint-and-exit, the metrics file
 
 
