@@ -19,7 +19,14 @@ import pytest
 from conftest import ROOT, TINY_FLOAT64_RUN, mpiexec_path, run_xpnn
 from faults import Job, left_behind, record, snapshot, wait_for_file
 
-from xpnn.checkpoint import DamagedCheckpoint, atomic_savez, read_npz, remove_unfinished
+from xpnn.checkpoint import (
+    CHECKPOINT_NAME,
+    DamagedCheckpoint,
+    atomic_savez,
+    checkpoints,
+    read_npz,
+    remove_unfinished,
+)
 from xpnn.runtime import lock
 from xpnn.train import metrics_file
 
@@ -364,7 +371,7 @@ def test_checkpoint_signal_then_resume_records_every_epoch_once(tmp_path):
            exit=code, seconds=round(seconds, 2), stderr=said[-1] if said else "")  # fmt: skip
     assert code == 75, err
     assert len(said) == 1 and "written; stopping with exit 75" in said[0]
-    last = int(sorted(ck.glob("checkpoint-epoch*.npz"))[-1].name[16:20])
+    last = int(CHECKPOINT_NAME.fullmatch(checkpoints(ck)[-1].name).group(1))  # epochs done
     assert last >= 2 and _epochs(metrics) == list(range(1, last + 1))
 
     # a stop while the next checkpoint is written: its epoch's record is in the file
@@ -387,6 +394,54 @@ def test_checkpoint_signal_then_resume_records_every_epoch_once(tmp_path):
     assert _epochs(metrics) == list(range(1, last + 4))
     events = [json.loads(line)["event"] for line in metrics.read_text().splitlines()]
     assert events[-1] == "done" and events.count("done") == 1
+
+
+@pytest.mark.mpi
+def test_checkpoint_signal_mid_epoch_then_resume_is_bit_exact(tmp_path):
+    """USR1 while epoch 2 runs: the ranks stop at the end of a step inside it, its checkpoint
+    holds the step and the epoch's sums so far; the resume skips the batches done, and the
+    parameters and every metrics record's losses equal an uninterrupted run's (float64)."""
+    run = [*ARGS, "--epochs", "3"]
+    whole = run_xpnn([*run, "--save", str(tmp_path / "whole.npz"),
+                      "--metrics", str(tmp_path / "whole.jsonl")], ranks=2)  # fmt: skip
+    assert whole.returncode == 0, whole.stderr
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    common = [*run, "--checkpoint-dir", str(ck), "--metrics", str(metrics)]
+    # rank 0 pauses before epoch 2's third step (step 7 of 0..14): the signal lands mid-epoch
+    job = Job([*common, "--checkpoint-signal", "USR1"], env={"XPNN_SLEEP_AT": "0:7:1"})
+    try:
+        job.wait_for_line("epoch 1/")
+        os.kill(job.proc.pid, signal.SIGUSR1)
+        code, err, seconds = job.finish(60)
+    finally:
+        job.kill()
+    said = [line for line in job.out.splitlines() if "SIGUSR1" in line]
+    record(case="SIGUSR1 (--checkpoint-signal USR1)", moment="mid-epoch, to mpiexec",
+           exit=code, seconds=round(seconds, 2), stderr=said[-1] if said else "")  # fmt: skip
+    assert code == 75, err
+    assert len(said) == 1 and "of epoch 2's 5 steps) written; stopping with exit 75" in said[0]
+    newest = checkpoints(ck)[-1].name
+    epochs, step = CHECKPOINT_NAME.fullmatch(newest).groups()
+    assert epochs == "0001" and 5 < int(step) < 10, newest  # inside epoch 2
+    assert _epochs(metrics) == [1]
+
+    done = run_xpnn([*common, "--resume", "--save", str(tmp_path / "resumed.npz")], ranks=2)
+    assert done.returncode == 0, done.stderr
+    assert f"resume: {ck / newest} (epoch 1, step " in done.stdout
+    a, b = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "resumed.npz")
+    assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+    keys = ("event", "epoch", "train_loss", "train_acc", "test_loss", "test_acc")
+    assert [_pick(r, keys) for r in _records(metrics)] == [
+        _pick(r, keys) for r in _records(tmp_path / "whole.jsonl")
+    ]
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _pick(record: dict, keys: tuple) -> dict:
+    return {key: record.get(key) for key in keys}
 
 
 def _epochs(metrics: Path) -> list[int]:

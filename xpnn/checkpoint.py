@@ -71,7 +71,8 @@ def _umask() -> int:
     return mask
 
 
-CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)\.npz")  # what a --checkpoint-dir holds
+# what a --checkpoint-dir holds: after an epoch, or mid-epoch (its run's steps in all)
+CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-step(\d+))?\.npz")
 TEMPORARY_NAME = re.compile(r".+\.[a-z0-9_]{8}\.tmp")  # atomic_savez's: mkstemp's 8 characters
 
 
@@ -85,9 +86,11 @@ def save_checkpoint(
     dataset: str = "",
     settings: dict[str, Any] | None = None,
     identity: dict[str, Any] | None = None,
+    partial: dict[str, Any] | None = None,
 ) -> Path:
     """Write host ``params``, optimizer ``state`` (state -> name -> array), what a resume must
-    match, and the ``settings`` it may change but is told about."""
+    match, and the ``settings`` it may change but is told about. ``partial``: written between
+    two epochs' ends, after ``step`` steps in all (``xpnn.train.midepoch``)."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
@@ -98,8 +101,11 @@ def save_checkpoint(
     for name, value in (("settings", settings), ("identity", identity)):
         if value:
             arrays[f"meta.{name}"] = np.array(json.dumps(value, sort_keys=True))
+    if partial is not None:
+        arrays["meta.partial"] = np.array(json.dumps(partial, sort_keys=True))
     Path(directory).mkdir(parents=True, exist_ok=True)
-    path = Path(directory) / f"checkpoint-epoch{epoch:04d}.npz"
+    mid = f"-step{step:08d}" if partial is not None else ""
+    path = Path(directory) / f"checkpoint-epoch{epoch:04d}{mid}.npz"
     atomic_savez(path, arrays)
     return path
 
@@ -135,12 +141,13 @@ def remove_unfinished(
 
 
 def checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """The checkpoints in ``directory``, oldest epoch first (by number: 10000 after 9999)."""
+    """The checkpoints in ``directory``, oldest first (by number: 10000 after 9999; one written
+    mid-epoch after its epoch's start and before its end)."""
     found = {}
     for p in Path(directory).glob("checkpoint-epoch*.npz"):
         if match := CHECKPOINT_NAME.fullmatch(p.name):
-            found[int(match.group(1))] = p
-    return [found[epoch] for epoch in sorted(found)]
+            found[int(match.group(1)), int(match.group(2) or -1)] = p
+    return [found[key] for key in sorted(found)]
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
@@ -241,7 +248,14 @@ def _same_run(
         raise UserError(
             f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
         )
-    if steps_per_epoch is not None and step != epoch * steps_per_epoch:
+    mid = "meta.partial" in arrays  # written mid-epoch: some of the next epoch's steps made
+    if steps_per_epoch is not None and mid and step // steps_per_epoch != epoch:
+        raise UserError(
+            f"{path}: written by a run that made {step} steps, {epoch} epoch(s) and part of "
+            f"the next, this one makes {steps_per_epoch} an epoch (another global batch, "
+            "`replicate` or data set?)"
+        )
+    if steps_per_epoch is not None and not mid and step != epoch * steps_per_epoch:
         raise UserError(
             f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
             f"makes {steps_per_epoch} an epoch (another global batch, `replicate` or data set?)"

@@ -26,6 +26,7 @@ from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_siz
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
 from xpnn.runtime import lock, stall
 from xpnn.runtime.memory import peak_rss_mb
+from xpnn.train import midepoch
 from xpnn.train.callbacks import (
     Callback,
     Checkpoints,
@@ -288,6 +289,7 @@ class Trainer:
             with path_problems("checkpoint_dir", cfg.checkpoint_dir):
                 checkpoint.refuse_other_runs(cfg.checkpoint_dir)
         self.start_epoch = self._maybe_resume()
+        self.progress = midepoch.EpochProgress.resumed(self)  # a mid-epoch checkpoint's sums
 
     def _norm_total(self, local: float) -> float:
         """This rank's sum of squares of the reduced gradient made the whole model's: its
@@ -353,11 +355,13 @@ class Trainer:
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
         """Epoch ``epoch`` (from 0): the sums of its losses and correct predictions, on device."""
-        xp, begin, end = self.xp, self._step_begin, self._step_end
+        begin, end = self._step_begin, self._step_end
         # float64 on the device: a float32 sum drifts, a host sum waits for the device each step
-        loss_acc = xp.zeros((), dtype=xp.float64)
-        correct_acc = xp.zeros((), dtype=xp.float64)
+        loss_acc, correct_acc = self.progress.begin(self, epoch)  # zeros, or a resume's sums
+        done = self.optimizer.step_count
         for step, batch in enumerate(batches, epoch * self.steps_per_epoch):
+            if step < done:  # resumed from a mid-epoch checkpoint: trained before it
+                continue
             for callback in begin:
                 callback.on_step_begin(self, step)
             loss, correct = self.step(batch, step)
@@ -417,11 +421,11 @@ class Trainer:
             t0 = time.perf_counter()
             for callback in self.callbacks:
                 callback.on_epoch_begin(self, epoch)
-            sent = -self.bytes_sent()
+            sent = self.progress.sent_before(self, epoch) - self.bytes_sent()
             loss_acc, correct_acc = self.train_epoch(epoch, batches)
             sent += self.bytes_sent()
             self.backend.synchronize()
-            seconds = time.perf_counter() - t0
+            seconds = time.perf_counter() - t0 + self.progress.seconds_before(epoch)
             total_seconds += seconds
             stall.in_phase(f"the end of epoch {epoch + 1}")
             data_bytes, model_bytes = (int(b) for b in comm.allreduce_host(sent))

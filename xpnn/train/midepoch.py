@@ -1,0 +1,146 @@
+"""Checkpoints between two epochs' ends (``--checkpoint-signal`` acts at a step's end), and
+their resume, bit for bit: the parameters and optimizer state are saved as at an epoch's end;
+the batches of an epoch are drawn from the seed and the epoch alone, so a resume draws the
+same and skips those already trained; and the running sums of the epoch's metrics record
+(every rank's loss and correct predictions, its seconds and bytes so far) are saved with
+them, so the epoch's record is the one an uninterrupted run writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from xpnn.checkpoint import DamagedCheckpoint, latest_checkpoint, prune_checkpoints, save_checkpoint
+from xpnn.errors import path_problems
+from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
+from xpnn.runtime import stall
+
+if TYPE_CHECKING:
+    from xpnn.train.trainer import Trainer
+
+
+def write_checkpoint(
+    trainer: Trainer, directory: str, keep: int, epoch: int, partial: dict | None = None
+) -> None:
+    """The whole network and optimizer state (gathered; collective over each replica's
+    ranks), written by rank 0 after ``epoch`` epochs and, with ``partial``, some steps more."""
+    model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
+    if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
+        return
+    stall.in_phase(f"the checkpoint at step {optimizer.step_count}")
+    params = whole_params(model, comm)
+    state = {
+        name: whole_arrays(model, comm, model.named_views(buf))
+        for name, buf in optimizer.state.items()
+    }
+    if trainer.is_root:
+        with path_problems("checkpoint_dir", directory):
+            save_checkpoint(
+                directory,
+                params,
+                state,
+                epoch,
+                optimizer.step_count,
+                trainer.cfg.seed,
+                trainer.data.name,
+                trainer.settings(),
+                trainer.identity(),
+                partial,
+            )
+            prune_checkpoints(directory, keep)  # only once the new one is whole
+
+
+class EpochProgress:
+    """The running sums of the epoch under way: ``begin`` gives the trainer its accumulators
+    (added to in place), restored on the epoch a mid-epoch checkpoint was written in."""
+
+    def __init__(self, restored: dict[str, Any] | None = None, epoch: int = -1) -> None:
+        self.restored, self.restored_epoch = restored, epoch
+        self.sums: tuple[Any, Any] | None = None
+        self.t0 = 0.0
+        self.sent0 = np.zeros(2)
+
+    @classmethod
+    def resumed(cls, trainer: Trainer) -> EpochProgress:
+        """The partial epoch the resumed checkpoint left, if it was written mid-epoch."""
+        cfg = trainer.cfg
+        done = trainer.optimizer.step_count
+        if not (cfg.resume and cfg.checkpoint_dir) or done % trainer.steps_per_epoch == 0:
+            return cls()
+        path = latest_checkpoint(cfg.checkpoint_dir)  # the one just resumed: the lock holds
+        return cls(saved_partial(path), done // trainer.steps_per_epoch)
+
+    def begin(self, trainer: Trainer, epoch: int) -> tuple[Any, Any]:
+        """The epoch's loss and correct-prediction accumulators (float64, on the device)."""
+        xp = trainer.xp
+        loss, correct = 0.0, 0.0
+        if epoch == self.restored_epoch and self.restored is not None:
+            rows, rank = self.restored["sums"], trainer.metrics_comm.rank
+            if len(rows) == trainer.metrics_comm.size:  # the same layout: each its own
+                loss, correct = rows[rank]
+            elif rank == 0:  # another layout: one rank holds them all
+                loss, correct = (math.fsum(column) for column in zip(*rows, strict=True))
+        self.sums = (xp.asarray(loss, dtype=xp.float64), xp.asarray(correct, dtype=xp.float64))
+        self.t0, self.sent0 = time.perf_counter(), trainer.bytes_sent()
+        return self.sums
+
+    def seconds_before(self, epoch: int) -> float:
+        """The seconds the epoch took before its checkpoint (0 but on the resumed one)."""
+        return self._restored(epoch, "seconds", 0.0)
+
+    def sent_before(self, trainer: Trainer, epoch: int) -> np.ndarray:
+        """The epoch's bytes before its checkpoint, [data, replica], held by rank 0 alone (the
+        ranks' counts are summed)."""
+        sent = self._restored(epoch, "sent", [0.0, 0.0]) if trainer.comm.rank == 0 else [0, 0]
+        return np.array(sent, dtype=np.float64)
+
+    def _restored(self, epoch: int, key: str, default: Any) -> Any:
+        if epoch != self.restored_epoch or self.restored is None:
+            return default
+        return self.restored[key]
+
+    def snapshot(self, trainer: Trainer, epoch: int) -> dict[str, Any]:
+        """What a checkpoint written now must hold of the epoch (collective: every rank)."""
+        assert self.sums is not None, "snapshot before the epoch's begin"
+        mine = [float(self.sums[0]), float(self.sums[1])]
+        rows = trainer.metrics_comm.allgather_obj(mine, "the gathering of the epoch's sums")
+        sent = trainer.comm.allreduce_host(trainer.bytes_sent() - self.sent0)
+        sent += np.array(self._restored(epoch, "sent", [0.0, 0.0]))
+        seconds = time.perf_counter() - self.t0 + self.seconds_before(epoch)
+        return {"sums": rows, "seconds": seconds, "sent": [float(b) for b in sent]}
+
+
+PARTIAL_KEYS = {"sums", "seconds", "sent"}
+
+
+def saved_partial(path: Any) -> dict[str, Any] | None:
+    """``meta.partial`` of the checkpoint ``path`` (read alone), or None where there is none."""
+    with np.load(path, allow_pickle=False) as data:
+        if "meta.partial" not in data.files:
+            return None
+        stored = data["meta.partial"]
+    try:
+        value = json.loads(str(stored)) if stored.shape == () else None
+    except ValueError:
+        value = None
+    if not (isinstance(value, dict) and value.keys() == PARTIAL_KEYS and _numbers(value)):
+        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.partial is {stored.tolist()!r})")
+    return value
+
+
+def _numbers(partial: dict[str, Any]) -> bool:
+    rows, sent = partial["sums"], partial["sent"]
+    return (
+        isinstance(rows, list)
+        and all(isinstance(row, list) and len(row) == 2 for row in rows)
+        and isinstance(sent, list)
+        and len(sent) == 2
+        and all(
+            isinstance(v, int | float) and math.isfinite(v)
+            for v in [partial["seconds"], *sent, *(x for row in rows for x in row)]
+        )
+    )
