@@ -396,41 +396,51 @@ def test_checkpoint_signal_then_resume_records_every_epoch_once(tmp_path):
     assert events[-1] == "done" and events.count("done") == 1
 
 
+MID_EPOCH = {  # the run; what rank 0 waits for before its pause; the line it stops with
+    "epochs": (["--epochs", "3"], "epoch 1/", "of epoch 2's 5 steps) written; stopping"),
+    "steps": (["--steps", "14", "--eval-every", "4"], "step 8/", "written; stopping"),
+}
+
+
 @pytest.mark.mpi
-def test_checkpoint_signal_mid_epoch_then_resume_is_bit_exact(tmp_path):
-    """USR1 while epoch 2 runs: the ranks stop at the end of a step inside it, its checkpoint
-    holds the step and the epoch's sums so far; the resume skips the batches done, and the
-    parameters and every metrics record's losses equal an uninterrupted run's (float64)."""
-    run = [*ARGS, "--epochs", "3"]
+@pytest.mark.parametrize("mode", MID_EPOCH)
+def test_checkpoint_signal_mid_epoch_then_resume_is_bit_exact(tmp_path, mode):
+    """USR1 while epoch 2 runs (by ``steps``: between two evaluations, whose checkpoints a
+    ``checkpoint_dir`` holds): the ranks stop at the end of a step, its checkpoint holds the
+    step and the running sums of the epoch's (span's) record; the resume skips the batches
+    done, and the parameters and every metrics record equal an uninterrupted run's
+    (float64)."""
+    extra, line, stopped = MID_EPOCH[mode]
+    run = [*ARGS, *extra]
     whole = run_xpnn([*run, "--save", str(tmp_path / "whole.npz"),
                       "--metrics", str(tmp_path / "whole.jsonl")], ranks=2)  # fmt: skip
     assert whole.returncode == 0, whole.stderr
     ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
     common = [*run, "--checkpoint-dir", str(ck), "--metrics", str(metrics)]
-    # rank 0 pauses before epoch 2's third step (step 7 of 0..14): the signal lands mid-epoch
-    job = Job([*common, "--checkpoint-signal", "USR1"], env={"XPNN_SLEEP_AT": "0:7:1"})
+    # rank 0 pauses before step 7 (epoch 2's third) or 9: the signal lands between records
+    pause = "0:7:1" if mode == "epochs" else "0:9:1"
+    job = Job([*common, "--checkpoint-signal", "USR1"], env={"XPNN_SLEEP_AT": pause})
     try:
-        job.wait_for_line("epoch 1/")
+        job.wait_for_line(line)
         os.kill(job.proc.pid, signal.SIGUSR1)
         code, err, seconds = job.finish(60)
     finally:
         job.kill()
     said = [line for line in job.out.splitlines() if "SIGUSR1" in line]
-    record(case="SIGUSR1 (--checkpoint-signal USR1)", moment="mid-epoch, to mpiexec",
+    record(case=f"SIGUSR1 (--checkpoint-signal USR1), by {mode}", moment="mid-epoch, to mpiexec",
            exit=code, seconds=round(seconds, 2), stderr=said[-1] if said else "")  # fmt: skip
     assert code == 75, err
-    assert len(said) == 1 and "of epoch 2's 5 steps) written; stopping with exit 75" in said[0]
+    assert len(said) == 1 and stopped in said[0] and "exit 75" in said[0], job.out
     newest = checkpoints(ck)[-1].name
     epochs, step = CHECKPOINT_NAME.fullmatch(newest).groups()
-    assert epochs == "0001" and 5 < int(step) < 10, newest  # inside epoch 2
-    assert _epochs(metrics) == [1]
+    assert epochs == "0001" and 5 < int(step) < 10 if mode == "epochs" else 8 < int(step) < 12
 
     done = run_xpnn([*common, "--resume", "--save", str(tmp_path / "resumed.npz")], ranks=2)
     assert done.returncode == 0, done.stderr
-    assert f"resume: {ck / newest} (epoch 1, step " in done.stdout
+    assert f"resume: {ck / newest} (epoch {int(epochs)}, step {int(step)})" in done.stdout
     a, b = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "resumed.npz")
     assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
-    keys = ("event", "epoch", "train_loss", "train_acc", "test_loss", "test_acc")
+    keys = ("event", "epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc")
     assert [_pick(r, keys) for r in _records(metrics)] == [
         _pick(r, keys) for r in _records(tmp_path / "whole.jsonl")
     ]

@@ -13,7 +13,7 @@ from xpnn.checkpoint import KEEP_CHECKPOINTS
 from xpnn.errors import UserError, path_problems
 from xpnn.runtime.threads import describe_threads
 from xpnn.train import metrics_file
-from xpnn.train.midepoch import write_checkpoint
+from xpnn.train.midepoch import partial_of, write_checkpoint
 
 if TYPE_CHECKING:
     from xpnn.train.trainer import Trainer
@@ -62,7 +62,8 @@ class MetricsFile(Callback):
             if trainer.optimizer.step_count == 0:  # a fresh run, a fresh file
                 open(self.path, "w").close()
             else:  # each epoch once: what came after the resumed checkpoint goes
-                metrics_file.keep_until(self.path, trainer.start_epoch)
+                steps = trainer.optimizer.step_count if trainer.cfg.steps else None
+                metrics_file.keep_until(self.path, trainer.start_epoch, steps)
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not trainer.is_root:
@@ -155,6 +156,14 @@ class Checkpoints(Callback):
         if not all(math.isfinite(record[k]) for k in ("train_loss", "test_loss")):
             return  # a diverged epoch is never checkpointed
         write_checkpoint(trainer, self.directory, self.keep, record["epoch"])
+
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """Training by ``steps``: a checkpoint at every evaluation, its span just recorded."""
+        if not all(math.isfinite(record[k]) for k in ("train_loss", "test_loss")):
+            return
+        epochs = record["step"] // trainer.steps_per_epoch
+        partial = partial_of("steps", [], 0.0, [0.0, 0.0])  # the next span starts afresh
+        write_checkpoint(trainer, self.directory, self.keep, epochs, partial)
 
 
 class FaultInjection(Callback):

@@ -55,35 +55,49 @@ def write_checkpoint(
 
 
 class EpochProgress:
-    """The running sums of the epoch under way: ``begin`` gives the trainer its accumulators
-    (added to in place), restored on the epoch a mid-epoch checkpoint was written in."""
+    """The running sums of the epoch under way (``begin`` gives the trainer its accumulators,
+    added to in place) or, training by ``steps``, of the span of steps since the last
+    evaluation (``span``): what a checkpoint written between two records saves, and what its
+    resume restores on the epoch or span it was written in."""
 
     def __init__(self, restored: dict[str, Any] | None = None, epoch: int = -1) -> None:
         self.restored, self.restored_epoch = restored, epoch
         self.sums: tuple[Any, Any] | None = None
         self.t0 = 0.0
         self.sent0 = np.zeros(2)
+        self.span: dict[str, Any] | None = None  # training by steps: the span under way
 
     @classmethod
     def resumed(cls, trainer: Trainer) -> EpochProgress:
-        """The partial epoch the resumed checkpoint left, if it was written mid-epoch."""
+        """The partial epoch or span the resumed checkpoint left, if it left one."""
         cfg = trainer.cfg
         done = trainer.optimizer.step_count
-        if not (cfg.resume and cfg.checkpoint_dir) or done % trainer.steps_per_epoch == 0:
+        if not (cfg.resume and cfg.checkpoint_dir) or done == 0:
             return cls()
         path = latest_checkpoint(cfg.checkpoint_dir)  # the one just resumed: the lock holds
-        return cls(saved_partial(path), done // trainer.steps_per_epoch)
+        partial = saved_partial(path) if path is not None else None
+        kind = "epoch" if cfg.steps is None else "steps"
+        if partial is None or partial["kind"] != kind:  # at an epoch's end, or the other kind
+            return cls()
+        return cls(partial, done // trainer.steps_per_epoch)
+
+    @staticmethod
+    def _own_sums(trainer: Trainer, restored: dict[str, Any]) -> tuple[float, float]:
+        """This rank's share of the restored sums: its own in the same layout, else rank 0
+        holds them all."""
+        rows, rank = restored["sums"], trainer.metrics_comm.rank
+        if len(rows) == trainer.metrics_comm.size:
+            return rows[rank][0], rows[rank][1]
+        if rank == 0 and rows:
+            return math.fsum(r[0] for r in rows), math.fsum(r[1] for r in rows)
+        return 0.0, 0.0
 
     def begin(self, trainer: Trainer, epoch: int) -> tuple[Any, Any]:
         """The epoch's loss and correct-prediction accumulators (float64, on the device)."""
         xp = trainer.xp
         loss, correct = 0.0, 0.0
         if epoch == self.restored_epoch and self.restored is not None:
-            rows, rank = self.restored["sums"], trainer.metrics_comm.rank
-            if len(rows) == trainer.metrics_comm.size:  # the same layout: each its own
-                loss, correct = rows[rank]
-            elif rank == 0:  # another layout: one rank holds them all
-                loss, correct = (math.fsum(column) for column in zip(*rows, strict=True))
+            loss, correct = self._own_sums(trainer, self.restored)
         self.sums = (xp.asarray(loss, dtype=xp.float64), xp.asarray(correct, dtype=xp.float64))
         self.t0, self.sent0 = time.perf_counter(), trainer.bytes_sent()
         return self.sums
@@ -106,15 +120,60 @@ class EpochProgress:
     def snapshot(self, trainer: Trainer, epoch: int) -> dict[str, Any]:
         """What a checkpoint written now must hold of the epoch (collective: every rank)."""
         assert self.sums is not None, "snapshot before the epoch's begin"
-        mine = [float(self.sums[0]), float(self.sums[1])]
-        rows = trainer.metrics_comm.allgather_obj(mine, "the gathering of the epoch's sums")
+        rows = self._gather(trainer, self.sums)
         sent = trainer.comm.allreduce_host(trainer.bytes_sent() - self.sent0)
-        sent += np.array(self._restored(epoch, "sent", [0.0, 0.0]))
+        sent += self.sent_before(trainer, epoch)  # rank 0 holds the restored count
         seconds = time.perf_counter() - self.t0 + self.seconds_before(epoch)
-        return {"sums": rows, "seconds": seconds, "sent": [float(b) for b in sent]}
+        return partial_of("epoch", rows, seconds, sent)
+
+    def resume_span(self, trainer: Trainer, span: dict[str, Any]) -> dict[str, Any]:
+        """Training by steps: ``span``, just begun, carried on from the resumed checkpoint's
+        (the first one only); every span is kept for ``span_snapshot``."""
+        restored, self.restored = self.restored, None
+        if restored is not None:
+            xp = trainer.xp
+            loss, correct = self._own_sums(trainer, restored)
+            span["loss"] = xp.asarray(loss, dtype=xp.float64)
+            span["correct"] = xp.asarray(correct, dtype=xp.float64)
+            span["t0"] -= restored["seconds"]
+            span["steps"] += restored["steps"]
+            span["samples"] += restored["samples"]
+            if trainer.comm.rank == 0:
+                span["sent"] += np.array(restored["sent"], dtype=np.float64)
+        self.span = span
+        return span
+
+    def span_snapshot(self, trainer: Trainer) -> dict[str, Any]:
+        """Training by steps: what a checkpoint written now must hold of the span under way."""
+        span = self.span
+        if span is None:  # a checkpoint right after an evaluation: nothing under way
+            return partial_of("steps", [], 0.0, [0.0, 0.0])
+        rows = self._gather(trainer, (span["loss"], span["correct"]))
+        sent = trainer.comm.allreduce_host(span["sent"] + trainer.bytes_sent())
+        seconds = time.perf_counter() - span["t0"]
+        return partial_of("steps", rows, seconds, sent, span["samples"], span["steps"])
+
+    @staticmethod
+    def _gather(trainer: Trainer, sums: tuple[Any, Any]) -> list[list[float]]:
+        mine = [float(sums[0]), float(sums[1])]
+        return trainer.metrics_comm.allgather_obj(mine, "the gathering of the running sums")
 
 
-PARTIAL_KEYS = {"sums", "seconds", "sent"}
+def partial_of(
+    kind: str, rows: list, seconds: float, sent: Any, samples: int = 0, steps: int = 0
+) -> dict[str, Any]:
+    """``meta.partial``: the running sums of an epoch or of a span of steps, by rank."""
+    return {
+        "kind": kind,
+        "sums": rows,
+        "seconds": seconds,
+        "sent": [float(b) for b in sent],
+        "samples": samples,
+        "steps": steps,
+    }
+
+
+PARTIAL_KEYS = {"kind", "sums", "seconds", "sent", "samples", "steps"}
 
 
 def saved_partial(path: Any) -> dict[str, Any] | None:
@@ -135,7 +194,9 @@ def saved_partial(path: Any) -> dict[str, Any] | None:
 def _numbers(partial: dict[str, Any]) -> bool:
     rows, sent = partial["sums"], partial["sent"]
     return (
-        isinstance(rows, list)
+        partial["kind"] in ("epoch", "steps")
+        and all(isinstance(partial[k], int) and partial[k] >= 0 for k in ("samples", "steps"))
+        and isinstance(rows, list)
         and all(isinstance(row, list) and len(row) == 2 for row in rows)
         and isinstance(sent, list)
         and len(sent) == 2

@@ -37,7 +37,7 @@ class CheckpointOnSignal(Callback):
         self.signum = getattr(signal, f"SIG{name}")
         self.directory = checkpoint_dir
         self.asked = False
-        self.at_epoch_end = False  # agreed on an epoch's last step: its checkpoint will do
+        self.at_record = False  # agreed where a record and its checkpoint follow: they will do
         self.mpi: Any = None  # the ranks' own communicator for the question
         self.mine, self.anyone = np.zeros(1), np.zeros(1)
         self.request: Any = None
@@ -62,26 +62,39 @@ class CheckpointOnSignal(Callback):
             agreed = self.anyone[0] > 0
         else:
             agreed = self.asked
-        if not agreed or self.at_epoch_end or trainer.cfg.steps is not None:
+        if not agreed or self.at_record:
             return
-        per_epoch = trainer.steps_per_epoch
-        if (step + 1) % per_epoch == 0:  # the epoch ends here: its own checkpoint follows
-            self.at_epoch_end = True
-            return
-        epoch = (step + 1) // per_epoch
-        partial = trainer.progress.snapshot(trainer, epoch)
+        cfg, made, per_epoch = trainer.cfg, step + 1, trainer.steps_per_epoch
+        if cfg.steps is not None:
+            if made == cfg.steps:  # the run ends with this step
+                return
+            if made % (cfg.eval_every or cfg.steps) == 0:  # its evaluation's checkpoint follows
+                self.at_record = True
+                return
+            partial = trainer.progress.span_snapshot(trainer)
+            what = f"checkpoint at step {made}"
+        else:
+            if made % per_epoch == 0:  # the epoch ends here: its own checkpoint follows
+                self.at_record = True
+                return
+            partial = trainer.progress.snapshot(trainer, made // per_epoch)
+            what = (
+                f"checkpoint at step {made} ({made % per_epoch} of epoch "
+                f"{made // per_epoch + 1}'s {per_epoch} steps)"
+            )
         if not all(math.isfinite(x) for row in partial["sums"] for x in row):
-            return  # diverging: the epoch's end says so, and no checkpoint is written
-        write_checkpoint(trainer, self.directory, trainer.cfg.keep_checkpoints, epoch, partial)
-        done = step + 1 - epoch * per_epoch
-        self._stop(trainer, f"checkpoint at step {step + 1} ({done} of epoch {epoch + 1}'s "
-                            f"{per_epoch} steps)")  # fmt: skip
+            return  # diverging: the record says so, and no checkpoint is written
+        write_checkpoint(trainer, self.directory, cfg.keep_checkpoints, made // per_epoch, partial)
+        self._stop(trainer, what)
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         # after the Checkpoints callback (the trainer's own come first): the epoch is saved
-        if not self.at_epoch_end or not math.isfinite(record["train_loss"] + record["test_loss"]):
-            return
-        self._stop(trainer, f"checkpoint of epoch {record['epoch']}")
+        if self.at_record and math.isfinite(record["train_loss"] + record["test_loss"]):
+            self._stop(trainer, f"checkpoint of epoch {record['epoch']}")
+
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.at_record and math.isfinite(record["train_loss"] + record["test_loss"]):
+            self._stop(trainer, f"checkpoint at step {record['step']}")
 
     def _stop(self, trainer: Trainer, what: str) -> None:
         if trainer.is_root:

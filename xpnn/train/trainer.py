@@ -166,10 +166,6 @@ def check_recipe(cfg: TrainConfig) -> None:
             f"`accumulate` {cfg.accumulate}: more micro-steps than the global batch's "
             f"{cfg.batch_size} samples"
         )
-    if cfg.steps is not None and cfg.checkpoint_dir:
-        raise UserError(
-            "`checkpoint_dir`: checkpoints are written at the end of epochs, not with `steps`"
-        )
 
 
 CHOICES = {
@@ -498,9 +494,11 @@ class Trainer:
         cfg, xp = self.cfg, self.xp
         every = cfg.eval_every or steps
         total_seconds, test_loss, test_acc = 0.0, float("nan"), float("nan")
-        step, epoch, span = 0, 0, None
+        step = self.optimizer.step_count  # resumed: the steps before its checkpoint are done
+        epoch, span = step // self.steps_per_epoch, None
+        done = step - epoch * self.steps_per_epoch  # ... and that epoch's first batches
         while step < steps:
-            for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch):
+            for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)[done:]:
                 if span is None:  # a span of steps between evaluations begins
                     self.backend.synchronize()
                     stall.in_phase(f"the start of step {step + 1}")
@@ -508,6 +506,7 @@ class Trainer:
                     zero = xp.zeros((), dtype=xp.float64)
                     span = {"t0": time.perf_counter(), "sent": -self.bytes_sent(), "steps": 0}
                     span |= {"loss": zero, "correct": zero, "samples": 0}
+                    span = self.progress.resume_span(self, span)  # a resume's span goes on
                 for callback in self._step_begin:
                     callback.on_step_begin(self, step)
                 loss, correct = self.step(batch, step)
@@ -524,7 +523,7 @@ class Trainer:
                     span = None
                 if step == steps:
                     break
-            epoch += 1
+            epoch, done = epoch + 1, 0
         self._epochs_seen = epoch
         return total_seconds, test_loss, test_acc
 
@@ -606,6 +605,8 @@ class Trainer:
                 ) from None
             raise
         done = f"; `epochs` {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
+        if cfg.steps is not None:  # training by steps: its count is what is reached
+            done = f"; `steps` {cfg.steps} reached, nothing to train" if step >= cfg.steps else ""
         changed = checkpoint.changed_settings(before, self.settings())
         since = f"; changed since: {', '.join(changed)}" if changed else ""
         self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
