@@ -43,7 +43,7 @@ def check_metrics_file(path: str | os.PathLike) -> None:
     if first and not (first.endswith(b"\n") and is_record(first)) and not _cut_record(first):
         raise UserError(
             f"`metrics` {path}: exists and is not an xpnn metrics file (its first line is not "
-            "a JSON record of an epoch); give a new file name, or remove it"
+            "an xpnn record); give a new file name, or remove it"
         )
 
 
