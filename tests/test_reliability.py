@@ -26,6 +26,7 @@ from xpnn.checkpoint import (
     checkpoints,
     read_npz,
     remove_unfinished,
+    save_checkpoint,
 )
 from xpnn.runtime import lock
 from xpnn.train import metrics_file
@@ -526,3 +527,33 @@ def test_a_huge_stop_grace_is_refused_in_one_line(tmp_path):
     assert (
         proc.stderr.strip() == "xpnn: XPNN_STOP_GRACE=1e308: expected at most 86400 seconds (a day)"
     )
+
+
+def test_a_mid_epoch_checkpoint_sorts_between_its_epochs_and_its_sums_are_checked(tmp_path):
+    """``checkpoint-epoch0001-step00000009.npz`` comes after epoch 1's and before epoch 2's;
+    a ``meta.partial`` that is not the running sums xpnn writes is a damaged checkpoint."""
+    from xpnn.train.midepoch import partial_of, saved_partial
+
+    params = {"layer0.W": np.ones(2)}
+    good = partial_of("epoch", [[1.5, 3.0], [2.5, 4.0]], 0.25, [8.0, 0.0])
+    for epoch, step, partial in ((2, 10, None), (1, 5, None), (1, 9, good)):
+        save_checkpoint(tmp_path, params, {}, epoch, step, 0, partial=partial)
+    assert [p.name for p in checkpoints(tmp_path)] == [
+        "checkpoint-epoch0001.npz",
+        "checkpoint-epoch0001-step00000009.npz",
+        "checkpoint-epoch0002.npz",
+    ]
+    assert saved_partial(checkpoints(tmp_path)[1]) == good
+    assert saved_partial(checkpoints(tmp_path)[0]) is None
+    bad = {**good, "sums": [[1.0, "x"]]}
+    path = save_checkpoint(tmp_path, params, {}, 1, 8, 0, partial=bad)
+    with pytest.raises(DamagedCheckpoint, match="meta.partial"):
+        saved_partial(path)
+
+
+def test_a_resume_by_steps_keeps_the_records_up_to_its_step(tmp_path):
+    path = tmp_path / "m.jsonl"
+    for step in (4, 8, 12):
+        metrics_file.append_record(path, {"event": "eval", "step": step, "epoch": step / 5})
+    assert metrics_file.keep_until(path, 1, step=9) == 1
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [4, 8]
