@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, TINY_FLOAT64_RUN, mpiexec_path, run_xpnn
-from faults import Job, left_behind, record, snapshot, wait_for_file
+from faults import Job, left_behind, rank_pids, record, snapshot, wait_for_write, writing
 
 from xpnn.checkpoint import (
     CHECKPOINT_NAME,
@@ -66,7 +66,7 @@ def test_a_second_job_in_a_checkpoint_directory_is_refused_naming_the_holder(tmp
         [*ARGS, "--epochs", "2", "--checkpoint-dir", str(ck)],
         env={"XPNN_SAVE_FAULT": "sleep:4", "SLURM_JOB_ID": "4242"},
     )
-    held = wait_for_file(ck, "checkpoint-epoch0001.npz.*.tmp")
+    wait_for_write(holder, ck)
     for extra in ([], ["--resume"]):
         start = time.monotonic()
         second = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), *extra], timeout=120)
@@ -75,7 +75,8 @@ def test_a_second_job_in_a_checkpoint_directory_is_refused_naming_the_holder(tmp
         assert len(lines) == 1 and "in use by job 4242, pid" in lines[0], second.stderr
         record(case="lock", moment="second job" + (" --resume" if extra else ""), exit=2,
                seconds=round(time.monotonic() - start, 2), stderr=lines[0])  # fmt: skip
-        assert held.exists(), "the second job deleted the first one's checkpoint in progress"
+        holders = [holder.proc.pid, *rank_pids(holder.proc.pid).values()]
+        assert writing(holders, ck), "the second job cut the first one's checkpoint short"
     code, err, _ = holder.finish(120)
     assert code == 0, err
     assert sorted(p.name for p in ck.iterdir()) == [
@@ -234,7 +235,7 @@ def test_sigterm_during_the_final_save_leaves_no_file_and_no_tmp(tmp_path):
     job = Job([*ARGS, "--epochs", "1", "--save", str(saved)], env={"XPNN_SAVE_FAULT": "sleep:30"})
     try:
         job.ranks(2)
-        wait_for_file(tmp_path, "final.npz.*.tmp")
+        wait_for_write(job, tmp_path)
         os.kill(job.proc.pid, signal.SIGTERM)
         code, err, seconds = job.finish(30)
     finally:
@@ -255,7 +256,7 @@ def test_sigint_and_sigquit_during_the_final_save_end_as_sigterm_does(tmp_path, 
     job = Job([*ARGS, "--epochs", "1", "--save", str(saved)], env={"XPNN_SAVE_FAULT": "sleep:30"})
     try:
         job.ranks(2)
-        wait_for_file(tmp_path, "final.npz.*.tmp")
+        wait_for_write(job, tmp_path)
         os.kill(job.proc.pid, signum)
         code, err, seconds = job.finish(30)
     finally:
@@ -276,7 +277,7 @@ def test_signals_hydra_does_not_pass_on_end_mpiexec_and_the_next_run_recovers(tm
     ``mpiexec`` has no handler for them and dies of it (exit 128 + n), and its proxy kills
     every rank with SIGKILL within a millisecond, before any rank can say a word. What xpnn
     promises there: every checkpoint with its name is whole, no rank is left, and the write
-    cut short is a ``.tmp`` that the ``--resume`` of the job removes."""
+    cut short leaves nothing (it had no name yet); the ``--resume`` of the job goes on."""
     ck = tmp_path / "ck"
     for signum in (signal.SIGHUP, signal.SIGXCPU, signal.SIGUSR2):
         before = snapshot()
@@ -284,10 +285,7 @@ def test_signals_hydra_does_not_pass_on_end_mpiexec_and_the_next_run_recovers(tm
                   env={"XPNN_SAVE_FAULT": "sleep:30"})  # fmt: skip
         try:
             ranks = job.ranks(2)
-            for old in ck.glob("*.tmp"):  # the last case's, which this job's start removes
-                while old.exists():
-                    time.sleep(0.01)
-            wait_for_file(ck, "checkpoint-epoch*.npz.*.tmp")
+            wait_for_write(job, ck)
             os.kill(job.proc.pid, signum)
             code, err, seconds = job.finish(30)
         finally:
@@ -298,7 +296,7 @@ def test_signals_hydra_does_not_pass_on_end_mpiexec_and_the_next_run_recovers(tm
         assert code == -signum, (name, err)  # a shell shows 128 + n
         assert _xpnn_lines(err) == [], (name, err)
         assert _gone(ranks.values()), name
-        assert len(list(ck.glob("*.tmp"))) == 1, name
+        assert not list(ck.glob("*.tmp")), name  # the write had no name yet: nothing stays
         for path in ck.glob("checkpoint-epoch*.npz"):
             read_npz(path)  # whole
         assert not left_behind(before)
@@ -379,7 +377,7 @@ def test_checkpoint_signal_then_resume_records_every_epoch_once(tmp_path):
     job = Job([*common, "--resume"], env={"XPNN_SAVE_FAULT": "sleep:30"})
     try:
         job.ranks(2)
-        wait_for_file(ck, f"checkpoint-epoch{last + 1:04d}.npz.*.tmp")
+        wait_for_write(job, ck)  # epoch last + 1's checkpoint
         os.kill(job.proc.pid, signal.SIGTERM)
         code, err, _ = job.finish(60)
     finally:

@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import re
+import secrets
 import tempfile
 import time
 import zipfile
@@ -23,24 +24,60 @@ from xpnn.parallel.model.whole import own_piece, whole_shape, whole_size
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write to a temporary file beside ``path`` and rename: a crash never leaves half a file.
+    """Write to a file without a name in ``path``'s directory (Linux's ``O_TMPFILE``; else a
+    temporary name beside it), name it when it is whole, and rename: a crash never leaves half
+    a file, and a writer killed mid-write (``kill -9``, hydra's SIGKILL) leaves nothing at all.
     A symbolic link is followed: the file it names is replaced, the link stays."""
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     if path.parent and not path.parent.exists():
         raise UserError(f"{path}: directory {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+    fd = _unnamed_file(path.parent)
+    tmp = None
     try:
+        if fd is None:  # a file system without unnamed files: named from the start
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from the group
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
             _injected_fault()
             fh.flush()
             os.fsync(fh.fileno())  # on disk before its name is: a power cut leaves no empty file
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from the user's group
+            if tmp is None:  # named now, whole, for the moment until the rename
+                tmp = _link_unnamed(fh.fileno(), path)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _unnamed_file(directory: Path) -> int | None:
+    """A file open for writing in ``directory`` that has no name yet, or None where the system
+    or the file system has none (not Linux, NFS, no ``/proc`` to name it through)."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(directory or ".", flag | os.O_WRONLY, 0o666)  # less the umask
+    except OSError:  # EOPNOTSUPP, or EISDIR from a kernel without O_TMPFILE
+        return None
+
+
+def _link_unnamed(fd: int, path: Path) -> str:
+    """Give the unnamed file ``fd`` a temporary name beside ``path``; that name."""
+    root = os.open("/", os.O_RDONLY)
+    try:
+        for _ in range(8):
+            tmp = str(path.parent / f"{path.name}.{secrets.token_hex(4)}.tmp")
+            try:  # a directory fd makes Python call linkat(), which follows /proc's link
+                os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=root)
+            except FileExistsError:
+                continue
+            return tmp
+        raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path}")
+    finally:
+        os.close(root)
 
 
 def _fsync_dir(directory: Path) -> None:
