@@ -319,6 +319,37 @@ def _gone(pids, timeout: float = 10) -> bool:
 
 
 @pytest.mark.mpi
+def test_sighup_to_mpiexec_during_the_final_save_leaves_neither_file_nor_tmp(tmp_path):
+    """The last moment: the ranks are SIGKILLed inside the write, which had no name yet."""
+    job = Job([*ARGS, "--epochs", "1", "--save", str(tmp_path / "final.npz")],
+              env={"XPNN_SAVE_FAULT": "sleep:30"})  # fmt: skip
+    try:
+        ranks = job.ranks(2)
+        wait_for_write(job, tmp_path)
+        os.kill(job.proc.pid, signal.SIGHUP)
+        code, err, seconds = job.finish(30)
+    finally:
+        job.kill()
+    record(case="SIGHUP", moment="the final --save, to mpiexec", exit=code,
+           seconds=round(seconds, 2), stderr="none: its proxy SIGKILLs the ranks")  # fmt: skip
+    assert code == -signal.SIGHUP, err
+    assert _gone(ranks.values())
+    assert sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.mpi
+def test_a_rank_writes_into_hydras_stdout_pipe_unless_hydra_changes_the_output():
+    """Under ``mpiexec`` writing into a pipe, a rank finds that pipe; with ``-l`` (hydra
+    prefixes each line with its rank) or into a file, it leaves its output to hydra."""
+    probe = "from xpnn.runtime.launcher_pipe import launcher_stdout as f; print(f())"
+    for options, piped in (([], True), (["-l"], False)):
+        proc = subprocess.run([mpiexec_path(), *options, "-n", "1", sys.executable, "-c", probe],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().endswith("/fd/1") == piped, proc.stdout
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_closed_stdout_is_one_line_and_exit_141(tmp_path, ranks):
     """``python -m xpnn ... | head -1``, alone and under ``mpiexec -n 2``: the rank writing the
