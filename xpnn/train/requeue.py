@@ -60,6 +60,8 @@ class CheckpointOnSignal(Callback):
         if self.mpi is not None:
             stall.wait(self.request, "the agreement on a checkpoint request")
             agreed = self.anyone[0] > 0
+        elif trainer.comm.size > 1:  # a communicator without MPI's own: a blocking exchange
+            agreed = trainer.comm.allreduce_host([float(self.asked)])[0] > 0
         else:
             agreed = self.asked
         if not agreed or self.at_record:
