@@ -426,21 +426,22 @@ def test_checkpoint_signal_then_resume_records_every_epoch_once(tmp_path):
     assert events[-1] == "done" and events.count("done") == 1
 
 
-MID_EPOCH = {  # the run; what rank 0 waits for before its pause; the line it stops with
-    "epochs": (["--epochs", "3"], "epoch 1/", "of epoch 2's 5 steps) written; stopping"),
-    "steps": (["--steps", "14", "--eval-every", "4"], "step 8/", "written; stopping"),
+MID_EPOCH = {  # the run; the line the signal follows; who gets it; the line it stops with
+    "epochs": (["--epochs", "3"], "epoch 1/", "rank 1", "of epoch 2's 5 steps) written; stop"),
+    "steps": (["--steps", "14", "--eval-every", "4"], "step 8/", "mpiexec", "written; stop"),
 }
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", MID_EPOCH)
 def test_checkpoint_signal_mid_epoch_then_resume_is_bit_exact(tmp_path, mode):
-    """USR1 while epoch 2 runs (by ``steps``: between two evaluations, whose checkpoints a
-    ``checkpoint_dir`` holds): the ranks stop at the end of a step, its checkpoint holds the
+    """USR1 while epoch 2 runs (to rank 1 alone: the ranks agree), or by ``steps`` between two
+    evaluations (whose checkpoints a ``checkpoint_dir`` holds): the ranks stop at the end of
+    the same step, its checkpoint holds the
     step and the running sums of the epoch's (span's) record; the resume skips the batches
     done, and the parameters and every metrics record equal an uninterrupted run's
     (float64)."""
-    extra, line, stopped = MID_EPOCH[mode]
+    extra, line, target, stopped = MID_EPOCH[mode]
     run = [*ARGS, *extra]
     whole = run_xpnn([*run, "--save", str(tmp_path / "whole.npz"),
                       "--metrics", str(tmp_path / "whole.jsonl")], ranks=2)  # fmt: skip
@@ -451,13 +452,14 @@ def test_checkpoint_signal_mid_epoch_then_resume_is_bit_exact(tmp_path, mode):
     pause = "0:7:1" if mode == "epochs" else "0:9:1"
     job = Job([*common, "--checkpoint-signal", "USR1"], env={"XPNN_SLEEP_AT": pause})
     try:
+        ranks = job.ranks(2)
         job.wait_for_line(line)
-        os.kill(job.proc.pid, signal.SIGUSR1)
+        os.kill(job.proc.pid if target == "mpiexec" else ranks[1], signal.SIGUSR1)
         code, err, seconds = job.finish(60)
     finally:
         job.kill()
     said = [line for line in job.out.splitlines() if "SIGUSR1" in line]
-    record(case=f"SIGUSR1 (--checkpoint-signal USR1), by {mode}", moment="mid-epoch, to mpiexec",
+    record(case=f"SIGUSR1 (--checkpoint-signal USR1), by {mode}", moment=f"mid-epoch, to {target}",
            exit=code, seconds=round(seconds, 2), stderr=said[-1] if said else "")  # fmt: skip
     assert code == 75, err
     assert len(said) == 1 and stopped in said[0] and "exit 75" in said[0], job.out
