@@ -588,3 +588,24 @@ def test_a_resume_by_steps_keeps_the_records_up_to_its_step(tmp_path):
         metrics_file.append_record(path, {"event": "eval", "step": step, "epoch": step / 5})
     assert metrics_file.keep_until(path, 1, step=9) == 1
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [4, 8]
+
+
+def test_a_steps_run_checkpoints_at_every_evaluation(tmp_path):
+    """``--steps 8 --eval-every 4`` writes a checkpoint at steps 4 and 8; a resume there finds
+    nothing to train and still says the test accuracy; a longer ``--steps`` goes on."""
+    ck = tmp_path / "ck"
+    run = [*ARGS, "--steps", "8", "--eval-every", "4", "--checkpoint-dir", str(ck)]
+    first = run_xpnn(run)
+    assert first.returncode == 0, first.stderr
+    assert [p.name for p in checkpoints(ck)] == [
+        "checkpoint-epoch0000-step00000004.npz",
+        "checkpoint-epoch0001-step00000008.npz",
+    ]
+    again = run_xpnn([*run, "--resume"])
+    assert again.returncode == 0, again.stderr
+    assert "--steps 8 reached, nothing to train" in again.stdout
+    accuracy = [p.stdout.splitlines()[-1].split(", ")[1] for p in (first, again)]
+    assert accuracy[0] == accuracy[1] and accuracy[0].startswith("test_acc 0.")
+    more = run_xpnn([*run, "--resume", "--steps", "10"])
+    assert more.returncode == 0, more.stderr
+    assert "step 10/10" in more.stdout and "step 4/" not in more.stdout

@@ -497,6 +497,8 @@ class Trainer:
         step = self.optimizer.step_count  # resumed: the steps before its checkpoint are done
         epoch, span = step // self.steps_per_epoch, None
         done = step - epoch * self.steps_per_epoch  # ... and that epoch's first batches
+        if step >= steps:  # resumed with nothing left to train: the result is still said
+            test_loss, test_acc = self.evaluate()
         while step < steps:
             for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)[done:]:
                 if span is None:  # a span of steps between evaluations begins
