@@ -98,7 +98,7 @@ class EpochProgress:
         loss, correct = 0.0, 0.0
         if epoch == self.restored_epoch and self.restored is not None:
             loss, correct = self._own_sums(trainer, self.restored)
-        self.sums = (xp.asarray(loss, dtype=xp.float64), xp.asarray(correct, dtype=xp.float64))
+        self.sums = (_device_sum(xp, loss), _device_sum(xp, correct))
         self.t0, self.sent0 = time.perf_counter(), trainer.bytes_sent()
         return self.sums
 
@@ -133,8 +133,7 @@ class EpochProgress:
         if restored is not None:
             xp = trainer.xp
             loss, correct = self._own_sums(trainer, restored)
-            span["loss"] = xp.asarray(loss, dtype=xp.float64)
-            span["correct"] = xp.asarray(correct, dtype=xp.float64)
+            span["loss"], span["correct"] = _device_sum(xp, loss), _device_sum(xp, correct)
             span["t0"] -= restored["seconds"]
             span["steps"] += restored["steps"]
             span["samples"] += restored["samples"]
@@ -157,6 +156,14 @@ class EpochProgress:
     def _gather(trainer: Trainer, sums: tuple[Any, Any]) -> list[list[float]]:
         mine = [float(sums[0]), float(sums[1])]
         return trainer.metrics_comm.allgather_obj(mine, "the gathering of the running sums")
+
+
+def _device_sum(xp: Any, value: float) -> Any:
+    """A float64 accumulator on the device holding ``value``, made as the trainer makes its
+    own (every array namespace has ``zeros``)."""
+    acc = xp.zeros((), dtype=xp.float64)
+    acc += value
+    return acc
 
 
 def partial_of(
