@@ -343,13 +343,14 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--checkpoint-dir",
         type=_path,
-        help="write the network and optimizer state here after every epoch (rank 0)",
+        help="write the network and optimizer state here after every epoch, or with --steps at "
+        "every evaluation (rank 0)",
     )
     a("--resume", action="store_true", help="continue from the latest checkpoint")
     a(
         "--checkpoint-signal",  # the command line's alone: its exit code 75 is a requeue's cue
         choices=SIGNALS,
-        help="on this signal, stop after the epoch under way and its checkpoint, with exit 75 "
+        help="on this signal, stop after the step under way and its checkpoint, with exit 75 "
         "(a requeue script's cue; e.g. sbatch --signal=USR1@600)",
     )
     a(

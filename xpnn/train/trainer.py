@@ -27,6 +27,7 @@ from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
 from xpnn.parallel.update.wire import GRAD_DTYPES, make_wire, sends_gradients
 from xpnn.runtime import lock, stall
 from xpnn.runtime.memory import peak_rss_mb
+from xpnn.train import midepoch
 from xpnn.train.callbacks import (
     Callback,
     Checkpoints,
@@ -173,10 +174,6 @@ def check_recipe(cfg: TrainConfig) -> None:
             f"`accumulate` {cfg.accumulate}: more micro-steps than the global batch's "
             f"{cfg.batch_size} samples"
         )
-    if cfg.steps is not None and cfg.checkpoint_dir:
-        raise UserError(
-            "`checkpoint_dir`: checkpoints are written at the end of epochs, not with `steps`"
-        )
 
 
 CHOICES = {
@@ -305,6 +302,12 @@ class Trainer:
             with path_problems("checkpoint_dir", cfg.checkpoint_dir):
                 checkpoint.refuse_other_runs(cfg.checkpoint_dir)
         self.start_epoch = self._maybe_resume()
+        self.progress = midepoch.EpochProgress.resumed(self)  # a mid-epoch checkpoint's sums
+
+    def batches_done(self) -> int:
+        """The training batches behind the model: its optimizer's steps and, with fp16 loss
+        scaling, the steps skipped for an overflow (what a mid-epoch resume skips)."""
+        return self.optimizer.step_count + (self.loss_scale.skipped if self.loss_scale else 0)
 
     def _scale(self) -> float:
         """The loss scale now: the float16 gradient exchange multiplies by it."""
@@ -380,11 +383,13 @@ class Trainer:
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
         """Epoch ``epoch`` (from 0): the sums of its losses and correct predictions, on device."""
-        xp, begin, end = self.xp, self._step_begin, self._step_end
+        begin, end = self._step_begin, self._step_end
         # float64 on the device: a float32 sum drifts, a host sum waits for the device each step
-        loss_acc = xp.zeros((), dtype=xp.float64)
-        correct_acc = xp.zeros((), dtype=xp.float64)
+        loss_acc, correct_acc = self.progress.begin(self, epoch)  # zeros, or a resume's sums
+        done = self.batches_done()
         for step, batch in enumerate(batches, epoch * self.steps_per_epoch):
+            if step < done:  # resumed from a mid-epoch checkpoint: trained before it
+                continue
             for callback in begin:
                 callback.on_step_begin(self, step)
             loss, correct = self.step(batch, step)
@@ -444,11 +449,11 @@ class Trainer:
             t0 = time.perf_counter()
             for callback in self.callbacks:
                 callback.on_epoch_begin(self, epoch)
-            sent = -self.bytes_sent()
+            sent = self.progress.sent_before(self, epoch) - self.bytes_sent()
             loss_acc, correct_acc = self.train_epoch(epoch, batches)
             sent += self.bytes_sent()
             self.backend.synchronize()
-            seconds = time.perf_counter() - t0
+            seconds = time.perf_counter() - t0 + self.progress.seconds_before(epoch)
             total_seconds += seconds
             stall.in_phase(f"the end of epoch {epoch + 1}")
             data_bytes, model_bytes = (int(b) for b in comm.allreduce_host(sent))
@@ -519,9 +524,13 @@ class Trainer:
         cfg, xp = self.cfg, self.xp
         every = cfg.eval_every or steps
         total_seconds, test_loss, test_acc = 0.0, float("nan"), float("nan")
-        step, epoch, span = 0, 0, None
+        step = self.batches_done()  # resumed: the steps before its checkpoint are done
+        epoch, span = step // self.steps_per_epoch, None
+        done = step - epoch * self.steps_per_epoch  # ... and that epoch's first batches
+        if step >= steps:  # resumed with nothing left to train: the result is still said
+            test_loss, test_acc = self.evaluate()
         while step < steps:
-            for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch):
+            for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)[done:]:
                 if span is None:  # a span of steps between evaluations begins
                     self.backend.synchronize()
                     stall.in_phase(f"the start of step {step + 1}")
@@ -529,6 +538,7 @@ class Trainer:
                     zero = xp.zeros((), dtype=xp.float64)
                     span = {"t0": time.perf_counter(), "sent": -self.bytes_sent(), "steps": 0}
                     span |= {"loss": zero, "correct": zero, "samples": 0}
+                    span = self.progress.resume_span(self, span)  # a resume's span goes on
                 for callback in self._step_begin:
                     callback.on_step_begin(self, step)
                 loss, correct = self.step(batch, step)
@@ -545,7 +555,7 @@ class Trainer:
                     span = None
                 if step == steps:
                     break
-            epoch += 1
+            epoch, done = epoch + 1, 0
         self._epochs_seen = epoch
         return total_seconds, test_loss, test_acc
 
@@ -626,7 +636,10 @@ class Trainer:
                 ) from None
             raise
         done = self._restore_loss_scale(path)
-        done += f"; `epochs` {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
+        if cfg.steps is not None:  # training by steps: its count is what is reached
+            done += f"; `steps` {cfg.steps} reached, nothing to train" if step >= cfg.steps else ""
+        elif epoch >= cfg.epochs:
+            done += f"; `epochs` {cfg.epochs} reached, nothing to train"
         changed = checkpoint.changed_settings(before, self.settings())
         since = f"; changed since: {', '.join(changed)}" if changed else ""
         self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
