@@ -151,15 +151,39 @@ class Job:
                 pass
 
 
-def wait_for_file(folder: Path, pattern: str, timeout: float = 60) -> Path:
-    """The first file in ``folder`` matching ``pattern`` (a write under way)."""
+def writing(pids: list[int], folder: Path) -> bool:
+    """Whether one of ``pids`` is writing a file in ``folder``: one without a name yet
+    (``O_TMPFILE``, which ``/proc`` shows as ``folder/#INODE (deleted)``) or a ``.tmp``."""
+    where = f"{Path(folder).resolve()}/"
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (
+                target.startswith(where)
+                and target.endswith(".tmp")
+                or (target.startswith(f"{where}#") and target.endswith(" (deleted)"))
+            ):
+                return True
+    return False
+
+
+def wait_for_write(job: Job, folder: Path, timeout: float = 60) -> None:
+    """Until a process of ``job`` (rank 0, in practice) is inside a write in ``folder``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = sorted(folder.glob(pattern))
-        if found:
-            return found[0]
+        pids = [job.proc.pid, *rank_pids(job.proc.pid).values()]
+        if writing(pids, folder):
+            return
+        assert job.proc.poll() is None, f"ended before writing: {job.finish(1)[1]}"
         time.sleep(0.005)
-    raise AssertionError(f"no {pattern} in {folder} within {timeout} s")
+    raise AssertionError(f"no write in {folder} within {timeout} s")
 
 
 def mpi_started(launcher: int) -> bool:

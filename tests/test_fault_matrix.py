@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from conftest import TINY_FLOAT64_RUN, run_xpnn
-from faults import Job, left_behind, maps_numpy, mpi_started, record, snapshot, wait_for_file
+from faults import Job, left_behind, maps_numpy, mpi_started, record, snapshot, wait_for_write
 
 pytestmark = pytest.mark.mpi
 
@@ -83,7 +83,7 @@ def test_every_fault_ends_the_job_cleanly(tmp_path, fault, moment):
         if moment == "mid-training":
             job.wait_for_line("epoch 2/")
         elif moment == "checkpoint" and fault != "exception":
-            wait_for_file(ck, "*.tmp")  # rank 0 is inside the write
+            wait_for_write(job, ck)  # rank 0 is inside the write
         _hit(job, fault, moment)
         code, err, seconds = job.finish(BOUND_S + 30)
     finally:

@@ -17,9 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, TINY_FLOAT64_RUN, mpiexec_path, run_xpnn
-from faults import Job, left_behind, record, snapshot, wait_for_file
+from faults import Job, left_behind, rank_pids, record, snapshot, wait_for_write, writing
 
-from xpnn.checkpoint import DamagedCheckpoint, atomic_savez, read_npz, remove_unfinished
+from xpnn.checkpoint import (
+    CHECKPOINT_NAME,
+    DamagedCheckpoint,
+    atomic_savez,
+    checkpoints,
+    read_npz,
+    remove_unfinished,
+    save_checkpoint,
+)
 from xpnn.runtime import lock
 from xpnn.train import metrics_file
 
@@ -58,7 +66,7 @@ def test_a_second_job_in_a_checkpoint_directory_is_refused_naming_the_holder(tmp
         [*ARGS, "--epochs", "2", "--checkpoint-dir", str(ck)],
         env={"XPNN_SAVE_FAULT": "sleep:4", "SLURM_JOB_ID": "4242"},
     )
-    held = wait_for_file(ck, "checkpoint-epoch0001.npz.*.tmp")
+    wait_for_write(holder, ck)
     for extra in ([], ["--resume"]):
         start = time.monotonic()
         second = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), *extra], timeout=120)
@@ -67,7 +75,8 @@ def test_a_second_job_in_a_checkpoint_directory_is_refused_naming_the_holder(tmp
         assert len(lines) == 1 and "in use by job 4242, pid" in lines[0], second.stderr
         record(case="lock", moment="second job" + (" --resume" if extra else ""), exit=2,
                seconds=round(time.monotonic() - start, 2), stderr=lines[0])  # fmt: skip
-        assert held.exists(), "the second job deleted the first one's checkpoint in progress"
+        holders = [holder.proc.pid, *rank_pids(holder.proc.pid).values()]
+        assert writing(holders, ck), "the second job cut the first one's checkpoint short"
     code, err, _ = holder.finish(120)
     assert code == 0, err
     assert sorted(p.name for p in ck.iterdir()) == [
@@ -226,7 +235,7 @@ def test_sigterm_during_the_final_save_leaves_no_file_and_no_tmp(tmp_path):
     job = Job([*ARGS, "--epochs", "1", "--save", str(saved)], env={"XPNN_SAVE_FAULT": "sleep:30"})
     try:
         job.ranks(2)
-        wait_for_file(tmp_path, "final.npz.*.tmp")
+        wait_for_write(job, tmp_path)
         os.kill(job.proc.pid, signal.SIGTERM)
         code, err, seconds = job.finish(30)
     finally:
@@ -237,6 +246,136 @@ def test_sigterm_during_the_final_save_leaves_no_file_and_no_tmp(tmp_path):
     assert code == 143, err
     assert lines == ["xpnn: terminated (SIGTERM)"], err
     assert sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGQUIT])
+def test_sigint_and_sigquit_during_the_final_save_end_as_sigterm_does(tmp_path, signum):
+    """The signals hydra's ``mpiexec`` passes on, at the last moment: as SIGTERM above."""
+    saved = tmp_path / "final.npz"
+    job = Job([*ARGS, "--epochs", "1", "--save", str(saved)], env={"XPNN_SAVE_FAULT": "sleep:30"})
+    try:
+        job.ranks(2)
+        wait_for_write(job, tmp_path)
+        os.kill(job.proc.pid, signum)
+        code, err, seconds = job.finish(30)
+    finally:
+        job.kill()
+    lines = _xpnn_lines(err)
+    name = signal.Signals(signum).name
+    record(case=name, moment="the final --save, to mpiexec", exit=code,
+           seconds=round(seconds, 2), stderr=lines[-1] if lines else "")  # fmt: skip
+    assert code == 128 + signum, err
+    words = "interrupted" if signum == signal.SIGINT else f"terminated ({name})"
+    assert lines == [f"xpnn: {words}"], err
+    assert sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.mpi
+def test_signals_hydra_does_not_pass_on_end_mpiexec_and_the_next_run_recovers(tmp_path):
+    """SIGHUP, SIGXCPU and SIGUSR2 to hydra's ``mpiexec``, while rank 0 writes a checkpoint:
+    ``mpiexec`` has no handler for them and dies of it (exit 128 + n), and its proxy kills
+    every rank with SIGKILL within a millisecond, before any rank can say a word. What xpnn
+    promises there: every checkpoint with its name is whole, no rank is left, and the write
+    cut short leaves nothing (it had no name yet); the ``--resume`` of the job goes on."""
+    ck = tmp_path / "ck"
+    for signum in (signal.SIGHUP, signal.SIGXCPU, signal.SIGUSR2):
+        before = snapshot()
+        job = Job([*LONG, "--checkpoint-dir", str(ck), *(["--resume"] if ck.exists() else [])],
+                  env={"XPNN_SAVE_FAULT": "sleep:30"})  # fmt: skip
+        try:
+            ranks = job.ranks(2)
+            wait_for_write(job, ck)
+            os.kill(job.proc.pid, signum)
+            code, err, seconds = job.finish(30)
+        finally:
+            job.kill()
+        name = signal.Signals(signum).name
+        record(case=name, moment="a checkpoint's write, to mpiexec", exit=code,
+               seconds=round(seconds, 2), stderr="none: its proxy SIGKILLs the ranks")  # fmt: skip
+        assert code == -signum, (name, err)  # a shell shows 128 + n
+        assert _xpnn_lines(err) == [], (name, err)
+        assert _gone(ranks.values()), name
+        assert not list(ck.glob("*.tmp")), name  # the write had no name yet: nothing stays
+        for path in ck.glob("checkpoint-epoch*.npz"):
+            read_npz(path)  # whole
+        assert not left_behind(before)
+
+
+def _gone(pids, timeout: float = 10) -> bool:
+    """Whether the processes end (a zombie not yet reaped counts as ended) within seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                alive += [Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]]
+            except OSError:
+                continue
+        if all(state == "Z" for state in alive):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.mpi
+def test_sighup_to_mpiexec_during_the_final_save_leaves_neither_file_nor_tmp(tmp_path):
+    """The last moment: the ranks are SIGKILLed inside the write, which had no name yet."""
+    job = Job([*ARGS, "--epochs", "1", "--save", str(tmp_path / "final.npz")],
+              env={"XPNN_SAVE_FAULT": "sleep:30"})  # fmt: skip
+    try:
+        ranks = job.ranks(2)
+        wait_for_write(job, tmp_path)
+        os.kill(job.proc.pid, signal.SIGHUP)
+        code, err, seconds = job.finish(30)
+    finally:
+        job.kill()
+    record(case="SIGHUP", moment="the final --save, to mpiexec", exit=code,
+           seconds=round(seconds, 2), stderr="none: its proxy SIGKILLs the ranks")  # fmt: skip
+    assert code == -signal.SIGHUP, err
+    assert _gone(ranks.values())
+    assert sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.mpi
+def test_a_rank_writes_into_hydras_stdout_pipe_unless_hydra_changes_the_output():
+    """Under ``mpiexec`` writing into a pipe, a rank finds that pipe; with ``-l`` (hydra
+    prefixes each line with its rank) or into a file, it leaves its output to hydra."""
+    probe = "from xpnn.runtime.launcher_pipe import launcher_stdout as f; print(f())"
+    for options, piped in (([], True), (["-l"], False)):
+        proc = subprocess.run([mpiexec_path(), *options, "-n", "1", sys.executable, "-c", probe],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().endswith("/fd/1") == piped, proc.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_closed_stdout_is_one_line_and_exit_141(tmp_path, ranks):
+    """``python -m xpnn ... | head -1``, alone and under ``mpiexec -n 2``: the rank writing the
+    progress lines meets the closed pipe itself (under hydra it writes into ``mpiexec``'s own
+    stdout pipe), says so and ends the job; no ``.tmp``, every checkpoint whole."""
+    ck = tmp_path / "ck"
+    job = Job([*LONG, "--checkpoint-dir", str(ck)], ranks=ranks)
+    try:
+        first = job.proc.stdout.readline()
+        job.proc.stdout.close()  # what `head -1` does once it has its line
+        start = time.monotonic()
+        err = job.proc.stderr.read()
+        code = job.proc.wait(30)
+        seconds = time.monotonic() - start
+    finally:
+        job.kill()
+    lines = _xpnn_lines(err)
+    record(case="a closed stdout (| head -1)", moment=f"mid-training, {ranks} rank(s)",
+           exit=code, seconds=round(seconds, 2), stderr=lines[-1] if lines else "")  # fmt: skip
+    assert first.startswith("xpnn: ")
+    assert code == 141, err
+    who = "rank 0" if ranks == 2 else "xpnn"
+    assert lines == [f"{who}: stdout was closed (broken pipe): stopped"], err
+    assert not list(ck.glob("*.tmp"))
+    for path in ck.glob("checkpoint-epoch*.npz"):
+        read_npz(path)
 
 
 # ------------------------------------------------- checkpoint-and-exit, the metrics file
@@ -262,14 +401,14 @@ def test_checkpoint_signal_then_resume_records_every_epoch_once(tmp_path):
            exit=code, seconds=round(seconds, 2), stderr=said[-1] if said else "")  # fmt: skip
     assert code == 75, err
     assert len(said) == 1 and "written; stopping with exit 75" in said[0]
-    last = int(sorted(ck.glob("checkpoint-epoch*.npz"))[-1].name[16:20])
+    last = int(CHECKPOINT_NAME.fullmatch(checkpoints(ck)[-1].name).group(1))  # epochs done
     assert last >= 2 and _epochs(metrics) == list(range(1, last + 1))
 
     # a stop while the next checkpoint is written: its epoch's record is in the file
     job = Job([*common, "--resume"], env={"XPNN_SAVE_FAULT": "sleep:30"})
     try:
         job.ranks(2)
-        wait_for_file(ck, f"checkpoint-epoch{last + 1:04d}.npz.*.tmp")
+        wait_for_write(job, ck)  # epoch last + 1's checkpoint
         os.kill(job.proc.pid, signal.SIGTERM)
         code, err, _ = job.finish(60)
     finally:
@@ -285,6 +424,66 @@ def test_checkpoint_signal_then_resume_records_every_epoch_once(tmp_path):
     assert _epochs(metrics) == list(range(1, last + 4))
     events = [json.loads(line)["event"] for line in metrics.read_text().splitlines()]
     assert events[-1] == "done" and events.count("done") == 1
+
+
+MID_EPOCH = {  # the run; the line the signal follows; who gets it; the line it stops with
+    "epochs": (["--epochs", "3"], "epoch 1/", "rank 1", "of epoch 2's 5 steps) written; stop"),
+    "steps": (["--steps", "14", "--eval-every", "4"], "step 8/", "mpiexec", "written; stop"),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", MID_EPOCH)
+def test_checkpoint_signal_mid_epoch_then_resume_is_bit_exact(tmp_path, mode):
+    """USR1 while epoch 2 runs (to rank 1 alone: the ranks agree), or by ``steps`` between two
+    evaluations (whose checkpoints a ``checkpoint_dir`` holds): the ranks stop at the end of
+    the same step, its checkpoint holds the
+    step and the running sums of the epoch's (span's) record; the resume skips the batches
+    done, and the parameters and every metrics record equal an uninterrupted run's
+    (float64)."""
+    extra, line, target, stopped = MID_EPOCH[mode]
+    run = [*ARGS, *extra]
+    whole = run_xpnn([*run, "--save", str(tmp_path / "whole.npz"),
+                      "--metrics", str(tmp_path / "whole.jsonl")], ranks=2)  # fmt: skip
+    assert whole.returncode == 0, whole.stderr
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    common = [*run, "--checkpoint-dir", str(ck), "--metrics", str(metrics)]
+    # rank 0 pauses before step 7 (epoch 2's third) or 9: the signal lands between records
+    pause = "0:7:1" if mode == "epochs" else "0:9:1"
+    job = Job([*common, "--checkpoint-signal", "USR1"], env={"XPNN_SLEEP_AT": pause})
+    try:
+        ranks = job.ranks(2)
+        job.wait_for_line(line)
+        os.kill(job.proc.pid if target == "mpiexec" else ranks[1], signal.SIGUSR1)
+        code, err, seconds = job.finish(60)
+    finally:
+        job.kill()
+    said = [line for line in job.out.splitlines() if "SIGUSR1" in line]
+    record(case=f"SIGUSR1 (--checkpoint-signal USR1), by {mode}", moment=f"mid-epoch, to {target}",
+           exit=code, seconds=round(seconds, 2), stderr=said[-1] if said else "")  # fmt: skip
+    assert code == 75, err
+    assert len(said) == 1 and stopped in said[0] and "exit 75" in said[0], job.out
+    newest = checkpoints(ck)[-1].name
+    epochs, step = CHECKPOINT_NAME.fullmatch(newest).groups()
+    assert epochs == "0001" and 5 < int(step) < 10 if mode == "epochs" else 8 < int(step) < 12
+
+    done = run_xpnn([*common, "--resume", "--save", str(tmp_path / "resumed.npz")], ranks=2)
+    assert done.returncode == 0, done.stderr
+    assert f"resume: {ck / newest} (epoch {int(epochs)}, step {int(step)})" in done.stdout
+    a, b = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "resumed.npz")
+    assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+    keys = ("event", "epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc")
+    assert [_pick(r, keys) for r in _records(metrics)] == [
+        _pick(r, keys) for r in _records(tmp_path / "whole.jsonl")
+    ]
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _pick(record: dict, keys: tuple) -> dict:
+    return {key: record.get(key) for key in keys}
 
 
 def _epochs(metrics: Path) -> list[int]:
@@ -359,3 +558,54 @@ def test_a_huge_stop_grace_is_refused_in_one_line(tmp_path):
     assert (
         proc.stderr.strip() == "xpnn: XPNN_STOP_GRACE=1e308: expected at most 86400 seconds (a day)"
     )
+
+
+def test_a_mid_epoch_checkpoint_sorts_between_its_epochs_and_its_sums_are_checked(tmp_path):
+    """``checkpoint-epoch0001-step00000009.npz`` comes after epoch 1's and before epoch 2's;
+    a ``meta.partial`` that is not the running sums xpnn writes is a damaged checkpoint."""
+    from xpnn.train.midepoch import partial_of, saved_partial
+
+    params = {"layer0.W": np.ones(2)}
+    good = partial_of("epoch", [[1.5, 3.0], [2.5, 4.0]], 0.25, [8.0, 0.0])
+    for epoch, step, partial in ((2, 10, None), (1, 5, None), (1, 9, good)):
+        save_checkpoint(tmp_path, params, {}, epoch, step, 0, partial=partial)
+    assert [p.name for p in checkpoints(tmp_path)] == [
+        "checkpoint-epoch0001.npz",
+        "checkpoint-epoch0001-step00000009.npz",
+        "checkpoint-epoch0002.npz",
+    ]
+    assert saved_partial(checkpoints(tmp_path)[1]) == good
+    assert saved_partial(checkpoints(tmp_path)[0]) is None
+    bad = {**good, "sums": [[1.0, "x"]]}
+    path = save_checkpoint(tmp_path, params, {}, 1, 8, 0, partial=bad)
+    with pytest.raises(DamagedCheckpoint, match="meta.partial"):
+        saved_partial(path)
+
+
+def test_a_resume_by_steps_keeps_the_records_up_to_its_step(tmp_path):
+    path = tmp_path / "m.jsonl"
+    for step in (4, 8, 12):
+        metrics_file.append_record(path, {"event": "eval", "step": step, "epoch": step / 5})
+    assert metrics_file.keep_until(path, 1, step=9) == 1
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [4, 8]
+
+
+def test_a_steps_run_checkpoints_at_every_evaluation(tmp_path):
+    """``--steps 8 --eval-every 4`` writes a checkpoint at steps 4 and 8; a resume there finds
+    nothing to train and still says the test accuracy; a longer ``--steps`` goes on."""
+    ck = tmp_path / "ck"
+    run = [*ARGS, "--steps", "8", "--eval-every", "4", "--checkpoint-dir", str(ck)]
+    first = run_xpnn(run)
+    assert first.returncode == 0, first.stderr
+    assert [p.name for p in checkpoints(ck)] == [
+        "checkpoint-epoch0000-step00000004.npz",
+        "checkpoint-epoch0001-step00000008.npz",
+    ]
+    again = run_xpnn([*run, "--resume"])
+    assert again.returncode == 0, again.stderr
+    assert "--steps 8 reached, nothing to train" in again.stdout
+    accuracy = [p.stdout.splitlines()[-1].split(", ")[1] for p in (first, again)]
+    assert accuracy[0] == accuracy[1] and accuracy[0].startswith("test_acc 0.")
+    more = run_xpnn([*run, "--resume", "--steps", "10"])
+    assert more.returncode == 0, more.stderr
+    assert "step 10/10" in more.stdout and "step 4/" not in more.stdout

@@ -1,15 +1,20 @@
 """Every tool fails cleanly: random bytes as files and random text as flag values given to
 ``xpnn``, ``xpnn plot`` and ``python -m bench`` end in success or in one line on stderr and
-exit 2, never a traceback. In the process (a subprocess per example would take minutes): an
-exception escaping ``main`` fails the test as a traceback would. The example counts keep the
-file to seconds on a 2-core CI machine."""
+exit 2, never a traceback. Many examples in the process (an exception escaping ``main``
+fails the test as a traceback would), and a few through the real commands, each a
+subprocess as a user runs it. The example counts keep the file to seconds on a 2-core CI
+machine."""
 
 from __future__ import annotations
 
+import os
 import string
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -129,3 +134,91 @@ def test_a_path_printed_is_the_path_written(tmp_path, capsys):
     assert plot_main([str(metrics), "-o", str(tmp_path / "noext")]) == 2
     assert not Path(f"{tmp_path / 'noext'}.png").exists()
     assert "-o" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ the real commands, as processes
+
+COMMAND = settings(  # a process costs about a second: a handful, the same ones on every run
+    max_examples=4,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+TINY = ["--dataset", "synthetic", "--synthetic-size", "40", "--epochs", "1", "--batch-size",
+        "20", "--hidden", "4", "--threads", "1", "--no-progress"]  # fmt: skip
+PATH_FLAGS = {"--data-dir", "--metrics", "--save", "--checkpoint-dir", "--trace"}
+VALUE_FLAGS = [f for f in FLAGS if f not in PATH_FLAGS]  # paths get files of random bytes below
+STILL_RUNNING_S = 4.0  # a value refused is said within a second; a run still going took it
+
+
+def _command(args: list[str], cwd: Path) -> tuple[int | None, str]:
+    """(exit code, stderr) of ``python ARGS`` in ``cwd``; None: still running after
+    ``STILL_RUNNING_S`` (a value taken, training under way), then ended."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=STILL_RUNNING_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        return None, err
+    return proc.returncode, err
+
+
+def _ends_cleanly(code: int | None, err: str) -> None:
+    """Success (or still running), or one line and exit 2; never a traceback."""
+    assert "Traceback" not in err, err
+    assert code in (None, 0, 2), err
+    if code == 2:
+        assert len([line for line in err.splitlines() if line.strip()]) == 1, err
+
+
+@COMMAND
+@given(flag=st.sampled_from(VALUE_FLAGS), value=TEXT)
+def test_python_m_xpnn_takes_any_flag_value(tmp_path_factory, flag, value):
+    folder = tmp_path_factory.mktemp("xpnn")
+    _ends_cleanly(*_command(["-m", "xpnn", *TINY, flag, value], folder))
+
+
+@COMMAND
+@given(role=st.sampled_from(["metrics", "checkpoint", "data"]), data=st.binary(max_size=300))
+def test_python_m_xpnn_takes_any_file(tmp_path_factory, role, data):
+    """Random bytes as the metrics file, as the checkpoint to resume, as MNIST's files."""
+    folder = tmp_path_factory.mktemp("xpnn")
+    if role == "metrics":
+        (folder / "m.jsonl").write_bytes(data)
+        extra = ["--metrics", "m.jsonl"]
+    elif role == "checkpoint":
+        (folder / "ck").mkdir()
+        (folder / "ck" / "checkpoint-epoch0001.npz").write_bytes(data)
+        extra = ["--checkpoint-dir", "ck", "--resume", "--epochs", "2"]
+    else:
+        (folder / "mnist").mkdir()
+        for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                     "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):  # fmt: skip
+            (folder / "mnist" / name).write_bytes(data)
+        extra = ["--dataset", "mnist", "--data-dir", "mnist"]
+    _ends_cleanly(*_command(["-m", "xpnn", *TINY, *extra], folder))
+
+
+@COMMAND
+@given(data=st.binary(max_size=300), out=st.sampled_from(["o.png", "o", "o.xyz", "in.jsonl"]))
+def test_python_m_xpnn_plot_takes_any_file(tmp_path_factory, data, out):
+    folder = tmp_path_factory.mktemp("plot")
+    (folder / "in.jsonl").write_bytes(data)
+    code, err = _command(["-m", "xpnn", "plot", "in.jsonl", "-o", out], folder)
+    _ends_cleanly(code, err)
+    if code == 0:
+        assert (folder / out).is_file()
+
+
+@settings(COMMAND, max_examples=6)  # the benchmarks' start-up is short: no NumPy to load
+@given(pick=st.data(), value=TEXT, data=st.binary(max_size=200))
+def test_python_m_bench_takes_any_flag_value_and_records_file(tmp_path_factory, pick, value, data):
+    name = pick.draw(st.sampled_from(BENCH))
+    flag = pick.draw(st.sampled_from(BENCH_FLAGS[name]))
+    folder = tmp_path_factory.mktemp("bench")
+    (folder / "records.jsonl").write_bytes(data)
+    code, err = _command(["-m", "bench", name, flag, value, "--from", "records.jsonl"], folder)
+    _ends_cleanly(code, err)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
+import secrets
 import tempfile
 import time
 import zipfile
@@ -23,24 +25,60 @@ from xpnn.parallel.model.whole import own_piece, whole_shape, whole_size
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write to a temporary file beside ``path`` and rename: a crash never leaves half a file.
+    """Write to a file without a name in ``path``'s directory (Linux's ``O_TMPFILE``; else a
+    temporary name beside it), name it when it is whole, and rename: a crash never leaves half
+    a file, and a writer killed mid-write (``kill -9``, hydra's SIGKILL) leaves nothing at all.
     A symbolic link is followed: the file it names is replaced, the link stays."""
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     if path.parent and not path.parent.exists():
         raise UserError(f"{path}: directory {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+    fd = _unnamed_file(path.parent)
+    tmp = None
     try:
+        if fd is None:  # a file system without unnamed files: named from the start
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from the group
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
             _injected_fault()
             fh.flush()
             os.fsync(fh.fileno())  # on disk before its name is: a power cut leaves no empty file
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from the user's group
+            if tmp is None:  # named now, whole, for the moment until the rename
+                tmp = _link_unnamed(fh.fileno(), path)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _unnamed_file(directory: Path) -> int | None:
+    """A file open for writing in ``directory`` that has no name yet, or None where the system
+    or the file system has none (not Linux, NFS, no ``/proc`` to name it through)."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(directory or ".", flag | os.O_WRONLY, 0o666)  # less the umask
+    except OSError:  # EOPNOTSUPP, or EISDIR from a kernel without O_TMPFILE
+        return None
+
+
+def _link_unnamed(fd: int, path: Path) -> str:
+    """Give the unnamed file ``fd`` a temporary name beside ``path``; that name."""
+    root = os.open("/", os.O_RDONLY)
+    try:
+        for _ in range(8):
+            tmp = str(path.parent / f"{path.name}.{secrets.token_hex(4)}.tmp")
+            try:  # a directory fd makes Python call linkat(), which follows /proc's link
+                os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=root)
+            except FileExistsError:
+                continue
+            return tmp
+        raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path}")
+    finally:
+        os.close(root)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -71,7 +109,8 @@ def _umask() -> int:
     return mask
 
 
-CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)\.npz")  # what a --checkpoint-dir holds
+# what a --checkpoint-dir holds: after an epoch, or mid-epoch (its run's steps in all)
+CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-step(\d+))?\.npz")
 TEMPORARY_NAME = re.compile(r".+\.[a-z0-9_]{8}\.tmp")  # atomic_savez's: mkstemp's 8 characters
 
 
@@ -85,9 +124,13 @@ def save_checkpoint(
     dataset: str = "",
     settings: dict[str, Any] | None = None,
     identity: dict[str, Any] | None = None,
+    loss_scale: dict[str, Any] | None = None,
+    partial: dict[str, Any] | None = None,
 ) -> Path:
     """Write host ``params``, optimizer ``state`` (state -> name -> array), what a resume must
-    match, and the ``settings`` it may change but is told about."""
+    match, the ``settings`` it may change but is told about, and fp16's ``loss_scale``.
+    ``partial``: written between two epochs' ends, after ``step`` steps in all
+    (``xpnn.train.midepoch``)."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
@@ -95,11 +138,15 @@ def save_checkpoint(
         arrays[f"meta.{name}"] = np.array(value)
     if dataset:
         arrays["meta.dataset"] = np.array(dataset)
-    for name, value in (("settings", settings), ("identity", identity)):
+    said = (("settings", settings), ("identity", identity), ("loss_scale", loss_scale))
+    for name, value in said:
         if value:
             arrays[f"meta.{name}"] = np.array(json.dumps(value, sort_keys=True))
+    if partial is not None:
+        arrays["meta.partial"] = np.array(json.dumps(partial, sort_keys=True))
     Path(directory).mkdir(parents=True, exist_ok=True)
-    path = Path(directory) / f"checkpoint-epoch{epoch:04d}.npz"
+    mid = f"-step{step:08d}" if partial is not None else ""
+    path = Path(directory) / f"checkpoint-epoch{epoch:04d}{mid}.npz"
     atomic_savez(path, arrays)
     return path
 
@@ -135,12 +182,13 @@ def remove_unfinished(
 
 
 def checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """The checkpoints in ``directory``, oldest epoch first (by number: 10000 after 9999)."""
+    """The checkpoints in ``directory``, oldest first (by number: 10000 after 9999; one written
+    mid-epoch after its epoch's start and before its end)."""
     found = {}
     for p in Path(directory).glob("checkpoint-epoch*.npz"):
         if match := CHECKPOINT_NAME.fullmatch(p.name):
-            found[int(match.group(1))] = p
-    return [found[epoch] for epoch in sorted(found)]
+            found[int(match.group(1)), int(match.group(2) or -1)] = p
+    return [found[key] for key in sorted(found)]
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
@@ -226,7 +274,9 @@ def _same_run(
 ) -> tuple[int, int]:
     """The file's (epoch, step), once its run is shown to be this one, as far as given."""
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
-    if step < epoch:  # every epoch makes at least one step
+    scaled = _loss_scale(path, arrays)
+    skipped = scaled["skipped"] if scaled else 0  # fp16: steps whose update overflowed
+    if step + skipped < epoch:  # every epoch makes at least one step
         raise DamagedCheckpoint(
             f"{path}: damaged checkpoint (meta.step {step} is fewer than meta.epoch {epoch})"
         )
@@ -241,7 +291,15 @@ def _same_run(
         raise UserError(
             f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
         )
-    if steps_per_epoch is not None and step != epoch * steps_per_epoch:
+    done = step + skipped  # batches trained
+    mid = "meta.partial" in arrays  # written mid-epoch: some of the next epoch's steps made
+    if steps_per_epoch is not None and mid and done // steps_per_epoch != epoch:
+        raise UserError(
+            f"{path}: written by a run that made {done} steps, {epoch} epoch(s) and part of "
+            f"the next, this one makes {steps_per_epoch} an epoch (another global batch, "
+            "`replicate` or data set?)"
+        )
+    if steps_per_epoch is not None and not mid and done != epoch * steps_per_epoch:
         raise UserError(
             f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
             f"makes {steps_per_epoch} an epoch (another global batch, `replicate` or data set?)"
@@ -335,6 +393,42 @@ def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str
     if stored.dtype.kind != "U" or not isinstance(value, dict):
         raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.{name} is {stored.tolist()!r})")
     return value
+
+
+LOSS_SCALE_KEYS = {"scale": float, "good_steps": int, "skipped": int}
+
+
+def stored_loss_scale(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The loss scale (``scale``, ``good_steps``, ``skipped``) a run with fp16 loss scaling
+    saved in checkpoint ``path``; None where it saved none (another precision, or a file from
+    before checkpoints held it). Reads that one entry only."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "meta.loss_scale" not in data.files:
+                return None
+            arrays = {"meta.loss_scale": data["meta.loss_scale"]}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise DamagedCheckpoint(f"{path}: not a readable checkpoint ({exc})") from None
+    return _loss_scale(Path(path), arrays)
+
+
+def _loss_scale(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """``meta.loss_scale``, checked; None where the file has none."""
+    if "meta.loss_scale" not in arrays:
+        return None
+    state = _json_meta(path, arrays, "loss_scale")
+    for key, kind in LOSS_SCALE_KEYS.items():
+        value = state.get(key)
+        good = isinstance(value, int | float) and not isinstance(value, bool)
+        if kind is int:
+            good = good and isinstance(value, int) and value >= 0
+        else:
+            good = good and math.isfinite(value) and value > 0
+        if not good:
+            raise DamagedCheckpoint(
+                f"{path}: damaged checkpoint (meta.loss_scale's {key} is {value!r})"
+            )
+    return state
 
 
 def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:

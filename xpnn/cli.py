@@ -25,7 +25,7 @@ from xpnn.info import info_main
 from xpnn.interrupts import hand_over
 from xpnn.plot import main as plot_main
 from xpnn.run import launch
-from xpnn.runtime import failure, startup
+from xpnn.runtime import failure, launcher_pipe, startup
 from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank
 from xpnn.timeline import main as trace_main
 
@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     if argv and argv[0] == "trace":
         return trace_main(argv[1:])
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
+    launcher_pipe.write_stdout_into_launchers_pipe()  # `mpiexec ... | head`: see the module
     parser = build_info_parser() if command == "info" else build_parser()
     try:
         args = parser.parse_args(argv)

@@ -25,6 +25,7 @@ from xpnn.parallel.comm import KINDS
 from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from xpnn.parallel.update import DEFAULT_BUCKET_MB
+from xpnn.parallel.update.wire import GRAD_DTYPES
 from xpnn.run import BATCH, HIDDEN, LR_SCALINGS, MICROBATCHES, SYNTHETIC_SIZE, RunSpec
 from xpnn.timeline import parse_steps
 from xpnn.train.precision import PRECISIONS
@@ -337,6 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="bf16, fp16: forward and backward in low precision on fp32 master parameters "
         "(fp16 with dynamic loss scaling; default fp32)",
     )
+    a(
+        "--grad-dtype",
+        choices=GRAD_DTYPES,
+        help="send the data-parallel gradients between ranks in this float, summed in float32 "
+        "(float16 with dynamic loss scaling; default: the parameters' dtype)",
+    )
     seed = f"initial weights, shuffles and dropout masks (default {RunSpec.seed})"
     a("--seed", type=_seed, help=seed)
     a(
@@ -350,13 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--checkpoint-dir",
         type=_path,
-        help="write the network and optimizer state here after every epoch (rank 0)",
+        help="write the network and optimizer state here after every epoch, or with --steps at "
+        "every evaluation (rank 0)",
     )
     a("--resume", action="store_true", help="continue from the latest checkpoint")
     a(
         "--checkpoint-signal",  # the command line's alone: its exit code 75 is a requeue's cue
         choices=SIGNALS,
-        help="on this signal, stop after the epoch under way and its checkpoint, with exit 75 "
+        help="on this signal, stop after the step under way and its checkpoint, with exit 75 "
         "(a requeue script's cue; e.g. sbatch --signal=USR1@600)",
     )
     a(

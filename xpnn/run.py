@@ -87,6 +87,7 @@ class RunSpec:
     trace: str | None = None  # a directory: every rank's timeline of steps ``trace_steps``
     trace_steps: str | None = None  # "A:B", steps A to B-1 (default: a few after the first)
     precision: str = "fp32"  # bf16, fp16: fp32 master parameters, low-precision passes
+    grad_dtype: str | None = None  # float32, bfloat16, float16: the gradients sent between ranks
 
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
@@ -346,7 +347,7 @@ def check_spec(spec: RunSpec) -> None:
     """Every setting's own range and every pair that cannot go together, checked once for
     the command line and for programs alike; raises a ``UserError`` naming the setting."""
     from xpnn.nn.layer import is_int
-    from xpnn.train.precision import check_precision
+    from xpnn.train.precision import check_grad_dtype, check_precision
 
     for name, least in COUNTS.items():
         value = getattr(spec, name)
@@ -374,12 +375,9 @@ def check_spec(spec: RunSpec) -> None:
             f"{spec.parallel}, whose ranks split the network)"
         )
     check_precision(spec.precision, spec.parallel, spec.node_share)
+    check_grad_dtype(spec.grad_dtype, spec.parallel)
     if spec.warmup_steps is not None and spec.warmup_epochs > 0:
         raise UserError("`warmup_steps` and `warmup_epochs`: give one")
-    if spec.steps is not None and spec.checkpoint_dir:
-        raise UserError(
-            "`checkpoint_dir`: checkpoints are written at the end of epochs, not with `steps`"
-        )
 
 
 def with_defaults(spec: RunSpec) -> RunSpec:
@@ -529,6 +527,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         dataset=spec.dataset,
         dtype=spec.dtype,
         precision=spec.precision,
+        grad_dtype=spec.grad_dtype,
         parallel=spec.parallel,
         model_ranks=place.model_ranks,
         replicas=replicas,
@@ -707,12 +706,15 @@ OPTIONAL += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir"
 OPTIONAL += ("synthetic_size", "keep_checkpoints")  # settings whose None means "not given"
 OPTIONAL += ("layers", "heads", "embed", "block", "tensor_ranks")
 OPTIONAL += ("momentum", "betas", "eps", "weight_decay", "min_lr", "eval_every")
+OPTIONAL += ("grad_dtype",)
+SHARED_GRADS = "one rank alone, or a node's ranks that share memory"
 
 
 def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
     from xpnn.nn.models import model_name
     from xpnn.parallel.update import uses_byte_buckets
+    from xpnn.parallel.update.wire import sends_gradients
 
     given = {name for name in OPTIONAL if getattr(spec, name) is not None}
     found = []
@@ -754,4 +756,6 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
         found.append(("`bucket_mb`", f"{where}: the update's buckets are cut at layers"))
     if "node_share" in given and (data.size == 1 or uses_byte_buckets(data)):
         found.append(("`node_share`", f"{where}: only mpi-shm shares a node's memory"))
+    if "grad_dtype" in given and spec.parallel == "data" and not sends_gradients(data):
+        found.append(("`grad_dtype`", f"{where}: no gradients are sent ({SHARED_GRADS})"))
     return found

@@ -4,6 +4,8 @@ compute the 1-rank run to bf16 round-off under real mpiexec, and bad flags are o
 
 import json
 import math
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -11,7 +13,9 @@ from conftest import assert_one_line_user_error, run_xpnn, train_and_load
 
 from xpnn.run import RunSpec, build_run
 from xpnn.runtime.world import init_world
+from xpnn.train.callbacks import Callback
 from xpnn.train.precision import LossScale
+from xpnn.train.requeue import REQUEUE_EXIT, CheckpointOnSignal
 
 RUN = [
     "--dataset", "synthetic", "--synthetic-size", "600", "--epochs", "2", "--batch-size", "60",
@@ -163,3 +167,112 @@ def test_a_resumed_bf16_run_is_the_uninterrupted_one(tmp_path):
     assert records[-1]["epochs"] == 2
     for name in whole:
         np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)
+
+
+def _fp16_trainer(checkpoint_dir, epochs, resume=False, stop_signal=None, callbacks=()):
+    """The fp16 MLP run; a new one starts at a loss scale that overflows (steps are skipped),
+    and every one doubles its scale after 4 good steps, so the scale moves all the time."""
+    spec = RunSpec(**{"dataset": "synthetic", "synthetic_size": 600, "hidden": (32, 16)})
+    spec.epochs, spec.batch_size, spec.lr, spec.threads, spec.progress = epochs, 60, 0.01, 1, False
+    spec.precision, spec.checkpoint_dir, spec.resume = "fp16", str(checkpoint_dir), resume
+    if stop_signal:  # the command line's --checkpoint-signal: a callback
+        callbacks = [CheckpointOnSignal(stop_signal, spec.checkpoint_dir), *callbacks]
+    trainer = build_run(spec, init_world(), callbacks, log=_silent)
+    if not resume:  # a resumed run's scale is the checkpoint's
+        trainer.loss_scale.scale = 2.0**18
+    trainer.loss_scale.growth_interval = 4
+    return trainer
+
+
+def test_a_resumed_fp16_run_is_the_uninterrupted_one_with_its_loss_scale(tmp_path):
+    """The scale, its count of good steps and the skipped steps come back from the checkpoint:
+    the resumed run scales, skips and rounds as the uninterrupted one, to the last bit."""
+    whole = _fp16_trainer(tmp_path / "whole", 2)
+    done = whole.run()
+    first = _fp16_trainer(tmp_path / "ck", 1)
+    first.run()
+    assert first.loss_scale.skipped >= 1 and first.loss_scale.good_steps > 0  # both matter
+    resumed = _fp16_trainer(tmp_path / "ck", 2, resume=True)
+    assert resumed.loss_scale.state() == first.loss_scale.state()
+    again = resumed.run()
+    np.testing.assert_array_equal(resumed.model.params, whole.model.params)
+    assert again["skipped_steps"] == done["skipped_steps"] > first.loss_scale.skipped
+    assert resumed.loss_scale.state() == whole.loss_scale.state()
+
+
+def test_only_a_loss_scaled_run_keeps_a_loss_scale_in_its_checkpoints(tmp_path):
+    for precision in ("bf16", "fp16"):
+        ck = tmp_path / precision
+        flags = [*RUN, "--epochs", "1", "--precision", precision, "--checkpoint-dir", str(ck)]
+        assert run_xpnn(flags).returncode == 0
+        with np.load(ck / "checkpoint-epoch0001.npz") as data:
+            stored = data["meta.loss_scale"] if "meta.loss_scale" in data.files else None
+        if precision == "bf16":
+            assert stored is None
+        else:
+            assert json.loads(str(stored)) == {"good_steps": 10, "scale": 2.0**15, "skipped": 0}
+
+
+def _fp16_checkpoint(tmp_path, **meta):
+    """An fp16 run's first checkpoint, its ``meta.loss_scale`` replaced (None: removed)."""
+    ck = tmp_path / "ck"
+    flags = [*RUN, "--precision", "fp16", "--checkpoint-dir", str(ck)]
+    assert run_xpnn([*flags, "--epochs", "1"]).returncode == 0
+    path = ck / "checkpoint-epoch0001.npz"
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files if k != "meta.loss_scale"}
+    if meta["loss_scale"] is not None:
+        arrays["meta.loss_scale"] = np.array(json.dumps(meta["loss_scale"]))
+    np.savez(path, **arrays)
+    return [*flags, "--resume"]
+
+
+def test_a_checkpoint_without_a_loss_scale_resumes_from_the_first_scale_and_says_so(tmp_path):
+    """A file written without loss scaling (another precision, or before checkpoints held
+    the scale) still resumes; the scale starts as a new run's does, and the resume line says so."""
+    proc = run_xpnn(_fp16_checkpoint(tmp_path, loss_scale=None))
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("resume:"))
+    assert line.endswith(
+        "(epoch 1, step 10); the loss scale starts at 32768 (the checkpoint has none)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("stored", "said"),
+    [({"scale": -1.0, "good_steps": 0, "skipped": 0}, "scale is -1.0"),
+     ({"scale": 8.0, "good_steps": 1.5, "skipped": 0}, "good_steps is 1.5"),
+     ({"scale": 8.0, "good_steps": 0}, "skipped is None")],
+)  # fmt: skip
+def test_a_damaged_loss_scale_is_a_one_line_error(tmp_path, stored, said):
+    proc = run_xpnn(_fp16_checkpoint(tmp_path, loss_scale=stored))
+    assert_one_line_user_error(proc, f"damaged checkpoint (meta.loss_scale's {said})")
+
+
+class _SignalAt(Callback):
+    """Sends this process SIGUSR1 during step ``step`` (from 1)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_begin(self, trainer, step):
+        if step + 1 == self.step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_an_fp16_run_stopped_mid_epoch_resumes_past_its_skipped_steps(tmp_path):
+    """A mid-epoch checkpoint of a run that skipped steps: the resume skips the batches behind
+    the model (its optimizer's steps and the skipped ones, not the first alone), so it ends as
+    the uninterrupted run, to the last bit."""
+    whole = _fp16_trainer(tmp_path / "whole", 2)
+    done = whole.run()
+    first = _fp16_trainer(tmp_path / "ck", 2, stop_signal="USR1", callbacks=[_SignalAt(7)])
+    with pytest.raises(SystemExit) as stop:
+        first.run()
+    assert stop.value.code == REQUEUE_EXIT
+    assert first.loss_scale.skipped >= 1  # the resume must count them
+    assert first.optimizer.step_count + first.loss_scale.skipped == 7  # mid-epoch (10 a epoch)
+    resumed = _fp16_trainer(tmp_path / "ck", 2, resume=True)
+    again = resumed.run()
+    np.testing.assert_array_equal(resumed.model.params, whole.model.params)
+    assert again["skipped_steps"] == done["skipped_steps"]

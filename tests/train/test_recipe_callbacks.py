@@ -21,7 +21,8 @@ def test_the_progress_bar_counts_a_run_by_steps(monkeypatch):
 
 def test_eval_records_go_to_the_metrics_file(tmp_path):
     path = tmp_path / "m.jsonl"
-    trainer = SimpleNamespace(is_root=True, start_epoch=0)
+    fresh = SimpleNamespace(step_count=0)  # no step trained: a fresh run, a fresh file
+    trainer = SimpleNamespace(is_root=True, start_epoch=0, optimizer=fresh)
     metrics = MetricsFile(str(path))
     metrics.on_train_begin(trainer)
     metrics.on_eval(trainer, {"event": "eval", "step": 4, "test_loss": float("nan")})

@@ -89,7 +89,6 @@ def test_steps_are_the_epochs_they_add_up_to(tmp_path):
     ("flags", "message"),
     [
         (["--accumulate", "71"], "--accumulate 71: more micro-steps than the global batch's 70"),
-        (["--steps", "3", "--checkpoint-dir", "CKPT"], "--checkpoint-dir: checkpoints are"),
         (["--warmup-steps", "2", "--warmup-epochs", "1"], "--warmup-steps and --warmup-epochs"),
         (["--betas", "0.9"], "--betas: expected two rates like 0.9,0.999"),
         (["--momentum", "1"], "--momentum: must be below 1"),

@@ -12,12 +12,11 @@ import time
 from typing import Any
 
 from xpnn import phases
-from xpnn.checkpoint import KEEP_CHECKPOINTS, atomic_savez, prune_checkpoints, save_checkpoint
+from xpnn.checkpoint import KEEP_CHECKPOINTS, atomic_savez
 from xpnn.errors import UserError, path_problems
-from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
-from xpnn.runtime import stall
 from xpnn.runtime.threads import describe_threads
 from xpnn.train import metrics_file
+from xpnn.train.midepoch import partial_of, write_checkpoint
 from xpnn.train.trainer import Callback, Trainer
 
 
@@ -32,10 +31,11 @@ class MetricsFile(Callback):
             return
         with path_problems("metrics", self.path):
             metrics_file.check_metrics_file(self.path)  # never empty another file
-            if trainer.start_epoch == 0:  # a fresh run, a fresh file
+            if trainer.optimizer.step_count == 0:  # a fresh run, a fresh file
                 open(self.path, "w").close()
             else:  # each epoch once: what came after the resumed checkpoint goes
-                metrics_file.keep_until(self.path, trainer.start_epoch)
+                steps = trainer.optimizer.step_count if trainer.cfg.steps else None
+                metrics_file.keep_until(self.path, trainer.start_epoch, steps)
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not trainer.is_root:
@@ -127,29 +127,15 @@ class Checkpoints(Callback):
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not all(math.isfinite(record[k]) for k in ("train_loss", "test_loss")):
             return  # a diverged epoch is never checkpointed
-        model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
-        if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
+        write_checkpoint(trainer, self.directory, self.keep, record["epoch"])
+
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """Training by ``steps``: a checkpoint at every evaluation, its span just recorded."""
+        if not all(math.isfinite(record[k]) for k in ("train_loss", "test_loss")):
             return
-        stall.in_phase(f"the checkpoint of epoch {record['epoch']}")
-        params = whole_params(model, comm)
-        state = {
-            name: whole_arrays(model, comm, model.named_views(buf))
-            for name, buf in optimizer.state.items()
-        }
-        if trainer.is_root:
-            with path_problems("checkpoint_dir", self.directory):
-                save_checkpoint(
-                    self.directory,
-                    params,
-                    state,
-                    record["epoch"],
-                    optimizer.step_count,
-                    trainer.cfg.seed,
-                    trainer.data.name,
-                    trainer.settings(),
-                    trainer.identity(),
-                )
-                prune_checkpoints(self.directory, self.keep)  # only once the new one is whole
+        epochs = record["step"] // trainer.steps_per_epoch
+        partial = partial_of("steps", [], 0.0, [0.0, 0.0])  # the next span starts afresh
+        write_checkpoint(trainer, self.directory, self.keep, epochs, partial)
 
 
 class SaveParameters(Callback):

@@ -13,7 +13,7 @@ from typing import Any
 
 from xpnn.errors import UserError
 
-EVENTS = ("epoch", "done", "diverged")  # the "event" of every line xpnn writes
+EVENTS = ("epoch", "eval", "done", "diverged")  # the "event" of every line xpnn writes
 FIRST_LINE_BYTES = 1 << 16  # a record is a few hundred bytes; a longer first line is not one
 
 
@@ -43,7 +43,7 @@ def check_metrics_file(path: str | os.PathLike) -> None:
     if first and not (first.endswith(b"\n") and is_record(first)) and not _cut_record(first):
         raise UserError(
             f"`metrics` {path}: exists and is not an xpnn metrics file (its first line is not "
-            "a JSON record of an epoch); give a new file name, or remove it"
+            "an xpnn record); give a new file name, or remove it"
         )
 
 
@@ -72,30 +72,35 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def keep_until(path: str | os.PathLike, epoch: int) -> int:
-    """For a resume from ``epoch``: drop the records of later epochs (written before their
-    checkpoint was) and a line cut short; the number of lines dropped."""
+def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> int:
+    """For a resume from ``epoch`` (training by steps: from ``step``): drop the records of later
+    epochs (steps), written before their checkpoint was, and a line cut short; the number of
+    lines dropped."""
     if not _regular(path):
         return 0
     text = Path(path).read_bytes()
     lines = text.split(b"\n")
     cut = lines.pop() != b""  # what follows the last newline: a line cut short, or nothing
-    kept = [line for line in lines if not _after(line, epoch)]
+    kept = [line for line in lines if not _after(line, epoch, step)]
     dropped = len(lines) - len(kept) + cut
     if dropped:
         _replace(path, b"".join(line + b"\n" for line in kept))
     return dropped
 
 
-def _after(line: bytes, epoch: int) -> bool:
+def _after(line: bytes, epoch: int, step: int | None = None) -> bool:
     try:
         record = json.loads(line)
     except (ValueError, UnicodeDecodeError):
         return False
     if not isinstance(record, dict):
         return False
-    number = record.get("epochs" if record.get("event") == "done" else "epoch")
-    return isinstance(number, int) and number > epoch
+    done = record.get("event") == "done"
+    if step is not None:
+        number, last = record.get("steps" if done else "step"), step
+    else:
+        number, last = record.get("epochs" if done else "epoch"), epoch
+    return isinstance(number, int) and number > last
 
 
 def _replace(path: str | os.PathLike, data: bytes) -> None:

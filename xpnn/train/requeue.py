@@ -1,7 +1,9 @@
 """Checkpoint-and-exit on request, for jobs longer than their time limit (Slurm's
-``--signal=USR1@120``): the signal is noted, the ranks agree at the end of the epoch under way,
-its checkpoint is written as every epoch's is, and every rank leaves with ``REQUEUE_EXIT``,
-which a requeue script tests before it resubmits the job with ``--resume``."""
+``--signal=USR1@120``): the signal is noted, the ranks agree at the end of a step (each step
+carries the question, non-blocking, beside its own work), the checkpoint is written there
+(mid-epoch: ``xpnn.train.midepoch``; at an epoch's end: as every epoch's is), and every rank
+leaves with ``REQUEUE_EXIT``, which a requeue script tests before it resubmits the job with
+``--resume``."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xpnn.errors import UserError
+from xpnn.runtime import stall
 from xpnn.runtime.failure import CollectiveExit
 from xpnn.train.callbacks import Callback
+from xpnn.train.midepoch import write_checkpoint
 
 if TYPE_CHECKING:
     from xpnn.train.trainer import Trainer
@@ -23,7 +27,7 @@ SIGNALS = ("USR1", "USR2")
 
 
 class CheckpointOnSignal(Callback):
-    """On ``SIG<name>``, end the run after the current epoch's checkpoint."""
+    """On ``SIG<name>``, end the run at the end of a step, with its checkpoint written."""
 
     def __init__(self, name: str, checkpoint_dir: str | None) -> None:
         if name not in SIGNALS:
@@ -31,21 +35,79 @@ class CheckpointOnSignal(Callback):
         if not checkpoint_dir:
             raise UserError(f"`checkpoint_signal` {name}: needs `checkpoint_dir`")
         self.signum = getattr(signal, f"SIG{name}")
+        self.directory = checkpoint_dir
         self.asked = False
+        self.at_record = False  # agreed where a record and its checkpoint follow: they will do
+        self.mpi: Any = None  # the ranks' own communicator for the question
+        self.mine, self.anyone = np.zeros(1), np.zeros(1)
+        self.request: Any = None
         signal.signal(self.signum, self._note)  # now: its default action ends the process
 
     def _note(self, signum: int, frame: Any) -> None:
-        self.asked = True  # acted on where every rank can agree: the end of an epoch
+        self.asked = True  # acted on where every rank can agree: the end of a step
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        world = getattr(trainer.comm, "mpi_comm", None)
+        if world is not None and trainer.comm.size > 1:  # collective: every rank is here
+            self.mpi = world.Dup()
+
+    def on_step_begin(self, trainer: Trainer, step: int) -> None:
+        if self.mpi is not None:  # answered while the step runs: it costs the step nothing
+            self.mine[0] = float(self.asked)
+            self.request = self.mpi.Iallreduce(self.mine, self.anyone)
+
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        if self.mpi is not None:
+            stall.wait(self.request, "the agreement on a checkpoint request")
+            agreed = self.anyone[0] > 0
+        elif trainer.comm.size > 1:  # a communicator without MPI's own: a blocking exchange
+            agreed = trainer.comm.allreduce_host([float(self.asked)])[0] > 0
+        else:
+            agreed = self.asked
+        if not agreed or self.at_record:
+            return
+        cfg, made, per_epoch = trainer.cfg, step + 1, trainer.steps_per_epoch
+        if cfg.steps is not None:
+            if made == cfg.steps:  # the run ends with this step
+                return
+            if made % (cfg.eval_every or cfg.steps) == 0:  # its evaluation's checkpoint follows
+                self.at_record = True
+                return
+            partial = trainer.progress.span_snapshot(trainer)
+            what = f"checkpoint at step {made}"
+        else:
+            if made % per_epoch == 0:  # the epoch ends here: its own checkpoint follows
+                self.at_record = True
+                return
+            partial = trainer.progress.snapshot(trainer, made // per_epoch)
+            what = (
+                f"checkpoint at step {made} ({made % per_epoch} of epoch "
+                f"{made // per_epoch + 1}'s {per_epoch} steps)"
+            )
+        if not all(math.isfinite(x) for row in partial["sums"] for x in row):
+            return  # diverging: the record says so, and no checkpoint is written
+        write_checkpoint(trainer, self.directory, cfg.keep_checkpoints, made // per_epoch, partial)
+        self._stop(trainer, what)
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         # after the Checkpoints callback (the run's own come first): the epoch is saved
-        asked = trainer.comm.allreduce_host(np.array([float(self.asked)]))[0] > 0
-        if not asked or not math.isfinite(record["train_loss"] + record["test_loss"]):
-            return
+        if self.at_record and math.isfinite(record["train_loss"] + record["test_loss"]):
+            self._stop(trainer, f"checkpoint of epoch {record['epoch']}")
+
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.at_record and math.isfinite(record["train_loss"] + record["test_loss"]):
+            self._stop(trainer, f"checkpoint at step {record['step']}")
+
+    def _stop(self, trainer: Trainer, what: str) -> None:
         if trainer.is_root:
             name = signal.Signals(self.signum).name
             trainer.log(
-                f"xpnn: {name}: checkpoint of epoch {record['epoch']} written; stopping with "
-                f"exit {REQUEUE_EXIT} (continue with `resume`)"
+                f"xpnn: {name}: {what} written; stopping with exit {REQUEUE_EXIT} (continue "
+                "with `resume`)"
             )
         raise CollectiveExit(REQUEUE_EXIT)
+
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.mpi is not None:
+            self.mpi.Free()
+            self.mpi = None

@@ -5,11 +5,12 @@ and the optimizer. ``start`` is collective: every rank calls it once its trainer
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from xpnn import checkpoint
 from xpnn.errors import UserError, path_problems
 from xpnn.runtime import lock
+from xpnn.train import midepoch
 
 if TYPE_CHECKING:
     from xpnn.train.trainer import Trainer
@@ -29,6 +30,7 @@ def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool) -> None:
             checkpoint.refuse_other_runs(checkpoint_dir)
         return
     trainer.start_epoch = resume_latest(trainer, checkpoint_dir)
+    trainer.progress = midepoch.EpochProgress.resumed(trainer)  # a mid-epoch checkpoint's sums
 
 
 def resume_latest(trainer: Trainer, directory: str) -> int:
@@ -66,8 +68,23 @@ def resume_latest(trainer: Trainer, directory: str) -> int:
                 "away to resume from it"
             ) from None
         raise
-    done = f"; `epochs` {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
+    done = restore_loss_scale(trainer, path)
+    if cfg.steps is not None:  # training by steps: its count is what is reached
+        done += f"; `steps` {cfg.steps} reached, nothing to train" if step >= cfg.steps else ""
+    elif epoch >= cfg.epochs:
+        done += f"; `epochs` {cfg.epochs} reached, nothing to train"
     changed = checkpoint.changed_settings(before, trainer.settings())
     since = f"; changed since: {', '.join(changed)}" if changed else ""
     trainer.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
     return epoch
+
+
+def restore_loss_scale(trainer: Trainer, path: Any) -> str:
+    """The checkpoint's loss scale, where this run scales; what the resume line says."""
+    if trainer.loss_scale is None:
+        return ""
+    stored = checkpoint.stored_loss_scale(path)
+    if stored is None:  # written without loss scaling: start as a new run does
+        return f"; the loss scale starts at {trainer.loss_scale.scale:g} (the checkpoint has none)"
+    trainer.loss_scale.restore(stored)
+    return ""

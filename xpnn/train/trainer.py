@@ -20,9 +20,11 @@ from xpnn.optim import GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.parallel.model.layout import Groups
 from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
 from xpnn.parallel.update import make_update
+from xpnn.parallel.update.wire import make_wire, sends_gradients
 from xpnn.runtime import stall
 from xpnn.runtime.memory import peak_rss_mb
-from xpnn.train.precision import Precision
+from xpnn.train import midepoch
+from xpnn.train.precision import LossScale, Precision, skip_overflows
 
 
 @dataclass
@@ -36,6 +38,7 @@ class RunFacts:
     global_batch: int | None = None
     dtype: str | None = None
     precision: str | None = None
+    grad_dtype: str | None = None  # the gradient exchange's float, where given
     parallel: str | None = None
     model_ranks: int | None = None
     replicas: int | None = None
@@ -95,6 +98,10 @@ class TrainConfig:
     node_share: str  # mpi-shm: the ranks of a node share gradients or activations
     parallel: str  # data, tensor, pipeline: every rank sees every sample
     precision: str  # bf16, fp16: forward and backward on a low-precision copy
+    grad_dtype: str | None  # the gradients sent between ranks in it (None: as they are)
+    checkpoint_dir: str | None  # what the checkpoint callbacks and a mid-epoch resume read
+    resume: bool
+    keep_checkpoints: int
     eval_batch_size: int = 1000  # the trainer's own: test samples scored a pass
     facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
 
@@ -198,6 +205,11 @@ class Trainer:
             return make_optimizer(cfg.optimizer, *args, **hyper, matrices=matrices, clip=clip)
 
         bucket_bytes = int(cfg.bucket_mb * 2**20)
+        # fp16 passes, or gradients sent as float16 (a node's shared ones are not sent)
+        wire_dtype = cfg.grad_dtype if sends_gradients(self.data_comm) else None
+        fp16 = cfg.precision == "fp16" or wire_dtype == "float16"
+        self.loss_scale: LossScale | None = LossScale() if fp16 else None
+        wire = make_wire(wire_dtype, backend.dtype_name, self.xp, self._scale)
         self.update = make_update(
             model,
             self.data_comm,
@@ -205,15 +217,19 @@ class Trainer:
             bucket_bytes,
             cfg.batch_size,
             cfg.node_share,
-            deferred=clip is not None or cfg.precision == "fp16",  # fp16: skip overflows
+            deferred=clip is not None or fp16,  # fp16: skip overflows
             accumulate=cfg.accumulate,
+            wire=wire,
         )
         self._acc: Any = None  # the earlier micro-steps' gradients, summed (accumulate > 1)
         self.optimizer = self.update.optimizer
         self.precision: Precision | None = None  # fp32: the model's own passes
         if cfg.precision != "fp32":
-            self.precision = Precision(cfg.precision, backend, agree=self._norm_total)
+            scale = self.loss_scale if cfg.precision == "fp16" else None
+            self.precision = Precision(cfg.precision, backend, scale, agree=self._norm_total)
             self.precision.attach(model, self.optimizer)
+        if self.loss_scale is not None and cfg.precision != "fp16":  # float16 exchange only
+            skip_overflows(self.optimizer, model, self.xp, self.loss_scale, self._norm_total)
         self.n_params = whole_size(model)
         self.callbacks: list[Callback] = list(callbacks)
         # the step events go only to the callbacks that act on them
@@ -221,7 +237,23 @@ class Trainer:
         self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
         self.start_epoch = 0  # a resume (``xpnn.train.resume.start``) sets where the run starts
         self.resume_note: str | None = None  # ... and what it says when the run starts
+        self.progress = midepoch.EpochProgress()  # ... and a mid-epoch checkpoint's sums
         self.final_params: dict[str, np.ndarray] = {}  # the whole model's, once the run is done
+
+    def batches_done(self) -> int:
+        """The training batches behind the model: its optimizer's steps and, with fp16 loss
+        scaling, the steps skipped for an overflow (what a mid-epoch resume skips)."""
+        return self.optimizer.step_count + (self.loss_scale.skipped if self.loss_scale else 0)
+
+    def _scale(self) -> float:
+        """The loss scale now: the float16 gradient exchange multiplies by it."""
+        return self.loss_scale.scale if self.loss_scale is not None else 1.0
+
+    def _skips(self) -> dict[str, int]:
+        """A record's ``skipped_steps``: with low-precision passes or loss scaling."""
+        if self.precision is None and self.loss_scale is None:
+            return {}
+        return {"skipped_steps": self.loss_scale.skipped if self.loss_scale else 0}
 
     def _norm_total(self, local: float) -> float:
         """This rank's sum of squares of the reduced gradient made the whole model's: its
@@ -287,11 +319,13 @@ class Trainer:
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
         """Epoch ``epoch`` (from 0): the sums of its losses and correct predictions, on device."""
-        xp, begin, end = self.xp, self._step_begin, self._step_end
+        begin, end = self._step_begin, self._step_end
         # float64 on the device: a float32 sum drifts, a host sum waits for the device each step
-        loss_acc = xp.zeros((), dtype=xp.float64)
-        correct_acc = xp.zeros((), dtype=xp.float64)
+        loss_acc, correct_acc = self.progress.begin(self, epoch)  # zeros, or a resume's sums
+        done = self.batches_done()
         for step, batch in enumerate(batches, epoch * self.steps_per_epoch):
+            if step < done:  # resumed from a mid-epoch checkpoint: trained before it
+                continue
             for callback in begin:
                 callback.on_step_begin(self, step)
             loss, correct = self.step(batch, step)
@@ -351,11 +385,11 @@ class Trainer:
             t0 = time.perf_counter()
             for callback in self.callbacks:
                 callback.on_epoch_begin(self, epoch)
-            sent = -self.bytes_sent()
+            sent = self.progress.sent_before(self, epoch) - self.bytes_sent()
             loss_acc, correct_acc = self.train_epoch(epoch, batches)
             sent += self.bytes_sent()
             self.backend.synchronize()
-            seconds = time.perf_counter() - t0
+            seconds = time.perf_counter() - t0 + self.progress.seconds_before(epoch)
             total_seconds += seconds
             stall.in_phase(f"the end of epoch {epoch + 1}")
             data_bytes, model_bytes = (int(b) for b in comm.allreduce_host(sent))
@@ -383,8 +417,7 @@ class Trainer:
             }
             if cfg.clip_norm is not None:  # the epoch's last step's, before clipping
                 record["grad_norm"] = self.optimizer.grad_norm
-            if self.precision is not None:  # fp16: steps whose gradients overflowed, so far
-                record["skipped_steps"] = self.precision.skipped
+            record |= self._skips()  # fp16: steps whose gradients overflowed, so far
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged
                 callback.on_epoch_end(self, record)
             if not (math.isfinite(train_loss) and math.isfinite(test_loss)):  # every rank sees it
@@ -413,8 +446,7 @@ class Trainer:
             **text_metrics(self.data, test_loss, test_acc, trained / max(total_seconds, 1e-9)),
             **common,
         }
-        if self.precision is not None:
-            done["skipped_steps"] = self.precision.skipped
+        done |= self._skips()
         self.final_params = whole  # what ``SaveParameters`` writes
         for callback in self.callbacks:
             callback.on_train_end(self, done)
@@ -426,9 +458,13 @@ class Trainer:
         cfg, xp = self.cfg, self.xp
         every = cfg.eval_every or steps
         total_seconds, test_loss, test_acc = 0.0, float("nan"), float("nan")
-        step, epoch, span = 0, 0, None
+        step = self.batches_done()  # resumed: the steps before its checkpoint are done
+        epoch, span = step // self.steps_per_epoch, None
+        done = step - epoch * self.steps_per_epoch  # ... and that epoch's first batches
+        if step >= steps:  # resumed with nothing left to train: the result is still said
+            test_loss, test_acc = self.evaluate()
         while step < steps:
-            for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch):
+            for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)[done:]:
                 if span is None:  # a span of steps between evaluations begins
                     self.backend.synchronize()
                     stall.in_phase(f"the start of step {step + 1}")
@@ -436,6 +472,7 @@ class Trainer:
                     zero = xp.zeros((), dtype=xp.float64)
                     span = {"t0": time.perf_counter(), "sent": -self.bytes_sent(), "steps": 0}
                     span |= {"loss": zero, "correct": zero, "samples": 0}
+                    span = self.progress.resume_span(self, span)  # a resume's span goes on
                 for callback in self._step_begin:
                     callback.on_step_begin(self, step)
                 loss, correct = self.step(batch, step)
@@ -452,7 +489,7 @@ class Trainer:
                     span = None
                 if step == steps:
                     break
-            epoch += 1
+            epoch, done = epoch + 1, 0
         self._epochs_seen = epoch
         return total_seconds, test_loss, test_acc
 
@@ -487,8 +524,7 @@ class Trainer:
         }
         if self.cfg.clip_norm is not None:
             record["grad_norm"] = self.optimizer.grad_norm
-        if self.precision is not None:
-            record["skipped_steps"] = self.precision.skipped
+        record |= self._skips()
         for callback in self.callbacks:
             callback.on_eval(self, record)
         if not (math.isfinite(record["train_loss"]) and math.isfinite(test_loss)):
@@ -523,4 +559,6 @@ class Trainer:
             settings["min_lr"] = cfg.min_lr
         if cfg.precision != "fp32":
             settings["precision"] = cfg.precision
+        if cfg.grad_dtype is not None:
+            settings["grad_dtype"] = cfg.grad_dtype
         return settings

@@ -1,0 +1,215 @@
+"""Checkpoints between two epochs' ends (``--checkpoint-signal`` acts at a step's end), and
+their resume, bit for bit: the parameters and optimizer state are saved as at an epoch's end;
+the batches of an epoch are drawn from the seed and the epoch alone, so a resume draws the
+same and skips those already trained; and the running sums of the epoch's metrics record
+(every rank's loss and correct predictions, its seconds and bytes so far) are saved with
+them, so the epoch's record is the one an uninterrupted run writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from xpnn.checkpoint import DamagedCheckpoint, latest_checkpoint, prune_checkpoints, save_checkpoint
+from xpnn.errors import path_problems
+from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
+from xpnn.runtime import stall
+
+if TYPE_CHECKING:
+    from xpnn.train.trainer import Trainer
+
+
+def write_checkpoint(
+    trainer: Trainer, directory: str, keep: int, epoch: int, partial: dict | None = None
+) -> None:
+    """The whole network and optimizer state (gathered; collective over each replica's
+    ranks), written by rank 0 after ``epoch`` epochs and, with ``partial``, some steps more."""
+    model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
+    if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
+        return
+    stall.in_phase(f"the checkpoint at step {optimizer.step_count}")
+    params = whole_params(model, comm)
+    state = {
+        name: whole_arrays(model, comm, model.named_views(buf))
+        for name, buf in optimizer.state.items()
+    }
+    if trainer.is_root:
+        with path_problems("checkpoint_dir", directory):
+            save_checkpoint(
+                directory,
+                params,
+                state,
+                epoch,
+                optimizer.step_count,
+                trainer.cfg.seed,
+                trainer.data.name,
+                trainer.settings(),
+                trainer.identity(),
+                trainer.loss_scale.state() if trainer.loss_scale else None,
+                partial,
+            )
+            prune_checkpoints(directory, keep)  # only once the new one is whole
+
+
+class EpochProgress:
+    """The running sums of the epoch under way (``begin`` gives the trainer its accumulators,
+    added to in place) or, training by ``steps``, of the span of steps since the last
+    evaluation (``span``): what a checkpoint written between two records saves, and what its
+    resume restores on the epoch or span it was written in."""
+
+    def __init__(self, restored: dict[str, Any] | None = None, epoch: int = -1) -> None:
+        self.restored, self.restored_epoch = restored, epoch
+        self.sums: tuple[Any, Any] | None = None
+        self.t0 = 0.0
+        self.sent0 = np.zeros(2)
+        self.span: dict[str, Any] | None = None  # training by steps: the span under way
+
+    @classmethod
+    def resumed(cls, trainer: Trainer) -> EpochProgress:
+        """The partial epoch or span the resumed checkpoint left, if it left one."""
+        cfg = trainer.cfg
+        done = trainer.batches_done()
+        if not (cfg.resume and cfg.checkpoint_dir) or done == 0:
+            return cls()
+        path = latest_checkpoint(cfg.checkpoint_dir)  # the one just resumed: the lock holds
+        partial = saved_partial(path) if path is not None else None
+        kind = "epoch" if cfg.steps is None else "steps"
+        if partial is None or partial["kind"] != kind:  # at an epoch's end, or the other kind
+            return cls()
+        return cls(partial, done // trainer.steps_per_epoch)
+
+    @staticmethod
+    def _own_sums(trainer: Trainer, restored: dict[str, Any]) -> tuple[float, float]:
+        """This rank's share of the restored sums: its own in the same layout, else rank 0
+        holds them all."""
+        rows, rank = restored["sums"], trainer.metrics_comm.rank
+        if len(rows) == trainer.metrics_comm.size:
+            return rows[rank][0], rows[rank][1]
+        if rank == 0 and rows:
+            return math.fsum(r[0] for r in rows), math.fsum(r[1] for r in rows)
+        return 0.0, 0.0
+
+    def begin(self, trainer: Trainer, epoch: int) -> tuple[Any, Any]:
+        """The epoch's loss and correct-prediction accumulators (float64, on the device)."""
+        xp = trainer.xp
+        loss, correct = 0.0, 0.0
+        if epoch == self.restored_epoch and self.restored is not None:
+            loss, correct = self._own_sums(trainer, self.restored)
+        self.sums = (_device_sum(xp, loss), _device_sum(xp, correct))
+        self.t0, self.sent0 = time.perf_counter(), trainer.bytes_sent()
+        return self.sums
+
+    def seconds_before(self, epoch: int) -> float:
+        """The seconds the epoch took before its checkpoint (0 but on the resumed one)."""
+        return self._restored(epoch, "seconds", 0.0)
+
+    def sent_before(self, trainer: Trainer, epoch: int) -> np.ndarray:
+        """The epoch's bytes before its checkpoint, [data, replica], held by rank 0 alone (the
+        ranks' counts are summed)."""
+        sent = self._restored(epoch, "sent", [0.0, 0.0]) if trainer.comm.rank == 0 else [0, 0]
+        return np.array(sent, dtype=np.float64)
+
+    def _restored(self, epoch: int, key: str, default: Any) -> Any:
+        if epoch != self.restored_epoch or self.restored is None:
+            return default
+        return self.restored[key]
+
+    def snapshot(self, trainer: Trainer, epoch: int) -> dict[str, Any]:
+        """What a checkpoint written now must hold of the epoch (collective: every rank)."""
+        assert self.sums is not None, "snapshot before the epoch's begin"
+        rows = self._gather(trainer, self.sums)
+        sent = trainer.comm.allreduce_host(trainer.bytes_sent() - self.sent0)
+        sent += self.sent_before(trainer, epoch)  # rank 0 holds the restored count
+        seconds = time.perf_counter() - self.t0 + self.seconds_before(epoch)
+        return partial_of("epoch", rows, seconds, sent)
+
+    def resume_span(self, trainer: Trainer, span: dict[str, Any]) -> dict[str, Any]:
+        """Training by steps: ``span``, just begun, carried on from the resumed checkpoint's
+        (the first one only); every span is kept for ``span_snapshot``."""
+        restored, self.restored = self.restored, None
+        if restored is not None:
+            xp = trainer.xp
+            loss, correct = self._own_sums(trainer, restored)
+            span["loss"], span["correct"] = _device_sum(xp, loss), _device_sum(xp, correct)
+            span["t0"] -= restored["seconds"]
+            span["steps"] += restored["steps"]
+            span["samples"] += restored["samples"]
+            if trainer.comm.rank == 0:
+                span["sent"] += np.array(restored["sent"], dtype=np.float64)
+        self.span = span
+        return span
+
+    def span_snapshot(self, trainer: Trainer) -> dict[str, Any]:
+        """Training by steps: what a checkpoint written now must hold of the span under way."""
+        span = self.span
+        if span is None:  # a checkpoint right after an evaluation: nothing under way
+            return partial_of("steps", [], 0.0, [0.0, 0.0])
+        rows = self._gather(trainer, (span["loss"], span["correct"]))
+        sent = trainer.comm.allreduce_host(span["sent"] + trainer.bytes_sent())
+        seconds = time.perf_counter() - span["t0"]
+        return partial_of("steps", rows, seconds, sent, span["samples"], span["steps"])
+
+    @staticmethod
+    def _gather(trainer: Trainer, sums: tuple[Any, Any]) -> list[list[float]]:
+        mine = [float(sums[0]), float(sums[1])]
+        return trainer.metrics_comm.allgather_obj(mine, "the gathering of the running sums")
+
+
+def _device_sum(xp: Any, value: float) -> Any:
+    """A float64 accumulator on the device holding ``value``, made as the trainer makes its
+    own (every array namespace has ``zeros``)."""
+    acc = xp.zeros((), dtype=xp.float64)
+    acc += value
+    return acc
+
+
+def partial_of(
+    kind: str, rows: list, seconds: float, sent: Any, samples: int = 0, steps: int = 0
+) -> dict[str, Any]:
+    """``meta.partial``: the running sums of an epoch or of a span of steps, by rank."""
+    return {
+        "kind": kind,
+        "sums": rows,
+        "seconds": seconds,
+        "sent": [float(b) for b in sent],
+        "samples": samples,
+        "steps": steps,
+    }
+
+
+PARTIAL_KEYS = {"kind", "sums", "seconds", "sent", "samples", "steps"}
+
+
+def saved_partial(path: Any) -> dict[str, Any] | None:
+    """``meta.partial`` of the checkpoint ``path`` (read alone), or None where there is none."""
+    with np.load(path, allow_pickle=False) as data:
+        if "meta.partial" not in data.files:
+            return None
+        stored = data["meta.partial"]
+    try:
+        value = json.loads(str(stored)) if stored.shape == () else None
+    except ValueError:
+        value = None
+    if not (isinstance(value, dict) and value.keys() == PARTIAL_KEYS and _numbers(value)):
+        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.partial is {stored.tolist()!r})")
+    return value
+
+
+def _numbers(partial: dict[str, Any]) -> bool:
+    rows, sent = partial["sums"], partial["sent"]
+    return (
+        partial["kind"] in ("epoch", "steps")
+        and all(isinstance(partial[k], int) and partial[k] >= 0 for k in ("samples", "steps"))
+        and isinstance(rows, list)
+        and all(isinstance(row, list) and len(row) == 2 for row in rows)
+        and isinstance(sent, list)
+        and len(sent) == 2
+        and all(
+            isinstance(v, int | float) and math.isfinite(v)
+            for v in [partial["seconds"], *sent, *(x for row in rows for x in row)]
+        )
+    )
