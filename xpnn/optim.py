@@ -146,6 +146,9 @@ class Optimizer:
 
     state_names: tuple[str, ...] = ()
     clip: GradClip | None = None
+    scalar_names: tuple[str, ...] = ("lr",)  # what ``step_scalars`` gives the kernels
+    # the kernels' numbers as device values while set (a replayed step: ``device_scalars_in``)
+    device_scalars: dict[str, Array] | None = None
 
     def __init__(
         self,
@@ -204,6 +207,23 @@ class Optimizer:
         factor = clip.max_norm / (self.grad_norm + 1e-6)  # PyTorch's guard against 0
         return factor if not factor >= 1.0 else None  # a nan norm makes the step nan
 
+    def step_scalars(self) -> dict[str, float]:
+        """The numbers of this step (after ``start_step``) that the kernels take."""
+        return {"lr": self.lr}
+
+    def device_scalars_in(self, scalars: Any) -> dict[str, Array]:
+        """This step's numbers as device values that ``scalars.refresh`` fills before each
+        step (a ``StepScalars``), for ``device_scalars``: a replayed step takes no numbers."""
+        dtype = self.params.dtype
+        return {
+            name: scalars.add(dtype, lambda _step, name=name: self.step_scalars()[name])
+            for name in self.scalar_names
+        }
+
+    def _scalar(self, name: str, number: Any) -> Any:
+        """``number``, or its device value where ``read_scalars_from`` was called."""
+        return number if self.device_scalars is None else self.device_scalars[name]
+
     def update_part(self, index: int) -> None:
         """Update ``parts[index]`` with the current gradients at this step's learning rate."""
         p, g, state = self._views[index]
@@ -256,7 +276,7 @@ class SGD(Optimizer):
     """Plain (mini-batch, or with the whole data set as one batch, full) gradient descent."""
 
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
-        self.kernels.sgd_update(p, g, lr)
+        self.kernels.sgd_update(p, g, self._scalar("lr", lr))
 
 
 class Momentum(Optimizer):
@@ -267,11 +287,13 @@ class Momentum(Optimizer):
         super().__init__(*args)
 
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
+        lr = self._scalar("lr", lr)
         self.kernels.momentum_update(p, g, state["velocity"], lr, self.mu)
 
 
 class Adam(Optimizer):
     state_names = ("m", "v")
+    scalar_names = ("lr_c1", "c2")
 
     def __init__(
         self, *args: Any, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8
@@ -287,13 +309,25 @@ class Adam(Optimizer):
         self, p: Array, g: Array, state: dict[str, Array], lr: float, decay: float = 1.0
     ) -> None:
         m, v, t = state["m"], state["v"], self.step_count
-        self.kernels.adam_update(p, g, m, v, lr, self.beta1, self.beta2, self.eps, t, decay)
+        if self.device_scalars is None:
+            self.kernels.adam_update(p, g, m, v, lr, self.beta1, self.beta2, self.eps, t, decay)
+            return
+        # ``decay``: AdamW's, a device value already (or 1.0)
+        lr_c1, c2 = self.device_scalars["lr_c1"], self.device_scalars["c2"]
+        self.kernels.adam_step(p, g, m, v, lr_c1, self.beta1, self.beta2, self.eps, c2, decay)
+
+    def step_scalars(self) -> dict[str, float]:
+        """Adam's bias corrections folded as ``adam_update`` folds them."""
+        t = self.step_count
+        return {"lr_c1": self.lr / (1 - self.beta1**t), "c2": 1 - self.beta2**t}
 
 
 class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov & Hutter, as ``torch.optim.AdamW``): each
     step first multiplies the parameters in ``matrices`` (flat [start, end) ranges; default
     all) by ``1 - lr * weight_decay``, fused into Adam's kernel."""
+
+    scalar_names = ("lr_c1", "c2", "decay")
 
     def __init__(
         self, *args: Any, weight_decay: float = 0.01, matrices: Ranges | None = None, **adam: Any
@@ -306,8 +340,11 @@ class AdamW(Adam):
         ranges = [(0, n)] if matrices is None else matrices
         self._decayed = [pieces(part, n, ranges) for part in self.parts]
 
+    def step_scalars(self) -> dict[str, float]:
+        return super().step_scalars() | {"decay": 1.0 - self.lr * self.weight_decay}
+
     def _apply(self, index: int, p: Array, g: Array, state: dict[str, Array]) -> None:
-        decay = 1.0 - self.lr * self.weight_decay
+        decay = self._scalar("decay", 1.0 - self.lr * self.weight_decay)
         for s, decays in self._decayed[index]:
             views = {name: buf[s] for name, buf in state.items()}
             self.update(p[s], g[s], views, self.lr, decay if decays else 1.0)

@@ -35,6 +35,7 @@ from xpnn.train.callbacks import (
     ProgressBar,
     overrides,
 )
+from xpnn.train.graph import CUDA_GRAPH, GraphStep, graph_step
 from xpnn.train.precision import PRECISIONS, Precision
 
 
@@ -114,6 +115,7 @@ class TrainConfig:
     steps: int | None = None  # train this many steps, not epochs
     eval_every: int | None = None  # with steps: an evaluation record every this many steps
     precision: str = "fp32"  # bf16, fp16: forward and backward on a low-precision copy
+    cuda_graph: str = "auto"  # replay the step as a CUDA graph: auto (where it applies), on, off
     facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
 
     def __post_init__(self) -> None:
@@ -176,6 +178,7 @@ CHOICES = {
     "node_share": NODE_SHARES,
     "schedule": SCHEDULES,
     "precision": PRECISIONS,
+    "cuda_graph": CUDA_GRAPH,
 }
 
 
@@ -265,6 +268,7 @@ class Trainer:
         if cfg.precision != "fp32":
             self.precision = Precision(cfg.precision, backend, agree=self._norm_total)
             self.precision.attach(model, self.optimizer)
+        self.graph: GraphStep | None = graph_step(self)  # the step replayed as a CUDA graph
         stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
         self.n_params = whole_size(model)
         own = [
@@ -301,6 +305,8 @@ class Trainer:
         xp, model = self.xp, self.model
         stall.injected_pause(self.comm.rank, step)
         stall.at_step(step)
+        if self.graph is not None and (replayed := self.graph.run(batch, step)) is not None:
+            return replayed
         self.update.begin_step(len(batch))
         micro = np.array_split(batch, self.cfg.accumulate)
         loss = correct = xp.zeros((), dtype=xp.float64)
@@ -481,6 +487,8 @@ class Trainer:
         }
         if self.precision is not None:
             done["skipped_steps"] = self.precision.skipped
+        if self.graph is not None:  # steps replayed from a CUDA graph (the rest ran eagerly)
+            done["graph_steps"] = self.graph.replayed
         if self.is_root and cfg.save:  # first: a done line promises the saved parameters
             with path_problems("save", cfg.save):  # a full disk, say
                 checkpoint.atomic_savez(cfg.save, whole)

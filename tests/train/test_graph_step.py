@@ -1,0 +1,195 @@
+"""The replayable training step (``cuda_graph``) on the CPU: the same code as on CuPy, with a
+stand-in for the recording that runs the recorded function again at every replay while the
+host's numbers of the step are poisoned, so a replay that read them (not the device values it
+must read) would train differently. It trains exactly as the eager step does."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from xpnn.backends import get_backend
+from xpnn.backends.graphs import CaptureFailed, StepScalars, step_key
+from xpnn.backends.common import dropout_base_key
+from xpnn.data import load_dataset
+from xpnn.errors import UserError
+from xpnn.nn import build_model
+from xpnn.parallel.comm import SelfCommunicator
+from xpnn.train import TrainConfig, Trainer
+from xpnn.train.graph import GraphStep, graph_unavailable
+
+
+def _trainer(model: str, dtype: str = "float32", **cfg) -> Trainer:
+    backend = get_backend("numpy", dtype)
+    data = load_dataset("synthetic", synthetic_size=230 if model == "mlp" else 70)
+    net = build_model(model, (16, 8)) if model == "mlp" else build_model("cnn")
+    if model == "cnn":  # a small CNN: the default one's 690,590 parameters take long here
+        from xpnn.nn.models import cnn
+
+        net = cnn(channels=(4, 8), dense=(16,), dropout=0.5)
+    net.build(data.input_shape, backend, 0)
+    config = TrainConfig(**{"epochs": 2, "batch_size": 32, "cuda_graph": "off", **cfg})
+    return Trainer(net, data, backend, SelfCommunicator(), config, log=lambda line: None)
+
+
+def poisoned(trainer: Trainer, calls: list[str]):
+    """A recording that replays by running the function again, with the optimizer's host
+    numbers (rate, step count) made useless while it runs: only device values give Adam's
+    update its rate and bias corrections, and dropout its keys."""
+
+    def capture(fn):
+        # As a recording runs the function's Python once (device values it asks for are made
+        # then) and none of its work: run it, then undo what it did to the arrays.
+        opt = trainer.optimizer
+        arrays = [trainer.model.params, trainer.model.grads, *opt.state.values()]
+        kept = [a.copy() for a in arrays]
+        with np.errstate(all="ignore"):  # the device values are filled after the recording
+            fn()
+        for array, before in zip(arrays, kept, strict=True):
+            array[...] = before
+        calls.append("captured")
+
+        def replay():
+            opt = trainer.optimizer
+            lr, count = opt.lr, opt.step_count
+            opt.lr, opt.step_count = math.nan, -(10**6)
+            try:
+                fn()
+            finally:
+                opt.lr, opt.step_count = lr, count
+            calls.append("replayed")
+
+        return replay
+
+    return capture
+
+
+def _params(trainer: Trainer) -> np.ndarray:
+    return np.array(trainer.model.params, copy=True)
+
+
+@pytest.mark.parametrize(
+    ("model", "optimizer", "extra"),
+    [
+        ("mlp", "adam", {}),
+        ("mlp", "adamw", {"weight_decay": 0.1}),
+        ("mlp", "momentum", {"schedule": "cosine", "warmup_steps": 3}),
+        ("mlp", "sgd", {}),
+        ("cnn", "adam", {}),  # dropout: its keys come from the device as well
+    ],
+)
+def test_the_replayed_step_trains_exactly_as_the_eager_one(model, optimizer, extra):
+    eager = _trainer(model, optimizer=optimizer, **extra)
+    done_eager = eager.run()
+    graphed = _trainer(model, optimizer=optimizer, **extra)
+    calls: list[str] = []
+    graphed.graph = GraphStep(graphed, poisoned(graphed, calls))
+    lines: list[str] = []
+    graphed.log = lines.append
+    done = graphed.run()
+    np.testing.assert_array_equal(_params(graphed), _params(eager))
+    assert done["test_loss"] == done_eager["test_loss"]
+    assert done["steps"] == done_eager["steps"] == graphed.optimizer.step_count
+    # 230 or 70 samples in batches of 32: 7 or 2 full batches and a partial one an epoch;
+    # the first full one eager, once recorded, the other full ones replayed
+    full = (230 // 32 if model == "mlp" else 70 // 32) * 2
+    assert calls.count("captured") == 1
+    assert done["graph_steps"] == calls.count("replayed") == full - 1
+    said = [line for line in lines if line.startswith("cuda graph:")]
+    assert said == ["cuda graph: a batch of 6 samples, not the 32 recorded: such steps run eagerly"]
+
+
+def test_a_failed_recording_runs_that_step_and_the_rest_eagerly():
+    eager = _trainer("mlp")
+    eager.run()
+    graphed = _trainer("mlp")
+
+    def refuse(fn):
+        raise CaptureFailed("RuntimeError: a wait for the device")
+
+    graphed.graph = GraphStep(graphed, refuse)
+    lines: list[str] = []
+    graphed.log = lines.append
+    done = graphed.run()
+    np.testing.assert_array_equal(_params(graphed), _params(eager))
+    assert done["graph_steps"] == 0
+    assert [line for line in lines if "cuda graph" in line] == [
+        "cuda graph: recording the step failed (RuntimeError: a wait for the device); eager"
+    ]
+
+
+def test_step_scalars_are_device_views_filled_at_each_refresh():
+    backend = get_backend("numpy", "float32")
+    scalars = StepScalars(backend)
+    twice = scalars.add(np.float32, lambda step: 2.0 * step)
+    key = step_key(7, scalars.step, 3)
+    assert step_key(7, scalars.step, 3) is key  # one device value per (seed, salt)
+    scalars.refresh(5)
+    assert twice.shape == () and twice.dtype == np.float32 and float(twice) == 10.0
+    assert int(key) == dropout_base_key(7, 5, 3) and key.dtype == np.uint32
+    scalars.refresh(6)  # the same arrays, new values: what a replay reads
+    assert float(twice) == 12.0 and int(key) == dropout_base_key(7, 6, 3)
+    assert step_key(7, 6, 3) == dropout_base_key(7, 6, 3)  # a host step: the number
+
+
+def test_the_cpu_backends_offer_no_recording():
+    for name in ("numpy", "numba"):
+        backend = get_backend(name)
+        assert "graphs: backend cupy" in backend.capture_unavailable()
+        with pytest.raises(NotImplementedError):
+            backend.capture(lambda: None)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "reason"),
+    [
+        ({}, "backend numpy runs each operation as it is called"),
+        ({"clip_norm": 1.0}, "`clip_norm` reads the gradients' global norm on the host"),
+        ({"accumulate": 2}, "`accumulate` above 1"),
+        ({"precision": "fp16"}, "`precision` fp16 runs fp32 only in graphs"),
+    ],
+)
+def test_auto_is_off_where_graphs_do_not_apply_and_on_refuses(cfg, reason, monkeypatch):
+    if cfg:  # past the backend's own reason: a backend that records
+        monkeypatch.setattr(type(get_backend("numpy")), "capture_unavailable", lambda self: None)
+    quiet = _trainer("mlp", **cfg, cuda_graph="auto")
+    assert quiet.graph is None
+    assert reason in graph_unavailable(quiet)
+    with pytest.raises(UserError, match="^`cuda_graph` on: " + reason.replace("(", r"\(")):
+        _trainer("mlp", **cfg, cuda_graph="on")
+
+
+def test_the_config_refuses_an_unknown_mode():
+    with pytest.raises(ValueError, match="TrainConfig.cuda_graph: 'yes', choose one of auto"):
+        TrainConfig(cuda_graph="yes")
+
+
+def test_the_command_line_refuses_on_where_it_cannot_apply(tmp_path):
+    args = ["--dataset", "synthetic", "--synthetic-size", "200", "--epochs", "1"]
+    args += ["--backend", "numpy", "--no-progress", "--cuda-graph", "on"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "xpnn", *args], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert lines[0].startswith("xpnn: --cuda-graph on: backend numpy"), lines[0]
+
+
+def test_the_command_line_says_nothing_of_graphs_where_auto_is_off(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    args = ["--dataset", "synthetic", "--synthetic-size", "200", "--epochs", "1"]
+    args += ["--backend", "numpy", "--no-progress", "--metrics", str(metrics)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "xpnn", *args], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "graph" not in proc.stdout + proc.stderr
+    done = json.loads(metrics.read_text().splitlines()[-1])
+    assert done["event"] == "done" and "graph_steps" not in done

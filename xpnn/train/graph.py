@@ -1,0 +1,204 @@
+"""The training step replayed as a captured graph (``cuda_graph``; CUDA graphs on CuPy): the
+backend records one step's device work, the later steps of the same batch shape replay it.
+
+What stays on the host, outside the recording: the step's inputs, copied into static device
+buffers (the samples' indices), the step's numbers (the learning rate, Adam's bias
+corrections, dropout's keys), copied into ``StepScalars`` that the recorded kernels read, the
+optimizer's bookkeeping (``start_step``), and, with several replicas, the gradient exchange:
+forward and backward are one recording, the update another, the exchange runs between them.
+The loss and the count of correct predictions stay on the device, as in an eager step. A step
+of another shape (a partial last batch), a traced one, or one after a recording failed runs
+eagerly; a line says so once."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from xpnn.backends.graphs import CaptureFailed, StepScalars
+from xpnn.data import shard
+from xpnn.errors import UserError
+from xpnn.nn.layer import Context
+from xpnn.phases import listening, tracer
+
+CUDA_GRAPH = ("auto", "on", "off")
+Capture = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+def graph_unavailable(trainer: Any) -> str | None:
+    """Why this trainer's step cannot be replayed as a graph (None: it can)."""
+    cfg = trainer.cfg
+    reason = trainer.backend.capture_unavailable()
+    if reason is not None:
+        return reason
+    if cfg.parallel != "data":
+        return f"`parallel` {cfg.parallel} exchanges activations inside the step"
+    if cfg.accumulate > 1:
+        return "`accumulate` above 1 sums micro-steps of different sizes"
+    if cfg.clip_norm is not None:
+        return "`clip_norm` reads the gradients' global norm on the host every step"
+    if cfg.precision != "fp32":
+        return f"`precision` {cfg.precision} runs fp32 only in graphs"
+    if trainer.update.name not in ("local", "allreduce"):
+        return f"the `{trainer.update.name}` update shares host memory between ranks"
+    return None
+
+
+def graph_step(trainer: Any) -> GraphStep | None:
+    """The trainer's replayed step for ``cfg.cuda_graph``: ``auto`` where it applies, ``on``
+    (a UserError where it does not), ``off``: None."""
+    mode = trainer.cfg.cuda_graph
+    if mode == "off":
+        return None
+    reason = graph_unavailable(trainer)
+    if reason is None:
+        return GraphStep(trainer, trainer.backend.capture)
+    if mode == "on":
+        raise UserError(f"`cuda_graph` on: {reason}")
+    return None
+
+
+class GraphStep:
+    """``run`` is ``Trainer.step`` from a recording, or None where the step runs eagerly.
+    ``capture``: records a function's device work once and returns its replay
+    (``Backend.capture``); the first step of a shape runs eagerly, the second is recorded."""
+
+    def __init__(self, trainer: Any, capture: Capture) -> None:
+        self.trainer, self.capture = trainer, capture
+        self.scalars = StepScalars(trainer.backend)
+        self.device_scalars = trainer.optimizer.device_scalars_in(self.scalars)
+        self.exchange = trainer.data_comm.size > 1  # the exchange between replicas, outside
+        self.shape: tuple[int, int] | None = None  # (global batch, this rank's rows) recorded
+        self.replays: list[Callable[[], None]] | None = None
+        self.failed = False  # a recording failed: every step runs eagerly
+        self.replayed = 0  # steps run from the recording
+        self._said: set[str] = set()
+
+    def run(self, batch: np.ndarray, step: int) -> tuple[Any, Any] | None:
+        """One optimizer step on the global ``batch`` from the recording; None: run it eagerly."""
+        t = self.trainer
+        local = shard(batch, t.data_comm.rank, t.data_comm.size)
+        shape = (len(batch), len(local))
+        if self._eager(shape):
+            return None
+        if self.shape is None:  # eager first: kernels compiled and memory pooled outside
+            self.shape = shape
+            return None
+        t.update.begin_step(len(batch))
+        if self.replays is None:
+            self._buffers(len(local))
+        self._stage(local, step)
+        if self.replays is None:
+            try:
+                self.replays = self._record(shape)
+            except CaptureFailed as exc:  # nothing of this step ran: it runs eagerly
+                self.failed = True
+                self._say("failed", f"cuda graph: recording the step failed ({exc}); eager")
+                return None
+        t.optimizer.start_step()  # the host's bookkeeping; the numbers go to the device
+        self.scalars.refresh(step)
+        self.replays[0]()
+        if self.exchange:
+            t.update.buckets.wait(len(t.update.buckets.bounds))  # every bucket, in order
+            t.update.buckets.finish()
+            self.replays[1]()
+        self.replayed += 1
+        return self.loss, self.correct
+
+    def _eager(self, shape: tuple[int, int]) -> bool:
+        """Whether this step runs eagerly, said once for each reason."""
+        if self.failed:
+            return True
+        if tracer() is not None or listening() is not None:  # their marks time host calls
+            self._say("traced", "cuda graph: traced or phase-timed steps run eagerly")
+            return True
+        if shape[1] == 0:
+            self._say("empty", "cuda graph: a rank without samples runs its steps eagerly")
+            return True
+        if self.shape is not None and shape != self.shape:
+            self._say(
+                "shape",
+                f"cuda graph: a batch of {shape[0]} samples, not the {self.shape[0]} recorded: "
+                "such steps run eagerly",
+            )
+            return True
+        return False
+
+    def _say(self, kind: str, line: str) -> None:
+        if kind not in self._said and self.trainer.is_root:
+            self.trainer.log(line)
+        self._said.add(kind)
+
+    def _buffers(self, rows: int) -> None:
+        """The static inputs and outputs the recording reads and writes."""
+        t, xp = self.trainer, self.trainer.xp
+        self.idx = xp.zeros((rows,), dtype=xp.int64)
+        self.rows = xp.zeros((rows,), dtype=xp.int64) if t.data.train_repeats > 1 else self.idx
+        if t.stream is not None:
+            self.at = xp.zeros((rows, t.data.windows.block), dtype=xp.int64)
+        self.loss = xp.zeros((), dtype=xp.float64)
+        self.correct = xp.zeros((), dtype=xp.float64)
+
+    def _stage(self, local: np.ndarray, step: int) -> None:
+        """This step's samples into the static input buffers (host to device copies)."""
+        t, xp = self.trainer, self.trainer.xp
+        self.idx[...] = t.backend.asarray(local, dtype=xp.int64)
+        stored = t.data.stored_rows(local)
+        if self.rows is not self.idx:
+            self.rows[...] = t.backend.asarray(stored, dtype=xp.int64)
+        if t.stream is not None:
+            spans = t.data.windows.spans(t.cfg.seed, step, stored)
+            self.at[...] = t.backend.asarray(spans, dtype=xp.int64)
+
+    def _record(self, shape: tuple[int, int]) -> list[Callable[[], None]]:
+        """Forward, loss, backward (and, with one replica, the update) as one recording; with
+        several, the update as a second one (the exchange runs between the two)."""
+        t, xp = self.trainer, self.trainer.xp
+        scale = 1.0 / shape[0]
+        ready = None if self.exchange else t.update.grads_ready
+
+        def forward_backward() -> None:
+            with self._replayable():
+                if t.stream is not None:
+                    xb = xp.take(t.stream, self.at) if t.model.reads_input else None
+                    yb = xp.take(t.stream, self.at + 1)
+                else:
+                    xb = xp.take(t.x_train, self.rows, axis=0) if t.model.reads_input else None
+                    yb = xp.take(t.y_train, self.rows, axis=0)
+                step, seed = self.scalars.step, t.cfg.seed
+                ctx = Context(train=True, step=step, seed=seed, sample_ids=self.idx)
+                loss, correct = t.model.loss_and_grads(xb, yb, ctx, scale, ready)
+                self.loss[...] = loss
+                self.correct[...] = correct
+                if not self.exchange:
+                    t.update.finish()  # what backward left of the update
+
+        def update() -> None:
+            with self._replayable():
+                for index in range(len(t.optimizer.parts)):
+                    t.optimizer.update_part(index)
+
+        replays = [self.capture(forward_backward)]
+        if self.exchange:
+            replays.append(self.capture(update))
+        return replays
+
+    @contextlib.contextmanager
+    def _replayable(self) -> Iterator[None]:
+        """While a recorded function runs: the kernels read the step's numbers from the
+        device, and ``start_step`` (the host's, done before the replay) does nothing."""
+        opt = self.trainer.optimizer
+        own = "start_step" in vars(opt)  # a wrapper set on the instance (mixed precision)
+        start = opt.start_step
+        opt.device_scalars, opt.start_step = self.device_scalars, lambda: opt.lr
+        try:
+            yield
+        finally:
+            opt.device_scalars = None
+            if own:
+                opt.start_step = start
+            else:
+                del opt.start_step
