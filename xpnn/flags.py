@@ -24,6 +24,7 @@ from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec
 from xpnn.timeline import parse_steps
+from xpnn.train.graph import CUDA_GRAPH
 from xpnn.train.precision import PRECISIONS
 from xpnn.train.requeue import SIGNALS
 
@@ -323,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=PRECISIONS,
         help="bf16, fp16: forward and backward in low precision on fp32 master parameters "
         "(fp16 with dynamic loss scaling; default fp32)",
+    )
+    a(
+        "--cuda-graph",
+        choices=CUDA_GRAPH,
+        help="backend cupy: record the training step once as a CUDA graph and replay it "
+        "(default auto: where it applies; on: an error where it cannot)",
     )
     a("--seed", type=_seed, help="initial weights, shuffles and dropout masks (default 0)")
     a(

@@ -6,17 +6,17 @@ must read) would train differently. It trains exactly as the eager step does."""
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, mpiexec_path
+from graph_standin import standin
 
 from xpnn.backends import get_backend
-from xpnn.backends.graphs import CaptureFailed, StepScalars, step_key
 from xpnn.backends.common import dropout_base_key
+from xpnn.backends.graphs import CaptureFailed, StepScalars, step_key
 from xpnn.data import load_dataset
 from xpnn.errors import UserError
 from xpnn.nn import build_model
@@ -38,38 +38,6 @@ def _trainer(model: str, dtype: str = "float32", **cfg) -> Trainer:
     return Trainer(net, data, backend, SelfCommunicator(), config, log=lambda line: None)
 
 
-def poisoned(trainer: Trainer, calls: list[str]):
-    """A recording that replays by running the function again, with the optimizer's host
-    numbers (rate, step count) made useless while it runs: only device values give Adam's
-    update its rate and bias corrections, and dropout its keys."""
-
-    def capture(fn):
-        # As a recording runs the function's Python once (device values it asks for are made
-        # then) and none of its work: run it, then undo what it did to the arrays.
-        opt = trainer.optimizer
-        arrays = [trainer.model.params, trainer.model.grads, *opt.state.values()]
-        kept = [a.copy() for a in arrays]
-        with np.errstate(all="ignore"):  # the device values are filled after the recording
-            fn()
-        for array, before in zip(arrays, kept, strict=True):
-            array[...] = before
-        calls.append("captured")
-
-        def replay():
-            opt = trainer.optimizer
-            lr, count = opt.lr, opt.step_count
-            opt.lr, opt.step_count = math.nan, -(10**6)
-            try:
-                fn()
-            finally:
-                opt.lr, opt.step_count = lr, count
-            calls.append("replayed")
-
-        return replay
-
-    return capture
-
-
 def _params(trainer: Trainer) -> np.ndarray:
     return np.array(trainer.model.params, copy=True)
 
@@ -89,7 +57,7 @@ def test_the_replayed_step_trains_exactly_as_the_eager_one(model, optimizer, ext
     done_eager = eager.run()
     graphed = _trainer(model, optimizer=optimizer, **extra)
     calls: list[str] = []
-    graphed.graph = GraphStep(graphed, poisoned(graphed, calls))
+    graphed.graph = GraphStep(graphed, standin(graphed, calls))
     lines: list[str] = []
     graphed.log = lines.append
     done = graphed.run()
@@ -193,3 +161,47 @@ def test_the_command_line_says_nothing_of_graphs_where_auto_is_off(tmp_path):
     assert "graph" not in proc.stdout + proc.stderr
     done = json.loads(metrics.read_text().splitlines()[-1])
     assert done["event"] == "done" and "graph_steps" not in done
+
+
+TWO_RANKS = """
+import json, sys
+sys.path.insert(0, sys.argv[3])
+from graph_standin import standin
+from xpnn.run import RunSpec, run
+from xpnn.train.callbacks import Callback
+from xpnn.train.graph import GraphStep
+
+class Graphed(Callback):
+    def on_train_begin(self, trainer):
+        trainer.graph = GraphStep(trainer, standin(trainer, []))
+
+spec = RunSpec(
+    backend="numpy", comm="mpi-host", dataset="synthetic", synthetic_size=230, epochs=2,
+    batch_size=32, hidden=(16, 8), optimizer="adamw", save=sys.argv[2], progress=False,
+)
+done = run(spec, callbacks=[Graphed()] if sys.argv[1] == "graph" else [], log=lambda line: None)
+print("DONE", json.dumps({"update": done["update"], "graph_steps": done.get("graph_steps")}))
+"""
+
+
+def test_two_replicas_exchange_between_the_replays_and_train_as_eager(tmp_path):
+    """Forward and backward replayed, the buckets allreduced between, the update replayed:
+    the same parameters as the eager step's, whose buckets go out during backward."""
+    script = tmp_path / "two.py"
+    script.write_text(TWO_RANKS)
+    said = {}
+    for mode in ("eager", "graph"):
+        out = tmp_path / f"{mode}.npz"
+        cmd = [mpiexec_path(), "-n", "2", sys.executable, str(script), mode, str(out)]
+        cmd.append(str(ROOT / "tests" / "train"))
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=240)
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("DONE")]
+        said[mode] = json.loads(lines[0].removeprefix("DONE "))
+    assert said["eager"] == {"update": "allreduce", "graph_steps": None}
+    # 230 samples in batches of 32: 7 full ones an epoch, 14 in all, the first eager
+    assert said["graph"] == {"update": "allreduce", "graph_steps": 13}
+    with np.load(tmp_path / "eager.npz") as eager, np.load(tmp_path / "graph.npz") as graph:
+        assert sorted(eager.files) == sorted(graph.files)
+        for name in eager.files:
+            np.testing.assert_array_equal(graph[name], eager[name], err_msg=name)
