@@ -23,7 +23,8 @@ class CaptureFailed(RuntimeError):
 class StepScalars:
     """Small device buffers, one per dtype, whose values ``refresh`` computes on the host and
     copies in before each step; ``add`` hands out 0-d views of them that the kernels take as
-    they take numbers (the same kernels, given arrays)."""
+    they take numbers (the same kernels, given arrays). A value added during a step (an eager
+    one: not while recording) is copied in at once."""
 
     CAPACITY = 64  # values of one dtype: an optimizer takes 3, each Dropout layer 1
 
@@ -31,6 +32,7 @@ class StepScalars:
         self.backend = backend
         self._buffers: dict[str, tuple[Array, np.ndarray]] = {}  # dtype -> (device, host)
         self._values: list[tuple[str, int, Callable[[int], float]]] = []
+        self._step: int | None = None  # the last ``refresh``'s
         self.step = DeviceStep(self)
 
     def add(self, dtype: Any, compute: Callable[[int], float]) -> Array:
@@ -44,10 +46,13 @@ class StepScalars:
             raise ValueError(f"StepScalars: more than {self.CAPACITY} {name} values")
         self._values.append((name, index, compute))
         device = self._buffers[name][0]
+        if self._step is not None:  # asked for during a step: this step's value too
+            self.refresh(self._step)
         return device[index : index + 1].reshape(())  # a view: NumPy's [index] is a copy
 
     def refresh(self, step: int) -> None:
         """Compute every value for ``step`` and copy each dtype's buffer to the device."""
+        self._step = step
         for name, index, compute in self._values:
             self._buffers[name][1][index] = compute(step)
         for device, host in self._buffers.values():

@@ -6,14 +6,14 @@ buffers (the samples' indices), the step's numbers (the learning rate, Adam's bi
 corrections, dropout's keys), copied into ``StepScalars`` that the recorded kernels read, the
 optimizer's bookkeeping (``start_step``), and, with several replicas, the gradient exchange:
 forward and backward are one recording, the update another, the exchange runs between them.
-The loss and the count of correct predictions stay on the device, as in an eager step. A step
-of another shape (a partial last batch), a traced one, or one after a recording failed runs
-eagerly; a line says so once."""
+The loss and the count of correct predictions stay on the device, as in an eager step. The
+first step runs the same functions eagerly, the second records them. A step of another shape
+(a partial last batch), a traced one, or one after a recording failed runs eagerly; a line
+says so once."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -61,18 +61,65 @@ def graph_step(trainer: Any) -> GraphStep | None:
     return None
 
 
+class Recorder:
+    """The functions that make up a step (``fns``; the host's work runs between them): the
+    first step runs them eagerly, as they will be recorded (which builds their kernels and
+    pools their memory outside the recording), the second records them, later ones replay
+    them. While they run, the kernels read the step's numbers from ``scalars``."""
+
+    def __init__(
+        self, capture: Capture, optimizer: Any, scalars: StepScalars, fns: list[Callable[[], None]]
+    ) -> None:
+        self.capture, self.optimizer, self.scalars = capture, optimizer, scalars
+        self.device_scalars = optimizer.device_scalars_in(scalars)
+        self.fns = [self._replayable(fn) for fn in fns]
+        self.replays: list[Callable[[], None]] | None = None
+        self.rehearsed = False
+
+    def begin(self, step: int) -> list[Callable[[], None]]:
+        """The host's side of ``step`` (the optimizer's bookkeeping, the numbers copied to
+        the device) and the functions to call in turn: eager, or replays. Records them at
+        the second step; ``CaptureFailed`` before anything of the step has run."""
+        if self.rehearsed and self.replays is None:
+            self.replays = [self.capture(fn) for fn in self.fns]
+        self.optimizer.start_step()
+        self.scalars.refresh(step)
+        runs = self.replays or self.fns
+        self.rehearsed = True
+        return runs
+
+    def _replayable(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """``fn`` with the kernels reading the step's numbers from the device and the
+        optimizer's ``start_step`` (the host's, done in ``begin``) doing nothing."""
+
+        def replayable() -> None:
+            opt = self.optimizer
+            own = "start_step" in vars(opt)  # a wrapper set on the instance (mixed precision)
+            start = opt.start_step
+            opt.device_scalars, opt.start_step = self.device_scalars, lambda: opt.lr
+            try:
+                fn()
+            finally:
+                opt.device_scalars = None
+                if own:
+                    opt.start_step = start
+                else:
+                    del opt.start_step
+
+        return replayable
+
+
 class GraphStep:
     """``run`` is ``Trainer.step`` from a recording, or None where the step runs eagerly.
     ``capture``: records a function's device work once and returns its replay
-    (``Backend.capture``); the first step of a shape runs eagerly, the second is recorded."""
+    (``Backend.capture``); the first full batch's shape is the one recorded."""
 
     def __init__(self, trainer: Any, capture: Capture) -> None:
         self.trainer, self.capture = trainer, capture
         self.scalars = StepScalars(trainer.backend)
-        self.device_scalars = trainer.optimizer.device_scalars_in(self.scalars)
         self.exchange = trainer.data_comm.size > 1  # the exchange between replicas, outside
         self.shape: tuple[int, int] | None = None  # (global batch, this rank's rows) recorded
-        self.replays: list[Callable[[], None]] | None = None
+        self.recorder: Recorder | None = None
         self.failed = False  # a recording failed: every step runs eagerly
         self.replayed = 0  # steps run from the recording
         self._said: set[str] = set()
@@ -84,28 +131,24 @@ class GraphStep:
         shape = (len(batch), len(local))
         if self._eager(shape):
             return None
-        if self.shape is None:  # eager first: kernels compiled and memory pooled outside
+        if self.recorder is None:
             self.shape = shape
-            return None
-        t.update.begin_step(len(batch))
-        if self.replays is None:
             self._buffers(len(local))
+            self.recorder = Recorder(self.capture, t.optimizer, self.scalars, self._fns(shape))
+        t.update.begin_step(len(batch))
         self._stage(local, step)
-        if self.replays is None:
-            try:
-                self.replays = self._record(shape)
-            except CaptureFailed as exc:  # nothing of this step ran: it runs eagerly
-                self.failed = True
-                self._say("failed", f"cuda graph: recording the step failed ({exc}); eager")
-                return None
-        t.optimizer.start_step()  # the host's bookkeeping; the numbers go to the device
-        self.scalars.refresh(step)
-        self.replays[0]()
+        try:
+            runs = self.recorder.begin(step)
+        except CaptureFailed as exc:  # nothing of this step ran: it runs eagerly
+            self.failed = True
+            self._say("failed", f"cuda graph: recording the step failed ({exc}); eager")
+            return None
+        runs[0]()
         if self.exchange:
             t.update.buckets.wait(len(t.update.buckets.bounds))  # every bucket, in order
             t.update.buckets.finish()
-            self.replays[1]()
-        self.replayed += 1
+            runs[1]()
+        self.replayed += runs is self.recorder.replays
         return self.loss, self.correct
 
     def _eager(self, shape: tuple[int, int]) -> bool:
@@ -153,52 +196,30 @@ class GraphStep:
             spans = t.data.windows.spans(t.cfg.seed, step, stored)
             self.at[...] = t.backend.asarray(spans, dtype=xp.int64)
 
-    def _record(self, shape: tuple[int, int]) -> list[Callable[[], None]]:
-        """Forward, loss, backward (and, with one replica, the update) as one recording; with
+    def _fns(self, shape: tuple[int, int]) -> list[Callable[[], None]]:
+        """Forward, loss, backward (and, with one replica, the update) as one function; with
         several, the update as a second one (the exchange runs between the two)."""
         t, xp = self.trainer, self.trainer.xp
         scale = 1.0 / shape[0]
         ready = None if self.exchange else t.update.grads_ready
 
         def forward_backward() -> None:
-            with self._replayable():
-                if t.stream is not None:
-                    xb = xp.take(t.stream, self.at) if t.model.reads_input else None
-                    yb = xp.take(t.stream, self.at + 1)
-                else:
-                    xb = xp.take(t.x_train, self.rows, axis=0) if t.model.reads_input else None
-                    yb = xp.take(t.y_train, self.rows, axis=0)
-                step, seed = self.scalars.step, t.cfg.seed
-                ctx = Context(train=True, step=step, seed=seed, sample_ids=self.idx)
-                loss, correct = t.model.loss_and_grads(xb, yb, ctx, scale, ready)
-                self.loss[...] = loss
-                self.correct[...] = correct
-                if not self.exchange:
-                    t.update.finish()  # what backward left of the update
+            if t.stream is not None:
+                xb = xp.take(t.stream, self.at) if t.model.reads_input else None
+                yb = xp.take(t.stream, self.at + 1)
+            else:
+                xb = xp.take(t.x_train, self.rows, axis=0) if t.model.reads_input else None
+                yb = xp.take(t.y_train, self.rows, axis=0)
+            step, seed = self.scalars.step, t.cfg.seed
+            ctx = Context(train=True, step=step, seed=seed, sample_ids=self.idx)
+            loss, correct = t.model.loss_and_grads(xb, yb, ctx, scale, ready)
+            self.loss[...] = loss
+            self.correct[...] = correct
+            if not self.exchange:
+                t.update.finish()  # what backward left of the update
 
         def update() -> None:
-            with self._replayable():
-                for index in range(len(t.optimizer.parts)):
-                    t.optimizer.update_part(index)
+            for index in range(len(t.optimizer.parts)):
+                t.optimizer.update_part(index)
 
-        replays = [self.capture(forward_backward)]
-        if self.exchange:
-            replays.append(self.capture(update))
-        return replays
-
-    @contextlib.contextmanager
-    def _replayable(self) -> Iterator[None]:
-        """While a recorded function runs: the kernels read the step's numbers from the
-        device, and ``start_step`` (the host's, done before the replay) does nothing."""
-        opt = self.trainer.optimizer
-        own = "start_step" in vars(opt)  # a wrapper set on the instance (mixed precision)
-        start = opt.start_step
-        opt.device_scalars, opt.start_step = self.device_scalars, lambda: opt.lr
-        try:
-            yield
-        finally:
-            opt.device_scalars = None
-            if own:
-                opt.start_step = start
-            else:
-                del opt.start_step
+        return [forward_backward, update] if self.exchange else [forward_backward]
