@@ -193,6 +193,12 @@ class Service:
             self.info["device"] = self.backend.device
         self.trainer = self._make()
         self.batches: list = []
+        if cfg.get("compile"):  # compiled once now: a toolchain that fails skips this side
+            try:
+                self.trainer.epoch(2, self.trainer.device_batches(random_batches(1, 2, 0)))
+            except Exception as exc:
+                lines = str(exc).strip().splitlines() or [type(exc).__name__]
+                raise Unavailable(f"torch.compile failed: {lines[-1]}") from None
         if name == "numba":  # compile now, then say which threading layer Numba chose
             import numba
 
