@@ -51,8 +51,8 @@ class XpnnTrainer:
         self.recorder: Any = None
         self.static: tuple | None = None  # the recording's input buffers
         if graph:
-            from xpnn.backends.graphs import StepScalars
-            from xpnn.train.graph import Recorder
+            from xpnn.backends import StepScalars
+            from xpnn.train import Recorder
 
             self.scalars = StepScalars(backend)
             self.recorder = Recorder(backend.capture, self.opt, self.scalars, [self._recorded])
