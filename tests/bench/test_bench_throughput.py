@@ -212,3 +212,23 @@ def test_the_extra_sides_ratios_pair_each_rounds_numbers() -> None:
     assert got["graph_over_compiled"] == [2.0, 3.0] and got["xpnn_over_compiled"] == [1.0, 2.0]
     assert got["torch_compiled_samples_per_s"] == [4.0, 3.0]
     assert "graph_over_torch" not in _all_samples({"xpnn": [1.0], "torch": [1.0]})
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_the_graph_sides_loop_trains_as_the_eager_one(model: str) -> None:
+    """``--graphs``' worker loop (static inputs, the recorder) on NumPy, its recording a
+    stand-in that runs the step again: the eager loop's parameters, exactly."""
+    import numpy as np
+
+    from bench.benchmarks._throughput_workers import XpnnTrainer, random_batches
+    from xpnn.backends import get_backend
+
+    params = []
+    for graph in (False, True):
+        backend = get_backend("numpy", "float32")
+        if graph:
+            backend.capture = lambda fn: fn
+        trainer = XpnnTrainer(backend, model, (32, 16), graph=graph)
+        trainer.epoch(5, trainer.device_batches(random_batches(3, 8, 0)))
+        params.append(np.array(trainer.model.params))
+    np.testing.assert_array_equal(params[1], params[0])
