@@ -205,3 +205,14 @@ def test_two_replicas_exchange_between_the_replays_and_train_as_eager(tmp_path):
         assert sorted(eager.files) == sorted(graph.files)
         for name in eager.files:
             np.testing.assert_array_equal(graph[name], eager[name], err_msg=name)
+
+
+def test_a_kernels_scalar_is_converted_unless_it_is_a_device_value():
+    from xpnn.backends.graphs import host_or_device
+
+    f32 = np.dtype(np.float32)
+    for number in (0.5, 2, np.float64(0.25), np.uint32(3)):  # numbers, NumPy's scalars
+        got = host_or_device(f32, number)
+        assert type(got) is np.float32 and got == number
+    device = np.zeros((), np.float32)  # a 0-d array stands for a device value
+    assert host_or_device(f32, device) is device

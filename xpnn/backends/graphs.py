@@ -85,4 +85,6 @@ def step_key(seed: int, step: Any, salt: int) -> Any:
 def host_or_device(dtype: Any, value: Any) -> Any:
     """A kernel's scalar argument in ``dtype``: a number converted, a device value as it is
     (converting one would wait for the device)."""
-    return value if hasattr(value, "shape") else dtype.type(value)
+    if isinstance(value, int | float | np.generic):  # NumPy's scalars too: np.float64 rates
+        return dtype.type(value)
+    return value
