@@ -189,20 +189,40 @@ class Optimizer:
 
     def start_step(self) -> float:
         """Advance to the next step and return its learning rate; before any ``update_part``."""
-        self.lr = self.schedule(self.step_count)
-        self.step_count += 1
+        self.advance()
         if self.clip is not None:
             self._scale = self._clip_scale(self.clip)
         return self.lr
 
-    def _clip_scale(self, clip: GradClip) -> float | None:
-        """The factor that brings the gradients' global norm to ``max_norm`` (None: within)."""
+    def advance(self) -> float:
+        """``start_step``'s host bookkeeping alone: the step count and its learning rate."""
+        self.lr = self.schedule(self.step_count)
+        self.step_count += 1
+        return self.lr
+
+    def _squares(self) -> Any:
+        """The sum of the squares of the gradients this rank counts, on the device."""
         local: Any = 0.0
         for index, (p, g, _) in enumerate(self._views):
             if isinstance(g, tuple):
                 g = self.kernels.sum_rows(g, self._summed[: p.shape[0]])
             for s in self._counted[index]:
                 local = local + self.kernels.sum_squares(g[s])
+        return local
+
+    def clip_on_device(self) -> None:
+        """``start_step``'s clipping without a wait (a replayed step, whose ranks hold the
+        whole reduced gradient each): the norm and the factor stay device values, the factor
+        1 within the norm (multiplying by 1 changes nothing), as ``_clip_scale`` computes."""
+        xp = self.kernels.xp
+        self.grad_norm = xp.sqrt(self._squares())  # read only when a record asks for it
+        factor = self.clip.max_norm / (self.grad_norm + 1e-6)
+        within = xp.where(factor >= 1.0, 1.0, factor)  # a nan norm stays nan, as eagerly
+        self._scale = xp.astype(within, self.params.dtype)  # eagerly cast as a Python float
+
+    def _clip_scale(self, clip: GradClip) -> float | None:
+        """The factor that brings the gradients' global norm to ``max_norm`` (None: within)."""
+        local = self._squares()
         self.grad_norm = math.sqrt(clip.total(float(local)))  # the device's one wait
         factor = clip.max_norm / (self.grad_norm + 1e-6)  # PyTorch's guard against 0
         return factor if not factor >= 1.0 else None  # a nan norm makes the step nan

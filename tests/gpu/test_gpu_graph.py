@@ -1,6 +1,7 @@
 """The training step as a CUDA graph on CuPy (``--cuda-graph``): the replayed step trains
-exactly as the eager one (MLP and CNN, 1 and 2 ranks), a partial last batch runs eagerly and
-says so once, and ``CupyBackend.capture`` records, replays and refuses a host wait.
+exactly as the eager one (MLP and CNN, 1 and 2 ranks; clipping by the global norm), a partial
+last batch runs eagerly and says so once, and ``CupyBackend.capture`` records, replays and
+refuses a host wait.
 
 Skipped, with the reason, where CuPy or a CUDA device is missing (as in CI); the same code's
 CPU side is tested in tests/train/test_graph_step.py.
@@ -56,6 +57,21 @@ def test_the_replayed_step_trains_exactly_as_the_eager_one(tmp_path, model, size
     assert graph["graph_steps"] == 2 * (size // 128) - 1  # the first step eager, once
     assert "cuda graph:" not in out  # no fallback: every batch is full
     assert graph["test_loss"] == eager["test_loss"]
+    _same_params(tmp_path, "graph", "eager")
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_clipping_by_the_global_norm_stays_on_the_device(tmp_path, ranks):
+    args = ["--model", "mlp", "--synthetic-size", "1280", "--clip-norm", "0.05"]
+    eager, _ = _train(tmp_path, "eager", [*args, "--cuda-graph", "off"], ranks)
+    graph, _ = _train(tmp_path, "graph", [*args, "--cuda-graph", "on"], ranks)
+    assert graph["graph_steps"] == 19
+    norms = {}
+    for name in ("eager", "graph"):  # each epoch's last step's norm, a replayed one's too
+        lines = (tmp_path / f"{name}.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        norms[name] = [r["grad_norm"] for r in records if r["event"] == "epoch"]
+    assert len(norms["graph"]) == 2 and norms["graph"] == norms["eager"]
     _same_params(tmp_path, "graph", "eager")
 
 

@@ -25,9 +25,9 @@ from xpnn.train import TrainConfig, Trainer
 from xpnn.train.graph import GraphStep, graph_unavailable
 
 
-def _trainer(model: str, dtype: str = "float32", **cfg) -> Trainer:
+def _trainer(model: str, dtype: str = "float32", size: int | None = None, **cfg) -> Trainer:
     backend = get_backend("numpy", dtype)
-    data = load_dataset("synthetic", synthetic_size=230 if model == "mlp" else 70)
+    data = load_dataset("synthetic", synthetic_size=size or (230 if model == "mlp" else 70))
     net = build_model(model, (16, 8)) if model == "mlp" else build_model("cnn")
     if model == "cnn":  # a small CNN: the default one's 690,590 parameters take long here
         from xpnn.nn.models import cnn
@@ -49,6 +49,8 @@ def _params(trainer: Trainer) -> np.ndarray:
         ("mlp", "adamw", {"weight_decay": 0.1}),
         ("mlp", "momentum", {"schedule": "cosine", "warmup_steps": 3}),
         ("mlp", "sgd", {}),
+        ("mlp", "adam", {"clip_norm": 0.05}),  # the norm and the factor on the device
+        ("mlp", "momentum", {"clip_norm": 100.0}),  # within the norm: a factor of 1
         ("cnn", "adam", {}),  # dropout: its keys come from the device as well
     ],
 )
@@ -64,6 +66,8 @@ def test_the_replayed_step_trains_exactly_as_the_eager_one(model, optimizer, ext
     np.testing.assert_array_equal(_params(graphed), _params(eager))
     assert done["test_loss"] == done_eager["test_loss"]
     assert done["steps"] == done_eager["steps"] == graphed.optimizer.step_count
+    if "clip_norm" in extra:  # the last step's norm, read from the device for the record
+        assert float(graphed.optimizer.grad_norm) == eager.optimizer.grad_norm
     # 230 or 70 samples in batches of 32: 7 or 2 full batches and a partial one an epoch;
     # the first full one eager, once recorded, the other full ones replayed
     full = (230 // 32 if model == "mlp" else 70 // 32) * 2
@@ -118,9 +122,8 @@ def test_the_cpu_backends_offer_no_recording():
     ("cfg", "reason"),
     [
         ({}, "backend numpy runs each operation as it is called"),
-        ({"clip_norm": 1.0}, "`clip_norm` reads the gradients' global norm on the host"),
         ({"accumulate": 2}, "`accumulate` above 1"),
-        ({"precision": "fp16"}, "`precision` fp16 runs fp32 only in graphs"),
+        ({"precision": "fp16"}, "`precision` fp16: graphs record fp32 steps only"),
     ],
 )
 def test_auto_is_off_where_graphs_do_not_apply_and_on_refuses(cfg, reason, monkeypatch):
@@ -178,6 +181,7 @@ class Graphed(Callback):
 spec = RunSpec(
     backend="numpy", comm="mpi-host", dataset="synthetic", synthetic_size=230, epochs=2,
     batch_size=32, hidden=(16, 8), optimizer="adamw", save=sys.argv[2], progress=False,
+    clip_norm=float(sys.argv[4]) if sys.argv[4] != "none" else None,
 )
 done = run(spec, callbacks=[Graphed()] if sys.argv[1] == "graph" else [], log=lambda line: None)
 if os.environ.get("PMI_RANK", "0") == "0":  # one line, not two interleaved
@@ -185,7 +189,8 @@ if os.environ.get("PMI_RANK", "0") == "0":  # one line, not two interleaved
 """
 
 
-def test_two_replicas_exchange_between_the_replays_and_train_as_eager(tmp_path):
+@pytest.mark.parametrize("clip", ["none", "0.05"])  # clipping: in the update's recording
+def test_two_replicas_exchange_between_the_replays_and_train_as_eager(tmp_path, clip):
     """Forward and backward replayed, the buckets allreduced between, the update replayed:
     the same parameters as the eager step's, whose buckets go out during backward."""
     script = tmp_path / "two.py"
@@ -194,7 +199,7 @@ def test_two_replicas_exchange_between_the_replays_and_train_as_eager(tmp_path):
     for mode in ("eager", "graph"):
         out = tmp_path / f"{mode}.npz"
         cmd = [mpiexec_path(), "-n", "2", sys.executable, str(script), mode, str(out)]
-        cmd.append(str(ROOT / "tests" / "train"))
+        cmd += [str(ROOT / "tests" / "train"), clip]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=240)
         assert proc.returncode == 0, proc.stderr + proc.stdout
         lines = [line for line in proc.stdout.splitlines() if line.startswith("DONE")]
@@ -217,3 +222,16 @@ def test_a_kernels_scalar_is_converted_unless_it_is_a_device_value():
         assert type(got) is np.float32 and got == number
     device = np.zeros((), np.float32)  # a 0-d array stands for a device value
     assert host_or_device(f32, device) is device
+
+
+def test_a_replayed_steps_norm_is_read_from_the_device_for_the_record():
+    """224 samples, batches of 32: every step after the first replayed, the last one too."""
+    eager = _trainer("mlp", size=224, clip_norm=0.05)
+    eager.run()
+    graphed = _trainer("mlp", size=224, clip_norm=0.05)
+    graphed.graph = GraphStep(graphed, standin(graphed, []))
+    done = graphed.run()
+    assert done["graph_steps"] == 13
+    assert type(graphed.optimizer.grad_norm) is not float  # the device value (NumPy's here)
+    assert float(graphed.optimizer.grad_norm) == eager.optimizer.grad_norm > 0.05
+    np.testing.assert_array_equal(_params(graphed), _params(eager))

@@ -38,10 +38,8 @@ def graph_unavailable(trainer: Any) -> str | None:
         return f"`parallel` {cfg.parallel} exchanges activations inside the step"
     if cfg.accumulate > 1:
         return "`accumulate` above 1 sums micro-steps of different sizes"
-    if cfg.clip_norm is not None:
-        return "`clip_norm` reads the gradients' global norm on the host every step"
     if cfg.precision != "fp32":
-        return f"`precision` {cfg.precision} runs fp32 only in graphs"
+        return f"`precision` {cfg.precision}: graphs record fp32 steps only"
     if trainer.update.name not in ("local", "allreduce"):
         return f"the `{trainer.update.name}` update shares host memory between ranks"
     return None
@@ -82,21 +80,30 @@ class Recorder:
         the second step; ``CaptureFailed`` before anything of the step has run."""
         if self.rehearsed and self.replays is None:
             self.replays = [self.capture(fn) for fn in self.fns]
-        self.optimizer.start_step()
+        self.optimizer.advance()  # clipping, if any, is the recorded functions' (on device)
         self.scalars.refresh(step)
         runs = self.replays or self.fns
+        if self.replays is not None and self.optimizer.clip is not None:
+            self.optimizer.grad_norm = self.norm  # the recorded norm, as the replay writes it
         self.rehearsed = True
         return runs
 
     def _replayable(self, fn: Callable[[], None]) -> Callable[[], None]:
-        """``fn`` with the kernels reading the step's numbers from the device and the
-        optimizer's ``start_step`` (the host's, done in ``begin``) doing nothing."""
+        """``fn`` with the kernels reading the step's numbers from the device, and the
+        optimizer's ``start_step`` (its bookkeeping done in ``begin``) clipping on the device."""
+
+        def started() -> float:
+            opt = self.optimizer
+            if opt.clip is not None:
+                opt.clip_on_device()
+                self.norm = opt.grad_norm
+            return opt.lr
 
         def replayable() -> None:
             opt = self.optimizer
             own = "start_step" in vars(opt)  # a wrapper set on the instance (mixed precision)
             start = opt.start_step
-            opt.device_scalars, opt.start_step = self.device_scalars, lambda: opt.lr
+            opt.device_scalars, opt.start_step = self.device_scalars, started
             try:
                 fn()
             finally:
@@ -219,6 +226,7 @@ class GraphStep:
                 t.update.finish()  # what backward left of the update
 
         def update() -> None:
+            t.optimizer.start_step()  # after the exchange: clipping reads the whole gradient
             for index in range(len(t.optimizer.parts)):
                 t.optimizer.update_part(index)
 

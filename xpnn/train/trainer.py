@@ -454,7 +454,7 @@ class Trainer:
                 **common,
             }
             if cfg.clip_norm is not None:  # the epoch's last step's, before clipping
-                record["grad_norm"] = self.optimizer.grad_norm
+                record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
             if self.precision is not None:  # fp16: steps whose gradients overflowed, so far
                 record["skipped_steps"] = self.precision.skipped
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged
@@ -562,7 +562,7 @@ class Trainer:
             **self.common,
         }
         if self.cfg.clip_norm is not None:
-            record["grad_norm"] = self.optimizer.grad_norm
+            record["grad_norm"] = float(self.optimizer.grad_norm)
         if self.precision is not None:
             record["skipped_steps"] = self.precision.skipped
         for callback in self.callbacks:
