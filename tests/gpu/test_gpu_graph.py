@@ -114,3 +114,17 @@ def test_a_host_wait_inside_fails_the_recording_and_leaves_the_stream_usable():
     with pytest.raises(CaptureFailed):
         backend.capture(lambda: float(x.sum()))  # a device-to-host copy waits
     assert float((x * 2).sum()) == 16.0
+
+
+def test_the_gpt_recipe_replays_as_eager(tmp_path):
+    """Text windows into the static positions buffer, attention, AdamW, --clip-norm 1."""
+    from parallel.model.test_gpt_parallel import write_text
+
+    corpus = write_text(tmp_path / "corpus.txt")
+    args = ["--model", "gpt", "--dataset", "text", "--data-dir", corpus, "--layers", "2"]
+    args += ["--heads", "2", "--embed", "16", "--block", "8", "--steps", "12", "--synthetic-size"]
+    args += ["1280"]  # ignored by text: keeps RUN's flags valid
+    eager, _ = _train(tmp_path, "eager", [*args, "--cuda-graph", "off"], 1)
+    graph, out = _train(tmp_path, "graph", [*args, "--cuda-graph", "on"], 1)
+    assert graph["graph_steps"] == 11 and "cuda graph:" not in out
+    _same_params(tmp_path, "graph", "eager")

@@ -235,3 +235,31 @@ def test_a_replayed_steps_norm_is_read_from_the_device_for_the_record():
     assert type(graphed.optimizer.grad_norm) is not float  # the device value (NumPy's here)
     assert float(graphed.optimizer.grad_norm) == eager.optimizer.grad_norm > 0.05
     np.testing.assert_array_equal(_params(graphed), _params(eager))
+
+
+def test_the_gpt_recipe_on_text_windows_replays_as_eager(tmp_path):
+    """Text: each step's windows drawn on the host into the static positions buffer; the
+    recipe's AdamW and --clip-norm 1 inside the recording."""
+    from parallel.model.test_gpt_parallel import write_text
+
+    from xpnn.run import RunSpec, run
+    from xpnn.train.callbacks import Callback
+
+    class Graphed(Callback):
+        def on_train_begin(self, trainer):
+            trainer.graph = GraphStep(trainer, standin(trainer, []))
+
+    corpus = write_text(tmp_path / "corpus.txt")
+    said = {}
+    for mode in ("eager", "graph"):
+        spec = RunSpec(
+            model="gpt", dataset="text", data_dir=corpus, layers=1, heads=2, embed=8, block=6,
+            steps=6, batch_size=8, threads=1, progress=False, backend="numpy",
+            save=str(tmp_path / f"{mode}.npz"),
+        )  # fmt: skip
+        said[mode] = run(spec, callbacks=[Graphed()] if mode == "graph" else [], log=print)
+    assert said["graph"]["graph_steps"] == 5 and said["eager"].get("graph_steps") is None
+    assert said["graph"]["preset"]["clip_norm"] == 1.0
+    with np.load(tmp_path / "eager.npz") as eager, np.load(tmp_path / "graph.npz") as graph:
+        for name in eager.files:
+            np.testing.assert_array_equal(graph[name], eager[name], err_msg=name)
