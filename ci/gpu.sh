@@ -14,7 +14,8 @@
 # Most telling first, so a run cut short still brought those back. Results, the log and the
 # time of each step go to ${OUT:-bench/results}. Any mismatch or fallback fails the script.
 # `bash ci/gpu.sh scaling-precision` runs only the 16-core CPU scaling studies and the mixed
-# precision timings (its own lease of about 6 minutes; XPNN_GPU_BUDGET=330 keeps it there).
+# precision timings, --grad-dtype's included (its own lease of about 6 minutes;
+# XPNN_GPU_BUDGET=330 keeps it there).
 # On 2 loaded cores, with XPNN_SCALING_RANKS=1,2 and no GPU, its CPU steps took 143 s.
 # `bash ci/gpu.sh graphs` runs only the CUDA graph tests and the graph timings beside PyTorch
 # eager and compiled (its own lease of about 6 minutes; XPNN_GPU_BUDGET=330).
@@ -129,6 +130,16 @@ if [ "${1:-all}" = "scaling-precision" ]; then
         >"$OUT/precision_${model}_$precision.log" 2>&1
       tail -2 "$OUT/precision_${model}_$precision.log"
     done
+  done
+  # One GPU: the 2 ranks share it, so NCCL refuses them and the exchange is mpi-host's pinned
+  # staging, the 16-bit sum a float32 MPI op on the host (NCCL's own sums need a GPU a rank).
+  step "--grad-dtype float32, bfloat16, float16 on cupy: MLP at batch 512, 2 ranks (mpi-host)"
+  for grad in float32 bfloat16 float16; do
+    run "$(command -v mpiexec)" -n 2 "$PY" -m xpnn --backend cupy --comm mpi-host \
+      --grad-dtype "$grad" --dataset synthetic --synthetic-size 12800 --epochs 2 \
+      --batch-size 512 --no-progress --metrics "$OUT/grad_dtype_mlp_$grad.jsonl" \
+      >"$OUT/grad_dtype_mlp_$grad.log" 2>&1
+    tail -2 "$OUT/grad_dtype_mlp_$grad.log"
   done
   end_step
   echo "total: $(($(date +%s) - t_start)) s" >>"$OUT/gpu_times.txt"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import tempfile
@@ -85,9 +86,10 @@ def save_checkpoint(
     dataset: str = "",
     settings: dict[str, Any] | None = None,
     identity: dict[str, Any] | None = None,
+    loss_scale: dict[str, Any] | None = None,
 ) -> Path:
     """Write host ``params``, optimizer ``state`` (state -> name -> array), what a resume must
-    match, and the ``settings`` it may change but is told about."""
+    match, the ``settings`` it may change but is told about, and fp16's ``loss_scale``."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
@@ -95,7 +97,8 @@ def save_checkpoint(
         arrays[f"meta.{name}"] = np.array(value)
     if dataset:
         arrays["meta.dataset"] = np.array(dataset)
-    for name, value in (("settings", settings), ("identity", identity)):
+    said = (("settings", settings), ("identity", identity), ("loss_scale", loss_scale))
+    for name, value in said:
         if value:
             arrays[f"meta.{name}"] = np.array(json.dumps(value, sort_keys=True))
     Path(directory).mkdir(parents=True, exist_ok=True)
@@ -226,7 +229,9 @@ def _same_run(
 ) -> tuple[int, int]:
     """The file's (epoch, step), once its run is shown to be this one, as far as given."""
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
-    if step < epoch:  # every epoch makes at least one step
+    scaled = _loss_scale(path, arrays)
+    skipped = scaled["skipped"] if scaled else 0  # fp16: steps whose update overflowed
+    if step + skipped < epoch:  # every epoch makes at least one step
         raise DamagedCheckpoint(
             f"{path}: damaged checkpoint (meta.step {step} is fewer than meta.epoch {epoch})"
         )
@@ -241,7 +246,7 @@ def _same_run(
         raise UserError(
             f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
         )
-    if steps_per_epoch is not None and step != epoch * steps_per_epoch:
+    if steps_per_epoch is not None and step + skipped != epoch * steps_per_epoch:
         raise UserError(
             f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
             f"makes {steps_per_epoch} an epoch (another global batch, `replicate` or data set?)"
@@ -335,6 +340,42 @@ def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str
     if stored.dtype.kind != "U" or not isinstance(value, dict):
         raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.{name} is {stored.tolist()!r})")
     return value
+
+
+LOSS_SCALE_KEYS = {"scale": float, "good_steps": int, "skipped": int}
+
+
+def stored_loss_scale(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The loss scale (``scale``, ``good_steps``, ``skipped``) a run with fp16 loss scaling
+    saved in checkpoint ``path``; None where it saved none (another precision, or a file from
+    before checkpoints held it). Reads that one entry only."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "meta.loss_scale" not in data.files:
+                return None
+            arrays = {"meta.loss_scale": data["meta.loss_scale"]}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise DamagedCheckpoint(f"{path}: not a readable checkpoint ({exc})") from None
+    return _loss_scale(Path(path), arrays)
+
+
+def _loss_scale(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """``meta.loss_scale``, checked; None where the file has none."""
+    if "meta.loss_scale" not in arrays:
+        return None
+    state = _json_meta(path, arrays, "loss_scale")
+    for key, kind in LOSS_SCALE_KEYS.items():
+        value = state.get(key)
+        good = isinstance(value, int | float) and not isinstance(value, bool)
+        if kind is int:
+            good = good and isinstance(value, int) and value >= 0
+        else:
+            good = good and math.isfinite(value) and value > 0
+        if not good:
+            raise DamagedCheckpoint(
+                f"{path}: damaged checkpoint (meta.loss_scale's {key} is {value!r})"
+            )
+    return state
 
 
 def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:

@@ -22,6 +22,7 @@ from xpnn.optim import OPTIMIZERS, SCHEDULES
 from xpnn.parallel.comm import KINDS
 from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
+from xpnn.parallel.update.wire import GRAD_DTYPES
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec
 from xpnn.timeline import parse_steps
 from xpnn.train.graph import CUDA_GRAPH
@@ -324,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=PRECISIONS,
         help="bf16, fp16: forward and backward in low precision on fp32 master parameters "
         "(fp16 with dynamic loss scaling; default fp32)",
+    )
+    a(
+        "--grad-dtype",
+        choices=GRAD_DTYPES,
+        help="send the data-parallel gradients between ranks in this float, summed in float32 "
+        "(float16 with dynamic loss scaling; default: the parameters' dtype)",
     )
     a(
         "--cuda-graph",

@@ -82,6 +82,7 @@ class RunSpec:
     trace: str | None = None  # a directory: every rank's timeline of steps ``trace_steps``
     trace_steps: str | None = None  # "A:B", steps A to B-1 (default: a few after the first)
     precision: str = "fp32"  # bf16, fp16: fp32 master parameters, low-precision passes
+    grad_dtype: str | None = None  # float32, bfloat16, float16: the gradients sent between ranks
     cuda_graph: str = "auto"  # replay the step as a CUDA graph: auto, on, off
 
 
@@ -305,7 +306,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     from xpnn.parallel.update import DEFAULT_BUCKET_MB
     from xpnn.runtime.threads import apply_threads, threads_per_rank
     from xpnn.train import RunFacts, TrainConfig
-    from xpnn.train.precision import check_precision
+    from xpnn.train.precision import check_grad_dtype, check_precision
 
     if spec.resume and not spec.checkpoint_dir:
         raise UserError("`resume`: needs `checkpoint_dir`")
@@ -315,6 +316,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             f"{spec.parallel}, whose ranks split the network)"
         )
     check_precision(spec.precision, spec.parallel, spec.node_share)
+    check_grad_dtype(spec.grad_dtype, spec.parallel)
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
     thread_info = apply_threads(threads)
     backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank, device=spec.device)
@@ -384,6 +386,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     same += ("stall_warn", "stall_abort")
     same += ("warmup_steps", "clip_norm", "accumulate", "steps", "eval_every")
     same += ("precision",)
+    same += ("grad_dtype",)
     same += ("cuda_graph",)
     if spec.warmup_steps is not None and spec.warmup_epochs > 0:
         raise UserError("`warmup_steps` and `warmup_epochs`: give one")
@@ -404,6 +407,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             global_batch=batch,
             dtype=spec.dtype,
             precision=spec.precision,
+            grad_dtype=spec.grad_dtype,
             parallel=spec.parallel,
             model_ranks=place.model_ranks,
             replicas=replicas,
@@ -584,12 +588,15 @@ OPTIONAL += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir"
 OPTIONAL += ("synthetic_size", "keep_checkpoints")  # settings whose None means "not given"
 OPTIONAL += ("layers", "heads", "embed", "block", "tensor_ranks")
 OPTIONAL += ("momentum", "betas", "eps", "weight_decay", "min_lr", "eval_every")
+OPTIONAL += ("grad_dtype",)
+SHARED_GRADS = "one rank alone, or a node's ranks that share memory"
 
 
 def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
     from xpnn.nn.models import model_name
     from xpnn.parallel.update import uses_byte_buckets
+    from xpnn.parallel.update.wire import sends_gradients
 
     given = {name for name in OPTIONAL if getattr(spec, name) is not None}
     found = []
@@ -631,4 +638,6 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
         found.append(("`bucket_mb`", f"{where}: the update's buckets are cut at layers"))
     if "node_share" in given and (data.size == 1 or uses_byte_buckets(data)):
         found.append(("`node_share`", f"{where}: only mpi-shm shares a node's memory"))
+    if "grad_dtype" in given and spec.parallel == "data" and not sends_gradients(data):
+        found.append(("`grad_dtype`", f"{where}: no gradients are sent ({SHARED_GRADS})"))
     return found

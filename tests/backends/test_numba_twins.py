@@ -30,8 +30,9 @@ CASES = {
     "_sgd",
     "_momentum",
     "_adam",
-    "_gelu",
     "_gelu_backward",
+    "_layer_norm",
+    "_layer_norm_input_grad",
 }
 
 
@@ -255,13 +256,27 @@ def test_sgd_dispatch_on_both_sides_of_the_threshold(n, build, dtype, monkeypatc
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gelu_and_its_backward(dtype):
+def test_gelu_backward(dtype):
     """Elementwise: exact."""
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(SIZE) * 3).astype(dtype)
-    y, t = np.empty_like(x), np.empty_like(x)
-    (_, args_s), (_, args_p) = _both("_gelu", (x, y, t))
-    _assert_same_arrays(args_s, args_p)
+    t = np.tanh(x)
     dy, dx = rng.standard_normal(SIZE).astype(dtype), np.empty_like(x)
-    (_, args_s), (_, args_p) = _both("_gelu_backward", (dy, x, args_s[2], dx))
+    (_, args_s), (_, args_p) = _both("_gelu_backward", (dy, x, t, dx))
+    _assert_same_arrays(args_s, args_p)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_and_its_input_grad(dtype):
+    """Rows are independent (each thread takes whole rows): exact."""
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((ROWS, COLS)) * 3 + 1).astype(dtype)
+    gamma, beta = rng.standard_normal(COLS).astype(dtype), rng.standard_normal(COLS).astype(dtype)
+    ones, consts = nk._row_constants(x, 1e-5)
+    y, xhat, inv = np.empty_like(x), np.empty_like(x), np.empty(ROWS, dtype)
+    (_, args_s), (_, args_p) = _both("_layer_norm", (x, gamma, beta, ones, consts, y, xhat, inv))
+    _assert_same_arrays(args_s, args_p)
+    dy, dx = rng.standard_normal((ROWS, COLS)).astype(dtype), np.empty_like(x)
+    grad_args = (dy, args_s[6], args_s[7], gamma, ones, consts, dx)
+    (_, args_s), (_, args_p) = _both("_layer_norm_input_grad", grad_args)
     _assert_same_arrays(args_s, args_p)

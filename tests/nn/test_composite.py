@@ -167,9 +167,10 @@ def test_numba_sequence_kernels_equal_numpy():
         got.causal_softmax_backward(dp, p), ref.causal_softmax_backward(dp, p), atol=1e-15
     )
     x, dy_gelu = 3 * _normal(4, 6, 5), _normal(4, 6, 5)
-    (y, t), (y_ref, t_ref) = got.gelu(x), ref.gelu(x)
-    np.testing.assert_allclose(y, y_ref, rtol=1e-14, atol=1e-14)
-    np.testing.assert_allclose(t, t_ref, rtol=1e-14, atol=1e-14)  # tanh: a few ulp
+    # NumPy's in-place GELU against the formula every other backend runs
+    (y, t), (y_ref, t_ref) = got.gelu(x), Kernels.gelu(ref, x)
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(t, t_ref)
     np.testing.assert_allclose(
         got.gelu_backward(dy_gelu, x, t),
         ref.gelu_backward(dy_gelu, x, t_ref),
@@ -184,6 +185,52 @@ def test_numba_sequence_kernels_equal_numpy():
     assert np.all(out_ref[[2, 4]] == 0) and np.allclose(out_ref[3], dy[[0, 2, 3]].sum(0))
     with pytest.raises(IndexError, match="embedding ids"):
         got.embedding_grad(np.array([5]), dy[:1], out_got)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(3, 2, 5, 4), (40, 4, 64, 32)])  # (B, heads, T, head dim)
+def test_numba_attention_layer_norm_and_gelu_equal_the_generic_formulas(dtype, shape):
+    """The fused, row-at-a-time Numba kernels (and the larger shape's thread-pool slices)
+    against the array-API formulas every other backend runs: the same bits where their sums
+    group alike (rows of up to 128 values, 1/D exact), else to a few ulp."""
+    ref, got = get_backend("numpy", dtype).kernels, get_backend("numba", dtype).kernels
+    rng = np.random.default_rng(3)
+    q, k, v, dout = (rng.standard_normal(shape).astype(dtype) for _ in range(4))
+    (out, p), (out_ref, p_ref) = (
+        got.causal_attention(q, k, v, 0.3),
+        Kernels.causal_attention(ref, q, k, v, 0.3),
+    )
+    exact = shape[2] % 8 == 0
+    check = np.testing.assert_array_equal if exact else _close
+    check(p, p_ref)
+    check(out, out_ref)
+    grads = got.causal_attention_backward(dout, q, k, v, p_ref, 0.3)
+    for g, g_ref in zip(
+        grads, Kernels.causal_attention_backward(ref, dout, q, k, v, p_ref, 0.3), strict=True
+    ):
+        check(g, g_ref)
+    x = (rng.standard_normal((*shape[:2], 128)) * 3 + 1).astype(dtype)
+    gamma, beta = rng.standard_normal(128).astype(dtype), rng.standard_normal(128).astype(dtype)
+    fwd, fwd_ref = (
+        got.layer_norm(x, gamma, beta, 1e-5),
+        Kernels.layer_norm(ref, x, gamma, beta, 1e-5),
+    )
+    for a, b in zip(fwd, fwd_ref, strict=True):
+        np.testing.assert_array_equal(a, b)  # D = 128: NumPy's eight-way sums, 1/D exact
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    bwd = got.layer_norm_backward(dy, fwd_ref[1], fwd_ref[2], gamma, True)
+    bwd_ref = Kernels.layer_norm_backward(ref, dy, fwd_ref[1], fwd_ref[2], gamma, True)
+    tol = 1e-5 if dtype == "float32" else 1e-13  # dgamma: rows summed in order, not pairwise
+    for a, b in zip(bwd, bwd_ref, strict=True):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * float(np.abs(b).max()))
+    assert got.layer_norm_backward(dy, fwd_ref[1], fwd_ref[2], gamma, False)[0] is None
+    xg = 3 * rng.standard_normal((*shape[:2], shape[2] * shape[2])).astype(dtype)
+    for a, b in zip(got.gelu(xg), Kernels.gelu(ref, xg), strict=True):
+        np.testing.assert_array_equal(a, b)  # NumPy's tanh between passes in the same order
+
+
+def _close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_composite_parameters_have_nested_names_in_one_flat_buffer():

@@ -163,3 +163,81 @@ def test_a_resumed_bf16_run_is_the_uninterrupted_one(tmp_path):
     assert records[-1]["epochs"] == 2
     for name in whole:
         np.testing.assert_array_equal(resumed[name], whole[name], err_msg=name)
+
+
+def _fp16_trainer(checkpoint_dir, epochs, resume=False):
+    """The fp16 MLP run; a new one starts at a loss scale that overflows (steps are skipped),
+    and every one doubles its scale after 4 good steps, so the scale moves all the time."""
+    spec = RunSpec(**{"dataset": "synthetic", "synthetic_size": 600, "hidden": (32, 16)})
+    spec.epochs, spec.batch_size, spec.lr, spec.threads, spec.progress = epochs, 60, 0.01, 1, False
+    spec.precision, spec.checkpoint_dir, spec.resume = "fp16", str(checkpoint_dir), resume
+    trainer = build_run(spec, init_world(), log=_silent)
+    if not resume:  # a resumed run's scale is the checkpoint's
+        trainer.loss_scale.scale = 2.0**18
+    trainer.loss_scale.growth_interval = 4
+    return trainer
+
+
+def test_a_resumed_fp16_run_is_the_uninterrupted_one_with_its_loss_scale(tmp_path):
+    """The scale, its count of good steps and the skipped steps come back from the checkpoint:
+    the resumed run scales, skips and rounds as the uninterrupted one, to the last bit."""
+    whole = _fp16_trainer(tmp_path / "whole", 2)
+    done = whole.run()
+    first = _fp16_trainer(tmp_path / "ck", 1)
+    first.run()
+    assert first.loss_scale.skipped >= 1 and first.loss_scale.good_steps > 0  # both matter
+    resumed = _fp16_trainer(tmp_path / "ck", 2, resume=True)
+    assert resumed.loss_scale.state() == first.loss_scale.state()
+    again = resumed.run()
+    np.testing.assert_array_equal(resumed.model.params, whole.model.params)
+    assert again["skipped_steps"] == done["skipped_steps"] > first.loss_scale.skipped
+    assert resumed.loss_scale.state() == whole.loss_scale.state()
+
+
+def test_only_a_loss_scaled_run_keeps_a_loss_scale_in_its_checkpoints(tmp_path):
+    for precision in ("bf16", "fp16"):
+        ck = tmp_path / precision
+        flags = [*RUN, "--epochs", "1", "--precision", precision, "--checkpoint-dir", str(ck)]
+        assert run_xpnn(flags).returncode == 0
+        with np.load(ck / "checkpoint-epoch0001.npz") as data:
+            stored = data["meta.loss_scale"] if "meta.loss_scale" in data.files else None
+        if precision == "bf16":
+            assert stored is None
+        else:
+            assert json.loads(str(stored)) == {"good_steps": 10, "scale": 2.0**15, "skipped": 0}
+
+
+def _fp16_checkpoint(tmp_path, **meta):
+    """An fp16 run's first checkpoint, its ``meta.loss_scale`` replaced (None: removed)."""
+    ck = tmp_path / "ck"
+    flags = [*RUN, "--precision", "fp16", "--checkpoint-dir", str(ck)]
+    assert run_xpnn([*flags, "--epochs", "1"]).returncode == 0
+    path = ck / "checkpoint-epoch0001.npz"
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files if k != "meta.loss_scale"}
+    if meta["loss_scale"] is not None:
+        arrays["meta.loss_scale"] = np.array(json.dumps(meta["loss_scale"]))
+    np.savez(path, **arrays)
+    return [*flags, "--resume"]
+
+
+def test_a_checkpoint_without_a_loss_scale_resumes_from_the_first_scale_and_says_so(tmp_path):
+    """A file written without loss scaling (another precision, or before checkpoints held
+    the scale) still resumes; the scale starts as a new run's does, and the resume line says so."""
+    proc = run_xpnn(_fp16_checkpoint(tmp_path, loss_scale=None))
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("resume:"))
+    assert line.endswith(
+        "(epoch 1, step 10); the loss scale starts at 32768 (the checkpoint has none)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("stored", "said"),
+    [({"scale": -1.0, "good_steps": 0, "skipped": 0}, "scale is -1.0"),
+     ({"scale": 8.0, "good_steps": 1.5, "skipped": 0}, "good_steps is 1.5"),
+     ({"scale": 8.0, "good_steps": 0}, "skipped is None")],
+)  # fmt: skip
+def test_a_damaged_loss_scale_is_a_one_line_error(tmp_path, stored, said):
+    proc = run_xpnn(_fp16_checkpoint(tmp_path, loss_scale=stored))
+    assert_one_line_user_error(proc, f"damaged checkpoint (meta.loss_scale's {said})")

@@ -168,6 +168,31 @@ class Kernels:
         inner = GELU_C * (1.0 + 3.0 * GELU_A * x * x)
         return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * inner)
 
+    def layer_norm(self, x: Array, gamma: Array, beta: Array, eps: float) -> tuple[Array, ...]:
+        """LayerNorm over the last axis: ``(y, xhat, inv_std)``, ``y = gamma xhat + beta``,
+        ``xhat = (x - mean) inv_std``, ``inv_std = 1/sqrt(var + eps)`` (kept, with ``xhat``,
+        for the backward)."""
+        xp = self.xp
+        centred = x - xp.mean(x, axis=-1, keepdims=True)
+        inv_std = 1.0 / xp.sqrt(xp.mean(centred * centred, axis=-1, keepdims=True) + eps)
+        xhat = centred * inv_std
+        return xhat * gamma + beta, xhat, inv_std
+
+    def layer_norm_backward(
+        self, dy: Array, xhat: Array, inv_std: Array, gamma: Array, need_dx: bool
+    ) -> tuple[Array | None, Array, Array]:
+        """``(dx, dgamma, dbeta)`` of ``layer_norm`` from dL/dy; ``dx`` is None unless
+        ``need_dx``."""
+        xp = self.xp
+        lead = tuple(range(dy.ndim - 1))  # every axis but the features
+        dgamma, dbeta = xp.sum(dy * xhat, axis=lead), xp.sum(dy, axis=lead)
+        if not need_dx:
+            return None, dgamma, dbeta
+        g = dy * gamma
+        mean_g = xp.mean(g, axis=-1, keepdims=True)
+        mean_gx = xp.mean(g * xhat, axis=-1, keepdims=True)
+        return (g - mean_g - xhat * mean_gx) * inv_std, dgamma, dbeta
+
     def causal_softmax(self, scores: Array) -> Array:
         """Softmax over the last axis of (..., T, T) attention scores where query ``i`` sees
         keys ``j <= i``: the masked entries get probability exactly 0."""
@@ -182,6 +207,24 @@ class Kernels:
     def causal_softmax_backward(self, dp: Array, p: Array) -> Array:
         """dL/dscores from dL/dp and ``causal_softmax``'s output ``p`` (0 where masked)."""
         return p * (dp - self.xp.sum(dp * p, axis=-1, keepdims=True))
+
+    def causal_attention(self, q: Array, k: Array, v: Array, scale: float) -> tuple[Array, Array]:
+        """Causal scaled dot-product attention of (B, heads, T, head dim) queries, keys and
+        values: ``(out, p)``, ``p = causal_softmax(q k^T scale)`` (kept for the backward) and
+        ``out = p v``."""
+        xp = self.xp
+        p = self.causal_softmax(xp.matmul(q, xp.permute_dims(k, (0, 1, 3, 2))) * scale)
+        return xp.matmul(p, v), p
+
+    def causal_attention_backward(
+        self, dout: Array, q: Array, k: Array, v: Array, p: Array, scale: float
+    ) -> tuple[Array, Array, Array]:
+        """``(dq, dk, dv)`` of ``causal_attention`` from dL/dout."""
+        xp = self.xp
+        dv = xp.matmul(xp.permute_dims(p, (0, 1, 3, 2)), dout)
+        dp = xp.matmul(dout, xp.permute_dims(v, (0, 1, 3, 2)))
+        ds = self.causal_softmax_backward(dp, p) * scale
+        return xp.matmul(ds, k), xp.matmul(xp.permute_dims(ds, (0, 1, 3, 2)), q), dv
 
     def sum_rows(self, rows: tuple[Array, ...], out: Array) -> Array:
         """``out = rows[0] + rows[1] + ...`` in that order: node-shared ranks' gradient rows."""

@@ -1,16 +1,20 @@
 """Numba kernel bodies of sequence models, compiled in ``numba_kernels``: attention's causal
-softmax in one pass over each row's seen half (NumPy makes five passes over the whole score
-matrix) and an embedding's scatter-add."""
+softmax (the row maxima and sums over each row's seen half, NumPy's SIMD ``exp`` between),
+layer normalisation a row at a time, the GELU's backward and an embedding's scatter-add."""
 
 from __future__ import annotations
 
 import math
 
-from numba import prange
+from numba import njit, prange
+
+from xpnn.backends.numba_jit import JIT
 
 
-def causal_softmax(s, p):  # pragma: no cover - compiled
-    """``p[b, i, :i+1]`` = softmax of ``s[b, i, :i+1]``; the rest of row ``i`` is 0."""
+def causal_shifted(s, p):  # pragma: no cover - compiled
+    """``p[b, i, j] = s[b, i, j] - max(s[b, i, :i+1])`` for ``j <= i``, ``-inf`` after: the
+    exponent of ``causal_softmax``, whose ``exp`` NumPy takes (its SIMD ``exp`` is 5x a
+    compiled scalar ``math.exp``)."""
     n, t, _ = s.shape
     for r in prange(n * t):
         b, i = r // t, r % t
@@ -18,25 +22,31 @@ def causal_softmax(s, p):  # pragma: no cover - compiled
         for j in range(1, i + 1):
             if s[b, i, j] > m:
                 m = s[b, i, j]
-        total = 0.0
         for j in range(i + 1):
-            e = math.exp(s[b, i, j] - m)
-            p[b, i, j] = e
-            total += e
-        for j in range(i + 1):
-            p[b, i, j] = p[b, i, j] / total
+            p[b, i, j] = s[b, i, j] - m
         for j in range(i + 1, t):
-            p[b, i, j] = 0.0
+            p[b, i, j] = -math.inf
     return p
 
 
+def normalise_rows(e, ones):  # pragma: no cover - compiled
+    """``e[b, i, :] /= sum(e[b, i, :])``, summed as NumPy sums a row of up to 128 values."""
+    n, t, _ = e.shape
+    for r in prange(n * t):
+        b, i = r // t, r % t
+        total = _dot8(e[b, i], ones)
+        for j in range(t):
+            e[b, i, j] = e[b, i, j] / total
+    return e
+
+
 def causal_softmax_backward(dp, p, ds):  # pragma: no cover - compiled
+    """``ds = p (dp - sum(dp p))`` a row at a time (``ds`` may be ``dp``), the sum over the
+    whole row (``p`` is 0 where masked) as NumPy sums it."""
     n, t, _ = p.shape
     for r in prange(n * t):
         b, i = r // t, r % t
-        dot = 0.0
-        for j in range(i + 1):
-            dot += dp[b, i, j] * p[b, i, j]
+        dot = _dot8(dp[b, i], p[b, i])
         for j in range(i + 1):
             ds[b, i, j] = p[b, i, j] * (dp[b, i, j] - dot)
         for j in range(i + 1, t):
@@ -55,14 +65,19 @@ def embedding_grad(ids, dy, out):  # pragma: no cover - compiled
     return out
 
 
-def gelu(x, y, t):  # pragma: no cover - compiled
-    """``Kernels.gelu`` over flat ``x`` in one pass, ``y`` and ``t`` written."""
-    c, a = math.sqrt(2.0 / math.pi), 0.044715
-    for i in prange(x.size):
+def gelu_inner(x, t, c, a):  # pragma: no cover - compiled
+    """``t = c (x + a x^3)`` (``c = sqrt(2/pi)``, ``a = 0.044715`` in ``x``'s dtype), the
+    GELU's ``tanh`` argument in the generic formula's order of operations, so that NumPy's
+    ``tanh`` of it gives the generic formula's bits."""
+    for i in range(x.size):
         v = x[i]
-        th = math.tanh(c * (v + a * v * v * v))
-        t[i] = th
-        y[i] = 0.5 * v * (1.0 + th)
+        t[i] = c * (v + a * v * v * v)
+
+
+def gelu_outer(x, t, y, half, one):  # pragma: no cover - compiled
+    """``y = x/2 (1 + t)`` once ``t`` holds the ``tanh`` (``half``, ``one`` in the dtype)."""
+    for i in range(x.size):
+        y[i] = half * x[i] * (one + t[i])
 
 
 def gelu_backward(dy, x, t, dx):  # pragma: no cover - compiled
@@ -72,3 +87,68 @@ def gelu_backward(dy, x, t, dx):  # pragma: no cover - compiled
         v, th = x[i], t[i]
         inner = c * (1.0 + 3.0 * a * v * v)
         dx[i] = dy[i] * (0.5 * (1.0 + th) + 0.5 * v * (1.0 - th * th) * inner)
+
+
+@njit(**JIT)
+def _dot8(u, v):  # pragma: no cover - compiled
+    """``sum(u * v)`` over 1-D arrays in 8 interleaved partial sums: one chain of adds (the
+    order IEEE fixes for a plain loop) runs several times slower, and this order is as fixed
+    as that one, unlike ``fastmath``'s reassociation."""
+    z = u[0] - u[0]  # a zero of the arrays' dtype: float32 stays float32
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
+    full = u.size - u.size % 8
+    for j in range(0, full, 8):
+        s0 += u[j] * v[j]
+        s1 += u[j + 1] * v[j + 1]
+        s2 += u[j + 2] * v[j + 2]
+        s3 += u[j + 3] * v[j + 3]
+        s4 += u[j + 4] * v[j + 4]
+        s5 += u[j + 5] * v[j + 5]
+        s6 += u[j + 6] * v[j + 6]
+        s7 += u[j + 7] * v[j + 7]
+    total = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    for j in range(full, u.size):
+        total += u[j] * v[j]
+    return total
+
+
+def layer_norm(x, gamma, beta, ones, consts, y, xhat, inv_std):  # pragma: no cover - compiled
+    """``Kernels.layer_norm`` over rows ``x`` (N, D), written into ``y``, ``xhat`` and
+    ``inv_std`` (N,). ``ones`` is (D,) of 1 and ``consts`` holds (1/D, eps), both in the rows'
+    dtype: a float64 scalar would promote a float32 row to float64."""
+    n, d = x.shape
+    inv_d, eps = consts[0], consts[1]
+    for i in prange(n):
+        mean = _dot8(x[i], ones) * inv_d
+        for j in range(d):
+            xhat[i, j] = x[i, j] - mean
+        inv = ones[0] / math.sqrt(_dot8(xhat[i], xhat[i]) * inv_d + eps)
+        inv_std[i] = inv
+        for j in range(d):
+            h = xhat[i, j] * inv
+            xhat[i, j] = h
+            y[i, j] = h * gamma[j] + beta[j]
+
+
+def layer_norm_input_grad(dy, xhat, inv_std, gamma, ones, consts, dx):  # pragma: no cover
+    """dL/dx of ``layer_norm`` over rows (N, D); ``ones`` and ``consts`` as there."""
+    n, d = dy.shape
+    inv_d = consts[0]
+    for i in prange(n):
+        for j in range(d):
+            dx[i, j] = dy[i, j] * gamma[j]
+        mean_g = _dot8(dx[i], ones) * inv_d
+        mean_gx = _dot8(dx[i], xhat[i]) * inv_d
+        for j in range(d):
+            dx[i, j] = (dx[i, j] - mean_g - xhat[i, j] * mean_gx) * inv_std[i]
+
+
+def layer_norm_param_grads(dy, xhat, dgamma, dbeta):  # pragma: no cover - compiled
+    """``dgamma`` and ``dbeta`` of ``layer_norm``: column sums over the rows, in row order."""
+    n, d = dy.shape
+    dgamma[:] = 0
+    dbeta[:] = 0
+    for i in range(n):
+        for j in range(d):
+            dgamma[j] += dy[i, j] * xhat[i, j]
+            dbeta[j] += dy[i, j]

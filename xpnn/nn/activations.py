@@ -34,7 +34,7 @@ class Tanh(Activation):
 
 class GELU(Layer):
     """``y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, the tanh form GPT-2 uses
-    (``Kernels.gelu``: one fused pass on Numba)."""
+    (``Kernels.gelu``)."""
 
     tensor_split = "elementwise"
 

@@ -14,7 +14,7 @@ from xpnn.nn.layer import Array, Context, check_int
 
 class CausalSelfAttention(Chain):
     """(B, T, D) -> (B, T, D): ``qkv`` (Dense D -> 3D) makes each head's query, key and value,
-    position ``i`` attends to positions ``<= i`` (``Kernels.causal_softmax``), ``proj`` (Dense
+    position ``i`` attends to positions ``<= i`` (``Kernels.causal_attention``), ``proj`` (Dense
     D -> D) mixes the heads. ``qkv``'s output columns are ordered (head, q/k/v, head dim), so a
     rank holding heads ``[lo:hi]`` holds one contiguous slice of them (Megatron's layout)."""
 
@@ -46,9 +46,8 @@ class CausalSelfAttention(Chain):
         split = xp.reshape(qkv, (b, t, heads, 3, self.head_dim))
         q, k, v = (split[:, :, :, i, :] for i in range(3))
         self.q, self.k, self.v = (xp.permute_dims(a, (0, 2, 1, 3)) for a in (q, k, v))
-        scores = xp.matmul(self.q, xp.permute_dims(self.k, (0, 1, 3, 2)))
-        self.p = self.kernels.causal_softmax(scores * (1.0 / math.sqrt(self.head_dim)))
-        out = xp.matmul(self.p, self.v)  # (B, heads, T, head dim)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        out, self.p = self.kernels.causal_attention(self.q, self.k, self.v, scale)
         merged = xp.reshape(xp.permute_dims(out, (0, 2, 1, 3)), (b, t, heads * self.head_dim))
         return self.children["proj"].forward(merged, ctx)
 
@@ -57,11 +56,9 @@ class CausalSelfAttention(Chain):
         dmerged = self.children["proj"].backward(dy, need_dx=True)
         b, heads, t, hd = self.q.shape
         dout = xp.permute_dims(xp.reshape(dmerged, (b, t, heads, hd)), (0, 2, 1, 3))
-        dp = xp.matmul(dout, xp.permute_dims(self.v, (0, 1, 3, 2)))
-        dv = xp.matmul(xp.permute_dims(self.p, (0, 1, 3, 2)), dout)
-        ds = self.kernels.causal_softmax_backward(dp, self.p) * (1.0 / math.sqrt(hd))
-        dq = xp.matmul(ds, self.k)
-        dk = xp.matmul(xp.permute_dims(ds, (0, 1, 3, 2)), self.q)
+        dq, dk, dv = self.kernels.causal_attention_backward(
+            dout, self.q, self.k, self.v, self.p, 1.0 / math.sqrt(hd)
+        )
         dqkv = xp.stack([xp.permute_dims(a, (0, 2, 1, 3)) for a in (dq, dk, dv)], axis=3)
         return self.children["qkv"].backward(xp.reshape(dqkv, (b, t, 3 * heads * hd)), need_dx)
 

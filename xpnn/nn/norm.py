@@ -25,25 +25,21 @@ class LayerNorm(Layer):
         return in_shape
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        xp = self.xp
-        if x.dtype != self.params["gamma"].dtype:
-            x = xp.asarray(x, dtype=self.params["gamma"].dtype)
-        centred = x - xp.mean(x, axis=-1, keepdims=True)
-        self.inv_std = 1.0 / xp.sqrt(xp.mean(centred * centred, axis=-1, keepdims=True) + self.eps)
-        self.xhat = centred * self.inv_std
-        return self.xhat * self.params["gamma"] + self.params["beta"]
+        gamma = self.params["gamma"]
+        if x.dtype != gamma.dtype:
+            x = self.xp.asarray(x, dtype=gamma.dtype)
+        y, self.xhat, self.inv_std = self.kernels.layer_norm(
+            x, gamma, self.params["beta"], self.eps
+        )
+        return y
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
-        xp = self.xp
-        lead = tuple(range(dy.ndim - 1))  # every axis but the features
-        self.grads["gamma"][...] = xp.sum(dy * self.xhat, axis=lead)
-        self.grads["beta"][...] = xp.sum(dy, axis=lead)
-        if not need_dx:
-            return None
-        g = dy * self.params["gamma"]
-        mean_g = xp.mean(g, axis=-1, keepdims=True)
-        mean_gx = xp.mean(g * self.xhat, axis=-1, keepdims=True)
-        return (g - mean_g - self.xhat * mean_gx) * self.inv_std
+        dx, dgamma, dbeta = self.kernels.layer_norm_backward(
+            dy, self.xhat, self.inv_std, self.params["gamma"], need_dx
+        )
+        self.grads["gamma"][...] = dgamma
+        self.grads["beta"][...] = dbeta
+        return dx
 
     def __repr__(self) -> str:
         return "LayerNorm()"

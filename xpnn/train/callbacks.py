@@ -176,6 +176,7 @@ class Checkpoints(Callback):
                     trainer.data.name,
                     trainer.settings(),
                     trainer.identity(),
+                    trainer.loss_scale.state() if trainer.loss_scale else None,
                 )
                 prune_checkpoints(self.directory, self.keep)  # only once the new one is whole
 

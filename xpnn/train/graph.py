@@ -40,6 +40,9 @@ def graph_unavailable(trainer: Any) -> str | None:
         return "`accumulate` above 1 sums micro-steps of different sizes"
     if cfg.precision != "fp32":
         return f"`precision` {cfg.precision}: graphs record fp32 steps only"
+    if trainer.loss_scale is not None:  # float16 sent between ranks
+        why = "its loss scale decides on the host whether a step is applied"
+        return f"`grad_dtype` {cfg.grad_dtype}: {why}"
     if trainer.update.name not in ("local", "allreduce"):
         return f"the `{trainer.update.name}` update shares host memory between ranks"
     return None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.parallel.update.wire import GRAD_DTYPES
 
 Array = Any
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -46,6 +47,14 @@ class LossScale:
     good_steps: int = 0
     skipped: int = 0
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps, so that a resumed run scales as the uninterrupted one."""
+        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
+        self.skipped = int(state["skipped"])
+
     def update(self, finite: bool) -> bool:
         """Record a step's verdict; returns whether the step is applied."""
         if not finite:
@@ -58,6 +67,28 @@ class LossScale:
             self.scale *= 2.0
             self.good_steps = 0
         return True
+
+
+def skip_overflows(
+    opt: Any, model: Any, xp: Any, loss_scale: LossScale, agree: Callable[[float], float]
+) -> None:
+    """Wrap ``opt``: a step whose reduced gradients (``model.grads``) hold an infinity or a NaN
+    on any rank (``agree`` sums the counts) is skipped, no update and no step counted, and
+    ``loss_scale`` told of every step's verdict."""
+    start, update = opt.start_step, opt.update_part
+    skipping = [False]
+
+    def start_step() -> float:
+        grads = model.grads  # this rank's gradients, reduced where it owns them
+        bad = 0.0 if bool(xp.all(xp.isfinite(grads))) else 1.0
+        skipping[0] = not loss_scale.update(agree(bad) == 0)
+        return opt.lr if skipping[0] else start()
+
+    def update_part(index: int) -> None:
+        if not skipping[0]:
+            update(index)
+
+    opt.start_step, opt.update_part = start_step, update_part
 
 
 class Precision:
@@ -82,7 +113,6 @@ class Precision:
         self.loss_scale = loss_scale
         self.agree = agree
         self._dirty = True  # the low-precision parameters lag the master ones
-        self._skip = False
 
     @property
     def skipped(self) -> int:
@@ -101,25 +131,15 @@ class Precision:
     def _wrap(self, opt: Any) -> None:
         """The optimizer's step marks the low copy stale; with loss scaling, a step whose
         reduced gradients are not finite is skipped (no update, no step counted)."""
-        start, update = opt.start_step, opt.update_part
+        start = opt.start_step
 
         def start_step() -> float:
             self._dirty = True
-            self._skip = False
-            if self.loss_scale is None:
-                return start()
-            grads = self.model.grads  # this rank's fp32 gradients, reduced where it owns them
-            bad = 0.0 if bool(self.xp.all(self.xp.isfinite(grads))) else 1.0
-            if self.loss_scale.update(self.agree(bad) == 0):
-                return start()
-            self._skip = True
-            return opt.lr
+            return start()
 
-        def update_part(index: int) -> None:
-            if not self._skip:
-                update(index)
-
-        opt.start_step, opt.update_part = start_step, update_part
+        opt.start_step = start_step
+        if self.loss_scale is not None:
+            skip_overflows(opt, self.model, self.xp, self.loss_scale, self.agree)
 
     def _low(self) -> None:
         """Point the layers at the low-precision copy, re-cast from the master if stale."""
@@ -188,7 +208,8 @@ class Precision:
         self._low()
         try:
             x = None if x is None else self.xp.astype(x, self.dtype)
-            return self.model.evaluate(x, labels)
+            with self._quiet():  # the unused gradient of the loss, scaled, may overflow
+                return self.model.evaluate(x, labels)
         finally:
             self._master()
 
@@ -208,4 +229,18 @@ def check_precision(precision: str, parallel: str, node_share: str | None = None
         raise UserError(
             f"`precision` {precision}: not with `node_share` activations; use `node_share` "
             "gradients"
+        )
+
+
+def check_grad_dtype(grad_dtype: str | None, parallel: str) -> None:
+    """The gradient exchange's float: None (the parameters'), or one of ``GRAD_DTYPES``; for
+    data parallelism (split layers exchange activations, whose sums this does not cover)."""
+    if grad_dtype is None:
+        return
+    if grad_dtype not in GRAD_DTYPES:
+        raise UserError(f"`grad_dtype` {grad_dtype!r}: choose one of {', '.join(GRAD_DTYPES)}")
+    if parallel != "data":
+        raise UserError(
+            f"`grad_dtype` {grad_dtype}: only with `parallel` data (this run has `parallel` "
+            f"{parallel})"
         )

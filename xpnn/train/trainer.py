@@ -24,6 +24,7 @@ from xpnn.optim import SCHEDULES, GradClip, Schedule, make_optimizer, matrix_ran
 from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL, Groups
 from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
 from xpnn.parallel.update import DEFAULT_BUCKET_MB, make_update
+from xpnn.parallel.update.wire import GRAD_DTYPES, make_wire, sends_gradients
 from xpnn.runtime import lock, stall
 from xpnn.runtime.memory import peak_rss_mb
 from xpnn.train.callbacks import (
@@ -36,7 +37,7 @@ from xpnn.train.callbacks import (
     overrides,
 )
 from xpnn.train.graph import CUDA_GRAPH, GraphStep, graph_step
-from xpnn.train.precision import PRECISIONS, Precision
+from xpnn.train.precision import PRECISIONS, LossScale, Precision, skip_overflows
 
 
 @dataclass
@@ -50,6 +51,7 @@ class RunFacts:
     global_batch: int | None = None
     dtype: str | None = None
     precision: str | None = None
+    grad_dtype: str | None = None  # the gradient exchange's float, where given
     parallel: str | None = None
     model_ranks: int | None = None
     replicas: int | None = None
@@ -115,6 +117,7 @@ class TrainConfig:
     steps: int | None = None  # train this many steps, not epochs
     eval_every: int | None = None  # with steps: an evaluation record every this many steps
     precision: str = "fp32"  # bf16, fp16: forward and backward on a low-precision copy
+    grad_dtype: str | None = None  # the gradients sent between ranks in it (None: as they are)
     cuda_graph: str = "auto"  # replay the step as a CUDA graph: auto (where it applies), on, off
     facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
 
@@ -144,6 +147,11 @@ class TrainConfig:
                 raise ValueError(
                     f"TrainConfig.{name}: {value!r}, choose one of {', '.join(choices)}"
                 )
+        if self.grad_dtype is not None and self.grad_dtype not in GRAD_DTYPES:
+            raise ValueError(
+                f"TrainConfig.grad_dtype: {self.grad_dtype!r}, choose None or one of "
+                f"{', '.join(GRAD_DTYPES)}"
+            )
         if self.resume and not self.checkpoint_dir:
             raise ValueError("TrainConfig.resume: needs a checkpoint_dir")
         check_recipe(self)
@@ -252,6 +260,11 @@ class Trainer:
             return make_optimizer(cfg.optimizer, *args, **hyper, matrices=matrices, clip=clip)
 
         bucket_bytes = int(cfg.bucket_mb * 2**20)
+        # fp16 passes, or gradients sent as float16 (a node's shared ones are not sent)
+        wire_dtype = cfg.grad_dtype if sends_gradients(self.data_comm) else None
+        fp16 = cfg.precision == "fp16" or wire_dtype == "float16"
+        self.loss_scale: LossScale | None = LossScale() if fp16 else None
+        wire = make_wire(wire_dtype, backend.dtype_name, self.xp, self._scale)
         self.update = make_update(
             model,
             self.data_comm,
@@ -259,15 +272,19 @@ class Trainer:
             bucket_bytes,
             cfg.batch_size,
             cfg.node_share,
-            deferred=clip is not None or cfg.precision == "fp16",  # fp16: skip overflows
+            deferred=clip is not None or fp16,  # fp16: skip overflows
             accumulate=cfg.accumulate,
+            wire=wire,
         )
         self._acc: Any = None  # the earlier micro-steps' gradients, summed (accumulate > 1)
         self.optimizer = self.update.optimizer
         self.precision: Precision | None = None  # fp32: the model's own passes
         if cfg.precision != "fp32":
-            self.precision = Precision(cfg.precision, backend, agree=self._norm_total)
+            scale = self.loss_scale if cfg.precision == "fp16" else None
+            self.precision = Precision(cfg.precision, backend, scale, agree=self._norm_total)
             self.precision.attach(model, self.optimizer)
+        if self.loss_scale is not None and cfg.precision != "fp16":  # float16 exchange only
+            skip_overflows(self.optimizer, model, self.xp, self.loss_scale, self._norm_total)
         self.graph: GraphStep | None = graph_step(self)  # the step replayed as a CUDA graph
         stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
         self.n_params = whole_size(model)
@@ -292,6 +309,16 @@ class Trainer:
             with path_problems("checkpoint_dir", cfg.checkpoint_dir):
                 checkpoint.refuse_other_runs(cfg.checkpoint_dir)
         self.start_epoch = self._maybe_resume()
+
+    def _scale(self) -> float:
+        """The loss scale now: the float16 gradient exchange multiplies by it."""
+        return self.loss_scale.scale if self.loss_scale is not None else 1.0
+
+    def _skips(self) -> dict[str, int]:
+        """A record's ``skipped_steps``: with low-precision passes or loss scaling."""
+        if self.precision is None and self.loss_scale is None:
+            return {}
+        return {"skipped_steps": self.loss_scale.skipped if self.loss_scale else 0}
 
     def _norm_total(self, local: float) -> float:
         """This rank's sum of squares of the reduced gradient made the whole model's: its
@@ -455,8 +482,7 @@ class Trainer:
             }
             if cfg.clip_norm is not None:  # the epoch's last step's, before clipping
                 record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
-            if self.precision is not None:  # fp16: steps whose gradients overflowed, so far
-                record["skipped_steps"] = self.precision.skipped
+            record |= self._skips()  # fp16: steps whose gradients overflowed, so far
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged
                 callback.on_epoch_end(self, record)
             if not (math.isfinite(train_loss) and math.isfinite(test_loss)):  # every rank sees it
@@ -485,8 +511,7 @@ class Trainer:
             **text_metrics(self.data, test_loss, test_acc, trained / max(total_seconds, 1e-9)),
             **common,
         }
-        if self.precision is not None:
-            done["skipped_steps"] = self.precision.skipped
+        done |= self._skips()
         if self.graph is not None:  # steps replayed from a CUDA graph (the rest ran eagerly)
             done["graph_steps"] = self.graph.replayed
         if self.is_root and cfg.save:  # first: a done line promises the saved parameters
@@ -563,8 +588,7 @@ class Trainer:
         }
         if self.cfg.clip_norm is not None:
             record["grad_norm"] = float(self.optimizer.grad_norm)
-        if self.precision is not None:
-            record["skipped_steps"] = self.precision.skipped
+        record |= self._skips()
         for callback in self.callbacks:
             callback.on_eval(self, record)
         if not (math.isfinite(record["train_loss"]) and math.isfinite(test_loss)):
@@ -609,11 +633,22 @@ class Trainer:
                     "away to resume from it"
                 ) from None
             raise
-        done = f"; `epochs` {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
+        done = self._restore_loss_scale(path)
+        done += f"; `epochs` {cfg.epochs} reached, nothing to train" if epoch >= cfg.epochs else ""
         changed = checkpoint.changed_settings(before, self.settings())
         since = f"; changed since: {', '.join(changed)}" if changed else ""
         self.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
         return epoch
+
+    def _restore_loss_scale(self, path: Any) -> str:
+        """The checkpoint's loss scale, where this run scales; what the resume line says."""
+        if self.loss_scale is None:
+            return ""
+        stored = checkpoint.stored_loss_scale(path)
+        if stored is None:  # written without loss scaling: start as a new run does
+            return f"; the loss scale starts at {self.loss_scale.scale:g} (the checkpoint has none)"
+        self.loss_scale.restore(stored)
+        return ""
 
     def identity(self) -> dict[str, Any]:
         """What a resume must match beyond shapes, seed and data set (every batch to come)."""
@@ -641,4 +676,6 @@ class Trainer:
             settings["min_lr"] = cfg.min_lr
         if cfg.precision != "fp32":
             settings["precision"] = cfg.precision
+        if cfg.grad_dtype is not None:
+            settings["grad_dtype"] = cfg.grad_dtype
         return settings

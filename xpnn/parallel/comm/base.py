@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from xpnn.parallel.comm.narrow import check_narrow
+
 OPS = ("sum", "max", "min")
 
 
@@ -47,8 +49,9 @@ class Communicator:
 
     ``bytes_sent``: the payload bytes this rank has handed to the transport, what it
     contributes and not the library's wire traffic (a ring allreduce moves about twice that):
-    ``allreduce_``, ``iallreduce_``, ``allreduce_host`` and ``isend`` count their buffer; a
-    ``bcast_`` counts on its root only and ``recv_`` not at all (the sender counted it).
+    ``allreduce_``, ``iallreduce_``, ``iallreduce_sum16_`` (2 bytes a value), ``allreduce_host``
+    and ``isend`` count their buffer; a ``bcast_`` counts on its root only and ``recv_`` not at
+    all (the sender counted it).
     Barriers, ``allgather_obj`` (small setup objects) and node-shared memory count nothing.
     An integer add per call, never a sync: read it before and after what is to be measured."""
 
@@ -75,6 +78,11 @@ class Communicator:
         raise NotImplementedError
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
+        raise NotImplementedError
+
+    def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
+        """Sum, in place, 16-bit floats ``dtype`` (``narrow.NARROW``) held as ``uint16`` bits:
+        MPI has no such type, so each pair is added in float32 and rounded once."""
         raise NotImplementedError
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
@@ -124,6 +132,10 @@ class SelfCommunicator(Communicator):
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
         check_op(op)
+        return DONE
+
+    def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
+        check_narrow(dtype)
         return DONE
 
     def bcast_(self, buf: Any, root: int = 0) -> None:

@@ -15,6 +15,7 @@ from xpnn.parallel.comm.arrays import CUPY, TORCH, CupyArrays, TorchArrays
 from xpnn.parallel.comm.base import DONE, Communicator, Handle
 from xpnn.parallel.comm.cuda_aware import detect_cuda_aware, nonblocking_device_collectives
 from xpnn.parallel.comm.mpi import MpiHandle, MpiHostCommunicator, as_cupy
+from xpnn.parallel.comm.narrow import check_narrow
 from xpnn.runtime import flight
 from xpnn.runtime.world import World
 
@@ -108,6 +109,11 @@ class NcclCommunicator(MpiHostCommunicator):
             np.dtype(np.int64): nccl.NCCL_INT64,
             np.dtype(np.uint64): nccl.NCCL_UINT64,
         }
+        # ncclBfloat16 is 9 in nccl.h (NCCL 2.10+); older CuPy does not name it
+        self._nccl_types16 = {
+            "float16": nccl.NCCL_FLOAT16,
+            "bfloat16": getattr(nccl, "NCCL_BFLOAT16", 9),
+        }
 
     def _nccl_type(self, dtype: np.dtype) -> int:
         try:
@@ -126,15 +132,28 @@ class NcclCommunicator(MpiHostCommunicator):
         )
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
+        dev = as_cupy(buf)
+        return self._nccl_iallreduce(dev, self._nccl_type(dev.dtype), self._nccl_ops[op])
+
+    def _nccl_iallreduce(self, dev: Any, nccl_type: int, nccl_op: int) -> Handle:
+        """``dev`` reduced in place on the communication stream, after the work queued before."""
         import cupy
 
-        dev = as_cupy(buf)
         ptr = dev.data.ptr
         self._stream.wait_event(cupy.cuda.get_current_stream().record())
-        self._nccl.allReduce(
-            ptr, ptr, dev.size, self._nccl_type(dev.dtype), self._nccl_ops[op], self._stream.ptr
-        )
+        self._nccl.allReduce(ptr, ptr, dev.size, nccl_type, nccl_op, self._stream.ptr)
         return _NcclHandle(self._stream.record(), dev)
+
+    def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
+        """NCCL sums float16 and bfloat16 itself (on the device, no host staging)."""
+        if not CUPY.is_device(bits):
+            return super().iallreduce_sum16_(bits, dtype)
+        check_narrow(dtype)
+        self._count(bits)
+        record = flight.post(self, "allreduce", bits.nbytes)
+        nccl_type = self._nccl_types16[dtype]
+        handle = self._nccl_iallreduce(as_cupy(bits), nccl_type, self._nccl_ops["sum"])
+        return flight.Tracked(handle, record)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         import cupy

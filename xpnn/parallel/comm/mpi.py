@@ -11,6 +11,7 @@ import numpy as np
 from xpnn import phases
 from xpnn.parallel.comm.arrays import CUPY, CupyArrays, TorchArrays
 from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_op
+from xpnn.parallel.comm.narrow import sum_op
 from xpnn.runtime import flight, stall
 
 
@@ -154,6 +155,18 @@ class MpiHostCommunicator(Communicator):
             req = self._comm.Iallreduce(self._in_place, buf, mop)
             return flight.Tracked(MpiHandle(req, buf, "an allreduce"), record)
         return flight.Tracked(self._device_iallreduce(buf, op, mop), record)
+
+    def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
+        mop = sum_op(dtype)
+        self._count(bits)
+        record = flight.post(self, "allreduce", bits.nbytes)
+        if type(bits) is np.ndarray or not self._arrays.is_device(bits):
+            req = self._comm.Iallreduce(self._in_place, bits, mop)
+            return flight.Tracked(MpiHandle(req, bits, "an allreduce"), record)
+        # the sum is Python code on the host: device bits are staged there even where MPI is
+        # CUDA-aware (the library would hand the function device pointers)
+        staged = MpiHostCommunicator._device_iallreduce(self, bits, "sum", mop)
+        return flight.Tracked(staged, record)
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
         if self.rank == root:

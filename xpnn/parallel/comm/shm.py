@@ -14,6 +14,7 @@ import numpy as np
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm.mpi import MpiHostCommunicator
+from xpnn.parallel.comm.narrow import sum_op
 from xpnn.phases import FENCES
 from xpnn.runtime import flight, stall
 from xpnn.runtime.segments import SHM_DIR
@@ -166,6 +167,14 @@ class ShmCommunicator(MpiHostCommunicator):
             self._count(buf)
             with flight.Op(self, "allreduce across nodes", buf.nbytes):
                 req = self.cross.Iallreduce(self._in_place, buf, self._MPI.SUM)
+                stall.wait(req, "an allreduce")
+
+    def cross_allreduce_sum16_(self, bits: np.ndarray, dtype: str) -> None:
+        """``cross_allreduce_`` of 16-bit floats held as bits (``iallreduce_sum16_``)."""
+        if self.nodes > 1:
+            self._count(bits)
+            with flight.Op(self, "allreduce across nodes", bits.nbytes):
+                req = self.cross.Iallreduce(self._in_place, bits, sum_op(dtype))
                 stall.wait(req, "an allreduce")
 
     def free(self) -> None:

@@ -25,11 +25,13 @@ def make_update(
     node_share: str = "auto",
     deferred: bool = False,
     accumulate: int = 1,
+    wire: Any = None,
 ) -> Update:
     """Local for one process; with node memory one copy per node, sharing gradients or
     activations (``node_share``); else a copy per rank kept equal by allreduce. ``deferred``:
     no part is updated before the whole gradient is reduced (clipping by the global norm);
-    ``accumulate``: micro-steps a step sums (activations are shared for one batch at once)."""
+    ``accumulate``: micro-steps a step sums (activations are shared for one batch at once);
+    ``wire``: the gradients are sent between ranks in a narrower float (``wire.GradWire``)."""
     if comm.size == 1:
         return LocalUpdate(model, comm, make_optimizer, deferred)
     if comm.node_memory:
@@ -39,9 +41,9 @@ def make_update(
                 "batch's activations); use `node_share` gradients"
             )
         if accumulate == 1 and shares_activations(model, batch_size, node_share):
-            return SharedBatchUpdate(model, comm, make_optimizer, batch_size, deferred)
-        return SharedUpdate(model, comm, make_optimizer, deferred)
-    return AllreduceUpdate(model, comm, make_optimizer, bucket_bytes, deferred)
+            return SharedBatchUpdate(model, comm, make_optimizer, batch_size, deferred, wire)
+        return SharedUpdate(model, comm, make_optimizer, deferred, wire)
+    return AllreduceUpdate(model, comm, make_optimizer, bucket_bytes, deferred, wire)
 
 
 def uses_byte_buckets(comm: Any) -> bool:

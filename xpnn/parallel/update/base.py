@@ -52,11 +52,12 @@ class BucketCursor:
 
 
 class GradientBuckets:
-    """Launches each bucket's ``iallreduce_`` as soon as backward has filled it."""
+    """Launches each bucket's ``iallreduce_`` as soon as backward has filled it; ``wire``: the
+    buckets are sent in a narrower float (``wire.GradWire``), their sizes as they are sent."""
 
-    def __init__(self, grads: Array, comm: Any, bucket_bytes: int) -> None:
-        self.grads, self.comm = grads, comm
-        itemsize = grads.dtype.itemsize
+    def __init__(self, grads: Array, comm: Any, bucket_bytes: int, wire: Any = None) -> None:
+        self.grads, self.comm, self.wire = grads, comm, wire
+        itemsize = grads.dtype.itemsize if wire is None else wire.itemsize
         self.bounds = bucket_bounds(grads.shape[0], bucket_bytes // itemsize)
         self.active = comm.size > 1
         self._cursor = BucketCursor(self.bounds)
@@ -70,7 +71,10 @@ class GradientBuckets:
         for i in self._cursor.finished(offset):
             start, end = self.bounds[i]
             flight.tag(bucket=i + 1)  # the flight record and the trace name the bucket
-            self._handles.append(self.comm.iallreduce_(self.grads[start:end], "sum"))
+            if self.wire is None:
+                self._handles.append(self.comm.iallreduce_(self.grads[start:end], "sum"))
+            else:
+                self._handles.append(self.wire.start(self.comm, self.grads[start:end]))
             flight.tag()
 
     def wait(self, count: int) -> None:
@@ -128,9 +132,10 @@ class AllreduceUpdate(Update):
         make_optimizer: MakeOptimizer,
         bucket_bytes: int,
         deferred: bool = False,
+        wire: Any = None,
     ):
         self.model, self.comm, self.deferred = model, comm, deferred
-        self.buckets = GradientBuckets(model.grads, comm, bucket_bytes)
+        self.buckets = GradientBuckets(model.grads, comm, bucket_bytes, wire)
         starts = [start for start, _ in self.buckets.bounds]
         parts = layer_buckets(starts, model.size, MIN_LAYER_BUCKET)
         # a part is final once the bucket that begins where the part begins is reduced

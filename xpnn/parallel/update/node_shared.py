@@ -15,6 +15,8 @@ ROW_ALIGN_BYTES = 4096
 class NodeSharedUpdate(LayerwiseUpdate):
     """What the two schemes with one copy of the parameters per node have in common."""
 
+    wire: Any = None  # the gradients cross nodes in a narrower float (``wire.GradWire``)
+
     def _share_params(self, model: Any, comm: Any, grads: Any) -> Any:
         """Move the parameters into node-shared memory and the gradients into ``grads``."""
         self.model, self.comm = model, comm
@@ -22,6 +24,13 @@ class NodeSharedUpdate(LayerwiseUpdate):
         model.adopt(params, grads, copy=comm.local_rank == 0)
         self.restores_checkpoint = comm.local_rank == 0  # one writer per shared buffer
         return params
+
+    def _cross_allreduce_(self, grads: Any) -> None:
+        """The node's sum of ``grads`` summed across nodes, sent as the wire says."""
+        if self.wire is None:
+            self.comm.cross_allreduce_(grads)
+        else:
+            self.wire.cross_allreduce_(self.comm, grads)
 
     def share_total(self, local: float) -> float:
         """Each rank of a node holds a share of the reduced gradient, each node all of it."""
@@ -46,8 +55,15 @@ class SharedUpdate(NodeSharedUpdate):
 
     name = "shared gradients"
 
-    def __init__(self, model: Any, comm: Any, make_optimizer: Any, deferred: bool = False) -> None:
-        self.deferred = deferred
+    def __init__(
+        self,
+        model: Any,
+        comm: Any,
+        make_optimizer: Any,
+        deferred: bool = False,
+        wire: Any = None,
+    ) -> None:
+        self.deferred, self.wire = deferred, wire
         n, dtype = model.size, model.params.dtype
         stride = padded(n, ROW_ALIGN_BYTES // dtype.itemsize)
         rows = comm.shared_zeros((comm.local_size, stride), dtype)[:, :n]
@@ -77,4 +93,4 @@ class SharedUpdate(NodeSharedUpdate):
             for other in self.others:
                 own += other[self.shares[index]]
             if comm.nodes > 1:
-                comm.cross_allreduce_(own)
+                self._cross_allreduce_(own)

@@ -44,9 +44,15 @@ class SharedBatchUpdate(NodeSharedUpdate):
     name = "shared activations"
 
     def __init__(
-        self, model: Any, comm: Any, make_optimizer: Any, batch_size: int, deferred: bool = False
+        self,
+        model: Any,
+        comm: Any,
+        make_optimizer: Any,
+        batch_size: int,
+        deferred: bool = False,
+        wire: Any = None,
     ) -> None:
-        self.deferred = deferred
+        self.deferred, self.wire = deferred, wire
         params = self._share_params(model, comm, model.grads)  # the gradient stays private
         self.place = Placement(comm.node.allgather(comm.rank), comm.size, comm.local_rank)
         samples = sum(self.place.lengths(batch_size))  # the node's share of a full batch
@@ -86,7 +92,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
             layer.share_grads()
         if self.comm.nodes > 1:
             for part in self.parts[index]:
-                self.comm.cross_allreduce_(self.my_grads[part])
+                self._cross_allreduce_(self.my_grads[part])
 
     def _update(self, index: int) -> None:
         for part in self.parts[index]:

@@ -1,0 +1,90 @@
+"""16-bit floats on the wire: bfloat16 and float16 values held as their ``uint16`` bits (CuPy
+and NumPy have no bfloat16 dtype of their own), converted against any array namespace ``xp``,
+and the MPI reduction that sums them (MPI has no 16-bit float types): each pair of values is
+widened to float32, added, and rounded back once, as Horovod's ``float16_sum`` does."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+NARROW = ("bfloat16", "float16")  # the 16-bit floats a sum of bits may hold
+BF16_NAN = 0x7FC0  # bfloat16's quiet NaN: a NaN's low bits would round it to infinity
+
+
+def check_narrow(dtype: str) -> None:
+    if dtype not in NARROW:
+        raise ValueError(f"16-bit float {dtype!r}: expected one of {', '.join(NARROW)}")
+
+
+@cache
+def native_dtype(xp: Any, dtype: str) -> Any:
+    """``xp``'s own ``dtype`` (float16 everywhere, bfloat16 in PyTorch), else ``ml_dtypes``'
+    where ``xp``'s arrays take it (NumPy's do, CuPy's do not), else None: then the bits are
+    computed with integer arithmetic."""
+    found = getattr(xp, dtype, None)
+    if found is not None:
+        return found
+    import ml_dtypes
+
+    found = getattr(ml_dtypes, dtype)
+    try:
+        xp.zeros((1,), dtype=found)
+    except (TypeError, ValueError, NotImplementedError):
+        return None
+    return found
+
+
+def to_bits(xp: Any, values: Any, dtype: str) -> Any:
+    """``values`` rounded to ``dtype`` (to nearest, ties to even), as a new ``uint16`` array."""
+    native = native_dtype(xp, dtype)
+    if native is not None:
+        return xp.astype(values, native).view(xp.uint16)
+    return bfloat16_bits(xp, values)
+
+
+def bfloat16_bits(xp: Any, values: Any) -> Any:
+    """``to_bits`` for bfloat16 by integer arithmetic, for libraries without the type (CuPy):
+    bfloat16 is float32's upper half, the dropped 16 bits rounded to nearest, ties to even."""
+    wide = xp.astype(values, xp.float32)
+    bits = wide.view(xp.uint32)
+    rounded = xp.astype((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16, xp.uint16)
+    return xp.where(xp.isnan(wide), xp.asarray(BF16_NAN, dtype=xp.uint16), rounded)
+
+
+def from_bits(xp: Any, bits: Any, dtype: str, wide: Any) -> Any:
+    """The ``dtype`` values whose ``uint16`` bits are ``bits``, as a new array of ``wide``."""
+    native = native_dtype(xp, dtype)
+    if native is not None:
+        return xp.astype(bits.view(native), wide)
+    return bfloat16_values(xp, bits, wide)
+
+
+def bfloat16_values(xp: Any, bits: Any, wide: Any) -> Any:
+    """``from_bits`` for bfloat16 by integer arithmetic: the bits are float32's upper half."""
+    return xp.astype((xp.astype(bits, xp.uint32) << 16).view(xp.float32), wide)
+
+
+def _sum_into(dtype: str, inbuf: Any, inoutbuf: Any) -> None:
+    """``inoutbuf += inbuf`` for buffers of ``dtype``'s bits: the sum in float32, rounded once."""
+    a = np.frombuffer(inbuf, dtype=np.uint16)
+    b = np.frombuffer(inoutbuf, dtype=np.uint16)
+    total = from_bits(np, a, dtype, np.float32)
+    total += from_bits(np, b, dtype, np.float32)
+    b[...] = to_bits(np, total, dtype)
+
+
+@cache
+def sum_op(dtype: str) -> Any:
+    """The ``MPI.Op`` summing buffers of ``dtype``'s bits (one per process: mpi4py holds few)."""
+    from mpi4py import MPI
+
+    check_narrow(dtype)
+
+    def add(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the loss scale's
+            _sum_into(dtype, inbuf, inoutbuf)
+
+    return MPI.Op.Create(add, commute=True)

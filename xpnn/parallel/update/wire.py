@@ -1,0 +1,105 @@
+"""The data-parallel gradient exchange in a narrower float than the gradients (``grad_dtype``):
+each slice is cast into a buffer of its own, summed there by the transport, and cast back. For
+float16 the slice is first multiplied by the loss scale (its smallest normal value is 6e-5: the
+mean gradient's small entries would flush to zero) and divided by it after; a sum that
+overflows comes back infinite, and the loss scale's step check skips that step."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from xpnn.parallel.comm.narrow import NARROW, from_bits, to_bits
+
+Array = Any
+GRAD_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def sends_gradients(comm: Any) -> bool:
+    """Whether the data-parallel update on ``comm`` sends gradients between ranks: a node's
+    ranks that share memory sum them there and send only across nodes."""
+    return comm.size > 1 and (not comm.node_memory or comm.nodes > 1)
+
+
+class GradWire:
+    """Gradient slices sent as ``dtype``; ``scale``: the loss scale at the time (float16)."""
+
+    def __init__(self, dtype: str, xp: Any, scale: Callable[[], float] | None = None) -> None:
+        if dtype not in GRAD_DTYPES:
+            raise ValueError(f"grad_dtype: {dtype!r}, choose one of {', '.join(GRAD_DTYPES)}")
+        self.dtype, self.xp, self.scale = dtype, xp, scale
+        self.narrow = dtype in NARROW
+        self.itemsize = 2 if self.narrow else 4  # bytes a value sent
+
+    def pack(self, grads: Array) -> tuple[Array, float]:
+        """A new buffer holding ``grads`` (times the scale) as sent, and the scale used."""
+        factor = self.scale() if self.scale is not None else 1.0
+        values = grads * factor if factor != 1.0 else grads
+        with _quiet(self.xp):  # a value past the dtype's range is the loss scale's to handle
+            if self.narrow:
+                return to_bits(self.xp, values, self.dtype), factor
+            return self.xp.astype(values, getattr(self.xp, self.dtype)), factor
+
+    def unpack(self, buf: Array, factor: float, grads: Array) -> None:
+        """The summed ``buf`` back into ``grads``, divided by the scale it was sent with."""
+        xp = self.xp
+        if self.narrow:
+            wide = from_bits(xp, buf, self.dtype, grads.dtype)
+        else:
+            wide = xp.astype(buf, grads.dtype)
+        if factor != 1.0:
+            wide *= 1.0 / factor  # a power of two: exact
+        grads[...] = wide
+
+    def start(self, comm: Any, grads: Array) -> WireHandle:
+        """Begin summing ``grads`` over ``comm``'s ranks; they hold the sum after ``wait``."""
+        buf, factor = self.pack(grads)
+        if self.narrow:
+            handle = comm.iallreduce_sum16_(buf, self.dtype)
+        else:
+            handle = comm.iallreduce_(buf, "sum")
+        return WireHandle(handle, self, buf, factor, grads)
+
+    def cross_allreduce_(self, comm: Any, grads: Array) -> None:
+        """A node-shared communicator's ``cross_allreduce_`` of ``grads``, sent as ``dtype``."""
+        if comm.nodes < 2:
+            return
+        buf, factor = self.pack(grads)
+        if self.narrow:
+            comm.cross_allreduce_sum16_(buf, self.dtype)
+        else:
+            comm.cross_allreduce_(buf)
+        self.unpack(buf, factor, grads)
+
+
+def _quiet(xp: Any) -> Any:
+    """NumPy's overflow warnings silenced (CuPy and PyTorch warn of none)."""
+    errstate = getattr(xp, "errstate", None)
+    return contextlib.nullcontext() if errstate is None else errstate(over="ignore")
+
+
+class WireHandle:
+    """A transport's handle whose ``wait`` also casts the sum back into the gradients."""
+
+    __slots__ = ("_handle", "_wire", "_buf", "_factor", "_grads")
+
+    def __init__(self, handle: Any, wire: GradWire, buf: Array, factor: float, grads: Array):
+        self._handle, self._wire, self._buf = handle, wire, buf
+        self._factor, self._grads = factor, grads
+
+    def wait(self) -> None:
+        if self._handle is None:
+            return
+        self._handle.wait()
+        self._wire.unpack(self._buf, self._factor, self._grads)
+        self._handle = self._buf = self._grads = None
+
+
+def make_wire(
+    grad_dtype: str | None, param_dtype: str, xp: Any, scale: Callable[[], float] | None
+) -> GradWire | None:
+    """The wire for ``grad_dtype``, or None where the gradients go as they are."""
+    if grad_dtype is None or grad_dtype == param_dtype:
+        return None
+    return GradWire(grad_dtype, xp, scale if grad_dtype == "float16" else None)
