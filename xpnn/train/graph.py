@@ -4,9 +4,10 @@ backend records one step's device work, the later steps of the same batch shape 
 What stays on the host, outside the recording: the step's inputs, copied into static device
 buffers (the samples' indices), the step's numbers (the learning rate, Adam's bias
 corrections, dropout's keys), copied into ``StepScalars`` that the recorded kernels read, the
-optimizer's bookkeeping (``start_step``), and, with several replicas, the gradient exchange:
+optimizer's bookkeeping (``advance``), and, with several replicas, the gradient exchange:
 forward and backward are one recording, the update another, the exchange runs between them.
-The loss and the count of correct predictions stay on the device, as in an eager step. The
+Clipping by the global norm is recorded, on the device (``Optimizer.clip_on_device``). The
+loss and the count of correct predictions stay on the device, as in an eager step. The
 first step runs the same functions eagerly, the second records them. A step of another shape
 (a partial last batch), a traced one, or one after a recording failed runs eagerly; a line
 says so once."""
