@@ -25,6 +25,7 @@ from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from xpnn.parallel.update.wire import GRAD_DTYPES
 from xpnn.run import MICROBATCHES, SYNTHETIC_SIZE, RunSpec
 from xpnn.timeline import parse_steps
+from xpnn.train.graph import CUDA_GRAPH
 from xpnn.train.precision import PRECISIONS
 from xpnn.train.requeue import SIGNALS
 
@@ -330,6 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=GRAD_DTYPES,
         help="send the data-parallel gradients between ranks in this float, summed in float32 "
         "(float16 with dynamic loss scaling; default: the parameters' dtype)",
+    )
+    a(
+        "--cuda-graph",
+        choices=CUDA_GRAPH,
+        help="backend cupy: record the training step once as a CUDA graph and replay it "
+        "(default auto: where it applies; on: an error where it cannot)",
     )
     a("--seed", type=_seed, help="initial weights, shuffles and dropout masks (default 0)")
     a(

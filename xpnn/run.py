@@ -83,6 +83,7 @@ class RunSpec:
     trace_steps: str | None = None  # "A:B", steps A to B-1 (default: a few after the first)
     precision: str = "fp32"  # bf16, fp16: fp32 master parameters, low-precision passes
     grad_dtype: str | None = None  # float32, bfloat16, float16: the gradients sent between ranks
+    cuda_graph: str = "auto"  # replay the step as a CUDA graph: auto, on, off
 
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
@@ -386,6 +387,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     same += ("warmup_steps", "clip_norm", "accumulate", "steps", "eval_every")
     same += ("precision",)
     same += ("grad_dtype",)
+    same += ("cuda_graph",)
     if spec.warmup_steps is not None and spec.warmup_epochs > 0:
         raise UserError("`warmup_steps` and `warmup_epochs`: give one")
     hyper = {name: getattr(spec, name) for name in HYPER_PARAMETERS[spec.optimizer]}

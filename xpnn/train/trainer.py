@@ -37,6 +37,7 @@ from xpnn.train.callbacks import (
     ProgressBar,
     overrides,
 )
+from xpnn.train.graph import CUDA_GRAPH, GraphStep, graph_step
 from xpnn.train.precision import PRECISIONS, LossScale, Precision, skip_overflows
 
 
@@ -118,6 +119,7 @@ class TrainConfig:
     eval_every: int | None = None  # with steps: an evaluation record every this many steps
     precision: str = "fp32"  # bf16, fp16: forward and backward on a low-precision copy
     grad_dtype: str | None = None  # the gradients sent between ranks in it (None: as they are)
+    cuda_graph: str = "auto"  # replay the step as a CUDA graph: auto (where it applies), on, off
     facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
 
     def __post_init__(self) -> None:
@@ -181,6 +183,7 @@ CHOICES = {
     "node_share": NODE_SHARES,
     "schedule": SCHEDULES,
     "precision": PRECISIONS,
+    "cuda_graph": CUDA_GRAPH,
 }
 
 
@@ -279,6 +282,7 @@ class Trainer:
             self.precision.attach(model, self.optimizer)
         if self.loss_scale is not None and cfg.precision != "fp16":  # float16 exchange only
             skip_overflows(self.optimizer, model, self.xp, self.loss_scale, self._norm_total)
+        self.graph: GraphStep | None = graph_step(self)  # the step replayed as a CUDA graph
         stall.set_limits(cfg.stall_warn, cfg.stall_abort)  # for every wait of this process
         self.n_params = whole_size(model)
         own = [
@@ -331,6 +335,8 @@ class Trainer:
         xp, model = self.xp, self.model
         stall.injected_pause(self.comm.rank, step)
         stall.at_step(step)
+        if self.graph is not None and (replayed := self.graph.run(batch, step)) is not None:
+            return replayed
         self.update.begin_step(len(batch))
         micro = np.array_split(batch, self.cfg.accumulate)
         loss = correct = xp.zeros((), dtype=xp.float64)
@@ -480,7 +486,7 @@ class Trainer:
                 **common,
             }
             if cfg.clip_norm is not None:  # the epoch's last step's, before clipping
-                record["grad_norm"] = self.optimizer.grad_norm
+                record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
             record |= self._skips()  # fp16: steps whose gradients overflowed, so far
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged
                 callback.on_epoch_end(self, record)
@@ -511,6 +517,8 @@ class Trainer:
             **common,
         }
         done |= self._skips()
+        if self.graph is not None:  # steps replayed from a CUDA graph (the rest ran eagerly)
+            done["graph_steps"] = self.graph.replayed
         if self.is_root and cfg.save:  # first: a done line promises the saved parameters
             with path_problems("save", cfg.save):  # a full disk, say
                 checkpoint.atomic_savez(cfg.save, whole)
@@ -589,7 +597,7 @@ class Trainer:
             **self.common,
         }
         if self.cfg.clip_norm is not None:
-            record["grad_norm"] = self.optimizer.grad_norm
+            record["grad_norm"] = float(self.optimizer.grad_norm)
         record |= self._skips()
         for callback in self.callbacks:
             callback.on_eval(self, record)
