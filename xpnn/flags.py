@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cuda-graph",
         choices=CUDA_GRAPH,
         help="backend cupy: record the training step once as a CUDA graph and replay it "
-        "(default auto: where it applies; on: an error where it cannot)",
+        "(default off; auto: where it applies; on: an error where it cannot)",
     )
     a("--seed", type=_seed, help="initial weights, shuffles and dropout masks (default 0)")
     a(

@@ -83,7 +83,7 @@ class RunSpec:
     trace_steps: str | None = None  # "A:B", steps A to B-1 (default: a few after the first)
     precision: str = "fp32"  # bf16, fp16: fp32 master parameters, low-precision passes
     grad_dtype: str | None = None  # float32, bfloat16, float16: the gradients sent between ranks
-    cuda_graph: str = "auto"  # replay the step as a CUDA graph: auto, on, off
+    cuda_graph: str = "off"  # replay the step as a CUDA graph: auto, on, off (not yet run on a GPU)
 
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.

@@ -119,7 +119,7 @@ class TrainConfig:
     eval_every: int | None = None  # with steps: an evaluation record every this many steps
     precision: str = "fp32"  # bf16, fp16: forward and backward on a low-precision copy
     grad_dtype: str | None = None  # the gradients sent between ranks in it (None: as they are)
-    cuda_graph: str = "auto"  # replay the step as a CUDA graph: auto (where it applies), on, off
+    cuda_graph: str = "off"  # replay the step as a CUDA graph: auto (where it applies), on, off
     facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
 
     def __post_init__(self) -> None:
