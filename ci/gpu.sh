@@ -17,6 +17,8 @@
 # precision timings, --grad-dtype's included (its own lease of about 6 minutes;
 # XPNN_GPU_BUDGET=330 keeps it there).
 # On 2 loaded cores, with XPNN_SCALING_RANKS=1,2 and no GPU, its CPU steps took 143 s.
+# `bash ci/gpu.sh graphs` runs only the CUDA graph tests and the graph timings beside PyTorch
+# eager and compiled (its own lease of about 6 minutes; XPNN_GPU_BUDGET=330).
 # Usage: bash ci/gpu.sh (wheels in .whl/, if any, are installed first: see docs/gpu.md; the
 # prefix is taken from $XPNN_CUDA_MPI_PREFIX or .cuda-mpi/).
 # Every command runs under `timeout` (XPNN_GPU_STEP_LIMIT, 240 s), so a hung collective costs
@@ -76,6 +78,30 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   [ -n "$BIN" ] && export PATH="$(dirname "$BIN"):$PATH"
   [ -n "$LIBMPI" ] && export MPI4PY_LIBMPI="$LIBMPI"  # mpi4py's ABI build loads this MPI
   echo "site $SITE, mpiexec ${BIN:-none}, MPI4PY_LIBMPI ${LIBMPI:-unset}"
+fi
+
+if [ "${1:-all}" = "graphs" ]; then
+  # The training step as a CUDA graph (--cuda-graph): its GPU tests (replayed = eager, MLP and
+  # CNN, 1 and 2 ranks), then xpnn eager and replayed beside PyTorch eager and
+  # torch.compile(mode="reduce-overhead"), MLP and CNN at batch 128 and 512: one run of about
+  # 6 minutes (XPNN_GPU_BUDGET=330 keeps it there). Copy $OUT/graphs_*.jsonl into
+  # bench/recorded/ afterwards; docs/gpu.md's graph table is filled from them.
+  step "CUDA graph GPU tests: the replayed step against eager (MLP, CNN; 1 and 2 ranks)"
+  run "$PY" -m pytest -q -ra tests/gpu/test_gpu_graph.py
+  TP=(--backends cupy --batches 128,512 --graphs --torch-compile --repeats 3)
+  step "throughput, MLP: xpnn eager and graph, PyTorch eager and compiled, batch 128 and 512"
+  run "$PY" -m bench throughput "${TP[@]}" --out "$OUT/graphs_mlp.jsonl"
+  step "throughput, CNN: xpnn eager and graph, PyTorch eager and compiled, batch 128 and 512"
+  run "$PY" -m bench throughput --model cnn "${TP[@]}" --out "$OUT/graphs_cnn.jsonl"
+  end_step
+  echo "total: $(($(date +%s) - t_start)) s" >>"$OUT/gpu_times.txt"
+  cat "$OUT/gpu_times.txt"
+  if [ ${#skipped[@]} -gt 0 ]; then
+    printf 'SKIPPED (budget): %s\n' "${skipped[@]}"
+  fi
+  [ ${#failed[@]} -eq 0 ] || { printf 'FAILED: %s\n' "${failed[@]}"; exit 1; }
+  echo "ci/gpu.sh graphs: done"
+  exit 0
 fi
 
 if [ "${1:-all}" = "scaling-precision" ]; then
@@ -251,7 +277,7 @@ fi
 
 step "GPU tests"
 run "$PY" -m pytest -q -ra tests/gpu tests/backends/test_backends.py tests/nn/test_layers.py \
-  --ignore=tests/gpu/test_gpu_cuda_mpi.py
+  --ignore=tests/gpu/test_gpu_cuda_mpi.py --ignore=tests/gpu/test_gpu_graph.py  # graphs: its mode
 
 if [ -n "$MPIEXEC" ]; then
   step "2-rank --backend cupy training runs"

@@ -7,6 +7,8 @@ to the 1-rank run's.
 """
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,6 +47,22 @@ def one_rank(tmp_path_factory):
     proc = run_xpnn([*ARGS, "--checkpoint-dir", str(tmp / "ck"), "--save", str(saved)])
     assert proc.returncode == 0, proc.stderr
     return _load(tmp / "ck" / "checkpoint-epoch0001.npz"), _load(saved)
+
+
+@pytest.fixture(scope="module")
+def epoch1_dir(tmp_path_factory):
+    """The checkpoint directory of a 1-epoch run of ARGS, which many tests damage or resume: the
+    run is trained once, and each test gets its own copy (``epoch1_copy``)."""
+    ck = tmp_path_factory.mktemp("epoch1") / "ck"
+    proc = run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)])
+    assert proc.returncode == 0, proc.stderr
+    return ck
+
+
+@pytest.fixture
+def epoch1_copy(tmp_path, epoch1_dir):
+    """A copy of ``epoch1_dir`` at ``tmp_path / "ck"``, this test's own to change."""
+    return Path(shutil.copytree(epoch1_dir, tmp_path / "ck"))
 
 
 @pytest.mark.parametrize(
@@ -106,18 +124,16 @@ def test_resuming_a_finished_run_trains_nothing_and_scores_it(tmp_path):
         (["--optimizer", "momentum"], "optimizer state optim.velocity.layer0.W missing"),
     ],
 )
-def test_a_checkpoint_of_another_network_is_a_one_line_error(tmp_path, other, message):
-    ck = tmp_path / "ck"
-    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+def test_a_checkpoint_of_another_network_is_a_one_line_error(epoch1_copy, other, message):
+    ck = epoch1_copy
     args = [*ARGS, *other, "--parallel", "pipeline", "--checkpoint-dir", str(ck), "--resume"]
     proc = run_xpnn(args, ranks=2, timeout=120)
     assert_one_line_user_error(proc, f"checkpoint-epoch0001.npz: {message}")
     assert "resume:" not in proc.stdout  # said only once every rank has accepted the file
 
 
-def test_a_checkpoint_of_the_older_flat_layout_is_a_one_line_error(tmp_path):
-    ck = tmp_path / "ck"
-    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+def test_a_checkpoint_of_the_older_flat_layout_is_a_one_line_error(epoch1_copy):
+    ck = epoch1_copy
     path = ck / "checkpoint-epoch0001.npz"
     named = _load(path)
     old = {k: v for k, v in named.items() if not k.startswith("optim.")}
@@ -172,11 +188,15 @@ def test_saved_files_get_the_permissions_of_any_new_file(tmp_path):
     ],
 )  # fmt: skip
 def test_a_checkpoint_with_more_than_the_network_or_another_seed_is_refused(
-    tmp_path, written, resumed, message
+    request, tmp_path, written, resumed, message
 ):
-    ck = tmp_path / "ck"
-    base = [*TINY_FLOAT64_RUN, "--epochs", "1", "--checkpoint-dir", str(ck)]
-    assert run_xpnn([*base, *(written or ["--hidden", "96,64"])]).returncode == 0
+    if written:
+        ck = tmp_path / "ck"
+        base = [*TINY_FLOAT64_RUN, "--epochs", "1", "--checkpoint-dir", str(ck)]
+        assert run_xpnn([*base, *written]).returncode == 0
+    else:  # written by ARGS (--hidden 96,64)
+        ck = request.getfixturevalue("epoch1_copy")
+        base = [*TINY_FLOAT64_RUN, "--epochs", "1", "--checkpoint-dir", str(ck)]
     proc = run_xpnn([*base, "--hidden", "96,64", *resumed, "--epochs", "2", "--resume"])
     assert_one_line_user_error(proc, f"checkpoint-epoch0001.npz: {message}")
 
@@ -202,22 +222,20 @@ def test_the_latest_checkpoint_is_the_highest_epoch_by_number(tmp_path):
 
 
 @pytest.mark.parametrize("value", [np.array([3, 4]), np.array("abc"), np.array(-5)])
-def test_a_checkpoint_with_a_damaged_epoch_is_a_one_line_error(tmp_path, value):
-    ck = tmp_path / "ck"
-    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+def test_a_checkpoint_with_a_damaged_epoch_is_a_one_line_error(epoch1_copy, value):
+    ck = epoch1_copy
     path = ck / "checkpoint-epoch0001.npz"
     np.savez(path, **{**_load(path), "meta.epoch": value})
     proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
     assert_one_line_user_error(proc, "checkpoint-epoch0001.npz: damaged checkpoint (meta.epoch")
 
 
-def test_a_checkpoint_of_another_data_set_is_refused(tmp_path):
+def test_a_checkpoint_of_another_data_set_is_refused(tmp_path, epoch1_copy):
     """MNIST-shaped files of as many samples as the synthetic set make as many steps: only
     the data set's name in the checkpoint tells the runs apart."""
     from test_idx import small_arrays, write_mnist_dir
 
-    ck = tmp_path / "ck"
-    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+    ck = epoch1_copy
     written = _load(ck / "checkpoint-epoch0001.npz")
     assert str(written["meta.dataset"]) == "synthetic"
     files = write_mnist_dir(tmp_path / "d", small_arrays(n_train=300))
@@ -228,19 +246,17 @@ def test_a_checkpoint_of_another_data_set_is_refused(tmp_path):
     )
 
 
-def test_a_checkpoint_with_a_damaged_data_set_name_is_a_one_line_error(tmp_path):
-    ck = tmp_path / "ck"
-    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+def test_a_checkpoint_with_a_damaged_data_set_name_is_a_one_line_error(epoch1_copy):
+    ck = epoch1_copy
     path = ck / "checkpoint-epoch0001.npz"
     np.savez(path, **{**_load(path), "meta.dataset": np.array([1, 2])})
     proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])
     assert_one_line_user_error(proc, "checkpoint-epoch0001.npz: damaged checkpoint (meta.dataset")
 
 
-def test_a_checkpoint_that_names_no_data_set_still_resumes(tmp_path):
+def test_a_checkpoint_that_names_no_data_set_still_resumes(epoch1_copy):
     """A checkpoint without meta.dataset or meta.settings (older files) still resumes."""
-    ck = tmp_path / "ck"
-    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+    ck = epoch1_copy
     path = ck / "checkpoint-epoch0001.npz"
     newer = ("meta.dataset", "meta.settings")
     np.savez(path, **{k: v for k, v in _load(path).items() if k not in newer})
@@ -270,9 +286,8 @@ def test_a_resume_that_changes_the_rates_to_come_says_so(tmp_path):
     ), line
 
 
-def test_a_checkpoint_with_damaged_settings_is_a_one_line_error(tmp_path):
-    ck = tmp_path / "ck"
-    assert run_xpnn([*ARGS, "--epochs", "1", "--checkpoint-dir", str(ck)]).returncode == 0
+def test_a_checkpoint_with_damaged_settings_is_a_one_line_error(epoch1_copy):
+    ck = epoch1_copy
     path = ck / "checkpoint-epoch0001.npz"
     np.savez(path, **{**_load(path), "meta.settings": np.array("[1, 2]")})
     proc = run_xpnn([*ARGS, "--checkpoint-dir", str(ck), "--resume"])

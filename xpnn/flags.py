@@ -28,6 +28,7 @@ from xpnn.parallel.update import DEFAULT_BUCKET_MB
 from xpnn.parallel.update.wire import GRAD_DTYPES
 from xpnn.run import BATCH, HIDDEN, LR_SCALINGS, MICROBATCHES, SYNTHETIC_SIZE, RunSpec
 from xpnn.timeline import parse_steps
+from xpnn.train.graph import CUDA_GRAPH
 from xpnn.train.precision import PRECISIONS
 from xpnn.train.requeue import SIGNALS
 
@@ -343,6 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=GRAD_DTYPES,
         help="send the data-parallel gradients between ranks in this float, summed in float32 "
         "(float16 with dynamic loss scaling; default: the parameters' dtype)",
+    )
+    a(
+        "--cuda-graph",
+        choices=CUDA_GRAPH,
+        help="backend cupy: record the training step once as a CUDA graph and replay it "
+        "(default off; auto: where it applies; on: an error where it cannot)",
     )
     seed = f"initial weights, shuffles and dropout masks (default {RunSpec.seed})"
     a("--seed", type=_seed, help=seed)

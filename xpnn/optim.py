@@ -146,6 +146,9 @@ class Optimizer:
 
     state_names: tuple[str, ...] = ()
     clip: GradClip | None = None
+    scalar_names: tuple[str, ...] = ("lr",)  # what ``step_scalars`` gives the kernels
+    # the kernels' numbers as device values while set (a replayed step: ``device_scalars_in``)
+    device_scalars: dict[str, Array] | None = None
 
     def __init__(
         self,
@@ -186,23 +189,60 @@ class Optimizer:
 
     def start_step(self) -> float:
         """Advance to the next step and return its learning rate; before any ``update_part``."""
-        self.lr = self.schedule(self.step_count)
-        self.step_count += 1
+        self.advance()
         if self.clip is not None:
             self._scale = self._clip_scale(self.clip)
         return self.lr
 
-    def _clip_scale(self, clip: GradClip) -> float | None:
-        """The factor that brings the gradients' global norm to ``max_norm`` (None: within)."""
+    def advance(self) -> float:
+        """``start_step``'s host bookkeeping alone: the step count and its learning rate."""
+        self.lr = self.schedule(self.step_count)
+        self.step_count += 1
+        return self.lr
+
+    def _squares(self) -> Any:
+        """The sum of the squares of the gradients this rank counts, on the device."""
         local: Any = 0.0
         for index, (p, g, _) in enumerate(self._views):
             if isinstance(g, tuple):
                 g = self.kernels.sum_rows(g, self._summed[: p.shape[0]])
             for s in self._counted[index]:
                 local = local + self.kernels.sum_squares(g[s])
+        return local
+
+    def clip_on_device(self) -> None:
+        """``start_step``'s clipping without a wait (a replayed step, whose ranks hold the
+        whole reduced gradient each): the norm and the factor stay device values, the factor
+        1 within the norm (multiplying by 1 changes nothing), as ``_clip_scale`` computes."""
+        xp = self.kernels.xp
+        self.grad_norm = xp.sqrt(self._squares())  # read only when a record asks for it
+        factor = self.clip.max_norm / (self.grad_norm + 1e-6)
+        within = xp.where(factor >= 1.0, 1.0, factor)  # a nan norm stays nan, as eagerly
+        self._scale = xp.astype(within, self.params.dtype)  # eagerly cast as a Python float
+
+    def _clip_scale(self, clip: GradClip) -> float | None:
+        """The factor that brings the gradients' global norm to ``max_norm`` (None: within)."""
+        local = self._squares()
         self.grad_norm = math.sqrt(clip.total(float(local)))  # the device's one wait
         factor = clip.max_norm / (self.grad_norm + 1e-6)  # PyTorch's guard against 0
         return factor if not factor >= 1.0 else None  # a nan norm makes the step nan
+
+    def step_scalars(self) -> dict[str, float]:
+        """The numbers of this step (after ``start_step``) that the kernels take."""
+        return {"lr": self.lr}
+
+    def device_scalars_in(self, scalars: Any) -> dict[str, Array]:
+        """This step's numbers as device values that ``scalars.refresh`` fills before each
+        step (a ``StepScalars``), for ``device_scalars``: a replayed step takes no numbers."""
+        dtype = self.params.dtype
+        return {
+            name: scalars.add(dtype, lambda _step, name=name: self.step_scalars()[name])
+            for name in self.scalar_names
+        }
+
+    def _scalar(self, name: str, number: Any) -> Any:
+        """``number``, or its device value where ``read_scalars_from`` was called."""
+        return number if self.device_scalars is None else self.device_scalars[name]
 
     def update_part(self, index: int) -> None:
         """Update ``parts[index]`` with the current gradients at this step's learning rate."""
@@ -256,7 +296,7 @@ class SGD(Optimizer):
     """Plain (mini-batch, or with the whole data set as one batch, full) gradient descent."""
 
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
-        self.kernels.sgd_update(p, g, lr)
+        self.kernels.sgd_update(p, g, self._scalar("lr", lr))
 
 
 class Momentum(Optimizer):
@@ -267,11 +307,13 @@ class Momentum(Optimizer):
         super().__init__(*args)
 
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
+        lr = self._scalar("lr", lr)
         self.kernels.momentum_update(p, g, state["velocity"], lr, self.mu)
 
 
 class Adam(Optimizer):
     state_names = ("m", "v")
+    scalar_names = ("lr_c1", "c2")
 
     def __init__(
         self, *args: Any, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8
@@ -287,13 +329,25 @@ class Adam(Optimizer):
         self, p: Array, g: Array, state: dict[str, Array], lr: float, decay: float = 1.0
     ) -> None:
         m, v, t = state["m"], state["v"], self.step_count
-        self.kernels.adam_update(p, g, m, v, lr, self.beta1, self.beta2, self.eps, t, decay)
+        if self.device_scalars is None:
+            self.kernels.adam_update(p, g, m, v, lr, self.beta1, self.beta2, self.eps, t, decay)
+            return
+        # ``decay``: AdamW's, a device value already (or 1.0)
+        lr_c1, c2 = self.device_scalars["lr_c1"], self.device_scalars["c2"]
+        self.kernels.adam_step(p, g, m, v, lr_c1, self.beta1, self.beta2, self.eps, c2, decay)
+
+    def step_scalars(self) -> dict[str, float]:
+        """Adam's bias corrections folded as ``adam_update`` folds them."""
+        t = self.step_count
+        return {"lr_c1": self.lr / (1 - self.beta1**t), "c2": 1 - self.beta2**t}
 
 
 class AdamW(Adam):
     """Adam with decoupled weight decay (Loshchilov & Hutter, as ``torch.optim.AdamW``): each
     step first multiplies the parameters in ``matrices`` (flat [start, end) ranges; default
     all) by ``1 - lr * weight_decay``, fused into Adam's kernel."""
+
+    scalar_names = ("lr_c1", "c2", "decay")
 
     def __init__(
         self, *args: Any, weight_decay: float = 0.01, matrices: Ranges | None = None, **adam: Any
@@ -306,8 +360,11 @@ class AdamW(Adam):
         ranges = [(0, n)] if matrices is None else matrices
         self._decayed = [pieces(part, n, ranges) for part in self.parts]
 
+    def step_scalars(self) -> dict[str, float]:
+        return super().step_scalars() | {"decay": 1.0 - self.lr * self.weight_decay}
+
     def _apply(self, index: int, p: Array, g: Array, state: dict[str, Array]) -> None:
-        decay = 1.0 - self.lr * self.weight_decay
+        decay = self._scalar("decay", 1.0 - self.lr * self.weight_decay)
         for s, decays in self._decayed[index]:
             views = {name: buf[s] for name, buf in state.items()}
             self.update(p[s], g[s], views, self.lr, decay if decays else 1.0)

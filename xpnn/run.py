@@ -88,6 +88,7 @@ class RunSpec:
     trace_steps: str | None = None  # "A:B", steps A to B-1 (default: a few after the first)
     precision: str = "fp32"  # bf16, fp16: fp32 master parameters, low-precision passes
     grad_dtype: str | None = None  # float32, bfloat16, float16: the gradients sent between ranks
+    cuda_graph: str = "off"  # replay the step as a CUDA graph: auto, on, off (not yet run on a GPU)
 
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
@@ -331,6 +332,7 @@ def choices() -> dict[str, Collection[str]]:
     """The choices of the settings a run's code branches on, as their registries list them."""
     from xpnn.optim import OPTIMIZERS, SCHEDULES
     from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
+    from xpnn.train.graph import CUDA_GRAPH
     from xpnn.train.precision import PRECISIONS
 
     return {
@@ -340,6 +342,7 @@ def choices() -> dict[str, Collection[str]]:
         "precision": PRECISIONS,
         "optimizer": tuple(OPTIMIZERS),
         "lr_scaling": LR_SCALINGS,
+        "cuda_graph": CUDA_GRAPH,
     }
 
 

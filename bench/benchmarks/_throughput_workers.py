@@ -34,9 +34,11 @@ def random_batches(n: int, batch: int, seed: int) -> list[tuple[np.ndarray, np.n
 
 
 class XpnnTrainer:
-    """An xpnn model + Adam on one backend; ``epoch(steps, batches)`` is the timed loop."""
+    """An xpnn model + Adam on one backend; ``epoch(steps, batches)`` is the timed loop.
+    ``graph``: the step recorded once and replayed (``--cuda-graph``'s ``Recorder``), each
+    batch first copied into the recording's static input buffers."""
 
-    def __init__(self, backend: Any, model: str, hidden: Sequence[int]) -> None:
+    def __init__(self, backend: Any, model: str, hidden: Sequence[int], graph: bool = False):
         from xpnn.nn import build_model
         from xpnn.optim import Schedule, make_optimizer
 
@@ -46,6 +48,31 @@ class XpnnTrainer:
         m = self.model
         self.opt = make_optimizer("adam", m.params, m.grads, backend.kernels, Schedule(LR))
         self.params, self.step = m.size, 0
+        self.recorder: Any = None
+        self.static: tuple | None = None  # the recording's input buffers
+        if graph:
+            from xpnn.backends import StepScalars
+            from xpnn.train import Recorder
+
+            self.scalars = StepScalars(backend)
+            self.recorder = Recorder(backend.capture, self.opt, self.scalars, [self._recorded])
+
+    def _recorded(self) -> None:
+        """The step the recorder records: on the static inputs, the step's numbers on device."""
+        from xpnn.nn import Context
+
+        x, y, ids = self.static
+        ctx = Context(train=True, step=self.scalars.step, seed=0, sample_ids=ids)
+        self.model.loss_and_grads(x, y, ctx, 1.0 / len(y))
+        self.opt.step()
+
+    def _replay(self, x: Any, y: Any, ids: Any) -> None:
+        if self.static is None:
+            self.static = (x.copy(), y.copy(), ids.copy())
+        self.static[0][...] = x  # device to device, as PyTorch's graphs copy their inputs
+        self.static[1][...] = y
+        for run in self.recorder.begin(self.step):
+            run()
 
     def device_batches(self, host: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple]:
         b, i64 = self.backend, self.backend.xp.int64
@@ -61,9 +88,12 @@ class XpnnTrainer:
         t0 = time.perf_counter()
         for i in range(steps):
             x, y, ids = batches[i % len(batches)]
-            ctx = Context(train=True, step=self.step, seed=0, sample_ids=ids)
-            self.model.loss_and_grads(x, y, ctx, 1.0 / len(y))
-            self.opt.step()
+            if self.recorder is not None:
+                self._replay(x, y, ids)
+            else:
+                ctx = Context(train=True, step=self.step, seed=0, sample_ids=ids)
+                self.model.loss_and_grads(x, y, ctx, 1.0 / len(y))
+                self.opt.step()
             self.step += 1
         self.backend.synchronize()
         return time.perf_counter() - t0
@@ -88,13 +118,18 @@ def torch_model(torch: Any, model: str, hidden: Sequence[int]) -> Any:
 
 
 class TorchTrainer:
-    """The same network + ``torch.optim.Adam`` (PyTorch's defaults) on ``device``."""
+    """The same network + ``torch.optim.Adam`` (PyTorch's defaults) on ``device``;
+    ``compiled``: the network under ``torch.compile(mode="reduce-overhead")`` (forward and
+    backward compiled and replayed as CUDA graphs), the optimizer as it is."""
 
-    def __init__(self, torch: Any, model: str, hidden: Sequence[int], device: str) -> None:
-        self.torch, self.device = torch, device
+    def __init__(
+        self, torch: Any, model: str, hidden: Sequence[int], device: str, compiled: bool = False
+    ) -> None:
+        self.torch, self.device, self.compiled = torch, device, compiled
         self.model = torch_model(torch, model, hidden).to(device).train()
         self.opt = torch.optim.Adam(self.model.parameters(), lr=LR)
         self.params = sum(p.numel() for p in self.model.parameters())
+        self.forward = torch.compile(self.model, mode="reduce-overhead") if compiled else self.model
 
     def sync(self) -> None:
         if self.device != "cpu":
@@ -107,8 +142,10 @@ class TorchTrainer:
         return out
 
     def train_step(self, x: Any, y: Any) -> None:
+        if self.compiled:  # a new step: the graphs' earlier outputs may be overwritten
+            self.torch.compiler.cudagraph_mark_step_begin()
         self.opt.zero_grad(set_to_none=True)
-        self.torch.nn.functional.cross_entropy(self.model(x), y).backward()
+        self.torch.nn.functional.cross_entropy(self.forward(x), y).backward()
         self.opt.step()
 
     def epoch(self, steps: int, batches: list[tuple]) -> float:
@@ -156,6 +193,12 @@ class Service:
             self.info["device"] = self.backend.device
         self.trainer = self._make()
         self.batches: list = []
+        if cfg.get("compile"):  # compiled once now: a toolchain that fails skips this side
+            try:
+                self.trainer.epoch(2, self.trainer.device_batches(random_batches(1, 2, 0)))
+            except Exception as exc:
+                lines = str(exc).strip().splitlines() or [type(exc).__name__]
+                raise Unavailable(f"torch.compile failed: {lines[-1]}") from None
         if name == "numba":  # compile now, then say which threading layer Numba chose
             import numba
 
@@ -167,8 +210,11 @@ class Service:
     def _make(self) -> Any:
         model, hidden = self.cfg["model"], self.cfg["hidden"]
         if self.kind == "torch":
-            return TorchTrainer(self.torch, model, hidden, self.name)
-        return XpnnTrainer(self.backend, model, hidden)
+            compiled = bool(self.cfg.get("compile"))
+            if compiled and getattr(self, "trainer", None) is not None:
+                return self.trainer  # one compilation (tens of seconds) serves every repeat
+            return TorchTrainer(self.torch, model, hidden, self.name, compiled)
+        return XpnnTrainer(self.backend, model, hidden, bool(self.cfg.get("graph")))
 
     def setup(self, batch: int, pool: int, seed: int) -> None:
         """This configuration's data, on the side's device."""
@@ -217,7 +263,8 @@ class Worker:
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
-        self.label = f"{kind}-{name}"
+        variant = "-graph" if cfg.get("graph") else "-compiled" if cfg.get("compile") else ""
+        self.label = f"{kind}-{name}{variant}"
         self.timeout = float(cfg.get("timeout", 1800))  # a hung worker (a CUDA hang) ends the run
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=serve, args=(child, kind, name, cfg), daemon=True)

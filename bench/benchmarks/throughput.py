@@ -13,6 +13,11 @@ follows ``--gap`` idle seconds, so the thread pools of the side that just ran st
 (a spinning pool takes cores the next side needs), and a pair during which other
 processes used more than ``--max-foreign`` cores is timed again once the machine is quiet.
 
+``--graphs`` adds a side per GPU backend whose step is recorded once and replayed as a CUDA
+graph (``--cuda-graph``), and ``--torch-compile`` a PyTorch side under
+``torch.compile(mode="reduce-overhead")`` (one compilation, warmed up, for every repeat);
+each record then has every side's samples/s and the ratios to both PyTorch sides.
+
 ``--ranks-compare`` also times ``mpiexec -n RANKS python -m xpnn ... --threads 1`` on synthetic
 data (the CLI's whole loop: shuffling and batch gathering included, evaluation excluded)
 against one PyTorch process with ``--threads`` threads running the same loop.
@@ -80,6 +85,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--gap", type=nonneg_float, default=0.2, help="idle seconds before each timed epoch")
     add_quiet_flags(a, "pair", retries=5, quiet_timeout=120.0)
     a("--no-torch", action="store_true", help="skip the PyTorch side even if importable")
+    a("--graphs", action="store_true", help="also xpnn's step replayed as a CUDA graph (cupy)")
+    a(
+        "--torch-compile",
+        action="store_true",
+        help='also PyTorch under torch.compile(mode="reduce-overhead") (on CUDA)',
+    )
     a("--ranks-compare", action="store_true", help="also: mpiexec -n RANKS x 1 thread vs torch")
     a("--ranks", type=positive_int, default=2, help="ranks for --ranks-compare")
     a("--ranks-samples", type=positive_int, default=2048, help="synthetic train set size")
@@ -143,20 +154,47 @@ def _samples(xpnn: list[float], torch: list[float] | None) -> dict[str, list[flo
     return {"xpnn_samples_per_s": xpnn, "torch_samples_per_s": torch, "xpnn_over_torch": ratios}
 
 
+# ``--graphs``, ``--torch-compile``: the extra sides, and the ratios their records carry
+EXTRA_SIDES = ("xpnn_graph", "torch_compiled")
+EXTRA_RATIOS = {
+    "graph_over_torch": ("xpnn_graph", "torch"),
+    "graph_over_compiled": ("xpnn_graph", "torch_compiled"),
+    "xpnn_over_compiled": ("xpnn", "torch_compiled"),
+}
+
+
+def _all_samples(rates: dict[str, list[float]]) -> dict[str, list[float]]:
+    """``_samples`` of the xpnn and torch sides, with the extra sides and their ratios."""
+    out = _samples(rates["xpnn"], rates.get("torch"))
+    out |= {f"{side}_samples_per_s": rates[side] for side in EXTRA_SIDES if side in rates}
+    for name, (a, b) in EXTRA_RATIOS.items():
+        if a in rates and b in rates:
+            out[name] = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
+    return out
+
+
 def sweep(
     args: argparse.Namespace,
     machine: dict[str, Any],
     workers: dict[str, Worker],
     torch_workers: dict[str, Worker | None],
     info: dict[str, Any],
+    extra: dict[str, Worker | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every batch and backend: the xpnn worker's epochs in turn with torch's on its device."""
+    """Every batch and backend: the xpnn worker's epochs in turn with torch's on its device
+    (and ``extra``'s sides: ``graph-BACKEND``, ``compiled-DEVICE``)."""
+    extra = extra or {}
     steps, warmup = args.steps or STEPS[args.model], args.warmup or WARMUP[args.model]
-    pids = [w.pid for w in [*workers.values(), *torch_workers.values()] if w]
+    every = [*workers.values(), *torch_workers.values(), *extra.values()]
+    pids = [w.pid for w in every if w]
     out = []
     for batch, (backend, xw) in itertools.product(args.batches, workers.items()):
         device = _native_device(backend, args)
-        pair = [w for w in (xw, torch_workers.get(device)) if w is not None]
+        named = {"xpnn": xw, "xpnn_graph": extra.get(f"graph-{backend}")}
+        named |= {"torch": torch_workers.get(device)}
+        named |= {"torch_compiled": extra.get(f"compiled-{device}")}
+        named = {name: w for name, w in named.items() if w is not None}
+        pair = list(named.values())
         for w in pair:
             w.call("setup", batch, args.pool, args.seed)
         sides = [
@@ -165,13 +203,15 @@ def sweep(
         load = load_avg()
         seconds, foreign, redone = alternate(sides, args.repeats, args, pids)
         rates = [[batch * steps / s for s in side] for side in seconds]
+        by_side = dict(zip(named, rates, strict=True))
         config = {"loop": "steps", "model": args.model, "backend": backend, "batch": batch}
         config |= {"threads": args.threads, "steps": steps, "warmup": warmup}
         config |= {"hidden": args.hidden if args.model == "mlp" else None}
-        config |= {"torch_device": device if len(pair) == 2 else None}
-        extra = {"foreign_cores": foreign, "redone_noisy": redone, "load_avg": [load, load_avg()]}
-        r = record(NAME, config, _samples(rates[0], rates[1] if len(pair) == 2 else None), machine)
-        r["info"] = info | extra | {"workers": {w.label: w.info for w in pair}}
+        config |= {"torch_device": device if "torch" in named else None}
+        config |= {"sides": list(named)} if len(named) > 2 else {}
+        noise = {"foreign_cores": foreign, "redone_noisy": redone, "load_avg": [load, load_avg()]}
+        r = record(NAME, config, _all_samples(by_side), machine)
+        r["info"] = info | noise | {"workers": {w.label: w.info for w in pair}}
         out.append(r)
         print(f"  {args.model} {backend} batch {batch}: " + _line(r), flush=True)
     return out
@@ -188,6 +228,12 @@ def _line(r: dict[str, Any]) -> str:
     x, t, ratio = (median_of(r, m) for m in ("xpnn_samples_per_s", "torch_samples_per_s",
                                               "xpnn_over_torch"))  # fmt: skip
     text = f"xpnn {x:,.0f}" + (f"  torch {t:,.0f}  ratio {ratio:.2f}" if t else "")
+    for side in EXTRA_SIDES:
+        if side in r["metrics"]:
+            text += f"  {side.replace('_', ' ')} {median_of(r, f'{side}_samples_per_s'):,.0f}"
+    for name in EXTRA_RATIOS:
+        if name in r["metrics"]:
+            text += f"  {name.replace('_', ' ')} {median_of(r, name):.2f}"
     most = max((c for c in r["info"]["foreign_cores"] if c is not None), default=None)
     return text + f" samples/s (others used {most} cores at most)"
 
@@ -244,6 +290,7 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
     info: dict[str, Any] = {"skipped": skipped, "torch_skipped": torch_skipped}
     workers: dict[str, Worker] = {}
     torch_workers: dict[str, Worker | None] = {}
+    extra: dict[str, Worker | None] = {}
     try:
         for b in backends:
             workers[b] = Worker("xpnn", b, cfg)
@@ -255,29 +302,69 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
             if why:
                 print(f"torch {device} comparison skipped: {why}", flush=True)
                 info[f"torch_{device}_skipped"] = why
-        records = sweep(args, machine, workers, torch_workers, info)
+        extra = _extra_workers(args, backends, cfg, info, torch_skipped)
+        records = sweep(args, machine, workers, torch_workers, info, extra)
         if args.ranks_compare:
             records.append(ranks_compare(args, machine, torch_workers.get("cpu"), info))
         return records
     finally:
-        for w in [*workers.values(), *torch_workers.values()]:
+        for w in [*workers.values(), *torch_workers.values(), *extra.values()]:
             if w is not None:
                 w.close()
 
 
+def _extra_workers(
+    args: argparse.Namespace,
+    backends: list[str],
+    cfg: dict[str, Any],
+    info: dict[str, Any],
+    torch_skipped: str | None,
+) -> dict[str, Worker | None]:
+    """``--graphs``: a replaying xpnn worker per backend that records (CuPy); ``--torch-compile``:
+    a compiled PyTorch worker per GPU device. A side that cannot run here is said and left out."""
+    from xpnn.backends import get_backend
+
+    out: dict[str, Worker | None] = {}
+    for backend in backends if args.graphs else []:
+        why = get_backend(backend).capture_unavailable() if backend != "cupy" else None
+        if why is None:
+            out[f"graph-{backend}"] = Worker("xpnn", backend, cfg | {"graph": True})
+        else:
+            print(f"graphs skipped for {backend}: {why}", flush=True)
+            info[f"graph_{backend}_skipped"] = why
+    devices = {_native_device(b, args) for b in backends} - {"cpu"}
+    for device in sorted(devices) if args.torch_compile and torch_skipped is None else []:
+        out[f"compiled-{device}"], why = _torch_worker(cfg | {"compile": True}, device)
+        if why:
+            print(f"torch {device} compiled comparison skipped: {why}", flush=True)
+            info[f"torch_{device}_compiled_skipped"] = why
+    return out
+
+
+EXTRA_HEADS = {
+    "xpnn_graph_samples_per_s": "xpnn graph samples/s",
+    "torch_compiled_samples_per_s": "torch compiled samples/s",
+    "graph_over_torch": "graph/torch",
+    "graph_over_compiled": "graph/compiled",
+    "xpnn_over_compiled": "xpnn/compiled",
+}
+
+
 def table(records: list[dict[str, Any]]) -> str:
     rows = []
+    extras = [m for m in EXTRA_HEADS if any(m in r["metrics"] for r in records)]
     for r in records:
         c = r["config"]
         backend = c["backend"] + (" (vs cuda)" if c.get("torch_device") == "cuda" else "")
         if c["loop"] == "cli":
             backend = f"{c['backend']} CLI, {c['ranks']} ranks × 1 thread"
-        metrics = ("xpnn_samples_per_s", "torch_samples_per_s", "xpnn_over_torch")
+        metrics = ("xpnn_samples_per_s", "torch_samples_per_s", "xpnn_over_torch", *extras)
         rows.append(
             [c["model"], backend, c["batch"], c["threads"], *(spread(r, m) for m in metrics)]
         )
     heads = ["model", "backend", "batch", "threads", "xpnn samples/s", "torch samples/s"]
-    text = markdown_table([*heads, "xpnn/torch"], rows)
+    heads += ["xpnn/torch", *(EXTRA_HEADS[m] for m in extras)]
+    text = markdown_table(heads, rows)
     for c in [r["config"] for r in records if r["config"]["loop"] == "cli"][:1]:
         text += f"\n\nCLI row: `mpiexec -n {c['ranks']} python -m xpnn`, synthetic data"
         if c["torch_threads"]:

@@ -3,7 +3,6 @@ a side that cannot run said in one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import resource
 import subprocess
@@ -69,11 +68,12 @@ def test_a_failing_worker_names_its_side_and_ends_with_its_error(tmp_path):
     assert lines[-1] == "RuntimeError: this torch is broken"
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("torch") is not None, reason="PyTorch is installed here"
-)
-def test_torch_alone_without_pytorch_is_one_line():
-    proc = bench("--sides", "torch")
+def test_torch_alone_without_pytorch_is_one_line(tmp_path):
+    """A machine without PyTorch, made here by a ``sitecustomize`` that marks ``torch`` as
+    not importable (``sys.modules`` holding None: ``find_spec`` gives None, imports fail)."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    proc = bench("--sides", "torch", env=env)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == (
         "bench: --sides torch: PyTorch is not installed (pip install torch==2.13.0)"

@@ -188,3 +188,47 @@ def test_sides_alternate_and_each_keeps_its_own_numbers() -> None:
     assert calls[:2] == ["prepare a", "a"]  # each side prepared right before it is timed
     assert numbers == [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
     assert len(foreign) == 3 and redone == 0
+
+
+def test_graphs_and_torch_compile_are_said_and_left_out_where_they_cannot_run(tmp_path: Path):
+    """On the CPU: no recording backend (graphs: cupy), no GPU for a compiled PyTorch."""
+    out = tmp_path / "t.jsonl"
+    args = ["--backends", "numpy", "--batches", "8", "--graphs", "--torch-compile", "--no-torch"]
+    proc = bench([*args, *TINY.split(), "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert "graphs skipped for numpy: backend numpy runs each operation" in proc.stdout
+    (r,) = read_records(out, "throughput")
+    assert set(r["metrics"]) == {"xpnn_samples_per_s"} and "sides" not in r["config"]
+    assert r["info"]["graph_numpy_skipped"].startswith("backend numpy")
+
+
+def test_the_extra_sides_ratios_pair_each_rounds_numbers() -> None:
+    from bench.benchmarks.throughput import _all_samples
+
+    rates = {"xpnn": [4.0, 6.0], "xpnn_graph": [8.0, 9.0], "torch": [2.0, 3.0]}
+    rates["torch_compiled"] = [4.0, 3.0]
+    got = _all_samples(rates)
+    assert got["graph_over_torch"] == [4.0, 3.0] and got["xpnn_over_torch"] == [2.0, 2.0]
+    assert got["graph_over_compiled"] == [2.0, 3.0] and got["xpnn_over_compiled"] == [1.0, 2.0]
+    assert got["torch_compiled_samples_per_s"] == [4.0, 3.0]
+    assert "graph_over_torch" not in _all_samples({"xpnn": [1.0], "torch": [1.0]})
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_the_graph_sides_loop_trains_as_the_eager_one(model: str) -> None:
+    """``--graphs``' worker loop (static inputs, the recorder) on NumPy, its recording a
+    stand-in that runs the step again: the eager loop's parameters, exactly."""
+    import numpy as np
+
+    from bench.benchmarks._throughput_workers import XpnnTrainer, random_batches
+    from xpnn.backends import get_backend
+
+    params = []
+    for graph in (False, True):
+        backend = get_backend("numpy", "float32")
+        if graph:
+            backend.capture = lambda fn: fn
+        trainer = XpnnTrainer(backend, model, (32, 16), graph=graph)
+        trainer.epoch(5, trainer.device_batches(random_batches(3, 8, 0)))
+        params.append(np.array(trainer.model.params))
+    np.testing.assert_array_equal(params[1], params[0])

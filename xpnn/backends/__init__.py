@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from xpnn.backends.base import Backend, NumbaBackend, NumpyBackend
+from xpnn.backends.graphs import StepScalars
 from xpnn.errors import UserError
 
 BACKENDS = ("numpy", "numba", "cupy", "torch", "auto")
@@ -83,3 +84,4 @@ def torch_unavailable_reason() -> str | None:
 
 
 __all__ = ["Backend", "BACKENDS", "get_backend", "availability", "gpu_unavailable_reason"]
+__all__ += ["StepScalars"]

@@ -3,6 +3,7 @@ network code uses ``backend.xp`` and ``backend.kernels`` and never imports numpy
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -36,6 +37,17 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait for queued device work; a no-op on the CPU, needed for honest GPU timings."""
+
+    def capture_unavailable(self) -> str | None:
+        """Why ``capture`` cannot record this backend's work (None: it can)."""
+        return f"backend {self.name} runs each operation as it is called (graphs: backend cupy)"
+
+    def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Record the device work of one call of ``fn`` (which runs no work now) and return a
+        callable that replays it on the current stream: a CUDA graph. ``fn`` must not wait
+        for the device, and what it allocates stays the graph's; ``CaptureFailed`` otherwise.
+        Only backends whose ``capture_unavailable`` is None offer it."""
+        raise NotImplementedError(self.capture_unavailable())
 
     def asarray(self, a: Any, dtype: Any = None) -> Any:
         """Host (NumPy) data -> this backend's array, in ``dtype`` (default: the model dtype)."""

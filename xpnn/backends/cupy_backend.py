@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from xpnn.backends.base import Backend
+from xpnn.backends.graphs import CaptureFailed
 from xpnn.errors import UserError
 
 
@@ -55,3 +58,36 @@ class CupyBackend(Backend):
 
     def to_host(self, a: Any) -> np.ndarray:
         return self.xp.asnumpy(a)
+
+    def capture_unavailable(self) -> str | None:
+        return None  # the device was found usable when this backend was made
+
+    def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
+        cp = self.xp
+        cp.cuda.get_current_stream().synchronize()  # the capture stream sees every write so far
+        stream = cp.cuda.Stream(non_blocking=True)  # capture cannot use the legacy stream
+        # What ``fn`` allocates comes from a pool of the graph's own, kept as long as the
+        # graph: a block it frees must not go to an array that outlives a replay.
+        pool = cp.cuda.MemoryPool()
+        with cp.cuda.using_allocator(pool.malloc), stream:
+            stream.begin_capture()
+            try:
+                fn()
+            except Exception as exc:
+                with contextlib.suppress(Exception):  # out of capture mode, whatever the state
+                    stream.end_capture()
+                why = str(exc).splitlines()[0] if str(exc) else ""
+                raise CaptureFailed(f"{type(exc).__name__}: {why}") from exc
+            graph = stream.end_capture()
+        return _Replay(graph, stream, pool)
+
+
+class _Replay:
+    """A captured graph with what it must outlive (its stream and memory pool): calling it
+    launches the graph on the current stream, after the work queued there."""
+
+    def __init__(self, graph: Any, stream: Any, pool: Any) -> None:
+        self.graph, self.stream, self.pool = graph, stream, pool
+
+    def __call__(self) -> None:
+        self.graph.launch()

@@ -11,10 +11,10 @@ from xpnn.backends import cupy_conv as conv
 from xpnn.backends.common import (
     conv_out_hw,
     conv_out_size,
-    dropout_base_key,
     dropout_threshold,
     mask_rows,
 )
+from xpnn.backends.graphs import host_or_device, step_key
 from xpnn.backends.kernels import Kernels
 from xpnn.backends.numpy_kernels import NumpyKernels
 
@@ -207,12 +207,18 @@ class CupyKernels(Kernels):
 
     def momentum_update(self, p, g, v, lr, mu):
         t = p.dtype.type
-        _momentum_kernel()(g, t(lr), t(mu), t(np.finfo(p.dtype).smallest_normal), p, v)
+        lr = host_or_device(p.dtype, lr)  # a replayed step's rate is a 0-d device array
+        _momentum_kernel()(g, lr, t(mu), t(np.finfo(p.dtype).smallest_normal), p, v)
 
     def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step, decay=1.0):
-        t = p.dtype.type
         c1, c2 = 1 - beta1**step, 1 - beta2**step
-        scalars = (t(lr / c1), t(beta1), t(beta2), t(eps), t(c2), t(decay))
+        self.adam_step(p, g, m, v, lr / c1, beta1, beta2, eps, c2, decay)
+
+    def adam_step(self, p, g, m, v, lr_c1, beta1, beta2, eps, c2, decay=1.0):
+        t = p.dtype.type
+        given = (host_or_device(p.dtype, x) for x in (lr_c1, c2, decay))  # numbers or 0-d
+        lr_c1, c2, decay = given
+        scalars = (lr_c1, t(beta1), t(beta2), t(eps), c2, decay)
         _adam_kernel()(g, *scalars, t(np.finfo(p.dtype).smallest_normal), p, m, v)
 
     def _geometry(self, x_shape, kh, kw, stride, padding, out_hw):  # noqa: ANN001, ANN202
@@ -269,7 +275,7 @@ class CupyKernels(Kernels):
         if mask.size:
             conv.dropout_kernel()(
                 ids,
-                np.uint32(dropout_base_key(seed, step, salt)),
+                host_or_device(np.dtype(np.uint32), step_key(seed, step, salt)),
                 np.uint32(dropout_threshold(p)),
                 dtype.type(1.0 / (1.0 - p)),
                 np.int64(f),

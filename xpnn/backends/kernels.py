@@ -29,12 +29,12 @@ from xpnn.backends.common import (
     check_labels,
     conv_out_hw,
     conv_out_size,
-    dropout_base_key,
     dropout_threshold,
     dtype_is,
     mask_rows,
     window,
 )
+from xpnn.backends.graphs import step_key
 
 Array = Any
 __all__ = ["ACTIVATIONS", "Kernels", "dtype_is"]
@@ -302,6 +302,23 @@ class Kernels:
         """Adam (Kingma & Ba) with bias correction folded into the step size; ``decay``: the
         factor ``1 - lr * weight_decay`` of AdamW (Loshchilov & Hutter), on ``p`` first."""
         c1, c2 = 1 - beta1**step, 1 - beta2**step
+        self.adam_step(p, g, m, v, lr / c1, beta1, beta2, eps, c2, decay)
+
+    def adam_step(
+        self,
+        p: Array,
+        g: Array,
+        m: Array,
+        v: Array,
+        lr_c1: Any,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        c2: Any,
+        decay: Any = 1.0,
+    ) -> None:
+        """``adam_update`` given ``lr / (1 - beta1**step)`` and ``1 - beta2**step``: numbers,
+        or 0-d arrays of ``p``'s dtype that a replayed step reads (``StepScalars``)."""
         for s in self._pieces(p.shape[0]):
             pi, gi, mi, vi = p[s], g[s], m[s], v[s]
             if decay != 1.0:
@@ -312,7 +329,7 @@ class Kernels:
             vi *= beta2
             vi += (1 - beta2) * (gi * gi)
             self.flush_subnormal(vi)
-            pi -= (lr / c1) * (mi / (self.xp.sqrt(vi / c2) + eps))
+            pi -= lr_c1 * (mi / (self.xp.sqrt(vi / c2) + eps))
 
     def _padded(self, x: Array, padding: int) -> Array:
         if not padding:
@@ -459,7 +476,7 @@ class Kernels:
         """(N, ...) mask of 0 and 1/(1-p); sample n's part depends only on its id (see top)."""
         xp = self.xp
         n, f = mask_rows(shape, sample_ids)
-        keys = self._sample_keys(dropout_base_key(seed, step, salt), sample_ids)
+        keys = self._sample_keys(step_key(seed, step, salt), sample_ids)
         elems = self._fmix32(xp.arange(f, dtype=getattr(xp, self.HASH_DTYPE)) + GOLDEN)
         h = self._fmix32(xp.reshape(keys, (n, 1)) ^ xp.reshape(elems, (1, f)))
         keep = xp.astype(h >= dropout_threshold(p), dtype)

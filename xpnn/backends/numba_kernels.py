@@ -163,22 +163,21 @@ _layer_norm_input_grad = _Twin(seq.layer_norm_input_grad)
 _layer_norm_param_grads = nb.njit(**JIT)(seq.layer_norm_param_grads)
 
 
-_pool: ThreadPoolExecutor | None = None
+_pools: dict[int, ThreadPoolExecutor] = {}  # by thread count
 
 
 def _over_threads(part: Callable[[slice], None], n: int, big: bool) -> None:
     """``part(slice)`` over ``range(n)`` cut into one slice per Numba thread, run in a thread
     pool when ``big``: NumPy's ufuncs, its small batched products (which OpenBLAS runs on
     one thread) and the ``nogil`` kernels release the GIL, so the slices run at once."""
-    global _pool
     threads = min(nb.get_num_threads(), n) if big else 1
     if threads <= 1:
         part(slice(0, n))
         return
-    if _pool is None or _pool._max_workers < threads:
-        _pool = ThreadPoolExecutor(threads, thread_name_prefix="xpnn-kernels")
+    if threads not in _pools:
+        _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="xpnn-kernels")
     cuts = [n * i // threads for i in range(threads + 1)]
-    list(_pool.map(part, [slice(a, b) for a, b in zip(cuts, cuts[1:], strict=False)]))
+    list(_pools[threads].map(part, [slice(a, b) for a, b in zip(cuts, cuts[1:], strict=False)]))
 
 
 def _row_constants(rows: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:

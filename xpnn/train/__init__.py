@@ -12,3 +12,6 @@ __all__ += ["RunFacts", "SaveParameters", "warmup_steps"]
 from xpnn.train.trace import Trace  # noqa: E402 -- after the callbacks it extends
 
 __all__ += ["Trace"]
+from xpnn.train.graph import Recorder  # noqa: E402 -- the trainer's replayed step records
+
+__all__ += ["Recorder"]

@@ -24,6 +24,7 @@ from xpnn.parallel.update.wire import make_wire, sends_gradients
 from xpnn.runtime import stall
 from xpnn.runtime.memory import peak_rss_mb
 from xpnn.train import midepoch
+from xpnn.train.graph import GraphStep, graph_step
 from xpnn.train.precision import LossScale, Precision, skip_overflows
 
 
@@ -99,6 +100,7 @@ class TrainConfig:
     parallel: str  # data, tensor, pipeline: every rank sees every sample
     precision: str  # bf16, fp16: forward and backward on a low-precision copy
     grad_dtype: str | None  # the gradients sent between ranks in it (None: as they are)
+    cuda_graph: str  # replay the step as a CUDA graph: auto (where it applies), on, off
     checkpoint_dir: str | None  # what the checkpoint callbacks and a mid-epoch resume read
     resume: bool
     keep_checkpoints: int
@@ -230,6 +232,7 @@ class Trainer:
             self.precision.attach(model, self.optimizer)
         if self.loss_scale is not None and cfg.precision != "fp16":  # float16 exchange only
             skip_overflows(self.optimizer, model, self.xp, self.loss_scale, self._norm_total)
+        self.graph: GraphStep | None = graph_step(self)  # the step replayed as a CUDA graph
         self.n_params = whole_size(model)
         self.callbacks: list[Callback] = list(callbacks)
         # the step events go only to the callbacks that act on them
@@ -267,6 +270,8 @@ class Trainer:
         xp, model = self.xp, self.model
         stall.injected_pause(self.comm.rank, step)
         stall.at_step(step)
+        if self.graph is not None and (replayed := self.graph.run(batch, step)) is not None:
+            return replayed
         self.update.begin_step(len(batch))
         micro = np.array_split(batch, self.cfg.accumulate)
         loss = correct = xp.zeros((), dtype=xp.float64)
@@ -416,7 +421,7 @@ class Trainer:
                 **common,
             }
             if cfg.clip_norm is not None:  # the epoch's last step's, before clipping
-                record["grad_norm"] = self.optimizer.grad_norm
+                record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
             record |= self._skips()  # fp16: steps whose gradients overflowed, so far
             for callback in self.callbacks:  # checkpoints skip an epoch that diverged
                 callback.on_epoch_end(self, record)
@@ -447,6 +452,8 @@ class Trainer:
             **common,
         }
         done |= self._skips()
+        if self.graph is not None:  # steps replayed from a CUDA graph (the rest ran eagerly)
+            done["graph_steps"] = self.graph.replayed
         self.final_params = whole  # what ``SaveParameters`` writes
         for callback in self.callbacks:
             callback.on_train_end(self, done)
@@ -523,7 +530,7 @@ class Trainer:
             **self.common,
         }
         if self.cfg.clip_norm is not None:
-            record["grad_norm"] = self.optimizer.grad_norm
+            record["grad_norm"] = float(self.optimizer.grad_norm)
         record |= self._skips()
         for callback in self.callbacks:
             callback.on_eval(self, record)

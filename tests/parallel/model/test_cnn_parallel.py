@@ -4,21 +4,14 @@ import json
 
 import numpy as np
 import pytest
-from conftest import CNN_DROPOUT_RUN, run_xpnn
+from conftest import CNN_DROPOUT_RUN, run_xpnn, train_and_load
 
 
 def test_cnn_one_rank_equals_two_ranks_with_dropout(tmp_path):
     saved = {}
     for ranks in (1, 2):
-        path = tmp_path / f"cnn{ranks}.npz"
-        metrics = tmp_path / f"cnn{ranks}.jsonl"
-        args = [*CNN_DROPOUT_RUN, "--save", str(path), "--metrics", str(metrics)]
-        proc = run_xpnn(args, ranks=ranks)
-        assert proc.returncode == 0, proc.stderr
-        done = json.loads(metrics.read_text().splitlines()[-1])
-        assert done["params"] == 690590 and done["ranks_agree"]
-        with np.load(path) as data:
-            saved[ranks] = {k: data[k] for k in data.files}
+        saved[ranks], records, _ = train_and_load(tmp_path, ranks, CNN_DROPOUT_RUN)
+        assert records[-1]["params"] == 690590 and records[-1]["ranks_agree"]
     assert len(saved[1]) == 12  # 3 convolutions + 3 dense layers, W and b each
     for name, value in saved[1].items():
         np.testing.assert_allclose(saved[2][name], value, rtol=1e-10, atol=1e-12, err_msg=name)

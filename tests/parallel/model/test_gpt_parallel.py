@@ -1,6 +1,8 @@
 """The GPT under data, tensor (heads split) and pipeline (blocks staged) parallelism: each
 equals one rank in float64, under real mpiexec, and tensor splits cut whole heads."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import assert_one_line_user_error, run_xpnn, train_and_load
@@ -20,8 +22,14 @@ def write_text(path) -> str:
     return str(path)
 
 
-def gpt_args(tmp_path) -> list[str]:
-    corpus = write_text(tmp_path / "corpus.txt")
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    """One corpus file for the module: the 1-rank runs of the same arguments are then trained
+    once (conftest.train_and_load) for every layout compared against them."""
+    return write_text(tmp_path_factory.mktemp("gpt") / "corpus.txt")
+
+
+def gpt_args(corpus: str) -> list[str]:
     return [
         "--model", "gpt", "--dataset", "text", "--data-dir", corpus, "--layers", "2",
         "--heads", "2", "--embed", "8", "--block", "6", "--batch-size", "4000", "--epochs", "1",
@@ -66,8 +74,8 @@ def test_tensor_split_keeps_whole_heads_of_the_one_rank_weights():
     ],
     ids=["data", "tensor", "pipeline", "pipeline-1f1b", "tensor-x-data", "pipeline-x-tensor", "3d"],
 )
-def test_parallel_gpt_computes_the_one_rank_run(tmp_path, ranks, mode):
-    args = gpt_args(tmp_path)
+def test_parallel_gpt_computes_the_one_rank_run(tmp_path, corpus, ranks, mode):
+    args = gpt_args(corpus)
     one, rec1, _ = train_and_load(tmp_path, 1, args)
     got, rec, _ = train_and_load(tmp_path, ranks, [*args, *mode])
     assert list(got) == list(one)
@@ -80,28 +88,28 @@ def test_parallel_gpt_computes_the_one_rank_run(tmp_path, ranks, mode):
         np.testing.assert_allclose(got[name], one[name], **close)
     assert rec[-1]["ranks_agree"]
     assert rec[0]["test_loss"] == pytest.approx(rec1[0]["test_loss"], rel=1e-9)
-    vocab = len(set((tmp_path / "corpus.txt").read_text()))
+    vocab = len(set(Path(corpus).read_text()))
     assert rec1[0]["test_loss"] < np.log(vocab)  # it learned: better than a uniform guess
 
 
-def test_a_gpt_needs_text_and_heads_dividing_the_embedding(tmp_path):
+def test_a_gpt_needs_text_and_heads_dividing_the_embedding(corpus):
     proc = run_xpnn(["--model", "gpt", "--dataset", "synthetic", "--epochs", "1"])
     assert_one_line_user_error(proc, "--model gpt: needs a text data set")
-    proc = run_xpnn([*gpt_args(tmp_path), "--heads", "3"])
+    proc = run_xpnn([*gpt_args(corpus), "--heads", "3"])
     assert_one_line_user_error(proc, "--heads 3: does not divide --embed 8")
-    proc = run_xpnn([*gpt_args(tmp_path), "--parallel", "tensor"], ranks=3)
+    proc = run_xpnn([*gpt_args(corpus), "--parallel", "tensor"], ranks=3)
     assert_one_line_user_error(proc, "splits into 2 parts, fewer than the 3 ranks")
     three = ["--parallel", "pipeline", "--tensor-ranks", "2"]
-    proc = run_xpnn([*gpt_args(tmp_path), *three], ranks=3)
+    proc = run_xpnn([*gpt_args(corpus), *three], ranks=3)
     assert_one_line_user_error(proc, "--tensor-ranks 2: does not divide a replica's 3 ranks")
     proc = run_xpnn(["--dataset", "synthetic", "--epochs", "1", *three], ranks=2)
     assert_one_line_user_error(proc, "--model mlp declares no splits inside its layers")
 
 
-def test_a_gpt_checkpoint_resumes_exactly(tmp_path):
+def test_a_gpt_checkpoint_resumes_exactly(tmp_path, corpus):
     """Nested names carry the parameters and AdamW's state: 1 epoch + resume = 2 epochs (a
     constant rate: a cosine's length is the run's)."""
-    constant = [*gpt_args(tmp_path), "--schedule", "constant"]
+    constant = [*gpt_args(corpus), "--schedule", "constant"]
     args = [*constant, "--epochs", "2"]
     straight, _, _ = train_and_load(tmp_path, 1, args)
     ck = str(tmp_path / "ck")
@@ -129,10 +137,10 @@ GPT_RECIPE = [
     ],
     ids=["tensor", "pipeline", "pipeline-x-tensor"],
 )
-def test_the_clipped_adamw_gpt_on_split_ranks_is_the_one_rank_run(tmp_path, ranks, mode):
+def test_the_clipped_adamw_gpt_on_split_ranks_is_the_one_rank_run(tmp_path, corpus, ranks, mode):
     """The global norm counts each split parameter's slices once and each replicated one
     (LayerNorms, embeddings) once, over every stage and part: the clipped steps agree."""
-    args = [*gpt_args(tmp_path), *GPT_RECIPE]
+    args = [*gpt_args(corpus), *GPT_RECIPE]
     one, rec1, _ = train_and_load(tmp_path, 1, args)
     got, rec, _ = train_and_load(tmp_path, ranks, [*args, *mode])
     for name in one:

@@ -1,0 +1,90 @@
+"""What a replayed (captured) training step needs of a backend: the values that change from
+step to step kept in device memory (``StepScalars``), so that a CUDA graph reads them there
+instead of holding the numbers it was captured with, and the step number in that form for the
+kernels that hash it (``DeviceStep``: dropout's masks). ``Backend.capture`` records the work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from xpnn.backends.common import dropout_base_key
+
+Array = Any
+Replay = Callable[[], None]  # what ``Backend.capture`` returns: run the recorded work again
+
+
+class CaptureFailed(RuntimeError):
+    """The work could not be recorded (it waited for the device, say); nothing of it ran."""
+
+
+class StepScalars:
+    """Small device buffers, one per dtype, whose values ``refresh`` computes on the host and
+    copies in before each step; ``add`` hands out 0-d views of them that the kernels take as
+    they take numbers (the same kernels, given arrays). A value added during a step (an eager
+    one: not while recording) is copied in at once."""
+
+    CAPACITY = 64  # values of one dtype: an optimizer takes 3, each Dropout layer 1
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._buffers: dict[str, tuple[Array, np.ndarray]] = {}  # dtype -> (device, host)
+        self._values: list[tuple[str, int, Callable[[int], float]]] = []
+        self._step: int | None = None  # the last ``refresh``'s
+        self.step = DeviceStep(self)
+
+    def add(self, dtype: Any, compute: Callable[[int], float]) -> Array:
+        """A 0-d device array holding ``compute(step)`` from each ``refresh(step)`` on."""
+        name = np.dtype(dtype).name
+        if name not in self._buffers:
+            device = self.backend.xp.zeros((self.CAPACITY,), dtype=dtype)
+            self._buffers[name] = (device, np.zeros(self.CAPACITY, dtype=name))
+        index = sum(1 for kind, _, _ in self._values if kind == name)
+        if index >= self.CAPACITY:
+            raise ValueError(f"StepScalars: more than {self.CAPACITY} {name} values")
+        self._values.append((name, index, compute))
+        device = self._buffers[name][0]
+        if self._step is not None:  # asked for during a step: this step's value too
+            self.refresh(self._step)
+        return device[index : index + 1].reshape(())  # a view: NumPy's [index] is a copy
+
+    def refresh(self, step: int) -> None:
+        """Compute every value for ``step`` and copy each dtype's buffer to the device."""
+        self._step = step
+        for name, index, compute in self._values:
+            self._buffers[name][1][index] = compute(step)
+        for device, host in self._buffers.values():
+            device[...] = self.backend.asarray(host, dtype=device.dtype)
+
+
+class DeviceStep:
+    """``Context.step`` of a replayed step: the kernels take dropout's key for it from device
+    memory (``dropout_key``) instead of hashing a host number into the launch."""
+
+    def __init__(self, scalars: StepScalars) -> None:
+        self.scalars = scalars
+        self._keys: dict[tuple[int, int], Array] = {}
+
+    def dropout_key(self, seed: int, salt: int) -> Array:
+        """A 0-d uint32 device array: ``dropout_base_key(seed, step, salt)`` of each step."""
+        if (seed, salt) not in self._keys:
+            key = self.scalars.add(np.uint32, lambda step: dropout_base_key(seed, step, salt))
+            self._keys[seed, salt] = key
+        return self._keys[seed, salt]
+
+
+def step_key(seed: int, step: Any, salt: int) -> Any:
+    """Dropout's base key of ``step``: a number, or a device value for a ``DeviceStep``."""
+    if isinstance(step, DeviceStep):
+        return step.dropout_key(seed, salt)
+    return dropout_base_key(seed, step, salt)
+
+
+def host_or_device(dtype: Any, value: Any) -> Any:
+    """A kernel's scalar argument in ``dtype``: a number converted, a device value as it is
+    (converting one would wait for the device)."""
+    if isinstance(value, int | float | np.generic):  # NumPy's scalars too: np.float64 rates
+        return dtype.type(value)
+    return value

@@ -1,0 +1,237 @@
+"""The training step replayed as a captured graph (``cuda_graph``; CUDA graphs on CuPy): the
+backend records one step's device work, the later steps of the same batch shape replay it.
+
+What stays on the host, outside the recording: the step's inputs, copied into static device
+buffers (the samples' indices), the step's numbers (the learning rate, Adam's bias
+corrections, dropout's keys), copied into ``StepScalars`` that the recorded kernels read, the
+optimizer's bookkeeping (``advance``), and, with several replicas, the gradient exchange:
+forward and backward are one recording, the update another, the exchange runs between them.
+Clipping by the global norm is recorded, on the device (``Optimizer.clip_on_device``). The
+loss and the count of correct predictions stay on the device, as in an eager step. The
+first step runs the same functions eagerly, the second records them. A step of another shape
+(a partial last batch), a traced one, or one after a recording failed runs eagerly; a line
+says so once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from xpnn.backends.graphs import CaptureFailed, StepScalars
+from xpnn.data import shard
+from xpnn.errors import UserError
+from xpnn.nn.layer import Context
+from xpnn.phases import listening, tracer
+
+CUDA_GRAPH = ("auto", "on", "off")
+Capture = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+def graph_unavailable(trainer: Any) -> str | None:
+    """Why this trainer's step cannot be replayed as a graph (None: it can)."""
+    cfg = trainer.cfg
+    reason = trainer.backend.capture_unavailable()
+    if reason is not None:
+        return reason
+    if cfg.parallel != "data":
+        return f"`parallel` {cfg.parallel} exchanges activations inside the step"
+    if cfg.accumulate > 1:
+        return "`accumulate` above 1 sums micro-steps of different sizes"
+    if cfg.precision != "fp32":
+        return f"`precision` {cfg.precision}: graphs record fp32 steps only"
+    if trainer.loss_scale is not None:  # float16 sent between ranks
+        why = "its loss scale decides on the host whether a step is applied"
+        return f"`grad_dtype` {cfg.grad_dtype}: {why}"
+    if trainer.update.name not in ("local", "allreduce"):
+        return f"the `{trainer.update.name}` update shares host memory between ranks"
+    return None
+
+
+def graph_step(trainer: Any) -> GraphStep | None:
+    """The trainer's replayed step for ``cfg.cuda_graph``: ``auto`` where it applies, ``on``
+    (a UserError where it does not), ``off``: None."""
+    mode = trainer.cfg.cuda_graph
+    if mode == "off":
+        return None
+    reason = graph_unavailable(trainer)
+    if reason is None:
+        return GraphStep(trainer, trainer.backend.capture)
+    if mode == "on":
+        raise UserError(f"`cuda_graph` on: {reason}")
+    return None
+
+
+class Recorder:
+    """The functions that make up a step (``fns``; the host's work runs between them): the
+    first step runs them eagerly, as they will be recorded (which builds their kernels and
+    pools their memory outside the recording), the second records them, later ones replay
+    them. While they run, the kernels read the step's numbers from ``scalars``."""
+
+    def __init__(
+        self, capture: Capture, optimizer: Any, scalars: StepScalars, fns: list[Callable[[], None]]
+    ) -> None:
+        self.capture, self.optimizer, self.scalars = capture, optimizer, scalars
+        self.device_scalars = optimizer.device_scalars_in(scalars)
+        self.fns = [self._replayable(fn) for fn in fns]
+        self.replays: list[Callable[[], None]] | None = None
+        self.rehearsed = False
+
+    def begin(self, step: int) -> list[Callable[[], None]]:
+        """The host's side of ``step`` (the optimizer's bookkeeping, the numbers copied to
+        the device) and the functions to call in turn: eager, or replays. Records them at
+        the second step; ``CaptureFailed`` before anything of the step has run."""
+        if self.rehearsed and self.replays is None:
+            self.replays = [self.capture(fn) for fn in self.fns]
+        self.optimizer.advance()  # clipping, if any, is the recorded functions' (on device)
+        self.scalars.refresh(step)
+        runs = self.replays or self.fns
+        if self.replays is not None and self.optimizer.clip is not None:
+            self.optimizer.grad_norm = self.norm  # the recorded norm, as the replay writes it
+        self.rehearsed = True
+        return runs
+
+    def _replayable(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """``fn`` with the kernels reading the step's numbers from the device, and the
+        optimizer's ``start_step`` (its bookkeeping done in ``begin``) clipping on the device."""
+
+        def started() -> float:
+            opt = self.optimizer
+            if opt.clip is not None:
+                opt.clip_on_device()
+                self.norm = opt.grad_norm
+            return opt.lr
+
+        def replayable() -> None:
+            opt = self.optimizer
+            own = "start_step" in vars(opt)  # a wrapper set on the instance (mixed precision)
+            start = opt.start_step
+            opt.device_scalars, opt.start_step = self.device_scalars, started
+            try:
+                fn()
+            finally:
+                opt.device_scalars = None
+                if own:
+                    opt.start_step = start
+                else:
+                    del opt.start_step
+
+        return replayable
+
+
+class GraphStep:
+    """``run`` is ``Trainer.step`` from a recording, or None where the step runs eagerly.
+    ``capture``: records a function's device work once and returns its replay
+    (``Backend.capture``); the first full batch's shape is the one recorded."""
+
+    def __init__(self, trainer: Any, capture: Capture) -> None:
+        self.trainer, self.capture = trainer, capture
+        self.scalars = StepScalars(trainer.backend)
+        self.exchange = trainer.data_comm.size > 1  # the exchange between replicas, outside
+        self.shape: tuple[int, int] | None = None  # (global batch, this rank's rows) recorded
+        self.recorder: Recorder | None = None
+        self.failed = False  # a recording failed: every step runs eagerly
+        self.replayed = 0  # steps run from the recording
+        self._said: set[str] = set()
+
+    def run(self, batch: np.ndarray, step: int) -> tuple[Any, Any] | None:
+        """One optimizer step on the global ``batch`` from the recording; None: run it eagerly."""
+        t = self.trainer
+        local = shard(batch, t.data_comm.rank, t.data_comm.size)
+        shape = (len(batch), len(local))
+        if self._eager(shape):
+            return None
+        if self.recorder is None:
+            self.shape = shape
+            self._buffers(len(local))
+            self.recorder = Recorder(self.capture, t.optimizer, self.scalars, self._fns(shape))
+        t.update.begin_step(len(batch))
+        self._stage(local, step)
+        try:
+            runs = self.recorder.begin(step)
+        except CaptureFailed as exc:  # nothing of this step ran: it runs eagerly
+            self.failed = True
+            self._say("failed", f"cuda graph: recording the step failed ({exc}); eager")
+            return None
+        runs[0]()
+        if self.exchange:
+            t.update.buckets.wait(len(t.update.buckets.bounds))  # every bucket, in order
+            t.update.buckets.finish()
+            runs[1]()
+        self.replayed += runs is self.recorder.replays
+        return self.loss, self.correct
+
+    def _eager(self, shape: tuple[int, int]) -> bool:
+        """Whether this step runs eagerly, said once for each reason."""
+        if self.failed:
+            return True
+        if tracer() is not None or listening() is not None:  # their marks time host calls
+            self._say("traced", "cuda graph: traced or phase-timed steps run eagerly")
+            return True
+        if shape[1] == 0:
+            self._say("empty", "cuda graph: a rank without samples runs its steps eagerly")
+            return True
+        if self.shape is not None and shape != self.shape:
+            self._say(
+                "shape",
+                f"cuda graph: a batch of {shape[0]} samples, not the {self.shape[0]} recorded: "
+                "such steps run eagerly",
+            )
+            return True
+        return False
+
+    def _say(self, kind: str, line: str) -> None:
+        if kind not in self._said and self.trainer.is_root:
+            self.trainer.log(line)
+        self._said.add(kind)
+
+    def _buffers(self, rows: int) -> None:
+        """The static inputs and outputs the recording reads and writes."""
+        t, xp = self.trainer, self.trainer.xp
+        self.idx = xp.zeros((rows,), dtype=xp.int64)
+        self.rows = xp.zeros((rows,), dtype=xp.int64) if t.data.train_repeats > 1 else self.idx
+        if t.stream is not None:
+            self.at = xp.zeros((rows, t.data.windows.block), dtype=xp.int64)
+        self.loss = xp.zeros((), dtype=xp.float64)
+        self.correct = xp.zeros((), dtype=xp.float64)
+
+    def _stage(self, local: np.ndarray, step: int) -> None:
+        """This step's samples into the static input buffers (host to device copies)."""
+        t, xp = self.trainer, self.trainer.xp
+        self.idx[...] = t.backend.asarray(local, dtype=xp.int64)
+        stored = t.data.stored_rows(local)
+        if self.rows is not self.idx:
+            self.rows[...] = t.backend.asarray(stored, dtype=xp.int64)
+        if t.stream is not None:
+            spans = t.data.windows.spans(t.cfg.seed, step, stored)
+            self.at[...] = t.backend.asarray(spans, dtype=xp.int64)
+
+    def _fns(self, shape: tuple[int, int]) -> list[Callable[[], None]]:
+        """Forward, loss, backward (and, with one replica, the update) as one function; with
+        several, the update as a second one (the exchange runs between the two)."""
+        t, xp = self.trainer, self.trainer.xp
+        scale = 1.0 / shape[0]
+        ready = None if self.exchange else t.update.grads_ready
+
+        def forward_backward() -> None:
+            if t.stream is not None:
+                xb = xp.take(t.stream, self.at) if t.model.reads_input else None
+                yb = xp.take(t.stream, self.at + 1)
+            else:
+                xb = xp.take(t.x_train, self.rows, axis=0) if t.model.reads_input else None
+                yb = xp.take(t.y_train, self.rows, axis=0)
+            step, seed = self.scalars.step, t.cfg.seed
+            ctx = Context(train=True, step=step, seed=seed, sample_ids=self.idx)
+            loss, correct = t.model.loss_and_grads(xb, yb, ctx, scale, ready)
+            self.loss[...] = loss
+            self.correct[...] = correct
+            if not self.exchange:
+                t.update.finish()  # what backward left of the update
+
+        def update() -> None:
+            t.optimizer.start_step()  # after the exchange: clipping reads the whole gradient
+            for index in range(len(t.optimizer.parts)):
+                t.optimizer.update_part(index)
+
+        return [forward_backward, update] if self.exchange else [forward_backward]
