@@ -105,3 +105,18 @@ def test_the_training_loop_imports_nothing_that_extends_it():
     for module, names, _ in xpnn_imports(ROOT / "xpnn" / "train" / "trainer.py"):
         imported |= {f"xpnn.{name}" for name in names} if module == "xpnn" else {module}
     assert not imported & extends, sorted(imported & extends)
+
+
+def test_what_the_trainer_imports_never_imports_the_trainer_back():
+    """No import loop through the trainer, not even one made of annotations
+    (``if TYPE_CHECKING:``): a module the loop uses takes the trainer as an argument."""
+    imported = set()
+    for module, names, _ in xpnn_imports(ROOT / "xpnn" / "train" / "trainer.py"):
+        imported |= {f"{module}.{name}" for name in names} | {module}
+    loops = []
+    for module in sorted(imported):
+        path = ROOT / (module.replace(".", "/") + ".py")
+        if path.is_file():
+            back = [m for m, _, _ in xpnn_imports(path) if m == "xpnn.train.trainer"]
+            loops += [module] if back else []
+    assert not loops, loops

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +19,9 @@ from xpnn.errors import path_problems
 from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
 from xpnn.runtime import stall
 
-if TYPE_CHECKING:
-    from xpnn.train.trainer import Trainer
+# The trainer imports this module: its functions take the trainer as an argument, typed by
+# this name rather than an import of ``xpnn.train.trainer.Trainer`` (which would be a loop).
+Trainer = Any
 
 
 def write_checkpoint(
