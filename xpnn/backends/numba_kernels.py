@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 import os
 import types
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -163,23 +161,6 @@ _layer_norm_input_grad = _Twin(seq.layer_norm_input_grad)
 _layer_norm_param_grads = nb.njit(**JIT)(seq.layer_norm_param_grads)
 
 
-_pools: dict[int, ThreadPoolExecutor] = {}  # by thread count
-
-
-def _over_threads(part: Callable[[slice], None], n: int, big: bool) -> None:
-    """``part(slice)`` over ``range(n)`` cut into one slice per Numba thread, run in a thread
-    pool when ``big``: NumPy's ufuncs, its small batched products (which OpenBLAS runs on
-    one thread) and the ``nogil`` kernels release the GIL, so the slices run at once."""
-    threads = min(nb.get_num_threads(), n) if big else 1
-    if threads <= 1:
-        part(slice(0, n))
-        return
-    if threads not in _pools:
-        _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="xpnn-kernels")
-    cuts = [n * i // threads for i in range(threads + 1)]
-    list(_pools[threads].map(part, [slice(a, b) for a, b in zip(cuts, cuts[1:], strict=False)]))
-
-
 def _row_constants(rows: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
     """The layer-norm kernels' (D,) ones and (1/D, eps), in the rows' dtype."""
     d = rows.shape[1]
@@ -318,51 +299,37 @@ class NumbaKernels(NumpyKernels):
         return dx.reshape(dy.shape), dgamma, dbeta
 
     def gelu(self, x):
+        # two compiled passes around NumPy's SIMD tanh (30x a compiled math.tanh) where NumPy
+        # alone makes seven: 1.1 against 1.7 ms over 2048x512 float32
         flat = np.ascontiguousarray(x).reshape(-1)
         y, t = np.empty_like(flat), np.empty_like(flat)
         kind = flat.dtype.type
-        c, a, half, one = kind(GELU_C), kind(GELU_A), kind(0.5), kind(1.0)
-
-        def part(span: slice) -> None:
-            # two compiled passes around NumPy's SIMD tanh (30x a compiled math.tanh) where
-            # NumPy alone makes seven: 1.1 against 1.7 ms over 2048x512 float32
-            xs, ts = flat[span], t[span]
-            _gelu_inner(xs, ts, c, a)
-            np.tanh(ts, out=ts)
-            _gelu_outer(xs, ts, y[span], half, one)
-
-        _over_threads(part, flat.size, flat.size >= PARALLEL_MIN_ELEMENTS)
+        _gelu_inner(flat, t, kind(GELU_C), kind(GELU_A))
+        np.tanh(t, out=t)
+        _gelu_outer(flat, t, y, kind(0.5), kind(1.0))
         return y.reshape(x.shape), t.reshape(x.shape)
 
     def causal_attention(self, q, k, v, scale, out=None):
-        b, heads, t, _ = q.shape
-        p = np.empty((b, heads, t, t), dtype=q.dtype)
+        t = q.shape[2]
+        scores = np.matmul(q, k.transpose(0, 1, 3, 2))
+        scores *= scale
+        p = _causal_softmax_into(scores.reshape(-1, t, t), scores.reshape(-1, t, t))
+        p = p.reshape(scores.shape)
         if out is None:
-            out = np.empty((b, heads, t, v.shape[-1]), dtype=q.dtype)
-
-        def part(s: slice) -> None:
-            scores = np.matmul(q[s], k[s].transpose(0, 1, 3, 2))
-            scores *= scale
-            _causal_softmax_into(scores.reshape(-1, t, t), p[s].reshape(-1, t, t))
-            np.matmul(p[s], v[s], out=out[s])
-
-        _over_threads(part, b, p.size >= PARALLEL_MIN_ELEMENTS)
+            return np.matmul(p, v), p
+        np.matmul(p, v, out=out)
         return out, p
 
     def causal_attention_backward(self, dout, q, k, v, p, scale, out=None):
         t = p.shape[-1]
         dq, dk, dv = out or (np.empty_like(q), np.empty_like(k), np.empty_like(v))
-
-        def part(s: slice) -> None:
-            np.matmul(p[s].transpose(0, 1, 3, 2), dout[s], out=dv[s])
-            ds = np.matmul(dout[s], v[s].transpose(0, 1, 3, 2))
-            rows = ds.reshape(-1, t, t)
-            _causal_softmax_backward(rows, p[s].reshape(-1, t, t), rows)  # row by row: safe
-            ds *= scale
-            np.matmul(ds, k[s], out=dq[s])
-            np.matmul(ds.transpose(0, 1, 3, 2), q[s], out=dk[s])
-
-        _over_threads(part, p.shape[0], p.size >= PARALLEL_MIN_ELEMENTS)
+        np.matmul(p.transpose(0, 1, 3, 2), dout, out=dv)
+        ds = np.matmul(dout, v.transpose(0, 1, 3, 2))
+        rows = ds.reshape(-1, t, t)
+        _causal_softmax_backward(rows, p.reshape(-1, t, t), rows)  # row by row: in place
+        ds *= scale
+        np.matmul(ds, k, out=dq)
+        np.matmul(ds.transpose(0, 1, 3, 2), q, out=dk)
         return dq, dk, dv
 
     def causal_softmax(self, scores):
