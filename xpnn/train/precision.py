@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.parallel.comm.narrow import native_dtype
 from xpnn.parallel.update.wire import GRAD_DTYPES
 
 Array = Any
@@ -24,16 +25,9 @@ def low_dtype(xp: Any, precision: str) -> Any:
     """The array library's dtype for ``precision``: its own, else ``ml_dtypes``' (NumPy has
     float16 but no bfloat16) where its arrays accept that one."""
     name = DTYPE_NAMES[precision]
-    dtype = getattr(xp, name, None)
-    if dtype is not None:
-        return dtype
-    import ml_dtypes
-
-    dtype = getattr(ml_dtypes, name)
-    try:
-        xp.zeros((1,), dtype=dtype)
-    except (TypeError, ValueError, NotImplementedError):
-        raise UserError(f"`precision` {precision}: {xp.__name__} arrays have no {name}") from None
+    dtype = native_dtype(xp, name)
+    if dtype is None:
+        raise UserError(f"`precision` {precision}: {xp.__name__} arrays have no {name}")
     return dtype
 
 
