@@ -359,6 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="BLAS/Numba threads per rank (default: the cores it may run on, shared with the "
         "node's ranks that may run on them too)",
     )
+    a(
+        "--batch-threads",
+        type=_positive_int(most=4096),
+        help="split each rank's batch over K of its threads, each running its own twin of the "
+        "model with one BLAS thread, their gradients summed: data parallelism inside the "
+        f"process, for a model too small to keep BLAS threads busy (default "
+        f"{RunSpec.batch_threads}: the threads share each product)",
+    )
     a("--metrics", type=_path, help="JSON-lines metrics file (rank 0 writes it)")
     a("--save", type=_path, help="save parameters to FILE.npz at the end")
     a(

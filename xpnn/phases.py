@@ -3,12 +3,24 @@ time; with none a mark costs two method calls and a test."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 Listener = Callable[[str, bool], None]  # (phase name, True on entry / False on exit)
 
 _listener: list[Listener | None] = [None]
+_quiet: set[int] = set()  # threads whose phases nobody hears (``quiet_here``)
+
+
+def quiet_here() -> None:
+    """This thread's phases and spans reach no listener or tracer: a batch thread's pass runs
+    beside the step's own, whose timeline they would tangle."""
+    _quiet.add(threading.get_ident())
+
+
+def _heard() -> bool:
+    return threading.get_ident() not in _quiet
 
 
 class Phase:
@@ -21,12 +33,12 @@ class Phase:
 
     def __enter__(self) -> None:
         listener = _listener[0]
-        if listener is not None:
+        if listener is not None and _heard():
             listener(self.name, True)
 
     def __exit__(self, *exc: Any) -> None:
         listener = _listener[0]
-        if listener is not None:
+        if listener is not None and _heard():
             listener(self.name, False)
 
 
@@ -80,10 +92,10 @@ def tracer() -> Any:
 def span(name: str, lane: int = COMPUTE) -> Any:
     """``with span("loss"):`` a span on ``lane`` while a tracer listens; else nothing."""
     t = _tracer[0]
-    return NOTHING if t is None else t.span(name, lane)
+    return NOTHING if t is None or not _heard() else t.span(name, lane)
 
 
 def layer_span(kind: str, index: int, layer: Any) -> Any:
     """A layer's ``forward`` or ``backward``, named lazily: a tracer that is off costs a test."""
     t = _tracer[0]
-    return NOTHING if t is None else t.layer_span(kind, index, layer)
+    return NOTHING if t is None or not _heard() else t.layer_span(kind, index, layer)

@@ -57,6 +57,7 @@ class RunSpec:
     dtype: str = "float32"  # or float64
     seed: int = 0
     threads: int | None = None  # BLAS/Numba threads per rank (default: its cores)
+    batch_threads: int = 1  # threads that each run a twin of the model on a part of the batch
     metrics: str | None = None  # JSON-lines metrics file, written by rank 0
     save: str | None = None  # the parameters at the end (.npz)
     checkpoint_dir: str | None = None
@@ -323,6 +324,7 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
 # The settings that count (whole numbers from the least one) and the sizes (finite, positive
 # or, in NON_NEGATIVE, from 0): None, where a setting allows it, is "not given".
 COUNTS = {"epochs": 1, "accumulate": 1, "replicate": 1, "step_epochs": 1, "steps": 1}
+COUNTS |= {"batch_threads": 1}
 COUNTS |= {"eval_every": 1, "warmup_steps": 0, "keep_checkpoints": 0}
 SIZES = ("lr", "bucket_mb", "clip_norm")  # the optimizer checks its own hyper-parameters
 NON_NEGATIVE = ("warmup_epochs", "stall_warn", "stall_abort")
@@ -378,6 +380,11 @@ def check_spec(spec: RunSpec) -> None:
             f"{spec.parallel}, whose ranks split the network)"
         )
     check_precision(spec.precision, spec.parallel, spec.node_share)
+    if spec.batch_threads > 1 and spec.precision != "fp32":
+        raise UserError(
+            f"`batch_threads` {spec.batch_threads}: only with `precision` fp32 (the "
+            f"{spec.precision} passes run on one copy of the model)"
+        )
     check_grad_dtype(spec.grad_dtype, spec.parallel)
     if spec.warmup_steps is not None and spec.warmup_epochs > 0:
         raise UserError("`warmup_steps` and `warmup_epochs`: give one")
@@ -459,12 +466,14 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
     from xpnn.nn.models import make_model, model_name
+    from xpnn.parallel.model.batch_threads import check_batch_threads
     from xpnn.parallel.model.layout import place_of
     from xpnn.runtime.threads import apply_threads, threads_per_rank
     from xpnn.train import RunFacts
 
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
-    thread_info = apply_threads(threads)
+    # batch threads: each its own BLAS and Numba threads, a share of the rank's
+    apply_threads(max(1, threads // spec.batch_threads))
     backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank, device=spec.device)
     if spec.precision != "fp32" and backend.name == "numba":  # its kernels are fp32/fp64 only
         backend = get_backend("numpy", spec.dtype)
@@ -523,9 +532,11 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         if spec.model == "mlp":
             what = f"`hidden` {','.join(map(str, spec.hidden))}"
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
+    check_batch_threads(spec.batch_threads, threads, backend.name, model)
     replicas = place.replicas  # the ranks that each take a share of the batch
     facts = RunFacts(
-        threads=thread_info["threads"],
+        threads=threads,
+        batch_threads=spec.batch_threads if spec.batch_threads > 1 else None,
         model=model_name(spec.model),
         dataset=spec.dataset,
         dtype=spec.dtype,

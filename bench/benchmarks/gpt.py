@@ -1,8 +1,10 @@
 """The character-level GPT (``--model gpt``, its recipe and default sizes) beside a native
 ``torch.nn`` GPT of the same architecture and recipe (``_gpt_torch``): training tokens per
-second and peak resident memory, one process with ``--threads`` threads, and 2 ranks of one
-thread each under data, tensor and pipeline parallelism, with the bytes each mode sends per
-step (counted by the communicators: the metrics file's ``comm_bytes_per_step``).
+second and peak resident memory, one process with ``--threads`` threads (``one``: sharing each
+product; ``batch-threads``: each running a twin of the model on a part of the batch), one
+process of one thread (``one-thread``: what each of 2 ranks has), and 2 ranks of one thread each
+under data, tensor and pipeline parallelism, with the bytes each mode sends per step (counted by
+the communicators: the metrics file's ``comm_bytes_per_step``).
 
 xpnn trains through its command line, ``--steps 2K --eval-every K``: the second span's
 ``tokens_per_s`` is the number (the first holds Numba's compilation). Each repeat runs every
@@ -33,8 +35,8 @@ from bench.core import (
 NAME = "gpt"
 SUMMARY = "the GPT's tokens/s, peak memory and bytes per step, 1 process and 2 ranks, vs torch"
 QUICK = {"steps": 2, "repeats": 1, "layers": 1, "embed": 16, "heads": 2, "block": 8}
-QUICK |= {"modes": "one,data,tensor,pipeline,torch"}
-MODES = ("one", "data", "tensor", "pipeline", "torch")
+QUICK |= {"modes": "one,batch-threads,data,tensor,pipeline,torch"}
+MODES = ("one", "batch-threads", "one-thread", "data", "tensor", "pipeline", "torch")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,6 +81,10 @@ def xpnn_flags(args: argparse.Namespace, mode: str) -> tuple[int, list[str]]:
     flags += ["--steps", str(2 * args.steps), "--eval-every", str(args.steps)]
     if mode == "one":
         return 1, [*flags, "--threads", str(args.threads)]
+    if mode == "batch-threads":
+        return 1, [*flags, "--threads", str(args.threads), "--batch-threads", str(args.threads)]
+    if mode == "one-thread":
+        return 1, [*flags, "--threads", "1"]
     flags += ["--threads", "1", "--parallel", mode, "--comm", "mpi-host"]
     if mode == "pipeline":
         flags += ["--microbatches", str(args.microbatches)]

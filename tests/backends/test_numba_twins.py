@@ -12,6 +12,7 @@ The one exception is the loss of ``_softmax_xent``: a ``prange`` reduction whose
 sums the parallel build adds per thread, in another order than the serial loop.
 """
 
+import numba as nb
 import numpy as np
 import pytest
 
@@ -228,13 +229,24 @@ def test_adam(dtype):
     _assert_same_arrays(args_s, args_p)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("n", "build"),
     [(nk.PARALLEL_MIN_ELEMENTS - 1, "serial"), (nk.PARALLEL_MIN_ELEMENTS, "parallel")],
 )
-def test_sgd_dispatch_on_both_sides_of_the_threshold(n, build, dtype, monkeypatch):
-    """``_Twin.__call__`` picks the build by size, and each side matches NumPy."""
+def test_sgd_dispatch_on_both_sides_of_the_threshold(n, build, dtype, threads, monkeypatch):
+    """``_Twin.__call__`` picks the build by size, and each side matches NumPy; a thread
+    limited to one Numba thread (a batch thread) takes the serial build at any size."""
+    before = nb.get_num_threads()
+    nb.set_num_threads(min(threads, nb.config.NUMBA_NUM_THREADS))
+    try:
+        _dispatch(n, build if nb.get_num_threads() > 1 else "serial", dtype, monkeypatch)
+    finally:
+        nb.set_num_threads(before)
+
+
+def _dispatch(n, build, dtype, monkeypatch):
     twin = nk._sgd
     called = []
     for name in ("serial", "parallel"):

@@ -22,13 +22,14 @@ def write_text(path) -> str:
 def test_every_mode_counts_its_bytes_and_memory(tmp_path):
     out = tmp_path / "g.jsonl"
     text = write_text(tmp_path / "t.txt")
-    modes = "one,data,tensor,pipeline"
+    modes = "one,batch-threads,data,tensor,pipeline"
     proc = run_bench("gpt", *SMALL, "--text", text, "--modes", modes, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     rs = {r["config"]["mode"]: r for r in read_records(out, "gpt")}
     assert list(rs) == modes.split(",")
     sent = {m: r["metrics"]["comm_bytes_per_step"]["median"] for m, r in rs.items()}
-    assert sent["one"] == 0 and min(sent["data"], sent["tensor"], sent["pipeline"]) > 0
+    assert sent["one"] == sent["batch-threads"] == 0
+    assert min(sent["data"], sent["tensor"], sent["pipeline"]) > 0
     # tensor parallelism sends activations every sublayer: more than the data mode's gradients
     # of this small model
     assert sent["tensor"] > sent["data"]
@@ -36,6 +37,7 @@ def test_every_mode_counts_its_bytes_and_memory(tmp_path):
         assert r["metrics"]["tokens_per_s"]["median"] > 0
         assert r["metrics"]["peak_rss_mb"]["median"] > 10
     assert "mpiexec -n 2" in rs["tensor"]["config"]["command"]
+    assert "--batch-threads 2" in rs["batch-threads"]["config"]["command"]
     assert "| tensor | 2 |" in proc.stdout
 
 

@@ -46,7 +46,8 @@ class _Twin:
         self.parallel = nb.njit(parallel=True, **JIT)(copy)
 
     def __call__(self, first, *args):  # noqa: ANN001, ANN204
-        big = first.size >= PARALLEL_MIN_ELEMENTS
+        # one thread here (a batch thread's): the serial build, no thread team to launch
+        big = first.size >= PARALLEL_MIN_ELEMENTS and nb.get_num_threads() > 1
         return (self.parallel if big else self.serial)(first, *args)
 
 

@@ -98,6 +98,7 @@ class Conv2D(Layer):
     def replica(self) -> Conv2D:
         twin = super().replica()
         twin._buffers = None  # backward reads the columns forward left in them
+        twin._dwt_buf = None  # twins may run at once (batch threads): scratch of its own
         return twin
 
     def _dwt(self) -> Array:

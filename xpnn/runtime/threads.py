@@ -102,6 +102,15 @@ def apply_threads(n: int) -> dict:
     return {"threads": n, "blas": blas, "numba": numba_threads}
 
 
+def one_kernel_thread() -> None:
+    """This thread runs Numba's kernels on itself alone (Numba counts threads per calling
+    thread): a batch thread's kernels must not start a team of their own beside another's."""
+    if "numba" in sys.modules:
+        import numba
+
+        numba.set_num_threads(1)
+
+
 def _pools_info() -> list[dict]:
     from threadpoolctl import threadpool_info
 
@@ -116,8 +125,10 @@ def _pools_info() -> list[dict]:
 
 
 def describe_threads(record: dict) -> str:
-    """``8 thread(s)``, or each rank's count where they differ."""
+    """``8 thread(s)``, or each rank's count where they differ; and the batch threads."""
     per_rank = record.get("threads_per_rank")
+    if record.get("batch_threads"):
+        return f"{record['threads']} thread(s), {record['batch_threads']} of them batch threads"
     if not per_rank:
         return f"{record['threads']} thread(s)"
     if len(per_rank) <= 8:

@@ -17,6 +17,7 @@ from xpnn.digest import arrays_digest
 from xpnn.nn.layer import Context
 from xpnn.nn.sequential import adding
 from xpnn.optim import GradClip, Schedule, make_optimizer, matrix_ranges
+from xpnn.parallel.model.batch_threads import BatchThreads
 from xpnn.parallel.model.layout import Groups
 from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
 from xpnn.parallel.update import make_update
@@ -34,6 +35,7 @@ class RunFacts:
     resume must match of the network (``loss``, ``activation``); None: not said."""
 
     threads: int | None = None  # BLAS/Numba threads of each rank
+    batch_threads: int | None = None  # of them, threads each running a part of the batch
     model: str | None = None
     dataset: str | None = None
     global_batch: int | None = None
@@ -92,6 +94,7 @@ class TrainConfig:
     weight_decay: float | None
     clip_norm: float | None  # scale the gradients to at most this global norm
     accumulate: int  # micro-steps a step's batch is taken in, their gradients summed
+    batch_threads: int  # threads that each run a twin of the model on a part of the batch
     steps: int | None  # train this many steps, not epochs
     eval_every: int | None  # with steps: an evaluation record every this many steps
     seed: int
@@ -232,6 +235,10 @@ class Trainer:
             self.precision.attach(model, self.optimizer)
         if self.loss_scale is not None and cfg.precision != "fp16":  # float16 exchange only
             skip_overflows(self.optimizer, model, self.xp, self.loss_scale, self._norm_total)
+        # the passes: the model's own, or its twins' over threads each taking part of a batch
+        self.passes: Any = model
+        if cfg.batch_threads > 1:
+            self.passes = BatchThreads(model, cfg.batch_threads)
         self.graph: GraphStep | None = graph_step(self)  # the step replayed as a CUDA graph
         self.n_params = whole_size(model)
         self.callbacks: list[Callback] = list(callbacks)
@@ -320,7 +327,7 @@ class Trainer:
         ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
         if self.precision is not None:
             return self.precision.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
-        return model.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
+        return self.passes.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
         """Epoch ``epoch`` (from 0): the sums of its losses and correct predictions, on device."""

@@ -1,0 +1,118 @@
+"""Data parallelism inside one process (``batch_threads``): a rank's share of each batch cut
+into contiguous parts, one per thread, each run by its own twin of the model (the parameters
+shared, its own forward state and gradients) with one BLAS thread; the twins' gradients are
+then summed in thread order. On a few cores one pass leaves a second BLAS thread idle in its
+small products and its elementwise kernels; twins keep every core busy, as ranks would,
+without a second copy of the data or an allreduce."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from xpnn.errors import UserError
+from xpnn.phases import quiet_here
+from xpnn.runtime.threads import one_kernel_thread
+
+CPU_BACKENDS = ("numpy", "numba")  # arrays whose operations release the GIL on the host
+
+
+def check_batch_threads(count: int, threads: int, backend: str, model: Any) -> None:
+    """Refuse what ``batch_threads`` cannot run (raises a ``UserError`` naming the setting)."""
+    if count == 1:
+        return
+    if count > threads:
+        raise UserError(
+            f"`batch_threads` {count}: more than this rank's {threads} thread(s) (`threads`)"
+        )
+    if backend not in CPU_BACKENDS:
+        raise UserError(
+            f"`batch_threads` {count}: the CPU backends only ({', '.join(CPU_BACKENDS)}), "
+            f"not {backend}"
+        )
+    if (
+        model.stages > 1
+        or model.split_comm is not None
+        or any(layer.split for top in model.layers for layer in top.walk())
+    ):
+        raise UserError(
+            f"`batch_threads` {count}: only with `parallel` data (the model is split here)"
+        )
+
+
+def twin(model: Any) -> Any:
+    """A copy of ``model`` on the same parameters with gradients of its own (zeros) and each
+    layer's own forward state: only the public ``replica``, ``bind`` and ``named_views``."""
+    other = copy.copy(model)
+    other.layers = [layer.replica() for layer in model.layers]
+    for layer in (inner for top in other.layers for inner in top.walk()):
+        layer.params, layer.grads = dict(layer.params), dict(layer.grads)  # not the original's
+    other.grads = model.xp.zeros_like(model.grads)
+    views = other.named_views(other.grads)
+    for key, layer, name in other.param_names():
+        layer.bind(name, layer.params[name], views[key])
+    return other
+
+
+class BatchThreads:
+    """``loss_and_grads`` of ``model`` over ``count`` threads; the model's own gradients end
+    as the sum of the twins' in thread order, reported ready as the model's backward would."""
+
+    def __init__(self, model: Any, count: int) -> None:
+        self.model = model
+        self.twins = [model, *(twin(model) for _ in range(count - 1))]
+        self.pool = ThreadPoolExecutor(
+            count - 1, thread_name_prefix="xpnn-batch", initializer=_batch_thread
+        )
+
+    def loss_and_grads(
+        self,
+        x: Any,
+        labels: Any,
+        ctx: Any,
+        scale: float,
+        on_grads_ready: Callable[[int], None] | None = None,
+    ) -> tuple[Any, Any]:
+        """Forward, loss and backward of the batch in parts; (loss sum, correct count)."""
+        model, n, count = self.model, labels.shape[0], len(self.twins)
+        if n < 2:  # nothing to share out
+            return model.loss_and_grads(x, labels, ctx, scale, on_grads_ready)
+        ids = ctx.sample_ids
+        if ids is None:
+            ids = model.xp.arange(n, dtype=model.xp.int64)
+        cuts = [n * i // count for i in range(count + 1)]
+        bounds = zip(self.twins, cuts[:-1], cuts[1:], strict=True)
+        parts = [(who, lo, hi) for who, lo, hi in bounds if hi > lo]
+
+        def run(part: tuple[Any, int, int]) -> tuple[Any, Any]:
+            who, lo, hi = part
+            sub = dataclasses.replace(ctx, sample_ids=ids[lo:hi])
+            xs = None if x is None else x[lo:hi]
+            return who.loss_and_grads(xs, labels[lo:hi], sub, scale)
+
+        futures = [self.pool.submit(run, part) for part in parts[1:]]
+        results = [run(parts[0])] + [f.result() for f in futures]
+        first = parts[0][0]
+        if first is not model:  # fewer samples than threads left the model's part empty
+            model.grads[...] = first.grads
+        for who, _, _ in parts[1:]:
+            model.grads += who.grads
+        if on_grads_ready is not None:  # as the model's backward reports, last layer first
+            for i in range(len(model.layers) - 1, -1, -1):
+                on_grads_ready(model.layer_offsets[i])
+        loss, correct = results[0]
+        for part_loss, part_correct in results[1:]:
+            loss, correct = loss + part_loss, correct + part_correct
+        return loss, correct
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def _batch_thread() -> None:
+    """A batch thread: Numba's kernels on itself alone, its spans kept off the timeline."""
+    one_kernel_thread()
+    quiet_here()
