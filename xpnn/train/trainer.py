@@ -362,7 +362,7 @@ class Trainer:
             sel = part[start : start + self.cfg.eval_batch_size]
             xb = self.backend.asarray(data.x_test[sel]) if self.model.reads_input else None
             yb = self.backend.asarray(data.y_test[sel], dtype=xp.int64)
-            loss, corr = (self.precision or self.model).evaluate(xb, yb)
+            loss, corr = (self.precision or self.passes).evaluate(xb, yb)
             loss_sum += float(loss)
             correct += float(corr)
         scored = len(part) if self.model.scores else 0

@@ -2,6 +2,11 @@
 The twins share the parameters, never the gradients or a layer's scratch; the summed step
 equals the whole batch's in float64 (dropout masks too), with the model's ready reports."""
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import CNN_DROPOUT_RUN, assert_one_line_user_error, run_xpnn, train_and_load
@@ -64,7 +69,9 @@ def test_threads_compute_the_whole_batch_step(count, n, build, batch, backend):
     for _ in range(2):  # a second step: the twins' gradients are assigned, not added to
         seen.clear()
         got_loss, got_correct = threads.loss_and_grads(x, y, ctx, 1 / n, seen.append)
+    evaluated = [float(v) for v in threads.evaluate(x, y)]
     threads.close()
+    assert evaluated == pytest.approx([float(v) for v in whole.evaluate(x, y)], rel=1e-12)
     assert float(got_loss) == pytest.approx(float(loss), rel=1e-12)
     assert float(got_correct) == pytest.approx(float(correct), rel=1e-12)  # text: a fraction
     np.testing.assert_allclose(split.grads, whole.grads, rtol=1e-10, atol=1e-13)
@@ -157,3 +164,15 @@ def test_a_cnn_with_dropout_over_batch_threads_is_the_one_thread_run(tmp_path):
 def test_what_batch_threads_cannot_run_is_one_line(tmp_path, ranks, extra, message):
     args = [*GPT_TINY, "--dataset", "text", "--data-dir", _corpus(tmp_path)]
     assert_one_line_user_error(run_xpnn([*args, *extra], ranks=ranks), message)
+
+
+def test_the_parallelism_page_example_runs_as_written():
+    root = Path(__file__).parents[3]
+    text = (root / "docs" / "parallelism.md").read_text()
+    section = text.split("**Batch threads", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root
+    )
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"loss \d\.\d{3} nats a character\n", out.stdout), out.stdout

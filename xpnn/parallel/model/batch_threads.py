@@ -77,24 +77,19 @@ class BatchThreads:
         on_grads_ready: Callable[[int], None] | None = None,
     ) -> tuple[Any, Any]:
         """Forward, loss and backward of the batch in parts; (loss sum, correct count)."""
-        model, n, count = self.model, labels.shape[0], len(self.twins)
+        model, n = self.model, labels.shape[0]
         if n < 2:  # nothing to share out
             return model.loss_and_grads(x, labels, ctx, scale, on_grads_ready)
         ids = ctx.sample_ids
         if ids is None:
             ids = model.xp.arange(n, dtype=model.xp.int64)
-        cuts = [n * i // count for i in range(count + 1)]
-        bounds = zip(self.twins, cuts[:-1], cuts[1:], strict=True)
-        parts = [(who, lo, hi) for who, lo, hi in bounds if hi > lo]
 
-        def run(part: tuple[Any, int, int]) -> tuple[Any, Any]:
-            who, lo, hi = part
+        def run(who: Any, lo: int, hi: int) -> tuple[Any, Any]:
             sub = dataclasses.replace(ctx, sample_ids=ids[lo:hi])
             xs = None if x is None else x[lo:hi]
             return who.loss_and_grads(xs, labels[lo:hi], sub, scale)
 
-        futures = [self.pool.submit(run, part) for part in parts[1:]]
-        results = [run(parts[0])] + [f.result() for f in futures]
+        parts, results = self._over_threads(n, run)
         first = parts[0][0]
         if first is not model:  # fewer samples than threads left the model's part empty
             model.grads[...] = first.grads
@@ -103,13 +98,39 @@ class BatchThreads:
         if on_grads_ready is not None:  # as the model's backward reports, last layer first
             for i in range(len(model.layers) - 1, -1, -1):
                 on_grads_ready(model.layer_offsets[i])
-        loss, correct = results[0]
-        for part_loss, part_correct in results[1:]:
-            loss, correct = loss + part_loss, correct + part_correct
-        return loss, correct
+        return _summed(results)
+
+    def evaluate(self, x: Any, labels: Any) -> tuple[Any, Any]:
+        """(loss sum, correct count) in evaluation mode, the samples shared out as in training."""
+        if labels.shape[0] < 2:
+            return self.model.evaluate(x, labels)
+
+        def run(who: Any, lo: int, hi: int) -> tuple[Any, Any]:
+            return who.evaluate(None if x is None else x[lo:hi], labels[lo:hi])
+
+        return _summed(self._over_threads(labels.shape[0], run)[1])
+
+    def _over_threads(self, n: int, run: Callable[..., Any]) -> tuple[list, list]:
+        """``run(twin, lo, hi)`` for each thread's contiguous part of ``n`` samples (the first
+        on this thread, while the pool runs the others): the parts that are not empty, and
+        their results in thread order."""
+        count = len(self.twins)
+        cuts = [n * i // count for i in range(count + 1)]
+        bounds = zip(self.twins, cuts[:-1], cuts[1:], strict=True)
+        parts = [(who, lo, hi) for who, lo, hi in bounds if hi > lo]
+        futures = [self.pool.submit(run, *part) for part in parts[1:]]
+        return parts, [run(*parts[0])] + [f.result() for f in futures]
 
     def close(self) -> None:
         self.pool.shutdown()
+
+
+def _summed(results: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """The (loss, correct) pairs added up in thread order."""
+    loss, correct = results[0]
+    for part_loss, part_correct in results[1:]:
+        loss, correct = loss + part_loss, correct + part_correct
+    return loss, correct
 
 
 def _batch_thread() -> None:
