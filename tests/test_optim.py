@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from xpnn.backends import get_backend
-from xpnn.backends.numba_kernels import PARALLEL_MIN_ELEMENTS
+from xpnn.backends.numba_jit import PARALLEL_MIN_ELEMENTS
 from xpnn.errors import UserError
 from xpnn.optim import Schedule, make_optimizer
 

@@ -362,10 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--batch-threads",
         type=_positive_int(most=4096),
-        help="split each rank's batch over K of its threads, each running its own twin of the "
-        "model with one BLAS thread, their gradients summed: data parallelism inside the "
-        f"process, for a model too small to keep BLAS threads busy (default "
-        f"{RunSpec.batch_threads}: the threads share each product)",
+        help="split each rank's batch over K threads, each running its own twin of the model "
+        "with --threads / K BLAS threads, their gradients summed: data parallelism inside the "
+        "process, for a model too small to keep BLAS threads busy (K divides --threads; "
+        f"default {RunSpec.batch_threads}: the threads share each product)",
     )
     a("--metrics", type=_path, help="JSON-lines metrics file (rank 0 writes it)")
     a("--save", type=_path, help="save parameters to FILE.npz at the end")

@@ -10,17 +10,17 @@ from typing import Any
 Listener = Callable[[str, bool], None]  # (phase name, True on entry / False on exit)
 
 _listener: list[Listener | None] = [None]
-_quiet: set[int] = set()  # threads whose phases nobody hears (``quiet_here``)
+_quiet = threading.local()  # ``on`` in the threads whose phases nobody hears (``quiet_here``)
 
 
 def quiet_here() -> None:
     """This thread's phases and spans reach no listener or tracer: a batch thread's pass runs
     beside the step's own, whose timeline they would tangle."""
-    _quiet.add(threading.get_ident())
+    _quiet.on = True
 
 
 def _heard() -> bool:
-    return threading.get_ident() not in _quiet
+    return not getattr(_quiet, "on", False)
 
 
 class Phase:

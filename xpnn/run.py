@@ -380,14 +380,29 @@ def check_spec(spec: RunSpec) -> None:
             f"{spec.parallel}, whose ranks split the network)"
         )
     check_precision(spec.precision, spec.parallel, spec.node_share)
-    if spec.batch_threads > 1 and spec.precision != "fp32":
-        raise UserError(
-            f"`batch_threads` {spec.batch_threads}: only with `precision` fp32 (the "
-            f"{spec.precision} passes run on one copy of the model)"
-        )
+    if spec.batch_threads > 1:
+        check_batch_spec(spec)
     check_grad_dtype(spec.grad_dtype, spec.parallel)
     if spec.warmup_steps is not None and spec.warmup_epochs > 0:
         raise UserError("`warmup_steps` and `warmup_epochs`: give one")
+
+
+def check_batch_spec(spec: RunSpec) -> None:
+    """What ``batch_threads`` above 1 cannot go with: each batch thread runs a whole twin of
+    the model on one copy of the parameters, alone on its part of the rank's samples."""
+    k = spec.batch_threads
+    if spec.parallel != "data":
+        raise UserError(f"`batch_threads` {k}: only with `parallel` data, not {spec.parallel}")
+    if spec.precision != "fp32":
+        raise UserError(
+            f"`batch_threads` {k}: only with `precision` fp32 (the {spec.precision} passes run "
+            "on one low-precision copy of the model)"
+        )
+    if spec.node_share == "activations":
+        raise UserError(
+            f"`batch_threads` {k}: not with `node_share` activations (the node's ranks would "
+            "share one batch's activations, not a thread's part)"
+        )
 
 
 def with_defaults(spec: RunSpec) -> RunSpec:
@@ -398,6 +413,8 @@ def with_defaults(spec: RunSpec) -> RunSpec:
     from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE
     from xpnn.parallel.update import DEFAULT_BUCKET_MB
 
+    # shared activations hold a rank's whole part of a batch: not a batch thread's
+    alone = (spec.precision, spec.batch_threads) == ("fp32", 1)
     defaults = {
         "hidden": HIDDEN,
         "activation": "relu",
@@ -406,7 +423,7 @@ def with_defaults(spec: RunSpec) -> RunSpec:
         "min_lr": 0.0,
         "keep_checkpoints": KEEP_CHECKPOINTS,
         "bucket_mb": DEFAULT_BUCKET_MB,
-        "node_share": "auto" if spec.precision == "fp32" else "gradients",
+        "node_share": "auto" if alone else "gradients",
         "microbatches": MICROBATCHES,
         "pipeline_schedule": DEFAULT_SCHEDULE,
         "tensor_ranks": 1,
@@ -532,7 +549,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         if spec.model == "mlp":
             what = f"`hidden` {','.join(map(str, spec.hidden))}"
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
-    check_batch_threads(spec.batch_threads, threads, backend.name, model)
+    check_batch_threads(spec.batch_threads, threads, backend.name)
     replicas = place.replicas  # the ranks that each take a share of the batch
     facts = RunFacts(
         threads=threads,

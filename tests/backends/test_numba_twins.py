@@ -1,6 +1,6 @@
 """How the Numba kernels are built: serial and parallel twins agree, NumPy's error model.
 
-``numba_kernels`` compiles each kernel twice (``_Twin``) and dispatches to the ``prange``
+``numba_kernels`` compiles each kernel twice (``Twin``) and dispatches to the ``prange``
 build only for arrays of at least ``PARALLEL_MIN_ELEMENTS`` (2**19) values. Every other test
 uses small arrays, so without this file the parallel builds would run almost never. Here
 each build is called directly on identical inputs (fresh copies: the kernels write in place)
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from xpnn.backends import numba_kernels as nk
-from xpnn.backends.numba_jit import ACT_CODE
+from xpnn.backends.numba_jit import ACT_CODE, PARALLEL_MIN_ELEMENTS, Twin
 
-TWINS = {name: obj for name, obj in vars(nk).items() if isinstance(obj, nk._Twin)}
+TWINS = {name: obj for name, obj in vars(nk).items() if isinstance(obj, Twin)}
 DTYPES = [np.float32, np.float64]
 ROWS, COLS = 37, 53  # prime: no thread count splits them evenly
 SIZE = ROWS * COLS
@@ -233,10 +233,10 @@ def test_adam(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("n", "build"),
-    [(nk.PARALLEL_MIN_ELEMENTS - 1, "serial"), (nk.PARALLEL_MIN_ELEMENTS, "parallel")],
+    [(PARALLEL_MIN_ELEMENTS - 1, "serial"), (PARALLEL_MIN_ELEMENTS, "parallel")],
 )
 def test_sgd_dispatch_on_both_sides_of_the_threshold(n, build, dtype, threads, monkeypatch):
-    """``_Twin.__call__`` picks the build by size, and each side matches NumPy; a thread
+    """``Twin.__call__`` picks the build by size, and each side matches NumPy; a thread
     limited to one Numba thread (a batch thread) takes the serial build at any size."""
     before = nb.get_num_threads()
     nb.set_num_threads(min(threads, nb.config.NUMBA_NUM_THREADS))

@@ -12,7 +12,7 @@ import numpy as np
 from numba import prange
 
 from xpnn.backends.common import FMIX_M1, FMIX_M2, GOLDEN, MASK32
-from xpnn.backends.numba_jit import JIT, apply_act, apply_act_grad
+from xpnn.backends.numba_jit import JIT, apply_act, apply_act_grad, parallel_twin
 
 _M32 = np.uint64(MASK32)
 _M1 = np.uint64(FMIX_M1)
@@ -54,7 +54,7 @@ def _valid_range(j, pad, stride, size, count):  # pragma: no cover - compiled
 # wraparound test, which otherwise keeps LLVM from vectorising the inner loops (3-10x slower).
 
 
-@nb.njit(parallel=True, **JIT)
+@parallel_twin
 def im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - compiled
     n, c, h, w = x.shape
     p = oh * ow
@@ -95,7 +95,7 @@ def im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - c
     return out
 
 
-@nb.njit(parallel=True, **JIT)
+@parallel_twin
 def col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover - compiled
     n, c, h, w = dx.shape
     p = oh * ow
@@ -133,7 +133,7 @@ def col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover -
     return dx
 
 
-@nb.njit(parallel=True, **JIT)
+@parallel_twin
 def conv_output(yc, bias, y, code):  # pragma: no cover - compiled
     """y[n, c, :] = act(yc[c, n*P:(n+1)*P] + bias[c]); y is (N, C, P)."""
     n, c, p = y.shape
@@ -153,7 +153,7 @@ def conv_output(yc, bias, y, code):  # pragma: no cover - compiled
     return y
 
 
-@nb.njit(parallel=True, **JIT)
+@parallel_twin
 def conv_output_grad(dy, y, out, code):  # pragma: no cover - compiled
     """out[c, n*P + k] = act'(dy[n, c, k]) (``y`` unused for the identity)."""
     n, c, p = dy.shape
@@ -174,7 +174,7 @@ def conv_output_grad(dy, y, out, code):  # pragma: no cover - compiled
     return out
 
 
-@nb.njit(parallel=True, **JIT)
+@parallel_twin
 def maxpool2x2(x, y, idx):  # pragma: no cover - compiled
     """The common 2x2, stride-2 case, unrolled."""
     n, c, h, w = x.shape
@@ -204,7 +204,7 @@ def maxpool2x2(x, y, idx):  # pragma: no cover - compiled
     return y, idx
 
 
-@nb.njit(parallel=True, **JIT)
+@parallel_twin
 def maxpool_forward(x, size, stride, y, idx):  # pragma: no cover - compiled
     n, c, h, w = x.shape
     _, _, oh, ow = y.shape
@@ -228,7 +228,7 @@ def maxpool_forward(x, size, stride, y, idx):  # pragma: no cover - compiled
     return y, idx
 
 
-@nb.njit(parallel=True, **JIT)
+@parallel_twin
 def maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
     """General windows (overlapping or not): zero the plane, then add at the argmaxes."""
     n, c, h, w = dx.shape
@@ -252,7 +252,7 @@ def maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
     return dx
 
 
-@nb.njit(parallel=True, **JIT)
+@parallel_twin
 def maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
     """2x2, stride 2: every dx element written once, on flat views (2x faster than zeroing)."""
     n, c, h, w = dx.shape
@@ -280,7 +280,7 @@ def maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
     return dx
 
 
-@nb.njit(parallel=True, **JIT)
+@parallel_twin
 def dropout_mask(ids, base, threshold, scale, out):  # pragma: no cover - compiled
     n, f = out.shape
     elems = np.empty(f, dtype=np.uint64)

@@ -7,10 +7,41 @@ inf or nan as on NumPy (docs/decisions/numba-wait-policy.md).
 from __future__ import annotations
 
 import math
+import types
 
 import numba as nb
 
 JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
+PARALLEL_MIN_ELEMENTS = 1 << 19  # below this a serial loop beats waking the thread team
+
+
+class Twin:
+    """A kernel compiled serial and parallel; a call takes the parallel build for a first
+    argument of at least ``min_elements`` values, unless the calling thread has one Numba
+    thread (a batch thread's: no thread team is launched from two threads at once, which
+    Numba's workqueue layer forbids). The parallel build is of a renamed copy: Numba's disk
+    cache keys by name, not by compile flags."""
+
+    def __init__(self, fn, min_elements: int = PARALLEL_MIN_ELEMENTS) -> None:  # noqa: ANN001
+        self.min_elements = min_elements
+        self.serial = nb.njit(parallel=False, **JIT)(fn)
+        copy = types.FunctionType(
+            fn.__code__, fn.__globals__, fn.__name__ + "_parallel", fn.__defaults__, fn.__closure__
+        )
+        copy.__qualname__ = fn.__qualname__ + "_parallel"
+        copy.__module__ = fn.__module__
+        self.parallel = nb.njit(parallel=True, **JIT)(copy)
+
+    def __call__(self, first, *args):  # noqa: ANN001, ANN204
+        big = first.size >= self.min_elements and nb.get_num_threads() > 1
+        return (self.parallel if big else self.serial)(first, *args)
+
+
+def parallel_twin(fn) -> Twin:  # noqa: ANN001
+    """A ``Twin`` that runs parallel at any size where the thread has a team."""
+    return Twin(fn, min_elements=0)
+
+
 ACT_CODE = {"identity": 0, "relu": 1, "sigmoid": 2, "tanh": 3}  # activations inside kernels
 
 

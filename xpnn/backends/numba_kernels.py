@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import types
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -26,32 +25,11 @@ from xpnn.backends.common import (
     mask_rows,
 )
 from xpnn.backends.kernels import GELU_A, GELU_C
-from xpnn.backends.numba_jit import ACT_CODE, JIT, apply_act, apply_act_grad
+from xpnn.backends.numba_jit import ACT_CODE, JIT, Twin, apply_act, apply_act_grad
 from xpnn.backends.numpy_kernels import NumpyKernels
 
-PARALLEL_MIN_ELEMENTS = 1 << 19  # below this a serial loop beats waking the thread team
 
-
-class _Twin:
-    """A kernel compiled serial and parallel; calls pick by the size of the first argument. The
-    parallel build is of a renamed copy: Numba's disk cache keys by name, not by compile flags."""
-
-    def __init__(self, fn) -> None:  # noqa: ANN001
-        self.serial = nb.njit(parallel=False, **JIT)(fn)
-        copy = types.FunctionType(
-            fn.__code__, fn.__globals__, fn.__name__ + "_parallel", fn.__defaults__, fn.__closure__
-        )
-        copy.__qualname__ = fn.__qualname__ + "_parallel"
-        copy.__module__ = fn.__module__
-        self.parallel = nb.njit(parallel=True, **JIT)(copy)
-
-    def __call__(self, first, *args):  # noqa: ANN001, ANN204
-        # one thread here (a batch thread's): the serial build, no thread team to launch
-        big = first.size >= PARALLEL_MIN_ELEMENTS and nb.get_num_threads() > 1
-        return (self.parallel if big else self.serial)(first, *args)
-
-
-@_Twin
+@Twin
 def _bias_act(z, b, code):  # pragma: no cover - compiled
     n, m = z.shape
     for i in prange(n):
@@ -60,7 +38,7 @@ def _bias_act(z, b, code):  # pragma: no cover - compiled
     return z
 
 
-@_Twin
+@Twin
 def _bias_act_backward(dy, y, code, chunks):  # pragma: no cover - compiled
     """dz overwrites dy; per-chunk partial column sums keep the bias gradient parallel."""
     n, m = dy.shape
@@ -79,7 +57,7 @@ def _bias_act_backward(dy, y, code, chunks):  # pragma: no cover - compiled
     return dy, db
 
 
-@_Twin
+@Twin
 def _softmax_xent(z, labels, scale):  # pragma: no cover - compiled
     n, k = z.shape
     grad = np.empty_like(z)
@@ -103,7 +81,7 @@ def _softmax_xent(z, labels, scale):  # pragma: no cover - compiled
 
 # ``rows`` is a tuple, not a 2-D array, whose rows would be gathered element by element and
 # lose the vectorisation (8x); a homogeneous tuple compiles once per length.
-@_Twin
+@Twin
 def _sum_rows(out, rows):  # pragma: no cover - compiled
     for i in prange(out.size):
         total = rows[0][i]
@@ -113,13 +91,13 @@ def _sum_rows(out, rows):  # pragma: no cover - compiled
     return out
 
 
-@_Twin
+@Twin
 def _sgd(p, g, lr):  # pragma: no cover - compiled
     for i in prange(p.size):
         p[i] -= lr * g[i]
 
 
-@_Twin
+@Twin
 def _momentum(p, g, v, lr, mu, tiny):  # pragma: no cover - compiled
     for i in prange(p.size):
         vi = mu * v[i] + g[i]
@@ -129,7 +107,7 @@ def _momentum(p, g, v, lr, mu, tiny):  # pragma: no cover - compiled
         p[i] -= lr * vi
 
 
-@_Twin
+@Twin
 def _adam(  # pragma: no cover - compiled
     p, g, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2, decay, tiny
 ):
@@ -154,11 +132,11 @@ _causal_shifted = nb.njit(**JIT)(seq.causal_shifted)
 _normalise_rows = nb.njit(**JIT)(seq.normalise_rows)
 _causal_softmax_backward = nb.njit(**JIT)(seq.causal_softmax_backward)
 _embedding_grad = nb.njit(**JIT)(seq.embedding_grad)
-_gelu_backward = _Twin(seq.gelu_backward)
+_gelu_backward = Twin(seq.gelu_backward)
 _gelu_inner = nb.njit(**JIT)(seq.gelu_inner)
 _gelu_outer = nb.njit(**JIT)(seq.gelu_outer)
-_layer_norm = _Twin(seq.layer_norm)
-_layer_norm_input_grad = _Twin(seq.layer_norm_input_grad)
+_layer_norm = Twin(seq.layer_norm)
+_layer_norm_input_grad = Twin(seq.layer_norm_input_grad)
 _layer_norm_param_grads = nb.njit(**JIT)(seq.layer_norm_param_grads)
 
 

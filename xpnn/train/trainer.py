@@ -221,7 +221,8 @@ class Trainer:
             optimizer,
             bucket_bytes,
             cfg.batch_size,
-            cfg.node_share,
+            # shared activations hold the rank's whole part of a batch, not a batch thread's
+            "gradients" if cfg.batch_threads > 1 and cfg.node_share == "auto" else cfg.node_share,
             deferred=clip is not None or fp16,  # fp16: skip overflows
             accumulate=cfg.accumulate,
             wire=wire,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from xpnn.errors import UserError
@@ -20,26 +20,19 @@ from xpnn.runtime.threads import one_kernel_thread
 CPU_BACKENDS = ("numpy", "numba")  # arrays whose operations release the GIL on the host
 
 
-def check_batch_threads(count: int, threads: int, backend: str, model: Any) -> None:
-    """Refuse what ``batch_threads`` cannot run (raises a ``UserError`` naming the setting)."""
+def check_batch_threads(count: int, threads: int, backend: str) -> None:
+    """Refuse the thread counts and backends ``batch_threads`` cannot run (a ``UserError``
+    naming the setting; ``xpnn.run.check_batch_spec`` refuses the other settings)."""
     if count == 1:
         return
-    if count > threads:
+    if threads % count:
         raise UserError(
-            f"`batch_threads` {count}: more than this rank's {threads} thread(s) (`threads`)"
+            f"`batch_threads` {count}: does not divide this rank's {threads} thread(s) (`threads`)"
         )
     if backend not in CPU_BACKENDS:
         raise UserError(
             f"`batch_threads` {count}: the CPU backends only ({', '.join(CPU_BACKENDS)}), "
             f"not {backend}"
-        )
-    if (
-        model.stages > 1
-        or model.split_comm is not None
-        or any(layer.split for top in model.layers for layer in top.walk())
-    ):
-        raise UserError(
-            f"`batch_threads` {count}: only with `parallel` data (the model is split here)"
         )
 
 
@@ -50,7 +43,7 @@ def twin(model: Any) -> Any:
     other.layers = [layer.replica() for layer in model.layers]
     for layer in (inner for top in other.layers for inner in top.walk()):
         layer.params, layer.grads = dict(layer.params), dict(layer.grads)  # not the original's
-    other.grads = model.xp.zeros_like(model.grads)
+    other.grads = model.backend.xp.zeros_like(model.grads)
     views = other.named_views(other.grads)
     for key, layer, name in other.param_names():
         layer.bind(name, layer.params[name], views[key])
@@ -62,6 +55,7 @@ class BatchThreads:
     as the sum of the twins' in thread order, reported ready as the model's backward would."""
 
     def __init__(self, model: Any, count: int) -> None:
+        one_kernel_thread()  # this thread runs a part too
         self.model = model
         self.twins = [model, *(twin(model) for _ in range(count - 1))]
         self.pool = ThreadPoolExecutor(
@@ -82,7 +76,7 @@ class BatchThreads:
             return model.loss_and_grads(x, labels, ctx, scale, on_grads_ready)
         ids = ctx.sample_ids
         if ids is None:
-            ids = model.xp.arange(n, dtype=model.xp.int64)
+            ids = model.backend.xp.arange(n, dtype=model.backend.xp.int64)
 
         def run(who: Any, lo: int, hi: int) -> tuple[Any, Any]:
             sub = dataclasses.replace(ctx, sample_ids=ids[lo:hi])
@@ -119,7 +113,11 @@ class BatchThreads:
         bounds = zip(self.twins, cuts[:-1], cuts[1:], strict=True)
         parts = [(who, lo, hi) for who, lo, hi in bounds if hi > lo]
         futures = [self.pool.submit(run, *part) for part in parts[1:]]
-        return parts, [run(*parts[0])] + [f.result() for f in futures]
+        try:
+            first = run(*parts[0])
+        finally:  # no twin may still be writing when this call is over, even by an error
+            wait(futures)
+        return parts, [first] + [f.result() for f in futures]
 
     def close(self) -> None:
         self.pool.shutdown()
