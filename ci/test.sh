@@ -18,4 +18,10 @@ REPORT_DIR="$(mktemp -d)"
 trap 'rm -rf "$REPORT_DIR"' EXIT
 python -m bench report --quick --out "$REPORT_DIR" >/dev/null
 python -m bench report --check --out "$REPORT_DIR"
-python -m pytest -q -ra "$@"
+# Over the cores (at most 4 workers: most tests start 2-rank mpiexec jobs of their own), a
+# test file to a worker, so its module fixtures and cached 1-rank runs are made once
+PARALLEL=()
+if python -c "import xdist" 2>/dev/null; then
+  PARALLEL=(-n auto --maxprocesses 4 --dist loadfile)
+fi
+python -m pytest -q -ra "${PARALLEL[@]}" "$@"
