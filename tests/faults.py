@@ -93,6 +93,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _as_from_a_terminal() -> None:
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 class Job:
     """``python -m xpnn ARGS`` under ``mpiexec -n ranks``, as a terminal would start it."""
 
@@ -104,8 +109,9 @@ class Job:
             text=True,
             cwd=ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            # a shell's background job inherits SIGINT ignored; a terminal's does not
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            # a shell's background job inherits SIGINT ignored, and nohup's SIGHUP; a
+            # terminal's job has neither ignored
+            preexec_fn=_as_from_a_terminal,
         )
         self.out = ""
 
