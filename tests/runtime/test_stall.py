@@ -43,10 +43,10 @@ def limits():
 
 def test_a_long_wait_sleeps_instead_of_spinning(limits):
     limits(0, 0)
-    request = _Later(1.5)
-    cpu, start = time.process_time(), time.perf_counter()
+    cpu, request = time.process_time(), _Later(1.5)
     stall.wait(request, "a test")
-    waited, used = time.perf_counter() - start, time.process_time() - cpu
+    # from the request's own start: a loaded machine may pause between it and a later clock
+    waited, used = time.perf_counter() - request.made_at, time.process_time() - cpu
     assert 1.5 <= waited < 1.6  # ends at most a nap late
     assert used < 0.5 * waited, used  # spinning would use the whole 1.5 s
     # after the first YIELD_S, at most one poll a nap
@@ -70,7 +70,8 @@ def test_a_short_wait_ends_at_once(limits):
     request = _Later(0.002)
     start = time.perf_counter()
     stall.wait(request, "a test")
-    assert time.perf_counter() - start < 0.02  # a nap of 50 us or what the scheduler makes it
+    # naps of 50 us, or what a loaded scheduler makes of them: far from YIELD_S's 0.25 s
+    assert time.perf_counter() - start < 0.1
 
 
 def test_the_warning_is_said_once_per_wait_with_the_step_and_bucket(limits, capfd):
