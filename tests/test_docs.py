@@ -194,14 +194,23 @@ def test_mkdocs_builds_strictly(tmp_path: Path) -> None:
     assert "content.code.copy" in home  # copyable code blocks (Material's feature flag)
 
 
-def test_python_api_sweep_runs_as_written() -> None:
-    text = (ROOT / "docs" / "python-api.md").read_text()
-    section = text.split("## A learning-rate sweep", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
-    )
+def _page_code(page: str, after: str) -> tuple[str, str]:
+    """docs/``page``'s first Python block after the text ``after``, and the page's text."""
+    text = (ROOT / "docs" / page).read_text()
+    section = text.split(after, 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1), section
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_python_api_sweep_runs_as_written() -> None:
+    code, _ = _page_code("python-api.md", "## A learning-rate sweep")
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    proc = _run([sys.executable, "-c", code])
     printed = dict(re.findall(r"lr ([\d.]+): test accuracy (\d\.\d+)", proc.stdout))
     assert set(printed) == {"0.01", "0.1"}, proc.stdout
     assert float(printed["0.1"]) >= 0.9, proc.stdout  # the synthetic set is learnable
@@ -213,14 +222,16 @@ def test_python_api_run_spec_example_runs_as_written() -> None:
     """The page's RunSpec example prints what the page says, alone and on two ranks."""
     from conftest import mpiexec_path
 
-    text = (ROOT / "docs" / "python-api.md").read_text()
-    section = text.split("## A whole run from a `RunSpec`", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code, section = _page_code("python-api.md", "## A whole run from a `RunSpec`")
     quoted = re.search(r"It prints `(test accuracy [^`]+)`", section).group(1)
     for cmd in (
         [sys.executable, "-c", code],
         [mpiexec_path(), "-n", "2", sys.executable, "-c", code],
     ):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.strip() == quoted, proc.stdout
+        assert _run(cmd).stdout.strip() == quoted
+
+
+def test_the_parallelism_page_batch_threads_example_runs_as_written() -> None:
+    code, _ = _page_code("parallelism.md", "**Batch threads")
+    out = _run([sys.executable, "-c", code]).stdout
+    assert re.fullmatch(r"loss \d\.\d{3} nats a character\n", out), out

@@ -2,11 +2,6 @@
 The twins share the parameters, never the gradients or a layer's scratch; the summed step
 equals the whole batch's in float64 (dropout masks too), with the model's ready reports."""
 
-import re
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from conftest import CNN_DROPOUT_RUN, assert_one_line_user_error, run_xpnn, train_and_load
@@ -165,15 +160,3 @@ ONE_LINE_REFUSALS = {
 def test_what_batch_threads_cannot_run_is_one_line(tmp_path, ranks, extra, message):
     args = [*GPT_TINY, "--dataset", "text", "--data-dir", _corpus(tmp_path)]
     assert_one_line_user_error(run_xpnn([*args, *extra], ranks=ranks), message)
-
-
-def test_the_parallelism_page_example_runs_as_written():
-    root = Path(__file__).parents[3]
-    text = (root / "docs" / "parallelism.md").read_text()
-    section = text.split("**Batch threads", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root
-    )
-    assert out.returncode == 0, out.stderr
-    assert re.fullmatch(r"loss \d\.\d{3} nats a character\n", out.stdout), out.stdout
