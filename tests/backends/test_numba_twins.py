@@ -16,7 +16,9 @@ import numba as nb
 import numpy as np
 import pytest
 
+from xpnn.backends import get_backend
 from xpnn.backends import numba_kernels as nk
+from xpnn.backends.kernels import Kernels
 from xpnn.backends.numba_jit import ACT_CODE, PARALLEL_MIN_ELEMENTS, Twin
 
 TWINS = {name: obj for name, obj in vars(nk).items() if isinstance(obj, Twin)}
@@ -267,28 +269,48 @@ def _dispatch(n, build, dtype, monkeypatch):
     np.testing.assert_allclose(p, want, rtol=0, atol=1e-7)
 
 
+def _unwritten(shape, dtype) -> np.ndarray:
+    """An output buffer the kernel must fill: NaN, so a kernel that writes nothing fails."""
+    return np.full(shape, np.nan, dtype)
+
+
+def _like_formula(got, want, dtype):
+    """``got`` (a kernel's output) is the generic formula's to a few ulp, with no NaN left."""
+    assert not np.isnan(got).any()
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gelu_backward(dtype):
-    """Elementwise: exact."""
+    """Elementwise: exact, and the generic formula's."""
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(SIZE) * 3).astype(dtype)
-    t = np.tanh(x)
-    dy, dx = rng.standard_normal(SIZE).astype(dtype), np.empty_like(x)
+    ref = get_backend("numpy", np.dtype(dtype).name).kernels
+    t = Kernels.gelu(ref, x)[1]
+    dy, dx = rng.standard_normal(SIZE).astype(dtype), _unwritten(SIZE, dtype)
     (_, args_s), (_, args_p) = _both("_gelu_backward", (dy, x, t, dx))
     _assert_same_arrays(args_s, args_p)
+    _like_formula(args_s[3], Kernels.gelu_backward(ref, dy, x, t), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layer_norm_and_its_input_grad(dtype):
-    """Rows are independent (each thread takes whole rows): exact."""
+    """Rows are independent (each thread takes whole rows): exact, and the generic formula's."""
     rng = np.random.default_rng(8)
     x = (rng.standard_normal((ROWS, COLS)) * 3 + 1).astype(dtype)
     gamma, beta = rng.standard_normal(COLS).astype(dtype), rng.standard_normal(COLS).astype(dtype)
+    ref = get_backend("numpy", np.dtype(dtype).name).kernels
     ones, consts = nk._row_constants(x, 1e-5)
-    y, xhat, inv = np.empty_like(x), np.empty_like(x), np.empty(ROWS, dtype)
+    y, xhat, inv = _unwritten(x.shape, dtype), _unwritten(x.shape, dtype), _unwritten(ROWS, dtype)
     (_, args_s), (_, args_p) = _both("_layer_norm", (x, gamma, beta, ones, consts, y, xhat, inv))
     _assert_same_arrays(args_s, args_p)
-    dy, dx = rng.standard_normal((ROWS, COLS)).astype(dtype), np.empty_like(x)
+    want = Kernels.layer_norm(ref, x, gamma, beta, 1e-5)
+    for got, formula in zip(args_s[5:8], want, strict=True):
+        _like_formula(got, formula.reshape(got.shape), dtype)
+    dy, dx = rng.standard_normal((ROWS, COLS)).astype(dtype), _unwritten(x.shape, dtype)
     grad_args = (dy, args_s[6], args_s[7], gamma, ones, consts, dx)
     (_, args_s), (_, args_p) = _both("_layer_norm_input_grad", grad_args)
     _assert_same_arrays(args_s, args_p)
+    dx_formula = Kernels.layer_norm_backward(ref, dy, want[1], want[2], gamma, True)[0]
+    _like_formula(args_s[6], dx_formula, dtype)
