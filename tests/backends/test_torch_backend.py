@@ -210,9 +210,9 @@ def test_auto_takes_torch_where_pytorch_sees_an_accelerator(accelerator, monkeyp
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "adamw"])
 def test_the_optimizer_overrides_give_the_generic_bits(dtype, optimizer):
-    """Subnormal, NaN and infinite state included, over three steps."""
+    """Subnormal, NaN and infinite state included, over three steps; AdamW's ``decay``."""
     xp = get_backend("torch").xp
     rng = np.random.default_rng(2)
     bufs = [torch.as_tensor(rng.standard_normal(1001) * 0.01, dtype=dtype) for _ in range(4)]
@@ -226,7 +226,8 @@ def test_the_optimizer_overrides_give_the_generic_bits(dtype, optimizer):
             elif optimizer == "momentum":
                 k.momentum_update(p, g, m, 0.1, 0.9)
             else:
-                k.adam_update(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, step)
+                decay = 0.97 if optimizer == "adamw" else 1.0
+                k.adam_update(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, step, decay)
     for got, want in zip(bufs, copies, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
