@@ -89,6 +89,7 @@ def test_cli_md_and_help_name_the_same_flags(subcommand: str) -> None:
     assert re.search(rf"python -m xpnn \[?{subcommand}\b", usage), (
         f"docs/cli.md documents `python -m xpnn {subcommand}`, which is no subcommand: {usage}"
     )
+    assert "``" not in proc.stdout, f"reStructuredText markup in {subcommand} --help"
     in_help = _help_flags(proc.stdout)
     documented = _documented_flags(_documented_sections()[subcommand])
     assert in_help, f"no flags parsed from `python -m xpnn {subcommand} --help`"

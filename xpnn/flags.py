@@ -237,8 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--data-dir",
         type=_path,
-        help="directory holding the four IDX files (tinyshakespeare: its input.txt; text: "
-        "the file)",
+        help="mnist, fashion-mnist: the directory holding the four IDX files; tinyshakespeare: "
+        "the file input.txt, or a directory holding it; text: the UTF-8 file",
     )
     a(
         "--replicate",

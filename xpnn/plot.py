@@ -123,7 +123,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m xpnn plot", description=__doc__.splitlines()[0])
+    p = _Parser(prog="python -m xpnn plot", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("metrics", nargs="+", type=Path, help="metrics files (--metrics FILE.jsonl)")
     p.add_argument("-o", "--out", type=Path, default=Path("metrics.png"), help="PNG to write")
     return p

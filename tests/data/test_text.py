@@ -96,8 +96,9 @@ def test_a_wrong_download_is_refused(tmp_path, monkeypatch):
     server = Server(root)
     try:
         monkeypatch.setenv(text.SHAKESPEARE_MIRRORS_ENV, server.url)
-        with pytest.raises(UserError, match="could not download input.txt"):
+        with pytest.raises(UserError, match="could not download input.txt") as caught:
             load_dataset("tinyshakespeare", block=4)
+        assert str(caught.value).endswith("; offline, pass `data_dir` holding input.txt")
     finally:
         server.close()
     assert not (tmp_path / "cache" / "tinyshakespeare" / "input.txt").exists()

@@ -291,4 +291,8 @@ def fetch(
         failures.append(f"{url}: {why}")
     if cached(target, sha256):  # another rank's download landed meanwhile
         return target
-    raise UserError(f"could not download {filename} into {cache_dir}: " + "; ".join(failures))
+    why = "; ".join(failures)
+    raise UserError(
+        f"could not download {filename} into {cache_dir}: {why}; offline, pass `data_dir` "
+        f"holding {filename}"
+    )
