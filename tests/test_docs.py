@@ -19,7 +19,8 @@ README = ROOT / "README.md"
 README_MOST_LINES = 260
 
 # The files the history-words check reads: everything a user or contributor reads.
-HISTORY_PATHS = ["README.md", "docs", "xpnn", "tests", "bench", "ci", ".ci", "mkdocs.yml"]
+HISTORY_PATHS = ["README.md", "docs", "examples", "xpnn", "tests", "bench", "ci", ".ci"]
+HISTORY_PATHS += ["mkdocs.yml"]
 HISTORY_WORDS = re.compile(r"\bsessions?\b|(before|since|until) the [0-9]+(st|nd|rd|th)", re.I)
 HISTORY_ALLOWED = re.compile(r"test session", re.I)  # pytest's own wording
 
