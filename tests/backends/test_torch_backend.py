@@ -71,7 +71,7 @@ def test_every_layer_on_torch_equals_numpy_float64(torch64, make, in_shape):
 
 
 @pytest.mark.parametrize("act", ["relu", "sigmoid", "tanh"])
-@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "adamw"])
 def test_mlp_training_on_torch_equals_numpy_float64(torch64, act, optimizer):
     ref = _run(get_backend("numpy", "float64"), act, optimizer)
     _assert_same(ref, _run(torch64, act, optimizer))
