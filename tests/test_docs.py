@@ -237,3 +237,52 @@ def test_the_parallelism_page_batch_threads_example_runs_as_written() -> None:
     code, _ = _page_code("parallelism.md", "**Batch threads")
     out = _run([sys.executable, "-c", code]).stdout
     assert re.fullmatch(r"loss \d\.\d{3} nats a character\n", out), out
+
+
+def _layer_rows() -> dict[str, str]:
+    """model-api.md's table of the library's layers: its first cell's code, by its start."""
+    text = (ROOT / "docs" / "model-api.md").read_text()
+    section = text.partition("## The library's layers")[2].partition("\n## ")[0]
+    return {row.split("|")[1].strip(): row for row in section.splitlines() if row.startswith("| `")}
+
+
+def test_model_api_names_every_parameter_of_the_library_layers() -> None:
+    """Each layer's parameters, as ``named_params`` and a ``--save`` file name them, appear in
+    its row of the table; the GPT's names the page quotes are the ones a model has."""
+    from xpnn.backends import get_backend
+    from xpnn.nn import (
+        CausalSelfAttention,
+        Chain,
+        Dense,
+        Embedding,
+        FeedForward,
+        LayerNorm,
+        PositionEmbedding,
+        Sequential,
+        gpt,
+        transformer_block,
+    )
+    from xpnn.nn.conv import Conv2D
+
+    built = {  # the row's first code, a layer, the shape of one sample it takes
+        "`Dense(": (Dense(3), (4,)),
+        "`xpnn.nn.conv.Conv2D(": (Conv2D(2, 3), (1, 5, 5)),
+        "`LayerNorm(": (LayerNorm(), (3, 4)),
+        "`Embedding(": (Embedding(5, 4), (3,)),
+        "`PositionEmbedding(": (PositionEmbedding(4), (3, 4)),
+        "`CausalSelfAttention(": (CausalSelfAttention(4, 2), (3, 4)),
+        "`FeedForward(": (FeedForward(4, 8), (3, 4)),
+        "`transformer_block(": (transformer_block(4, 2), (3, 4)),
+        "`Chain(": (Chain({"norm": LayerNorm(), "out": Dense(4)}), (3,)),
+    }
+    rows = _layer_rows()
+    backend = get_backend("numpy", "float64")
+    for start, (layer, shape) in built.items():
+        (row,) = [row for first, row in rows.items() if first.startswith(start)]
+        Sequential([layer]).build(shape, backend, 0)
+        missing = [name for name in layer.params if f"`{name}`" not in row]
+        assert layer.params and not missing, f"model-api.md's {start} row lacks {missing}"
+    text = (ROOT / "docs" / "model-api.md").read_text()
+    names = gpt(5, layers=1, heads=2, embed=4, block=3).build((3,), backend, 0).named_params()
+    for quoted in ("layer2.attn.ln.gamma", "layer3.gamma"):
+        assert f"`{quoted}`" in text and quoted in names, quoted
