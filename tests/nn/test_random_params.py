@@ -69,6 +69,7 @@ def _randomize(layer: Layer) -> None:
         (lambda: Dense(5, "tanh"), (7,)),
         (lambda: Conv2D(2, 3, padding=1, activation="sigmoid"), (2, 4, 5)),
     ],
+    ids=["layernorm", "dense_tanh", "conv_sigmoid"],
 )
 def test_check_layer_at_random_parameters(make, in_shape, backend):
     """The public route: ``check_layer`` with the parameters set after build."""
