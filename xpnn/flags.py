@@ -460,6 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="--parallel pipeline: keep each micro-batch's stage input, not its activations, "
         "and run its forward again before its backward (less memory, one more forward)",
     )
+    a(
+        "--shard-optimizer",
+        action="store_true",
+        help="keep 1/N of the optimizer state on each of N data-parallel ranks (ZeRO stage 1): "
+        "each rank updates its shard of the parameters, then every shard is sent to every rank",
+    )
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
     a(
         "--trace",
