@@ -594,7 +594,10 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     """Worth a word, not an error: a fallback transport, settings ignored or probably a slip."""
     groups = trainer.groups
     said = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
-    said += [f"{name} has no effect {why}" for name, why in ineffective_settings(spec, groups, trainer.cfg.plan)]
+    said += [
+        f"{name} has no effect {why}"
+        for name, why in ineffective_settings(spec, groups, trainer.cfg.plan)
+    ]
     if spec.precision != "fp32" and spec.backend != "numpy" and trainer.backend.name == "numpy":
         said.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
     return said + questionable_settings(spec, trainer.cfg, world, trainer.data.n_train)
