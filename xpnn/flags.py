@@ -22,8 +22,9 @@ from xpnn.nn.losses import LOSSES
 from xpnn.nn.models import MLP_ACTIVATIONS
 from xpnn.optim import OPTIMIZERS, SCHEDULES
 from xpnn.parallel.comm import KINDS
-from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
+from xpnn.parallel.plan import MODES as PARALLEL
+from xpnn.parallel.plan import NODE_SHARES
 from xpnn.parallel.update import DEFAULT_BUCKET_MB
 from xpnn.parallel.update.wire import GRAD_DTYPES
 from xpnn.run import BATCH, HIDDEN, LR_SCALINGS, MICROBATCHES, SYNTHETIC_SIZE, RunSpec

@@ -331,12 +331,12 @@ NON_NEGATIVE = ("warmup_epochs", "stall_warn", "stall_abort")
 def choices() -> dict[str, Collection[str]]:
     """The choices of the settings a run's code branches on, as their registries list them."""
     from xpnn.optim import OPTIMIZERS, SCHEDULES
-    from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
+    from xpnn.parallel.plan import MODES, NODE_SHARES
     from xpnn.train.graph import CUDA_GRAPH
     from xpnn.train.precision import PRECISIONS
 
     return {
-        "parallel": PARALLEL,
+        "parallel": MODES,
         "node_share": NODE_SHARES,
         "schedule": SCHEDULES,
         "precision": PRECISIONS,

@@ -55,7 +55,16 @@ def test_a_pipeline_plan_holds_its_schedule_and_the_nodes():
         (4, {"parallel": "tensor", "model_ranks": 3}, "`model_ranks` 3: 4 ranks do not split"),
         (2, {"parallel": "tensor", "model_ranks": 4}, "`model_ranks` 4: more than the job's 2"),
         (3, {"parallel": "pipeline", "tensor_ranks": 2}, "`tensor_ranks` 2: does not divide a"),
-        (2, {"parallel": "tensor", "comm": "mpi-shm"}, "`comm` mpi-shm: shares one copy"),
+        (
+            2,
+            {"parallel": "tensor", "comm": "mpi-shm"},
+            "`comm` mpi-shm: .* with `parallel` tensor use",
+        ),
+        (
+            2,
+            {"parallel": "pipeline", "comm": "mpi-shm"},
+            "`comm` mpi-shm: .* `parallel` pipeline use",
+        ),
     ],
 )
 def test_a_layout_that_does_not_fit_the_world_is_refused(size, settings, message):

@@ -12,6 +12,7 @@ from typing import Any
 from xpnn.errors import UserError
 
 MODES = ("data", "tensor", "pipeline")  # how the ranks share the work (``--parallel``)
+NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ranks share
 UNSHARDED = "only with `parallel` data (the optimizer's shards are the data-parallel ranks')"
 
 
@@ -55,9 +56,16 @@ class Plan:
     def build(cls, spec: Any, world: Any, threads: int | None = None) -> Plan:
         """The plan of ``spec`` (a resolved ``RunSpec``) on ``world``; a ``UserError`` naming
         the setting for a layout that does not fit or a combination not supported."""
-        from xpnn.parallel.model.layout import place_of
-
-        model_ranks = place_of(world.rank, world.size, spec.parallel, spec.model_ranks).model_ranks
+        model_ranks = 1 if spec.parallel == "data" else (spec.model_ranks or world.size)
+        if model_ranks > world.size:
+            raise UserError(
+                f"`model_ranks` {model_ranks}: more than the job's {world.size} rank(s)"
+            )
+        if world.size % model_ranks:
+            raise UserError(
+                f"`model_ranks` {model_ranks}: {world.size} ranks do not split into replicas of "
+                f"{model_ranks} ranks; give a divisor of {world.size}"
+            )
         parts = model_ranks if spec.parallel == "tensor" else (spec.tensor_ranks or 1)
         pipelined = spec.parallel == "pipeline"
         if pipelined and model_ranks % parts:
@@ -95,9 +103,10 @@ class Plan:
 
     def place(self, rank: int) -> Any:
         """Rank ``rank``'s place in the grid: a replica's ranks are consecutive."""
-        from xpnn.parallel.model.layout import place_of
+        from xpnn.parallel.model.layout import Place
 
-        return place_of(rank, self.ranks, self.mode, self.model_ranks)
+        k = self.model_ranks
+        return Place(k, self.replicas, rank % k, rank // k)
 
     def apply(
         self,
@@ -162,7 +171,7 @@ class Plan:
         kind = self.comm
         if self.shard_optimizer and kind == "auto" and not getattr(backend, "is_gpu", False):
             kind = "mpi-host" if self.ranks > 1 else kind
-        return make_groups(world, self.place(world.rank), backend, kind, self.mode)
+        return make_groups(world, self.place(world.rank), backend, kind)
 
     def stage_comm(self, world: Any, backend: Any) -> Any:
         """The communicator of this rank's pipeline stage's tensor parts (collective)."""
@@ -171,7 +180,7 @@ class Plan:
         place = self.place(world.rank)
         sub = world.split(place.replica * self.stages + place.index // self.tensor_parts)
         kind = "auto" if self.comm == "mpi-shm" else self.comm
-        return make_communicator(sub, backend, kind, "tensor")
+        return make_communicator(sub, backend, kind, shares_params=False)
 
     def make_update(
         self,

@@ -173,7 +173,7 @@ class Trainer:
         self.xp = backend.xp
         self.log = log or (lambda msg: print(msg, flush=True))
         self.is_root = comm.rank == 0
-        self.groups = groups or Groups.of(comm, cfg.plan.mode)
+        self.groups = groups or Groups.of(comm, cfg.plan.spread)
         self.data_comm = self.groups.data  # one rank per replica
         self.model_comm = self.groups.model  # the ranks of one replica
         # the ranks whose losses add up: every pipeline stage (only the last ones score)
