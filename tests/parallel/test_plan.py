@@ -89,8 +89,6 @@ def test_a_layout_that_does_not_fit_the_world_is_refused(size, settings, message
          "`batch_threads` 2: not with `node_share` activations"),
         ({"parallel": "tensor", "grad_dtype": "float16"},
          "`grad_dtype` float16: only with `parallel` data"),
-        ({"parallel": "pipeline", "shard_optimizer": True},
-         "`shard_optimizer`: only with `parallel` data"),
         ({"comm": "mpi-shm", "shard_optimizer": True}, "`shard_optimizer`: not with node-shared"),
         ({"precision": "bf16", "shard_optimizer": True}, "`shard_optimizer`: not with `precision`"),
         ({"grad_dtype": "bfloat16", "shard_optimizer": True},

@@ -13,7 +13,6 @@ from xpnn.errors import UserError
 
 MODES = ("data", "tensor", "pipeline")  # how the ranks share the work (``--parallel``)
 NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ranks share
-UNSHARDED = "only with `parallel` data (the optimizer's shards are the data-parallel ranks')"
 
 
 @dataclass(frozen=True)
@@ -271,8 +270,6 @@ def check(spec: Any) -> None:
 
 def check_sharded(spec: Any) -> None:
     """What ``shard_optimizer`` does not go with, in one line each."""
-    if spec.parallel != "data":
-        raise UserError(f"`shard_optimizer`: {UNSHARDED}, not `parallel` {spec.parallel}")
     if spec.comm == "mpi-shm" or spec.node_share is not None:
         raise UserError(
             "`shard_optimizer`: not with node-shared memory (`comm` mpi-shm, `node_share`), "

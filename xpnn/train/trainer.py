@@ -202,17 +202,21 @@ class Trainer:
         hyper = {name: getattr(cfg, name) for name in ("momentum", "betas", "eps", "weight_decay")}
         shapes = [tuple(layer.params[name].shape) for _, layer, name in model.param_names()]
         matrices = matrix_ranges(shapes)
-        clip = None
-        if cfg.clip_norm is not None:
-            shared = replicated_ranges(model)
-            clip = GradClip(cfg.clip_norm, self._norm_total, shared)
+        shared = replicated_ranges(model)  # what clipping counts on another rank
 
         def optimizer(
             params: Any, grads: Any, parts: Any = None, zeros: Any = None, offset: int = 0
-        ) -> Any:  # offset: where ``params`` starts in the flat buffer (a shard)
+        ) -> Any:  # offset: where ``params`` starts in the flat buffer (a rank's shard)
+            def shift(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+                return [(lo - offset, hi - offset) for lo, hi in ranges]
+
+            clip = None
+            if cfg.clip_norm is not None:
+                clip = GradClip(cfg.clip_norm, self._norm_total, shift(shared))
             args = (params, grads, backend.kernels, schedule, parts, zeros)
-            ranges = [(lo - offset, hi - offset) for lo, hi in matrices]
-            return make_optimizer(cfg.optimizer, *args, **hyper, matrices=ranges, clip=clip)
+            return make_optimizer(
+                cfg.optimizer, *args, **hyper, matrices=shift(matrices), clip=clip
+            )
 
         bucket_bytes = int(cfg.bucket_mb * 2**20)
         # fp16 passes, or gradients sent as float16 (a node's shared ones are not sent)
@@ -226,7 +230,7 @@ class Trainer:
             optimizer,
             bucket_bytes,
             cfg.batch_size,
-            deferred=clip is not None or fp16,  # fp16: skip overflows
+            deferred=cfg.clip_norm is not None or fp16,  # fp16: skip overflows
             accumulate=cfg.accumulate,
             wire=wire,
         )

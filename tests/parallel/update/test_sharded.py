@@ -27,23 +27,35 @@ def assert_same(want: dict, got: dict) -> None:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-9, atol=1e-12, err_msg=name)
 
 
-def assert_sharded_runs_equal_one_rank(tmp_path, args, ranks=(2, 3)) -> list[dict]:
+def assert_sharded_runs_equal_one_rank(tmp_path, args, ranks=(2, 3), layout=()) -> list[dict]:
+    """``args`` on 1 rank against ``ranks`` ranks sharding (with the flags ``layout``)."""
     one, rec1, _ = train_and_load(tmp_path, 1, [*args, *SHARD])
     assert rec1[-1]["update"] == "local"  # one rank: nothing to shard
     moved = train_and_load(tmp_path, 1, [*args, "--epochs", "1"])[0]
     assert any(not np.allclose(one[k], moved[k]) for k in one)  # training moved them
     records = []
     for n in ranks:
-        params, rec, _ = train_and_load(tmp_path, n, [*args, *SHARD])
+        params, rec, _ = train_and_load(tmp_path, n, [*args, *layout, *SHARD])
         assert rec[-1]["update"] == "sharded" and rec[-1]["ranks_agree"], rec[-1]
-        assert rec[-1]["plan"]["shard_optimizer"] is True and rec[-1]["plan"]["replicas"] == n
+        plan = rec[-1]["plan"]
+        assert plan["shard_optimizer"] is True and plan["replicas"] == n // plan["model_ranks"]
         assert_same(one, params)
         records.append(rec[-1])
     return records
 
 
-def test_the_mlp_on_one_two_and_three_ranks(tmp_path):
-    assert_sharded_runs_equal_one_rank(tmp_path, MLP)
+def test_the_mlp_on_one_to_four_ranks(tmp_path):
+    assert_sharded_runs_equal_one_rank(tmp_path, MLP, ranks=(2, 3, 4))
+
+
+@pytest.mark.parametrize("mode", ["tensor", "pipeline"])
+def test_replicas_of_a_split_network_shard_their_pieces(tmp_path, mode):
+    """2 replicas of 2 ranks: each rank's piece sharded over its place in the other replica,
+    clipped by the whole model's norm (a tensor part's unsplit biases counted once)."""
+    layout = ["--parallel", mode, "--model-ranks", "2"]
+    args = [*MLP, "--clip-norm", "0.05"]
+    [record] = assert_sharded_runs_equal_one_rank(tmp_path, args, ranks=(4,), layout=layout)
+    assert record["plan"]["model_ranks"] == 2 and record["data_comm"] == "mpi-host"
 
 
 def test_adamw_with_clipping_on_three_ranks(tmp_path):
@@ -81,6 +93,17 @@ def test_a_checkpoint_resumes_on_another_rank_count(tmp_path):
         assert "resume:" in proc.stdout
         assert [r["epoch"] for r in records if "epoch" in r] == [2]  # epoch 2 alone
         assert_same(whole, params)
+
+
+def test_a_split_networks_sharded_checkpoint_resumes_on_one_rank(tmp_path):
+    """Written by 2 replicas of 2 tensor parts, each part's state in 2 shards: whole again."""
+    whole, _, _ = train_and_load(tmp_path, 1, MLP)
+    ckpt = ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    layout = ["--parallel", "tensor", "--model-ranks", "2", *SHARD]
+    train_and_load(tmp_path, 4, [*MLP, *layout, "--epochs", "1", *ckpt])
+    params, _, proc = train_and_load(tmp_path, 1, [*MLP, *ckpt, "--resume"])
+    assert "resume:" in proc.stdout
+    assert_same(whole, params)
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
