@@ -58,9 +58,11 @@ def test_replicas_of_a_split_network_shard_their_pieces(tmp_path, mode):
     assert record["plan"]["model_ranks"] == 2 and record["data_comm"] == "mpi-host"
 
 
-def test_adamw_with_clipping_on_three_ranks(tmp_path):
-    """Weight decay on the shard's matrices only, the global norm from every shard."""
+def test_adamw_with_clipping_and_accumulation_on_three_ranks(tmp_path):
+    """Weight decay on the shard's matrices only, the global norm from every shard, each
+    batch in two micro-steps."""
     args = [*MLP, "--optimizer", "adamw", "--weight-decay", "0.1", "--clip-norm", "0.05"]
+    args += ["--accumulate", "2"]
     assert_sharded_runs_equal_one_rank(tmp_path, args, ranks=(3,))
 
 
