@@ -139,3 +139,18 @@ def test_a_run_records_and_prints_its_plan(tmp_path):
     )
     assert "xpnn: plan: 1 replica x 1 stage x 1 part, local over self" in "\n".join(lines)
     assert done["plan"]["replicas"] == 1 and done["plan"]["update"] == "local"
+
+
+def test_apply_splits_or_stages_the_model_for_its_rank():
+    from xpnn.backends import get_backend
+    from xpnn.nn import build_model
+    from xpnn.parallel.model.whole import whole_size
+
+    backend = get_backend("numpy", "float64")
+    whole = build_model("mlp", (8, 6)).build((5,), backend, 0)
+    split = build(2, parallel="tensor").apply(build_model("mlp", (8, 6)), (5,), backend, 0, 1)
+    assert split.part == 1 and whole_size(split) == whole.size > split.size
+    staged = build(2, parallel="pipeline").apply(build_model("mlp", (8, 6)), (5,), backend, 0, 1)
+    assert (staged.index, staged.stages) == (1, 2) and whole_size(staged) == whole.size
+    alone = build(1).apply(build_model("mlp", (8, 6)), (5,), backend, 0, 0)
+    assert alone.size == whole.size and alone.part == 0

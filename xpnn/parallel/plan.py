@@ -72,7 +72,7 @@ class Plan:
                 f"`tensor_ranks` {parts}: does not divide a replica's {model_ranks} ranks "
                 "into pipeline stages"
             )
-        if spec.comm == "mpi-shm" and spec.parallel != "data" and model_ranks == world.size:
+        if spec.comm == "mpi-shm" and 1 < model_ranks == world.size:  # no replicas to share
             raise UserError(
                 "`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "
                 f"with `parallel` {spec.parallel} use mpi-host or auto, or `model_ranks` K "
