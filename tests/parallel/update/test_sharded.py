@@ -8,7 +8,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import CNN_DROPOUT_RUN, TINY_FLOAT64_RUN, train_and_load
+from conftest import (
+    CNN_DROPOUT_RUN,
+    TINY_FLOAT64_RUN,
+    assert_one_line_user_error,
+    run_xpnn,
+    train_and_load,
+)
 
 from parallel.model.test_gpt_parallel import gpt_args, write_text
 from xpnn.backends import get_backend
@@ -139,3 +145,23 @@ def test_the_flag_is_in_the_metrics_plan(tmp_path):
     _, records, proc = train_and_load(tmp_path, 2, [*MLP, *SHARD, "--epochs", "1"])
     assert "plan: 2 replicas x 1 stage x 1 part, sharded over mpi-host" in proc.stdout
     assert json.loads(json.dumps(records[-1]["plan"]))["update"] == "sharded"
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--comm", "mpi-shm"], "--shard-optimizer: not with node-shared memory (--comm mpi-shm"),
+        (["--precision", "bf16"], "--shard-optimizer: not with --precision bf16"),
+        (["--grad-dtype", "float16"], "--shard-optimizer: not with --grad-dtype float16"),
+    ],
+)
+def test_a_combination_it_does_not_support_is_one_line(flags, said):
+    proc = run_xpnn([*MLP, *SHARD, *flags], ranks=2, timeout=120)
+    assert_one_line_user_error(proc, said)
+
+
+def test_one_rank_is_told_there_is_nothing_to_shard():
+    proc = run_xpnn([*MLP, *SHARD, "--epochs", "1"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    note = "xpnn: note: --shard-optimizer has no effect with one data-parallel rank"
+    assert note in proc.stderr
