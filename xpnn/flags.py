@@ -22,8 +22,9 @@ from xpnn.nn.losses import LOSSES
 from xpnn.nn.models import MLP_ACTIVATIONS
 from xpnn.optim import OPTIMIZERS, SCHEDULES
 from xpnn.parallel.comm import KINDS
-from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
+from xpnn.parallel.plan import MODES as PARALLEL
+from xpnn.parallel.plan import NODE_SHARES
 from xpnn.parallel.update import DEFAULT_BUCKET_MB
 from xpnn.parallel.update.wire import GRAD_DTYPES
 from xpnn.run import BATCH, HIDDEN, LR_SCALINGS, MICROBATCHES, SYNTHETIC_SIZE, RunSpec
@@ -459,6 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--parallel pipeline: keep each micro-batch's stage input, not its activations, "
         "and run its forward again before its backward (less memory, one more forward)",
+    )
+    a(
+        "--shard-optimizer",
+        action="store_true",
+        help="keep 1/N of the optimizer state on each of N data-parallel ranks (ZeRO stage 1): "
+        "each rank updates its shard of the parameters, then every shard is sent to every rank",
     )
     a("--no-progress", action="store_true", help="no progress bar even on a terminal")
     a(

@@ -90,6 +90,7 @@ class RunSpec:
     precision: str = "fp32"  # bf16, fp16: fp32 master parameters, low-precision passes
     grad_dtype: str | None = None  # float32, bfloat16, float16: the gradients sent between ranks
     cuda_graph: str = "off"  # replay the step as a CUDA graph: auto, on, off (not yet run on a GPU)
+    shard_optimizer: bool = False  # the optimizer state sharded over the data-parallel ranks
 
 
 # What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
@@ -222,7 +223,6 @@ def build_run(
     """A ``Trainer`` ready to ``run()`` ``spec`` on this rank (collective); ``log``: rank 0's;
     ``given``: the settings the user chose (default: those off their defaults), which a
     model's preset leaves alone."""
-    from xpnn.parallel.model.layout import make_groups
     from xpnn.runtime.failure import agree_on_user_errors
     from xpnn.train import Trainer
     from xpnn.train.callbacks import run_callbacks
@@ -232,7 +232,7 @@ def build_run(
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
     # --model gpt: nanoGPT's recipe where spec is silent; then checked, the defaults filled
     spec, preset = agree_on_user_errors(world, lambda: resolve(spec, given))
-    backend, data, model, cfg, place = agree_on_user_errors(world, lambda: _setup(spec, world))
+    backend, data, model, cfg, plan = agree_on_user_errors(world, lambda: _setup(spec, world))
     if preset:
         cfg.facts.preset = {k: list(v) if isinstance(v, tuple) else v for k, v in preset.items()}
     if world.size > 1:  # data_dir may differ between ranks, the data they read may not
@@ -245,14 +245,10 @@ def build_run(
         if len(set(counts)) > 1:  # other cores or `threads`: the metrics carry every rank's
             cfg.facts.threads_per_rank = counts
     # A separate phase: on GPU backends building the communicators talks to the other ranks.
-    groups = agree_on_user_errors(
-        world, lambda: make_groups(world, place, backend, spec.comm, spec.parallel)
-    )
+    groups = agree_on_user_errors(world, lambda: plan.groups(world, backend))
     model.attach(groups.model)  # split layers and pipeline stages talk within their replica
-    if spec.parallel == "pipeline" and (spec.tensor_ranks or 1) > 1:  # 3-D: a stage's parts
-        model.attach_split(
-            agree_on_user_errors(world, lambda: stage_comm(world, place, model, backend, spec))
-        )
+    if plan.pipelined and plan.tensor_parts > 1:  # 3-D: a stage's parts
+        model.attach_split(agree_on_user_errors(world, lambda: plan.stage_comm(world, backend)))
     callbacks = [*callbacks, *agree_on_user_errors(world, lambda: observers(spec, world.rank))]
     stall.set_limits(spec.stall_warn, spec.stall_abort)  # for every wait of this process
 
@@ -271,6 +267,8 @@ def build_run(
             model, data, backend, groups.world, cfg, say, groups, callbacks=[*own, *callbacks]
         )
         start(built, spec.checkpoint_dir, spec.resume)  # last: a resume loads into it
+        built.cfg.plan = plan.resolved(groups.name, built.update.name)
+        built.cfg.facts.plan = built.cfg.plan.record()  # every metrics line says it
         return built
 
     # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a checkpoint may not fit
@@ -333,12 +331,12 @@ NON_NEGATIVE = ("warmup_epochs", "stall_warn", "stall_abort")
 def choices() -> dict[str, Collection[str]]:
     """The choices of the settings a run's code branches on, as their registries list them."""
     from xpnn.optim import OPTIMIZERS, SCHEDULES
-    from xpnn.parallel.model.layout import NODE_SHARES, PARALLEL
+    from xpnn.parallel.plan import MODES, NODE_SHARES
     from xpnn.train.graph import CUDA_GRAPH
     from xpnn.train.precision import PRECISIONS
 
     return {
-        "parallel": PARALLEL,
+        "parallel": MODES,
         "node_share": NODE_SHARES,
         "schedule": SCHEDULES,
         "precision": PRECISIONS,
@@ -352,7 +350,8 @@ def check_spec(spec: RunSpec) -> None:
     """Every setting's own range and every pair that cannot go together, checked once for
     the command line and for programs alike; raises a ``UserError`` naming the setting."""
     from xpnn.nn.layer import is_int
-    from xpnn.train.precision import check_grad_dtype, check_precision
+    from xpnn.parallel.plan import check
+    from xpnn.train.precision import check_grad_dtype
 
     for name, least in COUNTS.items():
         value = getattr(spec, name)
@@ -374,35 +373,10 @@ def check_spec(spec: RunSpec) -> None:
             raise UserError(f"`{name}` {value!r}: choose one of {', '.join(allowed)}")
     if spec.resume and not spec.checkpoint_dir:
         raise UserError("`resume`: needs `checkpoint_dir`")
-    if spec.node_share == "activations" and spec.parallel != "data":
-        raise UserError(
-            f"`node_share` activations: only with `parallel` data (this run has `parallel` "
-            f"{spec.parallel}, whose ranks split the network)"
-        )
-    check_precision(spec.precision, spec.parallel, spec.node_share)
-    if spec.batch_threads > 1:
-        check_batch_spec(spec)
-    check_grad_dtype(spec.grad_dtype, spec.parallel)
+    check_grad_dtype(spec.grad_dtype)
+    check(spec)  # the combinations: the plan's
     if spec.warmup_steps is not None and spec.warmup_epochs > 0:
         raise UserError("`warmup_steps` and `warmup_epochs`: give one")
-
-
-def check_batch_spec(spec: RunSpec) -> None:
-    """What ``batch_threads`` above 1 cannot go with: each batch thread runs a whole twin of
-    the model on one copy of the parameters, alone on its part of the rank's samples."""
-    k = spec.batch_threads
-    if spec.parallel != "data":
-        raise UserError(f"`batch_threads` {k}: only with `parallel` data, not {spec.parallel}")
-    if spec.precision != "fp32":
-        raise UserError(
-            f"`batch_threads` {k}: only with `precision` fp32 (the {spec.precision} passes run "
-            "on one low-precision copy of the model)"
-        )
-    if spec.node_share == "activations":
-        raise UserError(
-            f"`batch_threads` {k}: not with `node_share` activations (the node's ranks would "
-            "share one batch's activations, not a thread's part)"
-        )
 
 
 def with_defaults(spec: RunSpec) -> RunSpec:
@@ -484,11 +458,12 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     from xpnn.data import load_dataset
     from xpnn.nn.models import make_model, model_name
     from xpnn.parallel.model.batch_threads import check_batch_threads
-    from xpnn.parallel.model.layout import place_of
+    from xpnn.parallel.plan import Plan
     from xpnn.runtime.threads import apply_threads, threads_per_rank
     from xpnn.train import RunFacts
 
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
+    plan = Plan.build(spec, world, threads)
     # batch threads: each its own BLAS and Numba threads, a share of the rank's
     apply_threads(max(1, threads // spec.batch_threads))
     backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank, device=spec.device)
@@ -519,38 +494,16 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         spec.loss,
         gpt_sizes=gpt_settings(spec),
     )
-    place = place_of(world.rank, world.size, spec.parallel, spec.model_ranks)
-    part, parts = tensor_part(spec, place, model)  # a pipeline stage's tensor part (0, 1: none)
-    if spec.parallel == "tensor" or parts > 1:
-        from xpnn.parallel.model.tensor import split_layers
-
-        split = (place.index, place.model_ranks) if spec.parallel == "tensor" else (part, parts)
-        model.layers = split_layers(model.layers, *split)
     try:
-        if spec.parallel == "pipeline":
-            from xpnn.parallel.model.pipeline import build_stage
-
-            model = build_stage(
-                model,
-                data.input_shape,
-                backend,
-                spec.seed,
-                place.index // parts,
-                place.model_ranks // parts,
-                microbatches=spec.microbatches,
-                schedule=spec.pipeline_schedule,
-                recompute=spec.recompute,
-                tensor=(part, parts),
-            )
-        else:
-            model.build(data.input_shape, backend, spec.seed)
+        model = plan.apply(model, data.input_shape, backend, spec.seed, world.rank, spec.model)
     except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
         what = f"`model` {model_name(spec.model)}"
         if spec.model == "mlp":
             what = f"`hidden` {','.join(map(str, spec.hidden))}"
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     check_batch_threads(spec.batch_threads, threads, backend.name)
-    replicas = place.replicas  # the ranks that each take a share of the batch
+    plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
+    replicas = plan.replicas  # the ranks that each take a share of the batch
     facts = RunFacts(
         threads=threads,
         batch_threads=spec.batch_threads if spec.batch_threads > 1 else None,
@@ -560,49 +513,19 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         precision=spec.precision,
         grad_dtype=spec.grad_dtype,
         parallel=spec.parallel,
-        model_ranks=place.model_ranks,
+        model_ranks=plan.model_ranks,
         replicas=replicas,
         loss=spec.loss,
         activation=spec.activation if spec.model == "mlp" else None,
         **gpt_identity(spec, data),
     )
     cfg = _train_config(spec, replicas, data.n_train, facts)
+    cfg.plan = plan
     facts.global_batch = cfg.batch_size
-    if spec.parallel == "pipeline":  # as the stage settled them
-        cfg.facts.microbatches = model.microbatches
-        cfg.facts.pipeline_schedule = model.schedule
-        cfg.facts.recompute = model.recompute
-        cfg.facts.tensor_ranks = model.parts
-    return backend, data, model, cfg, place
-
-
-def tensor_part(spec: RunSpec, place: Any, model: Any) -> tuple[int, int]:
-    """(this rank's tensor part of its pipeline stage, the parts a stage): a replica of K
-    ranks is K / T stages of T parts, stage s part p on its rank s * T + p."""
-    parts = spec.tensor_ranks or 1
-    if spec.parallel != "pipeline" or parts == 1:
-        return 0, 1
-    if not any(inner.tensor_pairs for top in model.layers for inner in top.walk()):
-        # an MLP's pairs are top-level layers, which a stage boundary could separate
-        raise UserError(
-            f"`tensor_ranks` {parts}: `model` {spec.model} declares no splits inside its "
-            "layers (`model` gpt does); use `parallel` tensor"
-        )
-    if place.model_ranks % parts:
-        raise UserError(
-            f"`tensor_ranks` {parts}: does not divide a replica's {place.model_ranks} ranks "
-            "into pipeline stages"
-        )
-    return place.index % parts, parts
-
-
-def stage_comm(world: Any, place: Any, model: Any, backend: Any, spec: RunSpec) -> Any:
-    """The communicator of this rank's pipeline stage's tensor parts (collective)."""
-    from xpnn.parallel.comm import make_communicator
-
-    sub = world.split(place.replica * model.stages + model.index)
-    kind = "auto" if spec.comm == "mpi-shm" else spec.comm
-    return make_communicator(sub, backend, kind, "tensor")
+    if plan.pipelined:  # as the stage settled them
+        facts.microbatches, facts.pipeline_schedule = plan.microbatches, plan.schedule
+        facts.recompute, facts.tensor_ranks = plan.recompute, plan.tensor_parts
+    return backend, data, model, cfg, plan
 
 
 def gpt_settings(spec: RunSpec) -> dict[str, int]:
@@ -650,7 +573,7 @@ def summary(trainer: Any) -> list[str]:
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
     line = model.summary()
     if is_spread(model):  # tensor and pipeline parallel: rank 0 holds a part
-        line += f" on rank 0 of {whole_size(model):,}, {cfg.parallel} parallel"
+        line += f" on rank 0 of {whole_size(model):,}, {cfg.plan.mode} parallel"
         if groups.data.size > 1:
             line += f" over {groups.model.size} ranks x {groups.data.size} replicas"
     preset = cfg.facts.preset
@@ -663,6 +586,7 @@ def summary(trainer: Any) -> list[str]:
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
         f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {trainer.backend.describe()}, "
         f"comm {groups.name}{note}, {trainer.comm.size} rank(s) x {threads}",
+        cfg.plan.header(),
     ]
 
 
@@ -670,7 +594,10 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     """Worth a word, not an error: a fallback transport, settings ignored or probably a slip."""
     groups = trainer.groups
     said = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
-    said += [f"{name} has no effect {why}" for name, why in ineffective_settings(spec, groups)]
+    said += [
+        f"{name} has no effect {why}"
+        for name, why in ineffective_settings(spec, groups, trainer.cfg.plan)
+    ]
     if spec.precision != "fp32" and spec.backend != "numpy" and trainer.backend.name == "numpy":
         said.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
     return said + questionable_settings(spec, trainer.cfg, world, trainer.data.n_train)
@@ -681,7 +608,7 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
     from xpnn.runtime.threads import REPLACED_ENV, node_cores
 
     notes = []
-    if spec.parallel == "pipeline":
+    if cfg.plan.pipelined:
         # a batch is cut into at most one micro-batch per sample: more are never run
         batch = min(cfg.batch_size, n_train or cfg.batch_size)
         batch = -(-batch // spec.accumulate)  # what one micro-step of `accumulate` takes
@@ -741,7 +668,7 @@ OPTIONAL += ("grad_dtype",)
 SHARED_GRADS = "one rank alone, or a node's ranks that share memory"
 
 
-def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
+def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[str, str]]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
     from xpnn.nn.models import model_name
     from xpnn.parallel.update import uses_byte_buckets
@@ -764,7 +691,7 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
         if name in given and spec.model != "gpt":
             found.append((f"`{name}`", f"with `model` {model_name(spec.model)}"))
     for name in ("microbatches", "pipeline_schedule", "recompute", "tensor_ranks"):
-        if name in given and spec.parallel != "pipeline":
+        if name in given and not plan.pipelined:
             found.append((f"`{name}`", "without `parallel` pipeline"))
     for name in HYPERS:
         if name in given and name not in HYPER_PARAMETERS[spec.optimizer]:
@@ -775,18 +702,20 @@ def ineffective_settings(spec: RunSpec, groups: Any) -> list[tuple[str, str]]:
         found.append(("`eval_every`", "without `steps`: each epoch ends with an evaluation"))
     if "step_epochs" in given and spec.schedule != "step":
         found.append(("`step_epochs`", f"with `schedule` {spec.schedule}"))
-    if "model_ranks" in given and spec.parallel == "data":
+    if spec.shard_optimizer and groups.data.size == 1:
+        found.append(
+            ("`shard_optimizer`", "with one data-parallel rank: there is nothing to shard")
+        )
+    if "model_ranks" in given and not plan.spread:
         found.append(("`model_ranks`", "with `parallel` data: every rank holds the network"))
     data = groups.data
     where = f"with comm {data.name} on {data.size} rank(s)"
-    if "bucket_mb" in given and data.size == 1 and spec.parallel != "data":
-        found.append(
-            ("`bucket_mb`", f"with `parallel` {spec.parallel}: no gradients are exchanged")
-        )
+    if "bucket_mb" in given and data.size == 1 and plan.spread:
+        found.append(("`bucket_mb`", f"with `parallel` {plan.mode}: no gradients are exchanged"))
     elif "bucket_mb" in given and not uses_byte_buckets(data):
         found.append(("`bucket_mb`", f"{where}: the update's buckets are cut at layers"))
     if "node_share" in given and (data.size == 1 or uses_byte_buckets(data)):
         found.append(("`node_share`", f"{where}: only mpi-shm shares a node's memory"))
-    if "grad_dtype" in given and spec.parallel == "data" and not sends_gradients(data):
+    if "grad_dtype" in given and not plan.spread and not sends_gradients(data):
         found.append(("`grad_dtype`", f"{where}: no gradients are sent ({SHARED_GRADS})"))
     return found

@@ -35,8 +35,8 @@ def graph_unavailable(trainer: Any) -> str | None:
     reason = trainer.backend.capture_unavailable()
     if reason is not None:
         return reason
-    if cfg.parallel != "data":
-        return f"`parallel` {cfg.parallel} exchanges activations inside the step"
+    if cfg.plan.spread:
+        return f"`parallel` {cfg.plan.mode} exchanges activations inside the step"
     if cfg.accumulate > 1:
         return "`accumulate` above 1 sums micro-steps of different sizes"
     if cfg.precision != "fp32":

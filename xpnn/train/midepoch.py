@@ -30,13 +30,13 @@ def write_checkpoint(
     """The whole network and optimizer state (gathered; collective over each replica's
     ranks), written by rank 0 after ``epoch`` epochs and, with ``partial``, some steps more."""
     model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
+    states = trainer.update.whole_state()  # every data-parallel rank: a sharded one gathers
     if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
         return
     stall.in_phase(f"the checkpoint at step {optimizer.step_count}")
     params = whole_params(model, comm)
     state = {
-        name: whole_arrays(model, comm, model.named_views(buf))
-        for name, buf in optimizer.state.items()
+        name: whole_arrays(model, comm, model.named_views(buf)) for name, buf in states.items()
     }
     if trainer.is_root:
         with path_problems("checkpoint_dir", directory):

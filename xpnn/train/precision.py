@@ -208,33 +208,8 @@ class Precision:
             self._master()
 
 
-def check_precision(precision: str, parallel: str, node_share: str | None = None) -> None:
-    """Mixed precision is for data parallelism (split layers would exchange low-precision
-    activations, which the host-staged MPI transport cannot sum), with each rank's own
-    activations (node-shared ones are held in the master precision)."""
-    if precision not in PRECISIONS:
-        raise UserError(f"`precision` {precision!r}: choose one of {', '.join(PRECISIONS)}")
-    if precision != "fp32" and parallel != "data":
-        raise UserError(
-            f"`precision` {precision}: only with `parallel` data (this run has `parallel` "
-            f"{parallel})"
-        )
-    if precision != "fp32" and node_share == "activations":
-        raise UserError(
-            f"`precision` {precision}: not with `node_share` activations; use `node_share` "
-            "gradients"
-        )
-
-
-def check_grad_dtype(grad_dtype: str | None, parallel: str) -> None:
-    """The gradient exchange's float: None (the parameters'), or one of ``GRAD_DTYPES``; for
-    data parallelism (split layers exchange activations, whose sums this does not cover)."""
-    if grad_dtype is None:
-        return
-    if grad_dtype not in GRAD_DTYPES:
+def check_grad_dtype(grad_dtype: str | None) -> None:
+    """The gradient exchange's float: None (the parameters'), or one of ``GRAD_DTYPES`` (the
+    layouts it goes with are ``xpnn.parallel.plan``'s to refuse)."""
+    if grad_dtype is not None and grad_dtype not in GRAD_DTYPES:
         raise UserError(f"`grad_dtype` {grad_dtype!r}: choose one of {', '.join(GRAD_DTYPES)}")
-    if parallel != "data":
-        raise UserError(
-            f"`grad_dtype` {grad_dtype}: only with `parallel` data (this run has `parallel` "
-            f"{parallel})"
-        )

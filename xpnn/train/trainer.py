@@ -20,7 +20,7 @@ from xpnn.optim import GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.parallel.model.batch_threads import BatchThreads
 from xpnn.parallel.model.layout import Groups
 from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
-from xpnn.parallel.update import make_update
+from xpnn.parallel.plan import Plan
 from xpnn.parallel.update.wire import make_wire, sends_gradients
 from xpnn.runtime import stall
 from xpnn.runtime.memory import peak_rss_mb
@@ -51,6 +51,7 @@ class RunFacts:
     recompute: bool | None = None
     tensor_ranks: int | None = None  # a pipeline stage's tensor parts (3-D parallelism)
     preset: dict[str, Any] | None = None  # the settings a model's recipe filled (--model gpt)
+    plan: dict[str, Any] | None = None  # the run's layout (``xpnn.parallel.Plan.record``)
     loss: str | None = None  # what a resume must match
     activation: str | None = None
     layers: int | None = None  # a GPT's sizes and vocabulary: what ``generate`` rebuilds
@@ -108,6 +109,7 @@ class TrainConfig:
     resume: bool
     keep_checkpoints: int
     eval_batch_size: int = 1000  # the trainer's own: test samples scored a pass
+    plan: Plan = field(default_factory=Plan)  # the layout: one process unless a run builds it
     facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
 
 
@@ -171,11 +173,11 @@ class Trainer:
         self.xp = backend.xp
         self.log = log or (lambda msg: print(msg, flush=True))
         self.is_root = comm.rank == 0
-        self.groups = groups or Groups.of(comm, cfg.parallel)
+        self.groups = groups or Groups.of(comm, cfg.plan.spread)
         self.data_comm = self.groups.data  # one rank per replica
         self.model_comm = self.groups.model  # the ranks of one replica
         # the ranks whose losses add up: every pipeline stage (only the last ones score)
-        self.metrics_comm = comm if cfg.parallel == "pipeline" else self.data_comm
+        self.metrics_comm = comm if cfg.plan.pipelined else self.data_comm
         # a pipeline's later stages never read a sample: no copy of them on the device
         self.x_train = self.y_train = self.stream = None
         if data.windows is not None:  # text: windows of the stream, drawn each step
@@ -200,14 +202,21 @@ class Trainer:
         hyper = {name: getattr(cfg, name) for name in ("momentum", "betas", "eps", "weight_decay")}
         shapes = [tuple(layer.params[name].shape) for _, layer, name in model.param_names()]
         matrices = matrix_ranges(shapes)
-        clip = None
-        if cfg.clip_norm is not None:
-            shared = replicated_ranges(model, cfg.parallel, self.model_comm.rank)
-            clip = GradClip(cfg.clip_norm, self._norm_total, shared)
+        shared = replicated_ranges(model)  # what clipping counts on another rank
 
-        def optimizer(params: Any, grads: Any, parts: Any = None, zeros: Any = None) -> Any:
+        def optimizer(
+            params: Any, grads: Any, parts: Any = None, zeros: Any = None, offset: int = 0
+        ) -> Any:  # offset: where ``params`` starts in the flat buffer (a rank's shard)
+            def shift(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+                return [(lo - offset, hi - offset) for lo, hi in ranges]
+
+            clip = None
+            if cfg.clip_norm is not None:
+                clip = GradClip(cfg.clip_norm, self._norm_total, shift(shared))
             args = (params, grads, backend.kernels, schedule, parts, zeros)
-            return make_optimizer(cfg.optimizer, *args, **hyper, matrices=matrices, clip=clip)
+            return make_optimizer(
+                cfg.optimizer, *args, **hyper, matrices=shift(matrices), clip=clip
+            )
 
         bucket_bytes = int(cfg.bucket_mb * 2**20)
         # fp16 passes, or gradients sent as float16 (a node's shared ones are not sent)
@@ -215,15 +224,13 @@ class Trainer:
         fp16 = cfg.precision == "fp16" or wire_dtype == "float16"
         self.loss_scale: LossScale | None = LossScale() if fp16 else None
         wire = make_wire(wire_dtype, backend.dtype_name, self.xp, self._scale)
-        self.update = make_update(
+        self.update = cfg.plan.make_update(
             model,
             self.data_comm,
             optimizer,
             bucket_bytes,
             cfg.batch_size,
-            # shared activations hold the rank's whole part of a batch, not a batch thread's
-            "gradients" if cfg.batch_threads > 1 and cfg.node_share == "auto" else cfg.node_share,
-            deferred=clip is not None or fp16,  # fp16: skip overflows
+            deferred=cfg.clip_norm is not None or fp16,  # fp16: skip overflows
             accumulate=cfg.accumulate,
             wire=wire,
         )

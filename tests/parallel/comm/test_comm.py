@@ -364,10 +364,10 @@ def test_shared_memory_on_gpu_backend_is_user_error() -> None:
         make_communicator(SINGLE, GPU, "mpi-shm")
 
 
-@pytest.mark.parametrize("parallel", ["tensor", "pipeline"])
-def test_shared_memory_is_for_data_parallelism_only(parallel: str) -> None:
-    with pytest.raises(UserError, match=f"`comm` mpi-shm: .* with `parallel` {parallel} use"):
-        make_communicator(SINGLE, CPU, "mpi-shm", parallel)
+def test_shared_memory_is_for_data_parallelism_only() -> None:
+    """The plan names the layout (tests/parallel/test_plan.py); the factory says why."""
+    with pytest.raises(UserError, match="`comm` mpi-shm: shares one copy .* split the network"):
+        make_communicator(SINGLE, CPU, "mpi-shm", shares_params=False)
 
 
 def test_unknown_kind_and_self_with_many_ranks() -> None:

@@ -25,7 +25,16 @@ from conftest import (
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm import SelfCommunicator
-from xpnn.parallel.model.layout import Groups, Place, place_of
+from xpnn.parallel.model.layout import Groups, Place
+from xpnn.parallel.plan import Plan
+from xpnn.run import RunSpec, resolve
+
+
+def place_of(rank: int, size: int, parallel: str, model_ranks: int | None) -> Place:
+    """Rank ``rank``'s place in the plan of ``size`` ranks under ``parallel``."""
+    spec, _ = resolve(RunSpec(parallel=parallel, model_ranks=model_ranks))
+    world = SimpleNamespace(rank=rank, size=size, local_size=size)
+    return Plan.build(spec, world).place(rank)
 
 
 @pytest.mark.parametrize(
@@ -65,14 +74,14 @@ def test_a_grid_that_does_not_fit_is_a_user_error(size, k, message):
 
 def test_the_one_dimensional_layouts_name_one_transport():
     alone = SelfCommunicator()
-    data = Groups.of(alone, "data")
+    data = Groups.of(alone)
     assert data.data is alone and data.model.size == 1 and data.name == "self"
-    tensor = Groups.of(alone, "tensor")
+    tensor = Groups.of(alone, spread=True)
     assert tensor.model is alone and tensor.data.size == 1
-    assert Groups.of(alone, "pipeline").fallback_reason is None
+    assert Groups.of(alone, spread=True).fallback_reason is None
     # an explicit --comm on one rank (mpiexec -n 1) is named, not hidden behind "self"
     one_rank = SimpleNamespace(name="mpi-host", size=1, fallback_reason=None)
-    assert Groups.of(one_rank, "data").name == Groups.of(one_rank, "tensor").name == "mpi-host"
+    assert Groups.of(one_rank).name == Groups.of(one_rank, spread=True).name == "mpi-host"
 
 
 # -- real mpiexec: 2 replicas x 2 ranks ---------------------------------------------------------
@@ -195,12 +204,14 @@ from pathlib import Path
 from types import SimpleNamespace
 import numpy as np
 from xpnn.runtime import init_world
-from xpnn.parallel.model.layout import make_groups, place_of
+from xpnn.parallel.plan import Plan
+from xpnn.run import RunSpec, resolve
 
 w = init_world()
-place = place_of(w.rank, w.size, "pipeline", 2)
+plan = Plan.build(resolve(RunSpec(parallel="pipeline", model_ranks=2))[0], w)
+place = plan.place(w.rank)
 cpu = SimpleNamespace(name="numpy", is_gpu=False, xp=np)
-g = make_groups(w, place, cpu, "auto", "pipeline")
+g = plan.groups(w, cpu)
 sub = w.split(place.replica)
 Path(sys.argv[1], f"{w.rank}.json").write_text(json.dumps({
     "rank": w.rank,

@@ -17,10 +17,11 @@ KINDS = ("auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl", "self")
 
 
 def make_communicator(
-    world: World, backend: Any, kind: str = "auto", parallel: str = "data"
+    world: World, backend: Any, kind: str = "auto", shares_params: bool = True
 ) -> Communicator:
     """The communicator for ``--comm kind`` on this backend; collective on every rank.
-    With one rank an explicit transport is still honoured (benchmarks)."""
+    With one rank an explicit transport is still honoured (benchmarks). ``shares_params``:
+    its ranks hold the same parameters (data parallelism), which node memory may share."""
     if kind not in KINDS:
         raise UserError(f"`comm` {kind}: choose one of {', '.join(KINDS)}")
     is_gpu = bool(getattr(backend, "is_gpu", False))
@@ -34,11 +35,10 @@ def make_communicator(
             f"`comm` mpi-shm: node-shared memory holds NumPy arrays, not "
             f"{library}'s (backend numpy or numba; torch uses mpi-host)"
         )
-    if kind == "mpi-shm" and parallel != "data":
+    if kind == "mpi-shm" and not shares_params:
         raise UserError(
-            f"`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "
-            f"with `parallel` {parallel} use mpi-host or auto, or `model_ranks` K below the "
-            "rank count for data-parallel replicas"
+            "`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "
+            "these ranks split the network: use mpi-host or auto"
         )
     if kind == "self":
         if world.size > 1:
@@ -47,12 +47,12 @@ def make_communicator(
     if world.mpi_comm is None or (world.size == 1 and kind == "auto"):
         return SelfCommunicator()
     if not is_gpu:
-        return _cpu_communicator(world, kind, parallel, library)
+        return _cpu_communicator(world, kind, shares_params, library)
     return make_gpu_communicator(world, kind, arrays_of(library))
 
 
-def _cpu_communicator(world: World, kind: str, parallel: str, library: str) -> Communicator:
-    if parallel != "data":
+def _cpu_communicator(world: World, kind: str, shares: bool, library: str) -> Communicator:
+    if not shares:
         reason = "mpi-shm is for `parallel` data only"
     elif library != "numpy":
         reason = f"node-shared memory holds NumPy arrays, not {library}'s"
@@ -66,7 +66,7 @@ def _cpu_communicator(world: World, kind: str, parallel: str, library: str) -> C
             reason = str(exc)
     comm = MpiHostCommunicator(world.mpi_comm, arrays_of(library))
     comm.detail = "host buffers" if kind == "mpi-host" else f"host buffers ({reason})"
-    if kind == "auto" and parallel == "data":
+    if kind == "auto" and shares:
         comm.auto_fallback = f"not mpi-shm: {reason.removeprefix('`comm` mpi-shm: ')}"
     return comm
 

@@ -22,7 +22,7 @@ CPU_BACKENDS = ("numpy", "numba")  # arrays whose operations release the GIL on 
 
 def check_batch_threads(count: int, threads: int, backend: str) -> None:
     """Refuse the thread counts and backends ``batch_threads`` cannot run (a ``UserError``
-    naming the setting; ``xpnn.run.check_batch_spec`` refuses the other settings)."""
+    naming the setting; ``xpnn.parallel.plan.check`` refuses the other settings)."""
     if count == 1:
         return
     if threads % count:

@@ -1,13 +1,13 @@
 """Who works with whom: a replica spread over ``--model-ranks`` K ranks, N / K replicas
-data-parallel. Rank r is place ``r % K`` of replica ``r // K``: a replica's ranks are
-consecutive, so launchers that fill nodes in rank order keep each replica on one node."""
+data-parallel (the grid is ``xpnn.parallel.plan.Plan``'s). Rank r is place ``r % K`` of replica
+``r // K``: a replica's ranks are consecutive, so launchers that fill nodes in rank order keep
+each replica on one node."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from xpnn.errors import UserError
 from xpnn.parallel.comm import (
     Communicator,
     MpiHostCommunicator,
@@ -15,9 +15,6 @@ from xpnn.parallel.comm import (
     make_communicator,
 )
 from xpnn.runtime.world import World
-
-PARALLEL = ("data", "tensor", "pipeline")  # how the ranks share the work
-NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ranks share
 
 
 @dataclass(frozen=True)
@@ -30,21 +27,6 @@ class Place:
     replica: int  # which replica this rank belongs to: its share of each batch
 
 
-def place_of(rank: int, size: int, parallel: str, model_ranks: int | None) -> Place:
-    """Rank ``rank`` of ``size`` under ``--parallel`` and ``--model-ranks`` (None: all)."""
-    if parallel == "data":
-        return Place(1, size, 0, rank)
-    k = size if model_ranks is None else model_ranks
-    if k > size:
-        raise UserError(f"`model_ranks` {k}: more than the job's {size} rank(s)")
-    if size % k:
-        raise UserError(
-            f"`model_ranks` {k}: {size} ranks do not split into replicas of {k} ranks; "
-            f"give a divisor of {size}"
-        )
-    return Place(k, size // k, rank % k, rank // k)
-
-
 @dataclass
 class Groups:
     """The communicators of one rank: its whole job, its replica and its data-parallel peers."""
@@ -54,11 +36,12 @@ class Groups:
     data: Communicator  # the same place in every replica: they split batches, sum gradients
 
     @classmethod
-    def of(cls, comm: Communicator, parallel: str) -> Groups:
-        """The 1-D layouts: one communicator is the data group or the model group."""
-        if parallel == "data":
-            return cls(comm, SelfCommunicator(), comm)
-        return cls(comm, comm, SelfCommunicator())
+    def of(cls, comm: Communicator, spread: bool = False) -> Groups:
+        """The 1-D layouts: one communicator is the data group, or the model group where its
+        ranks split the network (``spread``: tensor or pipeline parallelism)."""
+        if spread:
+            return cls(comm, comm, SelfCommunicator())
+        return cls(comm, SelfCommunicator(), comm)
 
     @property
     def name(self) -> str:
@@ -82,17 +65,17 @@ class Groups:
         return "; ".join(r for r in dict.fromkeys(reasons) if r) or None
 
 
-def make_groups(world: World, place: Place, backend: Any, kind: str, parallel: str) -> Groups:
+def make_groups(world: World, place: Place, backend: Any, kind: str) -> Groups:
     """This rank's communicators (collective). ``--comm`` picks the data group's; a replica
     shares no parameters, so for ``mpi-shm`` its ranks talk over ``auto``'s choice."""
     if place.model_ranks == 1:  # data parallelism, or replicas of one rank each
-        return Groups.of(make_communicator(world, backend, kind, "data"), "data")
+        return Groups.of(make_communicator(world, backend, kind))
     if place.replicas == 1:
-        return Groups.of(make_communicator(world, backend, kind, parallel), parallel)
+        return Groups.of(make_communicator(world, backend, kind, shares_params=False), True)
     model_world = world.split(place.replica)
     data_world = world.split(place.index)
     model_kind = "auto" if kind == "mpi-shm" else kind
-    model = make_communicator(model_world, backend, model_kind, parallel)
-    data = make_communicator(data_world, backend, kind, "data")
+    model = make_communicator(model_world, backend, model_kind, shares_params=False)
+    data = make_communicator(data_world, backend, kind)
     everyone = MpiHostCommunicator(world.mpi_comm)  # host-side metrics and agreement only
     return Groups(everyone, model, data)

@@ -41,11 +41,11 @@ def own_piece(layer: Any, name: str, whole: np.ndarray) -> np.ndarray:
     return layer.piece(name, whole)
 
 
-def replicated_ranges(model: Any, parallel: str, model_rank: int) -> list[tuple[int, int]]:
+def replicated_ranges(model: Any) -> list[tuple[int, int]]:
     """[start, end) ranges of this rank's flat buffer holding parameters that another rank of
-    its replica holds too (tensor parallelism's unsplit ones), counted there, not here: under
-    tensor parallelism the replica's rank is the part, under 3-D the stage's ``part``."""
-    part = model_rank if parallel == "tensor" else model.part
+    its replica holds too (tensor parallelism's unsplit ones), counted there, not here: on
+    every part but the first (``model.part``, which the plan sets where it splits layers)."""
+    part = model.part
     if part == 0:
         return []
     out, offset = [], 0

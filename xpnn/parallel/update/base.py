@@ -113,6 +113,11 @@ class Update:
     def begin_step(self, global_batch: int) -> None:
         """A step over ``global_batch`` samples begins."""
 
+    def whole_state(self) -> dict[str, Any]:
+        """The optimizer state over every parameter this rank holds (collective over the data
+        ranks where they hold shards of it): what a checkpoint saves."""
+        return self.optimizer.state
+
     def share_total(self, local: float) -> float:
         """A sum over this rank's part of the reduced gradient made the replica's sum (the
         ranks of a replica hold it whole here: nothing to add)."""

@@ -1,0 +1,285 @@
+"""A run's whole layout in one frozen object, as torchtitan's ``ParallelDims``: built and checked
+once from the settings and the world (every combination refused lives here, with its reason),
+then applied once: the model split or staged, the communicators, the update scheme. The rest of
+xpnn reads its attributes instead of branching on ``parallel``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from xpnn.errors import UserError
+
+MODES = ("data", "tensor", "pipeline")  # how the ranks share the work (``--parallel``)
+NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ranks share
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every degree of a run: ``ranks`` = ``replicas`` x ``model_ranks``; a replica's
+    ``model_ranks`` are ``stages`` pipeline stages of ``tensor_parts`` split parts each."""
+
+    mode: str = "data"  # --parallel: data, tensor, pipeline
+    ranks: int = 1
+    model_ranks: int = 1  # ranks holding one replica between them
+    tensor_parts: int = 1  # ranks splitting each layer that declares a split
+    stages: int = 1  # pipeline stages a replica
+    microbatches: int | None = None  # a pipeline's, as its stage settles them
+    schedule: str | None = None  # a pipeline's: gpipe, 1f1b
+    recompute: bool = False
+    batch_threads: int = 1  # threads each running a twin of the model on a part of the batch
+    threads: int | None = None  # BLAS/Numba threads a rank
+    comm: str = "auto"  # the transport asked for; the live one once ``resolved``
+    node_share: str = "auto"  # mpi-shm: what a node's ranks share (gradients, activations)
+    shard_optimizer: bool = False  # ZeRO stage 1: each data-parallel rank its shard of the state
+    update: str | None = None  # the update scheme, once built (``resolved``)
+    nodes: int = 1
+    ranks_per_node: int = 1
+
+    @property
+    def replicas(self) -> int:
+        """Replicas of the network: the ranks that split each batch."""
+        return self.ranks // self.model_ranks
+
+    @property
+    def pipelined(self) -> bool:
+        return self.mode == "pipeline"
+
+    @property
+    def spread(self) -> bool:
+        """Whether a replica's ranks split the network (tensor or pipeline parallelism)."""
+        return self.mode != "data"
+
+    @classmethod
+    def build(cls, spec: Any, world: Any, threads: int | None = None) -> Plan:
+        """The plan of ``spec`` (a resolved ``RunSpec``) on ``world``; a ``UserError`` naming
+        the setting for a layout that does not fit or a combination not supported."""
+        model_ranks = 1 if spec.parallel == "data" else (spec.model_ranks or world.size)
+        if model_ranks > world.size:
+            raise UserError(
+                f"`model_ranks` {model_ranks}: more than the job's {world.size} rank(s)"
+            )
+        if world.size % model_ranks:
+            raise UserError(
+                f"`model_ranks` {model_ranks}: {world.size} ranks do not split into replicas of "
+                f"{model_ranks} ranks; give a divisor of {world.size}"
+            )
+        parts = model_ranks if spec.parallel == "tensor" else (spec.tensor_ranks or 1)
+        pipelined = spec.parallel == "pipeline"
+        if pipelined and model_ranks % parts:
+            raise UserError(
+                f"`tensor_ranks` {parts}: does not divide a replica's {model_ranks} ranks "
+                "into pipeline stages"
+            )
+        if spec.comm == "mpi-shm" and 1 < model_ranks == world.size:  # no replicas to share
+            raise UserError(
+                "`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "
+                f"with `parallel` {spec.parallel} use mpi-host or auto, or `model_ranks` K "
+                "below the rank count for data-parallel replicas"
+            )
+        # shared activations hold a rank's whole part of a batch, not a batch thread's
+        share = spec.node_share or "auto"
+        share = "gradients" if spec.batch_threads > 1 and share == "auto" else share
+        per_node = max(1, min(world.local_size, world.size))
+        return cls(
+            mode=spec.parallel,
+            ranks=world.size,
+            model_ranks=model_ranks,
+            tensor_parts=parts,
+            stages=model_ranks // parts if pipelined else 1,
+            microbatches=spec.microbatches if pipelined else None,
+            schedule=spec.pipeline_schedule if pipelined else None,
+            recompute=bool(spec.recompute) if pipelined else False,
+            batch_threads=spec.batch_threads,
+            threads=threads,
+            comm=spec.comm,
+            node_share=share,
+            shard_optimizer=spec.shard_optimizer,
+            nodes=-(-world.size // per_node),
+            ranks_per_node=per_node,
+        )
+
+    def place(self, rank: int) -> Any:
+        """Rank ``rank``'s place in the grid: a replica's ranks are consecutive."""
+        from xpnn.parallel.model.layout import Place
+
+        k = self.model_ranks
+        return Place(k, self.replicas, rank % k, rank // k)
+
+    def apply(
+        self,
+        model: Any,
+        input_shape: tuple[int, ...],
+        backend: Any,
+        seed: int,
+        rank: int,
+        name: Any = "",
+    ) -> Any:
+        """``model`` laid out for rank ``rank``: its layers split, its pipeline stage, built;
+        ``name``: the model's, for a refusal."""
+        index = self.place(rank).index
+        parts = self.tensor_parts
+        part = index % parts  # stage s part p on its replica's rank s * parts + p
+        if self.pipelined and parts > 1:
+            if not any(inner.tensor_pairs for top in model.layers for inner in top.walk()):
+                # an MLP's pairs are top-level layers, which a stage boundary could separate
+                raise UserError(
+                    f"`tensor_ranks` {parts}: `model` {name} declares no splits inside "
+                    "its layers (`model` gpt does); use `parallel` tensor"
+                )
+        if parts > 1:
+            from xpnn.parallel.model.tensor import split_layers
+
+            model.layers = split_layers(model.layers, part, parts)
+            model.part = part  # the part whose unsplit parameters clipping counts is 0's
+        if not self.pipelined:
+            model.build(input_shape, backend, seed)
+            return model
+        from xpnn.parallel.model.pipeline import build_stage
+
+        return build_stage(
+            model,
+            input_shape,
+            backend,
+            seed,
+            index // parts,
+            self.stages,
+            microbatches=self.microbatches,
+            schedule=self.schedule,
+            recompute=self.recompute,
+            tensor=(part, parts),
+        )
+
+    def settled(self, stage: Any) -> Plan:
+        """The plan as a pipeline stage settled its micro-batches (at most one a sample)."""
+        if not self.pipelined:
+            return self
+        return dataclasses.replace(
+            self,
+            microbatches=stage.microbatches,
+            schedule=stage.schedule,
+            recompute=stage.recompute,
+        )
+
+    def groups(self, world: Any, backend: Any) -> Any:
+        """This rank's communicators (collective): its replica's and its data-parallel peers'.
+        A sharded optimizer's ranks each hold their parameters: no node-shared memory."""
+        from xpnn.parallel.model.layout import make_groups
+
+        kind = self.comm
+        if self.shard_optimizer and kind == "auto" and not getattr(backend, "is_gpu", False):
+            kind = "mpi-host" if self.ranks > 1 else kind
+        return make_groups(world, self.place(world.rank), backend, kind)
+
+    def stage_comm(self, world: Any, backend: Any) -> Any:
+        """The communicator of this rank's pipeline stage's tensor parts (collective)."""
+        from xpnn.parallel.comm import make_communicator
+
+        place = self.place(world.rank)
+        sub = world.split(place.replica * self.stages + place.index // self.tensor_parts)
+        kind = "auto" if self.comm == "mpi-shm" else self.comm
+        return make_communicator(sub, backend, kind, shares_params=False)
+
+    def make_update(
+        self,
+        model: Any,
+        comm: Any,
+        make_optimizer: Any,
+        bucket_bytes: int,
+        batch_size: int,
+        **kw: Any,
+    ) -> Any:
+        """The update scheme over the data-parallel ``comm``: sharded, or ``make_update``'s."""
+        if self.shard_optimizer and comm.size > 1:
+            from xpnn.parallel.update.sharded import ShardedUpdate
+
+            return ShardedUpdate(
+                model, comm, make_optimizer, bucket_bytes, kw.get("deferred", False)
+            )
+        from xpnn.parallel.update import make_update
+
+        return make_update(
+            model, comm, make_optimizer, bucket_bytes, batch_size, self.node_share, **kw
+        )
+
+    def resolved(self, transport: str, update: str) -> Plan:
+        """The plan as built: the live transport and the update scheme."""
+        return dataclasses.replace(self, comm=transport, update=update)
+
+    def header(self) -> str:
+        """One line for the run's header: the grid, the update over its transport, threads."""
+
+        def n(count: int, word: str) -> str:
+            return f"{count} {word}{'' if count == 1 else 'es' if word[-1] == 'h' else 's'}"
+
+        grid = f"{n(self.replicas, 'replica')} x {n(self.stages, 'stage')}"
+        grid += f" x {n(self.tensor_parts, 'part')}"
+        if self.pipelined:
+            grid += f" ({self.schedule}, {n(self.microbatches or 0, 'micro-batch')})"
+        threads = n(self.threads or 1, "thread")
+        if self.batch_threads > 1:
+            threads += f" ({self.batch_threads} batch threads)"
+        return f"plan: {grid}, {self.update or 'update'} over {self.comm}, {threads}"
+
+    def record(self) -> dict[str, Any]:
+        """What a metrics line says of the layout (its ``plan`` key)."""
+        said = dataclasses.asdict(self)
+        return {"replicas": self.replicas, **{k: v for k, v in said.items() if v is not None}}
+
+
+def check(spec: Any) -> None:
+    """The combinations of ``spec`` no layout supports, each refused with its reason (the
+    settings' own ranges are ``xpnn.run.check_spec``'s)."""
+    mode, k = spec.parallel, spec.batch_threads
+    if spec.node_share == "activations" and mode != "data":
+        raise UserError(
+            f"`node_share` activations: only with `parallel` data (this run has `parallel` "
+            f"{mode}, whose ranks split the network)"
+        )
+    if spec.precision != "fp32" and mode != "data":
+        raise UserError(
+            f"`precision` {spec.precision}: only with `parallel` data (this run has `parallel` "
+            f"{mode})"
+        )
+    if spec.precision != "fp32" and spec.node_share == "activations":
+        raise UserError(
+            f"`precision` {spec.precision}: not with `node_share` activations; use `node_share` "
+            "gradients"
+        )
+    if k > 1 and mode != "data":
+        raise UserError(f"`batch_threads` {k}: only with `parallel` data, not {mode}")
+    if k > 1 and spec.precision != "fp32":
+        raise UserError(
+            f"`batch_threads` {k}: only with `precision` fp32 (the {spec.precision} passes run "
+            "on one low-precision copy of the model)"
+        )
+    if k > 1 and spec.node_share == "activations":
+        raise UserError(
+            f"`batch_threads` {k}: not with `node_share` activations (the node's ranks would "
+            "share one batch's activations, not a thread's part)"
+        )
+    if spec.grad_dtype is not None and mode != "data":
+        raise UserError(
+            f"`grad_dtype` {spec.grad_dtype}: only with `parallel` data (this run has `parallel` "
+            f"{mode})"
+        )
+    if spec.shard_optimizer:
+        check_sharded(spec)
+
+
+def check_sharded(spec: Any) -> None:
+    """What ``shard_optimizer`` does not go with, in one line each."""
+    if spec.comm == "mpi-shm" or spec.node_share is not None:
+        raise UserError(
+            "`shard_optimizer`: not with node-shared memory (`comm` mpi-shm, `node_share`), "
+            "whose ranks already keep one copy of the parameters and state a node"
+        )
+    for name, value, plain in (
+        ("precision", spec.precision, "fp32"),
+        ("grad_dtype", spec.grad_dtype, None),
+    ):
+        if value != plain:
+            raise UserError(f"`shard_optimizer`: not with `{name}` {value} (fp32 updates only)")
+    if spec.cuda_graph == "on":
+        raise UserError("`shard_optimizer`: not with `cuda_graph` on (its gather is on the host)")

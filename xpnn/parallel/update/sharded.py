@@ -1,0 +1,147 @@
+"""The optimizer state sharded over the data-parallel ranks (ZeRO stage 1, as DeepSpeed's and
+FSDP's sharded optimizer): each rank keeps the state of one contiguous shard of the flat
+parameters, 1 / N of it. The gradient buckets are reduced as backward fills them (as
+``AllreduceUpdate``'s), each rank updates its shard as soon as the buckets under it are final,
+then every shard is broadcast from its owner: the parameters are whole again on every rank.
+A checkpoint holds the whole state (``whole_state``), so any rank count resumes it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xpnn.parallel.update.base import GradientBuckets, MakeOptimizer, Update
+
+Array = Any
+
+
+def shard_bounds(n: int, ranks: int) -> list[tuple[int, int]]:
+    """[start, end) of each rank's shard of ``n`` values: contiguous, sizes differing by one."""
+    per, extra = divmod(n, ranks)
+    starts = [r * per + min(r, extra) for r in range(ranks + 1)]
+    return list(zip(starts, starts[1:], strict=False))
+
+
+class ShardedOptimizer:
+    """What the trainer and checkpoints see of the shard's optimizer (``inner``): its step count,
+    rate and norm; ``state`` is laid out over every parameter for a checkpoint to load into,
+    allocated on first use and handed to the shard by ``ShardedUpdate.broadcast_initial``."""
+
+    def __init__(self, inner: Any, n: int, bounds: tuple[int, int]) -> None:
+        self.inner, self.n, self.bounds = inner, n, bounds
+        self._whole: dict[str, Array] | None = None
+
+    @property
+    def step_count(self) -> int:
+        return self.inner.step_count
+
+    @step_count.setter
+    def step_count(self, value: int) -> None:
+        self.inner.step_count = value
+
+    @property
+    def lr(self) -> float:
+        return self.inner.lr
+
+    @property
+    def grad_norm(self) -> float:
+        return self.inner.grad_norm
+
+    @property
+    def schedule(self) -> Any:
+        return self.inner.schedule
+
+    @property
+    def clip(self) -> Any:
+        return self.inner.clip
+
+    @property
+    def state(self) -> dict[str, Array]:
+        """Whole-model buffers of each state a checkpoint restores (zeros until it does)."""
+        if self._whole is None:
+            xp = self.inner.kernels.xp
+            dtype = self.inner.params.dtype
+            self._whole = {name: xp.zeros((self.n,), dtype=dtype) for name in self.inner.state}
+        return self._whole
+
+    def take_loaded(self) -> None:
+        """A checkpoint loaded into ``state``: keep this rank's shard of it, free the rest."""
+        if self._whole is None:
+            return
+        lo, hi = self.bounds
+        for name, buf in self.inner.state.items():
+            buf[...] = self._whole[name][lo:hi]
+        self._whole = None
+
+
+class ShardedUpdate(Update):
+    """ZeRO stage 1 over the data-parallel ``comm``: the optimizer state 1 / N a rank."""
+
+    name = "sharded"
+
+    def __init__(
+        self,
+        model: Any,
+        comm: Any,
+        make_optimizer: MakeOptimizer,
+        bucket_bytes: int,
+        deferred: bool = False,
+    ) -> None:
+        self.model, self.comm, self.deferred = model, comm, deferred
+        self.shards = shard_bounds(model.size, comm.size)
+        lo, hi = self.shards[comm.rank]
+        self.buckets = GradientBuckets(model.grads, comm, bucket_bytes)
+        bounds = self.buckets.bounds  # last first, as backward finishes them
+        edges = sorted({lo, hi, *(start for start, _ in bounds if lo < start < hi)})
+        parts = list(zip(edges, edges[1:], strict=False))[::-1]
+        # a part lies in one bucket: final once that bucket (and those launched before) is
+        self.waits = [
+            next(i for i, (s, e) in enumerate(bounds) if s <= a < e) + 1 for a, _ in parts
+        ]
+        inner = make_optimizer(
+            model.params[lo:hi],
+            model.grads[lo:hi],
+            [slice(a - lo, b - lo) for a, b in parts],
+            offset=lo,
+        )
+        self.optimizer = ShardedOptimizer(inner, model.size, (lo, hi))
+        self.grads_ready = self.buckets.ready
+        self.restores_checkpoint = True  # every rank reads the whole state, keeps its shard
+
+    def share_total(self, local: float) -> float:
+        """The shards' sums of squares added: each rank counts its own shard."""
+        return float(self.comm.allreduce_host([local])[0])
+
+    def broadcast_initial(self) -> None:
+        """Rank 0's parameters become everyone's; a loaded state is cut to this rank's shard."""
+        self.comm.bcast_(self.model.params, 0)
+        self.optimizer.take_loaded()
+
+    def finish(self) -> None:
+        """After backward: update this rank's shard as its buckets are reduced, then gather."""
+        inner = self.optimizer.inner
+        if self.deferred:
+            self.buckets.wait(len(self.buckets.bounds))
+        inner.start_step()
+        for index, count in enumerate(self.waits):
+            self.buckets.wait(count)
+            inner.update_part(index)
+        self.buckets.finish()
+        self._gather(self.model.params)
+
+    def _gather(self, whole: Array) -> None:
+        """Each shard of ``whole`` from the rank that holds it, to every rank."""
+        for rank, (lo, hi) in enumerate(self.shards):
+            if hi > lo:
+                self.comm.bcast_(whole[lo:hi], rank)
+
+    def whole_state(self) -> dict[str, Array]:
+        """Every state over every parameter, on every rank (collective): what checkpoints save."""
+        xp = self.optimizer.inner.kernels.xp
+        lo, hi = self.optimizer.bounds
+        out = {}
+        for name, shard in self.optimizer.inner.state.items():
+            whole = xp.zeros((self.model.size,), dtype=shard.dtype)
+            whole[lo:hi] = shard
+            self._gather(whole)
+            out[name] = whole
+        return out
