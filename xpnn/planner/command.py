@@ -1,0 +1,153 @@
+"""``python -m xpnn calibrate`` and ``python -m xpnn plan``: measure this machine once, then
+rank every layout a run could take by its predicted time per step."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import replace
+from typing import Any
+
+from xpnn.errors import UserError
+from xpnn.planner.cost import Layout, Prediction, predict
+from xpnn.planner.inputs import machine_for, spec_from, work_of
+from xpnn.planner.machine import calibrate
+from xpnn.planner.work import ModelWork
+
+MAX_RANKS = 64  # more ranks than this are not planned on one machine
+
+
+def _splits_dense(work: ModelWork, parts: int) -> bool:
+    """Tensor parallelism needs every split width to divide among the parts."""
+    widths = [g.n for g in work.gemms() if g.phase == "forward" and g.scales == "m"]
+    return len(widths) >= 2 and all(w % parts == 0 for w in widths[:-1])
+
+
+def layouts(work: ModelWork, cores: int, max_ranks: int, batch: int, model: str) -> list[Layout]:
+    """Every layout of up to ``max_ranks`` ranks on ``cores`` cores the planner can price."""
+    out = []
+    ranks = [r for r in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64) if r <= max_ranks]
+    blocks = sum(1 for layer in work.layers if layer.params)
+    for r in ranks:
+        threads = [t for t in range(1, cores // r + 1) if cores % (r * t) == 0] or [1]
+        for t in threads:
+            for k in (k for k in range(1, t + 1) if t % k == 0):
+                if batch >= r * k:
+                    out.append(Layout(r, t, "data", k, comm="auto"))
+            if r == 1:
+                continue
+            if model != "cnn" and _splits_dense(work, r):
+                out.append(Layout(r, t, "tensor"))
+            if blocks >= r:
+                for m in (r, 2 * r, 4 * r):
+                    if m <= batch:
+                        for schedule in ("gpipe", "1f1b"):
+                            out.append(Layout(r, t, "pipeline", microbatches=m, schedule=schedule))
+    return out
+
+
+def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
+    parser = argparse.ArgumentParser(prog="python -m xpnn plan", add_help=False)
+    parser.add_argument("--ranks", type=int, default=None)
+    parser.add_argument("--calibration", default=None)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--top", type=int, default=12)
+    own, rest = parser.parse_known_args(argv)
+    spec = spec_from(rest)
+    machine = machine_for(own.calibration)
+    cores = machine.cores
+    max_ranks = own.ranks or cores
+    if not 1 <= max_ranks <= MAX_RANKS:
+        raise UserError(f"`ranks` {max_ranks}: must be 1 to {MAX_RANKS}")
+    work = work_of(spec)
+    batch = spec.batch_size if isinstance(spec.batch_size, int) else 128
+    model = spec.model if isinstance(spec.model, str) else "custom"
+    found = [
+        predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
+        for layout in layouts(work, cores, max_ranks, batch, model)
+    ]
+    found.sort(key=lambda p: p.step)
+    if not machine.measured:
+        pass
+    elif own.calibration is None:
+        from xpnn.planner.machine import cache_path, save
+
+        save(machine, cache_path(machine.key))  # the products measured on the way
+    if own.json:
+        json.dump([p.to_json() for p in found], out, indent=1)
+        out.write("\n")
+        return found
+    unit = "tokens/s" if work.tokens_per_sample > 1 else "samples/s"
+    print(
+        f"xpnn plan: {cores} cores, global batch {batch}, {spec.dtype}, {spec.optimizer}", file=out
+    )
+    print(f"{'#':>3} {'layout':<52} {unit:>11} {'step ms':>8} {'MB/rank':>8}  largest", file=out)
+    for i, p in enumerate(found[: own.top], 1):
+        mb = sum(p.memory.values()) / 2**20
+        print(
+            f"{i:>3} {p.layout.describe():<52} {p.rate:>11,.0f} {1e3 * p.step:>8.2f} "
+            f"{mb:>8.1f}  {p.largest()}",
+            file=out,
+        )
+    best = found[0].layout
+    launch = f"mpiexec -n {best.ranks} " if best.ranks > 1 else ""
+    print(f"fastest: {launch}python -m xpnn {' '.join(best.flags())}", file=out)
+    return found
+
+
+def calibrate_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xpnn calibrate")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 1 min)")
+    parser.add_argument("--ranks", default=None, help="rank counts to time collectives on (2,4)")
+    parser.add_argument(
+        "--models", default="mlp,cnn,gpt", help="the presets whose products to time (mlp,cnn,gpt)"
+    )
+    args = parser.parse_args(argv)
+    from xpnn.runtime.threads import node_cores
+
+    cores = node_cores()
+    ranks = [2] if args.quick else sorted({2, cores, 2 * cores} - {1})
+    if args.ranks:
+        try:
+            ranks = [int(r) for r in args.ranks.split(",")]
+        except ValueError:
+            raise UserError(f"`ranks` {args.ranks}: expected comma-separated counts") from None
+    shapes = set()
+    models = args.models.split(",")
+    if not models or not set(models) <= {"mlp", "cnn", "gpt"}:
+        raise UserError(f"`models` {args.models}: choose among mlp, cnn, gpt")
+    for name in models:
+        spec = spec_from(["--model", name, "--dataset", "synthetic"])
+        if spec.model == "gpt":
+            spec = replace(spec, dataset="tinyshakespeare")
+        work = work_of(spec)
+        batch = spec.batch_size if isinstance(spec.batch_size, int) else 128
+        for share in (1, 2, 4) if args.quick else (1, 2, 4, 8):
+            for g in work.gemms():
+                shapes.add(g.at(math.ceil(batch / share)))
+    machine, path = calibrate(cores, sorted(shapes), args.quick, ranks)
+    print(f"xpnn calibrate: {len(machine.gemm)} products, ranks {ranks}: {path}")
+    return 0
+
+
+def main(command: str, argv: list[str]) -> int:
+    """The CLI's entry: one line and exit 2 for a user's mistake."""
+    try:
+        if command == "calibrate":
+            return calibrate_main(argv)
+        if command == "explain":
+            from xpnn.planner.explain import explain
+
+            explain(argv)
+            return 0
+        plan(argv)
+        return 0
+    except UserError as exc:
+        print(f"xpnn {command}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

@@ -1,0 +1,62 @@
+"""What the planner's commands read: a run's settings from its flags, the model's work from
+them, and a machine's calibration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xpnn.errors import UserError
+from xpnn.planner.machine import Machine, cached, load
+from xpnn.planner.work import ModelWork, model_work
+
+TEXT_VOCAB = 65  # Tiny Shakespeare's characters: the vocabulary when no text is at hand
+
+
+def data_shape(spec: Any) -> tuple[tuple[int, ...], int]:
+    """(input shape, classes) of ``spec``'s data set, without loading it."""
+    from xpnn.data.text import TEXT_DATASETS
+
+    if spec.dataset in TEXT_DATASETS:
+        return (spec.block,), TEXT_VOCAB
+    return (1, 28, 28), 10
+
+
+def work_of(spec: Any) -> ModelWork:
+    """The per-sample work of ``spec``'s model (resolved: the recipe and defaults filled)."""
+    from xpnn.backends import get_backend
+    from xpnn.nn.models import make_model
+    from xpnn.run import gpt_settings
+
+    shape, classes = data_shape(spec)
+    model = make_model(
+        spec.model,
+        shape,
+        classes,
+        spec.hidden,
+        spec.activation,
+        spec.loss,
+        gpt_sizes=gpt_settings(spec),
+    )
+    return model_work(model, shape, get_backend("numpy", spec.dtype), spec.seed)
+
+
+def spec_from(argv: list[str]) -> Any:
+    from xpnn.flags import ArgError, build_parser, to_spec
+    from xpnn.run import resolve
+
+    try:
+        args = build_parser().parse_args(argv)
+    except ArgError as exc:
+        raise UserError(str(exc)) from None
+    spec, _ = resolve(to_spec(args))
+    return spec
+
+
+def machine_for(path: str | None) -> Machine:
+    if path:
+        machine = load(path)
+        machine.measured = False
+        return machine
+    from xpnn.runtime.threads import node_cores
+
+    return cached(node_cores())[0]
