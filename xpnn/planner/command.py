@@ -13,7 +13,7 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.planner.cost import Layout, Prediction, predict
-from xpnn.planner.inputs import machine_for, spec_from, work_of
+from xpnn.planner.inputs import global_batch, machine_for, spec_from, work_of
 from xpnn.planner.machine import calibrate
 from xpnn.planner.work import ModelWork
 
@@ -63,7 +63,7 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     if not 1 <= max_ranks <= MAX_RANKS:
         raise UserError(f"`ranks` {max_ranks}: must be 1 to {MAX_RANKS}")
     work = work_of(spec)
-    batch = spec.batch_size if isinstance(spec.batch_size, int) else 128
+    batch = global_batch(spec)
     model = spec.model if isinstance(spec.model, str) else "custom"
     found = [
         predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
@@ -124,7 +124,7 @@ def calibrate_main(argv: list[str]) -> int:
         if spec.model == "gpt":
             spec = replace(spec, dataset="tinyshakespeare")
         work = work_of(spec)
-        batch = spec.batch_size if isinstance(spec.batch_size, int) else 128
+        batch = global_batch(spec)
         for share in (1, 2, 4) if args.quick else (1, 2, 4, 8):
             for g in work.gemms():
                 shapes.add(g.at(math.ceil(batch / share)))

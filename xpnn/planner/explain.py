@@ -68,13 +68,15 @@ def layout_of(record: dict[str, Any]) -> Layout:
     )
 
 
-def prediction_for(record: dict[str, Any], machine: Any) -> Prediction:
+def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Prediction:
+    """The prediction for the run ``record`` describes; ``flags``: the run's own model flags
+    the record does not keep (``--hidden``, ``--layers``...), which win."""
     from xpnn.planner.inputs import spec_from, work_of
 
     argv = ["--dataset", str(record.get("dataset", "synthetic"))]
     if record.get("model") in ("mlp", "cnn", "gpt"):
         argv += ["--model", record["model"]]
-    spec = spec_from(argv)
+    spec = spec_from([*argv, *flags])
     spec = replace(spec, dtype=str(record.get("dtype", spec.dtype)))
     work = work_of(spec)
     return predict(
@@ -135,12 +137,15 @@ def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cor
 
 
 def explain(argv: list[str], out: Any = sys.stdout) -> str:
-    parser = argparse.ArgumentParser(prog="python -m xpnn explain")
+    parser = argparse.ArgumentParser(
+        prog="python -m xpnn explain",
+        epilog="Other flags are the run's own model flags the metrics do not keep (--hidden).",
+    )
     parser.add_argument("run", help="a --metrics file, or a --trace directory")
     parser.add_argument("--trace", help="the run's --trace directory (with a metrics file)")
     parser.add_argument("--metrics", help="the run's --metrics file (with a trace directory)")
     parser.add_argument("--calibration", help="a calibration file (default: this machine's)")
-    args = parser.parse_args(argv)
+    args, flags = parser.parse_known_args(argv)
     metrics, trace = args.metrics, args.trace
     if os.path.isdir(args.run):
         trace = args.run
@@ -152,7 +157,7 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
 
     machine = machine_for(args.calibration)
     record, measured = measured_step(read_metrics(metrics))
-    pred = prediction_for(record, machine)
+    pred = prediction_for(record, machine, flags)
     split = trace_split(trace) if trace else None
     print(
         f"xpnn explain: {pred.layout.describe()}, global batch {record['global_batch']}", file=out

@@ -60,3 +60,16 @@ def machine_for(path: str | None) -> Machine:
     from xpnn.runtime.threads import node_cores
 
     return cached(node_cores())[0]
+
+
+def global_batch(spec: Any) -> int:
+    """The run's global batch, checked: a whole number >= 1 (a full batch needs the data)."""
+    from xpnn.nn.layer import is_int
+    from xpnn.run import BATCH
+
+    batch = BATCH if spec.batch_size is None else spec.batch_size
+    if isinstance(batch, str) and batch.strip().isdigit():
+        batch = int(batch)
+    if not is_int(batch) or batch < 1:
+        raise UserError(f"`batch_size` {batch!r}: the planner needs a whole number >= 1")
+    return int(batch)
