@@ -55,7 +55,11 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     parser.add_argument("--calibration", default=None)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--measure", type=int, default=0)
+    parser.add_argument("--measure-steps", type=int, default=20)
     own, rest = parser.parse_known_args(argv)
+    if own.top < 1 or own.measure < 0 or own.measure_steps < 2:
+        raise UserError("`top` >= 1, `measure` >= 0 and `measure_steps` >= 2, please")
     spec = spec_from(rest)
     machine = machine_for(own.calibration)
     cores = machine.cores
@@ -76,19 +80,29 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         from xpnn.planner.machine import cache_path, save
 
         save(machine, cache_path(machine.key))  # the products measured on the way
+    measured = measure_plans(found, rest, own.measure, own.measure_steps) if own.measure else {}
     if own.json:
-        json.dump([p.to_json() for p in found], out, indent=1)
+        rows = [p.to_json() | _measured_json(measured.get(i)) for i, p in enumerate(found)]
+        json.dump(rows, out, indent=1)
         out.write("\n")
         return found
     unit = "tokens/s" if work.tokens_per_sample > 1 else "samples/s"
     print(
         f"xpnn plan: {cores} cores, global batch {batch}, {spec.dtype}, {spec.optimizer}", file=out
     )
-    print(f"{'#':>3} {'layout':<52} {unit:>11} {'step ms':>8} {'MB/rank':>8}  largest", file=out)
-    for i, p in enumerate(found[: own.top], 1):
+    seen = " measured ms" if measured else ""
+    print(
+        f"{'#':>3} {'layout':<56} {unit:>11} {'step ms':>8}{seen} {'MB/rank':>8}  largest",
+        file=out,
+    )
+    for i, p in enumerate(found, 1):
+        if i > own.top and i - 1 not in measured:
+            continue
         mb = sum(p.memory.values()) / 2**20
+        got = measured.get(i - 1)
+        cell = (f" {1e3 * got:>11.2f}" if got else f" {'-':>11}") if measured else ""
         print(
-            f"{i:>3} {p.layout.describe():<52} {p.rate:>11,.0f} {1e3 * p.step:>8.2f} "
+            f"{i:>3} {p.layout.describe():<56} {p.rate:>11,.0f} {1e3 * p.step:>8.2f}{cell} "
             f"{mb:>8.1f}  {p.largest()}",
             file=out,
         )
@@ -96,6 +110,49 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     launch = f"mpiexec -n {best.ranks} " if best.ranks > 1 else ""
     print(f"fastest: {launch}python -m xpnn {' '.join(best.flags())}", file=out)
     return found
+
+
+def measure_plans(
+    found: list[Prediction], flags: list[str], top: int, steps: int
+) -> dict[int, float | None]:
+    """Run the ``top`` predicted fastest, the middle one and the slowest for ``steps`` steps:
+    {index in ``found``: measured seconds per step (None: the run failed)}."""
+    picks = list(range(min(top, len(found))))
+    picks += [i for i in (len(found) // 2, len(found) - 1) if i not in picks]
+    return {i: measure_one(found[i], flags, steps) for i in picks}
+
+
+def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
+    """Seconds per step of the layout, from its last evaluation record's rate."""
+    import subprocess
+    import tempfile
+
+    from xpnn.planner.machine import mpiexec_path
+
+    every = max(1, steps // 2)
+    with tempfile.TemporaryDirectory(prefix="xpnn-plan-") as tmp:
+        metrics = os.path.join(tmp, "m.jsonl")
+        command = [sys.executable, "-m", "xpnn", *flags, *pred.layout.flags()]
+        command += ["--steps", str(steps), "--eval-every", str(every), "--no-progress"]
+        command += ["--metrics", metrics]
+        if pred.layout.ranks > 1:
+            command = [mpiexec_path(), "-n", str(pred.layout.ranks), *command]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0 or not os.path.exists(metrics):
+            return None
+        with open(metrics, encoding="utf-8") as f:
+            evals = [r for r in map(json.loads, f) if r.get("event") == "eval"]
+    if not evals:
+        return None
+    last = evals[-1]
+    return float(last["global_batch"]) / float(last["samples_per_s"])
+
+
+def _measured_json(seconds: float | None) -> dict[str, Any]:
+    return {} if seconds is None else {"measured_step_s": seconds}
 
 
 def calibrate_main(argv: list[str]) -> int:

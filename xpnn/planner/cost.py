@@ -37,7 +37,7 @@ class Layout:
         if self.batch_threads > 1:
             out += ["--batch-threads", str(self.batch_threads)]
         if self.parallel == "pipeline":
-            out += ["--microbatches", str(self.microbatches), "--schedule", self.schedule]
+            out += ["--microbatches", str(self.microbatches), "--pipeline-schedule", self.schedule]
         return out
 
     def describe(self) -> str:

@@ -163,7 +163,7 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
         f"xpnn explain: {pred.layout.describe()}, global batch {record['global_batch']}", file=out
     )
     print(f"{'':<28}{'measured ms':>12}{'predicted ms':>14}", file=out)
-    print(f"{'step':<28}{1e3 * measured:>12.2f}{1e3 * pred.step:>14.2f}", file=out)
+    print(f"{'step':<28}{1e3 * measured:>12.3f}{1e3 * pred.step:>14.3f}", file=out)
     compute = pred.forward + pred.wgrad + pred.dgrad + pred.elementwise + pred.optimizer
     rows = [
         ("compute", split["compute_ms"] - split["communication_ms"] if split else None, compute),

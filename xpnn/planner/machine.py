@@ -232,13 +232,16 @@ def time_bandwidth(threads: int, dtype: str, values: int = 1 << 21) -> float:
     return 3 * values / seconds
 
 
-def probe_collectives(ranks: int, quick: bool, mpiexec: str | None = None) -> dict[str, Any]:
+def mpiexec_path() -> str:
+    """The ``mpiexec`` beside this interpreter (the mpich wheel's), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.path.exists(beside) else "mpiexec"
+
+
+def probe_collectives(ranks: int, quick: bool) -> dict[str, Any]:
     """Run ``xpnn.planner.probe`` on ``ranks`` processes: each collective's alpha and beta,
     and the slowdown of ``ranks`` one-thread products running at once."""
-    mpiexec = mpiexec or os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if not os.path.exists(mpiexec):
-        mpiexec = "mpiexec"
-    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "xpnn.planner.probe"]
+    command = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "xpnn.planner.probe"]
     if quick:
         command.append("--quick")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
