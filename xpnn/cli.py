@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     if argv and argv[0] == "trace":
         return trace_main(argv[1:])
     if argv and argv[0] in ("plan", "explain", "calibrate"):
-        from xpnn.planner.command import main as planner_main
+        from xpnn.commands.plan import main as planner_main
 
         return planner_main(argv[0], argv[1:])
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"

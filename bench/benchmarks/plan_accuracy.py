@@ -64,8 +64,8 @@ def _layout_flags(layout: tuple) -> list[str]:
 
 def _predict(model: str, flags: list[str], layout: tuple) -> tuple[float, float]:
     """(predicted step seconds, the step the planner ranks best among these layouts)."""
+    from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
     from xpnn.planner.cost import Layout, predict
-    from xpnn.planner.inputs import global_batch, machine_for, spec_from, work_of
 
     spec = spec_from(flags)
     work, machine = work_of(spec), machine_for(None)

@@ -142,3 +142,18 @@ def test_a_text_models_rate_is_in_tokens():
     }
     p = predict(RoundMachine(), work, Layout(1, 1), 16)
     assert p.rate == pytest.approx(16 * 32 / p.step)
+
+
+def test_the_layouts_offered_are_the_ones_the_strategies_accept():
+    from xpnn.planner.choose import layouts
+
+    mlp_layouts = layouts(mlp_work(), cores=2, max_ranks=2, batch=128)
+    cnn_layouts = layouts(
+        model_work(cnn(), (1, 28, 28), get_backend("numpy", "float32")), 2, 2, 128
+    )
+    assert any(x.parallel == "tensor" for x in mlp_layouts)
+    assert not any(x.parallel == "tensor" for x in cnn_layouts)  # convolutions do not split
+    narrow = layouts(mlp_work((1, 1)), cores=2, max_ranks=2, batch=128)
+    assert not any(x.parallel == "tensor" for x in narrow)  # a unit per rank at least
+    for x in mlp_layouts:  # never more threads than cores, batch threads dividing them
+        assert x.ranks * x.threads <= 2 and x.threads % x.batch_threads == 0

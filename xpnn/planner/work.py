@@ -61,6 +61,7 @@ class ModelWork:
     params: int
     input_shape: tuple[int, ...]
     tokens_per_sample: int = 1  # a text model's positions per sample (tokens/s)
+    top_layers: list[Any] = field(default_factory=list)  # the model's own, for the real checks
 
     def gemms(self) -> list[Gemm]:
         return [g for layer in self.layers for g in layer.gemms]
@@ -149,4 +150,4 @@ def model_work(model: Any, input_shape: tuple[int, ...], backend: Any, seed: int
         works += inner
     params = sum(w.params for w in works)
     tokens = input_shape[0] if len(input_shape) == 1 else 1
-    return ModelWork(works, params, tuple(input_shape), tokens)
+    return ModelWork(works, params, tuple(input_shape), tokens, list(model.layers))

@@ -71,7 +71,7 @@ def layout_of(record: dict[str, Any]) -> Layout:
 def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Prediction:
     """The prediction for the run ``record`` describes; ``flags``: the run's own model flags
     the record does not keep (``--hidden``, ``--layers``...), which win."""
-    from xpnn.planner.inputs import spec_from, work_of
+    from xpnn.commands.inputs import spec_from, work_of
 
     argv = ["--dataset", str(record.get("dataset", "synthetic"))]
     if record.get("model") in ("mlp", "cnn", "gpt"):
@@ -153,7 +153,7 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
         metrics = args.run
     if metrics is None:
         raise UserError("explain: give the run's --metrics file (and its --trace directory)")
-    from xpnn.planner.inputs import machine_for
+    from xpnn.commands.inputs import machine_for
 
     machine = machine_for(args.calibration)
     record, measured = measured_step(read_metrics(metrics))

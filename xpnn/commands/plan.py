@@ -11,42 +11,13 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
-from xpnn.planner.cost import Layout, Prediction, predict
-from xpnn.planner.inputs import global_batch, machine_for, spec_from, work_of
+from xpnn.planner.choose import layouts
+from xpnn.planner.cost import Prediction, predict
 from xpnn.planner.machine import calibrate
-from xpnn.planner.work import ModelWork
 
 MAX_RANKS = 64  # more ranks than this are not planned on one machine
-
-
-def _splits_dense(work: ModelWork, parts: int) -> bool:
-    """Tensor parallelism needs every split width to divide among the parts."""
-    widths = [g.n for g in work.gemms() if g.phase == "forward" and g.scales == "m"]
-    return len(widths) >= 2 and all(w % parts == 0 for w in widths[:-1])
-
-
-def layouts(work: ModelWork, cores: int, max_ranks: int, batch: int, model: str) -> list[Layout]:
-    """Every layout of up to ``max_ranks`` ranks on ``cores`` cores the planner can price."""
-    out = []
-    ranks = [r for r in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64) if r <= max_ranks]
-    blocks = sum(1 for layer in work.layers if layer.params)
-    for r in ranks:
-        threads = [t for t in range(1, cores // r + 1) if cores % (r * t) == 0] or [1]
-        for t in threads:
-            for k in (k for k in range(1, t + 1) if t % k == 0):
-                if batch >= r * k:
-                    out.append(Layout(r, t, "data", k, comm="auto"))
-            if r == 1:
-                continue
-            if model != "cnn" and _splits_dense(work, r):
-                out.append(Layout(r, t, "tensor"))
-            if blocks >= r:
-                for m in (r, 2 * r, 4 * r):
-                    if m <= batch:
-                        for schedule in ("gpipe", "1f1b"):
-                            out.append(Layout(r, t, "pipeline", microbatches=m, schedule=schedule))
-    return out
 
 
 def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
@@ -68,10 +39,9 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         raise UserError(f"`ranks` {max_ranks}: must be 1 to {MAX_RANKS}")
     work = work_of(spec)
     batch = global_batch(spec)
-    model = spec.model if isinstance(spec.model, str) else "custom"
     found = [
         predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
-        for layout in layouts(work, cores, max_ranks, batch, model)
+        for layout in layouts(work, cores, max_ranks, batch)
     ]
     found.sort(key=lambda p: p.step)
     if not machine.measured:
@@ -196,7 +166,7 @@ def main(command: str, argv: list[str]) -> int:
         if command == "calibrate":
             return calibrate_main(argv)
         if command == "explain":
-            from xpnn.planner.explain import explain
+            from xpnn.commands.explain import explain
 
             explain(argv)
             return 0
