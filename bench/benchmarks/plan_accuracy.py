@@ -68,11 +68,15 @@ def _predict(model: str, flags: list[str], layout: tuple) -> tuple[float, float]
     from xpnn.planner.cost import Layout, predict
 
     spec = spec_from(flags)
-    work, machine = work_of(spec), machine_for(None)
-    batch = global_batch(spec)
     ranks, threads, parallel, k, m, schedule = layout
+    machine = machine_for(None)
+    work = work_of(spec, machine, (threads // k, threads))
+    batch = global_batch(spec)
     mine = predict(machine, work, Layout(ranks, threads, parallel, k, m, schedule), batch,
                    spec.optimizer, spec.dtype)  # fmt: skip
+    from xpnn.planner.machine import cache_path, save
+
+    save(machine, cache_path(machine.key))  # what was measured on the way, for the next
     return mine.step, batch
 
 

@@ -78,10 +78,9 @@ def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Pr
         argv += ["--model", record["model"]]
     spec = spec_from([*argv, *flags])
     spec = replace(spec, dtype=str(record.get("dtype", spec.dtype)))
-    work = work_of(spec)
-    return predict(
-        machine, work, layout_of(record), int(record["global_batch"]), spec.optimizer, spec.dtype
-    )
+    layout = layout_of(record)
+    work = work_of(spec, machine, (layout.threads // layout.batch_threads, layout.threads))
+    return predict(machine, work, layout, int(record["global_batch"]), spec.optimizer, spec.dtype)
 
 
 def trace_split(directory: str) -> dict[str, float] | None:

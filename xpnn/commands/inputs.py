@@ -21,9 +21,7 @@ def data_shape(spec: Any) -> tuple[tuple[int, ...], int]:
     return (1, 28, 28), 10
 
 
-def work_of(spec: Any) -> ModelWork:
-    """The per-sample work of ``spec``'s model (resolved: the recipe and defaults filled)."""
-    from xpnn.backends import get_backend
+def _model(spec: Any) -> tuple[Any, tuple[int, ...], int]:
     from xpnn.nn.models import make_model
     from xpnn.run import gpt_settings
 
@@ -37,7 +35,41 @@ def work_of(spec: Any) -> ModelWork:
         spec.loss,
         gpt_sizes=gpt_settings(spec),
     )
-    return model_work(model, shape, get_backend("numpy", spec.dtype), spec.seed)
+    return model, shape, classes
+
+
+def work_of(spec: Any, machine: Machine | None = None, threads: tuple[int, ...] = ()) -> ModelWork:
+    """The per-sample work of ``spec``'s model (resolved: the recipe and defaults filled);
+    with a ``machine`` measured here, what its step costs beyond its products at each of
+    ``threads`` (measured once on ``spec``'s backend, then kept in the calibration)."""
+    from xpnn.backends import get_backend
+
+    model, shape, classes = _model(spec)
+    work = model_work(model, shape, get_backend("numpy", spec.dtype), spec.seed)
+    if machine is None or not threads:
+        return work
+    from xpnn.planner.rest import measure_rest
+
+    backend = get_backend(spec.backend, spec.dtype)
+    name = f"{backend.name} {spec.dtype} {{}} {model_digest(model, shape)}"
+    for t in threads:
+        if name.format(t) not in machine.rest:
+            if not machine.measured:
+                continue
+            built = _model(spec)[0].build(shape, backend, spec.seed)
+            machine.rest[name.format(t)] = measure_rest(
+                machine, work, built, classes, t, spec.dtype
+            )
+        work.rest[t] = machine.rest[name.format(t)]
+    return work
+
+
+def model_digest(model: Any, shape: tuple[int, ...]) -> str:
+    """A short name for a model's layers and input: what its measured rest is kept under."""
+    import hashlib
+
+    text = f"{shape} " + " -> ".join(repr(layer) for layer in getattr(model, "layers", [model]))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def spec_from(argv: list[str]) -> Any:

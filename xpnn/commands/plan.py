@@ -15,7 +15,7 @@ from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.choose import layouts
 from xpnn.planner.cost import Prediction, predict
-from xpnn.planner.machine import calibrate
+from xpnn.planner.machine import cache_path, calibrate, save
 
 MAX_RANKS = 64  # more ranks than this are not planned on one machine
 
@@ -37,7 +37,7 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     max_ranks = own.ranks or cores
     if not 1 <= max_ranks <= MAX_RANKS:
         raise UserError(f"`ranks` {max_ranks}: must be 1 to {MAX_RANKS}")
-    work = work_of(spec)
+    work = work_of(spec, machine, tuple(range(1, cores + 1)))
     batch = global_batch(spec)
     found = [
         predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
@@ -47,8 +47,6 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     if not machine.measured:
         pass
     elif own.calibration is None:
-        from xpnn.planner.machine import cache_path, save
-
         save(machine, cache_path(machine.key))  # the products measured on the way
     measured = measure_plans(found, rest, own.measure, own.measure_steps) if own.measure else {}
     if own.json:
@@ -132,10 +130,12 @@ def calibrate_main(argv: list[str]) -> int:
     parser.add_argument(
         "--models", default="mlp,cnn,gpt", help="the presets whose products to time (mlp,cnn,gpt)"
     )
+    parser.add_argument("--backend", default=None, help="the backend whose kernels to time")
     args = parser.parse_args(argv)
     from xpnn.runtime.threads import node_cores
 
     cores = node_cores()
+    backend = ["--backend", args.backend] if args.backend else []
     ranks = [2] if args.quick else sorted({2, cores, 2 * cores} - {1})
     if args.ranks:
         try:
@@ -146,16 +146,21 @@ def calibrate_main(argv: list[str]) -> int:
     models = args.models.split(",")
     if not models or not set(models) <= {"mlp", "cnn", "gpt"}:
         raise UserError(f"`models` {args.models}: choose among mlp, cnn, gpt")
+    specs = []
     for name in models:
-        spec = spec_from(["--model", name, "--dataset", "synthetic"])
+        spec = spec_from(["--model", name, "--dataset", "synthetic", *backend])
         if spec.model == "gpt":
             spec = replace(spec, dataset="tinyshakespeare")
-        work = work_of(spec)
+        specs.append(spec)
         batch = global_batch(spec)
         for share in (1, 2, 4) if args.quick else (1, 2, 4, 8):
-            for g in work.gemms():
+            for g in work_of(spec).gemms():
                 shapes.add(g.at(math.ceil(batch / share)))
     machine, path = calibrate(cores, sorted(shapes), args.quick, ranks)
+    threads = (1, cores) if args.quick else tuple(range(1, cores + 1))
+    for spec in specs:  # each preset's step beyond its products, on the chosen backend
+        work_of(spec, machine, threads)
+    save(machine, path)
     print(f"xpnn calibrate: {len(machine.gemm)} products, ranks {ranks}: {path}")
     return 0
 

@@ -129,8 +129,11 @@ def compute_times(
     out = dict.fromkeys(PHASES, 0.0)
     for g in work.gemms():
         out[g.phase] += gemm_time(machine, g, batch, threads, dtype, split)
-    values = work.elementwise() * batch / split
-    out["elementwise"] = values / machine.values_per_s(threads, dtype)
+    if threads in work.rest:  # measured on the model itself
+        out["elementwise"] = work.rest[threads] * batch / split
+    else:
+        values = work.elementwise() * batch / split
+        out["elementwise"] = values / machine.values_per_s(threads, dtype)
     return out
 
 
@@ -244,8 +247,10 @@ def _stage_times(
     """Each stage's phases for one micro-batch, the layers cut into ``stages`` contiguous runs
     of about equal time (as the pipeline's own cut balances the parameters' work)."""
     per_layer = []
+    values = max(1, work.elementwise())
     for layer in work.layers:
         sub = ModelWork([layer], layer.params, work.input_shape, work.tokens_per_sample)
+        sub.rest = {t: s * layer.elementwise / values for t, s in work.rest.items()}
         per_layer.append(compute_times(machine, sub, micro, threads, dtype))
     target = sum(sum(p.values()) for p in per_layer) / stages
     out: list[dict[str, float]] = []

@@ -79,6 +79,7 @@ class Machine:
     bandwidth: dict[str, float] = field(default_factory=dict)  # "dtype T" -> values/s
     comm: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # "R" -> op -> [a, b]
     crowding: dict[str, float] = field(default_factory=dict)  # "R" -> slowdown of R 1-thread ranks
+    rest: dict[str, float] = field(default_factory=dict)  # "backend dtype T model" -> s/sample
     measured: bool = True  # False: planning for a machine this is not (no new measurements)
 
     @property
@@ -93,6 +94,7 @@ class Machine:
             "bandwidth": self.bandwidth,
             "comm": self.comm,
             "crowding": self.crowding,
+            "rest": self.rest,
         }
 
     @classmethod
@@ -109,11 +111,14 @@ class Machine:
                 for r, ops in dict(data.get("comm", {})).items()
             }
             crowding = {str(k): float(v) for k, v in dict(data.get("crowding", {})).items()}
+            rest = {str(k): float(v) for k, v in dict(data.get("rest", {})).items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{source}: damaged calibration ({exc})") from None
         if cores < 1 or any(v <= 0 for v in (*gemm.values(), *bandwidth.values())):
             raise UserError(f"{source}: damaged calibration (a time or a core count <= 0)")
-        return cls(key, gemm, bandwidth, comm, crowding)
+        if any(v < 0 for v in rest.values()):
+            raise UserError(f"{source}: damaged calibration (a negative time)")
+        return cls(key, gemm, bandwidth, comm, crowding, rest)
 
     # -- products -----------------------------------------------------------------------
     def gemm_seconds(self, m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
