@@ -157,3 +157,17 @@ def test_the_layouts_offered_are_the_ones_the_strategies_accept():
     assert not any(x.parallel == "tensor" for x in narrow)  # a unit per rank at least
     for x in mlp_layouts:  # never more threads than cores, batch threads dividing them
         assert x.ranks * x.threads <= 2 and x.threads % x.batch_threads == 0
+
+
+def test_the_rest_measured_on_the_model_prices_its_passes_per_sample():
+    from xpnn.planner.cost import compute_times
+    from xpnn.planner.rest import measure_rest
+
+    machine, work = RoundMachine(), mlp_work((64,))
+    bandwidth = compute_times(machine, work, 32, 1, "float32")["elementwise"]
+    assert bandwidth == pytest.approx(work.elementwise() * 32 / 1e9)
+    work.rest[1] = 2e-6
+    assert compute_times(machine, work, 32, 1, "float32")["elementwise"] == pytest.approx(64e-6)
+    built = mlp((64,)).build((1, 28, 28), get_backend("numpy", "float32"), 0)
+    seconds = measure_rest(machine, work, built, 10, 1, "float32")
+    assert 0.0 <= seconds < 1.0  # per sample: a step of 32 samples takes well under 32 s
