@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
         return generate_main(argv[1:])
     if argv and argv[0] == "trace":
         return trace_main(argv[1:])
+    if argv and argv[0] in ("plan", "explain", "calibrate"):
+        from xpnn.commands.plan import main as planner_main
+
+        return planner_main(argv[0], argv[1:])
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
     launcher_pipe.write_stdout_into_launchers_pipe()  # `mpiexec ... | head`: see the module
     parser = build_info_parser() if command == "info" else build_parser()

@@ -1,0 +1,168 @@
+"""How good the planner's predictions are on this machine: every layout of the list below is
+run for the MLP, the CNN and the GPT, and its measured step (the global batch over the rate of
+each epoch after the first) is set beside the step ``python -m xpnn plan`` predicts for it.
+
+Layouts: 1 rank x 1 and 2 threads, 2 batch threads, 2 ranks data / tensor / pipeline (GPipe
+and 1F1B), and 4 and 8 ranks of one thread (oversubscribed on a 2-core machine). The planner
+measures what its calibration lacks as it goes, so the first model's predictions include the
+products' first timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.core import epochs_of, markdown_table, record, run_xpnn
+
+NAME = "plan_accuracy"
+SUMMARY = "the planner's predicted step beside the measured one, for every layout it can run"
+QUICK = {"samples": 512, "epochs": 2, "models": "mlp"}
+LAYOUTS = (  # (ranks, threads, parallel, batch threads, micro-batches, schedule)
+    (1, 1, "data", 1, 1, "gpipe"),
+    (1, 2, "data", 1, 1, "gpipe"),
+    (1, 2, "data", 2, 1, "gpipe"),
+    (2, 1, "data", 1, 1, "gpipe"),
+    (2, 1, "tensor", 1, 1, "gpipe"),
+    (2, 1, "pipeline", 1, 4, "gpipe"),
+    (2, 1, "pipeline", 1, 4, "1f1b"),
+    (4, 1, "data", 1, 1, "gpipe"),
+    (8, 1, "data", 1, 1, "gpipe"),
+)
+MODEL_FLAGS = {
+    "mlp": ["--model", "mlp", "--batch-size", "128"],
+    "cnn": ["--model", "cnn", "--batch-size", "128"],
+    "gpt": ["--model", "gpt", "--batch-size", "32", "--dataset", "text"],
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default="mlp,cnn,gpt")
+    p.add_argument("--samples", type=int, default=4096, help="synthetic samples (mlp, cnn)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--max-ranks", type=int, default=8)
+    p.add_argument("--text", type=Path, default=None, help="the GPT's text (default README.md)")
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--threads", type=int, default=1)  # the layouts set their own
+
+
+def _layout_flags(layout: tuple) -> list[str]:
+    ranks, threads, parallel, k, m, schedule = layout
+    flags = ["--backend", "numba", "--threads", str(threads)]
+    if ranks > 1:
+        flags += ["--parallel", parallel]
+        flags += ["--comm", "mpi-host"] if parallel != "data" else []
+    if k > 1:
+        flags += ["--batch-threads", str(k)]
+    if parallel == "pipeline":
+        flags += ["--microbatches", str(m), "--pipeline-schedule", schedule]
+    return flags
+
+
+def _predict(model: str, flags: list[str], layout: tuple) -> tuple[float, float]:
+    """(predicted step seconds, the step the planner ranks best among these layouts)."""
+    from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
+    from xpnn.planner.cost import Layout, predict
+
+    spec = spec_from(flags)
+    ranks, threads, parallel, k, m, schedule = layout
+    machine = machine_for(None)
+    work = work_of(spec, machine, (threads // k, threads))
+    batch = global_batch(spec)
+    mine = predict(machine, work, Layout(ranks, threads, parallel, k, m, schedule), batch,
+                   spec.optimizer, spec.dtype)  # fmt: skip
+    from xpnn.planner.machine import cache_path, save
+
+    save(machine, cache_path(machine.key))  # what was measured on the way, for the next
+    return mine.step, batch
+
+
+def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
+    text = args.text or Path(__file__).resolve().parents[2] / "README.md"
+    out = []
+    for model in [m for m in args.models.split(",") if m]:
+        if model not in MODEL_FLAGS:
+            raise argparse.ArgumentTypeError(f"--models: unknown {model!r} (mlp, cnn, gpt)")
+        base = [*MODEL_FLAGS[model], "--epochs", str(args.epochs), "--seed", "0"]
+        if model == "gpt":
+            base += ["--data-dir", str(text), "--layers", "2", "--embed", "64", "--heads", "4"]
+        else:
+            base += ["--dataset", "synthetic", "--synthetic-size", str(args.samples)]
+        for layout in LAYOUTS:
+            ranks, _, parallel, *_ = layout
+            if ranks > args.max_ranks or (model == "cnn" and parallel == "tensor"):
+                continue
+            flags = [*base, *_layout_flags(layout)]
+            predicted, batch = _predict(model, flags, layout)
+            steps = [measured_step(run_xpnn(ranks, flags, args.timeout), batch)
+                     for _ in range(args.repeats)]  # fmt: skip
+            launch = f"mpiexec -n {ranks} " if ranks > 1 else ""
+            config = {
+                "model": model, "layout": _layout_flags(layout), "ranks": ranks,
+                "predicted_step_s": predicted,
+                "command": f"{launch}python -m xpnn {' '.join(flags)} --metrics m.jsonl",
+            }  # fmt: skip
+            out.append(record(NAME, config, {"step_s": steps}, machine))
+    return out
+
+
+def measured_step(metrics: list[dict[str, Any]], batch: int) -> float:
+    """Seconds per step: the global batch over each epoch's rate, median after the first."""
+    epochs = epochs_of(metrics)
+    steady = epochs[1:] or epochs
+    return statistics.median(batch / float(e["samples_per_s"]) for e in steady)
+
+
+def errors(records: list[dict[str, Any]]) -> list[float]:
+    out = []
+    for r in records:
+        measured = r["metrics"]["step_s"]["median"]
+        out.append((r["config"]["predicted_step_s"] - measured) / measured)
+    return out
+
+
+def table(records: list[dict[str, Any]]) -> str:
+    rows = []
+    for r, err in zip(records, errors(records), strict=True):
+        m = r["metrics"]["step_s"]
+        rows.append([
+            r["config"]["model"], r["config"]["ranks"], " ".join(r["config"]["layout"]),
+            1e3 * r["config"]["predicted_step_s"],
+            f"{1e3 * m['median']:.2f} ({1e3 * m['min']:.2f}–{1e3 * m['max']:.2f})",
+            f"{100 * err:+.0f}%",
+        ])  # fmt: skip
+    text = markdown_table(["model", "ranks", "flags", "predicted ms", "measured ms", "error"], rows)
+    errs = [abs(e) for e in errors(records)]
+    if errs:
+        text += (
+            f"\n\nmedian |error| {100 * statistics.median(errs):.0f}%, "
+            f"worst {100 * max(errs):.0f}%, {len(errs)} layouts"
+        )
+        for model in dict.fromkeys(r["config"]["model"] for r in records):
+            mine = [r for r in records if r["config"]["model"] == model]
+            picked = min(mine, key=lambda r: r["config"]["predicted_step_s"])
+            best = min(r["metrics"]["step_s"]["median"] for r in mine)
+            gap = picked["metrics"]["step_s"]["median"] / best - 1
+            text += f"\n{model}: the predicted best is {100 * gap:.0f}% behind the measured best"
+    return text
+
+
+def plot(records: list[dict[str, Any]], ax: Any) -> None:
+    for model in dict.fromkeys(r["config"]["model"] for r in records):
+        mine = [r for r in records if r["config"]["model"] == model]
+        ax.scatter(
+            [1e3 * r["config"]["predicted_step_s"] for r in mine],
+            [1e3 * r["metrics"]["step_s"]["median"] for r in mine],
+            label=model,
+        )
+    lims = ax.get_xlim()
+    ax.plot(lims, lims, color="grey", linewidth=0.8, label="measured = predicted")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted step (ms)")
+    ax.set_ylabel("measured step (ms)")
+    ax.set_title("The planner's predictions against measured steps")
+    ax.legend()

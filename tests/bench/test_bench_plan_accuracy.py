@@ -1,0 +1,42 @@
+"""The planner's accuracy benchmark: the measured step read from a run's records, and the
+table's error, summary and pick computed from predicted and measured steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.benchmarks import plan_accuracy
+
+
+def test_the_measured_step_is_the_batch_over_each_steady_epochs_rate():
+    metrics = [
+        {"event": "epoch", "samples_per_s": 10.0},  # the first epoch compiles: left out
+        {"event": "epoch", "samples_per_s": 1000.0},
+        {"event": "epoch", "samples_per_s": 2000.0},
+        {"event": "epoch", "samples_per_s": 4000.0},
+        {"event": "done"},
+    ]
+    assert plan_accuracy.measured_step(metrics, 100) == pytest.approx(100 / 2000)
+
+
+def _record(model, ranks, predicted, measured):  # noqa: ANN001, ANN202
+    samples = measured if isinstance(measured, list) else [measured]
+    return {
+        "config": {"model": model, "ranks": ranks, "layout": ["--threads", "1"],
+                   "predicted_step_s": predicted},
+        "metrics": {"step_s": {"median": sorted(samples)[len(samples) // 2],
+                               "min": min(samples), "max": max(samples), "samples": samples}},
+    }  # fmt: skip
+
+
+def test_the_table_gives_each_error_the_median_the_worst_and_the_picks_gap():
+    records = [
+        _record("mlp", 1, 0.010, 0.008),  # +25%
+        _record("mlp", 2, 0.005, 0.010),  # -50%, predicted best, measured 2x the best
+        _record("mlp", 4, 0.020, [0.004, 0.005, 0.006]),  # +300%
+    ]
+    assert plan_accuracy.errors(records) == pytest.approx([0.25, -0.5, 3.0])
+    text = plan_accuracy.table(records)
+    assert "+25%" in text and "-50%" in text and "+300%" in text
+    assert "median |error| 50%, worst 300%, 3 layouts" in text
+    assert "mlp: the predicted best is 100% behind the measured best" in text

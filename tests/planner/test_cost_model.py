@@ -1,0 +1,173 @@
+"""The cost model against hand-computed cases: a model's products read from its own shapes,
+and each layout's step priced on a machine whose rates are round numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from xpnn.backends import get_backend
+from xpnn.nn.models import cnn, mlp
+from xpnn.planner.cost import Layout, predict
+from xpnn.planner.machine import Machine
+from xpnn.planner.work import DGRAD, FORWARD, WGRAD, model_work
+
+FLOPS = 1e9  # the round machine: 1 GFLOP/s a thread, 1e9 values/s, 1 us + 1 ns a byte
+
+
+class RoundMachine(Machine):
+    """Products at FLOPS per thread, passes at 1e9 values/s, collectives 1 us + 1 ns/byte,
+    ranks sharing cores slowed by exactly their share."""
+
+    def __init__(self, cores: int = 2) -> None:
+        super().__init__({"cores": cores}, measured=False)
+
+    def gemm_seconds(self, m, k, n, count, threads, dtype):  # noqa: ANN001, ANN201
+        return 2.0 * m * k * n * count / (FLOPS * threads)
+
+    def values_per_s(self, threads, dtype):  # noqa: ANN001, ANN201
+        return 1e9
+
+    def collective(self, op, ranks, nbytes):  # noqa: ANN001, ANN201
+        return 0.0 if ranks <= 1 or nbytes <= 0 else 1e-6 + 1e-9 * nbytes
+
+    def slowdown(self, busy_threads):  # noqa: ANN001, ANN201
+        return max(1.0, busy_threads / self.cores)
+
+
+def mlp_work(hidden=(512, 256)):  # noqa: ANN001, ANN201
+    return model_work(mlp(hidden), (1, 28, 28), get_backend("numpy", "float32"))
+
+
+def test_the_mlps_products_are_its_layers_shapes():
+    work = mlp_work()
+    batch = 128
+    sizes = [(784, 512), (512, 256), (256, 10)]
+    by_phase = {FORWARD: 0.0, WGRAD: 0.0, DGRAD: 0.0}
+    for g in work.gemms():
+        by_phase[g.phase] += g.flops(batch)
+    expected = sum(2 * batch * k * n for k, n in sizes)
+    assert by_phase[FORWARD] == expected
+    assert by_phase[WGRAD] == expected
+    # the first layer's input gradient is never needed
+    assert by_phase[DGRAD] == expected - 2 * batch * 784 * 512
+    assert work.params == sum(k * n + n for k, n in sizes) == 535_818
+
+
+def test_the_cnns_products_are_its_im2col_shapes():
+    work = model_work(cnn(), (1, 28, 28), get_backend("numpy", "float32"))
+    assert work.params == 690_590
+    forward = [g for g in work.gemms() if g.phase == FORWARD]
+    # conv 1 -> 32 on 26x26 outputs, 3x3x1 deep; conv 32 -> 128 on 11x11; 128 -> 256 on 3x3
+    assert [(g.m, g.k, g.n) for g in forward[:3]] == [(676, 9, 32), (121, 288, 128), (9, 1152, 256)]
+
+
+def test_a_data_parallel_step_is_its_shares_products_plus_the_exposed_exchange():
+    machine, work = RoundMachine(cores=2), mlp_work()
+    one = predict(machine, work, Layout(1, 2), 128, "sgd")
+    two = predict(machine, work, Layout(2, 1, "data"), 128, "sgd")
+    flops = work.flops(64)
+    assert two.forward + two.wgrad + two.dgrad == pytest.approx(flops / FLOPS)
+    assert one.forward + one.wgrad + one.dgrad == pytest.approx(work.flops(128) / (2 * FLOPS))
+    grads = 4 * work.params
+    buckets = math.ceil(grads / (4 << 20))
+    exchange = buckets * (1e-6 + 1e-9 * grads / buckets)
+    assert two.comm_exposed + two.comm_hidden == pytest.approx(exchange)
+    backward = two.wgrad + two.dgrad
+    last = 1e-6 + 1e-9 * min(4 << 20, grads)
+    assert two.comm_exposed == pytest.approx(last + max(0.0, exchange - last - backward))
+    assert one.comm_exposed == 0.0
+    assert two.optimizer == pytest.approx(3 * work.params / 1e9)
+
+
+def test_oversubscribed_ranks_run_slower_by_their_share_of_the_cores():
+    machine, work = RoundMachine(cores=2), mlp_work()
+    fits = predict(machine, work, Layout(2, 1, "data"), 128)
+    crowded = predict(machine, work, Layout(4, 1, "data"), 128)
+    assert crowded.slowdown == 2.0
+    compute = crowded.forward + crowded.wgrad + crowded.dgrad
+    assert compute == pytest.approx(2.0 * work.flops(32) / FLOPS)
+    assert crowded.step > fits.step
+
+
+def test_batch_threads_split_the_rows_and_add_the_gradient_sum():
+    machine, work = RoundMachine(cores=2), mlp_work()
+    twins = predict(machine, work, Layout(1, 2, "data", batch_threads=2), 128, "sgd")
+    assert twins.forward == pytest.approx(sum(
+        g.flops(64) for g in work.gemms() if g.phase == FORWARD) / FLOPS)  # fmt: skip
+    assert twins.serial_tail == pytest.approx(work.params / 1e9)
+    assert twins.memory["gradients"] == 2 * 4 * work.params
+
+
+def test_a_pipelines_bubble_is_its_slowest_stage_times_the_stages_less_one():
+    machine, work = RoundMachine(cores=2), mlp_work()
+    for m in (2, 4, 8):
+        p = predict(machine, work, Layout(2, 1, "pipeline", microbatches=m), 128)
+        per_micro = (p.forward + p.wgrad + p.dgrad + p.elementwise) / m
+        assert p.bubble == pytest.approx(per_micro)  # (stages - 1) x the slowest stage
+    few = predict(machine, work, Layout(2, 1, "pipeline", microbatches=2), 128)
+    many = predict(machine, work, Layout(2, 1, "pipeline", microbatches=8), 128)
+    assert many.bubble < few.bubble
+
+
+def test_tensor_parts_divide_the_products_and_the_parameters():
+    machine, work = RoundMachine(cores=2), mlp_work()
+    one = predict(machine, work, Layout(1, 1), 128)
+    split = predict(machine, work, Layout(2, 1, "tensor"), 128)
+    assert split.forward < one.forward
+    assert split.memory["parameters"] == pytest.approx(one.memory["parameters"] / 2)
+    assert split.comm_exposed > 0
+
+
+def test_a_sharded_optimizer_holds_a_rank_count_share_of_the_state():
+    machine, work = RoundMachine(cores=4), mlp_work()
+    whole = predict(machine, work, Layout(4, 1, "data"), 128, "adam")
+    shard = predict(machine, work, Layout(4, 1, "data"), 128, "adam", shard_optimizer=True)
+    assert shard.memory["optimizer"] == pytest.approx(whole.memory["optimizer"] / 4)
+    assert whole.memory["optimizer"] == 2 * 4 * work.params
+
+
+def test_a_text_models_rate_is_in_tokens():
+    from xpnn.nn.gpt import gpt
+
+    work = model_work(
+        gpt(65, layers=2, heads=4, embed=64, block=32), (32,), get_backend("numpy", "float32")
+    )
+    assert work.tokens_per_sample == 32
+    heads = [g for g in work.gemms() if g.scales == "count"]
+    assert {(g.m, g.k, g.n, g.count) for g in heads if g.phase == FORWARD} == {
+        (32, 16, 32, 4),
+        (32, 32, 16, 4),
+    }
+    p = predict(RoundMachine(), work, Layout(1, 1), 16)
+    assert p.rate == pytest.approx(16 * 32 / p.step)
+
+
+def test_the_layouts_offered_are_the_ones_the_strategies_accept():
+    from xpnn.planner.choose import layouts
+
+    mlp_layouts = layouts(mlp_work(), cores=2, max_ranks=2, batch=128)
+    cnn_layouts = layouts(
+        model_work(cnn(), (1, 28, 28), get_backend("numpy", "float32")), 2, 2, 128
+    )
+    assert any(x.parallel == "tensor" for x in mlp_layouts)
+    assert not any(x.parallel == "tensor" for x in cnn_layouts)  # convolutions do not split
+    narrow = layouts(mlp_work((1, 1)), cores=2, max_ranks=2, batch=128)
+    assert not any(x.parallel == "tensor" for x in narrow)  # a unit per rank at least
+    for x in mlp_layouts:  # never more threads than cores, batch threads dividing them
+        assert x.ranks * x.threads <= 2 and x.threads % x.batch_threads == 0
+
+
+def test_the_rest_measured_on_the_model_prices_its_passes_per_sample():
+    from xpnn.planner.cost import compute_times
+    from xpnn.planner.rest import measure_rest
+
+    machine, work = RoundMachine(), mlp_work((64,))
+    bandwidth = compute_times(machine, work, 32, 1, "float32")["elementwise"]
+    assert bandwidth == pytest.approx(work.elementwise() * 32 / 1e9)
+    work.rest[1] = 2e-6
+    assert compute_times(machine, work, 32, 1, "float32")["elementwise"] == pytest.approx(64e-6)
+    built = mlp((64,)).build((1, 28, 28), get_backend("numpy", "float32"), 0)
+    seconds = measure_rest(machine, work, built, 10, 1, "float32")
+    assert 0.0 <= seconds < 1.0  # per sample: a step of 32 samples takes well under 32 s

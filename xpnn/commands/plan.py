@@ -1,0 +1,185 @@
+"""``python -m xpnn calibrate`` and ``python -m xpnn plan``: measure this machine once, then
+rank every layout a run could take by its predicted time per step."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import replace
+from typing import Any
+
+from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
+from xpnn.errors import UserError
+from xpnn.planner.choose import layouts
+from xpnn.planner.cost import Prediction, predict
+from xpnn.planner.machine import cache_path, calibrate, save
+
+MAX_RANKS = 64  # more ranks than this are not planned on one machine
+
+
+def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
+    parser = argparse.ArgumentParser(prog="python -m xpnn plan", add_help=False)
+    parser.add_argument("--ranks", type=int, default=None)
+    parser.add_argument("--calibration", default=None)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--measure", type=int, default=0)
+    parser.add_argument("--measure-steps", type=int, default=20)
+    own, rest = parser.parse_known_args(argv)
+    if own.top < 1 or own.measure < 0 or own.measure_steps < 2:
+        raise UserError("`top` >= 1, `measure` >= 0 and `measure_steps` >= 2, please")
+    spec = spec_from(rest)
+    machine = machine_for(own.calibration)
+    cores = machine.cores
+    max_ranks = own.ranks or cores
+    if not 1 <= max_ranks <= MAX_RANKS:
+        raise UserError(f"`ranks` {max_ranks}: must be 1 to {MAX_RANKS}")
+    work = work_of(spec, machine, tuple(range(1, cores + 1)))
+    batch = global_batch(spec)
+    found = [
+        predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
+        for layout in layouts(work, cores, max_ranks, batch)
+    ]
+    found.sort(key=lambda p: p.step)
+    if not machine.measured:
+        pass
+    elif own.calibration is None:
+        save(machine, cache_path(machine.key))  # the products measured on the way
+    measured = measure_plans(found, rest, own.measure, own.measure_steps) if own.measure else {}
+    if own.json:
+        rows = [p.to_json() | _measured_json(measured.get(i)) for i, p in enumerate(found)]
+        json.dump(rows, out, indent=1)
+        out.write("\n")
+        return found
+    unit = "tokens/s" if work.tokens_per_sample > 1 else "samples/s"
+    print(
+        f"xpnn plan: {cores} cores, global batch {batch}, {spec.dtype}, {spec.optimizer}", file=out
+    )
+    seen = " measured ms" if measured else ""
+    print(
+        f"{'#':>3} {'layout':<56} {unit:>11} {'step ms':>8}{seen} {'MB/rank':>8}  largest",
+        file=out,
+    )
+    for i, p in enumerate(found, 1):
+        if i > own.top and i - 1 not in measured:
+            continue
+        mb = sum(p.memory.values()) / 2**20
+        got = measured.get(i - 1)
+        cell = (f" {1e3 * got:>11.2f}" if got else f" {'-':>11}") if measured else ""
+        print(
+            f"{i:>3} {p.layout.describe():<56} {p.rate:>11,.0f} {1e3 * p.step:>8.2f}{cell} "
+            f"{mb:>8.1f}  {p.largest()}",
+            file=out,
+        )
+    best = found[0].layout
+    launch = f"mpiexec -n {best.ranks} " if best.ranks > 1 else ""
+    print(f"fastest: {launch}python -m xpnn {' '.join(best.flags())}", file=out)
+    return found
+
+
+def measure_plans(
+    found: list[Prediction], flags: list[str], top: int, steps: int
+) -> dict[int, float | None]:
+    """Run the ``top`` predicted fastest, the middle one and the slowest for ``steps`` steps:
+    {index in ``found``: measured seconds per step (None: the run failed)}."""
+    picks = list(range(min(top, len(found))))
+    picks += [i for i in (len(found) // 2, len(found) - 1) if i not in picks]
+    return {i: measure_one(found[i], flags, steps) for i in picks}
+
+
+def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
+    """Seconds per step of the layout, from its last evaluation record's rate."""
+    import subprocess
+    import tempfile
+
+    from xpnn.planner.machine import mpiexec_path
+
+    every = max(1, steps // 2)
+    with tempfile.TemporaryDirectory(prefix="xpnn-plan-") as tmp:
+        metrics = os.path.join(tmp, "m.jsonl")
+        command = [sys.executable, "-m", "xpnn", *flags, *pred.layout.flags()]
+        command += ["--steps", str(steps), "--eval-every", str(every), "--no-progress"]
+        command += ["--metrics", metrics]
+        if pred.layout.ranks > 1:
+            command = [mpiexec_path(), "-n", str(pred.layout.ranks), *command]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0 or not os.path.exists(metrics):
+            return None
+        with open(metrics, encoding="utf-8") as f:
+            evals = [r for r in map(json.loads, f) if r.get("event") == "eval"]
+    if not evals:
+        return None
+    last = evals[-1]
+    return float(last["global_batch"]) / float(last["samples_per_s"])
+
+
+def _measured_json(seconds: float | None) -> dict[str, Any]:
+    return {} if seconds is None else {"measured_step_s": seconds}
+
+
+def calibrate_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xpnn calibrate")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 1 min)")
+    parser.add_argument("--ranks", default=None, help="rank counts to time collectives on (2,4)")
+    parser.add_argument(
+        "--models", default="mlp,cnn,gpt", help="the presets whose products to time (mlp,cnn,gpt)"
+    )
+    parser.add_argument("--backend", default=None, help="the backend whose kernels to time")
+    args = parser.parse_args(argv)
+    from xpnn.runtime.threads import node_cores
+
+    cores = node_cores()
+    backend = ["--backend", args.backend] if args.backend else []
+    ranks = [2] if args.quick else sorted({2, cores, 2 * cores} - {1})
+    if args.ranks:
+        try:
+            ranks = [int(r) for r in args.ranks.split(",")]
+        except ValueError:
+            raise UserError(f"`ranks` {args.ranks}: expected comma-separated counts") from None
+    shapes = set()
+    models = args.models.split(",")
+    if not models or not set(models) <= {"mlp", "cnn", "gpt"}:
+        raise UserError(f"`models` {args.models}: choose among mlp, cnn, gpt")
+    specs = []
+    for name in models:
+        spec = spec_from(["--model", name, "--dataset", "synthetic", *backend])
+        if spec.model == "gpt":
+            spec = replace(spec, dataset="tinyshakespeare")
+        specs.append(spec)
+        batch = global_batch(spec)
+        for share in (1, 2, 4) if args.quick else (1, 2, 4, 8):
+            for g in work_of(spec).gemms():
+                shapes.add(g.at(math.ceil(batch / share)))
+    machine, path = calibrate(cores, sorted(shapes), args.quick, ranks)
+    threads = (1, cores) if args.quick else tuple(range(1, cores + 1))
+    for spec in specs:  # each preset's step beyond its products, on the chosen backend
+        work_of(spec, machine, threads)
+    save(machine, path)
+    print(f"xpnn calibrate: {len(machine.gemm)} products, ranks {ranks}: {path}")
+    return 0
+
+
+def main(command: str, argv: list[str]) -> int:
+    """The CLI's entry: one line and exit 2 for a user's mistake."""
+    try:
+        if command == "calibrate":
+            return calibrate_main(argv)
+        if command == "explain":
+            from xpnn.commands.explain import explain
+
+            explain(argv)
+            return 0
+        plan(argv)
+        return 0
+    except UserError as exc:
+        print(f"xpnn {command}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

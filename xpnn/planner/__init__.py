@@ -1,0 +1,17 @@
+"""The planner: this machine measured once (``machine``), a model's step read from its layer
+shapes (``work``), and what each layout would cost (``cost``)."""
+
+from xpnn.planner.cost import Layout, Prediction, predict
+from xpnn.planner.machine import Machine, calibrate, load
+from xpnn.planner.work import ModelWork, model_work
+
+__all__ = [
+    "Layout",
+    "Machine",
+    "ModelWork",
+    "Prediction",
+    "calibrate",
+    "load",
+    "model_work",
+    "predict",
+]

@@ -1,0 +1,266 @@
+"""The cost model: one step's time and one rank's memory for a model's work under a layout,
+from a machine's measured rates. The equations are written out in docs/planning.md; each
+function here is one of them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from xpnn.planner.machine import Machine
+from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, Gemm, ModelWork
+
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+OPTIMIZER_PASSES = {"sgd": 3, "momentum": 5, "adam": 9, "adamw": 10}  # values touched per param
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A candidate layout on one node: ``ranks`` processes of ``threads`` threads, split as
+    ``parallel`` (data, tensor or pipeline over all ranks), ``batch_threads`` twins per rank,
+    ``microbatches`` for a pipeline."""
+
+    ranks: int = 1
+    threads: int = 1
+    parallel: str = "data"
+    batch_threads: int = 1
+    microbatches: int = 1
+    schedule: str = "gpipe"
+    comm: str = "mpi-host"
+
+    def flags(self) -> list[str]:
+        """The command-line flags that run this layout (``mpiexec -n ranks`` around them)."""
+        out = ["--threads", str(self.threads)]
+        if self.ranks > 1:
+            out = ["--parallel", self.parallel, *out, "--comm", self.comm]
+        if self.batch_threads > 1:
+            out += ["--batch-threads", str(self.batch_threads)]
+        if self.parallel == "pipeline":
+            out += ["--microbatches", str(self.microbatches), "--pipeline-schedule", self.schedule]
+        return out
+
+    def describe(self) -> str:
+        text = f"{self.ranks} rank(s) x {self.threads} thread(s)"
+        if self.ranks > 1:
+            text += f", {self.parallel}"
+        if self.parallel == "pipeline":
+            text += f" ({self.microbatches} micro-batches, {self.schedule})"
+        if self.batch_threads > 1:
+            text += f", {self.batch_threads} batch threads"
+        return text
+
+
+@dataclass
+class Prediction:
+    """Seconds per step by cause, and bytes per rank."""
+
+    layout: Layout
+    forward: float = 0.0
+    wgrad: float = 0.0
+    dgrad: float = 0.0
+    elementwise: float = 0.0
+    optimizer: float = 0.0
+    comm_exposed: float = 0.0
+    comm_hidden: float = 0.0
+    bubble: float = 0.0
+    serial_tail: float = 0.0
+    slowdown: float = 1.0
+    memory: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+    tokens_per_sample: int = 1
+
+    @property
+    def step(self) -> float:
+        return (
+            self.forward
+            + self.wgrad
+            + self.dgrad
+            + self.elementwise
+            + self.optimizer
+            + self.comm_exposed
+            + self.bubble
+            + self.serial_tail
+        )
+
+    @property
+    def rate(self) -> float:
+        """Samples (or tokens, for text) per second."""
+        return self.samples * self.tokens_per_sample / self.step
+
+    def largest(self) -> str:
+        parts = {
+            "compute": self.forward + self.wgrad + self.dgrad,
+            "elementwise": self.elementwise,
+            "optimizer": self.optimizer,
+            "communication": self.comm_exposed,
+            "pipeline bubble": self.bubble,
+            "batch threads' serial tail": self.serial_tail,
+        }
+        name = max(parts, key=parts.get)
+        return f"{name} {100 * parts[name] / self.step:.0f}%"
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k != "layout"}
+        out.update(
+            layout=asdict(self.layout),
+            flags=self.layout.flags(),
+            step_s=self.step,
+            rate=self.rate,
+            largest=self.largest(),
+        )
+        return out
+
+
+def gemm_time(
+    machine: Machine, gemm: Gemm, batch: int, threads: int, dtype: str, split: int = 1
+) -> float:
+    """A product's time at ``batch`` samples; ``split`` cuts its ``n`` across tensor parts."""
+    if batch <= 0:
+        return 0.0
+    m, k, n, count = gemm.at(batch)
+    return machine.gemm_seconds(m, k, max(1, n // split), count, threads, dtype)
+
+
+def compute_times(
+    machine: Machine, work: ModelWork, batch: int, threads: int, dtype: str, split: int = 1
+) -> dict[str, float]:
+    """Each phase's product time and the elementwise passes' for ``batch`` samples."""
+    out = dict.fromkeys(PHASES, 0.0)
+    for g in work.gemms():
+        out[g.phase] += gemm_time(machine, g, batch, threads, dtype, split)
+    if threads in work.rest:  # measured on the model itself
+        out["elementwise"] = work.rest[threads] * batch / split
+    else:
+        values = work.elementwise() * batch / split
+        out["elementwise"] = values / machine.values_per_s(threads, dtype)
+    return out
+
+
+def optimizer_time(machine: Machine, params: float, optimizer: str, threads: int, dtype: str):
+    return OPTIMIZER_PASSES[optimizer] * params / machine.values_per_s(threads, dtype)
+
+
+def memory(
+    work: ModelWork,
+    layout: Layout,
+    batch_per_rank: int,
+    optimizer: str,
+    itemsize: int,
+    shard_optimizer: bool = False,
+) -> dict[str, float]:
+    """Bytes per rank: parameters, gradients, optimizer state, activations kept for backward."""
+    parts = layout.ranks if layout.parallel in ("tensor", "pipeline") else 1
+    params = work.params / parts
+    states = OPTIMIZER_STATES[optimizer] * params
+    if shard_optimizer and layout.parallel == "data":
+        states /= layout.ranks
+    activations = work.elementwise() / 3 * batch_per_rank / parts  # outputs kept per sample
+    grads = params * layout.batch_threads  # each twin has its own gradients
+    return {
+        "parameters": params * itemsize,
+        "gradients": grads * itemsize,
+        "optimizer": states * itemsize,
+        "activations": activations * itemsize,
+    }
+
+
+def predict(
+    machine: Machine,
+    work: ModelWork,
+    layout: Layout,
+    batch: int,
+    optimizer: str = "adam",
+    dtype: str = "float32",
+    bucket_bytes: float = 4 << 20,
+    shard_optimizer: bool = False,
+) -> Prediction:
+    """One step of ``batch`` samples (the global batch) under ``layout``."""
+    itemsize = 8 if dtype == "float64" else 4
+    r, t, k = layout.ranks, layout.threads, layout.batch_threads
+    pred = Prediction(layout, samples=batch, tokens_per_sample=work.tokens_per_sample)
+    pred.slowdown = machine.slowdown(r * t)
+    grads_bytes = work.params * itemsize
+    if layout.parallel == "data" or r == 1:
+        per_thread = math.ceil(batch / (r * k))
+        phases = compute_times(machine, work, per_thread, t // k, dtype)
+        params_updated = work.params / (r if shard_optimizer else 1)
+        pred.optimizer = optimizer_time(machine, params_updated, optimizer, t, dtype)
+        if k > 1:  # the twins' gradients summed by the main thread
+            pred.serial_tail = (k - 1) * work.params / machine.values_per_s(t, dtype)
+        comm = _data_comm(machine, r, grads_bytes, bucket_bytes, shard_optimizer)
+        backward = phases[WGRAD] + phases[DGRAD]
+        last = min(comm, machine.collective("allreduce", r, min(bucket_bytes, grads_bytes)))
+        pred.comm_exposed = last + max(0.0, comm - last - backward)
+        pred.comm_hidden = comm - pred.comm_exposed
+        batch_rank = math.ceil(batch / r)
+    elif layout.parallel == "tensor":
+        phases = compute_times(machine, work, batch, t, dtype, split=r)
+        pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
+        rows = batch * max(1, work.tokens_per_sample)
+        pairs = max(1, sum(1 for g in work.gemms() if g.phase == FORWARD and g.scales == "m") // 2)
+        act_bytes = rows * _widest(work) * itemsize
+        pred.comm_exposed = 2 * pairs * machine.collective("allreduce", r, act_bytes)
+        batch_rank = batch
+    else:  # pipeline: each rank a stage; the slowest stage paces every micro-batch
+        m = layout.microbatches
+        micro = math.ceil(batch / m)
+        stages = _stage_times(machine, work, r, micro, t, dtype)
+        slowest = max(stages, key=lambda phases: sum(phases.values()))
+        phases = {name: slowest.get(name, 0.0) * m for name in (*PHASES, "elementwise")}
+        pred.bubble = (r - 1) * sum(slowest.values())
+        act_bytes = micro * _widest(work) * max(1, work.tokens_per_sample) * itemsize
+        pred.comm_exposed = 2 * (m + r - 1) * machine.collective("sendrecv", 2, act_bytes)
+        pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
+        batch_rank = micro if layout.schedule == "1f1b" else batch
+    for phase in PHASES:
+        setattr(pred, phase, phases[phase] * pred.slowdown)
+    pred.elementwise = phases["elementwise"] * pred.slowdown
+    pred.bubble *= pred.slowdown
+    pred.optimizer *= pred.slowdown
+    pred.memory = memory(work, layout, batch_rank, optimizer, itemsize, shard_optimizer)
+    return pred
+
+
+def _data_comm(machine: Machine, ranks: int, nbytes: float, bucket: float, shard: bool):
+    """The gradient exchange of a step: one allreduce per bucket (reduce-scatter and
+    all-gather when the optimizer state is sharded)."""
+    if ranks <= 1:
+        return 0.0
+    buckets = max(1, math.ceil(nbytes / bucket))
+    size = nbytes / buckets
+    if shard:
+        one = machine.collective("reduce_scatter", ranks, size)
+        one += machine.collective("allgather", ranks, size)
+    else:
+        one = machine.collective("allreduce", ranks, size)
+    return buckets * one
+
+
+def _widest(work: ModelWork) -> int:
+    return max((g.n for g in work.gemms() if g.phase == FORWARD and g.scales == "m"), default=1)
+
+
+def _stage_times(
+    machine: Machine, work: ModelWork, stages: int, micro: int, threads: int, dtype: str
+) -> list[dict[str, float]]:
+    """Each stage's phases for one micro-batch, the layers cut into ``stages`` contiguous runs
+    of about equal time (as the pipeline's own cut balances the parameters' work)."""
+    per_layer = []
+    values = max(1, work.elementwise())
+    for layer in work.layers:
+        sub = ModelWork([layer], layer.params, work.input_shape, work.tokens_per_sample)
+        sub.rest = {t: s * layer.elementwise / values for t, s in work.rest.items()}
+        per_layer.append(compute_times(machine, sub, micro, threads, dtype))
+    target = sum(sum(p.values()) for p in per_layer) / stages
+    out: list[dict[str, float]] = []
+    acc: dict[str, float] = {}
+    for phases in per_layer:
+        seconds, held = sum(phases.values()), sum(acc.values())
+        if held and held + seconds / 2 > target and len(out) < stages - 1:
+            out.append(acc)
+            acc = {}
+        for name, value in phases.items():
+            acc[name] = acc.get(name, 0.0) + value
+    out.append(acc)
+    return out + [{}] * (stages - len(out))

@@ -1,0 +1,330 @@
+"""This machine, measured once and cached: the matrix products' time for the shapes a model
+runs, at each thread count; the bandwidth of elementwise passes; the latency and bandwidth of
+the ranks' collectives (``probe``); and how much slower threads run when ranks share cores.
+
+The cache is one JSON file per machine (host, cores, CPU, NumPy and its BLAS): a product's
+time missing from it is measured on first use, so a plan never runs on a guess of this machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xpnn.errors import UserError
+
+VERSION = 1
+MAX_FILE_BYTES = 16 << 20  # a calibration is kilobytes; more is not one
+MAX_PROBE_RANKS = 16  # more processes than this on one machine are not started to measure
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def blas() -> str:
+    from threadpoolctl import threadpool_info
+
+    for pool in threadpool_info():
+        if pool.get("user_api") == "blas":
+            return f"{pool.get('internal_api')} {pool.get('version')} {pool.get('architecture')}"
+    return "unknown"
+
+
+def machine_key(cores: int) -> dict[str, Any]:
+    """What a calibration belongs to: another host, core count or library measures anew."""
+    return {
+        "host": platform.node(),
+        "cores": cores,
+        "cpu": cpu_model(),
+        "numpy": np.__version__,
+        "blas": blas(),
+        "python": platform.python_version(),
+    }
+
+
+def cache_path(key: dict[str, Any]) -> Path:
+    """$XDG_CACHE_HOME/xpnn/calibration (if absolute), else ~/.cache/xpnn/calibration."""
+    xdg = os.path.expanduser(os.environ.get("XDG_CACHE_HOME", ""))
+    root = Path(xdg) if os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".cache"
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return root / "xpnn" / "calibration" / f"{key['host'] or 'host'}-{digest}.json"
+
+
+@dataclass
+class Machine:
+    """A calibration: measured times keyed by what was measured."""
+
+    key: dict[str, Any]
+    gemm: dict[str, float] = field(default_factory=dict)  # "dtype T m k n count" -> seconds
+    bandwidth: dict[str, float] = field(default_factory=dict)  # "dtype T" -> values/s
+    comm: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # "R" -> op -> [a, b]
+    crowding: dict[str, float] = field(default_factory=dict)  # "R" -> slowdown of R 1-thread ranks
+    rest: dict[str, float] = field(default_factory=dict)  # "backend dtype T model" -> s/sample
+    measured: bool = True  # False: planning for a machine this is not (no new measurements)
+
+    @property
+    def cores(self) -> int:
+        return int(self.key["cores"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "key": self.key,
+            "gemm": self.gemm,
+            "bandwidth": self.bandwidth,
+            "comm": self.comm,
+            "crowding": self.crowding,
+            "rest": self.rest,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, source: str) -> Machine:
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            raise UserError(f"{source}: not an xpnn calibration (version {VERSION})")
+        try:
+            key = dict(data["key"])
+            cores = int(key["cores"])
+            gemm = {str(k): float(v) for k, v in dict(data.get("gemm", {})).items()}
+            bandwidth = {str(k): float(v) for k, v in dict(data.get("bandwidth", {})).items()}
+            comm = {
+                str(r): {str(op): [float(a), float(b)] for op, (a, b) in dict(ops).items()}
+                for r, ops in dict(data.get("comm", {})).items()
+            }
+            crowding = {str(k): float(v) for k, v in dict(data.get("crowding", {})).items()}
+            rest = {str(k): float(v) for k, v in dict(data.get("rest", {})).items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{source}: damaged calibration ({exc})") from None
+        if cores < 1 or any(v <= 0 for v in (*gemm.values(), *bandwidth.values())):
+            raise UserError(f"{source}: damaged calibration (a time or a core count <= 0)")
+        if any(v < 0 for v in rest.values()):
+            raise UserError(f"{source}: damaged calibration (a negative time)")
+        return cls(key, gemm, bandwidth, comm, crowding, rest)
+
+    # -- products -----------------------------------------------------------------------
+    def gemm_seconds(self, m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
+        """One (count x) m-by-k-by-n product's time: measured, or measured now and kept."""
+        name = f"{dtype} {threads} {m} {k} {n} {count}"
+        if name not in self.gemm:
+            if not self.measured:
+                return self._scaled_gemm(m, k, n, count, threads, dtype)
+            self.gemm[name] = time_gemm(m, k, n, count, threads, dtype)
+        return self.gemm[name]
+
+    def _scaled_gemm(self, m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
+        """For a machine measured elsewhere: the nearest measured product, scaled by flops."""
+        flops = m * k * n * count
+        best, best_gap = None, None
+        for name, seconds in self.gemm.items():
+            d, t, *dims = name.split()
+            if d != dtype or int(t) != threads:
+                continue
+            other = int(dims[0]) * int(dims[1]) * int(dims[2]) * int(dims[3])
+            gap = abs(np.log(other / flops))
+            if best_gap is None or gap < best_gap:
+                best, best_gap = seconds * flops / other, gap
+        if best is None:
+            raise UserError(f"the calibration has no {dtype} products at {threads} thread(s)")
+        return best
+
+    # -- elementwise passes ---------------------------------------------------------------
+    def values_per_s(self, threads: int, dtype: str) -> float:
+        name = f"{dtype} {threads}"
+        if name not in self.bandwidth:
+            if not self.measured:
+                rates = [v for k, v in self.bandwidth.items() if k.startswith(dtype)]
+                if not rates:
+                    raise UserError(f"the calibration has no {dtype} bandwidth")
+                return max(rates)
+            self.bandwidth[name] = time_bandwidth(threads, dtype)
+        return self.bandwidth[name]
+
+    def probe(self, ranks: int, quick: bool = True) -> None:
+        """Time the collectives, and the crowding of one-thread ranks, on ``ranks`` processes."""
+        found = probe_collectives(ranks, quick)
+        self.comm[str(ranks)] = found["fits"]
+        self.crowding[str(ranks)] = found["crowding"]
+
+    # -- the ranks ------------------------------------------------------------------------
+    def collective(self, op: str, ranks: int, nbytes: float) -> float:
+        """Seconds for one ``op`` of ``nbytes`` over ``ranks`` (alpha + beta * bytes)."""
+        if ranks <= 1 or nbytes <= 0:
+            return 0.0
+        if str(ranks) not in self.comm and self.measured and ranks <= MAX_PROBE_RANKS:
+            self.probe(ranks)
+        fits = self.comm.get(str(ranks))
+        if fits is None:  # the nearest rank count measured, scaled as a ring would
+            measured = sorted(int(r) for r in self.comm)
+            if not measured:
+                raise UserError("the calibration has no collective timings (run it with ranks)")
+            near = min(measured, key=lambda r: abs(r - ranks))
+            alpha, beta = self.comm[str(near)][op]
+            ring = (ranks - 1) / ranks / ((near - 1) / near)
+            return alpha * ranks / near + beta * nbytes * ring
+        alpha, beta = fits[op]
+        return alpha + beta * nbytes
+
+    def slowdown(self, busy_threads: int) -> float:
+        """How much slower each thread runs with ``busy_threads`` on this machine's cores."""
+        cores = self.cores
+        if busy_threads <= cores:
+            return 1.0
+        if str(busy_threads) not in self.crowding and self.measured:
+            if busy_threads <= MAX_PROBE_RANKS:
+                self.probe(busy_threads)
+        measured = self.crowding.get(str(busy_threads))
+        if measured is not None:
+            return measured
+        ideal = busy_threads / cores
+        known = [(int(r), v / (int(r) / cores)) for r, v in self.crowding.items() if int(r) > cores]
+        penalty = statistics.median(v for _, v in known) if known else 1.0
+        return ideal * penalty
+
+
+def _median_time(run: Any, floor: float = 0.02, repeats: int = 5) -> float:
+    """Median over ``repeats`` of a call's time, each sample long enough to read a clock."""
+    run()
+    start, calls = time.perf_counter(), 1
+    run()
+    once = max(time.perf_counter() - start, 1e-7)
+    calls = max(1, int(floor / once))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def time_gemm(m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    shape_a, shape_b = ((count, m, k), (count, k, n)) if count > 1 else ((m, k), (k, n))
+    a = rng.standard_normal(shape_a).astype(dtype)
+    b = rng.standard_normal(shape_b).astype(dtype)
+    out = np.empty((count, m, n) if count > 1 else (m, n), dtype=dtype)
+    with threadpool_limits(limits=threads):
+        return _median_time(lambda: np.matmul(a, b, out=out))
+
+
+def time_bandwidth(threads: int, dtype: str, values: int = 1 << 21) -> float:
+    """Values per second of a fused elementwise pass (read two, write one), as the layers'."""
+    a = np.ones(values, dtype=dtype)
+    b = np.ones(values, dtype=dtype)
+    out = np.empty_like(a)
+    seconds = _median_time(lambda: np.multiply(a, b, out=out))
+    return 3 * values / seconds
+
+
+def mpiexec_path() -> str:
+    """The ``mpiexec`` beside this interpreter (the mpich wheel's), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return beside if os.path.exists(beside) else "mpiexec"
+
+
+def probe_collectives(ranks: int, quick: bool) -> dict[str, Any]:
+    """Run ``xpnn.planner.probe`` on ``ranks`` processes: each collective's alpha and beta,
+    and the slowdown of ``ranks`` one-thread products running at once."""
+    command = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "xpnn.planner.probe"]
+    if quick:
+        command.append("--quick")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"calibration: mpiexec -n {ranks} did not run ({exc})") from None
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise UserError(f"calibration: mpiexec -n {ranks} failed: {tail[0]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def load(path: Path | str) -> Machine:
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such calibration file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not _regular(f.fileno()):
+            raise UserError(f"{path}: not a regular file")
+        raw = f.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise UserError(f"{path}: larger than any calibration ({MAX_FILE_BYTES >> 20} MiB)")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise UserError(f"{path}: not JSON") from None
+    return Machine.from_json(data, str(path))
+
+
+def _regular(fd: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def save(machine: Machine, path: Path) -> None:
+    """Written whole under a temporary name, then renamed (a link at ``path`` is replaced,
+    never followed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(machine.to_json(), f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cached(cores: int) -> tuple[Machine, Path]:
+    """This machine's calibration from the cache (or an empty one to fill), and its path."""
+    key = machine_key(cores)
+    path = cache_path(key)
+    if path.exists():
+        machine = load(path)
+        if machine.key == key:
+            return machine, path
+    return Machine(key), path
+
+
+def calibrate(
+    cores: int, shapes: list[tuple[int, int, int, int]], quick: bool, ranks: list[int]
+) -> tuple[Machine, Path]:
+    """Measure this machine: ``shapes`` (m, k, n, count) at 1..cores threads, the elementwise
+    bandwidth, and the collectives on each rank count in ``ranks``; saved to the cache."""
+    machine, path = cached(cores)
+    threads = sorted({1, cores} if quick else set(range(1, cores + 1)))
+    for dtype in ("float32",) if quick else ("float32", "float64"):
+        for t in threads:
+            machine.values_per_s(t, dtype)
+            for m, k, n, count in shapes:
+                machine.gemm_seconds(m, k, n, count, t, dtype)
+    for r in ranks:
+        machine.probe(r, quick)
+    save(machine, path)
+    return machine, path

@@ -1,0 +1,113 @@
+"""Run under ``mpiexec -n R``: the latency (alpha) and bandwidth cost (beta) of each collective
+the update schemes use, fitted to ``t = alpha + beta * bytes`` over message sizes, and how much
+slower R one-thread products run at once than one alone. Rank 0 prints one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "sendrecv")
+
+
+def _time(comm, run, repeats: int) -> float:  # noqa: ANN001
+    samples = []
+    for _ in range(repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return float(comm.allreduce(statistics.median(samples), op=_max()))
+
+
+def _max():  # noqa: ANN202
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def _op(comm, name: str, values: int):  # noqa: ANN001, ANN202
+    size, rank = comm.Get_size(), comm.Get_rank()
+    send = np.ones(values, dtype=np.float32)
+    recv = np.empty(values, dtype=np.float32)
+    if name == "allreduce":
+        return lambda: comm.Allreduce(send, recv)
+    if name == "reduce_scatter":
+        part = np.empty(values // size, dtype=np.float32)
+        return lambda: comm.Reduce_scatter_block(send[: part.size * size], part)
+    if name == "allgather":
+        part = send[: values // size]
+        whole = np.empty(part.size * size, dtype=np.float32)
+        return lambda: comm.Allgather(part, whole)
+    if name == "bcast":
+        return lambda: comm.Bcast(send, root=0)
+    peer = rank ^ 1
+    if peer >= size:  # an odd rank count: the last rank has no partner and waits
+        return lambda: None
+    return lambda: comm.Sendrecv(send, peer, recvbuf=recv, source=peer)
+
+
+def crowding(comm, repeats: int) -> float:  # noqa: ANN001
+    """Per-rank time of a one-thread product run by every rank at once over rank 0's alone."""
+    a = np.random.default_rng(comm.Get_rank()).standard_normal((192, 192)).astype(np.float32)
+
+    def work() -> None:
+        for _ in range(20):
+            a @ a
+
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):  # each rank one thread, as ranks of one thread run
+        return _crowding(comm, work, repeats)
+
+
+def _crowding(comm, work, repeats: int) -> float:  # noqa: ANN001
+    alone = 0.0
+    if comm.Get_rank() == 0:
+        work()
+        alone = min(_clock(work) for _ in range(repeats))
+    comm.Barrier()
+    together = statistics.median(_clock(work) for _ in range(repeats))
+    together = comm.allreduce(together, op=_max())
+    alone = comm.bcast(alone, root=0)
+    return max(1.0, together / alone)
+
+
+def _clock(run) -> float:  # noqa: ANN001
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m xpnn.planner.probe")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    size = comm.Get_size()
+    exponents = range(10, 25, 3) if args.quick else range(8, 26, 2)  # 256 B .. 32 MiB
+    repeats = 3 if args.quick else 7
+    fits = {}
+    for name in OPS:
+        points = []
+        for e in exponents:
+            values = max(size, (1 << e) // 4)
+            run = _op(comm, name, values)
+            run()
+            points.append((4 * values, _time(comm, run, repeats)))
+        nbytes, seconds = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True))
+        beta, alpha = np.polyfit(nbytes, seconds, 1, w=1.0 / seconds)  # relative error
+        fits[name] = [max(float(alpha), 0.0), max(float(beta), 0.0)]
+    found = {"ranks": size, "fits": fits, "crowding": crowding(comm, repeats)}
+    if comm.Get_rank() == 0:
+        print(json.dumps(found), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""What one training step asks of the machine, read from a model's own layer shapes: the
+matrix products of each layer's forward, weight gradient and input gradient, and the bytes its
+elementwise passes move. Per sample, so a plan scales it by the rows each thread runs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+FORWARD, WGRAD, DGRAD = "forward", "wgrad", "dgrad"
+PHASES = (FORWARD, WGRAD, DGRAD)
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``count`` products of (m x k) @ (k x n); ``per_sample`` axes scale with the batch:
+    ``"m"`` (rows are samples' positions), ``"k"`` (a weight gradient sums over them) or
+    ``"count"`` (one product per sample, as attention's)."""
+
+    phase: str
+    m: int
+    k: int
+    n: int
+    scales: str = "m"
+    count: int = 1
+
+    def at(self, batch: int) -> tuple[int, int, int, int]:
+        """(m, k, n, count) for ``batch`` samples."""
+        m, k, count = self.m, self.k, self.count
+        if self.scales == "m":
+            m *= batch
+        elif self.scales == "k":
+            k *= batch
+        else:
+            count *= batch
+        return m, k, self.n, count
+
+    def flops(self, batch: int) -> float:
+        m, k, n, count = self.at(batch)
+        return 2.0 * m * k * n * count
+
+
+@dataclass
+class LayerWork:
+    """One leaf layer's step: its products, the values its other passes read and write per
+    sample (forward and backward), and its parameter count."""
+
+    name: str
+    gemms: list[Gemm] = field(default_factory=list)
+    elementwise: int = 0  # values touched per sample, forward and backward together
+    params: int = 0
+
+
+@dataclass
+class ModelWork:
+    """The step of a whole model, per sample, and its parameters (for the optimizer and the
+    gradient exchange)."""
+
+    layers: list[LayerWork]
+    params: int
+    input_shape: tuple[int, ...]
+    tokens_per_sample: int = 1  # a text model's positions per sample (tokens/s)
+    top_layers: list[Any] = field(default_factory=list)  # the model's own, for the real checks
+    rest: dict[int, float] = field(default_factory=dict)  # threads -> s a sample beyond products
+
+    def gemms(self) -> list[Gemm]:
+        return [g for layer in self.layers for g in layer.gemms]
+
+    def flops(self, batch: int) -> float:
+        return sum(g.flops(batch) for g in self.gemms())
+
+    def elementwise(self) -> int:
+        return sum(layer.elementwise for layer in self.layers)
+
+
+def _dense(layer: Any, in_shape: tuple[int, ...], name: str, first: bool) -> LayerWork:
+    k, n = layer.initial["W"][1]
+    rows = math.prod(in_shape[:-1])  # positions per sample (1, or T for a sequence)
+    work = LayerWork(name, params=k * n + n, elementwise=3 * rows * n)
+    work.gemms.append(Gemm(FORWARD, rows, k, n))
+    work.gemms.append(Gemm(WGRAD, k, rows, n, scales="k"))
+    if not first:
+        work.gemms.append(Gemm(DGRAD, rows, n, k))
+    return work
+
+
+def _conv(layer: Any, in_shape: tuple[int, ...], out: tuple[int, ...], name: str, first: bool):
+    c_out, c_in, kh, kw = layer.initial["W"][1]
+    positions = math.prod(out[1:])
+    depth = c_in * kh * kw
+    columns = positions * depth  # im2col's values per sample, written and read
+    work = LayerWork(name, params=c_out * depth + c_out)
+    work.elementwise = 2 * columns + 3 * positions * c_out + (2 * columns if not first else 0)
+    work.gemms.append(Gemm(FORWARD, positions, depth, c_out))
+    work.gemms.append(Gemm(WGRAD, c_out, positions, depth, scales="k"))
+    if not first:
+        work.gemms.append(Gemm(DGRAD, positions, c_out, depth))
+    return work
+
+
+def _attention_core(layer: Any, in_shape: tuple[int, ...], name: str) -> LayerWork:
+    """The heads' own products (scores and the weighted values) beside the Dense sublayers."""
+    t, hd, heads = in_shape[0], layer.head_dim, layer.heads
+    work = LayerWork(name, elementwise=6 * heads * t * t)
+    work.gemms.append(Gemm(FORWARD, t, hd, t, scales="count", count=heads))  # q @ k.T
+    work.gemms.append(Gemm(FORWARD, t, t, hd, scales="count", count=heads))  # p @ v
+    for _ in range(4):  # dp, dv, dq, dk
+        work.gemms.append(Gemm(DGRAD, t, t, hd, scales="count", count=heads))
+    return work
+
+
+def layer_work(
+    layer: Any, in_shape: tuple[int, ...], name: str, rng: Any, first: bool
+) -> tuple[tuple[int, ...], list[LayerWork], bool]:
+    """(output shape, the leaves' work, whether a layer with parameters has been met)."""
+    children = getattr(layer, "children", None)
+    if isinstance(children, dict) and children:
+        works: list[LayerWork] = []
+        if hasattr(layer, "head_dim") and "qkv" in children:  # causal self-attention
+            _, inner, first = layer_work(children["qkv"], in_shape, f"{name}.qkv", rng, first)
+            works += inner + [_attention_core(layer, in_shape, f"{name}.heads")]
+            out, inner, first = layer_work(children["proj"], in_shape, f"{name}.proj", rng, first)
+            return out, works + inner, first
+        shape = in_shape
+        for key, child in children.items():
+            shape, inner, first = layer_work(child, shape, f"{name}.{key}", rng, first)
+            works += inner
+        return shape, works, first
+    out = tuple(layer.setup(tuple(in_shape), rng))
+    kind = type(layer).__name__
+    has_params = bool(layer.initial)
+    if "W" in layer.initial and len(layer.initial["W"][1]) == 2 and kind != "Embedding":
+        work = _dense(layer, in_shape, f"{name} {kind}", first)
+    elif "W" in layer.initial and len(layer.initial["W"][1]) == 4:
+        work = _conv(layer, in_shape, out, f"{name} {kind}", first)
+    else:  # elementwise, pooling, embeddings, norms: bandwidth, not products
+        values = math.prod(in_shape) + math.prod(out)
+        params = sum(math.prod(shape) for _, shape in layer.initial.values())
+        work = LayerWork(f"{name} {kind}", elementwise=2 * values, params=params)
+    return out, [work], first and not has_params
+
+
+def model_work(model: Any, input_shape: tuple[int, ...], backend: Any, seed: int = 0) -> ModelWork:
+    """The per-sample work of ``model`` (a ``Sequential``), set up on ``backend``'s host."""
+    model.setup(tuple(input_shape), backend, seed)
+    rng = backend.host_rng(seed, 0)
+    shape, works, first = tuple(input_shape), [], True
+    for i, layer in enumerate(model.layers):
+        shape, inner, first = layer_work(layer, shape, f"layer{i}", rng, first)
+        works += inner
+    params = sum(w.params for w in works)
+    tokens = input_shape[0] if len(input_shape) == 1 else 1
+    return ModelWork(works, params, tuple(input_shape), tokens, list(model.layers))
