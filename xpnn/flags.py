@@ -93,6 +93,15 @@ def _positive_int(most: int = MOST):  # noqa: ANN202
     return parse
 
 
+def _or_auto(parse):  # noqa: ANN001, ANN202
+    """``parse``, or the word ``auto``: the planner chooses (``xpnn.planner.auto``)."""
+
+    def either(text: str):  # noqa: ANN202
+        return "auto" if text == "auto" else parse(text)
+
+    return either
+
+
 def _whole_number(most: int = MOST, shown: str = ""):  # noqa: ANN202
     def parse(text: str) -> int:
         value = _int(text)
@@ -356,13 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=_seed, help=seed)
     a(
         "--threads",
-        type=_positive_int(most=4096),  # past a few thousand, BLAS libraries overflow or crawl
+        type=_or_auto(_positive_int(most=4096)),  # past a few thousand, BLAS overflows or crawls
         help="BLAS/Numba threads per rank (default: the cores it may run on, shared with the "
-        "node's ranks that may run on them too)",
+        "node's ranks that may run on them too); auto: the count predicted fastest",
     )
     a(
         "--batch-threads",
-        type=_positive_int(most=4096),
+        type=_or_auto(_positive_int(most=4096)),
         help="split each rank's batch over K threads, each running its own twin of the model "
         "with --threads / K BLAS threads, their gradients summed: data parallelism inside the "
         "process, for a model too small to keep BLAS threads busy (K divides --threads; "
@@ -425,11 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--parallel",
-        choices=PARALLEL,
+        choices=(*PARALLEL, "auto"),
         help="data: each rank a share of every batch; tensor: each rank a slice of every "
         "pair of layers that declare a split (an MLP's Dense layers, a GPT's heads and MLPs); "
-        "pipeline: each rank a run of consecutive layers "
-        "(default data)",
+        "pipeline: each rank a run of consecutive layers; auto: the one predicted fastest "
+        "(python -m xpnn plan) (default data)",
     )
     a(
         "--model-ranks",

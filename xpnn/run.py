@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from xpnn.errors import UserError, user_message
 from xpnn.optim import HYPER_PARAMETERS
+from xpnn.planner import auto
 from xpnn.presets import describe_preset, gpt_preset
 from xpnn.runtime import stall
 
@@ -56,8 +57,8 @@ class RunSpec:
     optimizer: str = "adam"  # sgd, momentum, adam
     dtype: str = "float32"  # or float64
     seed: int = 0
-    threads: int | None = None  # BLAS/Numba threads per rank (default: its cores)
-    batch_threads: int = 1  # threads that each run a twin of the model on a part of the batch
+    threads: int | str | None = None  # BLAS/Numba threads per rank (default: its cores); auto
+    batch_threads: int | str = 1  # threads each running a twin of the model on a part; auto
     metrics: str | None = None  # JSON-lines metrics file, written by rank 0
     save: str | None = None  # the parameters at the end (.npz)
     checkpoint_dir: str | None = None
@@ -231,8 +232,21 @@ def build_run(
 
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
     # --model gpt: nanoGPT's recipe where spec is silent; then checked, the defaults filled
+    given_spec = spec
     spec, preset = agree_on_user_errors(world, lambda: resolve(spec, given))
+    chosen = None
+    if auto.wanted(spec):  # chosen once, by rank 0, for every rank
+        resolved = spec
+        mine = agree_on_user_errors(
+            world, lambda: _choose_layout(resolved, world) if world.rank == 0 else None
+        )
+        chosen, line = world.allgather_obj(mine, "the sharing of what auto chose")[0]
+        if world.rank == 0:
+            (log or print)(f"xpnn: {line}")
+        chosen_spec = dataclasses.replace(given_spec, **chosen)
+        spec, preset = agree_on_user_errors(world, lambda: resolve(chosen_spec, given))
     backend, data, model, cfg, plan = agree_on_user_errors(world, lambda: _setup(spec, world))
+    cfg.facts.auto = chosen
     if preset:
         cfg.facts.preset = {k: list(v) if isinstance(v, tuple) else v for k, v in preset.items()}
     if world.size > 1:  # data_dir may differ between ranks, the data they read may not
@@ -274,6 +288,13 @@ def build_run(
     # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a checkpoint may not fit
     # the network: user errors said once.
     return agree_on_user_errors(world, trainer)
+
+
+def _choose_layout(spec: RunSpec, world: Any) -> tuple[dict[str, Any], str]:
+    """What ``auto`` stands for in ``spec`` on ``world``, and the header line saying so."""
+    from xpnn.runtime.threads import node_cores
+
+    return auto.resolve_auto(spec, world.size, world.local_size, node_cores())
 
 
 def same_spec(spec: RunSpec, world: Any) -> None:
@@ -355,7 +376,9 @@ def check_spec(spec: RunSpec) -> None:
 
     for name, least in COUNTS.items():
         value = getattr(spec, name)
-        if value is not None and (not is_int(value) or value < least):
+        if value is None or (name in auto.CHOSEN and value == auto.AUTO):
+            continue
+        if not is_int(value) or value < least:
             raise UserError(f"`{name}`: must be a whole number >= {least}, got {value!r}")
     for name in (*SIZES, *NON_NEGATIVE):
         value = getattr(spec, name)
@@ -369,12 +392,15 @@ def check_spec(spec: RunSpec) -> None:
             raise UserError(f"`{name}`: must be a finite number {bound}, got {value!r}")
     for name, allowed in choices().items():
         value = getattr(spec, name)
-        if value is not None and value not in allowed:
+        if value is None or (name in auto.CHOSEN and value == auto.AUTO):
+            continue
+        if value not in allowed:
             raise UserError(f"`{name}` {value!r}: choose one of {', '.join(allowed)}")
     if spec.resume and not spec.checkpoint_dir:
         raise UserError("`resume`: needs `checkpoint_dir`")
     check_grad_dtype(spec.grad_dtype)
-    check(spec)  # the combinations: the plan's
+    if not auto.wanted(spec):  # auto's candidates are checked as it tries them
+        check(spec)  # the combinations: the plan's
     if spec.warmup_steps is not None and spec.warmup_epochs > 0:
         raise UserError("`warmup_steps` and `warmup_epochs`: give one")
 

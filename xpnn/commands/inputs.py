@@ -7,69 +7,9 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.planner.machine import Machine, cached, load
-from xpnn.planner.work import ModelWork, model_work
+from xpnn.planner.models import work_of
 
-TEXT_VOCAB = 65  # Tiny Shakespeare's characters: the vocabulary when no text is at hand
-
-
-def data_shape(spec: Any) -> tuple[tuple[int, ...], int]:
-    """(input shape, classes) of ``spec``'s data set, without loading it."""
-    from xpnn.data.text import TEXT_DATASETS
-
-    if spec.dataset in TEXT_DATASETS:
-        return (spec.block,), TEXT_VOCAB
-    return (1, 28, 28), 10
-
-
-def _model(spec: Any) -> tuple[Any, tuple[int, ...], int]:
-    from xpnn.nn.models import make_model
-    from xpnn.run import gpt_settings
-
-    shape, classes = data_shape(spec)
-    model = make_model(
-        spec.model,
-        shape,
-        classes,
-        spec.hidden,
-        spec.activation,
-        spec.loss,
-        gpt_sizes=gpt_settings(spec),
-    )
-    return model, shape, classes
-
-
-def work_of(spec: Any, machine: Machine | None = None, threads: tuple[int, ...] = ()) -> ModelWork:
-    """The per-sample work of ``spec``'s model (resolved: the recipe and defaults filled);
-    with a ``machine`` measured here, what its step costs beyond its products at each of
-    ``threads`` (measured once on ``spec``'s backend, then kept in the calibration)."""
-    from xpnn.backends import get_backend
-
-    model, shape, classes = _model(spec)
-    work = model_work(model, shape, get_backend("numpy", spec.dtype), spec.seed)
-    if machine is None or not threads:
-        return work
-    from xpnn.planner.rest import measure_rest
-
-    backend = get_backend(spec.backend, spec.dtype)
-    name = f"{backend.name} {spec.dtype} {{}} {model_digest(model, shape)}"
-    for t in threads:
-        if name.format(t) not in machine.rest:
-            if not machine.measured:
-                continue
-            built = _model(spec)[0].build(shape, backend, spec.seed)
-            machine.rest[name.format(t)] = measure_rest(
-                machine, work, built, classes, t, spec.dtype
-            )
-        work.rest[t] = machine.rest[name.format(t)]
-    return work
-
-
-def model_digest(model: Any, shape: tuple[int, ...]) -> str:
-    """A short name for a model's layers and input: what its measured rest is kept under."""
-    import hashlib
-
-    text = f"{shape} " + " -> ".join(repr(layer) for layer in getattr(model, "layers", [model]))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+__all__ = ["global_batch", "machine_for", "spec_from", "work_of"]
 
 
 def spec_from(argv: list[str]) -> Any:

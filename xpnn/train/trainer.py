@@ -52,6 +52,7 @@ class RunFacts:
     tensor_ranks: int | None = None  # a pipeline stage's tensor parts (3-D parallelism)
     preset: dict[str, Any] | None = None  # the settings a model's recipe filled (--model gpt)
     plan: dict[str, Any] | None = None  # the run's layout (``xpnn.parallel.Plan.record``)
+    auto: dict[str, Any] | None = None  # what `parallel`/`threads`/`batch_threads` auto chose
     loss: str | None = None  # what a resume must match
     activation: str | None = None
     layers: int | None = None  # a GPT's sizes and vocabulary: what ``generate`` rebuilds
@@ -583,4 +584,6 @@ class Trainer:
             settings["precision"] = cfg.precision
         if cfg.grad_dtype is not None:
             settings["grad_dtype"] = cfg.grad_dtype
+        if cfg.facts.auto is not None:  # a resume keeps it (xpnn.planner.auto.stored_choice)
+            settings["auto"] = cfg.facts.auto
         return settings

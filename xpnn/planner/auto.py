@@ -1,0 +1,153 @@
+"""``auto`` for ``parallel``, ``threads`` and ``batch_threads``: the layout the cost model
+predicts fastest for this job's ranks on the cores they can have, chosen once (by rank 0, for
+every rank) and kept by a resume, so a run's numbers never follow the machine's load."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from xpnn.errors import UserError
+from xpnn.planner.cost import Layout, Prediction, predict
+from xpnn.planner.machine import Machine, cache_path, cached, save
+from xpnn.planner.models import work_of
+
+AUTO = "auto"
+CHOSEN = ("parallel", "threads", "batch_threads")  # the settings ``auto`` may stand for
+MODES = ("data", "tensor", "pipeline")  # tried in this order: the first of equals wins
+
+
+def wanted(spec: Any) -> bool:
+    return any(getattr(spec, name) == AUTO for name in CHOSEN)
+
+
+def runnable_threads() -> int | None:
+    """Threads running or ready to run on this machine now (/proc/loadavg's fourth field)."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def free_cores(cores: int, runnable: int | None, own: int = 1) -> int:
+    """The cores this job can have: ``cores`` less those other threads keep busy (``runnable``
+    counts this process's ``own`` threads too), at least one."""
+    if runnable is None:
+        return cores
+    return max(1, min(cores, cores - (runnable - own)))
+
+
+def stored_choice(directory: str | None) -> dict[str, Any] | None:
+    """What ``auto`` chose for the run whose latest checkpoint is in ``directory``."""
+    if not directory:
+        return None
+    import numpy as np
+
+    from xpnn.checkpoint import latest_checkpoint
+
+    path = latest_checkpoint(directory)
+    if path is None:
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            stored = data["meta.settings"] if "meta.settings" in data.files else None
+            settings = json.loads(str(stored)) if stored is not None else {}
+    except (OSError, ValueError, KeyError):
+        return None  # the resume itself says what is wrong with the file
+    chosen = settings.get(AUTO) if isinstance(settings, dict) else None
+    if not isinstance(chosen, dict) or not set(CHOSEN) <= set(chosen):
+        return None
+    return {name: chosen[name] for name in CHOSEN}
+
+
+def candidates(spec: Any, ranks: int, cores: int) -> list[dict[str, Any]]:
+    """Every value of the ``auto`` settings a ``ranks``-rank job on ``cores`` cores a rank may
+    take, the given ones held, in a fixed order."""
+    modes = MODES if spec.parallel == AUTO else (spec.parallel,)
+    if ranks == 1:
+        modes = ("data",)
+    if spec.threads == AUTO:
+        threads = tuple(range(cores, 0, -1))
+    else:
+        threads = (spec.threads or cores,)
+    out = []
+    for mode in modes:
+        for t in threads:
+            if spec.batch_threads == AUTO:
+                ks = [k for k in range(1, t + 1) if t % k == 0] if mode == "data" else [1]
+            else:
+                ks = [spec.batch_threads]
+            out += [{"parallel": mode, "threads": t, "batch_threads": k} for k in ks]
+    return out
+
+
+def choose(
+    spec: Any, ranks: int, cores: int, machine: Machine | None = None
+) -> tuple[dict[str, Any], Prediction]:
+    """The candidate predicted fastest for ``spec`` (resolved but for its ``auto`` settings)."""
+    from xpnn.parallel.plan import check
+    from xpnn.planner.choose import tensor_fits
+
+    if machine is None:
+        machine = cached(cores)[0]
+    options = candidates(spec, ranks, cores)
+    threads = {o["threads"] // o["batch_threads"] for o in options} | {
+        o["threads"] for o in options
+    }
+    work = work_of(spec, machine, tuple(sorted(threads)))
+    batch = spec.batch_size if isinstance(spec.batch_size, int) else 128
+    best: tuple[dict[str, Any], Prediction] | None = None
+    for option in options:
+        try:
+            check(dataclasses.replace(spec, **option))
+        except UserError:
+            continue
+        if option["parallel"] == "tensor" and not tensor_fits(work, ranks):
+            continue
+        if option["parallel"] == "pipeline" and sum(1 for w in work.layers if w.params) < ranks:
+            continue
+        layout = Layout(
+            ranks,
+            option["threads"],
+            option["parallel"],
+            option["batch_threads"],
+            microbatches=spec.microbatches or 4,
+            schedule=spec.pipeline_schedule or "gpipe",
+        )
+        pred = predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
+        if best is None or pred.step < best[1].step:
+            best = (option, pred)
+    if best is None:
+        raise UserError("`parallel` auto: no layout fits these settings")
+    if machine.measured:
+        save(machine, cache_path(machine.key))  # what was measured on the way, for the next
+    return best
+
+
+def describe(chosen: dict[str, Any], pred: Prediction | None) -> str:
+    """The header line: what ``auto`` chose, its predicted rate, and the flags repeating it."""
+    flags = f"--parallel {chosen['parallel']} --threads {chosen['threads']}"
+    flags += f" --batch-threads {chosen['batch_threads']}"
+    if pred is None:
+        return f"auto: kept from the checkpoint: {flags}"
+    unit = "tokens/s" if pred.tokens_per_sample > 1 else "samples/s"
+    return f"auto: {flags} (predicted {pred.rate:,.0f} {unit}; these flags repeat it)"
+
+
+def resolve_auto(spec: Any, ranks: int, local_ranks: int, node_cores: int) -> tuple[dict, str]:
+    """(the settings ``auto`` stands for, the line saying so): a resume's stored choice, else
+    the predicted fastest on the cores free now, shared among this node's ranks."""
+    kept = stored_choice(spec.checkpoint_dir) if spec.resume else None
+    if kept is not None:
+        return kept, describe(kept, None)
+    free = free_cores(node_cores, runnable_threads(), own=1)
+    busy = ""
+    if free < node_cores:
+        busy = f" (the machine is busy: planned for {free} of its {node_cores} cores)"
+    chosen, pred = choose(spec, ranks, max(1, free // max(1, local_ranks)))
+    return chosen, describe(chosen, pred) + busy
+
+
+__all__ = ["AUTO", "choose", "free_cores", "resolve_auto", "stored_choice", "wanted"]
