@@ -62,22 +62,13 @@ def _layout_flags(layout: tuple) -> list[str]:
     return flags
 
 
-def _predict(model: str, flags: list[str], layout: tuple) -> tuple[float, float]:
-    """(predicted step seconds, the step the planner ranks best among these layouts)."""
-    from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
-    from xpnn.planner.cost import Layout, predict
+def _predict(flags: list[str], layout: tuple) -> tuple[float, int]:
+    """(predicted step seconds, the global batch) of ``flags`` laid out as ``layout``."""
+    from xpnn.commands import predict_run
+    from xpnn.planner import Layout
 
-    spec = spec_from(flags)
-    ranks, threads, parallel, k, m, schedule = layout
-    machine = machine_for(None)
-    work = work_of(spec, machine, (threads // k, threads))
-    batch = global_batch(spec)
-    mine = predict(machine, work, Layout(ranks, threads, parallel, k, m, schedule), batch,
-                   spec.optimizer, spec.dtype)  # fmt: skip
-    from xpnn.planner.machine import cache_path, save
-
-    save(machine, cache_path(machine.key))  # what was measured on the way, for the next
-    return mine.step, batch
+    pred, batch = predict_run(flags, Layout(*layout))
+    return pred.step, batch
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
@@ -96,7 +87,7 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
             if ranks > args.max_ranks or (model == "cnn" and parallel == "tensor"):
                 continue
             flags = [*base, *_layout_flags(layout)]
-            predicted, batch = _predict(model, flags, layout)
+            predicted, batch = _predict(flags, layout)
             steps = [measured_step(run_xpnn(ranks, flags, args.timeout), batch)
                      for _ in range(args.repeats)]  # fmt: skip
             launch = f"mpiexec -n {ranks} " if ranks > 1 else ""

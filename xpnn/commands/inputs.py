@@ -9,7 +9,7 @@ from xpnn.errors import UserError
 from xpnn.planner.machine import Machine, cached, load
 from xpnn.planner.models import work_of
 
-__all__ = ["global_batch", "machine_for", "spec_from", "work_of"]
+__all__ = ["global_batch", "machine_for", "predict_run", "spec_from", "work_of"]
 
 
 def spec_from(argv: list[str]) -> Any:
@@ -45,3 +45,19 @@ def global_batch(spec: Any) -> int:
     if not is_int(batch) or batch < 1:
         raise UserError(f"`batch_size` {batch!r}: the planner needs a whole number >= 1")
     return int(batch)
+
+
+def predict_run(flags: list[str], layout: Any) -> tuple[Any, int]:
+    """(the prediction for the run ``flags`` describe laid out as ``layout``, its global
+    batch), on this machine's calibration (what it lacks measured now and kept)."""
+    from xpnn.planner.cost import predict
+    from xpnn.planner.machine import cache_path, save
+
+    spec = spec_from(flags)
+    machine = machine_for(None)
+    threads = (layout.threads // layout.batch_threads, layout.threads)
+    work = work_of(spec, machine, threads)
+    batch = global_batch(spec)
+    pred = predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
+    save(machine, cache_path(machine.key))
+    return pred, batch
