@@ -4,13 +4,13 @@ bubble and waiting for the slowest rank, and the largest gap named in one senten
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from dataclasses import replace
 from typing import Any
 
+from xpnn.commands.inputs import Parser
 from xpnn.errors import UserError
 from xpnn.planner.cost import Layout, Prediction, predict
 
@@ -136,7 +136,7 @@ def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cor
 
 
 def explain(argv: list[str], out: Any = sys.stdout) -> str:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m xpnn explain",
         epilog="Other flags are the run's own model flags the metrics do not keep (--hidden).",
     )

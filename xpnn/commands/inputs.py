@@ -3,13 +3,21 @@ them, and a machine's calibration."""
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import Any, NoReturn
 
 from xpnn.errors import UserError
 from xpnn.planner.machine import Machine, cached, load
 from xpnn.planner.models import work_of
 
-__all__ = ["global_batch", "machine_for", "predict_run", "spec_from", "work_of"]
+__all__ = ["Parser", "global_batch", "machine_for", "predict_run", "spec_from", "work_of"]
+
+
+class Parser(argparse.ArgumentParser):
+    """A bad flag is one line naming it (exit 2 by the caller), not argparse's usage."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        raise UserError(message.removeprefix("argument "))
 
 
 def spec_from(argv: list[str]) -> Any:

@@ -3,7 +3,6 @@ rank every layout a run could take by its predicted time per step."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -11,7 +10,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
+from xpnn.commands.inputs import Parser, global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.choose import layouts
 from xpnn.planner.cost import Prediction, predict
@@ -21,13 +20,22 @@ MAX_RANKS = 64  # more ranks than this are not planned on one machine
 
 
 def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
-    parser = argparse.ArgumentParser(prog="python -m xpnn plan", add_help=False)
-    parser.add_argument("--ranks", type=int, default=None)
-    parser.add_argument("--calibration", default=None)
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--measure", type=int, default=0)
-    parser.add_argument("--measure-steps", type=int, default=20)
+    parser = Parser(
+        prog="python -m xpnn plan",
+        description="Rank every layout of a run by its predicted time per step on this machine.",
+        epilog="Any training flag (python -m xpnn --help) describes the run: --model, --hidden, "
+        "--batch-size, --dataset, --dtype, --optimizer, --backend...",
+    )
+    parser.add_argument("--ranks", type=int, default=None, help="plan up to N ranks (the cores)")
+    parser.add_argument("--calibration", default=None, help="plan for the machine this file holds")
+    parser.add_argument("--json", action="store_true", help="every plan, its flags and costs")
+    parser.add_argument("--top", type=int, default=12, help="plans printed (12)")
+    parser.add_argument(
+        "--measure", type=int, default=0, help="run the K fastest, the middle and the slowest"
+    )
+    parser.add_argument(
+        "--measure-steps", type=int, default=20, help="steps each measured run trains (20)"
+    )
     own, rest = parser.parse_known_args(argv)
     if own.top < 1 or own.measure < 0 or own.measure_steps < 2:
         raise UserError("`top` >= 1, `measure` >= 0 and `measure_steps` >= 2, please")
@@ -124,7 +132,10 @@ def _measured_json(seconds: float | None) -> dict[str, Any]:
 
 
 def calibrate_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m xpnn calibrate")
+    parser = Parser(
+        prog="python -m xpnn calibrate",
+        description="Measure this machine once for the planner (cached per host and libraries).",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 1 min)")
     parser.add_argument("--ranks", default=None, help="rank counts to time collectives on (2,4)")
     parser.add_argument(
