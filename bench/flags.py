@@ -167,3 +167,25 @@ def file_path(text: str) -> Path:
     if not text.strip() or path.name in ("", ".", ".."):
         raise argparse.ArgumentTypeError(f"expected a file name, got {text!r}")
     return path
+
+
+def add_common(p: argparse.ArgumentParser, repeats_dest: str | None) -> None:
+    """The flags every benchmark takes, declared here once: ``--quiet-wait`` and, where the
+    benchmark counts its repeats under another name (``--rounds``, ``--iters``), ``--repeats``
+    as that flag's other spelling."""
+    p.add_argument(
+        "--quiet-wait",
+        type=nonneg_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to this long for the load average to fall below the cores "
+        "(the records say whether it did)",
+    )
+    if repeats_dest is not None and "--repeats" not in p._option_string_actions:
+        p.add_argument(
+            "--repeats",
+            dest=repeats_dest,
+            type=positive_int,
+            default=argparse.SUPPRESS,
+            help=f"the same as --{repeats_dest.replace('_', '-')}",
+        )

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.core import done_of, epochs_of, run_xpnn
-from bench.flags import positive_float
+from bench.flags import positive_float, positive_int
 
 
 def add_data_arguments(p: argparse.ArgumentParser, samples: int) -> None:
@@ -22,7 +22,7 @@ def add_data_arguments(p: argparse.ArgumentParser, samples: int) -> None:
     p.add_argument(
         "--samples", type=int, default=samples, help="--dataset synthetic: training samples"
     )
-    p.add_argument("--repeats", type=int, default=1, help="runs of each configuration")
+    p.add_argument("--repeats", type=positive_int, default=1, help="runs of each configuration")
     p.add_argument("--threads", type=int, default=1, help="BLAS threads per rank")
     p.add_argument("--timeout", type=positive_float, default=1800, help="seconds allowed per run")
 

@@ -22,6 +22,7 @@ from bench.flags import positive_float
 
 NAME = "allreduce"
 SUMMARY = "allreduce latency and bandwidth: xpnn's comm vs raw MPI, host and device buffers"
+REPEATS = "iters"  # the flag counting its repeats
 QUICK = {"max_size": 1 << 20, "iters": 20}
 WORKER = "bench.benchmarks.allreduce"
 

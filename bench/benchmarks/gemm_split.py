@@ -26,6 +26,7 @@ from bench.flags import int_list
 
 NAME = "gemm_split"
 SUMMARY = "an MLP step's matrix products at the global batch vs one rank's share"
+REPEATS = "samples"  # the flag counting its repeats
 QUICK = {"hidden": [256], "samples": 3, "seconds": 0.02}
 
 

@@ -31,6 +31,7 @@ from bench.core import (
     spread,
     xpnn_command,
 )
+from bench.flags import positive_int
 
 NAME = "gpt"
 SUMMARY = "the GPT's tokens/s, peak memory and bytes per step, 1 process and 2 ranks, vs torch"
@@ -44,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--text", help="a UTF-8 file to train on (default: tiny Shakespeare, --data-dir or cache)")
     a("--data-dir", help="tiny Shakespeare's input.txt or its directory (offline)")
     a("--steps", type=int, default=30, help="timed steps a side (after as many untimed)")
-    a("--repeats", type=int, default=3, help="rounds of every side, order flipped each")
+    a("--repeats", type=positive_int, default=3, help="rounds of every side, order flipped each")
     a("--threads", type=int, default=2, help="threads of the one process (xpnn and torch)")
     a("--backend", default="numba", help="xpnn --backend")
     a("--microbatches", type=int, default=4, help="pipeline micro-batches")

@@ -21,6 +21,7 @@ from bench.flags import choice_list, positive_float, positive_int
 
 NAME = "optimizer_step"
 SUMMARY = "one optimizer update: NumPy vs Numba vs PyTorch, microseconds"
+REPEATS = "rounds"  # the flag counting its repeats
 QUICK = {"params": 100_000, "rounds": 1, "calls": 5, "sides": ["numpy"]}
 SIDES = ("numpy", "numba", "torch")
 WORKER = "bench.benchmarks.optimizer_step"

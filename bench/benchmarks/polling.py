@@ -25,6 +25,7 @@ from bench.flags import distinct_int_list, positive_float, positive_int
 
 NAME = "polling"
 SUMMARY = "a non-blocking allreduce polled five ways vs blocking: what naps cost large messages"
+REPEATS = "iters"  # the flag counting its repeats
 QUICK = {"sizes": [1 << 18, 1 << 22], "iters": 5}
 WORKER = "bench.benchmarks.polling"
 METHODS = ("blocking", "wait", "spin", "yield", "nap50", "xpnn")

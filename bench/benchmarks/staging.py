@@ -28,6 +28,7 @@ from bench.flags import distinct_int_list, int_list, positive_float, positive_in
 
 NAME = "staging"
 SUMMARY = "a host-staged allreduce of device buffers, phase by phase (GPU)"
+REPEATS = "iters"  # the flag counting its repeats
 QUICK = {"iters": 20}
 WORKER = "bench.benchmarks.staging"
 PHASES = ("get", "mpi", "set_sync", "total", "raw_d2h")

@@ -42,6 +42,7 @@ from bench.flags import positive_float, positive_int
 
 NAME = "step_phases"
 SUMMARY = "where a training step's time goes, per rank: compute, update, fences"
+REPEATS = None  # its repeats are the run's steps (the xpnn flags it passes on)
 QUICK: dict[str, Any] = {}
 PASSTHROUGH = True  # the flags it does not know are xpnn's
 WORKER = "bench.benchmarks.step_phases"

@@ -28,6 +28,7 @@ from bench.flags import data_dir_problem, positive_float, positive_int
 
 NAME = "within_job"
 SUMMARY = "two xpnn configurations in one job, epochs timed in turn (A/B)"
+REPEATS = "rounds"  # the flag counting its repeats
 QUICK = {
     "b": "--comm mpi-host",
     "rounds": 1,
