@@ -432,3 +432,27 @@ def spread(r: dict[str, Any], metric: str) -> str:
     if n < 2:  # one run, or a copy that left its samples out
         return f"{fmt(m['median'])} (n={max(n, 1)}){mark}"
     return f"{fmt(m['median'])} ({fmt(m['min'])}–{fmt(m['max'])}, n={n}){mark}"
+
+
+def speedup(base: dict[str, Any], r: dict[str, Any], metric: str, ideal: float) -> str:
+    """``base``'s time over ``r``'s (medians) with the range the repeats allow (fastest over
+    slowest either way); a speedup above ``ideal`` (the ranks) is flagged: as noise where the
+    range reaches down to ``ideal``, unconfirmed after one run or on a busy machine, else as
+    super-linear (cache, a smaller working set: even the least speedup allowed is above)."""
+    b, m = base["metrics"].get(metric), r["metrics"].get(metric)
+    if not b or not m or not m["median"]:
+        return "–"
+    mid = b["median"] / m["median"]
+    low, high = b["min"] / m["max"], b["max"] / m["min"]
+    text = fmt(mid) if low == high else f"{fmt(mid)} ({fmt(low)}–{fmt(high)})"
+    if mid > ideal * 1.0001:
+        if low <= ideal:
+            why = "noise, within the repeats' range"
+        elif min(len(b.get("samples") or ()), len(m.get("samples") or ())) < 2:
+            why = "one run each, unconfirmed"
+        elif noise(base) or noise(r):
+            why = "a noisy measurement, unconfirmed"
+        else:
+            why = "super-linear"
+        text += f" ‡ above the ranks: {why}"
+    return text

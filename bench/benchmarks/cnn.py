@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bench.core import markdown_table, median_of, record, spread
+from bench.core import markdown_table, median_of, record, speedup, spread
 from bench.flags import int_list
 from bench.plots import count_axis, legend
 from bench.training import add_data_arguments, command, data_flags, measure
@@ -48,11 +48,11 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
 
 def table(records: list[dict[str, Any]]) -> str:
     rs = sorted(records, key=lambda r: r["config"]["ranks"])
-    base = median_of(rs[0], "epoch_s") if rs else None
     rows = [
         [
             r["config"]["ranks"], r["config"]["ranks"] * r["config"]["per_rank_batch"],
-            r["config"]["lr"], spread(r, "epoch_s"), base / median_of(r, "epoch_s"),
+            r["config"]["lr"], spread(r, "epoch_s"),
+            speedup(rs[0], r, "epoch_s", r["config"]["ranks"] / rs[0]["config"]["ranks"]),
             median_of(r, "test_loss"), 100 * median_of(r, "test_acc"),
         ]
         for r in rs
