@@ -367,10 +367,22 @@ def run_xpnn(
     The CLI and its metrics file are the stable contract (DESIGN.md), so every training
     benchmark measures through them rather than through library internals.
     """
+    check_xpnn_flags(flags)
     with tempfile.TemporaryDirectory(prefix="xpnn-bench-") as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         run_command(xpnn_command(ranks, [*flags, "--metrics", str(metrics)]), timeout)
         return [json.loads(s) for s in metrics.read_text().splitlines() if s.strip()]
+
+
+def check_xpnn_flags(flags: Sequence[str]) -> None:
+    """Refuse, before a run starts, flags that ``python -m xpnn`` would refuse (a benchmark
+    passes some on unchanged): one line naming the flag, as xpnn says it."""
+    from xpnn.flags import ArgError, build_parser
+
+    try:
+        build_parser().parse_args(list(flags))
+    except ArgError as e:
+        raise BenchError(f"xpnn refuses the run's flags: {e}") from None
 
 
 def epochs_of(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -20,10 +20,13 @@ def add_data_arguments(p: argparse.ArgumentParser, samples: int) -> None:
     )
     p.add_argument("--data-dir", help="directory of the four IDX files (mnist, fashion-mnist)")
     p.add_argument(
-        "--samples", type=int, default=samples, help="--dataset synthetic: training samples"
+        "--samples",
+        type=positive_int,
+        default=samples,
+        help="--dataset synthetic: training samples",
     )
     p.add_argument("--repeats", type=positive_int, default=1, help="runs of each configuration")
-    p.add_argument("--threads", type=int, default=1, help="BLAS threads per rank")
+    p.add_argument("--threads", type=positive_int, default=1, help="BLAS threads per rank")
     p.add_argument("--timeout", type=positive_float, default=1800, help="seconds allowed per run")
 
 

@@ -18,20 +18,26 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, run_worker
-from bench.flags import positive_float
+from bench.flags import message_size, positive_float, positive_int, rank_count
 
 NAME = "allreduce"
 SUMMARY = "allreduce latency and bandwidth: xpnn's comm vs raw MPI, host and device buffers"
+COMMS = ("auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl")  # xpnn --comm's, "self" aside
 REPEATS = "iters"  # the flag counting its repeats
 QUICK = {"max_size": 1 << 20, "iters": 20}
 WORKER = "bench.benchmarks.allreduce"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--max-size", type=int, default=64 << 20, help="largest message, bytes")
-    p.add_argument("--iters", type=int, default=50, help="timed calls per size")
-    p.add_argument("--comm", default="auto", help="xpnn --comm for host buffers")
+    p.add_argument("--ranks", type=rank_count, default=2)
+    p.add_argument(
+        "--max-size",
+        type=message_size,
+        default=64 << 20,
+        help="largest message, bytes (4 at least)",
+    )
+    p.add_argument("--iters", type=positive_int, default=50, help="timed calls per size")
+    p.add_argument("--comm", default="auto", choices=COMMS, help="xpnn --comm for host buffers")
     p.add_argument("--device", action="store_true", help="also CuPy buffers (needs a GPU)")
     p.add_argument(
         "--device-comms",

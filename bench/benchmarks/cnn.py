@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, speedup, spread
-from bench.flags import int_list
+from bench.flags import positive_float, positive_int, rank_list
 from bench.plots import count_axis, legend
 from bench.training import add_data_arguments, command, data_flags, measure
 
@@ -21,10 +21,10 @@ QUICK = {"samples": 256, "epochs": 2}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p, samples=6000)
-    p.add_argument("--ranks", type=int_list, default=[1, 2], help="comma list of rank counts")
-    p.add_argument("--per-rank-batch", type=int, default=128)
-    p.add_argument("--lr", type=float, default=0.001, help="times the number of ranks")
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--ranks", type=rank_list, default=[1, 2], help="comma list of rank counts")
+    p.add_argument("--per-rank-batch", type=positive_int, default=128)
+    p.add_argument("--lr", type=positive_float, default=0.001, help="times the number of ranks")
+    p.add_argument("--epochs", type=positive_int, default=5)
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:

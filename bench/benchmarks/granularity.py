@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
-from bench.flags import int_list
+from bench.flags import int_list, positive_int, rank_list
 from bench.training import add_data_arguments, command, data_flags, measure
 
 NAME = "granularity"
@@ -21,10 +21,10 @@ QUICK = {"samples": 2000, "widths": [16, 512], "epochs": 2}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p, samples=12000)
-    p.add_argument("--ranks", type=int_list, default=[1, 2], help="comma list of rank counts")
+    p.add_argument("--ranks", type=rank_list, default=[1, 2], help="comma list of rank counts")
     p.add_argument("--widths", type=int_list, default=[16, 64, 256, 1024, 4096])
-    p.add_argument("--batch-size", type=int, default=256, help="global batch")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=positive_int, default=256, help="global batch")
+    p.add_argument("--epochs", type=positive_int, default=3)
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:

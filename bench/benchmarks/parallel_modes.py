@@ -15,6 +15,7 @@ import argparse
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
+from bench.flags import positive_int, rank_count
 from bench.plots import legend
 from bench.training import add_data_arguments, command, data_flags, measure
 
@@ -26,11 +27,11 @@ MODES = ("data", "tensor", "pipeline-gpipe", "pipeline-1f1b", "pipeline-1f1b-rec
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p, samples=12000)
-    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--ranks", type=rank_count, default=2)
     p.add_argument("--hidden", default="1024,1024")
-    p.add_argument("--batch-size", type=int, default=256, help="global batch")
-    p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=positive_int, default=256, help="global batch")
+    p.add_argument("--microbatches", type=positive_int, default=4)
+    p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--comm", default="mpi-host", help="xpnn --comm for every mode")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, run_worker
-from bench.flags import distinct_int_list, positive_float, positive_int
+from bench.flags import distinct_int_list, positive_float, positive_int, rank_count
 
 NAME = "polling"
 SUMMARY = "a non-blocking allreduce polled five ways vs blocking: what naps cost large messages"
@@ -32,7 +32,7 @@ METHODS = ("blocking", "wait", "spin", "yield", "nap50", "xpnn")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=positive_int, default=2)
+    p.add_argument("--ranks", type=rank_count, default=2)
     p.add_argument(
         "--sizes", type=distinct_int_list, default=[1 << 18, 1 << 22, 1 << 26], help="bytes"
     )

@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, speedup, spread
-from bench.flags import int_list, positive_int
+from bench.flags import positive_float, positive_int, rank_list
 from bench.plots import count_axis, legend
 from bench.training import add_data_arguments, command, data_flags, measure, train_samples
 
@@ -25,7 +25,7 @@ QUICK = {"samples": 1000, "replicate": 6, "epochs": 3, "hidden": "64"}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p, samples=5000)
-    p.add_argument("--ranks", type=int_list, default=[1, 2], help="comma list of rank counts")
+    p.add_argument("--ranks", type=rank_list, default=[1, 2], help="comma list of rank counts")
     p.add_argument("--modes", default="strong,weak", help="strong, weak or both")
     p.add_argument(
         "--replicate", type=positive_int, help="strong: copies of the data (default: to 60,000)"
@@ -34,15 +34,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activation", default="sigmoid")
     p.add_argument("--loss", default="sigmoid_bce")
     p.add_argument("--optimizer", default="sgd")
-    p.add_argument("--lr", default="0.1")
+    p.add_argument("--lr", type=positive_float, default=0.1)
     p.add_argument("--batch-size", default="full", help="global batch, or 'full'")
-    p.add_argument("--epochs", type=int, default=10, help="epochs (iterations when full batch)")
+    p.add_argument(
+        "--epochs", type=positive_int, default=10, help="epochs (iterations when full batch)"
+    )
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
     model = [
         "--model", "mlp", "--hidden", args.hidden, "--activation", args.activation,
-        "--loss", args.loss, "--optimizer", args.optimizer, "--lr", args.lr,
+        "--loss", args.loss, "--optimizer", args.optimizer, "--lr", f"{args.lr:g}",
         "--batch-size", args.batch_size, "--epochs", str(args.epochs),
     ]  # fmt: skip
     out = []
