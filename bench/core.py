@@ -28,7 +28,9 @@ from typing import Any
 
 SCHEMA = 1
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+IN_CLONE = (ROOT / "pyproject.toml").is_file()  # a checkout, not an installed package
+# Records go beside the suite in a checkout; an installed suite writes under the current folder.
+RESULTS_DIR = (ROOT / "bench" if IN_CLONE else Path.cwd() / "bench") / "results"
 
 
 class BenchError(Exception):
