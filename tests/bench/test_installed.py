@@ -4,6 +4,7 @@ holds ``bench`` and its GPU recordings, and ``python -m xpnn bench`` runs it."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,9 +18,16 @@ from conftest import ROOT
 def installed(tmp_path_factory) -> tuple[Path, Path]:
     """(the wheel, a folder it is installed into) built from this checkout."""
     tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"  # a copy: the build's own folders (build/, *.egg-info) stay out of the clone
+    skip = shutil.ignore_patterns("__pycache__", "results", "*.egg-info", "build")
+    for name in ("xpnn", "bench"):
+        shutil.copytree(ROOT / name, src / name, ignore=skip)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).is_file():
+            shutil.copy(ROOT / name, src / name)
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp / "dist"), str(ROOT)],
+         "-w", str(tmp / "dist"), str(src)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-2000:]
