@@ -336,7 +336,7 @@ def render(out: Path, header: list[str], rec: dict[str, list], gpu_text: str) ->
     if gpu_text:
         parts += ["## CPU vs GPU: matmul crossover and allreduce host vs device\n", gpu_text]
     index = out / "index.md"
-    index.write_text("\n".join(parts) + "\n")
+    index.write_text("\n".join(part for part in parts if part) + "\n")
     return index
 
 
