@@ -22,7 +22,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from bench.core import markdown_table, median_of, record, spread
-from bench.flags import int_list, positive_float, positive_int, rank_count
+from bench.flags import int_list, nonneg_float, positive_int, rank_count
 
 NAME = "gemm_split"
 SUMMARY = "an MLP step's matrix products at the global batch vs one rank's share"
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, default=1, help="BLAS threads (one per rank)")
     p.add_argument("--samples", type=positive_int, default=7, help="timed samples per batch size")
     p.add_argument(
-        "--seconds", type=positive_float, default=0.2, help="calls per sample fill this long"
+        "--seconds", type=nonneg_float, default=0.2, help="calls per sample fill this long"
     )
 
 
