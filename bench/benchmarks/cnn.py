@@ -12,7 +12,7 @@ from typing import Any
 from bench.core import markdown_table, median_of, record, speedup, spread
 from bench.flags import positive_float, positive_int, rank_list
 from bench.plots import count_axis, legend
-from bench.training import add_data_arguments, command, data_flags, measure
+from bench.training import add_data_arguments, command, data_flags, measure_sides
 
 NAME = "cnn"
 SUMMARY = "CNN time per epoch and test accuracy vs processes, lr x ranks (seed 002)"
@@ -29,13 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
-    for n in args.ranks:
-        flags = [
-            "--model", "cnn", "--optimizer", "adam", "--lr", repr(args.lr * n),
-            "--per-rank-batch", str(args.per_rank_batch), "--epochs", str(args.epochs),
-            *data_flags(args),
-        ]  # fmt: skip
-        samples, info = measure(n, flags, args)
+    sides = [(n, [
+        "--model", "cnn", "--optimizer", "adam", "--lr", repr(args.lr * n),
+        "--per-rank-batch", str(args.per_rank_batch), "--epochs", str(args.epochs),
+        *data_flags(args),
+    ]) for n in args.ranks]  # fmt: skip
+    for (n, flags), (samples, info) in zip(sides, measure_sides(sides, args), strict=True):
         config = {
             "ranks": n, "threads": args.threads, "per_rank_batch": args.per_rank_batch,
             "lr": args.lr * n, "epochs": args.epochs, "dataset": args.dataset,

@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
 from bench.flags import int_list, positive_int, rank_list
-from bench.training import add_data_arguments, command, data_flags, measure
+from bench.training import add_data_arguments, command, data_flags, measure_sides
 
 NAME = "granularity"
 SUMMARY = "time per epoch and speedup as the hidden width grows (seed 003)"
@@ -30,13 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for width in args.widths:
-        for n in args.ranks:
-            flags = [
-                "--model", "mlp", "--hidden", str(width), "--optimizer", "sgd", "--lr", "0.05",
-                "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
-                *data_flags(args),
-            ]  # fmt: skip
-            samples, info = measure(n, flags, args)
+        flags = [
+            "--model", "mlp", "--hidden", str(width), "--optimizer", "sgd", "--lr", "0.05",
+            "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
+            *data_flags(args),
+        ]  # fmt: skip
+        sides = [(n, flags) for n in args.ranks]
+        for n, (samples, info) in zip(args.ranks, measure_sides(sides, args), strict=True):
             config = {
                 "width": width, "ranks": n, "threads": args.threads,
                 "batch_size": args.batch_size, "epochs": args.epochs, "dataset": args.dataset,

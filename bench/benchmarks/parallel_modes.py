@@ -17,7 +17,7 @@ from typing import Any
 from bench.core import markdown_table, median_of, record, spread
 from bench.flags import positive_int, rank_count
 from bench.plots import legend
-from bench.training import add_data_arguments, command, data_flags, measure
+from bench.training import add_data_arguments, command, data_flags, measure_sides
 
 NAME = "parallel_modes"
 SUMMARY = "data vs tensor vs pipeline: time, bytes per step, peak memory per rank"
@@ -43,7 +43,9 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
         "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), *data_flags(args),
         "--comm", args.comm,
     ]  # fmt: skip
-    for mode in [m for m in args.modes.split(",") if m]:
+    modes = [m for m in args.modes.split(",") if m]
+    sides = []
+    for mode in modes:
         if mode not in MODES:
             raise argparse.ArgumentTypeError(f"--modes: unknown {mode!r} ({', '.join(MODES)})")
         kind, *rest = mode.split("-")
@@ -51,7 +53,10 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
         if kind == "pipeline":
             flags += ["--microbatches", str(args.microbatches), "--pipeline-schedule", rest[0]]
             flags += ["--recompute"] if "recompute" in rest else []
-        samples, info = measure(args.ranks, flags, args)
+        sides.append((args.ranks, flags))
+    for mode, (_, flags), (samples, info) in zip(
+        modes, sides, measure_sides(sides, args), strict=True
+    ):
         config = {
             "mode": mode, "ranks": args.ranks, "hidden": args.hidden, "threads": args.threads,
             "batch_size": args.batch_size, "microbatches": args.microbatches,

@@ -15,7 +15,7 @@ from typing import Any
 from bench.core import markdown_table, median_of, record, speedup, spread
 from bench.flags import positive_float, positive_int, rank_list
 from bench.plots import count_axis, legend
-from bench.training import add_data_arguments, command, data_flags, measure, train_samples
+from bench.training import add_data_arguments, command, data_flags, measure_sides, train_samples
 
 NAME = "scaling"
 SUMMARY = "strong and weak scaling of data-parallel training (seed 000)"
@@ -51,10 +51,20 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         if mode not in ("strong", "weak"):
             raise argparse.ArgumentTypeError(f"--modes: unknown {mode!r} (strong, weak)")
-        for n in args.ranks:
+        sides = [
+            (
+                n,
+                [
+                    *model,
+                    *data_flags(args),
+                    "--replicate",
+                    str(strong_copies(args) if mode == "strong" else n),
+                ],
+            )
+            for n in args.ranks
+        ]
+        for (n, flags), (samples, info) in zip(sides, measure_sides(sides, args), strict=True):
             copies = strong_copies(args) if mode == "strong" else n
-            flags = [*model, *data_flags(args), "--replicate", str(copies)]
-            samples, info = measure(n, flags, args)
             config = {
                 "mode": mode, "ranks": n, "threads": args.threads, "hidden": args.hidden,
                 "activation": args.activation, "loss": args.loss, "optimizer": args.optimizer,

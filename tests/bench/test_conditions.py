@@ -120,3 +120,20 @@ def test_quiet_wait_says_when_the_load_did_not_fall(monkeypatch):
     assert "measuring anyway" in said[0]
     monkeypatch.setattr(core, "load_now", lambda: {"load1": 0.2, "runnable": 1})
     assert quiet.wait_below_cores(5, said.append)["quiet"] is True
+
+
+def test_the_sides_of_a_comparison_alternate_round_by_round(monkeypatch):
+    from argparse import Namespace
+
+    from bench import training
+
+    order = []
+
+    def fake_run(ranks, flags, args, launcher=True):
+        order.append(ranks)
+        return {"epoch_s": float(ranks), "train_s": 1.0, "epochs": [], "done": {}}
+
+    monkeypatch.setattr(training, "timed_run", fake_run)
+    got = training.measure_sides([(1, ["a"]), (2, ["b"]), (4, ["c"])], Namespace(repeats=3))
+    assert order == [1, 2, 4, 4, 2, 1, 1, 2, 4]
+    assert [s["epoch_s"] for s, _ in got] == [[1.0] * 3, [2.0] * 3, [4.0] * 3]
