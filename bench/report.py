@@ -365,7 +365,22 @@ def check(out: Path) -> list[str]:
             problems.append(f"{png}: missing or not a PNG")
     if "|" not in text:
         problems.append("no table")
-    return problems
+    return problems + unmarked_quick(out, text)
+
+
+def unmarked_quick(out: Path, text: str) -> list[str]:
+    """A section that sets a quick run beside a seed report's published numbers without
+    saying it is quick (the records say which runs were quick)."""
+    records_file = out / "records.jsonl"
+    quick = {r["benchmark"] for r in read_records(records_file) if r.get("quick")} if (
+        records_file.is_file()) else set()  # fmt: skip
+    if not quick:
+        return []
+    return [
+        f"section {section.splitlines()[0]!r}: a quick run without its QUICK RUN mark"
+        for section in text.split("\n## ")[1:]
+        if section.startswith("Seed ") and "QUICK RUN" not in section
+    ]
 
 
 def check_out_dir(out: Path) -> None:

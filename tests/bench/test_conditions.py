@@ -137,3 +137,21 @@ def test_the_sides_of_a_comparison_alternate_round_by_round(monkeypatch):
     got = training.measure_sides([(1, ["a"]), (2, ["b"]), (4, ["c"])], Namespace(repeats=3))
     assert order == [1, 2, 4, 4, 2, 1, 1, 2, 4]
     assert [s["epoch_s"] for s, _ in got] == [[1.0] * 3, [2.0] * 3, [4.0] * 3]
+
+
+def test_report_check_refuses_a_quick_run_beside_published_numbers_unmarked(tmp_path):
+    from bench.report import check
+
+    png = b"\x89PNG\r\n\x1a\n" + b"0" * 8
+    (tmp_path / "s.png").write_bytes(png)
+    body = "| a |\n|---|\n| 1 |\n\n![s](s.png)\n"
+    (tmp_path / "records.jsonl").write_text(
+        json.dumps(
+            {"schema": 1, "benchmark": "scaling", "quick": True, "config": {}, "metrics": {}}
+        )
+        + "\n"
+    )
+    (tmp_path / "index.md").write_text(f"# r\n\n## Seed 000: scaling\n\n{body}")
+    assert any("QUICK RUN" in p for p in check(tmp_path))
+    (tmp_path / "index.md").write_text(f"# r\n\n## Seed 000: scaling\n\nQUICK RUN\n\n{body}")
+    assert check(tmp_path) == []
