@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench.core import markdown_table, median_of, record, run_worker
+from bench.core import markdown_table, median_of, record, run_worker, spread
 from bench.flags import message_size, positive_float, positive_int, rank_count
 
 NAME = "allreduce"
@@ -67,8 +66,10 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
     return records
 
 
-def _time(comm: Any, ops: dict[str, Any], iters: int) -> dict[str, float]:
-    """Median seconds per call of each op, alternating their order; the slowest rank's."""
+def _time(comm: Any, ops: dict[str, Any], iters: int) -> dict[str, list[float]]:
+    """Seconds of every timed call of each op, alternating their order; each call the
+    slowest rank's (every repeat kept: the records show the spread)."""
+    import numpy as np
     from mpi4py import MPI
 
     out: dict[str, list[float]] = {k: [] for k in ops}
@@ -79,7 +80,12 @@ def _time(comm: Any, ops: dict[str, Any], iters: int) -> dict[str, float]:
             ops[name]()
             if i >= 3:
                 out[name].append(time.perf_counter() - t0)
-    return {k: comm.allreduce(statistics.median(v), op=MPI.MAX) for k, v in out.items()}
+    slowest = {}
+    for k, v in out.items():
+        arr = np.array(v, dtype=np.float64)
+        comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.MAX)
+        slowest[k] = arr.tolist()
+    return slowest
 
 
 def worker(out: str, max_size: int, iters: int, comm_kind: str, device: str) -> None:
@@ -112,8 +118,8 @@ def worker(out: str, max_size: int, iters: int, comm_kind: str, device: str) -> 
             t = _time(raw, ops, iters)
             rows.append({
                 "size_bytes": nbytes, "comm": c.name, "buffers": buffers, "ranks": world.size,
-                "latency_us": [t["xpnn"] * 1e6],
-                "raw_latency_us": [t["raw"] * 1e6] if "raw" in t else None,
+                "latency_us": [x * 1e6 for x in t["xpnn"]],
+                "raw_latency_us": [x * 1e6 for x in t["raw"]] if "raw" in t else None,
             })  # fmt: skip
     if world.rank == 0:
         Path(out).write_text(json.dumps(rows))
@@ -124,7 +130,8 @@ def table(records: list[dict[str, Any]]) -> str:
     for r in sorted(records, key=lambda r: (r["config"]["buffers"], r["config"]["size_bytes"])):
         c, t, raw = r["config"], median_of(r, "latency_us"), median_of(r, "raw_latency_us")
         bw = c["size_bytes"] / (t * 1e-6) / 1e9
-        rows.append([c["size_bytes"], c["buffers"], c["comm"], t, raw, raw and t / raw, bw])
+        rows.append([c["size_bytes"], c["buffers"], c["comm"], spread(r, "latency_us"),
+                     spread(r, "raw_latency_us"), raw and t / raw, bw])  # fmt: skip
     heads = ["bytes", "buffers", "comm", "xpnn µs", "raw MPI µs", "overhead", "GB/s (alg)"]
     return markdown_table(heads, rows)
 
