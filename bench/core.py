@@ -5,7 +5,9 @@ A record is one JSON object per measured configuration, appended to a ``.jsonl``
     {"schema": 1, "benchmark": "scaling", "time": "2026-11-26T08:30:00Z",
      "config": {...what was run...}, "machine": {...describe_machine()...},
      "repeats": 3, "metrics": {"epoch_s": {"median": 1.2, "min": 1.1, "max": 1.4,
-     "samples": [...]}, ...}, "info": {...what the runs reported, not timed...}}
+     "samples": [...]}, ...}, "info": {...what the runs reported, not timed...},
+     "conditions": {"load_before": {...}, "load_after": {...}}, "noisy": [...reasons...],
+     "quick": false}
 
 Every number a table or plot shows is read back from such records, so a plot can be redrawn
 and a table rebuilt from ``bench/results/*.jsonl`` without measuring again.
