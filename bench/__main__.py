@@ -23,9 +23,13 @@ from bench.core import (
     RunFailed,
     describe_machine,
     machine_line,
+    marks,
+    noise_notes,
     read_records,
+    stamp,
     write_records,
 )
+from bench.quiet import wait_below_cores
 
 
 def run_benchmark(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -42,14 +46,23 @@ def run_benchmark(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         if not records:
             raise BenchError(f"--from {args.source}: holds no records of {name}")
         return records
-    return mod.run(args, describe_machine())
+    quiet = wait_below_cores(args.quiet_wait) if args.quiet_wait else None
+    machine = describe_machine()
+    records = mod.run(args, machine)
+    stamp(records, getattr(args, "quick", False), quiet)
+    return records
 
 
-def check_out(path: Path) -> None:
-    """Refuse a records file that cannot be written now, before measuring, not after."""
+def check_out(path: Path, given: bool = True) -> None:
+    """Refuse a records file that cannot be written now, before measuring, not after: a
+    directory, a device or a link, a folder that does not exist (only the default one is
+    made)."""
     try:
-        if path.is_dir():
-            raise BenchError(f"--out {path}: is a directory; give a file name")
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            what = "a directory" if path.is_dir() else "not a regular file"
+            raise BenchError(f"--out {path}: is {what}; give a file name")
+        if given and not path.parent.is_dir():
+            raise BenchError(f"--out {path}: no such directory {path.parent}")
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path.parent):
             pass
@@ -62,11 +75,15 @@ def show(name: str, records: list[dict[str, Any]], png: Path | None) -> None:
     if records:
         print(f"{name} on {machine_line(records[0]['machine'])}\n")
     print(mod.table(records))
+    notes = noise_notes(records)
+    if notes:
+        print(f"\n{notes}")
     if png is not None and records:
         from bench.plots import draw
 
         try:
-            print(f"\nplot: {draw(png, [lambda ax: mod.plot(records, ax)], name)}")
+            drawn = draw(png, [lambda ax: mod.plot(records, ax)], name, marks(records))
+            print(f"\nplot: {drawn}")
         except ImportError as e:
             print(f"\nno plot: {e}")
 
@@ -92,12 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse(name, rest)
         out = args.out or RESULTS_DIR / f"{name}.jsonl"
         if args.source is None:
-            check_out(out)
+            check_out(out, given=args.out is not None)
         records = run_benchmark(name, args)
         if args.source is None and not records:
             return 0  # it measured nothing here and said why (staging without a GPU)
         if args.source is None:
-            write_records(out, records)
+            try:
+                write_records(out, records)
+            except OSError as e:
+                raise BenchError(f"--out {out}: cannot write ({e.strerror or e})") from None
             print(f"records: {out}")
         show(name, records, out.with_suffix(".png"))
         return 0

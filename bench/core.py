@@ -5,7 +5,9 @@ A record is one JSON object per measured configuration, appended to a ``.jsonl``
     {"schema": 1, "benchmark": "scaling", "time": "2026-11-26T08:30:00Z",
      "config": {...what was run...}, "machine": {...describe_machine()...},
      "repeats": 3, "metrics": {"epoch_s": {"median": 1.2, "min": 1.1, "max": 1.4,
-     "samples": [...]}, ...}, "info": {...what the runs reported, not timed...}}
+     "samples": [...]}, ...}, "info": {...what the runs reported, not timed...},
+     "conditions": {"load_before": {...}, "load_after": {...}}, "noisy": [...reasons...],
+     "quick": false}
 
 Every number a table or plot shows is read back from such records, so a plot can be redrawn
 and a table rebuilt from ``bench/results/*.jsonl`` without measuring again.
@@ -28,7 +30,9 @@ from typing import Any
 
 SCHEMA = 1
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+IN_CLONE = (ROOT / "pyproject.toml").is_file()  # a checkout, not an installed package
+# Records go beside the suite in a checkout; an installed suite writes under the current folder.
+RESULTS_DIR = (ROOT / "bench" if IN_CLONE else Path.cwd() / "bench") / "results"
 
 
 class BenchError(Exception):
@@ -87,22 +91,74 @@ def _gpu() -> dict[str, Any] | None:
         return None
 
 
-def describe_machine() -> dict[str, Any]:
-    """CPU, cores, BLAS and its kernel, MPI library and GPU: what a number depends on."""
-    import numpy
+def _cpu_quota() -> float | None:
+    """Cores this process's cgroup may use (``cpu.max``, cgroup v2); None: no quota set."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else round(int(quota) / int(period), 2)
 
+
+VERSIONED = ("numpy", "numba", "mpi4py", "threadpoolctl", "torch", "cupy", "xpnn")
+
+
+def _versions() -> dict[str, str]:
+    """The versions of the libraries a timing depends on (those installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on, less where a cgroup quota allows fewer."""
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
-        usable = os.cpu_count()
+        usable = os.cpu_count() or 1
+    quota = _cpu_quota()
+    return max(1, min(usable, int(quota))) if quota else usable
+
+
+def load_now() -> dict[str, Any]:
+    """The 1-minute load average and the threads runnable at this instant (``/proc/loadavg``'s
+    fourth field, this process among them): the competition a timing meets."""
+    try:
+        fields = Path("/proc/loadavg").read_text().split()
+        return {"load1": float(fields[0]), "runnable": int(fields[3].split("/")[0])}
+    except (OSError, ValueError, IndexError):
+        try:
+            return {"load1": round(os.getloadavg()[0], 2), "runnable": None}
+        except (AttributeError, OSError):
+            return {"load1": None, "runnable": None}
+
+
+_last_load: dict[str, Any] = {}  # the load when the previous record (or the machine) was taken
+
+
+def describe_machine() -> dict[str, Any]:
+    """CPU, cores, CPU quota, BLAS and its kernel, MPI library, GPU and the libraries'
+    versions: what a number depends on."""
+    import numpy
+
+    _last_load.clear()
+    _last_load.update(load_now())
     return {
         "host": platform.node(),
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
-        "usable_cores": usable,
+        "usable_cores": usable_cores(),
+        "cpu_quota": _cpu_quota(),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "numpy": numpy.__version__,
+        "versions": _versions(),
         "blas": _blas(),
         "mpi": _mpi_library(),
         "gpu": _gpu(),
@@ -120,6 +176,7 @@ def machine_line(m: dict[str, Any]) -> str:
         f"{m.get('cpu')}, {m.get('cores')} cores ({m.get('usable_cores')} usable); "
         f"BLAS {blas or 'unknown'}; MPI {m.get('mpi') or 'none'}; {gpu_text}; "
         f"Python {m.get('python')}, NumPy {m.get('numpy')}"
+        + (f"; CPU quota {m['cpu_quota']} cores" if m.get("cpu_quota") else "")
     )
 
 
@@ -145,8 +202,12 @@ def record(
     machine: dict[str, Any],
     info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """One record; its ``conditions`` hold the load when the previous record (or the machine's
+    description) was taken and now, and ``noisy`` the reasons its numbers are not to be
+    trusted (empty: none)."""
     repeats = max((len(v) for v in samples.values()), default=0)
-    return {
+    after = load_now()
+    out = {
         "schema": SCHEMA,
         "benchmark": benchmark,
         "time": now(),
@@ -155,7 +216,77 @@ def record(
         "repeats": repeats,
         "metrics": {k: stats(v) for k, v in samples.items() if len(v)},
         "info": info or {},
+        "conditions": {"load_before": dict(_last_load) or after, "load_after": after},
+        "quick": False,
     }
+    _last_load.update(after)
+    out["noisy"] = noise(out)
+    return out
+
+
+WIDE = 1.3  # max / min of repeats past which a measurement is called noisy
+
+
+def noise(r: dict[str, Any]) -> list[str]:
+    """Why a record's numbers are noisy: a spread wider than ``WIDE`` (max / min) in a timed
+    metric, or a load average or more threads runnable than cores while it ran (the thread
+    reading ``/proc/loadavg`` not counted). Each reason starts with its kind and a colon."""
+    why, wide = [], []
+    for name, m in r.get("metrics", {}).items():
+        xs = m.get("samples") or []
+        if len(xs) > 1 and min(xs) > 0 and max(xs) / min(xs) > WIDE and _timed(name):
+            wide.append(f"{name} {max(xs) / min(xs):.2f}x")
+    if wide:
+        why.append(f"wide spread: max/min {', '.join(wide)} (> {WIDE})")
+    cores = (r.get("machine") or {}).get("usable_cores") or os.cpu_count() or 1
+    cond = r.get("conditions") or {}
+    for when in ("load_before", "load_after"):
+        load = cond.get(when) or {}
+        others = max(0, (load.get("runnable") or 0) - 1)
+        if max(load.get("load1") or 0, others) > cores:
+            why.append(
+                f"busy machine: {when.replace('_', ' ')} {load.get('load1')}, "
+                f"{others} other threads runnable, on {cores} cores"
+            )
+            break
+    return why
+
+
+def _timed(metric: str) -> bool:
+    """A metric that is a time or a rate (accuracies and losses are not timings)."""
+    return not any(w in metric for w in ("acc", "loss", "steps", "bytes", "rss", "params"))
+
+
+def stamp(records: list[dict[str, Any]], quick: bool, quiet: dict[str, Any] | None) -> None:
+    """Mark records as a quick run's (small sizes: not comparable) and with the wait for
+    quiet that preceded them."""
+    for r in records:
+        r["quick"] = bool(quick)
+        if quiet is not None:
+            r.setdefault("conditions", {})["quiet_wait"] = quiet
+        r["noisy"] = noise(r)
+
+
+def marks(records: list[dict[str, Any]]) -> list[str]:
+    """The lines every table and figure of ``records`` carries: quick, and noisy with why."""
+    out = []
+    if any(r.get("quick") for r in records):
+        out.append("QUICK RUN: small sizes, a smoke test, not comparable to full runs")
+    noisy = [r for r in records if noise(r)]
+    if noisy:
+        reasons = sorted({w.split(":")[0] for r in noisy for w in noise(r)})
+        out.append(f"NOISY: {len(noisy)} of {len(records)} measurements ({'; '.join(reasons)})")
+    return out
+
+
+def noise_notes(records: list[dict[str, Any]]) -> str:
+    """Under a table: the marks, then each noisy measurement with its reasons."""
+    lines = [f"**{m}**" for m in marks(records)]
+    for r in records:
+        if noise(r):
+            what = ", ".join(f"{k} {v}" for k, v in r["config"].items() if k != "command")
+            lines.append(f"- noisy: {what[:120]}: {'; '.join(noise(r))}")
+    return "\n".join(lines)
 
 
 def write_records(path: Path, records: Iterable[dict[str, Any]]) -> Path:
@@ -240,10 +371,22 @@ def run_xpnn(
     The CLI and its metrics file are the stable contract (DESIGN.md), so every training
     benchmark measures through them rather than through library internals.
     """
+    check_xpnn_flags(flags)
     with tempfile.TemporaryDirectory(prefix="xpnn-bench-") as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         run_command(xpnn_command(ranks, [*flags, "--metrics", str(metrics)]), timeout)
         return [json.loads(s) for s in metrics.read_text().splitlines() if s.strip()]
+
+
+def check_xpnn_flags(flags: Sequence[str]) -> None:
+    """Refuse, before a run starts, flags that ``python -m xpnn`` would refuse (a benchmark
+    passes some on unchanged): one line naming the flag, as xpnn says it."""
+    from xpnn.flags import ArgError, build_parser
+
+    try:
+        build_parser().parse_args(list(flags))
+    except ArgError as e:
+        raise BenchError(f"xpnn refuses the run's flags: {e}") from None
 
 
 def epochs_of(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -295,10 +438,37 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 
 def spread(r: dict[str, Any], metric: str) -> str:
-    """'median (min–max)' of one metric, for tables."""
+    """'median (min–max, n=N)' of one metric, for tables; ' (n=1)' for a single run, and a
+    trailing ' †' when the record is noisy (the notes under the table say why)."""
     m = r["metrics"].get(metric)
     if m is None:
         return "–"
-    if len(m.get("samples", ())) < 2:  # one run, or a copy that left its samples out
-        return fmt(m["median"])
-    return f"{fmt(m['median'])} ({fmt(m['min'])}–{fmt(m['max'])})"
+    mark = " †" if noise(r) else ""
+    n = len(m.get("samples", ()))
+    if n < 2:  # one run, or a copy that left its samples out
+        return f"{fmt(m['median'])} (n={max(n, 1)}){mark}"
+    return f"{fmt(m['median'])} ({fmt(m['min'])}–{fmt(m['max'])}, n={n}){mark}"
+
+
+def speedup(base: dict[str, Any], r: dict[str, Any], metric: str, ideal: float) -> str:
+    """``base``'s time over ``r``'s (medians) with the range the repeats allow (fastest over
+    slowest either way); a speedup above ``ideal`` (the ranks) is flagged: as noise where the
+    range reaches down to ``ideal``, unconfirmed after one run or on a busy machine, else as
+    super-linear (cache, a smaller working set: even the least speedup allowed is above)."""
+    b, m = base["metrics"].get(metric), r["metrics"].get(metric)
+    if not b or not m or not m["median"]:
+        return "–"
+    mid = b["median"] / m["median"]
+    low, high = b["min"] / m["max"], b["max"] / m["min"]
+    text = fmt(mid) if low == high else f"{fmt(mid)} ({fmt(low)}–{fmt(high)})"
+    if mid > ideal * 1.0001:
+        if low <= ideal:
+            why = "noise, within the repeats' range"
+        elif min(len(b.get("samples") or ()), len(m.get("samples") or ())) < 2:
+            why = "one run each, unconfirmed"
+        elif noise(base) or noise(r):
+            why = "a noisy measurement, unconfirmed"
+        else:
+            why = "super-linear"
+        text += f" ‡ above the ranks: {why}"
+    return text

@@ -58,6 +58,31 @@ def _ints_at_least(text: str, low: int, form: str, kind: str) -> list[int]:
 
 
 MOST_INT = 2**31 - 1
+MOST_RANKS = 4096  # processes one mpiexec of a benchmark may start: more is a typo
+
+
+def rank_count(text: str) -> int:
+    """``mpiexec -n``: 1 to ``MOST_RANKS``."""
+    value = _int_at_least(text, 1)
+    if value > MOST_RANKS:
+        raise argparse.ArgumentTypeError(f"must be at most {MOST_RANKS} ranks, got {value}")
+    return value
+
+
+def rank_list(text: str) -> list[int]:
+    """``1,2,4``: rank counts, each 1 to ``MOST_RANKS``."""
+    values = int_list(text)
+    if max(values) > MOST_RANKS:
+        raise argparse.ArgumentTypeError(f"must be at most {MOST_RANKS} ranks, got {text!r}")
+    return values
+
+
+def message_size(text: str) -> int:
+    """Bytes of the largest message: 4 (one float32) to 2^31 - 1."""
+    value = _int_at_least(text, 4)
+    if value > MOST_INT:
+        raise argparse.ArgumentTypeError(f"must be at most {MOST_INT} bytes, got {value}")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -85,6 +110,8 @@ def _int_at_least(text: str, low: int) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < low:
         raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+    if value > MOST_INT:  # counts past C's int: typos, and crash NumPy or MPI
+        raise argparse.ArgumentTypeError(f"must be at most {MOST_INT}, got {value}")
     return value
 
 
@@ -167,3 +194,25 @@ def file_path(text: str) -> Path:
     if not text.strip() or path.name in ("", ".", ".."):
         raise argparse.ArgumentTypeError(f"expected a file name, got {text!r}")
     return path
+
+
+def add_common(p: argparse.ArgumentParser, repeats_dest: str | None) -> None:
+    """The flags every benchmark takes, declared here once: ``--quiet-wait`` and, where the
+    benchmark counts its repeats under another name (``--rounds``, ``--iters``), ``--repeats``
+    as that flag's other spelling."""
+    p.add_argument(
+        "--quiet-wait",
+        type=nonneg_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to this long for the load average to fall below the cores "
+        "(the records say whether it did)",
+    )
+    if repeats_dest is not None and "--repeats" not in p._option_string_actions:
+        p.add_argument(
+            "--repeats",
+            dest=repeats_dest,
+            type=positive_int,
+            default=argparse.SUPPRESS,
+            help=f"the same as --{repeats_dest.replace('_', '-')}",
+        )

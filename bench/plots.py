@@ -19,14 +19,22 @@ def pyplot() -> Any:
     return plt
 
 
-def draw(path: Path, panels: list[Callable[[Any], None]], title: str = "") -> Path:
-    """One PNG with a panel per callable (each draws on the Axes it is given)."""
+def draw(
+    path: Path, panels: list[Callable[[Any], None]], title: str = "", notes: list[str] = ()
+) -> Path:
+    """One PNG with a panel per callable (each draws on the Axes it is given); ``notes`` (a
+    quick run, noisy measurements: ``core.marks``) go in red under the title and into every
+    panel's title, so a figure cut out of the report still says so."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
+    high = 4 + 0.25 * len(notes)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), high), squeeze=False)
     for ax, panel in zip(axes[0], panels, strict=True):
         panel(ax)
-    if title:
-        fig.suptitle(title, fontsize=9)
+        if notes:
+            short = " · ".join(n.split(":")[0] for n in notes)
+            ax.set_title(f"{ax.get_title()}\n[{short}]", fontsize=9, color="C3")
+    if title or notes:
+        fig.suptitle("\n".join([title, *notes]).strip(), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -152,3 +152,25 @@ def add_quiet_flags(a: Any, what: str, retries: int, quiet_timeout: float) -> No
         default=quiet_timeout,
         help="seconds to wait for quiet per redo",
     )
+
+
+def wait_below_cores(seconds: float, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Wait up to ``seconds`` for the 1-minute load average to fall below the usable cores;
+    say whether it did. The result goes into every record (``conditions.quiet_wait``)."""
+    from bench.core import load_now, usable_cores
+
+    cores = usable_cores()
+    t0 = time.monotonic()
+    load = load_now()
+    while (load["load1"] or 0) >= cores and time.monotonic() - t0 < seconds:
+        time.sleep(min(5.0, max(0.1, seconds - (time.monotonic() - t0))))
+        load = load_now()
+    quiet = (load["load1"] or 0) < cores
+    waited = round(time.monotonic() - t0, 1)
+    if seconds > 0:
+        say(
+            f"quiet-wait: load {load['load1']} "
+            + (f"below {cores} cores after {waited} s" if quiet
+               else f"still at or above {cores} cores after {waited} s: measuring anyway")
+        )  # fmt: skip
+    return {"seconds_allowed": seconds, "waited_s": waited, "quiet": quiet, **load}

@@ -4,24 +4,32 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from bench import benchmarks
 from bench.benchmarks import parse
 from bench.core import (
+    ROOT,
+    BenchError,
     describe_machine,
+    load_now,
     machine_line,
     markdown_table,
+    marks,
     median_of,
+    noise_notes,
     now,
     read_records,
+    stamp,
     write_records,
 )
+from bench.flags import nonneg_float, positive_int
 from bench.plots import draw, pyplot
-from bench.quiet import load_avg
+from bench.quiet import wait_below_cores
 
 # The newest recording of the GPU benchmarks (files named gpu-MACHINE-YYYY-MM-DD.jsonl)
 RECORDED_GPU = max(
@@ -42,12 +50,40 @@ SEED000_WEAK = [
 SEED002 = [(1, 142.04, 0.0441, 98.80), (2, 82.06, 0.0559, 98.43), (4, 34.40, 0.0659, 98.28),
            (8, 20.52, 0.0912, 97.20)]  # fmt: skip
 
-SEEDS = (
-    "Each section repeats the experiment of one seed report, the five reports (course reports, "
-    "a blog post, a project proposal) whose questions xpnn answers, numbered 000 to 004: "
-    "[Reproducing the reports](../reproducing.md) names each one, gives its exact commands and "
-    "compares its numbers with these.\n"
-)
+REPRODUCING = ROOT / "docs" / "reproducing.md"
+
+
+def seeds_text(out: Path) -> str:
+    """The paragraph naming the seed reports, its link to reproducing.md made from ``out``
+    (a clone's docs); without the docs (an installed package) the page is named, not linked."""
+    if REPRODUCING.is_file():
+        link = Path(os.path.relpath(REPRODUCING.resolve(), out.resolve())).as_posix()
+        where = f"[Reproducing the reports]({link})"
+    else:
+        where = "Reproducing the reports (docs/reproducing.md in xpnn's source)"
+    return (
+        "Each section repeats the experiment of one seed report, the five reports (course "
+        "reports, a blog post, a project proposal) whose questions xpnn answers, numbered 000 "
+        f"to 004: {where} names each one, gives its exact commands and compares its numbers "
+        "with these.\n"
+    )
+
+
+def this_run(records: list[dict[str, Any]], start: bool = True) -> str:
+    """The caption of a table of this run's numbers: a quick run says so before a report's
+    published numbers are set beside it."""
+    words = "This run" if start else "this run"
+    if any(r.get("quick") for r in records):
+        return f"{words} (**QUICK RUN: small sizes, a smoke test, not comparable** to the report)"
+    return words
+
+
+def notes(records: list[dict[str, Any]]) -> str:
+    """The marks and noisy measurements under a study's table ('' when there are none)."""
+    text = noise_notes(records)
+    return f"{text}\n" if text else ""
+
+
 STUDIES = ("scaling", "cnn", "granularity", "batch_regimes", "parallel_modes", "gpu")
 
 
@@ -144,11 +180,11 @@ def _gpu_text(out: Path, cross: list, allr: list) -> tuple[str, list]:
     draw(out / "gpu.png", [
         lambda ax: benchmarks.load("crossover").plot(cross, ax),
         lambda ax: benchmarks.load("allreduce").plot(allr, ax),
-    ])  # fmt: skip
+    ], notes=marks(cross + allr))  # fmt: skip
     text = (
         f"{head}\n\nCPU vs GPU matrix product (ms):\n\n{benchmarks.load('crossover').table(cross)}"
         f"\n\nAllreduce, host vs device buffers:\n\n{benchmarks.load('allreduce').table(allr)}"
-        "\n\n![GPU](gpu.png)"
+        f"\n\n{notes(cross + allr)}\n![GPU](gpu.png)"
     )
     return text, cross + allr if head.startswith("Measured") else []
 
@@ -168,8 +204,7 @@ def _study(name: str, args: argparse.Namespace, machine: dict[str, Any]) -> list
         flags += ["--ranks", args.ranks]
     if name == "parallel_modes":
         flags += ["--ranks", str(max(int(r) for r in args.ranks.split(",")))]
-    if name != "batch_regimes":  # its lr grid already makes many runs
-        flags += ["--repeats", str(args.repeats or (1 if args.quick else 3))]
+    flags += ["--repeats", str(args.repeats or (1 if args.quick else 3))]
     return benchmarks.load(name).run(parse(name, flags, args.quick), machine)
 
 
@@ -177,15 +212,18 @@ def build(args: argparse.Namespace) -> Path:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     pyplot()  # fail now, not after the measurements, without matplotlib
+    quiet = wait_below_cores(args.quiet_wait) if args.quiet_wait else None
     machine = describe_machine()
-    load = load_avg()
+    load = load_now()["load1"]
     t0 = time.perf_counter()
     rec: dict[str, list[dict[str, Any]]] = {}
     for name in [s for s in STUDIES if s != "gpu" and s in args.only]:
         print(f"report: {name} ...", flush=True)
         rec[name] = _study(name, args, machine)
-        draw(out / f"{name}.png", panels(name, rec[name]))
+        stamp(rec[name], args.quick, quiet)
+        draw(out / f"{name}.png", panels(name, rec[name]), notes=marks(rec[name]))
     gpu_text, gpu_rec = _gpu_section(args, machine, out) if "gpu" in args.only else ("", [])
+    stamp(gpu_rec, args.quick, quiet)
     records_file = out / "records.jsonl"
     records_file.unlink(missing_ok=True)
     write_records(records_file, [r for rs in rec.values() for r in rs] + gpu_rec)
@@ -198,9 +236,11 @@ def build(args: argparse.Namespace) -> Path:
         f"({size}; data: {args.dataset}; measuring took {time.perf_counter() - t0:.0f} s).\n",
         f"**Machine:** {machine_line(machine)}; host {machine['host']}, {machine['os']}.\n",
         "Timings on a shared machine are noisy (load average when the report started: "
-        f"{'unknown' if load is None else f'{load:.1f}'} on {machine['cores']} cores): each "
-        "cell is a median, with its range when "
-        "repeated; the command of every run is in `records.jsonl`.\n",
+        f"{'unknown' if load is None else f'{load:.1f}'} on {machine['usable_cores']} usable "
+        "cores): each timing is a median, with its range (min–max) and the number of repeats "
+        "n; a measurement whose range is wider than 1.3× or that ran with more threads "
+        "runnable than cores is marked † and listed under its table with the reason; the "
+        "command, machine, load and versions of every run are in `records.jsonl`.\n",
     ]
     return render(out, header, rec, gpu_text)
 
@@ -213,7 +253,7 @@ def redraw(out: Path) -> Path:
     rec = {s: [r for r in records if r["benchmark"] == s] for s in STUDIES if s != "gpu"}
     rec = {s: rs for s, rs in rec.items() if rs}
     for name, rs in rec.items():
-        draw(out / f"{name}.png", panels(name, rs))
+        draw(out / f"{name}.png", panels(name, rs), notes=marks(rs))
     by = {b: [r for r in records if r["benchmark"] == b] for b in ("crossover", "allreduce")}
     gpu_text, _ = _gpu_text(out, by["crossover"], by["allreduce"])
     index = out / "index.md"
@@ -226,17 +266,22 @@ def render(out: Path, header: list[str], rec: dict[str, list], gpu_text: str) ->
     """``out/index.md``: ``header``, then a section per study in ``rec``, then ``gpu_text``."""
     strong000, weak000 = seed000_tables()
     sc = benchmarks.load("scaling")
-    parts = [*header, SEEDS]
+    parts = [*header, seeds_text(out)]
     if "scaling" in rec:
         parts += [
             "## Seed 000: strong and weak scaling (sigmoid MLP, BCE, full-batch GD)\n",
             f"One hidden layer of {rec['scaling'][0]['config']['hidden']} sigmoid units (the "
             "report does not give its width), one rank per core, 1 BLAS thread each. "
             f"{command_line(rec['scaling'])}\n",
-            f"Strong scaling (this run):\n\n{sc.table(rec['scaling'], 'strong')}\n",
+            f"Strong scaling, {this_run(rec['scaling'], False)}:\n\n"
+            f"{sc.table(rec['scaling'], 'strong')}"
+            "\n\nA speedup above the rank count is marked ‡ and says whether the repeats' "
+            "range explains it.\n",
             f"The report's Table 1 (i7-6700K, 4 cores, mpi4py; its times and speedups, the "
             f"efficiency computed from them):\n\n{strong000}\n",
-            f"Weak scaling (this run):\n\n{sc.table(rec['scaling'], 'weak')}\n",
+            f"Weak scaling, {this_run(rec['scaling'], False)}:\n\n"
+            f"{sc.table(rec['scaling'], 'weak')}\n",
+            notes(rec["scaling"]),
             f"The report's Table 2 (its times; speedup and efficiency computed from them):"
             f"\n\n{weak000}\n",
             "![scaling](scaling.png)\n",
@@ -245,7 +290,8 @@ def render(out: Path, header: list[str], rec: dict[str, list], gpu_text: str) ->
         parts += [
             "## Seed 002: the 690,590-parameter CNN, batch 128 per process, lr 0.001 × processes\n",
             f"{command_line(rec['cnn'])}\n",
-            f"This run:\n\n{benchmarks.load('cnn').table(rec['cnn'])}\n",
+            f"{this_run(rec['cnn'])}:\n\n{benchmarks.load('cnn').table(rec['cnn'])}\n",
+            notes(rec["cnn"]),
             "The report's Table 2 (one node, Adam, 5 epochs, MNIST; its times, losses and "
             f"accuracies, the speedup computed from them):\n\n{seed002_table()}\n",
             "![cnn](cnn.png)\n",
@@ -254,10 +300,13 @@ def render(out: Path, header: list[str], rec: dict[str, list], gpu_text: str) ->
         parts += [
             "## Seed 003: granularity, speedup as the work per sample grows\n",
             f"{command_line(rec['granularity'])}\n",
+            f"{this_run(rec['granularity'])}:\n\n"
             f"{benchmarks.load('granularity').table(rec['granularity'])}\n",
+            notes(rec["granularity"]),
             "![granularity](granularity.png)\n",
         ]
     if "batch_regimes" in rec:
+        br = benchmarks.load("batch_regimes")
         r0 = rec["batch_regimes"][0]["config"]
         parts += [
             "## Seed 004: steps to a target accuracy against the global batch\n",
@@ -265,8 +314,10 @@ def render(out: Path, header: list[str], rec: dict[str, list], gpu_text: str) ->
             f"{sorted({r['config']['lr'] for r in rec['batch_regimes']})}; the test set scored "
             "at steps about 10 % apart, the step interpolated between the scores either side "
             "of the target.\n",
-            f"{command_line(rec['batch_regimes'])}\n",
-            f"{benchmarks.load('batch_regimes').table(rec['batch_regimes'])}\n",
+            "The study again, with the rates that won: "
+            f"`{br.example_command(rec['batch_regimes'])}`.\n",
+            f"{this_run(rec['batch_regimes'])}:\n\n{br.table(rec['batch_regimes'])}\n",
+            notes(rec["batch_regimes"]),
             "![batch regimes](batch_regimes.png)\n",
         ]
     if "parallel_modes" in rec:
@@ -277,14 +328,15 @@ def render(out: Path, header: list[str], rec: dict[str, list], gpu_text: str) ->
             f"{pm[0]['config']['batch_size']}, {pm[0]['config']['ranks']} ranks; bytes per "
             "step: the payload all ranks together hand to MPI, as the communicators count it.\n",
             f"{command_line(pm)}\n",
-            f"{benchmarks.load('parallel_modes').table(pm)}\n",
+            f"{this_run(pm)}:\n\n{benchmarks.load('parallel_modes').table(pm)}\n",
+            notes(pm),
             modes_sentence(pm) + "\n",
             "![parallel modes](parallel_modes.png)\n",
         ]
     if gpu_text:
         parts += ["## CPU vs GPU: matmul crossover and allreduce host vs device\n", gpu_text]
     index = out / "index.md"
-    index.write_text("\n".join(parts) + "\n")
+    index.write_text("\n".join(part for part in parts if part) + "\n")
     return index
 
 
@@ -313,18 +365,48 @@ def check(out: Path) -> list[str]:
             problems.append(f"{png}: missing or not a PNG")
     if "|" not in text:
         problems.append("no table")
-    return problems
+    return problems + unmarked_quick(out, text)
+
+
+def unmarked_quick(out: Path, text: str) -> list[str]:
+    """A section that sets a quick run beside a seed report's published numbers without
+    saying it is quick (the records say which runs were quick)."""
+    records_file = out / "records.jsonl"
+    quick = {r["benchmark"] for r in read_records(records_file) if r.get("quick")} if (
+        records_file.is_file()) else set()  # fmt: skip
+    if not quick:
+        return []
+    return [
+        f"section {section.splitlines()[0]!r}: a quick run without its QUICK RUN mark"
+        for section in text.split("\n## ")[1:]
+        if section.startswith("Seed ") and "QUICK RUN" not in section
+    ]
+
+
+def check_out_dir(out: Path) -> None:
+    """The report's folder: a directory or nothing yet (then made, its parent must exist);
+    never a file, a device or a link, which the report would write through or beside."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise BenchError(f"--out {out}: exists and is not a directory; give a directory")
+    if not out.exists() and not out.parent.is_dir():
+        raise BenchError(f"--out {out}: no such directory {out.parent}")
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench report", description=__doc__)
+    p = _Parser(prog="python -m bench report", description=__doc__, allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (minutes)")
     p.add_argument("--out", type=Path, default=Path("report"), help="directory (default report/)")
     p.add_argument(
         "--dataset", default="synthetic", choices=("synthetic", "mnist", "fashion-mnist")
     )
     p.add_argument("--data-dir")
-    p.add_argument("--repeats", type=int, help="runs per configuration (default 3; 1 quick)")
+    p.add_argument(
+        "--repeats", type=positive_int, help="runs per configuration (default 3; 1 quick)"
+    )
+    p.add_argument(
+        "--quiet-wait", type=nonneg_float, default=0.0, metavar="SECONDS",
+        help="first wait up to this long for the load average to fall below the cores",
+    )  # fmt: skip
     p.add_argument("--ranks", default="1,2", help="rank counts of the scaling studies")
     p.add_argument("--only", default=",".join(STUDIES), help=f"comma list of {', '.join(STUDIES)}")
     p.add_argument(
@@ -335,21 +417,40 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="write the text and figures of the report in --out again from its records.jsonl",
     )
-    args = p.parse_args(argv)
-    if args.redraw:
-        print(f"report: {redraw(args.out)} (drawn again from records.jsonl)")
-        return 0
-    if args.check:
-        problems = check(args.out)
-        for line in problems:
-            print(f"report: {line}", file=sys.stderr)
-        print(f"report: {args.out / 'index.md'}: " + ("bad" if problems else "ok"))
-        return 1 if problems else 0
-    args.only = [s for s in args.only.split(",") if s]
-    unknown = [s for s in args.only if s not in STUDIES]
-    if unknown:
-        p.error(f"--only: unknown {', '.join(unknown)} (choose from {', '.join(STUDIES)})")
-    t0 = time.perf_counter()
-    index = build(args)
+    try:
+        args = p.parse_args(argv)
+        if args.check:
+            problems = check(args.out)
+            for line in problems:
+                print(f"report: {line}", file=sys.stderr)
+            print(f"report: {args.out / 'index.md'}: " + ("bad" if problems else "ok"))
+            return 1 if problems else 0
+        check_out_dir(args.out)
+        if args.redraw:
+            if not (args.out / "records.jsonl").is_file():
+                raise BenchError(f"--out {args.out}: holds no records.jsonl to redraw from")
+            print(f"report: {redraw(args.out)} (drawn again from records.jsonl)")
+            return 0
+        args.only = [s for s in args.only.split(",") if s]
+        unknown = [s for s in args.only if s not in STUDIES]
+        if unknown:
+            raise BenchError(
+                f"--only: unknown {', '.join(unknown)} (choose from {', '.join(STUDIES)})"
+            )
+        t0 = time.perf_counter()
+        index = build(args)
+    except BenchError as e:
+        print(f"bench report: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"bench report: --out {args.out}: cannot write ({e.strerror or e})", file=sys.stderr)
+        return 2
     print(f"report: {index} ({time.perf_counter() - t0:.0f} s)")
     return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line naming it, exit 2, no usage block."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        raise BenchError(message.removeprefix("argument "))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.core import done_of, epochs_of, run_xpnn
-from bench.flags import positive_float
+from bench.flags import positive_float, positive_int
 
 
 def add_data_arguments(p: argparse.ArgumentParser, samples: int) -> None:
@@ -20,10 +20,13 @@ def add_data_arguments(p: argparse.ArgumentParser, samples: int) -> None:
     )
     p.add_argument("--data-dir", help="directory of the four IDX files (mnist, fashion-mnist)")
     p.add_argument(
-        "--samples", type=int, default=samples, help="--dataset synthetic: training samples"
+        "--samples",
+        type=positive_int,
+        default=samples,
+        help="--dataset synthetic: training samples",
     )
-    p.add_argument("--repeats", type=int, default=1, help="runs of each configuration")
-    p.add_argument("--threads", type=int, default=1, help="BLAS threads per rank")
+    p.add_argument("--repeats", type=positive_int, default=1, help="runs of each configuration")
+    p.add_argument("--threads", type=positive_int, default=1, help="BLAS threads per rank")
     p.add_argument("--timeout", type=positive_float, default=1800, help="seconds allowed per run")
 
 
@@ -97,14 +100,18 @@ def run_info(run: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
-def measure(
-    ranks: int, flags: Sequence[str], args: argparse.Namespace, launcher: bool = True
-) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """``args.repeats`` runs of one configuration: each number's samples, the last run's info."""
-    samples: dict[str, list[float]] = {}
-    last: dict[str, Any] = {}
-    for _ in range(args.repeats):
-        last = timed_run(ranks, flags, args, launcher)
-        for k, v in numbers(last).items():
-            samples.setdefault(k, []).append(float(v))
-    return samples, run_info(last)
+def measure_sides(
+    sides: Sequence[tuple[int, Sequence[str]]], args: argparse.Namespace
+) -> list[tuple[dict[str, list[float]], dict[str, Any]]]:
+    """``args.repeats`` runs of each side (ranks, flags) compared in one benchmark, the sides
+    alternated round by round (the order reversed each round), so that a drift of the
+    machine's speed falls on every side alike; per side, as ``measure`` returns it."""
+    samples: list[dict[str, list[float]]] = [{} for _ in sides]
+    last: list[dict[str, Any]] = [{} for _ in sides]
+    order = list(range(len(sides)))
+    for r in range(args.repeats):
+        for i in order if r % 2 == 0 else order[::-1]:
+            last[i] = timed_run(sides[i][0], sides[i][1], args)
+            for k, v in numbers(last[i]).items():
+                samples[i].setdefault(k, []).append(float(v))
+    return [(samples[i], run_info(last[i])) for i in order]

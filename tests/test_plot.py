@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 
@@ -68,3 +69,55 @@ def test_a_run_by_steps_plots_its_eval_records(tmp_path):
     assert [r["epoch"] for r in read_epochs(path)] == [0.8, 1.6]
     proc = plot(path, "-o", tmp_path / "steps.png")
     assert proc.returncode == 0, proc.stderr
+
+
+def _drawn(tmp_path, monkeypatch, records: list[dict]):
+    """The figure ``xpnn plot`` draws of one metrics file of ``records``, kept to be read."""
+    import matplotlib.pyplot as plt
+
+    from xpnn.plot import draw
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in records))
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    draw([path], tmp_path / "m.png")
+    (fig,) = figures
+    return fig
+
+
+def test_a_steps_run_of_a_text_model_reads_as_its_docs_speak(tmp_path, monkeypatch):
+    """Steps on the x axis, tokens/s, "validation", and a unit on every axis."""
+    recs = [{"event": "eval", "step": s, "epoch": s / 500, "train_loss": 3 - s / 100,
+             "test_loss": 3.1 - s / 100, "val_loss": 3.1 - s / 100, "test_acc": 0.2,
+             "train_acc": 0.2, "samples_per_s": 130.0, "tokens_per_s": 16000.0}
+            for s in (30, 60, 90)]  # fmt: skip
+    fig = _drawn(tmp_path, monkeypatch, recs)
+    loss, acc, rate = fig.axes
+    assert {ax.get_xlabel() for ax in fig.axes} == {"step (optimizer steps)"}
+    assert list(loss.get_lines()[0].get_xdata()) == [30, 60, 90]
+    assert loss.get_ylabel() == "loss (nats per character)"
+    assert any("validation loss" in t.get_text() for t in loss.get_legend().get_texts())
+    assert not any("test" in t.get_text() for t in loss.get_legend().get_texts())
+    assert (
+        rate.get_ylabel() == "tokens / s" and list(rate.get_lines()[0].get_ydata()) == [16000.0] * 3
+    )
+    assert all(ax.get_ylabel() for ax in fig.axes)
+
+
+def test_a_file_with_only_train_loss_draws_without_a_warning(tmp_path, monkeypatch, recwarn):
+    fig = _drawn(tmp_path, monkeypatch, [{"event": "epoch", "epoch": e, "train_loss": 1 / e}
+                                         for e in (1, 2)])  # fmt: skip
+    assert not [w for w in recwarn.list if "artists" in str(w.message)]
+    assert fig.axes[0].get_xlabel() == "epoch" and fig.axes[2].get_ylabel() == "samples / s"
+    assert any("no accuracy" in t.get_text() for t in fig.axes[1].texts)
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/dev/null", "fifo"])
+def test_a_device_or_a_fifo_is_refused_in_one_line(tmp_path, path):
+    if path == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    proc = plot(path, "-o", tmp_path / "x.png")
+    assert proc.returncode == 2, proc.stderr
+    assert "not a regular file" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

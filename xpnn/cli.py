@@ -1,4 +1,4 @@
-"""``python -m xpnn [train|info|plot|trace|generate]``: the flags (``xpnn.flags``) fill a
+"""``python -m xpnn [train|info|plot|trace|generate|bench]``: the flags (``xpnn.flags``) fill a
 ``RunSpec`` that ``xpnn.run`` runs; a problem found before MPI starts on one rank still reaches
 every rank; the exit codes: 0 success; 2 a user error, one line naming the flag or file, printed
 once for all ranks; 1 anything else."""
@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
+    if argv and argv[0] == "bench":  # the benchmark suite, installed beside xpnn
+        from bench.__main__ import main as bench_main
+
+        return bench_main(argv[1:])
     if argv and argv[0] == "generate":
         return generate_main(argv[1:])
     if argv and argv[0] == "trace":

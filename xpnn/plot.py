@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,19 +17,43 @@ INSTALL = "matplotlib is not installed: pip install 'xpnn[plot]' (or pip install
 PANELS = (
     ("loss", ("train_loss", "test_loss")),
     ("accuracy", ("train_acc", "test_acc")),
-    ("samples / s", ("samples_per_s",)),
+    ("throughput", ("samples_per_s", "tokens_per_s")),
 )
+MOST_BYTES = 256 * 2**20  # a metrics file of 10^6 epochs is about this big; more is not one
+
+
+def read_text(path: Path) -> str:
+    """A regular file's text, at most ``MOST_BYTES``: a device (``/dev/zero``), a FIFO or a
+    huge file is refused in one line, not read until memory runs out."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"{path}: not a regular file (is it an xpnn --metrics file?)")
+        if info.st_size > MOST_BYTES:
+            raise UserError(
+                f"{path}: {info.st_size / 2**20:.0f} MiB, more than a metrics file holds "
+                f"({MOST_BYTES // 2**20} MiB at most)"
+            )
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MOST_BYTES + 1)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (is it an xpnn --metrics file?)") from None
 
 
 def read_epochs(path: Path) -> list[dict[str, Any]]:
     """The epoch (or eval) records of one metrics file; a UserError naming the file if it has
     none, or if a record is not one (no epoch number, a value drawn that is not a number)."""
-    try:
-        lines = path.read_bytes().decode("utf-8").splitlines()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file (is it an xpnn --metrics file?)") from None
+    lines = read_text(path).splitlines()
     epochs = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -54,7 +80,7 @@ def _check_record(path: Path, line: int, rec: dict[str, Any]) -> None:
     elif not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**53:
         raise UserError(f"{path}: line {line}: an epoch record without a whole-number epoch")
     for _, keys in PANELS:
-        for key in keys:
+        for key in (*keys, "step"):
             value = rec.get(key)
             if value is not None and (
                 isinstance(value, bool)
@@ -76,8 +102,43 @@ def check_out(out: Path, inputs: list[Path]) -> None:
         raise UserError(f"-o {out}: is one of the metrics files given")
 
 
+def by_steps(runs: list[tuple[Path, list[dict[str, Any]]]]) -> bool:
+    """Whether every run trained by ``--steps`` (eval records with a step count): then steps,
+    not fractions of an epoch, go on the x axis."""
+
+    def counted(e: dict[str, Any]) -> bool:
+        return e.get("event") == "eval" and isinstance(e.get("step"), int)
+
+    return all(all(counted(e) for e in es) for _, es in runs)
+
+
+def is_text(epochs: list[dict[str, Any]]) -> bool:
+    """A text model's run: its records say tokens/s and validation loss (docs/cli.md)."""
+    return any("tokens_per_s" in e or "val_loss" in e for e in epochs)
+
+
+def series(key: str, text: bool) -> str:
+    """The name of a curve as the docs name it: validation for a text model's held-out set."""
+    split, _, what = key.partition("_")
+    if key in ("samples_per_s", "tokens_per_s"):
+        return key.replace("_per_s", "/s")
+    return f"{'validation' if text and split == 'test' else split} {what}"
+
+
+def ylabel(title: str, runs: list[tuple[Path, list[dict[str, Any]]]]) -> str:
+    text = [is_text(es) for _, es in runs]
+    if title == "loss":
+        return "loss (nats per character)" if all(text) else "loss (nats per sample)"
+    if title == "accuracy":
+        return "accuracy (fraction correct)"
+    return (
+        "tokens / s" if all(text) else "samples / s" if not any(text) else "samples or tokens / s"
+    )
+
+
 def draw(paths: list[Path], out: Path) -> Path:
-    """One PNG, a panel per quantity, a line per run (solid train, dashed test)."""
+    """One PNG, a panel per quantity, a line per run (solid train, dashed test or
+    validation); steps on the x axis when every run trained by ``--steps``."""
     check_out(out, paths)
     runs = [(p, read_epochs(p)) for p in paths]
     try:
@@ -86,29 +147,38 @@ def draw(paths: list[Path], out: Path) -> Path:
         raise ImportError(INSTALL) from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
+    steps = by_steps(runs)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
     for i, (path, epochs) in enumerate(runs):
-        x = [e["epoch"] for e in epochs]
-        first = epochs[0]
+        x = [e["step"] if steps else e["epoch"] for e in epochs]
+        first, text = epochs[0], is_text(epochs)
         label = f"{path.stem} ({first.get('world_size', '?')} rank(s), {first.get('backend', '?')})"
-        for ax, (title, keys) in zip(axes, PANELS, strict=True):
+        for ax, (_, keys) in zip(axes, PANELS, strict=True):
+            if keys[0] == "samples_per_s" and text:
+                keys = ("tokens_per_s",)  # a text model's rate is in tokens, as its docs say
+            elif keys[0] == "samples_per_s":
+                keys = ("samples_per_s",)
             for key in keys:
                 y = [e.get(key) for e in epochs]
                 if all(v is None for v in y):
                     continue
                 style = "--" if key.startswith("test") else "-"
                 ax.plot(x, y, style, color=f"C{i}", marker="o", ms=3,
-                        label=f"{label} {key.split('_')[0]}")  # fmt: skip
-            ax.set(xlabel="epoch", title=title)
-    from matplotlib.ticker import MaxNLocator
-
+                        label=f"{label} {series(key, text)}")  # fmt: skip
+    xlabel = "step (optimizer steps)" if steps else "epoch"
     for ax, (title, _) in zip(axes, PANELS, strict=True):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are counts
+        ax.set(xlabel=xlabel, ylabel=ylabel(title, runs), title=title)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are counts
         ax.set_ylim(bottom=0)  # a small change is not drawn as a cliff
         if title == "accuracy":
             ax.set_ylim(top=1.0)
-        ax.legend(fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=9)
+        else:  # nothing of this panel in the files: say so, with no empty legend
+            ax.text(0.5, 0.5, f"no {title} in the file(s)", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=9, color="0.4")  # fmt: skip
     fig.tight_layout()
     fig.savefig(out, dpi=100, format="png")
     plt.close(fig)

@@ -1,7 +1,8 @@
 """The registry: each benchmark is a module with NAME, SUMMARY, QUICK (the sizes of a quick
 run), ``add_arguments(parser)``, ``run(args, machine) -> records``, ``table(records)`` and
-``plot(records, ax)``. A module with ``PASSTHROUGH = True`` gets the flags it does not know
-in ``args.passthrough_args`` (step_phases hands them to ``python -m xpnn``)."""
+``plot(records, ax)``; ``REPEATS`` names the flag counting its repeats when not ``--repeats``
+(None: no repeats of its own). A module with ``PASSTHROUGH = True`` gets the flags it does
+not know in ``args.passthrough_args`` (step_phases hands them to ``python -m xpnn``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from bench.core import BenchError
-from bench.flags import file_path
+from bench.flags import add_common, file_path
 
 NAMES = (
     "scaling",
@@ -55,6 +56,7 @@ def _parser(mod: Any, prog: str) -> argparse.ArgumentParser:
     p.add_argument("--out", type=file_path, help="records file (default bench/results/NAME.jsonl)")
     p.add_argument("--from", dest="source", type=Path, help="redraw from this records file")
     mod.add_arguments(p)
+    add_common(p, getattr(mod, "REPEATS", "repeats"))
     return p
 
 

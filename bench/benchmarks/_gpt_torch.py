@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from bench.flags import nonneg_int, positive_int
+
 
 def build(vocab: int, layers: int, heads: int, embed: int, block: int):  # noqa: ANN201
     import torch
@@ -61,15 +63,15 @@ def build(vocab: int, layers: int, heads: int, embed: int, block: int):  # noqa:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--text", required=True)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--embed", type=int, default=128)
-    p.add_argument("--block", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=positive_int, default=50)
+    p.add_argument("--warmup", type=nonneg_int, default=5)
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--batch", type=positive_int, default=32)
+    p.add_argument("--layers", type=positive_int, default=4)
+    p.add_argument("--heads", type=positive_int, default=4)
+    p.add_argument("--embed", type=positive_int, default=128)
+    p.add_argument("--block", type=positive_int, default=64)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     args = p.parse_args()
     import torch
     from torch.nn import functional as F

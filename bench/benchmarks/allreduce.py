@@ -10,27 +10,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench.core import markdown_table, median_of, record, run_worker
-from bench.flags import positive_float
+from bench.core import markdown_table, median_of, record, run_worker, spread
+from bench.flags import message_size, positive_float, positive_int, rank_count
 
 NAME = "allreduce"
 SUMMARY = "allreduce latency and bandwidth: xpnn's comm vs raw MPI, host and device buffers"
+COMMS = ("auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl")  # xpnn --comm's, "self" aside
+REPEATS = "iters"  # the flag counting its repeats
 QUICK = {"max_size": 1 << 20, "iters": 20}
 WORKER = "bench.benchmarks.allreduce"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--max-size", type=int, default=64 << 20, help="largest message, bytes")
-    p.add_argument("--iters", type=int, default=50, help="timed calls per size")
-    p.add_argument("--comm", default="auto", help="xpnn --comm for host buffers")
+    p.add_argument("--ranks", type=rank_count, default=2)
+    p.add_argument(
+        "--max-size",
+        type=message_size,
+        default=64 << 20,
+        help="largest message, bytes (4 at least)",
+    )
+    p.add_argument("--iters", type=positive_int, default=50, help="timed calls per size")
+    p.add_argument("--comm", default="auto", choices=COMMS, help="xpnn --comm for host buffers")
     p.add_argument("--device", action="store_true", help="also CuPy buffers (needs a GPU)")
     p.add_argument(
         "--device-comms",
@@ -60,8 +66,10 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
     return records
 
 
-def _time(comm: Any, ops: dict[str, Any], iters: int) -> dict[str, float]:
-    """Median seconds per call of each op, alternating their order; the slowest rank's."""
+def _time(comm: Any, ops: dict[str, Any], iters: int) -> dict[str, list[float]]:
+    """Seconds of every timed call of each op, alternating their order; each call the
+    slowest rank's (every repeat kept: the records show the spread)."""
+    import numpy as np
     from mpi4py import MPI
 
     out: dict[str, list[float]] = {k: [] for k in ops}
@@ -72,7 +80,12 @@ def _time(comm: Any, ops: dict[str, Any], iters: int) -> dict[str, float]:
             ops[name]()
             if i >= 3:
                 out[name].append(time.perf_counter() - t0)
-    return {k: comm.allreduce(statistics.median(v), op=MPI.MAX) for k, v in out.items()}
+    slowest = {}
+    for k, v in out.items():
+        arr = np.array(v, dtype=np.float64)
+        comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.MAX)
+        slowest[k] = arr.tolist()
+    return slowest
 
 
 def worker(out: str, max_size: int, iters: int, comm_kind: str, device: str) -> None:
@@ -105,8 +118,8 @@ def worker(out: str, max_size: int, iters: int, comm_kind: str, device: str) -> 
             t = _time(raw, ops, iters)
             rows.append({
                 "size_bytes": nbytes, "comm": c.name, "buffers": buffers, "ranks": world.size,
-                "latency_us": [t["xpnn"] * 1e6],
-                "raw_latency_us": [t["raw"] * 1e6] if "raw" in t else None,
+                "latency_us": [x * 1e6 for x in t["xpnn"]],
+                "raw_latency_us": [x * 1e6 for x in t["raw"]] if "raw" in t else None,
             })  # fmt: skip
     if world.rank == 0:
         Path(out).write_text(json.dumps(rows))
@@ -117,7 +130,8 @@ def table(records: list[dict[str, Any]]) -> str:
     for r in sorted(records, key=lambda r: (r["config"]["buffers"], r["config"]["size_bytes"])):
         c, t, raw = r["config"], median_of(r, "latency_us"), median_of(r, "raw_latency_us")
         bw = c["size_bytes"] / (t * 1e-6) / 1e9
-        rows.append([c["size_bytes"], c["buffers"], c["comm"], t, raw, raw and t / raw, bw])
+        rows.append([c["size_bytes"], c["buffers"], c["comm"], spread(r, "latency_us"),
+                     spread(r, "raw_latency_us"), raw and t / raw, bw])  # fmt: skip
     heads = ["bytes", "buffers", "comm", "xpnn µs", "raw MPI µs", "overhead", "GB/s (alg)"]
     return markdown_table(heads, rows)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bench.core import markdown_table, median_of, record, spread
-from bench.flags import int_list
+from bench.core import markdown_table, median_of, record, speedup, spread
+from bench.flags import positive_float, positive_int, rank_list
 from bench.plots import count_axis, legend
-from bench.training import add_data_arguments, command, data_flags, measure
+from bench.training import add_data_arguments, command, data_flags, measure_sides
 
 NAME = "cnn"
 SUMMARY = "CNN time per epoch and test accuracy vs processes, lr x ranks (seed 002)"
@@ -21,21 +21,20 @@ QUICK = {"samples": 256, "epochs": 2}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p, samples=6000)
-    p.add_argument("--ranks", type=int_list, default=[1, 2], help="comma list of rank counts")
-    p.add_argument("--per-rank-batch", type=int, default=128)
-    p.add_argument("--lr", type=float, default=0.001, help="times the number of ranks")
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--ranks", type=rank_list, default=[1, 2], help="comma list of rank counts")
+    p.add_argument("--per-rank-batch", type=positive_int, default=128)
+    p.add_argument("--lr", type=positive_float, default=0.001, help="times the number of ranks")
+    p.add_argument("--epochs", type=positive_int, default=5)
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
-    for n in args.ranks:
-        flags = [
-            "--model", "cnn", "--optimizer", "adam", "--lr", repr(args.lr * n),
-            "--per-rank-batch", str(args.per_rank_batch), "--epochs", str(args.epochs),
-            *data_flags(args),
-        ]  # fmt: skip
-        samples, info = measure(n, flags, args)
+    sides = [(n, [
+        "--model", "cnn", "--optimizer", "adam", "--lr", repr(args.lr * n),
+        "--per-rank-batch", str(args.per_rank_batch), "--epochs", str(args.epochs),
+        *data_flags(args),
+    ]) for n in args.ranks]  # fmt: skip
+    for (n, flags), (samples, info) in zip(sides, measure_sides(sides, args), strict=True):
         config = {
             "ranks": n, "threads": args.threads, "per_rank_batch": args.per_rank_batch,
             "lr": args.lr * n, "epochs": args.epochs, "dataset": args.dataset,
@@ -48,11 +47,11 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
 
 def table(records: list[dict[str, Any]]) -> str:
     rs = sorted(records, key=lambda r: r["config"]["ranks"])
-    base = median_of(rs[0], "epoch_s") if rs else None
     rows = [
         [
             r["config"]["ranks"], r["config"]["ranks"] * r["config"]["per_rank_batch"],
-            r["config"]["lr"], spread(r, "epoch_s"), base / median_of(r, "epoch_s"),
+            r["config"]["lr"], spread(r, "epoch_s"),
+            speedup(rs[0], r, "epoch_s", r["config"]["ranks"] / rs[0]["config"]["ranks"]),
             median_of(r, "test_loss"), 100 * median_of(r, "test_acc"),
         ]
         for r in rs

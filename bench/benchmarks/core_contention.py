@@ -52,6 +52,7 @@ from bench.quiet import ForeignLoad
 
 NAME = "core_contention"
 SUMMARY = "a kernel alone vs on every core at once (what a shared VM costs a rank)"
+REPEATS = "rounds"  # the flag counting its repeats
 QUICK = {"kernels": ["fma"], "rounds": 1, "seconds": 0.2}
 KERNELS = ("fma", "stream", "gemm")
 WORKER = "bench.benchmarks.core_contention"

@@ -22,22 +22,25 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from bench.core import markdown_table, median_of, record, spread
-from bench.flags import int_list
+from bench.flags import int_list, nonneg_float, positive_int, rank_count
 
 NAME = "gemm_split"
 SUMMARY = "an MLP step's matrix products at the global batch vs one rank's share"
+REPEATS = "samples"  # the flag counting its repeats
 QUICK = {"hidden": [256], "samples": 3, "seconds": 0.02}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int_list, default=[1024, 1024], help="hidden sizes")
-    p.add_argument("--inputs", type=int, default=784)
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--batch", type=int, default=128, help="global batch")
-    p.add_argument("--ranks", type=int, default=2, help="ranks the batch is split over")
-    p.add_argument("--threads", type=int, default=1, help="BLAS threads (one per rank)")
-    p.add_argument("--samples", type=int, default=7, help="timed samples per batch size")
-    p.add_argument("--seconds", type=float, default=0.2, help="calls per sample fill this long")
+    p.add_argument("--inputs", type=positive_int, default=784)
+    p.add_argument("--classes", type=positive_int, default=10)
+    p.add_argument("--batch", type=positive_int, default=128, help="global batch")
+    p.add_argument("--ranks", type=rank_count, default=2, help="ranks the batch is split over")
+    p.add_argument("--threads", type=positive_int, default=1, help="BLAS threads (one per rank)")
+    p.add_argument("--samples", type=positive_int, default=7, help="timed samples per batch size")
+    p.add_argument(
+        "--seconds", type=nonneg_float, default=0.2, help="calls per sample fill this long"
+    )
 
 
 def products(inputs: int, hidden: list[int], classes: int) -> list[tuple[str, str, Callable]]:

@@ -31,6 +31,7 @@ from bench.core import (
     spread,
     xpnn_command,
 )
+from bench.flags import positive_float, positive_int
 
 NAME = "gpt"
 SUMMARY = "the GPT's tokens/s, peak memory and bytes per step, 1 process and 2 ranks, vs torch"
@@ -43,16 +44,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--text", help="a UTF-8 file to train on (default: tiny Shakespeare, --data-dir or cache)")
     a("--data-dir", help="tiny Shakespeare's input.txt or its directory (offline)")
-    a("--steps", type=int, default=30, help="timed steps a side (after as many untimed)")
-    a("--repeats", type=int, default=3, help="rounds of every side, order flipped each")
-    a("--threads", type=int, default=2, help="threads of the one process (xpnn and torch)")
+    a("--steps", type=positive_int, default=30, help="timed steps a side (after as many untimed)")
+    a("--repeats", type=positive_int, default=3, help="rounds of every side, order flipped each")
+    a("--threads", type=positive_int, default=2, help="threads of the one process (xpnn and torch)")
     a("--backend", default="numba", help="xpnn --backend")
-    a("--microbatches", type=int, default=4, help="pipeline micro-batches")
+    a("--microbatches", type=positive_int, default=4, help="pipeline micro-batches")
     for name, default in (("layers", 4), ("heads", 4), ("embed", 128), ("block", 64)):
-        a(f"--{name}", type=int, default=default)
-    a("--batch-size", type=int, default=32)
+        a(f"--{name}", type=positive_int, default=default)
+    a("--batch-size", type=positive_int, default=32)
     a("--modes", default=",".join(MODES), help="of " + ",".join(MODES))
-    a("--timeout", type=float, default=1800, help="seconds per run")
+    a("--timeout", type=positive_float, default=1800, help="seconds per run")
 
 
 def _data_flags(args: argparse.Namespace) -> list[str]:

@@ -11,8 +11,8 @@ import argparse
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
-from bench.flags import int_list
-from bench.training import add_data_arguments, command, data_flags, measure
+from bench.flags import int_list, positive_int, rank_list
+from bench.training import add_data_arguments, command, data_flags, measure_sides
 
 NAME = "granularity"
 SUMMARY = "time per epoch and speedup as the hidden width grows (seed 003)"
@@ -21,22 +21,22 @@ QUICK = {"samples": 2000, "widths": [16, 512], "epochs": 2}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p, samples=12000)
-    p.add_argument("--ranks", type=int_list, default=[1, 2], help="comma list of rank counts")
+    p.add_argument("--ranks", type=rank_list, default=[1, 2], help="comma list of rank counts")
     p.add_argument("--widths", type=int_list, default=[16, 64, 256, 1024, 4096])
-    p.add_argument("--batch-size", type=int, default=256, help="global batch")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=positive_int, default=256, help="global batch")
+    p.add_argument("--epochs", type=positive_int, default=3)
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for width in args.widths:
-        for n in args.ranks:
-            flags = [
-                "--model", "mlp", "--hidden", str(width), "--optimizer", "sgd", "--lr", "0.05",
-                "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
-                *data_flags(args),
-            ]  # fmt: skip
-            samples, info = measure(n, flags, args)
+        flags = [
+            "--model", "mlp", "--hidden", str(width), "--optimizer", "sgd", "--lr", "0.05",
+            "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
+            *data_flags(args),
+        ]  # fmt: skip
+        sides = [(n, flags) for n in args.ranks]
+        for n, (samples, info) in zip(args.ranks, measure_sides(sides, args), strict=True):
             config = {
                 "width": width, "ranks": n, "threads": args.threads,
                 "batch_size": args.batch_size, "epochs": args.epochs, "dataset": args.dataset,

@@ -14,6 +14,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.core import BenchError, markdown_table, median_of, record, run_command, spread
@@ -21,6 +22,7 @@ from bench.flags import choice_list, positive_float, positive_int
 
 NAME = "optimizer_step"
 SUMMARY = "one optimizer update: NumPy vs Numba vs PyTorch, microseconds"
+REPEATS = "rounds"  # the flag counting its repeats
 QUICK = {"params": 100_000, "rounds": 1, "calls": 5, "sides": ["numpy"]}
 SIDES = ("numpy", "numba", "torch")
 WORKER = "bench.benchmarks.optimizer_step"
@@ -45,6 +47,12 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
         if not sides:  # nothing to time
             raise BenchError(f"--sides torch: {info['torch_skipped']}")
         print(f"torch side skipped: {info['torch_skipped']}")
+    need, free = args.params * BYTES_PER_PARAM, available_memory()
+    if free is not None and need > free // 2:
+        raise BenchError(
+            f"--params {args.params}: needs about {need / 2**30:.1f} GiB (parameters, gradients "
+            f"and state in float64), more than half of the {free / 2**30:.1f} GiB available"
+        )
     settings = [str(v) for v in (args.params, args.optimizer, args.threads, args.calls)]
     rounds: dict[str, list[float]] = {s: [] for s in sides}
     for _ in range(args.rounds):  # alternate the sides: the machine's speed drifts
@@ -63,6 +71,20 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
         record(NAME, {"side": s, **config}, {"us_per_update": us}, machine, info)
         for s, us in rounds.items()
     ]
+
+
+BYTES_PER_PARAM = 8 * 6  # float64 parameters, gradients, two moments and the update's temporaries
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (``/proc/meminfo``'s MemAvailable), None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def worker(side: str, params: int, optimizer: str, threads: int, calls: int) -> dict[str, Any]:

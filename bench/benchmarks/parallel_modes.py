@@ -15,8 +15,9 @@ import argparse
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
+from bench.flags import positive_int, rank_count
 from bench.plots import legend
-from bench.training import add_data_arguments, command, data_flags, measure
+from bench.training import add_data_arguments, command, data_flags, measure_sides
 
 NAME = "parallel_modes"
 SUMMARY = "data vs tensor vs pipeline: time, bytes per step, peak memory per rank"
@@ -26,11 +27,11 @@ MODES = ("data", "tensor", "pipeline-gpipe", "pipeline-1f1b", "pipeline-1f1b-rec
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p, samples=12000)
-    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--ranks", type=rank_count, default=2)
     p.add_argument("--hidden", default="1024,1024")
-    p.add_argument("--batch-size", type=int, default=256, help="global batch")
-    p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=positive_int, default=256, help="global batch")
+    p.add_argument("--microbatches", type=positive_int, default=4)
+    p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--comm", default="mpi-host", help="xpnn --comm for every mode")
 
@@ -42,7 +43,9 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
         "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), *data_flags(args),
         "--comm", args.comm,
     ]  # fmt: skip
-    for mode in [m for m in args.modes.split(",") if m]:
+    modes = [m for m in args.modes.split(",") if m]
+    sides = []
+    for mode in modes:
         if mode not in MODES:
             raise argparse.ArgumentTypeError(f"--modes: unknown {mode!r} ({', '.join(MODES)})")
         kind, *rest = mode.split("-")
@@ -50,7 +53,10 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
         if kind == "pipeline":
             flags += ["--microbatches", str(args.microbatches), "--pipeline-schedule", rest[0]]
             flags += ["--recompute"] if "recompute" in rest else []
-        samples, info = measure(args.ranks, flags, args)
+        sides.append((args.ranks, flags))
+    for mode, (_, flags), (samples, info) in zip(
+        modes, sides, measure_sides(sides, args), strict=True
+    ):
         config = {
             "mode": mode, "ranks": args.ranks, "hidden": args.hidden, "threads": args.threads,
             "batch_size": args.batch_size, "microbatches": args.microbatches,

@@ -14,24 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.core import markdown_table, median_of, record, run_worker
-from bench.flags import distinct_int_list, positive_float, positive_int
+from bench.core import markdown_table, median_of, record, run_worker, spread
+from bench.flags import distinct_int_list, positive_float, positive_int, rank_count
 
 NAME = "polling"
 SUMMARY = "a non-blocking allreduce polled five ways vs blocking: what naps cost large messages"
+REPEATS = "iters"  # the flag counting its repeats
 QUICK = {"sizes": [1 << 18, 1 << 22], "iters": 5}
 WORKER = "bench.benchmarks.polling"
 METHODS = ("blocking", "wait", "spin", "yield", "nap50", "xpnn")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=positive_int, default=2)
+    p.add_argument("--ranks", type=rank_count, default=2)
     p.add_argument(
         "--sizes", type=distinct_int_list, default=[1 << 18, 1 << 22, 1 << 26], help="bytes"
     )
@@ -83,10 +83,11 @@ def worker(out: str, sizes: str, iters: int) -> None:
                     _poll(method, comm.Iallreduce(MPI.IN_PLACE, buf))
                 if i:
                     times[method].append(time.perf_counter() - t0)
-        for method, ts in times.items():
-            slowest = comm.allreduce(statistics.median(ts), op=MPI.MAX)
+        for method, ts in times.items():  # every call kept, each the slowest rank's
+            slowest = np.array(ts, dtype=np.float64)
+            comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
             rows.append({"size_bytes": size, "method": method, "ranks": comm.size,
-                         "latency_us": [slowest * 1e6]})  # fmt: skip
+                         "latency_us": (slowest * 1e6).tolist()})  # fmt: skip
     if comm.rank == 0:
         Path(out).write_text(json.dumps(rows))
 
@@ -95,7 +96,7 @@ def table(records: list[dict[str, Any]]) -> str:
     by = {(r["config"]["size_bytes"], r["config"]["method"]): r for r in records}
     sizes = sorted({s for s, _ in by})
     methods = [m for m in METHODS if any(m == k for _, k in by)]
-    rows = [[s, *(median_of(by[s, m], "latency_us") if (s, m) in by else None for m in methods)]
+    rows = [[s, *(spread(by[s, m], "latency_us") if (s, m) in by else None for m in methods)]
             for s in sizes]  # fmt: skip
     return markdown_table(["bytes", *(f"{m} µs" for m in methods)], rows)
 

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, run_worker
-from bench.flags import distinct_int_list, int_list, positive_float, positive_int
+from bench.flags import distinct_int_list, positive_float, positive_int, rank_list
 
 NAME = "staging"
 SUMMARY = "a host-staged allreduce of device buffers, phase by phase (GPU)"
+REPEATS = "iters"  # the flag counting its repeats
 QUICK = {"iters": 20}
 WORKER = "bench.benchmarks.staging"
 PHASES = ("get", "mpi", "set_sync", "total", "raw_d2h")
@@ -37,7 +38,7 @@ WARMUP = 30
 def add_arguments(p: argparse.ArgumentParser) -> None:
 
     sizes = [4, 4096, 16384, 65536, 262144, 1048576]
-    p.add_argument("--ranks", type=int_list, default=[1, 2], help="mpiexec -n, each in turn")
+    p.add_argument("--ranks", type=rank_list, default=[1, 2], help="mpiexec -n, each in turn")
     p.add_argument("--sizes", type=distinct_int_list, default=sizes, help="buffer bytes")
     p.add_argument("--iters", type=positive_int, default=200, help="timed calls per size")
     p.add_argument("--timeout", type=positive_float, default=600, help="seconds allowed per run")

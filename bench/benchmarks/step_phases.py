@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import BenchError, markdown_table, median_of, record, run_worker
-from bench.flags import positive_float, positive_int
+from bench.flags import positive_float, rank_count
 
 NAME = "step_phases"
 SUMMARY = "where a training step's time goes, per rank: compute, update, fences"
+REPEATS = None  # its repeats are the run's steps (the xpnn flags it passes on)
 QUICK: dict[str, Any] = {}
 PASSTHROUGH = True  # the flags it does not know are xpnn's
 WORKER = "bench.benchmarks.step_phases"
@@ -53,7 +54,7 @@ PHASES = ("step", "compute", "forward", "wgrad", "update", "fences")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
 
-    p.add_argument("--ranks", type=positive_int, default=1, help="mpiexec -n")
+    p.add_argument("--ranks", type=rank_count, default=1, help="mpiexec -n")
     p.add_argument(
         "--timeout", type=positive_float, default=1800, help="seconds allowed for the run"
     )

@@ -52,6 +52,7 @@ from bench.flags import (
     nonneg_int,
     positive_float,
     positive_int,
+    rank_count,
     timed_epochs,
 )
 from bench.quiet import add_quiet_flags, busy_warning, load_avg, measure_quietly
@@ -92,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help='also PyTorch under torch.compile(mode="reduce-overhead") (on CUDA)',
     )
     a("--ranks-compare", action="store_true", help="also: mpiexec -n RANKS x 1 thread vs torch")
-    a("--ranks", type=positive_int, default=2, help="ranks for --ranks-compare")
+    a("--ranks", type=rank_count, default=2, help="ranks for --ranks-compare")
     a("--ranks-samples", type=positive_int, default=2048, help="synthetic train set size")
     a("--ranks-epochs", type=timed_epochs, default=2, help="CLI epochs per run (first dropped)")
     a("--ranks-repeats", type=positive_int, default=3, help="CLI runs, in turn with torch's")

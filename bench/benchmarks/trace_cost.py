@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
+from bench.flags import positive_int, rank_count
 from bench.training import add_data_arguments, command, data_flags, timed_run
 from xpnn import phases
 from xpnn.runtime import flight
@@ -27,10 +28,10 @@ ALL_STEPS = "0:1000000000"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(p, samples=6400)
     p.set_defaults(repeats=5)
-    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--ranks", type=rank_count, default=2)
     p.add_argument("--hidden", default="1024,1024")
-    p.add_argument("--batch-size", type=int, default=256, help="global batch")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=positive_int, default=256, help="global batch")
+    p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--comm", default="mpi-host")
     p.add_argument("--bucket-mb", default="1")
 

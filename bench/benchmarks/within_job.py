@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.core import BenchError, markdown_table, median_of, record, run_worker, spread
-from bench.flags import data_dir_problem, positive_float, positive_int
+from bench.flags import data_dir_problem, positive_float, positive_int, rank_count
 
 NAME = "within_job"
 SUMMARY = "two xpnn configurations in one job, epochs timed in turn (A/B)"
+REPEATS = "rounds"  # the flag counting its repeats
 QUICK = {
     "b": "--comm mpi-host",
     "rounds": 1,
@@ -46,7 +47,7 @@ IGNORED = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=positive_int, default=2, help="mpiexec -n")
+    p.add_argument("--ranks", type=rank_count, default=2, help="mpiexec -n")
     for side in SIDES:
         p.add_argument(f"--{side}", default="", help=f"xpnn flags side {side.upper()} adds, "
                        f"one quoted string (--{side}=--flag for a flag alone)")  # fmt: skip

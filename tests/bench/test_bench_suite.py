@@ -158,14 +158,6 @@ def test_the_plot_of_a_study_where_no_batch_reached_the_target(tmp_path):
     assert "no batch size reached the target" in [t.get_text() for t in ax.texts]
 
 
-def test_regimes_follow_the_ratio_of_steps_per_doubling():
-    pts = [(8, 0.1, 800.0), (16, 0.1, 400.0), (32, 0.1, 300.0), (64, 0.1, 295.0)]
-    pts += [(128, None, None)]
-    assert batch_regimes.regimes(pts) == [
-        "perfect scaling", "diminishing returns", "maximal data parallelism", "–",
-    ]  # fmt: skip
-
-
 def test_report_check_finds_empty_tables_and_bad_pngs(tmp_path):
     (tmp_path / "index.md").write_text("# r\n\n| a | b |\n|---|---|\n\n![x](x.png)\n")
     (tmp_path / "x.png").write_bytes(b"not a png")
