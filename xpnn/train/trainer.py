@@ -26,7 +26,7 @@ from xpnn.runtime import stall
 from xpnn.runtime.memory import peak_rss_mb
 from xpnn.train import midepoch
 from xpnn.train.graph import GraphStep, graph_step
-from xpnn.train.precision import LossScale, Precision, skip_overflows
+from xpnn.train.precision import LossScale, Precision, overflow_skip
 
 
 @dataclass
@@ -149,6 +149,17 @@ class TrainingDiverged(RuntimeError):
         self.epoch = epoch
 
 
+def gradient_total(update: Any, model_comm: Any) -> Callable[[float], float]:
+    """The reducer of a sum over this rank's part of the reduced gradient: the whole model's,
+    its replica's shares added (the update scheme's), then the replica's slices or stages
+    (replicas hold equal sums). Clipping's norm and the loss scale's overflow count use it."""
+
+    def total(local: float) -> float:
+        return float(model_comm.allreduce_host([update.share_total(local)])[0])
+
+    return total
+
+
 def warmup_steps(epochs: float, steps_per_epoch: int) -> int:
     """Steps of ``warmup_epochs``: rounded, but at least one when any warmup was asked for."""
     return max(1, round(epochs * steps_per_epoch)) if epochs > 0 else 0
@@ -200,14 +211,10 @@ class Trainer:
         hyper = {name: getattr(cfg, name) for name in ("momentum", "betas", "eps", "weight_decay")}
         shapes = [tuple(layer.params[name].shape) for _, layer, name in model.param_names()]
         matrices = matrix_ranges(shapes)
-        clip = None
-        if cfg.clip_norm is not None:
-            shared = replicated_ranges(model, cfg.parallel, self.model_comm.rank)
-            clip = GradClip(cfg.clip_norm, self._norm_total, shared)
 
         def optimizer(params: Any, grads: Any, parts: Any = None, zeros: Any = None) -> Any:
             args = (params, grads, backend.kernels, schedule, parts, zeros)
-            return make_optimizer(cfg.optimizer, *args, **hyper, matrices=matrices, clip=clip)
+            return make_optimizer(cfg.optimizer, *args, **hyper, matrices=matrices)
 
         bucket_bytes = int(cfg.bucket_mb * 2**20)
         # fp16 passes, or gradients sent as float16 (a node's shared ones are not sent)
@@ -223,19 +230,23 @@ class Trainer:
             cfg.batch_size,
             # shared activations hold the rank's whole part of a batch, not a batch thread's
             "gradients" if cfg.batch_threads > 1 and cfg.node_share == "auto" else cfg.node_share,
-            deferred=clip is not None or fp16,  # fp16: skip overflows
+            deferred=cfg.clip_norm is not None or fp16,  # fp16: skip overflows
             accumulate=cfg.accumulate,
             wire=wire,
         )
         self._acc: Any = None  # the earlier micro-steps' gradients, summed (accumulate > 1)
         self.optimizer = self.update.optimizer
+        total = gradient_total(self.update, self.model_comm)
+        if cfg.clip_norm is not None:
+            shared = replicated_ranges(model, cfg.parallel, self.model_comm.rank)
+            self.optimizer.set_clip(GradClip(cfg.clip_norm, total, shared))
         self.precision: Precision | None = None  # fp32: the model's own passes
         if cfg.precision != "fp32":
             scale = self.loss_scale if cfg.precision == "fp16" else None
-            self.precision = Precision(cfg.precision, backend, scale, agree=self._norm_total)
+            self.precision = Precision(cfg.precision, backend, scale, agree=total)
             self.precision.attach(model, self.optimizer)
         if self.loss_scale is not None and cfg.precision != "fp16":  # float16 exchange only
-            skip_overflows(self.optimizer, model, self.xp, self.loss_scale, self._norm_total)
+            self.optimizer.add_skip_rule(overflow_skip(model, self.xp, self.loss_scale, total))
         # the passes: the model's own, or its twins' over threads each taking part of a batch
         self.passes: Any = model
         if cfg.batch_threads > 1:
@@ -265,12 +276,6 @@ class Trainer:
         if self.precision is None and self.loss_scale is None:
             return {}
         return {"skipped_steps": self.loss_scale.skipped if self.loss_scale else 0}
-
-    def _norm_total(self, local: float) -> float:
-        """This rank's sum of squares of the reduced gradient made the whole model's: its
-        replica's shares, then the replica's slices or stages (replicas hold equal sums)."""
-        replica = self.update.share_total(local)
-        return float(self.model_comm.allreduce_host([replica])[0])
 
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
         """One optimizer step on the global ``batch``, in ``accumulate`` micro-steps (each
@@ -308,6 +313,7 @@ class Trainer:
                     self._acc[...] = model.grads
                 summed = True
         self.update.finish()
+        self.optimizer.end_step()
         return loss, correct
 
     def _pass(self, local: np.ndarray, batch: int, step: int, ready: Any) -> tuple[Any, Any]:
