@@ -281,7 +281,6 @@ class Trainer:
         """One optimizer step on the global ``batch``, in ``accumulate`` micro-steps (each
         scaled by 1 / global batch, their gradients summed: the same step as one pass)."""
         xp, model = self.xp, self.model
-        stall.injected_pause(self.comm.rank, step)
         stall.at_step(step)
         if self.graph is not None and (replayed := self.graph.run(batch, step)) is not None:
             return replayed
@@ -337,22 +336,28 @@ class Trainer:
         return self.passes.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
-        """Epoch ``epoch`` (from 0): the sums of its losses and correct predictions, on device."""
-        begin, end = self._step_begin, self._step_end
-        # float64 on the device: a float32 sum drifts, a host sum waits for the device each step
-        loss_acc, correct_acc = self.progress.begin(self, epoch)  # zeros, or a resume's sums
-        done = self.batches_done()
-        for step, batch in enumerate(batches, epoch * self.steps_per_epoch):
-            if step < done:  # resumed from a mid-epoch checkpoint: trained before it
-                continue
-            for callback in begin:
-                callback.on_step_begin(self, step)
-            loss, correct = self.step(batch, step)
-            loss_acc += loss
-            correct_acc += correct
-            for callback in end:
-                callback.on_step_end(self, step)
-        return loss_acc, correct_acc
+        """Epoch ``epoch``'s steps that a resume left, without its record (a benchmark times
+        them): the sums of its losses and correct predictions, on the device."""
+        loss, correct = self.progress.begin(self, epoch)  # zeros, or a resume's sums
+        sums = {"loss": loss, "correct": correct, "samples": 0, "steps": 0}
+        first = epoch * self.steps_per_epoch
+        for step in range(max(first, self.batches_done()), first + len(batches)):
+            self._train_step(batches[step - first], step, sums)
+        return sums["loss"], sums["correct"]
+
+    def _train_step(self, batch: np.ndarray, step: int, sums: dict[str, Any]) -> None:
+        """One step and its step events; its loss and correct predictions added to ``sums``
+        (float64 on the device, in place: a float32 sum drifts, a host sum waits each step),
+        and its samples counted, before ``on_step_end`` (a checkpoint there saves the sums)."""
+        for callback in self._step_begin:
+            callback.on_step_begin(self, step)
+        loss, correct = self.step(batch, step)
+        sums["loss"] += loss
+        sums["correct"] += correct
+        sums["samples"] += len(batch)
+        sums["steps"] += 1
+        for callback in self._step_end:
+            callback.on_step_end(self, step)
 
     def bytes_sent(self) -> np.ndarray:
         """This rank's payload bytes handed to MPI so far: [data group, replica] (float64,
@@ -377,7 +382,7 @@ class Trainer:
         return total[0] / max(total[2], 1), total[1] / max(total[2], 1)
 
     def run(self) -> dict:
-        cfg, model, comm, start_epoch = self.cfg, self.model, self.comm, self.start_epoch
+        cfg, model, comm = self.cfg, self.model, self.comm
         if self.resume_note and self.is_root:
             self.log(self.resume_note)
         self.update.broadcast_initial()  # rank 0's parameters are everyone's
@@ -392,79 +397,32 @@ class Trainer:
         }
         for callback in self.callbacks:
             callback.on_train_begin(self)
-        total_seconds = 0.0
-        test_loss = test_acc = float("nan")
-        if cfg.steps is not None:
-            total_seconds, test_loss, test_acc = self._train_steps(cfg.steps)
-        for epoch in range(start_epoch, cfg.epochs if cfg.steps is None else 0):
-            batches = global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)
-            self.backend.synchronize()
-            stall.in_phase(f"the start of epoch {epoch + 1}")
-            comm.barrier()
-            t0 = time.perf_counter()
-            for callback in self.callbacks:
-                callback.on_epoch_begin(self, epoch)
-            sent = self.progress.sent_before(self, epoch) - self.bytes_sent()
-            loss_acc, correct_acc = self.train_epoch(epoch, batches)
-            sent += self.bytes_sent()
-            self.backend.synchronize()
-            seconds = time.perf_counter() - t0 + self.progress.seconds_before(epoch)
-            total_seconds += seconds
-            stall.in_phase(f"the end of epoch {epoch + 1}")
-            data_bytes, model_bytes = (int(b) for b in comm.allreduce_host(sent))
-            sums = self.metrics_comm.allreduce_host(
-                np.array([float(loss_acc), float(correct_acc)], dtype=np.float64)
-            )
-            train_loss, train_acc = sums[0] / self.n_train, sums[1] / self.n_train
-            test_loss, test_acc = self.evaluate()
-            record = {
-                "event": "epoch",
-                "epoch": epoch + 1,
-                "train_loss": train_loss,
-                "train_acc": train_acc,
-                "test_loss": test_loss,
-                "test_acc": test_acc,
-                "seconds": seconds,
-                "samples_per_s": self.n_train / seconds,
-                "lr": self.optimizer.schedule(max(0, self.optimizer.step_count - 1)),
-                "comm_bytes": data_bytes + model_bytes,
-                "comm_bytes_per_step": (data_bytes + model_bytes) / len(batches),
-                "data_comm_bytes": data_bytes,
-                "model_comm_bytes": model_bytes,
-                **text_metrics(self.data, test_loss, test_acc, self.n_train / seconds),
-                **common,
-            }
-            if cfg.clip_norm is not None:  # the epoch's last step's, before clipping
-                record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
-            record |= self._skips()  # fp16: steps whose gradients overflowed, so far
-            for callback in self.callbacks:  # checkpoints skip an epoch that diverged
-                callback.on_epoch_end(self, record)
-            if not (math.isfinite(train_loss) and math.isfinite(test_loss)):  # every rank sees it
-                for callback in self.callbacks:
-                    callback.on_train_end(self, {"event": "diverged", "epoch": epoch + 1})
-                raise TrainingDiverged(epoch + 1)
-        if cfg.steps is None and start_epoch >= cfg.epochs:  # resumed with nothing left to train
-            test_loss, test_acc = self.evaluate()
+        total_seconds, trained, test_loss, test_acc = self._loop()
         stall.in_phase("the end of the run")
         whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
         digests = comm.allgather_obj(arrays_digest(whole.values()))  # equal, or parallelism broke
         peak_rss = comm.allgather_obj(peak_rss_mb())
-        trained = max(cfg.epochs - start_epoch, 0) * self.n_train  # samples this run trained
+        rate = trained / max(total_seconds, 1e-9)  # the records' samples over their seconds
         done = {
             "event": "done",
+            # by steps: epochs' worth of batches, as the eval records count them; by epochs,
             # a resumed checkpoint may be further on
-            "epochs": self._epochs_seen if cfg.steps else max(cfg.epochs, start_epoch),
+            "epochs": self._epochs_done(),
             "steps": self.optimizer.step_count,
             "test_acc": test_acc,
             "test_loss": test_loss,
             "total_seconds": total_seconds,
+            "samples": trained,
+            "samples_per_s": rate,
             "params": self.n_params,
             "params_sha256": digests[0],
             "ranks_agree": len(set(digests)) == 1,
             "peak_rss_mb": peak_rss,  # by rank: where a pipeline stage or a slice weighs most
-            **text_metrics(self.data, test_loss, test_acc, trained / max(total_seconds, 1e-9)),
+            **text_metrics(self.data, test_loss, test_acc, rate),
             **common,
         }
+        if self.data.vocab is not None:  # a text set's samples are windows of ``block`` tokens
+            done["tokens"] = trained * self.data.x_train.shape[1]
         done |= self._skips()
         if self.graph is not None:  # steps replayed from a CUDA graph (the rest ran eagerly)
             done["graph_steps"] = self.graph.replayed
@@ -473,83 +431,117 @@ class Trainer:
             callback.on_train_end(self, done)
         return done
 
-    def _train_steps(self, steps: int) -> tuple[float, float, float]:
-        """Train ``steps`` steps through as many epochs' batches as they take, with an ``eval``
-        record every ``eval_every`` steps; returns (seconds, test loss, test accuracy)."""
-        cfg, xp = self.cfg, self.xp
-        every = cfg.eval_every or steps
-        total_seconds, test_loss, test_acc = 0.0, float("nan"), float("nan")
-        step = self.batches_done()  # resumed: the steps before its checkpoint are done
-        epoch, span = step // self.steps_per_epoch, None
-        done = step - epoch * self.steps_per_epoch  # ... and that epoch's first batches
-        if step >= steps:  # resumed with nothing left to train: the result is still said
-            test_loss, test_acc = self.evaluate()
-        while step < steps:
-            for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)[done:]:
-                if span is None:  # a span of steps between evaluations begins
-                    self.backend.synchronize()
-                    stall.in_phase(f"the start of step {step + 1}")
-                    self.comm.barrier()
-                    zero = xp.zeros((), dtype=xp.float64)
-                    span = {"t0": time.perf_counter(), "sent": -self.bytes_sent(), "steps": 0}
-                    span |= {"loss": zero, "correct": zero, "samples": 0}
-                    span = self.progress.resume_span(self, span)  # a resume's span goes on
-                for callback in self._step_begin:
-                    callback.on_step_begin(self, step)
-                loss, correct = self.step(batch, step)
-                span["loss"], span["correct"] = span["loss"] + loss, span["correct"] + correct
-                span["samples"] += len(batch)
-                span["steps"] += 1
-                for callback in self._step_end:
-                    callback.on_step_end(self, step)
-                step += 1
-                if step % every == 0 or step == steps:
-                    record = self._eval_record(step, epoch + 1, span)
-                    total_seconds += record["seconds"]
-                    test_loss, test_acc = record["test_loss"], record["test_acc"]
-                    span = None
-                if step == steps:
-                    break
-            epoch, done = epoch + 1, 0
-        self._epochs_seen = epoch
-        return total_seconds, test_loss, test_acc
+    def _epochs_done(self) -> float:
+        """The done record's ``epochs``: by steps, epochs' worth of batches (a fraction, as the
+        eval records say); by epochs, the epochs behind the model."""
+        if self.cfg.steps is not None:
+            return self.batches_done() / self.steps_per_epoch
+        return max(self.cfg.epochs, self.start_epoch)
 
-    def _eval_record(self, step: int, epoch: int, span: dict[str, Any]) -> dict[str, Any]:
-        """The ``eval`` record of the steps in ``span``, given to every callback (collective)."""
+    def _loop(self) -> tuple[float, int, float, float]:
+        """The run's steps, from where a resume left them; a record closes each span of steps
+        (an epoch, or ``eval_every`` steps). Returns (seconds, samples, test loss, test
+        accuracy) over the records made."""
+        cfg, spe = self.cfg, self.steps_per_epoch
+        by_steps = cfg.steps is not None
+        every = (cfg.eval_every or cfg.steps) if by_steps else spe
+        done = self.batches_done()  # resumed: the steps before its checkpoint are done
+        # by epochs, a resumed epoch's record sums its steps before the checkpoint too
+        first = done if by_steps else self.start_epoch * spe
+        end = self.total_steps
+        seconds, trained, test_loss, test_acc = 0.0, 0, float("nan"), float("nan")
+        if first >= end:  # resumed with nothing left to train: the result is still said
+            test_loss, test_acc = self.evaluate()
+        batches: list[np.ndarray] = []
+        span: dict[str, Any] | None = None
+        for step in range(first, end):
+            epoch, index = divmod(step, spe)
+            if index == 0 or not batches:
+                batches = global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)
+            if span is None:
+                span = self._open_span(step, epoch)
+            if step >= done:
+                self._train_step(batches[index], step, span)
+            else:  # trained before the resumed checkpoint, its sums restored
+                span["samples"] += len(batches[index])
+                span["steps"] += 1
+            if (step + 1) % every == 0 or step + 1 == end:
+                record = self._record(span, step + 1)
+                seconds, trained = seconds + record["seconds"], trained + span["samples"]
+                test_loss, test_acc = record["test_loss"], record["test_acc"]
+                span = None
+        return seconds, trained, test_loss, test_acc
+
+    def _open_span(self, step: int, epoch: int) -> dict[str, Any]:
+        """The running sums of the steps up to the next record, begun at ``step`` (every rank
+        together), carried on from a resumed checkpoint's (``midepoch``)."""
+        xp, by_steps = self.xp, self.cfg.steps is not None
+        self.backend.synchronize()
+        stall.in_phase(
+            f"the start of step {step + 1}" if by_steps else f"the start of epoch {epoch + 1}"
+        )
+        self.comm.barrier()
+        t0 = time.perf_counter()
+        if by_steps:
+            span = {"t0": t0, "sent": -self.bytes_sent(), "samples": 0, "steps": 0}
+            span |= {
+                "loss": xp.zeros((), dtype=xp.float64),
+                "correct": xp.zeros((), dtype=xp.float64),
+            }
+            return self.progress.resume_span(self, span)
+        for callback in self.callbacks:  # inside the epoch's timed span
+            callback.on_epoch_begin(self, epoch)
+        sent = self.progress.sent_before(self, epoch) - self.bytes_sent()
+        loss, correct = self.progress.begin(self, epoch)  # zeros, or a resume's sums
+        t0 -= self.progress.seconds_before(epoch)
+        return {"t0": t0, "sent": sent, "loss": loss, "correct": correct, "samples": 0, "steps": 0}
+
+    def _record(self, span: dict[str, Any], step: int) -> dict[str, Any]:
+        """The record of the steps in ``span``, up to ``step``: an ``epoch`` one at an epoch's
+        end, by steps an ``eval`` one; given to every callback, then the divergence check
+        (collective)."""
+        by_steps, epoch = self.cfg.steps is not None, (step - 1) // self.steps_per_epoch + 1
         sent = span["sent"] + self.bytes_sent()
         self.backend.synchronize()
         seconds = time.perf_counter() - span["t0"]
-        stall.in_phase(f"the evaluation at step {step}")
+        stall.in_phase(
+            f"the evaluation at step {step}" if by_steps else f"the end of epoch {epoch}"
+        )
         data_bytes, model_bytes = (int(b) for b in self.comm.allreduce_host(sent))
         sums = self.metrics_comm.allreduce_host(
             np.array([float(span["loss"]), float(span["correct"])], dtype=np.float64)
         )
         test_loss, test_acc = self.evaluate()
-        record = {
-            "event": "eval",
-            "step": step,
-            "epoch": step / self.steps_per_epoch,  # epochs' worth of batches, a fraction
-            "train_loss": sums[0] / span["samples"],
-            "train_acc": sums[1] / span["samples"],
+        samples = span["samples"]
+        if by_steps:  # epochs' worth of batches, a fraction
+            record = {"event": "eval", "step": step, "epoch": step / self.steps_per_epoch}
+        else:
+            record = {"event": "epoch", "epoch": epoch}
+        record |= {
+            "train_loss": sums[0] / samples,
+            "train_acc": sums[1] / samples,
             "test_loss": test_loss,
             "test_acc": test_acc,
             "seconds": seconds,
-            "samples_per_s": span["samples"] / seconds,
-            "lr": self.optimizer.lr,
+            "samples_per_s": samples / seconds,
+            "lr": self.optimizer.schedule(max(0, self.optimizer.step_count - 1)),
             "comm_bytes": data_bytes + model_bytes,
             "comm_bytes_per_step": (data_bytes + model_bytes) / span["steps"],
             "data_comm_bytes": data_bytes,
             "model_comm_bytes": model_bytes,
-            **text_metrics(self.data, test_loss, test_acc, span["samples"] / seconds),
+            **text_metrics(self.data, test_loss, test_acc, samples / seconds),
             **self.common,
         }
-        if self.cfg.clip_norm is not None:
-            record["grad_norm"] = float(self.optimizer.grad_norm)
-        record |= self._skips()
-        for callback in self.callbacks:
-            callback.on_eval(self, record)
+        if self.cfg.clip_norm is not None:  # the span's last step's, before clipping
+            record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
+        record |= self._skips()  # fp16: steps whose gradients overflowed, so far
+        for callback in self.callbacks:  # checkpoints skip a span that diverged
+            if by_steps:
+                callback.on_eval(self, record)
+            else:
+                callback.on_epoch_end(self, record)
         if not (math.isfinite(record["train_loss"]) and math.isfinite(test_loss)):
-            for callback in self.callbacks:
+            for callback in self.callbacks:  # every rank sees it
                 callback.on_train_end(self, {"event": "diverged", "epoch": epoch})
             raise TrainingDiverged(epoch)
         return record
