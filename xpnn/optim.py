@@ -423,7 +423,8 @@ OPTIMIZERS: dict[str, type[Optimizer]] = {
     "adam": Adam,
     "adamw": AdamW,
 }
-# The hyper-parameters each optimizer takes (``make_optimizer``'s keywords).
+# The optimizers' hyper-parameters (``make_optimizer``'s keywords), and those each one takes.
+HYPERS = ("momentum", "betas", "eps", "weight_decay")
 HYPER_PARAMETERS: dict[str, tuple[str, ...]] = {
     "sgd": (),
     "momentum": ("momentum",),
@@ -453,7 +454,7 @@ def make_optimizer(
     if name not in OPTIMIZERS:
         choices = ", ".join(OPTIMIZERS)
         raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {choices})")
-    given = {"momentum": momentum, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+    given = dict(zip(HYPERS, (momentum, betas, eps, weight_decay), strict=True))
     for key, value in given.items():
         if value is not None and key not in HYPER_PARAMETERS[name]:
             raise OptimArgError(f"`{key}`: not a hyper-parameter of `optimizer` {name}")

@@ -16,7 +16,7 @@ from xpnn.data.text import text_metrics
 from xpnn.digest import arrays_digest
 from xpnn.nn.layer import Context
 from xpnn.nn.sequential import adding
-from xpnn.optim import GradClip, Schedule, make_optimizer, matrix_ranges
+from xpnn.optim import HYPERS, GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.parallel.model.batch_threads import BatchThreads
 from xpnn.parallel.model.layout import Groups
 from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
@@ -208,7 +208,7 @@ class Trainer:
             step_size=cfg.step_epochs * self.steps_per_epoch,  # the decay counts epochs, not steps
             min_lr=cfg.min_lr,
         )
-        hyper = {name: getattr(cfg, name) for name in ("momentum", "betas", "eps", "weight_decay")}
+        hyper = {name: getattr(cfg, name) for name in HYPERS}
         shapes = [tuple(layer.params[name].shape) for _, layer, name in model.param_names()]
         matrices = matrix_ranges(shapes)
 
@@ -563,7 +563,7 @@ class Trainer:
             settings["step_epochs"] = cfg.step_epochs
         if cfg.schedule == "cosine":
             settings["epochs"] = cfg.epochs
-        recipe = ("momentum", "betas", "eps", "weight_decay", "warmup_steps", "clip_norm")
+        recipe = (*HYPERS, "warmup_steps", "clip_norm")
         for name in recipe:  # as JSON gives them back: a list for a tuple
             value = getattr(cfg, name)
             if value is not None:
