@@ -338,8 +338,7 @@ class Trainer:
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
         """Epoch ``epoch``'s steps that a resume left, without its record (a benchmark times
         them): the sums of its losses and correct predictions, on the device."""
-        loss, correct = self.progress.begin(self, epoch)  # zeros, or a resume's sums
-        sums = {"loss": loss, "correct": correct, "samples": 0, "steps": 0}
+        sums = self.progress.open(self, self._span(), epoch)  # zeros, or a resume's sums
         first = epoch * self.steps_per_epoch
         for step in range(max(first, self.batches_done()), first + len(batches)):
             self._train_step(batches[step - first], step, sums)
@@ -475,26 +474,25 @@ class Trainer:
     def _open_span(self, step: int, epoch: int) -> dict[str, Any]:
         """The running sums of the steps up to the next record, begun at ``step`` (every rank
         together), carried on from a resumed checkpoint's (``midepoch``)."""
-        xp, by_steps = self.xp, self.cfg.steps is not None
+        by_steps = self.cfg.steps is not None
         self.backend.synchronize()
         stall.in_phase(
             f"the start of step {step + 1}" if by_steps else f"the start of epoch {epoch + 1}"
         )
         self.comm.barrier()
         t0 = time.perf_counter()
-        if by_steps:
-            span = {"t0": t0, "sent": -self.bytes_sent(), "samples": 0, "steps": 0}
-            span |= {
-                "loss": xp.zeros((), dtype=xp.float64),
-                "correct": xp.zeros((), dtype=xp.float64),
-            }
-            return self.progress.resume_span(self, span)
-        for callback in self.callbacks:  # inside the epoch's timed span
-            callback.on_epoch_begin(self, epoch)
-        sent = self.progress.sent_before(self, epoch) - self.bytes_sent()
-        loss, correct = self.progress.begin(self, epoch)  # zeros, or a resume's sums
-        t0 -= self.progress.seconds_before(epoch)
-        return {"t0": t0, "sent": sent, "loss": loss, "correct": correct, "samples": 0, "steps": 0}
+        if not by_steps:
+            for callback in self.callbacks:  # inside the epoch's timed span
+                callback.on_epoch_begin(self, epoch)
+        return self.progress.open(self, self._span(t0), epoch)
+
+    def _span(self, t0: float | None = None) -> dict[str, Any]:
+        """Empty running sums of a span of steps begun at ``t0`` (now: None); its loss and
+        correct predictions float64 on the device."""
+        xp = self.xp
+        span = {"t0": time.perf_counter() if t0 is None else t0, "sent": -self.bytes_sent()}
+        zeros = {k: xp.zeros((), dtype=xp.float64) for k in ("loss", "correct")}
+        return span | zeros | {"samples": 0, "steps": 0}
 
     def _record(self, span: dict[str, Any], step: int) -> dict[str, Any]:
         """The record of the steps in ``span``, up to ``step``: an ``epoch`` one at an epoch's
