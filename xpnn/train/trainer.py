@@ -402,11 +402,12 @@ class Trainer:
         digests = comm.allgather_obj(arrays_digest(whole.values()))  # equal, or parallelism broke
         peak_rss = comm.allgather_obj(peak_rss_mb())
         rate = trained / max(total_seconds, 1e-9)  # the records' samples over their seconds
+        epochs = max(cfg.epochs, self.start_epoch)  # a resumed checkpoint may be further on
+        if cfg.steps is not None:  # epochs' worth of batches, as the eval records count them
+            epochs = self.batches_done() / self.steps_per_epoch
         done = {
             "event": "done",
-            # by steps: epochs' worth of batches, as the eval records count them; by epochs,
-            # a resumed checkpoint may be further on
-            "epochs": self._epochs_done(),
+            "epochs": epochs,
             "steps": self.optimizer.step_count,
             "test_acc": test_acc,
             "test_loss": test_loss,
@@ -429,13 +430,6 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_train_end(self, done)
         return done
-
-    def _epochs_done(self) -> float:
-        """The done record's ``epochs``: by steps, epochs' worth of batches (a fraction, as the
-        eval records say); by epochs, the epochs behind the model."""
-        if self.cfg.steps is not None:
-            return self.batches_done() / self.steps_per_epoch
-        return max(self.cfg.epochs, self.start_epoch)
 
     def _loop(self) -> tuple[float, int, float, float]:
         """The run's steps, from where a resume left them; a record closes each span of steps
