@@ -120,3 +120,76 @@ def test_what_the_trainer_imports_never_imports_the_trainer_back():
             back = [m for m, _, _ in xpnn_imports(path) if m == "xpnn.train.trainer"]
             loops += [module] if back else []
     assert not loops, loops
+
+
+def patches(source: str, name: str = "<source>") -> list[str]:
+    """Where ``source`` assigns a function (a lambda, a ``def`` of the file, a method named
+    as one) onto an attribute of an object other than ``self``/``cls`` (directly or by
+    ``setattr``), deletes such an attribute, or asks ``vars(x)`` whether a name was set."""
+    tree = ast.parse(source, name)
+    defs = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+    def function(value: ast.expr) -> bool:
+        if isinstance(value, ast.Lambda):
+            return True
+        if isinstance(value, ast.Name):
+            return value.id in defs
+        return isinstance(value, ast.Attribute) and value.attr in defs
+
+    def foreign(target: ast.expr) -> bool:
+        own = isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+        return isinstance(target, ast.Attribute) and not (
+            own and target.value.id in ("self", "cls")
+        )
+
+    found = []
+    for node in ast.walk(tree):
+        pairs: list[tuple[ast.expr, ast.expr]] = []
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    pairs += list(zip(target.elts, node.value.elts, strict=False))
+                else:
+                    pairs.append((target, node.value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == "setattr" and len(node.args) == 3:
+                pairs.append((ast.Attribute(value=node.args[0], attr="?"), node.args[2]))
+        if any(foreign(t) and function(v) for t, v in pairs):
+            found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Delete) and any(foreign(t) for t in node.targets):
+            found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Compare) and any(isinstance(op, ast.In) for op in node.ops):
+            call = node.comparators[-1]
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "vars":
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_method_is_assigned_onto_an_object():
+    """xpnn is extended through hooks and small protocols (the optimizer's step hooks and
+    skip rules, callbacks), never by replacing another object's methods at run time."""
+    found = []
+    for path in sorted((ROOT / "xpnn").rglob("*.py")):
+        found += patches(path.read_text(), str(path.relative_to(ROOT)))
+    assert not found, "methods assigned onto objects:\n" + "\n".join(found)
+
+
+def test_a_patch_is_found():
+    """The check above can fail: each way of patching an object is found, and an object's
+    own callable attributes are not."""
+    source = """
+def wrapped():
+    pass
+class A:
+    def m(self, opt):
+        start = opt.start_step
+        opt.start_step = wrapped
+        opt.step, opt.lr = lambda: 0, 0.1
+        setattr(opt, "update_part", self.m)
+        own = "start_step" in vars(opt)
+        del opt.start_step
+        self.ready = self.m
+        opt.lr = start
+"""
+    lines = sorted(int(line.split(":")[1]) for line in patches(source, "s"))
+    assert lines == [7, 8, 9, 10, 11], patches(source, "s")

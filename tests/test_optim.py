@@ -164,3 +164,31 @@ def test_optimizer_state_never_holds_subnormal_values(kernels, name, dtype):
     assert np.count_nonzero(expect == 0) > 100 and np.count_nonzero(expect) > 100
     np.testing.assert_allclose(first[2 : len(g) // 2], expect, rtol=1e-6)
     assert np.isfinite(p[2:]).all() and not np.array_equal(p[2:], np.ones_like(p[2:]))
+
+
+def test_step_hooks_run_around_an_applied_step_and_a_skip_rule_skips_one():
+    """A skip rule hears every step; a skipped step moves nothing, counts nothing and runs no
+    hook; an applied one runs the pre-step hooks before its update, the post-step ones after."""
+    backend = get_backend("numpy", "float64")
+    p, g = np.array([1.0, -2.0, 0.5]), np.array([1.0, 1.0, 1.0])
+    opt = make_optimizer("sgd", p, g, backend.kernels, Schedule(0.1))
+    events, verdicts = [], iter([False, True, False])
+
+    def skip(o):
+        events.append(("rule", o.step_count))
+        return next(verdicts)
+
+    opt.add_skip_rule(skip)
+    opt.add_pre_step_hook(lambda o: events.append(("pre", o.step_count, p[0])))
+    opt.add_post_step_hook(lambda o: events.append(("post", o.step_count, p[0])))
+    moved = []
+    for _ in range(3):
+        opt.step()
+        moved.append(p[0])
+    assert moved == [0.9, 0.9, pytest.approx(0.8)]
+    assert opt.step_count == 2
+    assert events == [
+        ("rule", 0), ("pre", 0, 1.0), ("post", 1, 0.9),
+        ("rule", 1),
+        ("rule", 1), ("pre", 1, 0.9), ("post", 2, pytest.approx(0.8)),
+    ]  # fmt: skip

@@ -139,10 +139,20 @@ def matrix_ranges(shapes: list[tuple[int, ...]]) -> Ranges:
     return out
 
 
+Hook = Callable[["Optimizer"], None]
+SkipRule = Callable[["Optimizer"], bool]
+
+
 class Optimizer:
     """``grads``: a flat buffer, or a tuple of them to sum (ranks sharing the parameters);
     ``parts``: the slices ``update_part`` updates; ``zeros``: allocates the whole state;
-    ``clip``: scale the gradients to a global norm first (every part final at ``start_step``)."""
+    ``clip``: scale the gradients to a global norm first (every part final at ``start_step``).
+
+    A step is ``start_step``, ``update_part`` for each part, ``end_step`` (``step`` does all
+    three). What extends it registers hooks (as ``torch.optim``'s step hooks): a skip rule
+    (``add_skip_rule``) hears every step and may skip it (no update, no step counted); a
+    pre-step hook (``add_pre_step_hook``) runs as an applied step starts, a post-step hook
+    (``add_post_step_hook``) at its ``end_step``."""
 
     state_names: tuple[str, ...] = ()
     clip: GradClip | None = None
@@ -179,6 +189,24 @@ class Optimizer:
         ]
         longest = max((p.shape[0] for p, _, _ in self._views), default=0)
         self._summed = kernels.xp.empty((longest,), dtype=params.dtype) if len(rows) > 1 else None
+        self._skip_rules: list[SkipRule] = []
+        self._pre_hooks: list[Hook] = []
+        self._post_hooks: list[Hook] = []
+        self.skipping = False  # whether a skip rule skipped the step under way
+
+    def add_skip_rule(self, rule: SkipRule) -> None:
+        """``rule(optimizer)`` at every ``start_step``, before anything of the step (every
+        rule hears every step: a rule may agree with other ranks); True skips the step."""
+        self._skip_rules.append(rule)
+
+    def add_pre_step_hook(self, hook: Hook) -> None:
+        """``hook(optimizer)`` as an applied step starts (the gradients final, the count not
+        yet advanced)."""
+        self._pre_hooks.append(hook)
+
+    def add_post_step_hook(self, hook: Hook) -> None:
+        """``hook(optimizer)`` at ``end_step`` of an applied step (the parameters updated)."""
+        self._post_hooks.append(hook)
 
     def set_clip(self, clip: GradClip | None) -> None:
         """Clip every step's gradients by their global norm (None: never)."""
@@ -188,11 +216,27 @@ class Optimizer:
         self._counted = [[s for s, out in pieces(part, n, skip) if not out] for part in self.parts]
 
     def start_step(self) -> float:
-        """Advance to the next step and return its learning rate; before any ``update_part``."""
-        self.advance()
-        if self.clip is not None:
-            self._scale = self._clip_scale(self.clip)
+        """Advance to the next step and return its learning rate; before any ``update_part``.
+        In a recorded step (``device_scalars`` set) the recorder has done the host's
+        bookkeeping (``advance``), and clipping stays on the device (``clip_on_device``)."""
+        self.skipping = any([rule(self) for rule in self._skip_rules])  # a list: every rule
+        if self.skipping:
+            return self.lr
+        for hook in self._pre_hooks:
+            hook(self)
+        if self.device_scalars is None:
+            self.advance()
+            if self.clip is not None:
+                self._scale = self._clip_scale(self.clip)
+        elif self.clip is not None:
+            self.clip_on_device()
         return self.lr
+
+    def end_step(self) -> None:
+        """The step's every ``update_part`` is done: the post-step hooks of an applied step."""
+        if not self.skipping:
+            for hook in self._post_hooks:
+                hook(self)
 
     def advance(self) -> float:
         """``start_step``'s host bookkeeping alone: the step count and its learning rate."""
@@ -246,6 +290,8 @@ class Optimizer:
 
     def update_part(self, index: int) -> None:
         """Update ``parts[index]`` with the current gradients at this step's learning rate."""
+        if self.skipping:
+            return
         p, g, state = self._views[index]
         with UPDATE:
             if isinstance(g, tuple):
@@ -262,6 +308,7 @@ class Optimizer:
         lr = self.start_step()
         for index in range(len(self.parts)):
             self.update_part(index)
+        self.end_step()
         return lr
 
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
@@ -376,7 +423,8 @@ OPTIMIZERS: dict[str, type[Optimizer]] = {
     "adam": Adam,
     "adamw": AdamW,
 }
-# The hyper-parameters each optimizer takes (``make_optimizer``'s keywords).
+# The optimizers' hyper-parameters (``make_optimizer``'s keywords), and those each one takes.
+HYPERS = ("momentum", "betas", "eps", "weight_decay")
 HYPER_PARAMETERS: dict[str, tuple[str, ...]] = {
     "sgd": (),
     "momentum": ("momentum",),
@@ -406,7 +454,7 @@ def make_optimizer(
     if name not in OPTIMIZERS:
         choices = ", ".join(OPTIMIZERS)
         raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {choices})")
-    given = {"momentum": momentum, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+    given = dict(zip(HYPERS, (momentum, betas, eps, weight_decay), strict=True))
     for key, value in given.items():
         if value is not None and key not in HYPER_PARAMETERS[name]:
             raise OptimArgError(f"`{key}`: not a hyper-parameter of `optimizer` {name}")

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from xpnn.errors import UserError, user_message
-from xpnn.optim import HYPER_PARAMETERS
+from xpnn.nn.models import HIDDEN
+from xpnn.optim import HYPER_PARAMETERS, HYPERS
 from xpnn.planner import auto
 from xpnn.presets import describe_preset, gpt_preset
 from xpnn.runtime import stall
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from xpnn.train import TrainConfig
 
 BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
-HIDDEN = (512, 256)  # the MLP's default hidden layers
 MICROBATCHES = 4  # GPipe's default for parallel="pipeline"
 SYNTHETIC_SIZE = 6000  # dataset "synthetic"'s samples when synthetic_size is not given
 LR_SCALINGS = ("none", "linear")  # linear: lr times the replicas
@@ -452,7 +452,6 @@ def train_config(
     return _train_config(with_defaults(spec), replicas, n_train, facts)
 
 
-HYPERS = ("momentum", "betas", "eps", "weight_decay")  # an optimizer's, where it takes them
 RUN_FIELDS = {f.name for f in dataclasses.fields(RunSpec)} - {"batch_size", "lr", *HYPERS}
 
 
@@ -689,7 +688,7 @@ OPTIONAL = ("hidden", "activation", "microbatches", "pipeline_schedule", "recomp
 OPTIONAL += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
 OPTIONAL += ("synthetic_size", "keep_checkpoints")  # settings whose None means "not given"
 OPTIONAL += ("layers", "heads", "embed", "block", "tensor_ranks")
-OPTIONAL += ("momentum", "betas", "eps", "weight_decay", "min_lr", "eval_every")
+OPTIONAL += (*HYPERS, "min_lr", "eval_every")
 OPTIONAL += ("grad_dtype",)
 SHARED_GRADS = "one rank alone, or a node's ranks that share memory"
 

@@ -153,3 +153,25 @@ def test_a_rank_held_up_is_waited_for_with_one_warning(warn, warnings):
     if warnings:
         assert said[0].startswith("rank 0: has waited 1 s for the others in ")
         assert "training step 3" in said[0]
+
+
+def test_the_injected_pause_is_a_callback_read_once_at_start_up(monkeypatch):
+    """``XPNN_SLEEP_AT`` is read when the run's callbacks are made, not at every step: unset,
+    no step callback exists; set, its pause sleeps that rank before that step alone."""
+    from xpnn.errors import UserError
+    from xpnn.train.callbacks import PauseInjection, run_callbacks
+
+    monkeypatch.delenv("XPNN_SLEEP_AT", raising=False)
+    assert not any(isinstance(c, PauseInjection) for c in run_callbacks(print, True))
+    monkeypatch.setenv("XPNN_SLEEP_AT", "1:3:0.25")
+    pause = next(c for c in run_callbacks(print, True) if isinstance(c, PauseInjection))
+    monkeypatch.setenv("XPNN_SLEEP_AT", "0:0:100")  # read no more
+    trainer = type("T", (), {"comm": type("C", (), {"rank": 1})()})()
+    start = time.perf_counter()
+    pause.on_step_begin(trainer, 2)
+    assert time.perf_counter() - start < 0.2
+    pause.on_step_begin(trainer, 3)
+    assert time.perf_counter() - start >= 0.25
+    monkeypatch.setenv("XPNN_SLEEP_AT", "1:x")
+    with pytest.raises(UserError, match="XPNN_SLEEP_AT=1:x: expected RANK:STEP:SECONDS"):
+        run_callbacks(print, True)

@@ -17,11 +17,12 @@ from xpnn.nn.flatten import Flatten
 from xpnn.nn.sequential import Sequential, resolve_loss
 
 MODELS = ("mlp", "cnn", "gpt")
+HIDDEN = (512, 256)  # the MLP's default hidden layers
 MLP_ACTIVATIONS = ("relu", "sigmoid", "tanh")  # the hidden layers' choices
 
 
 def mlp(
-    hidden: tuple[int, ...] = (512, 256),
+    hidden: tuple[int, ...] = HIDDEN,
     activation: str = "relu",
     num_classes: int = 10,
     loss: str = "softmax_cross_entropy",
@@ -54,7 +55,7 @@ def cnn(
 
 def build_model(
     name: str,
-    hidden: tuple[int, ...] = (512, 256),
+    hidden: tuple[int, ...] = HIDDEN,
     activation: str = "relu",
     num_classes: int = 10,
     loss: str = "softmax_cross_entropy",
@@ -121,7 +122,7 @@ def make_model(
     model: Any,
     input_shape: tuple[int, ...],
     num_classes: int,
-    hidden: tuple[int, ...] = (512, 256),
+    hidden: tuple[int, ...] = HIDDEN,
     activation: str = "relu",
     loss: str = "softmax_cross_entropy",
     gpt_sizes: dict[str, int] | None = None,

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from xpnn.nn.layer import Array, Context, Layer
+from xpnn.nn.layer import Array, Context, Layer, copy_array
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
 from xpnn.phases import FORWARD, layer_span, span
 
@@ -143,17 +143,13 @@ class Sequential:
         """Assign every gradient; returns the input's gradient if ``input_grad``, else None.
         Fused kernels may write over ``dy``, so ``dlogits`` is copied first unless ``overwrite``."""
         layers = layers or self.layers
-        dy = dlogits if overwrite else self._copy(dlogits)
+        dy = dlogits if overwrite else copy_array(self.xp, dlogits)
         for i in range(len(layers) - 1, -1, -1):
             with layer_span("backward", i, layers[i]):
                 dy = layers[i].backward(dy, need_dx=self.needs_input_grad(i))
             if on_grads_ready is not None:
                 on_grads_ready(self.layer_offsets[i])
         return dy if self.input_grad else None
-
-    def _copy(self, a: Array) -> Array:
-        """A copy of ``a`` (numpy and cupy arrays have ``copy``; an array API one may not)."""
-        return a.copy() if hasattr(a, "copy") else self.xp.asarray(a, copy=True)
 
     def needs_input_grad(self, index: int) -> bool:
         """Whether layer ``index``'s input gradient is read (a layer below has parameters)."""

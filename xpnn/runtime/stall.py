@@ -13,7 +13,6 @@ import os
 import time
 from typing import Any
 
-from xpnn.errors import UserError
 from xpnn.runtime import flight
 from xpnn.runtime.abort import abort_job, prefix, say
 
@@ -199,17 +198,3 @@ def stall_line(
         f"xpnn: stalled: {ranks(waiting)} waited {abort:g} s {awaited}({detail}){account}; "
         "ending the job"
     )
-
-
-def injected_pause(rank: int, step: int) -> None:
-    """``XPNN_SLEEP_AT=RANK:STEP:SECONDS`` (the stall tests): that rank sleeps before that step."""
-    spec = os.environ.get("XPNN_SLEEP_AT")
-    if not spec:
-        return
-    parts = spec.split(":")
-    try:
-        at_rank, at_step_, seconds = int(parts[0]), int(parts[1]), float(parts[2])
-    except (IndexError, ValueError):
-        raise UserError(f"XPNN_SLEEP_AT={spec}: expected RANK:STEP:SECONDS, e.g. 1:3:5") from None
-    if (at_rank, at_step_) == (rank, step):
-        time.sleep(seconds)

@@ -166,6 +166,7 @@ def run_callbacks(
     own = [
         SaveParameters(save) if save else None,
         FaultInjection.from_env(),
+        PauseInjection.from_env(),
         ProgressBar() if progress and is_root and sys.stderr.isatty() else None,
         MetricsFile(metrics) if metrics else None,
         EpochLog(log),
@@ -193,6 +194,30 @@ class FaultInjection(Callback):
         if not (rank.strip().isdigit() and step.strip().isdigit()):
             raise UserError(f"XPNN_FAIL_AT={spec}: expected RANK:STEP, e.g. 1:3")
         return cls(int(rank), int(step))
+
+
+class PauseInjection(Callback):
+    """``XPNN_SLEEP_AT=RANK:STEP:SECONDS`` (the stall tests): that rank sleeps before that step."""
+
+    def __init__(self, rank: int, step: int, seconds: float) -> None:
+        self.rank, self.step, self.seconds = rank, step, seconds
+
+    def on_step_begin(self, trainer: Trainer, step: int) -> None:
+        if (trainer.comm.rank, step) == (self.rank, self.step):
+            time.sleep(self.seconds)
+
+    @classmethod
+    def from_env(cls) -> PauseInjection | None:
+        spec = os.environ.get("XPNN_SLEEP_AT")
+        if not spec:
+            return None
+        parts = spec.split(":")
+        try:
+            return cls(int(parts[0]), int(parts[1]), float(parts[2]))
+        except (IndexError, ValueError):
+            raise UserError(
+                f"XPNN_SLEEP_AT={spec}: expected RANK:STEP:SECONDS, e.g. 1:3:5"
+            ) from None
 
 
 class PhaseTimer(Callback):

@@ -93,29 +93,18 @@ class Recorder:
         return runs
 
     def _replayable(self, fn: Callable[[], None]) -> Callable[[], None]:
-        """``fn`` with the kernels reading the step's numbers from the device, and the
-        optimizer's ``start_step`` (its bookkeeping done in ``begin``) clipping on the device."""
-
-        def started() -> float:
-            opt = self.optimizer
-            if opt.clip is not None:
-                opt.clip_on_device()
-                self.norm = opt.grad_norm
-            return opt.lr
+        """``fn`` with the kernels reading the step's numbers from the device: the optimizer's
+        ``start_step`` then leaves its bookkeeping to ``begin`` and clips on the device."""
 
         def replayable() -> None:
             opt = self.optimizer
-            own = "start_step" in vars(opt)  # a wrapper set on the instance (mixed precision)
-            start = opt.start_step
-            opt.device_scalars, opt.start_step = self.device_scalars, started
+            opt.device_scalars = self.device_scalars
             try:
                 fn()
             finally:
                 opt.device_scalars = None
-                if own:
-                    opt.start_step = start
-                else:
-                    del opt.start_step
+            if opt.clip is not None:
+                self.norm = opt.grad_norm  # the device value the recording writes
 
         return replayable
 
@@ -159,6 +148,7 @@ class GraphStep:
             t.update.buckets.wait(len(t.update.buckets.bounds))  # every bucket, in order
             t.update.buckets.finish()
             runs[1]()
+        t.optimizer.end_step()
         self.replayed += runs is self.recorder.replays
         return self.loss, self.correct
 
@@ -232,6 +222,6 @@ class GraphStep:
         def update() -> None:
             t.optimizer.start_step()  # after the exchange: clipping reads the whole gradient
             for index in range(len(t.optimizer.parts)):
-                t.optimizer.update_part(index)
+                t.optimizer.update_part(index)  # ``end_step``: the host's, after the replay
 
         return [forward_backward, update] if self.exchange else [forward_backward]

@@ -57,17 +57,14 @@ def write_checkpoint(
 
 
 class EpochProgress:
-    """The running sums of the epoch under way (``begin`` gives the trainer its accumulators,
-    added to in place) or, training by ``steps``, of the span of steps since the last
-    evaluation (``span``): what a checkpoint written between two records saves, and what its
-    resume restores on the epoch or span it was written in."""
+    """The running sums of the span of steps under way, from one record to the next (an epoch,
+    or by ``steps`` the steps since the last evaluation): what a checkpoint written between
+    two records saves (``snapshot``), and what its resume restores on the span it was
+    written in (``open``)."""
 
     def __init__(self, restored: dict[str, Any] | None = None, epoch: int = -1) -> None:
         self.restored, self.restored_epoch = restored, epoch
-        self.sums: tuple[Any, Any] | None = None
-        self.t0 = 0.0
-        self.sent0 = np.zeros(2)
-        self.span: dict[str, Any] | None = None  # training by steps: the span under way
+        self.span: dict[str, Any] | None = None  # the span under way
 
     @classmethod
     def resumed(cls, trainer: Trainer) -> EpochProgress:
@@ -94,65 +91,35 @@ class EpochProgress:
             return math.fsum(r[0] for r in rows), math.fsum(r[1] for r in rows)
         return 0.0, 0.0
 
-    def begin(self, trainer: Trainer, epoch: int) -> tuple[Any, Any]:
-        """The epoch's loss and correct-prediction accumulators (float64, on the device)."""
-        xp = trainer.xp
-        loss, correct = 0.0, 0.0
-        if epoch == self.restored_epoch and self.restored is not None:
-            loss, correct = self._own_sums(trainer, self.restored)
-        self.sums = (_device_sum(xp, loss), _device_sum(xp, correct))
-        self.t0, self.sent0 = time.perf_counter(), trainer.bytes_sent()
-        return self.sums
-
-    def seconds_before(self, epoch: int) -> float:
-        """The seconds the epoch took before its checkpoint (0 but on the resumed one)."""
-        return self._restored(epoch, "seconds", 0.0)
-
-    def sent_before(self, trainer: Trainer, epoch: int) -> np.ndarray:
-        """The epoch's bytes before its checkpoint, [data, replica], held by rank 0 alone (the
-        ranks' counts are summed)."""
-        sent = self._restored(epoch, "sent", [0.0, 0.0]) if trainer.comm.rank == 0 else [0, 0]
-        return np.array(sent, dtype=np.float64)
-
-    def _restored(self, epoch: int, key: str, default: Any) -> Any:
-        if epoch != self.restored_epoch or self.restored is None:
-            return default
-        return self.restored[key]
-
-    def snapshot(self, trainer: Trainer, epoch: int) -> dict[str, Any]:
-        """What a checkpoint written now must hold of the epoch (collective: every rank)."""
-        assert self.sums is not None, "snapshot before the epoch's begin"
-        rows = self._gather(trainer, self.sums)
-        sent = trainer.comm.allreduce_host(trainer.bytes_sent() - self.sent0)
-        sent += self.sent_before(trainer, epoch)  # rank 0 holds the restored count
-        seconds = time.perf_counter() - self.t0 + self.seconds_before(epoch)
-        return partial_of("epoch", rows, seconds, sent)
-
-    def resume_span(self, trainer: Trainer, span: dict[str, Any]) -> dict[str, Any]:
-        """Training by steps: ``span``, just begun, carried on from the resumed checkpoint's
-        (the first one only); every span is kept for ``span_snapshot``."""
-        restored, self.restored = self.restored, None
-        if restored is not None:
+    def open(self, trainer: Trainer, span: dict[str, Any], epoch: int) -> dict[str, Any]:
+        """``span``, just begun in ``epoch``, carried on from the resumed checkpoint's where it
+        is the span that checkpoint was written in: by epochs, its epoch; by steps, the first
+        (an epoch's partial holds no counts: the loop counts the steps it skips)."""
+        restored = self.restored
+        if restored is not None and (trainer.cfg.steps is not None or epoch == self.restored_epoch):
+            self.restored = None
             xp = trainer.xp
             loss, correct = self._own_sums(trainer, restored)
             span["loss"], span["correct"] = _device_sum(xp, loss), _device_sum(xp, correct)
             span["t0"] -= restored["seconds"]
             span["steps"] += restored["steps"]
             span["samples"] += restored["samples"]
-            if trainer.comm.rank == 0:
+            if trainer.comm.rank == 0:  # the ranks' restored bytes, summed, held by one
                 span["sent"] += np.array(restored["sent"], dtype=np.float64)
         self.span = span
         return span
 
-    def span_snapshot(self, trainer: Trainer) -> dict[str, Any]:
-        """Training by steps: what a checkpoint written now must hold of the span under way."""
-        span = self.span
+    def snapshot(self, trainer: Trainer) -> dict[str, Any]:
+        """What a checkpoint written now must hold of the span under way (collective)."""
+        kind, span = "epoch" if trainer.cfg.steps is None else "steps", self.span
         if span is None:  # a checkpoint right after an evaluation: nothing under way
-            return partial_of("steps", [], 0.0, [0.0, 0.0])
+            return partial_of(kind, [], 0.0, [0.0, 0.0])
         rows = self._gather(trainer, (span["loss"], span["correct"]))
         sent = trainer.comm.allreduce_host(span["sent"] + trainer.bytes_sent())
         seconds = time.perf_counter() - span["t0"]
-        return partial_of("steps", rows, seconds, sent, span["samples"], span["steps"])
+        if kind == "epoch":
+            return partial_of(kind, rows, seconds, sent)
+        return partial_of(kind, rows, seconds, sent, span["samples"], span["steps"])
 
     @staticmethod
     def _gather(trainer: Trainer, sums: tuple[Any, Any]) -> list[list[float]]:

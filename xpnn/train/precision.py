@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.parallel.comm.narrow import native_dtype
+from xpnn.parallel.comm.narrow import native_dtype, quiet_overflows
 from xpnn.parallel.update.wire import GRAD_DTYPES
 
 Array = Any
@@ -63,26 +63,39 @@ class LossScale:
         return True
 
 
-def skip_overflows(
-    opt: Any, model: Any, xp: Any, loss_scale: LossScale, agree: Callable[[float], float]
-) -> None:
-    """Wrap ``opt``: a step whose reduced gradients (``model.grads``) hold an infinity or a NaN
-    on any rank (``agree`` sums the counts) is skipped, no update and no step counted, and
-    ``loss_scale`` told of every step's verdict."""
-    start, update = opt.start_step, opt.update_part
-    skipping = [False]
+def overflow_skip(
+    model: Any, xp: Any, loss_scale: LossScale, agree: Callable[[float], float]
+) -> Callable[[Any], bool]:
+    """An optimizer's skip rule (``Optimizer.add_skip_rule``): a step whose reduced gradients
+    (``model.grads``) hold an infinity or a NaN on any rank (``agree`` sums the counts) is
+    skipped, and ``loss_scale`` told of every step's verdict."""
 
-    def start_step() -> float:
+    def skip(_optimizer: Any) -> bool:
         grads = model.grads  # this rank's gradients, reduced where it owns them
         bad = 0.0 if bool(xp.all(xp.isfinite(grads))) else 1.0
-        skipping[0] = not loss_scale.update(agree(bad) == 0)
-        return opt.lr if skipping[0] else start()
+        return not loss_scale.update(agree(bad) == 0)
 
-    def update_part(index: int) -> None:
-        if not skipping[0]:
-            update(index)
+    return skip
 
-    opt.start_step, opt.update_part = start_step, update_part
+
+@dataclass
+class WideLoss:
+    """``loss`` in the master precision (softmax in low precision loses the small
+    probabilities); its gradient back in ``low`` precision, multiplied by the loss scale: the
+    loss object a model computes with while it runs on the low-precision copy."""
+
+    loss: Any
+    xp: Any
+    wide: Any  # the master dtype
+    low: Any
+    loss_scale: LossScale | None
+
+    def __call__(self, kernels: Any, logits: Array, labels: Array, scale: float) -> Any:
+        factor = self.loss_scale.scale if self.loss_scale else 1.0
+        loss, dlogits = self.loss(kernels, self.xp.astype(logits, self.wide), labels, scale)
+        if factor != 1.0:
+            dlogits *= factor
+        return loss, self.xp.astype(dlogits, self.low)
 
 
 class Precision:
@@ -114,26 +127,21 @@ class Precision:
         return self.loss_scale.skipped if self.loss_scale else 0
 
     def attach(self, model: Any, optimizer: Any) -> None:
-        """Make the low-precision copies of ``model``'s flat buffers and wrap ``optimizer``."""
+        """Make the low-precision copies of ``model``'s flat buffers; hook ``optimizer``: an
+        applied step marks the low copy stale, and with loss scaling a step whose reduced
+        gradients are not finite is skipped (no update, no step counted)."""
         self.model = model
         self.master = (model.params, model.grads)
         self.low_params = self.xp.astype(model.params, self.dtype)
         self.low_grads = self.xp.zeros_like(self.low_params)
-        self.loss = model.loss
-        self._wrap(optimizer)
-
-    def _wrap(self, opt: Any) -> None:
-        """The optimizer's step marks the low copy stale; with loss scaling, a step whose
-        reduced gradients are not finite is skipped (no update, no step counted)."""
-        start = opt.start_step
-
-        def start_step() -> float:
-            self._dirty = True
-            return start()
-
-        opt.start_step = start_step
+        self.loss, scale = model.loss, self.loss_scale
+        self.wide_loss = WideLoss(model.loss, self.xp, model.params.dtype, self.dtype, scale)
+        optimizer.add_post_step_hook(self._stale)
         if self.loss_scale is not None:
-            skip_overflows(opt, self.model, self.xp, self.loss_scale, self.agree)
+            optimizer.add_skip_rule(overflow_skip(model, self.xp, self.loss_scale, self.agree))
+
+    def _stale(self, _optimizer: Any) -> None:
+        self._dirty = True
 
     def _low(self) -> None:
         """Point the layers at the low-precision copy, re-cast from the master if stale."""
@@ -142,21 +150,11 @@ class Precision:
             self.low_params[...] = self.xp.astype(master, self.dtype)
             self._dirty = False
         self.model.adopt(self.low_params, self.low_grads, copy=False)
-        self.model.loss = self._fp32_loss
+        self.model.loss = self.wide_loss
 
     def _master(self) -> None:
         self.model.adopt(*self.master, copy=False)
         self.model.loss = self.loss
-
-    def _fp32_loss(self, kernels: Any, logits: Array, labels: Array, scale: float) -> Any:
-        """The loss in the master precision (softmax in low precision loses the small
-        probabilities); its gradient back in low precision, multiplied by the loss scale."""
-        factor = self.loss_scale.scale if self.loss_scale else 1.0
-        wide = self.xp.astype(logits, self.master[0].dtype)
-        loss, dlogits = self.loss(kernels, wide, labels, scale)
-        if factor != 1.0:
-            dlogits *= factor
-        return loss, self.xp.astype(dlogits, self.dtype)
 
     def _casting(self, ready: Callable[[int], None] | None) -> Callable[[int], None]:
         """A backward's ``on_grads_ready`` that first casts each newly final low-precision
@@ -177,11 +175,8 @@ class Precision:
         return casting
 
     def _quiet(self) -> Any:
-        """NumPy's overflow warnings silenced under loss scaling (CuPy warns of none)."""
-        errstate = getattr(self.xp, "errstate", None)
-        if self.loss_scale is None or errstate is None:
-            return contextlib.nullcontext()
-        return errstate(over="ignore", invalid="ignore")
+        """Overflow warnings silenced under loss scaling (an fp16 overflow is its to handle)."""
+        return quiet_overflows(self.xp) if self.loss_scale else contextlib.nullcontext()
 
     def loss_and_grads(
         self, x: Array, labels: Array, ctx: Any, scale: float, ready: Callable[[int], None] | None

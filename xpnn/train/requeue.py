@@ -73,13 +73,13 @@ class CheckpointOnSignal(Callback):
             if made % (cfg.eval_every or cfg.steps) == 0:  # its evaluation's checkpoint follows
                 self.at_record = True
                 return
-            partial = trainer.progress.span_snapshot(trainer)
+            partial = trainer.progress.snapshot(trainer)
             what = f"checkpoint at step {made}"
         else:
             if made % per_epoch == 0:  # the epoch ends here: its own checkpoint follows
                 self.at_record = True
                 return
-            partial = trainer.progress.snapshot(trainer, made // per_epoch)
+            partial = trainer.progress.snapshot(trainer)
             what = (
                 f"checkpoint at step {made} ({made % per_epoch} of epoch "
                 f"{made // per_epoch + 1}'s {per_epoch} steps)"

@@ -16,7 +16,7 @@ from xpnn.data.text import text_metrics
 from xpnn.digest import arrays_digest
 from xpnn.nn.layer import Context
 from xpnn.nn.sequential import adding
-from xpnn.optim import GradClip, Schedule, make_optimizer, matrix_ranges
+from xpnn.optim import HYPERS, GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.parallel.model.batch_threads import BatchThreads
 from xpnn.parallel.model.layout import Groups
 from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
@@ -26,7 +26,7 @@ from xpnn.runtime import stall
 from xpnn.runtime.memory import peak_rss_mb
 from xpnn.train import midepoch
 from xpnn.train.graph import GraphStep, graph_step
-from xpnn.train.precision import LossScale, Precision, skip_overflows
+from xpnn.train.precision import LossScale, Precision, overflow_skip
 
 
 @dataclass
@@ -152,6 +152,17 @@ class TrainingDiverged(RuntimeError):
         self.epoch = epoch
 
 
+def gradient_total(update: Any, model_comm: Any) -> Callable[[float], float]:
+    """The reducer of a sum over this rank's part of the reduced gradient: the whole model's,
+    its replica's shares added (the update scheme's), then the replica's slices or stages
+    (replicas hold equal sums). Clipping's norm and the loss scale's overflow count use it."""
+
+    def total(local: float) -> float:
+        return float(model_comm.allreduce_host([update.share_total(local)])[0])
+
+    return total
+
+
 def warmup_steps(epochs: float, steps_per_epoch: int) -> int:
     """Steps of ``warmup_epochs``: rounded, but at least one when any warmup was asked for."""
     return max(1, round(epochs * steps_per_epoch)) if epochs > 0 else 0
@@ -200,10 +211,13 @@ class Trainer:
             step_size=cfg.step_epochs * self.steps_per_epoch,  # the decay counts epochs, not steps
             min_lr=cfg.min_lr,
         )
-        hyper = {name: getattr(cfg, name) for name in ("momentum", "betas", "eps", "weight_decay")}
+        hyper = {name: getattr(cfg, name) for name in HYPERS}
         shapes = [tuple(layer.params[name].shape) for _, layer, name in model.param_names()]
         matrices = matrix_ranges(shapes)
         shared = replicated_ranges(model)  # what clipping counts on another rank
+
+        def total(local: float) -> float:  # the update is built by the first step
+            return gradient_total(self.update, self.model_comm)(local)
 
         def optimizer(
             params: Any, grads: Any, parts: Any = None, zeros: Any = None, offset: int = 0
@@ -211,13 +225,11 @@ class Trainer:
             def shift(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
                 return [(lo - offset, hi - offset) for lo, hi in ranges]
 
-            clip = None
-            if cfg.clip_norm is not None:
-                clip = GradClip(cfg.clip_norm, self._norm_total, shift(shared))
             args = (params, grads, backend.kernels, schedule, parts, zeros)
-            return make_optimizer(
-                cfg.optimizer, *args, **hyper, matrices=shift(matrices), clip=clip
-            )
+            opt = make_optimizer(cfg.optimizer, *args, **hyper, matrices=shift(matrices))
+            if cfg.clip_norm is not None:
+                opt.set_clip(GradClip(cfg.clip_norm, total, shift(shared)))
+            return opt
 
         bucket_bytes = int(cfg.bucket_mb * 2**20)
         # fp16 passes, or gradients sent as float16 (a node's shared ones are not sent)
@@ -240,10 +252,10 @@ class Trainer:
         self.precision: Precision | None = None  # fp32: the model's own passes
         if cfg.precision != "fp32":
             scale = self.loss_scale if cfg.precision == "fp16" else None
-            self.precision = Precision(cfg.precision, backend, scale, agree=self._norm_total)
+            self.precision = Precision(cfg.precision, backend, scale, agree=total)
             self.precision.attach(model, self.optimizer)
         if self.loss_scale is not None and cfg.precision != "fp16":  # float16 exchange only
-            skip_overflows(self.optimizer, model, self.xp, self.loss_scale, self._norm_total)
+            self.optimizer.add_skip_rule(overflow_skip(model, self.xp, self.loss_scale, total))
         # the passes: the model's own, or its twins' over threads each taking part of a batch
         self.passes: Any = model
         if cfg.batch_threads > 1:
@@ -274,17 +286,10 @@ class Trainer:
             return {}
         return {"skipped_steps": self.loss_scale.skipped if self.loss_scale else 0}
 
-    def _norm_total(self, local: float) -> float:
-        """This rank's sum of squares of the reduced gradient made the whole model's: its
-        replica's shares, then the replica's slices or stages (replicas hold equal sums)."""
-        replica = self.update.share_total(local)
-        return float(self.model_comm.allreduce_host([replica])[0])
-
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
         """One optimizer step on the global ``batch``, in ``accumulate`` micro-steps (each
         scaled by 1 / global batch, their gradients summed: the same step as one pass)."""
         xp, model = self.xp, self.model
-        stall.injected_pause(self.comm.rank, step)
         stall.at_step(step)
         if self.graph is not None and (replayed := self.graph.run(batch, step)) is not None:
             return replayed
@@ -316,6 +321,7 @@ class Trainer:
                     self._acc[...] = model.grads
                 summed = True
         self.update.finish()
+        self.optimizer.end_step()
         return loss, correct
 
     def _pass(self, local: np.ndarray, batch: int, step: int, ready: Any) -> tuple[Any, Any]:
@@ -339,22 +345,27 @@ class Trainer:
         return self.passes.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
-        """Epoch ``epoch`` (from 0): the sums of its losses and correct predictions, on device."""
-        begin, end = self._step_begin, self._step_end
-        # float64 on the device: a float32 sum drifts, a host sum waits for the device each step
-        loss_acc, correct_acc = self.progress.begin(self, epoch)  # zeros, or a resume's sums
-        done = self.batches_done()
-        for step, batch in enumerate(batches, epoch * self.steps_per_epoch):
-            if step < done:  # resumed from a mid-epoch checkpoint: trained before it
-                continue
-            for callback in begin:
-                callback.on_step_begin(self, step)
-            loss, correct = self.step(batch, step)
-            loss_acc += loss
-            correct_acc += correct
-            for callback in end:
-                callback.on_step_end(self, step)
-        return loss_acc, correct_acc
+        """Epoch ``epoch``'s steps that a resume left, without its record (a benchmark times
+        them): the sums of its losses and correct predictions, on the device."""
+        sums = self.progress.open(self, self._span(), epoch)  # zeros, or a resume's sums
+        first = epoch * self.steps_per_epoch
+        for step in range(max(first, self.batches_done()), first + len(batches)):
+            self._train_step(batches[step - first], step, sums)
+        return sums["loss"], sums["correct"]
+
+    def _train_step(self, batch: np.ndarray, step: int, sums: dict[str, Any]) -> None:
+        """One step and its step events; its loss and correct predictions added to ``sums``
+        (float64 on the device, in place: a float32 sum drifts, a host sum waits each step),
+        and its samples counted, before ``on_step_end`` (a checkpoint there saves the sums)."""
+        for callback in self._step_begin:
+            callback.on_step_begin(self, step)
+        loss, correct = self.step(batch, step)
+        sums["loss"] += loss
+        sums["correct"] += correct
+        sums["samples"] += len(batch)
+        sums["steps"] += 1
+        for callback in self._step_end:
+            callback.on_step_end(self, step)
 
     def bytes_sent(self) -> np.ndarray:
         """This rank's payload bytes handed to MPI so far: [data group, replica] (float64,
@@ -379,7 +390,7 @@ class Trainer:
         return total[0] / max(total[2], 1), total[1] / max(total[2], 1)
 
     def run(self) -> dict:
-        cfg, model, comm, start_epoch = self.cfg, self.model, self.comm, self.start_epoch
+        cfg, model, comm = self.cfg, self.model, self.comm
         if self.resume_note and self.is_root:
             self.log(self.resume_note)
         self.update.broadcast_initial()  # rank 0's parameters are everyone's
@@ -394,79 +405,33 @@ class Trainer:
         }
         for callback in self.callbacks:
             callback.on_train_begin(self)
-        total_seconds = 0.0
-        test_loss = test_acc = float("nan")
-        if cfg.steps is not None:
-            total_seconds, test_loss, test_acc = self._train_steps(cfg.steps)
-        for epoch in range(start_epoch, cfg.epochs if cfg.steps is None else 0):
-            batches = global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)
-            self.backend.synchronize()
-            stall.in_phase(f"the start of epoch {epoch + 1}")
-            comm.barrier()
-            t0 = time.perf_counter()
-            for callback in self.callbacks:
-                callback.on_epoch_begin(self, epoch)
-            sent = self.progress.sent_before(self, epoch) - self.bytes_sent()
-            loss_acc, correct_acc = self.train_epoch(epoch, batches)
-            sent += self.bytes_sent()
-            self.backend.synchronize()
-            seconds = time.perf_counter() - t0 + self.progress.seconds_before(epoch)
-            total_seconds += seconds
-            stall.in_phase(f"the end of epoch {epoch + 1}")
-            data_bytes, model_bytes = (int(b) for b in comm.allreduce_host(sent))
-            sums = self.metrics_comm.allreduce_host(
-                np.array([float(loss_acc), float(correct_acc)], dtype=np.float64)
-            )
-            train_loss, train_acc = sums[0] / self.n_train, sums[1] / self.n_train
-            test_loss, test_acc = self.evaluate()
-            record = {
-                "event": "epoch",
-                "epoch": epoch + 1,
-                "train_loss": train_loss,
-                "train_acc": train_acc,
-                "test_loss": test_loss,
-                "test_acc": test_acc,
-                "seconds": seconds,
-                "samples_per_s": self.n_train / seconds,
-                "lr": self.optimizer.schedule(max(0, self.optimizer.step_count - 1)),
-                "comm_bytes": data_bytes + model_bytes,
-                "comm_bytes_per_step": (data_bytes + model_bytes) / len(batches),
-                "data_comm_bytes": data_bytes,
-                "model_comm_bytes": model_bytes,
-                **text_metrics(self.data, test_loss, test_acc, self.n_train / seconds),
-                **common,
-            }
-            if cfg.clip_norm is not None:  # the epoch's last step's, before clipping
-                record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
-            record |= self._skips()  # fp16: steps whose gradients overflowed, so far
-            for callback in self.callbacks:  # checkpoints skip an epoch that diverged
-                callback.on_epoch_end(self, record)
-            if not (math.isfinite(train_loss) and math.isfinite(test_loss)):  # every rank sees it
-                for callback in self.callbacks:
-                    callback.on_train_end(self, {"event": "diverged", "epoch": epoch + 1})
-                raise TrainingDiverged(epoch + 1)
-        if cfg.steps is None and start_epoch >= cfg.epochs:  # resumed with nothing left to train
-            test_loss, test_acc = self.evaluate()
+        total_seconds, trained, test_loss, test_acc = self._loop()
         stall.in_phase("the end of the run")
         whole = whole_params(model, self.model_comm)  # collective: a replica's pieces gathered
         digests = comm.allgather_obj(arrays_digest(whole.values()))  # equal, or parallelism broke
         peak_rss = comm.allgather_obj(peak_rss_mb())
-        trained = max(cfg.epochs - start_epoch, 0) * self.n_train  # samples this run trained
+        rate = trained / max(total_seconds, 1e-9)  # the records' samples over their seconds
+        epochs = max(cfg.epochs, self.start_epoch)  # a resumed checkpoint may be further on
+        if cfg.steps is not None:  # epochs' worth of batches, as the eval records count them
+            epochs = self.batches_done() / self.steps_per_epoch
         done = {
             "event": "done",
-            # a resumed checkpoint may be further on
-            "epochs": self._epochs_seen if cfg.steps else max(cfg.epochs, start_epoch),
+            "epochs": epochs,
             "steps": self.optimizer.step_count,
             "test_acc": test_acc,
             "test_loss": test_loss,
             "total_seconds": total_seconds,
+            "samples": trained,
+            "samples_per_s": rate,
             "params": self.n_params,
             "params_sha256": digests[0],
             "ranks_agree": len(set(digests)) == 1,
             "peak_rss_mb": peak_rss,  # by rank: where a pipeline stage or a slice weighs most
-            **text_metrics(self.data, test_loss, test_acc, trained / max(total_seconds, 1e-9)),
+            **text_metrics(self.data, test_loss, test_acc, rate),
             **common,
         }
+        if self.data.vocab is not None:  # a text set's samples are windows of ``block`` tokens
+            done["tokens"] = trained * self.data.x_train.shape[1]
         done |= self._skips()
         if self.graph is not None:  # steps replayed from a CUDA graph (the rest ran eagerly)
             done["graph_steps"] = self.graph.replayed
@@ -475,83 +440,109 @@ class Trainer:
             callback.on_train_end(self, done)
         return done
 
-    def _train_steps(self, steps: int) -> tuple[float, float, float]:
-        """Train ``steps`` steps through as many epochs' batches as they take, with an ``eval``
-        record every ``eval_every`` steps; returns (seconds, test loss, test accuracy)."""
-        cfg, xp = self.cfg, self.xp
-        every = cfg.eval_every or steps
-        total_seconds, test_loss, test_acc = 0.0, float("nan"), float("nan")
-        step = self.batches_done()  # resumed: the steps before its checkpoint are done
-        epoch, span = step // self.steps_per_epoch, None
-        done = step - epoch * self.steps_per_epoch  # ... and that epoch's first batches
-        if step >= steps:  # resumed with nothing left to train: the result is still said
+    def _loop(self) -> tuple[float, int, float, float]:
+        """The run's steps, from where a resume left them; a record closes each span of steps
+        (an epoch, or ``eval_every`` steps). Returns (seconds, samples, test loss, test
+        accuracy) over the records made."""
+        cfg, spe = self.cfg, self.steps_per_epoch
+        by_steps = cfg.steps is not None
+        every = (cfg.eval_every or cfg.steps) if by_steps else spe
+        done = self.batches_done()  # resumed: the steps before its checkpoint are done
+        # by epochs, a resumed epoch's record sums its steps before the checkpoint too
+        first = done if by_steps else self.start_epoch * spe
+        end = self.total_steps
+        seconds, trained, test_loss, test_acc = 0.0, 0, float("nan"), float("nan")
+        if first >= end:  # resumed with nothing left to train: the result is still said
             test_loss, test_acc = self.evaluate()
-        while step < steps:
-            for batch in global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)[done:]:
-                if span is None:  # a span of steps between evaluations begins
-                    self.backend.synchronize()
-                    stall.in_phase(f"the start of step {step + 1}")
-                    self.comm.barrier()
-                    zero = xp.zeros((), dtype=xp.float64)
-                    span = {"t0": time.perf_counter(), "sent": -self.bytes_sent(), "steps": 0}
-                    span |= {"loss": zero, "correct": zero, "samples": 0}
-                    span = self.progress.resume_span(self, span)  # a resume's span goes on
-                for callback in self._step_begin:
-                    callback.on_step_begin(self, step)
-                loss, correct = self.step(batch, step)
-                span["loss"], span["correct"] = span["loss"] + loss, span["correct"] + correct
-                span["samples"] += len(batch)
+        batches: list[np.ndarray] = []
+        span: dict[str, Any] | None = None
+        for step in range(first, end):
+            epoch, index = divmod(step, spe)
+            if index == 0 or not batches:
+                batches = global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)
+            if span is None:
+                span = self._open_span(step, epoch)
+            if step >= done:
+                self._train_step(batches[index], step, span)
+            else:  # trained before the resumed checkpoint, its sums restored
+                span["samples"] += len(batches[index])
                 span["steps"] += 1
-                for callback in self._step_end:
-                    callback.on_step_end(self, step)
-                step += 1
-                if step % every == 0 or step == steps:
-                    record = self._eval_record(step, epoch + 1, span)
-                    total_seconds += record["seconds"]
-                    test_loss, test_acc = record["test_loss"], record["test_acc"]
-                    span = None
-                if step == steps:
-                    break
-            epoch, done = epoch + 1, 0
-        self._epochs_seen = epoch
-        return total_seconds, test_loss, test_acc
+            if (step + 1) % every == 0 or step + 1 == end:
+                record = self._record(span, step + 1)
+                seconds, trained = seconds + record["seconds"], trained + span["samples"]
+                test_loss, test_acc = record["test_loss"], record["test_acc"]
+                span = None
+        return seconds, trained, test_loss, test_acc
 
-    def _eval_record(self, step: int, epoch: int, span: dict[str, Any]) -> dict[str, Any]:
-        """The ``eval`` record of the steps in ``span``, given to every callback (collective)."""
+    def _open_span(self, step: int, epoch: int) -> dict[str, Any]:
+        """The running sums of the steps up to the next record, begun at ``step`` (every rank
+        together), carried on from a resumed checkpoint's (``midepoch``)."""
+        by_steps = self.cfg.steps is not None
+        self.backend.synchronize()
+        stall.in_phase(
+            f"the start of step {step + 1}" if by_steps else f"the start of epoch {epoch + 1}"
+        )
+        self.comm.barrier()
+        t0 = time.perf_counter()
+        if not by_steps:
+            for callback in self.callbacks:  # inside the epoch's timed span
+                callback.on_epoch_begin(self, epoch)
+        return self.progress.open(self, self._span(t0), epoch)
+
+    def _span(self, t0: float | None = None) -> dict[str, Any]:
+        """Empty running sums of a span of steps begun at ``t0`` (now: None); its loss and
+        correct predictions float64 on the device."""
+        xp = self.xp
+        span = {"t0": time.perf_counter() if t0 is None else t0, "sent": -self.bytes_sent()}
+        zeros = {k: xp.zeros((), dtype=xp.float64) for k in ("loss", "correct")}
+        return span | zeros | {"samples": 0, "steps": 0}
+
+    def _record(self, span: dict[str, Any], step: int) -> dict[str, Any]:
+        """The record of the steps in ``span``, up to ``step``: an ``epoch`` one at an epoch's
+        end, by steps an ``eval`` one; given to every callback, then the divergence check
+        (collective)."""
+        by_steps, epoch = self.cfg.steps is not None, (step - 1) // self.steps_per_epoch + 1
         sent = span["sent"] + self.bytes_sent()
         self.backend.synchronize()
         seconds = time.perf_counter() - span["t0"]
-        stall.in_phase(f"the evaluation at step {step}")
+        stall.in_phase(
+            f"the evaluation at step {step}" if by_steps else f"the end of epoch {epoch}"
+        )
         data_bytes, model_bytes = (int(b) for b in self.comm.allreduce_host(sent))
         sums = self.metrics_comm.allreduce_host(
             np.array([float(span["loss"]), float(span["correct"])], dtype=np.float64)
         )
         test_loss, test_acc = self.evaluate()
-        record = {
-            "event": "eval",
-            "step": step,
-            "epoch": step / self.steps_per_epoch,  # epochs' worth of batches, a fraction
-            "train_loss": sums[0] / span["samples"],
-            "train_acc": sums[1] / span["samples"],
+        samples = span["samples"]
+        if by_steps:  # epochs' worth of batches, a fraction
+            record = {"event": "eval", "step": step, "epoch": step / self.steps_per_epoch}
+        else:
+            record = {"event": "epoch", "epoch": epoch}
+        record |= {
+            "train_loss": sums[0] / samples,
+            "train_acc": sums[1] / samples,
             "test_loss": test_loss,
             "test_acc": test_acc,
             "seconds": seconds,
-            "samples_per_s": span["samples"] / seconds,
-            "lr": self.optimizer.lr,
+            "samples_per_s": samples / seconds,
+            "lr": self.optimizer.schedule(max(0, self.optimizer.step_count - 1)),
             "comm_bytes": data_bytes + model_bytes,
             "comm_bytes_per_step": (data_bytes + model_bytes) / span["steps"],
             "data_comm_bytes": data_bytes,
             "model_comm_bytes": model_bytes,
-            **text_metrics(self.data, test_loss, test_acc, span["samples"] / seconds),
+            **text_metrics(self.data, test_loss, test_acc, samples / seconds),
             **self.common,
         }
-        if self.cfg.clip_norm is not None:
-            record["grad_norm"] = float(self.optimizer.grad_norm)
-        record |= self._skips()
-        for callback in self.callbacks:
-            callback.on_eval(self, record)
+        if self.cfg.clip_norm is not None:  # the span's last step's, before clipping
+            record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
+        record |= self._skips()  # fp16: steps whose gradients overflowed, so far
+        for callback in self.callbacks:  # checkpoints skip a span that diverged
+            if by_steps:
+                callback.on_eval(self, record)
+            else:
+                callback.on_epoch_end(self, record)
         if not (math.isfinite(record["train_loss"]) and math.isfinite(test_loss)):
-            for callback in self.callbacks:
+            for callback in self.callbacks:  # every rank sees it
                 callback.on_train_end(self, {"event": "diverged", "epoch": epoch})
             raise TrainingDiverged(epoch)
         return record
@@ -573,7 +564,7 @@ class Trainer:
             settings["step_epochs"] = cfg.step_epochs
         if cfg.schedule == "cosine":
             settings["epochs"] = cfg.epochs
-        recipe = ("momentum", "betas", "eps", "weight_decay", "warmup_steps", "clip_norm")
+        recipe = (*HYPERS, "warmup_steps", "clip_norm")
         for name in recipe:  # as JSON gives them back: a list for a tuple
             value = getattr(cfg, name)
             if value is not None:

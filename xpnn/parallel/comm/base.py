@@ -37,11 +37,6 @@ def check_op(op: str) -> None:
         raise ValueError(f"reduction op {op!r}: expected one of {', '.join(OPS)}")
 
 
-def is_device_array(buf: Any) -> bool:
-    """True for arrays in GPU memory (they carry the CUDA interface)."""
-    return type(buf) is not np.ndarray and hasattr(buf, "__cuda_array_interface__")
-
-
 class Communicator:
     """The interface. ``fallback_reason``: why an explicit ``--comm`` was not honoured;
     ``detail``: why this one; ``auto_fallback``: why ``auto`` settled for it. Capabilities:

@@ -5,6 +5,7 @@ widened to float32, added, and rounded back once, as Horovod's ``float16_sum`` d
 
 from __future__ import annotations
 
+import contextlib
 from functools import cache
 from typing import Any
 
@@ -12,6 +13,15 @@ import numpy as np
 
 NARROW = ("bfloat16", "float16")  # the 16-bit floats a sum of bits may hold
 BF16_NAN = 0x7FC0  # bfloat16's quiet NaN: a NaN's low bits would round it to infinity
+
+
+def quiet_overflows(xp: Any) -> Any:
+    """NumPy's overflow warnings silenced (CuPy and PyTorch warn of none): a value past a
+    16-bit float's range is the loss scale's to handle."""
+    errstate = getattr(xp, "errstate", None)
+    if errstate is None:
+        return contextlib.nullcontext()
+    return errstate(over="ignore", invalid="ignore")
 
 
 def check_narrow(dtype: str) -> None:

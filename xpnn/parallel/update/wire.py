@@ -6,11 +6,10 @@ overflows comes back infinite, and the loss scale's step check skips that step."
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from xpnn.parallel.comm.narrow import NARROW, from_bits, to_bits
+from xpnn.parallel.comm.narrow import NARROW, from_bits, quiet_overflows, to_bits
 
 Array = Any
 GRAD_DTYPES = ("float32", "bfloat16", "float16")
@@ -36,7 +35,7 @@ class GradWire:
         """A new buffer holding ``grads`` (times the scale) as sent, and the scale used."""
         factor = self.scale() if self.scale is not None else 1.0
         values = grads * factor if factor != 1.0 else grads
-        with _quiet(self.xp):  # a value past the dtype's range is the loss scale's to handle
+        with quiet_overflows(self.xp):  # past the dtype's range: the loss scale's to handle
             if self.narrow:
                 return to_bits(self.xp, values, self.dtype), factor
             return self.xp.astype(values, getattr(self.xp, self.dtype)), factor
@@ -71,12 +70,6 @@ class GradWire:
         else:
             comm.cross_allreduce_(buf)
         self.unpack(buf, factor, grads)
-
-
-def _quiet(xp: Any) -> Any:
-    """NumPy's overflow warnings silenced (CuPy and PyTorch warn of none)."""
-    errstate = getattr(xp, "errstate", None)
-    return contextlib.nullcontext() if errstate is None else errstate(over="ignore")
 
 
 class WireHandle:
