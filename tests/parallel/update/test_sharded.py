@@ -170,7 +170,8 @@ def test_one_rank_is_told_there_is_nothing_to_shard():
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_a_step_sends_no_more_bytes_than_the_allreduce(tmp_path, ranks):
     """Reduce-scattered buckets and one all-gather: the counted bytes of a step are at most
-    the allreduce's (an allreduce followed by the shards' broadcasts sends half as much more)."""
+    the allreduce's (an allreduce followed by the shards' broadcasts would send the parameters
+    once more)."""
     args = [*MLP, "--epochs", "1", "--comm", "mpi-host"]
     plain, sharded = (
         next(r for r in train_and_load(tmp_path, ranks, run)[1] if r.get("event") == "epoch")

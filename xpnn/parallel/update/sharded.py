@@ -31,7 +31,9 @@ def piece_counts(start: int, end: int, shards: list[tuple[int, int]]) -> list[in
 class ScatteredBuckets(GradientBuckets):
     """Gradient buckets each reduced to the ranks whose shards it covers, not to every rank."""
 
-    def __init__(self, grads: Array, comm: Any, bucket_bytes: int, shards: list) -> None:
+    def __init__(
+        self, grads: Array, comm: Any, bucket_bytes: int, shards: list[tuple[int, int]]
+    ) -> None:
         super().__init__(grads, comm, bucket_bytes)
         self.counts = {s: piece_counts(s, e, shards) for s, e in self.bounds}
 
