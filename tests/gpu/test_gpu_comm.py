@@ -74,6 +74,18 @@ def check_collectives(comm):
                 h.wait()
                 want = n * (k + step) + n * (n - 1) / 2
                 assert bool(cupy.all(b == want)), ("iallreduce", comm.name, k, step)
+        # each rank its piece's sum, then every piece to every rank (staged through the host)
+        counts = [3 + 2 * k for k in range(n)]
+        lo, hi = sum(counts[:r]), sum(counts[: r + 1])
+        base = cupy.arange(sum(counts), dtype=dtype) % 97
+        buf = base + r
+        comm.ireduce_scatter_(buf, counts).wait()
+        want = base * n + n * (n - 1) / 2
+        assert cupy.array_equal(buf[lo:hi], want[lo:hi]), ("reduce-scatter", comm.name)
+        buf[:lo] = -1
+        buf[hi:] = -1
+        comm.allgather_(buf, counts)
+        assert cupy.array_equal(buf, want), ("all-gather", comm.name)
     # a kernel queued right before the reduction must be complete before it is read
     big = cupy.zeros(1 << 22, cupy.float32)
     big += r + 1

@@ -127,6 +127,24 @@ def main():
         b = np.full(10, float(r), dtype)
         comm.iallreduce_(b, "max").wait()
         assert np.all(b == n - 1)
+        # reduce-scatter: each rank its piece's sum (an empty piece too), several in flight;
+        # the all-gather then makes every rank's buffer whole
+        uneven = [0 if k == n // 2 else k % 3 * 4 + 1 for k in range(n)] if n > 1 else [3]
+        for counts in ([5] * n, uneven):
+            lo = sum(counts[:r])
+            hi = lo + counts[r]
+            base = np.arange(sum(counts), dtype=dtype) % 97
+            bufs = [base + r + k for k in range(3)]
+            handles = [comm.ireduce_scatter_(b, counts) for b in bufs]
+            for k, (b, h) in enumerate(zip(bufs, handles)):
+                h.wait()
+                h.wait()  # idempotent
+                want = (n * (base + k) + n * (n - 1) / 2).astype(dtype)
+                assert np.array_equal(b[lo:hi], want[lo:hi]), ("reduce-scatter", counts, k)
+                b[:lo] = -1
+                b[hi:] = -1
+                comm.allgather_(b, counts)
+                assert np.array_equal(b, want), ("all-gather", counts, k)
     # metrics: float64 sums of counts, exact beyond float32 and int32
     big = 2**50 + r  # n * 2**50 needs 52 bits: exact in float64, not in float32
     got = comm.allreduce_host(np.array([big, 1, 0.5]))
@@ -389,6 +407,11 @@ def test_self_communicator_is_identity() -> None:
     out = comm.allreduce_host(np.array([3, 4], dtype=np.int32))
     assert out.dtype == np.float64 and out.tolist() == [3.0, 4.0]
     assert comm.allgather_obj({"a": 1}) == [{"a": 1}]
+    comm.ireduce_scatter_(buf, [5]).wait()
+    comm.allgather_(buf, [5])
+    assert np.array_equal(buf, np.arange(5, dtype=np.float32))
+    with pytest.raises(ValueError, match="piece sizes"):
+        comm.allgather_(buf, [4])
     with pytest.raises(ValueError, match="prod"):
         comm.allreduce_(buf, "prod")
     assert comm.bytes_sent == 0  # one process hands nothing to a transport
@@ -411,13 +434,15 @@ def main():
         comm.iallreduce_(np.ones(5, np.float32)).wait()  # 20
         comm.bcast_(np.ones(3), root=0)  # 24 from the root, nothing from the others
         comm.allreduce_host([1, 2])  # 16: float64 whatever the values' type
+        comm.ireduce_scatter_(np.ones(6), [2, 4]).wait()  # the other rank's piece: 32 or 16
+        comm.allgather_(np.ones(6), [2, 4])  # its own piece: 16 or 32, one buffer's in all
         if root:
             comm.isend(np.ones(4, np.int64), dest=1).wait()  # 32 from the sender
         else:
             comm.recv_(np.empty(4, np.int64), source=0)  # the sender counted it
         comm.barrier()
         comm.allgather_obj("setup")
-        want = 80 + 20 + 16 + (24 + 32 if root else 0)
+        want = 80 + 20 + 16 + 48 + (24 + 32 if root else 0)
         assert comm.bytes_sent == want, (comm.name, comm.bytes_sent, want)
     print(f"OK rank {w.rank}", flush=True)
 

@@ -63,6 +63,18 @@ def main():
         got = torch.zeros(4)
         comm.recv_(got, source=0, tag=3)
         assert torch.equal(got, torch.arange(4.0) + 100), got
+    for counts in ([2] * n, [5] + [0] * (n - 1)):  # each rank its piece's sum, then all
+        lo, hi = sum(counts[:r]), sum(counts[: r + 1])
+        b = torch.arange(float(sum(counts))) * (r + 1)
+        comm.ireduce_scatter_(b, counts).wait()
+        want = torch.arange(float(sum(counts))) * (n * (n + 1) // 2)
+        assert torch.equal(b[lo:hi], want[lo:hi]), (counts, b)
+        b[:lo] = -1
+        b[hi:] = -1
+        comm.allgather_(b, counts)
+        assert torch.equal(b, want), (counts, b)
+    comm.ireduce_scatter_(torch.zeros(0), [0] * n).wait()
+    comm.allgather_(torch.zeros(0), [0] * n)
     comm.allreduce_(torch.zeros(0))
     staged = comm._pool.allocated
     assert (staged > 0) == STAGED, staged

@@ -165,3 +165,20 @@ def test_one_rank_is_told_there_is_nothing_to_shard():
     assert proc.returncode == 0, proc.stderr
     note = "xpnn: note: --shard-optimizer has no effect with one data-parallel rank"
     assert note in proc.stderr
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_a_step_sends_no_more_bytes_than_the_allreduce(tmp_path, ranks):
+    """Reduce-scattered buckets and one all-gather: the counted bytes of a step are at most
+    the allreduce's (an allreduce followed by the shards' broadcasts would send the parameters
+    once more)."""
+    args = [*MLP, "--epochs", "1", "--comm", "mpi-host"]
+    plain, sharded = (
+        next(r for r in train_and_load(tmp_path, ranks, run)[1] if r.get("event") == "epoch")
+        for run in (args, [*args, *SHARD])
+    )
+    assert plain["update"] == "allreduce" and sharded["update"] == "sharded"
+    assert plain["comm"] == sharded["comm"] == "mpi-host"
+    model_bytes = 8 * sum(v.size for v in train_and_load(tmp_path, 1, MLP)[0].values())
+    assert plain["comm_bytes_per_step"] >= ranks * model_bytes  # each rank its gradient
+    assert 0 < sharded["comm_bytes_per_step"] <= plain["comm_bytes_per_step"]

@@ -37,6 +37,14 @@ def check_op(op: str) -> None:
         raise ValueError(f"reduction op {op!r}: expected one of {', '.join(OPS)}")
 
 
+def check_counts(buf: Any, counts: list[int], ranks: int) -> list[int]:
+    """The start of each rank's piece of flat ``buf``; the pieces cover it, one a rank."""
+    size = int(buf.shape[0])  # a flat buffer
+    if len(counts) != ranks or min(counts) < 0 or sum(counts) != size:
+        raise ValueError(f"piece sizes {counts} do not cut {size} values over {ranks} ranks")
+    return [sum(counts[:r]) for r in range(ranks)]
+
+
 class Communicator:
     """The interface. ``fallback_reason``: why an explicit ``--comm`` was not honoured;
     ``detail``: why this one; ``auto_fallback``: why ``auto`` settled for it. Capabilities:
@@ -46,7 +54,9 @@ class Communicator:
     contributes and not the library's wire traffic (a ring allreduce moves about twice that):
     ``allreduce_``, ``iallreduce_``, ``iallreduce_sum16_`` (2 bytes a value), ``allreduce_host``
     and ``isend`` count their buffer; a ``bcast_`` counts on its root only and ``recv_`` not at
-    all (the sender counted it).
+    all (the sender counted it). ``ireduce_scatter_`` counts the pieces other ranks receive
+    (this rank's own piece stays here) and ``allgather_`` this rank's piece: together one
+    buffer's bytes, as an allreduce of it.
     Barriers, ``allgather_obj`` (small setup objects) and node-shared memory count nothing.
     An integer add per call, never a sync: read it before and after what is to be measured."""
 
@@ -81,6 +91,17 @@ class Communicator:
         raise NotImplementedError
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
+        raise NotImplementedError
+
+    def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
+        """Sum ``buf`` over the ranks, each rank receiving its piece alone: ``counts`` cut
+        ``buf`` into consecutive pieces, rank order; after ``wait()`` this rank's piece holds
+        the sum and the rest of ``buf`` is undefined (ZeRO's gradients, half an allreduce)."""
+        raise NotImplementedError
+
+    def allgather_(self, buf: Any, counts: list[int]) -> None:
+        """Every rank's piece of ``buf`` (cut by ``counts`` as ``ireduce_scatter_``'s) copied
+        from it to every rank, in place: the other half of the allreduce."""
         raise NotImplementedError
 
     def barrier(self) -> None:
@@ -136,6 +157,13 @@ class SelfCommunicator(Communicator):
     def bcast_(self, buf: Any, root: int = 0) -> None:
         if root != 0:
             raise ValueError(f"bcast root {root} out of range for 1 rank")
+
+    def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
+        check_counts(buf, counts, 1)
+        return DONE
+
+    def allgather_(self, buf: Any, counts: list[int]) -> None:
+        check_counts(buf, counts, 1)
 
     def barrier(self) -> None:
         pass

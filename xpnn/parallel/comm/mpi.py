@@ -10,7 +10,7 @@ import numpy as np
 
 from xpnn import phases
 from xpnn.parallel.comm.arrays import CUPY, CupyArrays, TorchArrays
-from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_op
+from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_counts, check_op
 from xpnn.parallel.comm.narrow import sum_op
 from xpnn.runtime import flight, stall
 
@@ -30,6 +30,18 @@ class MpiHandle:
             stall.wait(self._req, self._what)
             self._req = None
             self._buf = None
+
+
+class Requests:
+    """Several MPI requests waited as one (``Test`` as a request's, for ``stall.wait``)."""
+
+    __slots__ = ("_reqs",)
+
+    def __init__(self, reqs: list[Any]) -> None:
+        self._reqs = reqs
+
+    def Test(self) -> bool:  # noqa: N802 (mpi4py's name)
+        return all(req.Test() for req in self._reqs)  # a finished request tests true again
 
 
 class _PinnedSlot:
@@ -84,6 +96,11 @@ class _PinnedPool:
         self.release(slot)
 
 
+def _itemsize(buf: Any) -> int:
+    """Bytes a value of a flat numpy, CuPy or PyTorch buffer."""
+    return buf.nbytes // buf.shape[0] if buf.shape[0] else 0
+
+
 def as_cupy(buf: Any) -> Any:
     """A flat zero-copy CuPy view of a contiguous device array."""
     return CUPY.flat(buf)
@@ -93,15 +110,18 @@ class _StagedHandle:
     """A reduction staged through pinned memory, copied back to ``dev``; or a send (``dev``
     None: the host buffer only returns to the pool)."""
 
-    __slots__ = ("_req", "_dev", "_slot", "_pool")
+    __slots__ = ("_req", "_dev", "_slot", "_pool", "_what")
 
-    def __init__(self, req: Any, dev: Any, slot: _PinnedSlot, pool: _PinnedPool) -> None:
+    def __init__(
+        self, req: Any, dev: Any, slot: _PinnedSlot, pool: _PinnedPool, what: str = ""
+    ) -> None:
         self._req, self._dev, self._slot, self._pool = req, dev, slot, pool
+        self._what = what or ("a send" if dev is None else "an allreduce")
 
     def wait(self) -> None:
         if self._req is None:
             return
-        stall.wait(self._req, "a send" if self._dev is None else "an allreduce")
+        stall.wait(self._req, self._what)
         if self._dev is None:
             self._pool.release(self._slot)
         else:
@@ -177,6 +197,42 @@ class MpiHostCommunicator(Communicator):
             else:
                 stall.wait(self._comm.Ibcast(buf, root=root), "a broadcast")
 
+    def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
+        starts = check_counts(buf, counts, self.size)
+        sent = buf.nbytes - counts[self.rank] * _itemsize(buf)
+        self.bytes_sent += sent
+        record = flight.post(self, "reduce-scatter", sent)
+        if type(buf) is np.ndarray or not self._arrays.is_device(buf):
+            reqs = self._reduce_pieces(buf, starts, counts)
+            return flight.Tracked(MpiHandle(reqs, buf, "a reduce-scatter"), record)
+        return flight.Tracked(self._device_ireduce_scatter(buf, starts, counts), record)
+
+    def _reduce_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
+        """One in-place reduce of each rank's piece to that rank: pieces stay where they are
+        (``Ireduce_scatter`` would put this rank's at the start of its buffer)."""
+        reqs = []
+        for root, (start, count) in enumerate(zip(starts, counts, strict=True)):
+            if count:
+                piece = host[start : start + count]
+                mine = root == self.rank
+                send, recv = (self._in_place, piece) if mine else (piece, None)
+                reqs.append(self._comm.Ireduce(send, recv, self._ops["sum"], root=root))
+        return Requests(reqs)
+
+    def allgather_(self, buf: Any, counts: list[int]) -> None:
+        starts = check_counts(buf, counts, self.size)
+        mine = counts[self.rank] * _itemsize(buf)
+        self.bytes_sent += mine
+        with flight.Op(self, "all-gather", mine):
+            if type(buf) is np.ndarray or not self._arrays.is_device(buf):
+                self._gather_pieces(buf, starts, counts)
+            else:
+                self._device_allgather(buf, starts, counts)
+
+    def _gather_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> None:
+        spec = [host, (counts, starts)]
+        stall.wait(self._comm.Iallgatherv(self._in_place, spec), "an all-gather")
+
     def barrier(self) -> None:
         with flight.Op(self, "barrier"):
             stall.wait(self._comm.Ibarrier(), "a barrier")
@@ -197,6 +253,22 @@ class MpiHostCommunicator(Communicator):
         slot = self._pool.copy_out(dev)
         req = self._comm.Iallreduce(self._in_place, slot.host, mop)
         return _StagedHandle(req, dev, slot, self._pool)
+
+    def _device_ireduce_scatter(self, buf: Any, starts: list[int], counts: list[int]) -> Handle:
+        dev = self._arrays.flat(buf)
+        if not self._arrays.size(dev):
+            return DONE
+        slot = self._pool.copy_out(dev)
+        reqs = self._reduce_pieces(slot.host, starts, counts)
+        return _StagedHandle(reqs, dev, slot, self._pool, "a reduce-scatter")
+
+    def _device_allgather(self, buf: Any, starts: list[int], counts: list[int]) -> None:
+        dev = self._arrays.flat(buf)
+        if not self._arrays.size(dev):
+            return
+        slot = self._pool.copy_out(dev)
+        self._gather_pieces(slot.host, starts, counts)
+        self._pool.copy_back(dev, slot)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         dev = self._arrays.flat(buf)

@@ -71,11 +71,14 @@ class GradientBuckets:
         for i in self._cursor.finished(offset):
             start, end = self.bounds[i]
             flight.tag(bucket=i + 1)  # the flight record and the trace name the bucket
-            if self.wire is None:
-                self._handles.append(self.comm.iallreduce_(self.grads[start:end], "sum"))
-            else:
-                self._handles.append(self.wire.start(self.comm, self.grads[start:end]))
+            self._handles.append(self.launch(start, end))
             flight.tag()
+
+    def launch(self, start: int, end: int) -> Any:
+        """Start reducing ``grads[start:end]`` over the ranks: the bucket's handle."""
+        if self.wire is None:
+            return self.comm.iallreduce_(self.grads[start:end], "sum")
+        return self.wire.start(self.comm, self.grads[start:end])
 
     def wait(self, count: int) -> None:
         """Launch what is left, then wait for buckets ``0 .. count-1`` (in launch order)."""

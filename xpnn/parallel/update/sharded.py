@@ -1,9 +1,11 @@
 """The optimizer state sharded over the data-parallel ranks (ZeRO stage 1, as DeepSpeed's and
 FSDP's sharded optimizer): each rank keeps the state of one contiguous shard of the flat
-parameters, 1 / N of it. The gradient buckets are reduced as backward fills them (as
-``AllreduceUpdate``'s), each rank updates its shard as soon as the buckets under it are final,
-then every shard is broadcast from its owner: the parameters are whole again on every rank.
-A checkpoint holds the whole state (``whole_state``), so any rank count resumes it."""
+parameters, 1 / N of it. Each gradient bucket is reduce-scattered as backward fills it (as
+``AllreduceUpdate``'s buckets are allreduced): every rank receives the sum over its shard's
+piece of the bucket alone. Each rank updates its shard as soon as the buckets under it are
+final, then one all-gather makes the parameters whole again on every rank: a step sends one
+gradient's bytes, as the allreduce. A checkpoint holds the whole state (``whole_state``), so
+any rank count resumes it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,24 @@ def shard_bounds(n: int, ranks: int) -> list[tuple[int, int]]:
     per, extra = divmod(n, ranks)
     starts = [r * per + min(r, extra) for r in range(ranks + 1)]
     return list(zip(starts, starts[1:], strict=False))
+
+
+def piece_counts(start: int, end: int, shards: list[tuple[int, int]]) -> list[int]:
+    """How many of ``[start, end)`` fall in each rank's shard: its reduce-scatter's pieces."""
+    return [max(0, min(end, hi) - max(start, lo)) for lo, hi in shards]
+
+
+class ScatteredBuckets(GradientBuckets):
+    """Gradient buckets each reduced to the ranks whose shards it covers, not to every rank."""
+
+    def __init__(
+        self, grads: Array, comm: Any, bucket_bytes: int, shards: list[tuple[int, int]]
+    ) -> None:
+        super().__init__(grads, comm, bucket_bytes)
+        self.counts = {s: piece_counts(s, e, shards) for s, e in self.bounds}
+
+    def launch(self, start: int, end: int) -> Any:
+        return self.comm.ireduce_scatter_(self.grads[start:end], self.counts[start])
 
 
 class ShardedOptimizer:
@@ -53,6 +73,18 @@ class ShardedOptimizer:
     @property
     def clip(self) -> Any:
         return self.inner.clip
+
+    def end_step(self) -> None:
+        self.inner.end_step()
+
+    def add_pre_step_hook(self, hook: Any) -> None:
+        self.inner.add_pre_step_hook(hook)
+
+    def add_post_step_hook(self, hook: Any) -> None:
+        self.inner.add_post_step_hook(hook)
+
+    def add_skip_rule(self, rule: Any) -> None:
+        self.inner.add_skip_rule(rule)
 
     @property
     def state(self) -> dict[str, Array]:
@@ -89,7 +121,8 @@ class ShardedUpdate(Update):
         self.model, self.comm, self.deferred = model, comm, deferred
         self.shards = shard_bounds(model.size, comm.size)
         lo, hi = self.shards[comm.rank]
-        self.buckets = GradientBuckets(model.grads, comm, bucket_bytes)
+        self.counts = [hi - lo for lo, hi in self.shards]
+        self.buckets = ScatteredBuckets(model.grads, comm, bucket_bytes, self.shards)
         bounds = self.buckets.bounds  # last first, as backward finishes them
         edges = sorted({lo, hi, *(start for start, _ in bounds if lo < start < hi)})
         parts = list(zip(edges, edges[1:], strict=False))[::-1]
@@ -117,7 +150,8 @@ class ShardedUpdate(Update):
         self.optimizer.take_loaded()
 
     def finish(self) -> None:
-        """After backward: update this rank's shard as its buckets are reduced, then gather."""
+        """After backward: update this rank's shard as its buckets are reduced, then gather
+        the parameters (the gradients outside the shard are left undefined)."""
         inner = self.optimizer.inner
         if self.deferred:
             self.buckets.wait(len(self.buckets.bounds))
@@ -130,9 +164,7 @@ class ShardedUpdate(Update):
 
     def _gather(self, whole: Array) -> None:
         """Each shard of ``whole`` from the rank that holds it, to every rank."""
-        for rank, (lo, hi) in enumerate(self.shards):
-            if hi > lo:
-                self.comm.bcast_(whole[lo:hi], rank)
+        self.comm.allgather_(whole, self.counts)
 
     def whole_state(self) -> dict[str, Array]:
         """Every state over every parameter, on every rank (collective): what checkpoints save."""
