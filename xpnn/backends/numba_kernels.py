@@ -152,6 +152,10 @@ def _causal_softmax_into(s: np.ndarray, p: np.ndarray) -> np.ndarray:
     return _normalise_rows(p, np.ones(s.shape[-1], dtype=p.dtype))
 
 
+# taps a position (C_in*kh*kw) up to which the direct convolution beats im2col and one GEMM
+DIRECT_TAPS = 16
+
+
 def _tasks(n: int, c: int) -> int:
     """Batch chunks per channel of the im2col/col2im loops: a few tasks per thread."""
     want = 4 * nb.get_num_threads()
@@ -218,6 +222,31 @@ class NumbaKernels(NumpyKernels):
         y3 = dy3 if act == "identity" else np.ascontiguousarray(y).reshape(n, c, oh * ow)
         conv.conv_output_grad(dy3, y3, out, ACT_CODE[act])
         return out, out.sum(axis=1)
+
+    def conv_direct_pays(self, c_in, kh, kw, stride):
+        return c_in * kh * kw <= DIRECT_TAPS
+
+    def conv_direct(self, x, w, b, stride, padding, out_hw, act):
+        x = np.ascontiguousarray(x)
+        c_out, _, kh, kw = w.shape
+        y = np.empty((x.shape[0], c_out, *out_hw), dtype=x.dtype)
+        w2 = np.ascontiguousarray(w).reshape(c_out, -1)
+        geometry = (kh, kw, stride, padding)
+        return conv.conv_direct(x, w2, b, *geometry, y, _tasks(x.shape[0], 1), ACT_CODE[act])
+
+    def conv_direct_backward(self, dy, x, y, w, stride, padding, act, dw, need_dx):
+        dy = np.ascontiguousarray(dy)
+        y = dy if act == "identity" else np.ascontiguousarray(y)  # unread for the identity
+        c_out, _, kh, kw = w.shape
+        chunks = _tasks(x.shape[0], 1)
+        pdw = np.zeros((chunks, c_out, dw.size // c_out), dtype=dy.dtype)
+        pdb = np.zeros((chunks, c_out), dtype=dy.dtype)
+        dx = np.empty(x.shape if need_dx else (0, *x.shape[1:]), dtype=dy.dtype)
+        w2 = np.ascontiguousarray(w).reshape(c_out, -1)
+        geometry = (kh, kw, stride, padding)
+        conv.conv_direct_backward(dy, x, y, w2, *geometry, ACT_CODE[act], dx, pdw, pdb)
+        np.sum(pdw, axis=0, out=dw.reshape(c_out, -1))
+        return pdb.sum(axis=0), (dx if need_dx else None)
 
     def maxpool2d_forward(self, x, size, stride):
         x = np.ascontiguousarray(x)
