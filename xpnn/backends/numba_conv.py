@@ -154,8 +154,9 @@ def conv_output(yc, bias, y, code):  # pragma: no cover - compiled
 
 
 @parallel_twin
-def conv_output_grad(dy, y, out, code):  # pragma: no cover - compiled
-    """out[c, n*P + k] = act'(dy[n, c, k]) (``y`` unused for the identity)."""
+def conv_output_grad(dy, y, out, db, code):  # pragma: no cover - compiled
+    """out[c, n*P + k] = act'(dy[n, c, k]) (``y`` unused for the identity), and db[c] the sum
+    of out's row c, summed while the row is in cache."""
     n, c, p = dy.shape
     pu, nu = U(p), U(n)
     for ci in prange(c):
@@ -171,7 +172,8 @@ def conv_output_grad(dy, y, out, code):  # pragma: no cover - compiled
             else:
                 for k in range(pu):
                     out[cu, o + k] = apply_act_grad(dy[b, cu, k], y[b, cu, k], code)
-    return out
+        db[cu] = _sum(out[cu]) if nu * pu > 0 else 0  # _sum reads a first value
+    return out, db
 
 
 @parallel_twin
