@@ -123,3 +123,27 @@ def test_conv2d_takes_the_direct_path_only_where_the_backend_says_it_pays():
     assert few.layers[0]._buffers is None and few.layers[0].x is not None
     assert many.layers[0]._buffers is not None and many.layers[0].x is None
     assert not Kernels(np).conv_direct_pays(1, 3, 3, 1)  # the array API: im2col and a GEMM
+
+
+@pytest.mark.parametrize(
+    "shape, out_hw",
+    [
+        ((4, 5, 5, 5, 3, 3, 1), None),  # 3 wide: the offset-table path
+        ((4, 5, 5, 5, 3, 3, 1), (2, 2)),  # what a floor-mode pool reads
+        ((3, 2, 9, 8, 2, 3, 2), (3, 2)),  # strided
+        ((2, 3, 13, 13, 3, 3, 1), (10, 10)),  # 10 wide: row by row
+    ],
+)
+def test_numba_im2col_col2im_without_padding_equal_the_reference(shape, out_hw):
+    n, c, h, w, kh, kw, s = shape
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((n, c, h, w))
+    want = Kernels(np).im2col(x, kh, kw, s, 0, out_hw=out_hw)
+    out = np.full(want.shape, np.nan)  # a kernel that writes nothing fails
+    got = NumbaKernels(np).im2col(x, kh, kw, s, 0, out=out, out_hw=out_hw)
+    np.testing.assert_array_equal(got, want)
+    d = rng.standard_normal(want.shape)
+    dx_want = Kernels(np).col2im(d, x.shape, kh, kw, s, 0, out_hw)
+    dx = NumbaKernels(np).col2im(d.copy(), x.shape, kh, kw, s, 0, out_hw)
+    np.testing.assert_allclose(dx, dx_want, rtol=1e-13, atol=1e-14)
+    assert np.isclose(np.sum(want * d), np.sum(x * dx))  # the adjoint

@@ -96,6 +96,55 @@ def im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - c
 
 
 @parallel_twin
+def im2col_gather(x, kh, kw, out, tab, chunks):  # pragma: no cover - compiled
+    """``im2col`` without padding, for narrow outputs (few columns a row: the row-by-row
+    loops would be mostly loop overhead): out[row, k] = x.flat[base(row) + tab[k]], where
+    ``tab[n*P + r*OW + q]`` is the flat offset of output (r, q)'s window in sample n's input
+    (``gather_table``); one long gather per row of ``out`` and batch chunk."""
+    n, c, h, w = x.shape
+    xf = x.reshape(-1)
+    p = tab.shape[0] // n
+    step = (n + chunks - 1) // chunks
+    for t in prange(c * chunks):
+        ci = t // chunks
+        k0 = U((t % chunks) * step * p)
+        k1 = U(min(n, (t % chunks) * step + step) * p)
+        for i in range(kh):
+            for j in range(kw):
+                row = out[U((ci * kh + i) * kw + j)]
+                base = U(ci * h * w + i * w + j)
+                for k in range(k0, k1):
+                    row[k] = xf[base + U(tab[k])]
+    return out
+
+
+@parallel_twin
+def col2im_scatter(cols, dx, kh, kw, tab, chunks):  # pragma: no cover - compiled
+    """``im2col_gather``'s adjoint: each row of ``cols`` added back through the same offsets
+    (a task owns one channel's planes over a batch chunk: no races)."""
+    n, c, h, w = dx.shape
+    dxf = dx.reshape(-1)
+    p = tab.shape[0] // n
+    step = (n + chunks - 1) // chunks
+    hw = U(h * w)
+    for t in prange(c * chunks):
+        ci = t // chunks
+        b0 = (t % chunks) * step
+        b1 = min(n, b0 + step)
+        for b in range(b0, b1):
+            o = (U(b) * U(c) + U(ci)) * hw
+            for e in range(hw):
+                dxf[o + e] = 0
+        for i in range(kh):
+            for j in range(kw):
+                row = cols[U((ci * kh + i) * kw + j)]
+                base = U(ci * h * w + i * w + j)
+                for k in range(U(b0 * p), U(b1 * p)):
+                    dxf[base + U(tab[k])] += row[k]
+    return dx
+
+
+@parallel_twin
 def col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover - compiled
     n, c, h, w = dx.shape
     p = oh * ow
