@@ -35,6 +35,7 @@ NAMES = (
     "gpt",
     "trace_cost",
     "plan_accuracy",
+    "limit",
 )
 
 

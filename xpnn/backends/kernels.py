@@ -415,6 +415,55 @@ class Kernels:
             dyc = out
         return dyc, xp.sum(dyc, axis=1)
 
+    def conv_direct_pays(self, c_in: int, kh: int, kw: int, stride: int) -> bool:
+        """Whether ``conv_direct`` beats im2col and one GEMM for this geometry: never here
+        (a backend with a direct kernel says where its own does)."""
+        return False
+
+    def conv_direct(
+        self,
+        x: Array,
+        w: Array,
+        b: Array,
+        stride: int,
+        padding: int,
+        out_hw: tuple[int, int],
+        act: str,
+    ) -> Array:
+        """``act(conv(x, w) + b)`` -> (N, C_out, *out_hw), keeping no columns for the backward
+        (it reads ``x``). The reference: im2col and one GEMM."""
+        xp = self.xp
+        c_out, _, kh, kw = w.shape
+        cols = self.im2col(x, kh, kw, stride, padding, out_hw=out_hw)
+        yc = xp.matmul(xp.reshape(w, (c_out, -1)), cols)
+        return self.conv_output(yc, b, (x.shape[0], c_out, *out_hw), act)
+
+    def conv_direct_backward(
+        self,
+        dy: Array,
+        x: Array,
+        y: Array | None,
+        w: Array,
+        stride: int,
+        padding: int,
+        act: str,
+        dw: Array,
+        need_dx: bool,
+    ) -> tuple[Array, Array | None]:
+        """``(dL/db, dL/dx or None)`` of ``conv_direct`` from dL/dy, its input ``x`` and output
+        ``y``; dL/dW is written into ``dw`` (the gradient buffer's view)."""
+        xp = self.xp
+        c_out, _, kh, kw = w.shape
+        out_hw = tuple(dy.shape[2:])
+        dyc, db = self.conv_output_grad(dy, None, y, act)
+        cols = self.im2col(x, kh, kw, stride, padding, out_hw=out_hw)
+        w2 = xp.reshape(w, (c_out, -1))
+        dw[...] = xp.reshape(xp.matmul(dyc, xp.permute_dims(cols, (1, 0))), tuple(w.shape))
+        if not need_dx:
+            return db, None
+        dcols = xp.matmul(xp.permute_dims(w2, (1, 0)), dyc)
+        return db, self.col2im(dcols, tuple(x.shape), kh, kw, stride, padding, out_hw)
+
     def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
         xp = self.xp
         oh, ow = (conv_out_size(s, size, stride, 0) for s in x.shape[2:])

@@ -96,6 +96,55 @@ def im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - c
 
 
 @parallel_twin
+def im2col_gather(x, kh, kw, out, tab, chunks):  # pragma: no cover - compiled
+    """``im2col`` without padding, for narrow outputs (few columns a row: the row-by-row
+    loops would be mostly loop overhead): out[row, k] = x.flat[base(row) + tab[k]], where
+    ``tab[n*P + r*OW + q]`` is the flat offset of output (r, q)'s window in sample n's input
+    (``gather_table``); one long gather per row of ``out`` and batch chunk."""
+    n, c, h, w = x.shape
+    xf = x.reshape(-1)
+    p = tab.shape[0] // n
+    step = (n + chunks - 1) // chunks
+    for t in prange(c * chunks):
+        ci = t // chunks
+        k0 = U((t % chunks) * step * p)
+        k1 = U(min(n, (t % chunks) * step + step) * p)
+        for i in range(kh):
+            for j in range(kw):
+                row = out[U((ci * kh + i) * kw + j)]
+                base = U(ci * h * w + i * w + j)
+                for k in range(k0, k1):
+                    row[k] = xf[base + U(tab[k])]
+    return out
+
+
+@parallel_twin
+def col2im_scatter(cols, dx, kh, kw, tab, chunks):  # pragma: no cover - compiled
+    """``im2col_gather``'s adjoint: each row of ``cols`` added back through the same offsets
+    (a task owns one channel's planes over a batch chunk: no races)."""
+    n, c, h, w = dx.shape
+    dxf = dx.reshape(-1)
+    p = tab.shape[0] // n
+    step = (n + chunks - 1) // chunks
+    hw = U(h * w)
+    for t in prange(c * chunks):
+        ci = t // chunks
+        b0 = (t % chunks) * step
+        b1 = min(n, b0 + step)
+        for b in range(b0, b1):
+            o = (U(b) * U(c) + U(ci)) * hw
+            for e in range(hw):
+                dxf[o + e] = 0
+        for i in range(kh):
+            for j in range(kw):
+                row = cols[U((ci * kh + i) * kw + j)]
+                base = U(ci * h * w + i * w + j)
+                for k in range(U(b0 * p), U(b1 * p)):
+                    dxf[base + U(tab[k])] += row[k]
+    return dx
+
+
+@parallel_twin
 def col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover - compiled
     n, c, h, w = dx.shape
     p = oh * ow
@@ -154,8 +203,9 @@ def conv_output(yc, bias, y, code):  # pragma: no cover - compiled
 
 
 @parallel_twin
-def conv_output_grad(dy, y, out, code):  # pragma: no cover - compiled
-    """out[c, n*P + k] = act'(dy[n, c, k]) (``y`` unused for the identity)."""
+def conv_output_grad(dy, y, out, db, code):  # pragma: no cover - compiled
+    """out[c, n*P + k] = act'(dy[n, c, k]) (``y`` unused for the identity), and db[c] the sum
+    of out's row c, summed while the row is in cache."""
     n, c, p = dy.shape
     pu, nu = U(p), U(n)
     for ci in prange(c):
@@ -171,7 +221,8 @@ def conv_output_grad(dy, y, out, code):  # pragma: no cover - compiled
             else:
                 for k in range(pu):
                     out[cu, o + k] = apply_act_grad(dy[b, cu, k], y[b, cu, k], code)
-    return out
+        db[cu] = _sum(out[cu]) if nu * pu > 0 else 0  # _sum reads a first value
+    return out, db
 
 
 @parallel_twin
@@ -294,3 +345,234 @@ def dropout_mask(ids, base, threshold, scale, out):  # pragma: no cover - compil
         for e in range(f):
             out[b, e] = scale if _fmix32(s ^ elems[e]) >= threshold else 0
     return out
+
+
+# -- direct convolution: few input channels (``Kernels.conv_direct_pays``) ---------------------
+# With T = C_in*kh*kw taps a position, im2col's GEMM has K = T: for small T its memory passes
+# (the whole batch's columns, the (C_out, N*P) result, its transpose to NCHW) cost more than
+# its arithmetic. Here one sample's columns (T, P) are built at a time, in cache, and every
+# output plane is summed from them in the (N, C, P) layout the next layer reads: contiguous
+# passes of P = OH*OW values, nothing the size of the batch but the output itself.
+
+
+@nb.njit(**JIT)
+def _sample_cols(x, b, kh, kw, stride, pad, oh, ow, cols):  # pragma: no cover - compiled
+    """cols[(c*kh + i)*kw + j, r*OW + q] = x[b, c, r*stride + i - pad, q*stride + j - pad]
+    (0 outside the input): im2col of sample ``b`` alone."""
+    _, c, h, w = x.shape
+    su = U(stride)
+    bu = U(b)
+    for ci in range(U(c)):
+        for i in range(kh):
+            for j in range(kw):
+                row = cols[U((ci * kh + i) * kw + j)]
+                lo, hi = _valid_range(j, pad, stride, w, ow)
+                first = U(lo * stride + j - pad)
+                lou, cnt = U(lo), U(hi - lo)
+                for r in range(oh):
+                    o = U(r * ow)
+                    hh = r * stride + i - pad
+                    if hh < 0 or hh >= h:
+                        for q in range(U(ow)):
+                            row[o + q] = 0
+                        continue
+                    src = x[bu, ci, U(hh)]
+                    for q in range(lou):
+                        row[o + q] = 0
+                    if stride == 1:
+                        for q in range(cnt):
+                            row[o + lou + q] = src[first + q]
+                    else:
+                        for q in range(cnt):
+                            row[o + lou + q] = src[first + q * su]
+                    for q in range(lou + cnt, U(ow)):
+                        row[o + q] = 0
+
+
+@nb.njit(**JIT)
+def _axpy(acc, src, wv):  # pragma: no cover - compiled
+    """acc += wv * src."""
+    for p in range(U(acc.shape[0])):
+        acc[p] += wv * src[p]
+
+
+# a dot product's float additions reassociated (no other fast-math): vectorised, 8-16x
+@nb.njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc"})
+def _dot(g, src):  # pragma: no cover - compiled
+    """sum of g * src (g is not empty: the sum starts from its first term)."""
+    s = g[0] * src[0]
+    for p in range(U(1), U(g.shape[0])):
+        s += g[p] * src[p]
+    return s
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc"})
+def _sum(g):  # pragma: no cover - compiled
+    s = g[0]
+    for p in range(U(1), U(g.shape[0])):
+        s += g[p]
+    return s
+
+
+# Nine taps (one input channel, 3x3: the common first layer) in one pass, loads shared
+@nb.njit(**JIT)
+def _out9(out, cols, w, bo, relu):  # pragma: no cover - compiled
+    """out = bo + w @ cols for 9 rows of ``cols``, ReLU'd where ``relu``."""
+    c0, c1, c2, c3, c4 = cols[0], cols[1], cols[2], cols[3], cols[4]
+    c5, c6, c7, c8 = cols[5], cols[6], cols[7], cols[8]
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]
+    for p in range(U(out.shape[0])):
+        v = bo + (
+            w0 * c0[p] + w1 * c1[p] + w2 * c2[p] + w3 * c3[p] + w4 * c4[p]
+            + w5 * c5[p] + w6 * c6[p] + w7 * c7[p] + w8 * c8[p]
+        )  # fmt: skip
+        out[p] = (0 if v <= 0 else v) if relu else v
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc"})
+def _dots9(g, cols, acc):  # pragma: no cover - compiled
+    """acc[k] += g . cols[k] for 9 rows, and acc[9] += sum(g): one pass over ``g`` (a ReLU's
+    select inside this loop stops its vectorisation: 2x slower)."""
+    c0, c1, c2, c3, c4 = cols[0], cols[1], cols[2], cols[3], cols[4]
+    c5, c6, c7, c8 = cols[5], cols[6], cols[7], cols[8]
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = s8 = sg = acc[0] - acc[0]
+    for p in range(U(g.shape[0])):
+        gp = g[p]
+        sg += gp
+        s0 += gp * c0[p]
+        s1 += gp * c1[p]
+        s2 += gp * c2[p]
+        s3 += gp * c3[p]
+        s4 += gp * c4[p]
+        s5 += gp * c5[p]
+        s6 += gp * c6[p]
+        s7 += gp * c7[p]
+        s8 += gp * c8[p]
+    acc[0] += s0
+    acc[1] += s1
+    acc[2] += s2
+    acc[3] += s3
+    acc[4] += s4
+    acc[5] += s5
+    acc[6] += s6
+    acc[7] += s7
+    acc[8] += s8
+    acc[9] += sg
+
+
+@parallel_twin
+def conv_direct(x, w2, b, kh, kw, stride, pad, y, chunks, code):  # pragma: no cover - compiled
+    """y[n, o, :] = act(b[o] + w2[o] @ (sample n's columns)); y is (N, C_out, P)."""
+    n = x.shape[0]
+    taps = w2.shape[1]
+    _, co, oh, ow = y.shape
+    step = (n + chunks - 1) // chunks
+    for t in prange(chunks):
+        cols = np.empty((taps, oh * ow), dtype=x.dtype)
+        for bi in range(t * step, min(n, (t + 1) * step)):
+            _sample_cols(x, bi, kh, kw, stride, pad, oh, ow, cols)
+            for ou in range(U(co)):
+                out = y[U(bi), ou].reshape(oh * ow)
+                bo = b[ou]
+                if taps == 9 and code <= 1:
+                    _out9(out, cols, w2[ou], bo, code == 1)
+                    continue
+                w0 = w2[ou, 0]
+                c0 = cols[0]
+                for p in range(U(oh * ow)):
+                    out[p] = bo + w0 * c0[p]
+                for k in range(U(1), U(taps)):
+                    _axpy(out, cols[k], w2[ou, k])
+                if code == 1:  # the common case, kept branch-free for the vectoriser
+                    for p in range(U(oh * ow)):
+                        v = out[p]
+                        out[p] = 0 if v <= 0 else v  # NaN stays NaN
+                elif code != 0:
+                    for p in range(U(oh * ow)):
+                        out[p] = apply_act(out[p], code)
+    return y
+
+
+@parallel_twin
+def conv_direct_backward(  # pragma: no cover - compiled
+    dy, x, y, w2, kh, kw, stride, pad, code, dx, pdw, pdb
+):
+    """Per batch chunk (``pdw``'s and ``pdb``'s first axis): the partial weight and bias
+    gradients, and, where ``dx`` has samples, each of the chunk's samples' input gradient
+    (a sample's planes belong to one task: written once, no races)."""
+    n = x.shape[0]
+    taps = w2.shape[1]
+    _, co, oh, ow = dy.shape
+    p_count = oh * ow
+    chunks = pdw.shape[0]
+    step = (n + chunks - 1) // chunks
+    need_dx = dx.shape[0] > 0
+    for t in prange(chunks):
+        cols = np.empty((taps, p_count), dtype=x.dtype)
+        dcols = np.empty((taps, p_count), dtype=x.dtype)
+        g = np.empty(p_count, dtype=x.dtype)
+        acc = np.empty(taps + 1, dtype=x.dtype)
+        for bi in range(t * step, min(n, (t + 1) * step)):
+            bu = U(bi)
+            _sample_cols(x, bi, kh, kw, stride, pad, oh, ow, cols)
+            if need_dx:
+                dcols[...] = 0
+            for ou in range(U(co)):
+                dyp = dy[bu, ou].reshape(p_count)
+                yp = y[bu, ou].reshape(p_count)
+                if code == 0:
+                    for p in range(U(p_count)):
+                        g[p] = dyp[p]
+                else:
+                    if code == 1:
+                        for p in range(U(p_count)):
+                            g[p] = dyp[p] if yp[p] > 0 else 0
+                    else:
+                        for p in range(U(p_count)):
+                            g[p] = apply_act_grad(dyp[p], yp[p], code)
+                if taps == 9:
+                    acc[:] = 0
+                    _dots9(g, cols, acc)
+                    for k in range(9):
+                        pdw[t, ou, k] += acc[k]
+                    pdb[t, ou] += acc[9]
+                else:
+                    pdb[t, ou] += _sum(g)
+                    for k in range(U(taps)):
+                        pdw[t, ou, k] += _dot(g, cols[k])
+                if need_dx:
+                    for k in range(U(taps)):
+                        _axpy(dcols[k], g, w2[ou, k])
+            if need_dx:
+                _sample_col2im(dcols, bi, kh, kw, stride, pad, oh, ow, dx)
+    return pdw, pdb
+
+
+@nb.njit(**JIT)
+def _sample_col2im(dcols, b, kh, kw, stride, pad, oh, ow, dx):  # pragma: no cover - compiled
+    """dx[b] = the adjoint of ``_sample_cols``: each column entry added back where it came from."""
+    _, c, h, w = dx.shape
+    su = U(stride)
+    bu = U(b)
+    for ci in range(U(c)):
+        for hh in range(U(h)):
+            for q in range(U(w)):
+                dx[bu, ci, hh, q] = 0
+        for i in range(kh):
+            for j in range(kw):
+                row = dcols[U((ci * kh + i) * kw + j)]
+                lo, hi = _valid_range(j, pad, stride, w, ow)
+                first = U(lo * stride + j - pad)
+                lou, cnt = U(lo), U(hi - lo)
+                for r in range(oh):
+                    hh = r * stride + i - pad
+                    if hh < 0 or hh >= h:
+                        continue
+                    dst = dx[bu, ci, U(hh)]
+                    o = U(r * ow) + lou
+                    if stride == 1:
+                        for q in range(cnt):
+                            dst[first + q] += row[o + q]
+                    else:
+                        for q in range(cnt):
+                            dst[first + q * su] += row[o + q]

@@ -1,4 +1,5 @@
-"""2-D convolution (NCHW) as im2col + one GEMM per layer, with reused column buffers."""
+"""2-D convolution (NCHW) as im2col + one GEMM per layer, with reused column buffers, or as
+the backend's direct kernel where that pays (few input channels: ``Kernels.conv_direct_pays``)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class Conv2D(Layer):
         self.padding = check_int("Conv2D", "padding", padding, minimum=0)
         self._buffers: tuple[Array, Array] | None = None  # flat (cols, gemm) scratch
         self._dwt_buf: Array | None = None
+        self.x: Array | None = None  # the input, where the forward was direct
         # all outputs the input allows, and the ones computed
         self.out_hw: tuple[int, int] | None = None
         self.used_hw: tuple[int, int] | None = None
@@ -121,6 +123,13 @@ class Conv2D(Layer):
         if x.dtype != self.params["W"].dtype:  # uint8 images, or float64 into a float32 net:
             x = self.xp.asarray(x, dtype=self.params["W"].dtype)  # the weights' dtype, as Dense
         k = self.kernels
+        if k.conv_direct_pays(self.in_shape[0], self.kh, self.kw, self.stride):
+            w, b = self.params["W"], self.params["b"]
+            y = k.conv_direct(x, w, b, self.stride, self.padding, self.used_hw, self.activation)
+            self.x = x  # the backward reads it; no columns are kept
+            self.y = y if self.activation != "identity" else None
+            return y
+        self.x = None
         n = x.shape[0]
         cols, gemm = self._scratch(n, x.dtype)
         k.im2col(x, self.kh, self.kw, self.stride, self.padding, cols, self.used_hw)
@@ -133,6 +142,13 @@ class Conv2D(Layer):
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         k = self.kernels
+        if self.x is not None:  # the forward was direct
+            with WGRAD:  # (and the input's gradient, where it is asked for, in the same pass)
+                w, dw = self.params["W"], self.grads["W"]
+                geometry = (self.stride, self.padding, self.activation)
+                db, dx = k.conv_direct_backward(dy, self.x, self.y, w, *geometry, dw, need_dx)
+            self.grads["b"][...] = db
+            return dx
         dyc, db = k.conv_output_grad(dy, self.gemm, self.y, self.activation)
         self.grads["b"][...] = db
         gw = self._w2(grads=True)
