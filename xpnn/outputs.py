@@ -4,12 +4,14 @@ parameter at the start, not a crash after the last epoch."""
 from __future__ import annotations
 
 import glob
+import os
 import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError, path_problems
+from xpnn.files import open_to_write, same_file
 from xpnn.runtime import lock
 
 
@@ -60,8 +62,7 @@ def _writable_file(
             remove_unfinished(parent, glob.escape(Path(path).name))
     if appended and there is not None:  # a read-only file in a writable directory
         try:
-            with open(path, "ab"):
-                pass
+            os.close(open_to_write(path, os.O_APPEND))
         except OSError as exc:
             raise UserError(f"`{param}` {path}: cannot write to it ({exc.strerror})") from None
 
@@ -91,8 +92,38 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
         remove_unfinished(path)
 
 
+def _inputs(spec: Any) -> list[tuple[str, str]]:
+    """(parameter, path) of each file the run reads that a user names: the model's file, the
+    data file, and what a data directory holds."""
+    read = []
+    model = spec.model if isinstance(spec.model, str) else ""
+    if ".py:" in model:
+        read.append(("model", model.rsplit(":", 1)[0]))
+    data = getattr(spec, "data_dir", None)
+    if data and os.path.isdir(data):
+        read += [("data_dir", os.path.join(data, name)) for name in sorted(os.listdir(data))]
+    elif data:
+        read.append(("data_dir", data))
+    return read
+
+
+def _not_an_input(param: str, path: str | None, spec: Any) -> None:
+    """A run never replaces a file it reads: ``--save corpus.txt`` would lose the corpus."""
+    if path is None or not os.path.exists(path):
+        return
+    with path_problems(param, path):
+        for source, read in _inputs(spec):
+            if same_file(path, read):
+                raise UserError(
+                    f"`{param}` {path}: a file this run reads (`{source}` {read}); give "
+                    "another file name"
+                )
+
+
 def check_paths(spec: Any, writer: bool) -> None:
     """What the run will write, the directory first: ``save`` may name a file in it."""
+    _not_an_input("save", spec.save, spec)
+    _not_an_input("metrics", spec.metrics, spec)
     _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
     made = spec.checkpoint_dir
     _writable_file("metrics", spec.metrics, writer, made=made, appended=True)

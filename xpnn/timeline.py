@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.files import replace_whole
 
 Interval = tuple[float, float]
 FLIGHT_LANE = 90  # the flight recorder's operations, beside the trace's own lanes
@@ -235,8 +236,7 @@ def main(argv: list[str]) -> int:
         merged, info = merge(args.directory)
         out = args.output or os.path.join(args.directory, "merged.json")
         try:
-            with open(out, "w") as fh:
-                json.dump(merged, fh)
+            replace_whole(out, json.dumps(merged).encode())  # never through a planted link
         except OSError as exc:
             raise UserError(f"trace -o {out}: {exc.strerror}") from None
         if args.png:

@@ -14,10 +14,12 @@ import errno
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
 from xpnn.errors import UserError
+from xpnn.files import planted
 
 LOCK_NAME = ".xpnn-lock"
 # the job schedulers' job ids, in the order asked: Slurm, PBS/Torque, LSF, SGE, Flux
@@ -113,11 +115,32 @@ def _same_file(fd: int, path: Path) -> bool:
     return (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
 
 
+def _open_lock_file(path: Path) -> int:
+    """The lock file, made or opened, never through a symbolic link nor onto another file's
+    hard link: another user who can write the directory could plant either, and the holder's
+    line would overwrite the file it points to."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            why = f"{LOCK_NAME} is a symbolic link; xpnn locks no file through one: remove it"
+            raise planted(path, why) from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        what = "has other hard links" if stat.S_ISREG(info.st_mode) else "is not a regular file"
+        raise planted(path, f"{LOCK_NAME} {what}; xpnn locks no such file: remove it")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _locked(directory: str | os.PathLike, path: Path) -> int | None:
     """The descriptor of ``path`` locked and naming this process, or None to try again."""
     import fcntl
 
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    fd = _open_lock_file(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -32,7 +32,7 @@ class MetricsFile(Callback):
         with path_problems("metrics", self.path):
             metrics_file.check_metrics_file(self.path)  # never empty another file
             if trainer.optimizer.step_count == 0:  # a fresh run, a fresh file
-                open(self.path, "w").close()
+                metrics_file.empty(self.path)
             else:  # each epoch once: what came after the resumed checkpoint goes
                 steps = trainer.optimizer.step_count if trainer.cfg.steps else None
                 metrics_file.keep_until(self.path, trainer.start_epoch, steps)

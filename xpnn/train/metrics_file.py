@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.files import open_to_write
 
 EVENTS = ("epoch", "eval", "done", "diverged")  # the "event" of every line xpnn writes
 FIRST_LINE_BYTES = 1 << 16  # a record is a few hundred bytes; a longer first line is not one
@@ -56,7 +57,7 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Append ``record`` as one JSON line, whole or not at all: on a failed write (a full
     disk) the file is cut back to where it was and the error raised."""
     data = (json.dumps(record, allow_nan=False) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    fd = open_to_write(path, os.O_APPEND | os.O_CREAT)
     try:
         regular = stat.S_ISREG(os.fstat(fd).st_mode)
         size = os.fstat(fd).st_size if regular else 0
@@ -70,6 +71,11 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def empty(path: str | os.PathLike) -> None:
+    """Empty (or make) the file, for a fresh run; never through another user's link."""
+    os.close(open_to_write(path, os.O_CREAT | os.O_TRUNC))
 
 
 def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> int:
