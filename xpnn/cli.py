@@ -109,6 +109,10 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
         given = typed_settings(parser, argv) if command == "train" else None
     except ArgError as exc:
         return _start_up_failure(command, str(exc))
+    except SystemExit as exc:  # -h: printed; an MPMD line's other ranks must hear of it
+        if exc.code not in (0, None):
+            raise
+        return startup.help_given(command)
     with worded(flag_words):  # every message printed from here names flags
         try:
             if command == "info":
