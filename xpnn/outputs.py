@@ -67,7 +67,7 @@ def _writable_file(
             raise UserError(f"`{param}` {path}: cannot write to it ({exc.strerror})") from None
 
 
-def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
+def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
     """Made now by the rank that writes into it, so that a bad place fails before training."""
     if path is None:
         return
@@ -76,6 +76,10 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
     with path_problems("checkpoint_dir", path):
         if Path(path).exists() and not Path(path).is_dir():
             raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
+        if resume is True and not Path(path).exists():  # a typo: not made, then refused
+            from xpnn.train.resume import no_checkpoint
+
+            raise UserError(no_checkpoint(path))
         if not writer:
             return
     try:
@@ -131,6 +135,8 @@ def check_paths(spec: Any, writer: bool) -> None:
         from xpnn.train.metrics_file import check_metrics_file
 
         with path_problems("metrics", spec.metrics):
+            if not os.path.exists(spec.metrics) or os.path.isfile(spec.metrics):
+                lock.hold_metrics(spec.metrics)  # not /dev/null: every job may write there
             check_metrics_file(spec.metrics)
     _writable_file("save", spec.save, writer, made=made)
     if spec.save and spec.metrics and Path(spec.save).resolve() == Path(spec.metrics).resolve():

@@ -61,7 +61,7 @@ class RunSpec:
     metrics: str | None = None  # JSON-lines metrics file, written by rank 0
     save: str | None = None  # the parameters at the end (.npz)
     checkpoint_dir: str | None = None
-    resume: bool = False  # continue from checkpoint_dir's latest checkpoint
+    resume: bool | str = False  # continue from checkpoint_dir's latest; "auto": or start afresh
     keep_checkpoints: int | None = None  # the newest K checkpoints stay (2); 0: every one
     stall_warn: float = stall.STALL_WARN_S  # seconds a wait lasts before a warning; 0 never
     stall_abort: float = 0.0  # seconds one wait lasts before the job is ended; 0 never
@@ -372,6 +372,8 @@ def check_spec(spec: RunSpec) -> None:
         value = getattr(spec, name)
         if value is not None and value not in allowed:
             raise UserError(f"`{name}` {value!r}: choose one of {', '.join(allowed)}")
+    if spec.resume not in (True, False, "auto"):
+        raise UserError(f"`resume` {spec.resume!r}: expected True, False or 'auto'")
     if spec.resume and not spec.checkpoint_dir:
         raise UserError("`resume`: needs `checkpoint_dir`")
     if spec.node_share == "activations" and spec.parallel != "data":

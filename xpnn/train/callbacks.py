@@ -25,6 +25,7 @@ class MetricsFile(Callback):
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.finished = False  # a resume of a run already done: its `done` record is there
 
     def on_train_begin(self, trainer: Trainer) -> None:
         if not trainer.is_root:
@@ -36,6 +37,9 @@ class MetricsFile(Callback):
             else:  # each epoch once: what came after the resumed checkpoint goes
                 steps = trainer.optimizer.step_count if trainer.cfg.steps else None
                 metrics_file.keep_until(self.path, trainer.start_epoch, steps)
+                cfg = trainer.cfg
+                left = steps < cfg.steps if steps else trainer.start_epoch < cfg.epochs
+                self.finished = not left and metrics_file.last_event(self.path) == "done"
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not trainer.is_root:
@@ -45,7 +49,11 @@ class MetricsFile(Callback):
         with path_problems("metrics", self.path):
             metrics_file.append_record(self.path, line)
 
-    on_train_end = on_epoch_end  # the run's last line, written as an epoch's
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """The run's last line, written as an epoch's; once, however often it is resumed."""
+        if not self.finished:
+            self.on_epoch_end(trainer, record)
+
     on_eval = on_epoch_end
 
 
@@ -143,6 +151,7 @@ class SaveParameters(Callback):
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.finished = False  # a resume of a run already done: its `done` record is there
 
     def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if record["event"] == "done" and trainer.is_root:

@@ -94,6 +94,18 @@ def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> 
     return dropped
 
 
+def last_event(path: str | os.PathLike) -> str | None:
+    """The ``event`` of the file's last record (None: none, or not a record)."""
+    if not _regular(path):
+        return None
+    with open(path, "rb") as fh:
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - FIRST_LINE_BYTES))
+        lines = fh.read().rstrip(b"\n").rsplit(b"\n", 1)
+    if not lines[-1] or not is_record(lines[-1]):
+        return None
+    return json.loads(lines[-1])["event"]
+
+
 def _after(line: bytes, epoch: int, step: int | None = None) -> bool:
     try:
         record = json.loads(line)
