@@ -11,6 +11,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import tempfile
 import time
 import zipfile
@@ -217,7 +218,9 @@ MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a lat
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every array of the ``.npz`` file ``path``, never running pickled code."""
+    """Every array of the ``.npz`` file ``path``, never running pickled code, nor reading a
+    device or a pipe (``/dev/zero`` never ends, a FIFO never answers) or more than memory."""
+    _regular_and_fits(path)
     try:
         if not zipfile.is_zipfile(path):
             with open(path, "rb") as fh:
@@ -234,6 +237,20 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise DamagedCheckpoint(
             f"{path}: not a readable checkpoint (an array larger than this machine's memory)"
         ) from None
+
+
+def _regular_and_fits(path: str | os.PathLike) -> None:
+    from xpnn.data.files import memory_bytes
+
+    info = os.stat(path)  # FileNotFoundError is the caller's to word
+    if not stat.S_ISREG(info.st_mode):
+        raise DamagedCheckpoint(f"{path}: not an xpnn checkpoint (not a regular file)")
+    have = memory_bytes()
+    if have is not None and info.st_size > have:
+        raise DamagedCheckpoint(
+            f"{path}: not a readable checkpoint ({info.st_size:,} bytes, more than this "
+            "machine's memory)"
+        )
 
 
 def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:

@@ -521,6 +521,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         spec.loss,
         gpt_sizes=gpt_settings(spec),
     )
+    check_network(spec, data, backend)
     place = place_of(world.rank, world.size, spec.parallel, spec.model_ranks)
     part, parts = tensor_part(spec, place, model)  # a pipeline stage's tensor part (0, 1: none)
     if spec.parallel == "tensor" or parts > 1:
@@ -576,6 +577,19 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         cfg.facts.recompute = model.recompute
         cfg.facts.tensor_ranks = model.parts
     return backend, data, model, cfg, place
+
+
+def check_network(spec: RunSpec, data: Any, backend: Any) -> None:
+    """A preset network too large for this machine, refused before it is built."""
+    from xpnn.optim import OPTIMIZERS
+    from xpnn.runtime.memory import check_network_fits, preset_parameters
+
+    params = preset_parameters(
+        spec.model, data.input_shape, data.num_classes, spec.hidden, gpt_settings(spec)
+    )
+    what = f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else "`model`"
+    states = len(OPTIMIZERS[spec.optimizer].state_names) if spec.optimizer in OPTIMIZERS else 2
+    check_network_fits(what, params, backend.xp.dtype(spec.dtype).itemsize, states)
 
 
 def tensor_part(spec: RunSpec, place: Any, model: Any) -> tuple[int, int]:
