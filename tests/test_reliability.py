@@ -310,7 +310,7 @@ def test_signals_hydra_does_not_pass_on_end_mpiexec_and_the_next_run_recovers(tm
     ck = tmp_path / "ck"
     for signum in (signal.SIGHUP, signal.SIGXCPU, signal.SIGUSR2):
         before = snapshot()
-        job = Job([*LONG, "--checkpoint-dir", str(ck), *(["--resume"] if ck.exists() else [])],
+        job = Job([*LONG, "--checkpoint-dir", str(ck), *(["--resume", "auto"] if ck.exists() else [])],
                   env={"XPNN_SAVE_FAULT": "sleep:30"})  # fmt: skip
         try:
             ranks = job.ranks(2)
