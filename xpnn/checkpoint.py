@@ -338,6 +338,10 @@ IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``
 }
 
 
+# optimizer states no update makes negative: a mean of squares (Adam's v)
+NON_NEGATIVE = {"optim.v.": "Adam's second moment (a mean of squared gradients)"}
+
+
 def load_checkpoint(
     path: Path,
     model: Any,
@@ -375,6 +379,13 @@ def load_checkpoint(
                     "not floating point)"
                 )
     check_finite(path, arrays)
+    for key, value in arrays.items():
+        state = next((p for p in NON_NEGATIVE if key.startswith(p)), None)
+        if state and (value < 0).any():
+            raise DamagedCheckpoint(
+                f"{path}: damaged checkpoint ({key} holds negative values, where "
+                f"{NON_NEGATIVE[state]} is never below 0)"
+            )
     # and nothing more: a layer or an optimizer state that the network does not have
     stored = sum(v.size for k, v in arrays.items() if not k.startswith(("optim.", "meta.")))
     if stored != whole_size(model):
