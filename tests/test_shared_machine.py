@@ -69,6 +69,21 @@ def test_a_metrics_file_planted_by_another_user_is_not_written_through(tmp_path)
     assert victim.read_text() == ""
 
 
+@pytest.mark.parametrize("flag", ["--save", "--metrics"])
+def test_a_save_or_metrics_link_of_another_user_is_refused_before_training(tmp_path, flag):
+    if os.geteuid() != 0:  # only root can give a link away: the user's own link is followed
+        mine = tmp_path / "mine"
+        (tmp_path / "link").symlink_to(mine)
+        proc = run_xpnn([*ONE_EPOCH, flag, str(tmp_path / "link")], timeout=120)
+        assert proc.returncode == 0 and mine.stat().st_size > 0, proc.stderr
+        return
+    victim = _planted(tmp_path / "out", tmp_path)
+    victim.write_text("")
+    proc = run_xpnn([*ONE_EPOCH, flag, str(tmp_path / "out")], timeout=120)
+    assert_one_line_user_error(proc, "a symbolic link of another user")
+    assert "epoch 1/1" not in proc.stdout and victim.read_text() == ""
+
+
 def test_metrics_dev_null_puts_no_flight_record_in_dev(tmp_path):
     """A failing rank dumps its flight record beside the metrics file only when that is a
     file: beside ``/dev/null`` is ``/dev``."""

@@ -29,7 +29,10 @@ def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
     """Write to a file without a name in ``path``'s directory (Linux's ``O_TMPFILE``; else a
     temporary name beside it), name it when it is whole, and rename: a crash never leaves half
     a file, and a writer killed mid-write (``kill -9``, hydra's SIGKILL) leaves nothing at all.
-    A symbolic link is followed: the file it names is replaced, the link stays."""
+    A symbolic link of this user is followed: the file it names is replaced, the link stays;
+    another user's (planted in a shared directory) is refused."""
+    if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
+        raise UserError(f"{path}: a symbolic link of another user; xpnn writes no file through it")
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     if path.parent and not path.parent.exists():
         raise UserError(f"{path}: directory {path.parent} does not exist")

@@ -36,6 +36,10 @@ def _writable_file(
     from xpnn.checkpoint import CHECKPOINT_NAME, remove_unfinished
 
     with path_problems(param, path):
+        if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
+            raise UserError(
+                f"`{param}` {path}: a symbolic link of another user; xpnn writes no file through it"
+            )
         parent = Path(path).resolve().parent
         in_checkpoints = made is not None and parent == Path(made).resolve()
         there = Path(path).stat().st_mode if Path(path).exists() else None
