@@ -260,7 +260,8 @@ def test_info_with_stdout_gone_or_full_is_one_line():
             cwd=ROOT, timeout=120,
         )  # fmt: skip
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.splitlines() == ["xpnn: OSError: [Errno 28] No space left on device"]
+    said = "xpnn: OSError: [Errno 28] cannot write to stdout: No space left on device"
+    assert proc.stderr.splitlines() == [said]
 
 
 def test_a_checkpoint_of_strings_is_damaged(tmp_path):
