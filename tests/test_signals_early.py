@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -56,3 +57,23 @@ def test_stdout_on_a_full_disk_is_one_line_naming_stdout(command):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
     assert "cannot write to stdout: No space left on device" in lines[0]
+
+
+@pytest.mark.mpi
+def test_ucx_debug_signal_is_off_before_mpi_starts_unless_the_user_set_it():
+    """UCX reads ``UCX_DEBUG_SIGNO`` (SIGHUP by default) when MPI loads it: each rank has it
+    0 by then, or the user's own value."""
+    code = (
+        "import os, sys; from xpnn.runtime.world import init_world; "
+        "seen = os.environ.get('UCX_DEBUG_SIGNO'); "
+        "sys.modules.get('mpi4py.MPI') is None or sys.exit('MPI loaded first'); "
+        "init_world(); print(os.environ['UCX_DEBUG_SIGNO'])"
+    )
+    for given, expected in ((None, "0"), ("SIGUSR2", "SIGUSR2")):
+        env = {k: v for k, v in os.environ.items() if k != "UCX_DEBUG_SIGNO"}
+        env.update({"UCX_DEBUG_SIGNO": given} if given else {})
+        proc = subprocess.run(
+            [*xpnn_cmd([], 2)[:3], sys.executable, "-c", code], capture_output=True, text=True,
+            cwd=ROOT, env=env, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0 and proc.stdout.split() == [expected] * 2, proc.stderr
