@@ -58,7 +58,8 @@ def test_generate_and_resume_refuse_a_checkpoint_that_is_no_file(tmp_path, fifo)
 def test_a_network_larger_than_memory_is_refused_before_it_is_built():
     """784 x 3,000,000 weights: tens of GiB with gradients and Adam's two states."""
     proc = run_xpnn([*TINY_FLOAT64_RUN, "--hidden", "3000000"], timeout=60)
-    assert_one_line_user_error(proc, "--hidden 3000000: the network's 2,385,000,010 parameters")
+    said = "--hidden 3000000: the network does not fit in memory: its 2,385,000,010 parameters"
+    assert_one_line_user_error(proc, said)
 
 
 def test_the_network_estimate_counts_parameters_gradients_and_state(monkeypatch):
@@ -68,6 +69,7 @@ def test_the_network_estimate_counts_parameters_gradients_and_state(monkeypatch)
     monkeypatch.setattr("xpnn.data.files.memory_bytes", lambda: need)
     memory.check_network_fits("`hidden` 16", params, 8, 2)
     monkeypatch.setattr("xpnn.data.files.memory_bytes", lambda: need - 1)
-    with pytest.raises(UserError, match="`hidden` 16: the network's 12,730 parameters"):
+    said = "`hidden` 16: the network does not fit in memory: its 12,730 parameters"
+    with pytest.raises(UserError, match=said):
         memory.check_network_fits("`hidden` 16", params, 8, 2)
     assert memory.preset_parameters("my.py:build", (3,), 2, (), {}) is None

@@ -52,7 +52,8 @@ def check_network_fits(what: str, params: int | None, itemsize: int, states: int
     need = params * itemsize * (2 + states)
     if need > have:
         raise UserError(
-            f"{what}: the network's {params:,} parameters need {need / 2**30:,.1f} GiB with "
+            f"{what}: the network does not fit in memory: its {params:,} parameters need "
+            f"{need / 2**30:,.1f} GiB with "
             f"their gradients and the optimizer's state, more than this machine's "
             f"{have / 2**30:,.1f} GiB of memory and swap"
         )
