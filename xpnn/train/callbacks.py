@@ -25,7 +25,7 @@ class MetricsFile(Callback):
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.finished = False  # a resume of a run already done: its `done` record is there
+        self.finished = False  # a resume of a run already done: its "done" record is there
 
     def on_train_begin(self, trainer: Trainer) -> None:
         if not trainer.is_root:
@@ -151,7 +151,6 @@ class SaveParameters(Callback):
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.finished = False  # a resume of a run already done: its `done` record is there
 
     def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if record["event"] == "done" and trainer.is_root:
