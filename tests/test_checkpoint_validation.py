@@ -51,6 +51,25 @@ def test_values_that_are_not_finite_are_refused_naming_the_entry(written, tmp_pa
     assert "NaN or infinite" in proc.stderr and "diverged" not in proc.stderr
 
 
+def test_negative_adam_second_moments_are_refused_as_damage(written, tmp_path):
+    """A mean of squares is never negative: resumed, it would end as "training diverged"."""
+    ck, arrays = _copy_first(written, tmp_path)
+    arrays["optim.v.layer0.W"].flat[3] = -1e-3
+    np.savez(ck / FIRST, **arrays)
+    proc = _resume(ck)
+    assert_one_line_user_error(
+        proc, f"{FIRST}: damaged checkpoint (optim.v.layer0.W holds negative"
+    )
+    assert "diverged" not in proc.stderr
+
+
+def test_fp16_with_an_overflowing_rate_says_one_line_without_numpys_warning():
+    proc = run_xpnn([*ARGS, "--dtype", "float32", "--precision", "fp16", "--lr", "1e30"])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and "diverged" in lines[0], proc.stderr
+    assert "RuntimeWarning" not in proc.stderr
+
+
 def test_an_epoch_past_any_run_is_refused_even_with_a_matching_step(written, tmp_path):
     """A forged epoch of 10**12 with the step count that goes with it: no run can write it."""
     ck, arrays = _copy_first(written, tmp_path)

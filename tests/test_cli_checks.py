@@ -83,10 +83,10 @@ def test_a_refused_run_leaves_the_metrics_file_alone(tmp_path):
 
 
 def test_a_resume_that_starts_afresh_starts_a_fresh_metrics_file(tmp_path):
-    """``--resume`` with no checkpoint yet appended to whatever run the file held before."""
+    """``--resume auto`` with no checkpoint yet appended to whatever run the file held before."""
     metrics = tmp_path / "m.jsonl"
     metrics.write_text('{"event": "done", "from": "another run"}\n')
-    ck = ["--checkpoint-dir", str(tmp_path / "ck"), "--resume", "--metrics", str(metrics)]
+    ck = ["--checkpoint-dir", str(tmp_path / "ck"), "--resume", "auto", "--metrics", str(metrics)]
     proc = run_xpnn([*SMALL, *ck])
     assert proc.returncode == 0, proc.stderr
     assert "starting afresh" in proc.stdout
@@ -260,7 +260,8 @@ def test_info_with_stdout_gone_or_full_is_one_line():
             cwd=ROOT, timeout=120,
         )  # fmt: skip
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.splitlines() == ["xpnn: OSError: [Errno 28] No space left on device"]
+    said = "xpnn: OSError: [Errno 28] cannot write to stdout: No space left on device"
+    assert proc.stderr.splitlines() == [said]
 
 
 def test_a_checkpoint_of_strings_is_damaged(tmp_path):

@@ -148,6 +148,35 @@ def test_a_start_up_failure_on_some_ranks_ends_the_job_at_once(tmp_path):
 
 
 @pytest.mark.mpi
+def test_a_rank_that_fails_before_mpi_ends_the_job_with_its_own_line(tmp_path):
+    """A ``numpy.py`` that raises on one segment's ``PYTHONPATH``, or ``-h`` in one segment:
+    that rank starts MPI anyway and says so in the start-up agreement; nothing is left in
+    /dev/shm or /tmp."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "numpy.py").write_text("raise ImportError('planted numpy breaks')\n")
+    path = f"{planted}{os.pathsep}{os.environ.get('PYTHONPATH', ROOT)}"
+    train = [*XPNN, *ARGS]
+    cases = {
+        "rank 1 cannot import numpy": (
+            ["env", f"PYTHONPATH={path}", *train], "rank 1: cannot start: ImportError: planted"
+        ),
+        "-h on rank 1": ([*XPNN, "-h"], "rank 1 runs 'train --help', rank 0 'train'"),
+    }
+    for case, (second, said) in cases.items():
+        before = snapshot()
+        code, err, seconds = _mpmd(train, second)
+        lines = _xpnn_lines(err)
+        record(case="start-up", moment=case, exit=code, seconds=round(seconds, 2), stderr=said)
+        assert code == 2 and seconds < 30, (case, err)
+        assert len(lines) == 1 and said in lines[0], (case, err)
+        assert "Traceback" not in err
+        assert left_behind(before) == [], case
+    code, err, _ = _mpmd([*XPNN, "-h"], [*XPNN, "--help"])  # every rank asked: help, exit 0
+    assert code == 0 and "Traceback" not in err, err
+
+
+@pytest.mark.mpi
 def test_a_signal_ends_a_rank_waiting_in_mpi_init_for_one_that_never_comes():
     """Rank 1 never starts MPI: SIGTERM to rank 0, inside MPI_Init, ends the job in seconds."""
     proc = subprocess.Popen(
@@ -281,7 +310,7 @@ def test_signals_hydra_does_not_pass_on_end_mpiexec_and_the_next_run_recovers(tm
     ck = tmp_path / "ck"
     for signum in (signal.SIGHUP, signal.SIGXCPU, signal.SIGUSR2):
         before = snapshot()
-        job = Job([*LONG, "--checkpoint-dir", str(ck), *(["--resume"] if ck.exists() else [])],
+        job = Job([*LONG, "--checkpoint-dir", str(ck), *(["--resume", "auto"] if ck.exists() else [])],
                   env={"XPNN_SAVE_FAULT": "sleep:30"})  # fmt: skip
         try:
             ranks = job.ranks(2)

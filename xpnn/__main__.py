@@ -1,12 +1,25 @@
 """``python -m xpnn`` (xpnn.cli), with xpnn.interrupts' handler in before any import."""
 
-from xpnn.interrupts import catch_early_interrupts, forget_handled_interrupt
+import sys
+
+from xpnn.interrupts import (
+    catch_early_checkpoint_signal,
+    catch_early_interrupts,
+    forget_handled_interrupt,
+)
 
 
 def run() -> int:
     """The command line, with Ctrl-C handled from its first instant."""
+    catch_early_checkpoint_signal(sys.argv[1:])  # first: XPNN_HANDLER_MARK marks both in
     catch_early_interrupts()
-    from xpnn.cli import main
+    try:
+        from xpnn.cli import main
+    except Exception as exc:  # noqa: BLE001 - a broken import, maybe on one rank: say it
+        from xpnn.runtime.startup import failed_import
+
+        words = sys.argv[1:2]
+        return failed_import(exc, words[0] if words and words[0] == "info" else "train")
 
     code = main()
     if code in (130, 143, 129, 131, 152):  # stopped by a signal, said and handled

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import tempfile
 import time
 import zipfile
@@ -28,7 +29,10 @@ def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
     """Write to a file without a name in ``path``'s directory (Linux's ``O_TMPFILE``; else a
     temporary name beside it), name it when it is whole, and rename: a crash never leaves half
     a file, and a writer killed mid-write (``kill -9``, hydra's SIGKILL) leaves nothing at all.
-    A symbolic link is followed: the file it names is replaced, the link stays."""
+    A symbolic link of this user is followed: the file it names is replaced, the link stays;
+    another user's (planted in a shared directory) is refused."""
+    if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
+        raise UserError(f"{path}: a symbolic link of another user; xpnn writes no file through it")
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     if path.parent and not path.parent.exists():
         raise UserError(f"{path}: directory {path.parent} does not exist")
@@ -217,7 +221,9 @@ MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a lat
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every array of the ``.npz`` file ``path``, never running pickled code."""
+    """Every array of the ``.npz`` file ``path``, never running pickled code, nor reading a
+    device or a pipe (``/dev/zero`` never ends, a FIFO never answers) or more than memory."""
+    _regular_and_fits(path)
     try:
         if not zipfile.is_zipfile(path):
             with open(path, "rb") as fh:
@@ -234,6 +240,20 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise DamagedCheckpoint(
             f"{path}: not a readable checkpoint (an array larger than this machine's memory)"
         ) from None
+
+
+def _regular_and_fits(path: str | os.PathLike) -> None:
+    from xpnn.data.files import memory_bytes
+
+    info = os.stat(path)  # FileNotFoundError is the caller's to word
+    if not stat.S_ISREG(info.st_mode):
+        raise DamagedCheckpoint(f"{path}: not an xpnn checkpoint (not a regular file)")
+    have = memory_bytes()
+    if have is not None and info.st_size > have:
+        raise DamagedCheckpoint(
+            f"{path}: not a readable checkpoint ({info.st_size:,} bytes, more than this "
+            "machine's memory)"
+        )
 
 
 def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
@@ -321,6 +341,10 @@ IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``
 }
 
 
+# optimizer states no update makes negative: a mean of squares (Adam's v)
+NON_NEGATIVE = {"optim.v.": "Adam's second moment (a mean of squared gradients)"}
+
+
 def load_checkpoint(
     path: Path,
     model: Any,
@@ -358,6 +382,13 @@ def load_checkpoint(
                     "not floating point)"
                 )
     check_finite(path, arrays)
+    for key, value in arrays.items():
+        state = next((p for p in NON_NEGATIVE if key.startswith(p)), None)
+        if state and (value < 0).any():
+            raise DamagedCheckpoint(
+                f"{path}: damaged checkpoint ({key} holds negative values, where "
+                f"{NON_NEGATIVE[state]} is never below 0)"
+            )
     # and nothing more: a layer or an optimizer state that the network does not have
     stored = sum(v.size for k, v in arrays.items() if not k.startswith(("optim.", "meta.")))
     if stored != whole_size(model):

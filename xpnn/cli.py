@@ -33,7 +33,19 @@ __all__ = ["main"]
 
 
 def _say(line: str, err: bool = False) -> None:
-    print(flag_words(line), file=sys.stderr if err else sys.stdout, flush=True)
+    try:
+        print(flag_words(line), file=sys.stderr if err else sys.stdout, flush=True)
+    except BrokenPipeError:  # `| head`: stopped from outside, as failure words it
+        raise
+    except OSError as exc:  # a full disk under `> log`: say which stream failed
+        raise _stream_failed(exc, "stderr" if err else "stdout") from None
+
+
+def _stream_failed(exc: OSError, stream: str) -> OSError:
+    """``exc`` as an error naming the stream it came from; stdout silenced for the exit."""
+    if stream == "stdout":
+        failure.silence_stdout()
+    return OSError(exc.errno, f"cannot write to {stream}: {exc.strerror}")
 
 
 def train_main(
@@ -87,6 +99,8 @@ def _info(as_json: bool) -> int:
     except failure.CollectiveExit as exc:  # the job's ranks do not all run info
         return int(exc.code or 0)
     except OSError as exc:
+        if exc.filename is None and not isinstance(exc, BrokenPipeError):
+            exc = _stream_failed(exc, "stdout")  # info writes nothing else
         message, code = failure.stopped_from_outside(exc) or (failure.describe(exc), 1)
         failure.say(f"xpnn: {message}")
         return code
@@ -117,6 +131,10 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
         given = typed_settings(parser, argv) if command == "train" else None
     except ArgError as exc:
         return _start_up_failure(command, str(exc))
+    except SystemExit as exc:  # -h: printed; an MPMD line's other ranks must hear of it
+        if exc.code not in (0, None):
+            raise
+        return startup.help_given(command)
     with worded(flag_words):  # every message printed from here names flags
         try:
             if command == "info":

@@ -124,6 +124,12 @@ def _hidden(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _resume_mode(text: str) -> str:
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"{text!r}: expected auto, or nothing")
+    return text
+
+
 def _path(text: str) -> str:
     """A file or directory name; an empty one is a slip (the shell's ``--save $UNSET``)."""
     if not text.strip():
@@ -385,7 +391,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the network and optimizer state here after every epoch, or with --steps at "
         "every evaluation (rank 0)",
     )
-    a("--resume", action="store_true", help="continue from the latest checkpoint")
+    a(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_resume_mode,
+        metavar="auto",
+        help="continue from the latest checkpoint (none there: refused); --resume auto: start "
+        "afresh where there is none yet (a requeued job's first run)",
+    )
     a(
         "--checkpoint-signal",  # the command line's alone: its exit code 75 is a requeue's cue
         choices=SIGNALS,

@@ -4,7 +4,7 @@ GPT checkpoint (``--checkpoint-dir``'s files), on any backend."""
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,10 +17,9 @@ from xpnn.errors import UserError
 
 def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, str]:
     """(the GPT of checkpoint ``path`` (a file, or a directory's latest), built on the backend
-    ``backend_name`` in the checkpoint's precision with its parameters; its vocabulary)."""
-    from xpnn.backends import get_backend
+    ``backend_name`` in the checkpoint's precision with its parameters; its vocabulary). A
+    file xpnn could not have written is refused in one line, as ``--resume`` refuses it."""
     from xpnn.checkpoint import DamagedCheckpoint, latest_checkpoint, read_npz
-    from xpnn.nn.gpt import GPT_DEFAULTS, gpt
 
     if Path(path).is_dir():
         latest = latest_checkpoint(path)
@@ -29,20 +28,81 @@ def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, 
         path = str(latest)
     try:
         arrays = read_npz(path)
+        sizes, vocab = _gpt_identity(Path(path), arrays)
+        return _built(Path(path), arrays, sizes, vocab, backend_name), vocab
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except DamagedCheckpoint as exc:
         raise UserError(str(exc)) from None
-    identity = json.loads(str(arrays.get("meta.identity", "{}")))
+
+
+def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], str]:
+    """The GPT's sizes and vocabulary that ``meta.identity`` names, each checked against
+    what the file holds: a size no parameters of the file could fill is damage, and building
+    it would fill memory instead."""
+    from xpnn.checkpoint import DamagedCheckpoint, _json_meta
+    from xpnn.nn.gpt import GPT_DEFAULTS
+
+    identity = _json_meta(path, arrays, "identity")
     if identity.get("model") != "gpt":
         raise UserError(f"{path}: not a checkpoint of `--model gpt` (nothing to sample from)")
-    sizes = {name: int(identity[name]) for name in GPT_DEFAULTS}
-    vocab = str(identity["vocab"])
-    backend = get_backend(backend_name, str(arrays["layer0.W"].dtype))
+    sizes, vocab = {}, identity.get("vocab")
+    for name in GPT_DEFAULTS:
+        value = identity.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise DamagedCheckpoint(
+                f"{path}: damaged checkpoint (meta.identity's {name} is {value!r})"
+            )
+        sizes[name] = value
+    if not isinstance(vocab, str) or not vocab:
+        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.identity's vocab is {vocab!r})")
+    embed, stored = (
+        sizes["embed"],
+        sum(int(v.size) for k, v in arrays.items() if not k.startswith("meta.")),
+    )
+    least = embed * (len(vocab) + sizes["block"] + sizes["layers"] * embed)  # embeddings, blocks
+    if embed % sizes["heads"] or least > stored:
+        raise DamagedCheckpoint(
+            f"{path}: damaged checkpoint (meta.identity's sizes {sizes} and vocabulary of "
+            f"{len(vocab)} need more than the {stored:,} values the file holds, or `heads` "
+            "does not divide `embed`)"
+        )
+    return sizes, vocab
+
+
+def _built(
+    path: Path, arrays: dict[str, Any], sizes: dict[str, int], vocab: str, backend_name: str
+) -> Any:
+    """The GPT of ``sizes`` with the file's parameters, each there, of its shape, floating
+    point and finite; else the file is damaged."""
+    from xpnn.backends import get_backend
+    from xpnn.checkpoint import DamagedCheckpoint, check_finite
+    from xpnn.nn.gpt import gpt
+
+    first = arrays.get("layer0.W")
+    if first is None or first.dtype.kind != "f":
+        raise DamagedCheckpoint(
+            f"{path}: damaged checkpoint (layer0.W missing or not floating point)"
+        )
+    backend = get_backend(backend_name, str(first.dtype))
     model = gpt(len(vocab), **sizes).build((sizes["block"],), backend, 0)
-    for name, view in model.named_params().items():
-        view[...] = backend.asarray(arrays[name])
-    return model, vocab
+    params = model.named_params()
+    for name, view in params.items():
+        stored = arrays.get(name)
+        if stored is None or stored.shape != tuple(view.shape):
+            raise DamagedCheckpoint(
+                f"{path}: damaged checkpoint (parameter {name} missing or of another shape than "
+                "meta.identity's sizes make)"
+            )
+        if stored.dtype.kind != "f":
+            raise DamagedCheckpoint(
+                f"{path}: damaged checkpoint ({name} holds {stored.dtype} values, not "
+                "floating point)"
+            )
+    check_finite(path, {name: arrays[name] for name in params})
+    for name, view in params.items():
+        view[...] = backend.asarray(arrays[name], dtype=view.dtype)
+    return model
 
 
 def sample(
@@ -79,8 +139,19 @@ def sample(
     return "".join(out)
 
 
+MOST_CHARS = 1_000_000  # a forward pass each: more is hours, and a typo's 10**20 never ends
+MOST_SEED = 2**64 - 1  # as training's --seed
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad value is one line naming the flag, not argparse's usage and its line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(message.removeprefix("argument "))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m xpnn generate",
         description="Sample text from a --model gpt checkpoint (a file of --checkpoint-dir).",
         allow_abbrev=False,
@@ -94,18 +165,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Each value in its range, before the checkpoint is read."""
+    if not 0 <= args.chars <= MOST_CHARS:
+        raise UserError(f"--chars: must be 0 to {MOST_CHARS:,}, got {args.chars}")
+    if not 0 <= args.seed <= MOST_SEED:
+        raise UserError(f"--seed: must be 0 to 2**64 - 1, got {args.seed}")
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise UserError(f"--temperature: must be > 0 and finite, got {args.temperature}")
+
+
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        if args.chars < 0:
-            raise UserError(f"--chars: must be >= 0, got {args.chars}")
-        if args.seed < 0:
-            raise UserError(f"--seed: must be >= 0, got {args.seed}")
+        args = build_parser().parse_args(argv)
+        _check(args)
         model, vocab = model_from_checkpoint(args.checkpoint, args.backend)
-        temperature = args.temperature
-        if not temperature > 0:
-            raise UserError(f"--temperature: must be > 0, got {temperature}")
-        text = sample(model, vocab, args.chars, temperature, args.seed, args.prompt)
+        text = sample(model, vocab, args.chars, args.temperature, args.seed, args.prompt)
     except UserError as exc:
         print(f"xpnn generate: {exc}".replace("prompt:", "--prompt:"), file=sys.stderr)
         return 2

@@ -13,7 +13,8 @@ _CODES = {_signal.SIGINT: (130, "interrupted"), _signal.SIGTERM: (143, "terminat
 for _name in ("SIGHUP", "SIGQUIT", "SIGXCPU"):  # failure.STOP_SIGNALS, without importing it
     if hasattr(_signal, _name):
         _CODES[getattr(_signal, _name)] = (128 + getattr(_signal, _name), f"terminated ({_name})")
-_state: dict = {"installed": False, "pending": None}
+_state: dict = {"installed": False, "pending": None, "requested": set()}
+_REQUEST_SIGNALS = ("USR1", "USR2")  # requeue.SIGNALS, without importing it
 
 
 def _launch_rank() -> int | None:
@@ -41,7 +42,32 @@ def catch_early_interrupts() -> None:
     _state["installed"] = True
     mark = os.environ.get("XPNN_HANDLER_MARK")  # for the tests: the handler is in place now
     if mark:
-        open(f"{mark}.{_launch_rank() or 0}", "w").close()
+        with open(f"{mark}.{_launch_rank() or 0}", "w") as fh:
+            fh.write(str(os.getpid()))  # whom to signal
+
+
+def _note_request(signum: int, frame: object) -> None:
+    _state["requested"].add(signum)
+
+
+def catch_early_checkpoint_signal(argv: list[str]) -> None:
+    """``--checkpoint-signal USR1``: the signal is a request from the process's first instant
+    (its default action would end a rank that has not yet built its trainer): noted here,
+    acted on by ``xpnn.train.requeue.CheckpointOnSignal`` at the first step's end."""
+    name = None
+    for i, word in enumerate(argv):
+        if word == "--checkpoint-signal" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif word.startswith("--checkpoint-signal="):
+            name = word.partition("=")[2]
+    signum = getattr(_signal, f"SIG{name}", None) if name in _REQUEST_SIGNALS else None
+    if signum is not None and _signal.getsignal(signum) != _signal.SIG_IGN:
+        _signal.signal(signum, _note_request)
+
+
+def checkpoint_requested(signum: int) -> bool:
+    """Whether ``signum`` arrived while ``catch_early_checkpoint_signal``'s handler held it."""
+    return signum in _state["requested"]
 
 
 def hand_over(terminated: type[BaseException]) -> None:

@@ -4,12 +4,14 @@ parameter at the start, not a crash after the last epoch."""
 from __future__ import annotations
 
 import glob
+import os
 import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError, path_problems
+from xpnn.files import open_to_write, same_file
 from xpnn.runtime import lock
 
 
@@ -34,6 +36,10 @@ def _writable_file(
     from xpnn.checkpoint import CHECKPOINT_NAME, remove_unfinished
 
     with path_problems(param, path):
+        if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
+            raise UserError(
+                f"`{param}` {path}: a symbolic link of another user; xpnn writes no file through it"
+            )
         parent = Path(path).resolve().parent
         in_checkpoints = made is not None and parent == Path(made).resolve()
         there = Path(path).stat().st_mode if Path(path).exists() else None
@@ -60,13 +66,12 @@ def _writable_file(
             remove_unfinished(parent, glob.escape(Path(path).name))
     if appended and there is not None:  # a read-only file in a writable directory
         try:
-            with open(path, "ab"):
-                pass
+            os.close(open_to_write(path, os.O_APPEND))
         except OSError as exc:
             raise UserError(f"`{param}` {path}: cannot write to it ({exc.strerror})") from None
 
 
-def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
+def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
     """Made now by the rank that writes into it, so that a bad place fails before training."""
     if path is None:
         return
@@ -75,6 +80,10 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
     with path_problems("checkpoint_dir", path):
         if Path(path).exists() and not Path(path).is_dir():
             raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
+        if resume is True and not Path(path).exists():  # a typo: not made, then refused
+            from xpnn.train.resume import no_checkpoint
+
+            raise UserError(no_checkpoint(path))
         if not writer:
             return
     try:
@@ -91,8 +100,38 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool) -> None:
         remove_unfinished(path)
 
 
+def _inputs(spec: Any) -> list[tuple[str, str]]:
+    """(parameter, path) of each file the run reads that a user names: the model's file, the
+    data file, and what a data directory holds."""
+    read = []
+    model = spec.model if isinstance(spec.model, str) else ""
+    if ".py:" in model:
+        read.append(("model", model.rsplit(":", 1)[0]))
+    data = getattr(spec, "data_dir", None)
+    if data and os.path.isdir(data):
+        read += [("data_dir", os.path.join(data, name)) for name in sorted(os.listdir(data))]
+    elif data:
+        read.append(("data_dir", data))
+    return read
+
+
+def _not_an_input(param: str, path: str | None, spec: Any) -> None:
+    """A run never replaces a file it reads: ``--save corpus.txt`` would lose the corpus."""
+    if path is None or not os.path.exists(path):
+        return
+    with path_problems(param, path):
+        for source, read in _inputs(spec):
+            if same_file(path, read):
+                raise UserError(
+                    f"`{param}` {path}: a file this run reads (`{source}` {read}); give "
+                    "another file name"
+                )
+
+
 def check_paths(spec: Any, writer: bool) -> None:
     """What the run will write, the directory first: ``save`` may name a file in it."""
+    _not_an_input("save", spec.save, spec)
+    _not_an_input("metrics", spec.metrics, spec)
     _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
     made = spec.checkpoint_dir
     _writable_file("metrics", spec.metrics, writer, made=made, appended=True)
@@ -100,6 +139,8 @@ def check_paths(spec: Any, writer: bool) -> None:
         from xpnn.train.metrics_file import check_metrics_file
 
         with path_problems("metrics", spec.metrics):
+            if not os.path.exists(spec.metrics) or os.path.isfile(spec.metrics):
+                lock.hold_metrics(spec.metrics)  # not /dev/null: every job may write there
             check_metrics_file(spec.metrics)
     _writable_file("save", spec.save, writer, made=made)
     if spec.save and spec.metrics and Path(spec.save).resolve() == Path(spec.metrics).resolve():

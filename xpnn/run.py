@@ -62,7 +62,7 @@ class RunSpec:
     metrics: str | None = None  # JSON-lines metrics file, written by rank 0
     save: str | None = None  # the parameters at the end (.npz)
     checkpoint_dir: str | None = None
-    resume: bool = False  # continue from checkpoint_dir's latest checkpoint
+    resume: bool | str = False  # continue from checkpoint_dir's latest; "auto": or start afresh
     keep_checkpoints: int | None = None  # the newest K checkpoints stay (2); 0: every one
     stall_warn: float = stall.STALL_WARN_S  # seconds a wait lasts before a warning; 0 never
     stall_abort: float = 0.0  # seconds one wait lasts before the job is ended; 0 never
@@ -396,6 +396,8 @@ def check_spec(spec: RunSpec) -> None:
             continue
         if value not in allowed:
             raise UserError(f"`{name}` {value!r}: choose one of {', '.join(allowed)}")
+    if spec.resume not in (True, False, "auto"):
+        raise UserError(f"`resume` {spec.resume!r}: expected True, False or 'auto'")
     if spec.resume and not spec.checkpoint_dir:
         raise UserError("`resume`: needs `checkpoint_dir`")
     check_grad_dtype(spec.grad_dtype)
@@ -519,6 +521,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         spec.loss,
         gpt_sizes=gpt_settings(spec),
     )
+    check_network(spec, data, backend)
     try:
         model = plan.apply(model, data.input_shape, backend, spec.seed, world.rank, spec.model)
     except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
@@ -551,6 +554,19 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         facts.microbatches, facts.pipeline_schedule = plan.microbatches, plan.schedule
         facts.recompute, facts.tensor_ranks = plan.recompute, plan.tensor_parts
     return backend, data, model, cfg, plan
+
+
+def check_network(spec: RunSpec, data: Any, backend: Any) -> None:
+    """A preset network too large for this machine, refused before it is built."""
+    from xpnn.optim import OPTIMIZERS
+    from xpnn.runtime.memory import check_network_fits, preset_parameters
+
+    params = preset_parameters(
+        spec.model, data.input_shape, data.num_classes, spec.hidden, gpt_settings(spec)
+    )
+    what = f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else "`model`"
+    states = len(OPTIMIZERS[spec.optimizer].state_names) if spec.optimizer in OPTIMIZERS else 2
+    check_network_fits(what, params, backend.xp.dtype(spec.dtype).itemsize, states)
 
 
 def gpt_settings(spec: RunSpec) -> dict[str, int]:

@@ -7,13 +7,16 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import re
+import stat
 import statistics
 import sys
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.files import replace_whole, same_file
 
 Interval = tuple[float, float]
 FLIGHT_LANE = 90  # the flight recorder's operations, beside the trace's own lanes
@@ -30,19 +33,85 @@ def parse_steps(text: str) -> tuple[int, int]:
     return start, stop
 
 
-def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
-    """``{rank: document}`` of ``directory/{stem}-rank{N}.json``."""
-    found: dict[int, dict[str, Any]] = {}
-    for path in glob.glob(os.path.join(directory, f"{stem}-rank*.json")):
+MOST_BYTES = 1 << 30  # a rank file of a few traced steps is kilobytes; a GiB is no trace
+
+
+def rank_files(directory: str, stem: str) -> dict[int, str]:
+    """``{rank: path}`` of ``directory/{stem}-rank{N}.json``."""
+    found = {}
+    for path in glob.glob(os.path.join(glob.escape(directory), f"{stem}-rank*.json")):
         match = re.search(rf"{stem}-rank(\d+)\.json$", path)
-        if not match:
-            continue
+        if match:
+            found[int(match[1])] = path
+    return found
+
+
+def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
+    """``{rank: document}`` of ``directory/{stem}-rank{N}.json``, each a regular file of at
+    most ``MOST_BYTES`` in the form xpnn writes, else one line naming it."""
+    found: dict[int, dict[str, Any]] = {}
+    for rank, path in rank_files(directory, stem).items():
         try:
+            info = os.stat(path)
+            if not stat.S_ISREG(info.st_mode):
+                raise UserError(f"trace {path}: not a regular file")
+            if info.st_size > MOST_BYTES:
+                raise UserError(
+                    f"trace {path}: {info.st_size:,} bytes, more than a rank file holds"
+                )
             with open(path) as fh:
-                found[int(match[1])] = json.load(fh)
+                doc = json.load(fh)
         except (OSError, ValueError) as exc:
             raise UserError(f"trace {path}: not a readable JSON file ({exc})") from None
+        problem = (_trace_problem if stem == "trace" else _flight_problem)(doc)
+        if problem:
+            raise UserError(f"trace {path}: not a rank file xpnn wrote ({problem})")
+        found[rank] = doc
     return found
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _trace_problem(doc: Any) -> str | None:
+    """What in a ``trace-rank{N}.json`` is not as xpnn writes it (None: nothing)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        return "no traceEvents list"
+    for event in doc["traceEvents"]:
+        if not isinstance(event, dict):
+            return f"an event that is {event!r}"
+        if "ts" in event and not _number(event["ts"]):
+            return f"an event's ts is {event['ts']!r}"
+        if "ts" in event and not _number(event.get("dur")):
+            return f"an event without a duration ({event.get('name')!r})"
+        if event.get("ph") == "X" and not (
+            isinstance(event.get("name"), str) and isinstance(event.get("cat"), str)
+            and isinstance(event.get("pid"), int) and isinstance(event.get("tid"), int)
+        ):  # fmt: skip
+            return f"a span without a name, category, pid or tid ({event!r:.80})"
+    other = doc.get("otherData", {})
+    xpnn = other.get("xpnn", {}) if isinstance(other, dict) else None
+    clock = xpnn.get("clock") or [] if isinstance(xpnn, dict) else None
+    if not isinstance(clock, list) or not all(
+        isinstance(pair, list) and len(pair) == 2 and all(map(_number, pair)) for pair in clock
+    ):
+        return "otherData.xpnn is not as xpnn writes it"
+    return None
+
+
+def _flight_problem(doc: Any) -> str | None:
+    """What in a ``flight-rank{N}.json`` is not as xpnn writes it (None: nothing)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("operations"), list):
+        return "no operations list"
+    if not _number(doc.get("now")):
+        return f"now is {doc.get('now')!r}"
+    for op in doc["operations"]:
+        if not isinstance(op, dict) or not _number(op.get("start")):
+            return f"an operation without a start ({op!r:.80})"
+        if not (op.get("end") is None or _number(op["end"])):
+            return f"an operation's end is {op['end']!r}"
+    return None
 
 
 def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
@@ -74,7 +143,7 @@ def flight_events(rank: int, dump: dict[str, Any], offset: float) -> list[dict[s
     for op in dump.get("operations", []):
         end = op["end"] if op["end"] is not None else dump["now"]
         name = f"{op['op']} #{op['seq']}" + ("" if op["end"] is not None else " (unfinished)")
-        args = {k: op[k] for k in ("nbytes", "bucket", "microbatch", "step", "peer", "group")}
+        args = {k: op.get(k) for k in ("nbytes", "bucket", "microbatch", "step", "peer", "group")}
         events.append(
             {"name": name, "cat": "flight", "ph": "X", "pid": rank, "tid": FLIGHT_LANE,
              "ts": op["start"] * 1e6 - offset, "dur": max(0.0, end - op["start"]) * 1e6,
@@ -220,7 +289,7 @@ def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """``python -m xpnn trace DIR [-o MERGED]``."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m xpnn trace",
         description="Merge the per-rank traces (--trace DIR) and flight records of DIR into one "
         "Chrome trace and print where each rank's step time goes.",
@@ -228,31 +297,73 @@ def main(argv: list[str]) -> int:
     parser.add_argument("directory", help="the --trace directory (or one with flight records)")
     parser.add_argument("-o", "--output", help="the merged trace (default DIR/merged.json)")
     parser.add_argument("--png", help="also draw the last two traced steps (needs matplotlib)")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         if not os.path.isdir(args.directory):
             raise UserError(f"trace {args.directory}: not a directory")
-        merged, info = merge(args.directory)
         out = args.output or os.path.join(args.directory, "merged.json")
+        _check_output("-o", out, args.directory)
+        if args.png:
+            if not args.png.lower().endswith(".png"):
+                raise UserError(f"trace --png {args.png}: give a file name ending in .png")
+            _check_output("--png", args.png, args.directory)
         try:
-            with open(out, "w") as fh:
-                json.dump(merged, fh)
+            merged, info = merge(args.directory)
+            rows = summarize(merged, info)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise UserError(
+                f"trace {args.directory}: rank files not as xpnn writes them "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+        try:
+            replace_whole(out, json.dumps(merged).encode())  # never through a planted link
         except OSError as exc:
             raise UserError(f"trace -o {out}: {exc.strerror}") from None
         if args.png:
             _draw(merged, args.png)
     except UserError as exc:
-        print(f"xpnn: {exc}", file=sys.stderr)
+        print(f"xpnn: {failure_line(exc)}", file=sys.stderr)
         return 2
-    rows = summarize(merged, info)
     ranks = len({e["pid"] for e in merged["traceEvents"] if "pid" in e})
     print(f"merged {ranks} rank(s) into {out} (open it in https://ui.perfetto.dev)")
+    traced = rank_files(args.directory, "trace")
+    if traced and 0 not in traced:
+        print(
+            f"no trace-rank0.json in {args.directory}: the ranks' clocks are not aligned to "
+            "rank 0's (their offsets show as 0)"
+        )
     if rows:
         print("per step, ms (share of the step); hidden: communication overlapped by compute")
         offsets = {r: i.get("clock_offset_us", 0.0) for r, i in info.items()}
         for line in table(rows, offsets):
             print(line)
     return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line naming it, not argparse's usage and its line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"trace: {message.removeprefix('argument ')}")
+
+
+def failure_line(exc: BaseException) -> str:
+    return " | ".join(part for part in str(exc).splitlines() if part.strip())
+
+
+def _check_output(flag: str, path: str, directory: str) -> None:
+    """An output is a file name in an existing directory, not a device, and none of the rank
+    files it is made from."""
+    inputs = [*rank_files(directory, "trace").values(), *rank_files(directory, "flight").values()]
+    if any(same_file(path, read) for read in inputs):
+        raise UserError(f"trace {flag} {path}: a rank file this command reads; give another name")
+    if os.path.isdir(path):
+        raise UserError(f"trace {flag} {path}: is a directory; give a file name")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UserError(f"trace {flag} {path}: exists and is not a regular file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"trace {flag} {path}: directory {parent} does not exist")
 
 
 def _draw(merged: dict[str, Any], path: str) -> None:

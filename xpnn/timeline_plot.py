@@ -4,7 +4,10 @@ waits for other ranks) and its communication lanes, over the last traced steps."
 
 from __future__ import annotations
 
+import io
 from typing import Any
+
+from xpnn.files import replace_whole
 
 COLOURS = {
     "forward": "#4C72B0",
@@ -107,8 +110,10 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = 
               frameon=False, fontsize=10)  # fmt: skip
     if title:
         ax.set_title(title)
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    replace_whole(path, image.getvalue())  # whole or not at all, never through a link
 
 
 def _bar(event: dict[str, Any], origin: float) -> tuple[float, float]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from xpnn.data.batches import check_int, check_seed
 from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
+from xpnn.data.files import memory_bytes as _memory_bytes
 from xpnn.data.idx import IdxError, read_idx, read_idx_pair
 from xpnn.data.text import TEXT_DATASETS, load_text
 from xpnn.digest import arrays_digest
@@ -328,19 +329,6 @@ def check_same_data(
             f"`data_dir`: rank {rank} read other data than rank 0 ({what}; rank {rank} from "
             f"{here}, rank 0 from {there}); every rank must read the same files"
         )
-
-
-def _memory_bytes() -> int | None:
-    """This machine's RAM plus swap, the most any process here could fill; None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "SwapTotal"))
-    except (OSError, KeyError, ValueError):
-        try:
-            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, AttributeError):
-            return None
 
 
 def _check_synthetic_fits(size: int, n_test: int, shape: tuple[int, ...]) -> None:

@@ -37,3 +37,37 @@ def open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
         os.close(fd)
         raise
     return fd, info
+
+
+def memory_bytes() -> int | None:
+    """This machine's RAM plus swap, the most any process here could fill; None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "SwapTotal"))
+    except (OSError, KeyError, ValueError):
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+
+class TooLarge(Exception):
+    """A file larger than what reads it can hold; ``size`` its bytes."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"{size:,} bytes")
+        self.size = size
+
+
+def read_regular(path: str | os.PathLike, most: int | None) -> bytes:
+    """The bytes of the regular file ``path`` (``NotAFile`` for a device or a pipe, which
+    never end or never answer), at most ``most`` of them (``TooLarge`` past that)."""
+    fd, info = open_regular(path)
+    with os.fdopen(fd, "rb") as fh:
+        if most is not None and info.st_size > most:
+            raise TooLarge(info.st_size)
+        data = fh.read(most + 1 if most is not None else -1)
+    if most is not None and len(data) > most:  # grew since: read no further
+        raise TooLarge(len(data))
+    return data

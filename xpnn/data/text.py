@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
+from xpnn.data.files import NotAFile, TooLarge, memory_bytes, read_regular
 from xpnn.errors import UserError
 
 TEXT_DATASETS = ("tinyshakespeare", "text")
@@ -83,10 +84,21 @@ def shakespeare_path(data_dir: str | os.PathLike | None, download: bool = True) 
     return path
 
 
+TEXT_BYTES_PER_CHAR = 16  # the bytes, their str, the ids and the split's copies
+
+
 def read_text(path: str | os.PathLike, what: str = "`data_dir`") -> str:
     """The UTF-8 text of ``path``, or a one-line UserError naming ``what``."""
+    have = memory_bytes()  # a character becomes an 8-byte id, beside the text itself
     try:
-        return Path(path).read_bytes().decode("utf-8")
+        return read_regular(path, have // TEXT_BYTES_PER_CHAR if have else None).decode("utf-8")
+    except NotAFile as exc:
+        raise UserError(f"{what} {path}: {exc.kind}, not a file") from None
+    except TooLarge as exc:
+        raise UserError(
+            f"{what} {path}: {exc.size:,} bytes of text need more than this machine's memory "
+            "(its characters become 8-byte ids)"
+        ) from None
     except UnicodeDecodeError as exc:
         raise UserError(
             f"{what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"

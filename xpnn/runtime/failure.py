@@ -291,12 +291,13 @@ def agree_timeout() -> float:
 def _gather_codes(size: int, code: int) -> Any:
     """Every rank's exit code (0: fine), or None when a failed rank gave up waiting for the
     others after ``agree_timeout()`` (ranks that succeeded wait: others may still load data)."""
-    import numpy as np
+    from array import array  # not NumPy: a rank whose NumPy does not import gets here
+
+    from mpi4py import MPI
 
     comm: Any = control_comm()
-    mine = np.array([code], dtype=np.int32)
-    codes = np.zeros(size, dtype=np.int32)
-    req = comm.Iallgather(mine, codes)
+    codes = array("i", [0] * size)
+    req = comm.Iallgather([array("i", [code]), MPI.INT32_T], [codes, MPI.INT32_T])
     if code == 0:
         stall.wait(req, "the agreement that setup succeeded")
         return codes

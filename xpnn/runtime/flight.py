@@ -13,6 +13,7 @@ from collections import deque
 from typing import Any
 
 from xpnn import phases
+from xpnn.files import replace_whole
 
 RING = 512  # operations kept per rank: a few steps of a pipeline's sends and receives
 
@@ -185,10 +186,7 @@ def dump(reason: str) -> str | None:
     }
     try:
         os.makedirs(directory, exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh, indent=0)
-        os.replace(tmp, path)
+        replace_whole(path, json.dumps(doc, indent=0).encode())  # never through a link
     except OSError:
         return None
     _state["dumped"] = path

@@ -1,9 +1,13 @@
-"""What this process holds: its peak resident memory, for the run's last metrics line."""
+"""What this process holds (its peak resident memory, for the run's last metrics line) and
+whether the network it is asked to build can fit at all."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
+
+from xpnn.errors import UserError
 
 
 def peak_rss_mb() -> float | None:
@@ -18,3 +22,38 @@ def peak_rss_mb() -> float | None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)  # bytes / KiB
+
+
+def preset_parameters(
+    model: object, input_shape: tuple[int, ...], classes: int, hidden: tuple[int, ...],
+    gpt_sizes: dict[str, int],
+) -> int | None:  # fmt: skip
+    """The parameters a preset network will have, counted before it is built (a lower bound
+    for ``gpt``: its blocks' 12 x embed**2 weights, not their biases and norms); None for
+    another model, whose layers are the user's."""
+    if model == "mlp":
+        widths = [math.prod(input_shape), *hidden, classes]
+        return sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
+    if model == "gpt":
+        embed, block, layers = (gpt_sizes[k] for k in ("embed", "block", "layers"))
+        return embed * (2 * classes + block) + layers * 12 * embed * embed
+    return None
+
+
+def check_network_fits(what: str, params: int | None, itemsize: int, states: int) -> None:
+    """Refuse, before anything is allocated, a network whose parameters, gradients and
+    optimizer ``states`` (per parameter) are more than this machine's memory and swap: its
+    arrays would be allocated lazily and the run end in the OOM killer, not an error."""
+    from xpnn.data.files import memory_bytes
+
+    have = memory_bytes()
+    if params is None or have is None:
+        return
+    need = params * itemsize * (2 + states)
+    if need > have:
+        raise UserError(
+            f"{what}: the network does not fit in memory: its {params:,} parameters need "
+            f"{need / 2**30:,.1f} GiB with "
+            f"their gradients and the optimizer's state, more than this machine's "
+            f"{have / 2**30:,.1f} GiB of memory and swap"
+        )

@@ -98,19 +98,22 @@ def wait(request: Any, what: str) -> None:
 def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
     """mpi4py's ``allgather`` of objects, each exchange polled by ``wait``: the sizes, then the
     pickled bytes: were one step blocking, a rank stopped just before it would leave the others
-    inside MPI, unwatched and for ever."""
-    import numpy as np
+    inside MPI, unwatched and for ever. Without NumPy: a rank whose NumPy does not import
+    still joins the start-up agreement to say so."""
+    from array import array
+    from itertools import accumulate
+
     from mpi4py import MPI
 
-    mine = np.frombuffer(MPI.pickle.dumps(obj), dtype=np.uint8)
-    sizes = np.zeros(mpi_comm.Get_size(), dtype=np.int64)
-    wait(mpi_comm.Iallgather(np.array([mine.size], dtype=np.int64), sizes), what)
-    counts = [int(n) for n in sizes]
-    starts = [0, *np.cumsum(counts)[:-1].tolist()]
-    everyone = np.empty(sum(counts), dtype=np.uint8)
-    wait(mpi_comm.Iallgatherv(mine, [everyone, (counts, starts), MPI.BYTE]), what)
+    mine = MPI.pickle.dumps(obj)
+    sizes = array("q", [0] * mpi_comm.Get_size())
+    wait(mpi_comm.Iallgather([array("q", [len(mine)]), MPI.INT64_T], [sizes, MPI.INT64_T]), what)
+    counts = list(sizes)
+    starts = [0, *accumulate(counts)][:-1]
+    everyone = bytearray(sum(counts))
+    wait(mpi_comm.Iallgatherv([mine, MPI.BYTE], [everyone, (counts, starts), MPI.BYTE]), what)
     return [
-        MPI.pickle.loads(everyone[a : a + n].tobytes()) for a, n in zip(starts, counts, strict=True)
+        MPI.pickle.loads(bytes(everyone[a : a + n])) for a, n in zip(starts, counts, strict=True)
     ]
 
 

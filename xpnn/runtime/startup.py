@@ -52,6 +52,50 @@ def _once(failed: list[tuple[int, str]], size: int) -> str:
     return f"xpnn: rank {first_rank}: {first}{also}"
 
 
+def failed_import(exc: BaseException, command: str) -> int:
+    """xpnn's own import failed on this rank (a broken install, a planted ``numpy.py`` on one
+    segment's ``PYTHONPATH``): one line naming where, and, under a launcher, MPI started
+    anyway (without NumPy) so that every rank hears of it in the start-up agreement."""
+    import traceback
+
+    from xpnn.runtime.failure import one_line, run_guarded
+    from xpnn.runtime.world import init_world, launch_rank, launched_by_mpi
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    line = one_line(f"cannot start: {type(exc).__name__}: {exc}{where}")
+    try:
+        under_launcher = launched_by_mpi() is not None
+        world = init_world() if under_launcher else None
+    except Exception as failed:  # noqa: BLE001 - MPI does not start here either: end the job
+        say(f"rank {launch_rank()}: {line}; {one_line(str(failed))}")
+        abort_launch(1)
+        return 1
+    if world is None or world.size == 1:
+        say(f"xpnn: {line}")
+        return 1
+    return run_guarded(world, lambda: agree_to_start(world, command, line))
+
+
+def help_given(command: str) -> int:
+    """``-h`` printed this rank's help (argparse, exit 0): under a launcher whose other ranks
+    run (an MPMD line with ``-h`` in one segment), they must not wait in ``MPI_Init``: every
+    rank states its command as ``help``, and a job not all asking for help ends (exit 2)."""
+    from xpnn.runtime.failure import run_guarded
+    from xpnn.runtime.world import init_world, launched_by_mpi
+
+    try:
+        if launched_by_mpi() is None:
+            return 0
+        world = init_world()
+    except Exception:  # noqa: BLE001 - no MPI to reach the others: help was all there was
+        abort_launch(0)
+        return 0
+    if world.size == 1:
+        return 0
+    return run_guarded(world, lambda: agree_to_start(world, f"{command} --help"))
+
+
 def abort_launch(code: int = START_UP_EXIT) -> bool:
     """Ask the launcher to end the whole job, for a rank that cannot start MPI (its library
     does not load): the others would wait in ``MPI_Init`` for ever. Speaks the PMI-1 wire

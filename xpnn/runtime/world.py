@@ -180,9 +180,15 @@ def check_pmix(env: Mapping[str, str], library_version: str) -> None:
     )
 
 
+# UCX (which the mpich wheel bundles) takes SIGHUP as its "enter debug mode" signal and prints
+# hundreds of "UCX DEBUG" lines on it; xpnn stops cleanly on SIGHUP itself. 0: no such signal.
+QUIET_UCX = ("UCX_DEBUG_SIGNO", "0")
+
+
 def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
     """Import mpi4py and start MPI; the MPI module and its library's version string, asked
     before ``MPI_Init`` since a failing ``MPI_Init`` ends the process past Python's handling."""
+    os.environ.setdefault(*QUIET_UCX)
     try:
         import mpi4py
 

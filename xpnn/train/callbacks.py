@@ -25,6 +25,7 @@ class MetricsFile(Callback):
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.finished = False  # a resume of a run already done: its "done" record is there
 
     def on_train_begin(self, trainer: Trainer) -> None:
         if not trainer.is_root:
@@ -32,10 +33,13 @@ class MetricsFile(Callback):
         with path_problems("metrics", self.path):
             metrics_file.check_metrics_file(self.path)  # never empty another file
             if trainer.optimizer.step_count == 0:  # a fresh run, a fresh file
-                open(self.path, "w").close()
+                metrics_file.empty(self.path)
             else:  # each epoch once: what came after the resumed checkpoint goes
                 steps = trainer.optimizer.step_count if trainer.cfg.steps else None
                 metrics_file.keep_until(self.path, trainer.start_epoch, steps)
+                cfg = trainer.cfg
+                left = steps < cfg.steps if steps else trainer.start_epoch < cfg.epochs
+                self.finished = not left and metrics_file.last_event(self.path) == "done"
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if not trainer.is_root:
@@ -45,7 +49,11 @@ class MetricsFile(Callback):
         with path_problems("metrics", self.path):
             metrics_file.append_record(self.path, line)
 
-    on_train_end = on_epoch_end  # the run's last line, written as an epoch's
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """The run's last line, written as an epoch's; once, however often it is resumed."""
+        if not self.finished:
+            self.on_epoch_end(trainer, record)
+
     on_eval = on_epoch_end
 
 

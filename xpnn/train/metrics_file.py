@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.files import open_to_write
 
 EVENTS = ("epoch", "eval", "done", "diverged")  # the "event" of every line xpnn writes
 FIRST_LINE_BYTES = 1 << 16  # a record is a few hundred bytes; a longer first line is not one
@@ -56,7 +57,7 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Append ``record`` as one JSON line, whole or not at all: on a failed write (a full
     disk) the file is cut back to where it was and the error raised."""
     data = (json.dumps(record, allow_nan=False) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    fd = open_to_write(path, os.O_APPEND | os.O_CREAT)
     try:
         regular = stat.S_ISREG(os.fstat(fd).st_mode)
         size = os.fstat(fd).st_size if regular else 0
@@ -70,6 +71,11 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def empty(path: str | os.PathLike) -> None:
+    """Empty (or make) the file, for a fresh run; never through another user's link."""
+    os.close(open_to_write(path, os.O_CREAT | os.O_TRUNC))
 
 
 def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> int:
@@ -86,6 +92,18 @@ def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> 
     if dropped:
         _replace(path, b"".join(line + b"\n" for line in kept))
     return dropped
+
+
+def last_event(path: str | os.PathLike) -> str | None:
+    """The ``event`` of the file's last record (None: none, or not a record)."""
+    if not _regular(path):
+        return None
+    with open(path, "rb") as fh:
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - FIRST_LINE_BYTES))
+        lines = fh.read().rstrip(b"\n").rsplit(b"\n", 1)
+    if not lines[-1] or not is_record(lines[-1]):
+        return None
+    return json.loads(lines[-1])["event"]
 
 
 def _after(line: bytes, epoch: int, step: int | None = None) -> bool:

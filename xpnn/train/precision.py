@@ -6,6 +6,7 @@ them, before the exchange. fp16 adds dynamic loss scaling (PyTorch's ``GradScale
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -147,7 +148,9 @@ class Precision:
         """Point the layers at the low-precision copy, re-cast from the master if stale."""
         master = self.master[0]
         if self._dirty:
-            self.low_params[...] = self.xp.astype(master, self.dtype)
+            with warnings.catch_warnings():  # a weight past fp16's range is inf: the loss
+                warnings.simplefilter("ignore", RuntimeWarning)  # says so, in one line
+                self.low_params[...] = self.xp.astype(master, self.dtype)
             self._dirty = False
         self.model.adopt(self.low_params, self.low_grads, copy=False)
         self.model.loss = self.wide_loss

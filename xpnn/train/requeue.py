@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xpnn.errors import UserError
+from xpnn.interrupts import checkpoint_requested
 from xpnn.runtime import stall
 from xpnn.runtime.failure import CollectiveExit
 from xpnn.train.callbacks import Callback
@@ -36,7 +37,7 @@ class CheckpointOnSignal(Callback):
             raise UserError(f"`checkpoint_signal` {name}: needs `checkpoint_dir`")
         self.signum = getattr(signal, f"SIG{name}")
         self.directory = checkpoint_dir
-        self.asked = False
+        self.asked = checkpoint_requested(self.signum)  # before this: xpnn.__main__'s note
         self.at_record = False  # agreed where a record and its checkpoint follow: they will do
         self.mpi: Any = None  # the ranks' own communicator for the question
         self.mine, self.anyone = np.zeros(1), np.zeros(1)

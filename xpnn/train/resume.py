@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from xpnn.train.trainer import Trainer
 
 
-def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool) -> None:
+def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool | str) -> None:
     """Sets ``trainer.start_epoch`` (0 for a fresh run) and ``trainer.resume_note`` (said when
     the run starts); a checkpoint that does not fit is a user error every rank raises."""
     if not checkpoint_dir:
@@ -29,12 +29,14 @@ def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool) -> None:
         with path_problems("checkpoint_dir", checkpoint_dir):
             checkpoint.refuse_other_runs(checkpoint_dir)
         return
-    trainer.start_epoch = resume_latest(trainer, checkpoint_dir)
+    trainer.start_epoch = resume_latest(trainer, checkpoint_dir, afresh=resume == "auto")
     trainer.progress = midepoch.EpochProgress.resumed(trainer)  # a mid-epoch checkpoint's sums
 
 
-def resume_latest(trainer: Trainer, directory: str) -> int:
-    """Loads ``directory``'s latest checkpoint, if any, and returns the epoch it ends."""
+def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int:
+    """Loads ``directory``'s latest checkpoint and returns the epoch it ends; where there is
+    none, 0 if ``afresh`` may start (``resume="auto"``), else a ``UserError``: a mistyped
+    directory would retrain from the start and replace the run's metrics and saved file."""
     cfg = trainer.cfg
     path = checkpoint.latest_checkpoint(directory)
     # A directory on each node's own disk would resume ranks from different epochs.
@@ -46,6 +48,8 @@ def resume_latest(trainer: Trainer, directory: str) -> int:
             f"checkpoints ({found}); every rank must see the same directory (a file "
             "system shared by all nodes)"
         )
+    if path is None and not afresh:
+        raise UserError(no_checkpoint(directory))
     if path is None:
         trainer.resume_note = f"resume: no checkpoint in {directory}, starting afresh"
         return 0
@@ -77,6 +81,14 @@ def resume_latest(trainer: Trainer, directory: str) -> int:
     since = f"; changed since: {', '.join(changed)}" if changed else ""
     trainer.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
     return epoch
+
+
+def no_checkpoint(directory: str | os.PathLike) -> str:
+    """The refusal of a ``resume`` with nothing to resume from."""
+    return (
+        f"`checkpoint_dir` {directory}: no checkpoint to resume from; check the directory, or "
+        "give `resume` auto to start afresh where there is none"
+    )
 
 
 def restore_loss_scale(trainer: Trainer, path: Any) -> str:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from typing import TYPE_CHECKING, Any
 
 from xpnn import phases
 from xpnn.errors import UserError, path_problems
+from xpnn.files import replace_whole
 from xpnn.runtime import flight
 from xpnn.timeline import parse_steps
 from xpnn.train.callbacks import Callback
@@ -304,22 +306,33 @@ class Trace(Callback):
         }
         with path_problems("trace", self.directory):
             os.makedirs(self.directory, exist_ok=True)
-            with open(path, "w") as fh:
-                json.dump(doc, fh)
+            replace_whole(path, json.dumps(doc).encode())  # never through a planted link
         return path
 
 
-def flight_directory(metrics: str | None, checkpoint_dir: str | None, trace: str | None) -> str:
-    """Where the flight recorder dumps: beside the metrics, else the checkpoints, the trace."""
-    if metrics:
+def flight_directory(
+    metrics: str | None, checkpoint_dir: str | None, trace: str | None
+) -> str | None:
+    """Where the flight recorder dumps: beside the metrics, else the checkpoints, the trace;
+    ``None`` for nowhere. Only beside a metrics file that is a file: ``--metrics /dev/null``
+    would put the records in ``/dev``."""
+    if metrics and not _device(metrics):
         return os.path.dirname(os.path.abspath(metrics))
-    return checkpoint_dir or trace  # type: ignore[return-value]
+    return checkpoint_dir or trace
+
+
+def _device(path: str) -> bool:
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False  # made by the run: a file
 
 
 def observers(spec: Any, rank: int) -> list[Callback]:
     """The ``Trace`` that ``spec.trace`` asks for, and where the flight recorder dumps."""
-    if spec.metrics or spec.checkpoint_dir or spec.trace:
-        flight.dump_to(flight_directory(spec.metrics, spec.checkpoint_dir, spec.trace), rank)
+    where = flight_directory(spec.metrics, spec.checkpoint_dir, spec.trace)
+    if where:
+        flight.dump_to(where, rank)
     steps = None
     if spec.trace_steps is not None:
         try:
