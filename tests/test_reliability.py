@@ -159,7 +159,8 @@ def test_a_rank_that_fails_before_mpi_ends_the_job_with_its_own_line(tmp_path):
     train = [*XPNN, *ARGS]
     cases = {
         "rank 1 cannot import numpy": (
-            ["env", f"PYTHONPATH={path}", *train], "rank 1: cannot start: ImportError: planted"
+            ["env", f"PYTHONPATH={path}", *train],
+            "rank 1: cannot start: ImportError: planted",
         ),
         "-h on rank 1": ([*XPNN, "-h"], "rank 1 runs 'train --help', rank 0 'train'"),
     }
@@ -310,7 +311,8 @@ def test_signals_hydra_does_not_pass_on_end_mpiexec_and_the_next_run_recovers(tm
     ck = tmp_path / "ck"
     for signum in (signal.SIGHUP, signal.SIGXCPU, signal.SIGUSR2):
         before = snapshot()
-        job = Job([*LONG, "--checkpoint-dir", str(ck), *(["--resume", "auto"] if ck.exists() else [])],
+        resume = ["--resume", "auto"] if ck.exists() else []
+        job = Job([*LONG, "--checkpoint-dir", str(ck), *resume],
                   env={"XPNN_SAVE_FAULT": "sleep:30"})  # fmt: skip
         try:
             ranks = job.ranks(2)

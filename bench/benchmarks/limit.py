@@ -108,9 +108,7 @@ def _attention(layer: Any) -> list[tuple]:
 def products(layer: Any, n: int, first: bool) -> list[tuple]:
     """Every product of ``layer`` (and the layers inside it) after a forward of ``n`` samples;
     ``first``: the model's first layer with parameters, whose input gradient nobody reads."""
-    from xpnn.nn.attention import CausalSelfAttention
-    from xpnn.nn.conv import Conv2D
-    from xpnn.nn.dense import Dense
+    from xpnn.nn import CausalSelfAttention, Conv2D, Dense
 
     out: list[tuple] = []
     for inner in layer.walk():
@@ -151,8 +149,7 @@ def _model(job: dict[str, Any], backend: Any) -> tuple[Any, Any, Any]:
     """(model, inputs, labels) of one step."""
     import numpy as np
 
-    from xpnn.nn import gpt
-    from xpnn.nn.models import cnn, mlp
+    from xpnn.nn import cnn, gpt, mlp
 
     rng = np.random.default_rng(0)
     if job["model"] == "gpt":

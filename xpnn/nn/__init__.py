@@ -3,7 +3,9 @@
 from xpnn.nn.activations import GELU, ReLU, Sigmoid, Tanh
 from xpnn.nn.attention import CausalSelfAttention, FeedForward
 from xpnn.nn.composite import Chain, Residual
+from xpnn.nn.conv import Conv2D
 from xpnn.nn.dense import Dense
+from xpnn.nn.dropout import Dropout
 from xpnn.nn.embedding import Embedding, PositionEmbedding
 from xpnn.nn.flatten import Flatten
 from xpnn.nn.gpt import SequenceCrossEntropy, TransformerBlock, gpt, transformer_block
@@ -12,6 +14,7 @@ from xpnn.nn.losses import SigmoidBinaryCrossEntropy, SoftmaxCrossEntropy
 from xpnn.nn.model import Model
 from xpnn.nn.models import build_model, cnn, mlp
 from xpnn.nn.norm import LayerNorm
+from xpnn.nn.pool import MaxPool2D
 from xpnn.nn.sequential import Sequential
 
 __all__ = ["Context", "Dense", "Flatten", "Layer", "Model", "ReLU", "Sequential", "Sigmoid"]
@@ -19,4 +22,4 @@ __all__ += ["Tanh"]
 __all__ += ["SigmoidBinaryCrossEntropy", "SoftmaxCrossEntropy", "build_model", "cnn", "mlp"]
 __all__ += ["CausalSelfAttention", "Chain", "Embedding", "FeedForward", "GELU", "LayerNorm"]
 __all__ += ["PositionEmbedding", "Residual", "SequenceCrossEntropy", "TransformerBlock", "gpt"]
-__all__ += ["transformer_block"]
+__all__ += ["transformer_block", "Conv2D", "Dropout", "MaxPool2D"]
