@@ -29,5 +29,5 @@ fi
 
 if [ "$RUN" -eq 1 ]; then
   echo "== the main job: 2 ranks, Fashion-MNIST, 3 epochs"
-  "$VENV/bin/mpiexec" -n 2 "$VENV/bin/python" -m xpnn --backend numba --dataset fashion-mnist --epochs 3
+  "$VENV/bin/mpiexec" -n 2 "$VENV/bin/python" -m xpnn --dataset fashion-mnist --epochs 3
 fi

@@ -17,7 +17,9 @@ from xpnn.runtime.world import init_world
 from xpnn.train import Callback, MetricsFile, PhaseTimer
 from xpnn.train.trainer import overrides
 
-TINY = dict(dataset="synthetic", synthetic_size=192, hidden=(16,), epochs=2, batch_size=64)
+TINY = dict(
+    dataset="synthetic", synthetic_size=192, hidden=(16,), epochs=2, batch_size=64, backend="numpy"
+)
 TINY |= dict(threads=1, progress=False, seed=3)
 
 

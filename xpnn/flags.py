@@ -193,9 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--backend",
         choices=BACKENDS,
-        help="array library (default numpy); numba adds compiled CPU kernels; torch: PyTorch "
-        "tensors (pip install 'xpnn[torch]'); auto: cupy where a GPU is usable, else torch where "
-        "PyTorch sees an accelerator, else numba",
+        help="array library (default auto: cupy where a GPU is usable, else torch where "
+        "PyTorch sees an accelerator, else numba); numpy: plain NumPy; numba: NumPy plus "
+        "compiled CPU kernels; torch: PyTorch tensors (pip install 'xpnn[torch]')",
     )
     a(
         "--device",

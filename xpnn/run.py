@@ -30,7 +30,7 @@ LR_SCALINGS = ("none", "linear")  # linear: lr times the replicas
 class RunSpec:
     """The choices of one run; ``None`` is "the default", so that an ignored one can be said."""
 
-    backend: str = "numpy"  # numpy, numba, cupy, torch, auto
+    backend: str = "auto"  # numpy, numba, cupy, torch, auto (numba on a CPU, cupy on a GPU)
     device: str | None = None  # backend torch: auto (default), cpu, cuda, mps, xpu, cuda:1...
     model: Any = "mlp"  # mlp, cnn, gpt, FILE.py:FUNCTION, package.module:FUNCTION, a factory
     # f(input_shape, num_classes) -> model, or a model (an unbuilt xpnn.nn.Sequential)
@@ -186,7 +186,7 @@ def _job(
     failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
     trainer = build_run(spec, world, callbacks, log=say, given=given)
     if world.rank == 0:
-        for line in summary(trainer):
+        for line in summary(trainer, spec.backend):
             say(f"xpnn: {line}")
         effective = gpt_preset(spec, given)[0]  # the settings the run has, a preset's too
         for line in notes(effective, trainer, world):
@@ -640,14 +640,18 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
         raise UserError("`loss`: `model` gpt trains with softmax_cross_entropy at every position")
 
 
-def summary(trainer: Any) -> list[str]:
-    """What rank 0 says before training: the network, the data, and how the run is spread."""
+def summary(trainer: Any, asked: str = "") -> list[str]:
+    """What rank 0 says before training: the network, the data, and how the run is spread;
+    ``asked``: the backend as given (``auto`` is said beside the one it chose)."""
     from xpnn.parallel.model.whole import is_spread, whole_size
     from xpnn.runtime.threads import describe_threads
 
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
     threads = describe_threads(cfg.facts.record())
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
+    chosen = trainer.backend.describe()
+    if asked == "auto":  # "numba (cpu, float32)" -> "numba (auto, cpu, float32)"
+        chosen = chosen.replace(" (", " (auto, ", 1)
     line = model.summary()
     if is_spread(model):  # tensor and pipeline parallel: rank 0 holds a part
         line += f" on rank 0 of {whole_size(model):,}, {cfg.parallel} parallel"
@@ -661,7 +665,7 @@ def summary(trainer: Any) -> list[str]:
         *said,
         line,
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
-        f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {trainer.backend.describe()}, "
+        f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {chosen}, "
         f"comm {groups.name}{note}, {trainer.comm.size} rank(s) x {threads}",
     ]
 
@@ -671,7 +675,7 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     groups = trainer.groups
     said = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
     said += [f"{name} has no effect {why}" for name, why in ineffective_settings(spec, groups)]
-    if spec.precision != "fp32" and spec.backend != "numpy" and trainer.backend.name == "numpy":
+    if spec.precision != "fp32" and spec.backend == "numba" and trainer.backend.name == "numpy":
         said.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
     return said + questionable_settings(spec, trainer.cfg, world, trainer.data.n_train)
 

@@ -64,12 +64,25 @@ def auto_without_cupy() -> str:
     """``torch`` where PyTorch (with array-api-compat) sees an accelerator, else ``numba``."""
     import importlib.util
 
+    if not accelerator_possible():  # importing PyTorch costs each rank a second or more
+        return "numba"
     if not all(importlib.util.find_spec(m) for m in ("torch", "array_api_compat")):
         return "numba"
     from xpnn.backends.torch_backend import ACCELERATORS, device_count, import_torch
 
     torch, _ = import_torch()
     return "torch" if any(device_count(torch, kind) for kind in ACCELERATORS) else "numba"
+
+
+def accelerator_possible() -> bool:
+    """False only where no device PyTorch could use exists: Linux without the device files of
+    NVIDIA's, AMD's (ROCm) or a render driver (Intel's XPU); elsewhere (macOS: MPS) True."""
+    import glob
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(glob.glob(pattern) for pattern in ("/dev/nvidia*", "/dev/kfd", "/dev/dri/renderD*"))
 
 
 def torch_unavailable_reason() -> str | None:
