@@ -33,6 +33,7 @@ NAMES = (
     "staging",
     "gpt",
     "trace_cost",
+    "python_loop",
 )
 
 

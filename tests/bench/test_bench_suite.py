@@ -34,7 +34,7 @@ def test_list_names_every_benchmark():
     assert names == [
         "scaling", "cnn", "granularity", "batch_regimes", "parallel_modes", "crossover",
         "allreduce", "polling", "gemm_split", "throughput", "optimizer_step", "core_contention",
-        "within_job", "step_phases", "staging", "gpt", "trace_cost",
+        "within_job", "step_phases", "staging", "gpt", "trace_cost", "python_loop",
     ]  # fmt: skip
 
 
