@@ -182,10 +182,10 @@ class Sequential:
         rows = self.train_rows or n
         loss = correct = None
         for lo in range(0, max(n, 1), max(rows, 1)):
-            part = slice(lo, lo + rows)
-            logits = self.forward(x[part], Context(train=False))
-            l, _ = self.loss(self.backend.kernels, logits, labels[part], 1.0)
-            c = self.backend.kernels.count_correct(logits, labels[part])
+            part = slice(lo, min(lo + rows, n))  # the array API: no stop past the end
+            logits = self.forward(x[part, ...], Context(train=False))
+            l, _ = self.loss(self.backend.kernels, logits, labels[part, ...], 1.0)
+            c = self.backend.kernels.count_correct(logits, labels[part, ...])
             loss, correct = (l, c) if loss is None else (loss + l, correct + c)
         return loss, correct
 
