@@ -482,7 +482,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     """Everything rank-local the user's input can fail: no communication, agreed on after."""
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
-    from xpnn.nn.models import make_model, model_name
+    from xpnn.nn.models import check_fits, make_model, model_name
     from xpnn.parallel.model.batch_threads import check_batch_threads
     from xpnn.parallel.model.layout import place_of
     from xpnn.runtime.threads import apply_threads, threads_per_rank
@@ -549,6 +549,14 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         if spec.model == "mlp":
             what = f"`hidden` {','.join(map(str, spec.hidden))}"
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
+    except (ValueError, TypeError, IndexError) as exc:  # a user's model that does not fit
+        if spec.model in ("mlp", "cnn", "gpt"):
+            raise
+        reason = f"{type(exc).__name__}: {exc}"
+        raise UserError(f"`model` {model_name(spec.model)}: {reason}") from exc
+    if model.scores:  # the stage that holds the network's output
+        labels = tuple(data.y_test.shape[1:])
+        check_fits(model, model_name(spec.model), labels, data.num_classes, model.output_shape)
     check_batch_threads(spec.batch_threads, threads, backend.name)
     replicas = place.replicas  # the ranks that each take a share of the batch
     facts = RunFacts(
