@@ -507,3 +507,26 @@ def test_auto_without_an_accelerator_takes_numba_without_importing_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.split() == ["numba", "False"], out.stderr
+
+
+def test_version_and_info_say_the_version():
+    from xpnn.info import xpnn_version
+
+    proc = run_xpnn(["--version"])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"xpnn {xpnn_version()}\n", "")
+    info = run_xpnn(["info"])
+    assert info.returncode == 0 and info.stdout.splitlines()[0] == f"xpnn {xpnn_version()}"
+
+
+def test_the_version_falls_back_to_the_packages(monkeypatch):
+    """A clone on PYTHONPATH, not installed: importlib.metadata knows no xpnn."""
+    import importlib.metadata
+
+    import xpnn
+    from xpnn.info import xpnn_version
+
+    def absent(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", absent)
+    assert xpnn_version() == xpnn.__version__

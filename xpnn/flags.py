@@ -183,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
     p = _Parser(
         prog="python -m xpnn",
-        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... "
-        "[-o PNG]  |  trace DIR [-o MERGED]  |  generate CHECKPOINT [--chars N]",
+        usage="python -m xpnn [train] [flags]  |  --version  |  info [--json]  |  plot "
+        "METRICS.jsonl... [-o PNG]  |  trace DIR [-o MERGED]  |  generate CHECKPOINT [--chars N]",
         description="Train a network over xp, alone or under MPI (mpiexec -n N python -m xpnn "
         "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
         "the MPI library and whether it is CUDA-aware.",

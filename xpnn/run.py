@@ -100,9 +100,10 @@ class RunFailed(RuntimeError):
     """The job stopped, its reason already said in one line: ``exit_code`` 2 for a user error,
     1 for a bug or a diverged loss, 124 a stall, 130 or 143 a signal."""
 
-    def __init__(self, exit_code: int) -> None:
-        super().__init__(f"the run failed (exit code {exit_code})")
-        self.exit_code = exit_code
+    def __init__(self, exit_code: int, reason: str | None = None) -> None:
+        said = f"{reason} (exit code {exit_code})" if reason else f"exit code {exit_code}"
+        super().__init__(f"the run failed: {said}")
+        self.exit_code, self.reason = exit_code, reason
 
 
 def run(
@@ -114,10 +115,13 @@ def run(
     """Run ``spec`` on this rank (every rank of ``mpiexec`` calls it) and return the final
     metrics record; ``log``/``warn``: where rank 0's lines and notes go (stdout/stderr).
     A failure on any rank stops every rank; here it raises ``RunFailed``."""
+    from xpnn.runtime.abort import SAID
+
     outcome: dict[str, Any] = {}
+    SAID.clear()
     code = launch(spec, callbacks, log, warn, outcome)
     if code:
-        raise RunFailed(code)
+        raise RunFailed(code, SAID[-1].removeprefix("xpnn: ") if SAID else None)
     return outcome["done"]
 
 
