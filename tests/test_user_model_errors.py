@@ -74,7 +74,7 @@ def test_a_model_that_does_not_fit_the_data_names_model(models, name, message):
 
 @pytest.mark.parametrize(
     ("ranks", "extra", "layer"),
-    [(1, [], 3), (2, [], 3), (2, ["--parallel", "pipeline"], 1)],
+    [(1, [], 3), (2, [], 3), (2, ["--parallel", "pipeline"], 3)],
     ids=["one-rank", "two-ranks", "pipeline"],
 )
 def test_a_backward_of_the_wrong_shape_is_refused_naming_the_layer(models, ranks, extra, layer):

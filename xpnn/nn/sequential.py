@@ -97,6 +97,7 @@ class Sequential:
     part = 0  # which tensor part of a pipeline stage this rank holds (3-D parallelism)
     split_comm: Any = None  # the ranks holding this model's other slices, where not its comm
     train_rows = 0  # the largest batch ``loss_and_grads`` has seen (``evaluate`` slices by it)
+    layer_start = 0  # the position of its first layer in the whole model (a pipeline stage's)
 
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:
         self.layers = layers
@@ -170,7 +171,8 @@ class Sequential:
                 with layer_span("forward", i, layer):
                     if self._is_users(layer):
                         want = self._batch_shape(x, i + 1, len(layers))
-                        x = checked_call(i, layer, "forward", partial(layer.forward, x, ctx), want)
+                        call = partial(layer.forward, x, ctx)
+                        x = checked_call(self.layer_start + i, layer, "forward", call, want)
                     else:
                         x = layer.forward(x, ctx)
         return x
@@ -211,7 +213,7 @@ class Sequential:
                 if self._is_users(layers[i]):
                     want = self._batch_shape(dy, i, len(layers)) if need else None
                     call = partial(layers[i].backward, dy, need_dx=need)
-                    dy = checked_call(i, layers[i], "backward", call, want)
+                    dy = checked_call(self.layer_start + i, layers[i], "backward", call, want)
                 else:
                     dy = layers[i].backward(dy, need_dx=need)
             if on_grads_ready is not None:
