@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command from a fresh clone: the virtual environment (.venv), xpnn installed in it with its
-# test extras, Fashion-MNIST from Debian's package where the package manager can install it,
+# test extras and PyTorch's CPU build (the torch backend), Fashion-MNIST from Debian's package where the package manager can install it,
 # then the main job (2 ranks, 3 epochs). `--no-run` stops after the set-up (ci/test.sh uses it).
 # Every command runs from .venv/bin by its path: an unactivated shell still finds mpiexec.
 set -euo pipefail
@@ -14,6 +14,9 @@ echo "== virtual environment: $VENV"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e ".[test]"
+# The torch backend and its tests: PyTorch's CPU build, named exactly (a bare `torch` would pull
+# the CUDA build and its libraries, gigabytes a CPU machine never uses)
+"$VENV/bin/python" -m pip install -q "torch==2.13.0" "array-api-compat>=1.9"
 [ -x "$VENV/bin/mpiexec" ] || { echo "setup: mpiexec missing after install (mpich wheel)" >&2; exit 1; }
 
 echo "== Fashion-MNIST (Debian's dataset-fashion-mnist)"
@@ -29,5 +32,5 @@ fi
 
 if [ "$RUN" -eq 1 ]; then
   echo "== the main job: 2 ranks, Fashion-MNIST, 3 epochs"
-  "$VENV/bin/mpiexec" -n 2 "$VENV/bin/python" -m xpnn --backend numba --dataset fashion-mnist --epochs 3
+  "$VENV/bin/mpiexec" -n 2 "$VENV/bin/python" -m xpnn --dataset fashion-mnist --epochs 3
 fi

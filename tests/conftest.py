@@ -47,7 +47,7 @@ def cupy_or_skip():  # noqa: ANN201 - the cupy module
 TINY_FLOAT64_RUN = [
     "--dataset", "synthetic", "--synthetic-size", "300", "--epochs", "2", "--batch-size", "70",
     "--dtype", "float64", "--optimizer", "adam", "--lr", "0.01", "--no-progress",
-    "--threads", "1",
+    "--threads", "1", "--backend", "numpy",
 ]  # fmt: skip
 
 

@@ -30,6 +30,8 @@ SMALL = [
     "--batch-size",
     "50",
     "--no-progress",
+    "--backend",
+    "numpy",
 ]
 
 
@@ -482,3 +484,49 @@ def test_more_ranks_than_cores_get_a_note_once():
     assert proc.returncode == 0, proc.stderr
     note = "xpnn: note: 2 ranks on this node share fewer cores than there are ranks"
     assert proc.stderr.count(note) == 1, proc.stderr  # said by rank 0 alone
+
+
+def test_the_default_backend_is_auto_and_the_header_says_what_it_took():
+    """Without --backend a CPU-only machine trains on Numba's kernels, not plain NumPy."""
+    from xpnn.backends import accelerator_possible
+
+    args = [a for a in SMALL if a not in ("--backend", "numpy")]
+    proc = run_xpnn([*args, "--epochs", "1"])
+    assert proc.returncode == 0, proc.stderr
+    header = proc.stdout.splitlines()[1]
+    assert "(auto, " in header and "backend numpy" not in header, header
+    if not accelerator_possible():
+        assert "backend numba (auto, cpu, float32)" in header, header
+
+
+def test_auto_without_an_accelerator_takes_numba_without_importing_torch():
+    """Importing PyTorch costs each rank a second or more: not done where no device is."""
+    code = (
+        "import sys, xpnn.backends as b; b.accelerator_possible = lambda: False; "
+        "print(b.auto_without_cupy(), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.split() == ["numba", "False"], out.stderr
+
+
+def test_version_and_info_say_the_version():
+    from xpnn.info import xpnn_version
+
+    proc = run_xpnn(["--version"])
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"xpnn {xpnn_version()}\n", "")
+    info = run_xpnn(["info"])
+    assert info.returncode == 0 and info.stdout.splitlines()[0] == f"xpnn {xpnn_version()}"
+
+
+def test_the_version_falls_back_to_the_packages(monkeypatch):
+    """A clone on PYTHONPATH, not installed: importlib.metadata knows no xpnn."""
+    import importlib.metadata
+
+    import xpnn
+    from xpnn.info import xpnn_version
+
+    def absent(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", absent)
+    assert xpnn_version() == xpnn.__version__

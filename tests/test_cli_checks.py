@@ -25,7 +25,7 @@ from conftest import (
 # 600 samples in batches of 50: 12 steps an epoch (so are batches of 52, and 599 samples)
 SMALL = [
     "--dataset", "synthetic", "--synthetic-size", "600", "--hidden", "16", "--epochs", "1",
-    "--batch-size", "50", "--no-progress",
+    "--batch-size", "50", "--no-progress", "--backend", "numpy",
 ]  # fmt: skip
 
 
@@ -233,7 +233,7 @@ def test_help_names_info_and_the_defaults():
 
     text = " ".join(build_parser().format_help().split())
     assert "python -m xpnn info" in text
-    for default in ("(default numpy)", "(default 5)", "(default 0.001)", "(default adam)"):
+    for default in ("(default auto: ", "(default 5)", "(default 0.001)", "(default adam)"):
         assert default in text, default
     assert "(default float32)" in text and "(default fashion-mnist)" in text
 

@@ -17,7 +17,9 @@ from xpnn.runtime.world import init_world
 from xpnn.train import Callback, MetricsFile, PhaseTimer
 from xpnn.train.trainer import overrides
 
-TINY = dict(dataset="synthetic", synthetic_size=192, hidden=(16,), epochs=2, batch_size=64)
+TINY = dict(
+    dataset="synthetic", synthetic_size=192, hidden=(16,), epochs=2, batch_size=64, backend="numpy"
+)
 TINY |= dict(threads=1, progress=False, seed=3)
 
 
@@ -193,3 +195,14 @@ def test_every_parameter_a_message_names_is_a_flag():
         flag_words("`model_ranks` 3 with `parallel` data") == "--model-ranks 3 with --parallel data"
     )
     assert flag_words("`progress`") == "--no-progress"
+
+
+def test_run_failed_carries_the_one_line_reason():
+    """The reason went to stderr only: a program catching RunFailed could not say it."""
+    from xpnn.run import RunFailed, run
+
+    with pytest.raises(RunFailed) as info:
+        run(RunSpec(batch_size=0, backend="numpy"), log=_silent, warn=_silent)
+    assert info.value.exit_code == 2
+    assert info.value.reason == "`batch_size`: must be at least 1, got 0"
+    assert str(info.value) == f"the run failed: {info.value.reason} (exit code 2)"

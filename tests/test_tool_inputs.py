@@ -145,7 +145,7 @@ COMMAND = settings(  # a process costs about a second: a handful, the same ones 
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 TINY = ["--dataset", "synthetic", "--synthetic-size", "40", "--epochs", "1", "--batch-size",
-        "20", "--hidden", "4", "--threads", "1", "--no-progress"]  # fmt: skip
+        "20", "--hidden", "4", "--threads", "1", "--no-progress", "--backend", "numpy"]  # fmt: skip
 PATH_FLAGS = {"--data-dir", "--metrics", "--save", "--checkpoint-dir", "--trace"}
 VALUE_FLAGS = [f for f in FLAGS if f not in PATH_FLAGS]  # paths get files of random bytes below
 STILL_RUNNING_S = 4.0  # a value refused is said within a second; a run still going took it

@@ -21,7 +21,7 @@ from xpnn.flags import (
     typed_settings,
 )
 from xpnn.generate import main as generate_main
-from xpnn.info import info_main
+from xpnn.info import info_main, xpnn_version
 from xpnn.interrupts import hand_over
 from xpnn.plot import main as plot_main
 from xpnn.run import launch
@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
         from xpnn.commands.plan import main as planner_main
 
         return planner_main(argv[0], argv[1:])
+    if argv in (["--version"], ["train", "--version"]):
+        print(f"xpnn {xpnn_version()}")
+        return 0
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
     launcher_pipe.write_stdout_into_launchers_pipe()  # `mpiexec ... | head`: see the module
     parser = build_info_parser() if command == "info" else build_parser()

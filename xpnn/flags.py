@@ -199,8 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
     p = _Parser(
         prog="python -m xpnn",
-        usage="python -m xpnn [train] [flags]  |  info [--json]  |  plot METRICS.jsonl... "
-        "[-o PNG]  |  trace DIR [-o MERGED]  |  generate CHECKPOINT [--chars N]",
+        usage="python -m xpnn [train] [flags]  |  --version  |  info [--json]  |  plot "
+        "METRICS.jsonl... [-o PNG]  |  trace DIR [-o MERGED]  |  generate CHECKPOINT [--chars N]",
         description="Train a network over xp, alone or under MPI (mpiexec -n N python -m xpnn "
         "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
         "the MPI library and whether it is CUDA-aware.",
@@ -209,9 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--backend",
         choices=BACKENDS,
-        help="array library (default numpy); numba adds compiled CPU kernels; torch: PyTorch "
-        "tensors (pip install 'xpnn[torch]'); auto: cupy where a GPU is usable, else torch where "
-        "PyTorch sees an accelerator, else numba",
+        help="array library (default auto: cupy where a GPU is usable, else torch where "
+        "PyTorch sees an accelerator, else numba); numpy: plain NumPy; numba: NumPy plus "
+        "compiled CPU kernels; torch: PyTorch tensors (pip install 'xpnn[torch]')",
     )
     a(
         "--device",

@@ -8,6 +8,18 @@ import platform
 import sys
 
 
+def xpnn_version() -> str:
+    """The installed distribution's version, else (a clone on ``PYTHONPATH``) the package's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("xpnn")
+    except PackageNotFoundError:
+        from xpnn import __version__
+
+        return __version__
+
+
 def collect() -> dict:
     from xpnn.backends import availability
     from xpnn.runtime.cpu_quota import cpu_quota
@@ -18,6 +30,7 @@ def collect() -> dict:
     world = init_world()
     agree_to_start(world, "info")  # an MPMD line's other ranks may be training: they must hear
     out: dict = {
+        "xpnn": xpnn_version(),
         "python": platform.python_version(),
         "numpy": __import__("numpy").__version__,
         "backends": {k: ("available" if v is None else v) for k, v in availability().items()},
@@ -59,6 +72,7 @@ def info_main(as_json: bool = False) -> int:
     if as_json:
         print(json.dumps(data, indent=2))
         return 0
+    print(f"xpnn {data['xpnn']}")
     print(f"python {data['python']}, numpy {data['numpy']}, numba {data.get('numba', '-')}")
     print("backends:")
     for name, status in data["backends"].items():

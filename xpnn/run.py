@@ -31,7 +31,7 @@ LR_SCALINGS = ("none", "linear")  # linear: lr times the replicas
 class RunSpec:
     """The choices of one run; ``None`` is "the default", so that an ignored one can be said."""
 
-    backend: str = "numpy"  # numpy, numba, cupy, torch, auto
+    backend: str = "auto"  # numpy, numba, cupy, torch, auto (numba on a CPU, cupy on a GPU)
     device: str | None = None  # backend torch: auto (default), cpu, cuda, mps, xpu, cuda:1...
     model: Any = "mlp"  # mlp, cnn, gpt, FILE.py:FUNCTION, package.module:FUNCTION, a factory
     # f(input_shape, num_classes) -> model, or a model (an unbuilt xpnn.nn.Sequential)
@@ -102,9 +102,10 @@ class RunFailed(RuntimeError):
     """The job stopped, its reason already said in one line: ``exit_code`` 2 for a user error,
     1 for a bug or a diverged loss, 124 a stall, 130 or 143 a signal."""
 
-    def __init__(self, exit_code: int) -> None:
-        super().__init__(f"the run failed (exit code {exit_code})")
-        self.exit_code = exit_code
+    def __init__(self, exit_code: int, reason: str | None = None) -> None:
+        said = f"{reason} (exit code {exit_code})" if reason else f"exit code {exit_code}"
+        super().__init__(f"the run failed: {said}")
+        self.exit_code, self.reason = exit_code, reason
 
 
 def run(
@@ -116,10 +117,13 @@ def run(
     """Run ``spec`` on this rank (every rank of ``mpiexec`` calls it) and return the final
     metrics record; ``log``/``warn``: where rank 0's lines and notes go (stdout/stderr).
     A failure on any rank stops every rank; here it raises ``RunFailed``."""
+    from xpnn.runtime.abort import SAID
+
     outcome: dict[str, Any] = {}
+    SAID.clear()
     code = launch(spec, callbacks, log, warn, outcome)
     if code:
-        raise RunFailed(code)
+        raise RunFailed(code, SAID[-1].removeprefix("xpnn: ") if SAID else None)
     return outcome["done"]
 
 
@@ -188,7 +192,7 @@ def _job(
     failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
     trainer = build_run(spec, world, callbacks, log=say, given=given)
     if world.rank == 0:
-        for line in summary(trainer):
+        for line in summary(trainer, spec.backend):
             say(f"xpnn: {line}")
         effective = gpt_preset(spec, given)[0]  # the settings the run has, a preset's too
         for line in notes(effective, trainer, world):
@@ -483,7 +487,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     """Everything rank-local the user's input can fail: no communication, agreed on after."""
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
-    from xpnn.nn.models import make_model, model_name
+    from xpnn.nn.models import check_fits, make_model, model_name
     from xpnn.parallel.model.batch_threads import check_batch_threads
     from xpnn.parallel.plan import Plan
     from xpnn.runtime.threads import apply_threads, threads_per_rank
@@ -529,6 +533,14 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         if spec.model == "mlp":
             what = f"`hidden` {','.join(map(str, spec.hidden))}"
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
+    except (ValueError, TypeError, IndexError) as exc:  # a user's model that does not fit
+        if spec.model in ("mlp", "cnn", "gpt"):
+            raise
+        reason = f"{type(exc).__name__}: {exc}"
+        raise UserError(f"`model` {model_name(spec.model)}: {reason}") from exc
+    if model.scores:  # the stage that holds the network's output
+        labels = tuple(data.y_test.shape[1:])
+        check_fits(model, model_name(spec.model), labels, data.num_classes, model.output_shape)
     check_batch_threads(spec.batch_threads, threads, backend.name)
     plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
     replicas = plan.replicas  # the ranks that each take a share of the batch
@@ -604,14 +616,18 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
         raise UserError("`loss`: `model` gpt trains with softmax_cross_entropy at every position")
 
 
-def summary(trainer: Any) -> list[str]:
-    """What rank 0 says before training: the network, the data, and how the run is spread."""
+def summary(trainer: Any, asked: str = "") -> list[str]:
+    """What rank 0 says before training: the network, the data, and how the run is spread;
+    ``asked``: the backend as given (``auto`` is said beside the one it chose)."""
     from xpnn.parallel.model.whole import is_spread, whole_size
     from xpnn.runtime.threads import describe_threads
 
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
     threads = describe_threads(cfg.facts.record())
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
+    chosen = trainer.backend.describe()
+    if asked == "auto":  # "numba (cpu, float32)" -> "numba (auto, cpu, float32)"
+        chosen = chosen.replace(" (", " (auto, ", 1)
     line = model.summary()
     if is_spread(model):  # tensor and pipeline parallel: rank 0 holds a part
         line += f" on rank 0 of {whole_size(model):,}, {cfg.plan.mode} parallel"
@@ -625,7 +641,7 @@ def summary(trainer: Any) -> list[str]:
         *said,
         line,
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
-        f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {trainer.backend.describe()}, "
+        f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {chosen}, "
         f"comm {groups.name}{note}, {trainer.comm.size} rank(s) x {threads}",
         cfg.plan.header(),
     ]
@@ -639,7 +655,7 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
         f"{name} has no effect {why}"
         for name, why in ineffective_settings(spec, groups, trainer.cfg.plan)
     ]
-    if spec.precision != "fp32" and spec.backend != "numpy" and trainer.backend.name == "numpy":
+    if spec.precision != "fp32" and spec.backend == "numba" and trainer.backend.name == "numpy":
         said.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
     return said + questionable_settings(spec, trainer.cfg, world, trainer.data.n_train)
 

@@ -62,10 +62,46 @@ def check_layer(
         return float(np.sum(host(layer.forward(x, ctx)) * r))
 
     layer.forward(x, ctx)
-    dx = host(layer.backward(arrays.asarray(r.copy()), need_dx=True))
-    np.testing.assert_allclose(dx, numeric_grad(f, host(x)), rtol=1e-5, atol=atol)
+    model.grads[...] = 0
+    first = _backward(layer, arrays, r, tuple(x.shape))  # once, then again: a backward that
+    firsts = {name: host(g).copy() for name, g in layer.grads.items()}  # adds differs now
+    layer.forward(x, ctx)  # a backward may consume what its forward kept
+    dx = _backward(layer, arrays, r, tuple(x.shape))
+    _compare("the input", dx, numeric_grad(f, host(x)), atol, first)
     for name, p in layer.params.items():
-        np.testing.assert_allclose(
-            host(layer.grads[name]), numeric_grad(f, host(p)), rtol=1e-5, atol=atol, err_msg=name
-        )
+        numeric = numeric_grad(f, host(p))
+        _compare(f"parameter {name!r}", host(layer.grads[name]), numeric, atol, firsts[name])
     return model
+
+
+def _backward(layer: Layer, arrays: object, r: np.ndarray, x_shape: tuple[int, ...]) -> np.ndarray:
+    """The input gradient of one ``backward`` on a fresh copy of ``r``, checked for its shape."""
+    dx = layer.backward(arrays.asarray(r.copy()), need_dx=True)  # type: ignore[attr-defined]
+    shape = getattr(dx, "shape", None)
+    if shape is None or tuple(shape) != x_shape:
+        got = f"shape {tuple(shape)}" if shape is not None else f"a {type(dx).__name__}"
+        raise AssertionError(
+            f"{type(layer).__name__}.backward returned {got} as the input's gradient; the input "
+            f"has shape {x_shape} (one gradient value per input value)"
+        )
+    return np.array(arrays.to_host(dx), copy=True)  # type: ignore[attr-defined]
+
+
+def _compare(
+    what: str, got: np.ndarray, numeric: np.ndarray, atol: float, first: np.ndarray
+) -> None:
+    """An AssertionError naming ``what`` and its largest difference from the finite
+    differences; ``first``: the first of two backward calls (``got`` is the second's)."""
+    if np.allclose(got, numeric, rtol=1e-5, atol=atol):
+        return
+    if np.allclose(first, numeric, rtol=1e-5, atol=atol):
+        raise AssertionError(
+            f"gradient of {what}: right after one forward and backward, wrong after a second: "
+            "backward adds to its gradients (+=) instead of assigning them (grads[name][...] = ...)"
+        )
+    at = np.unravel_index(int(np.argmax(np.abs(got - numeric))), got.shape) if got.ndim else ()
+    raise AssertionError(
+        f"gradient of {what} differs from finite differences, most at index {tuple(map(int, at))}: "
+        f"backward gave {float(got[at]):.6g}, finite differences {float(numeric[at]):.6g} "
+        f"(difference {abs(float(got[at]) - float(numeric[at])):.3g}, atol {atol:g}, rtol 1e-05)"
+    )

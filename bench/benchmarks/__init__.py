@@ -36,6 +36,7 @@ NAMES = (
     "trace_cost",
     "plan_accuracy",
     "limit",
+    "python_loop",
 )
 
 

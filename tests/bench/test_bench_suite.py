@@ -35,6 +35,7 @@ def test_list_names_every_benchmark():
         "scaling", "cnn", "granularity", "batch_regimes", "parallel_modes", "crossover",
         "allreduce", "polling", "gemm_split", "throughput", "optimizer_step", "core_contention",
         "within_job", "step_phases", "staging", "gpt", "trace_cost", "plan_accuracy", "limit",
+        "python_loop",
     ]  # fmt: skip
 
 

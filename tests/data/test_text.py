@@ -131,3 +131,12 @@ def test_gpt_run_reports_text_metrics_and_generates(tmp_path):
     assert_one_line_user_error(proc, "not an xpnn checkpoint")
     proc = run_xpnn([*gen, "--prompt", "XYZ"])
     assert_one_line_user_error(proc, "characters the model never saw")
+
+
+def test_a_step_draws_its_own_windows_not_the_epochs():
+    """The starts of a step's samples cost the same whatever an epoch counts: 10**15 samples an
+    epoch (drawing them all would take 8 PB) give 4 starts at once."""
+    windows = text.TextWindows(np.arange(10_000, dtype=np.int32), block=8, per_epoch=10**15)
+    got = windows.starts(0, 4, np.array([0, 10**15 - 1, 3, 3]))
+    assert got.shape == (4,) and got.dtype == np.int64 and got[2] == got[3]
+    assert got.min() >= 0 and got.max() < 10_000 - 8

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from xpnn.backends.base import Backend, NumbaBackend, NumpyBackend
 from xpnn.backends.graphs import StepScalars
+from xpnn.backends.threads import set_threads, set_threads_once
 from xpnn.errors import UserError
 
 BACKENDS = ("numpy", "numba", "cupy", "torch", "auto")
@@ -15,7 +16,10 @@ def get_backend(
     """Build the named backend; ``auto`` is CuPy where a GPU is usable, else PyTorch where it
     sees an accelerator (an AMD, Apple or Intel GPU, or CUDA without CuPy), else Numba.
     ``device`` (torch only): auto, cpu, cuda, mps, xpu or a torch device string;
-    ``device_id``: this rank's index on its node, the GPU it takes when none is named."""
+    ``device_id``: this rank's index on its node, the GPU it takes when none is named.
+    The first backend of a process holds BLAS's and Numba's pools to one count of threads
+    (``set_threads``), as the command line does for each rank."""
+    set_threads_once()
     if device is not None and name != "torch":
         raise UserError(f"`device` {device}: only for `backend` torch (not {name})")
     if name == "auto":
@@ -64,12 +68,25 @@ def auto_without_cupy() -> str:
     """``torch`` where PyTorch (with array-api-compat) sees an accelerator, else ``numba``."""
     import importlib.util
 
+    if not accelerator_possible():  # importing PyTorch costs each rank a second or more
+        return "numba"
     if not all(importlib.util.find_spec(m) for m in ("torch", "array_api_compat")):
         return "numba"
     from xpnn.backends.torch_backend import ACCELERATORS, device_count, import_torch
 
     torch, _ = import_torch()
     return "torch" if any(device_count(torch, kind) for kind in ACCELERATORS) else "numba"
+
+
+def accelerator_possible() -> bool:
+    """False only where no device PyTorch could use exists: Linux without the device files of
+    NVIDIA's, AMD's (ROCm) or a render driver (Intel's XPU); elsewhere (macOS: MPS) True."""
+    import glob
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(glob.glob(pattern) for pattern in ("/dev/nvidia*", "/dev/kfd", "/dev/dri/renderD*"))
 
 
 def torch_unavailable_reason() -> str | None:
@@ -84,4 +101,4 @@ def torch_unavailable_reason() -> str | None:
 
 
 __all__ = ["Backend", "BACKENDS", "get_backend", "availability", "gpu_unavailable_reason"]
-__all__ += ["StepScalars"]
+__all__ += ["StepScalars", "set_threads"]

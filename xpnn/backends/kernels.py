@@ -157,7 +157,8 @@ class Kernels:
             hits = xp.astype(xp.argmax(logits, axis=-1) == labels, xp.float64)
             return xp.sum(hits) / positions
         check_labels(logits, labels)  # the shape (a column broadcasts); it indexes nothing
-        return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.int64))
+        # float64, as for sequences: a step adds it to float sums (exact below 2**53)
+        return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.float64))
 
     def embedding_grad(self, ids: Array, dy: Array, out: Array) -> Array:
         """``out[...] = 0``, then ``out[ids[i]] += dy[i]`` for every row ``i`` of (N, D) ``dy``:

@@ -109,6 +109,18 @@ def read_text(path: str | os.PathLike, what: str = "`data_dir`") -> str:
         raise UserError(f"{what} {path}: {exc.strerror or exc}") from None
 
 
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 arrays (wrapping): a counter to a uniform 64-bit draw.
+    Reduced modulo a text's length (below 2**40) its bias is under 2**-24."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
 @dataclass(frozen=True)
 class TextWindows:
     """The training text as ids and how samples become windows of it: sample ``i`` of global
@@ -124,9 +136,14 @@ class TextWindows:
         return len(self.stream) - self.block
 
     def starts(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
-        """The window starts of ``samples`` (indices below ``per_epoch``) at global ``step``."""
-        rng = np.random.default_rng([seed, WINDOW_SALT, step])
-        return rng.integers(0, self.limit, size=self.per_epoch)[samples]
+        """The window starts of ``samples`` (indices below ``per_epoch``) at global ``step``:
+        each a hash of (seed, step, sample), so a step computes its own samples' starts only,
+        not the epoch's."""
+        key = np.zeros(1, dtype=np.uint64)
+        for word in (seed, WINDOW_SALT, step):
+            key = _mix(key ^ np.uint64(int(word) & _MASK))
+        drawn = _mix(key ^ np.asarray(samples, dtype=np.int64).astype(np.uint64))
+        return (drawn % np.uint64(self.limit)).astype(np.int64)
 
     def spans(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
         """(len(samples), block) positions of the samples' windows in ``stream``; the labels

@@ -15,10 +15,10 @@ from xpnn.nn.model import Model
 from xpnn.nn.models import build_model, cnn, mlp
 from xpnn.nn.norm import LayerNorm
 from xpnn.nn.pool import MaxPool2D
-from xpnn.nn.sequential import Sequential
+from xpnn.nn.sequential import LayerError, Sequential
 
 __all__ = ["Context", "Dense", "Flatten", "Layer", "Model", "ReLU", "Sequential", "Sigmoid"]
-__all__ += ["Tanh"]
+__all__ += ["LayerError", "Tanh"]
 __all__ += ["SigmoidBinaryCrossEntropy", "SoftmaxCrossEntropy", "build_model", "cnn", "mlp"]
 __all__ += ["CausalSelfAttention", "Chain", "Embedding", "FeedForward", "GELU", "LayerNorm"]
 __all__ += ["PositionEmbedding", "Residual", "SequenceCrossEntropy", "TransformerBlock", "gpt"]

@@ -106,10 +106,29 @@ def load_factory(where: str) -> Factory:
     return factory
 
 
+def check_fits(
+    model: Any, what: str, labels: tuple[int, ...], num_classes: int, output: tuple[int, ...]
+) -> None:
+    """A model whose per-sample ``output`` cannot be scored against the data's ``labels`` (per
+    sample) and ``num_classes`` is refused before training, naming `model`."""
+    if not model.layers:
+        raise UserError(f"`model` {what}: has no layers")
+    want = (*labels, num_classes)
+    if tuple(output) != want:
+        per = f" at each of {labels[0]} positions" if labels else ""
+        raise UserError(
+            f"`model` {what}: gives outputs of shape {tuple(output)} a sample; the data needs "
+            f"{want}: a score for each of its {num_classes} classes{per} (a last layer such as "
+            f"Dense({num_classes}))"
+        )
+
+
 def _import(where: str, load: Callable[[], Any]) -> Any:
     """The user's module loaded; its own failure is one line naming it, not a traceback."""
     try:
         return load()
+    except SystemExit as exc:  # on one rank only, the others would wait for it
+        raise UserError(f"`model` {where}: importing it called sys.exit({exc.code!r})") from None
     except ModuleNotFoundError as exc:
         raise UserError(f"`model` {where}: no module {exc.name}") from None
     except Exception as exc:  # noqa: BLE001 -- the user's code: any error is theirs to see

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
 from xpnn.phases import FORWARD, layer_span, span
@@ -44,6 +46,45 @@ def adding(
     return ready
 
 
+DEBUG_HINT = "XPNN_DEBUG=1 prints the traceback"
+
+
+class LayerError(UserError):
+    """A user's layer failed, or returned an array of the wrong shape: named by its position in
+    the model, its class and the call, since the error would otherwise name a later layer."""
+
+
+def _is_library(cls: type) -> bool:
+    return cls.__module__.startswith("xpnn.")
+
+
+def _shape_of(out: Any) -> str:
+    shape = getattr(out, "shape", None)
+    return f"shape {tuple(shape)}" if shape is not None else f"a {type(out).__name__}"
+
+
+def checked_call(
+    index: int, layer: Layer, call: str, fn: Callable[[], Any], want: tuple[int, ...] | None
+) -> Any:
+    """``fn()``, a user's layer's ``call``: its failure, or an output not of shape ``want``
+    (where given), raised as a ``LayerError`` naming the layer. A backward's gradient that
+    merely broadcasts (``dy[:1]``, ``dy.sum(0)``, a scalar) would silently train wrongly."""
+    name = f"`model` layer {index} ({type(layer).__name__}) {call}"
+    try:
+        out = fn()
+    except (UserError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 -- the user's code: any error is theirs
+        text = " | ".join(line for line in str(exc).splitlines() if line.strip())
+        raise LayerError(f"{name}: {type(exc).__name__}: {text} ({DEBUG_HINT})") from exc
+    if want is not None and tuple(getattr(out, "shape", (None,))) != want:
+        what = "the gradient of its input" if call == "backward" else "its output"
+        raise LayerError(
+            f"{name} returned {_shape_of(out)} as {what}, expected shape {want} ({DEBUG_HINT})"
+        )
+    return out
+
+
 class Sequential:
     """Layers in order: the ``Model`` the trainer, checkpoints and parallel strategies use."""
 
@@ -56,6 +97,7 @@ class Sequential:
     part = 0  # which tensor part of a pipeline stage this rank holds (3-D parallelism)
     split_comm: Any = None  # the ranks holding this model's other slices, where not its comm
     train_rows = 0  # the largest batch ``loss_and_grads`` has seen (``evaluate`` slices by it)
+    layer_start = 0  # the position of its first layer in the whole model (a pipeline stage's)
 
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:
         self.layers = layers
@@ -123,11 +165,32 @@ class Sequential:
 
     def forward(self, x: Array, ctx: Context, layers: list[Layer] | None = None) -> Array:
         """Through ``layers`` (default: the model's own; or their replicas)."""
+        layers = layers or self.layers
         with FORWARD:
-            for i, layer in enumerate(layers or self.layers):
+            for i, layer in enumerate(layers):
                 with layer_span("forward", i, layer):
-                    x = layer.forward(x, ctx)
+                    if self._is_users(layer):
+                        want = self._batch_shape(x, i + 1, len(layers))
+                        call = partial(layer.forward, x, ctx)
+                        x = checked_call(self.layer_start + i, layer, "forward", call, want)
+                    else:
+                        x = layer.forward(x, ctx)
         return x
+
+    def _is_users(self, layer: Layer) -> bool:
+        """Whether ``layer`` is (or holds) a layer not from xpnn: its calls are checked."""
+        known = self.__dict__.setdefault("_users", {})
+        found = known.get(id(layer))
+        if found is None:
+            found = known[id(layer)] = not all(_is_library(type(x)) for x in layer.walk())
+        return found
+
+    def _batch_shape(self, a: Any, at: int, count: int) -> tuple[int, ...] | None:
+        """(batch, *the per-sample shape of layer ``at``'s input), where known."""
+        shapes = getattr(self, "shapes", None)
+        if shapes is None or len(shapes) != count + 1 or not hasattr(a, "shape"):
+            return None
+        return (a.shape[0], *shapes[at])
 
     def predict(self, x: Array) -> Array:
         """The logits of ``x`` in evaluation mode (dropout off), on the backend."""
@@ -146,7 +209,13 @@ class Sequential:
         dy = dlogits if overwrite else copy_array(self.xp, dlogits)
         for i in range(len(layers) - 1, -1, -1):
             with layer_span("backward", i, layers[i]):
-                dy = layers[i].backward(dy, need_dx=self.needs_input_grad(i))
+                need = self.needs_input_grad(i)
+                if self._is_users(layers[i]):
+                    want = self._batch_shape(dy, i, len(layers)) if need else None
+                    call = partial(layers[i].backward, dy, need_dx=need)
+                    dy = checked_call(self.layer_start + i, layers[i], "backward", call, want)
+                else:
+                    dy = layers[i].backward(dy, need_dx=need)
             if on_grads_ready is not None:
                 on_grads_ready(self.layer_offsets[i])
         return dy if self.input_grad else None
@@ -178,10 +247,10 @@ class Sequential:
         rows = self.train_rows or n
         loss = correct = None
         for lo in range(0, max(n, 1), max(rows, 1)):
-            part = slice(lo, lo + rows)
-            logits = self.forward(x[part], Context(train=False))
-            l, _ = self.loss(self.backend.kernels, logits, labels[part], 1.0)
-            c = self.backend.kernels.count_correct(logits, labels[part])
+            part = slice(lo, min(lo + rows, n))  # the array API: no stop past the end
+            logits = self.forward(x[part, ...], Context(train=False))
+            l, _ = self.loss(self.backend.kernels, logits, labels[part, ...], 1.0)
+            c = self.backend.kernels.count_correct(logits, labels[part, ...])
             loss, correct = (l, c) if loss is None else (loss + l, correct + c)
         return loss, correct
 

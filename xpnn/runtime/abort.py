@@ -25,9 +25,13 @@ def prefix(rank: int, size: int) -> str:
     return f"rank {rank}: " if size > 1 else "xpnn: "
 
 
+SAID: list[str] = []  # the last line ``say`` wrote: a failed run's reason, for ``RunFailed``
+
+
 def say(line: str) -> None:
     """One line on stderr in one write: ``print`` sends the text and its newline apart, and
     two ranks' lines could run together where the launcher merges their output."""
+    SAID[:] = [line]
     if sys.stderr is not None:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

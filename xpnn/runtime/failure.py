@@ -228,6 +228,8 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
             abort_job(code)
         return code
     except UserError as exc:
+        if _debug() and exc.__cause__ is not None:  # a user's layer failed: where, in it
+            traceback.print_exc()
         say(prefix(rank, size) + one_line(user_message(exc)))
         code = int(getattr(exc, "exit_code", 2))
         if size > 1:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import tempfile
 import time
 from collections import deque
 from typing import Any
@@ -62,7 +64,7 @@ def _size(nbytes: int) -> str:
 
 _ring: deque[Record] = deque(maxlen=RING)
 _tags: dict[str, Any] = {"bucket": None, "microbatch": None, "step": None}
-_state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "dumped": None}
+_state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "dumped": None, "temp": None}
 
 
 def at_step(step: int | None) -> None:
@@ -163,15 +165,40 @@ def dump_to(directory: str | None, rank: int) -> None:
 
 
 def dump_pattern() -> str | None:
-    """``ck/flight-rank*.json``: what the stall line names, or None when nothing is dumped."""
+    """``ck/flight-rank*.json``: what the stall line names, or None when nothing is dumped.
+    Records in temporary directories: every rank's of this job on this node (they share the
+    launcher's process as their parent)."""
     directory = _state["dir"]
+    if directory is None and _state["temp"] is not None:
+        return os.path.join(tempfile.gettempdir(), f"{_temp_prefix()}*", "flight-rank*.json")
     return None if directory is None else os.path.join(directory, "flight-rank*.json")
 
 
-def dump(reason: str) -> str | None:
+def _temp_prefix() -> str:
+    return f"xpnn-flight-{os.getppid()}-"
+
+
+def _temporary_directory() -> str:
+    """This rank's own new directory for a run without one (``mkdtemp``: mode 0700, a name
+    nobody could have planted), made on its first dump only."""
+    if _state["temp"] is None:
+        _state["temp"] = tempfile.mkdtemp(prefix=_temp_prefix())
+        mpi = sys.modules.get("mpi4py.MPI")  # the rank is not known otherwise: no dump_to
+        if mpi is not None and mpi.Is_initialized():
+            _state["rank"] = mpi.COMM_WORLD.Get_rank()
+    return _state["temp"]
+
+
+def dump(reason: str, temporary: bool = False) -> str | None:
     """Write the ring as JSON (``reason``: why); the path, or None (no directory, or it failed:
-    a dump must never hide the stall or failure that asked for it)."""
+    a dump must never hide the stall or failure that asked for it). ``temporary``: where the
+    run has no directory of its own, into a temporary one (a stall's records)."""
     directory = _state["dir"]
+    if directory is None and temporary:
+        try:
+            directory = _temporary_directory()
+        except OSError:
+            return None
     if directory is None:
         return None
     path = os.path.join(directory, f"flight-rank{_state['rank']}.json")

@@ -125,14 +125,14 @@ def _wait_long(request: Any, what: str, start: float) -> None:
         waited = time.perf_counter() - start
         if warn and not warned and waited >= warn:
             warned = True
-            flight.dump(f"waited {warn:g} s in {what}")
+            flight.dump(f"waited {warn:g} s in {what}", temporary=True)
             say(
                 f"{prefix(*_rank_size())}has waited {warn:g} s for the others in {what} ({where()})"
             )
         if abort:
             if not announced and waited >= abort / 2:
                 announced = True
-                flight.dump(f"waited {abort / 2:g} s in {what}: the job may be ended")
+                flight.dump(f"waited {abort / 2:g} s in {what}: the job may be ended", True)
                 _send_notes()
             waiting.update(_received_notes())
             if waited >= abort:
@@ -181,7 +181,7 @@ def _maybe_abort(what: str, waited: float, abort: float, others: dict[int, Any])
     if rank != waiting[0] and waited < abort + ABORT_DEFER_S:
         return
     absent = [r for r in range(size) if r not in waiting]
-    flight.dump(f"ended the job after {abort:g} s in {what}")
+    flight.dump(f"ended the job after {abort:g} s in {what}", temporary=True)
     account = flight.describe(positions, absent, flight.dump_pattern())
     say(stall_line(waiting, absent, abort, f"rank {rank} in {what}, {where()}", account))
     abort_job(STALL_EXIT)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 import sys
 
+from xpnn.backends.threads import THREAD_VARS, set_threads
 from xpnn.errors import UserError
 from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
-
-_LIMITER: object | None = None  # the live threadpoolctl controller; kept so limits stay applied
 
 
 def affinity() -> frozenset[int]:
@@ -65,41 +64,19 @@ def threads_per_rank(
     return max(1, cores // local_size)
 
 
-# What users export to limit threads; threadpoolctl's limits and Numba's count override them
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, and their values
 
 
 def apply_threads(n: int) -> dict:
-    """Limit BLAS/OpenMP pools and Numba to ``n`` threads; report what was limited.
-    Numba is limited through the environment unless imported: importing it costs 0.5 s."""
-    global _LIMITER
+    """Limit BLAS/OpenMP pools and Numba to ``n`` threads; report what was limited,
+    and remember the variables of the user's environment it overrode."""
     if n < 1:
         raise UserError(f"`threads` {n}: must be a whole number >= 1")
     REPLACED_ENV.clear()
     REPLACED_ENV.update(
         {var: os.environ[var] for var in THREAD_VARS if os.environ.get(var, str(n)) != str(n)}
     )
-    os.environ["OMP_NUM_THREADS"] = str(n)
-    numba_threads: int | None
-    if "numba" in sys.modules:
-        import numba
-
-        numba_threads = min(n, numba.config.NUMBA_NUM_THREADS)
-        numba.set_num_threads(numba_threads)
-    else:
-        os.environ["NUMBA_NUM_THREADS"] = str(n)
-        numba_threads = n
-    # after Numba: starting its threading layer may load an OpenMP runtime to limit as well
-    blas: list[dict] = []
-    try:
-        from threadpoolctl import threadpool_limits
-
-        _LIMITER = threadpool_limits(limits=n)
-        blas = _pools_info()
-    except ImportError:
-        pass
-    return {"threads": n, "blas": blas, "numba": numba_threads}
+    return set_threads(n)
 
 
 def one_kernel_thread() -> None:
@@ -109,19 +86,6 @@ def one_kernel_thread() -> None:
         import numba
 
         numba.set_num_threads(1)
-
-
-def _pools_info() -> list[dict]:
-    from threadpoolctl import threadpool_info
-
-    return [
-        {
-            "lib": info.get("internal_api"),
-            "api": info.get("user_api"),
-            "threads": info.get("num_threads"),
-        }
-        for info in threadpool_info()
-    ]
 
 
 def describe_threads(record: dict) -> str:

@@ -333,9 +333,10 @@ class Trainer:
             rows = self.backend.asarray(self.data.stored_rows(local), dtype=xp.int64)
         if self.stream is not None:
             spans = self.data.windows.spans(self.cfg.seed, step, self.data.stored_rows(local))
-            at = self.backend.asarray(spans, dtype=xp.int64)
-            xb = xp.take(self.stream, at) if model.reads_input else None
-            yb = xp.take(self.stream, at + 1)
+            at = self.backend.asarray(spans.reshape(-1), dtype=xp.int64)  # the array API's
+            shape = spans.shape  # take: 1-D indices only
+            xb = xp.reshape(xp.take(self.stream, at), shape) if model.reads_input else None
+            yb = xp.reshape(xp.take(self.stream, at + 1), shape)
         else:
             xb = xp.take(self.x_train, rows, axis=0) if model.reads_input else None
             yb = xp.take(self.y_train, rows, axis=0)

@@ -93,6 +93,7 @@ GPT_TINY = [
     "--model", "gpt", "--layers", "2", "--heads", "2", "--embed", "8", "--block", "6",
     "--batch-size", "24", "--steps", "4", "--dtype", "float64", "--warmup-steps", "1",
     "--clip-norm", "0.05", "--threads", "1", "--no-progress",
+    "--backend", "numpy",
 ]  # fmt: skip
 
 

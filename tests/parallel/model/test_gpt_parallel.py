@@ -34,7 +34,7 @@ def gpt_args(corpus: str) -> list[str]:
         "--model", "gpt", "--dataset", "text", "--data-dir", corpus, "--layers", "2",
         "--heads", "2", "--embed", "8", "--block", "6", "--batch-size", "4000", "--epochs", "1",
         "--dtype", "float64", "--lr", "0.01", "--warmup-steps", "0", "--threads", "1",
-        "--no-progress",
+        "--no-progress", "--backend", "numpy",
     ]  # fmt: skip
 
 

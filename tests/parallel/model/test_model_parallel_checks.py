@@ -7,6 +7,7 @@ from conftest import run_xpnn
 SMALL = [
     "--dataset", "synthetic", "--synthetic-size", "100", "--batch-size", "50", "--epochs", "1",
     "--hidden", "8", "--no-progress", "--threads", "1", "--parallel", "pipeline",
+    "--backend", "numpy",
 ]  # fmt: skip
 
 

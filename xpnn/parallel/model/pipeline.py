@@ -125,6 +125,7 @@ class PipelineStage(Sequential):
         self.passes = 0  # training passes without a ctx.step: the step that keys dropout
         self.backend, self.xp = whole.backend, whole.xp
         self.shapes = whole.shapes[start : end + 1]
+        self.layer_start = start  # its first layer's position in the whole model (errors say it)
         self.output_shape = self.shapes[-1]
         self.first, self.last = index == 0, index == len(bounds) - 1
         # ``tensor`` (part, parts): the stage's layers are split over ``parts`` ranks, stage s
