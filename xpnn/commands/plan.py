@@ -38,13 +38,13 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     )
     own, rest = parser.parse_known_args(argv)
     if own.top < 1 or own.measure < 0 or own.measure_steps < 2:
-        raise UserError("`top` >= 1, `measure` >= 0 and `measure_steps` >= 2, please")
+        raise UserError("--top >= 1, --measure >= 0 and --measure-steps >= 2, please")
     spec = spec_from(rest)
     machine = machine_for(own.calibration)
     cores = machine.cores
     max_ranks = own.ranks or cores
     if not 1 <= max_ranks <= MAX_RANKS:
-        raise UserError(f"`ranks` {max_ranks}: must be 1 to {MAX_RANKS}")
+        raise UserError(f"--ranks {max_ranks}: must be 1 to {MAX_RANKS}")
     work = work_of(spec, machine, tuple(range(1, cores + 1)))
     batch = global_batch(spec)
     found = [
@@ -152,11 +152,11 @@ def calibrate_main(argv: list[str]) -> int:
         try:
             ranks = [int(r) for r in args.ranks.split(",")]
         except ValueError:
-            raise UserError(f"`ranks` {args.ranks}: expected comma-separated counts") from None
+            raise UserError(f"--ranks {args.ranks}: expected comma-separated counts") from None
     shapes = set()
     models = args.models.split(",")
     if not models or not set(models) <= {"mlp", "cnn", "gpt"}:
-        raise UserError(f"`models` {args.models}: choose among mlp, cnn, gpt")
+        raise UserError(f"--models {args.models}: choose among mlp, cnn, gpt")
     specs = []
     for name in models:
         spec = spec_from(["--model", name, "--dataset", "synthetic", *backend])
