@@ -40,9 +40,39 @@ def test_the_recipe_fills_a_gpt_spec_left_at_its_defaults():
 )
 def test_settings_given_win(chosen, given, unfilled):
     spec, filled = gpt_preset(RunSpec(model="gpt", **chosen), given)
-    assert set(filled) == set(RECIPE) - unfilled
+    assert set(filled) == {"dataset", *RECIPE} - unfilled
     for name, value in chosen.items():
         assert getattr(spec, name) == value
+
+
+def test_the_recipe_trains_on_tiny_shakespeare_unless_a_dataset_is_given():
+    spec, filled = gpt_preset(RunSpec(model="gpt"))
+    assert spec.dataset == filled["dataset"] == "tinyshakespeare"
+    spec, filled = gpt_preset(RunSpec(model="gpt", dataset="text"))
+    assert spec.dataset == "text" and "dataset" not in filled
+    # typed on the command line, even as the image sets' default: the user's choice
+    spec, filled = gpt_preset(RunSpec(model="gpt"), {"dataset"})
+    assert spec.dataset == "fashion-mnist" and "dataset" not in filled
+
+
+def test_model_gpt_alone_asks_for_tiny_shakespeare(tmp_path):
+    """Offline and with an empty cache, ``--model gpt`` alone fails in one line that says where
+    tiny Shakespeare was looked for and how to hand it over; another text is pointed at
+    ``--dataset text``."""
+    env = {
+        "XPNN_DATA_HOME": str(tmp_path / "cache"),
+        "XPNN_TINYSHAKESPEARE_MIRRORS": "http://127.0.0.1:9/",  # nothing listens there
+    }
+    proc = run_xpnn(["--model", "gpt", "--steps", "1", "--threads", "1"], env=env)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "tinyshakespeare" in lines[0] and "--data-dir holding input.txt" in lines[0]
+    corpus = write_text(tmp_path / "corpus.txt")
+    proc = run_xpnn(["--model", "gpt", "--steps", "1", "--data-dir", corpus], env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "not tiny Shakespeare's input.txt" in proc.stderr
+    assert "--dataset text" in proc.stderr
 
 
 def test_the_start_up_lines_name_what_the_recipe_filled(tmp_path):

@@ -248,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dataset",
         choices=DATASETS,
         help=f"fashion-mnist, mnist, synthetic: {synthetic}; tinyshakespeare and text (a "
-        "UTF-8 file as --data-dir) train --model gpt (default fashion-mnist)",
+        "UTF-8 file as --data-dir) train --model gpt (default fashion-mnist; with --model gpt, "
+        "tinyshakespeare)",
     )
     a(
         "--data-dir",

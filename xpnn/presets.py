@@ -1,5 +1,5 @@
-"""``--model gpt``'s recipe: nanoGPT's small-model training settings as the defaults of every
-setting the user left unset (the settings given win)."""
+"""``--model gpt``'s recipe: nanoGPT's small-model training settings, and its text, as the
+defaults of every setting the user left unset (the settings given win)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ GPT_WARMUP_STEPS = 100
 GPT_MIN_LR = 1e-4
 GPT_CLIP_NORM = 1.0
 GPT_BATCH = 32
+GPT_DATASET = "tinyshakespeare"  # the image sets' default cannot train a GPT
 
 
 def given_settings(spec: Any, given: Collection[str] | None = None) -> set[str]:
@@ -42,6 +43,7 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
     optimizer = spec.optimizer if "optimizer" in given else GPT_OPTIMIZER
     schedule = spec.schedule if "schedule" in given else GPT_SCHEDULE
     wanted = {
+        "dataset": (GPT_DATASET, True),
         "optimizer": (optimizer, True),
         "betas": (GPT_BETAS, optimizer in ("adam", "adamw")),
         "eps": (GPT_EPS, optimizer in ("adam", "adamw")),

@@ -216,22 +216,33 @@ def in_mpi_init() -> bool:
     return _starting["in_init"]
 
 
-def _libmpi() -> Any:
-    """The loaded MPI library through ctypes, or None (no ``/proc``, or another name)."""
+LIBMPI_NAMES = ("libmpi", "libimpi", "libmpich")  # MPICH, Open MPI, Intel MPI's file names
+
+
+def loaded_libmpi(symbol: str = "MPI_Get_version") -> Any:
+    """The MPI library this process loaded, through ctypes and without loading anything new,
+    or None: the files ``/proc/self/maps`` names (mpi4py >= 4.1 loads it RTLD_LOCAL), else
+    the global namespace; the first that has ``symbol``."""
     import ctypes
 
+    candidates: list[str] = []
     try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
-            paths = {line.split()[-1] for line in fh if "/libmpi" in line}
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1] if "/" in line else ""
+                base = os.path.basename(path)
+                if base.startswith(LIBMPI_NAMES) and ".so" in base and path not in candidates:
+                    candidates.append(path)
     except OSError:
-        return None
-    for path in sorted(paths):
+        pass
+    mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 1)
+    for path in [*candidates, None]:
         try:
-            lib = ctypes.CDLL(path)
-            if hasattr(lib, "MPI_Init_thread"):
-                return lib
+            lib = ctypes.CDLL(path, mode=mode) if path else ctypes.CDLL(None)
         except OSError:
             continue
+        if hasattr(lib, symbol):
+            return lib
     return None
 
 
@@ -241,7 +252,7 @@ def _init_thread(MPI: Any) -> None:
     others never start MPI."""
     import ctypes
 
-    lib = _libmpi()
+    lib = loaded_libmpi("MPI_Init_thread")
     if lib is None:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         return

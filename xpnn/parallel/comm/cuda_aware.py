@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.runtime.world import library_name
+from xpnn.runtime.world import library_name, loaded_libmpi
 
 _DEFAULT: object = object()
 
@@ -98,33 +98,11 @@ def read_alloc_kinds() -> str | None:
 
 
 def _loaded_libmpi() -> ctypes.CDLL | None:
-    """The MPI library mpi4py loaded, opened again without loading anything new (mpi4py
-    >= 4.1 loads it RTLD_LOCAL, so /proc/self/maps names it; else the global namespace)."""
-    candidates: list[str] = []
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1] if "/" in line else ""
-                base = os.path.basename(path)
-                if base.startswith(("libmpi", "libimpi", "libmpich")) and ".so" in base:
-                    if path not in candidates:
-                        candidates.append(path)
-    except OSError:
-        pass
-    mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 1)
-    for path in candidates:
-        try:
-            lib = ctypes.CDLL(path, mode=mode)
-            if hasattr(lib, "MPI_Get_version"):
-                return lib
-        except OSError:
-            continue
-    try:
-        lib = ctypes.CDLL(None)
-        if hasattr(lib, "MPI_Get_version"):
-            return lib
-    except OSError:
-        pass
+    """The MPI library mpi4py loaded (``loaded_libmpi``), else the one mpi4py's own loader
+    opens."""
+    lib = loaded_libmpi()
+    if lib is not None:
+        return lib
     try:
         from mpi4py import _mpiabi  # private, but the loader mpi4py itself used
 
