@@ -11,8 +11,18 @@ from typing import Any
 from xpnn.planner.machine import Machine
 from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, Gemm, ModelWork
 
-OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
-OPTIMIZER_PASSES = {"sgd": 3, "momentum": 5, "adam": 9, "adamw": 10}  # values touched per param
+
+def optimizer_states(name: str) -> int:
+    """Buffers of the parameters' size the optimizer keeps (Adam: 2), from its registry."""
+    from xpnn.optim import OPTIMIZERS
+
+    return len(OPTIMIZERS[name].state_names) if name in OPTIMIZERS else 2
+
+
+def optimizer_passes(name: str) -> int:
+    """Values an update touches per parameter: the parameter and its gradient read, the
+    parameter written, and each state read and written."""
+    return 3 + 2 * optimizer_states(name)
 
 
 @dataclass(frozen=True)
@@ -138,7 +148,7 @@ def compute_times(
 
 
 def optimizer_time(machine: Machine, params: float, optimizer: str, threads: int, dtype: str):
-    return OPTIMIZER_PASSES[optimizer] * params / machine.values_per_s(threads, dtype)
+    return optimizer_passes(optimizer) * params / machine.values_per_s(threads, dtype)
 
 
 def memory(
@@ -152,7 +162,7 @@ def memory(
     """Bytes per rank: parameters, gradients, optimizer state, activations kept for backward."""
     parts = layout.ranks if layout.parallel in ("tensor", "pipeline") else 1
     params = work.params / parts
-    states = OPTIMIZER_STATES[optimizer] * params
+    states = optimizer_states(optimizer) * params
     if shard_optimizer and layout.parallel == "data":
         states /= layout.ranks
     activations = work.elementwise() / 3 * batch_per_rank / parts  # outputs kept per sample
