@@ -73,10 +73,12 @@ def record(ranks: int, width: int, seconds: float) -> dict:
     }
 
 
-def test_the_predicted_column_is_the_planners_step_times_the_steps(tmp_path):
+def test_the_predicted_column_is_the_planners_step_times_the_steps(tmp_path, monkeypatch):
     cal = round_calibration(tmp_path / "cal.json")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     records = [record(n, w, 0.5 * w / 64 / n) for w in (64, 512) for n in (1, 2)]
     annotate(records, cal)
+    assert not (tmp_path / "cache").exists()  # a calibration file: nothing measured or kept
     for r in records:
         flags, layout, samples = run_of(r["config"])
         assert layout == Layout(ranks=r["config"]["ranks"], threads=1) and samples == 1000
