@@ -54,6 +54,11 @@ SEED002 = [(1, 142.04, 0.0441, 98.80), (2, 82.06, 0.0559, 98.43), (4, 34.40, 0.0
            (8, 20.52, 0.0912, 97.20)]  # fmt: skip
 
 REPRODUCING = ROOT / "docs" / "reproducing.md"
+# What a quick report (a smoke test) predicts from unless given --calibration: measuring this
+# machine's products would take as long as the quick measurements themselves.
+QUICK_CALIBRATION = (
+    Path(__file__).resolve().parent / "recorded" / "calibration-2cpu-2026-11-29.json"
+)
 
 
 def seeds_text(out: Path) -> str:
@@ -200,19 +205,41 @@ def no_gpu_prediction(plot: Any, records: list[dict[str, Any]], ax: Any) -> None
     ax.text(0.02, 0.02, NO_GPU, transform=ax.transAxes, fontsize=8, color="C3")
 
 
-def predictions_text(calibration: str | None) -> str:
-    """How the predicted lines and columns were computed."""
-    source = f"the calibration file `{calibration}`" if calibration else (
-        "this machine's cached calibration (`python -m xpnn calibrate`; what it lacked "
-        "measured when the report was drawn)")  # fmt: skip
-    return (
+def predictions_text(calibration: str | None, measured: dict[str, Any] | None) -> str:
+    """How the predicted lines and columns were computed, for which machine, and whether
+    that is the machine that measured (``measured``: a record's machine)."""
+    load = load_now()["load1"]
+    busy = "unknown" if load is None else f"{load:.1f}"
+    if calibration:
+        key = load_calibration(calibration).key
+        cpu, cores = key.get("cpu"), key.get("cores")
+        source = (
+            f"the calibration file `{calibration}` ({cpu}, {cores} cores, BLAS "
+            f"{key.get('blas')}, NumPy {key.get('numpy')})"
+        )
+    else:
+        here = describe_machine()
+        cpu, cores = here["cpu"], here["cores"]
+        source = (
+            f"this machine's cached calibration ({cpu}, {cores} cores; `python -m xpnn "
+            f"calibrate`; what it lacked measured as the predictions were drawn, {now()}, "
+            f"load average {busy})"
+        )
+    text = (
         "Each study's figure and table set the planner's prediction beside the measured "
         f'points ("{LABEL}"): each run\'s own command line (model, batch, ranks, threads, '
         "layout) priced by `python -m xpnn plan`'s cost model (docs/planning.md) on "
         f"{source}; an epoch is the predicted step times the training samples over the "
         "global batch (rounded up), the training time that times the epochs. The model "
-        "prices the training steps only (no start-up, data loading or test pass).\n"
+        "prices the training steps only (no start-up, data loading or test pass)."
     )
+    if measured and (measured.get("cpu"), measured.get("cores")) != (cpu, cores):
+        text += (
+            f" **Predicted for another machine than the one measured** ({measured.get('cpu')}, "
+            f"{measured.get('cores')} cores): a gap between the lines is that difference as "
+            "much as the model's error."
+        )
+    return text + "\n"
 
 
 def panels(name: str, records: list[dict[str, Any]]) -> list[Any]:
@@ -242,12 +269,14 @@ def build(args: argparse.Namespace) -> Path:
     machine = describe_machine()
     load = load_now()["load1"]
     t0 = time.perf_counter()
+    shipped = str(QUICK_CALIBRATION) if args.quick and QUICK_CALIBRATION.is_file() else None
+    calibration = args.calibration or shipped
     rec: dict[str, list[dict[str, Any]]] = {}
     for name in [s for s in STUDIES if s != "gpu" and s in args.only]:
         print(f"report: {name} ...", flush=True)
         rec[name] = _study(name, args, machine)
         stamp(rec[name], args.quick, quiet)
-        annotate(rec[name], args.calibration)
+        annotate(rec[name], calibration)
         draw(out / f"{name}.png", panels(name, rec[name]), notes=marks(rec[name]))
     gpu_text, gpu_rec = _gpu_section(args, machine, out) if "gpu" in args.only else ("", [])
     stamp(gpu_rec, args.quick, quiet)
@@ -269,7 +298,8 @@ def build(args: argparse.Namespace) -> Path:
         "runnable than cores is marked † and listed under its table with the reason; the "
         "command, machine, load and versions of every run are in `records.jsonl`.\n",
     ]
-    return render(out, header, rec, gpu_text, predictions_text(args.calibration))
+    predictions = predictions_text(calibration, machine)
+    return render(out, header, rec, gpu_text, predictions)
 
 
 def redraw(out: Path, calibration: str | None = None) -> Path:
@@ -287,7 +317,8 @@ def redraw(out: Path, calibration: str | None = None) -> Path:
     index = out / "index.md"
     old = index.read_text() if index.is_file() else "# xpnn: the seed reports' studies\n"
     head = old.split("\n## ")[0].split("\nEach section repeats")[0].rstrip("\n") + "\n"
-    return render(out, [head], rec, gpu_text, predictions_text(calibration))
+    measured = next((r["machine"] for rs in rec.values() for r in rs), None)
+    return render(out, [head], rec, gpu_text, predictions_text(calibration, measured))
 
 
 def render(
@@ -297,7 +328,7 @@ def render(
     ``rec``, then ``gpu_text``."""
     strong000, weak000 = seed000_tables()
     sc = benchmarks.load("scaling")
-    parts = [*header, seeds_text(out), predictions]
+    parts = [*header, seeds_text(out), predictions if rec else ""]
     if "scaling" in rec:
         parts += [
             "## Seed 000: strong and weak scaling (sigmoid MLP, BCE, full-batch GD)\n",

@@ -23,6 +23,7 @@ from bench.predicted import LABEL, NO_GPU, annotate, run_of  # noqa: E402
 from bench.report import check, panels, redraw  # noqa: E402
 from xpnn.commands import predict_run  # noqa: E402
 from xpnn.planner import Layout, Machine  # noqa: E402
+from xpnn.planner import load as load_calibration  # noqa: E402
 from xpnn.planner.machine import save  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,3 +162,14 @@ def test_a_bad_calibration_file_is_refused_in_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"bench report: --calibration: {tmp_path / 'none.json'}: no such calibration file"
     ]
+
+
+def test_the_report_names_the_machine_it_predicts_for(tmp_path):
+    from bench.report import QUICK_CALIBRATION, predictions_text
+
+    cal = round_calibration(tmp_path / "cal.json")
+    assert load_calibration(QUICK_CALIBRATION).cores == 2  # the quick report's, recorded
+    other = predictions_text(cal, {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2})
+    assert cal in other and "**Predicted for another machine than the one measured**" in other
+    same = predictions_text(cal, {"cpu": None, "cores": 2})  # the round machine names no CPU
+    assert "another machine" not in same
