@@ -29,7 +29,10 @@ from bench.core import (
 )
 from bench.flags import nonneg_float, positive_int
 from bench.plots import draw, pyplot
+from bench.predicted import LABEL, NO_GPU, annotate, why_none
 from bench.quiet import wait_below_cores
+from xpnn.errors import UserError
+from xpnn.planner import load as load_calibration
 
 # The newest recording of the GPU benchmarks (files named gpu-MACHINE-YYYY-MM-DD.jsonl)
 RECORDED_GPU = max(
@@ -51,6 +54,11 @@ SEED002 = [(1, 142.04, 0.0441, 98.80), (2, 82.06, 0.0559, 98.43), (4, 34.40, 0.0
            (8, 20.52, 0.0912, 97.20)]  # fmt: skip
 
 REPRODUCING = ROOT / "docs" / "reproducing.md"
+# What a quick report (a smoke test) predicts from unless given --calibration: measuring this
+# machine's products would take as long as the quick measurements themselves.
+QUICK_CALIBRATION = (
+    Path(__file__).resolve().parent / "recorded" / "calibration-2cpu-2026-11-29.json"
+)
 
 
 def seeds_text(out: Path) -> str:
@@ -80,7 +88,7 @@ def this_run(records: list[dict[str, Any]], start: bool = True) -> str:
 
 def notes(records: list[dict[str, Any]]) -> str:
     """The marks and noisy measurements under a study's table ('' when there are none)."""
-    text = noise_notes(records)
+    text = "\n\n".join(t for t in (noise_notes(records), why_none(records)) if t)
     return f"{text}\n" if text else ""
 
 
@@ -178,15 +186,60 @@ def _gpu_text(out: Path, cross: list, allr: list) -> tuple[str, list]:
             f"(`bench/recorded/{RECORDED_GPU.name}`; {cross[0]['info']['source']})."
         )
     draw(out / "gpu.png", [
-        lambda ax: benchmarks.load("crossover").plot(cross, ax),
+        lambda ax: no_gpu_prediction(benchmarks.load("crossover").plot, cross, ax),
         lambda ax: benchmarks.load("allreduce").plot(allr, ax),
     ], notes=marks(cross + allr))  # fmt: skip
     text = (
         f"{head}\n\nCPU vs GPU matrix product (ms):\n\n{benchmarks.load('crossover').table(cross)}"
+        f"\n\n**{NO_GPU[0].upper()}{NO_GPU[1:]}**: the planner's calibration measures this "
+        "machine's CPU and MPI only, so no predicted crossover is drawn beside the GPU's."
         f"\n\nAllreduce, host vs device buffers:\n\n{benchmarks.load('allreduce').table(allr)}"
         f"\n\n{notes(cross + allr)}\n![GPU](gpu.png)"
     )
     return text, cross + allr if head.startswith("Measured") else []
+
+
+def no_gpu_prediction(plot: Any, records: list[dict[str, Any]], ax: Any) -> None:
+    """The crossover's panel, saying in it that nothing is predicted there."""
+    plot(records, ax)
+    ax.text(0.02, 0.02, NO_GPU, transform=ax.transAxes, fontsize=8, color="C3")
+
+
+def predictions_text(calibration: str | None, measured: dict[str, Any] | None) -> str:
+    """How the predicted lines and columns were computed, for which machine, and whether
+    that is the machine that measured (``measured``: a record's machine)."""
+    load = load_now()["load1"]
+    busy = "unknown" if load is None else f"{load:.1f}"
+    if calibration:
+        key = load_calibration(calibration).key
+        cpu, cores = key.get("cpu"), key.get("cores")
+        source = (
+            f"the calibration file `{calibration}` ({cpu}, {cores} cores, BLAS "
+            f"{key.get('blas')}, NumPy {key.get('numpy')})"
+        )
+    else:
+        here = describe_machine()
+        cpu, cores = here["cpu"], here["cores"]
+        source = (
+            f"this machine's cached calibration ({cpu}, {cores} cores; `python -m xpnn "
+            f"calibrate`; what it lacked measured as the predictions were drawn, {now()}, "
+            f"load average {busy})"
+        )
+    text = (
+        "Each study's figure and table set the planner's prediction beside the measured "
+        f'points ("{LABEL}"): each run\'s own command line (model, batch, ranks, threads, '
+        "layout) priced by `python -m xpnn plan`'s cost model (docs/planning.md) on "
+        f"{source}; an epoch is the predicted step times the training samples over the "
+        "global batch (rounded up), the training time that times the epochs. The model "
+        "prices the training steps only (no start-up, data loading or test pass)."
+    )
+    if measured and (measured.get("cpu"), measured.get("cores")) != (cpu, cores):
+        text += (
+            f" **Predicted for another machine than the one measured** ({measured.get('cpu')}, "
+            f"{measured.get('cores')} cores): a gap between the lines is that difference as "
+            "much as the model's error."
+        )
+    return text + "\n"
 
 
 def panels(name: str, records: list[dict[str, Any]]) -> list[Any]:
@@ -216,11 +269,14 @@ def build(args: argparse.Namespace) -> Path:
     machine = describe_machine()
     load = load_now()["load1"]
     t0 = time.perf_counter()
+    shipped = str(QUICK_CALIBRATION) if args.quick and QUICK_CALIBRATION.is_file() else None
+    calibration = args.calibration or shipped
     rec: dict[str, list[dict[str, Any]]] = {}
     for name in [s for s in STUDIES if s != "gpu" and s in args.only]:
         print(f"report: {name} ...", flush=True)
         rec[name] = _study(name, args, machine)
         stamp(rec[name], args.quick, quiet)
+        annotate(rec[name], calibration)
         draw(out / f"{name}.png", panels(name, rec[name]), notes=marks(rec[name]))
     gpu_text, gpu_rec = _gpu_section(args, machine, out) if "gpu" in args.only else ("", [])
     stamp(gpu_rec, args.quick, quiet)
@@ -242,10 +298,11 @@ def build(args: argparse.Namespace) -> Path:
         "runnable than cores is marked † and listed under its table with the reason; the "
         "command, machine, load and versions of every run are in `records.jsonl`.\n",
     ]
-    return render(out, header, rec, gpu_text)
+    predictions = predictions_text(calibration, machine)
+    return render(out, header, rec, gpu_text, predictions)
 
 
-def redraw(out: Path) -> Path:
+def redraw(out: Path, calibration: str | None = None) -> Path:
     """The text and figures of the report in ``out`` again from its ``records.jsonl`` (and its
     header, which describes the measurement), measuring nothing."""
     pyplot()
@@ -253,20 +310,25 @@ def redraw(out: Path) -> Path:
     rec = {s: [r for r in records if r["benchmark"] == s] for s in STUDIES if s != "gpu"}
     rec = {s: rs for s, rs in rec.items() if rs}
     for name, rs in rec.items():
+        annotate(rs, calibration)
         draw(out / f"{name}.png", panels(name, rs), notes=marks(rs))
     by = {b: [r for r in records if r["benchmark"] == b] for b in ("crossover", "allreduce")}
     gpu_text, _ = _gpu_text(out, by["crossover"], by["allreduce"])
     index = out / "index.md"
     old = index.read_text() if index.is_file() else "# xpnn: the seed reports' studies\n"
     head = old.split("\n## ")[0].split("\nEach section repeats")[0].rstrip("\n") + "\n"
-    return render(out, [head], rec, gpu_text)
+    measured = next((r["machine"] for rs in rec.values() for r in rs), None)
+    return render(out, [head], rec, gpu_text, predictions_text(calibration, measured))
 
 
-def render(out: Path, header: list[str], rec: dict[str, list], gpu_text: str) -> Path:
-    """``out/index.md``: ``header``, then a section per study in ``rec``, then ``gpu_text``."""
+def render(
+    out: Path, header: list[str], rec: dict[str, list], gpu_text: str, predictions: str = ""
+) -> Path:
+    """``out/index.md``: ``header``, what the predictions are, then a section per study in
+    ``rec``, then ``gpu_text``."""
     strong000, weak000 = seed000_tables()
     sc = benchmarks.load("scaling")
-    parts = [*header, seeds_text(out)]
+    parts = [*header, seeds_text(out), predictions if rec else ""]
     if "scaling" in rec:
         parts += [
             "## Seed 000: strong and weak scaling (sigmoid MLP, BCE, full-batch GD)\n",
@@ -392,6 +454,15 @@ def check_out_dir(out: Path) -> None:
         raise BenchError(f"--out {out}: no such directory {out.parent}")
 
 
+def check_calibration(path: str | None) -> None:
+    """A ``--calibration`` file that cannot be read is refused before anything is measured."""
+    if path:
+        try:
+            load_calibration(path)
+        except UserError as exc:
+            raise BenchError(f"--calibration: {exc}") from None
+
+
 def main(argv: list[str]) -> int:
     p = _Parser(prog="python -m bench report", description=__doc__, allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (minutes)")
@@ -410,6 +481,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ranks", default="1,2", help="rank counts of the scaling studies")
     p.add_argument("--only", default=",".join(STUDIES), help=f"comma list of {', '.join(STUDIES)}")
     p.add_argument(
+        "--calibration", metavar="FILE",
+        help="predict from this xpnn calibration file (default: this machine's, cached)",
+    )  # fmt: skip
+    p.add_argument(
         "--check", action="store_true", help="check the report in --out, measure nothing"
     )
     p.add_argument(
@@ -426,10 +501,11 @@ def main(argv: list[str]) -> int:
             print(f"report: {args.out / 'index.md'}: " + ("bad" if problems else "ok"))
             return 1 if problems else 0
         check_out_dir(args.out)
+        check_calibration(args.calibration)
         if args.redraw:
             if not (args.out / "records.jsonl").is_file():
                 raise BenchError(f"--out {args.out}: holds no records.jsonl to redraw from")
-            print(f"report: {redraw(args.out)} (drawn again from records.jsonl)")
+            print(f"report: {redraw(args.out, args.calibration)} (drawn again from records.jsonl)")
             return 0
         args.only = [s for s in args.only.split(",") if s]
         unknown = [s for s in args.only if s not in STUDIES]

@@ -12,6 +12,7 @@ from typing import Any
 from bench.core import markdown_table, median_of, record, speedup, spread
 from bench.flags import positive_float, positive_int, rank_list
 from bench.plots import count_axis, legend
+from bench.predicted import LABEL, predicted
 from bench.training import add_data_arguments, command, data_flags, measure_sides
 
 NAME = "cnn"
@@ -52,11 +53,13 @@ def table(records: list[dict[str, Any]]) -> str:
             r["config"]["ranks"], r["config"]["ranks"] * r["config"]["per_rank_batch"],
             r["config"]["lr"], spread(r, "epoch_s"),
             speedup(rs[0], r, "epoch_s", r["config"]["ranks"] / rs[0]["config"]["ranks"]),
+            predicted(r, "epoch_s"),
             median_of(r, "test_loss"), 100 * median_of(r, "test_acc"),
         ]
         for r in rs
     ]  # fmt: skip
-    heads = ["processes", "global batch", "lr", "epoch s", "speedup", "test loss", "test acc %"]
+    heads = ["processes", "global batch", "lr", "epoch s", "speedup", "predicted epoch s"]
+    heads += ["test loss", "test acc %"]
     return markdown_table(heads, rows)
 
 
@@ -64,6 +67,10 @@ def plot(records: list[dict[str, Any]], ax: Any) -> None:
     rs = sorted(records, key=lambda r: r["config"]["ranks"])
     n = [r["config"]["ranks"] for r in rs]
     ax.plot(n, [median_of(r, "epoch_s") for r in rs], "o-", label="seconds per epoch")
+    guess = [(r["config"]["ranks"], predicted(r, "epoch_s")) for r in rs]
+    guess = [(x, p) for x, p in guess if p is not None]
+    if guess:
+        ax.plot(*zip(*guess, strict=True), "x--", color="C0", label=LABEL)
     ax.set(xlabel="processes", ylabel="seconds per epoch", title="CNN data parallel")
     ax.set_ylim(bottom=0)
     count_axis(ax, n)

@@ -12,6 +12,7 @@ from typing import Any
 
 from bench.core import markdown_table, median_of, record, spread
 from bench.flags import int_list, positive_int, rank_list
+from bench.predicted import LABEL, predicted
 from bench.training import add_data_arguments, command, data_flags, measure_sides
 
 NAME = "granularity"
@@ -54,16 +55,20 @@ def rows(records: list[dict[str, Any]]) -> list[list[Any]]:
             (r for r in records if r["config"]["width"] == width),
             key=lambda r: r["config"]["ranks"],
         )
-        base = median_of(rs[0], "epoch_s")
+        base, p0 = median_of(rs[0], "epoch_s"), predicted(rs[0], "epoch_s")
         for r in rs:
             n = r["config"]["ranks"]
             s = base / median_of(r, "epoch_s")
-            out.append([width, r["config"]["macs_per_sample"], n, spread(r, "epoch_s"), s, s / n])
+            p = predicted(r, "epoch_s")
+            p_speedup = None if p is None or p0 is None else p0 / p
+            out.append([width, r["config"]["macs_per_sample"], n, spread(r, "epoch_s"), s, s / n,
+                        p, p_speedup])  # fmt: skip
     return out
 
 
 def table(records: list[dict[str, Any]]) -> str:
     heads = ["hidden width", "MACs/sample", "ranks", "epoch s", "speedup", "efficiency"]
+    heads += ["predicted epoch s", "predicted speedup"]
     return markdown_table(heads, rows(records))
 
 
@@ -71,7 +76,11 @@ def plot(records: list[dict[str, Any]], ax: Any) -> None:
     rs = rows(records)
     for n in sorted({r[2] for r in rs}):
         pts = [(r[1], r[4]) for r in rs if r[2] == n]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{n} ranks")
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{n} ranks")
+        guess = [(r[1], r[7]) for r in rs if r[2] == n and r[7] is not None]
+        if guess and n > min(r[2] for r in rs):  # the fewest ranks' predicted speedup is 1
+            ax.plot(*zip(*guess, strict=True), "x--", color=line[0].get_color(),
+                    label=f"{n} ranks: {LABEL}")  # fmt: skip
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set(xscale="log", xlabel="multiply-adds per sample", ylabel="speedup over 1 rank")
     ax.set_ylim(bottom=0)

@@ -17,6 +17,7 @@ from typing import Any
 from bench.core import markdown_table, median_of, record, spread
 from bench.flags import positive_int, rank_count
 from bench.plots import legend
+from bench.predicted import LABEL, predicted
 from bench.training import add_data_arguments, command, data_flags, measure_sides
 
 NAME = "parallel_modes"
@@ -71,12 +72,12 @@ def table(records: list[dict[str, Any]]) -> str:
     rows = [
         [
             r["config"]["mode"], r["config"]["ranks"], spread(r, "epoch_s"),
-            mib_sent(r), spread(r, "peak_rss_mb"),
+            predicted(r, "epoch_s"), mib_sent(r), spread(r, "peak_rss_mb"),
             100 * median_of(r, "test_acc"),
         ]
         for r in records
     ]  # fmt: skip
-    heads = ["mode", "ranks", "epoch s", "MiB to MPI per step (all ranks)"]
+    heads = ["mode", "ranks", "epoch s", "predicted epoch s", "MiB to MPI per step (all ranks)"]
     heads += ["peak RSS MB/rank", "test acc %"]
     return markdown_table(heads, rows)
 
@@ -92,7 +93,12 @@ def plot(records: list[dict[str, Any]], ax: Any) -> None:
     names = [r["config"]["mode"] for r in records]
     ax.bar(names, [median_of(r, "epoch_s") for r in records], color="C0", label="seconds per epoch")
     ax.set(ylabel="seconds per epoch", title="time and memory")
-    ax.set_ylim(0, 1.3 * max((median_of(r, "epoch_s") or 0 for r in records), default=1))
+    guess = [(x, predicted(r, "epoch_s")) for x, r in enumerate(records)]
+    guess = [(x, p) for x, p in guess if p is not None]
+    if guess:
+        ax.plot(*zip(*guess, strict=True), "kx--", label=LABEL)
+    tops = [median_of(r, "epoch_s") or 0 for r in records] + [p for _, p in guess]
+    ax.set_ylim(0, 1.3 * max(tops, default=1))
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     twin = ax.twinx()
     rss = [median_of(r, "peak_rss_mb") for r in records]

@@ -15,6 +15,7 @@ from typing import Any
 from bench.core import markdown_table, median_of, record, speedup, spread
 from bench.flags import positive_float, positive_int, rank_list
 from bench.plots import count_axis, legend
+from bench.predicted import LABEL, predicted
 from bench.training import add_data_arguments, command, data_flags, measure_sides, train_samples
 
 NAME = "scaling"
@@ -82,7 +83,8 @@ def strong_copies(args: argparse.Namespace) -> int:
 
 
 def rows(records: list[dict[str, Any]], mode: str) -> list[list[Any]]:
-    """Speedup (strong) or efficiency against the 1-rank run of the same mode."""
+    """Speedup (strong) or efficiency against the 1-rank run of the same mode; then the
+    planner's predicted training time and speedup (None where there is no prediction)."""
     rs = sorted(
         (r for r in records if r["config"]["mode"] == mode), key=lambda r: r["config"]["ranks"]
     )
@@ -90,13 +92,16 @@ def rows(records: list[dict[str, Any]], mode: str) -> list[list[Any]]:
         return []
     base = median_of(rs[0], "train_s")
     n0 = rs[0]["config"]["ranks"]
+    p0 = predicted(rs[0], "train_s")
     out = []
     for r in rs:
         n, t = r["config"]["ranks"], median_of(r, "train_s")
         gain = base / t if mode == "strong" else base / t * n / n0
         shown = speedup(rs[0], r, "train_s", n / n0) if mode == "strong" else gain
+        p = predicted(r, "train_s")
+        p_gain = None if p is None or p0 is None else p0 / p * (1 if mode == "strong" else n / n0)
         out.append([r["config"]["train_samples"], n, spread(r, "train_s"), gain,
-                    gain * n0 / n, shown])  # fmt: skip
+                    gain * n0 / n, shown, p, p_gain])  # fmt: skip
     return out
 
 
@@ -106,8 +111,10 @@ def table(records: list[dict[str, Any]], mode: str | None = None) -> str:
         modes = [m for m in ("strong", "weak") if rows(records, m)]
         return "\n\n".join(f"{m} scaling:\n\n{table(records, m)}" for m in modes)
     head = "speedup (range)" if mode == "strong" else "scaled speedup"
-    shown = [[*r[:3], r[5], r[4]] for r in rows(records, mode)]
-    return markdown_table(["samples", "ranks", "time s", head, "efficiency"], shown)
+    short = "speedup" if mode == "strong" else "scaled speedup"
+    shown = [[*r[:3], r[5], r[4], r[6], r[7]] for r in rows(records, mode)]
+    heads = ["samples", "ranks", "time s", head, "efficiency", "predicted s", f"predicted {short}"]
+    return markdown_table(heads, shown)
 
 
 def plot(records: list[dict[str, Any]], ax: Any) -> None:
@@ -122,6 +129,9 @@ def plot(records: list[dict[str, Any]], ax: Any) -> None:
                    [hi - r[3] for r, hi in zip(rs, high, strict=True)]]  # fmt: skip
             ax.errorbar(n, [r[3] for r in rs], yerr=err, fmt="o-", capsize=3,
                         label=f"{mode} (median, bars: range of the repeats)")  # fmt: skip
+            pts = [(r[1], r[7]) for r in rs if r[7] is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "x--", label=f"{mode}: {LABEL}")
     if n:
         ax.plot(n, [x / n[0] for x in n], "r:", label="ideal")
         count_axis(ax, n)

@@ -55,6 +55,7 @@ def test_the_wheel_holds_the_suite_and_its_recordings(installed):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"bench/__main__.py", "bench/report.py", "bench/benchmarks/crossover.py"} <= names
     assert any(n.startswith("bench/recorded/gpu-") and n.endswith(".jsonl") for n in names)
+    assert any(n.startswith("bench/recorded/calibration-") for n in names)  # quick predictions
 
 
 def test_python_m_xpnn_bench_runs_the_installed_suite(installed, tmp_path):

@@ -55,17 +55,19 @@ def global_batch(spec: Any) -> int:
     return int(batch)
 
 
-def predict_run(flags: list[str], layout: Any) -> tuple[Any, int]:
+def predict_run(flags: list[str], layout: Any, calibration: str | None = None) -> tuple[Any, int]:
     """(the prediction for the run ``flags`` describe laid out as ``layout``, its global
-    batch), on this machine's calibration (what it lacks measured now and kept)."""
+    batch), on this machine's calibration (what it lacks measured now and kept), or on the
+    machine the ``calibration`` file describes (nothing measured)."""
     from xpnn.planner.cost import predict
     from xpnn.planner.machine import cache_path, save
 
     spec = spec_from(flags)
-    machine = machine_for(None)
+    machine = machine_for(calibration)
     threads = (layout.threads // layout.batch_threads, layout.threads)
     work = work_of(spec, machine, threads)
     batch = global_batch(spec)
     pred = predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
-    save(machine, cache_path(machine.key))
+    if calibration is None:
+        save(machine, cache_path(machine.key))
     return pred, batch
