@@ -44,7 +44,11 @@ HARNESS_PREFIXES = ("pytest-of-",)  # made by test runs beside this one, not job
 # the benchmark tests' folders (tempfile.mkdtemp(prefix="xpnn-bench-"), ...) and GCC's
 # temporary files: training jobs make neither
 # and Open MPI's per-job directories (ompi.HOST.UID): xpnn's jobs here run MPICH
-BESIDE = re.compile(r"xpnn-[a-z-]+-[a-z0-9_]{8}|cc[A-Za-z0-9]{6}\.\w+|ompi\..+")
+# and the flight records a stalled job with no output directory leaves for its user, in a
+# folder its stall line names (xpnn-flight-PID-XXXXXXXX): kept on purpose, not a leak
+BESIDE = re.compile(
+    r"xpnn-[a-z-]+-[a-z0-9_]{8}|xpnn-flight-\d+-[a-z0-9_]{8}|cc[A-Za-z0-9]{6}\.\w+|ompi\..+"
+)
 
 
 def _made_beside_this_test(path: str) -> bool:

@@ -235,7 +235,7 @@ def test_help_names_info_and_the_defaults():
     assert "python -m xpnn info" in text
     for default in ("(default auto: ", "(default 5)", "(default 0.001)", "(default adam)"):
         assert default in text, default
-    assert "(default float32)" in text and "(default fashion-mnist)" in text
+    assert "(default float32)" in text and "(default fashion-mnist;" in text
 
 
 def test_help_gives_every_flags_default():

@@ -578,7 +578,9 @@ def check_network(spec: RunSpec, data: Any, backend: Any) -> None:
     )
     what = f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else "`model`"
     states = len(OPTIMIZERS[spec.optimizer].state_names) if spec.optimizer in OPTIMIZERS else 2
-    check_network_fits(what, params, backend.xp.dtype(spec.dtype).itemsize, states)
+    import numpy as np  # the backend's own dtype may not be constructible (PyTorch's)
+
+    check_network_fits(what, params, np.dtype(spec.dtype).itemsize, states)
 
 
 def gpt_settings(spec: RunSpec) -> dict[str, int]:

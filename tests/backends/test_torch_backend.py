@@ -200,8 +200,10 @@ def test_the_in_place_overrides_give_the_generic_results(act):
 @pytest.mark.parametrize("accelerator", [None, "cuda", "mps"])
 def test_auto_takes_torch_where_pytorch_sees_an_accelerator(accelerator, monkeypatch):
     """Without CuPy, an AMD (ROCm: cuda), Apple (mps) or Intel GPU is PyTorch's to drive."""
+    import xpnn.backends
     from xpnn.backends import auto_without_cupy
 
+    monkeypatch.setattr(xpnn.backends, "accelerator_possible", lambda: True)  # its device files
     monkeypatch.setattr(torch.cuda, "is_available", lambda: accelerator == "cuda")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: accelerator == "mps")

@@ -191,6 +191,9 @@ def main(command: str, argv: list[str]) -> int:
     except UserError as exc:
         print(f"xpnn {command}: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+    except OSError as exc:  # `| head`, a full disk: one line, as training says it
+        from xpnn.runtime import failure
+
+        message, code = failure.stopped_from_outside(exc) or (failure.describe(exc), 1)
+        failure.say(f"xpnn: {message}")
+        return code

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 
-from xpnn.backends.threads import THREAD_VARS, set_threads
 from xpnn.errors import UserError
 from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
 
@@ -70,6 +69,9 @@ REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, 
 def apply_threads(n: int) -> dict:
     """Limit BLAS/OpenMP pools and Numba to ``n`` threads; report what was limited,
     and remember the variables of the user's environment it overrode."""
+    # here, not at the top: the start-up path imports this module before NumPy may be loaded
+    from xpnn.backends.threads import THREAD_VARS, set_threads
+
     if n < 1:
         raise UserError(f"`threads` {n}: must be a whole number >= 1")
     REPLACED_ENV.clear()
