@@ -86,13 +86,47 @@ class Cluster:
 
         return wait_until(ended, timeout, f"job {job} to end")
 
-    def job_ids(self) -> list[str]:
-        return self.run(["squeue", "-h", "-o", "%i"]).stdout.split()
+    def start(self, opts: list[str], args: list[str], out: Path) -> subprocess.Popen:
+        """``srun OPTS python -m xpnn ARGS`` left running, its stdout and stderr in ``out``."""
+        with out.open("w") as fh:
+            return subprocess.Popen(
+                ["srun", *opts, sys.executable, "-m", "xpnn", *args],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=self.env,
+                start_new_session=True,
+            )
+
+
+def job_ids(cluster: Cluster) -> list[str]:
+    """The cluster's jobs in the queue (running or waiting)."""
+    return cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split()
+
+
+def job_ranks(job: str) -> dict[tuple[str, int], int]:
+    """``{(node, rank): pid}`` of the xpnn processes of Slurm job ``job`` on this host (both
+    nodes are this host): the processes whose environment says so."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"xpnn" not in (entry / "cmdline").read_bytes():
+                continue
+            raw = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        if env.get(b"SLURM_JOB_ID") == job.encode() and b"PMI_RANK" in env:
+            found[(env[b"SLURMD_NODENAME"].decode(), int(env[b"PMI_RANK"]))] = int(entry.name)
+    return found
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
-    """Two nodes, n1 and n2, of 2 CPUs each (both this host's cores), for the whole session."""
+    """Two nodes, n1 and n2, of 4 CPUs each (all this host's cores, whatever their number:
+    room for 2 x 4 ranks of one thread), for the whole session."""
     why = _missing()
     if why:
         if os.environ.get("XPNN_REQUIRE_SLURM") == "1":
@@ -100,7 +134,7 @@ def cluster() -> Cluster:
         pytest.skip(why)
     folder = Path(tempfile.mkdtemp(prefix="xpnn-slurm-"))
     proc = subprocess.run(
-        ["bash", str(SCRIPT), "start", str(folder), "--nodes", "2"],
+        ["bash", str(SCRIPT), "start", str(folder), "--nodes", "2", "--cpus", "4"],
         capture_output=True,
         text=True,
         timeout=60,
