@@ -149,3 +149,24 @@ def test_ranks_are_described_by_node():
     assert describe_ranks(4, (4,)) == "4 rank(s)"
     assert describe_ranks(4, (2, 2)) == "2 node(s) x 2 rank(s)"
     assert describe_ranks(3, (2, 1)) == "3 rank(s) on 2 node(s) (2, 1)"
+
+
+@pytest.mark.parametrize(
+    ("opts", "threads"),
+    [([], 1), (["--cpus-per-task=2"], 2)],
+    ids=["one-cpu-a-task", "cpus-per-task-2"],
+)
+def test_threads_per_rank_come_from_the_allocation(cluster, tmp_path, opts, threads):
+    """Both nodes are this host: each rank's affinity mask holds all its cores, and taking
+    them all would run 2 x that many threads; the allocation says how many are the rank's."""
+    i = TINY_FLOAT64_RUN.index("--threads")
+    args = [*TINY_FLOAT64_RUN[:i], *TINY_FLOAT64_RUN[i + 2 :], "--epochs", "1"]
+    threads = min(threads, len(os.sched_getaffinity(0)))  # the host's cores cap it
+    metrics = tmp_path / "m.jsonl"
+    proc = cluster.srun(
+        ["-N", "2", "--ntasks-per-node=1", "--mpi=pmi2", *opts],
+        [*args, "--metrics", str(metrics)],
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"2 node(s) x 1 rank(s) x {threads} thread(s)" in proc.stdout, proc.stdout
+    assert json.loads(metrics.read_text().splitlines()[-1])["threads"] == threads
