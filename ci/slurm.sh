@@ -159,9 +159,13 @@ stop() {
       sleep 0.1
     done
   fi
-  local f
-  for f in $(pids); do
+  local f daemons
+  daemons=$(ls "$dir"/run/slurmd-*.pid "$dir"/run/slurmctld.pid 2>/dev/null || true)
+  for f in $daemons; do  # Slurm's daemons together, then munge, which they talk to
     alive "$f" && kill -TERM "$(cat "$f")" 2>/dev/null
+  done
+  for f in $daemons "$dir/run/munged.pid"; do
+    [ "$f" = "$dir/run/munged.pid" ] && alive "$f" && kill -TERM "$(cat "$f")" 2>/dev/null
     wait_gone "$f"
     rm -f "$f"
   done

@@ -126,7 +126,7 @@ def job_ranks(job: str) -> dict[tuple[str, int], int]:
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
     """Two nodes, n1 and n2, of 4 CPUs each (all this host's cores, whatever their number:
-    room for 2 x 4 ranks of one thread), for the whole session."""
+    room for 2 x 4 ranks of one thread), for the whole test session."""
     why = _missing()
     if why:
         if os.environ.get("XPNN_REQUIRE_SLURM") == "1":
