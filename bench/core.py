@@ -95,7 +95,10 @@ def describe_machine() -> dict[str, Any]:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
+    # what the launcher spreads the ranks over, where it is not this one machine
+    setup = {"setup": os.environ["XPNN_BENCH_SETUP"]} if os.environ.get("XPNN_BENCH_SETUP") else {}
     return {
+        **setup,
         "host": platform.node(),
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
@@ -120,6 +123,7 @@ def machine_line(m: dict[str, Any]) -> str:
         f"{m.get('cpu')}, {m.get('cores')} cores ({m.get('usable_cores')} usable); "
         f"BLAS {blas or 'unknown'}; MPI {m.get('mpi') or 'none'}; {gpu_text}; "
         f"Python {m.get('python')}, NumPy {m.get('numpy')}"
+        + (f"; {m['setup']}" if m.get("setup") else "")
     )
 
 
