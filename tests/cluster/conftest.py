@@ -44,10 +44,20 @@ class Cluster:
     env: dict[str, str]
 
     def run(self, cmd: list[str], timeout: float = JOB_S, **kw) -> subprocess.CompletedProcess:
-        """A Slurm command (``srun``, ``sbatch``, ``scontrol``) against this cluster."""
-        return subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=self.env, **kw
-        )
+        """A Slurm command (``srun``, ``sbatch``, ``scontrol``) against this cluster. One that
+        outlives ``timeout`` fails the test with what it printed and the queue, and its jobs
+        are cancelled (the next test's would wait for their CPUs)."""
+        try:
+            return subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=self.env, **kw
+            )
+        except subprocess.TimeoutExpired as exc:
+            queue = self.run(["squeue", "-o", "%i %T %R %M %D %C"], timeout=30).stdout
+            self.run(["scancel", "--full", "--partition=ci"], timeout=30)
+            said = [_text(exc.stdout), _text(exc.stderr)]
+            pytest.fail(
+                f"{cmd[0]}: still running after {timeout} s; queue:\n{queue}\n" + "\n".join(said)
+            )
 
     def srun(self, opts: list[str], args: list[str], **kw) -> subprocess.CompletedProcess:
         """``srun OPTS python -m xpnn ARGS``, with this virtual environment's Python."""
@@ -97,6 +107,10 @@ class Cluster:
                 env=self.env,
                 start_new_session=True,
             )
+
+
+def _text(out: bytes | str | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
 def job_ids(cluster: Cluster) -> list[str]:
