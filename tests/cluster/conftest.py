@@ -60,8 +60,10 @@ class Cluster:
             )
 
     def srun(self, opts: list[str], args: list[str], **kw) -> subprocess.CompletedProcess:
-        """``srun OPTS python -m xpnn ARGS``, with this virtual environment's Python."""
-        return self.run(["srun", *opts, sys.executable, "-m", "xpnn", *args], **kw)
+        """``srun OPTS python -m xpnn ARGS``, with this virtual environment's Python; a rank
+        that fails ends the others (``--kill-on-bad-exit``, as in the batch scripts)."""
+        cmd = ["srun", "--kill-on-bad-exit=1", *opts, sys.executable, "-m", "xpnn", *args]
+        return self.run(cmd, **kw)
 
     def sbatch(
         self, script: str, opts: list[str], args: list[str], out: Path, timeout: float = JOB_S

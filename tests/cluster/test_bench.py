@@ -12,7 +12,7 @@ from .conftest import SCRIPTS
 
 pytestmark = pytest.mark.mpi
 
-LABEL = "two nodes on one host, TCP over loopback"
+LABEL = "two nodes on one host, UCX between them"
 
 
 def test_the_scaling_study_runs_over_two_nodes(cluster, tmp_path):

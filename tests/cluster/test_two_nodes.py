@@ -1,4 +1,4 @@
-"""Two Slurm nodes on this host (n1, n2; MPICH's TCP over loopback between them): every
+"""Two Slurm nodes on this host (n1, n2; the wheel's MPICH over UCX between them): every
 layout trains what one rank trains (float64, <= 1e-9 relative); a rank killed on one node ends
 the job on both; a rank stopped on the other node is named by the stall watch."""
 
