@@ -94,6 +94,9 @@ start() {
   cat >"$dir/slurm.conf" <<EOF
 # written by ci/slurm.sh: a private cluster on one host
 ClusterName=xpnnci
+# job ids of their own: two such clusters on one host (test runs side by side) must not both
+# run a job 1, which names files and sockets of the job's on the host
+FirstJobId=$(( (RANDOM << 8 | RANDOM % 256) % 9000000 + 1000 ))
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=${ports[0]}
 SlurmUser=root
