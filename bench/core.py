@@ -149,7 +149,10 @@ def describe_machine() -> dict[str, Any]:
 
     _last_load.clear()
     _last_load.update(load_now())
+    # what the launcher spreads the ranks over, where it is not this one machine
+    setup = {"setup": os.environ["XPNN_BENCH_SETUP"]} if os.environ.get("XPNN_BENCH_SETUP") else {}
     return {
+        **setup,
         "host": platform.node(),
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
@@ -177,6 +180,7 @@ def machine_line(m: dict[str, Any]) -> str:
         f"BLAS {blas or 'unknown'}; MPI {m.get('mpi') or 'none'}; {gpu_text}; "
         f"Python {m.get('python')}, NumPy {m.get('numpy')}"
         + (f"; CPU quota {m['cpu_quota']} cores" if m.get("cpu_quota") else "")
+        + (f"; {m['setup']}" if m.get("setup") else "")
     )
 
 

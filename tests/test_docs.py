@@ -22,7 +22,7 @@ README_MOST_LINES = 260
 HISTORY_PATHS = ["README.md", "docs", "examples", "xpnn", "tests", "bench", "ci", ".ci"]
 HISTORY_PATHS += ["mkdocs.yml"]
 HISTORY_WORDS = re.compile(r"\bsessions?\b|(before|since|until) the [0-9]+(st|nd|rd|th)", re.I)
-HISTORY_ALLOWED = re.compile(r"test session", re.I)  # pytest's own wording
+HISTORY_ALLOWED = re.compile(r"test session|scope=.session.", re.I)  # pytest's own wording
 
 FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")
 HELP_FLAGS = {"-h", "--help"}

@@ -37,7 +37,12 @@ def collect() -> dict:
         "cores": node_cores(),
         "affinity_cores": len(affinity()),
         "cpu_quota": cpu_quota(),
-        "world": {"rank": world.rank, "size": world.size, "local_size": world.local_size},
+        "world": {
+            "rank": world.rank,
+            "size": world.size,
+            "local_size": world.local_size,
+            "node_sizes": list(world.node_sizes),
+        },
     }
     with contextlib.suppress(ImportError):
         out["numba"] = __import__("numba").__version__
@@ -66,6 +71,8 @@ def collect() -> dict:
 
 def info_main(as_json: bool = False) -> int:
     """Every rank takes part (starting MPI is collective); rank 0 alone prints."""
+    from xpnn.runtime.world import describe_ranks
+
     data = collect()
     if data["world"]["rank"] != 0:
         return 0
@@ -87,7 +94,10 @@ def info_main(as_json: bool = False) -> int:
         f"cores: {data['cores']}{limited}; threads per rank by default: {data['threads_per_rank']}"
     )
     world = data["world"]
-    if world["size"] > 1:
+    if world["size"] > 1 and len(world["node_sizes"]) > 1:
+        spread = describe_ranks(world["size"], tuple(world["node_sizes"]))
+        print(f"ranks: {world['size']} ({spread}; {world['local_size']} on this node)")
+    elif world["size"] > 1:
         print(f"ranks: {world['size']} ({world['local_size']} on this node)")
     mpi = data["mpi"]
     if isinstance(mpi, dict):

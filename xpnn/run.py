@@ -192,7 +192,8 @@ def _job(
     failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
     trainer = build_run(spec, world, callbacks, log=say, given=given)
     if world.rank == 0:
-        for line in summary(trainer, spec.backend):
+        nodes = world.node_sizes if world.size > 1 else (1,)
+        for line in summary(trainer, spec.backend, nodes):
             say(f"xpnn: {line}")
         effective = gpt_preset(spec, given)[0]  # the settings the run has, a preset's too
         for line in notes(effective, trainer, world):
@@ -618,14 +619,18 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
         raise UserError("`loss`: `model` gpt trains with softmax_cross_entropy at every position")
 
 
-def summary(trainer: Any, asked: str = "") -> list[str]:
-    """What rank 0 says before training: the network, the data, and how the run is spread;
-    ``asked``: the backend as given (``auto`` is said beside the one it chose)."""
+def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -> list[str]:
+    """What rank 0 says before training: the network, the data, and how the run is spread
+    (over ``node_sizes``: the job's ranks on each node); ``asked``: the backend as given
+    (``auto`` is said beside the one it chose)."""
     from xpnn.parallel.model.whole import is_spread, whole_size
     from xpnn.runtime.threads import describe_threads
+    from xpnn.runtime.world import describe_ranks
 
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
     threads = describe_threads(cfg.facts.record())
+    size = trainer.comm.size
+    ranks = describe_ranks(size, node_sizes) if sum(node_sizes) == size else f"{size} rank(s)"
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
     chosen = trainer.backend.describe()
     if asked == "auto":  # "numba (cpu, float32)" -> "numba (auto, cpu, float32)"
@@ -644,7 +649,7 @@ def summary(trainer: Any, asked: str = "") -> list[str]:
         line,
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
         f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {chosen}, "
-        f"comm {groups.name}{note}, {trainer.comm.size} rank(s) x {threads}",
+        f"comm {groups.name}{note}, {ranks} x {threads}",
         cfg.plan.header(),
     ]
 

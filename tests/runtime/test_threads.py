@@ -13,7 +13,7 @@ from conftest import ROOT, mpiexec_path
 
 from xpnn.errors import UserError
 from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
-from xpnn.runtime.threads import core_share, node_cores, threads_per_rank
+from xpnn.runtime.threads import allocated_cpus, core_share, node_cores, threads_per_rank
 
 
 @pytest.mark.parametrize(
@@ -178,3 +178,34 @@ def test_the_share_decides_the_default_threads(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
     assert threads_per_rank(2, share=4) == 4  # bound: all of its own, not 4 // 2
     assert threads_per_rank(2, share=4, override=1) == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "local_size", "expected"),
+    [
+        ({}, 2, None),  # outside Slurm
+        ({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "1"}, 1, 1),  # srun -N 2 -n 2: 1 a node
+        ({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "8"}, 2, 4),  # the node's CPUs shared
+        ({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "3"}, 4, 1),  # never below 1
+        ({"SLURM_CPUS_ON_NODE": "8"}, 1, None),  # a variable left over, no job
+        ({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "8", "SLURM_CPUS_PER_TASK": "3",
+          "SLURM_STEP_ID": "0"}, 2, 3),  # srun -c 3, or mpiexec inside sbatch -c 3
+        ({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "x"}, 1, None),
+    ],
+)  # fmt: skip
+def test_allocated_cpus(env, local_size, expected):
+    assert allocated_cpus(local_size, env) == expected
+
+
+def test_the_allocation_caps_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two slurmd on one host of 2 cores, a rank on each: each rank's mask holds both cores,
+    its node's allocation one CPU; 1 thread each, not 2 (4 threads on 2 cores)."""
+    for var in ("SLURM_CPUS_PER_TASK", "SLURM_STEP_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "1")
+    assert threads_per_rank(1, share=2) == 1
+    monkeypatch.setattr("xpnn.runtime.threads.node_cores", lambda: 2)
+    assert threads_per_rank(1) == 1
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "4")  # a larger allocation: the mask caps it
+    assert threads_per_rank(1) == 2

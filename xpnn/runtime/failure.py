@@ -239,9 +239,9 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         if _debug():
             traceback.print_exc()
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
+        if isinstance(exc, KeyboardInterrupt | Terminated):  # first: Slurm's time limit sends
+            _calm_further_signals()  # SIGTERM twice (slurmstepd's, then srun's own)
         flight.dump(f"failed: {message}")  # the operations it saw last, for the others' story
-        if isinstance(exc, KeyboardInterrupt | Terminated):
-            _calm_further_signals()
         if size > 1 and isinstance(exc, KeyboardInterrupt | Terminated) and stopped_together():
             if rank == 0:  # every rank was told (mpiexec passes signals on): one line for all
                 say(f"xpnn: {message}")

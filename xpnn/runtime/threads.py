@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from xpnn.errors import UserError
 from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
@@ -37,15 +38,31 @@ def core_share(
     return cores, crowded
 
 
+def allocated_cpus(local_size: int, env: Mapping[str, str] | None = None) -> int | None:
+    """This rank's CPUs of a Slurm allocation, None outside one: ``SLURM_CPUS_PER_TASK`` in a
+    job step (ranks of ``mpiexec`` inside ``sbatch -c`` inherit it), else the CPUs the job
+    holds on this node (``SLURM_CPUS_ON_NODE``) shared by its ``local_size`` ranks. Nodes that
+    share cores (several slurmd on one host, or a node shared with other jobs without binding)
+    give every rank the whole machine in its affinity mask; the allocation is its share."""
+    env = os.environ if env is None else env
+    per_task = env.get("SLURM_CPUS_PER_TASK", "")
+    if per_task.isdigit() and int(per_task) >= 1 and "SLURM_STEP_ID" in env:
+        return int(per_task)
+    on_node = env.get("SLURM_CPUS_ON_NODE", "")
+    if on_node.isdigit() and int(on_node) >= 1 and "SLURM_JOB_ID" in env:
+        return max(1, int(on_node) // max(1, local_size))
+    return None
+
+
 def threads_per_rank(
     local_size: int,
     cores: int | None = None,
     override: int | None = None,
     share: int | None = None,
 ) -> int:
-    """Threads for this rank: ``override`` if given, else its cores, >= 1: in a Slurm step,
-    ``SLURM_CPUS_PER_TASK`` capped at ``share`` (ranks of ``mpiexec`` inside ``sbatch -c``
-    inherit it); else ``share``; else ``cores`` divided among the ``local_size`` ranks."""
+    """Threads for this rank: ``override`` if given, else its cores, >= 1: in a Slurm job, its
+    CPUs of the allocation (``allocated_cpus``) capped at ``share``; else ``share``; else
+    ``cores`` divided among the ``local_size`` ranks."""
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             raise UserError(f"`threads` {override}: must be a whole number >= 1")
@@ -53,10 +70,10 @@ def threads_per_rank(
     if local_size < 1:
         raise ValueError(f"local_size must be >= 1, got {local_size}")
     if cores is None:
-        per_task = os.environ.get("SLURM_CPUS_PER_TASK", "")
-        if per_task.isdigit() and int(per_task) >= 1 and "SLURM_STEP_ID" in os.environ:
+        allocated = allocated_cpus(local_size)
+        if allocated is not None:
             own = share if share is not None else max(1, node_cores() // local_size)
-            return max(1, min(int(per_task), own))
+            return max(1, min(allocated, own))
         if share is not None:
             return max(1, share)
         cores = node_cores()

@@ -62,6 +62,11 @@ class World:
     speaks: bool | None = None  # a group of the job's ranks: is this the job's rank 0?
     cores: int | None = None  # this rank's share of the cores it may run on (core_share)
     crowded: bool = False  # more ranks than cores where this rank runs
+    node_sizes: tuple[int, ...] = (1,)  # ranks on each node (MPI's shared-memory groups)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.node_sizes)
 
     @property
     def is_root(self) -> bool:
@@ -96,6 +101,16 @@ class World:
         finally:
             local.Free()
         return World(comm.Get_rank(), comm.Get_size(), local_rank, local_size, comm, self.is_root)
+
+
+def describe_ranks(size: int, node_sizes: tuple[int, ...]) -> str:
+    """``4 rank(s)``, or over nodes ``2 node(s) x 2 rank(s)`` (``3 rank(s) on 2 node(s) (2, 1)``
+    where the nodes hold different numbers)."""
+    if len(node_sizes) < 2:
+        return f"{size} rank(s)"
+    if len(set(node_sizes)) == 1:
+        return f"{len(node_sizes)} node(s) x {node_sizes[0]} rank(s)"
+    return f"{size} rank(s) on {len(node_sizes)} node(s) ({', '.join(map(str, node_sizes))})"
 
 
 def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
@@ -290,6 +305,7 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
         own = affinity()
         quota = quota_cores(cpu_quota())  # a container's limit, if any
         cores, crowded = core_share(own, local.allgather(own), quota)  # bound ranks or not
+        node_sizes = tuple(n for n in world.allgather(local_size if local_rank == 0 else 0) if n)
     finally:
         local.Free()
     # the node's ranks have all passed MPI_Init (the allgather): see ``segments``
@@ -305,4 +321,5 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
         mpi_comm=comm,
         cores=cores,
         crowded=crowded,
+        node_sizes=node_sizes,
     )

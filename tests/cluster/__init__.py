@@ -1,0 +1,1 @@
+"""Tests on a private Slurm cluster (ci/slurm.sh)."""

@@ -1,0 +1,33 @@
+"""The scaling study over two Slurm nodes on one host: ``XPNN_MPIEXEC`` names the launcher
+that spreads the ranks over the nodes, and ``XPNN_BENCH_SETUP`` labels the rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_bench
+
+from .conftest import SCRIPTS
+
+pytestmark = pytest.mark.mpi
+
+LABEL = "two nodes on one host, UCX between them"
+
+
+def test_the_scaling_study_runs_over_two_nodes(cluster, tmp_path):
+    out = tmp_path / "scaling.jsonl"
+    env = {
+        **cluster.env,
+        "XPNN_MPIEXEC": str(SCRIPTS / "mpiexec-over-nodes"),
+        "XPNN_BENCH_SETUP": LABEL,
+    }
+    proc = run_bench(
+        "scaling", "--quick", "--ranks", "2", "--modes", "strong", "--repeats", "1",
+        "--out", str(out), env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert LABEL in proc.stdout
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["machine"]["setup"] == LABEL
+    assert record["config"]["ranks"] == 2
