@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.core import epochs_of, markdown_table, record, run_xpnn
+from bench.core import markdown_table, record, run_xpnn
 
 NAME = "plan_accuracy"
 SUMMARY = "the planner's predicted step beside the measured one, for every layout it can run"
@@ -31,6 +31,7 @@ LAYOUTS = (  # (ranks, threads, parallel, batch threads, micro-batches, schedule
     (4, 1, "data", 1, 1, "gpipe"),
     (8, 1, "data", 1, 1, "gpipe"),
 )
+GPT_SPAN = 20  # the GPT's steps between evaluations: a measured span
 MODEL_FLAGS = {
     "mlp": ["--model", "mlp", "--batch-size", "128"],
     "cnn": ["--model", "cnn", "--batch-size", "128"],
@@ -77,10 +78,12 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
     for model in [m for m in args.models.split(",") if m]:
         if model not in MODEL_FLAGS:
             raise argparse.ArgumentTypeError(f"--models: unknown {model!r} (mlp, cnn, gpt)")
-        base = [*MODEL_FLAGS[model], "--epochs", str(args.epochs), "--seed", "0"]
-        if model == "gpt":
+        base = [*MODEL_FLAGS[model], "--seed", "0"]
+        if model == "gpt":  # an epoch of text is 500 steps: spans of GPT_SPAN steps instead
             base += ["--data-dir", str(text), "--layers", "2", "--embed", "64", "--heads", "4"]
+            base += ["--steps", str(GPT_SPAN * args.epochs), "--eval-every", str(GPT_SPAN)]
         else:
+            base += ["--epochs", str(args.epochs)]
             base += ["--dataset", "synthetic", "--synthetic-size", str(args.samples)]
         for layout in LAYOUTS:
             ranks, _, parallel, *_ = layout
@@ -101,8 +104,9 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
 
 
 def measured_step(metrics: list[dict[str, Any]], batch: int) -> float:
-    """Seconds per step: the global batch over each epoch's rate, median after the first."""
-    epochs = epochs_of(metrics)
+    """Seconds per step: the global batch over each epoch's (or evaluation span's) rate,
+    median after the first."""
+    epochs = [m for m in metrics if m.get("event") in ("epoch", "eval")]
     steady = epochs[1:] or epochs
     return statistics.median(batch / float(e["samples_per_s"]) for e in steady)
 
