@@ -191,13 +191,13 @@ class Machine:
         if str(busy_threads) not in self.crowding and self.measured:
             if busy_threads <= MAX_PROBE_RANKS:
                 self.probe(busy_threads)
+        ideal = busy_threads / cores  # threads taking turns on the cores, at the least
         measured = self.crowding.get(str(busy_threads))
         if measured is not None:
-            return measured
-        ideal = busy_threads / cores
+            return max(ideal, measured)
         known = [(int(r), v / (int(r) / cores)) for r, v in self.crowding.items() if int(r) > cores]
         penalty = statistics.median(v for _, v in known) if known else 1.0
-        return ideal * penalty
+        return ideal * max(1.0, penalty)
 
 
 def _median_time(run: Any, floor: float = 0.02, repeats: int = 5) -> float:
