@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command from a fresh clone: the virtual environment (.venv), xpnn installed in it with its
-# test extras and PyTorch's CPU build (the torch backend), Fashion-MNIST from Debian's package where the package manager can install it,
-# then the main job (2 ranks, 3 epochs). `--no-run` stops after the set-up (ci/test.sh uses it).
+# test extras and PyTorch's CPU build (the torch backend); Fashion-MNIST from Debian's package
+# where the package manager can install it, and as root Slurm's (the cluster tests); then the
+# main job (2 ranks, 3 epochs). `--no-run` stops after the set-up (ci/test.sh uses it).
 # Every command runs from .venv/bin by its path: an unactivated shell still finds mpiexec.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,17 @@ elif command -v apt-get >/dev/null && { [ "$(id -u)" -eq 0 ] || sudo -n true 2>/
   DEBIAN_FRONTEND=noninteractive $AS_ROOT apt-get install -y -qq dataset-fashion-mnist
 else
   echo "note: no apt-get with root rights here; xpnn downloads Fashion-MNIST on first use"
+fi
+
+echo "== Slurm and munge for tests/cluster (Debian's packages)"
+if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then
+  echo "already installed"
+elif [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then  # the cluster runs as root
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    slurmctld slurmd slurm-client munge >/dev/null
+else
+  echo "note: not root with apt-get here; the cluster tests skip, saying why"
 fi
 
 if [ "$RUN" -eq 1 ]; then
