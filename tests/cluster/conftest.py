@@ -116,6 +116,36 @@ class Cluster:
 
         return wait_until(ended, timeout, f"job {job} to end")
 
+    def start_running(
+        self, opts: list[str], args: list[str], out: Path, until: str
+    ) -> subprocess.Popen:
+        """``start``, then wait for ``until`` in its output; a job whose ``MPI_Init`` broke in
+        the PMI-2 exchange before that is started again (``_ucx_start_failed``)."""
+        for _ in range(START_TRIES):
+            job = self.start(opts, args, out)
+            wait_until(lambda j=job: until in out.read_text() or j.poll() is not None, 120, until)
+            text = out.read_text()
+            if until in text or not any(said in text for said in START_FAILURES):
+                return job
+        return job
+
+    def submit_running(self, script: str, opts: list[str], args: list[str], out: Path, until: str):
+        """``submit``, then wait for ``until`` in the job's output: (the job id); a job whose
+        ``MPI_Init`` broke in the PMI-2 exchange before that is submitted again."""
+        for _ in range(START_TRIES):
+            out.unlink(missing_ok=True)
+            job = self.submit(script, opts, args, out)
+
+            def said_or_ended(job: str = job) -> bool:
+                text = out.read_text() if out.exists() else ""
+                return until in text or self.job(job).get("JobState") in ENDED
+
+            wait_until(said_or_ended, 120, until)
+            text = out.read_text() if out.exists() else ""
+            if until in text or not any(said in text for said in START_FAILURES):
+                return job
+        return job
+
     def start(self, opts: list[str], args: list[str], out: Path) -> subprocess.Popen:
         """``srun OPTS python -m xpnn ARGS`` left running, its stdout and stderr in ``out``."""
         with out.open("w") as fh:

@@ -78,7 +78,8 @@ def test_signals_under_sbatch_and_mpiexec(cluster, tmp_path, signal, state):
     checkpoint exit, no requeue)."""
     out = tmp_path / "job.out"
     args = [*RUN, "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-signal", signal]
-    job = cluster.submit("train-mpiexec.sbatch", ["--nodes=2", "--ntasks-per-node=1"], args, out)
+    opts = ["--nodes=2", "--ntasks-per-node=1"]
+    job = cluster.submit_running("train-mpiexec.sbatch", opts, args, out, "epoch 1/")
     _signal_after_epoch_one(cluster, job, out, signal)
     got = cluster.wait_job(job)
     text = out.read_text()

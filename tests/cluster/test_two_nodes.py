@@ -91,8 +91,7 @@ def _started(cluster, tmp_path, extra=()):
     """A 2-node x 1-rank job past its second epoch: (srun, its output file, {node: pid})."""
     out = tmp_path / "job.out"
     opts = ["-N", "2", "--ntasks-per-node=1", "--mpi=pmi2", "--kill-on-bad-exit=1"]
-    job = cluster.start(opts, [*LONG, *extra], out)
-    wait_until(lambda: "epoch 2/" in out.read_text() or job.poll() is not None, 120, "epoch 2")
+    job = cluster.start_running(opts, [*LONG, *extra], out, "epoch 2/")
     assert job.poll() is None, out.read_text()
     ids = wait_until(lambda: job_ids(cluster), 10, "the job in the queue")
     ranks = wait_until(lambda: len(job_ranks(ids[0])) == 2 and job_ranks(ids[0]), 10, "ranks")
