@@ -71,9 +71,14 @@ class Cluster:
         """``srun OPTS python -m xpnn ARGS``, with this virtual environment's Python; a rank
         that fails ends the others (``--kill-on-bad-exit``, as in the batch scripts)."""
         cmd = ["srun", "--kill-on-bad-exit=1", *opts, sys.executable, "-m", "xpnn", *args]
-        for _ in range(START_TRIES):
+        for attempt in range(START_TRIES):
             before = snapshot()
-            proc = self.run(cmd, **kw)
+            if attempt < START_TRIES - 1:
+                proc = self._unless_hung(cmd)
+                if proc is None:  # MPI_Init hung in the PMI-2 exchange: cancelled, again
+                    continue
+            else:
+                proc = self.run(cmd, **kw)
             if proc.returncode == 0 or not _ucx_start_failed(proc):
                 break
             # MPICH's segments of the failed MPI_Init: other tests running beside this one
@@ -116,6 +121,25 @@ class Cluster:
 
         return wait_until(ended, timeout, f"job {job} to end")
 
+    def _unless_hung(self, cmd: list[str]) -> subprocess.CompletedProcess | None:
+        """``cmd`` run, or None when it printed nothing in ``HUNG_S`` (its jobs cancelled): a
+        start the PMI-2 exchange left waiting in ``MPI_Init``, as a broken one (below)."""
+        try:
+            return subprocess.run(
+                cmd, capture_output=True, text=True, errors="replace", timeout=HUNG_S,
+                cwd=ROOT, env=self.env,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            if _text(exc.stdout).strip():  # xpnn had started: a slow job, not a hung start
+                return self.run(cmd)
+            self.cancel_all()
+            return None
+
+    def cancel_all(self) -> None:
+        """Every job of this cluster cancelled, and their end waited for."""
+        self.run(["scancel", "--full", "--partition=ci"], timeout=30)
+        wait_until(lambda: not job_ids(self), 30, "the cancelled jobs to end")
+
     def start_running(
         self, opts: list[str], args: list[str], out: Path, until: str
     ) -> subprocess.Popen:
@@ -123,9 +147,15 @@ class Cluster:
         the PMI-2 exchange before that is started again (``_ucx_start_failed``)."""
         for _ in range(START_TRIES):
             job = self.start(opts, args, out)
-            wait_until(lambda j=job: until in out.read_text() or j.poll() is not None, 120, until)
+            _poll(lambda j=job: until in out.read_text() or j.poll() is not None, HUNG_S)
             text = out.read_text()
-            if until in text or not any(said in text for said in START_FAILURES):
+            if until in text:
+                return job
+            if job.poll() is None and not text.strip():  # a start hung in MPI_Init
+                job.kill()
+                self.cancel_all()
+                continue
+            if not any(said in text for said in START_FAILURES):
                 return job
         return job
 
@@ -140,9 +170,14 @@ class Cluster:
                 text = out.read_text() if out.exists() else ""
                 return until in text or self.job(job).get("JobState") in ENDED
 
-            wait_until(said_or_ended, 120, until)
+            _poll(said_or_ended, HUNG_S)
             text = out.read_text() if out.exists() else ""
-            if until in text or not any(said in text for said in START_FAILURES):
+            if until in text:
+                return job
+            if self.job(job).get("JobState") not in ENDED and "epoch" not in text:
+                self.cancel_all()  # a start hung in MPI_Init
+                continue
+            if not any(said in text for said in START_FAILURES):
                 return job
         return job
 
@@ -160,6 +195,7 @@ class Cluster:
 
 
 START_TRIES = 4  # of a job whose MPI_Init failed in UCX's set-up (_ucx_start_failed)
+HUNG_S = 75  # a tiny job that has printed nothing by then waits in MPI_Init for good
 # slurmstepd's PMI-2 plugin refusing a garbled request ("invalid client request", "value not
 # properly terminated in client request"), and UCX failing on the addresses it got
 START_FAILURES = ("UCX  ERROR", "mpi/pmi2: ", "MPIDI_UCX_comm_addr_exchange")
@@ -249,6 +285,16 @@ def assert_same_params(got: dict, want: dict, rtol: float = 1e-9) -> None:
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=0, err_msg=name)
+
+
+def _poll(check, timeout: float) -> bool:  # noqa: ANN001 - any predicate
+    """Poll ``check()`` every 50 ms for up to ``timeout`` s: whether it came true."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def wait_until(check, timeout: float, what: str):  # noqa: ANN001, ANN201 - any predicate
