@@ -130,7 +130,7 @@ class Cluster:
                 cwd=ROOT, env=self.env,
             )  # fmt: skip
         except subprocess.TimeoutExpired as exc:
-            if _text(exc.stdout).strip():  # xpnn had started: a slow job, not a hung start
+            if STARTED in _text(exc.stdout):  # xpnn had started: a slow job, not a hung start
                 return self.run(cmd)
             self.cancel_all()
             return None
@@ -151,11 +151,11 @@ class Cluster:
             text = out.read_text()
             if until in text:
                 return job
-            if job.poll() is None and not text.strip():  # a start hung in MPI_Init
+            if job.poll() is None and STARTED not in text:  # a start hung in MPI_Init
                 job.kill()
                 self.cancel_all()
                 continue
-            if not any(said in text for said in START_FAILURES):
+            if STARTED in text or not any(said in text for said in START_FAILURES):
                 return job
         return job
 
@@ -174,10 +174,10 @@ class Cluster:
             text = out.read_text() if out.exists() else ""
             if until in text:
                 return job
-            if self.job(job).get("JobState") not in ENDED and "epoch" not in text:
+            if self.job(job).get("JobState") not in ENDED and STARTED not in text:
                 self.cancel_all()  # a start hung in MPI_Init
                 continue
-            if not any(said in text for said in START_FAILURES):
+            if STARTED in text or not any(said in text for said in START_FAILURES):
                 return job
         return job
 
@@ -199,6 +199,9 @@ HUNG_S = 75  # a tiny job that has printed nothing by then waits in MPI_Init for
 # slurmstepd's PMI-2 plugin refusing a garbled request ("invalid client request", "value not
 # properly terminated in client request"), and UCX failing on the addresses it got
 START_FAILURES = ("UCX  ERROR", "mpi/pmi2: ", "MPIDI_UCX_comm_addr_exchange")
+# xpnn's header, its first words once MPI has started: a failed start may still print on
+# stdout (UCX writes its assertion's backtrace there), so "printed nothing" would miss it
+STARTED = "xpnn: "
 
 
 def _ucx_start_failed(proc: subprocess.CompletedProcess) -> bool:
@@ -206,7 +209,7 @@ def _ucx_start_failed(proc: subprocess.CompletedProcess) -> bool:
     a word: the wheel's MPICH over Slurm 22.05's PMI-2 garbles the exchanged addresses in
     about 1 of 5-25 jobs of 2 x 2 ranks here (docs/cluster.md), which says nothing of xpnn."""
     failed = any(said in proc.stderr for said in START_FAILURES)
-    return failed and not proc.stdout.strip()
+    return failed and STARTED not in proc.stdout
 
 
 def _text(out: bytes | str | None) -> str:
