@@ -6,11 +6,16 @@ Layouts: 1 rank x 1 and 2 threads, 2 batch threads, 2 ranks data / tensor / pipe
 and 1F1B), and 4 and 8 ranks of one thread (oversubscribed on a 2-core machine). The planner
 measures what its calibration lacks as it goes, so the first model's predictions include the
 products' first timings.
+
+``--from RECORD --calibration FILE`` measures nothing: each recorded layout is predicted again
+by this checkout's planner from the calibration ``FILE`` (the one the record was taken with,
+for instance), beside the steps the record measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 from pathlib import Path
 from typing import Any
@@ -48,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", type=Path, default=None, help="the GPT's text (default README.md)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--threads", type=int, default=1)  # the layouts set their own
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        help="with --from: predict the recorded layouts again from this calibration file",
+    )
 
 
 def _layout_flags(layout: tuple) -> list[str]:
@@ -63,13 +74,65 @@ def _layout_flags(layout: tuple) -> list[str]:
     return flags
 
 
-def _predict(flags: list[str], layout: tuple) -> tuple[float, int]:
-    """(predicted step seconds, the global batch) of ``flags`` laid out as ``layout``."""
+def _predict(flags: list[str], layout: tuple, calibration: Path | None = None) -> tuple[float, int]:
+    """(predicted step seconds, the global batch) of ``flags`` laid out as ``layout`` (data
+    parallelism on the default transport: node-shared memory)."""
     from xpnn.commands import predict_run
     from xpnn.planner import Layout
 
-    pred, batch = predict_run(flags, Layout(*layout))
+    comm = "auto" if layout[2] == "data" else "mpi-host"
+    where = None if calibration is None else str(calibration)
+    pred, batch = predict_run(flags, Layout(*layout, comm=comm), where)
     return pred.step, batch
+
+
+def layout_of(config: dict[str, Any]) -> tuple:
+    """A record's layout tuple (as ``LAYOUTS``'), read from its flags."""
+    flags = config["layout"]
+
+    def value(name: str, default: str) -> str:
+        return flags[flags.index(name) + 1] if name in flags else default
+
+    return (
+        int(config["ranks"]),
+        int(value("--threads", "1")),
+        value("--parallel", "data"),
+        int(value("--batch-threads", "1")),
+        int(value("--microbatches", "1")),
+        value("--pipeline-schedule", "gpipe"),
+    )
+
+
+def run_flags(command: str) -> list[str]:
+    """The training flags of a recorded command line, without its metrics file and its
+    text's path (the planner needs the data set's shape, not its data)."""
+    words = shlex.split(command)
+    words = words[words.index("xpnn") + 1 :]
+    out: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in ("--metrics", "--data-dir"):
+            skip = True
+        else:
+            out.append(word)
+    return out
+
+
+def reread(records: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """With ``--calibration``: each record predicted again from that file (its recorded
+    prediction kept as ``recorded_predicted_step_s``); else the records as they are."""
+    if args.calibration is None:
+        return records
+    out = []
+    for r in records:
+        config = dict(r["config"])
+        predicted, _ = _predict(run_flags(config["command"]), layout_of(config), args.calibration)
+        config.setdefault("recorded_predicted_step_s", config["predicted_step_s"])
+        config["predicted_step_s"] = predicted
+        out.append({**r, "config": config})
+    return out
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
@@ -90,7 +153,7 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
             if ranks > args.max_ranks or (model == "cnn" and parallel == "tensor"):
                 continue
             flags = [*base, *_layout_flags(layout)]
-            predicted, batch = _predict(flags, layout)
+            predicted, batch = _predict(flags, layout)  # this machine's calibration
             steps = [measured_step(run_xpnn(ranks, flags, args.timeout), batch)
                      for _ in range(args.repeats)]  # fmt: skip
             launch = f"mpiexec -n {ranks} " if ranks > 1 else ""
@@ -136,13 +199,39 @@ def table(records: list[dict[str, Any]]) -> str:
             f"\n\nmedian |error| {100 * statistics.median(errs):.0f}%, "
             f"worst {100 * max(errs):.0f}%, {len(errs)} layouts"
         )
-        for model in dict.fromkeys(r["config"]["model"] for r in records):
-            mine = [r for r in records if r["config"]["model"] == model]
-            picked = min(mine, key=lambda r: r["config"]["predicted_step_s"])
-            best = min(r["metrics"]["step_s"]["median"] for r in mine)
-            gap = picked["metrics"]["step_s"]["median"] / best - 1
+        gaps = pick_gaps(records)
+        for model, gap in gaps.items():
             text += f"\n{model}: the predicted best is {100 * gap:.0f}% behind the measured best"
+        near = sum(1 for gap in gaps.values() if gap <= PICK_WITHIN)
+        text += (
+            f"\npicks within {100 * PICK_WITHIN:.0f}% of the measured best: {near} of {len(gaps)}"
+        )
+        recorded = [r["config"].get("recorded_predicted_step_s") for r in records]
+        if all(v is not None for v in recorded):
+            was = [
+                abs(v / r["metrics"]["step_s"]["median"] - 1)
+                for v, r in zip(recorded, records, strict=True)
+            ]
+            text += (
+                f"\npredicted again from the calibration given; the record's own predictions: "
+                f"median |error| {100 * statistics.median(was):.0f}%, worst {100 * max(was):.0f}%"
+            )
     return text
+
+
+PICK_WITHIN = 0.10  # a pick this close to the measured best counts as a right one
+
+
+def pick_gaps(records: list[dict[str, Any]]) -> dict[str, float]:
+    """For each model: how far the measured step of the layout predicted fastest is behind
+    the fastest measured (0: the planner picked the best)."""
+    out = {}
+    for model in dict.fromkeys(r["config"]["model"] for r in records):
+        mine = [r for r in records if r["config"]["model"] == model]
+        picked = min(mine, key=lambda r: r["config"]["predicted_step_s"])
+        best = min(r["metrics"]["step_s"]["median"] for r in mine)
+        out[model] = picked["metrics"]["step_s"]["median"] / best - 1
+    return out
 
 
 def plot(records: list[dict[str, Any]], ax: Any) -> None:

@@ -38,6 +38,18 @@ class Layout:
     microbatches: int = 1
     schedule: str = "gpipe"
     comm: str = "mpi-host"
+    nodes: int = 1  # ``ranks`` spread evenly over this many nodes of the calibrated shape
+
+    @property
+    def local_ranks(self) -> int:
+        """Ranks on one node."""
+        return max(1, self.ranks // max(1, self.nodes))
+
+    @property
+    def node_shared(self) -> bool:
+        """Whether data-parallel ranks sum on their node's shared memory (``mpi-shm``, which
+        ``auto`` takes on the CPU) instead of sending gradients."""
+        return self.parallel == "data" and self.comm in ("auto", "mpi-shm") and self.ranks > 1
 
     def flags(self) -> list[str]:
         """The command-line flags that run this layout (``mpiexec -n ranks`` around them)."""
@@ -58,6 +70,8 @@ class Layout:
             text += f" ({self.microbatches} micro-batches, {self.schedule})"
         if self.batch_threads > 1:
             text += f", {self.batch_threads} batch threads"
+        if self.nodes > 1:
+            text += f", over {self.nodes} nodes"
         return text
 
 
@@ -75,6 +89,8 @@ class Prediction:
     comm_hidden: float = 0.0
     bubble: float = 0.0
     serial_tail: float = 0.0
+    sync_wait: float = 0.0  # oversubscribed ranks' turns at each synchronization
+    syncs: int = 0  # the step's synchronizations (fences or collectives) a rank waits in
     slowdown: float = 1.0
     memory: dict[str, float] = field(default_factory=dict)
     samples: int = 0
@@ -91,6 +107,7 @@ class Prediction:
             + self.comm_exposed
             + self.bubble
             + self.serial_tail
+            + self.sync_wait
         )
 
     @property
@@ -106,6 +123,7 @@ class Prediction:
             "communication": self.comm_exposed,
             "pipeline bubble": self.bubble,
             "batch threads' serial tail": self.serial_tail,
+            "waiting for a core at each synchronization": self.sync_wait,
         }
         name = max(parts, key=parts.get)
         return f"{name} {100 * parts[name] / self.step:.0f}%"
@@ -184,23 +202,29 @@ def predict(
     dtype: str = "float32",
     bucket_bytes: float = 4 << 20,
     shard_optimizer: bool = False,
+    node_share: str = "auto",
 ) -> Prediction:
     """One step of ``batch`` samples (the global batch) under ``layout``."""
     itemsize = 8 if dtype == "float64" else 4
     r, t, k = layout.ranks, layout.threads, layout.batch_threads
+    local = layout.local_ranks
     pred = Prediction(layout, samples=batch, tokens_per_sample=work.tokens_per_sample)
-    pred.slowdown = machine.slowdown(r * t)
+    pred.slowdown = machine.slowdown(local * t)
     grads_bytes = work.params * itemsize
     if layout.parallel == "data" or r == 1:
         per_thread = math.ceil(batch / (r * k))
         phases = compute_times(machine, work, per_thread, t // k, dtype)
-        params_updated = work.params / (r if shard_optimizer else 1)
-        pred.optimizer = optimizer_time(machine, params_updated, optimizer, t, dtype)
         if k > 1:  # the twins' gradients summed by the main thread
             pred.serial_tail = (k - 1) * work.params / machine.values_per_s(t, dtype)
-        comm = _data_comm(machine, r, grads_bytes, bucket_bytes, shard_optimizer)
         backward = phases[WGRAD] + phases[DGRAD]
-        last = min(comm, machine.collective("allreduce", r, min(bucket_bytes, grads_bytes)))
+        if layout.node_shared and not shard_optimizer:
+            comm, last = _node_shared(machine, work, layout, batch, dtype, node_share, pred)
+            pred.optimizer += optimizer_time(machine, work.params / local, optimizer, t, dtype)
+        else:
+            params_updated = work.params / (r if shard_optimizer else 1)
+            pred.optimizer = optimizer_time(machine, params_updated, optimizer, t, dtype)
+            comm, last = _data_comm(machine, layout, grads_bytes, bucket_bytes, shard_optimizer)
+            pred.syncs = math.ceil(grads_bytes / bucket_bytes) + 1 if r > 1 else 0
         pred.comm_exposed = last + max(0.0, comm - last - backward)
         pred.comm_hidden = comm - pred.comm_exposed
         batch_rank = math.ceil(batch / r)
@@ -211,6 +235,7 @@ def predict(
         pairs = max(1, sum(1 for g in work.gemms() if g.phase == FORWARD and g.scales == "m") // 2)
         act_bytes = rows * _widest(work) * itemsize
         pred.comm_exposed = 2 * pairs * machine.collective("allreduce", r, act_bytes)
+        pred.syncs = 2 * pairs
         batch_rank = batch
     else:  # pipeline: each rank a stage; the slowest stage paces every micro-batch
         m = layout.microbatches
@@ -221,6 +246,7 @@ def predict(
         pred.bubble = (r - 1) * sum(slowest.values())
         act_bytes = micro * _widest(work) * max(1, work.tokens_per_sample) * itemsize
         pred.comm_exposed = 2 * (m + r - 1) * machine.collective("sendrecv", 2, act_bytes)
+        pred.syncs = 2 * (m + r - 1)
         pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
         batch_rank = micro if layout.schedule == "1f1b" else batch
     for phase in PHASES:
@@ -228,15 +254,95 @@ def predict(
     pred.elementwise = phases["elementwise"] * pred.slowdown
     pred.bubble *= pred.slowdown
     pred.optimizer *= pred.slowdown
+    pred.sync_wait = pred.syncs * sync_wait(local * t, machine.cores)
     pred.memory = memory(work, layout, batch_rank, optimizer, itemsize, shard_optimizer)
     return pred
 
 
-def _data_comm(machine: Machine, ranks: int, nbytes: float, bucket: float, shard: bool):
-    """The gradient exchange of a step: one allreduce per bucket (reduce-scatter and
-    all-gather when the optimizer state is sharded)."""
-    if ranks <= 1:
+# A thread queued behind the cores costs each synchronization about this long: the ranks
+# that arrived poll at full speed (``SPIN_S``, 0.5 ms) before they yield, then wait for the
+# queued one's wake-up. Read from the recorded 4- and 8-rank runs on 2 cores
+# (bench/recorded/plan-accuracy-2cpu-2026-11-29.jsonl), not from the calibration.
+TURN_S = 1e-3
+
+
+def sync_wait(busy_threads: int, cores: int) -> float:
+    """Seconds one synchronization costs when ``busy_threads`` share ``cores``: every thread
+    beyond the cores must get its turn before the others can go on, ``cores`` turns at once."""
+    return max(0, busy_threads - cores) / cores * TURN_S
+
+
+def network_allreduce(machine: Machine, nodes: int, nbytes: float, messages: int = 1) -> float:
+    """A ring allreduce of ``nbytes`` across ``nodes`` over the network between them, cut into
+    ``messages``: 2 (N - 1) latencies each, and 2 (N - 1) / N of the bytes through each link."""
+    if nodes <= 1 or nbytes <= 0:
         return 0.0
+    alpha, beta = machine.network_cost()
+    return messages * 2 * (nodes - 1) * alpha + 2 * (nodes - 1) / nodes * nbytes * beta
+
+
+def param_buckets(work: ModelWork, min_size: int | None = None) -> int:
+    """How many buckets a node-shared update cuts the parameters into: whole layers, at
+    least ``MIN_LAYER_BUCKET`` values each (the update's own cut)."""
+    from xpnn.parallel.update.base import MIN_LAYER_BUCKET, layer_buckets
+
+    offsets, at = [], 0
+    for layer in work.layers:
+        if layer.params:
+            offsets.append(at)
+            at += layer.params
+    return len(layer_buckets(offsets, work.params, min_size or MIN_LAYER_BUCKET))
+
+
+def shares_activations(work: ModelWork, batch: int, node_share: str) -> bool:
+    """Whether a node's ranks share the batch's activations rather than their gradients: as
+    ``node_share`` says, or (auto) for a model of Dense layers alone whose inputs and output
+    gradients over the batch are fewer values than its parameters (the update's own rule)."""
+    dense = [g for g in work.gemms() if g.phase == FORWARD and g.scales == "m"]
+    with_params = [layer for layer in work.layers if layer.params]
+    all_dense = bool(with_params) and all("Dense" in layer.name for layer in with_params)
+    if node_share == "gradients" or not all_dense:
+        return False
+    return node_share == "activations" or batch * sum(g.k + g.n for g in dense) < work.params
+
+
+def _node_shared(
+    machine: Machine,
+    work: ModelWork,
+    layout: Layout,
+    batch: int,
+    dtype: str,
+    node_share: str,
+    pred: Prediction,
+) -> tuple[float, float]:
+    """(the exchange of a node-shared update, its last bucket's part): a fence per bucket and
+    one at the end; sharing gradients, each rank sums the node's rows of its share (memory
+    traffic, counted with the optimizer, which updates that share); sharing activations, two
+    fences per Dense layer past the first. Across nodes, each rank's share of the node's sum
+    crosses the network."""
+    local, nodes, t = layout.local_ranks, layout.nodes, layout.threads
+    itemsize = 8 if dtype == "float64" else 4
+    buckets = param_buckets(work)
+    fences = buckets + 1
+    if shares_activations(work, batch, node_share):
+        fences += 2 * (sum(1 for layer in work.layers if layer.params) - 1)
+    else:  # the optimizer reads every rank's row of its share
+        pred.optimizer += (local - 1) * work.params / local / machine.values_per_s(t, dtype)
+    pred.syncs = fences
+    barrier = machine.collective("allreduce", local, itemsize)
+    cross = network_allreduce(machine, nodes, work.params * itemsize, buckets)
+    return fences * barrier + cross, barrier + cross / buckets
+
+
+def _data_comm(
+    machine: Machine, layout: Layout, nbytes: float, bucket: float, shard: bool
+) -> tuple[float, float]:
+    """(the gradient exchange of a step, its last bucket's part): one allreduce per bucket
+    (reduce-scatter and all-gather when the optimizer state is sharded) among a node's ranks,
+    and across nodes the network's ring allreduce of the node's sum."""
+    ranks = layout.local_ranks
+    if layout.ranks <= 1:
+        return 0.0, 0.0
     buckets = max(1, math.ceil(nbytes / bucket))
     size = nbytes / buckets
     if shard:
@@ -244,7 +350,8 @@ def _data_comm(machine: Machine, ranks: int, nbytes: float, bucket: float, shard
         one += machine.collective("allgather", ranks, size)
     else:
         one = machine.collective("allreduce", ranks, size)
-    return buckets * one
+    one += network_allreduce(machine, layout.nodes, size)
+    return buckets * one, one
 
 
 def _widest(work: ModelWork) -> int:

@@ -28,6 +28,8 @@ from xpnn.errors import UserError
 VERSION = 1
 MAX_FILE_BYTES = 16 << 20  # a calibration is kilobytes; more is not one
 MAX_PROBE_RANKS = 16  # more processes than this on one machine are not started to measure
+# Between nodes, when a calibration holds no measured network: 25 us and 10 Gb/s Ethernet.
+DEFAULT_NETWORK = (25e-6, 8 / 10e9)
 
 
 def cpu_model() -> str:
@@ -80,6 +82,7 @@ class Machine:
     comm: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # "R" -> op -> [a, b]
     crowding: dict[str, float] = field(default_factory=dict)  # "R" -> slowdown of R 1-thread ranks
     rest: dict[str, float] = field(default_factory=dict)  # "backend dtype T model" -> s/sample
+    network: dict[str, float] = field(default_factory=dict)  # between nodes: alpha, beta
     measured: bool = True  # False: planning for a machine this is not (no new measurements)
 
     @property
@@ -95,6 +98,7 @@ class Machine:
             "comm": self.comm,
             "crowding": self.crowding,
             "rest": self.rest,
+            "network": self.network,
         }
 
     @classmethod
@@ -112,13 +116,27 @@ class Machine:
             }
             crowding = {str(k): float(v) for k, v in dict(data.get("crowding", {})).items()}
             rest = {str(k): float(v) for k, v in dict(data.get("rest", {})).items()}
+            network = {str(k): float(v) for k, v in dict(data.get("network", {})).items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{source}: damaged calibration ({exc})") from None
         if cores < 1 or any(v <= 0 for v in (*gemm.values(), *bandwidth.values())):
             raise UserError(f"{source}: damaged calibration (a time or a core count <= 0)")
         if any(v < 0 for v in rest.values()):
             raise UserError(f"{source}: damaged calibration (a negative time)")
-        return cls(key, gemm, bandwidth, comm, crowding, rest)
+        if network and (set(network) != {"alpha", "beta"} or min(network.values()) < 0):
+            raise UserError(f"{source}: damaged calibration (network: alpha and beta, >= 0)")
+        return cls(key, gemm, bandwidth, comm, crowding, rest, network)
+
+    def network_cost(self) -> tuple[float, float]:
+        """(alpha seconds, beta seconds per byte) between nodes: the calibration's, else
+        ``DEFAULT_NETWORK`` (``network_measured`` says which)."""
+        if self.network_measured:
+            return self.network["alpha"], self.network["beta"]
+        return DEFAULT_NETWORK
+
+    @property
+    def network_measured(self) -> bool:
+        return bool(self.network)
 
     # -- products -----------------------------------------------------------------------
     def gemm_seconds(self, m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
