@@ -3,6 +3,11 @@ table's error, summary and pick computed from predicted and measured steps."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import statistics
+from pathlib import Path
+
 import pytest
 
 from bench.benchmarks import plan_accuracy
@@ -40,3 +45,43 @@ def test_the_table_gives_each_error_the_median_the_worst_and_the_picks_gap():
     assert "+25%" in text and "-50%" in text and "+300%" in text
     assert "median |error| 50%, worst 300%, 3 layouts" in text
     assert "mlp: the predicted best is 100% behind the measured best" in text
+
+
+RECORDED = Path(__file__).resolve().parents[2] / "bench" / "recorded"
+RECORD = RECORDED / "plan-accuracy-2cpu-2026-11-29.jsonl"
+CALIBRATION = RECORDED / "calibration-plan-accuracy-2cpu-2026-11-29.json"
+
+
+def _recorded() -> list[dict]:
+    return [json.loads(line) for line in RECORD.read_text().splitlines() if line.strip()]
+
+
+def test_a_recorded_command_gives_its_training_flags_and_layout():
+    config = {
+        "command": "mpiexec -n 2 python -m xpnn --model gpt --data-dir /x/README.md --threads 1 "
+        "--parallel pipeline --microbatches 4 --pipeline-schedule 1f1b --metrics m.jsonl",
+        "layout": ["--threads", "1", "--parallel", "pipeline", "--microbatches", "4",
+                   "--pipeline-schedule", "1f1b"],
+        "ranks": 2,
+    }  # fmt: skip
+    assert plan_accuracy.run_flags(config["command"]) == [
+        "--model", "gpt", "--threads", "1", "--parallel", "pipeline", "--microbatches", "4",
+        "--pipeline-schedule", "1f1b",
+    ]  # fmt: skip
+    assert plan_accuracy.layout_of(config) == (2, 1, "pipeline", 1, 4, "1f1b")
+
+
+def test_the_record_predicted_again_from_its_calibration_meets_the_targets():
+    """Offline: the recorded steps against this planner's predictions from the calibration
+    the record was taken with (its own predictions missed the worst case by 68 %)."""
+    records = _recorded()
+    again = plan_accuracy.reread(records, argparse.Namespace(calibration=CALIBRATION))
+    errors = [abs(e) for e in plan_accuracy.errors(again)]
+    assert statistics.median(errors) <= 0.15
+    assert max(errors) <= 0.35
+    was = [abs(e) for e in plan_accuracy.errors(records)]
+    assert max(was) > 0.6  # the record's own predictions, kept beside
+    assert [r["config"]["recorded_predicted_step_s"] for r in again] == [
+        r["config"]["predicted_step_s"] for r in records
+    ]
+    assert "predicted again from the calibration given" in plan_accuracy.table(again)

@@ -44,7 +44,7 @@ def test_the_choice_is_the_predicted_fastest_and_refuses_nothing_valid():
     work = work_of(spec)
     steps = [
         predict(RoundMachine(2), work, Layout(2, o["threads"], o["parallel"],
-                o["batch_threads"], microbatches=4), 128).step
+                o["batch_threads"], microbatches=4, comm="auto"), 128).step
         for o in auto.candidates(spec, 2, 1)
     ]  # fmt: skip
     assert pred.step == pytest.approx(min(steps))  # every candidate of this model is valid

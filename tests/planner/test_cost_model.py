@@ -171,3 +171,73 @@ def test_the_rest_measured_on_the_model_prices_its_passes_per_sample():
     built = mlp((64,)).build((1, 28, 28), get_backend("numpy", "float32"), 0)
     seconds = measure_rest(machine, work, built, 10, 1, "float32")
     assert 0.0 <= seconds < 1.0  # per sample: a step of 32 samples takes well under 32 s
+
+
+def test_a_node_shared_sum_is_a_fence_per_bucket_and_a_pass_over_the_rows():
+    """mpi-shm sharing gradients: no message; each rank sums the node's rows of its share and
+    updates that share; the ranks fence once per bucket and once at the end."""
+    from xpnn.planner.cost import param_buckets
+
+    machine, work = RoundMachine(cores=2), model_work(cnn(), (1, 28, 28), get_backend("numpy"))
+    p = predict(machine, work, Layout(2, 1, "data", comm="auto"), 128, "sgd")
+    # the update's own cut: 101,110 + 257,000 + 295,168 + 37,312 values
+    assert param_buckets(work) == 4
+    assert p.syncs == 4 + 1
+    barrier = 1e-6 + 1e-9 * 4  # the round machine's allreduce of one value
+    assert p.comm_exposed + p.comm_hidden == pytest.approx(5 * barrier)
+    half = work.params / 2
+    assert p.optimizer == pytest.approx(3 * half / 1e9 + (2 - 1) * half / 1e9)
+    assert p.sync_wait == 0.0  # two ranks on two cores wait for no one's turn
+
+
+def test_an_mlp_at_a_small_batch_shares_activations_with_two_fences_a_layer_past_the_first():
+    machine, work = RoundMachine(cores=2), mlp_work()
+    # 128 x (784+512 + 512+256 + 256+10) = 298,240 values < 535,818 parameters: activations
+    p = predict(machine, work, Layout(2, 1, "data", comm="auto"), 128, "sgd")
+    assert p.syncs == 2 + 1 + 2 * 2  # buckets, the end, 2 x (3 Dense - 1): 7, as a run counts
+    assert p.optimizer == pytest.approx(3 * work.params / 2 / 1e9)  # no rows to sum
+    big = predict(machine, work, Layout(2, 1, "data", comm="auto"), 512, "sgd")
+    assert big.syncs == 3  # 4 x 298,240 > 535,818: gradients shared
+    told = predict(machine, work, Layout(2, 1, "data", comm="auto"), 128, node_share="gradients")
+    assert told.syncs == 3
+
+
+def test_each_synchronization_of_oversubscribed_ranks_waits_for_the_queued_ones_turns():
+    from xpnn.planner.cost import TURN_S, sync_wait
+
+    assert sync_wait(2, 2) == 0.0
+    assert sync_wait(4, 2) == pytest.approx(TURN_S)  # two queued, two cores: one turn
+    assert sync_wait(8, 2) == pytest.approx(3 * TURN_S)
+    machine, work = RoundMachine(cores=2), mlp_work()
+    p = predict(machine, work, Layout(8, 1, "data", comm="auto"), 128, "sgd")
+    assert p.sync_wait == pytest.approx(p.syncs * 3 * TURN_S)
+    assert p.step == pytest.approx(
+        p.forward + p.wgrad + p.dgrad + p.elementwise + p.optimizer + p.comm_exposed + p.sync_wait
+    )
+
+
+def test_across_nodes_the_gradients_cross_the_network_as_a_ring_allreduce():
+    machine, work = RoundMachine(cores=2), mlp_work()
+    machine.network = {"alpha": 1e-5, "beta": 1e-9}
+    grads = 4 * work.params  # one bucket of 4 MiB holds them
+    # mpi-host: the node's allreduce (round machine) then the ring over 2 nodes
+    host = predict(machine, work, Layout(4, 1, "data", comm="mpi-host", nodes=2), 128, "sgd")
+    ring = 2 * (2 - 1) * 1e-5 + 2 * (2 - 1) / 2 * grads * 1e-9
+    assert host.comm_exposed + host.comm_hidden == pytest.approx(1e-6 + 1e-9 * grads + ring)
+    # node-shared over 4 nodes: gradients shared on each node; each rank's share crosses
+    shm = predict(machine, work, Layout(8, 1, "data", comm="auto", nodes=4), 128, "sgd")
+    assert shm.syncs == 2 + 1  # across nodes a run shares gradients
+    cross = 2 * 2 * (4 - 1) * 1e-5 + 2 * (4 - 1) / 4 * grads * 1e-9  # 2 buckets' latencies
+    assert shm.comm_exposed + shm.comm_hidden == pytest.approx(3 * (1e-6 + 4e-9) + cross)
+    assert shm.slowdown == 1.0  # 2 ranks a node on its 2 cores
+
+
+def test_a_calibration_without_a_network_prices_the_stated_default():
+    from xpnn.planner.cost import network_allreduce
+    from xpnn.planner.machine import DEFAULT_NETWORK
+
+    machine = RoundMachine()
+    assert not machine.network_measured
+    alpha, beta = DEFAULT_NETWORK
+    assert network_allreduce(machine, 2, 1e6) == pytest.approx(2 * alpha + 1e6 * beta)
+    assert network_allreduce(machine, 1, 1e6) == 0.0

@@ -135,3 +135,32 @@ def test_plan_measure_runs_the_best_the_middle_and_the_slowest_beside_their_pred
     measured = [i for i, p in enumerate(plans) if "measured_step_s" in p]
     assert measured == sorted({0, len(plans) // 2, len(plans) - 1})
     assert all(plans[i]["measured_step_s"] > 0 for i in measured)
+
+
+def test_plan_for_several_nodes_prices_the_network_between_them(tmp_path):
+    """``--nodes 2``: each node's ranks, and the node's sum across the network: measured in
+    the calibration, else a stated default said on stderr."""
+    cal = round_calibration(tmp_path / "cal.json")
+    data = json.loads(cal.read_text())
+    data["network"] = {"alpha": 1e-5, "beta": 1e-9}
+    cal.write_text(json.dumps(data))
+    proc = run_xpnn(["plan", "--model", "mlp", *TINY, "--calibration", str(cal), "--nodes", "2",
+                     "--json"])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "network" not in proc.stderr
+    plans = json.loads(proc.stdout)
+    assert plans and all(p["layout"]["nodes"] == 2 for p in plans)
+    one_a_node = next(
+        p for p in plans if p["layout"]["ranks"] == 2 and p["layout"]["batch_threads"] == 1
+    )
+    params = 784 * 32 + 32 + 32 * 10 + 10  # one bucket, one rank a node: no fence waits
+    ring = 2 * (2 - 1) * 1e-5 + 2 * (2 - 1) / 2 * 4 * params * 1e-9
+    assert one_a_node["comm_exposed"] + one_a_node["comm_hidden"] == pytest.approx(ring)
+    del data["network"]
+    cal.write_text(json.dumps(data))
+    table = run_xpnn(["plan", "--model", "mlp", *TINY, "--calibration", str(cal), "--nodes", "4"])
+    assert table.returncode == 0, table.stderr
+    assert len(table.stderr.strip().splitlines()) == 1 and "10 Gb/s" in table.stderr
+    assert "4 nodes x 2 cores" in table.stdout and "-ppn" in table.stdout
+    wrong = run_xpnn(["plan", "--calibration", str(cal), "--nodes", "2", "--measure", "1"])
+    assert wrong.returncode == 2 and "--measure" in wrong.stderr

@@ -12,7 +12,7 @@ from typing import Any
 
 from xpnn.commands.inputs import Parser, global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
-from xpnn.planner.choose import layouts
+from xpnn.planner.choose import layouts, node_layouts
 from xpnn.planner.cost import Prediction, predict
 from xpnn.planner.machine import cache_path, calibrate, save
 
@@ -28,6 +28,12 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     )
     parser.add_argument("--ranks", type=int, default=None, help="plan up to N ranks (the cores)")
     parser.add_argument("--calibration", default=None, help="plan for the machine this file holds")
+    parser.add_argument(
+        "--nodes", type=int, default=1, help="plan for N nodes like the calibrated one (1)"
+    )
+    parser.add_argument(
+        "--cores-per-node", type=int, default=None, help="cores of each node (the calibration's)"
+    )
     parser.add_argument("--json", action="store_true", help="every plan, its flags and costs")
     parser.add_argument("--top", type=int, default=12, help="plans printed (12)")
     parser.add_argument(
@@ -39,17 +45,37 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     own, rest = parser.parse_known_args(argv)
     if own.top < 1 or own.measure < 0 or own.measure_steps < 2:
         raise UserError("--top >= 1, --measure >= 0 and --measure-steps >= 2, please")
+    if own.measure and (own.nodes > 1 or own.cores_per_node is not None):
+        raise UserError("--measure runs the plans here: not with --nodes or --cores-per-node")
+    if not 1 <= own.nodes <= MAX_RANKS:
+        raise UserError(f"--nodes {own.nodes}: must be 1 to {MAX_RANKS}")
+    if own.cores_per_node is not None and not 1 <= own.cores_per_node <= 4096:
+        raise UserError(f"--cores-per-node {own.cores_per_node}: must be 1 to 4096")
     spec = spec_from(rest)
     machine = machine_for(own.calibration)
+    if own.cores_per_node is not None and own.cores_per_node != machine.cores:
+        machine.key = {**machine.key, "cores": own.cores_per_node}
+        machine.measured = False  # another node than this one: nothing measured here
     cores = machine.cores
     max_ranks = own.ranks or cores
     if not 1 <= max_ranks <= MAX_RANKS:
         raise UserError(f"--ranks {max_ranks}: must be 1 to {MAX_RANKS}")
+    if own.nodes > 1 and not machine.network_measured:
+        print(
+            "xpnn plan: the calibration holds no network between nodes: priced at 25 us + "
+            '10 Gb/s (a "network": {"alpha": s, "beta": s/byte} entry in it sets them)',
+            file=sys.stderr,
+        )
     work = work_of(spec, machine, tuple(range(1, cores + 1)))
     batch = global_batch(spec)
+    if own.nodes > 1:
+        candidates = node_layouts(cores, own.nodes, max_ranks, batch)
+    else:
+        candidates = layouts(work, cores, max_ranks, batch)
+    if not candidates:
+        raise UserError(f"--batch-size {batch}: fewer samples than the ranks of any layout")
     found = [
-        predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
-        for layout in layouts(work, cores, max_ranks, batch)
+        predict(machine, work, layout, batch, spec.optimizer, spec.dtype) for layout in candidates
     ]
     found.sort(key=lambda p: p.step)
     if not machine.measured:
@@ -63,9 +89,8 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         out.write("\n")
         return found
     unit = "tokens/s" if work.tokens_per_sample > 1 else "samples/s"
-    print(
-        f"xpnn plan: {cores} cores, global batch {batch}, {spec.dtype}, {spec.optimizer}", file=out
-    )
+    shape = f"{own.nodes} nodes x {cores} cores" if own.nodes > 1 else f"{cores} cores"
+    print(f"xpnn plan: {shape}, global batch {batch}, {spec.dtype}, {spec.optimizer}", file=out)
     seen = " measured ms" if measured else ""
     print(
         f"{'#':>3} {'layout':<56} {unit:>11} {'step ms':>8}{seen} {'MB/rank':>8}  largest",
@@ -84,6 +109,8 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         )
     best = found[0].layout
     launch = f"mpiexec -n {best.ranks} " if best.ranks > 1 else ""
+    if best.nodes > 1:
+        launch += f"-ppn {best.local_ranks} "
     print(f"fastest: {launch}python -m xpnn {' '.join(best.flags())}", file=out)
     return found
 

@@ -115,6 +115,7 @@ def choose(
             option["batch_threads"],
             microbatches=spec.microbatches or 4,
             schedule=spec.pipeline_schedule or "gpipe",
+            comm=spec.comm or "auto",
         )
         pred = predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
         if best is None or pred.step < best[1].step:

@@ -42,6 +42,18 @@ def layouts(work: ModelWork, cores: int, max_ranks: int, batch: int) -> list[Lay
     return out
 
 
+def node_layouts(cores: int, nodes: int, max_ranks: int, batch: int) -> list[Layout]:
+    """Data-parallel layouts over ``nodes`` nodes of ``cores`` cores: every split of a node
+    into ranks, threads and batch threads, repeated on each node."""
+    out = []
+    for r in (r for r in range(1, min(cores, max_ranks) + 1) if cores % r == 0):
+        t = cores // r
+        for k in (k for k in range(1, t + 1) if t % k == 0):
+            if batch >= nodes * r * k:
+                out.append(Layout(nodes * r, t, "data", k, comm="auto", nodes=nodes))
+    return out
+
+
 def fastest(
     machine: Machine,
     work: ModelWork,

@@ -324,6 +324,8 @@ def _node_shared(
     itemsize = 8 if dtype == "float64" else 4
     buckets = param_buckets(work)
     fences = buckets + 1
+    if nodes > 1 and node_share == "auto":
+        node_share = "gradients"  # a run's default across nodes (xpnn.run)
     if shares_activations(work, batch, node_share):
         fences += 2 * (sum(1 for layer in work.layers if layer.params) - 1)
     else:  # the optimizer reads every rank's row of its share

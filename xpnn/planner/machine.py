@@ -161,8 +161,17 @@ class Machine:
             if best_gap is None or gap < best_gap:
                 best, best_gap = seconds * flops / other, gap
         if best is None:
-            raise UserError(f"the calibration has no {dtype} products at {threads} thread(s)")
+            return self._other_threads(m, k, n, count, threads, dtype)
         return best
+
+    def _other_threads(self, m: int, k: int, n: int, count: int, threads: int, dtype: str):
+        """A thread count the calibration lacks (a node of more cores than it measured): the
+        nearest count it has, sped up or slowed in proportion to the threads."""
+        have = sorted({int(name.split()[1]) for name in self.gemm if name.split()[0] == dtype})
+        if not have:
+            raise UserError(f"the calibration has no {dtype} products")
+        near = min(have, key=lambda t: abs(t - threads))
+        return self._scaled_gemm(m, k, n, count, near, dtype) * near / threads
 
     # -- elementwise passes ---------------------------------------------------------------
     def values_per_s(self, threads: int, dtype: str) -> float:
