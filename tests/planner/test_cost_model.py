@@ -168,9 +168,24 @@ def test_the_rest_measured_on_the_model_prices_its_passes_per_sample():
     assert bandwidth == pytest.approx(work.elementwise() * 32 / 1e9)
     work.rest[1] = 2e-6
     assert compute_times(machine, work, 32, 1, "float32")["elementwise"] == pytest.approx(64e-6)
+    work.rest_per_step[1] = 1e-4  # a step's own part: the same at any batch
+    assert compute_times(machine, work, 32, 1, "float32")["elementwise"] == pytest.approx(164e-6)
+    assert compute_times(machine, work, 64, 1, "float32")["elementwise"] == pytest.approx(228e-6)
     built = mlp((64,)).build((1, 28, 28), get_backend("numpy", "float32"), 0)
-    seconds = measure_rest(machine, work, built, 10, 1, "float32")
-    assert 0.0 <= seconds < 1.0  # per sample: a step of 32 samples takes well under 32 s
+    fixed, per_sample = measure_rest(machine, work, built, 10, 1, "float32", batches=(8, 32))
+    assert fixed >= 0.0 and per_sample >= 0.0
+    assert fixed + 32 * per_sample < 1.0  # a step of 32 samples takes well under a second
+
+
+def test_the_rest_is_a_cost_per_step_and_one_per_sample_through_two_batches():
+    from xpnn.planner.rest import fit_rest
+
+    # 2 ms + 0.1 ms a sample: 5.2 ms at 32, 14.8 ms at 128
+    assert fit_rest([(32, 5.2e-3), (128, 14.8e-3)]) == pytest.approx((2e-3, 1e-4))
+    assert fit_rest([(128, 14.8e-3), (32, 5.2e-3)]) == pytest.approx((2e-3, 1e-4))
+    assert fit_rest([(32, 4e-3), (128, 3e-3)]) == pytest.approx((3e-3, 0.0))  # shrinks: a step's
+    assert fit_rest([(32, 1e-3), (128, 8e-3)]) == pytest.approx((0.0, 8e-3 / 128))  # through 0
+    assert fit_rest([(32, -1e-3), (128, -1e-3)]) == (0.0, 0.0)  # products timed above the step
 
 
 def test_a_node_shared_sum_is_a_fence_per_bucket_and_a_pass_over_the_rows():

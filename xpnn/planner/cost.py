@@ -158,7 +158,8 @@ def compute_times(
     for g in work.gemms():
         out[g.phase] += gemm_time(machine, g, batch, threads, dtype, split)
     if threads in work.rest:  # measured on the model itself
-        out["elementwise"] = work.rest[threads] * batch / split
+        per_step = work.rest_per_step.get(threads, 0.0)
+        out["elementwise"] = (per_step + work.rest[threads] * batch) / split
     else:
         values = work.elementwise() * batch / split
         out["elementwise"] = values / machine.values_per_s(threads, dtype)
@@ -369,7 +370,9 @@ def _stage_times(
     values = max(1, work.elementwise())
     for layer in work.layers:
         sub = ModelWork([layer], layer.params, work.input_shape, work.tokens_per_sample)
-        sub.rest = {t: s * layer.elementwise / values for t, s in work.rest.items()}
+        share = layer.elementwise / values
+        sub.rest = {t: s * share for t, s in work.rest.items()}
+        sub.rest_per_step = {t: s * share for t, s in work.rest_per_step.items()}
         per_layer.append(compute_times(machine, sub, micro, threads, dtype))
     target = sum(sum(p.values()) for p in per_layer) / stages
     out: list[dict[str, float]] = []

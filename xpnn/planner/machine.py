@@ -81,7 +81,8 @@ class Machine:
     bandwidth: dict[str, float] = field(default_factory=dict)  # "dtype T" -> values/s
     comm: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # "R" -> op -> [a, b]
     crowding: dict[str, float] = field(default_factory=dict)  # "R" -> slowdown of R 1-thread ranks
-    rest: dict[str, float] = field(default_factory=dict)  # "backend dtype T model" -> s/sample
+    # "backend dtype T model" -> s a sample; the same key + " per-step" -> s a step
+    rest: dict[str, float] = field(default_factory=dict)
     network: dict[str, float] = field(default_factory=dict)  # between nodes: alpha, beta
     measured: bool = True  # False: planning for a machine this is not (no new measurements)
 

@@ -11,6 +11,7 @@ from xpnn.planner.machine import Machine
 from xpnn.planner.work import ModelWork, model_work
 
 TEXT_VOCAB = 65  # Tiny Shakespeare's characters: the vocabulary when no text is at hand
+PER_STEP = "per-step"  # a rest key's suffix: its seconds a step (the key alone: a sample's)
 
 
 def data_shape(spec: Any) -> tuple[tuple[int, ...], int]:
@@ -53,14 +54,17 @@ def work_of(spec: Any, machine: Machine | None = None, threads: tuple[int, ...] 
     backend = get_backend(spec.backend, spec.dtype)
     name = f"{backend.name} {spec.dtype} {{}} {model_digest(model, shape)}"
     for t in threads:
-        if name.format(t) not in machine.rest:
-            if not machine.measured:
+        key = name.format(t)
+        if key not in machine.rest or f"{key} {PER_STEP}" not in machine.rest:
+            if not machine.measured:  # a file measured elsewhere: what it holds (per sample)
+                if key in machine.rest:
+                    work.rest[t] = machine.rest[key]
                 continue
             built = _model(spec)[0].build(shape, backend, spec.seed)
-            machine.rest[name.format(t)] = measure_rest(
-                machine, work, built, classes, t, spec.dtype
-            )
-        work.rest[t] = machine.rest[name.format(t)]
+            fixed, slope = measure_rest(machine, work, built, classes, t, spec.dtype)
+            machine.rest[key], machine.rest[f"{key} {PER_STEP}"] = slope, fixed
+        work.rest[t] = machine.rest[key]
+        work.rest_per_step[t] = machine.rest[f"{key} {PER_STEP}"]
     return work
 
 

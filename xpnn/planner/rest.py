@@ -1,7 +1,8 @@
 """What a step costs beyond its matrix products, measured on the model itself: one forward and
-backward at a small batch on the run's backend, less its products' calibrated time, per sample.
-The fused kernels (bias and activation, im2col, pooling, attention's softmax, LayerNorm, GELU)
-differ too much between backends for one bandwidth to price them."""
+backward at two batches on the run's backend, less its products' calibrated time, as a cost
+per step and a cost per sample. The fused kernels (bias and activation, im2col, pooling,
+attention's softmax, LayerNorm, GELU) differ too much between backends for one bandwidth to
+price them, and part of them (a layer's dispatch, the loss) does not grow with the batch."""
 
 from __future__ import annotations
 
@@ -14,6 +15,23 @@ from xpnn.planner.machine import Machine
 from xpnn.planner.work import ModelWork
 
 REST_BATCH = 32  # samples a measured step runs: enough rows to be the batch's, yet quick
+REST_BATCHES = (REST_BATCH, 4 * REST_BATCH)  # two sizes: a cost per step and one per sample
+
+
+def fit_rest(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(seconds a step, seconds a sample) through the rest measured at two batches, neither
+    below zero: a rest that shrinks with the batch is all per step, one through zero at no
+    samples all per sample."""
+    (b1, r1), (b2, r2) = sorted(points)[:1] + sorted(points)[-1:]
+    if b2 == b1:
+        return 0.0, max(0.0, r1) / b1
+    slope = (r2 - r1) / (b2 - b1)
+    fixed = r1 - slope * b1
+    if slope < 0:
+        return max(0.0, r2), 0.0
+    if fixed < 0:
+        return 0.0, max(0.0, r2) / b2
+    return fixed, slope
 
 
 def gemm_seconds(machine: Machine, work: ModelWork, batch: int, threads: int, dtype: str) -> float:
@@ -64,20 +82,25 @@ def measure_rest(
     threads: int,
     dtype: str,
     seed: int = 0,
-) -> float:
-    """Seconds per sample of ``model``'s step beyond its products, at ``threads`` threads
-    (``model`` built on its backend; never below zero)."""
+    batches: tuple[int, ...] = REST_BATCHES,
+) -> tuple[float, float]:
+    """(seconds a step, seconds a sample) of ``model``'s step beyond its products at
+    ``threads`` threads (``model`` built on its backend), from steps of each of ``batches``."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    shape = (REST_BATCH, *work.input_shape)
     backend = model.backend
-    if work.tokens_per_sample > 1:  # token ids in, a label for each position
-        inputs = backend.asarray(rng.integers(0, classes, size=shape), dtype=np.int64)
-        labels = backend.asarray(rng.integers(0, classes, size=shape), dtype=np.int64)
-    else:
-        inputs = backend.asarray(rng.standard_normal(shape))
-        labels = backend.asarray(rng.integers(0, classes, size=(REST_BATCH,)), dtype=np.int64)
-    step = time_step(model, inputs, labels, threads)
-    products = gemm_seconds(machine, work, REST_BATCH, threads, dtype)
-    return max(0.0, step - products) / REST_BATCH if math.isfinite(step) else 0.0
+    points = []
+    for batch in batches:
+        shape = (batch, *work.input_shape)
+        if work.tokens_per_sample > 1:  # token ids in, a label for each position
+            inputs = backend.asarray(rng.integers(0, classes, size=shape), dtype=np.int64)
+            labels = backend.asarray(rng.integers(0, classes, size=shape), dtype=np.int64)
+        else:
+            inputs = backend.asarray(rng.standard_normal(shape))
+            labels = backend.asarray(rng.integers(0, classes, size=(batch,)), dtype=np.int64)
+        step = time_step(model, inputs, labels, threads)
+        if not math.isfinite(step):
+            return 0.0, 0.0
+        points.append((batch, step - gemm_seconds(machine, work, batch, threads, dtype)))
+    return fit_rest(points)

@@ -63,6 +63,7 @@ class ModelWork:
     tokens_per_sample: int = 1  # a text model's positions per sample (tokens/s)
     top_layers: list[Any] = field(default_factory=list)  # the model's own, for the real checks
     rest: dict[int, float] = field(default_factory=dict)  # threads -> s a sample beyond products
+    rest_per_step: dict[int, float] = field(default_factory=dict)  # threads -> s a step beyond
 
     def gemms(self) -> list[Gemm]:
         return [g for layer in self.layers for g in layer.gemms]
