@@ -202,10 +202,8 @@ def table(records: list[dict[str, Any]]) -> str:
         gaps = pick_gaps(records)
         for model, gap in gaps.items():
             text += f"\n{model}: the predicted best is {100 * gap:.0f}% behind the measured best"
-        near = sum(1 for gap in gaps.values() if gap <= PICK_WITHIN)
-        text += (
-            f"\npicks within {100 * PICK_WITHIN:.0f}% of the measured best: {near} of {len(gaps)}"
-        )
+        text += _near("plan's picks (any layout of a model)", gaps)
+        text += _near("auto's picks (the layouts of one rank count)", pick_gaps(records, "ranks"))
         recorded = [r["config"].get("recorded_predicted_step_s") for r in records]
         if all(v is not None for v in recorded):
             was = [
@@ -222,15 +220,28 @@ def table(records: list[dict[str, Any]]) -> str:
 PICK_WITHIN = 0.10  # a pick this close to the measured best counts as a right one
 
 
-def pick_gaps(records: list[dict[str, Any]]) -> dict[str, float]:
-    """For each model: how far the measured step of the layout predicted fastest is behind
-    the fastest measured (0: the planner picked the best)."""
+def _near(what: str, gaps: dict[Any, float]) -> str:
+    near = sum(1 for gap in gaps.values() if gap <= PICK_WITHIN)
+    return f"\n{what} within {100 * PICK_WITHIN:.0f}% of the measured best: {near} of {len(gaps)}"
+
+
+def pick_gaps(records: list[dict[str, Any]], within: str | None = None) -> dict[Any, float]:
+    """For each model (``within="ranks"``: each model and rank count with a choice to make):
+    how far the measured step of the layout predicted fastest is behind the fastest measured
+    (0: the planner picked the best)."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for r in records:
+        key = r["config"]["model"]
+        if within:
+            key = (key, r["config"][within])
+        groups.setdefault(key, []).append(r)
     out = {}
-    for model in dict.fromkeys(r["config"]["model"] for r in records):
-        mine = [r for r in records if r["config"]["model"] == model]
+    for key, mine in groups.items():
+        if len(mine) < 2:
+            continue  # one layout: nothing to choose
         picked = min(mine, key=lambda r: r["config"]["predicted_step_s"])
         best = min(r["metrics"]["step_s"]["median"] for r in mine)
-        out[model] = picked["metrics"]["step_s"]["median"] / best - 1
+        out[key] = picked["metrics"]["step_s"]["median"] / best - 1
     return out
 
 

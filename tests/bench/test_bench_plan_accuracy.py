@@ -45,6 +45,8 @@ def test_the_table_gives_each_error_the_median_the_worst_and_the_picks_gap():
     assert "+25%" in text and "-50%" in text and "+300%" in text
     assert "median |error| 50%, worst 300%, 3 layouts" in text
     assert "mlp: the predicted best is 100% behind the measured best" in text
+    assert "plan's picks (any layout of a model) within 10% of the measured best: 0 of 1" in text
+    assert plan_accuracy.pick_gaps(records, "ranks") == {}  # one layout a rank count
 
 
 RECORDED = Path(__file__).resolve().parents[2] / "bench" / "recorded"
@@ -85,3 +87,7 @@ def test_the_record_predicted_again_from_its_calibration_meets_the_targets():
         r["config"]["predicted_step_s"] for r in records
     ]
     assert "predicted again from the calibration given" in plan_accuracy.table(again)
+    # auto's choice among one rank count's layouts: within 10 % of the best in 4 of 5 at least
+    gaps = plan_accuracy.pick_gaps(again, "ranks")
+    assert set(gaps) == {(m, r) for m in ("mlp", "cnn", "gpt") for r in (1, 2)}
+    assert sum(gap <= plan_accuracy.PICK_WITHIN for gap in gaps.values()) >= 0.8 * len(gaps)
