@@ -59,8 +59,14 @@ def test_the_cnns_products_are_its_im2col_shapes():
     work = model_work(cnn(), (1, 28, 28), get_backend("numpy", "float32"))
     assert work.params == 690_590
     forward = [g for g in work.gemms() if g.phase == FORWARD]
-    # conv 1 -> 32 on 26x26 outputs, 3x3x1 deep; conv 32 -> 128 on 11x11; 128 -> 256 on 3x3
-    assert [(g.m, g.k, g.n) for g in forward[:3]] == [(676, 9, 32), (121, 288, 128), (9, 1152, 256)]
+    # conv 1 -> 32 on 26x26 outputs, 3x3x1 deep; conv 32 -> 128 on 11x11; 128 -> 256 on 3x3;
+    # as Conv2D runs them: W (C_out x depth) @ cols (depth x positions of every sample)
+    assert [(g.m, g.k, g.n) for g in forward[:3]] == [(32, 9, 676), (128, 288, 121), (256, 1152, 9)]
+    assert forward[0].at(4) == (32, 9, 4 * 676, 1)
+    wgrad = [g for g in work.gemms() if g.phase == WGRAD]  # the longer of depth, C_out as rows
+    assert [(g.m, g.k, g.n) for g in wgrad[:3]] == [(32, 676, 9), (288, 121, 128), (1152, 9, 256)]
+    dgrad = [g for g in work.gemms() if g.phase == DGRAD]
+    assert [(g.m, g.k, g.n) for g in dgrad[:2]] == [(288, 128, 121), (1152, 256, 9)]
 
 
 def test_a_data_parallel_step_is_its_shares_products_plus_the_exposed_exchange():

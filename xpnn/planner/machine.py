@@ -145,6 +145,9 @@ class Machine:
         name = f"{dtype} {threads} {m} {k} {n} {count}"
         if name not in self.gemm:
             if not self.measured:
+                transposed = f"{dtype} {threads} {n} {k} {m} {count}"  # the same work
+                if transposed in self.gemm:
+                    return self.gemm[transposed]
                 return self._scaled_gemm(m, k, n, count, threads, dtype)
             self.gemm[name] = time_gemm(m, k, n, count, threads, dtype)
         return self.gemm[name]

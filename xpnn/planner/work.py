@@ -15,8 +15,9 @@ PHASES = (FORWARD, WGRAD, DGRAD)
 @dataclass(frozen=True)
 class Gemm:
     """``count`` products of (m x k) @ (k x n); ``per_sample`` axes scale with the batch:
-    ``"m"`` (rows are samples' positions), ``"k"`` (a weight gradient sums over them) or
-    ``"count"`` (one product per sample, as attention's)."""
+    ``"m"`` (rows are samples' positions), ``"n"`` (columns are, as a convolution's
+    ``W @ cols``), ``"k"`` (a weight gradient sums over them) or ``"count"`` (one product per
+    sample, as attention's)."""
 
     phase: str
     m: int
@@ -27,14 +28,16 @@ class Gemm:
 
     def at(self, batch: int) -> tuple[int, int, int, int]:
         """(m, k, n, count) for ``batch`` samples."""
-        m, k, count = self.m, self.k, self.count
+        m, k, n, count = self.m, self.k, self.n, self.count
         if self.scales == "m":
             m *= batch
+        elif self.scales == "n":
+            n *= batch
         elif self.scales == "k":
             k *= batch
         else:
             count *= batch
-        return m, k, self.n, count
+        return m, k, n, count
 
     def flops(self, batch: int) -> float:
         m, k, n, count = self.at(batch)
@@ -93,10 +96,15 @@ def _conv(layer: Any, in_shape: tuple[int, ...], out: tuple[int, ...], name: str
     columns = positions * depth  # im2col's values per sample, written and read
     work = LayerWork(name, params=c_out * depth + c_out)
     work.elementwise = 2 * columns + 3 * positions * c_out + (2 * columns if not first else 0)
-    work.gemms.append(Gemm(FORWARD, positions, depth, c_out))
-    work.gemms.append(Gemm(WGRAD, c_out, positions, depth, scales="k"))
+    # oriented as ``Conv2D`` runs them: W (C_out x depth) @ cols (depth x N H'W'), the weight
+    # gradient with the longer of depth and C_out as its rows, cols' gradient W.T @ dY
+    work.gemms.append(Gemm(FORWARD, c_out, depth, positions, scales="n"))
+    if depth >= c_out:
+        work.gemms.append(Gemm(WGRAD, depth, positions, c_out, scales="k"))
+    else:
+        work.gemms.append(Gemm(WGRAD, c_out, positions, depth, scales="k"))
     if not first:
-        work.gemms.append(Gemm(DGRAD, positions, c_out, depth))
+        work.gemms.append(Gemm(DGRAD, depth, c_out, positions, scales="n"))
     return work
 
 
