@@ -262,3 +262,13 @@ def test_a_calibration_without_a_network_prices_the_stated_default():
     alpha, beta = DEFAULT_NETWORK
     assert network_allreduce(machine, 2, 1e6) == pytest.approx(2 * alpha + 1e6 * beta)
     assert network_allreduce(machine, 1, 1e6) == 0.0
+
+
+def test_explain_names_the_oversubscribed_ranks_waits_at_each_synchronization():
+    from xpnn.commands.explain import verdict
+
+    machine, work = RoundMachine(cores=2), mlp_work()
+    p = predict(machine, work, Layout(8, 1, "data", comm="auto"), 128)
+    line = verdict(2 * p.step, p, None, cores=2)
+    assert "8 threads on 2 cores" in line and f"each of a step's {p.syncs} synchronizations" in line
+    assert f"({1e3 * p.sync_wait:.1f} ms predicted)" in line

@@ -101,8 +101,9 @@ def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cor
     if busy > cores:
         return (
             f"oversubscribed: {layout.ranks} rank(s) x {layout.threads} thread(s) = {busy} "
-            f"threads on {cores} cores; run --threads {max(1, cores // layout.ranks)} "
-            "or fewer ranks"
+            f"threads on {cores} cores, waiting at each of a step's {pred.syncs} "
+            f"synchronizations for the others' turns ({1e3 * pred.sync_wait:.1f} ms predicted); "
+            f"run --threads {max(1, cores // layout.ranks)} or fewer ranks"
         )
     if split is not None:
         step = split["step_ms"] or 1.0
@@ -169,7 +170,7 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
         ("communication exposed", _exposed(split), pred.comm_exposed),
         ("communication hidden", _hidden(split), pred.comm_hidden),
         ("pipeline bubble", _bubble(split), pred.bubble),
-        ("waiting for other ranks", split["waiting_ms"] if split else None, None),
+        ("waiting for other ranks", split["waiting_ms"] if split else None, pred.sync_wait),
     ]
     for name, seen, predicted in rows:
         seen_text = f"{seen:>12.2f}" if seen is not None else f"{'-':>12}"
