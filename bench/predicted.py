@@ -42,7 +42,7 @@ def run_of(config: dict[str, Any]) -> tuple[list[str], Layout, int]:
         batch_threads=int(_get(flags, "--batch-threads", "1")),
         microbatches=int(_get(flags, "--microbatches", "1")),
         schedule=_get(flags, "--pipeline-schedule", "gpipe"),
-        comm=_get(flags, "--comm", "mpi-host"),
+        comm=_get(flags, "--comm", "auto"),  # a run's default: node-shared memory on the CPU
     )
     return flags, layout, samples
 

@@ -82,7 +82,8 @@ def test_the_predicted_column_is_the_planners_step_times_the_steps(tmp_path, mon
     assert not (tmp_path / "cache").exists()  # a calibration file: nothing measured or kept
     for r in records:
         flags, layout, samples = run_of(r["config"])
-        assert layout == Layout(ranks=r["config"]["ranks"], threads=1) and samples == 1000
+        assert layout == Layout(ranks=r["config"]["ranks"], threads=1, comm="auto")
+        assert samples == 1000
         pred, batch = predict_run(flags, layout, cal)
         assert batch == 100
         assert r["predicted"]["epoch_s"] == pytest.approx(10 * pred.step, rel=1e-12)

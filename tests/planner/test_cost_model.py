@@ -272,3 +272,15 @@ def test_explain_names_the_oversubscribed_ranks_waits_at_each_synchronization():
     line = verdict(2 * p.step, p, None, cores=2)
     assert "8 threads on 2 cores" in line and f"each of a step's {p.syncs} synchronizations" in line
     assert f"({1e3 * p.sync_wait:.1f} ms predicted)" in line
+
+
+def test_auto_is_priced_as_the_transport_the_backend_takes():
+    from types import SimpleNamespace
+
+    from xpnn.planner.models import as_run
+
+    layout = Layout(2, 1, "data", comm="auto")
+    assert as_run(SimpleNamespace(backend="numba"), layout).node_shared
+    assert as_run(SimpleNamespace(backend="auto"), layout).node_shared
+    assert as_run(SimpleNamespace(backend="torch"), layout).comm == "mpi-host"
+    assert not as_run(SimpleNamespace(backend="torch"), layout).node_shared

@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 from xpnn.errors import UserError
 from xpnn.planner.machine import Machine, cached, load
-from xpnn.planner.models import work_of
+from xpnn.planner.models import as_run, work_of
 
 __all__ = ["Parser", "global_batch", "machine_for", "predict_run", "spec_from", "work_of"]
 
@@ -63,6 +63,7 @@ def predict_run(flags: list[str], layout: Any, calibration: str | None = None) -
     from xpnn.planner.machine import cache_path, save
 
     spec = spec_from(flags)
+    layout = as_run(spec, layout)
     machine = machine_for(calibration)
     threads = (layout.threads // layout.batch_threads, layout.threads)
     work = work_of(spec, machine, threads)

@@ -15,6 +15,7 @@ from xpnn.errors import UserError
 from xpnn.planner.choose import layouts, node_layouts
 from xpnn.planner.cost import Prediction, predict
 from xpnn.planner.machine import cache_path, calibrate, save
+from xpnn.planner.models import as_run
 
 MAX_RANKS = 64  # more ranks than this are not planned on one machine
 
@@ -75,7 +76,8 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     if not candidates:
         raise UserError(f"--batch-size {batch}: fewer samples than the ranks of any layout")
     found = [
-        predict(machine, work, layout, batch, spec.optimizer, spec.dtype) for layout in candidates
+        predict(machine, work, as_run(spec, layout), batch, spec.optimizer, spec.dtype)
+        for layout in candidates
     ]
     found.sort(key=lambda p: p.step)
     if not machine.measured:

@@ -11,7 +11,7 @@ from typing import Any
 from xpnn.errors import UserError
 from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.planner.machine import Machine, cache_path, cached, save
-from xpnn.planner.models import work_of
+from xpnn.planner.models import as_run, work_of
 
 AUTO = "auto"
 CHOSEN = ("parallel", "threads", "batch_threads")  # the settings ``auto`` may stand for
@@ -117,6 +117,7 @@ def choose(
             schedule=spec.pipeline_schedule or "gpipe",
             comm=spec.comm or "auto",
         )
+        layout = as_run(spec, layout)
         pred = predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
         if best is None or pred.step < best[1].step:
             best = (option, pred)

@@ -74,3 +74,17 @@ def model_digest(model: Any, shape: tuple[int, ...]) -> str:
 
     text = f"{shape} " + " -> ".join(repr(layer) for layer in getattr(model, "layers", [model]))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+HOST_BUFFER_BACKENDS = ("torch", "cupy")  # arrays node-shared memory cannot hold
+
+
+def as_run(spec: Any, layout: Any) -> Any:
+    """``layout`` on the transport ``spec``'s run takes: ``auto`` is node-shared memory on a
+    NumPy-array backend (``numpy``, ``numba``, ``auto`` on a CPU) and host buffers on the
+    others (``parallel.comm``)."""
+    import dataclasses
+
+    if layout.comm == "auto" and spec.backend in HOST_BUFFER_BACKENDS:
+        return dataclasses.replace(layout, comm="mpi-host")
+    return layout
