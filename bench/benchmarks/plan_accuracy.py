@@ -125,12 +125,16 @@ def reread(records: list[dict[str, Any]], args: argparse.Namespace) -> list[dict
     prediction kept as ``recorded_predicted_step_s``); else the records as they are."""
     if args.calibration is None:
         return records
+    from xpnn.planner.machine import load
+
+    digest = load(args.calibration).digest()
     out = []
     for r in records:
         config = dict(r["config"])
         predicted, _ = _predict(run_flags(config["command"]), layout_of(config), args.calibration)
         config.setdefault("recorded_predicted_step_s", config["predicted_step_s"])
         config["predicted_step_s"] = predicted
+        config["predicted_from"] = digest
         out.append({**r, "config": config})
     return out
 
@@ -163,7 +167,21 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
                 "command": f"{launch}python -m xpnn {' '.join(flags)} --metrics m.jsonl",
             }  # fmt: skip
             out.append(record(NAME, config, {"step_s": steps}, machine))
+    used = _calibration_used()
+    for r in out:
+        r["config"]["calibration"] = used
+    print(f"calibration: {used['path']} (digest {used['digest']}); keep it beside the records")
     return out
+
+
+def _calibration_used() -> dict[str, str]:
+    """This machine's cached calibration, as the predictions left it (what they measured on
+    the way added): its path and digest, for ``--from RECORD --calibration FILE``."""
+    from xpnn.planner.machine import cached
+    from xpnn.runtime.threads import node_cores
+
+    calibration, path = cached(node_cores())
+    return {"path": str(path), "digest": calibration.digest()}
 
 
 def measured_step(metrics: list[dict[str, Any]], batch: int) -> float:
@@ -211,10 +229,20 @@ def table(records: list[dict[str, Any]]) -> str:
                 for v, r in zip(recorded, records, strict=True)
             ]
             text += (
-                f"\npredicted again from the calibration given; the record's own predictions: "
-                f"median |error| {100 * statistics.median(was):.0f}%, worst {100 * max(was):.0f}%"
+                f"\npredicted again from the calibration given ({_whose(records)}); the record's "
+                f"own predictions: median |error| {100 * statistics.median(was):.0f}%, "
+                f"worst {100 * max(was):.0f}%"
             )
     return text
+
+
+def _whose(records: list[dict[str, Any]]) -> str:
+    """Whether the calibration predicted from is the one the record says it used."""
+    named = {(r["config"].get("calibration") or {}).get("digest") for r in records}
+    given = {r["config"].get("predicted_from") for r in records}
+    if named == {None}:
+        return "the record names no calibration"
+    return "the record's own" if named == given else "not the one the record used"
 
 
 PICK_WITHIN = 0.10  # a pick this close to the measured best counts as a right one

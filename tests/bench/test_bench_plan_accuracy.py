@@ -86,8 +86,30 @@ def test_the_record_predicted_again_from_its_calibration_meets_the_targets():
     assert [r["config"]["recorded_predicted_step_s"] for r in again] == [
         r["config"]["predicted_step_s"] for r in records
     ]
-    assert "predicted again from the calibration given" in plan_accuracy.table(again)
+    text = plan_accuracy.table(again)
+    assert "predicted again from the calibration given (the record names no calibration)" in text
+    named = [{**r, "config": {**r["config"], "calibration": {"digest": "0" * 16}}} for r in records]
+    again = plan_accuracy.reread(named, argparse.Namespace(calibration=CALIBRATION))
+    assert "(not the one the record used)" in plan_accuracy.table(again)
+    digest = again[0]["config"]["predicted_from"]
+    named = [{**r, "config": {**r["config"], "calibration": {"digest": digest}}} for r in records]
+    again = plan_accuracy.reread(named, argparse.Namespace(calibration=CALIBRATION))
+    assert "(the record's own)" in plan_accuracy.table(again)
     # auto's choice among one rank count's layouts: within 10 % of the best in 4 of 5 at least
     gaps = plan_accuracy.pick_gaps(again, "ranks")
     assert set(gaps) == {(m, r) for m in ("mlp", "cnn", "gpt") for r in (1, 2)}
     assert sum(gap <= plan_accuracy.PICK_WITHIN for gap in gaps.values()) >= 0.8 * len(gaps)
+
+
+def test_a_run_names_the_calibration_it_predicted_from(tmp_path, monkeypatch):
+    from xpnn.planner.machine import Machine, cache_path, load, machine_key, save
+    from xpnn.runtime.threads import node_cores
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = machine_key(node_cores())
+    save(Machine(key, gemm={"float32 1 8 8 8 1": 1e-6}), cache_path(key))
+    used = plan_accuracy._calibration_used()
+    assert used["path"] == str(cache_path(key))
+    assert used["digest"] == load(cache_path(key)).digest()
+    save(Machine(key, gemm={"float32 1 8 8 8 1": 2e-6}), cache_path(key))
+    assert plan_accuracy._calibration_used()["digest"] != used["digest"]  # another content
