@@ -125,7 +125,7 @@ def reread(records: list[dict[str, Any]], args: argparse.Namespace) -> list[dict
     prediction kept as ``recorded_predicted_step_s``); else the records as they are."""
     if args.calibration is None:
         return records
-    from xpnn.planner.machine import load
+    from xpnn.planner import load
 
     digest = load(args.calibration).digest()
     out = []
@@ -177,8 +177,8 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
 def _calibration_used() -> dict[str, str]:
     """This machine's cached calibration, as the predictions left it (what they measured on
     the way added): its path and digest, for ``--from RECORD --calibration FILE``."""
-    from xpnn.planner.machine import cached
-    from xpnn.runtime.threads import node_cores
+    from xpnn.planner import cached
+    from xpnn.runtime import node_cores
 
     calibration, path = cached(node_cores())
     return {"path": str(path), "digest": calibration.digest()}

@@ -2,7 +2,7 @@
 shapes (``work``), and what each layout would cost (``cost``)."""
 
 from xpnn.planner.cost import Layout, Prediction, predict
-from xpnn.planner.machine import Machine, calibrate, load
+from xpnn.planner.machine import Machine, cached, calibrate, load
 from xpnn.planner.work import ModelWork, model_work
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "Machine",
     "ModelWork",
     "Prediction",
+    "cached",
     "calibrate",
     "load",
     "model_work",
