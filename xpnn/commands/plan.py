@@ -94,8 +94,9 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     shape = f"{own.nodes} nodes x {cores} cores" if own.nodes > 1 else f"{cores} cores"
     print(f"xpnn plan: {shape}, global batch {batch}, {spec.dtype}, {spec.optimizer}", file=out)
     seen = " measured ms" if measured else ""
+    wide = max(56, *(len(p.layout.describe()) for p in found))
     print(
-        f"{'#':>3} {'layout':<56} {unit:>11} {'step ms':>8}{seen} {'MB/rank':>8}  largest",
+        f"{'#':>3} {'layout':<{wide}} {unit:>11} {'step ms':>8}{seen} {'MB/rank':>8}  largest",
         file=out,
     )
     for i, p in enumerate(found, 1):
@@ -105,7 +106,7 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         got = measured.get(i - 1)
         cell = (f" {1e3 * got:>11.2f}" if got else f" {'-':>11}") if measured else ""
         print(
-            f"{i:>3} {p.layout.describe():<56} {p.rate:>11,.0f} {1e3 * p.step:>8.2f}{cell} "
+            f"{i:>3} {p.layout.describe():<{wide}} {p.rate:>11,.0f} {1e3 * p.step:>8.2f}{cell} "
             f"{mb:>8.1f}  {p.largest()}",
             file=out,
         )
