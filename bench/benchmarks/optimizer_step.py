@@ -123,7 +123,7 @@ def _make_step(side: str, params: int, optimizer: str, threads: int) -> Any:
     import numpy as np
 
     from xpnn.backends import get_backend
-    from xpnn.optim import Schedule, make_optimizer
+    from xpnn.train.optim import Schedule, make_optimizer
 
     backend = get_backend(side)
     rng = np.random.default_rng(0)

@@ -54,7 +54,7 @@ def worker(backend_name: str, samples: int) -> dict[str, float]:
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
     from xpnn.nn import Context, Dense, Flatten, Sequential
-    from xpnn.optim import Schedule, make_optimizer
+    from xpnn.train.optim import Schedule, make_optimizer
 
     backend = get_backend(backend_name)
     xp = backend.xp
