@@ -60,6 +60,21 @@ def xpnn_imports(path: Path) -> list[tuple[str, list[str], int]]:
     return found
 
 
+# The modules beside xpnn's packages: the public paths (errors, run, testing), the entry point,
+# and the command line's own modules. Anything else belongs in the package of its job.
+TOP_LEVEL = {"__init__", "__main__", "errors", "run", "testing"}
+TOP_LEVEL |= {"cli", "flags", "outputs", "info", "presets"}
+
+
+def test_the_top_level_holds_only_the_public_paths_and_the_command_line():
+    """``xpnn/`` shows the architecture: a new module goes into a package by its job
+    (``record``, ``train``, ``runtime``, ``commands``, ...), not beside them."""
+    loose = {p.stem for p in (ROOT / "xpnn").glob("*.py")} - TOP_LEVEL
+    assert not loose, sorted(loose)
+    for module in ("xpnn.errors", "xpnn.run", "xpnn.testing", "xpnn.nn"):
+        importlib.import_module(module)
+
+
 @pytest.mark.parametrize(
     "script", sorted(str(p.relative_to(ROOT / "bench")) for p in (ROOT / "bench").rglob("*.py"))
 )
