@@ -61,8 +61,9 @@ def xpnn_imports(path: Path) -> list[tuple[str, list[str], int]]:
 
 
 # The modules beside xpnn's packages: the public paths (errors, run, testing), the entry point,
-# and the command line's own modules. Anything else belongs in the package of its job.
-TOP_LEVEL = {"__init__", "__main__", "errors", "run", "testing"}
+# the settings' declaration and the command line's own modules. Anything else belongs in the
+# package of its job.
+TOP_LEVEL = {"__init__", "__main__", "errors", "run", "testing", "settings"}
 TOP_LEVEL |= {"cli", "flags", "outputs", "info", "presets"}
 
 
