@@ -454,6 +454,22 @@ def spread(r: dict[str, Any], metric: str) -> str:
     return f"{fmt(m['median'])} ({fmt(m['min'])}–{fmt(m['max'])}, n={n}){mark}"
 
 
+def sides_table(records: list[dict[str, Any]], metric: str, column: str, head: str) -> str:
+    """A benchmark that times one thing two or more ways (``config["side"]``): ``head`` filled
+    from the first record's config (``str.format``), then a row a side with the metric's
+    spread over rounds."""
+    if not records:
+        return "no records"
+    rows = [[r["config"]["side"], spread(r, metric)] for r in records]
+    return head.format_map(records[0]["config"]) + markdown_table(["side", column], rows)
+
+
+def sides_bars(records: list[dict[str, Any]], ax: Any, metric: str, **labels: str) -> None:
+    """The sides' medians of one metric as bars (``labels``: ``ylabel``, ``title``)."""
+    ax.bar([r["config"]["side"] for r in records], [median_of(r, metric) for r in records])
+    ax.set(**labels)
+
+
 def speedup(base: dict[str, Any], r: dict[str, Any], metric: str, ideal: float) -> str:
     """``base``'s time over ``r``'s (medians) with the range the repeats allow (fastest over
     slowest either way); a speedup above ``ideal`` (the ranks) is flagged: as noise where the

@@ -14,7 +14,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from xpnn.generate import model_from_checkpoint, sample
+from xpnn.commands.generate import model_from_checkpoint, sample
 from xpnn.run import RunSpec, build_run
 from xpnn.runtime import init_world
 

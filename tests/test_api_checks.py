@@ -10,7 +10,7 @@ from xpnn.nn import Context, Dense, Flatten, Sequential, mlp
 from xpnn.nn.conv import Conv2D
 from xpnn.nn.losses import SigmoidBinaryCrossEntropy
 from xpnn.nn.pool import MaxPool2D
-from xpnn.optim import Adam, Momentum, Schedule, make_optimizer
+from xpnn.train.optim import Adam, Momentum, Schedule, make_optimizer
 
 BACKENDS = ["numpy", "numba"]
 

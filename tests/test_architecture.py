@@ -13,9 +13,9 @@ from conftest import ROOT
 
 # Modules of xpnn that benchmarks may import names from besides packages (``__all__``), by
 # name: a module's own ``__all__`` does not make it public (the command line has one).
-PUBLIC_MODULES = {"xpnn.errors", "xpnn.optim", "xpnn.train", "xpnn.run", "xpnn.digest"}
+PUBLIC_MODULES = {"xpnn.errors", "xpnn.train.optim", "xpnn.train", "xpnn.run", "xpnn.record.digest"}
 PUBLIC_MODULES |= {"xpnn.flags", "xpnn.testing"}
-PUBLIC_MODULES |= {"xpnn.phases"}  # the seam that step timers and tracers listen on
+PUBLIC_MODULES |= {"xpnn.record.phases"}  # the seam that step timers and tracers listen on
 
 
 def lint_imports() -> str:
@@ -60,6 +60,22 @@ def xpnn_imports(path: Path) -> list[tuple[str, list[str], int]]:
     return found
 
 
+# The modules beside xpnn's packages: the public paths (errors, run, testing), the entry point,
+# the settings' declaration and the command line's own modules. Anything else belongs in the
+# package of its job.
+TOP_LEVEL = {"__init__", "__main__", "errors", "run", "testing", "settings"}
+TOP_LEVEL |= {"cli", "flags", "outputs", "info", "presets"}
+
+
+def test_the_top_level_holds_only_the_public_paths_and_the_command_line():
+    """``xpnn/`` shows the architecture: a new module goes into a package by its job
+    (``record``, ``train``, ``runtime``, ``commands``, ...), not beside them."""
+    loose = {p.stem for p in (ROOT / "xpnn").glob("*.py")} - TOP_LEVEL
+    assert not loose, sorted(loose)
+    for module in ("xpnn.errors", "xpnn.run", "xpnn.testing", "xpnn.nn"):
+        importlib.import_module(module)
+
+
 @pytest.mark.parametrize(
     "script", sorted(str(p.relative_to(ROOT / "bench")) for p in (ROOT / "bench").rglob("*.py"))
 )
@@ -100,7 +116,7 @@ def test_the_training_loop_imports_nothing_that_extends_it():
     """The trainer keeps the loop: the callbacks, the resume and the run's assembly import it,
     never the reverse, not even for annotations (which the import contracts leave out)."""
     extends = {"xpnn.train.callbacks", "xpnn.train.resume", "xpnn.train.requeue"}
-    extends |= {"xpnn.train.trace", "xpnn.run", "xpnn.checkpoint"}
+    extends |= {"xpnn.train.trace", "xpnn.run", "xpnn.train.checkpoint"}
     imported = set()
     for module, names, _ in xpnn_imports(ROOT / "xpnn" / "train" / "trainer.py"):
         imported |= {f"xpnn.{name}" for name in names} if module == "xpnn" else {module}

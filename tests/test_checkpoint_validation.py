@@ -152,7 +152,7 @@ def test_keep_checkpoints_refuses_a_negative_count_and_notes_no_directory():
 
 
 def test_prune_removes_only_the_oldest(tmp_path):
-    from xpnn.checkpoint import prune_checkpoints
+    from xpnn.train.checkpoint import prune_checkpoints
 
     for epoch in (1, 2, 10, 9999, 10000):
         (tmp_path / f"checkpoint-epoch{epoch:04d}.npz").write_bytes(b"")

@@ -165,7 +165,7 @@ def test_an_npz_that_is_no_checkpoint_is_a_one_line_error(tmp_path):
 
 def test_saved_files_get_the_permissions_of_any_new_file(tmp_path):
     """The temporary file behind the atomic rename is created 0600; the result must not be."""
-    from xpnn.checkpoint import atomic_savez
+    from xpnn.train.checkpoint import atomic_savez
 
     atomic_savez(tmp_path / "saved.npz", {"a": np.zeros(3)})
     (tmp_path / "plain").write_bytes(b"")
@@ -213,7 +213,7 @@ def test_a_new_run_refuses_a_directory_of_another_runs_checkpoints(tmp_path):
 
 
 def test_the_latest_checkpoint_is_the_highest_epoch_by_number(tmp_path):
-    from xpnn.checkpoint import latest_checkpoint
+    from xpnn.train.checkpoint import latest_checkpoint
 
     for epoch in (9, 9999, 10000, 123):
         (tmp_path / f"checkpoint-epoch{epoch:04d}.npz").write_bytes(b"")

@@ -116,7 +116,7 @@ def test_adamw_decays_the_gpt_matrices_and_nothing_else():
 
     from xpnn.backends import get_backend
     from xpnn.nn import gpt
-    from xpnn.optim import matrix_ranges
+    from xpnn.train.optim import matrix_ranges
 
     model = gpt(7, layers=2, heads=2, embed=8, block=4).build((4,), get_backend("numpy"), 0)
     names = model.param_names()

@@ -30,9 +30,21 @@ DELAYS = (0.01, 0.03, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0)
 
 def test_the_early_handler_imports_nothing_heavy():
     """It runs before everything else: importing it must not import NumPy or MPI."""
-    code = "import sys, xpnn.interrupts; print(sorted({'numpy', 'mpi4py'} & set(sys.modules)))"
+    code = (
+        "import sys, xpnn.runtime.interrupts; print(sorted({'numpy', 'mpi4py'} & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_the_early_handler_loads_no_other_part_of_xpnn():
+    """Its package, ``xpnn.runtime``, names its parts without importing them: the handler is in
+    before the world, the failure handling or the flight recorder load."""
+    code = "import sys, xpnn.runtime.interrupts\n"
+    code += "print(sorted(m for m in sys.modules if m.split('.')[0] == 'xpnn'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    loaded = out.stdout.strip()
+    assert loaded == "['xpnn', 'xpnn.runtime', 'xpnn.runtime.interrupts']", out.stderr
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

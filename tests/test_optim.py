@@ -8,7 +8,7 @@ import pytest
 from xpnn.backends import get_backend
 from xpnn.backends.numba_jit import PARALLEL_MIN_ELEMENTS
 from xpnn.errors import UserError
-from xpnn.optim import Schedule, make_optimizer
+from xpnn.train.optim import Schedule, make_optimizer
 
 
 def _steps(name, backend_name="numpy", n=3):

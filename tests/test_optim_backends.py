@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from xpnn.backends import get_backend
-from xpnn.optim import Schedule, make_optimizer, matrix_ranges
+from xpnn.train.optim import Schedule, make_optimizer, matrix_ranges
 
 SHAPES = [(3, 4), (4,), (4, 2), (2,)]  # W, b, W, b laid end to end
 N = sum(math.prod(s) for s in SHAPES)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from xpnn.backends import get_backend
-from xpnn.optim import (
+from xpnn.train.optim import (
     GradClip,
     OptimArgError,
     Schedule,

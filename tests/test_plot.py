@@ -61,7 +61,7 @@ def test_without_matplotlib_it_says_how_to_install(tmp_path):
 
 
 def test_a_run_by_steps_plots_its_eval_records(tmp_path):
-    from xpnn.plot import read_epochs
+    from xpnn.record.plot import read_epochs
 
     path = tmp_path / "steps.jsonl"
     lines = [{"event": "eval", "step": s, "epoch": s / 5, "train_loss": 1 / s} for s in (4, 8)]
@@ -75,7 +75,7 @@ def _drawn(tmp_path, monkeypatch, records: list[dict]):
     """The figure ``xpnn plot`` draws of one metrics file of ``records``, kept to be read."""
     import matplotlib.pyplot as plt
 
-    from xpnn.plot import draw
+    from xpnn.record.plot import draw
 
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in records))

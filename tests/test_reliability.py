@@ -19,7 +19,9 @@ import pytest
 from conftest import ROOT, TINY_FLOAT64_RUN, mpiexec_path, run_xpnn
 from faults import Job, left_behind, rank_pids, record, snapshot, wait_for_write, writing
 
-from xpnn.checkpoint import (
+from xpnn.runtime import lock
+from xpnn.train import metrics_file
+from xpnn.train.checkpoint import (
     CHECKPOINT_NAME,
     DamagedCheckpoint,
     atomic_savez,
@@ -28,8 +30,6 @@ from xpnn.checkpoint import (
     remove_unfinished,
     save_checkpoint,
 )
-from xpnn.runtime import lock
-from xpnn.train import metrics_file
 
 ARGS = [*TINY_FLOAT64_RUN, "--hidden", "16"]
 LONG = [*ARGS, "--epochs", "100000"]

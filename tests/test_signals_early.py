@@ -15,7 +15,7 @@ import time
 import pytest
 from conftest import ROOT, TINY_FLOAT64_RUN, xpnn_cmd
 
-from xpnn.checkpoint import checkpoints
+from xpnn.train.checkpoint import checkpoints
 
 ARGS = [*TINY_FLOAT64_RUN, "--hidden", "16", "--epochs", "3"]
 

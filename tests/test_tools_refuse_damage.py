@@ -18,9 +18,9 @@ from conftest import run_xpnn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xpnn import generate
-from xpnn.checkpoint import atomic_savez, latest_checkpoint, read_npz
-from xpnn.generate import main as generate_main
+from xpnn.commands import generate
+from xpnn.commands.generate import main as generate_main
+from xpnn.train.checkpoint import atomic_savez, latest_checkpoint, read_npz
 
 FEW = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -172,7 +172,7 @@ def traced(tmp_path_factory) -> Path:
 
 
 def _trace_refused(argv: list[str], capsys) -> str:
-    from xpnn import timeline
+    from xpnn.record import timeline
 
     code = timeline.main(argv)
     err = capsys.readouterr().err
@@ -216,7 +216,7 @@ def test_trace_refuses_a_malformed_rank_file_naming_it(case, traced, tmp_path, c
 @given(doc=JSON)
 def test_trace_takes_any_json_as_a_rank_file_or_refuses_it_in_one_line(doc, traced, tmp_path,
                                                                        capsys):  # fmt: skip
-    from xpnn import timeline
+    from xpnn.record import timeline
 
     directory = tmp_path / "tr"
     if not directory.exists():
@@ -250,7 +250,7 @@ def test_trace_never_writes_over_its_own_input(traced, tmp_path, capsys):
 
 
 def test_trace_without_rank_0_says_the_clocks_are_not_aligned(traced, tmp_path, capsys):
-    from xpnn import timeline
+    from xpnn.record import timeline
 
     directory = tmp_path / "tr"
     directory.mkdir()

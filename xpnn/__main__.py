@@ -1,8 +1,8 @@
-"""``python -m xpnn`` (xpnn.cli), with xpnn.interrupts' handler in before any import."""
+"""``python -m xpnn`` (xpnn.cli), with xpnn.runtime.interrupts' handler in before any import."""
 
 import sys
 
-from xpnn.interrupts import (
+from xpnn.runtime.interrupts import (
     catch_early_checkpoint_signal,
     catch_early_interrupts,
     forget_handled_interrupt,

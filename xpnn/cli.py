@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from xpnn.commands.generate import main as generate_main
 from xpnn.errors import UserError, user_message, worded
 from xpnn.flags import (
     ArgError,
@@ -20,14 +21,13 @@ from xpnn.flags import (
     to_spec,
     typed_settings,
 )
-from xpnn.generate import main as generate_main
 from xpnn.info import info_main, xpnn_version
-from xpnn.interrupts import hand_over
-from xpnn.plot import main as plot_main
+from xpnn.record.plot import main as plot_main
+from xpnn.record.timeline import main as trace_main
 from xpnn.run import launch
 from xpnn.runtime import failure, launcher_pipe, startup
+from xpnn.runtime.interrupts import hand_over
 from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank
-from xpnn.timeline import main as trace_main
 
 __all__ = ["main"]
 

@@ -14,22 +14,22 @@ from typing import Any
 
 from xpnn.backends import BACKENDS
 from xpnn.backends.base import DTYPES
-from xpnn.checkpoint import KEEP_CHECKPOINTS
 from xpnn.data.datasets import DATASETS
 from xpnn.errors import PARAM
 from xpnn.nn.gpt import GPT_DEFAULTS
 from xpnn.nn.losses import LOSSES
 from xpnn.nn.models import MLP_ACTIVATIONS
-from xpnn.optim import OPTIMIZERS, SCHEDULES
 from xpnn.parallel.comm import KINDS
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from xpnn.parallel.plan import MODES as PARALLEL
 from xpnn.parallel.plan import NODE_SHARES
 from xpnn.parallel.update import DEFAULT_BUCKET_MB
 from xpnn.parallel.update.wire import GRAD_DTYPES
+from xpnn.record.timeline import parse_steps
 from xpnn.run import BATCH, HIDDEN, LR_SCALINGS, MICROBATCHES, SYNTHETIC_SIZE, RunSpec
-from xpnn.timeline import parse_steps
+from xpnn.train.checkpoint import KEEP_CHECKPOINTS
 from xpnn.train.graph import CUDA_GRAPH
+from xpnn.train.optim import OPTIMIZERS, SCHEDULES
 from xpnn.train.precision import PRECISIONS
 from xpnn.train.requeue import SIGNALS
 

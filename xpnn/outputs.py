@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError, path_problems
-from xpnn.files import open_to_write, same_file
+from xpnn.record.files import open_to_write, same_file
 from xpnn.runtime import lock
 
 
@@ -33,7 +33,7 @@ def _writable_file(
     replaces ``--save``; ``--metrics`` is ``appended`` to, so no pipe, whose reader would leave."""
     if path is None:
         return
-    from xpnn.checkpoint import CHECKPOINT_NAME, remove_unfinished
+    from xpnn.train.checkpoint import CHECKPOINT_NAME, remove_unfinished
 
     with path_problems(param, path):
         if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
@@ -75,7 +75,7 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
     """Made now by the rank that writes into it, so that a bad place fails before training."""
     if path is None:
         return
-    from xpnn.checkpoint import refuse_other_runs, remove_unfinished
+    from xpnn.train.checkpoint import refuse_other_runs, remove_unfinished
 
     with path_problems("checkpoint_dir", path):
         if Path(path).exists() and not Path(path).is_dir():

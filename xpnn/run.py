@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from xpnn.errors import UserError, user_message
 from xpnn.nn.models import HIDDEN
-from xpnn.optim import HYPER_PARAMETERS, HYPERS
 from xpnn.planner import auto
 from xpnn.presets import describe_preset, gpt_preset
 from xpnn.runtime import stall
+from xpnn.train.optim import HYPER_PARAMETERS, HYPERS
 
 if TYPE_CHECKING:
     from xpnn.train import TrainConfig
@@ -356,9 +356,9 @@ NON_NEGATIVE = ("warmup_epochs", "stall_warn", "stall_abort")
 
 def choices() -> dict[str, Collection[str]]:
     """The choices of the settings a run's code branches on, as their registries list them."""
-    from xpnn.optim import OPTIMIZERS, SCHEDULES
     from xpnn.parallel.plan import MODES, NODE_SHARES
     from xpnn.train.graph import CUDA_GRAPH
+    from xpnn.train.optim import OPTIMIZERS, SCHEDULES
     from xpnn.train.precision import PRECISIONS
 
     return {
@@ -415,10 +415,10 @@ def check_spec(spec: RunSpec) -> None:
 def with_defaults(spec: RunSpec) -> RunSpec:
     """``spec`` with each setting it leaves ``None`` that has a default given that default:
     the one place they are chosen (a model's recipe, ``gpt_preset``, fills its own first)."""
-    from xpnn.checkpoint import KEEP_CHECKPOINTS
     from xpnn.nn.gpt import GPT_DEFAULTS
     from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE
     from xpnn.parallel.update import DEFAULT_BUCKET_MB
+    from xpnn.train.checkpoint import KEEP_CHECKPOINTS
 
     # shared activations hold a rank's whole part of a batch: not a batch thread's
     alone = (spec.precision, spec.batch_threads) == ("fp32", 1)
@@ -571,8 +571,8 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
 
 def check_network(spec: RunSpec, data: Any, backend: Any) -> None:
     """A preset network too large for this machine, refused before it is built."""
-    from xpnn.optim import OPTIMIZERS
     from xpnn.runtime.memory import check_network_fits, preset_parameters
+    from xpnn.train.optim import OPTIMIZERS
 
     params = preset_parameters(
         spec.model, data.input_shape, data.num_classes, spec.hidden, gpt_settings(spec)

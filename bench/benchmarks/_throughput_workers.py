@@ -40,7 +40,7 @@ class XpnnTrainer:
 
     def __init__(self, backend: Any, model: str, hidden: Sequence[int], graph: bool = False):
         from xpnn.nn import build_model
-        from xpnn.optim import Schedule, make_optimizer
+        from xpnn.train.optim import Schedule, make_optimizer
 
         self.backend = backend
         self.model = build_model(model, tuple(hidden), "relu", NUM_CLASSES)

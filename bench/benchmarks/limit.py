@@ -5,7 +5,7 @@ notes the shape of every product a step runs (each Dense's and each convolution'
 weight-gradient and input-gradient GEMMs, im2col'd, with their transposes, and the attention's
 batched products), times ``matmul`` alone at each shape (float32, median of ``--gemm-repeats``)
 and then the step itself, layer by layer: every layer's forward and backward, the weight
-gradients inside the backward (``xpnn.phases.WGRAD``), the loss and the Adam update.
+gradients inside the backward (``xpnn.record.phases.WGRAD``), the loss and the Adam update.
 
 Phases: forward; weight gradient (the WGRAD spans); input gradient (the rest of each
 backward: its products and the activations' and layouts' passes); optimizer; the rest (the
@@ -164,7 +164,7 @@ def _model(job: dict[str, Any], backend: Any) -> tuple[Any, Any, Any]:
 
 
 class _WgradClock:
-    """The time spent in ``xpnn.phases.WGRAD`` spans since the last ``take``."""
+    """The time spent in ``xpnn.record.phases.WGRAD`` spans since the last ``take``."""
 
     def __init__(self, clock: Any) -> None:
         self.clock, self.total, self.since = clock, 0.0, 0.0
@@ -187,9 +187,9 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     apply_threads(job["threads"])  # before NumPy's BLAS and Numba start their pools
     import numpy as np
 
-    from xpnn import phases
     from xpnn.backends import get_backend
     from xpnn.nn import Context
+    from xpnn.record import phases
 
     clock = time.process_time if job["clock"] == "cpu" else time.perf_counter
     backend = get_backend(job["backend"], "float32")

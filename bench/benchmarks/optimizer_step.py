@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.core import BenchError, markdown_table, median_of, record, run_command, spread
+from bench.core import BenchError, record, run_command, sides_bars, sides_table
 from bench.flags import choice_list, positive_float, positive_int
 
 NAME = "optimizer_step"
@@ -26,6 +26,10 @@ REPEATS = "rounds"  # the flag counting its repeats
 QUICK = {"params": 100_000, "rounds": 1, "calls": 5, "sides": ["numpy"]}
 SIDES = ("numpy", "numba", "torch")
 WORKER = "bench.benchmarks.optimizer_step"
+HEAD = (
+    "{optimizer} update of {params:,} float32 parameters, {threads} threads, {calls} calls a "
+    "round; median (min–max) over rounds\n\n"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -123,7 +127,7 @@ def _make_step(side: str, params: int, optimizer: str, threads: int) -> Any:
     import numpy as np
 
     from xpnn.backends import get_backend
-    from xpnn.optim import Schedule, make_optimizer
+    from xpnn.train.optim import Schedule, make_optimizer
 
     backend = get_backend(side)
     rng = np.random.default_rng(0)
@@ -133,20 +137,12 @@ def _make_step(side: str, params: int, optimizer: str, threads: int) -> Any:
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    if not records:
-        return "no records"
-    c = records[0]["config"]
-    head = (
-        f"{c['optimizer']} update of {c['params']:,} float32 parameters, {c['threads']} threads, "
-        f"{c['calls']} calls a round; median (min–max) over rounds\n\n"
-    )
-    rows = [[r["config"]["side"], spread(r, "us_per_update")] for r in records]
-    return head + markdown_table(["side", "µs per update"], rows)
+    return sides_table(records, "us_per_update", "µs per update", HEAD)
 
 
 def plot(records: list[dict[str, Any]], ax: Any) -> None:
-    ax.bar([r["config"]["side"] for r in records], [median_of(r, "us_per_update") for r in records])
-    ax.set(ylabel="µs per update", title=f"{records[0]['config']['optimizer']} update")
+    title = f"{records[0]['config']['optimizer']} update"
+    sides_bars(records, ax, "us_per_update", ylabel="µs per update", title=title)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from bench.core import markdown_table, median_of, record, run_command, run_xpnn, spread
+from bench.core import record, run_command, run_xpnn, sides_bars, sides_table
 from bench.flags import positive_int
 
 NAME = "python_loop"
@@ -22,6 +22,10 @@ SUMMARY = "the README's Python loop vs python -m xpnn, samples/s (MLP 784-512-25
 QUICK = {"samples": 1280, "rounds": 1}
 SIDES = ("python -m xpnn", "Python loop")
 BATCH = 128
+HEAD = (
+    "MLP 784-512-256-10, batch {batch}, {samples:,} synthetic samples, backend {backend}; "
+    "samples/s of the second epoch, median (min–max) over rounds\n\n"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,7 +58,7 @@ def worker(backend_name: str, samples: int) -> dict[str, float]:
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
     from xpnn.nn import Context, Dense, Flatten, Sequential
-    from xpnn.optim import Schedule, make_optimizer
+    from xpnn.train.optim import Schedule, make_optimizer
 
     backend = get_backend(backend_name)
     xp = backend.xp
@@ -78,21 +82,11 @@ def worker(backend_name: str, samples: int) -> dict[str, float]:
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    if not records:
-        return "no records"
-    c = records[0]["config"]
-    head = (
-        f"MLP 784-512-256-10, batch {c['batch']}, {c['samples']:,} synthetic samples, backend "
-        f"{c['backend']}; samples/s of the second epoch, median (min–max) over rounds\n\n"
-    )
-    rows = [[r["config"]["side"], spread(r, "samples_per_s")] for r in records]
-    return head + markdown_table(["side", "samples/s"], rows)
+    return sides_table(records, "samples_per_s", "samples/s", HEAD)
 
 
 def plot(records: list[dict[str, Any]], ax: Any) -> None:
-    sides = [r["config"]["side"] for r in records]
-    ax.bar(sides, [median_of(r, "samples_per_s") for r in records])
-    ax.set(ylabel="samples/s", title="the same step, two routes")
+    sides_bars(records, ax, "samples_per_s", ylabel="samples/s", title="the same step, two routes")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Trains once as ``python -m xpnn`` does, through ``xpnn.run.run`` (under ``mpiexec -n RANKS``;
 every flag this benchmark does not know is xpnn's) with xpnn's ``PhaseTimer`` callback,
-which times every step and the phases the library marks (``xpnn.phases``):
+which times every step and the phases the library marks (``xpnn.record.phases``):
 
 - ``update``: the optimizer kernels (``Optimizer.update_part``: every bucket of layers),
 - ``fences``: the node-shared memory fences (``mpi-shm``), including the wait for the slowest

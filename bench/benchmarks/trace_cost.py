@@ -15,7 +15,7 @@ from typing import Any
 from bench.core import markdown_table, median_of, record, spread
 from bench.flags import positive_int, rank_count
 from bench.training import add_data_arguments, command, data_flags, timed_run
-from xpnn import phases
+from xpnn.record import phases
 from xpnn.runtime import flight
 from xpnn.train import Trace
 

@@ -8,7 +8,7 @@ from xpnn.backends import get_backend
 from xpnn.backends.base import Backend
 from xpnn.backends.kernels import Kernels
 from xpnn.nn import Context, mlp
-from xpnn.optim import GradClip, Schedule, make_optimizer, matrix_ranges
+from xpnn.train.optim import GradClip, Schedule, make_optimizer, matrix_ranges
 
 RTOL = 1e-10
 

@@ -123,7 +123,7 @@ def _timed_step(is_gpu: bool, device: _FakeDevice) -> dict[str, float]:
     on a backend that is (or is not) a GPU."""
     from types import SimpleNamespace
 
-    from xpnn import phases
+    from xpnn.record import phases
     from xpnn.train import PhaseTimer
 
     trainer = SimpleNamespace(
@@ -171,10 +171,10 @@ def test_a_conv_layers_forward_and_input_gradient_products_are_not_wgrad():
     products (already in ``forward``) nor their input-gradient products."""
     import numpy as np
 
-    from xpnn import phases
     from xpnn.backends import get_backend
     from xpnn.nn import Context, Dense, Flatten, Sequential
     from xpnn.nn.conv import Conv2D
+    from xpnn.record import phases
 
     backend = get_backend("numpy", "float64")
     model = Sequential([Conv2D(2, 3), Conv2D(2, 3), Flatten(), Dense(3)])

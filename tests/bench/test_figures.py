@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from bench.benchmarks import load  # noqa: E402
 from bench.core import read_records  # noqa: E402
 from bench.report import RECORDED_GPU, STUDIES, panels  # noqa: E402
-from xpnn import plot as xpnn_plot  # noqa: E402
+from xpnn.record import plot as xpnn_plot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = read_records(ROOT / "docs" / "report" / "records.jsonl")

@@ -20,7 +20,7 @@ from test_bench_step_phases import _phases  # noqa: E402
 
 from xpnn.backends import get_backend  # noqa: E402
 from xpnn.nn import Context, mlp  # noqa: E402
-from xpnn.optim import Schedule, make_optimizer  # noqa: E402
+from xpnn.train.optim import Schedule, make_optimizer  # noqa: E402
 
 TOL = {"float32": 1e-5, "float64": 1e-10}
 # the multi-rank comparisons: 600 synthetic samples, global batch 70, 2 epochs in float64

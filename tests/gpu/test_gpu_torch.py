@@ -22,8 +22,8 @@ if not torch.cuda.is_available():
 
 from test_backends import _assert_same, _run  # noqa: E402
 
-from xpnn import phases  # noqa: E402
 from xpnn.backends import get_backend  # noqa: E402
+from xpnn.record import phases  # noqa: E402
 
 
 def test_mlp_training_on_cuda_tensors_equals_numpy():

@@ -11,7 +11,7 @@ import json
 import pytest
 from conftest import TINY_FLOAT64_RUN, cupy_or_skip, run_xpnn
 
-from xpnn import phases
+from xpnn.record import phases
 
 pytestmark = pytest.mark.gpu
 

@@ -85,7 +85,7 @@ def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Pr
 
 def trace_split(directory: str) -> dict[str, float] | None:
     """The slowest rank's traced step, ms: compute, communication, waiting, hidden share."""
-    from xpnn.timeline import merge, summarize
+    from xpnn.record.timeline import merge, summarize
 
     merged, info = merge(directory)
     rows = summarize(merged, info)

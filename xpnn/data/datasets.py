@@ -20,8 +20,8 @@ from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
 from xpnn.data.files import memory_bytes as _memory_bytes
 from xpnn.data.idx import IdxError, read_idx, read_idx_pair
 from xpnn.data.text import TEXT_DATASETS, load_text
-from xpnn.digest import arrays_digest
 from xpnn.errors import UserError, path_problems
+from xpnn.record.digest import arrays_digest
 
 NUM_CLASSES = 10
 DATASETS = ("mnist", "fashion-mnist", "synthetic", *TEXT_DATASETS)

@@ -8,7 +8,7 @@ import math
 from xpnn.backends.kernels import ACTIVATIONS
 from xpnn.nn import init
 from xpnn.nn.layer import Array, Context, Layer, check_int
-from xpnn.phases import WGRAD
+from xpnn.record.phases import WGRAD
 
 
 def _pair(name: str, v: int | tuple[int, int]) -> tuple[int, int]:

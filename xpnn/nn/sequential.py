@@ -11,7 +11,7 @@ from typing import Any
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
-from xpnn.phases import FORWARD, layer_span, span
+from xpnn.record.phases import FORWARD, layer_span, span
 
 
 def resolve_loss(loss: Any) -> Any:

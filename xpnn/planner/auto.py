@@ -45,7 +45,7 @@ def stored_choice(directory: str | None) -> dict[str, Any] | None:
         return None
     import numpy as np
 
-    from xpnn.checkpoint import latest_checkpoint
+    from xpnn.train.checkpoint import latest_checkpoint
 
     path = latest_checkpoint(directory)
     if path is None:

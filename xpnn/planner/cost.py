@@ -14,7 +14,7 @@ from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, Gemm, ModelWork
 
 def optimizer_states(name: str) -> int:
     """Buffers of the parameters' size the optimizer keeps (Adam: 2), from its registry."""
-    from xpnn.optim import OPTIMIZERS
+    from xpnn.train.optim import OPTIMIZERS
 
     return len(OPTIMIZERS[name].state_names) if name in OPTIMIZERS else 2
 

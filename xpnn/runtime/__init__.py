@@ -1,19 +1,40 @@
 """The process: its place in the job (``world``), threads per rank (``threads``), one failing
 rank stopping all (``failure``, ``stall``), the last operations of each rank (``flight``),
-what MPICH leaves behind (``segments``)."""
+what MPICH leaves behind (``segments``), Ctrl-C from the first instant (``interrupts``).
 
-from xpnn.runtime import flight
-from xpnn.runtime.failure import (
-    CollectiveExit,
-    agree_on_user_errors,
-    run_guarded,
-    stopped_from_outside,
-)
-from xpnn.runtime.memory import peak_rss_mb
-from xpnn.runtime.stall import wait as wait_polled
-from xpnn.runtime.threads import apply_threads, node_cores, threads_per_rank
-from xpnn.runtime.world import World, init_world, launch_rank, library_name
+The names below are loaded on first use: ``interrupts`` runs before anything else is imported,
+so importing this package must not import the rest of it."""
+
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "CollectiveExit": "failure",
+    "agree_on_user_errors": "failure",
+    "run_guarded": "failure",
+    "stopped_from_outside": "failure",
+    "peak_rss_mb": "memory",
+    "wait_polled": "stall",
+    "apply_threads": "threads",
+    "node_cores": "threads",
+    "threads_per_rank": "threads",
+    "World": "world",
+    "init_world": "world",
+    "launch_rank": "world",
+    "library_name": "world",
+}
+_RENAMED = {"wait_polled": "wait"}
 
 __all__ = ["CollectiveExit", "World", "agree_on_user_errors", "apply_threads", "init_world"]
 __all__ += ["launch_rank", "library_name", "node_cores", "run_guarded", "stopped_from_outside"]
 __all__ += ["flight", "peak_rss_mb", "threads_per_rank", "wait_polled"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "flight":
+        return importlib.import_module("xpnn.runtime.flight")
+    if name not in _WHERE:
+        raise AttributeError(f"module 'xpnn.runtime' has no attribute {name!r}")
+    module = importlib.import_module(f"xpnn.runtime.{_WHERE[name]}")
+    return getattr(module, _RENAMED.get(name, name))

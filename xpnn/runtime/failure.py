@@ -120,7 +120,7 @@ def stop_when_stuck(grace: float) -> None:
     """After SIGTERM or Ctrl-C, end the job if this rank has not stopped ``grace`` s later:
     Python runs handlers between bytecodes only, so a rank blocked in an MPI call would ignore
     the signal; a thread woken by ``set_wakeup_fd`` ends it. Call from the main thread."""
-    from xpnn.interrupts import pending_signal
+    from xpnn.runtime.interrupts import pending_signal
 
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
@@ -216,7 +216,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
     UserError, 1 for a bug) and, with more than one rank, MPI_Aborts with that code."""
     rank, size = _rank_size(world_or_comm)
     try:
-        from xpnn.interrupts import hand_over
+        from xpnn.runtime.interrupts import hand_over
 
         hand_over(Terminated)  # a signal noted while MPI started is raised here
         result = fn()

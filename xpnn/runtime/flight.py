@@ -2,7 +2,7 @@
 operations (sequence number per communicator, operation, bytes, bucket or micro-batch, step,
 post, wait and end times), always on; the stall watch and a failing rank dump it as JSON, and
 the stall line compares where every rank waits. A finished operation also goes to the timeline
-tracer (``xpnn.phases.trace_to``) while one listens."""
+tracer (``xpnn.record.phases.trace_to``) while one listens."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import time
 from collections import deque
 from typing import Any
 
-from xpnn import phases
-from xpnn.files import replace_whole
+from xpnn.record import phases
+from xpnn.record.files import replace_whole
 
 RING = 512  # operations kept per rank: a few steps of a pipeline's sends and receives
 

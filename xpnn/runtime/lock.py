@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from xpnn.errors import UserError
-from xpnn.files import planted
+from xpnn.record.files import planted
 
 LOCK_NAME = ".xpnn-lock"
 # the job schedulers' job ids, in the order asked: Slurm, PBS/Torque, LSF, SGE, Flux

@@ -11,11 +11,11 @@ import sys
 import time
 from typing import Any
 
-from xpnn import phases
-from xpnn.checkpoint import KEEP_CHECKPOINTS, atomic_savez
 from xpnn.errors import UserError, path_problems
+from xpnn.record import phases
 from xpnn.runtime.threads import describe_threads
 from xpnn.train import metrics_file
+from xpnn.train.checkpoint import KEEP_CHECKPOINTS, atomic_savez
 from xpnn.train.midepoch import partial_of, write_checkpoint
 from xpnn.train.trainer import Callback, Trainer
 
@@ -229,8 +229,8 @@ class PauseInjection(Callback):
 
 
 class PhaseTimer(Callback):
-    """Seconds of every step and its phases (``xpnn.phases``), a dict per step in ``steps``; on
-    a GPU each is synchronized at both ends, or it would time kernel launches."""
+    """Seconds of every step and its phases (``xpnn.record.phases``), a dict per step in
+    ``steps``; on a GPU each is synchronized at both ends, or it would time kernel launches."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []

@@ -23,7 +23,7 @@ from xpnn.backends.graphs import CaptureFailed, StepScalars
 from xpnn.data import shard
 from xpnn.errors import UserError
 from xpnn.nn.layer import Context
-from xpnn.phases import listening, tracer
+from xpnn.record.phases import listening, tracer
 
 CUDA_GRAPH = ("auto", "on", "off")
 Capture = Callable[[Callable[[], None]], Callable[[], None]]

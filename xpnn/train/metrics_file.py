@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.files import open_to_write
+from xpnn.record.files import open_to_write
 
 EVENTS = ("epoch", "eval", "done", "diverged")  # the "event" of every line xpnn writes
 FIRST_LINE_BYTES = 1 << 16  # a record is a few hundred bytes; a longer first line is not one

@@ -14,10 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.checkpoint import DamagedCheckpoint, latest_checkpoint, prune_checkpoints, save_checkpoint
 from xpnn.errors import path_problems
 from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
 from xpnn.runtime import stall
+from xpnn.train.checkpoint import (
+    DamagedCheckpoint,
+    latest_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
 
 # The trainer imports this module: its functions take the trainer as an argument, typed by
 # this name rather than an import of ``xpnn.train.trainer.Trainer`` (which would be a loop).

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xpnn.errors import UserError
-from xpnn.interrupts import checkpoint_requested
 from xpnn.runtime import stall
 from xpnn.runtime.failure import CollectiveExit
+from xpnn.runtime.interrupts import checkpoint_requested
 from xpnn.train.callbacks import Callback
 from xpnn.train.midepoch import write_checkpoint
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from xpnn import checkpoint
 from xpnn.errors import UserError, path_problems
 from xpnn.runtime import lock
-from xpnn.train import midepoch
+from xpnn.train import checkpoint, midepoch
 
 if TYPE_CHECKING:
     from xpnn.train.trainer import Trainer

@@ -12,11 +12,11 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any
 
-from xpnn import phases
 from xpnn.errors import UserError, path_problems
-from xpnn.files import replace_whole
+from xpnn.record import phases
+from xpnn.record.files import replace_whole
+from xpnn.record.timeline import parse_steps
 from xpnn.runtime import flight
-from xpnn.timeline import parse_steps
 from xpnn.train.callbacks import Callback
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ class Trace(Callback):
         if self.active or self.written is None:
             self._finish()  # a run shorter than the window: what there is
 
-    # -- the tracer's interface (``xpnn.phases.trace_to``) ------------------------------------
+    # -- the tracer's interface (``xpnn.record.phases.trace_to``) -----------------------------
     def span(self, name: str, lane: int) -> _Span:
         return _Span(self, name, lane)
 
@@ -244,7 +244,7 @@ class Trace(Callback):
 
     def _clock_samples(self, comm: Any) -> list[list[float]]:
         """This rank's clock as it entered and as it left each of ``CLOCK_ROUNDS`` barriers
-        (every rank): ``xpnn.timeline.clock_offsets`` bounds each rank's offset with them."""
+        (every rank): ``xpnn.record.timeline.clock_offsets`` bounds each rank's offset with them."""
         samples = []
         for _ in range(CLOCK_ROUNDS):
             entered = _now()

@@ -13,19 +13,19 @@ import numpy as np
 
 from xpnn.data import Dataset, global_batches, shard
 from xpnn.data.text import text_metrics
-from xpnn.digest import arrays_digest
 from xpnn.nn.layer import Context
 from xpnn.nn.sequential import adding
-from xpnn.optim import HYPERS, GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.parallel.model.batch_threads import BatchThreads
 from xpnn.parallel.model.layout import Groups
 from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
 from xpnn.parallel.plan import Plan
 from xpnn.parallel.update.wire import make_wire, sends_gradients
+from xpnn.record.digest import arrays_digest
 from xpnn.runtime import stall
 from xpnn.runtime.memory import peak_rss_mb
 from xpnn.train import midepoch
 from xpnn.train.graph import GraphStep, graph_step
+from xpnn.train.optim import HYPERS, GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.train.precision import LossScale, Precision, overflow_skip
 
 

@@ -86,7 +86,7 @@ def main():
         # every rank's gradient row starts on a page, whatever the model's size (777 values)
         from xpnn.backends import get_backend
         from xpnn.nn import build_model
-        from xpnn.optim import Schedule, make_optimizer
+        from xpnn.train.optim import Schedule, make_optimizer
         from xpnn.parallel.update import make_update
         backend = get_backend("numpy", "float32")
         model = build_model("mlp", (16,), "relu", 9).build((38,), backend, 0)

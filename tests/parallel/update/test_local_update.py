@@ -7,9 +7,9 @@ import pytest
 from xpnn.backends import get_backend
 from xpnn.nn import build_model
 from xpnn.nn.layer import Context
-from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.comm import SelfCommunicator
 from xpnn.parallel.update.base import MIN_LAYER_BUCKET, AllreduceUpdate, LocalUpdate
+from xpnn.train.optim import Schedule, make_optimizer
 
 IN, HIDDEN = 260, (256, 256)  # first and second Dense are each a bucket (>= 65,536 values)
 

@@ -19,8 +19,8 @@ from conftest import (
 from parallel.model.test_gpt_parallel import gpt_args, write_text
 from xpnn.backends import get_backend
 from xpnn.nn import build_model
-from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.update.sharded import ShardedUpdate, shard_bounds
+from xpnn.train.optim import Schedule, make_optimizer
 
 SHARD = ["--shard-optimizer"]
 # two hidden layers and 10 KiB buckets: many buckets, cut inside every rank's shard

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from xpnn.backends import get_backend
 from xpnn.nn import build_model
 from xpnn.nn.layer import Context
-from xpnn.optim import Schedule, make_optimizer
 from xpnn.parallel.comm.shm import ALIGN, share_bounds
 from xpnn.parallel.update.base import MIN_LAYER_BUCKET, layer_buckets
+from xpnn.train.optim import Schedule, make_optimizer
 
 
 @given(st.integers(0, 3000), st.integers(0, 3000), st.integers(1, 9))

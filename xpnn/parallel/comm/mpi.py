@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from xpnn import phases
 from xpnn.parallel.comm.arrays import CUPY, CupyArrays, TorchArrays
 from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_counts, check_op
 from xpnn.parallel.comm.narrow import sum_op
+from xpnn.record import phases
 from xpnn.runtime import flight, stall
 
 

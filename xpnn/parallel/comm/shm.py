@@ -15,7 +15,7 @@ import numpy as np
 from xpnn.errors import UserError
 from xpnn.parallel.comm.mpi import MpiHostCommunicator
 from xpnn.parallel.comm.narrow import sum_op
-from xpnn.phases import FENCES
+from xpnn.record.phases import FENCES
 from xpnn.runtime import flight, stall
 from xpnn.runtime.segments import SHM_DIR
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.phases import quiet_here
+from xpnn.record.phases import quiet_here
 from xpnn.runtime.threads import one_kernel_thread
 
 CPU_BACKENDS = ("numpy", "numba")  # arrays whose operations release the GIL on the host

@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from xpnn import phases
 from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
 from xpnn.nn.sequential import Sequential, adding
 from xpnn.parallel.model.whole import whole_shape
+from xpnn.record import phases
 from xpnn.runtime import flight
 
 FORWARD_TAG, BACKWARD_TAG, EVAL_TAG = 1, 2, 3

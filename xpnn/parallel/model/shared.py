@@ -16,7 +16,7 @@ from xpnn.nn.dense import Dense
 from xpnn.nn.layer import Array, Context
 from xpnn.nn.sequential import Sequential
 from xpnn.parallel.comm.shm import ALIGN, share_bounds
-from xpnn.phases import WGRAD
+from xpnn.record.phases import WGRAD
 
 
 def param_layers(model: Any) -> list[Any]:

@@ -25,7 +25,7 @@ def _launch_rank() -> int | None:
     return None
 
 
-def _handler(signum: int, frame: object) -> None:
+def _handler(signum: int, _frame: object) -> None:
     if _launch_rank() is None:
         code, what = _CODES[signum]
         os.write(2, f"xpnn: {what}\n".encode())
@@ -46,7 +46,7 @@ def catch_early_interrupts() -> None:
             fh.write(str(os.getpid()))  # whom to signal
 
 
-def _note_request(signum: int, frame: object) -> None:
+def _note_request(signum: int, _frame: object) -> None:
     _state["requested"].add(signum)
 
 
@@ -76,7 +76,7 @@ def hand_over(terminated: type[BaseException]) -> None:
         return
     _state["installed"] = False
 
-    def on_stop(signum: int, frame: object) -> None:
+    def on_stop(signum: int, _frame: object) -> None:
         raise terminated(signum)
 
     if _signal.getsignal(_signal.SIGINT) is _handler:

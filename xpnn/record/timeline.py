@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.files import replace_whole, same_file
+from xpnn.record.files import replace_whole, same_file
 
 Interval = tuple[float, float]
 FLIGHT_LANE = 90  # the flight recorder's operations, beside the trace's own lanes
@@ -368,7 +368,7 @@ def _check_output(flag: str, path: str, directory: str) -> None:
 
 def _draw(merged: dict[str, Any], path: str) -> None:
     try:
-        from xpnn.timeline_plot import draw
+        from xpnn.record.timeline_plot import draw
     except ImportError:  # pragma: no cover - matplotlib is the plot extra
         raise UserError("trace --png: needs matplotlib (pip install matplotlib)") from None
     if not any(e.get("cat") == "step" for e in merged["traceEvents"]):

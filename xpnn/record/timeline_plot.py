@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from xpnn.files import replace_whole
+from xpnn.record.files import replace_whole
 
 COLOURS = {
     "forward": "#4C72B0",

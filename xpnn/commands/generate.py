@@ -19,7 +19,7 @@ def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, 
     """(the GPT of checkpoint ``path`` (a file, or a directory's latest), built on the backend
     ``backend_name`` in the checkpoint's precision with its parameters; its vocabulary). A
     file xpnn could not have written is refused in one line, as ``--resume`` refuses it."""
-    from xpnn.checkpoint import DamagedCheckpoint, latest_checkpoint, read_npz
+    from xpnn.train.checkpoint import DamagedCheckpoint, latest_checkpoint, read_npz
 
     if Path(path).is_dir():
         latest = latest_checkpoint(path)
@@ -40,8 +40,8 @@ def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], s
     """The GPT's sizes and vocabulary that ``meta.identity`` names, each checked against
     what the file holds: a size no parameters of the file could fill is damage, and building
     it would fill memory instead."""
-    from xpnn.checkpoint import DamagedCheckpoint, _json_meta
     from xpnn.nn.gpt import GPT_DEFAULTS
+    from xpnn.train.checkpoint import DamagedCheckpoint, _json_meta
 
     identity = _json_meta(path, arrays, "identity")
     if identity.get("model") != "gpt":
@@ -76,8 +76,8 @@ def _built(
     """The GPT of ``sizes`` with the file's parameters, each there, of its shape, floating
     point and finite; else the file is damaged."""
     from xpnn.backends import get_backend
-    from xpnn.checkpoint import DamagedCheckpoint, check_finite
     from xpnn.nn.gpt import gpt
+    from xpnn.train.checkpoint import DamagedCheckpoint, check_finite
 
     first = arrays.get("layer0.W")
     if first is None or first.dtype.kind != "f":

@@ -11,7 +11,7 @@ from typing import Any
 from xpnn.backends.common import dtype_is
 from xpnn.errors import UserError
 from xpnn.nn.layer import is_int
-from xpnn.phases import UPDATE
+from xpnn.record.phases import UPDATE
 
 Array = Any
 
