@@ -219,19 +219,18 @@ class MpiHostCommunicator(Communicator):
                 reqs.append(self._comm.Ireduce(send, recv, self._ops["sum"], root=root))
         return Requests(reqs)
 
-    def allgather_(self, buf: Any, counts: list[int]) -> None:
+    def iallgather_(self, buf: Any, counts: list[int]) -> Handle:
         starts = check_counts(buf, counts, self.size)
         mine = counts[self.rank] * _itemsize(buf)
         self.bytes_sent += mine
-        with flight.Op(self, "all-gather", mine):
-            if type(buf) is np.ndarray or not self._arrays.is_device(buf):
-                self._gather_pieces(buf, starts, counts)
-            else:
-                self._device_allgather(buf, starts, counts)
+        record = flight.post(self, "all-gather", mine)
+        if type(buf) is np.ndarray or not self._arrays.is_device(buf):
+            req = self._gather_pieces(buf, starts, counts)
+            return flight.Tracked(MpiHandle(req, buf, "an all-gather"), record)
+        return flight.Tracked(self._device_iallgather(buf, starts, counts), record)
 
-    def _gather_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> None:
-        spec = [host, (counts, starts)]
-        stall.wait(self._comm.Iallgatherv(self._in_place, spec), "an all-gather")
+    def _gather_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
+        return self._comm.Iallgatherv(self._in_place, [host, (counts, starts)])
 
     def barrier(self) -> None:
         with flight.Op(self, "barrier"):
@@ -262,13 +261,13 @@ class MpiHostCommunicator(Communicator):
         reqs = self._reduce_pieces(slot.host, starts, counts)
         return _StagedHandle(reqs, dev, slot, self._pool, "a reduce-scatter")
 
-    def _device_allgather(self, buf: Any, starts: list[int], counts: list[int]) -> None:
+    def _device_iallgather(self, buf: Any, starts: list[int], counts: list[int]) -> Handle:
         dev = self._arrays.flat(buf)
         if not self._arrays.size(dev):
-            return
+            return DONE
         slot = self._pool.copy_out(dev)
-        self._gather_pieces(slot.host, starts, counts)
-        self._pool.copy_back(dev, slot)
+        req = self._gather_pieces(slot.host, starts, counts)
+        return _StagedHandle(req, dev, slot, self._pool, "an all-gather")
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         dev = self._arrays.flat(buf)

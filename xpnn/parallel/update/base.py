@@ -127,9 +127,44 @@ class Update:
         return local
 
 
-class AllreduceUpdate(Update):
-    """Every rank holds all the parameters; each part (whole buckets) is updated right after
-    the wait that made it final, while its summed gradients are still in cache."""
+class BucketedUpdate(Update):
+    """Gradient buckets reduced over the ranks as backward fills them; after backward, each
+    part of ``stepper`` (the optimizer that updates) is updated right after the wait that made
+    it final, while its reduced gradients are still in cache."""
+
+    buckets: GradientBuckets
+    stepper: Any
+
+    def _bucketed(
+        self, model: Any, comm: Any, buckets: GradientBuckets, parts: list[Any], deferred: bool
+    ) -> None:
+        self.model, self.comm, self.buckets, self.deferred = model, comm, buckets, deferred
+        bounds = buckets.bounds  # last first, as backward finishes them
+        # a part is final once the bucket holding its start (and those launched before) is
+        self.waits = [
+            next(i for i, (s, e) in enumerate(bounds) if s <= a < e) + 1 for a, _ in parts
+        ]
+        self.grads_ready = buckets.ready
+        self.restores_checkpoint = True  # every rank has its own buffers to fill
+
+    def _updated(self, count: int) -> None:
+        """Buckets ``0 .. count-1`` are updated on this rank (nothing follows here)."""
+
+    def finish(self) -> None:
+        """After backward: update each part as soon as its buckets hold the global sum."""
+        if self.deferred:
+            self.buckets.wait(len(self.buckets.bounds))
+        self.stepper.start_step()
+        for index, count in enumerate(self.waits):
+            self.buckets.wait(count)
+            self.stepper.update_part(index)
+            self._updated(count)
+        self._updated(len(self.buckets.bounds))
+        self.buckets.finish()
+
+
+class AllreduceUpdate(BucketedUpdate):
+    """Every rank holds all the parameters, updated in parts of whole buckets."""
 
     name = "allreduce"
 
@@ -142,31 +177,18 @@ class AllreduceUpdate(Update):
         deferred: bool = False,
         wire: Any = None,
     ):
-        self.model, self.comm, self.deferred = model, comm, deferred
-        self.buckets = GradientBuckets(model.grads, comm, bucket_bytes, wire)
-        starts = [start for start, _ in self.buckets.bounds]
-        parts = layer_buckets(starts, model.size, MIN_LAYER_BUCKET)
-        # a part is final once the bucket that begins where the part begins is reduced
-        self.waits = [starts.index(start) + 1 for start, _ in parts]
-        self.optimizer = make_optimizer(model.params, model.grads, [slice(*p) for p in parts])
-        self.grads_ready = self.buckets.ready
-        self.restores_checkpoint = True  # every rank has its own buffers to fill
+        buckets = GradientBuckets(model.grads, comm, bucket_bytes, wire)
+        parts = layer_buckets([start for start, _ in buckets.bounds], model.size, MIN_LAYER_BUCKET)
+        self._bucketed(model, comm, buckets, parts, deferred)
+        self.optimizer = self.stepper = make_optimizer(
+            model.params, model.grads, [slice(*p) for p in parts]
+        )
 
     def broadcast_initial(self) -> None:
         """Rank 0's parameters and optimizer state become everyone's."""
         self.comm.bcast_(self.model.params, 0)
         for buf in self.optimizer.state.values():
             self.comm.bcast_(buf, 0)
-
-    def finish(self) -> None:
-        """After backward: update each part as soon as its buckets hold the global sum."""
-        if self.deferred:
-            self.buckets.wait(len(self.buckets.bounds))
-        self.optimizer.start_step()
-        for index, count in enumerate(self.waits):
-            self.buckets.wait(count)
-            self.optimizer.update_part(index)
-        self.buckets.finish()
 
 
 class LayerwiseUpdate(Update):

@@ -2,16 +2,17 @@
 FSDP's sharded optimizer): each rank keeps the state of one contiguous shard of the flat
 parameters, 1 / N of it. Each gradient bucket is reduce-scattered as backward fills it (as
 ``AllreduceUpdate``'s buckets are allreduced): every rank receives the sum over its shard's
-piece of the bucket alone. Each rank updates its shard as soon as the buckets under it are
-final, then one all-gather makes the parameters whole again on every rank: a step sends one
-gradient's bytes, as the allreduce. A checkpoint holds the whole state (``whole_state``), so
-any rank count resumes it."""
+piece of the bucket alone. Each rank updates its piece of a bucket as soon as the bucket is
+final, then starts that bucket's all-gather, which makes its parameters whole again on every
+rank while the later buckets are waited for and updated: a step sends one gradient's bytes,
+as the allreduce. A checkpoint holds the whole state (``whole_state``), so any rank count
+resumes it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from xpnn.parallel.update.base import GradientBuckets, MakeOptimizer, Update
+from xpnn.parallel.update.base import BucketedUpdate, GradientBuckets, MakeOptimizer, layer_buckets
 
 Array = Any
 
@@ -42,49 +43,25 @@ class ScatteredBuckets(GradientBuckets):
 
 
 class ShardedOptimizer:
-    """What the trainer and checkpoints see of the shard's optimizer (``inner``): its step count,
-    rate and norm; ``state`` is laid out over every parameter for a checkpoint to load into,
-    allocated on first use and handed to the shard by ``ShardedUpdate.broadcast_initial``."""
+    """What the trainer and checkpoints see of the shard's optimizer (``inner``), as
+    ChainerMN's multi-node optimizer wraps its own: the rest is ``inner``'s; ``state`` is laid
+    out over every parameter for a checkpoint to load into, allocated on first use and handed
+    to the shard by ``ShardedUpdate.broadcast_initial``."""
 
     def __init__(self, inner: Any, n: int, bounds: tuple[int, int]) -> None:
         self.inner, self.n, self.bounds = inner, n, bounds
         self._whole: dict[str, Array] | None = None
+
+    def __getattr__(self, name: str) -> Any:  # what this class does not say: the shard's
+        return getattr(self.inner, name)
 
     @property
     def step_count(self) -> int:
         return self.inner.step_count
 
     @step_count.setter
-    def step_count(self, value: int) -> None:
+    def step_count(self, value: int) -> None:  # a resume sets it
         self.inner.step_count = value
-
-    @property
-    def lr(self) -> float:
-        return self.inner.lr
-
-    @property
-    def grad_norm(self) -> float:
-        return self.inner.grad_norm
-
-    @property
-    def schedule(self) -> Any:
-        return self.inner.schedule
-
-    @property
-    def clip(self) -> Any:
-        return self.inner.clip
-
-    def end_step(self) -> None:
-        self.inner.end_step()
-
-    def add_pre_step_hook(self, hook: Any) -> None:
-        self.inner.add_pre_step_hook(hook)
-
-    def add_post_step_hook(self, hook: Any) -> None:
-        self.inner.add_post_step_hook(hook)
-
-    def add_skip_rule(self, rule: Any) -> None:
-        self.inner.add_skip_rule(rule)
 
     @property
     def state(self) -> dict[str, Array]:
@@ -105,7 +82,7 @@ class ShardedOptimizer:
         self._whole = None
 
 
-class ShardedUpdate(Update):
+class ShardedUpdate(BucketedUpdate):
     """ZeRO stage 1 over the data-parallel ``comm``: the optimizer state 1 / N a rank."""
 
     name = "sharded"
@@ -118,27 +95,19 @@ class ShardedUpdate(Update):
         bucket_bytes: int,
         deferred: bool = False,
     ) -> None:
-        self.model, self.comm, self.deferred = model, comm, deferred
         self.shards = shard_bounds(model.size, comm.size)
         lo, hi = self.shards[comm.rank]
         self.counts = [hi - lo for lo, hi in self.shards]
-        self.buckets = ScatteredBuckets(model.grads, comm, bucket_bytes, self.shards)
-        bounds = self.buckets.bounds  # last first, as backward finishes them
-        edges = sorted({lo, hi, *(start for start, _ in bounds if lo < start < hi)})
-        parts = list(zip(edges, edges[1:], strict=False))[::-1]
-        # a part lies in one bucket: final once that bucket (and those launched before) is
-        self.waits = [
-            next(i for i, (s, e) in enumerate(bounds) if s <= a < e) + 1 for a, _ in parts
-        ]
-        inner = make_optimizer(
-            model.params[lo:hi],
-            model.grads[lo:hi],
-            [slice(a - lo, b - lo) for a, b in parts],
-            offset=lo,
+        buckets = ScatteredBuckets(model.grads, comm, bucket_bytes, self.shards)
+        # the shard cut where buckets start: each part lies in one bucket
+        cuts = layer_buckets([start - lo for start, _ in buckets.bounds], hi - lo, 1)
+        parts = [(a + lo, b + lo) for a, b in cuts]
+        self._bucketed(model, comm, buckets, parts, deferred)
+        self.stepper = make_optimizer(
+            model.params[lo:hi], model.grads[lo:hi], [slice(*c) for c in cuts], offset=lo
         )
-        self.optimizer = ShardedOptimizer(inner, model.size, (lo, hi))
-        self.grads_ready = self.buckets.ready
-        self.restores_checkpoint = True  # every rank reads the whole state, keeps its shard
+        self.optimizer = ShardedOptimizer(self.stepper, model.size, (lo, hi))
+        self._gathers: list[Any] = []  # the all-gathers started this step, in bucket order
 
     def share_total(self, local: float) -> float:
         """The shards' sums of squares added: each rank counts its own shard."""
@@ -149,31 +118,30 @@ class ShardedUpdate(Update):
         self.comm.bcast_(self.model.params, 0)
         self.optimizer.take_loaded()
 
-    def finish(self) -> None:
-        """After backward: update this rank's shard as its buckets are reduced, then gather
-        the parameters (the gradients outside the shard are left undefined)."""
-        inner = self.optimizer.inner
-        if self.deferred:
-            self.buckets.wait(len(self.buckets.bounds))
-        inner.start_step()
-        for index, count in enumerate(self.waits):
-            self.buckets.wait(count)
-            inner.update_part(index)
-        self.buckets.finish()
-        self._gather(self.model.params)
+    def _updated(self, count: int) -> None:
+        """Start the all-gather of each bucket below ``count`` not yet started (every rank
+        starts them in bucket order): its pieces are updated on every rank that holds one."""
+        for start, end in self.buckets.bounds[len(self._gathers) : count]:
+            counts = self.buckets.counts[start]
+            self._gathers.append(self.comm.iallgather_(self.model.params[start:end], counts))
 
-    def _gather(self, whole: Array) -> None:
-        """Each shard of ``whole`` from the rank that holds it, to every rank."""
-        self.comm.allgather_(whole, self.counts)
+    def finish(self) -> None:
+        """After backward: update this rank's shard bucket by bucket, each bucket's
+        parameters gathered meanwhile; whole on return (the gradients outside the shard are
+        left undefined)."""
+        super().finish()
+        for handle in self._gathers:
+            handle.wait()
+        self._gathers.clear()
 
     def whole_state(self) -> dict[str, Array]:
         """Every state over every parameter, on every rank (collective): what checkpoints save."""
-        xp = self.optimizer.inner.kernels.xp
+        xp = self.stepper.kernels.xp
         lo, hi = self.optimizer.bounds
         out = {}
-        for name, shard in self.optimizer.inner.state.items():
+        for name, shard in self.stepper.state.items():
             whole = xp.zeros((self.model.size,), dtype=shard.dtype)
             whole[lo:hi] = shard
-            self._gather(whole)
+            self.comm.allgather_(whole, self.counts)
             out[name] = whole
         return out
