@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from xpnn.data.batches import shard_bounds as share_bounds
 from xpnn.parallel.update.base import BucketedUpdate, GradientBuckets, MakeOptimizer, layer_buckets
 
 Array = Any
 
 
 def shard_bounds(n: int, ranks: int) -> list[tuple[int, int]]:
-    """[start, end) of each rank's shard of ``n`` values: contiguous, sizes differing by one."""
-    per, extra = divmod(n, ranks)
-    starts = [r * per + min(r, extra) for r in range(ranks + 1)]
-    return list(zip(starts, starts[1:], strict=False))
+    """[start, end) of each rank's shard of ``n`` values, cut as a batch is between ranks."""
+    return [share_bounds(n, rank, ranks) for rank in range(ranks)]
 
 
 def piece_counts(start: int, end: int, shards: list[tuple[int, int]]) -> list[int]:
