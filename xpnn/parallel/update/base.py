@@ -128,24 +128,39 @@ class Update:
 
 
 class BucketedUpdate(Update):
-    """Gradient buckets reduced over the ranks as backward fills them; after backward, each
-    part of ``stepper`` (the optimizer that updates) is updated right after the wait that made
-    it final, while its reduced gradients are still in cache."""
+    """Gradient buckets reduced over the ranks as backward fills them (``_cut``); after
+    backward, each part of the optimizer (``_parts``) is updated right after the wait that
+    made it final, while its reduced gradients are still in cache."""
 
-    buckets: GradientBuckets
-    stepper: Any
-
-    def _bucketed(
-        self, model: Any, comm: Any, buckets: GradientBuckets, parts: list[Any], deferred: bool
+    def __init__(
+        self,
+        model: Any,
+        comm: Any,
+        make_optimizer: MakeOptimizer,
+        bucket_bytes: int,
+        deferred: bool = False,
+        wire: Any = None,
     ) -> None:
-        self.model, self.comm, self.buckets, self.deferred = model, comm, buckets, deferred
-        bounds = buckets.bounds  # last first, as backward finishes them
+        self.model, self.comm, self.deferred = model, comm, deferred
+        self.buckets = self._cut(bucket_bytes, wire)
+        bounds, parts = self.buckets.bounds, self._parts()  # both last first
         # a part is final once the bucket holding its start (and those launched before) is
         self.waits = [
             next(i for i, (s, e) in enumerate(bounds) if s <= a < e) + 1 for a, _ in parts
         ]
-        self.grads_ready = buckets.ready
+        self.optimizer = self._optimizer(make_optimizer, parts)
+        self.grads_ready = self.buckets.ready
         self.restores_checkpoint = True  # every rank has its own buffers to fill
+
+    def _cut(self, bucket_bytes: int, wire: Any) -> GradientBuckets:
+        return GradientBuckets(self.model.grads, self.comm, bucket_bytes, wire)
+
+    def _parts(self) -> list[tuple[int, int]]:
+        """[start, end) of the optimizer's parts, last first."""
+        raise NotImplementedError
+
+    def _optimizer(self, make_optimizer: MakeOptimizer, parts: list[tuple[int, int]]) -> Any:
+        return make_optimizer(self.model.params, self.model.grads, [slice(*p) for p in parts])
 
     def _updated(self, count: int) -> None:
         """Buckets ``0 .. count-1`` are updated on this rank (nothing follows here)."""
@@ -154,10 +169,10 @@ class BucketedUpdate(Update):
         """After backward: update each part as soon as its buckets hold the global sum."""
         if self.deferred:
             self.buckets.wait(len(self.buckets.bounds))
-        self.stepper.start_step()
+        self.optimizer.start_step()
         for index, count in enumerate(self.waits):
             self.buckets.wait(count)
-            self.stepper.update_part(index)
+            self.optimizer.update_part(index)
             self._updated(count)
         self._updated(len(self.buckets.bounds))
         self.buckets.finish()
@@ -168,21 +183,9 @@ class AllreduceUpdate(BucketedUpdate):
 
     name = "allreduce"
 
-    def __init__(
-        self,
-        model: Any,
-        comm: Any,
-        make_optimizer: MakeOptimizer,
-        bucket_bytes: int,
-        deferred: bool = False,
-        wire: Any = None,
-    ):
-        buckets = GradientBuckets(model.grads, comm, bucket_bytes, wire)
-        parts = layer_buckets([start for start, _ in buckets.bounds], model.size, MIN_LAYER_BUCKET)
-        self._bucketed(model, comm, buckets, parts, deferred)
-        self.optimizer = self.stepper = make_optimizer(
-            model.params, model.grads, [slice(*p) for p in parts]
-        )
+    def _parts(self) -> list[tuple[int, int]]:
+        starts = [start for start, _ in self.buckets.bounds]
+        return layer_buckets(starts, self.model.size, MIN_LAYER_BUCKET)
 
     def broadcast_initial(self) -> None:
         """Rank 0's parameters and optimizer state become everyone's."""

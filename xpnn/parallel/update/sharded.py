@@ -42,10 +42,10 @@ class ScatteredBuckets(GradientBuckets):
 
 
 class ShardedOptimizer:
-    """What the trainer and checkpoints see of the shard's optimizer (``inner``), as
-    ChainerMN's multi-node optimizer wraps its own: the rest is ``inner``'s; ``state`` is laid
-    out over every parameter for a checkpoint to load into, allocated on first use and handed
-    to the shard by ``ShardedUpdate.broadcast_initial``."""
+    """The shard's optimizer (``inner``) as the trainer, the bucket loop and checkpoints see
+    it, as ChainerMN's multi-node optimizer wraps its own: its steps, rate and hooks are
+    ``inner``'s; ``state`` is laid out over every parameter for a checkpoint to load into,
+    allocated on first use and handed to the shard by ``ShardedUpdate.broadcast_initial``."""
 
     def __init__(self, inner: Any, n: int, bounds: tuple[int, int]) -> None:
         self.inner, self.n, self.bounds = inner, n, bounds
@@ -86,27 +86,26 @@ class ShardedUpdate(BucketedUpdate):
 
     name = "sharded"
 
-    def __init__(
-        self,
-        model: Any,
-        comm: Any,
-        make_optimizer: MakeOptimizer,
-        bucket_bytes: int,
-        deferred: bool = False,
-    ) -> None:
-        self.shards = shard_bounds(model.size, comm.size)
-        lo, hi = self.shards[comm.rank]
+    def _cut(self, bucket_bytes: int, wire: Any) -> GradientBuckets:
+        """Buckets reduced to their shards' owners (the plan refuses a narrower ``wire``)."""
+        self.shards = shard_bounds(self.model.size, self.comm.size)
         self.counts = [hi - lo for lo, hi in self.shards]
-        buckets = ScatteredBuckets(model.grads, comm, bucket_bytes, self.shards)
-        # the shard cut where buckets start: each part lies in one bucket
-        cuts = layer_buckets([start - lo for start, _ in buckets.bounds], hi - lo, 1)
-        parts = [(a + lo, b + lo) for a, b in cuts]
-        self._bucketed(model, comm, buckets, parts, deferred)
-        self.stepper = make_optimizer(
-            model.params[lo:hi], model.grads[lo:hi], [slice(*c) for c in cuts], offset=lo
-        )
-        self.optimizer = ShardedOptimizer(self.stepper, model.size, (lo, hi))
         self._gathers: list[Any] = []  # the all-gathers started this step, in bucket order
+        return ScatteredBuckets(self.model.grads, self.comm, bucket_bytes, self.shards)
+
+    def _parts(self) -> list[tuple[int, int]]:
+        """This rank's shard, cut where buckets start: each part lies in one bucket."""
+        lo, hi = self.shards[self.comm.rank]
+        cuts = layer_buckets([start - lo for start, _ in self.buckets.bounds], hi - lo, 1)
+        return [(a + lo, b + lo) for a, b in cuts]
+
+    def _optimizer(self, make_optimizer: MakeOptimizer, parts: list[tuple[int, int]]) -> Any:
+        """The shard's optimizer, over its slices of the flat buffers, seen whole."""
+        lo, hi = self.shards[self.comm.rank]
+        shard = [slice(a - lo, b - lo) for a, b in parts]
+        model = self.model
+        inner = make_optimizer(model.params[lo:hi], model.grads[lo:hi], shard, offset=lo)
+        return ShardedOptimizer(inner, model.size, (lo, hi))
 
     def share_total(self, local: float) -> float:
         """The shards' sums of squares added: each rank counts its own shard."""
@@ -135,10 +134,10 @@ class ShardedUpdate(BucketedUpdate):
 
     def whole_state(self) -> dict[str, Array]:
         """Every state over every parameter, on every rank (collective): what checkpoints save."""
-        xp = self.stepper.kernels.xp
+        xp = self.optimizer.inner.kernels.xp
         lo, hi = self.optimizer.bounds
         out = {}
-        for name, shard in self.stepper.state.items():
+        for name, shard in self.optimizer.inner.state.items():
             whole = xp.zeros((self.model.size,), dtype=shard.dtype)
             whole[lo:hi] = shard
             self.comm.allgather_(whole, self.counts)
