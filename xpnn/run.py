@@ -766,10 +766,7 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
         found.append(("`eval_every`", "without `steps`: each epoch ends with an evaluation"))
     if "step_epochs" in given and spec.schedule != "step":
         found.append(("`step_epochs`", f"with `schedule` {spec.schedule}"))
-    if spec.shard_optimizer and groups.data.size == 1:
-        found.append(
-            ("`shard_optimizer`", "with one data-parallel rank: there is nothing to shard")
-        )
+    found += plan.unused()
     if "model_ranks" in given and not plan.spread:
         found.append(("`model_ranks`", "with `parallel` data: every rank holds the network"))
     data = groups.data

@@ -3,10 +3,17 @@ combination it refuses with its reason, and what it says in the header and the m
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+from xpnn.backends import get_backend
 from xpnn.errors import UserError
+from xpnn.nn import Dense, build_model
+from xpnn.train.optim import Schedule, make_optimizer
+from xpnn.parallel.model.shared import param_layers
 from xpnn.parallel.plan import Plan
+from xpnn.parallel.update.node_shared import SharedUpdate
+from xpnn.parallel.update.shared_batch import SharedBatchUpdate
 from xpnn.run import RunSpec, resolve
 
 
@@ -154,3 +161,53 @@ def test_apply_splits_or_stages_the_model_for_its_rank():
     assert (staged.index, staged.stages) == (1, 2) and whole_size(staged) == whole.size
     alone = build(1).apply(build_model("mlp", (8, 6)), (5,), backend, 0, 0)
     assert alone.size == whole.size and alone.part == 0
+
+
+class NodeStandIn:
+    """Local rank 0 of a node's two ranks, alone: its "shared" arrays are its own."""
+
+    node_memory = True
+    rank = local_rank = 0
+    size = local_size = 2
+    nodes = 1
+    node = SimpleNamespace(allgather=lambda rank: [0, 1])
+
+    def shared_zeros(self, shape, dtype):
+        return np.zeros(shape, dtype)
+
+    def fence(self) -> None:
+        pass
+
+
+def _node_update(share: str):
+    backend = get_backend("numpy", "float64")
+    model = build_model("mlp", (16,)).build((8,), backend, 0)
+
+    def optimizer(params, grads, parts=None, zeros=None):
+        return make_optimizer("sgd", params, grads, backend.kernels, Schedule(0.1), parts, zeros)
+
+    return (
+        model,
+        optimizer,
+        Plan(node_share=share).make_update(model, NodeStandIn(), optimizer, 1, 4),
+    )
+
+
+@pytest.mark.parametrize("share", ["gradients", "activations"])
+def test_the_plan_moves_the_model_into_node_memory_the_scheme_only_cuts_and_sums(share):
+    """Applied over node memory, the plan gives the model its node's buffers (and, sharing
+    activations, node-shared Dense twins); the update scheme built on that model moves
+    nothing more."""
+    whole = build_model("mlp", (16,)).build((8,), get_backend("numpy", "float64"), 0)
+    model, optimizer, update = _node_update(share)
+    assert update.name == f"shared {share}"
+    np.testing.assert_array_equal(model.params, whole.params)  # local rank 0's values, moved
+    kinds = {type(layer) for layer in param_layers(model)}
+    assert (kinds == {Dense}) is (share == "gradients")
+    params, grads, layers = model.params, model.grads, list(model.layers)
+    if share == "gradients":
+        again = SharedUpdate(model, NodeStandIn(), optimizer, np.zeros((2, model.size)))
+    else:
+        again = SharedBatchUpdate(model, NodeStandIn(), optimizer, update.place)
+    assert again.name == update.name
+    assert model.params is params and model.grads is grads and model.layers == layers

@@ -188,24 +188,47 @@ class Plan:
         make_optimizer: Any,
         bucket_bytes: int,
         batch_size: int,
-        **kw: Any,
+        deferred: bool = False,
+        accumulate: int = 1,
+        wire: Any = None,
     ) -> Any:
-        """The update scheme over the data-parallel ``comm``: sharded, or ``make_update``'s."""
-        if self.shard_optimizer and comm.size > 1:
-            from xpnn.parallel.update.sharded import ShardedUpdate
+        """The plan applied over the data-parallel ``comm`` (collective): local for one
+        process; each rank a shard of the optimizer state; with node memory one copy of the
+        model a node, its buffers (and, sharing activations, its Dense layers) moved there
+        first; else a copy a rank kept equal by allreduce. ``deferred``: no part is updated
+        before the whole gradient is reduced (clipping by the global norm); ``accumulate``:
+        micro-steps a step sums; ``wire``: the gradients sent in a narrower float."""
+        from xpnn.parallel.model import shared
+        from xpnn.parallel.update import base, node_shared, sharded, shared_batch
 
-            return ShardedUpdate(
-                model, comm, make_optimizer, bucket_bytes, kw.get("deferred", False)
+        if comm.size == 1:
+            return base.LocalUpdate(model, comm, make_optimizer, deferred)
+        if self.shard_optimizer:
+            return sharded.ShardedUpdate(model, comm, make_optimizer, bucket_bytes, deferred)
+        if not comm.node_memory:
+            return base.AllreduceUpdate(model, comm, make_optimizer, bucket_bytes, deferred, wire)
+        if accumulate > 1 and self.node_share == "activations":
+            raise UserError(
+                "`node_share` activations: not with `accumulate` above 1 (the ranks share one "
+                "batch's activations); use `node_share` gradients"
             )
-        from xpnn.parallel.update import make_update
-
-        return make_update(
-            model, comm, make_optimizer, bucket_bytes, batch_size, self.node_share, **kw
-        )
+        if accumulate == 1 and shared_batch.shares_activations(model, batch_size, self.node_share):
+            place = shared.share_activations(model, comm, batch_size)
+            return shared_batch.SharedBatchUpdate(
+                model, comm, make_optimizer, place, deferred, wire
+            )
+        rows = shared.share_gradients(model, comm)
+        return node_shared.SharedUpdate(model, comm, make_optimizer, rows, deferred, wire)
 
     def resolved(self, transport: str, update: str) -> Plan:
         """The plan as built: the live transport and the update scheme."""
         return dataclasses.replace(self, comm=transport, update=update)
+
+    def unused(self) -> list[tuple[str, str]]:
+        """The layout's settings this plan ignores, and why: said, not silently dropped."""
+        if self.shard_optimizer and self.replicas == 1:
+            return [("`shard_optimizer`", "with one data-parallel rank: there is nothing to shard")]
+        return []
 
     def header(self) -> str:
         """One line for the run's header: the grid, the update over its transport, threads."""

@@ -87,13 +87,13 @@ def main():
         from xpnn.backends import get_backend
         from xpnn.nn import build_model
         from xpnn.train.optim import Schedule, make_optimizer
-        from xpnn.parallel.update import make_update
+        from xpnn.parallel.plan import Plan
         backend = get_backend("numpy", "float32")
         model = build_model("mlp", (16,), "relu", 9).build((38,), backend, 0)
         assert model.size % 1024 != 0, model.size
         def opt(p, g, parts, zeros):
             return make_optimizer("adam", p, g, backend.kernels, Schedule(0.1), parts, zeros)
-        update = make_update(model, comm, opt, 1 << 20, 32, node_share="gradients")
+        update = Plan(node_share="gradients").make_update(model, comm, opt, 1 << 20, 32)
         assert update.own.ctypes.data == model.grads.ctypes.data
         assert model.grads.ctypes.data % 4096 == 0
         assert all(row.ctypes.data % 4096 == 0 for row in update.others)

@@ -1,4 +1,4 @@
-"""``--shard-optimizer`` (ZeRO stage 1) under real ``mpiexec``: 1, 2 and 3 ranks train the same
+"""``--shard-optimizer`` (ZeRO stage 1) under real ``mpiexec``: 1 to 4 ranks train the same
 parameters in float64, a checkpoint resumes on another rank count, and each rank keeps 1 / N
 of the optimizer state."""
 
@@ -19,7 +19,7 @@ from conftest import (
 from parallel.model.test_gpt_parallel import gpt_args, write_text
 from xpnn.backends import get_backend
 from xpnn.nn import build_model
-from xpnn.parallel.update.sharded import ShardedUpdate, shard_bounds
+from xpnn.parallel.update.sharded import ShardedUpdate, piece_counts, shard_bounds
 from xpnn.train.optim import Schedule, make_optimizer
 
 SHARD = ["--shard-optimizer"]
@@ -72,14 +72,15 @@ def test_adamw_with_clipping_and_accumulation_on_three_ranks(tmp_path):
     assert_sharded_runs_equal_one_rank(tmp_path, args, ranks=(3,))
 
 
-def test_the_cnn_on_one_two_and_three_ranks(tmp_path):
-    assert_sharded_runs_equal_one_rank(tmp_path, [*CNN_DROPOUT_RUN, "--synthetic-size", "60"])
+def test_the_cnn_on_one_to_four_ranks(tmp_path):
+    args = [*CNN_DROPOUT_RUN, "--synthetic-size", "60"]
+    assert_sharded_runs_equal_one_rank(tmp_path, args, ranks=(2, 3, 4))
 
 
-def test_the_gpt_on_one_two_and_three_ranks(tmp_path):
+def test_the_gpt_on_one_to_four_ranks(tmp_path):
     corpus = write_text(tmp_path / "corpus.txt")
     args = [*gpt_args(corpus), "--epochs", "2"]
-    assert_sharded_runs_equal_one_rank(tmp_path, args, ranks=(2, 3))
+    assert_sharded_runs_equal_one_rank(tmp_path, args, ranks=(2, 3, 4))
 
 
 def test_a_checkpoint_resumes_on_another_rank_count(tmp_path):
@@ -134,6 +135,64 @@ def test_each_rank_keeps_one_nth_of_the_optimizer_state(ranks):
         assert sizes[-1] <= -(-n // ranks)  # 1 / N, rounded up
         assert update.optimizer.state["m"].shape == (n,)  # what a checkpoint loads into
     assert sum(sizes) == n and max(sizes) - min(sizes) <= 1
+
+
+class Recorded:
+    """A transfer's handle whose wait is written down."""
+
+    def __init__(self, events: list, event: tuple) -> None:
+        self.events, self.event = events, event
+
+    def wait(self) -> None:
+        self.events.append(("wait", *self.event))
+
+
+class RecordingComm:
+    """Rank ``rank`` of ``size``: every transfer posted and waited, in order; nothing sent."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size, self.events, self.gathered = rank, size, [], []
+
+    def _post(self, what: str) -> Recorded:
+        event = (what, sum(e[:2] == ("post", what) for e in self.events))
+        self.events.append(("post", *event))
+        return Recorded(self.events, event)
+
+    def ireduce_scatter_(self, buf, counts):
+        return self._post("reduce-scatter")
+
+    def iallgather_(self, buf, counts):
+        self.gathered.append((buf.size, counts))
+        return self._post("all-gather")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_buckets_all_gather_starts_while_later_buckets_are_reduced(rank):
+    """The parameters are gathered bucket by bucket, each started once its pieces are
+    updated and before the later buckets' gradients are waited for, all done by the step's
+    end: not one all-gather after every update."""
+    backend = get_backend("numpy", "float64")
+    model = build_model("mlp", (64, 32)).build((20,), backend, 0)
+    comm = RecordingComm(rank, 2)
+
+    def optimizer(params, grads, parts=None, zeros=None, offset=0):
+        return make_optimizer("adam", params, grads, backend.kernels, Schedule(0.1), parts)
+
+    update = ShardedUpdate(model, comm, optimizer, 1 << 12)
+    bounds = update.buckets.bounds
+    assert len(bounds) >= 6
+    model.grads[...] = 1.0
+    update.finish()
+    events, last = comm.events, len(bounds) - 1
+    assert comm.gathered == [(e - s, piece_counts(s, e, update.shards)) for s, e in bounds]
+    posted = [e for e in events if e[:2] == ("post", "all-gather")]
+    assert posted == [("post", "all-gather", b) for b in range(len(bounds))]  # bucket order
+    first, final = events.index(posted[0]), events.index(("wait", "reduce-scatter", last))
+    assert first < final  # overlapped with the later buckets' reductions and updates
+    assert events.index(("wait", "reduce-scatter", 0)) < first  # after its own
+    waited = [e for e in events if e[:2] == ("wait", "all-gather")]
+    assert waited == [("wait", "all-gather", b) for b in range(len(bounds))]
+    assert events[-1] == waited[-1]  # the step returns with the parameters whole
 
 
 def test_shards_cover_the_buffer_in_rank_order():

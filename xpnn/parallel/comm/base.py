@@ -55,7 +55,7 @@ class Communicator:
     ``allreduce_``, ``iallreduce_``, ``iallreduce_sum16_`` (2 bytes a value), ``allreduce_host``
     and ``isend`` count their buffer; a ``bcast_`` counts on its root only and ``recv_`` not at
     all (the sender counted it). ``ireduce_scatter_`` counts the pieces other ranks receive
-    (this rank's own piece stays here) and ``allgather_`` this rank's piece: together one
+    (this rank's own piece stays here) and ``iallgather_`` this rank's piece: together one
     buffer's bytes, as an allreduce of it.
     Barriers, ``allgather_obj`` (small setup objects) and node-shared memory count nothing.
     An integer add per call, never a sync: read it before and after what is to be measured."""
@@ -99,10 +99,14 @@ class Communicator:
         the sum and the rest of ``buf`` is undefined (ZeRO's gradients, half an allreduce)."""
         raise NotImplementedError
 
-    def allgather_(self, buf: Any, counts: list[int]) -> None:
+    def iallgather_(self, buf: Any, counts: list[int]) -> Handle:
         """Every rank's piece of ``buf`` (cut by ``counts`` as ``ireduce_scatter_``'s) copied
-        from it to every rank, in place: the other half of the allreduce."""
+        from it to every rank, in place, once ``wait()`` returns: the allreduce's other half."""
         raise NotImplementedError
+
+    def allgather_(self, buf: Any, counts: list[int]) -> None:
+        """``iallgather_``, waited for."""
+        self.iallgather_(buf, counts).wait()
 
     def barrier(self) -> None:
         raise NotImplementedError
@@ -162,8 +166,9 @@ class SelfCommunicator(Communicator):
         check_counts(buf, counts, 1)
         return DONE
 
-    def allgather_(self, buf: Any, counts: list[int]) -> None:
+    def iallgather_(self, buf: Any, counts: list[int]) -> Handle:
         check_counts(buf, counts, 1)
+        return DONE
 
     def barrier(self) -> None:
         pass

@@ -198,14 +198,29 @@ class MpiHostCommunicator(Communicator):
                 stall.wait(self._comm.Ibcast(buf, root=root), "a broadcast")
 
     def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
+        return self._by_pieces(buf, counts, "reduce-scatter", self._reduce_pieces, False)
+
+    def iallgather_(self, buf: Any, counts: list[int]) -> Handle:
+        return self._by_pieces(buf, counts, "all-gather", self._gather_pieces, True)
+
+    def _by_pieces(self, buf: Any, counts: list[int], op: str, post: Any, own: bool) -> Handle:
+        """``op`` over ``buf`` cut by ``counts``, ``post`` starting it on host memory (device
+        buffers staged through pinned memory, copied back on ``wait``). Counted: what leaves
+        this rank, its ``own`` piece or every other one."""
         starts = check_counts(buf, counts, self.size)
-        sent = buf.nbytes - counts[self.rank] * _itemsize(buf)
+        mine = counts[self.rank] * _itemsize(buf)
+        sent = mine if own else buf.nbytes - mine
         self.bytes_sent += sent
-        record = flight.post(self, "reduce-scatter", sent)
+        record = flight.post(self, op, sent)
+        what = ("an " if op[0] in "aeiou" else "a ") + op
         if type(buf) is np.ndarray or not self._arrays.is_device(buf):
-            reqs = self._reduce_pieces(buf, starts, counts)
-            return flight.Tracked(MpiHandle(reqs, buf, "a reduce-scatter"), record)
-        return flight.Tracked(self._device_ireduce_scatter(buf, starts, counts), record)
+            return flight.Tracked(MpiHandle(post(buf, starts, counts), buf, what), record)
+        dev = self._arrays.flat(buf)
+        if not self._arrays.size(dev):
+            return flight.Tracked(DONE, record)
+        slot = self._pool.copy_out(dev)
+        staged = _StagedHandle(post(slot.host, starts, counts), dev, slot, self._pool, what)
+        return flight.Tracked(staged, record)
 
     def _reduce_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
         """One in-place reduce of each rank's piece to that rank: pieces stay where they are
@@ -219,19 +234,8 @@ class MpiHostCommunicator(Communicator):
                 reqs.append(self._comm.Ireduce(send, recv, self._ops["sum"], root=root))
         return Requests(reqs)
 
-    def allgather_(self, buf: Any, counts: list[int]) -> None:
-        starts = check_counts(buf, counts, self.size)
-        mine = counts[self.rank] * _itemsize(buf)
-        self.bytes_sent += mine
-        with flight.Op(self, "all-gather", mine):
-            if type(buf) is np.ndarray or not self._arrays.is_device(buf):
-                self._gather_pieces(buf, starts, counts)
-            else:
-                self._device_allgather(buf, starts, counts)
-
-    def _gather_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> None:
-        spec = [host, (counts, starts)]
-        stall.wait(self._comm.Iallgatherv(self._in_place, spec), "an all-gather")
+    def _gather_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
+        return self._comm.Iallgatherv(self._in_place, [host, (counts, starts)])
 
     def barrier(self) -> None:
         with flight.Op(self, "barrier"):
@@ -253,22 +257,6 @@ class MpiHostCommunicator(Communicator):
         slot = self._pool.copy_out(dev)
         req = self._comm.Iallreduce(self._in_place, slot.host, mop)
         return _StagedHandle(req, dev, slot, self._pool)
-
-    def _device_ireduce_scatter(self, buf: Any, starts: list[int], counts: list[int]) -> Handle:
-        dev = self._arrays.flat(buf)
-        if not self._arrays.size(dev):
-            return DONE
-        slot = self._pool.copy_out(dev)
-        reqs = self._reduce_pieces(slot.host, starts, counts)
-        return _StagedHandle(reqs, dev, slot, self._pool, "a reduce-scatter")
-
-    def _device_allgather(self, buf: Any, starts: list[int], counts: list[int]) -> None:
-        dev = self._arrays.flat(buf)
-        if not self._arrays.size(dev):
-            return
-        slot = self._pool.copy_out(dev)
-        self._gather_pieces(slot.host, starts, counts)
-        self._pool.copy_back(dev, slot)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         dev = self._arrays.flat(buf)

@@ -1,4 +1,5 @@
-"""Node-shared activations: Dense layers whose ranks on one node share the batch's ``x`` and ``dz``.
+"""What node sharing does to a model (the plan applies it): its buffers moved into the node's
+memory, and node-shared activations, Dense layers whose ranks share the batch's ``x`` and ``dz``.
 
 At small batches they hold fewer values than the gradient ``x.T @ dz``. After a fence rank r
 computes its rows of that gradient over the node's batch, as one process would. A wide layer
@@ -15,8 +16,11 @@ from xpnn.data.batches import shard_bounds
 from xpnn.nn.dense import Dense
 from xpnn.nn.layer import Array, Context
 from xpnn.nn.sequential import Sequential
-from xpnn.parallel.comm.shm import ALIGN, share_bounds
+from xpnn.parallel.comm.shm import ALIGN, padded, share_bounds
 from xpnn.record.phases import WGRAD
+
+# Gradient rows start on pages: laid end to end, a row could start mid cache line.
+ROW_ALIGN_BYTES = 4096
 
 
 def param_layers(model: Any) -> list[Any]:
@@ -207,3 +211,30 @@ def share_layers(model: Sequential, comm: Any, samples: int, place: Placement) -
             layer = (UnitsDense if wide else SharedDense)(layer, comm, samples, place, below)
             model.layers[index] = layer
         below = layer if isinstance(layer, UnitsDense) else None
+
+
+def share_params(model: Any, comm: Any, grads: Array) -> None:
+    """One copy of the parameters a node: ``model``'s moved into the node's memory (local rank
+    0's values), its gradients into ``grads`` (collective)."""
+    params = comm.shared_zeros((model.size,), model.params.dtype)
+    model.adopt(params, grads, copy=comm.local_rank == 0)
+
+
+def share_gradients(model: Any, comm: Any) -> Array:
+    """The node's gradient rows, one a rank, each starting on a page: this rank's becomes the
+    model's gradient, the parameters one copy a node (collective)."""
+    n, dtype = model.size, model.params.dtype
+    stride = padded(n, ROW_ALIGN_BYTES // dtype.itemsize)
+    rows = comm.shared_zeros((comm.local_size, stride), dtype)[:, :n]
+    share_params(model, comm, rows[comm.local_rank])
+    return rows
+
+
+def share_activations(model: Sequential, comm: Any, batch_size: int) -> Placement:
+    """One copy of the parameters a node (each rank's gradient stays its own) and every Dense
+    swapped for its twin that shares the node's batch; where this rank's samples go there
+    (collective)."""
+    share_params(model, comm, model.grads)
+    place = Placement(comm.node.allgather(comm.rank), comm.size, comm.local_rank)
+    share_layers(model, comm, sum(place.lengths(batch_size)), place)  # the node's full batch
+    return place

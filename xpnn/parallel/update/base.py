@@ -127,11 +127,10 @@ class Update:
         return local
 
 
-class AllreduceUpdate(Update):
-    """Every rank holds all the parameters; each part (whole buckets) is updated right after
-    the wait that made it final, while its summed gradients are still in cache."""
-
-    name = "allreduce"
+class BucketedUpdate(Update):
+    """Gradient buckets reduced over the ranks as backward fills them (``_cut``); after
+    backward, each part of the optimizer (``_parts``) is updated right after the wait that
+    made it final, while its reduced gradients are still in cache."""
 
     def __init__(
         self,
@@ -141,22 +140,30 @@ class AllreduceUpdate(Update):
         bucket_bytes: int,
         deferred: bool = False,
         wire: Any = None,
-    ):
+    ) -> None:
         self.model, self.comm, self.deferred = model, comm, deferred
-        self.buckets = GradientBuckets(model.grads, comm, bucket_bytes, wire)
-        starts = [start for start, _ in self.buckets.bounds]
-        parts = layer_buckets(starts, model.size, MIN_LAYER_BUCKET)
-        # a part is final once the bucket that begins where the part begins is reduced
-        self.waits = [starts.index(start) + 1 for start, _ in parts]
-        self.optimizer = make_optimizer(model.params, model.grads, [slice(*p) for p in parts])
+        self.buckets = self._cut(bucket_bytes, wire)
+        bounds, parts = self.buckets.bounds, self._parts()  # both last first
+        # a part is final once the bucket holding its start (and those launched before) is
+        self.waits = [
+            next(i for i, (s, e) in enumerate(bounds) if s <= a < e) + 1 for a, _ in parts
+        ]
+        self.optimizer = self._optimizer(make_optimizer, parts)
         self.grads_ready = self.buckets.ready
         self.restores_checkpoint = True  # every rank has its own buffers to fill
 
-    def broadcast_initial(self) -> None:
-        """Rank 0's parameters and optimizer state become everyone's."""
-        self.comm.bcast_(self.model.params, 0)
-        for buf in self.optimizer.state.values():
-            self.comm.bcast_(buf, 0)
+    def _cut(self, bucket_bytes: int, wire: Any) -> GradientBuckets:
+        return GradientBuckets(self.model.grads, self.comm, bucket_bytes, wire)
+
+    def _parts(self) -> list[tuple[int, int]]:
+        """[start, end) of the optimizer's parts, last first."""
+        raise NotImplementedError
+
+    def _optimizer(self, make_optimizer: MakeOptimizer, parts: list[tuple[int, int]]) -> Any:
+        return make_optimizer(self.model.params, self.model.grads, [slice(*p) for p in parts])
+
+    def _updated(self, count: int) -> None:
+        """Buckets ``0 .. count-1`` are updated on this rank (nothing follows here)."""
 
     def finish(self) -> None:
         """After backward: update each part as soon as its buckets hold the global sum."""
@@ -166,7 +173,25 @@ class AllreduceUpdate(Update):
         for index, count in enumerate(self.waits):
             self.buckets.wait(count)
             self.optimizer.update_part(index)
+            self._updated(count)
+        self._updated(len(self.buckets.bounds))
         self.buckets.finish()
+
+
+class AllreduceUpdate(BucketedUpdate):
+    """Every rank holds all the parameters, updated in parts of whole buckets."""
+
+    name = "allreduce"
+
+    def _parts(self) -> list[tuple[int, int]]:
+        starts = [start for start, _ in self.buckets.bounds]
+        return layer_buckets(starts, self.model.size, MIN_LAYER_BUCKET)
+
+    def broadcast_initial(self) -> None:
+        """Rank 0's parameters and optimizer state become everyone's."""
+        self.comm.bcast_(self.model.params, 0)
+        for buf in self.optimizer.state.values():
+            self.comm.bcast_(buf, 0)
 
 
 class LayerwiseUpdate(Update):

@@ -5,25 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from xpnn.parallel.comm.shm import padded, share_bounds
+from xpnn.parallel.comm.shm import share_bounds
 from xpnn.parallel.update.base import MIN_LAYER_BUCKET, BucketCursor, LayerwiseUpdate, layer_buckets
-
-# Gradient rows start on pages: laid end to end, a row could start mid cache line.
-ROW_ALIGN_BYTES = 4096
 
 
 class NodeSharedUpdate(LayerwiseUpdate):
-    """What the two schemes with one copy of the parameters per node have in common."""
+    """What the two schemes with one copy of the parameters per node have in common: the plan
+    has moved the model's parameters into the node's memory (``parallel.model.shared``)."""
 
     wire: Any = None  # the gradients cross nodes in a narrower float (``wire.GradWire``)
 
-    def _share_params(self, model: Any, comm: Any, grads: Any) -> Any:
-        """Move the parameters into node-shared memory and the gradients into ``grads``."""
-        self.model, self.comm = model, comm
-        params = comm.shared_zeros((model.size,), model.params.dtype)
-        model.adopt(params, grads, copy=comm.local_rank == 0)
+    def _node(self, model: Any, comm: Any, deferred: bool, wire: Any) -> None:
+        self.model, self.comm, self.deferred, self.wire = model, comm, deferred, wire
         self.restores_checkpoint = comm.local_rank == 0  # one writer per shared buffer
-        return params
 
     def _cross_allreduce_(self, grads: Any) -> None:
         """The node's sum of ``grads`` summed across nodes, sent as the wire says."""
@@ -51,7 +45,8 @@ class NodeSharedUpdate(LayerwiseUpdate):
 
 
 class SharedUpdate(NodeSharedUpdate):
-    """The ``mpi-shm`` scheme that shares gradients; built collectively by every rank."""
+    """The ``mpi-shm`` scheme that shares gradients, the node's ``rows`` of them
+    (``parallel.model.shared.share_gradients``); built collectively by every rank."""
 
     name = "shared gradients"
 
@@ -60,16 +55,13 @@ class SharedUpdate(NodeSharedUpdate):
         model: Any,
         comm: Any,
         make_optimizer: Any,
+        rows: Any,
         deferred: bool = False,
         wire: Any = None,
     ) -> None:
-        self.deferred, self.wire = deferred, wire
-        n, dtype = model.size, model.params.dtype
-        stride = padded(n, ROW_ALIGN_BYTES // dtype.itemsize)
-        rows = comm.shared_zeros((comm.local_size, stride), dtype)[:, :n]
+        self._node(model, comm, deferred, wire)
         me = comm.local_rank
-        params = self._share_params(model, comm, rows[me])
-        bounds = layer_buckets(model.layer_offsets, n, MIN_LAYER_BUCKET)
+        bounds = layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)
         self.shares = [slice(*share_bounds(a, b, comm.local_size, me)) for a, b in bounds]
         self.cursor = BucketCursor(bounds)
         self.own = rows[me]
@@ -80,7 +72,7 @@ class SharedUpdate(NodeSharedUpdate):
             grads = self.own
         else:  # the optimizer sums the rows (kernels.sum_rows) before it updates
             grads = (self.own, *self.others) if self.others else self.own
-        self.optimizer = make_optimizer(params, grads, self.shares, comm.shared_zeros)
+        self.optimizer = make_optimizer(model.params, grads, self.shares, comm.shared_zeros)
         self.grads_ready = self._ready
         comm.fence()
 

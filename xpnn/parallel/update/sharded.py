@@ -2,25 +2,25 @@
 FSDP's sharded optimizer): each rank keeps the state of one contiguous shard of the flat
 parameters, 1 / N of it. Each gradient bucket is reduce-scattered as backward fills it (as
 ``AllreduceUpdate``'s buckets are allreduced): every rank receives the sum over its shard's
-piece of the bucket alone. Each rank updates its shard as soon as the buckets under it are
-final, then one all-gather makes the parameters whole again on every rank: a step sends one
-gradient's bytes, as the allreduce. A checkpoint holds the whole state (``whole_state``), so
-any rank count resumes it."""
+piece of the bucket alone. Each rank updates its piece of a bucket as soon as the bucket is
+final, then starts that bucket's all-gather, which makes its parameters whole again on every
+rank while the later buckets are waited for and updated: a step sends one gradient's bytes,
+as the allreduce. A checkpoint holds the whole state (``whole_state``), so any rank count
+resumes it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from xpnn.parallel.update.base import GradientBuckets, MakeOptimizer, Update
+from xpnn.data.batches import shard_bounds as share_bounds
+from xpnn.parallel.update.base import BucketedUpdate, GradientBuckets, MakeOptimizer, layer_buckets
 
 Array = Any
 
 
 def shard_bounds(n: int, ranks: int) -> list[tuple[int, int]]:
-    """[start, end) of each rank's shard of ``n`` values: contiguous, sizes differing by one."""
-    per, extra = divmod(n, ranks)
-    starts = [r * per + min(r, extra) for r in range(ranks + 1)]
-    return list(zip(starts, starts[1:], strict=False))
+    """[start, end) of each rank's shard of ``n`` values, cut as a batch is between ranks."""
+    return [share_bounds(n, rank, ranks) for rank in range(ranks)]
 
 
 def piece_counts(start: int, end: int, shards: list[tuple[int, int]]) -> list[int]:
@@ -42,49 +42,25 @@ class ScatteredBuckets(GradientBuckets):
 
 
 class ShardedOptimizer:
-    """What the trainer and checkpoints see of the shard's optimizer (``inner``): its step count,
-    rate and norm; ``state`` is laid out over every parameter for a checkpoint to load into,
+    """The shard's optimizer (``inner``) as the trainer, the bucket loop and checkpoints see
+    it, as ChainerMN's multi-node optimizer wraps its own: its steps, rate and hooks are
+    ``inner``'s; ``state`` is laid out over every parameter for a checkpoint to load into,
     allocated on first use and handed to the shard by ``ShardedUpdate.broadcast_initial``."""
 
     def __init__(self, inner: Any, n: int, bounds: tuple[int, int]) -> None:
         self.inner, self.n, self.bounds = inner, n, bounds
         self._whole: dict[str, Array] | None = None
 
+    def __getattr__(self, name: str) -> Any:  # what this class does not say: the shard's
+        return getattr(self.inner, name)
+
     @property
     def step_count(self) -> int:
         return self.inner.step_count
 
     @step_count.setter
-    def step_count(self, value: int) -> None:
+    def step_count(self, value: int) -> None:  # a resume sets it
         self.inner.step_count = value
-
-    @property
-    def lr(self) -> float:
-        return self.inner.lr
-
-    @property
-    def grad_norm(self) -> float:
-        return self.inner.grad_norm
-
-    @property
-    def schedule(self) -> Any:
-        return self.inner.schedule
-
-    @property
-    def clip(self) -> Any:
-        return self.inner.clip
-
-    def end_step(self) -> None:
-        self.inner.end_step()
-
-    def add_pre_step_hook(self, hook: Any) -> None:
-        self.inner.add_pre_step_hook(hook)
-
-    def add_post_step_hook(self, hook: Any) -> None:
-        self.inner.add_post_step_hook(hook)
-
-    def add_skip_rule(self, rule: Any) -> None:
-        self.inner.add_skip_rule(rule)
 
     @property
     def state(self) -> dict[str, Array]:
@@ -105,40 +81,31 @@ class ShardedOptimizer:
         self._whole = None
 
 
-class ShardedUpdate(Update):
+class ShardedUpdate(BucketedUpdate):
     """ZeRO stage 1 over the data-parallel ``comm``: the optimizer state 1 / N a rank."""
 
     name = "sharded"
 
-    def __init__(
-        self,
-        model: Any,
-        comm: Any,
-        make_optimizer: MakeOptimizer,
-        bucket_bytes: int,
-        deferred: bool = False,
-    ) -> None:
-        self.model, self.comm, self.deferred = model, comm, deferred
-        self.shards = shard_bounds(model.size, comm.size)
-        lo, hi = self.shards[comm.rank]
+    def _cut(self, bucket_bytes: int, wire: Any) -> GradientBuckets:
+        """Buckets reduced to their shards' owners (the plan refuses a narrower ``wire``)."""
+        self.shards = shard_bounds(self.model.size, self.comm.size)
         self.counts = [hi - lo for lo, hi in self.shards]
-        self.buckets = ScatteredBuckets(model.grads, comm, bucket_bytes, self.shards)
-        bounds = self.buckets.bounds  # last first, as backward finishes them
-        edges = sorted({lo, hi, *(start for start, _ in bounds if lo < start < hi)})
-        parts = list(zip(edges, edges[1:], strict=False))[::-1]
-        # a part lies in one bucket: final once that bucket (and those launched before) is
-        self.waits = [
-            next(i for i, (s, e) in enumerate(bounds) if s <= a < e) + 1 for a, _ in parts
-        ]
-        inner = make_optimizer(
-            model.params[lo:hi],
-            model.grads[lo:hi],
-            [slice(a - lo, b - lo) for a, b in parts],
-            offset=lo,
-        )
-        self.optimizer = ShardedOptimizer(inner, model.size, (lo, hi))
-        self.grads_ready = self.buckets.ready
-        self.restores_checkpoint = True  # every rank reads the whole state, keeps its shard
+        self._gathers: list[Any] = []  # the all-gathers started this step, in bucket order
+        return ScatteredBuckets(self.model.grads, self.comm, bucket_bytes, self.shards)
+
+    def _parts(self) -> list[tuple[int, int]]:
+        """This rank's shard, cut where buckets start: each part lies in one bucket."""
+        lo, hi = self.shards[self.comm.rank]
+        cuts = layer_buckets([start - lo for start, _ in self.buckets.bounds], hi - lo, 1)
+        return [(a + lo, b + lo) for a, b in cuts]
+
+    def _optimizer(self, make_optimizer: MakeOptimizer, parts: list[tuple[int, int]]) -> Any:
+        """The shard's optimizer, over its slices of the flat buffers, seen whole."""
+        lo, hi = self.shards[self.comm.rank]
+        shard = [slice(a - lo, b - lo) for a, b in parts]
+        model = self.model
+        inner = make_optimizer(model.params[lo:hi], model.grads[lo:hi], shard, offset=lo)
+        return ShardedOptimizer(inner, model.size, (lo, hi))
 
     def share_total(self, local: float) -> float:
         """The shards' sums of squares added: each rank counts its own shard."""
@@ -149,22 +116,21 @@ class ShardedUpdate(Update):
         self.comm.bcast_(self.model.params, 0)
         self.optimizer.take_loaded()
 
-    def finish(self) -> None:
-        """After backward: update this rank's shard as its buckets are reduced, then gather
-        the parameters (the gradients outside the shard are left undefined)."""
-        inner = self.optimizer.inner
-        if self.deferred:
-            self.buckets.wait(len(self.buckets.bounds))
-        inner.start_step()
-        for index, count in enumerate(self.waits):
-            self.buckets.wait(count)
-            inner.update_part(index)
-        self.buckets.finish()
-        self._gather(self.model.params)
+    def _updated(self, count: int) -> None:
+        """Start the all-gather of each bucket below ``count`` not yet started (every rank
+        starts them in bucket order): its pieces are updated on every rank that holds one."""
+        for start, end in self.buckets.bounds[len(self._gathers) : count]:
+            counts = self.buckets.counts[start]
+            self._gathers.append(self.comm.iallgather_(self.model.params[start:end], counts))
 
-    def _gather(self, whole: Array) -> None:
-        """Each shard of ``whole`` from the rank that holds it, to every rank."""
-        self.comm.allgather_(whole, self.counts)
+    def finish(self) -> None:
+        """After backward: update this rank's shard bucket by bucket, each bucket's
+        parameters gathered meanwhile; whole on return (the gradients outside the shard are
+        left undefined)."""
+        super().finish()
+        for handle in self._gathers:
+            handle.wait()
+        self._gathers.clear()
 
     def whole_state(self) -> dict[str, Array]:
         """Every state over every parameter, on every rank (collective): what checkpoints save."""
@@ -174,6 +140,6 @@ class ShardedUpdate(Update):
         for name, shard in self.optimizer.inner.state.items():
             whole = xp.zeros((self.model.size,), dtype=shard.dtype)
             whole[lo:hi] = shard
-            self._gather(whole)
+            self.comm.allgather_(whole, self.counts)
             out[name] = whole
         return out

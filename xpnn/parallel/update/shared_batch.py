@@ -5,13 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.parallel.model.shared import (
-    Placement,
-    SharedDense,
-    can_share_activations,
-    param_layers,
-    share_layers,
-)
+from xpnn.parallel.model.shared import Placement, SharedDense, can_share_activations, param_layers
 from xpnn.parallel.update.base import MIN_LAYER_BUCKET, BucketCursor, layer_buckets
 from xpnn.parallel.update.node_shared import NodeSharedUpdate
 
@@ -39,7 +33,9 @@ def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
 
 
 class SharedBatchUpdate(NodeSharedUpdate):
-    """The ``mpi-shm`` scheme that shares activations; built collectively by every rank."""
+    """The ``mpi-shm`` scheme that shares activations, over the layers the plan swapped for
+    their node-shared twins (``parallel.model.shared.share_activations``, which says where
+    this rank's samples go: ``place``); built collectively by every rank."""
 
     name = "shared activations"
 
@@ -48,15 +44,12 @@ class SharedBatchUpdate(NodeSharedUpdate):
         model: Any,
         comm: Any,
         make_optimizer: Any,
-        batch_size: int,
+        place: Placement,
         deferred: bool = False,
         wire: Any = None,
     ) -> None:
-        self.deferred, self.wire = deferred, wire
-        params = self._share_params(model, comm, model.grads)  # the gradient stays private
-        self.place = Placement(comm.node.allgather(comm.rank), comm.size, comm.local_rank)
-        samples = sum(self.place.lengths(batch_size))  # the node's share of a full batch
-        share_layers(model, comm, samples, self.place)
+        self._node(model, comm, deferred, wire)
+        self.place = place
         bounds = layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)
         self.cursor = BucketCursor(bounds)
         self.layers: list[list[SharedDense]] = [[] for _ in bounds]  # by bucket
@@ -76,7 +69,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
                 self.parts[bucket].append(len(parts))
                 parts.append(part)
         self.needs_every_rank = any(lay.splits_units for bucket in self.layers for lay in bucket)
-        self.optimizer = make_optimizer(params, model.grads, parts, comm.shared_zeros)
+        self.optimizer = make_optimizer(model.params, model.grads, parts, comm.shared_zeros)
         self.my_grads = [model.grads[part] for part in parts]
         self.grads_ready = self._ready
         comm.fence()
