@@ -9,12 +9,12 @@ import pytest
 from xpnn.backends import get_backend
 from xpnn.errors import UserError
 from xpnn.nn import Dense, build_model
-from xpnn.train.optim import Schedule, make_optimizer
 from xpnn.parallel.model.shared import param_layers
 from xpnn.parallel.plan import Plan
 from xpnn.parallel.update.node_shared import SharedUpdate
 from xpnn.parallel.update.shared_batch import SharedBatchUpdate
 from xpnn.run import RunSpec, resolve
+from xpnn.train.optim import Schedule, make_optimizer
 
 
 def world(size: int, rank: int = 0, local_size: int | None = None) -> SimpleNamespace:
