@@ -44,8 +44,11 @@ class Cluster:
     dir: Path
     env: dict[str, str]
 
-    def run(self, cmd: list[str], timeout: float = JOB_S, **kw) -> subprocess.CompletedProcess:
-        """A Slurm command (``srun``, ``sbatch``, ``scontrol``) against this cluster. One that
+    def run(
+        self, cmd: list[str], timeout: float = JOB_S, env: dict[str, str] | None = None, **kw
+    ) -> subprocess.CompletedProcess:
+        """A Slurm command (``srun``, ``sbatch``, ``scontrol``) against this cluster, with
+        ``env`` added to its environment (which ``sbatch`` passes on to the job). One that
         outlives ``timeout`` fails the test with what it printed and the queue, and its jobs
         are cancelled (the next test's would wait for their CPUs)."""
         try:
@@ -56,7 +59,7 @@ class Cluster:
                 errors="replace",  # UCX's error lines may carry raw bytes
                 timeout=timeout,
                 cwd=ROOT,
-                env=self.env,
+                env={**self.env, **(env or {})},
                 **kw,
             )
         except subprocess.TimeoutExpired as exc:
@@ -97,10 +100,18 @@ class Cluster:
         state = self.wait_job(job, timeout)
         return state, out.read_text() if out.exists() else ""
 
-    def submit(self, script: str, opts: list[str], args: list[str], out: Path) -> str:
-        """``sbatch`` without waiting: the job id."""
+    def submit(
+        self,
+        script: str,
+        opts: list[str],
+        args: list[str],
+        out: Path,
+        env: dict[str, str] | None = None,
+    ) -> str:
+        """``sbatch`` without waiting, ``env`` added to the job's environment: the job id."""
         proc = self.run(
-            ["sbatch", "--parsable", f"--output={out}", *opts, str(SCRIPTS / script), *args]
+            ["sbatch", "--parsable", f"--output={out}", *opts, str(SCRIPTS / script), *args],
+            env=env,
         )
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip().split(";")[0]

@@ -1,17 +1,18 @@
 """Requeue under Slurm, end to end, with the batch script docs/cluster.md quotes
-(ci/slurm/requeue.sbatch): a job signalled mid-epoch writes a checkpoint, exits 75, puts itself
+(ci/slurm/requeue.sbatch): a job signalled mid-epoch, or while its ranks start, puts itself
 back in the queue, resumes, and ends with the parameters and metrics of a run never stopped.
 And which signals reach the ranks under ``sbatch`` + ``mpiexec``."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import numpy as np
 import pytest
 
-from .conftest import load_params, wait_until
+from .conftest import JOB_S, job_ranks, load_params, wait_until
 
 pytestmark = pytest.mark.mpi
 
@@ -55,16 +56,88 @@ def test_a_signalled_job_requeues_and_ends_as_if_never_stopped(cluster, tmp_path
     assert re.search(r"xpnn: SIGUSR1: checkpoint at step \d+ \(\d+ of epoch \d's", text), text
     assert "resume: " in text and "(epoch 1, step" in text, text
 
+    _assert_as_if_never_stopped(saved, metrics, whole, whole_metrics)
+
+
+def _assert_as_if_never_stopped(saved, metrics, whole, whole_metrics) -> None:
+    """The parameters bit for bit, and every record but timings, each epoch's once."""
     want, got = load_params(whole), load_params(saved)
     assert want.keys() == got.keys()
     for key in want:
         assert np.array_equal(got[key], want[key]), key  # bit-exact
     records, want_records = _records(metrics), _records(whole_metrics)
-    assert [r.get("epoch") for r in records if r["event"] == "epoch"] == [1, 2, 3, 4, 5, 6]
+    epochs = [r.get("epoch") for r in want_records if r["event"] == "epoch"]
+    assert [r.get("epoch") for r in records if r["event"] == "epoch"] == epochs
     assert len(records) == len(want_records)
     for mine, theirs in zip(records, want_records, strict=True):
         keys = SAME if theirs["event"] == "epoch" else DONE
         assert {k: mine.get(k) for k in keys} == {k: theirs.get(k) for k in keys}
+
+
+# 600 samples in batches of 70 (9 steps an epoch), 3 epochs of a 64-wide layer: a second
+SHORT = [
+    "--dataset", "synthetic", "--synthetic-size", "600", "--epochs", "3", "--batch-size", "70",
+    "--dtype", "float64", "--optimizer", "adam", "--lr", "0.01", "--hidden", "64",
+    "--threads", "1", "--backend", "numpy", "--no-progress",
+]  # fmt: skip
+# a sitecustomize that holds Python's own start-up for 3 s, before any line of xpnn runs, as a
+# slow shared file system does on a cluster: room to signal the ranks inside it
+SLOW_START = "import time\n\ntime.sleep(3)\n"
+
+
+@pytest.fixture(scope="module")
+def short_whole(cluster, tmp_path_factory):
+    """SHORT never stopped, on 2 ranks under srun: (its parameters, its metrics)."""
+    folder = tmp_path_factory.mktemp("whole")
+    saved, metrics = folder / "p.npz", folder / "m.jsonl"
+    proc = cluster.srun(
+        ["-N", "1", "-n", "2", "--mpi=pmi2"],
+        [*SHORT, "--save", str(saved), "--metrics", str(metrics)],
+    )
+    assert proc.returncode == 0, proc.stderr
+    return saved, metrics
+
+
+@pytest.mark.parametrize("moment", ["python-starting", "xpnn-starting"])
+def test_a_job_signalled_while_starting_requeues_and_ends_as_if_never_stopped(
+    cluster, short_whole, tmp_path, moment
+):
+    """``scancel -s USR1`` while the ranks start. Inside Python's own start-up, before xpnn's
+    first line, USR1's default action ends the ranks (srun exits 138) and the script requeues
+    the job all the same; from xpnn's first line on, the signal is noted, and the checkpoint
+    written at the first step's end (exit 75). Either way the job ends as if never stopped."""
+    saved, metrics, out = tmp_path / "p.npz", tmp_path / "m.jsonl", tmp_path / "job.out"
+    args = [str(tmp_path / "ck"), *SHORT, "--save", str(saved), "--metrics", str(metrics)]
+    marks = [tmp_path / f"handler.{rank}" for rank in (0, 1)]  # xpnn's handler is in
+    env = {"XPNN_HANDLER_MARK": str(tmp_path / "handler")}
+    if moment == "python-starting":
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(SLOW_START)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.getenv("PYTHONPATH")]))
+    job = cluster.submit("requeue.sbatch", [], args, out, env=env)
+    if moment == "python-starting":
+        wait_until(lambda: len(job_ranks(job)) == 2, JOB_S, "the ranks' processes")
+    else:
+        wait_until(lambda: all(m.exists() for m in marks), JOB_S, "xpnn's handlers")
+    proc = cluster.run(["scancel", "-s", "USR1", job])
+    assert proc.returncode == 0, proc.stderr
+    if moment == "python-starting":
+        assert not any(m.exists() for m in marks)  # still inside Python's start-up
+    state = cluster.wait_job(job)
+    text = out.read_text()
+    assert state == "COMPLETED 0:0", text
+    assert cluster.job(job)["Restarts"] == "1", text
+    if moment == "python-starting":
+        assert "tasks 0-1: User defined signal 1" in text, text
+        assert "checkpoint at step" not in text, text
+        assert text.count("resume: no checkpoint in") == 1, text  # the first run said nothing
+    else:
+        assert "xpnn: SIGUSR1: checkpoint at step 1 (1 of epoch 1's 9 steps) written" in text
+        assert re.search(
+            r"resume: .*checkpoint-epoch0000-step00000001\.npz \(epoch 0, step 1\)", text
+        )
+    _assert_as_if_never_stopped(saved, metrics, *short_whole)
 
 
 @pytest.mark.parametrize(
