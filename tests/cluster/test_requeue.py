@@ -98,37 +98,66 @@ def short_whole(cluster, tmp_path_factory):
     return saved, metrics
 
 
-@pytest.mark.parametrize("moment", ["python-starting", "xpnn-starting"])
+MOMENTS = ("python-starting", "xpnn-starting")
+
+
+@pytest.fixture(scope="module")
+def signalled_while_starting(cluster, tmp_path_factory) -> dict[str, dict]:
+    """A job of SHORT for each moment, side by side, each sent ``scancel -s USR1`` at its
+    moment and waited for: {moment: its folder, final state, restarts, output, and whether
+    xpnn's handler was in when the signal went}."""
+    jobs = {}
+    for moment in MOMENTS:
+        folder = tmp_path_factory.mktemp(moment)
+        args = [str(folder / "ck"), *SHORT]
+        args += ["--save", str(folder / "p.npz"), "--metrics", str(folder / "m.jsonl")]
+        env = {"XPNN_HANDLER_MARK": str(folder / "handler")}  # handler.RANK: it is in
+        if moment == "python-starting":
+            (folder / "site").mkdir()
+            (folder / "site" / "sitecustomize.py").write_text(SLOW_START)
+            path = [str(folder / "site"), os.getenv("PYTHONPATH")]
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, path))
+        job = cluster.submit("requeue.sbatch", [], args, folder / "job.out", env=env)
+        jobs[moment] = {"folder": folder, "job": job}
+
+    def marks(moment: str) -> list[bool]:
+        return [(jobs[moment]["folder"] / f"handler.{rank}").exists() for rank in (0, 1)]
+
+    def due(moment: str) -> bool:
+        if moment == "python-starting":  # its ranks' processes are there, inside Python
+            return len(job_ranks(jobs[moment]["job"])) == 2
+        return all(marks(moment))
+
+    def signal_those_due() -> bool:
+        for moment, job in jobs.items():
+            if "handler_in" not in job and due(moment):
+                proc = cluster.run(["scancel", "-s", "USR1", job["job"]])
+                assert proc.returncode == 0, proc.stderr
+                job["handler_in"] = any(marks(moment))
+        return all("handler_in" in job for job in jobs.values())
+
+    wait_until(signal_those_due, JOB_S, "each job's moment")
+    for job in jobs.values():
+        job["state"] = cluster.wait_job(job["job"])
+        job["restarts"] = cluster.job(job["job"])["Restarts"]
+        job["text"] = (job["folder"] / "job.out").read_text()
+    return jobs
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
 def test_a_job_signalled_while_starting_requeues_and_ends_as_if_never_stopped(
-    cluster, short_whole, tmp_path, moment
+    signalled_while_starting, short_whole, moment
 ):
     """``scancel -s USR1`` while the ranks start. Inside Python's own start-up, before xpnn's
     first line, USR1's default action ends the ranks (srun exits 138) and the script requeues
     the job all the same; from xpnn's first line on, the signal is noted, and the checkpoint
     written at the first step's end (exit 75). Either way the job ends as if never stopped."""
-    saved, metrics, out = tmp_path / "p.npz", tmp_path / "m.jsonl", tmp_path / "job.out"
-    args = [str(tmp_path / "ck"), *SHORT, "--save", str(saved), "--metrics", str(metrics)]
-    marks = [tmp_path / f"handler.{rank}" for rank in (0, 1)]  # xpnn's handler is in
-    env = {"XPNN_HANDLER_MARK": str(tmp_path / "handler")}
+    job = signalled_while_starting[moment]
+    text = job["text"]
+    assert job["state"] == "COMPLETED 0:0", text
+    assert job["restarts"] == "1", text
     if moment == "python-starting":
-        site = tmp_path / "site"
-        site.mkdir()
-        (site / "sitecustomize.py").write_text(SLOW_START)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.getenv("PYTHONPATH")]))
-    job = cluster.submit("requeue.sbatch", [], args, out, env=env)
-    if moment == "python-starting":
-        wait_until(lambda: len(job_ranks(job)) == 2, JOB_S, "the ranks' processes")
-    else:
-        wait_until(lambda: all(m.exists() for m in marks), JOB_S, "xpnn's handlers")
-    proc = cluster.run(["scancel", "-s", "USR1", job])
-    assert proc.returncode == 0, proc.stderr
-    if moment == "python-starting":
-        assert not any(m.exists() for m in marks)  # still inside Python's start-up
-    state = cluster.wait_job(job)
-    text = out.read_text()
-    assert state == "COMPLETED 0:0", text
-    assert cluster.job(job)["Restarts"] == "1", text
-    if moment == "python-starting":
+        assert not job["handler_in"]  # still inside Python's start-up
         assert "tasks 0-1: User defined signal 1" in text, text
         assert "checkpoint at step" not in text, text
         assert text.count("resume: no checkpoint in") == 1, text  # the first run said nothing
@@ -137,7 +166,8 @@ def test_a_job_signalled_while_starting_requeues_and_ends_as_if_never_stopped(
         assert re.search(
             r"resume: .*checkpoint-epoch0000-step00000001\.npz \(epoch 0, step 1\)", text
         )
-    _assert_as_if_never_stopped(saved, metrics, *short_whole)
+    folder = job["folder"]
+    _assert_as_if_never_stopped(folder / "p.npz", folder / "m.jsonl", *short_whole)
 
 
 @pytest.mark.parametrize(
