@@ -37,38 +37,34 @@ def _text(path) -> str:
 
 @pytest.fixture(scope="module")
 def near_their_end(cluster, tmp_path_factory):
-    """Both jobs run to where Slurm's clock leaves them: (folder, requeue job, limited job,
-    the seconds from moving their ends to the time limit's kill)."""
+    """Both jobs run to where Slurm's clock leaves them: (the folder, the requeue job's output,
+    the limited job's output, the limited job's id, the requeue job's restarts, the seconds
+    from moving their ends to the time limit's kill). Their jobs are cancelled after."""
     folder = tmp_path_factory.mktemp("limits")
     signalled, limited = folder / "signalled.out", folder / "limited.out"
     ten = ["--time=10"]
-    a = cluster.submit("requeue.sbatch", ten, [str(folder / "ck-a"), *ENDLESS], signalled)
-    b = cluster.submit(
-        "train-srun.sbatch",
-        [*ten, "--nodes=1", "--ntasks-per-node=2"],
-        [*ENDLESS, "--checkpoint-dir", str(folder / "ck-b")],
-        limited,
-    )
-    for out in (signalled, limited):
-        wait_until(lambda out=out: "epoch 2/" in _text(out), JOB_S, f"{out.name}: epoch 2")
-    moved = time.monotonic()
-    for job, end in ((a, "now+60"), (b, "now")):
-        proc = cluster.run(["scontrol", "update", f"JobId={job}", f"EndTime={end}"])
-        assert proc.returncode == 0, proc.stderr
     try:
+        a = cluster.submit("requeue.sbatch", ten, [str(folder / "ck-a"), *ENDLESS], signalled)
+        b = cluster.submit(
+            "train-srun.sbatch",
+            [*ten, "--nodes=1", "--ntasks-per-node=2"],
+            [*ENDLESS, "--checkpoint-dir", str(folder / "ck-b")],
+            limited,
+        )
+        for out in (signalled, limited):
+            wait_until(lambda out=out: "epoch 2/" in _text(out), JOB_S, f"{out.name}: epoch 2")
+        moved = time.monotonic()
+        for job, end in ((a, "now+60"), (b, "now")):
+            proc = cluster.run(["scontrol", "update", f"JobId={job}", f"EndTime={end}"])
+            assert proc.returncode == 0, proc.stderr
         cluster.wait_job(b, LOOK_S + 30)
         killed_s = time.monotonic() - moved
-        # the requeued job trains again: its first epoch line after the resume
-        wait_until(
-            lambda: re.search(
-                r"resume: \S+\.npz [^\n]*\n(?:[^\n]*\n)*?epoch \d+/", _text(signalled)
-            ),
-            LOOK_S + JOB_S,
-            "the requeued job's resumed training",
-        )
+        # the requeued job trains again: an epoch line after its resume from a checkpoint
+        resumed = re.compile(r"resume: \S+\.npz [^\n]*\n(?:[^\n]*\n)*?epoch \d+/")
+        wait_until(lambda: resumed.search(_text(signalled)), LOOK_S + JOB_S, "the resumed training")
         restarts = cluster.job(a)["Restarts"]
     finally:
-        cluster.cancel_all()
+        cluster.cancel_all()  # the requeue job trains on without end
     return folder, signalled, limited, b, restarts, killed_s
 
 
