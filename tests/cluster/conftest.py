@@ -133,18 +133,35 @@ class Cluster:
         return wait_until(ended, timeout, f"job {job} to end")
 
     def _unless_hung(self, cmd: list[str]) -> subprocess.CompletedProcess | None:
-        """``cmd`` run, or None when it printed nothing in ``HUNG_S`` (its jobs cancelled): a
-        start the PMI-2 exchange left waiting in ``MPI_Init``, as a broken one (below)."""
-        try:
-            return subprocess.run(
-                cmd, capture_output=True, text=True, errors="replace", timeout=HUNG_S,
-                cwd=ROOT, env=self.env,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired as exc:
-            if STARTED in _text(exc.stdout):  # xpnn had started: a slow job, not a hung start
-                return self.run(cmd)
-            self.cancel_all()
-            return None
+        """``cmd`` run, or None when its start broke in the PMI-2 exchange (its jobs
+        cancelled): slurmstepd refused a request (``REFUSED`` on stderr) and xpnn's header did
+        not follow within ``BROKEN_S`` (a refused request is never answered: the rank would
+        wait in ``MPI_Init`` for good), or nothing was printed in ``HUNG_S``."""
+        with tempfile.TemporaryDirectory(prefix="xpnn-srun-") as folder:
+            out, err = Path(folder) / "out", Path(folder) / "err"
+            with out.open("w") as out_fh, err.open("w") as err_fh:
+                proc = subprocess.Popen(cmd, stdout=out_fh, stderr=err_fh, cwd=ROOT, env=self.env)
+            start, refused = time.monotonic(), None
+            while proc.poll() is None:
+                if STARTED in _read(out):  # a slow job, not a hung start: its end
+                    try:
+                        proc.wait(timeout=JOB_S)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+                        self.cancel_all()
+                        pytest.fail(f"{cmd[0]}: still running after {JOB_S} s:\n{_read(out)}")
+                    break
+                now = time.monotonic()
+                if refused is None and REFUSED in _read(err):
+                    refused = now
+                if now - start > HUNG_S or (refused is not None and now - refused > BROKEN_S):
+                    proc.kill()
+                    proc.wait()
+                    self.cancel_all()
+                    return None
+                time.sleep(0.1)
+            return subprocess.CompletedProcess(cmd, proc.returncode, _read(out), _read(err))
 
     def cancel_all(self) -> None:
         """Every job of this cluster cancelled, and their end waited for."""
@@ -207,9 +224,12 @@ class Cluster:
 
 START_TRIES = 4  # of a job whose MPI_Init failed in UCX's set-up (_ucx_start_failed)
 HUNG_S = 75  # a tiny job that has printed nothing by then waits in MPI_Init for good
+BROKEN_S = 15  # from slurmstepd's refusal of a PMI-2 request to xpnn's header, at most
 # slurmstepd's PMI-2 plugin refusing a garbled request ("invalid client request", "value not
-# properly terminated in client request"), and UCX failing on the addresses it got
-START_FAILURES = ("UCX  ERROR", "mpi/pmi2: ", "MPIDI_UCX_comm_addr_exchange")
+# properly terminated in client request")
+REFUSED = "mpi/pmi2: "
+# that, or UCX failing on the addresses it got
+START_FAILURES = ("UCX  ERROR", REFUSED, "MPIDI_UCX_comm_addr_exchange")
 # xpnn's header, its first words once MPI has started: a failed start may still print on
 # stdout (UCX writes its assertion's backtrace there), so "printed nothing" would miss it
 STARTED = "xpnn: "
@@ -221,6 +241,11 @@ def _ucx_start_failed(proc: subprocess.CompletedProcess) -> bool:
     about 1 of 5-25 jobs of 2 x 2 ranks here (docs/cluster.md), which says nothing of xpnn."""
     failed = any(said in proc.stderr for said in START_FAILURES)
     return failed and STARTED not in proc.stdout
+
+
+def _read(path: Path) -> str:
+    """A file a running process writes, as text so far (UCX's lines may carry raw bytes)."""
+    return path.read_text(errors="replace")
 
 
 def _text(out: bytes | str | None) -> str:
