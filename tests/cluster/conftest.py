@@ -175,11 +175,11 @@ class Cluster:
         the PMI-2 exchange before that is started again (``_ucx_start_failed``)."""
         for _ in range(START_TRIES):
             job = self.start(opts, args, out)
-            _poll(lambda j=job: until in out.read_text() or j.poll() is not None, HUNG_S)
+            _poll(_said(out.read_text, until, lambda j=job: j.poll() is not None), HUNG_S)
             text = out.read_text()
             if until in text:
                 return job
-            if job.poll() is None and STARTED not in text:  # a start hung in MPI_Init
+            if job.poll() is None and STARTED not in text:  # a start hung in MPI_Init, or refused
                 job.kill()
                 self.cancel_all()
                 continue
@@ -194,16 +194,15 @@ class Cluster:
             out.unlink(missing_ok=True)
             job = self.submit(script, opts, args, out)
 
-            def said_or_ended(job: str = job) -> bool:
-                text = out.read_text() if out.exists() else ""
-                return until in text or self.job(job).get("JobState") in ENDED
+            def ended(job: str = job) -> bool:
+                return self.job(job).get("JobState") in ENDED
 
-            _poll(said_or_ended, HUNG_S)
+            _poll(_said(lambda: out.read_text() if out.exists() else "", until, ended), HUNG_S)
             text = out.read_text() if out.exists() else ""
             if until in text:
                 return job
             if self.job(job).get("JobState") not in ENDED and STARTED not in text:
-                self.cancel_all()  # a start hung in MPI_Init
+                self.cancel_all()  # a start hung in MPI_Init, or refused
                 continue
             if STARTED in text or not any(said in text for said in START_FAILURES):
                 return job
@@ -324,6 +323,24 @@ def assert_same_params(got: dict, want: dict, rtol: float = 1e-9) -> None:
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=0, err_msg=name)
+
+
+def _said(text, until: str, ended):  # noqa: ANN001, ANN202 - callables
+    """A predicate for ``_poll`` on a job's output ``text()``: ``until`` is in it, or the job
+    ``ended()``, or slurmstepd refused its PMI-2 request (``REFUSED``) ``BROKEN_S`` ago and
+    xpnn's header has not come (its rank waits in ``MPI_Init`` for good)."""
+    refused: list[float] = []
+
+    def check() -> bool:
+        said = text()
+        if until in said or ended():
+            return True
+        if REFUSED in said and STARTED not in said:
+            refused[:] = refused or [time.monotonic()]
+            return time.monotonic() - refused[0] > BROKEN_S
+        return False
+
+    return check
 
 
 def _poll(check, timeout: float) -> bool:  # noqa: ANN001 - any predicate

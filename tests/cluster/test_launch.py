@@ -60,11 +60,15 @@ def test_a_start_refused_by_pmi2_is_started_again_without_waiting(cluster, monke
     """slurmstepd's refusal of a PMI-2 request leaves the rank waiting in ``MPI_Init``: the
     tests give such a start up ``BROKEN_S`` after the refusal, not ``HUNG_S`` after its start;
     one whose xpnn header follows runs to its end."""
-    monkeypatch.setattr(slurm, "BROKEN_S", 1)
+    monkeypatch.setattr(slurm, "BROKEN_S", 0.5)
     refused = "slurmstepd: error: mpi/pmi2: value not properly terminated in client request"
     start = time.monotonic()
     assert cluster._unless_hung(["bash", "-c", f"echo '{refused}' >&2; exec sleep 60"]) is None
     assert time.monotonic() - start < 15
+    # the same for a job left running (``start_running``, ``submit_running``): its output
+    never = lambda: False  # noqa: E731 - the job runs on
+    assert slurm._poll(slurm._said(lambda: refused, "epoch 2/", never), 5)
+    assert not slurm._poll(slurm._said(lambda: f"{refused}\nxpnn: header", "epoch 2/", never), 1)
     late = f"echo '{refused}' >&2; echo 'xpnn: header'; sleep 0.3; echo done"
     proc = cluster._unless_hung(["bash", "-c", late])
     assert proc is not None and proc.returncode == 0 and proc.stdout.endswith("done\n")
