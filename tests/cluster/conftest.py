@@ -44,8 +44,11 @@ class Cluster:
     dir: Path
     env: dict[str, str]
 
-    def run(self, cmd: list[str], timeout: float = JOB_S, **kw) -> subprocess.CompletedProcess:
-        """A Slurm command (``srun``, ``sbatch``, ``scontrol``) against this cluster. One that
+    def run(
+        self, cmd: list[str], timeout: float = JOB_S, env: dict[str, str] | None = None, **kw
+    ) -> subprocess.CompletedProcess:
+        """A Slurm command (``srun``, ``sbatch``, ``scontrol``) against this cluster, with
+        ``env`` added to its environment (which ``sbatch`` passes on to the job). One that
         outlives ``timeout`` fails the test with what it printed and the queue, and its jobs
         are cancelled (the next test's would wait for their CPUs)."""
         try:
@@ -56,7 +59,7 @@ class Cluster:
                 errors="replace",  # UCX's error lines may carry raw bytes
                 timeout=timeout,
                 cwd=ROOT,
-                env=self.env,
+                env={**self.env, **(env or {})},
                 **kw,
             )
         except subprocess.TimeoutExpired as exc:
@@ -97,10 +100,18 @@ class Cluster:
         state = self.wait_job(job, timeout)
         return state, out.read_text() if out.exists() else ""
 
-    def submit(self, script: str, opts: list[str], args: list[str], out: Path) -> str:
-        """``sbatch`` without waiting: the job id."""
+    def submit(
+        self,
+        script: str,
+        opts: list[str],
+        args: list[str],
+        out: Path,
+        env: dict[str, str] | None = None,
+    ) -> str:
+        """``sbatch`` without waiting, ``env`` added to the job's environment: the job id."""
         proc = self.run(
-            ["sbatch", "--parsable", f"--output={out}", *opts, str(SCRIPTS / script), *args]
+            ["sbatch", "--parsable", f"--output={out}", *opts, str(SCRIPTS / script), *args],
+            env=env,
         )
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip().split(";")[0]
@@ -122,18 +133,35 @@ class Cluster:
         return wait_until(ended, timeout, f"job {job} to end")
 
     def _unless_hung(self, cmd: list[str]) -> subprocess.CompletedProcess | None:
-        """``cmd`` run, or None when it printed nothing in ``HUNG_S`` (its jobs cancelled): a
-        start the PMI-2 exchange left waiting in ``MPI_Init``, as a broken one (below)."""
-        try:
-            return subprocess.run(
-                cmd, capture_output=True, text=True, errors="replace", timeout=HUNG_S,
-                cwd=ROOT, env=self.env,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired as exc:
-            if STARTED in _text(exc.stdout):  # xpnn had started: a slow job, not a hung start
-                return self.run(cmd)
-            self.cancel_all()
-            return None
+        """``cmd`` run, or None when its start broke in the PMI-2 exchange (its jobs
+        cancelled): slurmstepd refused a request (``REFUSED`` on stderr) and xpnn's header did
+        not follow within ``BROKEN_S`` (a refused request is never answered: the rank would
+        wait in ``MPI_Init`` for good), or nothing was printed in ``HUNG_S``."""
+        with tempfile.TemporaryDirectory(prefix="xpnn-srun-") as folder:
+            out, err = Path(folder) / "out", Path(folder) / "err"
+            with out.open("w") as out_fh, err.open("w") as err_fh:
+                proc = subprocess.Popen(cmd, stdout=out_fh, stderr=err_fh, cwd=ROOT, env=self.env)
+            start, refused = time.monotonic(), None
+            while proc.poll() is None:
+                if STARTED in _read(out):  # a slow job, not a hung start: its end
+                    try:
+                        proc.wait(timeout=JOB_S)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+                        self.cancel_all()
+                        pytest.fail(f"{cmd[0]}: still running after {JOB_S} s:\n{_read(out)}")
+                    break
+                now = time.monotonic()
+                if refused is None and REFUSED in _read(err):
+                    refused = now
+                if now - start > HUNG_S or (refused is not None and now - refused > BROKEN_S):
+                    proc.kill()
+                    proc.wait()
+                    self.cancel_all()
+                    return None
+                time.sleep(0.1)
+            return subprocess.CompletedProcess(cmd, proc.returncode, _read(out), _read(err))
 
     def cancel_all(self) -> None:
         """Every job of this cluster cancelled, and their end waited for."""
@@ -147,11 +175,11 @@ class Cluster:
         the PMI-2 exchange before that is started again (``_ucx_start_failed``)."""
         for _ in range(START_TRIES):
             job = self.start(opts, args, out)
-            _poll(lambda j=job: until in out.read_text() or j.poll() is not None, HUNG_S)
+            _poll(_said(out.read_text, until, lambda j=job: j.poll() is not None), HUNG_S)
             text = out.read_text()
             if until in text:
                 return job
-            if job.poll() is None and STARTED not in text:  # a start hung in MPI_Init
+            if job.poll() is None and STARTED not in text:  # a start hung in MPI_Init, or refused
                 job.kill()
                 self.cancel_all()
                 continue
@@ -166,16 +194,15 @@ class Cluster:
             out.unlink(missing_ok=True)
             job = self.submit(script, opts, args, out)
 
-            def said_or_ended(job: str = job) -> bool:
-                text = out.read_text() if out.exists() else ""
-                return until in text or self.job(job).get("JobState") in ENDED
+            def ended(job: str = job) -> bool:
+                return self.job(job).get("JobState") in ENDED
 
-            _poll(said_or_ended, HUNG_S)
+            _poll(_said(lambda: out.read_text() if out.exists() else "", until, ended), HUNG_S)
             text = out.read_text() if out.exists() else ""
             if until in text:
                 return job
             if self.job(job).get("JobState") not in ENDED and STARTED not in text:
-                self.cancel_all()  # a start hung in MPI_Init
+                self.cancel_all()  # a start hung in MPI_Init, or refused
                 continue
             if STARTED in text or not any(said in text for said in START_FAILURES):
                 return job
@@ -196,9 +223,12 @@ class Cluster:
 
 START_TRIES = 4  # of a job whose MPI_Init failed in UCX's set-up (_ucx_start_failed)
 HUNG_S = 75  # a tiny job that has printed nothing by then waits in MPI_Init for good
+BROKEN_S = 15  # from slurmstepd's refusal of a PMI-2 request to xpnn's header, at most
 # slurmstepd's PMI-2 plugin refusing a garbled request ("invalid client request", "value not
-# properly terminated in client request"), and UCX failing on the addresses it got
-START_FAILURES = ("UCX  ERROR", "mpi/pmi2: ", "MPIDI_UCX_comm_addr_exchange")
+# properly terminated in client request")
+REFUSED = "mpi/pmi2: "
+# that, or UCX failing on the addresses it got
+START_FAILURES = ("UCX  ERROR", REFUSED, "MPIDI_UCX_comm_addr_exchange")
 # xpnn's header, its first words once MPI has started: a failed start may still print on
 # stdout (UCX writes its assertion's backtrace there), so "printed nothing" would miss it
 STARTED = "xpnn: "
@@ -210,6 +240,11 @@ def _ucx_start_failed(proc: subprocess.CompletedProcess) -> bool:
     about 1 of 5-25 jobs of 2 x 2 ranks here (docs/cluster.md), which says nothing of xpnn."""
     failed = any(said in proc.stderr for said in START_FAILURES)
     return failed and STARTED not in proc.stdout
+
+
+def _read(path: Path) -> str:
+    """A file a running process writes, as text so far (UCX's lines may carry raw bytes)."""
+    return path.read_text(errors="replace")
 
 
 def _text(out: bytes | str | None) -> str:
@@ -288,6 +323,24 @@ def assert_same_params(got: dict, want: dict, rtol: float = 1e-9) -> None:
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=0, err_msg=name)
+
+
+def _said(text, until: str, ended):  # noqa: ANN001, ANN202 - callables
+    """A predicate for ``_poll`` on a job's output ``text()``: ``until`` is in it, or the job
+    ``ended()``, or slurmstepd refused its PMI-2 request (``REFUSED``) ``BROKEN_S`` ago and
+    xpnn's header has not come (its rank waits in ``MPI_Init`` for good)."""
+    refused: list[float] = []
+
+    def check() -> bool:
+        said = text()
+        if until in said or ended():
+            return True
+        if REFUSED in said and STARTED not in said:
+            refused[:] = refused or [time.monotonic()]
+            return time.monotonic() - refused[0] > BROKEN_S
+        return False
+
+    return check
 
 
 def _poll(check, timeout: float) -> bool:  # noqa: ANN001 - any predicate

@@ -29,8 +29,14 @@ LAYOUTS = {
     "shm-activations-2x2": (2, ["--comm", "mpi-shm", "--node-share", "activations"]),
     "host-2x2": (2, ["--comm", "mpi-host"]),
     "2d-tensor-2x2": (2, ["--parallel", "tensor", "--model-ranks", "2"]),
+    # ZeRO stage 1 (over mpi-host: node-shared memory keeps one copy a node already)
+    "shard-optimizer-2x2": (2, ["--shard-optimizer"]),
 }
-UPDATES = {"shm-gradients-2x2": "shared gradients", "shm-activations-2x2": "shared activations"}
+UPDATES = {
+    "shm-gradients-2x2": "shared gradients",
+    "shm-activations-2x2": "shared activations",
+    "shard-optimizer-2x2": "sharded",
+}
 
 
 @pytest.fixture(scope="module")
