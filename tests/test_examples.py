@@ -123,7 +123,11 @@ def test_the_slurm_script_is_bash_and_asks_slurm_for_the_requeue_recipe():
     assert {"--signal=USR1@60", "--requeue", "--open-mode=append"} <= options
     body = "\n".join(_sbatch_lines())
     assert 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"' in body
-    assert re.search(r'if \[ "\$code" -eq 75 \]; then.*\n.*\n\s+scontrol requeue', body)
+    assert re.search(
+        r'if \[ "\$code" -eq 75 \] \|\| \[ "\$code" -eq \$\(\(128 \+ \$\(kill -l USR1\)\)\) \]; '
+        r"then.*\n.*\n\s+scontrol requeue",
+        body,
+    )
 
 
 def test_the_slurm_scripts_flags_pass_xpnns_parser_and_checks():

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from xpnn.checkpoint import CHECKPOINT_NAME, read_npz
+from xpnn.train.checkpoint import CHECKPOINT_NAME, read_npz
 
 from .conftest import JOB_S, job_ranks, wait_until
 
