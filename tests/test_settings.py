@@ -19,7 +19,7 @@ CLI_MD = ROOT / "docs" / "cli.md"
 
 def regenerated(text: str) -> str:
     """``text`` (docs/cli.md) with each settings table replaced by the declarations' own."""
-    from xpnn.flags import settings_tables
+    from xpnn.commands.flags import settings_tables
 
     for group, table in settings_tables().items():
         pattern = rf"(^### {re.escape(group)}\n\n)(\|.*\n)+"
@@ -67,8 +67,8 @@ def _declared_ranges():
 def test_the_command_line_and_a_program_refuse_the_same_values(name, setting):
     """One rule a setting: a value the flag refuses, ``RunSpec`` refuses too, each naming the
     setting its own way (``--flag`` / `` `name` ``), and both take the values it allows."""
+    from xpnn.commands.flags import FLAGS, ArgError, build_parser
     from xpnn.errors import UserError
-    from xpnn.flags import FLAGS, ArgError, build_parser
     from xpnn.run import RunSpec
     from xpnn.settings import check_settings
 
@@ -90,8 +90,8 @@ def test_the_command_line_and_a_program_refuse_the_same_values(name, setting):
 
 
 def test_a_choice_the_flag_offers_a_program_may_give():
+    from xpnn.commands.flags import build_parser
     from xpnn.errors import UserError
-    from xpnn.flags import build_parser
     from xpnn.run import RunSpec
     from xpnn.settings import SETTINGS, check_settings
 
@@ -106,7 +106,7 @@ def test_a_choice_the_flag_offers_a_program_may_give():
 
 def test_the_rule_is_said_the_same_where_the_words_agree():
     """Past the largest count or below a decay rate's 1: the same words from both sides."""
-    from xpnn.flags import ArgError, build_parser
+    from xpnn.commands.flags import ArgError, build_parser
     from xpnn.run import RunSpec
     from xpnn.settings import check_spec
 

@@ -14,7 +14,8 @@ import pytest
 from conftest import TINY_FLOAT64_RUN, assert_one_line_user_error, run_xpnn
 from faults import Job
 
-from xpnn import cli, phases, timeline
+from xpnn import phases, timeline
+from xpnn.commands import cli
 from xpnn.runtime import flight
 from xpnn.train.trace import default_window
 
