@@ -119,6 +119,7 @@ class Setting:
     per_rank: bool = False  # may differ between ranks (a node's data copy, rank 0's files)
 
     def said_default(self, default: Any) -> str:
+        """The default as docs/cli.md's table and ``--help`` say it."""
         if self.shown:
             return self.shown
         value = default if self.fill is None or callable(self.fill) else self.fill

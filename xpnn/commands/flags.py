@@ -15,7 +15,7 @@ from typing import Any
 from xpnn.errors import PARAM
 from xpnn.planner.auto import AUTO, CHOSEN
 from xpnn.run import RunSpec
-from xpnn.settings import DEFAULTS, OUTPUTS, RATE, SETTINGS, Setting
+from xpnn.settings import DEFAULTS, MOST, OUTPUTS, RATE, SETTINGS, Setting
 from xpnn.timeline import parse_steps
 from xpnn.train.requeue import SIGNALS
 
@@ -86,8 +86,8 @@ def _sizes(text: str) -> tuple[int, ...]:
         raise ValueError(f"expected sizes like 512,256, got {text!r}") from None
     if not sizes or min(sizes) < 1:
         raise ValueError(f"sizes must be positive, got {text!r}")
-    if max(sizes) > 2**31 - 1:
-        raise ValueError(f"sizes must be at most {2**31 - 1}, got {text!r}")
+    if max(sizes) > MOST:
+        raise ValueError(f"sizes must be at most {MOST}, got {text!r}")
     return sizes
 
 
