@@ -385,7 +385,7 @@ def run_xpnn(
 def check_xpnn_flags(flags: Sequence[str]) -> None:
     """Refuse, before a run starts, flags that ``python -m xpnn`` would refuse (a benchmark
     passes some on unchanged): one line naming the flag, as xpnn says it."""
-    from xpnn.flags import ArgError, build_parser
+    from xpnn.commands.flags import ArgError, build_parser
 
     try:
         build_parser().parse_args(list(flags))

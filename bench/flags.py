@@ -177,9 +177,9 @@ def choice_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
 def data_dir_problem(dataset: str, data_dir: str) -> str | None:
     """Why ``data_dir`` does not hold ``dataset``'s four IDX files (None: it does), as xpnn's
     ``--data-dir`` lookup says it (``--data-dir DIR: no such directory``, ``...: missing ...``)."""
+    from xpnn.commands.flags import flag_words
     from xpnn.data import find_files
     from xpnn.errors import UserError
-    from xpnn.flags import flag_words
 
     try:
         find_files(dataset, data_dir, download=False)

@@ -14,7 +14,7 @@ from conftest import ROOT
 # Modules of xpnn that benchmarks may import names from besides packages (``__all__``), by
 # name: a module's own ``__all__`` does not make it public (the command line has one).
 PUBLIC_MODULES = {"xpnn.errors", "xpnn.train.optim", "xpnn.train", "xpnn.run", "xpnn.record.digest"}
-PUBLIC_MODULES |= {"xpnn.flags", "xpnn.testing"}
+PUBLIC_MODULES |= {"xpnn.commands.flags", "xpnn.testing"}
 PUBLIC_MODULES |= {"xpnn.record.phases"}  # the seam that step timers and tracers listen on
 
 
@@ -99,16 +99,18 @@ def test_benchmarks_use_the_public_api(script):
 def test_a_reach_into_a_module_is_found(tmp_path):
     """The check above can fail: a private module's name is refused."""
     script = tmp_path / "b.py"
-    script.write_text("from xpnn.parallel.model.shared import share_layers\nimport xpnn.cli\n")
+    script.write_text(
+        "from xpnn.parallel.model.shared import share_layers\nimport xpnn.commands.cli\n"
+    )
     found = xpnn_imports(script)
     assert found == [
         ("xpnn.parallel.model.shared", ["share_layers"], 1),
-        ("xpnn.cli", [], 2),
+        ("xpnn.commands.cli", [], 2),
     ]
     assert public_names("xpnn.parallel.model.shared") is None
-    assert public_names("xpnn.cli") is None  # the command line is not a library
-    assert "flag_words" in public_names("xpnn.flags")
-    assert "_hidden" not in public_names("xpnn.flags")
+    assert public_names("xpnn.commands.cli") is None  # the command line is not a library
+    assert "flag_words" in public_names("xpnn.commands.flags")
+    assert "_hidden" not in public_names("xpnn.commands.flags")
     assert "share_layers" in public_names("xpnn.parallel.model")
 
 

@@ -132,7 +132,7 @@ def _run_python(cmd: list[str]) -> subprocess.CompletedProcess:
 DISK_FULL = """
 import sys
 import numpy as np
-from xpnn.cli import main
+from xpnn.commands.cli import main
 
 def full(*args, **kwargs):
     raise OSError(28, "No space left on device")
@@ -161,7 +161,7 @@ def test_a_full_disk_names_the_flag(tmp_path, flag):
 # a user error naming the batch, not "xpnn: MemoryError: Unable to allocate 4.84 GiB ...", exit 1
 OUT_OF_MEMORY = """
 import sys
-from xpnn.cli import main
+from xpnn.commands.cli import main
 from xpnn.nn.sequential import Sequential
 
 def too_big(*args, **kwargs):
@@ -183,7 +183,7 @@ def test_a_step_out_of_memory_names_the_batch():
 
 def test_path_problems_name_the_parameter_and_the_path_refused():
     """The library names the parameter (and carries it); the command line says its flag."""
-    from xpnn.flags import flag_words
+    from xpnn.commands.flags import flag_words
 
     with pytest.raises(UserError, match=r"^`save` /a/b\.npz: Permission denied$") as caught:
         with path_problems("save", "/a/b.npz"):
@@ -280,7 +280,7 @@ def test_mlp_flags_say_they_have_no_effect_on_the_cnn(flags):
 
 
 def test_bucket_mb_help_states_the_default_used():
-    from xpnn.flags import build_parser
+    from xpnn.commands.flags import build_parser
     from xpnn.parallel.update import DEFAULT_BUCKET_MB
 
     help_text = " ".join(build_parser().format_help().split())
@@ -510,7 +510,7 @@ def test_auto_without_an_accelerator_takes_numba_without_importing_torch():
 
 
 def test_version_and_info_say_the_version():
-    from xpnn.info import xpnn_version
+    from xpnn.commands.info import xpnn_version
 
     proc = run_xpnn(["--version"])
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"xpnn {xpnn_version()}\n", "")
@@ -523,7 +523,7 @@ def test_the_version_falls_back_to_the_packages(monkeypatch):
     import importlib.metadata
 
     import xpnn
-    from xpnn.info import xpnn_version
+    from xpnn.commands.info import xpnn_version
 
     def absent(name):
         raise importlib.metadata.PackageNotFoundError(name)

@@ -229,7 +229,7 @@ def test_synthetic_size_without_synthetic_data_says_so(fashion_dir):
 
 
 def test_help_names_info_and_the_defaults():
-    from xpnn.flags import build_parser
+    from xpnn.commands.flags import build_parser
 
     text = " ".join(build_parser().format_help().split())
     assert "python -m xpnn info" in text
@@ -241,7 +241,7 @@ def test_help_names_info_and_the_defaults():
 def test_help_gives_every_flags_default():
     """--schedule, --lr-scaling, --parallel and --replicate gave none, though the README
     sends readers to --help for the defaults."""
-    from xpnn.flags import build_parser
+    from xpnn.commands.flags import build_parser
 
     for action in build_parser()._actions:
         if action.option_strings and action.default not in (None, False, "==SUPPRESS=="):
@@ -381,7 +381,7 @@ def test_auto_says_why_it_settled_for_mpi_host():
 
 STOPPED_RANK = """
 import os, signal, sys
-from xpnn.cli import main
+from xpnn.commands.cli import main
 from xpnn.train import Trainer
 
 step = Trainer.step

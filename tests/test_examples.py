@@ -131,7 +131,7 @@ def test_the_slurm_script_is_bash_and_asks_slurm_for_the_requeue_recipe():
 
 
 def test_the_slurm_scripts_flags_pass_xpnns_parser_and_checks():
-    from xpnn.flags import build_parser, to_spec
+    from xpnn.commands.flags import build_parser, to_spec
     from xpnn.run import train_config
 
     env = {"SLURM_CPUS_PER_TASK": "4", "SLURM_JOB_ID": "123"}

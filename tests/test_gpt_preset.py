@@ -7,8 +7,8 @@ import pytest
 from conftest import run_xpnn
 from parallel.model.test_gpt_parallel import write_text
 
-from xpnn.presets import gpt_preset
 from xpnn.run import RunSpec
+from xpnn.settings import gpt_preset
 
 RECIPE = {
     "optimizer": "adamw", "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "lr": 1e-3,

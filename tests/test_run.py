@@ -184,8 +184,8 @@ def test_every_parameter_a_message_names_is_a_flag():
     is no flag would be printed as it is, which a command-line user cannot act on."""
     from dataclasses import fields
 
+    from xpnn.commands.flags import FLAGS, flag_words
     from xpnn.errors import PARAM
-    from xpnn.flags import FLAGS, flag_words
 
     assert {f.name for f in fields(RunSpec)} <= FLAGS.keys()
     named = {n for path in (ROOT / "xpnn").rglob("*.py") for n in PARAM.findall(path.read_text())}

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from bench import benchmarks
 from bench.__main__ import main as bench_main
+from xpnn.commands.flags import ArgError, build_parser
 from xpnn.errors import UserError
-from xpnn.flags import ArgError, build_parser
 from xpnn.record.plot import main as plot_main
 from xpnn.train.checkpoint import DamagedCheckpoint, read_npz
 from xpnn.train.metrics_file import check_metrics_file

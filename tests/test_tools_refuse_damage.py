@@ -164,7 +164,7 @@ JSON = st.recursive(
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory) -> Path:
     """A real one-rank trace, made in the process."""
-    from xpnn import cli
+    from xpnn.commands import cli
 
     directory = tmp_path_factory.mktemp("trace")
     assert cli.main([*TRACE_ARGS, "--trace", str(directory), "--trace-steps", "1:3"]) == 0

@@ -14,7 +14,7 @@ import pytest
 from conftest import TINY_FLOAT64_RUN, assert_one_line_user_error, run_xpnn
 from faults import Job
 
-from xpnn import cli
+from xpnn.commands import cli
 from xpnn.record import phases, timeline
 from xpnn.runtime import flight
 from xpnn.train.trace import default_window

@@ -1,4 +1,5 @@
-"""``python -m xpnn`` (xpnn.cli), with xpnn.runtime.interrupts' handler in before any import."""
+"""``python -m xpnn`` (xpnn.commands.cli), with xpnn.runtime.interrupts' handler in before any
+import."""
 
 import sys
 
@@ -14,7 +15,7 @@ def run() -> int:
     catch_early_checkpoint_signal(sys.argv[1:])  # first: XPNN_HANDLER_MARK marks both in
     catch_early_interrupts()
     try:
-        from xpnn.cli import main
+        from xpnn.commands.cli import main
     except Exception as exc:  # noqa: BLE001 - a broken import, maybe on one rank: say it
         from xpnn.runtime.startup import failed_import
 

@@ -6,96 +6,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from xpnn.errors import UserError, user_message
-from xpnn.nn.models import HIDDEN
 from xpnn.planner import auto
-from xpnn.presets import describe_preset, gpt_preset
 from xpnn.runtime import stall
+from xpnn.settings import (
+    BATCH,
+    DEFAULTS,
+    MICROBATCHES,
+    PER_RANK,
+    RunSpec,
+    check_spec,
+    describe_preset,
+    gpt_preset,
+    with_defaults,
+)
 from xpnn.train.optim import HYPER_PARAMETERS, HYPERS
 
 if TYPE_CHECKING:
     from xpnn.train import TrainConfig
-
-BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
-MICROBATCHES = 4  # GPipe's default for parallel="pipeline"
-SYNTHETIC_SIZE = 6000  # dataset "synthetic"'s samples when synthetic_size is not given
-LR_SCALINGS = ("none", "linear")  # linear: lr times the replicas
-
-
-@dataclass
-class RunSpec:
-    """The choices of one run; ``None`` is "the default", so that an ignored one can be said."""
-
-    backend: str = "auto"  # numpy, numba, cupy, torch, auto (numba on a CPU, cupy on a GPU)
-    device: str | None = None  # backend torch: auto (default), cpu, cuda, mps, xpu, cuda:1...
-    model: Any = "mlp"  # mlp, cnn, gpt, FILE.py:FUNCTION, package.module:FUNCTION, a factory
-    # f(input_shape, num_classes) -> model, or a model (an unbuilt xpnn.nn.Sequential)
-    layers: int | None = None  # gpt: transformer blocks (GPT_DEFAULTS)
-    heads: int | None = None  # gpt: attention heads a block
-    embed: int | None = None  # gpt: embedding width
-    block: int | None = None  # gpt: context length, the text windows' length
-    hidden: tuple[int, ...] | None = None  # MLP hidden sizes (HIDDEN)
-    activation: str | None = None  # MLP: relu (default), sigmoid, tanh
-    loss: str = "softmax_cross_entropy"  # or sigmoid_bce
-    dataset: str = "fashion-mnist"  # mnist, fashion-mnist, synthetic, tinyshakespeare, text
-    data_dir: str | None = None  # the four IDX files (default: the system copy, or download)
-    replicate: int = 1  # the training set repeated this many times
-    synthetic_size: int | None = None  # dataset "synthetic": training samples (SYNTHETIC_SIZE)
-    epochs: int = 5
-    batch_size: int | str | None = None  # the global batch, or "full" (BATCH)
-    per_rank_batch: int | None = None  # or the batch of each replica
-    lr: float = 1e-3
-    lr_scaling: str = "none"  # "linear": lr times the replicas
-    warmup_epochs: float = 0.0
-    schedule: str = "constant"  # constant, step, cosine
-    step_epochs: int | None = None  # schedule "step": epochs between decays (a third)
-    optimizer: str = "adam"  # sgd, momentum, adam
-    dtype: str = "float32"  # or float64
-    seed: int = 0
-    threads: int | str | None = None  # BLAS/Numba threads per rank (default: its cores); auto
-    batch_threads: int | str = 1  # threads each running a twin of the model on a part; auto
-    metrics: str | None = None  # JSON-lines metrics file, written by rank 0
-    save: str | None = None  # the parameters at the end (.npz)
-    checkpoint_dir: str | None = None
-    resume: bool | str = False  # continue from checkpoint_dir's latest; "auto": or start afresh
-    keep_checkpoints: int | None = None  # the newest K checkpoints stay (2); 0: every one
-    stall_warn: float = stall.STALL_WARN_S  # seconds a wait lasts before a warning; 0 never
-    stall_abort: float = 0.0  # seconds one wait lasts before the job is ended; 0 never
-    comm: str = "auto"  # auto, mpi-shm, mpi-host, mpi-cuda, nccl (or self: one process)
-    bucket_mb: float | None = None  # allreduce bucket size (DEFAULT_BUCKET_MB)
-    node_share: str | None = None  # mpi-shm: auto (default), gradients, activations
-    parallel: str = "data"  # data, tensor, pipeline
-    model_ranks: int | None = None  # tensor/pipeline: ranks of one replica (default: all)
-    microbatches: int | None = None  # pipeline: micro-batches per batch (MICROBATCHES)
-    pipeline_schedule: str | None = None  # pipeline: gpipe (default) or 1f1b
-    tensor_ranks: int | None = None  # pipeline: ranks splitting each stage tensor-parallel (1)
-    recompute: bool | None = None  # pipeline: run a stage's forward again before its backward
-    progress: bool = True  # a progress bar on rank 0's terminal
-    momentum: float | None = None  # optimizer momentum (0.9)
-    betas: tuple[float, float] | None = None  # adam, adamw: (0.9, 0.999)
-    eps: float | None = None  # adam, adamw: (1e-8)
-    weight_decay: float | None = None  # adamw: decoupled, on matrices (0.01)
-    warmup_steps: int | None = None  # the warmup in steps, instead of warmup_epochs
-    min_lr: float | None = None  # schedule cosine: the rate it ends at (0)
-    clip_norm: float | None = None  # clip the gradients to this global norm
-    accumulate: int = 1  # micro-steps each global batch is taken in
-    steps: int | None = None  # train this many steps, not epochs
-    eval_every: int | None = None  # steps: an evaluation record every this many steps
-    trace: str | None = None  # a directory: every rank's timeline of steps ``trace_steps``
-    trace_steps: str | None = None  # "A:B", steps A to B-1 (default: a few after the first)
-    precision: str = "fp32"  # bf16, fp16: fp32 master parameters, low-precision passes
-    grad_dtype: str | None = None  # float32, bfloat16, float16: the gradients sent between ranks
-    cuda_graph: str = "off"  # replay the step as a CUDA graph: auto, on, off (not yet run on a GPU)
-    shard_optimizer: bool = False  # the optimizer state sharded over the data-parallel ranks
-
-
-# What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
-PER_RANK = ("data_dir", "metrics", "save", "checkpoint_dir", "progress", "threads", "trace")
 
 
 class RunFailed(RuntimeError):
@@ -345,102 +276,6 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
     return value
 
 
-# The settings that count (whole numbers from the least one) and the sizes (finite, positive
-# or, in NON_NEGATIVE, from 0): None, where a setting allows it, is "not given".
-COUNTS = {"epochs": 1, "accumulate": 1, "replicate": 1, "step_epochs": 1, "steps": 1}
-COUNTS |= {"batch_threads": 1}
-COUNTS |= {"eval_every": 1, "warmup_steps": 0, "keep_checkpoints": 0}
-SIZES = ("lr", "bucket_mb", "clip_norm")  # the optimizer checks its own hyper-parameters
-NON_NEGATIVE = ("warmup_epochs", "stall_warn", "stall_abort")
-
-
-def choices() -> dict[str, Collection[str]]:
-    """The choices of the settings a run's code branches on, as their registries list them."""
-    from xpnn.parallel.plan import MODES, NODE_SHARES
-    from xpnn.train.graph import CUDA_GRAPH
-    from xpnn.train.optim import OPTIMIZERS, SCHEDULES
-    from xpnn.train.precision import PRECISIONS
-
-    return {
-        "parallel": MODES,
-        "node_share": NODE_SHARES,
-        "schedule": SCHEDULES,
-        "precision": PRECISIONS,
-        "optimizer": tuple(OPTIMIZERS),
-        "lr_scaling": LR_SCALINGS,
-        "cuda_graph": CUDA_GRAPH,
-    }
-
-
-def check_spec(spec: RunSpec) -> None:
-    """Every setting's own range and every pair that cannot go together, checked once for
-    the command line and for programs alike; raises a ``UserError`` naming the setting."""
-    from xpnn.nn.layer import is_int
-    from xpnn.parallel.plan import check
-    from xpnn.train.precision import check_grad_dtype
-
-    for name, least in COUNTS.items():
-        value = getattr(spec, name)
-        if value is None or (name in auto.CHOSEN and value == auto.AUTO):
-            continue
-        if not is_int(value) or value < least:
-            raise UserError(f"`{name}`: must be a whole number >= {least}, got {value!r}")
-    for name in (*SIZES, *NON_NEGATIVE):
-        value = getattr(spec, name)
-        if value is None:
-            continue
-        positive = name in SIZES
-        if not (isinstance(value, int | float) and math.isfinite(value)) or (
-            value <= 0 if positive else value < 0
-        ):
-            bound = "> 0" if positive else ">= 0"
-            raise UserError(f"`{name}`: must be a finite number {bound}, got {value!r}")
-    for name, allowed in choices().items():
-        value = getattr(spec, name)
-        if value is None or (name in auto.CHOSEN and value == auto.AUTO):
-            continue
-        if value not in allowed:
-            raise UserError(f"`{name}` {value!r}: choose one of {', '.join(allowed)}")
-    if spec.resume not in (True, False, "auto"):
-        raise UserError(f"`resume` {spec.resume!r}: expected True, False or 'auto'")
-    if spec.resume and not spec.checkpoint_dir:
-        raise UserError("`resume`: needs `checkpoint_dir`")
-    check_grad_dtype(spec.grad_dtype)
-    if not auto.wanted(spec):  # auto's candidates are checked as it tries them
-        check(spec)  # the combinations: the plan's
-    if spec.warmup_steps is not None and spec.warmup_epochs > 0:
-        raise UserError("`warmup_steps` and `warmup_epochs`: give one")
-
-
-def with_defaults(spec: RunSpec) -> RunSpec:
-    """``spec`` with each setting it leaves ``None`` that has a default given that default:
-    the one place they are chosen (a model's recipe, ``gpt_preset``, fills its own first)."""
-    from xpnn.nn.gpt import GPT_DEFAULTS
-    from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE
-    from xpnn.parallel.update import DEFAULT_BUCKET_MB
-    from xpnn.train.checkpoint import KEEP_CHECKPOINTS
-
-    # shared activations hold a rank's whole part of a batch: not a batch thread's
-    alone = (spec.precision, spec.batch_threads) == ("fp32", 1)
-    defaults = {
-        "hidden": HIDDEN,
-        "activation": "relu",
-        "synthetic_size": SYNTHETIC_SIZE,
-        "step_epochs": max(1, spec.epochs // 3),  # schedule step: a third of the run
-        "min_lr": 0.0,
-        "keep_checkpoints": KEEP_CHECKPOINTS,
-        "bucket_mb": DEFAULT_BUCKET_MB,
-        "node_share": "auto" if alone else "gradients",
-        "microbatches": MICROBATCHES,
-        "pipeline_schedule": DEFAULT_SCHEDULE,
-        "tensor_ranks": 1,
-        "recompute": False,
-        **GPT_DEFAULTS,
-    }
-    unset = {name: value for name, value in defaults.items() if getattr(spec, name) is None}
-    return dataclasses.replace(spec, **unset)
-
-
 def resolve(spec: RunSpec, given: Collection[str] | None = None) -> tuple[RunSpec, dict]:
     """The settings a run has: a model's recipe where ``spec`` is silent (``gpt_preset``,
     ``given`` as there), checked, then the defaults; and what the recipe filled."""
@@ -459,12 +294,9 @@ def train_config(
     return _train_config(with_defaults(spec), replicas, n_train, facts)
 
 
-RUN_FIELDS = {f.name for f in dataclasses.fields(RunSpec)} - {"batch_size", "lr", *HYPERS}
-
-
 def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> TrainConfig:
-    """``train_config`` of a resolved ``spec``: TrainConfig's fields are RunSpec's, but for
-    the global batch, the scaled rate and the hyper-parameters ``optimizer`` does not take."""
+    """``train_config`` of a resolved ``spec``: the hyper-parameters ``optimizer`` does not take
+    left out (a note says so)."""
     from xpnn.train import RunFacts, TrainConfig
 
     batch = global_batch(spec, replicas, n_train)
@@ -474,14 +306,9 @@ def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> Tra
             f"{batch} samples"
         )
     taken = HYPER_PARAMETERS[spec.optimizer]
-    same = {f.name for f in dataclasses.fields(TrainConfig)} & RUN_FIELDS
-    return TrainConfig(
-        **{name: getattr(spec, name) for name in same},
-        batch_size=batch,
-        lr=spec.lr * (replicas if spec.lr_scaling == "linear" else 1),
-        **{name: getattr(spec, name) if name in taken else None for name in HYPERS},
-        facts=facts or RunFacts(),
-    )
+    spec = dataclasses.replace(spec, **{name: None for name in HYPERS if name not in taken})
+    lr = spec.lr * (replicas if spec.lr_scaling == "linear" else 1)
+    return TrainConfig(spec, batch, lr, facts=facts or RunFacts())
 
 
 def _setup(spec: RunSpec, world: Any) -> tuple:
@@ -545,27 +372,18 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     check_batch_threads(spec.batch_threads, threads, backend.name)
     plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
     replicas = plan.replicas  # the ranks that each take a share of the batch
-    facts = RunFacts(
-        threads=threads,
-        batch_threads=spec.batch_threads if spec.batch_threads > 1 else None,
-        model=model_name(spec.model),
-        dataset=spec.dataset,
-        dtype=spec.dtype,
-        precision=spec.precision,
-        grad_dtype=spec.grad_dtype,
-        parallel=spec.parallel,
-        model_ranks=plan.model_ranks,
-        replicas=replicas,
-        loss=spec.loss,
-        activation=spec.activation if spec.model == "mlp" else None,
-        **gpt_identity(spec, data),
-    )
+    said = {name: getattr(spec, name) for name in ("dataset", "dtype", "precision", "loss")}
+    said |= {"grad_dtype": spec.grad_dtype, "parallel": spec.parallel}
+    said |= {"model": model_name(spec.model), "model_ranks": plan.model_ranks}
+    said["batch_threads"] = spec.batch_threads if spec.batch_threads > 1 else None
+    said["activation"] = spec.activation if spec.model == "mlp" else None
+    if plan.pipelined:  # as the stage settled them
+        said |= {"microbatches": plan.microbatches, "pipeline_schedule": plan.schedule}
+        said |= {"recompute": plan.recompute, "tensor_ranks": plan.tensor_parts}
+    facts = RunFacts({**said, **gpt_identity(spec, data)}, threads=threads, replicas=replicas)
     cfg = _train_config(spec, replicas, data.n_train, facts)
     cfg.plan = plan
     facts.global_batch = cfg.batch_size
-    if plan.pipelined:  # as the stage settled them
-        facts.microbatches, facts.pipeline_schedule = plan.microbatches, plan.schedule
-        facts.recompute, facts.tensor_ranks = plan.recompute, plan.tensor_parts
     return backend, data, model, cfg, plan
 
 
@@ -723,12 +541,6 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
     return notes
 
 
-OPTIONAL = ("hidden", "activation", "microbatches", "pipeline_schedule", "recompute")
-OPTIONAL += ("step_epochs", "bucket_mb", "model_ranks", "node_share", "data_dir")
-OPTIONAL += ("synthetic_size", "keep_checkpoints")  # settings whose None means "not given"
-OPTIONAL += ("layers", "heads", "embed", "block", "tensor_ranks")
-OPTIONAL += (*HYPERS, "min_lr", "eval_every")
-OPTIONAL += ("grad_dtype",)
 SHARED_GRADS = "one rank alone, or a node's ranks that share memory"
 
 
@@ -738,7 +550,7 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
     from xpnn.parallel.update import uses_byte_buckets
     from xpnn.parallel.update.wire import sends_gradients
 
-    given = {name for name in OPTIONAL if getattr(spec, name) is not None}
+    given = {n for n, value in DEFAULTS.items() if value is None and getattr(spec, n) is not None}
     found = []
     if "keep_checkpoints" in given and not spec.checkpoint_dir:
         found.append(("`keep_checkpoints`", "without `checkpoint_dir`"))

@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
     flags = [*BASE, *(QUICK_XPNN if args.quick else []), *args.passthrough_args]
-    from xpnn.flags import ArgError, build_parser
+    from xpnn.commands.flags import ArgError, build_parser
 
     try:
         build_parser().parse_args(flags)
@@ -87,8 +87,8 @@ def last_epoch(steps: list[dict[str, float]], per_epoch: int) -> tuple[dict, dic
 def time_phases(argv: Sequence[str], callbacks: Sequence[Any] = ()) -> Any:
     """Train with ``python -m xpnn``'s flags ``argv`` and a ``PhaseTimer``; the timer, or
     None where training failed (xpnn said why, in flags)."""
+    from xpnn.commands.flags import build_parser, flag_words, to_spec
     from xpnn.errors import worded
-    from xpnn.flags import build_parser, flag_words, to_spec
     from xpnn.run import launch
     from xpnn.train import PhaseTimer
 

@@ -62,7 +62,7 @@ def sides_of(args: argparse.Namespace) -> dict[str, list[str]]:
     """Each side's added xpnn flags, checked as xpnn checks them, before any job starts (a
     trainer would create files): a problem is named where it was given, ``--a``, ``--b`` or
     after ``--``."""
-    from xpnn.flags import ArgError, build_parser
+    from xpnn.commands.flags import ArgError, build_parser
 
     sides = {}
     for s in SIDES:
@@ -126,7 +126,7 @@ def _epoch(trainer: Any, epoch: int) -> float:
 
 
 def _compare(out: str, rounds: int, specs: dict[str, Any], world: Any) -> int:
-    from xpnn.flags import flag_words
+    from xpnn.commands.flags import flag_words
     from xpnn.run import build_run, notes
 
     trainers = {s: build_run(specs[s], world) for s in SIDES}
@@ -149,8 +149,8 @@ def _compare(out: str, rounds: int, specs: dict[str, Any], world: Any) -> int:
 
 def worker(out: str, rounds: int, flags: dict[str, list[str]]) -> int:
     """One rank of the job: both trainers, their epochs in turn; rank 0 writes ``out``."""
+    from xpnn.commands.flags import build_parser, flag_words, to_spec
     from xpnn.errors import UserError, worded
-    from xpnn.flags import build_parser, flag_words, to_spec
     from xpnn.runtime import init_world, run_guarded
 
     parser = build_parser()

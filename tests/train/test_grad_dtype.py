@@ -110,7 +110,7 @@ def _silent(line: str) -> None:
 
 def _spec(args: list[str]) -> RunSpec:
     """A RunSpec from the flags ``args`` (the command line's own parser)."""
-    from xpnn.flags import build_parser, to_spec
+    from xpnn.commands.flags import build_parser, to_spec
 
     return to_spec(build_parser().parse_args(args))
 
@@ -228,7 +228,7 @@ def test_across_nodes_of_shared_memory_the_node_sums_go_narrow(tmp_path, narrow_
 
 OVERFLOW = """
 import sys
-from xpnn.flags import build_parser, to_spec
+from xpnn.commands.flags import build_parser, to_spec
 from xpnn.run import build_run
 from xpnn.runtime.world import init_world
 spec = to_spec(build_parser().parse_args(sys.argv[1:]))

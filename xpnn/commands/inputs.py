@@ -21,7 +21,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def spec_from(argv: list[str]) -> Any:
-    from xpnn.flags import ArgError, build_parser, to_spec
+    from xpnn.commands.flags import ArgError, build_parser, to_spec
     from xpnn.run import resolve
 
     try:

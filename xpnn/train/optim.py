@@ -42,8 +42,6 @@ class Schedule:
             raise OptimArgError(
                 f"`schedule`: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
             )
-        if not self.base_lr > 0 or not math.isfinite(self.base_lr):
-            raise OptimArgError(f"`lr`: must be positive, got {self.base_lr}")
         for name in ("warmup_steps", "total_steps", "step_size"):
             value = getattr(self, name)
             if not is_int(value):
@@ -155,10 +153,17 @@ class Optimizer:
     (``add_post_step_hook``) at its ``end_step``."""
 
     state_names: tuple[str, ...] = ()
+    hyper_parameters: tuple[str, ...] = ()  # the settings it takes (``make_optimizer``'s keywords)
     clip: GradClip | None = None
     scalar_names: tuple[str, ...] = ("lr",)  # what ``step_scalars`` gives the kernels
     # the kernels' numbers as device values while set (a replayed step: ``device_scalars_in``)
     device_scalars: dict[str, Array] | None = None
+
+    @classmethod
+    def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
+        """Its constructor's keywords from the hyper-parameters given (by their settings'
+        names) and the weight matrices' ranges."""
+        return hyper
 
     def __init__(
         self,
@@ -348,6 +353,11 @@ class SGD(Optimizer):
 
 class Momentum(Optimizer):
     state_names = ("velocity",)
+    hyper_parameters = ("momentum",)
+
+    @classmethod
+    def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
+        return {"mu": hyper["momentum"]} if "momentum" in hyper else {}
 
     def __init__(self, *args: Any, mu: float = 0.9) -> None:
         self.mu = _check_rate("Momentum", "mu", mu)
@@ -361,6 +371,16 @@ class Momentum(Optimizer):
 class Adam(Optimizer):
     state_names = ("m", "v")
     scalar_names = ("lr_c1", "c2")
+    hyper_parameters = ("betas", "eps")
+
+    @classmethod
+    def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
+        out = {"eps": hyper["eps"]} if "eps" in hyper else {}
+        if "betas" in hyper:
+            if len(hyper["betas"]) != 2:
+                raise OptimArgError(f"`betas`: expected two rates, got {hyper['betas']!r}")
+            out["beta1"], out["beta2"] = hyper["betas"]
+        return out
 
     def __init__(
         self, *args: Any, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8
@@ -395,6 +415,12 @@ class AdamW(Adam):
     all) by ``1 - lr * weight_decay``, fused into Adam's kernel."""
 
     scalar_names = ("lr_c1", "c2", "decay")
+    hyper_parameters = (*Adam.hyper_parameters, "weight_decay")
+
+    @classmethod
+    def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
+        out = super().keywords(hyper, matrices) | {"matrices": matrices}
+        return out | ({"weight_decay": hyper["weight_decay"]} if "weight_decay" in hyper else {})
 
     def __init__(
         self, *args: Any, weight_decay: float = 0.01, matrices: Ranges | None = None, **adam: Any
@@ -424,13 +450,8 @@ OPTIMIZERS: dict[str, type[Optimizer]] = {
     "adamw": AdamW,
 }
 # The optimizers' hyper-parameters (``make_optimizer``'s keywords), and those each one takes.
-HYPERS = ("momentum", "betas", "eps", "weight_decay")
-HYPER_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "sgd": (),
-    "momentum": ("momentum",),
-    "adam": ("betas", "eps"),
-    "adamw": ("betas", "eps", "weight_decay"),
-}
+HYPER_PARAMETERS = {name: cls.hyper_parameters for name, cls in OPTIMIZERS.items()}
+HYPERS = tuple(dict.fromkeys(h for taken in HYPER_PARAMETERS.values() for h in taken))
 
 
 def make_optimizer(
@@ -442,35 +463,23 @@ def make_optimizer(
     parts: list[slice] | None = None,
     zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
     *,
-    momentum: float | None = None,
-    betas: tuple[float, float] | None = None,
-    eps: float | None = None,
-    weight_decay: float | None = None,
     matrices: Ranges | None = None,
     clip: GradClip | None = None,
+    **hyper: Any,
 ) -> Optimizer:
-    """Optimizer ``name`` over the flat buffers; a hyper-parameter left None keeps its default
-    (momentum 0.9; betas (0.9, 0.999), eps 1e-8; AdamW's weight_decay 0.01, on ``matrices``)."""
+    """Optimizer ``name`` over the flat buffers; ``hyper``: its hyper-parameters by their
+    settings' names (momentum, betas, eps, weight_decay), one left None keeping its default;
+    AdamW decays ``matrices``."""
     if name not in OPTIMIZERS:
         choices = ", ".join(OPTIMIZERS)
         raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {choices})")
-    given = dict(zip(HYPERS, (momentum, betas, eps, weight_decay), strict=True))
-    for key, value in given.items():
-        if value is not None and key not in HYPER_PARAMETERS[name]:
+    kind = OPTIMIZERS[name]
+    given = {key: value for key, value in hyper.items() if value is not None}
+    for key in given:
+        if key not in kind.hyper_parameters:
             raise OptimArgError(f"`{key}`: not a hyper-parameter of `optimizer` {name}")
-    kwargs: dict[str, Any] = {}
-    if momentum is not None:
-        kwargs["mu"] = momentum
-    if betas is not None:
-        if len(betas) != 2:
-            raise OptimArgError(f"`betas`: expected two rates, got {betas!r}")
-        kwargs["beta1"], kwargs["beta2"] = betas
-    if eps is not None:
-        kwargs["eps"] = eps
-    if name == "adamw":
-        kwargs["matrices"] = matrices
-        if weight_decay is not None:
-            kwargs["weight_decay"] = weight_decay
-    optimizer = OPTIMIZERS[name](params, grads, kernels, schedule, parts, zeros, **kwargs)
+    optimizer = kind(
+        params, grads, kernels, schedule, parts, zeros, **kind.keywords(given, matrices)
+    )
     optimizer.set_clip(clip)
     return optimizer

@@ -13,7 +13,6 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm.narrow import native_dtype, quiet_overflows
-from xpnn.parallel.update.wire import GRAD_DTYPES
 
 Array = Any
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -204,10 +203,3 @@ class Precision:
                 return self.model.evaluate(x, labels)
         finally:
             self._master()
-
-
-def check_grad_dtype(grad_dtype: str | None) -> None:
-    """The gradient exchange's float: None (the parameters'), or one of ``GRAD_DTYPES`` (the
-    layouts it goes with are ``xpnn.parallel.plan``'s to refuse)."""
-    if grad_dtype is not None and grad_dtype not in GRAD_DTYPES:
-        raise UserError(f"`grad_dtype` {grad_dtype!r}: choose one of {', '.join(GRAD_DTYPES)}")

@@ -28,90 +28,54 @@ from xpnn.train.graph import GraphStep, graph_step
 from xpnn.train.optim import HYPERS, GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.train.precision import LossScale, Precision, overflow_skip
 
-
-@dataclass
-class RunFacts:
-    """What every metrics line says about the run beyond the trainer's settings, and what a
-    resume must match of the network (``loss``, ``activation``); None: not said."""
-
-    threads: int | None = None  # BLAS/Numba threads of each rank
-    batch_threads: int | None = None  # of them, threads each running a part of the batch
-    model: str | None = None
-    dataset: str | None = None
-    global_batch: int | None = None
-    dtype: str | None = None
-    precision: str | None = None
-    grad_dtype: str | None = None  # the gradient exchange's float, where given
-    parallel: str | None = None
-    model_ranks: int | None = None
-    replicas: int | None = None
-    threads_per_rank: list[int] | None = None  # where the ranks' counts differ
-    microbatches: int | None = None  # a pipeline's, as its stage settled them
-    pipeline_schedule: str | None = None
-    recompute: bool | None = None
-    tensor_ranks: int | None = None  # a pipeline stage's tensor parts (3-D parallelism)
-    preset: dict[str, Any] | None = None  # the settings a model's recipe filled (--model gpt)
-    plan: dict[str, Any] | None = None  # the run's layout (``xpnn.parallel.Plan.record``)
-    auto: dict[str, Any] | None = None  # what `parallel`/`threads`/`batch_threads` auto chose
-    loss: str | None = None  # what a resume must match
-    activation: str | None = None
-    layers: int | None = None  # a GPT's sizes and vocabulary: what ``generate`` rebuilds
-    heads: int | None = None
-    embed: int | None = None
-    block: int | None = None
-    vocab: str | None = None
-
-    def record(self) -> dict[str, Any]:
-        """The keys a metrics line carries (DESIGN.md's contract)."""
-        said = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {k: v for k, v in said.items() if v is not None and k not in NETWORK}
-
-    def network(self) -> dict[str, Any]:
-        """What a resume must match beyond shapes: the loss, the MLP's activation, a text
-        model's name, sizes and vocabulary (``generate`` builds the model from them)."""
-        said = {k: getattr(self, k) for k in NETWORK if getattr(self, k) is not None}
-        return {"model": self.model, **said} if self.vocab is not None else said
-
-
+# What a resume must match of the network beyond its shapes: the loss, the MLP's activation, a
+# text model's sizes and vocabulary (``generate`` builds the model from them)
 NETWORK = ("loss", "activation", "layers", "heads", "embed", "block", "vocab")
 
 
 @dataclass
-class TrainConfig:
-    """The loop's settings, typed and resolved: ``xpnn.run.train_config`` makes them from a
-    ``RunSpec``, whose fields of the same names say what each means and its default."""
+class RunFacts:
+    """What every metrics line says about the run beyond the trainer's settings: the settings
+    it repeats, as the run resolved them (``said``: name -> value; None: not said), and what the
+    run found; the ``NETWORK`` keys of ``said`` are what a resume must match instead."""
 
-    epochs: int
+    said: dict[str, Any] = field(default_factory=dict)
+    threads: int | None = None  # BLAS/Numba threads of each rank
+    threads_per_rank: list[int] | None = None  # where the ranks' counts differ
+    global_batch: int | None = None
+    replicas: int | None = None
+    preset: dict[str, Any] | None = None  # the settings a model's recipe filled (--model gpt)
+    plan: dict[str, Any] | None = None  # the run's layout (``xpnn.parallel.Plan.record``)
+    auto: dict[str, Any] | None = None  # what `parallel`/`threads`/`batch_threads` auto chose
+
+    def record(self) -> dict[str, Any]:
+        """The keys a metrics line carries (DESIGN.md's contract)."""
+        found = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "said"}
+        said = {k: v for k, v in self.said.items() if k not in NETWORK}
+        return {k: v for k, v in {**said, **found}.items() if v is not None}
+
+    def network(self) -> dict[str, Any]:
+        """What a resume must match beyond shapes (a text model's name too)."""
+        said = {k: self.said[k] for k in NETWORK if self.said.get(k) is not None}
+        return {"model": self.said.get("model"), **said} if "vocab" in said else said
+
+
+@dataclass
+class TrainConfig:
+    """The loop's settings: a resolved ``RunSpec`` (``xpnn.run.train_config`` makes it), each
+    of its settings read through as an attribute, but for what the run derives from them."""
+
+    spec: Any  # xpnn.run.RunSpec, its defaults filled; its fields say what each setting means
     batch_size: int  # the global batch: the run's mathematics do not depend on the rank count
     lr: float  # with lr_scaling linear, times the replicas
-    optimizer: str
-    schedule: str
-    warmup_epochs: float
-    warmup_steps: int | None  # instead of warmup_epochs
-    step_epochs: int  # schedule step: x0.1 every this many epochs
-    min_lr: float  # schedule cosine: the rate it decays to
-    momentum: float | None  # the optimizer's hyper-parameters (None: its default)
-    betas: tuple[float, float] | None
-    eps: float | None
-    weight_decay: float | None
-    clip_norm: float | None  # scale the gradients to at most this global norm
-    accumulate: int  # micro-steps a step's batch is taken in, their gradients summed
-    batch_threads: int  # threads that each run a twin of the model on a part of the batch
-    steps: int | None  # train this many steps, not epochs
-    eval_every: int | None  # with steps: an evaluation record every this many steps
-    seed: int
-    bucket_mb: float
-    node_share: str  # mpi-shm: the ranks of a node share gradients or activations
-    parallel: str  # data, tensor, pipeline: every rank sees every sample
-    precision: str  # bf16, fp16: forward and backward on a low-precision copy
-    grad_dtype: str | None  # the gradients sent between ranks in it (None: as they are)
-    cuda_graph: str  # replay the step as a CUDA graph: auto (where it applies), on, off
-    checkpoint_dir: str | None  # what the checkpoint callbacks and a mid-epoch resume read
-    resume: bool
-    keep_checkpoints: int
     eval_batch_size: int = 1000  # the trainer's own: test samples scored a pass
     plan: Plan = field(default_factory=Plan)  # the layout: one process unless a run builds it
     facts: RunFacts = field(default_factory=RunFacts)  # said in every metrics line
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "spec":  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.spec, name)
 
 
 class Callback:

@@ -105,7 +105,7 @@ def test_schedules_run_each_micro_batch_forward_then_backward_once(schedule, mic
 
 def test_the_cli_offers_exactly_the_schedules_there_are():
     """The parser names them without importing the pipeline module (a fast --help)."""
-    from xpnn.flags import build_parser
+    from xpnn.commands.flags import build_parser
 
     action = next(a for a in build_parser()._actions if a.dest == "pipeline_schedule")
     assert sorted(action.choices) == sorted(SCHEDULES)

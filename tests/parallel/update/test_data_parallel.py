@@ -259,7 +259,7 @@ def test_full_shared_memory_is_a_one_line_error_not_a_crash(tmp_path):
         "import sys\n"
         "import xpnn.parallel.comm.shm as shm\n"
         "shm.shm_free_bytes = lambda path=shm.SHM_DIR: 4096\n"
-        "from xpnn.cli import main\n"
+        "from xpnn.commands.cli import main\n"
         "sys.exit(main())\n"
     )
     cmd = [mpiexec_path(), "-n", "2", sys.executable, str(launcher), *BASE, "--comm", "mpi-shm"]

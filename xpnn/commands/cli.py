@@ -1,5 +1,5 @@
-"""``python -m xpnn [train|info|plot|trace|generate|bench]``: the flags (``xpnn.flags``) fill a
-``RunSpec`` that ``xpnn.run`` runs; a problem found before MPI starts on one rank still reaches
+"""``python -m xpnn [train|info|plot|trace|generate|bench]``: the flags (``commands.flags``) fill
+a ``RunSpec`` that ``xpnn.run`` runs; a problem found before MPI starts on one rank still reaches
 every rank; the exit codes: 0 success; 2 a user error, one line naming the flag or file, printed
 once for all ranks; 1 anything else."""
 
@@ -11,9 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from xpnn.commands.generate import main as generate_main
-from xpnn.errors import UserError, user_message, worded
-from xpnn.flags import (
+from xpnn.commands.flags import (
     ArgError,
     build_info_parser,
     build_parser,
@@ -21,7 +19,9 @@ from xpnn.flags import (
     to_spec,
     typed_settings,
 )
-from xpnn.info import info_main, xpnn_version
+from xpnn.commands.generate import main as generate_main
+from xpnn.commands.info import info_main, xpnn_version
+from xpnn.errors import UserError, user_message, worded
 from xpnn.record.plot import main as plot_main
 from xpnn.record.timeline import main as trace_main
 from xpnn.run import launch

@@ -1,0 +1,219 @@
+"""The training flags, read from the settings' declarations (``xpnn.settings``): a flag per
+``RunSpec`` field with its help, default and reading of the text, ``to_spec`` from parsed
+flags, ``flag_words`` that says a library message's parameters as flags, and
+``settings_tables``, docs/cli.md's tables. The command line and the benchmarks share it."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from typing import Any
+
+from xpnn.errors import PARAM
+from xpnn.planner.auto import AUTO, CHOSEN
+from xpnn.record.timeline import parse_steps
+from xpnn.run import RunSpec
+from xpnn.settings import DEFAULTS, MOST, OUTPUTS, RATE, SETTINGS, Setting
+from xpnn.train.requeue import SIGNALS
+
+__all__ = ["FLAGS", "ArgError", "build_info_parser", "build_parser", "flag_words", "to_spec"]
+__all__ += ["settings_tables", "typed_settings"]
+
+# The command line's own: its exit code 75 is a requeue's cue
+CHECKPOINT_SIGNAL = OUTPUTS(None, choices=SIGNALS, metavar="USR1")(
+    "On this signal (``USR1`` or ``USR2``; under hydra's ``mpiexec``, ``USR1``: it passes SIGUSR2 "
+    "on to no rank), every rank finishes the step under way, the checkpoint of that moment is "
+    "written (mid-epoch: ``checkpoint-epochNNNN-stepSSSSSSSS.npz``, from which ``--resume`` goes "
+    "on bit for bit), and the job exits 75: a requeue script's cue to resubmit with ``--resume`` "
+    "(``sbatch --signal=USR1@600``). Needs ``--checkpoint-dir``."
+).metadata["setting"]
+
+
+class ArgError(Exception):
+    """A bad flag, in one line naming it (the parser's error, without the usage)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line naming it, with no usage dump, takes no
+    abbreviation (``--e 1`` is not ``--epochs 1``) and suggests the flag a typo meant."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ArgError(message.removeprefix("argument "))
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        known, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            raise ArgError(self._unknown(unknown))
+        return known
+
+    def _unknown(self, unknown: list[str]) -> str:
+        """argparse's line, with the closest flag for the first mistyped one (difflib)."""
+        flags = [f for action in self._actions for f in action.option_strings]
+        line = f"unrecognized arguments: {' '.join(unknown)}"
+        for word in unknown:
+            typed = word.split("=", 1)[0]
+            if typed.startswith("--"):
+                # a cut-short flag means the one it begins; else the closest spelling
+                close = [f for f in flags if f.startswith(typed)][:1]
+                close = close or difflib.get_close_matches(typed, flags, n=1, cutoff=0.6)
+                if close:
+                    return f"{line} (did you mean {close[0]}?)"
+        return line
+
+
+def _typed(read: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``read``, its ``ValueError`` said as argparse says a bad flag's value."""
+
+    def parse(text: str) -> Any:
+        try:
+            return read(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(t) for t in text.split(","))  # "16,,8" is a typo, not "16,8"
+    except ValueError:
+        raise ValueError(f"expected sizes like 512,256, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"sizes must be positive, got {text!r}")
+    if max(sizes) > MOST:
+        raise ValueError(f"sizes must be at most {MOST}, got {text!r}")
+    return sizes
+
+
+def _rates(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise ValueError(f"expected two rates like 0.9,0.999, got {text!r}")
+    first, second = (RATE.read(part) for part in parts)
+    return first, second
+
+
+def _path(text: str) -> str:
+    """A file or directory name; an empty one is a slip (the shell's ``--save $UNSET``)."""
+    if not text.strip():
+        raise ValueError("empty path")
+    return text
+
+
+def _resume(text: str) -> str:
+    if text != "auto":
+        raise ValueError(f"{text!r}: expected auto, or nothing")
+    return text
+
+
+def _steps(text: str) -> str:
+    parse_steps(text)  # its ValueError names what is wrong
+    return text
+
+
+READERS = {"sizes": _sizes, "rates": _rates, "path": _path, "resume": _resume, "steps": _steps}
+
+
+def _or_auto(read: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``read``, or the word ``auto``: the planner chooses (``xpnn.planner.auto``)."""
+    return lambda text: AUTO if text == AUTO else read(text)
+
+
+def flag_of(name: str, s: Setting) -> str:
+    return s.flag or f"--{name.replace('_', '-')}"
+
+
+def _plain(markdown: str) -> str:
+    """A declaration's words as ``--help`` says them: no code marks, a link's words alone."""
+    return re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", markdown).replace("`", "").replace("%", "%%")
+
+
+def _declared() -> dict[str, Setting]:
+    """Every training flag's declaration: the run's settings, then the command line's own."""
+    return {**SETTINGS, "checkpoint_signal": CHECKPOINT_SIGNAL}
+
+
+def _add(parser: argparse.ArgumentParser, name: str, s: Setting) -> None:
+    default = DEFAULTS.get(name)
+    kw: dict[str, Any] = {"help": f"{_plain(s.help)} (default {_plain(s.said_default(default))})"}
+    if s.read == "resume":  # a switch that may say auto
+        kw |= {"nargs": "?", "const": True, "default": False}
+    elif isinstance(default, bool) or name == "recompute":  # a switch
+        parser.add_argument(flag_of(name, s), action="store_true", **kw)
+        return
+    read = READERS.get(s.read) or (s.rule.read if s.rule else None)
+    if read:
+        kw["type"] = _typed(_or_auto(read) if name in CHOSEN else read)
+    if s.choices:
+        kw["choices"] = [c for c in s.choices if c not in s.unoffered]
+    parser.add_argument(flag_of(name, s), metavar=s.metavar, **kw)
+
+
+def build_info_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m xpnn info", description="What this machine offers to xpnn.")
+    p.add_argument("--json", action="store_true", help="machine-readable")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
+    p = _Parser(
+        prog="python -m xpnn",
+        usage="python -m xpnn [train] [flags]  |  --version  |  info [--json]  |  plot "
+        "METRICS.jsonl... [-o PNG]  |  trace DIR [-o MERGED]  |  generate CHECKPOINT [--chars N]",
+        description="Train a network over xp, alone or under MPI (mpiexec -n N python -m xpnn "
+        "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
+        "the MPI library and whether it is CUDA-aware.",
+    )
+    for name, s in _declared().items():
+        _add(p, name, s)
+    p.set_defaults(**DEFAULTS)
+    return p
+
+
+# Each parameter's flag: ``batch_size`` -> ``--batch-size``.
+FLAGS = {name: flag_of(name, s) for name, s in _declared().items()}
+
+
+def flag_words(text: str) -> str:
+    """A library message as the command line says it: each parameter named as its flag."""
+    return PARAM.sub(lambda m: FLAGS.get(m[1], m[0]), text)
+
+
+def to_spec(args: argparse.Namespace) -> RunSpec:
+    given = vars(args)
+    spec = RunSpec(**{f.name: given[f.name] for f in fields(RunSpec) if f.name in given})
+    spec.progress = not args.no_progress
+    return spec
+
+
+UNSET = object()  # a flag's value before the command line sets it
+
+
+def typed_settings(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset[str]:
+    """The ``RunSpec`` fields whose flags ``argv`` types (parsed again with no defaults)."""
+    probe = argparse.Namespace(**{f.name: UNSET for f in fields(RunSpec)})
+    parser.parse_args(argv, namespace=probe)
+    return frozenset(name for name, value in vars(probe).items() if value is not UNSET)
+
+
+def settings_tables() -> dict[str, str]:
+    """docs/cli.md's tables of the training flags, one a group (heading -> Markdown)."""
+    groups: dict[str, list[str]] = {}
+    for name, s in _declared().items():
+        shape = s.metavar or ("{" + ",".join(c for c in s.choices if c not in s.unoffered) + "}")
+        if s.read == "resume":
+            shape = f"[{shape}]"
+        switch = isinstance(DEFAULTS.get(name), bool) and s.read != "resume"
+        cell = flag_of(name, s) if switch or name == "recompute" else f"{flag_of(name, s)} {shape}"
+        said = f"| `{cell}` | {s.said_default(DEFAULTS.get(name))} | {s.help} |"
+        row = re.sub("``", "`", said)
+        groups.setdefault(s.group, []).append(row)
+    head = "| Flag | Default | Meaning |\n|---|---|---|\n"
+    return {group: head + "\n".join(rows) + "\n" for group, rows in groups.items()}
