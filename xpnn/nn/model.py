@@ -1,6 +1,7 @@
-"""The ``Model`` protocol: what the trainer, checkpoints and parallel strategies may ask of a
-model. ``Sequential`` and a pipeline's ``PipelineStage`` implement it; the attributes with
-defaults are declared on them, so no strategy probes for them."""
+"""What the trainer, checkpoints and data-parallel updates ask of a model (``Model``: a user's
+model implements these names), and what the strategies that swap or stage layers ask besides
+(``LayeredModel``: ``Sequential``, a pipeline's stage). A strategy's wrapper says what part of
+the network it holds (``xpnn.parallel.model.whole.share``); a core model holds all of it."""
 
 from __future__ import annotations
 
@@ -14,35 +15,19 @@ from xpnn.nn.layer import Array, Context, Layer
 class Model(Protocol):
     """A built network whose parameters and gradients are two flat buffers of ``size``."""
 
-    layers: list[Layer]  # in order, each with its named parameters and gradients
     params: Array  # every parameter, one flat buffer on the backend
     grads: Array  # their gradients, laid out as ``params``
-    size: int  # this rank's parameters
+    size: int  # the parameters this rank holds
     backend: Any  # where the buffers live (``xp``, ``kernels``, ``to_host``)
-    scores: bool  # its loss is the network's (a pipeline's earlier stages have none)
-    input_grad: bool  # backward returns the input's gradient (a pipeline's later stages)
-    reads_input: bool  # forward reads the samples (a pipeline's first stage)
-    first_param_layer: int  # layers with parameters before this model's first (naming)
-    stages: int  # pipeline stages the network is cut into (1: it is whole here)
-    whole_param_count: int | None  # the whole network's parameters, where not all are here
-    layer_offsets: list[int]  # where each layer's parameters start in ``params``
-    part: int  # the tensor part of a pipeline stage this rank holds (0 outside 3-D)
-    split_comm: Any  # the ranks holding the other slices of its split layers (None: its comm)
+    layer_offsets: list[int]  # where backward may report ``grads[offset:]`` final ([0]: at end)
 
     def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Model:
         """Draw the initial weights from ``seed`` and place them in the flat buffers."""
         ...
 
-    def attach(self, comm: Any) -> None:
-        """Hand the layers the communicator of the ranks that hold this model."""
-        ...
-
-    def forward(self, x: Array, ctx: Context) -> Array:
-        """The logits of a batch."""
-        ...
-
-    def predict(self, x: Array) -> Array:
-        """The logits of ``x`` in evaluation mode."""
+    def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
+        """Move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``:
+        node-shared memory, a lower precision's copies."""
         ...
 
     def loss_and_grads(
@@ -60,18 +45,39 @@ class Model(Protocol):
         """(loss sum, correct count) in evaluation mode."""
         ...
 
-    def named_params(self) -> dict[str, Array]:
-        """Stable names (``layer0.W``) -> parameter views: what is saved."""
+    def named_views(self, flat: Array) -> dict[str, Array]:
+        """Stable names -> views of ``flat``, a buffer laid out as ``params``: what is saved."""
         ...
 
-    def named_views(self, flat: Array) -> dict[str, Array]:
-        """The same names -> views of ``flat``, a buffer laid out as ``params`` (gradients)."""
+    def summary(self) -> str:
+        """One line: the network and its parameter count."""
+        ...
+
+
+METHODS = ("build", "adopt", "loss_and_grads", "evaluate", "named_views", "summary")
+BUILT = ("params", "grads", "size", "backend", "layer_offsets")  # what ``build`` sets
+
+
+def lacks(model: Any, built: bool = False) -> list[str]:
+    """The names of the ``Model`` protocol ``model`` lacks: its methods, or once ``built`` the
+    attributes its ``build`` sets."""
+    if built:
+        return [name for name in BUILT if not hasattr(model, name)]
+    return [name for name in METHODS if not callable(getattr(model, name, None))]
+
+
+@runtime_checkable
+class LayeredModel(Protocol):
+    """What a built ``Model`` of layers in order offers besides: what tensor splits, pipeline
+    stages, batch threads and node-shared activations work on."""
+
+    layers: list[Layer]  # in order, each with its named parameters and gradients
+    output_shape: tuple[int, ...]  # a sample's logits
+
+    def attach(self, comm: Any) -> None:
+        """Hand the layers the communicator of the ranks that hold this model."""
         ...
 
     def param_names(self) -> list[tuple[str, Layer, str]]:
         """(stable name, layer, the layer's own name) for every parameter, in order."""
-        ...
-
-    def summary(self) -> str:
-        """One line: the layers and the parameter count."""
         ...

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from functools import partial
@@ -53,6 +54,14 @@ class LayerError(UserError):
     """A user's layer failed, or returned an array of the wrong shape: named by its position in
     the model, its class and the call, since the error would otherwise name a later layer."""
 
+    def __init__(self, index: int, what: str) -> None:
+        super().__init__(f"`model` layer {index} {what}")
+        self.index, self.what = index, what
+
+    def shifted(self, by: int) -> LayerError:
+        """The same error, the layer counted ``by`` places on (a pipeline stage's first is)."""
+        return LayerError(self.index + by, self.what)
+
 
 def _is_library(cls: type) -> bool:
     return cls.__module__.startswith("xpnn.")
@@ -69,18 +78,19 @@ def checked_call(
     """``fn()``, a user's layer's ``call``: its failure, or an output not of shape ``want``
     (where given), raised as a ``LayerError`` naming the layer. A backward's gradient that
     merely broadcasts (``dy[:1]``, ``dy.sum(0)``, a scalar) would silently train wrongly."""
-    name = f"`model` layer {index} ({type(layer).__name__}) {call}"
+    name = f"({type(layer).__name__}) {call}"
     try:
         out = fn()
     except (UserError, MemoryError):
         raise
     except Exception as exc:  # noqa: BLE001 -- the user's code: any error is theirs
         text = " | ".join(line for line in str(exc).splitlines() if line.strip())
-        raise LayerError(f"{name}: {type(exc).__name__}: {text} ({DEBUG_HINT})") from exc
+        raise LayerError(index, f"{name}: {type(exc).__name__}: {text} ({DEBUG_HINT})") from exc
     if want is not None and tuple(getattr(out, "shape", (None,))) != want:
         what = "the gradient of its input" if call == "backward" else "its output"
         raise LayerError(
-            f"{name} returned {_shape_of(out)} as {what}, expected shape {want} ({DEBUG_HINT})"
+            index,
+            f"{name} returned {_shape_of(out)} as {what}, expected shape {want} ({DEBUG_HINT})",
         )
     return out
 
@@ -88,16 +98,7 @@ def checked_call(
 class Sequential:
     """Layers in order: the ``Model`` the trainer, checkpoints and parallel strategies use."""
 
-    stages = 1  # how many pipeline stages the network is cut into (each rank holds one)
-    whole_param_count: int | None = None  # a stage's count of the whole network's parameters
-    scores = True  # its loss is the network's (a pipeline's earlier stages have none)
-    input_grad = False  # whether backward returns the gradient of the model's input
-    reads_input = True  # whether forward reads the samples (a pipeline's later stages do not)
-    first_param_layer = 0  # how many layers with parameters come before this model's first
-    part = 0  # which tensor part of a pipeline stage this rank holds (3-D parallelism)
-    split_comm: Any = None  # the ranks holding this model's other slices, where not its comm
     train_rows = 0  # the largest batch ``loss_and_grads`` has seen (``evaluate`` slices by it)
-    layer_start = 0  # the position of its first layer in the whole model (a pipeline stage's)
 
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:
         self.layers = layers
@@ -163,16 +164,16 @@ class Sequential:
     def _view(self, flat: Array, offset: int, shape: tuple[int, ...]) -> Array:
         return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
 
-    def forward(self, x: Array, ctx: Context, layers: list[Layer] | None = None) -> Array:
-        """Through ``layers`` (default: the model's own; or their replicas)."""
-        layers = layers or self.layers
+    def forward(self, x: Array, ctx: Context) -> Array:
+        """The logits of a batch, through the layers in order."""
+        layers = self.layers
         with FORWARD:
             for i, layer in enumerate(layers):
                 with layer_span("forward", i, layer):
                     if self._is_users(layer):
                         want = self._batch_shape(x, i + 1, len(layers))
                         call = partial(layer.forward, x, ctx)
-                        x = checked_call(self.layer_start + i, layer, "forward", call, want)
+                        x = checked_call(i, layer, "forward", call, want)
                     else:
                         x = layer.forward(x, ctx)
         return x
@@ -200,29 +201,34 @@ class Sequential:
         self,
         dlogits: Array,
         on_grads_ready: Callable[[int], None] | None = None,
-        layers: list[Layer] | None = None,
-        overwrite: bool = False,
+        need_dx: bool = False,
     ) -> Array | None:
-        """Assign every gradient; returns the input's gradient if ``input_grad``, else None.
-        Fused kernels may write over ``dy``, so ``dlogits`` is copied first unless ``overwrite``."""
-        layers = layers or self.layers
-        dy = dlogits if overwrite else copy_array(self.xp, dlogits)
+        """``backprop`` of a copy of ``dlogits`` (the caller's is left alone)."""
+        return self.backprop(copy_array(self.xp, dlogits), on_grads_ready, need_dx)
+
+    def backprop(
+        self, dy: Array, on_grads_ready: Callable[[int], None] | None = None, need_dx: bool = False
+    ) -> Array | None:
+        """Assign every gradient from ``dy``, the caller's to give up (fused kernels write over
+        it); returns the input's gradient if ``need_dx``, else None."""
+        layers = self.layers
         for i in range(len(layers) - 1, -1, -1):
             with layer_span("backward", i, layers[i]):
-                need = self.needs_input_grad(i)
+                need = self.needs_input_grad(i, need_dx)
                 if self._is_users(layers[i]):
                     want = self._batch_shape(dy, i, len(layers)) if need else None
                     call = partial(layers[i].backward, dy, need_dx=need)
-                    dy = checked_call(self.layer_start + i, layers[i], "backward", call, want)
+                    dy = checked_call(i, layers[i], "backward", call, want)
                 else:
                     dy = layers[i].backward(dy, need_dx=need)
             if on_grads_ready is not None:
                 on_grads_ready(self.layer_offsets[i])
-        return dy if self.input_grad else None
+        return dy if need_dx else None
 
-    def needs_input_grad(self, index: int) -> bool:
-        """Whether layer ``index``'s input gradient is read (a layer below has parameters)."""
-        return self.layer_offsets[index] > 0 or self.input_grad
+    def needs_input_grad(self, index: int, need_dx: bool = False) -> bool:
+        """Whether layer ``index``'s input gradient is read (a layer below has parameters, or
+        the caller wants the model's: ``need_dx``)."""
+        return self.layer_offsets[index] > 0 or need_dx
 
     def loss_and_grads(
         self,
@@ -238,7 +244,7 @@ class Sequential:
         with span("loss"):
             correct = self.backend.kernels.count_correct(logits, labels)
             loss, dlogits = self.loss(self.backend.kernels, logits, labels, scale)
-        self.backward(dlogits, on_grads_ready, overwrite=True)  # dlogits is ours to reuse
+        self.backprop(dlogits, on_grads_ready)  # dlogits is ours to give up
         return loss, correct
 
     def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
@@ -272,9 +278,16 @@ class Sequential:
         with_params = [layer for layer in self.layers if layer.initial]
         return [
             (f"layer{i}.{name}", layer, name)
-            for i, layer in enumerate(with_params, start=self.first_param_layer)
+            for i, layer in enumerate(with_params)
             for name in layer.initial
         ]
+
+    def replica(self) -> Sequential:
+        """A twin on the same parameters and gradients whose layers keep their own forward
+        state: another micro-batch or batch part in flight at once."""
+        twin = copy.copy(self)
+        twin.layers = [layer.replica() for layer in self.layers]
+        return twin
 
     def summary(self) -> str:
         return " -> ".join(repr(layer) for layer in self.layers) + f"  ({self.size:,} parameters)"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.nn.sequential import Sequential
 
 MODES = ("data", "tensor", "pipeline")  # how the ranks share the work (``--parallel``)
 NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ranks share
@@ -118,9 +119,12 @@ class Plan:
     ) -> Any:
         """``model`` laid out for rank ``rank``: its layers split, its pipeline stage, built;
         ``name``: the model's, for a refusal."""
-        index = self.place(rank).index
-        parts = self.tensor_parts
-        part = index % parts  # stage s part p on its replica's rank s * parts + p
+        index, parts, part = self.place(rank).index, self.tensor_parts, self.part(rank)
+        if self.spread and not isinstance(model, Sequential):
+            raise UserError(
+                f"`parallel` {self.mode}: `model` {name} is not a list of layers (an "
+                "xpnn.nn.Sequential) to split or cut into stages; use `parallel` data"
+            )
         if self.pipelined and parts > 1:
             if not any(inner.tensor_pairs for top in model.layers for inner in top.walk()):
                 # an MLP's pairs are top-level layers, which a stage boundary could separate
@@ -132,7 +136,6 @@ class Plan:
             from xpnn.parallel.model.tensor import split_layers
 
             model.layers = split_layers(model.layers, part, parts)
-            model.part = part  # the part whose unsplit parameters clipping counts is 0's
         if not self.pipelined:
             model.build(input_shape, backend, seed)
             return model
@@ -150,6 +153,11 @@ class Plan:
             recompute=self.recompute,
             tensor=(part, parts),
         )
+
+    def part(self, rank: int) -> int:
+        """The tensor part rank ``rank`` holds: stage s part p is its replica's rank
+        s * parts + p (0 where layers are whole; part 0 counts what every part holds)."""
+        return self.place(rank).index % self.tensor_parts
 
     def settled(self, stage: Any) -> Plan:
         """The plan as a pipeline stage settled its micro-batches (at most one a sample)."""

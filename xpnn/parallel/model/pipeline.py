@@ -8,15 +8,18 @@ each micro-batch's input, and forwards it again before its backward.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from xpnn import phases
 from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
-from xpnn.nn.sequential import Sequential, adding
-from xpnn.parallel.model.whole import whole_shape
+from xpnn.nn.sequential import LayerError, Sequential, adding
+from xpnn.parallel.model.whole import Share, whole_shape
 from xpnn.runtime import flight
 
 FORWARD_TAG, BACKWARD_TAG, EVAL_TAG = 1, 2, 3
@@ -104,9 +107,10 @@ def in_flight(order: Order) -> int:
     return most
 
 
-class PipelineStage(Sequential):
-    """One stage's layers and the schedule that runs them: a model to the trainer, scored on
-    the last stage (``scores``) and reading samples on the first (``reads_input``)."""
+class PipelineStage:
+    """One stage's layers (a ``Sequential`` of them, ``net``) and the schedule that runs them:
+    a model to the trainer, scored on the last stage and reading samples on the first
+    (``share``)."""
 
     def __init__(
         self,
@@ -119,40 +123,100 @@ class PipelineStage(Sequential):
         tensor: tuple[int, int] = (0, 1),
     ) -> None:
         start, end = bounds[index]
-        super().__init__(whole.layers[start:end], whole.loss)
+        self.net = Sequential(whole.layers[start:end], whole.loss)
+        self.net.backend, self.net.xp = whole.backend, whole.xp
+        self.net.shapes = whole.shapes[start : end + 1]
+        self.net.output_shape = self.net.shapes[-1]
         self.index, self.stages, self.microbatches = index, len(bounds), microbatches
         self.schedule, self.recompute = schedule, recompute
         self.passes = 0  # training passes without a ctx.step: the step that keys dropout
         self.backend, self.xp = whole.backend, whole.xp
-        self.shapes = whole.shapes[start : end + 1]
         self.layer_start = start  # its first layer's position in the whole model (errors say it)
-        self.output_shape = self.shapes[-1]
         self.first, self.last = index == 0, index == len(bounds) - 1
         # ``tensor`` (part, parts): the stage's layers are split over ``parts`` ranks, stage s
         # part p being rank s * parts + p of the replica; part 0 of the last stage scores
         self.part, self.parts = tensor
         self.prev_rank = (index - 1) * self.parts + self.part
         self.next_rank = (index + 1) * self.parts + self.part
-        self.split_comm: Any = None  # the stage's tensor-parallel ranks (``attach_split``)
-        self.scores = self.last and self.part == 0
-        self.input_grad = not self.first
-        self.reads_input = self.first  # the others receive activations
         self.first_param_layer = sum(1 for layer in whole.layers[:start] if layer.initial)
-        self.whole_param_count = sum(
-            math.prod(whole_shape(layer, name)) for layer in whole.layers for name in layer.initial
+        self.share = Share(
+            reads_input=self.first,  # the others receive activations
+            scores=self.last and self.part == 0,
+            stages=self.stages,
+            whole_param_count=sum(
+                math.prod(whole_shape(layer, name))
+                for layer in whole.layers
+                for name in layer.initial
+            ),
         )
         self.comm: Any = None  # set by ``attach`` once the communicator exists
-        self._sets: list[list[Layer]] = [self.layers]  # one set of layers per micro-batch
+        self._sets: list[Sequential] = [self.net]  # one set of layers per micro-batch
         self._acc: Array | None = None  # the micro-batches' gradients, summed
+        self.train_rows = 0  # the largest batch seen: ``evaluate`` slices by it
+
+    # -- the model the trainer, updates and checkpoints see: the stage's layers, renamed
+    @property
+    def layers(self) -> list[Layer]:
+        return self.net.layers
+
+    @property
+    def params(self) -> Array:
+        return self.net.params
+
+    @property
+    def grads(self) -> Array:
+        return self.net.grads
+
+    @property
+    def size(self) -> int:
+        return self.net.size
+
+    @property
+    def layer_offsets(self) -> list[int]:
+        return self.net.layer_offsets
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return self.net.output_shape
+
+    def place(self) -> PipelineStage:
+        self.net.place()
+        return self
+
+    def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
+        self.net.adopt(params, grads, copy)
+
+    def param_names(self) -> list[tuple[str, Layer, str]]:
+        """The stage's parameters under the whole network's names (``layerN`` counts on)."""
+        return [
+            (f"layer{self.first_param_layer + i}.{name}", layer, name)
+            for i, layer in enumerate(layer for layer in self.layers if layer.initial)
+            for name in layer.initial
+        ]
+
+    def named_views(self, flat: Array) -> dict[str, Array]:
+        views = self.net.named_views(flat).values()
+        return {key: view for (key, _, _), view in zip(self.param_names(), views, strict=True)}
+
+    def named_params(self) -> dict[str, Array]:
+        return self.named_views(self.params)
 
     def attach(self, comm: Any) -> None:
-        super().attach(comm)
+        self.net.attach(comm)
         self.comm = comm
 
     def attach_split(self, comm: Any) -> None:
         """Give the stage's split layers the ranks of its tensor parts (after ``attach``)."""
-        super().attach(comm)
-        self.split_comm = comm
+        self.net.attach(comm)
+        self.share = dataclasses.replace(self.share, split_comm=comm)
+
+    @contextmanager
+    def _numbered(self) -> Iterator[None]:
+        """A user's layer's error names its place in the whole network, not in the stage."""
+        try:
+            yield
+        except LayerError as exc:
+            raise exc.shifted(self.layer_start) from exc.__cause__
 
     def _receive(self, rows: int, shape: tuple[int, ...], source: int, tag: int) -> Array:
         buf = self.xp.empty((rows, *shape), dtype=self.params.dtype)
@@ -166,6 +230,12 @@ class PipelineStage(Sequential):
         ctx: Context,
         scale: float,
         on_grads_ready: Any = None,
+    ) -> tuple[Array, Array]:
+        with self._numbered():
+            return self._micro_batches(x, labels, ctx, scale, on_grads_ready)
+
+    def _micro_batches(
+        self, x: Array | None, labels: Array, ctx: Context, scale: float, on_grads_ready: Any
     ) -> tuple[Array, Array]:
         n = labels.shape[0]
         self.train_rows = max(self.train_rows, n)  # every stage sees the batch's labels
@@ -192,7 +262,7 @@ class PipelineStage(Sequential):
         acc = None
         for i, (kind, m) in enumerate(order):
             (lo, hi), slot = parts[m], m % len(sets)
-            layers = sets[slot]
+            net = sets[slot]
             flight.tag(microbatch=m)  # the sends and receives of this micro-batch
             name = f"{'forward' if kind == 'F' else 'backward'} micro-batch {m}"
             with phases.span(name):  # continue and break leave the span too
@@ -206,14 +276,14 @@ class PipelineStage(Sequential):
                     if self.first:
                         xin = x[lo:hi]
                     else:
-                        xin = self._receive(hi - lo, self.shapes[0], self.prev_rank, FORWARD_TAG)
+                        xin = self._receive(hi - lo, net.shapes[0], self.prev_rank, FORWARD_TAG)
                     if self.recompute:
                         inputs[m] = xin
-                    y = self.forward(xin, contexts[m], layers)
+                    y = net.forward(xin, contexts[m])
                     if self.last:
                         kernels = self.backend.kernels
-                        loss, dlogits[m] = self.loss(kernels, y, labels[lo:hi], scale)
-                        if self.scores:  # once a replica, not once a tensor part
+                        loss, dlogits[m] = net.loss(kernels, y, labels[lo:hi], scale)
+                        if self.share.scores:  # once a replica, not once a tensor part
                             correct = correct + kernels.count_correct(y, labels[lo:hi])
                             loss_sum = loss_sum + loss
                     else:
@@ -225,13 +295,11 @@ class PipelineStage(Sequential):
                     dy = self._receive(hi - lo, self.output_shape, self.next_rank, BACKWARD_TAG)
                 if self.recompute and holder[slot] != m:  # the set holds a later micro-batch's
                     self._wait(pending[slot])
-                    self.forward(inputs[m], contexts[m], layers)  # activations: m's again
+                    net.forward(inputs[m], contexts[m])  # activations: m's again
                 inputs.pop(m, None)
                 final = i == last_backward
                 ready = self._summing(acc, on_grads_ready) if final else None
-                dx = self.backward(
-                    dy, ready, layers, overwrite=True
-                )  # dy is ours: popped or received
+                dx = net.backprop(dy, ready, need_dx=not self.first)  # dy: popped or received
                 holder[slot] = None
                 if not self.first:
                     pending[slot].append(self.comm.isend(dx, self.prev_rank, BACKWARD_TAG))
@@ -247,10 +315,10 @@ class PipelineStage(Sequential):
             self._wait(handles)
         return loss_sum, correct
 
-    def _replicas(self, count: int) -> list[list[Layer]]:
+    def _replicas(self, count: int) -> list[Sequential]:
         """One set of layers per micro-batch in flight: the stage's own, then replicas."""
         while len(self._sets) < count:
-            self._sets.append([layer.replica() for layer in self.layers])
+            self._sets.append(self.net.replica())
         return self._sets[:count]
 
     @staticmethod
@@ -283,14 +351,15 @@ class PipelineStage(Sequential):
 
     def _evaluate_rows(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
         n = labels.shape[0]
-        y = x if self.first else self._receive(n, self.shapes[0], self.prev_rank, EVAL_TAG)
-        y = self.forward(y, Context(train=False))
+        y = x if self.first else self._receive(n, self.net.shapes[0], self.prev_rank, EVAL_TAG)
+        with self._numbered():
+            y = self.net.forward(y, Context(train=False))
         if not self.last:
             self.comm.isend(y, self.next_rank, EVAL_TAG).wait()
             zero = self.xp.zeros((), dtype=self.xp.float64)
             return zero, zero
-        loss, _ = self.loss(self.backend.kernels, y, labels, 1.0)
-        if not self.scores:  # another tensor part of the last stage scores
+        loss, _ = self.net.loss(self.backend.kernels, y, labels, 1.0)
+        if not self.share.scores:  # another tensor part of the last stage scores
             zero = self.xp.zeros((), dtype=self.xp.float64)
             return zero, zero
         return loss, self.backend.kernels.count_correct(y, labels)

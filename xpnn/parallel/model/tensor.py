@@ -14,10 +14,10 @@ import numpy as np
 from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.dense import Dense
-from xpnn.nn.layer import Array, Layer
+from xpnn.nn.layer import Array, Context, Layer
 
 
-class _SplitDense(Dense):
+class SplitDense(Dense):
     """A Dense that keeps a slice of its parameters along ``split`` (name -> axis)."""
 
     split: dict[str, int] = {}
@@ -54,7 +54,7 @@ class _SplitDense(Dense):
         return f"{kind}({self.units}, {self.activation}, [{self.lo}:{self.hi}])"
 
 
-class ColumnDense(_SplitDense):
+class ColumnDense(SplitDense):
     """Holds output units ``[lo:hi]``: its output is this rank's slice of the activations."""
 
     split = {"W": 1, "b": 0}
@@ -66,14 +66,17 @@ class ColumnDense(_SplitDense):
         return dx
 
 
-class RowDense(_SplitDense):
+class RowDense(SplitDense):
     """Holds input rows ``[lo:hi]`` (the units the column-split layer before it computed)."""
 
     split = {"W": 0}
 
-    def complete(self, z: Array) -> Array:
+    def forward(self, x: Array, ctx: Context) -> Array:
+        self.lead = tuple(x.shape[:-1])
+        self.x = self.checked(x)
+        z = self.xp.matmul(self.x, self.params["W"])
         self.comm.allreduce_(z, "sum")  # every rank's rows: the whole pre-activation
-        return z
+        return self.activate(z)
 
 
 TWINS = {"dense": (ColumnDense, RowDense)}  # a declared split -> its (first, second) twins
