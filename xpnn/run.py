@@ -489,10 +489,10 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     """Everything rank-local the user's input can fail: no communication, agreed on after."""
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
-    from xpnn.nn.model import LayeredModel, lacks
+    from xpnn.nn.model import LayeredModel, check_model
     from xpnn.nn.models import check_fits, make_model, model_name
     from xpnn.parallel.model.batch_threads import check_batch_threads
-    from xpnn.parallel.model.whole import share
+    from xpnn.parallel.model.whole import portion
     from xpnn.parallel.plan import Plan
     from xpnn.runtime.threads import apply_threads, threads_per_rank
     from xpnn.train import RunFacts
@@ -542,15 +542,11 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             raise
         reason = f"{type(exc).__name__}: {exc}"
         raise UserError(f"`model` {model_name(spec.model)}: {reason}") from exc
-    missing = lacks(model, built=True)
-    if missing:  # a user's model whose build did not set them
-        raise UserError(f"`model` {model_name(spec.model)}: built, it lacks {', '.join(missing)}")
+    check_model(model, model_name(spec.model), built=True)
     if not isinstance(model, LayeredModel) and (spec.batch_threads > 1 or spec.precision != "fp32"):
-        raise UserError(
-            f"`model` {model_name(spec.model)}: `batch_threads` and `precision` run the layers "
-            "of an xpnn.nn.Sequential; this model has none"
-        )
-    if isinstance(model, LayeredModel) and share(model).scores:  # it holds the output
+        what = f"`model` {model_name(spec.model)}: `batch_threads` and `precision`"
+        raise UserError(f"{what} run the layers of an xpnn.nn.Sequential; this model has none")
+    if isinstance(model, LayeredModel) and portion(model).scores:  # it holds the output
         labels = tuple(data.y_test.shape[1:])
         check_fits(model, model_name(spec.model), labels, data.num_classes, model.output_shape)
     check_batch_threads(spec.batch_threads, threads, backend.name)

@@ -46,13 +46,12 @@ class Dense(Layer):
         return x
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        self.lead = tuple(x.shape[:-1])  # (B,) or (B, T, ...): ``W`` acts on the last axis
-        self.x = self.checked(x)
+        # ``lead``: (B,) or (B, T, ...), ``W`` acting on the last axis
+        self.lead, self.x = tuple(x.shape[:-1]), self.checked(x)
         return self.activate(self.xp.matmul(self.x, self.params["W"]))
 
     def activate(self, z: Array) -> Array:
-        """``act(z + b)`` from the pre-activation rows ``z``, kept for backward, with the
-        input's leading axes back."""
+        """``act(z + b)`` of the pre-activation rows ``z`` (kept), with the leading axes back."""
         self.y = self.kernels.bias_act(z, self.params["b"], self.activation)
         return self._unflat(self.y)
 

@@ -1,14 +1,17 @@
 """What the trainer, checkpoints and data-parallel updates ask of a model (``Model``: a user's
-model implements these names), and what the strategies that swap or stage layers ask besides
-(``LayeredModel``: ``Sequential``, a pipeline's stage). A strategy's wrapper says what part of
-the network it holds (``xpnn.parallel.model.whole.share``); a core model holds all of it."""
+model implements these names), and what strategies that swap or stage layers ask besides
+(``LayeredModel``). A core model holds the whole network; a strategy's wrapper holding less
+says so (``xpnn.parallel.model.whole.Portion``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
+
+Ready = Callable[[int], None] | None  # on_grads_ready(offset): ``grads[offset:]`` is final
 
 
 @runtime_checkable
@@ -21,63 +24,46 @@ class Model(Protocol):
     backend: Any  # where the buffers live (``xp``, ``kernels``, ``to_host``)
     layer_offsets: list[int]  # where backward may report ``grads[offset:]`` final ([0]: at end)
 
-    def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Model:
-        """Draw the initial weights from ``seed`` and place them in the flat buffers."""
-        ...
-
-    def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
-        """Move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``:
-        node-shared memory, a lower precision's copies."""
-        ...
-
+    # draw the initial weights from ``seed`` and place them in the flat buffers
+    def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Model: ...
+    # move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``
+    def adopt(self, params: Array, grads: Array, copy: bool = True) -> None: ...
+    # forward, loss and backward: (loss sum, correct count); ``grads`` assigned, scaled
     def loss_and_grads(
         self,
         x: Array | None,
         labels: Array,
         ctx: Context,
         scale: float,
-        on_grads_ready: Callable[[int], None] | None = None,
-    ) -> tuple[Array, Array]:
-        """Forward, loss and backward; returns (loss sum, correct count) on the device."""
-        ...
-
-    def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
-        """(loss sum, correct count) in evaluation mode."""
-        ...
-
-    def named_views(self, flat: Array) -> dict[str, Array]:
-        """Stable names -> views of ``flat``, a buffer laid out as ``params``: what is saved."""
-        ...
-
-    def summary(self) -> str:
-        """One line: the network and its parameter count."""
-        ...
+        on_grads_ready: Ready = None,
+    ) -> tuple[Array, Array]: ...
+    # (loss sum, correct count) in evaluation mode
+    def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]: ...
+    # stable names -> views of ``flat``, a buffer laid out as ``params``: what is saved
+    def named_views(self, flat: Array) -> dict[str, Array]: ...
+    def summary(self) -> str: ...  # one line: the network and its parameter count
 
 
-METHODS = ("build", "adopt", "loss_and_grads", "evaluate", "named_views", "summary")
-BUILT = ("params", "grads", "size", "backend", "layer_offsets")  # what ``build`` sets
+METHODS = tuple(name for name, v in vars(Model).items() if callable(v) and name[0] != "_")
+BUILT = tuple(Model.__annotations__)  # the attributes ``build`` sets
 
 
-def lacks(model: Any, built: bool = False) -> list[str]:
-    """The names of the ``Model`` protocol ``model`` lacks: its methods, or once ``built`` the
-    attributes its ``build`` sets."""
-    if built:
-        return [name for name in BUILT if not hasattr(model, name)]
-    return [name for name in METHODS if not callable(getattr(model, name, None))]
+def check_model(model: Any, what: str, built: bool = False) -> None:
+    """Refuse `model` ``what`` lacking a method of the protocol, or (``built``) an attribute."""
+    has = hasattr if built else lambda m, name: callable(getattr(m, name, None))
+    missing = ", ".join(name for name in (BUILT if built else METHODS) if not has(model, name))
+    if missing:
+        kind = f"gave {type(model).__name__}, not an xpnn.nn.Sequential nor an xpnn.nn.Model"
+        raise UserError(f"`model` {what}: {'built' if built else kind}: it lacks {missing}")
 
 
 @runtime_checkable
 class LayeredModel(Protocol):
-    """What a built ``Model`` of layers in order offers besides: what tensor splits, pipeline
-    stages, batch threads and node-shared activations work on."""
+    """What a ``Model`` of layers in order offers the strategies that swap or stage them."""
 
     layers: list[Layer]  # in order, each with its named parameters and gradients
     output_shape: tuple[int, ...]  # a sample's logits
 
-    def attach(self, comm: Any) -> None:
-        """Hand the layers the communicator of the ranks that hold this model."""
-        ...
-
-    def param_names(self) -> list[tuple[str, Layer, str]]:
-        """(stable name, layer, the layer's own name) for every parameter, in order."""
-        ...
+    def attach(self, comm: Any) -> None: ...  # the communicator of the ranks holding it
+    # (stable name, layer, the layer's own name) for every parameter, in order
+    def param_names(self) -> list[tuple[str, Layer, str]]: ...

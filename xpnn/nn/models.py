@@ -14,7 +14,7 @@ from typing import Any
 from xpnn.errors import UserError
 from xpnn.nn.dense import Dense
 from xpnn.nn.flatten import Flatten
-from xpnn.nn.model import lacks
+from xpnn.nn.model import check_model
 from xpnn.nn.sequential import Sequential, resolve_loss
 
 MODELS = ("mlp", "cnn", "gpt")
@@ -168,10 +168,5 @@ def make_model(
             raise
         except Exception as exc:  # noqa: BLE001 -- the user's factory
             raise UserError(f"`model` {what}: it raised {type(exc).__name__}: {exc}") from None
-    missing = lacks(model)
-    if missing:
-        raise UserError(
-            f"`model` {what}: gave {type(model).__name__}, expected an xpnn.nn.Sequential or a "
-            f"model of xpnn.nn.Model's names (it lacks {', '.join(missing)})"
-        )
+    check_model(model, what)
     return model

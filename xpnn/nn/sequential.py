@@ -12,6 +12,7 @@ from typing import Any
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
+from xpnn.nn.model import Ready
 from xpnn.phases import FORWARD, layer_span, span
 
 
@@ -31,9 +32,7 @@ def resolve_loss(loss: Any) -> Any:
     return loss
 
 
-def adding(
-    acc: Array, grads: Array, on_grads_ready: Callable[[int], None] | None
-) -> Callable[[int], None]:
+def adding(acc: Array, grads: Array, on_grads_ready: Ready) -> Callable[[int], None]:
     """A backward's ``on_grads_ready`` that first adds ``acc`` (earlier passes' gradients,
     summed) into each newly final ``grads[offset:]``, then reports it on."""
     done = [grads.shape[0]]
@@ -56,11 +55,7 @@ class LayerError(UserError):
 
     def __init__(self, index: int, what: str) -> None:
         super().__init__(f"`model` layer {index} {what}")
-        self.index, self.what = index, what
-
-    def shifted(self, by: int) -> LayerError:
-        """The same error, the layer counted ``by`` places on (a pipeline stage's first is)."""
-        return LayerError(self.index + by, self.what)
+        self.index, self.what = index, what  # a pipeline stage counts its first layer on
 
 
 def _is_library(cls: type) -> bool:
@@ -88,10 +83,8 @@ def checked_call(
         raise LayerError(index, f"{name}: {type(exc).__name__}: {text} ({DEBUG_HINT})") from exc
     if want is not None and tuple(getattr(out, "shape", (None,))) != want:
         what = "the gradient of its input" if call == "backward" else "its output"
-        raise LayerError(
-            index,
-            f"{name} returned {_shape_of(out)} as {what}, expected shape {want} ({DEBUG_HINT})",
-        )
+        said = f"returned {_shape_of(out)} as {what}, expected shape {want} ({DEBUG_HINT})"
+        raise LayerError(index, f"{name} {said}")
     return out
 
 
@@ -166,14 +159,12 @@ class Sequential:
 
     def forward(self, x: Array, ctx: Context) -> Array:
         """The logits of a batch, through the layers in order."""
-        layers = self.layers
         with FORWARD:
-            for i, layer in enumerate(layers):
+            for i, layer in enumerate(self.layers):
                 with layer_span("forward", i, layer):
                     if self._is_users(layer):
-                        want = self._batch_shape(x, i + 1, len(layers))
                         call = partial(layer.forward, x, ctx)
-                        x = checked_call(i, layer, "forward", call, want)
+                        x = checked_call(i, layer, "forward", call, self._batch_shape(x, i + 1))
                     else:
                         x = layer.forward(x, ctx)
         return x
@@ -186,10 +177,10 @@ class Sequential:
             found = known[id(layer)] = not all(_is_library(type(x)) for x in layer.walk())
         return found
 
-    def _batch_shape(self, a: Any, at: int, count: int) -> tuple[int, ...] | None:
+    def _batch_shape(self, a: Any, at: int) -> tuple[int, ...] | None:
         """(batch, *the per-sample shape of layer ``at``'s input), where known."""
         shapes = getattr(self, "shapes", None)
-        if shapes is None or len(shapes) != count + 1 or not hasattr(a, "shape"):
+        if shapes is None or len(shapes) != len(self.layers) + 1 or not hasattr(a, "shape"):
             return None
         return (a.shape[0], *shapes[at])
 
@@ -198,17 +189,12 @@ class Sequential:
         return self.forward(self.backend.asarray(x), Context(train=False))
 
     def backward(
-        self,
-        dlogits: Array,
-        on_grads_ready: Callable[[int], None] | None = None,
-        need_dx: bool = False,
+        self, dlogits: Array, on_grads_ready: Ready = None, need_dx: bool = False
     ) -> Array | None:
         """``backprop`` of a copy of ``dlogits`` (the caller's is left alone)."""
         return self.backprop(copy_array(self.xp, dlogits), on_grads_ready, need_dx)
 
-    def backprop(
-        self, dy: Array, on_grads_ready: Callable[[int], None] | None = None, need_dx: bool = False
-    ) -> Array | None:
+    def backprop(self, dy: Array, on_grads_ready: Ready = None, need_dx: bool = False) -> Any:
         """Assign every gradient from ``dy``, the caller's to give up (fused kernels write over
         it); returns the input's gradient if ``need_dx``, else None."""
         layers = self.layers
@@ -216,7 +202,7 @@ class Sequential:
             with layer_span("backward", i, layers[i]):
                 need = self.needs_input_grad(i, need_dx)
                 if self._is_users(layers[i]):
-                    want = self._batch_shape(dy, i, len(layers)) if need else None
+                    want = self._batch_shape(dy, i) if need else None
                     call = partial(layers[i].backward, dy, need_dx=need)
                     dy = checked_call(i, layers[i], "backward", call, want)
                 else:
@@ -231,12 +217,7 @@ class Sequential:
         return self.layer_offsets[index] > 0 or need_dx
 
     def loss_and_grads(
-        self,
-        x: Array,
-        labels: Array,
-        ctx: Context,
-        scale: float,
-        on_grads_ready: Callable[[int], None] | None = None,
+        self, x: Array, labels: Array, ctx: Context, scale: float, on_grads_ready: Ready = None
     ) -> tuple[Array, Array]:
         """Forward, loss, backward; returns (loss sum, number correct) as device scalars."""
         self.train_rows = max(self.train_rows, labels.shape[0])

@@ -19,7 +19,7 @@ from xpnn.nn.sequential import adding
 from xpnn.optim import HYPERS, GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.parallel.model.batch_threads import BatchThreads
 from xpnn.parallel.model.layout import Groups
-from xpnn.parallel.model.whole import replicated_ranges, share, whole_params, whole_size
+from xpnn.parallel.model.whole import portion, replicated_ranges, whole_params, whole_size
 from xpnn.parallel.plan import Plan
 from xpnn.parallel.update.wire import make_wire, sends_gradients
 from xpnn.runtime import stall
@@ -188,7 +188,7 @@ class Trainer:
         self.groups = groups or Groups.of(comm, cfg.plan.spread)
         self.data_comm = self.groups.data  # one rank per replica
         self.model_comm = self.groups.model  # the ranks of one replica
-        self.share = share(model)  # what part of the network this rank holds (a stage's)
+        self.portion = portion(model)  # of the network, this rank's model holds (a stage's)
         # the ranks whose losses add up: every pipeline stage (only the last ones score)
         self.metrics_comm = comm if cfg.plan.pipelined else self.data_comm
         # a pipeline's later stages never read a sample: no copy of them on the device
@@ -196,7 +196,7 @@ class Trainer:
         if data.windows is not None:  # text: windows of the stream, drawn each step
             self.stream = backend.asarray(data.windows.stream, dtype=self.xp.int64)
         else:
-            self.x_train = backend.asarray(data.x_train) if self.share.reads_input else None
+            self.x_train = backend.asarray(data.x_train) if self.portion.reads_input else None
             self.y_train = backend.asarray(data.y_train, dtype=self.xp.int64)
         self.n_train = data.n_train  # with ``replicate``, more than it stores
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
@@ -336,10 +336,10 @@ class Trainer:
             spans = self.data.windows.spans(self.cfg.seed, step, self.data.stored_rows(local))
             at = self.backend.asarray(spans.reshape(-1), dtype=xp.int64)  # the array API's
             shape = spans.shape  # take: 1-D indices only
-            xb = xp.reshape(xp.take(self.stream, at), shape) if self.share.reads_input else None
+            xb = xp.reshape(xp.take(self.stream, at), shape) if self.portion.reads_input else None
             yb = xp.reshape(xp.take(self.stream, at + 1), shape)
         else:
-            xb = xp.take(self.x_train, rows, axis=0) if self.share.reads_input else None
+            xb = xp.take(self.x_train, rows, axis=0) if self.portion.reads_input else None
             yb = xp.take(self.y_train, rows, axis=0)
         ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
         if self.precision is not None:
@@ -382,12 +382,12 @@ class Trainer:
         loss_sum, correct = 0.0, 0.0
         for start in range(0, len(part), self.cfg.eval_batch_size):
             sel = part[start : start + self.cfg.eval_batch_size]
-            xb = self.backend.asarray(data.x_test[sel]) if self.share.reads_input else None
+            xb = self.backend.asarray(data.x_test[sel]) if self.portion.reads_input else None
             yb = self.backend.asarray(data.y_test[sel], dtype=xp.int64)
             loss, corr = (self.precision or self.passes).evaluate(xb, yb)
             loss_sum += float(loss)
             correct += float(corr)
-        scored = len(part) if self.share.scores else 0
+        scored = len(part) if self.portion.scores else 0
         total = self.metrics_comm.allreduce_host(np.array([loss_sum, correct, scored], np.float64))
         return total[0] / max(total[2], 1), total[1] / max(total[2], 1)
 

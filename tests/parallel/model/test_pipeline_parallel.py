@@ -137,7 +137,7 @@ def test_only_the_first_stage_reads_the_samples():
     """The trainer gathers (and on a GPU copies) the training set only where it is read."""
     backend = get_backend("numpy", "float32")
     reads = [
-        build_stage(build_model("mlp", (16, 16)), (784,), backend, 0, r, 3, 2).share.reads_input
+        build_stage(build_model("mlp", (16, 16)), (784,), backend, 0, r, 3, 2).reads_input
         for r in range(3)
     ]
     assert reads == [True, False, False]

@@ -8,10 +8,9 @@ each micro-batch's input, and forwards it again before its backward.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from xpnn import phases
@@ -19,7 +18,7 @@ from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
 from xpnn.nn.sequential import LayerError, Sequential, adding
-from xpnn.parallel.model.whole import Share, whole_shape
+from xpnn.parallel.model.whole import Portion, whole_shape
 from xpnn.runtime import flight
 
 FORWARD_TAG, BACKWARD_TAG, EVAL_TAG = 1, 2, 3
@@ -107,10 +106,22 @@ def in_flight(order: Order) -> int:
     return most
 
 
-class PipelineStage:
-    """One stage's layers (a ``Sequential`` of them, ``net``) and the schedule that runs them:
-    a model to the trainer, scored on the last stage and reading samples on the first
-    (``share``)."""
+def numbered(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A stage's ``method``, a user's layer's error naming its place in the whole network."""
+
+    @functools.wraps(method)
+    def run(stage: PipelineStage, *args: Any, **kw: Any) -> Any:
+        try:
+            return method(stage, *args, **kw)
+        except LayerError as exc:
+            raise LayerError(exc.index + stage.layer_start, exc.what) from exc.__cause__
+
+    return run
+
+
+class PipelineStage(Portion):
+    """One stage's layers (a ``Sequential`` of them, ``net``) and the schedule that runs them: a
+    model to the trainer, scored on the last stage, reading samples on the first."""
 
     def __init__(
         self,
@@ -123,10 +134,10 @@ class PipelineStage:
         tensor: tuple[int, int] = (0, 1),
     ) -> None:
         start, end = bounds[index]
-        self.net = Sequential(whole.layers[start:end], whole.loss)
-        self.net.backend, self.net.xp = whole.backend, whole.xp
-        self.net.shapes = whole.shapes[start : end + 1]
-        self.net.output_shape = self.net.shapes[-1]
+        self.net = net = Sequential(whole.layers[start:end], whole.loss)
+        net.backend, net.xp, net.shapes = whole.backend, whole.xp, whole.shapes[start : end + 1]
+        net.output_shape = net.shapes[-1]
+        self.layers, self.output_shape = net.layers, net.output_shape
         self.index, self.stages, self.microbatches = index, len(bounds), microbatches
         self.schedule, self.recompute = schedule, recompute
         self.passes = 0  # training passes without a ctx.step: the step that keys dropout
@@ -139,52 +150,26 @@ class PipelineStage:
         self.prev_rank = (index - 1) * self.parts + self.part
         self.next_rank = (index + 1) * self.parts + self.part
         self.first_param_layer = sum(1 for layer in whole.layers[:start] if layer.initial)
-        self.share = Share(
-            reads_input=self.first,  # the others receive activations
-            scores=self.last and self.part == 0,
-            stages=self.stages,
-            whole_param_count=sum(
-                math.prod(whole_shape(layer, name))
-                for layer in whole.layers
-                for name in layer.initial
-            ),
+        self.reads_input = self.first  # the others receive activations
+        self.scores = self.last and self.part == 0
+        self.whole_param_count = sum(
+            math.prod(whole_shape(x, name)) for x in whole.layers for name in x.initial
         )
         self.comm: Any = None  # set by ``attach`` once the communicator exists
         self._sets: list[Sequential] = [self.net]  # one set of layers per micro-batch
         self._acc: Array | None = None  # the micro-batches' gradients, summed
         self.train_rows = 0  # the largest batch seen: ``evaluate`` slices by it
 
-    # -- the model the trainer, updates and checkpoints see: the stage's layers, renamed
-    @property
-    def layers(self) -> list[Layer]:
-        return self.net.layers
-
-    @property
-    def params(self) -> Array:
-        return self.net.params
-
-    @property
-    def grads(self) -> Array:
-        return self.net.grads
-
-    @property
-    def size(self) -> int:
-        return self.net.size
-
-    @property
-    def layer_offsets(self) -> list[int]:
-        return self.net.layer_offsets
-
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        return self.net.output_shape
-
+    # -- the model the trainer, updates and checkpoints see: its Sequential's, renamed
     def place(self) -> PipelineStage:
         self.net.place()
+        self.adopt(self.net.params, self.net.grads, copy=False)
         return self
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
         self.net.adopt(params, grads, copy)
+        self.params, self.grads, self.size = params, grads, self.net.size
+        self.layer_offsets = self.net.layer_offsets
 
     def param_names(self) -> list[tuple[str, Layer, str]]:
         """The stage's parameters under the whole network's names (``layerN`` counts on)."""
@@ -198,9 +183,6 @@ class PipelineStage:
         views = self.net.named_views(flat).values()
         return {key: view for (key, _, _), view in zip(self.param_names(), views, strict=True)}
 
-    def named_params(self) -> dict[str, Array]:
-        return self.named_views(self.params)
-
     def attach(self, comm: Any) -> None:
         self.net.attach(comm)
         self.comm = comm
@@ -208,21 +190,14 @@ class PipelineStage:
     def attach_split(self, comm: Any) -> None:
         """Give the stage's split layers the ranks of its tensor parts (after ``attach``)."""
         self.net.attach(comm)
-        self.share = dataclasses.replace(self.share, split_comm=comm)
-
-    @contextmanager
-    def _numbered(self) -> Iterator[None]:
-        """A user's layer's error names its place in the whole network, not in the stage."""
-        try:
-            yield
-        except LayerError as exc:
-            raise exc.shifted(self.layer_start) from exc.__cause__
+        self.split_comm = comm
 
     def _receive(self, rows: int, shape: tuple[int, ...], source: int, tag: int) -> Array:
         buf = self.xp.empty((rows, *shape), dtype=self.params.dtype)
         self.comm.recv_(buf, source, tag)
         return buf
 
+    @numbered
     def loss_and_grads(
         self,
         x: Array | None,  # the samples: read by the first stage, None for the others
@@ -230,12 +205,6 @@ class PipelineStage:
         ctx: Context,
         scale: float,
         on_grads_ready: Any = None,
-    ) -> tuple[Array, Array]:
-        with self._numbered():
-            return self._micro_batches(x, labels, ctx, scale, on_grads_ready)
-
-    def _micro_batches(
-        self, x: Array | None, labels: Array, ctx: Context, scale: float, on_grads_ready: Any
     ) -> tuple[Array, Array]:
         n = labels.shape[0]
         self.train_rows = max(self.train_rows, n)  # every stage sees the batch's labels
@@ -283,7 +252,7 @@ class PipelineStage:
                     if self.last:
                         kernels = self.backend.kernels
                         loss, dlogits[m] = net.loss(kernels, y, labels[lo:hi], scale)
-                        if self.share.scores:  # once a replica, not once a tensor part
+                        if self.scores:  # once a replica, not once a tensor part
                             correct = correct + kernels.count_correct(y, labels[lo:hi])
                             loss_sum = loss_sum + loss
                     else:
@@ -349,19 +318,17 @@ class PipelineStage:
             loss, correct = loss + l, correct + c
         return loss, correct
 
+    @numbered
     def _evaluate_rows(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
         n = labels.shape[0]
         y = x if self.first else self._receive(n, self.net.shapes[0], self.prev_rank, EVAL_TAG)
-        with self._numbered():
-            y = self.net.forward(y, Context(train=False))
+        y = self.net.forward(y, Context(train=False))
         if not self.last:
             self.comm.isend(y, self.next_rank, EVAL_TAG).wait()
+        if not self.scores:  # an earlier stage, or another tensor part of the last
             zero = self.xp.zeros((), dtype=self.xp.float64)
             return zero, zero
         loss, _ = self.net.loss(self.backend.kernels, y, labels, 1.0)
-        if not self.share.scores:  # another tensor part of the last stage scores
-            zero = self.xp.zeros((), dtype=self.xp.float64)
-            return zero, zero
         return loss, self.backend.kernels.count_correct(y, labels)
 
     def summary(self) -> str:

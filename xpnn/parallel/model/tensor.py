@@ -30,9 +30,6 @@ class SplitDense(Dense):
     def attach(self, comm: Any) -> None:
         self.comm = comm
 
-    def whole_shape(self, name: str) -> tuple[int, ...]:
-        return self.whole_shapes[name]
-
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
         out = super().setup(in_shape, rng)  # the whole initial weights
         self.whole_shapes = {name: shape for name, (_, shape) in self.initial.items()}
@@ -72,8 +69,7 @@ class RowDense(SplitDense):
     split = {"W": 0}
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        self.lead = tuple(x.shape[:-1])
-        self.x = self.checked(x)
+        self.lead, self.x = tuple(x.shape[:-1]), self.checked(x)
         z = self.xp.matmul(self.x, self.params["W"])
         self.comm.allreduce_(z, "sum")  # every rank's rows: the whole pre-activation
         return self.activate(z)

@@ -1,11 +1,10 @@
 """The whole network from the ranks' pieces, named and ordered as one process has it: saved
-files, checkpoints and the digest do not depend on the parallelism. What part a rank holds is
-its strategy's to say (``share``); a core model holds all of it."""
+files, checkpoints and the digest do not depend on the parallelism. What portion of it a
+rank's model holds is its strategy's wrapper's to say; a core model holds all of it."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,9 +14,8 @@ from xpnn.nn.model import LayeredModel
 from xpnn.parallel.model.tensor import SplitDense
 
 
-@dataclass(frozen=True)
-class Share:
-    """The part of the network a rank's model holds, as the plan laid it out."""
+class Portion:
+    """What of the network a rank's model holds: a core model all (these); a stage says."""
 
     reads_input: bool = True  # forward reads the samples (a pipeline's later stages do not)
     scores: bool = True  # its loss is the network's (a pipeline's earlier stages have none)
@@ -26,52 +24,36 @@ class Share:
     split_comm: Any = None  # the ranks holding its split layers' other slices (None: its comm)
 
 
-WHOLE = Share()
+def portion(model: Any) -> Portion:
+    """The portion of the network ``model`` holds: its wrapper's, or all of it."""
+    return model if isinstance(model, Portion) else Portion()
 
 
-def share(model: Any) -> Share:
-    """What part of the network ``model`` holds: a strategy's wrapper says (a pipeline stage's
-    ``share``); a core model, or one whose layers are split in place, the whole layer list."""
-    return getattr(model, "share", WHOLE)
-
-
-def leaf(layer: Any, name: str) -> tuple[Any, str]:
-    """The layer that holds parameter ``name`` of ``layer`` (a composite's nested one), and
-    the name it has there."""
+def split_of(layer: Any, name: str) -> tuple[SplitDense, str] | None:
+    """The split layer holding a slice of parameter ``name`` of ``layer`` (a composite's
+    sublayer's), and its name there; None where this rank holds all of it."""
     while isinstance(layer, Chain) and "." in name:
         child, _, name = name.partition(".")
         layer = layer.children[child]
-    return layer, name
+    return (layer, name) if isinstance(layer, SplitDense) and name in layer.split else None
 
 
 def whole_shape(layer: Any, name: str) -> tuple[int, ...]:
     """The shape of parameter ``name`` of ``layer`` in the whole network."""
-    held, key = leaf(layer, name)
-    if isinstance(held, SplitDense):
-        return tuple(held.whole_shapes[key])
-    return tuple(layer.initial[name][1])
+    held = split_of(layer, name)
+    return tuple(held[0].whole_shapes[held[1]] if held else layer.initial[name][1])
 
 
 def split_params(model: Any) -> dict[str, tuple[SplitDense, str]]:
-    """Stable name -> (the split layer holding a slice of it, its name there): tensor
-    parallelism's; none in a model without layers."""
-    if not isinstance(model, LayeredModel):
-        return {}
-    out = {}
-    for key, layer, name in model.param_names():
-        held, own = leaf(layer, name)
-        if isinstance(held, SplitDense) and own in held.split:
-            out[key] = (held, own)
-    return out
+    """Stable name -> ``split_of`` its parameter, for those split (tensor parallelism)."""
+    names = model.param_names() if isinstance(model, LayeredModel) else []
+    return {key: held for key, layer, name in names if (held := split_of(layer, name))}
 
 
 def whole_shapes(model: Any) -> dict[str, tuple[int, ...]]:
     """Stable name -> the parameter's shape in the whole network, for what this rank holds."""
-    split = split_params(model)
-    return {
-        key: tuple(split[key][0].whole_shapes[split[key][1]] if key in split else view.shape)
-        for key, view in model.named_views(model.params).items()
-    }
+    split = {key: held.whole_shapes[own] for key, (held, own) in split_params(model).items()}
+    return {k: tuple(split.get(k, v.shape)) for k, v in model.named_views(model.params).items()}
 
 
 def own_piece(model: Any, key: str, whole: np.ndarray) -> np.ndarray:
@@ -82,17 +64,12 @@ def own_piece(model: Any, key: str, whole: np.ndarray) -> np.ndarray:
 
 def whole_arrays(model: Any, comm: Any, pieces: dict[str, Any]) -> dict[str, np.ndarray]:
     """``pieces`` (stable name -> this rank's part) made whole on every rank (collective)."""
-    to_host = model.backend.to_host
-    placed = share(model)
-    split_comm = placed.split_comm or comm  # a stage's tensor parts
-    split = split_params(model)
-    out = {}
-    for key in model.named_views(model.params):
-        value = to_host(pieces[key])
-        if key in split:
-            axis = split[key][0].split[split[key][1]]
-            value = np.concatenate(split_comm.allgather_obj(value), axis)
-        out[key] = value
+    placed = portion(model)
+    out = {key: model.backend.to_host(piece) for key, piece in pieces.items()}
+    for key, (held, own) in split_params(model).items():  # a stage's tensor parts, or a replica
+        out[key] = np.concatenate(
+            (placed.split_comm or comm).allgather_obj(out[key]), held.split[own]
+        )
     if placed.stages > 1:  # each rank holds other layers: rank order is theirs
         merged: dict[str, np.ndarray] = {}
         for part in comm.allgather_obj(out):
@@ -112,8 +89,7 @@ def replicated_ranges(model: Any, part: int) -> list[tuple[int, int]]:
     every tensor part but the first (``part``, the plan's)."""
     if part == 0:
         return []
-    split = split_params(model)
-    out, offset = [], 0
+    split, out, offset = split_params(model), [], 0
     for key, view in model.named_views(model.params).items():
         size = math.prod(view.shape)
         if key not in split:
@@ -129,7 +105,5 @@ def is_spread(model: Any) -> bool:
 
 def whole_size(model: Any) -> int:
     """How many parameters the network has, all ranks' pieces together."""
-    count = share(model).whole_param_count  # a stage knows the layers it does not hold
-    if count is not None:
-        return count
-    return sum(math.prod(shape) for shape in whole_shapes(model).values())
+    count = portion(model).whole_param_count  # a stage knows the layers it does not hold
+    return count or sum(math.prod(shape) for shape in whole_shapes(model).values())
