@@ -30,15 +30,10 @@ class Model(Protocol):
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None: ...
     # forward, loss and backward: (loss sum, correct count); ``grads`` assigned, scaled
     def loss_and_grads(
-        self,
-        x: Array | None,
-        labels: Array,
-        ctx: Context,
-        scale: float,
-        on_grads_ready: Ready = None,
+        self, x: Array, labels: Array, ctx: Context, scale: float, on_grads_ready: Ready = None
     ) -> tuple[Array, Array]: ...
     # (loss sum, correct count) in evaluation mode
-    def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]: ...
+    def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]: ...
     # stable names -> views of ``flat``, a buffer laid out as ``params``: what is saved
     def named_views(self, flat: Array) -> dict[str, Array]: ...
     def summary(self) -> str: ...  # one line: the network and its parameter count

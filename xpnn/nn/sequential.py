@@ -122,12 +122,10 @@ class Sequential:
 
     def _skip_unread_outputs(self, shapes: list[tuple[int, ...]]) -> None:
         """Where a Conv2D feeds a floor-mode MaxPool2D, compute only what the pool reads."""
-        for layer, after, shape in zip(
-            self.layers[:-1], self.layers[1:], shapes[1:-1], strict=True
-        ):
-            extent = after.extent_read(shape)
+        for i in range(len(self.layers) - 1):
+            extent = self.layers[i + 1].extent_read(shapes[i + 1])
             if extent is not None:
-                layer.limit_output(*extent)
+                self.layers[i].limit_output(*extent)
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
         """Move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``."""
@@ -188,9 +186,7 @@ class Sequential:
         """The logits of ``x`` in evaluation mode (dropout off), on the backend."""
         return self.forward(self.backend.asarray(x), Context(train=False))
 
-    def backward(
-        self, dlogits: Array, on_grads_ready: Ready = None, need_dx: bool = False
-    ) -> Array | None:
+    def backward(self, dlogits: Array, on_grads_ready: Ready = None, need_dx: bool = False) -> Any:
         """``backprop`` of a copy of ``dlogits`` (the caller's is left alone)."""
         return self.backprop(copy_array(self.xp, dlogits), on_grads_ready, need_dx)
 

@@ -155,8 +155,7 @@ class Plan:
         )
 
     def part(self, rank: int) -> int:
-        """The tensor part rank ``rank`` holds: stage s part p is its replica's rank
-        s * parts + p (0 where layers are whole; part 0 counts what every part holds)."""
+        """Rank ``rank``'s tensor part: stage s part p is its replica's rank s * parts + p."""
         return self.place(rank).index % self.tensor_parts
 
     def settled(self, stage: Any) -> Plan:

@@ -136,8 +136,7 @@ class PipelineStage(Portion):
         start, end = bounds[index]
         self.net = net = Sequential(whole.layers[start:end], whole.loss)
         net.backend, net.xp, net.shapes = whole.backend, whole.xp, whole.shapes[start : end + 1]
-        net.output_shape = net.shapes[-1]
-        self.layers, self.output_shape = net.layers, net.output_shape
+        self.layers, self.output_shape = net.layers, net.shapes[-1]
         self.index, self.stages, self.microbatches = index, len(bounds), microbatches
         self.schedule, self.recompute = schedule, recompute
         self.passes = 0  # training passes without a ctx.step: the step that keys dropout

@@ -1,6 +1,5 @@
 """The whole network from the ranks' pieces, named and ordered as one process has it: saved
-files, checkpoints and the digest do not depend on the parallelism. What portion of it a
-rank's model holds is its strategy's wrapper's to say; a core model holds all of it."""
+files, checkpoints and the digest do not depend on the parallelism."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from xpnn.parallel.model.tensor import SplitDense
 
 
 class Portion:
-    """What of the network a rank's model holds: a core model all (these); a stage says."""
+    """What of the network a rank's model holds: all of it (these), or what a stage says."""
 
     reads_input: bool = True  # forward reads the samples (a pipeline's later stages do not)
     scores: bool = True  # its loss is the network's (a pipeline's earlier stages have none)
