@@ -1,7 +1,5 @@
 """What the trainer, checkpoints and data-parallel updates ask of a model (``Model``: a user's
-model implements these names), and what strategies that swap or stage layers ask besides
-(``LayeredModel``). A core model holds the whole network; a strategy's wrapper holding less
-says so (``xpnn.parallel.model.whole.Portion``)."""
+model implements these names); what strategies that swap or stage layers ask (``LayeredModel``)."""
 
 from __future__ import annotations
 

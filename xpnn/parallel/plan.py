@@ -121,10 +121,8 @@ class Plan:
         ``name``: the model's, for a refusal."""
         index, parts, part = self.place(rank).index, self.tensor_parts, self.part(rank)
         if self.spread and not isinstance(model, Sequential):
-            raise UserError(
-                f"`parallel` {self.mode}: `model` {name} is not a list of layers (an "
-                "xpnn.nn.Sequential) to split or cut into stages; use `parallel` data"
-            )
+            what = f"`model` {name} is not an xpnn.nn.Sequential of layers to split or stage"
+            raise UserError(f"`parallel` {self.mode}: {what}; use `parallel` data")
         if self.pipelined and parts > 1:
             if not any(inner.tensor_pairs for top in model.layers for inner in top.walk()):
                 # an MLP's pairs are top-level layers, which a stage boundary could separate
@@ -141,18 +139,8 @@ class Plan:
             return model
         from xpnn.parallel.model.pipeline import build_stage
 
-        return build_stage(
-            model,
-            input_shape,
-            backend,
-            seed,
-            index // parts,
-            self.stages,
-            microbatches=self.microbatches,
-            schedule=self.schedule,
-            recompute=self.recompute,
-            tensor=(part, parts),
-        )
+        stage = (index // parts, self.stages, self.microbatches, self.schedule, self.recompute)
+        return build_stage(model, input_shape, backend, seed, *stage, tensor=(part, parts))
 
     def part(self, rank: int) -> int:
         """Rank ``rank``'s tensor part: stage s part p is its replica's rank s * parts + p."""

@@ -158,12 +158,8 @@ class PipelineStage(Portion):
         self._sets: list[Sequential] = [self.net]  # one set of layers per micro-batch
         self._acc: Array | None = None  # the micro-batches' gradients, summed
         self.train_rows = 0  # the largest batch seen: ``evaluate`` slices by it
-
-    # -- the model the trainer, updates and checkpoints see: its Sequential's, renamed
-    def place(self) -> PipelineStage:
         self.net.place()
         self.adopt(self.net.params, self.net.grads, copy=False)
-        return self
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
         self.net.adopt(params, grads, copy)
@@ -265,19 +261,21 @@ class PipelineStage(Portion):
                     self._wait(pending[slot])
                     net.forward(inputs[m], contexts[m])  # activations: m's again
                 inputs.pop(m, None)
-                final = i == last_backward
-                ready = self._summing(acc, on_grads_ready) if final else None
-                dx = net.backprop(dy, ready, need_dx=not self.first)  # dy: popped or received
+                final = i == last_backward  # its callback adds the earlier ones', then reports
+                ready = on_grads_ready if acc is None else adding(acc, self.grads, on_grads_ready)
+                dx = net.backprop(dy, ready if final else None, need_dx=not self.first)  # dy: ours
                 holder[slot] = None
                 if not self.first:
                     pending[slot].append(self.comm.isend(dx, self.prev_rank, BACKWARD_TAG))
                 if final:
                     break
-                if acc is None:
-                    acc = self._accumulator()
-                    acc[...] = self.grads
-                else:
+                if acc is not None:
                     acc += self.grads
+                    continue
+                if self._acc is None:  # the micro-batches' sum: allocated once, reused each step
+                    self._acc = self.xp.zeros_like(self.grads)
+                acc = self._acc
+                acc[...] = self.grads
         flight.tag()
         for handles in pending:
             self._wait(handles)
@@ -294,16 +292,6 @@ class PipelineStage(Portion):
         for handle in handles:
             handle.wait()
         handles.clear()
-
-    def _accumulator(self) -> Array:
-        """Where the micro-batches' gradients are summed: allocated once, reused every step."""
-        if self._acc is None:
-            self._acc = self.xp.zeros_like(self.grads)
-        return self._acc
-
-    def _summing(self, acc: Array | None, on_grads_ready: Any) -> Any:
-        """The last micro-batch's callback: add the earlier ones' gradients, then report."""
-        return on_grads_ready if acc is None else adding(acc, self.grads, on_grads_ready)
 
     def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
         """The loss and correct count, no more rows at once than a training step holds (the
@@ -356,5 +344,4 @@ def build_stage(
     whole.setup(input_shape, backend, seed)
     costs = layer_costs(whole.layers, whole.shapes)
     bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)
-    stage = PipelineStage(whole, bounds, rank, microbatches, schedule, recompute, tensor)
-    return stage.place()
+    return PipelineStage(whole, bounds, rank, microbatches, schedule, recompute, tensor)

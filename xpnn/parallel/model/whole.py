@@ -18,7 +18,6 @@ class Portion:
 
     reads_input: bool = True  # forward reads the samples (a pipeline's later stages do not)
     scores: bool = True  # its loss is the network's (a pipeline's earlier stages have none)
-    stages: int = 1  # pipeline stages the network is cut into (1: whole here, maybe split)
     whole_param_count: int | None = None  # the whole network's, where layers are elsewhere
     split_comm: Any = None  # the ranks holding its split layers' other slices (None: its comm)
 
@@ -29,8 +28,8 @@ def portion(model: Any) -> Portion:
 
 
 def split_of(layer: Any, name: str) -> tuple[SplitDense, str] | None:
-    """The split layer holding a slice of parameter ``name`` of ``layer`` (a composite's
-    sublayer's), and its name there; None where this rank holds all of it."""
+    """The split layer (maybe a composite's) holding a slice of ``layer``'s ``name``, and its
+    name there; None where this rank holds all of it."""
     while isinstance(layer, Chain) and "." in name:
         child, _, name = name.partition(".")
         layer = layer.children[child]
@@ -69,7 +68,7 @@ def whole_arrays(model: Any, comm: Any, pieces: dict[str, Any]) -> dict[str, np.
         out[key] = np.concatenate(
             (placed.split_comm or comm).allgather_obj(out[key]), held.split[own]
         )
-    if placed.stages > 1:  # each rank holds other layers: rank order is theirs
+    if placed.whole_param_count is not None:  # ranks hold other layers: rank order is theirs
         merged: dict[str, np.ndarray] = {}
         for part in comm.allgather_obj(out):
             merged.update(part)
