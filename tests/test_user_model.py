@@ -123,3 +123,18 @@ def test_a_protocol_model_trains_on_two_ranks_as_on_one(models, tmp_path, comm):
 def test_a_model_without_a_protocol_name_is_refused_naming_it(models):
     proc = run_xpnn([*RUN, "--model", f"{models}:no_evaluate"])
     assert_one_line_user_error(proc, "lacks evaluate")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--parallel", "pipeline"], "is not an xpnn.nn.Sequential of layers to split or stage"),
+        (["--parallel", "tensor"], "is not an xpnn.nn.Sequential of layers to split or stage"),
+        (["--precision", "bf16", "--dtype", "float32"], "run the layers of an xpnn.nn.Sequential"),
+    ],
+)
+def test_what_needs_layers_refuses_a_protocol_model_naming_it(models, extra, message):
+    """Strategies that split, stage or cast layers need a Sequential: one line, exit 2 (the
+    last ``--dtype`` given is the one used)."""
+    proc = run_xpnn([*RUN, "--model", f"{models}:build", *extra])
+    assert_one_line_user_error(proc, message)
