@@ -188,7 +188,7 @@ class Trainer:
         self.groups = groups or Groups.of(comm, cfg.plan.spread)
         self.data_comm = self.groups.data  # one rank per replica
         self.model_comm = self.groups.model  # the ranks of one replica
-        self.portion = portion(model)  # of the network, this rank's model holds (a stage's)
+        self.portion = portion(model)  # what of the network its model holds (a stage says)
         # the ranks whose losses add up: every pipeline stage (only the last ones score)
         self.metrics_comm = comm if cfg.plan.pipelined else self.data_comm
         # a pipeline's later stages never read a sample: no copy of them on the device
