@@ -196,7 +196,8 @@ def build_run(
             cfg.facts.threads_per_rank = counts
     # A separate phase: on GPU backends building the communicators talks to the other ranks.
     groups = agree_on_user_errors(world, lambda: plan.groups(world, backend))
-    model.attach(groups.model)  # split layers and pipeline stages talk within their replica
+    if plan.spread:  # split layers and pipeline stages talk within their replica
+        model.attach(groups.model)
     if plan.pipelined and plan.tensor_parts > 1:  # 3-D: a stage's parts
         model.attach_split(agree_on_user_errors(world, lambda: plan.stage_comm(world, backend)))
     callbacks = [*callbacks, *agree_on_user_errors(world, lambda: observers(spec, world.rank))]
@@ -315,8 +316,10 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     """Everything rank-local the user's input can fail: no communication, agreed on after."""
     from xpnn.backends import get_backend
     from xpnn.data import load_dataset
+    from xpnn.nn.model import LayeredModel, check_model
     from xpnn.nn.models import check_fits, make_model, model_name
     from xpnn.parallel.model.batch_threads import check_batch_threads
+    from xpnn.parallel.model.whole import portion
     from xpnn.parallel.plan import Plan
     from xpnn.runtime.threads import apply_threads, threads_per_rank
     from xpnn.train import RunFacts
@@ -366,7 +369,11 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             raise
         reason = f"{type(exc).__name__}: {exc}"
         raise UserError(f"`model` {model_name(spec.model)}: {reason}") from exc
-    if model.scores:  # the stage that holds the network's output
+    check_model(model, model_name(spec.model), built=True)
+    if not isinstance(model, LayeredModel) and (spec.batch_threads > 1 or spec.precision != "fp32"):
+        what = f"`model` {model_name(spec.model)}: `batch_threads` and `precision`"
+        raise UserError(f"{what} run the layers of an xpnn.nn.Sequential; this model has none")
+    if isinstance(model, LayeredModel) and portion(model).scores:  # it holds the output
         labels = tuple(data.y_test.shape[1:])
         check_fits(model, model_name(spec.model), labels, data.num_classes, model.output_shape)
     check_batch_threads(spec.batch_threads, threads, backend.name)

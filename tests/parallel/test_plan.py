@@ -155,12 +155,14 @@ def test_apply_splits_or_stages_the_model_for_its_rank():
 
     backend = get_backend("numpy", "float64")
     whole = build_model("mlp", (8, 6)).build((5,), backend, 0)
-    split = build(2, parallel="tensor").apply(build_model("mlp", (8, 6)), (5,), backend, 0, 1)
-    assert split.part == 1 and whole_size(split) == whole.size > split.size
+    tensor = build(2, parallel="tensor")
+    split = tensor.apply(build_model("mlp", (8, 6)), (5,), backend, 0, 1)
+    assert tensor.part(1) == 1 and split.layers[1].lo == 4  # part 1 holds units [4:8]
+    assert whole_size(split) == whole.size > split.size
     staged = build(2, parallel="pipeline").apply(build_model("mlp", (8, 6)), (5,), backend, 0, 1)
     assert (staged.index, staged.stages) == (1, 2) and whole_size(staged) == whole.size
     alone = build(1).apply(build_model("mlp", (8, 6)), (5,), backend, 0, 0)
-    assert alone.size == whole.size and alone.part == 0
+    assert alone.size == whole.size and build(1).part(0) == 0
 
 
 class NodeStandIn:

@@ -31,7 +31,7 @@ def _named(layers: Mapping[str, Layer] | Sequence[Layer], owner: str) -> dict[st
 
 class Chain(Layer):
     """Sublayers run in order; a subclass may run them its own way (``setup``/``forward``/
-    ``backward``) and still gets the nested parameters, replicas and tensor-split views."""
+    ``backward``) and still gets the nested parameters and replicas."""
 
     def __init__(self, layers: Mapping[str, Layer] | Sequence[Layer]) -> None:
         super().__init__()
@@ -80,26 +80,6 @@ class Chain(Layer):
         twin = copy.copy(self)  # the same parameter views; each sublayer its own forward state
         twin.children = {name: child.replica() for name, child in self.children.items()}
         return twin
-
-    # -- what tensor parallelism's whole-network view asks of a layer (parallel/model/whole.py)
-    @property
-    def split(self) -> dict[str, int]:  # type: ignore[override]
-        """Nested parameter name -> the axis a sublayer keeps a slice of (tensor parallelism)."""
-        return {
-            f"{name}.{key}": axis
-            for name, child in self.children.items()
-            for key, axis in child.split.items()
-        }
-
-    def whole_shape(self, name: str) -> tuple[int, ...]:
-        """Nested parameter ``name``'s shape in the whole network, from its sublayer."""
-        child, _, rest = name.partition(".")
-        return self.children[child].whole_shape(rest)
-
-    def piece(self, name: str, whole: Any) -> Any:
-        """This rank's part of the whole parameter ``name``, from the sublayer that holds it."""
-        child, _, rest = name.partition(".")
-        return self.children[child].piece(rest, whole)
 
     def __repr__(self) -> str:
         inner = " -> ".join(repr(child) for child in self.children.values())

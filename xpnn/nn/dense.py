@@ -34,7 +34,7 @@ class Dense(Layer):
     def checked(self, x: Array) -> Array:
         """``x`` checked, as rows of features (leading axes merged), in the parameters' dtype
         (not a float64 pass of a float32 network)."""
-        features = self.params["W"].shape[0]  # a row-split layer (RowDense) holds some rows
+        features = self.params["W"].shape[0]
         if x.ndim < 2 or x.shape[-1] != features:
             raise ValueError(
                 f"Dense built for {features} input features, got batch shape {tuple(x.shape)}"
@@ -46,22 +46,20 @@ class Dense(Layer):
         return x
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        self.lead = tuple(x.shape[:-1])  # (B,) or (B, T, ...): ``W`` acts on the last axis
-        x = self.checked(x)
-        z = self.complete(self.xp.matmul(x, self.params["W"]))
-        y = self.kernels.bias_act(z, self.params["b"], self.activation)
-        self.x, self.y = x, y
-        return self._unflat(y)
+        # ``lead``: (B,) or (B, T, ...), ``W`` acting on the last axis
+        self.lead, self.x = tuple(x.shape[:-1]), self.checked(x)
+        return self.activate(self.xp.matmul(self.x, self.params["W"]))
+
+    def activate(self, z: Array) -> Array:
+        """``act(z + b)`` of the pre-activation rows ``z`` (kept), with the leading axes back."""
+        self.y = self.kernels.bias_act(z, self.params["b"], self.activation)
+        return self._unflat(self.y)
 
     def _unflat(self, rows: Array) -> Array:
         """``rows`` (one per input position) with the input's leading axes back."""
         if len(self.lead) == 1:
             return rows
         return self.xp.reshape(rows, (*self.lead, rows.shape[-1]))
-
-    def complete(self, z: Array) -> Array:
-        """The whole pre-activation from ``x @ W``; a layer with some rows of ``W`` sums here."""
-        return z
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         if dy.ndim > 2:

@@ -55,7 +55,6 @@ class Layer:
     and methods below are what models and parallel strategies may ask of any layer."""
 
     tensor_split: ClassVar[str] = "none"  # a key of TENSOR_SPLITS
-    split: ClassVar[dict[str, int]] = {}  # parameter -> the axis this rank holds a slice of
 
     # How tensor parallelism may split this layer's sublayers, Megatron-style: each entry
     # (column, row, column_group, row_group) names a Dense sublayer whose output units are cut
@@ -106,14 +105,6 @@ class Layer:
     def attach(self, comm: Any) -> None:
         """Given the communicator of the ranks that hold this model, once it exists: a layer
         that talks to them (a split twin) keeps it."""
-
-    def whole_shape(self, name: str) -> tuple[int, ...]:
-        """Parameter ``name``'s shape in the whole network (a split layer holds a slice)."""
-        return self.initial[name][1]
-
-    def piece(self, name: str, whole: Any) -> Any:
-        """This rank's part of the whole host array ``whole`` of parameter ``name``."""
-        return whole
 
     def extent_read(self, in_shape: tuple[int, ...]) -> tuple[int, ...] | None:
         """The leading part of each spatial axis of ``in_shape`` this layer reads (None: all)."""

@@ -1,77 +1,62 @@
-"""The ``Model`` protocol: what the trainer, checkpoints and parallel strategies may ask of a
-model. ``Sequential`` and a pipeline's ``PipelineStage`` implement it; the attributes with
-defaults are declared on them, so no strategy probes for them."""
+"""What the trainer, checkpoints and data-parallel updates ask of a model (``Model``: a user's
+model implements these names); what strategies that swap or stage layers ask (``LayeredModel``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
+
+Ready = Callable[[int], None] | None  # on_grads_ready(offset): ``grads[offset:]`` is final
 
 
 @runtime_checkable
 class Model(Protocol):
     """A built network whose parameters and gradients are two flat buffers of ``size``."""
 
-    layers: list[Layer]  # in order, each with its named parameters and gradients
     params: Array  # every parameter, one flat buffer on the backend
     grads: Array  # their gradients, laid out as ``params``
-    size: int  # this rank's parameters
+    size: int  # the parameters this rank holds
     backend: Any  # where the buffers live (``xp``, ``kernels``, ``to_host``)
-    scores: bool  # its loss is the network's (a pipeline's earlier stages have none)
-    input_grad: bool  # backward returns the input's gradient (a pipeline's later stages)
-    reads_input: bool  # forward reads the samples (a pipeline's first stage)
-    first_param_layer: int  # layers with parameters before this model's first (naming)
-    stages: int  # pipeline stages the network is cut into (1: it is whole here)
-    whole_param_count: int | None  # the whole network's parameters, where not all are here
-    layer_offsets: list[int]  # where each layer's parameters start in ``params``
-    part: int  # the tensor part of a pipeline stage this rank holds (0 outside 3-D)
-    split_comm: Any  # the ranks holding the other slices of its split layers (None: its comm)
+    layer_offsets: list[int]  # where backward may report ``grads[offset:]`` final ([0]: at end)
 
-    def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Model:
-        """Draw the initial weights from ``seed`` and place them in the flat buffers."""
-        ...
-
-    def attach(self, comm: Any) -> None:
-        """Hand the layers the communicator of the ranks that hold this model."""
-        ...
-
-    def forward(self, x: Array, ctx: Context) -> Array:
-        """The logits of a batch."""
-        ...
-
-    def predict(self, x: Array) -> Array:
-        """The logits of ``x`` in evaluation mode."""
-        ...
-
+    # draw the initial weights from ``seed`` and place them in the flat buffers
+    def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Model: ...
+    # move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``
+    def adopt(self, params: Array, grads: Array, copy: bool = True) -> None: ...
+    # forward, loss and backward: (loss sum, correct count); ``grads`` assigned, scaled
     def loss_and_grads(
-        self,
-        x: Array | None,
-        labels: Array,
-        ctx: Context,
-        scale: float,
-        on_grads_ready: Callable[[int], None] | None = None,
-    ) -> tuple[Array, Array]:
-        """Forward, loss and backward; returns (loss sum, correct count) on the device."""
-        ...
+        self, x: Array, labels: Array, ctx: Context, scale: float, on_grads_ready: Ready = None
+    ) -> tuple[Array, Array]: ...
+    # (loss sum, correct count) in evaluation mode
+    def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]: ...
+    # stable names -> views of ``flat``, a buffer laid out as ``params``: what is saved
+    def named_views(self, flat: Array) -> dict[str, Array]: ...
+    def summary(self) -> str: ...  # one line: the network and its parameter count
 
-    def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
-        """(loss sum, correct count) in evaluation mode."""
-        ...
 
-    def named_params(self) -> dict[str, Array]:
-        """Stable names (``layer0.W``) -> parameter views: what is saved."""
-        ...
+METHODS = tuple(name for name, v in vars(Model).items() if callable(v) and name[0] != "_")
+BUILT = tuple(Model.__annotations__)  # the attributes ``build`` sets
 
-    def named_views(self, flat: Array) -> dict[str, Array]:
-        """The same names -> views of ``flat``, a buffer laid out as ``params`` (gradients)."""
-        ...
 
-    def param_names(self) -> list[tuple[str, Layer, str]]:
-        """(stable name, layer, the layer's own name) for every parameter, in order."""
-        ...
+def check_model(model: Any, what: str, built: bool = False) -> None:
+    """Refuse `model` ``what`` lacking a method of the protocol, or (``built``) an attribute."""
+    has = hasattr if built else lambda m, name: callable(getattr(m, name, None))
+    missing = ", ".join(name for name in (BUILT if built else METHODS) if not has(model, name))
+    if missing:
+        kind = f"gave {type(model).__name__}, not an xpnn.nn.Sequential nor an xpnn.nn.Model"
+        raise UserError(f"`model` {what}: {'built' if built else kind}: it lacks {missing}")
 
-    def summary(self) -> str:
-        """One line: the layers and the parameter count."""
-        ...
+
+@runtime_checkable
+class LayeredModel(Protocol):
+    """What a ``Model`` of layers in order offers the strategies that swap or stage them."""
+
+    layers: list[Layer]  # in order, each with its named parameters and gradients
+    output_shape: tuple[int, ...]  # a sample's logits
+
+    def attach(self, comm: Any) -> None: ...  # the communicator of the ranks holding it
+    # (stable name, layer, the layer's own name) for every parameter, in order
+    def param_names(self) -> list[tuple[str, Layer, str]]: ...

@@ -14,6 +14,7 @@ from typing import Any
 from xpnn.errors import UserError
 from xpnn.nn.dense import Dense
 from xpnn.nn.flatten import Flatten
+from xpnn.nn.model import check_model
 from xpnn.nn.sequential import Sequential, resolve_loss
 
 MODELS = ("mlp", "cnn", "gpt")
@@ -167,8 +168,5 @@ def make_model(
             raise
         except Exception as exc:  # noqa: BLE001 -- the user's factory
             raise UserError(f"`model` {what}: it raised {type(exc).__name__}: {exc}") from None
-    if not isinstance(model, Sequential):
-        raise UserError(
-            f"`model` {what}: gave {type(model).__name__}, expected an xpnn.nn.Sequential"
-        )
+    check_model(model, what)
     return model

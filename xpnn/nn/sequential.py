@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from functools import partial
@@ -11,6 +12,7 @@ from typing import Any
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
+from xpnn.nn.model import Ready
 from xpnn.record.phases import FORWARD, layer_span, span
 
 
@@ -30,9 +32,7 @@ def resolve_loss(loss: Any) -> Any:
     return loss
 
 
-def adding(
-    acc: Array, grads: Array, on_grads_ready: Callable[[int], None] | None
-) -> Callable[[int], None]:
+def adding(acc: Array, grads: Array, on_grads_ready: Ready) -> Callable[[int], None]:
     """A backward's ``on_grads_ready`` that first adds ``acc`` (earlier passes' gradients,
     summed) into each newly final ``grads[offset:]``, then reports it on."""
     done = [grads.shape[0]]
@@ -53,6 +53,10 @@ class LayerError(UserError):
     """A user's layer failed, or returned an array of the wrong shape: named by its position in
     the model, its class and the call, since the error would otherwise name a later layer."""
 
+    def __init__(self, index: int, what: str) -> None:
+        super().__init__(f"`model` layer {index} {what}")
+        self.index, self.what = index, what  # a pipeline stage counts its first layer on
+
 
 def _is_library(cls: type) -> bool:
     return cls.__module__.startswith("xpnn.")
@@ -69,35 +73,25 @@ def checked_call(
     """``fn()``, a user's layer's ``call``: its failure, or an output not of shape ``want``
     (where given), raised as a ``LayerError`` naming the layer. A backward's gradient that
     merely broadcasts (``dy[:1]``, ``dy.sum(0)``, a scalar) would silently train wrongly."""
-    name = f"`model` layer {index} ({type(layer).__name__}) {call}"
+    name = f"({type(layer).__name__}) {call}"
     try:
         out = fn()
     except (UserError, MemoryError):
         raise
     except Exception as exc:  # noqa: BLE001 -- the user's code: any error is theirs
         text = " | ".join(line for line in str(exc).splitlines() if line.strip())
-        raise LayerError(f"{name}: {type(exc).__name__}: {text} ({DEBUG_HINT})") from exc
+        raise LayerError(index, f"{name}: {type(exc).__name__}: {text} ({DEBUG_HINT})") from exc
     if want is not None and tuple(getattr(out, "shape", (None,))) != want:
         what = "the gradient of its input" if call == "backward" else "its output"
-        raise LayerError(
-            f"{name} returned {_shape_of(out)} as {what}, expected shape {want} ({DEBUG_HINT})"
-        )
+        said = f"returned {_shape_of(out)} as {what}, expected shape {want} ({DEBUG_HINT})"
+        raise LayerError(index, f"{name} {said}")
     return out
 
 
 class Sequential:
     """Layers in order: the ``Model`` the trainer, checkpoints and parallel strategies use."""
 
-    stages = 1  # how many pipeline stages the network is cut into (each rank holds one)
-    whole_param_count: int | None = None  # a stage's count of the whole network's parameters
-    scores = True  # its loss is the network's (a pipeline's earlier stages have none)
-    input_grad = False  # whether backward returns the gradient of the model's input
-    reads_input = True  # whether forward reads the samples (a pipeline's later stages do not)
-    first_param_layer = 0  # how many layers with parameters come before this model's first
-    part = 0  # which tensor part of a pipeline stage this rank holds (3-D parallelism)
-    split_comm: Any = None  # the ranks holding this model's other slices, where not its comm
     train_rows = 0  # the largest batch ``loss_and_grads`` has seen (``evaluate`` slices by it)
-    layer_start = 0  # the position of its first layer in the whole model (a pipeline stage's)
 
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:
         self.layers = layers
@@ -128,12 +122,10 @@ class Sequential:
 
     def _skip_unread_outputs(self, shapes: list[tuple[int, ...]]) -> None:
         """Where a Conv2D feeds a floor-mode MaxPool2D, compute only what the pool reads."""
-        for layer, after, shape in zip(
-            self.layers[:-1], self.layers[1:], shapes[1:-1], strict=True
-        ):
-            extent = after.extent_read(shape)
+        for i in range(len(self.layers) - 1):
+            extent = self.layers[i + 1].extent_read(shapes[i + 1])
             if extent is not None:
-                layer.limit_output(*extent)
+                self.layers[i].limit_output(*extent)
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
         """Move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``."""
@@ -163,16 +155,14 @@ class Sequential:
     def _view(self, flat: Array, offset: int, shape: tuple[int, ...]) -> Array:
         return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
 
-    def forward(self, x: Array, ctx: Context, layers: list[Layer] | None = None) -> Array:
-        """Through ``layers`` (default: the model's own; or their replicas)."""
-        layers = layers or self.layers
+    def forward(self, x: Array, ctx: Context) -> Array:
+        """The logits of a batch, through the layers in order."""
         with FORWARD:
-            for i, layer in enumerate(layers):
+            for i, layer in enumerate(self.layers):
                 with layer_span("forward", i, layer):
                     if self._is_users(layer):
-                        want = self._batch_shape(x, i + 1, len(layers))
                         call = partial(layer.forward, x, ctx)
-                        x = checked_call(self.layer_start + i, layer, "forward", call, want)
+                        x = checked_call(i, layer, "forward", call, self._batch_shape(x, i + 1))
                     else:
                         x = layer.forward(x, ctx)
         return x
@@ -185,10 +175,10 @@ class Sequential:
             found = known[id(layer)] = not all(_is_library(type(x)) for x in layer.walk())
         return found
 
-    def _batch_shape(self, a: Any, at: int, count: int) -> tuple[int, ...] | None:
+    def _batch_shape(self, a: Any, at: int) -> tuple[int, ...] | None:
         """(batch, *the per-sample shape of layer ``at``'s input), where known."""
         shapes = getattr(self, "shapes", None)
-        if shapes is None or len(shapes) != count + 1 or not hasattr(a, "shape"):
+        if shapes is None or len(shapes) != len(self.layers) + 1 or not hasattr(a, "shape"):
             return None
         return (a.shape[0], *shapes[at])
 
@@ -196,41 +186,34 @@ class Sequential:
         """The logits of ``x`` in evaluation mode (dropout off), on the backend."""
         return self.forward(self.backend.asarray(x), Context(train=False))
 
-    def backward(
-        self,
-        dlogits: Array,
-        on_grads_ready: Callable[[int], None] | None = None,
-        layers: list[Layer] | None = None,
-        overwrite: bool = False,
-    ) -> Array | None:
-        """Assign every gradient; returns the input's gradient if ``input_grad``, else None.
-        Fused kernels may write over ``dy``, so ``dlogits`` is copied first unless ``overwrite``."""
-        layers = layers or self.layers
-        dy = dlogits if overwrite else copy_array(self.xp, dlogits)
+    def backward(self, dlogits: Array, on_grads_ready: Ready = None, need_dx: bool = False) -> Any:
+        """``backprop`` of a copy of ``dlogits`` (the caller's is left alone)."""
+        return self.backprop(copy_array(self.xp, dlogits), on_grads_ready, need_dx)
+
+    def backprop(self, dy: Array, on_grads_ready: Ready = None, need_dx: bool = False) -> Any:
+        """Assign every gradient from ``dy``, the caller's to give up (fused kernels write over
+        it); returns the input's gradient if ``need_dx``, else None."""
+        layers = self.layers
         for i in range(len(layers) - 1, -1, -1):
             with layer_span("backward", i, layers[i]):
-                need = self.needs_input_grad(i)
+                need = self.needs_input_grad(i, need_dx)
                 if self._is_users(layers[i]):
-                    want = self._batch_shape(dy, i, len(layers)) if need else None
+                    want = self._batch_shape(dy, i) if need else None
                     call = partial(layers[i].backward, dy, need_dx=need)
-                    dy = checked_call(self.layer_start + i, layers[i], "backward", call, want)
+                    dy = checked_call(i, layers[i], "backward", call, want)
                 else:
                     dy = layers[i].backward(dy, need_dx=need)
             if on_grads_ready is not None:
                 on_grads_ready(self.layer_offsets[i])
-        return dy if self.input_grad else None
+        return dy if need_dx else None
 
-    def needs_input_grad(self, index: int) -> bool:
-        """Whether layer ``index``'s input gradient is read (a layer below has parameters)."""
-        return self.layer_offsets[index] > 0 or self.input_grad
+    def needs_input_grad(self, index: int, need_dx: bool = False) -> bool:
+        """Whether layer ``index``'s input gradient is read (a layer below has parameters, or
+        the caller wants the model's: ``need_dx``)."""
+        return self.layer_offsets[index] > 0 or need_dx
 
     def loss_and_grads(
-        self,
-        x: Array,
-        labels: Array,
-        ctx: Context,
-        scale: float,
-        on_grads_ready: Callable[[int], None] | None = None,
+        self, x: Array, labels: Array, ctx: Context, scale: float, on_grads_ready: Ready = None
     ) -> tuple[Array, Array]:
         """Forward, loss, backward; returns (loss sum, number correct) as device scalars."""
         self.train_rows = max(self.train_rows, labels.shape[0])
@@ -238,7 +221,7 @@ class Sequential:
         with span("loss"):
             correct = self.backend.kernels.count_correct(logits, labels)
             loss, dlogits = self.loss(self.backend.kernels, logits, labels, scale)
-        self.backward(dlogits, on_grads_ready, overwrite=True)  # dlogits is ours to reuse
+        self.backprop(dlogits, on_grads_ready)  # dlogits is ours to give up
         return loss, correct
 
     def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
@@ -272,9 +255,16 @@ class Sequential:
         with_params = [layer for layer in self.layers if layer.initial]
         return [
             (f"layer{i}.{name}", layer, name)
-            for i, layer in enumerate(with_params, start=self.first_param_layer)
+            for i, layer in enumerate(with_params)
             for name in layer.initial
         ]
+
+    def replica(self) -> Sequential:
+        """A twin on the same parameters and gradients whose layers keep their own forward
+        state: another micro-batch or batch part in flight at once."""
+        twin = copy.copy(self)
+        twin.layers = [layer.replica() for layer in self.layers]
+        return twin
 
     def summary(self) -> str:
         return " -> ".join(repr(layer) for layer in self.layers) + f"  ({self.size:,} parameters)"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.nn.sequential import Sequential
 
 MODES = ("data", "tensor", "pipeline")  # how the ranks share the work (``--parallel``)
 NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ranks share
@@ -118,9 +119,10 @@ class Plan:
     ) -> Any:
         """``model`` laid out for rank ``rank``: its layers split, its pipeline stage, built;
         ``name``: the model's, for a refusal."""
-        index = self.place(rank).index
-        parts = self.tensor_parts
-        part = index % parts  # stage s part p on its replica's rank s * parts + p
+        index, parts, part = self.place(rank).index, self.tensor_parts, self.part(rank)
+        if self.spread and not isinstance(model, Sequential):
+            what = f"`model` {name} is not an xpnn.nn.Sequential of layers to split or stage"
+            raise UserError(f"`parallel` {self.mode}: {what}; use `parallel` data")
         if self.pipelined and parts > 1:
             if not any(inner.tensor_pairs for top in model.layers for inner in top.walk()):
                 # an MLP's pairs are top-level layers, which a stage boundary could separate
@@ -132,24 +134,17 @@ class Plan:
             from xpnn.parallel.model.tensor import split_layers
 
             model.layers = split_layers(model.layers, part, parts)
-            model.part = part  # the part whose unsplit parameters clipping counts is 0's
         if not self.pipelined:
             model.build(input_shape, backend, seed)
             return model
         from xpnn.parallel.model.pipeline import build_stage
 
-        return build_stage(
-            model,
-            input_shape,
-            backend,
-            seed,
-            index // parts,
-            self.stages,
-            microbatches=self.microbatches,
-            schedule=self.schedule,
-            recompute=self.recompute,
-            tensor=(part, parts),
-        )
+        stage = (index // parts, self.stages, self.microbatches, self.schedule, self.recompute)
+        return build_stage(model, input_shape, backend, seed, *stage, tensor=(part, parts))
+
+    def part(self, rank: int) -> int:
+        """Rank ``rank``'s tensor part: stage s part p is its replica's rank s * parts + p."""
+        return self.place(rank).index % self.tensor_parts
 
     def settled(self, stage: Any) -> Plan:
         """The plan as a pipeline stage settled its micro-batches (at most one a sample)."""

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.errors import UserError
-from xpnn.parallel.model.whole import own_piece, whole_shape, whole_size
+from xpnn.parallel.model.whole import own_piece, whole_shapes, whole_size
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
@@ -364,15 +364,16 @@ def load_checkpoint(
             "checkpoints named the state per parameter); resume it with that version"
         )
     epoch, step = _same_run(path, arrays, seed, steps_per_epoch, dataset, identity)
-    targets = [("", "parameter", "", model.named_params())]
+    targets = [("", "parameter", "", model.named_views(model.params))]
     targets += [
         (f"optim.{state}.", "optimizer state", " (another `optimizer`?)", model.named_views(buf))
         for state, buf in optimizer.state.items()
     ]
+    shapes = whole_shapes(model)
     for prefix, what, hint, _ in targets:  # what this rank holds: each array there, as big
-        for key, layer, name in model.param_names():
+        for key, shape in shapes.items():
             stored = arrays.get(prefix + key)
-            if stored is None or stored.shape != whole_shape(layer, name):
+            if stored is None or stored.shape != shape:
                 raise UserError(
                     f"{path}: {what} {prefix}{key} missing or of another shape than the model{hint}"
                 )
@@ -404,9 +405,8 @@ def load_checkpoint(
         )
     if restore_arrays:
         for prefix, _, _, views in targets:
-            for key, layer, name in model.param_names():
-                view = views[key]
-                piece = own_piece(layer, name, arrays[prefix + key])
+            for key, view in views.items():
+                piece = own_piece(model, key, arrays[prefix + key])
                 view[...] = model.backend.asarray(piece, dtype=view.dtype)
     optimizer.step_count = step
     return epoch, step, _json_meta(path, arrays, "settings")

@@ -206,10 +206,10 @@ class GraphStep:
 
         def forward_backward() -> None:
             if t.stream is not None:
-                xb = xp.take(t.stream, self.at) if t.model.reads_input else None
+                xb = xp.take(t.stream, self.at) if t.portion.reads_input else None
                 yb = xp.take(t.stream, self.at + 1)
             else:
-                xb = xp.take(t.x_train, self.rows, axis=0) if t.model.reads_input else None
+                xb = xp.take(t.x_train, self.rows, axis=0) if t.portion.reads_input else None
                 yb = xp.take(t.y_train, self.rows, axis=0)
             step, seed = self.scalars.step, t.cfg.seed
             ctx = Context(train=True, step=step, seed=seed, sample_ids=self.idx)

@@ -17,7 +17,7 @@ from xpnn.nn.layer import Context
 from xpnn.nn.sequential import adding
 from xpnn.parallel.model.batch_threads import BatchThreads
 from xpnn.parallel.model.layout import Groups
-from xpnn.parallel.model.whole import replicated_ranges, whole_params, whole_size
+from xpnn.parallel.model.whole import portion, replicated_ranges, whole_params, whole_size
 from xpnn.parallel.plan import Plan
 from xpnn.parallel.update.wire import make_wire, sends_gradients
 from xpnn.record.digest import arrays_digest
@@ -152,6 +152,7 @@ class Trainer:
         self.groups = groups or Groups.of(comm, cfg.plan.spread)
         self.data_comm = self.groups.data  # one rank per replica
         self.model_comm = self.groups.model  # the ranks of one replica
+        self.portion = portion(model)  # what of the network its model holds (a stage says)
         # the ranks whose losses add up: every pipeline stage (only the last ones score)
         self.metrics_comm = comm if cfg.plan.pipelined else self.data_comm
         # a pipeline's later stages never read a sample: no copy of them on the device
@@ -159,7 +160,7 @@ class Trainer:
         if data.windows is not None:  # text: windows of the stream, drawn each step
             self.stream = backend.asarray(data.windows.stream, dtype=self.xp.int64)
         else:
-            self.x_train = backend.asarray(data.x_train) if model.reads_input else None
+            self.x_train = backend.asarray(data.x_train) if self.portion.reads_input else None
             self.y_train = backend.asarray(data.y_train, dtype=self.xp.int64)
         self.n_train = data.n_train  # with ``replicate``, more than it stores
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
@@ -176,9 +177,9 @@ class Trainer:
             min_lr=cfg.min_lr,
         )
         hyper = {name: getattr(cfg, name) for name in HYPERS}
-        shapes = [tuple(layer.params[name].shape) for _, layer, name in model.param_names()]
+        shapes = [tuple(view.shape) for view in model.named_views(model.params).values()]
         matrices = matrix_ranges(shapes)
-        shared = replicated_ranges(model)  # what clipping counts on another rank
+        shared = replicated_ranges(model, cfg.plan.part(comm.rank))  # counted on another rank
 
         def total(local: float) -> float:  # the update is built by the first step
             return gradient_total(self.update, self.model_comm)(local)
@@ -290,7 +291,7 @@ class Trainer:
 
     def _pass(self, local: np.ndarray, batch: int, step: int, ready: Any) -> tuple[Any, Any]:
         """Forward and backward over this rank's samples ``local`` of a ``batch``-sample step."""
-        xp, model = self.xp, self.model
+        xp = self.xp
         idx = self.backend.asarray(local, dtype=xp.int64)
         rows = idx  # the stored rows that hold these samples: others with ``replicate``
         if self.data.train_repeats > 1:
@@ -299,10 +300,10 @@ class Trainer:
             spans = self.data.windows.spans(self.cfg.seed, step, self.data.stored_rows(local))
             at = self.backend.asarray(spans.reshape(-1), dtype=xp.int64)  # the array API's
             shape = spans.shape  # take: 1-D indices only
-            xb = xp.reshape(xp.take(self.stream, at), shape) if model.reads_input else None
+            xb = xp.reshape(xp.take(self.stream, at), shape) if self.portion.reads_input else None
             yb = xp.reshape(xp.take(self.stream, at + 1), shape)
         else:
-            xb = xp.take(self.x_train, rows, axis=0) if model.reads_input else None
+            xb = xp.take(self.x_train, rows, axis=0) if self.portion.reads_input else None
             yb = xp.take(self.y_train, rows, axis=0)
         ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
         if self.precision is not None:
@@ -345,12 +346,12 @@ class Trainer:
         loss_sum, correct = 0.0, 0.0
         for start in range(0, len(part), self.cfg.eval_batch_size):
             sel = part[start : start + self.cfg.eval_batch_size]
-            xb = self.backend.asarray(data.x_test[sel]) if self.model.reads_input else None
+            xb = self.backend.asarray(data.x_test[sel]) if self.portion.reads_input else None
             yb = self.backend.asarray(data.y_test[sel], dtype=xp.int64)
             loss, corr = (self.precision or self.passes).evaluate(xb, yb)
             loss_sum += float(loss)
             correct += float(corr)
-        scored = len(part) if self.model.scores else 0
+        scored = len(part) if self.portion.scores else 0
         total = self.metrics_comm.allreduce_host(np.array([loss_sum, correct, scored], np.float64))
         return total[0] / max(total[2], 1), total[1] / max(total[2], 1)
 

@@ -7,7 +7,6 @@ without a second copy of the data or an allreduce."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -38,15 +37,11 @@ def check_batch_threads(count: int, threads: int, backend: str) -> None:
 
 def twin(model: Any) -> Any:
     """A copy of ``model`` on the same parameters with gradients of its own (zeros) and each
-    layer's own forward state: only the public ``replica``, ``bind`` and ``named_views``."""
-    other = copy.copy(model)
-    other.layers = [layer.replica() for layer in model.layers]
+    layer's own forward state: only the public ``replica`` and ``adopt``."""
+    other = model.replica()
     for layer in (inner for top in other.layers for inner in top.walk()):
         layer.params, layer.grads = dict(layer.params), dict(layer.grads)  # not the original's
-    other.grads = model.backend.xp.zeros_like(model.grads)
-    views = other.named_views(other.grads)
-    for key, layer, name in other.param_names():
-        layer.bind(name, layer.params[name], views[key])
+    other.adopt(model.params, model.backend.xp.zeros_like(model.grads), copy=False)
     return other
 
 

@@ -8,14 +8,16 @@ each micro-batch's input, and forwards it again before its backward.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
-from xpnn.nn.sequential import Sequential, adding
-from xpnn.parallel.model.whole import whole_shape
+from xpnn.nn.sequential import LayerError, Sequential, adding
+from xpnn.parallel.model.whole import Portion, whole_shape
 from xpnn.record import phases
 from xpnn.runtime import flight
 
@@ -104,9 +106,22 @@ def in_flight(order: Order) -> int:
     return most
 
 
-class PipelineStage(Sequential):
-    """One stage's layers and the schedule that runs them: a model to the trainer, scored on
-    the last stage (``scores``) and reading samples on the first (``reads_input``)."""
+def numbered(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A stage's ``method``, a user's layer's error naming its place in the whole network."""
+
+    @functools.wraps(method)
+    def run(stage: PipelineStage, *args: Any, **kw: Any) -> Any:
+        try:
+            return method(stage, *args, **kw)
+        except LayerError as exc:
+            raise LayerError(exc.index + stage.layer_start, exc.what) from exc.__cause__
+
+    return run
+
+
+class PipelineStage(Portion):
+    """One stage's layers (a ``Sequential`` of them, ``net``) and the schedule that runs them: a
+    model to the trainer, scored on the last stage, reading samples on the first."""
 
     def __init__(
         self,
@@ -119,39 +134,57 @@ class PipelineStage(Sequential):
         tensor: tuple[int, int] = (0, 1),
     ) -> None:
         start, end = bounds[index]
-        super().__init__(whole.layers[start:end], whole.loss)
+        self.net = net = Sequential(whole.layers[start:end], whole.loss)
+        net.backend, net.xp, net.shapes = whole.backend, whole.xp, whole.shapes[start : end + 1]
+        self.layers, self.output_shape = net.layers, net.shapes[-1]
         self.index, self.stages, self.microbatches = index, len(bounds), microbatches
         self.schedule, self.recompute = schedule, recompute
         self.passes = 0  # training passes without a ctx.step: the step that keys dropout
         self.backend, self.xp = whole.backend, whole.xp
-        self.shapes = whole.shapes[start : end + 1]
         self.layer_start = start  # its first layer's position in the whole model (errors say it)
-        self.output_shape = self.shapes[-1]
         self.first, self.last = index == 0, index == len(bounds) - 1
         # ``tensor`` (part, parts): the stage's layers are split over ``parts`` ranks, stage s
         # part p being rank s * parts + p of the replica; part 0 of the last stage scores
         self.part, self.parts = tensor
         self.prev_rank = (index - 1) * self.parts + self.part
         self.next_rank = (index + 1) * self.parts + self.part
-        self.split_comm: Any = None  # the stage's tensor-parallel ranks (``attach_split``)
-        self.scores = self.last and self.part == 0
-        self.input_grad = not self.first
-        self.reads_input = self.first  # the others receive activations
         self.first_param_layer = sum(1 for layer in whole.layers[:start] if layer.initial)
+        self.reads_input = self.first  # the others receive activations
+        self.scores = self.last and self.part == 0
         self.whole_param_count = sum(
-            math.prod(whole_shape(layer, name)) for layer in whole.layers for name in layer.initial
+            math.prod(whole_shape(x, name)) for x in whole.layers for name in x.initial
         )
         self.comm: Any = None  # set by ``attach`` once the communicator exists
-        self._sets: list[list[Layer]] = [self.layers]  # one set of layers per micro-batch
+        self._sets: list[Sequential] = [self.net]  # one set of layers per micro-batch
         self._acc: Array | None = None  # the micro-batches' gradients, summed
+        self.train_rows = 0  # the largest batch seen: ``evaluate`` slices by it
+        self.net.place()
+        self.adopt(self.net.params, self.net.grads, copy=False)
+
+    def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
+        self.net.adopt(params, grads, copy)
+        self.params, self.grads, self.size = params, grads, self.net.size
+        self.layer_offsets = self.net.layer_offsets
+
+    def param_names(self) -> list[tuple[str, Layer, str]]:
+        """The stage's parameters under the whole network's names (``layerN`` counts on)."""
+        return [
+            (f"layer{self.first_param_layer + i}.{name}", layer, name)
+            for i, layer in enumerate(layer for layer in self.layers if layer.initial)
+            for name in layer.initial
+        ]
+
+    def named_views(self, flat: Array) -> dict[str, Array]:
+        views = self.net.named_views(flat).values()
+        return {key: view for (key, _, _), view in zip(self.param_names(), views, strict=True)}
 
     def attach(self, comm: Any) -> None:
-        super().attach(comm)
+        self.net.attach(comm)
         self.comm = comm
 
     def attach_split(self, comm: Any) -> None:
         """Give the stage's split layers the ranks of its tensor parts (after ``attach``)."""
-        super().attach(comm)
+        self.net.attach(comm)
         self.split_comm = comm
 
     def _receive(self, rows: int, shape: tuple[int, ...], source: int, tag: int) -> Array:
@@ -159,6 +192,7 @@ class PipelineStage(Sequential):
         self.comm.recv_(buf, source, tag)
         return buf
 
+    @numbered
     def loss_and_grads(
         self,
         x: Array | None,  # the samples: read by the first stage, None for the others
@@ -192,7 +226,7 @@ class PipelineStage(Sequential):
         acc = None
         for i, (kind, m) in enumerate(order):
             (lo, hi), slot = parts[m], m % len(sets)
-            layers = sets[slot]
+            net = sets[slot]
             flight.tag(microbatch=m)  # the sends and receives of this micro-batch
             name = f"{'forward' if kind == 'F' else 'backward'} micro-batch {m}"
             with phases.span(name):  # continue and break leave the span too
@@ -206,13 +240,13 @@ class PipelineStage(Sequential):
                     if self.first:
                         xin = x[lo:hi]
                     else:
-                        xin = self._receive(hi - lo, self.shapes[0], self.prev_rank, FORWARD_TAG)
+                        xin = self._receive(hi - lo, net.shapes[0], self.prev_rank, FORWARD_TAG)
                     if self.recompute:
                         inputs[m] = xin
-                    y = self.forward(xin, contexts[m], layers)
+                    y = net.forward(xin, contexts[m])
                     if self.last:
                         kernels = self.backend.kernels
-                        loss, dlogits[m] = self.loss(kernels, y, labels[lo:hi], scale)
+                        loss, dlogits[m] = net.loss(kernels, y, labels[lo:hi], scale)
                         if self.scores:  # once a replica, not once a tensor part
                             correct = correct + kernels.count_correct(y, labels[lo:hi])
                             loss_sum = loss_sum + loss
@@ -225,32 +259,32 @@ class PipelineStage(Sequential):
                     dy = self._receive(hi - lo, self.output_shape, self.next_rank, BACKWARD_TAG)
                 if self.recompute and holder[slot] != m:  # the set holds a later micro-batch's
                     self._wait(pending[slot])
-                    self.forward(inputs[m], contexts[m], layers)  # activations: m's again
+                    net.forward(inputs[m], contexts[m])  # activations: m's again
                 inputs.pop(m, None)
-                final = i == last_backward
-                ready = self._summing(acc, on_grads_ready) if final else None
-                dx = self.backward(
-                    dy, ready, layers, overwrite=True
-                )  # dy is ours: popped or received
+                final = i == last_backward  # its callback adds the earlier ones', then reports
+                ready = on_grads_ready if acc is None else adding(acc, self.grads, on_grads_ready)
+                dx = net.backprop(dy, ready if final else None, need_dx=not self.first)  # dy: ours
                 holder[slot] = None
                 if not self.first:
                     pending[slot].append(self.comm.isend(dx, self.prev_rank, BACKWARD_TAG))
                 if final:
                     break
-                if acc is None:
-                    acc = self._accumulator()
-                    acc[...] = self.grads
-                else:
+                if acc is not None:
                     acc += self.grads
+                    continue
+                if self._acc is None:  # the micro-batches' sum: allocated once, reused each step
+                    self._acc = self.xp.zeros_like(self.grads)
+                acc = self._acc
+                acc[...] = self.grads
         flight.tag()
         for handles in pending:
             self._wait(handles)
         return loss_sum, correct
 
-    def _replicas(self, count: int) -> list[list[Layer]]:
+    def _replicas(self, count: int) -> list[Sequential]:
         """One set of layers per micro-batch in flight: the stage's own, then replicas."""
         while len(self._sets) < count:
-            self._sets.append([layer.replica() for layer in self.layers])
+            self._sets.append(self.net.replica())
         return self._sets[:count]
 
     @staticmethod
@@ -258,16 +292,6 @@ class PipelineStage(Sequential):
         for handle in handles:
             handle.wait()
         handles.clear()
-
-    def _accumulator(self) -> Array:
-        """Where the micro-batches' gradients are summed: allocated once, reused every step."""
-        if self._acc is None:
-            self._acc = self.xp.zeros_like(self.grads)
-        return self._acc
-
-    def _summing(self, acc: Array | None, on_grads_ready: Any) -> Any:
-        """The last micro-batch's callback: add the earlier ones' gradients, then report."""
-        return on_grads_ready if acc is None else adding(acc, self.grads, on_grads_ready)
 
     def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
         """The loss and correct count, no more rows at once than a training step holds (the
@@ -281,18 +305,17 @@ class PipelineStage(Sequential):
             loss, correct = loss + l, correct + c
         return loss, correct
 
+    @numbered
     def _evaluate_rows(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
         n = labels.shape[0]
-        y = x if self.first else self._receive(n, self.shapes[0], self.prev_rank, EVAL_TAG)
-        y = self.forward(y, Context(train=False))
+        y = x if self.first else self._receive(n, self.net.shapes[0], self.prev_rank, EVAL_TAG)
+        y = self.net.forward(y, Context(train=False))
         if not self.last:
             self.comm.isend(y, self.next_rank, EVAL_TAG).wait()
+        if not self.scores:  # an earlier stage, or another tensor part of the last
             zero = self.xp.zeros((), dtype=self.xp.float64)
             return zero, zero
-        loss, _ = self.loss(self.backend.kernels, y, labels, 1.0)
-        if not self.scores:  # another tensor part of the last stage scores
-            zero = self.xp.zeros((), dtype=self.xp.float64)
-            return zero, zero
+        loss, _ = self.net.loss(self.backend.kernels, y, labels, 1.0)
         return loss, self.backend.kernels.count_correct(y, labels)
 
     def summary(self) -> str:
@@ -321,5 +344,4 @@ def build_stage(
     whole.setup(input_shape, backend, seed)
     costs = layer_costs(whole.layers, whole.shapes)
     bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)
-    stage = PipelineStage(whole, bounds, rank, microbatches, schedule, recompute, tensor)
-    return stage.place()
+    return PipelineStage(whole, bounds, rank, microbatches, schedule, recompute, tensor)

@@ -14,10 +14,10 @@ import numpy as np
 from xpnn.data.batches import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.dense import Dense
-from xpnn.nn.layer import Array, Layer
+from xpnn.nn.layer import Array, Context, Layer
 
 
-class _SplitDense(Dense):
+class SplitDense(Dense):
     """A Dense that keeps a slice of its parameters along ``split`` (name -> axis)."""
 
     split: dict[str, int] = {}
@@ -29,9 +29,6 @@ class _SplitDense(Dense):
 
     def attach(self, comm: Any) -> None:
         self.comm = comm
-
-    def whole_shape(self, name: str) -> tuple[int, ...]:
-        return self.whole_shapes[name]
 
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
         out = super().setup(in_shape, rng)  # the whole initial weights
@@ -54,7 +51,7 @@ class _SplitDense(Dense):
         return f"{kind}({self.units}, {self.activation}, [{self.lo}:{self.hi}])"
 
 
-class ColumnDense(_SplitDense):
+class ColumnDense(SplitDense):
     """Holds output units ``[lo:hi]``: its output is this rank's slice of the activations."""
 
     split = {"W": 1, "b": 0}
@@ -66,14 +63,16 @@ class ColumnDense(_SplitDense):
         return dx
 
 
-class RowDense(_SplitDense):
+class RowDense(SplitDense):
     """Holds input rows ``[lo:hi]`` (the units the column-split layer before it computed)."""
 
     split = {"W": 0}
 
-    def complete(self, z: Array) -> Array:
+    def forward(self, x: Array, ctx: Context) -> Array:
+        self.lead, self.x = tuple(x.shape[:-1]), self.checked(x)
+        z = self.xp.matmul(self.x, self.params["W"])
         self.comm.allreduce_(z, "sum")  # every rank's rows: the whole pre-activation
-        return z
+        return self.activate(z)
 
 
 TWINS = {"dense": (ColumnDense, RowDense)}  # a declared split -> its (first, second) twins

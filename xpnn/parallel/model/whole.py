@@ -8,17 +8,67 @@ from typing import Any
 
 import numpy as np
 
+from xpnn.nn.composite import Chain
+from xpnn.nn.model import LayeredModel
+from xpnn.parallel.model.tensor import SplitDense
+
+
+class Portion:
+    """What of the network a rank's model holds: all of it (these), or what a stage says."""
+
+    reads_input: bool = True  # forward reads the samples (a pipeline's later stages do not)
+    scores: bool = True  # its loss is the network's (a pipeline's earlier stages have none)
+    whole_param_count: int | None = None  # the whole network's, where layers are elsewhere
+    split_comm: Any = None  # the ranks holding its split layers' other slices (None: its comm)
+
+
+def portion(model: Any) -> Portion:
+    """The portion of the network ``model`` holds: its wrapper's, or all of it."""
+    return model if isinstance(model, Portion) else Portion()
+
+
+def split_of(layer: Any, name: str) -> tuple[SplitDense, str] | None:
+    """The split layer (maybe a composite's) holding a slice of ``layer``'s ``name``, and its
+    name there; None where this rank holds all of it."""
+    while isinstance(layer, Chain) and "." in name:
+        child, _, name = name.partition(".")
+        layer = layer.children[child]
+    return (layer, name) if isinstance(layer, SplitDense) and name in layer.split else None
+
+
+def whole_shape(layer: Any, name: str) -> tuple[int, ...]:
+    """The shape of parameter ``name`` of ``layer`` in the whole network."""
+    held = split_of(layer, name)
+    return tuple(held[0].whole_shapes[held[1]] if held else layer.initial[name][1])
+
+
+def split_params(model: Any) -> dict[str, tuple[SplitDense, str]]:
+    """Stable name -> ``split_of`` its parameter, for those split (tensor parallelism)."""
+    names = model.param_names() if isinstance(model, LayeredModel) else []
+    return {key: held for key, layer, name in names if (held := split_of(layer, name))}
+
+
+def whole_shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    """Stable name -> the parameter's shape in the whole network, for what this rank holds."""
+    split = {key: held.whole_shapes[own] for key, (held, own) in split_params(model).items()}
+    return {k: tuple(split.get(k, v.shape)) for k, v in model.named_views(model.params).items()}
+
+
+def own_piece(model: Any, key: str, whole: np.ndarray) -> np.ndarray:
+    """This rank's part of ``whole``, the whole parameter ``key`` of ``model``."""
+    held = split_params(model).get(key)
+    return whole if held is None else held[0].piece(held[1], whole)
+
 
 def whole_arrays(model: Any, comm: Any, pieces: dict[str, Any]) -> dict[str, np.ndarray]:
     """``pieces`` (stable name -> this rank's part) made whole on every rank (collective)."""
-    to_host = model.backend.to_host
-    split_comm = model.split_comm or comm  # a stage's tensor parts
-    out = {}
-    for key, layer, name in model.param_names():
-        value = to_host(pieces[key])
-        axis = layer.split.get(name)
-        out[key] = value if axis is None else np.concatenate(split_comm.allgather_obj(value), axis)
-    if model.stages > 1:  # each rank holds other layers: rank order is theirs
+    placed = portion(model)
+    out = {key: model.backend.to_host(piece) for key, piece in pieces.items()}
+    for key, (held, own) in split_params(model).items():  # a stage's tensor parts, or a replica
+        out[key] = np.concatenate(
+            (placed.split_comm or comm).allgather_obj(out[key]), held.split[own]
+        )
+    if placed.whole_param_count is not None:  # ranks hold other layers: rank order is theirs
         merged: dict[str, np.ndarray] = {}
         for part in comm.allgather_obj(out):
             merged.update(part)
@@ -28,30 +78,19 @@ def whole_arrays(model: Any, comm: Any, pieces: dict[str, Any]) -> dict[str, np.
 
 def whole_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
     """Every parameter whole, under its stable name, on the host of every rank (collective)."""
-    return whole_arrays(model, comm, model.named_params())
+    return whole_arrays(model, comm, model.named_views(model.params))
 
 
-def whole_shape(layer: Any, name: str) -> tuple[int, ...]:
-    """The shape of parameter ``name`` of ``layer`` in the whole network."""
-    return tuple(layer.whole_shape(name))
-
-
-def own_piece(layer: Any, name: str, whole: np.ndarray) -> np.ndarray:
-    """This rank's part of ``whole``, laid out as parameter ``name`` of ``layer``."""
-    return layer.piece(name, whole)
-
-
-def replicated_ranges(model: Any) -> list[tuple[int, int]]:
+def replicated_ranges(model: Any, part: int) -> list[tuple[int, int]]:
     """[start, end) ranges of this rank's flat buffer holding parameters that another rank of
     its replica holds too (tensor parallelism's unsplit ones), counted there, not here: on
-    every part but the first (``model.part``, which the plan sets where it splits layers)."""
-    part = model.part
+    every tensor part but the first (``part``, the plan's)."""
     if part == 0:
         return []
-    out, offset = [], 0
-    for _, layer, name in model.param_names():
-        size = math.prod(layer.params[name].shape)
-        if name not in layer.split:
+    split, out, offset = split_params(model), [], 0
+    for key, view in model.named_views(model.params).items():
+        size = math.prod(view.shape)
+        if key not in split:
             out.append((offset, offset + size))
         offset += size
     return out
@@ -64,6 +103,5 @@ def is_spread(model: Any) -> bool:
 
 def whole_size(model: Any) -> int:
     """How many parameters the network has, all ranks' pieces together."""
-    if model.whole_param_count is not None:  # a stage knows the layers it does not hold
-        return model.whole_param_count
-    return sum(math.prod(whole_shape(layer, name)) for _, layer, name in model.param_names())
+    count = portion(model).whole_param_count  # a stage knows the layers it does not hold
+    return count or sum(math.prod(shape) for shape in whole_shapes(model).values())
