@@ -193,7 +193,8 @@ class RunSpec:
     model: Any = MODEL("mlp", metavar="MODEL")(
         "``mlp``, ``cnn``, ``gpt`` (see ``--layers``), or your own network: ``FILE.py:FUNCTION`` "
         "or ``package.module:FUNCTION``, a function ``f(input_shape, num_classes)`` returning an "
-        "unbuilt ``xpnn.nn.Sequential``, imported by every rank (see the [tutorial](tutorial.md)). "
+        "unbuilt ``xpnn.nn.Sequential`` (or any ``xpnn.nn.Model``: data parallelism only, see "
+        "[the model API](model-api.md)), imported by every rank (see the [tutorial](tutorial.md)). "
         "Every other flag applies to it as to a preset. A path or function that is not there, or a "
         "factory that raises, is one line naming ``--model`` (exit 2). ``cnn`` is the "
         "690,590-parameter network of the MPI deep-learning report: three valid 3×3 convolutions "
