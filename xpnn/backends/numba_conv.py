@@ -50,7 +50,9 @@ def _valid_range(j, pad, stride, size, count):  # pragma: no cover - compiled
     return lo, hi
 
 
-@nb.njit(**JIT)
+# inlined in Numba's IR: as a call it cost im2col of small padded planes 5 % (64 x 8 x 12 x 12,
+# 3x3, padding 1: 0.166-0.172 ms against 0.155-0.161 written out, 1 thread)
+@nb.njit(inline="always", **JIT)
 def _tap(ci, i, j, kh, kw, stride, pad, w, ow):  # pragma: no cover - compiled
     """Tap (channel ``ci``, row ``i``, column ``j``) of a window: its row of the columns, the
     input column of its first output column in range, and that first output column and the

@@ -129,7 +129,7 @@ def _adam(  # pragma: no cover - compiled
 # serial only: a row is a few hundred flops, and the parallel build ran 4x slower than the
 # serial one (5.7 vs 1.3 ms at 128x64x64 float32) on a loaded 2-core machine
 _causal_shifted = nb.njit(**JIT)(seq.causal_shifted)
-_normalise_rows = nb.njit(**JIT)(seq.normalise_rows)
+_normalise_causal_rows = nb.njit(**JIT)(seq.normalise_causal_rows)
 _causal_softmax_backward = nb.njit(**JIT)(seq.causal_softmax_backward)
 _embedding_grad = nb.njit(**JIT)(seq.embedding_grad)
 _gelu_backward = Twin(seq.gelu_backward)
@@ -149,7 +149,7 @@ def _row_constants(rows: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray
 def _causal_softmax_into(s: np.ndarray, p: np.ndarray, scale: float = 1.0) -> np.ndarray:
     """``Kernels.causal_softmax`` of (N, T, T) ``s * scale`` written into ``p``."""
     np.exp(_causal_shifted(s, p, p.dtype.type(scale)), out=p)
-    return _normalise_rows(p, np.ones(s.shape[-1], dtype=p.dtype))
+    return _normalise_causal_rows(p, np.ones(s.shape[-1], dtype=p.dtype))
 
 
 # Taps a position (C_in*kh*kw) up to which the direct convolution beats im2col and one GEMM:

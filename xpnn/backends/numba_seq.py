@@ -31,13 +31,14 @@ def causal_shifted(s, p, scale):  # pragma: no cover - compiled
     return p
 
 
-def normalise_rows(e, ones):  # pragma: no cover - compiled
-    """``e[b, i, :] /= sum(e[b, i, :])``, summed as NumPy sums a row of up to 128 values."""
+def normalise_causal_rows(e, ones):  # pragma: no cover - compiled
+    """``e[b, i, :] /= sum(e[b, i, :])``, summed as NumPy sums a row of up to 128 values; the
+    masked entries (``j > i``, ``exp(-inf)``: 0) are left at exactly 0 without a division."""
     n, t, _ = e.shape
     for r in prange(n * t):
         b, i = r // t, r % t
         total = _dot8(e[b, i], ones)
-        for j in range(t):
+        for j in range(i + 1):
             e[b, i, j] = e[b, i, j] / total
     return e
 
