@@ -20,15 +20,15 @@ _done = False
 
 def keep_freed_arrays() -> bool:
     """Raise glibc's mmap and trim thresholds to ``KEPT_BYTES``, once a process, unless its
-    user set malloc's thresholds in the environment; True where they were raised. Elsewhere
-    than glibc (macOS, musl: no ``mallopt``) nothing changes."""
+    user set malloc's thresholds in the environment; True where they were raised. Without
+    glibc's ``mallopt`` (macOS, Windows) nothing changes."""
     global _done
     if _done or any(var in os.environ for var in USER_VARS):
         return False
     _done = True
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no C library by that name (Windows)
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, KEPT_BYTES) and mallopt(M_TRIM_THRESHOLD, KEPT_BYTES))
