@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from xpnn.backends.base import Backend, NumbaBackend, NumpyBackend
 from xpnn.backends.graphs import StepScalars
+from xpnn.backends.host_memory import keep_freed_arrays
 from xpnn.backends.threads import set_threads, set_threads_once
 from xpnn.errors import UserError
 
@@ -24,10 +25,9 @@ def get_backend(
         raise UserError(f"`device` {device}: only for `backend` torch (not {name})")
     if name == "auto":
         name = "cupy" if gpu_unavailable_reason() is None else auto_without_cupy()
-    if name == "numpy":
-        return NumpyBackend(dtype)
-    if name == "numba":
-        return NumbaBackend(dtype)
+    if name in ("numpy", "numba"):
+        keep_freed_arrays()  # a CPU step's temporaries reused without page faults
+        return NumpyBackend(dtype) if name == "numpy" else NumbaBackend(dtype)
     if name == "cupy":
         from xpnn.backends.cupy_backend import CupyBackend
 

@@ -50,6 +50,18 @@ def _valid_range(j, pad, stride, size, count):  # pragma: no cover - compiled
     return lo, hi
 
 
+# inlined in Numba's IR: as a call it cost im2col of small padded planes 5 % (64 x 8 x 12 x 12,
+# 3x3, padding 1: 0.166-0.172 ms against 0.155-0.161 written out, 1 thread)
+@nb.njit(inline="always", **JIT)
+def _tap(ci, i, j, kh, kw, stride, pad, w, ow):  # pragma: no cover - compiled
+    """Tap (channel ``ci``, row ``i``, column ``j``) of a window: its row of the columns, the
+    input column of its first output column in range, and that first output column and the
+    count in range (``_valid_range``), all as ``U`` indices."""
+    lo, hi = _valid_range(j, pad, stride, w, ow)
+    row = U((ci * kh + i) * kw + j)
+    return row, U(lo * stride + j - pad), U(lo), U(hi - lo)
+
+
 # Indices below are cast to uint64 (``U``) before indexing: Numba then skips the negative-index
 # wraparound test, which otherwise keeps LLVM from vectorising the inner loops (3-10x slower).
 
@@ -67,10 +79,8 @@ def im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - c
         cu = U(ci)
         for i in range(kh):
             for j in range(kw):
-                row = U((ci * kh + i) * kw + j)
-                lo, hi = _valid_range(j, pad, stride, w, ow)
-                first = U(lo * stride + j - pad)  # input column of output column lo
-                lou, cnt, owu = U(lo), U(hi - lo), U(ow)
+                row, first, lou, cnt = _tap(ci, i, j, kh, kw, stride, pad, w, ow)
+                owu = U(ow)
                 for b in range(n0, n1):
                     bu = U(b)
                     for y in range(oh):
@@ -161,10 +171,7 @@ def col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover -
                     dx[U(b), cu, row, col] = 0
         for i in range(kh):
             for j in range(kw):
-                row = U((ci * kh + i) * kw + j)
-                lo, hi = _valid_range(j, pad, stride, w, ow)
-                first = U(lo * stride + j - pad)
-                lou, cnt = U(lo), U(hi - lo)
+                row, first, lou, cnt = _tap(ci, i, j, kh, kw, stride, pad, w, ow)
                 for b in range(n0, n1):
                     bu = U(b)
                     for y in range(oh):
@@ -365,10 +372,8 @@ def _sample_cols(x, b, kh, kw, stride, pad, oh, ow, cols):  # pragma: no cover -
     for ci in range(U(c)):
         for i in range(kh):
             for j in range(kw):
-                row = cols[U((ci * kh + i) * kw + j)]
-                lo, hi = _valid_range(j, pad, stride, w, ow)
-                first = U(lo * stride + j - pad)
-                lou, cnt = U(lo), U(hi - lo)
+                k, first, lou, cnt = _tap(ci, i, j, kh, kw, stride, pad, w, ow)
+                row = cols[k]
                 for r in range(oh):
                     o = U(r * ow)
                     hh = r * stride + i - pad
@@ -560,10 +565,8 @@ def _sample_col2im(dcols, b, kh, kw, stride, pad, oh, ow, dx):  # pragma: no cov
                 dx[bu, ci, hh, q] = 0
         for i in range(kh):
             for j in range(kw):
-                row = dcols[U((ci * kh + i) * kw + j)]
-                lo, hi = _valid_range(j, pad, stride, w, ow)
-                first = U(lo * stride + j - pad)
-                lou, cnt = U(lo), U(hi - lo)
+                k, first, lou, cnt = _tap(ci, i, j, kh, kw, stride, pad, w, ow)
+                row = dcols[k]
                 for r in range(oh):
                     hh = r * stride + i - pad
                     if hh < 0 or hh >= h:

@@ -129,7 +129,7 @@ def _adam(  # pragma: no cover - compiled
 # serial only: a row is a few hundred flops, and the parallel build ran 4x slower than the
 # serial one (5.7 vs 1.3 ms at 128x64x64 float32) on a loaded 2-core machine
 _causal_shifted = nb.njit(**JIT)(seq.causal_shifted)
-_normalise_rows = nb.njit(**JIT)(seq.normalise_rows)
+_normalise_causal_rows = nb.njit(**JIT)(seq.normalise_causal_rows)
 _causal_softmax_backward = nb.njit(**JIT)(seq.causal_softmax_backward)
 _embedding_grad = nb.njit(**JIT)(seq.embedding_grad)
 _gelu_backward = Twin(seq.gelu_backward)
@@ -146,10 +146,10 @@ def _row_constants(rows: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray
     return np.ones(d, dtype=rows.dtype), np.array([1 / d, eps], dtype=rows.dtype)
 
 
-def _causal_softmax_into(s: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """``Kernels.causal_softmax`` of (N, T, T) ``s`` written into ``p``."""
-    np.exp(_causal_shifted(s, p), out=p)
-    return _normalise_rows(p, np.ones(s.shape[-1], dtype=p.dtype))
+def _causal_softmax_into(s: np.ndarray, p: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """``Kernels.causal_softmax`` of (N, T, T) ``s * scale`` written into ``p``."""
+    np.exp(_causal_shifted(s, p, p.dtype.type(scale)), out=p)
+    return _normalise_causal_rows(p, np.ones(s.shape[-1], dtype=p.dtype))
 
 
 # Taps a position (C_in*kh*kw) up to which the direct convolution beats im2col and one GEMM:
@@ -343,8 +343,8 @@ class NumbaKernels(NumpyKernels):
     def causal_attention(self, q, k, v, scale, out=None):
         t = q.shape[2]
         scores = np.matmul(q, k.transpose(0, 1, 3, 2))
-        scores *= scale
-        p = _causal_softmax_into(scores.reshape(-1, t, t), scores.reshape(-1, t, t))
+        rows = scores.reshape(-1, t, t)
+        p = _causal_softmax_into(rows, rows, scale)  # the scale applied in the same pass
         p = p.reshape(scores.shape)
         if out is None:
             return np.matmul(p, v), p
@@ -357,8 +357,8 @@ class NumbaKernels(NumpyKernels):
         np.matmul(p.transpose(0, 1, 3, 2), dout, out=dv)
         ds = np.matmul(dout, v.transpose(0, 1, 3, 2))
         rows = ds.reshape(-1, t, t)
-        _causal_softmax_backward(rows, p.reshape(-1, t, t), rows)  # row by row: in place
-        ds *= scale
+        # row by row, in place, the scale applied in the same pass
+        _causal_softmax_backward(rows, p.reshape(-1, t, t), rows, rows.dtype.type(scale))
         np.matmul(ds, k, out=dq)
         np.matmul(ds.transpose(0, 1, 3, 2), q, out=dk)
         return dq, dk, dv
@@ -372,4 +372,5 @@ class NumbaKernels(NumpyKernels):
         t = p.shape[-1]
         dp3 = np.ascontiguousarray(dp).reshape(-1, t, t)
         p3 = np.ascontiguousarray(p).reshape(-1, t, t)
-        return _causal_softmax_backward(dp3, p3, np.empty_like(p3)).reshape(p.shape)
+        one = p3.dtype.type(1)
+        return _causal_softmax_backward(dp3, p3, np.empty_like(p3), one).reshape(p.shape)

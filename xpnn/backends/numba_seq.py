@@ -11,44 +11,48 @@ from numba import njit, prange
 from xpnn.backends.numba_jit import JIT
 
 
-def causal_shifted(s, p):  # pragma: no cover - compiled
-    """``p[b, i, j] = s[b, i, j] - max(s[b, i, :i+1])`` for ``j <= i``, ``-inf`` after: the
-    exponent of ``causal_softmax``, whose ``exp`` NumPy takes (its SIMD ``exp`` is 5x a
-    compiled scalar ``math.exp``)."""
+def causal_shifted(s, p, scale):  # pragma: no cover - compiled
+    """``p[b, i, j] = z[b, i, j] - max(z[b, i, :i+1])`` for ``j <= i``, ``-inf`` after, where
+    ``z = s * scale`` (each product rounded as a pass of its own would round it: the same
+    bits, one pass fewer): the exponent of ``causal_softmax``, whose ``exp`` NumPy takes (its
+    SIMD ``exp`` is 5x a compiled scalar ``math.exp``)."""
     n, t, _ = s.shape
     for r in prange(n * t):
         b, i = r // t, r % t
-        m = s[b, i, 0]
+        m = s[b, i, 0] * scale
         for j in range(1, i + 1):
-            if s[b, i, j] > m:
-                m = s[b, i, j]
+            z = s[b, i, j] * scale
+            if z > m:
+                m = z
         for j in range(i + 1):
-            p[b, i, j] = s[b, i, j] - m
+            p[b, i, j] = s[b, i, j] * scale - m
         for j in range(i + 1, t):
             p[b, i, j] = -math.inf
     return p
 
 
-def normalise_rows(e, ones):  # pragma: no cover - compiled
-    """``e[b, i, :] /= sum(e[b, i, :])``, summed as NumPy sums a row of up to 128 values."""
+def normalise_causal_rows(e, ones):  # pragma: no cover - compiled
+    """``e[b, i, :] /= sum(e[b, i, :])``, summed as NumPy sums a row of up to 128 values; the
+    masked entries (``j > i``, ``exp(-inf)``: 0) are left at exactly 0 without a division."""
     n, t, _ = e.shape
     for r in prange(n * t):
         b, i = r // t, r % t
         total = _dot8(e[b, i], ones)
-        for j in range(t):
+        for j in range(i + 1):
             e[b, i, j] = e[b, i, j] / total
     return e
 
 
-def causal_softmax_backward(dp, p, ds):  # pragma: no cover - compiled
-    """``ds = p (dp - sum(dp p))`` a row at a time (``ds`` may be ``dp``), the sum over the
-    whole row (``p`` is 0 where masked) as NumPy sums it."""
+def causal_softmax_backward(dp, p, ds, scale):  # pragma: no cover - compiled
+    """``ds = p (dp - sum(dp p)) scale`` a row at a time (``ds`` may be ``dp``), the sum over
+    the whole row (``p`` is 0 where masked) as NumPy sums it; ``scale``: the attention's,
+    applied in the same pass (1 for the softmax alone)."""
     n, t, _ = p.shape
     for r in prange(n * t):
         b, i = r // t, r % t
         dot = _dot8(dp[b, i], p[b, i])
         for j in range(i + 1):
-            ds[b, i, j] = p[b, i, j] * (dp[b, i, j] - dot)
+            ds[b, i, j] = p[b, i, j] * (dp[b, i, j] - dot) * scale
         for j in range(i + 1, t):
             ds[b, i, j] = 0.0
     return ds
