@@ -67,8 +67,8 @@ def test_ucx_debug_signal_is_off_before_mpi_starts_unless_the_user_set_it():
         "import os, sys; from xpnn.runtime.world import init_world; "
         "seen = os.environ.get('UCX_DEBUG_SIGNO'); "
         "sys.modules.get('mpi4py.MPI') is None or sys.exit('MPI loaded first'); "
-        "init_world(); print(os.environ['UCX_DEBUG_SIGNO'])"
-    )
+        "init_world(); os.write(1, os.environ['UCX_DEBUG_SIGNO'].encode() + b'\\n')"
+    )  # one write a rank: the two ranks' lines share one pipe, unbuffered under PYTHONUNBUFFERED
     for given, expected in ((None, "0"), ("SIGUSR2", "SIGUSR2")):
         env = {k: v for k, v in os.environ.items() if k != "UCX_DEBUG_SIGNO"}
         env.update({"UCX_DEBUG_SIGNO": given} if given else {})

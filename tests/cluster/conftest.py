@@ -306,6 +306,10 @@ def cluster() -> Cluster:
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         PYTHONUNBUFFERED="1",
     )
+    # the wheel's MPICH between nodes over libfabric, not UCX: over UCX, MPI_Init's exchange
+    # of UCX addresses through Slurm's PMI-2 broke in 2 x 2-rank jobs under CI's load, past
+    # four tries (docs/cluster.md); over libfabric each node puts one short address
+    env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
     try:
         yield Cluster(folder, env)
     finally:

@@ -221,6 +221,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         hand_over(Terminated)  # a signal noted while MPI started is raised here
         result = fn()
     except CollectiveExit as exc:
+        _ignore_sigterm()
         return _exit_code(exc)
     except SystemExit as exc:
         code = _exit_code(exc)
@@ -255,6 +256,17 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
             abort_job(code)
         return code
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def _ignore_sigterm() -> None:
+    """Every rank leaves with one code, its files written: a launcher that ends the ranks still
+    in ``MPI_Finalize`` when the first has left (``srun --kill-on-bad-exit`` on exit 75) must
+    not turn that code into 143. Python's own exit puts SIGTERM's default back (and mpi4py
+    finalizes after it), but not an ignored signal; a hung rank still gets the SIGKILL."""
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals are not this code's to handle
+        pass
 
 
 def _calm_further_signals() -> None:
