@@ -63,9 +63,10 @@ def train_main(
 def _start_up_failure(command: str, line: str) -> int:
     """A problem found before MPI runs, on this rank and maybe only here: under a launcher it
     still starts MPI, so that the others hear of it rather than wait in ``MPI_Init``."""
+    from xpnn.runtime.mpi_state import imported_mpi
     from xpnn.runtime.world import launched_by_mpi
 
-    mpi = sys.modules.get("mpi4py.MPI")
+    mpi = imported_mpi()
     joined = mpi is not None and mpi.Is_initialized()  # a check after MPI_Init failed
     try:
         under_launcher = launched_by_mpi() is not None

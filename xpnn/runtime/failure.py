@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from xpnn.errors import UserError, user_message
 from xpnn.runtime import flight, stall
 from xpnn.runtime.abort import abort_job, prefix, say
+from xpnn.runtime.mpi_state import imported_mpi
 from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
 T = TypeVar("T")
@@ -177,13 +178,13 @@ def left_in_init(what: str, code: int, grace: float) -> None:
 
 
 def _mpi_started() -> bool:
-    mpi = sys.modules.get("mpi4py.MPI")
+    mpi = imported_mpi()
     return mpi is not None and mpi.Is_initialized()
 
 
 def _mpi_rank_size() -> tuple[int, int]:
     """Never starts MPI."""
-    mpi = sys.modules.get("mpi4py.MPI")
+    mpi = imported_mpi()
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
         return 0, 1
     return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from collections import deque
@@ -183,7 +182,9 @@ def _temporary_directory() -> str:
     nobody could have planted), made on its first dump only."""
     if _state["temp"] is None:
         _state["temp"] = tempfile.mkdtemp(prefix=_temp_prefix())
-        mpi = sys.modules.get("mpi4py.MPI")  # the rank is not known otherwise: no dump_to
+        from xpnn.runtime.mpi_state import imported_mpi
+
+        mpi = imported_mpi()  # the rank is not known otherwise: no dump_to
         if mpi is not None and mpi.Is_initialized():
             _state["rank"] = mpi.COMM_WORLD.Get_rank()
     return _state["temp"]
