@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import shutil
@@ -233,8 +234,9 @@ WIDE = 1.3  # max / min of repeats past which a measurement is called noisy
 
 def noise(r: dict[str, Any]) -> list[str]:
     """Why a record's numbers are noisy: a spread wider than ``WIDE`` (max / min) in a timed
-    metric, or a load average or more threads runnable than cores while it ran (the thread
-    reading ``/proc/loadavg`` not counted). Each reason starts with its kind and a colon."""
+    metric, or a load average beyond its own threads or more threads runnable than cores while
+    it ran (the thread reading ``/proc/loadavg`` not counted). Each reason starts with its kind
+    and a colon."""
     why, wide = [], []
     for name, m in r.get("metrics", {}).items():
         xs = m.get("samples") or []
@@ -244,10 +246,14 @@ def noise(r: dict[str, Any]) -> list[str]:
         why.append(f"wide spread: max/min {', '.join(wide)} (> {WIDE})")
     cores = (r.get("machine") or {}).get("usable_cores") or os.cpu_count() or 1
     cond = r.get("conditions") or {}
+    # the 1-minute average still holds this measurement's own threads, and before it those of
+    # the one just run the same way: only load beyond them competed with it
+    cfg = r.get("config") or {}
+    own = math.prod(n if isinstance(n, int) else 1 for n in (cfg.get("ranks"), cfg.get("threads")))
     for when in ("load_before", "load_after"):
         load = cond.get(when) or {}
         others = max(0, (load.get("runnable") or 0) - 1)
-        if max(load.get("load1") or 0, others) > cores:
+        if max((load.get("load1") or 0) - own, others) > cores:
             why.append(
                 f"busy machine: {when.replace('_', ' ')} {load.get('load1')}, "
                 f"{others} other threads runnable, on {cores} cores"

@@ -66,6 +66,12 @@ def test_a_wide_spread_is_noisy_and_a_tight_one_on_a_quiet_machine_is_not():
     (why,) = core.noise(_rec([1.0, 1.1], load=3.5))
     assert why.startswith("busy machine") and "3.5" in why
     assert core.noise(_rec([1.0], runnable=4))  # 3 other threads on 2 cores
+    # a 2-rank run leaves a load average of about 2 behind it: its own, not a competitor's
+    two_ranks = _rec([1.0, 1.1], load=2.1)
+    two_ranks["config"] = {"ranks": 2, "threads": 1}
+    assert core.noise(two_ranks) == []
+    two_ranks["conditions"]["load_after"]["load1"] = 4.5
+    assert core.noise(two_ranks)[0].startswith("busy machine")
     acc = _rec([1.0])
     acc["metrics"]["test_acc"] = core.stats([0.1, 0.9])  # not a timing: no spread rule
     assert core.noise(acc) == []
