@@ -57,7 +57,7 @@ REPRODUCING = ROOT / "docs" / "reproducing.md"
 # What a quick report (a smoke test) predicts from unless given --calibration: measuring this
 # machine's products would take as long as the quick measurements themselves.
 QUICK_CALIBRATION = (
-    Path(__file__).resolve().parent / "recorded" / "calibration-plan-accuracy-2cpu-2026-11-29.json"
+    Path(__file__).resolve().parent / "recorded" / "calibration-plan-accuracy-2cpu-2026-11-29b.json"
 )
 
 
