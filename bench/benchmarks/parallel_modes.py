@@ -91,19 +91,25 @@ def mib_sent(r: dict[str, Any]) -> float | None:
 def plot(records: list[dict[str, Any]], ax: Any) -> None:
     """Seconds per epoch (bars) and peak memory per rank (markers, right axis) per mode."""
     names = [r["config"]["mode"] for r in records]
-    ax.bar(names, [median_of(r, "epoch_s") for r in records], color="C0", label="seconds per epoch")
+    med = [median_of(r, "epoch_s") or 0.0 for r in records]
+    ranges = [r["metrics"].get("epoch_s") or {} for r in records]
+    err = [
+        [m - g.get("min", m) for m, g in zip(med, ranges, strict=True)],
+        [g.get("max", m) - m for m, g in zip(med, ranges, strict=True)],
+    ]
+    ax.bar(names, med, yerr=err, capsize=3, color="C0", label="seconds per epoch (bars: range)")
     ax.set(ylabel="seconds per epoch", title="time and memory")
     guess = [(x, predicted(r, "epoch_s")) for x, r in enumerate(records)]
     guess = [(x, p) for x, p in guess if p is not None]
     if guess:
         ax.plot(*zip(*guess, strict=True), "kx--", label=LABEL)
-    tops = [median_of(r, "epoch_s") or 0 for r in records] + [p for _, p in guess]
-    ax.set_ylim(0, 1.3 * max(tops, default=1))
+    tops = [m + e for m, e in zip(med, err[1], strict=True)] + [p for _, p in guess]
+    ax.set_ylim(0, 1.6 * max(tops, default=1))
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     twin = ax.twinx()
     rss = [median_of(r, "peak_rss_mb") for r in records]
     twin.plot(names, rss, "rs", label="peak RSS MB per rank (right)")
-    twin.set(ylabel="peak RSS MB per rank", ylim=(0, 1.3 * max((v or 0 for v in rss), default=1)))
+    twin.set(ylabel="peak RSS MB per rank", ylim=(0, 1.6 * max((v or 0 for v in rss), default=1)))
     legend(ax, twin, loc="upper left")
 
 
