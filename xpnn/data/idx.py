@@ -35,10 +35,6 @@ def _fail(source: str | os.PathLike, problem: str) -> IdxError:
     return IdxError(f"{source}: {problem}".replace("\n", " "))
 
 
-def _hex(data: bytes) -> str:
-    return data.hex(" ") if data else "nothing"
-
-
 def _shape_str(dims: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in dims)
 
@@ -52,7 +48,8 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
     if data[0] != 0 or data[1] != 0:
         raise _fail(
             source,
-            f"not an IDX file: wrong magic bytes {_hex(data[:4])} (expected 00 00 <type> <ndim>)",
+            f"not an IDX file: wrong magic bytes {data[:4].hex(' ')} "
+            "(expected 00 00 <type> <ndim>)",
         )
     code, ndim = data[2], data[3]
     if code not in TYPE_CODES:
@@ -190,7 +187,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
             if path.suffix == ".gz" and not is_gzip:
                 raise _fail(
                     source,
-                    f"named .gz but not gzip-compressed (starts with {_hex(magic)}); "
+                    f"named .gz but not gzip-compressed (starts with {magic.hex(' ')}); "
                     "if it is an uncompressed IDX file, drop the .gz suffix",
                 )
             raw.seek(0)
