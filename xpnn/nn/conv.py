@@ -84,12 +84,9 @@ class Conv2D(Layer):
         """(cols, gemm) for a batch of ``n``: views of the start of the flat buffers."""
         xp, p = self.xp, n * self.used_hw[0] * self.used_hw[1]
         rows = (self.in_shape[0] * self.kh * self.kw, self.out_channels)
-        if (
-            self._buffers is None
-            or self._buffers[0].dtype != dtype
-            or self._buffers[0].shape[0] < rows[0] * p
-        ):
-            self._buffers = self.cols = self.gemm = None  # the old pair goes first
+        old = self._buffers
+        if old is None or old[0].dtype != dtype or old[0].shape[0] < rows[0] * p:
+            old = self._buffers = self.cols = self.gemm = None  # the old pair goes first
             self._buffers = tuple(xp.empty((r * p,), dtype=dtype) for r in rows)
         pairs = zip(self._buffers, rows, strict=True)
         return tuple(xp.reshape(b[: r * p], (r, p)) for b, r in pairs)
