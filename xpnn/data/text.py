@@ -3,7 +3,7 @@
 Its sorted characters are the vocabulary; the first 90 % trains, the rest validates in
 consecutive windows. A training sample is a window of ``block`` characters (its labels one
 character later) at a start drawn from (seed, global step, sample index), so N ranks draw what
-one rank draws; an epoch counts ``windows`` samples."""
+one rank draws; an epoch counts ``TEXT_WINDOWS`` samples."""
 
 import math
 import os
@@ -135,8 +135,8 @@ class TextSplit:
     vocab: Vocabulary
 
 
-def text_split(text: str, block: int, windows: int = TEXT_WINDOWS) -> TextSplit:
-    """Windows of the first 90 % (``windows`` an epoch) and the held-out consecutive windows."""
+def text_split(text: str, block: int) -> TextSplit:
+    """Windows of the first 90 % and the held-out consecutive windows."""
     vocab = Vocabulary("".join(sorted(set(text))))
     ids = vocab.encode(text)
     cut = int(len(ids) * TRAIN_FRACTION)
@@ -150,15 +150,11 @@ def text_split(text: str, block: int, windows: int = TEXT_WINDOWS) -> TextSplit:
     val = held[: n_val * block + 1]
     x_test = val[:-1].reshape(n_val, block)
     y_test = val[1:].reshape(n_val, block)
-    return TextSplit(TextWindows(train, block, windows), x_test, y_test, vocab)
+    return TextSplit(TextWindows(train, block, TEXT_WINDOWS), x_test, y_test, vocab)
 
 
 def load_text(
-    name: str,
-    data_dir: str | os.PathLike | None,
-    block: int,
-    windows: int = TEXT_WINDOWS,
-    download: bool = True,
+    name: str, data_dir: str | os.PathLike | None, block: int, download: bool
 ) -> TextSplit:
     """``tinyshakespeare`` (downloaded unless ``data_dir``) or ``text`` (``data_dir`` a file)."""
     if name == "tinyshakespeare":
@@ -167,7 +163,7 @@ def load_text(
         raise UserError("`dataset` text: needs `data_dir`, the UTF-8 file to train on")
     else:
         path = Path(data_dir)
-    return text_split(read_text(path), block, windows)
+    return text_split(read_text(path), block)
 
 
 def text_metrics(dataset: Any, loss: float, accuracy: float, samples_per_s: float) -> dict:
