@@ -70,24 +70,24 @@ def shakespeare_path(data_dir: str | os.PathLike | None, download: bool = True) 
 TEXT_BYTES_PER_CHAR = 16  # the bytes, their str, the ids and the split's copies
 
 
-def read_text(path: str | os.PathLike, what: str = "`data_dir`") -> str:
-    """The UTF-8 text of ``path``, or a one-line UserError naming ``what``."""
+def read_text(path: str | os.PathLike) -> str:
+    """The UTF-8 text of ``path``, or a one-line UserError naming `data_dir`."""
     have = memory_bytes()  # a character becomes an 8-byte id, beside the text itself
     try:
         return read_regular(path, have // TEXT_BYTES_PER_CHAR if have else None).decode("utf-8")
     except NotAFile as exc:
-        raise UserError(f"{what} {path}: {exc.kind}, not a file") from None
+        raise UserError(f"`data_dir` {path}: {exc.kind}, not a file") from None
     except TooLarge as exc:
         raise UserError(
-            f"{what} {path}: {exc.size:,} bytes of text need more than this machine's memory "
+            f"`data_dir` {path}: {exc.size:,} bytes of text need more than this machine's memory "
             "(its characters become 8-byte ids)"
         ) from None
     except UnicodeDecodeError as exc:
         raise UserError(
-            f"{what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+            f"`data_dir` {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
         ) from None
     except OSError as exc:
-        raise UserError(f"{what} {path}: {exc.strerror or exc}") from None
+        raise UserError(f"`data_dir` {path}: {exc.strerror or exc}") from None
 
 
 _MASK = (1 << 64) - 1
