@@ -1,10 +1,5 @@
-"""Seeded per-epoch shuffling and per-rank sharding of global batches.
-
-Every rank computes the same permutation from (seed, epoch) and takes its own slice of each
-global batch, so a global batch's samples do not depend on the number of ranks.
-"""
-
-from __future__ import annotations
+"""Seeded per-epoch shuffling and per-rank sharding of global batches: every rank draws the same
+permutation from (seed, epoch), so a global batch's samples do not depend on the ranks."""
 
 import numpy as np
 
@@ -17,14 +12,9 @@ def check_int(name: str, value: int, least: int) -> None:
         raise UserError(f"`{name}`: must be an integer >= {least}, got {value!r}")
 
 
-def check_seed(seed: int) -> None:
-    """Seeds feed ``np.random.default_rng``, which takes only non-negative integers."""
-    check_int("seed", seed, 0)
-
-
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """The permutation of ``range(n)`` for this epoch, identical on every rank."""
-    check_seed(seed)
+    check_int("seed", seed, 0)  # ``np.random.default_rng`` takes only non-negative integers
     if n < 0 or epoch < 0:
         raise ValueError(f"epoch_order: n and epoch must be >= 0, got n={n}, epoch={epoch}")
     return np.random.default_rng([seed, epoch]).permutation(n)
@@ -34,8 +24,7 @@ def global_batches(
     n: int, batch_size: int, seed: int, epoch: int, drop_last: bool = False
 ) -> list[np.ndarray]:
     """This epoch's global batches as index arrays; the last may be short unless dropped."""
-    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise UserError(f"`batch_size`: must be an integer >= 1, got {batch_size!r}")
+    check_int("batch_size", batch_size, 1)
     order = epoch_order(n, seed, epoch)
     batches = [order[start : start + batch_size] for start in range(0, n, batch_size)]
     if drop_last and batches and len(batches[-1]) < batch_size:

@@ -1,10 +1,5 @@
-"""Dataset registry: MNIST, Fashion-MNIST (IDX files, local or downloaded) and a synthetic set.
-
-Every dataset comes back in one shape so the rest of xpnn never cares where it came from: float32
-inputs in [0, 1] (images as (N, 1, 28, 28)) and int64 labels.
-"""
-
-from __future__ import annotations
+"""Datasets by name: MNIST, Fashion-MNIST (IDX files, local or downloaded), synthetic, text;
+each as float32 inputs in [0, 1] (images (N, 1, 28, 28)) and int64 labels."""
 
 import math
 import os
@@ -15,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.data.batches import check_int, check_seed
-from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
+from xpnn.data.batches import check_int
+from xpnn.data.download import cached_file, default_cache_dir, mirrors_from, sha256_file
+from xpnn.data.files import NotAFile
 from xpnn.data.files import memory_bytes as _memory_bytes
 from xpnn.data.idx import IdxError, read_idx, read_idx_pair
 from xpnn.data.text import TEXT_DATASETS, load_text
@@ -34,7 +30,7 @@ FILES = {
     "test_labels": "t10k-labels-idx1-ubyte.gz",
 }
 
-# SHA-256 of the gzip files, in FILES' order: a download is only accepted when it matches
+# SHA-256 of the gzip files, in FILES' order: only a download that matches is accepted
 SHA256 = {
     name: dict(zip(FILES.values(), hashes, strict=True))
     for name, hashes in {
@@ -101,8 +97,7 @@ class Dataset:
 
     @property
     def n_train(self) -> int:
-        """Training samples in an epoch: the stored ones (a text set's windows an epoch),
-        times ``train_repeats``."""
+        """Training samples in an epoch (a text set's windows), times ``train_repeats``."""
         stored = self.x_train.shape[0] if self.windows is None else self.windows.per_epoch
         return stored * self.train_repeats
 
@@ -123,9 +118,8 @@ def load_dataset(
     download: bool = True,
     block: int = 64,
 ) -> Dataset:
-    """Load a dataset by name; ``replicate`` K repeats the training set K times (more work per
-    epoch for scaling studies, the same learning). ``seed`` affects the synthetic set; ``block``
-    is a text set's window length (``xpnn.data.text``)."""
+    """Load a dataset by name, its training set repeated ``replicate`` times (scaling studies);
+    ``seed`` draws the synthetic set, ``block`` is a text set's window length."""
     check_int("replicate", replicate, 1)
     if name in TEXT_DATASETS:
         split = load_text(name, data_dir, block, download=download)
@@ -145,8 +139,7 @@ def load_dataset(
 
 
 def replicate_train(dataset: Dataset, k: int) -> Dataset:
-    """The dataset with its training set repeated ``k`` times, nothing copied; a ``k`` whose
-    epoch order (k x n samples, 8 bytes each) does not fit in memory is refused here."""
+    """The training set repeated ``k`` times, nothing copied; refused if its order cannot fit."""
     if k == 1:
         return dataset
     total = dataset.n_train * k
@@ -160,15 +153,11 @@ def replicate_train(dataset: Dataset, k: int) -> Dataset:
 
 
 def mirrors_for(name: str) -> list[str]:
-    """The download mirrors for ``name``: the env override if set, else the built-in list."""
-    source = SOURCES[name]
-    override = os.environ.get(source.mirrors_env, "")
-    mirrors = [m.strip() for m in override.split(",") if m.strip()]
-    return mirrors or list(source.mirrors)
+    return mirrors_from(SOURCES[name].mirrors_env, SOURCES[name].mirrors)
 
 
 def _absent(directory: Path) -> str:
-    """Why a --data-dir that does not exist is not there, with the likely slip when there is one."""
+    """Why a --data-dir is not there, with the likely slip when there is one."""
     expanded = Path(os.path.expanduser(directory))  # Path.expanduser raises for ~nosuchuser
     if expanded != directory:  # --data-dir=~/data: the shell expands no ~ after '='
         return f"no such directory (the shell left its ~ as it is: did you mean {expanded}?)"
@@ -176,7 +165,7 @@ def _absent(directory: Path) -> str:
 
 
 def _not_there(directory: Path, gz_name: str, raw_name: str) -> str:
-    """How to describe a file of the four that is not in ``directory`` as a readable file."""
+    """How to name a file of the four not in ``directory`` as a readable file."""
     for candidate in (directory / gz_name, directory / raw_name):
         if candidate.exists():
             return f"{candidate.name} (not a file)"
@@ -229,15 +218,14 @@ def _known_as(path: Path) -> tuple[str, str] | None:
         if path.stat().st_size > KNOWN_MOST_BYTES:
             return None
         digest = sha256_file(path)
-    except OSError:
+    except (OSError, NotAFile):
         return None  # reading it will say what is wrong
     known = ((d, f) for d, table in SHA256.items() for f, sha in table.items() if sha == digest)
     return next(known, None)
 
 
 def _check_known_files(name: str, found: dict[str, Path]) -> None:
-    """Refuse a --data-dir file that is a canonical file of another dataset or role (the test
-    images under the training images' name), which would be trained on without a word."""
+    """Refuse a file that is another dataset's or role's (test images named as training ones)."""
     for role, path in found.items():
         known = _known_as(path)
         if known is None or known == (name, FILES[role]):
@@ -250,33 +238,19 @@ def _check_known_files(name: str, found: dict[str, Path]) -> None:
         )
 
 
-def _files_in_cache(name: str, download: bool) -> dict[str, Path]:
-    """The four files from the download cache, fetched (and hash-checked) when needed."""
-    cache = default_cache_dir() / name
-    hashes = SHA256[name]
-    if download:
-        mirrors = mirrors_for(name)
-        return {role: fetch(fn, hashes[fn], mirrors, cache) for role, fn in FILES.items()}
-    found = {}
-    for role, filename in FILES.items():
-        path = cache / filename
-        if not cached(path, hashes[filename]):  # another file there: a UserError of its own
-            raise UserError(
-                f"{path}: not in the download cache and downloading is off "
-                f"(pass `data_dir` DIR holding the {name} files)"
-            )
-        found[role] = path
-    return found
-
-
 def find_files(name: str, data_dir: str | os.PathLike | None, download: bool) -> dict[str, Path]:
-    """Resolve the four files: --data-dir, else the system copy, else the download cache."""
+    """The four files: in --data-dir, else the system copy, else the (hash-checked) cache."""
     if data_dir is not None:
         return _files_in_dir(name, Path(data_dir))
     system_dir = SOURCES[name].system_dir
     if system_dir is not None and all((system_dir / fn).is_file() for fn in FILES.values()):
         return {role: system_dir / fn for role, fn in FILES.items()}
-    return _files_in_cache(name, download)
+    cache, hashes, mirrors = default_cache_dir() / name, SHA256[name], mirrors_for(name)
+    holding = f"DIR holding the {name} files"
+    return {
+        role: cached_file(fn, hashes[fn], mirrors, cache, download, holding)
+        for role, fn in FILES.items()
+    }
 
 
 def _load_split(files: dict[str, Path], split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -307,7 +281,7 @@ def _load_idx_dataset(name: str, data_dir: str | os.PathLike | None, download: b
 def check_same_data(
     dataset: Dataset, data_dir: str | os.PathLike | None, allgather: Callable[[Any], list]
 ) -> None:
-    """Refuse ranks that read other data (``allgather`` is the world's; every rank calls this):
+    """Refuse ranks that read other data (every rank calls this with the world's ``allgather``):
     they would train on other samples, or cut epochs differently and wait for each other."""
     if dataset.name == "synthetic":  # made from the flags, which every rank shares
         return
@@ -332,8 +306,8 @@ def check_same_data(
 
 
 def _check_synthetic_fits(size: int, n_test: int, shape: tuple[int, ...]) -> None:
-    """Refuse, before anything is allocated, a set larger than this machine's memory: each
-    array alone may be allowed, yet all together end in the OOM killer instead of an error."""
+    """Refuse, before anything is allocated, a set larger than memory: each array alone may be
+    allowed, yet all together end in the OOM killer instead of an error."""
     per_sample = 4 * math.prod(int(d) for d in shape) + 8 + 8  # pixels, label, brightness
     need = (size + n_test) * per_sample
     have = _memory_bytes()
@@ -348,8 +322,8 @@ def _check_synthetic_fits(size: int, n_test: int, shape: tuple[int, ...]) -> Non
 def _synthetic_split(
     prototypes: np.ndarray, n: int, rng: np.random.Generator, noise: float = 0.35
 ) -> tuple[np.ndarray, np.ndarray]:
-    """n samples: a class prototype at random brightness, plus Gaussian noise, clipped to [0, 1].
-    The images are allocated first, so a size that cannot fit fails before labels are drawn."""
+    """n samples: a class prototype at random brightness, plus Gaussian noise, clipped to [0, 1];
+    the images allocated first, so a size that cannot fit fails before labels are drawn."""
     x = np.empty((n, *prototypes.shape[1:]), dtype=np.float32)
     y = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
     brightness = rng.uniform(0.6, 1.0, size=n).astype(np.float32)
@@ -371,7 +345,7 @@ def make_synthetic(size: int, shape: tuple[int, ...] = (1, 28, 28), seed: int = 
     check_int("synthetic_size", size, 1)
     if not shape or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
         raise UserError(f"synthetic shape must be positive integers, got {shape!r}")
-    check_seed(seed)
+    check_int("seed", seed, 0)
     size, n_test = int(size), max(1000, int(size) // 6)
     _check_synthetic_fits(size, n_test, shape)
     prototypes = np.random.default_rng([seed, 0]).random((NUM_CLASSES, *shape), dtype=np.float32)

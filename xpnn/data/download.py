@@ -1,10 +1,5 @@
-"""Download into a cache with SHA-256 verification, mirror fallback and atomic writes.
-
-A file appears in the cache under its final name only once its hash is checked; ranks fetching
-the same file at once each write their own temporary file and rename it into place.
-"""
-
-from __future__ import annotations
+"""Download into a cache with SHA-256 verification, mirror fallback and atomic writes: ranks
+fetching a file at once each write their own temporary file and rename it into place."""
 
 import contextlib
 import glob
@@ -25,10 +20,8 @@ from xpnn.errors import UserError
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
-# far above any file xpnn downloads (26 MB): a mirror streaming without end is cut off
-MAX_DOWNLOAD_BYTES = 256 << 20
-# past the timeout, the average rate must stay above this (a mirror that trickles a byte at a
-# time never trips the read timeout)
+MAX_DOWNLOAD_BYTES = 256 << 20  # far above any file here (26 MB): cuts off an endless stream
+# past the timeout, the average rate must stay above this (a trickle trips no read timeout)
 MIN_BYTES_PER_S = 16 << 10
 
 
@@ -37,8 +30,7 @@ class BadTransfer(OSError):
 
 
 def _home() -> Path:
-    """The user's home: $HOME, else the password database's entry; a ``UserError`` if neither.
-    An empty $HOME counts as unset (``Path.home()`` would put the cache at ``/.cache/xpnn``)."""
+    """$HOME if not empty (``Path.home()`` would give ``/``), else the password database's."""
     home = os.environ.get("HOME", "")
     if home:
         return Path(home)
@@ -72,12 +64,24 @@ def default_cache_dir() -> Path:
     return _home() / ".cache" / "xpnn"
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
+def mirrors_from(env: str, defaults: tuple[str, ...]) -> list[str]:
+    """The comma-separated mirrors in ``$env`` (a local or institutional one), else ``defaults``."""
+    listed = [m.strip() for m in os.environ.get(env, "").split(",") if m.strip()]
+    return listed or list(defaults)
+
+
+def _digest(path: Path) -> tuple[str, os.stat_result]:
+    """SHA-256 and ``fstat`` of the regular file ``path``; ``NotAFile`` for a pipe or device."""
+    fd, info = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        digest = hashlib.sha256()
         while chunk := f.read(CHUNK):
             digest.update(chunk)
-    return digest.hexdigest()
+    return digest.hexdigest(), info
+
+
+def sha256_file(path: Path) -> str:
+    return _digest(path)[0]
 
 
 def _describe(exc: BaseException, timeout: float) -> str:
@@ -106,8 +110,8 @@ def _too_large(what: str) -> BadTransfer:
 
 
 def _download_to(url: str, dest, timeout: float) -> str:
-    """Stream ``url`` into the open file ``dest``; return the SHA-256 of what was written.
-    ``read1`` returns what one read of the socket brings, so a trickle is seen."""
+    """Stream ``url`` into ``dest``; the SHA-256 of what was written. ``read1`` returns what one
+    read of the socket brings, so a trickle is seen."""
     digest, received, start = hashlib.sha256(), 0, time.monotonic()
     with urllib.request.urlopen(url, timeout=timeout) as response:
         announced = response.headers.get("Content-Length", "") or ""
@@ -145,18 +149,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_orphaned_parts(target: Path) -> list[Path]:
-    """Delete and return the partial downloads of ``target`` left by this host's dead processes
-    (killed mid-download); another host's, and a live rank's, are left."""
+def remove_orphaned_parts(target: Path) -> None:
+    """Delete the partial downloads of ``target`` by this host's dead processes."""
     mine = _host_prefix(target)
-    removed = []
     for part in target.parent.glob(glob.escape(mine) + "*.part"):
         pid = part.name[len(mine) :].split(".", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             with contextlib.suppress(OSError):  # gone already, or another user's to remove
                 part.unlink()
-                removed.append(part)
-    return removed
 
 
 def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | None:
@@ -185,16 +185,10 @@ def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | No
 
 
 def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
-    """SHA-256 and identity of the file at ``target``, None when nothing is there; anything
-    but a regular file (a named pipe, a device) is refused rather than hung on."""
+    """SHA-256 and identity of the file at ``target``, None when nothing is there; a named pipe
+    or a device is refused rather than hung on."""
     try:
-        fd, info = open_regular(target)
-        try:
-            digest = hashlib.sha256()
-            while chunk := os.read(fd, CHUNK):
-                digest.update(chunk)
-        finally:
-            os.close(fd)
+        return _digest(target)
     except (FileNotFoundError, NotADirectoryError):
         if target.is_symlink():
             raise UserError(
@@ -210,12 +204,11 @@ def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
         raise UserError(
             f"{target}: cannot read the cached download: {exc.strerror or exc}"
         ) from None
-    return digest.hexdigest(), info
 
 
 def cached(target: Path, sha256: str) -> bool:
-    """True when ``target`` holds the file whose SHA-256 is ``sha256``, False when it is absent;
-    anything else there (checked again if another rank renamed a file over it) is a UserError."""
+    """Whether ``target`` holds the file of ``sha256`` (False: absent); another file there is a
+    UserError, unless another rank renamed the right one over it meanwhile."""
     expected = sha256.lower()
     for _ in range(3):
         hashed = _hash_cached(target)
@@ -247,27 +240,17 @@ def _not_a_directory(path: Path) -> Path | None:
     return None
 
 
-def _missing_home(cache_dir: Path) -> Path | None:
-    """$HOME when it is missing and holds ``cache_dir``: making the cache would make a home."""
-    home = os.environ.get("HOME", "")
-    if not home or Path(home).exists():
-        return None
-    inside = Path(home) in (cache_dir, *cache_dir.parents)
-    return Path(home) if inside else None
-
-
 def fetch(
     filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30
 ) -> Path:
-    """Return ``cache_dir/filename`` holding the file whose SHA-256 is ``sha256``: the cached
-    copy (see ``cached``), else a download from each mirror in turn; all failing is a
-    ``UserError`` that says what happened at each."""
+    """``cache_dir/filename`` holding the file of ``sha256``: the cached copy, else a download
+    from each mirror in turn; all failing, a ``UserError`` saying what happened at each."""
     cache_dir = Path(cache_dir)
     target = cache_dir / filename
     if cached(target, sha256):
         return target
-    home = _missing_home(cache_dir)
-    if home is not None:
+    home = Path(os.environ.get("HOME") or ".")
+    if not home.exists() and home in (cache_dir, *cache_dir.parents):  # it would make a home
         raise UserError(
             f"{cache_dir}: cannot use as download cache: $HOME ({home}) does not exist; set "
             "XPNN_DATA_HOME to a directory, or pass `data_dir`"
@@ -296,3 +279,17 @@ def fetch(
         f"could not download {filename} into {cache_dir}: {why}; offline, pass `data_dir` "
         f"holding {filename}"
     )
+
+
+def cached_file(
+    filename: str, sha256: str, mirrors: list[str], cache_dir: Path, download: bool, holding: str
+) -> Path:
+    """``fetch`` when ``download``, else the cached copy or a ``UserError`` naming `data_dir`."""
+    if download:
+        return fetch(filename, sha256, mirrors, cache_dir)
+    path = cache_dir / filename
+    if not cached(path, sha256):  # another file there: a UserError of its own
+        raise UserError(
+            f"{path}: not in the download cache and downloading is off (pass `data_dir` {holding})"
+        )
+    return path

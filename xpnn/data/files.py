@@ -1,8 +1,5 @@
-"""Opening only regular files, checked on the open descriptor: a named pipe waits forever and
-a device never ends, so what is read whole is opened without blocking and checked by ``fstat``.
-"""
-
-from __future__ import annotations
+"""Opening only regular files, opened without blocking and checked by ``fstat``: a named pipe
+waits forever and a device never ends."""
 
 import os
 import stat
@@ -61,8 +58,8 @@ class TooLarge(Exception):
 
 
 def read_regular(path: str | os.PathLike, most: int | None) -> bytes:
-    """The bytes of the regular file ``path`` (``NotAFile`` for a device or a pipe, which
-    never end or never answer), at most ``most`` of them (``TooLarge`` past that)."""
+    """The bytes of the regular file ``path`` (else ``NotAFile``), at most ``most`` (else
+    ``TooLarge``): a device or a pipe never ends or never answers."""
     fd, info = open_regular(path)
     with os.fdopen(fd, "rb") as fh:
         if most is not None and info.st_size > most:

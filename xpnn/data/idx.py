@@ -1,10 +1,5 @@
-"""IDX reader (the MNIST file format), strict enough that a bad file is a one-line user error.
-
-Format: 00 00, a type code, a dimension count, one big-endian uint32 per dimension, then the
-values in big-endian C order; often gzip-compressed.
-"""
-
-from __future__ import annotations
+"""IDX files (MNIST's format: 00 00, a type code, a dimension count, one big-endian uint32 per
+dimension, the values in big-endian C order; often gzipped); a bad file is a one-line error."""
 
 import gzip
 import io
@@ -40,17 +35,12 @@ def _fail(source: str | os.PathLike, problem: str) -> IdxError:
     return IdxError(f"{source}: {problem}".replace("\n", " "))
 
 
-def _hex(data: bytes) -> str:
-    return data.hex(" ") if data else "nothing"
-
-
 def _shape_str(dims: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in dims)
 
 
 def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tuple[int, ...], int]:
-    """Parse and validate an IDX header: (big-endian dtype, dims, header length in bytes);
-    raises only ``IdxError``. ``read_idx`` checks the payload's length."""
+    """(big-endian dtype, dims, header length) of a valid IDX header, else an ``IdxError``."""
     if len(data) == 0:
         raise _fail(source, "empty file")
     if len(data) < 4:
@@ -58,7 +48,8 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
     if data[0] != 0 or data[1] != 0:
         raise _fail(
             source,
-            f"not an IDX file: wrong magic bytes {_hex(data[:4])} (expected 00 00 <type> <ndim>)",
+            f"not an IDX file: wrong magic bytes {data[:4].hex(' ')} "
+            "(expected 00 00 <type> <ndim>)",
         )
     code, ndim = data[2], data[3]
     if code not in TYPE_CODES:
@@ -120,7 +111,7 @@ def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
 
 
 def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
-    """(bytes left, counted without keeping them up to about ``most``; whether it stopped)."""
+    """(the bytes left, counted unkept up to about ``most``; whether it stopped there)."""
     count = 0
     while count < most:
         chunk = stream.read(CHUNK)
@@ -152,9 +143,8 @@ def _payload_problem(
 def _header_and_payload(
     stream: io.BufferedIOBase, source: str, size: int | None
 ) -> tuple[np.dtype, tuple[int, ...], bytearray]:
-    """Read an IDX stream: (dtype, dims, payload). With ``size`` known, a payload of another size
-    is refused before it is read; gzip is inflated only as far as the header says, plus a bounded
-    count of what follows, so a gzip bomb is never held in memory."""
+    """(dtype, dims, payload) of an IDX stream; a payload not of ``size`` is refused unread, and
+    gzip is inflated only as far as the header says plus a bounded count (never a gzip bomb)."""
     head = _read_growing(stream, 4 + 4 * MAX_NDIM)
     if not head:
         raise _fail(source, "empty file (after gunzip)")
@@ -197,7 +187,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
             if path.suffix == ".gz" and not is_gzip:
                 raise _fail(
                     source,
-                    f"named .gz but not gzip-compressed (starts with {_hex(magic)}); "
+                    f"named .gz but not gzip-compressed (starts with {magic.hex(' ')}); "
                     "if it is an uncompressed IDX file, drop the .gz suffix",
                 )
             raw.seek(0)

@@ -1,15 +1,9 @@
 """Character-level text: tiny Shakespeare (downloaded, hash-checked) or any UTF-8 file.
 
-The characters of the file, sorted, are the vocabulary; the first 90 % of the text trains, the
-rest validates. A training sample is a window of ``block`` characters, its labels the window one
-character later, at a start drawn afresh for every step from (seed, global step, sample index):
-the trainer's batches fix which sample indices a global step takes, so N ranks draw what one
-rank draws, and no two steps reuse a set of windows. An epoch counts ``windows`` samples (a
-unit for runs by epochs; a run by ``steps`` needs none). Validation is the fixed set of
-consecutive, non-overlapping windows of the held-out text.
-"""
-
-from __future__ import annotations
+Its sorted characters are the vocabulary; the first 90 % trains, the rest validates in
+consecutive windows. A training sample is a window of ``block`` characters (its labels one
+character later) at a start drawn from (seed, global step, sample index), so N ranks draw what
+one rank draws; an epoch counts ``TEXT_WINDOWS`` samples."""
 
 import math
 import os
@@ -19,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.data.download import cached, default_cache_dir, fetch, sha256_file
+from xpnn.data.download import cached_file, default_cache_dir, mirrors_from, sha256_file
 from xpnn.data.files import NotAFile, TooLarge, memory_bytes, read_regular
 from xpnn.errors import UserError
 
@@ -68,45 +62,32 @@ def shakespeare_path(data_dir: str | os.PathLike | None, download: bool = True) 
                 f"differs; for another text use `dataset` text)"
             )
         return path
-    cache = default_cache_dir() / "tinyshakespeare"
-    if download:
-        override = os.environ.get(SHAKESPEARE_MIRRORS_ENV, "")
-        mirrors = [m.strip() for m in override.split(",") if m.strip()]
-        return fetch(
-            SHAKESPEARE_FILE, SHAKESPEARE_SHA256, mirrors or list(SHAKESPEARE_MIRRORS), cache
-        )
-    path = cache / SHAKESPEARE_FILE
-    if not cached(path, SHAKESPEARE_SHA256):
-        raise UserError(
-            f"{path}: not in the download cache and downloading is off "
-            f"(pass `data_dir` holding {SHAKESPEARE_FILE})"
-        )
-    return path
+    mirrors = mirrors_from(SHAKESPEARE_MIRRORS_ENV, SHAKESPEARE_MIRRORS)
+    cache, holding = default_cache_dir() / "tinyshakespeare", f"holding {SHAKESPEARE_FILE}"
+    return cached_file(SHAKESPEARE_FILE, SHAKESPEARE_SHA256, mirrors, cache, download, holding)
 
 
 TEXT_BYTES_PER_CHAR = 16  # the bytes, their str, the ids and the split's copies
 
 
-def read_text(path: str | os.PathLike, what: str = "`data_dir`") -> str:
-    """The UTF-8 text of ``path``, or a one-line UserError naming ``what``."""
+def read_text(path: str | os.PathLike) -> str:
+    """The UTF-8 text of ``path``, or a one-line UserError naming `data_dir`."""
     have = memory_bytes()  # a character becomes an 8-byte id, beside the text itself
     try:
         return read_regular(path, have // TEXT_BYTES_PER_CHAR if have else None).decode("utf-8")
     except NotAFile as exc:
-        raise UserError(f"{what} {path}: {exc.kind}, not a file") from None
+        raise UserError(f"`data_dir` {path}: {exc.kind}, not a file") from None
     except TooLarge as exc:
         raise UserError(
-            f"{what} {path}: {exc.size:,} bytes of text need more than this machine's memory "
+            f"`data_dir` {path}: {exc.size:,} bytes of text need more than this machine's memory "
             "(its characters become 8-byte ids)"
         ) from None
     except UnicodeDecodeError as exc:
         raise UserError(
-            f"{what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+            f"`data_dir` {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
         ) from None
-    except IsADirectoryError:
-        raise UserError(f"{what} {path}: a directory; `dataset` text reads one file") from None
     except OSError as exc:
-        raise UserError(f"{what} {path}: {exc.strerror or exc}") from None
+        raise UserError(f"`data_dir` {path}: {exc.strerror or exc}") from None
 
 
 _MASK = (1 << 64) - 1
@@ -123,31 +104,24 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TextWindows:
-    """The training text as ids and how samples become windows of it: sample ``i`` of global
-    step ``step`` starts at a position drawn from (seed, step) and ``i`` alone."""
+    """The training text as ids, and how a step's samples become windows of it."""
 
     stream: np.ndarray  # the training text's ids
     block: int
     per_epoch: int  # samples an epoch counts
 
-    @property
-    def limit(self) -> int:
-        """Window starts lie in ``[0, limit)``: each window and its labels fit in the text."""
-        return len(self.stream) - self.block
-
     def starts(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
-        """The window starts of ``samples`` (indices below ``per_epoch``) at global ``step``:
-        each a hash of (seed, step, sample), so a step computes its own samples' starts only,
-        not the epoch's."""
+        """The window starts of ``samples`` at global ``step``, each a hash of (seed, step,
+        sample): a step draws only its own samples' starts."""
         key = np.zeros(1, dtype=np.uint64)
         for word in (seed, WINDOW_SALT, step):
             key = _mix(key ^ np.uint64(int(word) & _MASK))
         drawn = _mix(key ^ np.asarray(samples, dtype=np.int64).astype(np.uint64))
-        return (drawn % np.uint64(self.limit)).astype(np.int64)
+        limit = len(self.stream) - self.block  # each window and its labels fit in the text
+        return (drawn % np.uint64(limit)).astype(np.int64)
 
     def spans(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
-        """(len(samples), block) positions of the samples' windows in ``stream``; the labels
-        sit one position later."""
+        """(len(samples), block) positions of the windows in ``stream`` (labels: one later)."""
         return self.starts(seed, step, samples)[:, None] + np.arange(self.block)
 
 
@@ -161,9 +135,8 @@ class TextSplit:
     vocab: Vocabulary
 
 
-def text_split(text: str, block: int, windows: int = TEXT_WINDOWS) -> TextSplit:
-    """Windows of ``block`` characters of the text's first 90 % (``windows`` an epoch) and the
-    held-out text's consecutive windows, as ids of the text's vocabulary."""
+def text_split(text: str, block: int) -> TextSplit:
+    """Windows of the first 90 % and the held-out consecutive windows."""
     vocab = Vocabulary("".join(sorted(set(text))))
     ids = vocab.encode(text)
     cut = int(len(ids) * TRAIN_FRACTION)
@@ -177,15 +150,11 @@ def text_split(text: str, block: int, windows: int = TEXT_WINDOWS) -> TextSplit:
     val = held[: n_val * block + 1]
     x_test = val[:-1].reshape(n_val, block)
     y_test = val[1:].reshape(n_val, block)
-    return TextSplit(TextWindows(train, block, windows), x_test, y_test, vocab)
+    return TextSplit(TextWindows(train, block, TEXT_WINDOWS), x_test, y_test, vocab)
 
 
 def load_text(
-    name: str,
-    data_dir: str | os.PathLike | None,
-    block: int,
-    windows: int = TEXT_WINDOWS,
-    download: bool = True,
+    name: str, data_dir: str | os.PathLike | None, block: int, download: bool
 ) -> TextSplit:
     """``tinyshakespeare`` (downloaded unless ``data_dir``) or ``text`` (``data_dir`` a file)."""
     if name == "tinyshakespeare":
@@ -194,12 +163,11 @@ def load_text(
         raise UserError("`dataset` text: needs `data_dir`, the UTF-8 file to train on")
     else:
         path = Path(data_dir)
-    return text_split(read_text(path), block, windows)
+    return text_split(read_text(path), block)
 
 
 def text_metrics(dataset: Any, loss: float, accuracy: float, samples_per_s: float) -> dict:
-    """A text set's evaluation in its own words: ``val_loss`` (nats per character),
-    ``perplexity``, ``next_char_acc`` and ``tokens_per_s``; nothing for other sets."""
+    """A text set's evaluation in its own words (``val_loss`` is nats per character)."""
     if dataset.vocab is None:
         return {}
     return {

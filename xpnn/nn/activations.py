@@ -1,7 +1,5 @@
 """Stand-alone activation layers (Dense fuses its own; convolutions and GELU use these)."""
 
-from __future__ import annotations
-
 from xpnn.nn.layer import Array, Context, Layer
 
 
@@ -9,7 +7,6 @@ class Activation(Layer):
     """Elementwise nonlinearity; backward uses the output, which all of ours allow."""
 
     tensor_split = "elementwise"
-
     kind = "identity"
 
     def forward(self, x: Array, ctx: Context) -> Array:
@@ -33,8 +30,7 @@ class Tanh(Activation):
 
 
 class GELU(Layer):
-    """``y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, the tanh form GPT-2 uses
-    (``Kernels.gelu``)."""
+    """``y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, the tanh form GPT-2 uses."""
 
     tensor_split = "elementwise"
 

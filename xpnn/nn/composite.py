@@ -1,6 +1,5 @@
 """Composite layers: named sublayers whose parameters the composite declares as its own under
-nested names (``attn.qkv.W``), so they live in the model's one flat buffer and are saved under
-``layerN.attn.qkv.W``. ``Chain`` runs its sublayers in order; ``Residual`` adds its input."""
+nested names (``attn.qkv.W``), so they live in the model's flat buffer and checkpoints."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def _named(layers: Mapping[str, Layer] | Sequence[Layer], owner: str) -> dict[st
 
 
 class Chain(Layer):
-    """Sublayers run in order; a subclass may run them its own way (``setup``/``forward``/
-    ``backward``) and still gets the nested parameters and replicas."""
+    """Sublayers in order; a subclass may run them its own way, keeping nested parameters."""
 
     def __init__(self, layers: Mapping[str, Layer] | Sequence[Layer]) -> None:
         super().__init__()

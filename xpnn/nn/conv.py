@@ -12,7 +12,7 @@ from xpnn.record.phases import WGRAD
 
 
 def _pair(name: str, v: int | tuple[int, int]) -> tuple[int, int]:
-    """An int ``k`` as ``(k, k)``, or a pair of ints, each checked to be >= 1."""
+    """An int ``k`` as ``(k, k)``, or a pair of ints, each >= 1."""
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
             raise ValueError(f"Conv2D: {name} must be an int or a pair of ints, got {v!r}")
@@ -22,10 +22,8 @@ def _pair(name: str, v: int | tuple[int, int]) -> tuple[int, int]:
 
 
 class Conv2D(Layer):
-    """``y = act(conv(x, W) + b)`` on NCHW inputs; ``W`` is (C_out, C_in, kh, kw), ``b`` (C_out,).
-
-    The activation is fused into the bias pass. The column and GEMM buffers are one flat pair
-    sized for the largest batch seen, so memory does not grow with the batch sizes seen."""
+    """``y = act(conv(x, W) + b)`` on NCHW inputs, ``W`` (C_out, C_in, kh, kw), the activation
+    fused into the bias pass; one flat pair of column and GEMM buffers, for the largest batch."""
 
     def __init__(
         self,
@@ -52,9 +50,8 @@ class Conv2D(Layer):
         self._buffers: tuple[Array, Array] | None = None  # flat (cols, gemm) scratch
         self._dwt_buf: Array | None = None
         self.x: Array | None = None  # the input, where the forward was direct
-        # all outputs the input allows, and the ones computed
-        self.out_hw: tuple[int, int] | None = None
-        self.used_hw: tuple[int, int] | None = None
+        self.out_hw: tuple[int, int] | None = None  # all outputs the input allows
+        self.used_hw: tuple[int, int] | None = None  # the outputs computed
 
     def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
         if len(in_shape) != 3:
@@ -87,12 +84,9 @@ class Conv2D(Layer):
         """(cols, gemm) for a batch of ``n``: views of the start of the flat buffers."""
         xp, p = self.xp, n * self.used_hw[0] * self.used_hw[1]
         rows = (self.in_shape[0] * self.kh * self.kw, self.out_channels)
-        if (
-            self._buffers is None
-            or self._buffers[0].dtype != dtype
-            or self._buffers[0].shape[0] < rows[0] * p
-        ):
-            self._buffers = self.cols = self.gemm = None  # the old pair goes first
+        old = self._buffers
+        if old is None or old[0].dtype != dtype or old[0].shape[0] < rows[0] * p:
+            old = self._buffers = self.cols = self.gemm = None  # the old pair goes first
             self._buffers = tuple(xp.empty((r * p,), dtype=dtype) for r in rows)
         pairs = zip(self._buffers, rows, strict=True)
         return tuple(xp.reshape(b[: r * p], (r, p)) for b, r in pairs)
@@ -110,7 +104,7 @@ class Conv2D(Layer):
             self._dwt_buf = self.xp.empty((k, self.out_channels), dtype=self.grads["W"].dtype)
         return self._dwt_buf
 
-    def _w2(self, grads: bool = False) -> Array:
+    def _w2(self, grads: bool = False) -> Array:  # (C_out, C_in*kh*kw)
         w = self.grads["W"] if grads else self.params["W"]
         return self.xp.reshape(w, (self.out_channels, -1))
 
@@ -127,16 +121,14 @@ class Conv2D(Layer):
             w, b = self.params["W"], self.params["b"]
             y = k.conv_direct(x, w, b, self.stride, self.padding, self.used_hw, self.activation)
             self.x = x  # the backward reads it; no columns are kept
-            self.y = y if self.activation != "identity" else None
-            return y
-        self.x = None
-        n = x.shape[0]
-        cols, gemm = self._scratch(n, x.dtype)
-        k.im2col(x, self.kh, self.kw, self.stride, self.padding, cols, self.used_hw)
-        k.matmul_into(self._w2(), cols, gemm)
-        self.x_shape, self.cols, self.gemm = tuple(x.shape), cols, gemm
-        shape = (n, self.out_channels, *self.used_hw)
-        y = k.conv_output(gemm, self.params["b"], shape, self.activation)
+        else:
+            self.x = None
+            cols, gemm = self._scratch(x.shape[0], x.dtype)
+            k.im2col(x, self.kh, self.kw, self.stride, self.padding, cols, self.used_hw)
+            k.matmul_into(self._w2(), cols, gemm)
+            self.x_shape, self.cols, self.gemm = tuple(x.shape), cols, gemm
+            shape = (x.shape[0], self.out_channels, *self.used_hw)
+            y = k.conv_output(gemm, self.params["b"], shape, self.activation)
         self.y = y if self.activation != "identity" else None
         return y
 

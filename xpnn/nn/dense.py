@@ -1,7 +1,5 @@
 """Fully connected layer with a fused bias + activation."""
 
-from __future__ import annotations
-
 import math
 
 from xpnn.backends.kernels import ACTIVATIONS
@@ -32,8 +30,7 @@ class Dense(Layer):
         return (*in_shape[:-1], self.units)
 
     def checked(self, x: Array) -> Array:
-        """``x`` checked, as rows of features (leading axes merged), in the parameters' dtype
-        (not a float64 pass of a float32 network)."""
+        """``x`` checked, as rows of features (leading axes merged), in the parameters' dtype."""
         features = self.params["W"].shape[0]
         if x.ndim < 2 or x.shape[-1] != features:
             raise ValueError(

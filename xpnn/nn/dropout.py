@@ -1,14 +1,11 @@
 """Inverted dropout; its mask hashes (seed, step, sample id, element), the same on any rank."""
 
-from __future__ import annotations
-
 from xpnn.nn.layer import Array, Context, Layer
 
 
 class Dropout(Layer):
     """Train mode: zero each element with probability ``p``, scale the rest by ``1/(1-p)``;
-    eval mode: the identity. ``salt`` tells apart several Dropout layers of one model. Without
-    ``ctx.sample_ids`` the batch positions stand in; without ``ctx.step``, a count of passes."""
+    eval mode: the identity. ``salt`` tells apart several Dropout layers of one model."""
 
     def __init__(self, p: float = 0.5, salt: int = 0) -> None:
         super().__init__()
@@ -24,7 +21,7 @@ class Dropout(Layer):
             self.mask = None
             return x
         ids = ctx.sample_ids
-        if ids is None:
+        if ids is None:  # the batch positions stand in
             ids = self.xp.arange(x.shape[0], dtype=self.xp.int64)
         step = ctx.step
         if step is None:

@@ -1,7 +1,5 @@
 """Learned embeddings: token vectors gathered by index, and position vectors added."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 
@@ -11,9 +9,7 @@ EMBEDDING_STD = 0.02  # GPT-2's initial scale for token and position vectors
 
 
 class Embedding(Layer):
-    """Integer ids (any shape) -> rows of ``W`` (``vocab``, ``dim``): output (*ids, dim). Its
-    backward adds each position's gradient into its id's row (``Kernels.embedding_grad``);
-    ids have no gradient, so it returns None."""
+    """Integer ids (any shape) -> rows of ``W`` (``vocab``, ``dim``); ids have no gradient."""
 
     def __init__(self, vocab: int, dim: int) -> None:
         super().__init__()

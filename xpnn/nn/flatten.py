@@ -1,7 +1,5 @@
 """Flatten: the bridge from image-shaped to vector-shaped activations."""
 
-from __future__ import annotations
-
 import math
 
 from xpnn.nn.layer import Array, Context, Layer

@@ -1,8 +1,6 @@
 """A character-level GPT: token and position embeddings, pre-LayerNorm transformer blocks, a
 final LayerNorm and a vocabulary head, trained with softmax cross-entropy at every position."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from xpnn.nn.attention import CausalSelfAttention, FeedForward
@@ -17,9 +15,8 @@ GPT_DEFAULTS = {"layers": 4, "heads": 4, "embed": 128, "block": 64}
 
 
 class SequenceCrossEntropy:
-    """Softmax cross-entropy at every position of (N, T, V) logits against (N, T) labels: each
-    sample's loss is its mean over positions, so a sum over samples divided by their number is
-    nats per token (what the trainer reports)."""
+    """Softmax cross-entropy at every position of (N, T, V) logits against (N, T) labels, each
+    sample's loss its mean over positions: the trainer's mean is nats per token."""
 
     name = "sequence_cross_entropy"
 
@@ -32,9 +29,8 @@ class SequenceCrossEntropy:
 
 
 class TransformerBlock(Chain):
-    """Pre-LayerNorm: ``x + attn(ln(x))``, then ``x + ff(ln(x))`` with a 4x wider hidden layer.
-    Parameter names: ``attn.ln.*``, ``attn.sa.qkv.*``, ``attn.sa.proj.*``, ``mlp.ln.*``,
-    ``mlp.ff.up.*``, ``mlp.ff.down.*``."""
+    """Pre-LayerNorm: ``x + attn(ln(x))``, then ``x + ff(ln(x))`` with a 4x wider hidden layer
+    (parameters ``attn.ln.*``, ``attn.sa.{qkv,proj}.*``, ``mlp.ln.*``, ``mlp.ff.{up,down}.*``)."""
 
     def __init__(self, embed: int, heads: int) -> None:
         attn = Residual({"ln": LayerNorm(), "sa": CausalSelfAttention(embed, heads)})
@@ -46,9 +42,7 @@ class TransformerBlock(Chain):
         return f"TransformerBlock({self.embed}, {self.heads} heads)"
 
 
-def transformer_block(embed: int, heads: int) -> TransformerBlock:
-    """One GPT block (``TransformerBlock``)."""
-    return TransformerBlock(embed, heads)
+transformer_block = TransformerBlock  # the name model-api.md gives a GPT block
 
 
 def gpt(

@@ -1,7 +1,5 @@
 """Weight initialisers, drawn on the host so that every backend starts from the same numbers."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 

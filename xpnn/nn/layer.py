@@ -42,25 +42,16 @@ class Context:
     sample_ids: Array | None = None
 
 
-TENSOR_SPLITS = {  # how a layer declares it takes part in tensor parallelism
-    "none": "cannot be split: tensor parallelism refuses a model that holds it",
-    "replicate": "holds nothing to split: every rank runs it whole, outside a split pair",
-    "elementwise": "acts on each value alone: runs on a rank's slice of the activations too",
-    "dense": "x @ W + b with W (in, out): split by columns, the next by rows (Megatron-LM)",
-}
-
-
 class Layer:
-    """Base class: parameters, gradients and the backend they live on. The class attributes
-    and methods below are what models and parallel strategies may ask of any layer."""
+    """Base class: parameters, gradients, their backend, and what models and strategies ask."""
 
-    tensor_split: ClassVar[str] = "none"  # a key of TENSOR_SPLITS
-
-    # How tensor parallelism may split this layer's sublayers, Megatron-style: each entry
-    # (column, row, column_group, row_group) names a Dense sublayer whose output units are cut
-    # across ranks in groups of ``column_group`` (a head's q, k and v together) and the Dense
-    # after it whose input rows are cut in groups of ``row_group``, the same groups to a rank.
-    # Empty: the layer is replicated (each rank holds all of it).
+    # How tensor parallelism treats it: "none" (it refuses the model), "replicate" (holds
+    # nothing to split), "elementwise" (runs on a rank's slice of the activations) or "dense"
+    # (x @ W + b: split by columns, the next by rows, as Megatron-LM does).
+    tensor_split: ClassVar[str] = "none"
+    # Megatron pairs of Dense sublayers, (column, row, column_group, row_group): the column's
+    # output units and the row's input rows are cut across ranks in groups (a head's q, k and
+    # v together), the same groups to a rank. Empty: every rank holds all of it.
     tensor_pairs: tuple[tuple[str, str, int, int], ...] = ()
 
     def __init__(self) -> None:
@@ -103,8 +94,7 @@ class Layer:
         raise NotImplementedError
 
     def attach(self, comm: Any) -> None:
-        """Given the communicator of the ranks that hold this model, once it exists: a layer
-        that talks to them (a split twin) keeps it."""
+        """The communicator of the ranks holding the model: a split twin keeps it."""
 
     def extent_read(self, in_shape: tuple[int, ...]) -> tuple[int, ...] | None:
         """The leading part of each spatial axis of ``in_shape`` this layer reads (None: all)."""

@@ -1,7 +1,5 @@
 """Losses: return the *sum* over the batch (ranks add them exactly) and the scaled gradient."""
 
-from __future__ import annotations
-
 from typing import Any
 
 Array = Any

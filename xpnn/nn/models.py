@@ -1,8 +1,5 @@
-"""Models by name: the presets of the seed reports, or a user's factory
-``f(input_shape, num_classes) -> model`` named ``FILE.py:FUNCTION`` or ``package.module:FUNCTION``
-(imported by each process that asks)."""
-
-from __future__ import annotations
+"""Models by name: the presets, or a user's factory ``f(input_shape, num_classes) -> model``
+named ``FILE.py:FUNCTION`` or ``package.module:FUNCTION`` (imported by each process that asks)."""
 
 import importlib
 import importlib.util
@@ -12,10 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.nn.conv import Conv2D
 from xpnn.nn.dense import Dense
+from xpnn.nn.dropout import Dropout
 from xpnn.nn.flatten import Flatten
+from xpnn.nn.gpt import gpt
 from xpnn.nn.model import check_model
-from xpnn.nn.sequential import Sequential, resolve_loss
+from xpnn.nn.pool import MaxPool2D
+from xpnn.nn.sequential import Sequential
 
 MODELS = ("mlp", "cnn", "gpt")
 HIDDEN = (512, 256)  # the MLP's default hidden layers
@@ -30,7 +31,7 @@ def mlp(
 ) -> Sequential:
     """Flatten, then Dense layers with fused activations, then a linear output layer."""
     layers = [Flatten(), *(Dense(h, activation) for h in hidden), Dense(num_classes)]
-    return Sequential(layers, resolve_loss(loss))
+    return Sequential(layers, loss)
 
 
 def cnn(
@@ -41,17 +42,11 @@ def cnn(
     loss: str = "softmax_cross_entropy",
 ) -> Sequential:
     """The MPI deep-learning report's CNN: 690,590 parameters on 1x28x28 inputs."""
-    from xpnn.nn.conv import Conv2D
-    from xpnn.nn.dropout import Dropout
-    from xpnn.nn.pool import MaxPool2D
-
     layers: list = []
     for c in channels:  # ReLU fused into the convolution's bias pass
         layers += [Conv2D(c, 3, activation="relu"), MaxPool2D(2)]
-    layers += [Flatten(), Dropout(dropout)]
-    layers += [Dense(d, "relu") for d in dense]
-    layers.append(Dense(num_classes))
-    return Sequential(layers, resolve_loss(loss))
+    layers += [Flatten(), Dropout(dropout), *(Dense(d, "relu") for d in dense), Dense(num_classes)]
+    return Sequential(layers, loss)
 
 
 def build_model(
@@ -110,8 +105,7 @@ def load_factory(where: str) -> Factory:
 def check_fits(
     model: Any, what: str, labels: tuple[int, ...], num_classes: int, output: tuple[int, ...]
 ) -> None:
-    """A model whose per-sample ``output`` cannot be scored against the data's ``labels`` (per
-    sample) and ``num_classes`` is refused before training, naming `model`."""
+    """Refuse a model whose per-sample ``output`` cannot be scored against the data's."""
     if not model.layers:
         raise UserError(f"`model` {what}: has no layers")
     want = (*labels, num_classes)
@@ -147,12 +141,9 @@ def make_model(
     loss: str = "softmax_cross_entropy",
     gpt_sizes: dict[str, int] | None = None,
 ) -> Sequential:
-    """The unbuilt model a run's ``model`` gives: a preset name, a factory's path, a factory
-    ``f(input_shape, num_classes)``, or a model itself; ``gpt_sizes``: ``gpt``'s layers, heads,
-    embed and block (``num_classes`` is its vocabulary)."""
+    """The unbuilt model a run's ``model`` names, makes or is; ``gpt_sizes``: ``gpt``'s layers,
+    heads, embed and block (``num_classes`` is its vocabulary)."""
     if model == "gpt":
-        from xpnn.nn.gpt import gpt
-
         return gpt(num_classes, **(gpt_sizes or {}))
     if isinstance(model, str) and model in MODELS:
         if model == "cnn" and tuple(input_shape) != (1, 28, 28):

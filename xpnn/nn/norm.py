@@ -1,15 +1,12 @@
 """Layer normalisation over the last axis (Ba, Kiros & Hinton, 2016)."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from xpnn.nn.layer import Array, Context, Layer
 
 
 class LayerNorm(Layer):
-    """``y = gamma * (x - mean) / sqrt(var + eps) + beta`` over the last axis, per position.
-    Parameters: ``gamma`` (D,) starting at 1, ``beta`` (D,) starting at 0."""
+    """``y = gamma * (x - mean) / sqrt(var + eps) + beta`` over the last axis, per position."""
 
     def __init__(self, eps: float = 1e-5) -> None:
         super().__init__()

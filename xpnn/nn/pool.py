@@ -1,7 +1,5 @@
 """2-D max-pooling (NCHW), floor mode: windows that do not fit are dropped (Keras 'valid')."""
 
-from __future__ import annotations
-
 from xpnn.nn.layer import Array, Context, Layer, check_int
 
 

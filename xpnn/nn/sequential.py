@@ -17,14 +17,14 @@ from xpnn.record.phases import FORWARD, layer_span, span
 
 
 def resolve_loss(loss: Any) -> Any:
-    """A loss object from ``loss``: None (softmax cross-entropy), a name in ``LOSSES``, or a
+    """A loss object from None (softmax cross-entropy), a name or class of ``LOSSES``, or a
     callable ``loss(kernels, logits, labels, scale)``."""
     if loss is None:
-        return SoftmaxCrossEntropy()
-    if isinstance(loss, str):
+        loss = SoftmaxCrossEntropy
+    elif isinstance(loss, str):
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r} (choose {', '.join(LOSSES)})")
-        return LOSSES[loss]()
+        loss = LOSSES[loss]
     if isinstance(loss, type) and loss in LOSSES.values():
         return loss()
     if not callable(loss):
@@ -50,29 +50,18 @@ DEBUG_HINT = "XPNN_DEBUG=1 prints the traceback"
 
 
 class LayerError(UserError):
-    """A user's layer failed, or returned an array of the wrong shape: named by its position in
-    the model, its class and the call, since the error would otherwise name a later layer."""
+    """A user's layer failed or gave a wrong shape, named (else the error names a later one)."""
 
     def __init__(self, index: int, what: str) -> None:
         super().__init__(f"`model` layer {index} {what}")
         self.index, self.what = index, what  # a pipeline stage counts its first layer on
 
 
-def _is_library(cls: type) -> bool:
-    return cls.__module__.startswith("xpnn.")
-
-
-def _shape_of(out: Any) -> str:
-    shape = getattr(out, "shape", None)
-    return f"shape {tuple(shape)}" if shape is not None else f"a {type(out).__name__}"
-
-
 def checked_call(
     index: int, layer: Layer, call: str, fn: Callable[[], Any], want: tuple[int, ...] | None
 ) -> Any:
-    """``fn()``, a user's layer's ``call``: its failure, or an output not of shape ``want``
-    (where given), raised as a ``LayerError`` naming the layer. A backward's gradient that
-    merely broadcasts (``dy[:1]``, ``dy.sum(0)``, a scalar) would silently train wrongly."""
+    """``fn()``, a user's layer's ``call``; its failure, or an output not of shape ``want``, a
+    ``LayerError`` (a gradient that merely broadcasts, ``dy[:1]``, would train wrongly)."""
     name = f"({type(layer).__name__}) {call}"
     try:
         out = fn()
@@ -81,9 +70,11 @@ def checked_call(
     except Exception as exc:  # noqa: BLE001 -- the user's code: any error is theirs
         text = " | ".join(line for line in str(exc).splitlines() if line.strip())
         raise LayerError(index, f"{name}: {type(exc).__name__}: {text} ({DEBUG_HINT})") from exc
-    if want is not None and tuple(getattr(out, "shape", (None,))) != want:
+    shape = getattr(out, "shape", None)
+    if want is not None and (shape is None or tuple(shape) != want):
+        got = f"shape {tuple(shape)}" if shape is not None else f"a {type(out).__name__}"
         what = "the gradient of its input" if call == "backward" else "its output"
-        said = f"returned {_shape_of(out)} as {what}, expected shape {want} ({DEBUG_HINT})"
+        said = f"returned {got} as {what}, expected shape {want} ({DEBUG_HINT})"
         raise LayerError(index, f"{name} {said}")
     return out
 
@@ -110,7 +101,10 @@ class Sequential:
             shapes.append(layer.build(shapes[-1], backend, rng))
         self.shapes = shapes
         self.output_shape = shapes[-1]
-        self._skip_unread_outputs(shapes)
+        for i in range(len(self.layers) - 1):  # a Conv2D computes only what a pool after reads
+            extent = self.layers[i + 1].extent_read(shapes[i + 1])
+            if extent is not None:
+                self.layers[i].limit_output(*extent)
         return self
 
     def place(self) -> Sequential:
@@ -119,13 +113,6 @@ class Sequential:
         params = self.backend.asarray(self.backend.pack_host(initial))
         self._bind(params, self.xp.zeros_like(params))
         return self
-
-    def _skip_unread_outputs(self, shapes: list[tuple[int, ...]]) -> None:
-        """Where a Conv2D feeds a floor-mode MaxPool2D, compute only what the pool reads."""
-        for i in range(len(self.layers) - 1):
-            extent = self.layers[i + 1].extent_read(shapes[i + 1])
-            if extent is not None:
-                self.layers[i].limit_output(*extent)
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
         """Move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``."""
@@ -172,7 +159,8 @@ class Sequential:
         known = self.__dict__.setdefault("_users", {})
         found = known.get(id(layer))
         if found is None:
-            found = known[id(layer)] = not all(_is_library(type(x)) for x in layer.walk())
+            library = (type(x).__module__.startswith("xpnn.") for x in layer.walk())
+            found = known[id(layer)] = not all(library)
         return found
 
     def _batch_shape(self, a: Any, at: int) -> tuple[int, ...] | None:
@@ -191,8 +179,7 @@ class Sequential:
         return self.backprop(copy_array(self.xp, dlogits), on_grads_ready, need_dx)
 
     def backprop(self, dy: Array, on_grads_ready: Ready = None, need_dx: bool = False) -> Any:
-        """Assign every gradient from ``dy``, the caller's to give up (fused kernels write over
-        it); returns the input's gradient if ``need_dx``, else None."""
+        """Assign every gradient from ``dy`` (fused kernels write over it); dx if ``need_dx``."""
         layers = self.layers
         for i in range(len(layers) - 1, -1, -1):
             with layer_span("backward", i, layers[i]):
@@ -208,8 +195,7 @@ class Sequential:
         return dy if need_dx else None
 
     def needs_input_grad(self, index: int, need_dx: bool = False) -> bool:
-        """Whether layer ``index``'s input gradient is read (a layer below has parameters, or
-        the caller wants the model's: ``need_dx``)."""
+        """Whether layer ``index``'s input gradient is read (a layer below learns; ``need_dx``)."""
         return self.layer_offsets[index] > 0 or need_dx
 
     def loss_and_grads(
@@ -260,8 +246,7 @@ class Sequential:
         ]
 
     def replica(self) -> Sequential:
-        """A twin on the same parameters and gradients whose layers keep their own forward
-        state: another micro-batch or batch part in flight at once."""
+        """A twin on the same parameters whose layers keep their own forward state."""
         twin = copy.copy(self)
         twin.layers = [layer.replica() for layer in self.layers]
         return twin
