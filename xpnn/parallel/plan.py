@@ -1,7 +1,6 @@
 """A run's whole layout in one frozen object, as torchtitan's ``ParallelDims``: built and checked
-once from the settings and the world (every combination refused lives here, with its reason),
-then applied once: the model split or staged, the communicators, the update scheme. The rest of
-xpnn reads its attributes instead of branching on ``parallel``."""
+once (every combination refused lives here, with its reason), then applied once to the model,
+the communicators and the update scheme; the rest of xpnn reads its attributes."""
 
 from __future__ import annotations
 
@@ -54,8 +53,7 @@ class Plan:
 
     @classmethod
     def build(cls, spec: Any, world: Any, threads: int | None = None) -> Plan:
-        """The plan of ``spec`` (a resolved ``RunSpec``) on ``world``; a ``UserError`` naming
-        the setting for a layout that does not fit or a combination not supported."""
+        """The plan of ``spec`` (a resolved ``RunSpec``) on ``world``, or a refusal naming it."""
         model_ranks = 1 if spec.parallel == "data" else (spec.model_ranks or world.size)
         if model_ranks > world.size:
             raise UserError(
@@ -117,8 +115,7 @@ class Plan:
         rank: int,
         name: Any = "",
     ) -> Any:
-        """``model`` laid out for rank ``rank``: its layers split, its pipeline stage, built;
-        ``name``: the model's, for a refusal."""
+        """``model`` (named ``name``) laid out for rank ``rank``: split, staged, built."""
         index, parts, part = self.place(rank).index, self.tensor_parts, self.part(rank)
         if self.spread and not isinstance(model, Sequential):
             what = f"`model` {name} is not an xpnn.nn.Sequential of layers to split or stage"
@@ -158,8 +155,7 @@ class Plan:
         )
 
     def groups(self, world: Any, backend: Any) -> Any:
-        """This rank's communicators (collective): its replica's and its data-parallel peers'.
-        A sharded optimizer's ranks each hold their parameters: no node-shared memory."""
+        """This rank's communicators (collective); no node memory for a sharded optimizer."""
         from xpnn.parallel.model.layout import make_groups
 
         kind = self.comm
@@ -187,12 +183,9 @@ class Plan:
         accumulate: int = 1,
         wire: Any = None,
     ) -> Any:
-        """The plan applied over the data-parallel ``comm`` (collective): local for one
-        process; each rank a shard of the optimizer state; with node memory one copy of the
-        model a node, its buffers (and, sharing activations, its Dense layers) moved there
-        first; else a copy a rank kept equal by allreduce. ``deferred``: no part is updated
-        before the whole gradient is reduced (clipping by the global norm); ``accumulate``:
-        micro-steps a step sums; ``wire``: the gradients sent in a narrower float."""
+        """The update scheme over the data-parallel ``comm`` (collective), the model moved into
+        node memory first where the node's ranks share it. ``deferred``: no part updated before
+        the whole gradient is reduced (clipping); ``accumulate``: micro-steps a step sums."""
         from xpnn.parallel.model import shared
         from xpnn.parallel.update import base, node_shared, sharded, shared_batch
 

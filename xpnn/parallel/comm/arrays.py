@@ -1,6 +1,5 @@
-"""What a communicator needs to know about one array library's device buffers: which buffers
-are on a device, a flat view, pinned host memory, stream-ordered copies both ways and waiting
-for the queued work. CuPy's and PyTorch's, each imported only when a device buffer comes."""
+"""What a communicator needs to know of CuPy's and PyTorch's device buffers (each library
+imported only when one comes): flat views, pinned host memory, stream-ordered copies."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ class CupyArrays:
 
     @staticmethod
     def flat(buf: Any) -> Any:
-        """A flat zero-copy CuPy view of a contiguous device array."""
         import cupy
 
         dev = buf if isinstance(buf, cupy.ndarray) else cupy.asarray(buf)
@@ -75,9 +73,8 @@ class CupyArrays:
 
 
 class TorchArrays:
-    """PyTorch tensors. A CPU tensor is a host buffer (MPI reads it through DLPack, no copy);
-    one on CUDA, ROCm, MPS or XPU is a device buffer: handed to a CUDA-aware MPI after its
-    stream is done, or staged through pinned host memory."""
+    """PyTorch tensors: a CPU tensor is a host buffer (MPI reads it through DLPack, no copy),
+    one on CUDA, ROCm, MPS or XPU a device buffer."""
 
     library = "torch"
 
@@ -102,8 +99,7 @@ class TorchArrays:
 
     @staticmethod
     def empty_pinned(size: int, dtype: np.dtype) -> np.ndarray:
-        """Page-locked where PyTorch has an accelerator to lock it for (CUDA, ROCm, XPU), else
-        plain host memory (MPS shares memory with the CPU); a NumPy view of the tensor."""
+        """Page-locked where PyTorch has an accelerator to lock it for, else plain (MPS)."""
         import torch
 
         wanted = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
@@ -121,8 +117,7 @@ class TorchArrays:
 
     @staticmethod
     def copy_back(dev: Any, host: np.ndarray) -> Any:
-        """Host to device: queued on the current CUDA stream (its event returned), blocking on
-        the devices whose events PyTorch does not expose alike (MPS, XPU)."""
+        """Host to device: queued on the current CUDA stream (its event returned), else blocking."""
         import torch
 
         if dev.device.type != "cuda":
@@ -153,6 +148,5 @@ TORCH = TorchArrays()
 
 
 def arrays_of(library: str) -> CupyArrays | TorchArrays:
-    """The device-buffer handling for a backend's ``array_library``: PyTorch's, else CuPy's
-    (NumPy's buffers are all host buffers, which every communicator takes as they are)."""
+    """The device-buffer handling for a backend's ``array_library`` (NumPy's has none)."""
     return TORCH if library == "torch" else CUPY

@@ -1,6 +1,6 @@
-"""The Communicator contract, and one process. Buffers are reduced in place: contiguous numpy
-or device arrays (``__cuda_array_interface__``). After a ``Handle``'s ``wait()`` the buffer holds
-the result for the host (numpy) or for work queued afterwards on the current CUDA stream."""
+"""The Communicator contract, and one process. Buffers (contiguous numpy or device arrays) are
+reduced in place; after a ``Handle``'s ``wait()`` the result is there for the host, or for work
+queued afterwards on the current CUDA stream."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ OPS = ("sum", "max", "min")
 
 
 class Handle(Protocol):
-    def wait(self) -> None:
-        """Block until the buffer holds the result (idempotent)."""
-        ...
+    def wait(self) -> None: ...  # until the buffer holds the result (idempotent)
 
 
 class DoneHandle:
@@ -39,7 +37,7 @@ def check_op(op: str) -> None:
 
 def check_counts(buf: Any, counts: list[int], ranks: int) -> list[int]:
     """The start of each rank's piece of flat ``buf``; the pieces cover it, one a rank."""
-    size = int(buf.shape[0])  # a flat buffer
+    size = int(buf.shape[0])
     if len(counts) != ranks or min(counts) < 0 or sum(counts) != size:
         raise ValueError(f"piece sizes {counts} do not cut {size} values over {ranks} ranks")
     return [sum(counts[:r]) for r in range(ranks)]
@@ -50,15 +48,11 @@ class Communicator:
     ``detail``: why this one; ``auto_fallback``: why ``auto`` settled for it. Capabilities:
     ``node_memory`` (``shm.ShmCommunicator``'s interface), ``device_buffers`` (no host copy).
 
-    ``bytes_sent``: the payload bytes this rank has handed to the transport, what it
-    contributes and not the library's wire traffic (a ring allreduce moves about twice that):
-    ``allreduce_``, ``iallreduce_``, ``iallreduce_sum16_`` (2 bytes a value), ``allreduce_host``
-    and ``isend`` count their buffer; a ``bcast_`` counts on its root only and ``recv_`` not at
-    all (the sender counted it). ``ireduce_scatter_`` counts the pieces other ranks receive
-    (this rank's own piece stays here) and ``iallgather_`` this rank's piece: together one
-    buffer's bytes, as an allreduce of it.
-    Barriers, ``allgather_obj`` (small setup objects) and node-shared memory count nothing.
-    An integer add per call, never a sync: read it before and after what is to be measured."""
+    ``bytes_sent``: the payload bytes this rank handed to the transport (not the wire traffic):
+    a reduction, ``allreduce_host`` or ``isend`` counts its buffer; ``bcast_`` its root only;
+    ``recv_`` nothing; ``ireduce_scatter_`` the pieces other ranks receive and ``iallgather_``
+    this rank's piece (together one allreduce's). Barriers, ``allgather_obj`` and node-shared
+    memory count nothing. An integer add per call, never a sync."""
 
     name: str = "base"
     node_memory: bool = False
@@ -73,59 +67,42 @@ class Communicator:
         self.bytes_sent = 0
 
     def _count(self, buf: Any) -> None:
-        """``buf`` handed to the transport by this rank: the one place bytes are counted."""
         self.bytes_sent += buf.nbytes
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} rank {self.rank}/{self.size}>"
 
-    def allreduce_(self, buf: Any, op: str = "sum") -> None:
-        raise NotImplementedError
+    def allreduce_(self, buf: Any, op: str = "sum") -> None: ...
 
-    def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
-        raise NotImplementedError
+    def iallreduce_(self, buf: Any, op: str = "sum") -> Handle: ...
 
     def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
-        """Sum, in place, 16-bit floats ``dtype`` (``narrow.NARROW``) held as ``uint16`` bits:
-        MPI has no such type, so each pair is added in float32 and rounded once."""
-        raise NotImplementedError
+        """Sum, in place, 16-bit floats ``dtype`` (``narrow.NARROW``) held as ``uint16`` bits."""
 
-    def bcast_(self, buf: Any, root: int = 0) -> None:
-        raise NotImplementedError
+    def bcast_(self, buf: Any, root: int = 0) -> None: ...
 
     def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
-        """Sum ``buf`` over the ranks, each rank receiving its piece alone: ``counts`` cut
-        ``buf`` into consecutive pieces, rank order; after ``wait()`` this rank's piece holds
-        the sum and the rest of ``buf`` is undefined (ZeRO's gradients, half an allreduce)."""
-        raise NotImplementedError
+        """Sum ``buf`` over the ranks, ``counts`` cutting it into one piece a rank (rank order):
+        after ``wait()`` this rank's piece holds the sum, the rest is undefined (ZeRO's half)."""
 
     def iallgather_(self, buf: Any, counts: list[int]) -> Handle:
-        """Every rank's piece of ``buf`` (cut by ``counts`` as ``ireduce_scatter_``'s) copied
-        from it to every rank, in place, once ``wait()`` returns: the allreduce's other half."""
-        raise NotImplementedError
+        """Every rank's piece of ``buf`` (cut as ``ireduce_scatter_``'s) copied to every rank."""
 
     def allgather_(self, buf: Any, counts: list[int]) -> None:
-        """``iallgather_``, waited for."""
         self.iallgather_(buf, counts).wait()
 
-    def barrier(self) -> None:
-        raise NotImplementedError
+    def barrier(self) -> None: ...
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         """Reduce a small host array in float64 (counts exact to 2**53); a new array."""
-        raise NotImplementedError
 
     def allgather_obj(self, obj: Any, what: str = "a gathering of objects") -> list:
         """One small picklable object from every rank, in rank order; ``what`` names the wait
         for the stall watch (it polls, so a rank that never comes is said, not hung on)."""
-        raise NotImplementedError
 
-    def bcast_obj(self, obj: Any, root: int = 0, what: str = "a broadcast of an object") -> Any:
-        """``root``'s small picklable object, on every rank (polled as ``allgather_obj``)."""
-        raise NotImplementedError
+    def bcast_obj(self, obj: Any, root: int = 0, what: str = "a broadcast of an object") -> Any: ...
 
-    def abort(self, code: int) -> None:
-        raise NotImplementedError
+    def abort(self, code: int) -> None: ...
 
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
         """After ``wait()`` the buffer may be reused; messages with one tag arrive in order."""
@@ -140,7 +117,7 @@ class Communicator:
 
 
 class SelfCommunicator(Communicator):
-    """One process: every collective is the identity, so nothing is sent (``bytes_sent`` 0)."""
+    """One process: every collective is the identity, so nothing is sent."""
 
     name = "self"
 
@@ -159,8 +136,7 @@ class SelfCommunicator(Communicator):
         return DONE
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
-        if root != 0:
-            raise ValueError(f"bcast root {root} out of range for 1 rank")
+        self.bcast_obj(None, root)
 
     def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
         check_counts(buf, counts, 1)

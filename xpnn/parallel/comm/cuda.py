@@ -1,6 +1,5 @@
-"""Device-buffer communicators, CUDA-aware MPI and NCCL, and the choice between them. CuPy
-and PyTorch are imported inside functions only; host buffers take the inherited ``mpi-host``
-path. NCCL is reached through CuPy, so PyTorch's device tensors go through MPI."""
+"""Device-buffer communicators, CUDA-aware MPI and NCCL (through CuPy: PyTorch's tensors go
+through MPI), and the choice between them; host buffers take the ``mpi-host`` path."""
 
 from __future__ import annotations
 
@@ -13,8 +12,12 @@ import numpy as np
 from xpnn.errors import user_message
 from xpnn.parallel.comm.arrays import CUPY, TORCH, CupyArrays, TorchArrays
 from xpnn.parallel.comm.base import DONE, Communicator, Handle
-from xpnn.parallel.comm.cuda_aware import detect_cuda_aware, nonblocking_device_collectives
-from xpnn.parallel.comm.mpi import MpiHandle, MpiHostCommunicator, as_cupy
+from xpnn.parallel.comm.cuda_aware import (
+    CudaAwareness,
+    detect_cuda_aware,
+    nonblocking_device_collectives,
+)
+from xpnn.parallel.comm.mpi import MpiHandle, MpiHostCommunicator
 from xpnn.parallel.comm.narrow import check_narrow
 from xpnn.runtime import flight
 from xpnn.runtime.world import World
@@ -92,23 +95,12 @@ class NcclCommunicator(MpiHostCommunicator):
         import cupy
         from cupy.cuda import nccl
 
-        self._nccl_mod = nccl
-        uid = nccl.get_unique_id() if self.rank == 0 else None
-        uid = mpi_comm.bcast(uid, root=0)
+        uid = mpi_comm.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
         self._nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
         self._stream = cupy.cuda.Stream(non_blocking=True)
-        self._nccl_ops = {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
-        self._nccl_types = {
-            np.dtype(np.float16): nccl.NCCL_FLOAT16,
-            np.dtype(np.float32): nccl.NCCL_FLOAT32,
-            np.dtype(np.float64): nccl.NCCL_FLOAT64,
-            np.dtype(np.int8): nccl.NCCL_INT8,
-            np.dtype(np.uint8): nccl.NCCL_UINT8,
-            np.dtype(np.int32): nccl.NCCL_INT32,
-            np.dtype(np.uint32): nccl.NCCL_UINT32,
-            np.dtype(np.int64): nccl.NCCL_INT64,
-            np.dtype(np.uint64): nccl.NCCL_UINT64,
-        }
+        self._nccl_ops = {op: getattr(nccl, f"NCCL_{op.upper()}") for op in ("sum", "max", "min")}
+        types = "float16 float32 float64 int8 uint8 int32 uint32 int64 uint64".split()
+        self._nccl_types = {np.dtype(t): getattr(nccl, f"NCCL_{t.upper()}") for t in types}
         # ncclBfloat16 is 9 in nccl.h (NCCL 2.10+); older CuPy does not name it
         self._nccl_types16 = {
             "float16": nccl.NCCL_FLOAT16,
@@ -116,23 +108,21 @@ class NcclCommunicator(MpiHostCommunicator):
         }
 
     def _nccl_type(self, dtype: np.dtype) -> int:
-        try:
-            return self._nccl_types[np.dtype(dtype)]
-        except KeyError:
-            raise TypeError(f"NCCL cannot reduce dtype {dtype}") from None
+        if np.dtype(dtype) not in self._nccl_types:
+            raise TypeError(f"NCCL cannot reduce dtype {dtype}")
+        return self._nccl_types[np.dtype(dtype)]
 
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         import cupy
 
-        dev = as_cupy(buf)
-        ptr = dev.data.ptr
-        stream = cupy.cuda.get_current_stream()
+        dev = CUPY.flat(buf)
+        ptr, stream = dev.data.ptr, cupy.cuda.get_current_stream()
         self._nccl.allReduce(
             ptr, ptr, dev.size, self._nccl_type(dev.dtype), self._nccl_ops[op], stream.ptr
         )
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
-        dev = as_cupy(buf)
+        dev = CUPY.flat(buf)
         return self._nccl_iallreduce(dev, self._nccl_type(dev.dtype), self._nccl_ops[op])
 
     def _nccl_iallreduce(self, dev: Any, nccl_type: int, nccl_op: int) -> Handle:
@@ -152,13 +142,13 @@ class NcclCommunicator(MpiHostCommunicator):
         self._count(bits)
         record = flight.post(self, "allreduce", bits.nbytes)
         nccl_type = self._nccl_types16[dtype]
-        handle = self._nccl_iallreduce(as_cupy(bits), nccl_type, self._nccl_ops["sum"])
+        handle = self._nccl_iallreduce(CUPY.flat(bits), nccl_type, self._nccl_ops["sum"])
         return flight.Tracked(handle, record)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         import cupy
 
-        dev = as_cupy(buf)
+        dev = CUPY.flat(buf)
         stream = cupy.cuda.get_current_stream()
         self._nccl.bcast(dev.data.ptr, dev.size, self._nccl_type(dev.dtype), root, stream.ptr)
 
@@ -169,33 +159,30 @@ class NcclCommunicator(MpiHostCommunicator):
             self._comm.Barrier()
 
 
+def _info(device: int, gpu: str, nccl: bool, nccl_why: str, aware: Any = None) -> dict:
+    """One rank's facts; gathered from all ranks so all choose alike."""
+    aware = aware or detect_cuda_aware()
+    host = socket.gethostname()
+    facts = {"host": host, "device": device, "gpu": (host, gpu), "nccl": nccl}
+    return {**facts, "nccl_why": nccl_why, "aware": aware.aware, "aware_why": aware.reason}
+
+
 def _local_torch_info() -> dict:
-    """``_local_gpu_info`` for a PyTorch device: CUDA (or ROCm) goes through MPI, CUDA-aware
-    or staged; NCCL is CuPy's here, and MPS and XPU buffers are staged through the host."""
+    """A PyTorch device: CUDA (or ROCm) goes through MPI, CUDA-aware or staged; NCCL is CuPy's
+    here, and MPS and XPU buffers are staged through the host."""
     import torch
 
+    no_nccl = "NCCL is reached through CuPy; backend torch uses MPI"
     if not torch.cuda.is_available():
         why = "a CUDA-aware MPI takes CUDA buffers only; this device's are staged via host"
-        info = {"device": 0, "gpu": (socket.gethostname(), "0"), "aware": False}
-        return {**info, "host": socket.gethostname(), "aware_why": why, **_NO_NCCL}
+        return _info(0, "0", False, no_nccl, CudaAwareness(False, why))
     device = int(torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
-    aware = detect_cuda_aware()
-    return {
-        "host": socket.gethostname(),
-        "device": device,
-        "gpu": (socket.gethostname(), str(getattr(props, "uuid", device))),
-        "aware": aware.aware,
-        "aware_why": aware.reason,
-        **_NO_NCCL,
-    }
-
-
-_NO_NCCL = {"nccl": False, "nccl_why": "NCCL is reached through CuPy; backend torch uses MPI"}
+    return _info(device, str(getattr(props, "uuid", device)), False, no_nccl)
 
 
 def _local_gpu_info() -> dict:
-    """What this rank can do on the GPU; gathered from all ranks so all choose alike."""
+    """A CuPy device: its bus id, NCCL's availability, MPI's CUDA-awareness."""
     import cupy
 
     device = int(cupy.cuda.runtime.getDevice())
@@ -210,16 +197,7 @@ def _local_gpu_info() -> dict:
         nccl_why = "" if nccl_ok else "cupy.cuda.nccl is not available"
     except Exception as exc:
         nccl_ok, nccl_why = False, f"cupy.cuda.nccl failed to import: {exc}"
-    aware = detect_cuda_aware()
-    return {
-        "host": socket.gethostname(),
-        "device": device,
-        "gpu": (socket.gethostname(), bus),
-        "nccl": nccl_ok,
-        "nccl_why": nccl_why,
-        "aware": aware.aware,
-        "aware_why": aware.reason,
-    }
+    return _info(device, bus, nccl_ok, nccl_why)
 
 
 def shared_gpu(infos: list[dict]) -> tuple[int, int, int] | None:
@@ -248,7 +226,6 @@ def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]
     why_mpi = (
         "MPI is CUDA-aware" if aware else f"MPI is not CUDA-aware ({not_aware}): staging via host"
     )
-
     if kind == "mpi-host":
         return "mpi-host", None, "requested"
     if kind == "mpi-cuda":

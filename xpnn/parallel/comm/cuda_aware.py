@@ -1,11 +1,8 @@
-"""May device buffers be handed to MPI here? The library must be CUDA-aware AND CUDA must run.
-Whether the library is CUDA-aware, first answer wins: ``XPNN_CUDA_AWARE=0|1`` (Cray MPICH
-answers neither query); a ``cuda`` kind covering device memory in MPI 4.1's
-``mpi_memory_alloc_kinds`` (a list without it is not conclusive: libraries report only the
-kinds requested at launch); ``MPIX_Query_cuda_support()``; else not aware (host staging
-always works). An aware library answers so even without a GPU, so the CUDA driver is then
-asked too. Every input is injectable, so each branch is testable without a GPU.
-"""
+"""May device buffers be handed to MPI here? The library must be CUDA-aware (first answer wins:
+``XPNN_CUDA_AWARE=0|1``, as Cray MPICH answers neither query; a device ``cuda`` kind in MPI
+4.1's ``mpi_memory_alloc_kinds``, whose absence says nothing as libraries report only the kinds
+asked at launch; ``MPIX_Query_cuda_support()``; else not) AND the CUDA driver must see a device
+(an aware library says so without a GPU). Every input is injectable, for tests without a GPU."""
 
 from __future__ import annotations
 
@@ -18,8 +15,6 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.runtime.world import library_name, loaded_libmpi
-
-_DEFAULT: object = object()
 
 
 @dataclass
@@ -66,8 +61,7 @@ def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None
 
 
 def _first_clause(exc: BaseException) -> str:
-    """The loader's message without its repeated library name."""
-    text = str(exc)
+    text = str(exc)  # the loader's message, without its repeated library name
     return text.split(": ", 1)[1] if text.startswith("libcuda") and ": " in text else text
 
 
@@ -98,8 +92,7 @@ def read_alloc_kinds() -> str | None:
 
 
 def _loaded_libmpi() -> ctypes.CDLL | None:
-    """The MPI library mpi4py loaded (``loaded_libmpi``), else the one mpi4py's own loader
-    opens."""
+    """The MPI library mpi4py loaded, else the one mpi4py's own loader opens."""
     lib = loaded_libmpi()
     if lib is not None:
         return lib
@@ -140,8 +133,8 @@ def _kinds_have_cuda_device(kinds: str) -> bool:
 
 def detect_cuda_aware(
     env: Mapping[str, str] | None = None,
-    alloc_kinds: str | None | Callable[[], str | None] = _DEFAULT,  # type: ignore[assignment]
-    query_cuda_support: Callable[[], int | None] | None = _DEFAULT,  # type: ignore[assignment]
+    alloc_kinds: str | None | Callable[[], str | None] = read_alloc_kinds,
+    query_cuda_support: Callable[[], int | None] | None = query_mpix_cuda_support,
     cuda_problem: Callable[[], str | None] = cuda_runtime_problem,
 ) -> CudaAwareness:
     """Whether device buffers may be handed to MPI (see the module docstring).
@@ -149,9 +142,7 @@ def detect_cuda_aware(
     library = _library_cuda_aware(
         os.environ if env is None else env, alloc_kinds, query_cuda_support
     )
-    if not library.aware:
-        return library
-    problem = cuda_problem()
+    problem = cuda_problem() if library.aware else None
     if problem is None:
         return library
     return CudaAwareness(
@@ -174,29 +165,19 @@ def _library_cuda_aware(
         if override not in ("0", "1"):
             raise UserError(f"XPNN_CUDA_AWARE={override}: use 0 (not CUDA-aware) or 1 (aware)")
         return CudaAwareness(override == "1", f"XPNN_CUDA_AWARE={override}", override == "1")
-
-    if alloc_kinds is _DEFAULT:
-        alloc_kinds = read_alloc_kinds
     kinds = alloc_kinds() if callable(alloc_kinds) else alloc_kinds
     if kinds and _kinds_have_cuda_device(kinds):
         return CudaAwareness(True, f"mpi_memory_alloc_kinds={kinds}", True)
-    notes = [f"mpi_memory_alloc_kinds={kinds} (no cuda)" if kinds else "no mpi_memory_alloc_kinds"]
-
-    if query_cuda_support is _DEFAULT:
-        query_cuda_support = query_mpix_cuda_support
+    note = f"mpi_memory_alloc_kinds={kinds} (no cuda)" if kinds else "no mpi_memory_alloc_kinds"
+    query = "MPIX_Query_cuda_support"
     try:
         support = query_cuda_support() if query_cuda_support is not None else None
+        said = f"no {query}" if support is None else f"{query}() = {support}"
     except Exception as exc:  # a broken library must not stop training: stage through host
-        notes.append(f"MPIX_Query_cuda_support failed: {exc}")
-        support = None
-    else:
-        if support is not None:
-            notes.append(f"MPIX_Query_cuda_support() = {support}")
-            if support:
-                return CudaAwareness(True, f"MPIX_Query_cuda_support() = {support}", True)
-        else:
-            notes.append("no MPIX_Query_cuda_support")
-    return CudaAwareness(False, "; ".join(notes))
+        support, said = None, f"{query} failed: {exc}"
+    if support:
+        return CudaAwareness(True, said, True)
+    return CudaAwareness(False, f"{note}; {said}")
 
 
 def nonblocking_device_collectives(library_version: str) -> bool:

@@ -3,7 +3,9 @@ staged through pinned host buffers, allocated once per bucket shape and reused."
 
 from __future__ import annotations
 
+import functools
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,15 +23,12 @@ class MpiHandle:
     __slots__ = ("_req", "_buf", "_what")
 
     def __init__(self, req: Any, buf: Any, what: str = "a transfer") -> None:
-        self._req = req
-        self._buf = buf
-        self._what = what
+        self._req, self._buf, self._what = req, buf, what
 
     def wait(self) -> None:
         if self._req is not None:
             stall.wait(self._req, self._what)
-            self._req = None
-            self._buf = None
+            self._req = self._buf = None
 
 
 class Requests:
@@ -44,14 +43,12 @@ class Requests:
         return all(req.Test() for req in self._reqs)  # a finished request tests true again
 
 
+@dataclass(slots=True)
 class _PinnedSlot:
     """A pinned host buffer and the event that ends its last host-to-device copy."""
 
-    __slots__ = ("host", "event")
-
-    def __init__(self, host: np.ndarray) -> None:
-        self.host = host
-        self.event: Any = None
+    host: np.ndarray
+    event: Any = None
 
 
 class _PinnedPool:
@@ -63,24 +60,20 @@ class _PinnedPool:
         self._free: dict[tuple[int, np.dtype], list[_PinnedSlot]] = {}
         self.allocated = 0
 
-    def acquire(self, size: int, dtype: np.dtype) -> _PinnedSlot:
+    def slot_for(self, dev: Any) -> _PinnedSlot:
+        size, dtype = self._arrays.size(dev), self._arrays.host_dtype(dev)
         free = self._free.get((size, dtype))
-        if free:
-            slot = free.pop()
-            if slot.event is not None:
-                slot.event.synchronize()
-                slot.event = None
-            return slot
-        self.allocated += 1
-        return _PinnedSlot(self._arrays.empty_pinned(size, dtype))
+        if not free:
+            self.allocated += 1
+            return _PinnedSlot(self._arrays.empty_pinned(size, dtype))
+        slot = free.pop()
+        if slot.event is not None:
+            slot.event.synchronize()
+            slot.event = None
+        return slot
 
     def release(self, slot: _PinnedSlot) -> None:
-        key = (slot.host.size, slot.host.dtype)
-        self._free.setdefault(key, []).append(slot)
-
-    def slot_for(self, dev: Any) -> _PinnedSlot:
-        """A slot of ``dev``'s size and dtype."""
-        return self.acquire(self._arrays.size(dev), self._arrays.host_dtype(dev))
+        self._free.setdefault((slot.host.size, slot.host.dtype), []).append(slot)
 
     def copy_out(self, dev: Any) -> _PinnedSlot:
         """A slot holding ``dev``'s values, copied after the work queued before."""
@@ -94,16 +87,6 @@ class _PinnedPool:
         with phases.span("host to device (queued)", phases.COPIES):
             slot.event = self._arrays.copy_back(dev, slot.host)
         self.release(slot)
-
-
-def _itemsize(buf: Any) -> int:
-    """Bytes a value of a flat numpy, CuPy or PyTorch buffer."""
-    return buf.nbytes // buf.shape[0] if buf.shape[0] else 0
-
-
-def as_cupy(buf: Any) -> Any:
-    """A flat zero-copy CuPy view of a contiguous device array."""
-    return CUPY.flat(buf)
 
 
 class _StagedHandle:
@@ -130,8 +113,7 @@ class _StagedHandle:
 
 
 class MpiHostCommunicator(Communicator):
-    """MPI on host memory; device buffers are reduced in pooled pinned host buffers.
-    ``arrays``: the array library whose device buffers come (CuPy's or PyTorch's)."""
+    """MPI on host memory; ``arrays``: the library whose device buffers come (staged)."""
 
     name = "mpi-host"
 
@@ -169,24 +151,21 @@ class MpiHostCommunicator(Communicator):
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
         mop = self._ops.get(op) or self._mpi_op(op)
+        return self._iallreduce(buf, op, mop, self._device_iallreduce)
+
+    def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
+        # the sum is Python code on the host: device bits are staged there even where MPI is
+        # CUDA-aware (the library would hand the function device pointers)
+        staged = functools.partial(MpiHostCommunicator._device_iallreduce, self)
+        return self._iallreduce(bits, "sum", sum_op(dtype), staged)
+
+    def _iallreduce(self, buf: Any, op: str, mop: Any, device: Any) -> Handle:
         self._count(buf)
         record = flight.post(self, "allreduce", buf.nbytes)
         if type(buf) is np.ndarray or not self._arrays.is_device(buf):
             req = self._comm.Iallreduce(self._in_place, buf, mop)
             return flight.Tracked(MpiHandle(req, buf, "an allreduce"), record)
-        return flight.Tracked(self._device_iallreduce(buf, op, mop), record)
-
-    def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
-        mop = sum_op(dtype)
-        self._count(bits)
-        record = flight.post(self, "allreduce", bits.nbytes)
-        if type(bits) is np.ndarray or not self._arrays.is_device(bits):
-            req = self._comm.Iallreduce(self._in_place, bits, mop)
-            return flight.Tracked(MpiHandle(req, bits, "an allreduce"), record)
-        # the sum is Python code on the host: device bits are staged there even where MPI is
-        # CUDA-aware (the library would hand the function device pointers)
-        staged = MpiHostCommunicator._device_iallreduce(self, bits, "sum", mop)
-        return flight.Tracked(staged, record)
+        return flight.Tracked(device(buf, op, mop), record)
 
     def bcast_(self, buf: Any, root: int = 0) -> None:
         if self.rank == root:
@@ -204,11 +183,10 @@ class MpiHostCommunicator(Communicator):
         return self._by_pieces(buf, counts, "all-gather", self._gather_pieces, True)
 
     def _by_pieces(self, buf: Any, counts: list[int], op: str, post: Any, own: bool) -> Handle:
-        """``op`` over ``buf`` cut by ``counts``, ``post`` starting it on host memory (device
-        buffers staged through pinned memory, copied back on ``wait``). Counted: what leaves
-        this rank, its ``own`` piece or every other one."""
+        """``op`` over ``buf`` cut by ``counts``, ``post`` starting it on host memory; counted:
+        what leaves this rank, its ``own`` piece or every other one."""
         starts = check_counts(buf, counts, self.size)
-        mine = counts[self.rank] * _itemsize(buf)
+        mine = counts[self.rank] * (buf.nbytes // buf.shape[0] if buf.shape[0] else 0)
         sent = mine if own else buf.nbytes - mine
         self.bytes_sent += sent
         record = flight.post(self, op, sent)
@@ -243,12 +221,7 @@ class MpiHostCommunicator(Communicator):
 
     # -- device buffers: staged through pinned host memory (cuda.py overrides them) --------
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
-        dev = self._arrays.flat(buf)
-        if not self._arrays.size(dev):
-            return
-        slot = self._pool.copy_out(dev)
-        stall.wait(self._comm.Iallreduce(self._in_place, slot.host, mop), "an allreduce")
-        self._pool.copy_back(dev, slot)
+        self._device_iallreduce(buf, op, mop).wait()
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
         dev = self._arrays.flat(buf)

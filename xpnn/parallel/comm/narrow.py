@@ -1,7 +1,6 @@
-"""16-bit floats on the wire: bfloat16 and float16 values held as their ``uint16`` bits (CuPy
-and NumPy have no bfloat16 dtype of their own), converted against any array namespace ``xp``,
-and the MPI reduction that sums them (MPI has no 16-bit float types): each pair of values is
-widened to float32, added, and rounded back once, as Horovod's ``float16_sum`` does."""
+"""16-bit floats on the wire: bfloat16 and float16 held as ``uint16`` bits (CuPy and NumPy lack
+bfloat16) against any ``xp``, and the MPI sum of them (MPI has no 16-bit floats): each pair
+widened to float32, added, and rounded back once, as Horovod's ``float16_sum``."""
 
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ def check_narrow(dtype: str) -> None:
 
 @cache
 def native_dtype(xp: Any, dtype: str) -> Any:
-    """``xp``'s own ``dtype`` (float16 everywhere, bfloat16 in PyTorch), else ``ml_dtypes``'
-    where ``xp``'s arrays take it (NumPy's do, CuPy's do not), else None: then the bits are
-    computed with integer arithmetic."""
+    """``xp``'s own ``dtype``, else ``ml_dtypes``' where ``xp``'s arrays take it (NumPy's, not
+    CuPy's), else None (the bits computed with integer arithmetic)."""
     found = getattr(xp, dtype, None)
     if found is not None:
         return found

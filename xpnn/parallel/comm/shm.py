@@ -1,8 +1,6 @@
 """Node-shared memory: on one node an allreduce is memory traffic dressed up as messages, so
-ranks map arrays they all share (``MPI.Win.Allocate_shared``) and the parameters exist once per
-node (``parallel.update.node_shared``). ``cross`` joins the ranks with the same node-local
-rank on every node, for the one message that must leave the node.
-"""
+ranks map arrays they all share (``MPI.Win.Allocate_shared``). ``cross`` joins the ranks with
+the same node-local rank on every node, for the one message that must leave the node."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ def share_bounds(
     start: int, end: int, parts: int, index: int, align: int = ALIGN
 ) -> tuple[int, int]:
     """[lo, hi) of part ``index`` of ``range(start, end)`` cut into ``parts`` near-equal
-    slices at multiples of ``align`` (some may be empty if tiny)."""
+    slices at multiples of ``align`` (some maybe empty)."""
     per = -(-(end - start) // parts)
 
     def cut(k: int) -> int:
@@ -93,8 +91,7 @@ class ShmCommunicator(MpiHostCommunicator):
 
     @classmethod
     def create(cls, mpi_comm: Any) -> ShmCommunicator:
-        """Collective; a UserError on every rank when nodes hold different numbers of ranks
-        (a node's shards must line up across nodes)."""
+        """Collective; refused on every rank where nodes hold different numbers of ranks."""
         from mpi4py import MPI
 
         node = _node_comm(mpi_comm, MPI)
@@ -108,11 +105,8 @@ class ShmCommunicator(MpiHostCommunicator):
             )
         cross = mpi_comm.Split(color=node.Get_rank(), key=mpi_comm.Get_rank())
         comm = cls(mpi_comm, node, cross)
-        comm.detail = (
-            f"shared memory, {comm.local_size} rank(s) per node x {comm.nodes} node(s)"
-            if comm.nodes > 1
-            else f"shared memory, {comm.local_size} rank(s) on one node"
-        )
+        where = f"per node x {comm.nodes} node(s)" if comm.nodes > 1 else "on one node"
+        comm.detail = f"shared memory, {comm.local_size} rank(s) {where}"
         return comm
 
     def shared_zeros(self, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:

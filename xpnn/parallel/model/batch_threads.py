@@ -1,9 +1,8 @@
 """Data parallelism inside one process (``batch_threads``): a rank's share of each batch cut
-into contiguous parts, one per thread, each run by its own twin of the model (the parameters
-shared, its own forward state and gradients) with one BLAS thread; the twins' gradients are
-then summed in thread order. On a few cores one pass leaves a second BLAS thread idle in its
-small products and its elementwise kernels; twins keep every core busy, as ranks would,
-without a second copy of the data or an allreduce."""
+into parts, one a thread, each run by a twin of the model (the parameters shared) with one BLAS
+thread, their gradients summed in thread order. On a few cores one pass leaves a second BLAS
+thread idle in small products and elementwise kernels; twins keep every core busy, as ranks
+would, without a second copy of the data or an allreduce."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ CPU_BACKENDS = ("numpy", "numba")  # arrays whose operations release the GIL on 
 
 
 def check_batch_threads(count: int, threads: int, backend: str) -> None:
-    """Refuse the thread counts and backends ``batch_threads`` cannot run (a ``UserError``
-    naming the setting; ``xpnn.parallel.plan.check`` refuses the other settings)."""
+    """Refuse the thread counts and backends ``batch_threads`` cannot run."""
     if count == 1:
         return
     if threads % count:
@@ -36,8 +34,7 @@ def check_batch_threads(count: int, threads: int, backend: str) -> None:
 
 
 def twin(model: Any) -> Any:
-    """A copy of ``model`` on the same parameters with gradients of its own (zeros) and each
-    layer's own forward state: only the public ``replica`` and ``adopt``."""
+    """A copy of ``model`` on the same parameters with its own gradients and forward state."""
     other = model.replica()
     for layer in (inner for top in other.layers for inner in top.walk()):
         layer.params, layer.grads = dict(layer.params), dict(layer.grads)  # not the original's
@@ -100,9 +97,8 @@ class BatchThreads:
         return _summed(self._over_threads(labels.shape[0], run)[1])
 
     def _over_threads(self, n: int, run: Callable[..., Any]) -> tuple[list, list]:
-        """``run(twin, lo, hi)`` for each thread's contiguous part of ``n`` samples (the first
-        on this thread, while the pool runs the others): the parts that are not empty, and
-        their results in thread order."""
+        """``run(twin, lo, hi)`` for each thread's part of ``n`` samples (the first on this
+        thread): the parts that are not empty, and their results in thread order."""
         count = len(self.twins)
         cuts = [n * i // count for i in range(count + 1)]
         bounds = zip(self.twins, cuts[:-1], cuts[1:], strict=True)
@@ -120,10 +116,8 @@ class BatchThreads:
 
 def _summed(results: list[tuple[Any, Any]]) -> tuple[Any, Any]:
     """The (loss, correct) pairs added up in thread order."""
-    loss, correct = results[0]
-    for part_loss, part_correct in results[1:]:
-        loss, correct = loss + part_loss, correct + part_correct
-    return loss, correct
+    losses, corrects = zip(*results, strict=True)
+    return sum(losses[1:], losses[0]), sum(corrects[1:], corrects[0])
 
 
 def _batch_thread() -> None:

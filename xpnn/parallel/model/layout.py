@@ -1,7 +1,6 @@
-"""Who works with whom: a replica spread over ``--model-ranks`` K ranks, N / K replicas
-data-parallel (the grid is ``xpnn.parallel.plan.Plan``'s). Rank r is place ``r % K`` of replica
-``r // K``: a replica's ranks are consecutive, so launchers that fill nodes in rank order keep
-each replica on one node."""
+"""Who works with whom: rank r is place ``r % K`` of replica ``r // K`` (``--model-ranks`` K):
+a replica's ranks are consecutive, so launchers that fill nodes in rank order keep each replica
+on one node."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ class Groups:
 
     @classmethod
     def of(cls, comm: Communicator, spread: bool = False) -> Groups:
-        """The 1-D layouts: one communicator is the data group, or the model group where its
-        ranks split the network (``spread``: tensor or pipeline parallelism)."""
+        """The 1-D layouts: ``comm`` is the data group, or (``spread``) the model group."""
         if spread:
             return cls(comm, comm, SelfCommunicator())
         return cls(comm, SelfCommunicator(), comm)
@@ -67,7 +65,7 @@ class Groups:
 
 def make_groups(world: World, place: Place, backend: Any, kind: str) -> Groups:
     """This rank's communicators (collective). ``--comm`` picks the data group's; a replica
-    shares no parameters, so for ``mpi-shm`` its ranks talk over ``auto``'s choice."""
+    shares no parameters: for ``mpi-shm`` its ranks talk over ``auto``'s choice."""
     if place.model_ranks == 1:  # data parallelism, or replicas of one rank each
         return Groups.of(make_communicator(world, backend, kind))
     if place.replicas == 1:

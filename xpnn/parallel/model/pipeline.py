@@ -1,14 +1,12 @@
-"""Pipeline parallelism: consecutive layers on consecutive ranks, micro-batches streamed through.
-
-Rank s holds stage s, layers of about equal cost; each stage sums its M micro-batches'
-gradients and updates its own parameters. Each micro-batch in flight has its own replicas of
-the layers: M sets under GPipe, at most S - s under 1F1B. ``--recompute`` keeps one set and
-each micro-batch's input, and forwards it again before its backward.
-"""
+"""Pipeline parallelism: rank s holds stage s of layers of about equal cost, micro-batches
+streamed through, their gradients summed. Each micro-batch in flight has its own replicas of the
+layers (M sets under GPipe, at most S - s under 1F1B); ``--recompute`` keeps one set and each
+micro-batch's input, and forwards it again before its backward."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -46,31 +44,25 @@ def stage_bounds(costs: list[float], has_params: list[bool], stages: int) -> lis
         )
     cuts = [0, *starts[1:]]  # where a stage may begin
     n = len(costs)
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
+    prefix = [0.0, *itertools.accumulate(costs)]
 
     def cost(a: int, b: int) -> float:  # layers cuts[a] .. cuts[b] - 1
         return prefix[cuts[b] if b < len(cuts) else n] - prefix[cuts[a]]
 
-    # best[k][a]: the smallest possible costliest stage when cuts[a:] make k stages
-    k_max, m = stages, len(cuts)
-    best = [[math.inf] * (m + 1) for _ in range(k_max + 1)]
-    choice = [[0] * (m + 1) for _ in range(k_max + 1)]
-    for a in range(m):
-        best[1][a] = cost(a, m)
-    for k in range(2, k_max + 1):
-        for a in range(m - k + 1):
-            for b in range(a + 1, m - k + 2):
-                value = max(cost(a, b), best[k - 1][b])
-                if value < best[k][a]:
-                    best[k][a], choice[k][a] = value, b
+    m = len(cuts)
+
+    @functools.cache
+    def best(k: int, a: int) -> tuple[float, int]:
+        """The smallest costliest stage when cuts[a:] make k stages, and where the first ends."""
+        if k == 1:
+            return cost(a, m), m
+        return min((max(cost(a, b), best(k - 1, b)[0]), b) for b in range(a + 1, m - k + 2))
+
     bounds, a = [], 0
-    for k in range(k_max, 1, -1):
-        b = choice[k][a]
-        bounds.append((cuts[a], cuts[b]))
+    for k in range(stages, 0, -1):
+        b = best(k, a)[1]
+        bounds.append((cuts[a], cuts[b] if b < m else n))
         a = b
-    bounds.append((cuts[a], n))
     return bounds
 
 
@@ -120,8 +112,8 @@ def numbered(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class PipelineStage(Portion):
-    """One stage's layers (a ``Sequential`` of them, ``net``) and the schedule that runs them: a
-    model to the trainer, scored on the last stage, reading samples on the first."""
+    """One stage's layers (a ``Sequential``, ``net``) and the schedule that runs them: a model to
+    the trainer, scored on the last stage, reading samples on the first."""
 
     def __init__(
         self,
@@ -143,14 +135,12 @@ class PipelineStage(Portion):
         self.backend, self.xp = whole.backend, whole.xp
         self.layer_start = start  # its first layer's position in the whole model (errors say it)
         self.first, self.last = index == 0, index == len(bounds) - 1
-        # ``tensor`` (part, parts): the stage's layers are split over ``parts`` ranks, stage s
-        # part p being rank s * parts + p of the replica; part 0 of the last stage scores
-        self.part, self.parts = tensor
+        self.part, self.parts = tensor  # stage s part p: rank s * parts + p of the replica
         self.prev_rank = (index - 1) * self.parts + self.part
         self.next_rank = (index + 1) * self.parts + self.part
         self.first_param_layer = sum(1 for layer in whole.layers[:start] if layer.initial)
         self.reads_input = self.first  # the others receive activations
-        self.scores = self.last and self.part == 0
+        self.scores = self.last and self.part == 0  # once a replica, not once a tensor part
         self.whole_param_count = sum(
             math.prod(whole_shape(x, name)) for x in whole.layers for name in x.initial
         )
@@ -247,7 +237,7 @@ class PipelineStage(Portion):
                     if self.last:
                         kernels = self.backend.kernels
                         loss, dlogits[m] = net.loss(kernels, y, labels[lo:hi], scale)
-                        if self.scores:  # once a replica, not once a tensor part
+                        if self.scores:
                             correct = correct + kernels.count_correct(y, labels[lo:hi])
                             loss_sum = loss_sum + loss
                     else:
@@ -340,7 +330,7 @@ def build_stage(
     tensor: tuple[int, int] = (0, 1),
 ) -> PipelineStage:
     """Draw the whole network as one process would, and place only stage ``rank`` of ``size``
-    (its tensor part ``tensor[0]`` of ``tensor[1]`` where its layers are split)."""
+    (its part ``tensor[0]`` of ``tensor[1]`` where its layers are split)."""
     whole.setup(input_shape, backend, seed)
     costs = layer_costs(whole.layers, whole.shapes)
     bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)

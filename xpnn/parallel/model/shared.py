@@ -1,11 +1,7 @@
-"""What node sharing does to a model (the plan applies it): its buffers moved into the node's
-memory, and node-shared activations, Dense layers whose ranks share the batch's ``x`` and ``dz``.
-
-At small batches they hold fewer values than the gradient ``x.T @ dz``. After a fence rank r
-computes its rows of that gradient over the node's batch, as one process would. A wide layer
-(``UnitsDense``) also splits forward and ``dx`` by units; a narrow one (``SharedDense``) runs
-them on this rank's samples.
-"""
+"""What node sharing does to a model: its buffers moved into the node's memory, and Dense
+layers whose ranks share the batch's ``x`` and ``dz`` (at small batches fewer values than the
+gradient ``x.T @ dz``), each rank then computing its rows of that gradient over the node's
+batch. A wide layer (``UnitsDense``) also splits forward and ``dx`` by units."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ from xpnn.nn.sequential import Sequential
 from xpnn.parallel.comm.shm import ALIGN, padded, share_bounds
 from xpnn.record.phases import WGRAD
 
-# Gradient rows start on pages: laid end to end, a row could start mid cache line.
-ROW_ALIGN_BYTES = 4096
+ROW_ALIGN_BYTES = 4096  # gradient rows start on pages: end to end, one could start mid line
 
 
 def param_layers(model: Any) -> list[Any]:
@@ -28,18 +23,18 @@ def param_layers(model: Any) -> list[Any]:
 
 
 def can_share_activations(model: Any) -> bool:
-    """Whether every layer with parameters is exactly a Dense (whose gradient is ``x.T @ dz``)
-    of a plain model (a pipeline stage runs backward once per micro-batch)."""
+    """Whether every layer with parameters is exactly a Dense (gradient ``x.T @ dz``) of a plain
+    model (a pipeline stage runs backward once per micro-batch)."""
     return type(model) is Sequential and all(type(lay) is Dense for lay in param_layers(model))
 
 
 def row_align(units: int) -> int:
-    """Cut ``W``'s rows at multiples of this, the fewest rows that start a share on a cache line."""
+    """The fewest rows of ``W`` that start a share on a cache line."""
     return ALIGN // math.gcd(units, ALIGN)
 
 
 def splits_units(units: int, local_size: int) -> bool:
-    """Whether the node's ranks split a Dense by units: each gets a cache line of every row."""
+    """Whether the node's ranks split a Dense by units (each a cache line of every row)."""
     return units >= ALIGN * local_size
 
 
@@ -87,13 +82,10 @@ class Placement:
         return [hi - lo for lo, hi in bounds]
 
     def begin(self, global_batch: int) -> None:
-        if global_batch == self._batch:
-            return
-        self._batch = global_batch
-        lengths = self.lengths(global_batch)
-        self.lo = sum(lengths[: self.me])
-        self.hi = self.lo + lengths[self.me]
-        self.total = sum(lengths)
+        if global_batch != self._batch:
+            self._batch, lengths = global_batch, self.lengths(global_batch)
+            self.lo, self.total = sum(lengths[: self.me]), sum(lengths)
+            self.hi = self.lo + lengths[self.me]
 
 
 class SharedDense(Dense):
@@ -109,10 +101,9 @@ class SharedDense(Dense):
         fan_in, units = self.params["W"].shape
         dtype = self.params["W"].dtype
         self.place, self.node = place, comm
-        # a layer below that splits its units leaves its output in shared memory already
-        self.inputs_shared = below is not None
+        self.inputs_shared = below is not None  # a layer below that splits its units: its output
         self.node_x = (
-            below.node_y if below is not None else comm.shared_zeros((samples, fan_in), dtype)
+            below.node_y if self.inputs_shared else comm.shared_zeros((samples, fan_in), dtype)
         )
         self.node_dz = comm.shared_zeros((samples, units), dtype)
         me, size = comm.local_rank, comm.local_size
@@ -163,8 +154,7 @@ class UnitsDense(SharedDense):
         """Training: my samples' outputs, once every rank computed its units."""
         if not ctx.train:
             return super().forward(x, ctx)
-        x = self.checked(x)
-        place = self.place
+        x, place = self.checked(x), self.place
         n = place.total
         if not self.inputs_shared:
             self.node_x[place.lo : place.hi] = x
@@ -176,8 +166,7 @@ class UnitsDense(SharedDense):
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         """``dz`` of my units, then (after a fence) ``dx`` of my inputs: into the layer below's
         ``dz`` if it splits its units too, else my samples' rows."""
-        place = self.place
-        n = place.total
+        place, n = self.place, self.place.total
         if not self.grads_shared:  # dy: my samples' rows
             self.node_dz[place.lo : place.hi] = dy
             self.node.fence()
@@ -202,8 +191,7 @@ class UnitsDense(SharedDense):
 
 
 def share_layers(model: Sequential, comm: Any, samples: int, place: Placement) -> None:
-    """Swap every Dense of the built ``model`` for its node-shared twin (the same views).
-    Collective: every rank allocates the shared arrays in the same order."""
+    """Swap every Dense of the built ``model`` for its node-shared twin (collective)."""
     below: Any = None  # the layer just below, if it splits its units
     for index, layer in enumerate(model.layers):
         if layer.initial:
@@ -221,8 +209,8 @@ def share_params(model: Any, comm: Any, grads: Array) -> None:
 
 
 def share_gradients(model: Any, comm: Any) -> Array:
-    """The node's gradient rows, one a rank, each starting on a page: this rank's becomes the
-    model's gradient, the parameters one copy a node (collective)."""
+    """The node's gradient rows, one a rank (this rank's the model's), each starting on a page;
+    the parameters one copy a node (collective)."""
     n, dtype = model.size, model.params.dtype
     stride = padded(n, ROW_ALIGN_BYTES // dtype.itemsize)
     rows = comm.shared_zeros((comm.local_size, stride), dtype)[:, :n]
@@ -231,9 +219,8 @@ def share_gradients(model: Any, comm: Any) -> Array:
 
 
 def share_activations(model: Sequential, comm: Any, batch_size: int) -> Placement:
-    """One copy of the parameters a node (each rank's gradient stays its own) and every Dense
-    swapped for its twin that shares the node's batch; where this rank's samples go there
-    (collective)."""
+    """One copy of the parameters a node (the gradients each rank's own), every Dense swapped for
+    its twin sharing the node's batch; where this rank's samples go there (collective)."""
     share_params(model, comm, model.grads)
     place = Placement(comm.node.allgather(comm.rank), comm.size, comm.local_rank)
     share_layers(model, comm, sum(place.lengths(batch_size)), place)  # the node's full batch

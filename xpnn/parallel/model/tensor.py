@@ -1,9 +1,8 @@
-"""Tensor parallelism, Megatron-LM's pairing: of each pair of layers that declare
-``tensor_split = "dense"`` the first is swapped for its column-split twin, the second for its
-row-split twin (one allreduce each way); one left over is replicated. Between a pair only
-``"elementwise"`` layers may stand, outside it ``"replicate"`` ones too. A composite layer
-declares its pairs of sublayers instead (``Layer.tensor_pairs``: attention heads, a
-transformer's MLP). Every rank draws the whole initial weights and keeps its slice."""
+"""Tensor parallelism, Megatron-LM's pairing: of each pair of layers declaring ``tensor_split =
+"dense"`` the first becomes its column-split twin, the second its row-split twin (one allreduce
+each way); one left over is replicated. Between a pair only ``"elementwise"`` layers may stand.
+A composite declares its pairs of sublayers instead (``Layer.tensor_pairs``). Every rank draws
+the whole initial weights and keeps its slice."""
 
 from __future__ import annotations
 
@@ -79,8 +78,7 @@ TWINS = {"dense": (ColumnDense, RowDense)}  # a declared split -> its (first, se
 
 
 def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
-    """Swap the sublayer pairs each layer declares in ``tensor_pairs`` (attention heads, a
-    transformer's MLP) for this rank's column- and row-split twins; the rest is replicated."""
+    """Swap the sublayer pairs declared in ``tensor_pairs`` for this rank's split twins."""
     for top in layers:
         for layer in list(top.walk()):
             for column, row, column_group, row_group in layer.tensor_pairs:
@@ -103,9 +101,8 @@ def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
 
 
 def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
-    """``layers`` with their pairs of splittable layers swapped for ``rank`` of ``size``'s
-    twins: the pairs composite layers declare (``tensor_pairs``), else the layers that declare
-    a ``tensor_split`` in turn; a layer that declares no split is refused, named."""
+    """``layers`` with their pairs swapped for ``rank`` of ``size``'s twins: those composites
+    declare, else the layers declaring a ``tensor_split``, in turn; others refused, named."""
     if any(inner.tensor_pairs for top in layers for inner in top.walk()):
         return split_declared(layers, rank, size)
     pairable = [i for i, layer in enumerate(layers) if layer.tensor_split in TWINS]

@@ -28,8 +28,7 @@ def portion(model: Any) -> Portion:
 
 
 def split_of(layer: Any, name: str) -> tuple[SplitDense, str] | None:
-    """The split layer (maybe a composite's) holding a slice of ``layer``'s ``name``, and its
-    name there; None where this rank holds all of it."""
+    """The split layer (maybe a composite's) holding a slice of ``layer``'s ``name``, its name."""
     while isinstance(layer, Chain) and "." in name:
         child, _, name = name.partition(".")
         layer = layer.children[child]
@@ -82,9 +81,8 @@ def whole_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
 
 
 def replicated_ranges(model: Any, part: int) -> list[tuple[int, int]]:
-    """[start, end) ranges of this rank's flat buffer holding parameters that another rank of
-    its replica holds too (tensor parallelism's unsplit ones), counted there, not here: on
-    every tensor part but the first (``part``, the plan's)."""
+    """[start, end) ranges of this rank's flat buffer holding parameters that tensor part 0 of
+    its replica holds too (unsplit ones), counted there, not here."""
     if part == 0:
         return []
     split, out, offset = split_params(model), [], 0

@@ -1,6 +1,6 @@
 """The Update contract, its buckets, and the schemes that need no node memory. Backward fills
-the flat gradients from the end, so buckets are cut from the end and each is allreduced once
-final (as PyTorch DDP's). Each rank scales by 1 / global batch, so the sum is the mean's."""
+the flat gradients from the end: buckets are cut from the end, each allreduced once final (as
+PyTorch DDP's); each rank scales by 1 / global batch, so the sum is the mean's."""
 
 from __future__ import annotations
 
@@ -47,13 +47,12 @@ class BucketCursor:
             yield self._next - 1
 
     def rewind(self) -> None:
-        """The step is over: the next one starts from the last bucket again."""
         self._next = 0
 
 
 class GradientBuckets:
-    """Launches each bucket's ``iallreduce_`` as soon as backward has filled it; ``wire``: the
-    buckets are sent in a narrower float (``wire.GradWire``), their sizes as they are sent."""
+    """Launches each bucket's ``iallreduce_`` once backward has filled it; ``wire``: sent in a
+    narrower float (``wire.GradWire``), sized as sent."""
 
     def __init__(self, grads: Array, comm: Any, bucket_bytes: int, wire: Any = None) -> None:
         self.grads, self.comm, self.wire = grads, comm, wire
@@ -107,30 +106,25 @@ class Update:
     name: str  # what the metrics call the scheme
     optimizer: Any  # its ``state`` is what checkpoints save
     grads_ready: Callable[[int], None] | None  # None: the scheme waits for ``finish``
-    restores_checkpoint: bool  # whether this rank writes a checkpoint's values (shared: one)
-    # whether every rank runs forward and backward even without samples (they split products)
-    needs_every_rank = False
-    # whether updates wait for the whole reduced gradient (clipping by the global norm needs it)
-    deferred = False
+    restores_checkpoint = True  # whether this rank writes a checkpoint's values (shared: one)
+    needs_every_rank = False  # every rank runs forward and backward, even without samples
+    deferred = False  # updates wait for the whole reduced gradient (clipping by its norm)
 
     def begin_step(self, global_batch: int) -> None:
         """A step over ``global_batch`` samples begins."""
 
     def whole_state(self) -> dict[str, Any]:
-        """The optimizer state over every parameter this rank holds (collective over the data
-        ranks where they hold shards of it): what a checkpoint saves."""
+        """What a checkpoint saves: the optimizer state over every parameter (collective)."""
         return self.optimizer.state
 
     def share_total(self, local: float) -> float:
-        """A sum over this rank's part of the reduced gradient made the replica's sum (the
-        ranks of a replica hold it whole here: nothing to add)."""
+        """A sum over this rank's part of the reduced gradient made the replica's sum."""
         return local
 
 
 class BucketedUpdate(Update):
-    """Gradient buckets reduced over the ranks as backward fills them (``_cut``); after
-    backward, each part of the optimizer (``_parts``) is updated right after the wait that
-    made it final, while its reduced gradients are still in cache."""
+    """Gradient buckets reduced as backward fills them (``_cut``); after backward, each part of
+    the optimizer (``_parts``) updated right after the wait that made it final (still in cache)."""
 
     def __init__(
         self,
@@ -144,13 +138,11 @@ class BucketedUpdate(Update):
         self.model, self.comm, self.deferred = model, comm, deferred
         self.buckets = self._cut(bucket_bytes, wire)
         bounds, parts = self.buckets.bounds, self._parts()  # both last first
-        # a part is final once the bucket holding its start (and those launched before) is
-        self.waits = [
+        self.waits = [  # a part is final once the buckets up to the one holding its start are
             next(i for i, (s, e) in enumerate(bounds) if s <= a < e) + 1 for a, _ in parts
         ]
         self.optimizer = self._optimizer(make_optimizer, parts)
         self.grads_ready = self.buckets.ready
-        self.restores_checkpoint = True  # every rank has its own buffers to fill
 
     def _cut(self, bucket_bytes: int, wire: Any) -> GradientBuckets:
         return GradientBuckets(self.model.grads, self.comm, bucket_bytes, wire)
@@ -203,7 +195,7 @@ class LayerwiseUpdate(Update):
     def _before_part(self, index: int) -> None:
         """Make bucket ``index``'s gradients final on this rank (nothing to do alone)."""
 
-    def _ready(self, offset: int) -> None:
+    def grads_ready(self, offset: int) -> None:
         """``grads[offset:]`` is final on this rank: update every bucket inside."""
         for i in self.cursor.finished(offset):
             if i == 0 and not self.deferred:  # the step's first bucket starts the step
@@ -217,7 +209,7 @@ class LayerwiseUpdate(Update):
 
     def finish(self) -> None:
         """Update what backward did not report (all of it, when a rank had no samples)."""
-        self._ready(0)
+        self.grads_ready(0)
         if self.deferred:  # every bucket is final: now the step
             self.optimizer.start_step()
             for index in range(len(self.cursor.bounds)):
@@ -237,8 +229,6 @@ class LocalUpdate(LayerwiseUpdate):
         bounds = layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)
         self.optimizer = make_optimizer(model.params, model.grads, [slice(*b) for b in bounds])
         self.cursor = BucketCursor(bounds)
-        self.grads_ready = self._ready
-        self.restores_checkpoint = True
 
     def broadcast_initial(self) -> None:
         """Nothing to send: one process."""

@@ -10,8 +10,7 @@ from xpnn.parallel.update.base import MIN_LAYER_BUCKET, BucketCursor, LayerwiseU
 
 
 class NodeSharedUpdate(LayerwiseUpdate):
-    """What the two schemes with one copy of the parameters per node have in common: the plan
-    has moved the model's parameters into the node's memory (``parallel.model.shared``)."""
+    """The schemes with one copy of the parameters a node (``parallel.model.shared`` moved them)."""
 
     wire: Any = None  # the gradients cross nodes in a narrower float (``wire.GradWire``)
 
@@ -45,8 +44,7 @@ class NodeSharedUpdate(LayerwiseUpdate):
 
 
 class SharedUpdate(NodeSharedUpdate):
-    """The ``mpi-shm`` scheme that shares gradients, the node's ``rows`` of them
-    (``parallel.model.shared.share_gradients``); built collectively by every rank."""
+    """The ``mpi-shm`` scheme sharing the node's gradient ``rows`` (collective)."""
 
     name = "shared gradients"
 
@@ -73,7 +71,6 @@ class SharedUpdate(NodeSharedUpdate):
         else:  # the optimizer sums the rows (kernels.sum_rows) before it updates
             grads = (self.own, *self.others) if self.others else self.own
         self.optimizer = make_optimizer(model.params, grads, self.shares, comm.shared_zeros)
-        self.grads_ready = self._ready
         comm.fence()
 
     def _before_part(self, index: int) -> None:

@@ -1,12 +1,8 @@
-"""The optimizer state sharded over the data-parallel ranks (ZeRO stage 1, as DeepSpeed's and
-FSDP's sharded optimizer): each rank keeps the state of one contiguous shard of the flat
-parameters, 1 / N of it. Each gradient bucket is reduce-scattered as backward fills it (as
-``AllreduceUpdate``'s buckets are allreduced): every rank receives the sum over its shard's
-piece of the bucket alone. Each rank updates its piece of a bucket as soon as the bucket is
-final, then starts that bucket's all-gather, which makes its parameters whole again on every
-rank while the later buckets are waited for and updated: a step sends one gradient's bytes,
-as the allreduce. A checkpoint holds the whole state (``whole_state``), so any rank count
-resumes it."""
+"""The optimizer state sharded over the data-parallel ranks (ZeRO stage 1): each rank keeps the
+state of one contiguous 1 / N shard of the flat parameters. Each gradient bucket is
+reduce-scattered as backward fills it; each rank updates its piece once the bucket is final and
+starts its all-gather while later buckets are waited for (one gradient's bytes a step, as the
+allreduce). A checkpoint holds the whole state, so any rank count resumes it."""
 
 from __future__ import annotations
 
@@ -42,10 +38,9 @@ class ScatteredBuckets(GradientBuckets):
 
 
 class ShardedOptimizer:
-    """The shard's optimizer (``inner``) as the trainer, the bucket loop and checkpoints see
-    it, as ChainerMN's multi-node optimizer wraps its own: its steps, rate and hooks are
-    ``inner``'s; ``state`` is laid out over every parameter for a checkpoint to load into,
-    allocated on first use and handed to the shard by ``ShardedUpdate.broadcast_initial``."""
+    """The shard's optimizer (``inner``) as the trainer and checkpoints see it (as ChainerMN's
+    wraps its own): ``state`` is laid out over every parameter for a checkpoint to load into,
+    then handed to the shard by ``ShardedUpdate.broadcast_initial``."""
 
     def __init__(self, inner: Any, n: int, bounds: tuple[int, int]) -> None:
         self.inner, self.n, self.bounds = inner, n, bounds
@@ -64,7 +59,7 @@ class ShardedOptimizer:
 
     @property
     def state(self) -> dict[str, Array]:
-        """Whole-model buffers of each state a checkpoint restores (zeros until it does)."""
+        """Whole-model buffers a checkpoint restores into (zeros until it does)."""
         if self._whole is None:
             xp = self.inner.kernels.xp
             dtype = self.inner.params.dtype
@@ -117,16 +112,15 @@ class ShardedUpdate(BucketedUpdate):
         self.optimizer.take_loaded()
 
     def _updated(self, count: int) -> None:
-        """Start the all-gather of each bucket below ``count`` not yet started (every rank
-        starts them in bucket order): its pieces are updated on every rank that holds one."""
+        """Start the all-gather of each bucket below ``count`` not yet started (in bucket order
+        on every rank): its pieces are updated everywhere."""
         for start, end in self.buckets.bounds[len(self._gathers) : count]:
             counts = self.buckets.counts[start]
             self._gathers.append(self.comm.iallgather_(self.model.params[start:end], counts))
 
     def finish(self) -> None:
-        """After backward: update this rank's shard bucket by bucket, each bucket's
-        parameters gathered meanwhile; whole on return (the gradients outside the shard are
-        left undefined)."""
+        """After backward: the shard updated and gathered bucket by bucket; the parameters whole
+        on return (the gradients outside the shard undefined)."""
         super().finish()
         for handle in self._gathers:
             handle.wait()

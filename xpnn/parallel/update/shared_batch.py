@@ -16,8 +16,7 @@ def activation_values(model: Any, batch_size: int) -> int:
 
 
 def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
-    """Whether to share activations: as asked, or (``auto``) when allowed and they hold fewer
-    values than one rank's gradient row (the memory traffic each scheme costs)."""
+    """As asked, or (``auto``) when allowed and fewer values than a rank's gradient row."""
     if node_share == "gradients":
         return False
     if not can_share_activations(model):
@@ -33,9 +32,8 @@ def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
 
 
 class SharedBatchUpdate(NodeSharedUpdate):
-    """The ``mpi-shm`` scheme that shares activations, over the layers the plan swapped for
-    their node-shared twins (``parallel.model.shared.share_activations``, which says where
-    this rank's samples go: ``place``); built collectively by every rank."""
+    """The ``mpi-shm`` scheme sharing activations, over the node-shared twins of the layers;
+    ``place``: where this rank's samples go (collective)."""
 
     name = "shared activations"
 
@@ -55,8 +53,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
         self.layers: list[list[SharedDense]] = [[] for _ in bounds]  # by bucket
         self.parts: list[list[int]] = [[] for _ in bounds]  # the optimizer's, by bucket
         parts: list[slice] = []  # two per layer: my rows of W, my share of b
-        # whether a bucket's gradients need a fence first (the same on every rank)
-        self.fence_first = [False for _ in bounds]
+        self.fence_first = [False] * len(bounds)  # before a bucket's gradients (on every rank)
         for index, layer in enumerate(model.layers):
             if not layer.initial:
                 continue
@@ -71,7 +68,6 @@ class SharedBatchUpdate(NodeSharedUpdate):
         self.needs_every_rank = any(lay.splits_units for bucket in self.layers for lay in bucket)
         self.optimizer = make_optimizer(model.params, model.grads, parts, comm.shared_zeros)
         self.my_grads = [model.grads[part] for part in parts]
-        self.grads_ready = self._ready
         comm.fence()
 
     def begin_step(self, global_batch: int) -> None:

@@ -1,8 +1,7 @@
-"""The data-parallel gradient exchange in a narrower float than the gradients (``grad_dtype``):
-each slice is cast into a buffer of its own, summed there by the transport, and cast back. For
-float16 the slice is first multiplied by the loss scale (its smallest normal value is 6e-5: the
-mean gradient's small entries would flush to zero) and divided by it after; a sum that
-overflows comes back infinite, and the loss scale's step check skips that step."""
+"""The gradient exchange in a narrower float (``grad_dtype``): each slice cast into a buffer of
+its own, summed there, and cast back. For float16 it is multiplied by the loss scale first (its
+smallest normal is 6e-5: small mean gradients would flush to zero); a sum that overflows comes
+back infinite, and the loss scale skips that step."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ GRAD_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def sends_gradients(comm: Any) -> bool:
-    """Whether the data-parallel update on ``comm`` sends gradients between ranks: a node's
-    ranks that share memory sum them there and send only across nodes."""
+    """Whether the update on ``comm`` sends gradients (node-shared ranks only across nodes)."""
     return comm.size > 1 and (not comm.node_memory or comm.nodes > 1)
 
 
