@@ -521,8 +521,8 @@ def check_spec(spec: RunSpec) -> None:
 
 
 def with_defaults(spec: RunSpec) -> RunSpec:
-    """``spec`` with each setting it leaves ``None`` that has a default given that default:
-    the one place they are chosen (a model's recipe, ``gpt_preset``, fills its own first)."""
+    """``spec`` with each setting it leaves ``None`` given its default: the one place they are
+    chosen (a model's recipe, ``gpt_preset``, fills its own first)."""
     unset = {
         name: s.fill(spec) if callable(s.fill) else s.fill
         for name, s in SETTINGS.items()
@@ -531,31 +531,20 @@ def with_defaults(spec: RunSpec) -> RunSpec:
     return dataclasses.replace(spec, **unset)
 
 
-def given_settings(spec: Any, given: Collection[str] | None = None) -> set[str]:
-    """The settings the caller chose: ``given`` where the caller says (the command line lists
-    the flags typed), else those of ``spec`` that differ from their defaults."""
-    if given is not None:
-        return set(given)
-    return {name for name, value in DEFAULTS.items() if getattr(spec, name) != value}
-
-
 def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, dict[str, Any]]:
-    """``spec`` with the GPT recipe filling what it leaves unset, and what was filled (name ->
-    value); ``spec`` itself for other models."""
+    """``spec`` with the GPT recipe filling the settings not ``given`` (default: those off their
+    defaults; the command line lists the flags typed), and what was filled."""
     if spec.model != "gpt":
         return spec, {}
-    given = given_settings(spec, given)
+    if given is None:
+        given = {name for name, value in DEFAULTS.items() if getattr(spec, name) != value}
     optimizer = spec.optimizer if "optimizer" in given else GPT_RECIPE["optimizer"]
     schedule = spec.schedule if "schedule" in given else GPT_RECIPE["schedule"]
-    applies = {name: name in HYPER_PARAMETERS[optimizer] for name in ("betas", "eps")}
-    applies["weight_decay"] = "weight_decay" in HYPER_PARAMETERS[optimizer]
+    takes = HYPER_PARAMETERS[optimizer]
+    applies = {name: name in takes for name in ("betas", "eps", "weight_decay")}
     applies |= {"warmup_steps": "warmup_epochs" not in given, "min_lr": schedule == "cosine"}
     applies["batch_size"] = "per_rank_batch" not in given
-    fill = {
-        name: value
-        for name, value in GPT_RECIPE.items()
-        if applies.get(name, True) and name not in given
-    }
+    fill = {k: v for k, v in GPT_RECIPE.items() if applies.get(k, True) and k not in given}
     return dataclasses.replace(spec, **fill), fill
 
 

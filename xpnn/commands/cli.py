@@ -110,16 +110,13 @@ def _info(as_json: bool) -> int:
 def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     """``python -m xpnn``; ``callbacks`` (``xpnn.train.Callback``) join the trainer's."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "plot":
-        return plot_main(argv[1:])
+    tools = {"plot": plot_main, "generate": generate_main, "trace": trace_main}
+    if argv and argv[0] in tools:
+        return tools[argv[0]](argv[1:])
     if argv and argv[0] == "bench":  # the benchmark suite, installed beside xpnn
         from bench.__main__ import main as bench_main
 
         return bench_main(argv[1:])
-    if argv and argv[0] == "generate":
-        return generate_main(argv[1:])
-    if argv and argv[0] == "trace":
-        return trace_main(argv[1:])
     if argv and argv[0] in ("plan", "explain", "calibrate"):
         from xpnn.commands.plan import main as planner_main
 
