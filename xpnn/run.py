@@ -165,6 +165,7 @@ def build_run(
     from xpnn.train.resume import start
     from xpnn.train.trace import observers
 
+    say = log or (lambda line: print(line, flush=True))
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
     # --model gpt: nanoGPT's recipe where spec is silent; then checked, the defaults filled
     given_spec = spec
@@ -178,7 +179,7 @@ def build_run(
         )
         chosen, line = world.allgather_obj(mine, "the sharing of what auto chose")[0]
         if world.rank == 0:
-            (log or print)(f"xpnn: {line}")
+            say(f"xpnn: {line}")
         chosen_spec = dataclasses.replace(given_spec, **chosen)
         spec, preset = agree_on_user_errors(world, lambda: resolve(chosen_spec, given))
     backend, data, model, cfg, plan = agree_on_user_errors(world, lambda: _setup(spec, world))
@@ -204,16 +205,8 @@ def build_run(
     stall.set_limits(spec.stall_warn, spec.stall_abort)  # for every wait of this process
 
     def trainer() -> Trainer:
-        say = log or (lambda line: print(line, flush=True))
-        own = run_callbacks(
-            say,
-            world.rank == 0,
-            metrics=spec.metrics,
-            save=spec.save,
-            checkpoint_dir=spec.checkpoint_dir,
-            keep_checkpoints=spec.keep_checkpoints,
-            progress=spec.progress,
-        )
+        outputs = ("metrics", "save", "checkpoint_dir", "keep_checkpoints", "progress")
+        own = run_callbacks(say, world.rank == 0, **{n: getattr(spec, n) for n in outputs})
         built = Trainer(
             model, data, backend, groups.world, cfg, say, groups, callbacks=[*own, *callbacks]
         )
@@ -338,41 +331,35 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         what = " with ".join(what) or f"`dataset` {spec.dataset}"
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
     check_text_model(spec, data)
+    name, shape, classes = model_name(spec.model), data.input_shape, data.num_classes
+    gpt_sizes = gpt_settings(spec)
     model = make_model(
-        spec.model,
-        data.input_shape,
-        data.num_classes,
-        spec.hidden,
-        spec.activation,
-        spec.loss,
-        gpt_sizes=gpt_settings(spec),
+        spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt_sizes=gpt_sizes
     )
     check_network(spec, data, backend)
     try:
-        model = plan.apply(model, data.input_shape, backend, spec.seed, world.rank, spec.model)
+        model = plan.apply(model, shape, backend, spec.seed, world.rank, spec.model)
     except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
-        what = f"`model` {model_name(spec.model)}"
-        if spec.model == "mlp":
-            what = f"`hidden` {','.join(map(str, spec.hidden))}"
+        hidden = f"`hidden` {','.join(map(str, spec.hidden))}"
+        what = hidden if spec.model == "mlp" else f"`model` {name}"
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     except (ValueError, TypeError, IndexError) as exc:  # a user's model that does not fit
         if spec.model in ("mlp", "cnn", "gpt"):
             raise
-        reason = f"{type(exc).__name__}: {exc}"
-        raise UserError(f"`model` {model_name(spec.model)}: {reason}") from exc
-    check_model(model, model_name(spec.model), built=True)
+        raise UserError(f"`model` {name}: {type(exc).__name__}: {exc}") from exc
+    check_model(model, name, built=True)
     if not isinstance(model, LayeredModel) and (spec.batch_threads > 1 or spec.precision != "fp32"):
-        what = f"`model` {model_name(spec.model)}: `batch_threads` and `precision`"
+        what = f"`model` {name}: `batch_threads` and `precision`"
         raise UserError(f"{what} run the layers of an xpnn.nn.Sequential; this model has none")
     if isinstance(model, LayeredModel) and portion(model).scores:  # it holds the output
         labels = tuple(data.y_test.shape[1:])
-        check_fits(model, model_name(spec.model), labels, data.num_classes, model.output_shape)
+        check_fits(model, name, labels, classes, model.output_shape)
     check_batch_threads(spec.batch_threads, threads, backend.name)
     plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
     replicas = plan.replicas  # the ranks that each take a share of the batch
     said = {name: getattr(spec, name) for name in ("dataset", "dtype", "precision", "loss")}
     said |= {"grad_dtype": spec.grad_dtype, "parallel": spec.parallel}
-    said |= {"model": model_name(spec.model), "model_ranks": plan.model_ranks}
+    said |= {"model": name, "model_ranks": plan.model_ranks}
     said["batch_threads"] = spec.batch_threads if spec.batch_threads > 1 else None
     said["activation"] = spec.activation if spec.model == "mlp" else None
     if plan.pipelined:  # as the stage settled them
