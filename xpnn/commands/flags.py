@@ -31,6 +31,8 @@ CHECKPOINT_SIGNAL = OUTPUTS(None, choices=SIGNALS, metavar="USR1")(
     "(``sbatch --signal=USR1@600``). Needs ``--checkpoint-dir``."
 ).metadata["setting"]
 DECLARED = {**SETTINGS, "checkpoint_signal": CHECKPOINT_SIGNAL}  # every training flag
+# Each parameter's flag: ``batch_size`` -> ``--batch-size``.
+FLAGS = {name: s.flag or f"--{name.replace('_', '-')}" for name, s in DECLARED.items()}
 
 
 class ArgError(Exception):
@@ -122,10 +124,6 @@ def _typed(read: Callable[[str], Any], auto: bool) -> Callable[[str], Any]:
     return parse
 
 
-def flag_of(name: str, s: Setting) -> str:
-    return s.flag or f"--{name.replace('_', '-')}"
-
-
 def _plain(markdown: str) -> str:
     """A declaration's words as ``--help`` says them: no code marks, a link's words alone."""
     return re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", markdown).replace("`", "").replace("%", "%%")
@@ -137,14 +135,14 @@ def _add(parser: argparse.ArgumentParser, name: str, s: Setting) -> None:
     if s.read == "resume":  # a switch that may say auto
         kw |= {"nargs": "?", "const": True, "default": False}
     elif isinstance(default, bool) or name == "recompute":  # a switch
-        parser.add_argument(flag_of(name, s), action="store_true", **kw)
+        parser.add_argument(FLAGS[name], action="store_true", **kw)
         return
     read = READERS.get(s.read) or (s.rule.read if s.rule else None)
     if read:
         kw["type"] = _typed(read, name in CHOSEN)
     if s.choices:
         kw["choices"] = [c for c in s.choices if c not in s.unoffered]
-    parser.add_argument(flag_of(name, s), metavar=s.metavar, **kw)
+    parser.add_argument(FLAGS[name], metavar=s.metavar, **kw)
 
 
 def build_info_parser() -> argparse.ArgumentParser:
@@ -167,10 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
         _add(p, name, s)
     p.set_defaults(**DEFAULTS)
     return p
-
-
-# Each parameter's flag: ``batch_size`` -> ``--batch-size``.
-FLAGS = {name: flag_of(name, s) for name, s in DECLARED.items()}
 
 
 def flag_words(text: str) -> str:
@@ -203,9 +197,8 @@ def settings_tables() -> dict[str, str]:
         if s.read == "resume":
             shape = f"[{shape}]"
         switch = isinstance(DEFAULTS.get(name), bool) and s.read != "resume"
-        cell = flag_of(name, s) if switch or name == "recompute" else f"{flag_of(name, s)} {shape}"
+        cell = FLAGS[name] if switch or name == "recompute" else f"{FLAGS[name]} {shape}"
         said = f"| `{cell}` | {s.said_default(DEFAULTS.get(name))} | {s.help} |"
-        row = re.sub("``", "`", said)
-        groups.setdefault(s.group, []).append(row)
+        groups.setdefault(s.group, []).append(re.sub("``", "`", said))
     head = "| Flag | Default | Meaning |\n|---|---|---|\n"
     return {group: head + "\n".join(rows) + "\n" for group, rows in groups.items()}
