@@ -169,7 +169,7 @@ def calibrate_main(argv: list[str]) -> int:
             raise UserError(f"--ranks {args.ranks}: expected comma-separated counts") from None
     shapes = set()
     models = args.models.split(",")
-    if not models or not set(models) <= {"mlp", "cnn", "gpt"}:
+    if not set(models) <= {"mlp", "cnn", "gpt"}:
         raise UserError(f"--models {args.models}: choose among mlp, cnn, gpt")
     specs = []
     for name in models:
@@ -177,10 +177,8 @@ def calibrate_main(argv: list[str]) -> int:
         if spec.model == "gpt":
             spec = replace(spec, dataset="tinyshakespeare")
         specs.append(spec)
-        batch = global_batch(spec)
-        for share in (1, 2, 4) if args.quick else (1, 2, 4, 8):
-            for g in work_of(spec).gemms():
-                shapes.add(g.at(math.ceil(batch / share)))
+        batch, shares = global_batch(spec), (1, 2, 4) if args.quick else (1, 2, 4, 8)
+        shapes |= {g.at(math.ceil(batch / s)) for s in shares for g in work_of(spec).gemms()}
     machine, path = calibrate(cores, sorted(shapes), args.quick, ranks)
     threads = (1, cores) if args.quick else tuple(range(1, cores + 1))
     for spec in specs:  # each preset's step beyond its products, on the chosen backend
