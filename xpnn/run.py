@@ -410,10 +410,9 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
         )
     if spec.model != "gpt" and is_text:
         raise UserError(f"`dataset` {spec.dataset}: a text data set trains `model` gpt")
-    sizes = gpt_settings(spec)
-    if spec.model == "gpt" and sizes["embed"] % sizes["heads"]:
+    if spec.model == "gpt" and spec.embed % spec.heads:
         raise UserError(
-            f"`heads` {sizes['heads']}: does not divide `embed` {sizes['embed']} "
+            f"`heads` {spec.heads}: does not divide `embed` {spec.embed} "
             "(each head takes an equal share of the embedding)"
         )
     if spec.model == "gpt" and spec.loss != "softmax_cross_entropy":
