@@ -179,7 +179,7 @@ def build_run(
         )
         chosen, line = world.allgather_obj(mine, "the sharing of what auto chose")[0]
         if world.rank == 0:
-            say(f"xpnn: {line}")
+            (log or print)(f"xpnn: {line}")
         chosen_spec = dataclasses.replace(given_spec, **chosen)
         spec, preset = agree_on_user_errors(world, lambda: resolve(chosen_spec, given))
     backend, data, model, cfg, plan = agree_on_user_errors(world, lambda: _setup(spec, world))

@@ -528,20 +528,31 @@ def with_defaults(spec: RunSpec) -> RunSpec:
     return dataclasses.replace(spec, **unset)
 
 
+def given_settings(spec: Any, given: Collection[str] | None = None) -> set[str]:
+    """The settings the caller chose: ``given`` where the caller says (the command line lists
+    the flags typed), else those of ``spec`` that differ from their defaults."""
+    if given is not None:
+        return set(given)
+    return {name for name, value in DEFAULTS.items() if getattr(spec, name) != value}
+
+
 def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, dict[str, Any]]:
-    """``spec`` with the GPT recipe filling the settings not ``given`` (default: those off their
-    defaults; the command line lists the flags typed), and what was filled."""
+    """``spec`` with the GPT recipe filling what it leaves unset, and what was filled (name ->
+    value); ``spec`` itself for other models."""
     if spec.model != "gpt":
         return spec, {}
-    if given is None:
-        given = {name for name, value in DEFAULTS.items() if getattr(spec, name) != value}
+    given = given_settings(spec, given)
     optimizer = spec.optimizer if "optimizer" in given else GPT_RECIPE["optimizer"]
     schedule = spec.schedule if "schedule" in given else GPT_RECIPE["schedule"]
     takes = HYPER_PARAMETERS[optimizer]
     applies = {name: name in takes for name in ("betas", "eps", "weight_decay")}
     applies |= {"warmup_steps": "warmup_epochs" not in given, "min_lr": schedule == "cosine"}
     applies["batch_size"] = "per_rank_batch" not in given
-    fill = {k: v for k, v in GPT_RECIPE.items() if applies.get(k, True) and k not in given}
+    fill = {
+        name: value
+        for name, value in GPT_RECIPE.items()
+        if applies.get(name, True) and name not in given
+    }
     return dataclasses.replace(spec, **fill), fill
 
 
