@@ -3,17 +3,13 @@ import."""
 
 import sys
 
-from xpnn.runtime.interrupts import (
-    catch_early_checkpoint_signal,
-    catch_early_interrupts,
-    forget_handled_interrupt,
-)
+from xpnn.runtime import interrupts
 
 
 def run() -> int:
     """The command line, with Ctrl-C handled from its first instant."""
-    catch_early_checkpoint_signal(sys.argv[1:])  # first: XPNN_HANDLER_MARK marks both in
-    catch_early_interrupts()
+    interrupts.catch_early_checkpoint_signal(sys.argv[1:])  # first: XPNN_HANDLER_MARK marks both in
+    interrupts.catch_early_interrupts()
     try:
         from xpnn.commands.cli import main
     except Exception as exc:  # noqa: BLE001 - a broken import, maybe on one rank: say it
@@ -24,7 +20,7 @@ def run() -> int:
 
     code = main()
     if code in (130, 143, 129, 131, 152):  # stopped by a signal, said and handled
-        forget_handled_interrupt()
+        interrupts.forget_handled_interrupt()
     return code
 
 

@@ -66,9 +66,8 @@ def launch(
     outcome: dict[str, Any] | None = None,
     given: Collection[str] | None = None,
 ) -> int:
-    """``run`` as an exit code (the command line's): the world, signals, and the guard that
-    turns a failure into one line and stops every rank with one code; ``given``: as
-    ``build_run``'s."""
+    """``run`` as an exit code (the command line's): a failure is one line, every rank stopping
+    with one code; ``given``: as ``build_run``'s."""
     # Loaded while the early handler only notes a Ctrl-C: one mid-import is an ImportError
     import numpy  # noqa: F401
 
@@ -89,7 +88,6 @@ def launch(
 
 
 def _problem(check: Callable[[], Any]) -> str | None:
-    """The line of the UserError ``check()`` raises, or None."""
     try:
         check()
     except UserError as exc:
@@ -161,20 +159,23 @@ def build_run(
     ``given``: the settings the user chose (default: those off their defaults), which a
     model's preset leaves alone."""
     from xpnn.runtime.failure import agree_on_user_errors
+    from xpnn.runtime.threads import node_cores
     from xpnn.train import Trainer
     from xpnn.train.callbacks import run_callbacks
     from xpnn.train.resume import start
     from xpnn.train.trace import observers
 
+    say = log or (lambda line: print(line, flush=True))
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
     # --model gpt: nanoGPT's recipe where spec is silent; then checked, the defaults filled
     given_spec = spec
     spec, preset = agree_on_user_errors(world, lambda: resolve(spec, given))
     chosen = None
     if auto.wanted(spec):  # chosen once, by rank 0, for every rank
-        resolved = spec
+        resolved, sizes = spec, (world.size, world.local_size)
         mine = agree_on_user_errors(
-            world, lambda: _choose_layout(resolved, world) if world.rank == 0 else None
+            world,
+            lambda: auto.resolve_auto(resolved, *sizes, node_cores()) if world.rank == 0 else None,
         )
         chosen, line = world.allgather_obj(mine, "the sharing of what auto chose")[0]
         if world.rank == 0:
@@ -204,16 +205,8 @@ def build_run(
     stall.set_limits(spec.stall_warn, spec.stall_abort)  # for every wait of this process
 
     def trainer() -> Trainer:
-        say = log or (lambda line: print(line, flush=True))
-        own = run_callbacks(
-            say,
-            world.rank == 0,
-            metrics=spec.metrics,
-            save=spec.save,
-            checkpoint_dir=spec.checkpoint_dir,
-            keep_checkpoints=spec.keep_checkpoints,
-            progress=spec.progress,
-        )
+        outputs = ("metrics", "save", "checkpoint_dir", "keep_checkpoints", "progress")
+        own = run_callbacks(say, world.rank == 0, **{n: getattr(spec, n) for n in outputs})
         built = Trainer(
             model, data, backend, groups.world, cfg, say, groups, callbacks=[*own, *callbacks]
         )
@@ -225,13 +218,6 @@ def build_run(
     # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a checkpoint may not fit
     # the network: user errors said once.
     return agree_on_user_errors(world, trainer)
-
-
-def _choose_layout(spec: RunSpec, world: Any) -> tuple[dict[str, Any], str]:
-    """What ``auto`` stands for in ``spec`` on ``world``, and the header line saying so."""
-    from xpnn.runtime.threads import node_cores
-
-    return auto.resolve_auto(spec, world.size, world.local_size, node_cores())
 
 
 def same_spec(spec: RunSpec, world: Any) -> None:
@@ -288,16 +274,14 @@ def resolve(spec: RunSpec, given: Collection[str] | None = None) -> tuple[RunSpe
 def train_config(
     spec: RunSpec, replicas: int = 1, n_train: int = 0, facts: Any = None
 ) -> TrainConfig:
-    """The trainer's settings (``xpnn.train.TrainConfig``) from ``spec``, checked and its
-    defaults filled: the global batch of ``replicas`` sharing ``n_train`` samples, ``lr``
-    scaled with ``lr_scaling`` linear."""
+    """The trainer's settings from ``spec``, checked and its defaults filled, for ``replicas``
+    sharing ``n_train`` samples."""
     check_spec(spec)
     return _train_config(with_defaults(spec), replicas, n_train, facts)
 
 
 def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> TrainConfig:
-    """``train_config`` of a resolved ``spec``: the hyper-parameters ``optimizer`` does not take
-    left out (a note says so)."""
+    """The hyper-parameters ``optimizer`` does not take are left out (a note says so)."""
     from xpnn.train import RunFacts, TrainConfig
 
     batch = global_batch(spec, replicas, n_train)
@@ -339,7 +323,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
             replicate=spec.replicate,
             synthetic_size=size,
             seed=spec.seed,
-            block=gpt_settings(spec)["block"],
+            block=spec.block,
         )
     except MemoryError as exc:  # replicate=100000000: NumPy says how much it wanted
         what = [f"`synthetic_size` {size}"] if spec.dataset == "synthetic" else []
@@ -347,41 +331,35 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         what = " with ".join(what) or f"`dataset` {spec.dataset}"
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
     check_text_model(spec, data)
+    name, shape, classes = model_name(spec.model), data.input_shape, data.num_classes
+    gpt_sizes = gpt_settings(spec)
     model = make_model(
-        spec.model,
-        data.input_shape,
-        data.num_classes,
-        spec.hidden,
-        spec.activation,
-        spec.loss,
-        gpt_sizes=gpt_settings(spec),
+        spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt_sizes=gpt_sizes
     )
     check_network(spec, data, backend)
     try:
-        model = plan.apply(model, data.input_shape, backend, spec.seed, world.rank, spec.model)
+        model = plan.apply(model, shape, backend, spec.seed, world.rank, spec.model)
     except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
-        what = f"`model` {model_name(spec.model)}"
-        if spec.model == "mlp":
-            what = f"`hidden` {','.join(map(str, spec.hidden))}"
+        hidden = f"`hidden` {','.join(map(str, spec.hidden))}"
+        what = hidden if spec.model == "mlp" else f"`model` {name}"
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     except (ValueError, TypeError, IndexError) as exc:  # a user's model that does not fit
         if spec.model in ("mlp", "cnn", "gpt"):
             raise
-        reason = f"{type(exc).__name__}: {exc}"
-        raise UserError(f"`model` {model_name(spec.model)}: {reason}") from exc
-    check_model(model, model_name(spec.model), built=True)
+        raise UserError(f"`model` {name}: {type(exc).__name__}: {exc}") from exc
+    check_model(model, name, built=True)
     if not isinstance(model, LayeredModel) and (spec.batch_threads > 1 or spec.precision != "fp32"):
-        what = f"`model` {model_name(spec.model)}: `batch_threads` and `precision`"
+        what = f"`model` {name}: `batch_threads` and `precision`"
         raise UserError(f"{what} run the layers of an xpnn.nn.Sequential; this model has none")
     if isinstance(model, LayeredModel) and portion(model).scores:  # it holds the output
         labels = tuple(data.y_test.shape[1:])
-        check_fits(model, model_name(spec.model), labels, data.num_classes, model.output_shape)
+        check_fits(model, name, labels, classes, model.output_shape)
     check_batch_threads(spec.batch_threads, threads, backend.name)
     plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
     replicas = plan.replicas  # the ranks that each take a share of the batch
     said = {name: getattr(spec, name) for name in ("dataset", "dtype", "precision", "loss")}
     said |= {"grad_dtype": spec.grad_dtype, "parallel": spec.parallel}
-    said |= {"model": model_name(spec.model), "model_ranks": plan.model_ranks}
+    said |= {"model": name, "model_ranks": plan.model_ranks}
     said["batch_threads"] = spec.batch_threads if spec.batch_threads > 1 else None
     said["activation"] = spec.activation if spec.model == "mlp" else None
     if plan.pipelined:  # as the stage settled them
@@ -410,15 +388,13 @@ def check_network(spec: RunSpec, data: Any, backend: Any) -> None:
 
 
 def gpt_settings(spec: RunSpec) -> dict[str, int]:
-    """The GPT's sizes of a resolved ``spec`` (``with_defaults``)."""
     from xpnn.nn.gpt import GPT_DEFAULTS
 
     return {name: getattr(spec, name) for name in GPT_DEFAULTS}
 
 
 def gpt_identity(spec: RunSpec, data: Any) -> dict[str, Any]:
-    """What a checkpoint of a GPT must say to be sampled from (``xpnn generate``) and resumed:
-    its sizes and vocabulary (``RunFacts.network`` adds the model's name)."""
+    """What a GPT's checkpoint must say to be sampled from (``xpnn generate``) and resumed."""
     if spec.model != "gpt":
         return {}
     return {**gpt_settings(spec), "vocab": data.vocab.chars}
@@ -434,10 +410,9 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
         )
     if spec.model != "gpt" and is_text:
         raise UserError(f"`dataset` {spec.dataset}: a text data set trains `model` gpt")
-    sizes = gpt_settings(spec)
-    if spec.model == "gpt" and sizes["embed"] % sizes["heads"]:
+    if spec.model == "gpt" and spec.embed % spec.heads:
         raise UserError(
-            f"`heads` {sizes['heads']}: does not divide `embed` {sizes['embed']} "
+            f"`heads` {spec.heads}: does not divide `embed` {spec.embed} "
             "(each head takes an equal share of the embedding)"
         )
     if spec.model == "gpt" and spec.loss != "softmax_cross_entropy":
@@ -445,9 +420,8 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
 
 
 def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -> list[str]:
-    """What rank 0 says before training: the network, the data, and how the run is spread
-    (over ``node_sizes``: the job's ranks on each node); ``asked``: the backend as given
-    (``auto`` is said beside the one it chose)."""
+    """What rank 0 says before training; ``node_sizes``: the job's ranks on each node;
+    ``asked``: the backend as given (``auto`` is said beside the one it chose)."""
     from xpnn.parallel.model.whole import is_spread, whole_size
     from xpnn.runtime.threads import describe_threads
     from xpnn.runtime.world import describe_ranks
@@ -548,9 +522,6 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
     return notes
 
 
-SHARED_GRADS = "one rank alone, or a node's ranks that share memory"
-
-
 def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[str, str]]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
     from xpnn.nn.models import model_name
@@ -558,44 +529,38 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
     from xpnn.parallel.update.wire import sends_gradients
 
     given = {n for n, value in DEFAULTS.items() if value is None and getattr(spec, n) is not None}
-    found = []
-    if "keep_checkpoints" in given and not spec.checkpoint_dir:
-        found.append(("`keep_checkpoints`", "without `checkpoint_dir`"))
-    if "data_dir" in given and spec.dataset == "synthetic":
-        found.append(("`data_dir`", "with `dataset` synthetic: its samples are generated"))
-    if "synthetic_size" in given and spec.dataset != "synthetic":
-        found.append(("`synthetic_size`", f"with `dataset` {spec.dataset}"))
+    found: list[tuple[str, str]] = []
+
+    def unused(names: Collection[str], ignored: bool, why: str) -> None:
+        found.extend((f"`{name}`", why) for name in names if name in given and ignored)
+
+    model, data = f"with `model` {model_name(spec.model)}", groups.data
+    synthetic = spec.dataset == "synthetic"
+    unused(["keep_checkpoints"], not spec.checkpoint_dir, "without `checkpoint_dir`")
+    unused(["data_dir"], synthetic, "with `dataset` synthetic: its samples are generated")
+    unused(["synthetic_size"], not synthetic, f"with `dataset` {spec.dataset}")
     if spec.comm not in ("auto", "self") and groups.world.size == 1:
         found.append((f"`comm` {spec.comm}", "on 1 rank: there is nothing to exchange"))
-    for name in ("hidden", "activation"):
-        if name in given and spec.model != "mlp":
-            found.append((f"`{name}`", f"with `model` {model_name(spec.model)}"))
-    for name in ("layers", "heads", "embed", "block"):
-        if name in given and spec.model != "gpt":
-            found.append((f"`{name}`", f"with `model` {model_name(spec.model)}"))
-    for name in ("microbatches", "pipeline_schedule", "recompute", "tensor_ranks"):
-        if name in given and not plan.pipelined:
-            found.append((f"`{name}`", "without `parallel` pipeline"))
-    for name in HYPERS:
-        if name in given and name not in HYPER_PARAMETERS[spec.optimizer]:
-            found.append((f"`{name}`", f"with `optimizer` {spec.optimizer}"))
-    if "min_lr" in given and spec.schedule != "cosine":
-        found.append(("`min_lr`", f"with `schedule` {spec.schedule}"))
-    if "eval_every" in given and spec.steps is None:
-        found.append(("`eval_every`", "without `steps`: each epoch ends with an evaluation"))
-    if "step_epochs" in given and spec.schedule != "step":
-        found.append(("`step_epochs`", f"with `schedule` {spec.schedule}"))
+    unused(["hidden", "activation"], spec.model != "mlp", model)
+    unused(["layers", "heads", "embed", "block"], spec.model != "gpt", model)
+    pipeline = ["microbatches", "pipeline_schedule", "recompute", "tensor_ranks"]
+    unused(pipeline, not plan.pipelined, "without `parallel` pipeline")
+    taken = HYPER_PARAMETERS[spec.optimizer]
+    unused([n for n in HYPERS if n not in taken], True, f"with `optimizer` {spec.optimizer}")
+    unused(["min_lr"], spec.schedule != "cosine", f"with `schedule` {spec.schedule}")
+    each_epoch = "without `steps`: each epoch ends with an evaluation"
+    unused(["eval_every"], spec.steps is None, each_epoch)
+    unused(["step_epochs"], spec.schedule != "step", f"with `schedule` {spec.schedule}")
     found += plan.unused()
-    if "model_ranks" in given and not plan.spread:
-        found.append(("`model_ranks`", "with `parallel` data: every rank holds the network"))
-    data = groups.data
-    where = f"with comm {data.name} on {data.size} rank(s)"
+    unused(["model_ranks"], not plan.spread, "with `parallel` data: every rank holds the network")
+    where, byte_buckets = f"with comm {data.name} on {data.size} rank(s)", uses_byte_buckets(data)
     if "bucket_mb" in given and data.size == 1 and plan.spread:
         found.append(("`bucket_mb`", f"with `parallel` {plan.mode}: no gradients are exchanged"))
-    elif "bucket_mb" in given and not uses_byte_buckets(data):
-        found.append(("`bucket_mb`", f"{where}: the update's buckets are cut at layers"))
-    if "node_share" in given and (data.size == 1 or uses_byte_buckets(data)):
-        found.append(("`node_share`", f"{where}: only mpi-shm shares a node's memory"))
-    if "grad_dtype" in given and not plan.spread and not sends_gradients(data):
-        found.append(("`grad_dtype`", f"{where}: no gradients are sent ({SHARED_GRADS})"))
+    else:
+        unused(["bucket_mb"], not byte_buckets, f"{where}: the update's buckets are cut at layers")
+    unshared = data.size == 1 or byte_buckets
+    unused(["node_share"], unshared, f"{where}: only mpi-shm shares a node's memory")
+    sent = plan.spread or sends_gradients(data)
+    shared = "one rank alone, or a node's ranks that share memory"
+    unused(["grad_dtype"], not sent, f"{where}: no gradients are sent ({shared})")
     return found

@@ -59,38 +59,35 @@ class Range:
         number = isinstance(value, int | float) and math.isfinite(value)
         if not self.whole and (not number or not self._low_ok(value)):
             return f"must be a finite number {bound}, got {value!r}"
-        if self.below is not None and value >= self.below:
-            return f"must be below {self.below:g}, got {value!r}"
-        if value > self.most:
-            return f"must be at most {self.most_said or f'{self.most:.10g}'}, got {value!r}"
-        return None
+        return self._high(value, repr(value))
 
     def read(self, text: str) -> int | float:
         """``text`` typed after a flag as its number; a ``ValueError`` in one line if not."""
-        if self.whole:
-            try:
-                value = int(text)
-            except ValueError:
-                raise ValueError(f"not an integer: {text!r}") from None
-            if self.low <= value <= self.most:
-                return value
-            if self.low == 0:
-                raise ValueError(f"must be from 0 to {self.most_said or self.most}, got {value}")
-            bound = f"at least {self.low}" if value < self.low else f"at most {self.most}"
-            raise ValueError(f"must be {bound}, got {value}")
         try:
-            number = float(text)
+            value = int(text) if self.whole else float(text)
         except ValueError:
-            raise ValueError(f"not a number: {text!r}") from None
-        if not self._low_ok(number):  # also refuses nan
+            kind = "an integer" if self.whole else "a number"
+            raise ValueError(f"not {kind}: {text!r}") from None
+        if self.whole:
+            if self.low == 0 and not 0 <= value <= self.most:
+                raise ValueError(f"must be from 0 to {self.most_said or self.most}, got {value}")
+            if value < self.low:
+                raise ValueError(f"must be at least {self.low}, got {value}")
+        elif not self._low_ok(value):  # also refuses nan
             raise ValueError(f"must be {'>' if self.above else '>='} {self.low:g}, got {text}")
-        if math.isinf(number):
+        elif math.isinf(value):
             raise ValueError(f"must be finite, got {text}")
-        if number > self.most:
-            raise ValueError(f"must be at most {self.most:.10g}, got {text}")
-        if self.below is not None and number >= self.below:
-            raise ValueError(f"must be below {self.below:g}, got {text}")
-        return number
+        problem = self._high(value, str(value) if self.whole else text)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    def _high(self, value: float, shown: str) -> str | None:
+        if self.below is not None and value >= self.below:
+            return f"must be below {self.below:g}, got {shown}"
+        if value > self.most:
+            return f"must be at most {self.most_said or f'{self.most:.10g}'}, got {shown}"
+        return None
 
     def _low_ok(self, value: float) -> bool:
         return value > self.low if self.above else value >= self.low
@@ -521,8 +518,8 @@ def check_spec(spec: RunSpec) -> None:
 
 
 def with_defaults(spec: RunSpec) -> RunSpec:
-    """``spec`` with each setting it leaves ``None`` that has a default given that default:
-    the one place they are chosen (a model's recipe, ``gpt_preset``, fills its own first)."""
+    """``spec`` with each setting it leaves ``None`` given its default: the one place they are
+    chosen (a model's recipe, ``gpt_preset``, fills its own first)."""
     unset = {
         name: s.fill(spec) if callable(s.fill) else s.fill
         for name, s in SETTINGS.items()
@@ -547,8 +544,8 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
     given = given_settings(spec, given)
     optimizer = spec.optimizer if "optimizer" in given else GPT_RECIPE["optimizer"]
     schedule = spec.schedule if "schedule" in given else GPT_RECIPE["schedule"]
-    applies = {name: name in HYPER_PARAMETERS[optimizer] for name in ("betas", "eps")}
-    applies["weight_decay"] = "weight_decay" in HYPER_PARAMETERS[optimizer]
+    takes = HYPER_PARAMETERS[optimizer]
+    applies = {name: name in takes for name in ("betas", "eps", "weight_decay")}
     applies |= {"warmup_steps": "warmup_epochs" not in given, "min_lr": schedule == "cosine"}
     applies["batch_size"] = "per_rank_batch" not in given
     fill = {

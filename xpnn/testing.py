@@ -40,12 +40,9 @@ def check_layer(
     backend: str = "numpy",
 ) -> Sequential:
     """Build ``layer`` on a float64 host backend (``numpy`` or ``torch``); compare dx and every
-    dparam with FD of the scalar ``sum(forward(x) * R)`` for a random R. The input and the
-    parameters are perturbed through NumPy views of the backend's arrays (zero copy on the CPU).
-
-    ``x_shape``: the input a built layer takes, where it differs from the shape it is built
-    against (a slice, under tensor parallelism); ``before_forward(layer)`` runs after build.
-    """
+    dparam with FD of ``sum(forward(x) * R)`` for a random R, perturbing NumPy views of the
+    backend's arrays. ``x_shape``: the input a built layer takes, where it differs from the
+    shape it is built against (a tensor-parallel slice); ``before_forward(layer)``: after build."""
     from xpnn.backends import get_backend
 
     arrays = get_backend(backend, "float64")

@@ -11,14 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from xpnn.commands.flags import (
-    ArgError,
-    build_info_parser,
-    build_parser,
-    flag_words,
-    to_spec,
-    typed_settings,
-)
+from xpnn.commands import flags
 from xpnn.commands.generate import main as generate_main
 from xpnn.commands.info import info_main, xpnn_version
 from xpnn.errors import UserError, user_message, worded
@@ -34,7 +27,7 @@ __all__ = ["main"]
 
 def _say(line: str, err: bool = False) -> None:
     try:
-        print(flag_words(line), file=sys.stderr if err else sys.stdout, flush=True)
+        print(flags.flag_words(line), file=sys.stderr if err else sys.stdout, flush=True)
     except BrokenPipeError:  # `| head`: stopped from outside, as failure words it
         raise
     except OSError as exc:  # a full disk under `> log`: say which stream failed
@@ -57,7 +50,7 @@ def train_main(
 
         callbacks = [CheckpointOnSignal(args.checkpoint_signal, args.checkpoint_dir), *callbacks]
     warn = functools.partial(_say, err=True)
-    return launch(to_spec(args), callbacks, log=_say, warn=warn, given=given)
+    return launch(flags.to_spec(args), callbacks, log=_say, warn=warn, given=given)
 
 
 def _start_up_failure(command: str, line: str) -> int:
@@ -110,16 +103,13 @@ def _info(as_json: bool) -> int:
 def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     """``python -m xpnn``; ``callbacks`` (``xpnn.train.Callback``) join the trainer's."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "plot":
-        return plot_main(argv[1:])
+    tools = {"plot": plot_main, "generate": generate_main, "trace": trace_main}
+    if argv and argv[0] in tools:
+        return tools[argv[0]](argv[1:])
     if argv and argv[0] == "bench":  # the benchmark suite, installed beside xpnn
         from bench.__main__ import main as bench_main
 
         return bench_main(argv[1:])
-    if argv and argv[0] == "generate":
-        return generate_main(argv[1:])
-    if argv and argv[0] == "trace":
-        return trace_main(argv[1:])
     if argv and argv[0] in ("plan", "explain", "calibrate"):
         from xpnn.commands.plan import main as planner_main
 
@@ -129,17 +119,17 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
         return 0
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
     launcher_pipe.write_stdout_into_launchers_pipe()  # `mpiexec ... | head`: see the module
-    parser = build_info_parser() if command == "info" else build_parser()
+    parser = flags.build_info_parser() if command == "info" else flags.build_parser()
     try:
         args = parser.parse_args(argv)
-        given = typed_settings(parser, argv) if command == "train" else None
-    except ArgError as exc:
+        given = flags.typed_settings(parser, argv) if command == "train" else None
+    except flags.ArgError as exc:
         return _start_up_failure(command, str(exc))
     except SystemExit as exc:  # -h: printed; an MPMD line's other ranks must hear of it
         if exc.code not in (0, None):
             raise
         return startup.help_given(command)
-    with worded(flag_words):  # every message printed from here names flags
+    with worded(flags.flag_words):  # every message printed from here names flags
         try:
             if command == "info":
                 hand_over(failure.Terminated)  # no run_guarded: Ctrl-C is for the except below

@@ -4,50 +4,24 @@ bubble and waiting for the slowest rank, and the largest gap named in one senten
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from xpnn.commands.inputs import Parser
+from xpnn.commands.inputs import Parser, machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.cost import Layout, Prediction, predict
+from xpnn.record.plot import read_epochs
 
-MAX_METRICS_BYTES = 256 << 20
-
-
-def read_metrics(path: str) -> list[dict[str, Any]]:
-    """The records of a metrics file (a regular file, at most ``MAX_METRICS_BYTES``)."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise UserError(f"explain {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise UserError(f"explain {path}: not a regular file")
-        raw = f.read(MAX_METRICS_BYTES + 1)
-    if len(raw) > MAX_METRICS_BYTES:
-        raise UserError(
-            f"explain {path}: larger than a metrics file ({MAX_METRICS_BYTES >> 20} MiB)"
-        )
-    records = []
-    for line in raw.decode("utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    if not any(r.get("event") in ("epoch", "eval") for r in records):
-        raise UserError(f"explain {path}: no epoch or evaluation record (an xpnn --metrics file?)")
-    return records
+PARTS = ("compute", "communication exposed", "communication hidden", "pipeline bubble")
+PARTS += ("waiting for other ranks",)
 
 
 def measured_step(records: list[dict[str, Any]]) -> tuple[dict[str, Any], float]:
-    """The last timed record and its seconds per step (global batch over the rate)."""
+    """The last timed record of a metrics file's ``epoch``/``eval`` records and its seconds per
+    step (global batch over the rate)."""
     timed = [r for r in records if r.get("event") in ("epoch", "eval") and r.get("samples_per_s")]
     if not timed:
         raise UserError("explain: no record with a rate (samples_per_s)")
@@ -71,8 +45,6 @@ def layout_of(record: dict[str, Any]) -> Layout:
 def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Prediction:
     """The prediction for the run ``record`` describes; ``flags``: the run's own model flags
     the record does not keep (``--hidden``, ``--layers``...), which win."""
-    from xpnn.commands.inputs import spec_from, work_of
-
     argv = ["--dataset", str(record.get("dataset", "synthetic"))]
     if record.get("model") in ("mlp", "cnn", "gpt"):
         argv += ["--model", record["model"]]
@@ -112,7 +84,7 @@ def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cor
                 f"a pipeline bubble of {100 * split['bubble']:.0f}% of the step: "
                 f"more --microbatches (now {layout.microbatches}) shrink it"
             )
-        exposed = split["communication_ms"] * (1 - (split.get("hidden") or 0.0))
+        exposed = _traced(split)[1]
         if exposed / step > 0.25:
             return (
                 f"communication exposed for {100 * exposed / step:.0f}% of the step: larger "
@@ -141,10 +113,11 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
         prog="python -m xpnn explain",
         epilog="Other flags are the run's own model flags the metrics do not keep (--hidden).",
     )
-    parser.add_argument("run", help="a --metrics file, or a --trace directory")
-    parser.add_argument("--trace", help="the run's --trace directory (with a metrics file)")
-    parser.add_argument("--metrics", help="the run's --metrics file (with a trace directory)")
-    parser.add_argument("--calibration", help="a calibration file (default: this machine's)")
+    add = parser.add_argument
+    add("run", help="a --metrics file, or a --trace directory")
+    add("--trace", help="the run's --trace directory (with a metrics file)")
+    add("--metrics", help="the run's --metrics file (with a trace directory)")
+    add("--calibration", help="a calibration file (default: this machine's)")
     args, flags = parser.parse_known_args(argv)
     metrics, trace = args.metrics, args.trace
     if os.path.isdir(args.run):
@@ -153,10 +126,8 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
         metrics = args.run
     if metrics is None:
         raise UserError("explain: give the run's --metrics file (and its --trace directory)")
-    from xpnn.commands.inputs import machine_for
-
     machine = machine_for(args.calibration)
-    record, measured = measured_step(read_metrics(metrics))
+    record, measured = measured_step(read_epochs(Path(metrics)))
     pred = prediction_for(record, machine, flags)
     split = trace_split(trace) if trace else None
     print(
@@ -165,35 +136,21 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
     print(f"{'':<28}{'measured ms':>12}{'predicted ms':>14}", file=out)
     print(f"{'step':<28}{1e3 * measured:>12.3f}{1e3 * pred.step:>14.3f}", file=out)
     compute = pred.forward + pred.wgrad + pred.dgrad + pred.elementwise + pred.optimizer
-    rows = [
-        ("compute", split["compute_ms"] - split["communication_ms"] if split else None, compute),
-        ("communication exposed", _exposed(split), pred.comm_exposed),
-        ("communication hidden", _hidden(split), pred.comm_hidden),
-        ("pipeline bubble", _bubble(split), pred.bubble),
-        ("waiting for other ranks", split["waiting_ms"] if split else None, pred.sync_wait),
-    ]
-    for name, seen, predicted in rows:
+    predicted = (compute, pred.comm_exposed, pred.comm_hidden, pred.bubble, pred.sync_wait)
+    for name, seen, want in zip(PARTS, _traced(split), predicted, strict=True):
         seen_text = f"{seen:>12.2f}" if seen is not None else f"{'-':>12}"
-        pred_text = f"{1e3 * predicted:>14.2f}" if predicted is not None else f"{'-':>14}"
+        pred_text = f"{1e3 * want:>14.2f}" if want is not None else f"{'-':>14}"
         print(f"{name:<28}{seen_text}{pred_text}", file=out)
     line = verdict(measured, pred, split, machine.cores)
     print(f"largest gap: {line}", file=out)
     return line
 
 
-def _exposed(split: dict[str, Any] | None) -> float | None:
+def _traced(split: dict[str, Any] | None) -> tuple[float | None, ...]:
+    """The traced step's compute, exposed and hidden communication, bubble and waiting, ms."""
     if not split:
-        return None
-    return split["communication_ms"] * (1 - (split.get("hidden") or 0.0))
-
-
-def _hidden(split: dict[str, Any] | None) -> float | None:
-    if not split:
-        return None
-    return split["communication_ms"] * (split.get("hidden") or 0.0)
-
-
-def _bubble(split: dict[str, Any] | None) -> float | None:
-    if not split or split.get("bubble") is None:
-        return None
-    return split["bubble"] * split["step_ms"]
+        return (None,) * 5
+    comm, hidden = split["communication_ms"], split.get("hidden") or 0.0
+    bubble = split["bubble"] * split["step_ms"] if split.get("bubble") is not None else None
+    compute = split["compute_ms"] - comm
+    return compute, comm * (1 - hidden), comm * hidden, bubble, split["waiting_ms"]

@@ -30,6 +30,9 @@ CHECKPOINT_SIGNAL = OUTPUTS(None, choices=SIGNALS, metavar="USR1")(
     "on bit for bit), and the job exits 75: a requeue script's cue to resubmit with ``--resume`` "
     "(``sbatch --signal=USR1@600``). Needs ``--checkpoint-dir``."
 ).metadata["setting"]
+DECLARED = {**SETTINGS, "checkpoint_signal": CHECKPOINT_SIGNAL}  # every training flag
+# Each parameter's flag: ``batch_size`` -> ``--batch-size``.
+FLAGS = {name: s.flag or f"--{name.replace('_', '-')}" for name, s in DECLARED.items()}
 
 
 class ArgError(Exception):
@@ -65,18 +68,6 @@ class _Parser(argparse.ArgumentParser):
                 if close:
                     return f"{line} (did you mean {close[0]}?)"
         return line
-
-
-def _typed(read: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``read``, its ``ValueError`` said as argparse says a bad flag's value."""
-
-    def parse(text: str) -> Any:
-        try:
-            return read(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -120,23 +111,22 @@ def _steps(text: str) -> str:
 READERS = {"sizes": _sizes, "rates": _rates, "path": _path, "resume": _resume, "steps": _steps}
 
 
-def _or_auto(read: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``read``, or the word ``auto``: the planner chooses (``xpnn.planner.auto``)."""
-    return lambda text: AUTO if text == AUTO else read(text)
+def _typed(read: Callable[[str], Any], auto: bool) -> Callable[[str], Any]:
+    """``read``, its ``ValueError`` said as argparse says a bad flag's value; with ``auto``, the
+    word ``auto`` too: the planner chooses (``xpnn.planner.auto``)."""
 
+    def parse(text: str) -> Any:
+        try:
+            return AUTO if auto and text == AUTO else read(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
-def flag_of(name: str, s: Setting) -> str:
-    return s.flag or f"--{name.replace('_', '-')}"
+    return parse
 
 
 def _plain(markdown: str) -> str:
     """A declaration's words as ``--help`` says them: no code marks, a link's words alone."""
     return re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", markdown).replace("`", "").replace("%", "%%")
-
-
-def _declared() -> dict[str, Setting]:
-    """Every training flag's declaration: the run's settings, then the command line's own."""
-    return {**SETTINGS, "checkpoint_signal": CHECKPOINT_SIGNAL}
 
 
 def _add(parser: argparse.ArgumentParser, name: str, s: Setting) -> None:
@@ -145,14 +135,14 @@ def _add(parser: argparse.ArgumentParser, name: str, s: Setting) -> None:
     if s.read == "resume":  # a switch that may say auto
         kw |= {"nargs": "?", "const": True, "default": False}
     elif isinstance(default, bool) or name == "recompute":  # a switch
-        parser.add_argument(flag_of(name, s), action="store_true", **kw)
+        parser.add_argument(FLAGS[name], action="store_true", **kw)
         return
     read = READERS.get(s.read) or (s.rule.read if s.rule else None)
     if read:
-        kw["type"] = _typed(_or_auto(read) if name in CHOSEN else read)
+        kw["type"] = _typed(read, name in CHOSEN)
     if s.choices:
         kw["choices"] = [c for c in s.choices if c not in s.unoffered]
-    parser.add_argument(flag_of(name, s), metavar=s.metavar, **kw)
+    parser.add_argument(FLAGS[name], metavar=s.metavar, **kw)
 
 
 def build_info_parser() -> argparse.ArgumentParser:
@@ -171,14 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
         "...). `python -m xpnn info` says what this machine offers: backends, devices, cores, "
         "the MPI library and whether it is CUDA-aware.",
     )
-    for name, s in _declared().items():
+    for name, s in DECLARED.items():
         _add(p, name, s)
     p.set_defaults(**DEFAULTS)
     return p
-
-
-# Each parameter's flag: ``batch_size`` -> ``--batch-size``.
-FLAGS = {name: flag_of(name, s) for name, s in _declared().items()}
 
 
 def flag_words(text: str) -> str:
@@ -206,14 +192,13 @@ def typed_settings(parser: argparse.ArgumentParser, argv: list[str]) -> frozense
 def settings_tables() -> dict[str, str]:
     """docs/cli.md's tables of the training flags, one a group (heading -> Markdown)."""
     groups: dict[str, list[str]] = {}
-    for name, s in _declared().items():
+    for name, s in DECLARED.items():
         shape = s.metavar or ("{" + ",".join(c for c in s.choices if c not in s.unoffered) + "}")
         if s.read == "resume":
             shape = f"[{shape}]"
         switch = isinstance(DEFAULTS.get(name), bool) and s.read != "resume"
-        cell = flag_of(name, s) if switch or name == "recompute" else f"{flag_of(name, s)} {shape}"
+        cell = FLAGS[name] if switch or name == "recompute" else f"{FLAGS[name]} {shape}"
         said = f"| `{cell}` | {s.said_default(DEFAULTS.get(name))} | {s.help} |"
-        row = re.sub("``", "`", said)
-        groups.setdefault(s.group, []).append(row)
+        groups.setdefault(s.group, []).append(re.sub("``", "`", said))
     head = "| Flag | Default | Meaning |\n|---|---|---|\n"
     return {group: head + "\n".join(rows) + "\n" for group, rows in groups.items()}

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends import BACKENDS
+from xpnn.commands.inputs import Parser
 from xpnn.errors import UserError
 
 
@@ -36,12 +37,17 @@ def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, 
         raise UserError(str(exc)) from None
 
 
+def _damaged(path: Path, why: str) -> Exception:
+    from xpnn.train.checkpoint import DamagedCheckpoint
+
+    return DamagedCheckpoint(f"{path}: damaged checkpoint ({why})")
+
+
 def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], str]:
-    """The GPT's sizes and vocabulary that ``meta.identity`` names, each checked against
-    what the file holds: a size no parameters of the file could fill is damage, and building
-    it would fill memory instead."""
+    """The GPT's sizes and vocabulary that ``meta.identity`` names, checked against what the
+    file holds: building sizes no parameters of the file could fill would fill memory."""
     from xpnn.nn.gpt import GPT_DEFAULTS
-    from xpnn.train.checkpoint import DamagedCheckpoint, _json_meta
+    from xpnn.train.checkpoint import _json_meta
 
     identity = _json_meta(path, arrays, "identity")
     if identity.get("model") != "gpt":
@@ -50,22 +56,18 @@ def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], s
     for name in GPT_DEFAULTS:
         value = identity.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise DamagedCheckpoint(
-                f"{path}: damaged checkpoint (meta.identity's {name} is {value!r})"
-            )
+            raise _damaged(path, f"meta.identity's {name} is {value!r}")
         sizes[name] = value
     if not isinstance(vocab, str) or not vocab:
-        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.identity's vocab is {vocab!r})")
-    embed, stored = (
-        sizes["embed"],
-        sum(int(v.size) for k, v in arrays.items() if not k.startswith("meta.")),
-    )
+        raise _damaged(path, f"meta.identity's vocab is {vocab!r}")
+    embed = sizes["embed"]
+    stored = sum(int(v.size) for k, v in arrays.items() if not k.startswith("meta."))
     least = embed * (len(vocab) + sizes["block"] + sizes["layers"] * embed)  # embeddings, blocks
     if embed % sizes["heads"] or least > stored:
-        raise DamagedCheckpoint(
-            f"{path}: damaged checkpoint (meta.identity's sizes {sizes} and vocabulary of "
-            f"{len(vocab)} need more than the {stored:,} values the file holds, or `heads` "
-            "does not divide `embed`)"
+        raise _damaged(
+            path,
+            f"meta.identity's sizes {sizes} and vocabulary of {len(vocab)} need more than the "
+            f"{stored:,} values the file holds, or `heads` does not divide `embed`",
         )
     return sizes, vocab
 
@@ -77,28 +79,21 @@ def _built(
     point and finite; else the file is damaged."""
     from xpnn.backends import get_backend
     from xpnn.nn.gpt import gpt
-    from xpnn.train.checkpoint import DamagedCheckpoint, check_finite
+    from xpnn.train.checkpoint import check_finite
 
     first = arrays.get("layer0.W")
     if first is None or first.dtype.kind != "f":
-        raise DamagedCheckpoint(
-            f"{path}: damaged checkpoint (layer0.W missing or not floating point)"
-        )
+        raise _damaged(path, "layer0.W missing or not floating point")
     backend = get_backend(backend_name, str(first.dtype))
     model = gpt(len(vocab), **sizes).build((sizes["block"],), backend, 0)
     params = model.named_params()
     for name, view in params.items():
         stored = arrays.get(name)
         if stored is None or stored.shape != tuple(view.shape):
-            raise DamagedCheckpoint(
-                f"{path}: damaged checkpoint (parameter {name} missing or of another shape than "
-                "meta.identity's sizes make)"
-            )
+            why = f"parameter {name} missing or of another shape than meta.identity's sizes make"
+            raise _damaged(path, why)
         if stored.dtype.kind != "f":
-            raise DamagedCheckpoint(
-                f"{path}: damaged checkpoint ({name} holds {stored.dtype} values, not "
-                "floating point)"
-            )
+            raise _damaged(path, f"{name} holds {stored.dtype} values, not floating point")
     check_finite(path, {name: arrays[name] for name in params})
     for name, view in params.items():
         view[...] = backend.asarray(arrays[name], dtype=view.dtype)
@@ -143,25 +138,19 @@ MOST_CHARS = 1_000_000  # a forward pass each: more is hours, and a typo's 10**2
 MOST_SEED = 2**64 - 1  # as training's --seed
 
 
-class _Parser(argparse.ArgumentParser):
-    """A bad value is one line naming the flag, not argparse's usage and its line."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(message.removeprefix("argument "))
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="python -m xpnn generate",
         description="Sample text from a --model gpt checkpoint (a file of --checkpoint-dir).",
         allow_abbrev=False,
     )
-    p.add_argument("checkpoint", help="a checkpoint-epochNNNN.npz file, or its directory")
-    p.add_argument("--chars", type=int, default=500, help="characters to write (default 500)")
-    p.add_argument("--temperature", type=float, default=1.0, help="> 0; lower is safer (1.0)")
-    p.add_argument("--seed", type=int, default=0, help="the draws' seed (default 0)")
-    p.add_argument("--prompt", default="\n", help="text to continue (default a newline)")
-    p.add_argument("--backend", choices=BACKENDS, default="numpy", help="(numpy)")
+    add = p.add_argument
+    add("checkpoint", help="a checkpoint-epochNNNN.npz file, or its directory")
+    add("--chars", type=int, default=500, help="characters to write (default 500)")
+    add("--temperature", type=float, default=1.0, help="> 0; lower is safer (1.0)")
+    add("--seed", type=int, default=0, help="the draws' seed (default 0)")
+    add("--prompt", default="\n", help="text to continue (default a newline)")
+    add("--backend", choices=BACKENDS, default="numpy", help="(numpy)")
     return p
 
 

@@ -94,11 +94,10 @@ def info_main(as_json: bool = False) -> int:
         f"cores: {data['cores']}{limited}; threads per rank by default: {data['threads_per_rank']}"
     )
     world = data["world"]
-    if world["size"] > 1 and len(world["node_sizes"]) > 1:
+    if world["size"] > 1:
         spread = describe_ranks(world["size"], tuple(world["node_sizes"]))
-        print(f"ranks: {world['size']} ({spread}; {world['local_size']} on this node)")
-    elif world["size"] > 1:
-        print(f"ranks: {world['size']} ({world['local_size']} on this node)")
+        spread = f"{spread}; " if len(world["node_sizes"]) > 1 else ""
+        print(f"ranks: {world['size']} ({spread}{world['local_size']} on this node)")
     mpi = data["mpi"]
     if isinstance(mpi, dict):
         print(f"MPI: {mpi['library']} (MPI {mpi['mpi_version']}, mpi4py {mpi['mpi4py']})")

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from xpnn.commands.inputs import Parser, global_batch, machine_for, spec_from, work_of
@@ -16,6 +17,7 @@ from xpnn.planner.choose import layouts, node_layouts
 from xpnn.planner.cost import Prediction, predict
 from xpnn.planner.machine import cache_path, calibrate, save
 from xpnn.planner.models import as_run
+from xpnn.record.plot import read_epochs
 
 MAX_RANKS = 64  # more ranks than this are not planned on one machine
 
@@ -27,22 +29,15 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         epilog="Any training flag (python -m xpnn --help) describes the run: --model, --hidden, "
         "--batch-size, --dataset, --dtype, --optimizer, --backend...",
     )
-    parser.add_argument("--ranks", type=int, default=None, help="plan up to N ranks (the cores)")
-    parser.add_argument("--calibration", default=None, help="plan for the machine this file holds")
-    parser.add_argument(
-        "--nodes", type=int, default=1, help="plan for N nodes like the calibrated one (1)"
-    )
-    parser.add_argument(
-        "--cores-per-node", type=int, default=None, help="cores of each node (the calibration's)"
-    )
-    parser.add_argument("--json", action="store_true", help="every plan, its flags and costs")
-    parser.add_argument("--top", type=int, default=12, help="plans printed (12)")
-    parser.add_argument(
-        "--measure", type=int, default=0, help="run the K fastest, the middle and the slowest"
-    )
-    parser.add_argument(
-        "--measure-steps", type=int, default=20, help="steps each measured run trains (20)"
-    )
+    add = parser.add_argument
+    add("--ranks", type=int, help="plan up to N ranks (the cores)")
+    add("--calibration", help="plan for the machine this file holds")
+    add("--nodes", type=int, default=1, help="plan for N nodes like the calibrated one (1)")
+    add("--cores-per-node", type=int, help="cores of each node (the calibration's)")
+    add("--json", action="store_true", help="every plan, its flags and costs")
+    add("--top", type=int, default=12, help="plans printed (12)")
+    add("--measure", type=int, default=0, help="run the K fastest, the middle and the slowest")
+    add("--measure-steps", type=int, default=20, help="steps each measured run trains (20)")
     own, rest = parser.parse_known_args(argv)
     if own.top < 1 or own.measure < 0 or own.measure_steps < 2:
         raise UserError("--top >= 1, --measure >= 0 and --measure-steps >= 2, please")
@@ -80,13 +75,13 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         for layout in candidates
     ]
     found.sort(key=lambda p: p.step)
-    if not machine.measured:
-        pass
-    elif own.calibration is None:
+    if machine.measured and own.calibration is None:
         save(machine, cache_path(machine.key))  # the products measured on the way
     measured = measure_plans(found, rest, own.measure, own.measure_steps) if own.measure else {}
     if own.json:
-        rows = [p.to_json() | _measured_json(measured.get(i)) for i, p in enumerate(found)]
+        rows = [p.to_json() for p in found]
+        for i, seconds in measured.items():
+            rows[i] |= {} if seconds is None else {"measured_step_s": seconds}
         json.dump(rows, out, indent=1)
         out.write("\n")
         return found
@@ -133,6 +128,7 @@ def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
     import subprocess
     import tempfile
 
+    from xpnn.commands.explain import measured_step
     from xpnn.planner.machine import mpiexec_path
 
     every = max(1, steps // 2)
@@ -145,20 +141,9 @@ def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
             command = [mpiexec_path(), "-n", str(pred.layout.ranks), *command]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-        except (OSError, subprocess.TimeoutExpired):
+            return measured_step(read_epochs(Path(metrics)))[1] if done.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired, UserError):
             return None
-        if done.returncode != 0 or not os.path.exists(metrics):
-            return None
-        with open(metrics, encoding="utf-8") as f:
-            evals = [r for r in map(json.loads, f) if r.get("event") == "eval"]
-    if not evals:
-        return None
-    last = evals[-1]
-    return float(last["global_batch"]) / float(last["samples_per_s"])
-
-
-def _measured_json(seconds: float | None) -> dict[str, Any]:
-    return {} if seconds is None else {"measured_step_s": seconds}
 
 
 def calibrate_main(argv: list[str]) -> int:
@@ -166,12 +151,11 @@ def calibrate_main(argv: list[str]) -> int:
         prog="python -m xpnn calibrate",
         description="Measure this machine once for the planner (cached per host and libraries).",
     )
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 1 min)")
-    parser.add_argument("--ranks", default=None, help="rank counts to time collectives on (2,4)")
-    parser.add_argument(
-        "--models", default="mlp,cnn,gpt", help="the presets whose products to time (mlp,cnn,gpt)"
-    )
-    parser.add_argument("--backend", default=None, help="the backend whose kernels to time")
+    add = parser.add_argument
+    add("--quick", action="store_true", help="fewer sizes and repeats (< 1 min)")
+    add("--ranks", help="rank counts to time collectives on (2,4)")
+    add("--models", default="mlp,cnn,gpt", help="the presets whose products to time (mlp,cnn,gpt)")
+    add("--backend", help="the backend whose kernels to time")
     args = parser.parse_args(argv)
     from xpnn.runtime.threads import node_cores
 
@@ -185,7 +169,7 @@ def calibrate_main(argv: list[str]) -> int:
             raise UserError(f"--ranks {args.ranks}: expected comma-separated counts") from None
     shapes = set()
     models = args.models.split(",")
-    if not models or not set(models) <= {"mlp", "cnn", "gpt"}:
+    if not set(models) <= {"mlp", "cnn", "gpt"}:
         raise UserError(f"--models {args.models}: choose among mlp, cnn, gpt")
     specs = []
     for name in models:
@@ -193,10 +177,8 @@ def calibrate_main(argv: list[str]) -> int:
         if spec.model == "gpt":
             spec = replace(spec, dataset="tinyshakespeare")
         specs.append(spec)
-        batch = global_batch(spec)
-        for share in (1, 2, 4) if args.quick else (1, 2, 4, 8):
-            for g in work_of(spec).gemms():
-                shapes.add(g.at(math.ceil(batch / share)))
+        batch, shares = global_batch(spec), (1, 2, 4) if args.quick else (1, 2, 4, 8)
+        shapes |= {g.at(math.ceil(batch / s)) for s in shares for g in work_of(spec).gemms()}
     machine, path = calibrate(cores, sorted(shapes), args.quick, ranks)
     threads = (1, cores) if args.quick else tuple(range(1, cores + 1))
     for spec in specs:  # each preset's step beyond its products, on the chosen backend
