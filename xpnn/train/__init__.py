@@ -1,17 +1,12 @@
 """Training: the ``Trainer`` loop and the callbacks that extend it."""
 # isort: skip_file
 
-from xpnn.train.callbacks import Callback, Checkpoints, EpochLog, FaultInjection
-from xpnn.train.callbacks import MetricsFile, PhaseTimer, ProgressBar, SaveParameters
-from xpnn.train.trainer import RunFacts, TrainConfig, Trainer, TrainingDiverged
-from xpnn.train.trainer import warmup_steps
+from xpnn.train.callbacks import Callback, Checkpoints, EpochLog, FaultInjection, MetricsFile
+from xpnn.train.callbacks import PhaseTimer, ProgressBar, SaveParameters
+from xpnn.train.graph import Recorder
+from xpnn.train.trace import Trace
+from xpnn.train.trainer import RunFacts, TrainConfig, Trainer, TrainingDiverged, warmup_steps
 
 __all__ = ["Callback", "Checkpoints", "EpochLog", "FaultInjection", "MetricsFile", "PhaseTimer"]
-__all__ += ["ProgressBar", "TrainConfig", "Trainer", "TrainingDiverged"]
-__all__ += ["RunFacts", "SaveParameters", "warmup_steps"]
-from xpnn.train.trace import Trace  # noqa: E402 -- after the callbacks it extends
-
-__all__ += ["Trace"]
-from xpnn.train.graph import Recorder  # noqa: E402 -- the trainer's replayed step records
-
-__all__ += ["Recorder"]
+__all__ += ["ProgressBar", "Recorder", "RunFacts", "SaveParameters", "Trace", "TrainConfig"]
+__all__ += ["Trainer", "TrainingDiverged", "warmup_steps"]

@@ -1,6 +1,4 @@
-"""The callbacks a run is made of besides its loop (``Callback``, in ``trainer.py``): the
-metrics file, the epoch log, the progress bar, checkpoints, the saved parameters, fault
-injection and the step-phase timer; each acts on every rank (one that writes checks
+"""The callbacks a run is made of besides its loop, on every rank (one that writes checks
 ``trainer.is_root``)."""
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from xpnn.runtime.threads import describe_threads
 from xpnn.train import metrics_file
 from xpnn.train.checkpoint import KEEP_CHECKPOINTS, atomic_savez
 from xpnn.train.midepoch import partial_of, write_checkpoint
-from xpnn.train.trainer import Callback, Trainer
+from xpnn.train.trainer import Callback, Trainer, finite
 
 
 class MetricsFile(Callback):
@@ -86,34 +84,30 @@ class EpochLog(Callback):
             )
 
     def on_train_end(self, trainer: Trainer, r: dict[str, Any]) -> None:
-        if trainer.is_root and r["event"] == "done" and "steps" in r and trainer.cfg.steps:
+        if trainer.is_root and r["event"] == "done":
+            made = f"{r['steps']} steps" if trainer.cfg.steps else f"{r['epochs']} epochs"
             self.log(
-                f"done: {r['steps']} steps, test_acc {r['test_acc']:.4f}, "
-                f"{r['total_seconds']:.1f} s training, {r['params']:,} parameters"
-            )
-        elif trainer.is_root and r["event"] == "done":
-            self.log(
-                f"done: {r['epochs']} epochs, test_acc {r['test_acc']:.4f}, "
+                f"done: {made}, test_acc {r['test_acc']:.4f}, "
                 f"{r['total_seconds']:.1f} s training, {r['params']:,} parameters"
             )
 
 
 class ProgressBar(Callback):
-    """tqdm's bar over an epoch's steps, on rank 0's terminal."""
+    """tqdm's bar over an epoch's steps (by ``steps``: the run's), on rank 0's terminal."""
 
     bar: Any = None
 
-    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+    def _open(self, total: int, desc: str) -> None:
         from tqdm import tqdm
 
-        total = trainer.steps_per_epoch
-        self.bar = tqdm(total=total, desc=f"epoch {epoch + 1}", leave=False, unit="batch")
+        self.bar = tqdm(total=total, desc=desc, leave=False, unit="batch")
+
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
+        self._open(trainer.steps_per_epoch, f"epoch {epoch + 1}")
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
-        if self.bar is None:  # training by steps: one bar over the run's steps
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=trainer.cfg.steps, desc="steps", leave=False, unit="batch")
+        if self.bar is None:
+            self._open(trainer.cfg.steps, "steps")
         self.bar.update()
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
@@ -122,28 +116,25 @@ class ProgressBar(Callback):
 
     def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+            self.on_epoch_end(trainer, record)
 
 
 class Checkpoints(Callback):
-    """After every epoch, rank 0 writes the whole network and optimizer state (gathered)."""
+    """After every epoch (by ``steps``: evaluation), rank 0 writes the whole network and
+    optimizer state (gathered)."""
 
     def __init__(self, directory: str, keep: int = KEEP_CHECKPOINTS) -> None:
         self.directory, self.keep = directory, keep
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        if not all(math.isfinite(record[k]) for k in ("train_loss", "test_loss")):
-            return  # a diverged epoch is never checkpointed
-        write_checkpoint(trainer, self.directory, self.keep, record["epoch"])
+        if finite(record):
+            write_checkpoint(trainer, self.directory, self.keep, record["epoch"])
 
     def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """Training by ``steps``: a checkpoint at every evaluation, its span just recorded."""
-        if not all(math.isfinite(record[k]) for k in ("train_loss", "test_loss")):
-            return
-        epochs = record["step"] // trainer.steps_per_epoch
-        partial = partial_of("steps", [], 0.0, [0.0, 0.0])  # the next span starts afresh
-        write_checkpoint(trainer, self.directory, self.keep, epochs, partial)
+        if finite(record):
+            partial = partial_of("steps", [], 0.0, [0.0, 0.0])  # the next span starts afresh
+            epochs = record["step"] // trainer.steps_per_epoch
+            write_checkpoint(trainer, self.directory, self.keep, epochs, partial)
 
 
 class SaveParameters(Callback):
@@ -186,46 +177,39 @@ def run_callbacks(
 class FaultInjection(Callback):
     """``XPNN_FAIL_AT=RANK:STEP`` makes that rank raise at that step (for the fault tests)."""
 
-    def __init__(self, rank: int, step: int) -> None:
-        self.rank, self.step = rank, step
+    VARIABLE, FORM, EXAMPLE, KINDS = "XPNN_FAIL_AT", "RANK:STEP", "1:3", (int, int)
 
-    def on_step_begin(self, trainer: Trainer, step: int) -> None:
-        if (trainer.comm.rank, step) == (self.rank, self.step):
-            raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
-
-    @classmethod
-    def from_env(cls) -> FaultInjection | None:
-        spec = os.environ.get("XPNN_FAIL_AT")
-        if not spec:
-            return None
-        rank, _, step = spec.partition(":")
-        if not (rank.strip().isdigit() and step.strip().isdigit()):
-            raise UserError(f"XPNN_FAIL_AT={spec}: expected RANK:STEP, e.g. 1:3")
-        return cls(int(rank), int(step))
-
-
-class PauseInjection(Callback):
-    """``XPNN_SLEEP_AT=RANK:STEP:SECONDS`` (the stall tests): that rank sleeps before that step."""
-
-    def __init__(self, rank: int, step: int, seconds: float) -> None:
+    def __init__(self, rank: int, step: int, seconds: float = 0.0) -> None:
         self.rank, self.step, self.seconds = rank, step, seconds
 
     def on_step_begin(self, trainer: Trainer, step: int) -> None:
         if (trainer.comm.rank, step) == (self.rank, self.step):
-            time.sleep(self.seconds)
+            self.act(step)
+
+    def act(self, step: int) -> None:
+        raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
 
     @classmethod
-    def from_env(cls) -> PauseInjection | None:
-        spec = os.environ.get("XPNN_SLEEP_AT")
+    def from_env(cls) -> FaultInjection | None:
+        spec = os.environ.get(cls.VARIABLE)
         if not spec:
             return None
-        parts = spec.split(":")
         try:
-            return cls(int(parts[0]), int(parts[1]), float(parts[2]))
-        except (IndexError, ValueError):
+            return cls(*(kind(part) for kind, part in zip(cls.KINDS, spec.split(":"), strict=True)))
+        except ValueError:
             raise UserError(
-                f"XPNN_SLEEP_AT={spec}: expected RANK:STEP:SECONDS, e.g. 1:3:5"
+                f"{cls.VARIABLE}={spec}: expected {cls.FORM}, e.g. {cls.EXAMPLE}"
             ) from None
+
+
+class PauseInjection(FaultInjection):
+    """``XPNN_SLEEP_AT=RANK:STEP:SECONDS`` (the stall tests): that rank sleeps before that step."""
+
+    VARIABLE, FORM, EXAMPLE = "XPNN_SLEEP_AT", "RANK:STEP:SECONDS", "1:3:5"
+    KINDS = (int, int, float)
+
+    def act(self, step: int) -> None:
+        time.sleep(self.seconds)
 
 
 class PhaseTimer(Callback):
@@ -237,12 +221,13 @@ class PhaseTimer(Callback):
         self.trainer: Trainer | None = None
         self._current: dict[str, float] | None = None
         self._open: dict[str, tuple[int, float]] = {}  # phase -> (depth, start)
-        self._sync: Any = None
+        self._sync: Any = lambda: None
         self._t0 = 0.0
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self._sync = trainer.backend.synchronize if trainer.backend.is_gpu else None
+        if trainer.backend.is_gpu:
+            self._sync = trainer.backend.synchronize
         phases.listen(self._mark)
 
     def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
@@ -250,13 +235,11 @@ class PhaseTimer(Callback):
 
     def on_step_begin(self, trainer: Trainer, step: int) -> None:
         self._current = dict.fromkeys(phases.PHASES, 0.0)
-        if self._sync:
-            self._sync()
+        self._sync()
         self._t0 = time.perf_counter()
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
-        if self._sync:
-            self._sync()
+        self._sync()
         assert self._current is not None
         self._current["step"] = time.perf_counter() - self._t0
         self.steps.append(self._current)
@@ -268,13 +251,11 @@ class PhaseTimer(Callback):
         depth, start = self._open.get(name, (0, 0.0))
         if entering:
             if depth == 0:
-                if self._sync:
-                    self._sync()
+                self._sync()
                 start = time.perf_counter()
             self._open[name] = (depth + 1, start)
             return
         if depth == 1:
-            if self._sync:
-                self._sync()
+            self._sync()
             self._current[name] += time.perf_counter() - start
         self._open[name] = (depth - 1, start)

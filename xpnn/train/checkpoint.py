@@ -26,11 +26,9 @@ from xpnn.parallel.model.whole import own_piece, whole_shapes, whole_size
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write to a file without a name in ``path``'s directory (Linux's ``O_TMPFILE``; else a
-    temporary name beside it), name it when it is whole, and rename: a crash never leaves half
-    a file, and a writer killed mid-write (``kill -9``, hydra's SIGKILL) leaves nothing at all.
-    A symbolic link of this user is followed: the file it names is replaced, the link stays;
-    another user's (planted in a shared directory) is refused."""
+    """Write a file without a name beside ``path`` (``O_TMPFILE``; else a temporary name), name
+    it when whole, and rename: a crash never leaves half a file, a ``kill -9`` mid-write nothing.
+    This user's symbolic link is followed (its file replaced); another user's is refused."""
     if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
         raise UserError(f"{path}: a symbolic link of another user; xpnn writes no file through it")
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
@@ -41,7 +39,9 @@ def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
     try:
         if fd is None:  # a file system without unnamed files: named from the start
             fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from the group
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 would hide it from the group
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
             _injected_fault()
@@ -58,8 +58,8 @@ def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
 
 
 def _unnamed_file(directory: Path) -> int | None:
-    """A file open for writing in ``directory`` that has no name yet, or None where the system
-    or the file system has none (not Linux, NFS, no ``/proc`` to name it through)."""
+    """A file open for writing in ``directory`` without a name, or None where there is none
+    (not Linux, NFS, no ``/proc`` to name it through)."""
     flag = getattr(os, "O_TMPFILE", None)
     if flag is None or not os.path.isdir("/proc/self/fd"):
         return None
@@ -86,16 +86,14 @@ def _link_unnamed(fd: int, path: Path) -> str:
 
 
 def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable (POSIX); where a directory cannot be opened (Windows), skip."""
-    try:
-        fd = os.open(directory or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):  # some file systems refuse fsync on a directory
+    """Make a rename durable (POSIX); skipped where a directory cannot be opened (Windows) or
+    synced (some file systems)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
             os.fsync(fd)
-    finally:
-        os.close(fd)
+        finally:
+            os.close(fd)
 
 
 def _injected_fault() -> None:
@@ -105,12 +103,6 @@ def _injected_fault() -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     if spec.startswith("sleep:"):
         time.sleep(float(spec.removeprefix("sleep:")))
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 # what a --checkpoint-dir holds: after an epoch, or mid-epoch (its run's steps in all)
@@ -132,22 +124,15 @@ def save_checkpoint(
     partial: dict[str, Any] | None = None,
 ) -> Path:
     """Write host ``params``, optimizer ``state`` (state -> name -> array), what a resume must
-    match, the ``settings`` it may change but is told about, and fp16's ``loss_scale``.
-    ``partial``: written between two epochs' ends, after ``step`` steps in all
-    (``xpnn.train.midepoch``)."""
+    match or is told about, fp16's ``loss_scale`` and ``partial``, a span's running sums."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
-    for name, value in (("epoch", epoch), ("step", step), ("seed", seed)):
-        arrays[f"meta.{name}"] = np.array(value)
-    if dataset:
-        arrays["meta.dataset"] = np.array(dataset)
-    said = (("settings", settings), ("identity", identity), ("loss_scale", loss_scale))
-    for name, value in said:
-        if value:
-            arrays[f"meta.{name}"] = np.array(json.dumps(value, sort_keys=True))
-    if partial is not None:
-        arrays["meta.partial"] = np.array(json.dumps(partial, sort_keys=True))
+    meta = {"epoch": epoch, "step": step, "seed": seed, "dataset": dataset or None}
+    arrays |= {f"meta.{k}": np.array(v) for k, v in meta.items() if v is not None}
+    said = {"settings": settings, "identity": identity, "loss_scale": loss_scale}
+    said = {k: v for k, v in said.items() if v} | ({"partial": partial} if partial else {})
+    arrays |= {f"meta.{k}": np.array(json.dumps(v, sort_keys=True)) for k, v in said.items()}
     Path(directory).mkdir(parents=True, exist_ok=True)
     mid = f"-step{step:08d}" if partial is not None else ""
     path = Path(directory) / f"checkpoint-epoch{epoch:04d}{mid}.npz"
@@ -167,14 +152,10 @@ def refuse_other_runs(directory: str | os.PathLike) -> None:
 def remove_unfinished(
     directory: str | os.PathLike, name: str = "checkpoint-epoch*.npz"
 ) -> list[Path]:
-    """Delete and return the temporary files a killed run left of the files ``name`` (a glob):
-    only names ``atomic_savez`` makes (a user's ``final.npz.backup.tmp`` stays), and only those
-    no process on this host holds open (another live job's write in progress stays)."""
-    left = [
-        path
-        for path in sorted(Path(directory).glob(f"{name}.*.tmp"))
-        if TEMPORARY_NAME.fullmatch(path.name)
-    ]
+    """Delete and return the temporary files ``atomic_savez`` left of the files ``name`` (a
+    glob) that no process on this host holds open (a user's ``final.npz.backup.tmp`` stays)."""
+    found = sorted(Path(directory).glob(f"{name}.*.tmp"))
+    left = [path for path in found if TEMPORARY_NAME.fullmatch(path.name)]
     if left:
         from xpnn.runtime.segments import files_in_use
 
@@ -186,8 +167,7 @@ def remove_unfinished(
 
 
 def checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """The checkpoints in ``directory``, oldest first (by number: 10000 after 9999; one written
-    mid-epoch after its epoch's start and before its end)."""
+    """The checkpoints in ``directory``, oldest first (by number: 10000 after 9999)."""
     found = {}
     for p in Path(directory).glob("checkpoint-epoch*.npz"):
         if match := CHECKPOINT_NAME.fullmatch(p.name):
@@ -204,9 +184,7 @@ KEEP_CHECKPOINTS = 2  # the newest, and one before it in case the newest is dama
 
 
 def prune_checkpoints(directory: str | os.PathLike, keep: int) -> list[Path]:
-    """Delete and return all but the ``keep`` newest checkpoints (0: none), the newest whole."""
-    if keep < 0:
-        raise ValueError(f"keep: must be >= 0, got {keep}")
+    """Delete and return all but the ``keep`` (>= 0) newest checkpoints (0: none)."""
     doomed = checkpoints(directory)[:-keep] if keep else []
     for path in doomed:
         path.unlink(missing_ok=True)
@@ -217,43 +195,41 @@ class DamagedCheckpoint(UserError):
     """No checkpoint xpnn could have written (not another run's): the one before may do."""
 
 
+def damaged(path: Any, why: Any, what: str = "damaged checkpoint") -> DamagedCheckpoint:
+    return DamagedCheckpoint(f"{path}: {what} ({why})")
+
+
+def unreadable(path: Any, why: Any) -> DamagedCheckpoint:
+    return damaged(path, why, "not a readable checkpoint")
+
+
 MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a later epoch
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every array of the ``.npz`` file ``path``, never running pickled code, nor reading a
-    device or a pipe (``/dev/zero`` never ends, a FIFO never answers) or more than memory."""
-    _regular_and_fits(path)
+    device, a pipe (``/dev/zero`` never ends) or more than memory."""
+    from xpnn.data.files import memory_bytes
+
+    info = os.stat(path)  # FileNotFoundError is the caller's to word
+    if not stat.S_ISREG(info.st_mode):
+        raise damaged(path, "not a regular file", "not an xpnn checkpoint")
+    if (have := memory_bytes()) is not None and info.st_size > have:
+        raise unreadable(path, f"{info.st_size:,} bytes, more than this machine's memory")
     try:
         if not zipfile.is_zipfile(path):
             with open(path, "rb") as fh:
                 if fh.read(4) != b"PK\x03\x04":  # not even the start of a zip archive
-                    raise DamagedCheckpoint(f"{path}: not an xpnn checkpoint (not an .npz file)")
-            raise DamagedCheckpoint(f"{path}: not a readable checkpoint (cut short or damaged)")
+                    raise damaged(path, "not an .npz file", "not an xpnn checkpoint")
+            raise unreadable(path, "cut short or damaged")
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         if "pickle" in str(exc):  # an object array inside the archive
             exc = "holds pickled objects, which are never loaded"
-        raise DamagedCheckpoint(f"{path}: not a readable checkpoint ({exc})") from None
+        raise unreadable(path, exc) from None
     except MemoryError:  # an array header that claims terabytes: damaged, or not xpnn's
-        raise DamagedCheckpoint(
-            f"{path}: not a readable checkpoint (an array larger than this machine's memory)"
-        ) from None
-
-
-def _regular_and_fits(path: str | os.PathLike) -> None:
-    from xpnn.data.files import memory_bytes
-
-    info = os.stat(path)  # FileNotFoundError is the caller's to word
-    if not stat.S_ISREG(info.st_mode):
-        raise DamagedCheckpoint(f"{path}: not an xpnn checkpoint (not a regular file)")
-    have = memory_bytes()
-    if have is not None and info.st_size > have:
-        raise DamagedCheckpoint(
-            f"{path}: not a readable checkpoint ({info.st_size:,} bytes, more than this "
-            "machine's memory)"
-        )
+        raise unreadable(path, "an array larger than this machine's memory") from None
 
 
 def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
@@ -262,12 +238,10 @@ def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
     if value is None:
         raise UserError(f"{path}: not an xpnn checkpoint (no meta.{name})")
     if value.shape != () or value.dtype.kind not in "iu" or (name != "seed" and int(value) < 0):
-        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.{name} is {value.tolist()!r})")
+        raise damaged(path, f"meta.{name} is {value.tolist()!r}")
     if name == "epoch" and int(value) > MOST_EPOCHS:
-        raise DamagedCheckpoint(
-            f"{path}: damaged checkpoint (meta.epoch is {int(value)}, past the most --epochs "
-            f"a run takes, {MOST_EPOCHS})"
-        )
+        why = f"meta.epoch is {int(value)}, past the most --epochs a run takes, {MOST_EPOCHS}"
+        raise damaged(path, why)
     return int(value)
 
 
@@ -278,54 +252,43 @@ def check_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
             continue
         if not np.isfinite(value).all():
             bad = int(value.size - np.count_nonzero(np.isfinite(value)))
-            raise DamagedCheckpoint(
-                f"{path}: damaged checkpoint ({key} holds {bad:,} value(s) that are NaN or "
-                "infinite)"
-            )
+            raise damaged(path, f"{key} holds {bad:,} value(s) that are NaN or infinite")
 
 
-def _same_run(
-    path: Path,
-    arrays: dict[str, np.ndarray],
-    seed: int | None,
-    steps_per_epoch: int | None,
-    dataset: str | None,
-    identity: dict[str, Any] | None = None,
-) -> tuple[int, int]:
-    """The file's (epoch, step), once its run is shown to be this one, as far as given."""
+def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[int, int]:
+    """The file's (epoch, step), once its run is shown to be ``trainer``'s."""
+    seed, steps_per_epoch, dataset = trainer.cfg.seed, trainer.steps_per_epoch, trainer.data.name
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
     scaled = _loss_scale(path, arrays)
     skipped = scaled["skipped"] if scaled else 0  # fp16: steps whose update overflowed
     if step + skipped < epoch:  # every epoch makes at least one step
-        raise DamagedCheckpoint(
-            f"{path}: damaged checkpoint (meta.step {step} is fewer than meta.epoch {epoch})"
-        )
-    if seed is not None and stored_seed != seed:
+        raise damaged(path, f"meta.step {step} is fewer than meta.epoch {epoch}")
+    if stored_seed != seed:
         raise UserError(
             f"{path}: written by a run with `seed` {stored_seed}, this one has `seed` {seed}"
         )
     stored = arrays.get("meta.dataset")
     if stored is not None and (stored.shape != () or stored.dtype.kind != "U"):
-        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.dataset is {stored.tolist()!r})")
+        raise damaged(path, f"meta.dataset is {stored.tolist()!r}")
     if dataset and stored is not None and str(stored) != dataset:
         raise UserError(
             f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
         )
     done = step + skipped  # batches trained
     mid = "meta.partial" in arrays  # written mid-epoch: some of the next epoch's steps made
-    if steps_per_epoch is not None and mid and done // steps_per_epoch != epoch:
+    if mid and done // steps_per_epoch != epoch:
         raise UserError(
             f"{path}: written by a run that made {done} steps, {epoch} epoch(s) and part of "
             f"the next, this one makes {steps_per_epoch} an epoch (another global batch, "
             "`replicate` or data set?)"
         )
-    if steps_per_epoch is not None and not mid and done != epoch * steps_per_epoch:
+    if not mid and done != epoch * steps_per_epoch:
         raise UserError(
             f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
             f"makes {steps_per_epoch} an epoch (another global batch, `replicate` or data set?)"
         )
-    stored_identity = _json_meta(path, arrays, "identity")
-    for key in sorted(stored_identity.keys() & (identity or {}).keys()):
+    stored_identity, identity = _json_meta(path, arrays, "identity"), trainer.identity()
+    for key in sorted(stored_identity.keys() & identity.keys()):
         if stored_identity[key] != identity[key]:
             what, hint = IDENTITY_WORDS.get(key, (f"--{key}", ""))
             raise UserError(
@@ -345,25 +308,16 @@ IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``
 NON_NEGATIVE = {"optim.v.": "Adam's second moment (a mean of squared gradients)"}
 
 
-def load_checkpoint(
-    path: Path,
-    model: Any,
-    optimizer: Any,
-    restore_arrays: bool = True,
-    seed: int | None = None,
-    steps_per_epoch: int | None = None,
-    dataset: str | None = None,
-    identity: dict[str, Any] | None = None,
-) -> tuple[int, int, dict[str, Any]]:
-    """Restore this rank's part of the parameters and optimizer state; returns (epochs, steps,
-    the file's settings). ``restore_arrays=False``: a node's other rank fills the buffers."""
-    arrays = read_npz(path)
+def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]:
+    """Restore this rank's part of ``trainer``'s parameters and optimizer state from its run's
+    checkpoint ``path``; returns (epochs, steps, the file's settings)."""
+    model, optimizer, arrays = trainer.model, trainer.optimizer, read_npz(path)
     if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
         raise UserError(
             f"{path}: written by an older xpnn (one flat buffer per optimizer state, before "
             "checkpoints named the state per parameter); resume it with that version"
         )
-    epoch, step = _same_run(path, arrays, seed, steps_per_epoch, dataset, identity)
+    epoch, step = _same_run(path, arrays, trainer)
     targets = [("", "parameter", "", model.named_views(model.params))]
     targets += [
         (f"optim.{state}.", "optimizer state", " (another `optimizer`?)", model.named_views(buf))
@@ -378,18 +332,14 @@ def load_checkpoint(
                     f"{path}: {what} {prefix}{key} missing or of another shape than the model{hint}"
                 )
             if stored.dtype.kind != "f":  # strings, complex, booleans: the file is damaged
-                raise DamagedCheckpoint(
-                    f"{path}: damaged checkpoint ({prefix}{key} holds {stored.dtype} values, "
-                    "not floating point)"
-                )
+                why = f"{prefix}{key} holds {stored.dtype} values, not floating point"
+                raise damaged(path, why)
     check_finite(path, arrays)
     for key, value in arrays.items():
         state = next((p for p in NON_NEGATIVE if key.startswith(p)), None)
         if state and (value < 0).any():
-            raise DamagedCheckpoint(
-                f"{path}: damaged checkpoint ({key} holds negative values, where "
-                f"{NON_NEGATIVE[state]} is never below 0)"
-            )
+            why = f"{key} holds negative values, where {NON_NEGATIVE[state]} is never below 0"
+            raise damaged(path, why)
     # and nothing more: a layer or an optimizer state that the network does not have
     stored = sum(v.size for k, v in arrays.items() if not k.startswith(("optim.", "meta.")))
     if stored != whole_size(model):
@@ -403,7 +353,7 @@ def load_checkpoint(
             f"{path}: optimizer state {', '.join(states) or 'none'}, but this `optimizer` keeps "
             f"{', '.join(sorted(optimizer.state)) or 'none'} (another `optimizer`?)"
         )
-    if restore_arrays:
+    if trainer.update.restores_checkpoint:  # else a node's other rank fills the buffers
         for prefix, _, _, views in targets:
             for key, view in views.items():
                 piece = own_piece(model, key, arrays[prefix + key])
@@ -422,25 +372,26 @@ def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str
     except ValueError:
         value = None
     if stored.dtype.kind != "U" or not isinstance(value, dict):
-        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.{name} is {stored.tolist()!r})")
+        raise damaged(path, f"meta.{name} is {stored.tolist()!r}")
     return value
 
 
 LOSS_SCALE_KEYS = {"scale": float, "good_steps": int, "skipped": int}
 
 
-def stored_loss_scale(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The loss scale (``scale``, ``good_steps``, ``skipped``) a run with fp16 loss scaling
-    saved in checkpoint ``path``; None where it saved none (another precision, or a file from
-    before checkpoints held it). Reads that one entry only."""
+def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
+    """``meta.<name>`` of checkpoint ``path``, read alone: {key: array}, or {} where none."""
+    key = f"meta.{name}"
     try:
         with np.load(path, allow_pickle=False) as data:
-            if "meta.loss_scale" not in data.files:
-                return None
-            arrays = {"meta.loss_scale": data["meta.loss_scale"]}
+            return {key: data[key]} if key in data.files else {}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise DamagedCheckpoint(f"{path}: not a readable checkpoint ({exc})") from None
-    return _loss_scale(Path(path), arrays)
+        raise unreadable(path, exc) from None
+
+
+def stored_loss_scale(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The loss scale fp16 loss scaling saved in checkpoint ``path`` (None: none saved)."""
+    return _loss_scale(Path(path), meta_entry(path, "loss_scale"))
 
 
 def _loss_scale(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any] | None:
@@ -449,16 +400,13 @@ def _loss_scale(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any] | N
         return None
     state = _json_meta(path, arrays, "loss_scale")
     for key, kind in LOSS_SCALE_KEYS.items():
-        value = state.get(key)
-        good = isinstance(value, int | float) and not isinstance(value, bool)
+        value = state.get(key)  # a JSON number: int or float, never a subclass
         if kind is int:
-            good = good and isinstance(value, int) and value >= 0
+            good = type(value) is int and value >= 0
         else:
-            good = good and math.isfinite(value) and value > 0
+            good = type(value) in (int, float) and math.isfinite(value) and value > 0
         if not good:
-            raise DamagedCheckpoint(
-                f"{path}: damaged checkpoint (meta.loss_scale's {key} is {value!r})"
-            )
+            raise damaged(path, f"meta.loss_scale's {key} is {value!r}")
     return state
 
 

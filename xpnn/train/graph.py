@@ -1,16 +1,10 @@
 """The training step replayed as a captured graph (``cuda_graph``; CUDA graphs on CuPy): the
-backend records one step's device work, the later steps of the same batch shape replay it.
-
-What stays on the host, outside the recording: the step's inputs, copied into static device
-buffers (the samples' indices), the step's numbers (the learning rate, Adam's bias
-corrections, dropout's keys), copied into ``StepScalars`` that the recorded kernels read, the
-optimizer's bookkeeping (``advance``), and, with several replicas, the gradient exchange:
-forward and backward are one recording, the update another, the exchange runs between them.
-Clipping by the global norm is recorded, on the device (``Optimizer.clip_on_device``). The
-loss and the count of correct predictions stay on the device, as in an eager step. The
-first step runs the same functions eagerly, the second records them. A step of another shape
-(a partial last batch), a traced one, or one after a recording failed runs eagerly; a line
-says so once."""
+backend records one step's device work, later steps of the same batch shape replay it.
+The host keeps, outside the recording: the inputs (copied into static device buffers), the
+step's numbers (copied into the ``StepScalars`` the kernels read), the optimizer's
+``advance``, and with several replicas the gradient exchange, between the recorded forward
+and backward and the recorded update. Steps of another shape, traced ones and those after a
+failed recording run eagerly; a line says so once."""
 
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ Capture = Callable[[Callable[[], None]], Callable[[], None]]
 def graph_unavailable(trainer: Any) -> str | None:
     """Why this trainer's step cannot be replayed as a graph (None: it can)."""
     cfg = trainer.cfg
-    reason = trainer.backend.capture_unavailable()
-    if reason is not None:
+    if (reason := trainer.backend.capture_unavailable()) is not None:
         return reason
     if cfg.plan.spread:
         return f"`parallel` {cfg.plan.mode} exchanges activations inside the step"
@@ -55,8 +48,7 @@ def graph_step(trainer: Any) -> GraphStep | None:
     mode = trainer.cfg.cuda_graph
     if mode == "off":
         return None
-    reason = graph_unavailable(trainer)
-    if reason is None:
+    if (reason := graph_unavailable(trainer)) is None:
         return GraphStep(trainer, trainer.backend.capture)
     if mode == "on":
         raise UserError(f"`cuda_graph` on: {reason}")
@@ -64,10 +56,9 @@ def graph_step(trainer: Any) -> GraphStep | None:
 
 
 class Recorder:
-    """The functions that make up a step (``fns``; the host's work runs between them): the
-    first step runs them eagerly, as they will be recorded (which builds their kernels and
-    pools their memory outside the recording), the second records them, later ones replay
-    them. While they run, the kernels read the step's numbers from ``scalars``."""
+    """The functions that make up a step (``fns``; the host's work runs between them), run
+    eagerly by the first step (building kernels and pooling memory outside the recording),
+    recorded by the second, replayed by later ones; their kernels read ``scalars``."""
 
     def __init__(
         self, capture: Capture, optimizer: Any, scalars: StepScalars, fns: list[Callable[[], None]]
@@ -79,9 +70,8 @@ class Recorder:
         self.rehearsed = False
 
     def begin(self, step: int) -> list[Callable[[], None]]:
-        """The host's side of ``step`` (the optimizer's bookkeeping, the numbers copied to
-        the device) and the functions to call in turn: eager, or replays. Records them at
-        the second step; ``CaptureFailed`` before anything of the step has run."""
+        """The host's side of ``step`` and the functions to call in turn, eager or replays
+        (recorded at the second step; ``CaptureFailed`` before anything of the step ran)."""
         if self.rehearsed and self.replays is None:
             self.replays = [self.capture(fn) for fn in self.fns]
         self.optimizer.advance()  # clipping, if any, is the recorded functions' (on device)
@@ -93,8 +83,7 @@ class Recorder:
         return runs
 
     def _replayable(self, fn: Callable[[], None]) -> Callable[[], None]:
-        """``fn`` with the kernels reading the step's numbers from the device: the optimizer's
-        ``start_step`` then leaves its bookkeeping to ``begin`` and clips on the device."""
+        """``fn`` with the optimizer's kernels reading the step's numbers from the device."""
 
         def replayable() -> None:
             opt = self.optimizer
@@ -110,9 +99,8 @@ class Recorder:
 
 
 class GraphStep:
-    """``run`` is ``Trainer.step`` from a recording, or None where the step runs eagerly.
-    ``capture``: records a function's device work once and returns its replay
-    (``Backend.capture``); the first full batch's shape is the one recorded."""
+    """``run`` is ``Trainer.step`` from a recording of the first full batch's shape (None: run
+    it eagerly); ``capture`` records a function and returns its replay (``Backend.capture``)."""
 
     def __init__(self, trainer: Any, capture: Capture) -> None:
         self.trainer, self.capture = trainer, capture
@@ -157,30 +145,30 @@ class GraphStep:
         if self.failed:
             return True
         if tracer() is not None or listening() is not None:  # their marks time host calls
-            self._say("traced", "cuda graph: traced or phase-timed steps run eagerly")
-            return True
+            return self._say("traced", "cuda graph: traced or phase-timed steps run eagerly")
         if shape[1] == 0:
-            self._say("empty", "cuda graph: a rank without samples runs its steps eagerly")
-            return True
+            return self._say("empty", "cuda graph: a rank without samples runs its steps eagerly")
         if self.shape is not None and shape != self.shape:
-            self._say(
+            return self._say(
                 "shape",
                 f"cuda graph: a batch of {shape[0]} samples, not the {self.shape[0]} recorded: "
                 "such steps run eagerly",
             )
-            return True
         return False
 
-    def _say(self, kind: str, line: str) -> None:
+    def _say(self, kind: str, line: str) -> bool:
+        """Log ``line`` once for ``kind``; True (the step runs eagerly)."""
         if kind not in self._said and self.trainer.is_root:
             self.trainer.log(line)
         self._said.add(kind)
+        return True
 
     def _buffers(self, rows: int) -> None:
         """The static inputs and outputs the recording reads and writes."""
         t, xp = self.trainer, self.trainer.xp
         self.idx = xp.zeros((rows,), dtype=xp.int64)
         self.rows = xp.zeros((rows,), dtype=xp.int64) if t.data.train_repeats > 1 else self.idx
+        self.at = None  # text: the windows' starts
         if t.stream is not None:
             self.at = xp.zeros((rows, t.data.windows.block), dtype=xp.int64)
         self.loss = xp.zeros((), dtype=xp.float64)
@@ -200,17 +188,11 @@ class GraphStep:
     def _fns(self, shape: tuple[int, int]) -> list[Callable[[], None]]:
         """Forward, loss, backward (and, with one replica, the update) as one function; with
         several, the update as a second one (the exchange runs between the two)."""
-        t, xp = self.trainer, self.trainer.xp
-        scale = 1.0 / shape[0]
+        t, scale = self.trainer, 1.0 / shape[0]
         ready = None if self.exchange else t.update.grads_ready
 
         def forward_backward() -> None:
-            if t.stream is not None:
-                xb = xp.take(t.stream, self.at) if t.portion.reads_input else None
-                yb = xp.take(t.stream, self.at + 1)
-            else:
-                xb = xp.take(t.x_train, self.rows, axis=0) if t.portion.reads_input else None
-                yb = xp.take(t.y_train, self.rows, axis=0)
+            xb, yb = t.inputs(self.rows, self.at)
             step, seed = self.scalars.step, t.cfg.seed
             ctx = Context(train=True, step=step, seed=seed, sample_ids=self.idx)
             loss, correct = t.model.loss_and_grads(xb, yb, ctx, scale, ready)

@@ -18,56 +18,49 @@ EVENTS = ("epoch", "eval", "done", "diverged")  # the "event" of every line xpnn
 FIRST_LINE_BYTES = 1 << 16  # a record is a few hundred bytes; a longer first line is not one
 
 
-def _regular(path: str | os.PathLike) -> bool:
+def _parsed(line: bytes | str) -> dict[str, Any] | None:
+    """``line`` as a JSON object, or None."""
     try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
+        record = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def is_record(line: bytes | str) -> bool:
     """Whether ``line`` is one of xpnn's metrics records."""
-    try:
-        record = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(record, dict) and record.get("event") in EVENTS
+    record = _parsed(line)
+    return record is not None and record.get("event") in EVENTS
 
 
 def check_metrics_file(path: str | os.PathLike) -> None:
     """Refuse a non-empty regular file whose first line is not an xpnn metrics record: the
     run would empty it (a fresh run) or append to it (a resume)."""
-    if not _regular(path):
+    if not os.path.isfile(path):
         return  # absent (made), or a device written in place (/dev/null)
     with open(path, "rb") as fh:
         first = fh.readline(FIRST_LINE_BYTES)
-    if first and not (first.endswith(b"\n") and is_record(first)) and not _cut_record(first):
+    whole = first.endswith(b"\n")  # else cut short by a full disk: the file's only line
+    if first and not (is_record(first) if whole else first.startswith(b'{"event": "')):
         raise UserError(
             f"`metrics` {path}: exists and is not an xpnn metrics file (its first line is not "
             "an xpnn record); give a new file name, or remove it"
         )
 
 
-def _cut_record(first: bytes) -> bool:
-    """A first line cut short by a full disk, the only line of an xpnn metrics file."""
-    return not first.endswith(b"\n") and first.startswith(b'{"event": "')
-
-
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line, whole or not at all: on a failed write (a full
-    disk) the file is cut back to where it was and the error raised."""
+    """Append ``record`` as one JSON line, whole or not at all (a failed write is cut back)."""
     data = (json.dumps(record, allow_nan=False) + "\n").encode()
     fd = open_to_write(path, os.O_APPEND | os.O_CREAT)
     try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        size = os.fstat(fd).st_size if regular else 0
+        info = os.fstat(fd)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
         except BaseException:
-            if regular:
-                os.ftruncate(fd, size)
+            if stat.S_ISREG(info.st_mode):
+                os.ftruncate(fd, info.st_size)
             raise
     finally:
         os.close(fd)
@@ -79,13 +72,11 @@ def empty(path: str | os.PathLike) -> None:
 
 
 def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> int:
-    """For a resume from ``epoch`` (training by steps: from ``step``): drop the records of later
-    epochs (steps), written before their checkpoint was, and a line cut short; the number of
-    lines dropped."""
-    if not _regular(path):
+    """For a resume from ``epoch`` (by steps: ``step``), drop the records of later epochs
+    (steps) and a line cut short; the number of lines dropped."""
+    if not os.path.isfile(path):
         return 0
-    text = Path(path).read_bytes()
-    lines = text.split(b"\n")
+    lines = Path(path).read_bytes().split(b"\n")
     cut = lines.pop() != b""  # what follows the last newline: a line cut short, or nothing
     kept = [line for line in lines if not _after(line, epoch, step)]
     dropped = len(lines) - len(kept) + cut
@@ -96,22 +87,16 @@ def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> 
 
 def last_event(path: str | os.PathLike) -> str | None:
     """The ``event`` of the file's last record (None: none, or not a record)."""
-    if not _regular(path):
+    if not os.path.isfile(path):
         return None
     with open(path, "rb") as fh:
         fh.seek(max(0, fh.seek(0, os.SEEK_END) - FIRST_LINE_BYTES))
-        lines = fh.read().rstrip(b"\n").rsplit(b"\n", 1)
-    if not lines[-1] or not is_record(lines[-1]):
-        return None
-    return json.loads(lines[-1])["event"]
+        last = fh.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    return json.loads(last)["event"] if last and is_record(last) else None
 
 
 def _after(line: bytes, epoch: int, step: int | None = None) -> bool:
-    try:
-        record = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        return False
-    if not isinstance(record, dict):
+    if (record := _parsed(line)) is None:
         return False
     done = record.get("event") == "done"
     if step is not None:

@@ -1,13 +1,9 @@
-"""Checkpoints between two epochs' ends (``--checkpoint-signal`` acts at a step's end), and
-their resume, bit for bit: the parameters and optimizer state are saved as at an epoch's end;
-the batches of an epoch are drawn from the seed and the epoch alone, so a resume draws the
-same and skips those already trained; and the running sums of the epoch's metrics record
-(every rank's loss and correct predictions, its seconds and bytes so far) are saved with
-them, so the epoch's record is the one an uninterrupted run writes."""
+"""Checkpoints between two records (``--checkpoint-signal``), resumed bit for bit: an epoch's
+batches come from the seed and the epoch alone, so a resume skips those trained; the running
+sums of the record under way (every rank's) are saved too, so its record is the same."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from typing import Any
@@ -17,55 +13,35 @@ import numpy as np
 from xpnn.errors import path_problems
 from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
 from xpnn.runtime import stall
-from xpnn.train.checkpoint import (
-    DamagedCheckpoint,
-    latest_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
-)
+from xpnn.train import checkpoint
 
-# The trainer imports this module: its functions take the trainer as an argument, typed by
-# this name rather than an import of ``xpnn.train.trainer.Trainer`` (which would be a loop).
-Trainer = Any
+Trainer = Any  # not ``xpnn.train.trainer.Trainer``: the trainer imports this module
 
 
 def write_checkpoint(
     trainer: Trainer, directory: str, keep: int, epoch: int, partial: dict | None = None
 ) -> None:
-    """The whole network and optimizer state (gathered; collective over each replica's
-    ranks), written by rank 0 after ``epoch`` epochs and, with ``partial``, some steps more."""
+    """The whole network and optimizer state (gathered: collective over each replica's ranks),
+    written by rank 0 after ``epoch`` epochs and, with ``partial``, some steps more."""
     model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
     states = trainer.update.whole_state()  # every data-parallel rank: a sharded one gathers
     if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
         return
     stall.in_phase(f"the checkpoint at step {optimizer.step_count}")
     params = whole_params(model, comm)
-    state = {
-        name: whole_arrays(model, comm, model.named_views(buf)) for name, buf in states.items()
-    }
+    state = {n: whole_arrays(model, comm, model.named_views(b)) for n, b in states.items()}
     if trainer.is_root:
+        scale = trainer.loss_scale.state() if trainer.loss_scale else None
+        said = (trainer.data.name, trainer.settings(), trainer.identity(), scale, partial)
+        step, seed = optimizer.step_count, trainer.cfg.seed
         with path_problems("checkpoint_dir", directory):
-            save_checkpoint(
-                directory,
-                params,
-                state,
-                epoch,
-                optimizer.step_count,
-                trainer.cfg.seed,
-                trainer.data.name,
-                trainer.settings(),
-                trainer.identity(),
-                trainer.loss_scale.state() if trainer.loss_scale else None,
-                partial,
-            )
-            prune_checkpoints(directory, keep)  # only once the new one is whole
+            checkpoint.save_checkpoint(directory, params, state, epoch, step, seed, *said)
+            checkpoint.prune_checkpoints(directory, keep)  # only once the new one is whole
 
 
 class EpochProgress:
-    """The running sums of the span of steps under way, from one record to the next (an epoch,
-    or by ``steps`` the steps since the last evaluation): what a checkpoint written between
-    two records saves (``snapshot``), and what its resume restores on the span it was
-    written in (``open``)."""
+    """The running sums of the span of steps under way to the next record: what a checkpoint
+    between two records saves (``snapshot``), and its resume restores (``open``)."""
 
     def __init__(self, restored: dict[str, Any] | None = None, epoch: int = -1) -> None:
         self.restored, self.restored_epoch = restored, epoch
@@ -78,7 +54,7 @@ class EpochProgress:
         done = trainer.batches_done()
         if not (cfg.resume and cfg.checkpoint_dir) or done == 0:
             return cls()
-        path = latest_checkpoint(cfg.checkpoint_dir)  # the one just resumed: the lock holds
+        path = checkpoint.latest_checkpoint(cfg.checkpoint_dir)  # the one resumed: locked
         partial = saved_partial(path) if path is not None else None
         kind = "epoch" if cfg.steps is None else "steps"
         if partial is None or partial["kind"] != kind:  # at an epoch's end, or the other kind
@@ -87,8 +63,7 @@ class EpochProgress:
 
     @staticmethod
     def _own_sums(trainer: Trainer, restored: dict[str, Any]) -> tuple[float, float]:
-        """This rank's share of the restored sums: its own in the same layout, else rank 0
-        holds them all."""
+        """This rank's restored sums: its own in the same layout, else rank 0 holds them all."""
         rows, rank = restored["sums"], trainer.metrics_comm.rank
         if len(rows) == trainer.metrics_comm.size:
             return rows[rank][0], rows[rank][1]
@@ -97,9 +72,8 @@ class EpochProgress:
         return 0.0, 0.0
 
     def open(self, trainer: Trainer, span: dict[str, Any], epoch: int) -> dict[str, Any]:
-        """``span``, just begun in ``epoch``, carried on from the resumed checkpoint's where it
-        is the span that checkpoint was written in: by epochs, its epoch; by steps, the first
-        (an epoch's partial holds no counts: the loop counts the steps it skips)."""
+        """``span``, just begun in ``epoch``, carried on from the resumed checkpoint's where that
+        was written in it (by steps: the first; an epoch's holds no counts, the loop's)."""
         restored = self.restored
         if restored is not None and (trainer.cfg.steps is not None or epoch == self.restored_epoch):
             self.restored = None
@@ -119,22 +93,17 @@ class EpochProgress:
         kind, span = "epoch" if trainer.cfg.steps is None else "steps", self.span
         if span is None:  # a checkpoint right after an evaluation: nothing under way
             return partial_of(kind, [], 0.0, [0.0, 0.0])
-        rows = self._gather(trainer, (span["loss"], span["correct"]))
+        mine = [float(span["loss"]), float(span["correct"])]
+        rows = trainer.metrics_comm.allgather_obj(mine, "the gathering of the running sums")
         sent = trainer.comm.allreduce_host(span["sent"] + trainer.bytes_sent())
         seconds = time.perf_counter() - span["t0"]
         if kind == "epoch":
             return partial_of(kind, rows, seconds, sent)
         return partial_of(kind, rows, seconds, sent, span["samples"], span["steps"])
 
-    @staticmethod
-    def _gather(trainer: Trainer, sums: tuple[Any, Any]) -> list[list[float]]:
-        mine = [float(sums[0]), float(sums[1])]
-        return trainer.metrics_comm.allgather_obj(mine, "the gathering of the running sums")
-
 
 def _device_sum(xp: Any, value: float) -> Any:
-    """A float64 accumulator on the device holding ``value``, made as the trainer makes its
-    own (every array namespace has ``zeros``)."""
+    """A float64 accumulator on the device holding ``value``, as the trainer makes its own."""
     acc = xp.zeros((), dtype=xp.float64)
     acc += value
     return acc
@@ -159,16 +128,12 @@ PARTIAL_KEYS = {"kind", "sums", "seconds", "sent", "samples", "steps"}
 
 def saved_partial(path: Any) -> dict[str, Any] | None:
     """``meta.partial`` of the checkpoint ``path`` (read alone), or None where there is none."""
-    with np.load(path, allow_pickle=False) as data:
-        if "meta.partial" not in data.files:
-            return None
-        stored = data["meta.partial"]
-    try:
-        value = json.loads(str(stored)) if stored.shape == () else None
-    except ValueError:
-        value = None
-    if not (isinstance(value, dict) and value.keys() == PARTIAL_KEYS and _numbers(value)):
-        raise DamagedCheckpoint(f"{path}: damaged checkpoint (meta.partial is {stored.tolist()!r})")
+    arrays = checkpoint.meta_entry(path, "partial")
+    if not arrays:
+        return None
+    value = checkpoint._json_meta(path, arrays, "partial")
+    if not (value.keys() == PARTIAL_KEYS and _numbers(value)):
+        raise checkpoint.damaged(path, f"meta.partial is {arrays['meta.partial'].tolist()!r}")
     return value
 
 

@@ -25,9 +25,8 @@ SCHEDULES = ("constant", "step", "cosine")
 
 @dataclass
 class Schedule:
-    """Learning rate at step t: linear warmup from ~0 (Goyal et al., 2017: large batches start
-    gently), then constant, ``gamma`` every ``step_size`` steps, or half a cosine from
-    ``base_lr`` down to ``min_lr`` at ``total_steps`` (and ``min_lr`` after)."""
+    """Learning rate at step t: linear warmup from ~0 (Goyal et al., 2017), then constant,
+    times ``gamma`` every ``step_size`` steps, or half a cosine down to ``min_lr``."""
 
     base_lr: float
     kind: str = "constant"
@@ -83,9 +82,8 @@ Ranges = list[tuple[int, int]]  # [start, end) ranges of the flat buffer
 
 @dataclass
 class GradClip:
-    """Clipping by the global norm (``torch.nn.utils.clip_grad_norm_``'s formula): ``total``
-    turns this rank's sum of squares into the whole model's (adding the other ranks' distinct
-    parts); ``skip``: ranges whose values another rank counts (a replicated parameter)."""
+    """Clipping by the global norm (``clip_grad_norm_``'s formula): ``total`` turns this rank's
+    sum of squares into the whole model's; ``skip``: ranges another rank counts (replicated)."""
 
     max_norm: float
     total: Callable[[float], float] = float
@@ -98,7 +96,7 @@ class GradClip:
 
 def pieces(part: slice, n: int, ranges: Ranges) -> list[tuple[slice, bool]]:
     """``part`` of a buffer of ``n`` values cut at ``ranges``: (slice within the part, whether
-    it lies inside one of them), in order."""
+    inside one), in order."""
     start, stop, _ = part.indices(n)
     out, pos = [], start
     for lo, hi in merged(ranges):
@@ -126,8 +124,8 @@ def merged(ranges: Ranges) -> Ranges:
 
 
 def matrix_ranges(shapes: list[tuple[int, ...]]) -> Ranges:
-    """The ranges of the parameters with two or more dimensions, for parameters of ``shapes``
-    laid end to end: what weight decay applies to (not biases or norm gains)."""
+    """The ranges of the parameters of ``shapes``, laid end to end, with two or more dimensions:
+    what weight decay applies to (not biases or norm gains)."""
     out, offset = [], 0
     for shape in shapes:
         size = math.prod(shape)
@@ -143,14 +141,9 @@ SkipRule = Callable[["Optimizer"], bool]
 
 class Optimizer:
     """``grads``: a flat buffer, or a tuple of them to sum (ranks sharing the parameters);
-    ``parts``: the slices ``update_part`` updates; ``zeros``: allocates the whole state;
-    ``clip``: scale the gradients to a global norm first (every part final at ``start_step``).
-
-    A step is ``start_step``, ``update_part`` for each part, ``end_step`` (``step`` does all
-    three). What extends it registers hooks (as ``torch.optim``'s step hooks): a skip rule
-    (``add_skip_rule``) hears every step and may skip it (no update, no step counted); a
-    pre-step hook (``add_pre_step_hook``) runs as an applied step starts, a post-step hook
-    (``add_post_step_hook``) at its ``end_step``."""
+    ``parts``: the slices ``update_part`` updates; ``zeros``: allocates the whole state.
+    A step is ``start_step``, ``update_part`` for each part, ``end_step`` (``step``: all
+    three); hooks extend it, as ``torch.optim``'s step hooks do."""
 
     state_names: tuple[str, ...] = ()
     hyper_parameters: tuple[str, ...] = ()  # the settings it takes (``make_optimizer``'s keywords)
@@ -161,8 +154,7 @@ class Optimizer:
 
     @classmethod
     def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
-        """Its constructor's keywords from the hyper-parameters given (by their settings'
-        names) and the weight matrices' ranges."""
+        """Its constructor's keywords from the hyper-parameters given and the matrices."""
         return hyper
 
     def __init__(
@@ -184,14 +176,12 @@ class Optimizer:
         zeros = zeros or (lambda shape, dtype: kernels.xp.zeros(shape, dtype=dtype))
         self.state = {name: zeros(params.shape, params.dtype) for name in self.state_names}
         self.parts = [slice(None)] if parts is None else list(parts)
-        self._views = [
-            (
-                params[part],
-                tuple(g[part] for g in rows) if len(rows) > 1 else rows[0][part],
-                {name: buf[part] for name, buf in self.state.items()},
-            )
-            for part in self.parts
-        ]
+
+        def views(part: slice) -> tuple[Array, Any, dict[str, Array]]:
+            g = tuple(row[part] for row in rows) if len(rows) > 1 else rows[0][part]
+            return params[part], g, {name: buf[part] for name, buf in self.state.items()}
+
+        self._views = [views(part) for part in self.parts]
         longest = max((p.shape[0] for p, _, _ in self._views), default=0)
         self._summed = kernels.xp.empty((longest,), dtype=params.dtype) if len(rows) > 1 else None
         self._skip_rules: list[SkipRule] = []
@@ -200,13 +190,12 @@ class Optimizer:
         self.skipping = False  # whether a skip rule skipped the step under way
 
     def add_skip_rule(self, rule: SkipRule) -> None:
-        """``rule(optimizer)`` at every ``start_step``, before anything of the step (every
-        rule hears every step: a rule may agree with other ranks); True skips the step."""
+        """``rule(optimizer)`` first at every ``start_step`` (every rule hears every step: it
+        may agree with other ranks); True skips the step (no update, no step counted)."""
         self._skip_rules.append(rule)
 
     def add_pre_step_hook(self, hook: Hook) -> None:
-        """``hook(optimizer)`` as an applied step starts (the gradients final, the count not
-        yet advanced)."""
+        """``hook(optimizer)`` as an applied step starts (gradients final, count not advanced)."""
         self._pre_hooks.append(hook)
 
     def add_post_step_hook(self, hook: Hook) -> None:
@@ -222,8 +211,7 @@ class Optimizer:
 
     def start_step(self) -> float:
         """Advance to the next step and return its learning rate; before any ``update_part``.
-        In a recorded step (``device_scalars`` set) the recorder has done the host's
-        bookkeeping (``advance``), and clipping stays on the device (``clip_on_device``)."""
+        In a recorded step (``device_scalars`` set) the recorder has done ``advance``."""
         self.skipping = any([rule(self) for rule in self._skip_rules])  # a list: every rule
         if self.skipping:
             return self.lr
@@ -231,10 +219,8 @@ class Optimizer:
             hook(self)
         if self.device_scalars is None:
             self.advance()
-            if self.clip is not None:
-                self._scale = self._clip_scale(self.clip)
-        elif self.clip is not None:
-            self.clip_on_device()
+        if self.clip is not None:
+            self._clip(self.clip)
         return self.lr
 
     def end_step(self) -> None:
@@ -249,40 +235,34 @@ class Optimizer:
         self.step_count += 1
         return self.lr
 
-    def _squares(self) -> Any:
-        """The sum of the squares of the gradients this rank counts, on the device."""
+    def _summed_rows(self, p: Array, g: Array | tuple[Array, ...]) -> Array:
+        """``g``, or its rows (a tuple) summed into the scratch buffer."""
+        return self.kernels.sum_rows(g, self._summed[: p.shape[0]]) if isinstance(g, tuple) else g
+
+    def _clip(self, clip: GradClip) -> None:
+        """``_scale``: the factor that brings the gradients' global norm to ``max_norm`` (None:
+        within). A recorded step (every rank holding the whole reduced gradient) waits for no
+        device value: its norm and factor stay on the device, the factor 1 within the norm."""
         local: Any = 0.0
         for index, (p, g, _) in enumerate(self._views):
-            if isinstance(g, tuple):
-                g = self.kernels.sum_rows(g, self._summed[: p.shape[0]])
+            g = self._summed_rows(p, g)
             for s in self._counted[index]:
                 local = local + self.kernels.sum_squares(g[s])
-        return local
-
-    def clip_on_device(self) -> None:
-        """``start_step``'s clipping without a wait (a replayed step, whose ranks hold the
-        whole reduced gradient each): the norm and the factor stay device values, the factor
-        1 within the norm (multiplying by 1 changes nothing), as ``_clip_scale`` computes."""
-        xp = self.kernels.xp
-        self.grad_norm = xp.sqrt(self._squares())  # read only when a record asks for it
-        factor = self.clip.max_norm / (self.grad_norm + 1e-6)
-        within = xp.where(factor >= 1.0, 1.0, factor)  # a nan norm stays nan, as eagerly
-        self._scale = xp.astype(within, self.params.dtype)  # eagerly cast as a Python float
-
-    def _clip_scale(self, clip: GradClip) -> float | None:
-        """The factor that brings the gradients' global norm to ``max_norm`` (None: within)."""
-        local = self._squares()
-        self.grad_norm = math.sqrt(clip.total(float(local)))  # the device's one wait
+        xp, eager = self.kernels.xp, self.device_scalars is None
+        self.grad_norm = math.sqrt(clip.total(float(local))) if eager else xp.sqrt(local)
         factor = clip.max_norm / (self.grad_norm + 1e-6)  # PyTorch's guard against 0
-        return factor if not factor >= 1.0 else None  # a nan norm makes the step nan
+        if eager:  # a nan norm makes the step nan
+            self._scale = factor if not factor >= 1.0 else None
+        else:  # cast as the eager Python float is
+            self._scale = xp.astype(xp.where(factor >= 1.0, 1.0, factor), self.params.dtype)
 
     def step_scalars(self) -> dict[str, float]:
         """The numbers of this step (after ``start_step``) that the kernels take."""
         return {"lr": self.lr}
 
     def device_scalars_in(self, scalars: Any) -> dict[str, Array]:
-        """This step's numbers as device values that ``scalars.refresh`` fills before each
-        step (a ``StepScalars``), for ``device_scalars``: a replayed step takes no numbers."""
+        """This step's numbers as device values that ``scalars`` (a ``StepScalars``) refreshes
+        before each step, for ``device_scalars``: a replayed step takes no numbers."""
         dtype = self.params.dtype
         return {
             name: scalars.add(dtype, lambda _step, name=name: self.step_scalars()[name])
@@ -290,7 +270,7 @@ class Optimizer:
         }
 
     def _scalar(self, name: str, number: Any) -> Any:
-        """``number``, or its device value where ``read_scalars_from`` was called."""
+        """``number``, or its device value in a recorded step."""
         return number if self.device_scalars is None else self.device_scalars[name]
 
     def update_part(self, index: int) -> None:
@@ -299,8 +279,7 @@ class Optimizer:
             return
         p, g, state = self._views[index]
         with UPDATE:
-            if isinstance(g, tuple):
-                g = self.kernels.sum_rows(g, self._summed[: p.shape[0]])
+            g = self._summed_rows(p, g)
             if self._scale is not None:
                 g *= self._scale  # the reduced gradients are this step's alone: scaled in place
             self._apply(index, p, g, state)
@@ -410,9 +389,8 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (Loshchilov & Hutter, as ``torch.optim.AdamW``): each
-    step first multiplies the parameters in ``matrices`` (flat [start, end) ranges; default
-    all) by ``1 - lr * weight_decay``, fused into Adam's kernel."""
+    """Adam with decoupled weight decay (as ``torch.optim.AdamW``): each step first multiplies
+    the parameters in ``matrices`` (default all) by ``1 - lr * weight_decay``, in Adam's kernel."""
 
     scalar_names = ("lr_c1", "c2", "decay")
     hyper_parameters = (*Adam.hyper_parameters, "weight_decay")
@@ -443,12 +421,7 @@ class AdamW(Adam):
             self.update(p[s], g[s], views, self.lr, decay if decays else 1.0)
 
 
-OPTIMIZERS: dict[str, type[Optimizer]] = {
-    "sgd": SGD,
-    "momentum": Momentum,
-    "adam": Adam,
-    "adamw": AdamW,
-}
+OPTIMIZERS = {"sgd": SGD, "momentum": Momentum, "adam": Adam, "adamw": AdamW}
 # The optimizers' hyper-parameters (``make_optimizer``'s keywords), and those each one takes.
 HYPER_PARAMETERS = {name: cls.hyper_parameters for name, cls in OPTIMIZERS.items()}
 HYPERS = tuple(dict.fromkeys(h for taken in HYPER_PARAMETERS.values() for h in taken))
@@ -471,8 +444,7 @@ def make_optimizer(
     settings' names (momentum, betas, eps, weight_decay), one left None keeping its default;
     AdamW decays ``matrices``."""
     if name not in OPTIMIZERS:
-        choices = ", ".join(OPTIMIZERS)
-        raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {choices})")
+        raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(OPTIMIZERS)})")
     kind = OPTIMIZERS[name]
     given = {key: value for key, value in hyper.items() if value is not None}
     for key in given:

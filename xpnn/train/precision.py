@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,16 +19,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
 INITIAL_SCALE = 2.0**15  # PyTorch GradScaler's init_scale is 2**16; 2**15 leaves fp16 headroom
 GROWTH_INTERVAL = 2000  # good steps before the scale doubles (GradScaler's default)
-
-
-def low_dtype(xp: Any, precision: str) -> Any:
-    """The array library's dtype for ``precision``: its own, else ``ml_dtypes``' (NumPy has
-    float16 but no bfloat16) where its arrays accept that one."""
-    name = DTYPE_NAMES[precision]
-    dtype = native_dtype(xp, name)
-    if dtype is None:
-        raise UserError(f"`precision` {precision}: {xp.__name__} arrays have no {name}")
-    return dtype
 
 
 @dataclass
@@ -46,8 +36,8 @@ class LossScale:
         return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
-        self.skipped = int(state["skipped"])
+        self.scale = float(state["scale"])
+        self.good_steps, self.skipped = int(state["good_steps"]), int(state["skipped"])
 
     def update(self, finite: bool) -> bool:
         """Record a step's verdict; returns whether the step is applied."""
@@ -66,9 +56,8 @@ class LossScale:
 def overflow_skip(
     model: Any, xp: Any, loss_scale: LossScale, agree: Callable[[float], float]
 ) -> Callable[[Any], bool]:
-    """An optimizer's skip rule (``Optimizer.add_skip_rule``): a step whose reduced gradients
-    (``model.grads``) hold an infinity or a NaN on any rank (``agree`` sums the counts) is
-    skipped, and ``loss_scale`` told of every step's verdict."""
+    """An optimizer's skip rule: a step whose reduced gradients hold an infinity or a NaN on any
+    rank (``agree`` sums the counts) is skipped; ``loss_scale`` hears every step's verdict."""
 
     def skip(_optimizer: Any) -> bool:
         grads = model.grads  # this rank's gradients, reduced where it owns them
@@ -80,9 +69,8 @@ def overflow_skip(
 
 @dataclass
 class WideLoss:
-    """``loss`` in the master precision (softmax in low precision loses the small
-    probabilities); its gradient back in ``low`` precision, multiplied by the loss scale: the
-    loss object a model computes with while it runs on the low-precision copy."""
+    """The loss a model computes with on the low-precision copy: ``loss`` in the master
+    precision (a low softmax loses small probabilities), its gradient in ``low``, scaled."""
 
     loss: Any
     xp: Any
@@ -99,37 +87,21 @@ class WideLoss:
 
 
 class Precision:
-    """The low-precision side of a data-parallel run on ``backend``: ``attach`` a built model
-    and its update's optimizer, then train through ``loss_and_grads`` and ``evaluate``."""
+    """The low-precision side of a run: ``attach`` a built model and its optimizer, then train
+    through ``loss_and_grads`` and ``evaluate``; ``loss_scale``: fp16's."""
 
-    def __init__(
-        self,
-        precision: str,
-        backend: Any,
-        loss_scale: LossScale | None = None,
-        agree: Callable[[float], float] = float,
-    ) -> None:
-        """``agree``: a count of bad values on this rank -> the total over the ranks that
-        hold parts of the reduced gradient (collective), so that every rank skips together."""
-        if precision not in DTYPE_NAMES:
-            raise ValueError(f"precision: {precision!r}, choose one of {', '.join(DTYPE_NAMES)}")
+    def __init__(self, precision: str, backend: Any, loss_scale: LossScale | None) -> None:
         self.name, self.backend, self.xp = precision, backend, backend.xp
-        self.dtype = low_dtype(self.xp, precision)
-        if loss_scale is None and precision == "fp16":
-            loss_scale = LossScale()
+        name = DTYPE_NAMES[precision]  # the library's own, else ml_dtypes' (NumPy's bfloat16)
+        self.dtype = native_dtype(self.xp, name)
+        if self.dtype is None:
+            raise UserError(f"`precision` {precision}: {self.xp.__name__} arrays have no {name}")
         self.loss_scale = loss_scale
-        self.agree = agree
         self._dirty = True  # the low-precision parameters lag the master ones
 
-    @property
-    def skipped(self) -> int:
-        """Steps skipped because their gradients overflowed."""
-        return self.loss_scale.skipped if self.loss_scale else 0
-
     def attach(self, model: Any, optimizer: Any) -> None:
-        """Make the low-precision copies of ``model``'s flat buffers; hook ``optimizer``: an
-        applied step marks the low copy stale, and with loss scaling a step whose reduced
-        gradients are not finite is skipped (no update, no step counted)."""
+        """Make the low-precision copies of ``model``'s flat buffers; an applied step of
+        ``optimizer`` makes them stale."""
         self.model = model
         self.master = (model.params, model.grads)
         self.low_params = self.xp.astype(model.params, self.dtype)
@@ -137,30 +109,13 @@ class Precision:
         self.loss, scale = model.loss, self.loss_scale
         self.wide_loss = WideLoss(model.loss, self.xp, model.params.dtype, self.dtype, scale)
         optimizer.add_post_step_hook(self._stale)
-        if self.loss_scale is not None:
-            optimizer.add_skip_rule(overflow_skip(model, self.xp, self.loss_scale, self.agree))
 
     def _stale(self, _optimizer: Any) -> None:
         self._dirty = True
 
-    def _low(self) -> None:
-        """Point the layers at the low-precision copy, re-cast from the master if stale."""
-        master = self.master[0]
-        if self._dirty:
-            with warnings.catch_warnings():  # a weight past fp16's range is inf: the loss
-                warnings.simplefilter("ignore", RuntimeWarning)  # says so, in one line
-                self.low_params[...] = self.xp.astype(master, self.dtype)
-            self._dirty = False
-        self.model.adopt(self.low_params, self.low_grads, copy=False)
-        self.model.loss = self.wide_loss
-
-    def _master(self) -> None:
-        self.model.adopt(*self.master, copy=False)
-        self.model.loss = self.loss
-
     def _casting(self, ready: Callable[[int], None] | None) -> Callable[[int], None]:
-        """A backward's ``on_grads_ready`` that first casts each newly final low-precision
-        ``[offset:]`` into the fp32 gradients (divided by the loss scale), then reports it."""
+        """A backward's ``on_grads_ready`` that casts each newly final low-precision ``[offset:]``
+        into the fp32 gradients (unscaled) before it reports it."""
         xp, low, grads = self.xp, self.low_grads, self.master[1]
         inverse = 1.0 / self.loss_scale.scale if self.loss_scale else 1.0
         done = [grads.shape[0]]
@@ -176,30 +131,34 @@ class Precision:
 
         return casting
 
-    def _quiet(self) -> Any:
-        """Overflow warnings silenced under loss scaling (an fp16 overflow is its to handle)."""
-        return quiet_overflows(self.xp) if self.loss_scale else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _lowered(self) -> Iterator[None]:
+        """The layers on the low-precision copy (re-cast from the master if stale); overflow
+        warnings silenced under loss scaling (an fp16 overflow is the scale's to handle)."""
+        if self._dirty:
+            with warnings.catch_warnings():  # a weight past fp16's range is inf: the loss
+                warnings.simplefilter("ignore", RuntimeWarning)  # says so, in one line
+                self.low_params[...] = self.xp.astype(self.master[0], self.dtype)
+            self._dirty = False
+        self.model.adopt(self.low_params, self.low_grads, copy=False)
+        self.model.loss = self.wide_loss
+        try:
+            with quiet_overflows(self.xp) if self.loss_scale else contextlib.nullcontext():
+                yield
+        finally:
+            self.model.adopt(*self.master, copy=False)
+            self.model.loss = self.loss
 
     def loss_and_grads(
         self, x: Array, labels: Array, ctx: Any, scale: float, ready: Callable[[int], None] | None
     ) -> tuple[Array, Array]:
         """The model's ``loss_and_grads`` in low precision; the fp32 gradients come out."""
-        self._low()
-        try:
+        with self._lowered():
             x = None if x is None else self.xp.astype(x, self.dtype)
-            casting = self._casting(ready)
-            with self._quiet():  # an fp16 overflow is the loss scale's to handle
-                loss, correct = self.model.loss_and_grads(x, labels, ctx, scale, casting)
-        finally:
-            self._master()
-        return loss, correct
+            return self.model.loss_and_grads(x, labels, ctx, scale, self._casting(ready))
 
     def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
         """The model's ``evaluate`` with the low-precision forward and the fp32 loss."""
-        self._low()
-        try:
+        with self._lowered():
             x = None if x is None else self.xp.astype(x, self.dtype)
-            with self._quiet():  # the unused gradient of the loss, scaled, may overflow
-                return self.model.evaluate(x, labels)
-        finally:
-            self._master()
+            return self.model.evaluate(x, labels)

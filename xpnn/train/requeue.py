@@ -1,15 +1,12 @@
-"""Checkpoint-and-exit on request, for jobs longer than their time limit (Slurm's
-``--signal=USR1@120``): the signal is noted, the ranks agree at the end of a step (each step
-carries the question, non-blocking, beside its own work), the checkpoint is written there
-(mid-epoch: ``xpnn.train.midepoch``; at an epoch's end: as every epoch's is), and every rank
-leaves with ``REQUEUE_EXIT``, which a requeue script tests before it resubmits the job with
-``--resume``."""
+"""Checkpoint-and-exit on a signal (Slurm's ``--signal=USR1@120``): the ranks agree at the end
+of a step (the question rides, non-blocking, beside each step), the checkpoint is written there,
+and every rank leaves with ``REQUEUE_EXIT``, for a requeue script to resubmit with ``--resume``."""
 
 from __future__ import annotations
 
 import math
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -19,9 +16,7 @@ from xpnn.runtime.failure import CollectiveExit
 from xpnn.runtime.interrupts import checkpoint_requested
 from xpnn.train.callbacks import Callback
 from xpnn.train.midepoch import write_checkpoint
-
-if TYPE_CHECKING:
-    from xpnn.train.trainer import Trainer
+from xpnn.train.trainer import Trainer, finite
 
 REQUEUE_EXIT = 75  # sysexits.h's EX_TEMPFAIL: "a temporary failure; try again"
 SIGNALS = ("USR1", "USR2")
@@ -65,26 +60,17 @@ class CheckpointOnSignal(Callback):
             agreed = trainer.comm.allreduce_host([float(self.asked)])[0] > 0
         else:
             agreed = self.asked
-        if not agreed or self.at_record:
-            return
         cfg, made, per_epoch = trainer.cfg, step + 1, trainer.steps_per_epoch
-        if cfg.steps is not None:
-            if made == cfg.steps:  # the run ends with this step
-                return
-            if made % (cfg.eval_every or cfg.steps) == 0:  # its evaluation's checkpoint follows
-                self.at_record = True
-                return
-            partial = trainer.progress.snapshot(trainer)
-            what = f"checkpoint at step {made}"
-        else:
-            if made % per_epoch == 0:  # the epoch ends here: its own checkpoint follows
-                self.at_record = True
-                return
-            partial = trainer.progress.snapshot(trainer)
-            what = (
-                f"checkpoint at step {made} ({made % per_epoch} of epoch "
-                f"{made // per_epoch + 1}'s {per_epoch} steps)"
-            )
+        if not agreed or self.at_record or made == cfg.steps:  # (the run ends with this step)
+            return
+        every = (cfg.eval_every or cfg.steps) if cfg.steps is not None else per_epoch
+        if made % every == 0:
+            self.at_record = True  # a record and its checkpoint follow
+            return
+        partial = trainer.progress.snapshot(trainer)
+        what = f"checkpoint at step {made}"
+        if cfg.steps is None:
+            what += f" ({made % per_epoch} of epoch {made // per_epoch + 1}'s {per_epoch} steps)"
         if not all(math.isfinite(x) for row in partial["sums"] for x in row):
             return  # diverging: the record says so, and no checkpoint is written
         write_checkpoint(trainer, self.directory, cfg.keep_checkpoints, made // per_epoch, partial)
@@ -92,11 +78,11 @@ class CheckpointOnSignal(Callback):
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
         # after the Checkpoints callback (the run's own come first): the epoch is saved
-        if self.at_record and math.isfinite(record["train_loss"] + record["test_loss"]):
+        if self.at_record and finite(record):
             self._stop(trainer, f"checkpoint of epoch {record['epoch']}")
 
     def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        if self.at_record and math.isfinite(record["train_loss"] + record["test_loss"]):
+        if self.at_record and finite(record):
             self._stop(trainer, f"checkpoint at step {record['step']}")
 
     def _stop(self, trainer: Trainer, what: str) -> None:

@@ -34,8 +34,7 @@ def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool | str) -> N
 
 def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int:
     """Loads ``directory``'s latest checkpoint and returns the epoch it ends; where there is
-    none, 0 if ``afresh`` may start (``resume="auto"``), else a ``UserError``: a mistyped
-    directory would retrain from the start and replace the run's metrics and saved file."""
+    none, 0 if ``afresh`` (``resume="auto"``), else a ``UserError`` (a mistyped directory)."""
     cfg = trainer.cfg
     path = checkpoint.latest_checkpoint(directory)
     # A directory on each node's own disk would resume ranks from different epochs.
@@ -53,16 +52,7 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
         trainer.resume_note = f"resume: no checkpoint in {directory}, starting afresh"
         return 0
     try:
-        epoch, step, before = checkpoint.load_checkpoint(
-            path,
-            trainer.model,
-            trainer.optimizer,
-            trainer.update.restores_checkpoint,
-            seed=cfg.seed,
-            steps_per_epoch=trainer.steps_per_epoch,
-            dataset=trainer.data.name,
-            identity=trainer.identity(),
-        )
+        epoch, step, before = checkpoint.load_checkpoint(path, trainer)
     except checkpoint.DamagedCheckpoint as exc:  # the one before it may be whole: say so
         older = checkpoint.checkpoints(directory)[-2:-1]
         if older:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from xpnn.errors import UserError, path_problems
 from xpnn.record import phases
@@ -18,9 +17,7 @@ from xpnn.record.files import replace_whole
 from xpnn.record.timeline import parse_steps
 from xpnn.runtime import flight
 from xpnn.train.callbacks import Callback
-
-if TYPE_CHECKING:
-    from xpnn.train.trainer import Trainer
+from xpnn.train.trainer import Trainer
 
 DEFAULT_START, DEFAULT_STEPS = 3, 5  # a few steps after the first ones (allocation, JIT)
 CLOCK_ROUNDS = 9  # barriers whose exit times estimate each rank's clock offset to rank 0
@@ -38,54 +35,38 @@ def default_window(total_steps: int) -> tuple[int, int]:
     return start, max(start + 1, min(total_steps, start + DEFAULT_STEPS))
 
 
-class _CupyEvents:
-    """CUDA events on CuPy's current stream."""
+class _CudaEvents:
+    """CUDA events on the current stream of PyTorch (CUDA or ROCm) or CuPy."""
 
-    def __init__(self) -> None:
-        import cupy
-
-        self._cuda = cupy.cuda
+    def __init__(self, torch: bool) -> None:
+        if torch:
+            import torch as lib
+        else:
+            import cupy as lib
+        self.torch, self._cuda = torch, lib.cuda
 
     def mark(self) -> Any:
-        event = self._cuda.Event()
+        event = self._cuda.Event(enable_timing=True) if self.torch else self._cuda.Event()
         event.record()
         return event
 
     def synchronize(self) -> None:
-        self._cuda.Device().synchronize()
+        if self.torch:
+            self._cuda.synchronize()
+        else:
+            self._cuda.Device().synchronize()
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
-        return self._cuda.get_elapsed_time(start, end)
+        return start.elapsed_time(end) if self.torch else self._cuda.get_elapsed_time(start, end)
 
 
-class _TorchCudaEvents:
-    """CUDA events on PyTorch's current stream (a torch backend on a CUDA or ROCm device)."""
-
-    def __init__(self) -> None:
-        import torch
-
-        self._cuda = torch.cuda
-
-    def mark(self) -> Any:
-        event = self._cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def synchronize(self) -> None:
-        self._cuda.synchronize()
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        return start.elapsed_time(end)
-
-
-def device_events(backend: Any) -> _CupyEvents | _TorchCudaEvents | None:
+def device_events(backend: Any) -> _CudaEvents | None:
     """The CUDA events that time ``backend``'s device work; None on the CPU, and on devices
     whose events PyTorch does not expose alike (MPS, XPU): their spans stay on the host."""
     if not backend.is_gpu:
         return None
-    if backend.array_library == "torch":
-        return _TorchCudaEvents() if backend.torch_device.type == "cuda" else None
-    return _CupyEvents()
+    torch = backend.array_library == "torch"
+    return None if torch and backend.torch_device.type != "cuda" else _CudaEvents(torch)
 
 
 class _Span:
@@ -119,30 +100,25 @@ class Trace(Callback):
         self._previous: Any = None
         self._open: dict[str, list[float]] = {}  # phase -> start times (they nest)
         self._slots: list[float] = []  # the end of the last operation on each comm lane
-        self._events: _CupyEvents | _TorchCudaEvents | None = None
+        self._events: _CudaEvents | None = None
         self._device: list[tuple[str, Any, Any]] = []
         self._step_start = 0.0
 
     # -- the trainer's events --------------------------------------------------------------
     def on_train_begin(self, trainer: Trainer) -> None:
-        self.rank, self.size = trainer.comm.rank, trainer.comm.size
-        total = trainer.cfg.epochs * trainer.steps_per_epoch
-        self.window = self.steps or default_window(total)
-        self.steps_per_epoch = trainer.steps_per_epoch
-        self.clock = self._clock_samples(trainer.comm)
+        self.rank, self.steps_per_epoch = trainer.comm.rank, trainer.steps_per_epoch
+        self.window = self.steps or default_window(trainer.cfg.epochs * self.steps_per_epoch)
         model = trainer.model
         self.info = {
             "rank": self.rank,
-            "ranks": self.size,
+            "ranks": trainer.comm.size,
             "parallel": trainer.cfg.parallel,
             "backend": trainer.backend.name,
             "comm": trainer.data_comm.name,
             "stage": getattr(model, "index", None),
-            "stages": getattr(model, "stages", None),
-            "microbatches": getattr(model, "microbatches", None),
-            "schedule": getattr(model, "schedule", None),
+            **{k: getattr(model, k, None) for k in ("stages", "microbatches", "schedule")},
             "window": list(self.window),
-            "clock": self.clock,
+            "clock": self._clock_samples(trainer.comm),
             "clock_unit": "us, time.perf_counter, entering and leaving each of the same barriers",
         }
         self._events = device_events(trainer.backend)
@@ -206,13 +182,7 @@ class Trace(Callback):
 
     # -- recording ----------------------------------------------------------------------------
     def add(
-        self,
-        name: str,
-        cat: str,
-        lane: int,
-        start: float,
-        end: float,
-        args: dict[str, Any] | None = None,
+        self, name: str, cat: str, lane: int, start: float, end: float, args: Any = None
     ) -> None:
         # a tuple, made a dict when written: cheap to add, and no work for the cyclic GC
         self.events.append((name, cat, lane, start, end, args))
@@ -235,9 +205,7 @@ class Trace(Callback):
 
     def device_mark(self) -> Any:
         """A CUDA event recorded on the current stream (CUDA devices), else None."""
-        if self._events is None:
-            return None
-        return self._events.mark()
+        return None if self._events is None else self._events.mark()
 
     def device_span(self, name: str, start_event: Any) -> None:
         self._device.append((name, start_event, self._events.mark()))
@@ -281,21 +249,18 @@ class Trace(Callback):
         self._device.clear()
 
     def _meta(self) -> list[dict[str, Any]]:
-        def name(kind: str, tid: int, value: str) -> dict[str, Any]:
-            return {"name": kind, "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": value}}
+        def meta(kind: str, tid: int, **args: Any) -> dict[str, Any]:
+            return {"name": kind, "ph": "M", "pid": self.rank, "tid": tid, "args": args}
 
         stage = self.info.get("stage")
         label = f"rank {self.rank} (host)" + (f", stage {stage}" if stage is not None else "")
-        meta = [name("process_name", 0, label)]
-        meta.append({"name": "process_sort_index", "ph": "M", "pid": self.rank, "tid": 0,
-                     "args": {"sort_index": self.rank}})  # fmt: skip
-        used = {e[2] for e in self.events}
-        for tid in sorted(used):
+        out = [meta("process_name", 0, name=label)]
+        out.append(meta("process_sort_index", 0, sort_index=self.rank))
+        for tid in sorted({e[2] for e in self.events}):
             lane = LANES.get(tid) or f"communication {tid - phases.COMMUNICATION + 1}"
-            meta.append(name("thread_name", tid, lane))
-            meta.append({"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": tid,
-                         "args": {"sort_index": tid}})  # fmt: skip
-        return meta
+            out.append(meta("thread_name", tid, name=lane))
+            out.append(meta("thread_sort_index", tid, sort_index=tid))
+        return out
 
     def _write(self) -> str:
         path = os.path.join(self.directory, f"trace-rank{self.rank}.json")
@@ -314,18 +279,11 @@ def flight_directory(
     metrics: str | None, checkpoint_dir: str | None, trace: str | None
 ) -> str | None:
     """Where the flight recorder dumps: beside the metrics, else the checkpoints, the trace;
-    ``None`` for nowhere. Only beside a metrics file that is a file: ``--metrics /dev/null``
-    would put the records in ``/dev``."""
-    if metrics and not _device(metrics):
+    ``None`` for nowhere. Beside a metrics file only where it is (or will be) a file:
+    ``--metrics /dev/null`` would put the records in ``/dev``."""
+    if metrics and (os.path.isfile(metrics) or not os.path.exists(metrics)):
         return os.path.dirname(os.path.abspath(metrics))
     return checkpoint_dir or trace
-
-
-def _device(path: str) -> bool:
-    try:
-        return not stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False  # made by the run: a file
 
 
 def observers(spec: Any, rank: int) -> list[Callback]:

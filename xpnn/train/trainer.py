@@ -35,9 +35,8 @@ NETWORK = ("loss", "activation", "layers", "heads", "embed", "block", "vocab")
 
 @dataclass
 class RunFacts:
-    """What every metrics line says about the run beyond the trainer's settings: the settings
-    it repeats, as the run resolved them (``said``: name -> value; None: not said), and what the
-    run found; the ``NETWORK`` keys of ``said`` are what a resume must match instead."""
+    """What every metrics line says beyond the trainer's settings: the resolved settings
+    (``said``; its ``NETWORK`` keys are what a resume must match instead) and what the run found."""
 
     said: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None  # BLAS/Numba threads of each rank
@@ -62,8 +61,8 @@ class RunFacts:
 
 @dataclass
 class TrainConfig:
-    """The loop's settings: a resolved ``RunSpec`` (``xpnn.run.train_config`` makes it), each
-    of its settings read through as an attribute, but for what the run derives from them."""
+    """The loop's settings: a resolved ``RunSpec``, read through as attributes, but for what
+    the run derives from them (``xpnn.run.train_config`` makes it)."""
 
     spec: Any  # xpnn.run.RunSpec, its defaults filled; its fields say what each setting means
     batch_size: int  # the global batch: the run's mathematics do not depend on the rank count
@@ -79,8 +78,8 @@ class TrainConfig:
 
 
 class Callback:
-    """Called by the ``Trainer`` at its events, on every rank; does nothing at every event: a
-    subclass overrides the events it needs (step events go only to those that override them)."""
+    """The ``Trainer``'s events, on every rank, each doing nothing: a subclass overrides those it
+    needs (step events go only to those that override them)."""
 
     def on_train_begin(self, trainer: Trainer) -> None:
         """Before the first epoch (after a resume, before its first epoch left)."""
@@ -116,15 +115,9 @@ class TrainingDiverged(RuntimeError):
         self.epoch = epoch
 
 
-def gradient_total(update: Any, model_comm: Any) -> Callable[[float], float]:
-    """The reducer of a sum over this rank's part of the reduced gradient: the whole model's,
-    its replica's shares added (the update scheme's), then the replica's slices or stages
-    (replicas hold equal sums). Clipping's norm and the loss scale's overflow count use it."""
-
-    def total(local: float) -> float:
-        return float(model_comm.allreduce_host([update.share_total(local)])[0])
-
-    return total
+def finite(record: dict[str, Any]) -> bool:
+    """Whether a record's losses are finite (a diverged span: never checkpointed)."""
+    return math.isfinite(record["train_loss"]) and math.isfinite(record["test_loss"])
 
 
 def warmup_steps(epochs: float, steps_per_epoch: int) -> int:
@@ -164,8 +157,7 @@ class Trainer:
             self.y_train = backend.asarray(data.y_train, dtype=self.xp.int64)
         self.n_train = data.n_train  # with ``replicate``, more than it stores
         self.steps_per_epoch = math.ceil(self.n_train / cfg.batch_size)
-        warmup = cfg.warmup_steps
-        if warmup is None:
+        if (warmup := cfg.warmup_steps) is None:
             warmup = warmup_steps(cfg.warmup_epochs, self.steps_per_epoch)
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
         schedule = Schedule(
@@ -181,8 +173,11 @@ class Trainer:
         matrices = matrix_ranges(shapes)
         shared = replicated_ranges(model, cfg.plan.part(comm.rank))  # counted on another rank
 
-        def total(local: float) -> float:  # the update is built by the first step
-            return gradient_total(self.update, self.model_comm)(local)
+        def total(local: float) -> float:
+            """A sum over this rank's part of the reduced gradient -> the whole model's: the
+            replica's shares (the update's), then its slices or stages. Clipping and the loss
+            scale's overflow count use it."""
+            return float(self.model_comm.allreduce_host([self.update.share_total(local)])[0])
 
         def optimizer(
             params: Any, grads: Any, parts: Any = None, zeros: Any = None, offset: int = 0
@@ -217,14 +212,12 @@ class Trainer:
         self.precision: Precision | None = None  # fp32: the model's own passes
         if cfg.precision != "fp32":
             scale = self.loss_scale if cfg.precision == "fp16" else None
-            self.precision = Precision(cfg.precision, backend, scale, agree=total)
+            self.precision = Precision(cfg.precision, backend, scale)
             self.precision.attach(model, self.optimizer)
-        if self.loss_scale is not None and cfg.precision != "fp16":  # float16 exchange only
+        if self.loss_scale is not None:  # an overflow skips the step, on every rank
             self.optimizer.add_skip_rule(overflow_skip(model, self.xp, self.loss_scale, total))
         # the passes: the model's own, or its twins' over threads each taking part of a batch
-        self.passes: Any = model
-        if cfg.batch_threads > 1:
-            self.passes = BatchThreads(model, cfg.batch_threads)
+        self.passes = BatchThreads(model, cfg.batch_threads) if cfg.batch_threads > 1 else model
         self.graph: GraphStep | None = graph_step(self)  # the step replayed as a CUDA graph
         self.n_params = whole_size(model)
         self.callbacks: list[Callback] = list(callbacks)
@@ -237,8 +230,7 @@ class Trainer:
         self.final_params: dict[str, np.ndarray] = {}  # the whole model's, once the run is done
 
     def batches_done(self) -> int:
-        """The training batches behind the model: its optimizer's steps and, with fp16 loss
-        scaling, the steps skipped for an overflow (what a mid-epoch resume skips)."""
+        """The batches trained: the optimizer's steps and those fp16 loss scaling skipped."""
         return self.optimizer.step_count + (self.loss_scale.skipped if self.loss_scale else 0)
 
     def _scale(self) -> float:
@@ -246,7 +238,7 @@ class Trainer:
         return self.loss_scale.scale if self.loss_scale is not None else 1.0
 
     def _skips(self) -> dict[str, int]:
-        """A record's ``skipped_steps``: with low-precision passes or loss scaling."""
+        """A record's ``skipped_steps`` (low-precision passes or loss scaling)."""
         if self.precision is None and self.loss_scale is None:
             return {}
         return {"skipped_steps": self.loss_scale.skipped if self.loss_scale else 0}
@@ -267,10 +259,7 @@ class Trainer:
             local = shard(part, self.data_comm.rank, self.data_comm.size)
             if len(local) == 0 and not self.update.needs_every_rank:
                 if last:  # more ranks than samples: contribute zeros (or the earlier ones')
-                    if summed:
-                        model.grads[...] = self._acc
-                    else:
-                        model.grads[...] = 0
+                    model.grads[...] = self._acc if summed else 0
                 continue
             ready = self.update.grads_ready if last else None
             if last and summed:
@@ -291,28 +280,31 @@ class Trainer:
 
     def _pass(self, local: np.ndarray, batch: int, step: int, ready: Any) -> tuple[Any, Any]:
         """Forward and backward over this rank's samples ``local`` of a ``batch``-sample step."""
-        xp = self.xp
-        idx = self.backend.asarray(local, dtype=xp.int64)
-        rows = idx  # the stored rows that hold these samples: others with ``replicate``
-        if self.data.train_repeats > 1:
-            rows = self.backend.asarray(self.data.stored_rows(local), dtype=xp.int64)
+        xp, to_device = self.xp, self.backend.asarray
+        idx = to_device(local, dtype=xp.int64)
+        stored = self.data.stored_rows(local)  # the rows holding them: others with ``replicate``
+        rows = to_device(stored, dtype=xp.int64) if self.data.train_repeats > 1 else idx
+        at = None
         if self.stream is not None:
-            spans = self.data.windows.spans(self.cfg.seed, step, self.data.stored_rows(local))
-            at = self.backend.asarray(spans.reshape(-1), dtype=xp.int64)  # the array API's
-            shape = spans.shape  # take: 1-D indices only
-            xb = xp.reshape(xp.take(self.stream, at), shape) if self.portion.reads_input else None
-            yb = xp.reshape(xp.take(self.stream, at + 1), shape)
-        else:
-            xb = xp.take(self.x_train, rows, axis=0) if self.portion.reads_input else None
-            yb = xp.take(self.y_train, rows, axis=0)
+            at = to_device(self.data.windows.spans(self.cfg.seed, step, stored), dtype=xp.int64)
+        xb, yb = self.inputs(rows, at)
         ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
-        if self.precision is not None:
-            return self.precision.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
-        return self.passes.loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
+        return (self.precision or self.passes).loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
+
+    def inputs(self, rows: Any, at: Any) -> tuple[Any, Any]:
+        """The inputs (None where this stage reads none) and labels of the stored ``rows``;
+        text: of the windows starting at ``at``."""
+        xp, reads = self.xp, self.portion.reads_input
+        if at is None:
+            x = xp.take(self.x_train, rows, axis=0) if reads else None
+            return x, xp.take(self.y_train, rows, axis=0)
+        flat = xp.reshape(at, (-1,))  # the array API's take: 1-D indices only
+        x = xp.reshape(xp.take(self.stream, flat), at.shape) if reads else None
+        return x, xp.reshape(xp.take(self.stream, flat + 1), at.shape)
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
-        """Epoch ``epoch``'s steps that a resume left, without its record (a benchmark times
-        them): the sums of its losses and correct predictions, on the device."""
+        """Epoch ``epoch``'s steps left, without a record (a benchmark times them): the sums
+        of its losses and correct predictions, on the device."""
         sums = self.progress.open(self, self._span(), epoch)  # zeros, or a resume's sums
         first = epoch * self.steps_per_epoch
         for step in range(max(first, self.batches_done()), first + len(batches)):
@@ -320,9 +312,8 @@ class Trainer:
         return sums["loss"], sums["correct"]
 
     def _train_step(self, batch: np.ndarray, step: int, sums: dict[str, Any]) -> None:
-        """One step and its step events; its loss and correct predictions added to ``sums``
-        (float64 on the device, in place: a float32 sum drifts, a host sum waits each step),
-        and its samples counted, before ``on_step_end`` (a checkpoint there saves the sums)."""
+        """One step and its events, added to ``sums`` before ``on_step_end`` saves them (float64
+        on the device: a float32 sum drifts, a host sum waits each step)."""
         for callback in self._step_begin:
             callback.on_step_begin(self, step)
         loss, correct = self.step(batch, step)
@@ -334,8 +325,8 @@ class Trainer:
             callback.on_step_end(self, step)
 
     def bytes_sent(self) -> np.ndarray:
-        """This rank's payload bytes handed to MPI so far: [data group, replica] (float64,
-        exact to 2**53, to be summed over every rank in one ``allreduce_host``)."""
+        """This rank's payload bytes handed to MPI: [data group, replica], float64 (summed over
+        the ranks in one ``allreduce_host``)."""
         return np.array([self.data_comm.bytes_sent, self.model_comm.bytes_sent], np.float64)
 
     def evaluate(self) -> tuple[float, float]:
@@ -407,9 +398,8 @@ class Trainer:
         return done
 
     def _loop(self) -> tuple[float, int, float, float]:
-        """The run's steps, from where a resume left them; a record closes each span of steps
-        (an epoch, or ``eval_every`` steps). Returns (seconds, samples, test loss, test
-        accuracy) over the records made."""
+        """The run's steps from where a resume left them, a record closing each span (an epoch,
+        or ``eval_every`` steps): (seconds, samples, test loss, test accuracy) of the records."""
         cfg, spe = self.cfg, self.steps_per_epoch
         by_steps = cfg.steps is not None
         every = (cfg.eval_every or cfg.steps) if by_steps else spe
@@ -441,13 +431,11 @@ class Trainer:
         return seconds, trained, test_loss, test_acc
 
     def _open_span(self, step: int, epoch: int) -> dict[str, Any]:
-        """The running sums of the steps up to the next record, begun at ``step`` (every rank
-        together), carried on from a resumed checkpoint's (``midepoch``)."""
+        """The running sums up to the next record, begun at ``step`` by every rank together
+        (carried on from a resumed checkpoint's)."""
         by_steps = self.cfg.steps is not None
         self.backend.synchronize()
-        stall.in_phase(
-            f"the start of step {step + 1}" if by_steps else f"the start of epoch {epoch + 1}"
-        )
+        stall.in_phase(f"the start of {f'step {step + 1}' if by_steps else f'epoch {epoch + 1}'}")
         self.comm.barrier()
         t0 = time.perf_counter()
         if not by_steps:
@@ -456,17 +444,15 @@ class Trainer:
         return self.progress.open(self, self._span(t0), epoch)
 
     def _span(self, t0: float | None = None) -> dict[str, Any]:
-        """Empty running sums of a span of steps begun at ``t0`` (now: None); its loss and
-        correct predictions float64 on the device."""
+        """Empty running sums of steps begun at ``t0`` (None: now), loss and correct on device."""
         xp = self.xp
         span = {"t0": time.perf_counter() if t0 is None else t0, "sent": -self.bytes_sent()}
         zeros = {k: xp.zeros((), dtype=xp.float64) for k in ("loss", "correct")}
         return span | zeros | {"samples": 0, "steps": 0}
 
     def _record(self, span: dict[str, Any], step: int) -> dict[str, Any]:
-        """The record of the steps in ``span``, up to ``step``: an ``epoch`` one at an epoch's
-        end, by steps an ``eval`` one; given to every callback, then the divergence check
-        (collective)."""
+        """The ``epoch`` (by steps ``eval``) record of ``span`` up to ``step``, given to every
+        callback, then the divergence check (collective)."""
         by_steps, epoch = self.cfg.steps is not None, (step - 1) // self.steps_per_epoch + 1
         sent = span["sent"] + self.bytes_sent()
         self.backend.synchronize()
@@ -475,9 +461,8 @@ class Trainer:
             f"the evaluation at step {step}" if by_steps else f"the end of epoch {epoch}"
         )
         data_bytes, model_bytes = (int(b) for b in self.comm.allreduce_host(sent))
-        sums = self.metrics_comm.allreduce_host(
-            np.array([float(span["loss"]), float(span["correct"])], dtype=np.float64)
-        )
+        mine = np.array([float(span["loss"]), float(span["correct"])])  # float64
+        sums = self.metrics_comm.allreduce_host(mine)
         test_loss, test_acc = self.evaluate()
         samples = span["samples"]
         if by_steps:  # epochs' worth of batches, a fraction
@@ -502,12 +487,10 @@ class Trainer:
         if self.cfg.clip_norm is not None:  # the span's last step's, before clipping
             record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
         record |= self._skips()  # fp16: steps whose gradients overflowed, so far
+        event = "on_eval" if by_steps else "on_epoch_end"
         for callback in self.callbacks:  # checkpoints skip a span that diverged
-            if by_steps:
-                callback.on_eval(self, record)
-            else:
-                callback.on_epoch_end(self, record)
-        if not (math.isfinite(record["train_loss"]) and math.isfinite(test_loss)):
+            getattr(callback, event)(self, record)
+        if not finite(record):
             for callback in self.callbacks:  # every rank sees it
                 callback.on_train_end(self, {"event": "diverged", "epoch": epoch})
             raise TrainingDiverged(epoch)
@@ -515,32 +498,21 @@ class Trainer:
 
     def identity(self) -> dict[str, Any]:
         """What a resume must match beyond shapes, seed and data set (every batch to come)."""
-        return {
-            "global_batch": self.cfg.batch_size,
-            "train_samples": self.n_train,
-            **self.cfg.facts.network(),
-        }
+        said = {"global_batch": self.cfg.batch_size, "train_samples": self.n_train}
+        return said | self.cfg.facts.network()
 
     def settings(self) -> dict[str, Any]:
         """What a resume may change and is told about: the rates to come and the precision."""
         cfg = self.cfg
         settings: dict[str, Any] = {"lr": cfg.lr, "schedule": cfg.schedule}
         settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": self.backend.dtype_name}
-        if cfg.schedule == "step":
-            settings["step_epochs"] = cfg.step_epochs
-        if cfg.schedule == "cosine":
-            settings["epochs"] = cfg.epochs
-        recipe = (*HYPERS, "warmup_steps", "clip_norm")
-        for name in recipe:  # as JSON gives them back: a list for a tuple
+        said = {"step_epochs": cfg.schedule == "step", "epochs": cfg.schedule == "cosine"}
+        said |= {"min_lr": bool(cfg.min_lr), "precision": cfg.precision != "fp32"}
+        said |= {k: getattr(cfg, k) is not None for k in (*HYPERS, "warmup_steps", "clip_norm")}
+        said |= {"grad_dtype": cfg.grad_dtype is not None}
+        for name in (k for k, wanted in said.items() if wanted):  # as JSON gives them: no tuple
             value = getattr(cfg, name)
-            if value is not None:
-                settings[name] = list(value) if isinstance(value, tuple) else value
-        if cfg.min_lr:
-            settings["min_lr"] = cfg.min_lr
-        if cfg.precision != "fp32":
-            settings["precision"] = cfg.precision
-        if cfg.grad_dtype is not None:
-            settings["grad_dtype"] = cfg.grad_dtype
+            settings[name] = list(value) if isinstance(value, tuple) else value
         if cfg.facts.auto is not None:  # a resume keeps it (xpnn.planner.auto.stored_choice)
             settings["auto"] = cfg.facts.auto
         return settings
