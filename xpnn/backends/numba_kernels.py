@@ -149,8 +149,9 @@ def _row_constants(rows: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray
 
 @functools.cache
 def _packed_values(t: int) -> int:
-    """Values ``causal_shift_pack`` writes for one (T, T) matrix: its rows' seen chunks."""
-    return sum(seq.seen_width(i, t) for i in range(t))
+    """Values ``causal_shift_pack`` writes for one (T, T) matrix: each group of 8 rows
+    ``[g, g + 8)`` ``min(T, g + 8)`` values a row."""
+    return sum(min(t, g + 8) * min(8, t - g) for g in range(0, t, 8))
 
 
 def _causal_softmax_into(s: np.ndarray, p: np.ndarray, scale: float = 1.0) -> np.ndarray:

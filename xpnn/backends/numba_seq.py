@@ -12,72 +12,66 @@ from numba import njit, prange
 from xpnn.backends.numba_jit import JIT
 
 
-@njit(**JIT, inline="always")
-def seen_width(i, t):  # pragma: no cover - compiled
-    """Row ``i``'s values the causal softmax touches: its eight-value chunks that hold a seen
-    key (``j <= i``), at most ``t``."""
-    return min(t, (i // 8 + 1) * 8)
-
-
 def causal_shift_pack(s, pk, scale, ninf):  # pragma: no cover - compiled
-    """The exponent of ``causal_softmax`` of ``z = s * scale`` (N, T, T), packed: row after
-    row, ``z[j] - max(z[:i+1])`` for ``j <= i`` and ``-inf`` (whose ``exp`` is 0) to the end
-    of its chunk, ``seen_width`` values a row, into the flat ``pk``; NumPy's SIMD ``exp``
-    then takes the seen half alone. Each product rounded as a pass of its own rounds it;
-    ``scale`` and ``ninf`` (-inf) in the scores' dtype. Loops over 1-D rows: indexing the 3-D
-    arrays inside them kept LLVM from vectorising (3x slower)."""
+    """The exponent of ``causal_softmax`` of ``z = s * scale`` (N, T, T), packed for NumPy's
+    SIMD ``exp`` to take the seen half alone: each group of 8 rows ``[g, g + 8)`` as a block of
+    ``w = min(T, g + 8)`` values a row (the keys a row of the group sees and the rest of its
+    chunk of 8), ``z[j] - max(z[:i+1])`` for ``j <= i`` and ``-inf`` (whose ``exp`` is 0)
+    after; each product rounded as a pass of its own rounds it. ``scale`` and ``ninf`` (-inf)
+    in the scores' dtype. Loops over 1-D rows: indexing the 3-D arrays inside them kept LLVM
+    from vectorising (3x slower)."""
     n, t, _ = s.shape
     o = 0
     for b in range(n):
-        for i in range(t):
-            row = s[b, i]
-            width = seen_width(i, t)
-            out = pk[o : o + width]
-            m = row[0] * scale
-            for j in range(1, i + 1):
-                z = row[j] * scale
-                m = z if z > m else m
-            for j in range(width):
-                z = row[j] * scale - m
-                out[j] = z if j <= i else ninf
-            o += width
+        for g in range(0, t, 8):
+            w = min(t, g + 8)
+            for i in range(g, min(t, g + 8)):
+                row, out = s[b, i], pk[o : o + w]
+                m = row[0] * scale
+                for j in range(1, i + 1):
+                    z = row[j] * scale
+                    m = z if z > m else m
+                for j in range(w):
+                    z = row[j] * scale - m
+                    out[j] = z if j <= i else ninf
+                o += w
     return o
 
 
 def causal_normalise_unpack(pk, ones, p):  # pragma: no cover - compiled
     """``p[b, i, :] = e / sum(e)`` of ``causal_shift_pack``'s rows once ``pk`` holds their
-    ``exp``, 0 past each row's chunks; the sum grouped as NumPy groups a whole row of up to
-    128 values (the masked values' zeros change none of its partial sums)."""
+    ``exp``, 0 past each row's group width; the sum grouped as NumPy groups a whole row of up
+    to 128 values (the masked values' zeros change none of its partial sums)."""
     n, t, _ = p.shape
     o = 0
     for b in range(n):
-        for i in range(t):
-            width = seen_width(i, t)
-            e, row = pk[o : o + width], p[b, i]
-            total = _row_dot8(e, ones[:width])
-            for j in range(width):
-                row[j] = e[j] / total
-            for j in range(width, t):
-                row[j] = 0.0
-            o += width
+        for g in range(0, t, 8):
+            w = min(t, g + 8)
+            for i in range(g, min(t, g + 8)):
+                e, row = pk[o : o + w], p[b, i]
+                total = _row_dot8(e, ones[:w])
+                for j in range(w):
+                    row[j] = e[j] / total
+                row[w:] = 0.0
+                o += w
     return p
 
 
 def causal_softmax_backward(dp, p, ds, scale):  # pragma: no cover - compiled
-    """``ds = p (dp - sum(dp p)) scale`` a row at a time (``ds`` may be ``dp``), over each
-    row's ``seen_width`` values (``p`` is 0 past them) and 0 after, the sum grouped as NumPy
-    groups the whole row; ``scale``: the attention's, applied in the same pass (1 for the
-    softmax alone)."""
+    """``ds = p (dp - sum(dp p)) scale`` a row at a time (``ds`` may be ``dp``), over the
+    ``min(T, g + 8)`` keys the rows of a group of 8 see or share a chunk with (``p`` is 0 past
+    them) and 0 after, the sum grouped as NumPy groups the whole row; ``scale``: the
+    attention's, applied in the same pass (1 for the softmax alone)."""
     n, t, _ = p.shape
     for b in range(n):
-        for i in range(t):
-            width = seen_width(i, t)
-            g, q, out = dp[b, i, :width], p[b, i, :width], ds[b, i]
-            dot = _row_dot8(g, q)
-            for j in range(width):
-                out[j] = q[j] * (g[j] - dot) * scale
-            for j in range(width, t):
-                out[j] = 0.0
+        for g in range(0, t, 8):
+            w = min(t, g + 8)
+            for i in range(g, min(t, g + 8)):
+                grad, prob, out = dp[b, i, :w], p[b, i, :w], ds[b, i]
+                dot = _row_dot8(grad, prob)
+                for j in range(w):
+                    out[j] = prob[j] * (grad[j] - dot) * scale
+                out[w:] = 0.0
     return ds
 
 
