@@ -1,7 +1,7 @@
 """Numba kernel bodies of sequence models, compiled in ``numba_kernels``: attention's causal
-softmax (the row maxima and sums over each row's seen half, NumPy's SIMD ``exp`` of that half
-alone between, packed) and its backward,
-layer normalisation a row at a time, the GELU's backward and an embedding's scatter-add."""
+softmax (the row maxima and sums over each row's seen keys, NumPy's SIMD ``exp`` of those
+alone, packed, between) and its backward, layer normalisation a row at a time, the GELU's
+backward and an embedding's scatter-add."""
 
 from __future__ import annotations
 
