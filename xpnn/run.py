@@ -20,6 +20,7 @@ from xpnn.settings import (
     RunSpec,
     check_spec,
     describe_preset,
+    given_settings,
     gpt_preset,
     with_defaults,
 )
@@ -181,7 +182,8 @@ def build_run(
         if world.rank == 0:
             (log or print)(f"xpnn: {line}")
         chosen_spec = dataclasses.replace(given_spec, **chosen)
-        spec, preset = agree_on_user_errors(world, lambda: resolve(chosen_spec, given))
+        kept = given_settings(given_spec, given) | set(chosen)  # no recipe refills them
+        spec, preset = agree_on_user_errors(world, lambda: resolve(chosen_spec, kept))
     backend, data, model, cfg, plan = agree_on_user_errors(world, lambda: _setup(spec, world))
     cfg.facts.auto = chosen
     if preset:

@@ -553,7 +553,29 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
         for name, value in GPT_RECIPE.items()
         if applies.get(name, True) and name not in given
     }
-    return dataclasses.replace(spec, **fill), fill
+    spec = dataclasses.replace(spec, **fill)
+    if gpt_batch_threads_chosen(spec, given):  # the planner's choice, said in its own line
+        spec = dataclasses.replace(spec, batch_threads=AUTO)
+    return spec, fill
+
+
+def gpt_batch_threads_chosen(spec: Any, given: Collection[str]) -> bool:
+    """Whether ``--model gpt`` leaves ``batch_threads`` to the planner (``auto``): not given,
+    on a CPU backend, data-parallel in fp32 on more than one thread, its text and heads valid
+    (else the run's own check says what is wrong). One process of 2 batch threads trained
+    1.33x one whose 2 threads shared each product (docs/gpt.md#speed-beside-pytorch)."""
+    from xpnn.backends import accelerator_possible
+    from xpnn.data.text import TEXT_DATASETS
+    from xpnn.parallel.model.batch_threads import CPU_BACKENDS
+
+    if "batch_threads" in given or spec.batch_threads != 1 or spec.threads == 1:
+        return False
+    if spec.precision != "fp32" or spec.parallel not in ("data", AUTO):
+        return False
+    heads, embed = (getattr(spec, n) or GPT_DEFAULTS[n] for n in ("heads", "embed"))
+    if spec.dataset not in TEXT_DATASETS or embed % heads:
+        return False
+    return spec.backend in CPU_BACKENDS or (spec.backend == "auto" and not accelerator_possible())
 
 
 def describe_preset(fill: dict[str, Any]) -> str:

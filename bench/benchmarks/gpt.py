@@ -81,7 +81,7 @@ def xpnn_flags(args: argparse.Namespace, mode: str) -> tuple[int, list[str]]:
     flags += ["--batch-size", str(args.batch_size), "--no-progress"]
     flags += ["--steps", str(2 * args.steps), "--eval-every", str(args.steps)]
     if mode == "one":
-        return 1, [*flags, "--threads", str(args.threads)]
+        return 1, [*flags, "--threads", str(args.threads), "--batch-threads", "1"]
     if mode == "batch-threads":
         return 1, [*flags, "--threads", str(args.threads), "--batch-threads", str(args.threads)]
     if mode == "one-thread":

@@ -6,6 +6,7 @@ policy is passive and each kernel has a serial twin: docs/decisions/numba-wait-p
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -128,8 +129,8 @@ def _adam(  # pragma: no cover - compiled
 
 # serial only: a row is a few hundred flops, and the parallel build ran 4x slower than the
 # serial one (5.7 vs 1.3 ms at 128x64x64 float32) on a loaded 2-core machine
-_causal_shifted = nb.njit(**JIT)(seq.causal_shifted)
-_normalise_causal_rows = nb.njit(**JIT)(seq.normalise_causal_rows)
+_causal_shift_pack = nb.njit(**JIT)(seq.causal_shift_pack)
+_causal_normalise_unpack = nb.njit(**JIT)(seq.causal_normalise_unpack)
 _causal_softmax_backward = nb.njit(**JIT)(seq.causal_softmax_backward)
 _embedding_grad = nb.njit(**JIT)(seq.embedding_grad)
 _gelu_backward = Twin(seq.gelu_backward)
@@ -146,10 +147,27 @@ def _row_constants(rows: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray
     return np.ones(d, dtype=rows.dtype), np.array([1 / d, eps], dtype=rows.dtype)
 
 
+@functools.cache
+def _packed_values(t: int) -> int:
+    """Values ``causal_shift_pack`` writes for one (T, T) matrix: each group of 8 rows
+    ``[g, g + 8)`` ``min(T, g + 8)`` values a row."""
+    return sum(min(t, g + 8) * min(8, t - g) for g in range(0, t, 8))
+
+
 def _causal_softmax_into(s: np.ndarray, p: np.ndarray, scale: float = 1.0) -> np.ndarray:
-    """``Kernels.causal_softmax`` of (N, T, T) ``s * scale`` written into ``p``."""
-    np.exp(_causal_shifted(s, p, p.dtype.type(scale)), out=p)
-    return _normalise_causal_rows(p, np.ones(s.shape[-1], dtype=p.dtype))
+    """``Kernels.causal_softmax`` of (N, T, T) ``s * scale`` written into ``p`` (which may be
+    ``s``): the seen half packed, its ``exp`` by NumPy, unpacked normalised."""
+    n, t, _ = s.shape
+    kind = p.dtype.type
+    pk = np.empty(n * _packed_values(t), dtype=p.dtype)
+    _causal_shift_pack(s, pk, kind(scale), kind(-np.inf))
+    np.exp(pk, out=pk)
+    return _causal_normalise_unpack(pk, np.ones(t, dtype=p.dtype), p)
+
+
+def _t(a: np.ndarray) -> np.ndarray:
+    """The stacked matrices of ``a`` transposed (a view: BLAS reads it as is)."""
+    return a.swapaxes(-1, -2)
 
 
 # Taps a position (C_in*kh*kw) up to which the direct convolution beats im2col and one GEMM:
@@ -341,11 +359,12 @@ class NumbaKernels(NumpyKernels):
         return y.reshape(x.shape), t.reshape(x.shape)
 
     def causal_attention(self, q, k, v, scale, out=None):
-        t = q.shape[2]
-        scores = np.matmul(q, k.transpose(0, 1, 3, 2))
-        rows = scores.reshape(-1, t, t)
-        p = _causal_softmax_into(rows, rows, scale)  # the scale applied in the same pass
-        p = p.reshape(scores.shape)
+        # whole (T, T) products: OpenBLAS's float32 kernels round a block of rows otherwise
+        # than the whole (a causal block skip gave other bits, and no time at T = 64)
+        t = q.shape[-2]
+        p = np.matmul(q, _t(k))
+        rows = p.reshape(-1, t, t)
+        _causal_softmax_into(rows, rows, scale)  # the scale applied in the same pass
         if out is None:
             return np.matmul(p, v), p
         np.matmul(p, v, out=out)
@@ -354,13 +373,13 @@ class NumbaKernels(NumpyKernels):
     def causal_attention_backward(self, dout, q, k, v, p, scale, out=None):
         t = p.shape[-1]
         dq, dk, dv = out or (np.empty_like(q), np.empty_like(k), np.empty_like(v))
-        np.matmul(p.transpose(0, 1, 3, 2), dout, out=dv)
-        ds = np.matmul(dout, v.transpose(0, 1, 3, 2))
+        np.matmul(_t(p), dout, out=dv)
+        ds = np.matmul(dout, _t(v))
         rows = ds.reshape(-1, t, t)
         # row by row, in place, the scale applied in the same pass
         _causal_softmax_backward(rows, p.reshape(-1, t, t), rows, rows.dtype.type(scale))
         np.matmul(ds, k, out=dq)
-        np.matmul(ds.transpose(0, 1, 3, 2), q, out=dk)
+        np.matmul(_t(ds), q, out=dk)
         return dq, dk, dv
 
     def causal_softmax(self, scores):
