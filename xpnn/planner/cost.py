@@ -235,7 +235,8 @@ def predict(
         rows = batch * max(1, work.tokens_per_sample)
         pairs = max(1, sum(1 for g in work.gemms() if g.phase == FORWARD and g.scales == "m") // 2)
         act_bytes = rows * _widest(work) * itemsize
-        pred.comm_exposed = 2 * pairs * machine.collective("allreduce", r, act_bytes)
+        one = machine.collective("allreduce", local, act_bytes)
+        pred.comm_exposed = 2 * pairs * (one + network_allreduce(machine, layout.nodes, act_bytes))
         pred.syncs = 2 * pairs
         batch_rank = batch
     else:  # pipeline: each rank a stage; the slowest stage paces every micro-batch
@@ -246,7 +247,7 @@ def predict(
         phases = {name: slowest.get(name, 0.0) * m for name in (*PHASES, "elementwise")}
         pred.bubble = (r - 1) * sum(slowest.values())
         act_bytes = micro * _widest(work) * max(1, work.tokens_per_sample) * itemsize
-        pred.comm_exposed = 2 * (m + r - 1) * machine.collective("sendrecv", 2, act_bytes)
+        pred.comm_exposed = 2 * (m + r - 1) * _stage_send(machine, layout, act_bytes)
         pred.syncs = 2 * (m + r - 1)
         pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
         batch_rank = micro if layout.schedule == "1f1b" else batch
@@ -295,16 +296,21 @@ def param_buckets(work: ModelWork, min_size: int | None = None) -> int:
     return len(layer_buckets(offsets, work.params, min_size or MIN_LAYER_BUCKET))
 
 
+def _dense_values(work: ModelWork) -> int:
+    """Values a sample puts in a node's shared activations: each Dense layer's input and
+    output gradient."""
+    return sum(g.k + g.n for g in work.gemms() if g.phase == FORWARD and g.scales == "m")
+
+
 def shares_activations(work: ModelWork, batch: int, node_share: str) -> bool:
     """Whether a node's ranks share the batch's activations rather than their gradients: as
     ``node_share`` says, or (auto) for a model of Dense layers alone whose inputs and output
     gradients over the batch are fewer values than its parameters (the update's own rule)."""
-    dense = [g for g in work.gemms() if g.phase == FORWARD and g.scales == "m"]
     with_params = [layer for layer in work.layers if layer.params]
     all_dense = bool(with_params) and all("Dense" in layer.name for layer in with_params)
     if node_share == "gradients" or not all_dense:
         return False
-    return node_share == "activations" or batch * sum(g.k + g.n for g in dense) < work.params
+    return node_share == "activations" or batch * _dense_values(work) < work.params
 
 
 def _node_shared(
@@ -317,24 +323,37 @@ def _node_shared(
     pred: Prediction,
 ) -> tuple[float, float]:
     """(the exchange of a node-shared update, its last bucket's part): a fence per bucket and
-    one at the end; sharing gradients, each rank sums the node's rows of its share (memory
-    traffic, counted with the optimizer, which updates that share); sharing activations, two
-    fences per Dense layer past the first. Across nodes, each rank's share of the node's sum
-    crosses the network."""
+    one at the end, then each rank reads what the others wrote of its share of the gradient
+    rows; sharing activations, two fences per Dense layer past the first, between which each
+    reads the others' part of the layers' inputs and output gradients, none of it hidden.
+    Across nodes, each rank's share of the node's sum crosses the network."""
     local, nodes, t = layout.local_ranks, layout.nodes, layout.threads
     itemsize = 8 if dtype == "float64" else 4
     buckets = param_buckets(work)
     fences = buckets + 1
     if nodes > 1 and node_share == "auto":
         node_share = "gradients"  # a run's default across nodes (xpnn.run)
-    if shares_activations(work, batch, node_share):
+    others = (local - 1) / local  # the part of a shared array the other ranks wrote
+    activations = shares_activations(work, batch, node_share)
+    if activations:
         fences += 2 * (sum(1 for layer in work.layers if layer.params) - 1)
-    else:  # the optimizer reads every rank's row of its share
-        pred.optimizer += (local - 1) * work.params / local / machine.values_per_s(t, dtype)
+        read = others * batch / nodes * _dense_values(work) * itemsize
+    else:
+        read = others * work.params * itemsize
     pred.syncs = fences
-    barrier = machine.collective("allreduce", local, itemsize)
     cross = network_allreduce(machine, nodes, work.params * itemsize, buckets)
-    return fences * barrier + cross, barrier + cross / buckets
+    fence = machine.shared_exchange(local, 0.0)
+    if fence is None:  # not measured: a node barrier, the rows read at the passes' rate
+        fence = machine.collective("allreduce", local, itemsize)
+        if not activations:
+            pred.optimizer += read / itemsize / machine.values_per_s(t, dtype)
+        read_time = 0.0
+    else:
+        read_time = machine.shared_exchange(local, read) - fence
+    exchange = fences * fence + read_time + cross
+    if activations:
+        return exchange, exchange
+    return exchange, fence + read_time + cross / buckets
 
 
 def _data_comm(
@@ -355,6 +374,19 @@ def _data_comm(
         one = machine.collective("allreduce", ranks, size)
     one += network_allreduce(machine, layout.nodes, size)
     return buckets * one, one
+
+
+def _stage_send(machine: Machine, layout: Layout, nbytes: float) -> float:
+    """A pipeline's send between neighbouring stages, the mean over its ``R - 1`` boundaries:
+    the stages laid in order over the nodes, ``N - 1`` of them cross the network."""
+    here = machine.collective("sendrecv", 2, nbytes)
+    if layout.nodes <= 1:
+        return here
+    alpha, beta = machine.network_cost()
+    crossing = layout.nodes - 1
+    return ((layout.ranks - 1 - crossing) * here + crossing * (alpha + beta * nbytes)) / (
+        layout.ranks - 1
+    )
 
 
 def _widest(work: ModelWork) -> int:

@@ -1,5 +1,6 @@
 """Run under ``mpiexec -n R``: the latency (alpha) and bandwidth cost (beta) of each collective
-the update schemes use, fitted to ``t = alpha + beta * bytes`` over message sizes, and how much
+the update schemes use, fitted to ``t = alpha + beta * bytes`` over message sizes; the same of
+a node-shared exchange (a fence, then the values the other ranks wrote read); and how much
 slower R one-thread products run at once than one alone. Rank 0 prints one JSON line."""
 
 from __future__ import annotations
@@ -49,6 +50,46 @@ def _op(comm, name: str, values: int):  # noqa: ANN001, ANN202
     if peer >= size:  # an odd rank count: the last rank has no partner and waits
         return lambda: None
     return lambda: comm.Sendrecv(send, peer, recvbuf=recv, source=peer)
+
+
+def _fit(points: list[tuple[float, float]]) -> list[float]:
+    """[alpha, beta] of ``t = alpha + beta * bytes`` through (bytes, seconds), weighted by
+    relative error, neither below zero."""
+    nbytes, seconds = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True))
+    beta, alpha = np.polyfit(nbytes, seconds, 1, w=1.0 / seconds)
+    return [max(float(alpha), 0.0), max(float(beta), 0.0)]
+
+
+def shared_exchange(comm, exponents: range, repeats: int) -> list[float]:  # noqa: ANN001
+    """[alpha, beta] of a node-shared exchange as node-shared runs do one: each rank writes its
+    share of a shared array, the run's own fence, and each reads the shares the others wrote
+    (the bytes the fit is over): what a fence and a core's reads of another's writes cost."""
+    from xpnn.parallel.comm.shm import ShmCommunicator
+
+    shm = ShmCommunicator.create(comm)
+    points = []
+    for e in exponents:
+        values = max(shm.local_size, (1 << e) // 4)
+        run, others = _exchange(shm, shm.shared_zeros(values, np.float32))
+        run()
+        points.append((4.0 * others, _time(comm, run, repeats)))
+        shm.free()
+    return _fit(points)
+
+
+def _exchange(shm, shared: np.ndarray):  # noqa: ANN001, ANN202
+    """(one exchange over ``shared``, the values the other ranks write in it)."""
+    size, rank = shm.local_size, shm.local_rank
+    lo, hi = rank * shared.size // size, (rank + 1) * shared.size // size
+    mine = np.ones(hi - lo, dtype=shared.dtype)
+
+    def run() -> None:
+        shared[lo:hi] = mine
+        shm.fence()
+        shared[:lo].sum()
+        shared[hi:].sum()
+
+    return run, shared.size - (hi - lo)
 
 
 def crowding(comm, repeats: int) -> float:  # noqa: ANN001
@@ -107,10 +148,9 @@ def main() -> None:
             run = _op(comm, name, values)
             run()
             points.append((4 * values, _time(comm, run, repeats)))
-        nbytes, seconds = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True))
-        beta, alpha = np.polyfit(nbytes, seconds, 1, w=1.0 / seconds)  # relative error
-        fits[name] = [max(float(alpha), 0.0), max(float(beta), 0.0)]
-    found = {"ranks": size, "fits": fits, "crowding": crowding(comm, repeats)}
+        fits[name] = _fit(points)
+    shared = shared_exchange(comm, range(10, 23, 3 if args.quick else 2), 4 * repeats)
+    found = {"ranks": size, "fits": fits, "shared": shared, "crowding": crowding(comm, repeats)}
     if comm.Get_rank() == 0:
         print(json.dumps(found), flush=True)
 
