@@ -11,6 +11,7 @@ import statistics
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "sendrecv")
 
@@ -22,13 +23,7 @@ def _time(comm, run, repeats: int) -> float:  # noqa: ANN001
         start = time.perf_counter()
         run()
         samples.append(time.perf_counter() - start)
-    return float(comm.allreduce(statistics.median(samples), op=_max()))
-
-
-def _max():  # noqa: ANN202
-    from mpi4py import MPI
-
-    return MPI.MAX
+    return float(comm.allreduce(statistics.median(samples), op=MPI.MAX))
 
 
 def _op(comm, name: str, values: int):  # noqa: ANN001, ANN202
@@ -113,7 +108,7 @@ def _crowding(comm, work, repeats: int) -> float:  # noqa: ANN001
         alone = min(_clock(work) for _ in range(repeats))
     _sleeping_barrier(comm)  # MPI's own barrier spins: rank 0 alone would share its core
     together = statistics.median(_clock(work) for _ in range(repeats))
-    together = comm.allreduce(together, op=_max())
+    together = comm.allreduce(together, op=MPI.MAX)
     alone = comm.bcast(alone, root=0)
     return max(1.0, together / alone)
 
@@ -134,8 +129,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m xpnn.planner.probe")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    from mpi4py import MPI
-
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
     exponents = range(10, 25, 3) if args.quick else range(8, 26, 2)  # 256 B .. 32 MiB
