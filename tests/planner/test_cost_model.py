@@ -284,3 +284,10 @@ def test_auto_is_priced_as_the_transport_the_backend_takes():
     assert as_run(SimpleNamespace(backend="auto"), layout).node_shared
     assert as_run(SimpleNamespace(backend="torch"), layout).comm == "mpi-host"
     assert not as_run(SimpleNamespace(backend="torch"), layout).node_shared
+
+
+def test_a_flatten_is_a_view_and_moves_no_values():
+    """A pipeline stage's share of the measured rest follows the values its layers move."""
+    work = mlp_work()
+    assert "Flatten" in work.layers[0].name and work.layers[0].elementwise == 0
+    assert work.elementwise() == 3 * (512 + 256 + 10)  # each Dense: z, bias, activation
