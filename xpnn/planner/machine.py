@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import statistics
 import subprocess
 import sys
@@ -318,7 +319,7 @@ def load(path: Path | str) -> Machine:
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as f:
-        if not _regular(f.fileno()):
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise UserError(f"{path}: not a regular file")
         raw = f.read(MAX_FILE_BYTES + 1)
     if len(raw) > MAX_FILE_BYTES:
@@ -328,12 +329,6 @@ def load(path: Path | str) -> Machine:
     except (ValueError, UnicodeDecodeError):
         raise UserError(f"{path}: not JSON") from None
     return Machine.from_json(data, str(path))
-
-
-def _regular(fd: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
 def save(machine: Machine, path: Path) -> None:
