@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xpnn.planner.machine import Machine
-from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, Gemm, ModelWork
+from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, Gemm, LayerWork, ModelWork
 
 
 def optimizer_states(name: str) -> int:
@@ -229,15 +229,17 @@ def predict(
         pred.comm_exposed = last + max(0.0, comm - last - backward)
         pred.comm_hidden = comm - pred.comm_exposed
         batch_rank = math.ceil(batch / r)
-    elif layout.parallel == "tensor":
-        phases = compute_times(machine, work, batch, t, dtype, split=r)
+    elif layout.parallel == "tensor":  # the pairs and heads split, the other layers whole
+        cut = {id(layer) for pair in dense_pairs(work) for layer in pair}
+        cut |= {id(layer) for layer in work.layers if layer.name.endswith(".heads")}
+        per_layer = layer_times(machine, work, batch, t, dtype, lambda x: r if id(x) in cut else 1)
+        phases = {name: sum(p[name] for p in per_layer) for name in (*PHASES, "elementwise")}
         pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
-        rows = batch * max(1, work.tokens_per_sample)
-        pairs = max(1, sum(1 for g in work.gemms() if g.phase == FORWARD and g.scales == "m") // 2)
-        act_bytes = rows * _widest(work) * itemsize
-        one = machine.collective("allreduce", local, act_bytes)
-        pred.comm_exposed = 2 * pairs * (one + network_allreduce(machine, layout.nodes, act_bytes))
-        pred.syncs = 2 * pairs
+        sizes = tensor_allreduces(work, batch, itemsize)
+        for nbytes in sizes:
+            pred.comm_exposed += machine.collective("allreduce", local, nbytes)
+            pred.comm_exposed += network_allreduce(machine, layout.nodes, nbytes)
+        pred.syncs = len(sizes)
         batch_rank = batch
     else:  # pipeline: each rank a stage; the slowest stage paces every micro-batch
         m = layout.microbatches
@@ -389,15 +391,36 @@ def _stage_send(machine: Machine, layout: Layout, nbytes: float) -> float:
     )
 
 
+def dense_pairs(work: ModelWork) -> list[tuple[LayerWork, LayerWork]]:
+    """The (column-split, row-split) pairs of tensor parallelism: the Dense layers paired in
+    order, one left over replicated (as ``parallel.model.tensor`` pairs them)."""
+    dense = [layer for layer in work.layers if "Dense" in layer.name]
+    return list(zip(dense[0::2], dense[1::2], strict=False))
+
+
+def tensor_allreduces(work: ModelWork, batch: int, itemsize: int) -> list[float]:
+    """The bytes of each allreduce of a tensor-split step: of each pair, the row-split
+    layer's output forward and the column-split one's input gradient backward (none for the
+    first with parameters, whose input gradient nothing needs)."""
+    out = []
+    for column, row in dense_pairs(work):
+        rows, _, width, _ = row.gemms[0].at(batch)
+        out.append(rows * width * itemsize)
+        if any(g.phase == DGRAD for g in column.gemms):
+            rows, width, _, _ = column.gemms[0].at(batch)
+            out.append(rows * width * itemsize)
+    return out
+
+
 def _widest(work: ModelWork) -> int:
     return max((g.n for g in work.gemms() if g.phase == FORWARD and g.scales == "m"), default=1)
 
 
-def _stage_times(
-    machine: Machine, work: ModelWork, stages: int, micro: int, threads: int, dtype: str
+def layer_times(
+    machine: Machine, work: ModelWork, batch: int, threads: int, dtype: str, split: Any = None
 ) -> list[dict[str, float]]:
-    """Each stage's phases for one micro-batch, the layers cut into ``stages`` contiguous runs
-    of about equal time (as the pipeline's own cut balances the parameters' work)."""
+    """Each layer's phases for ``batch`` samples, its share of the measured rest the share of
+    the model's values it moves; ``split(layer)`` the parts it is cut into (else whole)."""
     per_layer = []
     values = max(1, work.elementwise())
     for layer in work.layers:
@@ -405,7 +428,17 @@ def _stage_times(
         share = layer.elementwise / values
         sub.rest = {t: s * share for t, s in work.rest.items()}
         sub.rest_per_step = {t: s * share for t, s in work.rest_per_step.items()}
-        per_layer.append(compute_times(machine, sub, micro, threads, dtype))
+        parts = split(layer) if split else 1
+        per_layer.append(compute_times(machine, sub, batch, threads, dtype, parts))
+    return per_layer
+
+
+def _stage_times(
+    machine: Machine, work: ModelWork, stages: int, micro: int, threads: int, dtype: str
+) -> list[dict[str, float]]:
+    """Each stage's phases for one micro-batch, the layers cut into ``stages`` contiguous runs
+    of about equal time (as the pipeline's own cut balances the parameters' work)."""
+    per_layer = layer_times(machine, work, micro, threads, dtype)
     target = sum(sum(p.values()) for p in per_layer) / stages
     out: list[dict[str, float]] = []
     acc: dict[str, float] = {}
