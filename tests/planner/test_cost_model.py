@@ -284,3 +284,24 @@ def test_auto_is_priced_as_the_transport_the_backend_takes():
     assert as_run(SimpleNamespace(backend="auto"), layout).node_shared
     assert as_run(SimpleNamespace(backend="torch"), layout).comm == "mpi-host"
     assert not as_run(SimpleNamespace(backend="torch"), layout).node_shared
+
+
+def test_a_flatten_is_a_view_and_moves_no_values():
+    """A pipeline stage's share of the measured rest follows the values its layers move."""
+    work = mlp_work()
+    assert "Flatten" in work.layers[0].name and work.layers[0].elementwise == 0
+    assert work.elementwise() == 3 * (512 + 256 + 10)  # each Dense: z, bias, activation
+
+
+def test_tensor_parallelism_sums_each_pairs_outer_widths_and_keeps_a_left_over_layer_whole():
+    from xpnn.planner.cost import tensor_allreduces
+
+    work = mlp_work((512, 256, 128))  # pairs 784 -> 512 -> 256 and 256 -> 128 -> 10
+    # forward: each row-split layer's outputs; backward: the second column-split layer's
+    # 256 inputs (the first layer's input gradient is never needed)
+    assert tensor_allreduces(work, 128, 4) == [128 * 256 * 4, 128 * 10 * 4, 128 * 256 * 4]
+    machine, work = RoundMachine(cores=2), mlp_work()  # 784 -> 512 -> 256 paired, -> 10 whole
+    p = predict(machine, work, Layout(2, 1, "tensor"), 128, "sgd")
+    flops = 2 * 128 * (784 * 256 + 512 * 128 + 256 * 10)  # halves of the pair, all of the last
+    assert p.forward == pytest.approx(flops / FLOPS)
+    assert p.syncs == 1

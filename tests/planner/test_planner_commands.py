@@ -151,7 +151,11 @@ def test_plan_for_several_nodes_prices_the_network_between_them(tmp_path):
     plans = json.loads(proc.stdout)
     assert plans and all(p["layout"]["nodes"] == 2 for p in plans)
     one_a_node = next(
-        p for p in plans if p["layout"]["ranks"] == 2 and p["layout"]["batch_threads"] == 1
+        p
+        for p in plans
+        if p["layout"]["ranks"] == 2
+        and p["layout"]["batch_threads"] == 1
+        and p["layout"]["parallel"] == "data"
     )
     params = 784 * 32 + 32 + 32 * 10 + 10  # one bucket, one rank a node: no fence waits
     ring = 2 * (2 - 1) * 1e-5 + 2 * (2 - 1) / 2 * 4 * params * 1e-9

@@ -65,7 +65,7 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     work = work_of(spec, machine, tuple(range(1, cores + 1)))
     batch = global_batch(spec)
     if own.nodes > 1:
-        candidates = node_layouts(cores, own.nodes, max_ranks, batch)
+        candidates = node_layouts(cores, own.nodes, max_ranks, batch, work)
     else:
         candidates = layouts(work, cores, max_ranks, batch)
     if not candidates:

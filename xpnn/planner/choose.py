@@ -42,15 +42,26 @@ def layouts(work: ModelWork, cores: int, max_ranks: int, batch: int) -> list[Lay
     return out
 
 
-def node_layouts(cores: int, nodes: int, max_ranks: int, batch: int) -> list[Layout]:
-    """Data-parallel layouts over ``nodes`` nodes of ``cores`` cores: every split of a node
-    into ranks, threads and batch threads, repeated on each node."""
+def node_layouts(
+    cores: int, nodes: int, max_ranks: int, batch: int, work: ModelWork | None = None
+) -> list[Layout]:
+    """Layouts over ``nodes`` nodes of ``cores`` cores: every split of a node into ranks,
+    threads and batch threads, repeated on each node, as data parallelism; with ``work``,
+    tensor and pipeline parallelism over all the ranks too."""
     out = []
     for r in (r for r in range(1, min(cores, max_ranks) + 1) if cores % r == 0):
-        t = cores // r
+        t, ranks = cores // r, nodes * r
         for k in (k for k in range(1, t + 1) if t % k == 0):
-            if batch >= nodes * r * k:
-                out.append(Layout(nodes * r, t, "data", k, comm="auto", nodes=nodes))
+            if batch >= ranks * k:
+                out.append(Layout(ranks, t, "data", k, comm="auto", nodes=nodes))
+        if work is None:
+            continue
+        if tensor_fits(work, ranks):
+            out.append(Layout(ranks, t, "tensor", comm="mpi-host", nodes=nodes))
+        if sum(1 for layer in work.layers if layer.params) >= ranks:
+            for m in (m for m in (ranks, 2 * ranks, 4 * ranks) if m <= batch):
+                for schedule in ("gpipe", "1f1b"):
+                    out.append(Layout(ranks, t, "pipeline", 1, m, schedule, "mpi-host", nodes))
     return out
 
 

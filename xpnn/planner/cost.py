@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xpnn.planner.machine import Machine
-from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, Gemm, ModelWork
+from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, Gemm, LayerWork, ModelWork
 
 
 def optimizer_states(name: str) -> int:
@@ -229,14 +229,17 @@ def predict(
         pred.comm_exposed = last + max(0.0, comm - last - backward)
         pred.comm_hidden = comm - pred.comm_exposed
         batch_rank = math.ceil(batch / r)
-    elif layout.parallel == "tensor":
-        phases = compute_times(machine, work, batch, t, dtype, split=r)
+    elif layout.parallel == "tensor":  # the pairs and heads split, the other layers whole
+        cut = {id(layer) for pair in dense_pairs(work) for layer in pair}
+        cut |= {id(layer) for layer in work.layers if layer.name.endswith(".heads")}
+        per_layer = layer_times(machine, work, batch, t, dtype, lambda x: r if id(x) in cut else 1)
+        phases = {name: sum(p[name] for p in per_layer) for name in (*PHASES, "elementwise")}
         pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
-        rows = batch * max(1, work.tokens_per_sample)
-        pairs = max(1, sum(1 for g in work.gemms() if g.phase == FORWARD and g.scales == "m") // 2)
-        act_bytes = rows * _widest(work) * itemsize
-        pred.comm_exposed = 2 * pairs * machine.collective("allreduce", r, act_bytes)
-        pred.syncs = 2 * pairs
+        sizes = tensor_allreduces(work, batch, itemsize)
+        for nbytes in sizes:
+            pred.comm_exposed += machine.collective("allreduce", local, nbytes)
+            pred.comm_exposed += network_allreduce(machine, layout.nodes, nbytes)
+        pred.syncs = len(sizes)
         batch_rank = batch
     else:  # pipeline: each rank a stage; the slowest stage paces every micro-batch
         m = layout.microbatches
@@ -246,7 +249,7 @@ def predict(
         phases = {name: slowest.get(name, 0.0) * m for name in (*PHASES, "elementwise")}
         pred.bubble = (r - 1) * sum(slowest.values())
         act_bytes = micro * _widest(work) * max(1, work.tokens_per_sample) * itemsize
-        pred.comm_exposed = 2 * (m + r - 1) * machine.collective("sendrecv", 2, act_bytes)
+        pred.comm_exposed = 2 * (m + r - 1) * _stage_send(machine, layout, act_bytes)
         pred.syncs = 2 * (m + r - 1)
         pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
         batch_rank = micro if layout.schedule == "1f1b" else batch
@@ -295,16 +298,21 @@ def param_buckets(work: ModelWork, min_size: int | None = None) -> int:
     return len(layer_buckets(offsets, work.params, min_size or MIN_LAYER_BUCKET))
 
 
+def _dense_values(work: ModelWork) -> int:
+    """Values a sample puts in a node's shared activations: each Dense layer's input and
+    output gradient."""
+    return sum(g.k + g.n for g in work.gemms() if g.phase == FORWARD and g.scales == "m")
+
+
 def shares_activations(work: ModelWork, batch: int, node_share: str) -> bool:
     """Whether a node's ranks share the batch's activations rather than their gradients: as
     ``node_share`` says, or (auto) for a model of Dense layers alone whose inputs and output
     gradients over the batch are fewer values than its parameters (the update's own rule)."""
-    dense = [g for g in work.gemms() if g.phase == FORWARD and g.scales == "m"]
     with_params = [layer for layer in work.layers if layer.params]
     all_dense = bool(with_params) and all("Dense" in layer.name for layer in with_params)
     if node_share == "gradients" or not all_dense:
         return False
-    return node_share == "activations" or batch * sum(g.k + g.n for g in dense) < work.params
+    return node_share == "activations" or batch * _dense_values(work) < work.params
 
 
 def _node_shared(
@@ -317,24 +325,37 @@ def _node_shared(
     pred: Prediction,
 ) -> tuple[float, float]:
     """(the exchange of a node-shared update, its last bucket's part): a fence per bucket and
-    one at the end; sharing gradients, each rank sums the node's rows of its share (memory
-    traffic, counted with the optimizer, which updates that share); sharing activations, two
-    fences per Dense layer past the first. Across nodes, each rank's share of the node's sum
-    crosses the network."""
+    one at the end, then each rank reads what the others wrote of its share of the gradient
+    rows; sharing activations, two fences per Dense layer past the first, between which each
+    reads the others' part of the layers' inputs and output gradients, none of it hidden.
+    Across nodes, each rank's share of the node's sum crosses the network."""
     local, nodes, t = layout.local_ranks, layout.nodes, layout.threads
     itemsize = 8 if dtype == "float64" else 4
     buckets = param_buckets(work)
     fences = buckets + 1
     if nodes > 1 and node_share == "auto":
         node_share = "gradients"  # a run's default across nodes (xpnn.run)
-    if shares_activations(work, batch, node_share):
+    others = (local - 1) / local  # the part of a shared array the other ranks wrote
+    activations = shares_activations(work, batch, node_share)
+    if activations:
         fences += 2 * (sum(1 for layer in work.layers if layer.params) - 1)
-    else:  # the optimizer reads every rank's row of its share
-        pred.optimizer += (local - 1) * work.params / local / machine.values_per_s(t, dtype)
+        read = others * batch / nodes * _dense_values(work) * itemsize
+    else:
+        read = others * work.params * itemsize
     pred.syncs = fences
-    barrier = machine.collective("allreduce", local, itemsize)
     cross = network_allreduce(machine, nodes, work.params * itemsize, buckets)
-    return fences * barrier + cross, barrier + cross / buckets
+    fence = machine.shared_exchange(local, 0.0)
+    if fence is None:  # not measured: a node barrier, the rows read at the passes' rate
+        fence = machine.collective("allreduce", local, itemsize)
+        if not activations:
+            pred.optimizer += read / itemsize / machine.values_per_s(t, dtype)
+        read_time = 0.0
+    else:
+        read_time = machine.shared_exchange(local, read) - fence
+    exchange = fences * fence + read_time + cross
+    if activations:
+        return exchange, exchange
+    return exchange, fence + read_time + cross / buckets
 
 
 def _data_comm(
@@ -357,15 +378,49 @@ def _data_comm(
     return buckets * one, one
 
 
+def _stage_send(machine: Machine, layout: Layout, nbytes: float) -> float:
+    """A pipeline's send between neighbouring stages, the mean over its ``R - 1`` boundaries:
+    the stages laid in order over the nodes, ``N - 1`` of them cross the network."""
+    here = machine.collective("sendrecv", 2, nbytes)
+    if layout.nodes <= 1:
+        return here
+    alpha, beta = machine.network_cost()
+    crossing = layout.nodes - 1
+    return ((layout.ranks - 1 - crossing) * here + crossing * (alpha + beta * nbytes)) / (
+        layout.ranks - 1
+    )
+
+
+def dense_pairs(work: ModelWork) -> list[tuple[LayerWork, LayerWork]]:
+    """The (column-split, row-split) pairs of tensor parallelism: the Dense layers paired in
+    order, one left over replicated (as ``parallel.model.tensor`` pairs them)."""
+    dense = [layer for layer in work.layers if "Dense" in layer.name]
+    return list(zip(dense[0::2], dense[1::2], strict=False))
+
+
+def tensor_allreduces(work: ModelWork, batch: int, itemsize: int) -> list[float]:
+    """The bytes of each allreduce of a tensor-split step: of each pair, the row-split
+    layer's output forward and the column-split one's input gradient backward (none for the
+    first with parameters, whose input gradient nothing needs)."""
+    out = []
+    for column, row in dense_pairs(work):
+        rows, _, width, _ = row.gemms[0].at(batch)
+        out.append(rows * width * itemsize)
+        if any(g.phase == DGRAD for g in column.gemms):
+            rows, width, _, _ = column.gemms[0].at(batch)
+            out.append(rows * width * itemsize)
+    return out
+
+
 def _widest(work: ModelWork) -> int:
     return max((g.n for g in work.gemms() if g.phase == FORWARD and g.scales == "m"), default=1)
 
 
-def _stage_times(
-    machine: Machine, work: ModelWork, stages: int, micro: int, threads: int, dtype: str
+def layer_times(
+    machine: Machine, work: ModelWork, batch: int, threads: int, dtype: str, split: Any = None
 ) -> list[dict[str, float]]:
-    """Each stage's phases for one micro-batch, the layers cut into ``stages`` contiguous runs
-    of about equal time (as the pipeline's own cut balances the parameters' work)."""
+    """Each layer's phases for ``batch`` samples, its share of the measured rest the share of
+    the model's values it moves; ``split(layer)`` the parts it is cut into (else whole)."""
     per_layer = []
     values = max(1, work.elementwise())
     for layer in work.layers:
@@ -373,7 +428,17 @@ def _stage_times(
         share = layer.elementwise / values
         sub.rest = {t: s * share for t, s in work.rest.items()}
         sub.rest_per_step = {t: s * share for t, s in work.rest_per_step.items()}
-        per_layer.append(compute_times(machine, sub, micro, threads, dtype))
+        parts = split(layer) if split else 1
+        per_layer.append(compute_times(machine, sub, batch, threads, dtype, parts))
+    return per_layer
+
+
+def _stage_times(
+    machine: Machine, work: ModelWork, stages: int, micro: int, threads: int, dtype: str
+) -> list[dict[str, float]]:
+    """Each stage's phases for one micro-batch, the layers cut into ``stages`` contiguous runs
+    of about equal time (as the pipeline's own cut balances the parameters' work)."""
+    per_layer = layer_times(machine, work, micro, threads, dtype)
     target = sum(sum(p.values()) for p in per_layer) / stages
     out: list[dict[str, float]] = []
     acc: dict[str, float] = {}

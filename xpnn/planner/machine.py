@@ -12,10 +12,10 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.errors import UserError
+from xpnn.record.files import replace_whole
 
 VERSION = 1
 MAX_FILE_BYTES = 16 << 20  # a calibration is kilobytes; more is not one
@@ -81,6 +82,7 @@ class Machine:
     bandwidth: dict[str, float] = field(default_factory=dict)  # "dtype T" -> values/s
     comm: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # "R" -> op -> [a, b]
     crowding: dict[str, float] = field(default_factory=dict)  # "R" -> slowdown of R 1-thread ranks
+    shared: dict[str, list[float]] = field(default_factory=dict)  # "R" -> node-shared [a, b]
     # "backend dtype T model" -> s a sample; the same key + " per-step" -> s a step
     rest: dict[str, float] = field(default_factory=dict)
     network: dict[str, float] = field(default_factory=dict)  # between nodes: alpha, beta
@@ -91,6 +93,8 @@ class Machine:
         return int(self.key["cores"])
 
     def to_json(self) -> dict[str, Any]:
+        # without a shared exchange, a file measured before it existed keeps its digest
+        shared = {"shared": self.shared} if self.shared else {}
         return {
             "version": VERSION,
             "key": self.key,
@@ -100,6 +104,7 @@ class Machine:
             "crowding": self.crowding,
             "rest": self.rest,
             "network": self.network,
+            **shared,
         }
 
     def digest(self) -> str:
@@ -123,6 +128,7 @@ class Machine:
             crowding = {str(k): float(v) for k, v in dict(data.get("crowding", {})).items()}
             rest = {str(k): float(v) for k, v in dict(data.get("rest", {})).items()}
             network = {str(k): float(v) for k, v in dict(data.get("network", {})).items()}
+            shared = {str(r): [float(a), float(b)] for r, (a, b) in data.get("shared", {}).items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{source}: damaged calibration ({exc})") from None
         if cores < 1 or any(v <= 0 for v in (*gemm.values(), *bandwidth.values())):
@@ -131,7 +137,7 @@ class Machine:
             raise UserError(f"{source}: damaged calibration (a negative time)")
         if network and (set(network) != {"alpha", "beta"} or min(network.values()) < 0):
             raise UserError(f"{source}: damaged calibration (network: alpha and beta, >= 0)")
-        return cls(key, gemm, bandwidth, comm, crowding, rest, network)
+        return cls(key, gemm, bandwidth, comm, crowding, shared, rest, network)
 
     def network_cost(self) -> tuple[float, float]:
         """(alpha seconds, beta seconds per byte) between nodes: the calibration's, else
@@ -199,6 +205,7 @@ class Machine:
         found = probe_collectives(ranks, quick)
         self.comm[str(ranks)] = found["fits"]
         self.crowding[str(ranks)] = found["crowding"]
+        self.shared[str(ranks)] = found["shared"]
 
     # -- the ranks ------------------------------------------------------------------------
     def collective(self, op: str, ranks: int, nbytes: float) -> float:
@@ -218,6 +225,13 @@ class Machine:
             return alpha * ranks / near + beta * nbytes * ring
         alpha, beta = fits[op]
         return alpha + beta * nbytes
+
+    def shared_exchange(self, ranks: int, nbytes: float) -> float | None:
+        """Seconds of a fence among ``ranks`` node-shared ranks, then ``nbytes`` the others
+        wrote read by each; None where the calibration did not measure it, or where the ranks
+        outnumber the cores (their fences wait for queued turns, priced apart)."""
+        fit = self.shared.get(str(ranks)) if ranks <= self.cores else None
+        return None if fit is None else fit[0] + fit[1] * nbytes
 
     def slowdown(self, busy_threads: int) -> float:
         """How much slower each thread runs with ``busy_threads`` on this machine's cores."""
@@ -305,7 +319,7 @@ def load(path: Path | str) -> Machine:
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror})") from None
     with os.fdopen(fd, "rb") as f:
-        if not _regular(f.fileno()):
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise UserError(f"{path}: not a regular file")
         raw = f.read(MAX_FILE_BYTES + 1)
     if len(raw) > MAX_FILE_BYTES:
@@ -317,24 +331,11 @@ def load(path: Path | str) -> Machine:
     return Machine.from_json(data, str(path))
 
 
-def _regular(fd: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(os.fstat(fd).st_mode)
-
-
 def save(machine: Machine, path: Path) -> None:
-    """Written whole under a temporary name, then renamed (a link at ``path`` is replaced,
-    never followed)."""
+    """Written whole beside ``path`` and renamed over it (a link there is replaced, never
+    followed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(machine.to_json(), f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_whole(path, json.dumps(machine.to_json(), indent=1, sort_keys=True).encode())
 
 
 def cached(cores: int) -> tuple[Machine, Path]:

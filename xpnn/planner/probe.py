@@ -1,5 +1,6 @@
 """Run under ``mpiexec -n R``: the latency (alpha) and bandwidth cost (beta) of each collective
-the update schemes use, fitted to ``t = alpha + beta * bytes`` over message sizes, and how much
+the update schemes use, fitted to ``t = alpha + beta * bytes`` over message sizes; the same of
+a node-shared exchange (a fence, then the values the other ranks wrote read); and how much
 slower R one-thread products run at once than one alone. Rank 0 prints one JSON line."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import statistics
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "sendrecv")
 
@@ -21,13 +23,7 @@ def _time(comm, run, repeats: int) -> float:  # noqa: ANN001
         start = time.perf_counter()
         run()
         samples.append(time.perf_counter() - start)
-    return float(comm.allreduce(statistics.median(samples), op=_max()))
-
-
-def _max():  # noqa: ANN202
-    from mpi4py import MPI
-
-    return MPI.MAX
+    return float(comm.allreduce(statistics.median(samples), op=MPI.MAX))
 
 
 def _op(comm, name: str, values: int):  # noqa: ANN001, ANN202
@@ -51,6 +47,46 @@ def _op(comm, name: str, values: int):  # noqa: ANN001, ANN202
     return lambda: comm.Sendrecv(send, peer, recvbuf=recv, source=peer)
 
 
+def _fit(points: list[tuple[float, float]]) -> list[float]:
+    """[alpha, beta] of ``t = alpha + beta * bytes`` through (bytes, seconds), weighted by
+    relative error, neither below zero."""
+    nbytes, seconds = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True))
+    beta, alpha = np.polyfit(nbytes, seconds, 1, w=1.0 / seconds)
+    return [max(float(alpha), 0.0), max(float(beta), 0.0)]
+
+
+def shared_exchange(comm, exponents: range, repeats: int) -> list[float]:  # noqa: ANN001
+    """[alpha, beta] of a node-shared exchange as node-shared runs do one: each rank writes its
+    share of a shared array, the run's own fence, and each reads the shares the others wrote
+    (the bytes the fit is over): what a fence and a core's reads of another's writes cost."""
+    from xpnn.parallel.comm.shm import ShmCommunicator
+
+    shm = ShmCommunicator.create(comm)
+    points = []
+    for e in exponents:
+        values = max(shm.local_size, (1 << e) // 4)
+        run, others = _exchange(shm, shm.shared_zeros(values, np.float32))
+        run()
+        points.append((4.0 * others, _time(comm, run, repeats)))
+        shm.free()
+    return _fit(points)
+
+
+def _exchange(shm, shared: np.ndarray):  # noqa: ANN001, ANN202
+    """(one exchange over ``shared``, the values the other ranks write in it)."""
+    size, rank = shm.local_size, shm.local_rank
+    lo, hi = rank * shared.size // size, (rank + 1) * shared.size // size
+    mine = np.ones(hi - lo, dtype=shared.dtype)
+
+    def run() -> None:
+        shared[lo:hi] = mine
+        shm.fence()
+        shared[:lo].sum()
+        shared[hi:].sum()
+
+    return run, shared.size - (hi - lo)
+
+
 def crowding(comm, repeats: int) -> float:  # noqa: ANN001
     """Per-rank time of a one-thread product run by every rank at once over rank 0's alone."""
     a = np.random.default_rng(comm.Get_rank()).standard_normal((192, 192)).astype(np.float32)
@@ -72,7 +108,7 @@ def _crowding(comm, work, repeats: int) -> float:  # noqa: ANN001
         alone = min(_clock(work) for _ in range(repeats))
     _sleeping_barrier(comm)  # MPI's own barrier spins: rank 0 alone would share its core
     together = statistics.median(_clock(work) for _ in range(repeats))
-    together = comm.allreduce(together, op=_max())
+    together = comm.allreduce(together, op=MPI.MAX)
     alone = comm.bcast(alone, root=0)
     return max(1.0, together / alone)
 
@@ -93,8 +129,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m xpnn.planner.probe")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    from mpi4py import MPI
-
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
     exponents = range(10, 25, 3) if args.quick else range(8, 26, 2)  # 256 B .. 32 MiB
@@ -107,10 +141,9 @@ def main() -> None:
             run = _op(comm, name, values)
             run()
             points.append((4 * values, _time(comm, run, repeats)))
-        nbytes, seconds = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True))
-        beta, alpha = np.polyfit(nbytes, seconds, 1, w=1.0 / seconds)  # relative error
-        fits[name] = [max(float(alpha), 0.0), max(float(beta), 0.0)]
-    found = {"ranks": size, "fits": fits, "crowding": crowding(comm, repeats)}
+        fits[name] = _fit(points)
+    shared = shared_exchange(comm, range(10, 23, 3 if args.quick else 2), 4 * repeats)
+    found = {"ranks": size, "fits": fits, "shared": shared, "crowding": crowding(comm, repeats)}
     if comm.Get_rank() == 0:
         print(json.dumps(found), flush=True)
 

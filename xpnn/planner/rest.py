@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -48,7 +49,7 @@ def time_step(model: Any, inputs: Any, labels: Any, threads: int, repeats: int =
 
     from xpnn.nn.layer import Context
 
-    numba = _numba()
+    numba = sys.modules.get("numba")  # its threads, where the backend uses them
     before = numba.get_num_threads() if numba else None
     try:
         if numba:
@@ -66,12 +67,6 @@ def time_step(model: Any, inputs: Any, labels: Any, threads: int, repeats: int =
         if numba and before is not None:
             numba.set_num_threads(before)
     return statistics.median(samples)
-
-
-def _numba() -> Any:
-    import sys
-
-    return sys.modules.get("numba")
 
 
 def measure_rest(

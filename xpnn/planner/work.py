@@ -144,7 +144,7 @@ def layer_work(
     elif "W" in layer.initial and len(layer.initial["W"][1]) == 4:
         work = _conv(layer, in_shape, out, f"{name} {kind}", first)
     else:  # elementwise, pooling, embeddings, norms: bandwidth, not products
-        values = math.prod(in_shape) + math.prod(out)
+        values = math.prod(in_shape) + math.prod(out) if kind != "Flatten" else 0  # a view
         params = sum(math.prod(shape) for _, shape in layer.initial.values())
         work = LayerWork(f"{name} {kind}", elementwise=2 * values, params=params)
     return out, [work], first and not has_params
