@@ -354,36 +354,8 @@ def dropout_mask(ids, base, threshold, scale, out):  # pragma: no cover - compil
 # output plane is summed from them in the (N, C, P) layout the next layer reads.
 
 
-@nb.njit(**JIT)
-def _sample_cols(x, b, kh, kw, stride, pad, oh, ow, cols):  # pragma: no cover - compiled
-    """cols[(c*kh + i)*kw + j, r*OW + q] = x[b, c, r*stride + i - pad, q*stride + j - pad]
-    (0 outside the input): im2col of sample ``b`` alone."""
-    _, c, h, w = x.shape
-    su = U(stride)
-    bu = U(b)
-    for ci in range(U(c)):
-        for i in range(kh):
-            for j in range(kw):
-                k, first, lou, cnt = _tap(ci, i, j, kh, kw, stride, pad, w, ow)
-                row = cols[k]
-                for r in range(oh):
-                    o = U(r * ow)
-                    hh = r * stride + i - pad
-                    if hh < 0 or hh >= h:
-                        for q in range(U(ow)):
-                            row[o + q] = 0
-                        continue
-                    src = x[bu, ci, U(hh)]
-                    for q in range(lou):
-                        row[o + q] = 0
-                    if stride == 1:
-                        for q in range(cnt):
-                            row[o + lou + q] = src[first + q]
-                    else:
-                        for q in range(cnt):
-                            row[o + lou + q] = src[first + q * su]
-                    for q in range(lou + cnt, U(ow)):
-                        row[o + q] = 0
+# one sample's columns, built inside a direct convolution's task
+_im2col_serial = im2col.serial
 
 
 @nb.njit(**JIT)
@@ -467,7 +439,7 @@ def conv_direct(x, w2, b, kh, kw, stride, pad, y, chunks, code):  # pragma: no c
     for t in prange(chunks):
         cols = np.empty((taps, oh * ow), dtype=x.dtype)
         for bi in range(t * step, min(n, (t + 1) * step)):
-            _sample_cols(x, bi, kh, kw, stride, pad, oh, ow, cols)
+            _im2col_serial(x[bi : bi + 1], kh, kw, stride, pad, oh, ow, cols, 1)
             for ou in range(U(co)):
                 out = y[U(bi), ou].reshape(oh * ow)
                 bo = b[ou]
@@ -509,7 +481,7 @@ def conv_direct_backward(  # pragma: no cover - compiled
         g = np.empty(p_count, dtype=x.dtype)
         for bi in range(t * step, min(n, (t + 1) * step)):
             bu = U(bi)
-            _sample_cols(x, bi, kh, kw, stride, pad, oh, ow, cols)
+            _im2col_serial(x[bi : bi + 1], kh, kw, stride, pad, oh, ow, cols, 1)
             if need_dx:
                 dcols[...] = 0
             for ou in range(U(co)):
