@@ -15,11 +15,9 @@ def get_backend(
     name: str, dtype: str = "float32", device_id: int = 0, device: str | None = None
 ) -> Backend:
     """Build the named backend; ``auto`` is CuPy where a GPU is usable, else PyTorch where it
-    sees an accelerator (an AMD, Apple or Intel GPU, or CUDA without CuPy), else Numba.
-    ``device`` (torch only): auto, cpu, cuda, mps, xpu or a torch device string;
-    ``device_id``: this rank's index on its node, the GPU it takes when none is named.
-    The first backend of a process holds BLAS's and Numba's pools to one count of threads
-    (``set_threads``), as the command line does for each rank."""
+    sees an accelerator, else Numba. ``device`` (torch only): auto, cpu, cuda, mps, xpu or a
+    torch device string; ``device_id``: the GPU this rank takes when none is named. The first
+    backend of a process limits BLAS's and Numba's threads, as the command line does."""
     set_threads_once()
     if device is not None and name != "torch":
         raise UserError(f"`device` {device}: only for `backend` torch (not {name})")

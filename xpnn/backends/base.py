@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends.kernels import Kernels
+from xpnn.backends.numpy_kernels import NumpyKernels
 
 DTYPES = ("float32", "float64")  # what a backend computes in
 
@@ -43,10 +44,8 @@ class Backend:
         return f"backend {self.name} runs each operation as it is called (graphs: backend cupy)"
 
     def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
-        """Record the device work of one call of ``fn`` (which runs no work now) and return a
-        callable that replays it on the current stream: a CUDA graph. ``fn`` must not wait
-        for the device, and what it allocates stays the graph's; ``CaptureFailed`` otherwise.
-        Only backends whose ``capture_unavailable`` is None offer it."""
+        """Record the device work of one call of ``fn`` as a CUDA graph and return a callable
+        that replays it; ``CaptureFailed`` where ``fn`` waits for the device."""
         raise NotImplementedError(self.capture_unavailable())
 
     def asarray(self, a: Any, dtype: Any = None) -> Any:
@@ -77,8 +76,6 @@ class NumpyBackend(Backend):
     name = "numpy"
 
     def __init__(self, dtype: str = "float32") -> None:
-        from xpnn.backends.numpy_kernels import NumpyKernels
-
         super().__init__(np, NumpyKernels(np), dtype)
 
 

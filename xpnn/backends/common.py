@@ -41,18 +41,16 @@ def check_labels(logits: Array, labels: Array) -> None:
 
 def check_label_values(labels: Any, num_classes: int) -> None:
     """Every label is in [0, num_classes): a pass over the labels, for host arrays only."""
-    if labels.size == 0:
+    if labels.size == 0 or (labels.min() >= 0 and labels.max() < num_classes):
         return
-    lo, hi = int(labels.min()), int(labels.max())
-    if lo < 0 or hi >= num_classes:
-        import numpy as np
+    import numpy as np
 
-        bad = np.unique(labels[(labels < 0) | (labels >= num_classes)])
-        shown = ", ".join(str(int(v)) for v in bad[:10]) + (", ..." if bad.size > 10 else "")
-        raise ValueError(
-            f"labels out of range: {shown} ({bad.size} distinct bad value(s)); class "
-            f"indices must be in [0, {num_classes}) for {num_classes} classes"
-        )
+    bad = np.unique(labels[(labels < 0) | (labels >= num_classes)])
+    shown = ", ".join(str(int(v)) for v in bad[:10]) + (", ..." if bad.size > 10 else "")
+    raise ValueError(
+        f"labels out of range: {shown} ({bad.size} distinct bad value(s)); class "
+        f"indices must be in [0, {num_classes}) for {num_classes} classes"
+    )
 
 
 # -- the dropout hash: murmur3's 32-bit finaliser, chained over the keys ---------------------
@@ -102,16 +100,12 @@ def dropout_threshold(p: float) -> int:
     return min(int(p * 4294967296.0), MASK32)
 
 
-def conv_out_size(size: int, k: int, stride: int, padding: int) -> int:
-    return (size + 2 * padding - k) // stride + 1
-
-
 def conv_out_hw(
     x_shape: Shape, kh: int, kw: int, stride: int, padding: int, out_hw: OutHW = None
 ) -> tuple[int, int]:
     """The (OH, OW) a kernel computes: all that fit, or the first ``out_hw`` of them."""
     h, w = x_shape[-2:]
-    oh, ow = conv_out_size(h, kh, stride, padding), conv_out_size(w, kw, stride, padding)
+    oh, ow = (h + 2 * padding - kh) // stride + 1, (w + 2 * padding - kw) // stride + 1
     if out_hw is None:
         return oh, ow
     if not (0 < out_hw[0] <= oh and 0 < out_hw[1] <= ow):

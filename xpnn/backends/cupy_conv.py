@@ -16,10 +16,15 @@ _GEOMETRY = (
 
 
 @cache
-def im2col_kernel() -> Any:
+def elementwise(params: str, outputs: str, body: str, name: str, preamble: str = "") -> Any:
+    """A CuPy ``ElementwiseKernel``, built once, on first use: CuPy is imported only then."""
     import cupy as cp
 
-    return cp.ElementwiseKernel(
+    return cp.ElementwiseKernel(params, outputs, body, name, preamble=preamble)
+
+
+def im2col_kernel() -> Any:
+    return elementwise(
         "raw T x, " + _GEOMETRY,
         "T col",
         """
@@ -40,11 +45,8 @@ def im2col_kernel() -> Any:
     )
 
 
-@cache
 def col2im_kernel() -> Any:
-    import cupy as cp
-
-    return cp.ElementwiseKernel(
+    return elementwise(
         "raw T cols, " + _GEOMETRY,
         "T dx",
         """
@@ -76,11 +78,8 @@ def col2im_kernel() -> Any:
     )
 
 
-@cache
 def maxpool_forward_kernel() -> Any:
-    import cupy as cp
-
-    return cp.ElementwiseKernel(
+    return elementwise(
         "raw T x, int32 h, int32 w, int32 oh, int32 ow, int32 ksize, int32 stride",
         "T y, int32 idx",
         """
@@ -106,11 +105,8 @@ def maxpool_forward_kernel() -> Any:
     )
 
 
-@cache
 def maxpool_backward_kernel() -> Any:
-    import cupy as cp
-
-    return cp.ElementwiseKernel(
+    return elementwise(
         "raw T dy, raw int32 idx, int32 h, int32 w, int32 oh, int32 ow, int32 ksize, int32 stride",
         "T dx",
         """
@@ -149,11 +145,8 @@ __device__ __forceinline__ unsigned int xpnn_fmix32(unsigned int h) {
 """
 
 
-@cache
 def dropout_kernel() -> Any:
-    import cupy as cp
-
-    return cp.ElementwiseKernel(
+    return elementwise(
         "raw int64 ids, uint32 base, uint32 thr, T scale, int64 f",
         "T mask",
         """

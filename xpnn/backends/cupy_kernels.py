@@ -8,12 +8,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends import cupy_conv as conv
-from xpnn.backends.common import (
-    conv_out_hw,
-    conv_out_size,
-    dropout_threshold,
-    mask_rows,
-)
+from xpnn.backends.common import conv_out_hw, dropout_threshold, mask_rows
 from xpnn.backends.graphs import host_or_device, step_key
 from xpnn.backends.kernels import Kernels
 from xpnn.backends.numpy_kernels import NumpyKernels
@@ -32,20 +27,14 @@ _GRAD_EXPR = {
 }
 
 
-@cache
 def _bias_act_kernel(act: str) -> Any:
-    import cupy as cp
-
-    return cp.ElementwiseKernel(
+    return conv.elementwise(
         "raw T b, int32 m", "T z", f"T v = z + b[i % m]; z = {_ACT_EXPR[act]};", f"xpnn_bias_{act}"
     )
 
 
-@cache
 def _act_grad_kernel(act: str) -> Any:
-    import cupy as cp
-
-    return cp.ElementwiseKernel("T y", "T dy", f"dy = {_GRAD_EXPR[act]};", f"xpnn_grad_{act}")
+    return conv.elementwise("T y", "T dy", f"dy = {_GRAD_EXPR[act]};", f"xpnn_grad_{act}")
 
 
 @cache
@@ -101,11 +90,8 @@ def _softmax_xent_kernel() -> Any:
 _FLUSH = "(x < tiny && x > -tiny) ? (T)0 : x"
 
 
-@cache
 def _adam_kernel() -> Any:
-    import cupy as cp
-
-    return cp.ElementwiseKernel(
+    return conv.elementwise(
         "T g, T lr_c1, T beta1, T beta2, T eps, T c2, T decay, T tiny",
         "T p, T m, T v",
         f"""
@@ -119,11 +105,8 @@ def _adam_kernel() -> Any:
     )
 
 
-@cache
 def _momentum_kernel() -> Any:
-    import cupy as cp
-
-    return cp.ElementwiseKernel(
+    return conv.elementwise(
         "T g, T lr, T mu, T tiny",
         "T p, T v",
         f"T x = mu * v + g; v = {_FLUSH}; p -= lr * v;",
@@ -210,14 +193,9 @@ class CupyKernels(Kernels):
         lr = host_or_device(p.dtype, lr)  # a replayed step's rate is a 0-d device array
         _momentum_kernel()(g, lr, t(mu), t(np.finfo(p.dtype).smallest_normal), p, v)
 
-    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step, decay=1.0):
-        c1, c2 = 1 - beta1**step, 1 - beta2**step
-        self.adam_step(p, g, m, v, lr / c1, beta1, beta2, eps, c2, decay)
-
     def adam_step(self, p, g, m, v, lr_c1, beta1, beta2, eps, c2, decay=1.0):
         t = p.dtype.type
-        given = (host_or_device(p.dtype, x) for x in (lr_c1, c2, decay))  # numbers or 0-d
-        lr_c1, c2, decay = given
+        lr_c1, c2, decay = (host_or_device(p.dtype, x) for x in (lr_c1, c2, decay))
         scalars = (lr_c1, t(beta1), t(beta2), t(eps), c2, decay)
         _adam_kernel()(g, *scalars, t(np.finfo(p.dtype).smallest_normal), p, m, v)
 
@@ -247,7 +225,7 @@ class CupyKernels(Kernels):
         cp = self.xp
         x = cp.ascontiguousarray(x)
         n, c, h, w = x.shape
-        oh, ow = conv_out_size(h, size, stride, 0), conv_out_size(w, size, stride, 0)
+        oh, ow = conv_out_hw(x.shape, size, size, stride, 0)
         y = cp.empty((n, c, oh, ow), dtype=x.dtype)
         idx = cp.empty((n, c, oh, ow), dtype=cp.int32)
         conv.maxpool_forward_kernel()(x, *_i32(h, w, oh, ow, size, stride), y, idx)
@@ -255,15 +233,10 @@ class CupyKernels(Kernels):
 
     def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
         cp = self.xp
-        n, c, h, w = x_shape
-        oh, ow = dy.shape[2], dy.shape[3]
+        h, w = x_shape[2:]
         dx = cp.empty(tuple(x_shape), dtype=dy.dtype)
-        conv.maxpool_backward_kernel()(
-            cp.ascontiguousarray(dy),
-            cp.ascontiguousarray(idx, dtype=cp.int32),
-            *_i32(h, w, oh, ow, size, stride),
-            dx,
-        )
+        dy, idx = cp.ascontiguousarray(dy), cp.ascontiguousarray(idx, dtype=cp.int32)
+        conv.maxpool_backward_kernel()(dy, idx, *_i32(h, w, *dy.shape[2:], size, stride), dx)
         return dx
 
     def dropout_mask(self, shape, p, seed, step, sample_ids, dtype, salt=0):
@@ -273,14 +246,10 @@ class CupyKernels(Kernels):
         dtype = np.dtype(dtype)
         mask = cp.empty(tuple(shape), dtype=dtype)
         if mask.size:
-            conv.dropout_kernel()(
-                ids,
-                host_or_device(np.dtype(np.uint32), step_key(seed, step, salt)),
-                np.uint32(dropout_threshold(p)),
-                dtype.type(1.0 / (1.0 - p)),
-                np.int64(f),
-                mask,
-            )
+            key = host_or_device(np.dtype(np.uint32), step_key(seed, step, salt))
+            threshold = np.uint32(dropout_threshold(p))
+            scale = dtype.type(1.0 / (1.0 - p))
+            conv.dropout_kernel()(ids, key, threshold, scale, np.int64(f), mask)
         return mask
 
     def embedding_grad(self, ids, dy, out):

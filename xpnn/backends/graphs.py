@@ -1,7 +1,5 @@
-"""What a replayed (captured) training step needs of a backend: the values that change from
-step to step kept in device memory (``StepScalars``), so that a CUDA graph reads them there
-instead of holding the numbers it was captured with, and the step number in that form for the
-kernels that hash it (``DeviceStep``: dropout's masks). ``Backend.capture`` records the work."""
+"""What a replayed (captured) training step needs of a backend: its per-step values in device
+memory, where a CUDA graph reads them instead of the numbers it was captured with."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import numpy as np
 from xpnn.backends.common import dropout_base_key
 
 Array = Any
-Replay = Callable[[], None]  # what ``Backend.capture`` returns: run the recorded work again
 
 
 class CaptureFailed(RuntimeError):
@@ -21,10 +18,8 @@ class CaptureFailed(RuntimeError):
 
 
 class StepScalars:
-    """Small device buffers, one per dtype, whose values ``refresh`` computes on the host and
-    copies in before each step; ``add`` hands out 0-d views of them that the kernels take as
-    they take numbers (the same kernels, given arrays). A value added during a step (an eager
-    one: not while recording) is copied in at once."""
+    """Small device buffers, one per dtype, that ``refresh`` fills from the host before each
+    step; ``add`` hands out 0-d views of them, which the kernels take as they take numbers."""
 
     CAPACITY = 64  # values of one dtype: an optimizer takes 3, each Dropout layer 1
 
@@ -60,8 +55,7 @@ class StepScalars:
 
 
 class DeviceStep:
-    """``Context.step`` of a replayed step: the kernels take dropout's key for it from device
-    memory (``dropout_key``) instead of hashing a host number into the launch."""
+    """``Context.step`` of a replayed step: dropout's key read from device memory."""
 
     def __init__(self, scalars: StepScalars) -> None:
         self.scalars = scalars

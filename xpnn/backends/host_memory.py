@@ -1,9 +1,6 @@
-"""Freed host arrays kept in the process for the next step's (docs/decisions/host-malloc.md).
-
-glibc's ``malloc`` hands every block over its mmap threshold (128 KiB at first) back to the
-kernel when NumPy frees it, so each training step's large temporaries come back as fresh pages
-that fault in, zero-filled, on first touch: 200 to 560 page faults a CNN step. Raising the
-thresholds keeps them in the heap, reused by the next step without a fault."""
+"""Freed host arrays kept in the process for the next step's (docs/decisions/host-malloc.md):
+glibc's ``malloc`` hands blocks over its mmap threshold back to the kernel when NumPy frees
+them, and they fault in again, zero-filled, at the next step (200 to 560 faults a CNN step)."""
 
 from __future__ import annotations
 
@@ -19,9 +16,8 @@ _done = False
 
 
 def keep_freed_arrays() -> bool:
-    """Raise glibc's mmap and trim thresholds to ``KEPT_BYTES``, once a process, unless its
-    user set malloc's thresholds in the environment; True where they were raised. Without
-    glibc's ``mallopt`` (macOS, Windows) nothing changes."""
+    """Raise glibc's mmap and trim thresholds to ``KEPT_BYTES`` once a process, unless its user
+    set malloc's in the environment; True where raised (never without glibc's ``mallopt``)."""
     global _done
     if _done or any(var in os.environ for var in USER_VARS):
         return False

@@ -1,8 +1,6 @@
-"""The ``Kernels`` protocol: every hot operation of the network, each with its array-API version.
-
-These bodies use only array-API operations and are the reference; a backend's class overrides
-the kernels it makes faster, with the same parameters. No kernel synchronises or copies to the
-host. Layouts are the same on every backend, so that the layers never branch:
+"""The ``Kernels`` protocol: every hot operation of the network, each with its array-API version,
+the reference that a backend's class overrides where it is faster, with the same parameters.
+No kernel synchronises or copies to the host. Layouts are the same on every backend:
 
 * ``im2col``: (N, C, H, W) -> (C*kh*kw, N*OH*OW), rows in ``W.reshape(C_out, -1)``'s order, so a
   convolution is one GEMM; ``col2im`` is its adjoint and may use ``cols`` as scratch. ``out_hw``
@@ -28,7 +26,6 @@ from xpnn.backends.common import (
     OutHW,
     check_labels,
     conv_out_hw,
-    conv_out_size,
     dropout_threshold,
     dtype_is,
     mask_rows,
@@ -161,14 +158,13 @@ class Kernels:
         return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.float64))
 
     def embedding_grad(self, ids: Array, dy: Array, out: Array) -> Array:
-        """``out[...] = 0``, then ``out[ids[i]] += dy[i]`` for every row ``i`` of (N, D) ``dy``:
-        an embedding's gradient. The array API has no scatter-add: a one-hot product here."""
+        """An embedding's gradient ``out[ids[i]] += dy[i]`` from zero; the array API has no
+        scatter-add: a one-hot product here."""
         onehot = self.one_hot(ids, out.shape[0], dy.dtype)
         return self.matmul_into(self.xp.permute_dims(onehot, (1, 0)), dy, out)
 
     def gelu(self, x: Array) -> tuple[Array, Array]:
-        """The tanh GELU ``y = x/2 (1 + t)``, ``t = tanh(sqrt(2/pi) (x + 0.044715 x^3))``:
-        ``(y, t)``, ``t`` kept for the backward."""
+        """The tanh GELU: ``(y, t)``, ``t`` kept for the backward."""
         t = self.xp.tanh(GELU_C * (x + GELU_A * x * x * x))
         return 0.5 * x * (1.0 + t), t
 
@@ -178,9 +174,8 @@ class Kernels:
         return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * inner)
 
     def layer_norm(self, x: Array, gamma: Array, beta: Array, eps: float) -> tuple[Array, ...]:
-        """LayerNorm over the last axis: ``(y, xhat, inv_std)``, ``y = gamma xhat + beta``,
-        ``xhat = (x - mean) inv_std``, ``inv_std = 1/sqrt(var + eps)`` (kept, with ``xhat``,
-        for the backward)."""
+        """LayerNorm over the last axis: ``(gamma xhat + beta, xhat, inv_std)``, the last two
+        kept for the backward."""
         xp = self.xp
         centred = x - xp.mean(x, axis=-1, keepdims=True)
         inv_std = 1.0 / xp.sqrt(xp.mean(centred * centred, axis=-1, keepdims=True) + eps)
@@ -190,8 +185,7 @@ class Kernels:
     def layer_norm_backward(
         self, dy: Array, xhat: Array, inv_std: Array, gamma: Array, need_dx: bool
     ) -> tuple[Array | None, Array, Array]:
-        """``(dx, dgamma, dbeta)`` of ``layer_norm`` from dL/dy; ``dx`` is None unless
-        ``need_dx``."""
+        """``(dx or None, dgamma, dbeta)`` of ``layer_norm`` from dL/dy."""
         xp = self.xp
         lead = tuple(range(dy.ndim - 1))  # every axis but the features
         dgamma, dbeta = xp.sum(dy * xhat, axis=lead), xp.sum(dy, axis=lead)
@@ -251,15 +245,11 @@ class Kernels:
 
     def sum_rows(self, rows: tuple[Array, ...], out: Array) -> Array:
         """``out = rows[0] + rows[1] + ...`` in that order: node-shared ranks' gradient rows."""
-        total = rows[0]
-        for row in rows[1:]:
-            total = total + row
-        out[...] = total
-        return out
+        return _written(sum(rows[1:], rows[0]), out)
 
     def sum_squares(self, x: Array) -> Array:
-        """The sum of the squares of the flat ``x`` (a gradient's norm, squared), a float64
-        scalar left on the device: the caller adds several, then reads one number."""
+        """A gradient's squared norm, a float64 scalar left on the device: the caller adds
+        several, then reads one number."""
         return self.xp.sum(x * x, dtype=self.xp.float64)
 
     def flush_subnormal(self, x: Array) -> None:
@@ -318,8 +308,8 @@ class Kernels:
         c2: Any,
         decay: Any = 1.0,
     ) -> None:
-        """``adam_update`` given ``lr / (1 - beta1**step)`` and ``1 - beta2**step``: numbers,
-        or 0-d arrays of ``p``'s dtype that a replayed step reads (``StepScalars``)."""
+        """``adam_update`` given ``lr / (1 - beta1**step)`` and ``1 - beta2**step``, numbers or
+        0-d arrays that a replayed step reads (``StepScalars``)."""
         for s in self._pieces(p.shape[0]):
             pi, gi, mi, vi = p[s], g[s], m[s], v[s]
             if decay != 1.0:
@@ -362,10 +352,7 @@ class Kernels:
         ]
         stacked = xp.stack(parts, axis=2)  # (N, C, kh*kw, OH, OW)
         cols = xp.reshape(xp.permute_dims(stacked, (1, 2, 0, 3, 4)), (c * kh * kw, n * oh * ow))
-        if out is None:
-            return cols
-        out[...] = cols
-        return out
+        return _written(cols, out)
 
     def col2im(
         self,
@@ -411,14 +398,11 @@ class Kernels:
         dyc = xp.reshape(
             xp.permute_dims(xp.reshape(dy, (n, c, oh * ow)), (1, 0, 2)), (c, n * oh * ow)
         )
-        if out is not None:
-            out[...] = dyc
-            dyc = out
+        dyc = _written(dyc, out)
         return dyc, xp.sum(dyc, axis=1)
 
     def conv_direct_pays(self, c_in: int, kh: int, kw: int, stride: int) -> bool:
-        """Whether ``conv_direct`` beats im2col and one GEMM for this geometry: never here
-        (a backend with a direct kernel says where its own does)."""
+        """Whether ``conv_direct`` beats im2col and one GEMM for this geometry: never here."""
         return False
 
     def conv_direct(
@@ -432,7 +416,7 @@ class Kernels:
         act: str,
     ) -> Array:
         """``act(conv(x, w) + b)`` -> (N, C_out, *out_hw), keeping no columns for the backward
-        (it reads ``x``). The reference: im2col and one GEMM."""
+        (it reads ``x``)."""
         xp = self.xp
         c_out, _, kh, kw = w.shape
         cols = self.im2col(x, kh, kw, stride, padding, out_hw=out_hw)
@@ -467,7 +451,7 @@ class Kernels:
 
     def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
         xp = self.xp
-        oh, ow = (conv_out_size(s, size, stride, 0) for s in x.shape[2:])
+        oh, ow = conv_out_hw(x.shape, size, size, stride, 0)
         parts = [
             x[:, :, window(i, oh, stride), window(j, ow, stride)]
             for i in range(size)

@@ -1,9 +1,6 @@
 """Numba convolution, pooling and dropout kernels: threaded loops, one pass over memory each.
-
-Layouts and results are ``Kernels``'. im2col/col2im run as (channel, batch-chunk) tasks, each
-owning whole rows of ``cols`` and whole planes ``dx[n, c]`` (no races), enough for every thread
-even when C = 1.
-"""
+im2col/col2im run as (channel, batch-chunk) tasks, each owning whole rows of ``cols`` and whole
+planes ``dx[n, c]`` (no races), enough for every thread even when C = 1."""
 
 from __future__ import annotations
 
@@ -54,9 +51,8 @@ def _valid_range(j, pad, stride, size, count):  # pragma: no cover - compiled
 # 3x3, padding 1: 0.166-0.172 ms against 0.155-0.161 written out, 1 thread)
 @nb.njit(inline="always", **JIT)
 def _tap(ci, i, j, kh, kw, stride, pad, w, ow):  # pragma: no cover - compiled
-    """Tap (channel ``ci``, row ``i``, column ``j``) of a window: its row of the columns, the
-    input column of its first output column in range, and that first output column and the
-    count in range (``_valid_range``), all as ``U`` indices."""
+    """Tap (``ci``, ``i``, ``j``) of a window: its row of the columns, the input column of its
+    first output column in range, that output column and the count in range, as ``U``."""
     lo, hi = _valid_range(j, pad, stride, w, ow)
     row = U((ci * kh + i) * kw + j)
     return row, U(lo * stride + j - pad), U(lo), U(hi - lo)
@@ -107,10 +103,8 @@ def im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - c
 
 @parallel_twin
 def im2col_gather(x, kh, kw, out, tab, chunks):  # pragma: no cover - compiled
-    """``im2col`` without padding, for narrow outputs (few columns a row: the row-by-row
-    loops would be mostly loop overhead): out[row, k] = x.flat[base(row) + tab[k]], where
-    ``tab[n*P + r*OW + q]`` is the flat offset of output (r, q)'s window in sample n's input
-    (``gather_table``); one long gather per row of ``out`` and batch chunk."""
+    """``im2col`` without padding for narrow outputs, where row-by-row loops would be mostly
+    overhead: out[row, k] = x.flat[base(row) + tab[k]] (``_gather_table``'s offsets)."""
     n, c, h, w = x.shape
     xf = x.reshape(-1)
     p = tab.shape[0] // n
@@ -355,43 +349,13 @@ def dropout_mask(ids, base, threshold, scale, out):  # pragma: no cover - compil
 
 
 # -- direct convolution: few input channels (``Kernels.conv_direct_pays``) ---------------------
-# With T = C_in*kh*kw taps a position, im2col's GEMM has K = T: for small T its memory passes
-# (the whole batch's columns, the (C_out, N*P) result, its transpose to NCHW) cost more than
-# its arithmetic. Here one sample's columns (T, P) are built at a time, in cache, and every
-# output plane is summed from them in the (N, C, P) layout the next layer reads: contiguous
-# passes of P = OH*OW values, nothing the size of the batch but the output itself.
+# With T = C_in*kh*kw taps, im2col's GEMM has K = T: for small T its memory passes cost more
+# than its arithmetic. Here one sample's columns (T, P) are built at a time, in cache, and every
+# output plane is summed from them in the (N, C, P) layout the next layer reads.
 
 
-@nb.njit(**JIT)
-def _sample_cols(x, b, kh, kw, stride, pad, oh, ow, cols):  # pragma: no cover - compiled
-    """cols[(c*kh + i)*kw + j, r*OW + q] = x[b, c, r*stride + i - pad, q*stride + j - pad]
-    (0 outside the input): im2col of sample ``b`` alone."""
-    _, c, h, w = x.shape
-    su = U(stride)
-    bu = U(b)
-    for ci in range(U(c)):
-        for i in range(kh):
-            for j in range(kw):
-                k, first, lou, cnt = _tap(ci, i, j, kh, kw, stride, pad, w, ow)
-                row = cols[k]
-                for r in range(oh):
-                    o = U(r * ow)
-                    hh = r * stride + i - pad
-                    if hh < 0 or hh >= h:
-                        for q in range(U(ow)):
-                            row[o + q] = 0
-                        continue
-                    src = x[bu, ci, U(hh)]
-                    for q in range(lou):
-                        row[o + q] = 0
-                    if stride == 1:
-                        for q in range(cnt):
-                            row[o + lou + q] = src[first + q]
-                    else:
-                        for q in range(cnt):
-                            row[o + lou + q] = src[first + q * su]
-                    for q in range(lou + cnt, U(ow)):
-                        row[o + q] = 0
+# one sample's columns, built inside a direct convolution's task
+_im2col_serial = im2col.serial
 
 
 @nb.njit(**JIT)
@@ -435,12 +399,12 @@ def _out9(out, cols, w, bo, relu):  # pragma: no cover - compiled
 
 
 @nb.njit(nogil=True, cache=True, error_model="numpy", fastmath={"reassoc"})
-def _dots9(g, cols, acc):  # pragma: no cover - compiled
-    """acc[k] += g . cols[k] for 9 rows, and acc[9] += sum(g): one pass over ``g`` (a ReLU's
-    select inside this loop stops its vectorisation: 2x slower)."""
+def _dots9(g, cols, dw):  # pragma: no cover - compiled
+    """dw[k] += g . cols[k] for 9 rows; returns sum(g): one pass over ``g`` (a ReLU's select
+    inside this loop stops its vectorisation: 2x slower)."""
     c0, c1, c2, c3, c4 = cols[0], cols[1], cols[2], cols[3], cols[4]
     c5, c6, c7, c8 = cols[5], cols[6], cols[7], cols[8]
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = s8 = sg = acc[0] - acc[0]
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = s8 = sg = dw[0] - dw[0]
     for p in range(U(g.shape[0])):
         gp = g[p]
         sg += gp
@@ -453,16 +417,16 @@ def _dots9(g, cols, acc):  # pragma: no cover - compiled
         s6 += gp * c6[p]
         s7 += gp * c7[p]
         s8 += gp * c8[p]
-    acc[0] += s0
-    acc[1] += s1
-    acc[2] += s2
-    acc[3] += s3
-    acc[4] += s4
-    acc[5] += s5
-    acc[6] += s6
-    acc[7] += s7
-    acc[8] += s8
-    acc[9] += sg
+    dw[0] += s0
+    dw[1] += s1
+    dw[2] += s2
+    dw[3] += s3
+    dw[4] += s4
+    dw[5] += s5
+    dw[6] += s6
+    dw[7] += s7
+    dw[8] += s8
+    return sg
 
 
 @parallel_twin
@@ -475,7 +439,7 @@ def conv_direct(x, w2, b, kh, kw, stride, pad, y, chunks, code):  # pragma: no c
     for t in prange(chunks):
         cols = np.empty((taps, oh * ow), dtype=x.dtype)
         for bi in range(t * step, min(n, (t + 1) * step)):
-            _sample_cols(x, bi, kh, kw, stride, pad, oh, ow, cols)
+            _im2col_serial(x[bi : bi + 1], kh, kw, stride, pad, oh, ow, cols, 1)
             for ou in range(U(co)):
                 out = y[U(bi), ou].reshape(oh * ow)
                 bo = b[ou]
@@ -503,8 +467,7 @@ def conv_direct_backward(  # pragma: no cover - compiled
     dy, x, y, w2, kh, kw, stride, pad, code, dx, pdw, pdb
 ):
     """Per batch chunk (``pdw``'s and ``pdb``'s first axis): the partial weight and bias
-    gradients, and, where ``dx`` has samples, each of the chunk's samples' input gradient
-    (a sample's planes belong to one task: written once, no races)."""
+    gradients, and where ``dx`` has samples, their input gradients (one task's: no races)."""
     n = x.shape[0]
     taps = w2.shape[1]
     _, co, oh, ow = dy.shape
@@ -516,10 +479,9 @@ def conv_direct_backward(  # pragma: no cover - compiled
         cols = np.empty((taps, p_count), dtype=x.dtype)
         dcols = np.empty((taps, p_count), dtype=x.dtype)
         g = np.empty(p_count, dtype=x.dtype)
-        acc = np.empty(taps + 1, dtype=x.dtype)
         for bi in range(t * step, min(n, (t + 1) * step)):
             bu = U(bi)
-            _sample_cols(x, bi, kh, kw, stride, pad, oh, ow, cols)
+            _im2col_serial(x[bi : bi + 1], kh, kw, stride, pad, oh, ow, cols, 1)
             if need_dx:
                 dcols[...] = 0
             for ou in range(U(co)):
@@ -528,19 +490,14 @@ def conv_direct_backward(  # pragma: no cover - compiled
                 if code == 0:
                     for p in range(U(p_count)):
                         g[p] = dyp[p]
+                elif code == 1:
+                    for p in range(U(p_count)):
+                        g[p] = dyp[p] if yp[p] > 0 else 0
                 else:
-                    if code == 1:
-                        for p in range(U(p_count)):
-                            g[p] = dyp[p] if yp[p] > 0 else 0
-                    else:
-                        for p in range(U(p_count)):
-                            g[p] = apply_act_grad(dyp[p], yp[p], code)
+                    for p in range(U(p_count)):
+                        g[p] = apply_act_grad(dyp[p], yp[p], code)
                 if taps == 9:
-                    acc[:] = 0
-                    _dots9(g, cols, acc)
-                    for k in range(9):
-                        pdw[t, ou, k] += acc[k]
-                    pdb[t, ou] += acc[9]
+                    pdb[t, ou] += _dots9(g, cols, pdw[t, ou])
                 else:
                     pdb[t, ou] += _sum(g)
                     for k in range(U(taps)):

@@ -1,11 +1,9 @@
-"""How every Numba kernel is compiled, and the activations they share, in one place.
-
-NumPy's error model: no ``ZeroDivisionError`` branch to stop LLVM vectorising, and x / 0 gives
-inf or nan as on NumPy (docs/decisions/numba-wait-policy.md).
-"""
+"""How every Numba kernel is compiled, and the activations they share. NumPy's error model:
+no ``ZeroDivisionError`` branch to stop LLVM vectorising, and x / 0 gives inf or nan."""
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 
@@ -18,9 +16,8 @@ PARALLEL_MIN_ELEMENTS = 1 << 19  # below this a serial loop beats waking the thr
 class Twin:
     """A kernel compiled serial and parallel; a call takes the parallel build for a first
     argument of at least ``min_elements`` values, unless the calling thread has one Numba
-    thread (a batch thread's: no thread team is launched from two threads at once, which
-    Numba's workqueue layer forbids). The parallel build is of a renamed copy: Numba's disk
-    cache keys by name, not by compile flags."""
+    thread (a batch thread's: Numba's workqueue layer forbids two teams at once). The parallel
+    build is of a renamed copy: Numba's disk cache keys by name, not by compile flags."""
 
     def __init__(self, fn, min_elements: int = PARALLEL_MIN_ELEMENTS) -> None:  # noqa: ANN001
         self.min_elements = min_elements
@@ -37,9 +34,7 @@ class Twin:
         return (self.parallel if big else self.serial)(first, *args)
 
 
-def parallel_twin(fn) -> Twin:  # noqa: ANN001
-    """A ``Twin`` that runs parallel at any size where the thread has a team."""
-    return Twin(fn, min_elements=0)
+parallel_twin = functools.partial(Twin, min_elements=0)  # parallel at any size, given a team
 
 
 ACT_CODE = {"identity": 0, "relu": 1, "sigmoid": 2, "tanh": 3}  # activations inside kernels

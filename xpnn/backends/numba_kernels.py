@@ -1,8 +1,6 @@
-"""Numba-compiled CPU kernels: one pass over memory where NumPy would make several.
-
-Products stay with BLAS; Numba fuses the memory-bound glue around them. Why the OpenMP wait
-policy is passive and each kernel has a serial twin: docs/decisions/numba-wait-policy.md.
-"""
+"""Numba-compiled CPU kernels: one pass over memory where NumPy would make several; products
+stay with BLAS. Why the OpenMP wait policy is passive and each kernel has a serial twin:
+docs/decisions/numba-wait-policy.md."""
 
 from __future__ import annotations
 
@@ -18,13 +16,7 @@ from numba import prange
 
 from xpnn.backends import numba_conv as conv
 from xpnn.backends import numba_seq as seq
-from xpnn.backends.common import (
-    conv_out_hw,
-    conv_out_size,
-    dropout_base_key,
-    dropout_threshold,
-    mask_rows,
-)
+from xpnn.backends.common import conv_out_hw, dropout_base_key, dropout_threshold, mask_rows
 from xpnn.backends.kernels import GELU_A, GELU_C
 from xpnn.backends.numba_jit import ACT_CODE, JIT, Twin, apply_act, apply_act_grad
 from xpnn.backends.numpy_kernels import NumpyKernels
@@ -112,8 +104,8 @@ def _momentum(p, g, v, lr, mu, tiny):  # pragma: no cover - compiled
 def _adam(  # pragma: no cover - compiled
     p, g, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2, decay, tiny
 ):
-    """Every scalar arrives in the arrays' dtype: a float64 literal (``1.0 - beta1``, ``0.0``)
-    would promote the float32 loop and cost its vectorisation (4x)."""
+    """Every scalar arrives in the arrays' dtype: a float64 one would promote the float32 loop
+    and cost its vectorisation (4x)."""
     for i in prange(p.size):
         gi = g[i]
         mi = beta1 * m[i] + one_m_b1 * gi
@@ -170,23 +162,20 @@ def _t(a: np.ndarray) -> np.ndarray:
     return a.swapaxes(-1, -2)
 
 
-# Taps a position (C_in*kh*kw) up to which the direct convolution beats im2col and one GEMM:
-# forward and weight gradient, batch 128, one thread, ms against im2col's: 9 taps (1x3x3, its
-# one-pass kernels) 1.0 and 2.3 against 2.6 and 2.8; 12 (3x2x2) 4.0 and 4.4 against 4.7 and
-# 4.6; 16 (1x4x4) 3.2 and 3.5 against 2.8 and 2.9.
+# Taps a position (C_in*kh*kw) up to which the direct convolution beats im2col and one GEMM
+# (forward + weight gradient, batch 128, one thread, ms): 9 taps (1x3x3) 1.0 + 2.3 against
+# 2.6 + 2.8; 12 (3x2x2) 4.0 + 4.4 against 4.7 + 4.6; 16 (1x4x4) 3.2 + 3.5 against 2.8 + 2.9.
 DIRECT_TAPS = 12
 
 
 # Output widths below which im2col and col2im without padding go through an offset table
-# (one long loop a row): 1 thread, batch 128, the CNN's third convolution (2 wide) 0.24-0.30
-# and 0.34-0.44 ms against 0.82-1.27 and 0.77-0.96 row by row; its second (10 wide) 2.0-2.2
-# and 3.2 against 1.5-1.6 and 1.7.
+# (1 thread, batch 128, ms): the CNN's third convolution (2 wide) 0.24-0.30 + 0.34-0.44 against
+# 0.82-1.27 + 0.77-0.96 row by row; its second (10 wide) 2.0-2.2 + 3.2 against 1.5-1.6 + 1.7.
 GATHER_BELOW = 8
 
 
 def _gather_table(x_shape: tuple[int, ...], stride: int, oh: int, ow: int) -> np.ndarray:
-    """``conv.im2col_gather``'s offsets: output (n, r, q)'s window corner in ``x.flat``,
-    less its channel's and tap's part."""
+    """``conv.im2col_gather``'s offsets: output (n, r, q)'s window corner in ``x.flat``."""
     n, c, h, w = x_shape
     r, q = np.meshgrid(np.arange(oh) * stride * w, np.arange(ow) * stride, indexing="ij")
     return (np.arange(n)[:, None] * (c * h * w) + (r + q).reshape(1, -1)).reshape(-1)
@@ -272,8 +261,8 @@ class NumbaKernels(NumpyKernels):
         c_out, _, kh, kw = w.shape
         y = np.empty((x.shape[0], c_out, *out_hw), dtype=x.dtype)
         w2 = np.ascontiguousarray(w).reshape(c_out, -1)
-        geometry = (kh, kw, stride, padding)
-        return conv.conv_direct(x, w2, b, *geometry, y, _tasks(x.shape[0], 1), ACT_CODE[act])
+        chunks = _tasks(x.shape[0], 1)
+        return conv.conv_direct(x, w2, b, kh, kw, stride, padding, y, chunks, ACT_CODE[act])
 
     def conv_direct_backward(self, dy, x, y, w, stride, padding, act, dw, need_dx):
         dy = np.ascontiguousarray(dy)
@@ -291,10 +280,9 @@ class NumbaKernels(NumpyKernels):
 
     def maxpool2d_forward(self, x, size, stride):
         x = np.ascontiguousarray(x)
-        n, c, h, w = x.shape
-        oh, ow = conv_out_size(h, size, stride, 0), conv_out_size(w, size, stride, 0)
-        y = np.empty((n, c, oh, ow), dtype=x.dtype)
-        idx = np.empty((n, c, oh, ow), dtype=np.uint8 if size <= 16 else np.int32)
+        shape = (*x.shape[:2], *conv_out_hw(x.shape, size, size, stride, 0))
+        y = np.empty(shape, dtype=x.dtype)
+        idx = np.empty(shape, dtype=np.uint8 if size <= 16 else np.int32)
         if size == 2 and stride == 2:
             return conv.maxpool2x2(x, y, idx)
         return conv.maxpool_forward(x, size, stride, y, idx)

@@ -87,9 +87,8 @@ def embedding_grad(ids, dy, out):  # pragma: no cover - compiled
 
 
 def gelu_inner(x, t, c, a):  # pragma: no cover - compiled
-    """``t = c (x + a x^3)`` (``c = sqrt(2/pi)``, ``a = 0.044715`` in ``x``'s dtype), the
-    GELU's ``tanh`` argument in the generic formula's order of operations, so that NumPy's
-    ``tanh`` of it gives the generic formula's bits."""
+    """``t = c (x + a x^3)``, the GELU's ``tanh`` argument in the generic formula's order of
+    operations, so that NumPy's ``tanh`` of it gives the generic formula's bits."""
     for i in range(x.size):
         v = x[i]
         t[i] = c * (v + a * v * v * v)
@@ -139,9 +138,8 @@ _row_dot8 = njit(**JIT, inline="always")(_dot8.py_func)
 
 
 def layer_norm(x, gamma, beta, ones, consts, y, xhat, inv_std):  # pragma: no cover - compiled
-    """``Kernels.layer_norm`` over rows ``x`` (N, D), written into ``y``, ``xhat`` and
-    ``inv_std`` (N,). ``ones`` is (D,) of 1 and ``consts`` holds (1/D, eps), both in the rows'
-    dtype: a float64 scalar would promote a float32 row to float64."""
+    """``Kernels.layer_norm`` of rows (N, D) into ``y``, ``xhat``, ``inv_std``; ``ones`` and
+    ``consts`` (1/D, eps) in the rows' dtype: a float64 scalar would promote float32 rows."""
     n, d = x.shape
     inv_d, eps = consts[0], consts[1]
     for i in prange(n):

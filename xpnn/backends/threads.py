@@ -1,9 +1,5 @@
-"""The array libraries' thread pools (BLAS, OpenMP, Numba) held to one count per process.
-
-Left alone, Numba's and OpenBLAS's pools each start a thread per core and fight over the cores.
-The command line sets the count for each rank (``xpnn.runtime.threads.apply_threads``); a
-Python program gets the same set-up from its first ``get_backend``, or from ``set_threads``.
-"""
+"""The array libraries' thread pools (BLAS, OpenMP, Numba) held to one count per process: left
+alone, Numba's and OpenBLAS's pools each start a thread per core and fight over the cores."""
 
 from __future__ import annotations
 
@@ -28,7 +24,6 @@ def set_threads(n: int | None = None) -> dict:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise UserError(f"`threads` {n}: must be a whole number >= 1")
     os.environ["OMP_NUM_THREADS"] = str(n)
-    numba_threads: int | None
     if "numba" in sys.modules:
         import numba
 
@@ -40,10 +35,11 @@ def set_threads(n: int | None = None) -> dict:
     # after Numba: starting its threading layer may load an OpenMP runtime to limit as well
     blas: list[dict] = []
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_info, threadpool_limits
 
         _LIMITER = threadpool_limits(limits=n)
-        blas = _pools_info()
+        keys = {"lib": "internal_api", "api": "user_api", "threads": "num_threads"}
+        blas = [{k: pool.get(v) for k, v in keys.items()} for pool in threadpool_info()]
     except ImportError:
         pass
     _APPLIED[:] = [n]
@@ -56,8 +52,7 @@ def threads_set() -> int | None:
 
 
 def set_threads_once() -> None:
-    """The set-up a backend gets when it is built: unless this process set a count already
-    (the command line does, for each rank) or its user exported one (``OMP_NUM_THREADS``...)."""
+    """``set_threads()`` unless this process set a count already or its user exported one."""
     if _APPLIED or any(os.environ.get(var) for var in THREAD_VARS):
         return
     set_threads()
@@ -69,16 +64,3 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def _pools_info() -> list[dict]:
-    from threadpoolctl import threadpool_info
-
-    return [
-        {
-            "lib": info.get("internal_api"),
-            "api": info.get("user_api"),
-            "threads": info.get("num_threads"),
-        }
-        for info in threadpool_info()
-    ]
