@@ -19,10 +19,8 @@ _REQUEST_SIGNALS = ("USR1", "USR2")  # requeue.SIGNALS, without importing it
 
 def launcher_rank() -> int | None:
     """The rank a launcher gave this process, or None without a launcher."""
-    for var in _LAUNCHER_RANK_VARS:
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return None
+    ranks = (int(os.environ[v]) for v in _LAUNCHER_RANK_VARS if os.environ.get(v, "").isdigit())
+    return next(ranks, None)
 
 
 def _handler(signum: int, _frame: object) -> None:

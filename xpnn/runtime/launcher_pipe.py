@@ -5,6 +5,7 @@ dies by SIGPIPE and its proxy SIGKILLs every rank (no line, a checkpoint half-wr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -17,11 +18,9 @@ OUTPUT_OPTIONS = ("-l", "-prepend-rank", "-prepend-pattern", "-outfile-pattern",
 
 def _proc(pid: int, what: str) -> str:
     """``/proc/PID/WHAT``'s text, or "" where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/{what}", "rb") as fh:
-            return fh.read().decode(errors="replace")
-    except OSError:
-        return ""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/{what}", "rb") as fh:
+        return fh.read().decode(errors="replace")
+    return ""
 
 
 def _parent(pid: int) -> int | None:
@@ -40,11 +39,9 @@ def launcher_stdout(proc: str = "/proc") -> str | None:
     if any(arg.startswith(OUTPUT_OPTIONS) for arg in _proc(launcher, "cmdline").split("\0")[1:]):
         return None
     path = f"{proc}/{launcher}/fd/1"
-    try:
-        # a pipe only: a file opened anew through /proc would be written from its start
+    with contextlib.suppress(OSError):  # a pipe only: a file opened anew would be written from 0
         return path if stat.S_ISFIFO(os.stat(path).st_mode) else None
-    except OSError:
-        return None
+    return None
 
 
 def write_stdout_into_launchers_pipe() -> bool:

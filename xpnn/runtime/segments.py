@@ -4,6 +4,7 @@ nobody opens either by name again, so their names can go at once (a mapping stay
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -17,11 +18,9 @@ def _unlink(paths: list[str]) -> list[str]:
     """The paths removed; one already gone (another rank of the node) is skipped."""
     removed = []
     for path in dict.fromkeys(paths):
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            continue
-        removed.append(path)
+            removed.append(path)
     return removed
 
 
@@ -33,25 +32,18 @@ def _mapped(maps: str) -> list[str]:
 
 def mapped_files(maps_path: str = "/proc/self/maps") -> list[str]:
     """The files a process maps (``maps_path``: its ``/proc/PID/maps``); none where unreadable."""
-    try:
-        with open(maps_path, encoding="utf-8", errors="replace") as fh:
-            return _mapped(fh.read())
-    except OSError:  # gone, another user's, or not Linux
-        return []
+    with contextlib.suppress(OSError), open(maps_path, encoding="utf-8", errors="replace") as fh:
+        return _mapped(fh.read())
+    return []  # gone, another user's, or not Linux
 
 
 def _held(fd_dir: str) -> list[str]:
     """What the descriptors in ``fd_dir`` (a ``/proc/PID/fd``) point to, if it can be read."""
-    try:
-        fds = os.listdir(fd_dir)
-    except OSError:
-        return []
-    targets = []
-    for fd in fds:
-        try:
-            targets.append(os.readlink(os.path.join(fd_dir, fd)))
-        except OSError:  # closed meanwhile
-            continue
+    targets: list[str] = []
+    with contextlib.suppress(OSError):  # not Linux, or closed to us
+        for fd in os.listdir(fd_dir):
+            with contextlib.suppress(OSError):  # closed meanwhile
+                targets.append(os.readlink(os.path.join(fd_dir, fd)))
     return targets
 
 
@@ -101,12 +93,10 @@ def remove_stale(min_age: float = STALE_AFTER_S, shm_dir: str = SHM_DIR) -> list
         except OSError:
             continue
         for path in paths:
-            try:
+            with contextlib.suppress(OSError):  # gone meanwhile
                 info = os.lstat(path)
-            except OSError:
-                continue
-            if info.st_uid == uid and now - info.st_mtime >= min_age:
-                old.append(path)
+                if info.st_uid == uid and now - info.st_mtime >= min_age:
+                    old.append(path)
     if not old:
         return []
     used = files_in_use()

@@ -102,9 +102,8 @@ def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
     starts = [0, *accumulate(counts)][:-1]
     everyone = bytearray(sum(counts))
     wait(mpi_comm.Iallgatherv([mine, MPI.BYTE], [everyone, (counts, starts), MPI.BYTE]), what)
-    return [
-        MPI.pickle.loads(bytes(everyone[a : a + n])) for a, n in zip(starts, counts, strict=True)
-    ]
+    pieces = zip(starts, counts, strict=True)
+    return [MPI.pickle.loads(bytes(everyone[a : a + n])) for a, n in pieces]
 
 
 def _wait_long(request: Any, what: str, start: float) -> None:
