@@ -66,11 +66,10 @@ def read_epochs(path: Path) -> list[dict[str, Any]]:
 
 def _check_record(path: Path, line: int, rec: dict[str, Any]) -> None:
     epoch = rec.get("epoch")
-    if rec.get("event") == "eval":  # at a fraction of an epoch
-        number = isinstance(epoch, int | float) and not isinstance(epoch, bool)
-        if not number or not 0 <= epoch < 2**53:
-            raise UserError(f"{path}: line {line}: an eval record without an epoch number")
-    elif not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**53:
+    number = isinstance(epoch, int | float) and not isinstance(epoch, bool) and 0 <= epoch < 2**53
+    if rec.get("event") == "eval" and not number:  # at a fraction of an epoch
+        raise UserError(f"{path}: line {line}: an eval record without an epoch number")
+    if rec.get("event") != "eval" and not (number and isinstance(epoch, int)):
         raise UserError(f"{path}: line {line}: an epoch record without a whole-number epoch")
     for _, keys in PANELS:
         for key in (*keys, "step"):
@@ -171,15 +170,19 @@ def draw(paths: list[Path], out: Path) -> Path:
     return out
 
 
-class _Parser(argparse.ArgumentParser):
-    """A bad flag as one line, with no usage dump."""
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag as one line (after ``said``), with no usage dump."""
+
+    said = ""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(message.removeprefix("argument "))
+        raise UserError(self.said + message.removeprefix("argument "))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m xpnn plot", description=__doc__.splitlines()[0].replace("``", ""))
+    p = OneLineParser(
+        prog="python -m xpnn plot", description=__doc__.splitlines()[0].replace("``", "")
+    )
     p.add_argument("metrics", nargs="+", type=Path, help="metrics files (--metrics FILE.jsonl)")
     p.add_argument("-o", "--out", type=Path, default=Path("metrics.png"), help="PNG to write")
     return p

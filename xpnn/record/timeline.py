@@ -4,7 +4,6 @@ compute, communication, waiting, the communication hidden behind compute, a pipe
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import math
@@ -17,6 +16,7 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.record.files import replace_whole, same_file
+from xpnn.record.plot import OneLineParser
 
 Interval = tuple[float, float]
 FLIGHT_LANE = 90  # the flight recorder's operations, beside the trace's own lanes
@@ -265,11 +265,12 @@ def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """``python -m xpnn trace DIR [-o MERGED]``."""
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m xpnn trace",
         description="Merge the per-rank traces (--trace DIR) and flight records of DIR into one "
         "Chrome trace and print where each rank's step time goes.",
     )
+    parser.said = "trace: "
     parser.add_argument("directory", help="the --trace directory (or one with flight records)")
     parser.add_argument("-o", "--output", help="the merged trace (default DIR/merged.json)")
     parser.add_argument("--png", help="also draw the last two traced steps (needs matplotlib)")
@@ -314,13 +315,6 @@ def main(argv: list[str]) -> int:
         for line in table(rows, offsets):
             print(line)
     return 0
-
-
-class _Parser(argparse.ArgumentParser):
-    """A bad flag is one line naming it, not argparse's usage and its line."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(f"trace: {message.removeprefix('argument ')}")
 
 
 def _check_output(flag: str, path: str, directory: str) -> None:

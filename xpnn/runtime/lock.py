@@ -22,7 +22,7 @@ from xpnn.record.files import planted
 LOCK_NAME = ".xpnn-lock"
 # the job schedulers' job ids, in the order asked: Slurm, PBS/Torque, LSF, SGE, Flux
 JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "FLUX_JOB_ID")
-_held: dict[str, int] = {}  # the lock file (its directory resolved) -> the descriptor holding it
+_held: dict[Path, int] = {}  # the lock file (its directory resolved) -> the descriptor holding it
 
 
 def job_id() -> str | None:
@@ -92,7 +92,7 @@ def hold_metrics(path: str | os.PathLike) -> Path:
 
 
 def _hold(path: Path, param: str, named: str | os.PathLike) -> Path:
-    key = str(path.parent.resolve() / path.name)
+    key = path.parent.resolve() / path.name
     if key in _held:
         return path
     for _ in range(100):  # another job removed the file between its open and its lock
@@ -107,11 +107,9 @@ def _hold(path: Path, param: str, named: str | os.PathLike) -> Path:
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        named = os.stat(path)
+        return os.path.samestat(os.fstat(fd), os.stat(path))
     except FileNotFoundError:
         return False
-    mine = os.fstat(fd)
-    return (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
 
 
 def _open_lock_file(path: Path) -> int:
@@ -165,8 +163,7 @@ def _locked(param: str, named: str | os.PathLike, path: Path) -> int | None:
 def release_all() -> None:
     """Remove the lock files this process holds, then drop the locks (at exit)."""
     while _held:
-        name, fd = _held.popitem()
-        path = Path(name)
+        path, fd = _held.popitem()
         with contextlib.suppress(OSError):
             if _same_file(fd, path):
                 path.unlink()

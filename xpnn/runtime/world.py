@@ -222,12 +222,10 @@ def _init_thread(MPI: Any) -> None:
     if lib is None:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         return
-    provided = ctypes.c_int()
+    level, provided = ctypes.c_int(MPI.THREAD_MULTIPLE), ctypes.c_int()
     _starting["in_init"] = True
     try:
-        code = lib.MPI_Init_thread(
-            None, None, ctypes.c_int(MPI.THREAD_MULTIPLE), ctypes.byref(provided)
-        )
+        code = lib.MPI_Init_thread(None, None, level, ctypes.byref(provided))
     finally:
         _starting["in_init"] = False
     if code != 0:
