@@ -149,8 +149,7 @@ def flight_events(rank: int, dump: dict[str, Any], offset: float) -> list[dict[s
 
 def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """One trace of every rank on rank 0's clock (starting at 0), and each rank's xpnn info."""
-    traces = load_ranks(directory, "trace")
-    flights = load_ranks(directory, "flight")
+    traces, flights = load_ranks(directory, "trace"), load_ranks(directory, "flight")
     if not traces and not flights:
         raise UserError(f"trace {directory}: no trace-rank*.json or flight-rank*.json in it")
     offsets = clock_offsets(traces)

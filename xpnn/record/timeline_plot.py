@@ -89,9 +89,7 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = 
                 )  # fmt: skip
             rows.append(f"rank {rank} micro-batches")
     ax.set_yticks([i + 0.4 for i in range(len(rows))], rows)
-    ax.set_ylim(-0.2, len(rows))
-    ax.invert_yaxis()
-    ax.set_xlim(0, (end - start) / 1e3)
+    ax.set(ylim=(len(rows), -0.2), xlim=(0, (end - start) / 1e3))  # the first rank on top
     ax.set_xlabel(f"time in the last {steps} traced step(s), ms (rank 0's clock)")
     ax.grid(axis="x", alpha=0.3)
     shown = [k for k in COLOURS if any(_kind(e) == k for e in visible)]
