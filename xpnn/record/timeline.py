@@ -17,6 +17,7 @@ from typing import Any
 from xpnn.errors import UserError
 from xpnn.record.files import replace_whole, same_file
 from xpnn.record.plot import OneLineParser
+from xpnn.record.timeline_plot import draw  # which imports matplotlib only when drawing
 
 Interval = tuple[float, float]
 FLIGHT_LANE = 90  # the flight recorder's operations, beside the trace's own lanes
@@ -331,8 +332,6 @@ def _check_output(flag: str, path: str, directory: str) -> None:
 
 
 def _draw(merged: dict[str, Any], path: str) -> None:
-    from xpnn.record.timeline_plot import draw  # which imports matplotlib only when drawing
-
     if not any(e.get("cat") == "step" for e in merged["traceEvents"]):
         raise UserError("trace --png: no traced steps to draw (flight records only)")
     try:
