@@ -1,10 +1,7 @@
-"""Writing only where the run means to: on a shared machine another user who can write a
-directory can plant a symbolic link at a name xpnn writes (``ck/.xpnn-lock -> /etc/x``), and a
-run (root's, or the victim's) would replace the link's target. A file xpnn opens to write is
-opened with ``O_NOFOLLOW``; a link is followed only when it belongs to the user running
-(their own link to their own file), and what is opened must be a regular file or a device
-(``/dev/null``). Whole files are written beside their name and renamed over it, which
-replaces a link rather than writing through it."""
+"""Writing only where the run means to: another user who can write a directory could plant a
+link at a name xpnn writes (``ck/.xpnn-lock -> /etc/x``). Files are opened with ``O_NOFOLLOW``
+(only the running user's own links are followed) and must be regular files or devices; whole
+files are written beside their name and renamed over it, replacing a link, not writing through."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ def planted(path: str | os.PathLike, why: str) -> OSError:
 
 
 def open_to_write(path: str | os.PathLike, flags: int = 0, mode: int = 0o666) -> int:
-    """A descriptor open for writing (``flags``: ``O_APPEND``, ``O_CREAT``, ``O_TRUNC``, ...)
-    on ``path``, never through another user's symbolic link, never onto a pipe or socket."""
+    """A write descriptor on ``path``, never through another user's link, nor onto a pipe."""
     flags |= os.O_WRONLY | _CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path, flags | _NOFOLLOW, mode)
@@ -53,8 +49,7 @@ def open_to_write(path: str | os.PathLike, flags: int = 0, mode: int = 0o666) ->
 
 
 def replace_whole(path: str | os.PathLike, data: bytes) -> None:
-    """``path`` holds ``data``, written beside it and renamed over it: a link at ``path`` is
-    replaced, never written through, and a reader never sees half a file."""
+    """``path`` holds ``data``, renamed over it: a link is replaced, never written through."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:

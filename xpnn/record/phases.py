@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 Listener = Callable[[str, bool], None]  # (phase name, True on entry / False on exit)
@@ -14,8 +15,7 @@ _quiet = threading.local()  # ``on`` in the threads whose phases nobody hears (`
 
 
 def quiet_here() -> None:
-    """This thread's phases and spans reach no listener or tracer: a batch thread's pass runs
-    beside the step's own, whose timeline they would tangle."""
+    """This thread's phases and spans reach nobody (a batch thread's would tangle the step's)."""
     _quiet.on = True
 
 
@@ -63,25 +63,12 @@ def listening() -> Listener | None:
 COMPUTE, COPIES, DEVICE, COMMUNICATION = 1, 2, 3, 10  # lanes (trace ``tid``); 10, 11, ...: ops
 
 
-class _Nothing:
-    """The span when nobody traces: entering and leaving it does nothing."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
-NOTHING = _Nothing()
+NOTHING = nullcontext()  # the span when nobody traces
 _tracer: list[Any] = [None]
 
 
 def trace_to(tracer: Any) -> None:
-    """Send spans to ``tracer`` (``span(name, lane)``, ``layer_span(kind, index, layer)``,
-    ``operation(record)``), or to nobody (None)."""
+    """Send spans and operations to ``tracer`` (``xpnn.train.trace.Trace``), or to nobody."""
     _tracer[0] = tracer
 
 

@@ -25,25 +25,19 @@ MOST_BYTES = 256 * 2**20  # a metrics file of 10^6 epochs is about this big; mor
 def read_text(path: Path) -> str:
     """A regular file's text, at most ``MOST_BYTES``: a device (``/dev/zero``), a FIFO or a
     huge file is refused in one line, not read until memory runs out."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UserError(f"{path}: not a regular file (is it an xpnn --metrics file?)")
-        if info.st_size > MOST_BYTES:
-            raise UserError(
-                f"{path}: {info.st_size / 2**20:.0f} MiB, more than a metrics file holds "
-                f"({MOST_BYTES // 2**20} MiB at most)"
-            )
-        with os.fdopen(fd, "rb", closefd=False) as f:
+    try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise UserError(f"{path}: not a regular file (is it an xpnn --metrics file?)")
+            if info.st_size > MOST_BYTES:
+                raise UserError(
+                    f"{path}: {info.st_size / 2**20:.0f} MiB, more than a metrics file holds "
+                    f"({MOST_BYTES // 2**20} MiB at most)"
+                )
             data = f.read(MOST_BYTES + 1)
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
-    finally:
-        os.close(fd)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -51,8 +45,7 @@ def read_text(path: Path) -> str:
 
 
 def read_epochs(path: Path) -> list[dict[str, Any]]:
-    """The epoch (or eval) records of one metrics file; a UserError naming the file if it has
-    none, or if a record is not one (no epoch number, a value drawn that is not a number)."""
+    """The epoch (or eval) records of one metrics file; a UserError for anything else."""
     lines = read_text(path).splitlines()
     epochs = []
     for i, line in enumerate(lines, 1):
@@ -73,11 +66,10 @@ def read_epochs(path: Path) -> list[dict[str, Any]]:
 
 def _check_record(path: Path, line: int, rec: dict[str, Any]) -> None:
     epoch = rec.get("epoch")
-    if rec.get("event") == "eval":  # at a fraction of an epoch
-        number = isinstance(epoch, int | float) and not isinstance(epoch, bool)
-        if not number or not 0 <= epoch < 2**53:
-            raise UserError(f"{path}: line {line}: an eval record without an epoch number")
-    elif not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**53:
+    number = isinstance(epoch, int | float) and not isinstance(epoch, bool) and 0 <= epoch < 2**53
+    if rec.get("event") == "eval" and not number:  # at a fraction of an epoch
+        raise UserError(f"{path}: line {line}: an eval record without an epoch number")
+    if rec.get("event") != "eval" and not (number and isinstance(epoch, int)):
         raise UserError(f"{path}: line {line}: an epoch record without a whole-number epoch")
     for _, keys in PANELS:
         for key in (*keys, "step"):
@@ -103,13 +95,9 @@ def check_out(out: Path, inputs: list[Path]) -> None:
 
 
 def by_steps(runs: list[tuple[Path, list[dict[str, Any]]]]) -> bool:
-    """Whether every run trained by ``--steps`` (eval records with a step count): then steps,
-    not fractions of an epoch, go on the x axis."""
-
-    def counted(e: dict[str, Any]) -> bool:
-        return e.get("event") == "eval" and isinstance(e.get("step"), int)
-
-    return all(all(counted(e) for e in es) for _, es in runs)
+    """Whether every run trained by ``--steps``: then steps go on the x axis."""
+    records = [e for _, es in runs for e in es]
+    return all(e.get("event") == "eval" and isinstance(e.get("step"), int) for e in records)
 
 
 def is_text(epochs: list[dict[str, Any]]) -> bool:
@@ -137,8 +125,7 @@ def ylabel(title: str, runs: list[tuple[Path, list[dict[str, Any]]]]) -> str:
 
 
 def draw(paths: list[Path], out: Path) -> Path:
-    """One PNG, a panel per quantity, a line per run (solid train, dashed test or
-    validation); steps on the x axis when every run trained by ``--steps``."""
+    """One PNG, a panel per quantity, a line per run (dashed: test or validation)."""
     check_out(out, paths)
     runs = [(p, read_epochs(p)) for p in paths]
     try:
@@ -156,10 +143,8 @@ def draw(paths: list[Path], out: Path) -> Path:
         first, text = epochs[0], is_text(epochs)
         label = f"{path.stem} ({first.get('world_size', '?')} rank(s), {first.get('backend', '?')})"
         for ax, (_, keys) in zip(axes, PANELS, strict=True):
-            if keys[0] == "samples_per_s" and text:
-                keys = ("tokens_per_s",)  # a text model's rate is in tokens, as its docs say
-            elif keys[0] == "samples_per_s":
-                keys = ("samples_per_s",)
+            if keys[0] == "samples_per_s":  # a text model's rate is in tokens, as its docs say
+                keys = ("tokens_per_s" if text else "samples_per_s",)
             for key in keys:
                 y = [e.get(key) for e in epochs]
                 if all(v is None for v in y):
@@ -185,15 +170,19 @@ def draw(paths: list[Path], out: Path) -> Path:
     return out
 
 
-class _Parser(argparse.ArgumentParser):
-    """A bad flag as one line, with no usage dump."""
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag as one line (after ``said``), with no usage dump."""
+
+    said = ""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(message.removeprefix("argument "))
+        raise UserError(self.said + message.removeprefix("argument "))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m xpnn plot", description=__doc__.splitlines()[0].replace("``", ""))
+    p = OneLineParser(
+        prog="python -m xpnn plot", description=__doc__.splitlines()[0].replace("``", "")
+    )
     p.add_argument("metrics", nargs="+", type=Path, help="metrics files (--metrics FILE.jsonl)")
     p.add_argument("-o", "--out", type=Path, default=Path("metrics.png"), help="PNG to write")
     return p
@@ -202,10 +191,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
-    except UserError as e:
-        print(f"xpnn plot: {e}", file=sys.stderr)
-        return 2
-    try:
         out = draw(args.metrics, args.out)
     except (ImportError, UserError) as e:
         print(f"xpnn plot: {e}", file=sys.stderr)

@@ -4,7 +4,6 @@ compute, communication, waiting, the communication hidden behind compute, a pipe
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import math
@@ -17,6 +16,8 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.record.files import replace_whole, same_file
+from xpnn.record.plot import OneLineParser
+from xpnn.record.timeline_plot import draw  # which imports matplotlib only when drawing
 
 Interval = tuple[float, float]
 FLIGHT_LANE = 90  # the flight recorder's operations, beside the trace's own lanes
@@ -38,17 +39,13 @@ MOST_BYTES = 1 << 30  # a rank file of a few traced steps is kilobytes; a GiB is
 
 def rank_files(directory: str, stem: str) -> dict[int, str]:
     """``{rank: path}`` of ``directory/{stem}-rank{N}.json``."""
-    found = {}
-    for path in glob.glob(os.path.join(glob.escape(directory), f"{stem}-rank*.json")):
-        match = re.search(rf"{stem}-rank(\d+)\.json$", path)
-        if match:
-            found[int(match[1])] = path
-    return found
+    name = re.compile(rf"{stem}-rank(\d+)\.json$")
+    paths = glob.glob(os.path.join(glob.escape(directory), f"{stem}-rank*.json"))
+    return {int(match[1]): path for path in paths if (match := name.search(path))}
 
 
 def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
-    """``{rank: document}`` of ``directory/{stem}-rank{N}.json``, each a regular file of at
-    most ``MOST_BYTES`` in the form xpnn writes, else one line naming it."""
+    """``{rank: document}`` of ``directory/{stem}-rank{N}.json``, each checked."""
     found: dict[int, dict[str, Any]] = {}
     for rank, path in rank_files(directory, stem).items():
         try:
@@ -85,10 +82,8 @@ def _trace_problem(doc: Any) -> str | None:
             return f"an event's ts is {event['ts']!r}"
         if "ts" in event and not _number(event.get("dur")):
             return f"an event without a duration ({event.get('name')!r})"
-        if event.get("ph") == "X" and not (
-            isinstance(event.get("name"), str) and isinstance(event.get("cat"), str)
-            and isinstance(event.get("pid"), int) and isinstance(event.get("tid"), int)
-        ):  # fmt: skip
+        typed = zip(("name", "cat", "pid", "tid"), (str, str, int, int), strict=True)
+        if event.get("ph") == "X" and not all(isinstance(event.get(k), t) for k, t in typed):
             return f"a span without a name, category, pid or tid ({event!r:.80})"
     other = doc.get("otherData", {})
     xpnn = other.get("xpnn", {}) if isinstance(other, dict) else None
@@ -115,11 +110,9 @@ def _flight_problem(doc: Any) -> str | None:
 
 
 def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
-    """Each rank's clock minus rank 0's (us). A barrier ends after the last rank entered and
-    before the first left, so each barrier bounds the offset between (rank's entry - rank 0's
-    exit) and (rank's exit - rank 0's entry); the bounds of all barriers are intersected and
-    the middle taken (where a rank was held up so long that they do not meet, the median of
-    the barriers' middles)."""
+    """Each rank's clock minus rank 0's (us). A barrier bounds the offset between (rank's entry -
+    rank 0's exit) and (rank's exit - rank 0's entry); the middle of all bounds' intersection is
+    taken (where they do not meet, a rank held up, the median of the barriers' middles)."""
     samples = {
         r: t.get("otherData", {}).get("xpnn", {}).get("clock") or [] for r, t in traces.items()
     }
@@ -150,18 +143,14 @@ def flight_events(rank: int, dump: dict[str, Any], offset: float) -> list[dict[s
              "args": args}
         )  # fmt: skip
     if events:
-        lane = f"flight recorder ({dump.get('reason', '')})"
-        events.append(
-            {"name": "thread_name", "ph": "M", "pid": rank, "tid": FLIGHT_LANE}
-            | {"args": {"name": lane}}
-        )
+        lane = {"name": f"flight recorder ({dump.get('reason', '')})"}
+        events.append(dict(name="thread_name", ph="M", pid=rank, tid=FLIGHT_LANE, args=lane))
     return events
 
 
 def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """One trace of every rank on rank 0's clock (starting at 0), and each rank's xpnn info."""
-    traces = load_ranks(directory, "trace")
-    flights = load_ranks(directory, "flight")
+    traces, flights = load_ranks(directory, "trace"), load_ranks(directory, "flight")
     if not traces and not flights:
         raise UserError(f"trace {directory}: no trace-rank*.json or flight-rank*.json in it")
     offsets = clock_offsets(traces)
@@ -174,8 +163,7 @@ def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
             events.append(event)
     for rank, dump in sorted(flights.items()):
         events.extend(flight_events(rank, dump, offsets.get(rank, 0.0)))
-    timed = [e["ts"] for e in events if "ts" in e]
-    origin = min(timed) if timed else 0.0
+    origin = min((e["ts"] for e in events if "ts" in e), default=0.0)
     for event in events:
         if "ts" in event:
             event["ts"] = round(event["ts"] - origin, 3)
@@ -183,8 +171,7 @@ def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     info = {r: t.get("otherData", {}).get("xpnn", {}) for r, t in traces.items()}
     for rank in info:
         info[rank]["clock_offset_us"] = round(offsets.get(rank, 0.0), 1)
-    merged = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"xpnn": info}}
-    return merged, info
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"xpnn": info}}, info
 
 
 def union(intervals: list[Interval]) -> list[Interval]:
@@ -203,66 +190,57 @@ def length(intervals: list[Interval]) -> float:
 
 def overlap(a: list[Interval], b: list[Interval]) -> float:
     """Total length of the intersection of two unions."""
-    total, j = 0.0, 0
+    return length(overlap_list(a, b))
+
+
+def overlap_list(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """The intersection of two unions, as intervals."""
+    out, j = [], 0
     for start, end in a:
         while j < len(b) and b[j][1] <= start:
             j += 1
         k = j
         while k < len(b) and b[k][0] < end:
-            total += max(0.0, min(end, b[k][1]) - max(start, b[k][0]))
+            lo, hi = max(start, b[k][0]), min(end, b[k][1])
+            if lo < hi:
+                out.append((lo, hi))
             k += 1
-    return total
+    return union(out)
+
+
+def _spans(events: Any) -> list[Interval]:
+    return union([(e["ts"], e["ts"] + e["dur"]) for e in events])
 
 
 def summarize(merged: dict[str, Any], info: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per rank, over its traced steps (ms): step time, compute, communication, waiting, the
-    fraction of communication hidden behind compute, a pipeline stage's bubble."""
+    """Per rank, over its traced steps: where the step time went (ms), hidden and bubble shares."""
     rows = []
     ranks = sorted({e["pid"] for e in merged["traceEvents"] if e.get("cat") == "step"})
     for rank in ranks:
         mine = [e for e in merged["traceEvents"] if e.get("pid") == rank and e.get("ph") == "X"]
-        spans = {cat: union([(e["ts"], e["ts"] + e["dur"]) for e in mine if e["cat"] == cat])
-                 for cat in ("step", "communication", "wait")}  # fmt: skip
-        steps = spans["step"]
-        comm = spans["communication"]
-        in_steps = overlap(union(comm), steps)
-        waiting = overlap(spans["wait"], steps)
-        step_time = length(steps)
-        row = {
-            "rank": rank,
-            "steps": sum(1 for e in mine if e["cat"] == "step"),
-            "step_ms": step_time / 1e3,
-            "compute_ms": (step_time - waiting) / 1e3,
-            "communication_ms": in_steps / 1e3,
-            "waiting_ms": waiting / 1e3,
-            "hidden": None,
-            "bubble": None,
-            "schedule_bubble": None,
+        spans = {
+            cat: _spans(e for e in mine if e["cat"] == cat)
+            for cat in ("step", "communication", "wait")
         }
+        steps, comm = spans["step"], spans["communication"]
+        in_steps, waiting = overlap(comm, steps), overlap(spans["wait"], steps)
+        step_time = length(steps)
+        row: dict[str, Any] = {"rank": rank, "steps": sum(1 for e in mine if e["cat"] == "step")}
+        row |= {"step_ms": step_time / 1e3, "compute_ms": (step_time - waiting) / 1e3}
+        row |= {"communication_ms": in_steps / 1e3, "waiting_ms": waiting / 1e3}
+        row |= dict.fromkeys(("hidden", "bubble", "schedule_bubble"))
         if in_steps > 0:
-            exposed = overlap(overlap_list(union(comm), steps), spans["wait"])
+            exposed = overlap(overlap_list(comm, steps), spans["wait"])
             row["hidden"] = max(0.0, 1.0 - exposed / in_steps)
         meta = info.get(rank, {})
         if meta.get("parallel") == "pipeline" and meta.get("stages"):
-            busy = union([(e["ts"], e["ts"] + e["dur"]) for e in mine
-                          if e["cat"] == "span" and "micro-batch" in e["name"]])  # fmt: skip
+            busy = _spans(e for e in mine if e["cat"] == "span" and "micro-batch" in e["name"])
             work = length(busy) - overlap(busy, spans["wait"])
             row["bubble"] = 1.0 - work / step_time if step_time else None
             p, m = meta["stages"], meta["microbatches"]
             row["schedule_bubble"] = (p - 1) / (m + p - 1)
         rows.append(row)
     return rows
-
-
-def overlap_list(a: list[Interval], b: list[Interval]) -> list[Interval]:
-    """The intersection of two unions, as intervals."""
-    out = []
-    for start, end in a:
-        for s, e in b:
-            lo, hi = max(start, s), min(end, e)
-            if lo < hi:
-                out.append((lo, hi))
-    return union(out)
 
 
 def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
@@ -278,10 +256,8 @@ def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
         for key in ("compute_ms", "communication_ms", "waiting_ms"):
             share = r[key] / r["step_ms"] if r["step_ms"] else 0.0
             cells.append(f"{f'{r[key] / n:.2f} ({share:.0%})':>13}")
-        cells.append(f"{'–' if r['hidden'] is None else format(r['hidden'], '.0%'):>13}")
-        if pipeline:
-            for key in ("bubble", "schedule_bubble"):
-                cells.append(f"{'–' if r[key] is None else format(r[key], '.0%'):>13}")
+        shares = ("hidden", "bubble", "schedule_bubble") if pipeline else ("hidden",)
+        cells += [f"{'–' if r[k] is None else format(r[k], '.0%'):>13}" for k in shares]
         cells.append(f"{offsets.get(r['rank'], 0.0):>10.1f} us")
         lines.append("  ".join(cells))
     return lines
@@ -289,11 +265,12 @@ def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """``python -m xpnn trace DIR [-o MERGED]``."""
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m xpnn trace",
         description="Merge the per-rank traces (--trace DIR) and flight records of DIR into one "
         "Chrome trace and print where each rank's step time goes.",
     )
+    parser.said = "trace: "
     parser.add_argument("directory", help="the --trace directory (or one with flight records)")
     parser.add_argument("-o", "--output", help="the merged trace (default DIR/merged.json)")
     parser.add_argument("--png", help="also draw the last two traced steps (needs matplotlib)")
@@ -322,7 +299,7 @@ def main(argv: list[str]) -> int:
         if args.png:
             _draw(merged, args.png)
     except UserError as exc:
-        print(f"xpnn: {failure_line(exc)}", file=sys.stderr)
+        print("xpnn: " + " | ".join(filter(str.strip, str(exc).splitlines())), file=sys.stderr)
         return 2
     ranks = len({e["pid"] for e in merged["traceEvents"] if "pid" in e})
     print(f"merged {ranks} rank(s) into {out} (open it in https://ui.perfetto.dev)")
@@ -340,20 +317,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """A bad flag is one line naming it, not argparse's usage and its line."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(f"trace: {message.removeprefix('argument ')}")
-
-
-def failure_line(exc: BaseException) -> str:
-    return " | ".join(part for part in str(exc).splitlines() if part.strip())
-
-
 def _check_output(flag: str, path: str, directory: str) -> None:
-    """An output is a file name in an existing directory, not a device, and none of the rank
-    files it is made from."""
+    """An output is a file in an existing directory, not a device nor a rank file it is made of."""
     inputs = [*rank_files(directory, "trace").values(), *rank_files(directory, "flight").values()]
     if any(same_file(path, read) for read in inputs):
         raise UserError(f"trace {flag} {path}: a rank file this command reads; give another name")
@@ -367,10 +332,6 @@ def _check_output(flag: str, path: str, directory: str) -> None:
 
 
 def _draw(merged: dict[str, Any], path: str) -> None:
-    try:
-        from xpnn.record.timeline_plot import draw
-    except ImportError:  # pragma: no cover - matplotlib is the plot extra
-        raise UserError("trace --png: needs matplotlib (pip install matplotlib)") from None
     if not any(e.get("cat") == "step" for e in merged["traceEvents"]):
         raise UserError("trace --png: no traced steps to draw (flight records only)")
     try:

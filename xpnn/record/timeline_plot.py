@@ -25,26 +25,22 @@ COLOURS = {
 def _kind(event: dict[str, Any]) -> str | None:
     """What a compute-lane span is drawn as (None: not drawn, e.g. the step itself)."""
     name, cat = event["name"], event["cat"]
-    if cat in ("wait", "post"):
+    if cat in ("wait", "post", "evaluation"):
         return cat
-    if cat == "evaluation":
-        return "evaluation"
     if cat == "phase":
         return "update" if name == "update" else None
     if cat == "span" and "micro-batch" not in name:
-        for kind in ("forward", "backward", "loss"):
-            if name.startswith(kind):
-                return kind
+        return next(
+            (kind for kind in ("forward", "backward", "loss") if name.startswith(kind)), None
+        )
     return None
 
 
 def window(events: list[dict[str, Any]], steps: int) -> tuple[float, float]:
     """The time range of rank 0's last ``steps`` traced steps (us)."""
-    ranks = sorted({e["pid"] for e in events if e.get("cat") == "step"})
-    mine = sorted(
-        (e for e in events if e.get("cat") == "step" and e["pid"] == ranks[0]),
-        key=lambda e: e["ts"],
-    )[-steps:]
+    first = min(e["pid"] for e in events if e.get("cat") == "step")
+    mine = [e for e in events if e.get("cat") == "step" and e["pid"] == first]
+    mine = sorted(mine, key=lambda e: e["ts"])[-steps:]
     return mine[0]["ts"], mine[-1]["ts"] + mine[-1]["dur"]
 
 
@@ -62,19 +58,18 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = 
     ranks = sorted({e["pid"] for e in visible})
     rows: list[str] = []
     fig, ax = plt.subplots(figsize=(11, 1.2 + 1.1 * len(ranks)), layout="constrained")
-    y = 0.0
     for rank in ranks:
         mine = [e for e in visible if e["pid"] == rank]
         comm = [e for e in mine if e["cat"] == "communication"]
         micro = [e for e in mine if e["cat"] == "span" and "micro-batch" in e["name"]]
         lanes = sorted({e["tid"] for e in comm})
         for e in comm:  # one thin bar per communication lane, side by side
-            height = 0.8 / max(len(lanes), 1)
-            top = y + height * lanes.index(e["tid"])
+            height = 0.8 / len(lanes)
+            top = len(rows) + height * lanes.index(e["tid"])
             ax.broken_barh([_bar(e, start)], (top, height * 0.9), color=COLOURS["communication"])
         if comm:
             rows.append(f"rank {rank} communication")
-            y += 1
+        y = len(rows)
         step_bars = [_bar(e, start) for e in mine if e["cat"] == "step"]
         ax.broken_barh(step_bars, (y, 0.8), color=COLOURS["other"])  # the step outside every span
         for kind in ("forward", "backward", "loss", "update", "post", "evaluation", "wait"):
@@ -93,11 +88,8 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = 
                     ha="center", va="center", fontsize=9, clip_on=True,
                 )  # fmt: skip
             rows.append(f"rank {rank} micro-batches")
-            y += 1
     ax.set_yticks([i + 0.4 for i in range(len(rows))], rows)
-    ax.set_ylim(-0.2, len(rows))
-    ax.invert_yaxis()
-    ax.set_xlim(0, (end - start) / 1e3)
+    ax.set(ylim=(len(rows), -0.2), xlim=(0, (end - start) / 1e3))  # the first rank on top
     ax.set_xlabel(f"time in the last {steps} traced step(s), ms (rank 0's clock)")
     ax.grid(axis="x", alpha=0.3)
     shown = [k for k in COLOURS if any(_kind(e) == k for e in visible)]

@@ -1,9 +1,7 @@
 """The process: its place in the job (``world``), threads per rank (``threads``), one failing
 rank stopping all (``failure``, ``stall``), the last operations of each rank (``flight``),
 what MPICH leaves behind (``segments``), Ctrl-C from the first instant (``interrupts``).
-
-The names below are loaded on first use: ``interrupts`` runs before anything else is imported,
-so importing this package must not import the rest of it."""
+Names load on first use: ``interrupts`` runs before anything else is imported."""
 
 from __future__ import annotations
 
@@ -24,11 +22,7 @@ _WHERE = {
     "launch_rank": "world",
     "library_name": "world",
 }
-_RENAMED = {"wait_polled": "wait"}
-
-__all__ = ["CollectiveExit", "World", "agree_on_user_errors", "apply_threads", "init_world"]
-__all__ += ["launch_rank", "library_name", "node_cores", "run_guarded", "stopped_from_outside"]
-__all__ += ["flight", "peak_rss_mb", "threads_per_rank", "wait_polled"]
+__all__ = [*_WHERE, "flight"]
 
 
 def __getattr__(name: str) -> object:
@@ -37,4 +31,4 @@ def __getattr__(name: str) -> object:
     if name not in _WHERE:
         raise AttributeError(f"module 'xpnn.runtime' has no attribute {name!r}")
     module = importlib.import_module(f"xpnn.runtime.{_WHERE[name]}")
-    return getattr(module, _RENAMED.get(name, name))
+    return getattr(module, "wait" if name == "wait_polled" else name)

@@ -10,8 +10,7 @@ ABORT_GRACE_S = 0.3
 
 
 def abort_job(code: int) -> None:
-    """Flush, pause so the launcher forwards the message (hydra drops output still in its
-    pipes when the abort arrives first), then MPI_Abort."""
+    """Flush, pause so hydra forwards the line (it drops what is still piped), MPI_Abort."""
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(ABORT_GRACE_S)
@@ -29,8 +28,7 @@ SAID: list[str] = []  # the last line ``say`` wrote: a failed run's reason, for 
 
 
 def say(line: str) -> None:
-    """One line on stderr in one write: ``print`` sends the text and its newline apart, and
-    two ranks' lines could run together where the launcher merges their output."""
+    """One line on stderr in one write, so launchers never merge two ranks' lines into one."""
     SAID[:] = [line]
     if sys.stderr is not None:
         sys.stderr.write(line + "\n")

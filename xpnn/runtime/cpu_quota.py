@@ -4,6 +4,7 @@ mask, so threads per rank count the quota too. Linux only."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -29,16 +30,10 @@ def _limits(mount: Path, path: str, read: Callable[[Path], float | None]) -> lis
     folder = mount / path.lstrip("/")
     folders = [folder, *folder.parents] if folder.is_dir() else [mount]
     found = []
-    for f in folders:
-        if not f.is_relative_to(mount):
-            break
-        try:
-            limit = read(f)
-        except (OSError, ValueError, ZeroDivisionError):  # no such file here, or not a number
-            continue
-        if limit is not None:
-            found.append(limit)
-    return found
+    for f in (f for f in folders if f.is_relative_to(mount)):
+        with contextlib.suppress(OSError, ValueError, ZeroDivisionError):  # no file, or no number
+            found.append(read(f))
+    return [limit for limit in found if limit is not None]
 
 
 def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_FS) -> float | None:

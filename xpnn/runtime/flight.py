@@ -1,8 +1,6 @@
-"""The flight recorder: every rank keeps its last ``RING`` collective and point-to-point
-operations (sequence number per communicator, operation, bytes, bucket or micro-batch, step,
-post, wait and end times), always on; the stall watch and a failing rank dump it as JSON, and
-the stall line compares where every rank waits. A finished operation also goes to the timeline
-tracer (``xpnn.record.phases.trace_to``) while one listens."""
+"""The flight recorder: every rank keeps its last ``RING`` communication operations, always on;
+the stall watch and a failing rank dump them as JSON, and the stall line compares where every
+rank waits. A finished operation also goes to the timeline tracer while one listens."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from typing import Any
 
 from xpnn.record import phases
 from xpnn.record.files import replace_whole
+from xpnn.runtime.mpi_state import imported_mpi
 
 RING = 512  # operations kept per rank: a few steps of a pipeline's sends and receives
 
@@ -41,17 +40,12 @@ class Record:
 
     def name(self) -> str:
         """``allreduce #812 (bucket 3, step 406)``: how the stall line and the trace say it."""
-        peer = f" {'to' if self.op == 'send' else 'from'} rank {self.peer}"
-        where = [f"{_size(self.nbytes)}"] if self.nbytes else []
-        if self.bucket is not None:
-            where.append(f"bucket {self.bucket}")
-        if self.microbatch is not None:
-            where.append(f"micro-batch {self.microbatch}")
-        if self.step is not None:
-            where.append(f"step {self.step}")
-        return f"{self.op} #{self.seq}{peer if self.peer is not None else ''}" + (
-            f" ({', '.join(where)})" if where else ""
-        )
+        to = "to" if self.op == "send" else "from"
+        peer = "" if self.peer is None else f" {to} rank {self.peer}"
+        where = [_size(self.nbytes)] if self.nbytes else []
+        tags = (("bucket", self.bucket), ("micro-batch", self.microbatch), ("step", self.step))
+        where += [f"{word} {value}" for word, value in tags if value is not None]
+        return f"{self.op} #{self.seq}{peer}" + (f" ({', '.join(where)})" if where else "")
 
 
 def _size(nbytes: int) -> str:
@@ -63,7 +57,7 @@ def _size(nbytes: int) -> str:
 
 _ring: deque[Record] = deque(maxlen=RING)
 _tags: dict[str, Any] = {"bucket": None, "microbatch": None, "step": None}
-_state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "dumped": None, "temp": None}
+_state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "temp": None}
 
 
 def at_step(step: int | None) -> None:
@@ -75,17 +69,13 @@ def tag(bucket: int | None = None, microbatch: int | None = None) -> None:
     _tags["bucket"], _tags["microbatch"] = bucket, microbatch
 
 
-def _group(comm: Any) -> str:
-    """Which communicator: its size and this rank in it (a sequence number counts per group)."""
-    return f"{comm.size} ranks" if comm.size > 1 else "1 rank"
-
-
 def post(comm: Any, op: str, nbytes: int = 0, peer: int | None = None) -> Record:
-    """``op`` is handed to the transport now; numbered in ``comm``'s own sequence."""
+    """``op`` is handed to the transport now; numbered in ``comm``'s own sequence (a group's)."""
     own = comm.__dict__
-    seq = own.get("_flight_seq", 0) + 1
-    comm._flight_seq = seq
-    group = own.get("_flight_group") or own.setdefault("_flight_group", _group(comm))
+    own["_flight_seq"] = seq = own.get("_flight_seq", 0) + 1
+    group = own.get("_flight_group") or own.setdefault(
+        "_flight_group", f"{comm.size} ranks" if comm.size > 1 else "1 rank"
+    )
     record = Record(seq, op, nbytes, peer, group)
     _ring.append(record)
     return record
@@ -144,15 +134,6 @@ class Tracked:
         self.record = None
 
 
-def current() -> Record | None:
-    """The operation this rank waits in, if it waits."""
-    return _state["current"]
-
-
-def records() -> list[Record]:
-    return list(_ring)
-
-
 def clear() -> None:
     _ring.clear()
     _state["current"] = None
@@ -164,9 +145,7 @@ def dump_to(directory: str | None, rank: int) -> None:
 
 
 def dump_pattern() -> str | None:
-    """``ck/flight-rank*.json``: what the stall line names, or None when nothing is dumped.
-    Records in temporary directories: every rank's of this job on this node (they share the
-    launcher's process as their parent)."""
+    """``ck/flight-rank*.json``: where the stall line says the dumps are, or None."""
     directory = _state["dir"]
     if directory is None and _state["temp"] is not None:
         return os.path.join(tempfile.gettempdir(), f"{_temp_prefix()}*", "flight-rank*.json")
@@ -178,12 +157,9 @@ def _temp_prefix() -> str:
 
 
 def _temporary_directory() -> str:
-    """This rank's own new directory for a run without one (``mkdtemp``: mode 0700, a name
-    nobody could have planted), made on its first dump only."""
+    """This rank's own new directory (``mkdtemp``: 0700, a name nobody could plant)."""
     if _state["temp"] is None:
         _state["temp"] = tempfile.mkdtemp(prefix=_temp_prefix())
-        from xpnn.runtime.mpi_state import imported_mpi
-
         mpi = imported_mpi()  # the rank is not known otherwise: no dump_to
         if mpi is not None and mpi.Is_initialized():
             _state["rank"] = mpi.COMM_WORLD.Get_rank()
@@ -191,50 +167,38 @@ def _temporary_directory() -> str:
 
 
 def dump(reason: str, temporary: bool = False) -> str | None:
-    """Write the ring as JSON (``reason``: why); the path, or None (no directory, or it failed:
-    a dump must never hide the stall or failure that asked for it). ``temporary``: where the
-    run has no directory of its own, into a temporary one (a stall's records)."""
-    directory = _state["dir"]
-    if directory is None and temporary:
-        try:
-            directory = _temporary_directory()
-        except OSError:
-            return None
-    if directory is None:
-        return None
-    path = os.path.join(directory, f"flight-rank{_state['rank']}.json")
-    current_record = _state["current"]
-    doc = {
-        "rank": _state["rank"],
-        "reason": reason,
-        "clock": "time.perf_counter seconds",
-        "now": _now(),
-        "waiting_in": current_record.as_dict() if current_record is not None else None,
-        "operations": [r.as_dict() for r in _ring],
-    }
+    """Write the ring as JSON; the path, or None (no directory, or it failed: a dump must never
+    hide the stall or failure that asked for it). ``temporary``: without a directory of the
+    run's own, into a temporary one."""
+    directory, current, now = _state["dir"], _state["current"], _now()
     try:
+        if directory is None and temporary:
+            directory = _temporary_directory()  # which also learns the rank
+        if directory is None:
+            return None
+        doc = {"rank": _state["rank"], "reason": reason, "clock": "time.perf_counter seconds"}
+        doc["now"] = now
+        doc["waiting_in"] = current.as_dict() if current is not None else None
+        doc["operations"] = [r.as_dict() for r in _ring]
+        path = os.path.join(directory, f"flight-rank{_state['rank']}.json")
         os.makedirs(directory, exist_ok=True)
         replace_whole(path, json.dumps(doc, indent=0).encode())  # never through a link
     except OSError:
         return None
-    _state["dumped"] = path
     return path
 
 
 def position() -> dict[str, Any] | None:
     """Where this rank waits, small enough for a note to the others: None when it does not."""
     record = _state["current"]
-    if record is None:
-        return None
     keys = ("group", "seq", "op", "nbytes", "peer", "bucket", "microbatch", "step")
-    return {key: getattr(record, key) for key in keys}
+    return None if record is None else {key: getattr(record, key) for key in keys}
 
 
 def describe(
     positions: dict[int, dict[str, Any] | None], absent: list[int], dumped: str | None
 ) -> str:
-    """The stall line's account: who never entered which operation, who waits in it, or a
-    mismatch between the waiting ranks; and where the flight records are."""
+    """The stall line's account of where the ranks wait, and where the flight records are."""
     waiting = {rank: p for rank, p in positions.items() if p is not None}
     parts: list[str] = []
     if waiting:
@@ -245,21 +209,19 @@ def describe(
         if collective and len(keys) == 1 and len(kinds) == 1:
             name = next(iter(names.values()))
             if absent:
-                parts.append(f"{_ranks(absent)} never entered {name} or stopped in it")
+                parts.append(f"{rank_list(absent)} never entered {name} or stopped in it")
             verb = "waits" if len(waiting) == 1 else "wait"
-            parts.append(f"{_ranks(sorted(waiting))} {verb} in it")
+            parts.append(f"{rank_list(sorted(waiting))} {verb} in it")
         elif collective and len(keys) == 1:
-            parts.append(
-                "mismatch: the same operation number with different operations or sizes ("
-                + "; ".join(f"rank {r} in {n}" for r, n in sorted(names.items()))
-                + ")"
-            )
+            each = "; ".join(f"rank {r} in {n}" for r, n in sorted(names.items()))
+            same = "the same operation number with different operations or sizes"
+            parts.append(f"mismatch: {same} ({each})")
         else:
             mixed = collective and len({p["group"] for p in waiting.values()}) == 1
             each = "; ".join(f"rank {r} waits in {n}" for r, n in sorted(names.items()))
             parts.append(f"mismatch: ranks in different operations ({each})" if mixed else each)
             if absent:
-                parts.append(f"{_ranks(absent)} did not answer")
+                parts.append(f"{rank_list(absent)} did not answer")
     if dumped:
         parts.append(f"flight records in {dumped}")
     return "; ".join(parts)
@@ -272,5 +234,6 @@ def _name(position: dict[str, Any]) -> str:
     return record.name()
 
 
-def _ranks(group: list[int]) -> str:
+def rank_list(group: list[int]) -> str:
+    """``rank 3`` or ``ranks 1, 2``."""
     return f"rank{'s' if len(group) != 1 else ''} {', '.join(map(str, group))}"

@@ -9,24 +9,22 @@ import _signal
 import os
 
 _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-_CODES = {_signal.SIGINT: (130, "interrupted"), _signal.SIGTERM: (143, "terminated (SIGTERM)")}
-for _name in ("SIGHUP", "SIGQUIT", "SIGXCPU"):  # failure.STOP_SIGNALS, without importing it
+_CODES = {_signal.SIGINT: (130, "interrupted")}
+for _name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU"):  # failure.STOP_SIGNALS, not imported
     if hasattr(_signal, _name):
         _CODES[getattr(_signal, _name)] = (128 + getattr(_signal, _name), f"terminated ({_name})")
 _state: dict = {"installed": False, "pending": None, "requested": set()}
 _REQUEST_SIGNALS = ("USR1", "USR2")  # requeue.SIGNALS, without importing it
 
 
-def _launch_rank() -> int | None:
+def launcher_rank() -> int | None:
     """The rank a launcher gave this process, or None without a launcher."""
-    for var in _LAUNCHER_RANK_VARS:
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return None
+    ranks = (int(os.environ[v]) for v in _LAUNCHER_RANK_VARS if os.environ.get(v, "").isdigit())
+    return next(ranks, None)
 
 
 def _handler(signum: int, _frame: object) -> None:
-    if _launch_rank() is None:
+    if launcher_rank() is None:
         code, what = _CODES[signum]
         os.write(2, f"xpnn: {what}\n".encode())
         os._exit(code)
@@ -42,18 +40,13 @@ def catch_early_interrupts() -> None:
     _state["installed"] = True
     mark = os.environ.get("XPNN_HANDLER_MARK")  # for the tests: the handler is in place now
     if mark:
-        with open(f"{mark}.{_launch_rank() or 0}", "w") as fh:
+        with open(f"{mark}.{launcher_rank() or 0}", "w") as fh:
             fh.write(str(os.getpid()))  # whom to signal
 
 
-def _note_request(signum: int, _frame: object) -> None:
-    _state["requested"].add(signum)
-
-
 def catch_early_checkpoint_signal(argv: list[str]) -> None:
-    """``--checkpoint-signal USR1``: the signal is a request from the process's first instant
-    (its default action would end a rank that has not yet built its trainer): noted here,
-    acted on by ``xpnn.train.requeue.CheckpointOnSignal`` at the first step's end."""
+    """``--checkpoint-signal USR1`` is a request from the first instant (its default would end a
+    rank without a trainer yet): noted here, acted on by ``requeue.CheckpointOnSignal``."""
     name = None
     for i, word in enumerate(argv):
         if word == "--checkpoint-signal" and i + 1 < len(argv):
@@ -62,7 +55,7 @@ def catch_early_checkpoint_signal(argv: list[str]) -> None:
             name = word.partition("=")[2]
     signum = getattr(_signal, f"SIG{name}", None) if name in _REQUEST_SIGNALS else None
     if signum is not None and _signal.getsignal(signum) != _signal.SIG_IGN:
-        _signal.signal(signum, _note_request)
+        _signal.signal(signum, lambda signum, _frame: _state["requested"].add(signum))
 
 
 def checkpoint_requested(signum: int) -> bool:
@@ -79,11 +72,10 @@ def hand_over(terminated: type[BaseException]) -> None:
     def on_stop(signum: int, _frame: object) -> None:
         raise terminated(signum)
 
-    if _signal.getsignal(_signal.SIGINT) is _handler:
-        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     for signum in _CODES:
-        if signum != _signal.SIGINT and _signal.getsignal(signum) is _handler:
-            _signal.signal(signum, on_stop)
+        if _signal.getsignal(signum) is _handler:
+            interrupt = signum == _signal.SIGINT
+            _signal.signal(signum, _signal.default_int_handler if interrupt else on_stop)
     pending, _state["pending"] = _state["pending"], None
     if pending == _signal.SIGINT:
         raise KeyboardInterrupt
@@ -92,10 +84,9 @@ def hand_over(terminated: type[BaseException]) -> None:
 
 
 def forget_handled_interrupt() -> None:
-    """A Ctrl-C that landed in code run through ``PyRun_String`` (as some C extensions do at
-    import) leaves CPython's "unhandled KeyboardInterrupt" flag set even though xpnn handled
-    it, and Python would then end by SIGINT instead of with the exit code xpnn chose.
-    Running one statement that way clears the flag."""
+    """Clear CPython's "unhandled KeyboardInterrupt" flag, which a Ctrl-C handled in code run
+    through ``PyRun_String`` (some C extensions' imports) leaves set: Python would end by SIGINT,
+    not with xpnn's exit code. Running one statement that way clears it."""
     import ctypes
 
     ctypes.pythonapi.PyRun_SimpleString(b"pass")

@@ -1,12 +1,11 @@
-"""``mpiexec ... | head -1``: hydra's ``mpiexec`` copies the ranks' output into the pipe, and
-once its reader has gone the copy kills ``mpiexec`` by SIGPIPE, whose proxy then kills every
-rank with SIGKILL: no line, a checkpoint half-written. A rank on ``mpiexec``'s node therefore
-writes its stdout straight into that pipe (the same pipe, opened through ``/proc``), so that
-the rank meets the closed pipe itself (``BrokenPipeError``) and stops as a rank does, while
-``mpiexec``, which then writes nothing there, lives to report it."""
+"""``mpiexec ... | head -1``: once the pipe's reader has gone, hydra's copy of the ranks' output
+dies by SIGPIPE and its proxy SIGKILLs every rank (no line, a checkpoint half-written). A rank on
+``mpiexec``'s node therefore writes its stdout straight into that pipe (opened through
+``/proc``): it meets the closed pipe itself and stops as a rank does, and ``mpiexec`` lives."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -17,55 +16,38 @@ LAUNCHERS = ("mpiexec", "mpiexec.hydra", "mpirun")
 OUTPUT_OPTIONS = ("-l", "-prepend-rank", "-prepend-pattern", "-outfile-pattern", "-ordered-output")
 
 
+def _proc(pid: int, what: str) -> str:
+    """``/proc/PID/WHAT``'s text, or "" where it cannot be read."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/{what}", "rb") as fh:
+        return fh.read().decode(errors="replace")
+    return ""
+
+
 def _parent(pid: int) -> int | None:
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
+        return int(_proc(pid, "stat").rsplit(")", 1)[1].split()[1])
+    except (ValueError, IndexError):
         return None
-
-
-def _name(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
-def _options(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return [arg.decode(errors="replace") for arg in fh.read().split(b"\0")]
-    except OSError:
-        return []
 
 
 def launcher_stdout(proc: str = "/proc") -> str | None:
-    """``/proc/PID/fd/1`` of this rank's hydra ``mpiexec`` when that is a pipe this rank may
-    write into directly; None otherwise (no hydra, another node, a file, a terminal)."""
+    """``/proc/PID/fd/1`` of this rank's hydra ``mpiexec`` where it is a pipe, else None."""
     proxy = os.getppid()
-    if _name(proxy) != HYDRA_PROXY:
+    launcher = _parent(proxy) if _proc(proxy, "comm").strip() == HYDRA_PROXY else None
+    if launcher is None or _proc(launcher, "comm").strip() not in LAUNCHERS:
         return None
-    launcher = _parent(proxy)
-    if launcher is None or _name(launcher) not in LAUNCHERS:
-        return None
-    if any(arg.startswith(OUTPUT_OPTIONS) for arg in _options(launcher)[1:]):
+    if any(arg.startswith(OUTPUT_OPTIONS) for arg in _proc(launcher, "cmdline").split("\0")[1:]):
         return None
     path = f"{proc}/{launcher}/fd/1"
-    try:
-        # a pipe only: a file opened anew through /proc would be written from its start
+    with contextlib.suppress(OSError):  # a pipe only: a file opened anew would be written from 0
         return path if stat.S_ISFIFO(os.stat(path).st_mode) else None
-    except OSError:
-        return None
+    return None
 
 
 def write_stdout_into_launchers_pipe() -> bool:
-    """Point this process's stdout at its launcher's stdout pipe (see the module); whether it
-    did. Under any other launcher, or none, stdout stays as it is."""
-    if "PMI_RANK" not in os.environ:  # hydra sets it for every rank it starts
-        return False
-    path = launcher_stdout()
+    """Point stdout at the launcher's stdout pipe (see the module); whether it did."""
+    # hydra sets PMI_RANK for every rank it starts
+    path = launcher_stdout() if "PMI_RANK" in os.environ else None
     if path is None:
         return False
     try:

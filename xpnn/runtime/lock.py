@@ -1,10 +1,8 @@
 """One job at a time in a checkpoint directory: ``hold(directory)`` takes an advisory lock
-(``flock``) on ``DIR/.xpnn-lock`` for the rest of the process, and writes who holds it (host,
-pid, job id, start time) into that file. The kernel drops the lock when the holder exits in any
-way (``kill -9`` included), so a lock whose holder is gone is never in force; only its file
-stays, rewritten by the next holder. A process that ends normally removes the file while it
-still holds the lock, and a taker checks that the file it locked is still the one named, so
-two jobs never hold two files of one name."""
+(``flock``) on ``DIR/.xpnn-lock`` for the rest of the process and writes its holder into it.
+The kernel drops the lock when the holder exits in any way (``kill -9`` too); only the file
+stays, for the next holder. A process that ends normally removes it while still holding the
+lock, and a taker checks that the file it locked is still the one named."""
 
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ from xpnn.record.files import planted
 LOCK_NAME = ".xpnn-lock"
 # the job schedulers' job ids, in the order asked: Slurm, PBS/Torque, LSF, SGE, Flux
 JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "FLUX_JOB_ID")
-_held: dict[str, int] = {}  # the lock file (its directory resolved) -> the descriptor holding it
+_held: dict[Path, int] = {}  # the lock file (its directory resolved) -> the descriptor holding it
 
 
 def job_id() -> str | None:
@@ -32,31 +30,29 @@ def job_id() -> str | None:
     return next((os.environ[v] for v in JOB_ID_VARS if os.environ.get(v)), None)
 
 
-def holder_words(text: str) -> str:
-    """What a lock file says of its holder, as a refusal names it."""
+def _holder(fd: int) -> dict | None:
+    """What the lock file open as ``fd`` says of its holder (None: nothing readable)."""
     try:
-        who = json.loads(text)
-        if not isinstance(who, dict):
-            raise ValueError
-    except ValueError:
+        who = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    return who if isinstance(who, dict) else None
+
+
+def holder_words(who: dict | None) -> str:
+    """A lock file's holder, as a refusal names it."""
+    if who is None:
         return "another job (its lock file names no holder)"
     job = f"job {who['job_id']}, " if who.get("job_id") else ""
-    started = who.get("started")
-    since = (
-        time.strftime(", running since %Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
-        if isinstance(started, int | float)
-        else ""
-    )
+    started, since = who.get("started"), ""
+    if isinstance(started, int | float):
+        since = time.strftime(", running since %Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
     return f"{job}pid {who.get('pid', '?')} on {who.get('host', '?')}{since}"
 
 
 def _refusal(param: str, path: str | os.PathLike, fd: int) -> UserError:
-    try:
-        text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
-    except OSError:
-        text = ""
     return UserError(
-        f"`{param}` {path}: in use by {holder_words(text)}; two jobs {_WHAT[param]}: wait "
+        f"`{param}` {path}: in use by {holder_words(_holder(fd))}; two jobs {_WHAT[param]}: wait "
         "for it to end, stop it, or give another "
         + ("directory" if param == "checkpoint_dir" else "file")
     )
@@ -68,47 +64,35 @@ _WHAT = {
 }
 
 
-def _process_alive(pid: int) -> bool:
+def _stale_without_flock(fd: int) -> bool:
+    """Without ``flock`` (some NFS): the holder is gone if it ran here and its pid is dead."""
+    who = _holder(fd)
+    if not who:
+        return True
+    pid = who.get("pid")
+    if who.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return True
     except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def _stale_without_flock(fd: int) -> bool:
-    """Where the file system has no ``flock`` (some NFS mounts): the recorded holder is gone
-    if it ran on this host and its pid is dead; a holder on another host counts as alive."""
-    try:
-        who = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "{}")
-    except (OSError, ValueError):
-        return True
-    if not isinstance(who, dict) or not who:
-        return True
-    pid = who.get("pid")
-    return (
-        who.get("host") == socket.gethostname()
-        and isinstance(pid, int)
-        and not (_process_alive(pid))
-    )
+        pass
+    return False
 
 
 def hold(directory: str | os.PathLike) -> Path:
-    """Lock ``directory`` (which must exist) for this process, or raise a ``UserError``
-    naming the live holder; taking it again in the same process does nothing."""
+    """Lock ``directory`` for this process, or a UserError naming the live holder."""
     return _hold(Path(directory) / LOCK_NAME, "checkpoint_dir", directory)
 
 
 def hold_metrics(path: str | os.PathLike) -> Path:
-    """Lock the metrics file ``path`` as a checkpoint directory is, through a lock file
-    beside it (``.NAME.xpnn-lock``): a second job would empty or interleave its records."""
+    """Lock the metrics file ``path`` (``.NAME.xpnn-lock`` beside it) as a directory is."""
     return _hold(Path(path).parent / f".{Path(path).name}{LOCK_NAME}", "metrics", path)
 
 
 def _hold(path: Path, param: str, named: str | os.PathLike) -> Path:
-    key = str(path.parent.resolve() / path.name)
+    key = path.parent.resolve() / path.name
     if key in _held:
         return path
     for _ in range(100):  # another job removed the file between its open and its lock
@@ -123,17 +107,14 @@ def _hold(path: Path, param: str, named: str | os.PathLike) -> Path:
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        named = os.stat(path)
+        return os.path.samestat(os.fstat(fd), os.stat(path))
     except FileNotFoundError:
         return False
-    mine = os.fstat(fd)
-    return (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino)
 
 
 def _open_lock_file(path: Path) -> int:
-    """The lock file, made or opened, never through a symbolic link nor onto another file's
-    hard link: another user who can write the directory could plant either, and the holder's
-    line would overwrite the file it points to."""
+    """The lock file, made or opened, never through a symbolic link nor another file's hard link
+    (another user could plant either, and the holder's line would overwrite its target)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
@@ -171,9 +152,8 @@ def _locked(param: str, named: str | os.PathLike, path: Path) -> int | None:
             return None
         who = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id()}
         who["started"] = round(time.time(), 3)
-        data = (json.dumps(who) + "\n").encode()
         os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
+        os.pwrite(fd, (json.dumps(who) + "\n").encode(), 0)
     except BaseException:
         os.close(fd)
         raise
@@ -183,8 +163,7 @@ def _locked(param: str, named: str | os.PathLike, path: Path) -> int | None:
 def release_all() -> None:
     """Remove the lock files this process holds, then drop the locks (at exit)."""
     while _held:
-        name, fd = _held.popitem()
-        path = Path(name)
+        path, fd = _held.popitem()
         with contextlib.suppress(OSError):
             if _same_file(fd, path):
                 path.unlink()

@@ -53,7 +53,6 @@ def check_network_fits(what: str, params: int | None, itemsize: int, states: int
     if need > have:
         raise UserError(
             f"{what}: the network does not fit in memory: its {params:,} parameters need "
-            f"{need / 2**30:,.1f} GiB with "
-            f"their gradients and the optimizer's state, more than this machine's "
-            f"{have / 2**30:,.1f} GiB of memory and swap"
+            f"{need / 2**30:,.1f} GiB with their gradients and the optimizer's state, more than "
+            f"this machine's {have / 2**30:,.1f} GiB of memory and swap"
         )

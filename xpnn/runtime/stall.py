@@ -1,25 +1,23 @@
 """Waiting for other ranks without burning a core, and saying so when they do not come.
-
-MPICH's blocking calls poll at full speed, so a rank waiting for a stopped one sits at 100 %
-of a core, silently; every wait of xpnn's MPI communicators goes through ``wait`` instead,
-which naps between polls (MPI moves data only when polled). After ``stall_warn`` s it warns
-once; after ``stall_abort`` s the lowest waiting rank ends the job with ``STALL_EXIT``.
-"""
+MPICH's blocking calls poll at full speed, so every wait of xpnn's communicators goes through
+``wait``, which naps between polls. After ``stall_warn`` s it warns once; after
+``stall_abort`` s the lowest waiting rank ends the job with ``STALL_EXIT``."""
 
 from __future__ import annotations
 
 import math
 import os
 import time
+from array import array
+from itertools import accumulate
 from typing import Any
 
 from xpnn.runtime import flight
 from xpnn.runtime.abort import abort_job, prefix, say
 
 SPIN_S = 0.0005  # polls at full speed first: small exchanges end within this
-# Then polls, yielding the core to any other runnable thread between polls, but never sleeping:
-# MPI moves a large message only while it is polled (Open MPI's non-blocking collectives most
-# of all), and a nap between polls would stretch a 64 MiB allreduce many times over.
+# then polls yielding the core between polls, never sleeping: MPI moves a large message only
+# while it is polled, and naps would stretch a 64 MiB allreduce many times over
 YIELD_S = 0.25
 MIN_NAP_S = 0.00005  # the sleep between polls once the exchange outlasted YIELD_S
 NAP_GROWS_AFTER_S = 1.0  # then a wait is most likely for a rank that is not there
@@ -47,13 +45,11 @@ def limits() -> tuple[float, float]:
 
 
 def attach(watch_comm: Any) -> None:
-    """The communicator (every rank, used for nothing else) for the notes of waiting ranks
-    and the agreement of interrupted ranks to stop."""
+    """The communicator, used for nothing else, of waiting ranks' notes and of stopping."""
     _state["comm"] = watch_comm
 
 
 def watch_comm() -> Any:
-    """The communicator given to ``attach``, or None (one process, or MPI started elsewhere)."""
     return _state["comm"]
 
 
@@ -96,13 +92,7 @@ def wait(request: Any, what: str) -> None:
 
 
 def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
-    """mpi4py's ``allgather`` of objects, each exchange polled by ``wait``: the sizes, then the
-    pickled bytes: were one step blocking, a rank stopped just before it would leave the others
-    inside MPI, unwatched and for ever. Without NumPy: a rank whose NumPy does not import
-    still joins the start-up agreement to say so."""
-    from array import array
-    from itertools import accumulate
-
+    """``allgather`` of objects, each exchange polled by ``wait``, without NumPy."""
     from mpi4py import MPI
 
     mine = MPI.pickle.dumps(obj)
@@ -112,9 +102,8 @@ def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
     starts = [0, *accumulate(counts)][:-1]
     everyone = bytearray(sum(counts))
     wait(mpi_comm.Iallgatherv([mine, MPI.BYTE], [everyone, (counts, starts), MPI.BYTE]), what)
-    return [
-        MPI.pickle.loads(bytes(everyone[a : a + n])) for a, n in zip(starts, counts, strict=True)
-    ]
+    pieces = zip(starts, counts, strict=True)
+    return [MPI.pickle.loads(bytes(everyone[a : a + n])) for a, n in pieces]
 
 
 def _wait_long(request: Any, what: str, start: float) -> None:
@@ -134,7 +123,10 @@ def _wait_long(request: Any, what: str, start: float) -> None:
                 announced = True
                 flight.dump(f"waited {abort / 2:g} s in {what}: the job may be ended", True)
                 _send_notes()
-            waiting.update(_received_notes())
+            comm = _state["comm"]
+            while comm is not None and comm.iprobe(tag=_NOTE_TAG):
+                sender, position = comm.recv(tag=_NOTE_TAG)
+                waiting[int(sender)] = position
             if waited >= abort:
                 _maybe_abort(what, waited, abort, waiting)
         time.sleep(min(MAX_NAP_S, max(MIN_NAP_S, (waited - NAP_GROWS_AFTER_S) / 10)))
@@ -152,29 +144,18 @@ def _rank_size() -> tuple[int, int]:
 
 
 def _send_notes() -> None:
-    """Tell every other rank that this one has waited half of ``stall_abort``."""
+    """Tell every other rank that this one has waited half of ``stall_abort``, and where."""
     comm = _state["comm"]
     if comm is None:
         return
-    rank, size = comm.Get_rank(), comm.Get_size()
-    for other in range(size):
+    rank, note = comm.Get_rank(), (comm.Get_rank(), flight.position())
+    for other in range(comm.Get_size()):
         if other != rank:  # small: sent eagerly, also to a rank that is stopped
-            note = (rank, flight.position())  # and where it waits, for the stall line
             _state["sent"].append(comm.isend(note, dest=other, tag=_NOTE_TAG))
 
 
-def _received_notes() -> dict[int, Any]:
-    comm = _state["comm"]
-    found: dict[int, Any] = {}
-    while comm is not None and comm.iprobe(tag=_NOTE_TAG):
-        rank, position = comm.recv(tag=_NOTE_TAG)
-        found[int(rank)] = position
-    return found
-
-
 def _maybe_abort(what: str, waited: float, abort: float, others: dict[int, Any]) -> None:
-    """End the job: at once on the lowest waiting rank known, else ``ABORT_DEFER_S`` later
-    (the lowest may be stopped itself)."""
+    """End the job: the lowest waiting rank at once, the others ``ABORT_DEFER_S`` later."""
     rank, size = _rank_size()
     positions = {**others, rank: flight.position()}
     waiting = sorted(positions)
@@ -191,13 +172,9 @@ def stall_line(
     waiting: list[int], absent: list[int], abort: float, detail: str, account: str = ""
 ) -> str:
     """``account``: the flight recorder's (who never entered which operation, the dumps)."""
-
-    def ranks(group: list[int]) -> str:
-        return f"rank{'s' if len(group) != 1 else ''} {', '.join(map(str, group))}"
-
-    awaited = f"for {ranks(absent)} " if absent else ""
+    awaited = f"for {flight.rank_list(absent)} " if absent else ""
     account = f": {account}" if account else ""
     return (
-        f"xpnn: stalled: {ranks(waiting)} waited {abort:g} s {awaited}({detail}){account}; "
-        "ending the job"
+        f"xpnn: stalled: {flight.rank_list(waiting)} waited {abort:g} s {awaited}({detail})"
+        f"{account}; ending the job"
     )

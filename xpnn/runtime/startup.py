@@ -1,33 +1,35 @@
-"""A job whose ranks fail at start-up on only some of them ends at once, never waits: a rank
-that found a problem before MPI runs (a bad flag in one segment of an MPMD line, a bad
-variable in its environment) still starts MPI, and the first exchange of every command,
-``agree_to_start``, tells every rank; rank 0 says the line once and all leave with exit 2.
-A rank that cannot start MPI at all asks the launcher to end the job (``abort_launch``)."""
+"""A job whose ranks fail at start-up on only some of them ends at once: a rank that found a
+problem before MPI (a bad flag in one segment of an MPMD line) still starts MPI, and the first
+exchange, ``agree_to_start``, tells every rank; one that cannot start MPI asks the launcher to
+end the job (``abort_launch``)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import traceback
 from typing import Any
 
 from xpnn.runtime import stall
 from xpnn.runtime.abort import say
-from xpnn.runtime.failure import CollectiveExit
+from xpnn.runtime.failure import CollectiveExit, one_line, run_guarded, said_once
+from xpnn.runtime.world import init_world, launch_rank, launched_by_mpi
 
 START_UP_EXIT = 2  # a start-up problem is the user's to fix
 
 
 def agree_to_start(world: Any, command: str, problem: str | None = None) -> None:
-    """Every rank's command and start-up ``problem`` (a line, or None), gathered once MPI is
-    up: any problem, or ranks running different commands (``info : train``), ends every rank
-    with ``CollectiveExit(2)`` after rank 0 says it. Alone, a problem is the caller's to say."""
+    """Every rank's command and start-up ``problem`` (a line, or None), gathered once MPI is up:
+    a problem, or ranks running different commands (``info : train``), ends every rank with
+    ``CollectiveExit(2)`` after rank 0 says it. Alone, a problem is the caller's to say."""
     if world.size == 1:
         return
     everyone = stall.allgather(world.mpi_comm, (command, problem), "the start-up agreement")
     failed = [(rank, said) for rank, (_, said) in enumerate(everyone) if said]
     commands = [c for c, _ in everyone]
     if failed:
-        line = _once(failed, world.size)
+        (first_rank, first), same = failed[0], all(said == failed[0][1] for _, said in failed)
+        line = said_once(first_rank, first, len(failed), world.size, same)
     elif len(set(commands)) > 1:
         other = next(r for r, c in enumerate(commands) if c != commands[0])
         line = (
@@ -41,32 +43,14 @@ def agree_to_start(world: Any, command: str, problem: str | None = None) -> None
     raise CollectiveExit(START_UP_EXIT)
 
 
-def _once(failed: list[tuple[int, str]], size: int) -> str:
-    """One line for every rank's problem: the same everywhere is said as one; else the first
-    rank's, with how many more had one."""
-    first_rank, first = failed[0]
-    if len(failed) == size and all(said == first for _, said in failed):
-        return f"xpnn: {first}"
-    more = len(failed) - 1
-    also = f" (and {more} more rank{'s' if more != 1 else ''})" if more else ""
-    return f"xpnn: rank {first_rank}: {first}{also}"
-
-
 def failed_import(exc: BaseException, command: str) -> int:
-    """xpnn's own import failed on this rank (a broken install, a planted ``numpy.py`` on one
-    segment's ``PYTHONPATH``): one line naming where, and, under a launcher, MPI started
-    anyway (without NumPy) so that every rank hears of it in the start-up agreement."""
-    import traceback
-
-    from xpnn.runtime.failure import one_line, run_guarded
-    from xpnn.runtime.world import init_world, launch_rank, launched_by_mpi
-
+    """xpnn's own import failed on this rank (a broken install, a planted ``numpy.py``): one line
+    naming where; under a launcher MPI starts anyway, so every rank hears of it."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     line = one_line(f"cannot start: {type(exc).__name__}: {exc}{where}")
     try:
-        under_launcher = launched_by_mpi() is not None
-        world = init_world() if under_launcher else None
+        world = init_world() if launched_by_mpi() is not None else None
     except Exception as failed:  # noqa: BLE001 - MPI does not start here either: end the job
         say(f"rank {launch_rank()}: {line}; {one_line(str(failed))}")
         abort_launch(1)
@@ -78,12 +62,7 @@ def failed_import(exc: BaseException, command: str) -> int:
 
 
 def help_given(command: str) -> int:
-    """``-h`` printed this rank's help (argparse, exit 0): under a launcher whose other ranks
-    run (an MPMD line with ``-h`` in one segment), they must not wait in ``MPI_Init``: every
-    rank states its command as ``help``, and a job not all asking for help ends (exit 2)."""
-    from xpnn.runtime.failure import run_guarded
-    from xpnn.runtime.world import init_world, launched_by_mpi
-
+    """``-h`` printed help: under a launcher, agree with the others (an MPMD line) first."""
     try:
         if launched_by_mpi() is None:
             return 0
@@ -97,10 +76,9 @@ def help_given(command: str) -> int:
 
 
 def abort_launch(code: int = START_UP_EXIT) -> bool:
-    """Ask the launcher to end the whole job, for a rank that cannot start MPI (its library
-    does not load): the others would wait in ``MPI_Init`` for ever. Speaks the PMI-1 wire
-    protocol on ``PMI_FD``, which MPICH's hydra answers; whether it was sent. Where there is
-    none (Open MPI, PMIx), the launcher notices this process's exit in its own time."""
+    """Ask the launcher to end the job for a rank that cannot start MPI (the others would wait
+    in ``MPI_Init`` for ever), over hydra's PMI-1 wire protocol on ``PMI_FD``; whether it was
+    sent. Elsewhere (Open MPI, PMIx) the launcher notices this process's exit in its own time."""
     fd = os.environ.get("PMI_FD", "")
     if not fd.isdigit():
         return False

@@ -28,8 +28,7 @@ def node_cores() -> int:
 def core_share(
     own: frozenset[int], node: list[frozenset[int]], quota: int | None = None
 ) -> tuple[int, bool]:
-    """(cores for this rank, more ranks than cores): its cores divided among the node's ranks
-    whose affinity overlaps them, and a CPU ``quota`` (cores) shared by every rank of the node."""
+    """(cores for this rank, more ranks than cores) from the node's affinities and quota."""
     sharers = max(1, sum(1 for cores in node if cores & own))
     cores, crowded = max(1, len(own) // sharers), sharers > len(own)
     if quota is not None:
@@ -39,10 +38,8 @@ def core_share(
 
 
 def allocated_cpus(local_size: int, env: Mapping[str, str] | None = None) -> int | None:
-    """This rank's CPUs of a Slurm allocation, None outside one: ``SLURM_CPUS_PER_TASK`` in a
-    job step (ranks of ``mpiexec`` inside ``sbatch -c`` inherit it), else the CPUs the job
-    holds on this node (``SLURM_CPUS_ON_NODE``) shared by its ``local_size`` ranks. Nodes that
-    share cores (several slurmd on one host, or a node shared with other jobs without binding)
+    """This rank's CPUs of a Slurm allocation (None outside one): ``SLURM_CPUS_PER_TASK`` in a job
+    step, else ``SLURM_CPUS_ON_NODE`` shared by ``local_size`` ranks. Nodes that share cores
     give every rank the whole machine in its affinity mask; the allocation is its share."""
     env = os.environ if env is None else env
     per_task = env.get("SLURM_CPUS_PER_TASK", "")
@@ -55,10 +52,7 @@ def allocated_cpus(local_size: int, env: Mapping[str, str] | None = None) -> int
 
 
 def threads_per_rank(
-    local_size: int,
-    cores: int | None = None,
-    override: int | None = None,
-    share: int | None = None,
+    local_size: int, cores: int | None = None, override: int | None = None, share: int | None = None
 ) -> int:
     """Threads for this rank: ``override`` if given, else its cores, >= 1: in a Slurm job, its
     CPUs of the allocation (``allocated_cpus``) capped at ``share``; else ``share``; else
@@ -84,8 +78,7 @@ REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, 
 
 
 def apply_threads(n: int) -> dict:
-    """Limit BLAS/OpenMP pools and Numba to ``n`` threads; report what was limited,
-    and remember the variables of the user's environment it overrode."""
+    """Limit BLAS, OpenMP and Numba to ``n`` threads, noting the variables it overrode."""
     # here, not at the top: the start-up path imports this module before NumPy may be loaded
     from xpnn.backends.threads import THREAD_VARS, set_threads
 
@@ -99,8 +92,7 @@ def apply_threads(n: int) -> dict:
 
 
 def one_kernel_thread() -> None:
-    """This thread runs Numba's kernels on itself alone (Numba counts threads per calling
-    thread): a batch thread's kernels must not start a team of their own beside another's."""
+    """Numba's kernels called from this thread run on it alone, not a team beside another's."""
     if "numba" in sys.modules:
         import numba
 

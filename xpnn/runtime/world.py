@@ -1,9 +1,9 @@
-"""Who am I: rank, size and node-local rank of this process. MPI starts only under a
-launcher (or ``XPNN_FORCE_MPI=1``): it is slow to start and some clusters refuse it outside one.
-"""
+"""Who am I: rank, size and node-local rank of this process. MPI starts only under a launcher
+(or ``XPNN_FORCE_MPI=1``): it is slow to start and some clusters refuse it outside one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -11,33 +11,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.runtime import segments, stall
 from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
-from xpnn.runtime.segments import remove_stale, unlink_hydra_topology, unlink_mpich_segments
+from xpnn.runtime.interrupts import launcher_rank
 from xpnn.runtime.threads import affinity, core_share
 
-# One of these is set in every process a launcher starts (MPICH/Hydra, Intel MPI, Open MPI,
-# PMIx, MVAPICH, Cray PALS/ALPS).
-_LAUNCHER_VARS = (
-    "PMI_RANK",
-    "PMI_SIZE",
-    "PMIX_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_RANK",
-    "MPI_LOCALNRANKS",
-    "MV2_COMM_WORLD_SIZE",
-    "PALS_RANKID",
-    "ALPS_APP_PE",
-)
+# set by every launcher: MPICH/Hydra, Intel MPI, Open MPI, PMIx, MVAPICH, Cray PALS/ALPS
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE")
+_LAUNCHER_VARS += ("OMPI_COMM_WORLD_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
+_LAUNCHER_VARS += ("PALS_RANKID", "ALPS_APP_PE")
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 _SRUN_TASKS_VAR = "SLURM_STEP_NUM_TASKS"  # how many tasks srun started in this job step
+_CONTROL: Any = None  # a duplicate of COMM_WORLD for failure agreement
 
 
-_CONTROL: object | None = None  # a duplicate of COMM_WORLD for failure agreement
-
-
-def control_comm() -> object:
-    """``failure``'s own communicator, so its messages never match a collective some rank
-    is still inside (COMM_WORLD if init_world never ran)."""
+def control_comm() -> Any:
+    """``failure``'s own communicator, which no collective of the run uses (else COMM_WORLD)."""
     if _CONTROL is not None:
         return _CONTROL
     from mpi4py import MPI
@@ -46,8 +35,7 @@ def control_comm() -> object:
 
 
 class LaunchMismatch(UserError):
-    """A launcher and an MPI library that cannot work together: every process of the job
-    finds it alike, before MPI starts, so the launcher's rank 0 alone says it."""
+    """A launcher and an MPI library that cannot work together (every rank finds it alike)."""
 
 
 @dataclass
@@ -65,30 +53,18 @@ class World:
     node_sizes: tuple[int, ...] = (1,)  # ranks on each node (MPI's shared-memory groups)
 
     @property
-    def nodes(self) -> int:
-        return len(self.node_sizes)
-
-    @property
     def is_root(self) -> bool:
         """Rank 0 of the job prints, logs and saves (a group's rank 0 may not be it)."""
         return self.rank == 0 if self.speaks is None else self.speaks
 
     def allgather_obj(self, obj: Any, what: str) -> list:
-        """One small picklable object from every rank, in rank order; the wait is polled by
-        the stall watch and named ``what``."""
-        if self.mpi_comm is None:
-            return [obj]
-        from xpnn.runtime import stall
-
-        return stall.allgather(self.mpi_comm, obj, what)
+        """One small object from every rank, in rank order, the wait polled and named ``what``."""
+        return [obj] if self.mpi_comm is None else stall.allgather(self.mpi_comm, obj, what)
 
     def barrier(self, what: str) -> None:
         """Every rank here, the wait polled by the stall watch and named ``what``."""
-        if self.mpi_comm is None:
-            return
-        from xpnn.runtime import stall
-
-        stall.wait(self.mpi_comm.Ibarrier(), what)
+        if self.mpi_comm is not None:
+            stall.wait(self.mpi_comm.Ibarrier(), what)
 
     def split(self, color: int) -> World:
         """The ranks that share ``color``, in this world's order (collective)."""
@@ -104,8 +80,7 @@ class World:
 
 
 def describe_ranks(size: int, node_sizes: tuple[int, ...]) -> str:
-    """``4 rank(s)``, or over nodes ``2 node(s) x 2 rank(s)`` (``3 rank(s) on 2 node(s) (2, 1)``
-    where the nodes hold different numbers)."""
+    """``4 rank(s)``, ``2 node(s) x 2 rank(s)``, or ``3 rank(s) on 2 node(s) (2, 1)``."""
     if len(node_sizes) < 2:
         return f"{size} rank(s)"
     if len(set(node_sizes)) == 1:
@@ -114,47 +89,36 @@ def describe_ranks(size: int, node_sizes: tuple[int, ...]) -> str:
 
 
 def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
-    """The variable that shows an MPI launcher started us, or None. A false positive (a
-    Slurm batch script) only costs an MPI singleton: rank and size are asked of MPI."""
+    """The variable that shows an MPI launcher started us, or None (a false positive, a Slurm
+    batch script, only costs an MPI singleton)."""
     env = os.environ if env is None else env
     force = env.get("XPNN_FORCE_MPI", "").strip()
     if force not in ("", "0", "1"):
         raise UserError(f"XPNN_FORCE_MPI={force}: use 0 or 1")
-    if force == "1":
-        return "XPNN_FORCE_MPI"
-    if force == "0":
-        return None
-    for var in _LAUNCHER_VARS:
-        if env.get(var):
-            return var
-    if "SLURM_PROCID" in env:
-        ntasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
-        try:
-            if int(ntasks.split("(")[0]) > 1:
-                return "SLURM_PROCID"
-        except ValueError:
-            pass
+    if force:
+        return "XPNN_FORCE_MPI" if force == "1" else None
+    found = next((var for var in _LAUNCHER_VARS if env.get(var)), None)
+    if found or "SLURM_PROCID" not in env:
+        return found
+    ntasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
+    with contextlib.suppress(ValueError):
+        if int(ntasks.split("(")[0]) > 1:
+            return "SLURM_PROCID"
     return None
 
 
 def launch_rank() -> int:
-    """The launcher's rank for this process, without starting MPI (0 outside a launcher):
-    which process prints an error found before MPI starts."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
+    """The launcher's rank for this process, without starting MPI (0 outside a launcher)."""
+    return launcher_rank() or 0
 
 
 def library_name(library_version: str) -> str:
-    """The first line of ``MPI_Get_library_version``, its runs of spaces made one (and without
-    the C terminator that Open MPI leaves at its end)."""
+    """The first line of ``MPI_Get_library_version``, spaces squeezed, Open MPI's NUL gone."""
     return " ".join((library_version.replace("\x00", "").splitlines() or [""])[0].split())
 
 
 def check_launcher_size(size: int, env: Mapping[str, str], library_version: str) -> None:
-    """Refuse to train when the launcher started N processes but MPI sees fewer (another MPI
-    library than the launcher's, or ``srun --mpi=none``): each would train alone."""
+    """Refuse N launched processes that MPI sees fewer of: each would train alone."""
     library = library_name(library_version)
     for var in _LAUNCHER_SIZE_VARS:
         try:
@@ -181,8 +145,7 @@ def check_launcher_size(size: int, env: Mapping[str, str], library_version: str)
 
 
 def check_pmix(env: Mapping[str, str], library_version: str) -> None:
-    """Refuse an MPICH without PMIx (the mpich wheel) under a PMIx launcher, before its
-    ``MPI_Init`` aborts with a page of error stack."""
+    """Refuse an MPICH without PMIx under a PMIx launcher, before its ``MPI_Init`` aborts."""
     var = next((v for v in ("PMIX_RANK", "PMIX_NAMESPACE") if env.get(v)), None)
     first = library_name(library_version)
     if var is None or not first.startswith("MPICH") or "pmix" in library_version.lower():
@@ -201,8 +164,7 @@ QUIET_UCX = ("UCX_DEBUG_SIGNO", "0")
 
 
 def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
-    """Import mpi4py and start MPI; the MPI module and its library's version string, asked
-    before ``MPI_Init`` since a failing ``MPI_Init`` ends the process past Python's handling."""
+    """Start MPI; the module and its library's version, asked before a fatal ``MPI_Init``."""
     os.environ.setdefault(*QUIET_UCX)
     try:
         import mpi4py
@@ -215,7 +177,6 @@ def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
         raise UserError(
             f"started by an MPI launcher ({hint} is set) but mpi4py failed to load: {exc}"
         ) from exc
-    # Open MPI ends the string with its C terminator
     library = MPI.Get_library_version().replace("\x00", "")
     check_pmix(env, library)
     if not MPI.Is_initialized():
@@ -227,7 +188,6 @@ _starting = {"in_init": False}  # read by the stop watch thread while MPI_Init b
 
 
 def in_mpi_init() -> bool:
-    """Whether this process is inside ``MPI_Init``, waiting for the job's other ranks."""
     return _starting["in_init"]
 
 
@@ -235,21 +195,13 @@ LIBMPI_NAMES = ("libmpi", "libimpi", "libmpich")  # MPICH, Open MPI, Intel MPI's
 
 
 def loaded_libmpi(symbol: str = "MPI_Get_version") -> Any:
-    """The MPI library this process loaded, through ctypes and without loading anything new,
-    or None: the files ``/proc/self/maps`` names (mpi4py >= 4.1 loads it RTLD_LOCAL), else
-    the global namespace; the first that has ``symbol``."""
+    """The loaded MPI library that has ``symbol``, through ctypes, loading nothing new, or None:
+    the files ``/proc/self/maps`` names (mpi4py >= 4.1 loads it RTLD_LOCAL), else the global
+    namespace."""
     import ctypes
 
-    candidates: list[str] = []
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1] if "/" in line else ""
-                base = os.path.basename(path)
-                if base.startswith(LIBMPI_NAMES) and ".so" in base and path not in candidates:
-                    candidates.append(path)
-    except OSError:
-        pass
+    names = {path: os.path.basename(path) for path in segments.mapped_files()}
+    candidates = [p for p, name in names.items() if name.startswith(LIBMPI_NAMES) and ".so" in name]
     mode = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 1)
     for path in [*candidates, None]:
         try:
@@ -262,21 +214,18 @@ def loaded_libmpi(symbol: str = "MPI_Get_version") -> Any:
 
 
 def _init_thread(MPI: Any) -> None:
-    """``MPI_Init_thread`` through ctypes, which lets go of Python's lock while it waits
-    (mpi4py holds it): a signal then still wakes the stop watch, which ends a rank whose
-    others never start MPI."""
+    """``MPI_Init_thread`` through ctypes, which lets go of Python's lock while it waits (mpi4py
+    holds it): a signal still wakes the stop watch, which ends a rank whose others never come."""
     import ctypes
 
     lib = loaded_libmpi("MPI_Init_thread")
     if lib is None:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         return
-    provided = ctypes.c_int()
+    level, provided = ctypes.c_int(MPI.THREAD_MULTIPLE), ctypes.c_int()
     _starting["in_init"] = True
     try:
-        code = lib.MPI_Init_thread(
-            None, None, ctypes.c_int(MPI.THREAD_MULTIPLE), ctypes.byref(provided)
-        )
+        code = lib.MPI_Init_thread(None, None, level, ctypes.byref(provided))
     finally:
         _starting["in_init"] = False
     if code != 0:
@@ -296,8 +245,6 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     comm = world.Dup()
     if _CONTROL is None:
         _CONTROL = world.Dup()
-        from xpnn.runtime import stall
-
         stall.attach(world.Dup())  # stall notes and the agreement to stop on a signal
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
     try:
@@ -309,17 +256,9 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     finally:
         local.Free()
     # the node's ranks have all passed MPI_Init (the allgather): see ``segments``
-    unlink_mpich_segments()
-    unlink_hydra_topology()
+    segments.unlink_mpich_segments()
+    segments.unlink_hydra_topology()
     if local_rank == 0:  # and what earlier jobs that ended too early left (one rank a node)
-        remove_stale()
-    return World(
-        rank=comm.Get_rank(),
-        size=comm.Get_size(),
-        local_rank=local_rank,
-        local_size=local_size,
-        mpi_comm=comm,
-        cores=cores,
-        crowded=crowded,
-        node_sizes=node_sizes,
-    )
+        segments.remove_stale()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    return World(rank, size, local_rank, local_size, comm, None, cores, crowded, node_sizes)
