@@ -512,7 +512,8 @@ def conv_direct_backward(  # pragma: no cover - compiled
 
 @nb.njit(**JIT)
 def _sample_col2im(dcols, b, kh, kw, stride, pad, oh, ow, dx):  # pragma: no cover - compiled
-    """dx[b] = the adjoint of ``_sample_cols``: each column entry added back where it came from."""
+    """dx[b] = the adjoint of ``im2col`` of sample ``b`` alone: each column entry added back
+    where it came from."""
     _, c, h, w = dx.shape
     su = U(stride)
     bu = U(b)

@@ -1,5 +1,5 @@
 """``python -m xpnn plot METRICS.jsonl [more.jsonl ...] [-o FILE.png]``: training curves.
-(matplotlib is optional for xpnn, so it is imported only here.)"""
+(matplotlib is optional for xpnn, so it is imported only when drawing.)"""
 
 from __future__ import annotations
 
