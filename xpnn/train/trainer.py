@@ -48,7 +48,7 @@ class RunFacts:
     auto: dict[str, Any] | None = None  # what `parallel`/`threads`/`batch_threads` auto chose
 
     def record(self) -> dict[str, Any]:
-        """The keys a metrics line carries (DESIGN.md's contract)."""
+        """The keys a metrics line carries (docs/cli.md, *The metrics file*)."""
         found = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "said"}
         said = {k: v for k, v in self.said.items() if k not in NETWORK}
         return {k: v for k, v in {**said, **found}.items() if v is not None}
@@ -94,7 +94,7 @@ class Callback:
         """After the step's update: the parameters are the next step's."""
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """``record``: the epoch's metrics line (DESIGN.md's contract)."""
+        """``record``: the epoch's metrics line (docs/cli.md, *The metrics file*)."""
 
     def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
         """Training by ``steps``: ``record`` (``"event"`` ``"eval"``) every ``eval_every``."""
