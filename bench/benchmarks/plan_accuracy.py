@@ -67,7 +67,7 @@ def _layout_flags(layout: tuple) -> list[str]:
     if ranks > 1:
         flags += ["--parallel", parallel]
         flags += ["--comm", "mpi-host"] if parallel != "data" else []
-    if k > 1:
+    if k > 1 or threads > 1:  # explicit: the GPT preset takes auto where the flag is not given
         flags += ["--batch-threads", str(k)]
     if parallel == "pipeline":
         flags += ["--microbatches", str(m), "--pipeline-schedule", schedule]

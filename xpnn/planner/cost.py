@@ -56,7 +56,7 @@ class Layout:
         out = ["--threads", str(self.threads)]
         if self.ranks > 1:
             out = ["--parallel", self.parallel, *out, "--comm", self.comm]
-        if self.batch_threads > 1:
+        if self.batch_threads > 1 or self.threads > 1:  # explicit: a preset may default to auto
             out += ["--batch-threads", str(self.batch_threads)]
         if self.parallel == "pipeline":
             out += ["--microbatches", str(self.microbatches), "--pipeline-schedule", self.schedule]
