@@ -87,12 +87,15 @@ def _exchange(shm, shared: np.ndarray):  # noqa: ANN001, ANN202
     return run, shared.size - (hi - lo)
 
 
+CROWD_PRODUCTS = 200  # about 60 ms of one core on the 2-core EPYC
+
+
 def crowding(comm, repeats: int) -> float:  # noqa: ANN001
     """Per-rank time of a one-thread product run by every rank at once over rank 0's alone."""
     a = np.random.default_rng(comm.Get_rank()).standard_normal((192, 192)).astype(np.float32)
 
-    def work() -> None:
-        for _ in range(20):
+    def work() -> None:  # tens of scheduler time slices: which rank waits one more is noise
+        for _ in range(CROWD_PRODUCTS):
             a @ a
 
     from threadpoolctl import threadpool_limits
