@@ -101,7 +101,7 @@ def test_a_diverged_run_ends_its_callbacks_with_the_diverged_line(tmp_path):
 
 
 def test_the_metrics_callback_writes_the_contracts_keys(tmp_path):
-    """DESIGN.md's metrics contract: these keys stay, whatever is added."""
+    """The metrics file's keys (docs/cli.md, "The metrics file") stay, whatever is added."""
     path = tmp_path / "m.jsonl"
     build_run(RunSpec(**TINY, metrics=str(path)), init_world(), log=_silent).run()
     epoch, _, done = (json.loads(line) for line in path.read_text().splitlines())
