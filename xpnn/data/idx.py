@@ -16,7 +16,6 @@ from xpnn.errors import UserError
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_NDIM = 4
 
-# type code -> big-endian numpy dtype, as the IDX format defines them
 TYPE_CODES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
@@ -28,7 +27,7 @@ TYPE_CODES: dict[int, np.dtype] = {
 
 
 class IdxError(UserError):
-    """A malformed IDX file; the message starts with the file's path and says what is wrong."""
+    """A malformed IDX file; the message starts with the file's path."""
 
 
 def _fail(source: str | os.PathLike, problem: str) -> IdxError:
@@ -72,22 +71,8 @@ CHUNK = 1 << 22  # what is read (and, gzip, decompressed) at a time
 TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this many
 
 
-def _open_regular(path: Path) -> tuple[int, int]:
-    """An open descriptor on ``path`` and its size; ``open_regular`` refuses what is no file."""
-    source = str(path)
-    try:
-        fd, info = open_regular(path)
-    except FileNotFoundError:
-        raise _fail(source, "no such file") from None
-    except NotAFile as exc:
-        raise _fail(source, f"cannot read: {exc.kind}, not a file") from None
-    except OSError as exc:
-        raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
-    return fd, info.st_size
-
-
 def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """Up to ``n`` bytes; the buffer grows with what arrives, not to what a header claims."""
+    """Up to ``n`` bytes, the buffer growing with what arrives, not to what a header claims."""
     out = bytearray()
     while len(out) < n:
         chunk = stream.read(min(CHUNK, n - len(out)))
@@ -98,7 +83,7 @@ def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
 
 
 def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """``n`` bytes that the file's size says are there, into one buffer of that size."""
+    """``n`` bytes that the file's size says are there, into one buffer."""
     out = bytearray(n)
     got = 0
     with memoryview(out) as view:
@@ -111,7 +96,7 @@ def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
 
 
 def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
-    """(the bytes left, counted unkept up to about ``most``; whether it stopped there)."""
+    """(the bytes left, counted unkept up to about ``most``, whether it stopped there)."""
     count = 0
     while count < most:
         chunk = stream.read(CHUNK)
@@ -124,7 +109,6 @@ def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
 def _payload_problem(
     source: str, dims: tuple[int, ...], dtype: np.dtype, actual: int, more: bool = False
 ) -> IdxError | None:
-    """The error for ``actual`` (``more``: or more) payload bytes the header disagrees with."""
     expected = math.prod(dims) * dtype.itemsize
     what = "" if dtype.itemsize == 1 else f" {dtype.newbyteorder('=').name} values"
     says = f"header says {_shape_str(dims)}{what} = {expected} bytes of data"
@@ -143,8 +127,8 @@ def _payload_problem(
 def _header_and_payload(
     stream: io.BufferedIOBase, source: str, size: int | None
 ) -> tuple[np.dtype, tuple[int, ...], bytearray]:
-    """(dtype, dims, payload) of an IDX stream; a payload not of ``size`` is refused unread, and
-    gzip is inflated only as far as the header says plus a bounded count (never a gzip bomb)."""
+    """(dtype, dims, payload); gzip is inflated only as far as the header says plus a bounded
+    count (never a gzip bomb), and a payload not of ``size`` is refused unread."""
     head = _read_growing(stream, 4 + 4 * MAX_NDIM)
     if not head:
         raise _fail(source, "empty file (after gunzip)")
@@ -173,11 +157,17 @@ def _header_and_payload(
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (gzip, by its magic bytes, or raw) into a writable native-endian array
-    of the header's shape; only a regular file of the header's length is accepted."""
+    """An IDX file (gzip, by its magic bytes, or raw) as a writable native-endian array."""
     path = Path(path)
     source = str(path)
-    fd, size = _open_regular(path)
+    try:
+        fd, info = open_regular(path)
+    except FileNotFoundError:
+        raise _fail(source, "no such file") from None
+    except NotAFile as exc:
+        raise _fail(source, f"cannot read: {exc.kind}, not a file") from None
+    except OSError as exc:
+        raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
     with open(fd, "rb", buffering=CHUNK) as raw:
         try:
             magic = raw.read(4)
@@ -199,7 +189,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
                         raise _fail(source, f"corrupt gzip data: {exc}") from None
             else:
                 # /proc and some network file systems report 0 bytes: then read and count
-                dtype, dims, payload = _header_and_payload(raw, source, size or None)
+                dtype, dims, payload = _header_and_payload(raw, source, info.st_size or None)
         except OSError as exc:  # the disk failed mid-read
             raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
     array = np.frombuffer(payload, dtype=dtype, count=math.prod(dims))
@@ -207,7 +197,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def encode_idx(array: np.ndarray) -> bytes:
-    """The IDX encoding of ``array`` (dtype one of TYPE_CODES' kinds, 1 to 4 dimensions)."""
+    """The IDX encoding of ``array``."""
     array = np.asarray(array)
     codes = {dt.newbyteorder("="): code for code, dt in TYPE_CODES.items()}
     code = codes.get(array.dtype.newbyteorder("="))
