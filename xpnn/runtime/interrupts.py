@@ -1,7 +1,6 @@
 """Ctrl-C and SIGTERM before ``run_guarded`` takes over: one line and exit 130 (143), not a
-traceback from mid-import. A rank under an MPI launcher only notes the signal, since the others
-would wait for it in ``MPI_Init`` forever; ``hand_over`` raises it once MPI runs. Imports only
-what Python loads before any program (``signal`` imports ``enum``, time for a Ctrl-C to land)."""
+traceback from mid-import; a rank under a launcher notes it until MPI runs (the others would wait
+in ``MPI_Init``). Imports only what Python loads first (``signal`` takes time: it imports enum)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ _REQUEST_SIGNALS = ("USR1", "USR2")  # requeue.SIGNALS, without importing it
 
 
 def launcher_rank() -> int | None:
-    """The rank a launcher gave this process, or None without a launcher."""
     ranks = (int(os.environ[v]) for v in _LAUNCHER_RANK_VARS if os.environ.get(v, "").isdigit())
     return next(ranks, None)
 
@@ -45,8 +43,8 @@ def catch_early_interrupts() -> None:
 
 
 def catch_early_checkpoint_signal(argv: list[str]) -> None:
-    """``--checkpoint-signal USR1`` is a request from the first instant (its default would end a
-    rank without a trainer yet): noted here, acted on by ``requeue.CheckpointOnSignal``."""
+    """Note ``--checkpoint-signal USR1`` from the first instant (its default action would end a
+    rank without a trainer yet) for ``requeue.CheckpointOnSignal``."""
     name = None
     for i, word in enumerate(argv):
         if word == "--checkpoint-signal" and i + 1 < len(argv):
@@ -84,14 +82,12 @@ def hand_over(terminated: type[BaseException]) -> None:
 
 
 def forget_handled_interrupt() -> None:
-    """Clear CPython's "unhandled KeyboardInterrupt" flag, which a Ctrl-C handled in code run
-    through ``PyRun_String`` (some C extensions' imports) leaves set: Python would end by SIGINT,
-    not with xpnn's exit code. Running one statement that way clears it."""
+    """Clear CPython's "unhandled KeyboardInterrupt" flag, which a Ctrl-C handled in code run by
+    ``PyRun_String`` (some C extensions' imports) leaves set: Python would end by SIGINT."""
     import ctypes
 
     ctypes.pythonapi.PyRun_SimpleString(b"pass")
 
 
 def pending_signal() -> int | None:
-    """The signal noted and not yet raised (under a launcher, before ``hand_over``)."""
     return _state["pending"]

@@ -1,7 +1,5 @@
-"""A job whose ranks fail at start-up on only some of them ends at once: a rank that found a
-problem before MPI (a bad flag in one segment of an MPMD line) still starts MPI, and the first
-exchange, ``agree_to_start``, tells every rank; one that cannot start MPI asks the launcher to
-end the job (``abort_launch``)."""
+"""A job whose start-up fails on some ranks ends at once: such a rank still starts MPI to tell
+the others, or, if it cannot, asks the launcher to end the job."""
 
 from __future__ import annotations
 
@@ -19,9 +17,8 @@ START_UP_EXIT = 2  # a start-up problem is the user's to fix
 
 
 def agree_to_start(world: Any, command: str, problem: str | None = None) -> None:
-    """Every rank's command and start-up ``problem`` (a line, or None), gathered once MPI is up:
-    a problem, or ranks running different commands (``info : train``), ends every rank with
-    ``CollectiveExit(2)`` after rank 0 says it. Alone, a problem is the caller's to say."""
+    """End every rank with ``CollectiveExit(2)`` once rank 0 said why, if a rank had a start-up
+    ``problem`` (a line) or ranks run different commands (``info : train``)."""
     if world.size == 1:
         return
     everyone = stall.allgather(world.mpi_comm, (command, problem), "the start-up agreement")
@@ -45,7 +42,7 @@ def agree_to_start(world: Any, command: str, problem: str | None = None) -> None
 
 def failed_import(exc: BaseException, command: str) -> int:
     """xpnn's own import failed on this rank (a broken install, a planted ``numpy.py``): one line
-    naming where; under a launcher MPI starts anyway, so every rank hears of it."""
+    naming where, which every rank hears of."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     line = one_line(f"cannot start: {type(exc).__name__}: {exc}{where}")
@@ -76,9 +73,8 @@ def help_given(command: str) -> int:
 
 
 def abort_launch(code: int = START_UP_EXIT) -> bool:
-    """Ask the launcher to end the job for a rank that cannot start MPI (the others would wait
-    in ``MPI_Init`` for ever), over hydra's PMI-1 wire protocol on ``PMI_FD``; whether it was
-    sent. Elsewhere (Open MPI, PMIx) the launcher notices this process's exit in its own time."""
+    """Ask hydra, over PMI-1 on ``PMI_FD``, to end the job of a rank that cannot start MPI (the
+    others would wait in ``MPI_Init`` for ever); whether it was sent."""
     fd = os.environ.get("PMI_FD", "")
     if not fd.isdigit():
         return False
