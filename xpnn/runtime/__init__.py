@@ -1,8 +1,6 @@
 """The process: its place in the job, threads per rank, failing and stalling ranks, Ctrl-C. Names
 load on first use: ``interrupts`` runs before anything else is imported."""
 
-from __future__ import annotations
-
 import importlib
 
 _MODULES = {

@@ -1,7 +1,5 @@
 """A rank's last words and the end of the job (apart from ``failure``, which uses ``stall``)."""
 
-from __future__ import annotations
-
 import sys
 import time
 

@@ -1,8 +1,6 @@
 """The CPUs' worth of time this process's cgroup may use (Docker's ``--cpus``): a container
 limited to one CPU still sees every core in its affinity mask. Linux only."""
 
-from __future__ import annotations
-
 import contextlib
 import math
 from collections.abc import Callable

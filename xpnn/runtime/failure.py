@@ -1,8 +1,6 @@
 """Failing well on many ranks: one clear line, the right exit code, no hung job (hydra does not
 notice a rank that exits while the others wait in a collective: MPI_Abort ends them)."""
 
-from __future__ import annotations
-
 import contextlib
 import math
 import os

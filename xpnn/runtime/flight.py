@@ -1,8 +1,6 @@
 """The flight recorder: every rank keeps its last ``RING`` communication operations, for the
 stall line, the JSON dumps of a stalled or failing rank, and the timeline tracer."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os

@@ -2,8 +2,6 @@
 traceback from mid-import; a rank under a launcher notes it until MPI runs (the others would wait
 in ``MPI_Init``). Imports only what Python loads first (``signal`` takes time: it imports enum)."""
 
-from __future__ import annotations
-
 import _signal
 import os
 

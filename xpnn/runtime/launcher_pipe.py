@@ -1,8 +1,6 @@
 """``mpiexec ... | head -1``: hydra dies by SIGPIPE and kills every rank, so a rank on its node
 writes its stdout straight into that pipe (through ``/proc``) and meets the closed pipe itself."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import stat

@@ -1,8 +1,6 @@
 """One job at a time in a checkpoint directory: a ``flock`` on ``DIR/.xpnn-lock``, naming its
 holder, which the kernel drops however the holder ends (``kill -9`` too)."""
 
-from __future__ import annotations
-
 import atexit
 import contextlib
 import errno

@@ -1,7 +1,5 @@
 """This process's peak resident memory, and whether a network can fit at all."""
 
-from __future__ import annotations
-
 import contextlib
 import math
 import sys

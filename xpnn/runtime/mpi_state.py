@@ -1,7 +1,5 @@
 """Whether MPI is there to ask, from any thread, without starting or importing it."""
 
-from __future__ import annotations
-
 import sys
 from typing import Any
 

@@ -1,8 +1,6 @@
 """Files MPICH leaves when a job never finalizes (its node segment in /dev/shm, hydra's topology
 file in /tmp), unlinked once every rank of the node has passed ``MPI_Init`` and mapped them."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import time

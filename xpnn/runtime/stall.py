@@ -1,8 +1,6 @@
 """Waiting for other ranks without burning a core (MPICH's blocking calls poll at full speed),
 warning after ``stall_warn`` s and ending the job after ``stall_abort`` s."""
 
-from __future__ import annotations
-
 import math
 import os
 import time

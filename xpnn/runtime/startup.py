@@ -1,8 +1,6 @@
 """A job whose start-up fails on some ranks ends at once: such a rank still starts MPI to tell
 the others, or, if it cannot, asks the launcher to end the job."""
 
-from __future__ import annotations
-
 import os
 import socket
 import traceback

@@ -1,8 +1,6 @@
 """This process's rank, size and node-local rank. MPI starts only under a launcher (or with
 ``XPNN_FORCE_MPI=1``): it is slow to start and some clusters refuse it outside one."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import sys
@@ -65,7 +63,7 @@ class World:
         if self.mpi_comm is not None:
             stall.wait(self.mpi_comm.Ibarrier(), what)
 
-    def split(self, color: int) -> World:
+    def split(self, color: int) -> "World":
         from mpi4py import MPI
 
         comm = self.mpi_comm.Split(color=color, key=self.rank)  # type: ignore[union-attr]
