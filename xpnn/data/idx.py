@@ -45,11 +45,8 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
     if len(data) < 4:
         raise _fail(source, f"truncated header: {len(data)} bytes, an IDX header needs at least 4")
     if data[0] != 0 or data[1] != 0:
-        raise _fail(
-            source,
-            f"not an IDX file: wrong magic bytes {data[:4].hex(' ')} "
-            "(expected 00 00 <type> <ndim>)",
-        )
+        got = f"wrong magic bytes {data[:4].hex(' ')}"
+        raise _fail(source, f"not an IDX file: {got} (expected 00 00 <type> <ndim>)")
     code, ndim = data[2], data[3]
     if code not in TYPE_CODES:
         known = ", ".join(f"0x{c:02X}" for c in TYPE_CODES)
@@ -58,11 +55,8 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
         raise _fail(source, f"unsupported number of dimensions {ndim} (expected 1 to {MAX_NDIM})")
     header_len = 4 + 4 * ndim
     if len(data) < header_len:
-        raise _fail(
-            source,
-            f"truncated header: {ndim} dimensions need {header_len} header bytes, "
-            f"file has {len(data)}",
-        )
+        need = f"{ndim} dimensions need {header_len} header bytes"
+        raise _fail(source, f"truncated header: {need}, file has {len(data)}")
     dims = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     return TYPE_CODES[code], dims, header_len
 
@@ -116,11 +110,8 @@ def _payload_problem(
     if actual < expected:
         return _fail(source, f"truncated: {says}, file has {actual}")
     if actual > expected:
-        return _fail(
-            source,
-            f"{at_least}{actual - expected} bytes of trailing data: {says}, "
-            f"file has {at_least}{actual}",
-        )
+        extra = f"{at_least}{actual - expected} bytes of trailing data"
+        return _fail(source, f"{extra}: {says}, file has {at_least}{actual}")
     return None
 
 
@@ -162,14 +153,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     source = str(path)
     try:
         fd, info = open_regular(path)
-    except FileNotFoundError:
-        raise _fail(source, "no such file") from None
-    except NotAFile as exc:
-        raise _fail(source, f"cannot read: {exc.kind}, not a file") from None
-    except OSError as exc:
-        raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
-    with open(fd, "rb", buffering=CHUNK) as raw:
-        try:
+        with open(fd, "rb", buffering=CHUNK) as raw:
             magic = raw.read(4)
             if not magic:
                 raise _fail(source, "empty file")
@@ -187,11 +171,14 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
                         dtype, dims, payload = _header_and_payload(stream, source, None)
                     except (OSError, EOFError, zlib.error) as exc:
                         raise _fail(source, f"corrupt gzip data: {exc}") from None
-            else:
-                # /proc and some network file systems report 0 bytes: then read and count
+            else:  # /proc and some network file systems report 0 bytes: then read and count
                 dtype, dims, payload = _header_and_payload(raw, source, info.st_size or None)
-        except OSError as exc:  # the disk failed mid-read
-            raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
+    except FileNotFoundError:
+        raise _fail(source, "no such file") from None
+    except NotAFile as exc:
+        raise _fail(source, f"cannot read: {exc.kind}, not a file") from None
+    except OSError as exc:  # the disk failed mid-read, too
+        raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
     array = np.frombuffer(payload, dtype=dtype, count=math.prod(dims))
     return array.astype(dtype.newbyteorder("="), copy=False).reshape(dims)  # writable
 
@@ -203,10 +190,9 @@ def encode_idx(array: np.ndarray) -> bytes:
     code = codes.get(array.dtype.newbyteorder("="))
     if code is None or not 1 <= array.ndim <= MAX_NDIM:
         raise ValueError(f"IDX cannot hold a {array.ndim}-D {array.dtype} array")
-    header = bytes([0, 0, code, array.ndim]) + b"".join(
-        int(d).to_bytes(4, "big") for d in array.shape
-    )
-    return header + np.ascontiguousarray(array, dtype=TYPE_CODES[code]).tobytes()
+    dims = b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    values = np.ascontiguousarray(array, dtype=TYPE_CODES[code]).tobytes()
+    return bytes([0, 0, code, array.ndim]) + dims + values
 
 
 def write_idx(path: str | os.PathLike, array: np.ndarray) -> Path:
@@ -222,22 +208,16 @@ def read_idx_pair(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Matching image and label files: images (N, rows, cols) as stored, int64 labels in range."""
     images = read_idx(images_path)
+    shape = _shape_str(images.shape)
     if images.ndim != 3:
-        raise _fail(
-            images_path,
-            f"expected 3-D images (count x rows x cols), header says {images.ndim}-D "
-            f"{_shape_str(images.shape)}",
-        )
+        says = f"header says {images.ndim}-D {shape}"
+        raise _fail(images_path, f"expected 3-D images (count x rows x cols), {says}")
     if 0 in images.shape:
-        raise _fail(
-            images_path, f"holds no pixels to learn from: header says {_shape_str(images.shape)}"
-        )
+        raise _fail(images_path, f"holds no pixels to learn from: header says {shape}")
     labels = read_idx(labels_path)
     if labels.ndim != 1:
-        raise _fail(
-            labels_path,
-            f"expected 1-D labels, header says {labels.ndim}-D {_shape_str(labels.shape)}",
-        )
+        says = f"header says {labels.ndim}-D {_shape_str(labels.shape)}"
+        raise _fail(labels_path, f"expected 1-D labels, {says}")
     if labels.dtype.kind not in "iu":
         raise _fail(labels_path, f"labels must be integers, file holds {labels.dtype.name}")
     if len(labels) != len(images):
@@ -246,9 +226,6 @@ def read_idx_pair(
     bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
     if bad.size:
         i = int(bad[0])
-        raise _fail(
-            labels_path,
-            f"label {labels[i]} at index {i} is outside [0, {num_classes}) "
-            f"({bad.size} bad labels in all)",
-        )
+        where = f"label {labels[i]} at index {i} is outside [0, {num_classes})"
+        raise _fail(labels_path, f"{where} ({bad.size} bad labels in all)")
     return images, labels
