@@ -1,5 +1,4 @@
-"""Seeded per-epoch shuffling and per-rank sharding: every rank draws the same permutation from
-(seed, epoch), so a global batch's samples do not depend on the ranks."""
+"""Per-epoch shuffles drawn from (seed, epoch) alike on every rank, and per-rank shards."""
 
 import numpy as np
 

@@ -1,5 +1,4 @@
-"""Datasets by name: MNIST, Fashion-MNIST (IDX files, local or downloaded), synthetic, text;
-each as float32 inputs in [0, 1] (images (N, 1, 28, 28)) and int64 labels."""
+"""Datasets by name (MNIST, Fashion-MNIST, synthetic, text): float32 inputs, int64 labels."""
 
 import math
 import os
@@ -303,8 +302,7 @@ def _synthetic_split(
 
 
 def make_synthetic(size: int, shape: tuple[int, ...] = (1, 28, 28), seed: int = 0) -> Dataset:
-    """A deterministic, learnable 10-class set for runs without data; its test set has
-    max(1000, size // 6) samples (10,000 for 60,000, like MNIST)."""
+    """A deterministic, learnable 10-class set; its test set has max(1000, size // 6) samples."""
     check_int("synthetic_size", size, 1)
     if not shape or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
         raise UserError(f"synthetic shape must be positive integers, got {shape!r}")

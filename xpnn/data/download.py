@@ -1,5 +1,4 @@
-"""Downloads into a cache, SHA-256 checked, mirror after mirror; ranks fetching a file at once
-each write their own temporary file and rename it into place."""
+"""Downloads into a cache, SHA-256 checked, each rank through a temporary file of its own."""
 
 import contextlib
 import glob
@@ -146,14 +145,12 @@ def remove_orphaned_parts(target: Path) -> None:
 
 def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | None:
     """Fetch one URL into ``target`` atomically; None, or why it failed."""
+    prefix = f"{_host_prefix(target)}{os.getpid()}."
     try:
-        fd, tmp_name = tempfile.mkstemp(
-            dir=target.parent, prefix=f"{_host_prefix(target)}{os.getpid()}.", suffix=".part"
-        )
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=".part")
     except OSError as exc:
-        raise UserError(
-            f"{target.parent}: cannot write to download cache: {exc.strerror}"
-        ) from None
+        why = f"cannot write to download cache: {exc.strerror}"
+        raise UserError(f"{target.parent}: {why}") from None
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as dest:
@@ -174,20 +171,15 @@ def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
     try:
         return _digest(target)
     except (FileNotFoundError, NotADirectoryError):
-        if target.is_symlink():
-            raise UserError(
-                f"{target}: in the download cache but a symbolic link to "
-                f"{os.readlink(target)}, which does not exist; remove or fix it"
-            ) from None
-        return None  # nothing there (a cache directory that is a file: mkdir says so)
+        if not target.is_symlink():
+            return None  # nothing there (a cache directory that is a file: mkdir says so)
+        why = f"in the download cache but a symbolic link to {os.readlink(target)}, which does "
+        why += "not exist; remove or fix it"
     except NotAFile as exc:
-        raise UserError(
-            f"{target}: in the download cache but {exc.kind}, not a file; remove it"
-        ) from None
+        why = f"in the download cache but {exc.kind}, not a file; remove it"
     except OSError as exc:
-        raise UserError(
-            f"{target}: cannot read the cached download: {exc.strerror or exc}"
-        ) from None
+        why = f"cannot read the cached download: {exc.strerror or exc}"
+    raise UserError(f"{target}: {why}")
 
 
 def cached(target: Path, sha256: str) -> bool:
@@ -224,8 +216,7 @@ def _not_a_directory(path: Path) -> Path | None:
 def fetch(
     filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30
 ) -> Path:
-    """``cache_dir/filename`` holding the file of ``sha256``, downloaded if not cached; all
-    mirrors failing, a ``UserError`` saying what happened at each."""
+    """``cache_dir/filename`` holding the file of ``sha256``, cached or from the first mirror."""
     cache_dir = Path(cache_dir)
     target = cache_dir / filename
     if cached(target, sha256):

@@ -1,5 +1,4 @@
-"""Reading only regular files (a named pipe waits forever, a device never ends); the machine's
-memory; whether a process lives."""
+"""Reading only regular files (a pipe waits forever); the machine's memory; live processes."""
 
 import os
 import stat

@@ -1,5 +1,4 @@
-"""IDX files (MNIST's format: 00 00, a type code, a dimension count, one big-endian uint32 per
-dimension, the values in big-endian C order; often gzipped); a bad file is a one-line error."""
+"""IDX files (MNIST's format, often gzipped); a bad file is a one-line error."""
 
 import gzip
 import io

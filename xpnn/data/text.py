@@ -44,8 +44,7 @@ class Vocabulary:
 
 
 def shakespeare_path(data_dir: str | os.PathLike | None, download: bool = True) -> Path:
-    """``input.txt`` in ``data_dir`` (or the file itself), else in the download cache; its
-    SHA-256 is checked either way."""
+    """``input.txt`` in ``data_dir`` (or that file), else cached; its SHA-256 checked either way."""
     if data_dir is not None:
         path = Path(data_dir)
         if path.is_dir():
@@ -71,18 +70,15 @@ def read_text(path: str | os.PathLike) -> str:
     try:
         return read_regular(path, have // TEXT_BYTES_PER_CHAR if have else None).decode("utf-8")
     except NotAFile as exc:
-        raise UserError(f"`data_dir` {path}: {exc.kind}, not a file") from None
+        why = f"{exc.kind}, not a file"
     except TooLarge as exc:
-        raise UserError(
-            f"`data_dir` {path}: {exc.size:,} bytes of text need more than this machine's memory "
-            "(its characters become 8-byte ids)"
-        ) from None
+        why = f"{exc.size:,} bytes of text need more than this machine's memory (its characters "
+        why += "become 8-byte ids)"
     except UnicodeDecodeError as exc:
-        raise UserError(
-            f"`data_dir` {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from None
+        why = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
     except OSError as exc:
-        raise UserError(f"`data_dir` {path}: {exc.strerror or exc}") from None
+        why = exc.strerror or str(exc)
+    raise UserError(f"`data_dir` {path}: {why}")
 
 
 _MASK = (1 << 64) - 1

@@ -1,6 +1,5 @@
-"""Ctrl-C and SIGTERM before ``run_guarded`` takes over: one line and exit 130 (143), not a
-traceback from mid-import; a rank under a launcher notes it until MPI runs (the others would wait
-in ``MPI_Init``). Imports only what Python loads first (``signal`` takes time: it imports enum)."""
+"""Ctrl-C and SIGTERM before ``run_guarded``: one line and exit 130 (143), no traceback; a rank
+under a launcher notes it until MPI runs. Imports only what Python loads first (not ``signal``)."""
 
 import _signal
 import os

@@ -25,8 +25,7 @@ def preset_parameters(
     model: object, input_shape: tuple[int, ...], classes: int, hidden: tuple[int, ...],
     gpt_sizes: dict[str, int],
 ) -> int | None:  # fmt: skip
-    """The parameters of a preset network, before it is built (for ``gpt`` a lower bound: its
-    blocks' 12 x embed**2 weights, not their biases and norms)."""
+    """A preset network's parameters before it is built (``gpt``: its blocks' 12 x embed**2)."""
     if model == "mlp":
         widths = [math.prod(input_shape), *hidden, classes]
         return sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))

@@ -39,35 +39,31 @@ def agree_to_start(world: Any, command: str, problem: str | None = None) -> None
 
 
 def failed_import(exc: BaseException, command: str) -> int:
-    """xpnn's own import failed on this rank (a broken install, a planted ``numpy.py``): one line
-    naming where, which every rank hears of."""
+    """xpnn's own import failed (a broken install, a planted ``numpy.py``): every rank hears."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    line = one_line(f"cannot start: {type(exc).__name__}: {exc}{where}")
-    try:
-        world = init_world() if launched_by_mpi() is not None else None
-    except Exception as failed:  # noqa: BLE001 - MPI does not start here either: end the job
-        say(f"rank {launch_rank()}: {line}; {one_line(str(failed))}")
-        abort_launch(1)
-        return 1
-    if world is None or world.size == 1:
-        say(f"xpnn: {line}")
-        return 1
-    return run_guarded(world, lambda: agree_to_start(world, command, line))
+    return _agree(command, one_line(f"cannot start: {type(exc).__name__}: {exc}{where}"), 1)
 
 
 def help_given(command: str) -> int:
     """``-h`` printed help: under a launcher, agree with the others (an MPMD line) first."""
+    return _agree(f"{command} --help", None, 0)
+
+
+def _agree(command: str, line: str | None, code: int) -> int:
+    """``agree_to_start`` under a launcher; ``line``, a start-up problem, said alone otherwise."""
     try:
-        if launched_by_mpi() is None:
-            return 0
-        world = init_world()
-    except Exception:  # noqa: BLE001 - no MPI to reach the others: help was all there was
-        abort_launch(0)
-        return 0
-    if world.size == 1:
-        return 0
-    return run_guarded(world, lambda: agree_to_start(world, f"{command} --help"))
+        world = init_world() if launched_by_mpi() is not None else None
+    except Exception as failed:  # noqa: BLE001 - no MPI to reach the others: end the job
+        if line:
+            say(f"rank {launch_rank()}: {line}; {one_line(str(failed))}")
+        abort_launch(code)
+        return code
+    if world is None or world.size == 1:
+        if line:
+            say(f"xpnn: {line}")
+        return code
+    return run_guarded(world, lambda: agree_to_start(world, command, line))
 
 
 def abort_launch(code: int = START_UP_EXIT) -> bool:

@@ -85,8 +85,7 @@ def describe_ranks(size: int, node_sizes: tuple[int, ...]) -> str:
 
 
 def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
-    """The variable that shows an MPI launcher started us (a false positive, a Slurm batch
-    script, only costs an MPI singleton)."""
+    """The variable that shows an MPI launcher started us (a false positive costs a singleton)."""
     env = os.environ if env is None else env
     force = env.get("XPNN_FORCE_MPI", "").strip()
     if force not in ("", "0", "1"):
