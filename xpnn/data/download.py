@@ -32,12 +32,10 @@ def _home() -> Path:
     home = os.environ.get("HOME", "")
     if home:
         return Path(home)
-    try:
+    with contextlib.suppress(ImportError, KeyError, OSError):
         import pwd
 
         home = pwd.getpwuid(os.getuid()).pw_dir
-    except (ImportError, KeyError, OSError):
-        home = ""
     if not home or home == "/":
         raise UserError(
             "no download cache: $HOME is not set and this user has no home directory; "

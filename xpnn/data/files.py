@@ -14,8 +14,6 @@ _KINDS = (
 
 
 class NotAFile(Exception):
-    """Something that is not a regular file; ``kind`` says what, in words."""
-
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
         self.kind = kind
@@ -49,8 +47,6 @@ def memory_bytes() -> int | None:
 
 
 class TooLarge(Exception):
-    """A file larger than what reads it can hold."""
-
     def __init__(self, size: int) -> None:
         super().__init__(f"{size:,} bytes")
         self.size = size

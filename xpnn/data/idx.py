@@ -183,7 +183,6 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def encode_idx(array: np.ndarray) -> bytes:
-    """The IDX encoding of ``array``."""
     array = np.asarray(array)
     codes = {dt.newbyteorder("="): code for code, dt in TYPE_CODES.items()}
     code = codes.get(array.dtype.newbyteorder("="))

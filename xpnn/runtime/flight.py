@@ -28,8 +28,7 @@ class Record:
     def __init__(self, seq: int, op: str, nbytes: int, peer: int | None, group: str) -> None:
         self.seq, self.op, self.nbytes, self.peer, self.group = seq, op, nbytes, peer, group
         self.bucket, self.microbatch = _tags["bucket"], _tags["microbatch"]
-        self.step = _tags["step"]
-        self.start = _now()
+        self.step, self.start = _tags["step"], _now()
         self.posted: float | None = None  # when the non-blocking call returned
         self.wait: float | None = None
         self.end: float | None = None
