@@ -17,7 +17,7 @@ from xpnn.errors import UserError, user_message
 from xpnn.runtime import flight, stall
 from xpnn.runtime.abort import abort_job, prefix, say
 from xpnn.runtime.interrupts import hand_over, pending_signal
-from xpnn.runtime.mpi_state import imported_mpi
+from xpnn.runtime.mpi_state import imported_mpi, mpi_rank_size
 from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
 T = TypeVar("T")
@@ -134,7 +134,7 @@ def stop_when_stuck(grace: float) -> None:
         code = 128 + signum
         left_in_init(what, code, grace)
         time.sleep(grace)
-        rank, size = _mpi_rank_size()
+        rank, size = mpi_rank_size()
         say(
             f"{prefix(rank, size)}{what}, and still not stopped after {grace:g} s (blocked in a "
             "call that does not return, such as MPI waiting for a rank that does not answer): "
@@ -171,13 +171,6 @@ def left_in_init(what: str, code: int, grace: float) -> None:
 def _mpi_started() -> bool:
     mpi = imported_mpi()
     return mpi is not None and mpi.Is_initialized()
-
-
-def _mpi_rank_size() -> tuple[int, int]:
-    mpi = imported_mpi()
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
-        return 0, 1
-    return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
 
 
 def silence_stdout() -> None:

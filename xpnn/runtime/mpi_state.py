@@ -11,3 +11,11 @@ def imported_mpi() -> Any:
     if mpi is None or getattr(getattr(mpi, "__spec__", None), "_initializing", False):
         return None
     return mpi if hasattr(mpi, "Is_finalized") else None
+
+
+def mpi_rank_size() -> tuple[int, int]:
+    """This process's rank and the job's size while MPI runs, else (0, 1)."""
+    mpi = imported_mpi()
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return 0, 1
+    return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()

@@ -10,6 +10,7 @@ from typing import Any
 
 from xpnn.runtime import flight
 from xpnn.runtime.abort import abort_job, prefix, say
+from xpnn.runtime.mpi_state import mpi_rank_size
 
 SPIN_S = 0.0005  # polls at full speed first: small exchanges end within this
 YIELD_S = 0.25  # then polls yielding the core, no naps: MPI moves a message only when polled
@@ -109,9 +110,8 @@ def _wait_long(request: Any, what: str, start: float) -> None:
         if warn and not warned and waited >= warn:
             warned = True
             flight.dump(f"waited {warn:g} s in {what}", temporary=True)
-            say(
-                f"{prefix(*_rank_size())}has waited {warn:g} s for the others in {what} ({where()})"
-            )
+            who = prefix(*mpi_rank_size())
+            say(f"{who}has waited {warn:g} s for the others in {what} ({where()})")
         if abort:
             if not announced and waited >= abort / 2:
                 announced = True
@@ -128,15 +128,6 @@ def _wait_long(request: Any, what: str, start: float) -> None:
             return
 
 
-def _rank_size() -> tuple[int, int]:
-    comm = _state["comm"]
-    if comm is not None:
-        return comm.Get_rank(), comm.Get_size()
-    from mpi4py import MPI  # a request exists, so MPI has started
-
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
 def _send_notes() -> None:
     """Tell every other rank that this one has waited half of ``stall_abort``, and where."""
     comm = _state["comm"]
@@ -150,7 +141,7 @@ def _send_notes() -> None:
 
 def _maybe_abort(what: str, waited: float, abort: float, others: dict[int, Any]) -> None:
     """End the job: the lowest waiting rank at once, the others ``ABORT_DEFER_S`` later."""
-    rank, size = _rank_size()
+    rank, size = mpi_rank_size()
     positions = {**others, rank: flight.position()}
     waiting = sorted(positions)
     if rank != waiting[0] and waited < abort + ABORT_DEFER_S:
