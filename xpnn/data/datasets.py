@@ -1,5 +1,6 @@
 """Datasets by name (MNIST, Fashion-MNIST, synthetic, text): float32 inputs, int64 labels."""
 
+import contextlib
 import math
 import os
 from collections.abc import Callable
@@ -201,22 +202,14 @@ TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
 KNOWN_MOST_BYTES = 32 << 20  # the largest file in SHA256 has 26 MB: larger ones are not hashed
 
 
-def _known_as(path: Path) -> tuple[str, str] | None:
-    """(dataset, file name) when ``path`` is one of the canonical files in ``SHA256``."""
-    try:
-        if path.stat().st_size > KNOWN_MOST_BYTES:
-            return None
-        digest = sha256_file(path)
-    except (OSError, NotAFile):
-        return None  # reading it will say what is wrong
-    known = ((d, f) for d, table in SHA256.items() for f, sha in table.items() if sha == digest)
-    return next(known, None)
-
-
 def _check_known_files(name: str, found: dict[str, Path]) -> None:
     """Refuse a file that is another dataset's or role's (test images named as training ones)."""
     for role, path in found.items():
-        known = _known_as(path)
+        digest = None
+        with contextlib.suppress(OSError, NotAFile):  # reading it will say what is wrong
+            if path.stat().st_size <= KNOWN_MOST_BYTES:
+                digest = sha256_file(path)
+        known = next(((d, f) for d, t in SHA256.items() for f, h in t.items() if h == digest), None)
         if known is None or known == (name, FILES[role]):
             continue
         dataset, filename = known
