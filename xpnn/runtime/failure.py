@@ -48,8 +48,9 @@ def said_once(first_rank: int, message: str, failed: int, size: int, same: bool)
     return f"xpnn: rank {first_rank}: {message}{more}"
 
 
-def _debug() -> bool:
-    return os.environ.get("XPNN_DEBUG", "") not in ("", "0")
+def _trace_if_debug(wanted: bool = True) -> None:
+    if wanted and os.environ.get("XPNN_DEBUG", "") not in ("", "0"):
+        traceback.print_exc()
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -215,12 +216,10 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
             abort_job(code)
         return code
     except UserError as exc:
-        if _debug() and exc.__cause__ is not None:  # a user's layer failed: where, in it
-            traceback.print_exc()
+        _trace_if_debug(exc.__cause__ is not None)  # a user's layer failed: where, in it
         return _fail(rank, size, one_line(user_message(exc)), int(getattr(exc, "exit_code", 2)))
     except BaseException as exc:  # noqa: B036 -- KeyboardInterrupt too: others must stop
-        if _debug():
-            traceback.print_exc()
+        _trace_if_debug()
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
         stopped = isinstance(exc, KeyboardInterrupt | Terminated)
         if stopped:  # a second signal (Slurm's time limit sends two) only wakes stop_when_stuck
@@ -291,8 +290,7 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
         if code:
             outcome = ("exit", code, "")
     except Exception as exc:
-        if _debug():
-            traceback.print_exc()
+        _trace_if_debug()
         outcome = ("bug", 1, describe(exc))
     codes = _gather_codes(size, outcome[1] if outcome else 0)
     if codes is None:  # the others never came: some rank is stuck inside fn
