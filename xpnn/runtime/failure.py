@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from xpnn.errors import UserError, user_message
 from xpnn.runtime import flight, stall
 from xpnn.runtime.abort import abort_job, prefix, say
-from xpnn.runtime.interrupts import hand_over, pending_signal
+from xpnn.runtime.interrupts import STOP_NAMES, hand_over, pending_signal
 from xpnn.runtime.mpi_state import imported_mpi, mpi_rank_size
 from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
@@ -61,9 +61,6 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE
-# end a run as Ctrl-C does, exit 128 + number: Slurm's time limit and scancel (TERM), a closed
-# terminal or ssh connection (HUP), Ctrl-\\ (QUIT), a CPU-time limit (XCPU)
-STOP_NAMES = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU")
 STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_NAMES if hasattr(signal, name))
 
 

@@ -5,8 +5,11 @@ import _signal
 import os
 
 _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+# end a run as Ctrl-C does, exit 128 + number: Slurm's time limit and scancel (TERM), a closed
+# terminal or ssh connection (HUP), Ctrl-\\ (QUIT), a CPU-time limit (XCPU)
+STOP_NAMES = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU")
 _CODES = {_signal.SIGINT: (130, "interrupted")}
-for _name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU"):  # failure.STOP_SIGNALS, not imported
+for _name in STOP_NAMES:
     if hasattr(_signal, _name):
         _CODES[getattr(_signal, _name)] = (128 + getattr(_signal, _name), f"terminated ({_name})")
 _state: dict = {"installed": False, "pending": None, "requested": set()}
