@@ -135,8 +135,7 @@ def text_split(text: str, block: int) -> TextSplit:
         )
     n_val = (len(held) - 1) // block
     val = held[: n_val * block + 1]
-    x_test = val[:-1].reshape(n_val, block)
-    y_test = val[1:].reshape(n_val, block)
+    x_test, y_test = val[:-1].reshape(n_val, block), val[1:].reshape(n_val, block)
     return TextSplit(TextWindows(train, block, TEXT_WINDOWS), x_test, y_test, vocab)
 
 
