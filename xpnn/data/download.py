@@ -191,12 +191,9 @@ def cached(target: Path, sha256: str) -> bool:
         got, info = hashed
         if got == expected:
             return True
-        try:
-            now = os.stat(target)
-        except FileNotFoundError:
-            continue
-        if (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino):
-            break
+        with contextlib.suppress(FileNotFoundError):  # else another rank's file: hash it again
+            if os.path.samestat(os.stat(target), info):
+                break
     raise UserError(
         f"{target}: the cached file's SHA-256 is {got[:12]}..., not the expected "
         f"{expected[:12]}...; remove or replace it"
