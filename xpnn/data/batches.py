@@ -1,5 +1,4 @@
-"""Seeded per-epoch shuffling and per-rank sharding of global batches: every rank draws the same
-permutation from (seed, epoch), so a global batch's samples do not depend on the ranks."""
+"""Per-epoch shuffles drawn from (seed, epoch) alike on every rank, and per-rank shards."""
 
 import numpy as np
 
@@ -7,7 +6,6 @@ from xpnn.errors import UserError
 
 
 def check_int(name: str, value: int, least: int) -> None:
-    """``value`` must be an integer (not a bool) >= ``least``; the error names ``name``."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
         raise UserError(f"`{name}`: must be an integer >= {least}, got {value!r}")
 

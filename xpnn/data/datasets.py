@@ -1,6 +1,6 @@
-"""Datasets by name: MNIST, Fashion-MNIST (IDX files, local or downloaded), synthetic, text;
-each as float32 inputs in [0, 1] (images (N, 1, 28, 28)) and int64 labels."""
+"""Datasets by name (MNIST, Fashion-MNIST, synthetic, text): float32 inputs, int64 labels."""
 
+import contextlib
 import math
 import os
 from collections.abc import Callable
@@ -22,7 +22,7 @@ from xpnn.record.digest import arrays_digest
 NUM_CLASSES = 10
 DATASETS = ("mnist", "fashion-mnist", "synthetic", *TEXT_DATASETS)
 
-# role -> standard file name; the same four names for MNIST and Fashion-MNIST
+# role -> file name, alike for MNIST and Fashion-MNIST
 FILES = {
     "train_images": "train-images-idx3-ubyte.gz",
     "train_labels": "train-labels-idx1-ubyte.gz",
@@ -30,7 +30,7 @@ FILES = {
     "test_labels": "t10k-labels-idx1-ubyte.gz",
 }
 
-# SHA-256 of the gzip files, in FILES' order: only a download that matches is accepted
+# SHA-256 of the gzip files, in FILES' order
 SHA256 = {
     name: dict(zip(FILES.values(), hashes, strict=True))
     for name, hashes in {
@@ -52,8 +52,6 @@ SHA256 = {
 
 @dataclass(frozen=True)
 class Source:
-    """Where an IDX dataset can come from besides --data-dir."""
-
     mirrors: tuple[str, ...]
     mirrors_env: str  # comma-separated override, e.g. for a local or institutional mirror
     system_dir: Path | None = None  # a distribution package's copy, used before the cache
@@ -77,8 +75,7 @@ SOURCES = {
 
 @dataclass(frozen=True)
 class Dataset:
-    """A classification dataset: float32 inputs in [0, 1], int64 labels in [0, num_classes); the
-    training set is ``x_train`` repeated ``train_repeats`` times without copies."""
+    """Float32 inputs in [0, 1], int64 labels; ``x_train`` repeated ``train_repeats`` times."""
 
     name: str
     x_train: np.ndarray
@@ -92,12 +89,10 @@ class Dataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        """Shape of one sample, what a model's first layer is built for."""
         return tuple(self.x_train.shape[1:])
 
     @property
     def n_train(self) -> int:
-        """Training samples in an epoch (a text set's windows), times ``train_repeats``."""
         stored = self.x_train.shape[0] if self.windows is None else self.windows.per_epoch
         return stored * self.train_repeats
 
@@ -118,21 +113,26 @@ def load_dataset(
     download: bool = True,
     block: int = 64,
 ) -> Dataset:
-    """Load a dataset by name, its training set repeated ``replicate`` times (scaling studies);
-    ``seed`` draws the synthetic set, ``block`` is a text set's window length."""
+    """A dataset by name, its training set repeated ``replicate`` times (scaling studies)."""
     check_int("replicate", replicate, 1)
     if name in TEXT_DATASETS:
         split = load_text(name, data_dir, block, download=download)
-        stream = split.train.stream  # row s of the views: the window at s (nothing copied)
-        x_train = np.lib.stride_tricks.sliding_window_view(stream[:-1], block)
-        y_train = np.lib.stride_tricks.sliding_window_view(stream[1:], block)
-        arrays = (x_train, y_train, split.x_test, split.y_test)
-        classes = len(split.vocab.chars)
+        stream, window = split.train.stream, np.lib.stride_tricks.sliding_window_view
+        arrays = (window(stream[:-1], block), window(stream[1:], block), split.x_test, split.y_test)
+        classes = len(split.vocab.chars)  # row s of the views: the window at s, nothing copied
         dataset = Dataset(name, *arrays, classes, vocab=split.vocab, windows=split.train)
     elif name == "synthetic":
         dataset = make_synthetic(synthetic_size, tuple(synthetic_shape), seed)
     elif name in SOURCES:
-        dataset = _load_idx_dataset(name, data_dir, download)
+        files = find_files(name, data_dir, download)
+        x_train, y_train = _load_split(files, "train")
+        x_test, y_test = _load_split(files, "test")
+        if x_test.shape[1:] != x_train.shape[1:]:
+            raise IdxError(
+                f"{files['test_images']}: images are {'x'.join(map(str, x_test.shape[2:]))} but "
+                f"{files['train_images']} has {'x'.join(map(str, x_train.shape[2:]))}"
+            )
+        dataset = Dataset(name, x_train, y_train, x_test, y_test, NUM_CLASSES)
     else:
         raise UserError(f"`dataset`: unknown dataset {name!r} (choose {', '.join(DATASETS)})")
     return replicate_train(dataset, replicate)
@@ -157,7 +157,6 @@ def mirrors_for(name: str) -> list[str]:
 
 
 def _absent(directory: Path) -> str:
-    """Why a --data-dir is not there, with the likely slip when there is one."""
     expanded = Path(os.path.expanduser(directory))  # Path.expanduser raises for ~nosuchuser
     if expanded != directory:  # --data-dir=~/data: the shell expands no ~ after '='
         return f"no such directory (the shell left its ~ as it is: did you mean {expanded}?)"
@@ -165,15 +164,12 @@ def _absent(directory: Path) -> str:
 
 
 def _not_there(directory: Path, gz_name: str, raw_name: str) -> str:
-    """How to name a file of the four not in ``directory`` as a readable file."""
     for candidate in (directory / gz_name, directory / raw_name):
         if candidate.exists():
             return f"{candidate.name} (not a file)"
         if candidate.is_symlink():
-            return (
-                f"{candidate.name} (a symbolic link to {os.readlink(candidate)}, "
-                "which does not exist)"
-            )
+            target = os.readlink(candidate)
+            return f"{candidate.name} (a symbolic link to {target}, which does not exist)"
     return f"{gz_name} (or {raw_name})"
 
 
@@ -187,8 +183,11 @@ def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
         for role, gz_name in FILES.items():
             raw_name = gz_name.removesuffix(".gz")
             there = [c for c in (directory / gz_name, directory / raw_name) if c.is_file()]
-            if len(there) == 2:
-                _check_same_copies(directory, *there)
+            if len(there) == 2 and not np.array_equal(read_idx(there[0]), read_idx(there[1])):
+                raise UserError(  # ``gunzip -k``: the .gz is read, so both must agree
+                    f"`data_dir` {directory}: {there[0].name} and {there[1].name} hold different "
+                    "data; remove the one not meant"
+                )
             if there:
                 found[role] = there[0]
             else:
@@ -199,35 +198,18 @@ def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
     return found
 
 
-def _check_same_copies(directory: Path, gz: Path, raw: Path) -> None:
-    """Both ``X.gz`` and ``X`` (``gunzip -k``): the .gz is read, so both must hold the same data."""
-    if not np.array_equal(read_idx(gz), read_idx(raw)):
-        raise UserError(
-            f"`data_dir` {directory}: {gz.name} and {raw.name} hold different data; "
-            "remove the one not meant"
-        )
-
-
 TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
 KNOWN_MOST_BYTES = 32 << 20  # the largest file in SHA256 has 26 MB: larger ones are not hashed
-
-
-def _known_as(path: Path) -> tuple[str, str] | None:
-    """(dataset, file name) when ``path`` is one of the canonical files in ``SHA256``."""
-    try:
-        if path.stat().st_size > KNOWN_MOST_BYTES:
-            return None
-        digest = sha256_file(path)
-    except (OSError, NotAFile):
-        return None  # reading it will say what is wrong
-    known = ((d, f) for d, table in SHA256.items() for f, sha in table.items() if sha == digest)
-    return next(known, None)
 
 
 def _check_known_files(name: str, found: dict[str, Path]) -> None:
     """Refuse a file that is another dataset's or role's (test images named as training ones)."""
     for role, path in found.items():
-        known = _known_as(path)
+        digest = None
+        with contextlib.suppress(OSError, NotAFile):  # reading it will say what is wrong
+            if path.stat().st_size <= KNOWN_MOST_BYTES:
+                digest = sha256_file(path)
+        known = next(((d, f) for d, t in SHA256.items() for f, h in t.items() if h == digest), None)
         if known is None or known == (name, FILES[role]):
             continue
         dataset, filename = known
@@ -266,23 +248,11 @@ def _load_split(files: dict[str, Path], split: str) -> tuple[np.ndarray, np.ndar
     return x.reshape(images.shape[0], 1, *images.shape[1:]), labels
 
 
-def _load_idx_dataset(name: str, data_dir: str | os.PathLike | None, download: bool) -> Dataset:
-    files = find_files(name, data_dir, download)
-    x_train, y_train = _load_split(files, "train")
-    x_test, y_test = _load_split(files, "test")
-    if x_test.shape[1:] != x_train.shape[1:]:
-        raise IdxError(
-            f"{files['test_images']}: images are {'x'.join(map(str, x_test.shape[2:]))} but "
-            f"{files['train_images']} has {'x'.join(map(str, x_train.shape[2:]))}"
-        )
-    return Dataset(name, x_train, y_train, x_test, y_test, NUM_CLASSES)
-
-
 def check_same_data(
     dataset: Dataset, data_dir: str | os.PathLike | None, allgather: Callable[[Any], list]
 ) -> None:
-    """Refuse ranks that read other data (every rank calls this with the world's ``allgather``):
-    they would train on other samples, or cut epochs differently and wait for each other."""
+    """Refuse ranks that read other data: they would train on other samples, or wait for
+    each other at other epoch ends (every rank calls this with the world's ``allgather``)."""
     if dataset.name == "synthetic":  # made from the flags, which every rank shares
         return
     sizes = (dataset.x_train.shape[0], dataset.x_test.shape[0])
@@ -292,11 +262,10 @@ def check_same_data(
     for rank, (where, (n_train, n_test), digest) in enumerate(everyone):
         if digest == first_digest:
             continue
+        what = "the same number of samples but other values"
         if (n_train, n_test) != first_sizes:
             what = f"{n_train} train / {n_test} test samples, rank 0 {first_sizes[0]} / "
             what += f"{first_sizes[1]}"
-        else:
-            what = "the same number of samples but other values"
         here = f"`data_dir` {where}" if where else "the default files"
         there = f"`data_dir` {first_dir}" if first_dir else "the default files"
         raise UserError(
@@ -305,25 +274,11 @@ def check_same_data(
         )
 
 
-def _check_synthetic_fits(size: int, n_test: int, shape: tuple[int, ...]) -> None:
-    """Refuse, before anything is allocated, a set larger than memory: each array alone may be
-    allowed, yet all together end in the OOM killer instead of an error."""
-    per_sample = 4 * math.prod(int(d) for d in shape) + 8 + 8  # pixels, label, brightness
-    need = (size + n_test) * per_sample
-    have = _memory_bytes()
-    if have is not None and need > have:
-        raise MemoryError(
-            f"{size:,} samples of {'x'.join(map(str, shape))} and {n_test:,} test samples "
-            f"need {need / 2**30:,.1f} GiB, more than this machine's {have / 2**30:,.1f} GiB "
-            "of memory and swap"
-        )
-
-
 def _synthetic_split(
     prototypes: np.ndarray, n: int, rng: np.random.Generator, noise: float = 0.35
 ) -> tuple[np.ndarray, np.ndarray]:
-    """n samples: a class prototype at random brightness, plus Gaussian noise, clipped to [0, 1];
-    the images allocated first, so a size that cannot fit fails before labels are drawn."""
+    """A class prototype at random brightness plus noise, clipped to [0, 1]; the images are
+    allocated first, so a size that cannot fit fails before labels are drawn."""
     x = np.empty((n, *prototypes.shape[1:]), dtype=np.float32)
     y = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
     brightness = rng.uniform(0.6, 1.0, size=n).astype(np.float32)
@@ -340,14 +295,21 @@ def _synthetic_split(
 
 
 def make_synthetic(size: int, shape: tuple[int, ...] = (1, 28, 28), seed: int = 0) -> Dataset:
-    """A deterministic, learnable 10-class set of any size and shape, for runs without data;
-    the test set has max(1000, size // 6) samples (10,000 for 60,000, like MNIST)."""
+    """A deterministic, learnable 10-class set; its test set has max(1000, size // 6) samples."""
     check_int("synthetic_size", size, 1)
     if not shape or not all(isinstance(d, (int, np.integer)) and d >= 1 for d in shape):
         raise UserError(f"synthetic shape must be positive integers, got {shape!r}")
     check_int("seed", seed, 0)
     size, n_test = int(size), max(1000, int(size) // 6)
-    _check_synthetic_fits(size, n_test, shape)
+    # refused before anything is allocated: each array alone may fit, all together not
+    per_sample = 4 * math.prod(int(d) for d in shape) + 8 + 8  # pixels, label, brightness
+    need, have = (size + n_test) * per_sample, _memory_bytes()
+    if have is not None and need > have:
+        raise MemoryError(
+            f"{size:,} samples of {'x'.join(map(str, shape))} and {n_test:,} test samples "
+            f"need {need / 2**30:,.1f} GiB, more than this machine's {have / 2**30:,.1f} GiB "
+            "of memory and swap"
+        )
     prototypes = np.random.default_rng([seed, 0]).random((NUM_CLASSES, *shape), dtype=np.float32)
     x_train, y_train = _synthetic_split(prototypes, size, np.random.default_rng([seed, 1]))
     x_test, y_test = _synthetic_split(prototypes, n_test, np.random.default_rng([seed, 2]))

@@ -1,5 +1,4 @@
-"""Download into a cache with SHA-256 verification, mirror fallback and atomic writes: ranks
-fetching a file at once each write their own temporary file and rename it into place."""
+"""Downloads into a cache, SHA-256 checked, each rank through a temporary file of its own."""
 
 import contextlib
 import glob
@@ -14,19 +13,18 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from xpnn.data.files import NotAFile, open_regular
+from xpnn.data.files import NotAFile, open_regular, pid_alive
 from xpnn.errors import UserError
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 MAX_DOWNLOAD_BYTES = 256 << 20  # far above any file here (26 MB): cuts off an endless stream
-# past the timeout, the average rate must stay above this (a trickle trips no read timeout)
 MIN_BYTES_PER_S = 16 << 10
 
 
 class BadTransfer(OSError):
-    """The server did not deliver the file: it hung up early, sent too much, or too slowly."""
+    """The server hung up early, sent too much, or too slowly."""
 
 
 def _home() -> Path:
@@ -34,12 +32,10 @@ def _home() -> Path:
     home = os.environ.get("HOME", "")
     if home:
         return Path(home)
-    try:
+    with contextlib.suppress(ImportError, KeyError, OSError):
         import pwd
 
         home = pwd.getpwuid(os.getuid()).pw_dir
-    except (ImportError, KeyError, OSError):
-        home = ""
     if not home or home == "/":
         raise UserError(
             "no download cache: $HOME is not set and this user has no home directory; "
@@ -49,8 +45,7 @@ def _home() -> Path:
 
 
 def default_cache_dir() -> Path:
-    """Where downloads live: $XPNN_DATA_HOME, else $XDG_CACHE_HOME/xpnn (if absolute, as the
-    XDG specification asks), else ~/.cache/xpnn."""
+    """$XPNN_DATA_HOME, else $XDG_CACHE_HOME/xpnn (if absolute, as XDG asks), else ~/.cache/xpnn."""
     home = os.environ.get("XPNN_DATA_HOME")
     if home:
         expanded = os.path.expanduser(home)  # Path.expanduser raises for ~nosuchuser
@@ -71,7 +66,6 @@ def mirrors_from(env: str, defaults: tuple[str, ...]) -> list[str]:
 
 
 def _digest(path: Path) -> tuple[str, os.stat_result]:
-    """SHA-256 and ``fstat`` of the regular file ``path``; ``NotAFile`` for a pipe or device."""
     fd, info = open_regular(path)
     with os.fdopen(fd, "rb") as f:
         digest = hashlib.sha256()
@@ -85,7 +79,6 @@ def sha256_file(path: Path) -> str:
 
 
 def _describe(exc: BaseException, timeout: float) -> str:
-    """Why a mirror failed, in a few words."""
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}"
     if isinstance(exc, urllib.error.URLError):
@@ -111,7 +104,7 @@ def _too_large(what: str) -> BadTransfer:
 
 def _download_to(url: str, dest, timeout: float) -> str:
     """Stream ``url`` into ``dest``; the SHA-256 of what was written. ``read1`` returns what one
-    read of the socket brings, so a trickle is seen."""
+    read of the socket brings: a trickle trips no read timeout, so the rate is checked."""
     digest, received, start = hashlib.sha256(), 0, time.monotonic()
     with urllib.request.urlopen(url, timeout=timeout) as response:
         announced = response.headers.get("Content-Length", "") or ""
@@ -135,18 +128,7 @@ def _download_to(url: str, dest, timeout: float) -> str:
 
 
 def _host_prefix(target: Path) -> str:
-    """How this host's partial downloads of ``target`` begin; the process id follows."""
     return f".{target.name}.{socket.gethostname()}."
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process (EPERM): there all the same
-        return True
-    return True
 
 
 def remove_orphaned_parts(target: Path) -> None:
@@ -154,21 +136,19 @@ def remove_orphaned_parts(target: Path) -> None:
     mine = _host_prefix(target)
     for part in target.parent.glob(glob.escape(mine) + "*.part"):
         pid = part.name[len(mine) :].split(".", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             with contextlib.suppress(OSError):  # gone already, or another user's to remove
                 part.unlink()
 
 
 def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | None:
-    """Fetch one URL into ``target`` atomically; None on success, else why it failed."""
+    """Fetch one URL into ``target`` atomically; None, or why it failed."""
+    prefix = f"{_host_prefix(target)}{os.getpid()}."
     try:
-        fd, tmp_name = tempfile.mkstemp(
-            dir=target.parent, prefix=f"{_host_prefix(target)}{os.getpid()}.", suffix=".part"
-        )
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=".part")
     except OSError as exc:
-        raise UserError(
-            f"{target.parent}: cannot write to download cache: {exc.strerror}"
-        ) from None
+        why = f"cannot write to download cache: {exc.strerror}"
+        raise UserError(f"{target.parent}: {why}") from None
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as dest:
@@ -185,30 +165,24 @@ def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | No
 
 
 def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
-    """SHA-256 and identity of the file at ``target``, None when nothing is there; a named pipe
-    or a device is refused rather than hung on."""
+    """SHA-256 and identity of the file at ``target`` (None: nothing there)."""
     try:
         return _digest(target)
     except (FileNotFoundError, NotADirectoryError):
-        if target.is_symlink():
-            raise UserError(
-                f"{target}: in the download cache but a symbolic link to "
-                f"{os.readlink(target)}, which does not exist; remove or fix it"
-            ) from None
-        return None  # nothing there (a cache directory that is a file: mkdir says so)
+        if not target.is_symlink():
+            return None  # nothing there (a cache directory that is a file: mkdir says so)
+        why = f"in the download cache but a symbolic link to {os.readlink(target)}, which does "
+        why += "not exist; remove or fix it"
     except NotAFile as exc:
-        raise UserError(
-            f"{target}: in the download cache but {exc.kind}, not a file; remove it"
-        ) from None
+        why = f"in the download cache but {exc.kind}, not a file; remove it"
     except OSError as exc:
-        raise UserError(
-            f"{target}: cannot read the cached download: {exc.strerror or exc}"
-        ) from None
+        why = f"cannot read the cached download: {exc.strerror or exc}"
+    raise UserError(f"{target}: {why}")
 
 
 def cached(target: Path, sha256: str) -> bool:
-    """Whether ``target`` holds the file of ``sha256`` (False: absent); another file there is a
-    UserError, unless another rank renamed the right one over it meanwhile."""
+    """Whether ``target`` holds the file of ``sha256``; another file there is a UserError,
+    unless another rank renamed the right one over it meanwhile."""
     expected = sha256.lower()
     for _ in range(3):
         hashed = _hash_cached(target)
@@ -217,12 +191,9 @@ def cached(target: Path, sha256: str) -> bool:
         got, info = hashed
         if got == expected:
             return True
-        try:
-            now = os.stat(target)
-        except FileNotFoundError:
-            continue
-        if (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino):
-            break
+        with contextlib.suppress(FileNotFoundError):  # else another rank's file: hash it again
+            if os.path.samestat(os.stat(target), info):
+                break
     raise UserError(
         f"{target}: the cached file's SHA-256 is {got[:12]}..., not the expected "
         f"{expected[:12]}...; remove or replace it"
@@ -230,21 +201,17 @@ def cached(target: Path, sha256: str) -> bool:
 
 
 def _not_a_directory(path: Path) -> Path | None:
-    """``path`` or the first of its parents that is there but is no directory, else None."""
-    for candidate in (path, *path.parents):
-        try:
-            if candidate.exists():
-                return None if candidate.is_dir() else candidate
-        except OSError:
-            return None
+    """``path`` or the first of its parents that is there but is no directory."""
+    with contextlib.suppress(OSError):
+        there = next((p for p in (path, *path.parents) if p.exists()), None)
+        return there if there is not None and not there.is_dir() else None
     return None
 
 
 def fetch(
     filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30
 ) -> Path:
-    """``cache_dir/filename`` holding the file of ``sha256``: the cached copy, else a download
-    from each mirror in turn; all failing, a ``UserError`` saying what happened at each."""
+    """``cache_dir/filename`` holding the file of ``sha256``, cached or from the first mirror."""
     cache_dir = Path(cache_dir)
     target = cache_dir / filename
     if cached(target, sha256):

@@ -1,5 +1,4 @@
-"""Opening only regular files, opened without blocking and checked by ``fstat``: a named pipe
-waits forever and a device never ends."""
+"""Reading only regular files (a pipe waits forever); the machine's memory; live processes."""
 
 import os
 import stat
@@ -15,15 +14,13 @@ _KINDS = (
 
 
 class NotAFile(Exception):
-    """Something at the path that is not a regular file; ``kind`` says what, in words."""
-
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
         self.kind = kind
 
 
 def open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
-    """A descriptor open for reading on ``path`` and its ``fstat``; else ``NotAFile``."""
+    """A descriptor open for reading on ``path`` (opened without blocking) and its ``fstat``."""
     fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)
@@ -50,16 +47,13 @@ def memory_bytes() -> int | None:
 
 
 class TooLarge(Exception):
-    """A file larger than what reads it can hold; ``size`` its bytes."""
-
     def __init__(self, size: int) -> None:
         super().__init__(f"{size:,} bytes")
         self.size = size
 
 
 def read_regular(path: str | os.PathLike, most: int | None) -> bytes:
-    """The bytes of the regular file ``path`` (else ``NotAFile``), at most ``most`` (else
-    ``TooLarge``): a device or a pipe never ends or never answers."""
+    """The bytes of the regular file ``path``, at most ``most`` (else ``TooLarge``)."""
     fd, info = open_regular(path)
     with os.fdopen(fd, "rb") as fh:
         if most is not None and info.st_size > most:
@@ -68,3 +62,13 @@ def read_regular(path: str | os.PathLike, most: int | None) -> bytes:
     if most is not None and len(data) > most:  # grew since: read no further
         raise TooLarge(len(data))
     return data
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): there all the same
+        return True
+    return True

@@ -1,5 +1,4 @@
-"""IDX files (MNIST's format: 00 00, a type code, a dimension count, one big-endian uint32 per
-dimension, the values in big-endian C order; often gzipped); a bad file is a one-line error."""
+"""IDX files (MNIST's format, often gzipped); a bad file is a one-line error."""
 
 import gzip
 import io
@@ -16,7 +15,6 @@ from xpnn.errors import UserError
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_NDIM = 4
 
-# type code -> big-endian numpy dtype, as the IDX format defines them
 TYPE_CODES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
@@ -28,7 +26,7 @@ TYPE_CODES: dict[int, np.dtype] = {
 
 
 class IdxError(UserError):
-    """A malformed IDX file; the message starts with the file's path and says what is wrong."""
+    """A malformed IDX file; the message starts with the file's path."""
 
 
 def _fail(source: str | os.PathLike, problem: str) -> IdxError:
@@ -46,11 +44,8 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
     if len(data) < 4:
         raise _fail(source, f"truncated header: {len(data)} bytes, an IDX header needs at least 4")
     if data[0] != 0 or data[1] != 0:
-        raise _fail(
-            source,
-            f"not an IDX file: wrong magic bytes {data[:4].hex(' ')} "
-            "(expected 00 00 <type> <ndim>)",
-        )
+        got = f"wrong magic bytes {data[:4].hex(' ')}"
+        raise _fail(source, f"not an IDX file: {got} (expected 00 00 <type> <ndim>)")
     code, ndim = data[2], data[3]
     if code not in TYPE_CODES:
         known = ", ".join(f"0x{c:02X}" for c in TYPE_CODES)
@@ -59,11 +54,8 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
         raise _fail(source, f"unsupported number of dimensions {ndim} (expected 1 to {MAX_NDIM})")
     header_len = 4 + 4 * ndim
     if len(data) < header_len:
-        raise _fail(
-            source,
-            f"truncated header: {ndim} dimensions need {header_len} header bytes, "
-            f"file has {len(data)}",
-        )
+        need = f"{ndim} dimensions need {header_len} header bytes"
+        raise _fail(source, f"truncated header: {need}, file has {len(data)}")
     dims = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     return TYPE_CODES[code], dims, header_len
 
@@ -72,22 +64,8 @@ CHUNK = 1 << 22  # what is read (and, gzip, decompressed) at a time
 TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this many
 
 
-def _open_regular(path: Path) -> tuple[int, int]:
-    """An open descriptor on ``path`` and its size; ``open_regular`` refuses what is no file."""
-    source = str(path)
-    try:
-        fd, info = open_regular(path)
-    except FileNotFoundError:
-        raise _fail(source, "no such file") from None
-    except NotAFile as exc:
-        raise _fail(source, f"cannot read: {exc.kind}, not a file") from None
-    except OSError as exc:
-        raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
-    return fd, info.st_size
-
-
 def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """Up to ``n`` bytes; the buffer grows with what arrives, not to what a header claims."""
+    """Up to ``n`` bytes, the buffer growing with what arrives, not to what a header claims."""
     out = bytearray()
     while len(out) < n:
         chunk = stream.read(min(CHUNK, n - len(out)))
@@ -98,7 +76,7 @@ def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
 
 
 def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """``n`` bytes that the file's size says are there, into one buffer of that size."""
+    """``n`` bytes that the file's size says are there, into one buffer."""
     out = bytearray(n)
     got = 0
     with memoryview(out) as view:
@@ -111,7 +89,7 @@ def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
 
 
 def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
-    """(the bytes left, counted unkept up to about ``most``; whether it stopped there)."""
+    """(the bytes left, counted unkept up to about ``most``, whether it stopped there)."""
     count = 0
     while count < most:
         chunk = stream.read(CHUNK)
@@ -124,7 +102,6 @@ def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
 def _payload_problem(
     source: str, dims: tuple[int, ...], dtype: np.dtype, actual: int, more: bool = False
 ) -> IdxError | None:
-    """The error for ``actual`` (``more``: or more) payload bytes the header disagrees with."""
     expected = math.prod(dims) * dtype.itemsize
     what = "" if dtype.itemsize == 1 else f" {dtype.newbyteorder('=').name} values"
     says = f"header says {_shape_str(dims)}{what} = {expected} bytes of data"
@@ -132,19 +109,16 @@ def _payload_problem(
     if actual < expected:
         return _fail(source, f"truncated: {says}, file has {actual}")
     if actual > expected:
-        return _fail(
-            source,
-            f"{at_least}{actual - expected} bytes of trailing data: {says}, "
-            f"file has {at_least}{actual}",
-        )
+        extra = f"{at_least}{actual - expected} bytes of trailing data"
+        return _fail(source, f"{extra}: {says}, file has {at_least}{actual}")
     return None
 
 
 def _header_and_payload(
     stream: io.BufferedIOBase, source: str, size: int | None
 ) -> tuple[np.dtype, tuple[int, ...], bytearray]:
-    """(dtype, dims, payload) of an IDX stream; a payload not of ``size`` is refused unread, and
-    gzip is inflated only as far as the header says plus a bounded count (never a gzip bomb)."""
+    """(dtype, dims, payload); gzip is inflated only as far as the header says plus a bounded
+    count (never a gzip bomb), and a payload not of ``size`` is refused unread."""
     head = _read_growing(stream, 4 + 4 * MAX_NDIM)
     if not head:
         raise _fail(source, "empty file (after gunzip)")
@@ -173,13 +147,12 @@ def _header_and_payload(
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (gzip, by its magic bytes, or raw) into a writable native-endian array
-    of the header's shape; only a regular file of the header's length is accepted."""
+    """An IDX file (gzip, by its magic bytes, or raw) as a writable native-endian array."""
     path = Path(path)
     source = str(path)
-    fd, size = _open_regular(path)
-    with open(fd, "rb", buffering=CHUNK) as raw:
-        try:
+    try:
+        fd, info = open_regular(path)
+        with open(fd, "rb", buffering=CHUNK) as raw:
             magic = raw.read(4)
             if not magic:
                 raise _fail(source, "empty file")
@@ -197,26 +170,27 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
                         dtype, dims, payload = _header_and_payload(stream, source, None)
                     except (OSError, EOFError, zlib.error) as exc:
                         raise _fail(source, f"corrupt gzip data: {exc}") from None
-            else:
-                # /proc and some network file systems report 0 bytes: then read and count
-                dtype, dims, payload = _header_and_payload(raw, source, size or None)
-        except OSError as exc:  # the disk failed mid-read
-            raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
+            else:  # /proc and some network file systems report 0 bytes: then read and count
+                dtype, dims, payload = _header_and_payload(raw, source, info.st_size or None)
+    except FileNotFoundError:
+        raise _fail(source, "no such file") from None
+    except NotAFile as exc:
+        raise _fail(source, f"cannot read: {exc.kind}, not a file") from None
+    except OSError as exc:  # the disk failed mid-read, too
+        raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
     array = np.frombuffer(payload, dtype=dtype, count=math.prod(dims))
     return array.astype(dtype.newbyteorder("="), copy=False).reshape(dims)  # writable
 
 
 def encode_idx(array: np.ndarray) -> bytes:
-    """The IDX encoding of ``array`` (dtype one of TYPE_CODES' kinds, 1 to 4 dimensions)."""
     array = np.asarray(array)
     codes = {dt.newbyteorder("="): code for code, dt in TYPE_CODES.items()}
     code = codes.get(array.dtype.newbyteorder("="))
     if code is None or not 1 <= array.ndim <= MAX_NDIM:
         raise ValueError(f"IDX cannot hold a {array.ndim}-D {array.dtype} array")
-    header = bytes([0, 0, code, array.ndim]) + b"".join(
-        int(d).to_bytes(4, "big") for d in array.shape
-    )
-    return header + np.ascontiguousarray(array, dtype=TYPE_CODES[code]).tobytes()
+    dims = b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    values = np.ascontiguousarray(array, dtype=TYPE_CODES[code]).tobytes()
+    return bytes([0, 0, code, array.ndim]) + dims + values
 
 
 def write_idx(path: str | os.PathLike, array: np.ndarray) -> Path:
@@ -232,22 +206,16 @@ def read_idx_pair(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Matching image and label files: images (N, rows, cols) as stored, int64 labels in range."""
     images = read_idx(images_path)
+    shape = _shape_str(images.shape)
     if images.ndim != 3:
-        raise _fail(
-            images_path,
-            f"expected 3-D images (count x rows x cols), header says {images.ndim}-D "
-            f"{_shape_str(images.shape)}",
-        )
+        says = f"header says {images.ndim}-D {shape}"
+        raise _fail(images_path, f"expected 3-D images (count x rows x cols), {says}")
     if 0 in images.shape:
-        raise _fail(
-            images_path, f"holds no pixels to learn from: header says {_shape_str(images.shape)}"
-        )
+        raise _fail(images_path, f"holds no pixels to learn from: header says {shape}")
     labels = read_idx(labels_path)
     if labels.ndim != 1:
-        raise _fail(
-            labels_path,
-            f"expected 1-D labels, header says {labels.ndim}-D {_shape_str(labels.shape)}",
-        )
+        says = f"header says {labels.ndim}-D {_shape_str(labels.shape)}"
+        raise _fail(labels_path, f"expected 1-D labels, {says}")
     if labels.dtype.kind not in "iu":
         raise _fail(labels_path, f"labels must be integers, file holds {labels.dtype.name}")
     if len(labels) != len(images):
@@ -256,9 +224,6 @@ def read_idx_pair(
     bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
     if bad.size:
         i = int(bad[0])
-        raise _fail(
-            labels_path,
-            f"label {labels[i]} at index {i} is outside [0, {num_classes}) "
-            f"({bad.size} bad labels in all)",
-        )
+        where = f"label {labels[i]} at index {i} is outside [0, {num_classes})"
+        raise _fail(labels_path, f"{where} ({bad.size} bad labels in all)")
     return images, labels

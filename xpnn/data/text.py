@@ -1,9 +1,5 @@
-"""Character-level text: tiny Shakespeare (downloaded, hash-checked) or any UTF-8 file.
-
-Its sorted characters are the vocabulary; the first 90 % trains, the rest validates in
-consecutive windows. A training sample is a window of ``block`` characters (its labels one
-character later) at a start drawn from (seed, global step, sample index), so N ranks draw what
-one rank draws; an epoch counts ``TEXT_WINDOWS`` samples."""
+"""Character-level text, tiny Shakespeare or any UTF-8 file: a training sample is a window at a
+start drawn from (seed, global step, sample), so N ranks draw what one rank draws."""
 
 import math
 import os
@@ -18,7 +14,7 @@ from xpnn.data.files import NotAFile, TooLarge, memory_bytes, read_regular
 from xpnn.errors import UserError
 
 TEXT_DATASETS = ("tinyshakespeare", "text")
-TRAIN_FRACTION = 0.9
+TRAIN_FRACTION = 0.9  # the rest validates in consecutive windows
 TEXT_WINDOWS = 32 * 500  # windows an epoch: 500 steps of batch 32
 WINDOW_SALT = 0x7E47  # keys the window starts apart from every other draw of the seed
 
@@ -48,8 +44,7 @@ class Vocabulary:
 
 
 def shakespeare_path(data_dir: str | os.PathLike | None, download: bool = True) -> Path:
-    """``input.txt``: in ``data_dir`` (a directory holding it, or the file), else the download
-    cache, fetched when needed; its SHA-256 is checked either way."""
+    """``input.txt`` in ``data_dir`` (or that file), else cached; its SHA-256 checked either way."""
     if data_dir is not None:
         path = Path(data_dir)
         if path.is_dir():
@@ -71,31 +66,27 @@ TEXT_BYTES_PER_CHAR = 16  # the bytes, their str, the ids and the split's copies
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """The UTF-8 text of ``path``, or a one-line UserError naming `data_dir`."""
     have = memory_bytes()  # a character becomes an 8-byte id, beside the text itself
     try:
         return read_regular(path, have // TEXT_BYTES_PER_CHAR if have else None).decode("utf-8")
     except NotAFile as exc:
-        raise UserError(f"`data_dir` {path}: {exc.kind}, not a file") from None
+        why = f"{exc.kind}, not a file"
     except TooLarge as exc:
-        raise UserError(
-            f"`data_dir` {path}: {exc.size:,} bytes of text need more than this machine's memory "
-            "(its characters become 8-byte ids)"
-        ) from None
+        why = f"{exc.size:,} bytes of text need more than this machine's memory (its characters "
+        why += "become 8-byte ids)"
     except UnicodeDecodeError as exc:
-        raise UserError(
-            f"`data_dir` {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from None
+        why = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
     except OSError as exc:
-        raise UserError(f"`data_dir` {path}: {exc.strerror or exc}") from None
+        why = exc.strerror or str(exc)
+    raise UserError(f"`data_dir` {path}: {why}")
 
 
 _MASK = (1 << 64) - 1
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on uint64 arrays (wrapping): a counter to a uniform 64-bit draw.
-    Reduced modulo a text's length (below 2**40) its bias is under 2**-24."""
+    """SplitMix64's finaliser (wrapping): a counter to a uniform 64-bit draw, whose bias modulo
+    a text's length (below 2**40) is under 2**-24."""
     z = z + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -111,8 +102,7 @@ class TextWindows:
     per_epoch: int  # samples an epoch counts
 
     def starts(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
-        """The window starts of ``samples`` at global ``step``, each a hash of (seed, step,
-        sample): a step draws only its own samples' starts."""
+        """The window starts of ``samples`` at ``step``, each a hash of (seed, step, sample)."""
         key = np.zeros(1, dtype=np.uint64)
         for word in (seed, WINDOW_SALT, step):
             key = _mix(key ^ np.uint64(int(word) & _MASK))
@@ -127,8 +117,6 @@ class TextWindows:
 
 @dataclass(frozen=True)
 class TextSplit:
-    """The training windows, the validation windows and their labels, the vocabulary."""
-
     train: TextWindows
     x_test: np.ndarray
     y_test: np.ndarray
@@ -136,7 +124,6 @@ class TextSplit:
 
 
 def text_split(text: str, block: int) -> TextSplit:
-    """Windows of the first 90 % and the held-out consecutive windows."""
     vocab = Vocabulary("".join(sorted(set(text))))
     ids = vocab.encode(text)
     cut = int(len(ids) * TRAIN_FRACTION)
@@ -148,15 +135,13 @@ def text_split(text: str, block: int) -> TextSplit:
         )
     n_val = (len(held) - 1) // block
     val = held[: n_val * block + 1]
-    x_test = val[:-1].reshape(n_val, block)
-    y_test = val[1:].reshape(n_val, block)
+    x_test, y_test = val[:-1].reshape(n_val, block), val[1:].reshape(n_val, block)
     return TextSplit(TextWindows(train, block, TEXT_WINDOWS), x_test, y_test, vocab)
 
 
 def load_text(
     name: str, data_dir: str | os.PathLike | None, block: int, download: bool
 ) -> TextSplit:
-    """``tinyshakespeare`` (downloaded unless ``data_dir``) or ``text`` (``data_dir`` a file)."""
     if name == "tinyshakespeare":
         path = shakespeare_path(data_dir, download)
     elif data_dir is None:
@@ -167,7 +152,7 @@ def load_text(
 
 
 def text_metrics(dataset: Any, loss: float, accuracy: float, samples_per_s: float) -> dict:
-    """A text set's evaluation in its own words (``val_loss`` is nats per character)."""
+    """A text set's evaluation in its own words (``val_loss`` in nats per character)."""
     if dataset.vocab is None:
         return {}
     return {

@@ -1,27 +1,16 @@
-"""The process: its place in the job (``world``), threads per rank (``threads``), one failing
-rank stopping all (``failure``, ``stall``), the last operations of each rank (``flight``),
-what MPICH leaves behind (``segments``), Ctrl-C from the first instant (``interrupts``).
-Names load on first use: ``interrupts`` runs before anything else is imported."""
-
-from __future__ import annotations
+"""The process: its place in the job, threads per rank, failing and stalling ranks, Ctrl-C. Names
+load on first use: ``interrupts`` runs before anything else is imported."""
 
 import importlib
 
-_WHERE = {
-    "CollectiveExit": "failure",
-    "agree_on_user_errors": "failure",
-    "run_guarded": "failure",
-    "stopped_from_outside": "failure",
-    "peak_rss_mb": "memory",
-    "wait_polled": "stall",
-    "apply_threads": "threads",
-    "node_cores": "threads",
-    "threads_per_rank": "threads",
-    "World": "world",
-    "init_world": "world",
-    "launch_rank": "world",
-    "library_name": "world",
+_MODULES = {
+    "failure": "CollectiveExit agree_on_user_errors run_guarded stopped_from_outside",
+    "memory": "peak_rss_mb",
+    "stall": "wait_polled",
+    "threads": "apply_threads node_cores threads_per_rank",
+    "world": "World init_world launch_rank library_name",
 }
+_WHERE = {name: module for module, names in _MODULES.items() for name in names.split()}
 __all__ = [*_WHERE, "flight"]
 
 

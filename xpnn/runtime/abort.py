@@ -1,7 +1,4 @@
-"""The last words of a rank: one line on stderr, and the end of every rank of the job (apart
-from ``failure`` so that the stall watch, which ``failure`` uses, can end a job too)."""
-
-from __future__ import annotations
+"""A rank's last words and the end of the job (apart from ``failure``, which uses ``stall``)."""
 
 import sys
 import time
@@ -20,7 +17,6 @@ def abort_job(code: int) -> None:
 
 
 def prefix(rank: int, size: int) -> str:
-    """What a rank's line begins with: its rank where there are several."""
     return f"rank {rank}: " if size > 1 else "xpnn: "
 
 

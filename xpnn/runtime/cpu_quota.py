@@ -1,8 +1,5 @@
-"""How many CPUs' worth of time this process's cgroup may use (Docker's ``--cpus``, a
-Kubernetes CPU limit): a container limited to one CPU still sees every core in its affinity
-mask, so threads per rank count the quota too. Linux only."""
-
-from __future__ import annotations
+"""The CPUs' worth of time this process's cgroup may use (Docker's ``--cpus``): a container
+limited to one CPU still sees every core in its affinity mask. Linux only."""
 
 import contextlib
 import math
@@ -25,8 +22,8 @@ def _v1_limit(folder: Path) -> float | None:
 
 
 def _limits(mount: Path, path: str, read: Callable[[Path], float | None]) -> list[float]:
-    """The quotas on the cgroup ``path`` under ``mount`` and its ancestors. Inside a container
-    ``path`` may name the host's cgroup: then the mount point's own is read."""
+    """The quotas on the cgroup ``path`` under ``mount`` and its ancestors (inside a container
+    ``path`` may name the host's cgroup: then the mount point's own)."""
     folder = mount / path.lstrip("/")
     folders = [folder, *folder.parents] if folder.is_dir() else [mount]
     found = []

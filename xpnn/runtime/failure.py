@@ -1,8 +1,5 @@
-"""Failing well on many ranks: one clear line, the right exit code, no hung job. Setup runs in
-``agree_on_user_errors`` (every rank leaves together); ``run_guarded`` ends the job through
-MPI_Abort, since hydra does not notice a rank that exits while the others wait in a collective."""
-
-from __future__ import annotations
+"""Failing well on many ranks: one clear line, the right exit code, no hung job (hydra does not
+notice a rank that exits while the others wait in a collective: MPI_Abort ends them)."""
 
 import contextlib
 import math
@@ -19,15 +16,15 @@ from typing import Any, TypeVar
 from xpnn.errors import UserError, user_message
 from xpnn.runtime import flight, stall
 from xpnn.runtime.abort import abort_job, prefix, say
-from xpnn.runtime.interrupts import hand_over, pending_signal
-from xpnn.runtime.mpi_state import imported_mpi
+from xpnn.runtime.interrupts import STOP_NAMES, hand_over, pending_signal
+from xpnn.runtime.mpi_state import imported_mpi, mpi_rank_size
 from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
 T = TypeVar("T")
 
 
 class CollectiveExit(SystemExit):
-    """Every rank is leaving with this code together; no abort is needed."""
+    """Every rank leaves with this code together; no abort is needed."""
 
 
 def _rank_size(world_or_comm: Any) -> tuple[int, int]:
@@ -35,12 +32,10 @@ def _rank_size(world_or_comm: Any) -> tuple[int, int]:
 
 
 def one_line(text: str) -> str:
-    """Messages must stay on one line on stderr, whatever the exception put in them."""
     return " | ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` on one line (just ``Type`` when the message is empty)."""
     msg = one_line(str(exc))
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
@@ -53,8 +48,9 @@ def said_once(first_rank: int, message: str, failed: int, size: int, same: bool)
     return f"xpnn: rank {first_rank}: {message}{more}"
 
 
-def _debug() -> bool:
-    return os.environ.get("XPNN_DEBUG", "") not in ("", "0")
+def _trace_if_debug(wanted: bool = True) -> None:
+    if wanted and os.environ.get("XPNN_DEBUG", "") not in ("", "0"):
+        traceback.print_exc()
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -64,15 +60,12 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-SIGPIPE_EXIT = 141  # what a shell shows for a program that SIGPIPE ended (128 + 13)
-# What ends a run as Ctrl-C does, each with exit 128 + its number: Slurm's time limit and
-# scancel (TERM), a closed terminal or ssh connection (HUP), Ctrl-\\ (QUIT), a CPU-time limit (XCPU)
-STOP_NAMES = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU")
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE
 STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_NAMES if hasattr(signal, name))
 
 
 class Terminated(BaseException):
-    """A stop signal arrived (``STOP_SIGNALS``): stop as on Ctrl-C."""
+    """A stop signal arrived: stop as on Ctrl-C."""
 
     def __init__(self, signum: int = signal.SIGTERM) -> None:
         super().__init__(signum)
@@ -96,8 +89,7 @@ def _handle(signums: tuple[int, ...], handler: Any) -> None:
 
 
 def terminate_on_sigterm() -> None:
-    """Raise ``Terminated`` on every stop signal, so a file being written is finished or
-    removed (after MPI_Init: a library's own handler, UCX's for SIGHUP, is replaced). The
+    """Raise ``Terminated`` on every stop signal, replacing a library's (UCX's for SIGHUP); the
     command line's choice: a program using xpnn as a library keeps its own handlers."""
     _handle(STOP_SIGNALS, _raise_terminated)
 
@@ -111,7 +103,6 @@ def stop_grace() -> float:
 
 
 def _seconds(var: str, default: float) -> float:
-    """The environment's ``var``: finite seconds >= 0, else a UserError naming it."""
     text = os.environ.get(var, "").strip()
     try:
         value = float(text) if text else default
@@ -125,9 +116,8 @@ def _seconds(var: str, default: float) -> float:
 
 
 def stop_when_stuck(grace: float) -> None:
-    """After SIGTERM or Ctrl-C, end the job if this rank has not stopped ``grace`` s later:
-    Python runs handlers between bytecodes only, so a rank blocked in an MPI call would ignore
-    the signal; a thread woken by ``set_wakeup_fd`` ends it. Call from the main thread."""
+    """End the job if this rank has not stopped ``grace`` s after SIGTERM or Ctrl-C: a rank
+    blocked in an MPI call runs no Python handler, so a thread woken by ``set_wakeup_fd`` does."""
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
@@ -142,7 +132,7 @@ def stop_when_stuck(grace: float) -> None:
         code = 128 + signum
         left_in_init(what, code, grace)
         time.sleep(grace)
-        rank, size = _mpi_rank_size()
+        rank, size = mpi_rank_size()
         say(
             f"{prefix(rank, size)}{what}, and still not stopped after {grace:g} s (blocked in a "
             "call that does not return, such as MPI waiting for a rank that does not answer): "
@@ -159,8 +149,8 @@ INIT_GRACE_S = 2.0  # after a signal, how long a rank may still wait in MPI_Init
 
 
 def left_in_init(what: str, code: int, grace: float) -> None:
-    """End this rank once it has waited ``INIT_GRACE_S`` in ``MPI_Init`` after a signal: the
-    ranks it waits for may never come. Returns once MPI runs, or after ``grace`` s before it."""
+    """End this rank once it has waited ``INIT_GRACE_S`` in ``MPI_Init`` after a signal (the
+    others may never come); return once MPI runs, or after ``grace`` s."""
     deadline, inside_since = time.monotonic() + grace, None
     while (now := time.monotonic()) < deadline:
         if in_mpi_init():
@@ -181,14 +171,6 @@ def _mpi_started() -> bool:
     return mpi is not None and mpi.Is_initialized()
 
 
-def _mpi_rank_size() -> tuple[int, int]:
-    """Never starts MPI."""
-    mpi = imported_mpi()
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
-        return 0, 1
-    return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
-
-
 def silence_stdout() -> None:
     """Point stdout at /dev/null so the flush at exit does not fail again (Python's advice)."""
     with contextlib.suppress(OSError, ValueError, AttributeError):  # no real stdout
@@ -196,7 +178,7 @@ def silence_stdout() -> None:
 
 
 def stopped_from_outside(exc: BaseException) -> tuple[str, int] | None:
-    """(what to say, exit code) for a run stopped from outside (``| head``, a signal), else None."""
+    """(what to say, exit code) for a run stopped from outside (``| head``, a signal)."""
     if isinstance(exc, BrokenPipeError):
         silence_stdout()
         return "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
@@ -215,14 +197,14 @@ def _fail(rank: int, size: int, message: str, code: int) -> int:
 
 
 def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
-    """Run ``fn()``; its outcome as an exit code, a failure said in one line and MPI_Aborted."""
+    """``fn()``'s outcome as an exit code; a failure said in one line and MPI_Aborted."""
     rank, size = _rank_size(world_or_comm)
     try:
         hand_over(Terminated)  # a signal noted while MPI started is raised here
         result = fn()
     except CollectiveExit as exc:
-        # every rank leaves with one code: a launcher's SIGTERM to ranks still in MPI_Finalize
-        # (srun --kill-on-bad-exit) must not make it 143; Python's exit keeps only an SIG_IGN
+        # a launcher's SIGTERM to ranks still in MPI_Finalize (srun --kill-on-bad-exit) must
+        # not make it 143; Python's exit keeps only an SIG_IGN
         _handle((signal.SIGTERM,), signal.SIG_IGN)
         return _exit_code(exc)
     except SystemExit as exc:
@@ -231,31 +213,26 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
             abort_job(code)
         return code
     except UserError as exc:
-        if _debug() and exc.__cause__ is not None:  # a user's layer failed: where, in it
-            traceback.print_exc()
+        _trace_if_debug(exc.__cause__ is not None)  # a user's layer failed: where, in it
         return _fail(rank, size, one_line(user_message(exc)), int(getattr(exc, "exit_code", 2)))
     except BaseException as exc:  # noqa: B036 -- KeyboardInterrupt too: others must stop
-        if _debug():
-            traceback.print_exc()
+        _trace_if_debug()
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
         stopped = isinstance(exc, KeyboardInterrupt | Terminated)
-        if stopped:  # a second signal (Slurm's time limit sends SIGTERM twice) only wakes the
-            _handle((signal.SIGINT, *STOP_SIGNALS), lambda *_: None)  # watch of stop_when_stuck
-        flight.dump(f"failed: {message}")  # the operations it saw last, for the others' story
+        if stopped:  # a second signal (Slurm's time limit sends two) only wakes stop_when_stuck
+            _handle((signal.SIGINT, *STOP_SIGNALS), lambda *_: None)
+        flight.dump(f"failed: {message}")
         if size > 1 and stopped and stopped_together():
             if rank == 0:  # every rank was told (mpiexec passes signals on): one line for all
                 say(f"xpnn: {message}")
             sys.stdout.flush()
-            # the others leave once rank 0 has said it: the launcher may end a rank that is
-            # still running when another leaves, and with it a line not yet written
-            stopped_together()
+            stopped_together()  # leave once rank 0 said it: the launcher may end it on an exit
             os._exit(code)  # no MPI_Abort: nothing more to stop, and no launcher banner
         return _fail(rank, size, message, code)
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 
 def _done_within(request: Any, seconds: float, nap: float) -> bool:
-    """Whether ``request`` completes within ``seconds``, polled every ``nap`` s."""
     deadline = time.monotonic() + seconds
     while not request.Test():
         if time.monotonic() > deadline:
@@ -264,11 +241,10 @@ def _done_within(request: Any, seconds: float, nap: float) -> bool:
     return True
 
 
-STOP_TOGETHER_S = 1.0  # how long an interrupted rank waits to hear that all others were too
+STOP_TOGETHER_S = 1.0  # how long an interrupted rank waits to hear all others were too
 
 
 def stopped_together(within: float = STOP_TOGETHER_S) -> bool:
-    """Whether every rank gets here within ``within`` s (else the job needs MPI_Abort)."""
     comm = stall.watch_comm()
     return comm is not None and _done_within(comm.Ibarrier(), within, 0.002)
 
@@ -278,7 +254,7 @@ def agree_timeout() -> float:
 
 
 def _gather_codes(size: int, code: int) -> Any:
-    """Every rank's exit code, or None when a failed rank gave up waiting for the others."""
+    """Every rank's exit code; None when a failed rank gave up waiting for the others."""
     from mpi4py import MPI
 
     codes = array("i", [0] * size)
@@ -289,20 +265,18 @@ def _gather_codes(size: int, code: int) -> Any:
     return codes if _done_within(req, agree_timeout(), 0.005) else None
 
 
-_SEVERITY = ("bug", "user", "exit")  # which failure the line of a failed setup names
+_SEVERITY = ("bug", "user", "exit")  # the failure a failed setup's line names first
 
 
 def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
-    """Run the rank-local setup ``fn`` on every rank, then agree whether to go on: on a failure
-    rank 0 says one line and every rank raises ``CollectiveExit`` with one code (bug 1, else
-    UserError 2, else SystemExit's). Keep ``fn`` free of collectives: a failed rank waits
-    ``XPNN_AGREE_TIMEOUT`` s for the others, then aborts. Alone, the error reaches the caller."""
+    """Run the rank-local setup ``fn`` (no collectives) on every rank, then agree: on a failure
+    rank 0 says one line and every rank raises ``CollectiveExit`` (bug 1, UserError 2, else
+    SystemExit's); alone, the error reaches the caller."""
     rank, size = _rank_size(world_or_comm)
     if size == 1:
         return fn()
     outcome: tuple[str, int, str] | None = None
     result: Any = None
-    # slow ranks are waited for here politely, not in MPI's spinning calls
     stall.wait(control_comm().Ibarrier(), "the barrier before a setup phase")
     try:
         result = fn()
@@ -313,8 +287,7 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
         if code:
             outcome = ("exit", code, "")
     except Exception as exc:
-        if _debug():
-            traceback.print_exc()
+        _trace_if_debug()
         outcome = ("bug", 1, describe(exc))
     codes = _gather_codes(size, outcome[1] if outcome else 0)
     if codes is None:  # the others never came: some rank is stuck inside fn
@@ -326,7 +299,6 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
         return result
     outcomes = control_comm().allgather(outcome)
     failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
-    # the most severe failure, of the lowest rank on ties
     first_rank, first = min(failed, key=lambda item: _SEVERITY.index(item[1][0]))
     kind, code, message = first
     if rank == 0 and message:

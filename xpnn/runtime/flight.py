@@ -1,14 +1,13 @@
-"""The flight recorder: every rank keeps its last ``RING`` communication operations, always on;
-the stall watch and a failing rank dump them as JSON, and the stall line compares where every
-rank waits. A finished operation also goes to the timeline tracer while one listens."""
+"""The flight recorder: every rank keeps its last ``RING`` communication operations, for the
+stall line, the JSON dumps of a stalled or failing rank, and the timeline tracer."""
 
-from __future__ import annotations
-
+import contextlib
 import json
 import os
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from xpnn.record import phases
@@ -21,7 +20,7 @@ _now = time.perf_counter
 
 
 class Record:
-    """One operation; ``end`` is None while it has not been seen to finish."""
+    """One operation; ``end`` is None until it is seen to finish."""
 
     __slots__ = ("seq", "op", "nbytes", "peer", "bucket", "microbatch", "step", "start")
     __slots__ += ("posted", "wait", "end", "group")
@@ -29,8 +28,7 @@ class Record:
     def __init__(self, seq: int, op: str, nbytes: int, peer: int | None, group: str) -> None:
         self.seq, self.op, self.nbytes, self.peer, self.group = seq, op, nbytes, peer, group
         self.bucket, self.microbatch = _tags["bucket"], _tags["microbatch"]
-        self.step = _tags["step"]
-        self.start = _now()
+        self.step, self.start = _tags["step"], _now()
         self.posted: float | None = None  # when the non-blocking call returned
         self.wait: float | None = None
         self.end: float | None = None
@@ -39,7 +37,7 @@ class Record:
         return {name: getattr(self, name) for name in self.__slots__}
 
     def name(self) -> str:
-        """``allreduce #812 (bucket 3, step 406)``: how the stall line and the trace say it."""
+        """``allreduce #812 (bucket 3, step 406)``."""
         to = "to" if self.op == "send" else "from"
         peer = "" if self.peer is None else f" {to} rank {self.peer}"
         where = [_size(self.nbytes)] if self.nbytes else []
@@ -65,12 +63,12 @@ def at_step(step: int | None) -> None:
 
 
 def tag(bucket: int | None = None, microbatch: int | None = None) -> None:
-    """What the operations posted from here on belong to (None: nothing)."""
+    """What the operations posted from here on belong to."""
     _tags["bucket"], _tags["microbatch"] = bucket, microbatch
 
 
 def post(comm: Any, op: str, nbytes: int = 0, peer: int | None = None) -> Record:
-    """``op`` is handed to the transport now; numbered in ``comm``'s own sequence (a group's)."""
+    """``op`` is handed to the transport now; numbered in ``comm``'s own sequence."""
     own = comm.__dict__
     own["_flight_seq"] = seq = own.get("_flight_seq", 0) + 1
     group = own.get("_flight_group") or own.setdefault(
@@ -82,7 +80,6 @@ def post(comm: Any, op: str, nbytes: int = 0, peer: int | None = None) -> Record
 
 
 def waiting(record: Record) -> None:
-    """This rank waits for ``record`` to finish: what it says when it stalls."""
     record.wait = _now()
     _state["current"] = record
 
@@ -97,25 +94,17 @@ def done(record: Record) -> None:
         tracer.operation(record)
 
 
-class Op:
+@contextlib.contextmanager
+def Op(comm: Any, op: str, nbytes: int = 0, peer: int | None = None) -> Iterator[Record]:
     """``with Op(comm, "allreduce", nbytes):`` a blocking operation, posted and waited for."""
-
-    __slots__ = ("record",)
-
-    def __init__(self, comm: Any, op: str, nbytes: int = 0, peer: int | None = None) -> None:
-        self.record = post(comm, op, nbytes, peer)
-
-    def __enter__(self) -> Record:
-        waiting(self.record)
-        return self.record
-
-    def __exit__(self, *exc: Any) -> None:
-        if exc[0] is None:
-            done(self.record)
+    record = post(comm, op, nbytes, peer)
+    waiting(record)
+    yield record
+    done(record)
 
 
 class Tracked:
-    """A communicator's ``Handle`` with its record: the wait is recorded."""
+    """A communicator's ``Handle`` whose wait is recorded."""
 
     __slots__ = ("handle", "record")
 
@@ -145,7 +134,7 @@ def dump_to(directory: str | None, rank: int) -> None:
 
 
 def dump_pattern() -> str | None:
-    """``ck/flight-rank*.json``: where the stall line says the dumps are, or None."""
+    """``ck/flight-rank*.json``: where the stall line says the dumps are."""
     directory = _state["dir"]
     if directory is None and _state["temp"] is not None:
         return os.path.join(tempfile.gettempdir(), f"{_temp_prefix()}*", "flight-rank*.json")
@@ -156,24 +145,18 @@ def _temp_prefix() -> str:
     return f"xpnn-flight-{os.getppid()}-"
 
 
-def _temporary_directory() -> str:
-    """This rank's own new directory (``mkdtemp``: 0700, a name nobody could plant)."""
-    if _state["temp"] is None:
-        _state["temp"] = tempfile.mkdtemp(prefix=_temp_prefix())
-        mpi = imported_mpi()  # the rank is not known otherwise: no dump_to
-        if mpi is not None and mpi.Is_initialized():
-            _state["rank"] = mpi.COMM_WORLD.Get_rank()
-    return _state["temp"]
-
-
 def dump(reason: str, temporary: bool = False) -> str | None:
-    """Write the ring as JSON; the path, or None (no directory, or it failed: a dump must never
-    hide the stall or failure that asked for it). ``temporary``: without a directory of the
-    run's own, into a temporary one."""
+    """Write the ring as JSON (``temporary``: without a directory of the run's, into a new
+    temporary one); the path, or None: a dump never hides the stall or failure that asked."""
     directory, current, now = _state["dir"], _state["current"], _now()
     try:
+        if directory is None and temporary and _state["temp"] is None:
+            _state["temp"] = tempfile.mkdtemp(prefix=_temp_prefix())  # 0700, a new name
+            mpi = imported_mpi()  # the rank is not known otherwise: no dump_to
+            if mpi is not None and mpi.Is_initialized():
+                _state["rank"] = mpi.COMM_WORLD.Get_rank()
         if directory is None and temporary:
-            directory = _temporary_directory()  # which also learns the rank
+            directory = _state["temp"]
         if directory is None:
             return None
         doc = {"rank": _state["rank"], "reason": reason, "clock": "time.perf_counter seconds"}
@@ -189,7 +172,7 @@ def dump(reason: str, temporary: bool = False) -> str | None:
 
 
 def position() -> dict[str, Any] | None:
-    """Where this rank waits, small enough for a note to the others: None when it does not."""
+    """Where this rank waits, small enough for a note to the others; None when it does not."""
     record = _state["current"]
     keys = ("group", "seq", "op", "nbytes", "peer", "bucket", "microbatch", "step")
     return None if record is None else {key: getattr(record, key) for key in keys}

@@ -1,16 +1,15 @@
-"""Ctrl-C and SIGTERM before ``run_guarded`` takes over: one line and exit 130 (143), not a
-traceback from mid-import. A rank under an MPI launcher only notes the signal, since the others
-would wait for it in ``MPI_Init`` forever; ``hand_over`` raises it once MPI runs. Imports only
-what Python loads before any program (``signal`` imports ``enum``, time for a Ctrl-C to land)."""
-
-from __future__ import annotations
+"""Ctrl-C and SIGTERM before ``run_guarded``: one line and exit 130 (143), no traceback; a rank
+under a launcher notes it until MPI runs. Imports only what Python loads first (not ``signal``)."""
 
 import _signal
 import os
 
 _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+# end a run as Ctrl-C does, exit 128 + number: Slurm's time limit and scancel (TERM), a closed
+# terminal or ssh connection (HUP), Ctrl-\\ (QUIT), a CPU-time limit (XCPU)
+STOP_NAMES = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU")
 _CODES = {_signal.SIGINT: (130, "interrupted")}
-for _name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU"):  # failure.STOP_SIGNALS, not imported
+for _name in STOP_NAMES:
     if hasattr(_signal, _name):
         _CODES[getattr(_signal, _name)] = (128 + getattr(_signal, _name), f"terminated ({_name})")
 _state: dict = {"installed": False, "pending": None, "requested": set()}
@@ -18,7 +17,6 @@ _REQUEST_SIGNALS = ("USR1", "USR2")  # requeue.SIGNALS, without importing it
 
 
 def launcher_rank() -> int | None:
-    """The rank a launcher gave this process, or None without a launcher."""
     ranks = (int(os.environ[v]) for v in _LAUNCHER_RANK_VARS if os.environ.get(v, "").isdigit())
     return next(ranks, None)
 
@@ -45,8 +43,8 @@ def catch_early_interrupts() -> None:
 
 
 def catch_early_checkpoint_signal(argv: list[str]) -> None:
-    """``--checkpoint-signal USR1`` is a request from the first instant (its default would end a
-    rank without a trainer yet): noted here, acted on by ``requeue.CheckpointOnSignal``."""
+    """Note ``--checkpoint-signal USR1`` from the first instant (its default action would end a
+    rank without a trainer yet) for ``requeue.CheckpointOnSignal``."""
     name = None
     for i, word in enumerate(argv):
         if word == "--checkpoint-signal" and i + 1 < len(argv):
@@ -84,14 +82,12 @@ def hand_over(terminated: type[BaseException]) -> None:
 
 
 def forget_handled_interrupt() -> None:
-    """Clear CPython's "unhandled KeyboardInterrupt" flag, which a Ctrl-C handled in code run
-    through ``PyRun_String`` (some C extensions' imports) leaves set: Python would end by SIGINT,
-    not with xpnn's exit code. Running one statement that way clears it."""
+    """Clear CPython's "unhandled KeyboardInterrupt" flag, which a Ctrl-C handled in code run by
+    ``PyRun_String`` (some C extensions' imports) leaves set: Python would end by SIGINT."""
     import ctypes
 
     ctypes.pythonapi.PyRun_SimpleString(b"pass")
 
 
 def pending_signal() -> int | None:
-    """The signal noted and not yet raised (under a launcher, before ``hand_over``)."""
     return _state["pending"]

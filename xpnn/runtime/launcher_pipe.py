@@ -1,9 +1,5 @@
-"""``mpiexec ... | head -1``: once the pipe's reader has gone, hydra's copy of the ranks' output
-dies by SIGPIPE and its proxy SIGKILLs every rank (no line, a checkpoint half-written). A rank on
-``mpiexec``'s node therefore writes its stdout straight into that pipe (opened through
-``/proc``): it meets the closed pipe itself and stops as a rank does, and ``mpiexec`` lives."""
-
-from __future__ import annotations
+"""``mpiexec ... | head -1``: hydra dies by SIGPIPE and kills every rank, so a rank on its node
+writes its stdout straight into that pipe (through ``/proc``) and meets the closed pipe itself."""
 
 import contextlib
 import os
@@ -17,7 +13,6 @@ OUTPUT_OPTIONS = ("-l", "-prepend-rank", "-prepend-pattern", "-outfile-pattern",
 
 
 def _proc(pid: int, what: str) -> str:
-    """``/proc/PID/WHAT``'s text, or "" where it cannot be read."""
     with contextlib.suppress(OSError), open(f"/proc/{pid}/{what}", "rb") as fh:
         return fh.read().decode(errors="replace")
     return ""
@@ -45,9 +40,8 @@ def launcher_stdout(proc: str = "/proc") -> str | None:
 
 
 def write_stdout_into_launchers_pipe() -> bool:
-    """Point stdout at the launcher's stdout pipe (see the module); whether it did."""
-    # hydra sets PMI_RANK for every rank it starts
-    path = launcher_stdout() if "PMI_RANK" in os.environ else None
+    """Point stdout at the launcher's stdout pipe; whether it did."""
+    path = launcher_stdout() if "PMI_RANK" in os.environ else None  # set by hydra
     if path is None:
         return False
     try:

@@ -1,10 +1,5 @@
-"""One job at a time in a checkpoint directory: ``hold(directory)`` takes an advisory lock
-(``flock``) on ``DIR/.xpnn-lock`` for the rest of the process and writes its holder into it.
-The kernel drops the lock when the holder exits in any way (``kill -9`` too); only the file
-stays, for the next holder. A process that ends normally removes it while still holding the
-lock, and a taker checks that the file it locked is still the one named."""
-
-from __future__ import annotations
+"""One job at a time in a checkpoint directory: a ``flock`` on ``DIR/.xpnn-lock``, naming its
+holder, which the kernel drops however the holder ends (``kill -9`` too)."""
 
 import atexit
 import contextlib
@@ -16,22 +11,21 @@ import stat
 import time
 from pathlib import Path
 
+from xpnn.data.files import pid_alive
 from xpnn.errors import UserError
 from xpnn.record.files import planted
 
 LOCK_NAME = ".xpnn-lock"
-# the job schedulers' job ids, in the order asked: Slurm, PBS/Torque, LSF, SGE, Flux
+# Slurm, PBS/Torque, LSF, SGE, Flux
 JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "FLUX_JOB_ID")
 _held: dict[Path, int] = {}  # the lock file (its directory resolved) -> the descriptor holding it
 
 
 def job_id() -> str | None:
-    """The batch scheduler's id of this job, or None outside one."""
     return next((os.environ[v] for v in JOB_ID_VARS if os.environ.get(v)), None)
 
 
 def _holder(fd: int) -> dict | None:
-    """What the lock file open as ``fd`` says of its holder (None: nothing readable)."""
     try:
         who = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
     except (OSError, ValueError):
@@ -40,7 +34,6 @@ def _holder(fd: int) -> dict | None:
 
 
 def holder_words(who: dict | None) -> str:
-    """A lock file's holder, as a refusal names it."""
     if who is None:
         return "another job (its lock file names no holder)"
     job = f"job {who['job_id']}, " if who.get("job_id") else ""
@@ -70,15 +63,7 @@ def _stale_without_flock(fd: int) -> bool:
     if not who:
         return True
     pid = who.get("pid")
-    if who.get("host") != socket.gethostname() or not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's live process
-        pass
-    return False
+    return who.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid)
 
 
 def hold(directory: str | os.PathLike) -> Path:
@@ -87,7 +72,7 @@ def hold(directory: str | os.PathLike) -> Path:
 
 
 def hold_metrics(path: str | os.PathLike) -> Path:
-    """Lock the metrics file ``path`` (``.NAME.xpnn-lock`` beside it) as a directory is."""
+    """Lock the metrics file ``path`` (``.NAME.xpnn-lock`` beside it)."""
     return _hold(Path(path).parent / f".{Path(path).name}{LOCK_NAME}", "metrics", path)
 
 
@@ -113,8 +98,8 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def _open_lock_file(path: Path) -> int:
-    """The lock file, made or opened, never through a symbolic link nor another file's hard link
-    (another user could plant either, and the holder's line would overwrite its target)."""
+    """The lock file, never through a symbolic link nor another file's hard link (another user
+    could plant either, and the holder's line would overwrite its target)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
@@ -133,7 +118,8 @@ def _open_lock_file(path: Path) -> int:
 
 
 def _locked(param: str, named: str | os.PathLike, path: Path) -> int | None:
-    """The descriptor of ``path`` locked and naming this process, or None to try again."""
+    """The descriptor of ``path`` locked and naming this process, or None to try again (the file
+    was replaced: a holder ending normally removes it while still holding the lock)."""
     import fcntl
 
     fd = _open_lock_file(path)
@@ -161,7 +147,7 @@ def _locked(param: str, named: str | os.PathLike, path: Path) -> int | None:
 
 
 def release_all() -> None:
-    """Remove the lock files this process holds, then drop the locks (at exit)."""
+    """Remove the lock files this process holds, then drop the locks."""
     while _held:
         path, fd = _held.popitem()
         with contextlib.suppress(OSError):

@@ -1,7 +1,4 @@
-"""What this process holds (its peak resident memory, for the run's last metrics line) and
-whether the network it is asked to build can fit at all."""
-
-from __future__ import annotations
+"""This process's peak resident memory, and whether a network can fit at all."""
 
 import contextlib
 import math
@@ -28,9 +25,7 @@ def preset_parameters(
     model: object, input_shape: tuple[int, ...], classes: int, hidden: tuple[int, ...],
     gpt_sizes: dict[str, int],
 ) -> int | None:  # fmt: skip
-    """The parameters a preset network will have, counted before it is built (a lower bound
-    for ``gpt``: its blocks' 12 x embed**2 weights, not their biases and norms); None for
-    another model, whose layers are the user's."""
+    """A preset network's parameters before it is built (``gpt``: its blocks' 12 x embed**2)."""
     if model == "mlp":
         widths = [math.prod(input_shape), *hidden, classes]
         return sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
@@ -41,9 +36,8 @@ def preset_parameters(
 
 
 def check_network_fits(what: str, params: int | None, itemsize: int, states: int) -> None:
-    """Refuse, before anything is allocated, a network whose parameters, gradients and
-    optimizer ``states`` (per parameter) are more than this machine's memory and swap: its
-    arrays would be allocated lazily and the run end in the OOM killer, not an error."""
+    """Refuse a network whose parameters, gradients and optimizer ``states`` exceed memory and
+    swap before anything is allocated: lazily allocated, they would meet the OOM killer."""
     from xpnn.data.files import memory_bytes
 
     have = memory_bytes()

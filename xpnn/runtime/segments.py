@@ -1,8 +1,5 @@
-"""Files MPICH leaves when a job never finalizes: its node segment in /dev/shm (memory, until
-reboot) and hydra's topology file in /tmp. Once every rank of the node has passed ``MPI_Init``
-nobody opens either by name again, so their names can go at once (a mapping stays valid)."""
-
-from __future__ import annotations
+"""Files MPICH leaves when a job never finalizes (its node segment in /dev/shm, hydra's topology
+file in /tmp), unlinked once every rank of the node has passed ``MPI_Init`` and mapped them."""
 
 import contextlib
 import os
@@ -15,7 +12,6 @@ STALE_AFTER_S = 60.0  # a live job maps its segment and holds its topology file 
 
 
 def _unlink(paths: list[str]) -> list[str]:
-    """The paths removed; one already gone (another rank of the node) is skipped."""
     removed = []
     for path in dict.fromkeys(paths):
         with contextlib.suppress(OSError):
@@ -31,14 +27,13 @@ def _mapped(maps: str) -> list[str]:
 
 
 def mapped_files(maps_path: str = "/proc/self/maps") -> list[str]:
-    """The files a process maps (``maps_path``: its ``/proc/PID/maps``); none where unreadable."""
+    """The files a ``/proc/PID/maps`` names; none where unreadable."""
     with contextlib.suppress(OSError), open(maps_path, encoding="utf-8", errors="replace") as fh:
         return _mapped(fh.read())
     return []  # gone, another user's, or not Linux
 
 
 def _held(fd_dir: str) -> list[str]:
-    """What the descriptors in ``fd_dir`` (a ``/proc/PID/fd``) point to, if it can be read."""
     targets: list[str] = []
     with contextlib.suppress(OSError):  # not Linux, or closed to us
         for fd in os.listdir(fd_dir):
@@ -59,7 +54,7 @@ def _segments(mapped: list[str], shm_dir: str) -> list[str]:
 
 
 def unlink_mpich_segments(maps_path: str = "/proc/self/maps", shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink the MPICH segments this process maps, after a collective over the node."""
+    """Unlink the MPICH segments this process maps (after a collective over the node)."""
     return _unlink(_segments(mapped_files(maps_path), shm_dir))
 
 
@@ -74,7 +69,7 @@ def unlink_hydra_topology(fd_dir: str | None = None) -> list[str]:
 
 
 def files_in_use() -> set[str]:
-    """The files that running processes this user may inspect hold open or map."""
+    """The files that the processes this user may inspect hold open or map."""
     used: set[str] = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         used.update(_held(f"/proc/{pid}/fd"), mapped_files(f"/proc/{pid}/maps"))

@@ -1,9 +1,5 @@
-"""Waiting for other ranks without burning a core, and saying so when they do not come.
-MPICH's blocking calls poll at full speed, so every wait of xpnn's communicators goes through
-``wait``, which naps between polls. After ``stall_warn`` s it warns once; after
-``stall_abort`` s the lowest waiting rank ends the job with ``STALL_EXIT``."""
-
-from __future__ import annotations
+"""Waiting for other ranks without burning a core (MPICH's blocking calls poll at full speed),
+warning after ``stall_warn`` s and ending the job after ``stall_abort`` s."""
 
 import math
 import os
@@ -14,11 +10,10 @@ from typing import Any
 
 from xpnn.runtime import flight
 from xpnn.runtime.abort import abort_job, prefix, say
+from xpnn.runtime.mpi_state import mpi_rank_size
 
 SPIN_S = 0.0005  # polls at full speed first: small exchanges end within this
-# then polls yielding the core between polls, never sleeping: MPI moves a large message only
-# while it is polled, and naps would stretch a 64 MiB allreduce many times over
-YIELD_S = 0.25
+YIELD_S = 0.25  # then polls yielding the core, no naps: MPI moves a message only when polled
 MIN_NAP_S = 0.00005  # the sleep between polls once the exchange outlasted YIELD_S
 NAP_GROWS_AFTER_S = 1.0  # then a wait is most likely for a rank that is not there
 MAX_NAP_S = 0.005  # the longest sleep between polls
@@ -33,7 +28,7 @@ _state: dict[str, Any] = {"comm": None, "sent": []}
 
 
 def set_limits(stall_warn: float = STALL_WARN_S, stall_abort: float = 0.0) -> None:
-    """Seconds in one wait before a warning (0: never) and before the job is ended (0: never)."""
+    """Seconds in one wait before a warning and before the job is ended (0: never)."""
     for name, value in (("stall_warn", stall_warn), ("stall_abort", stall_abort)):
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name}: must be a finite number of seconds >= 0, got {value!r}")
@@ -67,7 +62,7 @@ def in_bucket(index: int, count: int) -> None:
 
 
 def where() -> str:
-    """Where the rank is, in words: ``training step 12, bucket 2 of 3``."""
+    """``training step 12, gradient bucket 2 of 3``."""
     text = _where["phase"]
     if _where["step"] is not None and text == "training step":
         text += f" {_where['step']}"
@@ -115,9 +110,8 @@ def _wait_long(request: Any, what: str, start: float) -> None:
         if warn and not warned and waited >= warn:
             warned = True
             flight.dump(f"waited {warn:g} s in {what}", temporary=True)
-            say(
-                f"{prefix(*_rank_size())}has waited {warn:g} s for the others in {what} ({where()})"
-            )
+            who = prefix(*mpi_rank_size())
+            say(f"{who}has waited {warn:g} s for the others in {what} ({where()})")
         if abort:
             if not announced and waited >= abort / 2:
                 announced = True
@@ -134,15 +128,6 @@ def _wait_long(request: Any, what: str, start: float) -> None:
             return
 
 
-def _rank_size() -> tuple[int, int]:
-    comm = _state["comm"]
-    if comm is not None:
-        return comm.Get_rank(), comm.Get_size()
-    from mpi4py import MPI  # a request exists, so MPI has started
-
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
 def _send_notes() -> None:
     """Tell every other rank that this one has waited half of ``stall_abort``, and where."""
     comm = _state["comm"]
@@ -156,7 +141,7 @@ def _send_notes() -> None:
 
 def _maybe_abort(what: str, waited: float, abort: float, others: dict[int, Any]) -> None:
     """End the job: the lowest waiting rank at once, the others ``ABORT_DEFER_S`` later."""
-    rank, size = _rank_size()
+    rank, size = mpi_rank_size()
     positions = {**others, rank: flight.position()}
     waiting = sorted(positions)
     if rank != waiting[0] and waited < abort + ABORT_DEFER_S:

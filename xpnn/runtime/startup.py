@@ -1,9 +1,5 @@
-"""A job whose ranks fail at start-up on only some of them ends at once: a rank that found a
-problem before MPI (a bad flag in one segment of an MPMD line) still starts MPI, and the first
-exchange, ``agree_to_start``, tells every rank; one that cannot start MPI asks the launcher to
-end the job (``abort_launch``)."""
-
-from __future__ import annotations
+"""A job whose start-up fails on some ranks ends at once: such a rank still starts MPI to tell
+the others, or, if it cannot, asks the launcher to end the job."""
 
 import os
 import socket
@@ -19,9 +15,8 @@ START_UP_EXIT = 2  # a start-up problem is the user's to fix
 
 
 def agree_to_start(world: Any, command: str, problem: str | None = None) -> None:
-    """Every rank's command and start-up ``problem`` (a line, or None), gathered once MPI is up:
-    a problem, or ranks running different commands (``info : train``), ends every rank with
-    ``CollectiveExit(2)`` after rank 0 says it. Alone, a problem is the caller's to say."""
+    """End every rank with ``CollectiveExit(2)`` once rank 0 said why, if a rank had a start-up
+    ``problem`` (a line) or ranks run different commands (``info : train``)."""
     if world.size == 1:
         return
     everyone = stall.allgather(world.mpi_comm, (command, problem), "the start-up agreement")
@@ -44,41 +39,36 @@ def agree_to_start(world: Any, command: str, problem: str | None = None) -> None
 
 
 def failed_import(exc: BaseException, command: str) -> int:
-    """xpnn's own import failed on this rank (a broken install, a planted ``numpy.py``): one line
-    naming where; under a launcher MPI starts anyway, so every rank hears of it."""
+    """xpnn's own import failed (a broken install, a planted ``numpy.py``): every rank hears."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    line = one_line(f"cannot start: {type(exc).__name__}: {exc}{where}")
-    try:
-        world = init_world() if launched_by_mpi() is not None else None
-    except Exception as failed:  # noqa: BLE001 - MPI does not start here either: end the job
-        say(f"rank {launch_rank()}: {line}; {one_line(str(failed))}")
-        abort_launch(1)
-        return 1
-    if world is None or world.size == 1:
-        say(f"xpnn: {line}")
-        return 1
-    return run_guarded(world, lambda: agree_to_start(world, command, line))
+    return _agree(command, one_line(f"cannot start: {type(exc).__name__}: {exc}{where}"), 1)
 
 
 def help_given(command: str) -> int:
     """``-h`` printed help: under a launcher, agree with the others (an MPMD line) first."""
+    return _agree(f"{command} --help", None, 0)
+
+
+def _agree(command: str, line: str | None, code: int) -> int:
+    """``agree_to_start`` under a launcher; ``line``, a start-up problem, said alone otherwise."""
     try:
-        if launched_by_mpi() is None:
-            return 0
-        world = init_world()
-    except Exception:  # noqa: BLE001 - no MPI to reach the others: help was all there was
-        abort_launch(0)
-        return 0
-    if world.size == 1:
-        return 0
-    return run_guarded(world, lambda: agree_to_start(world, f"{command} --help"))
+        world = init_world() if launched_by_mpi() is not None else None
+    except Exception as failed:  # noqa: BLE001 - no MPI to reach the others: end the job
+        if line:
+            say(f"rank {launch_rank()}: {line}; {one_line(str(failed))}")
+        abort_launch(code)
+        return code
+    if world is None or world.size == 1:
+        if line:
+            say(f"xpnn: {line}")
+        return code
+    return run_guarded(world, lambda: agree_to_start(world, command, line))
 
 
 def abort_launch(code: int = START_UP_EXIT) -> bool:
-    """Ask the launcher to end the job for a rank that cannot start MPI (the others would wait
-    in ``MPI_Init`` for ever), over hydra's PMI-1 wire protocol on ``PMI_FD``; whether it was
-    sent. Elsewhere (Open MPI, PMIx) the launcher notices this process's exit in its own time."""
+    """Ask hydra, over PMI-1 on ``PMI_FD``, to end the job of a rank that cannot start MPI (the
+    others would wait in ``MPI_Init`` for ever); whether it was sent."""
     fd = os.environ.get("PMI_FD", "")
     if not fd.isdigit():
         return False

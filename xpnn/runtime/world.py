@@ -1,7 +1,5 @@
-"""Who am I: rank, size and node-local rank of this process. MPI starts only under a launcher
-(or ``XPNN_FORCE_MPI=1``): it is slow to start and some clusters refuse it outside one."""
-
-from __future__ import annotations
+"""This process's rank, size and node-local rank. MPI starts only under a launcher (or with
+``XPNN_FORCE_MPI=1``): it is slow to start and some clusters refuse it outside one."""
 
 import contextlib
 import os
@@ -16,7 +14,7 @@ from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
 from xpnn.runtime.interrupts import launcher_rank
 from xpnn.runtime.threads import affinity, core_share
 
-# set by every launcher: MPICH/Hydra, Intel MPI, Open MPI, PMIx, MVAPICH, Cray PALS/ALPS
+# set by MPICH/Hydra, Intel MPI, Open MPI, PMIx, MVAPICH, Cray PALS/ALPS launchers
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE")
 _LAUNCHER_VARS += ("OMPI_COMM_WORLD_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
 _LAUNCHER_VARS += ("PALS_RANKID", "ALPS_APP_PE")
@@ -26,7 +24,7 @@ _CONTROL: Any = None  # a duplicate of COMM_WORLD for failure agreement
 
 
 def control_comm() -> Any:
-    """``failure``'s own communicator, which no collective of the run uses (else COMM_WORLD)."""
+    """``failure``'s own communicator, which no collective of the run uses."""
     if _CONTROL is not None:
         return _CONTROL
     from mpi4py import MPI
@@ -40,7 +38,7 @@ class LaunchMismatch(UserError):
 
 @dataclass
 class World:
-    """This process's place in the job; ``mpi_comm`` is None when running without MPI."""
+    """This process's place in the job; ``mpi_comm`` is None without MPI."""
 
     rank: int
     size: int
@@ -62,12 +60,10 @@ class World:
         return [obj] if self.mpi_comm is None else stall.allgather(self.mpi_comm, obj, what)
 
     def barrier(self, what: str) -> None:
-        """Every rank here, the wait polled by the stall watch and named ``what``."""
         if self.mpi_comm is not None:
             stall.wait(self.mpi_comm.Ibarrier(), what)
 
-    def split(self, color: int) -> World:
-        """The ranks that share ``color``, in this world's order (collective)."""
+    def split(self, color: int) -> "World":
         from mpi4py import MPI
 
         comm = self.mpi_comm.Split(color=color, key=self.rank)  # type: ignore[union-attr]
@@ -89,8 +85,7 @@ def describe_ranks(size: int, node_sizes: tuple[int, ...]) -> str:
 
 
 def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
-    """The variable that shows an MPI launcher started us, or None (a false positive, a Slurm
-    batch script, only costs an MPI singleton)."""
+    """The variable that shows an MPI launcher started us (a false positive costs a singleton)."""
     env = os.environ if env is None else env
     force = env.get("XPNN_FORCE_MPI", "").strip()
     if force not in ("", "0", "1"):
@@ -108,7 +103,6 @@ def launched_by_mpi(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def launch_rank() -> int:
-    """The launcher's rank for this process, without starting MPI (0 outside a launcher)."""
     return launcher_rank() or 0
 
 
@@ -158,8 +152,7 @@ def check_pmix(env: Mapping[str, str], library_version: str) -> None:
     )
 
 
-# UCX (which the mpich wheel bundles) takes SIGHUP as its "enter debug mode" signal and prints
-# hundreds of "UCX DEBUG" lines on it; xpnn stops cleanly on SIGHUP itself. 0: no such signal.
+# UCX (in the mpich wheel) prints hundreds of "UCX DEBUG" lines on SIGHUP, its debug signal
 QUIET_UCX = ("UCX_DEBUG_SIGNO", "0")
 
 
@@ -195,9 +188,8 @@ LIBMPI_NAMES = ("libmpi", "libimpi", "libmpich")  # MPICH, Open MPI, Intel MPI's
 
 
 def loaded_libmpi(symbol: str = "MPI_Get_version") -> Any:
-    """The loaded MPI library that has ``symbol``, through ctypes, loading nothing new, or None:
-    the files ``/proc/self/maps`` names (mpi4py >= 4.1 loads it RTLD_LOCAL), else the global
-    namespace."""
+    """The loaded MPI library that has ``symbol``, loading nothing new: among the files
+    ``/proc/self/maps`` names (mpi4py >= 4.1 loads it RTLD_LOCAL), else the global namespace."""
     import ctypes
 
     names = {path: os.path.basename(path) for path in segments.mapped_files()}
@@ -215,7 +207,7 @@ def loaded_libmpi(symbol: str = "MPI_Get_version") -> Any:
 
 def _init_thread(MPI: Any) -> None:
     """``MPI_Init_thread`` through ctypes, which lets go of Python's lock while it waits (mpi4py
-    holds it): a signal still wakes the stop watch, which ends a rank whose others never come."""
+    holds it), so the stop watch can end a rank whose others never come."""
     import ctypes
 
     lib = loaded_libmpi("MPI_Init_thread")
@@ -255,10 +247,9 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
         node_sizes = tuple(n for n in world.allgather(local_size if local_rank == 0 else 0) if n)
     finally:
         local.Free()
-    # the node's ranks have all passed MPI_Init (the allgather): see ``segments``
-    segments.unlink_mpich_segments()
+    segments.unlink_mpich_segments()  # the node's ranks have all passed MPI_Init
     segments.unlink_hydra_topology()
-    if local_rank == 0:  # and what earlier jobs that ended too early left (one rank a node)
+    if local_rank == 0:  # and what earlier jobs left (one rank a node)
         segments.remove_stale()
     rank, size = comm.Get_rank(), comm.Get_size()
     return World(rank, size, local_rank, local_size, comm, None, cores, crowded, node_sizes)
