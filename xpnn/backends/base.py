@@ -1,5 +1,4 @@
-"""The Backend object: everything array-library specific that the network needs, in one place;
-network code uses ``backend.xp`` and ``backend.kernels`` and never imports numpy or cupy."""
+"""The Backend: all that is array-library specific, so network code never imports numpy or cupy."""
 
 from __future__ import annotations
 
@@ -20,9 +19,7 @@ class Backend:
 
     name: str = "base"
     is_gpu: bool = False
-    # whose arrays these are: NumPy's can live in node-shared memory, and communicators move
-    # CuPy's and PyTorch's device buffers each their own way
-    array_library: str = "numpy"
+    array_library: str = "numpy"  # whose arrays: node-shared memory is NumPy's only
 
     def __init__(self, xp: ModuleType, kernels: Kernels, dtype: str = "float32") -> None:
         if dtype not in DTYPES:
@@ -44,8 +41,7 @@ class Backend:
         return f"backend {self.name} runs each operation as it is called (graphs: backend cupy)"
 
     def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
-        """Record the device work of one call of ``fn`` as a CUDA graph and return a callable
-        that replays it; ``CaptureFailed`` where ``fn`` waits for the device."""
+        """A replay of ``fn``'s device work as a CUDA graph; ``CaptureFailed`` if ``fn`` waits."""
         raise NotImplementedError(self.capture_unavailable())
 
     def asarray(self, a: Any, dtype: Any = None) -> Any:
@@ -70,21 +66,12 @@ class Backend:
         return f"{self.name} ({self.device}, {self.dtype_name})"
 
 
-class NumpyBackend(Backend):
-    """Plain NumPy on the CPU."""
-
-    name = "numpy"
-
-    def __init__(self, dtype: str = "float32") -> None:
-        super().__init__(np, NumpyKernels(np), dtype)
-
-
-class NumbaBackend(Backend):
-    """CPU backend whose memory-bound kernels are compiled, threaded loops."""
-
-    name = "numba"
-
-    def __init__(self, dtype: str = "float32") -> None:
-        from xpnn.backends.numba_kernels import NumbaKernels
-
-        super().__init__(np, NumbaKernels(np), dtype)
+def cpu_backend(name: str, dtype: str = "float32") -> Backend:
+    """NumPy on the CPU; ``numba`` compiles the memory-bound kernels into threaded loops."""
+    if name == "numba":
+        from xpnn.backends.numba_kernels import NumbaKernels as table
+    else:
+        table = NumpyKernels
+    backend = Backend(np, table(np), dtype)
+    backend.name = name
+    return backend

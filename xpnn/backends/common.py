@@ -1,5 +1,4 @@
-"""What every backend's kernels share: label checks, convolution geometry, the dropout hash's
-host half."""
+"""What every backend's kernels share: label checks, convolution geometry, the dropout hash."""
 
 from __future__ import annotations
 
@@ -10,21 +9,19 @@ Array = Any
 Shape = tuple[int, ...]
 OutHW = tuple[int, int] | None
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
-_KIND_LETTERS = {"integral": "iu", "real floating": "f"}
-_KIND_NAMES = {"integral": "int", "real floating": "float"}
+_KINDS = {"integral": ("iu", "int"), "real floating": ("f", "float")}  # (letters, name)
 
 
 def dtype_is(dtype: Any, kind: str) -> bool:
     """Whether ``dtype`` is ``"integral"`` or ``"real floating"``, by kind letter or by name."""
+    letters, name = _KINDS[kind]
     letter = getattr(dtype, "kind", None)
-    if letter is not None:
-        return letter in _KIND_LETTERS[kind]
-    return _KIND_NAMES[kind] in str(dtype)
+    return name in str(dtype) if letter is None else letter in letters
 
 
 def check_labels(logits: Array, labels: Array) -> None:
-    """Labels must be a 1-D integer array with one class index per row of ``logits``; a column
-    (N, 1) would broadcast into a wrong loss. Metadata only: no pass over values, no sync."""
+    """One integer class index per row of ``logits``: a column (N, 1) would broadcast into a wrong
+    loss. Metadata only: no pass over values, no sync."""
     shape = getattr(labels, "shape", None)
     dtype = getattr(labels, "dtype", None)
     if shape is None or dtype is None:
@@ -40,7 +37,7 @@ def check_labels(logits: Array, labels: Array) -> None:
 
 
 def check_label_values(labels: Any, num_classes: int) -> None:
-    """Every label is in [0, num_classes): a pass over the labels, for host arrays only."""
+    """Every label is in [0, num_classes): a pass over the values, for host arrays."""
     if labels.size == 0 or (labels.min() >= 0 and labels.max() < num_classes):
         return
     import numpy as np
@@ -61,7 +58,6 @@ GOLDEN = 0x9E3779B9
 
 
 def fmix32_host(h: int) -> int:
-    """murmur3 fmix32 on a Python int."""
     h &= MASK32
     h ^= h >> 16
     h = (h * FMIX_M1) & MASK32
@@ -86,7 +82,7 @@ def dropout_base_key(seed: int, step: int, salt: int = 0) -> int:
 
 
 def mask_rows(shape: Shape, sample_ids: Array) -> tuple[int, int]:
-    """(N, values per sample) of a dropout mask of ``shape``: one sample id per row."""
+    """(N, values per sample) of a dropout mask: one sample id per row."""
     n = shape[0]
     if sample_ids.shape[0] != n:
         raise ValueError(f"{sample_ids.shape[0]} sample ids for a batch of {n}")

@@ -1,7 +1,5 @@
-"""PyTorch tensors through ``array_api_compat.torch``: the generic kernels on every device
-PyTorch reaches (CPU, CUDA and ROCm, Apple's MPS, Intel's XPU). PyTorch is imported only when
-asked for; autograd is never used (tensors have no ``requires_grad``, xpnn runs its own
-backward passes)."""
+"""PyTorch tensors through ``array_api_compat.torch`` on every device PyTorch reaches, imported
+only when asked for; autograd is never used (xpnn runs its own backward passes)."""
 
 from __future__ import annotations
 
@@ -31,23 +29,20 @@ def import_torch() -> tuple[Any, Any]:
 
 def device_count(torch: Any, kind: str) -> int:
     """How many devices of ``kind`` (cuda, xpu, mps) this PyTorch build can use; 0 if none."""
-    if kind == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        return 1 if mps is not None and mps.is_available() else 0
-    module = getattr(torch, kind, None)
+    module = getattr(torch.backends if kind == "mps" else torch, kind, None)
     if module is None or not module.is_available():
         return 0
-    return int(module.device_count())
+    return 1 if kind == "mps" else int(module.device_count())
 
 
 def visible_devices() -> list[str]:
     """Every torch device this process sees, ``cpu`` first (for ``xpnn info``)."""
     torch, _ = import_torch()
-    found = ["cpu"]
-    for kind in ACCELERATORS:
-        for i in range(device_count(torch, kind)):
-            found.append(f"{kind}:{i} ({_device_name(torch, kind, i)})")
-    return found
+    return ["cpu"] + [
+        f"{kind}:{i} ({_device_name(torch, kind, i)})"
+        for kind in ACCELERATORS
+        for i in range(device_count(torch, kind))
+    ]
 
 
 def _device_name(torch: Any, kind: str, index: int) -> str:
@@ -60,8 +55,7 @@ def _device_name(torch: Any, kind: str, index: int) -> str:
 
 
 def resolve_device(torch: Any, name: str | None, local_rank: int = 0) -> Any:
-    """``device`` (auto, cpu, cuda, mps, xpu or a torch string such as ``cuda:1``) -> a
-    ``torch.device``; an accelerator without an index gets the rank's own on its node."""
+    """``device`` -> a ``torch.device``; an accelerator without an index: the rank's own."""
     if name in (None, "auto"):
         name = next((k for k in ACCELERATORS if device_count(torch, k)), "cpu")
     try:
@@ -84,8 +78,7 @@ def resolve_device(torch: Any, name: str | None, local_rank: int = 0) -> Any:
 
 
 class TorchBackend(Backend):
-    """Tensors on one torch device. On an accelerator it becomes PyTorch's default device, so
-    that the layers' ``xp.zeros(...)`` land there, as CuPy's current device does for CuPy."""
+    """Tensors on one torch device, made PyTorch's default so that ``xp.zeros(...)`` lands there."""
 
     name = "torch"
     array_library = "torch"
@@ -118,8 +111,8 @@ class TorchBackend(Backend):
 
     def asarray(self, a: Any, dtype: Any = None) -> Any:
         """Host data -> a tensor on the device; a matching NumPy array on the CPU is shared."""
-        wanted = self.dtype if dtype is None else dtype
-        return self.torch.as_tensor(a, dtype=wanted, device=self.torch_device)
+        dtype = self.dtype if dtype is None else dtype
+        return self.torch.as_tensor(a, dtype=dtype, device=self.torch_device)
 
     def to_host(self, a: Any) -> np.ndarray:
         """A tensor -> NumPy: a view of a CPU tensor (as NumPy's backend returns), else a copy."""

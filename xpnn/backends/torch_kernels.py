@@ -1,10 +1,5 @@
-"""PyTorch's kernels: the generic ones, hashing dropout in int64 (PyTorch has no uint32
-arithmetic), and writing into existing tensors where that measured faster (a loaded 2-core
-x86 machine, one thread, alternated A/B, medians): GEMMs into the gradient buffers and bias +
-activation in place made a float32 training step of the MLP 784-512-256-10 at batch 32, 128,
-512 4%, 6%, 2% faster, of the CNN preset at batch 32 11%; the optimizer updates through one
-scratch tensor per buffer size (the same operations in the same order: the same bits) ran
-Adam over 535,818 float32 values in 9.6 ms against 18.6 ms."""
+"""PyTorch's kernels: the generic ones, the dropout hash in int64 (no uint32 arithmetic), and
+writes into existing tensors where measured faster (docs/torch.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +20,7 @@ class TorchKernels(Kernels):
         self._scratch_of: dict[tuple, Array] = {}
 
     def _scratch(self, like: Array, dtype: Any = None) -> Array:
-        """A tensor of ``like``'s shape, reused by every update of that size: no allocation."""
+        """A tensor of ``like``'s shape, shared by every update of that size: no allocation."""
         key = (like.numel(), dtype or like.dtype, like.device)
         if key not in self._scratch_of:
             self._scratch_of[key] = torch.empty(key[0], dtype=key[1], device=key[2])
@@ -58,10 +53,10 @@ class TorchKernels(Kernels):
         p.sub_(torch.mul(v, lr, out=self._scratch(p)))
 
     def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step, decay=1.0):
-        """The generic formula, operation for operation, through one scratch tensor."""
+        """The generic formula, operation for operation (the same bits), in one scratch tensor."""
         c1, c2 = 1 - beta1**step, 1 - beta2**step
         t = self._scratch(p)
-        if decay != 1.0:  # AdamW's decoupled decay, on p first
+        if decay != 1.0:
             p.mul_(decay)
         m.mul_(beta1)
         m.add_(torch.mul(g, 1 - beta1, out=t))
