@@ -66,8 +66,7 @@ class CupyBackend(Backend):
         cp = self.xp
         cp.cuda.get_current_stream().synchronize()  # the capture stream sees every write so far
         stream = cp.cuda.Stream(non_blocking=True)  # capture cannot use the legacy stream
-        # What ``fn`` allocates comes from a pool of the graph's own, kept as long as the
-        # graph: a block it frees must not go to an array that outlives a replay.
+        # the graph's own pool, kept with it: a block fn frees must not outlive a replay
         pool = cp.cuda.MemoryPool()
         with cp.cuda.using_allocator(pool.malloc), stream:
             stream.begin_capture()
@@ -83,8 +82,7 @@ class CupyBackend(Backend):
 
 
 class _Replay:
-    """A captured graph with what it must outlive (its stream and memory pool): calling it
-    launches the graph on the current stream, after the work queued there."""
+    """A captured graph and what it must outlive (its stream and memory pool)."""
 
     def __init__(self, graph: Any, stream: Any, pool: Any) -> None:
         self.graph, self.stream, self.pool = graph, stream, pool

@@ -1,8 +1,5 @@
-"""The CUDA kernels behind ``CupyKernels``' convolution, pooling and dropout, built lazily.
-
-One thread per output element; col2im and the max-pool backward gather per input pixel, in
-NumPy's (i, j) order, so there are no atomics and results are deterministic.
-"""
+"""``CupyKernels``' convolution, pooling and dropout kernels: one thread per output element;
+col2im and the max-pool backward gather in NumPy's (i, j) order: no atomics, deterministic."""
 
 from __future__ import annotations
 
@@ -93,8 +90,7 @@ def maxpool_forward_kernel() -> Any:
         for (int ii = 0; ii < ksize; ++ii) {
             for (int j = 0; j < ksize; ++j) {
                 T v = x[base + (long long)ii * w + j];
-                // "not <=" holds for a NaN too, and a NaN best stays: the first NaN in a
-                // window wins, as np.argmax has it (a diverged run shows, as on the CPU)
+                // "not <=" holds for a NaN and a NaN best stays: the first NaN wins (np.argmax)
                 if (!(v <= best) && best == best) { best = v; k = ii * ksize + j; }
             }
         }

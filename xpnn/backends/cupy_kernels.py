@@ -68,8 +68,7 @@ def _softmax_xent_kernel() -> Any:
         }
         sum = red[0];
         long long lab = labels[row];
-        // a label outside [0, k) (unchecked on the host: that would sync) must not read
-        // outside the row: the row's loss and gradient become NaN instead
+        // a label outside [0, k) (a host check would sync) makes the row's loss and gradient NaN
         bool bad = lab < 0 || lab >= k;
         double nan = __longlong_as_double(0x7ff8000000000000LL);
         for (int j = threadIdx.x; j < k; j += blockDim.x) {
@@ -86,7 +85,6 @@ def _softmax_xent_kernel() -> Any:
     )
 
 
-# the subnormal policy of every backend (``Kernels.flush_subnormal``)
 _FLUSH = "(x < tiny && x > -tiny) ? (T)0 : x"
 
 
@@ -155,8 +153,7 @@ def _causal_softmax_kernels() -> tuple[Any, Any]:
 
 
 class CupyKernels(Kernels):
-    """Kernels on CuPy arrays: NumPy's ``out=`` versions where CuPy runs them as one kernel
-    already, and the hot ones fused into CUDA kernels of their own."""
+    """NumPy's ``out=`` versions where CuPy runs them as one kernel, the hot ones fused."""
 
     matmul_into = NumpyKernels.matmul_into
     _activate_in_place = NumpyKernels._activate_in_place

@@ -1,5 +1,4 @@
-"""What a replayed (captured) training step needs of a backend: its per-step values in device
-memory, where a CUDA graph reads them instead of the numbers it was captured with."""
+"""A replayed (captured) step's per-step values, in device memory where its graph reads them."""
 
 from __future__ import annotations
 
@@ -8,9 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.backends.common import dropout_base_key
-
-Array = Any
+from xpnn.backends.common import Array, dropout_base_key
 
 
 class CaptureFailed(RuntimeError):
@@ -18,8 +15,8 @@ class CaptureFailed(RuntimeError):
 
 
 class StepScalars:
-    """Small device buffers, one per dtype, that ``refresh`` fills from the host before each
-    step; ``add`` hands out 0-d views of them, which the kernels take as they take numbers."""
+    """Device buffers, one per dtype, filled by ``refresh`` before each step; ``add`` hands out
+    0-d views of them, which the kernels take as they take numbers."""
 
     CAPACITY = 64  # values of one dtype: an optimizer takes 3, each Dropout layer 1
 
@@ -46,7 +43,7 @@ class StepScalars:
         return device[index : index + 1].reshape(())  # a view: NumPy's [index] is a copy
 
     def refresh(self, step: int) -> None:
-        """Compute every value for ``step`` and copy each dtype's buffer to the device."""
+        """Compute every value for ``step`` and copy the buffers to the device."""
         self._step = step
         for name, index, compute in self._values:
             self._buffers[name][1][index] = compute(step)
@@ -77,8 +74,7 @@ def step_key(seed: int, step: Any, salt: int) -> Any:
 
 
 def host_or_device(dtype: Any, value: Any) -> Any:
-    """A kernel's scalar argument in ``dtype``: a number converted, a device value as it is
-    (converting one would wait for the device)."""
+    """A kernel's scalar in ``dtype``: a number converted, a device value as it is (no wait)."""
     if isinstance(value, int | float | np.generic):  # NumPy's scalars too: np.float64 rates
         return dtype.type(value)
     return value

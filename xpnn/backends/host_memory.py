@@ -1,6 +1,5 @@
-"""Freed host arrays kept in the process for the next step's (docs/decisions/host-malloc.md):
-glibc's ``malloc`` hands blocks over its mmap threshold back to the kernel when NumPy frees
-them, and they fault in again, zero-filled, at the next step (200 to 560 faults a CNN step)."""
+"""Freed host arrays kept for the next step: glibc returns big blocks to the kernel, and they
+fault in again, zero-filled (200 to 560 faults a CNN step; docs/decisions/host-malloc.md)."""
 
 from __future__ import annotations
 
@@ -16,8 +15,8 @@ _done = False
 
 
 def keep_freed_arrays() -> bool:
-    """Raise glibc's mmap and trim thresholds to ``KEPT_BYTES`` once a process, unless its user
-    set malloc's in the environment; True where raised (never without glibc's ``mallopt``)."""
+    """Raise glibc's mmap and trim thresholds once a process unless the user set malloc's;
+    True where raised."""
     global _done
     if _done or any(var in os.environ for var in USER_VARS):
         return False

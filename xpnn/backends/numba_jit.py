@@ -1,5 +1,4 @@
-"""How every Numba kernel is compiled, and the activations they share. NumPy's error model:
-no ``ZeroDivisionError`` branch to stop LLVM vectorising, and x / 0 gives inf or nan."""
+"""How every Numba kernel is compiled, and the activations they share."""
 
 from __future__ import annotations
 
@@ -9,15 +8,14 @@ import types
 
 import numba as nb
 
-JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
+JIT = {"nogil": True, "cache": True, "error_model": "numpy"}  # no ZeroDivisionError branch
 PARALLEL_MIN_ELEMENTS = 1 << 19  # below this a serial loop beats waking the thread team
 
 
 class Twin:
-    """A kernel compiled serial and parallel; a call takes the parallel build for a first
-    argument of at least ``min_elements`` values, unless the calling thread has one Numba
-    thread (a batch thread's: Numba's workqueue layer forbids two teams at once). The parallel
-    build is of a renamed copy: Numba's disk cache keys by name, not by compile flags."""
+    """A kernel compiled serial and parallel, the parallel build taken for ``min_elements`` values
+    and more unless this thread has one Numba thread (a batch thread: one team at a time). The
+    parallel build is of a renamed copy: Numba's disk cache keys by name, not by flags."""
 
     def __init__(self, fn, min_elements: int = PARALLEL_MIN_ELEMENTS) -> None:  # noqa: ANN001
         self.min_elements = min_elements
@@ -42,7 +40,7 @@ ACT_CODE = {"identity": 0, "relu": 1, "sigmoid": 2, "tanh": 3}  # activations in
 
 @nb.njit(**JIT)
 def apply_act(v, code):  # pragma: no cover - compiled
-    """The activation ``code`` (``ACT_CODE``) of one value: ``Kernels.activation``'s math."""
+    """``Kernels.activation`` of one value, the activation by its ``ACT_CODE``."""
     if code == 1:
         return 0.0 if v <= 0 else v  # NaN stays NaN, as in NumPy
     if code == 2:
@@ -55,7 +53,7 @@ def apply_act(v, code):  # pragma: no cover - compiled
 
 @nb.njit(**JIT)
 def apply_act_grad(g, y, code):  # pragma: no cover - compiled
-    """dL/dz from dL/dy ``g`` and the activation's output ``y``: ``activation_grad``'s math."""
+    """``Kernels.activation_grad`` of one value ``g`` and the activation's output ``y``."""
     if code == 1:
         return g if y > 0 else 0.0
     if code == 2:

@@ -1,5 +1,4 @@
-"""NumPy's kernels: results written into existing buffers (``out=``), stride tricks, host checks
-(``CupyKernels`` reuses the NumPy-API methods)."""
+"""NumPy's kernels: ``out=`` writes, stride tricks, host checks (reused by ``CupyKernels``)."""
 
 from __future__ import annotations
 
@@ -14,21 +13,20 @@ from xpnn.backends.kernels import GELU_A, GELU_C, Array, Kernels
 
 @cache
 def _exponent_bits(dtype: Any) -> Any:
-    """The exponent field of a float dtype, as an integer of its size (the bits of infinity)."""
+    """A float dtype's exponent field as an integer of its size (infinity's bits)."""
     return np.asarray(np.inf, dtype=dtype).view(f"i{np.dtype(dtype).itemsize}")[()]
 
 
 class NumpyKernels(Kernels):
-    """NumPy on the CPU. Optimizer updates run the reference formulas a cache-sized chunk at a
-    time, the same bits: 1.86 M-value Adam in 2.7 ms against 3.4 ms over whole buffers."""
+    """NumPy on the CPU; optimizer updates a cache-sized chunk at a time (same bits, faster)."""
 
-    CHUNK = 1 << 16  # 256 KiB of float32: 2.8 ms at 2**18, 3.1 ms at 2**14, 5.8 ms at 2**12
+    CHUNK = 1 << 16  # 1.86 M-value Adam: 2.7 ms against 3.4 ms whole, 3.1 at 2**14, 2.8 at 2**18
 
     def matmul_into(self, a, b, out):
         return self.xp.matmul(a, b, out=out)
 
     def _activate_in_place(self, z: Array, act: str) -> Array:
-        """``activation(z, act)``, written over ``z`` where NumPy has an ``out=`` for it."""
+        """``activation(z, act)``, over ``z`` where NumPy has an ``out=`` for it."""
         if act == "relu":
             return self.xp.maximum(z, 0, out=z)
         if act == "tanh":
@@ -40,8 +38,7 @@ class NumpyKernels(Kernels):
         return self._activate_in_place(z, act)
 
     def gelu(self, x):
-        """``Kernels.gelu`` in place over two buffers, in the generic formula's order of
-        operations (the same bits)."""
+        """``Kernels.gelu`` in place over two buffers, in the same order: the same bits."""
         t = np.multiply(x, GELU_A)
         t *= x
         t *= x
@@ -84,8 +81,7 @@ class NumpyKernels(Kernels):
         return np.float64(np.dot(x, x))  # BLAS, no temporary
 
     def flush_subnormal(self, x):
-        """Branch-free: a value whose exponent bits are all 0 is multiplied, as an integer, by 0
-        (``copyto(..., where=abs(x) < tiny)`` was 4x slower on scattered zeros)."""
+        """Branch-free: integer bits times (exponent bits != 0); a ``where=`` was 4x slower."""
         bits = x.view(f"i{x.dtype.itemsize}")
         np.multiply(bits, (bits & _exponent_bits(x.dtype)) != 0, out=bits)
 
@@ -134,8 +130,7 @@ class NumpyKernels(Kernels):
         n, c = x.shape[:2]
         oh, ow = conv_out_hw(x.shape, size, size, stride, 0)
         if stride == size:
-            # non-overlapping windows: elementwise max/compare over the size*size strided
-            # views (an argmax over a trailing axis of 4 is ~10x slower in NumPy)
+            # disjoint windows: max/compare over the strided views (an argmax: ~10x slower)
             views = [
                 x[:, :, window(i, oh, stride), window(j, ow, stride)]
                 for i in range(size)
