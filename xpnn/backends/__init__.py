@@ -41,7 +41,6 @@ def get_backend(
 
 
 def _reason(load: Callable[[], object]) -> str | None:
-    """None when ``load`` succeeds, else its UserError's reason, without the flag's name."""
     try:
         load()
     except UserError as exc:
@@ -74,10 +73,9 @@ def auto_without_cupy() -> str:
     # importing PyTorch costs each rank a second or more
     if not accelerator_possible() or not all(importlib.util.find_spec(m) for m in modules):
         return "numba"
-    from xpnn.backends.torch_backend import ACCELERATORS, device_count, import_torch
+    from xpnn.backends.torch_backend import import_torch, resolve_device
 
-    torch, _ = import_torch()
-    return "torch" if any(device_count(torch, kind) for kind in ACCELERATORS) else "numba"
+    return "numba" if resolve_device(import_torch()[0], "auto").type == "cpu" else "torch"
 
 
 def accelerator_possible() -> bool:

@@ -43,7 +43,6 @@ class StepScalars:
         return device[index : index + 1].reshape(())  # a view: NumPy's [index] is a copy
 
     def refresh(self, step: int) -> None:
-        """Compute every value for ``step`` and copy the buffers to the device."""
         self._step = step
         for name, index, compute in self._values:
             self._buffers[name][1][index] = compute(step)

@@ -13,7 +13,6 @@ from xpnn.backends.kernels import GELU_A, GELU_C, Array, Kernels
 
 @cache
 def _exponent_bits(dtype: Any) -> Any:
-    """A float dtype's exponent field as an integer of its size (infinity's bits)."""
     return np.asarray(np.inf, dtype=dtype).view(f"i{np.dtype(dtype).itemsize}")[()]
 
 
@@ -26,7 +25,6 @@ class NumpyKernels(Kernels):
         return self.xp.matmul(a, b, out=out)
 
     def _activate_in_place(self, z: Array, act: str) -> Array:
-        """``activation(z, act)``, over ``z`` where NumPy has an ``out=`` for it."""
         if act == "relu":
             return self.xp.maximum(z, 0, out=z)
         if act == "tanh":
