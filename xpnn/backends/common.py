@@ -36,20 +36,6 @@ def check_labels(logits: Array, labels: Array) -> None:
         raise ValueError(f"labels must be class indices of an integer dtype, got {dtype}")
 
 
-def check_label_values(labels: Any, num_classes: int) -> None:
-    """Every label is in [0, num_classes): a pass over the values, for host arrays."""
-    if labels.size == 0 or (labels.min() >= 0 and labels.max() < num_classes):
-        return
-    import numpy as np
-
-    bad = np.unique(labels[(labels < 0) | (labels >= num_classes)])
-    shown = ", ".join(str(int(v)) for v in bad[:10]) + (", ..." if bad.size > 10 else "")
-    raise ValueError(
-        f"labels out of range: {shown} ({bad.size} distinct bad value(s)); class "
-        f"indices must be in [0, {num_classes}) for {num_classes} classes"
-    )
-
-
 # -- the dropout hash: murmur3's 32-bit finaliser, chained over the keys ---------------------
 MASK32 = 0xFFFFFFFF
 FMIX_M1 = 0x85EBCA6B
