@@ -52,9 +52,8 @@ class TorchKernels(Kernels):
         self.flush_subnormal(v)
         p.sub_(torch.mul(v, lr, out=self._scratch(p)))
 
-    def adam_update(self, p, g, m, v, lr, beta1, beta2, eps, step, decay=1.0):
+    def adam_step(self, p, g, m, v, lr_c1, beta1, beta2, eps, c2, decay=1.0):
         """The generic formula, operation for operation (the same bits), in one scratch tensor."""
-        c1, c2 = 1 - beta1**step, 1 - beta2**step
         t = self._scratch(p)
         if decay != 1.0:
             p.mul_(decay)
@@ -67,4 +66,4 @@ class TorchKernels(Kernels):
         self.flush_subnormal(v)
         torch.div(v, c2, out=t).sqrt_().add_(eps)
         torch.div(m, t, out=t)
-        p.sub_(t.mul_(lr / c1))
+        p.sub_(t.mul_(lr_c1))
