@@ -71,7 +71,7 @@ def resolve_device(torch: Any, name: str | None, local_rank: int = 0) -> Any:
     if count == 0:
         raise UserError(f"`device` {name}: this PyTorch build sees no {dev.type} device")
     if dev.index is None:
-        return torch.device(dev.type, local_rank % count if dev.type != "mps" else 0)
+        return torch.device(dev.type, local_rank % count)  # mps: count 1, index 0
     if dev.index >= count:
         raise UserError(f"`device` {name}: only {count} {dev.type} device(s) seen")
     return dev
