@@ -29,8 +29,8 @@ def _takes_files(param: str, path: str, directory: Path) -> None:
 def _writable_file(
     param: str, path: str | None, writer: bool, made: str | None = None, appended: bool = False
 ) -> None:
-    """``writer``: this rank writes it; ``made``: the checkpoint dir this run creates. A rename
-    replaces ``--save``; ``--metrics`` is ``appended`` to, so no pipe, whose reader would leave."""
+    """``made``: the checkpoint dir this run creates; ``appended`` (metrics): no pipe, whose
+    reader would leave."""
     if path is None:
         return
     from xpnn.train.checkpoint import CHECKPOINT_NAME, remove_unfinished
@@ -101,8 +101,7 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
 
 
 def _inputs(spec: Any) -> list[tuple[str, str]]:
-    """(parameter, path) of each file the run reads that a user names: the model's file, the
-    data file, and what a data directory holds."""
+    """(parameter, path) of each file the run reads that a user names."""
     read = []
     model = spec.model if isinstance(spec.model, str) else ""
     if ".py:" in model:

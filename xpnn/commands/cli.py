@@ -1,7 +1,5 @@
-"""``python -m xpnn [train|info|plot|trace|generate|bench]``: the flags (``commands.flags``) fill
-a ``RunSpec`` that ``xpnn.run`` runs; a problem found before MPI starts on one rank still reaches
-every rank; the exit codes: 0 success; 2 a user error, one line naming the flag or file, printed
-once for all ranks; 1 anything else."""
+"""``python -m xpnn [train|info|plot|trace|generate|bench]``: exit 0 on success; 2 a user error,
+one line naming the flag or file, said once for all ranks; 1 anything else."""
 
 from __future__ import annotations
 
@@ -35,7 +33,6 @@ def _say(line: str, err: bool = False) -> None:
 
 
 def _stream_failed(exc: OSError, stream: str) -> OSError:
-    """``exc`` as an error naming the stream it came from; stdout silenced for the exit."""
     if stream == "stdout":
         failure.silence_stdout()
     return OSError(exc.errno, f"cannot write to {stream}: {exc.strerror}")
@@ -54,8 +51,8 @@ def train_main(
 
 
 def _start_up_failure(command: str, line: str) -> int:
-    """A problem found before MPI runs, on this rank and maybe only here: under a launcher it
-    still starts MPI, so that the others hear of it rather than wait in ``MPI_Init``."""
+    """A problem found before MPI runs, maybe on this rank alone: under a launcher it still
+    starts MPI, so that the others hear of it rather than wait in ``MPI_Init``."""
     from xpnn.runtime.mpi_state import imported_mpi
     from xpnn.runtime.world import launched_by_mpi
 

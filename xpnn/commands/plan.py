@@ -116,15 +116,14 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
 def measure_plans(
     found: list[Prediction], flags: list[str], top: int, steps: int
 ) -> dict[int, float | None]:
-    """Run the ``top`` predicted fastest, the middle one and the slowest for ``steps`` steps:
-    {index in ``found``: measured seconds per step (None: the run failed)}."""
+    """{index in ``found``: seconds per step, None where the run failed} of the ``top``
+    predicted fastest, the middle one and the slowest."""
     picks = list(range(min(top, len(found))))
     picks += [i for i in (len(found) // 2, len(found) - 1) if i not in picks]
     return {i: measure_one(found[i], flags, steps) for i in picks}
 
 
 def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
-    """Seconds per step of the layout, from its last evaluation record's rate."""
     import subprocess
     import tempfile
 
@@ -189,7 +188,6 @@ def calibrate_main(argv: list[str]) -> int:
 
 
 def main(command: str, argv: list[str]) -> int:
-    """The CLI's entry: one line and exit 2 for a user's mistake."""
     try:
         if command == "calibrate":
             return calibrate_main(argv)
