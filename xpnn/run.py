@@ -333,7 +333,9 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     if plan.pipelined:  # as the stage settled them
         said |= {"microbatches": plan.microbatches, "pipeline_schedule": plan.schedule}
         said |= {"recompute": plan.recompute, "tensor_ranks": plan.tensor_parts}
-    facts = RunFacts({**said, **gpt_identity(spec, data)}, threads=threads, replicas=replicas)
+    if spec.model == "gpt":  # what its checkpoint must say to be sampled from and resumed
+        said |= {**gpt_settings(spec), "vocab": data.vocab.chars}
+    facts = RunFacts(said, threads=threads, replicas=replicas)
     cfg = _train_config(spec, replicas, data.n_train, facts)
     cfg.plan = plan
     facts.global_batch = cfg.batch_size
@@ -365,13 +367,6 @@ def gpt_settings(spec: RunSpec) -> dict[str, int]:
     from xpnn.nn.gpt import GPT_DEFAULTS
 
     return {name: getattr(spec, name) for name in GPT_DEFAULTS}
-
-
-def gpt_identity(spec: RunSpec, data: Any) -> dict[str, Any]:
-    """What a GPT's checkpoint must say to be sampled from (``xpnn generate``) and resumed."""
-    if spec.model != "gpt":
-        return {}
-    return {**gpt_settings(spec), "vocab": data.vocab.chars}
 
 
 def check_text_model(spec: RunSpec, data: Any) -> None:

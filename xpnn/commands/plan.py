@@ -82,8 +82,7 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         rows = [p.to_json() for p in found]
         for i, seconds in measured.items():
             rows[i] |= {} if seconds is None else {"measured_step_s": seconds}
-        json.dump(rows, out, indent=1)
-        out.write("\n")
+        print(json.dumps(rows, indent=1), file=out)
         return found
     unit = "tokens/s" if work.tokens_per_sample > 1 else "samples/s"
     shape = f"{own.nodes} nodes x {cores} cores" if own.nodes > 1 else f"{cores} cores"
@@ -107,8 +106,7 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         )
     best = found[0].layout
     launch = f"mpiexec -n {best.ranks} " if best.ranks > 1 else ""
-    if best.nodes > 1:
-        launch += f"-ppn {best.local_ranks} "
+    launch += f"-ppn {best.local_ranks} " if best.nodes > 1 else ""
     print(f"fastest: {launch}python -m xpnn {' '.join(best.flags())}", file=out)
     return found
 
