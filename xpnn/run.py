@@ -100,12 +100,8 @@ def launch(
             for line in notes(gpt_preset(spec, given)[0], trainer, world):  # a preset's too
                 note(f"xpnn: note: {line}")
         # A loss gone to inf/NaN is reported once, after its epoch: not per NumPy operation.
-        warnings.filterwarnings(
-            "ignore",
-            r"(overflow|invalid value|divide by zero) encountered",
-            RuntimeWarning,
-            r"xpnn\.",
-        )
+        gone = r"(overflow|invalid value|divide by zero) encountered"
+        warnings.filterwarnings("ignore", gone, RuntimeWarning, r"xpnn\.")
         try:
             out["done"] = trainer.run()
             if world.size > 1:  # no rank leaves xpnn's signal handling for MPI_Finalize, which
@@ -156,9 +152,11 @@ def build_run(
     spec, preset = agree_on_user_errors(world, lambda: resolve(spec, given))
     chosen = None
     if auto.wanted(spec):  # chosen once, by rank 0, for every rank
-        resolved, sizes = spec, (world.size, world.local_size, node_cores())
-        choose = functools.partial(auto.resolve_auto, resolved, *sizes)
-        mine = agree_on_user_errors(world, lambda: None if world.rank else choose())
+        resolved, sizes = spec, (world.size, world.local_size)
+        mine = agree_on_user_errors(
+            world,
+            lambda: auto.resolve_auto(resolved, *sizes, node_cores()) if world.rank == 0 else None,
+        )
         chosen, line = world.allgather_obj(mine, "the sharing of what auto chose")[0]
         if world.rank == 0:
             say(f"xpnn: {line}")

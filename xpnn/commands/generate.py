@@ -1,5 +1,4 @@
-"""``python -m xpnn generate CHECKPOINT --chars N --temperature T --seed S``: sample text from a
-GPT checkpoint (``--checkpoint-dir``'s files), on any backend."""
+"""``python -m xpnn generate CHECKPOINT``: sample text from a GPT checkpoint, on any backend."""
 
 from __future__ import annotations
 
