@@ -116,19 +116,16 @@ def sample(
     if unknown:
         raise UserError(f"prompt: characters the model never saw: {''.join(unknown)!r}")
     ids = [index[c] for c in prompt] or [0]
-    block = model.shapes[0][0]
+    start, block = len(ids), model.shapes[0][0]
     rng = np.random.default_rng(seed)
     backend = model.backend
-    out = []
     for _ in range(chars):
         context = np.asarray(ids[-block:], dtype=np.int64)[None, :]
         logits = model.forward(backend.asarray(context, dtype=backend.xp.int64), Context())
         last = backend.to_host(logits[0, -1, :]).astype(np.float64) / temperature
         p = np.exp(last - last.max())
-        nxt = int(rng.choice(len(vocab), p=p / p.sum()))
-        ids.append(nxt)
-        out.append(vocab[nxt])
-    return "".join(out)
+        ids.append(int(rng.choice(len(vocab), p=p / p.sum())))
+    return "".join(vocab[i] for i in ids[start:])
 
 
 MOST_CHARS = 1_000_000  # a forward pass each: more is hours, and a typo's 10**20 never ends
