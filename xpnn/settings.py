@@ -536,11 +536,7 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
     applies = {name: name in takes for name in ("betas", "eps", "weight_decay")}
     applies |= {"warmup_steps": "warmup_epochs" not in given, "min_lr": schedule == "cosine"}
     applies["batch_size"] = "per_rank_batch" not in given
-    fill = {
-        name: value
-        for name, value in GPT_RECIPE.items()
-        if applies.get(name, True) and name not in given
-    }
+    fill = {k: v for k, v in GPT_RECIPE.items() if applies.get(k, True) and k not in given}
     spec = dataclasses.replace(spec, **fill)
     if gpt_batch_threads_chosen(spec, given):  # the planner's choice, said in its own line
         spec = dataclasses.replace(spec, batch_threads=AUTO)
