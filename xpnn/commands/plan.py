@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from xpnn.commands.explain import explain, measured_step
 from xpnn.commands.inputs import Parser, global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.choose import layouts, node_layouts
@@ -125,7 +126,6 @@ def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
     import subprocess
     import tempfile
 
-    from xpnn.commands.explain import measured_step
     from xpnn.planner.machine import mpiexec_path
 
     every = max(1, steps // 2)
@@ -189,12 +189,7 @@ def main(command: str, argv: list[str]) -> int:
     try:
         if command == "calibrate":
             return calibrate_main(argv)
-        if command == "explain":
-            from xpnn.commands.explain import explain
-
-            explain(argv)
-            return 0
-        plan(argv)
+        (explain if command == "explain" else plan)(argv)
         return 0
     except UserError as exc:
         print(f"xpnn {command}: {exc}", file=sys.stderr)
