@@ -4,9 +4,8 @@ __version__ = "0.1.0"
 
 
 def set_threads(n: int | None = None) -> dict:
-    """Hold BLAS's, OpenMP's and Numba's thread pools to ``n`` threads (default: the cores
-    this process may run on), as ``python -m xpnn`` does for each rank; the first
-    ``get_backend`` of a process does this unless a count was set or exported."""
+    """Hold BLAS's, OpenMP's and Numba's thread pools to ``n`` threads (default: this process's
+    cores), as ``python -m xpnn`` does for each rank."""
     from xpnn.backends.threads import set_threads as limit
 
     return limit(n)

@@ -1,5 +1,4 @@
-"""``python -m xpnn`` (xpnn.commands.cli), with xpnn.runtime.interrupts' handler in before any
-import."""
+"""``python -m xpnn`` (xpnn.commands.cli), with Ctrl-C handled before any import."""
 
 import sys
 
@@ -7,7 +6,6 @@ from xpnn.runtime import interrupts
 
 
 def run() -> int:
-    """The command line, with Ctrl-C handled from its first instant."""
     interrupts.catch_early_checkpoint_signal(sys.argv[1:])  # first: XPNN_HANDLER_MARK marks both in
     interrupts.catch_early_interrupts()
     try:

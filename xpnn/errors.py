@@ -34,7 +34,6 @@ def worded(wording: Callable[[str], str]) -> Iterator[None]:
 
 
 def user_message(text: object) -> str:
-    """``text`` (a message, or an exception) as the user is shown it."""
     text = str(text)
     for wording in _wordings:
         text = wording(text)

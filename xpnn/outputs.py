@@ -29,34 +29,33 @@ def _takes_files(param: str, path: str, directory: Path) -> None:
 def _writable_file(
     param: str, path: str | None, writer: bool, made: str | None = None, appended: bool = False
 ) -> None:
-    """``writer``: this rank writes it; ``made``: the checkpoint dir this run creates. A rename
-    replaces ``--save``; ``--metrics`` is ``appended`` to, so no pipe, whose reader would leave."""
+    """``made``: the checkpoint dir this run creates; ``appended`` (metrics): no pipe, whose
+    reader would leave."""
     if path is None:
         return
     from xpnn.train.checkpoint import CHECKPOINT_NAME, remove_unfinished
 
+    at = f"`{param}` {path}"
     with path_problems(param, path):
         if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
             raise UserError(
-                f"`{param}` {path}: a symbolic link of another user; xpnn writes no file through it"
+                f"{at}: a symbolic link of another user; xpnn writes no file through it"
             )
         parent = Path(path).resolve().parent
         in_checkpoints = made is not None and parent == Path(made).resolve()
         there = Path(path).stat().st_mode if Path(path).exists() else None
         if there is None and parent.exists() and not parent.is_dir():
-            raise UserError(f"`{param}` {path}: {Path(path).parent} is not a directory")
+            raise UserError(f"{at}: {Path(path).parent} is not a directory")
         if there is None and not parent.is_dir() and not in_checkpoints:
-            raise UserError(f"`{param}` {path}: directory {Path(path).parent} does not exist")
+            raise UserError(f"{at}: directory {Path(path).parent} does not exist")
         if there is not None and stat.S_ISDIR(there):
-            raise UserError(f"`{param}` {path}: is a directory; give a file name")
+            raise UserError(f"{at}: is a directory; give a file name")
         if there is not None and not appended and not stat.S_ISREG(there):
-            raise UserError(f"`{param}` {path}: exists and is not a regular file")
+            raise UserError(f"{at}: exists and is not a regular file")
         if there is not None and (stat.S_ISFIFO(there) or stat.S_ISSOCK(there)):
-            raise UserError(f"`{param}` {path}: is a pipe or a socket; give a file name")
+            raise UserError(f"{at}: is a pipe or a socket; give a file name")
         if in_checkpoints and CHECKPOINT_NAME.fullmatch(Path(path).name):
-            raise UserError(
-                f"`{param}` {path}: a name `checkpoint_dir` uses for the run's checkpoints"
-            )
+            raise UserError(f"{at}: a name `checkpoint_dir` uses for the run's checkpoints")
     if not writer:
         return
     if there is None or stat.S_ISREG(there):  # a device is written in place: nothing is made
@@ -68,7 +67,7 @@ def _writable_file(
         try:
             os.close(open_to_write(path, os.O_APPEND))
         except OSError as exc:
-            raise UserError(f"`{param}` {path}: cannot write to it ({exc.strerror})") from None
+            raise UserError(f"{at}: cannot write to it ({exc.strerror})") from None
 
 
 def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
@@ -89,9 +88,8 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(
-            f"`checkpoint_dir` {path}: cannot create the directory ({exc.strerror})"
-        ) from None
+        why = f"cannot create the directory ({exc.strerror})"
+        raise UserError(f"`checkpoint_dir` {path}: {why}") from None
     _takes_files("checkpoint_dir", path, Path(path))
     with path_problems("checkpoint_dir", path):
         lock.hold(path)  # first: what is in the directory is this job's only once it is held
@@ -101,8 +99,7 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
 
 
 def _inputs(spec: Any) -> list[tuple[str, str]]:
-    """(parameter, path) of each file the run reads that a user names: the model's file, the
-    data file, and what a data directory holds."""
+    """(parameter, path) of each file the run reads that a user names."""
     read = []
     model = spec.model if isinstance(spec.model, str) else ""
     if ".py:" in model:
@@ -122,10 +119,8 @@ def _not_an_input(param: str, path: str | None, spec: Any) -> None:
     with path_problems(param, path):
         for source, read in _inputs(spec):
             if same_file(path, read):
-                raise UserError(
-                    f"`{param}` {path}: a file this run reads (`{source}` {read}); give "
-                    "another file name"
-                )
+                why = f"a file this run reads (`{source}` {read}); give another file name"
+                raise UserError(f"`{param}` {path}: {why}")
 
 
 def check_paths(spec: Any, writer: bool) -> None:

@@ -1,6 +1,5 @@
-"""A run from its choices: ``RunSpec`` (in parameter names); ``build_run(spec, world)``
-assembles it into a ``Trainer``, every rank agreeing on user errors phase by phase; ``run(spec)``
-runs the whole job as the command line does (threads, failures, signals, every rank stopping)."""
+"""A run from its choices: ``build_run(spec, world)`` assembles a ``Trainer``, every rank agreeing
+on user errors phase by phase; ``run(spec)`` runs the whole job as the command line does."""
 
 from __future__ import annotations
 
@@ -29,6 +28,8 @@ from xpnn.train.optim import HYPER_PARAMETERS, HYPERS
 if TYPE_CHECKING:
     from xpnn.train import TrainConfig
 
+Say = Callable[[str], None] | None  # where rank 0's lines go (default: print)
+
 
 class RunFailed(RuntimeError):
     """The job stopped, its reason already said in one line: ``exit_code`` 2 for a user error,
@@ -40,15 +41,9 @@ class RunFailed(RuntimeError):
         self.exit_code, self.reason = exit_code, reason
 
 
-def run(
-    spec: RunSpec,
-    callbacks: Sequence[Any] = (),
-    log: Callable[[str], None] | None = None,
-    warn: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Run ``spec`` on this rank (every rank of ``mpiexec`` calls it) and return the final
-    metrics record; ``log``/``warn``: where rank 0's lines and notes go (stdout/stderr).
-    A failure on any rank stops every rank; here it raises ``RunFailed``."""
+def run(spec: RunSpec, callbacks: Sequence[Any] = (), log: Say = None, warn: Say = None) -> dict:
+    """Run ``spec`` on this rank (every rank calls it); the final metrics record, or
+    ``RunFailed`` when any rank fails. ``log``/``warn``: rank 0's lines and notes."""
     from xpnn.runtime.abort import SAID
 
     outcome: dict[str, Any] = {}
@@ -62,13 +57,12 @@ def run(
 def launch(
     spec: RunSpec,
     callbacks: Sequence[Any] = (),
-    log: Callable[[str], None] | None = None,
-    warn: Callable[[str], None] | None = None,
+    log: Say = None,
+    warn: Say = None,
     outcome: dict[str, Any] | None = None,
     given: Collection[str] | None = None,
 ) -> int:
-    """``run`` as an exit code (the command line's): a failure is one line, every rank stopping
-    with one code; ``given``: as ``build_run``'s."""
+    """``run`` as the command line's exit code, every rank stopping with one code."""
     # Loaded while the early handler only notes a Ctrl-C: one mid-import is an ImportError
     import numpy  # noqa: F401
 
@@ -83,9 +77,48 @@ def launch(
     world = init_world()
     failure.terminate_on_sigterm()  # Slurm's time limit: stop as on Ctrl-C, checkpoints whole
     out = {} if outcome is None else outcome
-    return failure.run_guarded(
-        world, lambda: _job(spec, world, callbacks, log, warn, out, given, problem)
-    )
+
+    def job() -> int:
+        import sys
+        import warnings
+
+        from xpnn.outputs import check_paths
+        from xpnn.runtime import startup
+        from xpnn.train import TrainingDiverged
+
+        startup.agree_to_start(world, "train", problem)  # first: a rank may have failed already
+        if problem:
+            raise UserError(problem)
+        say = log or (lambda line: print(line, flush=True))
+        note = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+        failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
+        trainer = build_run(spec, world, callbacks, log=say, given=given)
+        if world.rank == 0:
+            nodes = world.node_sizes if world.size > 1 else (1,)
+            for line in summary(trainer, spec.backend, nodes):
+                say(f"xpnn: {line}")
+            for line in notes(gpt_preset(spec, given)[0], trainer, world):  # a preset's too
+                note(f"xpnn: note: {line}")
+        # A loss gone to inf/NaN is reported once, after its epoch: not per NumPy operation.
+        gone = r"(overflow|invalid value|divide by zero) encountered"
+        warnings.filterwarnings("ignore", gone, RuntimeWarning, r"xpnn\.")
+        try:
+            out["done"] = trainer.run()
+            if world.size > 1:  # no rank leaves xpnn's signal handling for MPI_Finalize, which
+                # Python cannot interrupt, while rank 0 still writes `save`
+                world.barrier("the barrier after the run")
+        except TrainingDiverged as exc:  # every rank leaves with 1 together
+            if trainer.is_root:
+                note(f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller `lr`")
+            return 1
+        except MemoryError as exc:  # a step's activations: under ulimit -v, or CuPy's OutOfMemory
+            raise UserError(
+                f"`batch_size` {trainer.cfg.batch_size}: a training step ran out of memory "
+                f"({failure.one_line(str(exc)) or type(exc).__name__}); try a smaller batch"
+            ) from None
+        return 0
+
+    return failure.run_guarded(world, job)
 
 
 def _problem(check: Callable[[], Any]) -> str | None:
@@ -96,69 +129,15 @@ def _problem(check: Callable[[], Any]) -> str | None:
     return None
 
 
-def _job(
-    spec: RunSpec,
-    world: Any,
-    callbacks: Sequence[Any],
-    log: Callable[[str], None] | None,
-    warn: Callable[[str], None] | None,
-    outcome: dict[str, Any],
-    given: Collection[str] | None = None,
-    problem: str | None = None,
-) -> int:
-    import sys
-    import warnings
-
-    from xpnn.outputs import check_paths
-    from xpnn.runtime import failure, startup
-    from xpnn.train import TrainingDiverged
-
-    startup.agree_to_start(world, "train", problem)  # first: a rank may have failed already
-    if problem:  # alone
-        raise UserError(problem)
-
-    say = log or (lambda line: print(line, flush=True))
-    note = warn or (lambda line: print(line, file=sys.stderr, flush=True))
-    failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
-    trainer = build_run(spec, world, callbacks, log=say, given=given)
-    if world.rank == 0:
-        nodes = world.node_sizes if world.size > 1 else (1,)
-        for line in summary(trainer, spec.backend, nodes):
-            say(f"xpnn: {line}")
-        effective = gpt_preset(spec, given)[0]  # the settings the run has, a preset's too
-        for line in notes(effective, trainer, world):
-            note(f"xpnn: note: {line}")
-    # A loss gone to inf/NaN is reported once, after its epoch: not per NumPy operation.
-    warnings.filterwarnings(
-        "ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning, r"xpnn\."
-    )
-    try:
-        outcome["done"] = trainer.run()
-        if world.size > 1:  # no rank leaves xpnn's signal handling for MPI_Finalize, which
-            # Python cannot interrupt, while rank 0 still writes `save`
-            world.barrier("the barrier after the run")
-    except TrainingDiverged as exc:  # every rank leaves with 1 together
-        if trainer.is_root:
-            note(f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller `lr`")
-        return 1
-    except MemoryError as exc:  # a step's activations: under ulimit -v, or CuPy's OutOfMemory
-        raise UserError(
-            f"`batch_size` {trainer.cfg.batch_size}: a training step ran out of memory "
-            f"({failure.one_line(str(exc)) or type(exc).__name__}); try a smaller batch"
-        ) from None
-    return 0
-
-
 def build_run(
     spec: RunSpec,
     world: Any,
     callbacks: Sequence[Any] = (),
-    log: Callable[[str], None] | None = None,
+    log: Say = None,
     given: Collection[str] | None = None,
 ) -> Any:
-    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank (collective); ``log``: rank 0's;
-    ``given``: the settings the user chose (default: those off their defaults), which a
-    model's preset leaves alone."""
+    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank (collective); ``given``: the
+    settings the user chose (default: those off their defaults), which a preset leaves alone."""
     from xpnn.runtime.failure import agree_on_user_errors
     from xpnn.runtime.threads import node_cores
     from xpnn.train import Trainer
@@ -180,7 +159,7 @@ def build_run(
         )
         chosen, line = world.allgather_obj(mine, "the sharing of what auto chose")[0]
         if world.rank == 0:
-            (log or print)(f"xpnn: {line}")
+            say(f"xpnn: {line}")
         chosen_spec = dataclasses.replace(given_spec, **chosen)
         kept = given_settings(given_spec, given) | set(chosen)  # no recipe refills them
         spec, preset = agree_on_user_errors(world, lambda: resolve(chosen_spec, kept))
@@ -217,8 +196,7 @@ def build_run(
         built.cfg.facts.plan = built.cfg.plan.record()  # every metrics line says it
         return built
 
-    # A third: node-shared buffers (mpi-shm) can find /dev/shm full, a checkpoint may not fit
-    # the network: user errors said once.
+    # A third: /dev/shm full for mpi-shm, a checkpoint that does not fit the network: said once.
     return agree_on_user_errors(world, trainer)
 
 
@@ -245,10 +223,8 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
     """The batch all replicas together take a step on."""
     if spec.per_rank_batch is not None:
         if spec.batch_size is not None:
-            raise UserError(
-                "`batch_size` and `per_rank_batch`: give one (the global batch, or the batch "
-                "of each replica)"
-            )
+            why = "give one (the global batch, or the batch of each replica)"
+            raise UserError(f"`batch_size` and `per_rank_batch`: {why}")
         return spec.per_rank_batch * replicas
     if spec.batch_size is None:
         return BATCH
@@ -257,17 +233,16 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
     try:
         value = int(spec.batch_size)
     except ValueError:
-        raise UserError(
-            f"`batch_size`: expected a number or 'full', got {spec.batch_size!r}"
-        ) from None
+        said = f"expected a number or 'full', got {spec.batch_size!r}"
+        raise UserError(f"`batch_size`: {said}") from None
     if value < 1:
         raise UserError(f"`batch_size`: must be at least 1, got {value}")
     return value
 
 
 def resolve(spec: RunSpec, given: Collection[str] | None = None) -> tuple[RunSpec, dict]:
-    """The settings a run has: a model's recipe where ``spec`` is silent (``gpt_preset``,
-    ``given`` as there), checked, then the defaults; and what the recipe filled."""
+    """(the settings a run has: a model's recipe where ``spec`` is silent, checked, then the
+    defaults; what the recipe filled)."""
     spec, preset = gpt_preset(spec, given)
     check_spec(spec)
     return with_defaults(spec), preset
@@ -276,8 +251,7 @@ def resolve(spec: RunSpec, given: Collection[str] | None = None) -> tuple[RunSpe
 def train_config(
     spec: RunSpec, replicas: int = 1, n_train: int = 0, facts: Any = None
 ) -> TrainConfig:
-    """The trainer's settings from ``spec``, checked and its defaults filled, for ``replicas``
-    sharing ``n_train`` samples."""
+    """The trainer's settings from ``spec``, checked and its defaults filled."""
     check_spec(spec)
     return _train_config(with_defaults(spec), replicas, n_train, facts)
 
@@ -288,10 +262,8 @@ def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> Tra
 
     batch = global_batch(spec, replicas, n_train)
     if spec.accumulate > batch:
-        raise UserError(
-            f"`accumulate` {spec.accumulate}: more micro-steps than the global batch's "
-            f"{batch} samples"
-        )
+        said = f"more micro-steps than the global batch's {batch} samples"
+        raise UserError(f"`accumulate` {spec.accumulate}: {said}")
     taken = HYPER_PARAMETERS[spec.optimizer]
     spec = dataclasses.replace(spec, **{name: None for name in HYPERS if name not in taken})
     lr = spec.lr * (replicas if spec.lr_scaling == "linear" else 1)
@@ -317,15 +289,10 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank, device=spec.device)
     if spec.precision != "fp32" and backend.name == "numba":  # its kernels are fp32/fp64 only
         backend = get_backend("numpy", spec.dtype)
-    size = spec.synthetic_size
+    size, sets = spec.synthetic_size, {"seed": spec.seed, "block": spec.block}
     try:
         data = load_dataset(
-            spec.dataset,
-            spec.data_dir,
-            replicate=spec.replicate,
-            synthetic_size=size,
-            seed=spec.seed,
-            block=spec.block,
+            spec.dataset, spec.data_dir, replicate=spec.replicate, synthetic_size=size, **sets
         )
     except MemoryError as exc:  # replicate=100000000: NumPy says how much it wanted
         what = [f"`synthetic_size` {size}"] if spec.dataset == "synthetic" else []
@@ -334,16 +301,14 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
     check_text_model(spec, data)
     name, shape, classes = model_name(spec.model), data.input_shape, data.num_classes
-    gpt_sizes = gpt_settings(spec)
     model = make_model(
-        spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt_sizes=gpt_sizes
+        spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt_settings(spec)
     )
-    check_network(spec, data, backend)
+    check_network(spec, data)
     try:
         model = plan.apply(model, shape, backend, spec.seed, world.rank, spec.model)
     except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
-        hidden = f"`hidden` {','.join(map(str, spec.hidden))}"
-        what = hidden if spec.model == "mlp" else f"`model` {name}"
+        what = network_named(spec, f"`model` {name}")
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     except (ValueError, TypeError, IndexError) as exc:  # a user's model that does not fit
         if spec.model in ("mlp", "cnn", "gpt"):
@@ -359,22 +324,23 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     check_batch_threads(spec.batch_threads, threads, backend.name)
     plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
     replicas = plan.replicas  # the ranks that each take a share of the batch
-    said = {name: getattr(spec, name) for name in ("dataset", "dtype", "precision", "loss")}
-    said |= {"grad_dtype": spec.grad_dtype, "parallel": spec.parallel}
-    said |= {"model": name, "model_ranks": plan.model_ranks}
+    said = {n: getattr(spec, n) for n in ("dataset", "dtype", "precision", "loss", "grad_dtype")}
+    said |= {"parallel": spec.parallel, "model": name, "model_ranks": plan.model_ranks}
     said["batch_threads"] = spec.batch_threads if spec.batch_threads > 1 else None
     said["activation"] = spec.activation if spec.model == "mlp" else None
     if plan.pipelined:  # as the stage settled them
         said |= {"microbatches": plan.microbatches, "pipeline_schedule": plan.schedule}
         said |= {"recompute": plan.recompute, "tensor_ranks": plan.tensor_parts}
-    facts = RunFacts({**said, **gpt_identity(spec, data)}, threads=threads, replicas=replicas)
+    if spec.model == "gpt":  # what its checkpoint must say to be sampled from and resumed
+        said |= {**gpt_settings(spec), "vocab": data.vocab.chars}
+    facts = RunFacts(said, threads=threads, replicas=replicas)
     cfg = _train_config(spec, replicas, data.n_train, facts)
     cfg.plan = plan
     facts.global_batch = cfg.batch_size
     return backend, data, model, cfg, plan
 
 
-def check_network(spec: RunSpec, data: Any, backend: Any) -> None:
+def check_network(spec: RunSpec, data: Any) -> None:
     """A preset network too large for this machine, refused before it is built."""
     from xpnn.runtime.memory import check_network_fits, preset_parameters
     from xpnn.train.optim import OPTIMIZERS
@@ -382,11 +348,17 @@ def check_network(spec: RunSpec, data: Any, backend: Any) -> None:
     params = preset_parameters(
         spec.model, data.input_shape, data.num_classes, spec.hidden, gpt_settings(spec)
     )
-    what = f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else "`model`"
-    states = len(OPTIMIZERS[spec.optimizer].state_names) if spec.optimizer in OPTIMIZERS else 2
+    states = len(OPTIMIZERS[spec.optimizer].state_names)
     import numpy as np  # the backend's own dtype may not be constructible (PyTorch's)
 
-    check_network_fits(what, params, np.dtype(spec.dtype).itemsize, states)
+    check_network_fits(
+        network_named(spec, "`model`"), params, np.dtype(spec.dtype).itemsize, states
+    )
+
+
+def network_named(spec: RunSpec, model: str) -> str:
+    """How a message names the network: the MLP by its sizes, another by ``model``."""
+    return f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else model
 
 
 def gpt_settings(spec: RunSpec) -> dict[str, int]:
@@ -395,35 +367,23 @@ def gpt_settings(spec: RunSpec) -> dict[str, int]:
     return {name: getattr(spec, name) for name in GPT_DEFAULTS}
 
 
-def gpt_identity(spec: RunSpec, data: Any) -> dict[str, Any]:
-    """What a GPT's checkpoint must say to be sampled from (``xpnn generate``) and resumed."""
-    if spec.model != "gpt":
-        return {}
-    return {**gpt_settings(spec), "vocab": data.vocab.chars}
-
-
 def check_text_model(spec: RunSpec, data: Any) -> None:
     """A GPT reads text; the image models read images."""
     is_text = data.vocab is not None
     if spec.model == "gpt" and not is_text:
-        raise UserError(
-            f"`model` gpt: needs a text data set (`dataset` tinyshakespeare or text), "
-            f"not {spec.dataset}"
-        )
+        text = "a text data set (`dataset` tinyshakespeare or text)"
+        raise UserError(f"`model` gpt: needs {text}, not {spec.dataset}")
     if spec.model != "gpt" and is_text:
         raise UserError(f"`dataset` {spec.dataset}: a text data set trains `model` gpt")
     if spec.model == "gpt" and spec.embed % spec.heads:
-        raise UserError(
-            f"`heads` {spec.heads}: does not divide `embed` {spec.embed} "
-            "(each head takes an equal share of the embedding)"
-        )
+        why = "(each head takes an equal share of the embedding)"
+        raise UserError(f"`heads` {spec.heads}: does not divide `embed` {spec.embed} {why}")
     if spec.model == "gpt" and spec.loss != "softmax_cross_entropy":
         raise UserError("`loss`: `model` gpt trains with softmax_cross_entropy at every position")
 
 
 def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -> list[str]:
-    """What rank 0 says before training; ``node_sizes``: the job's ranks on each node;
-    ``asked``: the backend as given (``auto`` is said beside the one it chose)."""
+    """What rank 0 says before training; ``asked``: the backend as given (``auto`` is said)."""
     from xpnn.parallel.model.whole import is_spread, whole_size
     from xpnn.runtime.threads import describe_threads
     from xpnn.runtime.world import describe_ranks
@@ -441,10 +401,8 @@ def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -
         line += f" on rank 0 of {whole_size(model):,}, {cfg.plan.mode} parallel"
         if groups.data.size > 1:
             line += f" over {groups.model.size} ranks x {groups.data.size} replicas"
-    preset = cfg.facts.preset
-    said = (
-        [f"the gpt recipe for the settings not given: {describe_preset(preset)}"] if preset else []
-    )
+    preset = cfg.facts.preset and describe_preset(cfg.facts.preset)
+    said = [f"the gpt recipe for the settings not given: {preset}"] if preset else []
     return [
         *said,
         line,
@@ -459,10 +417,8 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     """Worth a word, not an error: a fallback transport, settings ignored or probably a slip."""
     groups = trainer.groups
     said = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
-    said += [
-        f"{name} has no effect {why}"
-        for name, why in ineffective_settings(spec, groups, trainer.cfg.plan)
-    ]
+    ignored = ineffective_settings(spec, groups, trainer.cfg.plan)
+    said += [f"{name} has no effect {why}" for name, why in ignored]
     if spec.precision != "fp32" and spec.backend == "numba" and trainer.backend.name == "numpy":
         said.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
     return said + questionable_settings(spec, trainer.cfg, world, trainer.data.n_train)

@@ -1,7 +1,5 @@
-"""Every setting of a run declared once, as a ``RunSpec`` field: its group, default, rule (a
-range or the choices), help and flag. The command line's parser and ``--help``
-(``xpnn.commands.flags``), the library's checks (``check_settings``), the defaults a run fills
-in (``with_defaults``) and docs/cli.md's tables are all read from these declarations."""
+"""Every setting of a run declared once, as a ``RunSpec`` field: group, default, rule, help and
+flag; the parser, the checks, the defaults and docs/cli.md's tables are read from them."""
 
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ MOST = 2**31 - 1  # counts and sizes past this are typos, and past NumPy's or C'
 
 @dataclass(frozen=True)
 class Range:
-    """A number's rule, said to a program (``problem``) and read from a flag's text (``read``)
-    in the words each has always used."""
+    """A number's rule, said to a program (``problem``) and read from a flag's text (``read``)."""
 
     low: float
     most: float = math.inf
@@ -52,7 +49,6 @@ class Range:
     most_said: str = ""  # ``most`` as the message writes it
 
     def problem(self, value: Any) -> str | None:
-        """What is wrong with ``value`` given by a program, or None."""
         bound = f"{'>' if self.above else '>='} {self.low:g}"
         if self.whole and (not is_int(value) or value < self.low):
             return f"must be a whole number {bound}, got {value!r}"
@@ -62,7 +58,6 @@ class Range:
         return self._high(value, repr(value))
 
     def read(self, text: str) -> int | float:
-        """``text`` typed after a flag as its number; a ``ValueError`` in one line if not."""
         try:
             value = int(text) if self.whole else float(text)
         except ValueError:
@@ -116,7 +111,6 @@ class Setting:
     per_rank: bool = False  # may differ between ranks (a node's data copy, rank 0's files)
 
     def said_default(self, default: Any) -> str:
-        """The default as docs/cli.md's table and ``--help`` say it."""
         if self.shown:
             return self.shown
         value = default if self.fill is None or callable(self.fill) else self.fill
@@ -166,8 +160,7 @@ GPT_FLAGS = " ".join(f"--{k.replace('_', '-')} {said(v)}" for k, v in GPT_RECIPE
 
 @dataclass
 class RunSpec:
-    """The choices of one run, each declared once; ``None`` is "the default", so that an
-    ignored one can be said."""
+    """The choices of one run; ``None`` is "the default", so that an ignored one can be said."""
 
     backend: str = MODEL(
         "auto", choices=BACKENDS, shown="``auto``: the fastest this machine offers"
@@ -488,8 +481,7 @@ PER_RANK = tuple(name for name, s in SETTINGS.items() if s.per_rank)
 
 
 def check_settings(spec: RunSpec) -> None:
-    """Each setting against its own rule, for the command line and for programs alike; a
-    ``UserError`` naming the first one broken. None is "not given"; ``auto`` the planner's."""
+    """Each setting against its own rule; None is "not given", ``auto`` the planner's."""
     for name, s in SETTINGS.items():
         value = getattr(spec, name)
         if value is None or (name in CHOSEN and value == AUTO):
@@ -502,8 +494,7 @@ def check_settings(spec: RunSpec) -> None:
 
 
 def check_spec(spec: RunSpec) -> None:
-    """Every setting's own rule, then the pairs that cannot go together: checked once, for
-    the command line and for programs alike; raises a ``UserError`` naming the setting."""
+    """Every setting's own rule, then the pairs that cannot go together."""
     from xpnn.parallel.plan import check
 
     check_settings(spec)
@@ -518,8 +509,7 @@ def check_spec(spec: RunSpec) -> None:
 
 
 def with_defaults(spec: RunSpec) -> RunSpec:
-    """``spec`` with each setting it leaves ``None`` given its default: the one place they are
-    chosen (a model's recipe, ``gpt_preset``, fills its own first)."""
+    """``spec`` with each setting it leaves ``None`` given its default (a recipe fills first)."""
     unset = {
         name: s.fill(spec) if callable(s.fill) else s.fill
         for name, s in SETTINGS.items()
@@ -529,16 +519,14 @@ def with_defaults(spec: RunSpec) -> RunSpec:
 
 
 def given_settings(spec: Any, given: Collection[str] | None = None) -> set[str]:
-    """The settings the caller chose: ``given`` where the caller says (the command line lists
-    the flags typed), else those of ``spec`` that differ from their defaults."""
+    """The settings the caller chose: ``given``, else those of ``spec`` off their defaults."""
     if given is not None:
         return set(given)
     return {name for name, value in DEFAULTS.items() if getattr(spec, name) != value}
 
 
 def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, dict[str, Any]]:
-    """``spec`` with the GPT recipe filling what it leaves unset, and what was filled (name ->
-    value); ``spec`` itself for other models."""
+    """(``spec`` with the GPT recipe filling what it leaves unset, what was filled)."""
     if spec.model != "gpt":
         return spec, {}
     given = given_settings(spec, given)
@@ -548,11 +536,7 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
     applies = {name: name in takes for name in ("betas", "eps", "weight_decay")}
     applies |= {"warmup_steps": "warmup_epochs" not in given, "min_lr": schedule == "cosine"}
     applies["batch_size"] = "per_rank_batch" not in given
-    fill = {
-        name: value
-        for name, value in GPT_RECIPE.items()
-        if applies.get(name, True) and name not in given
-    }
+    fill = {k: v for k, v in GPT_RECIPE.items() if applies.get(k, True) and k not in given}
     spec = dataclasses.replace(spec, **fill)
     if gpt_batch_threads_chosen(spec, given):  # the planner's choice, said in its own line
         spec = dataclasses.replace(spec, batch_threads=AUTO)
@@ -560,10 +544,8 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
 
 
 def gpt_batch_threads_chosen(spec: Any, given: Collection[str]) -> bool:
-    """Whether ``--model gpt`` leaves ``batch_threads`` to the planner (``auto``): not given,
-    on a CPU backend, data-parallel in fp32 on more than one thread, its text and heads valid
-    (else the run's own check says what is wrong). One process of 2 batch threads trained
-    1.33x one whose 2 threads shared each product (docs/gpt.md#speed-beside-pytorch)."""
+    """Whether ``--model gpt`` leaves ``batch_threads`` to the planner: where it applies and
+    helps (2 batch threads trained 1.33x one, docs/gpt.md#speed-beside-pytorch)."""
     from xpnn.backends import accelerator_possible
     from xpnn.data.text import TEXT_DATASETS
     from xpnn.parallel.model.batch_threads import CPU_BACKENDS
@@ -579,5 +561,4 @@ def gpt_batch_threads_chosen(spec: Any, given: Collection[str]) -> bool:
 
 
 def describe_preset(fill: dict[str, Any]) -> str:
-    """The filled settings as a start-up line names them (``name`` value)."""
     return ", ".join(f"`{name}` {said(value)}" for name, value in fill.items())

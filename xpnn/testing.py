@@ -39,10 +39,9 @@ def check_layer(
     before_forward: Callable[[Layer], None] | None = None,
     backend: str = "numpy",
 ) -> Sequential:
-    """Build ``layer`` on a float64 host backend (``numpy`` or ``torch``); compare dx and every
-    dparam with FD of ``sum(forward(x) * R)`` for a random R, perturbing NumPy views of the
-    backend's arrays. ``x_shape``: the input a built layer takes, where it differs from the
-    shape it is built against (a tensor-parallel slice); ``before_forward(layer)``: after build."""
+    """Compare ``layer``'s dx and every dparam, in float64 on ``backend``, with finite
+    differences of ``sum(forward(x) * R)``; ``x_shape``: the input where it differs from
+    ``in_shape`` (a tensor-parallel slice)."""
     from xpnn.backends import get_backend
 
     arrays = get_backend(backend, "float64")
@@ -87,8 +86,7 @@ def _backward(layer: Layer, arrays: object, r: np.ndarray, x_shape: tuple[int, .
 def _compare(
     what: str, got: np.ndarray, numeric: np.ndarray, atol: float, first: np.ndarray
 ) -> None:
-    """An AssertionError naming ``what`` and its largest difference from the finite
-    differences; ``first``: the first of two backward calls (``got`` is the second's)."""
+    """``first``: the first of two backward calls (``got`` is the second's)."""
     if np.allclose(got, numeric, rtol=1e-5, atol=atol):
         return
     if np.allclose(first, numeric, rtol=1e-5, atol=atol):

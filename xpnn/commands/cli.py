@@ -1,11 +1,8 @@
-"""``python -m xpnn [train|info|plot|trace|generate|bench]``: the flags (``commands.flags``) fill
-a ``RunSpec`` that ``xpnn.run`` runs; a problem found before MPI starts on one rank still reaches
-every rank; the exit codes: 0 success; 2 a user error, one line naming the flag or file, printed
-once for all ranks; 1 anything else."""
+"""``python -m xpnn [train|info|plot|trace|generate|bench]``: exit 0 on success; 2 a user error,
+one line naming the flag or file, said once for all ranks; 1 anything else."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from collections.abc import Sequence
@@ -35,27 +32,14 @@ def _say(line: str, err: bool = False) -> None:
 
 
 def _stream_failed(exc: OSError, stream: str) -> OSError:
-    """``exc`` as an error naming the stream it came from; stdout silenced for the exit."""
     if stream == "stdout":
         failure.silence_stdout()
     return OSError(exc.errno, f"cannot write to {stream}: {exc.strerror}")
 
 
-def train_main(
-    args: argparse.Namespace, callbacks: Sequence[Any] = (), given: frozenset[str] | None = None
-) -> int:
-    """``given``: the settings typed on the command line, which a model's preset leaves alone."""
-    if args.checkpoint_signal:  # before MPI_Init: the signal's default action ends the process
-        from xpnn.train.requeue import CheckpointOnSignal
-
-        callbacks = [CheckpointOnSignal(args.checkpoint_signal, args.checkpoint_dir), *callbacks]
-    warn = functools.partial(_say, err=True)
-    return launch(flags.to_spec(args), callbacks, log=_say, warn=warn, given=given)
-
-
 def _start_up_failure(command: str, line: str) -> int:
-    """A problem found before MPI runs, on this rank and maybe only here: under a launcher it
-    still starts MPI, so that the others hear of it rather than wait in ``MPI_Init``."""
+    """A problem found before MPI runs, maybe on this rank alone: under a launcher it still
+    starts MPI, so that the others hear of it rather than wait in ``MPI_Init``."""
     from xpnn.runtime.mpi_state import imported_mpi
     from xpnn.runtime.world import launched_by_mpi
 
@@ -134,7 +118,13 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
             if command == "info":
                 hand_over(failure.Terminated)  # no run_guarded: Ctrl-C is for the except below
                 return _info(args.json)
-            return train_main(args, callbacks, given)
+            if args.checkpoint_signal:  # before MPI_Init: the signal's default action would end it
+                from xpnn.train.requeue import CheckpointOnSignal
+
+                on_signal = CheckpointOnSignal(args.checkpoint_signal, args.checkpoint_dir)
+                callbacks = [on_signal, *callbacks]
+            warn = functools.partial(_say, err=True)
+            return launch(flags.to_spec(args), callbacks, log=_say, warn=warn, given=given)
         except UserError as exc:  # before MPI: maybe on this rank alone
             return _start_up_failure(command, user_message(exc))
         except KeyboardInterrupt as exc:  # while NumPy or MPI start, without xpnn.__main__

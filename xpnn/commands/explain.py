@@ -1,6 +1,5 @@
-"""``python -m xpnn explain RUN``: a run's measured step beside the cost model's prediction
-for the same layout, split into compute, communication (hidden and exposed), the pipeline's
-bubble and waiting for the slowest rank, and the largest gap named in one sentence."""
+"""``python -m xpnn explain RUN``: a run's measured step beside the cost model's prediction,
+part by part, and the largest gap named in one sentence."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ PARTS += ("waiting for other ranks",)
 
 
 def measured_step(records: list[dict[str, Any]]) -> tuple[dict[str, Any], float]:
-    """The last timed record of a metrics file's ``epoch``/``eval`` records and its seconds per
-    step (global batch over the rate)."""
+    """(the last timed ``epoch``/``eval`` record of a metrics file, its seconds per step)."""
     timed = [r for r in records if r.get("event") in ("epoch", "eval") and r.get("samples_per_s")]
     if not timed:
         raise UserError("explain: no record with a rate (samples_per_s)")
@@ -43,8 +41,7 @@ def layout_of(record: dict[str, Any]) -> Layout:
 
 
 def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Prediction:
-    """The prediction for the run ``record`` describes; ``flags``: the run's own model flags
-    the record does not keep (``--hidden``, ``--layers``...), which win."""
+    """``flags``: the run's model flags the record does not keep (``--hidden``), which win."""
     argv = ["--dataset", str(record.get("dataset", "synthetic"))]
     if record.get("model") in ("mlp", "cnn", "gpt"):
         argv += ["--model", record["model"]]
@@ -119,11 +116,8 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
     add("--metrics", help="the run's --metrics file (with a trace directory)")
     add("--calibration", help="a calibration file (default: this machine's)")
     args, flags = parser.parse_known_args(argv)
-    metrics, trace = args.metrics, args.trace
-    if os.path.isdir(args.run):
-        trace = args.run
-    else:
-        metrics = args.run
+    is_trace = os.path.isdir(args.run)
+    metrics, trace = (args.metrics, args.run) if is_trace else (args.run, args.trace)
     if metrics is None:
         raise UserError("explain: give the run's --metrics file (and its --trace directory)")
     machine = machine_for(args.calibration)
@@ -147,7 +141,6 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
 
 
 def _traced(split: dict[str, Any] | None) -> tuple[float | None, ...]:
-    """The traced step's compute, exposed and hidden communication, bubble and waiting, ms."""
     if not split:
         return (None,) * 5
     comm, hidden = split["communication_ms"], split.get("hidden") or 0.0

@@ -1,7 +1,5 @@
-"""The training flags, read from the settings' declarations (``xpnn.settings``): a flag per
-``RunSpec`` field with its help, default and reading of the text, ``to_spec`` from parsed
-flags, ``flag_words`` that says a library message's parameters as flags, and
-``settings_tables``, docs/cli.md's tables. The command line and the benchmarks share it."""
+"""The training flags, read from the settings' declarations (``xpnn.settings``): the parser,
+``to_spec``, ``flag_words`` (a message's parameters as flags) and docs/cli.md's tables."""
 
 from __future__ import annotations
 
@@ -40,8 +38,8 @@ class ArgError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line naming it, with no usage dump, takes no
-    abbreviation (``--e 1`` is not ``--epochs 1``) and suggests the flag a typo meant."""
+    """argparse that reports a bad flag as one line naming it, takes no abbreviation (``--e 1``
+    is not ``--epochs 1``) and suggests the flag a typo meant."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(allow_abbrev=False, **kwargs)
@@ -56,7 +54,6 @@ class _Parser(argparse.ArgumentParser):
         return known
 
     def _unknown(self, unknown: list[str]) -> str:
-        """argparse's line, with the closest flag for the first mistyped one (difflib)."""
         flags = [f for action in self._actions for f in action.option_strings]
         line = f"unrecognized arguments: {' '.join(unknown)}"
         for word in unknown:
@@ -91,7 +88,7 @@ def _rates(text: str) -> tuple[float, float]:
 
 
 def _path(text: str) -> str:
-    """A file or directory name; an empty one is a slip (the shell's ``--save $UNSET``)."""
+    """An empty name is a slip (the shell's ``--save $UNSET``)."""
     if not text.strip():
         raise ValueError("empty path")
     return text
@@ -112,8 +109,7 @@ READERS = {"sizes": _sizes, "rates": _rates, "path": _path, "resume": _resume, "
 
 
 def _typed(read: Callable[[str], Any], auto: bool) -> Callable[[str], Any]:
-    """``read``, its ``ValueError`` said as argparse says a bad flag's value; with ``auto``, the
-    word ``auto`` too: the planner chooses (``xpnn.planner.auto``)."""
+    """``read`` as argparse's type; with ``auto``, the planner's word too."""
 
     def parse(text: str) -> Any:
         try:
@@ -152,7 +148,6 @@ def build_info_parser() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """A flag per ``RunSpec`` field (``--no-progress`` for ``progress``), with its defaults."""
     p = _Parser(
         prog="python -m xpnn",
         usage="python -m xpnn [train] [flags]  |  --version  |  info [--json]  |  plot "
@@ -190,7 +185,7 @@ def typed_settings(parser: argparse.ArgumentParser, argv: list[str]) -> frozense
 
 
 def settings_tables() -> dict[str, str]:
-    """docs/cli.md's tables of the training flags, one a group (heading -> Markdown)."""
+    """docs/cli.md's tables of the training flags (heading -> Markdown)."""
     groups: dict[str, list[str]] = {}
     for name, s in DECLARED.items():
         shape = s.metavar or ("{" + ",".join(c for c in s.choices if c not in s.unoffered) + "}")

@@ -1,5 +1,4 @@
-"""``python -m xpnn generate CHECKPOINT --chars N --temperature T --seed S``: sample text from a
-GPT checkpoint (``--checkpoint-dir``'s files), on any backend."""
+"""``python -m xpnn generate CHECKPOINT``: sample text from a GPT checkpoint, on any backend."""
 
 from __future__ import annotations
 
@@ -17,9 +16,8 @@ from xpnn.errors import UserError
 
 
 def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, str]:
-    """(the GPT of checkpoint ``path`` (a file, or a directory's latest), built on the backend
-    ``backend_name`` in the checkpoint's precision with its parameters; its vocabulary). A
-    file xpnn could not have written is refused in one line, as ``--resume`` refuses it."""
+    """(the GPT of checkpoint ``path``, a file or a directory's latest; its vocabulary); a file
+    xpnn could not have written is refused in one line, as ``--resume`` refuses it."""
     from xpnn.train.checkpoint import DamagedCheckpoint, latest_checkpoint, read_npz
 
     if Path(path).is_dir():
@@ -44,8 +42,8 @@ def _damaged(path: Path, why: str) -> Exception:
 
 
 def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], str]:
-    """The GPT's sizes and vocabulary that ``meta.identity`` names, checked against what the
-    file holds: building sizes no parameters of the file could fill would fill memory."""
+    """``meta.identity``'s sizes and vocabulary, checked against what the file holds: sizes no
+    parameters of the file could fill would fill memory."""
     from xpnn.nn.gpt import GPT_DEFAULTS
     from xpnn.train.checkpoint import _json_meta
 
@@ -75,8 +73,7 @@ def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], s
 def _built(
     path: Path, arrays: dict[str, Any], sizes: dict[str, int], vocab: str, backend_name: str
 ) -> Any:
-    """The GPT of ``sizes`` with the file's parameters, each there, of its shape, floating
-    point and finite; else the file is damaged."""
+    """The GPT of ``sizes`` with the file's parameters, each checked."""
     from xpnn.backends import get_backend
     from xpnn.nn.gpt import gpt
     from xpnn.train.checkpoint import check_finite
@@ -109,7 +106,7 @@ def sample(
     prompt: str = "\n",
 ) -> str:
     """``chars`` characters after ``prompt``, each drawn from the softmax of the last position's
-    logits divided by ``temperature``, over at most the model's ``block`` latest characters."""
+    logits over ``temperature``."""
     from xpnn.nn.layer import Context
 
     if temperature <= 0:
@@ -119,19 +116,16 @@ def sample(
     if unknown:
         raise UserError(f"prompt: characters the model never saw: {''.join(unknown)!r}")
     ids = [index[c] for c in prompt] or [0]
-    block = model.shapes[0][0]
+    start, block = len(ids), model.shapes[0][0]
     rng = np.random.default_rng(seed)
     backend = model.backend
-    out = []
     for _ in range(chars):
         context = np.asarray(ids[-block:], dtype=np.int64)[None, :]
         logits = model.forward(backend.asarray(context, dtype=backend.xp.int64), Context())
         last = backend.to_host(logits[0, -1, :]).astype(np.float64) / temperature
         p = np.exp(last - last.max())
-        nxt = int(rng.choice(len(vocab), p=p / p.sum()))
-        ids.append(nxt)
-        out.append(vocab[nxt])
-    return "".join(out)
+        ids.append(int(rng.choice(len(vocab), p=p / p.sum())))
+    return "".join(vocab[i] for i in ids[start:])
 
 
 MOST_CHARS = 1_000_000  # a forward pass each: more is hours, and a typo's 10**20 never ends
@@ -155,7 +149,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    """Each value in its range, before the checkpoint is read."""
     if not 0 <= args.chars <= MOST_CHARS:
         raise UserError(f"--chars: must be 0 to {MOST_CHARS:,}, got {args.chars}")
     if not 0 <= args.seed <= MOST_SEED:

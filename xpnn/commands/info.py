@@ -37,13 +37,9 @@ def collect() -> dict:
         "cores": node_cores(),
         "affinity_cores": len(affinity()),
         "cpu_quota": cpu_quota(),
-        "world": {
-            "rank": world.rank,
-            "size": world.size,
-            "local_size": world.local_size,
-            "node_sizes": list(world.node_sizes),
-        },
+        "world": {n: getattr(world, n) for n in ("rank", "size", "local_size")},
     }
+    out["world"]["node_sizes"] = list(world.node_sizes)
     with contextlib.suppress(ImportError):
         out["numba"] = __import__("numba").__version__
     if out["backends"]["cupy"] == "available":

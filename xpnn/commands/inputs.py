@@ -1,5 +1,4 @@
-"""What the planner's commands read: a run's settings from its flags, the model's work from
-them, and a machine's calibration."""
+"""What the planner's commands read: a run's settings from its flags, and a calibration."""
 
 from __future__ import annotations
 
@@ -43,7 +42,7 @@ def machine_for(path: str | None) -> Machine:
 
 
 def global_batch(spec: Any) -> int:
-    """The run's global batch, checked: a whole number >= 1 (a full batch needs the data)."""
+    """The run's global batch, a whole number (a full batch needs the data)."""
     from xpnn.nn.layer import is_int
     from xpnn.run import BATCH
 
@@ -57,8 +56,7 @@ def global_batch(spec: Any) -> int:
 
 def predict_run(flags: list[str], layout: Any, calibration: str | None = None) -> tuple[Any, int]:
     """(the prediction for the run ``flags`` describe laid out as ``layout``, its global
-    batch), on this machine's calibration (what it lacks measured now and kept), or on the
-    machine the ``calibration`` file describes (nothing measured)."""
+    batch) on this machine (what it lacks measured and kept), or on ``calibration``'s."""
     from xpnn.planner.cost import predict
     from xpnn.planner.machine import cache_path, save
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from xpnn.commands.explain import explain, measured_step
 from xpnn.commands.inputs import Parser, global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.choose import layouts, node_layouts
@@ -82,8 +83,7 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         rows = [p.to_json() for p in found]
         for i, seconds in measured.items():
             rows[i] |= {} if seconds is None else {"measured_step_s": seconds}
-        json.dump(rows, out, indent=1)
-        out.write("\n")
+        print(json.dumps(rows, indent=1), file=out)
         return found
     unit = "tokens/s" if work.tokens_per_sample > 1 else "samples/s"
     shape = f"{own.nodes} nodes x {cores} cores" if own.nodes > 1 else f"{cores} cores"
@@ -107,8 +107,7 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         )
     best = found[0].layout
     launch = f"mpiexec -n {best.ranks} " if best.ranks > 1 else ""
-    if best.nodes > 1:
-        launch += f"-ppn {best.local_ranks} "
+    launch += f"-ppn {best.local_ranks} " if best.nodes > 1 else ""
     print(f"fastest: {launch}python -m xpnn {' '.join(best.flags())}", file=out)
     return found
 
@@ -116,19 +115,17 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
 def measure_plans(
     found: list[Prediction], flags: list[str], top: int, steps: int
 ) -> dict[int, float | None]:
-    """Run the ``top`` predicted fastest, the middle one and the slowest for ``steps`` steps:
-    {index in ``found``: measured seconds per step (None: the run failed)}."""
+    """{index in ``found``: seconds per step, None where the run failed} of the ``top``
+    predicted fastest, the middle one and the slowest."""
     picks = list(range(min(top, len(found))))
     picks += [i for i in (len(found) // 2, len(found) - 1) if i not in picks]
     return {i: measure_one(found[i], flags, steps) for i in picks}
 
 
 def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
-    """Seconds per step of the layout, from its last evaluation record's rate."""
     import subprocess
     import tempfile
 
-    from xpnn.commands.explain import measured_step
     from xpnn.planner.machine import mpiexec_path
 
     every = max(1, steps // 2)
@@ -189,16 +186,10 @@ def calibrate_main(argv: list[str]) -> int:
 
 
 def main(command: str, argv: list[str]) -> int:
-    """The CLI's entry: one line and exit 2 for a user's mistake."""
     try:
         if command == "calibrate":
             return calibrate_main(argv)
-        if command == "explain":
-            from xpnn.commands.explain import explain
-
-            explain(argv)
-            return 0
-        plan(argv)
+        (explain if command == "explain" else plan)(argv)
         return 0
     except UserError as exc:
         print(f"xpnn {command}: {exc}", file=sys.stderr)

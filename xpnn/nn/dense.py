@@ -43,7 +43,6 @@ class Dense(Layer):
         return x
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        # ``lead``: (B,) or (B, T, ...), ``W`` acting on the last axis
         self.lead, self.x = tuple(x.shape[:-1]), self.checked(x)
         return self.activate(self.xp.matmul(self.x, self.params["W"]))
 
@@ -53,7 +52,6 @@ class Dense(Layer):
         return self._unflat(self.y)
 
     def _unflat(self, rows: Array) -> Array:
-        """``rows`` (one per input position) with the input's leading axes back."""
         if len(self.lead) == 1:
             return rows
         return self.xp.reshape(rows, (*self.lead, rows.shape[-1]))

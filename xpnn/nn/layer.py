@@ -45,13 +45,11 @@ class Context:
 class Layer:
     """Base class: parameters, gradients, their backend, and what models and strategies ask."""
 
-    # How tensor parallelism treats it: "none" (it refuses the model), "replicate" (holds
-    # nothing to split), "elementwise" (runs on a rank's slice of the activations) or "dense"
-    # (x @ W + b: split by columns, the next by rows, as Megatron-LM does).
+    # Under tensor parallelism: "none" (refused), "replicate" (nothing to split), "elementwise"
+    # (on a rank's slice of the activations) or "dense" (columns, the next by rows: Megatron).
     tensor_split: ClassVar[str] = "none"
-    # Megatron pairs of Dense sublayers, (column, row, column_group, row_group): the column's
-    # output units and the row's input rows are cut across ranks in groups (a head's q, k and
-    # v together), the same groups to a rank. Empty: every rank holds all of it.
+    # Megatron pairs of Dense sublayers, (column, row, column_group, row_group), cut across ranks
+    # in groups (a head's q, k and v together). Empty: every rank holds all of it.
     tensor_pairs: tuple[tuple[str, str, int, int], ...] = ()
 
     def __init__(self) -> None:
@@ -75,7 +73,6 @@ class Layer:
         self.initial[name] = (initial, tuple(shape if shape is not None else initial.shape))
 
     def bind(self, name: str, param: Array, grad: Array) -> None:
-        """Point parameter ``name`` and its gradient at views of the model's flat buffers."""
         self.params[name] = param
         self.grads[name] = grad
 

@@ -1,5 +1,5 @@
-"""What the trainer, checkpoints and data-parallel updates ask of a model (``Model``: a user's
-model implements these names); what strategies that swap or stage layers ask (``LayeredModel``)."""
+"""What the trainer, checkpoints and updates ask of a model (``Model``: a user's model implements
+these names); what strategies that swap or stage layers ask (``LayeredModel``)."""
 
 from __future__ import annotations
 

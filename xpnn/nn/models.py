@@ -1,5 +1,5 @@
 """Models by name: the presets, or a user's factory ``f(input_shape, num_classes) -> model``
-named ``FILE.py:FUNCTION`` or ``package.module:FUNCTION`` (imported by each process that asks)."""
+named ``FILE.py:FUNCTION`` or ``package.module:FUNCTION``."""
 
 import importlib
 import importlib.util
@@ -127,9 +127,8 @@ def _import(where: str, load: Callable[[], Any]) -> Any:
     except ModuleNotFoundError as exc:
         raise UserError(f"`model` {where}: no module {exc.name}") from None
     except Exception as exc:  # noqa: BLE001 -- the user's code: any error is theirs to see
-        raise UserError(
-            f"`model` {where}: importing it raised {type(exc).__name__}: {exc}"
-        ) from None
+        said = f"importing it raised {type(exc).__name__}: {exc}"
+        raise UserError(f"`model` {where}: {said}") from None
 
 
 def make_model(
@@ -141,8 +140,7 @@ def make_model(
     loss: str = "softmax_cross_entropy",
     gpt_sizes: dict[str, int] | None = None,
 ) -> Sequential:
-    """The unbuilt model a run's ``model`` names, makes or is; ``gpt_sizes``: ``gpt``'s layers,
-    heads, embed and block (``num_classes`` is its vocabulary)."""
+    """The unbuilt model a run's ``model`` names, makes or is (``num_classes``: gpt's vocab)."""
     if model == "gpt":
         return gpt(num_classes, **(gpt_sizes or {}))
     if isinstance(model, str) and model in MODELS:

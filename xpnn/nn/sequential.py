@@ -1,5 +1,5 @@
-"""Sequential model: layers in order, all parameters in one flat buffer, gradients in another
-(a few large slices to reduce); ``on_grads_ready(offset)``: ``grads[offset:]`` is final."""
+"""Layers in order, all parameters in one flat buffer and gradients in another (a few large
+slices to reduce); ``on_grads_ready(offset)``: ``grads[offset:]`` is final."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from xpnn.record.phases import FORWARD, layer_span, span
 
 
 def resolve_loss(loss: Any) -> Any:
-    """A loss object from None (softmax cross-entropy), a name or class of ``LOSSES``, or a
-    callable ``loss(kernels, logits, labels, scale)``."""
+    """A loss object from None, a name or class of ``LOSSES``, or a callable
+    ``loss(kernels, logits, labels, scale)``."""
     if loss is None:
         loss = SoftmaxCrossEntropy
     elif isinstance(loss, str):
@@ -33,8 +33,8 @@ def resolve_loss(loss: Any) -> Any:
 
 
 def adding(acc: Array, grads: Array, on_grads_ready: Ready) -> Callable[[int], None]:
-    """A backward's ``on_grads_ready`` that first adds ``acc`` (earlier passes' gradients,
-    summed) into each newly final ``grads[offset:]``, then reports it on."""
+    """An ``on_grads_ready`` that first adds ``acc`` (earlier passes' gradients) into each newly
+    final ``grads[offset:]``."""
     done = [grads.shape[0]]
 
     def ready(offset: int) -> None:
@@ -60,8 +60,8 @@ class LayerError(UserError):
 def checked_call(
     index: int, layer: Layer, call: str, fn: Callable[[], Any], want: tuple[int, ...] | None
 ) -> Any:
-    """``fn()``, a user's layer's ``call``; its failure, or an output not of shape ``want``, a
-    ``LayerError`` (a gradient that merely broadcasts, ``dy[:1]``, would train wrongly)."""
+    """``fn()``, a user's layer's ``call``; its failure, or an output not of shape ``want`` (a
+    gradient that merely broadcasts, ``dy[:1]``, would train wrongly), a ``LayerError``."""
     name = f"({type(layer).__name__}) {call}"
     try:
         out = fn()
@@ -89,7 +89,6 @@ class Sequential:
         self.loss = resolve_loss(loss)
 
     def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
-        """Initialise every parameter from ``seed`` and place it in the flat buffers."""
         return self.setup(input_shape, backend, seed).place()
 
     def setup(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
@@ -108,7 +107,6 @@ class Sequential:
         return self
 
     def place(self) -> Sequential:
-        """Put the drawn initial values into one flat parameter buffer on the backend."""
         initial = [v for layer in self.layers for v in layer.initial.values()]
         params = self.backend.asarray(self.backend.pack_host(initial))
         self._bind(params, self.xp.zeros_like(params))
@@ -123,7 +121,6 @@ class Sequential:
         self._bind(params, grads)
 
     def _bind(self, params: Array, grads: Array) -> None:
-        """Point every layer's named parameters and gradients at slices of the flat buffers."""
         self.params, self.grads = params, grads
         self.layer_offsets: list[int] = []
         offset = 0
@@ -135,7 +132,6 @@ class Sequential:
         self.size = offset
 
     def attach(self, comm: Any) -> None:
-        """Give every layer (and sublayer) the communicator of the ranks that hold this model."""
         for layer in (inner for top in self.layers for inner in top.walk()):
             layer.attach(comm)
 
@@ -143,7 +139,6 @@ class Sequential:
         return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        """The logits of a batch, through the layers in order."""
         with FORWARD:
             for i, layer in enumerate(self.layers):
                 with layer_span("forward", i, layer):
@@ -171,7 +166,7 @@ class Sequential:
         return (a.shape[0], *shapes[at])
 
     def predict(self, x: Array) -> Array:
-        """The logits of ``x`` in evaluation mode (dropout off), on the backend."""
+        """The logits of ``x`` in evaluation mode (dropout off)."""
         return self.forward(self.backend.asarray(x), Context(train=False))
 
     def backward(self, dlogits: Array, on_grads_ready: Ready = None, need_dx: bool = False) -> Any:
@@ -201,7 +196,7 @@ class Sequential:
     def loss_and_grads(
         self, x: Array, labels: Array, ctx: Context, scale: float, on_grads_ready: Ready = None
     ) -> tuple[Array, Array]:
-        """Forward, loss, backward; returns (loss sum, number correct) as device scalars."""
+        """(loss sum, number correct) as device scalars; the gradients assigned."""
         self.train_rows = max(self.train_rows, labels.shape[0])
         logits = self.forward(x, ctx)
         with span("loss"):
@@ -228,7 +223,6 @@ class Sequential:
         return {key: layer.params[name] for key, layer, name in self.param_names()}
 
     def named_views(self, flat: Array) -> dict[str, Array]:
-        """Stable names -> views of ``flat``, a buffer laid out as the parameters are."""
         views, offset = {}, 0
         for key, layer, name in self.param_names():
             shape = tuple(layer.params[name].shape)
@@ -237,7 +231,6 @@ class Sequential:
         return views
 
     def param_names(self) -> list[tuple[str, Layer, str]]:
-        """(stable name, layer, the layer's own name for it) for every parameter, in order."""
         with_params = [layer for layer in self.layers if layer.initial]
         return [
             (f"layer{i}.{name}", layer, name)
