@@ -1,6 +1,5 @@
-"""The Communicator contract, and one process. Buffers (contiguous numpy or device arrays) are
-reduced in place; after a ``Handle``'s ``wait()`` the result is there for the host, or for work
-queued afterwards on the current CUDA stream."""
+"""The Communicator contract, and one process. Buffers are reduced in place; after a ``Handle``'s
+``wait()`` the result is there for the host, or for work queued afterwards on the CUDA stream."""
 
 from __future__ import annotations
 
@@ -45,18 +44,13 @@ def check_counts(buf: Any, counts: list[int], ranks: int) -> list[int]:
 
 class Communicator:
     """The interface. ``fallback_reason``: why an explicit ``--comm`` was not honoured;
-    ``detail``: why this one; ``auto_fallback``: why ``auto`` settled for it. Capabilities:
-    ``node_memory`` (``shm.ShmCommunicator``'s interface), ``device_buffers`` (no host copy).
-
-    ``bytes_sent``: the payload bytes this rank handed to the transport (not the wire traffic):
-    a reduction, ``allreduce_host`` or ``isend`` counts its buffer; ``bcast_`` its root only;
-    ``recv_`` nothing; ``ireduce_scatter_`` the pieces other ranks receive and ``iallgather_``
-    this rank's piece (together one allreduce's). Barriers, ``allgather_obj`` and node-shared
-    memory count nothing. An integer add per call, never a sync."""
+    ``detail``: why this one; ``auto_fallback``: why ``auto`` settled for it. ``bytes_sent``:
+    the payload this rank handed the transport (a reduce-scatter counts the pieces others get,
+    an all-gather its own; broadcasts the root only; objects and node memory nothing)."""
 
     name: str = "base"
-    node_memory: bool = False
-    device_buffers: bool = False
+    node_memory: bool = False  # ``shm.ShmCommunicator``'s interface
+    device_buffers: bool = False  # device buffers go without a host copy
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank
@@ -77,16 +71,15 @@ class Communicator:
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle: ...
 
     def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
-        """Sum, in place, 16-bit floats ``dtype`` (``narrow.NARROW``) held as ``uint16`` bits."""
+        """Sum 16-bit floats ``dtype`` (``narrow.NARROW``) held as ``uint16`` bits."""
 
     def bcast_(self, buf: Any, root: int = 0) -> None: ...
 
     def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
-        """Sum ``buf`` over the ranks, ``counts`` cutting it into one piece a rank (rank order):
-        after ``wait()`` this rank's piece holds the sum, the rest is undefined (ZeRO's half)."""
+        """Sum ``buf``, cut by ``counts`` one piece a rank: only this rank's piece is defined."""
 
     def iallgather_(self, buf: Any, counts: list[int]) -> Handle:
-        """Every rank's piece of ``buf`` (cut as ``ireduce_scatter_``'s) copied to every rank."""
+        """Every rank's piece of ``buf`` (cut as ``ireduce_scatter_``'s) to every rank."""
 
     def allgather_(self, buf: Any, counts: list[int]) -> None:
         self.iallgather_(buf, counts).wait()
@@ -97,8 +90,7 @@ class Communicator:
         """Reduce a small host array in float64 (counts exact to 2**53); a new array."""
 
     def allgather_obj(self, obj: Any, what: str = "a gathering of objects") -> list:
-        """One small picklable object from every rank, in rank order; ``what`` names the wait
-        for the stall watch (it polls, so a rank that never comes is said, not hung on)."""
+        """One small object from every rank, in rank order; ``what`` names the wait if it stalls."""
 
     def bcast_obj(self, obj: Any, root: int = 0, what: str = "a broadcast of an object") -> Any: ...
 
@@ -142,9 +134,7 @@ class SelfCommunicator(Communicator):
         check_counts(buf, counts, 1)
         return DONE
 
-    def iallgather_(self, buf: Any, counts: list[int]) -> Handle:
-        check_counts(buf, counts, 1)
-        return DONE
+    iallgather_ = ireduce_scatter_
 
     def barrier(self) -> None:
         pass

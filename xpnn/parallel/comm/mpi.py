@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.parallel.comm.arrays import CUPY, CupyArrays, TorchArrays
+from xpnn.parallel.comm.arrays import CUPY, Arrays
 from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_counts, check_op
 from xpnn.parallel.comm.narrow import sum_op
 from xpnn.record import phases
@@ -18,7 +18,7 @@ from xpnn.runtime import flight, stall
 
 
 class MpiHandle:
-    """An MPI request, its buffer (kept alive until done) and what it is, for stall warnings."""
+    """An MPI request, its buffer (alive until done) and what it is, for stall warnings."""
 
     __slots__ = ("_req", "_buf", "_what")
 
@@ -52,10 +52,9 @@ class _PinnedSlot:
 
 
 class _PinnedPool:
-    """Pinned host buffers per (size, dtype), reused across steps once their copy back to
-    the device is done; one per reduction of that shape in flight."""
+    """Pinned host buffers per (size, dtype), reused once their copy back to the device is done."""
 
-    def __init__(self, arrays: CupyArrays | TorchArrays) -> None:
+    def __init__(self, arrays: Arrays) -> None:
         self._arrays = arrays
         self._free: dict[tuple[int, np.dtype], list[_PinnedSlot]] = {}
         self.allocated = 0
@@ -76,22 +75,19 @@ class _PinnedPool:
         self._free.setdefault((slot.host.size, slot.host.dtype), []).append(slot)
 
     def copy_out(self, dev: Any) -> _PinnedSlot:
-        """A slot holding ``dev``'s values, copied after the work queued before."""
         slot = self.slot_for(dev)
         with phases.span("device to host", phases.COPIES):
             self._arrays.copy_out(dev, slot.host)
         return slot
 
     def copy_back(self, dev: Any, slot: _PinnedSlot) -> None:
-        """Queue the copy of ``slot`` into ``dev``; the slot returns to the pool."""
         with phases.span("host to device (queued)", phases.COPIES):
             slot.event = self._arrays.copy_back(dev, slot.host)
         self.release(slot)
 
 
 class _StagedHandle:
-    """A reduction staged through pinned memory, copied back to ``dev``; or a send (``dev``
-    None: the host buffer only returns to the pool)."""
+    """A reduction staged through pinned memory, copied back to ``dev`` (None: a send)."""
 
     __slots__ = ("_req", "_dev", "_slot", "_pool", "_what")
 
@@ -117,7 +113,7 @@ class MpiHostCommunicator(Communicator):
 
     name = "mpi-host"
 
-    def __init__(self, mpi_comm: Any, arrays: CupyArrays | TorchArrays = CUPY) -> None:
+    def __init__(self, mpi_comm: Any, arrays: Arrays = CUPY) -> None:
         from mpi4py import MPI
 
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size())
@@ -133,11 +129,8 @@ class MpiHostCommunicator(Communicator):
         return self._comm
 
     def _mpi_op(self, op: str) -> Any:
-        try:
-            return self._ops[op]
-        except KeyError:
-            check_op(op)
-            raise
+        check_op(op)
+        return self._ops[op]
 
     def allreduce_(self, buf: Any, op: str = "sum") -> None:
         # the hot path for every gradient bucket: kept to a dict lookup and a type check
@@ -154,8 +147,7 @@ class MpiHostCommunicator(Communicator):
         return self._iallreduce(buf, op, mop, self._device_iallreduce)
 
     def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
-        # the sum is Python code on the host: device bits are staged there even where MPI is
-        # CUDA-aware (the library would hand the function device pointers)
+        # the sum is Python code on the host: device bits are staged there even if MPI is CUDA-aware
         staged = functools.partial(MpiHostCommunicator._device_iallreduce, self)
         return self._iallreduce(bits, "sum", sum_op(dtype), staged)
 
@@ -183,8 +175,8 @@ class MpiHostCommunicator(Communicator):
         return self._by_pieces(buf, counts, "all-gather", self._gather_pieces, True)
 
     def _by_pieces(self, buf: Any, counts: list[int], op: str, post: Any, own: bool) -> Handle:
-        """``op`` over ``buf`` cut by ``counts``, ``post`` starting it on host memory; counted:
-        what leaves this rank, its ``own`` piece or every other one."""
+        """``op`` over ``buf`` cut by ``counts``, started by ``post``; counts what leaves this
+        rank: its ``own`` piece, or every other one."""
         starts = check_counts(buf, counts, self.size)
         mine = counts[self.rank] * (buf.nbytes // buf.shape[0] if buf.shape[0] else 0)
         sent = mine if own else buf.nbytes - mine
@@ -201,8 +193,7 @@ class MpiHostCommunicator(Communicator):
         return flight.Tracked(staged, record)
 
     def _reduce_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
-        """One in-place reduce of each rank's piece to that rank: pieces stay where they are
-        (``Ireduce_scatter`` would put this rank's at the start of its buffer)."""
+        """A reduce of each piece to its rank (``Ireduce_scatter`` would move this rank's)."""
         reqs = []
         for root, (start, count) in enumerate(zip(starts, counts, strict=True)):
             if count:
