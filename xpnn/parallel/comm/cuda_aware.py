@@ -69,7 +69,6 @@ def _cuda_error_name(lib: Any, code: int) -> str:
 
 
 def read_alloc_kinds() -> str | None:
-    """``mpi_memory_alloc_kinds`` of ``MPI.COMM_WORLD`` (MPI 4.1), or None."""
     try:
         from mpi4py import MPI
 
@@ -97,7 +96,6 @@ def _loaded_libmpi() -> ctypes.CDLL | None:
 
 
 def query_mpix_cuda_support() -> int | None:
-    """``MPIX_Query_cuda_support()`` of the loaded MPI library, or None."""
     if "mpi4py.MPI" not in sys.modules:
         try:
             from mpi4py import MPI  # noqa: F401  (loads and initialises libmpi)
