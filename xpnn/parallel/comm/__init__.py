@@ -39,11 +39,9 @@ def make_communicator(
             "`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "
             "these ranks split the network: use mpi-host or auto"
         )
-    if kind == "self":
-        if world.size > 1:
-            raise UserError(f"`comm` self: only for a single process, this job has {world.size}")
-        return SelfCommunicator()
-    if world.mpi_comm is None or (world.size == 1 and kind == "auto"):
+    if kind == "self" and world.size > 1:
+        raise UserError(f"`comm` self: only for a single process, this job has {world.size}")
+    if kind == "self" or world.mpi_comm is None or (world.size == 1 and kind == "auto"):
         return SelfCommunicator()
     if not is_gpu:
         return _cpu_communicator(world, kind, shares_params, library)

@@ -33,15 +33,9 @@ class CupyArrays:
 
     def empty_pinned(self, size: int, dtype: np.dtype) -> np.ndarray:
         """Page-locked: device copies run at full PCIe speed."""
-        try:
-            import cupyx
+        import cupyx
 
-            return cupyx.empty_pinned((size,), dtype=dtype)
-        except (ImportError, AttributeError):
-            import cupy
-
-            mem = cupy.cuda.alloc_pinned_memory(max(1, size * dtype.itemsize))
-            return np.frombuffer(mem, dtype=dtype, count=size)
+        return cupyx.empty_pinned((size,), dtype=dtype)
 
     def copy_out(self, dev: Any, host: np.ndarray) -> None:
         """Device to host, after the work queued on the current stream."""
@@ -65,8 +59,7 @@ class CupyArrays:
 
 
 class TorchArrays:
-    """PyTorch tensors: a CPU tensor is a host buffer (MPI reads it through DLPack), one on CUDA,
-    ROCm, MPS or XPU a device buffer."""
+    """PyTorch tensors: a CPU one is a host buffer (MPI reads it by DLPack), others device ones."""
 
     library = "torch"
 

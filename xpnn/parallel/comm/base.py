@@ -20,8 +20,6 @@ class Handle(Protocol):
 class DoneHandle:
     """An operation that finished before it was returned."""
 
-    __slots__ = ()
-
     def wait(self) -> None:
         pass
 
@@ -43,10 +41,11 @@ def check_counts(buf: Any, counts: list[int], ranks: int) -> list[int]:
 
 
 class Communicator:
-    """The interface. ``fallback_reason``: why an explicit ``--comm`` was not honoured;
-    ``detail``: why this one; ``auto_fallback``: why ``auto`` settled for it. ``bytes_sent``:
-    the payload this rank handed the transport (a reduce-scatter counts the pieces others get,
-    an all-gather its own; broadcasts the root only; objects and node memory nothing)."""
+    """The interface, and one process: every collective the identity (``SelfCommunicator``).
+    ``fallback_reason``: why an explicit ``--comm`` was not honoured; ``detail``: why this one;
+    ``auto_fallback``: why ``auto`` settled for it. ``bytes_sent``: the payload this rank handed
+    the transport (a reduce-scatter counts the pieces others get, an all-gather its own;
+    broadcasts the root only; objects and node memory nothing)."""
 
     name: str = "base"
     node_memory: bool = False  # ``shm.ShmCommunicator``'s interface
@@ -66,35 +65,55 @@ class Communicator:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} rank {self.rank}/{self.size}>"
 
-    def allreduce_(self, buf: Any, op: str = "sum") -> None: ...
+    def allreduce_(self, buf: Any, op: str = "sum") -> None:
+        check_op(op)
 
-    def iallreduce_(self, buf: Any, op: str = "sum") -> Handle: ...
+    def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
+        check_op(op)
+        return DONE
 
     def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
         """Sum 16-bit floats ``dtype`` (``narrow.NARROW``) held as ``uint16`` bits."""
+        check_narrow(dtype)
+        return DONE
 
-    def bcast_(self, buf: Any, root: int = 0) -> None: ...
+    def bcast_(self, buf: Any, root: int = 0) -> None:
+        self.bcast_obj(None, root)
 
     def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
         """Sum ``buf``, cut by ``counts`` one piece a rank: only this rank's piece is defined."""
+        check_counts(buf, counts, self.size)
+        return DONE
 
     def iallgather_(self, buf: Any, counts: list[int]) -> Handle:
         """Every rank's piece of ``buf`` (cut as ``ireduce_scatter_``'s) to every rank."""
+        check_counts(buf, counts, self.size)
+        return DONE
 
     def allgather_(self, buf: Any, counts: list[int]) -> None:
         self.iallgather_(buf, counts).wait()
 
-    def barrier(self) -> None: ...
+    def barrier(self) -> None:
+        pass
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         """Reduce a small host array in float64 (counts exact to 2**53); a new array."""
+        check_op(op)
+        return self._host_values(values)
 
     def allgather_obj(self, obj: Any, what: str = "a gathering of objects") -> list:
         """One small object from every rank, in rank order; ``what`` names the wait if it stalls."""
+        return [obj]
 
-    def bcast_obj(self, obj: Any, root: int = 0, what: str = "a broadcast of an object") -> Any: ...
+    def bcast_obj(self, obj: Any, root: int = 0, what: str = "a broadcast of an object") -> Any:
+        if root != 0:
+            raise ValueError(f"bcast root {root} out of range for 1 rank")
+        return obj
 
-    def abort(self, code: int) -> None: ...
+    def abort(self, code: int) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(code)
 
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
         """After ``wait()`` the buffer may be reused; messages with one tag arrive in order."""
@@ -115,43 +134,3 @@ class SelfCommunicator(Communicator):
 
     def __init__(self) -> None:
         super().__init__(0, 1)
-
-    def allreduce_(self, buf: Any, op: str = "sum") -> None:
-        check_op(op)
-
-    def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
-        check_op(op)
-        return DONE
-
-    def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
-        check_narrow(dtype)
-        return DONE
-
-    def bcast_(self, buf: Any, root: int = 0) -> None:
-        self.bcast_obj(None, root)
-
-    def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
-        check_counts(buf, counts, 1)
-        return DONE
-
-    iallgather_ = ireduce_scatter_
-
-    def barrier(self) -> None:
-        pass
-
-    def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
-        check_op(op)
-        return self._host_values(values)
-
-    def allgather_obj(self, obj: Any, what: str = "") -> list:
-        return [obj]
-
-    def bcast_obj(self, obj: Any, root: int = 0, what: str = "") -> Any:
-        if root != 0:
-            raise ValueError(f"bcast root {root} out of range for 1 rank")
-        return obj
-
-    def abort(self, code: int) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        sys.exit(code)

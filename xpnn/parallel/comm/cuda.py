@@ -24,8 +24,7 @@ from xpnn.runtime.world import World
 
 
 class MpiCudaCommunicator(MpiHostCommunicator):
-    """Device buffers handed to a CUDA-aware MPI once the current stream is done (MPI does not
-    know streams)."""
+    """Device buffers handed to a CUDA-aware MPI once the current stream is done."""
 
     name = "mpi-cuda"
     device_buffers = True
@@ -36,31 +35,31 @@ class MpiCudaCommunicator(MpiHostCommunicator):
 
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         self._arrays.wait_for_stream()
-        self._comm.Allreduce(self._in_place, buf, mop)
+        self.mpi_comm.Allreduce(self._in_place, buf, mop)
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
         self._arrays.wait_for_stream()
         if not self.nonblocking:  # Open MPI: device buffers block
-            self._comm.Allreduce(self._in_place, buf, mop)
+            self.mpi_comm.Allreduce(self._in_place, buf, mop)
             return DONE
-        return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
+        return MpiHandle(self.mpi_comm.Iallreduce(self._in_place, buf, mop), buf)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         self._arrays.wait_for_stream()
-        self._comm.Bcast(buf, root=root)
+        self.mpi_comm.Bcast(buf, root=root)
 
     def barrier(self) -> None:
         self._arrays.wait_for_stream()
         with flight.Op(self, "barrier"):
-            self._comm.Barrier()
+            self.mpi_comm.Barrier()
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
         self._arrays.wait_for_stream()
-        return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
+        return MpiHandle(self.mpi_comm.Isend(buf, dest=dest, tag=tag), buf)
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
         self._arrays.wait_for_stream()  # the buffer's allocation is stream-ordered
-        self._comm.Recv(buf, source=source, tag=tag)
+        self.mpi_comm.Recv(buf, source=source, tag=tag)
 
 
 class _NcclHandle:
@@ -151,7 +150,7 @@ class NcclCommunicator(MpiHostCommunicator):
         CUPY.wait_for_stream()
         self._stream.synchronize()
         with flight.Op(self, "barrier"):
-            self._comm.Barrier()
+            self.mpi_comm.Barrier()
 
 
 def _info(device: int, gpu: str, nccl: bool, nccl_why: str, aware: Any = None) -> dict:
@@ -196,11 +195,9 @@ def shared_gpu(infos: list[dict]) -> tuple[int, int, int] | None:
     """The first two ranks that sit on the same physical GPU, and its device index, or None."""
     seen: dict[Any, int] = {}
     for rank, info in enumerate(infos):
-        key = tuple(info["gpu"])
-        if key in seen:
-            first = seen[key]
+        first = seen.setdefault(tuple(info["gpu"]), rank)
+        if first != rank:
             return first, rank, infos[first]["device"]
-        seen[key] = rank
     return None
 
 

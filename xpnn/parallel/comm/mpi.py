@@ -31,16 +31,14 @@ class MpiHandle:
             self._req = self._buf = None
 
 
+@dataclass(slots=True)
 class Requests:
     """Several MPI requests waited as one (``Test`` as a request's, for ``stall.wait``)."""
 
-    __slots__ = ("_reqs",)
-
-    def __init__(self, reqs: list[Any]) -> None:
-        self._reqs = reqs
+    reqs: list[Any]
 
     def Test(self) -> bool:  # noqa: N802 (mpi4py's name)
-        return all(req.Test() for req in self._reqs)  # a finished request tests true again
+        return all(req.Test() for req in self.reqs)  # a finished request tests true again
 
 
 @dataclass(slots=True)
@@ -118,15 +116,11 @@ class MpiHostCommunicator(Communicator):
 
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size())
         self._MPI = MPI
-        self._comm = mpi_comm
+        self.mpi_comm = mpi_comm
         self._in_place = MPI.IN_PLACE
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
         self._arrays = arrays
         self._pool = _PinnedPool(arrays)
-
-    @property
-    def mpi_comm(self) -> Any:
-        return self._comm
 
     def _mpi_op(self, op: str) -> Any:
         check_op(op)
@@ -138,7 +132,7 @@ class MpiHostCommunicator(Communicator):
         self._count(buf)
         with flight.Op(self, "allreduce", buf.nbytes):
             if type(buf) is np.ndarray or not self._arrays.is_device(buf):
-                stall.wait(self._comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
+                stall.wait(self.mpi_comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
             else:
                 self._device_allreduce(buf, op, mop)
 
@@ -155,7 +149,7 @@ class MpiHostCommunicator(Communicator):
         self._count(buf)
         record = flight.post(self, "allreduce", buf.nbytes)
         if type(buf) is np.ndarray or not self._arrays.is_device(buf):
-            req = self._comm.Iallreduce(self._in_place, buf, mop)
+            req = self.mpi_comm.Iallreduce(self._in_place, buf, mop)
             return flight.Tracked(MpiHandle(req, buf, "an allreduce"), record)
         return flight.Tracked(device(buf, op, mop), record)
 
@@ -166,7 +160,7 @@ class MpiHostCommunicator(Communicator):
             if self._arrays.is_device(buf):
                 self._device_bcast(buf, root)
             else:
-                stall.wait(self._comm.Ibcast(buf, root=root), "a broadcast")
+                stall.wait(self.mpi_comm.Ibcast(buf, root=root), "a broadcast")
 
     def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
         return self._by_pieces(buf, counts, "reduce-scatter", self._reduce_pieces, False)
@@ -175,8 +169,7 @@ class MpiHostCommunicator(Communicator):
         return self._by_pieces(buf, counts, "all-gather", self._gather_pieces, True)
 
     def _by_pieces(self, buf: Any, counts: list[int], op: str, post: Any, own: bool) -> Handle:
-        """``op`` over ``buf`` cut by ``counts``, started by ``post``; counts what leaves this
-        rank: its ``own`` piece, or every other one."""
+        """``op`` over ``buf`` cut by ``counts``; counted as sent: the ``own`` piece or the rest."""
         starts = check_counts(buf, counts, self.size)
         mine = counts[self.rank] * (buf.nbytes // buf.shape[0] if buf.shape[0] else 0)
         sent = mine if own else buf.nbytes - mine
@@ -200,15 +193,15 @@ class MpiHostCommunicator(Communicator):
                 piece = host[start : start + count]
                 mine = root == self.rank
                 send, recv = (self._in_place, piece) if mine else (piece, None)
-                reqs.append(self._comm.Ireduce(send, recv, self._ops["sum"], root=root))
+                reqs.append(self.mpi_comm.Ireduce(send, recv, self._ops["sum"], root=root))
         return Requests(reqs)
 
     def _gather_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
-        return self._comm.Iallgatherv(self._in_place, [host, (counts, starts)])
+        return self.mpi_comm.Iallgatherv(self._in_place, [host, (counts, starts)])
 
     def barrier(self) -> None:
         with flight.Op(self, "barrier"):
-            stall.wait(self._comm.Ibarrier(), "a barrier")
+            stall.wait(self.mpi_comm.Ibarrier(), "a barrier")
 
     # -- device buffers: staged through pinned host memory (cuda.py overrides them) --------
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
@@ -219,7 +212,7 @@ class MpiHostCommunicator(Communicator):
         if not self._arrays.size(dev):
             return DONE
         slot = self._pool.copy_out(dev)
-        req = self._comm.Iallreduce(self._in_place, slot.host, mop)
+        req = self.mpi_comm.Iallreduce(self._in_place, slot.host, mop)
         return _StagedHandle(req, dev, slot, self._pool)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
@@ -227,7 +220,7 @@ class MpiHostCommunicator(Communicator):
         if not self._arrays.size(dev):
             return
         slot = self._pool.copy_out(dev) if self.rank == root else self._pool.slot_for(dev)
-        stall.wait(self._comm.Ibcast(slot.host, root=root), "a broadcast")
+        stall.wait(self.mpi_comm.Ibcast(slot.host, root=root), "a broadcast")
         if self.rank == root:
             self._pool.release(slot)
         else:
@@ -238,7 +231,7 @@ class MpiHostCommunicator(Communicator):
         record = flight.post(self, "send", buf.nbytes, dest)
         if self._arrays.is_device(buf):
             return flight.Tracked(self._device_isend(buf, dest, tag), record)
-        req = self._comm.Isend(buf, dest=dest, tag=tag)
+        req = self.mpi_comm.Isend(buf, dest=dest, tag=tag)
         return flight.Tracked(MpiHandle(req, buf, f"a send to rank {dest}"), record)
 
     def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
@@ -247,19 +240,19 @@ class MpiHostCommunicator(Communicator):
                 self._device_recv(buf, source, tag)
             else:
                 what = f"a receive from rank {source}"
-                stall.wait(self._comm.Irecv(buf, source=source, tag=tag), what)
+                stall.wait(self.mpi_comm.Irecv(buf, source=source, tag=tag), what)
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
         slot = self._pool.copy_out(self._arrays.flat(buf))
         return _StagedHandle(
-            self._comm.Isend(slot.host, dest=dest, tag=tag), None, slot, self._pool
+            self.mpi_comm.Isend(slot.host, dest=dest, tag=tag), None, slot, self._pool
         )
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
         dev = self._arrays.flat(buf)
         slot = self._pool.slot_for(dev)
         what = f"a receive from rank {source}"
-        stall.wait(self._comm.Irecv(slot.host, source=source, tag=tag), what)
+        stall.wait(self.mpi_comm.Irecv(slot.host, source=source, tag=tag), what)
         self._pool.copy_back(dev, slot)
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
@@ -267,15 +260,15 @@ class MpiHostCommunicator(Communicator):
         self._count(out)
         with flight.Op(self, "allreduce", out.nbytes):
             mop = self._mpi_op(op)
-            stall.wait(self._comm.Iallreduce(self._in_place, out, mop), "an allreduce")
+            stall.wait(self.mpi_comm.Iallreduce(self._in_place, out, mop), "an allreduce")
         return out
 
     def allgather_obj(self, obj: Any, what: str = "a barrier before gathering") -> list:
-        return stall.allgather(self._comm, obj, what)
+        return stall.allgather(self.mpi_comm, obj, what)
 
     def bcast_obj(self, obj: Any, root: int = 0, what: str = "a barrier before a broadcast") -> Any:
-        stall.wait(self._comm.Ibarrier(), what)  # MPI has no non-blocking bcast of objects
-        return self._comm.bcast(obj, root=root)
+        stall.wait(self.mpi_comm.Ibarrier(), what)  # MPI has no non-blocking bcast of objects
+        return self.mpi_comm.bcast(obj, root=root)
 
     def abort(self, code: int) -> None:
         sys.stdout.flush()

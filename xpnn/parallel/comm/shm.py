@@ -106,8 +106,7 @@ class ShmCommunicator(MpiHostCommunicator):
         return comm
 
     def shared_zeros(self, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
-        """A zero array every rank of the node maps (collective); its window stays locked for
-        ``fence`` until ``free``."""
+        """A zero array the node's ranks map (collective), locked for ``fence`` until ``free``."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
@@ -160,12 +159,10 @@ class ShmCommunicator(MpiHostCommunicator):
                 stall.wait(req, "an allreduce")
 
     def cross_allreduce_sum16_(self, bits: np.ndarray, dtype: str) -> None:
-        """``cross_allreduce_`` of 16-bit floats held as bits (``iallreduce_sum16_``)."""
         if self.nodes > 1:
             self.cross_allreduce_(bits, sum_op(dtype))
 
     def free(self) -> None:
-        """Release the shared segments: their arrays die with them."""
         for win in self._windows:
             win.Unlock_all()
             win.Free()
