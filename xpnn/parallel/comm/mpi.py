@@ -203,7 +203,6 @@ class MpiHostCommunicator(Communicator):
         with flight.Op(self, "barrier"):
             stall.wait(self.mpi_comm.Ibarrier(), "a barrier")
 
-    # -- device buffers: staged through pinned host memory (cuda.py overrides them) --------
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         self._device_iallreduce(buf, op, mop).wait()
 

@@ -73,6 +73,11 @@ class RowDense(SplitDense):
 TWINS = {"dense": (ColumnDense, RowDense)}  # a declared split -> its (first, second) twins
 
 
+def twin_of(layer: Any, which: int, bounds: tuple[int, int]) -> SplitDense:
+    """``layer``'s first (0) or second (1) split twin, holding ``bounds``."""
+    return TWINS[layer.tensor_split][which](layer.units, layer.activation, bounds)
+
+
 def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
     """Swap the sublayer pairs declared in ``tensor_pairs`` for this rank's split twins."""
     for top in layers:
@@ -87,12 +92,8 @@ def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
                         "data or pipeline)"
                     )
                 lo, hi = shard_bounds(groups, rank, size)
-                first_twin, _ = TWINS[first.tensor_split]
-                _, second_twin = TWINS[second.tensor_split]
-                bounds = (lo * column_group, hi * column_group)
-                layer.children[column] = first_twin(first.units, first.activation, bounds)
-                bounds = (lo * row_group, hi * row_group)
-                layer.children[row] = second_twin(second.units, second.activation, bounds)
+                layer.children[column] = twin_of(first, 0, (lo * column_group, hi * column_group))
+                layer.children[row] = twin_of(second, 1, (lo * row_group, hi * row_group))
     return layers
 
 
@@ -120,7 +121,6 @@ def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
                 "ranks (each needs at least one unit; use `parallel` data or wider `hidden`)"
             )
         bounds = shard_bounds(units, rank, size)
-        column, row = TWINS[layers[first].tensor_split]
-        out[first] = column(units, layers[first].activation, bounds)
-        out[second] = row(layers[second].units, layers[second].activation, bounds)
+        out[first] = twin_of(layers[first], 0, bounds)
+        out[second] = twin_of(layers[second], 1, bounds)
     return out
