@@ -11,8 +11,7 @@ from xpnn.errors import UserError
 from xpnn.nn import Dense, build_model
 from xpnn.parallel.model.shared import param_layers
 from xpnn.parallel.plan import Plan
-from xpnn.parallel.update.node_shared import SharedUpdate
-from xpnn.parallel.update.shared_batch import SharedBatchUpdate
+from xpnn.parallel.update.node_shared import SharedBatchUpdate, SharedUpdate
 from xpnn.run import RunSpec, resolve
 from xpnn.train.optim import Schedule, make_optimizer
 

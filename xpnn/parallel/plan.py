@@ -1,6 +1,5 @@
 """A run's whole layout in one frozen object, as torchtitan's ``ParallelDims``: built and checked
-once (every combination refused lives here, with its reason), then applied once to the model,
-the communicators and the update scheme; the rest of xpnn reads its attributes."""
+once, then applied once to the model, the communicators and the update scheme."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ class Plan:
     ranks_per_node: int = 1
 
     @property
-    def replicas(self) -> int:
-        """Replicas of the network: the ranks that split each batch."""
+    def replicas(self) -> int:  # the ranks that split each batch
         return self.ranks // self.model_ranks
 
     @property
@@ -47,8 +45,7 @@ class Plan:
         return self.mode == "pipeline"
 
     @property
-    def spread(self) -> bool:
-        """Whether a replica's ranks split the network (tensor or pipeline parallelism)."""
+    def spread(self) -> bool:  # a replica's ranks split the network
         return self.mode != "data"
 
     @classmethod
@@ -100,7 +97,7 @@ class Plan:
         )
 
     def place(self, rank: int) -> Any:
-        """Rank ``rank``'s place in the grid: a replica's ranks are consecutive."""
+        # a replica's ranks are consecutive
         from xpnn.parallel.model.layout import Place
 
         k = self.model_ranks
@@ -115,7 +112,7 @@ class Plan:
         rank: int,
         name: Any = "",
     ) -> Any:
-        """``model`` (named ``name``) laid out for rank ``rank``: split, staged, built."""
+        """``model`` (named ``name``) split, staged and built for rank ``rank``."""
         index, parts, part = self.place(rank).index, self.tensor_parts, self.part(rank)
         if self.spread and not isinstance(model, Sequential):
             what = f"`model` {name} is not an xpnn.nn.Sequential of layers to split or stage"
@@ -140,22 +137,18 @@ class Plan:
         return build_stage(model, input_shape, backend, seed, *stage, tensor=(part, parts))
 
     def part(self, rank: int) -> int:
-        """Rank ``rank``'s tensor part: stage s part p is its replica's rank s * parts + p."""
+        """Stage s part p is its replica's rank s * parts + p."""
         return self.place(rank).index % self.tensor_parts
 
     def settled(self, stage: Any) -> Plan:
-        """The plan as a pipeline stage settled its micro-batches (at most one a sample)."""
+        """The plan as a pipeline stage settled its micro-batches."""
         if not self.pipelined:
             return self
-        return dataclasses.replace(
-            self,
-            microbatches=stage.microbatches,
-            schedule=stage.schedule,
-            recompute=stage.recompute,
-        )
+        settled = ("microbatches", "schedule", "recompute")
+        return dataclasses.replace(self, **{k: getattr(stage, k) for k in settled})
 
     def groups(self, world: Any, backend: Any) -> Any:
-        """This rank's communicators (collective); no node memory for a sharded optimizer."""
+        """This rank's communicators (collective); a sharded optimizer's without node memory."""
         from xpnn.parallel.model.layout import make_groups
 
         kind = self.comm
@@ -184,10 +177,9 @@ class Plan:
         wire: Any = None,
     ) -> Any:
         """The update scheme over the data-parallel ``comm`` (collective), the model moved into
-        node memory first where the node's ranks share it. ``deferred``: no part updated before
-        the whole gradient is reduced (clipping); ``accumulate``: micro-steps a step sums."""
+        node memory first where shared; ``deferred``: no update before the whole gradient."""
         from xpnn.parallel.model import shared
-        from xpnn.parallel.update import base, node_shared, sharded, shared_batch
+        from xpnn.parallel.update import base, node_shared, sharded
 
         if comm.size == 1:
             return base.LocalUpdate(model, comm, make_optimizer, deferred)
@@ -200,11 +192,9 @@ class Plan:
                 "`node_share` activations: not with `accumulate` above 1 (the ranks share one "
                 "batch's activations); use `node_share` gradients"
             )
-        if accumulate == 1 and shared_batch.shares_activations(model, batch_size, self.node_share):
+        if accumulate == 1 and node_shared.shares_activations(model, batch_size, self.node_share):
             place = shared.share_activations(model, comm, batch_size)
-            return shared_batch.SharedBatchUpdate(
-                model, comm, make_optimizer, place, deferred, wire
-            )
+            return node_shared.SharedBatchUpdate(model, comm, make_optimizer, place, deferred, wire)
         rows = shared.share_gradients(model, comm)
         return node_shared.SharedUpdate(model, comm, make_optimizer, rows, deferred, wire)
 
@@ -213,14 +203,12 @@ class Plan:
         return dataclasses.replace(self, comm=transport, update=update)
 
     def unused(self) -> list[tuple[str, str]]:
-        """The layout's settings this plan ignores, and why: said, not silently dropped."""
+        """The layout's settings this plan ignores, and why."""
         if self.shard_optimizer and self.replicas == 1:
             return [("`shard_optimizer`", "with one data-parallel rank: there is nothing to shard")]
         return []
 
     def header(self) -> str:
-        """One line for the run's header: the grid, the update over its transport, threads."""
-
         def n(count: int, word: str) -> str:
             return f"{count} {word}{'' if count == 1 else 'es' if word[-1] == 'h' else 's'}"
 
@@ -234,14 +222,13 @@ class Plan:
         return f"plan: {grid}, {self.update or 'update'} over {self.comm}, {threads}"
 
     def record(self) -> dict[str, Any]:
-        """What a metrics line says of the layout (its ``plan`` key)."""
+        """A metrics line's ``plan``."""
         said = dataclasses.asdict(self)
         return {"replicas": self.replicas, **{k: v for k, v in said.items() if v is not None}}
 
 
 def check(spec: Any) -> None:
-    """The combinations of ``spec`` no layout supports, each refused with its reason (the
-    settings' own ranges are ``xpnn.run.check_spec``'s)."""
+    """The combinations of ``spec`` no layout supports, each refused with its reason."""
     mode, k = spec.parallel, spec.batch_threads
     if spec.node_share == "activations" and mode != "data":
         raise UserError(

@@ -24,7 +24,7 @@ from xpnn.parallel.model.shared import (
     row_align,
     splits_units,
 )
-from xpnn.parallel.update.shared_batch import activation_values, shares_activations
+from xpnn.parallel.update.node_shared import activation_values, shares_activations
 
 
 @settings(deadline=None, max_examples=40)

@@ -19,9 +19,8 @@ KINDS = ("auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl", "self")
 def make_communicator(
     world: World, backend: Any, kind: str = "auto", shares_params: bool = True
 ) -> Communicator:
-    """The communicator for ``--comm kind`` on this backend; collective on every rank.
-    With one rank an explicit transport is still honoured (benchmarks). ``shares_params``:
-    its ranks hold the same parameters (data parallelism), which node memory may share."""
+    """The communicator for ``--comm kind`` (collective; one rank honours an explicit kind);
+    ``shares_params``: its ranks hold the same parameters, which node memory may share."""
     if kind not in KINDS:
         raise UserError(f"`comm` {kind}: choose one of {', '.join(KINDS)}")
     is_gpu = bool(getattr(backend, "is_gpu", False))
@@ -40,11 +39,9 @@ def make_communicator(
             "`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "
             "these ranks split the network: use mpi-host or auto"
         )
-    if kind == "self":
-        if world.size > 1:
-            raise UserError(f"`comm` self: only for a single process, this job has {world.size}")
-        return SelfCommunicator()
-    if world.mpi_comm is None or (world.size == 1 and kind == "auto"):
+    if kind == "self" and world.size > 1:
+        raise UserError(f"`comm` self: only for a single process, this job has {world.size}")
+    if kind == "self" or world.mpi_comm is None or (world.size == 1 and kind == "auto"):
         return SelfCommunicator()
     if not is_gpu:
         return _cpu_communicator(world, kind, shares_params, library)

@@ -1,5 +1,5 @@
-"""What a communicator needs to know of CuPy's and PyTorch's device buffers (each library
-imported only when one comes): flat views, pinned host memory, stream-ordered copies."""
+"""What a communicator needs of CuPy's and PyTorch's device buffers (each library imported only
+when one comes): flat views, pinned host memory, stream-ordered copies."""
 
 from __future__ import annotations
 
@@ -14,12 +14,10 @@ class CupyArrays:
 
     library = "cupy"
 
-    @staticmethod
-    def is_device(buf: Any) -> bool:
+    def is_device(self, buf: Any) -> bool:
         return type(buf) is not np.ndarray and hasattr(buf, "__cuda_array_interface__")
 
-    @staticmethod
-    def flat(buf: Any) -> Any:
+    def flat(self, buf: Any) -> Any:
         import cupy
 
         dev = buf if isinstance(buf, cupy.ndarray) else cupy.asarray(buf)
@@ -27,78 +25,60 @@ class CupyArrays:
             raise ValueError("communication buffers must be contiguous")
         return dev if dev.ndim == 1 else dev.reshape(-1)
 
-    @staticmethod
-    def size(dev: Any) -> int:
+    def size(self, dev: Any) -> int:
         return int(dev.size)
 
-    @staticmethod
-    def host_dtype(dev: Any) -> np.dtype:
+    def host_dtype(self, dev: Any) -> np.dtype:
         return np.dtype(dev.dtype)
 
-    @staticmethod
-    def empty_pinned(size: int, dtype: np.dtype) -> np.ndarray:
-        """A page-locked NumPy array: device copies run at full PCIe speed."""
-        try:
-            import cupyx
+    def empty_pinned(self, size: int, dtype: np.dtype) -> np.ndarray:
+        """Page-locked: device copies run at full PCIe speed."""
+        import cupyx
 
-            return cupyx.empty_pinned((size,), dtype=dtype)
-        except (ImportError, AttributeError):
-            import cupy
+        return cupyx.empty_pinned((size,), dtype=dtype)
 
-            mem = cupy.cuda.alloc_pinned_memory(max(1, size * dtype.itemsize))
-            return np.frombuffer(mem, dtype=dtype, count=size)
-
-    @staticmethod
-    def copy_out(dev: Any, host: np.ndarray) -> None:
+    def copy_out(self, dev: Any, host: np.ndarray) -> None:
         """Device to host, after the work queued on the current stream."""
         import cupy
 
         dev.get(stream=cupy.cuda.get_current_stream(), out=host, blocking=True)
 
-    @staticmethod
-    def copy_back(dev: Any, host: np.ndarray) -> Any:
-        """Queue the host-to-device copy on the current stream; the event that ends it."""
+    def copy_back(self, dev: Any, host: np.ndarray) -> Any:
+        """Host to device, queued on the current stream; the event that ends it."""
         import cupy
 
         stream = cupy.cuda.get_current_stream()
-        dev.set(host, stream=stream)  # asynchronous from pinned memory; ordered on the stream
+        dev.set(host, stream=stream)
         return stream.record()
 
-    @staticmethod
-    def wait_for_stream() -> None:
-        """Until the work queued on the current CUDA stream is done: MPI does not know streams."""
+    def wait_for_stream(self) -> None:
+        """MPI does not know streams: wait for the current one."""
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
 
 
 class TorchArrays:
-    """PyTorch tensors: a CPU tensor is a host buffer (MPI reads it through DLPack, no copy),
-    one on CUDA, ROCm, MPS or XPU a device buffer."""
+    """PyTorch tensors: a CPU one is a host buffer (MPI reads it by DLPack), others device ones."""
 
     library = "torch"
 
-    @staticmethod
-    def is_device(buf: Any) -> bool:
+    def is_device(self, buf: Any) -> bool:
         device = getattr(buf, "device", None)
         return type(buf) is not np.ndarray and device is not None and device.type != "cpu"
 
-    @staticmethod
-    def flat(buf: Any) -> Any:
+    def flat(self, buf: Any) -> Any:
         if not buf.is_contiguous():
             raise ValueError("communication buffers must be contiguous")
         return buf.reshape(-1)
 
-    @staticmethod
-    def size(dev: Any) -> int:
+    def size(self, dev: Any) -> int:
         return int(dev.numel())
 
-    @staticmethod
-    def host_dtype(dev: Any) -> np.dtype:
+    def host_dtype(self, dev: Any) -> np.dtype:
         return _numpy_dtype(dev.dtype)
 
-    @staticmethod
-    def empty_pinned(size: int, dtype: np.dtype) -> np.ndarray:
+    def empty_pinned(self, size: int, dtype: np.dtype) -> np.ndarray:
         """Page-locked where PyTorch has an accelerator to lock it for, else plain (MPS)."""
         import torch
 
@@ -108,15 +88,12 @@ class TorchArrays:
         except RuntimeError:  # no accelerator that pins memory
             return np.empty(size, dtype=dtype)
 
-    @staticmethod
-    def copy_out(dev: Any, host: np.ndarray) -> None:
-        """Device to host; a blocking copy, so it runs after the work queued before it."""
+    def copy_out(self, dev: Any, host: np.ndarray) -> None:
         import torch
 
-        torch.from_numpy(host).copy_(dev)
+        torch.from_numpy(host).copy_(dev)  # blocking: after the work queued before it
 
-    @staticmethod
-    def copy_back(dev: Any, host: np.ndarray) -> Any:
+    def copy_back(self, dev: Any, host: np.ndarray) -> Any:
         """Host to device: queued on the current CUDA stream (its event returned), else blocking."""
         import torch
 
@@ -128,8 +105,7 @@ class TorchArrays:
         event.record()
         return event
 
-    @staticmethod
-    def wait_for_stream() -> None:
+    def wait_for_stream(self) -> None:
         import torch
 
         if torch.cuda.is_available():
@@ -145,8 +121,9 @@ def _numpy_dtype(torch_dtype: Any) -> np.dtype:
 
 CUPY = CupyArrays()
 TORCH = TorchArrays()
+Arrays = CupyArrays | TorchArrays
 
 
-def arrays_of(library: str) -> CupyArrays | TorchArrays:
+def arrays_of(library: str) -> Arrays:
     """The device-buffer handling for a backend's ``array_library`` (NumPy's has none)."""
     return TORCH if library == "torch" else CUPY

@@ -1,6 +1,5 @@
-"""The Communicator contract, and one process. Buffers (contiguous numpy or device arrays) are
-reduced in place; after a ``Handle``'s ``wait()`` the result is there for the host, or for work
-queued afterwards on the current CUDA stream."""
+"""The Communicator contract, and one process. Buffers are reduced in place; after a ``Handle``'s
+``wait()`` the result is there for the host, or for work queued afterwards on the CUDA stream."""
 
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ class Handle(Protocol):
 
 class DoneHandle:
     """An operation that finished before it was returned."""
-
-    __slots__ = ()
 
     def wait(self) -> None:
         pass
@@ -44,19 +41,15 @@ def check_counts(buf: Any, counts: list[int], ranks: int) -> list[int]:
 
 
 class Communicator:
-    """The interface. ``fallback_reason``: why an explicit ``--comm`` was not honoured;
-    ``detail``: why this one; ``auto_fallback``: why ``auto`` settled for it. Capabilities:
-    ``node_memory`` (``shm.ShmCommunicator``'s interface), ``device_buffers`` (no host copy).
-
-    ``bytes_sent``: the payload bytes this rank handed to the transport (not the wire traffic):
-    a reduction, ``allreduce_host`` or ``isend`` counts its buffer; ``bcast_`` its root only;
-    ``recv_`` nothing; ``ireduce_scatter_`` the pieces other ranks receive and ``iallgather_``
-    this rank's piece (together one allreduce's). Barriers, ``allgather_obj`` and node-shared
-    memory count nothing. An integer add per call, never a sync."""
+    """The interface, and one process: every collective the identity (``SelfCommunicator``).
+    ``fallback_reason``: why an explicit ``--comm`` was not honoured; ``detail``: why this one;
+    ``auto_fallback``: why ``auto`` settled for it. ``bytes_sent``: the payload this rank handed
+    the transport (a reduce-scatter counts the pieces others get, an all-gather its own;
+    broadcasts the root only; objects and node memory nothing)."""
 
     name: str = "base"
-    node_memory: bool = False
-    device_buffers: bool = False
+    node_memory: bool = False  # ``shm.ShmCommunicator``'s interface
+    device_buffers: bool = False  # device buffers go without a host copy
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank
@@ -72,37 +65,55 @@ class Communicator:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} rank {self.rank}/{self.size}>"
 
-    def allreduce_(self, buf: Any, op: str = "sum") -> None: ...
+    def allreduce_(self, buf: Any, op: str = "sum") -> None:
+        check_op(op)
 
-    def iallreduce_(self, buf: Any, op: str = "sum") -> Handle: ...
+    def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
+        check_op(op)
+        return DONE
 
     def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
-        """Sum, in place, 16-bit floats ``dtype`` (``narrow.NARROW``) held as ``uint16`` bits."""
+        """Sum 16-bit floats ``dtype`` (``narrow.NARROW``) held as ``uint16`` bits."""
+        check_narrow(dtype)
+        return DONE
 
-    def bcast_(self, buf: Any, root: int = 0) -> None: ...
+    def bcast_(self, buf: Any, root: int = 0) -> None:
+        self.bcast_obj(None, root)
 
     def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
-        """Sum ``buf`` over the ranks, ``counts`` cutting it into one piece a rank (rank order):
-        after ``wait()`` this rank's piece holds the sum, the rest is undefined (ZeRO's half)."""
+        """Sum ``buf``, cut by ``counts`` one piece a rank: only this rank's piece is defined."""
+        check_counts(buf, counts, self.size)
+        return DONE
 
     def iallgather_(self, buf: Any, counts: list[int]) -> Handle:
-        """Every rank's piece of ``buf`` (cut as ``ireduce_scatter_``'s) copied to every rank."""
+        """Every rank's piece of ``buf`` (cut as ``ireduce_scatter_``'s) to every rank."""
+        check_counts(buf, counts, self.size)
+        return DONE
 
     def allgather_(self, buf: Any, counts: list[int]) -> None:
         self.iallgather_(buf, counts).wait()
 
-    def barrier(self) -> None: ...
+    def barrier(self) -> None:
+        pass
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         """Reduce a small host array in float64 (counts exact to 2**53); a new array."""
+        check_op(op)
+        return self._host_values(values)
 
     def allgather_obj(self, obj: Any, what: str = "a gathering of objects") -> list:
-        """One small picklable object from every rank, in rank order; ``what`` names the wait
-        for the stall watch (it polls, so a rank that never comes is said, not hung on)."""
+        """One small object from every rank, in rank order; ``what`` names the wait if it stalls."""
+        return [obj]
 
-    def bcast_obj(self, obj: Any, root: int = 0, what: str = "a broadcast of an object") -> Any: ...
+    def bcast_obj(self, obj: Any, root: int = 0, what: str = "a broadcast of an object") -> Any:
+        if root != 0:
+            raise ValueError(f"bcast root {root} out of range for 1 rank")
+        return obj
 
-    def abort(self, code: int) -> None: ...
+    def abort(self, code: int) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(code)
 
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
         """After ``wait()`` the buffer may be reused; messages with one tag arrive in order."""
@@ -123,45 +134,3 @@ class SelfCommunicator(Communicator):
 
     def __init__(self) -> None:
         super().__init__(0, 1)
-
-    def allreduce_(self, buf: Any, op: str = "sum") -> None:
-        check_op(op)
-
-    def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
-        check_op(op)
-        return DONE
-
-    def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
-        check_narrow(dtype)
-        return DONE
-
-    def bcast_(self, buf: Any, root: int = 0) -> None:
-        self.bcast_obj(None, root)
-
-    def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
-        check_counts(buf, counts, 1)
-        return DONE
-
-    def iallgather_(self, buf: Any, counts: list[int]) -> Handle:
-        check_counts(buf, counts, 1)
-        return DONE
-
-    def barrier(self) -> None:
-        pass
-
-    def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
-        check_op(op)
-        return self._host_values(values)
-
-    def allgather_obj(self, obj: Any, what: str = "") -> list:
-        return [obj]
-
-    def bcast_obj(self, obj: Any, root: int = 0, what: str = "") -> Any:
-        if root != 0:
-            raise ValueError(f"bcast root {root} out of range for 1 rank")
-        return obj
-
-    def abort(self, code: int) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        sys.exit(code)

@@ -1,5 +1,5 @@
-"""Device-buffer communicators, CUDA-aware MPI and NCCL (through CuPy: PyTorch's tensors go
-through MPI), and the choice between them; host buffers take the ``mpi-host`` path."""
+"""Device-buffer communicators, CUDA-aware MPI and NCCL (CuPy's; PyTorch's tensors go through
+MPI), and the choice between them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.errors import user_message
-from xpnn.parallel.comm.arrays import CUPY, TORCH, CupyArrays, TorchArrays
+from xpnn.parallel.comm.arrays import CUPY, TORCH, Arrays
 from xpnn.parallel.comm.base import DONE, Communicator, Handle
 from xpnn.parallel.comm.cuda_aware import (
     CudaAwareness,
@@ -24,50 +24,46 @@ from xpnn.runtime.world import World
 
 
 class MpiCudaCommunicator(MpiHostCommunicator):
-    """Device buffers handed straight to a CUDA-aware MPI, after the current stream is done
-    (MPI does not know streams). Open MPI's non-blocking device allreduce runs blocking."""
+    """Device buffers handed to a CUDA-aware MPI once the current stream is done."""
 
     name = "mpi-cuda"
     device_buffers = True
 
-    def __init__(self, mpi_comm: Any, arrays: CupyArrays | TorchArrays = CUPY) -> None:
+    def __init__(self, mpi_comm: Any, arrays: Arrays = CUPY) -> None:
         super().__init__(mpi_comm, arrays)
-        self.nonblocking_device_collectives = nonblocking_device_collectives(
-            self._MPI.Get_library_version()
-        )
+        self.nonblocking = nonblocking_device_collectives(self._MPI.Get_library_version())
 
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         self._arrays.wait_for_stream()
-        self._comm.Allreduce(self._in_place, buf, mop)
+        self.mpi_comm.Allreduce(self._in_place, buf, mop)
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
         self._arrays.wait_for_stream()
-        if not self.nonblocking_device_collectives:  # Open MPI: device buffers block
-            self._comm.Allreduce(self._in_place, buf, mop)
+        if not self.nonblocking:  # Open MPI: device buffers block
+            self.mpi_comm.Allreduce(self._in_place, buf, mop)
             return DONE
-        return MpiHandle(self._comm.Iallreduce(self._in_place, buf, mop), buf)
+        return MpiHandle(self.mpi_comm.Iallreduce(self._in_place, buf, mop), buf)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         self._arrays.wait_for_stream()
-        self._comm.Bcast(buf, root=root)
+        self.mpi_comm.Bcast(buf, root=root)
 
     def barrier(self) -> None:
         self._arrays.wait_for_stream()
         with flight.Op(self, "barrier"):
-            self._comm.Barrier()
+            self.mpi_comm.Barrier()
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
         self._arrays.wait_for_stream()
-        return MpiHandle(self._comm.Isend(buf, dest=dest, tag=tag), buf)
+        return MpiHandle(self.mpi_comm.Isend(buf, dest=dest, tag=tag), buf)
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
         self._arrays.wait_for_stream()  # the buffer's allocation is stream-ordered
-        self._comm.Recv(buf, source=source, tag=tag)
+        self.mpi_comm.Recv(buf, source=source, tag=tag)
 
 
 class _NcclHandle:
-    """An NCCL reduction on the communication stream; ``wait`` orders the current stream
-    after it without blocking the host."""
+    """An NCCL reduction on its stream; ``wait`` orders the current stream after it, host free."""
 
     __slots__ = ("_event", "_buf")
 
@@ -84,8 +80,7 @@ class _NcclHandle:
 
 
 class NcclCommunicator(MpiHostCommunicator):
-    """NCCL for device buffers; MPI for the unique id, host data and barriers. Non-blocking
-    calls run on their own stream, overlapping the work queued after them."""
+    """NCCL for device buffers (non-blocking ones on their own stream); MPI for the rest."""
 
     name = "nccl"
     device_buffers = True
@@ -126,7 +121,6 @@ class NcclCommunicator(MpiHostCommunicator):
         return self._nccl_iallreduce(dev, self._nccl_type(dev.dtype), self._nccl_ops[op])
 
     def _nccl_iallreduce(self, dev: Any, nccl_type: int, nccl_op: int) -> Handle:
-        """``dev`` reduced in place on the communication stream, after the work queued before."""
         import cupy
 
         ptr = dev.data.ptr
@@ -135,7 +129,7 @@ class NcclCommunicator(MpiHostCommunicator):
         return _NcclHandle(self._stream.record(), dev)
 
     def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
-        """NCCL sums float16 and bfloat16 itself (on the device, no host staging)."""
+        # NCCL sums float16 and bfloat16 itself, on the device
         if not CUPY.is_device(bits):
             return super().iallreduce_sum16_(bits, dtype)
         check_narrow(dtype)
@@ -156,11 +150,10 @@ class NcclCommunicator(MpiHostCommunicator):
         CUPY.wait_for_stream()
         self._stream.synchronize()
         with flight.Op(self, "barrier"):
-            self._comm.Barrier()
+            self.mpi_comm.Barrier()
 
 
 def _info(device: int, gpu: str, nccl: bool, nccl_why: str, aware: Any = None) -> dict:
-    """One rank's facts; gathered from all ranks so all choose alike."""
     aware = aware or detect_cuda_aware()
     host = socket.gethostname()
     facts = {"host": host, "device": device, "gpu": (host, gpu), "nccl": nccl}
@@ -168,8 +161,7 @@ def _info(device: int, gpu: str, nccl: bool, nccl_why: str, aware: Any = None) -
 
 
 def _local_torch_info() -> dict:
-    """A PyTorch device: CUDA (or ROCm) goes through MPI, CUDA-aware or staged; NCCL is CuPy's
-    here, and MPS and XPU buffers are staged through the host."""
+    """A PyTorch device: CUDA (or ROCm) goes through MPI, aware or staged; MPS and XPU staged."""
     import torch
 
     no_nccl = "NCCL is reached through CuPy; backend torch uses MPI"
@@ -182,7 +174,6 @@ def _local_torch_info() -> dict:
 
 
 def _local_gpu_info() -> dict:
-    """A CuPy device: its bus id, NCCL's availability, MPI's CUDA-awareness."""
     import cupy
 
     device = int(cupy.cuda.runtime.getDevice())
@@ -204,17 +195,15 @@ def shared_gpu(infos: list[dict]) -> tuple[int, int, int] | None:
     """The first two ranks that sit on the same physical GPU, and its device index, or None."""
     seen: dict[Any, int] = {}
     for rank, info in enumerate(infos):
-        key = tuple(info["gpu"])
-        if key in seen:
-            first = seen[key]
+        first = seen.setdefault(tuple(info["gpu"]), rank)
+        if first != rank:
             return first, rank, infos[first]["device"]
-        seen[key] = rank
     return None
 
 
 def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]:
-    """(name, fallback reason, detail) from every rank's facts; pure, so testable:
-    auto -> nccl (every rank has NCCL and its own GPU), else mpi-cuda, else mpi-host."""
+    """(name, fallback reason, detail) from every rank's facts: auto -> nccl (every rank has
+    NCCL and its own GPU), else mpi-cuda, else mpi-host."""
     aware = all(i["aware"] for i in infos)
     shared = shared_gpu(infos) if len(infos) > 1 else None
     not_aware = next((i["aware_why"] for i in infos if not i["aware"]), "")
@@ -243,10 +232,8 @@ def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]
     return mpi_kind, None, f"not nccl: {not_nccl}; {why_mpi}"
 
 
-def make_gpu_communicator(
-    world: World, kind: str, arrays: CupyArrays | TorchArrays = CUPY
-) -> Communicator:
-    """Gather every rank's GPU facts, agree on a transport, build it (collective)."""
+def make_gpu_communicator(world: World, kind: str, arrays: Arrays = CUPY) -> Communicator:
+    """Every rank's GPU facts gathered, one transport agreed and built (collective)."""
     comm = world.mpi_comm
     local = _local_torch_info() if arrays is TORCH else _local_gpu_info()
     infos = comm.allgather(local)  # type: ignore[union-attr]

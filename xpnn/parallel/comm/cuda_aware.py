@@ -1,8 +1,5 @@
-"""May device buffers be handed to MPI here? The library must be CUDA-aware (first answer wins:
-``XPNN_CUDA_AWARE=0|1``, as Cray MPICH answers neither query; a device ``cuda`` kind in MPI
-4.1's ``mpi_memory_alloc_kinds``, whose absence says nothing as libraries report only the kinds
-asked at launch; ``MPIX_Query_cuda_support()``; else not) AND the CUDA driver must see a device
-(an aware library says so without a GPU). Every input is injectable, for tests without a GPU."""
+"""May device buffers be handed to MPI here? The library must be CUDA-aware and the CUDA driver
+must see a device (an aware library says so without a GPU); every input injectable for tests."""
 
 from __future__ import annotations
 
@@ -19,13 +16,10 @@ from xpnn.runtime.world import library_name, loaded_libmpi
 
 @dataclass
 class CudaAwareness:
-    """``aware``: device buffers may go to MPI here; ``library``: the library is CUDA-aware,
-    whether or not CUDA runs; ``cuda_problem``: why CUDA cannot run, or None."""
-
-    aware: bool
+    aware: bool  # device buffers may go to MPI here
     reason: str
-    library: bool = False
-    cuda_problem: str | None = None
+    library: bool = False  # the library is CUDA-aware, whether or not CUDA runs
+    cuda_problem: str | None = None  # why CUDA cannot run
 
 
 # cuInit's CUresult codes (cuda.h) that say what is missing; the driver names any other
@@ -37,8 +31,7 @@ _CUDA_INIT_PROBLEMS = {
 
 
 def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None:
-    """Why CUDA cannot run in this process, or None when the driver sees a device. Asks
-    ``libcuda.so.1`` directly, as MPI libraries do: no CuPy or toolkit needed."""
+    """Why CUDA cannot run here, or None; asks ``libcuda.so.1`` as MPI libraries do (no CuPy)."""
     try:
         lib = load("libcuda.so.1")
     except OSError as exc:
@@ -66,7 +59,6 @@ def _first_clause(exc: BaseException) -> str:
 
 
 def _cuda_error_name(lib: Any, code: int) -> str:
-    """``CUDA_ERROR_...`` for a CUresult from the driver; the number if it cannot say."""
     name = ctypes.c_char_p()
     try:
         if int(lib.cuGetErrorName(code, ctypes.byref(name))) == 0 and name.value:
@@ -77,7 +69,6 @@ def _cuda_error_name(lib: Any, code: int) -> str:
 
 
 def read_alloc_kinds() -> str | None:
-    """``mpi_memory_alloc_kinds`` of ``MPI.COMM_WORLD`` (MPI 4.1), or None if not reported."""
     try:
         from mpi4py import MPI
 
@@ -88,7 +79,7 @@ def read_alloc_kinds() -> str | None:
             info.Free()
     except Exception:
         return None
-    return value if value else None
+    return value or None
 
 
 def _loaded_libmpi() -> ctypes.CDLL | None:
@@ -105,7 +96,6 @@ def _loaded_libmpi() -> ctypes.CDLL | None:
 
 
 def query_mpix_cuda_support() -> int | None:
-    """``MPIX_Query_cuda_support()`` of the loaded MPI library; None if it has no such call."""
     if "mpi4py.MPI" not in sys.modules:
         try:
             from mpi4py import MPI  # noqa: F401  (loads and initialises libmpi)
@@ -122,13 +112,11 @@ def query_mpix_cuda_support() -> int | None:
 
 def _kinds_have_cuda_device(kinds: str) -> bool:
     """True for ``cuda`` or ``cuda:...device...``; ``cuda:host`` alone is pinned host memory."""
-    for kind in kinds.split(","):
-        name, _, restrictors = kind.strip().partition(":")
-        if name.lower() != "cuda":
-            continue
-        if not restrictors or "device" in restrictors.lower().split(":"):
-            return True
-    return False
+    parts = (kind.strip().partition(":") for kind in kinds.split(","))
+    return any(
+        name.lower() == "cuda" and (not rest or "device" in rest.lower().split(":"))
+        for name, _, rest in parts
+    )
 
 
 def detect_cuda_aware(
@@ -137,8 +125,7 @@ def detect_cuda_aware(
     query_cuda_support: Callable[[], int | None] | None = query_mpix_cuda_support,
     cuda_problem: Callable[[], str | None] = cuda_runtime_problem,
 ) -> CudaAwareness:
-    """Whether device buffers may be handed to MPI (see the module docstring).
-    ``alloc_kinds``: the value or a callable; ``query_cuda_support``: None for no such call."""
+    """Whether device buffers may be handed to MPI; ``alloc_kinds``: a value or a callable."""
     library = _library_cuda_aware(
         os.environ if env is None else env, alloc_kinds, query_cuda_support
     )
@@ -159,7 +146,8 @@ def _library_cuda_aware(
     alloc_kinds: str | None | Callable[[], str | None],
     query_cuda_support: Callable[[], int | None] | None,
 ) -> CudaAwareness:
-    """The library alone, CUDA not asked."""
+    """The library alone; first answer wins: ``XPNN_CUDA_AWARE`` (Cray MPICH answers neither
+    query), a device ``cuda`` alloc kind (its absence says nothing), ``MPIX_Query_cuda_support``."""
     override = env.get("XPNN_CUDA_AWARE", "").strip()
     if override:
         if override not in ("0", "1"):
@@ -181,13 +169,12 @@ def _library_cuda_aware(
 
 
 def nonblocking_device_collectives(library_version: str) -> bool:
-    """Whether this MPI takes device buffers in non-blocking collectives too: Open MPI's
-    CUDA support covers only point-to-point and blocking collectives (its CUDA FAQ)."""
+    """Open MPI's CUDA support covers only point-to-point and blocking collectives (its FAQ)."""
     return not library_version.lstrip().startswith("Open MPI")
 
 
 def mpi_info() -> dict:
-    """MPI facts for ``python -m xpnn info``: library, versions, CUDA-awareness (starts MPI)."""
+    """MPI facts for ``python -m xpnn info`` (starts MPI)."""
     import mpi4py
     from mpi4py import MPI
 

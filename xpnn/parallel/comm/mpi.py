@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.parallel.comm.arrays import CUPY, CupyArrays, TorchArrays
+from xpnn.parallel.comm.arrays import CUPY, Arrays
 from xpnn.parallel.comm.base import DONE, Communicator, Handle, check_counts, check_op
 from xpnn.parallel.comm.narrow import sum_op
 from xpnn.record import phases
@@ -18,7 +18,7 @@ from xpnn.runtime import flight, stall
 
 
 class MpiHandle:
-    """An MPI request, its buffer (kept alive until done) and what it is, for stall warnings."""
+    """An MPI request, its buffer (alive until done) and what it is, for stall warnings."""
 
     __slots__ = ("_req", "_buf", "_what")
 
@@ -31,16 +31,14 @@ class MpiHandle:
             self._req = self._buf = None
 
 
+@dataclass(slots=True)
 class Requests:
     """Several MPI requests waited as one (``Test`` as a request's, for ``stall.wait``)."""
 
-    __slots__ = ("_reqs",)
-
-    def __init__(self, reqs: list[Any]) -> None:
-        self._reqs = reqs
+    reqs: list[Any]
 
     def Test(self) -> bool:  # noqa: N802 (mpi4py's name)
-        return all(req.Test() for req in self._reqs)  # a finished request tests true again
+        return all(req.Test() for req in self.reqs)  # a finished request tests true again
 
 
 @dataclass(slots=True)
@@ -52,10 +50,9 @@ class _PinnedSlot:
 
 
 class _PinnedPool:
-    """Pinned host buffers per (size, dtype), reused across steps once their copy back to
-    the device is done; one per reduction of that shape in flight."""
+    """Pinned host buffers per (size, dtype), reused once their copy back to the device is done."""
 
-    def __init__(self, arrays: CupyArrays | TorchArrays) -> None:
+    def __init__(self, arrays: Arrays) -> None:
         self._arrays = arrays
         self._free: dict[tuple[int, np.dtype], list[_PinnedSlot]] = {}
         self.allocated = 0
@@ -76,22 +73,19 @@ class _PinnedPool:
         self._free.setdefault((slot.host.size, slot.host.dtype), []).append(slot)
 
     def copy_out(self, dev: Any) -> _PinnedSlot:
-        """A slot holding ``dev``'s values, copied after the work queued before."""
         slot = self.slot_for(dev)
         with phases.span("device to host", phases.COPIES):
             self._arrays.copy_out(dev, slot.host)
         return slot
 
     def copy_back(self, dev: Any, slot: _PinnedSlot) -> None:
-        """Queue the copy of ``slot`` into ``dev``; the slot returns to the pool."""
         with phases.span("host to device (queued)", phases.COPIES):
             slot.event = self._arrays.copy_back(dev, slot.host)
         self.release(slot)
 
 
 class _StagedHandle:
-    """A reduction staged through pinned memory, copied back to ``dev``; or a send (``dev``
-    None: the host buffer only returns to the pool)."""
+    """A reduction staged through pinned memory, copied back to ``dev`` (None: a send)."""
 
     __slots__ = ("_req", "_dev", "_slot", "_pool", "_what")
 
@@ -117,27 +111,20 @@ class MpiHostCommunicator(Communicator):
 
     name = "mpi-host"
 
-    def __init__(self, mpi_comm: Any, arrays: CupyArrays | TorchArrays = CUPY) -> None:
+    def __init__(self, mpi_comm: Any, arrays: Arrays = CUPY) -> None:
         from mpi4py import MPI
 
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size())
         self._MPI = MPI
-        self._comm = mpi_comm
+        self.mpi_comm = mpi_comm
         self._in_place = MPI.IN_PLACE
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
         self._arrays = arrays
         self._pool = _PinnedPool(arrays)
 
-    @property
-    def mpi_comm(self) -> Any:
-        return self._comm
-
     def _mpi_op(self, op: str) -> Any:
-        try:
-            return self._ops[op]
-        except KeyError:
-            check_op(op)
-            raise
+        check_op(op)
+        return self._ops[op]
 
     def allreduce_(self, buf: Any, op: str = "sum") -> None:
         # the hot path for every gradient bucket: kept to a dict lookup and a type check
@@ -145,7 +132,7 @@ class MpiHostCommunicator(Communicator):
         self._count(buf)
         with flight.Op(self, "allreduce", buf.nbytes):
             if type(buf) is np.ndarray or not self._arrays.is_device(buf):
-                stall.wait(self._comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
+                stall.wait(self.mpi_comm.Iallreduce(self._in_place, buf, mop), "an allreduce")
             else:
                 self._device_allreduce(buf, op, mop)
 
@@ -154,8 +141,7 @@ class MpiHostCommunicator(Communicator):
         return self._iallreduce(buf, op, mop, self._device_iallreduce)
 
     def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
-        # the sum is Python code on the host: device bits are staged there even where MPI is
-        # CUDA-aware (the library would hand the function device pointers)
+        # the sum is Python code on the host: device bits are staged there even if MPI is CUDA-aware
         staged = functools.partial(MpiHostCommunicator._device_iallreduce, self)
         return self._iallreduce(bits, "sum", sum_op(dtype), staged)
 
@@ -163,7 +149,7 @@ class MpiHostCommunicator(Communicator):
         self._count(buf)
         record = flight.post(self, "allreduce", buf.nbytes)
         if type(buf) is np.ndarray or not self._arrays.is_device(buf):
-            req = self._comm.Iallreduce(self._in_place, buf, mop)
+            req = self.mpi_comm.Iallreduce(self._in_place, buf, mop)
             return flight.Tracked(MpiHandle(req, buf, "an allreduce"), record)
         return flight.Tracked(device(buf, op, mop), record)
 
@@ -174,7 +160,7 @@ class MpiHostCommunicator(Communicator):
             if self._arrays.is_device(buf):
                 self._device_bcast(buf, root)
             else:
-                stall.wait(self._comm.Ibcast(buf, root=root), "a broadcast")
+                stall.wait(self.mpi_comm.Ibcast(buf, root=root), "a broadcast")
 
     def ireduce_scatter_(self, buf: Any, counts: list[int]) -> Handle:
         return self._by_pieces(buf, counts, "reduce-scatter", self._reduce_pieces, False)
@@ -183,8 +169,7 @@ class MpiHostCommunicator(Communicator):
         return self._by_pieces(buf, counts, "all-gather", self._gather_pieces, True)
 
     def _by_pieces(self, buf: Any, counts: list[int], op: str, post: Any, own: bool) -> Handle:
-        """``op`` over ``buf`` cut by ``counts``, ``post`` starting it on host memory; counted:
-        what leaves this rank, its ``own`` piece or every other one."""
+        """``op`` over ``buf`` cut by ``counts``; counted as sent: the ``own`` piece or the rest."""
         starts = check_counts(buf, counts, self.size)
         mine = counts[self.rank] * (buf.nbytes // buf.shape[0] if buf.shape[0] else 0)
         sent = mine if own else buf.nbytes - mine
@@ -201,25 +186,23 @@ class MpiHostCommunicator(Communicator):
         return flight.Tracked(staged, record)
 
     def _reduce_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
-        """One in-place reduce of each rank's piece to that rank: pieces stay where they are
-        (``Ireduce_scatter`` would put this rank's at the start of its buffer)."""
+        """A reduce of each piece to its rank (``Ireduce_scatter`` would move this rank's)."""
         reqs = []
         for root, (start, count) in enumerate(zip(starts, counts, strict=True)):
             if count:
                 piece = host[start : start + count]
                 mine = root == self.rank
                 send, recv = (self._in_place, piece) if mine else (piece, None)
-                reqs.append(self._comm.Ireduce(send, recv, self._ops["sum"], root=root))
+                reqs.append(self.mpi_comm.Ireduce(send, recv, self._ops["sum"], root=root))
         return Requests(reqs)
 
     def _gather_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
-        return self._comm.Iallgatherv(self._in_place, [host, (counts, starts)])
+        return self.mpi_comm.Iallgatherv(self._in_place, [host, (counts, starts)])
 
     def barrier(self) -> None:
         with flight.Op(self, "barrier"):
-            stall.wait(self._comm.Ibarrier(), "a barrier")
+            stall.wait(self.mpi_comm.Ibarrier(), "a barrier")
 
-    # -- device buffers: staged through pinned host memory (cuda.py overrides them) --------
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         self._device_iallreduce(buf, op, mop).wait()
 
@@ -228,7 +211,7 @@ class MpiHostCommunicator(Communicator):
         if not self._arrays.size(dev):
             return DONE
         slot = self._pool.copy_out(dev)
-        req = self._comm.Iallreduce(self._in_place, slot.host, mop)
+        req = self.mpi_comm.Iallreduce(self._in_place, slot.host, mop)
         return _StagedHandle(req, dev, slot, self._pool)
 
     def _device_bcast(self, buf: Any, root: int) -> None:
@@ -236,7 +219,7 @@ class MpiHostCommunicator(Communicator):
         if not self._arrays.size(dev):
             return
         slot = self._pool.copy_out(dev) if self.rank == root else self._pool.slot_for(dev)
-        stall.wait(self._comm.Ibcast(slot.host, root=root), "a broadcast")
+        stall.wait(self.mpi_comm.Ibcast(slot.host, root=root), "a broadcast")
         if self.rank == root:
             self._pool.release(slot)
         else:
@@ -247,7 +230,7 @@ class MpiHostCommunicator(Communicator):
         record = flight.post(self, "send", buf.nbytes, dest)
         if self._arrays.is_device(buf):
             return flight.Tracked(self._device_isend(buf, dest, tag), record)
-        req = self._comm.Isend(buf, dest=dest, tag=tag)
+        req = self.mpi_comm.Isend(buf, dest=dest, tag=tag)
         return flight.Tracked(MpiHandle(req, buf, f"a send to rank {dest}"), record)
 
     def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
@@ -256,19 +239,19 @@ class MpiHostCommunicator(Communicator):
                 self._device_recv(buf, source, tag)
             else:
                 what = f"a receive from rank {source}"
-                stall.wait(self._comm.Irecv(buf, source=source, tag=tag), what)
+                stall.wait(self.mpi_comm.Irecv(buf, source=source, tag=tag), what)
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
         slot = self._pool.copy_out(self._arrays.flat(buf))
         return _StagedHandle(
-            self._comm.Isend(slot.host, dest=dest, tag=tag), None, slot, self._pool
+            self.mpi_comm.Isend(slot.host, dest=dest, tag=tag), None, slot, self._pool
         )
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
         dev = self._arrays.flat(buf)
         slot = self._pool.slot_for(dev)
         what = f"a receive from rank {source}"
-        stall.wait(self._comm.Irecv(slot.host, source=source, tag=tag), what)
+        stall.wait(self.mpi_comm.Irecv(slot.host, source=source, tag=tag), what)
         self._pool.copy_back(dev, slot)
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
@@ -276,15 +259,15 @@ class MpiHostCommunicator(Communicator):
         self._count(out)
         with flight.Op(self, "allreduce", out.nbytes):
             mop = self._mpi_op(op)
-            stall.wait(self._comm.Iallreduce(self._in_place, out, mop), "an allreduce")
+            stall.wait(self.mpi_comm.Iallreduce(self._in_place, out, mop), "an allreduce")
         return out
 
     def allgather_obj(self, obj: Any, what: str = "a barrier before gathering") -> list:
-        return stall.allgather(self._comm, obj, what)
+        return stall.allgather(self.mpi_comm, obj, what)
 
     def bcast_obj(self, obj: Any, root: int = 0, what: str = "a barrier before a broadcast") -> Any:
-        stall.wait(self._comm.Ibarrier(), what)  # MPI has no non-blocking bcast of objects
-        return self._comm.bcast(obj, root=root)
+        stall.wait(self.mpi_comm.Ibarrier(), what)  # MPI has no non-blocking bcast of objects
+        return self.mpi_comm.bcast(obj, root=root)
 
     def abort(self, code: int) -> None:
         sys.stdout.flush()

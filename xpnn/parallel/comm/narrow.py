@@ -1,6 +1,5 @@
-"""16-bit floats on the wire: bfloat16 and float16 held as ``uint16`` bits (CuPy and NumPy lack
-bfloat16) against any ``xp``, and the MPI sum of them (MPI has no 16-bit floats): each pair
-widened to float32, added, and rounded back once, as Horovod's ``float16_sum``."""
+"""16-bit floats held as ``uint16`` bits (CuPy and NumPy lack bfloat16), and their MPI sum (MPI
+has none): each pair widened to float32, added, rounded back once, as Horovod's ``float16_sum``."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ BF16_NAN = 0x7FC0  # bfloat16's quiet NaN: a NaN's low bits would round it to in
 
 
 def quiet_overflows(xp: Any) -> Any:
-    """NumPy's overflow warnings silenced (CuPy and PyTorch warn of none): a value past a
-    16-bit float's range is the loss scale's to handle."""
+    """NumPy's overflow warnings silenced: a value past a 16-bit range is the loss scale's."""
     errstate = getattr(xp, "errstate", None)
     if errstate is None:
         return contextlib.nullcontext()
@@ -30,8 +28,7 @@ def check_narrow(dtype: str) -> None:
 
 @cache
 def native_dtype(xp: Any, dtype: str) -> Any:
-    """``xp``'s own ``dtype``, else ``ml_dtypes``' where ``xp``'s arrays take it (NumPy's, not
-    CuPy's), else None (the bits computed with integer arithmetic)."""
+    """``xp``'s own ``dtype``, else ``ml_dtypes``' where ``xp`` takes it (NumPy), else None."""
     found = getattr(xp, dtype, None)
     if found is not None:
         return found
@@ -54,8 +51,7 @@ def to_bits(xp: Any, values: Any, dtype: str) -> Any:
 
 
 def bfloat16_bits(xp: Any, values: Any) -> Any:
-    """``to_bits`` for bfloat16 by integer arithmetic, for libraries without the type (CuPy):
-    bfloat16 is float32's upper half, the dropped 16 bits rounded to nearest, ties to even."""
+    """``to_bits`` for bfloat16 in integers (CuPy): float32's upper half, rounded half to even."""
     wide = xp.astype(values, xp.float32)
     bits = wide.view(xp.uint32)
     rounded = xp.astype((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16, xp.uint16)
@@ -71,12 +67,11 @@ def from_bits(xp: Any, bits: Any, dtype: str, wide: Any) -> Any:
 
 
 def bfloat16_values(xp: Any, bits: Any, wide: Any) -> Any:
-    """``from_bits`` for bfloat16 by integer arithmetic: the bits are float32's upper half."""
+    """``from_bits`` for bfloat16 in integers: the bits are float32's upper half."""
     return xp.astype((xp.astype(bits, xp.uint32) << 16).view(xp.float32), wide)
 
 
 def _sum_into(dtype: str, inbuf: Any, inoutbuf: Any) -> None:
-    """``inoutbuf += inbuf`` for buffers of ``dtype``'s bits: the sum in float32, rounded once."""
     a = np.frombuffer(inbuf, dtype=np.uint16)
     b = np.frombuffer(inoutbuf, dtype=np.uint16)
     total = from_bits(np, a, dtype, np.float32)

@@ -1,6 +1,5 @@
-"""Node-shared memory: on one node an allreduce is memory traffic dressed up as messages, so
-ranks map arrays they all share (``MPI.Win.Allocate_shared``). ``cross`` joins the ranks with
-the same node-local rank on every node, for the one message that must leave the node."""
+"""Node-shared memory: on one node an allreduce is memory traffic dressed up as messages, so the
+node's ranks map arrays they share; ``cross`` joins the same node-local rank of every node."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ def padded(n: int, align: int) -> int:
 def share_bounds(
     start: int, end: int, parts: int, index: int, align: int = ALIGN
 ) -> tuple[int, int]:
-    """[lo, hi) of part ``index`` of ``range(start, end)`` cut into ``parts`` near-equal
-    slices at multiples of ``align`` (some maybe empty)."""
+    """[lo, hi) of part ``index`` of ``range(start, end)`` cut at multiples of ``align``."""
     per = -(-(end - start) // parts)
 
     def cut(k: int) -> int:
@@ -41,8 +39,7 @@ def share_bounds(
 
 
 def shm_free_bytes(path: str = SHM_DIR) -> int | None:
-    """Free bytes where shared segments live, or None. MPI does not refuse a segment larger
-    than that (Docker's /dev/shm is 64 MiB): the first write past it kills with SIGBUS."""
+    """Free bytes for shared segments: MPI maps a larger one, and the first write past kills."""
     try:
         st = os.statvfs(path)
     except OSError:
@@ -64,8 +61,7 @@ def forced_ranks_per_node() -> int | None:
 
 
 def _node_comm(world_comm: Any, MPI: Any) -> Any:
-    """The ranks of ``world_comm`` on this node (``XPNN_RANKS_PER_NODE=k``: each k
-    consecutive ranks of the job count as one node, to test multi-node layouts)."""
+    """The ranks of ``world_comm`` on this node (or on each k consecutive job ranks, for tests)."""
     node = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
     k = forced_ranks_per_node()
     if k is None:
@@ -77,7 +73,7 @@ def _node_comm(world_comm: Any, MPI: Any) -> Any:
 
 
 class ShmCommunicator(MpiHostCommunicator):
-    """MPI plus arrays shared by the ranks of a node. Build with ``ShmCommunicator.create``."""
+    """MPI plus arrays shared by the ranks of a node; built by ``create``."""
 
     name = "mpi-shm"
     node_memory = True
@@ -110,8 +106,7 @@ class ShmCommunicator(MpiHostCommunicator):
         return comm
 
     def shared_zeros(self, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
-        """A zero-filled array every rank of the node maps; collective over the node. Its
-        window stays in a passive-target epoch, so ``fence`` can order memory, until ``free``."""
+        """A zero array the node's ranks map (collective), locked for ``fence`` until ``free``."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
@@ -156,23 +151,18 @@ class ShmCommunicator(MpiHostCommunicator):
         if self.nodes > 1:
             stall.wait(self.cross.Ibcast(buf, root=0), "a broadcast across nodes")
 
-    def cross_allreduce_(self, buf: np.ndarray) -> None:
+    def cross_allreduce_(self, buf: np.ndarray, mop: Any = None) -> None:
         if self.nodes > 1:
             self._count(buf)
             with flight.Op(self, "allreduce across nodes", buf.nbytes):
-                req = self.cross.Iallreduce(self._in_place, buf, self._MPI.SUM)
+                req = self.cross.Iallreduce(self._in_place, buf, mop or self._MPI.SUM)
                 stall.wait(req, "an allreduce")
 
     def cross_allreduce_sum16_(self, bits: np.ndarray, dtype: str) -> None:
-        """``cross_allreduce_`` of 16-bit floats held as bits (``iallreduce_sum16_``)."""
         if self.nodes > 1:
-            self._count(bits)
-            with flight.Op(self, "allreduce across nodes", bits.nbytes):
-                req = self.cross.Iallreduce(self._in_place, bits, sum_op(dtype))
-                stall.wait(req, "an allreduce")
+            self.cross_allreduce_(bits, sum_op(dtype))
 
     def free(self) -> None:
-        """Release the shared segments; their arrays must not be used afterwards."""
         for win in self._windows:
             win.Unlock_all()
             win.Free()

@@ -1,25 +1,19 @@
-"""Who works with whom: rank r is place ``r % K`` of replica ``r // K`` (``--model-ranks`` K):
-a replica's ranks are consecutive, so launchers that fill nodes in rank order keep each replica
-on one node."""
+"""Who works with whom: rank r is place ``r % K`` of replica ``r // K`` (``--model-ranks`` K), so
+launchers that fill nodes in rank order keep each replica on one node."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from xpnn.parallel.comm import (
-    Communicator,
-    MpiHostCommunicator,
-    SelfCommunicator,
-    make_communicator,
-)
+from xpnn.parallel.comm import make_communicator
+from xpnn.parallel.comm.base import Communicator, SelfCommunicator
+from xpnn.parallel.comm.mpi import MpiHostCommunicator
 from xpnn.runtime.world import World
 
 
 @dataclass(frozen=True)
 class Place:
-    """This rank's place in the grid of ``replicas`` x ``model_ranks`` ranks."""
-
     model_ranks: int  # ranks that hold one replica between them (1 under data parallelism)
     replicas: int  # replicas of the network: the ranks that split each batch
     index: int  # this rank's place within its replica: its slice or its stage
@@ -36,14 +30,13 @@ class Groups:
 
     @classmethod
     def of(cls, comm: Communicator, spread: bool = False) -> Groups:
-        """The 1-D layouts: ``comm`` is the data group, or (``spread``) the model group."""
+        # the 1-D layouts: ``comm`` is the data group, or (``spread``) the model group
         if spread:
             return cls(comm, comm, SelfCommunicator())
         return cls(comm, SelfCommunicator(), comm)
 
     @property
     def name(self) -> str:
-        """Which transport is live: one name, or the replica's and the data group's."""
         if isinstance(self.data, SelfCommunicator):
             return self.model.name
         if isinstance(self.model, SelfCommunicator):
@@ -64,8 +57,7 @@ class Groups:
 
 
 def make_groups(world: World, place: Place, backend: Any, kind: str) -> Groups:
-    """This rank's communicators (collective). ``--comm`` picks the data group's; a replica
-    shares no parameters: for ``mpi-shm`` its ranks talk over ``auto``'s choice."""
+    """This rank's communicators (collective); a replica shares no parameters, so not mpi-shm."""
     if place.model_ranks == 1:  # data parallelism, or replicas of one rank each
         return Groups.of(make_communicator(world, backend, kind))
     if place.replicas == 1:

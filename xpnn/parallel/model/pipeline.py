@@ -1,7 +1,5 @@
-"""Pipeline parallelism: rank s holds stage s of layers of about equal cost, micro-batches
-streamed through, their gradients summed. Each micro-batch in flight has its own replicas of the
-layers (M sets under GPipe, at most S - s under 1F1B); ``--recompute`` keeps one set and each
-micro-batch's input, and forwards it again before its backward."""
+"""Pipeline parallelism: rank s holds stage s of layers of about equal cost, micro-batches each
+in flight on its own set of the layers (``--recompute``: one set, forwarded again)."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ FORWARD_TAG, BACKWARD_TAG, EVAL_TAG = 1, 2, 3
 
 
 def layer_costs(layers: list[Layer], shapes: list[tuple[int, ...]]) -> list[float]:
-    """Multiply-adds per sample of each layer: parameters times output positions computed
-    (whole parameters: every tensor part of a stage cuts the pipeline alike)."""
+    """Multiply-adds per sample of each layer, of whole parameters (tensor parts cut alike)."""
     costs = []
     for layer, out in zip(layers, shapes[1:], strict=True):
         weights = sum(math.prod(whole_shape(layer, name)) for name in layer.initial)
@@ -33,8 +30,7 @@ def layer_costs(layers: list[Layer], shapes: list[tuple[int, ...]]) -> list[floa
 
 
 def stage_bounds(costs: list[float], has_params: list[bool], stages: int) -> list[tuple[int, int]]:
-    """[start, end) layer ranges of ``stages`` stages that minimise the costliest one; each
-    starts at a layer with parameters (a parameter-free layer stays with the one before)."""
+    """[start, end) layers of ``stages`` stages, the costliest least; each starts with params."""
     starts = [i for i, p in enumerate(has_params) if p]
     if len(starts) < stages:
         raise UserError(
@@ -53,7 +49,6 @@ def stage_bounds(costs: list[float], has_params: list[bool], stages: int) -> lis
 
     @functools.cache
     def best(k: int, a: int) -> tuple[float, int]:
-        """The smallest costliest stage when cuts[a:] make k stages, and where the first ends."""
         if k == 1:
             return cost(a, m), m
         return min((max(cost(a, b), best(k - 1, b)[0]), b) for b in range(a + 1, m - k + 2))
@@ -112,8 +107,7 @@ def numbered(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class PipelineStage(Portion):
-    """One stage's layers (a ``Sequential``, ``net``) and the schedule that runs them: a model to
-    the trainer, scored on the last stage, reading samples on the first."""
+    """One stage's layers (``net``) and the schedule that runs them: a model to the trainer."""
 
     def __init__(
         self,
@@ -198,14 +192,11 @@ class PipelineStage(Portion):
         step = ctx.step
         if step is None:
             step, self.passes = self.passes, self.passes + 1
-        ids = ctx.sample_ids
-        if ids is None:
-            ids = self.xp.arange(n, dtype=self.xp.int64)
+        ids = self.xp.arange(n, dtype=self.xp.int64) if ctx.sample_ids is None else ctx.sample_ids
         contexts = [
             Context(train=True, step=step, seed=ctx.seed, sample_ids=ids[lo:hi]) for lo, hi in parts
         ]
-        zero = self.xp.zeros((), dtype=self.xp.float64)
-        loss_sum, correct = zero, zero
+        loss_sum = correct = self.xp.zeros((), dtype=self.xp.float64)
         order = SCHEDULES[self.schedule](len(parts), self.stages, self.index)
         sets = self._replicas(1 if self.recompute else in_flight(order))
         pending: list[list] = [[] for _ in sets]  # sends still reading each set's buffers
@@ -272,7 +263,6 @@ class PipelineStage(Portion):
         return loss_sum, correct
 
     def _replicas(self, count: int) -> list[Sequential]:
-        """One set of layers per micro-batch in flight: the stage's own, then replicas."""
         while len(self._sets) < count:
             self._sets.append(self.net.replica())
         return self._sets[:count]
@@ -284,8 +274,7 @@ class PipelineStage(Portion):
         handles.clear()
 
     def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
-        """The loss and correct count, no more rows at once than a training step holds (the
-        activations of a whole test set can outweigh the model many times)."""
+        """No more rows at once than a training step holds: a test set's activations are big."""
         n = labels.shape[0]
         rows = max(self.train_rows or n, 1)
         loss = correct = self.xp.zeros((), dtype=self.xp.float64)
@@ -329,8 +318,7 @@ def build_stage(
     recompute: bool = False,
     tensor: tuple[int, int] = (0, 1),
 ) -> PipelineStage:
-    """Draw the whole network as one process would, and place only stage ``rank`` of ``size``
-    (its part ``tensor[0]`` of ``tensor[1]`` where its layers are split)."""
+    """The whole network drawn as one process would, only stage ``rank`` of ``size`` kept."""
     whole.setup(input_shape, backend, seed)
     costs = layer_costs(whole.layers, whole.shapes)
     bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)

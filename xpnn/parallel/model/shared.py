@@ -1,7 +1,5 @@
-"""What node sharing does to a model: its buffers moved into the node's memory, and Dense
-layers whose ranks share the batch's ``x`` and ``dz`` (at small batches fewer values than the
-gradient ``x.T @ dz``), each rank then computing its rows of that gradient over the node's
-batch. A wide layer (``UnitsDense``) also splits forward and ``dx`` by units."""
+"""What node sharing does to a model: its buffers moved into the node's memory, and Dense layers
+whose node's ranks share the batch's ``x`` and ``dz``, each computing its rows of ``x.T @ dz``."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ def param_layers(model: Any) -> list[Any]:
 
 
 def can_share_activations(model: Any) -> bool:
-    """Whether every layer with parameters is exactly a Dense (gradient ``x.T @ dz``) of a plain
-    model (a pipeline stage runs backward once per micro-batch)."""
+    """Whether every layer with parameters is exactly a Dense, of a plain ``Sequential``."""
     return type(model) is Sequential and all(type(lay) is Dense for lay in param_layers(model))
 
 
@@ -38,9 +35,7 @@ def splits_units(units: int, local_size: int) -> bool:
     return units >= ALIGN * local_size
 
 
-# -- a Dense's products, for some of its units or inputs: the slices the node's ranks compute
 def forward_units(layer: Dense, x: Array, cols: slice, out: Array) -> None:
-    """``out[...] = act(x @ W[:, cols] + b[cols])``: the units ``cols`` of ``forward``."""
     z = layer.kernels.matmul_into(x, layer.params["W"][:, cols], out)
     y = layer.kernels.bias_act(z, layer.params["b"][cols], layer.activation)
     if y is not out:
@@ -48,7 +43,7 @@ def forward_units(layer: Dense, x: Array, cols: slice, out: Array) -> None:
 
 
 def backward_units(layer: Dense, dy: Array, y: Array, cols: slice) -> None:
-    """``dy`` (of the units ``cols``) becomes ``dz`` in place; ``b[cols]`` gets its gradient."""
+    """``dy`` of the units ``cols`` made ``dz`` in place; ``b[cols]``'s gradient assigned."""
     dz, db = layer.kernels.bias_act_backward(dy, y, layer.activation)
     if dz is not dy:
         dy[...] = dz
@@ -56,12 +51,11 @@ def backward_units(layer: Dense, dy: Array, y: Array, cols: slice) -> None:
 
 
 def input_grad_rows(layer: Dense, dz: Array, rows: slice, out: Array) -> None:
-    """``out[...] = dz @ W[rows].T``: the inputs ``rows`` of ``backward``'s ``dx``."""
     layer.kernels.matmul_into(dz, layer.params["W"][rows].T, out)
 
 
 def grads_of_rows(layer: Dense, x: Array, dz: Array, rows: slice, cols: slice | None) -> None:
-    """Assign the gradients of ``W[rows]`` and ``b[cols]`` (none if None): one share."""
+    """Assign the gradients of ``W[rows]`` and ``b[cols]`` (if not None)."""
     with WGRAD:
         layer.kernels.matmul_into(x[:, rows].T, dz, layer.grads["W"][rows])
     if cols is not None:
@@ -77,7 +71,6 @@ class Placement:
         self._batch = -1  # the global batch the bounds are for (all but an epoch's last)
 
     def lengths(self, global_batch: int) -> list[int]:
-        """How many samples each rank of the node has, in node-local order."""
         bounds = (shard_bounds(global_batch, r, self.size) for r in self.data_ranks)
         return [hi - lo for lo, hi in bounds]
 
@@ -89,8 +82,7 @@ class Placement:
 
 
 class SharedDense(Dense):
-    """A built Dense whose node splits each batch by samples; backward puts ``x`` and ``dz``
-    into node-shared arrays instead of assigning the weight gradient (``share_grads`` does)."""
+    """A built Dense whose backward shares ``x`` and ``dz``; ``share_grads`` makes W's gradient."""
 
     splits_units = False
 
@@ -119,7 +111,7 @@ class SharedDense(Dense):
         return self.input_grad(dz) if need_dx else None
 
     def owes_fence(self, makes_dx: bool) -> bool:
-        """Whether backward leaves a fence owed before any rank may change its rows of ``W``."""
+        """Whether a fence is owed after backward before any rank changes its rows of ``W``."""
         return True
 
     def share_grads(self) -> None:
@@ -128,7 +120,7 @@ class SharedDense(Dense):
         grads_of_rows(self, self.node_x[:n], self.node_dz[:n], self.rows, self.cols)
 
     def parts(self, offset: int) -> tuple[slice, slice]:
-        """This rank's share as slices of the flat buffers (W at ``offset``, row-major, then b)."""
+        """This rank's share of the flat buffers (W at ``offset``, row-major, then b)."""
         fan_in, units = self.params["W"].shape
         w = slice(offset + self.rows.start * units, offset + self.rows.stop * units)
         b = offset + fan_in * units
@@ -136,8 +128,7 @@ class SharedDense(Dense):
 
 
 class UnitsDense(SharedDense):
-    """A built Dense whose node's ranks split its products: units ``cols`` forward, inputs
-    ``rows`` of ``dx`` and ``W``'s gradient backward; two in a row share the arrays between."""
+    """A built Dense whose node's ranks split its products by units (``cols``) and inputs."""
 
     splits_units = True
 
@@ -151,7 +142,6 @@ class UnitsDense(SharedDense):
         self.grads_shared = False  # whether the layer above leaves my gradient in ``node_dz``
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        """Training: my samples' outputs, once every rank computed its units."""
         if not ctx.train:
             return super().forward(x, ctx)
         x, place = self.checked(x), self.place
@@ -164,8 +154,7 @@ class UnitsDense(SharedDense):
         return self.node_y[place.lo : place.hi]
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
-        """``dz`` of my units, then (after a fence) ``dx`` of my inputs: into the layer below's
-        ``dz`` if it splits its units too, else my samples' rows."""
+        """``dz`` of my units, then ``dx`` of my inputs (the layer below's ``dz`` if split)."""
         place, n = self.place, self.place.total
         if not self.grads_shared:  # dy: my samples' rows
             self.node_dz[place.lo : place.hi] = dy
@@ -181,11 +170,11 @@ class UnitsDense(SharedDense):
         return self.input_grad(self.node_dz[place.lo : place.hi])
 
     def owes_fence(self, makes_dx: bool) -> bool:
-        """Backward ends on a fence; one is owed only if it then reads all of ``W`` for ``dx``."""
+        # backward ends on a fence; one is owed only if it then reads all of ``W`` for ``dx``
         return makes_dx and self.below is None
 
     def share_grads(self) -> None:
-        """My rows of ``W``'s gradient (``b``'s share came with ``dz``, in backward)."""
+        # ``b``'s share came with ``dz``, in backward
         n = self.place.total
         grads_of_rows(self, self.node_x[:n], self.node_dz[:n], self.rows, None)
 
@@ -202,15 +191,13 @@ def share_layers(model: Sequential, comm: Any, samples: int, place: Placement) -
 
 
 def share_params(model: Any, comm: Any, grads: Array) -> None:
-    """One copy of the parameters a node: ``model``'s moved into the node's memory (local rank
-    0's values), its gradients into ``grads`` (collective)."""
+    """``model``'s parameters moved to node memory (local rank 0's), its gradients to ``grads``."""
     params = comm.shared_zeros((model.size,), model.params.dtype)
     model.adopt(params, grads, copy=comm.local_rank == 0)
 
 
 def share_gradients(model: Any, comm: Any) -> Array:
-    """The node's gradient rows, one a rank (this rank's the model's), each starting on a page;
-    the parameters one copy a node (collective)."""
+    """The node's gradient rows, one a rank, each starting on a page (collective)."""
     n, dtype = model.size, model.params.dtype
     stride = padded(n, ROW_ALIGN_BYTES // dtype.itemsize)
     rows = comm.shared_zeros((comm.local_size, stride), dtype)[:, :n]
@@ -219,8 +206,7 @@ def share_gradients(model: Any, comm: Any) -> Array:
 
 
 def share_activations(model: Sequential, comm: Any, batch_size: int) -> Placement:
-    """One copy of the parameters a node (the gradients each rank's own), every Dense swapped for
-    its twin sharing the node's batch; where this rank's samples go there (collective)."""
+    """Every Dense swapped for its twin sharing the node's batch; where this rank's samples go."""
     share_params(model, comm, model.grads)
     place = Placement(comm.node.allgather(comm.rank), comm.size, comm.local_rank)
     share_layers(model, comm, sum(place.lengths(batch_size)), place)  # the node's full batch

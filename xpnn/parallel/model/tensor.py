@@ -1,8 +1,5 @@
-"""Tensor parallelism, Megatron-LM's pairing: of each pair of layers declaring ``tensor_split =
-"dense"`` the first becomes its column-split twin, the second its row-split twin (one allreduce
-each way); one left over is replicated. Between a pair only ``"elementwise"`` layers may stand.
-A composite declares its pairs of sublayers instead (``Layer.tensor_pairs``). Every rank draws
-the whole initial weights and keeps its slice."""
+"""Tensor parallelism, Megatron-LM's pairing: of each pair of ``tensor_split`` layers (or a
+composite's ``tensor_pairs``) the first is split by columns, the second by rows."""
 
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ class SplitDense(Dense):
     def __init__(self, units: int, activation: str, bounds: tuple[int, int]) -> None:
         super().__init__(units, activation)
         self.lo, self.hi = bounds
-        self.comm: Any = None  # set by ``attach`` once the communicator exists
+        self.comm: Any = None  # ``attach``'s
 
     def attach(self, comm: Any) -> None:
         self.comm = comm
@@ -41,7 +38,6 @@ class SplitDense(Dense):
         return out  # the whole output shape: what the next layer is built against
 
     def piece(self, name: str, whole: np.ndarray) -> np.ndarray:
-        """This rank's slice of ``whole``, laid out as the whole parameter ``name``."""
         axis = self.split.get(name)
         return whole if axis is None else np.take(whole, np.arange(self.lo, self.hi), axis=axis)
 
@@ -77,6 +73,11 @@ class RowDense(SplitDense):
 TWINS = {"dense": (ColumnDense, RowDense)}  # a declared split -> its (first, second) twins
 
 
+def twin_of(layer: Any, which: int, bounds: tuple[int, int]) -> SplitDense:
+    """``layer``'s first (0) or second (1) split twin, holding ``bounds``."""
+    return TWINS[layer.tensor_split][which](layer.units, layer.activation, bounds)
+
+
 def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
     """Swap the sublayer pairs declared in ``tensor_pairs`` for this rank's split twins."""
     for top in layers:
@@ -91,18 +92,13 @@ def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
                         "data or pipeline)"
                     )
                 lo, hi = shard_bounds(groups, rank, size)
-                first_twin, _ = TWINS[first.tensor_split]
-                _, second_twin = TWINS[second.tensor_split]
-                bounds = (lo * column_group, hi * column_group)
-                layer.children[column] = first_twin(first.units, first.activation, bounds)
-                bounds = (lo * row_group, hi * row_group)
-                layer.children[row] = second_twin(second.units, second.activation, bounds)
+                layer.children[column] = twin_of(first, 0, (lo * column_group, hi * column_group))
+                layer.children[row] = twin_of(second, 1, (lo * row_group, hi * row_group))
     return layers
 
 
 def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
-    """``layers`` with their pairs swapped for ``rank`` of ``size``'s twins: those composites
-    declare, else the layers declaring a ``tensor_split``, in turn; others refused, named."""
+    """``layers`` with their pairs swapped for ``rank`` of ``size``'s twins; others refused."""
     if any(inner.tensor_pairs for top in layers for inner in top.walk()):
         return split_declared(layers, rank, size)
     pairable = [i for i, layer in enumerate(layers) if layer.tensor_split in TWINS]
@@ -125,7 +121,6 @@ def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
                 "ranks (each needs at least one unit; use `parallel` data or wider `hidden`)"
             )
         bounds = shard_bounds(units, rank, size)
-        column, row = TWINS[layers[first].tensor_split]
-        out[first] = column(units, layers[first].activation, bounds)
-        out[second] = row(layers[second].units, layers[second].activation, bounds)
+        out[first] = twin_of(layers[first], 0, bounds)
+        out[second] = twin_of(layers[second], 1, bounds)
     return out

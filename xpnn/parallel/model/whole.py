@@ -14,7 +14,7 @@ from xpnn.parallel.model.tensor import SplitDense
 
 
 class Portion:
-    """What of the network a rank's model holds: all of it (these), or what a stage says."""
+    """What of the network a rank's model holds: all of it (these), or a stage's part."""
 
     reads_input: bool = True  # forward reads the samples (a pipeline's later stages do not)
     scores: bool = True  # its loss is the network's (a pipeline's earlier stages have none)
@@ -23,12 +23,11 @@ class Portion:
 
 
 def portion(model: Any) -> Portion:
-    """The portion of the network ``model`` holds: its wrapper's, or all of it."""
     return model if isinstance(model, Portion) else Portion()
 
 
 def split_of(layer: Any, name: str) -> tuple[SplitDense, str] | None:
-    """The split layer (maybe a composite's) holding a slice of ``layer``'s ``name``, its name."""
+    """The split layer (maybe a composite's child) holding ``layer``'s ``name``, and its name."""
     while isinstance(layer, Chain) and "." in name:
         child, _, name = name.partition(".")
         layer = layer.children[child]
@@ -36,13 +35,12 @@ def split_of(layer: Any, name: str) -> tuple[SplitDense, str] | None:
 
 
 def whole_shape(layer: Any, name: str) -> tuple[int, ...]:
-    """The shape of parameter ``name`` of ``layer`` in the whole network."""
     held = split_of(layer, name)
     return tuple(held[0].whole_shapes[held[1]] if held else layer.initial[name][1])
 
 
 def split_params(model: Any) -> dict[str, tuple[SplitDense, str]]:
-    """Stable name -> ``split_of`` its parameter, for those split (tensor parallelism)."""
+    """Stable name -> ``split_of`` its parameter, for those split."""
     names = model.param_names() if isinstance(model, LayeredModel) else []
     return {key: held for key, layer, name in names if (held := split_of(layer, name))}
 
@@ -54,7 +52,6 @@ def whole_shapes(model: Any) -> dict[str, tuple[int, ...]]:
 
 
 def own_piece(model: Any, key: str, whole: np.ndarray) -> np.ndarray:
-    """This rank's part of ``whole``, the whole parameter ``key`` of ``model``."""
     held = split_params(model).get(key)
     return whole if held is None else held[0].piece(held[1], whole)
 
@@ -81,8 +78,7 @@ def whole_params(model: Any, comm: Any) -> dict[str, np.ndarray]:
 
 
 def replicated_ranges(model: Any, part: int) -> list[tuple[int, int]]:
-    """[start, end) ranges of this rank's flat buffer holding parameters that tensor part 0 of
-    its replica holds too (unsplit ones), counted there, not here."""
+    """[start, end) of this rank's flat buffer whose (unsplit) parameters part 0 counts."""
     if part == 0:
         return []
     split, out, offset = split_params(model), [], 0
@@ -95,11 +91,9 @@ def replicated_ranges(model: Any, part: int) -> list[tuple[int, int]]:
 
 
 def is_spread(model: Any) -> bool:
-    """Does this rank hold only part of the network (tensor or pipeline parallelism)?"""
     return whole_size(model) != model.size
 
 
 def whole_size(model: Any) -> int:
-    """How many parameters the network has, all ranks' pieces together."""
-    count = portion(model).whole_param_count  # a stage knows the layers it does not hold
+    count = portion(model).whole_param_count
     return count or sum(math.prod(shape) for shape in whole_shapes(model).values())

@@ -1,5 +1,4 @@
-"""How a step's gradients become one update (``base.Update``); ``Plan.make_update`` picks the
-scheme."""
+"""How a step's gradients become one update (``base.Update``); ``Plan.make_update`` picks it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The Update contract, its buckets, and the schemes that need no node memory. Backward fills
-the flat gradients from the end: buckets are cut from the end, each allreduced once final (as
-PyTorch DDP's); each rank scales by 1 / global batch, so the sum is the mean's."""
+"""The Update contract, its buckets (cut from the end, as backward fills them, as PyTorch DDP's),
+and the schemes that need no node memory."""
 
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ def bucket_bounds(n: int, per_bucket: int) -> list[tuple[int, int]]:
 
 
 def layer_buckets(offsets: list[int], n: int, min_size: int) -> list[tuple[int, int]]:
-    """[start, end) ranges covering ``range(n)``, last first, cut only at ``offsets`` (where
-    backward reports progress) and at least ``min_size`` long but the one at the start."""
+    """[start, end) ranges covering ``range(n)``, last first, cut only at ``offsets`` and at
+    least ``min_size`` long but the one at the start."""
     bounds, end = [], n
     for cut in sorted({o for o in offsets if 0 < o < n}, reverse=True):
         if end - cut >= min_size:
@@ -51,8 +50,7 @@ class BucketCursor:
 
 
 class GradientBuckets:
-    """Launches each bucket's ``iallreduce_`` once backward has filled it; ``wire``: sent in a
-    narrower float (``wire.GradWire``), sized as sent."""
+    """Launches each bucket's reduction once backward has filled it; ``wire``: a narrower float."""
 
     def __init__(self, grads: Array, comm: Any, bucket_bytes: int, wire: Any = None) -> None:
         self.grads, self.comm, self.wire = grads, comm, wire
@@ -69,12 +67,11 @@ class GradientBuckets:
             return
         for i in self._cursor.finished(offset):
             start, end = self.bounds[i]
-            flight.tag(bucket=i + 1)  # the flight record and the trace name the bucket
+            flight.tag(bucket=i + 1)
             self._handles.append(self.launch(start, end))
             flight.tag()
 
     def launch(self, start: int, end: int) -> Any:
-        """Start reducing ``grads[start:end]`` over the ranks: the bucket's handle."""
         if self.wire is None:
             return self.comm.iallreduce_(self.grads[start:end], "sum")
         return self.wire.start(self.comm, self.grads[start:end])
@@ -111,20 +108,19 @@ class Update:
     deferred = False  # updates wait for the whole reduced gradient (clipping by its norm)
 
     def begin_step(self, global_batch: int) -> None:
-        """A step over ``global_batch`` samples begins."""
+        pass
 
     def whole_state(self) -> dict[str, Any]:
         """What a checkpoint saves: the optimizer state over every parameter (collective)."""
         return self.optimizer.state
 
     def share_total(self, local: float) -> float:
-        """A sum over this rank's part of the reduced gradient made the replica's sum."""
+        """A sum over this rank's part of the reduced gradient made the replica's."""
         return local
 
 
 class BucketedUpdate(Update):
-    """Gradient buckets reduced as backward fills them (``_cut``); after backward, each part of
-    the optimizer (``_parts``) updated right after the wait that made it final (still in cache)."""
+    """Buckets reduced as backward fills them; each part updated right after its last wait."""
 
     def __init__(
         self,
@@ -155,10 +151,9 @@ class BucketedUpdate(Update):
         return make_optimizer(self.model.params, self.model.grads, [slice(*p) for p in parts])
 
     def _updated(self, count: int) -> None:
-        """Buckets ``0 .. count-1`` are updated on this rank (nothing follows here)."""
+        """Buckets ``0 .. count-1`` are updated on this rank."""
 
     def finish(self) -> None:
-        """After backward: update each part as soon as its buckets hold the global sum."""
         if self.deferred:
             self.buckets.wait(len(self.buckets.bounds))
         self.optimizer.start_step()
@@ -190,13 +185,15 @@ class LayerwiseUpdate(Update):
     """Updates each bucket of layers once backward has finished it, while it is in cache."""
 
     optimizer: Any
-    cursor: BucketCursor
+
+    def __init__(self, model: Any, comm: Any, deferred: bool) -> None:
+        self.model, self.comm, self.deferred = model, comm, deferred
+        self.cursor = BucketCursor(layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET))
 
     def _before_part(self, index: int) -> None:
-        """Make bucket ``index``'s gradients final on this rank (nothing to do alone)."""
+        """Make bucket ``index``'s gradients final on this rank."""
 
     def grads_ready(self, offset: int) -> None:
-        """``grads[offset:]`` is final on this rank: update every bucket inside."""
         for i in self.cursor.finished(offset):
             if i == 0 and not self.deferred:  # the step's first bucket starts the step
                 self.optimizer.start_step()
@@ -208,7 +205,7 @@ class LayerwiseUpdate(Update):
         self.optimizer.update_part(index)
 
     def finish(self) -> None:
-        """Update what backward did not report (all of it, when a rank had no samples)."""
+        # what backward did not report (all of it, when a rank had no samples)
         self.grads_ready(0)
         if self.deferred:  # every bucket is final: now the step
             self.optimizer.start_step()
@@ -225,10 +222,9 @@ class LocalUpdate(LayerwiseUpdate):
     def __init__(
         self, model: Any, comm: Any, make_optimizer: MakeOptimizer, deferred: bool = False
     ) -> None:
-        self.model, self.comm, self.deferred = model, comm, deferred
-        bounds = layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)
-        self.optimizer = make_optimizer(model.params, model.grads, [slice(*b) for b in bounds])
-        self.cursor = BucketCursor(bounds)
+        super().__init__(model, comm, deferred)
+        parts = [slice(*b) for b in self.cursor.bounds]
+        self.optimizer = make_optimizer(model.params, model.grads, parts)
 
     def broadcast_initial(self) -> None:
-        """Nothing to send: one process."""
+        pass

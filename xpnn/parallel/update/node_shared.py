@@ -1,36 +1,36 @@
-"""One copy of the parameters per node, with one gradient row per rank: once backward has
-finished a bucket, the ranks fence and each sums the rows of its share and updates it."""
+"""One copy of the parameters a node: its ranks share one gradient row a rank (each summing the
+rows of its share), or the batch's activations (each computing its rows of the gradient)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from xpnn.errors import UserError
 from xpnn.parallel.comm.shm import share_bounds
-from xpnn.parallel.update.base import MIN_LAYER_BUCKET, BucketCursor, LayerwiseUpdate, layer_buckets
+from xpnn.parallel.model.shared import Placement, SharedDense, can_share_activations, param_layers
+from xpnn.parallel.update.base import LayerwiseUpdate
 
 
 class NodeSharedUpdate(LayerwiseUpdate):
-    """The schemes with one copy of the parameters a node (``parallel.model.shared`` moved them)."""
+    """The schemes with one copy of the parameters a node."""
 
-    wire: Any = None  # the gradients cross nodes in a narrower float (``wire.GradWire``)
-
-    def _node(self, model: Any, comm: Any, deferred: bool, wire: Any) -> None:
-        self.model, self.comm, self.deferred, self.wire = model, comm, deferred, wire
+    def __init__(self, model: Any, comm: Any, deferred: bool, wire: Any) -> None:
+        super().__init__(model, comm, deferred)
+        self.wire = wire  # the gradients cross nodes in a narrower float (``wire.GradWire``)
         self.restores_checkpoint = comm.local_rank == 0  # one writer per shared buffer
 
     def _cross_allreduce_(self, grads: Any) -> None:
-        """The node's sum of ``grads`` summed across nodes, sent as the wire says."""
         if self.wire is None:
             self.comm.cross_allreduce_(grads)
         else:
             self.wire.cross_allreduce_(self.comm, grads)
 
     def share_total(self, local: float) -> float:
-        """Each rank of a node holds a share of the reduced gradient, each node all of it."""
+        # each rank of a node holds a share of the reduced gradient, each node all of it
         return float(self.comm.allreduce_host([local])[0]) / self.comm.nodes
 
     def broadcast_initial(self) -> None:
-        """Across nodes, world rank 0's parameters and state go to each node's local rank 0."""
+        """World rank 0's parameters and state to each node's local rank 0."""
         comm = self.comm
         if comm.nodes > 1 and comm.local_rank == 0:
             comm.cross_bcast_(self.model.params)
@@ -44,7 +44,7 @@ class NodeSharedUpdate(LayerwiseUpdate):
 
 
 class SharedUpdate(NodeSharedUpdate):
-    """The ``mpi-shm`` scheme sharing the node's gradient ``rows`` (collective)."""
+    """The ``mpi-shm`` scheme sharing the node's gradient ``rows``."""
 
     name = "shared gradients"
 
@@ -57,11 +57,9 @@ class SharedUpdate(NodeSharedUpdate):
         deferred: bool = False,
         wire: Any = None,
     ) -> None:
-        self._node(model, comm, deferred, wire)
-        me = comm.local_rank
-        bounds = layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET)
+        super().__init__(model, comm, deferred, wire)
+        me, bounds = comm.local_rank, self.cursor.bounds
         self.shares = [slice(*share_bounds(a, b, comm.local_size, me)) for a, b in bounds]
-        self.cursor = BucketCursor(bounds)
         self.own = rows[me]
         self.others = [rows[r] for r in range(comm.local_size) if r != me]
         # the node's sum must exist to be allreduced, or (deferred) measured: sum into own row
@@ -74,12 +72,84 @@ class SharedUpdate(NodeSharedUpdate):
         comm.fence()
 
     def _before_part(self, index: int) -> None:
-        """Fence: every row of the bucket is complete; across nodes, allreduce my share."""
-        comm = self.comm
-        comm.fence()
+        self.comm.fence()
         if self.sums_own:
             own = self.own[self.shares[index]]
             for other in self.others:
                 own += other[self.shares[index]]
-            if comm.nodes > 1:
+            if self.comm.nodes > 1:
                 self._cross_allreduce_(own)
+
+
+def activation_values(model: Any, batch_size: int) -> int:
+    """Values a step's shared activations hold: ``x`` and ``dz`` of each Dense."""
+    return batch_size * sum(sum(layer.params["W"].shape) for layer in param_layers(model))
+
+
+def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
+    """As asked, or (``auto``) when allowed and fewer values than a rank's gradient row."""
+    if node_share == "gradients":
+        return False
+    if not can_share_activations(model):
+        if node_share == "activations":
+            kinds = sorted({type(layer).__name__ for layer in param_layers(model)} - {"Dense"})
+            what = ", ".join(kinds) or type(model).__name__
+            raise UserError(
+                f"`node_share` activations: needs a model whose layers with parameters are all "
+                f"Dense, this one has {what}; use `node_share` gradients"
+            )
+        return False
+    return node_share == "activations" or activation_values(model, batch_size) < model.size
+
+
+class SharedBatchUpdate(NodeSharedUpdate):
+    """The ``mpi-shm`` scheme sharing activations; ``place``: where this rank's samples go."""
+
+    name = "shared activations"
+
+    def __init__(
+        self,
+        model: Any,
+        comm: Any,
+        make_optimizer: Any,
+        place: Placement,
+        deferred: bool = False,
+        wire: Any = None,
+    ) -> None:
+        super().__init__(model, comm, deferred, wire)
+        self.place, bounds = place, self.cursor.bounds
+        self.layers: list[list[SharedDense]] = [[] for _ in bounds]  # by bucket
+        self.parts: list[list[int]] = [[] for _ in bounds]  # the optimizer's, by bucket
+        parts: list[slice] = []  # two per layer: my rows of W, my share of b
+        self.fence_first = [False] * len(bounds)  # before a bucket's gradients (on every rank)
+        for index, layer in enumerate(model.layers):
+            if not layer.initial:
+                continue
+            offset = model.layer_offsets[index]
+            bucket = next(i for i, (lo, hi) in enumerate(bounds) if lo <= offset < hi)
+            if not self.layers[bucket]:  # the bucket's lowest layer: backward ends there
+                self.fence_first[bucket] = layer.owes_fence(model.needs_input_grad(index))
+            self.layers[bucket].append(layer)
+            for part in layer.parts(offset):
+                self.parts[bucket].append(len(parts))
+                parts.append(part)
+        self.needs_every_rank = any(lay.splits_units for bucket in self.layers for lay in bucket)
+        self.optimizer = make_optimizer(model.params, model.grads, parts, comm.shared_zeros)
+        self.my_grads = [model.grads[part] for part in parts]
+        comm.fence()
+
+    def begin_step(self, global_batch: int) -> None:
+        self.place.begin(global_batch)
+
+    def _before_part(self, index: int) -> None:
+        if self.fence_first[index]:
+            self.comm.fence()
+        for layer in self.layers[index]:
+            layer.share_grads()
+        if self.comm.nodes > 1:
+            for part in self.parts[index]:
+                self._cross_allreduce_(self.my_grads[part])
+
+    def _update(self, index: int) -> None:
+        for part in self.parts[index]:
+            self.optimizer.update_part(part)

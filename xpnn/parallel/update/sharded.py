@@ -1,8 +1,5 @@
-"""The optimizer state sharded over the data-parallel ranks (ZeRO stage 1): each rank keeps the
-state of one contiguous 1 / N shard of the flat parameters. Each gradient bucket is
-reduce-scattered as backward fills it; each rank updates its piece once the bucket is final and
-starts its all-gather while later buckets are waited for (one gradient's bytes a step, as the
-allreduce). A checkpoint holds the whole state, so any rank count resumes it."""
+"""The optimizer state sharded over the data-parallel ranks (ZeRO stage 1): buckets are
+reduce-scattered as backward fills them, each shard updated and all-gathered as its bucket is."""
 
 from __future__ import annotations
 
@@ -15,17 +12,17 @@ Array = Any
 
 
 def shard_bounds(n: int, ranks: int) -> list[tuple[int, int]]:
-    """[start, end) of each rank's shard of ``n`` values, cut as a batch is between ranks."""
+    """[start, end) of each rank's shard of ``n`` values, cut as a batch is."""
     return [share_bounds(n, rank, ranks) for rank in range(ranks)]
 
 
 def piece_counts(start: int, end: int, shards: list[tuple[int, int]]) -> list[int]:
-    """How many of ``[start, end)`` fall in each rank's shard: its reduce-scatter's pieces."""
+    """How many of ``[start, end)`` fall in each rank's shard."""
     return [max(0, min(end, hi) - max(start, lo)) for lo, hi in shards]
 
 
 class ScatteredBuckets(GradientBuckets):
-    """Gradient buckets each reduced to the ranks whose shards it covers, not to every rank."""
+    """Gradient buckets each reduced to the ranks whose shards it covers."""
 
     def __init__(
         self, grads: Array, comm: Any, bucket_bytes: int, shards: list[tuple[int, int]]
@@ -38,9 +35,8 @@ class ScatteredBuckets(GradientBuckets):
 
 
 class ShardedOptimizer:
-    """The shard's optimizer (``inner``) as the trainer and checkpoints see it (as ChainerMN's
-    wraps its own): ``state`` is laid out over every parameter for a checkpoint to load into,
-    then handed to the shard by ``ShardedUpdate.broadcast_initial``."""
+    """The shard's optimizer (``inner``) as trainer and checkpoints see it, as ChainerMN's:
+    ``state`` spans every parameter for a checkpoint to load, then ``take_loaded`` cuts it."""
 
     def __init__(self, inner: Any, n: int, bounds: tuple[int, int]) -> None:
         self.inner, self.n, self.bounds = inner, n, bounds
@@ -59,15 +55,13 @@ class ShardedOptimizer:
 
     @property
     def state(self) -> dict[str, Array]:
-        """Whole-model buffers a checkpoint restores into (zeros until it does)."""
         if self._whole is None:
-            xp = self.inner.kernels.xp
-            dtype = self.inner.params.dtype
+            xp, dtype = self.inner.kernels.xp, self.inner.params.dtype
             self._whole = {name: xp.zeros((self.n,), dtype=dtype) for name in self.inner.state}
         return self._whole
 
     def take_loaded(self) -> None:
-        """A checkpoint loaded into ``state``: keep this rank's shard of it, free the rest."""
+        """Keep this rank's shard of a loaded ``state``, free the rest."""
         if self._whole is None:
             return
         lo, hi = self.bounds
@@ -82,7 +76,7 @@ class ShardedUpdate(BucketedUpdate):
     name = "sharded"
 
     def _cut(self, bucket_bytes: int, wire: Any) -> GradientBuckets:
-        """Buckets reduced to their shards' owners (the plan refuses a narrower ``wire``)."""
+        # the plan refuses a narrower ``wire``
         self.shards = shard_bounds(self.model.size, self.comm.size)
         self.counts = [hi - lo for lo, hi in self.shards]
         self._gathers: list[Any] = []  # the all-gathers started this step, in bucket order
@@ -95,7 +89,6 @@ class ShardedUpdate(BucketedUpdate):
         return [(a + lo, b + lo) for a, b in cuts]
 
     def _optimizer(self, make_optimizer: MakeOptimizer, parts: list[tuple[int, int]]) -> Any:
-        """The shard's optimizer, over its slices of the flat buffers, seen whole."""
         lo, hi = self.shards[self.comm.rank]
         shard = [slice(a - lo, b - lo) for a, b in parts]
         model = self.model
@@ -103,31 +96,27 @@ class ShardedUpdate(BucketedUpdate):
         return ShardedOptimizer(inner, model.size, (lo, hi))
 
     def share_total(self, local: float) -> float:
-        """The shards' sums of squares added: each rank counts its own shard."""
         return float(self.comm.allreduce_host([local])[0])
 
     def broadcast_initial(self) -> None:
-        """Rank 0's parameters become everyone's; a loaded state is cut to this rank's shard."""
         self.comm.bcast_(self.model.params, 0)
         self.optimizer.take_loaded()
 
     def _updated(self, count: int) -> None:
-        """Start the all-gather of each bucket below ``count`` not yet started (in bucket order
-        on every rank): its pieces are updated everywhere."""
+        """Start the all-gather of each bucket below ``count`` not yet started, in bucket order."""
         for start, end in self.buckets.bounds[len(self._gathers) : count]:
             counts = self.buckets.counts[start]
             self._gathers.append(self.comm.iallgather_(self.model.params[start:end], counts))
 
     def finish(self) -> None:
-        """After backward: the shard updated and gathered bucket by bucket; the parameters whole
-        on return (the gradients outside the shard undefined)."""
+        """The parameters whole on return (the gradients outside the shard undefined)."""
         super().finish()
         for handle in self._gathers:
             handle.wait()
         self._gathers.clear()
 
     def whole_state(self) -> dict[str, Array]:
-        """Every state over every parameter, on every rank (collective): what checkpoints save."""
+        """Every state over every parameter, on every rank (collective)."""
         xp = self.optimizer.inner.kernels.xp
         lo, hi = self.optimizer.bounds
         out = {}

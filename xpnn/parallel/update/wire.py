@@ -1,7 +1,5 @@
-"""The gradient exchange in a narrower float (``grad_dtype``): each slice cast into a buffer of
-its own, summed there, and cast back. For float16 it is multiplied by the loss scale first (its
-smallest normal is 6e-5: small mean gradients would flush to zero); a sum that overflows comes
-back infinite, and the loss scale skips that step."""
+"""The gradient exchange in a narrower float (``grad_dtype``); float16 is sent times the loss
+scale (its smallest normal is 6e-5), and a sum that overflows skips the step."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ GRAD_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def sends_gradients(comm: Any) -> bool:
-    """Whether the update on ``comm`` sends gradients (node-shared ranks only across nodes)."""
+    """Whether the update on ``comm`` sends gradients (node-shared ranks across nodes only)."""
     return comm.size > 1 and (not comm.node_memory or comm.nodes > 1)
 
 
@@ -30,7 +28,7 @@ class GradWire:
         self.itemsize = 2 if self.narrow else 4  # bytes a value sent
 
     def pack(self, grads: Array) -> tuple[Array, float]:
-        """A new buffer holding ``grads`` (times the scale) as sent, and the scale used."""
+        """A new buffer of ``grads`` (times the scale) as sent, and the scale used."""
         factor = self.scale() if self.scale is not None else 1.0
         values = grads * factor if factor != 1.0 else grads
         with quiet_overflows(self.xp):  # past the dtype's range: the loss scale's to handle
@@ -39,7 +37,6 @@ class GradWire:
             return self.xp.astype(values, getattr(self.xp, self.dtype)), factor
 
     def unpack(self, buf: Array, factor: float, grads: Array) -> None:
-        """The summed ``buf`` back into ``grads``, divided by the scale it was sent with."""
         xp = self.xp
         if self.narrow:
             wide = from_bits(xp, buf, self.dtype, grads.dtype)
@@ -50,7 +47,6 @@ class GradWire:
         grads[...] = wide
 
     def start(self, comm: Any, grads: Array) -> WireHandle:
-        """Begin summing ``grads`` over ``comm``'s ranks; they hold the sum after ``wait``."""
         buf, factor = self.pack(grads)
         if self.narrow:
             handle = comm.iallreduce_sum16_(buf, self.dtype)
@@ -71,7 +67,7 @@ class GradWire:
 
 
 class WireHandle:
-    """A transport's handle whose ``wait`` also casts the sum back into the gradients."""
+    """A handle whose ``wait`` also casts the sum back into the gradients."""
 
     __slots__ = ("_handle", "_wire", "_buf", "_factor", "_grads")
 
@@ -90,7 +86,7 @@ class WireHandle:
 def make_wire(
     grad_dtype: str | None, param_dtype: str, xp: Any, scale: Callable[[], float] | None
 ) -> GradWire | None:
-    """The wire for ``grad_dtype``, or None where the gradients go as they are."""
+    """None where the gradients go as they are."""
     if grad_dtype is None or grad_dtype == param_dtype:
         return None
     return GradWire(grad_dtype, xp, scale if grad_dtype == "float16" else None)
