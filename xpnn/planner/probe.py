@@ -102,16 +102,12 @@ def crowding(comm, repeats: int) -> float:  # noqa: ANN001
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):  # each rank one thread, as ranks of one thread run
-        return _crowding(comm, work, repeats)
-
-
-def _crowding(comm, work, repeats: int) -> float:  # noqa: ANN001
-    alone, together = _alone_and_together(comm, work, work, repeats)
+        alone, together = _alone_and_together(comm, work, work, repeats)
     return max(1.0, together / alone)
 
 
-PHASE_PRODUCTS = (4, 16, 64, 256)  # of 96 x 96 between two fences: 0.06 to 4 ms on the EPYC
-PHASE_TOTAL = 512  # products a sample runs (at least 8 phases): many fences, several slices
+PHASE_PRODUCTS = (2, 8, 32, 128)  # of 96 x 96 (tens of us each) between two fences
+PHASE_TOTAL = 256  # products a sample runs (at least 8 phases): many fences, several slices
 
 
 def phases(comm, repeats: int) -> list[list[float]]:  # noqa: ANN001
