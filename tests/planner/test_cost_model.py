@@ -246,6 +246,8 @@ def test_a_synchronization_of_crowded_ranks_costs_the_measured_phase_beyond_its_
     assert machine.sync_wait(8, 1e-3) == pytest.approx(9e-3 - 4 * 1e-3)
     # 5 ranks, not measured: the nearest count's, per thread beyond the cores (3 against 2)
     assert machine.sync_wait(5, 1e-4) == pytest.approx(1.5 * 1.0e-3)
+    machine.phases["4"].reverse()  # a file's points in any order
+    assert machine.sync_wait(4, 5.5e-4) == pytest.approx(1.25e-3)
 
 
 def test_without_phases_a_synchronization_costs_the_fence_measured_with_every_rank_at_once():

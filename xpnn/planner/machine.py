@@ -273,9 +273,9 @@ class Machine:
             fit = self.shared.get(str(busy_threads))
             return fit[0] if fit else busy_threads / self.cores * SPIN_S
         near = min(over, key=lambda r: abs(r - busy_threads))  # the count itself if measured
-        crowded = self.slowdown(near)
-        alone = [w for w, _ in self.phases[str(near)]]
-        extra = [max(0.0, t - crowded * w) for w, t in self.phases[str(near)]]
+        crowded, points = self.slowdown(near), sorted(self.phases[str(near)])
+        alone = [w for w, _ in points]
+        extra = [max(0.0, t - crowded * w) for w, t in points]
         queued = (busy_threads - self.cores) / (near - self.cores)  # threads beyond the cores
         return queued * float(np.interp(phase, alone, extra))
 
