@@ -10,6 +10,7 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -106,8 +107,8 @@ def crowding(comm, repeats: int) -> float:  # noqa: ANN001
     return max(1.0, together / alone)
 
 
-PHASE_PRODUCTS = (2, 8, 32, 128)  # of 96 x 96 (tens of us each) between two fences
-PHASE_TOTAL = 256  # products a sample runs (at least 8 phases): many fences, several slices
+PHASE_PRODUCTS = (4, 16, 64, 256)  # of 96 x 96 (tens of us each) between two fences
+PHASE_TOTAL = 512  # products a sample runs (at least 8 phases): many fences, several slices
 
 
 def phases(comm, repeats: int) -> list[list[float]]:  # noqa: ANN001
@@ -120,22 +121,20 @@ def phases(comm, repeats: int) -> list[list[float]]:  # noqa: ANN001
 
     shm = ShmCommunicator.create(comm)
     a = np.random.default_rng(comm.Get_rank()).standard_normal((96, 96)).astype(np.float32)
+
+    def run(products: int, count: int, fence: bool) -> None:
+        for _ in range(count):
+            for _ in range(products):
+                a @ a
+            if fence:
+                shm.fence()
+
     out = []
     with threadpool_limits(limits=1):
         for products in PHASE_PRODUCTS:
             count = max(8, PHASE_TOTAL // products)
-
-            def work(products: int = products, count: int = count) -> None:
-                for _ in range(count * products):
-                    a @ a
-
-            def run(products: int = products, count: int = count) -> None:
-                for _ in range(count):
-                    for _ in range(products):
-                        a @ a
-                    shm.fence()
-
-            alone, together = _alone_and_together(comm, work, run, repeats)
+            runs = (partial(run, products, count, fence) for fence in (False, True))
+            alone, together = _alone_and_together(comm, *runs, repeats)
             out.append([alone / count, together / count])
     shm.free()
     return out
