@@ -223,15 +223,53 @@ def test_an_mlp_at_a_small_batch_shares_activations_with_two_fences_a_layer_past
     assert told.syncs == 3
 
 
-def test_each_synchronization_of_oversubscribed_ranks_waits_for_the_queued_ones_turns():
-    from xpnn.planner.cost import TURN_S, sync_wait
+def phase_machine() -> Machine:
+    """2 cores; 4 and 8 one-thread ranks crowded 2 and 4 times; their phases between two
+    fences measured at 0.1 and 1 ms of products alone."""
+    return Machine(
+        {"cores": 2},
+        crowding={"4": 2.0, "8": 4.0},
+        phases={"4": [[1e-4, 1.2e-3], [1e-3, 3.5e-3]], "8": [[1e-4, 3.4e-3], [1e-3, 9e-3]]},
+        measured=False,
+    )
 
-    assert sync_wait(2, 2) == 0.0
-    assert sync_wait(4, 2) == pytest.approx(TURN_S)  # two queued, two cores: one turn
-    assert sync_wait(8, 2) == pytest.approx(3 * TURN_S)
+
+def test_a_synchronization_of_crowded_ranks_costs_the_measured_phase_beyond_its_products():
+    machine = phase_machine()
+    assert machine.sync_wait(2, 1e-3) == 0.0  # two ranks on two cores wait for no one's turn
+    # 4 ranks: 1.2 ms - 2 x 0.1 ms at 0.1 ms of products, 3.5 ms - 2 x 1 ms at 1 ms
+    assert machine.sync_wait(4, 1e-4) == pytest.approx(1.0e-3)
+    assert machine.sync_wait(4, 1e-3) == pytest.approx(1.5e-3)
+    assert machine.sync_wait(4, 5.5e-4) == pytest.approx(1.25e-3)  # halfway between
+    assert machine.sync_wait(4, 1e-6) == pytest.approx(1.0e-3)  # outside: the nearest end
+    assert machine.sync_wait(4, 1.0) == pytest.approx(1.5e-3)
+    assert machine.sync_wait(8, 1e-3) == pytest.approx(9e-3 - 4 * 1e-3)
+    # 5 ranks, not measured: the nearest count's, per thread beyond the cores (3 against 2)
+    assert machine.sync_wait(5, 1e-4) == pytest.approx(1.5 * 1.0e-3)
+    machine.phases["4"].reverse()  # a file's points in any order
+    assert machine.sync_wait(4, 5.5e-4) == pytest.approx(1.25e-3)
+
+
+def test_without_phases_a_synchronization_costs_the_fence_measured_with_every_rank_at_once():
+    from xpnn.runtime.stall import SPIN_S
+
+    machine = Machine({"cores": 2}, measured=False)
+    # nothing measured: each group of 2 ranks spins SPIN_S (0.5 ms) before the next gets on
+    assert machine.sync_wait(8, 1e-3) == pytest.approx(4 * SPIN_S) == pytest.approx(2e-3)
+    machine.shared = {"8": [2.5e-3, 1e-10]}
+    assert machine.sync_wait(8, 1e-3) == pytest.approx(2.5e-3)
+
+
+def test_each_synchronization_of_oversubscribed_ranks_pays_its_phase():
     machine, work = RoundMachine(cores=2), mlp_work()
+    extra = lambda w: 1e-3 + 0.5 * w  # noqa: E731  the same line at every phase
+    machine.phases = {"8": [[w, 4.0 * w + extra(w)] for w in (1e-6, 1.0)]}
     p = predict(machine, work, Layout(8, 1, "data", comm="auto"), 128, "sgd")
-    assert p.sync_wait == pytest.approx(p.syncs * 3 * TURN_S)
+    alone = (p.forward + p.wgrad + p.dgrad + p.elementwise + p.optimizer) / p.slowdown
+    assert p.slowdown == 4.0
+    assert p.syncs == 7
+    assert p.sync_wait == pytest.approx(7 * 1e-3 + 0.5 * alone)  # 7 phases of alone / 7
+    assert p.comm_exposed == 0.0  # a crowded fence is all in its wait, not priced twice
     assert p.step == pytest.approx(
         p.forward + p.wgrad + p.dgrad + p.elementwise + p.optimizer + p.comm_exposed + p.sync_wait
     )

@@ -105,6 +105,9 @@ def test_the_probe_fits_every_collective_on_real_ranks():
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found["ranks"] == 2 and found["crowding"] >= 1.0
+    alone = [w for w, _ in found["phases"]]  # 4, 16, 64, 256 products between two fences
+    assert len(alone) == 4 and alone == sorted(alone) and alone[0] > 0
+    assert all(together > 0 for _, together in found["phases"])
     for op in ("allreduce", "reduce_scatter", "allgather", "bcast", "sendrecv"):
         alpha, beta = found["fits"][op]
         assert alpha >= 0 and beta > 0  # bytes cost time

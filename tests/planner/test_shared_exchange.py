@@ -56,12 +56,13 @@ def test_a_calibration_without_the_exchange_prices_a_barrier_and_the_rows_as_bef
     assert p.comm_exposed == pytest.approx(7 * (1e-6 + 1e-9 * 4))
 
 
-def test_oversubscribed_ranks_fences_are_their_queued_turns_not_the_measured_exchange():
+def test_oversubscribed_ranks_fences_are_their_synchronizations_waits_not_the_exchange():
     machine, work = shared_machine(), mlp_work()
     machine.shared["4"] = [1e-3, 1e-9]  # 4 ranks on 2 cores: a fence that waits for turns
     assert machine.shared_exchange(4, 0.0) is None
     p = predict(machine, work, Layout(4, 1, "data", comm="auto"), 128, "sgd")
-    assert p.comm_exposed == pytest.approx(7 * (1e-6 + 1e-9 * 4))  # a node barrier each
+    assert p.comm_exposed == 0.0
+    assert p.sync_wait == pytest.approx(7 * 1e-3)  # no phases measured: the fence, each
 
 
 def test_the_calibration_file_keeps_the_shared_exchange(tmp_path):
@@ -74,7 +75,10 @@ def test_the_calibration_file_keeps_the_shared_exchange(tmp_path):
     assert again.digest() == machine.digest()
     # a file from before the exchange was measured keeps the digest it was recorded with
     bare = Machine({"cores": 2})
-    assert "shared" not in bare.to_json()
+    assert "shared" not in bare.to_json() and "phases" not in bare.to_json()
+    machine.phases = {"4": [[1e-4, 1.2e-3]]}
+    save(machine, tmp_path / "cal.json")
+    assert load(tmp_path / "cal.json").phases == {"4": [[1e-4, 1.2e-3]]}
 
 
 @pytest.mark.mpi

@@ -253,27 +253,16 @@ def predict(
         pred.syncs = 2 * (m + r - 1)
         pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
         batch_rank = micro if layout.schedule == "1f1b" else batch
+    alone = sum(phases[name] for name in (*PHASES, "elementwise")) + pred.optimizer
+    if pred.syncs:  # each rank's compute alone between two of its synchronizations
+        pred.sync_wait = pred.syncs * machine.sync_wait(local * t, alone / pred.syncs)
     for phase in PHASES:
         setattr(pred, phase, phases[phase] * pred.slowdown)
     pred.elementwise = phases["elementwise"] * pred.slowdown
     pred.bubble *= pred.slowdown
     pred.optimizer *= pred.slowdown
-    pred.sync_wait = pred.syncs * sync_wait(local * t, machine.cores)
     pred.memory = memory(work, layout, batch_rank, optimizer, itemsize, shard_optimizer)
     return pred
-
-
-# A thread queued behind the cores costs each synchronization about this long: the ranks
-# that arrived poll at full speed (``SPIN_S``, 0.5 ms) before they yield, then wait for the
-# queued one's wake-up. Read from the recorded 4- and 8-rank runs on 2 cores
-# (bench/recorded/plan-accuracy-2cpu-2026-11-29.jsonl), not from the calibration.
-TURN_S = 1e-3
-
-
-def sync_wait(busy_threads: int, cores: int) -> float:
-    """Seconds one synchronization costs when ``busy_threads`` share ``cores``: every thread
-    beyond the cores must get its turn before the others can go on, ``cores`` turns at once."""
-    return max(0, busy_threads - cores) / cores * TURN_S
 
 
 def network_allreduce(machine: Machine, nodes: int, nbytes: float, messages: int = 1) -> float:
@@ -346,7 +335,8 @@ def _node_shared(
     cross = network_allreduce(machine, nodes, work.params * itemsize, buckets)
     fence = machine.shared_exchange(local, 0.0)
     if fence is None:  # not measured: a node barrier, the rows read at the passes' rate
-        fence = machine.collective("allreduce", local, itemsize)
+        crowded = local * t > machine.cores  # its fences are its synchronizations' waits
+        fence = 0.0 if crowded else machine.collective("allreduce", local, itemsize)
         if not activations:
             pred.optimizer += read / itemsize / machine.values_per_s(t, dtype)
         read_time = 0.0

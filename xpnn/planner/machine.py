@@ -1,6 +1,7 @@
 """This machine, measured once and cached: the matrix products' time for the shapes a model
 runs, at each thread count; the bandwidth of elementwise passes; the latency and bandwidth of
-the ranks' collectives (``probe``); and how much slower threads run when ranks share cores.
+the ranks' collectives (``probe``); how much slower threads run when ranks share cores, and what
+each synchronization costs them then.
 
 The cache is one JSON file per machine (host, cores, CPU, NumPy and its BLAS): a product's
 time missing from it is measured on first use, so a plan never runs on a guess of this machine.
@@ -25,6 +26,7 @@ import numpy as np
 
 from xpnn.errors import UserError
 from xpnn.record.files import replace_whole
+from xpnn.runtime.stall import SPIN_S
 
 VERSION = 1
 MAX_FILE_BYTES = 16 << 20  # a calibration is kilobytes; more is not one
@@ -83,6 +85,8 @@ class Machine:
     comm: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # "R" -> op -> [a, b]
     crowding: dict[str, float] = field(default_factory=dict)  # "R" -> slowdown of R 1-thread ranks
     shared: dict[str, list[float]] = field(default_factory=dict)  # "R" -> node-shared [a, b]
+    # "R" -> [[s of products alone between two fences, s of the phase with R ranks], ...]
+    phases: dict[str, list[list[float]]] = field(default_factory=dict)
     # "backend dtype T model" -> s a sample; the same key + " per-step" -> s a step
     rest: dict[str, float] = field(default_factory=dict)
     network: dict[str, float] = field(default_factory=dict)  # between nodes: alpha, beta
@@ -93,8 +97,8 @@ class Machine:
         return int(self.key["cores"])
 
     def to_json(self) -> dict[str, Any]:
-        # without a shared exchange, a file measured before it existed keeps its digest
-        shared = {"shared": self.shared} if self.shared else {}
+        # without them, a file measured before they existed keeps its digest
+        more = {name: getattr(self, name) for name in ("shared", "phases") if getattr(self, name)}
         return {
             "version": VERSION,
             "key": self.key,
@@ -104,7 +108,7 @@ class Machine:
             "crowding": self.crowding,
             "rest": self.rest,
             "network": self.network,
-            **shared,
+            **more,
         }
 
     def digest(self) -> str:
@@ -129,6 +133,10 @@ class Machine:
             rest = {str(k): float(v) for k, v in dict(data.get("rest", {})).items()}
             network = {str(k): float(v) for k, v in dict(data.get("network", {})).items()}
             shared = {str(r): [float(a), float(b)] for r, (a, b) in data.get("shared", {}).items()}
+            phases = {
+                str(r): [[float(w), float(t)] for w, t in points]
+                for r, points in data.get("phases", {}).items()
+            }
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{source}: damaged calibration ({exc})") from None
         if cores < 1 or any(v <= 0 for v in (*gemm.values(), *bandwidth.values())):
@@ -137,7 +145,7 @@ class Machine:
             raise UserError(f"{source}: damaged calibration (a negative time)")
         if network and (set(network) != {"alpha", "beta"} or min(network.values()) < 0):
             raise UserError(f"{source}: damaged calibration (network: alpha and beta, >= 0)")
-        return cls(key, gemm, bandwidth, comm, crowding, shared, rest, network)
+        return cls(key, gemm, bandwidth, comm, crowding, shared, phases, rest, network)
 
     def network_cost(self) -> tuple[float, float]:
         """(alpha seconds, beta seconds per byte) between nodes: the calibration's, else
@@ -201,11 +209,13 @@ class Machine:
         return self.bandwidth[name]
 
     def probe(self, ranks: int, quick: bool = True) -> None:
-        """Time the collectives, and the crowding of one-thread ranks, on ``ranks`` processes."""
+        """Time the collectives, the crowding of one-thread ranks and their phases between
+        fences, on ``ranks`` processes."""
         found = probe_collectives(ranks, quick)
         self.comm[str(ranks)] = found["fits"]
         self.crowding[str(ranks)] = found["crowding"]
         self.shared[str(ranks)] = found["shared"]
+        self.phases[str(ranks)] = found["phases"]
 
     # -- the ranks ------------------------------------------------------------------------
     def collective(self, op: str, ranks: int, nbytes: float) -> float:
@@ -248,6 +258,26 @@ class Machine:
         known = [(int(r), v / (int(r) / cores)) for r, v in self.crowding.items() if int(r) > cores]
         penalty = statistics.median(v for _, v in known) if known else 1.0
         return ideal * max(1.0, penalty)
+
+    def sync_wait(self, busy_threads: int, phase: float) -> float:
+        """Seconds a synchronization adds to the crowded compute when ``busy_threads`` share
+        the cores and each computes ``phase`` s (alone) between two: the probe's phases, less
+        their products slowed by the crowding, interpolated at ``phase`` (clamped)."""
+        if busy_threads <= self.cores:
+            return 0.0
+        if str(busy_threads) not in self.phases and self.measured:
+            if busy_threads <= MAX_PROBE_RANKS:
+                self.probe(busy_threads)
+        over = [int(r) for r in self.phases if int(r) > self.cores]
+        if not over:  # not measured: the fence of ranks arriving at once, else their spins
+            fit = self.shared.get(str(busy_threads))
+            return fit[0] if fit else busy_threads / self.cores * SPIN_S
+        near = min(over, key=lambda r: abs(r - busy_threads))  # the count itself if measured
+        crowded, points = self.slowdown(near), sorted(self.phases[str(near)])
+        alone = [w for w, _ in points]
+        extra = [max(0.0, t - crowded * w) for w, t in points]
+        queued = (busy_threads - self.cores) / (near - self.cores)  # threads beyond the cores
+        return queued * float(np.interp(phase, alone, extra))
 
 
 def _median_time(run: Any, floor: float = 0.02, repeats: int = 5) -> float:

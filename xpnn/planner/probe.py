@@ -1,7 +1,8 @@
 """Run under ``mpiexec -n R``: the latency (alpha) and bandwidth cost (beta) of each collective
 the update schemes use, fitted to ``t = alpha + beta * bytes`` over message sizes; the same of
-a node-shared exchange (a fence, then the values the other ranks wrote read); and how much
-slower R one-thread products run at once than one alone. Rank 0 prints one JSON line."""
+a node-shared exchange (a fence, then the values the other ranks wrote read); how much
+slower R one-thread products run at once than one alone; and phases of products between two
+of the run's fences, as a step's layers run them. Rank 0 prints one JSON line."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -101,19 +103,54 @@ def crowding(comm, repeats: int) -> float:  # noqa: ANN001
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):  # each rank one thread, as ranks of one thread run
-        return _crowding(comm, work, repeats)
-
-
-def _crowding(comm, work, repeats: int) -> float:  # noqa: ANN001
-    alone = 0.0
-    if comm.Get_rank() == 0:
-        work()
-        alone = min(_clock(work) for _ in range(repeats))
-    _sleeping_barrier(comm)  # MPI's own barrier spins: rank 0 alone would share its core
-    together = statistics.median(_clock(work) for _ in range(repeats))
-    together = comm.allreduce(together, op=MPI.MAX)
-    alone = comm.bcast(alone, root=0)
+        alone, together = _alone_and_together(comm, work, work, repeats)
     return max(1.0, together / alone)
+
+
+PHASE_PRODUCTS = (4, 16, 64, 256)  # of 96 x 96 (tens of us each) between two fences
+PHASE_TOTAL = 512  # products a sample runs (at least 8 phases): many fences, several slices
+
+
+def phases(comm, repeats: int) -> list[list[float]]:  # noqa: ANN001
+    """[[seconds of products alone between two fences, seconds a phase takes with every rank
+    computing them and fencing], ...]: what a synchronization costs ranks that share cores
+    depends on how long they compute between two (spinning waiters, time slices)."""
+    from threadpoolctl import threadpool_limits
+
+    from xpnn.parallel.comm.shm import ShmCommunicator
+
+    shm = ShmCommunicator.create(comm)
+    a = np.random.default_rng(comm.Get_rank()).standard_normal((96, 96)).astype(np.float32)
+
+    def run(products: int, count: int, fence: bool) -> None:
+        for _ in range(count):
+            for _ in range(products):
+                a @ a
+            if fence:
+                shm.fence()
+
+    out = []
+    with threadpool_limits(limits=1):
+        for products in PHASE_PRODUCTS:
+            count = max(8, PHASE_TOTAL // products)
+            runs = (partial(run, products, count, fence) for fence in (False, True))
+            alone, together = _alone_and_together(comm, *runs, repeats)
+            out.append([alone / count, together / count])
+    shm.free()
+    return out
+
+
+def _alone_and_together(comm, alone, together, repeats: int) -> tuple[float, float]:  # noqa: ANN001
+    """(rank 0's fastest ``alone()`` with the others asleep, the slowest rank's median
+    ``together()`` with every rank running it)."""
+    first = 0.0
+    if comm.Get_rank() == 0:
+        alone()
+        first = min(_clock(alone) for _ in range(repeats))
+    _sleeping_barrier(comm)  # MPI's own barrier spins: rank 0 alone would share its core
+    together()
+    both = statistics.median(_clock(together) for _ in range(repeats))
+    return comm.bcast(first, root=0), comm.allreduce(both, op=MPI.MAX)
 
 
 def _sleeping_barrier(comm) -> None:  # noqa: ANN001
@@ -147,6 +184,7 @@ def main() -> None:
         fits[name] = _fit(points)
     shared = shared_exchange(comm, range(10, 23, 3 if args.quick else 2), 4 * repeats)
     found = {"ranks": size, "fits": fits, "shared": shared, "crowding": crowding(comm, repeats)}
+    found["phases"] = phases(comm, repeats)
     if comm.Get_rank() == 0:
         print(json.dumps(found), flush=True)
 
