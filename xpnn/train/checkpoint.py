@@ -4,15 +4,12 @@ on another number of ranks or with another ``--parallel``."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import math
 import os
 import re
-import secrets
 import stat
-import tempfile
 import time
 import zipfile
 import zlib
@@ -23,77 +20,20 @@ import numpy as np
 
 from xpnn.errors import UserError
 from xpnn.parallel.model.whole import own_piece, whole_shapes, whole_size
+from xpnn.record.files import whole_file
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write a file without a name beside ``path`` (``O_TMPFILE``; else a temporary name), name
-    it when whole, and rename: a crash never leaves half a file, a ``kill -9`` mid-write nothing.
-    This user's symbolic link is followed (its file replaced); another user's is refused."""
+    """``np.savez`` whole or not at all (``whole_file``); this user's symbolic link is followed
+    (its file replaced), another user's refused."""
     if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
         raise UserError(f"{path}: a symbolic link of another user; xpnn writes no file through it")
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     if path.parent and not path.parent.exists():
         raise UserError(f"{path}: directory {path.parent} does not exist")
-    fd = _unnamed_file(path.parent)
-    tmp = None
-    try:
-        if fd is None:  # a file system without unnamed files: named from the start
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 would hide it from the group
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-            _injected_fault()
-            fh.flush()
-            os.fsync(fh.fileno())  # on disk before its name is: a power cut leaves no empty file
-            if tmp is None:  # named now, whole, for the moment until the rename
-                tmp = _link_unnamed(fh.fileno(), path)
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _unnamed_file(directory: Path) -> int | None:
-    """A file open for writing in ``directory`` without a name, or None where there is none
-    (not Linux, NFS, no ``/proc`` to name it through)."""
-    flag = getattr(os, "O_TMPFILE", None)
-    if flag is None or not os.path.isdir("/proc/self/fd"):
-        return None
-    try:
-        return os.open(directory or ".", flag | os.O_WRONLY, 0o666)  # less the umask
-    except OSError:  # EOPNOTSUPP, or EISDIR from a kernel without O_TMPFILE
-        return None
-
-
-def _link_unnamed(fd: int, path: Path) -> str:
-    """Give the unnamed file ``fd`` a temporary name beside ``path``; that name."""
-    root = os.open("/", os.O_RDONLY)
-    try:
-        for _ in range(8):
-            tmp = str(path.parent / f"{path.name}.{secrets.token_hex(4)}.tmp")
-            try:  # a directory fd makes Python call linkat(), which follows /proc's link
-                os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=root)
-            except FileExistsError:
-                continue
-            return tmp
-        raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path}")
-    finally:
-        os.close(root)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable (POSIX); skipped where a directory cannot be opened (Windows) or
-    synced (some file systems)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    with whole_file(path) as fh:
+        np.savez(fh, **arrays)
+        _injected_fault()
 
 
 def _injected_fault() -> None:

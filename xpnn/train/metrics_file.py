@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.record.files import open_to_write
+from xpnn.record.files import open_to_write, whole_file
 
 EVENTS = ("epoch", "eval", "done", "diverged")  # the "event" of every line xpnn writes
 FIRST_LINE_BYTES = 1 << 16  # a record is a few hundred bytes; a longer first line is not one
@@ -81,7 +80,8 @@ def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> 
     kept = [line for line in lines if not _after(line, epoch, step)]
     dropped = len(lines) - len(kept) + cut
     if dropped:
-        _replace(path, b"".join(line + b"\n" for line in kept))
+        with whole_file(path, stat.S_IMODE(os.stat(path).st_mode)) as fh:  # keeps its mode
+            fh.write(b"".join(line + b"\n" for line in kept))
     return dropped
 
 
@@ -104,19 +104,3 @@ def _after(line: bytes, epoch: int, step: int | None = None) -> bool:
     else:
         number, last = record.get("epochs" if done else "epoch"), epoch
     return isinstance(number, int) and number > last
-
-
-def _replace(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` beside ``path`` and rename it into place, keeping the file's mode."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
