@@ -59,7 +59,7 @@ def listening() -> Listener | None:
     return _listener[0]
 
 
-# -- the timeline tracer (``xpnn.train.trace.Trace``): spans on fixed lanes of each rank --------
+# the timeline tracer's (``xpnn.train.trace.Trace``) fixed lanes of each rank
 COMPUTE, COPIES, DEVICE, COMMUNICATION = 1, 2, 3, 10  # lanes (trace ``tid``); 10, 11, ...: ops
 
 

@@ -23,8 +23,7 @@ MOST_BYTES = 256 * 2**20  # a metrics file of 10^6 epochs is about this big; mor
 
 
 def read_text(path: Path) -> str:
-    """A regular file's text, at most ``MOST_BYTES``: a device (``/dev/zero``), a FIFO or a
-    huge file is refused in one line, not read until memory runs out."""
+    """A regular file's text, at most ``MOST_BYTES``: a device, FIFO or huge file is refused."""
     try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
         with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
             info = os.fstat(f.fileno())
@@ -95,7 +94,7 @@ def check_out(out: Path, inputs: list[Path]) -> None:
 
 
 def by_steps(runs: list[tuple[Path, list[dict[str, Any]]]]) -> bool:
-    """Whether every run trained by ``--steps``: then steps go on the x axis."""
+    """Whether every run trained by ``--steps`` (steps on the x axis)."""
     records = [e for _, es in runs for e in es]
     return all(e.get("event") == "eval" and isinstance(e.get("step"), int) for e in records)
 
@@ -179,18 +178,14 @@ class OneLineParser(argparse.ArgumentParser):
         raise UserError(self.said + message.removeprefix("argument "))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str]) -> int:
     p = OneLineParser(
         prog="python -m xpnn plot", description=__doc__.splitlines()[0].replace("``", "")
     )
     p.add_argument("metrics", nargs="+", type=Path, help="metrics files (--metrics FILE.jsonl)")
     p.add_argument("-o", "--out", type=Path, default=Path("metrics.png"), help="PNG to write")
-    return p
-
-
-def main(argv: list[str]) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = p.parse_args(argv)
         out = draw(args.metrics, args.out)
     except (ImportError, UserError) as e:
         print(f"xpnn plot: {e}", file=sys.stderr)

@@ -1,6 +1,5 @@
-"""``python -m xpnn trace DIR``: every rank's ``trace-rank{N}.json`` (and the flight recorder's
-``flight-rank{N}.json``) merged into one Chrome trace on rank 0's clock, and a summary per rank:
-compute, communication, waiting, the communication hidden behind compute, a pipeline's bubble."""
+"""``python -m xpnn trace DIR``: the ranks' traces and flight records merged into one Chrome
+trace on rank 0's clock, and where each rank's step time goes."""
 
 from __future__ import annotations
 
@@ -38,7 +37,6 @@ MOST_BYTES = 1 << 30  # a rank file of a few traced steps is kilobytes; a GiB is
 
 
 def rank_files(directory: str, stem: str) -> dict[int, str]:
-    """``{rank: path}`` of ``directory/{stem}-rank{N}.json``."""
     name = re.compile(rf"{stem}-rank(\d+)\.json$")
     paths = glob.glob(os.path.join(glob.escape(directory), f"{stem}-rank*.json"))
     return {int(match[1]): path for path in paths if (match := name.search(path))}
@@ -110,9 +108,8 @@ def _flight_problem(doc: Any) -> str | None:
 
 
 def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
-    """Each rank's clock minus rank 0's (us). A barrier bounds the offset between (rank's entry -
-    rank 0's exit) and (rank's exit - rank 0's entry); the middle of all bounds' intersection is
-    taken (where they do not meet, a rank held up, the median of the barriers' middles)."""
+    """Each rank's clock minus rank 0's (us): the middle of the bounds the barriers set (where
+    they do not meet, a rank held up, the median of the barriers' middles)."""
     samples = {
         r: t.get("otherData", {}).get("xpnn", {}).get("clock") or [] for r, t in traces.items()
     }
@@ -264,7 +261,6 @@ def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m xpnn trace DIR [-o MERGED]``."""
     parser = OneLineParser(
         prog="python -m xpnn trace",
         description="Merge the per-rank traces (--trace DIR) and flight records of DIR into one "

@@ -1,6 +1,5 @@
-"""A merged trace drawn with matplotlib (``python -m xpnn trace DIR --png FILE``): for each rank
-its pipeline micro-batches, its compute lane (layers' forward and backward, loss, update, the
-waits for other ranks) and its communication lanes, over the last traced steps."""
+"""A merged trace drawn with matplotlib (``python -m xpnn trace DIR --png FILE``): each rank's
+compute, communication and micro-batch lanes over the last traced steps."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def window(events: list[dict[str, Any]], steps: int) -> tuple[float, float]:
     return mine[0]["ts"], mine[-1]["ts"] + mine[-1]["dur"]
 
 
-def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = None) -> None:
-    """Write the last ``steps`` traced steps of every rank as a PNG at ``path``."""
+def draw(merged: dict[str, Any], path: str, steps: int = 2) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,8 +98,6 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = 
     handles = [Patch(color=COLOURS[k], label=names.get(k, k)) for k in dict.fromkeys(shown)]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5,
               frameon=False, fontsize=10)  # fmt: skip
-    if title:
-        ax.set_title(title)
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=110)
     plt.close(fig)

@@ -1,5 +1,4 @@
-"""The callbacks a run is made of besides its loop, on every rank (one that writes checks
-``trainer.is_root``)."""
+"""The callbacks a run is made of besides its loop, on every rank (a writer checks ``is_root``)."""
 
 from __future__ import annotations
 
@@ -120,8 +119,7 @@ class ProgressBar(Callback):
 
 
 class Checkpoints(Callback):
-    """After every epoch (by ``steps``: evaluation), rank 0 writes the whole network and
-    optimizer state (gathered)."""
+    """After every record rank 0 writes the whole network and optimizer state (gathered)."""
 
     def __init__(self, directory: str, keep: int = KEEP_CHECKPOINTS) -> None:
         self.directory, self.keep = directory, keep
@@ -159,9 +157,8 @@ def run_callbacks(
     keep_checkpoints: int = KEEP_CHECKPOINTS,
     progress: bool = False,
 ) -> list[Callback]:
-    """The callbacks a run's own settings make, in the order they act: the saved parameters
-    before the metrics file's done line promises them, an epoch's checkpoint before a caller's
-    callback sees the epoch (a requeue's ``CheckpointOnSignal``)."""
+    """A run's own callbacks in the order they act: the saved parameters before the done line
+    promises them, an epoch's checkpoint before a caller's callback sees the epoch."""
     own = [
         SaveParameters(save) if save else None,
         FaultInjection.from_env(),
@@ -213,8 +210,8 @@ class PauseInjection(FaultInjection):
 
 
 class PhaseTimer(Callback):
-    """Seconds of every step and its phases (``xpnn.record.phases``), a dict per step in
-    ``steps``; on a GPU each is synchronized at both ends, or it would time kernel launches."""
+    """Seconds of every step and its phases, a dict per step in ``steps`` (synchronized on a GPU,
+    or it would time kernel launches)."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []

@@ -1,6 +1,5 @@
-"""Saved parameters and checkpoints: plain ``.npz`` files, written atomically, holding the
-whole network (``layer0.W``, ``optim.m.layer0.W``, ``meta.epoch``...), so that a run may resume
-on another number of ranks or with another ``--parallel``."""
+"""Checkpoints: ``.npz`` files of the whole network (``layer0.W``, ``optim.m.layer0.W``,
+``meta.epoch``...), so that a run may resume on other ranks or with another ``--parallel``."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ def save_checkpoint(
     loss_scale: dict[str, Any] | None = None,
     partial: dict[str, Any] | None = None,
 ) -> Path:
-    """Write host ``params``, optimizer ``state`` (state -> name -> array), what a resume must
-    match or is told about, fp16's ``loss_scale`` and ``partial``, a span's running sums."""
+    """Write ``params``, optimizer ``state`` (state -> name -> array) and what a resume reads."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
@@ -92,8 +90,8 @@ def refuse_other_runs(directory: str | os.PathLike) -> None:
 def remove_unfinished(
     directory: str | os.PathLike, name: str = "checkpoint-epoch*.npz"
 ) -> list[Path]:
-    """Delete and return the temporary files ``atomic_savez`` left of the files ``name`` (a
-    glob) that no process on this host holds open (a user's ``final.npz.backup.tmp`` stays)."""
+    """Delete and return the ``.tmp`` files ``whole_file`` left of ``name`` (a glob) that no
+    process here holds open (a user's ``final.npz.backup.tmp`` stays)."""
     found = sorted(Path(directory).glob(f"{name}.*.tmp"))
     left = [path for path in found if TEMPORARY_NAME.fullmatch(path.name)]
     if left:
@@ -147,8 +145,8 @@ MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a lat
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every array of the ``.npz`` file ``path``, never running pickled code, nor reading a
-    device, a pipe (``/dev/zero`` never ends) or more than memory."""
+    """Every array of ``path``, never unpickling, nor reading a device, a pipe or past memory."""
+
     from xpnn.data.files import memory_bytes
 
     info = os.stat(path)  # FileNotFoundError is the caller's to word
@@ -244,13 +242,11 @@ IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``
 }
 
 
-# optimizer states no update makes negative: a mean of squares (Adam's v)
 NON_NEGATIVE = {"optim.v.": "Adam's second moment (a mean of squared gradients)"}
 
 
 def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]:
-    """Restore this rank's part of ``trainer``'s parameters and optimizer state from its run's
-    checkpoint ``path``; returns (epochs, steps, the file's settings)."""
+    """Restore this rank's part of ``trainer``'s run from ``path``: (epochs, steps, settings)."""
     model, optimizer, arrays = trainer.model, trainer.optimizer, read_npz(path)
     if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
         raise UserError(
@@ -320,7 +316,7 @@ LOSS_SCALE_KEYS = {"scale": float, "good_steps": int, "skipped": int}
 
 
 def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
-    """``meta.<name>`` of checkpoint ``path``, read alone: {key: array}, or {} where none."""
+    """``{meta.<name>: array}`` of checkpoint ``path``, read alone ({}: none)."""
     key = f"meta.{name}"
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -330,12 +326,11 @@ def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
 
 
 def stored_loss_scale(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The loss scale fp16 loss scaling saved in checkpoint ``path`` (None: none saved)."""
+    """The fp16 loss scale saved in checkpoint ``path`` (None: none)."""
     return _loss_scale(Path(path), meta_entry(path, "loss_scale"))
 
 
 def _loss_scale(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any] | None:
-    """``meta.loss_scale``, checked; None where the file has none."""
     if "meta.loss_scale" not in arrays:
         return None
     state = _json_meta(path, arrays, "loss_scale")

@@ -1,6 +1,5 @@
-"""The ``metrics`` file as a faithful record: whole JSON lines only (a write that fails half-way
-is taken back), each epoch once (a resume drops what came after its checkpoint), and never a
-file that is not one (the data set's labels, another run's checkpoint)."""
+"""The ``metrics`` file as a faithful record: whole JSON lines only, each epoch once (a resume
+drops what came after its checkpoint), and never a file that is not one."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ FIRST_LINE_BYTES = 1 << 16  # a record is a few hundred bytes; a longer first li
 
 
 def _parsed(line: bytes | str) -> dict[str, Any] | None:
-    """``line`` as a JSON object, or None."""
     try:
         record = json.loads(line)
     except (ValueError, UnicodeDecodeError):
@@ -27,14 +25,12 @@ def _parsed(line: bytes | str) -> dict[str, Any] | None:
 
 
 def is_record(line: bytes | str) -> bool:
-    """Whether ``line`` is one of xpnn's metrics records."""
     record = _parsed(line)
     return record is not None and record.get("event") in EVENTS
 
 
 def check_metrics_file(path: str | os.PathLike) -> None:
-    """Refuse a non-empty regular file whose first line is not an xpnn metrics record: the
-    run would empty it (a fresh run) or append to it (a resume)."""
+    """Refuse a file whose first line is no xpnn record: a run would empty or append to it."""
     if not os.path.isfile(path):
         return  # absent (made), or a device written in place (/dev/null)
     with open(path, "rb") as fh:
@@ -48,7 +44,7 @@ def check_metrics_file(path: str | os.PathLike) -> None:
 
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line, whole or not at all (a failed write is cut back)."""
+    """Append ``record`` as one JSON line, whole or not at all."""
     data = (json.dumps(record, allow_nan=False) + "\n").encode()
     fd = open_to_write(path, os.O_APPEND | os.O_CREAT)
     try:
@@ -71,8 +67,7 @@ def empty(path: str | os.PathLike) -> None:
 
 
 def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> int:
-    """For a resume from ``epoch`` (by steps: ``step``), drop the records of later epochs
-    (steps) and a line cut short; the number of lines dropped."""
+    """Drop the records after ``epoch`` (by steps ``step``) and a line cut short; how many."""
     if not os.path.isfile(path):
         return 0
     lines = Path(path).read_bytes().split(b"\n")

@@ -82,8 +82,8 @@ Ranges = list[tuple[int, int]]  # [start, end) ranges of the flat buffer
 
 @dataclass
 class GradClip:
-    """Clipping by the global norm (``clip_grad_norm_``'s formula): ``total`` turns this rank's
-    sum of squares into the whole model's; ``skip``: ranges another rank counts (replicated)."""
+    """Clipping by the global norm (``clip_grad_norm_``'s formula); ``total``: this rank's sum
+    of squares to the whole model's; ``skip``: ranges another rank counts."""
 
     max_norm: float
     total: Callable[[float], float] = float
@@ -95,8 +95,7 @@ class GradClip:
 
 
 def pieces(part: slice, n: int, ranges: Ranges) -> list[tuple[slice, bool]]:
-    """``part`` of a buffer of ``n`` values cut at ``ranges``: (slice within the part, whether
-    inside one), in order."""
+    """``part`` of ``n`` values cut at ``ranges``: (slice within the part, whether inside one)."""
     start, stop, _ = part.indices(n)
     out, pos = [], start
     for lo, hi in merged(ranges):
@@ -124,8 +123,7 @@ def merged(ranges: Ranges) -> Ranges:
 
 
 def matrix_ranges(shapes: list[tuple[int, ...]]) -> Ranges:
-    """The ranges of the parameters of ``shapes``, laid end to end, with two or more dimensions:
-    what weight decay applies to (not biases or norm gains)."""
+    """The flat ranges of the matrices among ``shapes``: weight decay spares biases and gains."""
     out, offset = [], 0
     for shape in shapes:
         size = math.prod(shape)
@@ -140,21 +138,17 @@ SkipRule = Callable[["Optimizer"], bool]
 
 
 class Optimizer:
-    """``grads``: a flat buffer, or a tuple of them to sum (ranks sharing the parameters);
-    ``parts``: the slices ``update_part`` updates; ``zeros``: allocates the whole state.
-    A step is ``start_step``, ``update_part`` for each part, ``end_step`` (``step``: all
-    three); hooks extend it, as ``torch.optim``'s step hooks do."""
+    """A step is ``start_step``, ``update_part`` for each of ``parts``, ``end_step``; ``grads``
+    may be a tuple of buffers to sum; hooks extend it, as ``torch.optim``'s step hooks do."""
 
     state_names: tuple[str, ...] = ()
     hyper_parameters: tuple[str, ...] = ()  # the settings it takes (``make_optimizer``'s keywords)
     clip: GradClip | None = None
     scalar_names: tuple[str, ...] = ("lr",)  # what ``step_scalars`` gives the kernels
-    # the kernels' numbers as device values while set (a replayed step: ``device_scalars_in``)
-    device_scalars: dict[str, Array] | None = None
+    device_scalars: dict[str, Array] | None = None  # the kernels' numbers in a replayed step
 
     @classmethod
     def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
-        """Its constructor's keywords from the hyper-parameters given and the matrices."""
         return hyper
 
     def __init__(
@@ -190,8 +184,7 @@ class Optimizer:
         self.skipping = False  # whether a skip rule skipped the step under way
 
     def add_skip_rule(self, rule: SkipRule) -> None:
-        """``rule(optimizer)`` first at every ``start_step`` (every rule hears every step: it
-        may agree with other ranks); True skips the step (no update, no step counted)."""
+        """Every rule hears every step (it may agree with other ranks); any True skips it."""
         self._skip_rules.append(rule)
 
     def add_pre_step_hook(self, hook: Hook) -> None:
@@ -203,15 +196,13 @@ class Optimizer:
         self._post_hooks.append(hook)
 
     def set_clip(self, clip: GradClip | None) -> None:
-        """Clip every step's gradients by their global norm (None: never)."""
         self.clip = clip
         n = self.params.shape[0]
         skip = clip.skip if clip else []
         self._counted = [[s for s, out in pieces(part, n, skip) if not out] for part in self.parts]
 
     def start_step(self) -> float:
-        """Advance to the next step and return its learning rate; before any ``update_part``.
-        In a recorded step (``device_scalars`` set) the recorder has done ``advance``."""
+        """The next step's learning rate (a recorded step's recorder has done ``advance``)."""
         self.skipping = any([rule(self) for rule in self._skip_rules])  # a list: every rule
         if self.skipping:
             return self.lr
@@ -224,7 +215,6 @@ class Optimizer:
         return self.lr
 
     def end_step(self) -> None:
-        """The step's every ``update_part`` is done: the post-step hooks of an applied step."""
         if not self.skipping:
             for hook in self._post_hooks:
                 hook(self)
@@ -236,13 +226,11 @@ class Optimizer:
         return self.lr
 
     def _summed_rows(self, p: Array, g: Array | tuple[Array, ...]) -> Array:
-        """``g``, or its rows (a tuple) summed into the scratch buffer."""
         return self.kernels.sum_rows(g, self._summed[: p.shape[0]]) if isinstance(g, tuple) else g
 
     def _clip(self, clip: GradClip) -> None:
-        """``_scale``: the factor that brings the gradients' global norm to ``max_norm`` (None:
-        within). A recorded step (every rank holding the whole reduced gradient) waits for no
-        device value: its norm and factor stay on the device, the factor 1 within the norm."""
+        """``_scale``: the factor to ``max_norm`` (None: within); a recorded step keeps it on the
+        device (1 within), waiting for no device value."""
         local: Any = 0.0
         for index, (p, g, _) in enumerate(self._views):
             g = self._summed_rows(p, g)
@@ -257,12 +245,10 @@ class Optimizer:
             self._scale = xp.astype(xp.where(factor >= 1.0, 1.0, factor), self.params.dtype)
 
     def step_scalars(self) -> dict[str, float]:
-        """The numbers of this step (after ``start_step``) that the kernels take."""
         return {"lr": self.lr}
 
     def device_scalars_in(self, scalars: Any) -> dict[str, Array]:
-        """This step's numbers as device values that ``scalars`` (a ``StepScalars``) refreshes
-        before each step, for ``device_scalars``: a replayed step takes no numbers."""
+        """This step's numbers as device values ``scalars`` refreshes: a replay takes no number."""
         dtype = self.params.dtype
         return {
             name: scalars.add(dtype, lambda _step, name=name: self.step_scalars()[name])
@@ -270,11 +256,9 @@ class Optimizer:
         }
 
     def _scalar(self, name: str, number: Any) -> Any:
-        """``number``, or its device value in a recorded step."""
         return number if self.device_scalars is None else self.device_scalars[name]
 
     def update_part(self, index: int) -> None:
-        """Update ``parts[index]`` with the current gradients at this step's learning rate."""
         if self.skipping:
             return
         p, g, state = self._views[index]
@@ -288,7 +272,6 @@ class Optimizer:
         self.update(p, g, state, self.lr)
 
     def step(self) -> float:
-        """Apply one update to every part; returns the learning rate used."""
         lr = self.start_step()
         for index in range(len(self.parts)):
             self.update_part(index)
@@ -300,7 +283,6 @@ class Optimizer:
 
 
 def _check_buffers(params: Array, rows: tuple[Array, ...]) -> None:
-    """The kernels index every buffer by the parameters' layout: same shape, floating point."""
     if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
         raise OptimArgError(
             f"optimizer: params must be a floating-point array, got "
@@ -317,15 +299,12 @@ def _check_buffers(params: Array, rows: tuple[Array, ...]) -> None:
 
 
 def _check_rate(owner: str, name: str, value: float) -> float:
-    """A decay rate: a real number in [0, 1)."""
     if not (isinstance(value, numbers.Real) and 0.0 <= value < 1.0):
         raise OptimArgError(f"{owner}: {name} must be in [0, 1), got {value!r}")
     return float(value)
 
 
 class SGD(Optimizer):
-    """Plain (mini-batch, or with the whole data set as one batch, full) gradient descent."""
-
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
         self.kernels.sgd_update(p, g, self._scalar("lr", lr))
 
@@ -378,7 +357,6 @@ class Adam(Optimizer):
         if self.device_scalars is None:
             self.kernels.adam_update(p, g, m, v, lr, self.beta1, self.beta2, self.eps, t, decay)
             return
-        # ``decay``: AdamW's, a device value already (or 1.0)
         lr_c1, c2 = self.device_scalars["lr_c1"], self.device_scalars["c2"]
         self.kernels.adam_step(p, g, m, v, lr_c1, self.beta1, self.beta2, self.eps, c2, decay)
 
@@ -389,8 +367,7 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (as ``torch.optim.AdamW``): each step first multiplies
-    the parameters in ``matrices`` (default all) by ``1 - lr * weight_decay``, in Adam's kernel."""
+    """Adam with decoupled weight decay (``torch.optim.AdamW``) of ``matrices`` (default all)."""
 
     scalar_names = ("lr_c1", "c2", "decay")
     hyper_parameters = (*Adam.hyper_parameters, "weight_decay")
@@ -422,7 +399,6 @@ class AdamW(Adam):
 
 
 OPTIMIZERS = {"sgd": SGD, "momentum": Momentum, "adam": Adam, "adamw": AdamW}
-# The optimizers' hyper-parameters (``make_optimizer``'s keywords), and those each one takes.
 HYPER_PARAMETERS = {name: cls.hyper_parameters for name, cls in OPTIMIZERS.items()}
 HYPERS = tuple(dict.fromkeys(h for taken in HYPER_PARAMETERS.values() for h in taken))
 
@@ -440,9 +416,7 @@ def make_optimizer(
     clip: GradClip | None = None,
     **hyper: Any,
 ) -> Optimizer:
-    """Optimizer ``name`` over the flat buffers; ``hyper``: its hyper-parameters by their
-    settings' names (momentum, betas, eps, weight_decay), one left None keeping its default;
-    AdamW decays ``matrices``."""
+    """Optimizer ``name``; ``hyper`` by the settings' names, None keeping the default."""
     if name not in OPTIMIZERS:
         raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(OPTIMIZERS)})")
     kind = OPTIMIZERS[name]

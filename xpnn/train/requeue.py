@@ -1,6 +1,5 @@
 """Checkpoint-and-exit on a signal (Slurm's ``--signal=USR1@120``): the ranks agree at the end
-of a step (the question rides, non-blocking, beside each step), the checkpoint is written there,
-and every rank leaves with ``REQUEUE_EXIT``, for a requeue script to resubmit with ``--resume``."""
+of a step, write the checkpoint there and leave with ``REQUEUE_EXIT`` for a requeue script."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Where a run starts: ``checkpoint_dir`` taken for this job alone (locked; a fresh run refuses
-another run's checkpoints) and, with ``resume``, its latest checkpoint loaded into the model
-and the optimizer. ``start`` is collective: every rank calls it once its trainer is built."""
+"""Where a run starts: ``checkpoint_dir`` locked for this job and, with ``resume``, its latest
+checkpoint loaded (collective: every rank calls ``start`` once its trainer is built)."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ if TYPE_CHECKING:
 
 
 def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool | str) -> None:
-    """Sets ``trainer.start_epoch`` (0 for a fresh run) and ``trainer.resume_note`` (said when
-    the run starts); a checkpoint that does not fit is a user error every rank raises."""
+    """Sets ``trainer.start_epoch`` and ``resume_note``; a misfit is every rank's UserError."""
     if not checkpoint_dir:
         return
     if trainer.is_root:  # one job a directory (the command line took it first)
@@ -33,8 +31,7 @@ def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool | str) -> N
 
 
 def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int:
-    """Loads ``directory``'s latest checkpoint and returns the epoch it ends; where there is
-    none, 0 if ``afresh`` (``resume="auto"``), else a ``UserError`` (a mistyped directory)."""
+    """Loads the latest checkpoint; the epoch it ends (none: 0 if ``afresh``, else refused)."""
     cfg = trainer.cfg
     path = checkpoint.latest_checkpoint(directory)
     # A directory on each node's own disk would resume ranks from different epochs.
@@ -73,7 +70,6 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
 
 
 def no_checkpoint(directory: str | os.PathLike) -> str:
-    """The refusal of a ``resume`` with nothing to resume from."""
     return (
         f"`checkpoint_dir` {directory}: no checkpoint to resume from; check the directory, or "
         "give `resume` auto to start afresh where there is none"
@@ -81,7 +77,7 @@ def no_checkpoint(directory: str | os.PathLike) -> str:
 
 
 def restore_loss_scale(trainer: Trainer, path: Any) -> str:
-    """The checkpoint's loss scale, where this run scales; what the resume line says."""
+    """The checkpoint's loss scale, where this run scales; what the resume line adds."""
     if trainer.loss_scale is None:
         return ""
     stored = checkpoint.stored_loss_scale(path)
