@@ -97,7 +97,6 @@ class Trace(Callback):
         self._device: list[tuple[str, Any, Any]] = []
         self._step_start = 0.0
 
-    # -- the trainer's events --------------------------------------------------------------
     def on_train_begin(self, trainer: Trainer) -> None:
         self.rank, self.steps_per_epoch = trainer.comm.rank, trainer.steps_per_epoch
         self.window = self.steps or default_window(trainer.cfg.epochs * self.steps_per_epoch)
@@ -143,8 +142,7 @@ class Trace(Callback):
         if self.active or self.written is None:
             self._finish()  # a run shorter than the window: what there is
 
-    # -- the tracer's interface (``xpnn.record.phases.trace_to``) -----------------------------
-    def span(self, name: str, lane: int) -> _Span:
+    def span(self, name: str, lane: int) -> _Span:  # the tracer's (``phases.trace_to``)
         return _Span(self, name, lane)
 
     def layer_span(self, kind: str, index: int, layer: Any) -> _Span:
@@ -172,7 +170,6 @@ class Trace(Callback):
             if not starts:  # the outermost of a nested phase
                 self.add(name, "phase", phases.COMPUTE, start, _now())
 
-    # -- recording ----------------------------------------------------------------------------
     def add(
         self, name: str, cat: str, lane: int, start: float, end: float, args: Any = None
     ) -> None:
@@ -264,21 +261,14 @@ class Trace(Callback):
         return path
 
 
-def flight_directory(
-    metrics: str | None, checkpoint_dir: str | None, trace: str | None
-) -> str | None:
-    """Where the flight recorder dumps: beside a metrics file (not ``/dev/null``), else the
-    checkpoints, the trace (None: nowhere)."""
-    if metrics and (os.path.isfile(metrics) or not os.path.exists(metrics)):
-        return os.path.dirname(os.path.abspath(metrics))
-    return checkpoint_dir or trace
-
-
 def observers(spec: Any, rank: int) -> list[Callback]:
-    """The ``Trace`` that ``spec.trace`` asks for, and where the flight recorder dumps."""
-    where = flight_directory(spec.metrics, spec.checkpoint_dir, spec.trace)
-    if where:
-        flight.dump_to(where, rank)
+    """The ``Trace`` that ``spec.trace`` asks for; the flight recorder dumps beside a metrics
+    file (not ``/dev/null``), else in the checkpoints' or the trace's directory."""
+    metrics = spec.metrics
+    if metrics and (os.path.isfile(metrics) or not os.path.exists(metrics)):
+        flight.dump_to(os.path.dirname(os.path.abspath(metrics)), rank)
+    elif spec.checkpoint_dir or spec.trace:
+        flight.dump_to(spec.checkpoint_dir or spec.trace, rank)
     steps = None
     if spec.trace_steps is not None:
         try:
