@@ -1,5 +1,4 @@
-"""What a run records and how it is read back: a step's phases, the ranks' digest, the merged
-timeline and its drawing, the training curves, and xpnn's one safe way to write a file."""
+"""What a run records and reads back: phases, digests, timelines, curves; and safe writes."""
 
 from xpnn.record import phases
 

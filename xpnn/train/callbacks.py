@@ -210,8 +210,7 @@ class PauseInjection(FaultInjection):
 
 
 class PhaseTimer(Callback):
-    """Seconds of every step and its phases, a dict per step in ``steps`` (synchronized on a GPU,
-    or it would time kernel launches)."""
+    """Seconds of each step and its phases (synchronized on a GPU, else it times launches)."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []

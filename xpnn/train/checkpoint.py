@@ -23,8 +23,7 @@ from xpnn.record.files import whole_file
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """``np.savez`` whole or not at all (``whole_file``); this user's symbolic link is followed
-    (its file replaced), another user's refused."""
+    """``np.savez`` by ``whole_file``; this user's link is followed, another user's refused."""
     if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
         raise UserError(f"{path}: a symbolic link of another user; xpnn writes no file through it")
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
@@ -90,8 +89,7 @@ def refuse_other_runs(directory: str | os.PathLike) -> None:
 def remove_unfinished(
     directory: str | os.PathLike, name: str = "checkpoint-epoch*.npz"
 ) -> list[Path]:
-    """Delete and return the ``.tmp`` files ``whole_file`` left of ``name`` (a glob) that no
-    process here holds open (a user's ``final.npz.backup.tmp`` stays)."""
+    """Delete the ``.tmp`` files ``whole_file`` left of ``name`` that no process holds open."""
     found = sorted(Path(directory).glob(f"{name}.*.tmp"))
     left = [path for path in found if TEMPORARY_NAME.fullmatch(path.name)]
     if left:

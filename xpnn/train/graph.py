@@ -172,8 +172,7 @@ class GraphStep:
             self.at[...] = t.backend.asarray(spans, dtype=xp.int64)
 
     def _fns(self, shape: tuple[int, int]) -> list[Callable[[], None]]:
-        """Forward, loss, backward and update as one function; with replicas two, the exchange
-        between them."""
+        """Forward to update as one function; with replicas two, the exchange between them."""
         t, scale = self.trainer, 1.0 / shape[0]
         ready = None if self.exchange else t.update.grads_ready
 

@@ -229,8 +229,7 @@ class Optimizer:
         return self.kernels.sum_rows(g, self._summed[: p.shape[0]]) if isinstance(g, tuple) else g
 
     def _clip(self, clip: GradClip) -> None:
-        """``_scale``: the factor to ``max_norm`` (None: within); a recorded step keeps it on the
-        device (1 within), waiting for no device value."""
+        """``_scale``: the factor to ``max_norm`` (None: within; a device value when recorded)."""
         local: Any = 0.0
         for index, (p, g, _) in enumerate(self._views):
             g = self._summed_rows(p, g)

@@ -65,8 +65,7 @@ def overflow_skip(
 
 @dataclass
 class WideLoss:
-    """``loss`` in the master precision (a low softmax loses small probabilities), its gradient
-    in ``low``, scaled."""
+    """``loss`` in the master precision (a low softmax loses small probabilities), scaled."""
 
     loss: Any
     xp: Any

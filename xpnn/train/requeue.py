@@ -76,13 +76,13 @@ class CheckpointOnSignal(Callback):
         self._stop(trainer, what)
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        # after the Checkpoints callback (the run's own come first): the epoch is saved
+        # after the Checkpoints callback (the run's own come first): the record is saved
         if self.at_record and finite(record):
-            self._stop(trainer, f"checkpoint of epoch {record['epoch']}")
+            by_steps = record["event"] == "eval"
+            at = f"at step {record['step']}" if by_steps else f"of epoch {record['epoch']}"
+            self._stop(trainer, f"checkpoint {at}")
 
-    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        if self.at_record and finite(record):
-            self._stop(trainer, f"checkpoint at step {record['step']}")
+    on_eval = on_epoch_end
 
     def _stop(self, trainer: Trainer, what: str) -> None:
         if trainer.is_root:

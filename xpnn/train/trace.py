@@ -48,10 +48,7 @@ class _CudaEvents:
         return event
 
     def synchronize(self) -> None:
-        if self.torch:
-            self._cuda.synchronize()
-        else:
-            self._cuda.Device().synchronize()
+        (self._cuda if self.torch else self._cuda.Device()).synchronize()
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
         return start.elapsed_time(end) if self.torch else self._cuda.get_elapsed_time(start, end)
