@@ -59,10 +59,7 @@ def listening() -> Listener | None:
     return _listener[0]
 
 
-# the timeline tracer's (``xpnn.train.trace.Trace``) fixed lanes of each rank
-COMPUTE, COPIES, DEVICE, COMMUNICATION = 1, 2, 3, 10  # lanes (trace ``tid``); 10, 11, ...: ops
-
-
+COMPUTE, COPIES, DEVICE, COMMUNICATION = 1, 2, 3, 10  # a trace's lanes (``tid``); 10, 11...: ops
 NOTHING = nullcontext()  # the span when nobody traces
 _tracer: list[Any] = [None]
 

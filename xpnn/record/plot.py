@@ -114,13 +114,9 @@ def series(key: str, text: bool) -> str:
 
 def ylabel(title: str, runs: list[tuple[Path, list[dict[str, Any]]]]) -> str:
     text = [is_text(es) for _, es in runs]
-    if title == "loss":
-        return "loss (nats per character)" if all(text) else "loss (nats per sample)"
-    if title == "accuracy":
-        return "accuracy (fraction correct)"
-    return (
-        "tokens / s" if all(text) else "samples / s" if not any(text) else "samples or tokens / s"
-    )
+    rate = "tokens" if all(text) else "samples" if not any(text) else "samples or tokens"
+    loss = f"loss (nats per {'character' if all(text) else 'sample'})"
+    return {"loss": loss, "accuracy": "accuracy (fraction correct)"}.get(title, f"{rate} / s")
 
 
 def draw(paths: list[Path], out: Path) -> Path:
@@ -155,9 +151,7 @@ def draw(paths: list[Path], out: Path) -> Path:
     for ax, (title, _) in zip(axes, PANELS, strict=True):
         ax.set(xlabel=xlabel, ylabel=ylabel(title, runs), title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are counts
-        ax.set_ylim(bottom=0)  # a small change is not drawn as a cliff
-        if title == "accuracy":
-            ax.set_ylim(top=1.0)
+        ax.set_ylim(bottom=0, top=1.0 if title == "accuracy" else None)  # a change is no cliff
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=9)
         else:  # nothing of this panel in the files: say so, with no empty legend

@@ -28,11 +28,8 @@ def _kind(event: dict[str, Any]) -> str | None:
         return cat
     if cat == "phase":
         return "update" if name == "update" else None
-    if cat == "span" and "micro-batch" not in name:
-        return next(
-            (kind for kind in ("forward", "backward", "loss") if name.startswith(kind)), None
-        )
-    return None
+    kinds = ("forward", "backward", "loss") if cat == "span" and "micro-batch" not in name else ()
+    return next((kind for kind in kinds if name.startswith(kind)), None)
 
 
 def window(events: list[dict[str, Any]], steps: int) -> tuple[float, float]:

@@ -43,8 +43,7 @@ def _injected_fault() -> None:
         time.sleep(float(spec.removeprefix("sleep:")))
 
 
-# what a --checkpoint-dir holds: after an epoch, or mid-epoch (its run's steps in all)
-CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-step(\d+))?\.npz")
+CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-step(\d+))?\.npz")  # -step: mid-epoch
 TEMPORARY_NAME = re.compile(r".+\.[a-z0-9_]{8}\.tmp")  # atomic_savez's: mkstemp's 8 characters
 
 
@@ -56,22 +55,18 @@ def save_checkpoint(
     step: int,
     seed: int,
     dataset: str = "",
-    settings: dict[str, Any] | None = None,
-    identity: dict[str, Any] | None = None,
-    loss_scale: dict[str, Any] | None = None,
-    partial: dict[str, Any] | None = None,
+    **said: dict[str, Any] | None,
 ) -> Path:
-    """Write ``params``, optimizer ``state`` (state -> name -> array) and what a resume reads."""
+    """Write ``params``, optimizer ``state`` (state -> name -> array) and what a resume reads:
+    ``said`` (settings, identity, loss_scale, partial), as JSON."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
     meta = {"epoch": epoch, "step": step, "seed": seed, "dataset": dataset or None}
     arrays |= {f"meta.{k}": np.array(v) for k, v in meta.items() if v is not None}
-    said = {"settings": settings, "identity": identity, "loss_scale": loss_scale}
-    said = {k: v for k, v in said.items() if v} | ({"partial": partial} if partial else {})
-    arrays |= {f"meta.{k}": np.array(json.dumps(v, sort_keys=True)) for k, v in said.items()}
+    arrays |= {f"meta.{k}": np.array(json.dumps(v, sort_keys=True)) for k, v in said.items() if v}
     Path(directory).mkdir(parents=True, exist_ok=True)
-    mid = f"-step{step:08d}" if partial is not None else ""
+    mid = f"-step{step:08d}" if said.get("partial") else ""
     path = Path(directory) / f"checkpoint-epoch{epoch:04d}{mid}.npz"
     atomic_savez(path, arrays)
     return path
@@ -112,8 +107,7 @@ def checkpoints(directory: str | os.PathLike) -> list[Path]:
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
-    found = checkpoints(directory)
-    return found[-1] if found else None
+    return next(reversed(checkpoints(directory)), None)
 
 
 KEEP_CHECKPOINTS = 2  # the newest, and one before it in case the newest is damaged

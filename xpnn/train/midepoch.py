@@ -30,10 +30,11 @@ def write_checkpoint(
     state = {n: whole_arrays(model, comm, model.named_views(b)) for n, b in states.items()}
     if trainer.is_root:
         scale = trainer.loss_scale.state() if trainer.loss_scale else None
-        said = (trainer.data.name, trainer.settings(), trainer.identity(), scale, partial)
+        said = dict(settings=trainer.settings(), identity=trainer.identity(), loss_scale=scale)
         step, seed = optimizer.step_count, trainer.cfg.seed
         with path_problems("checkpoint_dir", directory):
-            checkpoint.save_checkpoint(directory, params, state, epoch, step, seed, *said)
+            args = (directory, params, state, epoch, step, seed, trainer.data.name)
+            checkpoint.save_checkpoint(*args, **said, partial=partial)
             checkpoint.prune_checkpoints(directory, keep)  # only once the new one is whole
 
 
