@@ -173,9 +173,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def main(argv: list[str]) -> int:
-    p = OneLineParser(
-        prog="python -m xpnn plot", description=__doc__.splitlines()[0].replace("``", "")
-    )
+    about = __doc__.splitlines()[0].replace("``", "")
+    p = OneLineParser(prog="python -m xpnn plot", description=about)
     p.add_argument("metrics", nargs="+", type=Path, help="metrics files (--metrics FILE.jsonl)")
     p.add_argument("-o", "--out", type=Path, default=Path("metrics.png"), help="PNG to write")
     try:

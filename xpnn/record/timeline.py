@@ -51,9 +51,8 @@ def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
             if not stat.S_ISREG(info.st_mode):
                 raise UserError(f"trace {path}: not a regular file")
             if info.st_size > MOST_BYTES:
-                raise UserError(
-                    f"trace {path}: {info.st_size:,} bytes, more than a rank file holds"
-                )
+                why = f"trace {path}: {info.st_size:,} bytes, more than a rank file holds"
+                raise UserError(why)
             with open(path) as fh:
                 doc = json.load(fh)
         except (OSError, ValueError) as exc:
@@ -243,9 +242,7 @@ def summarize(merged: dict[str, Any], info: dict[int, dict[str, Any]]) -> list[d
 def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
     head = ["rank", "steps", "step ms", "compute", "communication", "waiting", "hidden"]
     pipeline = any(r["bubble"] is not None for r in rows)
-    if pipeline:
-        head += ["bubble", "(p-1)/(m+p-1)"]
-    head.append("clock offset")
+    head += (["bubble", "(p-1)/(m+p-1)"] if pipeline else []) + ["clock offset"]
     lines = ["  ".join(f"{h:>13}" if i else f"{h:>4}" for i, h in enumerate(head))]
     for r in rows:
         n = max(r["steps"], 1)

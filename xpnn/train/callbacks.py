@@ -194,9 +194,8 @@ class FaultInjection(Callback):
         try:
             return cls(*(kind(part) for kind, part in zip(cls.KINDS, spec.split(":"), strict=True)))
         except ValueError:
-            raise UserError(
-                f"{cls.VARIABLE}={spec}: expected {cls.FORM}, e.g. {cls.EXAMPLE}"
-            ) from None
+            why = f"{cls.VARIABLE}={spec}: expected {cls.FORM}, e.g. {cls.EXAMPLE}"
+            raise UserError(why) from None
 
 
 class PauseInjection(FaultInjection):

@@ -73,7 +73,6 @@ def save_checkpoint(
 
 
 def refuse_other_runs(directory: str | os.PathLike) -> None:
-    """A new run may not mix its checkpoints with another run's."""
     if Path(directory).is_dir() and (found := latest_checkpoint(directory)) is not None:
         raise UserError(
             f"`checkpoint_dir` {directory}: holds another run's checkpoints ({found.name}); add "
@@ -189,21 +188,19 @@ def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[
     """The file's (epoch, step), once its run is shown to be ``trainer``'s."""
     seed, steps_per_epoch, dataset = trainer.cfg.seed, trainer.steps_per_epoch, trainer.data.name
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
-    scaled = _loss_scale(path, arrays)
+    scaled = stored_loss_scale(path, arrays)
     skipped = scaled["skipped"] if scaled else 0  # fp16: steps whose update overflowed
     if step + skipped < epoch:  # every epoch makes at least one step
         raise damaged(path, f"meta.step {step} is fewer than meta.epoch {epoch}")
     if stored_seed != seed:
-        raise UserError(
-            f"{path}: written by a run with `seed` {stored_seed}, this one has `seed` {seed}"
-        )
+        why = f"{path}: written by a run with `seed` {stored_seed}, this one has `seed` {seed}"
+        raise UserError(why)
     stored = arrays.get("meta.dataset")
     if stored is not None and (stored.shape != () or stored.dtype.kind != "U"):
         raise damaged(path, f"meta.dataset is {stored.tolist()!r}")
     if dataset and stored is not None and str(stored) != dataset:
-        raise UserError(
-            f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
-        )
+        why = f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
+        raise UserError(why)
     done = step + skipped  # batches trained
     mid = "meta.partial" in arrays  # written mid-epoch: some of the next epoch's steps made
     if mid and done // steps_per_epoch != epoch:
@@ -317,12 +314,9 @@ def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
         raise unreadable(path, exc) from None
 
 
-def stored_loss_scale(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The fp16 loss scale saved in checkpoint ``path`` (None: none)."""
-    return _loss_scale(Path(path), meta_entry(path, "loss_scale"))
-
-
-def _loss_scale(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any] | None:
+def stored_loss_scale(path: Any, arrays: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The fp16 loss scale saved in checkpoint ``path`` (None: none), checked."""
+    arrays = meta_entry(path, "loss_scale") if arrays is None else arrays
     if "meta.loss_scale" not in arrays:
         return None
     state = _json_meta(path, arrays, "loss_scale")

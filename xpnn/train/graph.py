@@ -137,11 +137,8 @@ class GraphStep:
         if shape[1] == 0:
             return self._say("empty", "cuda graph: a rank without samples runs its steps eagerly")
         if self.shape is not None and shape != self.shape:
-            return self._say(
-                "shape",
-                f"cuda graph: a batch of {shape[0]} samples, not the {self.shape[0]} recorded: "
-                "such steps run eagerly",
-            )
+            why = f"a batch of {shape[0]} samples, not the {self.shape[0]} recorded"
+            return self._say("shape", f"cuda graph: {why}: such steps run eagerly")
         return False
 
     def _say(self, kind: str, line: str) -> bool:
@@ -155,9 +152,8 @@ class GraphStep:
         t, xp = self.trainer, self.trainer.xp
         self.idx = xp.zeros((rows,), dtype=xp.int64)
         self.rows = xp.zeros((rows,), dtype=xp.int64) if t.data.train_repeats > 1 else self.idx
-        self.at = None  # text: the windows' starts
-        if t.stream is not None:
-            self.at = xp.zeros((rows, t.data.windows.block), dtype=xp.int64)
+        text = t.stream is not None  # ``at``: the windows' starts
+        self.at = xp.zeros((rows, t.data.windows.block), dtype=xp.int64) if text else None
         self.loss = xp.zeros((), dtype=xp.float64)
         self.correct = xp.zeros((), dtype=xp.float64)
 

@@ -47,16 +47,15 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Append ``record`` as one JSON line, whole or not at all."""
     data = (json.dumps(record, allow_nan=False) + "\n").encode()
     fd = open_to_write(path, os.O_APPEND | os.O_CREAT)
+    info = os.fstat(fd)
     try:
-        info = os.fstat(fd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        except BaseException:
-            if stat.S_ISREG(info.st_mode):
-                os.ftruncate(fd, info.st_size)
-            raise
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        if stat.S_ISREG(info.st_mode):
+            os.ftruncate(fd, info.st_size)
+        raise
     finally:
         os.close(fd)
 

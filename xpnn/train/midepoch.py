@@ -47,10 +47,7 @@ class EpochProgress:
 
     @classmethod
     def resumed(cls, trainer: Trainer) -> EpochProgress:
-        cfg = trainer.cfg
-        done = trainer.batches_done()
-        if not (cfg.resume and cfg.checkpoint_dir) or done == 0:
-            return cls()
+        cfg, done = trainer.cfg, trainer.batches_done()
         path = checkpoint.latest_checkpoint(cfg.checkpoint_dir)  # the one resumed: locked
         partial = saved_partial(path) if path is not None else None
         kind = "epoch" if cfg.steps is None else "steps"
@@ -109,7 +106,6 @@ PARTIAL_KEYS = {"kind", "sums", "seconds", "sent", "samples", "steps"}
 
 
 def saved_partial(path: Any) -> dict[str, Any] | None:
-    """``meta.partial`` of the checkpoint ``path`` (None: none)."""
     arrays = checkpoint.meta_entry(path, "partial")
     if not arrays:
         return None

@@ -38,9 +38,8 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
-            raise OptimArgError(
-                f"`schedule`: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
-            )
+            why = f"`schedule`: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
+            raise OptimArgError(why)
         for name in ("warmup_steps", "total_steps", "step_size"):
             value = getattr(self, name)
             if not is_int(value):
@@ -55,13 +54,11 @@ class Schedule:
         if not self.gamma > 0 or not math.isfinite(self.gamma):
             raise OptimArgError(f"Schedule: gamma must be positive, got {self.gamma}")
         if not (0.0 <= self.min_lr <= self.base_lr):  # also refuses nan
-            raise OptimArgError(
-                f"`min_lr`: must be from 0 to `lr` ({self.base_lr:g}), got {self.min_lr!r}"
-            )
+            why = f"`min_lr`: must be from 0 to `lr` ({self.base_lr:g}), got {self.min_lr!r}"
+            raise OptimArgError(why)
         if self.kind == "cosine" and self.total_steps < 1:
-            raise OptimArgError(
-                f"Schedule: the cosine schedule needs total_steps >= 1, got {self.total_steps}"
-            )
+            why = f"Schedule: the cosine schedule needs total_steps >= 1, got {self.total_steps}"
+            raise OptimArgError(why)
 
     def __call__(self, step: int) -> float:
         """Learning rate for the 0-based optimizer step ``step``."""
@@ -423,8 +420,7 @@ def make_optimizer(
     for key in given:
         if key not in kind.hyper_parameters:
             raise OptimArgError(f"`{key}`: not a hyper-parameter of `optimizer` {name}")
-    optimizer = kind(
-        params, grads, kernels, schedule, parts, zeros, **kind.keywords(given, matrices)
-    )
+    args = (params, grads, kernels, schedule, parts, zeros)
+    optimizer = kind(*args, **kind.keywords(given, matrices))
     optimizer.set_clip(clip)
     return optimizer

@@ -39,9 +39,8 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
     if len(set(seen)) > 1:
         found = ", ".join(f"rank {r}: {name or 'none'}" for r, name in enumerate(seen))
         raise UserError(
-            f"`checkpoint_dir` {directory}: the ranks find different latest "
-            f"checkpoints ({found}); every rank must see the same directory (a file "
-            "system shared by all nodes)"
+            f"`checkpoint_dir` {directory}: the ranks find different latest checkpoints ({found}); "
+            "every rank must see the same directory (a file system shared by all nodes)"
         )
     if path is None and not afresh:
         raise UserError(no_checkpoint(directory))

@@ -181,7 +181,6 @@ class Trace(Callback):
         return event
 
     def _comm_lane(self, start: float, end: float) -> int:
-        """The first communication lane free at ``start``."""
         for i, last in enumerate(self._slots):
             if last <= start:
                 self._slots[i] = end
