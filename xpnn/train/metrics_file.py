@@ -92,9 +92,6 @@ def last_event(path: str | os.PathLike) -> str | None:
 def _after(line: bytes, epoch: int, step: int | None = None) -> bool:
     if (record := _parsed(line)) is None:
         return False
-    done = record.get("event") == "done"
-    if step is not None:
-        number, last = record.get("steps" if done else "step"), step
-    else:
-        number, last = record.get("epochs" if done else "epoch"), epoch
-    return isinstance(number, int) and number > last
+    key = "epoch" if step is None else "step"  # a done record counts them: "epochs", "steps"
+    number = record.get(key + "s" if record.get("event") == "done" else key)
+    return isinstance(number, int) and number > (epoch if step is None else step)

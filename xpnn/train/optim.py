@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Callable
@@ -121,13 +122,8 @@ def merged(ranges: Ranges) -> Ranges:
 
 def matrix_ranges(shapes: list[tuple[int, ...]]) -> Ranges:
     """The flat ranges of the matrices among ``shapes``: weight decay spares biases and gains."""
-    out, offset = [], 0
-    for shape in shapes:
-        size = math.prod(shape)
-        if len(shape) >= 2:
-            out.append((offset, offset + size))
-        offset += size
-    return out
+    ends = itertools.accumulate(math.prod(shape) for shape in shapes)
+    return [(end - math.prod(s), end) for s, end in zip(shapes, ends, strict=True) if len(s) >= 2]
 
 
 Hook = Callable[["Optimizer"], None]

@@ -139,7 +139,7 @@ class Trainer:
         self.data_comm = self.groups.data  # one rank per replica
         self.model_comm = self.groups.model  # the ranks of one replica
         self.portion = portion(model)
-        self.metrics_comm = comm if cfg.plan.pipelined else self.data_comm  # losses add up
+        self.metrics_comm = comm if cfg.plan.pipelined else self.data_comm  # whose losses add up
         self.x_train = self.y_train = self.stream = None  # none in a pipeline's later stages
         if data.windows is not None:  # text: windows of the stream, drawn each step
             self.stream = backend.asarray(data.windows.stream, dtype=self.xp.int64)
