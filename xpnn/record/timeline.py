@@ -57,8 +57,7 @@ def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
                 doc = json.load(fh)
         except (OSError, ValueError) as exc:
             raise UserError(f"trace {path}: not a readable JSON file ({exc})") from None
-        problem = (_trace_problem if stem == "trace" else _flight_problem)(doc)
-        if problem:
+        if problem := (_trace_problem if stem == "trace" else _flight_problem)(doc):
             raise UserError(f"trace {path}: not a rank file xpnn wrote ({problem})")
         found[rank] = doc
     return found
@@ -115,8 +114,7 @@ def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
     reference = samples.get(0) or []
     offsets = {}
     for rank, own in samples.items():
-        pairs = list(zip(own, reference, strict=False))
-        if not pairs:
+        if not (pairs := list(zip(own, reference, strict=False))):
             offsets[rank] = 0.0
             continue
         low = max(entry - left0 for (entry, _), (_, left0) in pairs)

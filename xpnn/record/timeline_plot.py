@@ -68,8 +68,7 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2) -> None:
         step_bars = [_bar(e, start) for e in mine if e["cat"] == "step"]
         ax.broken_barh(step_bars, (y, 0.8), color=COLOURS["other"])  # the step outside every span
         for kind in ("forward", "backward", "loss", "update", "post", "evaluation", "wait"):
-            bars = [_bar(e, start) for e in mine if _kind(e) == kind]
-            if bars:
+            if bars := [_bar(e, start) for e in mine if _kind(e) == kind]:
                 ax.broken_barh(bars, (y, 0.8), color=COLOURS[kind])
         rows.append(f"rank {rank} compute")
         y += 1

@@ -188,8 +188,7 @@ class FaultInjection(Callback):
 
     @classmethod
     def from_env(cls) -> FaultInjection | None:
-        spec = os.environ.get(cls.VARIABLE)
-        if not spec:
+        if not (spec := os.environ.get(cls.VARIABLE)):
             return None
         try:
             return cls(*(kind(part) for kind, part in zip(cls.KINDS, spec.split(":"), strict=True)))

@@ -85,8 +85,7 @@ def remove_unfinished(
 ) -> list[Path]:
     """Delete the ``.tmp`` files ``whole_file`` left of ``name`` that no process holds open."""
     found = sorted(Path(directory).glob(f"{name}.*.tmp"))
-    left = [path for path in found if TEMPORARY_NAME.fullmatch(path.name)]
-    if left:
+    if left := [path for path in found if TEMPORARY_NAME.fullmatch(path.name)]:
         from xpnn.runtime.segments import files_in_use
 
         used = files_in_use()
@@ -163,8 +162,7 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
     """``meta.<name>``: a whole number (>= 0 but for the seed), or the file is damaged."""
-    value = arrays.get(f"meta.{name}")
-    if value is None:
+    if (value := arrays.get(f"meta.{name}")) is None:
         raise UserError(f"{path}: not an xpnn checkpoint (no meta.{name})")
     if value.shape != () or value.dtype.kind not in "iu" or (name != "seed" and int(value) < 0):
         raise damaged(path, f"meta.{name} is {value.tolist()!r}")
@@ -289,8 +287,7 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
 
 def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str, Any]:
     """``meta.<name>``: a JSON object in a string ({} where there is none), or damaged."""
-    stored = arrays.get(f"meta.{name}")
-    if stored is None:
+    if (stored := arrays.get(f"meta.{name}")) is None:
         return {}
     try:
         value = json.loads(str(stored)) if stored.shape == () else None

@@ -72,8 +72,7 @@ def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> 
     lines = Path(path).read_bytes().split(b"\n")
     cut = lines.pop() != b""  # what follows the last newline: a line cut short, or nothing
     kept = [line for line in lines if not _after(line, epoch, step)]
-    dropped = len(lines) - len(kept) + cut
-    if dropped:
+    if dropped := len(lines) - len(kept) + cut:
         with whole_file(path, stat.S_IMODE(os.stat(path).st_mode)) as fh:  # keeps its mode
             fh.write(b"".join(line + b"\n" for line in kept))
     return dropped

@@ -106,8 +106,7 @@ PARTIAL_KEYS = {"kind", "sums", "seconds", "sent", "samples", "steps"}
 
 
 def saved_partial(path: Any) -> dict[str, Any] | None:
-    arrays = checkpoint.meta_entry(path, "partial")
-    if not arrays:
+    if not (arrays := checkpoint.meta_entry(path, "partial")):
         return None
     value = checkpoint._json_meta(path, arrays, "partial")
     if not (value.keys() == PARTIAL_KEYS and _numbers(value)):

@@ -50,8 +50,7 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
     try:
         epoch, step, before = checkpoint.load_checkpoint(path, trainer)
     except checkpoint.DamagedCheckpoint as exc:  # the one before it may be whole: say so
-        older = checkpoint.checkpoints(directory)[-2:-1]
-        if older:
+        if older := checkpoint.checkpoints(directory)[-2:-1]:
             raise checkpoint.DamagedCheckpoint(
                 f"{exc}; the one before it, {older[0].name}, remains: move this one "
                 "away to resume from it"
