@@ -123,8 +123,7 @@ class Trace(Callback):
             return
         self.add(f"step {step}", "step", phases.COMPUTE, self._step_start, _now())
         self._last_step_end = _now()
-        epoch_ends = (step + 1) % self.steps_per_epoch == 0
-        if step >= self.window[1] - 1 and not epoch_ends:
+        if step >= self.window[1] - 1 and (step + 1) % self.steps_per_epoch:  # else at its record
             self._finish()
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
