@@ -30,10 +30,8 @@ def read_text(path: Path) -> str:
             if not stat.S_ISREG(info.st_mode):
                 raise UserError(f"{path}: not a regular file (is it an xpnn --metrics file?)")
             if info.st_size > MOST_BYTES:
-                raise UserError(
-                    f"{path}: {info.st_size / 2**20:.0f} MiB, more than a metrics file holds "
-                    f"({MOST_BYTES // 2**20} MiB at most)"
-                )
+                why = f"more than a metrics file holds ({MOST_BYTES // 2**20} MiB at most)"
+                raise UserError(f"{path}: {info.st_size / 2**20:.0f} MiB, {why}")
             data = f.read(MOST_BYTES + 1)
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from e

@@ -256,11 +256,9 @@ def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = OneLineParser(
-        prog="python -m xpnn trace",
-        description="Merge the per-rank traces (--trace DIR) and flight records of DIR into one "
-        "Chrome trace and print where each rank's step time goes.",
-    )
+    about = "Merge the per-rank traces (--trace DIR) and flight records of DIR into one Chrome "
+    about += "trace and print where each rank's step time goes."
+    parser = OneLineParser(prog="python -m xpnn trace", description=about)
     parser.said = "trace: "
     parser.add_argument("directory", help="the --trace directory (or one with flight records)")
     parser.add_argument("-o", "--output", help="the merged trace (default DIR/merged.json)")
@@ -279,10 +277,8 @@ def main(argv: list[str]) -> int:
             merged, info = merge(args.directory)
             rows = summarize(merged, info)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            raise UserError(
-                f"trace {args.directory}: rank files not as xpnn writes them "
-                f"({type(exc).__name__}: {exc})"
-            ) from None
+            why = f"rank files not as xpnn writes them ({type(exc).__name__}: {exc})"
+            raise UserError(f"trace {args.directory}: {why}") from None
         try:
             replace_whole(out, json.dumps(merged).encode())  # never through a planted link
         except OSError as exc:
@@ -296,10 +292,8 @@ def main(argv: list[str]) -> int:
     print(f"merged {ranks} rank(s) into {out} (open it in https://ui.perfetto.dev)")
     traced = rank_files(args.directory, "trace")
     if traced and 0 not in traced:
-        print(
-            f"no trace-rank0.json in {args.directory}: the ranks' clocks are not aligned to "
-            "rank 0's (their offsets show as 0)"
-        )
+        why = "the ranks' clocks are not aligned to rank 0's (their offsets show as 0)"
+        print(f"no trace-rank0.json in {args.directory}: {why}")
     if rows:
         print("per step, ms (share of the step); hidden: communication overlapped by compute")
         offsets = {r: i.get("clock_offset_us", 0.0) for r, i in info.items()}

@@ -74,10 +74,9 @@ def save_checkpoint(
 
 def refuse_other_runs(directory: str | os.PathLike) -> None:
     if Path(directory).is_dir() and (found := latest_checkpoint(directory)) is not None:
-        raise UserError(
-            f"`checkpoint_dir` {directory}: holds another run's checkpoints ({found.name}); add "
-            "`resume` to continue it, or give an empty directory"
-        )
+        hint = "add `resume` to continue it, or give an empty directory"
+        why = f"holds another run's checkpoints ({found.name}); {hint}"
+        raise UserError(f"`checkpoint_dir` {directory}: {why}")
 
 
 def remove_unfinished(
@@ -201,25 +200,21 @@ def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[
         raise UserError(why)
     done = step + skipped  # batches trained
     mid = "meta.partial" in arrays  # written mid-epoch: some of the next epoch's steps made
+    guess = "(another global batch, `replicate` or data set?)"
+    this = f"this one makes {steps_per_epoch} an epoch {guess}"
     if mid and done // steps_per_epoch != epoch:
-        raise UserError(
-            f"{path}: written by a run that made {done} steps, {epoch} epoch(s) and part of "
-            f"the next, this one makes {steps_per_epoch} an epoch (another global batch, "
-            "`replicate` or data set?)"
-        )
+        why = f"made {done} steps, {epoch} epoch(s) and part of the next"
+        raise UserError(f"{path}: written by a run that {why}, {this}")
     if not mid and done != epoch * steps_per_epoch:
-        raise UserError(
-            f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
-            f"makes {steps_per_epoch} an epoch (another global batch, `replicate` or data set?)"
-        )
+        why = f"made {step} steps in {epoch} epoch(s)"
+        raise UserError(f"{path}: written by a run that {why}, {this}")
     stored_identity, identity = _json_meta(path, arrays, "identity"), trainer.identity()
     for key in sorted(stored_identity.keys() & identity.keys()):
         if stored_identity[key] != identity[key]:
             what, hint = IDENTITY_WORDS.get(key, (f"--{key}", ""))
-            raise UserError(
-                f"{path}: written by a run with {what} {stored_identity[key]}, this one has "
-                f"{what} {identity[key]}{hint}"
-            )
+            was, now = stored_identity[key], identity[key]
+            why = f"written by a run with {what} {was}, this one has {what} {now}{hint}"
+            raise UserError(f"{path}: {why}")
     return epoch, step
 
 
@@ -251,9 +246,8 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
         for key, shape in shapes.items():
             stored = arrays.get(prefix + key)
             if stored is None or stored.shape != shape:
-                raise UserError(
-                    f"{path}: {what} {prefix}{key} missing or of another shape than the model{hint}"
-                )
+                why = f"{what} {prefix}{key} missing or of another shape than the model{hint}"
+                raise UserError(f"{path}: {why}")
             if stored.dtype.kind != "f":  # strings, complex, booleans: the file is damaged
                 why = f"{prefix}{key} holds {stored.dtype} values, not floating point"
                 raise damaged(path, why)
@@ -266,16 +260,13 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
     # and nothing more: a layer or an optimizer state that the network does not have
     stored = sum(v.size for k, v in arrays.items() if not k.startswith(("optim.", "meta.")))
     if stored != whole_size(model):
-        raise UserError(
-            f"{path}: holds {stored:,} parameters, the network has {whole_size(model):,} "
-            "(another `hidden` or `model`?)"
-        )
+        why = f"holds {stored:,} parameters, the network has {whole_size(model):,}"
+        raise UserError(f"{path}: {why} (another `hidden` or `model`?)")
     states = sorted({k.split(".")[1] for k in arrays if k.startswith("optim.")})
     if states != sorted(optimizer.state):
-        raise UserError(
-            f"{path}: optimizer state {', '.join(states) or 'none'}, but this `optimizer` keeps "
-            f"{', '.join(sorted(optimizer.state)) or 'none'} (another `optimizer`?)"
-        )
+        found, keeps = (", ".join(names) or "none" for names in (states, sorted(optimizer.state)))
+        why = f"optimizer state {found}, but this `optimizer` keeps {keeps}"
+        raise UserError(f"{path}: {why} (another `optimizer`?)")
     if trainer.update.restores_checkpoint:  # else a node's other rank fills the buffers
         for prefix, _, _, views in targets:
             for key, view in views.items():

@@ -37,10 +37,8 @@ def check_metrics_file(path: str | os.PathLike) -> None:
         first = fh.readline(FIRST_LINE_BYTES)
     whole = first.endswith(b"\n")  # else cut short by a full disk: the file's only line
     if first and not (is_record(first) if whole else first.startswith(b'{"event": "')):
-        raise UserError(
-            f"`metrics` {path}: exists and is not an xpnn metrics file (its first line is not "
-            "an xpnn record); give a new file name, or remove it"
-        )
+        why = "exists and is not an xpnn metrics file (its first line is not an xpnn record)"
+        raise UserError(f"`metrics` {path}: {why}; give a new file name, or remove it")
 
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:

@@ -46,10 +46,8 @@ class Schedule:
             if not is_int(value):
                 raise OptimArgError(f"Schedule: {name} must be an int, got {value!r}")
         if self.warmup_steps < 0 or self.total_steps < 0:
-            raise OptimArgError(
-                f"Schedule: warmup_steps and total_steps must be >= 0, got "
-                f"{self.warmup_steps} and {self.total_steps}"
-            )
+            got = f"{self.warmup_steps} and {self.total_steps}"
+            raise OptimArgError(f"Schedule: warmup_steps and total_steps must be >= 0, got {got}")
         if self.step_size < 1:
             raise OptimArgError(f"Schedule: step_size must be >= 1, got {self.step_size}")
         if not self.gamma > 0 or not math.isfinite(self.gamma):
@@ -276,16 +274,12 @@ class Optimizer:
 
 def _check_buffers(params: Array, rows: tuple[Array, ...]) -> None:
     if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
-        raise OptimArgError(
-            f"optimizer: params must be a floating-point array, got "
-            f"{getattr(params, 'dtype', type(params).__name__)}"
-        )
+        got = getattr(params, "dtype", type(params).__name__)
+        raise OptimArgError(f"optimizer: params must be a floating-point array, got {got}")
     for g in rows:
-        if getattr(g, "shape", None) != params.shape:
-            raise OptimArgError(
-                f"optimizer: grads of shape {getattr(g, 'shape', None)} do not match params "
-                f"of shape {params.shape}"
-            )
+        if (shape := getattr(g, "shape", None)) != params.shape:
+            why = f"optimizer: grads of shape {shape} do not match params of shape {params.shape}"
+            raise OptimArgError(why)
         if not dtype_is(g.dtype, "real floating"):
             raise OptimArgError(f"optimizer: grads must be floating point, got {g.dtype}")
 

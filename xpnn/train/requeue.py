@@ -87,10 +87,8 @@ class CheckpointOnSignal(Callback):
     def _stop(self, trainer: Trainer, what: str) -> None:
         if trainer.is_root:
             name = signal.Signals(self.signum).name
-            trainer.log(
-                f"xpnn: {name}: {what} written; stopping with exit {REQUEUE_EXIT} (continue "
-                "with `resume`)"
-            )
+            stop = f"stopping with exit {REQUEUE_EXIT} (continue with `resume`)"
+            trainer.log(f"xpnn: {name}: {what} written; {stop}")
         raise CollectiveExit(REQUEUE_EXIT)
 
     def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:

@@ -38,10 +38,9 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
     seen = trainer.comm.allgather_obj(path.name if path else None)
     if len(set(seen)) > 1:
         found = ", ".join(f"rank {r}: {name or 'none'}" for r, name in enumerate(seen))
-        raise UserError(
-            f"`checkpoint_dir` {directory}: the ranks find different latest checkpoints ({found}); "
-            "every rank must see the same directory (a file system shared by all nodes)"
-        )
+        why = "every rank must see the same directory (a file system shared by all nodes)"
+        where = f"`checkpoint_dir` {directory}: the ranks find different latest checkpoints"
+        raise UserError(f"{where} ({found}); {why}")
     if path is None and not afresh:
         raise UserError(no_checkpoint(directory))
     if path is None:
