@@ -85,10 +85,8 @@ class EpochLog(Callback):
     def on_train_end(self, trainer: Trainer, r: dict[str, Any]) -> None:
         if trainer.is_root and r["event"] == "done":
             made = f"{r['steps']} steps" if trainer.cfg.steps else f"{r['epochs']} epochs"
-            self.log(
-                f"done: {made}, test_acc {r['test_acc']:.4f}, "
-                f"{r['total_seconds']:.1f} s training, {r['params']:,} parameters"
-            )
+            took = f"{r['total_seconds']:.1f} s training, {r['params']:,} parameters"
+            self.log(f"done: {made}, test_acc {r['test_acc']:.4f}, {took}")
 
 
 class ProgressBar(Callback):

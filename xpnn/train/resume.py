@@ -67,10 +67,8 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
 
 
 def no_checkpoint(directory: str | os.PathLike) -> str:
-    return (
-        f"`checkpoint_dir` {directory}: no checkpoint to resume from; check the directory, or "
-        "give `resume` auto to start afresh where there is none"
-    )
+    hint = "check the directory, or give `resume` auto to start afresh where there is none"
+    return f"`checkpoint_dir` {directory}: no checkpoint to resume from; {hint}"
 
 
 def restore_loss_scale(trainer: Trainer, path: Any) -> str:
