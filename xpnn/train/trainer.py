@@ -175,22 +175,15 @@ class Trainer:
                 opt.set_clip(GradClip(cfg.clip_norm, total, shift(shared)))
             return opt
 
-        bucket_bytes = int(cfg.bucket_mb * 2**20)
         # fp16 passes, or gradients sent as float16 (a node's shared ones are not sent)
         wire_dtype = cfg.grad_dtype if sends_gradients(self.data_comm) else None
         fp16 = cfg.precision == "fp16" or wire_dtype == "float16"
         self.loss_scale: LossScale | None = LossScale() if fp16 else None
         wire = make_wire(wire_dtype, backend.dtype_name, self.xp, self._scale)
-        self.update = cfg.plan.make_update(
-            model,
-            self.data_comm,
-            optimizer,
-            bucket_bytes,
-            cfg.batch_size,
-            deferred=cfg.clip_norm is not None or fp16,  # fp16: skip overflows
-            accumulate=cfg.accumulate,
-            wire=wire,
-        )
+        deferred = cfg.clip_norm is not None or fp16  # fp16: skip overflows
+        args = (model, self.data_comm, optimizer, int(cfg.bucket_mb * 2**20), cfg.batch_size)
+        kw = {"deferred": deferred, "accumulate": cfg.accumulate, "wire": wire}
+        self.update = cfg.plan.make_update(*args, **kw)
         self._acc: Any = None  # the earlier micro-steps' gradients, summed (accumulate > 1)
         self.optimizer = self.update.optimizer
         self.precision: Precision | None = None
