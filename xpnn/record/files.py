@@ -1,15 +1,17 @@
 """Writing only where the run means to: another user who can write a directory could plant a
-link at a name xpnn writes (``ck/.xpnn-lock -> /etc/x``). Files are opened with ``O_NOFOLLOW``
-(only the running user's own links are followed) and must be regular files or devices; whole
-files are written beside their name and renamed over it, replacing a link, not writing through."""
+link at a name xpnn writes (``ck/.xpnn-lock -> /etc/x``); files are opened with ``O_NOFOLLOW``,
+and whole files are renamed over their name, replacing a link, not writing through it."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import secrets
 import stat
 import tempfile
+from collections.abc import Iterator
+from typing import BinaryIO
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -48,21 +50,71 @@ def open_to_write(path: str | os.PathLike, flags: int = 0, mode: int = 0o666) ->
     return fd
 
 
-def replace_whole(path: str | os.PathLike, data: bytes) -> None:
-    """``path`` holds ``data``, renamed over it: a link is replaced, never written through."""
+@contextlib.contextmanager
+def whole_file(path: str | os.PathLike, mode: int | None = None) -> Iterator[BinaryIO]:
+    """A file renamed over ``path`` once whole and on disk: a crash leaves ``path`` as it was,
+    a ``kill -9`` mid-write leaves nothing (``O_TMPFILE``; elsewhere a ``.tmp`` file)."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+    if mode is None:
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide it from the group
+        mode = 0o666 & ~umask
+    fd, tmp = _unnamed_file(directory), None
+    if fd is None:
+        name = os.path.basename(path) + "."
+        fd, tmp = tempfile.mkstemp(prefix=name, suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before its name is: a power cut leaves no empty file
+            if tmp is None:
+                tmp = _link_unnamed(fh.fileno(), path)
+        os.chmod(tmp, mode)  # mkstemp's 0600 would hide it from the group
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
+    with contextlib.suppress(OSError):  # the rename made durable, where a directory syncs
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _unnamed_file(directory: str) -> int | None:
+    """A file without a name in ``directory`` (None: not Linux, NFS, or no ``/proc``)."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(directory, flag | os.O_WRONLY, 0o666)  # less the umask
+    except OSError:  # EOPNOTSUPP, or EISDIR from a kernel without O_TMPFILE
+        return None
+
+
+def _link_unnamed(fd: int, path: str | os.PathLike) -> str:
+    root = os.open("/", os.O_RDONLY)
+    try:
+        for _ in range(8):
+            tmp = f"{os.path.abspath(path)}.{secrets.token_hex(4)}.tmp"
+            try:  # a directory fd makes Python call linkat(), which follows /proc's link
+                os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=root)
+            except FileExistsError:
+                continue
+            return tmp
+        raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path}")
+    finally:
+        os.close(root)
+
+
+def replace_whole(path: str | os.PathLike, data: bytes) -> None:
+    """``path`` holds ``data``, renamed over it: a link is replaced, never written through."""
+    with whole_file(path) as fh:
+        fh.write(data)
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

@@ -50,7 +50,6 @@ PHASES = tuple(p.name for p in (UPDATE, FENCES, FORWARD, WGRAD))
 
 
 def listen(listener: Listener | None) -> None:
-    """Send every phase's start and end to ``listener`` (None: to nobody)."""
     _listener[0] = listener
 
 
@@ -59,16 +58,12 @@ def listening() -> Listener | None:
     return _listener[0]
 
 
-# -- the timeline tracer (``xpnn.train.trace.Trace``): spans on fixed lanes of each rank --------
-COMPUTE, COPIES, DEVICE, COMMUNICATION = 1, 2, 3, 10  # lanes (trace ``tid``); 10, 11, ...: ops
-
-
+COMPUTE, COPIES, DEVICE, COMMUNICATION = 1, 2, 3, 10  # a trace's lanes (``tid``); 10, 11...: ops
 NOTHING = nullcontext()  # the span when nobody traces
 _tracer: list[Any] = [None]
 
 
-def trace_to(tracer: Any) -> None:
-    """Send spans and operations to ``tracer`` (``xpnn.train.trace.Trace``), or to nobody."""
+def trace_to(tracer: Any) -> None:  # a ``xpnn.train.trace.Trace``, or None
     _tracer[0] = tracer
 
 

@@ -23,18 +23,15 @@ MOST_BYTES = 256 * 2**20  # a metrics file of 10^6 epochs is about this big; mor
 
 
 def read_text(path: Path) -> str:
-    """A regular file's text, at most ``MOST_BYTES``: a device (``/dev/zero``), a FIFO or a
-    huge file is refused in one line, not read until memory runs out."""
+    """A regular file's text, at most ``MOST_BYTES``: a device, FIFO or huge file is refused."""
     try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
         with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
             info = os.fstat(f.fileno())
             if not stat.S_ISREG(info.st_mode):
                 raise UserError(f"{path}: not a regular file (is it an xpnn --metrics file?)")
             if info.st_size > MOST_BYTES:
-                raise UserError(
-                    f"{path}: {info.st_size / 2**20:.0f} MiB, more than a metrics file holds "
-                    f"({MOST_BYTES // 2**20} MiB at most)"
-                )
+                why = f"more than a metrics file holds ({MOST_BYTES // 2**20} MiB at most)"
+                raise UserError(f"{path}: {info.st_size / 2**20:.0f} MiB, {why}")
             data = f.read(MOST_BYTES + 1)
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
@@ -95,7 +92,7 @@ def check_out(out: Path, inputs: list[Path]) -> None:
 
 
 def by_steps(runs: list[tuple[Path, list[dict[str, Any]]]]) -> bool:
-    """Whether every run trained by ``--steps``: then steps go on the x axis."""
+    """Whether every run trained by ``--steps`` (steps on the x axis)."""
     records = [e for _, es in runs for e in es]
     return all(e.get("event") == "eval" and isinstance(e.get("step"), int) for e in records)
 
@@ -115,13 +112,9 @@ def series(key: str, text: bool) -> str:
 
 def ylabel(title: str, runs: list[tuple[Path, list[dict[str, Any]]]]) -> str:
     text = [is_text(es) for _, es in runs]
-    if title == "loss":
-        return "loss (nats per character)" if all(text) else "loss (nats per sample)"
-    if title == "accuracy":
-        return "accuracy (fraction correct)"
-    return (
-        "tokens / s" if all(text) else "samples / s" if not any(text) else "samples or tokens / s"
-    )
+    rate = "tokens" if all(text) else "samples" if not any(text) else "samples or tokens"
+    loss = f"loss (nats per {'character' if all(text) else 'sample'})"
+    return {"loss": loss, "accuracy": "accuracy (fraction correct)"}.get(title, f"{rate} / s")
 
 
 def draw(paths: list[Path], out: Path) -> Path:
@@ -156,9 +149,7 @@ def draw(paths: list[Path], out: Path) -> Path:
     for ax, (title, _) in zip(axes, PANELS, strict=True):
         ax.set(xlabel=xlabel, ylabel=ylabel(title, runs), title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are counts
-        ax.set_ylim(bottom=0)  # a small change is not drawn as a cliff
-        if title == "accuracy":
-            ax.set_ylim(top=1.0)
+        ax.set_ylim(bottom=0, top=1.0 if title == "accuracy" else None)  # a change is no cliff
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=9)
         else:  # nothing of this panel in the files: say so, with no empty legend
@@ -179,18 +170,13 @@ class OneLineParser(argparse.ArgumentParser):
         raise UserError(self.said + message.removeprefix("argument "))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(
-        prog="python -m xpnn plot", description=__doc__.splitlines()[0].replace("``", "")
-    )
+def main(argv: list[str]) -> int:
+    about = __doc__.splitlines()[0].replace("``", "")
+    p = OneLineParser(prog="python -m xpnn plot", description=about)
     p.add_argument("metrics", nargs="+", type=Path, help="metrics files (--metrics FILE.jsonl)")
     p.add_argument("-o", "--out", type=Path, default=Path("metrics.png"), help="PNG to write")
-    return p
-
-
-def main(argv: list[str]) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = p.parse_args(argv)
         out = draw(args.metrics, args.out)
     except (ImportError, UserError) as e:
         print(f"xpnn plot: {e}", file=sys.stderr)

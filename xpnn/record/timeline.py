@@ -1,6 +1,5 @@
-"""``python -m xpnn trace DIR``: every rank's ``trace-rank{N}.json`` (and the flight recorder's
-``flight-rank{N}.json``) merged into one Chrome trace on rank 0's clock, and a summary per rank:
-compute, communication, waiting, the communication hidden behind compute, a pipeline's bubble."""
+"""``python -m xpnn trace DIR``: the ranks' traces and flight records merged into one Chrome
+trace on rank 0's clock, and where each rank's step time goes."""
 
 from __future__ import annotations
 
@@ -38,7 +37,6 @@ MOST_BYTES = 1 << 30  # a rank file of a few traced steps is kilobytes; a GiB is
 
 
 def rank_files(directory: str, stem: str) -> dict[int, str]:
-    """``{rank: path}`` of ``directory/{stem}-rank{N}.json``."""
     name = re.compile(rf"{stem}-rank(\d+)\.json$")
     paths = glob.glob(os.path.join(glob.escape(directory), f"{stem}-rank*.json"))
     return {int(match[1]): path for path in paths if (match := name.search(path))}
@@ -53,15 +51,13 @@ def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
             if not stat.S_ISREG(info.st_mode):
                 raise UserError(f"trace {path}: not a regular file")
             if info.st_size > MOST_BYTES:
-                raise UserError(
-                    f"trace {path}: {info.st_size:,} bytes, more than a rank file holds"
-                )
+                why = f"trace {path}: {info.st_size:,} bytes, more than a rank file holds"
+                raise UserError(why)
             with open(path) as fh:
                 doc = json.load(fh)
         except (OSError, ValueError) as exc:
             raise UserError(f"trace {path}: not a readable JSON file ({exc})") from None
-        problem = (_trace_problem if stem == "trace" else _flight_problem)(doc)
-        if problem:
+        if problem := (_trace_problem if stem == "trace" else _flight_problem)(doc):
             raise UserError(f"trace {path}: not a rank file xpnn wrote ({problem})")
         found[rank] = doc
     return found
@@ -110,17 +106,15 @@ def _flight_problem(doc: Any) -> str | None:
 
 
 def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
-    """Each rank's clock minus rank 0's (us). A barrier bounds the offset between (rank's entry -
-    rank 0's exit) and (rank's exit - rank 0's entry); the middle of all bounds' intersection is
-    taken (where they do not meet, a rank held up, the median of the barriers' middles)."""
+    """Each rank's clock minus rank 0's (us): the middle of the bounds the barriers set (where
+    they do not meet, a rank held up, the median of the barriers' middles)."""
     samples = {
         r: t.get("otherData", {}).get("xpnn", {}).get("clock") or [] for r, t in traces.items()
     }
     reference = samples.get(0) or []
     offsets = {}
     for rank, own in samples.items():
-        pairs = list(zip(own, reference, strict=False))
-        if not pairs:
+        if not (pairs := list(zip(own, reference, strict=False))):
             offsets[rank] = 0.0
             continue
         low = max(entry - left0 for (entry, _), (_, left0) in pairs)
@@ -246,9 +240,7 @@ def summarize(merged: dict[str, Any], info: dict[int, dict[str, Any]]) -> list[d
 def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
     head = ["rank", "steps", "step ms", "compute", "communication", "waiting", "hidden"]
     pipeline = any(r["bubble"] is not None for r in rows)
-    if pipeline:
-        head += ["bubble", "(p-1)/(m+p-1)"]
-    head.append("clock offset")
+    head += (["bubble", "(p-1)/(m+p-1)"] if pipeline else []) + ["clock offset"]
     lines = ["  ".join(f"{h:>13}" if i else f"{h:>4}" for i, h in enumerate(head))]
     for r in rows:
         n = max(r["steps"], 1)
@@ -264,12 +256,9 @@ def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m xpnn trace DIR [-o MERGED]``."""
-    parser = OneLineParser(
-        prog="python -m xpnn trace",
-        description="Merge the per-rank traces (--trace DIR) and flight records of DIR into one "
-        "Chrome trace and print where each rank's step time goes.",
-    )
+    about = "Merge the per-rank traces (--trace DIR) and flight records of DIR into one Chrome "
+    about += "trace and print where each rank's step time goes."
+    parser = OneLineParser(prog="python -m xpnn trace", description=about)
     parser.said = "trace: "
     parser.add_argument("directory", help="the --trace directory (or one with flight records)")
     parser.add_argument("-o", "--output", help="the merged trace (default DIR/merged.json)")
@@ -288,10 +277,8 @@ def main(argv: list[str]) -> int:
             merged, info = merge(args.directory)
             rows = summarize(merged, info)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            raise UserError(
-                f"trace {args.directory}: rank files not as xpnn writes them "
-                f"({type(exc).__name__}: {exc})"
-            ) from None
+            why = f"rank files not as xpnn writes them ({type(exc).__name__}: {exc})"
+            raise UserError(f"trace {args.directory}: {why}") from None
         try:
             replace_whole(out, json.dumps(merged).encode())  # never through a planted link
         except OSError as exc:
@@ -305,10 +292,8 @@ def main(argv: list[str]) -> int:
     print(f"merged {ranks} rank(s) into {out} (open it in https://ui.perfetto.dev)")
     traced = rank_files(args.directory, "trace")
     if traced and 0 not in traced:
-        print(
-            f"no trace-rank0.json in {args.directory}: the ranks' clocks are not aligned to "
-            "rank 0's (their offsets show as 0)"
-        )
+        why = "the ranks' clocks are not aligned to rank 0's (their offsets show as 0)"
+        print(f"no trace-rank0.json in {args.directory}: {why}")
     if rows:
         print("per step, ms (share of the step); hidden: communication overlapped by compute")
         offsets = {r: i.get("clock_offset_us", 0.0) for r, i in info.items()}

@@ -1,6 +1,5 @@
-"""A merged trace drawn with matplotlib (``python -m xpnn trace DIR --png FILE``): for each rank
-its pipeline micro-batches, its compute lane (layers' forward and backward, loss, update, the
-waits for other ranks) and its communication lanes, over the last traced steps."""
+"""A merged trace drawn with matplotlib (``python -m xpnn trace DIR --png FILE``): each rank's
+compute, communication and micro-batch lanes over the last traced steps."""
 
 from __future__ import annotations
 
@@ -29,11 +28,8 @@ def _kind(event: dict[str, Any]) -> str | None:
         return cat
     if cat == "phase":
         return "update" if name == "update" else None
-    if cat == "span" and "micro-batch" not in name:
-        return next(
-            (kind for kind in ("forward", "backward", "loss") if name.startswith(kind)), None
-        )
-    return None
+    kinds = ("forward", "backward", "loss") if cat == "span" and "micro-batch" not in name else ()
+    return next((kind for kind in kinds if name.startswith(kind)), None)
 
 
 def window(events: list[dict[str, Any]], steps: int) -> tuple[float, float]:
@@ -44,8 +40,7 @@ def window(events: list[dict[str, Any]], steps: int) -> tuple[float, float]:
     return mine[0]["ts"], mine[-1]["ts"] + mine[-1]["dur"]
 
 
-def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = None) -> None:
-    """Write the last ``steps`` traced steps of every rank as a PNG at ``path``."""
+def draw(merged: dict[str, Any], path: str, steps: int = 2) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,8 +68,7 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = 
         step_bars = [_bar(e, start) for e in mine if e["cat"] == "step"]
         ax.broken_barh(step_bars, (y, 0.8), color=COLOURS["other"])  # the step outside every span
         for kind in ("forward", "backward", "loss", "update", "post", "evaluation", "wait"):
-            bars = [_bar(e, start) for e in mine if _kind(e) == kind]
-            if bars:
+            if bars := [_bar(e, start) for e in mine if _kind(e) == kind]:
                 ax.broken_barh(bars, (y, 0.8), color=COLOURS[kind])
         rows.append(f"rank {rank} compute")
         y += 1
@@ -100,8 +94,6 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2, title: str | None = 
     handles = [Patch(color=COLOURS[k], label=names.get(k, k)) for k in dict.fromkeys(shown)]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5,
               frameon=False, fontsize=10)  # fmt: skip
-    if title:
-        ax.set_title(title)
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=110)
     plt.close(fig)

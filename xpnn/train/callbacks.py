@@ -1,5 +1,4 @@
-"""The callbacks a run is made of besides its loop, on every rank (one that writes checks
-``trainer.is_root``)."""
+"""The callbacks a run is made of besides its loop, on every rank (a writer checks ``is_root``)."""
 
 from __future__ import annotations
 
@@ -86,10 +85,8 @@ class EpochLog(Callback):
     def on_train_end(self, trainer: Trainer, r: dict[str, Any]) -> None:
         if trainer.is_root and r["event"] == "done":
             made = f"{r['steps']} steps" if trainer.cfg.steps else f"{r['epochs']} epochs"
-            self.log(
-                f"done: {made}, test_acc {r['test_acc']:.4f}, "
-                f"{r['total_seconds']:.1f} s training, {r['params']:,} parameters"
-            )
+            took = f"{r['total_seconds']:.1f} s training, {r['params']:,} parameters"
+            self.log(f"done: {made}, test_acc {r['test_acc']:.4f}, {took}")
 
 
 class ProgressBar(Callback):
@@ -120,8 +117,7 @@ class ProgressBar(Callback):
 
 
 class Checkpoints(Callback):
-    """After every epoch (by ``steps``: evaluation), rank 0 writes the whole network and
-    optimizer state (gathered)."""
+    """After every record rank 0 writes the whole network and optimizer state (gathered)."""
 
     def __init__(self, directory: str, keep: int = KEEP_CHECKPOINTS) -> None:
         self.directory, self.keep = directory, keep
@@ -159,9 +155,8 @@ def run_callbacks(
     keep_checkpoints: int = KEEP_CHECKPOINTS,
     progress: bool = False,
 ) -> list[Callback]:
-    """The callbacks a run's own settings make, in the order they act: the saved parameters
-    before the metrics file's done line promises them, an epoch's checkpoint before a caller's
-    callback sees the epoch (a requeue's ``CheckpointOnSignal``)."""
+    """A run's own callbacks in the order they act: the saved parameters before the done line
+    promises them, an epoch's checkpoint before a caller's callback sees the epoch."""
     own = [
         SaveParameters(save) if save else None,
         FaultInjection.from_env(),
@@ -191,15 +186,13 @@ class FaultInjection(Callback):
 
     @classmethod
     def from_env(cls) -> FaultInjection | None:
-        spec = os.environ.get(cls.VARIABLE)
-        if not spec:
+        if not (spec := os.environ.get(cls.VARIABLE)):
             return None
         try:
             return cls(*(kind(part) for kind, part in zip(cls.KINDS, spec.split(":"), strict=True)))
         except ValueError:
-            raise UserError(
-                f"{cls.VARIABLE}={spec}: expected {cls.FORM}, e.g. {cls.EXAMPLE}"
-            ) from None
+            why = f"{cls.VARIABLE}={spec}: expected {cls.FORM}, e.g. {cls.EXAMPLE}"
+            raise UserError(why) from None
 
 
 class PauseInjection(FaultInjection):
@@ -213,8 +206,7 @@ class PauseInjection(FaultInjection):
 
 
 class PhaseTimer(Callback):
-    """Seconds of every step and its phases (``xpnn.record.phases``), a dict per step in
-    ``steps``; on a GPU each is synchronized at both ends, or it would time kernel launches."""
+    """Seconds of each step and its phases (synchronized on a GPU, else it times launches)."""
 
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []

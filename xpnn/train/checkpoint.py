@@ -1,18 +1,14 @@
-"""Saved parameters and checkpoints: plain ``.npz`` files, written atomically, holding the
-whole network (``layer0.W``, ``optim.m.layer0.W``, ``meta.epoch``...), so that a run may resume
-on another number of ranks or with another ``--parallel``."""
+"""Checkpoints: ``.npz`` files of the whole network (``layer0.W``, ``optim.m.layer0.W``,
+``meta.epoch``...), so that a run may resume on other ranks or with another ``--parallel``."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import math
 import os
 import re
-import secrets
 import stat
-import tempfile
 import time
 import zipfile
 import zlib
@@ -23,77 +19,19 @@ import numpy as np
 
 from xpnn.errors import UserError
 from xpnn.parallel.model.whole import own_piece, whole_shapes, whole_size
+from xpnn.record.files import whole_file
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write a file without a name beside ``path`` (``O_TMPFILE``; else a temporary name), name
-    it when whole, and rename: a crash never leaves half a file, a ``kill -9`` mid-write nothing.
-    This user's symbolic link is followed (its file replaced); another user's is refused."""
+    """``np.savez`` by ``whole_file``; this user's link is followed, another user's refused."""
     if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
         raise UserError(f"{path}: a symbolic link of another user; xpnn writes no file through it")
     path = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     if path.parent and not path.parent.exists():
         raise UserError(f"{path}: directory {path.parent} does not exist")
-    fd = _unnamed_file(path.parent)
-    tmp = None
-    try:
-        if fd is None:  # a file system without unnamed files: named from the start
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 would hide it from the group
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-            _injected_fault()
-            fh.flush()
-            os.fsync(fh.fileno())  # on disk before its name is: a power cut leaves no empty file
-            if tmp is None:  # named now, whole, for the moment until the rename
-                tmp = _link_unnamed(fh.fileno(), path)
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _unnamed_file(directory: Path) -> int | None:
-    """A file open for writing in ``directory`` without a name, or None where there is none
-    (not Linux, NFS, no ``/proc`` to name it through)."""
-    flag = getattr(os, "O_TMPFILE", None)
-    if flag is None or not os.path.isdir("/proc/self/fd"):
-        return None
-    try:
-        return os.open(directory or ".", flag | os.O_WRONLY, 0o666)  # less the umask
-    except OSError:  # EOPNOTSUPP, or EISDIR from a kernel without O_TMPFILE
-        return None
-
-
-def _link_unnamed(fd: int, path: Path) -> str:
-    """Give the unnamed file ``fd`` a temporary name beside ``path``; that name."""
-    root = os.open("/", os.O_RDONLY)
-    try:
-        for _ in range(8):
-            tmp = str(path.parent / f"{path.name}.{secrets.token_hex(4)}.tmp")
-            try:  # a directory fd makes Python call linkat(), which follows /proc's link
-                os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=root)
-            except FileExistsError:
-                continue
-            return tmp
-        raise FileExistsError(errno.EEXIST, f"no free temporary name beside {path}")
-    finally:
-        os.close(root)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable (POSIX); skipped where a directory cannot be opened (Windows) or
-    synced (some file systems)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    with whole_file(path) as fh:
+        np.savez(fh, **arrays)
+        _injected_fault()
 
 
 def _injected_fault() -> None:
@@ -105,8 +43,7 @@ def _injected_fault() -> None:
         time.sleep(float(spec.removeprefix("sleep:")))
 
 
-# what a --checkpoint-dir holds: after an epoch, or mid-epoch (its run's steps in all)
-CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-step(\d+))?\.npz")
+CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-step(\d+))?\.npz")  # -step: mid-epoch
 TEMPORARY_NAME = re.compile(r".+\.[a-z0-9_]{8}\.tmp")  # atomic_savez's: mkstemp's 8 characters
 
 
@@ -118,45 +55,36 @@ def save_checkpoint(
     step: int,
     seed: int,
     dataset: str = "",
-    settings: dict[str, Any] | None = None,
-    identity: dict[str, Any] | None = None,
-    loss_scale: dict[str, Any] | None = None,
-    partial: dict[str, Any] | None = None,
+    **said: dict[str, Any] | None,
 ) -> Path:
-    """Write host ``params``, optimizer ``state`` (state -> name -> array), what a resume must
-    match or is told about, fp16's ``loss_scale`` and ``partial``, a span's running sums."""
+    """Write ``params``, optimizer ``state`` (state -> name -> array) and what a resume reads:
+    ``said`` (settings, identity, loss_scale, partial), as JSON."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
     meta = {"epoch": epoch, "step": step, "seed": seed, "dataset": dataset or None}
     arrays |= {f"meta.{k}": np.array(v) for k, v in meta.items() if v is not None}
-    said = {"settings": settings, "identity": identity, "loss_scale": loss_scale}
-    said = {k: v for k, v in said.items() if v} | ({"partial": partial} if partial else {})
-    arrays |= {f"meta.{k}": np.array(json.dumps(v, sort_keys=True)) for k, v in said.items()}
+    arrays |= {f"meta.{k}": np.array(json.dumps(v, sort_keys=True)) for k, v in said.items() if v}
     Path(directory).mkdir(parents=True, exist_ok=True)
-    mid = f"-step{step:08d}" if partial is not None else ""
+    mid = f"-step{step:08d}" if said.get("partial") else ""
     path = Path(directory) / f"checkpoint-epoch{epoch:04d}{mid}.npz"
     atomic_savez(path, arrays)
     return path
 
 
 def refuse_other_runs(directory: str | os.PathLike) -> None:
-    """A new run may not mix its checkpoints with another run's."""
     if Path(directory).is_dir() and (found := latest_checkpoint(directory)) is not None:
-        raise UserError(
-            f"`checkpoint_dir` {directory}: holds another run's checkpoints ({found.name}); add "
-            "`resume` to continue it, or give an empty directory"
-        )
+        hint = "add `resume` to continue it, or give an empty directory"
+        why = f"holds another run's checkpoints ({found.name}); {hint}"
+        raise UserError(f"`checkpoint_dir` {directory}: {why}")
 
 
 def remove_unfinished(
     directory: str | os.PathLike, name: str = "checkpoint-epoch*.npz"
 ) -> list[Path]:
-    """Delete and return the temporary files ``atomic_savez`` left of the files ``name`` (a
-    glob) that no process on this host holds open (a user's ``final.npz.backup.tmp`` stays)."""
+    """Delete the ``.tmp`` files ``whole_file`` left of ``name`` that no process holds open."""
     found = sorted(Path(directory).glob(f"{name}.*.tmp"))
-    left = [path for path in found if TEMPORARY_NAME.fullmatch(path.name)]
-    if left:
+    if left := [path for path in found if TEMPORARY_NAME.fullmatch(path.name)]:
         from xpnn.runtime.segments import files_in_use
 
         used = files_in_use()
@@ -176,8 +104,7 @@ def checkpoints(directory: str | os.PathLike) -> list[Path]:
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
-    found = checkpoints(directory)
-    return found[-1] if found else None
+    return next(reversed(checkpoints(directory)), None)
 
 
 KEEP_CHECKPOINTS = 2  # the newest, and one before it in case the newest is damaged
@@ -207,8 +134,8 @@ MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a lat
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every array of the ``.npz`` file ``path``, never running pickled code, nor reading a
-    device, a pipe (``/dev/zero`` never ends) or more than memory."""
+    """Every array of ``path``, never unpickling, nor reading a device, a pipe or past memory."""
+
     from xpnn.data.files import memory_bytes
 
     info = os.stat(path)  # FileNotFoundError is the caller's to word
@@ -234,8 +161,7 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
     """``meta.<name>``: a whole number (>= 0 but for the seed), or the file is damaged."""
-    value = arrays.get(f"meta.{name}")
-    if value is None:
+    if (value := arrays.get(f"meta.{name}")) is None:
         raise UserError(f"{path}: not an xpnn checkpoint (no meta.{name})")
     if value.shape != () or value.dtype.kind not in "iu" or (name != "seed" and int(value) < 0):
         raise damaged(path, f"meta.{name} is {value.tolist()!r}")
@@ -259,42 +185,36 @@ def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[
     """The file's (epoch, step), once its run is shown to be ``trainer``'s."""
     seed, steps_per_epoch, dataset = trainer.cfg.seed, trainer.steps_per_epoch, trainer.data.name
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
-    scaled = _loss_scale(path, arrays)
+    scaled = stored_loss_scale(path, arrays)
     skipped = scaled["skipped"] if scaled else 0  # fp16: steps whose update overflowed
     if step + skipped < epoch:  # every epoch makes at least one step
         raise damaged(path, f"meta.step {step} is fewer than meta.epoch {epoch}")
     if stored_seed != seed:
-        raise UserError(
-            f"{path}: written by a run with `seed` {stored_seed}, this one has `seed` {seed}"
-        )
+        why = f"{path}: written by a run with `seed` {stored_seed}, this one has `seed` {seed}"
+        raise UserError(why)
     stored = arrays.get("meta.dataset")
     if stored is not None and (stored.shape != () or stored.dtype.kind != "U"):
         raise damaged(path, f"meta.dataset is {stored.tolist()!r}")
     if dataset and stored is not None and str(stored) != dataset:
-        raise UserError(
-            f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
-        )
+        why = f"{path}: written by a run on {stored}, this one is on {dataset} (`dataset`)"
+        raise UserError(why)
     done = step + skipped  # batches trained
     mid = "meta.partial" in arrays  # written mid-epoch: some of the next epoch's steps made
+    guess = "(another global batch, `replicate` or data set?)"
+    this = f"this one makes {steps_per_epoch} an epoch {guess}"
     if mid and done // steps_per_epoch != epoch:
-        raise UserError(
-            f"{path}: written by a run that made {done} steps, {epoch} epoch(s) and part of "
-            f"the next, this one makes {steps_per_epoch} an epoch (another global batch, "
-            "`replicate` or data set?)"
-        )
+        why = f"made {done} steps, {epoch} epoch(s) and part of the next"
+        raise UserError(f"{path}: written by a run that {why}, {this}")
     if not mid and done != epoch * steps_per_epoch:
-        raise UserError(
-            f"{path}: written by a run that made {step} steps in {epoch} epoch(s), this one "
-            f"makes {steps_per_epoch} an epoch (another global batch, `replicate` or data set?)"
-        )
+        why = f"made {step} steps in {epoch} epoch(s)"
+        raise UserError(f"{path}: written by a run that {why}, {this}")
     stored_identity, identity = _json_meta(path, arrays, "identity"), trainer.identity()
     for key in sorted(stored_identity.keys() & identity.keys()):
         if stored_identity[key] != identity[key]:
             what, hint = IDENTITY_WORDS.get(key, (f"--{key}", ""))
-            raise UserError(
-                f"{path}: written by a run with {what} {stored_identity[key]}, this one has "
-                f"{what} {identity[key]}{hint}"
-            )
+            was, now = stored_identity[key], identity[key]
+            why = f"written by a run with {what} {was}, this one has {what} {now}{hint}"
+            raise UserError(f"{path}: {why}")
     return epoch, step
 
 
@@ -304,13 +224,11 @@ IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``
 }
 
 
-# optimizer states no update makes negative: a mean of squares (Adam's v)
 NON_NEGATIVE = {"optim.v.": "Adam's second moment (a mean of squared gradients)"}
 
 
 def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]:
-    """Restore this rank's part of ``trainer``'s parameters and optimizer state from its run's
-    checkpoint ``path``; returns (epochs, steps, the file's settings)."""
+    """Restore this rank's part of ``trainer``'s run from ``path``: (epochs, steps, settings)."""
     model, optimizer, arrays = trainer.model, trainer.optimizer, read_npz(path)
     if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
         raise UserError(
@@ -328,9 +246,8 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
         for key, shape in shapes.items():
             stored = arrays.get(prefix + key)
             if stored is None or stored.shape != shape:
-                raise UserError(
-                    f"{path}: {what} {prefix}{key} missing or of another shape than the model{hint}"
-                )
+                why = f"{what} {prefix}{key} missing or of another shape than the model{hint}"
+                raise UserError(f"{path}: {why}")
             if stored.dtype.kind != "f":  # strings, complex, booleans: the file is damaged
                 why = f"{prefix}{key} holds {stored.dtype} values, not floating point"
                 raise damaged(path, why)
@@ -343,16 +260,13 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
     # and nothing more: a layer or an optimizer state that the network does not have
     stored = sum(v.size for k, v in arrays.items() if not k.startswith(("optim.", "meta.")))
     if stored != whole_size(model):
-        raise UserError(
-            f"{path}: holds {stored:,} parameters, the network has {whole_size(model):,} "
-            "(another `hidden` or `model`?)"
-        )
+        why = f"holds {stored:,} parameters, the network has {whole_size(model):,}"
+        raise UserError(f"{path}: {why} (another `hidden` or `model`?)")
     states = sorted({k.split(".")[1] for k in arrays if k.startswith("optim.")})
     if states != sorted(optimizer.state):
-        raise UserError(
-            f"{path}: optimizer state {', '.join(states) or 'none'}, but this `optimizer` keeps "
-            f"{', '.join(sorted(optimizer.state)) or 'none'} (another `optimizer`?)"
-        )
+        found, keeps = (", ".join(names) or "none" for names in (states, sorted(optimizer.state)))
+        why = f"optimizer state {found}, but this `optimizer` keeps {keeps}"
+        raise UserError(f"{path}: {why} (another `optimizer`?)")
     if trainer.update.restores_checkpoint:  # else a node's other rank fills the buffers
         for prefix, _, _, views in targets:
             for key, view in views.items():
@@ -364,8 +278,7 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
 
 def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str, Any]:
     """``meta.<name>``: a JSON object in a string ({} where there is none), or damaged."""
-    stored = arrays.get(f"meta.{name}")
-    if stored is None:
+    if (stored := arrays.get(f"meta.{name}")) is None:
         return {}
     try:
         value = json.loads(str(stored)) if stored.shape == () else None
@@ -380,7 +293,7 @@ LOSS_SCALE_KEYS = {"scale": float, "good_steps": int, "skipped": int}
 
 
 def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
-    """``meta.<name>`` of checkpoint ``path``, read alone: {key: array}, or {} where none."""
+    """``{meta.<name>: array}`` of checkpoint ``path``, read alone ({}: none)."""
     key = f"meta.{name}"
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -389,13 +302,9 @@ def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
         raise unreadable(path, exc) from None
 
 
-def stored_loss_scale(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The loss scale fp16 loss scaling saved in checkpoint ``path`` (None: none saved)."""
-    return _loss_scale(Path(path), meta_entry(path, "loss_scale"))
-
-
-def _loss_scale(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, Any] | None:
-    """``meta.loss_scale``, checked; None where the file has none."""
+def stored_loss_scale(path: Any, arrays: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The fp16 loss scale saved in checkpoint ``path`` (None: none), checked."""
+    arrays = meta_entry(path, "loss_scale") if arrays is None else arrays
     if "meta.loss_scale" not in arrays:
         return None
     state = _json_meta(path, arrays, "loss_scale")

@@ -1,10 +1,5 @@
-"""The training step replayed as a captured graph (``cuda_graph``; CUDA graphs on CuPy): the
-backend records one step's device work, later steps of the same batch shape replay it.
-The host keeps, outside the recording: the inputs (copied into static device buffers), the
-step's numbers (copied into the ``StepScalars`` the kernels read), the optimizer's
-``advance``, and with several replicas the gradient exchange, between the recorded forward
-and backward and the recorded update. Steps of another shape, traced ones and those after a
-failed recording run eagerly; a line says so once."""
+"""The training step replayed as a captured CUDA graph (``cuda_graph``): the host keeps the
+inputs, the step's numbers, ``advance`` and the replicas' exchange outside the recording."""
 
 from __future__ import annotations
 
@@ -43,8 +38,7 @@ def graph_unavailable(trainer: Any) -> str | None:
 
 
 def graph_step(trainer: Any) -> GraphStep | None:
-    """The trainer's replayed step for ``cfg.cuda_graph``: ``auto`` where it applies, ``on``
-    (a UserError where it does not), ``off``: None."""
+    """The replayed step for ``cuda_graph``: ``auto`` where it applies, ``on`` or refused."""
     mode = trainer.cfg.cuda_graph
     if mode == "off":
         return None
@@ -56,9 +50,8 @@ def graph_step(trainer: Any) -> GraphStep | None:
 
 
 class Recorder:
-    """The functions that make up a step (``fns``; the host's work runs between them), run
-    eagerly by the first step (building kernels and pooling memory outside the recording),
-    recorded by the second, replayed by later ones; their kernels read ``scalars``."""
+    """A step's functions ``fns`` (the host's work between them): run eagerly by the first step
+    (kernels built, memory pooled), recorded by the second, replayed by later ones."""
 
     def __init__(
         self, capture: Capture, optimizer: Any, scalars: StepScalars, fns: list[Callable[[], None]]
@@ -70,8 +63,7 @@ class Recorder:
         self.rehearsed = False
 
     def begin(self, step: int) -> list[Callable[[], None]]:
-        """The host's side of ``step`` and the functions to call in turn, eager or replays
-        (recorded at the second step; ``CaptureFailed`` before anything of the step ran)."""
+        """The host's side of ``step``; the functions to call (``CaptureFailed``: none ran)."""
         if self.rehearsed and self.replays is None:
             self.replays = [self.capture(fn) for fn in self.fns]
         self.optimizer.advance()  # clipping, if any, is the recorded functions' (on device)
@@ -83,8 +75,6 @@ class Recorder:
         return runs
 
     def _replayable(self, fn: Callable[[], None]) -> Callable[[], None]:
-        """``fn`` with the optimizer's kernels reading the step's numbers from the device."""
-
         def replayable() -> None:
             opt = self.optimizer
             opt.device_scalars = self.device_scalars
@@ -99,8 +89,7 @@ class Recorder:
 
 
 class GraphStep:
-    """``run`` is ``Trainer.step`` from a recording of the first full batch's shape (None: run
-    it eagerly); ``capture`` records a function and returns its replay (``Backend.capture``)."""
+    """``Trainer.step`` replayed from a recording of the first full batch's shape."""
 
     def __init__(self, trainer: Any, capture: Capture) -> None:
         self.trainer, self.capture = trainer, capture
@@ -113,7 +102,7 @@ class GraphStep:
         self._said: set[str] = set()
 
     def run(self, batch: np.ndarray, step: int) -> tuple[Any, Any] | None:
-        """One optimizer step on the global ``batch`` from the recording; None: run it eagerly."""
+        """One step on the global ``batch`` from the recording; None: run it eagerly."""
         t = self.trainer
         local = shard(batch, t.data_comm.rank, t.data_comm.size)
         shape = (len(batch), len(local))
@@ -141,7 +130,6 @@ class GraphStep:
         return self.loss, self.correct
 
     def _eager(self, shape: tuple[int, int]) -> bool:
-        """Whether this step runs eagerly, said once for each reason."""
         if self.failed:
             return True
         if tracer() is not None or listening() is not None:  # their marks time host calls
@@ -149,33 +137,27 @@ class GraphStep:
         if shape[1] == 0:
             return self._say("empty", "cuda graph: a rank without samples runs its steps eagerly")
         if self.shape is not None and shape != self.shape:
-            return self._say(
-                "shape",
-                f"cuda graph: a batch of {shape[0]} samples, not the {self.shape[0]} recorded: "
-                "such steps run eagerly",
-            )
+            why = f"a batch of {shape[0]} samples, not the {self.shape[0]} recorded"
+            return self._say("shape", f"cuda graph: {why}: such steps run eagerly")
         return False
 
     def _say(self, kind: str, line: str) -> bool:
-        """Log ``line`` once for ``kind``; True (the step runs eagerly)."""
+        """Log ``line`` once for ``kind``; True: the step runs eagerly."""
         if kind not in self._said and self.trainer.is_root:
             self.trainer.log(line)
         self._said.add(kind)
         return True
 
     def _buffers(self, rows: int) -> None:
-        """The static inputs and outputs the recording reads and writes."""
         t, xp = self.trainer, self.trainer.xp
         self.idx = xp.zeros((rows,), dtype=xp.int64)
         self.rows = xp.zeros((rows,), dtype=xp.int64) if t.data.train_repeats > 1 else self.idx
-        self.at = None  # text: the windows' starts
-        if t.stream is not None:
-            self.at = xp.zeros((rows, t.data.windows.block), dtype=xp.int64)
+        text = t.stream is not None  # ``at``: the windows' starts
+        self.at = xp.zeros((rows, t.data.windows.block), dtype=xp.int64) if text else None
         self.loss = xp.zeros((), dtype=xp.float64)
         self.correct = xp.zeros((), dtype=xp.float64)
 
     def _stage(self, local: np.ndarray, step: int) -> None:
-        """This step's samples into the static input buffers (host to device copies)."""
         t, xp = self.trainer, self.trainer.xp
         self.idx[...] = t.backend.asarray(local, dtype=xp.int64)
         stored = t.data.stored_rows(local)
@@ -186,8 +168,7 @@ class GraphStep:
             self.at[...] = t.backend.asarray(spans, dtype=xp.int64)
 
     def _fns(self, shape: tuple[int, int]) -> list[Callable[[], None]]:
-        """Forward, loss, backward (and, with one replica, the update) as one function; with
-        several, the update as a second one (the exchange runs between the two)."""
+        """Forward to update as one function; with replicas two, the exchange between them."""
         t, scale = self.trainer, 1.0 / shape[0]
         ready = None if self.exchange else t.update.grads_ready
 

@@ -1,25 +1,22 @@
-"""The ``metrics`` file as a faithful record: whole JSON lines only (a write that fails half-way
-is taken back), each epoch once (a resume drops what came after its checkpoint), and never a
-file that is not one (the data set's labels, another run's checkpoint)."""
+"""The ``metrics`` file as a faithful record: whole JSON lines only, each epoch once (a resume
+drops what came after its checkpoint), and never a file that is not one."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.record.files import open_to_write
+from xpnn.record.files import open_to_write, whole_file
 
 EVENTS = ("epoch", "eval", "done", "diverged")  # the "event" of every line xpnn writes
 FIRST_LINE_BYTES = 1 << 16  # a record is a few hundred bytes; a longer first line is not one
 
 
 def _parsed(line: bytes | str) -> dict[str, Any] | None:
-    """``line`` as a JSON object, or None."""
     try:
         record = json.loads(line)
     except (ValueError, UnicodeDecodeError):
@@ -28,40 +25,35 @@ def _parsed(line: bytes | str) -> dict[str, Any] | None:
 
 
 def is_record(line: bytes | str) -> bool:
-    """Whether ``line`` is one of xpnn's metrics records."""
     record = _parsed(line)
     return record is not None and record.get("event") in EVENTS
 
 
 def check_metrics_file(path: str | os.PathLike) -> None:
-    """Refuse a non-empty regular file whose first line is not an xpnn metrics record: the
-    run would empty it (a fresh run) or append to it (a resume)."""
+    """Refuse a file whose first line is no xpnn record: a run would empty or append to it."""
     if not os.path.isfile(path):
         return  # absent (made), or a device written in place (/dev/null)
     with open(path, "rb") as fh:
         first = fh.readline(FIRST_LINE_BYTES)
     whole = first.endswith(b"\n")  # else cut short by a full disk: the file's only line
     if first and not (is_record(first) if whole else first.startswith(b'{"event": "')):
-        raise UserError(
-            f"`metrics` {path}: exists and is not an xpnn metrics file (its first line is not "
-            "an xpnn record); give a new file name, or remove it"
-        )
+        why = "exists and is not an xpnn metrics file (its first line is not an xpnn record)"
+        raise UserError(f"`metrics` {path}: {why}; give a new file name, or remove it")
 
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line, whole or not at all (a failed write is cut back)."""
+    """Append ``record`` as one JSON line, whole or not at all."""
     data = (json.dumps(record, allow_nan=False) + "\n").encode()
     fd = open_to_write(path, os.O_APPEND | os.O_CREAT)
+    info = os.fstat(fd)
     try:
-        info = os.fstat(fd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        except BaseException:
-            if stat.S_ISREG(info.st_mode):
-                os.ftruncate(fd, info.st_size)
-            raise
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        if stat.S_ISREG(info.st_mode):
+            os.ftruncate(fd, info.st_size)
+        raise
     finally:
         os.close(fd)
 
@@ -72,16 +64,15 @@ def empty(path: str | os.PathLike) -> None:
 
 
 def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> int:
-    """For a resume from ``epoch`` (by steps: ``step``), drop the records of later epochs
-    (steps) and a line cut short; the number of lines dropped."""
+    """Drop the records after ``epoch`` (by steps ``step``) and a line cut short; how many."""
     if not os.path.isfile(path):
         return 0
     lines = Path(path).read_bytes().split(b"\n")
     cut = lines.pop() != b""  # what follows the last newline: a line cut short, or nothing
     kept = [line for line in lines if not _after(line, epoch, step)]
-    dropped = len(lines) - len(kept) + cut
-    if dropped:
-        _replace(path, b"".join(line + b"\n" for line in kept))
+    if dropped := len(lines) - len(kept) + cut:
+        with whole_file(path, stat.S_IMODE(os.stat(path).st_mode)) as fh:  # keeps its mode
+            fh.write(b"".join(line + b"\n" for line in kept))
     return dropped
 
 
@@ -98,25 +89,6 @@ def last_event(path: str | os.PathLike) -> str | None:
 def _after(line: bytes, epoch: int, step: int | None = None) -> bool:
     if (record := _parsed(line)) is None:
         return False
-    done = record.get("event") == "done"
-    if step is not None:
-        number, last = record.get("steps" if done else "step"), step
-    else:
-        number, last = record.get("epochs" if done else "epoch"), epoch
-    return isinstance(number, int) and number > last
-
-
-def _replace(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` beside ``path`` and rename it into place, keeping the file's mode."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    key = "epoch" if step is None else "step"  # a done record counts them: "epochs", "steps"
+    number = record.get(key + "s" if record.get("event") == "done" else key)
+    return isinstance(number, int) and number > (epoch if step is None else step)

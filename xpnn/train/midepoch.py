@@ -1,6 +1,5 @@
-"""Checkpoints between two records (``--checkpoint-signal``), resumed bit for bit: an epoch's
-batches come from the seed and the epoch alone, so a resume skips those trained; the running
-sums of the record under way (every rank's) are saved too, so its record is the same."""
+"""Checkpoints between two records (``--checkpoint-signal``), resumed bit for bit: batches come
+from the seed and the epoch, and the record under way's running sums are saved too."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ Trainer = Any  # not ``xpnn.train.trainer.Trainer``: the trainer imports this mo
 def write_checkpoint(
     trainer: Trainer, directory: str, keep: int, epoch: int, partial: dict | None = None
 ) -> None:
-    """The whole network and optimizer state (gathered: collective over each replica's ranks),
-    written by rank 0 after ``epoch`` epochs and, with ``partial``, some steps more."""
+    """The whole network and optimizer state, gathered (collective), written by rank 0."""
     model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
     states = trainer.update.whole_state()  # every data-parallel rank: a sharded one gathers
     if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
@@ -32,16 +30,16 @@ def write_checkpoint(
     state = {n: whole_arrays(model, comm, model.named_views(b)) for n, b in states.items()}
     if trainer.is_root:
         scale = trainer.loss_scale.state() if trainer.loss_scale else None
-        said = (trainer.data.name, trainer.settings(), trainer.identity(), scale, partial)
+        said = dict(settings=trainer.settings(), identity=trainer.identity(), loss_scale=scale)
         step, seed = optimizer.step_count, trainer.cfg.seed
         with path_problems("checkpoint_dir", directory):
-            checkpoint.save_checkpoint(directory, params, state, epoch, step, seed, *said)
+            args = (directory, params, state, epoch, step, seed, trainer.data.name)
+            checkpoint.save_checkpoint(*args, **said, partial=partial)
             checkpoint.prune_checkpoints(directory, keep)  # only once the new one is whole
 
 
 class EpochProgress:
-    """The running sums of the span of steps under way to the next record: what a checkpoint
-    between two records saves (``snapshot``), and its resume restores (``open``)."""
+    """The running sums of the span under way: a checkpoint saves them, its resume restores."""
 
     def __init__(self, restored: dict[str, Any] | None = None, epoch: int = -1) -> None:
         self.restored, self.restored_epoch = restored, epoch
@@ -49,11 +47,7 @@ class EpochProgress:
 
     @classmethod
     def resumed(cls, trainer: Trainer) -> EpochProgress:
-        """The partial epoch or span the resumed checkpoint left, if it left one."""
-        cfg = trainer.cfg
-        done = trainer.batches_done()
-        if not (cfg.resume and cfg.checkpoint_dir) or done == 0:
-            return cls()
+        cfg, done = trainer.cfg, trainer.batches_done()
         path = checkpoint.latest_checkpoint(cfg.checkpoint_dir)  # the one resumed: locked
         partial = saved_partial(path) if path is not None else None
         kind = "epoch" if cfg.steps is None else "steps"
@@ -63,7 +57,7 @@ class EpochProgress:
 
     @staticmethod
     def _own_sums(trainer: Trainer, restored: dict[str, Any]) -> tuple[float, float]:
-        """This rank's restored sums: its own in the same layout, else rank 0 holds them all."""
+        """This rank's sums: its own in the same layout, else rank 0 holds them all."""
         rows, rank = restored["sums"], trainer.metrics_comm.rank
         if len(rows) == trainer.metrics_comm.size:
             return rows[rank][0], rows[rank][1]
@@ -72,14 +66,13 @@ class EpochProgress:
         return 0.0, 0.0
 
     def open(self, trainer: Trainer, span: dict[str, Any], epoch: int) -> dict[str, Any]:
-        """``span``, just begun in ``epoch``, carried on from the resumed checkpoint's where that
-        was written in it (by steps: the first; an epoch's holds no counts, the loop's)."""
+        """``span``, just begun, carried on from the resumed checkpoint's where it was written."""
         restored = self.restored
         if restored is not None and (trainer.cfg.steps is not None or epoch == self.restored_epoch):
             self.restored = None
-            xp = trainer.xp
             loss, correct = self._own_sums(trainer, restored)
-            span["loss"], span["correct"] = _device_sum(xp, loss), _device_sum(xp, correct)
+            span["loss"] += loss  # on the device's zeros, as the trainer sums
+            span["correct"] += correct
             span["t0"] -= restored["seconds"]
             span["steps"] += restored["steps"]
             span["samples"] += restored["samples"]
@@ -97,39 +90,23 @@ class EpochProgress:
         rows = trainer.metrics_comm.allgather_obj(mine, "the gathering of the running sums")
         sent = trainer.comm.allreduce_host(span["sent"] + trainer.bytes_sent())
         seconds = time.perf_counter() - span["t0"]
-        if kind == "epoch":
-            return partial_of(kind, rows, seconds, sent)
-        return partial_of(kind, rows, seconds, sent, span["samples"], span["steps"])
-
-
-def _device_sum(xp: Any, value: float) -> Any:
-    """A float64 accumulator on the device holding ``value``, as the trainer makes its own."""
-    acc = xp.zeros((), dtype=xp.float64)
-    acc += value
-    return acc
+        counts = () if kind == "epoch" else (span["samples"], span["steps"])
+        return partial_of(kind, rows, seconds, sent, *counts)
 
 
 def partial_of(
     kind: str, rows: list, seconds: float, sent: Any, samples: int = 0, steps: int = 0
 ) -> dict[str, Any]:
     """``meta.partial``: the running sums of an epoch or of a span of steps, by rank."""
-    return {
-        "kind": kind,
-        "sums": rows,
-        "seconds": seconds,
-        "sent": [float(b) for b in sent],
-        "samples": samples,
-        "steps": steps,
-    }
+    sent = [float(b) for b in sent]
+    return dict(kind=kind, sums=rows, seconds=seconds, sent=sent, samples=samples, steps=steps)
 
 
 PARTIAL_KEYS = {"kind", "sums", "seconds", "sent", "samples", "steps"}
 
 
 def saved_partial(path: Any) -> dict[str, Any] | None:
-    """``meta.partial`` of the checkpoint ``path`` (read alone), or None where there is none."""
-    arrays = checkpoint.meta_entry(path, "partial")
-    if not arrays:
+    if not (arrays := checkpoint.meta_entry(path, "partial")):
         return None
     value = checkpoint._json_meta(path, arrays, "partial")
     if not (value.keys() == PARTIAL_KEYS and _numbers(value)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Callable
@@ -38,30 +39,25 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULES:
-            raise OptimArgError(
-                f"`schedule`: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
-            )
+            why = f"`schedule`: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
+            raise OptimArgError(why)
         for name in ("warmup_steps", "total_steps", "step_size"):
             value = getattr(self, name)
             if not is_int(value):
                 raise OptimArgError(f"Schedule: {name} must be an int, got {value!r}")
         if self.warmup_steps < 0 or self.total_steps < 0:
-            raise OptimArgError(
-                f"Schedule: warmup_steps and total_steps must be >= 0, got "
-                f"{self.warmup_steps} and {self.total_steps}"
-            )
+            got = f"{self.warmup_steps} and {self.total_steps}"
+            raise OptimArgError(f"Schedule: warmup_steps and total_steps must be >= 0, got {got}")
         if self.step_size < 1:
             raise OptimArgError(f"Schedule: step_size must be >= 1, got {self.step_size}")
         if not self.gamma > 0 or not math.isfinite(self.gamma):
             raise OptimArgError(f"Schedule: gamma must be positive, got {self.gamma}")
         if not (0.0 <= self.min_lr <= self.base_lr):  # also refuses nan
-            raise OptimArgError(
-                f"`min_lr`: must be from 0 to `lr` ({self.base_lr:g}), got {self.min_lr!r}"
-            )
+            why = f"`min_lr`: must be from 0 to `lr` ({self.base_lr:g}), got {self.min_lr!r}"
+            raise OptimArgError(why)
         if self.kind == "cosine" and self.total_steps < 1:
-            raise OptimArgError(
-                f"Schedule: the cosine schedule needs total_steps >= 1, got {self.total_steps}"
-            )
+            why = f"Schedule: the cosine schedule needs total_steps >= 1, got {self.total_steps}"
+            raise OptimArgError(why)
 
     def __call__(self, step: int) -> float:
         """Learning rate for the 0-based optimizer step ``step``."""
@@ -82,8 +78,8 @@ Ranges = list[tuple[int, int]]  # [start, end) ranges of the flat buffer
 
 @dataclass
 class GradClip:
-    """Clipping by the global norm (``clip_grad_norm_``'s formula): ``total`` turns this rank's
-    sum of squares into the whole model's; ``skip``: ranges another rank counts (replicated)."""
+    """Clipping by the global norm (``clip_grad_norm_``'s formula); ``total``: this rank's sum
+    of squares to the whole model's; ``skip``: ranges another rank counts."""
 
     max_norm: float
     total: Callable[[float], float] = float
@@ -95,8 +91,7 @@ class GradClip:
 
 
 def pieces(part: slice, n: int, ranges: Ranges) -> list[tuple[slice, bool]]:
-    """``part`` of a buffer of ``n`` values cut at ``ranges``: (slice within the part, whether
-    inside one), in order."""
+    """``part`` of ``n`` values cut at ``ranges``: (slice within the part, whether inside one)."""
     start, stop, _ = part.indices(n)
     out, pos = [], start
     for lo, hi in merged(ranges):
@@ -124,15 +119,9 @@ def merged(ranges: Ranges) -> Ranges:
 
 
 def matrix_ranges(shapes: list[tuple[int, ...]]) -> Ranges:
-    """The ranges of the parameters of ``shapes``, laid end to end, with two or more dimensions:
-    what weight decay applies to (not biases or norm gains)."""
-    out, offset = [], 0
-    for shape in shapes:
-        size = math.prod(shape)
-        if len(shape) >= 2:
-            out.append((offset, offset + size))
-        offset += size
-    return out
+    """The flat ranges of the matrices among ``shapes``: weight decay spares biases and gains."""
+    ends = itertools.accumulate(math.prod(shape) for shape in shapes)
+    return [(end - math.prod(s), end) for s, end in zip(shapes, ends, strict=True) if len(s) >= 2]
 
 
 Hook = Callable[["Optimizer"], None]
@@ -140,21 +129,17 @@ SkipRule = Callable[["Optimizer"], bool]
 
 
 class Optimizer:
-    """``grads``: a flat buffer, or a tuple of them to sum (ranks sharing the parameters);
-    ``parts``: the slices ``update_part`` updates; ``zeros``: allocates the whole state.
-    A step is ``start_step``, ``update_part`` for each part, ``end_step`` (``step``: all
-    three); hooks extend it, as ``torch.optim``'s step hooks do."""
+    """A step is ``start_step``, ``update_part`` for each of ``parts``, ``end_step``; ``grads``
+    may be a tuple of buffers to sum; hooks extend it, as ``torch.optim``'s step hooks do."""
 
     state_names: tuple[str, ...] = ()
     hyper_parameters: tuple[str, ...] = ()  # the settings it takes (``make_optimizer``'s keywords)
     clip: GradClip | None = None
     scalar_names: tuple[str, ...] = ("lr",)  # what ``step_scalars`` gives the kernels
-    # the kernels' numbers as device values while set (a replayed step: ``device_scalars_in``)
-    device_scalars: dict[str, Array] | None = None
+    device_scalars: dict[str, Array] | None = None  # the kernels' numbers in a replayed step
 
     @classmethod
     def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
-        """Its constructor's keywords from the hyper-parameters given and the matrices."""
         return hyper
 
     def __init__(
@@ -190,8 +175,7 @@ class Optimizer:
         self.skipping = False  # whether a skip rule skipped the step under way
 
     def add_skip_rule(self, rule: SkipRule) -> None:
-        """``rule(optimizer)`` first at every ``start_step`` (every rule hears every step: it
-        may agree with other ranks); True skips the step (no update, no step counted)."""
+        """Every rule hears every step (it may agree with other ranks); any True skips it."""
         self._skip_rules.append(rule)
 
     def add_pre_step_hook(self, hook: Hook) -> None:
@@ -203,15 +187,13 @@ class Optimizer:
         self._post_hooks.append(hook)
 
     def set_clip(self, clip: GradClip | None) -> None:
-        """Clip every step's gradients by their global norm (None: never)."""
         self.clip = clip
         n = self.params.shape[0]
         skip = clip.skip if clip else []
         self._counted = [[s for s, out in pieces(part, n, skip) if not out] for part in self.parts]
 
     def start_step(self) -> float:
-        """Advance to the next step and return its learning rate; before any ``update_part``.
-        In a recorded step (``device_scalars`` set) the recorder has done ``advance``."""
+        """The next step's learning rate (a recorded step's recorder has done ``advance``)."""
         self.skipping = any([rule(self) for rule in self._skip_rules])  # a list: every rule
         if self.skipping:
             return self.lr
@@ -224,7 +206,6 @@ class Optimizer:
         return self.lr
 
     def end_step(self) -> None:
-        """The step's every ``update_part`` is done: the post-step hooks of an applied step."""
         if not self.skipping:
             for hook in self._post_hooks:
                 hook(self)
@@ -236,13 +217,10 @@ class Optimizer:
         return self.lr
 
     def _summed_rows(self, p: Array, g: Array | tuple[Array, ...]) -> Array:
-        """``g``, or its rows (a tuple) summed into the scratch buffer."""
         return self.kernels.sum_rows(g, self._summed[: p.shape[0]]) if isinstance(g, tuple) else g
 
     def _clip(self, clip: GradClip) -> None:
-        """``_scale``: the factor that brings the gradients' global norm to ``max_norm`` (None:
-        within). A recorded step (every rank holding the whole reduced gradient) waits for no
-        device value: its norm and factor stay on the device, the factor 1 within the norm."""
+        """``_scale``: the factor to ``max_norm`` (None: within; a device value when recorded)."""
         local: Any = 0.0
         for index, (p, g, _) in enumerate(self._views):
             g = self._summed_rows(p, g)
@@ -257,12 +235,10 @@ class Optimizer:
             self._scale = xp.astype(xp.where(factor >= 1.0, 1.0, factor), self.params.dtype)
 
     def step_scalars(self) -> dict[str, float]:
-        """The numbers of this step (after ``start_step``) that the kernels take."""
         return {"lr": self.lr}
 
     def device_scalars_in(self, scalars: Any) -> dict[str, Array]:
-        """This step's numbers as device values that ``scalars`` (a ``StepScalars``) refreshes
-        before each step, for ``device_scalars``: a replayed step takes no numbers."""
+        """This step's numbers as device values ``scalars`` refreshes: a replay takes no number."""
         dtype = self.params.dtype
         return {
             name: scalars.add(dtype, lambda _step, name=name: self.step_scalars()[name])
@@ -270,11 +246,9 @@ class Optimizer:
         }
 
     def _scalar(self, name: str, number: Any) -> Any:
-        """``number``, or its device value in a recorded step."""
         return number if self.device_scalars is None else self.device_scalars[name]
 
     def update_part(self, index: int) -> None:
-        """Update ``parts[index]`` with the current gradients at this step's learning rate."""
         if self.skipping:
             return
         p, g, state = self._views[index]
@@ -288,7 +262,6 @@ class Optimizer:
         self.update(p, g, state, self.lr)
 
     def step(self) -> float:
-        """Apply one update to every part; returns the learning rate used."""
         lr = self.start_step()
         for index in range(len(self.parts)):
             self.update_part(index)
@@ -300,32 +273,24 @@ class Optimizer:
 
 
 def _check_buffers(params: Array, rows: tuple[Array, ...]) -> None:
-    """The kernels index every buffer by the parameters' layout: same shape, floating point."""
     if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
-        raise OptimArgError(
-            f"optimizer: params must be a floating-point array, got "
-            f"{getattr(params, 'dtype', type(params).__name__)}"
-        )
+        got = getattr(params, "dtype", type(params).__name__)
+        raise OptimArgError(f"optimizer: params must be a floating-point array, got {got}")
     for g in rows:
-        if getattr(g, "shape", None) != params.shape:
-            raise OptimArgError(
-                f"optimizer: grads of shape {getattr(g, 'shape', None)} do not match params "
-                f"of shape {params.shape}"
-            )
+        if (shape := getattr(g, "shape", None)) != params.shape:
+            why = f"optimizer: grads of shape {shape} do not match params of shape {params.shape}"
+            raise OptimArgError(why)
         if not dtype_is(g.dtype, "real floating"):
             raise OptimArgError(f"optimizer: grads must be floating point, got {g.dtype}")
 
 
 def _check_rate(owner: str, name: str, value: float) -> float:
-    """A decay rate: a real number in [0, 1)."""
     if not (isinstance(value, numbers.Real) and 0.0 <= value < 1.0):
         raise OptimArgError(f"{owner}: {name} must be in [0, 1), got {value!r}")
     return float(value)
 
 
 class SGD(Optimizer):
-    """Plain (mini-batch, or with the whole data set as one batch, full) gradient descent."""
-
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
         self.kernels.sgd_update(p, g, self._scalar("lr", lr))
 
@@ -378,7 +343,6 @@ class Adam(Optimizer):
         if self.device_scalars is None:
             self.kernels.adam_update(p, g, m, v, lr, self.beta1, self.beta2, self.eps, t, decay)
             return
-        # ``decay``: AdamW's, a device value already (or 1.0)
         lr_c1, c2 = self.device_scalars["lr_c1"], self.device_scalars["c2"]
         self.kernels.adam_step(p, g, m, v, lr_c1, self.beta1, self.beta2, self.eps, c2, decay)
 
@@ -389,8 +353,7 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (as ``torch.optim.AdamW``): each step first multiplies
-    the parameters in ``matrices`` (default all) by ``1 - lr * weight_decay``, in Adam's kernel."""
+    """Adam with decoupled weight decay (``torch.optim.AdamW``) of ``matrices`` (default all)."""
 
     scalar_names = ("lr_c1", "c2", "decay")
     hyper_parameters = (*Adam.hyper_parameters, "weight_decay")
@@ -422,7 +385,6 @@ class AdamW(Adam):
 
 
 OPTIMIZERS = {"sgd": SGD, "momentum": Momentum, "adam": Adam, "adamw": AdamW}
-# The optimizers' hyper-parameters (``make_optimizer``'s keywords), and those each one takes.
 HYPER_PARAMETERS = {name: cls.hyper_parameters for name, cls in OPTIMIZERS.items()}
 HYPERS = tuple(dict.fromkeys(h for taken in HYPER_PARAMETERS.values() for h in taken))
 
@@ -440,9 +402,7 @@ def make_optimizer(
     clip: GradClip | None = None,
     **hyper: Any,
 ) -> Optimizer:
-    """Optimizer ``name`` over the flat buffers; ``hyper``: its hyper-parameters by their
-    settings' names (momentum, betas, eps, weight_decay), one left None keeping its default;
-    AdamW decays ``matrices``."""
+    """Optimizer ``name``; ``hyper`` by the settings' names, None keeping the default."""
     if name not in OPTIMIZERS:
         raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(OPTIMIZERS)})")
     kind = OPTIMIZERS[name]
@@ -450,8 +410,7 @@ def make_optimizer(
     for key in given:
         if key not in kind.hyper_parameters:
             raise OptimArgError(f"`{key}`: not a hyper-parameter of `optimizer` {name}")
-    optimizer = kind(
-        params, grads, kernels, schedule, parts, zeros, **kind.keywords(given, matrices)
-    )
+    args = (params, grads, kernels, schedule, parts, zeros)
+    optimizer = kind(*args, **kind.keywords(given, matrices))
     optimizer.set_clip(clip)
     return optimizer

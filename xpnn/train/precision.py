@@ -1,7 +1,5 @@
-"""Mixed precision: fp32 master parameters and optimizer state stay in the flat buffers the
-update owns; forward and backward run on a low-precision flat copy (bf16 or fp16), re-cast after
-each update; the low-precision gradients are cast to fp32 (and unscaled) as backward finishes
-them, before the exchange. fp16 adds dynamic loss scaling (PyTorch's ``GradScaler`` rule)."""
+"""Mixed precision: fp32 master parameters and state; the passes on a bf16 or fp16 copy, their
+gradients cast back (unscaled) as backward finishes them; fp16 scales the loss (``GradScaler``)."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ GROWTH_INTERVAL = 2000  # good steps before the scale doubles (GradScaler's defa
 
 @dataclass
 class LossScale:
-    """Dynamic loss scaling: multiply the loss by ``scale``; a step whose gradients overflow is
-    skipped and halves it, ``growth_interval`` good steps in a row double it."""
+    """An overflow skips the step and halves ``scale``; ``growth_interval`` good steps double it."""
 
     scale: float = INITIAL_SCALE
     growth_interval: int = GROWTH_INTERVAL
@@ -56,8 +53,7 @@ class LossScale:
 def overflow_skip(
     model: Any, xp: Any, loss_scale: LossScale, agree: Callable[[float], float]
 ) -> Callable[[Any], bool]:
-    """An optimizer's skip rule: a step whose reduced gradients hold an infinity or a NaN on any
-    rank (``agree`` sums the counts) is skipped; ``loss_scale`` hears every step's verdict."""
+    """A skip rule: a step whose gradients are not finite on some rank (``agree`` sums)."""
 
     def skip(_optimizer: Any) -> bool:
         grads = model.grads  # this rank's gradients, reduced where it owns them
@@ -69,8 +65,7 @@ def overflow_skip(
 
 @dataclass
 class WideLoss:
-    """The loss a model computes with on the low-precision copy: ``loss`` in the master
-    precision (a low softmax loses small probabilities), its gradient in ``low``, scaled."""
+    """``loss`` in the master precision (a low softmax loses small probabilities), scaled."""
 
     loss: Any
     xp: Any
@@ -87,8 +82,7 @@ class WideLoss:
 
 
 class Precision:
-    """The low-precision side of a run: ``attach`` a built model and its optimizer, then train
-    through ``loss_and_grads`` and ``evaluate``; ``loss_scale``: fp16's."""
+    """The low-precision passes of a model once ``attach``-ed; ``loss_scale``: fp16's."""
 
     def __init__(self, precision: str, backend: Any, loss_scale: LossScale | None) -> None:
         self.name, self.backend, self.xp = precision, backend, backend.xp
@@ -100,8 +94,7 @@ class Precision:
         self._dirty = True  # the low-precision parameters lag the master ones
 
     def attach(self, model: Any, optimizer: Any) -> None:
-        """Make the low-precision copies of ``model``'s flat buffers; an applied step of
-        ``optimizer`` makes them stale."""
+        """The low-precision copies of ``model``'s flat buffers, stale after each step."""
         self.model = model
         self.master = (model.params, model.grads)
         self.low_params = self.xp.astype(model.params, self.dtype)
@@ -114,8 +107,7 @@ class Precision:
         self._dirty = True
 
     def _casting(self, ready: Callable[[int], None] | None) -> Callable[[int], None]:
-        """A backward's ``on_grads_ready`` that casts each newly final low-precision ``[offset:]``
-        into the fp32 gradients (unscaled) before it reports it."""
+        """``ready`` after casting each newly final ``[offset:]`` into the fp32 gradients."""
         xp, low, grads = self.xp, self.low_grads, self.master[1]
         inverse = 1.0 / self.loss_scale.scale if self.loss_scale else 1.0
         done = [grads.shape[0]]
@@ -132,9 +124,8 @@ class Precision:
         return casting
 
     @contextlib.contextmanager
-    def _lowered(self) -> Iterator[None]:
-        """The layers on the low-precision copy (re-cast from the master if stale); overflow
-        warnings silenced under loss scaling (an fp16 overflow is the scale's to handle)."""
+    def _lowered(self, x: Array) -> Iterator[Array]:
+        """The layers on the low-precision copy and ``x`` cast; fp16 overflows are the scale's."""
         if self._dirty:
             with warnings.catch_warnings():  # a weight past fp16's range is inf: the loss
                 warnings.simplefilter("ignore", RuntimeWarning)  # says so, in one line
@@ -144,7 +135,7 @@ class Precision:
         self.model.loss = self.wide_loss
         try:
             with quiet_overflows(self.xp) if self.loss_scale else contextlib.nullcontext():
-                yield
+                yield None if x is None else self.xp.astype(x, self.dtype)
         finally:
             self.model.adopt(*self.master, copy=False)
             self.model.loss = self.loss
@@ -153,12 +144,9 @@ class Precision:
         self, x: Array, labels: Array, ctx: Any, scale: float, ready: Callable[[int], None] | None
     ) -> tuple[Array, Array]:
         """The model's ``loss_and_grads`` in low precision; the fp32 gradients come out."""
-        with self._lowered():
-            x = None if x is None else self.xp.astype(x, self.dtype)
-            return self.model.loss_and_grads(x, labels, ctx, scale, self._casting(ready))
+        with self._lowered(x) as low:
+            return self.model.loss_and_grads(low, labels, ctx, scale, self._casting(ready))
 
     def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
-        """The model's ``evaluate`` with the low-precision forward and the fp32 loss."""
-        with self._lowered():
-            x = None if x is None else self.xp.astype(x, self.dtype)
-            return self.model.evaluate(x, labels)
+        with self._lowered(x) as low:
+            return self.model.evaluate(low, labels)

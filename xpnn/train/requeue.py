@@ -1,6 +1,5 @@
 """Checkpoint-and-exit on a signal (Slurm's ``--signal=USR1@120``): the ranks agree at the end
-of a step (the question rides, non-blocking, beside each step), the checkpoint is written there,
-and every rank leaves with ``REQUEUE_EXIT``, for a requeue script to resubmit with ``--resume``."""
+of a step, write the checkpoint there and leave with ``REQUEUE_EXIT`` for a requeue script."""
 
 from __future__ import annotations
 
@@ -77,21 +76,19 @@ class CheckpointOnSignal(Callback):
         self._stop(trainer, what)
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        # after the Checkpoints callback (the run's own come first): the epoch is saved
+        # after the Checkpoints callback (the run's own come first): the record is saved
         if self.at_record and finite(record):
-            self._stop(trainer, f"checkpoint of epoch {record['epoch']}")
+            by_steps = record["event"] == "eval"
+            at = f"at step {record['step']}" if by_steps else f"of epoch {record['epoch']}"
+            self._stop(trainer, f"checkpoint {at}")
 
-    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        if self.at_record and finite(record):
-            self._stop(trainer, f"checkpoint at step {record['step']}")
+    on_eval = on_epoch_end
 
     def _stop(self, trainer: Trainer, what: str) -> None:
         if trainer.is_root:
             name = signal.Signals(self.signum).name
-            trainer.log(
-                f"xpnn: {name}: {what} written; stopping with exit {REQUEUE_EXIT} (continue "
-                "with `resume`)"
-            )
+            stop = f"stopping with exit {REQUEUE_EXIT} (continue with `resume`)"
+            trainer.log(f"xpnn: {name}: {what} written; {stop}")
         raise CollectiveExit(REQUEUE_EXIT)
 
     def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:

@@ -1,6 +1,5 @@
-"""Where a run starts: ``checkpoint_dir`` taken for this job alone (locked; a fresh run refuses
-another run's checkpoints) and, with ``resume``, its latest checkpoint loaded into the model
-and the optimizer. ``start`` is collective: every rank calls it once its trainer is built."""
+"""Where a run starts: ``checkpoint_dir`` locked for this job and, with ``resume``, its latest
+checkpoint loaded (collective: every rank calls ``start`` once its trainer is built)."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ if TYPE_CHECKING:
 
 
 def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool | str) -> None:
-    """Sets ``trainer.start_epoch`` (0 for a fresh run) and ``trainer.resume_note`` (said when
-    the run starts); a checkpoint that does not fit is a user error every rank raises."""
+    """Sets ``trainer.start_epoch`` and ``resume_note``; a misfit is every rank's UserError."""
     if not checkpoint_dir:
         return
     if trainer.is_root:  # one job a directory (the command line took it first)
@@ -33,19 +31,16 @@ def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool | str) -> N
 
 
 def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int:
-    """Loads ``directory``'s latest checkpoint and returns the epoch it ends; where there is
-    none, 0 if ``afresh`` (``resume="auto"``), else a ``UserError`` (a mistyped directory)."""
+    """Loads the latest checkpoint; the epoch it ends (none: 0 if ``afresh``, else refused)."""
     cfg = trainer.cfg
     path = checkpoint.latest_checkpoint(directory)
     # A directory on each node's own disk would resume ranks from different epochs.
     seen = trainer.comm.allgather_obj(path.name if path else None)
     if len(set(seen)) > 1:
         found = ", ".join(f"rank {r}: {name or 'none'}" for r, name in enumerate(seen))
-        raise UserError(
-            f"`checkpoint_dir` {directory}: the ranks find different latest "
-            f"checkpoints ({found}); every rank must see the same directory (a file "
-            "system shared by all nodes)"
-        )
+        why = "every rank must see the same directory (a file system shared by all nodes)"
+        where = f"`checkpoint_dir` {directory}: the ranks find different latest checkpoints"
+        raise UserError(f"{where} ({found}); {why}")
     if path is None and not afresh:
         raise UserError(no_checkpoint(directory))
     if path is None:
@@ -54,8 +49,7 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
     try:
         epoch, step, before = checkpoint.load_checkpoint(path, trainer)
     except checkpoint.DamagedCheckpoint as exc:  # the one before it may be whole: say so
-        older = checkpoint.checkpoints(directory)[-2:-1]
-        if older:
+        if older := checkpoint.checkpoints(directory)[-2:-1]:
             raise checkpoint.DamagedCheckpoint(
                 f"{exc}; the one before it, {older[0].name}, remains: move this one "
                 "away to resume from it"
@@ -73,15 +67,12 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
 
 
 def no_checkpoint(directory: str | os.PathLike) -> str:
-    """The refusal of a ``resume`` with nothing to resume from."""
-    return (
-        f"`checkpoint_dir` {directory}: no checkpoint to resume from; check the directory, or "
-        "give `resume` auto to start afresh where there is none"
-    )
+    hint = "check the directory, or give `resume` auto to start afresh where there is none"
+    return f"`checkpoint_dir` {directory}: no checkpoint to resume from; {hint}"
 
 
 def restore_loss_scale(trainer: Trainer, path: Any) -> str:
-    """The checkpoint's loss scale, where this run scales; what the resume line says."""
+    """The checkpoint's loss scale, where this run scales; what the resume line adds."""
     if trainer.loss_scale is None:
         return ""
     stored = checkpoint.stored_loss_scale(path)

@@ -1,8 +1,5 @@
-"""The timeline trace: every rank writes ``trace-rank{N}.json`` (Chrome trace events, which
-Perfetto and chrome://tracing open) for a window of steps: layers' forward and backward, the
-loss, the optimizer's update, every collective and point-to-point operation from post to end on
-a communication lane and the wait for it on the compute lane, host<->device copies, pipeline
-micro-batches; on a GPU, device spans from CUDA events. ``python -m xpnn trace DIR`` merges."""
+"""The timeline trace: every rank writes ``trace-rank{N}.json`` (Chrome trace events, for
+Perfetto) of a window of steps: spans, phases, operations and their waits, device spans."""
 
 from __future__ import annotations
 
@@ -51,18 +48,14 @@ class _CudaEvents:
         return event
 
     def synchronize(self) -> None:
-        if self.torch:
-            self._cuda.synchronize()
-        else:
-            self._cuda.Device().synchronize()
+        (self._cuda if self.torch else self._cuda.Device()).synchronize()
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
         return start.elapsed_time(end) if self.torch else self._cuda.get_elapsed_time(start, end)
 
 
 def device_events(backend: Any) -> _CudaEvents | None:
-    """The CUDA events that time ``backend``'s device work; None on the CPU, and on devices
-    whose events PyTorch does not expose alike (MPS, XPU): their spans stay on the host."""
+    """The CUDA events that time ``backend``'s device work (None: the CPU, MPS, XPU)."""
     if not backend.is_gpu:
         return None
     torch = backend.array_library == "torch"
@@ -70,8 +63,6 @@ def device_events(backend: Any) -> _CudaEvents | None:
 
 
 class _Span:
-    """One span: appended to the trace when it closes."""
-
     __slots__ = ("trace", "name", "lane", "start", "device")
 
     def __init__(self, trace: Trace, name: str, lane: int) -> None:
@@ -89,8 +80,7 @@ class _Span:
 
 
 class Trace(Callback):
-    """Writes ``directory/trace-rank{N}.json`` on every rank for steps ``steps`` (``(A, B)``:
-    A to B-1; None: ``default_window``)."""
+    """Writes ``directory/trace-rank{N}.json`` on every rank for steps A to B-1 of ``steps``."""
 
     def __init__(self, directory: str, steps: tuple[int, int] | None = None) -> None:
         self.directory, self.steps = directory, steps
@@ -104,7 +94,6 @@ class Trace(Callback):
         self._device: list[tuple[str, Any, Any]] = []
         self._step_start = 0.0
 
-    # -- the trainer's events --------------------------------------------------------------
     def on_train_begin(self, trainer: Trainer) -> None:
         self.rank, self.steps_per_epoch = trainer.comm.rank, trainer.steps_per_epoch
         self.window = self.steps or default_window(trainer.cfg.epochs * self.steps_per_epoch)
@@ -134,8 +123,7 @@ class Trace(Callback):
             return
         self.add(f"step {step}", "step", phases.COMPUTE, self._step_start, _now())
         self._last_step_end = _now()
-        epoch_ends = (step + 1) % self.steps_per_epoch == 0
-        if step >= self.window[1] - 1 and not epoch_ends:
+        if step >= self.window[1] - 1 and (step + 1) % self.steps_per_epoch:  # else at its record
             self._finish()
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
@@ -150,16 +138,14 @@ class Trace(Callback):
         if self.active or self.written is None:
             self._finish()  # a run shorter than the window: what there is
 
-    # -- the tracer's interface (``xpnn.record.phases.trace_to``) -----------------------------
-    def span(self, name: str, lane: int) -> _Span:
+    def span(self, name: str, lane: int) -> _Span:  # the tracer's (``phases.trace_to``)
         return _Span(self, name, lane)
 
     def layer_span(self, kind: str, index: int, layer: Any) -> _Span:
         return _Span(self, f"{kind} {index} {type(layer).__name__}", phases.COMPUTE)
 
     def operation(self, record: Any) -> None:
-        """A finished operation (``xpnn.runtime.flight.Record``): on a communication lane from
-        post to end, and the wait for it on the compute lane."""
+        """A finished operation on a communication lane, its wait on the compute lane."""
         name = record.name()
         lane = self._comm_lane(record.start, record.end)
         args = {"bytes": record.nbytes, "seq": record.seq, "group": record.group}
@@ -180,7 +166,6 @@ class Trace(Callback):
             if not starts:  # the outermost of a nested phase
                 self.add(name, "phase", phases.COMPUTE, start, _now())
 
-    # -- recording ----------------------------------------------------------------------------
     def add(
         self, name: str, cat: str, lane: int, start: float, end: float, args: Any = None
     ) -> None:
@@ -195,7 +180,6 @@ class Trace(Callback):
         return event
 
     def _comm_lane(self, start: float, end: float) -> int:
-        """The first communication lane free at ``start``: overlapping operations side by side."""
         for i, last in enumerate(self._slots):
             if last <= start:
                 self._slots[i] = end
@@ -204,15 +188,13 @@ class Trace(Callback):
         return phases.COMMUNICATION + len(self._slots) - 1
 
     def device_mark(self) -> Any:
-        """A CUDA event recorded on the current stream (CUDA devices), else None."""
         return None if self._events is None else self._events.mark()
 
     def device_span(self, name: str, start_event: Any) -> None:
         self._device.append((name, start_event, self._events.mark()))
 
     def _clock_samples(self, comm: Any) -> list[list[float]]:
-        """This rank's clock as it entered and as it left each of ``CLOCK_ROUNDS`` barriers
-        (every rank): ``xpnn.record.timeline.clock_offsets`` bounds each rank's offset with them."""
+        """This rank's clock entering and leaving ``CLOCK_ROUNDS`` barriers (collective)."""
         samples = []
         for _ in range(CLOCK_ROUNDS):
             entered = _now()
@@ -239,7 +221,6 @@ class Trace(Callback):
         self.written = self._write()
 
     def _device_events(self) -> None:
-        """The CUDA events' spans on the device lane, placed by the origin's host time."""
         self._events.synchronize()
         origin, host = self._device_origin
         get = self._events.elapsed_ms  # milliseconds between two recorded events
@@ -275,22 +256,14 @@ class Trace(Callback):
         return path
 
 
-def flight_directory(
-    metrics: str | None, checkpoint_dir: str | None, trace: str | None
-) -> str | None:
-    """Where the flight recorder dumps: beside the metrics, else the checkpoints, the trace;
-    ``None`` for nowhere. Beside a metrics file only where it is (or will be) a file:
-    ``--metrics /dev/null`` would put the records in ``/dev``."""
-    if metrics and (os.path.isfile(metrics) or not os.path.exists(metrics)):
-        return os.path.dirname(os.path.abspath(metrics))
-    return checkpoint_dir or trace
-
-
 def observers(spec: Any, rank: int) -> list[Callback]:
-    """The ``Trace`` that ``spec.trace`` asks for, and where the flight recorder dumps."""
-    where = flight_directory(spec.metrics, spec.checkpoint_dir, spec.trace)
-    if where:
-        flight.dump_to(where, rank)
+    """The ``Trace`` that ``spec.trace`` asks for; the flight recorder dumps beside a metrics
+    file (not ``/dev/null``), else in the checkpoints' or the trace's directory."""
+    metrics = spec.metrics
+    if metrics and (os.path.isfile(metrics) or not os.path.exists(metrics)):
+        flight.dump_to(os.path.dirname(os.path.abspath(metrics)), rank)
+    elif spec.checkpoint_dir or spec.trace:
+        flight.dump_to(spec.checkpoint_dir or spec.trace, rank)
     steps = None
     if spec.trace_steps is not None:
         try:

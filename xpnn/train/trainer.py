@@ -28,15 +28,13 @@ from xpnn.train.graph import GraphStep, graph_step
 from xpnn.train.optim import HYPERS, GradClip, Schedule, make_optimizer, matrix_ranges
 from xpnn.train.precision import LossScale, Precision, overflow_skip
 
-# What a resume must match of the network beyond its shapes: the loss, the MLP's activation, a
-# text model's sizes and vocabulary (``generate`` builds the model from them)
+# What a resume must match of the network beyond its shapes (``generate`` builds text models)
 NETWORK = ("loss", "activation", "layers", "heads", "embed", "block", "vocab")
 
 
 @dataclass
 class RunFacts:
-    """What every metrics line says beyond the trainer's settings: the resolved settings
-    (``said``; its ``NETWORK`` keys are what a resume must match instead) and what the run found."""
+    """What every metrics line says beyond the settings: the resolved ones and the run's finds."""
 
     said: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None  # BLAS/Numba threads of each rank
@@ -48,21 +46,18 @@ class RunFacts:
     auto: dict[str, Any] | None = None  # what `parallel`/`threads`/`batch_threads` auto chose
 
     def record(self) -> dict[str, Any]:
-        """The keys a metrics line carries (docs/cli.md, *The metrics file*)."""
         found = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "said"}
         said = {k: v for k, v in self.said.items() if k not in NETWORK}
         return {k: v for k, v in {**said, **found}.items() if v is not None}
 
     def network(self) -> dict[str, Any]:
-        """What a resume must match beyond shapes (a text model's name too)."""
         said = {k: self.said[k] for k in NETWORK if self.said.get(k) is not None}
         return {"model": self.said.get("model"), **said} if "vocab" in said else said
 
 
 @dataclass
 class TrainConfig:
-    """The loop's settings: a resolved ``RunSpec``, read through as attributes, but for what
-    the run derives from them (``xpnn.run.train_config`` makes it)."""
+    """A resolved ``RunSpec`` read through as attributes, with what the run derives from it."""
 
     spec: Any  # xpnn.run.RunSpec, its defaults filled; its fields say what each setting means
     batch_size: int  # the global batch: the run's mathematics do not depend on the rank count
@@ -78,8 +73,7 @@ class TrainConfig:
 
 
 class Callback:
-    """The ``Trainer``'s events, on every rank, each doing nothing: a subclass overrides those it
-    needs (step events go only to those that override them)."""
+    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them."""
 
     def on_train_begin(self, trainer: Trainer) -> None:
         """Before the first epoch (after a resume, before its first epoch left)."""
@@ -137,7 +131,6 @@ class Trainer:
         groups: Groups | None = None,
         callbacks: Sequence[Callback] = (),
     ) -> None:
-        """``groups``: which ranks of ``comm`` hold a replica, which split the batches."""
         self.model, self.data, self.backend, self.comm, self.cfg = model, data, backend, comm, cfg
         self.xp = backend.xp
         self.log = log or (lambda msg: print(msg, flush=True))
@@ -145,11 +138,9 @@ class Trainer:
         self.groups = groups or Groups.of(comm, cfg.plan.spread)
         self.data_comm = self.groups.data  # one rank per replica
         self.model_comm = self.groups.model  # the ranks of one replica
-        self.portion = portion(model)  # what of the network its model holds (a stage says)
-        # the ranks whose losses add up: every pipeline stage (only the last ones score)
-        self.metrics_comm = comm if cfg.plan.pipelined else self.data_comm
-        # a pipeline's later stages never read a sample: no copy of them on the device
-        self.x_train = self.y_train = self.stream = None
+        self.portion = portion(model)
+        self.metrics_comm = comm if cfg.plan.pipelined else self.data_comm  # whose losses add up
+        self.x_train = self.y_train = self.stream = None  # none in a pipeline's later stages
         if data.windows is not None:  # text: windows of the stream, drawn each step
             self.stream = backend.asarray(data.windows.stream, dtype=self.xp.int64)
         else:
@@ -160,23 +151,16 @@ class Trainer:
         if (warmup := cfg.warmup_steps) is None:
             warmup = warmup_steps(cfg.warmup_epochs, self.steps_per_epoch)
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
-        schedule = Schedule(
-            cfg.lr,
-            cfg.schedule,
-            warmup_steps=warmup,
-            total_steps=self.total_steps,
-            step_size=cfg.step_epochs * self.steps_per_epoch,  # the decay counts epochs, not steps
-            min_lr=cfg.min_lr,
-        )
+        decay_steps = cfg.step_epochs * self.steps_per_epoch  # the decay counts epochs
+        args = (cfg.lr, cfg.schedule, warmup, self.total_steps, decay_steps)
+        schedule = Schedule(*args, min_lr=cfg.min_lr)
         hyper = {name: getattr(cfg, name) for name in HYPERS}
         shapes = [tuple(view.shape) for view in model.named_views(model.params).values()]
         matrices = matrix_ranges(shapes)
         shared = replicated_ranges(model, cfg.plan.part(comm.rank))  # counted on another rank
 
         def total(local: float) -> float:
-            """A sum over this rank's part of the reduced gradient -> the whole model's: the
-            replica's shares (the update's), then its slices or stages. Clipping and the loss
-            scale's overflow count use it."""
+            """A sum over this rank's part of the reduced gradient to the whole model's."""
             return float(self.model_comm.allreduce_host([self.update.share_total(local)])[0])
 
         def optimizer(
@@ -191,25 +175,18 @@ class Trainer:
                 opt.set_clip(GradClip(cfg.clip_norm, total, shift(shared)))
             return opt
 
-        bucket_bytes = int(cfg.bucket_mb * 2**20)
         # fp16 passes, or gradients sent as float16 (a node's shared ones are not sent)
         wire_dtype = cfg.grad_dtype if sends_gradients(self.data_comm) else None
         fp16 = cfg.precision == "fp16" or wire_dtype == "float16"
         self.loss_scale: LossScale | None = LossScale() if fp16 else None
         wire = make_wire(wire_dtype, backend.dtype_name, self.xp, self._scale)
-        self.update = cfg.plan.make_update(
-            model,
-            self.data_comm,
-            optimizer,
-            bucket_bytes,
-            cfg.batch_size,
-            deferred=cfg.clip_norm is not None or fp16,  # fp16: skip overflows
-            accumulate=cfg.accumulate,
-            wire=wire,
-        )
+        deferred = cfg.clip_norm is not None or fp16  # fp16: skip overflows
+        args = (model, self.data_comm, optimizer, int(cfg.bucket_mb * 2**20), cfg.batch_size)
+        kw = {"deferred": deferred, "accumulate": cfg.accumulate, "wire": wire}
+        self.update = cfg.plan.make_update(*args, **kw)
         self._acc: Any = None  # the earlier micro-steps' gradients, summed (accumulate > 1)
         self.optimizer = self.update.optimizer
-        self.precision: Precision | None = None  # fp32: the model's own passes
+        self.precision: Precision | None = None
         if cfg.precision != "fp32":
             scale = self.loss_scale if cfg.precision == "fp16" else None
             self.precision = Precision(cfg.precision, backend, scale)
@@ -221,7 +198,6 @@ class Trainer:
         self.graph: GraphStep | None = graph_step(self)  # the step replayed as a CUDA graph
         self.n_params = whole_size(model)
         self.callbacks: list[Callback] = list(callbacks)
-        # the step events go only to the callbacks that act on them
         self._step_begin = [c for c in self.callbacks if overrides(c, "on_step_begin")]
         self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
         self.start_epoch = 0  # a resume (``xpnn.train.resume.start``) sets where the run starts
@@ -233,19 +209,16 @@ class Trainer:
         """The batches trained: the optimizer's steps and those fp16 loss scaling skipped."""
         return self.optimizer.step_count + (self.loss_scale.skipped if self.loss_scale else 0)
 
-    def _scale(self) -> float:
-        """The loss scale now: the float16 gradient exchange multiplies by it."""
+    def _scale(self) -> float:  # the float16 gradient exchange multiplies by it
         return self.loss_scale.scale if self.loss_scale is not None else 1.0
 
     def _skips(self) -> dict[str, int]:
-        """A record's ``skipped_steps`` (low-precision passes or loss scaling)."""
         if self.precision is None and self.loss_scale is None:
             return {}
         return {"skipped_steps": self.loss_scale.skipped if self.loss_scale else 0}
 
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
-        """One optimizer step on the global ``batch``, in ``accumulate`` micro-steps (each
-        scaled by 1 / global batch, their gradients summed: the same step as one pass)."""
+        """One optimizer step on the global ``batch``, in ``accumulate`` summed micro-steps."""
         xp, model = self.xp, self.model
         stall.at_step(step)
         if self.graph is not None and (replayed := self.graph.run(batch, step)) is not None:
@@ -292,8 +265,7 @@ class Trainer:
         return (self.precision or self.passes).loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
 
     def inputs(self, rows: Any, at: Any) -> tuple[Any, Any]:
-        """The inputs (None where this stage reads none) and labels of the stored ``rows``;
-        text: of the windows starting at ``at``."""
+        """Inputs (None: this stage reads none) and labels of ``rows`` (text: windows at ``at``)."""
         xp, reads = self.xp, self.portion.reads_input
         if at is None:
             x = xp.take(self.x_train, rows, axis=0) if reads else None
@@ -302,18 +274,8 @@ class Trainer:
         x = xp.reshape(xp.take(self.stream, flat), at.shape) if reads else None
         return x, xp.reshape(xp.take(self.stream, flat + 1), at.shape)
 
-    def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
-        """Epoch ``epoch``'s steps left, without a record (a benchmark times them): the sums
-        of its losses and correct predictions, on the device."""
-        sums = self.progress.open(self, self._span(), epoch)  # zeros, or a resume's sums
-        first = epoch * self.steps_per_epoch
-        for step in range(max(first, self.batches_done()), first + len(batches)):
-            self._train_step(batches[step - first], step, sums)
-        return sums["loss"], sums["correct"]
-
     def _train_step(self, batch: np.ndarray, step: int, sums: dict[str, Any]) -> None:
-        """One step and its events, added to ``sums`` before ``on_step_end`` saves them (float64
-        on the device: a float32 sum drifts, a host sum waits each step)."""
+        """Sums in float64 on the device: a float32 sum drifts, a host sum waits each step."""
         for callback in self._step_begin:
             callback.on_step_begin(self, step)
         loss, correct = self.step(batch, step)
@@ -325,8 +287,7 @@ class Trainer:
             callback.on_step_end(self, step)
 
     def bytes_sent(self) -> np.ndarray:
-        """This rank's payload bytes handed to MPI: [data group, replica], float64 (summed over
-        the ranks in one ``allreduce_host``)."""
+        """This rank's payload bytes handed to MPI: [data group, replica]."""
         return np.array([self.data_comm.bytes_sent, self.model_comm.bytes_sent], np.float64)
 
     def evaluate(self) -> tuple[float, float]:
@@ -398,8 +359,7 @@ class Trainer:
         return done
 
     def _loop(self) -> tuple[float, int, float, float]:
-        """The run's steps from where a resume left them, a record closing each span (an epoch,
-        or ``eval_every`` steps): (seconds, samples, test loss, test accuracy) of the records."""
+        """The steps left, a record closing each span: (seconds, samples, test loss, accuracy)."""
         cfg, spe = self.cfg, self.steps_per_epoch
         by_steps = cfg.steps is not None
         every = (cfg.eval_every or cfg.steps) if by_steps else spe
@@ -431,8 +391,7 @@ class Trainer:
         return seconds, trained, test_loss, test_acc
 
     def _open_span(self, step: int, epoch: int) -> dict[str, Any]:
-        """The running sums up to the next record, begun at ``step`` by every rank together
-        (carried on from a resumed checkpoint's)."""
+        """The running sums up to the next record, begun by every rank together."""
         by_steps = self.cfg.steps is not None
         self.backend.synchronize()
         stall.in_phase(f"the start of {f'step {step + 1}' if by_steps else f'epoch {epoch + 1}'}")
@@ -441,25 +400,18 @@ class Trainer:
         if not by_steps:
             for callback in self.callbacks:  # inside the epoch's timed span
                 callback.on_epoch_begin(self, epoch)
-        return self.progress.open(self, self._span(t0), epoch)
-
-    def _span(self, t0: float | None = None) -> dict[str, Any]:
-        """Empty running sums of steps begun at ``t0`` (None: now), loss and correct on device."""
-        xp = self.xp
-        span = {"t0": time.perf_counter() if t0 is None else t0, "sent": -self.bytes_sent()}
-        zeros = {k: xp.zeros((), dtype=xp.float64) for k in ("loss", "correct")}
-        return span | zeros | {"samples": 0, "steps": 0}
+        sums = {k: self.xp.zeros((), dtype=self.xp.float64) for k in ("loss", "correct")}
+        span = {"t0": t0, "sent": -self.bytes_sent(), "samples": 0, "steps": 0} | sums
+        return self.progress.open(self, span, epoch)
 
     def _record(self, span: dict[str, Any], step: int) -> dict[str, Any]:
-        """The ``epoch`` (by steps ``eval``) record of ``span`` up to ``step``, given to every
-        callback, then the divergence check (collective)."""
+        """The record of ``span`` up to ``step`` for every callback, then the divergence check."""
         by_steps, epoch = self.cfg.steps is not None, (step - 1) // self.steps_per_epoch + 1
         sent = span["sent"] + self.bytes_sent()
         self.backend.synchronize()
         seconds = time.perf_counter() - span["t0"]
-        stall.in_phase(
-            f"the evaluation at step {step}" if by_steps else f"the end of epoch {epoch}"
-        )
+        where = f"the evaluation at step {step}" if by_steps else f"the end of epoch {epoch}"
+        stall.in_phase(where)
         data_bytes, model_bytes = (int(b) for b in self.comm.allreduce_host(sent))
         mine = np.array([float(span["loss"]), float(span["correct"])])  # float64
         sums = self.metrics_comm.allreduce_host(mine)
