@@ -109,8 +109,10 @@ def gelu_backward(dy, x, t, dx):  # pragma: no cover - compiled
         dx[i] = dy[i] * (0.5 * (1.0 + th) + 0.5 * v * (1.0 - th * th) * inner)
 
 
-@njit(**JIT)
-def _dot8(u, v):  # pragma: no cover - compiled
+# inlined where called: called once a row of up to 128 values, the call cost as much as its
+# loop (0.38 against 0.17 ms over the GPT's 8,192 rows of attention)
+@njit(**JIT, inline="always")
+def _row_dot8(u, v):  # pragma: no cover - compiled
     """``sum(u * v)`` over 1-D arrays in 8 interleaved partial sums: one chain of adds (the
     order IEEE fixes for a plain loop) runs several times slower, and this order is as fixed
     as that one, unlike ``fastmath``'s reassociation."""
@@ -132,26 +134,23 @@ def _dot8(u, v):  # pragma: no cover - compiled
     return total
 
 
-# ``_dot8`` inlined into the causal softmax's kernels: called once a row of up to 128 values,
-# the call cost as much as its loop (0.38 against 0.17 ms over the GPT's 8,192 rows)
-_row_dot8 = njit(**JIT, inline="always")(_dot8.py_func)
-
-
 def layer_norm(x, gamma, beta, ones, consts, y, xhat, inv_std):  # pragma: no cover - compiled
     """``Kernels.layer_norm`` of rows (N, D) into ``y``, ``xhat``, ``inv_std``; ``ones`` and
-    ``consts`` (1/D, eps) in the rows' dtype: a float64 scalar would promote float32 rows."""
+    ``consts`` (1/D, eps) in the rows' dtype: a float64 scalar would promote float32 rows.
+    1-D rows and the sums inlined: 0.071 against 0.097 ms over (1024, 128) float32."""
     n, d = x.shape
     inv_d, eps = consts[0], consts[1]
     for i in prange(n):
-        mean = _dot8(x[i], ones) * inv_d
+        row, h, out = x[i], xhat[i], y[i]
+        mean = _row_dot8(row, ones) * inv_d
         for j in range(d):
-            xhat[i, j] = x[i, j] - mean
-        inv = ones[0] / math.sqrt(_dot8(xhat[i], xhat[i]) * inv_d + eps)
+            h[j] = row[j] - mean
+        inv = ones[0] / math.sqrt(_row_dot8(h, h) * inv_d + eps)
         inv_std[i] = inv
         for j in range(d):
-            h = xhat[i, j] * inv
-            xhat[i, j] = h
-            y[i, j] = h * gamma[j] + beta[j]
+            v = h[j] * inv
+            h[j] = v
+            out[j] = v * gamma[j] + beta[j]
 
 
 def layer_norm_input_grad(dy, xhat, inv_std, gamma, ones, consts, dx):  # pragma: no cover
@@ -159,12 +158,7 @@ def layer_norm_input_grad(dy, xhat, inv_std, gamma, ones, consts, dx):  # pragma
     n, d = dy.shape
     inv_d = consts[0]
     for i in prange(n):
-        for j in range(d):
-            dx[i, j] = dy[i, j] * gamma[j]
-        mean_g = _dot8(dx[i], ones) * inv_d
-        mean_gx = _dot8(dx[i], xhat[i]) * inv_d
-        for j in range(d):
-            dx[i, j] = (dx[i, j] - mean_g - xhat[i, j] * mean_gx) * inv_std[i]
+        _row_input_grad(dy[i], xhat[i], inv_std[i], gamma, ones, inv_d, dx[i])
 
 
 def layer_norm_param_grads(dy, xhat, dgamma, dbeta):  # pragma: no cover - compiled
@@ -176,3 +170,31 @@ def layer_norm_param_grads(dy, xhat, dgamma, dbeta):  # pragma: no cover - compi
         for j in range(d):
             dgamma[j] += dy[i, j] * xhat[i, j]
             dbeta[j] += dy[i, j]
+
+
+def layer_norm_backward(
+    dy, xhat, inv_std, gamma, ones, consts, dx, dgamma, dbeta
+):  # pragma: no cover
+    """``layer_norm_param_grads`` and ``layer_norm_input_grad`` in one serial pass over the
+    rows: ``dy`` and ``xhat`` (stored by the forward, out of cache by then) read once, each
+    sum in the two passes' order: 0.12 against 0.17 ms over (1024, 128) float32, cache cold."""
+    n, d = dy.shape
+    dgamma[:] = 0
+    dbeta[:] = 0
+    for i in range(n):
+        g, h = dy[i], xhat[i]
+        for j in range(d):
+            dgamma[j] += g[j] * h[j]
+            dbeta[j] += g[j]
+        _row_input_grad(g, h, inv_std[i], gamma, ones, consts[0], dx[i])
+
+
+@njit(**JIT, inline="always")
+def _row_input_grad(g, h, inv, gamma, ones, inv_d, out):  # pragma: no cover - compiled
+    """One row of ``layer_norm``'s dL/dx: ``(g gamma - mean(g gamma) - h mean(g gamma h)) inv``."""
+    for j in range(g.size):
+        out[j] = g[j] * gamma[j]
+    mean_g = _row_dot8(out, ones) * inv_d
+    mean_gx = _row_dot8(out, h) * inv_d
+    for j in range(g.size):
+        out[j] = (out[j] - mean_g - h[j] * mean_gx) * inv
