@@ -26,3 +26,18 @@ def test_layer_norms_one_pass_backward_is_the_two_passes_bit_for_bit(dtype):
     assert none is None
     np.testing.assert_array_equal(dg, want_dg)
     np.testing.assert_array_equal(db, want_db)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_gelus_backward_is_the_generic_formulas_bits(dtype):
+    """Its constants in the arrays' dtype: a float32 pass is not run in float64."""
+    from xpnn.backends import get_backend
+    from xpnn.backends.kernels import Kernels
+
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((64, 512)) * 3).astype(dtype)
+    dy = rng.standard_normal((64, 512)).astype(dtype)
+    ref = get_backend("numpy", np.dtype(dtype).name).kernels
+    t = Kernels.gelu(ref, x)[1]
+    got = nk.NumbaKernels(np).gelu_backward(dy, x, t)
+    np.testing.assert_array_equal(got, Kernels.gelu_backward(ref, dy, x, t))

@@ -312,7 +312,8 @@ class NumbaKernels(NumpyKernels):
     def gelu_backward(self, dy, x, t):
         flat = np.ascontiguousarray(x).reshape(-1)
         dx = np.empty_like(flat)
-        _gelu_backward(np.ascontiguousarray(dy).reshape(-1), flat, t.reshape(-1), dx)
+        consts = seq.gelu_grad_constants(flat.dtype)
+        _gelu_backward(np.ascontiguousarray(dy).reshape(-1), flat, t.reshape(-1), dx, *consts)
         return dx.reshape(x.shape)
 
     def layer_norm(self, x, gamma, beta, eps):

@@ -6,9 +6,12 @@ backward and an embedding's scatter-add."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 from numba import njit, prange
 
+from xpnn.backends.kernels import GELU_A, GELU_C
 from xpnn.backends.numba_jit import JIT
 
 
@@ -100,13 +103,21 @@ def gelu_outer(x, t, y, half, one):  # pragma: no cover - compiled
         y[i] = half * x[i] * (one + t[i])
 
 
-def gelu_backward(dy, x, t, dx):  # pragma: no cover - compiled
-    """``Kernels.gelu_backward`` over flat arrays in one pass."""
-    c, a = math.sqrt(2.0 / math.pi), 0.044715
+def gelu_grad_constants(dtype: Any) -> tuple:
+    """``gelu_backward``'s constants in ``dtype``, as NumPy rounds the generic formula's."""
+    kind = np.dtype(dtype).type
+    return kind(GELU_C), kind(3.0 * GELU_A), kind(0.5), kind(1.0)
+
+
+def gelu_backward(dy, x, t, dx, c, c3a, half, one):  # pragma: no cover - compiled
+    """``Kernels.gelu_backward`` over flat arrays in one pass, in its order of operations;
+    ``c`` (sqrt(2/pi)), ``c3a`` (3 * 0.044715), ``half`` and ``one`` in the arrays' dtype: a
+    float64 constant would run a float32 pass in float64 (0.12 against 0.096 ms for 512K
+    float32 values, and the generic formula's bits)."""
     for i in prange(x.size):
         v, th = x[i], t[i]
-        inner = c * (1.0 + 3.0 * a * v * v)
-        dx[i] = dy[i] * (0.5 * (1.0 + th) + 0.5 * v * (1.0 - th * th) * inner)
+        inner = c * (one + c3a * v * v)
+        dx[i] = dy[i] * (half * (one + th) + half * v * (one - th * th) * inner)
 
 
 # inlined where called: called once a row of up to 128 values, the call cost as much as its
