@@ -41,3 +41,16 @@ def test_the_gelus_backward_is_the_generic_formulas_bits(dtype):
     t = Kernels.gelu(ref, x)[1]
     got = nk.NumbaKernels(np).gelu_backward(dy, x, t)
     np.testing.assert_array_equal(got, Kernels.gelu_backward(ref, dy, x, t))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_causal_softmaxs_backward_in_place_is_the_same_bits(dtype):
+    rng = np.random.default_rng(5)
+    p = nk.NumbaKernels(np).causal_softmax(rng.standard_normal((6, 20, 20)).astype(dtype))
+    dp = rng.standard_normal((6, 20, 20)).astype(dtype)
+    scale = dtype(0.3)
+    want = nk._causal_softmax_backward(dp, p, np.empty_like(p), scale)
+    got = dp.copy()
+    assert nk._causal_softmax_backward(got, p, got, scale) is got
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(want, 0)
