@@ -7,9 +7,13 @@ the whole step, and the products per phase."""
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import time
 from typing import Any
+
+WORKER = "bench.benchmarks._limit_batch"
 
 
 def check(args: Any) -> None:
@@ -94,3 +98,7 @@ def table(r: dict[str, Any]) -> str:
         f"rate: {100 * gemm / step:.0f} %\n\n"
     )
     return head + markdown_table(["phase", "GEMM ms"], rows)
+
+
+if __name__ == "__main__":
+    print(json.dumps(worker(json.loads(sys.argv[1]))))

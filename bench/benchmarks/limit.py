@@ -71,7 +71,8 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
                 job = {"model": model, "backend": backend, "threads": threads, **sizes}
                 job |= {"repeats": args.repeats, "gemm_repeats": args.gemm_repeats}
                 job |= {"clock": args.clock, "batch_threads": args.batch_threads}
-                cmd = [sys.executable, "-m", WORKER, json.dumps(job)]
+                worker_module = WORKER if args.batch_threads == 1 else _limit_batch.WORKER
+                cmd = [sys.executable, "-m", worker_module, json.dumps(job)]
                 result = json.loads(run_command(cmd, args.timeout).strip().splitlines()[-1])
                 config = {k: job[k] for k in ("model", "backend", "threads", "clock")}
                 config |= {"batch_threads": args.batch_threads} if args.batch_threads > 1 else {}
@@ -186,8 +187,6 @@ class _WgradClock:
 
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:
-    if job.get("batch_threads", 1) > 1:
-        return _limit_batch.worker(job)
     from xpnn.runtime import apply_threads
 
     apply_threads(job["threads"])  # before NumPy's BLAS and Numba start their pools
