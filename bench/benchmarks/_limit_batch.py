@@ -37,7 +37,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     from bench.benchmarks.limit import _model, gemm_ms, products
     from xpnn.backends import get_backend
     from xpnn.nn import Context
-    from xpnn.parallel.model.batch_threads import BatchThreads
+    from xpnn.parallel.model import BatchThreads
 
     clock = time.process_time if job["clock"] == "cpu" else time.perf_counter
     backend = get_backend(job["backend"], "float32")
