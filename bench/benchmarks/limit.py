@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+from bench.benchmarks import _limit_batch
 from bench.core import markdown_table, median_of, record, run_command, spread
 from bench.flags import choice_list, int_list, positive_float, positive_int
 
@@ -56,10 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for name, default in (("layers", 4), ("heads", 4), ("embed", 128), ("block", 64)):
         a(f"--{name}", type=positive_int, default=default, help=f"the GPT's {name}")
     a("--timeout", type=positive_float, default=1800, help="seconds allowed per worker")
+    a("--batch-threads", type=positive_int, default=1, help="twins a process runs (the whole step)")
 
 
 def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
+    _limit_batch.check(args)
     sizes = {k: getattr(args, k) for k in ("batch", "hidden", "gpt_batch", "layers")}
     sizes |= {k: getattr(args, k) for k in ("heads", "embed", "block")}
     for model in args.models:
@@ -67,10 +70,12 @@ def run(args: argparse.Namespace, machine: dict[str, Any]) -> list[dict[str, Any
             for threads in args.threads:
                 job = {"model": model, "backend": backend, "threads": threads, **sizes}
                 job |= {"repeats": args.repeats, "gemm_repeats": args.gemm_repeats}
-                job["clock"] = args.clock
-                cmd = [sys.executable, "-m", WORKER, json.dumps(job)]
+                job |= {"clock": args.clock, "batch_threads": args.batch_threads}
+                worker_module = WORKER if args.batch_threads == 1 else _limit_batch.WORKER
+                cmd = [sys.executable, "-m", worker_module, json.dumps(job)]
                 result = json.loads(run_command(cmd, args.timeout).strip().splitlines()[-1])
                 config = {k: job[k] for k in ("model", "backend", "threads", "clock")}
+                config |= {"batch_threads": args.batch_threads} if args.batch_threads > 1 else {}
                 config["command"] = "python -m bench limit " + " ".join(sys.argv[2:])
                 samples = {"step_ms": result.pop("step_ms")}
                 out.append(record(NAME, config, samples, machine, result))
@@ -278,6 +283,8 @@ def _ratio(a: float, b: float) -> float | None:
 def record_table(r: dict[str, Any]) -> str:
     """One record: a row per layer, a row per phase, and the whole step."""
     c, info = r["config"], r["info"]
+    if "layers" not in info:
+        return _limit_batch.table(r)
     heads = ["layer", "forward", "fwd GEMM", "wgrad", "wgrad GEMM", "igrad+rest", "igrad GEMM"]
     heads.append("x GEMM")
     rows = []
@@ -313,7 +320,7 @@ def table(records: list[dict[str, Any]]) -> str:
         return "no records"
     summary = [
         [
-            r["config"]["model"], r["config"]["backend"], r["config"]["threads"],
+            r["config"]["model"], r["config"]["backend"], _limit_batch.threads_label(r["config"]),
             spread(r, "step_ms"), r["info"]["products_ms"], r["info"]["gflop"],
             _ratio(median_of(r, "step_ms"), r["info"]["products_ms"]),
         ]

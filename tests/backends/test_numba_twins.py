@@ -18,6 +18,7 @@ import pytest
 
 from xpnn.backends import get_backend
 from xpnn.backends import numba_kernels as nk
+from xpnn.backends import numba_seq as seq
 from xpnn.backends.kernels import Kernels
 from xpnn.backends.numba_jit import ACT_CODE, PARALLEL_MIN_ELEMENTS, Twin
 
@@ -289,7 +290,8 @@ def test_gelu_backward(dtype):
     ref = get_backend("numpy", np.dtype(dtype).name).kernels
     t = Kernels.gelu(ref, x)[1]
     dy, dx = rng.standard_normal(SIZE).astype(dtype), _unwritten(SIZE, dtype)
-    (_, args_s), (_, args_p) = _both("_gelu_backward", (dy, x, t, dx))
+    consts = seq.gelu_grad_constants(dtype)
+    (_, args_s), (_, args_p) = _both("_gelu_backward", (dy, x, t, dx, *consts))
     _assert_same_arrays(args_s, args_p)
     _like_formula(args_s[3], Kernels.gelu_backward(ref, dy, x, t), dtype)
 

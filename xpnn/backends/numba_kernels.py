@@ -130,6 +130,7 @@ _gelu_inner = nb.njit(**JIT)(seq.gelu_inner)
 _gelu_outer = nb.njit(**JIT)(seq.gelu_outer)
 _layer_norm = Twin(seq.layer_norm)
 _layer_norm_input_grad = Twin(seq.layer_norm_input_grad)
+_layer_norm_backward = nb.njit(**JIT)(seq.layer_norm_backward)
 _layer_norm_param_grads = nb.njit(**JIT)(seq.layer_norm_param_grads)
 
 
@@ -311,7 +312,8 @@ class NumbaKernels(NumpyKernels):
     def gelu_backward(self, dy, x, t):
         flat = np.ascontiguousarray(x).reshape(-1)
         dx = np.empty_like(flat)
-        _gelu_backward(np.ascontiguousarray(dy).reshape(-1), flat, t.reshape(-1), dx)
+        consts = seq.gelu_grad_constants(flat.dtype)
+        _gelu_backward(np.ascontiguousarray(dy).reshape(-1), flat, t.reshape(-1), dx, *consts)
         return dx.reshape(x.shape)
 
     def layer_norm(self, x, gamma, beta, eps):
@@ -327,13 +329,16 @@ class NumbaKernels(NumpyKernels):
         rows = np.ascontiguousarray(dy).reshape(-1, dy.shape[-1])
         xhat_rows = xhat.reshape(rows.shape)
         dgamma, dbeta = np.empty_like(gamma), np.empty_like(gamma)
+        dx = np.empty_like(rows) if need_dx else None
+        args = (rows, xhat_rows, inv_std.reshape(-1), gamma, *_row_constants(rows, 0.0), dx)
+        serial = rows.size < _layer_norm_input_grad.min_elements or nb.get_num_threads() == 1
+        if need_dx and serial:  # one pass where the Twin would take its serial build
+            _layer_norm_backward(*args, dgamma, dbeta)
+            return dx.reshape(dy.shape), dgamma, dbeta
         _layer_norm_param_grads(rows, xhat_rows, dgamma, dbeta)
-        if not need_dx:
-            return None, dgamma, dbeta
-        dx = np.empty_like(rows)
-        ones, consts = _row_constants(rows, 0.0)
-        _layer_norm_input_grad(rows, xhat_rows, inv_std.reshape(-1), gamma, ones, consts, dx)
-        return dx.reshape(dy.shape), dgamma, dbeta
+        if need_dx:
+            _layer_norm_input_grad(*args)
+        return (dx.reshape(dy.shape) if need_dx else None), dgamma, dbeta
 
     def gelu(self, x):
         # two compiled passes around NumPy's SIMD tanh (30x a compiled math.tanh) where NumPy

@@ -1,0 +1,56 @@
+"""The sequence kernels' one-pass builds give the bits of the passes they fuse."""
+
+import numpy as np
+import pytest
+
+from xpnn.backends import numba_kernels as nk
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norms_one_pass_backward_is_the_two_passes_bit_for_bit(dtype):
+    rng = np.random.default_rng(3)
+    rows, d = 37, 128  # the GPT's width: the sums' eight-way grouping in full
+    x = (rng.standard_normal((rows, d)) * 3 + 1).astype(dtype)
+    gamma, beta = rng.standard_normal(d).astype(dtype), rng.standard_normal(d).astype(dtype)
+    dy = rng.standard_normal((rows, d)).astype(dtype)
+    y, xhat, inv = nk.NumbaKernels(np).layer_norm(x, gamma, beta, 1e-5)
+    ones, consts = nk._row_constants(dy, 0.0)
+    want_dx, want_dg, want_db = np.empty_like(dy), np.empty_like(gamma), np.empty_like(gamma)
+    nk._layer_norm_param_grads(dy, xhat, want_dg, want_db)
+    nk._layer_norm_input_grad.serial(dy, xhat, inv.reshape(-1), gamma, ones, consts, want_dx)
+    got = nk.NumbaKernels(np).layer_norm_backward(dy, xhat, inv, gamma, True)
+    for a, b in zip(got, (want_dx, want_dg, want_db), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(want_dg, 0) and not np.array_equal(want_dx, 0)
+    none, dg, db = nk.NumbaKernels(np).layer_norm_backward(dy, xhat, inv, gamma, False)
+    assert none is None
+    np.testing.assert_array_equal(dg, want_dg)
+    np.testing.assert_array_equal(db, want_db)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_gelus_backward_is_the_generic_formulas_bits(dtype):
+    """Its constants in the arrays' dtype: a float32 pass is not run in float64."""
+    from xpnn.backends import get_backend
+    from xpnn.backends.kernels import Kernels
+
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((64, 512)) * 3).astype(dtype)
+    dy = rng.standard_normal((64, 512)).astype(dtype)
+    ref = get_backend("numpy", np.dtype(dtype).name).kernels
+    t = Kernels.gelu(ref, x)[1]
+    got = nk.NumbaKernels(np).gelu_backward(dy, x, t)
+    np.testing.assert_array_equal(got, Kernels.gelu_backward(ref, dy, x, t))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_causal_softmaxs_backward_in_place_is_the_same_bits(dtype):
+    rng = np.random.default_rng(5)
+    p = nk.NumbaKernels(np).causal_softmax(rng.standard_normal((6, 20, 20)).astype(dtype))
+    dp = rng.standard_normal((6, 20, 20)).astype(dtype)
+    scale = dtype(0.3)
+    want = nk._causal_softmax_backward(dp, p, np.empty_like(p), scale)
+    got = dp.copy()
+    assert nk._causal_softmax_backward(got, p, got, scale) is got
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(want, 0)
