@@ -102,6 +102,53 @@ def im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - c
 
 
 @parallel_twin
+def im2col_valid(x, kh, kw, oh, ow, out, chunks):  # pragma: no cover - compiled
+    """``im2col`` at stride 1 without padding: every window row in range, copied whole
+    (1.17 against 1.43 ms for the CNN's second convolution, 1 thread)."""
+    n, c = x.shape[:2]
+    p, owu = oh * ow, U(ow)
+    step = (n + chunks - 1) // chunks
+    for t in prange(c * chunks):
+        ci = t // chunks
+        n0 = (t % chunks) * step
+        for i in range(kh):
+            for j in range(kw):
+                row = out[U((ci * kh + i) * kw + j)]
+                for b in range(n0, min(n, n0 + step)):
+                    plane = x[U(b), U(ci)]
+                    for y in range(U(oh)):
+                        xr, o = plane[y + U(i)], U(b * p) + y * owu
+                        for q in range(owu):
+                            row[o + q] = xr[U(j) + q]
+    return out
+
+
+@parallel_twin
+def col2im_valid(cols, dx, kh, kw, oh, ow, chunks):  # pragma: no cover - compiled
+    """``im2col_valid``'s adjoint, sample by sample: each plane stays in cache while its kh*kw
+    rows are added, in ``col2im``'s order (the same sums; 1.0 against 1.55 ms, as above)."""
+    n, c, h, w = dx.shape
+    p, owu = oh * ow, U(ow)
+    step = (n + chunks - 1) // chunks
+    for t in prange(c * chunks):
+        ci = t // chunks
+        n0 = (t % chunks) * step
+        for b in range(n0, min(n, n0 + step)):
+            plane = dx[U(b), U(ci)]
+            for r in range(U(h)):
+                for q in range(U(w)):
+                    plane[r, q] = 0
+            for i in range(kh):
+                for j in range(kw):
+                    row = cols[U((ci * kh + i) * kw + j)]
+                    for y in range(U(oh)):
+                        pr, o = plane[y + U(i)], U(b * p) + y * owu
+                        for q in range(owu):
+                            pr[U(j) + q] += row[o + q]
+    return dx
+
+
+@parallel_twin
 def im2col_gather(x, kh, kw, out, tab, chunks):  # pragma: no cover - compiled
     """``im2col`` without padding for narrow outputs, where row-by-row loops would be mostly
     overhead: out[row, k] = x.flat[base(row) + tab[k]] (``_gather_table``'s offsets)."""

@@ -227,6 +227,8 @@ class NumbaKernels(NumpyKernels):
         if padding == 0 and ow < GATHER_BELOW:
             tab = _gather_table(x.shape, stride, oh, ow)
             return conv.im2col_gather(x, kh, kw, out, tab, _tasks(n, c))
+        if padding == 0 and stride == 1:
+            return conv.im2col_valid(x, kh, kw, oh, ow, out, _tasks(n, c))
         return conv.im2col(x, kh, kw, stride, padding, oh, ow, out, _tasks(n, c))
 
     def col2im(self, cols, x_shape, kh, kw, stride, padding, out_hw=None):
@@ -237,6 +239,8 @@ class NumbaKernels(NumpyKernels):
         if padding == 0 and ow < GATHER_BELOW:
             tab = _gather_table(x_shape, stride, oh, ow)
             return conv.col2im_scatter(cols, dx, kh, kw, tab, _tasks(n, c))
+        if padding == 0 and stride == 1:
+            return conv.col2im_valid(cols, dx, kh, kw, oh, ow, _tasks(n, c))
         return conv.col2im(cols, dx, kh, kw, stride, padding, oh, ow, _tasks(n, c))
 
     def conv_output(self, yc, b, shape, act="identity"):
