@@ -132,6 +132,7 @@ def test_conv2d_takes_the_direct_path_only_where_the_backend_says_it_pays():
         ((4, 5, 5, 5, 3, 3, 1), (2, 2)),  # what a floor-mode pool reads
         ((3, 2, 9, 8, 2, 3, 2), (3, 2)),  # strided
         ((2, 3, 13, 13, 3, 3, 1), (10, 10)),  # 10 wide: row by row
+        ((2, 3, 12, 11, 3, 2, 1), None),  # 10 wide, every output: whole window rows
     ],
 )
 def test_numba_im2col_col2im_without_padding_equal_the_reference(shape, out_hw):
