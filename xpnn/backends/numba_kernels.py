@@ -295,7 +295,8 @@ class NumbaKernels(NumpyKernels):
         dx = np.empty(tuple(x_shape), dtype=dy.dtype)
         dy = np.ascontiguousarray(dy)
         if size == 2 and stride == 2:
-            return conv.maxpool2x2_backward(dy, np.ascontiguousarray(idx), dx)
+            tasks = _tasks(dy.shape[0] * dy.shape[1], 1)
+            return conv.maxpool2x2_backward(dy, np.ascontiguousarray(idx), dx, tasks)
         return conv.maxpool_backward(dy, idx, size, stride, dx)
 
     def dropout_mask(self, shape, p, seed, step, sample_ids, dtype, salt=0):
