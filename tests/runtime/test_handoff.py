@@ -45,11 +45,11 @@ def _train(tmp_path, threads: int, **given: str) -> tuple[str, dict]:
 
 def test_the_command_line_exports_the_handoff_and_records_it(tmp_path):
     out, record = _train(tmp_path, 2)
-    assert HANDOFF[VAR] == "4"
-    assert record["thread_handoff"] == {VAR: "4"}
-    assert f"1 rank(s) x 2 thread(s) ({VAR}=4)" in out
+    assert HANDOFF[VAR] == "16"
+    assert record["thread_handoff"] == {VAR: "16"}
+    assert f"1 rank(s) x 2 thread(s) ({VAR}=16)" in out
     out, record = _train(tmp_path, 1)  # no thread to hand anything to: not said
-    assert record["thread_handoff"] == {VAR: "4"} and f"{VAR}" not in out
+    assert record["thread_handoff"] == {VAR: "16"} and f"{VAR}" not in out
 
 
 def test_a_users_own_value_wins_and_is_said(tmp_path):
@@ -63,7 +63,7 @@ def test_set_before_numpy_loads_and_claimed_only_then():
         f"""
         import os, sys
         from xpnn.runtime.threads import set_handoff
-        assert set_handoff() == {{"{VAR}": "4"}} and "numpy" not in sys.modules
+        assert set_handoff() == {{"{VAR}": "16"}} and "numpy" not in sys.modules
         import numpy
         print("SEEN", os.environ["{VAR}"])
         from xpnn.runtime import threads
@@ -75,7 +75,7 @@ def test_set_before_numpy_loads_and_claimed_only_then():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env()
     )
     assert proc.returncode == 0, proc.stderr
-    assert "SEEN 4" in proc.stdout
+    assert "SEEN 16" in proc.stdout
 
 
 @pytest.mark.parametrize("given", [None, "7"])
@@ -87,4 +87,4 @@ def test_the_benchmarks_workers_start_with_it(tmp_path, given):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr
     (record,) = read_records(out, "limit")
-    assert record["info"]["thread_handoff"] == {VAR: given or "4"}
+    assert record["info"]["thread_handoff"] == {VAR: given or "16"}

@@ -93,10 +93,11 @@ def apply_threads(n: int) -> dict:
 
 # How the BLAS's idle threads hand the cores to Numba's team between products: OpenBLAS's
 # workers spin 2^28 cycles (about 0.1 s) after each product by default, on the cores Numba's
-# threads need for the passes between products (the CNN on 2 threads: 4 busy threads on 2
-# cores). 4 (the least: 2^4 cycles) puts them to sleep at once. Each library reads its variable
+# threads need for the passes between products (the CNN on 2 threads: 3 busy threads on 2
+# cores). 2^16 cycles (tens of microseconds) bridges the MLP's back-to-back products and sleeps
+# through the CNN's passes: docs/benchmarks.md, "The hand-off". Each library reads its variable
 # once, as it loads: ``set_handoff`` runs before NumPy is imported.
-HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "4"}
+HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "16"}
 HANDOFF_IN_FORCE: dict[str, str] = {}  # what ``set_handoff`` found or set before NumPy loaded
 
 
@@ -114,7 +115,7 @@ def set_handoff(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
 
 
 def describe_handoff(handoff: Mapping[str, str]) -> str:
-    """``OPENBLAS_THREAD_TIMEOUT=4``; a value from the user's environment is said to be."""
+    """``OPENBLAS_THREAD_TIMEOUT=16``; a value from the user's environment is said to be."""
     said = [f"{var}={value}" for var, value in handoff.items()]
     given = [var for var in handoff if HANDOFF.get(var) != handoff[var]]
     return ", ".join(said) + (", from the environment" if given else "")
