@@ -30,6 +30,7 @@ from bench.core import (
     write_records,
 )
 from bench.quiet import wait_below_cores
+from xpnn.runtime.threads import set_handoff
 
 
 def run_benchmark(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -47,6 +48,7 @@ def run_benchmark(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             raise BenchError(f"--from {args.source}: holds no records of {name}")
         reread = getattr(mod, "reread", None)  # a benchmark that re-derives from its records
         return reread(records, args) if reread else records
+    set_handoff()  # the workers' BLAS and Numba hand the cores over as `python -m xpnn`'s do
     quiet = wait_below_cores(args.quiet_wait) if args.quiet_wait else None
     machine = describe_machine()
     records = mod.run(args, machine)

@@ -2,12 +2,13 @@
 
 import sys
 
-from xpnn.runtime import interrupts
+from xpnn.runtime import interrupts, threads
 
 
 def run() -> int:
     interrupts.catch_early_checkpoint_signal(sys.argv[1:])  # first: XPNN_HANDLER_MARK marks both in
     interrupts.catch_early_interrupts()
+    threads.set_handoff()  # before NumPy and Numba load: they read it once
     try:
         from xpnn.commands.cli import main
     except Exception as exc:  # noqa: BLE001 - a broken import, maybe on one rank: say it

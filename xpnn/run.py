@@ -279,7 +279,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     from xpnn.parallel.model.batch_threads import check_batch_threads
     from xpnn.parallel.model.whole import portion
     from xpnn.parallel.plan import Plan
-    from xpnn.runtime.threads import apply_threads, threads_per_rank
+    from xpnn.runtime.threads import HANDOFF_IN_FORCE, apply_threads, threads_per_rank
     from xpnn.train import RunFacts
 
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
@@ -328,6 +328,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     said |= {"parallel": spec.parallel, "model": name, "model_ranks": plan.model_ranks}
     said["batch_threads"] = spec.batch_threads if spec.batch_threads > 1 else None
     said["activation"] = spec.activation if spec.model == "mlp" else None
+    said["thread_handoff"] = dict(HANDOFF_IN_FORCE) or None
     if plan.pipelined:  # as the stage settled them
         said |= {"microbatches": plan.microbatches, "pipeline_schedule": plan.schedule}
         said |= {"recompute": plan.recompute, "tensor_ranks": plan.tensor_parts}

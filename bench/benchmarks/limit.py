@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -188,6 +189,7 @@ class _WgradClock:
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:
     from xpnn.runtime import apply_threads
+    from xpnn.runtime.threads import HANDOFF
 
     apply_threads(job["threads"])  # before NumPy's BLAS and Numba start their pools
     import numpy as np
@@ -239,7 +241,8 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
     for _ in range(job["repeats"]):
         step()
     phases.listen(None)
-    return _summary(job, layers, per_layer, whole, n, clock)
+    handoff = {var: os.environ.get(var) for var in HANDOFF}  # as NumPy's BLAS found them
+    return _summary(job, layers, per_layer, whole, n, clock) | {"thread_handoff": handoff}
 
 
 def _summary(job, layers, per_layer, whole, n, clock) -> dict[str, Any]:  # noqa: ANN001

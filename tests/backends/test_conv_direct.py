@@ -132,6 +132,7 @@ def test_conv2d_takes_the_direct_path_only_where_the_backend_says_it_pays():
         ((4, 5, 5, 5, 3, 3, 1), (2, 2)),  # what a floor-mode pool reads
         ((3, 2, 9, 8, 2, 3, 2), (3, 2)),  # strided
         ((2, 3, 13, 13, 3, 3, 1), (10, 10)),  # 10 wide: row by row
+        ((2, 3, 12, 11, 3, 2, 1), None),  # 10 wide, every output: whole window rows
     ],
 )
 def test_numba_im2col_col2im_without_padding_equal_the_reference(shape, out_hw):
@@ -147,3 +148,25 @@ def test_numba_im2col_col2im_without_padding_equal_the_reference(shape, out_hw):
     dx = NumbaKernels(np).col2im(d.copy(), x.shape, kh, kw, s, 0, out_hw)
     np.testing.assert_allclose(dx, dx_want, rtol=1e-13, atol=1e-14)
     assert np.isclose(np.sum(want * d), np.sum(x * dx))  # the adjoint
+
+
+@pytest.mark.parametrize("chunks", [1, 3, 7])
+def test_kernels_whose_tasks_run_a_serial_body_cover_every_task(chunks):
+    """im2col/col2im at stride 1 without padding and 2x2 pooling's backward: each parallel
+    task calls a serial body on its share; every share is written, as the serial build does."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 3, 12, 11)).astype(np.float32)
+    builds = []
+    for im2col, col2im, unpool in (
+        (conv.im2col_valid.serial, conv.col2im_valid.serial, conv.maxpool2x2_backward.serial),
+        (conv.im2col_valid.parallel, conv.col2im_valid.parallel, conv.maxpool2x2_backward.parallel),
+    ):
+        cols = im2col(x, 3, 2, 10, 10, np.full((18, 500), np.nan, np.float32), chunks)
+        dx = col2im(cols * 2, np.full(x.shape, np.nan, np.float32), 3, 2, 10, 10, chunks)
+        y, idx = NumbaKernels(np).maxpool2d_forward(x, 2, 2)
+        dxp = unpool(y, idx, np.full(x.shape, np.nan, np.float32), chunks)
+        builds.append((cols, dx, dxp))
+    for a, b in zip(*builds, strict=True):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(builds[0][0], Kernels(np).im2col(x, 3, 2, 1, 0))

@@ -101,6 +101,65 @@ def im2col(x, kh, kw, stride, pad, oh, ow, out, chunks):  # pragma: no cover - c
     return out
 
 
+# A task's loops in a function of their own, called from ``prange``: written inline, the
+# parallel builds of these ran 1.7-2.9x slower than their serial twins on one thread (their
+# inner loops not vectorised), so two threads barely beat one.
+@nb.njit(**JIT)
+def _im2col_valid_task(x, kh, kw, oh, ow, out, ci, n0, n1):  # pragma: no cover - compiled
+    p, owu = oh * ow, U(ow)
+    for i in range(kh):
+        for j in range(kw):
+            row = out[U((ci * kh + i) * kw + j)]
+            for b in range(n0, n1):
+                plane = x[U(b), U(ci)]
+                for y in range(U(oh)):
+                    xr, o = plane[y + U(i)], U(b * p) + y * owu
+                    for q in range(owu):
+                        row[o + q] = xr[U(j) + q]
+
+
+@parallel_twin
+def im2col_valid(x, kh, kw, oh, ow, out, chunks):  # pragma: no cover - compiled
+    """``im2col`` at stride 1 without padding: every window row in range, copied whole
+    (1.17 against 1.43 ms for the CNN's second convolution, 1 thread)."""
+    n, c = x.shape[:2]
+    step = (n + chunks - 1) // chunks
+    for t in prange(c * chunks):
+        n0 = (t % chunks) * step
+        _im2col_valid_task(x, kh, kw, oh, ow, out, t // chunks, n0, min(n, n0 + step))
+    return out
+
+
+@nb.njit(**JIT)
+def _col2im_valid_task(cols, dx, kh, kw, oh, ow, ci, n0, n1):  # pragma: no cover - compiled
+    _, _, h, w = dx.shape
+    p, owu = oh * ow, U(ow)
+    for b in range(n0, n1):
+        plane = dx[U(b), U(ci)]
+        for r in range(U(h)):
+            for q in range(U(w)):
+                plane[r, q] = 0
+        for i in range(kh):
+            for j in range(kw):
+                row = cols[U((ci * kh + i) * kw + j)]
+                for y in range(U(oh)):
+                    pr, o = plane[y + U(i)], U(b * p) + y * owu
+                    for q in range(owu):
+                        pr[U(j) + q] += row[o + q]
+
+
+@parallel_twin
+def col2im_valid(cols, dx, kh, kw, oh, ow, chunks):  # pragma: no cover - compiled
+    """``im2col_valid``'s adjoint, sample by sample: each plane stays in cache while its kh*kw
+    rows are added, in ``col2im``'s order (the same sums; 1.0 against 1.55 ms, as above)."""
+    n, c = dx.shape[:2]
+    step = (n + chunks - 1) // chunks
+    for t in prange(c * chunks):
+        n0 = (t % chunks) * step
+        _col2im_valid_task(cols, dx, kh, kw, oh, ow, t // chunks, n0, min(n, n0 + step))
+    return dx
+
+
 @parallel_twin
 def im2col_gather(x, kh, kw, out, tab, chunks):  # pragma: no cover - compiled
     """``im2col`` without padding for narrow outputs, where row-by-row loops would be mostly
@@ -304,17 +363,14 @@ def maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
     return dx
 
 
-@parallel_twin
-def maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
-    """2x2, stride 2: every dx element written once, on flat views (2x faster than zeroing)."""
-    n, c, h, w = dx.shape
-    _, _, oh, ow = dy.shape
-    dxf, dyf, idf = dx.reshape(-1), dy.reshape(-1), idx.reshape(-1)
+@nb.njit(**JIT)
+def _unpool2x2(dyf, idf, dxf, oh, ow, h, w, t0, t1):  # pragma: no cover - compiled
+    """Planes [t0, t1) of ``maxpool2x2_backward``, on flat views."""
     hw, ohw, wu, owu = U(h * w), U(oh * ow), U(w), U(ow)
     one, two = U(1), U(2)
-    for t in prange(n * c):
-        dbase = U(t) * hw
-        ybase = U(t) * ohw
+    for t in range(U(t0), U(t1)):
+        dbase = t * hw
+        ybase = t * ohw
         for r in range(U(oh)):
             yrow = ybase + r * owu
             for di in range(two):
@@ -329,6 +385,18 @@ def maxpool2x2_backward(dy, idx, dx):  # pragma: no cover - compiled
                     dxf[drow + col] = 0
         for i in range(dbase + two * U(oh) * wu, dbase + hw):  # ... and rows
             dxf[i] = 0
+
+
+@parallel_twin
+def maxpool2x2_backward(dy, idx, dx, chunks):  # pragma: no cover - compiled
+    """2x2, stride 2: every dx element written once, on flat views (2x faster than zeroing);
+    ``chunks`` runs of planes."""
+    n, c, h, w = dx.shape
+    _, _, oh, ow = dy.shape
+    dxf, dyf, idf = dx.reshape(-1), dy.reshape(-1), idx.reshape(-1)
+    step = (n * c + chunks - 1) // chunks
+    for t in prange(chunks):
+        _unpool2x2(dyf, idf, dxf, oh, ow, h, w, t * step, min(n * c, (t + 1) * step))
     return dx
 
 

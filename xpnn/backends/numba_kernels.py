@@ -228,6 +228,8 @@ class NumbaKernels(NumpyKernels):
         if padding == 0 and ow < GATHER_BELOW:
             tab = _gather_table(x.shape, stride, oh, ow)
             return conv.im2col_gather(x, kh, kw, out, tab, _tasks(n, c))
+        if padding == 0 and stride == 1:
+            return conv.im2col_valid(x, kh, kw, oh, ow, out, _tasks(n, c))
         return conv.im2col(x, kh, kw, stride, padding, oh, ow, out, _tasks(n, c))
 
     def col2im(self, cols, x_shape, kh, kw, stride, padding, out_hw=None):
@@ -238,6 +240,8 @@ class NumbaKernels(NumpyKernels):
         if padding == 0 and ow < GATHER_BELOW:
             tab = _gather_table(x_shape, stride, oh, ow)
             return conv.col2im_scatter(cols, dx, kh, kw, tab, _tasks(n, c))
+        if padding == 0 and stride == 1:
+            return conv.col2im_valid(cols, dx, kh, kw, oh, ow, _tasks(n, c))
         return conv.col2im(cols, dx, kh, kw, stride, padding, oh, ow, _tasks(n, c))
 
     def conv_output(self, yc, b, shape, act="identity"):
@@ -292,7 +296,8 @@ class NumbaKernels(NumpyKernels):
         dx = np.empty(tuple(x_shape), dtype=dy.dtype)
         dy = np.ascontiguousarray(dy)
         if size == 2 and stride == 2:
-            return conv.maxpool2x2_backward(dy, np.ascontiguousarray(idx), dx)
+            tasks = _tasks(dy.shape[0] * dy.shape[1], 1)
+            return conv.maxpool2x2_backward(dy, np.ascontiguousarray(idx), dx, tasks)
         return conv.maxpool_backward(dy, idx, size, stride, dx)
 
     def dropout_mask(self, shape, p, seed, step, sample_ids, dtype, salt=0):

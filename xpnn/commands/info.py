@@ -24,7 +24,7 @@ def collect() -> dict:
     from xpnn.backends import availability
     from xpnn.runtime.cpu_quota import cpu_quota
     from xpnn.runtime.startup import agree_to_start
-    from xpnn.runtime.threads import affinity, node_cores, threads_per_rank
+    from xpnn.runtime.threads import HANDOFF_IN_FORCE, affinity, node_cores, threads_per_rank
     from xpnn.runtime.world import init_world
 
     world = init_world()
@@ -56,6 +56,7 @@ def collect() -> dict:
         out["torch"] = __import__("torch").__version__
         out["torch_devices"] = visible_devices()
     out["threads_per_rank"] = threads_per_rank(world.local_size, share=world.cores)
+    out["thread_handoff"] = dict(HANDOFF_IN_FORCE)
     try:
         from xpnn.parallel.comm.cuda_aware import mpi_info
 
@@ -67,6 +68,7 @@ def collect() -> dict:
 
 def info_main(as_json: bool = False) -> int:
     """Every rank takes part (starting MPI is collective); rank 0 alone prints."""
+    from xpnn.runtime.threads import describe_handoff
     from xpnn.runtime.world import describe_ranks
 
     data = collect()
@@ -89,6 +91,8 @@ def info_main(as_json: bool = False) -> int:
     print(
         f"cores: {data['cores']}{limited}; threads per rank by default: {data['threads_per_rank']}"
     )
+    if data["thread_handoff"]:
+        print(f"thread hand-off: {describe_handoff(data['thread_handoff'])}")
     world = data["world"]
     if world["size"] > 1:
         spread = describe_ranks(world["size"], tuple(world["node_sizes"]))

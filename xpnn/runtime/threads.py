@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 from xpnn.errors import UserError
 from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
@@ -91,6 +91,36 @@ def apply_threads(n: int) -> dict:
     return set_threads(n)
 
 
+# How the BLAS's idle threads hand the cores to Numba's team between products: OpenBLAS's
+# workers spin 2^28 cycles (about 0.1 s) after each product by default, on the cores Numba's
+# threads need for the passes between products (the CNN on 2 threads: 3 busy threads on 2
+# cores). 2^16 cycles (tens of microseconds) bridges the MLP's back-to-back products and sleeps
+# through the CNN's passes: docs/benchmarks.md, "The hand-off". Each library reads its variable
+# once, as it loads: ``set_handoff`` runs before NumPy is imported.
+HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "16"}
+HANDOFF_IN_FORCE: dict[str, str] = {}  # what ``set_handoff`` found or set before NumPy loaded
+
+
+def set_handoff(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Export ``HANDOFF``'s variables the user left unset (a user's own value is kept), for
+    this process and those it starts; noted as in force here only while NumPy is not loaded
+    (its BLAS reads them as it loads)."""
+    env = os.environ if env is None else env
+    for var, value in HANDOFF.items():
+        if not env.get(var):
+            env[var] = value
+    if "numpy" not in sys.modules:
+        HANDOFF_IN_FORCE.update({var: env[var] for var in HANDOFF})
+    return dict(HANDOFF_IN_FORCE)
+
+
+def describe_handoff(handoff: Mapping[str, str]) -> str:
+    """``OPENBLAS_THREAD_TIMEOUT=16``; a value from the user's environment is said to be."""
+    said = [f"{var}={value}" for var, value in handoff.items()]
+    given = [var for var in handoff if HANDOFF.get(var) != handoff[var]]
+    return ", ".join(said) + (", from the environment" if given else "")
+
+
 def one_kernel_thread() -> None:
     """Numba's kernels called from this thread run on it alone, not a team beside another's."""
     if "numba" in sys.modules:
@@ -100,12 +130,16 @@ def one_kernel_thread() -> None:
 
 
 def describe_threads(record: dict) -> str:
-    """``8 thread(s)``, or each rank's count where they differ; and the batch threads."""
-    per_rank = record.get("threads_per_rank")
+    """``8 thread(s)``, or each rank's count where they differ; the batch threads; and the
+    hand-off between the pools where a rank runs several threads."""
+    per_rank = record.get("threads_per_rank") or [record["threads"]]
+    handoff = record.get("thread_handoff")
     if record.get("batch_threads"):
-        return f"{record['threads']} thread(s), {record['batch_threads']} of them batch threads"
-    if not per_rank:
-        return f"{record['threads']} thread(s)"
-    if len(per_rank) <= 8:
-        return f"{', '.join(map(str, per_rank))} thread(s) (rank by rank)"
-    return f"{min(per_rank)}-{max(per_rank)} thread(s) (differing by rank)"
+        said = f"{record['threads']} thread(s), {record['batch_threads']} of them batch threads"
+    elif len(per_rank) == 1:
+        said = f"{record['threads']} thread(s)"
+    elif len(per_rank) <= 8:
+        said = f"{', '.join(map(str, per_rank))} thread(s) (rank by rank)"
+    else:
+        said = f"{min(per_rank)}-{max(per_rank)} thread(s) (differing by rank)"
+    return said + (f" ({describe_handoff(handoff)})" if handoff and max(per_rank) > 1 else "")
