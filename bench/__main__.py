@@ -30,7 +30,7 @@ from bench.core import (
     write_records,
 )
 from bench.quiet import wait_below_cores
-from xpnn.runtime.threads import set_handoff
+from xpnn.runtime import set_handoff
 
 
 def run_benchmark(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:

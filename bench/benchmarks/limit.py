@@ -188,8 +188,7 @@ class _WgradClock:
 
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:
-    from xpnn.runtime import apply_threads
-    from xpnn.runtime.threads import HANDOFF
+    from xpnn.runtime import HANDOFF, apply_threads
 
     apply_threads(job["threads"])  # before NumPy's BLAS and Numba start their pools
     import numpy as np

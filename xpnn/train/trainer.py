@@ -400,9 +400,22 @@ class Trainer:
         if not by_steps:
             for callback in self.callbacks:  # inside the epoch's timed span
                 callback.on_epoch_begin(self, epoch)
+        return self.progress.open(self, self._span(t0), epoch)
+
+    def _span(self, t0: float | None = None) -> dict[str, Any]:
+        """Empty running sums of steps begun at ``t0`` (None: now), loss and correct on device."""
         sums = {k: self.xp.zeros((), dtype=self.xp.float64) for k in ("loss", "correct")}
-        span = {"t0": t0, "sent": -self.bytes_sent(), "samples": 0, "steps": 0} | sums
-        return self.progress.open(self, span, epoch)
+        t0 = time.perf_counter() if t0 is None else t0
+        return {"t0": t0, "sent": -self.bytes_sent(), "samples": 0, "steps": 0} | sums
+
+    def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
+        """Epoch ``epoch``'s steps left, without a record (bench/within_job.py times them): the
+        sums of its losses and correct predictions, on the device."""
+        sums = self.progress.open(self, self._span(), epoch)  # zeros, or a resume's sums
+        first = epoch * self.steps_per_epoch
+        for step in range(max(first, self.batches_done()), first + len(batches)):
+            self._train_step(batches[step - first], step, sums)
+        return sums["loss"], sums["correct"]
 
     def _record(self, span: dict[str, Any], step: int) -> dict[str, Any]:
         """The record of ``span`` up to ``step`` for every callback, then the divergence check."""
