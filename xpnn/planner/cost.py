@@ -1,15 +1,17 @@
 """The cost model: one step's time and one rank's memory for a model's work under a layout,
-from a machine's measured rates. The equations are written out in docs/planning.md; each
-function here is one of them."""
+from a machine's measured rates (the equations of docs/planning.md, one function each)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xpnn.planner.machine import Machine
-from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, Gemm, LayerWork, ModelWork
+from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, LayerWork, ModelWork
+
+TIMES = (*PHASES, "elementwise")
 
 
 def optimizer_states(name: str) -> int:
@@ -19,17 +21,9 @@ def optimizer_states(name: str) -> int:
     return len(OPTIMIZERS[name].state_names) if name in OPTIMIZERS else 2
 
 
-def optimizer_passes(name: str) -> int:
-    """Values an update touches per parameter: the parameter and its gradient read, the
-    parameter written, and each state read and written."""
-    return 3 + 2 * optimizer_states(name)
-
-
 @dataclass(frozen=True)
 class Layout:
-    """A candidate layout on one node: ``ranks`` processes of ``threads`` threads, split as
-    ``parallel`` (data, tensor or pipeline over all ranks), ``batch_threads`` twins per rank,
-    ``microbatches`` for a pipeline."""
+    """A candidate layout: ``ranks`` processes of ``threads`` threads, split as ``parallel``."""
 
     ranks: int = 1
     threads: int = 1
@@ -42,13 +36,11 @@ class Layout:
 
     @property
     def local_ranks(self) -> int:
-        """Ranks on one node."""
         return max(1, self.ranks // max(1, self.nodes))
 
     @property
     def node_shared(self) -> bool:
-        """Whether data-parallel ranks sum on their node's shared memory (``mpi-shm``, which
-        ``auto`` takes on the CPU) instead of sending gradients."""
+        """Whether data-parallel ranks sum on their node's shared memory (``mpi-shm``)."""
         return self.parallel == "data" and self.comm in ("auto", "mpi-shm") and self.ranks > 1
 
     def flags(self) -> list[str]:
@@ -98,25 +90,15 @@ class Prediction:
 
     @property
     def step(self) -> float:
-        return (
-            self.forward
-            + self.wgrad
-            + self.dgrad
-            + self.elementwise
-            + self.optimizer
-            + self.comm_exposed
-            + self.bubble
-            + self.serial_tail
-            + self.sync_wait
-        )
+        return sum(self._parts().values())
 
     @property
     def rate(self) -> float:
         """Samples (or tokens, for text) per second."""
         return self.samples * self.tokens_per_sample / self.step
 
-    def largest(self) -> str:
-        parts = {
+    def _parts(self) -> dict[str, float]:
+        return {
             "compute": self.forward + self.wgrad + self.dgrad,
             "elementwise": self.elementwise,
             "optimizer": self.optimizer,
@@ -125,6 +107,9 @@ class Prediction:
             "batch threads' serial tail": self.serial_tail,
             "waiting for a core at each synchronization": self.sync_wait,
         }
+
+    def largest(self) -> str:
+        parts = self._parts()
         name = max(parts, key=parts.get)
         return f"{name} {100 * parts[name] / self.step:.0f}%"
 
@@ -140,23 +125,15 @@ class Prediction:
         return out
 
 
-def gemm_time(
-    machine: Machine, gemm: Gemm, batch: int, threads: int, dtype: str, split: int = 1
-) -> float:
-    """A product's time at ``batch`` samples; ``split`` cuts its ``n`` across tensor parts."""
-    if batch <= 0:
-        return 0.0
-    m, k, n, count = gemm.at(batch)
-    return machine.gemm_seconds(m, k, max(1, n // split), count, threads, dtype)
-
-
 def compute_times(
     machine: Machine, work: ModelWork, batch: int, threads: int, dtype: str, split: int = 1
 ) -> dict[str, float]:
-    """Each phase's product time and the elementwise passes' for ``batch`` samples."""
+    """Each phase's product time and the elementwise passes' for ``batch`` samples; ``split``
+    cuts each product's ``n`` across tensor parts."""
     out = dict.fromkeys(PHASES, 0.0)
     for g in work.gemms():
-        out[g.phase] += gemm_time(machine, g, batch, threads, dtype, split)
+        m, k, n, count = g.at(batch)
+        out[g.phase] += machine.gemm_seconds(m, k, max(1, n // split), count, threads, dtype)
     if threads in work.rest:  # measured on the model itself
         per_step = work.rest_per_step.get(threads, 0.0)
         out["elementwise"] = (per_step + work.rest[threads] * batch) / split
@@ -167,7 +144,9 @@ def compute_times(
 
 
 def optimizer_time(machine: Machine, params: float, optimizer: str, threads: int, dtype: str):
-    return optimizer_passes(optimizer) * params / machine.values_per_s(threads, dtype)
+    """Each parameter and its gradient read, the parameter written, each state read and written."""
+    passes = 3 + 2 * optimizer_states(optimizer)
+    return passes * params / machine.values_per_s(threads, dtype)
 
 
 def memory(
@@ -233,7 +212,7 @@ def predict(
         cut = {id(layer) for pair in dense_pairs(work) for layer in pair}
         cut |= {id(layer) for layer in work.layers if layer.name.endswith(".heads")}
         per_layer = layer_times(machine, work, batch, t, dtype, lambda x: r if id(x) in cut else 1)
-        phases = {name: sum(p[name] for p in per_layer) for name in (*PHASES, "elementwise")}
+        phases = {name: sum(p[name] for p in per_layer) for name in TIMES}
         pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
         sizes = tensor_allreduces(work, batch, itemsize)
         for nbytes in sizes:
@@ -246,19 +225,19 @@ def predict(
         micro = math.ceil(batch / m)
         stages = _stage_times(machine, work, r, micro, t, dtype)
         slowest = max(stages, key=lambda phases: sum(phases.values()))
-        phases = {name: slowest.get(name, 0.0) * m for name in (*PHASES, "elementwise")}
+        phases = {name: slowest.get(name, 0.0) * m for name in TIMES}
         pred.bubble = (r - 1) * sum(slowest.values())
-        act_bytes = micro * _widest(work) * max(1, work.tokens_per_sample) * itemsize
+        forward = [g.n for g in work.gemms() if g.phase == FORWARD and g.scales == "m"]
+        act_bytes = micro * max(forward, default=1) * max(1, work.tokens_per_sample) * itemsize
         pred.comm_exposed = 2 * (m + r - 1) * _stage_send(machine, layout, act_bytes)
         pred.syncs = 2 * (m + r - 1)
         pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
         batch_rank = micro if layout.schedule == "1f1b" else batch
-    alone = sum(phases[name] for name in (*PHASES, "elementwise")) + pred.optimizer
+    alone = sum(phases[name] for name in TIMES) + pred.optimizer
     if pred.syncs:  # each rank's compute alone between two of its synchronizations
         pred.sync_wait = pred.syncs * machine.sync_wait(local * t, alone / pred.syncs)
-    for phase in PHASES:
-        setattr(pred, phase, phases[phase] * pred.slowdown)
-    pred.elementwise = phases["elementwise"] * pred.slowdown
+    for name in TIMES:
+        setattr(pred, name, phases[name] * pred.slowdown)
     pred.bubble *= pred.slowdown
     pred.optimizer *= pred.slowdown
     pred.memory = memory(work, layout, batch_rank, optimizer, itemsize, shard_optimizer)
@@ -266,37 +245,31 @@ def predict(
 
 
 def network_allreduce(machine: Machine, nodes: int, nbytes: float, messages: int = 1) -> float:
-    """A ring allreduce of ``nbytes`` across ``nodes`` over the network between them, cut into
-    ``messages``: 2 (N - 1) latencies each, and 2 (N - 1) / N of the bytes through each link."""
+    """A ring allreduce of ``nbytes`` across ``nodes`` in ``messages``: 2 (N - 1) latencies
+    each, and 2 (N - 1) / N of the bytes through each link."""
     if nodes <= 1 or nbytes <= 0:
         return 0.0
     alpha, beta = machine.network_cost()
     return messages * 2 * (nodes - 1) * alpha + 2 * (nodes - 1) / nodes * nbytes * beta
 
 
-def param_buckets(work: ModelWork, min_size: int | None = None) -> int:
-    """How many buckets a node-shared update cuts the parameters into: whole layers, at
-    least ``MIN_LAYER_BUCKET`` values each (the update's own cut)."""
+def param_buckets(work: ModelWork) -> int:
+    """How many buckets a node-shared update cuts the parameters into (the update's own cut)."""
     from xpnn.parallel.update.base import MIN_LAYER_BUCKET, layer_buckets
 
-    offsets, at = [], 0
-    for layer in work.layers:
-        if layer.params:
-            offsets.append(at)
-            at += layer.params
-    return len(layer_buckets(offsets, work.params, min_size or MIN_LAYER_BUCKET))
+    sizes = [layer.params for layer in work.layers if layer.params]
+    offsets = [0, *itertools.accumulate(sizes)][:-1]
+    return len(layer_buckets(offsets, work.params, MIN_LAYER_BUCKET))
 
 
 def _dense_values(work: ModelWork) -> int:
-    """Values a sample puts in a node's shared activations: each Dense layer's input and
-    output gradient."""
+    """Values a sample puts in a node's shared activations: Dense inputs and output gradients."""
     return sum(g.k + g.n for g in work.gemms() if g.phase == FORWARD and g.scales == "m")
 
 
 def shares_activations(work: ModelWork, batch: int, node_share: str) -> bool:
-    """Whether a node's ranks share the batch's activations rather than their gradients: as
-    ``node_share`` says, or (auto) for a model of Dense layers alone whose inputs and output
-    gradients over the batch are fewer values than its parameters (the update's own rule)."""
+    """Whether a node's ranks share activations rather than gradients: as ``node_share`` says,
+    or (auto) for Dense layers alone, when those are fewer values (the update's own rule)."""
     with_params = [layer for layer in work.layers if layer.params]
     all_dense = bool(with_params) and all("Dense" in layer.name for layer in with_params)
     if node_share == "gradients" or not all_dense:
@@ -313,11 +286,8 @@ def _node_shared(
     node_share: str,
     pred: Prediction,
 ) -> tuple[float, float]:
-    """(the exchange of a node-shared update, its last bucket's part): a fence per bucket and
-    one at the end, then each rank reads what the others wrote of its share of the gradient
-    rows; sharing activations, two fences per Dense layer past the first, between which each
-    reads the others' part of the layers' inputs and output gradients, none of it hidden.
-    Across nodes, each rank's share of the node's sum crosses the network."""
+    """(the exchange of a node-shared update, its last bucket's part): fences, and the shares
+    the other ranks wrote read by each (docs/planning.md)."""
     local, nodes, t = layout.local_ranks, layout.nodes, layout.threads
     itemsize = 8 if dtype == "float64" else 4
     buckets = param_buckets(work)
@@ -351,9 +321,8 @@ def _node_shared(
 def _data_comm(
     machine: Machine, layout: Layout, nbytes: float, bucket: float, shard: bool
 ) -> tuple[float, float]:
-    """(the gradient exchange of a step, its last bucket's part): one allreduce per bucket
-    (reduce-scatter and all-gather when the optimizer state is sharded) among a node's ranks,
-    and across nodes the network's ring allreduce of the node's sum."""
+    """(the gradient exchange of a step, its last bucket's part): per bucket, a node's
+    collectives and the network's ring allreduce of the node's sum."""
     ranks = layout.local_ranks
     if layout.ranks <= 1:
         return 0.0, 0.0
@@ -369,8 +338,7 @@ def _data_comm(
 
 
 def _stage_send(machine: Machine, layout: Layout, nbytes: float) -> float:
-    """A pipeline's send between neighbouring stages, the mean over its ``R - 1`` boundaries:
-    the stages laid in order over the nodes, ``N - 1`` of them cross the network."""
+    """A send between neighbouring stages, the mean over ``R - 1`` boundaries, ``N - 1`` remote."""
     here = machine.collective("sendrecv", 2, nbytes)
     if layout.nodes <= 1:
         return here
@@ -382,16 +350,14 @@ def _stage_send(machine: Machine, layout: Layout, nbytes: float) -> float:
 
 
 def dense_pairs(work: ModelWork) -> list[tuple[LayerWork, LayerWork]]:
-    """The (column-split, row-split) pairs of tensor parallelism: the Dense layers paired in
-    order, one left over replicated (as ``parallel.model.tensor`` pairs them)."""
+    """Tensor parallelism's (column-split, row-split) pairs of Dense layers, in order."""
     dense = [layer for layer in work.layers if "Dense" in layer.name]
     return list(zip(dense[0::2], dense[1::2], strict=False))
 
 
 def tensor_allreduces(work: ModelWork, batch: int, itemsize: int) -> list[float]:
-    """The bytes of each allreduce of a tensor-split step: of each pair, the row-split
-    layer's output forward and the column-split one's input gradient backward (none for the
-    first with parameters, whose input gradient nothing needs)."""
+    """The bytes of each allreduce of a tensor-split step: each pair's output forward and its
+    input gradient backward (none for a first layer's)."""
     out = []
     for column, row in dense_pairs(work):
         rows, _, width, _ = row.gemms[0].at(batch)
@@ -402,15 +368,11 @@ def tensor_allreduces(work: ModelWork, batch: int, itemsize: int) -> list[float]
     return out
 
 
-def _widest(work: ModelWork) -> int:
-    return max((g.n for g in work.gemms() if g.phase == FORWARD and g.scales == "m"), default=1)
-
-
 def layer_times(
     machine: Machine, work: ModelWork, batch: int, threads: int, dtype: str, split: Any = None
 ) -> list[dict[str, float]]:
-    """Each layer's phases for ``batch`` samples, its share of the measured rest the share of
-    the model's values it moves; ``split(layer)`` the parts it is cut into (else whole)."""
+    """Each layer's phases for ``batch`` samples (its share of the rest that of the values it
+    moves); ``split(layer)``: the parts it is cut into."""
     per_layer = []
     values = max(1, work.elementwise())
     for layer in work.layers:
@@ -426,8 +388,7 @@ def layer_times(
 def _stage_times(
     machine: Machine, work: ModelWork, stages: int, micro: int, threads: int, dtype: str
 ) -> list[dict[str, float]]:
-    """Each stage's phases for one micro-batch, the layers cut into ``stages`` contiguous runs
-    of about equal time (as the pipeline's own cut balances the parameters' work)."""
+    """Each stage's phases for one micro-batch: ``stages`` contiguous runs of equal time."""
     per_layer = layer_times(machine, work, micro, threads, dtype)
     target = sum(sum(p.values()) for p in per_layer) / stages
     out: list[dict[str, float]] = []

@@ -1,16 +1,12 @@
-"""This machine, measured once and cached: the matrix products' time for the shapes a model
-runs, at each thread count; the bandwidth of elementwise passes; the latency and bandwidth of
-the ranks' collectives (``probe``); how much slower threads run when ranks share cores, and what
-each synchronization costs them then.
-
-The cache is one JSON file per machine (host, cores, CPU, NumPy and its BLAS): a product's
-time missing from it is measured on first use, so a plan never runs on a guess of this machine.
-"""
+"""This machine, measured once and cached (one JSON file per host, cores, CPU, NumPy and BLAS):
+products' times per thread count, elementwise bandwidth, the ranks' collectives (``probe``) and
+crowding. What a plan lacks is measured on first use, so it never runs on a guess."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import stat
@@ -18,7 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +25,8 @@ from xpnn.record.files import replace_whole
 from xpnn.runtime.stall import SPIN_S
 
 VERSION = 1
+FLOAT_TABLES = ("gemm", "bandwidth", "crowding", "rest", "network")
+TABLES = ("key", "comm", *FLOAT_TABLES)  # written even when empty
 MAX_FILE_BYTES = 16 << 20  # a calibration is kilobytes; more is not one
 MAX_PROBE_RANKS = 16  # more processes than this on one machine are not started to measure
 # Between nodes, when a calibration holds no measured network: 25 us and 10 Gb/s Ethernet.
@@ -97,19 +95,9 @@ class Machine:
         return int(self.key["cores"])
 
     def to_json(self) -> dict[str, Any]:
-        # without them, a file measured before they existed keeps its digest
-        more = {name: getattr(self, name) for name in ("shared", "phases") if getattr(self, name)}
-        return {
-            "version": VERSION,
-            "key": self.key,
-            "gemm": self.gemm,
-            "bandwidth": self.bandwidth,
-            "comm": self.comm,
-            "crowding": self.crowding,
-            "rest": self.rest,
-            "network": self.network,
-            **more,
-        }
+        # shared and phases only when held: a file measured before they existed keeps its digest
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "measured"}
+        return {"version": VERSION, **{k: v for k, v in out.items() if v or k in TABLES}}
 
     def digest(self) -> str:
         """A short name for what this calibration holds: a record names the one it used."""
@@ -120,18 +108,18 @@ class Machine:
     def from_json(cls, data: Any, source: str) -> Machine:
         if not isinstance(data, dict) or data.get("version") != VERSION:
             raise UserError(f"{source}: not an xpnn calibration (version {VERSION})")
+
+        def floats(name: str) -> dict[str, float]:
+            return {str(k): float(v) for k, v in dict(data.get(name, {})).items()}
+
         try:
             key = dict(data["key"])
             cores = int(key["cores"])
-            gemm = {str(k): float(v) for k, v in dict(data.get("gemm", {})).items()}
-            bandwidth = {str(k): float(v) for k, v in dict(data.get("bandwidth", {})).items()}
+            gemm, bandwidth, crowding, rest, network = map(floats, FLOAT_TABLES)
             comm = {
                 str(r): {str(op): [float(a), float(b)] for op, (a, b) in dict(ops).items()}
                 for r, ops in dict(data.get("comm", {})).items()
             }
-            crowding = {str(k): float(v) for k, v in dict(data.get("crowding", {})).items()}
-            rest = {str(k): float(v) for k, v in dict(data.get("rest", {})).items()}
-            network = {str(k): float(v) for k, v in dict(data.get("network", {})).items()}
             shared = {str(r): [float(a), float(b)] for r, (a, b) in data.get("shared", {}).items()}
             phases = {
                 str(r): [[float(w), float(t)] for w, t in points]
@@ -148,8 +136,7 @@ class Machine:
         return cls(key, gemm, bandwidth, comm, crowding, shared, phases, rest, network)
 
     def network_cost(self) -> tuple[float, float]:
-        """(alpha seconds, beta seconds per byte) between nodes: the calibration's, else
-        ``DEFAULT_NETWORK`` (``network_measured`` says which)."""
+        """(alpha s, beta s per byte) between nodes: the calibration's, else ``DEFAULT_NETWORK``."""
         if self.network_measured:
             return self.network["alpha"], self.network["beta"]
         return DEFAULT_NETWORK
@@ -173,23 +160,18 @@ class Machine:
 
     def _scaled_gemm(self, m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
         """For a machine measured elsewhere: the nearest measured product, scaled by flops."""
-        flops = m * k * n * count
-        best, best_gap = None, None
+        flops, scaled = m * k * n * count, []
         for name, seconds in self.gemm.items():
             d, t, *dims = name.split()
-            if d != dtype or int(t) != threads:
-                continue
-            other = int(dims[0]) * int(dims[1]) * int(dims[2]) * int(dims[3])
-            gap = abs(np.log(other / flops))
-            if best_gap is None or gap < best_gap:
-                best, best_gap = seconds * flops / other, gap
-        if best is None:
+            if d == dtype and int(t) == threads:
+                other = math.prod(int(v) for v in dims)
+                scaled.append((abs(np.log(other / flops)), seconds * flops / other))
+        if not scaled:
             return self._other_threads(m, k, n, count, threads, dtype)
-        return best
+        return min(scaled, key=lambda gap_seconds: gap_seconds[0])[1]  # the first of equals
 
     def _other_threads(self, m: int, k: int, n: int, count: int, threads: int, dtype: str):
-        """A thread count the calibration lacks (a node of more cores than it measured): the
-        nearest count it has, sped up or slowed in proportion to the threads."""
+        """A thread count the calibration lacks: the nearest it has, scaled by the threads."""
         have = sorted({int(name.split()[1]) for name in self.gemm if name.split()[0] == dtype})
         if not have:
             raise UserError(f"the calibration has no {dtype} products")
@@ -209,21 +191,34 @@ class Machine:
         return self.bandwidth[name]
 
     def probe(self, ranks: int, quick: bool = True) -> None:
-        """Time the collectives, the crowding of one-thread ranks and their phases between
-        fences, on ``ranks`` processes."""
-        found = probe_collectives(ranks, quick)
+        """Time the collectives, crowding and phases on ``ranks`` processes (``probe``)."""
+        command = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "xpnn.planner.probe"]
+        if quick:
+            command.append("--quick")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UserError(f"calibration: mpiexec -n {ranks} did not run ({exc})") from None
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise UserError(f"calibration: mpiexec -n {ranks} failed: {tail[0]}")
+        found = json.loads(done.stdout.strip().splitlines()[-1])
         self.comm[str(ranks)] = found["fits"]
         self.crowding[str(ranks)] = found["crowding"]
         self.shared[str(ranks)] = found["shared"]
         self.phases[str(ranks)] = found["phases"]
+
+    def _probe_missing(self, ranks: int, table: dict[str, Any]) -> None:
+        if str(ranks) not in table and self.measured and ranks <= MAX_PROBE_RANKS:
+            self.probe(ranks)
 
     # -- the ranks ------------------------------------------------------------------------
     def collective(self, op: str, ranks: int, nbytes: float) -> float:
         """Seconds for one ``op`` of ``nbytes`` over ``ranks`` (alpha + beta * bytes)."""
         if ranks <= 1 or nbytes <= 0:
             return 0.0
-        if str(ranks) not in self.comm and self.measured and ranks <= MAX_PROBE_RANKS:
-            self.probe(ranks)
+        self._probe_missing(ranks, self.comm)
         fits = self.comm.get(str(ranks))
         if fits is None:  # the nearest rank count measured, scaled as a ring would
             measured = sorted(int(r) for r in self.comm)
@@ -238,8 +233,7 @@ class Machine:
 
     def shared_exchange(self, ranks: int, nbytes: float) -> float | None:
         """Seconds of a fence among ``ranks`` node-shared ranks, then ``nbytes`` the others
-        wrote read by each; None where the calibration did not measure it, or where the ranks
-        outnumber the cores (their fences wait for queued turns, priced apart)."""
+        wrote read by each; None where not measured, or the ranks outnumber the cores."""
         fit = self.shared.get(str(ranks)) if ranks <= self.cores else None
         return None if fit is None else fit[0] + fit[1] * nbytes
 
@@ -248,9 +242,7 @@ class Machine:
         cores = self.cores
         if busy_threads <= cores:
             return 1.0
-        if str(busy_threads) not in self.crowding and self.measured:
-            if busy_threads <= MAX_PROBE_RANKS:
-                self.probe(busy_threads)
+        self._probe_missing(busy_threads, self.crowding)
         ideal = busy_threads / cores  # threads taking turns on the cores, at the least
         measured = self.crowding.get(str(busy_threads))
         if measured is not None:
@@ -260,14 +252,11 @@ class Machine:
         return ideal * max(1.0, penalty)
 
     def sync_wait(self, busy_threads: int, phase: float) -> float:
-        """Seconds a synchronization adds to the crowded compute when ``busy_threads`` share
-        the cores and each computes ``phase`` s (alone) between two: the probe's phases, less
-        their products slowed by the crowding, interpolated at ``phase`` (clamped)."""
+        """Seconds a synchronization adds when ``busy_threads`` share the cores, each computing
+        ``phase`` s (alone) between two: the probe's phases less their crowded products."""
         if busy_threads <= self.cores:
             return 0.0
-        if str(busy_threads) not in self.phases and self.measured:
-            if busy_threads <= MAX_PROBE_RANKS:
-                self.probe(busy_threads)
+        self._probe_missing(busy_threads, self.phases)
         over = [int(r) for r in self.phases if int(r) > self.cores]
         if not over:  # not measured: the fence of ranks arriving at once, else their spins
             fit = self.shared.get(str(busy_threads))
@@ -283,7 +272,7 @@ class Machine:
 def _median_time(run: Any, floor: float = 0.02, repeats: int = 5) -> float:
     """Median over ``repeats`` of a call's time, each sample long enough to read a clock."""
     run()
-    start, calls = time.perf_counter(), 1
+    start = time.perf_counter()
     run()
     once = max(time.perf_counter() - start, 1e-7)
     calls = max(1, int(floor / once))
@@ -323,23 +312,6 @@ def mpiexec_path() -> str:
     return beside if os.path.exists(beside) else "mpiexec"
 
 
-def probe_collectives(ranks: int, quick: bool) -> dict[str, Any]:
-    """Run ``xpnn.planner.probe`` on ``ranks`` processes: each collective's alpha and beta,
-    and the slowdown of ``ranks`` one-thread products running at once."""
-    command = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "xpnn.planner.probe"]
-    if quick:
-        command.append("--quick")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserError(f"calibration: mpiexec -n {ranks} did not run ({exc})") from None
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"calibration: mpiexec -n {ranks} failed: {tail[0]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def load(path: Path | str) -> Machine:
     path = Path(path)
     try:
@@ -362,8 +334,7 @@ def load(path: Path | str) -> Machine:
 
 
 def save(machine: Machine, path: Path) -> None:
-    """Written whole beside ``path`` and renamed over it (a link there is replaced, never
-    followed)."""
+    """Written whole and renamed over ``path`` (a link there is replaced, never followed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_whole(path, json.dumps(machine.to_json(), indent=1, sort_keys=True).encode())
 
