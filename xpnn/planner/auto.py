@@ -32,8 +32,7 @@ def runnable_threads() -> int | None:
 
 
 def free_cores(cores: int, runnable: int | None, own: int = 1) -> int:
-    """The cores this job can have: ``cores`` less those other threads keep busy (``runnable``
-    counts this process's ``own`` threads too), at least one."""
+    """``cores`` less those other threads keep busy (``runnable`` counts ``own`` too), >= 1."""
     if runnable is None:
         return cores
     return max(1, min(cores, cores - (runnable - own)))
@@ -63,15 +62,10 @@ def stored_choice(directory: str | None) -> dict[str, Any] | None:
 
 
 def candidates(spec: Any, ranks: int, cores: int) -> list[dict[str, Any]]:
-    """Every value of the ``auto`` settings a ``ranks``-rank job on ``cores`` cores a rank may
-    take, the given ones held, in a fixed order."""
+    """Every value the ``auto`` settings may take, the given ones held, in a fixed order."""
     modes = MODES if spec.parallel == AUTO else (spec.parallel,)
-    if ranks == 1:
-        modes = ("data",)
-    if spec.threads == AUTO:
-        threads = tuple(range(cores, 0, -1))
-    else:
-        threads = (spec.threads or cores,)
+    modes = ("data",) if ranks == 1 else modes
+    threads = range(cores, 0, -1) if spec.threads == AUTO else (spec.threads or cores,)
     out = []
     for mode in modes:
         for t in threads:
@@ -93,11 +87,11 @@ def choose(
     if machine is None:
         machine = cached(cores)[0]
     options = candidates(spec, ranks, cores)
-    threads = {o["threads"] // o["batch_threads"] for o in options} | {
-        o["threads"] for o in options
-    }
+    threads = {t for o in options for t in (o["threads"] // o["batch_threads"], o["threads"])}
     work = work_of(spec, machine, tuple(sorted(threads)))
     batch = spec.batch_size if isinstance(spec.batch_size, int) else 128
+    held = {"microbatches": spec.microbatches or 4, "comm": spec.comm or "auto"}
+    held["schedule"] = spec.pipeline_schedule or "gpipe"
     best: tuple[dict[str, Any], Prediction] | None = None
     for option in options:
         try:
@@ -108,16 +102,7 @@ def choose(
             continue
         if option["parallel"] == "pipeline" and sum(1 for w in work.layers if w.params) < ranks:
             continue
-        layout = Layout(
-            ranks,
-            option["threads"],
-            option["parallel"],
-            option["batch_threads"],
-            microbatches=spec.microbatches or 4,
-            schedule=spec.pipeline_schedule or "gpipe",
-            comm=spec.comm or "auto",
-        )
-        layout = as_run(spec, layout)
+        layout = as_run(spec, Layout(ranks, **option, **held))
         pred = predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
         if best is None or pred.step < best[1].step:
             best = (option, pred)

@@ -1,9 +1,8 @@
-"""The layouts a run could take on one machine, and the one predicted fastest."""
+"""The layouts a run could take on one machine, or on several nodes like it."""
 
 from __future__ import annotations
 
-from xpnn.planner.cost import Layout, Prediction, predict
-from xpnn.planner.machine import Machine
+from xpnn.planner.cost import Layout
 from xpnn.planner.work import ModelWork
 
 
@@ -19,26 +18,28 @@ def tensor_fits(work: ModelWork, parts: int) -> bool:
     return bool(work.top_layers)
 
 
+def _splits(work: ModelWork | None, ranks: int, t: int, batch: int, nodes: int) -> list[Layout]:
+    """The layouts of ``ranks`` ranks of ``t`` threads: data parallel with each count of batch
+    threads dividing ``t``; with ``work`` and ranks to split over, tensor and pipeline too."""
+    divisors = [k for k in range(1, t + 1) if t % k == 0 and batch >= ranks * k]
+    out = [Layout(ranks, t, "data", k, comm="auto", nodes=nodes) for k in divisors]
+    if work is None or ranks == 1:
+        return out
+    if tensor_fits(work, ranks):
+        out.append(Layout(ranks, t, "tensor", nodes=nodes))
+    if sum(1 for layer in work.layers if layer.params) >= ranks:
+        for m in (m for m in (ranks, 2 * ranks, 4 * ranks) if m <= batch):
+            for schedule in ("gpipe", "1f1b"):
+                out.append(Layout(ranks, t, "pipeline", 1, m, schedule, nodes=nodes))
+    return out
+
+
 def layouts(work: ModelWork, cores: int, max_ranks: int, batch: int) -> list[Layout]:
     """Every layout of up to ``max_ranks`` ranks on ``cores`` cores the planner can price."""
     out = []
-    ranks = [r for r in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64) if r <= max_ranks]
-    blocks = sum(1 for layer in work.layers if layer.params)
-    for r in ranks:
-        threads = [t for t in range(1, cores // r + 1) if cores % (r * t) == 0] or [1]
-        for t in threads:
-            for k in (k for k in range(1, t + 1) if t % k == 0):
-                if batch >= r * k:
-                    out.append(Layout(r, t, "data", k, comm="auto"))
-            if r == 1:
-                continue
-            if tensor_fits(work, r):
-                out.append(Layout(r, t, "tensor"))
-            if blocks >= r:
-                for m in (r, 2 * r, 4 * r):
-                    if m <= batch:
-                        for schedule in ("gpipe", "1f1b"):
-                            out.append(Layout(r, t, "pipeline", microbatches=m, schedule=schedule))
+    for r in (r for r in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64) if r <= max_ranks):
+        for t in [t for t in range(1, cores // r + 1) if cores % (r * t) == 0] or [1]:
+            out += _splits(work, r, t, batch, 1)
     return out
 
 
@@ -46,35 +47,8 @@ def node_layouts(
     cores: int, nodes: int, max_ranks: int, batch: int, work: ModelWork | None = None
 ) -> list[Layout]:
     """Layouts over ``nodes`` nodes of ``cores`` cores: every split of a node into ranks,
-    threads and batch threads, repeated on each node, as data parallelism; with ``work``,
-    tensor and pipeline parallelism over all the ranks too."""
+    threads and batch threads, repeated on each node; tensor and pipeline with ``work``."""
     out = []
     for r in (r for r in range(1, min(cores, max_ranks) + 1) if cores % r == 0):
-        t, ranks = cores // r, nodes * r
-        for k in (k for k in range(1, t + 1) if t % k == 0):
-            if batch >= ranks * k:
-                out.append(Layout(ranks, t, "data", k, comm="auto", nodes=nodes))
-        if work is None:
-            continue
-        if tensor_fits(work, ranks):
-            out.append(Layout(ranks, t, "tensor", comm="mpi-host", nodes=nodes))
-        if sum(1 for layer in work.layers if layer.params) >= ranks:
-            for m in (m for m in (ranks, 2 * ranks, 4 * ranks) if m <= batch):
-                for schedule in ("gpipe", "1f1b"):
-                    out.append(Layout(ranks, t, "pipeline", 1, m, schedule, "mpi-host", nodes))
+        out += _splits(work, nodes * r, cores // r, batch, nodes)
     return out
-
-
-def fastest(
-    machine: Machine,
-    work: ModelWork,
-    candidates: list[Layout],
-    batch: int,
-    optimizer: str,
-    dtype: str,
-) -> Prediction:
-    """The candidate predicted fastest (the first of equals, so a choice does not flip)."""
-    if not candidates:
-        raise ValueError("no layout to choose from")
-    found = [predict(machine, work, layout, batch, optimizer, dtype) for layout in candidates]
-    return min(found, key=lambda p: p.step)

@@ -1,9 +1,10 @@
 """A run's model as the planner sees it: built from the settings alone (its data set's shape,
-not its data), and its work per sample (``work``), with what its step costs beyond its
-products measured on its backend (``rest``)."""
+not its data), its work per sample, and its step's cost beyond its products (``rest``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from typing import Any
 
 from xpnn.nn.gpt import GPT_DEFAULTS
@@ -14,27 +15,15 @@ TEXT_VOCAB = 65  # Tiny Shakespeare's characters: the vocabulary when no text is
 PER_STEP = "per-step"  # a rest key's suffix: its seconds a step (the key alone: a sample's)
 
 
-def data_shape(spec: Any) -> tuple[tuple[int, ...], int]:
-    """(input shape, classes) of ``spec``'s data set, without loading it."""
-    from xpnn.data.text import TEXT_DATASETS
-
-    if spec.dataset in TEXT_DATASETS:
-        return (spec.block,), TEXT_VOCAB
-    return (1, 28, 28), 10
-
-
 def _model(spec: Any) -> tuple[Any, tuple[int, ...], int]:
+    from xpnn.data.text import TEXT_DATASETS
     from xpnn.nn.models import make_model
 
-    shape, classes = data_shape(spec)
+    text = spec.dataset in TEXT_DATASETS
+    shape, classes = ((spec.block,), TEXT_VOCAB) if text else ((1, 28, 28), 10)
+    sizes = {name: getattr(spec, name) for name in GPT_DEFAULTS}
     model = make_model(
-        spec.model,
-        shape,
-        classes,
-        spec.hidden,
-        spec.activation,
-        spec.loss,
-        gpt_sizes={name: getattr(spec, name) for name in GPT_DEFAULTS},
+        spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt_sizes=sizes
     )
     return model, shape, classes
 
@@ -52,7 +41,9 @@ def work_of(spec: Any, machine: Machine | None = None, threads: tuple[int, ...] 
     from xpnn.planner.rest import measure_rest
 
     backend = get_backend(spec.backend, spec.dtype)
-    name = f"{backend.name} {spec.dtype} {{}} {model_digest(model, shape)}"
+    layers = " -> ".join(repr(layer) for layer in getattr(model, "layers", [model]))
+    digest = hashlib.sha256(f"{shape} {layers}".encode()).hexdigest()[:12]  # the model's name
+    name = f"{backend.name} {spec.dtype} {{}} {digest}"
     for t in threads:
         key = name.format(t)
         if key not in machine.rest or f"{key} {PER_STEP}" not in machine.rest:
@@ -68,23 +59,12 @@ def work_of(spec: Any, machine: Machine | None = None, threads: tuple[int, ...] 
     return work
 
 
-def model_digest(model: Any, shape: tuple[int, ...]) -> str:
-    """A short name for a model's layers and input: what its measured rest is kept under."""
-    import hashlib
-
-    text = f"{shape} " + " -> ".join(repr(layer) for layer in getattr(model, "layers", [model]))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
 HOST_BUFFER_BACKENDS = ("torch", "cupy")  # arrays node-shared memory cannot hold
 
 
 def as_run(spec: Any, layout: Any) -> Any:
     """``layout`` on the transport ``spec``'s run takes: ``auto`` is node-shared memory on a
-    NumPy-array backend (``numpy``, ``numba``, ``auto`` on a CPU) and host buffers on the
-    others (``parallel.comm``)."""
-    import dataclasses
-
+    NumPy-array backend and host buffers on the others (``parallel.comm``)."""
     if layout.comm == "auto" and spec.backend in HOST_BUFFER_BACKENDS:
         return dataclasses.replace(layout, comm="mpi-host")
     return layout

@@ -1,8 +1,6 @@
-"""Run under ``mpiexec -n R``: the latency (alpha) and bandwidth cost (beta) of each collective
-the update schemes use, fitted to ``t = alpha + beta * bytes`` over message sizes; the same of
-a node-shared exchange (a fence, then the values the other ranks wrote read); how much
-slower R one-thread products run at once than one alone; and phases of products between two
-of the run's fences, as a step's layers run them. Rank 0 prints one JSON line."""
+"""Run under ``mpiexec -n R``: each collective's and a node-shared exchange's ``t = alpha +
+beta * bytes``, the crowding of R one-thread ranks, and their phases between two fences (the
+tables of docs/planning.md). Rank 0 prints one JSON line."""
 
 from __future__ import annotations
 
@@ -22,9 +20,7 @@ def _time(comm, run, repeats: int) -> float:  # noqa: ANN001
     samples = []
     for _ in range(repeats):
         comm.Barrier()
-        start = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - start)
+        samples.append(_clock(run))
     return float(comm.allreduce(statistics.median(samples), op=MPI.MAX))
 
 
@@ -50,17 +46,15 @@ def _op(comm, name: str, values: int):  # noqa: ANN001, ANN202
 
 
 def _fit(points: list[tuple[float, float]]) -> list[float]:
-    """[alpha, beta] of ``t = alpha + beta * bytes`` through (bytes, seconds), weighted by
-    relative error, neither below zero."""
+    """[alpha, beta] through (bytes, seconds), weighted by relative error, neither below 0."""
     nbytes, seconds = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True))
     beta, alpha = np.polyfit(nbytes, seconds, 1, w=1.0 / seconds)
     return [max(float(alpha), 0.0), max(float(beta), 0.0)]
 
 
 def shared_exchange(comm, exponents: range, repeats: int) -> list[float]:  # noqa: ANN001
-    """[alpha, beta] of a node-shared exchange as node-shared runs do one: each rank writes its
-    share of a shared array, the run's own fence, and each reads the shares the others wrote
-    (the bytes the fit is over): what a fence and a core's reads of another's writes cost."""
+    """[alpha, beta] of a node-shared exchange: each rank writes its share of a shared array,
+    the run's own fence, and each reads the shares the others wrote (the bytes fitted)."""
     from xpnn.parallel.comm.shm import ShmCommunicator
 
     shm = ShmCommunicator.create(comm)
@@ -112,9 +106,8 @@ PHASE_TOTAL = 512  # products a sample runs (at least 8 phases): many fences, se
 
 
 def phases(comm, repeats: int) -> list[list[float]]:  # noqa: ANN001
-    """[[seconds of products alone between two fences, seconds a phase takes with every rank
-    computing them and fencing], ...]: what a synchronization costs ranks that share cores
-    depends on how long they compute between two (spinning waiters, time slices)."""
+    """[[s of products alone between two fences, s of the phase with every rank fencing], ...]:
+    a synchronization's cost to ranks sharing cores depends on the compute between two."""
     from threadpoolctl import threadpool_limits
 
     from xpnn.parallel.comm.shm import ShmCommunicator
@@ -141,22 +134,18 @@ def phases(comm, repeats: int) -> list[list[float]]:  # noqa: ANN001
 
 
 def _alone_and_together(comm, alone, together, repeats: int) -> tuple[float, float]:  # noqa: ANN001
-    """(rank 0's fastest ``alone()`` with the others asleep, the slowest rank's median
-    ``together()`` with every rank running it)."""
+    """(rank 0's fastest ``alone()``, the others asleep; the slowest rank's median
+    ``together()``)."""
     first = 0.0
     if comm.Get_rank() == 0:
         alone()
         first = min(_clock(alone) for _ in range(repeats))
-    _sleeping_barrier(comm)  # MPI's own barrier spins: rank 0 alone would share its core
+    request = comm.Ibarrier()  # MPI's own barrier spins: rank 0 alone would share its core
+    while not request.Test():
+        time.sleep(0.001)
     together()
     both = statistics.median(_clock(together) for _ in range(repeats))
     return comm.bcast(first, root=0), comm.allreduce(both, op=MPI.MAX)
-
-
-def _sleeping_barrier(comm) -> None:  # noqa: ANN001
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(0.001)
 
 
 def _clock(run) -> float:  # noqa: ANN001

@@ -1,8 +1,6 @@
-"""What a step costs beyond its matrix products, measured on the model itself: one forward and
-backward at two batches on the run's backend, less its products' calibrated time, as a cost
-per step and a cost per sample. The fused kernels (bias and activation, im2col, pooling,
-attention's softmax, LayerNorm, GELU) differ too much between backends for one bandwidth to
-price them, and part of them (a layer's dispatch, the loss) does not grow with the batch."""
+"""What a step costs beyond its matrix products, measured on the model itself at two batches
+(a cost per step and one per sample): fused kernels differ too much between backends for one
+bandwidth to price them, and part of a step (dispatch, the loss) does not grow with the batch."""
 
 from __future__ import annotations
 
@@ -15,14 +13,12 @@ from typing import Any
 from xpnn.planner.machine import Machine
 from xpnn.planner.work import ModelWork
 
-REST_BATCH = 32  # samples a measured step runs: enough rows to be the batch's, yet quick
-REST_BATCHES = (REST_BATCH, 4 * REST_BATCH)  # two sizes: a cost per step and one per sample
+REST_BATCHES = (32, 128)  # enough rows to be the batch's, yet quick; two for the fit
 
 
 def fit_rest(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """(seconds a step, seconds a sample) through the rest measured at two batches, neither
-    below zero: a rest that shrinks with the batch is all per step, one through zero at no
-    samples all per sample."""
+    """(seconds a step, seconds a sample) through the rest at two batches, neither below zero:
+    a rest that shrinks with the batch is all per step, one below zero at none all per sample."""
     (b1, r1), (b2, r2) = sorted(points)[:1] + sorted(points)[-1:]
     if b2 == b1:
         return 0.0, max(0.0, r1) / b1
@@ -33,14 +29,6 @@ def fit_rest(points: list[tuple[int, float]]) -> tuple[float, float]:
     if fixed < 0:
         return 0.0, max(0.0, r2) / b2
     return fixed, slope
-
-
-def gemm_seconds(machine: Machine, work: ModelWork, batch: int, threads: int, dtype: str) -> float:
-    total = 0.0
-    for g in work.gemms():
-        m, k, n, count = g.at(batch)
-        total += machine.gemm_seconds(m, k, n, count, threads, dtype)
-    return total
 
 
 def time_step(model: Any, inputs: Any, labels: Any, threads: int, repeats: int = 5) -> float:
@@ -76,14 +64,12 @@ def measure_rest(
     classes: int,
     threads: int,
     dtype: str,
-    seed: int = 0,
     batches: tuple[int, ...] = REST_BATCHES,
 ) -> tuple[float, float]:
-    """(seconds a step, seconds a sample) of ``model``'s step beyond its products at
-    ``threads`` threads (``model`` built on its backend), from steps of each of ``batches``."""
+    """(seconds a step, seconds a sample) of ``model``'s (built) step beyond its products."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     backend = model.backend
     points = []
     for batch in batches:
@@ -97,5 +83,6 @@ def measure_rest(
         step = time_step(model, inputs, labels, threads)
         if not math.isfinite(step):
             return 0.0, 0.0
-        points.append((batch, step - gemm_seconds(machine, work, batch, threads, dtype)))
+        products = (machine.gemm_seconds(*g.at(batch), threads, dtype) for g in work.gemms())
+        points.append((batch, step - sum(products)))
     return fit_rest(points)

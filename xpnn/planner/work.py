@@ -1,6 +1,5 @@
-"""What one training step asks of the machine, read from a model's own layer shapes: the
-matrix products of each layer's forward, weight gradient and input gradient, and the bytes its
-elementwise passes move. Per sample, so a plan scales it by the rows each thread runs."""
+"""What one training step asks of the machine, per sample, read from a model's layer shapes:
+each layer's products (forward, weight and input gradients) and its elementwise values."""
 
 from __future__ import annotations
 
@@ -14,10 +13,8 @@ PHASES = (FORWARD, WGRAD, DGRAD)
 
 @dataclass(frozen=True)
 class Gemm:
-    """``count`` products of (m x k) @ (k x n); ``per_sample`` axes scale with the batch:
-    ``"m"`` (rows are samples' positions), ``"n"`` (columns are, as a convolution's
-    ``W @ cols``), ``"k"`` (a weight gradient sums over them) or ``"count"`` (one product per
-    sample, as attention's)."""
+    """``count`` products of (m x k) @ (k x n); the ``scales`` axis (``"m"``, ``"n"``, ``"k"``
+    or ``"count"``) grows with the batch."""
 
     phase: str
     m: int
@@ -28,16 +25,9 @@ class Gemm:
 
     def at(self, batch: int) -> tuple[int, int, int, int]:
         """(m, k, n, count) for ``batch`` samples."""
-        m, k, n, count = self.m, self.k, self.n, self.count
-        if self.scales == "m":
-            m *= batch
-        elif self.scales == "n":
-            n *= batch
-        elif self.scales == "k":
-            k *= batch
-        else:
-            count *= batch
-        return m, k, n, count
+        dims = {"m": self.m, "k": self.k, "n": self.n, "count": self.count}
+        dims[self.scales] *= batch
+        return dims["m"], dims["k"], dims["n"], dims["count"]
 
     def flops(self, batch: int) -> float:
         m, k, n, count = self.at(batch)
@@ -46,8 +36,7 @@ class Gemm:
 
 @dataclass
 class LayerWork:
-    """One leaf layer's step: its products, the values its other passes read and write per
-    sample (forward and backward), and its parameter count."""
+    """One leaf layer's step: its products, its other passes' values, its parameters."""
 
     name: str
     gemms: list[Gemm] = field(default_factory=list)
@@ -57,8 +46,7 @@ class LayerWork:
 
 @dataclass
 class ModelWork:
-    """The step of a whole model, per sample, and its parameters (for the optimizer and the
-    gradient exchange)."""
+    """The step of a whole model, per sample, and its parameters."""
 
     layers: list[LayerWork]
     params: int
