@@ -5,14 +5,5 @@ from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.planner.machine import Machine, cached, calibrate, load
 from xpnn.planner.work import ModelWork, model_work
 
-__all__ = [
-    "Layout",
-    "Machine",
-    "ModelWork",
-    "Prediction",
-    "cached",
-    "calibrate",
-    "load",
-    "model_work",
-    "predict",
-]
+__all__ = ["Layout", "Machine", "ModelWork", "Prediction", "cached", "calibrate", "load"]
+__all__ += ["model_work", "predict"]

@@ -40,13 +40,11 @@ def free_cores(cores: int, runnable: int | None, own: int = 1) -> int:
 
 def stored_choice(directory: str | None) -> dict[str, Any] | None:
     """What ``auto`` chose for the run whose latest checkpoint is in ``directory``."""
-    if not directory:
-        return None
     import numpy as np
 
     from xpnn.train.checkpoint import latest_checkpoint
 
-    path = latest_checkpoint(directory)
+    path = latest_checkpoint(directory) if directory else None
     if path is None:
         return None
     try:

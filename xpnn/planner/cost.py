@@ -114,15 +114,9 @@ class Prediction:
         return f"{name} {100 * parts[name] / self.step:.0f}%"
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k != "layout"}
-        out.update(
-            layout=asdict(self.layout),
-            flags=self.layout.flags(),
-            step_s=self.step,
-            rate=self.rate,
-            largest=self.largest(),
-        )
-        return out
+        out = asdict(self)  # the layout after the costs
+        out |= {"layout": out.pop("layout"), "flags": self.layout.flags(), "step_s": self.step}
+        return out | {"rate": self.rate, "largest": self.largest()}
 
 
 def compute_times(

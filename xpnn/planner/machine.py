@@ -137,9 +137,7 @@ class Machine:
 
     def network_cost(self) -> tuple[float, float]:
         """(alpha s, beta s per byte) between nodes: the calibration's, else ``DEFAULT_NETWORK``."""
-        if self.network_measured:
-            return self.network["alpha"], self.network["beta"]
-        return DEFAULT_NETWORK
+        return (self.network["alpha"], self.network["beta"]) if self.network else DEFAULT_NETWORK
 
     @property
     def network_measured(self) -> bool:
@@ -166,12 +164,9 @@ class Machine:
             if d == dtype and int(t) == threads:
                 other = math.prod(int(v) for v in dims)
                 scaled.append((abs(np.log(other / flops)), seconds * flops / other))
-        if not scaled:
-            return self._other_threads(m, k, n, count, threads, dtype)
-        return min(scaled, key=lambda gap_seconds: gap_seconds[0])[1]  # the first of equals
-
-    def _other_threads(self, m: int, k: int, n: int, count: int, threads: int, dtype: str):
-        """A thread count the calibration lacks: the nearest it has, scaled by the threads."""
+        if scaled:
+            return min(scaled, key=lambda gap_seconds: gap_seconds[0])[1]  # the first of equals
+        # a thread count the calibration lacks: the nearest it has, scaled by the threads
         have = sorted({int(name.split()[1]) for name in self.gemm if name.split()[0] == dtype})
         if not have:
             raise UserError(f"the calibration has no {dtype} products")
@@ -299,9 +294,7 @@ def time_gemm(m: int, k: int, n: int, count: int, threads: int, dtype: str) -> f
 
 def time_bandwidth(threads: int, dtype: str, values: int = 1 << 21) -> float:
     """Values per second of a fused elementwise pass (read two, write one), as the layers'."""
-    a = np.ones(values, dtype=dtype)
-    b = np.ones(values, dtype=dtype)
-    out = np.empty_like(a)
+    a, b, out = (np.ones(values, dtype=dtype) for _ in range(3))
     seconds = _median_time(lambda: np.multiply(a, b, out=out))
     return 3 * values / seconds
 

@@ -1,10 +1,15 @@
-"""A run's model as the planner sees it: built from the settings alone (its data set's shape,
-not its data), its work per sample, and its step's cost beyond its products (``rest``)."""
+"""A run's model as the planner sees it: built from the settings alone (its data set's shape),
+its work per sample, and its step's cost beyond its products measured on it at two batches
+(fused kernels differ too much between backends for one bandwidth to price them)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
+import statistics
+import sys
+import time
 from typing import Any
 
 from xpnn.nn.gpt import GPT_DEFAULTS
@@ -13,6 +18,7 @@ from xpnn.planner.work import ModelWork, model_work
 
 TEXT_VOCAB = 65  # Tiny Shakespeare's characters: the vocabulary when no text is at hand
 PER_STEP = "per-step"  # a rest key's suffix: its seconds a step (the key alone: a sample's)
+REST_BATCHES = (32, 128)  # enough rows to be the batch's, yet quick; two for the fit
 
 
 def _model(spec: Any) -> tuple[Any, tuple[int, ...], int]:
@@ -38,8 +44,6 @@ def work_of(spec: Any, machine: Machine | None = None, threads: tuple[int, ...] 
     work = model_work(model, shape, get_backend("numpy", spec.dtype), spec.seed)
     if machine is None or not threads:
         return work
-    from xpnn.planner.rest import measure_rest
-
     backend = get_backend(spec.backend, spec.dtype)
     layers = " -> ".join(repr(layer) for layer in getattr(model, "layers", [model]))
     digest = hashlib.sha256(f"{shape} {layers}".encode()).hexdigest()[:12]  # the model's name
@@ -68,3 +72,75 @@ def as_run(spec: Any, layout: Any) -> Any:
     if layout.comm == "auto" and spec.backend in HOST_BUFFER_BACKENDS:
         return dataclasses.replace(layout, comm="mpi-host")
     return layout
+
+
+def fit_rest(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(seconds a step, seconds a sample) through the rest at two batches, neither below zero:
+    a rest that shrinks with the batch is all per step, one below zero at none all per sample."""
+    (b1, r1), (b2, r2) = sorted(points)[:1] + sorted(points)[-1:]
+    if b2 == b1:
+        return 0.0, max(0.0, r1) / b1
+    slope = (r2 - r1) / (b2 - b1)
+    fixed = r1 - slope * b1
+    if slope < 0:
+        return max(0.0, r2), 0.0
+    if fixed < 0:
+        return 0.0, max(0.0, r2) / b2
+    return fixed, slope
+
+
+def time_step(model: Any, inputs: Any, labels: Any, threads: int, repeats: int = 5) -> float:
+    """Median seconds of one forward and backward of ``model`` (built) on ``threads`` threads."""
+    from threadpoolctl import threadpool_limits
+
+    from xpnn.nn.layer import Context
+
+    numba = sys.modules.get("numba")  # its threads, where the backend uses them
+    before = numba.get_num_threads() if numba else None
+    try:
+        if numba:
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        with threadpool_limits(limits=threads):
+            ctx = Context(train=True, step=0)
+            model.loss_and_grads(inputs, labels, ctx, 1.0)  # compiles, allocates
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                model.loss_and_grads(inputs, labels, ctx, 1.0)
+                model.backend.synchronize()
+                samples.append(time.perf_counter() - start)
+    finally:
+        if numba and before is not None:
+            numba.set_num_threads(before)
+    return statistics.median(samples)
+
+
+def measure_rest(
+    machine: Machine,
+    work: ModelWork,
+    model: Any,
+    classes: int,
+    threads: int,
+    dtype: str,
+    batches: tuple[int, ...] = REST_BATCHES,
+) -> tuple[float, float]:
+    """(seconds a step, seconds a sample) of ``model``'s (built) step beyond its products."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    backend = model.backend
+    points = []
+    for batch in batches:
+        shape = (batch, *work.input_shape)
+        if work.tokens_per_sample > 1:  # token ids in, a label for each position
+            inputs = backend.asarray(rng.integers(0, classes, size=shape), dtype=np.int64)
+            labels = backend.asarray(rng.integers(0, classes, size=shape), dtype=np.int64)
+        else:
+            inputs = backend.asarray(rng.standard_normal(shape))
+            labels = backend.asarray(rng.integers(0, classes, size=(batch,)), dtype=np.int64)
+        step = time_step(model, inputs, labels, threads)
+        if not math.isfinite(step):
+            return 0.0, 0.0
+        products = (machine.gemm_seconds(*g.at(batch), threads, dtype) for g in work.gemms())
+        points.append((batch, step - sum(products)))
+    return fit_rest(points)

@@ -99,12 +99,10 @@ def _conv(layer: Any, in_shape: tuple[int, ...], out: tuple[int, ...], name: str
 def _attention_core(layer: Any, in_shape: tuple[int, ...], name: str) -> LayerWork:
     """The heads' own products (scores and the weighted values) beside the Dense sublayers."""
     t, hd, heads = in_shape[0], layer.head_dim, layer.heads
-    work = LayerWork(name, elementwise=6 * heads * t * t)
-    work.gemms.append(Gemm(FORWARD, t, hd, t, scales="count", count=heads))  # q @ k.T
-    work.gemms.append(Gemm(FORWARD, t, t, hd, scales="count", count=heads))  # p @ v
-    for _ in range(4):  # dp, dv, dq, dk
-        work.gemms.append(Gemm(DGRAD, t, t, hd, scales="count", count=heads))
-    return work
+    scores = Gemm(FORWARD, t, hd, t, scales="count", count=heads)  # q @ k.T
+    weighted = Gemm(FORWARD, t, t, hd, scales="count", count=heads)  # p @ v
+    backward = [Gemm(DGRAD, t, t, hd, scales="count", count=heads)] * 4  # dp, dv, dq, dk
+    return LayerWork(name, [scores, weighted, *backward], elementwise=6 * heads * t * t)
 
 
 def layer_work(
