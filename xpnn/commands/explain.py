@@ -28,15 +28,11 @@ def measured_step(records: list[dict[str, Any]]) -> tuple[dict[str, Any], float]
 
 
 def layout_of(record: dict[str, Any]) -> Layout:
-    ranks = int(record.get("world_size", 1))
+    ranks, threads = int(record.get("world_size", 1)), int(record.get("threads", 1))
     parallel = str(record.get("parallel", "data")) if ranks > 1 else "data"
+    twins, micro = record.get("batch_threads", 1) or 1, record.get("microbatches", ranks) or ranks
     return Layout(
-        ranks=ranks,
-        threads=int(record.get("threads", 1)),
-        parallel=parallel,
-        batch_threads=int(record.get("batch_threads", 1) or 1),
-        microbatches=int(record.get("microbatches", ranks) or ranks),
-        comm=str(record.get("comm", "auto")),
+        ranks, threads, parallel, int(twins), int(micro), comm=str(record.get("comm", "auto"))
     )
 
 
@@ -56,11 +52,7 @@ def trace_split(directory: str) -> dict[str, float] | None:
     """The slowest rank's traced step, ms: compute, communication, waiting, hidden share."""
     from xpnn.record.timeline import merge, summarize
 
-    merged, info = merge(directory)
-    rows = summarize(merged, info)
-    if not rows:
-        return None
-    return max(rows, key=lambda row: row["step_ms"])
+    return max(summarize(*merge(directory)), key=lambda row: row["step_ms"], default=None)
 
 
 def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cores: int) -> str:

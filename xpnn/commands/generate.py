@@ -18,7 +18,7 @@ from xpnn.errors import UserError
 def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, str]:
     """(the GPT of checkpoint ``path``, a file or a directory's latest; its vocabulary); a file
     xpnn could not have written is refused in one line, as ``--resume`` refuses it."""
-    from xpnn.train.checkpoint import DamagedCheckpoint, latest_checkpoint, read_npz
+    from xpnn.train.checkpoint import latest_checkpoint, read_npz
 
     if Path(path).is_dir():
         latest = latest_checkpoint(path)
@@ -31,8 +31,6 @@ def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, 
         return _built(Path(path), arrays, sizes, vocab, backend_name), vocab
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-    except DamagedCheckpoint as exc:
-        raise UserError(str(exc)) from None
 
 
 def _damaged(path: Path, why: str) -> Exception:
@@ -106,11 +104,9 @@ def sample(
     prompt: str = "\n",
 ) -> str:
     """``chars`` characters after ``prompt``, each drawn from the softmax of the last position's
-    logits over ``temperature``."""
+    logits over ``temperature`` (> 0)."""
     from xpnn.nn.layer import Context
 
-    if temperature <= 0:
-        raise UserError(f"temperature: must be > 0, got {temperature}")
     index = {c: i for i, c in enumerate(vocab)}
     unknown = sorted(set(prompt) - index.keys())
     if unknown:
@@ -148,19 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check(args: argparse.Namespace) -> None:
-    if not 0 <= args.chars <= MOST_CHARS:
-        raise UserError(f"--chars: must be 0 to {MOST_CHARS:,}, got {args.chars}")
-    if not 0 <= args.seed <= MOST_SEED:
-        raise UserError(f"--seed: must be 0 to 2**64 - 1, got {args.seed}")
-    if not (math.isfinite(args.temperature) and args.temperature > 0):
-        raise UserError(f"--temperature: must be > 0 and finite, got {args.temperature}")
-
-
 def main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
-        _check(args)
+        if not 0 <= args.chars <= MOST_CHARS:
+            raise UserError(f"--chars: must be 0 to {MOST_CHARS:,}, got {args.chars}")
+        if not 0 <= args.seed <= MOST_SEED:
+            raise UserError(f"--seed: must be 0 to 2**64 - 1, got {args.seed}")
+        if not (math.isfinite(args.temperature) and args.temperature > 0):
+            raise UserError(f"--temperature: must be > 0 and finite, got {args.temperature}")
         model, vocab = model_from_checkpoint(args.checkpoint, args.backend)
         text = sample(model, vocab, args.chars, args.temperature, args.seed, args.prompt)
     except UserError as exc:

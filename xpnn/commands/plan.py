@@ -76,9 +76,12 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         for layout in candidates
     ]
     found.sort(key=lambda p: p.step)
-    if machine.measured and own.calibration is None:
-        save(machine, cache_path(machine.key))  # the products measured on the way
-    measured = measure_plans(found, rest, own.measure, own.measure_steps) if own.measure else {}
+    if machine.measured:  # the products measured on the way (a --calibration is not)
+        save(machine, cache_path(machine.key))
+    picks = list(range(min(own.measure, len(found))))  # the K fastest, the middle, the slowest
+    if picks:
+        picks += [i for i in (len(found) // 2, len(found) - 1) if i not in picks]
+    measured = {i: measure_one(found[i], rest, own.measure_steps) for i in picks}
     if own.json:
         rows = [p.to_json() for p in found]
         for i, seconds in measured.items():
@@ -112,17 +115,8 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     return found
 
 
-def measure_plans(
-    found: list[Prediction], flags: list[str], top: int, steps: int
-) -> dict[int, float | None]:
-    """{index in ``found``: seconds per step, None where the run failed} of the ``top``
-    predicted fastest, the middle one and the slowest."""
-    picks = list(range(min(top, len(found))))
-    picks += [i for i in (len(found) // 2, len(found) - 1) if i not in picks]
-    return {i: measure_one(found[i], flags, steps) for i in picks}
-
-
 def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
+    """Seconds per step of ``pred``'s layout run for ``steps`` steps, None where it failed."""
     import subprocess
     import tempfile
 
