@@ -11,15 +11,19 @@ from typing import Any
 from xpnn.commands import flags
 from xpnn.commands.generate import main as generate_main
 from xpnn.commands.info import info_main, xpnn_version
+from xpnn.commands.plan import main as planner_main
 from xpnn.errors import UserError, user_message, worded
 from xpnn.record.plot import main as plot_main
 from xpnn.record.timeline import main as trace_main
 from xpnn.run import launch
 from xpnn.runtime import failure, launcher_pipe, startup
 from xpnn.runtime.interrupts import hand_over
-from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank
+from xpnn.runtime.mpi_state import imported_mpi
+from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank, launched_by_mpi
+from xpnn.train.requeue import CheckpointOnSignal
 
 __all__ = ["main"]
+PLANNER_COMMANDS = ("plan", "explain", "calibrate")
 
 
 def _say(line: str, err: bool = False) -> None:
@@ -40,9 +44,6 @@ def _stream_failed(exc: OSError, stream: str) -> OSError:
 def _start_up_failure(command: str, line: str) -> int:
     """A problem found before MPI runs, maybe on this rank alone: under a launcher it still
     starts MPI, so that the others hear of it rather than wait in ``MPI_Init``."""
-    from xpnn.runtime.mpi_state import imported_mpi
-    from xpnn.runtime.world import launched_by_mpi
-
     mpi = imported_mpi()
     joined = mpi is not None and mpi.Is_initialized()  # a check after MPI_Init failed
     try:
@@ -88,16 +89,13 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     """``python -m xpnn``; ``callbacks`` (``xpnn.train.Callback``) join the trainer's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     tools = {"plot": plot_main, "generate": generate_main, "trace": trace_main}
+    tools |= {name: functools.partial(planner_main, name) for name in PLANNER_COMMANDS}
     if argv and argv[0] in tools:
         return tools[argv[0]](argv[1:])
     if argv and argv[0] == "bench":  # the benchmark suite, installed beside xpnn
         from bench.__main__ import main as bench_main
 
         return bench_main(argv[1:])
-    if argv and argv[0] in ("plan", "explain", "calibrate"):
-        from xpnn.commands.plan import main as planner_main
-
-        return planner_main(argv[0], argv[1:])
     if argv in (["--version"], ["train", "--version"]):
         print(f"xpnn {xpnn_version()}")
         return 0
@@ -119,8 +117,6 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
                 hand_over(failure.Terminated)  # no run_guarded: Ctrl-C is for the except below
                 return _info(args.json)
             if args.checkpoint_signal:  # before MPI_Init: the signal's default action would end it
-                from xpnn.train.requeue import CheckpointOnSignal
-
                 on_signal = CheckpointOnSignal(args.checkpoint_signal, args.checkpoint_dir)
                 callbacks = [on_signal, *callbacks]
             warn = functools.partial(_say, err=True)

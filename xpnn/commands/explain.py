@@ -13,6 +13,7 @@ from xpnn.commands.inputs import Parser, machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.record.plot import read_epochs
+from xpnn.record.timeline import merge, summarize
 
 PARTS = ("compute", "communication exposed", "communication hidden", "pipeline bubble")
 PARTS += ("waiting for other ranks",)
@@ -50,8 +51,6 @@ def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Pr
 
 def trace_split(directory: str) -> dict[str, float] | None:
     """The slowest rank's traced step, ms: compute, communication, waiting, hidden share."""
-    from xpnn.record.timeline import merge, summarize
-
     return max(summarize(*merge(directory)), key=lambda row: row["step_ms"], default=None)
 
 

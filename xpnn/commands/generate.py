@@ -10,23 +10,24 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.backends import BACKENDS
+from xpnn.backends import BACKENDS, get_backend
 from xpnn.commands.inputs import Parser
 from xpnn.errors import UserError
+from xpnn.nn.gpt import GPT_DEFAULTS, gpt
+from xpnn.nn.layer import Context
+from xpnn.train import checkpoint
 
 
 def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, str]:
     """(the GPT of checkpoint ``path``, a file or a directory's latest; its vocabulary); a file
     xpnn could not have written is refused in one line, as ``--resume`` refuses it."""
-    from xpnn.train.checkpoint import latest_checkpoint, read_npz
-
     if Path(path).is_dir():
-        latest = latest_checkpoint(path)
+        latest = checkpoint.latest_checkpoint(path)
         if latest is None:
             raise UserError(f"{path}: a directory without checkpoints")
         path = str(latest)
     try:
-        arrays = read_npz(path)
+        arrays = checkpoint.read_npz(path)
         sizes, vocab = _gpt_identity(Path(path), arrays)
         return _built(Path(path), arrays, sizes, vocab, backend_name), vocab
     except FileNotFoundError:
@@ -34,18 +35,13 @@ def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, 
 
 
 def _damaged(path: Path, why: str) -> Exception:
-    from xpnn.train.checkpoint import DamagedCheckpoint
-
-    return DamagedCheckpoint(f"{path}: damaged checkpoint ({why})")
+    return checkpoint.DamagedCheckpoint(f"{path}: damaged checkpoint ({why})")
 
 
 def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], str]:
     """``meta.identity``'s sizes and vocabulary, checked against what the file holds: sizes no
     parameters of the file could fill would fill memory."""
-    from xpnn.nn.gpt import GPT_DEFAULTS
-    from xpnn.train.checkpoint import _json_meta
-
-    identity = _json_meta(path, arrays, "identity")
+    identity = checkpoint._json_meta(path, arrays, "identity")
     if identity.get("model") != "gpt":
         raise UserError(f"{path}: not a checkpoint of `--model gpt` (nothing to sample from)")
     sizes, vocab = {}, identity.get("vocab")
@@ -72,10 +68,6 @@ def _built(
     path: Path, arrays: dict[str, Any], sizes: dict[str, int], vocab: str, backend_name: str
 ) -> Any:
     """The GPT of ``sizes`` with the file's parameters, each checked."""
-    from xpnn.backends import get_backend
-    from xpnn.nn.gpt import gpt
-    from xpnn.train.checkpoint import check_finite
-
     first = arrays.get("layer0.W")
     if first is None or first.dtype.kind != "f":
         raise _damaged(path, "layer0.W missing or not floating point")
@@ -89,7 +81,7 @@ def _built(
             raise _damaged(path, why)
         if stored.dtype.kind != "f":
             raise _damaged(path, f"{name} holds {stored.dtype} values, not floating point")
-    check_finite(path, {name: arrays[name] for name in params})
+    checkpoint.check_finite(path, {name: arrays[name] for name in params})
     for name, view in params.items():
         view[...] = backend.asarray(arrays[name], dtype=view.dtype)
     return model
@@ -105,8 +97,6 @@ def sample(
 ) -> str:
     """``chars`` characters after ``prompt``, each drawn from the softmax of the last position's
     logits over ``temperature`` (> 0)."""
-    from xpnn.nn.layer import Context
-
     index = {c: i for i, c in enumerate(vocab)}
     unknown = sorted(set(prompt) - index.keys())
     if unknown:

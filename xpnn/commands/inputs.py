@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
+from xpnn.commands.flags import ArgError, build_parser, to_spec
 from xpnn.errors import UserError
-from xpnn.planner.machine import Machine, cached, load
+from xpnn.nn.layer import is_int
+from xpnn.planner.cost import predict
+from xpnn.planner.machine import Machine, cache_path, cached, load, save
 from xpnn.planner.models import as_run, work_of
+from xpnn.run import BATCH, resolve
+from xpnn.runtime.threads import node_cores
 
 __all__ = ["Parser", "global_batch", "machine_for", "predict_run", "spec_from", "work_of"]
 
@@ -20,9 +25,6 @@ class Parser(argparse.ArgumentParser):
 
 
 def spec_from(argv: list[str]) -> Any:
-    from xpnn.commands.flags import ArgError, build_parser, to_spec
-    from xpnn.run import resolve
-
     try:
         args = build_parser().parse_args(argv)
     except ArgError as exc:
@@ -36,16 +38,11 @@ def machine_for(path: str | None) -> Machine:
         machine = load(path)
         machine.measured = False
         return machine
-    from xpnn.runtime.threads import node_cores
-
     return cached(node_cores())[0]
 
 
 def global_batch(spec: Any) -> int:
     """The run's global batch, a whole number (a full batch needs the data)."""
-    from xpnn.nn.layer import is_int
-    from xpnn.run import BATCH
-
     batch = BATCH if spec.batch_size is None else spec.batch_size
     if isinstance(batch, str) and batch.strip().isdigit():
         batch = int(batch)
@@ -57,9 +54,6 @@ def global_batch(spec: Any) -> int:
 def predict_run(flags: list[str], layout: Any, calibration: str | None = None) -> tuple[Any, int]:
     """(the prediction for the run ``flags`` describe laid out as ``layout``, its global
     batch) on this machine (what it lacks measured and kept), or on ``calibration``'s."""
-    from xpnn.planner.cost import predict
-    from xpnn.planner.machine import cache_path, save
-
     spec = spec_from(flags)
     layout = as_run(spec, layout)
     machine = machine_for(calibration)

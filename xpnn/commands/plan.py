@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,10 @@ from xpnn.commands.inputs import Parser, global_batch, machine_for, spec_from, w
 from xpnn.errors import UserError
 from xpnn.planner.choose import layouts, node_layouts
 from xpnn.planner.cost import Prediction, predict
-from xpnn.planner.machine import cache_path, calibrate, save
+from xpnn.planner.machine import cache_path, calibrate, mpiexec_path, save
 from xpnn.planner.models import as_run
 from xpnn.record.plot import read_epochs
+from xpnn.runtime.threads import node_cores
 
 MAX_RANKS = 64  # more ranks than this are not planned on one machine
 
@@ -117,11 +120,6 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
 
 def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
     """Seconds per step of ``pred``'s layout run for ``steps`` steps, None where it failed."""
-    import subprocess
-    import tempfile
-
-    from xpnn.planner.machine import mpiexec_path
-
     every = max(1, steps // 2)
     with tempfile.TemporaryDirectory(prefix="xpnn-plan-") as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
@@ -148,8 +146,6 @@ def calibrate_main(argv: list[str]) -> int:
     add("--models", default="mlp,cnn,gpt", help="the presets whose products to time (mlp,cnn,gpt)")
     add("--backend", help="the backend whose kernels to time")
     args = parser.parse_args(argv)
-    from xpnn.runtime.threads import node_cores
-
     cores = node_cores()
     backend = ["--backend", args.backend] if args.backend else []
     ranks = [2] if args.quick else sorted({2, cores, 2 * cores} - {1})
