@@ -1,5 +1,4 @@
-"""Subcommands of ``python -m xpnn`` that read a run's flags: ``plan``, ``explain`` and
-``calibrate`` (the planner's)."""
+"""Subcommands of ``python -m xpnn`` reading a run's flags: ``plan``, ``explain``, ``calibrate``."""
 
 from xpnn.commands.inputs import predict_run
 

@@ -1,5 +1,4 @@
-"""``python -m xpnn explain RUN``: a run's measured step beside the cost model's prediction,
-part by part, and the largest gap named in one sentence."""
+"""``python -m xpnn explain RUN``: a run's measured step beside its prediction; the largest gap."""
 
 from __future__ import annotations
 

@@ -95,8 +95,7 @@ def sample(
     seed: int = 0,
     prompt: str = "\n",
 ) -> str:
-    """``chars`` characters after ``prompt``, each drawn from the softmax of the last position's
-    logits over ``temperature`` (> 0)."""
+    """``chars`` characters after ``prompt``, each from the softmax of logits / ``temperature``."""
     index = {c: i for i, c in enumerate(vocab)}
     unknown = sorted(set(prompt) - index.keys())
     if unknown:

@@ -52,8 +52,7 @@ def global_batch(spec: Any) -> int:
 
 
 def predict_run(flags: list[str], layout: Any, calibration: str | None = None) -> tuple[Any, int]:
-    """(the prediction for the run ``flags`` describe laid out as ``layout``, its global
-    batch) on this machine (what it lacks measured and kept), or on ``calibration``'s."""
+    """(run ``flags``'s prediction as ``layout``, its global batch), here or on ``calibration``."""
     spec = spec_from(flags)
     layout = as_run(spec, layout)
     machine = machine_for(calibration)

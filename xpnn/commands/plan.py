@@ -1,5 +1,4 @@
-"""``python -m xpnn calibrate`` and ``python -m xpnn plan``: measure this machine once, then
-rank every layout a run could take by its predicted time per step."""
+"""``python -m xpnn calibrate`` and ``plan``: measure this machine once, then rank every layout."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The planner: this machine measured once (``machine``), a model's step read from its layer
-shapes (``work``), and what each layout would cost (``cost``)."""
+"""The planner: this machine measured (``machine``), a model's step (``work``), layouts' costs."""
 
 from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.planner.machine import Machine, cached, calibrate, load

@@ -122,8 +122,7 @@ def describe(chosen: dict[str, Any], pred: Prediction | None) -> str:
 
 
 def resolve_auto(spec: Any, ranks: int, local_ranks: int, node_cores: int) -> tuple[dict, str]:
-    """(the settings ``auto`` stands for, the line saying so): a resume's stored choice, else
-    the predicted fastest on the cores free now, shared among this node's ranks."""
+    """(the settings ``auto`` stands for, its line): a resume's choice, else the fastest now."""
     kept = stored_choice(spec.checkpoint_dir) if spec.resume else None
     if kept is not None:
         return kept, describe(kept, None)

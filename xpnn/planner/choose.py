@@ -19,8 +19,7 @@ def tensor_fits(work: ModelWork, parts: int) -> bool:
 
 
 def _splits(work: ModelWork | None, ranks: int, t: int, batch: int, nodes: int) -> list[Layout]:
-    """The layouts of ``ranks`` ranks of ``t`` threads: data parallel with each count of batch
-    threads dividing ``t``; with ``work`` and ranks to split over, tensor and pipeline too."""
+    """Layouts of ``ranks`` ranks of ``t`` threads: data; with ``work``, tensor and pipeline."""
     divisors = [k for k in range(1, t + 1) if t % k == 0 and batch >= ranks * k]
     out = [Layout(ranks, t, "data", k, comm="auto", nodes=nodes) for k in divisors]
     if work is None or ranks == 1:
@@ -46,8 +45,7 @@ def layouts(work: ModelWork, cores: int, max_ranks: int, batch: int) -> list[Lay
 def node_layouts(
     cores: int, nodes: int, max_ranks: int, batch: int, work: ModelWork | None = None
 ) -> list[Layout]:
-    """Layouts over ``nodes`` nodes of ``cores`` cores: every split of a node into ranks,
-    threads and batch threads, repeated on each node; tensor and pipeline with ``work``."""
+    """Every split of ``nodes`` nodes' ``cores`` into ranks, threads and batch threads."""
     out = []
     for r in (r for r in range(1, min(cores, max_ranks) + 1) if cores % r == 0):
         out += _splits(work, nodes * r, cores // r, batch, nodes)

@@ -1,5 +1,4 @@
-"""The cost model: one step's time and one rank's memory for a model's work under a layout,
-from a machine's measured rates (the equations of docs/planning.md, one function each)."""
+"""The cost model: a step's time and a rank's memory under a layout (docs/planning.md)."""
 
 from __future__ import annotations
 
@@ -122,8 +121,7 @@ class Prediction:
 def compute_times(
     machine: Machine, work: ModelWork, batch: int, threads: int, dtype: str, split: int = 1
 ) -> dict[str, float]:
-    """Each phase's product time and the elementwise passes' for ``batch`` samples; ``split``
-    cuts each product's ``n`` across tensor parts."""
+    """Each phase's product time and the passes' for ``batch`` samples, ``n`` cut ``split`` ways."""
     out = dict.fromkeys(PHASES, 0.0)
     for g in work.gemms():
         m, k, n, count = g.at(batch)
@@ -262,8 +260,7 @@ def _dense_values(work: ModelWork) -> int:
 
 
 def shares_activations(work: ModelWork, batch: int, node_share: str) -> bool:
-    """Whether a node's ranks share activations rather than gradients: as ``node_share`` says,
-    or (auto) for Dense layers alone, when those are fewer values (the update's own rule)."""
+    """Whether a node's ranks share activations, not gradients (as ``node_share`` or the update)."""
     with_params = [layer for layer in work.layers if layer.params]
     all_dense = bool(with_params) and all("Dense" in layer.name for layer in with_params)
     if node_share == "gradients" or not all_dense:
@@ -280,8 +277,7 @@ def _node_shared(
     node_share: str,
     pred: Prediction,
 ) -> tuple[float, float]:
-    """(the exchange of a node-shared update, its last bucket's part): fences, and the shares
-    the other ranks wrote read by each (docs/planning.md)."""
+    """(a node-shared update's exchange, its last bucket's part): fences, others' shares read."""
     local, nodes, t = layout.local_ranks, layout.nodes, layout.threads
     itemsize = 8 if dtype == "float64" else 4
     buckets = param_buckets(work)
@@ -315,8 +311,7 @@ def _node_shared(
 def _data_comm(
     machine: Machine, layout: Layout, nbytes: float, bucket: float, shard: bool
 ) -> tuple[float, float]:
-    """(the gradient exchange of a step, its last bucket's part): per bucket, a node's
-    collectives and the network's ring allreduce of the node's sum."""
+    """(a step's gradient exchange, its last bucket's part): each bucket's collectives."""
     ranks = layout.local_ranks
     if layout.ranks <= 1:
         return 0.0, 0.0
@@ -350,8 +345,7 @@ def dense_pairs(work: ModelWork) -> list[tuple[LayerWork, LayerWork]]:
 
 
 def tensor_allreduces(work: ModelWork, batch: int, itemsize: int) -> list[float]:
-    """The bytes of each allreduce of a tensor-split step: each pair's output forward and its
-    input gradient backward (none for a first layer's)."""
+    """Bytes of each allreduce of a tensor-split step: each pair's output and input gradient."""
     out = []
     for column, row in dense_pairs(work):
         rows, _, width, _ = row.gemms[0].at(batch)
@@ -365,8 +359,7 @@ def tensor_allreduces(work: ModelWork, batch: int, itemsize: int) -> list[float]
 def layer_times(
     machine: Machine, work: ModelWork, batch: int, threads: int, dtype: str, split: Any = None
 ) -> list[dict[str, float]]:
-    """Each layer's phases for ``batch`` samples (its share of the rest that of the values it
-    moves); ``split(layer)``: the parts it is cut into."""
+    """Each layer's phases for ``batch`` samples, cut into ``split(layer)`` parts (else whole)."""
     per_layer = []
     values = max(1, work.elementwise())
     for layer in work.layers:

@@ -346,8 +346,7 @@ def cached(cores: int) -> tuple[Machine, Path]:
 def calibrate(
     cores: int, shapes: list[tuple[int, int, int, int]], quick: bool, ranks: list[int]
 ) -> tuple[Machine, Path]:
-    """Measure this machine: ``shapes`` (m, k, n, count) at 1..cores threads, the elementwise
-    bandwidth, and the collectives on each rank count in ``ranks``; saved to the cache."""
+    """Measure ``shapes`` (m, k, n, count) per thread count, bandwidth, collectives; cache it."""
     machine, path = cached(cores)
     threads = sorted({1, cores} if quick else set(range(1, cores + 1)))
     for dtype in ("float32",) if quick else ("float32", "float64"):

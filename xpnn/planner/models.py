@@ -35,9 +35,7 @@ def _model(spec: Any) -> tuple[Any, tuple[int, ...], int]:
 
 
 def work_of(spec: Any, machine: Machine | None = None, threads: tuple[int, ...] = ()) -> ModelWork:
-    """The per-sample work of ``spec``'s model (resolved: the recipe and defaults filled);
-    with a ``machine`` measured here, what its step costs beyond its products at each of
-    ``threads`` (measured once on ``spec``'s backend, then kept in the calibration)."""
+    """``spec``'s per-sample work; with ``machine``, its rest at each of ``threads`` (kept)."""
     from xpnn.backends import get_backend
 
     model, shape, classes = _model(spec)
@@ -67,8 +65,7 @@ HOST_BUFFER_BACKENDS = ("torch", "cupy")  # arrays node-shared memory cannot hol
 
 
 def as_run(spec: Any, layout: Any) -> Any:
-    """``layout`` on the transport ``spec``'s run takes: ``auto`` is node-shared memory on a
-    NumPy-array backend and host buffers on the others (``parallel.comm``)."""
+    """``layout`` on the transport ``spec``'s run takes (``auto``: node-shared on NumPy arrays)."""
     if layout.comm == "auto" and spec.backend in HOST_BUFFER_BACKENDS:
         return dataclasses.replace(layout, comm="mpi-host")
     return layout

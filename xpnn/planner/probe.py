@@ -12,6 +12,9 @@ from functools import partial
 
 import numpy as np
 from mpi4py import MPI
+from threadpoolctl import threadpool_limits
+
+from xpnn.parallel.comm.shm import ShmCommunicator
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "sendrecv")
 
@@ -53,10 +56,7 @@ def _fit(points: list[tuple[float, float]]) -> list[float]:
 
 
 def shared_exchange(comm, exponents: range, repeats: int) -> list[float]:  # noqa: ANN001
-    """[alpha, beta] of a node-shared exchange: each rank writes its share of a shared array,
-    the run's own fence, and each reads the shares the others wrote (the bytes fitted)."""
-    from xpnn.parallel.comm.shm import ShmCommunicator
-
+    """[alpha, beta] of a node-shared exchange: write a share, the run's fence, read the others'."""
     shm = ShmCommunicator.create(comm)
     points = []
     for e in exponents:
@@ -94,8 +94,6 @@ def crowding(comm, repeats: int) -> float:  # noqa: ANN001
         for _ in range(CROWD_PRODUCTS):
             a @ a
 
-    from threadpoolctl import threadpool_limits
-
     with threadpool_limits(limits=1):  # each rank one thread, as ranks of one thread run
         alone, together = _alone_and_together(comm, work, work, repeats)
     return max(1.0, together / alone)
@@ -108,10 +106,6 @@ PHASE_TOTAL = 512  # products a sample runs (at least 8 phases): many fences, se
 def phases(comm, repeats: int) -> list[list[float]]:  # noqa: ANN001
     """[[s of products alone between two fences, s of the phase with every rank fencing], ...]:
     a synchronization's cost to ranks sharing cores depends on the compute between two."""
-    from threadpoolctl import threadpool_limits
-
-    from xpnn.parallel.comm.shm import ShmCommunicator
-
     shm = ShmCommunicator.create(comm)
     a = np.random.default_rng(comm.Get_rank()).standard_normal((96, 96)).astype(np.float32)
 
@@ -134,8 +128,7 @@ def phases(comm, repeats: int) -> list[list[float]]:  # noqa: ANN001
 
 
 def _alone_and_together(comm, alone, together, repeats: int) -> tuple[float, float]:  # noqa: ANN001
-    """(rank 0's fastest ``alone()``, the others asleep; the slowest rank's median
-    ``together()``)."""
+    """(rank 0's fastest ``alone()``, others asleep; the slowest rank's median ``together()``)."""
     first = 0.0
     if comm.Get_rank() == 0:
         alone()

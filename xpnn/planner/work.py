@@ -1,5 +1,4 @@
-"""What one training step asks of the machine, per sample, read from a model's layer shapes:
-each layer's products (forward, weight and input gradients) and its elementwise values."""
+"""A training step's work per sample, read from a model's layer shapes: products and passes."""
 
 from __future__ import annotations
 
