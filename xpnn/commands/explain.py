@@ -106,8 +106,7 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
     add("--metrics", help="the run's --metrics file (with a trace directory)")
     add("--calibration", help="a calibration file (default: this machine's)")
     args, flags = parser.parse_known_args(argv)
-    is_trace = os.path.isdir(args.run)
-    metrics, trace = (args.metrics, args.run) if is_trace else (args.run, args.trace)
+    metrics, trace = (args.metrics, args.run) if os.path.isdir(args.run) else (args.run, args.trace)
     if metrics is None:
         raise UserError("explain: give the run's --metrics file (and its --trace directory)")
     machine = machine_for(args.calibration)

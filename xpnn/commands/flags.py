@@ -49,11 +49,8 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
         known, unknown = self.parse_known_args(args, namespace)
-        if unknown:
-            raise ArgError(self._unknown(unknown))
-        return known
-
-    def _unknown(self, unknown: list[str]) -> str:
+        if not unknown:
+            return known
         flags = [f for action in self._actions for f in action.option_strings]
         line = f"unrecognized arguments: {' '.join(unknown)}"
         for word in unknown:
@@ -63,8 +60,8 @@ class _Parser(argparse.ArgumentParser):
                 close = [f for f in flags if f.startswith(typed)][:1]
                 close = close or difflib.get_close_matches(typed, flags, n=1, cutoff=0.6)
                 if close:
-                    return f"{line} (did you mean {close[0]}?)"
-        return line
+                    raise ArgError(f"{line} (did you mean {close[0]}?)")
+        raise ArgError(line)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -83,8 +80,7 @@ def _rates(text: str) -> tuple[float, float]:
     parts = text.split(",")
     if len(parts) != 2:
         raise ValueError(f"expected two rates like 0.9,0.999, got {text!r}")
-    first, second = (RATE.read(part) for part in parts)
-    return first, second
+    return RATE.read(parts[0]), RATE.read(parts[1])
 
 
 def _path(text: str) -> str:

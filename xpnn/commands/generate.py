@@ -56,11 +56,9 @@ def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], s
     stored = sum(int(v.size) for k, v in arrays.items() if not k.startswith("meta."))
     least = embed * (len(vocab) + sizes["block"] + sizes["layers"] * embed)  # embeddings, blocks
     if embed % sizes["heads"] or least > stored:
-        raise _damaged(
-            path,
-            f"meta.identity's sizes {sizes} and vocabulary of {len(vocab)} need more than the "
-            f"{stored:,} values the file holds, or `heads` does not divide `embed`",
-        )
+        why = f"meta.identity's sizes {sizes} and vocabulary of {len(vocab)} need more than the "
+        why += f"{stored:,} values the file holds, or `heads` does not divide `embed`"
+        raise _damaged(path, why)
     return sizes, vocab
 
 

@@ -1,6 +1,5 @@
-"""``auto`` for ``parallel``, ``threads`` and ``batch_threads``: the layout the cost model
-predicts fastest for this job's ranks on the cores they can have, chosen once (by rank 0, for
-every rank) and kept by a resume, so a run's numbers never follow the machine's load."""
+"""``auto`` for ``parallel``, ``threads`` and ``batch_threads``: the layout predicted fastest on
+the cores free, chosen once by rank 0 and kept by a resume (numbers never follow the load)."""
 
 from __future__ import annotations
 
@@ -67,10 +66,8 @@ def candidates(spec: Any, ranks: int, cores: int) -> list[dict[str, Any]]:
     out = []
     for mode in modes:
         for t in threads:
-            if spec.batch_threads == AUTO:
-                ks = [k for k in range(1, t + 1) if t % k == 0] if mode == "data" else [1]
-            else:
-                ks = [spec.batch_threads]
+            divisors = [k for k in range(1, t + 1) if t % k == 0] if mode == "data" else [1]
+            ks = divisors if spec.batch_threads == AUTO else [spec.batch_threads]
             out += [{"parallel": mode, "threads": t, "batch_threads": k} for k in ks]
     return out
 

@@ -1,6 +1,5 @@
-"""This machine, measured once and cached (one JSON file per host, cores, CPU, NumPy and BLAS):
-products' times per thread count, elementwise bandwidth, the ranks' collectives (``probe``) and
-crowding. What a plan lacks is measured on first use, so it never runs on a guess."""
+"""This machine measured once and cached per host, cores, CPU, NumPy and BLAS: products, bandwidth,
+collectives (``probe``), crowding; what a plan lacks is measured on first use, never guessed."""
 
 from __future__ import annotations
 

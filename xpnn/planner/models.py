@@ -1,6 +1,5 @@
-"""A run's model as the planner sees it: built from the settings alone (its data set's shape),
-its work per sample, and its step's cost beyond its products measured on it at two batches
-(fused kernels differ too much between backends for one bandwidth to price them)."""
+"""A run's model built from its settings alone, its work, and its step's cost beyond products
+measured on it at two batches (fused kernels differ too much between backends to price)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Run under ``mpiexec -n R``: each collective's and a node-shared exchange's ``t = alpha +
-beta * bytes``, the crowding of R one-thread ranks, and their phases between two fences (the
-tables of docs/planning.md). Rank 0 prints one JSON line."""
+"""Under ``mpiexec -n R``: collectives' and a shared exchange's ``t = alpha + beta * bytes``, R
+ranks' crowding and phases between fences (docs/planning.md); rank 0 prints one JSON line."""
 
 from __future__ import annotations
 

@@ -68,12 +68,9 @@ class ModelWork:
 def _dense(layer: Any, in_shape: tuple[int, ...], name: str, first: bool) -> LayerWork:
     k, n = layer.initial["W"][1]
     rows = math.prod(in_shape[:-1])  # positions per sample (1, or T for a sequence)
-    work = LayerWork(name, params=k * n + n, elementwise=3 * rows * n)
-    work.gemms.append(Gemm(FORWARD, rows, k, n))
-    work.gemms.append(Gemm(WGRAD, k, rows, n, scales="k"))
-    if not first:
-        work.gemms.append(Gemm(DGRAD, rows, n, k))
-    return work
+    gemms = [Gemm(FORWARD, rows, k, n), Gemm(WGRAD, k, rows, n, scales="k")]
+    gemms += [] if first else [Gemm(DGRAD, rows, n, k)]  # a first layer's input needs none
+    return LayerWork(name, gemms, elementwise=3 * rows * n, params=k * n + n)
 
 
 def _conv(layer: Any, in_shape: tuple[int, ...], out: tuple[int, ...], name: str, first: bool):
@@ -81,18 +78,13 @@ def _conv(layer: Any, in_shape: tuple[int, ...], out: tuple[int, ...], name: str
     positions = math.prod(out[1:])
     depth = c_in * kh * kw
     columns = positions * depth  # im2col's values per sample, written and read
-    work = LayerWork(name, params=c_out * depth + c_out)
-    work.elementwise = 2 * columns + 3 * positions * c_out + (2 * columns if not first else 0)
+    values = 2 * columns + 3 * positions * c_out + (2 * columns if not first else 0)
     # oriented as ``Conv2D`` runs them: W (C_out x depth) @ cols (depth x N H'W'), the weight
     # gradient with the longer of depth and C_out as its rows, cols' gradient W.T @ dY
-    work.gemms.append(Gemm(FORWARD, c_out, depth, positions, scales="n"))
-    if depth >= c_out:
-        work.gemms.append(Gemm(WGRAD, depth, positions, c_out, scales="k"))
-    else:
-        work.gemms.append(Gemm(WGRAD, c_out, positions, depth, scales="k"))
-    if not first:
-        work.gemms.append(Gemm(DGRAD, depth, c_out, positions, scales="n"))
-    return work
+    wgrad = (depth, positions, c_out) if depth >= c_out else (c_out, positions, depth)
+    gemms = [Gemm(FORWARD, c_out, depth, positions, scales="n"), Gemm(WGRAD, *wgrad, scales="k")]
+    gemms += [] if first else [Gemm(DGRAD, depth, c_out, positions, scales="n")]
+    return LayerWork(name, gemms, values, params=c_out * depth + c_out)
 
 
 def _attention_core(layer: Any, in_shape: tuple[int, ...], name: str) -> LayerWork:
