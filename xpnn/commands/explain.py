@@ -122,8 +122,7 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
     predicted = (compute, pred.comm_exposed, pred.comm_hidden, pred.bubble, pred.sync_wait)
     for name, seen, want in zip(PARTS, _traced(split), predicted, strict=True):
         seen_text = f"{seen:>12.2f}" if seen is not None else f"{'-':>12}"
-        pred_text = f"{1e3 * want:>14.2f}" if want is not None else f"{'-':>14}"
-        print(f"{name:<28}{seen_text}{pred_text}", file=out)
+        print(f"{name:<28}{seen_text}{1e3 * want:>14.2f}", file=out)
     line = verdict(measured, pred, split, machine.cores)
     print(f"largest gap: {line}", file=out)
     return line

@@ -86,12 +86,7 @@ def _built(
 
 
 def sample(
-    model: Any,
-    vocab: str,
-    chars: int,
-    temperature: float = 1.0,
-    seed: int = 0,
-    prompt: str = "\n",
+    model: Any, vocab: str, chars: int, temperature: float = 1.0, seed: int = 0, prompt: str = "\n"
 ) -> str:
     """``chars`` characters after ``prompt``, each from the softmax of logits / ``temperature``."""
     index = {c: i for i, c in enumerate(vocab)}

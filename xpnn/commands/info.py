@@ -101,14 +101,12 @@ def info_main(as_json: bool = False) -> int:
     mpi = data["mpi"]
     if isinstance(mpi, dict):
         print(f"MPI: {mpi['library']} (MPI {mpi['mpi_version']}, mpi4py {mpi['mpi4py']})")
-        kinds = mpi["alloc_kinds"] or "not reported (an MPI 4.1 key)"
-        print(f"  mpi_memory_alloc_kinds: {kinds}")
+        print(f"  mpi_memory_alloc_kinds: {mpi['alloc_kinds'] or 'not reported (an MPI 4.1 key)'}")
         query = mpi["mpix_query_cuda_support"]
         print(f"  MPIX_Query_cuda_support(): {'not provided' if query is None else query}")
         print(f"  library built CUDA-aware: {'yes' if mpi['library_cuda_aware'] else 'no'}")
         print(f"  CUDA driver and device: {mpi['cuda_runtime']}")
-        aware = "yes" if mpi["cuda_aware"] else "no"
-        print(f"  CUDA-aware: {aware} ({mpi['cuda_aware_reason']})")
+        print(f"  CUDA-aware: {'yes' if mpi['cuda_aware'] else 'no'} ({mpi['cuda_aware_reason']})")
     else:
         print(f"MPI: {mpi}")
     if sys.stdout is not None:  # None: started with stdout closed (>&-); print did nothing

@@ -20,6 +20,7 @@ from xpnn.planner.cost import Prediction, predict
 from xpnn.planner.machine import cache_path, calibrate, mpiexec_path, save
 from xpnn.planner.models import as_run
 from xpnn.record.plot import read_epochs
+from xpnn.runtime import failure
 from xpnn.runtime.threads import node_cores
 
 MAX_RANKS = 64  # more ranks than this are not planned on one machine
@@ -55,8 +56,7 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     if own.cores_per_node is not None and own.cores_per_node != machine.cores:
         machine.key = {**machine.key, "cores": own.cores_per_node}
         machine.measured = False  # another node than this one: nothing measured here
-    cores = machine.cores
-    max_ranks = own.ranks or cores
+    cores, max_ranks = machine.cores, own.ranks or machine.cores
     if not 1 <= max_ranks <= MAX_RANKS:
         raise UserError(f"--ranks {max_ranks}: must be 1 to {MAX_RANKS}")
     if own.nodes > 1 and not machine.network_measured:
@@ -119,11 +119,10 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
 
 def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
     """Seconds per step of ``pred``'s layout run for ``steps`` steps, None where it failed."""
-    every = max(1, steps // 2)
     with tempfile.TemporaryDirectory(prefix="xpnn-plan-") as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
         command = [sys.executable, "-m", "xpnn", *flags, *pred.layout.flags()]
-        command += ["--steps", str(steps), "--eval-every", str(every), "--no-progress"]
+        command += ["--steps", str(steps), "--eval-every", str(max(1, steps // 2)), "--no-progress"]
         command += ["--metrics", metrics]
         if pred.layout.ranks > 1:
             command = [mpiexec_path(), "-n", str(pred.layout.ranks), *command]
@@ -176,16 +175,12 @@ def calibrate_main(argv: list[str]) -> int:
 
 def main(command: str, argv: list[str]) -> int:
     try:
-        if command == "calibrate":
-            return calibrate_main(argv)
-        (explain if command == "explain" else plan)(argv)
+        {"calibrate": calibrate_main, "explain": explain, "plan": plan}[command](argv)
         return 0
     except UserError as exc:
         print(f"xpnn {command}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # `| head`, a full disk: one line, as training says it
-        from xpnn.runtime import failure
-
         message, code = failure.stopped_from_outside(exc) or (failure.describe(exc), 1)
         failure.say(f"xpnn: {message}")
         return code

@@ -110,8 +110,7 @@ def choose(
 
 def describe(chosen: dict[str, Any], pred: Prediction | None) -> str:
     """The header line: what ``auto`` chose, its predicted rate, and the flags repeating it."""
-    flags = f"--parallel {chosen['parallel']} --threads {chosen['threads']}"
-    flags += f" --batch-threads {chosen['batch_threads']}"
+    flags = " ".join(f"--{name.replace('_', '-')} {chosen[name]}" for name in CHOSEN)
     if pred is None:
         return f"auto: kept from the checkpoint: {flags}"
     unit = "tokens/s" if pred.tokens_per_sample > 1 else "samples/s"

@@ -46,7 +46,5 @@ def node_layouts(
     cores: int, nodes: int, max_ranks: int, batch: int, work: ModelWork | None = None
 ) -> list[Layout]:
     """Every split of ``nodes`` nodes' ``cores`` into ranks, threads and batch threads."""
-    out = []
-    for r in (r for r in range(1, min(cores, max_ranks) + 1) if cores % r == 0):
-        out += _splits(work, nodes * r, cores // r, batch, nodes)
-    return out
+    fits = [r for r in range(1, min(cores, max_ranks) + 1) if cores % r == 0]
+    return [x for r in fits for x in _splits(work, nodes * r, cores // r, batch, nodes)]

@@ -142,20 +142,15 @@ def optimizer_time(machine: Machine, params: float, optimizer: str, threads: int
 
 
 def memory(
-    work: ModelWork,
-    layout: Layout,
-    batch_per_rank: int,
-    optimizer: str,
-    itemsize: int,
-    shard_optimizer: bool = False,
+    work: ModelWork, layout: Layout, batch: int, optimizer: str, itemsize: int, shard: bool = False
 ) -> dict[str, float]:
-    """Bytes per rank: parameters, gradients, optimizer state, activations kept for backward."""
+    """Bytes per rank: parameters, gradients, optimizer state, ``batch``'s activations kept."""
     parts = layout.ranks if layout.parallel in ("tensor", "pipeline") else 1
     params = work.params / parts
     states = optimizer_states(optimizer) * params
-    if shard_optimizer and layout.parallel == "data":
+    if shard and layout.parallel == "data":
         states /= layout.ranks
-    activations = work.elementwise() / 3 * batch_per_rank / parts  # outputs kept per sample
+    activations = work.elementwise() / 3 * batch / parts  # outputs kept per sample
     grads = params * layout.batch_threads  # each twin has its own gradients
     return {
         "parameters": params * itemsize,
@@ -237,8 +232,7 @@ def predict(
 
 
 def network_allreduce(machine: Machine, nodes: int, nbytes: float, messages: int = 1) -> float:
-    """A ring allreduce of ``nbytes`` across ``nodes`` in ``messages``: 2 (N - 1) latencies
-    each, and 2 (N - 1) / N of the bytes through each link."""
+    """A ring allreduce over ``nodes``: 2 (N - 1) alphas a message, 2 (N - 1) / N of ``nbytes``."""
     if nodes <= 1 or nbytes <= 0:
         return 0.0
     alpha, beta = machine.network_cost()
@@ -333,9 +327,8 @@ def _stage_send(machine: Machine, layout: Layout, nbytes: float) -> float:
         return here
     alpha, beta = machine.network_cost()
     crossing = layout.nodes - 1
-    return ((layout.ranks - 1 - crossing) * here + crossing * (alpha + beta * nbytes)) / (
-        layout.ranks - 1
-    )
+    far = crossing * (alpha + beta * nbytes)
+    return ((layout.ranks - 1 - crossing) * here + far) / (layout.ranks - 1)
 
 
 def dense_pairs(work: ModelWork) -> list[tuple[LayerWork, LayerWork]]:

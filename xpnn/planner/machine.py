@@ -199,9 +199,8 @@ class Machine:
             raise UserError(f"calibration: mpiexec -n {ranks} failed: {tail[0]}")
         found = json.loads(done.stdout.strip().splitlines()[-1])
         self.comm[str(ranks)] = found["fits"]
-        self.crowding[str(ranks)] = found["crowding"]
-        self.shared[str(ranks)] = found["shared"]
-        self.phases[str(ranks)] = found["phases"]
+        for table in ("crowding", "shared", "phases"):  # the probe's keys are their names
+            getattr(self, table)[str(ranks)] = found[table]
 
     def _probe_missing(self, ranks: int, table: dict[str, Any]) -> None:
         if str(ranks) not in table and self.measured and ranks <= MAX_PROBE_RANKS:

@@ -115,7 +115,6 @@ def layer_work(
         return shape, works, first
     out = tuple(layer.setup(tuple(in_shape), rng))
     kind = type(layer).__name__
-    has_params = bool(layer.initial)
     if "W" in layer.initial and len(layer.initial["W"][1]) == 2 and kind != "Embedding":
         work = _dense(layer, in_shape, f"{name} {kind}", first)
     elif "W" in layer.initial and len(layer.initial["W"][1]) == 4:
@@ -124,7 +123,7 @@ def layer_work(
         values = math.prod(in_shape) + math.prod(out) if kind != "Flatten" else 0  # a view
         params = sum(math.prod(shape) for _, shape in layer.initial.values())
         work = LayerWork(f"{name} {kind}", elementwise=2 * values, params=params)
-    return out, [work], first and not has_params
+    return out, [work], first and not layer.initial
 
 
 def model_work(model: Any, input_shape: tuple[int, ...], backend: Any, seed: int = 0) -> ModelWork:
