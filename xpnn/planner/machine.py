@@ -283,8 +283,7 @@ def time_gemm(m: int, k: int, n: int, count: int, threads: int, dtype: str) -> f
 
     rng = np.random.default_rng(0)
     shape_a, shape_b = ((count, m, k), (count, k, n)) if count > 1 else ((m, k), (k, n))
-    a = rng.standard_normal(shape_a).astype(dtype)
-    b = rng.standard_normal(shape_b).astype(dtype)
+    a, b = (rng.standard_normal(shape).astype(dtype) for shape in (shape_a, shape_b))
     out = np.empty((count, m, n) if count > 1 else (m, n), dtype=dtype)
     with threadpool_limits(limits=threads):
         return _median_time(lambda: np.matmul(a, b, out=out))
