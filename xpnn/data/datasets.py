@@ -116,11 +116,11 @@ def load_dataset(
     """A dataset by name, its training set repeated ``replicate`` times (scaling studies)."""
     check_int("replicate", replicate, 1)
     if name in TEXT_DATASETS:
-        split = load_text(name, data_dir, block, download=download)
-        stream, window = split.train.stream, np.lib.stride_tricks.sliding_window_view
-        arrays = (window(stream[:-1], block), window(stream[1:], block), split.x_test, split.y_test)
-        classes = len(split.vocab.chars)  # row s of the views: the window at s, nothing copied
-        dataset = Dataset(name, *arrays, classes, vocab=split.vocab, windows=split.train)
+        windows, x_test, y_test, vocab = load_text(name, data_dir, block, download=download)
+        stream, window = windows.stream, np.lib.stride_tricks.sliding_window_view
+        arrays = (window(stream[:-1], block), window(stream[1:], block), x_test, y_test)
+        classes = len(vocab.chars)  # row s of the views: the window at s, nothing copied
+        dataset = Dataset(name, *arrays, classes, vocab=vocab, windows=windows)
     elif name == "synthetic":
         dataset = make_synthetic(synthetic_size, tuple(synthetic_shape), seed)
     elif name in SOURCES:

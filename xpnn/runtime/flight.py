@@ -12,7 +12,7 @@ from typing import Any
 
 from xpnn.record import phases
 from xpnn.record.files import replace_whole
-from xpnn.runtime.mpi_state import imported_mpi
+from xpnn.runtime.mpi_state import mpi_rank_size
 
 RING = 512  # operations kept per rank: a few steps of a pipeline's sends and receives
 
@@ -152,9 +152,7 @@ def dump(reason: str, temporary: bool = False) -> str | None:
     try:
         if directory is None and temporary and _state["temp"] is None:
             _state["temp"] = tempfile.mkdtemp(prefix=_temp_prefix())  # 0700, a new name
-            mpi = imported_mpi()  # the rank is not known otherwise: no dump_to
-            if mpi is not None and mpi.Is_initialized():
-                _state["rank"] = mpi.COMM_WORLD.Get_rank()
+            _state["rank"] = mpi_rank_size()[0]  # the rank is not known otherwise: no dump_to
         if directory is None and temporary:
             directory = _state["temp"]
         if directory is None:

@@ -21,10 +21,6 @@ JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "FLUX_JOB_ID"
 _held: dict[Path, int] = {}  # the lock file (its directory resolved) -> the descriptor holding it
 
 
-def job_id() -> str | None:
-    return next((os.environ[v] for v in JOB_ID_VARS if os.environ.get(v)), None)
-
-
 def _holder(fd: int) -> dict | None:
     try:
         who = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
@@ -44,16 +40,16 @@ def holder_words(who: dict | None) -> str:
 
 
 def _refusal(param: str, path: str | os.PathLike, fd: int) -> UserError:
+    where, what, other = _WHAT[param]
     return UserError(
-        f"`{param}` {path}: in use by {holder_words(_holder(fd))}; two jobs {_WHAT[param]}: wait "
-        "for it to end, stop it, or give another "
-        + ("directory" if param == "checkpoint_dir" else "file")
+        f"`{param}` {path}: in use by {holder_words(_holder(fd))}; two jobs {where} would "
+        f"overwrite each other's {what}: wait for it to end, stop it, or give another {other}"
     )
 
 
 _WHAT = {
-    "checkpoint_dir": "in one directory would overwrite each other's checkpoints",
-    "metrics": "on one metrics file would overwrite each other's records",
+    "checkpoint_dir": ("in one directory", "checkpoints", "directory"),
+    "metrics": ("on one metrics file", "records", "file"),
 }
 
 
@@ -136,7 +132,8 @@ def _locked(param: str, named: str | os.PathLike, path: Path) -> int | None:
         if not _same_file(fd, path):
             os.close(fd)
             return None
-        who = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id()}
+        job = next((os.environ[v] for v in JOB_ID_VARS if os.environ.get(v)), None)
+        who = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job}
         who["started"] = round(time.time(), 3)
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(who) + "\n").encode(), 0)
