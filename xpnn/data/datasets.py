@@ -21,6 +21,8 @@ from xpnn.record.digest import arrays_digest
 
 NUM_CLASSES = 10
 DATASETS = ("mnist", "fashion-mnist", "synthetic", *TEXT_DATASETS)
+TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
+KNOWN_MOST_BYTES = 32 << 20  # the largest file in SHA256 has 26 MB: larger ones are not hashed
 
 # role -> file name, alike for MNIST and Fashion-MNIST
 FILES = {
@@ -198,10 +200,6 @@ def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
     return found
 
 
-TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
-KNOWN_MOST_BYTES = 32 << 20  # the largest file in SHA256 has 26 MB: larger ones are not hashed
-
-
 def _check_known_files(name: str, found: dict[str, Path]) -> None:
     """Refuse a file that is another dataset's or role's (test images named as training ones)."""
     for role, path in found.items():
@@ -251,8 +249,7 @@ def _load_split(files: dict[str, Path], split: str) -> tuple[np.ndarray, np.ndar
 def check_same_data(
     dataset: Dataset, data_dir: str | os.PathLike | None, allgather: Callable[[Any], list]
 ) -> None:
-    """Refuse ranks that read other data: they would train on other samples, or wait for
-    each other at other epoch ends (every rank calls this with the world's ``allgather``)."""
+    """Refuse ranks that read other data: they would train on other samples or stop out of step."""
     if dataset.name == "synthetic":  # made from the flags, which every rank shares
         return
     sizes = (dataset.x_train.shape[0], dataset.x_test.shape[0])
@@ -277,8 +274,7 @@ def check_same_data(
 def _synthetic_split(
     prototypes: np.ndarray, n: int, rng: np.random.Generator, noise: float = 0.35
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A class prototype at random brightness plus noise, clipped to [0, 1]; the images are
-    allocated first, so a size that cannot fit fails before labels are drawn."""
+    """Class prototypes at random brightness plus noise in [0, 1], the images allocated first."""
     x = np.empty((n, *prototypes.shape[1:]), dtype=np.float32)
     y = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
     brightness = rng.uniform(0.6, 1.0, size=n).astype(np.float32)

@@ -103,8 +103,7 @@ def _too_large(what: str) -> BadTransfer:
 
 
 def _download_to(url: str, dest, timeout: float) -> str:
-    """Stream ``url`` into ``dest``; the SHA-256 of what was written. ``read1`` returns what one
-    read of the socket brings: a trickle trips no read timeout, so the rate is checked."""
+    """Stream ``url`` into ``dest``, its rate checked (a trickle trips no timeout); the SHA-256."""
     digest, received, start = hashlib.sha256(), 0, time.monotonic()
     with urllib.request.urlopen(url, timeout=timeout) as response:
         announced = response.headers.get("Content-Length", "") or ""
@@ -181,8 +180,7 @@ def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
 
 
 def cached(target: Path, sha256: str) -> bool:
-    """Whether ``target`` holds the file of ``sha256``; another file there is a UserError,
-    unless another rank renamed the right one over it meanwhile."""
+    """Whether ``target`` holds the file of ``sha256``; another file there is a UserError."""
     expected = sha256.lower()
     for _ in range(3):
         hashed = _hash_cached(target)

@@ -14,6 +14,8 @@ from xpnn.errors import UserError
 
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_NDIM = 4
+CHUNK = 1 << 22  # what is read (and, gzip, decompressed) at a time
+TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this many
 
 TYPE_CODES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
@@ -58,10 +60,6 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
         raise _fail(source, f"truncated header: {need}, file has {len(data)}")
     dims = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     return TYPE_CODES[code], dims, header_len
-
-
-CHUNK = 1 << 22  # what is read (and, gzip, decompressed) at a time
-TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this many
 
 
 def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
@@ -117,8 +115,7 @@ def _payload_problem(
 def _header_and_payload(
     stream: io.BufferedIOBase, source: str, size: int | None
 ) -> tuple[np.dtype, tuple[int, ...], bytearray]:
-    """(dtype, dims, payload); gzip is inflated only as far as the header says plus a bounded
-    count (never a gzip bomb), and a payload not of ``size`` is refused unread."""
+    """(dtype, dims, payload), gzip inflated only as far as the header says: never a gzip bomb."""
     head = _read_growing(stream, 4 + 4 * MAX_NDIM)
     if not head:
         raise _fail(source, "empty file (after gunzip)")

@@ -1,5 +1,4 @@
-"""Character-level text, tiny Shakespeare or any UTF-8 file: a training sample is a window at a
-start drawn from (seed, global step, sample), so N ranks draw what one rank draws."""
+"""Character-level text: a sample is a window drawn from (seed, step, sample), alike on N ranks."""
 
 import math
 import os

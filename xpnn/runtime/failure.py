@@ -1,5 +1,4 @@
-"""Failing well on many ranks: one clear line, the right exit code, no hung job (hydra does not
-notice a rank that exits while the others wait in a collective: MPI_Abort ends them)."""
+"""Failing well on many ranks: one clear line, the right exit code, no hung job (MPI_Abort)."""
 
 import contextlib
 import math
@@ -244,8 +243,7 @@ def agree_timeout() -> float:
 
 
 def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
-    """Run the rank-local setup ``fn`` on every rank, then agree: on a failure rank 0 says one
-    line and every rank raises ``CollectiveExit``; alone, the error reaches the caller."""
+    """Run the rank-local setup ``fn``; a failure anywhere: every rank raises ``CollectiveExit``."""
     rank, size = _rank_size(world_or_comm)
     if size == 1:
         return fn()

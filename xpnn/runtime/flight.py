@@ -1,5 +1,4 @@
-"""The flight recorder: every rank keeps its last ``RING`` communication operations, for the
-stall line, the JSON dumps of a stalled or failing rank, and the timeline tracer."""
+"""The flight recorder: each rank's last ``RING`` operations, for stall lines, dumps and traces."""
 
 import contextlib
 import json
@@ -15,7 +14,9 @@ from xpnn.record.files import replace_whole
 from xpnn.runtime.mpi_state import mpi_rank_size
 
 RING = 512  # operations kept per rank: a few steps of a pipeline's sends and receives
-
+_ring: "deque[Record]" = deque(maxlen=RING)
+_tags: dict[str, Any] = {"bucket": None, "microbatch": None, "step": None}
+_state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "temp": None}
 _now = time.perf_counter
 
 
@@ -51,11 +52,6 @@ def _size(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes} B"
-
-
-_ring: deque[Record] = deque(maxlen=RING)
-_tags: dict[str, Any] = {"bucket": None, "microbatch": None, "step": None}
-_state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "temp": None}
 
 
 def at_step(step: int | None) -> None:
@@ -146,8 +142,7 @@ def _temp_prefix() -> str:
 
 
 def dump(reason: str, temporary: bool = False) -> str | None:
-    """Write the ring as JSON (``temporary``: without a directory of the run's, into a new
-    temporary one); the path, or None: a dump never hides the stall or failure that asked."""
+    """The ring as JSON in the run's directory (``temporary``: else a new temporary one)."""
     directory, current, now = _state["dir"], _state["current"], _now()
     try:
         if directory is None and temporary and _state["temp"] is None:

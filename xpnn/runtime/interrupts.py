@@ -43,8 +43,7 @@ def catch_early_interrupts() -> None:
 
 
 def catch_early_checkpoint_signal(argv: list[str]) -> None:
-    """Note ``--checkpoint-signal USR1`` from the first instant (its default action would end a
-    rank without a trainer yet) for ``requeue.CheckpointOnSignal``."""
+    """Note ``--checkpoint-signal USR1`` from the start: by default it would end the rank."""
     name = None
     for i, word in enumerate(argv):
         if word == "--checkpoint-signal" and i + 1 < len(argv):
@@ -82,8 +81,7 @@ def hand_over(terminated: type[BaseException]) -> None:
 
 
 def forget_handled_interrupt() -> None:
-    """Clear CPython's "unhandled KeyboardInterrupt" flag, which a Ctrl-C handled in code run by
-    ``PyRun_String`` (some C extensions' imports) leaves set: Python would end by SIGINT."""
+    """Clear the unhandled-Ctrl-C flag that C imports leave set: Python would end by SIGINT."""
     import ctypes
 
     ctypes.pythonapi.PyRun_SimpleString(b"pass")

@@ -1,5 +1,4 @@
-"""One job at a time in a checkpoint directory: a ``flock`` on ``DIR/.xpnn-lock``, naming its
-holder, which the kernel drops however the holder ends (``kill -9`` too)."""
+"""One job at a time in a directory: a ``flock`` naming its holder, dropped however it ends."""
 
 import atexit
 import contextlib
@@ -19,6 +18,10 @@ LOCK_NAME = ".xpnn-lock"
 # Slurm, PBS/Torque, LSF, SGE, Flux
 JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "FLUX_JOB_ID")
 _held: dict[Path, int] = {}  # the lock file (its directory resolved) -> the descriptor holding it
+_WHAT = {
+    "checkpoint_dir": ("in one directory", "checkpoints", "directory"),
+    "metrics": ("on one metrics file", "records", "file"),
+}
 
 
 def _holder(fd: int) -> dict | None:
@@ -45,12 +48,6 @@ def _refusal(param: str, path: str | os.PathLike, fd: int) -> UserError:
         f"`{param}` {path}: in use by {holder_words(_holder(fd))}; two jobs {where} would "
         f"overwrite each other's {what}: wait for it to end, stop it, or give another {other}"
     )
-
-
-_WHAT = {
-    "checkpoint_dir": ("in one directory", "checkpoints", "directory"),
-    "metrics": ("on one metrics file", "records", "file"),
-}
 
 
 def _stale_without_flock(fd: int) -> bool:
@@ -94,8 +91,7 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def _open_lock_file(path: Path) -> int:
-    """The lock file, never through a symbolic link nor another file's hard link (another user
-    could plant either, and the holder's line would overwrite its target)."""
+    """The lock file, never through a planted symbolic or hard link (the holder's line lands)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
@@ -114,8 +110,7 @@ def _open_lock_file(path: Path) -> int:
 
 
 def _locked(param: str, named: str | os.PathLike, path: Path) -> int | None:
-    """The descriptor of ``path`` locked and naming this process, or None to try again (the file
-    was replaced: a holder ending normally removes it while still holding the lock)."""
+    """``path``'s descriptor locked and naming this process; None: the file was replaced."""
     import fcntl
 
     fd = _open_lock_file(path)

@@ -1,5 +1,4 @@
-"""Waiting for other ranks without burning a core (MPICH's blocking calls poll at full speed),
-warning after ``stall_warn`` s and ending the job after ``stall_abort`` s."""
+"""Waiting for other ranks without burning a core, warning and ending the job after a while."""
 
 import math
 import os

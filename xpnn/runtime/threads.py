@@ -1,5 +1,4 @@
-"""CPU threads inside one rank: R ranks on a node of C cores run C // R threads each in BLAS
-and Numba, so ranks do not oversubscribe the cores."""
+"""Threads inside one rank: R ranks on C cores run C // R each, never oversubscribing them."""
 
 from __future__ import annotations
 
@@ -9,6 +8,13 @@ from collections.abc import Mapping, MutableMapping
 
 from xpnn.errors import UserError
 from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
+
+REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, and their values
+# OpenBLAS's idle workers spin 2^28 cycles (0.1 s) by default, on the cores Numba's team needs
+# between products; 2^16 bridges the MLP's products and sleeps through the CNN's passes
+# (docs/benchmarks.md, "The hand-off"). Read as the library loads: set before NumPy is imported.
+HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "16"}
+HANDOFF_IN_FORCE: dict[str, str] = {}  # what ``set_handoff`` found or set before NumPy loaded
 
 
 def affinity() -> frozenset[int]:
@@ -38,8 +44,7 @@ def core_share(
 
 
 def allocated_cpus(local_size: int, env: Mapping[str, str] | None = None) -> int | None:
-    """This rank's CPUs of a Slurm allocation (None outside one): a shared node's affinity mask
-    shows every rank the whole machine."""
+    """This rank's CPUs of a Slurm allocation (a shared node's affinity shows the whole machine)."""
     env = os.environ if env is None else env
     per_task = env.get("SLURM_CPUS_PER_TASK", "")
     if per_task.isdigit() and int(per_task) >= 1 and "SLURM_STEP_ID" in env:
@@ -53,14 +58,11 @@ def allocated_cpus(local_size: int, env: Mapping[str, str] | None = None) -> int
 def threads_per_rank(
     local_size: int, cores: int | None = None, override: int | None = None, share: int | None = None
 ) -> int:
-    """Threads for this rank, >= 1: ``override``; else its CPUs of a Slurm allocation capped at
-    ``share``; else ``share``; else ``cores`` divided among the ``local_size`` ranks."""
+    """``override``, else a Slurm share, else ``share``, else ``cores`` over the node's ranks."""
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             raise UserError(f"`threads` {override}: must be a whole number >= 1")
         return override
-    if local_size < 1:
-        raise ValueError(f"local_size must be >= 1, got {local_size}")
     if cores is None:
         allocated = allocated_cpus(local_size)
         if allocated is not None:
@@ -70,9 +72,6 @@ def threads_per_rank(
             return max(1, share)
         cores = node_cores()
     return max(1, cores // local_size)
-
-
-REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, and their values
 
 
 def apply_threads(n: int) -> dict:
@@ -88,16 +87,8 @@ def apply_threads(n: int) -> dict:
     return set_threads(n)
 
 
-# OpenBLAS's idle workers spin 2^28 cycles (0.1 s) by default, on the cores Numba's team needs
-# between products; 2^16 bridges the MLP's products and sleeps through the CNN's passes
-# (docs/benchmarks.md, "The hand-off"). Read as the library loads: set before NumPy is imported.
-HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "16"}
-HANDOFF_IN_FORCE: dict[str, str] = {}  # what ``set_handoff`` found or set before NumPy loaded
-
-
 def set_handoff(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Export ``HANDOFF``'s variables the user left unset, noted as in force here only while
-    NumPy (whose BLAS reads them as it loads) is not loaded."""
+    """Export ``HANDOFF``'s unset variables; in force only if NumPy (its BLAS) is not loaded yet."""
     env = os.environ if env is None else env
     for var, value in HANDOFF.items():
         if not env.get(var):
