@@ -97,19 +97,18 @@ def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
     return count, True
 
 
-def _payload_problem(
+def _check_payload(
     source: str, dims: tuple[int, ...], dtype: np.dtype, actual: int, more: bool = False
-) -> IdxError | None:
+) -> None:
     expected = math.prod(dims) * dtype.itemsize
     what = "" if dtype.itemsize == 1 else f" {dtype.newbyteorder('=').name} values"
     says = f"header says {_shape_str(dims)}{what} = {expected} bytes of data"
     at_least = "at least " if more else ""
     if actual < expected:
-        return _fail(source, f"truncated: {says}, file has {actual}")
+        raise _fail(source, f"truncated: {says}, file has {actual}")
     if actual > expected:
         extra = f"{at_least}{actual - expected} bytes of trailing data"
-        return _fail(source, f"{extra}: {says}, file has {at_least}{actual}")
-    return None
+        raise _fail(source, f"{extra}: {says}, file has {at_least}{actual}")
 
 
 def _header_and_payload(
@@ -125,21 +124,15 @@ def _header_and_payload(
     expected = math.prod(dims) * dtype.itemsize
     payload = head[header_len:]
     if size is not None:
-        problem = _payload_problem(source, dims, dtype, size - header_len)
-        if problem:
-            raise problem
+        _check_payload(source, dims, dtype, size - header_len)
     try:
         if len(payload) < expected:
             read = _read_growing if size is None else _read_known
             payload += read(stream, expected - len(payload))
     except MemoryError:
         raise MemoryError(f"{source}: {_shape_str(dims)} values, {expected:,} bytes") from None
-    if len(payload) < expected:
-        raise _payload_problem(source, dims, dtype, len(payload))  # type: ignore[misc]
-    rest, more = _count_rest(stream, TRAILING_COUNTED)
-    rest += len(payload) - expected
-    if rest:
-        raise _payload_problem(source, dims, dtype, expected + rest, more)  # type: ignore[misc]
+    rest, more = _count_rest(stream, TRAILING_COUNTED)  # none left after a short payload
+    _check_payload(source, dims, dtype, len(payload) + rest, more)
     return dtype, dims, payload
 
 

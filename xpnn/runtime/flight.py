@@ -7,6 +7,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 from xpnn.record import phases
@@ -37,7 +38,7 @@ class Record:
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
 
-    def name(self) -> str:
+    def name(self: Any) -> str:  # a Record, or a ``position`` as a namespace
         """``allreduce #812 (bucket 3, step 406)``."""
         to = "to" if self.op == "send" else "from"
         peer = "" if self.peer is None else f" {to} rank {self.peer}"
@@ -180,7 +181,7 @@ def describe(
     if waiting:
         keys = {(p["group"], p["seq"]) for p in waiting.values()}
         kinds = {(p["op"], p["nbytes"]) for p in waiting.values()}
-        names = {rank: _name(p) for rank, p in waiting.items()}
+        names = {rank: Record.name(SimpleNamespace(**p)) for rank, p in waiting.items()}
         collective = all(p["peer"] is None for p in waiting.values())
         if collective and len(keys) == 1 and len(kinds) == 1:
             name = next(iter(names.values()))
@@ -201,13 +202,6 @@ def describe(
     if dumped:
         parts.append(f"flight records in {dumped}")
     return "; ".join(parts)
-
-
-def _name(position: dict[str, Any]) -> str:
-    record = Record.__new__(Record)
-    for key in Record.__slots__:
-        setattr(record, key, position.get(key))
-    return record.name()
 
 
 def rank_list(group: list[int]) -> str:
