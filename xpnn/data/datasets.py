@@ -256,13 +256,12 @@ def check_same_data(
     values = arrays_digest((dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
     everyone = allgather((str(data_dir) if data_dir else None, sizes, values))
     first_dir, first_sizes, first_digest = everyone[0]
-    for rank, (where, (n_train, n_test), digest) in enumerate(everyone):
+    for rank, (where, sizes, digest) in enumerate(everyone):
         if digest == first_digest:
             continue
         what = "the same number of samples but other values"
-        if (n_train, n_test) != first_sizes:
-            what = f"{n_train} train / {n_test} test samples, rank 0 {first_sizes[0]} / "
-            what += f"{first_sizes[1]}"
+        if sizes != first_sizes:
+            what = "{} train / {} test samples, rank 0 {} / {}".format(*sizes, *first_sizes)
         here = f"`data_dir` {where}" if where else "the default files"
         there = f"`data_dir` {first_dir}" if first_dir else "the default files"
         raise UserError(
