@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 from xpnn.errors import UserError, user_message
 from xpnn.runtime import flight, stall
 from xpnn.runtime.abort import abort_job, prefix, say
-from xpnn.runtime.interrupts import STOP_NAMES, hand_over, pending_signal
+from xpnn.runtime.interrupts import CODES, hand_over, pending_signal
 from xpnn.runtime.mpi_state import imported_mpi, mpi_rank_size
 from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
 T = TypeVar("T")
 SIGPIPE_EXIT = 141  # 128 + SIGPIPE
-STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_NAMES if hasattr(signal, name))
+STOP_SIGNALS = tuple(signum for signum in CODES if signum != signal.SIGINT)
 STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop by itself
 MOST_SECONDS = 86400.0  # 1e308 would overflow the watch thread's sleep
 INIT_GRACE_S = 2.0  # after a signal, how long a rank may still wait in MPI_Init for others
@@ -73,10 +73,6 @@ class Terminated(BaseException):
         super().__init__(signum)
         self.signum = signum
 
-    @property
-    def words(self) -> str:
-        return f"terminated ({signal.Signals(self.signum).name})"
-
 
 def _raise_terminated(signum: int, _frame: Any) -> None:
     raise Terminated(signum)
@@ -122,10 +118,9 @@ def stop_when_stuck(grace: float) -> None:
 
     def watch() -> None:
         signum = 0
-        while signum not in (*STOP_SIGNALS, signal.SIGINT):
+        while signum not in CODES:
             signum = os.read(read_end, 1)[0]
-        what = Terminated(signum).words if signum != signal.SIGINT else "interrupted"
-        code = 128 + signum
+        what, code = CODES[signum]
         left_in_init(what, code, grace)
         time.sleep(grace)
         rank, size = mpi_rank_size()
@@ -175,9 +170,9 @@ def stopped_from_outside(exc: BaseException) -> tuple[str, int] | None:
         silence_stdout()
         return "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
     if isinstance(exc, Terminated):
-        return exc.words, 128 + exc.signum
+        return CODES[exc.signum]
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or mpiexec passing it on
-        return "interrupted", 130
+        return CODES[signal.SIGINT]
     return None
 
 
