@@ -54,8 +54,7 @@ SHA256 = {
 
 @dataclass(frozen=True)
 class Source:
-    mirrors: tuple[str, ...]
-    mirrors_env: str  # comma-separated override, e.g. for a local or institutional mirror
+    mirrors: tuple[str, ...]  # $XPNN_<NAME>_MIRRORS overrides them (``mirrors_for``)
     system_dir: Path | None = None  # a distribution package's copy, used before the cache
 
 
@@ -65,11 +64,9 @@ SOURCES = {
             "https://ossci-datasets.s3.amazonaws.com/mnist/",
             "https://storage.googleapis.com/cvdf-datasets/mnist/",
         ),
-        mirrors_env="XPNN_MNIST_MIRRORS",
     ),
     "fashion-mnist": Source(
         mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
-        mirrors_env="XPNN_FASHION_MNIST_MIRRORS",
         system_dir=Path("/usr/share/datasets/fashion-mnist"),  # Debian's dataset-fashion-mnist
     ),
 }
@@ -155,7 +152,7 @@ def replicate_train(dataset: Dataset, k: int) -> Dataset:
 
 
 def mirrors_for(name: str) -> list[str]:
-    return mirrors_from(SOURCES[name].mirrors_env, SOURCES[name].mirrors)
+    return mirrors_from(f"XPNN_{name.upper().replace('-', '_')}_MIRRORS", SOURCES[name].mirrors)
 
 
 def _absent(directory: Path) -> str:
