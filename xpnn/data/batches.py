@@ -39,5 +39,4 @@ def shard_bounds(length: int, rank: int, size: int) -> tuple[int, int]:
 
 def shard(batch_idx: np.ndarray, rank: int, size: int) -> np.ndarray:
     """This rank's contiguous slice of a global batch (``np.array_split``'s); it may be empty."""
-    start, stop = shard_bounds(len(batch_idx), rank, size)
-    return batch_idx[start:stop]
+    return batch_idx[slice(*shard_bounds(len(batch_idx), rank, size))]
