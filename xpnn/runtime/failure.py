@@ -1,4 +1,4 @@
-"""Failing well on many ranks: one clear line, the right exit code, no hung job (MPI_Abort)."""
+"""Failing well on many ranks: one line, the right exit code, MPI_Abort so that no rank hangs."""
 
 import contextlib
 import math
@@ -87,7 +87,7 @@ def _handle(signums: tuple[int, ...], handler: Any) -> None:
 
 
 def terminate_on_sigterm() -> None:
-    """Raise ``Terminated`` on every stop signal, replacing a library's (UCX's for SIGHUP)."""
+    """Raise ``Terminated`` on stop signals (the command line's choice: a library keeps its own)."""
     _handle(STOP_SIGNALS, _raise_terminated)
 
 

@@ -1,4 +1,4 @@
-"""Waiting for other ranks without burning a core, warning and ending the job after a while."""
+"""Waiting for ranks without burning a core as MPICH's blocking calls do; a stall ends the job."""
 
 import math
 import os
