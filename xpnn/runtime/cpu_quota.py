@@ -1,4 +1,4 @@
-"""The CPUs this process's cgroup may use (``--cpus``): its affinity mask still shows them all."""
+"""The CPUs a cgroup quota (``docker --cpus``) allows: the affinity mask still shows every core."""
 
 import contextlib
 import math
