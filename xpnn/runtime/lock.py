@@ -91,7 +91,7 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def _open_lock_file(path: Path) -> int:
-    """The lock file, never through a planted symbolic or hard link (the holder's line lands)."""
+    """The lock file, never a planted symlink or hard link: the holder's line would overwrite it."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
