@@ -155,13 +155,6 @@ def mirrors_for(name: str) -> list[str]:
     return mirrors_from(f"XPNN_{name.upper().replace('-', '_')}_MIRRORS", SOURCES[name].mirrors)
 
 
-def _absent(directory: Path) -> str:
-    expanded = Path(os.path.expanduser(directory))  # Path.expanduser raises for ~nosuchuser
-    if expanded != directory:  # --data-dir=~/data: the shell expands no ~ after '='
-        return f"no such directory (the shell left its ~ as it is: did you mean {expanded}?)"
-    return "no such directory"
-
-
 def _not_there(directory: Path, gz_name: str, raw_name: str) -> str:
     for candidate in (directory / gz_name, directory / raw_name):
         if candidate.exists():
@@ -177,7 +170,10 @@ def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
     found, missing = {}, []
     with path_problems("data_dir", directory):
         if not directory.is_dir():
-            what = "not a directory" if directory.exists() else _absent(directory)
+            what = "not a directory" if directory.exists() else "no such directory"
+            expanded = Path(os.path.expanduser(directory))  # Path.expanduser raises for ~nosuchuser
+            if expanded != directory and not directory.exists():  # --data-dir=~/d: no ~ after =
+                what += f" (the shell left its ~ as it is: did you mean {expanded}?)"
             raise UserError(f"`data_dir` {directory}: {what}")
         for role, gz_name in FILES.items():
             raw_name = gz_name.removesuffix(".gz")
