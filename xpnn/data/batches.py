@@ -13,8 +13,6 @@ def check_int(name: str, value: int, least: int) -> None:
 def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """The permutation of ``range(n)`` for this epoch, identical on every rank."""
     check_int("seed", seed, 0)  # ``np.random.default_rng`` takes only non-negative integers
-    if n < 0 or epoch < 0:
-        raise ValueError(f"epoch_order: n and epoch must be >= 0, got n={n}, epoch={epoch}")
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
@@ -41,5 +39,4 @@ def shard_bounds(length: int, rank: int, size: int) -> tuple[int, int]:
 
 def shard(batch_idx: np.ndarray, rank: int, size: int) -> np.ndarray:
     """This rank's contiguous slice of a global batch (``np.array_split``'s); it may be empty."""
-    start, stop = shard_bounds(len(batch_idx), rank, size)
-    return batch_idx[start:stop]
+    return batch_idx[slice(*shard_bounds(len(batch_idx), rank, size))]

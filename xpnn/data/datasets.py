@@ -21,6 +21,8 @@ from xpnn.record.digest import arrays_digest
 
 NUM_CLASSES = 10
 DATASETS = ("mnist", "fashion-mnist", "synthetic", *TEXT_DATASETS)
+TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
+KNOWN_MOST_BYTES = 32 << 20  # the largest file in SHA256 has 26 MB: larger ones are not hashed
 
 # role -> file name, alike for MNIST and Fashion-MNIST
 FILES = {
@@ -52,8 +54,7 @@ SHA256 = {
 
 @dataclass(frozen=True)
 class Source:
-    mirrors: tuple[str, ...]
-    mirrors_env: str  # comma-separated override, e.g. for a local or institutional mirror
+    mirrors: tuple[str, ...]  # $XPNN_<NAME>_MIRRORS overrides them (``mirrors_for``)
     system_dir: Path | None = None  # a distribution package's copy, used before the cache
 
 
@@ -63,11 +64,9 @@ SOURCES = {
             "https://ossci-datasets.s3.amazonaws.com/mnist/",
             "https://storage.googleapis.com/cvdf-datasets/mnist/",
         ),
-        mirrors_env="XPNN_MNIST_MIRRORS",
     ),
     "fashion-mnist": Source(
         mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
-        mirrors_env="XPNN_FASHION_MNIST_MIRRORS",
         system_dir=Path("/usr/share/datasets/fashion-mnist"),  # Debian's dataset-fashion-mnist
     ),
 }
@@ -116,11 +115,11 @@ def load_dataset(
     """A dataset by name, its training set repeated ``replicate`` times (scaling studies)."""
     check_int("replicate", replicate, 1)
     if name in TEXT_DATASETS:
-        split = load_text(name, data_dir, block, download=download)
-        stream, window = split.train.stream, np.lib.stride_tricks.sliding_window_view
-        arrays = (window(stream[:-1], block), window(stream[1:], block), split.x_test, split.y_test)
-        classes = len(split.vocab.chars)  # row s of the views: the window at s, nothing copied
-        dataset = Dataset(name, *arrays, classes, vocab=split.vocab, windows=split.train)
+        windows, x_test, y_test, vocab = load_text(name, data_dir, block, download=download)
+        stream, window = windows.stream, np.lib.stride_tricks.sliding_window_view
+        arrays = (window(stream[:-1], block), window(stream[1:], block), x_test, y_test)
+        classes = len(vocab.chars)  # row s of the views: the window at s, nothing copied
+        dataset = Dataset(name, *arrays, classes, vocab=vocab, windows=windows)
     elif name == "synthetic":
         dataset = make_synthetic(synthetic_size, tuple(synthetic_shape), seed)
     elif name in SOURCES:
@@ -153,14 +152,7 @@ def replicate_train(dataset: Dataset, k: int) -> Dataset:
 
 
 def mirrors_for(name: str) -> list[str]:
-    return mirrors_from(SOURCES[name].mirrors_env, SOURCES[name].mirrors)
-
-
-def _absent(directory: Path) -> str:
-    expanded = Path(os.path.expanduser(directory))  # Path.expanduser raises for ~nosuchuser
-    if expanded != directory:  # --data-dir=~/data: the shell expands no ~ after '='
-        return f"no such directory (the shell left its ~ as it is: did you mean {expanded}?)"
-    return "no such directory"
+    return mirrors_from(f"XPNN_{name.upper().replace('-', '_')}_MIRRORS", SOURCES[name].mirrors)
 
 
 def _not_there(directory: Path, gz_name: str, raw_name: str) -> str:
@@ -178,7 +170,10 @@ def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
     found, missing = {}, []
     with path_problems("data_dir", directory):
         if not directory.is_dir():
-            what = "not a directory" if directory.exists() else _absent(directory)
+            what = "not a directory" if directory.exists() else "no such directory"
+            expanded = Path(os.path.expanduser(directory))  # Path.expanduser raises for ~nosuchuser
+            if expanded != directory and not directory.exists():  # --data-dir=~/d: no ~ after =
+                what += f" (the shell left its ~ as it is: did you mean {expanded}?)"
             raise UserError(f"`data_dir` {directory}: {what}")
         for role, gz_name in FILES.items():
             raw_name = gz_name.removesuffix(".gz")
@@ -196,10 +191,6 @@ def _files_in_dir(name: str, directory: Path) -> dict[str, Path]:
         raise UserError(f"`data_dir` {directory}: missing {', '.join(missing)}")
     _check_known_files(name, found)
     return found
-
-
-TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
-KNOWN_MOST_BYTES = 32 << 20  # the largest file in SHA256 has 26 MB: larger ones are not hashed
 
 
 def _check_known_files(name: str, found: dict[str, Path]) -> None:
@@ -251,21 +242,19 @@ def _load_split(files: dict[str, Path], split: str) -> tuple[np.ndarray, np.ndar
 def check_same_data(
     dataset: Dataset, data_dir: str | os.PathLike | None, allgather: Callable[[Any], list]
 ) -> None:
-    """Refuse ranks that read other data: they would train on other samples, or wait for
-    each other at other epoch ends (every rank calls this with the world's ``allgather``)."""
+    """Refuse ranks that read other data: they would train on other samples or stop out of step."""
     if dataset.name == "synthetic":  # made from the flags, which every rank shares
         return
     sizes = (dataset.x_train.shape[0], dataset.x_test.shape[0])
     values = arrays_digest((dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
     everyone = allgather((str(data_dir) if data_dir else None, sizes, values))
     first_dir, first_sizes, first_digest = everyone[0]
-    for rank, (where, (n_train, n_test), digest) in enumerate(everyone):
+    for rank, (where, sizes, digest) in enumerate(everyone):
         if digest == first_digest:
             continue
         what = "the same number of samples but other values"
-        if (n_train, n_test) != first_sizes:
-            what = f"{n_train} train / {n_test} test samples, rank 0 {first_sizes[0]} / "
-            what += f"{first_sizes[1]}"
+        if sizes != first_sizes:
+            what = "{} train / {} test samples, rank 0 {} / {}".format(*sizes, *first_sizes)
         here = f"`data_dir` {where}" if where else "the default files"
         there = f"`data_dir` {first_dir}" if first_dir else "the default files"
         raise UserError(
@@ -277,8 +266,7 @@ def check_same_data(
 def _synthetic_split(
     prototypes: np.ndarray, n: int, rng: np.random.Generator, noise: float = 0.35
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A class prototype at random brightness plus noise, clipped to [0, 1]; the images are
-    allocated first, so a size that cannot fit fails before labels are drawn."""
+    """Class prototypes at random brightness plus noise in [0, 1], the images allocated first."""
     x = np.empty((n, *prototypes.shape[1:]), dtype=np.float32)
     y = rng.integers(0, NUM_CLASSES, size=n, dtype=np.int64)
     brightness = rng.uniform(0.6, 1.0, size=n).astype(np.float32)

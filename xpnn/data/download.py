@@ -27,23 +27,6 @@ class BadTransfer(OSError):
     """The server hung up early, sent too much, or too slowly."""
 
 
-def _home() -> Path:
-    """$HOME if not empty (``Path.home()`` would give ``/``), else the password database's."""
-    home = os.environ.get("HOME", "")
-    if home:
-        return Path(home)
-    with contextlib.suppress(ImportError, KeyError, OSError):
-        import pwd
-
-        home = pwd.getpwuid(os.getuid()).pw_dir
-    if not home or home == "/":
-        raise UserError(
-            "no download cache: $HOME is not set and this user has no home directory; "
-            "set XPNN_DATA_HOME to a directory, or pass `data_dir`"
-        )
-    return Path(home)
-
-
 def default_cache_dir() -> Path:
     """$XPNN_DATA_HOME, else $XDG_CACHE_HOME/xpnn (if absolute, as XDG asks), else ~/.cache/xpnn."""
     home = os.environ.get("XPNN_DATA_HOME")
@@ -56,7 +39,18 @@ def default_cache_dir() -> Path:
     xdg = os.path.expanduser(os.environ.get("XDG_CACHE_HOME", ""))
     if os.path.isabs(xdg):
         return Path(xdg) / "xpnn"
-    return _home() / ".cache" / "xpnn"
+    home = os.environ.get("HOME", "")  # empty: the password database's (``Path.home()``: ``/``)
+    if not home:
+        with contextlib.suppress(ImportError, KeyError, OSError):
+            import pwd
+
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        if not home or home == "/":
+            raise UserError(
+                "no download cache: $HOME is not set and this user has no home directory; "
+                "set XPNN_DATA_HOME to a directory, or pass `data_dir`"
+            )
+    return Path(home) / ".cache" / "xpnn"
 
 
 def mirrors_from(env: str, defaults: tuple[str, ...]) -> list[str]:
@@ -103,8 +97,7 @@ def _too_large(what: str) -> BadTransfer:
 
 
 def _download_to(url: str, dest, timeout: float) -> str:
-    """Stream ``url`` into ``dest``; the SHA-256 of what was written. ``read1`` returns what one
-    read of the socket brings: a trickle trips no read timeout, so the rate is checked."""
+    """Stream ``url`` into ``dest``, its rate checked (a trickle trips no timeout); the SHA-256."""
     digest, received, start = hashlib.sha256(), 0, time.monotonic()
     with urllib.request.urlopen(url, timeout=timeout) as response:
         announced = response.headers.get("Content-Length", "") or ""
@@ -181,8 +174,7 @@ def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
 
 
 def cached(target: Path, sha256: str) -> bool:
-    """Whether ``target`` holds the file of ``sha256``; another file there is a UserError,
-    unless another rank renamed the right one over it meanwhile."""
+    """Whether ``target`` holds the file of ``sha256``; another file there is a UserError."""
     expected = sha256.lower()
     for _ in range(3):
         hashed = _hash_cached(target)

@@ -14,6 +14,8 @@ from xpnn.errors import UserError
 
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_NDIM = 4
+CHUNK = 1 << 22  # what is read (and, gzip, decompressed) at a time
+TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this many
 
 TYPE_CODES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
@@ -60,10 +62,6 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
     return TYPE_CODES[code], dims, header_len
 
 
-CHUNK = 1 << 22  # what is read (and, gzip, decompressed) at a time
-TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this many
-
-
 def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
     """Up to ``n`` bytes, the buffer growing with what arrives, not to what a header claims."""
     out = bytearray()
@@ -99,26 +97,24 @@ def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
     return count, True
 
 
-def _payload_problem(
+def _check_payload(
     source: str, dims: tuple[int, ...], dtype: np.dtype, actual: int, more: bool = False
-) -> IdxError | None:
+) -> None:
     expected = math.prod(dims) * dtype.itemsize
     what = "" if dtype.itemsize == 1 else f" {dtype.newbyteorder('=').name} values"
     says = f"header says {_shape_str(dims)}{what} = {expected} bytes of data"
     at_least = "at least " if more else ""
     if actual < expected:
-        return _fail(source, f"truncated: {says}, file has {actual}")
+        raise _fail(source, f"truncated: {says}, file has {actual}")
     if actual > expected:
         extra = f"{at_least}{actual - expected} bytes of trailing data"
-        return _fail(source, f"{extra}: {says}, file has {at_least}{actual}")
-    return None
+        raise _fail(source, f"{extra}: {says}, file has {at_least}{actual}")
 
 
 def _header_and_payload(
     stream: io.BufferedIOBase, source: str, size: int | None
 ) -> tuple[np.dtype, tuple[int, ...], bytearray]:
-    """(dtype, dims, payload); gzip is inflated only as far as the header says plus a bounded
-    count (never a gzip bomb), and a payload not of ``size`` is refused unread."""
+    """(dtype, dims, payload), gzip inflated only as far as the header says: never a gzip bomb."""
     head = _read_growing(stream, 4 + 4 * MAX_NDIM)
     if not head:
         raise _fail(source, "empty file (after gunzip)")
@@ -128,21 +124,15 @@ def _header_and_payload(
     expected = math.prod(dims) * dtype.itemsize
     payload = head[header_len:]
     if size is not None:
-        problem = _payload_problem(source, dims, dtype, size - header_len)
-        if problem:
-            raise problem
+        _check_payload(source, dims, dtype, size - header_len)
     try:
         if len(payload) < expected:
             read = _read_growing if size is None else _read_known
             payload += read(stream, expected - len(payload))
     except MemoryError:
         raise MemoryError(f"{source}: {_shape_str(dims)} values, {expected:,} bytes") from None
-    if len(payload) < expected:
-        raise _payload_problem(source, dims, dtype, len(payload))  # type: ignore[misc]
-    rest, more = _count_rest(stream, TRAILING_COUNTED)
-    rest += len(payload) - expected
-    if rest:
-        raise _payload_problem(source, dims, dtype, expected + rest, more)  # type: ignore[misc]
+    rest, more = _count_rest(stream, TRAILING_COUNTED)  # none left after a short payload
+    _check_payload(source, dims, dtype, len(payload) + rest, more)
     return dtype, dims, payload
 
 

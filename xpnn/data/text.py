@@ -1,5 +1,4 @@
-"""Character-level text, tiny Shakespeare or any UTF-8 file: a training sample is a window at a
-start drawn from (seed, global step, sample), so N ranks draw what one rank draws."""
+"""Character-level text: a sample is a window drawn from (seed, step, sample), alike on N ranks."""
 
 import math
 import os
@@ -16,6 +15,7 @@ from xpnn.errors import UserError
 TEXT_DATASETS = ("tinyshakespeare", "text")
 TRAIN_FRACTION = 0.9  # the rest validates in consecutive windows
 TEXT_WINDOWS = 32 * 500  # windows an epoch: 500 steps of batch 32
+TEXT_BYTES_PER_CHAR = 16  # the bytes, their str, the ids and the split's copies
 WINDOW_SALT = 0x7E47  # keys the window starts apart from every other draw of the seed
 
 SHAKESPEARE_FILE = "input.txt"
@@ -62,9 +62,6 @@ def shakespeare_path(data_dir: str | os.PathLike | None, download: bool = True) 
     return cached_file(SHAKESPEARE_FILE, SHAKESPEARE_SHA256, mirrors, cache, download, holding)
 
 
-TEXT_BYTES_PER_CHAR = 16  # the bytes, their str, the ids and the split's copies
-
-
 def read_text(path: str | os.PathLike) -> str:
     have = memory_bytes()  # a character becomes an 8-byte id, beside the text itself
     try:
@@ -81,12 +78,8 @@ def read_text(path: str | os.PathLike) -> str:
     raise UserError(f"`data_dir` {path}: {why}")
 
 
-_MASK = (1 << 64) - 1
-
-
 def _mix(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser (wrapping): a counter to a uniform 64-bit draw, whose bias modulo
-    a text's length (below 2**40) is under 2**-24."""
+    """SplitMix64's finaliser: a counter to a uniform 64-bit draw (bias mod a text under 2**-24)."""
     z = z + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -105,7 +98,7 @@ class TextWindows:
         """The window starts of ``samples`` at ``step``, each a hash of (seed, step, sample)."""
         key = np.zeros(1, dtype=np.uint64)
         for word in (seed, WINDOW_SALT, step):
-            key = _mix(key ^ np.uint64(int(word) & _MASK))
+            key = _mix(key ^ np.uint64(int(word) % 2**64))
         drawn = _mix(key ^ np.asarray(samples, dtype=np.int64).astype(np.uint64))
         limit = len(self.stream) - self.block  # each window and its labels fit in the text
         return (drawn % np.uint64(limit)).astype(np.int64)
@@ -115,15 +108,17 @@ class TextWindows:
         return self.starts(seed, step, samples)[:, None] + np.arange(self.block)
 
 
-@dataclass(frozen=True)
-class TextSplit:
-    train: TextWindows
-    x_test: np.ndarray
-    y_test: np.ndarray
-    vocab: Vocabulary
-
-
-def text_split(text: str, block: int) -> TextSplit:
+def load_text(
+    name: str, data_dir: str | os.PathLike | None, block: int, download: bool
+) -> tuple[TextWindows, np.ndarray, np.ndarray, Vocabulary]:
+    """(training windows, validation inputs and labels, vocabulary) of a text set."""
+    if name == "tinyshakespeare":
+        path = shakespeare_path(data_dir, download)
+    elif data_dir is None:
+        raise UserError("`dataset` text: needs `data_dir`, the UTF-8 file to train on")
+    else:
+        path = Path(data_dir)
+    text = read_text(path)
     vocab = Vocabulary("".join(sorted(set(text))))
     ids = vocab.encode(text)
     cut = int(len(ids) * TRAIN_FRACTION)
@@ -136,19 +131,7 @@ def text_split(text: str, block: int) -> TextSplit:
     n_val = (len(held) - 1) // block
     val = held[: n_val * block + 1]
     x_test, y_test = val[:-1].reshape(n_val, block), val[1:].reshape(n_val, block)
-    return TextSplit(TextWindows(train, block, TEXT_WINDOWS), x_test, y_test, vocab)
-
-
-def load_text(
-    name: str, data_dir: str | os.PathLike | None, block: int, download: bool
-) -> TextSplit:
-    if name == "tinyshakespeare":
-        path = shakespeare_path(data_dir, download)
-    elif data_dir is None:
-        raise UserError("`dataset` text: needs `data_dir`, the UTF-8 file to train on")
-    else:
-        path = Path(data_dir)
-    return text_split(read_text(path), block)
+    return TextWindows(train, block, TEXT_WINDOWS), x_test, y_test, vocab
 
 
 def text_metrics(dataset: Any, loss: float, accuracy: float, samples_per_s: float) -> dict:

@@ -4,6 +4,7 @@ import sys
 import time
 
 ABORT_GRACE_S = 0.3
+SAID: list[str] = []  # the last line ``say`` wrote: a failed run's reason, for ``RunFailed``
 
 
 def abort_job(code: int) -> None:
@@ -18,9 +19,6 @@ def abort_job(code: int) -> None:
 
 def prefix(rank: int, size: int) -> str:
     return f"rank {rank}: " if size > 1 else "xpnn: "
-
-
-SAID: list[str] = []  # the last line ``say`` wrote: a failed run's reason, for ``RunFailed``
 
 
 def say(line: str) -> None:

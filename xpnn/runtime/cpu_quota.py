@@ -1,5 +1,4 @@
-"""The CPUs' worth of time this process's cgroup may use (Docker's ``--cpus``): a container
-limited to one CPU still sees every core in its affinity mask. Linux only."""
+"""The CPUs a cgroup quota (``docker --cpus``) allows: the affinity mask still shows every core."""
 
 import contextlib
 import math
@@ -22,8 +21,7 @@ def _v1_limit(folder: Path) -> float | None:
 
 
 def _limits(mount: Path, path: str, read: Callable[[Path], float | None]) -> list[float]:
-    """The quotas on the cgroup ``path`` under ``mount`` and its ancestors (inside a container
-    ``path`` may name the host's cgroup: then the mount point's own)."""
+    """The quotas on cgroup ``path`` and its ancestors (in a container: the mount point's own)."""
     folder = mount / path.lstrip("/")
     folders = [folder, *folder.parents] if folder.is_dir() else [mount]
     found = []

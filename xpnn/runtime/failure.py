@@ -1,5 +1,4 @@
-"""Failing well on many ranks: one clear line, the right exit code, no hung job (hydra does not
-notice a rank that exits while the others wait in a collective: MPI_Abort ends them)."""
+"""Failing well on many ranks: one line, the right exit code, MPI_Abort so that no rank hangs."""
 
 import contextlib
 import math
@@ -16,11 +15,18 @@ from typing import Any, TypeVar
 from xpnn.errors import UserError, user_message
 from xpnn.runtime import flight, stall
 from xpnn.runtime.abort import abort_job, prefix, say
-from xpnn.runtime.interrupts import STOP_NAMES, hand_over, pending_signal
+from xpnn.runtime.interrupts import CODES, hand_over, pending_signal
 from xpnn.runtime.mpi_state import imported_mpi, mpi_rank_size
 from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
 T = TypeVar("T")
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE
+STOP_SIGNALS = tuple(signum for signum in CODES if signum != signal.SIGINT)
+STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop by itself
+MOST_SECONDS = 86400.0  # 1e308 would overflow the watch thread's sleep
+INIT_GRACE_S = 2.0  # after a signal, how long a rank may still wait in MPI_Init for others
+STOP_TOGETHER_S = 1.0  # how long an interrupted rank waits to hear all others were too
+_SEVERITY = ("bug", "user", "exit")  # the failure a failed setup's line names first
 
 
 class CollectiveExit(SystemExit):
@@ -60,20 +66,12 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-SIGPIPE_EXIT = 141  # 128 + SIGPIPE
-STOP_SIGNALS = tuple(getattr(signal, name) for name in STOP_NAMES if hasattr(signal, name))
-
-
 class Terminated(BaseException):
     """A stop signal arrived: stop as on Ctrl-C."""
 
     def __init__(self, signum: int = signal.SIGTERM) -> None:
         super().__init__(signum)
         self.signum = signum
-
-    @property
-    def words(self) -> str:
-        return f"terminated ({signal.Signals(self.signum).name})"
 
 
 def _raise_terminated(signum: int, _frame: Any) -> None:
@@ -89,13 +87,8 @@ def _handle(signums: tuple[int, ...], handler: Any) -> None:
 
 
 def terminate_on_sigterm() -> None:
-    """Raise ``Terminated`` on every stop signal, replacing a library's (UCX's for SIGHUP); the
-    command line's choice: a program using xpnn as a library keeps its own handlers."""
+    """Raise ``Terminated`` on stop signals (the command line's choice: a library keeps its own)."""
     _handle(STOP_SIGNALS, _raise_terminated)
-
-
-STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop by itself
-MOST_SECONDS = 86400.0  # 1e308 would overflow the watch thread's sleep
 
 
 def stop_grace() -> float:
@@ -116,8 +109,7 @@ def _seconds(var: str, default: float) -> float:
 
 
 def stop_when_stuck(grace: float) -> None:
-    """End the job if this rank has not stopped ``grace`` s after SIGTERM or Ctrl-C: a rank
-    blocked in an MPI call runs no Python handler, so a thread woken by ``set_wakeup_fd`` does."""
+    """End the job ``grace`` s after SIGTERM or Ctrl-C: a rank blocked in MPI runs no handler."""
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
@@ -126,10 +118,9 @@ def stop_when_stuck(grace: float) -> None:
 
     def watch() -> None:
         signum = 0
-        while signum not in (*STOP_SIGNALS, signal.SIGINT):
+        while signum not in CODES:
             signum = os.read(read_end, 1)[0]
-        what = Terminated(signum).words if signum != signal.SIGINT else "interrupted"
-        code = 128 + signum
+        what, code = CODES[signum]
         left_in_init(what, code, grace)
         time.sleep(grace)
         rank, size = mpi_rank_size()
@@ -145,12 +136,8 @@ def stop_when_stuck(grace: float) -> None:
     threading.Thread(target=watch, name="xpnn-stop-watch", daemon=True).start()
 
 
-INIT_GRACE_S = 2.0  # after a signal, how long a rank may still wait in MPI_Init for others
-
-
 def left_in_init(what: str, code: int, grace: float) -> None:
-    """End this rank once it has waited ``INIT_GRACE_S`` in ``MPI_Init`` after a signal (the
-    others may never come); return once MPI runs, or after ``grace`` s."""
+    """End this rank after ``INIT_GRACE_S`` in ``MPI_Init`` past a signal (others may not come)."""
     deadline, inside_since = time.monotonic() + grace, None
     while (now := time.monotonic()) < deadline:
         if in_mpi_init():
@@ -183,9 +170,9 @@ def stopped_from_outside(exc: BaseException) -> tuple[str, int] | None:
         silence_stdout()
         return "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
     if isinstance(exc, Terminated):
-        return exc.words, 128 + exc.signum
+        return CODES[exc.signum]
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or mpiexec passing it on
-        return "interrupted", 130
+        return CODES[signal.SIGINT]
     return None
 
 
@@ -241,9 +228,6 @@ def _done_within(request: Any, seconds: float, nap: float) -> bool:
     return True
 
 
-STOP_TOGETHER_S = 1.0  # how long an interrupted rank waits to hear all others were too
-
-
 def stopped_together(within: float = STOP_TOGETHER_S) -> bool:
     comm = stall.watch_comm()
     return comm is not None and _done_within(comm.Ibarrier(), within, 0.002)
@@ -253,25 +237,8 @@ def agree_timeout() -> float:
     return _seconds("XPNN_AGREE_TIMEOUT", 60.0)
 
 
-def _gather_codes(size: int, code: int) -> Any:
-    """Every rank's exit code; None when a failed rank gave up waiting for the others."""
-    from mpi4py import MPI
-
-    codes = array("i", [0] * size)
-    req = control_comm().Iallgather([array("i", [code]), MPI.INT32_T], [codes, MPI.INT32_T])
-    if code == 0:
-        stall.wait(req, "the agreement that setup succeeded")
-        return codes
-    return codes if _done_within(req, agree_timeout(), 0.005) else None
-
-
-_SEVERITY = ("bug", "user", "exit")  # the failure a failed setup's line names first
-
-
 def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
-    """Run the rank-local setup ``fn`` (no collectives) on every rank, then agree: on a failure
-    rank 0 says one line and every rank raises ``CollectiveExit`` (bug 1, UserError 2, else
-    SystemExit's); alone, the error reaches the caller."""
+    """Run the rank-local setup ``fn``; a failure anywhere: every rank raises ``CollectiveExit``."""
     rank, size = _rank_size(world_or_comm)
     if size == 1:
         return fn()
@@ -289,8 +256,13 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     except Exception as exc:
         _trace_if_debug()
         outcome = ("bug", 1, describe(exc))
-    codes = _gather_codes(size, outcome[1] if outcome else 0)
-    if codes is None:  # the others never came: some rank is stuck inside fn
+    from mpi4py import MPI
+
+    code, codes = outcome[1] if outcome else 0, array("i", [0] * size)
+    req = control_comm().Iallgather([array("i", [code]), MPI.INT32_T], [codes, MPI.INT32_T])
+    if code == 0:
+        stall.wait(req, "the agreement that setup succeeded")
+    elif not _done_within(req, agree_timeout(), 0.005):  # some rank is stuck inside fn
         kind, code, message = outcome  # type: ignore[misc]
         if message:
             say(f"rank {rank}: {message}")

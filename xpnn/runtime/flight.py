@@ -1,5 +1,4 @@
-"""The flight recorder: every rank keeps its last ``RING`` communication operations, for the
-stall line, the JSON dumps of a stalled or failing rank, and the timeline tracer."""
+"""The flight recorder: each rank's last ``RING`` operations, for stall lines, dumps and traces."""
 
 import contextlib
 import json
@@ -8,14 +7,17 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 from xpnn.record import phases
 from xpnn.record.files import replace_whole
-from xpnn.runtime.mpi_state import imported_mpi
+from xpnn.runtime.mpi_state import mpi_rank_size
 
 RING = 512  # operations kept per rank: a few steps of a pipeline's sends and receives
-
+_ring: "deque[Record]" = deque(maxlen=RING)
+_tags: dict[str, Any] = {"bucket": None, "microbatch": None, "step": None}
+_state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "temp": None}
 _now = time.perf_counter
 
 
@@ -36,7 +38,7 @@ class Record:
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
 
-    def name(self) -> str:
+    def name(self: Any) -> str:  # a Record, or a ``position`` as a namespace
         """``allreduce #812 (bucket 3, step 406)``."""
         to = "to" if self.op == "send" else "from"
         peer = "" if self.peer is None else f" {to} rank {self.peer}"
@@ -51,11 +53,6 @@ def _size(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes} B"
-
-
-_ring: deque[Record] = deque(maxlen=RING)
-_tags: dict[str, Any] = {"bucket": None, "microbatch": None, "step": None}
-_state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "temp": None}
 
 
 def at_step(step: int | None) -> None:
@@ -146,15 +143,12 @@ def _temp_prefix() -> str:
 
 
 def dump(reason: str, temporary: bool = False) -> str | None:
-    """Write the ring as JSON (``temporary``: without a directory of the run's, into a new
-    temporary one); the path, or None: a dump never hides the stall or failure that asked."""
+    """The ring as JSON in the run's directory (``temporary``: else a new temporary one)."""
     directory, current, now = _state["dir"], _state["current"], _now()
     try:
         if directory is None and temporary and _state["temp"] is None:
             _state["temp"] = tempfile.mkdtemp(prefix=_temp_prefix())  # 0700, a new name
-            mpi = imported_mpi()  # the rank is not known otherwise: no dump_to
-            if mpi is not None and mpi.Is_initialized():
-                _state["rank"] = mpi.COMM_WORLD.Get_rank()
+            _state["rank"] = mpi_rank_size()[0]  # the rank is not known otherwise: no dump_to
         if directory is None and temporary:
             directory = _state["temp"]
         if directory is None:
@@ -187,7 +181,7 @@ def describe(
     if waiting:
         keys = {(p["group"], p["seq"]) for p in waiting.values()}
         kinds = {(p["op"], p["nbytes"]) for p in waiting.values()}
-        names = {rank: _name(p) for rank, p in waiting.items()}
+        names = {rank: Record.name(SimpleNamespace(**p)) for rank, p in waiting.items()}
         collective = all(p["peer"] is None for p in waiting.values())
         if collective and len(keys) == 1 and len(kinds) == 1:
             name = next(iter(names.values()))
@@ -208,13 +202,6 @@ def describe(
     if dumped:
         parts.append(f"flight records in {dumped}")
     return "; ".join(parts)
-
-
-def _name(position: dict[str, Any]) -> str:
-    record = Record.__new__(Record)
-    for key in Record.__slots__:
-        setattr(record, key, position.get(key))
-    return record.name()
 
 
 def rank_list(group: list[int]) -> str:

@@ -8,10 +8,10 @@ _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_P
 # end a run as Ctrl-C does, exit 128 + number: Slurm's time limit and scancel (TERM), a closed
 # terminal or ssh connection (HUP), Ctrl-\\ (QUIT), a CPU-time limit (XCPU)
 STOP_NAMES = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU")
-_CODES = {_signal.SIGINT: (130, "interrupted")}
+CODES = {_signal.SIGINT: ("interrupted", 130)}  # signal -> (what to say, exit code)
 for _name in STOP_NAMES:
     if hasattr(_signal, _name):
-        _CODES[getattr(_signal, _name)] = (128 + getattr(_signal, _name), f"terminated ({_name})")
+        CODES[getattr(_signal, _name)] = (f"terminated ({_name})", 128 + getattr(_signal, _name))
 _state: dict = {"installed": False, "pending": None, "requested": set()}
 _REQUEST_SIGNALS = ("USR1", "USR2")  # requeue.SIGNALS, without importing it
 
@@ -23,7 +23,7 @@ def launcher_rank() -> int | None:
 
 def _handler(signum: int, _frame: object) -> None:
     if launcher_rank() is None:
-        code, what = _CODES[signum]
+        what, code = CODES[signum]
         os.write(2, f"xpnn: {what}\n".encode())
         os._exit(code)
     if _state["pending"] is None:
@@ -32,7 +32,7 @@ def _handler(signum: int, _frame: object) -> None:
 
 def catch_early_interrupts() -> None:
     """Handle SIGINT and SIGTERM until ``hand_over``; one the parent left ignored stays so."""
-    for signum in _CODES:
+    for signum in CODES:
         if _signal.getsignal(signum) != _signal.SIG_IGN:
             _signal.signal(signum, _handler)
     _state["installed"] = True
@@ -43,8 +43,7 @@ def catch_early_interrupts() -> None:
 
 
 def catch_early_checkpoint_signal(argv: list[str]) -> None:
-    """Note ``--checkpoint-signal USR1`` from the first instant (its default action would end a
-    rank without a trainer yet) for ``requeue.CheckpointOnSignal``."""
+    """Note ``--checkpoint-signal USR1`` from the start: by default it would end the rank."""
     name = None
     for i, word in enumerate(argv):
         if word == "--checkpoint-signal" and i + 1 < len(argv):
@@ -70,7 +69,7 @@ def hand_over(terminated: type[BaseException]) -> None:
     def on_stop(signum: int, _frame: object) -> None:
         raise terminated(signum)
 
-    for signum in _CODES:
+    for signum in CODES:
         if _signal.getsignal(signum) is _handler:
             interrupt = signum == _signal.SIGINT
             _signal.signal(signum, _signal.default_int_handler if interrupt else on_stop)
@@ -82,8 +81,7 @@ def hand_over(terminated: type[BaseException]) -> None:
 
 
 def forget_handled_interrupt() -> None:
-    """Clear CPython's "unhandled KeyboardInterrupt" flag, which a Ctrl-C handled in code run by
-    ``PyRun_String`` (some C extensions' imports) leaves set: Python would end by SIGINT."""
+    """Clear the unhandled-Ctrl-C flag that C imports leave set: Python would end by SIGINT."""
     import ctypes
 
     ctypes.pythonapi.PyRun_SimpleString(b"pass")

@@ -18,18 +18,15 @@ def _proc(pid: int, what: str) -> str:
     return ""
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        return int(_proc(pid, "stat").rsplit(")", 1)[1].split()[1])
-    except (ValueError, IndexError):
-        return None
-
-
 def launcher_stdout(proc: str = "/proc") -> str | None:
     """``/proc/PID/fd/1`` of this rank's hydra ``mpiexec`` where it is a pipe, else None."""
     proxy = os.getppid()
-    launcher = _parent(proxy) if _proc(proxy, "comm").strip() == HYDRA_PROXY else None
-    if launcher is None or _proc(launcher, "comm").strip() not in LAUNCHERS:
+    try:  # the proxy's parent
+        launcher = int(_proc(proxy, "stat").rsplit(")", 1)[1].split()[1])
+    except (ValueError, IndexError):
+        return None
+    names = (_proc(proxy, "comm").strip(), _proc(launcher, "comm").strip())
+    if names[0] != HYDRA_PROXY or names[1] not in LAUNCHERS:
         return None
     if any(arg.startswith(OUTPUT_OPTIONS) for arg in _proc(launcher, "cmdline").split("\0")[1:]):
         return None

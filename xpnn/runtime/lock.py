@@ -1,5 +1,4 @@
-"""One job at a time in a checkpoint directory: a ``flock`` on ``DIR/.xpnn-lock``, naming its
-holder, which the kernel drops however the holder ends (``kill -9`` too)."""
+"""One job at a time in a directory: a ``flock`` naming its holder, dropped however it ends."""
 
 import atexit
 import contextlib
@@ -19,10 +18,10 @@ LOCK_NAME = ".xpnn-lock"
 # Slurm, PBS/Torque, LSF, SGE, Flux
 JOB_ID_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "FLUX_JOB_ID")
 _held: dict[Path, int] = {}  # the lock file (its directory resolved) -> the descriptor holding it
-
-
-def job_id() -> str | None:
-    return next((os.environ[v] for v in JOB_ID_VARS if os.environ.get(v)), None)
+_WHAT = {
+    "checkpoint_dir": ("in one directory", "checkpoints", "directory"),
+    "metrics": ("on one metrics file", "records", "file"),
+}
 
 
 def _holder(fd: int) -> dict | None:
@@ -44,17 +43,11 @@ def holder_words(who: dict | None) -> str:
 
 
 def _refusal(param: str, path: str | os.PathLike, fd: int) -> UserError:
+    where, what, other = _WHAT[param]
     return UserError(
-        f"`{param}` {path}: in use by {holder_words(_holder(fd))}; two jobs {_WHAT[param]}: wait "
-        "for it to end, stop it, or give another "
-        + ("directory" if param == "checkpoint_dir" else "file")
+        f"`{param}` {path}: in use by {holder_words(_holder(fd))}; two jobs {where} would "
+        f"overwrite each other's {what}: wait for it to end, stop it, or give another {other}"
     )
-
-
-_WHAT = {
-    "checkpoint_dir": "in one directory would overwrite each other's checkpoints",
-    "metrics": "on one metrics file would overwrite each other's records",
-}
 
 
 def _stale_without_flock(fd: int) -> bool:
@@ -98,8 +91,7 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def _open_lock_file(path: Path) -> int:
-    """The lock file, never through a symbolic link nor another file's hard link (another user
-    could plant either, and the holder's line would overwrite its target)."""
+    """The lock file, never a planted symlink or hard link: the holder's line would overwrite it."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
@@ -118,8 +110,7 @@ def _open_lock_file(path: Path) -> int:
 
 
 def _locked(param: str, named: str | os.PathLike, path: Path) -> int | None:
-    """The descriptor of ``path`` locked and naming this process, or None to try again (the file
-    was replaced: a holder ending normally removes it while still holding the lock)."""
+    """``path``'s descriptor locked and naming this process; None: the file was replaced."""
     import fcntl
 
     fd = _open_lock_file(path)
@@ -136,7 +127,8 @@ def _locked(param: str, named: str | os.PathLike, path: Path) -> int | None:
         if not _same_file(fd, path):
             os.close(fd)
             return None
-        who = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job_id()}
+        job = next((os.environ[v] for v in JOB_ID_VARS if os.environ.get(v)), None)
+        who = {"host": socket.gethostname(), "pid": os.getpid(), "job_id": job}
         who["started"] = round(time.time(), 3)
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(who) + "\n").encode(), 0)

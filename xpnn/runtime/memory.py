@@ -36,8 +36,7 @@ def preset_parameters(
 
 
 def check_network_fits(what: str, params: int | None, itemsize: int, states: int) -> None:
-    """Refuse a network whose parameters, gradients and optimizer ``states`` exceed memory and
-    swap before anything is allocated: lazily allocated, they would meet the OOM killer."""
+    """Refuse a network beyond memory and swap now: allocated lazily it meets the OOM killer."""
     from xpnn.data.files import memory_bytes
 
     have = memory_bytes()

@@ -5,8 +5,7 @@ from typing import Any
 
 
 def imported_mpi() -> Any:
-    """``mpi4py.MPI`` once another thread has finished importing it (never importing it): a module
-    being imported is in ``sys.modules`` without its functions yet."""
+    """``mpi4py.MPI`` once fully imported, never importing it (half-imported it lacks functions)."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or getattr(getattr(mpi, "__spec__", None), "_initializing", False):
         return None

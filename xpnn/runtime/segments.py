@@ -2,6 +2,7 @@
 file in /tmp), unlinked once every rank of the node has passed ``MPI_Init`` and mapped them."""
 
 import contextlib
+import glob
 import os
 import time
 
@@ -48,8 +49,7 @@ def mpich_segments(maps: str, shm_dir: str = SHM_DIR) -> list[str]:
 
 
 def _segments(mapped: list[str], shm_dir: str) -> list[str]:
-    found = [p for p in mapped if not p.endswith(" (deleted)")]
-    found = [p for p in found if os.path.split(p)[0] == shm_dir]
+    found = (p for p in mapped if os.path.split(p)[0] == shm_dir and not p.endswith(" (deleted)"))
     return list(dict.fromkeys(p for p in found if os.path.basename(p).startswith(MPICH_PREFIX)))
 
 
@@ -80,18 +80,13 @@ def remove_stale(min_age: float = STALE_AFTER_S, shm_dir: str = SHM_DIR) -> list
     """Remove this user's unused MPICH files older than ``min_age`` s; the paths removed."""
     if not os.path.isdir("/proc"):
         return []
-    folder, prefix = os.path.split(HYDRA_TOPOLOGY_PREFIX)
+    starts = (os.path.join(glob.escape(shm_dir), MPICH_PREFIX), glob.escape(HYDRA_TOPOLOGY_PREFIX))
     now, uid, old = time.time(), os.getuid(), []
-    for where, start in ((shm_dir, MPICH_PREFIX), (folder, prefix)):
-        try:
-            paths = [os.path.join(where, n) for n in os.listdir(where) if n.startswith(start)]
-        except OSError:
-            continue
-        for path in paths:
-            with contextlib.suppress(OSError):  # gone meanwhile
-                info = os.lstat(path)
-                if info.st_uid == uid and now - info.st_mtime >= min_age:
-                    old.append(path)
+    for path in (path for start in starts for path in glob.glob(f"{start}*")):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            info = os.lstat(path)
+            if info.st_uid == uid and now - info.st_mtime >= min_age:
+                old.append(path)
     if not old:
         return []
     used = files_in_use()

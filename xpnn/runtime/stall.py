@@ -1,5 +1,4 @@
-"""Waiting for other ranks without burning a core (MPICH's blocking calls poll at full speed),
-warning after ``stall_warn`` s and ending the job after ``stall_abort`` s."""
+"""Waiting for ranks without burning a core as MPICH's blocking calls do; a stall ends the job."""
 
 import math
 import os
@@ -102,7 +101,7 @@ def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
 
 
 def _wait_long(request: Any, what: str, start: float) -> None:
-    warn, abort = _limits["warn"], _limits["abort"]
+    warn, abort, comm = _limits["warn"], _limits["abort"], _state["comm"]
     warned = announced = False
     waiting: dict[int, Any] = {}  # rank -> where it waits (``flight.position``)
     while True:
@@ -116,8 +115,10 @@ def _wait_long(request: Any, what: str, start: float) -> None:
             if not announced and waited >= abort / 2:
                 announced = True
                 flight.dump(f"waited {abort / 2:g} s in {what}: the job may be ended", True)
-                _send_notes()
-            comm = _state["comm"]
+                if comm is not None:  # tell every other rank that this one waits, and where
+                    note, others = (comm.Get_rank(), flight.position()), range(comm.Get_size())
+                    sent = [comm.isend(note, dest=r, tag=_NOTE_TAG) for r in others if r != note[0]]
+                    _state["sent"] += sent  # small: sent eagerly, also to a rank that is stopped
             while comm is not None and comm.iprobe(tag=_NOTE_TAG):
                 sender, position = comm.recv(tag=_NOTE_TAG)
                 waiting[int(sender)] = position
@@ -126,17 +127,6 @@ def _wait_long(request: Any, what: str, start: float) -> None:
         time.sleep(min(MAX_NAP_S, max(MIN_NAP_S, (waited - NAP_GROWS_AFTER_S) / 10)))
         if request.Test():
             return
-
-
-def _send_notes() -> None:
-    """Tell every other rank that this one has waited half of ``stall_abort``, and where."""
-    comm = _state["comm"]
-    if comm is None:
-        return
-    rank, note = comm.Get_rank(), (comm.Get_rank(), flight.position())
-    for other in range(comm.Get_size()):
-        if other != rank:  # small: sent eagerly, also to a rank that is stopped
-            _state["sent"].append(comm.isend(note, dest=other, tag=_NOTE_TAG))
 
 
 def _maybe_abort(what: str, waited: float, abort: float, others: dict[int, Any]) -> None:

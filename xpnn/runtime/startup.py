@@ -1,5 +1,4 @@
-"""A job whose start-up fails on some ranks ends at once: such a rank still starts MPI to tell
-the others, or, if it cannot, asks the launcher to end the job."""
+"""A start-up failing on some ranks ends the job at once (over MPI, else through the launcher)."""
 
 import os
 import socket
@@ -15,8 +14,7 @@ START_UP_EXIT = 2  # a start-up problem is the user's to fix
 
 
 def agree_to_start(world: Any, command: str, problem: str | None = None) -> None:
-    """End every rank with ``CollectiveExit(2)`` once rank 0 said why, if a rank had a start-up
-    ``problem`` (a line) or ranks run different commands (``info : train``)."""
+    """End every rank with exit 2 if a rank had a start-up ``problem`` or runs another command."""
     if world.size == 1:
         return
     everyone = stall.allgather(world.mpi_comm, (command, problem), "the start-up agreement")
@@ -67,8 +65,7 @@ def _agree(command: str, line: str | None, code: int) -> int:
 
 
 def abort_launch(code: int = START_UP_EXIT) -> bool:
-    """Ask hydra, over PMI-1 on ``PMI_FD``, to end the job of a rank that cannot start MPI (the
-    others would wait in ``MPI_Init`` for ever); whether it was sent."""
+    """Ask hydra over PMI-1 to end a job whose rank cannot start MPI; whether it was sent."""
     fd = os.environ.get("PMI_FD", "")
     if not fd.isdigit():
         return False

@@ -1,5 +1,4 @@
-"""CPU threads inside one rank: R ranks on a node of C cores run C // R threads each in BLAS
-and Numba, so ranks do not oversubscribe the cores."""
+"""Threads inside one rank: R ranks on C cores run C // R each, never oversubscribing them."""
 
 from __future__ import annotations
 
@@ -9,6 +8,13 @@ from collections.abc import Mapping, MutableMapping
 
 from xpnn.errors import UserError
 from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
+
+REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, and their values
+# OpenBLAS's idle workers spin 2^28 cycles (0.1 s) by default, on the cores Numba's team needs
+# between products; 2^16 bridges the MLP's products and sleeps through the CNN's passes
+# (docs/benchmarks.md, "The hand-off"). Read as the library loads: set before NumPy is imported.
+HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "16"}
+HANDOFF_IN_FORCE: dict[str, str] = {}  # what ``set_handoff`` found or set before NumPy loaded
 
 
 def affinity() -> frozenset[int]:
@@ -38,9 +44,7 @@ def core_share(
 
 
 def allocated_cpus(local_size: int, env: Mapping[str, str] | None = None) -> int | None:
-    """This rank's CPUs of a Slurm allocation (None outside one): ``SLURM_CPUS_PER_TASK`` in a job
-    step, else ``SLURM_CPUS_ON_NODE`` shared by ``local_size`` ranks. Nodes that share cores
-    give every rank the whole machine in its affinity mask; the allocation is its share."""
+    """This rank's CPUs of a Slurm allocation (a shared node's affinity shows the whole machine)."""
     env = os.environ if env is None else env
     per_task = env.get("SLURM_CPUS_PER_TASK", "")
     if per_task.isdigit() and int(per_task) >= 1 and "SLURM_STEP_ID" in env:
@@ -54,15 +58,11 @@ def allocated_cpus(local_size: int, env: Mapping[str, str] | None = None) -> int
 def threads_per_rank(
     local_size: int, cores: int | None = None, override: int | None = None, share: int | None = None
 ) -> int:
-    """Threads for this rank: ``override`` if given, else its cores, >= 1: in a Slurm job, its
-    CPUs of the allocation (``allocated_cpus``) capped at ``share``; else ``share``; else
-    ``cores`` divided among the ``local_size`` ranks."""
+    """``override``, else a Slurm share, else ``share``, else ``cores`` over the node's ranks."""
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             raise UserError(f"`threads` {override}: must be a whole number >= 1")
         return override
-    if local_size < 1:
-        raise ValueError(f"local_size must be >= 1, got {local_size}")
     if cores is None:
         allocated = allocated_cpus(local_size)
         if allocated is not None:
@@ -74,13 +74,9 @@ def threads_per_rank(
     return max(1, cores // local_size)
 
 
-REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, and their values
-
-
 def apply_threads(n: int) -> dict:
     """Limit BLAS, OpenMP and Numba to ``n`` threads, noting the variables it overrode."""
-    # here, not at the top: the start-up path imports this module before NumPy may be loaded
-    from xpnn.backends.threads import THREAD_VARS, set_threads
+    from xpnn.backends.threads import THREAD_VARS, set_threads  # not before NumPy may load
 
     if n < 1:
         raise UserError(f"`threads` {n}: must be a whole number >= 1")
@@ -91,20 +87,8 @@ def apply_threads(n: int) -> dict:
     return set_threads(n)
 
 
-# How the BLAS's idle threads hand the cores to Numba's team between products: OpenBLAS's
-# workers spin 2^28 cycles (about 0.1 s) after each product by default, on the cores Numba's
-# threads need for the passes between products (the CNN on 2 threads: 3 busy threads on 2
-# cores). 2^16 cycles (tens of microseconds) bridges the MLP's back-to-back products and sleeps
-# through the CNN's passes: docs/benchmarks.md, "The hand-off". Each library reads its variable
-# once, as it loads: ``set_handoff`` runs before NumPy is imported.
-HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "16"}
-HANDOFF_IN_FORCE: dict[str, str] = {}  # what ``set_handoff`` found or set before NumPy loaded
-
-
 def set_handoff(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Export ``HANDOFF``'s variables the user left unset (a user's own value is kept), for
-    this process and those it starts; noted as in force here only while NumPy is not loaded
-    (its BLAS reads them as it loads)."""
+    """Export ``HANDOFF``'s unset variables; in force only if NumPy (its BLAS) is not loaded yet."""
     env = os.environ if env is None else env
     for var, value in HANDOFF.items():
         if not env.get(var):
@@ -130,8 +114,7 @@ def one_kernel_thread() -> None:
 
 
 def describe_threads(record: dict) -> str:
-    """``8 thread(s)``, or each rank's count where they differ; the batch threads; and the
-    hand-off between the pools where a rank runs several threads."""
+    """``8 thread(s)`` (or each rank's), the batch threads, and the hand-off of several."""
     per_rank = record.get("threads_per_rank") or [record["threads"]]
     handoff = record.get("thread_handoff")
     if record.get("batch_threads"):

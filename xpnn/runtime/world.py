@@ -21,6 +21,9 @@ _LAUNCHER_VARS += ("PALS_RANKID", "ALPS_APP_PE")
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 _SRUN_TASKS_VAR = "SLURM_STEP_NUM_TASKS"  # how many tasks srun started in this job step
 _CONTROL: Any = None  # a duplicate of COMM_WORLD for failure agreement
+QUIET_UCX = ("UCX_DEBUG_SIGNO", "0")  # UCX (the mpich wheel's) prints pages on SIGHUP otherwise
+_starting = {"in_init": False}  # read by the stop watch thread while MPI_Init blocks
+LIBMPI_NAMES = ("libmpi", "libimpi", "libmpich")  # MPICH, Open MPI, Intel MPI's file names
 
 
 def control_comm() -> Any:
@@ -152,10 +155,6 @@ def check_pmix(env: Mapping[str, str], library_version: str) -> None:
     )
 
 
-# UCX (in the mpich wheel) prints hundreds of "UCX DEBUG" lines on SIGHUP, its debug signal
-QUIET_UCX = ("UCX_DEBUG_SIGNO", "0")
-
-
 def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
     """Start MPI; the module and its library's version, asked before a fatal ``MPI_Init``."""
     os.environ.setdefault(*QUIET_UCX)
@@ -177,19 +176,12 @@ def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
     return MPI, library
 
 
-_starting = {"in_init": False}  # read by the stop watch thread while MPI_Init blocks
-
-
 def in_mpi_init() -> bool:
     return _starting["in_init"]
 
 
-LIBMPI_NAMES = ("libmpi", "libimpi", "libmpich")  # MPICH, Open MPI, Intel MPI's file names
-
-
 def loaded_libmpi(symbol: str = "MPI_Get_version") -> Any:
-    """The loaded MPI library that has ``symbol``, loading nothing new: among the files
-    ``/proc/self/maps`` names (mpi4py >= 4.1 loads it RTLD_LOCAL), else the global namespace."""
+    """The loaded MPI library with ``symbol`` (mpi4py >= 4.1 loads it RTLD_LOCAL), loading none."""
     import ctypes
 
     names = {path: os.path.basename(path) for path in segments.mapped_files()}
@@ -206,8 +198,7 @@ def loaded_libmpi(symbol: str = "MPI_Get_version") -> Any:
 
 
 def _init_thread(MPI: Any) -> None:
-    """``MPI_Init_thread`` through ctypes, which lets go of Python's lock while it waits (mpi4py
-    holds it), so the stop watch can end a rank whose others never come."""
+    """``MPI_Init_thread`` without Python's lock, so the stop watch can end a rank left waiting."""
     import ctypes
 
     lib = loaded_libmpi("MPI_Init_thread")
