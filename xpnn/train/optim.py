@@ -152,7 +152,15 @@ class Optimizer:
         zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
     ) -> None:
         rows = grads if isinstance(grads, tuple) else (grads,)
-        _check_buffers(params, rows)
+        if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
+            got = getattr(params, "dtype", type(params).__name__)
+            raise OptimArgError(f"optimizer: params must be a floating-point array, got {got}")
+        for g in rows:
+            if (shape := getattr(g, "shape", None)) != params.shape:
+                why = f"grads of shape {shape} do not match params of shape {params.shape}"
+                raise OptimArgError(f"optimizer: {why}")
+            if not dtype_is(g.dtype, "real floating"):
+                raise OptimArgError(f"optimizer: grads must be floating point, got {g.dtype}")
         self.params, self.grads, self.kernels, self.schedule = params, grads, kernels, schedule
         self.step_count = 0
         self.lr = float("nan")
@@ -272,18 +280,6 @@ class Optimizer:
         raise NotImplementedError
 
 
-def _check_buffers(params: Array, rows: tuple[Array, ...]) -> None:
-    if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
-        got = getattr(params, "dtype", type(params).__name__)
-        raise OptimArgError(f"optimizer: params must be a floating-point array, got {got}")
-    for g in rows:
-        if (shape := getattr(g, "shape", None)) != params.shape:
-            why = f"optimizer: grads of shape {shape} do not match params of shape {params.shape}"
-            raise OptimArgError(why)
-        if not dtype_is(g.dtype, "real floating"):
-            raise OptimArgError(f"optimizer: grads must be floating point, got {g.dtype}")
-
-
 def _check_rate(owner: str, name: str, value: float) -> float:
     if not (isinstance(value, numbers.Real) and 0.0 <= value < 1.0):
         raise OptimArgError(f"{owner}: {name} must be in [0, 1), got {value!r}")
@@ -390,19 +386,10 @@ HYPERS = tuple(dict.fromkeys(h for taken in HYPER_PARAMETERS.values() for h in t
 
 
 def make_optimizer(
-    name: str,
-    params: Array,
-    grads: Array | tuple[Array, ...],
-    kernels: Any,
-    schedule: Schedule,
-    parts: list[slice] | None = None,
-    zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
-    *,
-    matrices: Ranges | None = None,
-    clip: GradClip | None = None,
-    **hyper: Any,
+    name: str, *args: Any, matrices: Ranges | None = None, clip: GradClip | None = None, **hyper
 ) -> Optimizer:
-    """Optimizer ``name``; ``hyper`` by the settings' names, None keeping the default."""
+    """Optimizer ``name`` on ``args`` (``Optimizer``'s); ``hyper`` by the settings' names, None
+    keeping the default."""
     if name not in OPTIMIZERS:
         raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(OPTIMIZERS)})")
     kind = OPTIMIZERS[name]
@@ -410,7 +397,6 @@ def make_optimizer(
     for key in given:
         if key not in kind.hyper_parameters:
             raise OptimArgError(f"`{key}`: not a hyper-parameter of `optimizer` {name}")
-    args = (params, grads, kernels, schedule, parts, zeros)
     optimizer = kind(*args, **kind.keywords(given, matrices))
     optimizer.set_clip(clip)
     return optimizer
