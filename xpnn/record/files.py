@@ -59,8 +59,11 @@ def whole_file(path: str | os.PathLike, mode: int | None = None) -> Iterator[Bin
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd, tmp = _unnamed_file(directory), None
-    if fd is None:
+    fd = tmp = None
+    if (flag := getattr(os, "O_TMPFILE", None)) and os.path.isdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # EOPNOTSUPP, or EISDIR from a kernel without it
+            fd = os.open(directory, flag | os.O_WRONLY, 0o666)  # a file without a name; less umask
+    if fd is None:  # not Linux, NFS, or no ``/proc``
         name = os.path.basename(path) + "."
         fd, tmp = tempfile.mkstemp(prefix=name, suffix=".tmp", dir=directory)
     try:
@@ -83,17 +86,6 @@ def whole_file(path: str | os.PathLike, mode: int | None = None) -> Iterator[Bin
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-
-
-def _unnamed_file(directory: str) -> int | None:
-    """A file without a name in ``directory`` (None: not Linux, NFS, or no ``/proc``)."""
-    flag = getattr(os, "O_TMPFILE", None)
-    if flag is None or not os.path.isdir("/proc/self/fd"):
-        return None
-    try:
-        return os.open(directory, flag | os.O_WRONLY, 0o666)  # less the umask
-    except OSError:  # EOPNOTSUPP, or EISDIR from a kernel without O_TMPFILE
-        return None
 
 
 def _link_unnamed(fd: int, path: str | os.PathLike) -> str:

@@ -91,12 +91,6 @@ def check_out(out: Path, inputs: list[Path]) -> None:
         raise UserError(f"-o {out}: is one of the metrics files given")
 
 
-def by_steps(runs: list[tuple[Path, list[dict[str, Any]]]]) -> bool:
-    """Whether every run trained by ``--steps`` (steps on the x axis)."""
-    records = [e for _, es in runs for e in es]
-    return all(e.get("event") == "eval" and isinstance(e.get("step"), int) for e in records)
-
-
 def is_text(epochs: list[dict[str, Any]]) -> bool:
     """A text model's run: its records say tokens/s and validation loss (docs/cli.md)."""
     return any("tokens_per_s" in e or "val_loss" in e for e in epochs)
@@ -129,7 +123,8 @@ def draw(paths: list[Path], out: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    steps = by_steps(runs)
+    records = [e for _, es in runs for e in es]  # every run by ``--steps``: steps on the x axis
+    steps = all(e.get("event") == "eval" and isinstance(e.get("step"), int) for e in records)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
     for i, (path, epochs) in enumerate(runs):
         x = [e["step"] if steps else e["epoch"] for e in epochs]

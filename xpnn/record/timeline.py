@@ -284,7 +284,14 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             raise UserError(f"trace -o {out}: {exc.strerror}") from None
         if args.png:
-            _draw(merged, args.png)
+            if not any(e.get("cat") == "step" for e in merged["traceEvents"]):
+                raise UserError("trace --png: no traced steps to draw (flight records only)")
+            try:
+                draw(merged, args.png)
+            except ImportError:
+                raise UserError("trace --png: needs matplotlib (pip install matplotlib)") from None
+            except OSError as exc:
+                raise UserError(f"trace --png {args.png}: {exc.strerror}") from None
     except UserError as exc:
         print("xpnn: " + " | ".join(filter(str.strip, str(exc).splitlines())), file=sys.stderr)
         return 2
@@ -314,14 +321,3 @@ def _check_output(flag: str, path: str, directory: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise UserError(f"trace {flag} {path}: directory {parent} does not exist")
-
-
-def _draw(merged: dict[str, Any], path: str) -> None:
-    if not any(e.get("cat") == "step" for e in merged["traceEvents"]):
-        raise UserError("trace --png: no traced steps to draw (flight records only)")
-    try:
-        draw(merged, path)
-    except ImportError:
-        raise UserError("trace --png: needs matplotlib (pip install matplotlib)") from None
-    except OSError as exc:
-        raise UserError(f"trace --png {path}: {exc.strerror}") from None

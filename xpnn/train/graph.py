@@ -108,9 +108,14 @@ class GraphStep:
         shape = (len(batch), len(local))
         if self._eager(shape):
             return None
-        if self.recorder is None:
+        if self.recorder is None:  # the step's inputs and results: buffers the recording reads
+            xp, n = t.xp, len(local)
+            self.idx = xp.zeros((n,), dtype=xp.int64)
+            self.rows = xp.zeros((n,), dtype=xp.int64) if t.data.train_repeats > 1 else self.idx
+            text = t.stream is not None  # ``at``: the windows' starts
+            self.at = xp.zeros((n, t.data.windows.block), dtype=xp.int64) if text else None
+            self.loss, self.correct = xp.zeros((), dtype=xp.float64), xp.zeros((), dtype=xp.float64)
             self.shape = shape
-            self._buffers(len(local))
             self.recorder = Recorder(self.capture, t.optimizer, self.scalars, self._fns(shape))
         t.update.begin_step(len(batch))
         self._stage(local, step)
@@ -141,21 +146,11 @@ class GraphStep:
             return self._say("shape", f"cuda graph: {why}: such steps run eagerly")
         return False
 
-    def _say(self, kind: str, line: str) -> bool:
-        """Log ``line`` once for ``kind``; True: the step runs eagerly."""
+    def _say(self, kind: str, line: str) -> bool:  # ``line`` once per ``kind``; True: eagerly
         if kind not in self._said and self.trainer.is_root:
             self.trainer.log(line)
         self._said.add(kind)
         return True
-
-    def _buffers(self, rows: int) -> None:
-        t, xp = self.trainer, self.trainer.xp
-        self.idx = xp.zeros((rows,), dtype=xp.int64)
-        self.rows = xp.zeros((rows,), dtype=xp.int64) if t.data.train_repeats > 1 else self.idx
-        text = t.stream is not None  # ``at``: the windows' starts
-        self.at = xp.zeros((rows, t.data.windows.block), dtype=xp.int64) if text else None
-        self.loss = xp.zeros((), dtype=xp.float64)
-        self.correct = xp.zeros((), dtype=xp.float64)
 
     def _stage(self, local: np.ndarray, step: int) -> None:
         t, xp = self.trainer, self.trainer.xp

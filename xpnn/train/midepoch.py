@@ -55,22 +55,16 @@ class EpochProgress:
             return cls()
         return cls(partial, done // trainer.steps_per_epoch)
 
-    @staticmethod
-    def _own_sums(trainer: Trainer, restored: dict[str, Any]) -> tuple[float, float]:
-        """This rank's sums: its own in the same layout, else rank 0 holds them all."""
-        rows, rank = restored["sums"], trainer.metrics_comm.rank
-        if len(rows) == trainer.metrics_comm.size:
-            return rows[rank][0], rows[rank][1]
-        if rank == 0 and rows:
-            return math.fsum(r[0] for r in rows), math.fsum(r[1] for r in rows)
-        return 0.0, 0.0
-
     def open(self, trainer: Trainer, span: dict[str, Any], epoch: int) -> dict[str, Any]:
         """``span``, just begun, carried on from the resumed checkpoint's where it was written."""
         restored = self.restored
         if restored is not None and (trainer.cfg.steps is not None or epoch == self.restored_epoch):
-            self.restored = None
-            loss, correct = self._own_sums(trainer, restored)
+            self.restored, rows, rank = None, restored["sums"], trainer.metrics_comm.rank
+            loss, correct = 0.0, 0.0  # this rank's: its own in the same layout, else rank 0's all
+            if len(rows) == trainer.metrics_comm.size:
+                loss, correct = rows[rank]
+            elif rank == 0 and rows:
+                loss, correct = math.fsum(r[0] for r in rows), math.fsum(r[1] for r in rows)
             span["loss"] += loss  # on the device's zeros, as the trainer sums
             span["correct"] += correct
             span["t0"] -= restored["seconds"]

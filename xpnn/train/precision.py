@@ -67,18 +67,15 @@ def overflow_skip(
 class WideLoss:
     """``loss`` in the master precision (a low softmax loses small probabilities), scaled."""
 
-    loss: Any
-    xp: Any
-    wide: Any  # the master dtype
-    low: Any
-    loss_scale: LossScale | None
+    of: Precision
 
     def __call__(self, kernels: Any, logits: Array, labels: Array, scale: float) -> Any:
-        factor = self.loss_scale.scale if self.loss_scale else 1.0
-        loss, dlogits = self.loss(kernels, self.xp.astype(logits, self.wide), labels, scale)
+        p = self.of
+        factor = p.loss_scale.scale if p.loss_scale else 1.0
+        loss, dlogits = p.loss(kernels, p.xp.astype(logits, p.master[0].dtype), labels, scale)
         if factor != 1.0:
             dlogits *= factor
-        return loss, self.xp.astype(dlogits, self.low)
+        return loss, p.xp.astype(dlogits, p.dtype)
 
 
 class Precision:
@@ -99,8 +96,7 @@ class Precision:
         self.master = (model.params, model.grads)
         self.low_params = self.xp.astype(model.params, self.dtype)
         self.low_grads = self.xp.zeros_like(self.low_params)
-        self.loss, scale = model.loss, self.loss_scale
-        self.wide_loss = WideLoss(model.loss, self.xp, model.params.dtype, self.dtype, scale)
+        self.loss, self.wide_loss = model.loss, WideLoss(self)
         optimizer.add_post_step_hook(self._stale)
 
     def _stale(self, _optimizer: Any) -> None:
