@@ -1,6 +1,4 @@
-"""Writing only where the run means to: another user who can write a directory could plant a
-link at a name xpnn writes (``ck/.xpnn-lock -> /etc/x``); files are opened with ``O_NOFOLLOW``,
-and whole files are renamed over their name, replacing a link, not writing through it."""
+"""Writing never through another user's link: ``O_NOFOLLOW`` opens, whole files renamed over."""
 
 from __future__ import annotations
 
@@ -52,8 +50,7 @@ def open_to_write(path: str | os.PathLike, flags: int = 0, mode: int = 0o666) ->
 
 @contextlib.contextmanager
 def whole_file(path: str | os.PathLike, mode: int | None = None) -> Iterator[BinaryIO]:
-    """A file renamed over ``path`` once whole and on disk: a crash leaves ``path`` as it was,
-    a ``kill -9`` mid-write leaves nothing (``O_TMPFILE``; elsewhere a ``.tmp`` file)."""
+    """A file renamed over ``path`` once whole and on disk: a crash or ``kill -9`` leaves it be."""
     directory = os.path.dirname(os.path.abspath(path))
     if mode is None:
         umask = os.umask(0)

@@ -1,5 +1,4 @@
-"""``python -m xpnn plot METRICS.jsonl [more.jsonl ...] [-o FILE.png]``: training curves.
-(matplotlib is optional for xpnn, so it is imported only when drawing.)"""
+"""``python -m xpnn plot METRICS.jsonl [more.jsonl ...] [-o FILE.png]``: training curves."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``python -m xpnn trace DIR``: the ranks' traces and flight records merged into one Chrome
-trace on rank 0's clock, and where each rank's step time goes."""
+"""``python -m xpnn trace DIR``: the ranks' traces on rank 0's clock, and where a step goes."""
 
 from __future__ import annotations
 

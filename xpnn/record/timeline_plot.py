@@ -1,5 +1,4 @@
-"""A merged trace drawn with matplotlib (``python -m xpnn trace DIR --png FILE``): each rank's
-compute, communication and micro-batch lanes over the last traced steps."""
+"""A merged trace drawn with matplotlib (``trace --png``): each rank's lanes, the last steps."""
 
 from __future__ import annotations
 

@@ -155,8 +155,7 @@ def run_callbacks(
     keep_checkpoints: int = KEEP_CHECKPOINTS,
     progress: bool = False,
 ) -> list[Callback]:
-    """A run's own, in the order they act: parameters saved before the done line, checkpoints
-    before a caller's callback sees the record."""
+    """A run's own, in acting order: parameters saved before the done line, checkpoints early."""
     own = [
         SaveParameters(save) if save else None,
         FaultInjection.from_env(),

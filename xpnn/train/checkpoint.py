@@ -1,5 +1,4 @@
-"""Checkpoints: ``.npz`` files of the whole network (``layer0.W``, ``optim.m.layer0.W``,
-``meta.epoch``...), so that a run may resume on other ranks or with another ``--parallel``."""
+"""Checkpoints: ``.npz`` files of the whole network, resumed on other ranks or layouts."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ def save_checkpoint(
     dataset: str = "",
     **said: dict[str, Any] | None,
 ) -> Path:
-    """Write ``params``, optimizer ``state`` (state -> name -> array) and what a resume reads:
-    ``said`` (settings, identity, loss_scale, partial), as JSON."""
+    """``params``, optimizer ``state`` (state -> name -> array) and ``said`` as JSON: one file."""
     arrays = dict(params)
     for state_name, named in state.items():
         arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})

@@ -1,5 +1,4 @@
-"""The training step replayed as a captured CUDA graph (``cuda_graph``): the host keeps the
-inputs, the step's numbers, ``advance`` and the replicas' exchange outside the recording."""
+"""The step replayed as a CUDA graph (``cuda_graph``): inputs, numbers, exchange on the host."""
 
 from __future__ import annotations
 

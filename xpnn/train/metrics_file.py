@@ -1,5 +1,4 @@
-"""The ``metrics`` file as a faithful record: whole JSON lines only, each epoch once (a resume
-drops what came after its checkpoint), and never a file that is not one."""
+"""The ``metrics`` file: whole JSON lines, each record once after a resume, no other file."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Checkpoints between two records (``--checkpoint-signal``), resumed bit for bit: batches come
-from the seed and the epoch, and the record under way's running sums are saved too."""
+"""Checkpoints between two records (``--checkpoint-signal``), the running sums saved too."""
 
 from __future__ import annotations
 

@@ -129,8 +129,7 @@ SkipRule = Callable[["Optimizer"], bool]
 
 
 class Optimizer:
-    """A step is ``start_step``, ``update_part`` for each of ``parts``, ``end_step``; ``grads``
-    may be a tuple of buffers to sum; hooks extend it, as ``torch.optim``'s step hooks do."""
+    """``start_step``, ``update_part`` per part, ``end_step``; a tuple of grads summed; hooks."""
 
     state_names: tuple[str, ...] = ()
     hyper_parameters: tuple[str, ...] = ()  # the settings it takes (``make_optimizer``'s keywords)
@@ -388,8 +387,7 @@ HYPERS = tuple(dict.fromkeys(h for taken in HYPER_PARAMETERS.values() for h in t
 def make_optimizer(
     name: str, *args: Any, matrices: Ranges | None = None, clip: GradClip | None = None, **hyper
 ) -> Optimizer:
-    """Optimizer ``name`` on ``args`` (``Optimizer``'s); ``hyper`` by the settings' names, None
-    keeping the default."""
+    """Optimizer ``name`` on ``args``; ``hyper`` by the settings' names (None: the default)."""
     if name not in OPTIMIZERS:
         raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(OPTIMIZERS)})")
     kind = OPTIMIZERS[name]

@@ -1,5 +1,4 @@
-"""Mixed precision: fp32 master parameters and state; the passes on a bf16 or fp16 copy, their
-gradients cast back (unscaled) as backward finishes them; fp16 scales the loss (``GradScaler``)."""
+"""Mixed precision: fp32 master copy and state, bf16/fp16 passes, fp16 loss scaling."""
 
 from __future__ import annotations
 

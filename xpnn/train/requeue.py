@@ -1,5 +1,4 @@
-"""Checkpoint-and-exit on a signal (Slurm's ``--signal=USR1@120``): the ranks agree at the end
-of a step, write the checkpoint there and leave with ``REQUEUE_EXIT`` for a requeue script."""
+"""Checkpoint-and-exit on a signal (Slurm's ``--signal``), agreed at a step's end, for a requeue."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Where a run starts: ``checkpoint_dir`` locked for this job and, with ``resume``, its latest
-checkpoint loaded (collective: every rank calls ``start`` once its trainer is built)."""
+"""Where a run starts: ``checkpoint_dir`` locked; with ``resume``, its latest checkpoint read."""
 
 from __future__ import annotations
 

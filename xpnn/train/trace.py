@@ -1,5 +1,4 @@
-"""The timeline trace: every rank writes ``trace-rank{N}.json`` (Chrome trace events, for
-Perfetto) of a window of steps: spans, phases, operations and their waits, device spans."""
+"""Each rank's ``trace-rank{N}.json`` of a window of steps: Chrome trace events, for Perfetto."""
 
 from __future__ import annotations
 
@@ -233,8 +232,7 @@ class Trace(Callback):
 
 
 def observers(spec: Any, rank: int) -> list[Callback]:
-    """The ``Trace`` that ``spec.trace`` asks for; the flight recorder dumps beside a metrics
-    file (not ``/dev/null``), else in the checkpoints' or the trace's directory."""
+    """The ``Trace`` ``spec.trace`` asks for; the flight recorder dumps beside the run's files."""
     metrics = spec.metrics
     if metrics and (os.path.isfile(metrics) or not os.path.exists(metrics)):
         flight.dump_to(os.path.dirname(os.path.abspath(metrics)), rank)

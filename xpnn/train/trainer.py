@@ -1,5 +1,4 @@
-"""The training loop, the same for 1 or N ranks: each takes its share of every global batch,
-the gradient scaled by 1 / global batch, so the ranks' gradients sum to the 1-rank one."""
+"""The training loop, the same for 1 or N ranks: their gradients sum to the 1-rank one."""
 
 from __future__ import annotations
 
