@@ -13,6 +13,7 @@ from xpnn.backends.common import dtype_is
 from xpnn.errors import UserError
 from xpnn.nn.layer import is_int
 from xpnn.record.phases import UPDATE
+from xpnn.record.timeline import union
 
 Array = Any
 
@@ -94,7 +95,7 @@ def pieces(part: slice, n: int, ranges: Ranges) -> list[tuple[slice, bool]]:
     """``part`` of ``n`` values cut at ``ranges``: (slice within the part, whether inside one)."""
     start, stop, _ = part.indices(n)
     out, pos = [], start
-    for lo, hi in merged(ranges):
+    for lo, hi in union(ranges):  # the touching ones joined: one kernel call for neighbours
         lo, hi = max(lo, start), min(hi, stop)
         if lo >= hi:
             continue
@@ -104,17 +105,6 @@ def pieces(part: slice, n: int, ranges: Ranges) -> list[tuple[slice, bool]]:
         pos = hi
     if pos < stop:
         out.append((slice(pos - start, stop - start), False))
-    return out
-
-
-def merged(ranges: Ranges) -> Ranges:
-    """``ranges`` sorted, the touching ones joined (one kernel call for neighbours)."""
-    out: Ranges = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(hi, out[-1][1]))
-        elif lo < hi:
-            out.append((lo, hi))
     return out
 
 
