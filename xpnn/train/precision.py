@@ -78,21 +78,16 @@ class WideLoss:
 
 
 class Precision:
-    """The low-precision passes of a model once ``attach``-ed; ``loss_scale``: fp16's."""
+    """``model``'s passes on low-precision copies of its buffers; ``loss_scale``: fp16's."""
 
-    def __init__(self, precision: str, backend: Any, loss_scale: LossScale | None) -> None:
-        self.name, self.backend, self.xp = precision, backend, backend.xp
+    def __init__(self, model: Any, optimizer: Any, precision: str, loss_scale: Any) -> None:
+        self.xp, self.model, self.master = model.backend.xp, model, (model.params, model.grads)
         name = DTYPE_NAMES[precision]  # the library's own, else ml_dtypes' (NumPy's bfloat16)
         self.dtype = native_dtype(self.xp, name)
         if self.dtype is None:
             raise UserError(f"`precision` {precision}: {self.xp.__name__} arrays have no {name}")
         self.loss_scale = loss_scale
-        self._dirty = True  # the low-precision parameters lag the master ones
-
-    def attach(self, model: Any, optimizer: Any) -> None:
-        """The low-precision copies of ``model``'s flat buffers, stale after each step."""
-        self.model = model
-        self.master = (model.params, model.grads)
+        self._dirty = True  # the low-precision parameters lag the master ones, after each step
         self.low_params = self.xp.astype(model.params, self.dtype)
         self.low_grads = self.xp.zeros_like(self.low_params)
         self.loss, self.wide_loss = model.loss, WideLoss(self)

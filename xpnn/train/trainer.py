@@ -150,8 +150,7 @@ class Trainer:
         args = (cfg.lr, cfg.schedule, warmup, self.total_steps, decay_steps)
         schedule = Schedule(*args, min_lr=cfg.min_lr)
         hyper = {name: getattr(cfg, name) for name in HYPERS}
-        shapes = [tuple(view.shape) for view in model.named_views(model.params).values()]
-        matrices = matrix_ranges(shapes)
+        matrices = matrix_ranges([tuple(v.shape) for v in model.named_views(model.params).values()])
         shared = replicated_ranges(model, cfg.plan.part(comm.rank))  # counted on another rank
 
         def total(local: float) -> float:  # this rank's part of a sum to the whole model's
@@ -178,8 +177,7 @@ class Trainer:
         self.precision: Precision | None = None
         if cfg.precision != "fp32":
             scale = self.loss_scale if cfg.precision == "fp16" else None
-            self.precision = Precision(cfg.precision, backend, scale)
-            self.precision.attach(model, self.optimizer)
+            self.precision = Precision(model, self.optimizer, cfg.precision, scale)
         if self.loss_scale is not None:  # an overflow skips the step, on every rank
             self.optimizer.add_skip_rule(overflow_skip(model, self.xp, self.loss_scale, total))
         # the passes: the model's own, or its twins' over threads each taking part of a batch
