@@ -208,12 +208,10 @@ def _spans(events: Any) -> list[Interval]:
 def summarize(merged: dict[str, Any], info: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per rank, over its traced steps: where the step time went (ms), hidden and bubble shares."""
     rows = []
-    ranks = sorted({e["pid"] for e in merged["traceEvents"] if e.get("cat") == "step"})
-    for rank in ranks:
+    for rank in sorted({e["pid"] for e in merged["traceEvents"] if e.get("cat") == "step"}):
         mine = [e for e in merged["traceEvents"] if e.get("pid") == rank and e.get("ph") == "X"]
         spans = {
-            cat: _spans(e for e in mine if e["cat"] == cat)
-            for cat in ("step", "communication", "wait")
+            c: _spans(e for e in mine if e["cat"] == c) for c in ("step", "communication", "wait")
         }
         steps, comm = spans["step"], spans["communication"]
         in_steps, waiting = overlap(comm, steps), overlap(spans["wait"], steps)

@@ -117,7 +117,13 @@ class GraphStep:
             self.shape = shape
             self.recorder = Recorder(self.capture, t.optimizer, self.scalars, self._fns(shape))
         t.update.begin_step(len(batch))
-        self._stage(local, step)
+        self.idx[...] = t.backend.asarray(local, dtype=t.xp.int64)  # this step's, staged
+        stored = t.data.stored_rows(local)
+        if self.rows is not self.idx:
+            self.rows[...] = t.backend.asarray(stored, dtype=t.xp.int64)
+        if t.stream is not None:
+            spans = t.data.windows.spans(t.cfg.seed, step, stored)
+            self.at[...] = t.backend.asarray(spans, dtype=t.xp.int64)
         try:
             runs = self.recorder.begin(step)
         except CaptureFailed as exc:  # nothing of this step ran: it runs eagerly
@@ -151,16 +157,6 @@ class GraphStep:
         self._said.add(kind)
         return True
 
-    def _stage(self, local: np.ndarray, step: int) -> None:
-        t, xp = self.trainer, self.trainer.xp
-        self.idx[...] = t.backend.asarray(local, dtype=xp.int64)
-        stored = t.data.stored_rows(local)
-        if self.rows is not self.idx:
-            self.rows[...] = t.backend.asarray(stored, dtype=xp.int64)
-        if t.stream is not None:
-            spans = t.data.windows.spans(t.cfg.seed, step, stored)
-            self.at[...] = t.backend.asarray(spans, dtype=xp.int64)
-
     def _fns(self, shape: tuple[int, int]) -> list[Callable[[], None]]:
         """Forward to update as one function; with replicas two, the exchange between them."""
         t, scale = self.trainer, 1.0 / shape[0]
@@ -168,8 +164,7 @@ class GraphStep:
 
         def forward_backward() -> None:
             xb, yb = t.inputs(self.rows, self.at)
-            step, seed = self.scalars.step, t.cfg.seed
-            ctx = Context(train=True, step=step, seed=seed, sample_ids=self.idx)
+            ctx = Context(train=True, step=self.scalars.step, seed=t.cfg.seed, sample_ids=self.idx)
             loss, correct = t.model.loss_and_grads(xb, yb, ctx, scale, ready)
             self.loss[...] = loss
             self.correct[...] = correct

@@ -24,8 +24,7 @@ def _parsed(line: bytes | str) -> dict[str, Any] | None:
 
 
 def is_record(line: bytes | str) -> bool:
-    record = _parsed(line)
-    return record is not None and record.get("event") in EVENTS
+    return (_parsed(line) or {}).get("event") in EVENTS
 
 
 def check_metrics_file(path: str | os.PathLike) -> None:
