@@ -68,28 +68,18 @@ class TrainConfig:
 
 
 class Callback:
-    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them."""
+    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them.
+    ``epoch`` counts from 0, ``step`` every global batch of the run from 0; a ``record`` is a
+    metrics line (docs/cli.md, *The metrics file*): an epoch's, by ``steps`` an ``"eval"`` every
+    ``eval_every``, and the run's last, ``"event"`` ``"done"`` or ``"diverged"``."""
 
-    def on_train_begin(self, trainer: Trainer) -> None:
-        """Before the first epoch (after a resume, before its first epoch left)."""
-
-    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
-        """``epoch`` counts from 0; called inside the epoch's timed span."""
-
-    def on_step_begin(self, trainer: Trainer, step: int) -> None:
-        """``step`` counts every global batch of the run from 0."""
-
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
-        """After the step's update: the parameters are the next step's."""
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """``record``: the epoch's metrics line (docs/cli.md, *The metrics file*)."""
-
-    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """Training by ``steps``: ``record`` (``"event"`` ``"eval"``) every ``eval_every``."""
-
-    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """``record``: the run's last line, ``"event"`` ``"done"`` or ``"diverged"``."""
+    def on_train_begin(self, trainer: Trainer) -> None: ...  # a resume's: before the epochs left
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...  # in its timed span
+    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...
+    def on_step_end(self, trainer: Trainer, step: int) -> None: ...  # the next step's parameters
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
 
 
 def overrides(callback: Callback, event: str) -> bool:
