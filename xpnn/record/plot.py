@@ -103,13 +103,6 @@ def series(key: str, text: bool) -> str:
     return f"{'validation' if text and split == 'test' else split} {what}"
 
 
-def ylabel(title: str, runs: list[tuple[Path, list[dict[str, Any]]]]) -> str:
-    text = [is_text(es) for _, es in runs]
-    rate = "tokens" if all(text) else "samples" if not any(text) else "samples or tokens"
-    loss = f"loss (nats per {'character' if all(text) else 'sample'})"
-    return {"loss": loss, "accuracy": "accuracy (fraction correct)"}.get(title, f"{rate} / s")
-
-
 def draw(paths: list[Path], out: Path) -> Path:
     """One PNG, a panel per quantity, a line per run (dashed: test or validation)."""
     check_out(out, paths)
@@ -140,8 +133,12 @@ def draw(paths: list[Path], out: Path) -> Path:
                 ax.plot(x, y, style, color=f"C{i}", marker="o", ms=3,
                         label=f"{label} {series(key, text)}")  # fmt: skip
     xlabel = "step (optimizer steps)" if steps else "epoch"
+    text = [is_text(es) for _, es in runs]
+    rate = "tokens" if all(text) else "samples" if not any(text) else "samples or tokens"
+    loss = f"loss (nats per {'character' if all(text) else 'sample'})"
+    ylabels = {"loss": loss, "accuracy": "accuracy (fraction correct)", "throughput": f"{rate} / s"}
     for ax, (title, _) in zip(axes, PANELS, strict=True):
-        ax.set(xlabel=xlabel, ylabel=ylabel(title, runs), title=title)
+        ax.set(xlabel=xlabel, ylabel=ylabels[title], title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are counts
         ax.set_ylim(bottom=0, top=1.0 if title == "accuracy" else None)  # a change is no cliff
         if ax.get_legend_handles_labels()[0]:
