@@ -167,9 +167,7 @@ def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
 def check_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Every parameter and optimizer state must be finite, or a resume would blame the rate."""
     for key, value in arrays.items():
-        if key.startswith("meta.") or value.dtype.kind != "f":
-            continue
-        if not np.isfinite(value).all():
+        if not key.startswith("meta.") and value.dtype.kind == "f" and not np.isfinite(value).all():
             bad = int(value.size - np.count_nonzero(np.isfinite(value)))
             raise damaged(path, f"{key} holds {bad:,} value(s) that are NaN or infinite")
 
