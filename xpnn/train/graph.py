@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -38,12 +39,11 @@ def graph_unavailable(trainer: Any) -> str | None:
 
 def graph_step(trainer: Any) -> GraphStep | None:
     """The replayed step for ``cuda_graph``: ``auto`` where it applies, ``on`` or refused."""
-    mode = trainer.cfg.cuda_graph
-    if mode == "off":
+    if trainer.cfg.cuda_graph == "off":
         return None
     if (reason := graph_unavailable(trainer)) is None:
         return GraphStep(trainer, trainer.backend.capture)
-    if mode == "on":
+    if trainer.cfg.cuda_graph == "on":
         raise UserError(f"`cuda_graph` on: {reason}")
     return None
 
@@ -57,7 +57,7 @@ class Recorder:
     ) -> None:
         self.capture, self.optimizer, self.scalars = capture, optimizer, scalars
         self.device_scalars = optimizer.device_scalars_in(scalars)
-        self.fns = [self._replayable(fn) for fn in fns]
+        self.fns = [functools.partial(self._replayable, fn) for fn in fns]
         self.replays: list[Callable[[], None]] | None = None
         self.rehearsed = False
 
@@ -73,18 +73,15 @@ class Recorder:
         self.rehearsed = True
         return runs
 
-    def _replayable(self, fn: Callable[[], None]) -> Callable[[], None]:
-        def replayable() -> None:
-            opt = self.optimizer
-            opt.device_scalars = self.device_scalars
-            try:
-                fn()
-            finally:
-                opt.device_scalars = None
-            if opt.clip is not None:
-                self.norm = opt.grad_norm  # the device value the recording writes
-
-        return replayable
+    def _replayable(self, fn: Callable[[], None]) -> None:  # ``fn`` on the device's numbers
+        opt = self.optimizer
+        opt.device_scalars = self.device_scalars
+        try:
+            fn()
+        finally:
+            opt.device_scalars = None
+        if opt.clip is not None:
+            self.norm = opt.grad_norm  # the device value the recording writes
 
 
 class GraphStep:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -35,11 +36,7 @@ class _CudaEvents:
     """CUDA events on the current stream of PyTorch (CUDA or ROCm) or CuPy."""
 
     def __init__(self, torch: bool) -> None:
-        if torch:
-            import torch as lib
-        else:
-            import cupy as lib
-        self.torch, self._cuda = torch, lib.cuda
+        self.torch, self._cuda = torch, importlib.import_module("torch" if torch else "cupy").cuda
 
     def mark(self) -> Any:
         event = self._cuda.Event(enable_timing=True) if self.torch else self._cuda.Event()
