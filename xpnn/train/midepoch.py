@@ -95,14 +95,11 @@ def partial_of(
     return dict(kind=kind, sums=rows, seconds=seconds, sent=sent, samples=samples, steps=steps)
 
 
-PARTIAL_KEYS = {"kind", "sums", "seconds", "sent", "samples", "steps"}
-
-
 def saved_partial(path: Any) -> dict[str, Any] | None:
     if not (arrays := checkpoint.meta_entry(path, "partial")):
         return None
     value = checkpoint._json_meta(path, arrays, "partial")
-    if not (value.keys() == PARTIAL_KEYS and _numbers(value)):
+    if not (value.keys() == partial_of("epoch", [], 0.0, []).keys() and _numbers(value)):
         raise checkpoint.damaged(path, f"meta.partial is {arrays['meta.partial'].tolist()!r}")
     return value
 

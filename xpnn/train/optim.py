@@ -236,9 +236,8 @@ class Optimizer:
 
     def device_scalars_in(self, scalars: Any) -> dict[str, Array]:
         """This step's numbers as device values ``scalars`` refreshes: a replay takes no number."""
-        dtype = self.params.dtype
         return {
-            name: scalars.add(dtype, lambda _step, name=name: self.step_scalars()[name])
+            name: scalars.add(self.params.dtype, lambda _step, name=name: self.step_scalars()[name])
             for name in self.scalar_names
         }
 

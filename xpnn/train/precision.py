@@ -14,16 +14,14 @@ from xpnn.parallel.comm.narrow import native_dtype, quiet_overflows
 Array = Any
 PRECISIONS = ("fp32", "bf16", "fp16")
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
-INITIAL_SCALE = 2.0**15  # PyTorch GradScaler's init_scale is 2**16; 2**15 leaves fp16 headroom
-GROWTH_INTERVAL = 2000  # good steps before the scale doubles (GradScaler's default)
 
 
 @dataclass
 class LossScale:
     """An overflow skips the step and halves ``scale``; ``growth_interval`` good steps double it."""
 
-    scale: float = INITIAL_SCALE
-    growth_interval: int = GROWTH_INTERVAL
+    scale: float = 2.0**15  # PyTorch GradScaler's init_scale is 2**16; 2**15 leaves headroom
+    growth_interval: int = 2000  # good steps before the scale doubles (GradScaler's default)
     good_steps: int = 0
     skipped: int = 0
 
