@@ -94,23 +94,6 @@ class Precision:
     def _stale(self, _optimizer: Any) -> None:
         self._dirty = True
 
-    def _casting(self, ready: Callable[[int], None] | None) -> Callable[[int], None]:
-        """``ready`` after casting each newly final ``[offset:]`` into the fp32 gradients."""
-        xp, low, grads = self.xp, self.low_grads, self.master[1]
-        inverse = 1.0 / self.loss_scale.scale if self.loss_scale else 1.0
-        done = [grads.shape[0]]
-
-        def casting(offset: int) -> None:
-            part = xp.astype(low[offset : done[0]], grads.dtype)
-            if inverse != 1.0:
-                part *= inverse
-            grads[offset : done[0]] = part
-            done[0] = offset
-            if ready is not None:
-                ready(offset)
-
-        return casting
-
     @contextlib.contextmanager
     def _lowered(self, x: Array) -> Iterator[Array]:
         """The layers on the low-precision copy and ``x`` cast; fp16 overflows are the scale's."""
@@ -132,8 +115,21 @@ class Precision:
         self, x: Array, labels: Array, ctx: Any, scale: float, ready: Callable[[int], None] | None
     ) -> tuple[Array, Array]:
         """The model's ``loss_and_grads`` in low precision; the fp32 gradients come out."""
+        xp, low_grads, grads = self.xp, self.low_grads, self.master[1]
+        inverse = 1.0 / self.loss_scale.scale if self.loss_scale else 1.0
+        done = [grads.shape[0]]
+
+        def casting(offset: int) -> None:  # each newly final ``[offset:]`` cast, then ``ready``
+            part = xp.astype(low_grads[offset : done[0]], grads.dtype)
+            if inverse != 1.0:
+                part *= inverse
+            grads[offset : done[0]] = part
+            done[0] = offset
+            if ready is not None:
+                ready(offset)
+
         with self._lowered(x) as low:
-            return self.model.loss_and_grads(low, labels, ctx, scale, self._casting(ready))
+            return self.model.loss_and_grads(low, labels, ctx, scale, casting)
 
     def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
         with self._lowered(x) as low:

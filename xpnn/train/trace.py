@@ -202,9 +202,21 @@ class Trace(Callback):
                 begin = host + get(origin, start) / 1e3
                 self.add(name, "device", phases.DEVICE, begin, begin + get(start, end) / 1e3)
             self.device.clear()
+
+        def meta(kind: str, tid: int, **args: Any) -> dict[str, Any]:
+            return {"name": kind, "ph": "M", "pid": self.rank, "tid": tid, "args": args}
+
+        stage = self.info.get("stage")
+        label = f"rank {self.rank} (host)" + (f", stage {stage}" if stage is not None else "")
+        lanes = [meta("process_name", 0, name=label)]
+        lanes.append(meta("process_sort_index", 0, sort_index=self.rank))
+        for tid in sorted({e[2] for e in self.events}):
+            lane = LANES.get(tid) or f"communication {tid - phases.COMMUNICATION + 1}"
+            lanes.append(meta("thread_name", tid, name=lane))
+            lanes.append(meta("thread_sort_index", tid, sort_index=tid))
         path = os.path.join(self.directory, f"trace-rank{self.rank}.json")
         doc = {
-            "traceEvents": self._meta() + [self._event(*e) for e in self.events],
+            "traceEvents": lanes + [self._event(*e) for e in self.events],
             "displayTimeUnit": "ms",
             "otherData": {"xpnn": self.info},
         }
@@ -212,20 +224,6 @@ class Trace(Callback):
             os.makedirs(self.directory, exist_ok=True)
             replace_whole(path, json.dumps(doc).encode())  # never through a planted link
         self.written = path
-
-    def _meta(self) -> list[dict[str, Any]]:
-        def meta(kind: str, tid: int, **args: Any) -> dict[str, Any]:
-            return {"name": kind, "ph": "M", "pid": self.rank, "tid": tid, "args": args}
-
-        stage = self.info.get("stage")
-        label = f"rank {self.rank} (host)" + (f", stage {stage}" if stage is not None else "")
-        out = [meta("process_name", 0, name=label)]
-        out.append(meta("process_sort_index", 0, sort_index=self.rank))
-        for tid in sorted({e[2] for e in self.events}):
-            lane = LANES.get(tid) or f"communication {tid - phases.COMMUNICATION + 1}"
-            out.append(meta("thread_name", tid, name=lane))
-            out.append(meta("thread_sort_index", tid, sort_index=tid))
-        return out
 
 
 def observers(spec: Any, rank: int) -> list[Callback]:
