@@ -162,9 +162,7 @@ class GraphStep:
         def forward_backward() -> None:
             xb, yb = t.inputs(self.rows, self.at)
             ctx = Context(train=True, step=self.scalars.step, seed=t.cfg.seed, sample_ids=self.idx)
-            loss, correct = t.model.loss_and_grads(xb, yb, ctx, scale, ready)
-            self.loss[...] = loss
-            self.correct[...] = correct
+            self.loss[...], self.correct[...] = t.model.loss_and_grads(xb, yb, ctx, scale, ready)
             if not self.exchange:
                 t.update.finish()  # what backward left of the update
 
