@@ -49,10 +49,8 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
         epoch, step, before = checkpoint.load_checkpoint(path, trainer)
     except checkpoint.DamagedCheckpoint as exc:  # the one before it may be whole: say so
         if older := checkpoint.checkpoints(directory)[-2:-1]:
-            raise checkpoint.DamagedCheckpoint(
-                f"{exc}; the one before it, {older[0].name}, remains: move this one "
-                "away to resume from it"
-            ) from None
+            why = f"{older[0].name}, remains: move this one away to resume from it"
+            raise checkpoint.DamagedCheckpoint(f"{exc}; the one before it, {why}") from None
         raise
     done, scale = "", trainer.loss_scale
     if scale is not None:  # this run scales: the checkpoint's scale, or a fresh one
