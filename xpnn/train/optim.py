@@ -43,8 +43,7 @@ class Schedule:
             why = f"`schedule`: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
             raise OptimArgError(why)
         for name in ("warmup_steps", "total_steps", "step_size"):
-            value = getattr(self, name)
-            if not is_int(value):
+            if not is_int(value := getattr(self, name)):
                 raise OptimArgError(f"Schedule: {name} must be an int, got {value!r}")
         if self.warmup_steps < 0 or self.total_steps < 0:
             got = f"{self.warmup_steps} and {self.total_steps}"

@@ -228,8 +228,7 @@ class Trace(Callback):
 
 def observers(spec: Any, rank: int) -> list[Callback]:
     """The ``Trace`` ``spec.trace`` asks for; the flight recorder dumps beside the run's files."""
-    metrics = spec.metrics
-    if metrics and (os.path.isfile(metrics) or not os.path.exists(metrics)):
+    if (metrics := spec.metrics) and (os.path.isfile(metrics) or not os.path.exists(metrics)):
         flight.dump_to(os.path.dirname(os.path.abspath(metrics)), rank)
     elif spec.checkpoint_dir or spec.trace:
         flight.dump_to(spec.checkpoint_dir or spec.trace, rank)
