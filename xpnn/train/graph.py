@@ -20,21 +20,18 @@ Capture = Callable[[Callable[[], None]], Callable[[], None]]
 
 def graph_unavailable(trainer: Any) -> str | None:
     """Why this trainer's step cannot be replayed as a graph (None: it can)."""
-    cfg = trainer.cfg
-    if (reason := trainer.backend.capture_unavailable()) is not None:
-        return reason
-    if cfg.plan.spread:
-        return f"`parallel` {cfg.plan.mode} exchanges activations inside the step"
-    if cfg.accumulate > 1:
-        return "`accumulate` above 1 sums micro-steps of different sizes"
-    if cfg.precision != "fp32":
-        return f"`precision` {cfg.precision}: graphs record fp32 steps only"
-    if trainer.loss_scale is not None:  # float16 sent between ranks
-        why = "its loss scale decides on the host whether a step is applied"
-        return f"`grad_dtype` {cfg.grad_dtype}: {why}"
-    if trainer.update.name not in ("local", "allreduce"):
-        return f"the `{trainer.update.name}` update shares host memory between ranks"
-    return None
+    cfg, update = trainer.cfg, trainer.update.name
+    scaled = "its loss scale decides on the host whether a step is applied"
+    shares = f"the `{update}` update shares host memory between ranks"
+    refusals = [  # the first that applies, after the backend's own
+        (cfg.plan.spread, f"`parallel` {cfg.plan.mode} exchanges activations inside the step"),
+        (cfg.accumulate > 1, "`accumulate` above 1 sums micro-steps of different sizes"),
+        (cfg.precision != "fp32", f"`precision` {cfg.precision}: graphs record fp32 steps only"),
+        (trainer.loss_scale is not None, f"`grad_dtype` {cfg.grad_dtype}: {scaled}"),  # float16
+        (update not in ("local", "allreduce"), shares),
+    ]
+    found = trainer.backend.capture_unavailable()
+    return found if found is not None else next((why for refused, why in refusals if refused), None)
 
 
 def graph_step(trainer: Any) -> GraphStep | None:
