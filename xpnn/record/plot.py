@@ -67,15 +67,11 @@ def _check_record(path: Path, line: int, rec: dict[str, Any]) -> None:
         raise UserError(f"{path}: line {line}: an eval record without an epoch number")
     if rec.get("event") != "eval" and not (number and isinstance(epoch, int)):
         raise UserError(f"{path}: line {line}: an epoch record without a whole-number epoch")
-    for _, keys in PANELS:
-        for key in (*keys, "step"):
-            value = rec.get(key)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or (isinstance(value, int) and abs(value) >= 2**1000)  # past a float's range
-            ):
-                raise UserError(f"{path}: line {line}: {key} is not a number ({value!r:.40})")
+    for key in ("step", *(key for _, keys in PANELS for key in keys)):
+        value = rec.get(key)
+        bad = isinstance(value, bool) or not isinstance(value, int | float)
+        if value is not None and (bad or isinstance(value, int) and abs(value) >= 2**1000):
+            raise UserError(f"{path}: line {line}: {key} is not a number ({value!r:.40})")
 
 
 def check_out(out: Path, inputs: list[Path]) -> None:
