@@ -19,6 +19,7 @@ from xpnn.record.timeline_plot import draw  # which imports matplotlib only when
 
 Interval = tuple[float, float]
 FLIGHT_LANE = 90  # the flight recorder's operations, beside the trace's own lanes
+FLIGHT_ARGS = ("nbytes", "bucket", "microbatch", "step", "peer", "group")  # an operation's
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -123,24 +124,6 @@ def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
     return offsets
 
 
-def flight_events(rank: int, dump: dict[str, Any], offset: float) -> list[dict[str, Any]]:
-    """A flight dump's operations as spans (unfinished ones end at the dump)."""
-    events = []
-    for op in dump.get("operations", []):
-        end = op["end"] if op["end"] is not None else dump["now"]
-        name = f"{op['op']} #{op['seq']}" + ("" if op["end"] is not None else " (unfinished)")
-        args = {k: op.get(k) for k in ("nbytes", "bucket", "microbatch", "step", "peer", "group")}
-        events.append(
-            {"name": name, "cat": "flight", "ph": "X", "pid": rank, "tid": FLIGHT_LANE,
-             "ts": op["start"] * 1e6 - offset, "dur": max(0.0, end - op["start"]) * 1e6,
-             "args": args}
-        )  # fmt: skip
-    if events:
-        lane = {"name": f"flight recorder ({dump.get('reason', '')})"}
-        events.append(dict(name="thread_name", ph="M", pid=rank, tid=FLIGHT_LANE, args=lane))
-    return events
-
-
 def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """One trace of every rank on rank 0's clock (starting at 0), and each rank's xpnn info."""
     traces, flights = load_ranks(directory, "trace"), load_ranks(directory, "flight")
@@ -154,8 +137,20 @@ def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
             if "ts" in event:
                 event["ts"] -= offsets.get(rank, 0.0)
             events.append(event)
-    for rank, dump in sorted(flights.items()):
-        events.extend(flight_events(rank, dump, offsets.get(rank, 0.0)))
+    for rank, dump in sorted(flights.items()):  # operations as spans, the unfinished to the dump
+        ops, offset = dump.get("operations", []), offsets.get(rank, 0.0)
+        for op in ops:
+            end = op["end"] if op["end"] is not None else dump["now"]
+            name = f"{op['op']} #{op['seq']}" + ("" if op["end"] is not None else " (unfinished)")
+            args = {k: op.get(k) for k in FLIGHT_ARGS}
+            events.append(
+                {"name": name, "cat": "flight", "ph": "X", "pid": rank, "tid": FLIGHT_LANE,
+                 "ts": op["start"] * 1e6 - offset, "dur": max(0.0, end - op["start"]) * 1e6,
+                 "args": args}
+            )  # fmt: skip
+        if ops:
+            lane = {"name": f"flight recorder ({dump.get('reason', '')})"}
+            events.append(dict(name="thread_name", ph="M", pid=rank, tid=FLIGHT_LANE, args=lane))
     origin = min((e["ts"] for e in events if "ts" in e), default=0.0)
     for event in events:
         if "ts" in event:
