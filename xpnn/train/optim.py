@@ -380,9 +380,8 @@ def make_optimizer(
         raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(OPTIMIZERS)})")
     kind = OPTIMIZERS[name]
     given = {key: value for key, value in hyper.items() if value is not None}
-    for key in given:
-        if key not in kind.hyper_parameters:
-            raise OptimArgError(f"`{key}`: not a hyper-parameter of `optimizer` {name}")
+    if unknown := [key for key in given if key not in kind.hyper_parameters]:
+        raise OptimArgError(f"`{unknown[0]}`: not a hyper-parameter of `optimizer` {name}")
     optimizer = kind(*args, **kind.keywords(given, matrices))
     optimizer.set_clip(clip)
     return optimizer

@@ -173,7 +173,6 @@ class Trainer:
         # the passes: the model's own, or its twins' over threads each taking part of a batch
         self.passes = BatchThreads(model, cfg.batch_threads) if cfg.batch_threads > 1 else model
         self.graph: GraphStep | None = graph_step(self)  # the step replayed as a CUDA graph
-        self.n_params = whole_size(model)
         self.callbacks: list[Callback] = list(callbacks)
         self._step_begin = [c for c in self.callbacks if overrides(c, "on_step_begin")]
         self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
@@ -309,7 +308,7 @@ class Trainer:
             "total_seconds": total_seconds,
             "samples": trained,
             "samples_per_s": rate,
-            "params": self.n_params,
+            "params": whole_size(model),
             "params_sha256": digests[0],
             "ranks_agree": len(set(digests)) == 1,
             "peak_rss_mb": peak_rss,  # by rank: where a pipeline stage or a slice weighs most
