@@ -373,15 +373,26 @@ HYPERS = tuple(dict.fromkeys(h for taken in HYPER_PARAMETERS.values() for h in t
 
 
 def make_optimizer(
-    name: str, *args: Any, matrices: Ranges | None = None, clip: GradClip | None = None, **hyper
+    name: str,
+    params: Array,
+    grads: Array | tuple[Array, ...],
+    kernels: Any,
+    schedule: Schedule,
+    parts: list[slice] | None = None,
+    zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
+    *,
+    matrices: Ranges | None = None,
+    clip: GradClip | None = None,
+    **hyper: Any,
 ) -> Optimizer:
-    """Optimizer ``name`` on ``args``; ``hyper`` by the settings' names (None: the default)."""
+    """Optimizer ``name``; ``hyper`` by the settings' names, None keeping the default."""
     if name not in OPTIMIZERS:
         raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(OPTIMIZERS)})")
     kind = OPTIMIZERS[name]
     given = {key: value for key, value in hyper.items() if value is not None}
     if unknown := [key for key in given if key not in kind.hyper_parameters]:
         raise OptimArgError(f"`{unknown[0]}`: not a hyper-parameter of `optimizer` {name}")
+    args = (params, grads, kernels, schedule, parts, zeros)
     optimizer = kind(*args, **kind.keywords(given, matrices))
     optimizer.set_clip(clip)
     return optimizer
