@@ -310,6 +310,5 @@ def _check_output(flag: str, path: str, directory: str) -> None:
         raise UserError(f"trace {flag} {path}: is a directory; give a file name")
     if os.path.exists(path) and not os.path.isfile(path):
         raise UserError(f"trace {flag} {path}: exists and is not a regular file")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
+    if not os.path.isdir(parent := os.path.dirname(os.path.abspath(path))):
         raise UserError(f"trace {flag} {path}: directory {parent} does not exist")

@@ -53,8 +53,7 @@ def save_checkpoint(
 ) -> Path:
     """``params``, optimizer ``state`` (state -> name -> array) and ``said`` as JSON: one file."""
     arrays = dict(params)
-    for state_name, named in state.items():
-        arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
+    arrays |= {f"optim.{name}.{key}": a for name, kept in state.items() for key, a in kept.items()}
     meta = {"epoch": epoch, "step": step, "seed": seed, "dataset": dataset or None}
     arrays |= {f"meta.{k}": np.array(v) for k, v in meta.items() if v is not None}
     arrays |= {f"meta.{k}": np.array(json.dumps(v, sort_keys=True)) for k, v in said.items() if v}
