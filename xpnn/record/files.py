@@ -1,6 +1,4 @@
-"""Writing only where the run means to: another user who can write a directory could plant a
-link at a name xpnn writes (``ck/.xpnn-lock -> /etc/x``); files are opened with ``O_NOFOLLOW``,
-and whole files are renamed over their name, replacing a link, not writing through it."""
+"""Writing never through another user's link: ``O_NOFOLLOW`` opens, whole files renamed over."""
 
 from __future__ import annotations
 
@@ -52,15 +50,17 @@ def open_to_write(path: str | os.PathLike, flags: int = 0, mode: int = 0o666) ->
 
 @contextlib.contextmanager
 def whole_file(path: str | os.PathLike, mode: int | None = None) -> Iterator[BinaryIO]:
-    """A file renamed over ``path`` once whole and on disk: a crash leaves ``path`` as it was,
-    a ``kill -9`` mid-write leaves nothing (``O_TMPFILE``; elsewhere a ``.tmp`` file)."""
+    """A file renamed over ``path`` once whole and on disk: a crash or ``kill -9`` leaves it be."""
     directory = os.path.dirname(os.path.abspath(path))
     if mode is None:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd, tmp = _unnamed_file(directory), None
-    if fd is None:
+    fd = tmp = None
+    if (flag := getattr(os, "O_TMPFILE", None)) and os.path.isdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # EOPNOTSUPP, or EISDIR from a kernel without it
+            fd = os.open(directory, flag | os.O_WRONLY, 0o666)  # a file without a name; less umask
+    if fd is None:  # not Linux, NFS, or no ``/proc``
         name = os.path.basename(path) + "."
         fd, tmp = tempfile.mkstemp(prefix=name, suffix=".tmp", dir=directory)
     try:
@@ -83,17 +83,6 @@ def whole_file(path: str | os.PathLike, mode: int | None = None) -> Iterator[Bin
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-
-
-def _unnamed_file(directory: str) -> int | None:
-    """A file without a name in ``directory`` (None: not Linux, NFS, or no ``/proc``)."""
-    flag = getattr(os, "O_TMPFILE", None)
-    if flag is None or not os.path.isdir("/proc/self/fd"):
-        return None
-    try:
-        return os.open(directory, flag | os.O_WRONLY, 0o666)  # less the umask
-    except OSError:  # EOPNOTSUPP, or EISDIR from a kernel without O_TMPFILE
-        return None
 
 
 def _link_unnamed(fd: int, path: str | os.PathLike) -> str:

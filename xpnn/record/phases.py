@@ -1,5 +1,4 @@
-"""Named phases of a training step (``with WGRAD: ...``) that a listener (``PhaseTimer``) may
-time; with none a mark costs two method calls and a test."""
+"""Named phases of a step (``with WGRAD:``) a listener may time; with none, a mark costs a test."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``python -m xpnn plot METRICS.jsonl [more.jsonl ...] [-o FILE.png]``: training curves.
-(matplotlib is optional for xpnn, so it is imported only when drawing.)"""
+"""``python -m xpnn plot METRICS.jsonl [more.jsonl ...] [-o FILE.png]``: training curves."""
 
 from __future__ import annotations
 
@@ -68,15 +67,11 @@ def _check_record(path: Path, line: int, rec: dict[str, Any]) -> None:
         raise UserError(f"{path}: line {line}: an eval record without an epoch number")
     if rec.get("event") != "eval" and not (number and isinstance(epoch, int)):
         raise UserError(f"{path}: line {line}: an epoch record without a whole-number epoch")
-    for _, keys in PANELS:
-        for key in (*keys, "step"):
-            value = rec.get(key)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or (isinstance(value, int) and abs(value) >= 2**1000)  # past a float's range
-            ):
-                raise UserError(f"{path}: line {line}: {key} is not a number ({value!r:.40})")
+    for key in ("step", *(key for _, keys in PANELS for key in keys)):
+        value = rec.get(key)
+        bad = isinstance(value, bool) or not isinstance(value, int | float)
+        if value is not None and (bad or isinstance(value, int) and abs(value) >= 2**1000):
+            raise UserError(f"{path}: line {line}: {key} is not a number ({value!r:.40})")
 
 
 def check_out(out: Path, inputs: list[Path]) -> None:
@@ -89,12 +84,6 @@ def check_out(out: Path, inputs: list[Path]) -> None:
         raise UserError(f"-o {out}: exists and is not a regular file")
     if any(out.resolve() == path.resolve() for path in inputs):
         raise UserError(f"-o {out}: is one of the metrics files given")
-
-
-def by_steps(runs: list[tuple[Path, list[dict[str, Any]]]]) -> bool:
-    """Whether every run trained by ``--steps`` (steps on the x axis)."""
-    records = [e for _, es in runs for e in es]
-    return all(e.get("event") == "eval" and isinstance(e.get("step"), int) for e in records)
 
 
 def is_text(epochs: list[dict[str, Any]]) -> bool:
@@ -110,13 +99,6 @@ def series(key: str, text: bool) -> str:
     return f"{'validation' if text and split == 'test' else split} {what}"
 
 
-def ylabel(title: str, runs: list[tuple[Path, list[dict[str, Any]]]]) -> str:
-    text = [is_text(es) for _, es in runs]
-    rate = "tokens" if all(text) else "samples" if not any(text) else "samples or tokens"
-    loss = f"loss (nats per {'character' if all(text) else 'sample'})"
-    return {"loss": loss, "accuracy": "accuracy (fraction correct)"}.get(title, f"{rate} / s")
-
-
 def draw(paths: list[Path], out: Path) -> Path:
     """One PNG, a panel per quantity, a line per run (dashed: test or validation)."""
     check_out(out, paths)
@@ -129,7 +111,8 @@ def draw(paths: list[Path], out: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    steps = by_steps(runs)
+    records = [e for _, es in runs for e in es]  # every run by ``--steps``: steps on the x axis
+    steps = all(e.get("event") == "eval" and isinstance(e.get("step"), int) for e in records)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
     for i, (path, epochs) in enumerate(runs):
         x = [e["step"] if steps else e["epoch"] for e in epochs]
@@ -146,8 +129,12 @@ def draw(paths: list[Path], out: Path) -> Path:
                 ax.plot(x, y, style, color=f"C{i}", marker="o", ms=3,
                         label=f"{label} {series(key, text)}")  # fmt: skip
     xlabel = "step (optimizer steps)" if steps else "epoch"
+    text = [is_text(es) for _, es in runs]
+    rate = "tokens" if all(text) else "samples" if not any(text) else "samples or tokens"
+    loss = f"loss (nats per {'character' if all(text) else 'sample'})"
+    ylabels = {"loss": loss, "accuracy": "accuracy (fraction correct)", "throughput": f"{rate} / s"}
     for ax, (title, _) in zip(axes, PANELS, strict=True):
-        ax.set(xlabel=xlabel, ylabel=ylabel(title, runs), title=title)
+        ax.set(xlabel=xlabel, ylabel=ylabels[title], title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are counts
         ax.set_ylim(bottom=0, top=1.0 if title == "accuracy" else None)  # a change is no cliff
         if ax.get_legend_handles_labels()[0]:

@@ -1,5 +1,4 @@
-"""``python -m xpnn trace DIR``: the ranks' traces and flight records merged into one Chrome
-trace on rank 0's clock, and where each rank's step time goes."""
+"""``python -m xpnn trace DIR``: the ranks' traces on rank 0's clock, and where a step goes."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from xpnn.record.timeline_plot import draw  # which imports matplotlib only when
 
 Interval = tuple[float, float]
 FLIGHT_LANE = 90  # the flight recorder's operations, beside the trace's own lanes
+FLIGHT_ARGS = ("nbytes", "bucket", "microbatch", "step", "peer", "group")  # an operation's
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -124,24 +124,6 @@ def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
     return offsets
 
 
-def flight_events(rank: int, dump: dict[str, Any], offset: float) -> list[dict[str, Any]]:
-    """A flight dump's operations as spans (unfinished ones end at the dump)."""
-    events = []
-    for op in dump.get("operations", []):
-        end = op["end"] if op["end"] is not None else dump["now"]
-        name = f"{op['op']} #{op['seq']}" + ("" if op["end"] is not None else " (unfinished)")
-        args = {k: op.get(k) for k in ("nbytes", "bucket", "microbatch", "step", "peer", "group")}
-        events.append(
-            {"name": name, "cat": "flight", "ph": "X", "pid": rank, "tid": FLIGHT_LANE,
-             "ts": op["start"] * 1e6 - offset, "dur": max(0.0, end - op["start"]) * 1e6,
-             "args": args}
-        )  # fmt: skip
-    if events:
-        lane = {"name": f"flight recorder ({dump.get('reason', '')})"}
-        events.append(dict(name="thread_name", ph="M", pid=rank, tid=FLIGHT_LANE, args=lane))
-    return events
-
-
 def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """One trace of every rank on rank 0's clock (starting at 0), and each rank's xpnn info."""
     traces, flights = load_ranks(directory, "trace"), load_ranks(directory, "flight")
@@ -155,8 +137,20 @@ def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
             if "ts" in event:
                 event["ts"] -= offsets.get(rank, 0.0)
             events.append(event)
-    for rank, dump in sorted(flights.items()):
-        events.extend(flight_events(rank, dump, offsets.get(rank, 0.0)))
+    for rank, dump in sorted(flights.items()):  # operations as spans, the unfinished to the dump
+        ops, offset = dump.get("operations", []), offsets.get(rank, 0.0)
+        for op in ops:
+            end = op["end"] if op["end"] is not None else dump["now"]
+            name = f"{op['op']} #{op['seq']}" + ("" if op["end"] is not None else " (unfinished)")
+            args = {k: op.get(k) for k in FLIGHT_ARGS}
+            events.append(
+                {"name": name, "cat": "flight", "ph": "X", "pid": rank, "tid": FLIGHT_LANE,
+                 "ts": op["start"] * 1e6 - offset, "dur": max(0.0, end - op["start"]) * 1e6,
+                 "args": args}
+            )  # fmt: skip
+        if ops:
+            lane = {"name": f"flight recorder ({dump.get('reason', '')})"}
+            events.append(dict(name="thread_name", ph="M", pid=rank, tid=FLIGHT_LANE, args=lane))
     origin = min((e["ts"] for e in events if "ts" in e), default=0.0)
     for event in events:
         if "ts" in event:
@@ -209,12 +203,10 @@ def _spans(events: Any) -> list[Interval]:
 def summarize(merged: dict[str, Any], info: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per rank, over its traced steps: where the step time went (ms), hidden and bubble shares."""
     rows = []
-    ranks = sorted({e["pid"] for e in merged["traceEvents"] if e.get("cat") == "step"})
-    for rank in ranks:
+    for rank in sorted({e["pid"] for e in merged["traceEvents"] if e.get("cat") == "step"}):
         mine = [e for e in merged["traceEvents"] if e.get("pid") == rank and e.get("ph") == "X"]
         spans = {
-            cat: _spans(e for e in mine if e["cat"] == cat)
-            for cat in ("step", "communication", "wait")
+            c: _spans(e for e in mine if e["cat"] == c) for c in ("step", "communication", "wait")
         }
         steps, comm = spans["step"], spans["communication"]
         in_steps, waiting = overlap(comm, steps), overlap(spans["wait"], steps)
@@ -284,7 +276,14 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             raise UserError(f"trace -o {out}: {exc.strerror}") from None
         if args.png:
-            _draw(merged, args.png)
+            if not any(e.get("cat") == "step" for e in merged["traceEvents"]):
+                raise UserError("trace --png: no traced steps to draw (flight records only)")
+            try:
+                draw(merged, args.png)
+            except ImportError:
+                raise UserError("trace --png: needs matplotlib (pip install matplotlib)") from None
+            except OSError as exc:
+                raise UserError(f"trace --png {args.png}: {exc.strerror}") from None
     except UserError as exc:
         print("xpnn: " + " | ".join(filter(str.strip, str(exc).splitlines())), file=sys.stderr)
         return 2
@@ -311,17 +310,5 @@ def _check_output(flag: str, path: str, directory: str) -> None:
         raise UserError(f"trace {flag} {path}: is a directory; give a file name")
     if os.path.exists(path) and not os.path.isfile(path):
         raise UserError(f"trace {flag} {path}: exists and is not a regular file")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
+    if not os.path.isdir(parent := os.path.dirname(os.path.abspath(path))):
         raise UserError(f"trace {flag} {path}: directory {parent} does not exist")
-
-
-def _draw(merged: dict[str, Any], path: str) -> None:
-    if not any(e.get("cat") == "step" for e in merged["traceEvents"]):
-        raise UserError("trace --png: no traced steps to draw (flight records only)")
-    try:
-        draw(merged, path)
-    except ImportError:
-        raise UserError("trace --png: needs matplotlib (pip install matplotlib)") from None
-    except OSError as exc:
-        raise UserError(f"trace --png {path}: {exc.strerror}") from None

@@ -1,5 +1,4 @@
-"""A merged trace drawn with matplotlib (``python -m xpnn trace DIR --png FILE``): each rank's
-compute, communication and micro-batch lanes over the last traced steps."""
+"""A merged trace drawn with matplotlib (``trace --png``): each rank's lanes, the last steps."""
 
 from __future__ import annotations
 
@@ -32,14 +31,6 @@ def _kind(event: dict[str, Any]) -> str | None:
     return next((kind for kind in kinds if name.startswith(kind)), None)
 
 
-def window(events: list[dict[str, Any]], steps: int) -> tuple[float, float]:
-    """The time range of rank 0's last ``steps`` traced steps (us)."""
-    first = min(e["pid"] for e in events if e.get("cat") == "step")
-    mine = [e for e in events if e.get("cat") == "step" and e["pid"] == first]
-    mine = sorted(mine, key=lambda e: e["ts"])[-steps:]
-    return mine[0]["ts"], mine[-1]["ts"] + mine[-1]["dur"]
-
-
 def draw(merged: dict[str, Any], path: str, steps: int = 2) -> None:
     import matplotlib
 
@@ -48,7 +39,10 @@ def draw(merged: dict[str, Any], path: str, steps: int = 2) -> None:
     from matplotlib.patches import Patch
 
     events = [e for e in merged["traceEvents"] if e.get("ph") == "X"]
-    start, end = window(events, steps)
+    traced = [e for e in events if e.get("cat") == "step"]  # drawn: rank 0's last ``steps``
+    first = min(e["pid"] for e in traced)
+    last = sorted((e for e in traced if e["pid"] == first), key=lambda e: e["ts"])[-steps:]
+    start, end = last[0]["ts"], last[-1]["ts"] + last[-1]["dur"]
     visible = [e for e in events if e["ts"] < end and e["ts"] + e["dur"] > start]
     ranks = sorted({e["pid"] for e in visible})
     rows: list[str] = []

@@ -32,9 +32,9 @@ class MetricsFile(Callback):
             if trainer.optimizer.step_count == 0:  # a fresh run, a fresh file
                 metrics_file.empty(self.path)
             else:  # each epoch once: what came after the resumed checkpoint goes
-                steps = trainer.optimizer.step_count if trainer.cfg.steps else None
-                metrics_file.keep_until(self.path, trainer.start_epoch, steps)
                 cfg = trainer.cfg
+                steps = trainer.optimizer.step_count if cfg.steps else None
+                metrics_file.keep_until(self.path, trainer.start_epoch, steps)
                 left = steps < cfg.steps if steps else trainer.start_epoch < cfg.epochs
                 self.finished = not left and metrics_file.last_event(self.path) == "done"
 
@@ -155,8 +155,7 @@ def run_callbacks(
     keep_checkpoints: int = KEEP_CHECKPOINTS,
     progress: bool = False,
 ) -> list[Callback]:
-    """A run's own callbacks in the order they act: the saved parameters before the done line
-    promises them, an epoch's checkpoint before a caller's callback sees the epoch."""
+    """A run's own, in acting order: parameters saved before the done line, checkpoints early."""
     own = [
         SaveParameters(save) if save else None,
         FaultInjection.from_env(),
@@ -210,14 +209,12 @@ class PhaseTimer(Callback):
 
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []
-        self.trainer: Trainer | None = None
         self._current: dict[str, float] | None = None
         self._open: dict[str, tuple[int, float]] = {}  # phase -> (depth, start)
         self._sync: Any = lambda: None
         self._t0 = 0.0
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        self.trainer = trainer
         if trainer.backend.is_gpu:
             self._sync = trainer.backend.synchronize
         phases.listen(self._mark)
@@ -232,7 +229,6 @@ class PhaseTimer(Callback):
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
         self._sync()
-        assert self._current is not None
         self._current["step"] = time.perf_counter() - self._t0
         self.steps.append(self._current)
         self._current = None

@@ -1,5 +1,4 @@
-"""Checkpoints: ``.npz`` files of the whole network (``layer0.W``, ``optim.m.layer0.W``,
-``meta.epoch``...), so that a run may resume on other ranks or with another ``--parallel``."""
+"""Checkpoints: ``.npz`` files of the whole network, resumed on other ranks or layouts."""
 
 from __future__ import annotations
 
@@ -31,16 +30,11 @@ def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None
         raise UserError(f"{path}: directory {path.parent} does not exist")
     with whole_file(path) as fh:
         np.savez(fh, **arrays)
-        _injected_fault()
-
-
-def _injected_fault() -> None:
-    """``XPNN_SAVE_FAULT`` (fault tests): ``sleep:S`` pauses mid-write, ``enospc`` fails."""
-    spec = os.environ.get("XPNN_SAVE_FAULT", "")
-    if spec == "enospc":
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    if spec.startswith("sleep:"):
-        time.sleep(float(spec.removeprefix("sleep:")))
+        fault = os.environ.get("XPNN_SAVE_FAULT", "")  # the fault tests': ``sleep:S``, ``enospc``
+        if fault == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if fault.startswith("sleep:"):  # a pause mid-write
+            time.sleep(float(fault.removeprefix("sleep:")))
 
 
 CHECKPOINT_NAME = re.compile(r"checkpoint-epoch(\d+)(?:-step(\d+))?\.npz")  # -step: mid-epoch
@@ -57,11 +51,9 @@ def save_checkpoint(
     dataset: str = "",
     **said: dict[str, Any] | None,
 ) -> Path:
-    """Write ``params``, optimizer ``state`` (state -> name -> array) and what a resume reads:
-    ``said`` (settings, identity, loss_scale, partial), as JSON."""
+    """``params``, optimizer ``state`` (state -> name -> array) and ``said`` as JSON: one file."""
     arrays = dict(params)
-    for state_name, named in state.items():
-        arrays.update({f"optim.{state_name}.{key}": value for key, value in named.items()})
+    arrays |= {f"optim.{name}.{key}": a for name, kept in state.items() for key, a in kept.items()}
     meta = {"epoch": epoch, "step": step, "seed": seed, "dataset": dataset or None}
     arrays |= {f"meta.{k}": np.array(v) for k, v in meta.items() if v is not None}
     arrays |= {f"meta.{k}": np.array(json.dumps(v, sort_keys=True)) for k, v in said.items() if v}
@@ -174,9 +166,7 @@ def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
 def check_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Every parameter and optimizer state must be finite, or a resume would blame the rate."""
     for key, value in arrays.items():
-        if key.startswith("meta.") or value.dtype.kind != "f":
-            continue
-        if not np.isfinite(value).all():
+        if not key.startswith("meta.") and value.dtype.kind == "f" and not np.isfinite(value).all():
             bad = int(value.size - np.count_nonzero(np.isfinite(value)))
             raise damaged(path, f"{key} holds {bad:,} value(s) that are NaN or infinite")
 
@@ -224,9 +214,6 @@ IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``
 }
 
 
-NON_NEGATIVE = {"optim.v.": "Adam's second moment (a mean of squared gradients)"}
-
-
 def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]:
     """Restore this rank's part of ``trainer``'s run from ``path``: (epochs, steps, settings)."""
     model, optimizer, arrays = trainer.model, trainer.optimizer, read_npz(path)
@@ -253,10 +240,9 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
                 raise damaged(path, why)
     check_finite(path, arrays)
     for key, value in arrays.items():
-        state = next((p for p in NON_NEGATIVE if key.startswith(p)), None)
-        if state and (value < 0).any():
-            why = f"{key} holds negative values, where {NON_NEGATIVE[state]} is never below 0"
-            raise damaged(path, why)
+        if key.startswith("optim.v.") and (value < 0).any():
+            adam = "Adam's second moment (a mean of squared gradients)"
+            raise damaged(path, f"{key} holds negative values, where {adam} is never below 0")
     # and nothing more: a layer or an optimizer state that the network does not have
     stored = sum(v.size for k, v in arrays.items() if not k.startswith(("optim.", "meta.")))
     if stored != whole_size(model):
@@ -289,9 +275,6 @@ def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str
     return value
 
 
-LOSS_SCALE_KEYS = {"scale": float, "good_steps": int, "skipped": int}
-
-
 def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
     """``{meta.<name>: array}`` of checkpoint ``path``, read alone ({}: none)."""
     key = f"meta.{name}"
@@ -308,7 +291,7 @@ def stored_loss_scale(path: Any, arrays: dict[str, Any] | None = None) -> dict[s
     if "meta.loss_scale" not in arrays:
         return None
     state = _json_meta(path, arrays, "loss_scale")
-    for key, kind in LOSS_SCALE_KEYS.items():
+    for key, kind in {"scale": float, "good_steps": int, "skipped": int}.items():
         value = state.get(key)  # a JSON number: int or float, never a subclass
         if kind is int:
             good = type(value) is int and value >= 0
@@ -317,12 +300,3 @@ def stored_loss_scale(path: Any, arrays: dict[str, Any] | None = None) -> dict[s
         if not good:
             raise damaged(path, f"meta.loss_scale's {key} is {value!r}")
     return state
-
-
-def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``name old -> new`` for each setting both runs name that the resumed run changes."""
-    return [
-        f"`{key}` {before[key]} -> {now[key]}"
-        for key in sorted(before.keys() & now.keys())
-        if before[key] != now[key]
-    ]

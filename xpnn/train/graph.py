@@ -1,8 +1,8 @@
-"""The training step replayed as a captured CUDA graph (``cuda_graph``): the host keeps the
-inputs, the step's numbers, ``advance`` and the replicas' exchange outside the recording."""
+"""The step replayed as a CUDA graph (``cuda_graph``): inputs, numbers, exchange on the host."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -20,31 +20,27 @@ Capture = Callable[[Callable[[], None]], Callable[[], None]]
 
 def graph_unavailable(trainer: Any) -> str | None:
     """Why this trainer's step cannot be replayed as a graph (None: it can)."""
-    cfg = trainer.cfg
-    if (reason := trainer.backend.capture_unavailable()) is not None:
-        return reason
-    if cfg.plan.spread:
-        return f"`parallel` {cfg.plan.mode} exchanges activations inside the step"
-    if cfg.accumulate > 1:
-        return "`accumulate` above 1 sums micro-steps of different sizes"
-    if cfg.precision != "fp32":
-        return f"`precision` {cfg.precision}: graphs record fp32 steps only"
-    if trainer.loss_scale is not None:  # float16 sent between ranks
-        why = "its loss scale decides on the host whether a step is applied"
-        return f"`grad_dtype` {cfg.grad_dtype}: {why}"
-    if trainer.update.name not in ("local", "allreduce"):
-        return f"the `{trainer.update.name}` update shares host memory between ranks"
-    return None
+    cfg, update = trainer.cfg, trainer.update.name
+    scaled = "its loss scale decides on the host whether a step is applied"
+    shares = f"the `{update}` update shares host memory between ranks"
+    refusals = [  # the first that applies, after the backend's own
+        (cfg.plan.spread, f"`parallel` {cfg.plan.mode} exchanges activations inside the step"),
+        (cfg.accumulate > 1, "`accumulate` above 1 sums micro-steps of different sizes"),
+        (cfg.precision != "fp32", f"`precision` {cfg.precision}: graphs record fp32 steps only"),
+        (trainer.loss_scale is not None, f"`grad_dtype` {cfg.grad_dtype}: {scaled}"),  # float16
+        (update not in ("local", "allreduce"), shares),
+    ]
+    found = trainer.backend.capture_unavailable()
+    return found if found is not None else next((why for refused, why in refusals if refused), None)
 
 
 def graph_step(trainer: Any) -> GraphStep | None:
     """The replayed step for ``cuda_graph``: ``auto`` where it applies, ``on`` or refused."""
-    mode = trainer.cfg.cuda_graph
-    if mode == "off":
+    if trainer.cfg.cuda_graph == "off":
         return None
     if (reason := graph_unavailable(trainer)) is None:
         return GraphStep(trainer, trainer.backend.capture)
-    if mode == "on":
+    if trainer.cfg.cuda_graph == "on":
         raise UserError(f"`cuda_graph` on: {reason}")
     return None
 
@@ -58,7 +54,7 @@ class Recorder:
     ) -> None:
         self.capture, self.optimizer, self.scalars = capture, optimizer, scalars
         self.device_scalars = optimizer.device_scalars_in(scalars)
-        self.fns = [self._replayable(fn) for fn in fns]
+        self.fns = [functools.partial(self._replayable, fn) for fn in fns]
         self.replays: list[Callable[[], None]] | None = None
         self.rehearsed = False
 
@@ -74,18 +70,15 @@ class Recorder:
         self.rehearsed = True
         return runs
 
-    def _replayable(self, fn: Callable[[], None]) -> Callable[[], None]:
-        def replayable() -> None:
-            opt = self.optimizer
-            opt.device_scalars = self.device_scalars
-            try:
-                fn()
-            finally:
-                opt.device_scalars = None
-            if opt.clip is not None:
-                self.norm = opt.grad_norm  # the device value the recording writes
-
-        return replayable
+    def _replayable(self, fn: Callable[[], None]) -> None:  # ``fn`` on the device's numbers
+        opt = self.optimizer
+        opt.device_scalars = self.device_scalars
+        try:
+            fn()
+        finally:
+            opt.device_scalars = None
+        if opt.clip is not None:
+            self.norm = opt.grad_norm  # the device value the recording writes
 
 
 class GraphStep:
@@ -108,12 +101,23 @@ class GraphStep:
         shape = (len(batch), len(local))
         if self._eager(shape):
             return None
-        if self.recorder is None:
+        if self.recorder is None:  # the step's inputs and results: buffers the recording reads
+            xp, n = t.xp, len(local)
+            self.idx = xp.zeros((n,), dtype=xp.int64)
+            self.rows = xp.zeros((n,), dtype=xp.int64) if t.data.train_repeats > 1 else self.idx
+            text = t.stream is not None  # ``at``: the windows' starts
+            self.at = xp.zeros((n, t.data.windows.block), dtype=xp.int64) if text else None
+            self.loss, self.correct = xp.zeros((), dtype=xp.float64), xp.zeros((), dtype=xp.float64)
             self.shape = shape
-            self._buffers(len(local))
             self.recorder = Recorder(self.capture, t.optimizer, self.scalars, self._fns(shape))
         t.update.begin_step(len(batch))
-        self._stage(local, step)
+        self.idx[...] = t.backend.asarray(local, dtype=t.xp.int64)  # this step's, staged
+        stored = t.data.stored_rows(local)
+        if self.rows is not self.idx:
+            self.rows[...] = t.backend.asarray(stored, dtype=t.xp.int64)
+        if t.stream is not None:
+            spans = t.data.windows.spans(t.cfg.seed, step, stored)
+            self.at[...] = t.backend.asarray(spans, dtype=t.xp.int64)
         try:
             runs = self.recorder.begin(step)
         except CaptureFailed as exc:  # nothing of this step ran: it runs eagerly
@@ -141,31 +145,11 @@ class GraphStep:
             return self._say("shape", f"cuda graph: {why}: such steps run eagerly")
         return False
 
-    def _say(self, kind: str, line: str) -> bool:
-        """Log ``line`` once for ``kind``; True: the step runs eagerly."""
+    def _say(self, kind: str, line: str) -> bool:  # ``line`` once per ``kind``; True: eagerly
         if kind not in self._said and self.trainer.is_root:
             self.trainer.log(line)
         self._said.add(kind)
         return True
-
-    def _buffers(self, rows: int) -> None:
-        t, xp = self.trainer, self.trainer.xp
-        self.idx = xp.zeros((rows,), dtype=xp.int64)
-        self.rows = xp.zeros((rows,), dtype=xp.int64) if t.data.train_repeats > 1 else self.idx
-        text = t.stream is not None  # ``at``: the windows' starts
-        self.at = xp.zeros((rows, t.data.windows.block), dtype=xp.int64) if text else None
-        self.loss = xp.zeros((), dtype=xp.float64)
-        self.correct = xp.zeros((), dtype=xp.float64)
-
-    def _stage(self, local: np.ndarray, step: int) -> None:
-        t, xp = self.trainer, self.trainer.xp
-        self.idx[...] = t.backend.asarray(local, dtype=xp.int64)
-        stored = t.data.stored_rows(local)
-        if self.rows is not self.idx:
-            self.rows[...] = t.backend.asarray(stored, dtype=xp.int64)
-        if t.stream is not None:
-            spans = t.data.windows.spans(t.cfg.seed, step, stored)
-            self.at[...] = t.backend.asarray(spans, dtype=xp.int64)
 
     def _fns(self, shape: tuple[int, int]) -> list[Callable[[], None]]:
         """Forward to update as one function; with replicas two, the exchange between them."""
@@ -174,11 +158,8 @@ class GraphStep:
 
         def forward_backward() -> None:
             xb, yb = t.inputs(self.rows, self.at)
-            step, seed = self.scalars.step, t.cfg.seed
-            ctx = Context(train=True, step=step, seed=seed, sample_ids=self.idx)
-            loss, correct = t.model.loss_and_grads(xb, yb, ctx, scale, ready)
-            self.loss[...] = loss
-            self.correct[...] = correct
+            ctx = Context(train=True, step=self.scalars.step, seed=t.cfg.seed, sample_ids=self.idx)
+            self.loss[...], self.correct[...] = t.model.loss_and_grads(xb, yb, ctx, scale, ready)
             if not self.exchange:
                 t.update.finish()  # what backward left of the update
 

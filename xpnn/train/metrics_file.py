@@ -1,5 +1,4 @@
-"""The ``metrics`` file as a faithful record: whole JSON lines only, each epoch once (a resume
-drops what came after its checkpoint), and never a file that is not one."""
+"""The ``metrics`` file: whole JSON lines, each record once after a resume, no other file."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ def _parsed(line: bytes | str) -> dict[str, Any] | None:
 
 
 def is_record(line: bytes | str) -> bool:
-    record = _parsed(line)
-    return record is not None and record.get("event") in EVENTS
+    return (_parsed(line) or {}).get("event") in EVENTS
 
 
 def check_metrics_file(path: str | os.PathLike) -> None:

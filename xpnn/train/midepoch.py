@@ -1,5 +1,4 @@
-"""Checkpoints between two records (``--checkpoint-signal``), resumed bit for bit: batches come
-from the seed and the epoch, and the record under way's running sums are saved too."""
+"""Checkpoints between two records (``--checkpoint-signal``), the running sums saved too."""
 
 from __future__ import annotations
 
@@ -55,22 +54,16 @@ class EpochProgress:
             return cls()
         return cls(partial, done // trainer.steps_per_epoch)
 
-    @staticmethod
-    def _own_sums(trainer: Trainer, restored: dict[str, Any]) -> tuple[float, float]:
-        """This rank's sums: its own in the same layout, else rank 0 holds them all."""
-        rows, rank = restored["sums"], trainer.metrics_comm.rank
-        if len(rows) == trainer.metrics_comm.size:
-            return rows[rank][0], rows[rank][1]
-        if rank == 0 and rows:
-            return math.fsum(r[0] for r in rows), math.fsum(r[1] for r in rows)
-        return 0.0, 0.0
-
     def open(self, trainer: Trainer, span: dict[str, Any], epoch: int) -> dict[str, Any]:
         """``span``, just begun, carried on from the resumed checkpoint's where it was written."""
         restored = self.restored
         if restored is not None and (trainer.cfg.steps is not None or epoch == self.restored_epoch):
-            self.restored = None
-            loss, correct = self._own_sums(trainer, restored)
+            self.restored, rows, rank = None, restored["sums"], trainer.metrics_comm.rank
+            loss, correct = 0.0, 0.0  # this rank's: its own in the same layout, else rank 0's all
+            if len(rows) == trainer.metrics_comm.size:
+                loss, correct = rows[rank]
+            elif rank == 0 and rows:
+                loss, correct = math.fsum(r[0] for r in rows), math.fsum(r[1] for r in rows)
             span["loss"] += loss  # on the device's zeros, as the trainer sums
             span["correct"] += correct
             span["t0"] -= restored["seconds"]
@@ -102,14 +95,11 @@ def partial_of(
     return dict(kind=kind, sums=rows, seconds=seconds, sent=sent, samples=samples, steps=steps)
 
 
-PARTIAL_KEYS = {"kind", "sums", "seconds", "sent", "samples", "steps"}
-
-
 def saved_partial(path: Any) -> dict[str, Any] | None:
     if not (arrays := checkpoint.meta_entry(path, "partial")):
         return None
     value = checkpoint._json_meta(path, arrays, "partial")
-    if not (value.keys() == PARTIAL_KEYS and _numbers(value)):
+    if not (value.keys() == partial_of("epoch", [], 0.0, []).keys() and _numbers(value)):
         raise checkpoint.damaged(path, f"meta.partial is {arrays['meta.partial'].tolist()!r}")
     return value
 

@@ -13,6 +13,7 @@ from xpnn.backends.common import dtype_is
 from xpnn.errors import UserError
 from xpnn.nn.layer import is_int
 from xpnn.record.phases import UPDATE
+from xpnn.record.timeline import union
 
 Array = Any
 
@@ -42,8 +43,7 @@ class Schedule:
             why = f"`schedule`: unknown schedule {self.kind!r} (choose {', '.join(SCHEDULES)})"
             raise OptimArgError(why)
         for name in ("warmup_steps", "total_steps", "step_size"):
-            value = getattr(self, name)
-            if not is_int(value):
+            if not is_int(value := getattr(self, name)):
                 raise OptimArgError(f"Schedule: {name} must be an int, got {value!r}")
         if self.warmup_steps < 0 or self.total_steps < 0:
             got = f"{self.warmup_steps} and {self.total_steps}"
@@ -94,7 +94,7 @@ def pieces(part: slice, n: int, ranges: Ranges) -> list[tuple[slice, bool]]:
     """``part`` of ``n`` values cut at ``ranges``: (slice within the part, whether inside one)."""
     start, stop, _ = part.indices(n)
     out, pos = [], start
-    for lo, hi in merged(ranges):
+    for lo, hi in union(ranges):  # the touching ones joined: one kernel call for neighbours
         lo, hi = max(lo, start), min(hi, stop)
         if lo >= hi:
             continue
@@ -104,17 +104,6 @@ def pieces(part: slice, n: int, ranges: Ranges) -> list[tuple[slice, bool]]:
         pos = hi
     if pos < stop:
         out.append((slice(pos - start, stop - start), False))
-    return out
-
-
-def merged(ranges: Ranges) -> Ranges:
-    """``ranges`` sorted, the touching ones joined (one kernel call for neighbours)."""
-    out: Ranges = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(hi, out[-1][1]))
-        elif lo < hi:
-            out.append((lo, hi))
     return out
 
 
@@ -129,8 +118,7 @@ SkipRule = Callable[["Optimizer"], bool]
 
 
 class Optimizer:
-    """A step is ``start_step``, ``update_part`` for each of ``parts``, ``end_step``; ``grads``
-    may be a tuple of buffers to sum; hooks extend it, as ``torch.optim``'s step hooks do."""
+    """``start_step``, ``update_part`` per part, ``end_step``; a tuple of grads summed; hooks."""
 
     state_names: tuple[str, ...] = ()
     hyper_parameters: tuple[str, ...] = ()  # the settings it takes (``make_optimizer``'s keywords)
@@ -152,7 +140,15 @@ class Optimizer:
         zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
     ) -> None:
         rows = grads if isinstance(grads, tuple) else (grads,)
-        _check_buffers(params, rows)
+        if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
+            got = getattr(params, "dtype", type(params).__name__)
+            raise OptimArgError(f"optimizer: params must be a floating-point array, got {got}")
+        for g in rows:
+            if (shape := getattr(g, "shape", None)) != params.shape:
+                why = f"grads of shape {shape} do not match params of shape {params.shape}"
+                raise OptimArgError(f"optimizer: {why}")
+            if not dtype_is(g.dtype, "real floating"):
+                raise OptimArgError(f"optimizer: grads must be floating point, got {g.dtype}")
         self.params, self.grads, self.kernels, self.schedule = params, grads, kernels, schedule
         self.step_count = 0
         self.lr = float("nan")
@@ -239,9 +235,8 @@ class Optimizer:
 
     def device_scalars_in(self, scalars: Any) -> dict[str, Array]:
         """This step's numbers as device values ``scalars`` refreshes: a replay takes no number."""
-        dtype = self.params.dtype
         return {
-            name: scalars.add(dtype, lambda _step, name=name: self.step_scalars()[name])
+            name: scalars.add(self.params.dtype, lambda _step, name=name: self.step_scalars()[name])
             for name in self.scalar_names
         }
 
@@ -270,18 +265,6 @@ class Optimizer:
 
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
         raise NotImplementedError
-
-
-def _check_buffers(params: Array, rows: tuple[Array, ...]) -> None:
-    if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
-        got = getattr(params, "dtype", type(params).__name__)
-        raise OptimArgError(f"optimizer: params must be a floating-point array, got {got}")
-    for g in rows:
-        if (shape := getattr(g, "shape", None)) != params.shape:
-            why = f"optimizer: grads of shape {shape} do not match params of shape {params.shape}"
-            raise OptimArgError(why)
-        if not dtype_is(g.dtype, "real floating"):
-            raise OptimArgError(f"optimizer: grads must be floating point, got {g.dtype}")
 
 
 def _check_rate(owner: str, name: str, value: float) -> float:
@@ -407,9 +390,8 @@ def make_optimizer(
         raise UserError(f"`optimizer`: unknown optimizer {name!r} (choose {', '.join(OPTIMIZERS)})")
     kind = OPTIMIZERS[name]
     given = {key: value for key, value in hyper.items() if value is not None}
-    for key in given:
-        if key not in kind.hyper_parameters:
-            raise OptimArgError(f"`{key}`: not a hyper-parameter of `optimizer` {name}")
+    if unknown := [key for key in given if key not in kind.hyper_parameters]:
+        raise OptimArgError(f"`{unknown[0]}`: not a hyper-parameter of `optimizer` {name}")
     args = (params, grads, kernels, schedule, parts, zeros)
     optimizer = kind(*args, **kind.keywords(given, matrices))
     optimizer.set_clip(clip)

@@ -1,5 +1,4 @@
-"""Mixed precision: fp32 master parameters and state; the passes on a bf16 or fp16 copy, their
-gradients cast back (unscaled) as backward finishes them; fp16 scales the loss (``GradScaler``)."""
+"""Mixed precision: fp32 master copy and state, bf16/fp16 passes, fp16 loss scaling."""
 
 from __future__ import annotations
 
@@ -15,16 +14,14 @@ from xpnn.parallel.comm.narrow import native_dtype, quiet_overflows
 Array = Any
 PRECISIONS = ("fp32", "bf16", "fp16")
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
-INITIAL_SCALE = 2.0**15  # PyTorch GradScaler's init_scale is 2**16; 2**15 leaves fp16 headroom
-GROWTH_INTERVAL = 2000  # good steps before the scale doubles (GradScaler's default)
 
 
 @dataclass
 class LossScale:
     """An overflow skips the step and halves ``scale``; ``growth_interval`` good steps double it."""
 
-    scale: float = INITIAL_SCALE
-    growth_interval: int = GROWTH_INTERVAL
+    scale: float = 2.0**15  # PyTorch GradScaler's init_scale is 2**16; 2**15 leaves headroom
+    growth_interval: int = 2000  # good steps before the scale doubles (GradScaler's default)
     good_steps: int = 0
     skipped: int = 0
 
@@ -67,61 +64,35 @@ def overflow_skip(
 class WideLoss:
     """``loss`` in the master precision (a low softmax loses small probabilities), scaled."""
 
-    loss: Any
-    xp: Any
-    wide: Any  # the master dtype
-    low: Any
-    loss_scale: LossScale | None
+    of: Precision
 
     def __call__(self, kernels: Any, logits: Array, labels: Array, scale: float) -> Any:
-        factor = self.loss_scale.scale if self.loss_scale else 1.0
-        loss, dlogits = self.loss(kernels, self.xp.astype(logits, self.wide), labels, scale)
+        p = self.of
+        factor = p.loss_scale.scale if p.loss_scale else 1.0
+        loss, dlogits = p.loss(kernels, p.xp.astype(logits, p.master[0].dtype), labels, scale)
         if factor != 1.0:
             dlogits *= factor
-        return loss, self.xp.astype(dlogits, self.low)
+        return loss, p.xp.astype(dlogits, p.dtype)
 
 
 class Precision:
-    """The low-precision passes of a model once ``attach``-ed; ``loss_scale``: fp16's."""
+    """``model``'s passes on low-precision copies of its buffers; ``loss_scale``: fp16's."""
 
-    def __init__(self, precision: str, backend: Any, loss_scale: LossScale | None) -> None:
-        self.name, self.backend, self.xp = precision, backend, backend.xp
+    def __init__(self, model: Any, optimizer: Any, precision: str, loss_scale: Any) -> None:
+        self.xp, self.model, self.master = model.backend.xp, model, (model.params, model.grads)
         name = DTYPE_NAMES[precision]  # the library's own, else ml_dtypes' (NumPy's bfloat16)
         self.dtype = native_dtype(self.xp, name)
         if self.dtype is None:
             raise UserError(f"`precision` {precision}: {self.xp.__name__} arrays have no {name}")
         self.loss_scale = loss_scale
-        self._dirty = True  # the low-precision parameters lag the master ones
-
-    def attach(self, model: Any, optimizer: Any) -> None:
-        """The low-precision copies of ``model``'s flat buffers, stale after each step."""
-        self.model = model
-        self.master = (model.params, model.grads)
+        self._dirty = True  # the low-precision parameters lag the master ones, after each step
         self.low_params = self.xp.astype(model.params, self.dtype)
         self.low_grads = self.xp.zeros_like(self.low_params)
-        self.loss, scale = model.loss, self.loss_scale
-        self.wide_loss = WideLoss(model.loss, self.xp, model.params.dtype, self.dtype, scale)
+        self.loss, self.wide_loss = model.loss, WideLoss(self)
         optimizer.add_post_step_hook(self._stale)
 
     def _stale(self, _optimizer: Any) -> None:
         self._dirty = True
-
-    def _casting(self, ready: Callable[[int], None] | None) -> Callable[[int], None]:
-        """``ready`` after casting each newly final ``[offset:]`` into the fp32 gradients."""
-        xp, low, grads = self.xp, self.low_grads, self.master[1]
-        inverse = 1.0 / self.loss_scale.scale if self.loss_scale else 1.0
-        done = [grads.shape[0]]
-
-        def casting(offset: int) -> None:
-            part = xp.astype(low[offset : done[0]], grads.dtype)
-            if inverse != 1.0:
-                part *= inverse
-            grads[offset : done[0]] = part
-            done[0] = offset
-            if ready is not None:
-                ready(offset)
-
-        return casting
 
     @contextlib.contextmanager
     def _lowered(self, x: Array) -> Iterator[Array]:
@@ -144,8 +115,21 @@ class Precision:
         self, x: Array, labels: Array, ctx: Any, scale: float, ready: Callable[[int], None] | None
     ) -> tuple[Array, Array]:
         """The model's ``loss_and_grads`` in low precision; the fp32 gradients come out."""
+        xp, low_grads, grads = self.xp, self.low_grads, self.master[1]
+        inverse = 1.0 / self.loss_scale.scale if self.loss_scale else 1.0
+        done = [grads.shape[0]]
+
+        def casting(offset: int) -> None:  # each newly final ``[offset:]`` cast, then ``ready``
+            part = xp.astype(low_grads[offset : done[0]], grads.dtype)
+            if inverse != 1.0:
+                part *= inverse
+            grads[offset : done[0]] = part
+            done[0] = offset
+            if ready is not None:
+                ready(offset)
+
         with self._lowered(x) as low:
-            return self.model.loss_and_grads(low, labels, ctx, scale, self._casting(ready))
+            return self.model.loss_and_grads(low, labels, ctx, scale, casting)
 
     def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]:
         with self._lowered(x) as low:

@@ -1,5 +1,4 @@
-"""Checkpoint-and-exit on a signal (Slurm's ``--signal=USR1@120``): the ranks agree at the end
-of a step, write the checkpoint there and leave with ``REQUEUE_EXIT`` for a requeue script."""
+"""Checkpoint-and-exit on a signal (Slurm's ``--signal``), agreed at a step's end, for a requeue."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ class CheckpointOnSignal(Callback):
             raise UserError(f"`checkpoint_signal` {name}: choose one of {', '.join(SIGNALS)}")
         if not checkpoint_dir:
             raise UserError(f"`checkpoint_signal` {name}: needs `checkpoint_dir`")
-        self.signum = getattr(signal, f"SIG{name}")
-        self.directory = checkpoint_dir
+        self.signum, self.directory = getattr(signal, f"SIG{name}"), checkpoint_dir
         self.asked = checkpoint_requested(self.signum)  # before this: xpnn.__main__'s note
         self.at_record = False  # agreed where a record and its checkpoint follow: they will do
         self.mpi: Any = None  # the ranks' own communicator for the question

@@ -1,10 +1,9 @@
-"""Where a run starts: ``checkpoint_dir`` locked for this job and, with ``resume``, its latest
-checkpoint loaded (collective: every rank calls ``start`` once its trainer is built)."""
+"""Where a run starts: ``checkpoint_dir`` locked; with ``resume``, its latest checkpoint read."""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xpnn.errors import UserError, path_problems
 from xpnn.runtime import lock
@@ -50,17 +49,21 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
         epoch, step, before = checkpoint.load_checkpoint(path, trainer)
     except checkpoint.DamagedCheckpoint as exc:  # the one before it may be whole: say so
         if older := checkpoint.checkpoints(directory)[-2:-1]:
-            raise checkpoint.DamagedCheckpoint(
-                f"{exc}; the one before it, {older[0].name}, remains: move this one "
-                "away to resume from it"
-            ) from None
+            why = f"{older[0].name}, remains: move this one away to resume from it"
+            raise checkpoint.DamagedCheckpoint(f"{exc}; the one before it, {why}") from None
         raise
-    done = restore_loss_scale(trainer, path)
+    done, scale = "", trainer.loss_scale
+    if scale is not None:  # this run scales: the checkpoint's scale, or a fresh one
+        if (stored := checkpoint.stored_loss_scale(path)) is None:
+            done = f"; the loss scale starts at {scale.scale:g} (the checkpoint has none)"
+        else:
+            scale.restore(stored)
     if cfg.steps is not None:  # training by steps: its count is what is reached
         done += f"; `steps` {cfg.steps} reached, nothing to train" if step >= cfg.steps else ""
     elif epoch >= cfg.epochs:
         done += f"; `epochs` {cfg.epochs} reached, nothing to train"
-    changed = checkpoint.changed_settings(before, trainer.settings())
+    now = trainer.settings()  # what both runs name and the resumed run changes:
+    changed = [f"`{k}` {v} -> {now[k]}" for k, v in sorted(before.items()) if now.get(k, v) != v]
     since = f"; changed since: {', '.join(changed)}" if changed else ""
     trainer.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
     return epoch
@@ -69,14 +72,3 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
 def no_checkpoint(directory: str | os.PathLike) -> str:
     hint = "check the directory, or give `resume` auto to start afresh where there is none"
     return f"`checkpoint_dir` {directory}: no checkpoint to resume from; {hint}"
-
-
-def restore_loss_scale(trainer: Trainer, path: Any) -> str:
-    """The checkpoint's loss scale, where this run scales; what the resume line adds."""
-    if trainer.loss_scale is None:
-        return ""
-    stored = checkpoint.stored_loss_scale(path)
-    if stored is None:  # written without loss scaling: start as a new run does
-        return f"; the loss scale starts at {trainer.loss_scale.scale:g} (the checkpoint has none)"
-    trainer.loss_scale.restore(stored)
-    return ""

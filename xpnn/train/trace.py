@@ -1,8 +1,8 @@
-"""The timeline trace: every rank writes ``trace-rank{N}.json`` (Chrome trace events, for
-Perfetto) of a window of steps: spans, phases, operations and their waits, device spans."""
+"""Each rank's ``trace-rank{N}.json`` of a window of steps: Chrome trace events, for Perfetto."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -36,11 +36,7 @@ class _CudaEvents:
     """CUDA events on the current stream of PyTorch (CUDA or ROCm) or CuPy."""
 
     def __init__(self, torch: bool) -> None:
-        if torch:
-            import torch as lib
-        else:
-            import cupy as lib
-        self.torch, self._cuda = torch, lib.cuda
+        self.torch, self._cuda = torch, importlib.import_module("torch" if torch else "cupy").cuda
 
     def mark(self) -> Any:
         event = self._cuda.Event(enable_timing=True) if self.torch else self._cuda.Event()
@@ -73,10 +69,9 @@ class _Span:
         self.start = _now()
 
     def __exit__(self, *exc: Any) -> None:
-        end = _now()
-        self.trace.add(self.name, "span", self.lane, self.start, end)
+        self.trace.add(self.name, "span", self.lane, self.start, _now())
         if self.device is not None:
-            self.trace.device_span(self.name, self.device)
+            self.trace.device.append((self.name, self.device, self.trace.device_mark()))
 
 
 class Trace(Callback):
@@ -91,12 +86,17 @@ class Trace(Callback):
         self._open: dict[str, list[float]] = {}  # phase -> start times (they nest)
         self._slots: list[float] = []  # the end of the last operation on each comm lane
         self._events: _CudaEvents | None = None
-        self._device: list[tuple[str, Any, Any]] = []
+        self.device: list[tuple[str, Any, Any]] = []  # a span's device events: (name, start, end)
         self._step_start = 0.0
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self.rank, self.steps_per_epoch = trainer.comm.rank, trainer.steps_per_epoch
         self.window = self.steps or default_window(trainer.cfg.epochs * self.steps_per_epoch)
+        clock = []  # this rank's clock entering and leaving the same barriers as the others
+        for _ in range(CLOCK_ROUNDS):
+            entered = _now()
+            trainer.comm.barrier()
+            clock.append([entered * 1e6, _now() * 1e6])
         model = trainer.model
         self.info = {
             "rank": self.rank,
@@ -107,14 +107,19 @@ class Trace(Callback):
             "stage": getattr(model, "index", None),
             **{k: getattr(model, k, None) for k in ("stages", "microbatches", "schedule")},
             "window": list(self.window),
-            "clock": self._clock_samples(trainer.comm),
+            "clock": clock,
             "clock_unit": "us, time.perf_counter, entering and leaving each of the same barriers",
         }
         self._events = device_events(trainer.backend)
 
     def on_step_begin(self, trainer: Trainer, step: int) -> None:
         if step == self.window[0] and not self.active:
-            self._start()
+            self.active, self._previous = True, phases.listening()
+            phases.listen(self._phase)
+            phases.trace_to(self)
+            if self._events is not None:  # device times are measured from this event on
+                self._events.synchronize()
+                self._device_origin = (self.device_mark(), _now())
         if self.active:
             self._step_start = _now()
 
@@ -146,9 +151,11 @@ class Trace(Callback):
 
     def operation(self, record: Any) -> None:
         """A finished operation on a communication lane, its wait on the compute lane."""
-        name = record.name()
-        lane = self._comm_lane(record.start, record.end)
+        name, slots = record.name(), self._slots  # the first lane free at its start, or a new one
+        free = next((i for i, end in enumerate(slots) if end <= record.start), len(slots))
+        slots[free : free + 1] = [record.end]
         args = {"bytes": record.nbytes, "seq": record.seq, "group": record.group}
+        lane = phases.COMMUNICATION + free
         self.add(name, "communication", lane, record.start, record.end, args)
         if record.posted is not None:  # handing it to MPI took the compute lane's time
             self.add(f"post {name}", "post", phases.COMPUTE, record.start, record.posted, args)
@@ -179,88 +186,49 @@ class Trace(Callback):
             event["args"] = args
         return event
 
-    def _comm_lane(self, start: float, end: float) -> int:
-        for i, last in enumerate(self._slots):
-            if last <= start:
-                self._slots[i] = end
-                return phases.COMMUNICATION + i
-        self._slots.append(end)
-        return phases.COMMUNICATION + len(self._slots) - 1
-
     def device_mark(self) -> Any:
         return None if self._events is None else self._events.mark()
-
-    def device_span(self, name: str, start_event: Any) -> None:
-        self._device.append((name, start_event, self._events.mark()))
-
-    def _clock_samples(self, comm: Any) -> list[list[float]]:
-        """This rank's clock entering and leaving ``CLOCK_ROUNDS`` barriers (collective)."""
-        samples = []
-        for _ in range(CLOCK_ROUNDS):
-            entered = _now()
-            comm.barrier()
-            samples.append([entered * 1e6, _now() * 1e6])
-        return samples
-
-    def _start(self) -> None:
-        self.active = True
-        self._previous = phases.listening()
-        phases.listen(self._phase)
-        phases.trace_to(self)
-        if self._events is not None:  # device times are measured from this event on
-            self._events.synchronize()
-            self._device_origin = (self.device_mark(), _now())
 
     def _finish(self) -> None:
         if self.active:
             phases.trace_to(None)
             phases.listen(self._previous)
             self.active = False
-        if self._device:
-            self._device_events()
-        self.written = self._write()
+        if self.device:  # device spans, placed on the host clock from the first event on
+            self._events.synchronize()
+            origin, host = self._device_origin
+            get = self._events.elapsed_ms  # milliseconds between two recorded events
+            for name, start, end in self.device:
+                begin = host + get(origin, start) / 1e3
+                self.add(name, "device", phases.DEVICE, begin, begin + get(start, end) / 1e3)
+            self.device.clear()
 
-    def _device_events(self) -> None:
-        self._events.synchronize()
-        origin, host = self._device_origin
-        get = self._events.elapsed_ms  # milliseconds between two recorded events
-        for name, start, end in self._device:
-            begin = host + get(origin, start) / 1e3
-            self.add(name, "device", phases.DEVICE, begin, begin + get(start, end) / 1e3)
-        self._device.clear()
-
-    def _meta(self) -> list[dict[str, Any]]:
         def meta(kind: str, tid: int, **args: Any) -> dict[str, Any]:
             return {"name": kind, "ph": "M", "pid": self.rank, "tid": tid, "args": args}
 
         stage = self.info.get("stage")
         label = f"rank {self.rank} (host)" + (f", stage {stage}" if stage is not None else "")
-        out = [meta("process_name", 0, name=label)]
-        out.append(meta("process_sort_index", 0, sort_index=self.rank))
+        lanes = [meta("process_name", 0, name=label)]
+        lanes.append(meta("process_sort_index", 0, sort_index=self.rank))
         for tid in sorted({e[2] for e in self.events}):
             lane = LANES.get(tid) or f"communication {tid - phases.COMMUNICATION + 1}"
-            out.append(meta("thread_name", tid, name=lane))
-            out.append(meta("thread_sort_index", tid, sort_index=tid))
-        return out
-
-    def _write(self) -> str:
+            lanes.append(meta("thread_name", tid, name=lane))
+            lanes.append(meta("thread_sort_index", tid, sort_index=tid))
         path = os.path.join(self.directory, f"trace-rank{self.rank}.json")
         doc = {
-            "traceEvents": self._meta() + [self._event(*e) for e in self.events],
+            "traceEvents": lanes + [self._event(*e) for e in self.events],
             "displayTimeUnit": "ms",
             "otherData": {"xpnn": self.info},
         }
         with path_problems("trace", self.directory):
             os.makedirs(self.directory, exist_ok=True)
             replace_whole(path, json.dumps(doc).encode())  # never through a planted link
-        return path
+        self.written = path
 
 
 def observers(spec: Any, rank: int) -> list[Callback]:
-    """The ``Trace`` that ``spec.trace`` asks for; the flight recorder dumps beside a metrics
-    file (not ``/dev/null``), else in the checkpoints' or the trace's directory."""
-    metrics = spec.metrics
-    if metrics and (os.path.isfile(metrics) or not os.path.exists(metrics)):
+    """The ``Trace`` ``spec.trace`` asks for; the flight recorder dumps beside the run's files."""
+    if (metrics := spec.metrics) and (os.path.isfile(metrics) or not os.path.exists(metrics)):
         flight.dump_to(os.path.dirname(os.path.abspath(metrics)), rank)
     elif spec.checkpoint_dir or spec.trace:
         flight.dump_to(spec.checkpoint_dir or spec.trace, rank)

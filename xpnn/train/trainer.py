@@ -1,5 +1,4 @@
-"""The training loop, the same for 1 or N ranks: each takes its share of every global batch,
-the gradient scaled by 1 / global batch, so the ranks' gradients sum to the 1-rank one."""
+"""The training loop, the same for 1 or N ranks: their gradients sum to the 1-rank one."""
 
 from __future__ import annotations
 
@@ -50,10 +49,6 @@ class RunFacts:
         said = {k: v for k, v in self.said.items() if k not in NETWORK}
         return {k: v for k, v in {**said, **found}.items() if v is not None}
 
-    def network(self) -> dict[str, Any]:
-        said = {k: self.said[k] for k in NETWORK if self.said.get(k) is not None}
-        return {"model": self.said.get("model"), **said} if "vocab" in said else said
-
 
 @dataclass
 class TrainConfig:
@@ -73,28 +68,18 @@ class TrainConfig:
 
 
 class Callback:
-    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them."""
+    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them.
+    ``epoch`` counts from 0, ``step`` every global batch of the run from 0; a ``record`` is a
+    metrics line (docs/cli.md, *The metrics file*): an epoch's, by ``steps`` an ``"eval"`` every
+    ``eval_every``, and the run's last, ``"event"`` ``"done"`` or ``"diverged"``."""
 
-    def on_train_begin(self, trainer: Trainer) -> None:
-        """Before the first epoch (after a resume, before its first epoch left)."""
-
-    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None:
-        """``epoch`` counts from 0; called inside the epoch's timed span."""
-
-    def on_step_begin(self, trainer: Trainer, step: int) -> None:
-        """``step`` counts every global batch of the run from 0."""
-
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
-        """After the step's update: the parameters are the next step's."""
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """``record``: the epoch's metrics line (docs/cli.md, *The metrics file*)."""
-
-    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """Training by ``steps``: ``record`` (``"event"`` ``"eval"``) every ``eval_every``."""
-
-    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """``record``: the run's last line, ``"event"`` ``"done"`` or ``"diverged"``."""
+    def on_train_begin(self, trainer: Trainer) -> None: ...  # a resume's: before the epochs left
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...  # in its timed span
+    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...
+    def on_step_end(self, trainer: Trainer, step: int) -> None: ...  # the next step's parameters
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
 
 
 def overrides(callback: Callback, event: str) -> bool:
@@ -155,31 +140,24 @@ class Trainer:
         args = (cfg.lr, cfg.schedule, warmup, self.total_steps, decay_steps)
         schedule = Schedule(*args, min_lr=cfg.min_lr)
         hyper = {name: getattr(cfg, name) for name in HYPERS}
-        shapes = [tuple(view.shape) for view in model.named_views(model.params).values()]
-        matrices = matrix_ranges(shapes)
+        matrices = matrix_ranges([tuple(v.shape) for v in model.named_views(model.params).values()])
         shared = replicated_ranges(model, cfg.plan.part(comm.rank))  # counted on another rank
 
-        def total(local: float) -> float:
-            """A sum over this rank's part of the reduced gradient to the whole model's."""
+        def total(local: float) -> float:  # this rank's part of a sum to the whole model's
             return float(self.model_comm.allreduce_host([self.update.share_total(local)])[0])
 
-        def optimizer(
-            params: Any, grads: Any, parts: Any = None, zeros: Any = None, offset: int = 0
-        ) -> Any:  # offset: where ``params`` starts in the flat buffer (a rank's shard)
-            def shift(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-                return [(lo - offset, hi - offset) for lo, hi in ranges]
-
-            args = (params, grads, backend.kernels, schedule, parts, zeros)
-            opt = make_optimizer(cfg.optimizer, *args, **hyper, matrices=shift(matrices))
-            if cfg.clip_norm is not None:
-                opt.set_clip(GradClip(cfg.clip_norm, total, shift(shared)))
-            return opt
+        def optimizer(params: Any, grads: Any, *parts_zeros: Any, offset: int = 0) -> Any:
+            """``offset``: where ``params`` starts in the flat buffer (a rank's shard)."""
+            moved, skip = ([(lo - offset, hi - offset) for lo, hi in r] for r in (matrices, shared))
+            clip = None if cfg.clip_norm is None else GradClip(cfg.clip_norm, total, skip)
+            args = (params, grads, backend.kernels, schedule, *parts_zeros)
+            return make_optimizer(cfg.optimizer, *args, **hyper, matrices=moved, clip=clip)
 
         # fp16 passes, or gradients sent as float16 (a node's shared ones are not sent)
         wire_dtype = cfg.grad_dtype if sends_gradients(self.data_comm) else None
         fp16 = cfg.precision == "fp16" or wire_dtype == "float16"
         self.loss_scale: LossScale | None = LossScale() if fp16 else None
-        wire = make_wire(wire_dtype, backend.dtype_name, self.xp, self._scale)
+        wire = make_wire(wire_dtype, backend.dtype_name, self.xp, lambda: self.loss_scale.scale)
         deferred = cfg.clip_norm is not None or fp16  # fp16: skip overflows
         args = (model, self.data_comm, optimizer, int(cfg.bucket_mb * 2**20), cfg.batch_size)
         kw = {"deferred": deferred, "accumulate": cfg.accumulate, "wire": wire}
@@ -189,14 +167,12 @@ class Trainer:
         self.precision: Precision | None = None
         if cfg.precision != "fp32":
             scale = self.loss_scale if cfg.precision == "fp16" else None
-            self.precision = Precision(cfg.precision, backend, scale)
-            self.precision.attach(model, self.optimizer)
+            self.precision = Precision(model, self.optimizer, cfg.precision, scale)
         if self.loss_scale is not None:  # an overflow skips the step, on every rank
             self.optimizer.add_skip_rule(overflow_skip(model, self.xp, self.loss_scale, total))
         # the passes: the model's own, or its twins' over threads each taking part of a batch
         self.passes = BatchThreads(model, cfg.batch_threads) if cfg.batch_threads > 1 else model
         self.graph: GraphStep | None = graph_step(self)  # the step replayed as a CUDA graph
-        self.n_params = whole_size(model)
         self.callbacks: list[Callback] = list(callbacks)
         self._step_begin = [c for c in self.callbacks if overrides(c, "on_step_begin")]
         self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
@@ -209,9 +185,6 @@ class Trainer:
         """The batches trained: the optimizer's steps and those fp16 loss scaling skipped."""
         return self.optimizer.step_count + (self.loss_scale.skipped if self.loss_scale else 0)
 
-    def _scale(self) -> float:  # the float16 gradient exchange multiplies by it
-        return self.loss_scale.scale if self.loss_scale is not None else 1.0
-
     def _skips(self) -> dict[str, int]:
         if self.precision is None and self.loss_scale is None:
             return {}
@@ -219,11 +192,12 @@ class Trainer:
 
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
         """One optimizer step on the global ``batch``, in ``accumulate`` summed micro-steps."""
-        xp, model = self.xp, self.model
+        xp, model, to_device, seed = self.xp, self.model, self.backend.asarray, self.cfg.seed
         stall.at_step(step)
         if self.graph is not None and (replayed := self.graph.run(batch, step)) is not None:
             return replayed
         self.update.begin_step(len(batch))
+        passes = self.precision or self.passes
         micro = np.array_split(batch, self.cfg.accumulate)
         loss = correct = xp.zeros((), dtype=xp.float64)
         summed = False  # whether self._acc holds this step's earlier micro-steps
@@ -237,7 +211,13 @@ class Trainer:
             ready = self.update.grads_ready if last else None
             if last and summed:
                 ready = adding(self._acc, model.grads, ready)
-            part_loss, part_correct = self._pass(local, len(batch), step, ready)
+            stored = self.data.stored_rows(local)  # others than ``local`` with ``replicate``
+            idx = to_device(local, dtype=xp.int64)
+            rows = to_device(stored, dtype=xp.int64) if self.data.train_repeats > 1 else idx
+            at = None if self.stream is None else self.data.windows.spans(seed, step, stored)
+            xb, yb = self.inputs(rows, None if at is None else to_device(at, dtype=xp.int64))
+            ctx = Context(train=True, step=step, seed=seed, sample_ids=idx)
+            part_loss, part_correct = passes.loss_and_grads(xb, yb, ctx, 1.0 / len(batch), ready)
             loss, correct = loss + part_loss, correct + part_correct
             if not last:
                 if self._acc is None:
@@ -250,19 +230,6 @@ class Trainer:
         self.update.finish()
         self.optimizer.end_step()
         return loss, correct
-
-    def _pass(self, local: np.ndarray, batch: int, step: int, ready: Any) -> tuple[Any, Any]:
-        """Forward and backward over this rank's samples ``local`` of a ``batch``-sample step."""
-        xp, to_device = self.xp, self.backend.asarray
-        idx = to_device(local, dtype=xp.int64)
-        stored = self.data.stored_rows(local)  # the rows holding them: others with ``replicate``
-        rows = to_device(stored, dtype=xp.int64) if self.data.train_repeats > 1 else idx
-        at = None
-        if self.stream is not None:
-            at = to_device(self.data.windows.spans(self.cfg.seed, step, stored), dtype=xp.int64)
-        xb, yb = self.inputs(rows, at)
-        ctx = Context(train=True, step=step, seed=self.cfg.seed, sample_ids=idx)
-        return (self.precision or self.passes).loss_and_grads(xb, yb, ctx, 1.0 / batch, ready)
 
     def inputs(self, rows: Any, at: Any) -> tuple[Any, Any]:
         """Inputs (None: this stage reads none) and labels of ``rows`` (text: windows at ``at``)."""
@@ -312,7 +279,7 @@ class Trainer:
         if self.resume_note and self.is_root:
             self.log(self.resume_note)
         self.update.broadcast_initial()  # rank 0's parameters are everyone's
-        self.common = common = {
+        self.common = {
             "world_size": comm.size,
             "backend": self.backend.name,
             "comm": self.groups.name,
@@ -341,12 +308,12 @@ class Trainer:
             "total_seconds": total_seconds,
             "samples": trained,
             "samples_per_s": rate,
-            "params": self.n_params,
+            "params": whole_size(model),
             "params_sha256": digests[0],
             "ranks_agree": len(set(digests)) == 1,
             "peak_rss_mb": peak_rss,  # by rank: where a pipeline stage or a slice weighs most
             **text_metrics(self.data, test_loss, test_acc, rate),
-            **common,
+            **self.common,
         }
         if self.data.vocab is not None:  # a text set's samples are windows of ``block`` tokens
             done["tokens"] = trained * self.data.x_train.shape[1]
@@ -376,8 +343,15 @@ class Trainer:
             epoch, index = divmod(step, spe)
             if index == 0 or not batches:
                 batches = global_batches(self.n_train, cfg.batch_size, cfg.seed, epoch)
-            if span is None:
-                span = self._open_span(step, epoch)
+            if span is None:  # the running sums up to the next record, begun by all together
+                self.backend.synchronize()
+                what = f"step {step + 1}" if by_steps else f"epoch {epoch + 1}"
+                stall.in_phase(f"the start of {what}")
+                self.comm.barrier()
+                t0 = time.perf_counter()
+                for callback in () if by_steps else self.callbacks:  # in the epoch's timed span
+                    callback.on_epoch_begin(self, epoch)
+                span = self.progress.open(self, self._span(t0), epoch)
             if step >= done:
                 self._train_step(batches[index], step, span)
             else:  # trained before the resumed checkpoint, its sums restored
@@ -390,28 +364,14 @@ class Trainer:
                 span = None
         return seconds, trained, test_loss, test_acc
 
-    def _open_span(self, step: int, epoch: int) -> dict[str, Any]:
-        """The running sums up to the next record, begun by every rank together."""
-        by_steps = self.cfg.steps is not None
-        self.backend.synchronize()
-        stall.in_phase(f"the start of {f'step {step + 1}' if by_steps else f'epoch {epoch + 1}'}")
-        self.comm.barrier()
-        t0 = time.perf_counter()
-        if not by_steps:
-            for callback in self.callbacks:  # inside the epoch's timed span
-                callback.on_epoch_begin(self, epoch)
-        return self.progress.open(self, self._span(t0), epoch)
-
-    def _span(self, t0: float | None = None) -> dict[str, Any]:
-        """Empty running sums of steps begun at ``t0`` (None: now), loss and correct on device."""
+    def _span(self, t0: float) -> dict[str, Any]:
+        """Empty running sums of steps begun at ``t0``, loss and correct on the device."""
         sums = {k: self.xp.zeros((), dtype=self.xp.float64) for k in ("loss", "correct")}
-        t0 = time.perf_counter() if t0 is None else t0
         return {"t0": t0, "sent": -self.bytes_sent(), "samples": 0, "steps": 0} | sums
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
-        """Epoch ``epoch``'s steps left, without a record (bench/within_job.py times them): the
-        sums of its losses and correct predictions, on the device."""
-        sums = self.progress.open(self, self._span(), epoch)  # zeros, or a resume's sums
+        """Epoch ``epoch``'s steps left, unrecorded (bench/within_job.py): its sums, on device."""
+        sums = self.progress.open(self, self._span(time.perf_counter()), epoch)  # or a resume's
         first = epoch * self.steps_per_epoch
         for step in range(max(first, self.batches_done()), first + len(batches)):
             self._train_step(batches[step - first], step, sums)
@@ -463,8 +423,10 @@ class Trainer:
 
     def identity(self) -> dict[str, Any]:
         """What a resume must match beyond shapes, seed and data set (every batch to come)."""
-        said = {"global_batch": self.cfg.batch_size, "train_samples": self.n_train}
-        return said | self.cfg.facts.network()
+        said = self.cfg.facts.said
+        net = {k: said[k] for k in NETWORK if said.get(k) is not None}
+        net = {"model": said.get("model"), **net} if "vocab" in net else net
+        return {"global_batch": self.cfg.batch_size, "train_samples": self.n_train} | net
 
     def settings(self) -> dict[str, Any]:
         """What a resume may change and is told about: the rates to come and the precision."""
