@@ -1,5 +1,4 @@
-"""PyTorch tensors through ``array_api_compat.torch`` on every device PyTorch reaches, imported
-only when asked for; autograd is never used (xpnn runs its own backward passes)."""
+"""PyTorch tensors (``array_api_compat.torch``) on any device it reaches, imported when asked."""
 
 from __future__ import annotations
 
@@ -116,6 +115,4 @@ class TorchBackend(Backend):
 
     def to_host(self, a: Any) -> np.ndarray:
         """A tensor -> NumPy: a view of a CPU tensor (as NumPy's backend returns), else a copy."""
-        if isinstance(a, self.torch.Tensor):
-            return a.detach().cpu().numpy()
-        return np.asarray(a)
+        return a.detach().cpu().numpy() if isinstance(a, self.torch.Tensor) else np.asarray(a)

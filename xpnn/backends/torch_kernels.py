@@ -1,5 +1,4 @@
-"""PyTorch's kernels: the generic ones, the dropout hash in int64 (no uint32 arithmetic), and
-writes into existing tensors where measured faster (docs/torch.md)."""
+"""PyTorch's kernels: the dropout hash in int64 (no uint32 arithmetic), writes in place."""
 
 from __future__ import annotations
 

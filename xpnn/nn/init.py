@@ -9,13 +9,9 @@ def he_normal(rng: Any, shape: tuple[int, ...], fan_in: int) -> Any:
     return rng.standard_normal(shape) * math.sqrt(2.0 / fan_in)
 
 
-def xavier_uniform(rng: Any, shape: tuple[int, ...], fan_in: int, fan_out: int) -> Any:
-    """Glorot & Bengio (2010): for symmetric activations (sigmoid, tanh) and the output layer."""
-    limit = math.sqrt(6.0 / (fan_in + fan_out))
-    return rng.uniform(-limit, limit, size=shape)
-
-
 def for_activation(rng: Any, shape: tuple[int, ...], fan_in: int, fan_out: int, act: str) -> Any:
+    """He normal for ReLU; else Glorot & Bengio's (2010) uniform, for symmetric activations."""
     if act == "relu":
         return he_normal(rng, shape, fan_in)
-    return xavier_uniform(rng, shape, fan_in, fan_out)
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, size=shape)

@@ -1,5 +1,4 @@
-"""The Layer contract: parameters are declared on the host, then placed as views into one flat
-buffer; ``backward`` *assigns* (never adds) the gradients and returns the input's gradient."""
+"""Layers declare parameters on the host, placed as views of one flat buffer; backward assigns."""
 
 from __future__ import annotations
 
@@ -45,11 +44,9 @@ class Context:
 class Layer:
     """Base class: parameters, gradients, their backend, and what models and strategies ask."""
 
-    # Under tensor parallelism: "none" (refused), "replicate" (nothing to split), "elementwise"
-    # (on a rank's slice of the activations) or "dense" (columns, the next by rows: Megatron).
+    # tensor parallelism: "none" (refused), "replicate", "elementwise" or "dense" (Megatron)
     tensor_split: ClassVar[str] = "none"
-    # Megatron pairs of Dense sublayers, (column, row, column_group, row_group), cut across ranks
-    # in groups (a head's q, k and v together). Empty: every rank holds all of it.
+    # Megatron (column, row, column_group, row_group) Dense sublayers, cut in groups (q, k, v)
     tensor_pairs: tuple[tuple[str, str, int, int], ...] = ()
 
     def __init__(self) -> None:
@@ -59,9 +56,7 @@ class Layer:
 
     def build(self, in_shape: tuple[int, ...], backend: Any, rng: Any) -> tuple[int, ...]:
         """Bind to a backend, declare parameters (host arrays from ``rng``), return out shape."""
-        self.backend = backend
-        self.xp = backend.xp
-        self.kernels = backend.kernels
+        self.backend, self.xp, self.kernels = backend, backend.xp, backend.kernels
         return self.setup(tuple(in_shape), rng)
 
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:

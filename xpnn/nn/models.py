@@ -1,5 +1,4 @@
-"""Models by name: the presets, or a user's factory ``f(input_shape, num_classes) -> model``
-named ``FILE.py:FUNCTION`` or ``package.module:FUNCTION``."""
+"""Models by name: the presets, or a user's factory ``FILE.py:FUNCTION`` or ``module:FUNCTION``."""
 
 import importlib
 import importlib.util
@@ -63,19 +62,12 @@ def build_model(
     raise UserError(f"`model`: unknown model {name!r} (choose {', '.join(MODELS)})")
 
 
-Factory = Callable[[tuple[int, ...], int], Any]  # (input shape, classes) -> an unbuilt model
-
-
 def model_name(model: Any) -> str:
     """How a run's ``model`` is shown and compared between ranks: a preset, path or name."""
-    if isinstance(model, str):
-        return model
-    if callable(model):
-        return getattr(model, "__qualname__", type(model).__name__)
-    return type(model).__name__
+    return model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)
 
 
-def load_factory(where: str) -> Factory:
+def load_factory(where: str) -> Callable[[tuple[int, ...], int], Any]:
     """The function ``FILE.py:FUNCTION`` or ``package.module:FUNCTION`` names (imported here)."""
     source, sep, name = where.rpartition(":")
     if not sep or not source or not name.isidentifier():

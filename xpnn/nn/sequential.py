@@ -1,5 +1,4 @@
-"""Layers in order, all parameters in one flat buffer and gradients in another (a few large
-slices to reduce); ``on_grads_ready(offset)``: ``grads[offset:]`` is final."""
+"""Layers in order; parameters in one flat buffer, gradients in another (few slices to reduce)."""
 
 from __future__ import annotations
 
@@ -17,14 +16,11 @@ from xpnn.record.phases import FORWARD, layer_span, span
 
 
 def resolve_loss(loss: Any) -> Any:
-    """A loss object from None, a name or class of ``LOSSES``, or a callable
-    ``loss(kernels, logits, labels, scale)``."""
-    if loss is None:
-        loss = SoftmaxCrossEntropy
-    elif isinstance(loss, str):
-        if loss not in LOSSES:
+    """A loss object from None, a name or class of ``LOSSES``, or ``loss(kernels, logits, ...)``."""
+    if loss is None or isinstance(loss, str):
+        if loss not in (None, *LOSSES):
             raise ValueError(f"unknown loss {loss!r} (choose {', '.join(LOSSES)})")
-        loss = LOSSES[loss]
+        loss = LOSSES.get(loss, SoftmaxCrossEntropy)
     if isinstance(loss, type) and loss in LOSSES.values():
         return loss()
     if not callable(loss):
@@ -33,8 +29,7 @@ def resolve_loss(loss: Any) -> Any:
 
 
 def adding(acc: Array, grads: Array, on_grads_ready: Ready) -> Callable[[int], None]:
-    """An ``on_grads_ready`` that first adds ``acc`` (earlier passes' gradients) into each newly
-    final ``grads[offset:]``."""
+    """An ``on_grads_ready`` first adding ``acc`` (earlier passes') into each final slice."""
     done = [grads.shape[0]]
 
     def ready(offset: int) -> None:
@@ -60,8 +55,7 @@ class LayerError(UserError):
 def checked_call(
     index: int, layer: Layer, call: str, fn: Callable[[], Any], want: tuple[int, ...] | None
 ) -> Any:
-    """``fn()``, a user's layer's ``call``; its failure, or an output not of shape ``want`` (a
-    gradient that merely broadcasts, ``dy[:1]``, would train wrongly), a ``LayerError``."""
+    """A user's layer's ``fn()``; a failure or a shape not ``want`` (broadcasting): LayerError."""
     name = f"({type(layer).__name__}) {call}"
     try:
         out = fn()
@@ -95,15 +89,13 @@ class Sequential:
         """Draw every layer's initial values on the host and learn its output shape."""
         self.backend, self.xp = backend, backend.xp
         rng = backend.host_rng(seed, 0)
-        shapes = [tuple(input_shape)]
+        self.shapes = [tuple(input_shape)]
         for layer in self.layers:
-            shapes.append(layer.build(shapes[-1], backend, rng))
-        self.shapes = shapes
-        self.output_shape = shapes[-1]
-        for i in range(len(self.layers) - 1):  # a Conv2D computes only what a pool after reads
-            extent = self.layers[i + 1].extent_read(shapes[i + 1])
-            if extent is not None:
-                self.layers[i].limit_output(*extent)
+            self.shapes.append(layer.build(self.shapes[-1], backend, rng))
+        self.output_shape = self.shapes[-1]
+        for layer, after, shape in zip(self.layers, self.layers[1:], self.shapes[1:], strict=False):
+            if (extent := after.extent_read(shape)) is not None:  # a Conv2D before a pool
+                layer.limit_output(*extent)
         return self
 
     def place(self) -> Sequential:
