@@ -41,9 +41,7 @@ def cnn(
     loss: str = "softmax_cross_entropy",
 ) -> Sequential:
     """The MPI deep-learning report's CNN: 690,590 parameters on 1x28x28 inputs."""
-    layers: list = []
-    for c in channels:  # ReLU fused into the convolution's bias pass
-        layers += [Conv2D(c, 3, activation="relu"), MaxPool2D(2)]
+    layers = [m for c in channels for m in (Conv2D(c, 3, activation="relu"), MaxPool2D(2))]
     layers += [Flatten(), Dropout(dropout), *(Dense(d, "relu") for d in dense), Dense(num_classes)]
     return Sequential(layers, loss)
 

@@ -15,19 +15,6 @@ from xpnn.nn.model import Ready
 from xpnn.record.phases import FORWARD, layer_span, span
 
 
-def resolve_loss(loss: Any) -> Any:
-    """A loss object from None, a name or class of ``LOSSES``, or ``loss(kernels, logits, ...)``."""
-    if loss is None or isinstance(loss, str):
-        if loss not in (None, *LOSSES):
-            raise ValueError(f"unknown loss {loss!r} (choose {', '.join(LOSSES)})")
-        loss = LOSSES.get(loss, SoftmaxCrossEntropy)
-    if isinstance(loss, type) and loss in LOSSES.values():
-        return loss()
-    if not callable(loss):
-        raise TypeError(f"loss must be a loss name or a callable loss object, got {loss!r}")
-    return loss
-
-
 def adding(acc: Array, grads: Array, on_grads_ready: Ready) -> Callable[[int], None]:
     """An ``on_grads_ready`` first adding ``acc`` (earlier passes') into each final slice."""
     done = [grads.shape[0]]
@@ -80,7 +67,15 @@ class Sequential:
 
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:
         self.layers = layers
-        self.loss = resolve_loss(loss)
+        if loss is None or isinstance(loss, str):  # a name or class of ``LOSSES``, or a callable
+            if loss not in (None, *LOSSES):
+                raise ValueError(f"unknown loss {loss!r} (choose {', '.join(LOSSES)})")
+            loss = LOSSES.get(loss, SoftmaxCrossEntropy)
+        if isinstance(loss, type) and loss in LOSSES.values():
+            loss = loss()
+        if not callable(loss):
+            raise TypeError(f"loss must be a loss name or a callable loss object, got {loss!r}")
+        self.loss = loss
 
     def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
         return self.setup(input_shape, backend, seed).place()
