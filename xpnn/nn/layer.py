@@ -26,6 +26,19 @@ def check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def he_normal(rng: Any, shape: tuple[int, ...], fan_in: int) -> Any:
+    """He et al. (2015), drawn on the host: keeps ReLU activations' variance through depth."""
+    return rng.standard_normal(shape) * math.sqrt(2.0 / fan_in)
+
+
+def for_activation(rng: Any, shape: tuple[int, ...], fan_in: int, fan_out: int, act: str) -> Any:
+    """He normal for ReLU; else Glorot & Bengio's (2010) uniform, for symmetric activations."""
+    if act == "relu":
+        return he_normal(rng, shape, fan_in)
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, size=shape)
+
+
 def copy_array(xp: Any, a: Array) -> Array:
     """A copy of ``a`` (NumPy and CuPy arrays have ``copy``; an array API one may not)."""
     return a.copy() if hasattr(a, "copy") else xp.asarray(a, copy=True)
