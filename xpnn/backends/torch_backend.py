@@ -9,7 +9,6 @@ import numpy as np
 from xpnn.backends.base import Backend
 from xpnn.errors import UserError
 
-DEVICES = ("auto", "cpu", "cuda", "mps", "xpu")
 ACCELERATORS = ("cuda", "xpu", "mps")  # what ``auto`` tries, in this order, before the CPU
 
 
@@ -61,7 +60,7 @@ def resolve_device(torch: Any, name: str | None, local_rank: int = 0) -> Any:
         dev = torch.device(name)
     except (RuntimeError, TypeError):
         raise UserError(
-            f"`device` {name!r}: not a PyTorch device (choose {', '.join(DEVICES)}, "
+            f"`device` {name!r}: not a PyTorch device (choose auto, cpu, cuda, mps, xpu, "
             "or one such as cuda:1)"
         ) from None
     if dev.type == "cpu":

@@ -66,7 +66,6 @@ def model_name(model: Any) -> str:
 
 
 def load_factory(where: str) -> Callable[[tuple[int, ...], int], Any]:
-    """The function ``FILE.py:FUNCTION`` or ``package.module:FUNCTION`` names (imported here)."""
     source, sep, name = where.rpartition(":")
     if not sep or not source or not name.isidentifier():
         raise UserError(

@@ -100,7 +100,6 @@ class Sequential:
         return self
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
-        """Move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``."""
         if params.shape != (self.size,) or grads.shape != (self.size,):
             raise ValueError(f"adopt: buffers must have shape ({self.size},)")
         if copy:
@@ -183,7 +182,6 @@ class Sequential:
     def loss_and_grads(
         self, x: Array, labels: Array, ctx: Context, scale: float, on_grads_ready: Ready = None
     ) -> tuple[Array, Array]:
-        """(loss sum, number correct) as device scalars; the gradients assigned."""
         self.train_rows = max(self.train_rows, labels.shape[0])
         logits = self.forward(x, ctx)
         with span("loss"):
