@@ -1,6 +1,5 @@
 """Models by name: the presets, or a user's factory ``FILE.py:FUNCTION`` or ``module:FUNCTION``."""
 
-import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
