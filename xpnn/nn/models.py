@@ -90,17 +90,15 @@ def load_factory(where: str) -> Callable[[tuple[int, ...], int], Any]:
     return factory
 
 
-def check_fits(
-    model: Any, what: str, labels: tuple[int, ...], num_classes: int, output: tuple[int, ...]
-) -> None:
-    """Refuse a model whose per-sample ``output`` cannot be scored against the data's."""
+def check_fits(model: Any, what: str, labels: tuple[int, ...], num_classes: int) -> None:
+    """Refuse a model whose per-sample output cannot be scored against the data's."""
     if not model.layers:
         raise UserError(f"`model` {what}: has no layers")
-    want = (*labels, num_classes)
-    if tuple(output) != want:
+    want, output = (*labels, num_classes), tuple(model.output_shape)
+    if output != want:
         per = f" at each of {labels[0]} positions" if labels else ""
         raise UserError(
-            f"`model` {what}: gives outputs of shape {tuple(output)} a sample; the data needs "
+            f"`model` {what}: gives outputs of shape {output} a sample; the data needs "
             f"{want}: a score for each of its {num_classes} classes{per} (a last layer such as "
             f"Dense({num_classes}))"
         )
