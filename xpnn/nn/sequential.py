@@ -216,12 +216,8 @@ class Sequential:
         return views
 
     def param_names(self) -> list[tuple[str, Layer, str]]:
-        with_params = [layer for layer in self.layers if layer.initial]
-        return [
-            (f"layer{i}.{name}", layer, name)
-            for i, layer in enumerate(with_params)
-            for name in layer.initial
-        ]
+        layers = [layer for layer in self.layers if layer.initial]  # what ``layerN`` counts
+        return [(f"layer{i}.{n}", x, n) for i, x in enumerate(layers) for n in x.initial]
 
     def replica(self) -> Sequential:
         """A twin on the same parameters whose layers keep their own forward state."""
