@@ -320,7 +320,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         raise UserError(f"{what} run the layers of an xpnn.nn.Sequential; this model has none")
     if isinstance(model, LayeredModel) and portion(model).scores:  # it holds the output
         labels = tuple(data.y_test.shape[1:])
-        check_fits(model, name, labels, classes, model.output_shape)
+        check_fits(model, name, labels, classes)
     check_batch_threads(spec.batch_threads, threads, backend.name)
     plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
     replicas = plan.replicas  # the ranks that each take a share of the batch

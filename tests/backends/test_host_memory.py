@@ -11,7 +11,7 @@ CYCLES = """
 import resource
 import numpy as np
 from xpnn.backends import get_backend
-from xpnn.backends.host_memory import keep_freed_arrays
+from xpnn.backends import keep_freed_arrays
 
 get_backend({backend!r}, "float64")
 a = np.ones(2 << 20)  # 16 MiB, touched

@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 
 from xpnn.backends.base import Backend, cpu_backend
+from xpnn.backends.cupy_backend import CupyBackend, import_cupy
 from xpnn.backends.graphs import StepScalars
-from xpnn.backends.host_memory import keep_freed_arrays
-from xpnn.backends.threads import set_threads, set_threads_once
+from xpnn.backends.threads import THREAD_VARS, set_threads, threads_set
+from xpnn.backends.torch_backend import TorchBackend, import_torch, resolve_device
 from xpnn.errors import UserError
 
 BACKENDS = ("numpy", "numba", "cupy", "torch", "auto")
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+KEPT_BYTES = 256 << 20  # blocks up to this size come from the heap; this much free is kept
+USER_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+_kept = False  # ``keep_freed_arrays`` ran in this process
 
 
 def get_backend(
     name: str, dtype: str = "float32", device_id: int = 0, device: str | None = None
 ) -> Backend:
-    """``auto``: CuPy on a usable GPU, else PyTorch where it sees an accelerator, else Numba.
-    ``device``: torch's; ``device_id``: the GPU this rank takes when none is named."""
-    set_threads_once()  # the first backend of a process limits BLAS's and Numba's threads
+    """``auto``: CuPy on a usable GPU, else PyTorch on an accelerator, else Numba."""
+    if not (threads_set() or any(os.environ.get(var) for var in THREAD_VARS)):
+        set_threads()  # the first backend of a process limits BLAS's and Numba's threads
     if device is not None and name != "torch":
         raise UserError(f"`device` {device}: only for `backend` torch (not {name})")
     if name == "auto":
@@ -30,14 +38,24 @@ def get_backend(
         keep_freed_arrays()  # a CPU step's temporaries reused without page faults
         return cpu_backend(name, dtype)
     if name == "cupy":
-        from xpnn.backends.cupy_backend import CupyBackend
-
         return CupyBackend(dtype, device_id)
     if name == "torch":
-        from xpnn.backends.torch_backend import TorchBackend
-
         return TorchBackend(dtype, device, device_id)
     raise UserError(f"`backend`: unknown backend {name!r} (choose {', '.join(BACKENDS)})")
+
+
+def keep_freed_arrays() -> bool:
+    """Raise glibc's mmap and trim thresholds once (docs/decisions/host-malloc.md); True if so."""
+    global _kept
+    if _kept or any(var in os.environ for var in USER_VARS):
+        return False
+    _kept = True
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):  # no C library by that name (Windows)
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, KEPT_BYTES) and mallopt(M_TRIM_THRESHOLD, KEPT_BYTES))
 
 
 def _reason(load: Callable[[], object]) -> str | None:
@@ -50,15 +68,11 @@ def _reason(load: Callable[[], object]) -> str | None:
 
 def gpu_unavailable_reason() -> str | None:
     """None when CuPy and a CUDA device are usable, else the one-line reason why not."""
-    from xpnn.backends.cupy_backend import import_cupy
-
     return _reason(import_cupy)
 
 
 def availability() -> dict[str, str | None]:
     """Each concrete backend -> None if usable, else why not (for ``xpnn info``)."""
-    from xpnn.backends.torch_backend import import_torch
-
     out: dict[str, str | None] = {"numpy": None, "numba": None}
     try:
         import numba  # noqa: F401
@@ -73,14 +87,11 @@ def auto_without_cupy() -> str:
     # importing PyTorch costs each rank a second or more
     if not accelerator_possible() or not all(importlib.util.find_spec(m) for m in modules):
         return "numba"
-    from xpnn.backends.torch_backend import import_torch, resolve_device
-
     return "numba" if resolve_device(import_torch()[0], "auto").type == "cpu" else "torch"
 
 
 def accelerator_possible() -> bool:
-    """False only on Linux without the device files of NVIDIA's, AMD's (ROCm) or a render
-    driver (Intel's XPU); elsewhere (macOS: MPS) True."""
+    """False only on Linux without NVIDIA's, AMD's (ROCm) or a render driver's (XPU) devices."""
     if not sys.platform.startswith("linux"):
         return True
     return any(glob.glob(pattern) for pattern in ("/dev/nvidia*", "/dev/kfd", "/dev/dri/renderD*"))

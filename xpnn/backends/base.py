@@ -20,18 +20,13 @@ class Backend:
     name: str = "base"
     is_gpu: bool = False
     array_library: str = "numpy"  # whose arrays: node-shared memory is NumPy's only
+    device: str = "cpu"  # GPU backends name theirs
 
     def __init__(self, xp: ModuleType, kernels: Kernels, dtype: str = "float32") -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be float32 or float64, not {dtype!r}")
-        self.xp = xp
-        self.kernels = kernels
-        self.dtype_name = dtype
+        self.xp, self.kernels, self.dtype_name = xp, kernels, dtype
         self.dtype = getattr(xp, dtype)
-
-    @property
-    def device(self) -> str:
-        return "cpu"
 
     def synchronize(self) -> None:
         """Wait for queued device work; a no-op on the CPU, needed for honest GPU timings."""
@@ -68,10 +63,9 @@ class Backend:
 
 def cpu_backend(name: str, dtype: str = "float32") -> Backend:
     """NumPy on the CPU; ``numba`` compiles the memory-bound kernels into threaded loops."""
+    table = NumpyKernels
     if name == "numba":
         from xpnn.backends.numba_kernels import NumbaKernels as table
-    else:
-        table = NumpyKernels
     backend = Backend(np, table(np), dtype)
     backend.name = name
     return backend

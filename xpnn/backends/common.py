@@ -20,8 +20,7 @@ def dtype_is(dtype: Any, kind: str) -> bool:
 
 
 def check_labels(logits: Array, labels: Array) -> None:
-    """One integer class index per row of ``logits``: a column (N, 1) would broadcast into a wrong
-    loss. Metadata only: no pass over values, no sync."""
+    """One integer class index per row of ``logits`` ((N, 1) would broadcast); metadata only."""
     shape = getattr(labels, "shape", None)
     dtype = getattr(labels, "dtype", None)
     if shape is None or dtype is None:
@@ -53,17 +52,13 @@ def fmix32_host(h: int) -> int:
     return h
 
 
-def mix_host(h: int, k: int) -> int:
-    """``fmix32(h ^ fmix32(k + GOLDEN))``: a bijection in ``k`` for a fixed ``h``."""
-    return fmix32_host(h ^ fmix32_host((k + GOLDEN) & MASK32))
-
-
 def dropout_base_key(seed: int, step: int, salt: int = 0) -> int:
-    """The per-(seed, salt, step) key, every 32-bit half mixed in."""
+    """The (seed, salt, step) key: each 32-bit half ``k`` mixed as ``fmix32(h ^ fmix32(k + G))``."""
     h = 0
     for v in (seed, salt, step):
         v = int(v) & 0xFFFFFFFFFFFFFFFF
-        h = mix_host(mix_host(h, v & MASK32), v >> 32)
+        for k in (v & MASK32, v >> 32):
+            h = fmix32_host(h ^ fmix32_host((k + GOLDEN) & MASK32))
     return h
 
 

@@ -15,8 +15,7 @@ class CaptureFailed(RuntimeError):
 
 
 class StepScalars:
-    """Device buffers, one per dtype, filled by ``refresh`` before each step; ``add`` hands out
-    0-d views of them, which the kernels take as they take numbers."""
+    """Device buffers, one per dtype, ``refresh``ed before each step; kernels read 0-d views."""
 
     CAPACITY = 64  # values of one dtype: an optimizer takes 3, each Dropout layer 1
 

@@ -13,14 +13,12 @@ PARALLEL_MIN_ELEMENTS = 1 << 19  # below this a serial loop beats waking the thr
 
 
 class Twin:
-    """A kernel compiled serial and parallel, the parallel build taken for ``min_elements`` values
-    and more unless this thread has one Numba thread (a batch thread: one team at a time). The
-    parallel build is of a renamed copy: Numba's disk cache keys by name, not by flags."""
+    """A kernel compiled serial and parallel, the parallel one from ``min_elements`` on a team."""
 
     def __init__(self, fn, min_elements: int = PARALLEL_MIN_ELEMENTS) -> None:  # noqa: ANN001
         self.min_elements = min_elements
         self.serial = nb.njit(parallel=False, **JIT)(fn)
-        copy = types.FunctionType(
+        copy = types.FunctionType(  # renamed: Numba's disk cache keys by name, not by flags
             fn.__code__, fn.__globals__, fn.__name__ + "_parallel", fn.__defaults__, fn.__closure__
         )
         copy.__qualname__ = fn.__qualname__ + "_parallel"

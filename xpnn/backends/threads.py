@@ -1,8 +1,8 @@
-"""The array libraries' thread pools (BLAS, OpenMP, Numba) held to one count per process: left
-alone, Numba's and OpenBLAS's pools each start a thread per core and fight over the cores."""
+"""BLAS, OpenMP and Numba held to one thread count per process (else each takes every core)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -15,12 +15,9 @@ _APPLIED: list[int] = []  # the count set in this process, once set
 
 
 def set_threads(n: int | None = None) -> dict:
-    """Limit BLAS/OpenMP pools and Numba to ``n`` threads (default: the cores this process may
-    run on); report what was limited. Numba is limited through the environment unless
-    imported: importing it costs 0.5 s."""
+    """Limit BLAS/OpenMP and Numba (by environment unless imported: 0.5 s) to ``n`` threads."""
     global _LIMITER
-    if n is None:
-        n = default_threads()
+    n = default_threads() if n is None else n
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise UserError(f"`threads` {n}: must be a whole number >= 1")
     os.environ["OMP_NUM_THREADS"] = str(n)
@@ -34,14 +31,12 @@ def set_threads(n: int | None = None) -> dict:
         numba_threads = n
     # after Numba: starting its threading layer may load an OpenMP runtime to limit as well
     blas: list[dict] = []
-    try:
+    with contextlib.suppress(ImportError):
         from threadpoolctl import threadpool_info, threadpool_limits
 
         _LIMITER = threadpool_limits(limits=n)
         keys = {"lib": "internal_api", "api": "user_api", "threads": "num_threads"}
         blas = [{k: pool.get(v) for k, v in keys.items()} for pool in threadpool_info()]
-    except ImportError:
-        pass
     _APPLIED[:] = [n]
     return {"threads": n, "blas": blas, "numba": numba_threads}
 
@@ -49,13 +44,6 @@ def set_threads(n: int | None = None) -> dict:
 def threads_set() -> int | None:
     """The count ``set_threads`` gave this process, or None."""
     return _APPLIED[0] if _APPLIED else None
-
-
-def set_threads_once() -> None:
-    """``set_threads()`` unless this process set a count already or its user exported one."""
-    if _APPLIED or any(os.environ.get(var) for var in THREAD_VARS):
-        return
-    set_threads()
 
 
 def default_threads() -> int:

@@ -1,5 +1,4 @@
-"""PyTorch tensors through ``array_api_compat.torch`` on every device PyTorch reaches, imported
-only when asked for; autograd is never used (xpnn runs its own backward passes)."""
+"""PyTorch tensors (``array_api_compat.torch``) on any device it reaches, imported when asked."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import numpy as np
 from xpnn.backends.base import Backend
 from xpnn.errors import UserError
 
-DEVICES = ("auto", "cpu", "cuda", "mps", "xpu")
 ACCELERATORS = ("cuda", "xpu", "mps")  # what ``auto`` tries, in this order, before the CPU
 
 
@@ -62,7 +60,7 @@ def resolve_device(torch: Any, name: str | None, local_rank: int = 0) -> Any:
         dev = torch.device(name)
     except (RuntimeError, TypeError):
         raise UserError(
-            f"`device` {name!r}: not a PyTorch device (choose {', '.join(DEVICES)}, "
+            f"`device` {name!r}: not a PyTorch device (choose auto, cpu, cuda, mps, xpu, "
             "or one such as cuda:1)"
         ) from None
     if dev.type == "cpu":
@@ -116,6 +114,4 @@ class TorchBackend(Backend):
 
     def to_host(self, a: Any) -> np.ndarray:
         """A tensor -> NumPy: a view of a CPU tensor (as NumPy's backend returns), else a copy."""
-        if isinstance(a, self.torch.Tensor):
-            return a.detach().cpu().numpy()
-        return np.asarray(a)
+        return a.detach().cpu().numpy() if isinstance(a, self.torch.Tensor) else np.asarray(a)

@@ -1,5 +1,4 @@
-"""PyTorch's kernels: the generic ones, the dropout hash in int64 (no uint32 arithmetic), and
-writes into existing tensors where measured faster (docs/torch.md)."""
+"""PyTorch's kernels: the dropout hash in int64 (no uint32 arithmetic), writes in place."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ class TorchKernels(Kernels):
         p.sub_(torch.mul(g, lr, out=self._scratch(p)))
 
     def momentum_update(self, p: Array, g: Array, v: Array, lr: float, mu: float) -> None:
-        v.mul_(mu)
-        v.add_(g)
+        v.mul_(mu).add_(g)
         self.flush_subnormal(v)
         p.sub_(torch.mul(v, lr, out=self._scratch(p)))
 
@@ -57,13 +55,9 @@ class TorchKernels(Kernels):
         t = self._scratch(p)
         if decay != 1.0:
             p.mul_(decay)
-        m.mul_(beta1)
-        m.add_(torch.mul(g, 1 - beta1, out=t))
+        m.mul_(beta1).add_(torch.mul(g, 1 - beta1, out=t))
         self.flush_subnormal(m)
-        v.mul_(beta2)
-        torch.mul(g, g, out=t)
-        v.add_(t.mul_(1 - beta2))
+        v.mul_(beta2).add_(torch.mul(g, g, out=t).mul_(1 - beta2))
         self.flush_subnormal(v)
         torch.div(v, c2, out=t).sqrt_().add_(eps)
-        torch.div(m, t, out=t)
-        p.sub_(t.mul_(lr_c1))
+        p.sub_(torch.div(m, t, out=t).mul_(lr_c1))

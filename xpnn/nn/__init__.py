@@ -18,8 +18,7 @@ from xpnn.nn.pool import MaxPool2D
 from xpnn.nn.sequential import LayerError, Sequential
 
 __all__ = ["Context", "Dense", "Flatten", "Layer", "Model", "ReLU", "Sequential", "Sigmoid"]
-__all__ += ["LayerError", "Tanh"]
-__all__ += ["SigmoidBinaryCrossEntropy", "SoftmaxCrossEntropy", "build_model", "cnn", "mlp"]
-__all__ += ["CausalSelfAttention", "Chain", "Embedding", "FeedForward", "GELU", "LayerNorm"]
-__all__ += ["PositionEmbedding", "Residual", "SequenceCrossEntropy", "TransformerBlock", "gpt"]
-__all__ += ["transformer_block", "Conv2D", "Dropout", "MaxPool2D"]
+__all__ += ["LayerError", "Tanh", "SigmoidBinaryCrossEntropy", "SoftmaxCrossEntropy", "build_model"]
+__all__ += ["cnn", "mlp", "CausalSelfAttention", "Chain", "Embedding", "FeedForward", "GELU"]
+__all__ += ["LayerNorm", "PositionEmbedding", "Residual", "SequenceCrossEntropy"]
+__all__ += ["TransformerBlock", "gpt", "transformer_block", "Conv2D", "Dropout", "MaxPool2D"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 import math
 
 from xpnn.backends.kernels import ACTIVATIONS
-from xpnn.nn import init
-from xpnn.nn.layer import Array, Context, Layer, check_int
+from xpnn.nn.layer import Array, Context, Layer, check_int, he_normal
 from xpnn.record.phases import WGRAD
 
 
@@ -66,7 +65,7 @@ class Conv2D(Layer):
         self.limit_output(oh, ow)
         fan_in = c * self.kh * self.kw
         shape = (self.out_channels, c, self.kh, self.kw)
-        self.add_param("W", init.he_normal(rng, shape, fan_in))
+        self.add_param("W", he_normal(rng, shape, fan_in))
         self.add_param("b", 0.0, (self.out_channels,))
         return (self.out_channels, oh, ow)
 

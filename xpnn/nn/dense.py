@@ -3,8 +3,7 @@
 import math
 
 from xpnn.backends.kernels import ACTIVATIONS
-from xpnn.nn import init
-from xpnn.nn.layer import Array, Context, Layer, check_int
+from xpnn.nn.layer import Array, Context, Layer, check_int, for_activation
 from xpnn.record.phases import WGRAD
 
 
@@ -25,7 +24,7 @@ class Dense(Layer):
             raise ValueError(f"Dense expects inputs with a feature axis, got shape {in_shape}")
         fan_in = in_shape[-1]
         shape = (fan_in, self.units)
-        self.add_param("W", init.for_activation(rng, shape, fan_in, self.units, self.activation))
+        self.add_param("W", for_activation(rng, shape, fan_in, self.units, self.activation))
         self.add_param("b", 0.0, (self.units,))
         return (*in_shape[:-1], self.units)
 

@@ -1,5 +1,4 @@
-"""The Layer contract: parameters are declared on the host, then placed as views into one flat
-buffer; ``backward`` *assigns* (never adds) the gradients and returns the input's gradient."""
+"""Layers declare parameters on the host, placed as views of one flat buffer; backward assigns."""
 
 from __future__ import annotations
 
@@ -27,6 +26,19 @@ def check_int(owner: str, name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def he_normal(rng: Any, shape: tuple[int, ...], fan_in: int) -> Any:
+    """He et al. (2015), drawn on the host: keeps ReLU activations' variance through depth."""
+    return rng.standard_normal(shape) * math.sqrt(2.0 / fan_in)
+
+
+def for_activation(rng: Any, shape: tuple[int, ...], fan_in: int, fan_out: int, act: str) -> Any:
+    """He normal for ReLU; else Glorot & Bengio's (2010) uniform, for symmetric activations."""
+    if act == "relu":
+        return he_normal(rng, shape, fan_in)
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, size=shape)
+
+
 def copy_array(xp: Any, a: Array) -> Array:
     """A copy of ``a`` (NumPy and CuPy arrays have ``copy``; an array API one may not)."""
     return a.copy() if hasattr(a, "copy") else xp.asarray(a, copy=True)
@@ -45,11 +57,9 @@ class Context:
 class Layer:
     """Base class: parameters, gradients, their backend, and what models and strategies ask."""
 
-    # Under tensor parallelism: "none" (refused), "replicate" (nothing to split), "elementwise"
-    # (on a rank's slice of the activations) or "dense" (columns, the next by rows: Megatron).
+    # tensor parallelism: "none" (refused), "replicate", "elementwise" or "dense" (Megatron)
     tensor_split: ClassVar[str] = "none"
-    # Megatron pairs of Dense sublayers, (column, row, column_group, row_group), cut across ranks
-    # in groups (a head's q, k and v together). Empty: every rank holds all of it.
+    # Megatron (column, row, column_group, row_group) Dense sublayers, cut in groups (q, k, v)
     tensor_pairs: tuple[tuple[str, str, int, int], ...] = ()
 
     def __init__(self) -> None:
@@ -59,9 +69,7 @@ class Layer:
 
     def build(self, in_shape: tuple[int, ...], backend: Any, rng: Any) -> tuple[int, ...]:
         """Bind to a backend, declare parameters (host arrays from ``rng``), return out shape."""
-        self.backend = backend
-        self.xp = backend.xp
-        self.kernels = backend.kernels
+        self.backend, self.xp, self.kernels = backend, backend.xp, backend.kernels
         return self.setup(tuple(in_shape), rng)
 
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:

@@ -1,5 +1,4 @@
-"""What the trainer, checkpoints and updates ask of a model (``Model``: a user's model implements
-these names); what strategies that swap or stage layers ask (``LayeredModel``)."""
+"""What runs ask of a model (``Model``), and strategies that swap layers (``LayeredModel``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Models by name: the presets, or a user's factory ``f(input_shape, num_classes) -> model``
-named ``FILE.py:FUNCTION`` or ``package.module:FUNCTION``."""
+"""Models by name: the presets, or a user's factory ``FILE.py:FUNCTION`` or ``module:FUNCTION``."""
 
-import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -42,9 +40,7 @@ def cnn(
     loss: str = "softmax_cross_entropy",
 ) -> Sequential:
     """The MPI deep-learning report's CNN: 690,590 parameters on 1x28x28 inputs."""
-    layers: list = []
-    for c in channels:  # ReLU fused into the convolution's bias pass
-        layers += [Conv2D(c, 3, activation="relu"), MaxPool2D(2)]
+    layers = [m for c in channels for m in (Conv2D(c, 3, activation="relu"), MaxPool2D(2))]
     layers += [Flatten(), Dropout(dropout), *(Dense(d, "relu") for d in dense), Dense(num_classes)]
     return Sequential(layers, loss)
 
@@ -63,20 +59,12 @@ def build_model(
     raise UserError(f"`model`: unknown model {name!r} (choose {', '.join(MODELS)})")
 
 
-Factory = Callable[[tuple[int, ...], int], Any]  # (input shape, classes) -> an unbuilt model
-
-
 def model_name(model: Any) -> str:
     """How a run's ``model`` is shown and compared between ranks: a preset, path or name."""
-    if isinstance(model, str):
-        return model
-    if callable(model):
-        return getattr(model, "__qualname__", type(model).__name__)
-    return type(model).__name__
+    return model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)
 
 
-def load_factory(where: str) -> Factory:
-    """The function ``FILE.py:FUNCTION`` or ``package.module:FUNCTION`` names (imported here)."""
+def load_factory(where: str) -> Callable[[tuple[int, ...], int], Any]:
     source, sep, name = where.rpartition(":")
     if not sep or not source or not name.isidentifier():
         raise UserError(
@@ -102,17 +90,15 @@ def load_factory(where: str) -> Factory:
     return factory
 
 
-def check_fits(
-    model: Any, what: str, labels: tuple[int, ...], num_classes: int, output: tuple[int, ...]
-) -> None:
-    """Refuse a model whose per-sample ``output`` cannot be scored against the data's."""
+def check_fits(model: Any, what: str, labels: tuple[int, ...], num_classes: int) -> None:
+    """Refuse a model whose per-sample output cannot be scored against the data's."""
     if not model.layers:
         raise UserError(f"`model` {what}: has no layers")
-    want = (*labels, num_classes)
-    if tuple(output) != want:
+    want, output = (*labels, num_classes), tuple(model.output_shape)
+    if output != want:
         per = f" at each of {labels[0]} positions" if labels else ""
         raise UserError(
-            f"`model` {what}: gives outputs of shape {tuple(output)} a sample; the data needs "
+            f"`model` {what}: gives outputs of shape {output} a sample; the data needs "
             f"{want}: a score for each of its {num_classes} classes{per} (a last layer such as "
             f"Dense({num_classes}))"
         )

@@ -1,5 +1,4 @@
-"""Layers in order, all parameters in one flat buffer and gradients in another (a few large
-slices to reduce); ``on_grads_ready(offset)``: ``grads[offset:]`` is final."""
+"""Layers in order; parameters in one flat buffer, gradients in another (few slices to reduce)."""
 
 from __future__ import annotations
 
@@ -16,25 +15,8 @@ from xpnn.nn.model import Ready
 from xpnn.record.phases import FORWARD, layer_span, span
 
 
-def resolve_loss(loss: Any) -> Any:
-    """A loss object from None, a name or class of ``LOSSES``, or a callable
-    ``loss(kernels, logits, labels, scale)``."""
-    if loss is None:
-        loss = SoftmaxCrossEntropy
-    elif isinstance(loss, str):
-        if loss not in LOSSES:
-            raise ValueError(f"unknown loss {loss!r} (choose {', '.join(LOSSES)})")
-        loss = LOSSES[loss]
-    if isinstance(loss, type) and loss in LOSSES.values():
-        return loss()
-    if not callable(loss):
-        raise TypeError(f"loss must be a loss name or a callable loss object, got {loss!r}")
-    return loss
-
-
 def adding(acc: Array, grads: Array, on_grads_ready: Ready) -> Callable[[int], None]:
-    """An ``on_grads_ready`` that first adds ``acc`` (earlier passes' gradients) into each newly
-    final ``grads[offset:]``."""
+    """An ``on_grads_ready`` first adding ``acc`` (earlier passes') into each final slice."""
     done = [grads.shape[0]]
 
     def ready(offset: int) -> None:
@@ -60,8 +42,7 @@ class LayerError(UserError):
 def checked_call(
     index: int, layer: Layer, call: str, fn: Callable[[], Any], want: tuple[int, ...] | None
 ) -> Any:
-    """``fn()``, a user's layer's ``call``; its failure, or an output not of shape ``want`` (a
-    gradient that merely broadcasts, ``dy[:1]``, would train wrongly), a ``LayerError``."""
+    """A user's layer's ``fn()``; a failure or a shape not ``want`` (broadcasting): LayerError."""
     name = f"({type(layer).__name__}) {call}"
     try:
         out = fn()
@@ -86,7 +67,15 @@ class Sequential:
 
     def __init__(self, layers: list[Layer], loss: Any = None) -> None:
         self.layers = layers
-        self.loss = resolve_loss(loss)
+        if loss is None or isinstance(loss, str):  # a name or class of ``LOSSES``, or a callable
+            if loss not in (None, *LOSSES):
+                raise ValueError(f"unknown loss {loss!r} (choose {', '.join(LOSSES)})")
+            loss = LOSSES.get(loss, SoftmaxCrossEntropy)
+        if isinstance(loss, type) and loss in LOSSES.values():
+            loss = loss()
+        if not callable(loss):
+            raise TypeError(f"loss must be a loss name or a callable loss object, got {loss!r}")
+        self.loss = loss
 
     def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
         return self.setup(input_shape, backend, seed).place()
@@ -95,15 +84,13 @@ class Sequential:
         """Draw every layer's initial values on the host and learn its output shape."""
         self.backend, self.xp = backend, backend.xp
         rng = backend.host_rng(seed, 0)
-        shapes = [tuple(input_shape)]
+        self.shapes = [tuple(input_shape)]
         for layer in self.layers:
-            shapes.append(layer.build(shapes[-1], backend, rng))
-        self.shapes = shapes
-        self.output_shape = shapes[-1]
-        for i in range(len(self.layers) - 1):  # a Conv2D computes only what a pool after reads
-            extent = self.layers[i + 1].extent_read(shapes[i + 1])
-            if extent is not None:
-                self.layers[i].limit_output(*extent)
+            self.shapes.append(layer.build(self.shapes[-1], backend, rng))
+        self.output_shape = self.shapes[-1]
+        for layer, after, shape in zip(self.layers, self.layers[1:], self.shapes[1:], strict=False):
+            if (extent := after.extent_read(shape)) is not None:  # a Conv2D before a pool
+                layer.limit_output(*extent)
         return self
 
     def place(self) -> Sequential:
@@ -113,7 +100,6 @@ class Sequential:
         return self
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
-        """Move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``."""
         if params.shape != (self.size,) or grads.shape != (self.size,):
             raise ValueError(f"adopt: buffers must have shape ({self.size},)")
         if copy:
@@ -196,7 +182,6 @@ class Sequential:
     def loss_and_grads(
         self, x: Array, labels: Array, ctx: Context, scale: float, on_grads_ready: Ready = None
     ) -> tuple[Array, Array]:
-        """(loss sum, number correct) as device scalars; the gradients assigned."""
         self.train_rows = max(self.train_rows, labels.shape[0])
         logits = self.forward(x, ctx)
         with span("loss"):
@@ -231,12 +216,8 @@ class Sequential:
         return views
 
     def param_names(self) -> list[tuple[str, Layer, str]]:
-        with_params = [layer for layer in self.layers if layer.initial]
-        return [
-            (f"layer{i}.{name}", layer, name)
-            for i, layer in enumerate(with_params)
-            for name in layer.initial
-        ]
+        layers = [layer for layer in self.layers if layer.initial]  # what ``layerN`` counts
+        return [(f"layer{i}.{n}", x, n) for i, x in enumerate(layers) for n in x.initial]
 
     def replica(self) -> Sequential:
         """A twin on the same parameters whose layers keep their own forward state."""
