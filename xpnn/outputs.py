@@ -1,5 +1,4 @@
-"""The files a run writes, checked before it trains: a bad place is a user error naming the
-parameter at the start, not a crash after the last epoch."""
+"""The files a run writes, checked before it trains: a bad place fails at the start."""
 
 from __future__ import annotations
 

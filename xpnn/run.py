@@ -1,5 +1,4 @@
-"""A run from its choices: ``build_run(spec, world)`` assembles a ``Trainer``, every rank agreeing
-on user errors phase by phase; ``run(spec)`` runs the whole job as the command line does."""
+"""A run from its choices: ``build_run`` assembles a ``Trainer``, ``run`` the whole job."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ Say = Callable[[str], None] | None  # where rank 0's lines go (default: print)
 
 
 class RunFailed(RuntimeError):
-    """The job stopped, its reason already said in one line: ``exit_code`` 2 for a user error,
-    1 for a bug or a diverged loss, 124 a stall, 130 or 143 a signal."""
+    """The job stopped, its reason already said in one line; ``exit_code`` as the CLI's."""
 
     def __init__(self, exit_code: int, reason: str | None = None) -> None:
         said = f"{reason} (exit code {exit_code})" if reason else f"exit code {exit_code}"
@@ -42,8 +40,7 @@ class RunFailed(RuntimeError):
 
 
 def run(spec: RunSpec, callbacks: Sequence[Any] = (), log: Say = None, warn: Say = None) -> dict:
-    """Run ``spec`` on this rank (every rank calls it); the final metrics record, or
-    ``RunFailed`` when any rank fails. ``log``/``warn``: rank 0's lines and notes."""
+    """Run ``spec`` on every rank: the final metrics record, or ``RunFailed`` if any rank fails."""
     from xpnn.runtime.abort import SAID
 
     outcome: dict[str, Any] = {}
@@ -136,8 +133,7 @@ def build_run(
     log: Say = None,
     given: Collection[str] | None = None,
 ) -> Any:
-    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank (collective); ``given``: the
-    settings the user chose (default: those off their defaults), which a preset leaves alone."""
+    """A ``Trainer`` ready to ``run()`` ``spec`` (collective); a preset leaves ``given`` alone."""
     from xpnn.runtime.failure import agree_on_user_errors
     from xpnn.runtime.threads import node_cores
     from xpnn.train import Trainer
@@ -241,8 +237,7 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
 
 
 def resolve(spec: RunSpec, given: Collection[str] | None = None) -> tuple[RunSpec, dict]:
-    """(the settings a run has: a model's recipe where ``spec`` is silent, checked, then the
-    defaults; what the recipe filled)."""
+    """(``spec`` with a recipe where silent, checked, defaults filled; what the recipe filled)."""
     spec, preset = gpt_preset(spec, given)
     check_spec(spec)
     return with_defaults(spec), preset
@@ -416,20 +411,14 @@ def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -
 
 def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     """Worth a word, not an error: a fallback transport, settings ignored or probably a slip."""
-    groups = trainer.groups
-    said = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
-    ignored = ineffective_settings(spec, groups, trainer.cfg.plan)
-    said += [f"{name} has no effect {why}" for name, why in ignored]
-    if spec.precision != "fp32" and spec.backend == "numba" and trainer.backend.name == "numpy":
-        said.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
-    return said + questionable_settings(spec, trainer.cfg, world, trainer.data.n_train)
-
-
-def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> list[str]:
-    """Settings that work but are probably not what was meant: said once, not refused."""
     from xpnn.runtime.threads import REPLACED_ENV, node_cores
 
-    notes = []
+    groups, cfg, n_train = trainer.groups, trainer.cfg, trainer.data.n_train
+    notes = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
+    ignored = ineffective_settings(spec, groups, trainer.cfg.plan)
+    notes += [f"{name} has no effect {why}" for name, why in ignored]
+    if spec.precision != "fp32" and spec.backend == "numba" and trainer.backend.name == "numpy":
+        notes.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
     if cfg.plan.pipelined:
         # a batch is cut into at most one micro-batch per sample: more are never run
         batch = min(cfg.batch_size, n_train or cfg.batch_size)

@@ -1,5 +1,4 @@
-"""Every setting of a run declared once, as a ``RunSpec`` field: group, default, rule, help and
-flag; the parser, the checks, the defaults and docs/cli.md's tables are read from them."""
+"""Every setting of a run declared once, as a ``RunSpec`` field; parser, checks, docs read them."""
 
 from __future__ import annotations
 

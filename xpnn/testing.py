@@ -1,5 +1,4 @@
-"""Checks for your own layers: ``check_layer`` compares a layer's ``backward`` (the input's
-gradient and every parameter's) with central finite differences, in float64."""
+"""Checks for your own layers: ``check_layer`` compares ``backward`` with finite differences."""
 
 from __future__ import annotations
 

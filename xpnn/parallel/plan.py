@@ -1,5 +1,4 @@
-"""A run's whole layout in one frozen object, as torchtitan's ``ParallelDims``: built and checked
-once, then applied once to the model, the communicators and the update scheme."""
+"""A run's whole layout in one frozen object (torchtitan's ``ParallelDims``), checked once."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ran
 
 @dataclass(frozen=True)
 class Plan:
-    """Every degree of a run: ``ranks`` = ``replicas`` x ``model_ranks``; a replica's
-    ``model_ranks`` are ``stages`` pipeline stages of ``tensor_parts`` split parts each."""
+    """Every degree of a run: ``ranks`` = ``replicas`` x ``stages`` x ``tensor_parts``."""
 
     mode: str = "data"  # --parallel: data, tensor, pipeline
     ranks: int = 1
@@ -104,13 +102,7 @@ class Plan:
         return Place(k, self.replicas, rank % k, rank // k)
 
     def apply(
-        self,
-        model: Any,
-        input_shape: tuple[int, ...],
-        backend: Any,
-        seed: int,
-        rank: int,
-        name: Any = "",
+        self, model: Any, shape: tuple[int, ...], backend: Any, seed: int, rank: int, name: Any = ""
     ) -> Any:
         """``model`` (named ``name``) split, staged and built for rank ``rank``."""
         index, parts, part = self.place(rank).index, self.tensor_parts, self.part(rank)
@@ -129,12 +121,12 @@ class Plan:
 
             model.layers = split_layers(model.layers, part, parts)
         if not self.pipelined:
-            model.build(input_shape, backend, seed)
+            model.build(shape, backend, seed)
             return model
         from xpnn.parallel.model.pipeline import build_stage
 
         stage = (index // parts, self.stages, self.microbatches, self.schedule, self.recompute)
-        return build_stage(model, input_shape, backend, seed, *stage, tensor=(part, parts))
+        return build_stage(model, shape, backend, seed, *stage, tensor=(part, parts))
 
     def part(self, rank: int) -> int:
         """Stage s part p is its replica's rank s * parts + p."""
@@ -229,55 +221,40 @@ class Plan:
 
 def check(spec: Any) -> None:
     """The combinations of ``spec`` no layout supports, each refused with its reason."""
-    mode, k = spec.parallel, spec.batch_threads
-    if spec.node_share == "activations" and mode != "data":
-        raise UserError(
-            f"`node_share` activations: only with `parallel` data (this run has `parallel` "
-            f"{mode}, whose ranks split the network)"
-        )
-    if spec.precision != "fp32" and mode != "data":
-        raise UserError(
-            f"`precision` {spec.precision}: only with `parallel` data (this run has `parallel` "
-            f"{mode})"
-        )
-    if spec.precision != "fp32" and spec.node_share == "activations":
-        raise UserError(
-            f"`precision` {spec.precision}: not with `node_share` activations; use `node_share` "
-            "gradients"
-        )
-    if k > 1 and mode != "data":
-        raise UserError(f"`batch_threads` {k}: only with `parallel` data, not {mode}")
-    if k > 1 and spec.precision != "fp32":
-        raise UserError(
-            f"`batch_threads` {k}: only with `precision` fp32 (the {spec.precision} passes run "
-            "on one low-precision copy of the model)"
-        )
-    if k > 1 and spec.node_share == "activations":
-        raise UserError(
-            f"`batch_threads` {k}: not with `node_share` activations (the node's ranks would "
-            "share one batch's activations, not a thread's part)"
-        )
-    if spec.grad_dtype is not None and mode != "data":
-        raise UserError(
-            f"`grad_dtype` {spec.grad_dtype}: only with `parallel` data (this run has `parallel` "
-            f"{mode})"
-        )
+    mode, k, precision, share = spec.parallel, spec.batch_threads, spec.precision, spec.node_share
+    only_data = f"only with `parallel` data (this run has `parallel` {mode}"
+    refusals = {
+        f"`node_share` activations: {only_data}, whose ranks split the network)": (
+            share == "activations" and mode != "data"
+        ),
+        f"`precision` {precision}: {only_data})": precision != "fp32" and mode != "data",
+        f"`precision` {precision}: not with `node_share` activations; use `node_share` gradients": (
+            precision != "fp32" and share == "activations"
+        ),
+        f"`batch_threads` {k}: only with `parallel` data, not {mode}": k > 1 and mode != "data",
+        f"`batch_threads` {k}: only with `precision` fp32 (the {precision} passes run on one "
+        "low-precision copy of the model)": k > 1 and precision != "fp32",
+        f"`batch_threads` {k}: not with `node_share` activations (the node's ranks would share "
+        "one batch's activations, not a thread's part)": k > 1 and share == "activations",
+        f"`grad_dtype` {spec.grad_dtype}: {only_data})": (
+            spec.grad_dtype is not None and mode != "data"
+        ),
+    }
     if spec.shard_optimizer:
-        check_sharded(spec)
-
-
-def check_sharded(spec: Any) -> None:
-    """What ``shard_optimizer`` does not go with, in one line each."""
-    if spec.comm == "mpi-shm" or spec.node_share is not None:
-        raise UserError(
-            "`shard_optimizer`: not with node-shared memory (`comm` mpi-shm, `node_share`), "
-            "whose ranks already keep one copy of the parameters and state a node"
-        )
-    for name, value, plain in (
-        ("precision", spec.precision, "fp32"),
-        ("grad_dtype", spec.grad_dtype, None),
-    ):
-        if value != plain:
-            raise UserError(f"`shard_optimizer`: not with `{name}` {value} (fp32 updates only)")
-    if spec.cuda_graph == "on":
-        raise UserError("`shard_optimizer`: not with `cuda_graph` on (its gather is on the host)")
+        fp32_only = "(fp32 updates only)"
+        refusals |= {
+            "`shard_optimizer`: not with node-shared memory (`comm` mpi-shm, `node_share`), whose "
+            "ranks already keep one copy of the parameters and state a node": (
+                spec.comm == "mpi-shm" or share is not None
+            ),
+            f"`shard_optimizer`: not with `precision` {precision} {fp32_only}": precision != "fp32",
+            f"`shard_optimizer`: not with `grad_dtype` {spec.grad_dtype} {fp32_only}": (
+                spec.grad_dtype is not None
+            ),
+            "`shard_optimizer`: not with `cuda_graph` on (its gather is on the host)": (
+                spec.cuda_graph == "on"
+            ),
+        }
+    for message, refused in refusals.items():
+        if refused:
+            raise UserError(message)

@@ -1,5 +1,4 @@
-"""Communicators, one interface for every transport: ``base`` (the contract, one process),
-``mpi`` (host memory), ``shm`` (node-shared arrays), ``cuda`` (CUDA-aware MPI, NCCL)."""
+"""Communicators, one interface for every transport, and the choice of one."""
 
 from __future__ import annotations
 

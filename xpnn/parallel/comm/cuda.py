@@ -1,5 +1,4 @@
-"""Device-buffer communicators, CUDA-aware MPI and NCCL (CuPy's; PyTorch's tensors go through
-MPI), and the choice between them."""
+"""Device-buffer communicators (CUDA-aware MPI, CuPy's NCCL) and the choice between them."""
 
 from __future__ import annotations
 

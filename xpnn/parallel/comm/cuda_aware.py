@@ -1,5 +1,4 @@
-"""May device buffers be handed to MPI here? The library must be CUDA-aware and the CUDA driver
-must see a device (an aware library says so without a GPU); every input injectable for tests."""
+"""May device buffers go to MPI here: a CUDA-aware library and a device the driver sees."""
 
 from __future__ import annotations
 
@@ -34,8 +33,10 @@ def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None
     """Why CUDA cannot run here, or None; asks ``libcuda.so.1`` as MPI libraries do (no CuPy)."""
     try:
         lib = load("libcuda.so.1")
-    except OSError as exc:
-        return f"no CUDA driver (libcuda.so.1 cannot be loaded: {_first_clause(exc)})"
+    except OSError as exc:  # the loader's message, without its repeated library name
+        text = str(exc)
+        text = text.split(": ", 1)[1] if text.startswith("libcuda") and ": " in text else text
+        return f"no CUDA driver (libcuda.so.1 cannot be loaded: {text})"
     try:
         code = int(lib.cuInit(0))
     except Exception as exc:  # a library that is not the driver at all
@@ -51,11 +52,6 @@ def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None
     if count.value < 1:
         return "no CUDA device (the driver sees 0 devices)"
     return None
-
-
-def _first_clause(exc: BaseException) -> str:
-    text = str(exc)  # the loader's message, without its repeated library name
-    return text.split(": ", 1)[1] if text.startswith("libcuda") and ": " in text else text
 
 
 def _cuda_error_name(lib: Any, code: int) -> str:
@@ -126,26 +122,16 @@ def detect_cuda_aware(
     cuda_problem: Callable[[], str | None] = cuda_runtime_problem,
 ) -> CudaAwareness:
     """Whether device buffers may be handed to MPI; ``alloc_kinds``: a value or a callable."""
-    library = _library_cuda_aware(
-        os.environ if env is None else env, alloc_kinds, query_cuda_support
-    )
+    env = os.environ if env is None else env
+    library = _library_cuda_aware(env, alloc_kinds, query_cuda_support)
     problem = cuda_problem() if library.aware else None
     if problem is None:
         return library
-    return CudaAwareness(
-        False,
-        f"the library is CUDA-aware ({library.reason}) but device buffers cannot be used "
-        f"here: {problem}",
-        library=True,
-        cuda_problem=problem,
-    )
+    why = f"the library is CUDA-aware ({library.reason}) but device buffers cannot be used here"
+    return CudaAwareness(False, f"{why}: {problem}", library=True, cuda_problem=problem)
 
 
-def _library_cuda_aware(
-    env: Mapping[str, str],
-    alloc_kinds: str | None | Callable[[], str | None],
-    query_cuda_support: Callable[[], int | None] | None,
-) -> CudaAwareness:
+def _library_cuda_aware(env: Mapping[str, str], alloc_kinds: Any, query: Any) -> CudaAwareness:
     """The library alone; first answer wins: ``XPNN_CUDA_AWARE`` (Cray MPICH answers neither
     query), a device ``cuda`` alloc kind (its absence says nothing), ``MPIX_Query_cuda_support``."""
     override = env.get("XPNN_CUDA_AWARE", "").strip()
@@ -157,12 +143,12 @@ def _library_cuda_aware(
     if kinds and _kinds_have_cuda_device(kinds):
         return CudaAwareness(True, f"mpi_memory_alloc_kinds={kinds}", True)
     note = f"mpi_memory_alloc_kinds={kinds} (no cuda)" if kinds else "no mpi_memory_alloc_kinds"
-    query = "MPIX_Query_cuda_support"
+    name = "MPIX_Query_cuda_support"
     try:
-        support = query_cuda_support() if query_cuda_support is not None else None
-        said = f"no {query}" if support is None else f"{query}() = {support}"
+        support = query() if query is not None else None
+        said = f"no {name}" if support is None else f"{name}() = {support}"
     except Exception as exc:  # a broken library must not stop training: stage through host
-        support, said = None, f"{query} failed: {exc}"
+        support, said = None, f"{name} failed: {exc}"
     if support:
         return CudaAwareness(True, said, True)
     return CudaAwareness(False, f"{note}; {said}")

@@ -1,5 +1,4 @@
-"""MPI on host memory (``mpi-host``): every MPI library, CUDA-aware or not; device buffers are
-staged through pinned host buffers, allocated once per bucket shape and reused."""
+"""MPI on host memory (``mpi-host``); device buffers staged through reused pinned buffers."""
 
 from __future__ import annotations
 
@@ -255,7 +254,7 @@ class MpiHostCommunicator(Communicator):
         self._pool.copy_back(dev, slot)
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
-        out = self._host_values(values)
+        out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
         self._count(out)
         with flight.Op(self, "allreduce", out.nbytes):
             mop = self._mpi_op(op)

@@ -1,5 +1,4 @@
-"""16-bit floats held as ``uint16`` bits (CuPy and NumPy lack bfloat16), and their MPI sum (MPI
-has none): each pair widened to float32, added, rounded back once, as Horovod's ``float16_sum``."""
+"""16-bit floats as ``uint16`` bits, and their MPI sum in float32 (Horovod's ``float16_sum``)."""
 
 from __future__ import annotations
 

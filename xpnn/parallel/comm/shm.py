@@ -1,5 +1,4 @@
-"""Node-shared memory: on one node an allreduce is memory traffic dressed up as messages, so the
-node's ranks map arrays they share; ``cross`` joins the same node-local rank of every node."""
+"""Node-shared memory: a node's ranks map arrays they share; ``cross`` joins the nodes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Who works with whom: rank r is place ``r % K`` of replica ``r // K`` (``--model-ranks`` K), so
-launchers that fill nodes in rank order keep each replica on one node."""
+"""Who works with whom: rank r is place ``r % K`` of replica ``r // K`` (``--model-ranks``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Pipeline parallelism: rank s holds stage s of layers of about equal cost, micro-batches each
-in flight on its own set of the layers (``--recompute``: one set, forwarded again)."""
+"""Pipeline parallelism: stage s of layers of about equal cost on rank s, in micro-batches."""
 
 from __future__ import annotations
 
@@ -66,9 +65,8 @@ Order = list[tuple[str, int]]  # ("F", m): forward micro-batch m; ("B", m): its 
 
 def gpipe_order(microbatches: int, stages: int, index: int) -> Order:
     """GPipe: every forward, then every backward in reverse; all M micro-batches in flight."""
-    return [("F", m) for m in range(microbatches)] + [
-        ("B", m) for m in reversed(range(microbatches))
-    ]
+    forwards = [("F", m) for m in range(microbatches)]
+    return forwards + [("B", m) for _, m in reversed(forwards)]
 
 
 def one_f_one_b_order(microbatches: int, stages: int, index: int) -> Order:
@@ -86,11 +84,7 @@ DEFAULT_SCHEDULE = "gpipe"
 
 def in_flight(order: Order) -> int:
     """The most micro-batches forwarded and not yet backwarded at once: sets of layers needed."""
-    most = live = 0
-    for kind, _ in order:
-        live += 1 if kind == "F" else -1
-        most = max(most, live)
-    return most
+    return max(itertools.accumulate(1 if kind == "F" else -1 for kind, _ in order), default=0)
 
 
 def numbered(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -198,7 +192,10 @@ class PipelineStage(Portion):
         ]
         loss_sum = correct = self.xp.zeros((), dtype=self.xp.float64)
         order = SCHEDULES[self.schedule](len(parts), self.stages, self.index)
-        sets = self._replicas(1 if self.recompute else in_flight(order))
+        count = 1 if self.recompute else in_flight(order)
+        while len(self._sets) < count:
+            self._sets.append(self.net.replica())
+        sets = self._sets[:count]
         pending: list[list] = [[] for _ in sets]  # sends still reading each set's buffers
         holder: list[int | None] = [None] * len(sets)  # the micro-batch whose activations it has
         inputs: dict[int, Array] = {}  # recompute: each micro-batch's input, until its backward
@@ -261,11 +258,6 @@ class PipelineStage(Portion):
         for handles in pending:
             self._wait(handles)
         return loss_sum, correct
-
-    def _replicas(self, count: int) -> list[Sequential]:
-        while len(self._sets) < count:
-            self._sets.append(self.net.replica())
-        return self._sets[:count]
 
     @staticmethod
     def _wait(handles: list) -> None:

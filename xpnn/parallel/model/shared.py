@@ -1,5 +1,4 @@
-"""What node sharing does to a model: its buffers moved into the node's memory, and Dense layers
-whose node's ranks share the batch's ``x`` and ``dz``, each computing its rows of ``x.T @ dz``."""
+"""Node sharing's model: buffers in node memory, Dense layers sharing ``x`` and ``dz``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Tensor parallelism, Megatron-LM's pairing: of each pair of ``tensor_split`` layers (or a
-composite's ``tensor_pairs``) the first is split by columns, the second by rows."""
+"""Tensor parallelism, Megatron-LM's pairs: the first split by columns, the second by rows."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The whole network from the ranks' pieces, named and ordered as one process has it: saved
-files, checkpoints and the digest do not depend on the parallelism."""
+"""The whole network from the ranks' pieces, named and ordered as one process has it."""
 
 from __future__ import annotations
 

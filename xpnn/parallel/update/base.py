@@ -1,5 +1,4 @@
-"""The Update contract, its buckets (cut from the end, as backward fills them, as PyTorch DDP's),
-and the schemes that need no node memory."""
+"""The Update contract, its buckets (cut from the end, as DDP's), schemes without node memory."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ def bucket_bounds(n: int, per_bucket: int) -> list[tuple[int, int]]:
 
 
 def layer_buckets(offsets: list[int], n: int, min_size: int) -> list[tuple[int, int]]:
-    """[start, end) ranges covering ``range(n)``, last first, cut only at ``offsets`` and at
-    least ``min_size`` long but the one at the start."""
+    """[start, end) ranges over ``range(n)``, last first, cut at ``offsets``, ``min_size`` long."""
     bounds, end = [], n
     for cut in sorted({o for o in offsets if 0 < o < n}, reverse=True):
         if end - cut >= min_size:
@@ -144,8 +142,9 @@ class BucketedUpdate(Update):
         return GradientBuckets(self.model.grads, self.comm, bucket_bytes, wire)
 
     def _parts(self) -> list[tuple[int, int]]:
-        """[start, end) of the optimizer's parts, last first."""
-        raise NotImplementedError
+        """[start, end) of the optimizer's parts, last first: runs of whole buckets."""
+        starts = [start for start, _ in self.buckets.bounds]
+        return layer_buckets(starts, self.model.size, MIN_LAYER_BUCKET)
 
     def _optimizer(self, make_optimizer: MakeOptimizer, parts: list[tuple[int, int]]) -> Any:
         return make_optimizer(self.model.params, self.model.grads, [slice(*p) for p in parts])
@@ -169,10 +168,6 @@ class AllreduceUpdate(BucketedUpdate):
     """Every rank holds all the parameters, updated in parts of whole buckets."""
 
     name = "allreduce"
-
-    def _parts(self) -> list[tuple[int, int]]:
-        starts = [start for start, _ in self.buckets.bounds]
-        return layer_buckets(starts, self.model.size, MIN_LAYER_BUCKET)
 
     def broadcast_initial(self) -> None:
         """Rank 0's parameters and optimizer state become everyone's."""

@@ -1,5 +1,4 @@
-"""One copy of the parameters a node: its ranks share one gradient row a rank (each summing the
-rows of its share), or the batch's activations (each computing its rows of the gradient)."""
+"""One copy of the parameters a node: its ranks share gradient rows, or the activations."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The optimizer state sharded over the data-parallel ranks (ZeRO stage 1): buckets are
-reduce-scattered as backward fills them, each shard updated and all-gathered as its bucket is."""
+"""The optimizer state sharded over the data-parallel ranks (ZeRO stage 1)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The gradient exchange in a narrower float (``grad_dtype``); float16 is sent times the loss
-scale (its smallest normal is 6e-5), and a sum that overflows skips the step."""
+"""The gradient exchange in a narrower float (``grad_dtype``); float16 times the loss scale."""
 
 from __future__ import annotations
 
