@@ -28,8 +28,7 @@ def _takes_files(param: str, path: str, directory: Path) -> None:
 def _writable_file(
     param: str, path: str | None, writer: bool, made: str | None = None, appended: bool = False
 ) -> None:
-    """``made``: the checkpoint dir this run creates; ``appended`` (metrics): no pipe, whose
-    reader would leave."""
+    """``made``: the checkpoint dir this run creates; ``appended`` (metrics): no pipe."""
     if path is None:
         return
     from xpnn.train.checkpoint import CHECKPOINT_NAME, remove_unfinished

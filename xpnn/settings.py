@@ -543,8 +543,7 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
 
 
 def gpt_batch_threads_chosen(spec: Any, given: Collection[str]) -> bool:
-    """Whether ``--model gpt`` leaves ``batch_threads`` to the planner: where it applies and
-    helps (2 batch threads trained 1.33x one, docs/gpt.md#speed-beside-pytorch)."""
+    """Whether ``--model gpt`` leaves ``batch_threads`` to the planner: where it applies."""
     from xpnn.backends import accelerator_possible
     from xpnn.data.text import TEXT_DATASETS
     from xpnn.parallel.model.batch_threads import CPU_BACKENDS

@@ -38,9 +38,7 @@ def check_layer(
     before_forward: Callable[[Layer], None] | None = None,
     backend: str = "numpy",
 ) -> Sequential:
-    """Compare ``layer``'s dx and every dparam, in float64 on ``backend``, with finite
-    differences of ``sum(forward(x) * R)``; ``x_shape``: the input where it differs from
-    ``in_shape`` (a tensor-parallel slice)."""
+    """``layer``'s float64 gradients against finite differences; ``x_shape``: a sliced input's."""
     from xpnn.backends import get_backend
 
     arrays = get_backend(backend, "float64")

@@ -168,8 +168,7 @@ class Plan:
         accumulate: int = 1,
         wire: Any = None,
     ) -> Any:
-        """The update scheme over the data-parallel ``comm`` (collective), the model moved into
-        node memory first where shared; ``deferred``: no update before the whole gradient."""
+        """The update scheme over the data-parallel ``comm``, node memory shared first."""
         from xpnn.parallel.model import shared
         from xpnn.parallel.update import base, node_shared, sharded
 

@@ -18,8 +18,7 @@ KINDS = ("auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl", "self")
 def make_communicator(
     world: World, backend: Any, kind: str = "auto", shares_params: bool = True
 ) -> Communicator:
-    """The communicator for ``--comm kind`` (collective; one rank honours an explicit kind);
-    ``shares_params``: its ranks hold the same parameters, which node memory may share."""
+    """The communicator for ``--comm kind`` (collective); ``shares_params``: node memory may."""
     if kind not in KINDS:
         raise UserError(f"`comm` {kind}: choose one of {', '.join(KINDS)}")
     is_gpu = bool(getattr(backend, "is_gpu", False))

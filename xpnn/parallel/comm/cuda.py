@@ -201,8 +201,7 @@ def shared_gpu(infos: list[dict]) -> tuple[int, int, int] | None:
 
 
 def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]:
-    """(name, fallback reason, detail) from every rank's facts: auto -> nccl (every rank has
-    NCCL and its own GPU), else mpi-cuda, else mpi-host."""
+    """(name, fallback reason, detail): auto is nccl, else mpi-cuda, else mpi-host."""
     aware = all(i["aware"] for i in infos)
     shared = shared_gpu(infos) if len(infos) > 1 else None
     not_aware = next((i["aware_why"] for i in infos if not i["aware"]), "")

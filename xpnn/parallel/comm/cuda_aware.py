@@ -132,8 +132,7 @@ def detect_cuda_aware(
 
 
 def _library_cuda_aware(env: Mapping[str, str], alloc_kinds: Any, query: Any) -> CudaAwareness:
-    """The library alone; first answer wins: ``XPNN_CUDA_AWARE`` (Cray MPICH answers neither
-    query), a device ``cuda`` alloc kind (its absence says nothing), ``MPIX_Query_cuda_support``."""
+    """The library alone: ``XPNN_CUDA_AWARE``, else an alloc kind, else the MPIX query."""
     override = env.get("XPNN_CUDA_AWARE", "").strip()
     if override:
         if override not in ("0", "1"):

@@ -28,13 +28,10 @@ def share_bounds(
 ) -> tuple[int, int]:
     """[lo, hi) of part ``index`` of ``range(start, end)`` cut at multiples of ``align``."""
     per = -(-(end - start) // parts)
-
-    def cut(k: int) -> int:
-        if k <= 0:
-            return start
-        return min(end, padded(start + k * per, align))
-
-    return cut(index), cut(index + 1)
+    lo, hi = (
+        start if k <= 0 else min(end, padded(start + k * per, align)) for k in (index, index + 1)
+    )
+    return lo, hi
 
 
 def shm_free_bytes(path: str = SHM_DIR) -> int | None:
@@ -59,18 +56,6 @@ def forced_ranks_per_node() -> int | None:
     return k
 
 
-def _node_comm(world_comm: Any, MPI: Any) -> Any:
-    """The ranks of ``world_comm`` on this node (or on each k consecutive job ranks, for tests)."""
-    node = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
-    k = forced_ranks_per_node()
-    if k is None:
-        return node
-    # by the job's rank: a data-parallel group's (2-D layouts) are not consecutive
-    group = node.Split(color=MPI.COMM_WORLD.Get_rank() // k, key=node.Get_rank())
-    node.Free()
-    return group
-
-
 class ShmCommunicator(MpiHostCommunicator):
     """MPI plus arrays shared by the ranks of a node; built by ``create``."""
 
@@ -89,11 +74,16 @@ class ShmCommunicator(MpiHostCommunicator):
         """Collective; refused on every rank where nodes hold different numbers of ranks."""
         from mpi4py import MPI
 
-        node = _node_comm(mpi_comm, MPI)
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+        k = forced_ranks_per_node()  # tests: each k consecutive job ranks a node
+        if k is not None:  # by the job's rank: a data-parallel group's (2-D) are not consecutive
+            group = node.Split(color=MPI.COMM_WORLD.Get_rank() // k, key=node.Get_rank())
+            node.Free()
+            node = group
         sizes = mpi_comm.allgather(node.Get_size())
         if len(set(sizes)) != 1:
             node.Free()
-            counts = ", ".join(str(s) for s in sorted(set(sizes)))
+            counts = ", ".join(map(str, sorted(set(sizes))))
             raise UserError(
                 f"`comm` mpi-shm: nodes hold different numbers of ranks ({counts}); "
                 "give every node the same number, or use `comm` mpi-host"

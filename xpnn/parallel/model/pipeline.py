@@ -101,28 +101,34 @@ def numbered(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class PipelineStage(Portion):
-    """One stage's layers (``net``) and the schedule that runs them: a model to the trainer."""
+    """Stage ``index`` of the whole network, as one process draws it, and its schedule."""
 
     def __init__(
         self,
         whole: Sequential,
-        bounds: list[tuple[int, int]],
+        input_shape: tuple[int, ...],
+        backend: Any,
+        seed: int,
         index: int,
+        stages: int,
         microbatches: int,
-        schedule: str,
+        schedule: str = DEFAULT_SCHEDULE,
         recompute: bool = False,
         tensor: tuple[int, int] = (0, 1),
     ) -> None:
-        start, end = bounds[index]
+        whole.setup(input_shape, backend, seed)
+        has_params = [bool(layer.initial) for layer in whole.layers]
+        costs = layer_costs(whole.layers, whole.shapes)
+        start, end = stage_bounds(costs, has_params, stages)[index]
         self.net = net = Sequential(whole.layers[start:end], whole.loss)
         net.backend, net.xp, net.shapes = whole.backend, whole.xp, whole.shapes[start : end + 1]
         self.layers, self.output_shape = net.layers, net.shapes[-1]
-        self.index, self.stages, self.microbatches = index, len(bounds), microbatches
+        self.index, self.stages, self.microbatches = index, stages, microbatches
         self.schedule, self.recompute = schedule, recompute
         self.passes = 0  # training passes without a ctx.step: the step that keys dropout
         self.backend, self.xp = whole.backend, whole.xp
         self.layer_start = start  # its first layer's position in the whole model (errors say it)
-        self.first, self.last = index == 0, index == len(bounds) - 1
+        self.first, self.last = index == 0, index == stages - 1
         self.part, self.parts = tensor  # stage s part p: rank s * parts + p of the replica
         self.prev_rank = (index - 1) * self.parts + self.part
         self.next_rank = (index + 1) * self.parts + self.part
@@ -298,20 +304,4 @@ class PipelineStage(Portion):
         )
 
 
-def build_stage(
-    whole: Sequential,
-    input_shape: tuple[int, ...],
-    backend: Any,
-    seed: int,
-    rank: int,
-    size: int,
-    microbatches: int,
-    schedule: str = DEFAULT_SCHEDULE,
-    recompute: bool = False,
-    tensor: tuple[int, int] = (0, 1),
-) -> PipelineStage:
-    """The whole network drawn as one process would, only stage ``rank`` of ``size`` kept."""
-    whole.setup(input_shape, backend, seed)
-    costs = layer_costs(whole.layers, whole.shapes)
-    bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)
-    return PipelineStage(whole, bounds, rank, microbatches, schedule, recompute, tensor)
+build_stage = PipelineStage  # stage ``index`` of ``stages``, from the whole unbuilt network

@@ -121,21 +121,15 @@ class BucketedUpdate(Update):
     """Buckets reduced as backward fills them; each part updated right after its last wait."""
 
     def __init__(
-        self,
-        model: Any,
-        comm: Any,
-        make_optimizer: MakeOptimizer,
-        bucket_bytes: int,
-        deferred: bool = False,
-        wire: Any = None,
+        self, model: Any, comm: Any, make: Any, cap: int, deferred: bool = False, wire: Any = None
     ) -> None:
         self.model, self.comm, self.deferred = model, comm, deferred
-        self.buckets = self._cut(bucket_bytes, wire)
+        self.buckets = self._cut(cap, wire)  # ``cap``: a bucket's bytes (DDP's bucket_cap_mb)
         bounds, parts = self.buckets.bounds, self._parts()  # both last first
         self.waits = [  # a part is final once the buckets up to the one holding its start are
             next(i for i, (s, e) in enumerate(bounds) if s <= a < e) + 1 for a, _ in parts
         ]
-        self.optimizer = self._optimizer(make_optimizer, parts)
+        self.optimizer = self._optimizer(make, parts)
         self.grads_ready = self.buckets.ready
 
     def _cut(self, bucket_bytes: int, wire: Any) -> GradientBuckets:
@@ -214,12 +208,9 @@ class LocalUpdate(LayerwiseUpdate):
 
     name = "local"
 
-    def __init__(
-        self, model: Any, comm: Any, make_optimizer: MakeOptimizer, deferred: bool = False
-    ) -> None:
+    def __init__(self, model: Any, comm: Any, make: MakeOptimizer, deferred: bool = False) -> None:
         super().__init__(model, comm, deferred)
-        parts = [slice(*b) for b in self.cursor.bounds]
-        self.optimizer = make_optimizer(model.params, model.grads, parts)
+        self.optimizer = make(model.params, model.grads, [slice(*b) for b in self.cursor.bounds])
 
     def broadcast_initial(self) -> None:
         pass

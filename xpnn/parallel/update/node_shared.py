@@ -6,7 +6,7 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm.shm import share_bounds
-from xpnn.parallel.model.shared import Placement, SharedDense, can_share_activations, param_layers
+from xpnn.parallel.model.shared import SharedDense, can_share_activations, param_layers
 from xpnn.parallel.update.base import LayerwiseUpdate
 
 
@@ -48,13 +48,7 @@ class SharedUpdate(NodeSharedUpdate):
     name = "shared gradients"
 
     def __init__(
-        self,
-        model: Any,
-        comm: Any,
-        make_optimizer: Any,
-        rows: Any,
-        deferred: bool = False,
-        wire: Any = None,
+        self, model: Any, comm: Any, make: Any, rows: Any, deferred: bool = False, wire: Any = None
     ) -> None:
         super().__init__(model, comm, deferred, wire)
         me, bounds = comm.local_rank, self.cursor.bounds
@@ -67,7 +61,7 @@ class SharedUpdate(NodeSharedUpdate):
             grads = self.own
         else:  # the optimizer sums the rows (kernels.sum_rows) before it updates
             grads = (self.own, *self.others) if self.others else self.own
-        self.optimizer = make_optimizer(model.params, grads, self.shares, comm.shared_zeros)
+        self.optimizer = make(model.params, grads, self.shares, comm.shared_zeros)
         comm.fence()
 
     def _before_part(self, index: int) -> None:
@@ -107,13 +101,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
     name = "shared activations"
 
     def __init__(
-        self,
-        model: Any,
-        comm: Any,
-        make_optimizer: Any,
-        place: Placement,
-        deferred: bool = False,
-        wire: Any = None,
+        self, model: Any, comm: Any, make: Any, place: Any, deferred: bool = False, wire: Any = None
     ) -> None:
         super().__init__(model, comm, deferred, wire)
         self.place, bounds = place, self.cursor.bounds
@@ -133,7 +121,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
                 self.parts[bucket].append(len(parts))
                 parts.append(part)
         self.needs_every_rank = any(lay.splits_units for bucket in self.layers for lay in bucket)
-        self.optimizer = make_optimizer(model.params, model.grads, parts, comm.shared_zeros)
+        self.optimizer = make(model.params, model.grads, parts, comm.shared_zeros)
         self.my_grads = [model.grads[part] for part in parts]
         comm.fence()
 

@@ -34,8 +34,7 @@ class ScatteredBuckets(GradientBuckets):
 
 
 class ShardedOptimizer:
-    """The shard's optimizer (``inner``) as trainer and checkpoints see it, as ChainerMN's:
-    ``state`` spans every parameter for a checkpoint to load, then ``take_loaded`` cuts it."""
+    """The shard's optimizer as trainer and checkpoints see it: ``state`` whole until cut."""
 
     def __init__(self, inner: Any, n: int, bounds: tuple[int, int]) -> None:
         self.inner, self.n, self.bounds = inner, n, bounds
