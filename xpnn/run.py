@@ -7,27 +7,18 @@ import functools
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
+from xpnn import settings
 from xpnn.errors import UserError, user_message
 from xpnn.planner import auto
 from xpnn.runtime import stall
-from xpnn.settings import (
-    BATCH,
-    DEFAULTS,
-    MICROBATCHES,
-    PER_RANK,
-    RunSpec,
-    check_spec,
-    describe_preset,
-    given_settings,
-    gpt_preset,
-    with_defaults,
-)
+from xpnn.settings import RunSpec
 from xpnn.train.optim import HYPER_PARAMETERS, HYPERS
 
 if TYPE_CHECKING:
     from xpnn.train import TrainConfig
 
 Say = Callable[[str], None] | None  # where rank 0's lines go (default: print)
+Given = Collection[str] | None  # the settings the user chose (None: those off their defaults)
 
 
 class RunFailed(RuntimeError):
@@ -57,7 +48,7 @@ def launch(
     log: Say = None,
     warn: Say = None,
     outcome: dict[str, Any] | None = None,
-    given: Collection[str] | None = None,
+    given: Given = None,
 ) -> int:
     """``run`` as the command line's exit code, every rank stopping with one code."""
     # Loaded while the early handler only notes a Ctrl-C: one mid-import is an ImportError
@@ -94,7 +85,8 @@ def launch(
             nodes = world.node_sizes if world.size > 1 else (1,)
             for line in summary(trainer, spec.backend, nodes):
                 say(f"xpnn: {line}")
-            for line in notes(gpt_preset(spec, given)[0], trainer, world):  # a preset's too
+            preset = settings.gpt_preset(spec, given)[0]  # notes on a preset's settings too
+            for line in notes(preset, trainer, world):
                 note(f"xpnn: note: {line}")
         # A loss gone to inf/NaN is reported once, after its epoch: not per NumPy operation.
         gone = r"(overflow|invalid value|divide by zero) encountered"
@@ -127,11 +119,7 @@ def _problem(check: Callable[[], Any]) -> str | None:
 
 
 def build_run(
-    spec: RunSpec,
-    world: Any,
-    callbacks: Sequence[Any] = (),
-    log: Say = None,
-    given: Collection[str] | None = None,
+    spec: RunSpec, world: Any, callbacks: Sequence[Any] = (), log: Say = None, given: Given = None
 ) -> Any:
     """A ``Trainer`` ready to ``run()`` ``spec`` (collective); a preset leaves ``given`` alone."""
     from xpnn.runtime.failure import agree_on_user_errors
@@ -157,7 +145,7 @@ def build_run(
         if world.rank == 0:
             say(f"xpnn: {line}")
         chosen_spec = dataclasses.replace(given_spec, **chosen)
-        kept = given_settings(given_spec, given) | set(chosen)  # no recipe refills them
+        kept = settings.given_settings(given_spec, given) | set(chosen)  # no recipe refills them
         spec, preset = agree_on_user_errors(world, lambda: resolve(chosen_spec, kept))
     backend, data, model, cfg, plan = agree_on_user_errors(world, lambda: _setup(spec, world))
     cfg.facts.auto = chosen
@@ -203,7 +191,7 @@ def same_spec(spec: RunSpec, world: Any) -> None:
     from xpnn.nn.models import model_name
 
     mine = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    mine = {k: v for k, v in sorted(mine.items()) if k not in PER_RANK}
+    mine = {k: v for k, v in sorted(mine.items()) if k not in settings.PER_RANK}
     mine["model"] = model_name(spec.model)  # a model object is compared by its name
     everyone = world.allgather_obj(mine, "the check that every rank has the same settings")
     for rank, theirs in enumerate(everyone):
@@ -223,7 +211,7 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
             raise UserError(f"`batch_size` and `per_rank_batch`: {why}")
         return spec.per_rank_batch * replicas
     if spec.batch_size is None:
-        return BATCH
+        return settings.BATCH
     if spec.batch_size == "full":
         return n_train
     try:
@@ -236,19 +224,19 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
     return value
 
 
-def resolve(spec: RunSpec, given: Collection[str] | None = None) -> tuple[RunSpec, dict]:
+def resolve(spec: RunSpec, given: Given = None) -> tuple[RunSpec, dict]:
     """(``spec`` with a recipe where silent, checked, defaults filled; what the recipe filled)."""
-    spec, preset = gpt_preset(spec, given)
-    check_spec(spec)
-    return with_defaults(spec), preset
+    spec, preset = settings.gpt_preset(spec, given)
+    settings.check_spec(spec)
+    return settings.with_defaults(spec), preset
 
 
 def train_config(
     spec: RunSpec, replicas: int = 1, n_train: int = 0, facts: Any = None
 ) -> TrainConfig:
     """The trainer's settings from ``spec``, checked and its defaults filled."""
-    check_spec(spec)
-    return _train_config(with_defaults(spec), replicas, n_train, facts)
+    settings.check_spec(spec)
+    return _train_config(settings.with_defaults(spec), replicas, n_train, facts)
 
 
 def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> TrainConfig:
@@ -338,18 +326,15 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
 
 def check_network(spec: RunSpec, data: Any) -> None:
     """A preset network too large for this machine, refused before it is built."""
+    import numpy as np  # the backend's own dtype may not be constructible (PyTorch's)
+
     from xpnn.runtime.memory import check_network_fits, preset_parameters
     from xpnn.train.optim import OPTIMIZERS
 
-    params = preset_parameters(
-        spec.model, data.input_shape, data.num_classes, spec.hidden, gpt_settings(spec)
-    )
-    states = len(OPTIMIZERS[spec.optimizer].state_names)
-    import numpy as np  # the backend's own dtype may not be constructible (PyTorch's)
-
-    check_network_fits(
-        network_named(spec, "`model`"), params, np.dtype(spec.dtype).itemsize, states
-    )
+    shape, classes = data.input_shape, data.num_classes
+    params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt_settings(spec))
+    size, states = np.dtype(spec.dtype).itemsize, len(OPTIMIZERS[spec.optimizer].state_names)
+    check_network_fits(network_named(spec, "`model`"), params, size, states)
 
 
 def network_named(spec: RunSpec, model: str) -> str:
@@ -397,16 +382,15 @@ def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -
         line += f" on rank 0 of {whole_size(model):,}, {cfg.plan.mode} parallel"
         if groups.data.size > 1:
             line += f" over {groups.model.size} ranks x {groups.data.size} replicas"
-    preset = cfg.facts.preset and describe_preset(cfg.facts.preset)
+    preset = cfg.facts.preset or {}
+    preset = ", ".join(f"`{name}` {settings.said(value)}" for name, value in preset.items())
     said = [f"the gpt recipe for the settings not given: {preset}"] if preset else []
-    return [
-        *said,
-        line,
+    setup = (
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
         f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {chosen}, "
-        f"comm {groups.name}{note}, {ranks} x {threads}",
-        cfg.plan.header(),
-    ]
+        f"comm {groups.name}{note}, {ranks} x {threads}"
+    )
+    return [*said, line, setup, cfg.plan.header()]
 
 
 def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
@@ -434,7 +418,7 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
                 f"`microbatches` {spec.microbatches} is more than the {share} sample(s) of "
                 f"{whose}: {runs} at most {share} micro-batch(es), of one sample each"
             )
-        if spec.recompute and min(spec.microbatches or MICROBATCHES, share) == 1:
+        if spec.recompute and min(spec.microbatches or settings.MICROBATCHES, share) == 1:
             notes.append(
                 "`recompute` has no effect with one micro-batch a step: its activations are "
                 "still held when its backward pass comes, so none are computed again"
@@ -476,7 +460,8 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
     from xpnn.parallel.update import uses_byte_buckets
     from xpnn.parallel.update.wire import sends_gradients
 
-    given = {n for n, value in DEFAULTS.items() if value is None and getattr(spec, n) is not None}
+    unset = [name for name, value in settings.DEFAULTS.items() if value is None]
+    given = {name for name in unset if getattr(spec, name) is not None}
     found: list[tuple[str, str]] = []
 
     def unused(names: Collection[str], ignored: bool, why: str) -> None:

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from xpnn.backends import BACKENDS
@@ -118,22 +119,14 @@ class Setting:
         return f"``{said(value)}``"
 
 
-@dataclass(frozen=True)
-class Group:
-    """A table of settings: ``GROUP(default, **declaration)(help)`` declares a field."""
-
-    title: str
-
-    def __call__(self, default: Any, **how: Any) -> Callable[[str], Any]:
-        def declared(help: str) -> Any:
-            return field(default=default, metadata={"setting": Setting(self.title, help, **how)})
-
-        return declared
+def declare(group: str, default: Any, **how: Any) -> Callable[[str], Any]:
+    """``MODEL(default, **declaration)(help)`` declares a field in the table ``group``."""
+    return lambda help: field(default=default, metadata={"setting": Setting(group, help, **how)})
 
 
-MODEL, DATA, TRAINING = Group("Model"), Group("Data"), Group("Training")
-OUTPUTS, PARALLEL = Group("Outputs and checkpoints"), Group("Parallelism and communication")
-WATCHING = Group("Watching a job")
+TITLES = ["Model", "Data", "Training", "Outputs and checkpoints"]  # docs/cli.md's tables
+TITLES += ["Parallelism and communication", "Watching a job"]
+MODEL, DATA, TRAINING, OUTPUTS, PARALLEL, WATCHING = (partial(declare, t) for t in TITLES)
 
 
 def node_share(spec: Any) -> str:
@@ -556,7 +549,3 @@ def gpt_batch_threads_chosen(spec: Any, given: Collection[str]) -> bool:
     if spec.dataset not in TEXT_DATASETS or embed % heads:
         return False
     return spec.backend in CPU_BACKENDS or (spec.backend == "auto" and not accelerator_possible())
-
-
-def describe_preset(fill: dict[str, Any]) -> str:
-    return ", ".join(f"`{name}` {said(value)}" for name, value in fill.items())
