@@ -83,26 +83,24 @@ class _PinnedPool:
         self.release(slot)
 
 
-class _StagedHandle:
-    """A reduction staged through pinned memory, copied back to ``dev`` (None: a send)."""
+class _StagedHandle(MpiHandle):
+    """A request on a pinned copy of ``dev``, copied back at ``wait`` (``dev`` None: a send)."""
 
-    __slots__ = ("_req", "_dev", "_slot", "_pool", "_what")
+    __slots__ = ("_dev", "_slot", "_pool")
 
-    def __init__(
-        self, req: Any, dev: Any, slot: _PinnedSlot, pool: _PinnedPool, what: str = ""
-    ) -> None:
-        self._req, self._dev, self._slot, self._pool = req, dev, slot, pool
-        self._what = what or ("a send" if dev is None else "an allreduce")
+    def __init__(self, req: Any, dev: Any, slot: _PinnedSlot, pool: _PinnedPool, what: str) -> None:
+        super().__init__(req, None, what)
+        self._dev, self._slot, self._pool = dev, slot, pool
 
     def wait(self) -> None:
         if self._req is None:
             return
-        stall.wait(self._req, self._what)
+        super().wait()
         if self._dev is None:
             self._pool.release(self._slot)
         else:
             self._pool.copy_back(self._dev, self._slot)
-        self._req = self._dev = self._slot = None
+        self._dev = self._slot = None
 
 
 class MpiHostCommunicator(Communicator):
@@ -114,12 +112,9 @@ class MpiHostCommunicator(Communicator):
         from mpi4py import MPI
 
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size())
-        self._MPI = MPI
-        self.mpi_comm = mpi_comm
-        self._in_place = MPI.IN_PLACE
+        self._MPI, self.mpi_comm, self._in_place = MPI, mpi_comm, MPI.IN_PLACE
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
-        self._arrays = arrays
-        self._pool = _PinnedPool(arrays)
+        self._arrays, self._pool = arrays, _PinnedPool(arrays)
 
     def _mpi_op(self, op: str) -> Any:
         check_op(op)
@@ -211,7 +206,7 @@ class MpiHostCommunicator(Communicator):
             return DONE
         slot = self._pool.copy_out(dev)
         req = self.mpi_comm.Iallreduce(self._in_place, slot.host, mop)
-        return _StagedHandle(req, dev, slot, self._pool)
+        return _StagedHandle(req, dev, slot, self._pool, "an allreduce")
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         dev = self._arrays.flat(buf)
@@ -242,9 +237,8 @@ class MpiHostCommunicator(Communicator):
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
         slot = self._pool.copy_out(self._arrays.flat(buf))
-        return _StagedHandle(
-            self.mpi_comm.Isend(slot.host, dest=dest, tag=tag), None, slot, self._pool
-        )
+        req = self.mpi_comm.Isend(slot.host, dest=dest, tag=tag)
+        return _StagedHandle(req, None, slot, self._pool, "a send")
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
         dev = self._arrays.flat(buf)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from xpnn.errors import UserError
@@ -15,14 +16,9 @@ class NodeSharedUpdate(LayerwiseUpdate):
 
     def __init__(self, model: Any, comm: Any, deferred: bool, wire: Any) -> None:
         super().__init__(model, comm, deferred)
-        self.wire = wire  # the gradients cross nodes in a narrower float (``wire.GradWire``)
+        # the gradients cross nodes as they are, or in a narrower float (``wire.GradWire``)
+        self.cross = comm.cross_allreduce_ if wire is None else partial(wire.cross_allreduce_, comm)
         self.restores_checkpoint = comm.local_rank == 0  # one writer per shared buffer
-
-    def _cross_allreduce_(self, grads: Any) -> None:
-        if self.wire is None:
-            self.comm.cross_allreduce_(grads)
-        else:
-            self.wire.cross_allreduce_(self.comm, grads)
 
     def share_total(self, local: float) -> float:
         # each rank of a node holds a share of the reduced gradient, each node all of it
@@ -56,11 +52,8 @@ class SharedUpdate(NodeSharedUpdate):
         self.own = rows[me]
         self.others = [rows[r] for r in range(comm.local_size) if r != me]
         # the node's sum must exist to be allreduced, or (deferred) measured: sum into own row
-        self.sums_own = comm.nodes > 1 or deferred
-        if self.sums_own:
-            grads = self.own
-        else:  # the optimizer sums the rows (kernels.sum_rows) before it updates
-            grads = (self.own, *self.others) if self.others else self.own
+        self.sums_own = comm.nodes > 1 or deferred  # else the optimizer sums them (sum_rows)
+        grads = (self.own, *self.others) if self.others and not self.sums_own else self.own
         self.optimizer = make(model.params, grads, self.shares, comm.shared_zeros)
         comm.fence()
 
@@ -71,7 +64,7 @@ class SharedUpdate(NodeSharedUpdate):
             for other in self.others:
                 own += other[self.shares[index]]
             if self.comm.nodes > 1:
-                self._cross_allreduce_(own)
+                self.cross(own)
 
 
 def activation_values(model: Any, batch_size: int) -> int:
@@ -135,7 +128,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
             layer.share_grads()
         if self.comm.nodes > 1:
             for part in self.parts[index]:
-                self._cross_allreduce_(self.my_grads[part])
+                self.cross(self.my_grads[part])
 
     def _update(self, index: int) -> None:
         for part in self.parts[index]:
