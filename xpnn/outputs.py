@@ -96,26 +96,21 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
         remove_unfinished(path)
 
 
-def _inputs(spec: Any) -> list[tuple[str, str]]:
-    """(parameter, path) of each file the run reads that a user names."""
-    read = []
-    model = spec.model if isinstance(spec.model, str) else ""
-    if ".py:" in model:
-        read.append(("model", model.rsplit(":", 1)[0]))
-    data = getattr(spec, "data_dir", None)
-    if data and os.path.isdir(data):
-        read += [("data_dir", os.path.join(data, name)) for name in sorted(os.listdir(data))]
-    elif data:
-        read.append(("data_dir", data))
-    return read
-
-
 def _not_an_input(param: str, path: str | None, spec: Any) -> None:
     """A run never replaces a file it reads: ``--save corpus.txt`` would lose the corpus."""
     if path is None or not os.path.exists(path):
         return
+    inputs = []  # (parameter, path) of each file the run reads that a user names
+    model = spec.model if isinstance(spec.model, str) else ""
+    if ".py:" in model:
+        inputs.append(("model", model.rsplit(":", 1)[0]))
     with path_problems(param, path):
-        for source, read in _inputs(spec):
+        data = getattr(spec, "data_dir", None)
+        if data and os.path.isdir(data):
+            inputs += [("data_dir", os.path.join(data, n)) for n in sorted(os.listdir(data))]
+        elif data:
+            inputs.append(("data_dir", data))
+        for source, read in inputs:
             if same_file(path, read):
                 why = f"a file this run reads (`{source}` {read}); give another file name"
                 raise UserError(f"`{param}` {path}: {why}")

@@ -423,35 +423,27 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
                 "`recompute` has no effect with one micro-batch a step: its activations are "
                 "still held when its backward pass comes, so none are computed again"
             )
-    if cfg.batch_size > n_train and spec.batch_size != "full":
-        given = "per_rank_batch" if spec.per_rank_batch is not None else "batch_size"
-        notes.append(
-            f"`{given}` makes a global batch of {cfg.batch_size}, more than the {n_train} "
-            "training samples: every step takes the whole set (full-batch)"
-        )
-    if spec.warmup_epochs > spec.epochs:
-        notes.append(
-            f"`warmup_epochs` {spec.warmup_epochs:g} is longer than the run (`epochs` "
-            f"{spec.epochs}): the rate never reaches `lr`"
-        )
+    batch = "per_rank_batch" if spec.per_rank_batch is not None else "batch_size"
     threads, share = cfg.facts.threads, world.cores or node_cores()
-    if world.crowded:
-        notes.append(
-            f"{world.local_size} ranks on this node share fewer cores than there are ranks "
-            "(or a CPU quota worth fewer): they take turns, which is slower"
-        )
-    elif threads > share:
-        notes.append(
-            f"`threads` {threads} but this rank has {share} core(s) of its own: the threads "
-            "take turns, which is slower"
-        )
-    if REPLACED_ENV and spec.threads is None:  # exported for all programs, or for this one?
-        given = ", ".join(f"{var}={value}" for var, value in REPLACED_ENV.items())
-        notes.append(
-            f"{given} in the environment: xpnn uses {threads} thread(s) per rank (its "
-            "cores); give `threads` to choose"
-        )
-    return notes
+    env = ", ".join(f"{var}={value}" for var, value in REPLACED_ENV.items())
+    slower = "take turns, which is slower"
+    said = {
+        f"`{batch}` makes a global batch of {cfg.batch_size}, more than the {n_train} training "
+        "samples: every step takes the whole set (full-batch)": (
+            cfg.batch_size > n_train and spec.batch_size != "full"
+        ),
+        f"`warmup_epochs` {spec.warmup_epochs:g} is longer than the run (`epochs` {spec.epochs}): "
+        "the rate never reaches `lr`": spec.warmup_epochs > spec.epochs,
+        f"{world.local_size} ranks on this node share fewer cores than there are ranks (or a CPU "
+        f"quota worth fewer): they {slower}": world.crowded,
+        f"`threads` {threads} but this rank has {share} core(s) of its own: the threads {slower}": (
+            not world.crowded and threads > share
+        ),
+        # exported for all programs, or for this one?
+        f"{env} in the environment: xpnn uses {threads} thread(s) per rank (its cores); give "
+        "`threads` to choose": bool(REPLACED_ENV) and spec.threads is None,
+    }
+    return notes + [note for note, wanted in said.items() if wanted]
 
 
 def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[str, str]]:

@@ -178,13 +178,9 @@ class PipelineStage(Portion):
 
     @numbered
     def loss_and_grads(
-        self,
-        x: Array | None,  # the samples: read by the first stage, None for the others
-        labels: Array,
-        ctx: Context,
-        scale: float,
-        on_grads_ready: Any = None,
+        self, x: Array | None, labels: Array, ctx: Context, scale: float, on_grads_ready: Any = None
     ) -> tuple[Array, Array]:
+        """A step's micro-batches in the schedule's order; ``x``: the first stage's only."""
         n = labels.shape[0]
         self.train_rows = max(self.train_rows, n)  # every stage sees the batch's labels
         parts = [shard_bounds(n, m, self.microbatches) for m in range(min(n, self.microbatches))]
