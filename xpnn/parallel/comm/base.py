@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import numpy as np
@@ -16,14 +17,7 @@ class Handle(Protocol):
     def wait(self) -> None: ...  # until the buffer holds the result (idempotent)
 
 
-class DoneHandle:
-    """An operation that finished before it was returned."""
-
-    def wait(self) -> None:
-        pass
-
-
-DONE = DoneHandle()
+DONE: Handle = SimpleNamespace(wait=lambda: None)  # an operation done before it was returned
 
 
 def check_op(op: str) -> None:

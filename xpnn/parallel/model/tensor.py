@@ -31,8 +31,7 @@ class SplitDense(Dense):
         for name, axis in self.split.items():
             value, shape = self.initial[name]
             shape = tuple(self.hi - self.lo if a == axis else n for a, n in enumerate(shape))
-            if isinstance(value, np.ndarray):
-                value = self.piece(name, value)
+            value = self.piece(name, value) if isinstance(value, np.ndarray) else value
             self.initial[name] = (value, shape)
         return out  # the whole output shape: what the next layer is built against
 
@@ -41,8 +40,7 @@ class SplitDense(Dense):
         return whole if axis is None else np.take(whole, np.arange(self.lo, self.hi), axis=axis)
 
     def __repr__(self) -> str:
-        kind = type(self).__name__
-        return f"{kind}({self.units}, {self.activation}, [{self.lo}:{self.hi}])"
+        return f"{type(self).__name__}({self.units}, {self.activation}, [{self.lo}:{self.hi}])"
 
 
 class ColumnDense(SplitDense):
