@@ -11,7 +11,7 @@ from xpnn import settings
 from xpnn.errors import UserError, user_message
 from xpnn.planner import auto
 from xpnn.runtime import stall
-from xpnn.settings import RunSpec
+from xpnn.settings import BATCH, RunSpec
 from xpnn.train.optim import HYPER_PARAMETERS, HYPERS
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
             raise UserError(f"`batch_size` and `per_rank_batch`: {why}")
         return spec.per_rank_batch * replicas
     if spec.batch_size is None:
-        return settings.BATCH
+        return BATCH
     if spec.batch_size == "full":
         return n_train
     try:
