@@ -4,18 +4,47 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
+import warnings
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import numpy as np
 
 from xpnn import settings
+from xpnn.backends import get_backend
+from xpnn.data import load_dataset
+from xpnn.data.datasets import check_same_data
 from xpnn.errors import UserError, user_message
+from xpnn.nn.gpt import GPT_DEFAULTS
+from xpnn.nn.model import LayeredModel, check_model
+from xpnn.nn.models import check_fits, make_model, model_name
+from xpnn.outputs import check_paths
+from xpnn.parallel.model.batch_threads import check_batch_threads
+from xpnn.parallel.model.whole import is_spread, portion, whole_size
+from xpnn.parallel.plan import Plan
+from xpnn.parallel.update import uses_byte_buckets
+from xpnn.parallel.update.wire import sends_gradients
 from xpnn.planner import auto
-from xpnn.runtime import stall
+from xpnn.runtime import failure, stall, startup
+from xpnn.runtime.abort import SAID
+from xpnn.runtime.failure import agree_on_user_errors
+from xpnn.runtime.memory import check_network_fits, preset_parameters
+from xpnn.runtime.threads import (
+    HANDOFF_IN_FORCE,
+    REPLACED_ENV,
+    apply_threads,
+    describe_threads,
+    node_cores,
+    threads_per_rank,
+)
+from xpnn.runtime.world import describe_ranks, init_world
 from xpnn.settings import BATCH, RunSpec
-from xpnn.train.optim import HYPER_PARAMETERS, HYPERS
-
-if TYPE_CHECKING:
-    from xpnn.train import TrainConfig
+from xpnn.train import RunFacts, TrainConfig, Trainer, TrainingDiverged
+from xpnn.train.callbacks import run_callbacks
+from xpnn.train.optim import HYPER_PARAMETERS, HYPERS, OPTIMIZERS
+from xpnn.train.resume import start
+from xpnn.train.trace import observers
 
 Say = Callable[[str], None] | None  # where rank 0's lines go (default: print)
 Given = Collection[str] | None  # the settings the user chose (None: those off their defaults)
@@ -32,8 +61,6 @@ class RunFailed(RuntimeError):
 
 def run(spec: RunSpec, callbacks: Sequence[Any] = (), log: Say = None, warn: Say = None) -> dict:
     """Run ``spec`` on every rank: the final metrics record, or ``RunFailed`` if any rank fails."""
-    from xpnn.runtime.abort import SAID
-
     outcome: dict[str, Any] = {}
     SAID.clear()
     code = launch(spec, callbacks, log, warn, outcome)
@@ -51,12 +78,6 @@ def launch(
     given: Given = None,
 ) -> int:
     """``run`` as the command line's exit code, every rank stopping with one code."""
-    # Loaded while the early handler only notes a Ctrl-C: one mid-import is an ImportError
-    import numpy  # noqa: F401
-
-    from xpnn.runtime import failure
-    from xpnn.runtime.world import init_world
-
     stall.set_limits(spec.stall_warn, spec.stall_abort)  # the setup's waits too
     # a typo in these would hide a failure: said once MPI is up, by every rank together
     problem = _problem(failure.stop_grace) or _problem(failure.agree_timeout)
@@ -67,12 +88,6 @@ def launch(
     out = {} if outcome is None else outcome
 
     def job() -> int:
-        import sys
-        import warnings
-
-        from xpnn.outputs import check_paths
-        from xpnn.runtime import startup
-        from xpnn.train import TrainingDiverged
 
         startup.agree_to_start(world, "train", problem)  # first: a rank may have failed already
         if problem:
@@ -122,13 +137,6 @@ def build_run(
     spec: RunSpec, world: Any, callbacks: Sequence[Any] = (), log: Say = None, given: Given = None
 ) -> Any:
     """A ``Trainer`` ready to ``run()`` ``spec`` (collective); a preset leaves ``given`` alone."""
-    from xpnn.runtime.failure import agree_on_user_errors
-    from xpnn.runtime.threads import node_cores
-    from xpnn.train import Trainer
-    from xpnn.train.callbacks import run_callbacks
-    from xpnn.train.resume import start
-    from xpnn.train.trace import observers
-
     say = log or (lambda line: print(line, flush=True))
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
     # --model gpt: nanoGPT's recipe where spec is silent; then checked, the defaults filled
@@ -152,8 +160,6 @@ def build_run(
     if preset:
         cfg.facts.preset = {k: list(v) if isinstance(v, tuple) else v for k, v in preset.items()}
     if world.size > 1:  # data_dir may differ between ranks, the data they read may not
-        from xpnn.data.datasets import check_same_data
-
         what = "the check that every rank has the same data"
         allgather = functools.partial(world.allgather_obj, what=what)
         agree_on_user_errors(world, lambda: check_same_data(data, spec.data_dir, allgather))
@@ -188,8 +194,6 @@ def same_spec(spec: RunSpec, world: Any) -> None:
     """Ranks given other choices (an MPMD line) would train different runs, or hang."""
     if world.size == 1:
         return
-    from xpnn.nn.models import model_name
-
     mine = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
     mine = {k: v for k, v in sorted(mine.items()) if k not in settings.PER_RANK}
     mine["model"] = model_name(spec.model)  # a model object is compared by its name
@@ -241,8 +245,6 @@ def train_config(
 
 def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> TrainConfig:
     """The hyper-parameters ``optimizer`` does not take are left out (a note says so)."""
-    from xpnn.train import RunFacts, TrainConfig
-
     batch = global_batch(spec, replicas, n_train)
     if spec.accumulate > batch:
         said = f"more micro-steps than the global batch's {batch} samples"
@@ -255,16 +257,6 @@ def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> Tra
 
 def _setup(spec: RunSpec, world: Any) -> tuple:
     """Everything rank-local the user's input can fail: no communication, agreed on after."""
-    from xpnn.backends import get_backend
-    from xpnn.data import load_dataset
-    from xpnn.nn.model import LayeredModel, check_model
-    from xpnn.nn.models import check_fits, make_model, model_name
-    from xpnn.parallel.model.batch_threads import check_batch_threads
-    from xpnn.parallel.model.whole import portion
-    from xpnn.parallel.plan import Plan
-    from xpnn.runtime.threads import HANDOFF_IN_FORCE, apply_threads, threads_per_rank
-    from xpnn.train import RunFacts
-
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
     plan = Plan.build(spec, world, threads)
     # batch threads: each its own BLAS and Numba threads, a share of the rank's
@@ -326,10 +318,6 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
 
 def check_network(spec: RunSpec, data: Any) -> None:
     """A preset network too large for this machine, refused before it is built."""
-    import numpy as np  # the backend's own dtype may not be constructible (PyTorch's)
-
-    from xpnn.runtime.memory import check_network_fits, preset_parameters
-    from xpnn.train.optim import OPTIMIZERS
 
     shape, classes = data.input_shape, data.num_classes
     params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt_settings(spec))
@@ -343,8 +331,6 @@ def network_named(spec: RunSpec, model: str) -> str:
 
 
 def gpt_settings(spec: RunSpec) -> dict[str, int]:
-    from xpnn.nn.gpt import GPT_DEFAULTS
-
     return {name: getattr(spec, name) for name in GPT_DEFAULTS}
 
 
@@ -365,10 +351,6 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
 
 def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -> list[str]:
     """What rank 0 says before training; ``asked``: the backend as given (``auto`` is said)."""
-    from xpnn.parallel.model.whole import is_spread, whole_size
-    from xpnn.runtime.threads import describe_threads
-    from xpnn.runtime.world import describe_ranks
-
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
     threads = describe_threads(cfg.facts.record())
     size = trainer.comm.size
@@ -395,8 +377,6 @@ def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -
 
 def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     """Worth a word, not an error: a fallback transport, settings ignored or probably a slip."""
-    from xpnn.runtime.threads import REPLACED_ENV, node_cores
-
     groups, cfg, n_train = trainer.groups, trainer.cfg, trainer.data.n_train
     notes = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
     ignored = ineffective_settings(spec, groups, trainer.cfg.plan)
@@ -448,10 +428,6 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
 
 def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[str, str]]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
-    from xpnn.nn.models import model_name
-    from xpnn.parallel.update import uses_byte_buckets
-    from xpnn.parallel.update.wire import sends_gradients
-
     unset = [name for name, value in settings.DEFAULTS.items() if value is None]
     given = {name for name in unset if getattr(spec, name) is not None}
     found: list[tuple[str, str]] = []
