@@ -12,6 +12,9 @@ from typing import Any
 from xpnn.errors import UserError, path_problems
 from xpnn.record.files import open_to_write, same_file
 from xpnn.runtime import lock
+from xpnn.train.checkpoint import CHECKPOINT_NAME, refuse_other_runs, remove_unfinished
+from xpnn.train.metrics_file import check_metrics_file
+from xpnn.train.resume import no_checkpoint
 
 
 def _takes_files(param: str, path: str, directory: Path) -> None:
@@ -31,8 +34,6 @@ def _writable_file(
     """``made``: the checkpoint dir this run creates; ``appended`` (metrics): no pipe."""
     if path is None:
         return
-    from xpnn.train.checkpoint import CHECKPOINT_NAME, remove_unfinished
-
     at = f"`{param}` {path}"
     with path_problems(param, path):
         if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
@@ -72,14 +73,10 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
     """Made now by the rank that writes into it, so that a bad place fails before training."""
     if path is None:
         return
-    from xpnn.train.checkpoint import refuse_other_runs, remove_unfinished
-
     with path_problems("checkpoint_dir", path):
         if Path(path).exists() and not Path(path).is_dir():
             raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
         if resume is True and not Path(path).exists():  # a typo: not made, then refused
-            from xpnn.train.resume import no_checkpoint
-
             raise UserError(no_checkpoint(path))
         if not writer:
             return
@@ -124,8 +121,6 @@ def check_paths(spec: Any, writer: bool) -> None:
     made = spec.checkpoint_dir
     _writable_file("metrics", spec.metrics, writer, made=made, appended=True)
     if writer and spec.metrics:  # a fresh run empties it, a resume appends: only to metrics
-        from xpnn.train.metrics_file import check_metrics_file
-
         with path_problems("metrics", spec.metrics):
             if not os.path.exists(spec.metrics) or os.path.isfile(spec.metrics):
                 lock.hold_metrics(spec.metrics)  # not /dev/null: every job may write there

@@ -9,18 +9,20 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from xpnn.backends import BACKENDS
+from xpnn.backends import BACKENDS, accelerator_possible
 from xpnn.backends.base import DTYPES
 from xpnn.data.datasets import DATASETS
+from xpnn.data.text import TEXT_DATASETS
 from xpnn.errors import UserError
 from xpnn.nn.gpt import GPT_DEFAULTS
 from xpnn.nn.layer import is_int
 from xpnn.nn.losses import LOSSES
 from xpnn.nn.models import HIDDEN, MLP_ACTIVATIONS
 from xpnn.parallel.comm import KINDS
+from xpnn.parallel.model.batch_threads import CPU_BACKENDS
 from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
-from xpnn.parallel.plan import MODES, NODE_SHARES
+from xpnn.parallel.plan import MODES, NODE_SHARES, check
 from xpnn.parallel.update import DEFAULT_BUCKET_MB
 from xpnn.parallel.update.wire import GRAD_DTYPES
 from xpnn.planner.auto import AUTO, CHOSEN
@@ -487,8 +489,6 @@ def check_settings(spec: RunSpec) -> None:
 
 def check_spec(spec: RunSpec) -> None:
     """Every setting's own rule, then the pairs that cannot go together."""
-    from xpnn.parallel.plan import check
-
     check_settings(spec)
     if spec.resume not in (True, False, "auto"):
         raise UserError(f"`resume` {spec.resume!r}: expected True, False or 'auto'")
@@ -537,10 +537,6 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
 
 def gpt_batch_threads_chosen(spec: Any, given: Collection[str]) -> bool:
     """Whether ``--model gpt`` leaves ``batch_threads`` to the planner: where it applies."""
-    from xpnn.backends import accelerator_possible
-    from xpnn.data.text import TEXT_DATASETS
-    from xpnn.parallel.model.batch_threads import CPU_BACKENDS
-
     if "batch_threads" in given or spec.batch_threads != 1 or spec.threads == 1:
         return False
     if spec.precision != "fp32" or spec.parallel not in ("data", AUTO):

@@ -8,6 +8,12 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.nn.sequential import Sequential
+from xpnn.parallel.comm import make_communicator
+from xpnn.parallel.model import shared
+from xpnn.parallel.model.layout import Place, make_groups
+from xpnn.parallel.model.pipeline import build_stage
+from xpnn.parallel.model.tensor import split_layers
+from xpnn.parallel.update import base, node_shared, sharded
 
 MODES = ("data", "tensor", "pipeline")  # how the ranks share the work (``--parallel``)
 NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ranks share
@@ -96,8 +102,6 @@ class Plan:
 
     def place(self, rank: int) -> Any:
         # a replica's ranks are consecutive
-        from xpnn.parallel.model.layout import Place
-
         k = self.model_ranks
         return Place(k, self.replicas, rank % k, rank // k)
 
@@ -117,14 +121,10 @@ class Plan:
                     "its layers (`model` gpt does); use `parallel` tensor"
                 )
         if parts > 1:
-            from xpnn.parallel.model.tensor import split_layers
-
             model.layers = split_layers(model.layers, part, parts)
         if not self.pipelined:
             model.build(shape, backend, seed)
             return model
-        from xpnn.parallel.model.pipeline import build_stage
-
         stage = (index // parts, self.stages, self.microbatches, self.schedule, self.recompute)
         return build_stage(model, shape, backend, seed, *stage, tensor=(part, parts))
 
@@ -141,8 +141,6 @@ class Plan:
 
     def groups(self, world: Any, backend: Any) -> Any:
         """This rank's communicators (collective); a sharded optimizer's without node memory."""
-        from xpnn.parallel.model.layout import make_groups
-
         kind = self.comm
         if self.shard_optimizer and kind == "auto" and not getattr(backend, "is_gpu", False):
             kind = "mpi-host" if self.ranks > 1 else kind
@@ -150,8 +148,6 @@ class Plan:
 
     def stage_comm(self, world: Any, backend: Any) -> Any:
         """The communicator of this rank's pipeline stage's tensor parts (collective)."""
-        from xpnn.parallel.comm import make_communicator
-
         place = self.place(world.rank)
         sub = world.split(place.replica * self.stages + place.index // self.tensor_parts)
         kind = "auto" if self.comm == "mpi-shm" else self.comm
@@ -169,9 +165,6 @@ class Plan:
         wire: Any = None,
     ) -> Any:
         """The update scheme over the data-parallel ``comm``, node memory shared first."""
-        from xpnn.parallel.model import shared
-        from xpnn.parallel.update import base, node_shared, sharded
-
         if comm.size == 1:
             return base.LocalUpdate(model, comm, make_optimizer, deferred)
         if self.shard_optimizer:

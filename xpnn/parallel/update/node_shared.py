@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from xpnn.errors import UserError
@@ -16,9 +15,14 @@ class NodeSharedUpdate(LayerwiseUpdate):
 
     def __init__(self, model: Any, comm: Any, deferred: bool, wire: Any) -> None:
         super().__init__(model, comm, deferred)
-        # the gradients cross nodes as they are, or in a narrower float (``wire.GradWire``)
-        self.cross = comm.cross_allreduce_ if wire is None else partial(wire.cross_allreduce_, comm)
+        self.wire = wire  # the gradients cross nodes in a narrower float (``wire.GradWire``)
         self.restores_checkpoint = comm.local_rank == 0  # one writer per shared buffer
+
+    def cross(self, grads: Any) -> None:
+        if self.wire is None:
+            self.comm.cross_allreduce_(grads)
+        else:
+            self.wire.cross_allreduce_(self.comm, grads)
 
     def share_total(self, local: float) -> float:
         # each rank of a node holds a share of the reduced gradient, each node all of it
