@@ -98,11 +98,10 @@ def query_mpix_cuda_support() -> int | None:
         except Exception:
             return None
     lib = _loaded_libmpi()
-    func = getattr(lib, "MPIX_Query_cuda_support", None) if lib is not None else None
+    func = getattr(lib, "MPIX_Query_cuda_support", None)
     if func is None:
         return None
-    func.restype = ctypes.c_int
-    func.argtypes = []
+    func.restype, func.argtypes = ctypes.c_int, []
     return int(func())
 
 

@@ -107,10 +107,9 @@ class ShmCommunicator(MpiHostCommunicator):
                 "--shm-size) or use `comm` mpi-host"
             )
         MPI = self._MPI
+        mine = nbytes if self.local_rank == 0 else 0  # the node's memory is local rank 0's
         try:
-            win = MPI.Win.Allocate_shared(
-                nbytes if self.local_rank == 0 else 0, dtype.itemsize, comm=self.node
-            )
+            win = MPI.Win.Allocate_shared(mine, dtype.itemsize, comm=self.node)
         except MPI.Exception as exc:  # e.g. a container's small /dev/shm
             raise UserError(
                 f"`comm` mpi-shm: could not allocate {nbytes / 2**20:.1f} MiB of shared memory "

@@ -30,9 +30,8 @@ class Groups:
     @classmethod
     def of(cls, comm: Communicator, spread: bool = False) -> Groups:
         # the 1-D layouts: ``comm`` is the data group, or (``spread``) the model group
-        if spread:
-            return cls(comm, comm, SelfCommunicator())
-        return cls(comm, SelfCommunicator(), comm)
+        alone = SelfCommunicator()
+        return cls(comm, comm, alone) if spread else cls(comm, alone, comm)
 
     @property
     def name(self) -> str:

@@ -23,10 +23,8 @@ def piece_counts(start: int, end: int, shards: list[tuple[int, int]]) -> list[in
 class ScatteredBuckets(GradientBuckets):
     """Gradient buckets each reduced to the ranks whose shards it covers."""
 
-    def __init__(
-        self, grads: Array, comm: Any, bucket_bytes: int, shards: list[tuple[int, int]]
-    ) -> None:
-        super().__init__(grads, comm, bucket_bytes)
+    def __init__(self, grads: Array, comm: Any, cap: int, shards: list[tuple[int, int]]) -> None:
+        super().__init__(grads, comm, cap)
         self.counts = {s: piece_counts(s, e, shards) for s, e in self.bounds}
 
     def launch(self, start: int, end: int) -> Any:
