@@ -186,12 +186,6 @@ class Plan:
         """The plan as built: the live transport and the update scheme."""
         return dataclasses.replace(self, comm=transport, update=update)
 
-    def unused(self) -> list[tuple[str, str]]:
-        """The layout's settings this plan ignores, and why."""
-        if self.shard_optimizer and self.replicas == 1:
-            return [("`shard_optimizer`", "with one data-parallel rank: there is nothing to shard")]
-        return []
-
     def header(self) -> str:
         def n(count: int, word: str) -> str:
             return f"{count} {word}{'' if count == 1 else 'es' if word[-1] == 'h' else 's'}"
