@@ -235,15 +235,13 @@ def resolve(spec: RunSpec, given: Given = None) -> tuple[RunSpec, dict]:
     return settings.with_defaults(spec), preset
 
 
-def train_config(
-    spec: RunSpec, replicas: int = 1, n_train: int = 0, facts: Any = None
-) -> TrainConfig:
+def train_config(spec: RunSpec, replicas: int = 1, n_train: int = 0) -> TrainConfig:
     """The trainer's settings from ``spec``, checked and its defaults filled."""
     settings.check_spec(spec)
-    return _train_config(settings.with_defaults(spec), replicas, n_train, facts)
+    return _train_config(settings.with_defaults(spec), replicas, n_train)
 
 
-def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> TrainConfig:
+def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any = None) -> TrainConfig:
     """The hyper-parameters ``optimizer`` does not take are left out (a note says so)."""
     batch = global_batch(spec, replicas, n_train)
     if spec.accumulate > batch:
