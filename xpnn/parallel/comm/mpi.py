@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -28,16 +29,6 @@ class MpiHandle:
         if self._req is not None:
             stall.wait(self._req, self._what)
             self._req = self._buf = None
-
-
-@dataclass(slots=True)
-class Requests:
-    """Several MPI requests waited as one (``Test`` as a request's, for ``stall.wait``)."""
-
-    reqs: list[Any]
-
-    def Test(self) -> bool:  # noqa: N802 (mpi4py's name)
-        return all(req.Test() for req in self.reqs)  # a finished request tests true again
 
 
 @dataclass(slots=True)
@@ -188,7 +179,8 @@ class MpiHostCommunicator(Communicator):
                 mine = root == self.rank
                 send, recv = (self._in_place, piece) if mine else (piece, None)
                 reqs.append(self.mpi_comm.Ireduce(send, recv, self._ops["sum"], root=root))
-        return Requests(reqs)
+        # waited as one request (``stall.wait`` asks ``Test``); a finished one tests true again
+        return SimpleNamespace(Test=lambda: all(req.Test() for req in reqs))
 
     def _gather_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
         return self.mpi_comm.Iallgatherv(self._in_place, [host, (counts, starts)])
