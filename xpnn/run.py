@@ -194,8 +194,7 @@ def same_spec(spec: RunSpec, world: Any) -> None:
     """Ranks given other choices (an MPMD line) would train different runs, or hang."""
     if world.size == 1:
         return
-    mine = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    mine = {k: v for k, v in sorted(mine.items()) if k not in settings.PER_RANK}
+    mine = {k: getattr(spec, k) for k in sorted(settings.DEFAULTS) if k not in settings.PER_RANK}
     mine["model"] = model_name(spec.model)  # a model object is compared by its name
     everyone = world.allgather_obj(mine, "the check that every rank has the same settings")
     for rank, theirs in enumerate(everyone):
