@@ -49,9 +49,7 @@ def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None
     code = int(lib.cuDeviceGetCount(ctypes.byref(count)))
     if code != 0:
         return f"no CUDA device (cuDeviceGetCount returned {_cuda_error_name(lib, code)})"
-    if count.value < 1:
-        return "no CUDA device (the driver sees 0 devices)"
-    return None
+    return "no CUDA device (the driver sees 0 devices)" if count.value < 1 else None
 
 
 def _cuda_error_name(lib: Any, code: int) -> str:
@@ -105,15 +103,6 @@ def query_mpix_cuda_support() -> int | None:
     return int(func())
 
 
-def _kinds_have_cuda_device(kinds: str) -> bool:
-    """True for ``cuda`` or ``cuda:...device...``; ``cuda:host`` alone is pinned host memory."""
-    parts = (kind.strip().partition(":") for kind in kinds.split(","))
-    return any(
-        name.lower() == "cuda" and (not rest or "device" in rest.lower().split(":"))
-        for name, _, rest in parts
-    )
-
-
 def detect_cuda_aware(
     env: Mapping[str, str] | None = None,
     alloc_kinds: str | None | Callable[[], str | None] = read_alloc_kinds,
@@ -138,7 +127,11 @@ def _library_cuda_aware(env: Mapping[str, str], alloc_kinds: Any, query: Any) ->
             raise UserError(f"XPNN_CUDA_AWARE={override}: use 0 (not CUDA-aware) or 1 (aware)")
         return CudaAwareness(override == "1", f"XPNN_CUDA_AWARE={override}", override == "1")
     kinds = alloc_kinds() if callable(alloc_kinds) else alloc_kinds
-    if kinds and _kinds_have_cuda_device(kinds):
+    parts = [kind.strip().partition(":") for kind in (kinds or "").split(",")]
+    # ``cuda`` or ``cuda:...device...``; ``cuda:host`` alone is pinned host memory
+    if any(
+        n.lower() == "cuda" and (not r or "device" in r.lower().split(":")) for n, _, r in parts
+    ):
         return CudaAwareness(True, f"mpi_memory_alloc_kinds={kinds}", True)
     note = f"mpi_memory_alloc_kinds={kinds} (no cuda)" if kinds else "no mpi_memory_alloc_kinds"
     name = "MPIX_Query_cuda_support"
@@ -147,9 +140,7 @@ def _library_cuda_aware(env: Mapping[str, str], alloc_kinds: Any, query: Any) ->
         said = f"no {name}" if support is None else f"{name}() = {support}"
     except Exception as exc:  # a broken library must not stop training: stage through host
         support, said = None, f"{name} failed: {exc}"
-    if support:
-        return CudaAwareness(True, said, True)
-    return CudaAwareness(False, f"{note}; {said}")
+    return CudaAwareness(True, said, True) if support else CudaAwareness(False, f"{note}; {said}")
 
 
 def nonblocking_device_collectives(library_version: str) -> bool:
