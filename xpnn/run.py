@@ -178,9 +178,8 @@ def build_run(
     def trainer() -> Trainer:
         outputs = ("metrics", "save", "checkpoint_dir", "keep_checkpoints", "progress")
         own = run_callbacks(say, world.rank == 0, **{n: getattr(spec, n) for n in outputs})
-        built = Trainer(
-            model, data, backend, groups.world, cfg, say, groups, callbacks=[*own, *callbacks]
-        )
+        every = [*own, *callbacks]
+        built = Trainer(model, data, backend, groups.world, cfg, say, groups, callbacks=every)
         start(built, spec.checkpoint_dir, spec.resume)  # last: a resume loads into it
         built.cfg.plan = plan.resolved(groups.name, built.update.name)
         built.cfg.facts.plan = built.cfg.plan.record()  # every metrics line says it
@@ -295,7 +294,6 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         check_fits(model, name, labels, classes, model.output_shape)
     check_batch_threads(spec.batch_threads, threads, backend.name)
     plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
-    replicas = plan.replicas  # the ranks that each take a share of the batch
     said = {n: getattr(spec, n) for n in ("dataset", "dtype", "precision", "loss", "grad_dtype")}
     said |= {"parallel": spec.parallel, "model": name, "model_ranks": plan.model_ranks}
     said["batch_threads"] = spec.batch_threads if spec.batch_threads > 1 else None
@@ -306,8 +304,8 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         said |= {"recompute": plan.recompute, "tensor_ranks": plan.tensor_parts}
     if spec.model == "gpt":  # what its checkpoint must say to be sampled from and resumed
         said |= {**gpt_settings(spec), "vocab": data.vocab.chars}
-    facts = RunFacts(said, threads=threads, replicas=replicas)
-    cfg = _train_config(spec, replicas, data.n_train, facts)
+    facts = RunFacts(said, threads=threads, replicas=plan.replicas)  # each a share of a batch
+    cfg = _train_config(spec, plan.replicas, data.n_train, facts)
     cfg.plan = plan
     facts.global_batch = cfg.batch_size
     return backend, data, model, cfg, plan
@@ -315,7 +313,6 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
 
 def check_network(spec: RunSpec, data: Any) -> None:
     """A preset network too large for this machine, refused before it is built."""
-
     shape, classes = data.input_shape, data.num_classes
     params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt_settings(spec))
     size, states = np.dtype(spec.dtype).itemsize, len(OPTIMIZERS[spec.optimizer].state_names)
