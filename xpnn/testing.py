@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from xpnn.backends import get_backend
 from xpnn.nn.layer import Context, Layer
 from xpnn.nn.sequential import Sequential
 
@@ -39,8 +40,6 @@ def check_layer(
     backend: str = "numpy",
 ) -> Sequential:
     """``layer``'s float64 gradients against finite differences; ``x_shape``: a sliced input's."""
-    from xpnn.backends import get_backend
-
     arrays = get_backend(backend, "float64")
     host = arrays.to_host
     model = Sequential([layer]).build(in_shape, arrays, seed)

@@ -135,9 +135,8 @@ class PipelineStage(Portion):
         self.first_param_layer = sum(1 for layer in whole.layers[:start] if layer.initial)
         self.reads_input = self.first  # the others receive activations
         self.scores = self.last and self.part == 0  # once a replica, not once a tensor part
-        self.whole_param_count = sum(
-            math.prod(whole_shape(x, name)) for x in whole.layers for name in x.initial
-        )
+        count = sum(math.prod(whole_shape(x, n)) for x in whole.layers for n in x.initial)
+        self.whole_param_count = count
         self.comm: Any = None  # set by ``attach`` once the communicator exists
         self._sets: list[Sequential] = [self.net]  # one set of layers per micro-batch
         self._acc: Array | None = None  # the micro-batches' gradients, summed
