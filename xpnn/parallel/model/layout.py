@@ -60,10 +60,8 @@ def make_groups(world: World, place: Place, backend: Any, kind: str) -> Groups:
         return Groups.of(make_communicator(world, backend, kind))
     if place.replicas == 1:
         return Groups.of(make_communicator(world, backend, kind, shares_params=False), True)
-    model_world = world.split(place.replica)
-    data_world = world.split(place.index)
     model_kind = "auto" if kind == "mpi-shm" else kind
-    model = make_communicator(model_world, backend, model_kind, shares_params=False)
-    data = make_communicator(data_world, backend, kind)
+    model = make_communicator(world.split(place.replica), backend, model_kind, shares_params=False)
+    data = make_communicator(world.split(place.index), backend, kind)
     everyone = MpiHostCommunicator(world.mpi_comm)  # host-side metrics and agreement only
     return Groups(everyone, model, data)
