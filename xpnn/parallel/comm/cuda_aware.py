@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -54,26 +55,22 @@ def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None
 
 def _cuda_error_name(lib: Any, code: int) -> str:
     name = ctypes.c_char_p()
-    try:
+    with contextlib.suppress(Exception):
         if int(lib.cuGetErrorName(code, ctypes.byref(name))) == 0 and name.value:
             return f"{name.value.decode()} ({code})"
-    except Exception:
-        pass
     return str(code)
 
 
 def read_alloc_kinds() -> str | None:
-    try:
+    with contextlib.suppress(Exception):
         from mpi4py import MPI
 
         info = MPI.COMM_WORLD.Get_info()
         try:
-            value = info.Get("mpi_memory_alloc_kinds")
+            return info.Get("mpi_memory_alloc_kinds") or None
         finally:
             info.Free()
-    except Exception:
-        return None
-    return value or None
+    return None
 
 
 def _loaded_libmpi() -> ctypes.CDLL | None:
@@ -81,12 +78,11 @@ def _loaded_libmpi() -> ctypes.CDLL | None:
     lib = loaded_libmpi()
     if lib is not None:
         return lib
-    try:
+    with contextlib.suppress(Exception):
         from mpi4py import _mpiabi  # private, but the loader mpi4py itself used
 
         return _mpiabi._dlopen_libmpi()
-    except Exception:
-        return None
+    return None
 
 
 def query_mpix_cuda_support() -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Any
@@ -47,13 +48,10 @@ def forced_ranks_per_node() -> int | None:
     forced = os.environ.get(RANKS_PER_NODE_VAR, "").strip()
     if not forced:
         return None
-    try:
-        k = int(forced)
-        if k < 1:
-            raise ValueError
-    except ValueError:
-        raise UserError(f"{RANKS_PER_NODE_VAR}={forced}: expected a positive integer") from None
-    return k
+    with contextlib.suppress(ValueError):
+        if (k := int(forced)) >= 1:
+            return k
+    raise UserError(f"{RANKS_PER_NODE_VAR}={forced}: expected a positive integer")
 
 
 class ShmCommunicator(MpiHostCommunicator):
