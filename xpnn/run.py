@@ -63,8 +63,7 @@ def run(spec: RunSpec, callbacks: Sequence[Any] = (), log: Say = None, warn: Say
     """Run ``spec`` on every rank: the final metrics record, or ``RunFailed`` if any rank fails."""
     outcome: dict[str, Any] = {}
     SAID.clear()
-    code = launch(spec, callbacks, log, warn, outcome)
-    if code:
+    if code := launch(spec, callbacks, log, warn, outcome):
         raise RunFailed(code, SAID[-1].removeprefix("xpnn: ") if SAID else None)
     return outcome["done"]
 

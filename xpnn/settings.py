@@ -74,8 +74,7 @@ class Range:
             raise ValueError(f"must be {'>' if self.above else '>='} {self.low:g}, got {text}")
         elif math.isinf(value):
             raise ValueError(f"must be finite, got {text}")
-        problem = self._high(value, str(value) if self.whole else text)
-        if problem:
+        if problem := self._high(value, str(value) if self.whole else text):
             raise ValueError(problem)
         return value
 
@@ -480,8 +479,7 @@ def check_settings(spec: RunSpec) -> None:
         value = getattr(spec, name)
         if value is None or (name in CHOSEN and value == AUTO):
             continue
-        problem = s.rule.problem(value) if s.rule else None
-        if problem:
+        if s.rule and (problem := s.rule.problem(value)):
             raise UserError(f"`{name}`: {problem}")
         if s.choices and value not in s.choices:
             raise UserError(f"`{name}` {value!r}: choose one of {', '.join(s.choices)}")
@@ -537,9 +535,8 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
 
 def gpt_batch_threads_chosen(spec: Any, given: Collection[str]) -> bool:
     """Whether ``--model gpt`` leaves ``batch_threads`` to the planner: where it applies."""
-    if "batch_threads" in given or spec.batch_threads != 1 or spec.threads == 1:
-        return False
-    if spec.precision != "fp32" or spec.parallel not in ("data", AUTO):
+    unset = "batch_threads" not in given and spec.batch_threads == 1 and spec.threads != 1
+    if not unset or spec.precision != "fp32" or spec.parallel not in ("data", AUTO):
         return False
     heads, embed = (getattr(spec, n) or GPT_DEFAULTS[n] for n in ("heads", "embed"))
     if spec.dataset not in TEXT_DATASETS or embed % heads:

@@ -75,8 +75,7 @@ def read_alloc_kinds() -> str | None:
 
 def _loaded_libmpi() -> ctypes.CDLL | None:
     """The MPI library mpi4py loaded, else the one mpi4py's own loader opens."""
-    lib = loaded_libmpi()
-    if lib is not None:
+    if (lib := loaded_libmpi()) is not None:
         return lib
     with contextlib.suppress(Exception):
         from mpi4py import _mpiabi  # private, but the loader mpi4py itself used
@@ -117,8 +116,7 @@ def detect_cuda_aware(
 
 def _library_cuda_aware(env: Mapping[str, str], alloc_kinds: Any, query: Any) -> CudaAwareness:
     """The library alone: ``XPNN_CUDA_AWARE``, else an alloc kind, else the MPIX query."""
-    override = env.get("XPNN_CUDA_AWARE", "").strip()
-    if override:
+    if override := env.get("XPNN_CUDA_AWARE", "").strip():
         if override not in ("0", "1"):
             raise UserError(f"XPNN_CUDA_AWARE={override}: use 0 (not CUDA-aware) or 1 (aware)")
         return CudaAwareness(override == "1", f"XPNN_CUDA_AWARE={override}", override == "1")

@@ -73,8 +73,8 @@ class ShmCommunicator(MpiHostCommunicator):
         from mpi4py import MPI
 
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
-        k = forced_ranks_per_node()  # tests: each k consecutive job ranks a node
-        if k is not None:  # by the job's rank: a data-parallel group's (2-D) are not consecutive
+        # tests: each k consecutive job ranks a node, by the job's rank (a 2-D group's are not)
+        if (k := forced_ranks_per_node()) is not None:
             group = node.Split(color=MPI.COMM_WORLD.Get_rank() // k, key=node.Get_rank())
             node.Free()
             node = group
