@@ -47,8 +47,7 @@ def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None
     if code != 0:
         return f"CUDA driver failed to start (cuInit returned {_cuda_error_name(lib, code)})"
     count = ctypes.c_int(0)
-    code = int(lib.cuDeviceGetCount(ctypes.byref(count)))
-    if code != 0:
+    if (code := int(lib.cuDeviceGetCount(ctypes.byref(count)))) != 0:
         return f"no CUDA device (cuDeviceGetCount returned {_cuda_error_name(lib, code)})"
     return "no CUDA device (the driver sees 0 devices)" if count.value < 1 else None
 

@@ -130,8 +130,7 @@ class PipelineStage(Portion):
         self.layer_start = start  # its first layer's position in the whole model (errors say it)
         self.first, self.last = index == 0, index == stages - 1
         self.part, self.parts = tensor  # stage s part p: rank s * parts + p of the replica
-        self.prev_rank = (index - 1) * self.parts + self.part
-        self.next_rank = (index + 1) * self.parts + self.part
+        self.prev_rank, self.next_rank = ((index + d) * self.parts + self.part for d in (-1, 1))
         self.first_param_layer = sum(1 for layer in whole.layers[:start] if layer.initial)
         self.reads_input = self.first  # the others receive activations
         self.scores = self.last and self.part == 0  # once a replica, not once a tensor part
