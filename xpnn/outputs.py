@@ -23,9 +23,8 @@ def _takes_files(param: str, path: str, directory: Path) -> None:
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as exc:
-        raise UserError(
-            f"`{param}` {path}: cannot create files in {directory} ({exc.strerror})"
-        ) from None
+        why = f"cannot create files in {directory} ({exc.strerror})"
+        raise UserError(f"`{param}` {path}: {why}") from None
 
 
 def _writable_file(
@@ -37,9 +36,8 @@ def _writable_file(
     at = f"`{param}` {path}"
     with path_problems(param, path):
         if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
-            raise UserError(
-                f"{at}: a symbolic link of another user; xpnn writes no file through it"
-            )
+            why = "a symbolic link of another user; xpnn writes no file through it"
+            raise UserError(f"{at}: {why}")
         parent = Path(path).resolve().parent
         in_checkpoints = made is not None and parent == Path(made).resolve()
         there = Path(path).stat().st_mode if Path(path).exists() else None

@@ -115,10 +115,9 @@ def launch(
                 note(f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller `lr`")
             return 1
         except MemoryError as exc:  # a step's activations: under ulimit -v, or CuPy's OutOfMemory
-            raise UserError(
-                f"`batch_size` {trainer.cfg.batch_size}: a training step ran out of memory "
-                f"({failure.one_line(str(exc)) or type(exc).__name__}); try a smaller batch"
-            ) from None
+            oom = failure.one_line(str(exc)) or type(exc).__name__
+            why = f"a training step ran out of memory ({oom}); try a smaller batch"
+            raise UserError(f"`batch_size` {trainer.cfg.batch_size}: {why}") from None
         return 0
 
     return failure.run_guarded(world, job)
@@ -198,10 +197,8 @@ def same_spec(spec: RunSpec, world: Any) -> None:
     for rank, theirs in enumerate(everyone):
         for key in mine:
             if theirs[key] != everyone[0][key]:
-                raise UserError(
-                    f"`{key}`: rank {rank} was given {theirs[key]}, rank 0 {everyone[0][key]}; "
-                    "every rank must get the same settings"
-                )
+                said = f"rank {rank} was given {theirs[key]}, rank 0 {everyone[0][key]}"
+                raise UserError(f"`{key}`: {said}; every rank must get the same settings")
 
 
 def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
@@ -259,11 +256,10 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank, device=spec.device)
     if spec.precision != "fp32" and backend.name == "numba":  # its kernels are fp32/fp64 only
         backend = get_backend("numpy", spec.dtype)
-    size, sets = spec.synthetic_size, {"seed": spec.seed, "block": spec.block}
+    size = spec.synthetic_size
+    sets = dict(seed=spec.seed, block=spec.block, replicate=spec.replicate, synthetic_size=size)
     try:
-        data = load_dataset(
-            spec.dataset, spec.data_dir, replicate=spec.replicate, synthetic_size=size, **sets
-        )
+        data = load_dataset(spec.dataset, spec.data_dir, **sets)
     except MemoryError as exc:  # replicate=100000000: NumPy says how much it wanted
         what = [f"`synthetic_size` {size}"] if spec.dataset == "synthetic" else []
         what += [f"`replicate` {spec.replicate}"] if spec.replicate > 1 else []
@@ -271,9 +267,8 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
     check_text_model(spec, data)
     name, shape, classes = model_name(spec.model), data.input_shape, data.num_classes
-    model = make_model(
-        spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt_settings(spec)
-    )
+    gpt = gpt_settings(spec)
+    model = make_model(spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt)
     check_network(spec, data)
     try:
         model = plan.apply(model, shape, backend, spec.seed, world.rank, spec.model)

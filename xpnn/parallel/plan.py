@@ -57,21 +57,16 @@ class Plan:
         """The plan of ``spec`` (a resolved ``RunSpec``) on ``world``, or a refusal naming it."""
         model_ranks = 1 if spec.parallel == "data" else (spec.model_ranks or world.size)
         if model_ranks > world.size:
-            raise UserError(
-                f"`model_ranks` {model_ranks}: more than the job's {world.size} rank(s)"
-            )
+            why = f"more than the job's {world.size} rank(s)"
+            raise UserError(f"`model_ranks` {model_ranks}: {why}")
         if world.size % model_ranks:
-            raise UserError(
-                f"`model_ranks` {model_ranks}: {world.size} ranks do not split into replicas of "
-                f"{model_ranks} ranks; give a divisor of {world.size}"
-            )
+            why = f"{world.size} ranks do not split into replicas of {model_ranks} ranks"
+            raise UserError(f"`model_ranks` {model_ranks}: {why}; give a divisor of {world.size}")
         parts = model_ranks if spec.parallel == "tensor" else (spec.tensor_ranks or 1)
         pipelined = spec.parallel == "pipeline"
         if pipelined and model_ranks % parts:
-            raise UserError(
-                f"`tensor_ranks` {parts}: does not divide a replica's {model_ranks} ranks "
-                "into pipeline stages"
-            )
+            why = f"does not divide a replica's {model_ranks} ranks into pipeline stages"
+            raise UserError(f"`tensor_ranks` {parts}: {why}")
         if spec.comm == "mpi-shm" and 1 < model_ranks == world.size:  # no replicas to share
             raise UserError(
                 "`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "
@@ -172,10 +167,8 @@ class Plan:
         if not comm.node_memory:
             return base.AllreduceUpdate(model, comm, make_optimizer, bucket_bytes, deferred, wire)
         if accumulate > 1 and self.node_share == "activations":
-            raise UserError(
-                "`node_share` activations: not with `accumulate` above 1 (the ranks share one "
-                "batch's activations); use `node_share` gradients"
-            )
+            why = "not with `accumulate` above 1 (the ranks share one batch's activations)"
+            raise UserError(f"`node_share` activations: {why}; use `node_share` gradients")
         if accumulate == 1 and node_shared.shares_activations(model, batch_size, self.node_share):
             place = shared.share_activations(model, comm, batch_size)
             return node_shared.SharedBatchUpdate(model, comm, make_optimizer, place, deferred, wire)

@@ -28,10 +28,8 @@ def make_communicator(
     if is_gpu and kind == "mpi-shm":
         raise UserError("`comm` mpi-shm: needs a CPU backend (numpy or numba)")
     if kind == "mpi-shm" and library != "numpy":
-        raise UserError(
-            f"`comm` mpi-shm: node-shared memory holds NumPy arrays, not "
-            f"{library}'s (backend numpy or numba; torch uses mpi-host)"
-        )
+        why = f"node-shared memory holds NumPy arrays, not {library}'s"
+        raise UserError(f"`comm` mpi-shm: {why} (backend numpy or numba; torch uses mpi-host)")
     if kind == "mpi-shm" and not shares_params:
         raise UserError(
             "`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "

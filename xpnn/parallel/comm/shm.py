@@ -97,22 +97,19 @@ class ShmCommunicator(MpiHostCommunicator):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
+        mib = f"{nbytes / 2**20:.1f} MiB"
         free = self.node.bcast(shm_free_bytes() if self.local_rank == 0 else None, root=0)
         if free is not None and nbytes > free:
-            raise UserError(
-                f"`comm` mpi-shm: needs {nbytes / 2**20:.1f} MiB of shared memory but "
-                f"{SHM_DIR} has {free / 2**20:.1f} MiB free; enlarge it (docker run "
-                "--shm-size) or use `comm` mpi-host"
-            )
+            need = f"needs {mib} of shared memory but {SHM_DIR} has {free / 2**20:.1f} MiB free"
+            fix = "enlarge it (docker run --shm-size) or use `comm` mpi-host"
+            raise UserError(f"`comm` mpi-shm: {need}; {fix}")
         MPI = self._MPI
         mine = nbytes if self.local_rank == 0 else 0  # the node's memory is local rank 0's
         try:
             win = MPI.Win.Allocate_shared(mine, dtype.itemsize, comm=self.node)
         except MPI.Exception as exc:  # e.g. a container's small /dev/shm
-            raise UserError(
-                f"`comm` mpi-shm: could not allocate {nbytes / 2**20:.1f} MiB of shared memory "
-                f"({exc.Get_error_string()}); use `comm` mpi-host"
-            ) from None
+            why = f"could not allocate {mib} of shared memory ({exc.Get_error_string()})"
+            raise UserError(f"`comm` mpi-shm: {why}; use `comm` mpi-host") from None
         win.Lock_all(MPI.MODE_NOCHECK)
         self._windows.append(win)
         buf, _ = win.Shared_query(0)

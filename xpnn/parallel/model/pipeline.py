@@ -290,12 +290,10 @@ class PipelineStage(Portion):
         return loss, self.backend.kernels.count_correct(y, labels)
 
     def summary(self) -> str:
-        return (
-            " -> ".join(repr(layer) for layer in self.layers)
-            + f"  ({self.size:,} parameters; stage {self.index} of {self.stages} stage(s), "
-            f"{self.microbatches} micro-batch(es), {self.schedule}"
-            + (", recompute)" if self.recompute else ")")
-        )
+        recompute = ", recompute" if self.recompute else ""
+        run = f"{self.microbatches} micro-batch(es), {self.schedule}{recompute}"
+        said = f"{self.size:,} parameters; stage {self.index} of {self.stages} stage(s), {run}"
+        return " -> ".join(repr(layer) for layer in self.layers) + f"  ({said})"
 
 
 build_stage = PipelineStage  # stage ``index`` of ``stages``, from the whole unbuilt network

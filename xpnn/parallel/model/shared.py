@@ -93,9 +93,8 @@ class SharedDense(Dense):
         dtype = self.params["W"].dtype
         self.place, self.node = place, comm
         self.inputs_shared = below is not None  # a layer below that splits its units: its output
-        self.node_x = (
-            below.node_y if self.inputs_shared else comm.shared_zeros((samples, fan_in), dtype)
-        )
+        shape = (samples, fan_in)
+        self.node_x = below.node_y if self.inputs_shared else comm.shared_zeros(shape, dtype)
         self.node_dz = comm.shared_zeros((samples, units), dtype)
         me, size = comm.local_rank, comm.local_size
         self.rows = slice(*share_bounds(0, fan_in, size, me, row_align(units)))

@@ -83,11 +83,9 @@ def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
                 first, second = layer.children[column], layer.children[row]
                 groups = first.units // column_group
                 if groups < size:
-                    raise UserError(
-                        f"`parallel` tensor: {layer!r} splits into {groups} parts, fewer than "
-                        f"the {size} ranks (use at most {groups} ranks a replica, or `parallel` "
-                        "data or pipeline)"
-                    )
+                    why = f"splits into {groups} parts, fewer than the {size} ranks"
+                    fix = f"use at most {groups} ranks a replica, or `parallel` data or pipeline"
+                    raise UserError(f"`parallel` tensor: {layer!r} {why} ({fix})")
                 lo, hi = shard_bounds(groups, rank, size)
                 layer.children[column] = twin_of(first, 0, (lo * column_group, hi * column_group))
                 layer.children[row] = twin_of(second, 1, (lo * row_group, hi * row_group))
@@ -113,10 +111,9 @@ def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
     for first, second in pairs:
         units = layers[first].units
         if units < size:
-            raise UserError(
-                f"`parallel` tensor: a layer of {units} units cannot be split over {size} "
-                "ranks (each needs at least one unit; use `parallel` data or wider `hidden`)"
-            )
+            what = f"a layer of {units} units cannot be split over {size} ranks"
+            why = "each needs at least one unit; use `parallel` data or wider `hidden`"
+            raise UserError(f"`parallel` tensor: {what} ({why})")
         bounds = shard_bounds(units, rank, size)
         out[first] = twin_of(layers[first], 0, bounds)
         out[second] = twin_of(layers[second], 1, bounds)

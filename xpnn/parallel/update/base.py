@@ -34,8 +34,7 @@ class BucketCursor:
     """Walks one step's buckets (last range first) as backward finishes them."""
 
     def __init__(self, bounds: list[tuple[int, int]]) -> None:
-        self.bounds = bounds
-        self._next = 0
+        self.bounds, self._next = bounds, 0
 
     def finished(self, offset: int) -> Iterator[int]:
         """Indices of the buckets that ``grads[offset:]`` completes and were not yet seen."""

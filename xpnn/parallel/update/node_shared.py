@@ -84,10 +84,8 @@ def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
         if node_share == "activations":
             kinds = sorted({type(layer).__name__ for layer in param_layers(model)} - {"Dense"})
             what = ", ".join(kinds) or type(model).__name__
-            raise UserError(
-                f"`node_share` activations: needs a model whose layers with parameters are all "
-                f"Dense, this one has {what}; use `node_share` gradients"
-            )
+            why = f"needs a model whose layers with parameters are all Dense, this one has {what}"
+            raise UserError(f"`node_share` activations: {why}; use `node_share` gradients")
         return False
     return node_share == "activations" or activation_values(model, batch_size) < model.size
 
