@@ -116,13 +116,12 @@ def check_paths(spec: Any, writer: bool) -> None:
     _not_an_input("save", spec.save, spec)
     _not_an_input("metrics", spec.metrics, spec)
     _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
-    made = spec.checkpoint_dir
-    _writable_file("metrics", spec.metrics, writer, made=made, appended=True)
+    _writable_file("metrics", spec.metrics, writer, made=spec.checkpoint_dir, appended=True)
     if writer and spec.metrics:  # a fresh run empties it, a resume appends: only to metrics
         with path_problems("metrics", spec.metrics):
             if not os.path.exists(spec.metrics) or os.path.isfile(spec.metrics):
                 lock.hold_metrics(spec.metrics)  # not /dev/null: every job may write there
             check_metrics_file(spec.metrics)
-    _writable_file("save", spec.save, writer, made=made)
+    _writable_file("save", spec.save, writer, made=spec.checkpoint_dir)
     if spec.save and spec.metrics and Path(spec.save).resolve() == Path(spec.metrics).resolve():
         raise UserError(f"`save` {spec.save}: the same file as `metrics`")
