@@ -176,8 +176,7 @@ class MpiHostCommunicator(Communicator):
         for root, (start, count) in enumerate(zip(starts, counts, strict=True)):
             if count:
                 piece = host[start : start + count]
-                mine = root == self.rank
-                send, recv = (self._in_place, piece) if mine else (piece, None)
+                send, recv = (self._in_place, piece) if root == self.rank else (piece, None)
                 reqs.append(self.mpi_comm.Ireduce(send, recv, self._ops["sum"], root=root))
         # waited as one request (``stall.wait`` asks ``Test``); a finished one tests true again
         return SimpleNamespace(Test=lambda: all(req.Test() for req in reqs))
