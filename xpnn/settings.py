@@ -90,6 +90,7 @@ class Range:
 
 
 COUNT = Range(1, MOST, whole=True)
+COUNT0 = Range(0, MOST, whole=True)  # a count that may be 0
 POSITIVE = Range(0, above=True)
 RATE = Range(0, below=1)  # a decay rate: momentum, Adam's betas
 THREADS = Range(1, 4096, whole=True)  # past a few thousand, BLAS overflows or crawls
@@ -275,9 +276,9 @@ class RunSpec:
     warmup_epochs: float = TRAINING(0.0, rule=Range(0, MOST), metavar="E")(
         "Raise the rate linearly from ~0 to ``--lr`` over E epochs (at least one step if E > 0)."
     )
-    warmup_steps: int | None = TRAINING(
-        None, rule=Range(0, MOST, whole=True), metavar="N", shown="``0``"
-    )("The warmup in steps instead of epochs; not together with ``--warmup-epochs``.")
+    warmup_steps: int | None = TRAINING(None, rule=COUNT0, metavar="N", shown="``0``")(
+        "The warmup in steps instead of epochs; not together with ``--warmup-epochs``."
+    )
     schedule: str = TRAINING("constant", choices=SCHEDULES)(
         "``step``: × 0.1 every ``--step-epochs`` epochs; ``cosine``: half a cosine from ``--lr`` "
         "down to ``--min-lr`` over the steps after warmup."
@@ -372,9 +373,7 @@ class RunSpec:
         "precision; a checkpoint does not record the ranks or the parallelism that wrote it, being "
         "the same file whichever did)."
     )
-    keep_checkpoints: int | None = OUTPUTS(
-        None, rule=Range(0, MOST, whole=True), metavar="K", fill=KEEP_CHECKPOINTS
-    )(
+    keep_checkpoints: int | None = OUTPUTS(None, rule=COUNT0, metavar="K", fill=KEEP_CHECKPOINTS)(
         "Keep the newest K checkpoints in ``--checkpoint-dir``, deleting older ones once a new one "
         "is complete; ``0`` keeps every one."
     )
