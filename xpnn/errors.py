@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,10 +35,7 @@ def worded(wording: Callable[[str], str]) -> Iterator[None]:
 
 
 def user_message(text: object) -> str:
-    text = str(text)
-    for wording in _wordings:
-        text = wording(text)
-    return text
+    return functools.reduce(lambda said, wording: wording(said), _wordings, str(text))
 
 
 @contextmanager

@@ -1,5 +1,4 @@
-"""The files a run writes, checked before it trains: a bad place is a user error naming the
-parameter at the start, not a crash after the last epoch."""
+"""The files a run writes, checked before it trains: a bad place fails at the start."""
 
 from __future__ import annotations
 
@@ -13,6 +12,9 @@ from typing import Any
 from xpnn.errors import UserError, path_problems
 from xpnn.record.files import open_to_write, same_file
 from xpnn.runtime import lock
+from xpnn.train.checkpoint import CHECKPOINT_NAME, refuse_other_runs, remove_unfinished
+from xpnn.train.metrics_file import check_metrics_file
+from xpnn.train.resume import no_checkpoint
 
 
 def _takes_files(param: str, path: str, directory: Path) -> None:
@@ -21,26 +23,21 @@ def _takes_files(param: str, path: str, directory: Path) -> None:
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as exc:
-        raise UserError(
-            f"`{param}` {path}: cannot create files in {directory} ({exc.strerror})"
-        ) from None
+        why = f"cannot create files in {directory} ({exc.strerror})"
+        raise UserError(f"`{param}` {path}: {why}") from None
 
 
 def _writable_file(
     param: str, path: str | None, writer: bool, made: str | None = None, appended: bool = False
 ) -> None:
-    """``made``: the checkpoint dir this run creates; ``appended`` (metrics): no pipe, whose
-    reader would leave."""
+    """``made``: the checkpoint dir this run creates; ``appended`` (metrics): no pipe."""
     if path is None:
         return
-    from xpnn.train.checkpoint import CHECKPOINT_NAME, remove_unfinished
-
     at = f"`{param}` {path}"
     with path_problems(param, path):
         if os.path.islink(path) and os.lstat(path).st_uid != os.geteuid():
-            raise UserError(
-                f"{at}: a symbolic link of another user; xpnn writes no file through it"
-            )
+            why = "a symbolic link of another user; xpnn writes no file through it"
+            raise UserError(f"{at}: {why}")
         parent = Path(path).resolve().parent
         in_checkpoints = made is not None and parent == Path(made).resolve()
         there = Path(path).stat().st_mode if Path(path).exists() else None
@@ -74,14 +71,10 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
     """Made now by the rank that writes into it, so that a bad place fails before training."""
     if path is None:
         return
-    from xpnn.train.checkpoint import refuse_other_runs, remove_unfinished
-
     with path_problems("checkpoint_dir", path):
         if Path(path).exists() and not Path(path).is_dir():
             raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
         if resume is True and not Path(path).exists():  # a typo: not made, then refused
-            from xpnn.train.resume import no_checkpoint
-
             raise UserError(no_checkpoint(path))
         if not writer:
             return
@@ -98,26 +91,21 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
         remove_unfinished(path)
 
 
-def _inputs(spec: Any) -> list[tuple[str, str]]:
-    """(parameter, path) of each file the run reads that a user names."""
-    read = []
-    model = spec.model if isinstance(spec.model, str) else ""
-    if ".py:" in model:
-        read.append(("model", model.rsplit(":", 1)[0]))
-    data = getattr(spec, "data_dir", None)
-    if data and os.path.isdir(data):
-        read += [("data_dir", os.path.join(data, name)) for name in sorted(os.listdir(data))]
-    elif data:
-        read.append(("data_dir", data))
-    return read
-
-
 def _not_an_input(param: str, path: str | None, spec: Any) -> None:
     """A run never replaces a file it reads: ``--save corpus.txt`` would lose the corpus."""
     if path is None or not os.path.exists(path):
         return
+    inputs = []  # (parameter, path) of each file the run reads that a user names
+    model = spec.model if isinstance(spec.model, str) else ""
+    if ".py:" in model:
+        inputs.append(("model", model.rsplit(":", 1)[0]))
     with path_problems(param, path):
-        for source, read in _inputs(spec):
+        data = getattr(spec, "data_dir", None)
+        if data and os.path.isdir(data):
+            inputs += [("data_dir", os.path.join(data, n)) for n in sorted(os.listdir(data))]
+        elif data:
+            inputs.append(("data_dir", data))
+        for source, read in inputs:
             if same_file(path, read):
                 why = f"a file this run reads (`{source}` {read}); give another file name"
                 raise UserError(f"`{param}` {path}: {why}")
@@ -128,15 +116,12 @@ def check_paths(spec: Any, writer: bool) -> None:
     _not_an_input("save", spec.save, spec)
     _not_an_input("metrics", spec.metrics, spec)
     _checkpoint_dir(spec.checkpoint_dir, writer, spec.resume)
-    made = spec.checkpoint_dir
-    _writable_file("metrics", spec.metrics, writer, made=made, appended=True)
+    _writable_file("metrics", spec.metrics, writer, made=spec.checkpoint_dir, appended=True)
     if writer and spec.metrics:  # a fresh run empties it, a resume appends: only to metrics
-        from xpnn.train.metrics_file import check_metrics_file
-
         with path_problems("metrics", spec.metrics):
             if not os.path.exists(spec.metrics) or os.path.isfile(spec.metrics):
                 lock.hold_metrics(spec.metrics)  # not /dev/null: every job may write there
             check_metrics_file(spec.metrics)
-    _writable_file("save", spec.save, writer, made=made)
+    _writable_file("save", spec.save, writer, made=spec.checkpoint_dir)
     if spec.save and spec.metrics and Path(spec.save).resolve() == Path(spec.metrics).resolve():
         raise UserError(f"`save` {spec.save}: the same file as `metrics`")

@@ -1,39 +1,57 @@
-"""A run from its choices: ``build_run(spec, world)`` assembles a ``Trainer``, every rank agreeing
-on user errors phase by phase; ``run(spec)`` runs the whole job as the command line does."""
+"""A run from its choices: ``build_run`` assembles a ``Trainer``, ``run`` the whole job."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
+import warnings
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+
+from xpnn import settings
+from xpnn.backends import get_backend
+from xpnn.data import load_dataset
+from xpnn.data.datasets import check_same_data
 from xpnn.errors import UserError, user_message
+from xpnn.nn.gpt import GPT_DEFAULTS
+from xpnn.nn.model import LayeredModel, check_model
+from xpnn.nn.models import check_fits, make_model, model_name
+from xpnn.outputs import check_paths
+from xpnn.parallel.model.batch_threads import check_batch_threads
+from xpnn.parallel.model.whole import is_spread, portion, whole_size
+from xpnn.parallel.plan import Plan
+from xpnn.parallel.update import uses_byte_buckets
+from xpnn.parallel.update.wire import sends_gradients
 from xpnn.planner import auto
-from xpnn.runtime import stall
-from xpnn.settings import (
-    BATCH,
-    DEFAULTS,
-    MICROBATCHES,
-    PER_RANK,
-    RunSpec,
-    check_spec,
-    describe_preset,
-    given_settings,
-    gpt_preset,
-    with_defaults,
+from xpnn.runtime import failure, stall, startup
+from xpnn.runtime.abort import SAID
+from xpnn.runtime.failure import agree_on_user_errors
+from xpnn.runtime.memory import check_network_fits, preset_parameters
+from xpnn.runtime.threads import (
+    HANDOFF_IN_FORCE,
+    REPLACED_ENV,
+    apply_threads,
+    describe_threads,
+    node_cores,
+    threads_per_rank,
 )
-from xpnn.train.optim import HYPER_PARAMETERS, HYPERS
-
-if TYPE_CHECKING:
-    from xpnn.train import TrainConfig
+from xpnn.runtime.world import describe_ranks, init_world
+from xpnn.settings import BATCH, RunSpec
+from xpnn.train import RunFacts, TrainConfig, Trainer, TrainingDiverged
+from xpnn.train.callbacks import run_callbacks
+from xpnn.train.optim import HYPER_PARAMETERS, HYPERS, OPTIMIZERS
+from xpnn.train.resume import start
+from xpnn.train.trace import observers
 
 Say = Callable[[str], None] | None  # where rank 0's lines go (default: print)
+Given = Collection[str] | None  # the settings the user chose (None: those off their defaults)
 
 
 class RunFailed(RuntimeError):
-    """The job stopped, its reason already said in one line: ``exit_code`` 2 for a user error,
-    1 for a bug or a diverged loss, 124 a stall, 130 or 143 a signal."""
+    """The job stopped, its reason already said in one line; ``exit_code`` as the CLI's."""
 
     def __init__(self, exit_code: int, reason: str | None = None) -> None:
         said = f"{reason} (exit code {exit_code})" if reason else f"exit code {exit_code}"
@@ -42,14 +60,10 @@ class RunFailed(RuntimeError):
 
 
 def run(spec: RunSpec, callbacks: Sequence[Any] = (), log: Say = None, warn: Say = None) -> dict:
-    """Run ``spec`` on this rank (every rank calls it); the final metrics record, or
-    ``RunFailed`` when any rank fails. ``log``/``warn``: rank 0's lines and notes."""
-    from xpnn.runtime.abort import SAID
-
+    """Run ``spec`` on every rank: the final metrics record, or ``RunFailed`` if any rank fails."""
     outcome: dict[str, Any] = {}
     SAID.clear()
-    code = launch(spec, callbacks, log, warn, outcome)
-    if code:
+    if code := launch(spec, callbacks, log, warn, outcome):
         raise RunFailed(code, SAID[-1].removeprefix("xpnn: ") if SAID else None)
     return outcome["done"]
 
@@ -60,15 +74,9 @@ def launch(
     log: Say = None,
     warn: Say = None,
     outcome: dict[str, Any] | None = None,
-    given: Collection[str] | None = None,
+    given: Given = None,
 ) -> int:
     """``run`` as the command line's exit code, every rank stopping with one code."""
-    # Loaded while the early handler only notes a Ctrl-C: one mid-import is an ImportError
-    import numpy  # noqa: F401
-
-    from xpnn.runtime import failure
-    from xpnn.runtime.world import init_world
-
     stall.set_limits(spec.stall_warn, spec.stall_abort)  # the setup's waits too
     # a typo in these would hide a failure: said once MPI is up, by every rank together
     problem = _problem(failure.stop_grace) or _problem(failure.agree_timeout)
@@ -79,12 +87,6 @@ def launch(
     out = {} if outcome is None else outcome
 
     def job() -> int:
-        import sys
-        import warnings
-
-        from xpnn.outputs import check_paths
-        from xpnn.runtime import startup
-        from xpnn.train import TrainingDiverged
 
         startup.agree_to_start(world, "train", problem)  # first: a rank may have failed already
         if problem:
@@ -97,7 +99,8 @@ def launch(
             nodes = world.node_sizes if world.size > 1 else (1,)
             for line in summary(trainer, spec.backend, nodes):
                 say(f"xpnn: {line}")
-            for line in notes(gpt_preset(spec, given)[0], trainer, world):  # a preset's too
+            preset = settings.gpt_preset(spec, given)[0]  # notes on a preset's settings too
+            for line in notes(preset, trainer, world):
                 note(f"xpnn: note: {line}")
         # A loss gone to inf/NaN is reported once, after its epoch: not per NumPy operation.
         gone = r"(overflow|invalid value|divide by zero) encountered"
@@ -112,10 +115,9 @@ def launch(
                 note(f"xpnn: {exc}: stopped, with nothing saved from it; try a smaller `lr`")
             return 1
         except MemoryError as exc:  # a step's activations: under ulimit -v, or CuPy's OutOfMemory
-            raise UserError(
-                f"`batch_size` {trainer.cfg.batch_size}: a training step ran out of memory "
-                f"({failure.one_line(str(exc)) or type(exc).__name__}); try a smaller batch"
-            ) from None
+            oom = failure.one_line(str(exc)) or type(exc).__name__
+            why = f"a training step ran out of memory ({oom}); try a smaller batch"
+            raise UserError(f"`batch_size` {trainer.cfg.batch_size}: {why}") from None
         return 0
 
     return failure.run_guarded(world, job)
@@ -130,21 +132,9 @@ def _problem(check: Callable[[], Any]) -> str | None:
 
 
 def build_run(
-    spec: RunSpec,
-    world: Any,
-    callbacks: Sequence[Any] = (),
-    log: Say = None,
-    given: Collection[str] | None = None,
+    spec: RunSpec, world: Any, callbacks: Sequence[Any] = (), log: Say = None, given: Given = None
 ) -> Any:
-    """A ``Trainer`` ready to ``run()`` ``spec`` on this rank (collective); ``given``: the
-    settings the user chose (default: those off their defaults), which a preset leaves alone."""
-    from xpnn.runtime.failure import agree_on_user_errors
-    from xpnn.runtime.threads import node_cores
-    from xpnn.train import Trainer
-    from xpnn.train.callbacks import run_callbacks
-    from xpnn.train.resume import start
-    from xpnn.train.trace import observers
-
+    """A ``Trainer`` ready to ``run()`` ``spec`` (collective); a preset leaves ``given`` alone."""
     say = log or (lambda line: print(line, flush=True))
     agree_on_user_errors(world, lambda: same_spec(spec, world))  # every rank calls it first
     # --model gpt: nanoGPT's recipe where spec is silent; then checked, the defaults filled
@@ -161,15 +151,13 @@ def build_run(
         if world.rank == 0:
             say(f"xpnn: {line}")
         chosen_spec = dataclasses.replace(given_spec, **chosen)
-        kept = given_settings(given_spec, given) | set(chosen)  # no recipe refills them
+        kept = settings.given_settings(given_spec, given) | set(chosen)  # no recipe refills them
         spec, preset = agree_on_user_errors(world, lambda: resolve(chosen_spec, kept))
     backend, data, model, cfg, plan = agree_on_user_errors(world, lambda: _setup(spec, world))
     cfg.facts.auto = chosen
     if preset:
         cfg.facts.preset = {k: list(v) if isinstance(v, tuple) else v for k, v in preset.items()}
     if world.size > 1:  # data_dir may differ between ranks, the data they read may not
-        from xpnn.data.datasets import check_same_data
-
         what = "the check that every rank has the same data"
         allgather = functools.partial(world.allgather_obj, what=what)
         agree_on_user_errors(world, lambda: check_same_data(data, spec.data_dir, allgather))
@@ -188,9 +176,8 @@ def build_run(
     def trainer() -> Trainer:
         outputs = ("metrics", "save", "checkpoint_dir", "keep_checkpoints", "progress")
         own = run_callbacks(say, world.rank == 0, **{n: getattr(spec, n) for n in outputs})
-        built = Trainer(
-            model, data, backend, groups.world, cfg, say, groups, callbacks=[*own, *callbacks]
-        )
+        every = [*own, *callbacks]
+        built = Trainer(model, data, backend, groups.world, cfg, say, groups, callbacks=every)
         start(built, spec.checkpoint_dir, spec.resume)  # last: a resume loads into it
         built.cfg.plan = plan.resolved(groups.name, built.update.name)
         built.cfg.facts.plan = built.cfg.plan.record()  # every metrics line says it
@@ -204,19 +191,14 @@ def same_spec(spec: RunSpec, world: Any) -> None:
     """Ranks given other choices (an MPMD line) would train different runs, or hang."""
     if world.size == 1:
         return
-    from xpnn.nn.models import model_name
-
-    mine = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    mine = {k: v for k, v in sorted(mine.items()) if k not in PER_RANK}
+    mine = {k: getattr(spec, k) for k in sorted(settings.DEFAULTS) if k not in settings.PER_RANK}
     mine["model"] = model_name(spec.model)  # a model object is compared by its name
     everyone = world.allgather_obj(mine, "the check that every rank has the same settings")
     for rank, theirs in enumerate(everyone):
         for key in mine:
             if theirs[key] != everyone[0][key]:
-                raise UserError(
-                    f"`{key}`: rank {rank} was given {theirs[key]}, rank 0 {everyone[0][key]}; "
-                    "every rank must get the same settings"
-                )
+                said = f"rank {rank} was given {theirs[key]}, rank 0 {everyone[0][key]}"
+                raise UserError(f"`{key}`: {said}; every rank must get the same settings")
 
 
 def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
@@ -240,26 +222,21 @@ def global_batch(spec: RunSpec, replicas: int, n_train: int) -> int:
     return value
 
 
-def resolve(spec: RunSpec, given: Collection[str] | None = None) -> tuple[RunSpec, dict]:
-    """(the settings a run has: a model's recipe where ``spec`` is silent, checked, then the
-    defaults; what the recipe filled)."""
-    spec, preset = gpt_preset(spec, given)
-    check_spec(spec)
-    return with_defaults(spec), preset
+def resolve(spec: RunSpec, given: Given = None) -> tuple[RunSpec, dict]:
+    """(``spec`` with a recipe where silent, checked, defaults filled; what the recipe filled)."""
+    spec, preset = settings.gpt_preset(spec, given)
+    settings.check_spec(spec)
+    return settings.with_defaults(spec), preset
 
 
-def train_config(
-    spec: RunSpec, replicas: int = 1, n_train: int = 0, facts: Any = None
-) -> TrainConfig:
+def train_config(spec: RunSpec, replicas: int = 1, n_train: int = 0) -> TrainConfig:
     """The trainer's settings from ``spec``, checked and its defaults filled."""
-    check_spec(spec)
-    return _train_config(with_defaults(spec), replicas, n_train, facts)
+    settings.check_spec(spec)
+    return _train_config(settings.with_defaults(spec), replicas, n_train)
 
 
-def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> TrainConfig:
+def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any = None) -> TrainConfig:
     """The hyper-parameters ``optimizer`` does not take are left out (a note says so)."""
-    from xpnn.train import RunFacts, TrainConfig
-
     batch = global_batch(spec, replicas, n_train)
     if spec.accumulate > batch:
         said = f"more micro-steps than the global batch's {batch} samples"
@@ -272,16 +249,6 @@ def _train_config(spec: RunSpec, replicas: int, n_train: int, facts: Any) -> Tra
 
 def _setup(spec: RunSpec, world: Any) -> tuple:
     """Everything rank-local the user's input can fail: no communication, agreed on after."""
-    from xpnn.backends import get_backend
-    from xpnn.data import load_dataset
-    from xpnn.nn.model import LayeredModel, check_model
-    from xpnn.nn.models import check_fits, make_model, model_name
-    from xpnn.parallel.model.batch_threads import check_batch_threads
-    from xpnn.parallel.model.whole import portion
-    from xpnn.parallel.plan import Plan
-    from xpnn.runtime.threads import HANDOFF_IN_FORCE, apply_threads, threads_per_rank
-    from xpnn.train import RunFacts
-
     threads = threads_per_rank(world.local_size, override=spec.threads, share=world.cores)
     plan = Plan.build(spec, world, threads)
     # batch threads: each its own BLAS and Numba threads, a share of the rank's
@@ -289,11 +256,10 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     backend = get_backend(spec.backend, spec.dtype, device_id=world.local_rank, device=spec.device)
     if spec.precision != "fp32" and backend.name == "numba":  # its kernels are fp32/fp64 only
         backend = get_backend("numpy", spec.dtype)
-    size, sets = spec.synthetic_size, {"seed": spec.seed, "block": spec.block}
+    size = spec.synthetic_size
+    sets = dict(seed=spec.seed, block=spec.block, replicate=spec.replicate, synthetic_size=size)
     try:
-        data = load_dataset(
-            spec.dataset, spec.data_dir, replicate=spec.replicate, synthetic_size=size, **sets
-        )
+        data = load_dataset(spec.dataset, spec.data_dir, **sets)
     except MemoryError as exc:  # replicate=100000000: NumPy says how much it wanted
         what = [f"`synthetic_size` {size}"] if spec.dataset == "synthetic" else []
         what += [f"`replicate` {spec.replicate}"] if spec.replicate > 1 else []
@@ -301,9 +267,8 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
     check_text_model(spec, data)
     name, shape, classes = model_name(spec.model), data.input_shape, data.num_classes
-    model = make_model(
-        spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt_settings(spec)
-    )
+    gpt = gpt_settings(spec)
+    model = make_model(spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt)
     check_network(spec, data)
     try:
         model = plan.apply(model, shape, backend, spec.seed, world.rank, spec.model)
@@ -323,7 +288,6 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         check_fits(model, name, labels, classes)
     check_batch_threads(spec.batch_threads, threads, backend.name)
     plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
-    replicas = plan.replicas  # the ranks that each take a share of the batch
     said = {n: getattr(spec, n) for n in ("dataset", "dtype", "precision", "loss", "grad_dtype")}
     said |= {"parallel": spec.parallel, "model": name, "model_ranks": plan.model_ranks}
     said["batch_threads"] = spec.batch_threads if spec.batch_threads > 1 else None
@@ -334,8 +298,8 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         said |= {"recompute": plan.recompute, "tensor_ranks": plan.tensor_parts}
     if spec.model == "gpt":  # what its checkpoint must say to be sampled from and resumed
         said |= {**gpt_settings(spec), "vocab": data.vocab.chars}
-    facts = RunFacts(said, threads=threads, replicas=replicas)
-    cfg = _train_config(spec, replicas, data.n_train, facts)
+    facts = RunFacts(said, threads=threads, replicas=plan.replicas)  # each a share of a batch
+    cfg = _train_config(spec, plan.replicas, data.n_train, facts)
     cfg.plan = plan
     facts.global_batch = cfg.batch_size
     return backend, data, model, cfg, plan
@@ -343,18 +307,10 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
 
 def check_network(spec: RunSpec, data: Any) -> None:
     """A preset network too large for this machine, refused before it is built."""
-    from xpnn.runtime.memory import check_network_fits, preset_parameters
-    from xpnn.train.optim import OPTIMIZERS
-
-    params = preset_parameters(
-        spec.model, data.input_shape, data.num_classes, spec.hidden, gpt_settings(spec)
-    )
-    states = len(OPTIMIZERS[spec.optimizer].state_names)
-    import numpy as np  # the backend's own dtype may not be constructible (PyTorch's)
-
-    check_network_fits(
-        network_named(spec, "`model`"), params, np.dtype(spec.dtype).itemsize, states
-    )
+    shape, classes = data.input_shape, data.num_classes
+    params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt_settings(spec))
+    size, states = np.dtype(spec.dtype).itemsize, len(OPTIMIZERS[spec.optimizer].state_names)
+    check_network_fits(network_named(spec, "`model`"), params, size, states)
 
 
 def network_named(spec: RunSpec, model: str) -> str:
@@ -363,8 +319,6 @@ def network_named(spec: RunSpec, model: str) -> str:
 
 
 def gpt_settings(spec: RunSpec) -> dict[str, int]:
-    from xpnn.nn.gpt import GPT_DEFAULTS
-
     return {name: getattr(spec, name) for name in GPT_DEFAULTS}
 
 
@@ -385,10 +339,6 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
 
 def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -> list[str]:
     """What rank 0 says before training; ``asked``: the backend as given (``auto`` is said)."""
-    from xpnn.parallel.model.whole import is_spread, whole_size
-    from xpnn.runtime.threads import describe_threads
-    from xpnn.runtime.world import describe_ranks
-
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
     threads = describe_threads(cfg.facts.record())
     size = trainer.comm.size
@@ -402,34 +352,25 @@ def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -
         line += f" on rank 0 of {whole_size(model):,}, {cfg.plan.mode} parallel"
         if groups.data.size > 1:
             line += f" over {groups.model.size} ranks x {groups.data.size} replicas"
-    preset = cfg.facts.preset and describe_preset(cfg.facts.preset)
+    preset = cfg.facts.preset or {}
+    preset = ", ".join(f"`{name}` {settings.said(value)}" for name, value in preset.items())
     said = [f"the gpt recipe for the settings not given: {preset}"] if preset else []
-    return [
-        *said,
-        line,
+    setup = (
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
         f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {chosen}, "
-        f"comm {groups.name}{note}, {ranks} x {threads}",
-        cfg.plan.header(),
-    ]
+        f"comm {groups.name}{note}, {ranks} x {threads}"
+    )
+    return [*said, line, setup, cfg.plan.header()]
 
 
 def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     """Worth a word, not an error: a fallback transport, settings ignored or probably a slip."""
-    groups = trainer.groups
-    said = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
+    groups, cfg, n_train = trainer.groups, trainer.cfg, trainer.data.n_train
+    notes = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
     ignored = ineffective_settings(spec, groups, trainer.cfg.plan)
-    said += [f"{name} has no effect {why}" for name, why in ignored]
+    notes += [f"{name} has no effect {why}" for name, why in ignored]
     if spec.precision != "fp32" and spec.backend == "numba" and trainer.backend.name == "numpy":
-        said.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
-    return said + questionable_settings(spec, trainer.cfg, world, trainer.data.n_train)
-
-
-def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> list[str]:
-    """Settings that work but are probably not what was meant: said once, not refused."""
-    from xpnn.runtime.threads import REPLACED_ENV, node_cores
-
-    notes = []
+        notes.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
     if cfg.plan.pipelined:
         # a batch is cut into at most one micro-batch per sample: more are never run
         batch = min(cfg.batch_size, n_train or cfg.batch_size)
@@ -445,49 +386,38 @@ def questionable_settings(spec: RunSpec, cfg: Any, world: Any, n_train: int) -> 
                 f"`microbatches` {spec.microbatches} is more than the {share} sample(s) of "
                 f"{whose}: {runs} at most {share} micro-batch(es), of one sample each"
             )
-        if spec.recompute and min(spec.microbatches or MICROBATCHES, share) == 1:
+        if spec.recompute and min(spec.microbatches or settings.MICROBATCHES, share) == 1:
             notes.append(
                 "`recompute` has no effect with one micro-batch a step: its activations are "
                 "still held when its backward pass comes, so none are computed again"
             )
-    if cfg.batch_size > n_train and spec.batch_size != "full":
-        given = "per_rank_batch" if spec.per_rank_batch is not None else "batch_size"
-        notes.append(
-            f"`{given}` makes a global batch of {cfg.batch_size}, more than the {n_train} "
-            "training samples: every step takes the whole set (full-batch)"
-        )
-    if spec.warmup_epochs > spec.epochs:
-        notes.append(
-            f"`warmup_epochs` {spec.warmup_epochs:g} is longer than the run (`epochs` "
-            f"{spec.epochs}): the rate never reaches `lr`"
-        )
+    batch = "per_rank_batch" if spec.per_rank_batch is not None else "batch_size"
     threads, share = cfg.facts.threads, world.cores or node_cores()
-    if world.crowded:
-        notes.append(
-            f"{world.local_size} ranks on this node share fewer cores than there are ranks "
-            "(or a CPU quota worth fewer): they take turns, which is slower"
-        )
-    elif threads > share:
-        notes.append(
-            f"`threads` {threads} but this rank has {share} core(s) of its own: the threads "
-            "take turns, which is slower"
-        )
-    if REPLACED_ENV and spec.threads is None:  # exported for all programs, or for this one?
-        given = ", ".join(f"{var}={value}" for var, value in REPLACED_ENV.items())
-        notes.append(
-            f"{given} in the environment: xpnn uses {threads} thread(s) per rank (its "
-            "cores); give `threads` to choose"
-        )
-    return notes
+    env = ", ".join(f"{var}={value}" for var, value in REPLACED_ENV.items())
+    slower = "take turns, which is slower"
+    said = {
+        f"`{batch}` makes a global batch of {cfg.batch_size}, more than the {n_train} training "
+        "samples: every step takes the whole set (full-batch)": (
+            cfg.batch_size > n_train and spec.batch_size != "full"
+        ),
+        f"`warmup_epochs` {spec.warmup_epochs:g} is longer than the run (`epochs` {spec.epochs}): "
+        "the rate never reaches `lr`": spec.warmup_epochs > spec.epochs,
+        f"{world.local_size} ranks on this node share fewer cores than there are ranks (or a CPU "
+        f"quota worth fewer): they {slower}": world.crowded,
+        f"`threads` {threads} but this rank has {share} core(s) of its own: the threads {slower}": (
+            not world.crowded and threads > share
+        ),
+        # exported for all programs, or for this one?
+        f"{env} in the environment: xpnn uses {threads} thread(s) per rank (its cores); give "
+        "`threads` to choose": bool(REPLACED_ENV) and spec.threads is None,
+    }
+    return notes + [note for note, wanted in said.items() if wanted]
 
 
 def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[str, str]]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
-    from xpnn.nn.models import model_name
-    from xpnn.parallel.update import uses_byte_buckets
-    from xpnn.parallel.update.wire import sends_gradients
-
-    given = {n for n, value in DEFAULTS.items() if value is None and getattr(spec, n) is not None}
+    unset = [name for name, value in settings.DEFAULTS.items() if value is None]
+    given = {name for name in unset if getattr(spec, name) is not None}
     found: list[tuple[str, str]] = []
 
     def unused(names: Collection[str], ignored: bool, why: str) -> None:
@@ -510,7 +440,10 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
     each_epoch = "without `steps`: each epoch ends with an evaluation"
     unused(["eval_every"], spec.steps is None, each_epoch)
     unused(["step_epochs"], spec.schedule != "step", f"with `schedule` {spec.schedule}")
-    found += plan.unused()
+    if plan.shard_optimizer and plan.replicas == 1:
+        found.append(
+            ("`shard_optimizer`", "with one data-parallel rank: there is nothing to shard")
+        )
     unused(["model_ranks"], not plan.spread, "with `parallel` data: every rank holds the network")
     where, byte_buckets = f"with comm {data.name} on {data.size} rank(s)", uses_byte_buckets(data)
     if "bucket_mb" in given and data.size == 1 and plan.spread:

@@ -1,5 +1,4 @@
-"""Every setting of a run declared once, as a ``RunSpec`` field: group, default, rule, help and
-flag; the parser, the checks, the defaults and docs/cli.md's tables are read from them."""
+"""Every setting of a run declared once, as a ``RunSpec`` field; parser, checks, docs read them."""
 
 from __future__ import annotations
 
@@ -7,20 +6,23 @@ import dataclasses
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from xpnn.backends import BACKENDS
+from xpnn.backends import BACKENDS, accelerator_possible
 from xpnn.backends.base import DTYPES
 from xpnn.data.datasets import DATASETS
+from xpnn.data.text import TEXT_DATASETS
 from xpnn.errors import UserError
 from xpnn.nn.gpt import GPT_DEFAULTS
 from xpnn.nn.layer import is_int
 from xpnn.nn.losses import LOSSES
 from xpnn.nn.models import HIDDEN, MLP_ACTIVATIONS
 from xpnn.parallel.comm import KINDS
+from xpnn.parallel.model.batch_threads import CPU_BACKENDS
 from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE
 from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
-from xpnn.parallel.plan import MODES, NODE_SHARES
+from xpnn.parallel.plan import MODES, NODE_SHARES, check
 from xpnn.parallel.update import DEFAULT_BUCKET_MB
 from xpnn.parallel.update.wire import GRAD_DTYPES
 from xpnn.planner.auto import AUTO, CHOSEN
@@ -72,8 +74,7 @@ class Range:
             raise ValueError(f"must be {'>' if self.above else '>='} {self.low:g}, got {text}")
         elif math.isinf(value):
             raise ValueError(f"must be finite, got {text}")
-        problem = self._high(value, str(value) if self.whole else text)
-        if problem:
+        if problem := self._high(value, str(value) if self.whole else text):
             raise ValueError(problem)
         return value
 
@@ -89,6 +90,7 @@ class Range:
 
 
 COUNT = Range(1, MOST, whole=True)
+COUNT0 = Range(0, MOST, whole=True)  # a count that may be 0
 POSITIVE = Range(0, above=True)
 RATE = Range(0, below=1)  # a decay rate: momentum, Adam's betas
 THREADS = Range(1, 4096, whole=True)  # past a few thousand, BLAS overflows or crawls
@@ -119,22 +121,14 @@ class Setting:
         return f"``{said(value)}``"
 
 
-@dataclass(frozen=True)
-class Group:
-    """A table of settings: ``GROUP(default, **declaration)(help)`` declares a field."""
-
-    title: str
-
-    def __call__(self, default: Any, **how: Any) -> Callable[[str], Any]:
-        def declared(help: str) -> Any:
-            return field(default=default, metadata={"setting": Setting(self.title, help, **how)})
-
-        return declared
+def declare(group: str, default: Any, **how: Any) -> Callable[[str], Any]:
+    """``MODEL(default, **declaration)(help)`` declares a field in the table ``group``."""
+    return lambda help: field(default=default, metadata={"setting": Setting(group, help, **how)})
 
 
-MODEL, DATA, TRAINING = Group("Model"), Group("Data"), Group("Training")
-OUTPUTS, PARALLEL = Group("Outputs and checkpoints"), Group("Parallelism and communication")
-WATCHING = Group("Watching a job")
+TITLES = ["Model", "Data", "Training", "Outputs and checkpoints"]  # docs/cli.md's tables
+TITLES += ["Parallelism and communication", "Watching a job"]
+MODEL, DATA, TRAINING, OUTPUTS, PARALLEL, WATCHING = (partial(declare, t) for t in TITLES)
 
 
 def node_share(spec: Any) -> str:
@@ -282,9 +276,9 @@ class RunSpec:
     warmup_epochs: float = TRAINING(0.0, rule=Range(0, MOST), metavar="E")(
         "Raise the rate linearly from ~0 to ``--lr`` over E epochs (at least one step if E > 0)."
     )
-    warmup_steps: int | None = TRAINING(
-        None, rule=Range(0, MOST, whole=True), metavar="N", shown="``0``"
-    )("The warmup in steps instead of epochs; not together with ``--warmup-epochs``.")
+    warmup_steps: int | None = TRAINING(None, rule=COUNT0, metavar="N", shown="``0``")(
+        "The warmup in steps instead of epochs; not together with ``--warmup-epochs``."
+    )
     schedule: str = TRAINING("constant", choices=SCHEDULES)(
         "``step``: × 0.1 every ``--step-epochs`` epochs; ``cosine``: half a cosine from ``--lr`` "
         "down to ``--min-lr`` over the steps after warmup."
@@ -379,9 +373,7 @@ class RunSpec:
         "precision; a checkpoint does not record the ranks or the parallelism that wrote it, being "
         "the same file whichever did)."
     )
-    keep_checkpoints: int | None = OUTPUTS(
-        None, rule=Range(0, MOST, whole=True), metavar="K", fill=KEEP_CHECKPOINTS
-    )(
+    keep_checkpoints: int | None = OUTPUTS(None, rule=COUNT0, metavar="K", fill=KEEP_CHECKPOINTS)(
         "Keep the newest K checkpoints in ``--checkpoint-dir``, deleting older ones once a new one "
         "is complete; ``0`` keeps every one."
     )
@@ -486,8 +478,7 @@ def check_settings(spec: RunSpec) -> None:
         value = getattr(spec, name)
         if value is None or (name in CHOSEN and value == AUTO):
             continue
-        problem = s.rule.problem(value) if s.rule else None
-        if problem:
+        if s.rule and (problem := s.rule.problem(value)):
             raise UserError(f"`{name}`: {problem}")
         if s.choices and value not in s.choices:
             raise UserError(f"`{name}` {value!r}: choose one of {', '.join(s.choices)}")
@@ -495,8 +486,6 @@ def check_settings(spec: RunSpec) -> None:
 
 def check_spec(spec: RunSpec) -> None:
     """Every setting's own rule, then the pairs that cannot go together."""
-    from xpnn.parallel.plan import check
-
     check_settings(spec)
     if spec.resume not in (True, False, "auto"):
         raise UserError(f"`resume` {spec.resume!r}: expected True, False or 'auto'")
@@ -544,21 +533,11 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
 
 
 def gpt_batch_threads_chosen(spec: Any, given: Collection[str]) -> bool:
-    """Whether ``--model gpt`` leaves ``batch_threads`` to the planner: where it applies and
-    helps (2 batch threads trained 1.33x one, docs/gpt.md#speed-beside-pytorch)."""
-    from xpnn.backends import accelerator_possible
-    from xpnn.data.text import TEXT_DATASETS
-    from xpnn.parallel.model.batch_threads import CPU_BACKENDS
-
-    if "batch_threads" in given or spec.batch_threads != 1 or spec.threads == 1:
-        return False
-    if spec.precision != "fp32" or spec.parallel not in ("data", AUTO):
+    """Whether ``--model gpt`` leaves ``batch_threads`` to the planner: where it applies."""
+    unset = "batch_threads" not in given and spec.batch_threads == 1 and spec.threads != 1
+    if not unset or spec.precision != "fp32" or spec.parallel not in ("data", AUTO):
         return False
     heads, embed = (getattr(spec, n) or GPT_DEFAULTS[n] for n in ("heads", "embed"))
     if spec.dataset not in TEXT_DATASETS or embed % heads:
         return False
     return spec.backend in CPU_BACKENDS or (spec.backend == "auto" and not accelerator_possible())
-
-
-def describe_preset(fill: dict[str, Any]) -> str:
-    return ", ".join(f"`{name}` {said(value)}" for name, value in fill.items())

@@ -1,5 +1,4 @@
-"""Checks for your own layers: ``check_layer`` compares a layer's ``backward`` (the input's
-gradient and every parameter's) with central finite differences, in float64."""
+"""Checks for your own layers: ``check_layer`` compares ``backward`` with finite differences."""
 
 from __future__ import annotations
 
@@ -7,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from xpnn.backends import get_backend
 from xpnn.nn.layer import Context, Layer
 from xpnn.nn.sequential import Sequential
 
@@ -39,11 +39,7 @@ def check_layer(
     before_forward: Callable[[Layer], None] | None = None,
     backend: str = "numpy",
 ) -> Sequential:
-    """Compare ``layer``'s dx and every dparam, in float64 on ``backend``, with finite
-    differences of ``sum(forward(x) * R)``; ``x_shape``: the input where it differs from
-    ``in_shape`` (a tensor-parallel slice)."""
-    from xpnn.backends import get_backend
-
+    """``layer``'s float64 gradients against finite differences; ``x_shape``: a sliced input's."""
     arrays = get_backend(backend, "float64")
     host = arrays.to_host
     model = Sequential([layer]).build(in_shape, arrays, seed)

@@ -1,5 +1,4 @@
-"""Training over many ranks: ``comm`` (how ranks talk), ``update`` (how gradients become one
-update), ``model`` (what a layout does to a model). Importing it imports neither mpi4py nor CuPy."""
+"""Training over many ranks: ``comm``, ``update``, ``model``; imports neither mpi4py nor CuPy."""
 
 from xpnn.parallel.plan import Plan
 

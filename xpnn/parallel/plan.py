@@ -1,5 +1,4 @@
-"""A run's whole layout in one frozen object, as torchtitan's ``ParallelDims``: built and checked
-once, then applied once to the model, the communicators and the update scheme."""
+"""A run's whole layout in one frozen object (torchtitan's ``ParallelDims``), checked once."""
 
 from __future__ import annotations
 
@@ -9,6 +8,12 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.nn.sequential import Sequential
+from xpnn.parallel.comm import make_communicator
+from xpnn.parallel.model import shared
+from xpnn.parallel.model.layout import Place, make_groups
+from xpnn.parallel.model.pipeline import build_stage
+from xpnn.parallel.model.tensor import split_layers
+from xpnn.parallel.update import base, node_shared, sharded
 
 MODES = ("data", "tensor", "pipeline")  # how the ranks share the work (``--parallel``)
 NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ranks share
@@ -16,8 +21,7 @@ NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ran
 
 @dataclass(frozen=True)
 class Plan:
-    """Every degree of a run: ``ranks`` = ``replicas`` x ``model_ranks``; a replica's
-    ``model_ranks`` are ``stages`` pipeline stages of ``tensor_parts`` split parts each."""
+    """Every degree of a run: ``ranks`` = ``replicas`` x ``stages`` x ``tensor_parts``."""
 
     mode: str = "data"  # --parallel: data, tensor, pipeline
     ranks: int = 1
@@ -53,21 +57,16 @@ class Plan:
         """The plan of ``spec`` (a resolved ``RunSpec``) on ``world``, or a refusal naming it."""
         model_ranks = 1 if spec.parallel == "data" else (spec.model_ranks or world.size)
         if model_ranks > world.size:
-            raise UserError(
-                f"`model_ranks` {model_ranks}: more than the job's {world.size} rank(s)"
-            )
+            why = f"more than the job's {world.size} rank(s)"
+            raise UserError(f"`model_ranks` {model_ranks}: {why}")
         if world.size % model_ranks:
-            raise UserError(
-                f"`model_ranks` {model_ranks}: {world.size} ranks do not split into replicas of "
-                f"{model_ranks} ranks; give a divisor of {world.size}"
-            )
+            why = f"{world.size} ranks do not split into replicas of {model_ranks} ranks"
+            raise UserError(f"`model_ranks` {model_ranks}: {why}; give a divisor of {world.size}")
         parts = model_ranks if spec.parallel == "tensor" else (spec.tensor_ranks or 1)
         pipelined = spec.parallel == "pipeline"
         if pipelined and model_ranks % parts:
-            raise UserError(
-                f"`tensor_ranks` {parts}: does not divide a replica's {model_ranks} ranks "
-                "into pipeline stages"
-            )
+            why = f"does not divide a replica's {model_ranks} ranks into pipeline stages"
+            raise UserError(f"`tensor_ranks` {parts}: {why}")
         if spec.comm == "mpi-shm" and 1 < model_ranks == world.size:  # no replicas to share
             raise UserError(
                 "`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "
@@ -98,19 +97,11 @@ class Plan:
 
     def place(self, rank: int) -> Any:
         # a replica's ranks are consecutive
-        from xpnn.parallel.model.layout import Place
-
         k = self.model_ranks
         return Place(k, self.replicas, rank % k, rank // k)
 
     def apply(
-        self,
-        model: Any,
-        input_shape: tuple[int, ...],
-        backend: Any,
-        seed: int,
-        rank: int,
-        name: Any = "",
+        self, model: Any, shape: tuple[int, ...], backend: Any, seed: int, rank: int, name: Any = ""
     ) -> Any:
         """``model`` (named ``name``) split, staged and built for rank ``rank``."""
         index, parts, part = self.place(rank).index, self.tensor_parts, self.part(rank)
@@ -125,16 +116,12 @@ class Plan:
                     "its layers (`model` gpt does); use `parallel` tensor"
                 )
         if parts > 1:
-            from xpnn.parallel.model.tensor import split_layers
-
             model.layers = split_layers(model.layers, part, parts)
         if not self.pipelined:
-            model.build(input_shape, backend, seed)
+            model.build(shape, backend, seed)
             return model
-        from xpnn.parallel.model.pipeline import build_stage
-
         stage = (index // parts, self.stages, self.microbatches, self.schedule, self.recompute)
-        return build_stage(model, input_shape, backend, seed, *stage, tensor=(part, parts))
+        return build_stage(model, shape, backend, seed, *stage, tensor=(part, parts))
 
     def part(self, rank: int) -> int:
         """Stage s part p is its replica's rank s * parts + p."""
@@ -149,8 +136,6 @@ class Plan:
 
     def groups(self, world: Any, backend: Any) -> Any:
         """This rank's communicators (collective); a sharded optimizer's without node memory."""
-        from xpnn.parallel.model.layout import make_groups
-
         kind = self.comm
         if self.shard_optimizer and kind == "auto" and not getattr(backend, "is_gpu", False):
             kind = "mpi-host" if self.ranks > 1 else kind
@@ -158,8 +143,6 @@ class Plan:
 
     def stage_comm(self, world: Any, backend: Any) -> Any:
         """The communicator of this rank's pipeline stage's tensor parts (collective)."""
-        from xpnn.parallel.comm import make_communicator
-
         place = self.place(world.rank)
         sub = world.split(place.replica * self.stages + place.index // self.tensor_parts)
         kind = "auto" if self.comm == "mpi-shm" else self.comm
@@ -176,11 +159,7 @@ class Plan:
         accumulate: int = 1,
         wire: Any = None,
     ) -> Any:
-        """The update scheme over the data-parallel ``comm`` (collective), the model moved into
-        node memory first where shared; ``deferred``: no update before the whole gradient."""
-        from xpnn.parallel.model import shared
-        from xpnn.parallel.update import base, node_shared, sharded
-
+        """The update scheme over the data-parallel ``comm``, node memory shared first."""
         if comm.size == 1:
             return base.LocalUpdate(model, comm, make_optimizer, deferred)
         if self.shard_optimizer:
@@ -188,10 +167,8 @@ class Plan:
         if not comm.node_memory:
             return base.AllreduceUpdate(model, comm, make_optimizer, bucket_bytes, deferred, wire)
         if accumulate > 1 and self.node_share == "activations":
-            raise UserError(
-                "`node_share` activations: not with `accumulate` above 1 (the ranks share one "
-                "batch's activations); use `node_share` gradients"
-            )
+            why = "not with `accumulate` above 1 (the ranks share one batch's activations)"
+            raise UserError(f"`node_share` activations: {why}; use `node_share` gradients")
         if accumulate == 1 and node_shared.shares_activations(model, batch_size, self.node_share):
             place = shared.share_activations(model, comm, batch_size)
             return node_shared.SharedBatchUpdate(model, comm, make_optimizer, place, deferred, wire)
@@ -201,12 +178,6 @@ class Plan:
     def resolved(self, transport: str, update: str) -> Plan:
         """The plan as built: the live transport and the update scheme."""
         return dataclasses.replace(self, comm=transport, update=update)
-
-    def unused(self) -> list[tuple[str, str]]:
-        """The layout's settings this plan ignores, and why."""
-        if self.shard_optimizer and self.replicas == 1:
-            return [("`shard_optimizer`", "with one data-parallel rank: there is nothing to shard")]
-        return []
 
     def header(self) -> str:
         def n(count: int, word: str) -> str:
@@ -229,55 +200,40 @@ class Plan:
 
 def check(spec: Any) -> None:
     """The combinations of ``spec`` no layout supports, each refused with its reason."""
-    mode, k = spec.parallel, spec.batch_threads
-    if spec.node_share == "activations" and mode != "data":
-        raise UserError(
-            f"`node_share` activations: only with `parallel` data (this run has `parallel` "
-            f"{mode}, whose ranks split the network)"
-        )
-    if spec.precision != "fp32" and mode != "data":
-        raise UserError(
-            f"`precision` {spec.precision}: only with `parallel` data (this run has `parallel` "
-            f"{mode})"
-        )
-    if spec.precision != "fp32" and spec.node_share == "activations":
-        raise UserError(
-            f"`precision` {spec.precision}: not with `node_share` activations; use `node_share` "
-            "gradients"
-        )
-    if k > 1 and mode != "data":
-        raise UserError(f"`batch_threads` {k}: only with `parallel` data, not {mode}")
-    if k > 1 and spec.precision != "fp32":
-        raise UserError(
-            f"`batch_threads` {k}: only with `precision` fp32 (the {spec.precision} passes run "
-            "on one low-precision copy of the model)"
-        )
-    if k > 1 and spec.node_share == "activations":
-        raise UserError(
-            f"`batch_threads` {k}: not with `node_share` activations (the node's ranks would "
-            "share one batch's activations, not a thread's part)"
-        )
-    if spec.grad_dtype is not None and mode != "data":
-        raise UserError(
-            f"`grad_dtype` {spec.grad_dtype}: only with `parallel` data (this run has `parallel` "
-            f"{mode})"
-        )
+    mode, k, precision, share = spec.parallel, spec.batch_threads, spec.precision, spec.node_share
+    only_data = f"only with `parallel` data (this run has `parallel` {mode}"
+    refusals = {
+        f"`node_share` activations: {only_data}, whose ranks split the network)": (
+            share == "activations" and mode != "data"
+        ),
+        f"`precision` {precision}: {only_data})": precision != "fp32" and mode != "data",
+        f"`precision` {precision}: not with `node_share` activations; use `node_share` gradients": (
+            precision != "fp32" and share == "activations"
+        ),
+        f"`batch_threads` {k}: only with `parallel` data, not {mode}": k > 1 and mode != "data",
+        f"`batch_threads` {k}: only with `precision` fp32 (the {precision} passes run on one "
+        "low-precision copy of the model)": k > 1 and precision != "fp32",
+        f"`batch_threads` {k}: not with `node_share` activations (the node's ranks would share "
+        "one batch's activations, not a thread's part)": k > 1 and share == "activations",
+        f"`grad_dtype` {spec.grad_dtype}: {only_data})": (
+            spec.grad_dtype is not None and mode != "data"
+        ),
+    }
     if spec.shard_optimizer:
-        check_sharded(spec)
-
-
-def check_sharded(spec: Any) -> None:
-    """What ``shard_optimizer`` does not go with, in one line each."""
-    if spec.comm == "mpi-shm" or spec.node_share is not None:
-        raise UserError(
-            "`shard_optimizer`: not with node-shared memory (`comm` mpi-shm, `node_share`), "
-            "whose ranks already keep one copy of the parameters and state a node"
-        )
-    for name, value, plain in (
-        ("precision", spec.precision, "fp32"),
-        ("grad_dtype", spec.grad_dtype, None),
-    ):
-        if value != plain:
-            raise UserError(f"`shard_optimizer`: not with `{name}` {value} (fp32 updates only)")
-    if spec.cuda_graph == "on":
-        raise UserError("`shard_optimizer`: not with `cuda_graph` on (its gather is on the host)")
+        fp32_only = "(fp32 updates only)"
+        refusals |= {
+            "`shard_optimizer`: not with node-shared memory (`comm` mpi-shm, `node_share`), whose "
+            "ranks already keep one copy of the parameters and state a node": (
+                spec.comm == "mpi-shm" or share is not None
+            ),
+            f"`shard_optimizer`: not with `precision` {precision} {fp32_only}": precision != "fp32",
+            f"`shard_optimizer`: not with `grad_dtype` {spec.grad_dtype} {fp32_only}": (
+                spec.grad_dtype is not None
+            ),
+            "`shard_optimizer`: not with `cuda_graph` on (its gather is on the host)": (
+                spec.cuda_graph == "on"
+            ),
+        }
+    for message, refused in refusals.items():
+        if refused:
+            raise UserError(message)

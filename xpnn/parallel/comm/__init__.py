@@ -1,5 +1,4 @@
-"""Communicators, one interface for every transport: ``base`` (the contract, one process),
-``mpi`` (host memory), ``shm`` (node-shared arrays), ``cuda`` (CUDA-aware MPI, NCCL)."""
+"""Communicators, one interface for every transport, and the choice of one."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ KINDS = ("auto", "mpi-shm", "mpi-host", "mpi-cuda", "nccl", "self")
 def make_communicator(
     world: World, backend: Any, kind: str = "auto", shares_params: bool = True
 ) -> Communicator:
-    """The communicator for ``--comm kind`` (collective; one rank honours an explicit kind);
-    ``shares_params``: its ranks hold the same parameters, which node memory may share."""
+    """The communicator for ``--comm kind`` (collective); ``shares_params``: node memory may."""
     if kind not in KINDS:
         raise UserError(f"`comm` {kind}: choose one of {', '.join(KINDS)}")
     is_gpu = bool(getattr(backend, "is_gpu", False))
@@ -30,10 +28,8 @@ def make_communicator(
     if is_gpu and kind == "mpi-shm":
         raise UserError("`comm` mpi-shm: needs a CPU backend (numpy or numba)")
     if kind == "mpi-shm" and library != "numpy":
-        raise UserError(
-            f"`comm` mpi-shm: node-shared memory holds NumPy arrays, not "
-            f"{library}'s (backend numpy or numba; torch uses mpi-host)"
-        )
+        why = f"node-shared memory holds NumPy arrays, not {library}'s"
+        raise UserError(f"`comm` mpi-shm: {why} (backend numpy or numba; torch uses mpi-host)")
     if kind == "mpi-shm" and not shares_params:
         raise UserError(
             "`comm` mpi-shm: shares one copy of the parameters between data-parallel ranks; "

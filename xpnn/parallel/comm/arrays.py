@@ -1,5 +1,4 @@
-"""What a communicator needs of CuPy's and PyTorch's device buffers (each library imported only
-when one comes): flat views, pinned host memory, stream-ordered copies."""
+"""What a communicator needs of CuPy's and PyTorch's device buffers, imported when one comes."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""The Communicator contract, and one process. Buffers are reduced in place; after a ``Handle``'s
-``wait()`` the result is there for the host, or for work queued afterwards on the CUDA stream."""
+"""The Communicator contract, and one process; buffers are reduced in place, done at ``wait()``."""
 
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import numpy as np
@@ -17,14 +17,7 @@ class Handle(Protocol):
     def wait(self) -> None: ...  # until the buffer holds the result (idempotent)
 
 
-class DoneHandle:
-    """An operation that finished before it was returned."""
-
-    def wait(self) -> None:
-        pass
-
-
-DONE = DoneHandle()
+DONE: Handle = SimpleNamespace(wait=lambda: None)  # an operation done before it was returned
 
 
 def check_op(op: str) -> None:
@@ -41,23 +34,18 @@ def check_counts(buf: Any, counts: list[int], ranks: int) -> list[int]:
 
 
 class Communicator:
-    """The interface, and one process: every collective the identity (``SelfCommunicator``).
-    ``fallback_reason``: why an explicit ``--comm`` was not honoured; ``detail``: why this one;
-    ``auto_fallback``: why ``auto`` settled for it. ``bytes_sent``: the payload this rank handed
-    the transport (a reduce-scatter counts the pieces others get, an all-gather its own;
-    broadcasts the root only; objects and node memory nothing)."""
+    """The interface, and one process: every collective the identity (``SelfCommunicator``)."""
 
     name: str = "base"
     node_memory: bool = False  # ``shm.ShmCommunicator``'s interface
     device_buffers: bool = False  # device buffers go without a host copy
 
-    def __init__(self, rank: int, size: int) -> None:
-        self.rank = rank
-        self.size = size
-        self.fallback_reason: str | None = None
-        self.detail: str | None = None
-        self.auto_fallback: str | None = None
-        self.bytes_sent = 0
+    def __init__(self, rank: int = 0, size: int = 1) -> None:
+        self.rank, self.size = rank, size
+        self.fallback_reason: str | None = None  # why an explicit ``--comm`` was not honoured
+        self.detail: str | None = None  # why this transport
+        self.auto_fallback: str | None = None  # why ``auto`` settled for it
+        self.bytes_sent = 0  # the payload handed to the transport (node memory's: none)
 
     def _count(self, buf: Any) -> None:
         self.bytes_sent += buf.nbytes
@@ -99,7 +87,7 @@ class Communicator:
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         """Reduce a small host array in float64 (counts exact to 2**53); a new array."""
         check_op(op)
-        return self._host_values(values)
+        return np.array(values, dtype=np.float64, copy=True).reshape(-1)
 
     def allgather_obj(self, obj: Any, what: str = "a gathering of objects") -> list:
         """One small object from every rank, in rank order; ``what`` names the wait if it stalls."""
@@ -122,15 +110,8 @@ class Communicator:
     def recv_(self, buf: Any, source: int, tag: int = 0) -> None:
         raise NotImplementedError(f"{self.name}: no point-to-point messages")
 
-    @staticmethod
-    def _host_values(values: Any) -> np.ndarray:
-        return np.array(values, dtype=np.float64, copy=True).reshape(-1)
-
 
 class SelfCommunicator(Communicator):
     """One process: every collective is the identity, so nothing is sent."""
 
     name = "self"
-
-    def __init__(self) -> None:
-        super().__init__(0, 1)

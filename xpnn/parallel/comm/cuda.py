@@ -1,5 +1,4 @@
-"""Device-buffer communicators, CUDA-aware MPI and NCCL (CuPy's; PyTorch's tensors go through
-MPI), and the choice between them."""
+"""Device-buffer communicators (CUDA-aware MPI, CuPy's NCCL) and the choice between them."""
 
 from __future__ import annotations
 
@@ -96,11 +95,8 @@ class NcclCommunicator(MpiHostCommunicator):
         self._nccl_ops = {op: getattr(nccl, f"NCCL_{op.upper()}") for op in ("sum", "max", "min")}
         types = "float16 float32 float64 int8 uint8 int32 uint32 int64 uint64".split()
         self._nccl_types = {np.dtype(t): getattr(nccl, f"NCCL_{t.upper()}") for t in types}
-        # ncclBfloat16 is 9 in nccl.h (NCCL 2.10+); older CuPy does not name it
-        self._nccl_types16 = {
-            "float16": nccl.NCCL_FLOAT16,
-            "bfloat16": getattr(nccl, "NCCL_BFLOAT16", 9),
-        }
+        bf16 = getattr(nccl, "NCCL_BFLOAT16", 9)  # 9 in nccl.h (2.10+); older CuPy lacks it
+        self._nccl_types16 = {"float16": nccl.NCCL_FLOAT16, "bfloat16": bf16}
 
     def _nccl_type(self, dtype: np.dtype) -> int:
         if np.dtype(dtype) not in self._nccl_types:
@@ -110,11 +106,9 @@ class NcclCommunicator(MpiHostCommunicator):
     def _device_allreduce(self, buf: Any, op: str, mop: Any) -> None:
         import cupy
 
-        dev = CUPY.flat(buf)
-        ptr, stream = dev.data.ptr, cupy.cuda.get_current_stream()
-        self._nccl.allReduce(
-            ptr, ptr, dev.size, self._nccl_type(dev.dtype), self._nccl_ops[op], stream.ptr
-        )
+        dev, stream = CUPY.flat(buf), cupy.cuda.get_current_stream()
+        ptr, nccl_type = dev.data.ptr, self._nccl_type(dev.dtype)
+        self._nccl.allReduce(ptr, ptr, dev.size, nccl_type, self._nccl_ops[op], stream.ptr)
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
         dev = CUPY.flat(buf)
@@ -202,8 +196,7 @@ def shared_gpu(infos: list[dict]) -> tuple[int, int, int] | None:
 
 
 def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]:
-    """(name, fallback reason, detail) from every rank's facts: auto -> nccl (every rank has
-    NCCL and its own GPU), else mpi-cuda, else mpi-host."""
+    """(name, fallback reason, detail): auto is nccl, else mpi-cuda, else mpi-host."""
     aware = all(i["aware"] for i in infos)
     shared = shared_gpu(infos) if len(infos) > 1 else None
     not_aware = next((i["aware_why"] for i in infos if not i["aware"]), "")
@@ -212,9 +205,6 @@ def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]
     if refused:
         not_nccl = "ranks {} and {} share GPU {}".format(*shared)
     mpi_kind = "mpi-cuda" if aware else "mpi-host"
-    why_mpi = (
-        "MPI is CUDA-aware" if aware else f"MPI is not CUDA-aware ({not_aware}): staging via host"
-    )
     if kind == "mpi-host":
         return "mpi-host", None, "requested"
     if kind == "mpi-cuda":
@@ -229,7 +219,8 @@ def choose_gpu_kind(infos: list[dict], kind: str) -> tuple[str, str | None, str]
         why = f"{not_nccl} (NCCL refuses that)" if refused else not_nccl
         reason = f"`comm` nccl: {why}; falling back to {mpi_kind}"
         return mpi_kind, reason, reason
-    return mpi_kind, None, f"not nccl: {not_nccl}; {why_mpi}"
+    why_mpi = f"MPI is not CUDA-aware ({not_aware}): staging via host"
+    return mpi_kind, None, f"not nccl: {not_nccl}; {'MPI is CUDA-aware' if aware else why_mpi}"
 
 
 def make_gpu_communicator(world: World, kind: str, arrays: Arrays = CUPY) -> Communicator:
@@ -240,10 +231,9 @@ def make_gpu_communicator(world: World, kind: str, arrays: Arrays = CUPY) -> Com
     name, fallback, detail = choose_gpu_kind(infos, kind)
     if fallback and world.is_root:
         print(f"xpnn: {user_message(fallback)}", file=sys.stderr, flush=True)
-    cls = {"nccl": NcclCommunicator, "mpi-cuda": MpiCudaCommunicator}.get(name, MpiHostCommunicator)
-    result = NcclCommunicator(comm) if cls is NcclCommunicator else cls(comm, arrays)
-    result.fallback_reason = fallback
-    result.detail = detail
+    cls = MpiCudaCommunicator if name == "mpi-cuda" else MpiHostCommunicator
+    result = NcclCommunicator(comm) if name == "nccl" else cls(comm, arrays)
+    result.fallback_reason, result.detail = fallback, detail
     if kind == "auto" and name != "nccl":  # e.g. two ranks on one GPU, an MPI without CUDA
         result.auto_fallback = detail
     return result

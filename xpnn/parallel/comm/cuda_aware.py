@@ -1,8 +1,8 @@
-"""May device buffers be handed to MPI here? The library must be CUDA-aware and the CUDA driver
-must see a device (an aware library says so without a GPU); every input injectable for tests."""
+"""May device buffers go to MPI here: a CUDA-aware library and a device the driver sees."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -34,8 +34,10 @@ def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None
     """Why CUDA cannot run here, or None; asks ``libcuda.so.1`` as MPI libraries do (no CuPy)."""
     try:
         lib = load("libcuda.so.1")
-    except OSError as exc:
-        return f"no CUDA driver (libcuda.so.1 cannot be loaded: {_first_clause(exc)})"
+    except OSError as exc:  # the loader's message, without its repeated library name
+        text = str(exc)
+        text = text.split(": ", 1)[1] if text.startswith("libcuda") and ": " in text else text
+        return f"no CUDA driver (libcuda.so.1 cannot be loaded: {text})"
     try:
         code = int(lib.cuInit(0))
     except Exception as exc:  # a library that is not the driver at all
@@ -45,54 +47,40 @@ def cuda_runtime_problem(load: Callable[[str], Any] = ctypes.CDLL) -> str | None
     if code != 0:
         return f"CUDA driver failed to start (cuInit returned {_cuda_error_name(lib, code)})"
     count = ctypes.c_int(0)
-    code = int(lib.cuDeviceGetCount(ctypes.byref(count)))
-    if code != 0:
+    if (code := int(lib.cuDeviceGetCount(ctypes.byref(count)))) != 0:
         return f"no CUDA device (cuDeviceGetCount returned {_cuda_error_name(lib, code)})"
-    if count.value < 1:
-        return "no CUDA device (the driver sees 0 devices)"
-    return None
-
-
-def _first_clause(exc: BaseException) -> str:
-    text = str(exc)  # the loader's message, without its repeated library name
-    return text.split(": ", 1)[1] if text.startswith("libcuda") and ": " in text else text
+    return "no CUDA device (the driver sees 0 devices)" if count.value < 1 else None
 
 
 def _cuda_error_name(lib: Any, code: int) -> str:
     name = ctypes.c_char_p()
-    try:
+    with contextlib.suppress(Exception):
         if int(lib.cuGetErrorName(code, ctypes.byref(name))) == 0 and name.value:
             return f"{name.value.decode()} ({code})"
-    except Exception:
-        pass
     return str(code)
 
 
 def read_alloc_kinds() -> str | None:
-    try:
+    with contextlib.suppress(Exception):
         from mpi4py import MPI
 
         info = MPI.COMM_WORLD.Get_info()
         try:
-            value = info.Get("mpi_memory_alloc_kinds")
+            return info.Get("mpi_memory_alloc_kinds") or None
         finally:
             info.Free()
-    except Exception:
-        return None
-    return value or None
+    return None
 
 
 def _loaded_libmpi() -> ctypes.CDLL | None:
     """The MPI library mpi4py loaded, else the one mpi4py's own loader opens."""
-    lib = loaded_libmpi()
-    if lib is not None:
+    if (lib := loaded_libmpi()) is not None:
         return lib
-    try:
+    with contextlib.suppress(Exception):
         from mpi4py import _mpiabi  # private, but the loader mpi4py itself used
 
         return _mpiabi._dlopen_libmpi()
-    except Exception:
-        return None
+    return None
 
 
 def query_mpix_cuda_support() -> int | None:
@@ -102,21 +90,11 @@ def query_mpix_cuda_support() -> int | None:
         except Exception:
             return None
     lib = _loaded_libmpi()
-    func = getattr(lib, "MPIX_Query_cuda_support", None) if lib is not None else None
+    func = getattr(lib, "MPIX_Query_cuda_support", None)
     if func is None:
         return None
-    func.restype = ctypes.c_int
-    func.argtypes = []
+    func.restype, func.argtypes = ctypes.c_int, []
     return int(func())
-
-
-def _kinds_have_cuda_device(kinds: str) -> bool:
-    """True for ``cuda`` or ``cuda:...device...``; ``cuda:host`` alone is pinned host memory."""
-    parts = (kind.strip().partition(":") for kind in kinds.split(","))
-    return any(
-        name.lower() == "cuda" and (not rest or "device" in rest.lower().split(":"))
-        for name, _, rest in parts
-    )
 
 
 def detect_cuda_aware(
@@ -126,46 +104,36 @@ def detect_cuda_aware(
     cuda_problem: Callable[[], str | None] = cuda_runtime_problem,
 ) -> CudaAwareness:
     """Whether device buffers may be handed to MPI; ``alloc_kinds``: a value or a callable."""
-    library = _library_cuda_aware(
-        os.environ if env is None else env, alloc_kinds, query_cuda_support
-    )
+    env = os.environ if env is None else env
+    library = _library_cuda_aware(env, alloc_kinds, query_cuda_support)
     problem = cuda_problem() if library.aware else None
     if problem is None:
         return library
-    return CudaAwareness(
-        False,
-        f"the library is CUDA-aware ({library.reason}) but device buffers cannot be used "
-        f"here: {problem}",
-        library=True,
-        cuda_problem=problem,
-    )
+    why = f"the library is CUDA-aware ({library.reason}) but device buffers cannot be used here"
+    return CudaAwareness(False, f"{why}: {problem}", library=True, cuda_problem=problem)
 
 
-def _library_cuda_aware(
-    env: Mapping[str, str],
-    alloc_kinds: str | None | Callable[[], str | None],
-    query_cuda_support: Callable[[], int | None] | None,
-) -> CudaAwareness:
-    """The library alone; first answer wins: ``XPNN_CUDA_AWARE`` (Cray MPICH answers neither
-    query), a device ``cuda`` alloc kind (its absence says nothing), ``MPIX_Query_cuda_support``."""
-    override = env.get("XPNN_CUDA_AWARE", "").strip()
-    if override:
+def _library_cuda_aware(env: Mapping[str, str], alloc_kinds: Any, query: Any) -> CudaAwareness:
+    """The library alone: ``XPNN_CUDA_AWARE``, else an alloc kind, else the MPIX query."""
+    if override := env.get("XPNN_CUDA_AWARE", "").strip():
         if override not in ("0", "1"):
             raise UserError(f"XPNN_CUDA_AWARE={override}: use 0 (not CUDA-aware) or 1 (aware)")
         return CudaAwareness(override == "1", f"XPNN_CUDA_AWARE={override}", override == "1")
     kinds = alloc_kinds() if callable(alloc_kinds) else alloc_kinds
-    if kinds and _kinds_have_cuda_device(kinds):
+    parts = [kind.strip().partition(":") for kind in (kinds or "").split(",")]
+    # ``cuda`` or ``cuda:...device...``; ``cuda:host`` alone is pinned host memory
+    if any(
+        n.lower() == "cuda" and (not r or "device" in r.lower().split(":")) for n, _, r in parts
+    ):
         return CudaAwareness(True, f"mpi_memory_alloc_kinds={kinds}", True)
     note = f"mpi_memory_alloc_kinds={kinds} (no cuda)" if kinds else "no mpi_memory_alloc_kinds"
-    query = "MPIX_Query_cuda_support"
+    name = "MPIX_Query_cuda_support"
     try:
-        support = query_cuda_support() if query_cuda_support is not None else None
-        said = f"no {query}" if support is None else f"{query}() = {support}"
+        support = query() if query is not None else None
+        said = f"no {name}" if support is None else f"{name}() = {support}"
     except Exception as exc:  # a broken library must not stop training: stage through host
-        support, said = None, f"{query} failed: {exc}"
-    if support:
-        return CudaAwareness(True, said, True)
-    return CudaAwareness(False, f"{note}; {said}")
+        support, said = None, f"{name} failed: {exc}"
+    return CudaAwareness(True, said, True) if support else CudaAwareness(False, f"{note}; {said}")
 
 
 def nonblocking_device_collectives(library_version: str) -> bool:

@@ -1,11 +1,11 @@
-"""MPI on host memory (``mpi-host``): every MPI library, CUDA-aware or not; device buffers are
-staged through pinned host buffers, allocated once per bucket shape and reused."""
+"""MPI on host memory (``mpi-host``); device buffers staged through reused pinned buffers."""
 
 from __future__ import annotations
 
 import functools
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -29,16 +29,6 @@ class MpiHandle:
         if self._req is not None:
             stall.wait(self._req, self._what)
             self._req = self._buf = None
-
-
-@dataclass(slots=True)
-class Requests:
-    """Several MPI requests waited as one (``Test`` as a request's, for ``stall.wait``)."""
-
-    reqs: list[Any]
-
-    def Test(self) -> bool:  # noqa: N802 (mpi4py's name)
-        return all(req.Test() for req in self.reqs)  # a finished request tests true again
 
 
 @dataclass(slots=True)
@@ -84,26 +74,24 @@ class _PinnedPool:
         self.release(slot)
 
 
-class _StagedHandle:
-    """A reduction staged through pinned memory, copied back to ``dev`` (None: a send)."""
+class _StagedHandle(MpiHandle):
+    """A request on a pinned copy of ``dev``, copied back at ``wait`` (``dev`` None: a send)."""
 
-    __slots__ = ("_req", "_dev", "_slot", "_pool", "_what")
+    __slots__ = ("_dev", "_slot", "_pool")
 
-    def __init__(
-        self, req: Any, dev: Any, slot: _PinnedSlot, pool: _PinnedPool, what: str = ""
-    ) -> None:
-        self._req, self._dev, self._slot, self._pool = req, dev, slot, pool
-        self._what = what or ("a send" if dev is None else "an allreduce")
+    def __init__(self, req: Any, dev: Any, slot: _PinnedSlot, pool: _PinnedPool, what: str) -> None:
+        super().__init__(req, None, what)
+        self._dev, self._slot, self._pool = dev, slot, pool
 
     def wait(self) -> None:
         if self._req is None:
             return
-        stall.wait(self._req, self._what)
+        super().wait()
         if self._dev is None:
             self._pool.release(self._slot)
         else:
             self._pool.copy_back(self._dev, self._slot)
-        self._req = self._dev = self._slot = None
+        self._dev = self._slot = None
 
 
 class MpiHostCommunicator(Communicator):
@@ -115,12 +103,9 @@ class MpiHostCommunicator(Communicator):
         from mpi4py import MPI
 
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size())
-        self._MPI = MPI
-        self.mpi_comm = mpi_comm
-        self._in_place = MPI.IN_PLACE
+        self._MPI, self.mpi_comm, self._in_place = MPI, mpi_comm, MPI.IN_PLACE
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
-        self._arrays = arrays
-        self._pool = _PinnedPool(arrays)
+        self._arrays, self._pool = arrays, _PinnedPool(arrays)
 
     def _mpi_op(self, op: str) -> Any:
         check_op(op)
@@ -191,10 +176,10 @@ class MpiHostCommunicator(Communicator):
         for root, (start, count) in enumerate(zip(starts, counts, strict=True)):
             if count:
                 piece = host[start : start + count]
-                mine = root == self.rank
-                send, recv = (self._in_place, piece) if mine else (piece, None)
+                send, recv = (self._in_place, piece) if root == self.rank else (piece, None)
                 reqs.append(self.mpi_comm.Ireduce(send, recv, self._ops["sum"], root=root))
-        return Requests(reqs)
+        # waited as one request (``stall.wait`` asks ``Test``); a finished one tests true again
+        return SimpleNamespace(Test=lambda: all(req.Test() for req in reqs))
 
     def _gather_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
         return self.mpi_comm.Iallgatherv(self._in_place, [host, (counts, starts)])
@@ -212,7 +197,7 @@ class MpiHostCommunicator(Communicator):
             return DONE
         slot = self._pool.copy_out(dev)
         req = self.mpi_comm.Iallreduce(self._in_place, slot.host, mop)
-        return _StagedHandle(req, dev, slot, self._pool)
+        return _StagedHandle(req, dev, slot, self._pool, "an allreduce")
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         dev = self._arrays.flat(buf)
@@ -243,9 +228,8 @@ class MpiHostCommunicator(Communicator):
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
         slot = self._pool.copy_out(self._arrays.flat(buf))
-        return _StagedHandle(
-            self.mpi_comm.Isend(slot.host, dest=dest, tag=tag), None, slot, self._pool
-        )
+        req = self.mpi_comm.Isend(slot.host, dest=dest, tag=tag)
+        return _StagedHandle(req, None, slot, self._pool, "a send")
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
         dev = self._arrays.flat(buf)
@@ -255,7 +239,7 @@ class MpiHostCommunicator(Communicator):
         self._pool.copy_back(dev, slot)
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
-        out = self._host_values(values)
+        out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
         self._count(out)
         with flight.Op(self, "allreduce", out.nbytes):
             mop = self._mpi_op(op)

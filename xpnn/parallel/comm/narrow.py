@@ -1,5 +1,4 @@
-"""16-bit floats held as ``uint16`` bits (CuPy and NumPy lack bfloat16), and their MPI sum (MPI
-has none): each pair widened to float32, added, rounded back once, as Horovod's ``float16_sum``."""
+"""16-bit floats as ``uint16`` bits, and their MPI sum in float32 (Horovod's ``float16_sum``)."""
 
 from __future__ import annotations
 
@@ -16,9 +15,9 @@ BF16_NAN = 0x7FC0  # bfloat16's quiet NaN: a NaN's low bits would round it to in
 def quiet_overflows(xp: Any) -> Any:
     """NumPy's overflow warnings silenced: a value past a 16-bit range is the loss scale's."""
     errstate = getattr(xp, "errstate", None)
-    if errstate is None:
-        return contextlib.nullcontext()
-    return errstate(over="ignore", invalid="ignore")
+    return (
+        contextlib.nullcontext() if errstate is None else errstate(over="ignore", invalid="ignore")
+    )
 
 
 def check_narrow(dtype: str) -> None:
@@ -45,9 +44,9 @@ def native_dtype(xp: Any, dtype: str) -> Any:
 def to_bits(xp: Any, values: Any, dtype: str) -> Any:
     """``values`` rounded to ``dtype`` (to nearest, ties to even), as a new ``uint16`` array."""
     native = native_dtype(xp, dtype)
-    if native is not None:
-        return xp.astype(values, native).view(xp.uint16)
-    return bfloat16_bits(xp, values)
+    return (
+        bfloat16_bits(xp, values) if native is None else xp.astype(values, native).view(xp.uint16)
+    )
 
 
 def bfloat16_bits(xp: Any, values: Any) -> Any:
@@ -61,9 +60,7 @@ def bfloat16_bits(xp: Any, values: Any) -> Any:
 def from_bits(xp: Any, bits: Any, dtype: str, wide: Any) -> Any:
     """The ``dtype`` values whose ``uint16`` bits are ``bits``, as a new array of ``wide``."""
     native = native_dtype(xp, dtype)
-    if native is not None:
-        return xp.astype(bits.view(native), wide)
-    return bfloat16_values(xp, bits, wide)
+    return bfloat16_values(xp, bits, wide) if native is None else xp.astype(bits.view(native), wide)
 
 
 def bfloat16_values(xp: Any, bits: Any, wide: Any) -> Any:

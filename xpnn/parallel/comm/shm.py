@@ -1,8 +1,8 @@
-"""Node-shared memory: on one node an allreduce is memory traffic dressed up as messages, so the
-node's ranks map arrays they share; ``cross`` joins the same node-local rank of every node."""
+"""Node-shared memory: a node's ranks map arrays they share; ``cross`` joins the nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Any
@@ -29,13 +29,10 @@ def share_bounds(
 ) -> tuple[int, int]:
     """[lo, hi) of part ``index`` of ``range(start, end)`` cut at multiples of ``align``."""
     per = -(-(end - start) // parts)
-
-    def cut(k: int) -> int:
-        if k <= 0:
-            return start
-        return min(end, padded(start + k * per, align))
-
-    return cut(index), cut(index + 1)
+    lo, hi = (
+        start if k <= 0 else min(end, padded(start + k * per, align)) for k in (index, index + 1)
+    )
+    return lo, hi
 
 
 def shm_free_bytes(path: str = SHM_DIR) -> int | None:
@@ -51,25 +48,10 @@ def forced_ranks_per_node() -> int | None:
     forced = os.environ.get(RANKS_PER_NODE_VAR, "").strip()
     if not forced:
         return None
-    try:
-        k = int(forced)
-        if k < 1:
-            raise ValueError
-    except ValueError:
-        raise UserError(f"{RANKS_PER_NODE_VAR}={forced}: expected a positive integer") from None
-    return k
-
-
-def _node_comm(world_comm: Any, MPI: Any) -> Any:
-    """The ranks of ``world_comm`` on this node (or on each k consecutive job ranks, for tests)."""
-    node = world_comm.Split_type(MPI.COMM_TYPE_SHARED, key=world_comm.Get_rank())
-    k = forced_ranks_per_node()
-    if k is None:
-        return node
-    # by the job's rank: a data-parallel group's (2-D layouts) are not consecutive
-    group = node.Split(color=MPI.COMM_WORLD.Get_rank() // k, key=node.Get_rank())
-    node.Free()
-    return group
+    with contextlib.suppress(ValueError):
+        if (k := int(forced)) >= 1:
+            return k
+    raise UserError(f"{RANKS_PER_NODE_VAR}={forced}: expected a positive integer")
 
 
 class ShmCommunicator(MpiHostCommunicator):
@@ -90,11 +72,16 @@ class ShmCommunicator(MpiHostCommunicator):
         """Collective; refused on every rank where nodes hold different numbers of ranks."""
         from mpi4py import MPI
 
-        node = _node_comm(mpi_comm, MPI)
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+        # tests: each k consecutive job ranks a node, by the job's rank (a 2-D group's are not)
+        if (k := forced_ranks_per_node()) is not None:
+            group = node.Split(color=MPI.COMM_WORLD.Get_rank() // k, key=node.Get_rank())
+            node.Free()
+            node = group
         sizes = mpi_comm.allgather(node.Get_size())
         if len(set(sizes)) != 1:
             node.Free()
-            counts = ", ".join(str(s) for s in sorted(set(sizes)))
+            counts = ", ".join(map(str, sorted(set(sizes))))
             raise UserError(
                 f"`comm` mpi-shm: nodes hold different numbers of ranks ({counts}); "
                 "give every node the same number, or use `comm` mpi-host"
@@ -110,23 +97,19 @@ class ShmCommunicator(MpiHostCommunicator):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
+        mib = f"{nbytes / 2**20:.1f} MiB"
         free = self.node.bcast(shm_free_bytes() if self.local_rank == 0 else None, root=0)
         if free is not None and nbytes > free:
-            raise UserError(
-                f"`comm` mpi-shm: needs {nbytes / 2**20:.1f} MiB of shared memory but "
-                f"{SHM_DIR} has {free / 2**20:.1f} MiB free; enlarge it (docker run "
-                "--shm-size) or use `comm` mpi-host"
-            )
+            need = f"needs {mib} of shared memory but {SHM_DIR} has {free / 2**20:.1f} MiB free"
+            fix = "enlarge it (docker run --shm-size) or use `comm` mpi-host"
+            raise UserError(f"`comm` mpi-shm: {need}; {fix}")
         MPI = self._MPI
+        mine = nbytes if self.local_rank == 0 else 0  # the node's memory is local rank 0's
         try:
-            win = MPI.Win.Allocate_shared(
-                nbytes if self.local_rank == 0 else 0, dtype.itemsize, comm=self.node
-            )
+            win = MPI.Win.Allocate_shared(mine, dtype.itemsize, comm=self.node)
         except MPI.Exception as exc:  # e.g. a container's small /dev/shm
-            raise UserError(
-                f"`comm` mpi-shm: could not allocate {nbytes / 2**20:.1f} MiB of shared memory "
-                f"({exc.Get_error_string()}); use `comm` mpi-host"
-            ) from None
+            why = f"could not allocate {mib} of shared memory ({exc.Get_error_string()})"
+            raise UserError(f"`comm` mpi-shm: {why}; use `comm` mpi-host") from None
         win.Lock_all(MPI.MODE_NOCHECK)
         self._windows.append(win)
         buf, _ = win.Shared_query(0)

@@ -1,5 +1,4 @@
-"""Strategies that wrap or swap a model's layers when a run is built (layers know none of
-them), the ranks' layout, and the whole network from its pieces."""
+"""What a layout does to a model when a run is built (layers know none of it)."""
 
 from xpnn.parallel.model.batch_threads import BatchThreads
 from xpnn.parallel.model.layout import make_groups

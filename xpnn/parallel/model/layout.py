@@ -1,5 +1,4 @@
-"""Who works with whom: rank r is place ``r % K`` of replica ``r // K`` (``--model-ranks`` K), so
-launchers that fill nodes in rank order keep each replica on one node."""
+"""Who works with whom: rank r is place ``r % K`` of replica ``r // K`` (``--model-ranks``)."""
 
 from __future__ import annotations
 
@@ -31,9 +30,8 @@ class Groups:
     @classmethod
     def of(cls, comm: Communicator, spread: bool = False) -> Groups:
         # the 1-D layouts: ``comm`` is the data group, or (``spread``) the model group
-        if spread:
-            return cls(comm, comm, SelfCommunicator())
-        return cls(comm, SelfCommunicator(), comm)
+        alone = SelfCommunicator()
+        return cls(comm, comm, alone) if spread else cls(comm, alone, comm)
 
     @property
     def name(self) -> str:
@@ -62,10 +60,8 @@ def make_groups(world: World, place: Place, backend: Any, kind: str) -> Groups:
         return Groups.of(make_communicator(world, backend, kind))
     if place.replicas == 1:
         return Groups.of(make_communicator(world, backend, kind, shares_params=False), True)
-    model_world = world.split(place.replica)
-    data_world = world.split(place.index)
     model_kind = "auto" if kind == "mpi-shm" else kind
-    model = make_communicator(model_world, backend, model_kind, shares_params=False)
-    data = make_communicator(data_world, backend, kind)
+    model = make_communicator(world.split(place.replica), backend, model_kind, shares_params=False)
+    data = make_communicator(world.split(place.index), backend, kind)
     everyone = MpiHostCommunicator(world.mpi_comm)  # host-side metrics and agreement only
     return Groups(everyone, model, data)

@@ -1,5 +1,4 @@
-"""Pipeline parallelism: rank s holds stage s of layers of about equal cost, micro-batches each
-in flight on its own set of the layers (``--recompute``: one set, forwarded again)."""
+"""Pipeline parallelism: stage s of layers of about equal cost on rank s, in micro-batches."""
 
 from __future__ import annotations
 
@@ -66,9 +65,8 @@ Order = list[tuple[str, int]]  # ("F", m): forward micro-batch m; ("B", m): its 
 
 def gpipe_order(microbatches: int, stages: int, index: int) -> Order:
     """GPipe: every forward, then every backward in reverse; all M micro-batches in flight."""
-    return [("F", m) for m in range(microbatches)] + [
-        ("B", m) for m in reversed(range(microbatches))
-    ]
+    forwards = [("F", m) for m in range(microbatches)]
+    return forwards + [("B", m) for _, m in reversed(forwards)]
 
 
 def one_f_one_b_order(microbatches: int, stages: int, index: int) -> Order:
@@ -86,11 +84,7 @@ DEFAULT_SCHEDULE = "gpipe"
 
 def in_flight(order: Order) -> int:
     """The most micro-batches forwarded and not yet backwarded at once: sets of layers needed."""
-    most = live = 0
-    for kind, _ in order:
-        live += 1 if kind == "F" else -1
-        most = max(most, live)
-    return most
+    return max(itertools.accumulate(1 if kind == "F" else -1 for kind, _ in order), default=0)
 
 
 def numbered(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,37 +101,41 @@ def numbered(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class PipelineStage(Portion):
-    """One stage's layers (``net``) and the schedule that runs them: a model to the trainer."""
+    """Stage ``index`` of the whole network, as one process draws it, and its schedule."""
 
     def __init__(
         self,
         whole: Sequential,
-        bounds: list[tuple[int, int]],
+        input_shape: tuple[int, ...],
+        backend: Any,
+        seed: int,
         index: int,
+        stages: int,
         microbatches: int,
-        schedule: str,
+        schedule: str = DEFAULT_SCHEDULE,
         recompute: bool = False,
         tensor: tuple[int, int] = (0, 1),
     ) -> None:
-        start, end = bounds[index]
+        whole.setup(input_shape, backend, seed)
+        has_params = [bool(layer.initial) for layer in whole.layers]
+        costs = layer_costs(whole.layers, whole.shapes)
+        start, end = stage_bounds(costs, has_params, stages)[index]
         self.net = net = Sequential(whole.layers[start:end], whole.loss)
         net.backend, net.xp, net.shapes = whole.backend, whole.xp, whole.shapes[start : end + 1]
         self.layers, self.output_shape = net.layers, net.shapes[-1]
-        self.index, self.stages, self.microbatches = index, len(bounds), microbatches
+        self.index, self.stages, self.microbatches = index, stages, microbatches
         self.schedule, self.recompute = schedule, recompute
         self.passes = 0  # training passes without a ctx.step: the step that keys dropout
         self.backend, self.xp = whole.backend, whole.xp
         self.layer_start = start  # its first layer's position in the whole model (errors say it)
-        self.first, self.last = index == 0, index == len(bounds) - 1
+        self.first, self.last = index == 0, index == stages - 1
         self.part, self.parts = tensor  # stage s part p: rank s * parts + p of the replica
-        self.prev_rank = (index - 1) * self.parts + self.part
-        self.next_rank = (index + 1) * self.parts + self.part
+        self.prev_rank, self.next_rank = ((index + d) * self.parts + self.part for d in (-1, 1))
         self.first_param_layer = sum(1 for layer in whole.layers[:start] if layer.initial)
         self.reads_input = self.first  # the others receive activations
         self.scores = self.last and self.part == 0  # once a replica, not once a tensor part
-        self.whole_param_count = sum(
-            math.prod(whole_shape(x, name)) for x in whole.layers for name in x.initial
-        )
+        count = sum(math.prod(whole_shape(x, n)) for x in whole.layers for n in x.initial)
+        self.whole_param_count = count
         self.comm: Any = None  # set by ``attach`` once the communicator exists
         self._sets: list[Sequential] = [self.net]  # one set of layers per micro-batch
         self._acc: Array | None = None  # the micro-batches' gradients, summed
@@ -178,13 +176,9 @@ class PipelineStage(Portion):
 
     @numbered
     def loss_and_grads(
-        self,
-        x: Array | None,  # the samples: read by the first stage, None for the others
-        labels: Array,
-        ctx: Context,
-        scale: float,
-        on_grads_ready: Any = None,
+        self, x: Array | None, labels: Array, ctx: Context, scale: float, on_grads_ready: Any = None
     ) -> tuple[Array, Array]:
+        """A step's micro-batches in the schedule's order; ``x``: the first stage's only."""
         n = labels.shape[0]
         self.train_rows = max(self.train_rows, n)  # every stage sees the batch's labels
         parts = [shard_bounds(n, m, self.microbatches) for m in range(min(n, self.microbatches))]
@@ -198,7 +192,10 @@ class PipelineStage(Portion):
         ]
         loss_sum = correct = self.xp.zeros((), dtype=self.xp.float64)
         order = SCHEDULES[self.schedule](len(parts), self.stages, self.index)
-        sets = self._replicas(1 if self.recompute else in_flight(order))
+        count = 1 if self.recompute else in_flight(order)
+        while len(self._sets) < count:
+            self._sets.append(self.net.replica())
+        sets = self._sets[:count]
         pending: list[list] = [[] for _ in sets]  # sends still reading each set's buffers
         holder: list[int | None] = [None] * len(sets)  # the micro-batch whose activations it has
         inputs: dict[int, Array] = {}  # recompute: each micro-batch's input, until its backward
@@ -262,11 +259,6 @@ class PipelineStage(Portion):
             self._wait(handles)
         return loss_sum, correct
 
-    def _replicas(self, count: int) -> list[Sequential]:
-        while len(self._sets) < count:
-            self._sets.append(self.net.replica())
-        return self._sets[:count]
-
     @staticmethod
     def _wait(handles: list) -> None:
         for handle in handles:
@@ -298,28 +290,10 @@ class PipelineStage(Portion):
         return loss, self.backend.kernels.count_correct(y, labels)
 
     def summary(self) -> str:
-        return (
-            " -> ".join(repr(layer) for layer in self.layers)
-            + f"  ({self.size:,} parameters; stage {self.index} of {self.stages} stage(s), "
-            f"{self.microbatches} micro-batch(es), {self.schedule}"
-            + (", recompute)" if self.recompute else ")")
-        )
+        recompute = ", recompute" if self.recompute else ""
+        run = f"{self.microbatches} micro-batch(es), {self.schedule}{recompute}"
+        said = f"{self.size:,} parameters; stage {self.index} of {self.stages} stage(s), {run}"
+        return " -> ".join(repr(layer) for layer in self.layers) + f"  ({said})"
 
 
-def build_stage(
-    whole: Sequential,
-    input_shape: tuple[int, ...],
-    backend: Any,
-    seed: int,
-    rank: int,
-    size: int,
-    microbatches: int,
-    schedule: str = DEFAULT_SCHEDULE,
-    recompute: bool = False,
-    tensor: tuple[int, int] = (0, 1),
-) -> PipelineStage:
-    """The whole network drawn as one process would, only stage ``rank`` of ``size`` kept."""
-    whole.setup(input_shape, backend, seed)
-    costs = layer_costs(whole.layers, whole.shapes)
-    bounds = stage_bounds(costs, [bool(layer.initial) for layer in whole.layers], size)
-    return PipelineStage(whole, bounds, rank, microbatches, schedule, recompute, tensor)
+build_stage = PipelineStage  # stage ``index`` of ``stages``, from the whole unbuilt network

@@ -1,5 +1,4 @@
-"""What node sharing does to a model: its buffers moved into the node's memory, and Dense layers
-whose node's ranks share the batch's ``x`` and ``dz``, each computing its rows of ``x.T @ dz``."""
+"""Node sharing's model: buffers in node memory, Dense layers sharing ``x`` and ``dz``."""
 
 from __future__ import annotations
 
@@ -94,9 +93,8 @@ class SharedDense(Dense):
         dtype = self.params["W"].dtype
         self.place, self.node = place, comm
         self.inputs_shared = below is not None  # a layer below that splits its units: its output
-        self.node_x = (
-            below.node_y if self.inputs_shared else comm.shared_zeros((samples, fan_in), dtype)
-        )
+        shape = (samples, fan_in)
+        self.node_x = below.node_y if self.inputs_shared else comm.shared_zeros(shape, dtype)
         self.node_dz = comm.shared_zeros((samples, units), dtype)
         me, size = comm.local_rank, comm.local_size
         self.rows = slice(*share_bounds(0, fan_in, size, me, row_align(units)))

@@ -1,5 +1,4 @@
-"""Tensor parallelism, Megatron-LM's pairing: of each pair of ``tensor_split`` layers (or a
-composite's ``tensor_pairs``) the first is split by columns, the second by rows."""
+"""Tensor parallelism, Megatron-LM's pairs: the first split by columns, the second by rows."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ class SplitDense(Dense):
         for name, axis in self.split.items():
             value, shape = self.initial[name]
             shape = tuple(self.hi - self.lo if a == axis else n for a, n in enumerate(shape))
-            if isinstance(value, np.ndarray):
-                value = self.piece(name, value)
+            value = self.piece(name, value) if isinstance(value, np.ndarray) else value
             self.initial[name] = (value, shape)
         return out  # the whole output shape: what the next layer is built against
 
@@ -42,8 +40,7 @@ class SplitDense(Dense):
         return whole if axis is None else np.take(whole, np.arange(self.lo, self.hi), axis=axis)
 
     def __repr__(self) -> str:
-        kind = type(self).__name__
-        return f"{kind}({self.units}, {self.activation}, [{self.lo}:{self.hi}])"
+        return f"{type(self).__name__}({self.units}, {self.activation}, [{self.lo}:{self.hi}])"
 
 
 class ColumnDense(SplitDense):
@@ -86,11 +83,9 @@ def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
                 first, second = layer.children[column], layer.children[row]
                 groups = first.units // column_group
                 if groups < size:
-                    raise UserError(
-                        f"`parallel` tensor: {layer!r} splits into {groups} parts, fewer than "
-                        f"the {size} ranks (use at most {groups} ranks a replica, or `parallel` "
-                        "data or pipeline)"
-                    )
+                    why = f"splits into {groups} parts, fewer than the {size} ranks"
+                    fix = f"use at most {groups} ranks a replica, or `parallel` data or pipeline"
+                    raise UserError(f"`parallel` tensor: {layer!r} {why} ({fix})")
                 lo, hi = shard_bounds(groups, rank, size)
                 layer.children[column] = twin_of(first, 0, (lo * column_group, hi * column_group))
                 layer.children[row] = twin_of(second, 1, (lo * row_group, hi * row_group))
@@ -116,10 +111,9 @@ def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
     for first, second in pairs:
         units = layers[first].units
         if units < size:
-            raise UserError(
-                f"`parallel` tensor: a layer of {units} units cannot be split over {size} "
-                "ranks (each needs at least one unit; use `parallel` data or wider `hidden`)"
-            )
+            what = f"a layer of {units} units cannot be split over {size} ranks"
+            why = "each needs at least one unit; use `parallel` data or wider `hidden`"
+            raise UserError(f"`parallel` tensor: {what} ({why})")
         bounds = shard_bounds(units, rank, size)
         out[first] = twin_of(layers[first], 0, bounds)
         out[second] = twin_of(layers[second], 1, bounds)

@@ -1,8 +1,8 @@
-"""The whole network from the ranks' pieces, named and ordered as one process has it: saved
-files, checkpoints and the digest do not depend on the parallelism."""
+"""The whole network from the ranks' pieces, named and ordered as one process has it."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -60,15 +60,11 @@ def whole_arrays(model: Any, comm: Any, pieces: dict[str, Any]) -> dict[str, np.
     """``pieces`` (stable name -> this rank's part) made whole on every rank (collective)."""
     placed = portion(model)
     out = {key: model.backend.to_host(piece) for key, piece in pieces.items()}
-    for key, (held, own) in split_params(model).items():  # a stage's tensor parts, or a replica
-        out[key] = np.concatenate(
-            (placed.split_comm or comm).allgather_obj(out[key]), held.split[own]
-        )
+    parts = placed.split_comm or comm  # a stage's tensor parts, or a replica
+    for key, (held, own) in split_params(model).items():
+        out[key] = np.concatenate(parts.allgather_obj(out[key]), held.split[own])
     if placed.whole_param_count is not None:  # ranks hold other layers: rank order is theirs
-        merged: dict[str, np.ndarray] = {}
-        for part in comm.allgather_obj(out):
-            merged.update(part)
-        out = merged
+        out = {key: value for part in comm.allgather_obj(out) for key, value in part.items()}
     return out
 
 
@@ -81,13 +77,10 @@ def replicated_ranges(model: Any, part: int) -> list[tuple[int, int]]:
     """[start, end) of this rank's flat buffer whose (unsplit) parameters part 0 counts."""
     if part == 0:
         return []
-    split, out, offset = split_params(model), [], 0
-    for key, view in model.named_views(model.params).items():
-        size = math.prod(view.shape)
-        if key not in split:
-            out.append((offset, offset + size))
-        offset += size
-    return out
+    split, views = split_params(model), model.named_views(model.params)
+    sizes = [math.prod(view.shape) for view in views.values()]
+    ranges = zip(views, sizes, itertools.accumulate(sizes), strict=True)
+    return [(end - n, end) for key, n, end in ranges if key not in split]
 
 
 def is_spread(model: Any) -> bool:

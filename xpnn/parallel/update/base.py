@@ -1,5 +1,4 @@
-"""The Update contract, its buckets (cut from the end, as backward fills them, as PyTorch DDP's),
-and the schemes that need no node memory."""
+"""The Update contract, its buckets (cut from the end, as DDP's), schemes without node memory."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ def bucket_bounds(n: int, per_bucket: int) -> list[tuple[int, int]]:
 
 
 def layer_buckets(offsets: list[int], n: int, min_size: int) -> list[tuple[int, int]]:
-    """[start, end) ranges covering ``range(n)``, last first, cut only at ``offsets`` and at
-    least ``min_size`` long but the one at the start."""
+    """[start, end) ranges over ``range(n)``, last first, cut at ``offsets``, ``min_size`` long."""
     bounds, end = [], n
     for cut in sorted({o for o in offsets if 0 < o < n}, reverse=True):
         if end - cut >= min_size:
@@ -36,8 +34,7 @@ class BucketCursor:
     """Walks one step's buckets (last range first) as backward finishes them."""
 
     def __init__(self, bounds: list[tuple[int, int]]) -> None:
-        self.bounds = bounds
-        self._next = 0
+        self.bounds, self._next = bounds, 0
 
     def finished(self, offset: int) -> Iterator[int]:
         """Indices of the buckets that ``grads[offset:]`` completes and were not yet seen."""
@@ -123,29 +120,24 @@ class BucketedUpdate(Update):
     """Buckets reduced as backward fills them; each part updated right after its last wait."""
 
     def __init__(
-        self,
-        model: Any,
-        comm: Any,
-        make_optimizer: MakeOptimizer,
-        bucket_bytes: int,
-        deferred: bool = False,
-        wire: Any = None,
+        self, model: Any, comm: Any, make: Any, cap: int, deferred: bool = False, wire: Any = None
     ) -> None:
         self.model, self.comm, self.deferred = model, comm, deferred
-        self.buckets = self._cut(bucket_bytes, wire)
+        self.buckets = self._cut(cap, wire)  # ``cap``: a bucket's bytes (DDP's bucket_cap_mb)
         bounds, parts = self.buckets.bounds, self._parts()  # both last first
         self.waits = [  # a part is final once the buckets up to the one holding its start are
             next(i for i, (s, e) in enumerate(bounds) if s <= a < e) + 1 for a, _ in parts
         ]
-        self.optimizer = self._optimizer(make_optimizer, parts)
+        self.optimizer = self._optimizer(make, parts)
         self.grads_ready = self.buckets.ready
 
     def _cut(self, bucket_bytes: int, wire: Any) -> GradientBuckets:
         return GradientBuckets(self.model.grads, self.comm, bucket_bytes, wire)
 
     def _parts(self) -> list[tuple[int, int]]:
-        """[start, end) of the optimizer's parts, last first."""
-        raise NotImplementedError
+        """[start, end) of the optimizer's parts, last first: runs of whole buckets."""
+        starts = [start for start, _ in self.buckets.bounds]
+        return layer_buckets(starts, self.model.size, MIN_LAYER_BUCKET)
 
     def _optimizer(self, make_optimizer: MakeOptimizer, parts: list[tuple[int, int]]) -> Any:
         return make_optimizer(self.model.params, self.model.grads, [slice(*p) for p in parts])
@@ -169,10 +161,6 @@ class AllreduceUpdate(BucketedUpdate):
     """Every rank holds all the parameters, updated in parts of whole buckets."""
 
     name = "allreduce"
-
-    def _parts(self) -> list[tuple[int, int]]:
-        starts = [start for start, _ in self.buckets.bounds]
-        return layer_buckets(starts, self.model.size, MIN_LAYER_BUCKET)
 
     def broadcast_initial(self) -> None:
         """Rank 0's parameters and optimizer state become everyone's."""
@@ -219,12 +207,9 @@ class LocalUpdate(LayerwiseUpdate):
 
     name = "local"
 
-    def __init__(
-        self, model: Any, comm: Any, make_optimizer: MakeOptimizer, deferred: bool = False
-    ) -> None:
+    def __init__(self, model: Any, comm: Any, make: MakeOptimizer, deferred: bool = False) -> None:
         super().__init__(model, comm, deferred)
-        parts = [slice(*b) for b in self.cursor.bounds]
-        self.optimizer = make_optimizer(model.params, model.grads, parts)
+        self.optimizer = make(model.params, model.grads, [slice(*b) for b in self.cursor.bounds])
 
     def broadcast_initial(self) -> None:
         pass

@@ -1,5 +1,4 @@
-"""One copy of the parameters a node: its ranks share one gradient row a rank (each summing the
-rows of its share), or the batch's activations (each computing its rows of the gradient)."""
+"""One copy of the parameters a node: its ranks share gradient rows, or the activations."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm.shm import share_bounds
-from xpnn.parallel.model.shared import Placement, SharedDense, can_share_activations, param_layers
+from xpnn.parallel.model.shared import SharedDense, can_share_activations, param_layers
 from xpnn.parallel.update.base import LayerwiseUpdate
 
 
@@ -19,7 +18,7 @@ class NodeSharedUpdate(LayerwiseUpdate):
         self.wire = wire  # the gradients cross nodes in a narrower float (``wire.GradWire``)
         self.restores_checkpoint = comm.local_rank == 0  # one writer per shared buffer
 
-    def _cross_allreduce_(self, grads: Any) -> None:
+    def cross(self, grads: Any) -> None:
         if self.wire is None:
             self.comm.cross_allreduce_(grads)
         else:
@@ -49,13 +48,7 @@ class SharedUpdate(NodeSharedUpdate):
     name = "shared gradients"
 
     def __init__(
-        self,
-        model: Any,
-        comm: Any,
-        make_optimizer: Any,
-        rows: Any,
-        deferred: bool = False,
-        wire: Any = None,
+        self, model: Any, comm: Any, make: Any, rows: Any, deferred: bool = False, wire: Any = None
     ) -> None:
         super().__init__(model, comm, deferred, wire)
         me, bounds = comm.local_rank, self.cursor.bounds
@@ -63,12 +56,9 @@ class SharedUpdate(NodeSharedUpdate):
         self.own = rows[me]
         self.others = [rows[r] for r in range(comm.local_size) if r != me]
         # the node's sum must exist to be allreduced, or (deferred) measured: sum into own row
-        self.sums_own = comm.nodes > 1 or deferred
-        if self.sums_own:
-            grads = self.own
-        else:  # the optimizer sums the rows (kernels.sum_rows) before it updates
-            grads = (self.own, *self.others) if self.others else self.own
-        self.optimizer = make_optimizer(model.params, grads, self.shares, comm.shared_zeros)
+        self.sums_own = comm.nodes > 1 or deferred  # else the optimizer sums them (sum_rows)
+        grads = (self.own, *self.others) if self.others and not self.sums_own else self.own
+        self.optimizer = make(model.params, grads, self.shares, comm.shared_zeros)
         comm.fence()
 
     def _before_part(self, index: int) -> None:
@@ -78,7 +68,7 @@ class SharedUpdate(NodeSharedUpdate):
             for other in self.others:
                 own += other[self.shares[index]]
             if self.comm.nodes > 1:
-                self._cross_allreduce_(own)
+                self.cross(own)
 
 
 def activation_values(model: Any, batch_size: int) -> int:
@@ -94,10 +84,8 @@ def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
         if node_share == "activations":
             kinds = sorted({type(layer).__name__ for layer in param_layers(model)} - {"Dense"})
             what = ", ".join(kinds) or type(model).__name__
-            raise UserError(
-                f"`node_share` activations: needs a model whose layers with parameters are all "
-                f"Dense, this one has {what}; use `node_share` gradients"
-            )
+            why = f"needs a model whose layers with parameters are all Dense, this one has {what}"
+            raise UserError(f"`node_share` activations: {why}; use `node_share` gradients")
         return False
     return node_share == "activations" or activation_values(model, batch_size) < model.size
 
@@ -108,13 +96,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
     name = "shared activations"
 
     def __init__(
-        self,
-        model: Any,
-        comm: Any,
-        make_optimizer: Any,
-        place: Placement,
-        deferred: bool = False,
-        wire: Any = None,
+        self, model: Any, comm: Any, make: Any, place: Any, deferred: bool = False, wire: Any = None
     ) -> None:
         super().__init__(model, comm, deferred, wire)
         self.place, bounds = place, self.cursor.bounds
@@ -134,7 +116,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
                 self.parts[bucket].append(len(parts))
                 parts.append(part)
         self.needs_every_rank = any(lay.splits_units for bucket in self.layers for lay in bucket)
-        self.optimizer = make_optimizer(model.params, model.grads, parts, comm.shared_zeros)
+        self.optimizer = make(model.params, model.grads, parts, comm.shared_zeros)
         self.my_grads = [model.grads[part] for part in parts]
         comm.fence()
 
@@ -148,7 +130,7 @@ class SharedBatchUpdate(NodeSharedUpdate):
             layer.share_grads()
         if self.comm.nodes > 1:
             for part in self.parts[index]:
-                self._cross_allreduce_(self.my_grads[part])
+                self.cross(self.my_grads[part])
 
     def _update(self, index: int) -> None:
         for part in self.parts[index]:

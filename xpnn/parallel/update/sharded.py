@@ -1,5 +1,4 @@
-"""The optimizer state sharded over the data-parallel ranks (ZeRO stage 1): buckets are
-reduce-scattered as backward fills them, each shard updated and all-gathered as its bucket is."""
+"""The optimizer state sharded over the data-parallel ranks (ZeRO stage 1)."""
 
 from __future__ import annotations
 
@@ -24,10 +23,8 @@ def piece_counts(start: int, end: int, shards: list[tuple[int, int]]) -> list[in
 class ScatteredBuckets(GradientBuckets):
     """Gradient buckets each reduced to the ranks whose shards it covers."""
 
-    def __init__(
-        self, grads: Array, comm: Any, bucket_bytes: int, shards: list[tuple[int, int]]
-    ) -> None:
-        super().__init__(grads, comm, bucket_bytes)
+    def __init__(self, grads: Array, comm: Any, cap: int, shards: list[tuple[int, int]]) -> None:
+        super().__init__(grads, comm, cap)
         self.counts = {s: piece_counts(s, e, shards) for s, e in self.bounds}
 
     def launch(self, start: int, end: int) -> Any:
@@ -35,8 +32,7 @@ class ScatteredBuckets(GradientBuckets):
 
 
 class ShardedOptimizer:
-    """The shard's optimizer (``inner``) as trainer and checkpoints see it, as ChainerMN's:
-    ``state`` spans every parameter for a checkpoint to load, then ``take_loaded`` cuts it."""
+    """The shard's optimizer as trainer and checkpoints see it: ``state`` whole until cut."""
 
     def __init__(self, inner: Any, n: int, bounds: tuple[int, int]) -> None:
         self.inner, self.n, self.bounds = inner, n, bounds
