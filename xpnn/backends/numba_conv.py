@@ -303,20 +303,22 @@ def conv_output_grad(dy, y, out, db, code):  # pragma: no cover - compiled
 
 
 @nb.njit(**JIT)
-def _pool2x2(xf, yf, idf, n, c, h, w, oh, ow, t0, t1, by_channel):  # pragma: no cover
-    """Planes [t0, t1) of ``maxpool2x2`` (in ``x``'s order), on flat views (a view a plane
-    cost the third pooling's 2x2 planes their time)."""
-    hw, ohw, wu, owu, one = U(h * w), U(oh * ow), U(w), U(ow), U(1)
+def _pool2x2(x, y, idx, n, c, t0, t1, by_channel):  # pragma: no cover - compiled
+    """Planes [t0, t1) of ``maxpool2x2`` (in ``x``'s order), on (planes, H, W) views."""
+    _, oh, ow = y.shape
     b, ci = U(t0) % U(n), U(t0) // U(n)
     for at in range(U(t0), U(t1)):
         t = b * U(c) + ci if by_channel else at  # the plane in y
-        b, ci = (b + one, ci) if b + one < U(n) else (U(0), ci + one)
+        b, ci = (b + U(1), ci) if b + U(1) < U(n) else (U(0), ci + U(1))
+        xs, ys, ids = x[at], y[t], idx[at]
         for r in range(U(oh)):
-            x0 = at * hw + r * U(2) * wu
-            i0, y0 = at * ohw + r * owu, t * ohw + r * owu
-            for q in range(owu):
-                p = x0 + q * U(2)
-                a0, a1, a2, a3 = xf[p], xf[p + one], xf[p + wu], xf[p + wu + one]
+            h0 = r * U(2)
+            for q in range(U(ow)):
+                w0 = q * U(2)
+                a0 = xs[h0, w0]
+                a1 = xs[h0, w0 + U(1)]
+                a2 = xs[h0 + U(1), w0]
+                a3 = xs[h0 + U(1), w0 + U(1)]
                 # "not <=" is true for a NaN too, and once best is NaN it stays: the first
                 # NaN in a window wins, as np.maximum and np.argmax have it
                 best, k = a0, 0
@@ -326,8 +328,8 @@ def _pool2x2(xf, yf, idf, n, c, h, w, oh, ow, t0, t1, by_channel):  # pragma: no
                     best, k = a2, 2
                 if not (a3 <= best) and best == best:
                     best, k = a3, 3
-                yf[y0 + q] = best
-                idf[i0 + q] = k
+                ys[r, q] = best
+                ids[r, q] = k
 
 
 @parallel_twin
@@ -335,12 +337,11 @@ def maxpool2x2(x, y, idx, chunks, by_channel):  # pragma: no cover - compiled
     """The common 2x2, stride-2 case, unrolled; ``y`` is (N, C, OH, OW), ``x`` and ``idx`` are
     (C, N, ...) where ``by_channel`` (a convolution's output, read where the GEMM wrote it)."""
     n, c, oh, ow = y.shape
-    h, w = x.shape[2:]
-    xf, yf, idf = x.reshape(-1), y.reshape(-1), idx.reshape(-1)
+    x3 = x.reshape(n * c, x.shape[2], x.shape[3])
+    y3, i3 = y.reshape(n * c, oh, ow), idx.reshape(n * c, oh, ow)
     step = (n * c + chunks - 1) // chunks
     for t in prange(chunks):
-        t0, t1 = t * step, min(n * c, (t + 1) * step)
-        _pool2x2(xf, yf, idf, n, c, h, w, oh, ow, t0, t1, by_channel)
+        _pool2x2(x3, y3, i3, n, c, t * step, min(n * c, (t + 1) * step), by_channel)
     return y, idx
 
 
