@@ -5,9 +5,6 @@ No kernel synchronises or copies to the host. Layouts are the same on every back
 * ``im2col``: (N, C, H, W) -> (C*kh*kw, N*OH*OW), rows in ``W.reshape(C_out, -1)``'s order, so a
   convolution is one GEMM; ``col2im`` is its adjoint and may use ``cols`` as scratch. ``out_hw``
   limits both to the outputs a floor-mode max-pool reads (``Conv2D.limit_output``).
-* ``conv_output`` may work in place and return a view of the GEMM result, (C_out, N, OH, OW)
-  in memory; ``conv_output_grad`` may then overwrite ``dy`` and write elsewhere than ``out``
-  (the output's memory); ``maxpool2d_backward``'s gradient may take its input's layout.
 * ``maxpool2d_forward``'s ``idx``: the argmax's offset in the window (first maximum, first NaN).
 * ``dropout_mask`` hashes (seed, salt, step, sample id, element) in uint32 arithmetic: every
   backend, rank and batch split draws the bit-identical mask for a sample.

@@ -243,46 +243,29 @@ def col2im(cols, dx, kh, kw, stride, pad, oh, ow, chunks):  # pragma: no cover -
 
 
 @parallel_twin
-def conv_bias_act(z, bias, code):  # pragma: no cover - compiled
-    """z[c, :] = act(z[c, :] + bias[c]) in place: the GEMM's (C, N*P) result stays in its
-    layout, and the convolution hands on its (N, C, P) view (no transposing pass)."""
-    c, m = z.shape
-    mu = U(m)
-    for ci in prange(c):
-        row, bc = z[U(ci)], bias[ci]
-        if code == 1:  # the common case, kept branch-free for the vectoriser
-            for k in range(mu):
-                v = row[k] + bc
-                row[k] = 0 if v <= 0 else v  # NaN stays NaN
-        else:
-            for k in range(mu):
-                row[k] = apply_act(row[k] + bc, code)
-    return z
-
-
-@parallel_twin
-def act_grad_rows(d, y, db, code):  # pragma: no cover - compiled
-    """d[c, :] = act'(d[c, :]) in place, given the output ``y`` in the same (C, N*P) layout,
-    and db[c] the sum of row c, summed while the row is in cache."""
-    c, m = d.shape
-    mu = U(m)
-    for ci in prange(c):
-        cu = U(ci)
-        row, yr = d[cu], y[cu]
-        if code == 1:
-            for k in range(mu):
-                row[k] = row[k] if yr[k] > 0 else 0
-        elif code != 0:
-            for k in range(mu):
-                row[k] = apply_act_grad(row[k], yr[k], code)
-        db[cu] = _sum(row) if mu > 0 else 0  # _sum reads a first value
-    return d, db
+def conv_output(yc, bias, y, code):  # pragma: no cover - compiled
+    """y[n, c, :] = act(yc[c, n*P:(n+1)*P] + bias[c]); y is (N, C, P)."""
+    n, c, p = y.shape
+    pu = U(p)
+    for b in prange(n):
+        bu = U(b)
+        o = bu * pu
+        for ci in range(U(c)):
+            bc = bias[ci]
+            if code == 1:  # the common case, kept branch-free for the vectoriser
+                for k in range(pu):
+                    v = yc[ci, o + k] + bc
+                    y[bu, ci, k] = 0 if v <= 0 else v  # NaN stays NaN
+            else:
+                for k in range(pu):
+                    y[bu, ci, k] = apply_act(yc[ci, o + k] + bc, code)
+    return y
 
 
 @parallel_twin
 def conv_output_grad(dy, y, out, db, code):  # pragma: no cover - compiled
-    """out[c, n*P + k] = act'(dy[n, c, k]) from (N, C, P) ``dy`` and the (C, N*P) output ``y``
-    (unread for the identity), and db[c] the sum of out's row c, summed while it is in cache."""
+    """out[c, n*P + k] = act'(dy[n, c, k]) (``y`` unused for the identity), and db[c] the sum
+    of out's row c, summed while the row is in cache."""
     n, c, p = dy.shape
     pu, nu = U(p), U(n)
     for ci in prange(c):
@@ -294,31 +277,30 @@ def conv_output_grad(dy, y, out, db, code):  # pragma: no cover - compiled
                     out[cu, o + k] = dy[b, cu, k]
             elif code == 1:
                 for k in range(pu):
-                    out[cu, o + k] = dy[b, cu, k] if y[cu, o + k] > 0 else 0
+                    out[cu, o + k] = dy[b, cu, k] if y[b, cu, k] > 0 else 0
             else:
                 for k in range(pu):
-                    out[cu, o + k] = apply_act_grad(dy[b, cu, k], y[cu, o + k], code)
+                    out[cu, o + k] = apply_act_grad(dy[b, cu, k], y[b, cu, k], code)
         db[cu] = _sum(out[cu]) if nu * pu > 0 else 0  # _sum reads a first value
     return out, db
 
 
-@nb.njit(**JIT)
-def _pool2x2(x, y, idx, n, c, t0, t1, by_channel):  # pragma: no cover - compiled
-    """Planes [t0, t1) of ``maxpool2x2`` (in ``x``'s order), on (planes, H, W) views."""
-    _, oh, ow = y.shape
-    b, ci = U(t0) % U(n), U(t0) // U(n)
-    for at in range(U(t0), U(t1)):
-        t = b * U(c) + ci if by_channel else at  # the plane in y
-        b, ci = (b + U(1), ci) if b + U(1) < U(n) else (U(0), ci + U(1))
-        xs, ys, ids = x[at], y[t], idx[at]
+@parallel_twin
+def maxpool2x2(x, y, idx):  # pragma: no cover - compiled
+    """The common 2x2, stride-2 case, unrolled."""
+    n, c, h, w = x.shape
+    _, _, oh, ow = y.shape
+    for t in prange(n * c):
+        bu = U(t // c)
+        cu = U(t % c)
         for r in range(U(oh)):
             h0 = r * U(2)
             for q in range(U(ow)):
                 w0 = q * U(2)
-                a0 = xs[h0, w0]
-                a1 = xs[h0, w0 + U(1)]
-                a2 = xs[h0 + U(1), w0]
-                a3 = xs[h0 + U(1), w0 + U(1)]
+                a0 = x[bu, cu, h0, w0]
+                a1 = x[bu, cu, h0, w0 + U(1)]
+                a2 = x[bu, cu, h0 + U(1), w0]
+                a3 = x[bu, cu, h0 + U(1), w0 + U(1)]
                 # "not <=" is true for a NaN too, and once best is NaN it stays: the first
                 # NaN in a window wins, as np.maximum and np.argmax have it
                 best, k = a0, 0
@@ -328,20 +310,8 @@ def _pool2x2(x, y, idx, n, c, t0, t1, by_channel):  # pragma: no cover - compile
                     best, k = a2, 2
                 if not (a3 <= best) and best == best:
                     best, k = a3, 3
-                ys[r, q] = best
-                ids[r, q] = k
-
-
-@parallel_twin
-def maxpool2x2(x, y, idx, chunks, by_channel):  # pragma: no cover - compiled
-    """The common 2x2, stride-2 case, unrolled; ``y`` is (N, C, OH, OW), ``x`` and ``idx`` are
-    (C, N, ...) where ``by_channel`` (a convolution's output, read where the GEMM wrote it)."""
-    n, c, oh, ow = y.shape
-    x3 = x.reshape(n * c, x.shape[2], x.shape[3])
-    y3, i3 = y.reshape(n * c, oh, ow), idx.reshape(n * c, oh, ow)
-    step = (n * c + chunks - 1) // chunks
-    for t in prange(chunks):
-        _pool2x2(x3, y3, i3, n, c, t * step, min(n * c, (t + 1) * step), by_channel)
+                y[bu, cu, r, q] = best
+                idx[bu, cu, r, q] = k
     return y, idx
 
 
@@ -394,25 +364,20 @@ def maxpool_backward(dy, idx, size, stride, dx):  # pragma: no cover - compiled
 
 
 @nb.njit(**JIT)
-def _unpool2x2(dyf, idf, dxf, n, c, oh, ow, h, w, t0, t1, by_channel):  # pragma: no cover
-    """Planes [t0, t1) of ``maxpool2x2_backward`` (in ``dx``'s order), on flat views."""
+def _unpool2x2(dyf, idf, dxf, oh, ow, h, w, t0, t1):  # pragma: no cover - compiled
+    """Planes [t0, t1) of ``maxpool2x2_backward``, on flat views."""
     hw, ohw, wu, owu = U(h * w), U(oh * ow), U(w), U(ow)
     one, two = U(1), U(2)
-    b, ci = U(t0) % U(n), U(t0) // U(n)
-    for at in range(U(t0), U(t1)):
-        t = b * U(c) + ci if by_channel else at  # the plane in dy
-        b, ci = (b + U(1), ci) if b + U(1) < U(n) else (U(0), ci + U(1))
-        dbase = at * hw
+    for t in range(U(t0), U(t1)):
+        dbase = t * hw
         ybase = t * ohw
-        ibase = at * ohw
         for r in range(U(oh)):
             yrow = ybase + r * owu
-            irow = ibase + r * owu
             for di in range(two):
                 drow = dbase + (r * two + di) * wu
                 k0 = di * two
                 for q in range(owu):
-                    k = U(idf[irow + q])
+                    k = U(idf[yrow + q])
                     g = dyf[yrow + q]
                     dxf[drow + q * two] = g if k == k0 else 0.0
                     dxf[drow + q * two + one] = g if k == k0 + one else 0.0
@@ -423,17 +388,15 @@ def _unpool2x2(dyf, idf, dxf, n, c, oh, ow, h, w, t0, t1, by_channel):  # pragma
 
 
 @parallel_twin
-def maxpool2x2_backward(dy, idx, dx, chunks, by_channel=False):  # pragma: no cover - compiled
+def maxpool2x2_backward(dy, idx, dx, chunks):  # pragma: no cover - compiled
     """2x2, stride 2: every dx element written once, on flat views (2x faster than zeroing);
-    ``chunks`` runs of planes; ``idx`` and ``dx`` (C, N, ...) where ``by_channel``, as the
-    forward's input was."""
-    n, c, oh, ow = dy.shape
-    h, w = dx.shape[2:]
+    ``chunks`` runs of planes."""
+    n, c, h, w = dx.shape
+    _, _, oh, ow = dy.shape
     dxf, dyf, idf = dx.reshape(-1), dy.reshape(-1), idx.reshape(-1)
     step = (n * c + chunks - 1) // chunks
     for t in prange(chunks):
-        t0, t1 = t * step, min(n * c, (t + 1) * step)
-        _unpool2x2(dyf, idf, dxf, n, c, oh, ow, h, w, t0, t1, by_channel)
+        _unpool2x2(dyf, idf, dxf, oh, ow, h, w, t * step, min(n * c, (t + 1) * step))
     return dx
 
 

@@ -188,17 +188,6 @@ def _tasks(n: int, c: int) -> int:
     return max(1, min(n, math.ceil(want / max(c, 1))))
 
 
-def _is_by_channel(a: np.ndarray) -> bool:
-    """Whether (N, C, H, W) ``a`` is laid out channel by channel, (C, N, H, W) in memory: a
-    convolution's output left where its GEMM wrote it, and pooling's input gradient of one."""
-    return not a.flags.c_contiguous and a.transpose(1, 0, 2, 3).flags.c_contiguous
-
-
-def _by_channel(a: np.ndarray) -> np.ndarray:
-    """(N, C, H, W) -> (C, N*H*W): a view where ``_is_by_channel``, else a transposed copy."""
-    return np.ascontiguousarray(a.transpose(1, 0, 2, 3)).reshape(a.shape[1], -1)
-
-
 class NumbaKernels(NumpyKernels):
     """NumPy's kernels with the memory-bound ones replaced by fused, threaded Numba loops."""
 
@@ -257,19 +246,17 @@ class NumbaKernels(NumpyKernels):
 
     def conv_output(self, yc, b, shape, act="identity"):
         n, c, oh, ow = shape
-        z = conv.conv_bias_act(np.ascontiguousarray(yc), b, ACT_CODE[act])
-        return z.reshape(c, n, oh, ow).transpose(1, 0, 2, 3)  # in place: the GEMM's layout
+        y = np.empty((n, c, oh * ow), dtype=yc.dtype)
+        conv.conv_output(np.ascontiguousarray(yc), b, y, ACT_CODE[act])
+        return y.reshape(shape)
 
     def conv_output_grad(self, dy, out=None, y=None, act="identity"):
         n, c, oh, ow = dy.shape
-        code, db = ACT_CODE[act], np.empty(c, dtype=dy.dtype)
-        y2 = None if act == "identity" else _by_channel(y)  # a view of the forward's GEMM
-        if _is_by_channel(dy):  # as pooling's backward writes it: dL/dz in place
-            d = _by_channel(dy)
-            return conv.act_grad_rows(d, d if y2 is None else y2, db, code)
-        out = np.empty((c, n * oh * ow), dtype=dy.dtype)  # not ``out``: it holds the output
+        if out is None:
+            out = np.empty((c, n * oh * ow), dtype=dy.dtype)
         dy3 = np.ascontiguousarray(dy).reshape(n, c, oh * ow)
-        return conv.conv_output_grad(dy3, out if y2 is None else y2, out, db, code)
+        y3 = dy3 if act == "identity" else np.ascontiguousarray(y).reshape(n, c, oh * ow)
+        return conv.conv_output_grad(dy3, y3, out, np.empty(c, dtype=dy.dtype), ACT_CODE[act])
 
     def conv_direct_pays(self, c_in, kh, kw, stride):
         return c_in * kh * kw <= DIRECT_TAPS
@@ -297,31 +284,21 @@ class NumbaKernels(NumpyKernels):
         return pdb.sum(axis=0), (dx if need_dx else None)
 
     def maxpool2d_forward(self, x, size, stride):
+        x = np.ascontiguousarray(x)
         shape = (*x.shape[:2], *conv_out_hw(x.shape, size, size, stride, 0))
         y = np.empty(shape, dtype=x.dtype)
-        itype = np.uint8 if size <= 16 else np.int32
-        tasks = _tasks(shape[0] * shape[1], 1)
-        if size == 2 and stride == 2 and _is_by_channel(x):  # read where the GEMM wrote it
-            idx = np.empty((shape[1], shape[0], *shape[2:]), dtype=itype)
-            conv.maxpool2x2(x.transpose(1, 0, 2, 3), y, idx, tasks, True)
-            return y, idx.transpose(1, 0, 2, 3)  # idx keeps the input's layout for dx
-        x, idx = np.ascontiguousarray(x), np.empty(shape, dtype=itype)
+        idx = np.empty(shape, dtype=np.uint8 if size <= 16 else np.int32)
         if size == 2 and stride == 2:
-            return conv.maxpool2x2(x, y, idx, tasks, False)
+            return conv.maxpool2x2(x, y, idx)
         return conv.maxpool_forward(x, size, stride, y, idx)
 
     def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
+        dx = np.empty(tuple(x_shape), dtype=dy.dtype)
         dy = np.ascontiguousarray(dy)
         if size == 2 and stride == 2:
             tasks = _tasks(dy.shape[0] * dy.shape[1], 1)
-            if _is_by_channel(idx):  # dx laid out as the forward's input was
-                n, c, h, w = x_shape
-                dx = np.empty((c, n, h, w), dtype=dy.dtype)
-                conv.maxpool2x2_backward(dy, idx.transpose(1, 0, 2, 3), dx, tasks, True)
-                return dx.transpose(1, 0, 2, 3)
-            dx = np.empty(tuple(x_shape), dtype=dy.dtype)
             return conv.maxpool2x2_backward(dy, np.ascontiguousarray(idx), dx, tasks)
-        return conv.maxpool_backward(dy, idx, size, stride, np.empty(tuple(x_shape), dy.dtype))
+        return conv.maxpool_backward(dy, idx, size, stride, dx)
 
     def dropout_mask(self, shape, p, seed, step, sample_ids, dtype, salt=0):
         ids = np.ascontiguousarray(sample_ids, dtype=np.int64)
