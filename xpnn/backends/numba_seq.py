@@ -117,6 +117,49 @@ def gelu_inner(x, t, c, a):  # pragma: no cover - compiled
         t[i] = c * (v + a * v * v * v)
 
 
+def bias_gelu_inner(z, b, t, c, a):  # pragma: no cover - compiled
+    """``z += b`` and ``gelu_inner``'s ``t`` of it in one pass over rows (N, M): the bias of the
+    product before a GELU costs no pass of its own."""
+    n, m = z.shape
+    for i in range(n):
+        row, out = z[i], t[i]
+        for j in range(m):
+            v = row[j] + b[j]
+            row[j] = v
+            out[j] = c * (v + a * v * v * v)
+
+
+# Eigen's float ``tanh`` (the rational approximation PyTorch's CPU kernels vectorise), odd
+# numerator 13th degree, even denominator 6th, exact to a few float32 ulp, clamped where it is 1
+_TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+           5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+           4.89352455891786e-03)  # fmt: skip
+_TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+           4.89352518554385e-03)  # fmt: skip
+TANH_F32 = np.array((7.90531110763549805, *_TANH_P, *_TANH_Q), dtype=np.float32)
+
+
+def bias_gelu_f32(z, b, t, y, k, c, a):  # pragma: no cover - compiled
+    """``bias_gelu_inner``, ``tanh`` and ``gelu_outer`` in one pass over float32 rows (N, M),
+    ``tanh`` by the rational approximation ``k`` (``TANH_F32``), which LLVM vectorises where
+    NumPy's is a pass of its own: 0.15 against 0.35 ms over (1024, 512), bias included."""
+    n, m = z.shape
+    lim, p13, p11, p9, p7, p5, p3, p1, q6, q4, q2, q0 = k
+    half, one = np.float32(0.5), np.float32(1.0)
+    for i in range(n):
+        row, tr, yr = z[i], t[i], y[i]
+        for j in range(m):
+            v = row[j] + b[j]
+            row[j] = v
+            u = c * (v + a * v * v * v)
+            u = min(max(u, -lim), lim)
+            u2 = u * u
+            p = ((((((p13 * u2 + p11) * u2 + p9) * u2 + p7) * u2 + p5) * u2 + p3) * u2 + p1) * u
+            th = p / (((q6 * u2 + q4) * u2 + q2) * u2 + q0)
+            tr[j] = th
+            yr[j] = half * v * (one + th)
+
+
 def gelu_outer(x, t, y, half, one):  # pragma: no cover - compiled
     """``y = x/2 (1 + t)`` once ``t`` holds the ``tanh`` (``half``, ``one`` in the dtype)."""
     for i in range(x.size):
@@ -138,6 +181,37 @@ def gelu_backward(dy, x, t, dx, c, c3a, half, one):  # pragma: no cover - compil
         v, th = x[i], t[i]
         inner = c * (one + c3a * v * v)
         dx[i] = dy[i] * (half * (one + th) + half * v * (one - th * th) * inner)
+
+
+def bias_gelu_backward(dy, x, t, c, c3a, half, one, partial):  # pragma: no cover - compiled
+    """``gelu_backward`` over rows (N, M) written over ``dy``, each row's values added to its
+    chunk's row of ``partial`` (chunks, M) while in cache: the bias gradient without a pass."""
+    n, m = dy.shape
+    chunks = partial.shape[0]
+    step = (n + chunks - 1) // chunks
+    for k in prange(chunks):
+        acc = partial[k]
+        for i in range(k * step, min(n, (k + 1) * step)):
+            g, v, th = dy[i], x[i], t[i]
+            for j in range(m):
+                inner = c * (one + c3a * v[j] * v[j])
+                d = g[j] * (half * (one + th[j]) + half * v[j] * (one - th[j] * th[j]) * inner)
+                g[j] = d
+                acc[j] += d
+
+
+def column_sums(dy, partial):  # pragma: no cover - compiled
+    """Each chunk of rows of (N, M) ``dy`` summed into its row of ``partial`` (chunks, M), in
+    row order: an identity layer's bias gradient, ``dy`` read once and not written."""
+    n, m = dy.shape
+    chunks = partial.shape[0]
+    step = (n + chunks - 1) // chunks
+    for k in prange(chunks):
+        acc = partial[k]
+        for i in range(k * step, min(n, (k + 1) * step)):
+            g = dy[i]
+            for j in range(m):
+                acc[j] += g[j]
 
 
 # inlined where called: called once a row of up to 128 values, the call cost as much as its
