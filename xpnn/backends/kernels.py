@@ -174,7 +174,8 @@ class Kernels:
         return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * inner)
 
     def bias_gelu(self, z: Array, b: Array) -> tuple[Array, Array, Array]:
-        """``(x, y, t)``: ``x = z + b`` (may be ``z``), ``(y, t) = gelu(x)``: an epilogue."""
+        """``(x, y, t)``: ``x = z + b`` (may be ``z``), ``(y, t) = gelu(x)``: an epilogue; a
+        backend may keep no ``t`` (None) and compute it again in ``bias_gelu_backward``."""
         x = self.bias_act(z, b, "identity")
         return (x, *self.gelu(x))
 

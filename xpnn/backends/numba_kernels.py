@@ -122,6 +122,7 @@ def _adam(  # pragma: no cover - compiled
 # serial only: a row is a few hundred flops, and the parallel build ran 4x slower than the
 # serial one (5.7 vs 1.3 ms at 128x64x64 float32) on a loaded 2-core machine
 _bias_gelu_backward = Twin(seq.bias_gelu_backward)
+_bias_gelu_backward_f32 = Twin(seq.bias_gelu_backward_f32)
 _bias_gelu_f32 = nb.njit(**JIT)(seq.bias_gelu_f32)
 _bias_gelu_inner = nb.njit(**JIT)(seq.bias_gelu_inner)
 _causal_shift_pack = nb.njit(**JIT)(seq.causal_shift_pack)
@@ -365,11 +366,11 @@ class NumbaKernels(NumpyKernels):
         return y.reshape(x.shape), t.reshape(x.shape)
 
     def bias_gelu(self, z, b):
-        kind = z.dtype.type
-        t, y = np.empty_like(z), np.empty_like(z)
-        if z.dtype == np.float32:  # a rational tanh, to a few ulp: one pass
-            _bias_gelu_f32(z, b, t, y, seq.TANH_F32, kind(GELU_C), kind(GELU_A))
-            return z, y, t
+        kind, y = z.dtype.type, np.empty_like(z)
+        if z.dtype == np.float32:  # a rational tanh, to a few ulp: one pass, no t kept
+            _bias_gelu_f32(z, b, y, seq.TANH_F32, kind(GELU_C), kind(GELU_A))
+            return z, y, None
+        t = np.empty_like(z)
         _bias_gelu_inner(z, b, t, kind(GELU_C), kind(GELU_A))
         np.tanh(t, out=t)  # NumPy's: the generic formula's bits
         _gelu_outer(z.reshape(-1), t.reshape(-1), y.reshape(-1), kind(0.5), kind(1.0))
@@ -377,7 +378,11 @@ class NumbaKernels(NumpyKernels):
 
     def bias_gelu_backward(self, dy, x, t):
         partial = np.zeros((max(1, min(nb.get_num_threads(), dy.shape[0])), dy.shape[1]), x.dtype)
-        _bias_gelu_backward(dy, x, t, *seq.gelu_grad_constants(x.dtype), partial)
+        c, c3a, half, one = seq.gelu_grad_constants(x.dtype)
+        if t is None:  # bias_gelu's float32 pass: its tanh again
+            _bias_gelu_backward_f32(dy, x, seq.TANH_F32, c, x.dtype.type(GELU_A), c3a, partial)
+        else:
+            _bias_gelu_backward(dy, x, t, c, c3a, half, one, partial)
         return dy, partial.sum(axis=0)
 
     def causal_attention(self, q, k, v, scale, out=None):
