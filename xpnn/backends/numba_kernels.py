@@ -203,9 +203,7 @@ class NumbaKernels(NumpyKernels):
         chunks = max(1, min(nb.get_num_threads(), dy.shape[0]))
         if act != "identity":
             return _bias_act_backward(dy, y, ACT_CODE[act], chunks)
-        partial = np.zeros((chunks, dy.shape[1]), dtype=dy.dtype)
-        _column_sums(dy, partial)
-        return dy, partial.sum(axis=0)
+        return dy, _column_sums(dy, chunks)
 
     def softmax_cross_entropy(self, logits, labels, scale):
         self.check_labels(logits, labels)
@@ -377,13 +375,12 @@ class NumbaKernels(NumpyKernels):
         return z, y, t
 
     def bias_gelu_backward(self, dy, x, t):
-        partial = np.zeros((max(1, min(nb.get_num_threads(), dy.shape[0])), dy.shape[1]), x.dtype)
+        chunks = max(1, min(nb.get_num_threads(), dy.shape[0]))
         c, c3a, half, one = seq.gelu_grad_constants(x.dtype)
         if t is None:  # bias_gelu's float32 pass: its tanh again
-            _bias_gelu_backward_f32(dy, x, seq.TANH_F32, c, x.dtype.type(GELU_A), c3a, partial)
-        else:
-            _bias_gelu_backward(dy, x, t, c, c3a, half, one, partial)
-        return dy, partial.sum(axis=0)
+            a = x.dtype.type(GELU_A)
+            return dy, _bias_gelu_backward_f32(dy, x, seq.TANH_F32, c, a, c3a, chunks)
+        return dy, _bias_gelu_backward(dy, x, t, c, c3a, half, one, chunks)
 
     def causal_attention(self, q, k, v, scale, out=None):
         # whole (T, T) products: OpenBLAS's float32 kernels round a block of rows otherwise

@@ -185,11 +185,11 @@ def gelu_backward(dy, x, t, dx, c, c3a, half, one):  # pragma: no cover - compil
         dx[i] = _gelu_grad(dy[i], x[i], t[i], c, c3a, half, one)
 
 
-def bias_gelu_backward(dy, x, t, c, c3a, half, one, partial):  # pragma: no cover - compiled
-    """``gelu_backward`` over rows (N, M) written over ``dy``, each row's values added to its
-    chunk's row of ``partial`` (chunks, M) while in cache: the bias gradient without a pass."""
+def bias_gelu_backward(dy, x, t, c, c3a, half, one, chunks):  # pragma: no cover - compiled
+    """``gelu_backward`` over rows (N, M) written over ``dy``, and its column sums (the bias
+    gradient) added while each row is in cache, a partial sum for each of ``chunks`` tasks."""
     n, m = dy.shape
-    chunks = partial.shape[0]
+    partial = np.zeros((chunks, m), dtype=dy.dtype)
     step = (n + chunks - 1) // chunks
     for k in prange(chunks):
         acc = partial[k]
@@ -199,12 +199,13 @@ def bias_gelu_backward(dy, x, t, c, c3a, half, one, partial):  # pragma: no cove
                 d = _gelu_grad(g[j], v[j], th[j], c, c3a, half, one)
                 g[j] = d
                 acc[j] += d
+    return _summed(partial)
 
 
-def bias_gelu_backward_f32(dy, x, k, c, a, c3a, partial):  # pragma: no cover - compiled
+def bias_gelu_backward_f32(dy, x, k, c, a, c3a, chunks):  # pragma: no cover - compiled
     """``bias_gelu_backward`` of ``bias_gelu_f32``: its ``tanh`` computed again."""
     n, m = dy.shape
-    chunks = partial.shape[0]
+    partial = np.zeros((chunks, m), dtype=dy.dtype)
     step = (n + chunks - 1) // chunks
     half, one = np.float32(0.5), np.float32(1.0)
     for r in prange(chunks):
@@ -217,6 +218,7 @@ def bias_gelu_backward_f32(dy, x, k, c, a, c3a, partial):  # pragma: no cover - 
                 d = _gelu_grad(g[j], v, th, c, c3a, half, one)
                 g[j] = d
                 acc[j] += d
+    return _summed(partial)
 
 
 @njit(**JIT, inline="always")
@@ -226,11 +228,11 @@ def _gelu_grad(g, v, th, c, c3a, half, one):  # pragma: no cover - compiled
     return g * (half * (one + th) + half * v * (one - th * th) * inner)
 
 
-def column_sums(dy, partial):  # pragma: no cover - compiled
-    """Each chunk of rows of (N, M) ``dy`` summed into its row of ``partial`` (chunks, M), in
-    row order: an identity layer's bias gradient, ``dy`` read once and not written."""
+def column_sums(dy, chunks):  # pragma: no cover - compiled
+    """The column sums of (N, M) ``dy``, rows in order within each of ``chunks`` tasks: an
+    identity layer's bias gradient, ``dy`` read once and not written."""
     n, m = dy.shape
-    chunks = partial.shape[0]
+    partial = np.zeros((chunks, m), dtype=dy.dtype)
     step = (n + chunks - 1) // chunks
     for k in prange(chunks):
         acc = partial[k]
@@ -238,6 +240,16 @@ def column_sums(dy, partial):  # pragma: no cover - compiled
             g = dy[i]
             for j in range(m):
                 acc[j] += g[j]
+    return _summed(partial)
+
+
+@njit(**JIT, inline="always")
+def _summed(partial):  # pragma: no cover - compiled
+    """The tasks' partial column sums added in task order."""
+    out = partial[0].copy()
+    for k in range(1, partial.shape[0]):
+        out += partial[k]
+    return out
 
 
 # inlined where called: called once a row of up to 128 values, the call cost as much as its
