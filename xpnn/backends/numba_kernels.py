@@ -121,10 +121,8 @@ def _adam(  # pragma: no cover - compiled
 
 # serial only: a row is a few hundred flops, and the parallel build ran 4x slower than the
 # serial one (5.7 vs 1.3 ms at 128x64x64 float32) on a loaded 2-core machine
-_bias_gelu_backward = Twin(seq.bias_gelu_backward)
 _bias_gelu_backward_f32 = Twin(seq.bias_gelu_backward_f32)
 _bias_gelu_f32 = nb.njit(**JIT)(seq.bias_gelu_f32)
-_bias_gelu_inner = nb.njit(**JIT)(seq.bias_gelu_inner)
 _causal_shift_pack = nb.njit(**JIT)(seq.causal_shift_pack)
 _column_sums = Twin(seq.column_sums)
 _causal_normalise_unpack = nb.njit(**JIT)(seq.causal_normalise_unpack)
@@ -364,23 +362,19 @@ class NumbaKernels(NumpyKernels):
         return y.reshape(x.shape), t.reshape(x.shape)
 
     def bias_gelu(self, z, b):
-        kind, y = z.dtype.type, np.empty_like(z)
-        if z.dtype == np.float32:  # a rational tanh, to a few ulp: one pass, no t kept
-            _bias_gelu_f32(z, b, y, seq.TANH_F32, kind(GELU_C), kind(GELU_A))
-            return z, y, None
-        t = np.empty_like(z)
-        _bias_gelu_inner(z, b, t, kind(GELU_C), kind(GELU_A))
-        np.tanh(t, out=t)  # NumPy's: the generic formula's bits
-        _gelu_outer(z.reshape(-1), t.reshape(-1), y.reshape(-1), kind(0.5), kind(1.0))
-        return z, y, t
+        if z.dtype != np.float32:  # NumPy's tanh between passes: the generic formula's bits
+            return super().bias_gelu(z, b)
+        y, kind = np.empty_like(z), z.dtype.type  # a rational tanh, to a few ulp: one pass
+        _bias_gelu_f32(z, b, y, seq.TANH_F32, kind(GELU_C), kind(GELU_A))
+        return z, y, None  # no tanh kept: the backward computes it again
 
     def bias_gelu_backward(self, dy, x, t):
+        if t is not None:
+            return super().bias_gelu_backward(dy, x, t)
         chunks = max(1, min(nb.get_num_threads(), dy.shape[0]))
-        c, c3a, half, one = seq.gelu_grad_constants(x.dtype)
-        if t is None:  # bias_gelu's float32 pass: its tanh again
-            a = x.dtype.type(GELU_A)
-            return dy, _bias_gelu_backward_f32(dy, x, seq.TANH_F32, c, a, c3a, chunks)
-        return dy, _bias_gelu_backward(dy, x, t, c, c3a, half, one, chunks)
+        c, c3a = seq.gelu_grad_constants(x.dtype)[:2]
+        a = x.dtype.type(GELU_A)
+        return dy, _bias_gelu_backward_f32(dy, x, seq.TANH_F32, c, a, c3a, chunks)
 
     def causal_attention(self, q, k, v, scale, out=None):
         # whole (T, T) products: OpenBLAS's float32 kernels round a block of rows otherwise

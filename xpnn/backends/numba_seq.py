@@ -1,7 +1,8 @@
 """Numba kernel bodies of sequence models, compiled in ``numba_kernels``: attention's causal
 softmax (the row maxima and sums over each row's seen keys, NumPy's SIMD ``exp`` of those
 alone, packed, between) and its backward, layer normalisation a row at a time, the GELU's
-backward and an embedding's scatter-add."""
+backward, the float32 bias + GELU epilogue of a product (and its backward), a bias
+gradient's column sums and an embedding's scatter-add."""
 
 from __future__ import annotations
 
@@ -117,18 +118,6 @@ def gelu_inner(x, t, c, a):  # pragma: no cover - compiled
         t[i] = c * (v + a * v * v * v)
 
 
-def bias_gelu_inner(z, b, t, c, a):  # pragma: no cover - compiled
-    """``z += b`` and ``gelu_inner``'s ``t`` of it in one pass over rows (N, M): the bias of the
-    product before a GELU costs no pass of its own."""
-    n, m = z.shape
-    for i in range(n):
-        row, out = z[i], t[i]
-        for j in range(m):
-            v = row[j] + b[j]
-            row[j] = v
-            out[j] = c * (v + a * v * v * v)
-
-
 # Eigen's float ``tanh`` (the rational approximation PyTorch's CPU kernels vectorise), odd
 # numerator 13th degree, even denominator 6th, exact to a few float32 ulp, clamped where it is 1
 _TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
@@ -185,25 +174,10 @@ def gelu_backward(dy, x, t, dx, c, c3a, half, one):  # pragma: no cover - compil
         dx[i] = _gelu_grad(dy[i], x[i], t[i], c, c3a, half, one)
 
 
-def bias_gelu_backward(dy, x, t, c, c3a, half, one, chunks):  # pragma: no cover - compiled
-    """``gelu_backward`` over rows (N, M) written over ``dy``, and its column sums (the bias
-    gradient) added while each row is in cache, a partial sum for each of ``chunks`` tasks."""
-    n, m = dy.shape
-    partial = np.zeros((chunks, m), dtype=dy.dtype)
-    step = (n + chunks - 1) // chunks
-    for k in prange(chunks):
-        acc = partial[k]
-        for i in range(k * step, min(n, (k + 1) * step)):
-            g, v, th = dy[i], x[i], t[i]
-            for j in range(m):
-                d = _gelu_grad(g[j], v[j], th[j], c, c3a, half, one)
-                g[j] = d
-                acc[j] += d
-    return _summed(partial)
-
-
 def bias_gelu_backward_f32(dy, x, k, c, a, c3a, chunks):  # pragma: no cover - compiled
-    """``bias_gelu_backward`` of ``bias_gelu_f32``: its ``tanh`` computed again."""
+    """``Kernels.bias_gelu_backward`` of ``bias_gelu_f32`` over rows (N, M), written over
+    ``dy``, its ``tanh`` computed again and the column sums (the bias gradient) added while
+    each row is in cache, a partial sum for each of ``chunks`` tasks."""
     n, m = dy.shape
     partial = np.zeros((chunks, m), dtype=dy.dtype)
     step = (n + chunks - 1) // chunks
