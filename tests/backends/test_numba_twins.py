@@ -29,6 +29,8 @@ SIZE = ROWS * COLS
 CASES = {
     "_bias_act",
     "_bias_act_backward",
+    "_bias_gelu_backward_f32",
+    "_column_sums",
     "_softmax_xent",
     "_sum_rows",
     "_sgd",
@@ -316,3 +318,36 @@ def test_layer_norm_and_its_input_grad(dtype):
     _assert_same_arrays(args_s, args_p)
     dx_formula = Kernels.layer_norm_backward(ref, dy, want[1], want[2], gamma, True)[0]
     _like_formula(args_s[6], dx_formula, dtype)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 5, ROWS])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_column_sums(dtype, chunks):
+    """Per-chunk partial sums added in chunk order (the chunking an argument): exact in both
+    builds, and NumPy's column sums."""
+    dy = np.random.default_rng(9).standard_normal((ROWS, COLS)).astype(dtype)
+    (db_s, args_s), (db_p, args_p) = _both("_column_sums", (dy, chunks))
+    np.testing.assert_array_equal(db_p, db_s)
+    _assert_same_arrays(args_s, args_p)
+    _like_formula(db_s, dy.sum(axis=0), dtype)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 5, ROWS])
+def test_the_float32_bias_gelus_backward(chunks):
+    """Elementwise gradients and per-chunk column sums: exact in both builds; the GELU's
+    formula to a few ulp (its tanh computed again by a rational approximation)."""
+    from xpnn.backends.kernels import GELU_A
+
+    rng = np.random.default_rng(10)
+    dy = rng.standard_normal((ROWS, COLS)).astype(np.float32)
+    x = (rng.standard_normal((ROWS, COLS)) * 3).astype(np.float32)
+    ref = get_backend("numpy", "float32").kernels
+    t = Kernels.gelu(ref, x)[1]
+    c, c3a = seq.gelu_grad_constants(np.float32)[:2]
+    args = (dy, x, seq.TANH_F32, c, np.float32(GELU_A), c3a, chunks)
+    (db_s, args_s), (db_p, args_p) = _both("_bias_gelu_backward_f32", args)
+    np.testing.assert_array_equal(db_p, db_s)
+    _assert_same_arrays(args_s, args_p)
+    want = Kernels.gelu_backward(ref, dy, x, t)
+    _like_formula(args_s[0], want, np.float32)
+    _like_formula(db_s, want.sum(axis=0), np.float32)

@@ -14,6 +14,11 @@ def test_dense_backward_matches_finite_differences(act):
     check_layer(Dense(5, act), (7,), batch=4)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_dense_with_a_fused_gelu_matches_finite_differences(backend):
+    check_layer(Dense(5, "gelu"), (7,), batch=4, backend=backend)
+
+
 @pytest.mark.parametrize("layer", [ReLU, Sigmoid, Tanh])
 def test_activation_backward_matches_finite_differences(layer):
     check_layer(layer(), (6,), batch=3)

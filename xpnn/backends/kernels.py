@@ -173,6 +173,16 @@ class Kernels:
         inner = GELU_C * (1.0 + 3.0 * GELU_A * x * x)
         return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * inner)
 
+    def bias_gelu(self, z: Array, b: Array) -> tuple[Array, Array, Array]:
+        """``(x, y, t)``: ``x = z + b`` (may be ``z``), ``(y, t) = gelu(x)``: an epilogue; a
+        backend may keep no ``t`` (None) and compute it again in ``bias_gelu_backward``."""
+        x = self.bias_act(z, b, "identity")
+        return (x, *self.gelu(x))
+
+    def bias_gelu_backward(self, dy: Array, x: Array, t: Array) -> tuple[Array, Array]:
+        """(dL/dx, dL/db) of ``bias_gelu`` from dL/dy; may overwrite ``dy``."""
+        return self.bias_act_backward(self.gelu_backward(dy, x, t), x, "identity")
+
     def layer_norm(self, x: Array, gamma: Array, beta: Array, eps: float) -> tuple[Array, ...]:
         """LayerNorm over the last axis: ``(gamma xhat + beta, xhat, inv_std)``, the last two
         kept for the backward."""

@@ -1,7 +1,8 @@
 """Numba kernel bodies of sequence models, compiled in ``numba_kernels``: attention's causal
 softmax (the row maxima and sums over each row's seen keys, NumPy's SIMD ``exp`` of those
 alone, packed, between) and its backward, layer normalisation a row at a time, the GELU's
-backward and an embedding's scatter-add."""
+backward, the float32 bias + GELU epilogue of a product (and its backward), a bias
+gradient's column sums and an embedding's scatter-add."""
 
 from __future__ import annotations
 
@@ -117,6 +118,41 @@ def gelu_inner(x, t, c, a):  # pragma: no cover - compiled
         t[i] = c * (v + a * v * v * v)
 
 
+# Eigen's float ``tanh`` (the rational approximation PyTorch's CPU kernels vectorise), odd
+# numerator 13th degree, even denominator 6th, exact to a few float32 ulp, clamped where it is 1
+_TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+           5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+           4.89352455891786e-03)  # fmt: skip
+_TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+           4.89352518554385e-03)  # fmt: skip
+TANH_F32 = np.array((7.90531110763549805, *_TANH_P, *_TANH_Q), dtype=np.float32)
+
+
+def bias_gelu_f32(z, b, y, k, c, a):  # pragma: no cover - compiled
+    """``z += b`` and ``y = gelu(z)`` in one pass over float32 rows (N, M), ``tanh`` by the
+    rational approximation ``k`` (``TANH_F32``), which LLVM vectorises where NumPy's is a pass
+    of its own: 0.15 against 0.35 ms over (1024, 512), bias included. No ``t`` is kept: the
+    backward computes it again, cheaper than 4 MB of traffic a block."""
+    n, m = z.shape
+    half, one = np.float32(0.5), np.float32(1.0)
+    for i in range(n):
+        row, out = z[i], y[i]
+        for j in range(m):
+            v = row[j] + b[j]
+            row[j] = v
+            out[j] = half * v * (one + _tanh_f32(c * (v + a * v * v * v), k))
+
+
+@njit(**JIT, inline="always")
+def _tanh_f32(u, k):  # pragma: no cover - compiled
+    """``tanh(u)`` of a float32 by ``TANH_F32``'s rational approximation."""
+    lim, p13, p11, p9, p7, p5, p3, p1, q6, q4, q2, q0 = k
+    u = min(max(u, -lim), lim)
+    u2 = u * u
+    p = ((((((p13 * u2 + p11) * u2 + p9) * u2 + p7) * u2 + p5) * u2 + p3) * u2 + p1) * u
+    return p / (((q6 * u2 + q4) * u2 + q2) * u2 + q0)
+
+
 def gelu_outer(x, t, y, half, one):  # pragma: no cover - compiled
     """``y = x/2 (1 + t)`` once ``t`` holds the ``tanh`` (``half``, ``one`` in the dtype)."""
     for i in range(x.size):
@@ -135,9 +171,59 @@ def gelu_backward(dy, x, t, dx, c, c3a, half, one):  # pragma: no cover - compil
     float64 constant would run a float32 pass in float64 (0.12 against 0.096 ms for 512K
     float32 values, and the generic formula's bits)."""
     for i in prange(x.size):
-        v, th = x[i], t[i]
-        inner = c * (one + c3a * v * v)
-        dx[i] = dy[i] * (half * (one + th) + half * v * (one - th * th) * inner)
+        dx[i] = _gelu_grad(dy[i], x[i], t[i], c, c3a, half, one)
+
+
+def bias_gelu_backward_f32(dy, x, k, c, a, c3a, chunks):  # pragma: no cover - compiled
+    """``Kernels.bias_gelu_backward`` of ``bias_gelu_f32`` over rows (N, M), written over
+    ``dy``, its ``tanh`` computed again and the column sums (the bias gradient) added while
+    each row is in cache, a partial sum for each of ``chunks`` tasks."""
+    n, m = dy.shape
+    partial = np.zeros((chunks, m), dtype=dy.dtype)
+    step = (n + chunks - 1) // chunks
+    half, one = np.float32(0.5), np.float32(1.0)
+    for r in prange(chunks):
+        acc = partial[r]
+        for i in range(r * step, min(n, (r + 1) * step)):
+            g, xr = dy[i], x[i]
+            for j in range(m):
+                v = xr[j]
+                th = _tanh_f32(c * (v + a * v * v * v), k)
+                d = _gelu_grad(g[j], v, th, c, c3a, half, one)
+                g[j] = d
+                acc[j] += d
+    return _summed(partial)
+
+
+@njit(**JIT, inline="always")
+def _gelu_grad(g, v, th, c, c3a, half, one):  # pragma: no cover - compiled
+    """One value of ``Kernels.gelu_backward``, in its order of operations."""
+    inner = c * (one + c3a * v * v)
+    return g * (half * (one + th) + half * v * (one - th * th) * inner)
+
+
+def column_sums(dy, chunks):  # pragma: no cover - compiled
+    """The column sums of (N, M) ``dy``, rows in order within each of ``chunks`` tasks: an
+    identity layer's bias gradient, ``dy`` read once and not written."""
+    n, m = dy.shape
+    partial = np.zeros((chunks, m), dtype=dy.dtype)
+    step = (n + chunks - 1) // chunks
+    for k in prange(chunks):
+        acc = partial[k]
+        for i in range(k * step, min(n, (k + 1) * step)):
+            g = dy[i]
+            for j in range(m):
+                acc[j] += g[j]
+    return _summed(partial)
+
+
+@njit(**JIT, inline="always")
+def _summed(partial):  # pragma: no cover - compiled
+    """The tasks' partial column sums added in task order."""
+    out = partial[0].copy()
+    for k in range(1, partial.shape[0]):
+        out += partial[k]
+    return out
 
 
 # inlined where called: called once a row of up to 128 values, the call cost as much as its

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from xpnn.nn.activations import GELU
 from xpnn.nn.composite import Chain
 from xpnn.nn.dense import Dense
 from xpnn.nn.layer import Array, Context, check_int
@@ -76,12 +75,12 @@ class CausalSelfAttention(Chain):
 
 
 class FeedForward(Chain):
-    """``down(GELU(up(x)))``: Dense D -> ``hidden``, tanh GELU, Dense ``hidden`` -> D; split
-    column- then row-parallel under tensor parallelism."""
+    """``down(GELU(up(x)))``: Dense D -> ``hidden`` with the tanh GELU fused into its bias pass,
+    Dense ``hidden`` -> D; split column- then row-parallel under tensor parallelism."""
 
     tensor_pairs = (("up", "down", 1, 1),)
 
     def __init__(self, embed: int, hidden: int) -> None:
         check_int("FeedForward", "embed", embed)
         check_int("FeedForward", "hidden", hidden)
-        super().__init__({"up": Dense(hidden), "act": GELU(), "down": Dense(embed)})
+        super().__init__({"up": Dense(hidden, "gelu"), "down": Dense(embed)})

@@ -8,13 +8,14 @@ from xpnn.record.phases import WGRAD
 
 
 class Dense(Layer):
-    """``y = act(x @ W + b)``; the activation is fused so one kernel touches ``z`` once."""
+    """``y = act(x @ W + b)``; the activation is fused so one kernel touches ``z`` once (the
+    tanh GELU, ``"gelu"``, keeps ``z + b`` and its ``tanh`` for the backward)."""
 
     tensor_split = "dense"
 
     def __init__(self, units: int, activation: str = "identity") -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
+        if activation not in (*ACTIVATIONS, "gelu"):
             raise ValueError(f"Dense: unknown activation {activation!r}")
         self.units = check_int("Dense", "units", units)
         self.activation = activation
@@ -47,6 +48,9 @@ class Dense(Layer):
 
     def activate(self, z: Array) -> Array:
         """``act(z + b)`` of the pre-activation rows ``z`` (kept), with the leading axes back."""
+        if self.activation == "gelu":
+            self.y, out, self.t = self.kernels.bias_gelu(z, self.params["b"])
+            return self._unflat(out)
         self.y = self.kernels.bias_act(z, self.params["b"], self.activation)
         return self._unflat(self.y)
 
@@ -58,7 +62,10 @@ class Dense(Layer):
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         if dy.ndim > 2:
             dy = self.xp.reshape(dy, (self.y.shape[0], dy.shape[-1]))
-        dz, db = self.kernels.bias_act_backward(dy, self.y, self.activation)
+        if self.activation == "gelu":
+            dz, db = self.kernels.bias_gelu_backward(dy, self.y, self.t)
+        else:
+            dz, db = self.kernels.bias_act_backward(dy, self.y, self.activation)
         with WGRAD:
             self.kernels.matmul_into(self.x.T, dz, self.grads["W"])
         self.grads["b"][...] = db
