@@ -209,12 +209,14 @@ class PhaseTimer(Callback):
 
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []
+        self.trainer: Trainer | None = None  # the trainer that ran, once training began
         self._current: dict[str, float] | None = None
         self._open: dict[str, tuple[int, float]] = {}  # phase -> (depth, start)
         self._sync: Any = lambda: None
         self._t0 = 0.0
 
     def on_train_begin(self, trainer: Trainer) -> None:
+        self.trainer = trainer
         if trainer.backend.is_gpu:
             self._sync = trainer.backend.synchronize
         phases.listen(self._mark)
