@@ -24,7 +24,8 @@ class StepScalars:
         self._buffers: dict[str, tuple[Array, np.ndarray]] = {}  # dtype -> (device, host)
         self._values: list[tuple[str, int, Callable[[int], float]]] = []
         self._step: int | None = None  # the last ``refresh``'s
-        self.step = DeviceStep(self)
+        self._keys: dict[tuple[int, int], Array] = {}
+        self.step = self  # ``Context.step`` of a replayed step: dropout's keys read from here
 
     def add(self, dtype: Any, compute: Callable[[int], float]) -> Array:
         """A 0-d device array holding ``compute(step)`` from each ``refresh(step)`` on."""
@@ -48,25 +49,17 @@ class StepScalars:
         for device, host in self._buffers.values():
             device[...] = self.backend.asarray(host, dtype=device.dtype)
 
-
-class DeviceStep:
-    """``Context.step`` of a replayed step: dropout's key read from device memory."""
-
-    def __init__(self, scalars: StepScalars) -> None:
-        self.scalars = scalars
-        self._keys: dict[tuple[int, int], Array] = {}
-
     def dropout_key(self, seed: int, salt: int) -> Array:
         """A 0-d uint32 device array: ``dropout_base_key(seed, step, salt)`` of each step."""
         if (seed, salt) not in self._keys:
-            key = self.scalars.add(np.uint32, lambda step: dropout_base_key(seed, step, salt))
+            key = self.add(np.uint32, lambda step: dropout_base_key(seed, step, salt))
             self._keys[seed, salt] = key
         return self._keys[seed, salt]
 
 
 def step_key(seed: int, step: Any, salt: int) -> Any:
-    """Dropout's base key of ``step``: a number, or a device value for a ``DeviceStep``."""
-    if isinstance(step, DeviceStep):
+    """Dropout's base key of ``step``: a number, or a device value for a replayed step's."""
+    if isinstance(step, StepScalars):
         return step.dropout_key(seed, salt)
     return dropout_base_key(seed, step, salt)
 

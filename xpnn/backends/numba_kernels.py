@@ -43,11 +43,7 @@ def _bias_act_backward(dy, y, code, chunks):  # pragma: no cover - compiled
                 g = apply_act_grad(dy[i, j], y[i, j], code)
                 dy[i, j] = g
                 partial[c, j] += g
-    db = np.zeros(m, dtype=dy.dtype)
-    for c in range(chunks):
-        for j in range(m):
-            db[j] += partial[c, j]
-    return dy, db
+    return dy, seq.summed(partial)
 
 
 @Twin
@@ -159,11 +155,6 @@ def _causal_softmax_into(s: np.ndarray, p: np.ndarray, scale: float = 1.0) -> np
     _causal_shift_pack(s, pk, kind(scale), kind(-np.inf))
     np.exp(pk, out=pk)
     return _causal_normalise_unpack(pk, np.ones(t, dtype=p.dtype), p)
-
-
-def _t(a: np.ndarray) -> np.ndarray:
-    """The stacked matrices of ``a`` transposed (a view: BLAS reads it as is)."""
-    return a.swapaxes(-1, -2)
 
 
 # Taps a position (C_in*kh*kw) up to which the direct convolution beats im2col and one GEMM
@@ -380,7 +371,7 @@ class NumbaKernels(NumpyKernels):
         # whole (T, T) products: OpenBLAS's float32 kernels round a block of rows otherwise
         # than the whole (a causal block skip gave other bits, and no time at T = 64)
         t = q.shape[-2]
-        p = np.matmul(q, _t(k))
+        p = np.matmul(q, k.swapaxes(-1, -2))  # a view: BLAS reads it as is
         rows = p.reshape(-1, t, t)
         _causal_softmax_into(rows, rows, scale)  # the scale applied in the same pass
         if out is None:
@@ -391,13 +382,13 @@ class NumbaKernels(NumpyKernels):
     def causal_attention_backward(self, dout, q, k, v, p, scale, out=None):
         t = p.shape[-1]
         dq, dk, dv = out or (np.empty_like(q), np.empty_like(k), np.empty_like(v))
-        np.matmul(_t(p), dout, out=dv)
-        ds = np.matmul(dout, _t(v))
+        np.matmul(p.swapaxes(-1, -2), dout, out=dv)
+        ds = np.matmul(dout, v.swapaxes(-1, -2))
         rows = ds.reshape(-1, t, t)
         # row by row, in place, the scale applied in the same pass
         _causal_softmax_backward(rows, p.reshape(-1, t, t), rows, rows.dtype.type(scale))
         np.matmul(ds, k, out=dq)
-        np.matmul(_t(ds), q, out=dk)
+        np.matmul(ds.swapaxes(-1, -2), q, out=dk)
         return dq, dk, dv
 
     def causal_softmax(self, scores):

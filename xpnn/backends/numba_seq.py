@@ -1,8 +1,5 @@
-"""Numba kernel bodies of sequence models, compiled in ``numba_kernels``: attention's causal
-softmax (the row maxima and sums over each row's seen keys, NumPy's SIMD ``exp`` of those
-alone, packed, between) and its backward, layer normalisation a row at a time, the GELU's
-backward, the float32 bias + GELU epilogue of a product (and its backward), a bias
-gradient's column sums and an embedding's scatter-add."""
+"""Numba kernel bodies of sequence models, compiled in ``numba_kernels``: the causal softmax and
+its backward, layer normalisation, the GELU, a bias gradient's column sums, a scatter-add."""
 
 from __future__ import annotations
 
@@ -17,13 +14,10 @@ from xpnn.backends.numba_jit import JIT
 
 
 def causal_shift_pack(s, pk, scale, ninf):  # pragma: no cover - compiled
-    """The exponent of ``causal_softmax`` of ``z = s * scale`` (N, T, T), packed for NumPy's
-    SIMD ``exp`` to take the seen half alone: each group of 8 rows ``[g, g + 8)`` as a block of
-    ``w = min(T, g + 8)`` values a row (the keys a row of the group sees and the rest of its
-    chunk of 8), ``z[j] - max(z[:i+1])`` for ``j <= i`` and ``-inf`` (whose ``exp`` is 0)
-    after; each product rounded as a pass of its own rounds it. ``scale`` and ``ninf`` (-inf)
-    in the scores' dtype. Loops over 1-D rows: indexing the 3-D arrays inside them kept LLVM
-    from vectorising (3x slower)."""
+    """``z[j] - max(z[:i+1])`` (``j <= i``, else -inf) of ``z = s * scale`` (N, T, T), packed
+    for NumPy's SIMD ``exp`` to take the seen half alone: ``min(T, g + 8)`` values a row of a
+    group of 8 ``[g, g + 8)``. Loops over 1-D rows: 3-D indexing kept LLVM from vectorising
+    (3x slower)."""
     n, t, _ = s.shape
     o = 0
     for b in range(n):
@@ -43,9 +37,8 @@ def causal_shift_pack(s, pk, scale, ninf):  # pragma: no cover - compiled
 
 
 def causal_normalise_unpack(pk, ones, p):  # pragma: no cover - compiled
-    """``p[b, i, :] = e / sum(e)`` of ``causal_shift_pack``'s rows once ``pk`` holds their
-    ``exp``, 0 past each row's group width; the sum grouped as NumPy groups a whole row of up
-    to 128 values (the masked values' zeros change none of its partial sums)."""
+    """``p[b, i] = e / sum(e)`` of ``causal_shift_pack``'s rows once ``pk`` holds their ``exp``,
+    0 after; the sum grouped as NumPy groups a row (the masked zeros change none of its sums)."""
     n, t, _ = p.shape
     o = 0
     for b in range(n):
@@ -62,30 +55,13 @@ def causal_normalise_unpack(pk, ones, p):  # pragma: no cover - compiled
 
 
 def causal_softmax_backward(dp, p, ds, scale):  # pragma: no cover - compiled
-    """``ds = p (dp - sum(dp p)) scale`` a row at a time (``ds`` may be ``dp``), over the
-    ``min(T, g + 8)`` keys the rows of a group of 8 see or share a chunk with (``p`` is 0 past
-    them) and 0 after, the sum grouped as NumPy groups the whole row; ``scale``: the
-    attention's, applied in the same pass (1 for the softmax alone)."""
-    if dp.ctypes.data == ds.ctypes.data:
-        return _causal_softmax_backward_in_place(ds, p, scale)
-    n, t, _ = p.shape
-    for b in range(n):
-        for g in range(0, t, 8):
-            w = min(t, g + 8)
-            for i in range(g, min(t, g + 8)):
-                grad, prob, out = dp[b, i, :w], p[b, i, :w], ds[b, i]
-                dot = _row_dot8(grad, prob)
-                for j in range(w):
-                    out[j] = prob[j] * (grad[j] - dot) * scale
-                out[w:] = 0.0
-    return ds
-
-
-@njit(**JIT)
-def _causal_softmax_backward_in_place(ds, p, scale):  # pragma: no cover - compiled
-    """``causal_softmax_backward`` with ``ds`` its ``dp``: each row read and written through
-    one array, where two views of it failed the loop's runtime alias check and ran scalar
-    (0.06-0.09 against 0.10-0.13 ms over 64x64x64 float32)."""
+    """``ds = p (dp - sum(dp p)) scale`` a row at a time over the ``min(T, g + 8)`` keys the rows
+    of a group of 8 see or share a chunk with (``p`` is 0 past them), 0 after, the sum grouped
+    as NumPy groups the whole row; ``scale``: the attention's (1 for the softmax alone). Rows
+    read and written through one array (``dp`` copied unless it is ``ds``): two views failed the
+    loop's alias check and ran scalar (0.10-0.13 against 0.06-0.09 ms over 64x64x64 float32)."""
+    if dp.ctypes.data != ds.ctypes.data:
+        ds[...] = dp
     n, t, _ = p.shape
     for b in range(n):
         for g in range(0, t, 8):
@@ -111,8 +87,7 @@ def embedding_grad(ids, dy, out):  # pragma: no cover - compiled
 
 
 def gelu_inner(x, t, c, a):  # pragma: no cover - compiled
-    """``t = c (x + a x^3)``, the GELU's ``tanh`` argument in the generic formula's order of
-    operations, so that NumPy's ``tanh`` of it gives the generic formula's bits."""
+    """``t = c (x + a x^3)`` in the generic formula's order: NumPy's ``tanh`` of it, its bits."""
     for i in range(x.size):
         v = x[i]
         t[i] = c * (v + a * v * v * v)
@@ -129,10 +104,9 @@ TANH_F32 = np.array((7.90531110763549805, *_TANH_P, *_TANH_Q), dtype=np.float32)
 
 
 def bias_gelu_f32(z, b, y, k, c, a):  # pragma: no cover - compiled
-    """``z += b`` and ``y = gelu(z)`` in one pass over float32 rows (N, M), ``tanh`` by the
-    rational approximation ``k`` (``TANH_F32``), which LLVM vectorises where NumPy's is a pass
-    of its own: 0.15 against 0.35 ms over (1024, 512), bias included. No ``t`` is kept: the
-    backward computes it again, cheaper than 4 MB of traffic a block."""
+    """``z += b``, ``y = gelu(z)`` in one pass over float32 rows, ``tanh`` by ``k`` (``TANH_F32``),
+    which LLVM vectorises: 0.15 against 0.35 ms over (1024, 512). No ``t`` kept: the backward
+    computes it again, cheaper than 4 MB of traffic a block."""
     n, m = z.shape
     half, one = np.float32(0.5), np.float32(1.0)
     for i in range(n):
@@ -166,18 +140,15 @@ def gelu_grad_constants(dtype: Any) -> tuple:
 
 
 def gelu_backward(dy, x, t, dx, c, c3a, half, one):  # pragma: no cover - compiled
-    """``Kernels.gelu_backward`` over flat arrays in one pass, in its order of operations;
-    ``c`` (sqrt(2/pi)), ``c3a`` (3 * 0.044715), ``half`` and ``one`` in the arrays' dtype: a
-    float64 constant would run a float32 pass in float64 (0.12 against 0.096 ms for 512K
-    float32 values, and the generic formula's bits)."""
+    """``Kernels.gelu_backward`` in one pass, constants in the arrays' dtype: a float64 one runs
+    a float32 pass in float64 (0.12 against 0.096 ms for 512K values, and other bits)."""
     for i in prange(x.size):
         dx[i] = _gelu_grad(dy[i], x[i], t[i], c, c3a, half, one)
 
 
 def bias_gelu_backward_f32(dy, x, k, c, a, c3a, chunks):  # pragma: no cover - compiled
-    """``Kernels.bias_gelu_backward`` of ``bias_gelu_f32`` over rows (N, M), written over
-    ``dy``, its ``tanh`` computed again and the column sums (the bias gradient) added while
-    each row is in cache, a partial sum for each of ``chunks`` tasks."""
+    """``Kernels.bias_gelu_backward`` of ``bias_gelu_f32`` over ``dy``, ``tanh`` again, the bias
+    gradient summed while each row is in cache (a partial sum per task)."""
     n, m = dy.shape
     partial = np.zeros((chunks, m), dtype=dy.dtype)
     step = (n + chunks - 1) // chunks
@@ -192,7 +163,7 @@ def bias_gelu_backward_f32(dy, x, k, c, a, c3a, chunks):  # pragma: no cover - c
                 d = _gelu_grad(g[j], v, th, c, c3a, half, one)
                 g[j] = d
                 acc[j] += d
-    return _summed(partial)
+    return summed(partial)
 
 
 @njit(**JIT, inline="always")
@@ -203,8 +174,7 @@ def _gelu_grad(g, v, th, c, c3a, half, one):  # pragma: no cover - compiled
 
 
 def column_sums(dy, chunks):  # pragma: no cover - compiled
-    """The column sums of (N, M) ``dy``, rows in order within each of ``chunks`` tasks: an
-    identity layer's bias gradient, ``dy`` read once and not written."""
+    """An identity layer's bias gradient: ``dy``'s column sums, in row order within each task."""
     n, m = dy.shape
     partial = np.zeros((chunks, m), dtype=dy.dtype)
     step = (n + chunks - 1) // chunks
@@ -214,11 +184,11 @@ def column_sums(dy, chunks):  # pragma: no cover - compiled
             g = dy[i]
             for j in range(m):
                 acc[j] += g[j]
-    return _summed(partial)
+    return summed(partial)
 
 
 @njit(**JIT, inline="always")
-def _summed(partial):  # pragma: no cover - compiled
+def summed(partial):  # pragma: no cover - compiled
     """The tasks' partial column sums added in task order."""
     out = partial[0].copy()
     for k in range(1, partial.shape[0]):
@@ -230,9 +200,8 @@ def _summed(partial):  # pragma: no cover - compiled
 # loop (0.38 against 0.17 ms over the GPT's 8,192 rows of attention)
 @njit(**JIT, inline="always")
 def _row_dot8(u, v):  # pragma: no cover - compiled
-    """``sum(u * v)`` over 1-D arrays in 8 interleaved partial sums: one chain of adds (the
-    order IEEE fixes for a plain loop) runs several times slower, and this order is as fixed
-    as that one, unlike ``fastmath``'s reassociation."""
+    """``sum(u * v)`` in 8 interleaved partial sums: one chain of adds runs several times slower;
+    this order is as fixed as that one, unlike ``fastmath``'s reassociation."""
     z = u[0] - u[0]  # a zero of the arrays' dtype: float32 stays float32
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
     full = u.size - u.size % 8
@@ -252,9 +221,8 @@ def _row_dot8(u, v):  # pragma: no cover - compiled
 
 
 def layer_norm(x, gamma, beta, ones, consts, y, xhat, inv_std):  # pragma: no cover - compiled
-    """``Kernels.layer_norm`` of rows (N, D) into ``y``, ``xhat``, ``inv_std``; ``ones`` and
-    ``consts`` (1/D, eps) in the rows' dtype: a float64 scalar would promote float32 rows.
-    1-D rows and the sums inlined: 0.071 against 0.097 ms over (1024, 128) float32."""
+    """``Kernels.layer_norm`` of rows; ``consts`` (1/D, eps) in their dtype, not to promote
+    float32. 1-D rows and the sums inlined: 0.071 against 0.097 ms over (1024, 128) float32."""
     n, d = x.shape
     inv_d, eps = consts[0], consts[1]
     for i in prange(n):
@@ -292,9 +260,8 @@ def layer_norm_param_grads(dy, xhat, dgamma, dbeta):  # pragma: no cover - compi
 def layer_norm_backward(
     dy, xhat, inv_std, gamma, ones, consts, dx, dgamma, dbeta
 ):  # pragma: no cover
-    """``layer_norm_param_grads`` and ``layer_norm_input_grad`` in one serial pass over the
-    rows: ``dy`` and ``xhat`` (stored by the forward, out of cache by then) read once, each
-    sum in the two passes' order: 0.12 against 0.17 ms over (1024, 128) float32, cache cold."""
+    """``layer_norm_param_grads`` and ``layer_norm_input_grad`` in one serial pass, their sums'
+    order: ``dy``, ``xhat`` read once, 0.12 against 0.17 ms over (1024, 128) float32, cold."""
     n, d = dy.shape
     dgamma[:] = 0
     dbeta[:] = 0
