@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -43,15 +44,12 @@ class CupyBackend(Backend):
         cupy = import_cupy()
         self.device_id = device_id % cupy.cuda.runtime.getDeviceCount()
         cupy.cuda.Device(self.device_id).use()
+        name = cupy.cuda.runtime.getDeviceProperties(self.device_id)["name"]
+        name = name.decode() if isinstance(name, bytes) else name
+        self.device = f"cuda:{self.device_id} ({name})"
         from xpnn.backends.cupy_kernels import CupyKernels
 
         super().__init__(cupy, CupyKernels(cupy), dtype)
-
-    @property
-    def device(self) -> str:
-        props = self.xp.cuda.runtime.getDeviceProperties(self.device_id)
-        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        return f"cuda:{self.device_id} ({name})"
 
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
@@ -78,14 +76,9 @@ class CupyBackend(Backend):
                 why = str(exc).splitlines()[0] if str(exc) else ""
                 raise CaptureFailed(f"{type(exc).__name__}: {why}") from exc
             graph = stream.end_capture()
-        return _Replay(graph, stream, pool)
+        return functools.partial(_launch, graph, stream, pool)
 
 
-class _Replay:
-    """A captured graph and what it must outlive (its stream and memory pool)."""
-
-    def __init__(self, graph: Any, stream: Any, pool: Any) -> None:
-        self.graph, self.stream, self.pool = graph, stream, pool
-
-    def __call__(self) -> None:
-        self.graph.launch()
+def _launch(graph: Any, *kept: Any) -> None:
+    """Replay ``graph``; ``kept``: what it must outlive (its stream and memory pool)."""
+    graph.launch()

@@ -27,16 +27,6 @@ _GRAD_EXPR = {
 }
 
 
-def _bias_act_kernel(act: str) -> Any:
-    return conv.elementwise(
-        "raw T b, int32 m", "T z", f"T v = z + b[i % m]; z = {_ACT_EXPR[act]};", f"xpnn_bias_{act}"
-    )
-
-
-def _act_grad_kernel(act: str) -> Any:
-    return conv.elementwise("T y", "T dy", f"dy = {_GRAD_EXPR[act]};", f"xpnn_grad_{act}")
-
-
 @cache
 def _softmax_xent_kernel() -> Any:
     """One thread block per row: max, sum of exp, loss and gradient in one launch."""
@@ -86,30 +76,13 @@ def _softmax_xent_kernel() -> Any:
 
 
 _FLUSH = "(x < tiny && x > -tiny) ? (T)0 : x"
-
-
-def _adam_kernel() -> Any:
-    return conv.elementwise(
-        "T g, T lr_c1, T beta1, T beta2, T eps, T c2, T decay, T tiny",
-        "T p, T m, T v",
-        f"""
-        T x = beta1 * m + ((T)1 - beta1) * g;
-        m = {_FLUSH};
-        x = beta2 * v + ((T)1 - beta2) * (g * g);
-        v = {_FLUSH};
-        p = decay * p - lr_c1 * (m / (sqrt(v / c2) + eps));
-        """,
-        "xpnn_adam",
-    )
-
-
-def _momentum_kernel() -> Any:
-    return conv.elementwise(
-        "T g, T lr, T mu, T tiny",
-        "T p, T v",
-        f"T x = mu * v + g; v = {_FLUSH}; p -= lr * v;",
-        "xpnn_momentum",
-    )
+_ADAM = f"""
+T x = beta1 * m + ((T)1 - beta1) * g;
+m = {_FLUSH};
+x = beta2 * v + ((T)1 - beta2) * (g * g);
+v = {_FLUSH};
+p = decay * p - lr_c1 * (m / (sqrt(v / c2) + eps));
+"""
 
 
 def _i32(*values: int) -> tuple[np.int32, ...]:
@@ -164,10 +137,12 @@ class CupyKernels(Kernels):
     conv_output_grad = NumpyKernels.conv_output_grad
 
     def bias_act(self, z, b, act):
-        return _bias_act_kernel(act)(b, b.shape[0], z)
+        body = f"T v = z + b[i % m]; z = {_ACT_EXPR[act]};"
+        kernel = conv.elementwise("raw T b, int32 m", "T z", body, f"xpnn_bias_{act}")
+        return kernel(b, b.shape[0], z)
 
     def bias_act_backward(self, dy, y, act):
-        dz = _act_grad_kernel(act)(y, dy)
+        dz = conv.elementwise("T y", "T dy", f"dy = {_GRAD_EXPR[act]};", f"xpnn_grad_{act}")(y, dy)
         return dz, dz.sum(axis=0)
 
     def softmax_cross_entropy(self, logits, labels, scale):
@@ -188,13 +163,17 @@ class CupyKernels(Kernels):
     def momentum_update(self, p, g, v, lr, mu):
         t = p.dtype.type
         lr = host_or_device(p.dtype, lr)  # a replayed step's rate is a 0-d device array
-        _momentum_kernel()(g, lr, t(mu), t(np.finfo(p.dtype).smallest_normal), p, v)
+        body = f"T x = mu * v + g; v = {_FLUSH}; p -= lr * v;"
+        kernel = conv.elementwise("T g, T lr, T mu, T tiny", "T p, T v", body, "xpnn_momentum")
+        kernel(g, lr, t(mu), t(np.finfo(p.dtype).smallest_normal), p, v)
 
     def adam_step(self, p, g, m, v, lr_c1, beta1, beta2, eps, c2, decay=1.0):
         t = p.dtype.type
         lr_c1, c2, decay = (host_or_device(p.dtype, x) for x in (lr_c1, c2, decay))
         scalars = (lr_c1, t(beta1), t(beta2), t(eps), c2, decay)
-        _adam_kernel()(g, *scalars, t(np.finfo(p.dtype).smallest_normal), p, m, v)
+        params = "T g, T lr_c1, T beta1, T beta2, T eps, T c2, T decay, T tiny"
+        kernel = conv.elementwise(params, "T p, T m, T v", _ADAM, "xpnn_adam")
+        kernel(g, *scalars, t(np.finfo(p.dtype).smallest_normal), p, m, v)
 
     def _geometry(self, x_shape, kh, kw, stride, padding, out_hw):  # noqa: ANN001, ANN202
         n, c, h, w = x_shape

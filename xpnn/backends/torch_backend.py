@@ -89,19 +89,14 @@ class TorchBackend(Backend):
             raise UserError("`dtype` float64: Apple's MPS devices have no float64 (use float32)")
         self.is_gpu = self.torch_device.type != "cpu"
         if self.is_gpu:
-            if self.torch_device.type in ("cuda", "xpu"):
-                getattr(torch, self.torch_device.type).set_device(self.torch_device)
-            torch.set_default_device(self.torch_device)
+            dev = self.torch_device
+            self.device = f"{dev} ({_device_name(torch, dev.type, dev.index or 0)})"
+            if dev.type in ("cuda", "xpu"):
+                getattr(torch, dev.type).set_device(dev)
+            torch.set_default_device(dev)
         from xpnn.backends.torch_kernels import TorchKernels
 
         super().__init__(xp, TorchKernels(xp), dtype)
-
-    @property
-    def device(self) -> str:
-        dev = self.torch_device
-        if dev.type == "cpu":
-            return "cpu"
-        return f"{dev} ({_device_name(self.torch, dev.type, dev.index or 0)})"
 
     def synchronize(self) -> None:
         if self.is_gpu:
