@@ -89,40 +89,23 @@ def _i32(*values: int) -> tuple[np.int32, ...]:
     return tuple(np.int32(v) for v in values)
 
 
-@cache
-def _causal_softmax_kernels() -> tuple[Any, Any]:
-    """One thread per score row: its seen keys ``j <= i`` in two passes, the rest set to 0."""
-    import cupy as cp
-
-    row = "long long t = _ind.size() / n_rows; long long r = i / t, c = i % t; long long q = r % t;"
-    forward = cp.ElementwiseKernel(
-        "raw T s, int64 n_rows",
-        "T p",
-        row
-        + """
-        const T* srow = &s[r * t];
-        if (c > q) { p = (T)0; } else {
-            T m = srow[0];
-            for (long long j = 1; j <= q; ++j) m = srow[j] > m ? srow[j] : m;
-            T total = 0;
-            for (long long j = 0; j <= q; ++j) total += exp(srow[j] - m);
-            p = exp(srow[c] - m) / total;
-        }""",
-        "xpnn_causal_softmax",
-    )
-    backward = cp.ElementwiseKernel(
-        "raw T dp, raw T p, int64 n_rows",
-        "T ds",
-        row
-        + """
-        if (c > q) { ds = (T)0; } else {
-            T dot = 0;
-            for (long long j = 0; j <= q; ++j) dot += dp[r * t + j] * p[r * t + j];
-            ds = p[i] * (dp[i] - dot);
-        }""",
-        "xpnn_causal_softmax_backward",
-    )
-    return forward, backward
+# one thread per score: its row's seen keys ``j <= i`` in two passes, the rest set to 0
+_ROW = "long long t = _ind.size() / n_rows; long long r = i / t, c = i % t; long long q = r % t;"
+_CAUSAL_SOFTMAX = """
+const T* srow = &s[r * t];
+if (c > q) { p = (T)0; } else {
+    T m = srow[0];
+    for (long long j = 1; j <= q; ++j) m = srow[j] > m ? srow[j] : m;
+    T total = 0;
+    for (long long j = 0; j <= q; ++j) total += exp(srow[j] - m);
+    p = exp(srow[c] - m) / total;
+}"""
+_CAUSAL_SOFTMAX_BACKWARD = """
+if (c > q) { ds = (T)0; } else {
+    T dot = 0;
+    for (long long j = 0; j <= q; ++j) dot += dp[r * t + j] * p[r * t + j];
+    ds = p[i] * (dp[i] - dot);
+}"""
 
 
 class CupyKernels(Kernels):
@@ -237,10 +220,12 @@ class CupyKernels(Kernels):
 
     def causal_softmax(self, scores):
         s = self.xp.ascontiguousarray(scores)
-        rows = s.size // s.shape[-1]
-        return _causal_softmax_kernels()[0](s, rows, self.xp.empty_like(s))
+        params, name = "raw T s, int64 n_rows", "xpnn_causal_softmax"
+        kernel = conv.elementwise(params, "T p", _ROW + _CAUSAL_SOFTMAX, name)
+        return kernel(s, s.size // s.shape[-1], self.xp.empty_like(s))
 
     def causal_softmax_backward(self, dp, p):
         dp, p = self.xp.ascontiguousarray(dp), self.xp.ascontiguousarray(p)
-        rows = p.size // p.shape[-1]
-        return _causal_softmax_kernels()[1](dp, p, rows, self.xp.empty_like(p))
+        params, name = "raw T dp, raw T p, int64 n_rows", "xpnn_causal_softmax_backward"
+        kernel = conv.elementwise(params, "T ds", _ROW + _CAUSAL_SOFTMAX_BACKWARD, name)
+        return kernel(dp, p, p.size // p.shape[-1], self.xp.empty_like(p))
