@@ -9,9 +9,12 @@ import os
 import sys
 from collections.abc import Callable
 
-from xpnn.backends.base import Backend, cpu_backend
+import numpy as np
+
+from xpnn.backends.base import Backend
 from xpnn.backends.cupy_backend import CupyBackend, import_cupy
 from xpnn.backends.graphs import StepScalars
+from xpnn.backends.numpy_kernels import NumpyKernels
 from xpnn.backends.threads import THREAD_VARS, set_threads, threads_set
 from xpnn.backends.torch_backend import TorchBackend, import_torch, resolve_device
 from xpnn.errors import UserError
@@ -36,7 +39,12 @@ def get_backend(
         name = "cupy" if gpu_unavailable_reason() is None else auto_without_cupy()
     if name in ("numpy", "numba"):
         keep_freed_arrays()  # a CPU step's temporaries reused without page faults
-        return cpu_backend(name, dtype)
+        table = NumpyKernels
+        if name == "numba":  # the memory-bound kernels compiled into threaded loops
+            from xpnn.backends.numba_kernels import NumbaKernels as table
+        backend = Backend(np, table(np), dtype)
+        backend.name = name
+        return backend
     if name == "cupy":
         return CupyBackend(dtype, device_id)
     if name == "torch":

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends.kernels import Kernels
-from xpnn.backends.numpy_kernels import NumpyKernels
 
 DTYPES = ("float32", "float64")  # what a backend computes in
 
@@ -59,13 +58,3 @@ class Backend:
 
     def describe(self) -> str:
         return f"{self.name} ({self.device}, {self.dtype_name})"
-
-
-def cpu_backend(name: str, dtype: str = "float32") -> Backend:
-    """NumPy on the CPU; ``numba`` compiles the memory-bound kernels into threaded loops."""
-    table = NumpyKernels
-    if name == "numba":
-        from xpnn.backends.numba_kernels import NumbaKernels as table
-    backend = Backend(np, table(np), dtype)
-    backend.name = name
-    return backend

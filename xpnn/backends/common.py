@@ -6,7 +6,6 @@ import math
 from typing import Any
 
 Array = Any
-Shape = tuple[int, ...]
 OutHW = tuple[int, int] | None
 ACTIVATIONS = ("relu", "sigmoid", "tanh", "identity")
 _KINDS = {"integral": ("iu", "int"), "real floating": ("f", "float")}  # (letters, name)
@@ -62,7 +61,7 @@ def dropout_base_key(seed: int, step: int, salt: int = 0) -> int:
     return h
 
 
-def mask_rows(shape: Shape, sample_ids: Array) -> tuple[int, int]:
+def mask_rows(shape: tuple[int, ...], sample_ids: Array) -> tuple[int, int]:
     """(N, values per sample) of a dropout mask: one sample id per row."""
     n = shape[0]
     if sample_ids.shape[0] != n:
@@ -78,7 +77,7 @@ def dropout_threshold(p: float) -> int:
 
 
 def conv_out_hw(
-    x_shape: Shape, kh: int, kw: int, stride: int, padding: int, out_hw: OutHW = None
+    x_shape: tuple[int, ...], kh: int, kw: int, stride: int, padding: int, out_hw: OutHW = None
 ) -> tuple[int, int]:
     """The (OH, OW) a kernel computes: all that fit, or the first ``out_hw`` of them."""
     h, w = x_shape[-2:]

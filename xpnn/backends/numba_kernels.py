@@ -100,8 +100,7 @@ def _momentum(p, g, v, lr, mu, tiny):  # pragma: no cover - compiled
 def _adam(  # pragma: no cover - compiled
     p, g, m, v, lr_c1, beta1, beta2, one_m_b1, one_m_b2, eps, c2, decay, tiny
 ):
-    """Every scalar arrives in the arrays' dtype: a float64 one would promote the float32 loop
-    and cost its vectorisation (4x)."""
+    """Scalars in the arrays' dtype: a float64 one promotes the float32 loop (4x slower)."""
     for i in prange(p.size):
         gi = g[i]
         mi = beta1 * m[i] + one_m_b1 * gi
@@ -141,14 +140,12 @@ def _row_constants(rows: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray
 
 @functools.cache
 def _packed_values(t: int) -> int:
-    """Values ``causal_shift_pack`` writes for one (T, T) matrix: each group of 8 rows
-    ``[g, g + 8)`` ``min(T, g + 8)`` values a row."""
+    """Values ``causal_shift_pack`` writes for one (T, T) matrix: ``min(T, g + 8)`` a row."""
     return sum(min(t, g + 8) * min(8, t - g) for g in range(0, t, 8))
 
 
 def _causal_softmax_into(s: np.ndarray, p: np.ndarray, scale: float = 1.0) -> np.ndarray:
-    """``Kernels.causal_softmax`` of (N, T, T) ``s * scale`` written into ``p`` (which may be
-    ``s``): the seen half packed, its ``exp`` by NumPy, unpacked normalised."""
+    """``Kernels.causal_softmax`` of ``s * scale`` (N, T, T) into ``p`` (may be ``s``)."""
     n, t, _ = s.shape
     kind = p.dtype.type
     pk = np.empty(n * _packed_values(t), dtype=p.dtype)

@@ -5,18 +5,17 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import Any
 
 from xpnn.errors import UserError
 
 # What users export to limit threads; threadpoolctl's limits and Numba's count override them
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
-_LIMITER: object | None = None  # the live threadpoolctl controller; kept so limits stay applied
-_APPLIED: list[int] = []  # the count set in this process, once set
+_APPLIED: dict[str, Any] = {}  # once set: the count, and the threadpoolctl limits keeping it
 
 
 def set_threads(n: int | None = None) -> dict:
     """Limit BLAS/OpenMP and Numba (by environment unless imported: 0.5 s) to ``n`` threads."""
-    global _LIMITER
     n = default_threads() if n is None else n
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise UserError(f"`threads` {n}: must be a whole number >= 1")
@@ -34,16 +33,16 @@ def set_threads(n: int | None = None) -> dict:
     with contextlib.suppress(ImportError):
         from threadpoolctl import threadpool_info, threadpool_limits
 
-        _LIMITER = threadpool_limits(limits=n)
+        _APPLIED["limiter"] = threadpool_limits(limits=n)
         keys = {"lib": "internal_api", "api": "user_api", "threads": "num_threads"}
         blas = [{k: pool.get(v) for k, v in keys.items()} for pool in threadpool_info()]
-    _APPLIED[:] = [n]
+    _APPLIED["threads"] = n
     return {"threads": n, "blas": blas, "numba": numba_threads}
 
 
 def threads_set() -> int | None:
     """The count ``set_threads`` gave this process, or None."""
-    return _APPLIED[0] if _APPLIED else None
+    return _APPLIED.get("threads")
 
 
 def default_threads() -> int:
