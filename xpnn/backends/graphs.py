@@ -37,10 +37,9 @@ class StepScalars:
         if index >= self.CAPACITY:
             raise ValueError(f"StepScalars: more than {self.CAPACITY} {name} values")
         self._values.append((name, index, compute))
-        device = self._buffers[name][0]
         if self._step is not None:  # asked for during a step: this step's value too
             self.refresh(self._step)
-        return device[index : index + 1].reshape(())  # a view: NumPy's [index] is a copy
+        return self._buffers[name][0][index : index + 1].reshape(())  # NumPy's [index]: a copy
 
     def refresh(self, step: int) -> None:
         self._step = step
@@ -52,8 +51,7 @@ class StepScalars:
     def dropout_key(self, seed: int, salt: int) -> Array:
         """A 0-d uint32 device array: ``dropout_base_key(seed, step, salt)`` of each step."""
         if (seed, salt) not in self._keys:
-            key = self.add(np.uint32, lambda step: dropout_base_key(seed, step, salt))
-            self._keys[seed, salt] = key
+            self._keys[seed, salt] = self.add(np.uint32, lambda s: dropout_base_key(seed, s, salt))
         return self._keys[seed, salt]
 
 

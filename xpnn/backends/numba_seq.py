@@ -55,10 +55,8 @@ def causal_normalise_unpack(pk, ones, p):  # pragma: no cover - compiled
 
 
 def causal_softmax_backward(dp, p, ds, scale):  # pragma: no cover - compiled
-    """``ds = p (dp - sum(dp p)) scale`` a row at a time over the ``min(T, g + 8)`` keys the rows
-    of a group of 8 see or share a chunk with (``p`` is 0 past them), 0 after, the sum grouped
-    as NumPy groups the whole row; ``scale``: the attention's (1 for the softmax alone). Rows
-    read and written through one array (``dp`` copied unless it is ``ds``): two views failed the
+    """``ds = p (dp - sum(dp p)) scale`` by rows, 0 past each row's group of 8 (as ``p``), summed
+    as NumPy sums the row. ``dp`` is first copied into ``ds``: two views of a row failed the
     loop's alias check and ran scalar (0.10-0.13 against 0.06-0.09 ms over 64x64x64 float32)."""
     if dp.ctypes.data != ds.ctypes.data:
         ds[...] = dp
@@ -104,9 +102,8 @@ TANH_F32 = np.array((7.90531110763549805, *_TANH_P, *_TANH_Q), dtype=np.float32)
 
 
 def bias_gelu_f32(z, b, y, k, c, a):  # pragma: no cover - compiled
-    """``z += b``, ``y = gelu(z)`` in one pass over float32 rows, ``tanh`` by ``k`` (``TANH_F32``),
-    which LLVM vectorises: 0.15 against 0.35 ms over (1024, 512). No ``t`` kept: the backward
-    computes it again, cheaper than 4 MB of traffic a block."""
+    """``z += b``, ``y = gelu(z)`` in one pass, ``tanh`` by ``k`` (``TANH_F32``), which LLVM
+    vectorises (0.15 against 0.35 ms over (1024, 512)); no ``t`` kept: cheaper computed again."""
     n, m = z.shape
     half, one = np.float32(0.5), np.float32(1.0)
     for i in range(n):
@@ -240,10 +237,8 @@ def layer_norm(x, gamma, beta, ones, consts, y, xhat, inv_std):  # pragma: no co
 
 def layer_norm_input_grad(dy, xhat, inv_std, gamma, ones, consts, dx):  # pragma: no cover
     """dL/dx of ``layer_norm`` over rows (N, D); ``ones`` and ``consts`` as there."""
-    n, d = dy.shape
-    inv_d = consts[0]
-    for i in prange(n):
-        _row_input_grad(dy[i], xhat[i], inv_std[i], gamma, ones, inv_d, dx[i])
+    for i in prange(dy.shape[0]):
+        _row_input_grad(dy[i], xhat[i], inv_std[i], gamma, ones, consts[0], dx[i])
 
 
 def layer_norm_param_grads(dy, xhat, dgamma, dbeta):  # pragma: no cover - compiled
