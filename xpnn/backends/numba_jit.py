@@ -22,7 +22,6 @@ class Twin:
             fn.__code__, fn.__globals__, fn.__name__ + "_parallel", fn.__defaults__, fn.__closure__
         )
         copy.__qualname__ = fn.__qualname__ + "_parallel"
-        copy.__module__ = fn.__module__
         self.parallel = nb.njit(parallel=True, **JIT)(copy)
 
     def __call__(self, first, *args):  # noqa: ANN001, ANN204

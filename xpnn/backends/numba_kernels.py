@@ -114,14 +114,14 @@ def _adam(  # pragma: no cover - compiled
         p[i] = decay * p[i] - lr_c1 * (mi / (math.sqrt(vi / c2) + eps))
 
 
-# serial only: a row is a few hundred flops, and the parallel build ran 4x slower than the
-# serial one (5.7 vs 1.3 ms at 128x64x64 float32) on a loaded 2-core machine
-_bias_gelu_backward_f32 = Twin(seq.bias_gelu_backward_f32)
-_bias_gelu_f32 = nb.njit(**JIT)(seq.bias_gelu_f32)
+# the causal softmax serial only: a row is a few hundred flops, and the parallel build ran 4x
+# slower than the serial one (5.7 vs 1.3 ms at 128x64x64 float32) on a loaded 2-core machine
 _causal_shift_pack = nb.njit(**JIT)(seq.causal_shift_pack)
-_column_sums = Twin(seq.column_sums)
 _causal_normalise_unpack = nb.njit(**JIT)(seq.causal_normalise_unpack)
 _causal_softmax_backward = nb.njit(**JIT)(seq.causal_softmax_backward)
+_bias_gelu_backward_f32 = Twin(seq.bias_gelu_backward_f32)
+_bias_gelu_f32 = nb.njit(**JIT)(seq.bias_gelu_f32)
+_column_sums = Twin(seq.column_sums)
 _embedding_grad = nb.njit(**JIT)(seq.embedding_grad)
 _gelu_backward = Twin(seq.gelu_backward)
 _gelu_inner = nb.njit(**JIT)(seq.gelu_inner)
@@ -318,10 +318,8 @@ class NumbaKernels(NumpyKernels):
         rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
         y, xhat = np.empty_like(rows), np.empty_like(rows)
         inv_std = np.empty(rows.shape[0], dtype=rows.dtype)
-        ones, consts = _row_constants(rows, eps)
-        _layer_norm(rows, gamma, beta, ones, consts, y, xhat, inv_std)
-        lead = (*x.shape[:-1], 1)
-        return y.reshape(x.shape), xhat.reshape(x.shape), inv_std.reshape(lead)
+        _layer_norm(rows, gamma, beta, *_row_constants(rows, eps), y, xhat, inv_std)
+        return y.reshape(x.shape), xhat.reshape(x.shape), inv_std.reshape(*x.shape[:-1], 1)
 
     def layer_norm_backward(self, dy, xhat, inv_std, gamma, need_dx):
         rows = np.ascontiguousarray(dy).reshape(-1, dy.shape[-1])

@@ -84,12 +84,11 @@ class TorchBackend(Backend):
     def __init__(self, dtype: str = "float32", device: str | None = None, local_rank: int = 0):
         torch, xp = import_torch()
         self.torch = torch
-        self.torch_device = resolve_device(torch, device, local_rank)
-        if self.torch_device.type == "mps" and dtype == "float64":
+        dev = self.torch_device = resolve_device(torch, device, local_rank)
+        if dev.type == "mps" and dtype == "float64":
             raise UserError("`dtype` float64: Apple's MPS devices have no float64 (use float32)")
-        self.is_gpu = self.torch_device.type != "cpu"
+        self.is_gpu = dev.type != "cpu"
         if self.is_gpu:
-            dev = self.torch_device
             self.device = f"{dev} ({_device_name(torch, dev.type, dev.index or 0)})"
             if dev.type in ("cuda", "xpu"):
                 getattr(torch, dev.type).set_device(dev)
