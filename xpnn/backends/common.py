@@ -43,12 +43,9 @@ GOLDEN = 0x9E3779B9
 
 def fmix32_host(h: int) -> int:
     h &= MASK32
-    h ^= h >> 16
-    h = (h * FMIX_M1) & MASK32
-    h ^= h >> 13
-    h = (h * FMIX_M2) & MASK32
-    h ^= h >> 16
-    return h
+    for shift, factor in ((16, FMIX_M1), (13, FMIX_M2)):
+        h = ((h ^ (h >> shift)) * factor) & MASK32
+    return h ^ (h >> 16)
 
 
 def dropout_base_key(seed: int, step: int, salt: int = 0) -> int:

@@ -144,8 +144,7 @@ def gelu_backward(dy, x, t, dx, c, c3a, half, one):  # pragma: no cover - compil
 
 
 def bias_gelu_backward_f32(dy, x, k, c, a, c3a, chunks):  # pragma: no cover - compiled
-    """``Kernels.bias_gelu_backward`` of ``bias_gelu_f32`` over ``dy``, ``tanh`` again, the bias
-    gradient summed while each row is in cache (a partial sum per task)."""
+    """``bias_gelu_f32``'s backward over ``dy``, the bias gradient summed while a row is cached."""
     n, m = dy.shape
     partial = np.zeros((chunks, m), dtype=dy.dtype)
     step = (n + chunks - 1) // chunks
