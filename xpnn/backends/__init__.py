@@ -20,8 +20,7 @@ from xpnn.backends.torch_backend import TorchBackend, import_torch, resolve_devi
 from xpnn.errors import UserError
 
 BACKENDS = ("numpy", "numba", "cupy", "torch", "auto")
-M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
-M_MMAP_THRESHOLD = -3
+THRESHOLDS = (-3, -1)  # glibc's mallopt M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (malloc.h)
 KEPT_BYTES = 256 << 20  # blocks up to this size come from the heap; this much free is kept
 USER_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 _kept = False  # ``keep_freed_arrays`` ran in this process
@@ -63,7 +62,7 @@ def keep_freed_arrays() -> bool:
     except (OSError, AttributeError, TypeError):  # no C library by that name (Windows)
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, KEPT_BYTES) and mallopt(M_TRIM_THRESHOLD, KEPT_BYTES))
+    return all(mallopt(threshold, KEPT_BYTES) for threshold in THRESHOLDS)
 
 
 def _reason(load: Callable[[], object]) -> str | None:

@@ -63,7 +63,5 @@ def step_key(seed: int, step: Any, salt: int) -> Any:
 
 
 def host_or_device(dtype: Any, value: Any) -> Any:
-    """A kernel's scalar in ``dtype``: a number converted, a device value as it is (no wait)."""
-    if isinstance(value, int | float | np.generic):  # NumPy's scalars too: np.float64 rates
-        return dtype.type(value)
-    return value
+    """A kernel's scalar in ``dtype``: numbers (NumPy's too) converted, device values unread."""
+    return dtype.type(value) if isinstance(value, int | float | np.generic) else value
