@@ -8,7 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from xpnn.commands.inputs import Parser, machine_for, spec_from, work_of
+from xpnn.commands.flags import Parser
+from xpnn.commands.inputs import machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.record.plot import read_epochs

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
-from xpnn.errors import PARAM
+from xpnn.errors import PARAM, UserError
 from xpnn.planner.auto import AUTO, CHOSEN
 from xpnn.record.timeline import parse_steps
 from xpnn.run import RunSpec
@@ -33,13 +33,14 @@ DECLARED = {**SETTINGS, "checkpoint_signal": CHECKPOINT_SIGNAL}  # every trainin
 FLAGS = {name: s.flag or f"--{name.replace('_', '-')}" for name, s in DECLARED.items()}
 
 
-class ArgError(Exception):
+class ArgError(UserError):
     """A bad flag, in one line naming it (the parser's error, without the usage)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line naming it, takes no abbreviation (``--e 1``
-    is not ``--epochs 1``) and suggests the flag a typo meant."""
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line naming it (``ArgError``, exit 2 by the
+    caller), takes no abbreviation (``--e 1`` is not ``--epochs 1``) and suggests the flag a
+    typo meant."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(allow_abbrev=False, **kwargs)
@@ -138,13 +139,13 @@ def _add(parser: argparse.ArgumentParser, name: str, s: Setting) -> None:
 
 
 def build_info_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m xpnn info", description="What this machine offers to xpnn.")
+    p = Parser(prog="python -m xpnn info", description="What this machine offers to xpnn.")
     p.add_argument("--json", action="store_true", help="machine-readable")
     return p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="python -m xpnn",
         usage="python -m xpnn [train] [flags]  |  --version  |  info [--json]  |  plot "
         "METRICS.jsonl... [-o PNG]  |  trace DIR [-o MERGED]  |  generate CHECKPOINT [--chars N]",

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends import BACKENDS, get_backend
-from xpnn.commands.inputs import Parser
+from xpnn.commands.flags import Parser
 from xpnn.errors import UserError
 from xpnn.nn.gpt import GPT_DEFAULTS, gpt
 from xpnn.nn.layer import Context
@@ -114,7 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="python -m xpnn generate",
         description="Sample text from a --model gpt checkpoint (a file of --checkpoint-dir).",
-        allow_abbrev=False,
     )
     add = p.add_argument
     add("checkpoint", help="a checkpoint-epochNNNN.npz file, or its directory")

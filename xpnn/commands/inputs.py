@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
-from typing import Any, NoReturn
+from typing import Any
 
-from xpnn.commands.flags import ArgError, build_parser, to_spec
+from xpnn.commands.flags import build_parser, to_spec
 from xpnn.errors import UserError
 from xpnn.nn.layer import is_int
 from xpnn.planner.cost import predict
@@ -14,23 +13,11 @@ from xpnn.planner.models import as_run, work_of
 from xpnn.run import BATCH, resolve
 from xpnn.runtime.threads import node_cores
 
-__all__ = ["Parser", "global_batch", "machine_for", "predict_run", "spec_from", "work_of"]
-
-
-class Parser(argparse.ArgumentParser):
-    """A bad flag is one line naming it (exit 2 by the caller), not argparse's usage."""
-
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        raise UserError(message.removeprefix("argument "))
+__all__ = ["global_batch", "machine_for", "predict_run", "spec_from", "work_of"]
 
 
 def spec_from(argv: list[str]) -> Any:
-    try:
-        args = build_parser().parse_args(argv)
-    except ArgError as exc:
-        raise UserError(str(exc)) from None
-    spec, _ = resolve(to_spec(args))
-    return spec
+    return resolve(to_spec(build_parser().parse_args(argv)))[0]
 
 
 def machine_for(path: str | None) -> Machine:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from xpnn.commands.explain import explain, measured_step
-from xpnn.commands.inputs import Parser, global_batch, machine_for, spec_from, work_of
+from xpnn.commands.flags import Parser
+from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.choose import layouts, node_layouts
 from xpnn.planner.cost import Prediction, predict
