@@ -28,15 +28,6 @@ def measured_step(records: list[dict[str, Any]]) -> tuple[dict[str, Any], float]
     return last, float(last["global_batch"]) / float(last["samples_per_s"])
 
 
-def layout_of(record: dict[str, Any]) -> Layout:
-    ranks, threads = int(record.get("world_size", 1)), int(record.get("threads", 1))
-    parallel = str(record.get("parallel", "data")) if ranks > 1 else "data"
-    twins, micro = record.get("batch_threads", 1) or 1, record.get("microbatches", ranks) or ranks
-    return Layout(
-        ranks, threads, parallel, int(twins), int(micro), comm=str(record.get("comm", "auto"))
-    )
-
-
 def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Prediction:
     """``flags``: the run's model flags the record does not keep (``--hidden``), which win."""
     argv = ["--dataset", str(record.get("dataset", "synthetic"))]
@@ -44,14 +35,13 @@ def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Pr
         argv += ["--model", record["model"]]
     spec = spec_from([*argv, *flags])
     spec = replace(spec, dtype=str(record.get("dtype", spec.dtype)))
-    layout = layout_of(record)
+    ranks, threads = int(record.get("world_size", 1)), int(record.get("threads", 1))
+    parallel = str(record.get("parallel", "data")) if ranks > 1 else "data"
+    twins, micro = record.get("batch_threads", 1) or 1, record.get("microbatches", ranks) or ranks
+    comm = str(record.get("comm", "auto"))
+    layout = Layout(ranks, threads, parallel, int(twins), int(micro), comm=comm)
     work = work_of(spec, machine, (layout.threads // layout.batch_threads, layout.threads))
     return predict(machine, work, layout, int(record["global_batch"]), spec.optimizer, spec.dtype)
-
-
-def trace_split(directory: str) -> dict[str, float] | None:
-    """The slowest rank's traced step, ms: compute, communication, waiting, hidden share."""
-    return max(summarize(*merge(directory)), key=lambda row: row["step_ms"], default=None)
 
 
 def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cores: int) -> str:
@@ -113,7 +103,9 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
     machine = machine_for(args.calibration)
     record, measured = measured_step(read_epochs(Path(metrics)))
     pred = prediction_for(record, machine, flags)
-    split = trace_split(trace) if trace else None
+    # the slowest rank's traced step, ms: compute, communication, waiting, hidden share
+    steps = summarize(*merge(trace)) if trace else []
+    split = max(steps, key=lambda row: row["step_ms"], default=None)
     print(
         f"xpnn explain: {pred.layout.describe()}, global batch {record['global_batch']}", file=out
     )

@@ -16,6 +16,7 @@ from xpnn.errors import UserError
 from xpnn.nn.gpt import GPT_DEFAULTS, gpt
 from xpnn.nn.layer import Context
 from xpnn.train import checkpoint
+from xpnn.train.checkpoint import damaged
 
 
 def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, str]:
@@ -34,10 +35,6 @@ def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, 
         raise UserError(f"{path}: no such file") from None
 
 
-def _damaged(path: Path, why: str) -> Exception:
-    return checkpoint.DamagedCheckpoint(f"{path}: damaged checkpoint ({why})")
-
-
 def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], str]:
     """``meta.identity``'s sizes and vocabulary, checked against what the file holds: sizes no
     parameters of the file could fill would fill memory."""
@@ -48,17 +45,17 @@ def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], s
     for name in GPT_DEFAULTS:
         value = identity.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise _damaged(path, f"meta.identity's {name} is {value!r}")
+            raise damaged(path, f"meta.identity's {name} is {value!r}")
         sizes[name] = value
     if not isinstance(vocab, str) or not vocab:
-        raise _damaged(path, f"meta.identity's vocab is {vocab!r}")
+        raise damaged(path, f"meta.identity's vocab is {vocab!r}")
     embed = sizes["embed"]
     stored = sum(int(v.size) for k, v in arrays.items() if not k.startswith("meta."))
     least = embed * (len(vocab) + sizes["block"] + sizes["layers"] * embed)  # embeddings, blocks
     if embed % sizes["heads"] or least > stored:
         why = f"meta.identity's sizes {sizes} and vocabulary of {len(vocab)} need more than the "
         why += f"{stored:,} values the file holds, or `heads` does not divide `embed`"
-        raise _damaged(path, why)
+        raise damaged(path, why)
     return sizes, vocab
 
 
@@ -68,7 +65,7 @@ def _built(
     """The GPT of ``sizes`` with the file's parameters, each checked."""
     first = arrays.get("layer0.W")
     if first is None or first.dtype.kind != "f":
-        raise _damaged(path, "layer0.W missing or not floating point")
+        raise damaged(path, "layer0.W missing or not floating point")
     backend = get_backend(backend_name, str(first.dtype))
     model = gpt(len(vocab), **sizes).build((sizes["block"],), backend, 0)
     params = model.named_params()
@@ -76,9 +73,9 @@ def _built(
         stored = arrays.get(name)
         if stored is None or stored.shape != tuple(view.shape):
             why = f"parameter {name} missing or of another shape than meta.identity's sizes make"
-            raise _damaged(path, why)
+            raise damaged(path, why)
         if stored.dtype.kind != "f":
-            raise _damaged(path, f"{name} holds {stored.dtype} values, not floating point")
+            raise damaged(path, f"{name} holds {stored.dtype} values, not floating point")
     checkpoint.check_finite(path, {name: arrays[name] for name in params})
     for name, view in params.items():
         view[...] = backend.asarray(arrays[name], dtype=view.dtype)
@@ -107,7 +104,6 @@ def sample(
 
 
 MOST_CHARS = 1_000_000  # a forward pass each: more is hours, and a typo's 10**20 never ends
-MOST_SEED = 2**64 - 1  # as training's --seed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,7 +126,7 @@ def main(argv: list[str]) -> int:
         args = build_parser().parse_args(argv)
         if not 0 <= args.chars <= MOST_CHARS:
             raise UserError(f"--chars: must be 0 to {MOST_CHARS:,}, got {args.chars}")
-        if not 0 <= args.seed <= MOST_SEED:
+        if not 0 <= args.seed <= 2**64 - 1:  # as training's --seed
             raise UserError(f"--seed: must be 0 to 2**64 - 1, got {args.seed}")
         if not (math.isfinite(args.temperature) and args.temperature > 0):
             raise UserError(f"--temperature: must be > 0 and finite, got {args.temperature}")

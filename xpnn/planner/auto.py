@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.planner.choose import tensor_fits
 from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.planner.machine import Machine, cache_path, cached, save
 from xpnn.planner.models import as_run, work_of
@@ -77,7 +78,6 @@ def choose(
 ) -> tuple[dict[str, Any], Prediction]:
     """The candidate predicted fastest for ``spec`` (resolved but for its ``auto`` settings)."""
     from xpnn.parallel.plan import check
-    from xpnn.planner.choose import tensor_fits
 
     if machine is None:
         machine = cached(cores)[0]
