@@ -185,7 +185,7 @@ def predict(
             pred.serial_tail = (k - 1) * work.params / machine.values_per_s(t, dtype)
         backward = phases[WGRAD] + phases[DGRAD]
         if layout.node_shared and not shard_optimizer:
-            comm, last = _node_shared(machine, work, layout, batch, dtype, node_share, pred)
+            comm, last = _node_shared(machine, work, batch, dtype, node_share, pred)
             pred.optimizer += optimizer_time(machine, work.params / local, optimizer, t, dtype)
         else:
             params_updated = work.params / (r if shard_optimizer else 1)
@@ -263,16 +263,10 @@ def shares_activations(work: ModelWork, batch: int, node_share: str) -> bool:
 
 
 def _node_shared(
-    machine: Machine,
-    work: ModelWork,
-    layout: Layout,
-    batch: int,
-    dtype: str,
-    node_share: str,
-    pred: Prediction,
+    machine: Machine, work: ModelWork, batch: int, dtype: str, node_share: str, pred: Prediction
 ) -> tuple[float, float]:
     """(a node-shared update's exchange, its last bucket's part): fences, others' shares read."""
-    local, nodes, t = layout.local_ranks, layout.nodes, layout.threads
+    local, nodes, t = pred.layout.local_ranks, pred.layout.nodes, pred.layout.threads
     itemsize = 8 if dtype == "float64" else 4
     buckets = param_buckets(work)
     fences = buckets + 1
