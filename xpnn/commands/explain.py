@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -86,7 +85,7 @@ def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cor
     return f"within {close:.0f}% of the prediction; the largest cost is {pred.largest()}"
 
 
-def explain(argv: list[str], out: Any = sys.stdout) -> str:
+def explain(argv: list[str]) -> None:
     parser = Parser(
         prog="python -m xpnn explain",
         epilog="Other flags are the run's own model flags the metrics do not keep (--hidden).",
@@ -106,19 +105,15 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
     # the slowest rank's traced step, ms: compute, communication, waiting, hidden share
     steps = summarize(*merge(trace)) if trace else []
     split = max(steps, key=lambda row: row["step_ms"], default=None)
-    print(
-        f"xpnn explain: {pred.layout.describe()}, global batch {record['global_batch']}", file=out
-    )
-    print(f"{'':<28}{'measured ms':>12}{'predicted ms':>14}", file=out)
-    print(f"{'step':<28}{1e3 * measured:>12.3f}{1e3 * pred.step:>14.3f}", file=out)
+    print(f"xpnn explain: {pred.layout.describe()}, global batch {record['global_batch']}")
+    print(f"{'':<28}{'measured ms':>12}{'predicted ms':>14}")
+    print(f"{'step':<28}{1e3 * measured:>12.3f}{1e3 * pred.step:>14.3f}")
     compute = pred.forward + pred.wgrad + pred.dgrad + pred.elementwise + pred.optimizer
     predicted = (compute, pred.comm_exposed, pred.comm_hidden, pred.bubble, pred.sync_wait)
     for name, seen, want in zip(PARTS, _traced(split), predicted, strict=True):
         seen_text = f"{seen:>12.2f}" if seen is not None else f"{'-':>12}"
-        print(f"{name:<28}{seen_text}{1e3 * want:>14.2f}", file=out)
-    line = verdict(measured, pred, split, machine.cores)
-    print(f"largest gap: {line}", file=out)
-    return line
+        print(f"{name:<28}{seen_text}{1e3 * want:>14.2f}")
+    print(f"largest gap: {verdict(measured, pred, split, machine.cores)}")
 
 
 def _traced(split: dict[str, Any] | None) -> tuple[float | None, ...]:

@@ -10,7 +10,6 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from xpnn.commands.explain import explain, measured_step
 from xpnn.commands.flags import Parser
@@ -27,7 +26,7 @@ from xpnn.runtime.threads import node_cores
 MAX_RANKS = 64  # more ranks than this are not planned on one machine
 
 
-def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
+def plan(argv: list[str]) -> None:
     parser = Parser(
         prog="python -m xpnn plan",
         description="Rank every layout of a run by its predicted time per step on this machine.",
@@ -89,17 +88,14 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         rows = [p.to_json() for p in found]
         for i, seconds in measured.items():
             rows[i] |= {} if seconds is None else {"measured_step_s": seconds}
-        print(json.dumps(rows, indent=1), file=out)
-        return found
+        print(json.dumps(rows, indent=1))
+        return
     unit = "tokens/s" if work.tokens_per_sample > 1 else "samples/s"
     shape = f"{own.nodes} nodes x {cores} cores" if own.nodes > 1 else f"{cores} cores"
-    print(f"xpnn plan: {shape}, global batch {batch}, {spec.dtype}, {spec.optimizer}", file=out)
+    print(f"xpnn plan: {shape}, global batch {batch}, {spec.dtype}, {spec.optimizer}")
     seen = " measured ms" if measured else ""
     wide = max(56, *(len(p.layout.describe()) for p in found))
-    print(
-        f"{'#':>3} {'layout':<{wide}} {unit:>11} {'step ms':>8}{seen} {'MB/rank':>8}  largest",
-        file=out,
-    )
+    print(f"{'#':>3} {'layout':<{wide}} {unit:>11} {'step ms':>8}{seen} {'MB/rank':>8}  largest")
     for i, p in enumerate(found, 1):
         if i > own.top and i - 1 not in measured:
             continue
@@ -108,14 +104,12 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         cell = (f" {1e3 * got:>11.2f}" if got else f" {'-':>11}") if measured else ""
         print(
             f"{i:>3} {p.layout.describe():<{wide}} {p.rate:>11,.0f} {1e3 * p.step:>8.2f}{cell} "
-            f"{mb:>8.1f}  {p.largest()}",
-            file=out,
+            f"{mb:>8.1f}  {p.largest()}"
         )
     best = found[0].layout
     launch = f"mpiexec -n {best.ranks} " if best.ranks > 1 else ""
     launch += f"-ppn {best.local_ranks} " if best.nodes > 1 else ""
-    print(f"fastest: {launch}python -m xpnn {' '.join(best.flags())}", file=out)
-    return found
+    print(f"fastest: {launch}python -m xpnn {' '.join(best.flags())}")
 
 
 def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:

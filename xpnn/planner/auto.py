@@ -4,7 +4,6 @@ the cores free, chosen once by rank 0 and kept by a resume (numbers never follow
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from xpnn.errors import UserError
@@ -12,6 +11,7 @@ from xpnn.planner.choose import tensor_fits
 from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.planner.machine import Machine, cache_path, cached, save
 from xpnn.planner.models import as_run, work_of
+from xpnn.train.checkpoint import _json_meta, latest_checkpoint, meta_entry
 
 AUTO = "auto"
 CHOSEN = ("parallel", "threads", "batch_threads")  # the settings ``auto`` may stand for
@@ -40,20 +40,14 @@ def free_cores(cores: int, runnable: int | None, own: int = 1) -> int:
 
 def stored_choice(directory: str | None) -> dict[str, Any] | None:
     """What ``auto`` chose for the run whose latest checkpoint is in ``directory``."""
-    import numpy as np
-
-    from xpnn.train.checkpoint import latest_checkpoint
-
     path = latest_checkpoint(directory) if directory else None
     if path is None:
         return None
     try:
-        with np.load(path, allow_pickle=False) as data:
-            stored = data["meta.settings"] if "meta.settings" in data.files else None
-            settings = json.loads(str(stored)) if stored is not None else {}
-    except (OSError, ValueError, KeyError):
+        settings = _json_meta(path, meta_entry(path, "settings"), "settings")
+    except UserError:
         return None  # the resume itself says what is wrong with the file
-    chosen = settings.get(AUTO) if isinstance(settings, dict) else None
+    chosen = settings.get(AUTO)
     if not isinstance(chosen, dict) or not set(CHOSEN) <= set(chosen):
         return None
     return {name: chosen[name] for name in CHOSEN}
