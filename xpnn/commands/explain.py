@@ -68,21 +68,17 @@ def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cor
                 "--bucket-mb (fewer latencies) or fewer ranks"
             )
         if split["waiting_ms"] / step > 0.25:
-            return (
-                f"waiting for the slowest rank {100 * split['waiting_ms'] / step:.0f}% of the step"
-            )
+            return f"waiting for the slowest rank {split['waiting_ms'] / step:.0%} of the step"
     ratio = measured / pred.step
     if ratio > 1.3:
-        load = os.getloadavg()[0]
         return (
             f"{ratio:.1f}x slower than predicted with no communication to blame: the cores were "
-            f"likely shared (load average now {load:.1f} on {cores} cores), or the calibration "
-            "is stale (python -m xpnn calibrate)"
+            f"likely shared (load average now {os.getloadavg()[0]:.1f} on {cores} cores), or the "
+            "calibration is stale (python -m xpnn calibrate)"
         )
     if ratio < 0.77:
         return f"{1 / ratio:.1f}x faster than predicted: the calibration ran on a busier machine"
-    close = abs(ratio - 1) * 100
-    return f"within {close:.0f}% of the prediction; the largest cost is {pred.largest()}"
+    return f"within {abs(ratio - 1):.0%} of the prediction; the largest cost is {pred.largest()}"
 
 
 def explain(argv: list[str]) -> None:

@@ -105,7 +105,7 @@ def _steps(text: str) -> str:
 READERS = {"sizes": _sizes, "rates": _rates, "path": _path, "resume": _resume, "steps": _steps}
 
 
-def _typed(read: Callable[[str], Any], auto: bool) -> Callable[[str], Any]:
+def typed(read: Callable[[str], Any], auto: bool = False) -> Callable[[str], Any]:
     """``read`` as argparse's type; with ``auto``, the planner's word too."""
 
     def parse(text: str) -> Any:
@@ -132,7 +132,7 @@ def _add(parser: argparse.ArgumentParser, name: str, s: Setting) -> None:
         return
     read = READERS.get(s.read) or (s.rule.read if s.rule else None)
     if read:
-        kw["type"] = _typed(read, name in CHOSEN)
+        kw["type"] = typed(read, name in CHOSEN)
     if s.choices:
         kw["choices"] = [c for c in s.choices if c not in s.unoffered]
     parser.add_argument(FLAGS[name], metavar=s.metavar, **kw)

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from xpnn.commands.explain import explain, measured_step
-from xpnn.commands.flags import Parser
+from xpnn.commands.flags import READERS, Parser, typed
 from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.choose import layouts, node_layouts
@@ -22,8 +22,11 @@ from xpnn.planner.models import as_run
 from xpnn.record.plot import read_epochs
 from xpnn.runtime import failure
 from xpnn.runtime.threads import node_cores
+from xpnn.settings import MOST, THREADS, Range
 
 MAX_RANKS = 64  # more ranks than this are not planned on one machine
+NODES = typed(Range(1, MAX_RANKS, whole=True).read)
+WHOLE = {low: typed(Range(low, MOST, whole=True).read) for low in (0, 1, 2)}  # whole numbers >= low
 
 
 def plan(argv: list[str]) -> None:
@@ -36,21 +39,15 @@ def plan(argv: list[str]) -> None:
     add = parser.add_argument
     add("--ranks", type=int, help="plan up to N ranks (the cores)")
     add("--calibration", help="plan for the machine this file holds")
-    add("--nodes", type=int, default=1, help="plan for N nodes like the calibrated one (1)")
-    add("--cores-per-node", type=int, help="cores of each node (the calibration's)")
+    add("--nodes", type=NODES, default=1, help="plan for N nodes like the calibrated one (1)")
+    add("--cores-per-node", type=typed(THREADS.read), help="cores of each node (the calibration's)")
     add("--json", action="store_true", help="every plan, its flags and costs")
-    add("--top", type=int, default=12, help="plans printed (12)")
-    add("--measure", type=int, default=0, help="run the K fastest, the middle and the slowest")
-    add("--measure-steps", type=int, default=20, help="steps each measured run trains (20)")
+    add("--top", type=WHOLE[1], default=12, help="plans printed (12)")
+    add("--measure", type=WHOLE[0], default=0, help="run the K fastest, the middle and the slowest")
+    add("--measure-steps", type=WHOLE[2], default=20, help="steps each measured run trains (20)")
     own, rest = parser.parse_known_args(argv)
-    if own.top < 1 or own.measure < 0 or own.measure_steps < 2:
-        raise UserError("--top >= 1, --measure >= 0 and --measure-steps >= 2, please")
     if own.measure and (own.nodes > 1 or own.cores_per_node is not None):
         raise UserError("--measure runs the plans here: not with --nodes or --cores-per-node")
-    if not 1 <= own.nodes <= MAX_RANKS:
-        raise UserError(f"--nodes {own.nodes}: must be 1 to {MAX_RANKS}")
-    if own.cores_per_node is not None and not 1 <= own.cores_per_node <= 4096:
-        raise UserError(f"--cores-per-node {own.cores_per_node}: must be 1 to 4096")
     spec = spec_from(rest)
     machine = machine_for(own.calibration)
     if own.cores_per_node is not None and own.cores_per_node != machine.cores:
@@ -128,25 +125,20 @@ def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
             return None
 
 
-def calibrate_main(argv: list[str]) -> int:
+def calibrate_main(argv: list[str]) -> None:
     parser = Parser(
         prog="python -m xpnn calibrate",
         description="Measure this machine once for the planner (cached per host and libraries).",
     )
     add = parser.add_argument
     add("--quick", action="store_true", help="fewer sizes and repeats (< 1 min)")
-    add("--ranks", help="rank counts to time collectives on (2,4)")
+    add("--ranks", type=typed(READERS["sizes"]), help="rank counts to time collectives on (2,4)")
     add("--models", default="mlp,cnn,gpt", help="the presets whose products to time (mlp,cnn,gpt)")
     add("--backend", help="the backend whose kernels to time")
     args = parser.parse_args(argv)
     cores = node_cores()
     backend = ["--backend", args.backend] if args.backend else []
-    ranks = [2] if args.quick else sorted({2, cores, 2 * cores} - {1})
-    if args.ranks:
-        try:
-            ranks = [int(r) for r in args.ranks.split(",")]
-        except ValueError:
-            raise UserError(f"--ranks {args.ranks}: expected comma-separated counts") from None
+    ranks = list(args.ranks or ([2] if args.quick else sorted({2, cores, 2 * cores} - {1})))
     shapes = set()
     models = args.models.split(",")
     if not set(models) <= {"mlp", "cnn", "gpt"}:
@@ -165,7 +157,6 @@ def calibrate_main(argv: list[str]) -> int:
         work_of(spec, machine, threads)
     save(machine, path)
     print(f"xpnn calibrate: {len(machine.gemm)} products, ranks {ranks}: {path}")
-    return 0
 
 
 def main(command: str, argv: list[str]) -> int:
