@@ -152,7 +152,14 @@ class Machine:
                 if transposed in self.gemm:
                     return self.gemm[transposed]
                 return self._scaled_gemm(m, k, n, count, threads, dtype)
-            self.gemm[name] = time_gemm(m, k, n, count, threads, dtype)
+            from threadpoolctl import threadpool_limits
+
+            lead = (count,) if count > 1 else ()  # a batch of products
+            rng = np.random.default_rng(0)
+            a, b = (rng.standard_normal((*lead, *s)).astype(dtype) for s in ((m, k), (k, n)))
+            out = np.empty((*lead, m, n), dtype=dtype)
+            with threadpool_limits(limits=threads):
+                self.gemm[name] = median_time(lambda: np.matmul(a, b, out=out))
         return self.gemm[name]
 
     def _scaled_gemm(self, m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
@@ -181,7 +188,9 @@ class Machine:
                 if not rates:
                     raise UserError(f"the calibration has no {dtype} bandwidth")
                 return max(rates)
-            self.bandwidth[name] = time_bandwidth(threads, dtype)
+            # a fused elementwise pass (read two, write one), as the layers'
+            a, b, out = (np.ones(1 << 21, dtype=dtype) for _ in range(3))
+            self.bandwidth[name] = 3 * a.size / median_time(lambda: np.multiply(a, b, out=out))
         return self.bandwidth[name]
 
     def probe(self, ranks: int, quick: bool = True) -> None:
@@ -262,7 +271,7 @@ class Machine:
         return queued * float(np.interp(phase, alone, extra))
 
 
-def _median_time(run: Any, floor: float = 0.02, repeats: int = 5) -> float:
+def median_time(run: Any, floor: float = 0.02, repeats: int = 5) -> float:
     """Median over ``repeats`` of a call's time, each sample long enough to read a clock."""
     run()
     start = time.perf_counter()
@@ -276,24 +285,6 @@ def _median_time(run: Any, floor: float = 0.02, repeats: int = 5) -> float:
             run()
         samples.append((time.perf_counter() - start) / calls)
     return statistics.median(samples)
-
-
-def time_gemm(m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
-    from threadpoolctl import threadpool_limits
-
-    rng = np.random.default_rng(0)
-    shape_a, shape_b = ((count, m, k), (count, k, n)) if count > 1 else ((m, k), (k, n))
-    a, b = (rng.standard_normal(shape).astype(dtype) for shape in (shape_a, shape_b))
-    out = np.empty((count, m, n) if count > 1 else (m, n), dtype=dtype)
-    with threadpool_limits(limits=threads):
-        return _median_time(lambda: np.matmul(a, b, out=out))
-
-
-def time_bandwidth(threads: int, dtype: str, values: int = 1 << 21) -> float:
-    """Values per second of a fused elementwise pass (read two, write one), as the layers'."""
-    a, b, out = (np.ones(values, dtype=dtype) for _ in range(3))
-    seconds = _median_time(lambda: np.multiply(a, b, out=out))
-    return 3 * values / seconds
 
 
 def mpiexec_path() -> str:
