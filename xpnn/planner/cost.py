@@ -11,6 +11,7 @@ from xpnn.planner.machine import Machine
 from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, LayerWork, ModelWork
 
 TIMES = (*PHASES, "elementwise")
+BUCKET_BYTES = 4 << 20  # a data-parallel step's gradient bucket, as priced
 
 
 def optimizer_states(name: str) -> int:
@@ -167,7 +168,6 @@ def predict(
     batch: int,
     optimizer: str = "adam",
     dtype: str = "float32",
-    bucket_bytes: float = 4 << 20,
     shard_optimizer: bool = False,
     node_share: str = "auto",
 ) -> Prediction:
@@ -190,8 +190,8 @@ def predict(
         else:
             params_updated = work.params / (r if shard_optimizer else 1)
             pred.optimizer = optimizer_time(machine, params_updated, optimizer, t, dtype)
-            comm, last = _data_comm(machine, layout, grads_bytes, bucket_bytes, shard_optimizer)
-            pred.syncs = math.ceil(grads_bytes / bucket_bytes) + 1 if r > 1 else 0
+            comm, last = _data_comm(machine, layout, grads_bytes, shard_optimizer)
+            pred.syncs = math.ceil(grads_bytes / BUCKET_BYTES) + 1 if r > 1 else 0
         pred.comm_exposed = last + max(0.0, comm - last - backward)
         pred.comm_hidden = comm - pred.comm_exposed
         batch_rank = math.ceil(batch / r)
@@ -296,14 +296,12 @@ def _node_shared(
     return exchange, fence + read_time + cross / buckets
 
 
-def _data_comm(
-    machine: Machine, layout: Layout, nbytes: float, bucket: float, shard: bool
-) -> tuple[float, float]:
+def _data_comm(machine: Machine, layout: Layout, nbytes: float, shard: bool) -> tuple[float, float]:
     """(a step's gradient exchange, its last bucket's part): each bucket's collectives."""
     ranks = layout.local_ranks
     if layout.ranks <= 1:
         return 0.0, 0.0
-    buckets = max(1, math.ceil(nbytes / bucket))
+    buckets = max(1, math.ceil(nbytes / BUCKET_BYTES))
     size = nbytes / buckets
     if shard:
         one = machine.collective("reduce_scatter", ranks, size)
