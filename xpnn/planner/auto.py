@@ -81,7 +81,7 @@ def choose(
     batch = spec.batch_size if isinstance(spec.batch_size, int) else 128
     held = {"microbatches": spec.microbatches or 4, "comm": spec.comm or "auto"}
     held["schedule"] = spec.pipeline_schedule or "gpipe"
-    best: tuple[dict[str, Any], Prediction] | None = None
+    found: list[tuple[dict[str, Any], Prediction]] = []
     for option in options:
         try:
             check(dataclasses.replace(spec, **option))
@@ -92,14 +92,12 @@ def choose(
         if option["parallel"] == "pipeline" and sum(1 for w in work.layers if w.params) < ranks:
             continue
         layout = as_run(spec, Layout(ranks, **option, **held))
-        pred = predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
-        if best is None or pred.step < best[1].step:
-            best = (option, pred)
-    if best is None:
+        found.append((option, predict(machine, work, layout, batch, spec.optimizer, spec.dtype)))
+    if not found:
         raise UserError("`parallel` auto: no layout fits these settings")
     if machine.measured:
         save(machine, cache_path(machine.key))  # what was measured on the way, for the next
-    return best
+    return min(found, key=lambda option_pred: option_pred[1].step)  # the first of equals
 
 
 def describe(chosen: dict[str, Any], pred: Prediction | None) -> str:
