@@ -100,26 +100,18 @@ def choose(
     return min(found, key=lambda option_pred: option_pred[1].step)  # the first of equals
 
 
-def describe(chosen: dict[str, Any], pred: Prediction | None) -> str:
-    """The header line: what ``auto`` chose, its predicted rate, and the flags repeating it."""
-    flags = " ".join(f"--{name.replace('_', '-')} {chosen[name]}" for name in CHOSEN)
-    if pred is None:
-        return f"auto: kept from the checkpoint: {flags}"
-    unit = "tokens/s" if pred.tokens_per_sample > 1 else "samples/s"
-    return f"auto: {flags} (predicted {pred.rate:,.0f} {unit}; these flags repeat it)"
-
-
 def resolve_auto(spec: Any, ranks: int, local_ranks: int, node_cores: int) -> tuple[dict, str]:
-    """(the settings ``auto`` stands for, its line): a resume's choice, else the fastest now."""
-    kept = stored_choice(spec.checkpoint_dir) if spec.resume else None
-    if kept is not None:
-        return kept, describe(kept, None)
-    free = free_cores(node_cores, runnable_threads(), own=1)
-    busy = ""
-    if free < node_cores:
-        busy = f" (the machine is busy: planned for {free} of its {node_cores} cores)"
-    chosen, pred = choose(spec, ranks, max(1, free // max(1, local_ranks)))
-    return chosen, describe(chosen, pred) + busy
+    """(the settings ``auto`` stands for, the line saying them): a resume's, else the fastest."""
+    chosen = stored_choice(spec.checkpoint_dir) if spec.resume else None
+    line = "auto: kept from the checkpoint: {}"
+    if chosen is None:
+        free = free_cores(node_cores, runnable_threads(), own=1)
+        chosen, pred = choose(spec, ranks, max(1, free // max(1, local_ranks)))
+        unit = "tokens/s" if pred.tokens_per_sample > 1 else "samples/s"
+        line = f"auto: {{}} (predicted {pred.rate:,.0f} {unit}; these flags repeat it)"
+        if free < node_cores:
+            line += f" (the machine is busy: planned for {free} of its {node_cores} cores)"
+    return chosen, line.format(" ".join(f"--{n.replace('_', '-')} {chosen[n]}" for n in CHOSEN))
 
 
 __all__ = ["AUTO", "choose", "free_cores", "resolve_auto", "stored_choice", "wanted"]
