@@ -29,8 +29,7 @@ def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, 
         path = str(latest)
     try:
         arrays = checkpoint.read_npz(path)
-        sizes, vocab = _gpt_identity(Path(path), arrays)
-        return _built(Path(path), arrays, sizes, vocab, backend_name), vocab
+        return _built(Path(path), arrays, backend_name)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
 
@@ -59,10 +58,9 @@ def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], s
     return sizes, vocab
 
 
-def _built(
-    path: Path, arrays: dict[str, Any], sizes: dict[str, int], vocab: str, backend_name: str
-) -> Any:
-    """The GPT of ``sizes`` with the file's parameters, each checked."""
+def _built(path: Path, arrays: dict[str, Any], backend_name: str) -> tuple[Any, str]:
+    """(the GPT of the file's sizes with its parameters, each checked; its vocabulary)."""
+    sizes, vocab = _gpt_identity(path, arrays)
     first = arrays.get("layer0.W")
     if first is None or first.dtype.kind != "f":
         raise damaged(path, "layer0.W missing or not floating point")
@@ -79,7 +77,7 @@ def _built(
     checkpoint.check_finite(path, {name: arrays[name] for name in params})
     for name, view in params.items():
         view[...] = backend.asarray(arrays[name], dtype=view.dtype)
-    return model
+    return model, vocab
 
 
 def sample(
