@@ -221,17 +221,14 @@ class Machine:
         if ranks <= 1 or nbytes <= 0:
             return 0.0
         self._probe_missing(ranks, self.comm)
-        fits = self.comm.get(str(ranks))
-        if fits is None:  # the nearest rank count measured, scaled as a ring would
-            measured = sorted(int(r) for r in self.comm)
-            if not measured:
-                raise UserError("the calibration has no collective timings (run it with ranks)")
-            near = min(measured, key=lambda r: abs(r - ranks))
-            alpha, beta = self.comm[str(near)][op]
-            ring = (ranks - 1) / ranks / ((near - 1) / near)
-            return alpha * ranks / near + beta * nbytes * ring
-        alpha, beta = fits[op]
-        return alpha + beta * nbytes
+        measured = sorted(int(r) for r in self.comm)
+        if not measured:
+            raise UserError("the calibration has no collective timings (run it with ranks)")
+        # the count itself if measured, else the nearest measured, scaled as a ring would
+        near = min(measured, key=lambda r: abs(r - ranks))
+        alpha, beta = self.comm[str(near)][op]
+        ring = (ranks - 1) / ranks / ((near - 1) / near)
+        return alpha * (ranks / near) + beta * nbytes * ring
 
     def shared_exchange(self, ranks: int, nbytes: float) -> float | None:
         """Seconds of a fence among ``ranks`` node-shared ranks, then ``nbytes`` the others
