@@ -19,24 +19,20 @@ OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "sendrecv")
 
 
 def _op(comm, name: str, values: int):  # noqa: ANN001, ANN202
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, peer = comm.Get_size(), comm.Get_rank() ^ 1
     send = np.ones(values, dtype=np.float32)
     recv = np.empty(values, dtype=np.float32)
-    if name == "allreduce":
-        return lambda: comm.Allreduce(send, recv)
-    if name == "reduce_scatter":
-        part = np.empty(values // size, dtype=np.float32)
-        return lambda: comm.Reduce_scatter_block(send[: part.size * size], part)
-    if name == "allgather":
-        part = send[: values // size]
-        whole = np.empty(part.size * size, dtype=np.float32)
-        return lambda: comm.Allgather(part, whole)
-    if name == "bcast":
-        return lambda: comm.Bcast(send, root=0)
-    peer = rank ^ 1
-    if peer >= size:  # an odd rank count: the last rank has no partner and waits
+    part = np.empty(values // size, dtype=np.float32)  # a rank's share, scattered or gathered
+    mine, whole = send[: part.size], np.empty(part.size * size, dtype=np.float32)
+    if name == "sendrecv" and peer >= size:  # an odd rank count: the last rank has no partner
         return lambda: None
-    return lambda: comm.Sendrecv(send, peer, recvbuf=recv, source=peer)
+    return {
+        "allreduce": lambda: comm.Allreduce(send, recv),
+        "reduce_scatter": lambda: comm.Reduce_scatter_block(send[: part.size * size], part),
+        "allgather": lambda: comm.Allgather(mine, whole),
+        "bcast": lambda: comm.Bcast(send, root=0),
+        "sendrecv": lambda: comm.Sendrecv(send, peer, recvbuf=recv, source=peer),
+    }[name]
 
 
 def _fit_sizes(comm, exponents: range, repeats: int, make) -> list[float]:  # noqa: ANN001
