@@ -17,7 +17,7 @@ from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.choose import layouts, node_layouts
 from xpnn.planner.cost import Prediction, predict
-from xpnn.planner.machine import cache_path, calibrate, mpiexec_path, save
+from xpnn.planner.machine import cache_path, cached, mpiexec_path, save
 from xpnn.planner.models import as_run
 from xpnn.record.plot import read_epochs
 from xpnn.runtime import failure
@@ -151,10 +151,18 @@ def calibrate_main(argv: list[str]) -> None:
         specs.append(spec)
         batch, shares = global_batch(spec), (1, 2, 4) if args.quick else (1, 2, 4, 8)
         shapes |= {g.at(math.ceil(batch / s)) for s in shares for g in work_of(spec).gemms()}
-    machine, path = calibrate(cores, sorted(shapes), args.quick, ranks)
-    threads = (1, cores) if args.quick else tuple(range(1, cores + 1))
+    machine, path = cached(cores)
+    threads = sorted({1, cores} if args.quick else set(range(1, cores + 1)))
+    for dtype in ("float32",) if args.quick else ("float32", "float64"):
+        for t in threads:
+            machine.values_per_s(t, dtype)
+            for m, k, n, count in sorted(shapes):
+                machine.gemm_seconds(m, k, n, count, t, dtype)
+    for r in ranks:
+        machine.probe(r, args.quick)
+    save(machine, path)  # the products and collectives kept, whatever comes next
     for spec in specs:  # each preset's step beyond its products, on the chosen backend
-        work_of(spec, machine, threads)
+        work_of(spec, machine, tuple(threads))
     save(machine, path)
     print(f"xpnn calibrate: {len(machine.gemm)} products, ranks {ranks}: {path}")
 

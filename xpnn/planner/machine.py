@@ -326,20 +326,3 @@ def cached(cores: int) -> tuple[Machine, Path]:
         if machine.key == key:
             return machine, path
     return Machine(key), path
-
-
-def calibrate(
-    cores: int, shapes: list[tuple[int, int, int, int]], quick: bool, ranks: list[int]
-) -> tuple[Machine, Path]:
-    """Measure ``shapes`` (m, k, n, count) per thread count, bandwidth, collectives; cache it."""
-    machine, path = cached(cores)
-    threads = sorted({1, cores} if quick else set(range(1, cores + 1)))
-    for dtype in ("float32",) if quick else ("float32", "float64"):
-        for t in threads:
-            machine.values_per_s(t, dtype)
-            for m, k, n, count in shapes:
-                machine.gemm_seconds(m, k, n, count, t, dtype)
-    for r in ranks:
-        machine.probe(r, quick)
-    save(machine, path)
-    return machine, path
