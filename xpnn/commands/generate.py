@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -104,7 +103,7 @@ def sample(
 MOST_CHARS = 1_000_000  # a forward pass each: more is hours, and a typo's 10**20 never ends
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str]) -> int:
     p = Parser(
         prog="python -m xpnn generate",
         description="Sample text from a --model gpt checkpoint (a file of --checkpoint-dir).",
@@ -116,12 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0, help="the draws' seed (default 0)")
     add("--prompt", default="\n", help="text to continue (default a newline)")
     add("--backend", choices=BACKENDS, default="numpy", help="(numpy)")
-    return p
-
-
-def main(argv: list[str]) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = p.parse_args(argv)
         if not 0 <= args.chars <= MOST_CHARS:
             raise UserError(f"--chars: must be 0 to {MOST_CHARS:,}, got {args.chars}")
         if not 0 <= args.seed <= 2**64 - 1:  # as training's --seed
