@@ -38,9 +38,7 @@ class ArgError(UserError):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line naming it (``ArgError``, exit 2 by the
-    caller), takes no abbreviation (``--e 1`` is not ``--epochs 1``) and suggests the flag a
-    typo meant."""
+    """argparse saying a bad flag in one line (``ArgError``), with no abbreviations, typos named."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(allow_abbrev=False, **kwargs)

@@ -19,8 +19,7 @@ from xpnn.train.checkpoint import damaged
 
 
 def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, str]:
-    """(the GPT of checkpoint ``path``, a file or a directory's latest; its vocabulary); a file
-    xpnn could not have written is refused in one line, as ``--resume`` refuses it."""
+    """(the GPT of checkpoint ``path`` or a directory's latest, its vocabulary); damage refused."""
     if Path(path).is_dir():
         latest = checkpoint.latest_checkpoint(path)
         if latest is None:

@@ -231,8 +231,7 @@ class Machine:
         return alpha * (ranks / near) + beta * nbytes * ring
 
     def shared_exchange(self, ranks: int, nbytes: float) -> float | None:
-        """Seconds of a fence among ``ranks`` node-shared ranks, then ``nbytes`` the others
-        wrote read by each; None where not measured, or the ranks outnumber the cores."""
+        """A fence of ``ranks`` node-shared ranks, then ``nbytes`` read by each (None: unknown)."""
         fit = self.shared.get(str(ranks)) if ranks <= self.cores else None
         return None if fit is None else fit[0] + fit[1] * nbytes
 
@@ -251,8 +250,7 @@ class Machine:
         return ideal * max(1.0, penalty)
 
     def sync_wait(self, busy_threads: int, phase: float) -> float:
-        """Seconds a synchronization adds when ``busy_threads`` share the cores, each computing
-        ``phase`` s (alone) between two: the probe's phases less their crowded products."""
+        """Seconds a synchronization adds to ``busy_threads`` computing ``phase`` s between two."""
         if busy_threads <= self.cores:
             return 0.0
         self._probe_missing(busy_threads, self.phases)

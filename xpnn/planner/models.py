@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import sys
 from typing import Any
 
@@ -69,8 +68,7 @@ def as_run(spec: Any, layout: Any) -> Any:
 
 
 def fit_rest(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """(seconds a step, seconds a sample) through the rest at two batches, neither below zero:
-    a rest that shrinks with the batch is all per step, one below zero at none all per sample."""
+    """(seconds a step, seconds a sample) through the rest at two batches, neither below zero."""
     (b1, r1), (b2, r2) = sorted(points)[:1] + sorted(points)[-1:]
     if b2 == b1:
         return 0.0, max(0.0, r1) / b1
@@ -130,9 +128,6 @@ def measure_rest(
         else:
             inputs = backend.asarray(rng.standard_normal(shape))
             labels = backend.asarray(rng.integers(0, classes, size=(batch,)), dtype=np.int64)
-        step = time_step(model, inputs, labels, threads)
-        if not math.isfinite(step):
-            return 0.0, 0.0
         products = (machine.gemm_seconds(*g.at(batch), threads, dtype) for g in work.gemms())
-        points.append((batch, step - sum(products)))
+        points.append((batch, time_step(model, inputs, labels, threads) - sum(products)))
     return fit_rest(points)

@@ -36,8 +36,7 @@ def _op(comm, name: str, values: int):  # noqa: ANN001, ANN202
 
 
 def _fit_sizes(comm, exponents: range, repeats: int, make) -> list[float]:  # noqa: ANN001
-    """[alpha, beta] of ``make(values)``'s (run, bytes it moves) at 2**e bytes a rank: the
-    slowest rank's median, fitted weighted by relative error, neither below 0."""
+    """[alpha, beta] of ``make(values)``'s (run, bytes): the slowest rank's medians, fitted."""
     nbytes, seconds = [], []
     for e in exponents:
         run, moved = make(max(comm.Get_size(), (1 << e) // 4))

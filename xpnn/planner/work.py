@@ -12,8 +12,7 @@ PHASES = (FORWARD, WGRAD, DGRAD)
 
 @dataclass(frozen=True)
 class Gemm:
-    """``count`` products of (m x k) @ (k x n); the ``scales`` axis (``"m"``, ``"n"``, ``"k"``
-    or ``"count"``) grows with the batch."""
+    """``count`` products of (m x k) @ (k x n); the ``scales`` axis grows with the batch."""
 
     phase: str
     m: int
