@@ -22,15 +22,6 @@ def wanted(spec: Any) -> bool:
     return any(getattr(spec, name) == AUTO for name in CHOSEN)
 
 
-def runnable_threads() -> int | None:
-    """Threads running or ready to run on this machine now (/proc/loadavg's fourth field)."""
-    try:
-        with open("/proc/loadavg", encoding="ascii") as f:
-            return int(f.read().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def free_cores(cores: int, runnable: int | None, own: int = 1) -> int:
     """``cores`` less those other threads keep busy (``runnable`` counts ``own`` too), >= 1."""
     if runnable is None:
@@ -105,7 +96,12 @@ def resolve_auto(spec: Any, ranks: int, local_ranks: int, node_cores: int) -> tu
     chosen = stored_choice(spec.checkpoint_dir) if spec.resume else None
     line = "auto: kept from the checkpoint: {}"
     if chosen is None:
-        free = free_cores(node_cores, runnable_threads(), own=1)
+        try:  # threads running or ready to run now: /proc/loadavg's fourth field
+            with open("/proc/loadavg", encoding="ascii") as f:
+                runnable = int(f.read().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            runnable = None
+        free = free_cores(node_cores, runnable, own=1)
         chosen, pred = choose(spec, ranks, max(1, free // max(1, local_ranks)))
         unit = "tokens/s" if pred.tokens_per_sample > 1 else "samples/s"
         line = f"auto: {{}} (predicted {pred.rate:,.0f} {unit}; these flags repeat it)"
