@@ -1,8 +1,6 @@
 """``python -m xpnn [train|info|plot|trace|generate|bench]``: exit 0 on success; 2 a user error,
 one line naming the flag or file, said once for all ranks; 1 anything else."""
 
-from __future__ import annotations
-
 import functools
 import sys
 from collections.abc import Sequence

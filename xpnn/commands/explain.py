@@ -1,7 +1,5 @@
 """``python -m xpnn explain RUN``: a run's measured step beside its prediction; the largest gap."""
 
-from __future__ import annotations
-
 import os
 from dataclasses import replace
 from pathlib import Path

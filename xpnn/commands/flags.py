@@ -1,8 +1,6 @@
 """The training flags, read from the settings' declarations (``xpnn.settings``): the parser,
 ``to_spec``, ``flag_words`` (a message's parameters as flags) and docs/cli.md's tables."""
 
-from __future__ import annotations
-
 import argparse
 import difflib
 import re

@@ -1,7 +1,5 @@
 """``python -m xpnn generate CHECKPOINT``: sample text from a GPT checkpoint, on any backend."""
 
-from __future__ import annotations
-
 import math
 import sys
 from pathlib import Path

@@ -1,7 +1,5 @@
 """``python -m xpnn info``: what this machine offers: backends, devices, MPI, threads."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import platform

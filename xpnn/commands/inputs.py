@@ -1,7 +1,5 @@
 """What the planner's commands read: a run's settings from its flags, and a calibration."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from xpnn.commands.flags import build_parser, to_spec

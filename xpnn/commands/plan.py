@@ -1,7 +1,5 @@
 """``python -m xpnn calibrate`` and ``plan``: measure this machine once, then rank every layout."""
 
-from __future__ import annotations
-
 import json
 import math
 import os

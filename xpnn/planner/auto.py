@@ -1,8 +1,6 @@
 """``auto`` for ``parallel``, ``threads`` and ``batch_threads``: the layout predicted fastest on
 the cores free, chosen once by rank 0 and kept by a resume (numbers never follow the load)."""
 
-from __future__ import annotations
-
 import dataclasses
 from typing import Any
 

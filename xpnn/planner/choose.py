@@ -1,7 +1,5 @@
 """The layouts a run could take on one machine, or on several nodes like it."""
 
-from __future__ import annotations
-
 from xpnn.planner.cost import Layout
 from xpnn.planner.work import ModelWork
 

@@ -1,7 +1,5 @@
 """The cost model: a step's time and a rank's memory under a layout (docs/planning.md)."""
 
-from __future__ import annotations
-
 import itertools
 import math
 from dataclasses import asdict, dataclass, field

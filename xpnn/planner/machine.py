@@ -1,8 +1,6 @@
 """This machine measured once and cached per host, cores, CPU, NumPy and BLAS: products, bandwidth,
 collectives (``probe``), crowding; what a plan lacks is measured on first use, never guessed."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import math
@@ -104,7 +102,7 @@ class Machine:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @classmethod
-    def from_json(cls, data: Any, source: str) -> Machine:
+    def from_json(cls, data: Any, source: str) -> "Machine":
         if not isinstance(data, dict) or data.get("version") != VERSION:
             raise UserError(f"{source}: not an xpnn calibration (version {VERSION})")
 

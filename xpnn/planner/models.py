@@ -1,8 +1,6 @@
 """A run's model built from its settings alone, its work, and its step's cost beyond products
 measured on it at two batches (fused kernels differ too much between backends to price)."""
 
-from __future__ import annotations
-
 import dataclasses
 import hashlib
 import sys

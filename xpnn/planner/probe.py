@@ -1,8 +1,6 @@
 """Under ``mpiexec -n R``: collectives' and a shared exchange's ``t = alpha + beta * bytes``, R
 ranks' crowding and phases between fences (docs/planning.md); rank 0 prints one JSON line."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import statistics

@@ -1,7 +1,5 @@
 """A training step's work per sample, read from a model's layer shapes: products and passes."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass, field
 from typing import Any
