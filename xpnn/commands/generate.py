@@ -24,8 +24,7 @@ def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, 
             raise UserError(f"{path}: a directory without checkpoints")
         path = str(latest)
     try:
-        arrays = checkpoint.read_npz(path)
-        return _built(Path(path), arrays, backend_name)
+        return _built(Path(path), checkpoint.read_npz(path), backend_name)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
 

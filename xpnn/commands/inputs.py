@@ -41,8 +41,7 @@ def predict_run(flags: list[str], layout: Any, calibration: str | None = None) -
     spec = spec_from(flags)
     layout = as_run(spec, layout)
     machine = machine_for(calibration)
-    threads = (layout.threads // layout.batch_threads, layout.threads)
-    work = work_of(spec, machine, threads)
+    work = work_of(spec, machine, (layout.threads // layout.batch_threads, layout.threads))
     batch = global_batch(spec)
     pred = predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
     if calibration is None:

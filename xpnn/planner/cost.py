@@ -136,8 +136,7 @@ def compute_times(
 
 def optimizer_time(machine: Machine, params: float, optimizer: str, threads: int, dtype: str):
     """Each parameter and its gradient read, the parameter written, each state read and written."""
-    passes = 3 + 2 * optimizer_states(optimizer)
-    return passes * params / machine.values_per_s(threads, dtype)
+    return (3 + 2 * optimizer_states(optimizer)) * params / machine.values_per_s(threads, dtype)
 
 
 def memory(
@@ -177,8 +176,7 @@ def predict(
     pred.slowdown = machine.slowdown(local * t)
     grads_bytes = work.params * itemsize
     if layout.parallel == "data" or r == 1:
-        per_thread = math.ceil(batch / (r * k))
-        phases = compute_times(machine, work, per_thread, t // k, dtype)
+        phases = compute_times(machine, work, math.ceil(batch / (r * k)), t // k, dtype)
         if k > 1:  # the twins' gradients summed by the main thread
             pred.serial_tail = (k - 1) * work.params / machine.values_per_s(t, dtype)
         backward = phases[WGRAD] + phases[DGRAD]

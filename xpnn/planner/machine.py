@@ -98,8 +98,7 @@ class Machine:
 
     def digest(self) -> str:
         """A short name for what this calibration holds: a record names the one it used."""
-        text = json.dumps(self.to_json(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
     def from_json(cls, data: Any, source: str) -> "Machine":
