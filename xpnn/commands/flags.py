@@ -1,5 +1,4 @@
-"""The training flags, read from the settings' declarations (``xpnn.settings``): the parser,
-``to_spec``, ``flag_words`` (a message's parameters as flags) and docs/cli.md's tables."""
+"""The training flags from the settings' declarations: parser, ``to_spec``, ``flag_words``, docs."""
 
 import argparse
 import difflib

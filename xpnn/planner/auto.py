@@ -1,5 +1,4 @@
-"""``auto`` for ``parallel``, ``threads`` and ``batch_threads``: the layout predicted fastest on
-the cores free, chosen once by rank 0 and kept by a resume (numbers never follow the load)."""
+"""``auto`` settings: the layout predicted fastest on the cores free, chosen once, then kept."""
 
 import dataclasses
 from typing import Any

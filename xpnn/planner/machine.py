@@ -1,5 +1,4 @@
-"""This machine measured once and cached per host, cores, CPU, NumPy and BLAS: products, bandwidth,
-collectives (``probe``), crowding; what a plan lacks is measured on first use, never guessed."""
+"""This machine measured, cached per host, CPU and libraries; what a plan lacks is timed on use."""
 
 import hashlib
 import json

@@ -1,5 +1,4 @@
-"""Under ``mpiexec -n R``: collectives' and a shared exchange's ``t = alpha + beta * bytes``, R
-ranks' crowding and phases between fences (docs/planning.md); rank 0 prints one JSON line."""
+"""Under ``mpiexec -n R``: collectives' alpha and beta, crowding, phases; rank 0 prints JSON."""
 
 import argparse
 import json
