@@ -13,7 +13,7 @@ from xpnn.commands.explain import explain, measured_step
 from xpnn.commands.flags import READERS, Parser, typed
 from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
-from xpnn.planner.choose import layouts, node_layouts
+from xpnn.planner.auto import layouts, node_layouts
 from xpnn.planner.cost import Prediction, predict
 from xpnn.planner.machine import cache_path, cached, mpiexec_path, save
 from xpnn.planner.models import as_run
