@@ -166,14 +166,12 @@ def to_spec(args: argparse.Namespace) -> RunSpec:
     return spec
 
 
-UNSET = object()  # a flag's value before the command line sets it
-
-
 def typed_settings(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset[str]:
     """The ``RunSpec`` fields whose flags ``argv`` types (parsed again with no defaults)."""
-    probe = argparse.Namespace(**{f.name: UNSET for f in fields(RunSpec)})
+    unset = object()  # a flag's value before the command line sets it
+    probe = argparse.Namespace(**{f.name: unset for f in fields(RunSpec)})
     parser.parse_args(argv, namespace=probe)
-    return frozenset(name for name, value in vars(probe).items() if value is not UNSET)
+    return frozenset(name for name, value in vars(probe).items() if value is not unset)
 
 
 def settings_tables() -> dict[str, str]:

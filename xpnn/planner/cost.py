@@ -299,11 +299,8 @@ def _data_comm(machine: Machine, layout: Layout, nbytes: float, shard: bool) -> 
         return 0.0, 0.0
     buckets = max(1, math.ceil(nbytes / BUCKET_BYTES))
     size = nbytes / buckets
-    if shard:
-        one = machine.collective("reduce_scatter", ranks, size)
-        one += machine.collective("allgather", ranks, size)
-    else:
-        one = machine.collective("allreduce", ranks, size)
+    ops = ("reduce_scatter", "allgather") if shard else ("allreduce",)
+    one = sum(machine.collective(op, ranks, size) for op in ops)
     one += network_allreduce(machine, layout.nodes, size)
     return buckets * one, one
 
