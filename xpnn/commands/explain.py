@@ -44,8 +44,7 @@ def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Pr
 def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cores: int) -> str:
     """The largest gap between measurement and prediction, as something a student can act on."""
     layout = pred.layout
-    busy = layout.ranks * layout.threads
-    if busy > cores:
+    if (busy := layout.ranks * layout.threads) > cores:
         return (
             f"oversubscribed: {layout.ranks} rank(s) x {layout.threads} thread(s) = {busy} "
             f"threads on {cores} cores, waiting at each of a step's {pred.syncs} "
@@ -59,8 +58,7 @@ def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cor
                 f"a pipeline bubble of {100 * split['bubble']:.0f}% of the step: "
                 f"more --microbatches (now {layout.microbatches}) shrink it"
             )
-        exposed = _traced(split)[1]
-        if exposed / step > 0.25:
+        if (exposed := _traced(split)[1]) / step > 0.25:
             return (
                 f"communication exposed for {100 * exposed / step:.0f}% of the step: larger "
                 "--bucket-mb (fewer latencies) or fewer ranks"

@@ -50,8 +50,7 @@ class Parser(argparse.ArgumentParser):
         flags = [f for action in self._actions for f in action.option_strings]
         line = f"unrecognized arguments: {' '.join(unknown)}"
         for word in unknown:
-            typed = word.split("=", 1)[0]
-            if typed.startswith("--"):
+            if (typed := word.split("=", 1)[0]).startswith("--"):
                 # a cut-short flag means the one it begins; else the closest spelling
                 close = [f for f in flags if f.startswith(typed)][:1]
                 close = close or difflib.get_close_matches(typed, flags, n=1, cutoff=0.6)
@@ -125,8 +124,7 @@ def _add(parser: argparse.ArgumentParser, name: str, s: Setting) -> None:
     elif isinstance(default, bool) or name == "recompute":  # a switch
         parser.add_argument(FLAGS[name], action="store_true", **kw)
         return
-    read = READERS.get(s.read) or (s.rule.read if s.rule else None)
-    if read:
+    if read := READERS.get(s.read) or (s.rule.read if s.rule else None):
         kw["type"] = typed(read, name in CHOSEN)
     if s.choices:
         kw["choices"] = [c for c in s.choices if c not in s.unoffered]

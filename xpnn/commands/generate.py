@@ -80,8 +80,7 @@ def sample(
 ) -> str:
     """``chars`` characters after ``prompt``, each from the softmax of logits / ``temperature``."""
     index = {c: i for i, c in enumerate(vocab)}
-    unknown = sorted(set(prompt) - index.keys())
-    if unknown:
+    if unknown := sorted(set(prompt) - index.keys()):
         raise UserError(f"prompt: characters the model never saw: {''.join(unknown)!r}")
     ids = [index[c] for c in prompt] or [0]
     start, block = len(ids), model.shapes[0][0]

@@ -96,8 +96,7 @@ def info_main(as_json: bool = False) -> int:
         spread = describe_ranks(world["size"], tuple(world["node_sizes"]))
         spread = f"{spread}; " if len(world["node_sizes"]) > 1 else ""
         print(f"ranks: {world['size']} ({spread}{world['local_size']} on this node)")
-    mpi = data["mpi"]
-    if isinstance(mpi, dict):
+    if isinstance(mpi := data["mpi"], dict):
         print(f"MPI: {mpi['library']} (MPI {mpi['mpi_version']}, mpi4py {mpi['mpi4py']})")
         print(f"  mpi_memory_alloc_kinds: {mpi['alloc_kinds'] or 'not reported (an MPI 4.1 key)'}")
         query = mpi["mpix_query_cuda_support"]

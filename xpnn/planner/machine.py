@@ -238,8 +238,7 @@ class Machine:
             return 1.0
         self._probe_missing(busy_threads, self.crowding)
         ideal = busy_threads / cores  # threads taking turns on the cores, at the least
-        measured = self.crowding.get(str(busy_threads))
-        if measured is not None:
+        if (measured := self.crowding.get(str(busy_threads))) is not None:
             return max(ideal, measured)
         known = [(int(r), v / (int(r) / cores)) for r, v in self.crowding.items() if int(r) > cores]
         penalty = statistics.median(v for _, v in known) if known else 1.0
@@ -316,7 +315,6 @@ def cached(cores: int) -> tuple[Machine, Path]:
     key = machine_key(cores)
     path = cache_path(key)
     if path.exists():
-        machine = load(path)
-        if machine.key == key:
+        if (machine := load(path)).key == key:
             return machine, path
     return Machine(key), path

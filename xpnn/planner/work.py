@@ -97,8 +97,7 @@ def layer_work(
     layer: Any, in_shape: tuple[int, ...], name: str, rng: Any, first: bool
 ) -> tuple[tuple[int, ...], list[LayerWork], bool]:
     """(output shape, the leaves' work, whether a layer with parameters has been met)."""
-    children = getattr(layer, "children", None)
-    if isinstance(children, dict) and children:
+    if isinstance(children := getattr(layer, "children", None), dict) and children:
         works: list[LayerWork] = []
         if hasattr(layer, "head_dim") and "qkv" in children:  # causal self-attention
             _, inner, first = layer_work(children["qkv"], in_shape, f"{name}.qkv", rng, first)
