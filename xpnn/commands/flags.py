@@ -72,8 +72,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _rates(text: str) -> tuple[float, float]:
-    parts = text.split(",")
-    if len(parts) != 2:
+    if len(parts := text.split(",")) != 2:
         raise ValueError(f"expected two rates like 0.9,0.999, got {text!r}")
     return RATE.read(parts[0]), RATE.read(parts[1])
 

@@ -19,8 +19,7 @@ from xpnn.train.checkpoint import damaged
 def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, str]:
     """(the GPT of checkpoint ``path`` or a directory's latest, its vocabulary); damage refused."""
     if Path(path).is_dir():
-        latest = checkpoint.latest_checkpoint(path)
-        if latest is None:
+        if (latest := checkpoint.latest_checkpoint(path)) is None:
             raise UserError(f"{path}: a directory without checkpoints")
         path = str(latest)
     try:
@@ -37,8 +36,7 @@ def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], s
         raise UserError(f"{path}: not a checkpoint of `--model gpt` (nothing to sample from)")
     sizes, vocab = {}, identity.get("vocab")
     for name in GPT_DEFAULTS:
-        value = identity.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not isinstance(value := identity.get(name), int) or isinstance(value, bool) or value < 1:
             raise damaged(path, f"meta.identity's {name} is {value!r}")
         sizes[name] = value
     if not isinstance(vocab, str) or not vocab:
@@ -56,15 +54,13 @@ def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], s
 def _built(path: Path, arrays: dict[str, Any], backend_name: str) -> tuple[Any, str]:
     """(the GPT of the file's sizes with its parameters, each checked; its vocabulary)."""
     sizes, vocab = _gpt_identity(path, arrays)
-    first = arrays.get("layer0.W")
-    if first is None or first.dtype.kind != "f":
+    if (first := arrays.get("layer0.W")) is None or first.dtype.kind != "f":
         raise damaged(path, "layer0.W missing or not floating point")
     backend = get_backend(backend_name, str(first.dtype))
     model = gpt(len(vocab), **sizes).build((sizes["block"],), backend, 0)
     params = model.named_params()
     for name, view in params.items():
-        stored = arrays.get(name)
-        if stored is None or stored.shape != tuple(view.shape):
+        if (stored := arrays.get(name)) is None or stored.shape != tuple(view.shape):
             why = f"parameter {name} missing or of another shape than meta.identity's sizes make"
             raise damaged(path, why)
         if stored.dtype.kind != "f":

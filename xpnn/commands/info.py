@@ -69,8 +69,7 @@ def info_main(as_json: bool = False) -> int:
     from xpnn.runtime.threads import describe_handoff
     from xpnn.runtime.world import describe_ranks
 
-    data = collect()
-    if data["world"]["rank"] != 0:
+    if (data := collect())["world"]["rank"] != 0:
         return 0
     if as_json:
         print(json.dumps(data, indent=2))

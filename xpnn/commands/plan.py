@@ -138,8 +138,7 @@ def calibrate_main(argv: list[str]) -> None:
     backend = ["--backend", args.backend] if args.backend else []
     ranks = list(args.ranks or ([2] if args.quick else sorted({2, cores, 2 * cores} - {1})))
     shapes = set()
-    models = args.models.split(",")
-    if not set(models) <= {"mlp", "cnn", "gpt"}:
+    if not set(models := args.models.split(",")) <= {"mlp", "cnn", "gpt"}:
         raise UserError(f"--models {args.models}: choose among mlp, cnn, gpt")
     specs = []
     for name in models:

@@ -28,8 +28,7 @@ def free_cores(cores: int, runnable: int | None, own: int = 1) -> int:
 
 def stored_choice(directory: str | None) -> dict[str, Any] | None:
     """What ``auto`` chose for the run whose latest checkpoint is in ``directory``."""
-    path = latest_checkpoint(directory) if directory else None
-    if path is None:
+    if (path := latest_checkpoint(directory) if directory else None) is None:
         return None
     try:
         settings = _json_meta(path, meta_entry(path, "settings"), "settings")

@@ -269,8 +269,7 @@ def _node_shared(
     if nodes > 1 and node_share == "auto":
         node_share = "gradients"  # a run's default across nodes (xpnn.run)
     others = (local - 1) / local  # the part of a shared array the other ranks wrote
-    activations = shares_activations(work, batch, node_share)
-    if activations:
+    if activations := shares_activations(work, batch, node_share):
         fences += 2 * (sum(1 for layer in work.layers if layer.params) - 1)
         read = others * batch / nodes * _dense_values(work) * itemsize
     else:

@@ -141,8 +141,7 @@ class Machine:
     # -- products -----------------------------------------------------------------------
     def gemm_seconds(self, m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
         """One (count x) m-by-k-by-n product's time: measured, or measured now and kept."""
-        name = f"{dtype} {threads} {m} {k} {n} {count}"
-        if name not in self.gemm:
+        if (name := f"{dtype} {threads} {m} {k} {n} {count}") not in self.gemm:
             if not self.measured:
                 transposed = f"{dtype} {threads} {n} {k} {m} {count}"  # the same work
                 if transposed in self.gemm:
@@ -169,19 +168,16 @@ class Machine:
         if scaled:
             return min(scaled, key=lambda gap_seconds: gap_seconds[0])[1]  # the first of equals
         # a thread count the calibration lacks: the nearest it has, scaled by the threads
-        have = sorted({int(name.split()[1]) for name in self.gemm if name.split()[0] == dtype})
-        if not have:
+        if not (have := sorted({int(g.split()[1]) for g in self.gemm if g.split()[0] == dtype})):
             raise UserError(f"the calibration has no {dtype} products")
         near = min(have, key=lambda t: abs(t - threads))
         return self._scaled_gemm(m, k, n, count, near, dtype) * near / threads
 
     # -- elementwise passes ---------------------------------------------------------------
     def values_per_s(self, threads: int, dtype: str) -> float:
-        name = f"{dtype} {threads}"
-        if name not in self.bandwidth:
+        if (name := f"{dtype} {threads}") not in self.bandwidth:
             if not self.measured:
-                rates = [v for k, v in self.bandwidth.items() if k.startswith(dtype)]
-                if not rates:
+                if not (rates := [v for k, v in self.bandwidth.items() if k.startswith(dtype)]):
                     raise UserError(f"the calibration has no {dtype} bandwidth")
                 return max(rates)
             # a fused elementwise pass (read two, write one), as the layers'
@@ -217,8 +213,7 @@ class Machine:
         if ranks <= 1 or nbytes <= 0:
             return 0.0
         self._probe_missing(ranks, self.comm)
-        measured = sorted(int(r) for r in self.comm)
-        if not measured:
+        if not (measured := sorted(int(r) for r in self.comm)):
             raise UserError("the calibration has no collective timings (run it with ranks)")
         # the count itself if measured, else the nearest measured, scaled as a ring would
         near = min(measured, key=lambda r: abs(r - ranks))
@@ -314,7 +309,6 @@ def cached(cores: int) -> tuple[Machine, Path]:
     """This machine's calibration from the cache (or an empty one to fill), and its path."""
     key = machine_key(cores)
     path = cache_path(key)
-    if path.exists():
-        if (machine := load(path)).key == key:
-            return machine, path
+    if path.exists() and (machine := load(path)).key == key:
+        return machine, path
     return Machine(key), path
