@@ -65,8 +65,7 @@ def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cor
             )
         if split["waiting_ms"] / step > 0.25:
             return f"waiting for the slowest rank {split['waiting_ms'] / step:.0%} of the step"
-    ratio = measured / pred.step
-    if ratio > 1.3:
+    if (ratio := measured / pred.step) > 1.3:
         return (
             f"{ratio:.1f}x slower than predicted with no communication to blame: the cores were "
             f"likely shared (load average now {os.getloadavg()[0]:.1f} on {cores} cores), or the "
@@ -95,8 +94,7 @@ def explain(argv: list[str]) -> None:
     record, measured = measured_step(read_epochs(Path(metrics)))
     pred = prediction_for(record, machine, flags)
     # the slowest rank's traced step, ms: compute, communication, waiting, hidden share
-    steps = summarize(*merge(trace)) if trace else []
-    split = max(steps, key=lambda row: row["step_ms"], default=None)
+    split = max(summarize(*merge(trace)) if trace else [], key=lambda r: r["step_ms"], default=None)
     print(f"xpnn explain: {pred.layout.describe()}, global batch {record['global_batch']}")
     print(f"{'':<28}{'measured ms':>12}{'predicted ms':>14}")
     print(f"{'step':<28}{1e3 * measured:>12.3f}{1e3 * pred.step:>14.3f}")

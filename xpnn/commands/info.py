@@ -90,8 +90,7 @@ def info_main(as_json: bool = False) -> int:
     )
     if data["thread_handoff"]:
         print(f"thread hand-off: {describe_handoff(data['thread_handoff'])}")
-    world = data["world"]
-    if world["size"] > 1:
+    if (world := data["world"])["size"] > 1:
         spread = describe_ranks(world["size"], tuple(world["node_sizes"]))
         spread = f"{spread}; " if len(world["node_sizes"]) > 1 else ""
         print(f"ranks: {world['size']} ({spread}{world['local_size']} on this node)")

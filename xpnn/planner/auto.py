@@ -85,8 +85,7 @@ def node_layouts(
 
 def candidates(spec: Any, ranks: int, cores: int) -> list[dict[str, Any]]:
     """Every value the ``auto`` settings may take, the given ones held, in a fixed order."""
-    modes = MODES if spec.parallel == AUTO else (spec.parallel,)
-    modes = ("data",) if ranks == 1 else modes
+    modes = ("data",) if ranks == 1 else MODES if spec.parallel == AUTO else (spec.parallel,)
     threads = range(cores, 0, -1) if spec.threads == AUTO else (spec.threads or cores,)
     out = []
     for mode in modes:
@@ -103,8 +102,7 @@ def choose(
     """The candidate predicted fastest for ``spec`` (resolved but for its ``auto`` settings)."""
     from xpnn.parallel.plan import check
 
-    if machine is None:
-        machine = cached(cores)[0]
+    machine = machine or cached(cores)[0]
     options = candidates(spec, ranks, cores)
     threads = {t for o in options for t in (o["threads"] // o["batch_threads"], o["threads"])}
     work = work_of(spec, machine, tuple(sorted(threads)))

@@ -138,7 +138,6 @@ class Machine:
     def network_measured(self) -> bool:
         return bool(self.network)
 
-    # -- products -----------------------------------------------------------------------
     def gemm_seconds(self, m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
         """One (count x) m-by-k-by-n product's time: measured, or measured now and kept."""
         if (name := f"{dtype} {threads} {m} {k} {n} {count}") not in self.gemm:
@@ -173,7 +172,6 @@ class Machine:
         near = min(have, key=lambda t: abs(t - threads))
         return self._scaled_gemm(m, k, n, count, near, dtype) * near / threads
 
-    # -- elementwise passes ---------------------------------------------------------------
     def values_per_s(self, threads: int, dtype: str) -> float:
         if (name := f"{dtype} {threads}") not in self.bandwidth:
             if not self.measured:
@@ -207,7 +205,6 @@ class Machine:
         if str(ranks) not in table and self.measured and ranks <= MAX_PROBE_RANKS:
             self.probe(ranks)
 
-    # -- the ranks ------------------------------------------------------------------------
     def collective(self, op: str, ranks: int, nbytes: float) -> float:
         """Seconds for one ``op`` of ``nbytes`` over ``ranks`` (alpha + beta * bytes)."""
         if ranks <= 1 or nbytes <= 0:
