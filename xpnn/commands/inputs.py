@@ -1,5 +1,6 @@
 """What the planner's commands read: a run's settings from its flags, and a calibration."""
 
+from dataclasses import replace
 from typing import Any
 
 from xpnn.commands.flags import build_parser, to_spec
@@ -19,10 +20,8 @@ def spec_from(argv: list[str]) -> Any:
 
 
 def machine_for(path: str | None) -> Machine:
-    if path:
-        machine = load(path)
-        machine.measured = False
-        return machine
+    if path:  # a machine measured elsewhere: nothing is measured here
+        return replace(load(path), measured=False)
     return cached(node_cores())[0]
 
 
