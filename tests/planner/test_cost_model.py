@@ -151,7 +151,7 @@ def test_a_text_models_rate_is_in_tokens():
 
 
 def test_the_layouts_offered_are_the_ones_the_strategies_accept():
-    from xpnn.planner.choose import layouts
+    from xpnn.planner.auto import layouts
 
     mlp_layouts = layouts(mlp_work(), cores=2, max_ranks=2, batch=128)
     cnn_layouts = layouts(

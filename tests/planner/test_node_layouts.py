@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.planner.test_cost_model import RoundMachine, mlp_work
-from xpnn.planner.choose import node_layouts, tensor_fits
+from xpnn.planner.auto import node_layouts, tensor_fits
 from xpnn.planner.cost import Layout, predict
 
 NET_ALPHA, NET_BETA = 1e-5, 1e-9

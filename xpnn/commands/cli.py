@@ -1,8 +1,6 @@
 """``python -m xpnn [train|info|plot|trace|generate|bench]``: exit 0 on success; 2 a user error,
 one line naming the flag or file, said once for all ranks; 1 anything else."""
 
-from __future__ import annotations
-
 import functools
 import sys
 from collections.abc import Sequence
@@ -23,7 +21,6 @@ from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank, launched
 from xpnn.train.requeue import CheckpointOnSignal
 
 __all__ = ["main"]
-PLANNER_COMMANDS = ("plan", "explain", "calibrate")
 
 
 def _say(line: str, err: bool = False) -> None:
@@ -89,7 +86,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     """``python -m xpnn``; ``callbacks`` (``xpnn.train.Callback``) join the trainer's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     tools = {"plot": plot_main, "generate": generate_main, "trace": trace_main}
-    tools |= {name: functools.partial(planner_main, name) for name in PLANNER_COMMANDS}
+    tools |= {n: functools.partial(planner_main, n) for n in ("plan", "explain", "calibrate")}
     if argv and argv[0] in tools:
         return tools[argv[0]](argv[1:])
     if argv and argv[0] == "bench":  # the benchmark suite, installed beside xpnn

@@ -1,14 +1,12 @@
 """``python -m xpnn explain RUN``: a run's measured step beside its prediction; the largest gap."""
 
-from __future__ import annotations
-
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from xpnn.commands.inputs import Parser, machine_for, spec_from, work_of
+from xpnn.commands.flags import Parser
+from xpnn.commands.inputs import machine_for, spec_from, work_of
 from xpnn.errors import UserError
 from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.record.plot import read_epochs
@@ -27,15 +25,6 @@ def measured_step(records: list[dict[str, Any]]) -> tuple[dict[str, Any], float]
     return last, float(last["global_batch"]) / float(last["samples_per_s"])
 
 
-def layout_of(record: dict[str, Any]) -> Layout:
-    ranks, threads = int(record.get("world_size", 1)), int(record.get("threads", 1))
-    parallel = str(record.get("parallel", "data")) if ranks > 1 else "data"
-    twins, micro = record.get("batch_threads", 1) or 1, record.get("microbatches", ranks) or ranks
-    return Layout(
-        ranks, threads, parallel, int(twins), int(micro), comm=str(record.get("comm", "auto"))
-    )
-
-
 def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Prediction:
     """``flags``: the run's model flags the record does not keep (``--hidden``), which win."""
     argv = ["--dataset", str(record.get("dataset", "synthetic"))]
@@ -43,21 +32,19 @@ def prediction_for(record: dict[str, Any], machine: Any, flags: list[str]) -> Pr
         argv += ["--model", record["model"]]
     spec = spec_from([*argv, *flags])
     spec = replace(spec, dtype=str(record.get("dtype", spec.dtype)))
-    layout = layout_of(record)
+    ranks, threads = int(record.get("world_size", 1)), int(record.get("threads", 1))
+    parallel = str(record.get("parallel", "data")) if ranks > 1 else "data"
+    twins, micro = record.get("batch_threads", 1) or 1, record.get("microbatches", ranks) or ranks
+    comm = str(record.get("comm", "auto"))
+    layout = Layout(ranks, threads, parallel, int(twins), int(micro), comm=comm)
     work = work_of(spec, machine, (layout.threads // layout.batch_threads, layout.threads))
     return predict(machine, work, layout, int(record["global_batch"]), spec.optimizer, spec.dtype)
-
-
-def trace_split(directory: str) -> dict[str, float] | None:
-    """The slowest rank's traced step, ms: compute, communication, waiting, hidden share."""
-    return max(summarize(*merge(directory)), key=lambda row: row["step_ms"], default=None)
 
 
 def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cores: int) -> str:
     """The largest gap between measurement and prediction, as something a student can act on."""
     layout = pred.layout
-    busy = layout.ranks * layout.threads
-    if busy > cores:
+    if (busy := layout.ranks * layout.threads) > cores:
         return (
             f"oversubscribed: {layout.ranks} rank(s) x {layout.threads} thread(s) = {busy} "
             f"threads on {cores} cores, waiting at each of a step's {pred.syncs} "
@@ -71,31 +58,25 @@ def verdict(measured: float, pred: Prediction, split: dict[str, Any] | None, cor
                 f"a pipeline bubble of {100 * split['bubble']:.0f}% of the step: "
                 f"more --microbatches (now {layout.microbatches}) shrink it"
             )
-        exposed = _traced(split)[1]
-        if exposed / step > 0.25:
+        if (exposed := _traced(split)[1]) / step > 0.25:
             return (
                 f"communication exposed for {100 * exposed / step:.0f}% of the step: larger "
                 "--bucket-mb (fewer latencies) or fewer ranks"
             )
         if split["waiting_ms"] / step > 0.25:
-            return (
-                f"waiting for the slowest rank {100 * split['waiting_ms'] / step:.0f}% of the step"
-            )
-    ratio = measured / pred.step
-    if ratio > 1.3:
-        load = os.getloadavg()[0]
+            return f"waiting for the slowest rank {split['waiting_ms'] / step:.0%} of the step"
+    if (ratio := measured / pred.step) > 1.3:
         return (
             f"{ratio:.1f}x slower than predicted with no communication to blame: the cores were "
-            f"likely shared (load average now {load:.1f} on {cores} cores), or the calibration "
-            "is stale (python -m xpnn calibrate)"
+            f"likely shared (load average now {os.getloadavg()[0]:.1f} on {cores} cores), or the "
+            "calibration is stale (python -m xpnn calibrate)"
         )
     if ratio < 0.77:
         return f"{1 / ratio:.1f}x faster than predicted: the calibration ran on a busier machine"
-    close = abs(ratio - 1) * 100
-    return f"within {close:.0f}% of the prediction; the largest cost is {pred.largest()}"
+    return f"within {abs(ratio - 1):.0%} of the prediction; the largest cost is {pred.largest()}"
 
 
-def explain(argv: list[str], out: Any = sys.stdout) -> str:
+def explain(argv: list[str]) -> None:
     parser = Parser(
         prog="python -m xpnn explain",
         epilog="Other flags are the run's own model flags the metrics do not keep (--hidden).",
@@ -112,20 +93,17 @@ def explain(argv: list[str], out: Any = sys.stdout) -> str:
     machine = machine_for(args.calibration)
     record, measured = measured_step(read_epochs(Path(metrics)))
     pred = prediction_for(record, machine, flags)
-    split = trace_split(trace) if trace else None
-    print(
-        f"xpnn explain: {pred.layout.describe()}, global batch {record['global_batch']}", file=out
-    )
-    print(f"{'':<28}{'measured ms':>12}{'predicted ms':>14}", file=out)
-    print(f"{'step':<28}{1e3 * measured:>12.3f}{1e3 * pred.step:>14.3f}", file=out)
+    # the slowest rank's traced step, ms: compute, communication, waiting, hidden share
+    split = max(summarize(*merge(trace)) if trace else [], key=lambda r: r["step_ms"], default=None)
+    print(f"xpnn explain: {pred.layout.describe()}, global batch {record['global_batch']}")
+    print(f"{'':<28}{'measured ms':>12}{'predicted ms':>14}")
+    print(f"{'step':<28}{1e3 * measured:>12.3f}{1e3 * pred.step:>14.3f}")
     compute = pred.forward + pred.wgrad + pred.dgrad + pred.elementwise + pred.optimizer
     predicted = (compute, pred.comm_exposed, pred.comm_hidden, pred.bubble, pred.sync_wait)
     for name, seen, want in zip(PARTS, _traced(split), predicted, strict=True):
         seen_text = f"{seen:>12.2f}" if seen is not None else f"{'-':>12}"
-        print(f"{name:<28}{seen_text}{1e3 * want:>14.2f}", file=out)
-    line = verdict(measured, pred, split, machine.cores)
-    print(f"largest gap: {line}", file=out)
-    return line
+        print(f"{name:<28}{seen_text}{1e3 * want:>14.2f}")
+    print(f"largest gap: {verdict(measured, pred, split, machine.cores)}")
 
 
 def _traced(split: dict[str, Any] | None) -> tuple[float | None, ...]:

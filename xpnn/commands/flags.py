@@ -1,7 +1,4 @@
-"""The training flags, read from the settings' declarations (``xpnn.settings``): the parser,
-``to_spec``, ``flag_words`` (a message's parameters as flags) and docs/cli.md's tables."""
-
-from __future__ import annotations
+"""The training flags from the settings' declarations: parser, ``to_spec``, ``flag_words``, docs."""
 
 import argparse
 import difflib
@@ -10,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
-from xpnn.errors import PARAM
+from xpnn.errors import PARAM, UserError
 from xpnn.planner.auto import AUTO, CHOSEN
 from xpnn.record.timeline import parse_steps
 from xpnn.run import RunSpec
@@ -33,13 +30,12 @@ DECLARED = {**SETTINGS, "checkpoint_signal": CHECKPOINT_SIGNAL}  # every trainin
 FLAGS = {name: s.flag or f"--{name.replace('_', '-')}" for name, s in DECLARED.items()}
 
 
-class ArgError(Exception):
+class ArgError(UserError):
     """A bad flag, in one line naming it (the parser's error, without the usage)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line naming it, takes no abbreviation (``--e 1``
-    is not ``--epochs 1``) and suggests the flag a typo meant."""
+class Parser(argparse.ArgumentParser):
+    """argparse saying a bad flag in one line (``ArgError``), with no abbreviations, typos named."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(allow_abbrev=False, **kwargs)
@@ -54,8 +50,7 @@ class _Parser(argparse.ArgumentParser):
         flags = [f for action in self._actions for f in action.option_strings]
         line = f"unrecognized arguments: {' '.join(unknown)}"
         for word in unknown:
-            typed = word.split("=", 1)[0]
-            if typed.startswith("--"):
+            if (typed := word.split("=", 1)[0]).startswith("--"):
                 # a cut-short flag means the one it begins; else the closest spelling
                 close = [f for f in flags if f.startswith(typed)][:1]
                 close = close or difflib.get_close_matches(typed, flags, n=1, cutoff=0.6)
@@ -77,8 +72,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _rates(text: str) -> tuple[float, float]:
-    parts = text.split(",")
-    if len(parts) != 2:
+    if len(parts := text.split(",")) != 2:
         raise ValueError(f"expected two rates like 0.9,0.999, got {text!r}")
     return RATE.read(parts[0]), RATE.read(parts[1])
 
@@ -104,7 +98,7 @@ def _steps(text: str) -> str:
 READERS = {"sizes": _sizes, "rates": _rates, "path": _path, "resume": _resume, "steps": _steps}
 
 
-def _typed(read: Callable[[str], Any], auto: bool) -> Callable[[str], Any]:
+def typed(read: Callable[[str], Any], auto: bool = False) -> Callable[[str], Any]:
     """``read`` as argparse's type; with ``auto``, the planner's word too."""
 
     def parse(text: str) -> Any:
@@ -129,22 +123,21 @@ def _add(parser: argparse.ArgumentParser, name: str, s: Setting) -> None:
     elif isinstance(default, bool) or name == "recompute":  # a switch
         parser.add_argument(FLAGS[name], action="store_true", **kw)
         return
-    read = READERS.get(s.read) or (s.rule.read if s.rule else None)
-    if read:
-        kw["type"] = _typed(read, name in CHOSEN)
+    if read := READERS.get(s.read) or (s.rule.read if s.rule else None):
+        kw["type"] = typed(read, name in CHOSEN)
     if s.choices:
         kw["choices"] = [c for c in s.choices if c not in s.unoffered]
     parser.add_argument(FLAGS[name], metavar=s.metavar, **kw)
 
 
 def build_info_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m xpnn info", description="What this machine offers to xpnn.")
+    p = Parser(prog="python -m xpnn info", description="What this machine offers to xpnn.")
     p.add_argument("--json", action="store_true", help="machine-readable")
     return p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="python -m xpnn",
         usage="python -m xpnn [train] [flags]  |  --version  |  info [--json]  |  plot "
         "METRICS.jsonl... [-o PNG]  |  trace DIR [-o MERGED]  |  generate CHECKPOINT [--chars N]",
@@ -170,14 +163,12 @@ def to_spec(args: argparse.Namespace) -> RunSpec:
     return spec
 
 
-UNSET = object()  # a flag's value before the command line sets it
-
-
 def typed_settings(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset[str]:
     """The ``RunSpec`` fields whose flags ``argv`` types (parsed again with no defaults)."""
-    probe = argparse.Namespace(**{f.name: UNSET for f in fields(RunSpec)})
+    unset = object()  # a flag's value before the command line sets it
+    probe = argparse.Namespace(**{f.name: unset for f in fields(RunSpec)})
     parser.parse_args(argv, namespace=probe)
-    return frozenset(name for name, value in vars(probe).items() if value is not UNSET)
+    return frozenset(name for name, value in vars(probe).items() if value is not unset)
 
 
 def settings_tables() -> dict[str, str]:

@@ -1,8 +1,5 @@
 """``python -m xpnn generate CHECKPOINT``: sample text from a GPT checkpoint, on any backend."""
 
-from __future__ import annotations
-
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -11,31 +8,24 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends import BACKENDS, get_backend
-from xpnn.commands.inputs import Parser
+from xpnn.commands.flags import Parser
 from xpnn.errors import UserError
 from xpnn.nn.gpt import GPT_DEFAULTS, gpt
 from xpnn.nn.layer import Context
 from xpnn.train import checkpoint
+from xpnn.train.checkpoint import damaged
 
 
 def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, str]:
-    """(the GPT of checkpoint ``path``, a file or a directory's latest; its vocabulary); a file
-    xpnn could not have written is refused in one line, as ``--resume`` refuses it."""
+    """(the GPT of checkpoint ``path`` or a directory's latest, its vocabulary); damage refused."""
     if Path(path).is_dir():
-        latest = checkpoint.latest_checkpoint(path)
-        if latest is None:
+        if (latest := checkpoint.latest_checkpoint(path)) is None:
             raise UserError(f"{path}: a directory without checkpoints")
         path = str(latest)
     try:
-        arrays = checkpoint.read_npz(path)
-        sizes, vocab = _gpt_identity(Path(path), arrays)
-        return _built(Path(path), arrays, sizes, vocab, backend_name), vocab
+        return _built(Path(path), checkpoint.read_npz(path), backend_name)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
-
-
-def _damaged(path: Path, why: str) -> Exception:
-    return checkpoint.DamagedCheckpoint(f"{path}: damaged checkpoint ({why})")
 
 
 def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], str]:
@@ -46,43 +36,39 @@ def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], s
         raise UserError(f"{path}: not a checkpoint of `--model gpt` (nothing to sample from)")
     sizes, vocab = {}, identity.get("vocab")
     for name in GPT_DEFAULTS:
-        value = identity.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise _damaged(path, f"meta.identity's {name} is {value!r}")
+        if not isinstance(value := identity.get(name), int) or isinstance(value, bool) or value < 1:
+            raise damaged(path, f"meta.identity's {name} is {value!r}")
         sizes[name] = value
     if not isinstance(vocab, str) or not vocab:
-        raise _damaged(path, f"meta.identity's vocab is {vocab!r}")
+        raise damaged(path, f"meta.identity's vocab is {vocab!r}")
     embed = sizes["embed"]
     stored = sum(int(v.size) for k, v in arrays.items() if not k.startswith("meta."))
     least = embed * (len(vocab) + sizes["block"] + sizes["layers"] * embed)  # embeddings, blocks
     if embed % sizes["heads"] or least > stored:
         why = f"meta.identity's sizes {sizes} and vocabulary of {len(vocab)} need more than the "
         why += f"{stored:,} values the file holds, or `heads` does not divide `embed`"
-        raise _damaged(path, why)
+        raise damaged(path, why)
     return sizes, vocab
 
 
-def _built(
-    path: Path, arrays: dict[str, Any], sizes: dict[str, int], vocab: str, backend_name: str
-) -> Any:
-    """The GPT of ``sizes`` with the file's parameters, each checked."""
-    first = arrays.get("layer0.W")
-    if first is None or first.dtype.kind != "f":
-        raise _damaged(path, "layer0.W missing or not floating point")
+def _built(path: Path, arrays: dict[str, Any], backend_name: str) -> tuple[Any, str]:
+    """(the GPT of the file's sizes with its parameters, each checked; its vocabulary)."""
+    sizes, vocab = _gpt_identity(path, arrays)
+    if (first := arrays.get("layer0.W")) is None or first.dtype.kind != "f":
+        raise damaged(path, "layer0.W missing or not floating point")
     backend = get_backend(backend_name, str(first.dtype))
     model = gpt(len(vocab), **sizes).build((sizes["block"],), backend, 0)
     params = model.named_params()
     for name, view in params.items():
-        stored = arrays.get(name)
-        if stored is None or stored.shape != tuple(view.shape):
+        if (stored := arrays.get(name)) is None or stored.shape != tuple(view.shape):
             why = f"parameter {name} missing or of another shape than meta.identity's sizes make"
-            raise _damaged(path, why)
+            raise damaged(path, why)
         if stored.dtype.kind != "f":
-            raise _damaged(path, f"{name} holds {stored.dtype} values, not floating point")
+            raise damaged(path, f"{name} holds {stored.dtype} values, not floating point")
     checkpoint.check_finite(path, {name: arrays[name] for name in params})
     for name, view in params.items():
         view[...] = backend.asarray(arrays[name], dtype=view.dtype)
-    return model
+    return model, vocab
 
 
 def sample(
@@ -90,8 +76,7 @@ def sample(
 ) -> str:
     """``chars`` characters after ``prompt``, each from the softmax of logits / ``temperature``."""
     index = {c: i for i, c in enumerate(vocab)}
-    unknown = sorted(set(prompt) - index.keys())
-    if unknown:
+    if unknown := sorted(set(prompt) - index.keys()):
         raise UserError(f"prompt: characters the model never saw: {''.join(unknown)!r}")
     ids = [index[c] for c in prompt] or [0]
     start, block = len(ids), model.shapes[0][0]
@@ -107,14 +92,12 @@ def sample(
 
 
 MOST_CHARS = 1_000_000  # a forward pass each: more is hours, and a typo's 10**20 never ends
-MOST_SEED = 2**64 - 1  # as training's --seed
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str]) -> int:
     p = Parser(
         prog="python -m xpnn generate",
         description="Sample text from a --model gpt checkpoint (a file of --checkpoint-dir).",
-        allow_abbrev=False,
     )
     add = p.add_argument
     add("checkpoint", help="a checkpoint-epochNNNN.npz file, or its directory")
@@ -123,15 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0, help="the draws' seed (default 0)")
     add("--prompt", default="\n", help="text to continue (default a newline)")
     add("--backend", choices=BACKENDS, default="numpy", help="(numpy)")
-    return p
-
-
-def main(argv: list[str]) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = p.parse_args(argv)
         if not 0 <= args.chars <= MOST_CHARS:
             raise UserError(f"--chars: must be 0 to {MOST_CHARS:,}, got {args.chars}")
-        if not 0 <= args.seed <= MOST_SEED:
+        if not 0 <= args.seed <= 2**64 - 1:  # as training's --seed
             raise UserError(f"--seed: must be 0 to 2**64 - 1, got {args.seed}")
         if not (math.isfinite(args.temperature) and args.temperature > 0):
             raise UserError(f"--temperature: must be > 0 and finite, got {args.temperature}")

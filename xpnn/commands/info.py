@@ -1,7 +1,5 @@
 """``python -m xpnn info``: what this machine offers: backends, devices, MPI, threads."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import platform
@@ -71,8 +69,7 @@ def info_main(as_json: bool = False) -> int:
     from xpnn.runtime.threads import describe_handoff
     from xpnn.runtime.world import describe_ranks
 
-    data = collect()
-    if data["world"]["rank"] != 0:
+    if (data := collect())["world"]["rank"] != 0:
         return 0
     if as_json:
         print(json.dumps(data, indent=2))
@@ -93,13 +90,11 @@ def info_main(as_json: bool = False) -> int:
     )
     if data["thread_handoff"]:
         print(f"thread hand-off: {describe_handoff(data['thread_handoff'])}")
-    world = data["world"]
-    if world["size"] > 1:
+    if (world := data["world"])["size"] > 1:
         spread = describe_ranks(world["size"], tuple(world["node_sizes"]))
         spread = f"{spread}; " if len(world["node_sizes"]) > 1 else ""
         print(f"ranks: {world['size']} ({spread}{world['local_size']} on this node)")
-    mpi = data["mpi"]
-    if isinstance(mpi, dict):
+    if isinstance(mpi := data["mpi"], dict):
         print(f"MPI: {mpi['library']} (MPI {mpi['mpi_version']}, mpi4py {mpi['mpi4py']})")
         print(f"  mpi_memory_alloc_kinds: {mpi['alloc_kinds'] or 'not reported (an MPI 4.1 key)'}")
         query = mpi["mpix_query_cuda_support"]

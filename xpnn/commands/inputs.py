@@ -1,11 +1,9 @@
 """What the planner's commands read: a run's settings from its flags, and a calibration."""
 
-from __future__ import annotations
+from dataclasses import replace
+from typing import Any
 
-import argparse
-from typing import Any, NoReturn
-
-from xpnn.commands.flags import ArgError, build_parser, to_spec
+from xpnn.commands.flags import build_parser, to_spec
 from xpnn.errors import UserError
 from xpnn.nn.layer import is_int
 from xpnn.planner.cost import predict
@@ -14,30 +12,16 @@ from xpnn.planner.models import as_run, work_of
 from xpnn.run import BATCH, resolve
 from xpnn.runtime.threads import node_cores
 
-__all__ = ["Parser", "global_batch", "machine_for", "predict_run", "spec_from", "work_of"]
-
-
-class Parser(argparse.ArgumentParser):
-    """A bad flag is one line naming it (exit 2 by the caller), not argparse's usage."""
-
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        raise UserError(message.removeprefix("argument "))
+__all__ = ["global_batch", "machine_for", "predict_run", "spec_from", "work_of"]
 
 
 def spec_from(argv: list[str]) -> Any:
-    try:
-        args = build_parser().parse_args(argv)
-    except ArgError as exc:
-        raise UserError(str(exc)) from None
-    spec, _ = resolve(to_spec(args))
-    return spec
+    return resolve(to_spec(build_parser().parse_args(argv)))[0]
 
 
 def machine_for(path: str | None) -> Machine:
-    if path:
-        machine = load(path)
-        machine.measured = False
-        return machine
+    if path:  # a machine measured elsewhere: nothing is measured here
+        return replace(load(path), measured=False)
     return cached(node_cores())[0]
 
 
@@ -56,8 +40,7 @@ def predict_run(flags: list[str], layout: Any, calibration: str | None = None) -
     spec = spec_from(flags)
     layout = as_run(spec, layout)
     machine = machine_for(calibration)
-    threads = (layout.threads // layout.batch_threads, layout.threads)
-    work = work_of(spec, machine, threads)
+    work = work_of(spec, machine, (layout.threads // layout.batch_threads, layout.threads))
     batch = global_batch(spec)
     pred = predict(machine, work, layout, batch, spec.optimizer, spec.dtype)
     if calibration is None:

@@ -1,7 +1,5 @@
 """``python -m xpnn calibrate`` and ``plan``: measure this machine once, then rank every layout."""
 
-from __future__ import annotations
-
 import json
 import math
 import os
@@ -10,23 +8,26 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from xpnn.commands.explain import explain, measured_step
-from xpnn.commands.inputs import Parser, global_batch, machine_for, spec_from, work_of
+from xpnn.commands.flags import READERS, Parser, typed
+from xpnn.commands.inputs import global_batch, machine_for, spec_from, work_of
 from xpnn.errors import UserError
-from xpnn.planner.choose import layouts, node_layouts
+from xpnn.planner.auto import layouts, node_layouts
 from xpnn.planner.cost import Prediction, predict
-from xpnn.planner.machine import cache_path, calibrate, mpiexec_path, save
+from xpnn.planner.machine import cache_path, cached, mpiexec_path, save
 from xpnn.planner.models import as_run
 from xpnn.record.plot import read_epochs
 from xpnn.runtime import failure
 from xpnn.runtime.threads import node_cores
+from xpnn.settings import MOST, THREADS, Range
 
 MAX_RANKS = 64  # more ranks than this are not planned on one machine
+NODES = typed(Range(1, MAX_RANKS, whole=True).read)
+WHOLE = {low: typed(Range(low, MOST, whole=True).read) for low in (0, 1, 2)}  # whole numbers >= low
 
 
-def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
+def plan(argv: list[str]) -> None:
     parser = Parser(
         prog="python -m xpnn plan",
         description="Rank every layout of a run by its predicted time per step on this machine.",
@@ -36,21 +37,15 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
     add = parser.add_argument
     add("--ranks", type=int, help="plan up to N ranks (the cores)")
     add("--calibration", help="plan for the machine this file holds")
-    add("--nodes", type=int, default=1, help="plan for N nodes like the calibrated one (1)")
-    add("--cores-per-node", type=int, help="cores of each node (the calibration's)")
+    add("--nodes", type=NODES, default=1, help="plan for N nodes like the calibrated one (1)")
+    add("--cores-per-node", type=typed(THREADS.read), help="cores of each node (the calibration's)")
     add("--json", action="store_true", help="every plan, its flags and costs")
-    add("--top", type=int, default=12, help="plans printed (12)")
-    add("--measure", type=int, default=0, help="run the K fastest, the middle and the slowest")
-    add("--measure-steps", type=int, default=20, help="steps each measured run trains (20)")
+    add("--top", type=WHOLE[1], default=12, help="plans printed (12)")
+    add("--measure", type=WHOLE[0], default=0, help="run the K fastest, the middle and the slowest")
+    add("--measure-steps", type=WHOLE[2], default=20, help="steps each measured run trains (20)")
     own, rest = parser.parse_known_args(argv)
-    if own.top < 1 or own.measure < 0 or own.measure_steps < 2:
-        raise UserError("--top >= 1, --measure >= 0 and --measure-steps >= 2, please")
     if own.measure and (own.nodes > 1 or own.cores_per_node is not None):
         raise UserError("--measure runs the plans here: not with --nodes or --cores-per-node")
-    if not 1 <= own.nodes <= MAX_RANKS:
-        raise UserError(f"--nodes {own.nodes}: must be 1 to {MAX_RANKS}")
-    if own.cores_per_node is not None and not 1 <= own.cores_per_node <= 4096:
-        raise UserError(f"--cores-per-node {own.cores_per_node}: must be 1 to 4096")
     spec = spec_from(rest)
     machine = machine_for(own.calibration)
     if own.cores_per_node is not None and own.cores_per_node != machine.cores:
@@ -88,17 +83,14 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         rows = [p.to_json() for p in found]
         for i, seconds in measured.items():
             rows[i] |= {} if seconds is None else {"measured_step_s": seconds}
-        print(json.dumps(rows, indent=1), file=out)
-        return found
+        print(json.dumps(rows, indent=1))
+        return
     unit = "tokens/s" if work.tokens_per_sample > 1 else "samples/s"
     shape = f"{own.nodes} nodes x {cores} cores" if own.nodes > 1 else f"{cores} cores"
-    print(f"xpnn plan: {shape}, global batch {batch}, {spec.dtype}, {spec.optimizer}", file=out)
+    print(f"xpnn plan: {shape}, global batch {batch}, {spec.dtype}, {spec.optimizer}")
     seen = " measured ms" if measured else ""
     wide = max(56, *(len(p.layout.describe()) for p in found))
-    print(
-        f"{'#':>3} {'layout':<{wide}} {unit:>11} {'step ms':>8}{seen} {'MB/rank':>8}  largest",
-        file=out,
-    )
+    print(f"{'#':>3} {'layout':<{wide}} {unit:>11} {'step ms':>8}{seen} {'MB/rank':>8}  largest")
     for i, p in enumerate(found, 1):
         if i > own.top and i - 1 not in measured:
             continue
@@ -107,14 +99,12 @@ def plan(argv: list[str], out: Any = sys.stdout) -> list[Prediction]:
         cell = (f" {1e3 * got:>11.2f}" if got else f" {'-':>11}") if measured else ""
         print(
             f"{i:>3} {p.layout.describe():<{wide}} {p.rate:>11,.0f} {1e3 * p.step:>8.2f}{cell} "
-            f"{mb:>8.1f}  {p.largest()}",
-            file=out,
+            f"{mb:>8.1f}  {p.largest()}"
         )
     best = found[0].layout
     launch = f"mpiexec -n {best.ranks} " if best.ranks > 1 else ""
     launch += f"-ppn {best.local_ranks} " if best.nodes > 1 else ""
-    print(f"fastest: {launch}python -m xpnn {' '.join(best.flags())}", file=out)
-    return found
+    print(f"fastest: {launch}python -m xpnn {' '.join(best.flags())}")
 
 
 def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
@@ -133,28 +123,22 @@ def measure_one(pred: Prediction, flags: list[str], steps: int) -> float | None:
             return None
 
 
-def calibrate_main(argv: list[str]) -> int:
+def calibrate_main(argv: list[str]) -> None:
     parser = Parser(
         prog="python -m xpnn calibrate",
         description="Measure this machine once for the planner (cached per host and libraries).",
     )
     add = parser.add_argument
     add("--quick", action="store_true", help="fewer sizes and repeats (< 1 min)")
-    add("--ranks", help="rank counts to time collectives on (2,4)")
+    add("--ranks", type=typed(READERS["sizes"]), help="rank counts to time collectives on (2,4)")
     add("--models", default="mlp,cnn,gpt", help="the presets whose products to time (mlp,cnn,gpt)")
     add("--backend", help="the backend whose kernels to time")
     args = parser.parse_args(argv)
     cores = node_cores()
     backend = ["--backend", args.backend] if args.backend else []
-    ranks = [2] if args.quick else sorted({2, cores, 2 * cores} - {1})
-    if args.ranks:
-        try:
-            ranks = [int(r) for r in args.ranks.split(",")]
-        except ValueError:
-            raise UserError(f"--ranks {args.ranks}: expected comma-separated counts") from None
+    ranks = list(args.ranks or ([2] if args.quick else sorted({2, cores, 2 * cores} - {1})))
     shapes = set()
-    models = args.models.split(",")
-    if not set(models) <= {"mlp", "cnn", "gpt"}:
+    if not set(models := args.models.split(",")) <= {"mlp", "cnn", "gpt"}:
         raise UserError(f"--models {args.models}: choose among mlp, cnn, gpt")
     specs = []
     for name in models:
@@ -164,13 +148,20 @@ def calibrate_main(argv: list[str]) -> int:
         specs.append(spec)
         batch, shares = global_batch(spec), (1, 2, 4) if args.quick else (1, 2, 4, 8)
         shapes |= {g.at(math.ceil(batch / s)) for s in shares for g in work_of(spec).gemms()}
-    machine, path = calibrate(cores, sorted(shapes), args.quick, ranks)
-    threads = (1, cores) if args.quick else tuple(range(1, cores + 1))
+    machine, path = cached(cores)
+    threads = sorted({1, cores} if args.quick else set(range(1, cores + 1)))
+    for dtype in ("float32",) if args.quick else ("float32", "float64"):
+        for t in threads:
+            machine.values_per_s(t, dtype)
+            for m, k, n, count in sorted(shapes):
+                machine.gemm_seconds(m, k, n, count, t, dtype)
+    for r in ranks:
+        machine.probe(r, args.quick)
+    save(machine, path)  # the products and collectives kept, whatever comes next
     for spec in specs:  # each preset's step beyond its products, on the chosen backend
-        work_of(spec, machine, threads)
+        work_of(spec, machine, tuple(threads))
     save(machine, path)
     print(f"xpnn calibrate: {len(machine.gemm)} products, ranks {ranks}: {path}")
-    return 0
 
 
 def main(command: str, argv: list[str]) -> int:

@@ -1,8 +1,6 @@
 """The planner: this machine measured (``machine``), a model's step (``work``), layouts' costs."""
 
-from xpnn.planner.cost import Layout, Prediction, predict
-from xpnn.planner.machine import Machine, cached, calibrate, load
-from xpnn.planner.work import ModelWork, model_work
+from xpnn.planner.cost import Layout
+from xpnn.planner.machine import Machine, cached, load
 
-__all__ = ["Layout", "Machine", "ModelWork", "Prediction", "cached", "calibrate", "load"]
-__all__ += ["model_work", "predict"]
+__all__ = ["Layout", "Machine", "cached", "load"]

@@ -1,7 +1,5 @@
 """The cost model: a step's time and a rank's memory under a layout (docs/planning.md)."""
 
-from __future__ import annotations
-
 import itertools
 import math
 from dataclasses import asdict, dataclass, field
@@ -11,6 +9,7 @@ from xpnn.planner.machine import Machine
 from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, LayerWork, ModelWork
 
 TIMES = (*PHASES, "elementwise")
+BUCKET_BYTES = 4 << 20  # a data-parallel step's gradient bucket, as priced
 
 
 def optimizer_states(name: str) -> int:
@@ -137,8 +136,7 @@ def compute_times(
 
 def optimizer_time(machine: Machine, params: float, optimizer: str, threads: int, dtype: str):
     """Each parameter and its gradient read, the parameter written, each state read and written."""
-    passes = 3 + 2 * optimizer_states(optimizer)
-    return passes * params / machine.values_per_s(threads, dtype)
+    return (3 + 2 * optimizer_states(optimizer)) * params / machine.values_per_s(threads, dtype)
 
 
 def memory(
@@ -167,7 +165,6 @@ def predict(
     batch: int,
     optimizer: str = "adam",
     dtype: str = "float32",
-    bucket_bytes: float = 4 << 20,
     shard_optimizer: bool = False,
     node_share: str = "auto",
 ) -> Prediction:
@@ -179,19 +176,18 @@ def predict(
     pred.slowdown = machine.slowdown(local * t)
     grads_bytes = work.params * itemsize
     if layout.parallel == "data" or r == 1:
-        per_thread = math.ceil(batch / (r * k))
-        phases = compute_times(machine, work, per_thread, t // k, dtype)
+        phases = compute_times(machine, work, math.ceil(batch / (r * k)), t // k, dtype)
         if k > 1:  # the twins' gradients summed by the main thread
             pred.serial_tail = (k - 1) * work.params / machine.values_per_s(t, dtype)
         backward = phases[WGRAD] + phases[DGRAD]
         if layout.node_shared and not shard_optimizer:
-            comm, last = _node_shared(machine, work, layout, batch, dtype, node_share, pred)
+            comm, last = _node_shared(machine, work, batch, dtype, node_share, pred)
             pred.optimizer += optimizer_time(machine, work.params / local, optimizer, t, dtype)
         else:
             params_updated = work.params / (r if shard_optimizer else 1)
             pred.optimizer = optimizer_time(machine, params_updated, optimizer, t, dtype)
-            comm, last = _data_comm(machine, layout, grads_bytes, bucket_bytes, shard_optimizer)
-            pred.syncs = math.ceil(grads_bytes / bucket_bytes) + 1 if r > 1 else 0
+            comm, last = _data_comm(machine, layout, grads_bytes, shard_optimizer)
+            pred.syncs = math.ceil(grads_bytes / BUCKET_BYTES) + 1 if r > 1 else 0
         pred.comm_exposed = last + max(0.0, comm - last - backward)
         pred.comm_hidden = comm - pred.comm_exposed
         batch_rank = math.ceil(batch / r)
@@ -263,24 +259,17 @@ def shares_activations(work: ModelWork, batch: int, node_share: str) -> bool:
 
 
 def _node_shared(
-    machine: Machine,
-    work: ModelWork,
-    layout: Layout,
-    batch: int,
-    dtype: str,
-    node_share: str,
-    pred: Prediction,
+    machine: Machine, work: ModelWork, batch: int, dtype: str, node_share: str, pred: Prediction
 ) -> tuple[float, float]:
     """(a node-shared update's exchange, its last bucket's part): fences, others' shares read."""
-    local, nodes, t = layout.local_ranks, layout.nodes, layout.threads
+    local, nodes, t = pred.layout.local_ranks, pred.layout.nodes, pred.layout.threads
     itemsize = 8 if dtype == "float64" else 4
     buckets = param_buckets(work)
     fences = buckets + 1
     if nodes > 1 and node_share == "auto":
         node_share = "gradients"  # a run's default across nodes (xpnn.run)
     others = (local - 1) / local  # the part of a shared array the other ranks wrote
-    activations = shares_activations(work, batch, node_share)
-    if activations:
+    if activations := shares_activations(work, batch, node_share):
         fences += 2 * (sum(1 for layer in work.layers if layer.params) - 1)
         read = others * batch / nodes * _dense_values(work) * itemsize
     else:
@@ -302,20 +291,15 @@ def _node_shared(
     return exchange, fence + read_time + cross / buckets
 
 
-def _data_comm(
-    machine: Machine, layout: Layout, nbytes: float, bucket: float, shard: bool
-) -> tuple[float, float]:
+def _data_comm(machine: Machine, layout: Layout, nbytes: float, shard: bool) -> tuple[float, float]:
     """(a step's gradient exchange, its last bucket's part): each bucket's collectives."""
     ranks = layout.local_ranks
     if layout.ranks <= 1:
         return 0.0, 0.0
-    buckets = max(1, math.ceil(nbytes / bucket))
+    buckets = max(1, math.ceil(nbytes / BUCKET_BYTES))
     size = nbytes / buckets
-    if shard:
-        one = machine.collective("reduce_scatter", ranks, size)
-        one += machine.collective("allgather", ranks, size)
-    else:
-        one = machine.collective("allreduce", ranks, size)
+    ops = ("reduce_scatter", "allgather") if shard else ("allreduce",)
+    one = sum(machine.collective(op, ranks, size) for op in ops)
     one += network_allreduce(machine, layout.nodes, size)
     return buckets * one, one
 

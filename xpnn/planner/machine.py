@@ -1,7 +1,4 @@
-"""This machine measured once and cached per host, cores, CPU, NumPy and BLAS: products, bandwidth,
-collectives (``probe``), crowding; what a plan lacks is measured on first use, never guessed."""
-
-from __future__ import annotations
+"""This machine measured, cached per host, CPU and libraries; what a plan lacks is timed on use."""
 
 import hashlib
 import json
@@ -100,11 +97,10 @@ class Machine:
 
     def digest(self) -> str:
         """A short name for what this calibration holds: a record names the one it used."""
-        text = json.dumps(self.to_json(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
-    def from_json(cls, data: Any, source: str) -> Machine:
+    def from_json(cls, data: Any, source: str) -> "Machine":
         if not isinstance(data, dict) or data.get("version") != VERSION:
             raise UserError(f"{source}: not an xpnn calibration (version {VERSION})")
 
@@ -142,17 +138,22 @@ class Machine:
     def network_measured(self) -> bool:
         return bool(self.network)
 
-    # -- products -----------------------------------------------------------------------
     def gemm_seconds(self, m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
         """One (count x) m-by-k-by-n product's time: measured, or measured now and kept."""
-        name = f"{dtype} {threads} {m} {k} {n} {count}"
-        if name not in self.gemm:
+        if (name := f"{dtype} {threads} {m} {k} {n} {count}") not in self.gemm:
             if not self.measured:
                 transposed = f"{dtype} {threads} {n} {k} {m} {count}"  # the same work
                 if transposed in self.gemm:
                     return self.gemm[transposed]
                 return self._scaled_gemm(m, k, n, count, threads, dtype)
-            self.gemm[name] = time_gemm(m, k, n, count, threads, dtype)
+            from threadpoolctl import threadpool_limits
+
+            lead = (count,) if count > 1 else ()  # a batch of products
+            rng = np.random.default_rng(0)
+            a, b = (rng.standard_normal((*lead, *s)).astype(dtype) for s in ((m, k), (k, n)))
+            out = np.empty((*lead, m, n), dtype=dtype)
+            with threadpool_limits(limits=threads):
+                self.gemm[name] = median_time(lambda: np.matmul(a, b, out=out))
         return self.gemm[name]
 
     def _scaled_gemm(self, m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
@@ -166,22 +167,20 @@ class Machine:
         if scaled:
             return min(scaled, key=lambda gap_seconds: gap_seconds[0])[1]  # the first of equals
         # a thread count the calibration lacks: the nearest it has, scaled by the threads
-        have = sorted({int(name.split()[1]) for name in self.gemm if name.split()[0] == dtype})
-        if not have:
+        if not (have := sorted({int(g.split()[1]) for g in self.gemm if g.split()[0] == dtype})):
             raise UserError(f"the calibration has no {dtype} products")
         near = min(have, key=lambda t: abs(t - threads))
         return self._scaled_gemm(m, k, n, count, near, dtype) * near / threads
 
-    # -- elementwise passes ---------------------------------------------------------------
     def values_per_s(self, threads: int, dtype: str) -> float:
-        name = f"{dtype} {threads}"
-        if name not in self.bandwidth:
+        if (name := f"{dtype} {threads}") not in self.bandwidth:
             if not self.measured:
-                rates = [v for k, v in self.bandwidth.items() if k.startswith(dtype)]
-                if not rates:
+                if not (rates := [v for k, v in self.bandwidth.items() if k.startswith(dtype)]):
                     raise UserError(f"the calibration has no {dtype} bandwidth")
                 return max(rates)
-            self.bandwidth[name] = time_bandwidth(threads, dtype)
+            # a fused elementwise pass (read two, write one), as the layers'
+            a, b, out = (np.ones(1 << 21, dtype=dtype) for _ in range(3))
+            self.bandwidth[name] = 3 * a.size / median_time(lambda: np.multiply(a, b, out=out))
         return self.bandwidth[name]
 
     def probe(self, ranks: int, quick: bool = True) -> None:
@@ -206,27 +205,21 @@ class Machine:
         if str(ranks) not in table and self.measured and ranks <= MAX_PROBE_RANKS:
             self.probe(ranks)
 
-    # -- the ranks ------------------------------------------------------------------------
     def collective(self, op: str, ranks: int, nbytes: float) -> float:
         """Seconds for one ``op`` of ``nbytes`` over ``ranks`` (alpha + beta * bytes)."""
         if ranks <= 1 or nbytes <= 0:
             return 0.0
         self._probe_missing(ranks, self.comm)
-        fits = self.comm.get(str(ranks))
-        if fits is None:  # the nearest rank count measured, scaled as a ring would
-            measured = sorted(int(r) for r in self.comm)
-            if not measured:
-                raise UserError("the calibration has no collective timings (run it with ranks)")
-            near = min(measured, key=lambda r: abs(r - ranks))
-            alpha, beta = self.comm[str(near)][op]
-            ring = (ranks - 1) / ranks / ((near - 1) / near)
-            return alpha * ranks / near + beta * nbytes * ring
-        alpha, beta = fits[op]
-        return alpha + beta * nbytes
+        if not (measured := sorted(int(r) for r in self.comm)):
+            raise UserError("the calibration has no collective timings (run it with ranks)")
+        # the count itself if measured, else the nearest measured, scaled as a ring would
+        near = min(measured, key=lambda r: abs(r - ranks))
+        alpha, beta = self.comm[str(near)][op]
+        ring = (ranks - 1) / ranks / ((near - 1) / near)
+        return alpha * (ranks / near) + beta * nbytes * ring
 
     def shared_exchange(self, ranks: int, nbytes: float) -> float | None:
-        """Seconds of a fence among ``ranks`` node-shared ranks, then ``nbytes`` the others
-        wrote read by each; None where not measured, or the ranks outnumber the cores."""
+        """A fence of ``ranks`` node-shared ranks, then ``nbytes`` read by each (None: unknown)."""
         fit = self.shared.get(str(ranks)) if ranks <= self.cores else None
         return None if fit is None else fit[0] + fit[1] * nbytes
 
@@ -237,16 +230,14 @@ class Machine:
             return 1.0
         self._probe_missing(busy_threads, self.crowding)
         ideal = busy_threads / cores  # threads taking turns on the cores, at the least
-        measured = self.crowding.get(str(busy_threads))
-        if measured is not None:
+        if (measured := self.crowding.get(str(busy_threads))) is not None:
             return max(ideal, measured)
         known = [(int(r), v / (int(r) / cores)) for r, v in self.crowding.items() if int(r) > cores]
         penalty = statistics.median(v for _, v in known) if known else 1.0
         return ideal * max(1.0, penalty)
 
     def sync_wait(self, busy_threads: int, phase: float) -> float:
-        """Seconds a synchronization adds when ``busy_threads`` share the cores, each computing
-        ``phase`` s (alone) between two: the probe's phases less their crowded products."""
+        """Seconds a synchronization adds to ``busy_threads`` computing ``phase`` s between two."""
         if busy_threads <= self.cores:
             return 0.0
         self._probe_missing(busy_threads, self.phases)
@@ -262,7 +253,7 @@ class Machine:
         return queued * float(np.interp(phase, alone, extra))
 
 
-def _median_time(run: Any, floor: float = 0.02, repeats: int = 5) -> float:
+def median_time(run: Any, floor: float = 0.02, repeats: int = 5) -> float:
     """Median over ``repeats`` of a call's time, each sample long enough to read a clock."""
     run()
     start = time.perf_counter()
@@ -276,24 +267,6 @@ def _median_time(run: Any, floor: float = 0.02, repeats: int = 5) -> float:
             run()
         samples.append((time.perf_counter() - start) / calls)
     return statistics.median(samples)
-
-
-def time_gemm(m: int, k: int, n: int, count: int, threads: int, dtype: str) -> float:
-    from threadpoolctl import threadpool_limits
-
-    rng = np.random.default_rng(0)
-    shape_a, shape_b = ((count, m, k), (count, k, n)) if count > 1 else ((m, k), (k, n))
-    a, b = (rng.standard_normal(shape).astype(dtype) for shape in (shape_a, shape_b))
-    out = np.empty((count, m, n) if count > 1 else (m, n), dtype=dtype)
-    with threadpool_limits(limits=threads):
-        return _median_time(lambda: np.matmul(a, b, out=out))
-
-
-def time_bandwidth(threads: int, dtype: str, values: int = 1 << 21) -> float:
-    """Values per second of a fused elementwise pass (read two, write one), as the layers'."""
-    a, b, out = (np.ones(values, dtype=dtype) for _ in range(3))
-    seconds = _median_time(lambda: np.multiply(a, b, out=out))
-    return 3 * values / seconds
 
 
 def mpiexec_path() -> str:
@@ -333,25 +306,6 @@ def cached(cores: int) -> tuple[Machine, Path]:
     """This machine's calibration from the cache (or an empty one to fill), and its path."""
     key = machine_key(cores)
     path = cache_path(key)
-    if path.exists():
-        machine = load(path)
-        if machine.key == key:
-            return machine, path
+    if path.exists() and (machine := load(path)).key == key:
+        return machine, path
     return Machine(key), path
-
-
-def calibrate(
-    cores: int, shapes: list[tuple[int, int, int, int]], quick: bool, ranks: list[int]
-) -> tuple[Machine, Path]:
-    """Measure ``shapes`` (m, k, n, count) per thread count, bandwidth, collectives; cache it."""
-    machine, path = cached(cores)
-    threads = sorted({1, cores} if quick else set(range(1, cores + 1)))
-    for dtype in ("float32",) if quick else ("float32", "float64"):
-        for t in threads:
-            machine.values_per_s(t, dtype)
-            for m, k, n, count in shapes:
-                machine.gemm_seconds(m, k, n, count, t, dtype)
-    for r in ranks:
-        machine.probe(r, quick)
-    save(machine, path)
-    return machine, path

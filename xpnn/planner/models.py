@@ -1,18 +1,13 @@
 """A run's model built from its settings alone, its work, and its step's cost beyond products
 measured on it at two batches (fused kernels differ too much between backends to price)."""
 
-from __future__ import annotations
-
 import dataclasses
 import hashlib
-import math
-import statistics
 import sys
-import time
 from typing import Any
 
 from xpnn.nn.gpt import GPT_DEFAULTS
-from xpnn.planner.machine import Machine
+from xpnn.planner.machine import Machine, median_time
 from xpnn.planner.work import ModelWork, model_work
 
 TEXT_VOCAB = 65  # Tiny Shakespeare's characters: the vocabulary when no text is at hand
@@ -71,8 +66,7 @@ def as_run(spec: Any, layout: Any) -> Any:
 
 
 def fit_rest(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """(seconds a step, seconds a sample) through the rest at two batches, neither below zero:
-    a rest that shrinks with the batch is all per step, one below zero at none all per sample."""
+    """(seconds a step, seconds a sample) through the rest at two batches, neither below zero."""
     (b1, r1), (b2, r2) = sorted(points)[:1] + sorted(points)[-1:]
     if b2 == b1:
         return 0.0, max(0.0, r1) / b1
@@ -85,7 +79,7 @@ def fit_rest(points: list[tuple[int, float]]) -> tuple[float, float]:
     return fixed, slope
 
 
-def time_step(model: Any, inputs: Any, labels: Any, threads: int, repeats: int = 5) -> float:
+def time_step(model: Any, inputs: Any, labels: Any, threads: int) -> float:
     """Median seconds of one forward and backward of ``model`` (built) on ``threads`` threads."""
     from threadpoolctl import threadpool_limits
 
@@ -93,22 +87,20 @@ def time_step(model: Any, inputs: Any, labels: Any, threads: int, repeats: int =
 
     numba = sys.modules.get("numba")  # its threads, where the backend uses them
     before = numba.get_num_threads() if numba else None
+    ctx = Context(train=True, step=0)
+
+    def step() -> None:
+        model.loss_and_grads(inputs, labels, ctx, 1.0)  # the first compiles, allocates
+        model.backend.synchronize()
+
     try:
         if numba:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         with threadpool_limits(limits=threads):
-            ctx = Context(train=True, step=0)
-            model.loss_and_grads(inputs, labels, ctx, 1.0)  # compiles, allocates
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                model.loss_and_grads(inputs, labels, ctx, 1.0)
-                model.backend.synchronize()
-                samples.append(time.perf_counter() - start)
+            return median_time(step, floor=0.0)
     finally:
         if numba and before is not None:
             numba.set_num_threads(before)
-    return statistics.median(samples)
 
 
 def measure_rest(
@@ -134,9 +126,6 @@ def measure_rest(
         else:
             inputs = backend.asarray(rng.standard_normal(shape))
             labels = backend.asarray(rng.integers(0, classes, size=(batch,)), dtype=np.int64)
-        step = time_step(model, inputs, labels, threads)
-        if not math.isfinite(step):
-            return 0.0, 0.0
         products = (machine.gemm_seconds(*g.at(batch), threads, dtype) for g in work.gemms())
-        points.append((batch, step - sum(products)))
+        points.append((batch, time_step(model, inputs, labels, threads) - sum(products)))
     return fit_rest(points)

@@ -1,7 +1,4 @@
-"""Under ``mpiexec -n R``: collectives' and a shared exchange's ``t = alpha + beta * bytes``, R
-ranks' crowding and phases between fences (docs/planning.md); rank 0 prints one JSON line."""
-
-from __future__ import annotations
+"""Under ``mpiexec -n R``: collectives' alpha and beta, crowding, phases; rank 0 prints JSON."""
 
 import argparse
 import json
@@ -18,68 +15,60 @@ from xpnn.parallel.comm.shm import ShmCommunicator
 OPS = ("allreduce", "reduce_scatter", "allgather", "bcast", "sendrecv")
 
 
-def _time(comm, run, repeats: int) -> float:  # noqa: ANN001
-    samples = []
-    for _ in range(repeats):
-        comm.Barrier()
-        samples.append(_clock(run))
-    return float(comm.allreduce(statistics.median(samples), op=MPI.MAX))
-
-
 def _op(comm, name: str, values: int):  # noqa: ANN001, ANN202
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, peer = comm.Get_size(), comm.Get_rank() ^ 1
     send = np.ones(values, dtype=np.float32)
     recv = np.empty(values, dtype=np.float32)
-    if name == "allreduce":
-        return lambda: comm.Allreduce(send, recv)
-    if name == "reduce_scatter":
-        part = np.empty(values // size, dtype=np.float32)
-        return lambda: comm.Reduce_scatter_block(send[: part.size * size], part)
-    if name == "allgather":
-        part = send[: values // size]
-        whole = np.empty(part.size * size, dtype=np.float32)
-        return lambda: comm.Allgather(part, whole)
-    if name == "bcast":
-        return lambda: comm.Bcast(send, root=0)
-    peer = rank ^ 1
-    if peer >= size:  # an odd rank count: the last rank has no partner and waits
+    part = np.empty(values // size, dtype=np.float32)  # a rank's share, scattered or gathered
+    mine, whole = send[: part.size], np.empty(part.size * size, dtype=np.float32)
+    if name == "sendrecv" and peer >= size:  # an odd rank count: the last rank has no partner
         return lambda: None
-    return lambda: comm.Sendrecv(send, peer, recvbuf=recv, source=peer)
+    return {
+        "allreduce": lambda: comm.Allreduce(send, recv),
+        "reduce_scatter": lambda: comm.Reduce_scatter_block(send[: part.size * size], part),
+        "allgather": lambda: comm.Allgather(mine, whole),
+        "bcast": lambda: comm.Bcast(send, root=0),
+        "sendrecv": lambda: comm.Sendrecv(send, peer, recvbuf=recv, source=peer),
+    }[name]
 
 
-def _fit(points: list[tuple[float, float]]) -> list[float]:
-    """[alpha, beta] through (bytes, seconds), weighted by relative error, neither below 0."""
-    nbytes, seconds = (np.array(v, dtype=np.float64) for v in zip(*points, strict=True))
-    beta, alpha = np.polyfit(nbytes, seconds, 1, w=1.0 / seconds)
+def _fit_sizes(comm, exponents: range, repeats: int, make) -> list[float]:  # noqa: ANN001
+    """[alpha, beta] of ``make(values)``'s (run, bytes): the slowest rank's medians, fitted."""
+    nbytes, seconds = [], []
+    for e in exponents:
+        run, moved = make(max(comm.Get_size(), (1 << e) // 4))
+        run()
+        samples = []
+        for _ in range(repeats):
+            comm.Barrier()
+            samples.append(_clock(run))
+        nbytes.append(moved)
+        seconds.append(comm.allreduce(statistics.median(samples), op=MPI.MAX))
+    beta, alpha = np.polyfit(nbytes, seconds, 1, w=1.0 / np.array(seconds, dtype=np.float64))
     return [max(float(alpha), 0.0), max(float(beta), 0.0)]
 
 
 def shared_exchange(comm, exponents: range, repeats: int) -> list[float]:  # noqa: ANN001
     """[alpha, beta] of a node-shared exchange: write a share, the run's fence, read the others'."""
     shm = ShmCommunicator.create(comm)
-    points = []
-    for e in exponents:
-        values = max(shm.local_size, (1 << e) // 4)
-        run, others = _exchange(shm, shm.shared_zeros(values, np.float32))
-        run()
-        points.append((4.0 * others, _time(comm, run, repeats)))
-        shm.free()
-    return _fit(points)
 
+    def exchange(values: int):  # noqa: ANN202
+        shm.free()  # one shared array at a time
+        shared = shm.shared_zeros(values, np.float32)
+        lo, hi = (r * values // shm.local_size for r in (shm.local_rank, shm.local_rank + 1))
+        mine = np.ones(hi - lo, dtype=np.float32)
 
-def _exchange(shm, shared: np.ndarray):  # noqa: ANN001, ANN202
-    """(one exchange over ``shared``, the values the other ranks write in it)."""
-    size, rank = shm.local_size, shm.local_rank
-    lo, hi = rank * shared.size // size, (rank + 1) * shared.size // size
-    mine = np.ones(hi - lo, dtype=shared.dtype)
+        def run() -> None:
+            shared[lo:hi] = mine
+            shm.fence()
+            shared[:lo].sum()
+            shared[hi:].sum()
 
-    def run() -> None:
-        shared[lo:hi] = mine
-        shm.fence()
-        shared[:lo].sum()
-        shared[hi:].sum()
+        return run, 4.0 * (values - (hi - lo))  # the values the other ranks wrote
 
-    return run, shared.size - (hi - lo)
+    fit = _fit_sizes(comm, exponents, repeats, exchange)
+    shm.free()
+    return fit
 
 
 CROWD_PRODUCTS = 200  # about 60 ms of one core on the 2-core EPYC
@@ -151,21 +140,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    size = comm.Get_size()
     exponents = range(10, 25, 3) if args.quick else range(8, 26, 2)  # 256 B .. 32 MiB
     repeats = 3 if args.quick else 7
-    fits = {}
-    for name in OPS:
-        points = []
-        for e in exponents:
-            values = max(size, (1 << e) // 4)
-            run = _op(comm, name, values)
-            run()
-            points.append((4 * values, _time(comm, run, repeats)))
-        fits[name] = _fit(points)
+    fits = {
+        name: _fit_sizes(comm, exponents, repeats, lambda v, n=name: (_op(comm, n, v), 4 * v))
+        for name in OPS
+    }
     shared = shared_exchange(comm, range(10, 23, 3 if args.quick else 2), 4 * repeats)
-    found = {"ranks": size, "fits": fits, "shared": shared, "crowding": crowding(comm, repeats)}
-    found["phases"] = phases(comm, repeats)
+    found = {"ranks": comm.Get_size(), "fits": fits, "shared": shared}
+    found |= {"crowding": crowding(comm, repeats), "phases": phases(comm, repeats)}
     if comm.Get_rank() == 0:
         print(json.dumps(found), flush=True)
 

@@ -1,7 +1,5 @@
 """A training step's work per sample, read from a model's layer shapes: products and passes."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,8 +10,7 @@ PHASES = (FORWARD, WGRAD, DGRAD)
 
 @dataclass(frozen=True)
 class Gemm:
-    """``count`` products of (m x k) @ (k x n); the ``scales`` axis (``"m"``, ``"n"``, ``"k"``
-    or ``"count"``) grows with the batch."""
+    """``count`` products of (m x k) @ (k x n); the ``scales`` axis grows with the batch."""
 
     phase: str
     m: int
@@ -100,8 +97,7 @@ def layer_work(
     layer: Any, in_shape: tuple[int, ...], name: str, rng: Any, first: bool
 ) -> tuple[tuple[int, ...], list[LayerWork], bool]:
     """(output shape, the leaves' work, whether a layer with parameters has been met)."""
-    children = getattr(layer, "children", None)
-    if isinstance(children, dict) and children:
+    if isinstance(children := getattr(layer, "children", None), dict) and children:
         works: list[LayerWork] = []
         if hasattr(layer, "head_dim") and "qkv" in children:  # causal self-attention
             _, inner, first = layer_work(children["qkv"], in_shape, f"{name}.qkv", rng, first)
