@@ -86,8 +86,9 @@ class Communicator:
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         """Reduce a small host array in float64 (counts exact to 2**53); a new array."""
-        check_op(op)
-        return np.array(values, dtype=np.float64, copy=True).reshape(-1)
+        out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
+        self.allreduce_(out, op)
+        return out
 
     def allgather_obj(self, obj: Any, what: str = "a gathering of objects") -> list:
         """One small object from every rank, in rank order; ``what`` names the wait if it stalls."""

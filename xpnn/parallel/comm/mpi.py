@@ -238,14 +238,6 @@ class MpiHostCommunicator(Communicator):
         stall.wait(self.mpi_comm.Irecv(slot.host, source=source, tag=tag), what)
         self._pool.copy_back(dev, slot)
 
-    def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
-        out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
-        self._count(out)
-        with flight.Op(self, "allreduce", out.nbytes):
-            mop = self._mpi_op(op)
-            stall.wait(self.mpi_comm.Iallreduce(self._in_place, out, mop), "an allreduce")
-        return out
-
     def allgather_obj(self, obj: Any, what: str = "a barrier before gathering") -> list:
         return stall.allgather(self.mpi_comm, obj, what)
 

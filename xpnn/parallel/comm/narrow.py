@@ -68,14 +68,6 @@ def bfloat16_values(xp: Any, bits: Any, wide: Any) -> Any:
     return xp.astype((xp.astype(bits, xp.uint32) << 16).view(xp.float32), wide)
 
 
-def _sum_into(dtype: str, inbuf: Any, inoutbuf: Any) -> None:
-    a = np.frombuffer(inbuf, dtype=np.uint16)
-    b = np.frombuffer(inoutbuf, dtype=np.uint16)
-    total = from_bits(np, a, dtype, np.float32)
-    total += from_bits(np, b, dtype, np.float32)
-    b[...] = to_bits(np, total, dtype)
-
-
 @cache
 def sum_op(dtype: str) -> Any:
     """The ``MPI.Op`` summing buffers of ``dtype``'s bits (one per process: mpi4py holds few)."""
@@ -84,7 +76,11 @@ def sum_op(dtype: str) -> Any:
     check_narrow(dtype)
 
     def add(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the loss scale's
-            _sum_into(dtype, inbuf, inoutbuf)
+        a = np.frombuffer(inbuf, dtype=np.uint16)
+        b = np.frombuffer(inoutbuf, dtype=np.uint16)
+        with quiet_overflows(np):  # an overflow is the loss scale's
+            total = from_bits(np, a, dtype, np.float32)
+            total += from_bits(np, b, dtype, np.float32)
+            b[...] = to_bits(np, total, dtype)
 
     return MPI.Op.Create(add, commute=True)

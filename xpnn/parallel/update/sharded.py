@@ -20,17 +20,6 @@ def piece_counts(start: int, end: int, shards: list[tuple[int, int]]) -> list[in
     return [max(0, min(end, hi) - max(start, lo)) for lo, hi in shards]
 
 
-class ScatteredBuckets(GradientBuckets):
-    """Gradient buckets each reduced to the ranks whose shards it covers."""
-
-    def __init__(self, grads: Array, comm: Any, cap: int, shards: list[tuple[int, int]]) -> None:
-        super().__init__(grads, comm, cap)
-        self.counts = {s: piece_counts(s, e, shards) for s, e in self.bounds}
-
-    def launch(self, start: int, end: int) -> Any:
-        return self.comm.ireduce_scatter_(self.grads[start:end], self.counts[start])
-
-
 class ShardedOptimizer:
     """The shard's optimizer as trainer and checkpoints see it: ``state`` whole until cut."""
 
@@ -76,7 +65,9 @@ class ShardedUpdate(BucketedUpdate):
         self.shards = shard_bounds(self.model.size, self.comm.size)
         self.counts = [hi - lo for lo, hi in self.shards]
         self._gathers: list[Any] = []  # the all-gathers started this step, in bucket order
-        return ScatteredBuckets(self.model.grads, self.comm, bucket_bytes, self.shards)
+        buckets = GradientBuckets(self.model.grads, self.comm, bucket_bytes)
+        buckets.counts = {s: piece_counts(s, e, self.shards) for s, e in buckets.bounds}
+        return buckets
 
     def _parts(self) -> list[tuple[int, int]]:
         """This rank's shard, cut where buckets start: each part lies in one bucket."""
