@@ -24,9 +24,6 @@ class CupyArrays:
             raise ValueError("communication buffers must be contiguous")
         return dev if dev.ndim == 1 else dev.reshape(-1)
 
-    def size(self, dev: Any) -> int:
-        return int(dev.size)
-
     def host_dtype(self, dev: Any) -> np.dtype:
         return np.dtype(dev.dtype)
 
@@ -70,9 +67,6 @@ class TorchArrays:
         if not buf.is_contiguous():
             raise ValueError("communication buffers must be contiguous")
         return buf.reshape(-1)
-
-    def size(self, dev: Any) -> int:
-        return int(dev.numel())
 
     def host_dtype(self, dev: Any) -> np.dtype:
         return _numpy_dtype(dev.dtype)

@@ -48,7 +48,7 @@ class _PinnedPool:
         self.allocated = 0
 
     def slot_for(self, dev: Any) -> _PinnedSlot:
-        size, dtype = self._arrays.size(dev), self._arrays.host_dtype(dev)
+        size, dtype = dev.shape[0], self._arrays.host_dtype(dev)  # ``dev``: flat
         free = self._free.get((size, dtype))
         if not free:
             self.allocated += 1
@@ -164,7 +164,7 @@ class MpiHostCommunicator(Communicator):
         if type(buf) is np.ndarray or not self._arrays.is_device(buf):
             return flight.Tracked(MpiHandle(post(buf, starts, counts), buf, what), record)
         dev = self._arrays.flat(buf)
-        if not self._arrays.size(dev):
+        if not dev.shape[0]:
             return flight.Tracked(DONE, record)
         slot = self._pool.copy_out(dev)
         staged = _StagedHandle(post(slot.host, starts, counts), dev, slot, self._pool, what)
@@ -193,7 +193,7 @@ class MpiHostCommunicator(Communicator):
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
         dev = self._arrays.flat(buf)
-        if not self._arrays.size(dev):
+        if not dev.shape[0]:
             return DONE
         slot = self._pool.copy_out(dev)
         req = self.mpi_comm.Iallreduce(self._in_place, slot.host, mop)
@@ -201,7 +201,7 @@ class MpiHostCommunicator(Communicator):
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         dev = self._arrays.flat(buf)
-        if not self._arrays.size(dev):
+        if not dev.shape[0]:
             return
         slot = self._pool.copy_out(dev) if self.rank == root else self._pool.slot_for(dev)
         stall.wait(self.mpi_comm.Ibcast(slot.host, root=root), "a broadcast")
