@@ -12,8 +12,6 @@ from xpnn.nn.sequential import Sequential
 from xpnn.parallel.comm.shm import ALIGN, padded, share_bounds
 from xpnn.record.phases import WGRAD
 
-ROW_ALIGN_BYTES = 4096  # gradient rows start on pages: end to end, one could start mid line
-
 
 def param_layers(model: Any) -> list[Any]:
     return [layer for layer in model.layers if layer.initial]
@@ -197,7 +195,7 @@ def share_params(model: Any, comm: Any, grads: Array) -> None:
 def share_gradients(model: Any, comm: Any) -> Array:
     """The node's gradient rows, one a rank, each starting on a page (collective)."""
     n, dtype = model.size, model.params.dtype
-    stride = padded(n, ROW_ALIGN_BYTES // dtype.itemsize)
+    stride = padded(n, 4096 // dtype.itemsize)  # on pages: end to end, one could start mid line
     rows = comm.shared_zeros((comm.local_size, stride), dtype)[:, :n]
     share_params(model, comm, rows[comm.local_rank])
     return rows
