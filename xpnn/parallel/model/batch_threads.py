@@ -48,12 +48,7 @@ class BatchThreads:
         )
 
     def loss_and_grads(
-        self,
-        x: Any,
-        labels: Any,
-        ctx: Any,
-        scale: float,
-        on_grads_ready: Callable[[int], None] | None = None,
+        self, x: Any, labels: Any, ctx: Any, scale: float, on_grads_ready: Callable | None = None
     ) -> tuple[Any, Any]:
         """Forward, loss and backward of the batch in parts; (loss sum, correct count)."""
         model, n = self.model, labels.shape[0]

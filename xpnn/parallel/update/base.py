@@ -170,8 +170,6 @@ class AllreduceUpdate(BucketedUpdate):
 class LayerwiseUpdate(Update):
     """Updates each bucket of layers once backward has finished it, while it is in cache."""
 
-    optimizer: Any
-
     def __init__(self, model: Any, comm: Any, deferred: bool) -> None:
         self.model, self.comm, self.deferred = model, comm, deferred
         self.cursor = BucketCursor(layer_buckets(model.layer_offsets, model.size, MIN_LAYER_BUCKET))
