@@ -1,7 +1,5 @@
 """Communicators, one interface for every transport, and the choice of one."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from xpnn.errors import UserError

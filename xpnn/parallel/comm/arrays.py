@@ -1,7 +1,5 @@
 """What a communicator needs of CuPy's and PyTorch's device buffers, imported when one comes."""
 
-from __future__ import annotations
-
 from functools import cache
 from typing import Any
 

@@ -1,7 +1,5 @@
 """The Communicator contract, and one process; buffers are reduced in place, done at ``wait()``."""
 
-from __future__ import annotations
-
 import sys
 from types import SimpleNamespace
 from typing import Any, Protocol

@@ -1,7 +1,5 @@
 """May device buffers go to MPI here: a CUDA-aware library and a device the driver sees."""
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import os

@@ -1,7 +1,5 @@
 """MPI on host memory (``mpi-host``); device buffers staged through reused pinned buffers."""
 
-from __future__ import annotations
-
 import functools
 import sys
 from dataclasses import dataclass

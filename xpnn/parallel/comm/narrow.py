@@ -1,7 +1,5 @@
 """16-bit floats as ``uint16`` bits, and their MPI sum in float32 (Horovod's ``float16_sum``)."""
 
-from __future__ import annotations
-
 import contextlib
 from functools import cache
 from typing import Any

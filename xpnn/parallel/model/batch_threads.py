@@ -1,7 +1,5 @@
 """``batch_threads``: model twins on parts of a batch busy the cores one BLAS pass leaves idle."""
 
-from __future__ import annotations
-
 import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait

@@ -1,7 +1,5 @@
 """Node sharing's model: buffers in node memory, Dense layers sharing ``x`` and ``dz``."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 

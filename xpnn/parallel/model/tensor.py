@@ -1,7 +1,5 @@
 """Tensor parallelism, Megatron-LM's pairs: the first split by columns, the second by rows."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np

@@ -1,7 +1,5 @@
 """The Update contract, its buckets (cut from the end, as DDP's), schemes without node memory."""
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterator
 from typing import Any
 

@@ -1,7 +1,5 @@
 """One copy of the parameters a node: its ranks share gradient rows, or the activations."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from xpnn.errors import UserError

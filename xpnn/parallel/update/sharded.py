@@ -1,7 +1,5 @@
 """The optimizer state sharded over the data-parallel ranks (ZeRO stage 1)."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from xpnn.data.batches import shard_bounds as share_bounds
