@@ -48,9 +48,6 @@ class Communicator:
     def _count(self, buf: Any) -> None:
         self.bytes_sent += buf.nbytes
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name} rank {self.rank}/{self.size}>"
-
     def allreduce_(self, buf: Any, op: str = "sum") -> None:
         check_op(op)
 

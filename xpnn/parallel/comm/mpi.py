@@ -105,13 +105,9 @@ class MpiHostCommunicator(Communicator):
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
         self._arrays, self._pool = arrays, _PinnedPool(arrays)
 
-    def _mpi_op(self, op: str) -> Any:
-        check_op(op)
-        return self._ops[op]
-
     def allreduce_(self, buf: Any, op: str = "sum") -> None:
         # the hot path for every gradient bucket: kept to a dict lookup and a type check
-        mop = self._ops.get(op) or self._mpi_op(op)
+        mop = self._ops.get(op) or check_op(op)  # an op it lacks: refused
         self._count(buf)
         with flight.Op(self, "allreduce", buf.nbytes):
             if type(buf) is np.ndarray or not self._arrays.is_device(buf):
@@ -120,7 +116,7 @@ class MpiHostCommunicator(Communicator):
                 self._device_allreduce(buf, op, mop)
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
-        mop = self._ops.get(op) or self._mpi_op(op)
+        mop = self._ops.get(op) or check_op(op)
         return self._iallreduce(buf, op, mop, self._device_iallreduce)
 
     def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:

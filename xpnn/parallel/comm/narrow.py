@@ -12,10 +12,9 @@ BF16_NAN = 0x7FC0  # bfloat16's quiet NaN: a NaN's low bits would round it to in
 
 def quiet_overflows(xp: Any) -> Any:
     """NumPy's overflow warnings silenced: a value past a 16-bit range is the loss scale's."""
-    errstate = getattr(xp, "errstate", None)
-    return (
-        contextlib.nullcontext() if errstate is None else errstate(over="ignore", invalid="ignore")
-    )
+    if (errstate := getattr(xp, "errstate", None)) is None:
+        return contextlib.nullcontext()
+    return errstate(over="ignore", invalid="ignore")
 
 
 def check_narrow(dtype: str) -> None:
@@ -66,6 +65,14 @@ def bfloat16_values(xp: Any, bits: Any, wide: Any) -> Any:
     return xp.astype((xp.astype(bits, xp.uint32) << 16).view(xp.float32), wide)
 
 
+def _sum_into(dtype: str, inbuf: Any, inoutbuf: Any) -> None:
+    a = np.frombuffer(inbuf, dtype=np.uint16)
+    b = np.frombuffer(inoutbuf, dtype=np.uint16)
+    total = from_bits(np, a, dtype, np.float32)
+    total += from_bits(np, b, dtype, np.float32)
+    b[...] = to_bits(np, total, dtype)
+
+
 @cache
 def sum_op(dtype: str) -> Any:
     """The ``MPI.Op`` summing buffers of ``dtype``'s bits (one per process: mpi4py holds few)."""
@@ -74,11 +81,7 @@ def sum_op(dtype: str) -> Any:
     check_narrow(dtype)
 
     def add(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-        a = np.frombuffer(inbuf, dtype=np.uint16)
-        b = np.frombuffer(inoutbuf, dtype=np.uint16)
-        with quiet_overflows(np):  # an overflow is the loss scale's
-            total = from_bits(np, a, dtype, np.float32)
-            total += from_bits(np, b, dtype, np.float32)
-            b[...] = to_bits(np, total, dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the loss scale's
+            _sum_into(dtype, inbuf, inoutbuf)
 
     return MPI.Op.Create(add, commute=True)
