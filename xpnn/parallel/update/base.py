@@ -160,8 +160,7 @@ class AllreduceUpdate(BucketedUpdate):
 
     def broadcast_initial(self) -> None:
         """Rank 0's parameters and optimizer state become everyone's."""
-        self.comm.bcast_(self.model.params, 0)
-        for buf in self.optimizer.state.values():
+        for buf in (self.model.params, *self.optimizer.state.values()):
             self.comm.bcast_(buf, 0)
 
 
