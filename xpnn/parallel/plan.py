@@ -8,9 +8,9 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.nn.sequential import Sequential
-from xpnn.parallel.comm import make_communicator
+from xpnn.parallel.comm import MpiHostCommunicator, make_communicator
 from xpnn.parallel.model import shared
-from xpnn.parallel.model.layout import Place, make_groups
+from xpnn.parallel.model.layout import Groups, Place
 from xpnn.parallel.model.pipeline import build_stage
 from xpnn.parallel.model.tensor import split_layers
 from xpnn.parallel.update import base, node_shared, sharded
@@ -134,12 +134,20 @@ class Plan:
         settled = ("microbatches", "schedule", "recompute")
         return dataclasses.replace(self, **{k: getattr(stage, k) for k in settled})
 
-    def groups(self, world: Any, backend: Any) -> Any:
+    def groups(self, world: Any, backend: Any) -> Groups:
         """This rank's communicators (collective); a sharded optimizer's without node memory."""
-        kind = self.comm
+        kind, place = self.comm, self.place(world.rank)
         if self.shard_optimizer and kind == "auto" and not getattr(backend, "is_gpu", False):
             kind = "mpi-host" if self.ranks > 1 else kind
-        return make_groups(world, self.place(world.rank), backend, kind)
+        if self.model_ranks == 1:  # data parallelism, or replicas of one rank each
+            return Groups.of(make_communicator(world, backend, kind))
+        if self.replicas == 1:
+            return Groups.of(make_communicator(world, backend, kind, shares_params=False), True)
+        split = "auto" if kind == "mpi-shm" else kind  # a replica shares no parameters
+        model = make_communicator(world.split(place.replica), backend, split, shares_params=False)
+        data = make_communicator(world.split(place.index), backend, kind)
+        everyone = MpiHostCommunicator(world.mpi_comm)  # host-side metrics and agreement only
+        return Groups(everyone, model, data)
 
     def stage_comm(self, world: Any, backend: Any) -> Any:
         """The communicator of this rank's pipeline stage's tensor parts (collective)."""

@@ -1,12 +1,10 @@
 """Communicators, one interface for every transport, and the choice of one."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm.arrays import arrays_of
-from xpnn.parallel.comm.base import Communicator, Handle, SelfCommunicator
+from xpnn.parallel.comm.base import Communicator, SelfCommunicator
 from xpnn.parallel.comm.cuda import make_gpu_communicator
 from xpnn.parallel.comm.mpi import MpiHostCommunicator
 from xpnn.parallel.comm.shm import ShmCommunicator, forced_ranks_per_node
@@ -45,24 +43,21 @@ def make_communicator(
 
 
 def _cpu_communicator(world: World, kind: str, shares: bool, library: str) -> Communicator:
-    if not shares:
-        reason = "mpi-shm is for `parallel` data only"
-    elif library != "numpy":
-        reason = f"node-shared memory holds NumPy arrays, not {library}'s"
-    elif kind in ("auto", "mpi-shm"):
+    if not shares or kind == "mpi-host":
+        return MpiHostCommunicator(world.mpi_comm, arrays_of(library))
+    reason = f"node-shared memory holds NumPy arrays, not {library}'s"  # ``auto`` only
+    if library == "numpy":
         forced_ranks_per_node()  # a typo there is the user's to fix, not a reason to fall back
         try:
             return ShmCommunicator.create(world.mpi_comm)
         except UserError as exc:
             if kind == "mpi-shm":
                 raise
-            reason = str(exc)
+            reason = str(exc).removeprefix("`comm` mpi-shm: ")
     comm = MpiHostCommunicator(world.mpi_comm, arrays_of(library))
-    comm.detail = "host buffers" if kind == "mpi-host" else f"host buffers ({reason})"
-    if kind == "auto" and shares:
-        comm.auto_fallback = f"not mpi-shm: {reason.removeprefix('`comm` mpi-shm: ')}"
+    comm.auto_fallback = f"not mpi-shm: {reason}"
     return comm
 
 
-__all__ = ["KINDS", "Communicator", "Handle", "MpiHostCommunicator", "SelfCommunicator"]
+__all__ = ["KINDS", "Communicator", "MpiHostCommunicator", "SelfCommunicator"]
 __all__ += ["ShmCommunicator", "make_communicator"]

@@ -1,7 +1,5 @@
 """What a communicator needs of CuPy's and PyTorch's device buffers, imported when one comes."""
 
-from __future__ import annotations
-
 from functools import cache
 from typing import Any
 
@@ -23,9 +21,6 @@ class CupyArrays:
         if not dev.flags.c_contiguous:
             raise ValueError("communication buffers must be contiguous")
         return dev if dev.ndim == 1 else dev.reshape(-1)
-
-    def size(self, dev: Any) -> int:
-        return int(dev.size)
 
     def host_dtype(self, dev: Any) -> np.dtype:
         return np.dtype(dev.dtype)
@@ -70,9 +65,6 @@ class TorchArrays:
         if not buf.is_contiguous():
             raise ValueError("communication buffers must be contiguous")
         return buf.reshape(-1)
-
-    def size(self, dev: Any) -> int:
-        return int(dev.numel())
 
     def host_dtype(self, dev: Any) -> np.dtype:
         return _numpy_dtype(dev.dtype)

@@ -1,7 +1,5 @@
 """The Communicator contract, and one process; buffers are reduced in place, done at ``wait()``."""
 
-from __future__ import annotations
-
 import sys
 from types import SimpleNamespace
 from typing import Any, Protocol
@@ -50,9 +48,6 @@ class Communicator:
     def _count(self, buf: Any) -> None:
         self.bytes_sent += buf.nbytes
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name} rank {self.rank}/{self.size}>"
-
     def allreduce_(self, buf: Any, op: str = "sum") -> None:
         check_op(op)
 
@@ -86,8 +81,9 @@ class Communicator:
 
     def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
         """Reduce a small host array in float64 (counts exact to 2**53); a new array."""
-        check_op(op)
-        return np.array(values, dtype=np.float64, copy=True).reshape(-1)
+        out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
+        self.allreduce_(out, op)
+        return out
 
     def allgather_obj(self, obj: Any, what: str = "a gathering of objects") -> list:
         """One small object from every rank, in rank order; ``what`` names the wait if it stalls."""

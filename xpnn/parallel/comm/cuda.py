@@ -1,7 +1,5 @@
 """Device-buffer communicators (CUDA-aware MPI, CuPy's NCCL) and the choice between them."""
 
-from __future__ import annotations
-
 import socket
 import sys
 from typing import Any

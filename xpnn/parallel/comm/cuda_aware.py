@@ -1,11 +1,8 @@
 """May device buffers go to MPI here: a CUDA-aware library and a device the driver sees."""
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,13 +81,11 @@ def _loaded_libmpi() -> ctypes.CDLL | None:
 
 
 def query_mpix_cuda_support() -> int | None:
-    if "mpi4py.MPI" not in sys.modules:
-        try:
-            from mpi4py import MPI  # noqa: F401  (loads and initialises libmpi)
-        except Exception:
-            return None
-    lib = _loaded_libmpi()
-    func = getattr(lib, "MPIX_Query_cuda_support", None)
+    try:
+        from mpi4py import MPI  # noqa: F401  (loads and initialises libmpi)
+    except Exception:
+        return None
+    func = getattr(_loaded_libmpi(), "MPIX_Query_cuda_support", None)
     if func is None:
         return None
     func.restype, func.argtypes = ctypes.c_int, []

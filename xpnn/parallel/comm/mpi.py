@@ -1,7 +1,5 @@
 """MPI on host memory (``mpi-host``); device buffers staged through reused pinned buffers."""
 
-from __future__ import annotations
-
 import functools
 import sys
 from dataclasses import dataclass
@@ -48,7 +46,7 @@ class _PinnedPool:
         self.allocated = 0
 
     def slot_for(self, dev: Any) -> _PinnedSlot:
-        size, dtype = self._arrays.size(dev), self._arrays.host_dtype(dev)
+        size, dtype = dev.shape[0], self._arrays.host_dtype(dev)  # ``dev``: flat
         free = self._free.get((size, dtype))
         if not free:
             self.allocated += 1
@@ -107,13 +105,9 @@ class MpiHostCommunicator(Communicator):
         self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
         self._arrays, self._pool = arrays, _PinnedPool(arrays)
 
-    def _mpi_op(self, op: str) -> Any:
-        check_op(op)
-        return self._ops[op]
-
     def allreduce_(self, buf: Any, op: str = "sum") -> None:
         # the hot path for every gradient bucket: kept to a dict lookup and a type check
-        mop = self._ops.get(op) or self._mpi_op(op)
+        mop = self._ops.get(op) or check_op(op)  # an op it lacks: refused
         self._count(buf)
         with flight.Op(self, "allreduce", buf.nbytes):
             if type(buf) is np.ndarray or not self._arrays.is_device(buf):
@@ -122,7 +116,7 @@ class MpiHostCommunicator(Communicator):
                 self._device_allreduce(buf, op, mop)
 
     def iallreduce_(self, buf: Any, op: str = "sum") -> Handle:
-        mop = self._ops.get(op) or self._mpi_op(op)
+        mop = self._ops.get(op) or check_op(op)
         return self._iallreduce(buf, op, mop, self._device_iallreduce)
 
     def iallreduce_sum16_(self, bits: Any, dtype: str) -> Handle:
@@ -164,7 +158,7 @@ class MpiHostCommunicator(Communicator):
         if type(buf) is np.ndarray or not self._arrays.is_device(buf):
             return flight.Tracked(MpiHandle(post(buf, starts, counts), buf, what), record)
         dev = self._arrays.flat(buf)
-        if not self._arrays.size(dev):
+        if not dev.shape[0]:
             return flight.Tracked(DONE, record)
         slot = self._pool.copy_out(dev)
         staged = _StagedHandle(post(slot.host, starts, counts), dev, slot, self._pool, what)
@@ -193,7 +187,7 @@ class MpiHostCommunicator(Communicator):
 
     def _device_iallreduce(self, buf: Any, op: str, mop: Any) -> Handle:
         dev = self._arrays.flat(buf)
-        if not self._arrays.size(dev):
+        if not dev.shape[0]:
             return DONE
         slot = self._pool.copy_out(dev)
         req = self.mpi_comm.Iallreduce(self._in_place, slot.host, mop)
@@ -201,7 +195,7 @@ class MpiHostCommunicator(Communicator):
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         dev = self._arrays.flat(buf)
-        if not self._arrays.size(dev):
+        if not dev.shape[0]:
             return
         slot = self._pool.copy_out(dev) if self.rank == root else self._pool.slot_for(dev)
         stall.wait(self.mpi_comm.Ibcast(slot.host, root=root), "a broadcast")
@@ -237,14 +231,6 @@ class MpiHostCommunicator(Communicator):
         what = f"a receive from rank {source}"
         stall.wait(self.mpi_comm.Irecv(slot.host, source=source, tag=tag), what)
         self._pool.copy_back(dev, slot)
-
-    def allreduce_host(self, values: Any, op: str = "sum") -> np.ndarray:
-        out = np.array(values, dtype=np.float64, copy=True).reshape(-1)
-        self._count(out)
-        with flight.Op(self, "allreduce", out.nbytes):
-            mop = self._mpi_op(op)
-            stall.wait(self.mpi_comm.Iallreduce(self._in_place, out, mop), "an allreduce")
-        return out
 
     def allgather_obj(self, obj: Any, what: str = "a barrier before gathering") -> list:
         return stall.allgather(self.mpi_comm, obj, what)

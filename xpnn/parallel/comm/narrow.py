@@ -1,7 +1,5 @@
 """16-bit floats as ``uint16`` bits, and their MPI sum in float32 (Horovod's ``float16_sum``)."""
 
-from __future__ import annotations
-
 import contextlib
 from functools import cache
 from typing import Any
@@ -14,10 +12,9 @@ BF16_NAN = 0x7FC0  # bfloat16's quiet NaN: a NaN's low bits would round it to in
 
 def quiet_overflows(xp: Any) -> Any:
     """NumPy's overflow warnings silenced: a value past a 16-bit range is the loss scale's."""
-    errstate = getattr(xp, "errstate", None)
-    return (
-        contextlib.nullcontext() if errstate is None else errstate(over="ignore", invalid="ignore")
-    )
+    if (errstate := getattr(xp, "errstate", None)) is None:
+        return contextlib.nullcontext()
+    return errstate(over="ignore", invalid="ignore")
 
 
 def check_narrow(dtype: str) -> None:

@@ -86,11 +86,7 @@ class ShmCommunicator(MpiHostCommunicator):
                 f"`comm` mpi-shm: nodes hold different numbers of ranks ({counts}); "
                 "give every node the same number, or use `comm` mpi-host"
             )
-        cross = mpi_comm.Split(color=node.Get_rank(), key=mpi_comm.Get_rank())
-        comm = cls(mpi_comm, node, cross)
-        where = f"per node x {comm.nodes} node(s)" if comm.nodes > 1 else "on one node"
-        comm.detail = f"shared memory, {comm.local_size} rank(s) {where}"
-        return comm
+        return cls(mpi_comm, node, mpi_comm.Split(color=node.Get_rank(), key=mpi_comm.Get_rank()))
 
     def shared_zeros(self, shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
         """A zero array the node's ranks map (collective), locked for ``fence`` until ``free``."""

@@ -1,10 +1,4 @@
-"""Data parallelism inside one process (``batch_threads``): a rank's share of each batch cut
-into parts, one a thread, each run by a twin of the model (the parameters shared) with one BLAS
-thread, their gradients summed in thread order. On a few cores one pass leaves a second BLAS
-thread idle in small products and elementwise kernels; twins keep every core busy, as ranks
-would, without a second copy of the data or an allreduce."""
-
-from __future__ import annotations
+"""``batch_threads``: model twins on parts of a batch busy the cores one BLAS pass leaves idle."""
 
 import dataclasses
 from collections.abc import Callable
@@ -20,13 +14,11 @@ CPU_BACKENDS = ("numpy", "numba")  # arrays whose operations release the GIL on 
 
 def check_batch_threads(count: int, threads: int, backend: str) -> None:
     """Refuse the thread counts and backends ``batch_threads`` cannot run."""
-    if count == 1:
-        return
-    if threads % count:
+    if count > 1 and threads % count:
         raise UserError(
             f"`batch_threads` {count}: does not divide this rank's {threads} thread(s) (`threads`)"
         )
-    if backend not in CPU_BACKENDS:
+    if count > 1 and backend not in CPU_BACKENDS:
         raise UserError(
             f"`batch_threads` {count}: the CPU backends only ({', '.join(CPU_BACKENDS)}), "
             f"not {backend}"
@@ -43,8 +35,7 @@ def twin(model: Any) -> Any:
 
 
 class BatchThreads:
-    """``loss_and_grads`` of ``model`` over ``count`` threads; the model's own gradients end
-    as the sum of the twins' in thread order, reported ready as the model's backward would."""
+    """A rank's batch over threads, as ranks would but with one copy of the data, no allreduce."""
 
     def __init__(self, model: Any, count: int) -> None:
         one_kernel_thread()  # this thread runs a part too
@@ -55,12 +46,7 @@ class BatchThreads:
         )
 
     def loss_and_grads(
-        self,
-        x: Any,
-        labels: Any,
-        ctx: Any,
-        scale: float,
-        on_grads_ready: Callable[[int], None] | None = None,
+        self, x: Any, labels: Any, ctx: Any, scale: float, on_grads_ready: Callable | None = None
     ) -> tuple[Any, Any]:
         """Forward, loss and backward of the batch in parts; (loss sum, correct count)."""
         model, n = self.model, labels.shape[0]
@@ -97,8 +83,7 @@ class BatchThreads:
         return _summed(self._over_threads(labels.shape[0], run)[1])
 
     def _over_threads(self, n: int, run: Callable[..., Any]) -> tuple[list, list]:
-        """``run(twin, lo, hi)`` for each thread's part of ``n`` samples (the first on this
-        thread): the parts that are not empty, and their results in thread order."""
+        """``run(twin, lo, hi)`` on each non-empty part of ``n`` samples: parts and results."""
         count = len(self.twins)
         cuts = [n * i // count for i in range(count + 1)]
         bounds = zip(self.twins, cuts[:-1], cuts[1:], strict=True)

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from xpnn.parallel.comm import make_communicator
 from xpnn.parallel.comm.base import Communicator, SelfCommunicator
-from xpnn.parallel.comm.mpi import MpiHostCommunicator
-from xpnn.runtime.world import World
 
 
 @dataclass(frozen=True)
@@ -52,16 +48,3 @@ class Groups:
     def _reasons(self, kind: str) -> str | None:
         reasons = [getattr(c, kind, None) for c in (self.model, self.data)]
         return "; ".join(r for r in dict.fromkeys(reasons) if r) or None
-
-
-def make_groups(world: World, place: Place, backend: Any, kind: str) -> Groups:
-    """This rank's communicators (collective); a replica shares no parameters, so not mpi-shm."""
-    if place.model_ranks == 1:  # data parallelism, or replicas of one rank each
-        return Groups.of(make_communicator(world, backend, kind))
-    if place.replicas == 1:
-        return Groups.of(make_communicator(world, backend, kind, shares_params=False), True)
-    model_kind = "auto" if kind == "mpi-shm" else kind
-    model = make_communicator(world.split(place.replica), backend, model_kind, shares_params=False)
-    data = make_communicator(world.split(place.index), backend, kind)
-    everyone = MpiHostCommunicator(world.mpi_comm)  # host-side metrics and agreement only
-    return Groups(everyone, model, data)

@@ -265,29 +265,25 @@ class PipelineStage(Portion):
             handle.wait()
         handles.clear()
 
+    @numbered
     def evaluate(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
         """No more rows at once than a training step holds: a test set's activations are big."""
-        n = labels.shape[0]
+        n, kernels = labels.shape[0], self.backend.kernels
         rows = max(self.train_rows or n, 1)
         loss = correct = self.xp.zeros((), dtype=self.xp.float64)
         for lo in range(0, max(n, 1), rows):
-            part = slice(lo, lo + rows)
-            l, c = self._evaluate_rows(None if x is None else x[part], labels[part])
-            loss, correct = loss + l, correct + c
+            part = labels[lo : lo + rows]
+            if self.first:
+                y = x[lo : lo + rows]
+            else:
+                y = self._receive(part.shape[0], self.net.shapes[0], self.prev_rank, EVAL_TAG)
+            y = self.net.forward(y, Context(train=False))
+            if not self.last:
+                self.comm.isend(y, self.next_rank, EVAL_TAG).wait()
+            if self.scores:  # neither an earlier stage nor another tensor part of the last
+                loss = loss + self.net.loss(kernels, y, part, 1.0)[0]
+                correct = correct + kernels.count_correct(y, part)
         return loss, correct
-
-    @numbered
-    def _evaluate_rows(self, x: Array | None, labels: Array) -> tuple[Array, Array]:
-        n = labels.shape[0]
-        y = x if self.first else self._receive(n, self.net.shapes[0], self.prev_rank, EVAL_TAG)
-        y = self.net.forward(y, Context(train=False))
-        if not self.last:
-            self.comm.isend(y, self.next_rank, EVAL_TAG).wait()
-        if not self.scores:  # an earlier stage, or another tensor part of the last
-            zero = self.xp.zeros((), dtype=self.xp.float64)
-            return zero, zero
-        loss, _ = self.net.loss(self.backend.kernels, y, labels, 1.0)
-        return loss, self.backend.kernels.count_correct(y, labels)
 
     def summary(self) -> str:
         recompute = ", recompute" if self.recompute else ""

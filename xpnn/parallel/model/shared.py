@@ -1,7 +1,5 @@
 """Node sharing's model: buffers in node memory, Dense layers sharing ``x`` and ``dz``."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 
@@ -11,8 +9,6 @@ from xpnn.nn.layer import Array, Context
 from xpnn.nn.sequential import Sequential
 from xpnn.parallel.comm.shm import ALIGN, padded, share_bounds
 from xpnn.record.phases import WGRAD
-
-ROW_ALIGN_BYTES = 4096  # gradient rows start on pages: end to end, one could start mid line
 
 
 def param_layers(model: Any) -> list[Any]:
@@ -197,7 +193,7 @@ def share_params(model: Any, comm: Any, grads: Array) -> None:
 def share_gradients(model: Any, comm: Any) -> Array:
     """The node's gradient rows, one a rank, each starting on a page (collective)."""
     n, dtype = model.size, model.params.dtype
-    stride = padded(n, ROW_ALIGN_BYTES // dtype.itemsize)
+    stride = padded(n, 4096 // dtype.itemsize)  # on pages: end to end, one could start mid line
     rows = comm.shared_zeros((comm.local_size, stride), dtype)[:, :n]
     share_params(model, comm, rows[comm.local_rank])
     return rows

@@ -1,7 +1,5 @@
 """Tensor parallelism, Megatron-LM's pairs: the first split by columns, the second by rows."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np
@@ -67,12 +65,9 @@ class RowDense(SplitDense):
         return self.activate(z)
 
 
-TWINS = {"dense": (ColumnDense, RowDense)}  # a declared split -> its (first, second) twins
-
-
 def twin_of(layer: Any, which: int, bounds: tuple[int, int]) -> SplitDense:
     """``layer``'s first (0) or second (1) split twin, holding ``bounds``."""
-    return TWINS[layer.tensor_split][which](layer.units, layer.activation, bounds)
+    return (ColumnDense, RowDense)[which](layer.units, layer.activation, bounds)
 
 
 def split_declared(layers: list[Layer], rank: int, size: int) -> list[Layer]:
@@ -96,11 +91,11 @@ def split_layers(layers: list[Layer], rank: int, size: int) -> list[Layer]:
     """``layers`` with their pairs swapped for ``rank`` of ``size``'s twins; others refused."""
     if any(inner.tensor_pairs for top in layers for inner in top.walk()):
         return split_declared(layers, rank, size)
-    pairable = [i for i, layer in enumerate(layers) if layer.tensor_split in TWINS]
+    pairable = [i for i, layer in enumerate(layers) if layer.tensor_split == "dense"]
     pairs = list(zip(pairable[0::2], pairable[1::2], strict=False))
     inside = {i for first, second in pairs for i in range(first + 1, second)}
     for i, layer in enumerate(layers):
-        allowed = ("elementwise",) if i in inside else ("elementwise", "replicate", *TWINS)
+        allowed = ("elementwise",) if i in inside else ("elementwise", "replicate", "dense")
         if layer.tensor_split not in allowed:
             where = "between a split pair " if i in inside else ""
             raise UserError(

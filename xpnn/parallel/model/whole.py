@@ -1,7 +1,5 @@
 """The whole network from the ranks' pieces, named and ordered as one process has it."""
 
-from __future__ import annotations
-
 import itertools
 import math
 from typing import Any

@@ -1,7 +1,5 @@
 """How a step's gradients become one update (``base.Update``); ``Plan.make_update`` picks it."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from xpnn.parallel.update.base import DEFAULT_BUCKET_MB, Update

@@ -1,7 +1,5 @@
 """The Update contract, its buckets (cut from the end, as DDP's), schemes without node memory."""
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -53,15 +51,13 @@ class GradientBuckets:
         self.grads, self.comm, self.wire = grads, comm, wire
         itemsize = grads.dtype.itemsize if wire is None else wire.itemsize
         self.bounds = bucket_bounds(grads.shape[0], bucket_bytes // itemsize)
-        self.active = comm.size > 1
+        self.counts: dict[int, list[int]] | None = None  # sharded: bucket start -> rank pieces
         self._cursor = BucketCursor(self.bounds)
         self._handles: list[Any] = []
         self._waited = 0
 
     def ready(self, offset: int) -> None:
         """Backward says ``grads[offset:]`` is final: launch every bucket that lies inside."""
-        if not self.active:
-            return
         for i in self._cursor.finished(offset):
             start, end = self.bounds[i]
             flight.tag(bucket=i + 1)
@@ -69,14 +65,14 @@ class GradientBuckets:
             flight.tag()
 
     def launch(self, start: int, end: int) -> Any:
+        if self.counts is not None:  # reduced to the ranks whose shards the bucket covers
+            return self.comm.ireduce_scatter_(self.grads[start:end], self.counts[start])
         if self.wire is None:
             return self.comm.iallreduce_(self.grads[start:end], "sum")
         return self.wire.start(self.comm, self.grads[start:end])
 
     def wait(self, count: int) -> None:
         """Launch what is left, then wait for buckets ``0 .. count-1`` (in launch order)."""
-        if not self.active:
-            return
         self.ready(0)
         for index in range(self._waited, min(count, len(self._handles))):
             stall.in_bucket(index, len(self.bounds))  # said if the wait stalls
@@ -164,15 +160,12 @@ class AllreduceUpdate(BucketedUpdate):
 
     def broadcast_initial(self) -> None:
         """Rank 0's parameters and optimizer state become everyone's."""
-        self.comm.bcast_(self.model.params, 0)
-        for buf in self.optimizer.state.values():
+        for buf in (self.model.params, *self.optimizer.state.values()):
             self.comm.bcast_(buf, 0)
 
 
 class LayerwiseUpdate(Update):
     """Updates each bucket of layers once backward has finished it, while it is in cache."""
-
-    optimizer: Any
 
     def __init__(self, model: Any, comm: Any, deferred: bool) -> None:
         self.model, self.comm, self.deferred = model, comm, deferred

@@ -1,7 +1,5 @@
 """One copy of the parameters a node: its ranks share gradient rows, or the activations."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from xpnn.errors import UserError
@@ -32,8 +30,7 @@ class NodeSharedUpdate(LayerwiseUpdate):
         """World rank 0's parameters and state to each node's local rank 0."""
         comm = self.comm
         if comm.nodes > 1 and comm.local_rank == 0:
-            comm.cross_bcast_(self.model.params)
-            for buf in self.optimizer.state.values():
+            for buf in (self.model.params, *self.optimizer.state.values()):
                 comm.cross_bcast_(buf)
         comm.fence()
 

@@ -1,7 +1,5 @@
 """The optimizer state sharded over the data-parallel ranks (ZeRO stage 1)."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from xpnn.data.batches import shard_bounds as share_bounds
@@ -18,17 +16,6 @@ def shard_bounds(n: int, ranks: int) -> list[tuple[int, int]]:
 def piece_counts(start: int, end: int, shards: list[tuple[int, int]]) -> list[int]:
     """How many of ``[start, end)`` fall in each rank's shard."""
     return [max(0, min(end, hi) - max(start, lo)) for lo, hi in shards]
-
-
-class ScatteredBuckets(GradientBuckets):
-    """Gradient buckets each reduced to the ranks whose shards it covers."""
-
-    def __init__(self, grads: Array, comm: Any, cap: int, shards: list[tuple[int, int]]) -> None:
-        super().__init__(grads, comm, cap)
-        self.counts = {s: piece_counts(s, e, shards) for s, e in self.bounds}
-
-    def launch(self, start: int, end: int) -> Any:
-        return self.comm.ireduce_scatter_(self.grads[start:end], self.counts[start])
 
 
 class ShardedOptimizer:
@@ -76,7 +63,9 @@ class ShardedUpdate(BucketedUpdate):
         self.shards = shard_bounds(self.model.size, self.comm.size)
         self.counts = [hi - lo for lo, hi in self.shards]
         self._gathers: list[Any] = []  # the all-gathers started this step, in bucket order
-        return ScatteredBuckets(self.model.grads, self.comm, bucket_bytes, self.shards)
+        buckets = GradientBuckets(self.model.grads, self.comm, bucket_bytes)
+        buckets.counts = {s: piece_counts(s, e, self.shards) for s, e in buckets.bounds}
+        return buckets
 
     def _parts(self) -> list[tuple[int, int]]:
         """This rank's shard, cut where buckets start: each part lies in one bucket."""

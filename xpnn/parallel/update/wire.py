@@ -47,8 +47,6 @@ class GradWire:
 
     def cross_allreduce_(self, comm: Any, grads: Array) -> None:
         """A node-shared communicator's ``cross_allreduce_`` of ``grads``, sent as ``dtype``."""
-        if comm.nodes < 2:
-            return
         buf, factor = self.pack(grads)
         if self.narrow:
             comm.cross_allreduce_sum16_(buf, self.dtype)
