@@ -7,13 +7,12 @@ import json
 import math
 import os
 import re
-import stat
 import statistics
 import sys
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.record.files import replace_whole, same_file
+from xpnn.record.files import check_output, read_regular, replace_whole
 from xpnn.record.plot import OneLineParser
 from xpnn.record.timeline_plot import draw  # which imports matplotlib only when drawing
 
@@ -46,16 +45,10 @@ def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
     """``{rank: document}`` of ``directory/{stem}-rank{N}.json``, each checked."""
     found: dict[int, dict[str, Any]] = {}
     for rank, path in rank_files(directory, stem).items():
+        data = read_regular(path, MOST_BYTES, f"trace {path}", "a rank file")
         try:
-            info = os.stat(path)
-            if not stat.S_ISREG(info.st_mode):
-                raise UserError(f"trace {path}: not a regular file")
-            if info.st_size > MOST_BYTES:
-                why = f"trace {path}: {info.st_size:,} bytes, more than a rank file holds"
-                raise UserError(why)
-            with open(path) as fh:
-                doc = json.load(fh)
-        except (OSError, ValueError) as exc:
+            doc = json.loads(data)
+        except ValueError as exc:
             raise UserError(f"trace {path}: not a readable JSON file ({exc})") from None
         if problem := (_trace_problem if stem == "trace" else _flight_problem)(doc):
             raise UserError(f"trace {path}: not a rank file xpnn wrote ({problem})")
@@ -260,11 +253,11 @@ def main(argv: list[str]) -> int:
         if not os.path.isdir(args.directory):
             raise UserError(f"trace {args.directory}: not a directory")
         out = args.output or os.path.join(args.directory, "merged.json")
-        _check_output("-o", out, args.directory)
+        reads = [*rank_files(args.directory, "trace").values()]
+        reads += rank_files(args.directory, "flight").values()
+        check_output(f"trace -o {out}", out, reads, "a rank file")
         if args.png:
-            if not args.png.lower().endswith(".png"):
-                raise UserError(f"trace --png {args.png}: give a file name ending in .png")
-            _check_output("--png", args.png, args.directory)
+            check_output(f"trace --png {args.png}", args.png, reads, "a rank file", ".png")
         try:
             merged, info = merge(args.directory)
             rows = summarize(merged, info)
@@ -299,16 +292,3 @@ def main(argv: list[str]) -> int:
         for line in table(rows, offsets):
             print(line)
     return 0
-
-
-def _check_output(flag: str, path: str, directory: str) -> None:
-    """An output is a file in an existing directory, not a device nor a rank file it is made of."""
-    inputs = [*rank_files(directory, "trace").values(), *rank_files(directory, "flight").values()]
-    if any(same_file(path, read) for read in inputs):
-        raise UserError(f"trace {flag} {path}: a rank file this command reads; give another name")
-    if os.path.isdir(path):
-        raise UserError(f"trace {flag} {path}: is a directory; give a file name")
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise UserError(f"trace {flag} {path}: exists and is not a regular file")
-    if not os.path.isdir(parent := os.path.dirname(os.path.abspath(path))):
-        raise UserError(f"trace {flag} {path}: directory {parent} does not exist")
