@@ -253,8 +253,8 @@ def main(argv: list[str]) -> int:
         if not os.path.isdir(args.directory):
             raise UserError(f"trace {args.directory}: not a directory")
         out = args.output or os.path.join(args.directory, "merged.json")
-        reads = [*rank_files(args.directory, "trace").values()]
-        reads += rank_files(args.directory, "flight").values()
+        traced = rank_files(args.directory, "trace")
+        reads = [*traced.values(), *rank_files(args.directory, "flight").values()]
         check_output(f"trace -o {out}", out, reads, "a rank file")
         if args.png:
             check_output(f"trace --png {args.png}", args.png, reads, "a rank file", ".png")
@@ -282,7 +282,6 @@ def main(argv: list[str]) -> int:
         return 2
     ranks = len({e["pid"] for e in merged["traceEvents"] if "pid" in e})
     print(f"merged {ranks} rank(s) into {out} (open it in https://ui.perfetto.dev)")
-    traced = rank_files(args.directory, "trace")
     if traced and 0 not in traced:
         why = "the ranks' clocks are not aligned to rank 0's (their offsets show as 0)"
         print(f"no trace-rank0.json in {args.directory}: {why}")

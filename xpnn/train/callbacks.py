@@ -55,7 +55,7 @@ class MetricsFile(Callback):
 
 
 class EpochLog(Callback):
-    """A line per epoch and one at the end, printed by rank 0 through ``log``."""
+    """A line per record and one at the end, printed by rank 0 through ``log``."""
 
     def __init__(self, log: Any) -> None:
         self.log = log
@@ -63,24 +63,19 @@ class EpochLog(Callback):
     def on_epoch_end(self, trainer: Trainer, r: dict[str, Any]) -> None:
         if not trainer.is_root:
             return
-        first = r["epoch"] == trainer.start_epoch + 1
-        where = f"  [{r['backend']}, comm {r['comm']}, {r['world_size']} rank(s)"
-        if "threads" in r:
-            where += f" x {describe_threads(r)}"
-        self.log(
-            f"epoch {r['epoch']}/{trainer.cfg.epochs}  train_loss {r['train_loss']:.4f}  "
-            f"test_loss {r['test_loss']:.4f}  test_acc {r['test_acc']:.4f}  "
-            f"{r['seconds']:.1f} s  {r['samples_per_s']:.0f} samples/s"
-            + (where + "]" if first else "")
-        )
+        scores = f"train_loss {r['train_loss']:.4f}  test_loss {r['test_loss']:.4f}  "
+        scores += f"test_acc {r['test_acc']:.4f}"
+        rate = f"{r['samples_per_s']:.0f} samples/s"
+        if r["event"] == "eval":
+            self.log(f"step {r['step']}/{trainer.cfg.steps}  {scores}  lr {r['lr']:.3g}  {rate}")
+            return
+        line = f"epoch {r['epoch']}/{trainer.cfg.epochs}  {scores}  {r['seconds']:.1f} s  {rate}"
+        if r["epoch"] == trainer.start_epoch + 1:
+            line += f"  [{r['backend']}, comm {r['comm']}, {r['world_size']} rank(s)"
+            line += (f" x {describe_threads(r)}" if "threads" in r else "") + "]"
+        self.log(line)
 
-    def on_eval(self, trainer: Trainer, r: dict[str, Any]) -> None:
-        if trainer.is_root:
-            self.log(
-                f"step {r['step']}/{trainer.cfg.steps}  train_loss {r['train_loss']:.4f}  "
-                f"test_loss {r['test_loss']:.4f}  test_acc {r['test_acc']:.4f}  "
-                f"lr {r['lr']:.3g}  {r['samples_per_s']:.0f} samples/s"
-            )
+    on_eval = on_epoch_end
 
     def on_train_end(self, trainer: Trainer, r: dict[str, Any]) -> None:
         if trainer.is_root and r["event"] == "done":

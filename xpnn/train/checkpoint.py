@@ -175,7 +175,7 @@ def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[
     """The file's (epoch, step), once its run is shown to be ``trainer``'s."""
     seed, steps_per_epoch, dataset = trainer.cfg.seed, trainer.steps_per_epoch, trainer.data.name
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
-    scaled = stored_loss_scale(path, arrays)
+    scaled = checked_meta(path, "loss_scale", LOSS_SCALE, arrays)
     skipped = scaled["skipped"] if scaled else 0  # fp16: steps whose update overflowed
     if step + skipped < epoch:  # every epoch makes at least one step
         raise damaged(path, f"meta.step {step} is fewer than meta.epoch {epoch}")
@@ -285,18 +285,24 @@ def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
         raise unreadable(path, exc) from None
 
 
-def stored_loss_scale(path: Any, arrays: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The fp16 loss scale saved in checkpoint ``path`` (None: none), checked."""
-    arrays = meta_entry(path, "loss_scale") if arrays is None else arrays
-    if "meta.loss_scale" not in arrays:
+def count(value: Any) -> bool:
+    return type(value) is int and value >= 0  # a JSON number: int or float, never a subclass
+
+
+def number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+LOSS_SCALE = {"scale": lambda v: number(v) and v > 0, "good_steps": count, "skipped": count}
+
+
+def checked_meta(path: Any, name: str, checks: dict, arrays: dict | None = None) -> dict | None:
+    """``meta.<name>`` of checkpoint ``path`` (None: none), each entry passing its check."""
+    arrays = meta_entry(path, name) if arrays is None else arrays
+    if f"meta.{name}" not in arrays:
         return None
-    state = _json_meta(path, arrays, "loss_scale")
-    for key, kind in {"scale": float, "good_steps": int, "skipped": int}.items():
-        value = state.get(key)  # a JSON number: int or float, never a subclass
-        if kind is int:
-            good = type(value) is int and value >= 0
-        else:
-            good = type(value) in (int, float) and math.isfinite(value) and value > 0
-        if not good:
-            raise damaged(path, f"meta.loss_scale's {key} is {value!r}")
-    return state
+    value = _json_meta(path, arrays, name)
+    for key in sorted(value.keys() | checks.keys()):
+        if key not in checks or not checks[key](value.get(key)):
+            raise damaged(path, f"meta.{name}'s {key} is {value.get(key)!r}")
+    return value

@@ -43,9 +43,6 @@ class _CudaEvents:
         event.record()
         return event
 
-    def synchronize(self) -> None:
-        (self._cuda if self.torch else self._cuda.Device()).synchronize()
-
     def elapsed_ms(self, start: Any, end: Any) -> float:
         return start.elapsed_time(end) if self.torch else self._cuda.get_elapsed_time(start, end)
 
@@ -110,7 +107,7 @@ class Trace(Callback):
             "clock": clock,
             "clock_unit": "us, time.perf_counter, entering and leaving each of the same barriers",
         }
-        self._events = device_events(trainer.backend)
+        self._events, self._sync = device_events(trainer.backend), trainer.backend.synchronize
 
     def on_step_begin(self, trainer: Trainer, step: int) -> None:
         if step == self.window[0] and not self.active:
@@ -118,7 +115,7 @@ class Trace(Callback):
             phases.listen(self._phase)
             phases.trace_to(self)
             if self._events is not None:  # device times are measured from this event on
-                self._events.synchronize()
+                self._sync()
                 self._device_origin = (self.device_mark(), _now())
         if self.active:
             self._step_start = _now()
@@ -195,7 +192,7 @@ class Trace(Callback):
             phases.listen(self._previous)
             self.active = False
         if self.device:  # device spans, placed on the host clock from the first event on
-            self._events.synchronize()
+            self._sync()
             origin, host = self._device_origin
             get = self._events.elapsed_ms  # milliseconds between two recorded events
             for name, start, end in self.device:
