@@ -99,8 +99,7 @@ def _flight_problem(doc: Any) -> str | None:
 
 
 def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
-    """Each rank's clock minus rank 0's (us): the middle of the bounds the barriers set (where
-    they do not meet, a rank held up, the median of the barriers' middles)."""
+    """Each rank's clock minus rank 0's (us): the middle of the bounds the barriers set."""
     samples = {
         r: t.get("otherData", {}).get("xpnn", {}).get("clock") or [] for r, t in traces.items()
     }
@@ -113,6 +112,7 @@ def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
         low = max(entry - left0 for (entry, _), (_, left0) in pairs)
         high = min(left - entry0 for (_, left), (entry0, _) in pairs)
         middles = [(e + x) / 2 - (e0 + x0) / 2 for (e, x), (e0, x0) in pairs]
+        # where the bounds do not meet, a rank held up: the median of the barriers' middles
         offsets[rank] = (low + high) / 2 if low <= high else statistics.median(middles)
     return offsets
 

@@ -27,8 +27,7 @@ SCHEDULES = ("constant", "step", "cosine")
 
 @dataclass
 class Schedule:
-    """Learning rate at step t: linear warmup from ~0 (Goyal et al., 2017), then constant,
-    times ``gamma`` every ``step_size`` steps, or half a cosine down to ``min_lr``."""
+    """Learning rate at step t: linear warmup (Goyal et al. 2017), then constant, step or cosine."""
 
     base_lr: float
     kind: str = "constant"
@@ -78,12 +77,11 @@ Ranges = list[tuple[int, int]]  # [start, end) ranges of the flat buffer
 
 @dataclass
 class GradClip:
-    """Clipping by the global norm (``clip_grad_norm_``'s formula); ``total``: this rank's sum
-    of squares to the whole model's; ``skip``: ranges another rank counts."""
+    """Clipping by the global norm, by ``clip_grad_norm_``'s formula."""
 
     max_norm: float
-    total: Callable[[float], float] = float
-    skip: Ranges = field(default_factory=list)
+    total: Callable[[float], float] = float  # this rank's sum of squares to the whole model's
+    skip: Ranges = field(default_factory=list)  # the ranges another rank counts
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_norm, numbers.Real) and 0 < self.max_norm < math.inf):
@@ -232,13 +230,6 @@ class Optimizer:
 
     def step_scalars(self) -> dict[str, float]:
         return {"lr": self.lr}
-
-    def device_scalars_in(self, scalars: Any) -> dict[str, Array]:
-        """This step's numbers as device values ``scalars`` refreshes: a replay takes no number."""
-        return {
-            name: scalars.add(self.params.dtype, lambda _step, name=name: self.step_scalars()[name])
-            for name in self.scalar_names
-        }
 
     def _scalar(self, name: str, number: Any) -> Any:
         return number if self.device_scalars is None else self.device_scalars[name]

@@ -68,18 +68,15 @@ class TrainConfig:
 
 
 class Callback:
-    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them.
-    ``epoch`` counts from 0, ``step`` every global batch of the run from 0; a ``record`` is a
-    metrics line (docs/cli.md, *The metrics file*): an epoch's, by ``steps`` an ``"eval"`` every
-    ``eval_every``, and the run's last, ``"event"`` ``"done"`` or ``"diverged"``."""
+    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them."""
 
     def on_train_begin(self, trainer: Trainer) -> None: ...  # a resume's: before the epochs left
-    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...  # in its timed span
-    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...  # from 0, in its span
+    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...  # of the run, from 0
     def on_step_end(self, trainer: Trainer, step: int) -> None: ...  # the next step's parameters
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
-    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
-    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # docs/cli.md
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # by ``eval_every``
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # or diverged
 
 
 def overrides(callback: Callback, event: str) -> bool:
@@ -435,8 +432,8 @@ class Trainer:
         settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": self.backend.dtype_name}
         said = {"step_epochs": cfg.schedule == "step", "epochs": cfg.schedule == "cosine"}
         said |= {"min_lr": bool(cfg.min_lr), "precision": cfg.precision != "fp32"}
-        said |= {k: getattr(cfg, k) is not None for k in (*HYPERS, "warmup_steps", "clip_norm")}
-        said |= {"grad_dtype": cfg.grad_dtype is not None}
+        optional = (*HYPERS, "warmup_steps", "clip_norm", "grad_dtype")
+        said |= {k: getattr(cfg, k) is not None for k in optional}
         for name in (k for k, wanted in said.items() if wanted):  # as JSON gives them: no tuple
             value = getattr(cfg, name)
             settings[name] = list(value) if isinstance(value, tuple) else value
