@@ -56,7 +56,7 @@ def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
     return found
 
 
-def _number(value: Any) -> bool:
+def number(value: Any) -> bool:  # a JSON number, finite (never a bool)
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -67,9 +67,9 @@ def _trace_problem(doc: Any) -> str | None:
     for event in doc["traceEvents"]:
         if not isinstance(event, dict):
             return f"an event that is {event!r}"
-        if "ts" in event and not _number(event["ts"]):
+        if "ts" in event and not number(event["ts"]):
             return f"an event's ts is {event['ts']!r}"
-        if "ts" in event and not _number(event.get("dur")):
+        if "ts" in event and not number(event.get("dur")):
             return f"an event without a duration ({event.get('name')!r})"
         typed = zip(("name", "cat", "pid", "tid"), (str, str, int, int), strict=True)
         if event.get("ph") == "X" and not all(isinstance(event.get(k), t) for k, t in typed):
@@ -78,7 +78,7 @@ def _trace_problem(doc: Any) -> str | None:
     xpnn = other.get("xpnn", {}) if isinstance(other, dict) else None
     clock = xpnn.get("clock") or [] if isinstance(xpnn, dict) else None
     if not isinstance(clock, list) or not all(
-        isinstance(pair, list) and len(pair) == 2 and all(map(_number, pair)) for pair in clock
+        isinstance(pair, list) and len(pair) == 2 and all(map(number, pair)) for pair in clock
     ):
         return "otherData.xpnn is not as xpnn writes it"
     return None
@@ -88,12 +88,12 @@ def _flight_problem(doc: Any) -> str | None:
     """What in a ``flight-rank{N}.json`` is not as xpnn writes it (None: nothing)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("operations"), list):
         return "no operations list"
-    if not _number(doc.get("now")):
+    if not number(doc.get("now")):
         return f"now is {doc.get('now')!r}"
     for op in doc["operations"]:
-        if not isinstance(op, dict) or not _number(op.get("start")):
+        if not isinstance(op, dict) or not number(op.get("start")):
             return f"an operation without a start ({op!r:.80})"
-        if not (op.get("end") is None or _number(op["end"])):
+        if not (op.get("end") is None or number(op["end"])):
             return f"an operation's end is {op['end']!r}"
     return None
 

@@ -103,12 +103,11 @@ class ProgressBar(Callback):
         self.bar.update()
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        self.bar.close()
+        if self.bar is not None:  # by ``steps``: open until the run ends
+            self.bar.close()
         self.bar = None
 
-    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        if self.bar is not None:
-            self.on_epoch_end(trainer, record)
+    on_train_end = on_epoch_end
 
 
 class Checkpoints(Callback):

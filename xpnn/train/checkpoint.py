@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import re
 import stat
@@ -19,6 +18,7 @@ import numpy as np
 from xpnn.errors import UserError
 from xpnn.parallel.model.whole import own_piece, whole_shapes, whole_size
 from xpnn.record.files import whole_file
+from xpnn.record.timeline import number
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
@@ -287,10 +287,6 @@ def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
 
 def count(value: Any) -> bool:
     return type(value) is int and value >= 0  # a JSON number: int or float, never a subclass
-
-
-def number(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
 
 
 LOSS_SCALE = {"scale": lambda v: number(v) and v > 0, "good_steps": count, "skipped": count}

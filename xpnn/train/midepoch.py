@@ -10,6 +10,7 @@ import numpy as np
 
 from xpnn.errors import path_problems
 from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
+from xpnn.record.timeline import number
 from xpnn.runtime import stall
 from xpnn.train import checkpoint
 
@@ -86,13 +87,13 @@ def partial_of(
 
 
 def _numbers(values: Any, n: int) -> bool:
-    return isinstance(values, list) and len(values) == n and all(map(checkpoint.number, values))
+    return isinstance(values, list) and len(values) == n and all(map(number, values))
 
 
 PARTIAL = {
     "kind": lambda v: v in ("epoch", "steps"),
     "sums": lambda v: isinstance(v, list) and all(_numbers(row, 2) for row in v),
-    "seconds": checkpoint.number,
+    "seconds": number,
     "sent": lambda v: _numbers(v, 2),
     "samples": checkpoint.count,
     "steps": checkpoint.count,
