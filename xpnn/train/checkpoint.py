@@ -175,7 +175,7 @@ def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[
     """The file's (epoch, step), once its run is shown to be ``trainer``'s."""
     seed, steps_per_epoch, dataset = trainer.cfg.seed, trainer.steps_per_epoch, trainer.data.name
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
-    scaled = checked_meta(path, "loss_scale", LOSS_SCALE, arrays)
+    scaled = checked_meta(path, arrays, "loss_scale")
     skipped = scaled["skipped"] if scaled else 0  # fp16: steps whose update overflowed
     if step + skipped < epoch:  # every epoch makes at least one step
         raise damaged(path, f"meta.step {step} is fewer than meta.epoch {epoch}")
@@ -215,7 +215,7 @@ IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``
 
 
 def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]:
-    """Restore this rank's part of ``trainer``'s run from ``path``: (epochs, steps, settings)."""
+    """Restore this rank's part of ``trainer``'s run from ``path``: (epochs, steps, its JSON)."""
     model, optimizer, arrays = trainer.model, trainer.optimizer, read_npz(path)
     if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
         raise UserError(
@@ -259,7 +259,8 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
                 piece = own_piece(model, key, arrays[prefix + key])
                 view[...] = model.backend.asarray(piece, dtype=view.dtype)
     optimizer.step_count = step
-    return epoch, step, _json_meta(path, arrays, "settings")
+    said = {name: checked_meta(path, arrays, name) for name in CHECKED}
+    return epoch, step, said | {"settings": _json_meta(path, arrays, "settings")}
 
 
 def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str, Any]:
@@ -275,26 +276,30 @@ def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str
     return value
 
 
-def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
-    """``{meta.<name>: array}`` of checkpoint ``path``, read alone ({}: none)."""
-    key = f"meta.{name}"
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {key: data[key]} if key in data.files else {}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise unreadable(path, exc) from None
-
-
 def count(value: Any) -> bool:
     return type(value) is int and value >= 0  # a JSON number: int or float, never a subclass
 
 
-LOSS_SCALE = {"scale": lambda v: number(v) and v > 0, "good_steps": count, "skipped": count}
+def _numbers(values: Any, n: int) -> bool:
+    return isinstance(values, list) and len(values) == n and all(map(number, values))
 
 
-def checked_meta(path: Any, name: str, checks: dict, arrays: dict | None = None) -> dict | None:
+CHECKED = {  # the JSON entries a resume reads, each checked
+    "loss_scale": {"scale": lambda v: number(v) and v > 0, "good_steps": count, "skipped": count},
+    "partial": {  # ``midepoch.partial_of``'s
+        "kind": lambda v: v in ("epoch", "steps"),
+        "sums": lambda v: isinstance(v, list) and all(_numbers(row, 2) for row in v),
+        "seconds": number,
+        "sent": lambda v: _numbers(v, 2),
+        "samples": count,
+        "steps": count,
+    },
+}
+
+
+def checked_meta(path: Any, arrays: dict[str, np.ndarray], name: str) -> dict | None:
     """``meta.<name>`` of checkpoint ``path`` (None: none), each entry passing its check."""
-    arrays = meta_entry(path, name) if arrays is None else arrays
+    checks = CHECKED[name]
     if f"meta.{name}" not in arrays:
         return None
     value = _json_meta(path, arrays, name)

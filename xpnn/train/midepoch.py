@@ -10,7 +10,6 @@ import numpy as np
 
 from xpnn.errors import path_problems
 from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
-from xpnn.record.timeline import number
 from xpnn.runtime import stall
 from xpnn.train import checkpoint
 
@@ -86,19 +85,5 @@ def partial_of(
     return dict(kind=kind, sums=rows, seconds=seconds, sent=sent, samples=samples, steps=steps)
 
 
-def _numbers(values: Any, n: int) -> bool:
-    return isinstance(values, list) and len(values) == n and all(map(number, values))
-
-
-PARTIAL = {
-    "kind": lambda v: v in ("epoch", "steps"),
-    "sums": lambda v: isinstance(v, list) and all(_numbers(row, 2) for row in v),
-    "seconds": number,
-    "sent": lambda v: _numbers(v, 2),
-    "samples": checkpoint.count,
-    "steps": checkpoint.count,
-}
-
-
 def saved_partial(path: Any) -> dict[str, Any] | None:
-    return checkpoint.checked_meta(path, "partial", PARTIAL)
+    return checkpoint.checked_meta(path, checkpoint.read_npz(path), "partial")

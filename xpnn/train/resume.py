@@ -40,7 +40,7 @@ def start(trainer: Trainer, directory: str | None, resume: bool | str) -> None:
         trainer.resume_note = f"resume: no checkpoint in {directory}, starting afresh"
         return
     try:
-        epoch, step, before = checkpoint.load_checkpoint(path, trainer)
+        epoch, step, said = checkpoint.load_checkpoint(path, trainer)
     except checkpoint.DamagedCheckpoint as exc:  # the one before it may be whole: say so
         if older := checkpoint.checkpoints(directory)[-2:-1]:
             why = f"{older[0].name}, remains: move this one away to resume from it"
@@ -48,7 +48,7 @@ def start(trainer: Trainer, directory: str | None, resume: bool | str) -> None:
         raise
     done, scale = "", trainer.loss_scale
     if scale is not None:  # this run scales: the checkpoint's scale, or a fresh one
-        if (stored := checkpoint.checked_meta(path, "loss_scale", checkpoint.LOSS_SCALE)) is None:
+        if (stored := said["loss_scale"]) is None:
             done = f"; the loss scale starts at {scale.scale:g} (the checkpoint has none)"
         else:
             scale.restore(stored)
@@ -56,12 +56,12 @@ def start(trainer: Trainer, directory: str | None, resume: bool | str) -> None:
         done += f"; `steps` {cfg.steps} reached, nothing to train" if step >= cfg.steps else ""
     elif epoch >= cfg.epochs:
         done += f"; `epochs` {cfg.epochs} reached, nothing to train"
-    now = trainer.settings()  # what both runs name and the resumed run changes:
+    now, before = trainer.settings(), said["settings"]  # what both runs name, changed:
     changed = [f"`{k}` {v} -> {now[k]}" for k, v in sorted(before.items()) if now.get(k, v) != v]
     since = f"; changed since: {', '.join(changed)}" if changed else ""
     trainer.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
     trainer.start_epoch, per_epoch = epoch, trainer.steps_per_epoch
-    partial = midepoch.saved_partial(path)  # a mid-epoch checkpoint's sums, of this run's kind
+    partial = said["partial"]  # a mid-epoch checkpoint's sums, of this run's kind
     if partial is not None and partial["kind"] == ("epoch" if cfg.steps is None else "steps"):
         trainer.progress = midepoch.EpochProgress(partial, trainer.batches_done() // per_epoch)
 
