@@ -118,10 +118,6 @@ def damaged(path: Any, why: Any, what: str = "damaged checkpoint") -> DamagedChe
     return DamagedCheckpoint(f"{path}: {what} ({why})")
 
 
-def unreadable(path: Any, why: Any) -> DamagedCheckpoint:
-    return damaged(path, why, "not a readable checkpoint")
-
-
 MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a later epoch
 
 
@@ -133,22 +129,22 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     info = os.stat(path)  # FileNotFoundError is the caller's to word
     if not stat.S_ISREG(info.st_mode):
         raise damaged(path, "not a regular file", "not an xpnn checkpoint")
-    if (have := memory_bytes()) is not None and info.st_size > have:
-        raise unreadable(path, f"{info.st_size:,} bytes, more than this machine's memory")
     try:
+        if (have := memory_bytes()) is not None and info.st_size > have:
+            raise MemoryError(f"{info.st_size:,} bytes, more than this machine's memory")
         if not zipfile.is_zipfile(path):
             with open(path, "rb") as fh:
                 if fh.read(4) != b"PK\x03\x04":  # not even the start of a zip archive
                     raise damaged(path, "not an .npz file", "not an xpnn checkpoint")
-            raise unreadable(path, "cut short or damaged")
+            raise ValueError("cut short or damaged")
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError) as exc:
         if "pickle" in str(exc):  # an object array inside the archive
             exc = "holds pickled objects, which are never loaded"
-        raise unreadable(path, exc) from None
-    except MemoryError:  # an array header that claims terabytes: damaged, or not xpnn's
-        raise unreadable(path, "an array larger than this machine's memory") from None
+        elif isinstance(exc, MemoryError) and not str(exc):  # a header that claims terabytes
+            exc = "an array larger than this machine's memory"
+        raise damaged(path, exc, "not a readable checkpoint") from None
 
 
 def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
