@@ -245,7 +245,7 @@ class Optimizer:
             self._apply(index, p, g, state)
 
     def _apply(self, index: int, p: Array, g: Array, state: dict[str, Array]) -> None:
-        self.update(p, g, state, self.lr)
+        self.update(p, g, state, self.lr)  # each optimizer's own
 
     def step(self) -> float:
         lr = self.start_step()
@@ -253,9 +253,6 @@ class Optimizer:
             self.update_part(index)
         self.end_step()
         return lr
-
-    def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
-        raise NotImplementedError
 
 
 def _check_rate(owner: str, name: str, value: float) -> float:
