@@ -169,15 +169,12 @@ def check_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[int, int]:
     """The file's (epoch, step), once its run is shown to be ``trainer``'s."""
-    seed, steps_per_epoch, dataset = trainer.cfg.seed, trainer.steps_per_epoch, trainer.data.name
+    steps_per_epoch, dataset = trainer.steps_per_epoch, trainer.data.name
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
     scaled = checked_meta(path, arrays, "loss_scale")
     skipped = scaled["skipped"] if scaled else 0  # fp16: steps whose update overflowed
     if step + skipped < epoch:  # every epoch makes at least one step
         raise damaged(path, f"meta.step {step} is fewer than meta.epoch {epoch}")
-    if stored_seed != seed:
-        why = f"{path}: written by a run with `seed` {stored_seed}, this one has `seed` {seed}"
-        raise UserError(why)
     stored = arrays.get("meta.dataset")
     if stored is not None and (stored.shape != () or stored.dtype.kind != "U"):
         raise damaged(path, f"meta.dataset is {stored.tolist()!r}")
@@ -194,7 +191,8 @@ def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[
     if not mid and done != epoch * steps_per_epoch:
         why = f"made {step} steps in {epoch} epoch(s)"
         raise UserError(f"{path}: written by a run that {why}, {this}")
-    stored_identity, identity = _json_meta(path, arrays, "identity"), trainer.identity()
+    stored_identity = {"seed": stored_seed} | _json_meta(path, arrays, "identity")
+    identity = {"seed": trainer.cfg.seed} | trainer.identity()
     for key in sorted(stored_identity.keys() & identity.keys()):
         if stored_identity[key] != identity[key]:
             what, hint = IDENTITY_WORDS.get(key, (f"--{key}", ""))
@@ -207,6 +205,7 @@ def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[
 IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``, and whence
     "global_batch": ("global batch", " (`batch_size`, or `per_rank_batch` x ranks)"),
     "train_samples": ("training set size", " (`synthetic_size`, `replicate` or data set)"),
+    "seed": ("`seed`", ""),
 }
 
 
