@@ -206,10 +206,13 @@ class PhaseTimer(Callback):
         self.trainer: Trainer | None = None  # the trainer that ran, once training began
         self._current: dict[str, float] | None = None
         self._open: dict[str, tuple[int, float]] = {}  # phase -> (depth, start)
+        self._sync: Any = lambda: None
         self._t0 = 0.0
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        self.trainer, self._sync = trainer, trainer.backend.synchronize  # a no-op on the CPU
+        self.trainer = trainer
+        if trainer.backend.is_gpu:
+            self._sync = trainer.backend.synchronize
         phases.listen(self._mark)
 
     def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
