@@ -136,14 +136,11 @@ def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
             end = op["end"] if op["end"] is not None else dump["now"]
             name = f"{op['op']} #{op['seq']}" + ("" if op["end"] is not None else " (unfinished)")
             args = {k: op.get(k) for k in FLIGHT_ARGS}
-            events.append(
-                {"name": name, "cat": "flight", "ph": "X", "pid": rank, "tid": FLIGHT_LANE,
-                 "ts": op["start"] * 1e6 - offset, "dur": max(0.0, end - op["start"]) * 1e6,
-                 "args": args}
-            )  # fmt: skip
+            events.append(span_event(rank, name, "flight", FLIGHT_LANE, op["start"], end, args))
+            events[-1]["ts"] -= offset
         if ops:
-            lane = {"name": f"flight recorder ({dump.get('reason', '')})"}
-            events.append(dict(name="thread_name", ph="M", pid=rank, tid=FLIGHT_LANE, args=lane))
+            lane = f"flight recorder ({dump.get('reason', '')})"
+            events.append(lane_meta("thread_name", rank, FLIGHT_LANE, name=lane))
     origin = min((e["ts"] for e in events if "ts" in e), default=0.0)
     for event in events:
         if "ts" in event:
@@ -153,6 +150,17 @@ def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     for rank in info:
         info[rank]["clock_offset_us"] = round(offsets.get(rank, 0.0), 1)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"xpnn": info}}, info
+
+
+def span_event(pid: int, name: str, cat: str, tid: int, t0: float, t1: float, args: Any) -> dict:
+    """A Chrome trace event from ``t0`` to ``t1``, in seconds (an ``X``: a complete span)."""
+    event = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid}
+    event["ts"], event["dur"] = t0 * 1e6, max(0.0, t1 - t0) * 1e6
+    return event | ({"args": args} if args else {})
+
+
+def lane_meta(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
 
 
 def union(intervals: list[Interval]) -> list[Interval]:

@@ -11,7 +11,7 @@ from typing import Any
 from xpnn.errors import UserError, path_problems
 from xpnn.record import phases
 from xpnn.record.files import replace_whole
-from xpnn.record.timeline import parse_steps
+from xpnn.record.timeline import lane_meta, parse_steps, span_event
 from xpnn.runtime import flight
 from xpnn.train.callbacks import Callback
 from xpnn.train.trainer import Trainer
@@ -176,13 +176,6 @@ class Trace(Callback):
         # a tuple, made a dict when written: cheap to add, and no work for the cyclic GC
         self.events.append((name, cat, lane, start, end, args))
 
-    def _event(self, name: str, cat: str, lane: int, start: float, end: float, args: Any) -> dict:
-        event = {"name": name, "cat": cat, "ph": "X", "pid": self.rank, "tid": lane}
-        event["ts"], event["dur"] = start * 1e6, max(0.0, end - start) * 1e6
-        if args:
-            event["args"] = args
-        return event
-
     def device_mark(self) -> Any:
         return None if self._events is None else self._events.mark()
 
@@ -199,21 +192,17 @@ class Trace(Callback):
                 begin = host + get(origin, start) / 1e3
                 self.add(name, "device", phases.DEVICE, begin, begin + get(start, end) / 1e3)
             self.device.clear()
-
-        def meta(kind: str, tid: int, **args: Any) -> dict[str, Any]:
-            return {"name": kind, "ph": "M", "pid": self.rank, "tid": tid, "args": args}
-
         stage = self.info.get("stage")
         label = f"rank {self.rank} (host)" + (f", stage {stage}" if stage is not None else "")
-        lanes = [meta("process_name", 0, name=label)]
-        lanes.append(meta("process_sort_index", 0, sort_index=self.rank))
+        lanes = [lane_meta("process_name", self.rank, 0, name=label)]
+        lanes.append(lane_meta("process_sort_index", self.rank, 0, sort_index=self.rank))
         for tid in sorted({e[2] for e in self.events}):
             lane = LANES.get(tid) or f"communication {tid - phases.COMMUNICATION + 1}"
-            lanes.append(meta("thread_name", tid, name=lane))
-            lanes.append(meta("thread_sort_index", tid, sort_index=tid))
+            lanes.append(lane_meta("thread_name", self.rank, tid, name=lane))
+            lanes.append(lane_meta("thread_sort_index", self.rank, tid, sort_index=tid))
         path = os.path.join(self.directory, f"trace-rank{self.rank}.json")
         doc = {
-            "traceEvents": lanes + [self._event(*e) for e in self.events],
+            "traceEvents": lanes + [span_event(self.rank, *e) for e in self.events],
             "displayTimeUnit": "ms",
             "otherData": {"xpnn": self.info},
         }
