@@ -182,10 +182,13 @@ class Trainer:
         """The batches trained: the optimizer's steps and those fp16 loss scaling skipped."""
         return self.optimizer.step_count + (self.loss_scale.skipped if self.loss_scale else 0)
 
-    def _skips(self) -> dict[str, int]:
+    def _scores(self, test_loss: float, test_acc: float, rate: float) -> dict[str, Any]:
+        """What every record ends with: the test set's scores, the run's facts, fp16's skips."""
+        scores = {"test_loss": test_loss, "test_acc": test_acc}
+        scores |= text_metrics(self.data, test_loss, test_acc, rate) | self.common
         if self.precision is None and self.loss_scale is None:
-            return {}
-        return {"skipped_steps": self.loss_scale.skipped if self.loss_scale else 0}
+            return scores
+        return scores | {"skipped_steps": self.loss_scale.skipped if self.loss_scale else 0}
 
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
         """One optimizer step on the global ``batch``, in ``accumulate`` summed micro-steps."""
@@ -300,8 +303,6 @@ class Trainer:
             "event": "done",
             "epochs": epochs,
             "steps": self.optimizer.step_count,
-            "test_acc": test_acc,
-            "test_loss": test_loss,
             "total_seconds": total_seconds,
             "samples": trained,
             "samples_per_s": rate,
@@ -309,12 +310,9 @@ class Trainer:
             "params_sha256": digests[0],
             "ranks_agree": len(set(digests)) == 1,
             "peak_rss_mb": peak_rss,  # by rank: where a pipeline stage or a slice weighs most
-            **text_metrics(self.data, test_loss, test_acc, rate),
-            **self.common,
-        }
+        } | self._scores(test_loss, test_acc, rate)
         if self.data.vocab is not None:  # a text set's samples are windows of ``block`` tokens
             done["tokens"] = trained * self.data.x_train.shape[1]
-        done |= self._skips()
         if self.graph is not None:  # steps replayed from a CUDA graph (the rest ran eagerly)
             done["graph_steps"] = self.graph.replayed
         self.final_params = whole  # what ``SaveParameters`` writes
@@ -394,8 +392,6 @@ class Trainer:
         record |= {
             "train_loss": sums[0] / samples,
             "train_acc": sums[1] / samples,
-            "test_loss": test_loss,
-            "test_acc": test_acc,
             "seconds": seconds,
             "samples_per_s": samples / seconds,
             "lr": self.optimizer.schedule(max(0, self.optimizer.step_count - 1)),
@@ -403,12 +399,9 @@ class Trainer:
             "comm_bytes_per_step": (data_bytes + model_bytes) / span["steps"],
             "data_comm_bytes": data_bytes,
             "model_comm_bytes": model_bytes,
-            **text_metrics(self.data, test_loss, test_acc, samples / seconds),
-            **self.common,
-        }
+        } | self._scores(test_loss, test_acc, samples / seconds)
         if self.cfg.clip_norm is not None:  # the span's last step's, before clipping
             record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
-        record |= self._skips()  # fp16: steps whose gradients overflowed, so far
         event = "on_eval" if by_steps else "on_epoch_end"
         for callback in self.callbacks:  # checkpoints skip a span that diverged
             getattr(callback, event)(self, record)
