@@ -10,6 +10,7 @@ from typing import Any
 
 from xpnn.errors import UserError, path_problems
 from xpnn.record import phases
+from xpnn.record.files import open_to_write
 from xpnn.runtime.threads import describe_threads
 from xpnn.train import metrics_file
 from xpnn.train.checkpoint import KEEP_CHECKPOINTS, atomic_savez
@@ -30,7 +31,7 @@ class MetricsFile(Callback):
         with path_problems("metrics", self.path):
             metrics_file.check_metrics_file(self.path)  # never empty another file
             if trainer.optimizer.step_count == 0:  # a fresh run, a fresh file
-                metrics_file.empty(self.path)
+                os.close(open_to_write(self.path, os.O_CREAT | os.O_TRUNC))  # no other's link
             else:  # each epoch once: what came after the resumed checkpoint goes
                 cfg = trainer.cfg
                 steps = trainer.optimizer.step_count if cfg.steps else None
