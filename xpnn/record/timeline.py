@@ -60,6 +60,10 @@ def number(value: Any) -> bool:  # a JSON number, finite (never a bool)
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def numbers(values: Any, n: int) -> bool:  # a list of ``n`` of them
+    return isinstance(values, list) and len(values) == n and all(map(number, values))
+
+
 def _trace_problem(doc: Any) -> str | None:
     """What in a ``trace-rank{N}.json`` is not as xpnn writes it (None: nothing)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
@@ -77,9 +81,7 @@ def _trace_problem(doc: Any) -> str | None:
     other = doc.get("otherData", {})
     xpnn = other.get("xpnn", {}) if isinstance(other, dict) else None
     clock = xpnn.get("clock") or [] if isinstance(xpnn, dict) else None
-    if not isinstance(clock, list) or not all(
-        isinstance(pair, list) and len(pair) == 2 and all(map(number, pair)) for pair in clock
-    ):
+    if not isinstance(clock, list) or not all(numbers(pair, 2) for pair in clock):
         return "otherData.xpnn is not as xpnn writes it"
     return None
 

@@ -18,7 +18,7 @@ import numpy as np
 from xpnn.errors import UserError
 from xpnn.parallel.model.whole import own_piece, whole_shapes, whole_size
 from xpnn.record.files import whole_file
-from xpnn.record.timeline import number
+from xpnn.record.timeline import number, numbers
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
@@ -275,17 +275,13 @@ def count(value: Any) -> bool:
     return type(value) is int and value >= 0  # a JSON number: int or float, never a subclass
 
 
-def _numbers(values: Any, n: int) -> bool:
-    return isinstance(values, list) and len(values) == n and all(map(number, values))
-
-
 CHECKED = {  # the JSON entries a resume reads, each checked
     "loss_scale": {"scale": lambda v: number(v) and v > 0, "good_steps": count, "skipped": count},
     "partial": {  # ``midepoch.partial_of``'s
         "kind": lambda v: v in ("epoch", "steps"),
-        "sums": lambda v: isinstance(v, list) and all(_numbers(row, 2) for row in v),
+        "sums": lambda v: isinstance(v, list) and all(numbers(row, 2) for row in v),
         "seconds": number,
-        "sent": lambda v: _numbers(v, 2),
+        "sent": lambda v: numbers(v, 2),
         "samples": count,
         "steps": count,
     },
