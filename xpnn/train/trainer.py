@@ -133,6 +133,7 @@ class Trainer:
         if (warmup := cfg.warmup_steps) is None:
             warmup = warmup_steps(cfg.warmup_epochs, self.steps_per_epoch)
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
+        self.record_every = (cfg.eval_every or cfg.steps) if cfg.steps else self.steps_per_epoch
         decay_steps = cfg.step_epochs * self.steps_per_epoch  # the decay counts epochs
         args = (cfg.lr, cfg.schedule, warmup, self.total_steps, decay_steps)
         schedule = Schedule(*args, min_lr=cfg.min_lr)
@@ -324,7 +325,6 @@ class Trainer:
         """The steps left, a record closing each span: (seconds, samples, test loss, accuracy)."""
         cfg, spe = self.cfg, self.steps_per_epoch
         by_steps = cfg.steps is not None
-        every = (cfg.eval_every or cfg.steps) if by_steps else spe
         done = self.batches_done()  # resumed: the steps before its checkpoint are done
         # by epochs, a resumed epoch's record sums its steps before the checkpoint too
         first = done if by_steps else self.start_epoch * spe
@@ -352,7 +352,7 @@ class Trainer:
             else:  # trained before the resumed checkpoint, its sums restored
                 span["samples"] += len(batches[index])
                 span["steps"] += 1
-            if (step + 1) % every == 0 or step + 1 == end:
+            if (step + 1) % self.record_every == 0 or step + 1 == end:
                 record = self._record(span, step + 1)
                 seconds, trained = seconds + record["seconds"], trained + span["samples"]
                 test_loss, test_acc = record["test_loss"], record["test_acc"]
