@@ -143,9 +143,6 @@ class Trace(Callback):
     def span(self, name: str, lane: int) -> _Span:  # the tracer's (``phases.trace_to``)
         return _Span(self, name, lane)
 
-    def layer_span(self, kind: str, index: int, layer: Any) -> _Span:
-        return _Span(self, f"{kind} {index} {type(layer).__name__}", phases.COMPUTE)
-
     def operation(self, record: Any) -> None:
         """A finished operation on a communication lane, its wait on the compute lane."""
         name, slots = record.name(), self._slots  # the first lane free at its start, or a new one
