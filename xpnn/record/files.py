@@ -125,7 +125,7 @@ def replace_whole(path: str | os.PathLike, data: bytes) -> None:
 
 def check_output(said: str, path: str, reads: list, what: str, suffix: str = "") -> None:
     """An output: named ``suffix``, in a directory, no device, none of the files read (``what``)."""
-    if not str(path).lower().endswith(suffix):
+    if not path.lower().endswith(suffix):
         raise UserError(f"{said}: give a file name ending in {suffix}")
     if any(same_file(path, read) for read in reads):
         raise UserError(f"{said}: {what} this command reads; give another name")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def start(trainer: Trainer, directory: str | None, resume: bool | str) -> None:
-    """Sets ``trainer.start_epoch`` and ``resume_note`` (``resume``: the latest checkpoint's)."""
+    """Sets ``trainer.start_epoch`` and ``resume_note``; a misfit is every rank's UserError."""
     if not directory:
         return
     if trainer.is_root:  # one job a directory (the command line took it first)
