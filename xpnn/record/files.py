@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from xpnn.errors import UserError
+
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -100,10 +102,39 @@ def _link_unnamed(fd: int, path: str | os.PathLike) -> str:
         os.close(root)
 
 
+def read_regular(path: str | os.PathLike, most: int, said: str, what: str) -> bytes:
+    """A regular file's bytes, at most ``most``: a device, FIFO or larger file is refused."""
+    try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC), "rb") as fh:
+            info = os.fstat(fh.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise UserError(f"{said}: not a regular file (is it {what}?)")
+            if info.st_size > most:
+                why = f"more than {what} holds ({most // 2**20} MiB at most)"
+                raise UserError(f"{said}: {info.st_size / 2**20:.0f} MiB, {why}")
+            return fh.read(most + 1)
+    except OSError as exc:
+        raise UserError(f"{said}: cannot read ({exc.strerror or exc})") from None
+
+
 def replace_whole(path: str | os.PathLike, data: bytes) -> None:
     """``path`` holds ``data``, renamed over it: a link is replaced, never written through."""
     with whole_file(path) as fh:
         fh.write(data)
+
+
+def check_output(said: str, path: str, reads: list, what: str, suffix: str = "") -> None:
+    """An output: named ``suffix``, in a directory, no device, none of the files read (``what``)."""
+    if not path.lower().endswith(suffix):
+        raise UserError(f"{said}: give a file name ending in {suffix}")
+    if any(same_file(path, read) for read in reads):
+        raise UserError(f"{said}: {what} this command reads; give another name")
+    if os.path.isdir(path):
+        raise UserError(f"{said}: is a directory; give a file name")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UserError(f"{said}: exists and is not a regular file")
+    if not os.path.isdir(parent := os.path.dirname(os.path.abspath(path))):
+        raise UserError(f"{said}: directory {parent} does not exist")
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

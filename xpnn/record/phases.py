@@ -79,4 +79,6 @@ def span(name: str, lane: int = COMPUTE) -> Any:
 def layer_span(kind: str, index: int, layer: Any) -> Any:
     """A layer's ``forward`` or ``backward``, named lazily: a tracer that is off costs a test."""
     t = _tracer[0]
-    return NOTHING if t is None or not _heard() else t.layer_span(kind, index, layer)
+    if t is None or not _heard():
+        return NOTHING
+    return t.span(f"{kind} {index} {type(layer).__name__}", COMPUTE)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.record.files import check_output, read_regular
 
 INSTALL = "matplotlib is not installed: pip install 'xpnn[plot]' (or pip install matplotlib)"
 PANELS = (
@@ -22,18 +21,7 @@ MOST_BYTES = 256 * 2**20  # a metrics file of 10^6 epochs is about this big; mor
 
 
 def read_text(path: Path) -> str:
-    """A regular file's text, at most ``MOST_BYTES``: a device, FIFO or huge file is refused."""
-    try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
-        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
-            info = os.fstat(f.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise UserError(f"{path}: not a regular file (is it an xpnn --metrics file?)")
-            if info.st_size > MOST_BYTES:
-                why = f"more than a metrics file holds ({MOST_BYTES // 2**20} MiB at most)"
-                raise UserError(f"{path}: {info.st_size / 2**20:.0f} MiB, {why}")
-            data = f.read(MOST_BYTES + 1)
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+    data = read_regular(path, MOST_BYTES, str(path), "an xpnn --metrics file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -74,18 +62,6 @@ def _check_record(path: Path, line: int, rec: dict[str, Any]) -> None:
             raise UserError(f"{path}: line {line}: {key} is not a number ({value!r:.40})")
 
 
-def check_out(out: Path, inputs: list[Path]) -> None:
-    """``-o`` names a PNG file to write: it is written under exactly that name."""
-    if out.suffix.lower() != ".png":
-        raise UserError(f"-o {out}: give a file name ending in .png")
-    if out.is_dir():
-        raise UserError(f"-o {out}: is a directory; give a file name ending in .png")
-    if out.exists() and not out.is_file():
-        raise UserError(f"-o {out}: exists and is not a regular file")
-    if any(out.resolve() == path.resolve() for path in inputs):
-        raise UserError(f"-o {out}: is one of the metrics files given")
-
-
 def is_text(epochs: list[dict[str, Any]]) -> bool:
     """A text model's run: its records say tokens/s and validation loss (docs/cli.md)."""
     return any("tokens_per_s" in e or "val_loss" in e for e in epochs)
@@ -101,7 +77,7 @@ def series(key: str, text: bool) -> str:
 
 def draw(paths: list[Path], out: Path) -> Path:
     """One PNG, a panel per quantity, a line per run (dashed: test or validation)."""
-    check_out(out, paths)
+    check_output(f"-o {out}", str(out), paths, "a metrics file", ".png")
     runs = [(p, read_epochs(p)) for p in paths]
     try:
         import matplotlib

@@ -7,13 +7,12 @@ import json
 import math
 import os
 import re
-import stat
 import statistics
 import sys
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.record.files import replace_whole, same_file
+from xpnn.record.files import check_output, read_regular, replace_whole
 from xpnn.record.plot import OneLineParser
 from xpnn.record.timeline_plot import draw  # which imports matplotlib only when drawing
 
@@ -46,16 +45,10 @@ def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
     """``{rank: document}`` of ``directory/{stem}-rank{N}.json``, each checked."""
     found: dict[int, dict[str, Any]] = {}
     for rank, path in rank_files(directory, stem).items():
+        data = read_regular(path, MOST_BYTES, f"trace {path}", "a rank file")
         try:
-            info = os.stat(path)
-            if not stat.S_ISREG(info.st_mode):
-                raise UserError(f"trace {path}: not a regular file")
-            if info.st_size > MOST_BYTES:
-                why = f"trace {path}: {info.st_size:,} bytes, more than a rank file holds"
-                raise UserError(why)
-            with open(path) as fh:
-                doc = json.load(fh)
-        except (OSError, ValueError) as exc:
+            doc = json.loads(data)
+        except ValueError as exc:
             raise UserError(f"trace {path}: not a readable JSON file ({exc})") from None
         if problem := (_trace_problem if stem == "trace" else _flight_problem)(doc):
             raise UserError(f"trace {path}: not a rank file xpnn wrote ({problem})")
@@ -63,8 +56,12 @@ def load_ranks(directory: str, stem: str) -> dict[int, dict[str, Any]]:
     return found
 
 
-def _number(value: Any) -> bool:
+def number(value: Any) -> bool:  # a JSON number, finite (never a bool)
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def numbers(values: Any, n: int) -> bool:  # a list of ``n`` of them
+    return isinstance(values, list) and len(values) == n and all(map(number, values))
 
 
 def _trace_problem(doc: Any) -> str | None:
@@ -74,9 +71,9 @@ def _trace_problem(doc: Any) -> str | None:
     for event in doc["traceEvents"]:
         if not isinstance(event, dict):
             return f"an event that is {event!r}"
-        if "ts" in event and not _number(event["ts"]):
+        if "ts" in event and not number(event["ts"]):
             return f"an event's ts is {event['ts']!r}"
-        if "ts" in event and not _number(event.get("dur")):
+        if "ts" in event and not number(event.get("dur")):
             return f"an event without a duration ({event.get('name')!r})"
         typed = zip(("name", "cat", "pid", "tid"), (str, str, int, int), strict=True)
         if event.get("ph") == "X" and not all(isinstance(event.get(k), t) for k, t in typed):
@@ -84,9 +81,7 @@ def _trace_problem(doc: Any) -> str | None:
     other = doc.get("otherData", {})
     xpnn = other.get("xpnn", {}) if isinstance(other, dict) else None
     clock = xpnn.get("clock") or [] if isinstance(xpnn, dict) else None
-    if not isinstance(clock, list) or not all(
-        isinstance(pair, list) and len(pair) == 2 and all(map(_number, pair)) for pair in clock
-    ):
+    if not isinstance(clock, list) or not all(numbers(pair, 2) for pair in clock):
         return "otherData.xpnn is not as xpnn writes it"
     return None
 
@@ -95,19 +90,18 @@ def _flight_problem(doc: Any) -> str | None:
     """What in a ``flight-rank{N}.json`` is not as xpnn writes it (None: nothing)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("operations"), list):
         return "no operations list"
-    if not _number(doc.get("now")):
+    if not number(doc.get("now")):
         return f"now is {doc.get('now')!r}"
     for op in doc["operations"]:
-        if not isinstance(op, dict) or not _number(op.get("start")):
+        if not isinstance(op, dict) or not number(op.get("start")):
             return f"an operation without a start ({op!r:.80})"
-        if not (op.get("end") is None or _number(op["end"])):
+        if not (op.get("end") is None or number(op["end"])):
             return f"an operation's end is {op['end']!r}"
     return None
 
 
 def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
-    """Each rank's clock minus rank 0's (us): the middle of the bounds the barriers set (where
-    they do not meet, a rank held up, the median of the barriers' middles)."""
+    """Each rank's clock minus rank 0's (us): the middle of the bounds the barriers set."""
     samples = {
         r: t.get("otherData", {}).get("xpnn", {}).get("clock") or [] for r, t in traces.items()
     }
@@ -120,6 +114,7 @@ def clock_offsets(traces: dict[int, dict[str, Any]]) -> dict[int, float]:
         low = max(entry - left0 for (entry, _), (_, left0) in pairs)
         high = min(left - entry0 for (_, left), (entry0, _) in pairs)
         middles = [(e + x) / 2 - (e0 + x0) / 2 for (e, x), (e0, x0) in pairs]
+        # where the bounds do not meet, a rank held up: the median of the barriers' middles
         offsets[rank] = (low + high) / 2 if low <= high else statistics.median(middles)
     return offsets
 
@@ -143,14 +138,11 @@ def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
             end = op["end"] if op["end"] is not None else dump["now"]
             name = f"{op['op']} #{op['seq']}" + ("" if op["end"] is not None else " (unfinished)")
             args = {k: op.get(k) for k in FLIGHT_ARGS}
-            events.append(
-                {"name": name, "cat": "flight", "ph": "X", "pid": rank, "tid": FLIGHT_LANE,
-                 "ts": op["start"] * 1e6 - offset, "dur": max(0.0, end - op["start"]) * 1e6,
-                 "args": args}
-            )  # fmt: skip
+            events.append(span_event(rank, name, "flight", FLIGHT_LANE, op["start"], end, args))
+            events[-1]["ts"] -= offset
         if ops:
-            lane = {"name": f"flight recorder ({dump.get('reason', '')})"}
-            events.append(dict(name="thread_name", ph="M", pid=rank, tid=FLIGHT_LANE, args=lane))
+            lane = f"flight recorder ({dump.get('reason', '')})"
+            events.append(lane_meta("thread_name", rank, FLIGHT_LANE, name=lane))
     origin = min((e["ts"] for e in events if "ts" in e), default=0.0)
     for event in events:
         if "ts" in event:
@@ -160,6 +152,17 @@ def merge(directory: str) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     for rank in info:
         info[rank]["clock_offset_us"] = round(offsets.get(rank, 0.0), 1)
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"xpnn": info}}, info
+
+
+def span_event(pid: int, name: str, cat: str, tid: int, t0: float, t1: float, args: Any) -> dict:
+    """A Chrome trace event from ``t0`` to ``t1``, in seconds (an ``X``: a complete span)."""
+    event = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid}
+    event["ts"], event["dur"] = t0 * 1e6, max(0.0, t1 - t0) * 1e6
+    return event | ({"args": args} if args else {})
+
+
+def lane_meta(kind: str, pid: int, tid: int, **args: Any) -> dict[str, Any]:
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
 
 
 def union(intervals: list[Interval]) -> list[Interval]:
@@ -260,11 +263,11 @@ def main(argv: list[str]) -> int:
         if not os.path.isdir(args.directory):
             raise UserError(f"trace {args.directory}: not a directory")
         out = args.output or os.path.join(args.directory, "merged.json")
-        _check_output("-o", out, args.directory)
+        traced = rank_files(args.directory, "trace")
+        reads = [*traced.values(), *rank_files(args.directory, "flight").values()]
+        check_output(f"trace -o {out}", out, reads, "a rank file")
         if args.png:
-            if not args.png.lower().endswith(".png"):
-                raise UserError(f"trace --png {args.png}: give a file name ending in .png")
-            _check_output("--png", args.png, args.directory)
+            check_output(f"trace --png {args.png}", args.png, reads, "a rank file", ".png")
         try:
             merged, info = merge(args.directory)
             rows = summarize(merged, info)
@@ -289,7 +292,6 @@ def main(argv: list[str]) -> int:
         return 2
     ranks = len({e["pid"] for e in merged["traceEvents"] if "pid" in e})
     print(f"merged {ranks} rank(s) into {out} (open it in https://ui.perfetto.dev)")
-    traced = rank_files(args.directory, "trace")
     if traced and 0 not in traced:
         why = "the ranks' clocks are not aligned to rank 0's (their offsets show as 0)"
         print(f"no trace-rank0.json in {args.directory}: {why}")
@@ -299,16 +301,3 @@ def main(argv: list[str]) -> int:
         for line in table(rows, offsets):
             print(line)
     return 0
-
-
-def _check_output(flag: str, path: str, directory: str) -> None:
-    """An output is a file in an existing directory, not a device nor a rank file it is made of."""
-    inputs = [*rank_files(directory, "trace").values(), *rank_files(directory, "flight").values()]
-    if any(same_file(path, read) for read in inputs):
-        raise UserError(f"trace {flag} {path}: a rank file this command reads; give another name")
-    if os.path.isdir(path):
-        raise UserError(f"trace {flag} {path}: is a directory; give a file name")
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise UserError(f"trace {flag} {path}: exists and is not a regular file")
-    if not os.path.isdir(parent := os.path.dirname(os.path.abspath(path))):
-        raise UserError(f"trace {flag} {path}: directory {parent} does not exist")

@@ -10,6 +10,7 @@ from typing import Any
 
 from xpnn.errors import UserError, path_problems
 from xpnn.record import phases
+from xpnn.record.files import open_to_write
 from xpnn.runtime.threads import describe_threads
 from xpnn.train import metrics_file
 from xpnn.train.checkpoint import KEEP_CHECKPOINTS, atomic_savez
@@ -30,7 +31,7 @@ class MetricsFile(Callback):
         with path_problems("metrics", self.path):
             metrics_file.check_metrics_file(self.path)  # never empty another file
             if trainer.optimizer.step_count == 0:  # a fresh run, a fresh file
-                metrics_file.empty(self.path)
+                os.close(open_to_write(self.path, os.O_CREAT | os.O_TRUNC))  # no other's link
             else:  # each epoch once: what came after the resumed checkpoint goes
                 cfg = trainer.cfg
                 steps = trainer.optimizer.step_count if cfg.steps else None
@@ -55,7 +56,7 @@ class MetricsFile(Callback):
 
 
 class EpochLog(Callback):
-    """A line per epoch and one at the end, printed by rank 0 through ``log``."""
+    """A line per record and one at the end, printed by rank 0 through ``log``."""
 
     def __init__(self, log: Any) -> None:
         self.log = log
@@ -63,24 +64,19 @@ class EpochLog(Callback):
     def on_epoch_end(self, trainer: Trainer, r: dict[str, Any]) -> None:
         if not trainer.is_root:
             return
-        first = r["epoch"] == trainer.start_epoch + 1
-        where = f"  [{r['backend']}, comm {r['comm']}, {r['world_size']} rank(s)"
-        if "threads" in r:
-            where += f" x {describe_threads(r)}"
-        self.log(
-            f"epoch {r['epoch']}/{trainer.cfg.epochs}  train_loss {r['train_loss']:.4f}  "
-            f"test_loss {r['test_loss']:.4f}  test_acc {r['test_acc']:.4f}  "
-            f"{r['seconds']:.1f} s  {r['samples_per_s']:.0f} samples/s"
-            + (where + "]" if first else "")
-        )
+        scores = f"train_loss {r['train_loss']:.4f}  test_loss {r['test_loss']:.4f}  "
+        scores += f"test_acc {r['test_acc']:.4f}"
+        rate = f"{r['samples_per_s']:.0f} samples/s"
+        if r["event"] == "eval":
+            self.log(f"step {r['step']}/{trainer.cfg.steps}  {scores}  lr {r['lr']:.3g}  {rate}")
+            return
+        line = f"epoch {r['epoch']}/{trainer.cfg.epochs}  {scores}  {r['seconds']:.1f} s  {rate}"
+        if r["epoch"] == trainer.start_epoch + 1:
+            line += f"  [{r['backend']}, comm {r['comm']}, {r['world_size']} rank(s)"
+            line += (f" x {describe_threads(r)}" if "threads" in r else "") + "]"
+        self.log(line)
 
-    def on_eval(self, trainer: Trainer, r: dict[str, Any]) -> None:
-        if trainer.is_root:
-            self.log(
-                f"step {r['step']}/{trainer.cfg.steps}  train_loss {r['train_loss']:.4f}  "
-                f"test_loss {r['test_loss']:.4f}  test_acc {r['test_acc']:.4f}  "
-                f"lr {r['lr']:.3g}  {r['samples_per_s']:.0f} samples/s"
-            )
+    on_eval = on_epoch_end
 
     def on_train_end(self, trainer: Trainer, r: dict[str, Any]) -> None:
         if trainer.is_root and r["event"] == "done":
@@ -108,12 +104,11 @@ class ProgressBar(Callback):
         self.bar.update()
 
     def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        self.bar.close()
+        if self.bar is not None:  # by ``steps``: open until the run ends
+            self.bar.close()
         self.bar = None
 
-    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        if self.bar is not None:
-            self.on_epoch_end(trainer, record)
+    on_train_end = on_epoch_end
 
 
 class Checkpoints(Callback):

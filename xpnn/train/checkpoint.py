@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import re
 import stat
@@ -19,6 +18,7 @@ import numpy as np
 from xpnn.errors import UserError
 from xpnn.parallel.model.whole import own_piece, whole_shapes, whole_size
 from xpnn.record.files import whole_file
+from xpnn.record.timeline import number, numbers
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
@@ -118,10 +118,6 @@ def damaged(path: Any, why: Any, what: str = "damaged checkpoint") -> DamagedChe
     return DamagedCheckpoint(f"{path}: {what} ({why})")
 
 
-def unreadable(path: Any, why: Any) -> DamagedCheckpoint:
-    return damaged(path, why, "not a readable checkpoint")
-
-
 MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a later epoch
 
 
@@ -133,22 +129,22 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     info = os.stat(path)  # FileNotFoundError is the caller's to word
     if not stat.S_ISREG(info.st_mode):
         raise damaged(path, "not a regular file", "not an xpnn checkpoint")
-    if (have := memory_bytes()) is not None and info.st_size > have:
-        raise unreadable(path, f"{info.st_size:,} bytes, more than this machine's memory")
     try:
+        if (have := memory_bytes()) is not None and info.st_size > have:
+            raise MemoryError(f"{info.st_size:,} bytes, more than this machine's memory")
         if not zipfile.is_zipfile(path):
             with open(path, "rb") as fh:
                 if fh.read(4) != b"PK\x03\x04":  # not even the start of a zip archive
                     raise damaged(path, "not an .npz file", "not an xpnn checkpoint")
-            raise unreadable(path, "cut short or damaged")
+            raise ValueError("cut short or damaged")
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, MemoryError) as exc:
         if "pickle" in str(exc):  # an object array inside the archive
             exc = "holds pickled objects, which are never loaded"
-        raise unreadable(path, exc) from None
-    except MemoryError:  # an array header that claims terabytes: damaged, or not xpnn's
-        raise unreadable(path, "an array larger than this machine's memory") from None
+        elif isinstance(exc, MemoryError) and not str(exc):  # a header that claims terabytes
+            exc = "an array larger than this machine's memory"
+        raise damaged(path, exc, "not a readable checkpoint") from None
 
 
 def _meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> int:
@@ -173,15 +169,12 @@ def check_finite(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[int, int]:
     """The file's (epoch, step), once its run is shown to be ``trainer``'s."""
-    seed, steps_per_epoch, dataset = trainer.cfg.seed, trainer.steps_per_epoch, trainer.data.name
+    steps_per_epoch, dataset = trainer.steps_per_epoch, trainer.data.name
     epoch, step, stored_seed = (_meta(path, arrays, k) for k in ("epoch", "step", "seed"))
-    scaled = stored_loss_scale(path, arrays)
+    scaled = checked_meta(path, arrays, "loss_scale")
     skipped = scaled["skipped"] if scaled else 0  # fp16: steps whose update overflowed
     if step + skipped < epoch:  # every epoch makes at least one step
         raise damaged(path, f"meta.step {step} is fewer than meta.epoch {epoch}")
-    if stored_seed != seed:
-        why = f"{path}: written by a run with `seed` {stored_seed}, this one has `seed` {seed}"
-        raise UserError(why)
     stored = arrays.get("meta.dataset")
     if stored is not None and (stored.shape != () or stored.dtype.kind != "U"):
         raise damaged(path, f"meta.dataset is {stored.tolist()!r}")
@@ -198,7 +191,8 @@ def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[
     if not mid and done != epoch * steps_per_epoch:
         why = f"made {step} steps in {epoch} epoch(s)"
         raise UserError(f"{path}: written by a run that {why}, {this}")
-    stored_identity, identity = _json_meta(path, arrays, "identity"), trainer.identity()
+    stored_identity = {"seed": stored_seed} | _json_meta(path, arrays, "identity")
+    identity = {"seed": trainer.cfg.seed} | trainer.identity()
     for key in sorted(stored_identity.keys() & identity.keys()):
         if stored_identity[key] != identity[key]:
             what, hint = IDENTITY_WORDS.get(key, (f"--{key}", ""))
@@ -211,11 +205,12 @@ def _same_run(path: Path, arrays: dict[str, np.ndarray], trainer: Any) -> tuple[
 IDENTITY_WORDS = {  # how a resume's refusal names an entry of ``meta.identity``, and whence
     "global_batch": ("global batch", " (`batch_size`, or `per_rank_batch` x ranks)"),
     "train_samples": ("training set size", " (`synthetic_size`, `replicate` or data set)"),
+    "seed": ("`seed`", ""),
 }
 
 
 def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]:
-    """Restore this rank's part of ``trainer``'s run from ``path``: (epochs, steps, settings)."""
+    """Restore this rank's part of ``trainer``'s run from ``path``: (epochs, steps, its JSON)."""
     model, optimizer, arrays = trainer.model, trainer.optimizer, read_npz(path)
     if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
         raise UserError(
@@ -259,7 +254,8 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
                 piece = own_piece(model, key, arrays[prefix + key])
                 view[...] = model.backend.asarray(piece, dtype=view.dtype)
     optimizer.step_count = step
-    return epoch, step, _json_meta(path, arrays, "settings")
+    said = {name: checked_meta(path, arrays, name) for name in CHECKED}
+    return epoch, step, said | {"settings": _json_meta(path, arrays, "settings")}
 
 
 def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str, Any]:
@@ -275,28 +271,30 @@ def _json_meta(path: Path, arrays: dict[str, np.ndarray], name: str) -> dict[str
     return value
 
 
-def meta_entry(path: str | os.PathLike, name: str) -> dict[str, np.ndarray]:
-    """``{meta.<name>: array}`` of checkpoint ``path``, read alone ({}: none)."""
-    key = f"meta.{name}"
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {key: data[key]} if key in data.files else {}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise unreadable(path, exc) from None
+def count(value: Any) -> bool:
+    return type(value) is int and value >= 0  # a JSON number: int or float, never a subclass
 
 
-def stored_loss_scale(path: Any, arrays: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The fp16 loss scale saved in checkpoint ``path`` (None: none), checked."""
-    arrays = meta_entry(path, "loss_scale") if arrays is None else arrays
-    if "meta.loss_scale" not in arrays:
+CHECKED = {  # the JSON entries a resume reads, each checked
+    "loss_scale": {"scale": lambda v: number(v) and v > 0, "good_steps": count, "skipped": count},
+    "partial": {  # ``midepoch.partial_of``'s
+        "kind": lambda v: v in ("epoch", "steps"),
+        "sums": lambda v: isinstance(v, list) and all(numbers(row, 2) for row in v),
+        "seconds": number,
+        "sent": lambda v: numbers(v, 2),
+        "samples": count,
+        "steps": count,
+    },
+}
+
+
+def checked_meta(path: Any, arrays: dict[str, np.ndarray], name: str) -> dict | None:
+    """``meta.<name>`` of checkpoint ``path`` (None: none), each entry passing its check."""
+    checks = CHECKED[name]
+    if f"meta.{name}" not in arrays:
         return None
-    state = _json_meta(path, arrays, "loss_scale")
-    for key, kind in {"scale": float, "good_steps": int, "skipped": int}.items():
-        value = state.get(key)  # a JSON number: int or float, never a subclass
-        if kind is int:
-            good = type(value) is int and value >= 0
-        else:
-            good = type(value) in (int, float) and math.isfinite(value) and value > 0
-        if not good:
-            raise damaged(path, f"meta.loss_scale's {key} is {value!r}")
-    return state
+    value = _json_meta(path, arrays, name)
+    for key in sorted(value.keys() | checks.keys()):
+        if key not in checks or not checks[key](value.get(key)):
+            raise damaged(path, f"meta.{name}'s {key} is {value.get(key)!r}")
+    return value

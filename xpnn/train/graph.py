@@ -46,14 +46,17 @@ def graph_step(trainer: Any) -> GraphStep | None:
 
 
 class Recorder:
-    """A step's functions ``fns`` (the host's work between them): run eagerly by the first step
-    (kernels built, memory pooled), recorded by the second, replayed by later ones."""
+    """A step's ``fns``: run eagerly by the first step, recorded by the second, replayed after."""
 
     def __init__(
         self, capture: Capture, optimizer: Any, scalars: StepScalars, fns: list[Callable[[], None]]
     ) -> None:
         self.capture, self.optimizer, self.scalars = capture, optimizer, scalars
-        self.device_scalars = optimizer.device_scalars_in(scalars)
+        numbers = optimizer.step_scalars  # a replay takes no number: ``scalars`` refreshes them
+        self.device_scalars = {
+            name: scalars.add(optimizer.params.dtype, lambda _step, name=name: numbers()[name])
+            for name in optimizer.scalar_names
+        }
         self.fns = [functools.partial(self._replayable, fn) for fn in fns]
         self.replays: list[Callable[[], None]] | None = None
         self.rehearsed = False

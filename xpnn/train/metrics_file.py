@@ -56,11 +56,6 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def empty(path: str | os.PathLike) -> None:
-    """Empty (or make) the file, for a fresh run; never through another user's link."""
-    os.close(open_to_write(path, os.O_CREAT | os.O_TRUNC))
-
-
 def keep_until(path: str | os.PathLike, epoch: int, step: int | None = None) -> int:
     """Drop the records after ``epoch`` (by steps ``step``) and a line cut short; how many."""
     if not os.path.isfile(path):

@@ -44,16 +44,6 @@ class EpochProgress:
         self.restored, self.restored_epoch = restored, epoch
         self.span: dict[str, Any] | None = None  # the span under way
 
-    @classmethod
-    def resumed(cls, trainer: Trainer) -> EpochProgress:
-        cfg, done = trainer.cfg, trainer.batches_done()
-        path = checkpoint.latest_checkpoint(cfg.checkpoint_dir)  # the one resumed: locked
-        partial = saved_partial(path) if path is not None else None
-        kind = "epoch" if cfg.steps is None else "steps"
-        if partial is None or partial["kind"] != kind:  # at an epoch's end, or the other kind
-            return cls()
-        return cls(partial, done // trainer.steps_per_epoch)
-
     def open(self, trainer: Trainer, span: dict[str, Any], epoch: int) -> dict[str, Any]:
         """``span``, just begun, carried on from the resumed checkpoint's where it was written."""
         restored = self.restored
@@ -96,25 +86,4 @@ def partial_of(
 
 
 def saved_partial(path: Any) -> dict[str, Any] | None:
-    if not (arrays := checkpoint.meta_entry(path, "partial")):
-        return None
-    value = checkpoint._json_meta(path, arrays, "partial")
-    if not (value.keys() == partial_of("epoch", [], 0.0, []).keys() and _numbers(value)):
-        raise checkpoint.damaged(path, f"meta.partial is {arrays['meta.partial'].tolist()!r}")
-    return value
-
-
-def _numbers(partial: dict[str, Any]) -> bool:
-    rows, sent = partial["sums"], partial["sent"]
-    return (
-        partial["kind"] in ("epoch", "steps")
-        and all(isinstance(partial[k], int) and partial[k] >= 0 for k in ("samples", "steps"))
-        and isinstance(rows, list)
-        and all(isinstance(row, list) and len(row) == 2 for row in rows)
-        and isinstance(sent, list)
-        and len(sent) == 2
-        and all(
-            isinstance(v, int | float) and math.isfinite(v)
-            for v in [partial["seconds"], *sent, *(x for row in rows for x in row)]
-        )
-    )
+    return checkpoint.checked_meta(path, checkpoint.read_npz(path), "partial")

@@ -27,8 +27,7 @@ SCHEDULES = ("constant", "step", "cosine")
 
 @dataclass
 class Schedule:
-    """Learning rate at step t: linear warmup from ~0 (Goyal et al., 2017), then constant,
-    times ``gamma`` every ``step_size`` steps, or half a cosine down to ``min_lr``."""
+    """Learning rate at step t: linear warmup (Goyal et al. 2017), then constant, step or cosine."""
 
     base_lr: float
     kind: str = "constant"
@@ -78,12 +77,11 @@ Ranges = list[tuple[int, int]]  # [start, end) ranges of the flat buffer
 
 @dataclass
 class GradClip:
-    """Clipping by the global norm (``clip_grad_norm_``'s formula); ``total``: this rank's sum
-    of squares to the whole model's; ``skip``: ranges another rank counts."""
+    """Clipping by the global norm, by ``clip_grad_norm_``'s formula."""
 
     max_norm: float
-    total: Callable[[float], float] = float
-    skip: Ranges = field(default_factory=list)
+    total: Callable[[float], float] = float  # this rank's sum of squares to the whole model's
+    skip: Ranges = field(default_factory=list)  # the ranges another rank counts
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_norm, numbers.Real) and 0 < self.max_norm < math.inf):
@@ -233,13 +231,6 @@ class Optimizer:
     def step_scalars(self) -> dict[str, float]:
         return {"lr": self.lr}
 
-    def device_scalars_in(self, scalars: Any) -> dict[str, Array]:
-        """This step's numbers as device values ``scalars`` refreshes: a replay takes no number."""
-        return {
-            name: scalars.add(self.params.dtype, lambda _step, name=name: self.step_scalars()[name])
-            for name in self.scalar_names
-        }
-
     def _scalar(self, name: str, number: Any) -> Any:
         return number if self.device_scalars is None else self.device_scalars[name]
 
@@ -254,7 +245,7 @@ class Optimizer:
             self._apply(index, p, g, state)
 
     def _apply(self, index: int, p: Array, g: Array, state: dict[str, Array]) -> None:
-        self.update(p, g, state, self.lr)
+        self.update(p, g, state, self.lr)  # each optimizer's own
 
     def step(self) -> float:
         lr = self.start_step()
@@ -262,9 +253,6 @@ class Optimizer:
             self.update_part(index)
         self.end_step()
         return lr
-
-    def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
-        raise NotImplementedError
 
 
 def _check_rate(owner: str, name: str, value: float) -> float:

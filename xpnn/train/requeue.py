@@ -60,8 +60,7 @@ class CheckpointOnSignal(Callback):
         cfg, made, per_epoch = trainer.cfg, step + 1, trainer.steps_per_epoch
         if not agreed or self.at_record or made == cfg.steps:  # (the run ends with this step)
             return
-        every = (cfg.eval_every or cfg.steps) if cfg.steps is not None else per_epoch
-        if made % every == 0:
+        if made % trainer.record_every == 0:
             self.at_record = True  # a record and its checkpoint follow
             return
         partial = trainer.progress.snapshot(trainer)

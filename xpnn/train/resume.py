@@ -13,24 +13,18 @@ if TYPE_CHECKING:
     from xpnn.train.trainer import Trainer
 
 
-def start(trainer: Trainer, checkpoint_dir: str | None, resume: bool | str) -> None:
+def start(trainer: Trainer, directory: str | None, resume: bool | str) -> None:
     """Sets ``trainer.start_epoch`` and ``resume_note``; a misfit is every rank's UserError."""
-    if not checkpoint_dir:
+    if not directory:
         return
     if trainer.is_root:  # one job a directory (the command line took it first)
-        with path_problems("checkpoint_dir", checkpoint_dir):
-            os.makedirs(checkpoint_dir, exist_ok=True)
-            lock.hold(checkpoint_dir)
+        with path_problems("checkpoint_dir", directory):
+            os.makedirs(directory, exist_ok=True)
+            lock.hold(directory)
     if not resume:  # the command line checked it before
-        with path_problems("checkpoint_dir", checkpoint_dir):
-            checkpoint.refuse_other_runs(checkpoint_dir)
+        with path_problems("checkpoint_dir", directory):
+            checkpoint.refuse_other_runs(directory)
         return
-    trainer.start_epoch = resume_latest(trainer, checkpoint_dir, afresh=resume == "auto")
-    trainer.progress = midepoch.EpochProgress.resumed(trainer)  # a mid-epoch checkpoint's sums
-
-
-def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int:
-    """Loads the latest checkpoint; the epoch it ends (none: 0 if ``afresh``, else refused)."""
     cfg = trainer.cfg
     path = checkpoint.latest_checkpoint(directory)
     # A directory on each node's own disk would resume ranks from different epochs.
@@ -40,13 +34,13 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
         why = "every rank must see the same directory (a file system shared by all nodes)"
         where = f"`checkpoint_dir` {directory}: the ranks find different latest checkpoints"
         raise UserError(f"{where} ({found}); {why}")
-    if path is None and not afresh:
+    if path is None and resume != "auto":
         raise UserError(no_checkpoint(directory))
     if path is None:
         trainer.resume_note = f"resume: no checkpoint in {directory}, starting afresh"
-        return 0
+        return
     try:
-        epoch, step, before = checkpoint.load_checkpoint(path, trainer)
+        epoch, step, said = checkpoint.load_checkpoint(path, trainer)
     except checkpoint.DamagedCheckpoint as exc:  # the one before it may be whole: say so
         if older := checkpoint.checkpoints(directory)[-2:-1]:
             why = f"{older[0].name}, remains: move this one away to resume from it"
@@ -54,7 +48,7 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
         raise
     done, scale = "", trainer.loss_scale
     if scale is not None:  # this run scales: the checkpoint's scale, or a fresh one
-        if (stored := checkpoint.stored_loss_scale(path)) is None:
+        if (stored := said["loss_scale"]) is None:
             done = f"; the loss scale starts at {scale.scale:g} (the checkpoint has none)"
         else:
             scale.restore(stored)
@@ -62,11 +56,14 @@ def resume_latest(trainer: Trainer, directory: str, afresh: bool = False) -> int
         done += f"; `steps` {cfg.steps} reached, nothing to train" if step >= cfg.steps else ""
     elif epoch >= cfg.epochs:
         done += f"; `epochs` {cfg.epochs} reached, nothing to train"
-    now = trainer.settings()  # what both runs name and the resumed run changes:
+    now, before = trainer.settings(), said["settings"]  # what both runs name, changed:
     changed = [f"`{k}` {v} -> {now[k]}" for k, v in sorted(before.items()) if now.get(k, v) != v]
     since = f"; changed since: {', '.join(changed)}" if changed else ""
     trainer.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
-    return epoch
+    trainer.start_epoch, per_epoch = epoch, trainer.steps_per_epoch
+    partial = said["partial"]  # a mid-epoch checkpoint's sums, of this run's kind
+    if partial is not None and partial["kind"] == ("epoch" if cfg.steps is None else "steps"):
+        trainer.progress = midepoch.EpochProgress(partial, trainer.batches_done() // per_epoch)
 
 
 def no_checkpoint(directory: str | os.PathLike) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from xpnn.errors import UserError, path_problems
 from xpnn.record import phases
 from xpnn.record.files import replace_whole
-from xpnn.record.timeline import parse_steps
+from xpnn.record.timeline import lane_meta, parse_steps, span_event
 from xpnn.runtime import flight
 from xpnn.train.callbacks import Callback
 from xpnn.train.trainer import Trainer
@@ -42,9 +42,6 @@ class _CudaEvents:
         event = self._cuda.Event(enable_timing=True) if self.torch else self._cuda.Event()
         event.record()
         return event
-
-    def synchronize(self) -> None:
-        (self._cuda if self.torch else self._cuda.Device()).synchronize()
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
         return start.elapsed_time(end) if self.torch else self._cuda.get_elapsed_time(start, end)
@@ -110,7 +107,7 @@ class Trace(Callback):
             "clock": clock,
             "clock_unit": "us, time.perf_counter, entering and leaving each of the same barriers",
         }
-        self._events = device_events(trainer.backend)
+        self._events, self._sync = device_events(trainer.backend), trainer.backend.synchronize
 
     def on_step_begin(self, trainer: Trainer, step: int) -> None:
         if step == self.window[0] and not self.active:
@@ -118,7 +115,7 @@ class Trace(Callback):
             phases.listen(self._phase)
             phases.trace_to(self)
             if self._events is not None:  # device times are measured from this event on
-                self._events.synchronize()
+                self._sync()
                 self._device_origin = (self.device_mark(), _now())
         if self.active:
             self._step_start = _now()
@@ -145,9 +142,6 @@ class Trace(Callback):
 
     def span(self, name: str, lane: int) -> _Span:  # the tracer's (``phases.trace_to``)
         return _Span(self, name, lane)
-
-    def layer_span(self, kind: str, index: int, layer: Any) -> _Span:
-        return _Span(self, f"{kind} {index} {type(layer).__name__}", phases.COMPUTE)
 
     def operation(self, record: Any) -> None:
         """A finished operation on a communication lane, its wait on the compute lane."""
@@ -179,13 +173,6 @@ class Trace(Callback):
         # a tuple, made a dict when written: cheap to add, and no work for the cyclic GC
         self.events.append((name, cat, lane, start, end, args))
 
-    def _event(self, name: str, cat: str, lane: int, start: float, end: float, args: Any) -> dict:
-        event = {"name": name, "cat": cat, "ph": "X", "pid": self.rank, "tid": lane}
-        event["ts"], event["dur"] = start * 1e6, max(0.0, end - start) * 1e6
-        if args:
-            event["args"] = args
-        return event
-
     def device_mark(self) -> Any:
         return None if self._events is None else self._events.mark()
 
@@ -195,28 +182,24 @@ class Trace(Callback):
             phases.listen(self._previous)
             self.active = False
         if self.device:  # device spans, placed on the host clock from the first event on
-            self._events.synchronize()
+            self._sync()
             origin, host = self._device_origin
             get = self._events.elapsed_ms  # milliseconds between two recorded events
             for name, start, end in self.device:
                 begin = host + get(origin, start) / 1e3
                 self.add(name, "device", phases.DEVICE, begin, begin + get(start, end) / 1e3)
             self.device.clear()
-
-        def meta(kind: str, tid: int, **args: Any) -> dict[str, Any]:
-            return {"name": kind, "ph": "M", "pid": self.rank, "tid": tid, "args": args}
-
         stage = self.info.get("stage")
         label = f"rank {self.rank} (host)" + (f", stage {stage}" if stage is not None else "")
-        lanes = [meta("process_name", 0, name=label)]
-        lanes.append(meta("process_sort_index", 0, sort_index=self.rank))
+        lanes = [lane_meta("process_name", self.rank, 0, name=label)]
+        lanes.append(lane_meta("process_sort_index", self.rank, 0, sort_index=self.rank))
         for tid in sorted({e[2] for e in self.events}):
             lane = LANES.get(tid) or f"communication {tid - phases.COMMUNICATION + 1}"
-            lanes.append(meta("thread_name", tid, name=lane))
-            lanes.append(meta("thread_sort_index", tid, sort_index=tid))
+            lanes.append(lane_meta("thread_name", self.rank, tid, name=lane))
+            lanes.append(lane_meta("thread_sort_index", self.rank, tid, sort_index=tid))
         path = os.path.join(self.directory, f"trace-rank{self.rank}.json")
         doc = {
-            "traceEvents": lanes + [self._event(*e) for e in self.events],
+            "traceEvents": lanes + [span_event(self.rank, *e) for e in self.events],
             "displayTimeUnit": "ms",
             "otherData": {"xpnn": self.info},
         }

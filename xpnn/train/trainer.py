@@ -68,18 +68,15 @@ class TrainConfig:
 
 
 class Callback:
-    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them.
-    ``epoch`` counts from 0, ``step`` every global batch of the run from 0; a ``record`` is a
-    metrics line (docs/cli.md, *The metrics file*): an epoch's, by ``steps`` an ``"eval"`` every
-    ``eval_every``, and the run's last, ``"event"`` ``"done"`` or ``"diverged"``."""
+    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them."""
 
     def on_train_begin(self, trainer: Trainer) -> None: ...  # a resume's: before the epochs left
-    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...  # in its timed span
-    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...  # from 0, in its span
+    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...  # of the run, from 0
     def on_step_end(self, trainer: Trainer, step: int) -> None: ...  # the next step's parameters
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
-    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
-    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # docs/cli.md
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # by ``eval_every``
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # or diverged
 
 
 def overrides(callback: Callback, event: str) -> bool:
@@ -136,6 +133,7 @@ class Trainer:
         if (warmup := cfg.warmup_steps) is None:
             warmup = warmup_steps(cfg.warmup_epochs, self.steps_per_epoch)
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
+        self.record_every = (cfg.eval_every or cfg.steps) if cfg.steps else self.steps_per_epoch
         decay_steps = cfg.step_epochs * self.steps_per_epoch  # the decay counts epochs
         args = (cfg.lr, cfg.schedule, warmup, self.total_steps, decay_steps)
         schedule = Schedule(*args, min_lr=cfg.min_lr)
@@ -185,10 +183,13 @@ class Trainer:
         """The batches trained: the optimizer's steps and those fp16 loss scaling skipped."""
         return self.optimizer.step_count + (self.loss_scale.skipped if self.loss_scale else 0)
 
-    def _skips(self) -> dict[str, int]:
+    def _scores(self, test_loss: float, test_acc: float, rate: float) -> dict[str, Any]:
+        """What every record ends with: the test set's scores, the run's facts, fp16's skips."""
+        scores = {"test_loss": test_loss, "test_acc": test_acc}
+        scores |= text_metrics(self.data, test_loss, test_acc, rate) | self.common
         if self.precision is None and self.loss_scale is None:
-            return {}
-        return {"skipped_steps": self.loss_scale.skipped if self.loss_scale else 0}
+            return scores
+        return scores | {"skipped_steps": self.loss_scale.skipped if self.loss_scale else 0}
 
     def step(self, batch: np.ndarray, step: int) -> tuple[Any, Any]:
         """One optimizer step on the global ``batch``, in ``accumulate`` summed micro-steps."""
@@ -303,8 +304,6 @@ class Trainer:
             "event": "done",
             "epochs": epochs,
             "steps": self.optimizer.step_count,
-            "test_acc": test_acc,
-            "test_loss": test_loss,
             "total_seconds": total_seconds,
             "samples": trained,
             "samples_per_s": rate,
@@ -312,12 +311,9 @@ class Trainer:
             "params_sha256": digests[0],
             "ranks_agree": len(set(digests)) == 1,
             "peak_rss_mb": peak_rss,  # by rank: where a pipeline stage or a slice weighs most
-            **text_metrics(self.data, test_loss, test_acc, rate),
-            **self.common,
-        }
+        } | self._scores(test_loss, test_acc, rate)
         if self.data.vocab is not None:  # a text set's samples are windows of ``block`` tokens
             done["tokens"] = trained * self.data.x_train.shape[1]
-        done |= self._skips()
         if self.graph is not None:  # steps replayed from a CUDA graph (the rest ran eagerly)
             done["graph_steps"] = self.graph.replayed
         self.final_params = whole  # what ``SaveParameters`` writes
@@ -329,7 +325,6 @@ class Trainer:
         """The steps left, a record closing each span: (seconds, samples, test loss, accuracy)."""
         cfg, spe = self.cfg, self.steps_per_epoch
         by_steps = cfg.steps is not None
-        every = (cfg.eval_every or cfg.steps) if by_steps else spe
         done = self.batches_done()  # resumed: the steps before its checkpoint are done
         # by epochs, a resumed epoch's record sums its steps before the checkpoint too
         first = done if by_steps else self.start_epoch * spe
@@ -357,7 +352,7 @@ class Trainer:
             else:  # trained before the resumed checkpoint, its sums restored
                 span["samples"] += len(batches[index])
                 span["steps"] += 1
-            if (step + 1) % every == 0 or step + 1 == end:
+            if (step + 1) % self.record_every == 0 or step + 1 == end:
                 record = self._record(span, step + 1)
                 seconds, trained = seconds + record["seconds"], trained + span["samples"]
                 test_loss, test_acc = record["test_loss"], record["test_acc"]
@@ -397,8 +392,6 @@ class Trainer:
         record |= {
             "train_loss": sums[0] / samples,
             "train_acc": sums[1] / samples,
-            "test_loss": test_loss,
-            "test_acc": test_acc,
             "seconds": seconds,
             "samples_per_s": samples / seconds,
             "lr": self.optimizer.schedule(max(0, self.optimizer.step_count - 1)),
@@ -406,12 +399,9 @@ class Trainer:
             "comm_bytes_per_step": (data_bytes + model_bytes) / span["steps"],
             "data_comm_bytes": data_bytes,
             "model_comm_bytes": model_bytes,
-            **text_metrics(self.data, test_loss, test_acc, samples / seconds),
-            **self.common,
-        }
+        } | self._scores(test_loss, test_acc, samples / seconds)
         if self.cfg.clip_norm is not None:  # the span's last step's, before clipping
             record["grad_norm"] = float(self.optimizer.grad_norm)  # a device value: graphs
-        record |= self._skips()  # fp16: steps whose gradients overflowed, so far
         event = "on_eval" if by_steps else "on_epoch_end"
         for callback in self.callbacks:  # checkpoints skip a span that diverged
             getattr(callback, event)(self, record)
@@ -435,8 +425,8 @@ class Trainer:
         settings |= {"warmup_epochs": cfg.warmup_epochs, "dtype": self.backend.dtype_name}
         said = {"step_epochs": cfg.schedule == "step", "epochs": cfg.schedule == "cosine"}
         said |= {"min_lr": bool(cfg.min_lr), "precision": cfg.precision != "fp32"}
-        said |= {k: getattr(cfg, k) is not None for k in (*HYPERS, "warmup_steps", "clip_norm")}
-        said |= {"grad_dtype": cfg.grad_dtype is not None}
+        optional = (*HYPERS, "warmup_steps", "clip_norm", "grad_dtype")
+        said |= {k: getattr(cfg, k) is not None for k in optional}
         for name in (k for k, wanted in said.items() if wanted):  # as JSON gives them: no tuple
             value = getattr(cfg, name)
             settings[name] = list(value) if isinstance(value, tuple) else value
