@@ -15,7 +15,7 @@ from xpnn.errors import UserError
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_NDIM = 4
 CHUNK = 1 << 22  # what is read (and, gzip, decompressed) at a time
-TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this many
+TRAILING_COUNTED = 1 << 24  # trailing bytes read and counted up to this many
 
 TYPE_CODES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
@@ -76,25 +76,8 @@ def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
 def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
     """``n`` bytes that the file's size says are there, into one buffer."""
     out = bytearray(n)
-    got = 0
-    with memoryview(out) as view:
-        while got < n:
-            k = stream.readinto(view[got : got + CHUNK])
-            if not k:
-                break
-            got += k
+    got = stream.readinto(out)  # a buffered reader reads until it is full or the file ends
     return out if got == n else out[:got]
-
-
-def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
-    """(the bytes left, counted unkept up to about ``most``, whether it stopped there)."""
-    count = 0
-    while count < most:
-        chunk = stream.read(CHUNK)
-        if not chunk:
-            return count, False
-        count += len(chunk)
-    return count, True
 
 
 def _check_payload(
@@ -131,8 +114,8 @@ def _header_and_payload(
             payload += read(stream, expected - len(payload))
     except MemoryError:
         raise MemoryError(f"{source}: {_shape_str(dims)} values, {expected:,} bytes") from None
-    rest, more = _count_rest(stream, TRAILING_COUNTED)  # none left after a short payload
-    _check_payload(source, dims, dtype, len(payload) + rest, more)
+    rest = len(_read_growing(stream, TRAILING_COUNTED))  # none left after a short payload
+    _check_payload(source, dims, dtype, len(payload) + rest, rest == TRAILING_COUNTED)
     return dtype, dims, payload
 
 

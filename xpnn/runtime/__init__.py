@@ -11,12 +11,10 @@ _MODULES = {
     "world": "World init_world launch_rank library_name",
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names.split()}
-__all__ = [*_WHERE, "flight"]
+__all__ = list(_WHERE)
 
 
 def __getattr__(name: str) -> object:
-    if name == "flight":
-        return importlib.import_module("xpnn.runtime.flight")
     if name not in _WHERE:
         raise AttributeError(f"module 'xpnn.runtime' has no attribute {name!r}")
     module = importlib.import_module(f"xpnn.runtime.{_WHERE[name]}")

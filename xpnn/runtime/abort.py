@@ -3,7 +3,6 @@
 import sys
 import time
 
-ABORT_GRACE_S = 0.3
 SAID: list[str] = []  # the last line ``say`` wrote: a failed run's reason, for ``RunFailed``
 
 
@@ -11,7 +10,7 @@ def abort_job(code: int) -> None:
     """Flush, pause so hydra forwards the line (it drops what is still piped), MPI_Abort."""
     sys.stdout.flush()
     sys.stderr.flush()
-    time.sleep(ABORT_GRACE_S)
+    time.sleep(0.3)
     from mpi4py import MPI
 
     MPI.COMM_WORLD.Abort(code)

@@ -67,11 +67,7 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 class Terminated(BaseException):
-    """A stop signal arrived: stop as on Ctrl-C."""
-
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
-        super().__init__(signum)
-        self.signum = signum
+    """A stop signal arrived (its number the one argument): stop as on Ctrl-C."""
 
 
 def _raise_terminated(signum: int, _frame: Any) -> None:
@@ -170,7 +166,7 @@ def stopped_from_outside(exc: BaseException) -> tuple[str, int] | None:
         silence_stdout()
         return "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
     if isinstance(exc, Terminated):
-        return CODES[exc.signum]
+        return CODES[exc.args[0]]
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or mpiexec passing it on
         return CODES[signal.SIGINT]
     return None

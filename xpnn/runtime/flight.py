@@ -19,13 +19,13 @@ _ring: "deque[Record]" = deque(maxlen=RING)
 _tags: dict[str, Any] = {"bucket": None, "microbatch": None, "step": None}
 _state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "temp": None}
 _now = time.perf_counter
+_POSITION = ("group", "seq", "op", "nbytes", "peer", "bucket", "microbatch", "step")  # ``position``
 
 
 class Record:
     """One operation; ``end`` is None until it is seen to finish."""
 
-    __slots__ = ("seq", "op", "nbytes", "peer", "bucket", "microbatch", "step", "start")
-    __slots__ += ("posted", "wait", "end", "group")
+    __slots__ = (*_POSITION, "start", "posted", "wait", "end")
 
     def __init__(self, seq: int, op: str, nbytes: int, peer: int | None, group: str) -> None:
         self.seq, self.op, self.nbytes, self.peer, self.group = seq, op, nbytes, peer, group
@@ -110,14 +110,12 @@ class Tracked:
         record.posted = _now()
 
     def wait(self) -> None:
-        record = self.record
-        if record is None:
-            self.handle.wait()
-            return
-        waiting(record)
+        record, self.record = self.record, None  # a second wait records nothing
+        if record is not None:
+            waiting(record)
         self.handle.wait()
-        done(record)
-        self.record = None
+        if record is not None:
+            done(record)
 
 
 def clear() -> None:
@@ -168,8 +166,7 @@ def dump(reason: str, temporary: bool = False) -> str | None:
 def position() -> dict[str, Any] | None:
     """Where this rank waits, small enough for a note to the others; None when it does not."""
     record = _state["current"]
-    keys = ("group", "seq", "op", "nbytes", "peer", "bucket", "microbatch", "step")
-    return None if record is None else {key: getattr(record, key) for key in keys}
+    return None if record is None else {key: getattr(record, key) for key in _POSITION}
 
 
 def describe(

@@ -32,20 +32,17 @@ def _holder(fd: int) -> dict | None:
     return who if isinstance(who, dict) else None
 
 
-def holder_words(who: dict | None) -> str:
-    if who is None:
-        return "another job (its lock file names no holder)"
-    job = f"job {who['job_id']}, " if who.get("job_id") else ""
-    started, since = who.get("started"), ""
-    if isinstance(started, int | float):
-        since = time.strftime(", running since %Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
-    return f"{job}pid {who.get('pid', '?')} on {who.get('host', '?')}{since}"
-
-
 def _refusal(param: str, path: str | os.PathLike, fd: int) -> UserError:
     where, what, other = _WHAT[param]
+    who, holder = _holder(fd), "another job (its lock file names no holder)"
+    if who is not None:
+        job = f"job {who['job_id']}, " if who.get("job_id") else ""
+        started, since = who.get("started"), ""
+        if isinstance(started, int | float):
+            since = time.strftime(", running since %Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+        holder = f"{job}pid {who.get('pid', '?')} on {who.get('host', '?')}{since}"
     return UserError(
-        f"`{param}` {path}: in use by {holder_words(_holder(fd))}; two jobs {where} would "
+        f"`{param}` {path}: in use by {holder}; two jobs {where} would "
         f"overwrite each other's {what}: wait for it to end, stop it, or give another {other}"
     )
 

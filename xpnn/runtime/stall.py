@@ -21,9 +21,8 @@ STALL_EXIT = 124  # a job ended because a rank stopped answering (as GNU timeout
 ABORT_DEFER_S = 2.0  # a waiting rank that is not the lowest waits this much longer
 _NOTE_TAG = 77
 
-_limits = {"warn": STALL_WARN_S, "abort": 0.0}
-_where: dict[str, Any] = {"phase": "setup", "step": None, "bucket": None}
-_state: dict[str, Any] = {"comm": None, "sent": []}
+_state: dict[str, Any] = {"warn": STALL_WARN_S, "abort": 0.0, "comm": None, "sent": []}
+_state.update(phase="setup", step=None, bucket=None)  # where this rank is: ``where``
 
 
 def set_limits(stall_warn: float = STALL_WARN_S, stall_abort: float = 0.0) -> None:
@@ -31,11 +30,11 @@ def set_limits(stall_warn: float = STALL_WARN_S, stall_abort: float = 0.0) -> No
     for name, value in (("stall_warn", stall_warn), ("stall_abort", stall_abort)):
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name}: must be a finite number of seconds >= 0, got {value!r}")
-    _limits["warn"], _limits["abort"] = float(stall_warn), float(stall_abort)
+    _state["warn"], _state["abort"] = float(stall_warn), float(stall_abort)
 
 
 def limits() -> tuple[float, float]:
-    return _limits["warn"], _limits["abort"]
+    return _state["warn"], _state["abort"]
 
 
 def attach(watch_comm: Any) -> None:
@@ -48,25 +47,25 @@ def watch_comm() -> Any:
 
 
 def at_step(step: int) -> None:
-    _where.update(phase="training step", step=step, bucket=None)
+    _state.update(phase="training step", step=step, bucket=None)
     flight.at_step(step)
 
 
 def in_phase(phase: str) -> None:
-    _where.update(phase=phase, bucket=None)
+    _state.update(phase=phase, bucket=None)
 
 
 def in_bucket(index: int, count: int) -> None:
-    _where["bucket"] = (index, count)
+    _state["bucket"] = (index, count)
 
 
 def where() -> str:
     """``training step 12, gradient bucket 2 of 3``."""
-    text = _where["phase"]
-    if _where["step"] is not None and text == "training step":
-        text += f" {_where['step']}"
-    if _where["bucket"] is not None:
-        index, count = _where["bucket"]
+    text = _state["phase"]
+    if _state["step"] is not None and text == "training step":
+        text += f" {_state['step']}"
+    if _state["bucket"] is not None:
+        index, count = _state["bucket"]
         text += f", gradient bucket {index + 1} of {count}"
     return text
 
@@ -101,7 +100,7 @@ def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
 
 
 def _wait_long(request: Any, what: str, start: float) -> None:
-    warn, abort, comm = _limits["warn"], _limits["abort"], _state["comm"]
+    warn, abort, comm = _state["warn"], _state["abort"], _state["comm"]
     warned = announced = False
     waiting: dict[int, Any] = {}  # rank -> where it waits (``flight.position``)
     while True:

@@ -75,11 +75,9 @@ def threads_per_rank(
 
 
 def apply_threads(n: int) -> dict:
-    """Limit BLAS, OpenMP and Numba to ``n`` threads, noting the variables it overrode."""
+    """BLAS, OpenMP and Numba held to ``n`` threads (``set_threads`` checks it), overrides noted."""
     from xpnn.backends.threads import THREAD_VARS, set_threads  # not before NumPy may load
 
-    if n < 1:
-        raise UserError(f"`threads` {n}: must be a whole number >= 1")
     REPLACED_ENV.clear()
     REPLACED_ENV.update(
         {var: os.environ[var] for var in THREAD_VARS if os.environ.get(var, str(n)) != str(n)}
