@@ -167,7 +167,7 @@ def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
         why = f"in the download cache but a symbolic link to {os.readlink(target)}, which does "
         why += "not exist; remove or fix it"
     except NotAFile as exc:
-        why = f"in the download cache but {exc.kind}, not a file; remove it"
+        why = f"in the download cache but {exc}, not a file; remove it"
     except OSError as exc:
         why = f"cannot read the cached download: {exc.strerror or exc}"
     raise UserError(f"{target}: {why}")

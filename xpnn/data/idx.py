@@ -148,7 +148,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     except FileNotFoundError:
         raise _fail(source, "no such file") from None
     except NotAFile as exc:
-        raise _fail(source, f"cannot read: {exc.kind}, not a file") from None
+        raise _fail(source, f"cannot read: {exc}, not a file") from None
     except OSError as exc:  # the disk failed mid-read, too
         raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
     array = np.frombuffer(payload, dtype=dtype, count=math.prod(dims))

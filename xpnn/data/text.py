@@ -67,10 +67,9 @@ def read_text(path: str | os.PathLike) -> str:
     try:
         return read_regular(path, have // TEXT_BYTES_PER_CHAR if have else None).decode("utf-8")
     except NotAFile as exc:
-        why = f"{exc.kind}, not a file"
+        why = f"{exc}, not a file"
     except TooLarge as exc:
-        why = f"{exc.size:,} bytes of text need more than this machine's memory (its characters "
-        why += "become 8-byte ids)"
+        why = f"{exc} of text need more than this machine's memory (each character an 8-byte id)"
     except UnicodeDecodeError as exc:
         why = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
     except OSError as exc:

@@ -10,9 +10,8 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.runtime import segments, stall
-from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
 from xpnn.runtime.interrupts import launcher_rank
-from xpnn.runtime.threads import affinity, core_share
+from xpnn.runtime.threads import affinity, core_share, cpu_quota, quota_cores
 
 # set by MPICH/Hydra, Intel MPI, Open MPI, PMIx, MVAPICH, Cray PALS/ALPS launchers
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE")
