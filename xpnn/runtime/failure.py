@@ -14,9 +14,8 @@ from typing import Any, TypeVar
 
 from xpnn.errors import UserError, user_message
 from xpnn.runtime import flight, stall
-from xpnn.runtime.abort import abort_job, prefix, say
+from xpnn.runtime.abort import abort_job, imported_mpi, mpi_rank_size, prefix, say
 from xpnn.runtime.interrupts import CODES, hand_over, pending_signal
-from xpnn.runtime.mpi_state import imported_mpi, mpi_rank_size
 from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
 T = TypeVar("T")
