@@ -1,5 +1,4 @@
-"""The process: its place in the job, threads per rank, failing and stalling ranks, Ctrl-C. Names
-load on first use: ``interrupts`` runs before anything else is imported."""
+"""The process: rank, threads, failures, stalls, Ctrl-C; lazy names, so interrupts imports first."""
 
 import importlib
 

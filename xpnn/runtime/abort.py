@@ -1,5 +1,4 @@
-"""A rank's last words, the end of the job (apart from ``failure``, which uses ``stall``), and
-whether MPI is there to ask, from any thread, without starting or importing it."""
+"""A rank's last line and the job's end; whether MPI runs, asked from any thread, importing none."""
 
 import sys
 import time

@@ -1,5 +1,4 @@
-"""Files MPICH leaves when a job never finalizes (its node segment in /dev/shm, hydra's topology
-file in /tmp), unlinked once every rank of the node has passed ``MPI_Init`` and mapped them."""
+"""What MPICH leaves if a job never finalizes (/dev/shm, /tmp), unlinked once the node mapped it."""
 
 import contextlib
 import glob
