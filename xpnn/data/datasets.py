@@ -22,7 +22,6 @@ from xpnn.record.digest import arrays_digest
 NUM_CLASSES = 10
 DATASETS = ("mnist", "fashion-mnist", "synthetic", *TEXT_DATASETS)
 TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
-KNOWN_MOST_BYTES = 32 << 20  # the largest file in SHA256 has 26 MB: larger ones are not hashed
 
 # role -> file name, alike for MNIST and Fashion-MNIST
 FILES = {
@@ -198,7 +197,7 @@ def _check_known_files(name: str, found: dict[str, Path]) -> None:
     for role, path in found.items():
         digest = None
         with contextlib.suppress(OSError, NotAFile):  # reading it will say what is wrong
-            if path.stat().st_size <= KNOWN_MOST_BYTES:
+            if path.stat().st_size <= 32 << 20:  # SHA256's largest has 26 MB: no larger is hashed
                 digest = sha256_file(path)
         known = next(((d, f) for d, t in SHA256.items() for f, h in t.items() if h == digest), None)
         if known is None or known == (name, FILES[role]):

@@ -13,10 +13,8 @@ from xpnn.data.files import NotAFile, TooLarge, memory_bytes, read_regular
 from xpnn.errors import UserError
 
 TEXT_DATASETS = ("tinyshakespeare", "text")
-TRAIN_FRACTION = 0.9  # the rest validates in consecutive windows
 TEXT_WINDOWS = 32 * 500  # windows an epoch: 500 steps of batch 32
 TEXT_BYTES_PER_CHAR = 16  # the bytes, their str, the ids and the split's copies
-WINDOW_SALT = 0x7E47  # keys the window starts apart from every other draw of the seed
 
 SHAKESPEARE_FILE = "input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -96,7 +94,7 @@ class TextWindows:
     def starts(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
         """The window starts of ``samples`` at ``step``, each a hash of (seed, step, sample)."""
         key = np.zeros(1, dtype=np.uint64)
-        for word in (seed, WINDOW_SALT, step):
+        for word in (seed, 0x7E47, step):  # 0x7E47: apart from every other draw of the seed
             key = _mix(key ^ np.uint64(int(word) % 2**64))
         drawn = _mix(key ^ np.asarray(samples, dtype=np.int64).astype(np.uint64))
         limit = len(self.stream) - self.block  # each window and its labels fit in the text
@@ -120,7 +118,7 @@ def load_text(
     text = read_text(path)
     vocab = Vocabulary("".join(sorted(set(text))))
     ids = vocab.encode(text)
-    cut = int(len(ids) * TRAIN_FRACTION)
+    cut = int(len(ids) * 0.9)  # the rest validates in consecutive windows
     train, held = ids[:cut], ids[cut:]
     if len(train) <= block or len(held) <= block:
         raise UserError(

@@ -19,12 +19,9 @@ from xpnn.runtime.interrupts import CODES, hand_over, pending_signal
 from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
 T = TypeVar("T")
-SIGPIPE_EXIT = 141  # 128 + SIGPIPE
 STOP_SIGNALS = tuple(signum for signum in CODES if signum != signal.SIGINT)
 STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop by itself
 MOST_SECONDS = 86400.0  # 1e308 would overflow the watch thread's sleep
-INIT_GRACE_S = 2.0  # after a signal, how long a rank may still wait in MPI_Init for others
-STOP_TOGETHER_S = 1.0  # how long an interrupted rank waits to hear all others were too
 _SEVERITY = ("bug", "user", "exit")  # the failure a failed setup's line names first
 
 
@@ -132,12 +129,12 @@ def stop_when_stuck(grace: float) -> None:
 
 
 def left_in_init(what: str, code: int, grace: float) -> None:
-    """End this rank after ``INIT_GRACE_S`` in ``MPI_Init`` past a signal (others may not come)."""
+    """End this rank 2 s into ``MPI_Init`` past a signal: the others may never come."""
     deadline, inside_since = time.monotonic() + grace, None
     while (now := time.monotonic()) < deadline:
         if in_mpi_init():
             inside_since = inside_since or now
-            if now - inside_since >= INIT_GRACE_S:
+            if now - inside_since >= 2.0:
                 say(
                     f"rank {launch_rank()}: {what} while waiting in MPI_Init for the job's "
                     "other ranks, which have not all started: ending this rank"
@@ -163,7 +160,7 @@ def stopped_from_outside(exc: BaseException) -> tuple[str, int] | None:
     """(what to say, exit code) for a run stopped from outside (``| head``, a signal)."""
     if isinstance(exc, BrokenPipeError):
         silence_stdout()
-        return "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
+        return "stdout was closed (broken pipe): stopped", 128 + signal.SIGPIPE
     if isinstance(exc, Terminated):
         return CODES[exc.args[0]]
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or mpiexec passing it on
@@ -223,9 +220,9 @@ def _done_within(request: Any, seconds: float, nap: float) -> bool:
     return True
 
 
-def stopped_together(within: float = STOP_TOGETHER_S) -> bool:
-    comm = stall.watch_comm()
-    return comm is not None and _done_within(comm.Ibarrier(), within, 0.002)
+def stopped_together() -> bool:
+    comm = stall.watch_comm()  # did every rank hear of the stop too, within a second?
+    return comm is not None and _done_within(comm.Ibarrier(), 1.0, 0.002)
 
 
 def agree_timeout() -> float:

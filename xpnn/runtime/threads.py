@@ -17,7 +17,6 @@ REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, 
 # (docs/benchmarks.md, "The hand-off"). Read as the library loads: set before NumPy is imported.
 HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "16"}
 HANDOFF_IN_FORCE: dict[str, str] = {}  # what ``set_handoff`` found or set before NumPy loaded
-CGROUP_FS = "/sys/fs/cgroup"  # a quota (``docker --cpus``) the affinity mask does not show
 
 
 def _v2_limit(folder: Path) -> float | None:
@@ -43,8 +42,8 @@ def _limits(mount: Path, path: str, read: Callable[[Path], float | None]) -> lis
     return [limit for limit in found if limit is not None]
 
 
-def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_FS) -> float | None:
-    """The tightest CPU quota on this process's cgroups, in CPUs; None without one."""
+def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """The tightest cgroup CPU quota (``docker --cpus``, unseen by affinity), in CPUs; else None."""
     try:
         lines = Path(proc_cgroup).read_text().splitlines()
     except OSError:

@@ -20,7 +20,6 @@ _LAUNCHER_VARS += ("PALS_RANKID", "ALPS_APP_PE")
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 _SRUN_TASKS_VAR = "SLURM_STEP_NUM_TASKS"  # how many tasks srun started in this job step
 _CONTROL: Any = None  # a duplicate of COMM_WORLD for failure agreement
-QUIET_UCX = ("UCX_DEBUG_SIGNO", "0")  # UCX (the mpich wheel's) prints pages on SIGHUP otherwise
 _starting = {"in_init": False}  # read by the stop watch thread while MPI_Init blocks
 LIBMPI_NAMES = ("libmpi", "libimpi", "libmpich")  # MPICH, Open MPI, Intel MPI's file names
 
@@ -156,7 +155,7 @@ def check_pmix(env: Mapping[str, str], library_version: str) -> None:
 
 def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
     """Start MPI; the module and its library's version, asked before a fatal ``MPI_Init``."""
-    os.environ.setdefault(*QUIET_UCX)
+    os.environ.setdefault("UCX_DEBUG_SIGNO", "0")  # the mpich wheel's UCX: no pages on SIGHUP
     try:
         import mpi4py
 
