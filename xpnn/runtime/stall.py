@@ -17,7 +17,6 @@ NAP_GROWS_AFTER_S = 1.0  # then a wait is most likely for a rank that is not the
 MAX_NAP_S = 0.005  # the longest sleep between polls
 STALL_WARN_S = 60.0  # as Horovod's stall inspector
 STALL_EXIT = 124  # a job ended because a rank stopped answering (as GNU timeout's code)
-ABORT_DEFER_S = 2.0  # a waiting rank that is not the lowest waits this much longer
 _NOTE_TAG = 77
 
 _state: dict[str, Any] = {"warn": STALL_WARN_S, "abort": 0.0, "comm": None, "sent": []}
@@ -128,11 +127,11 @@ def _wait_long(request: Any, what: str, start: float) -> None:
 
 
 def _maybe_abort(what: str, waited: float, abort: float, others: dict[int, Any]) -> None:
-    """End the job: the lowest waiting rank at once, the others ``ABORT_DEFER_S`` later."""
+    """End the job: the lowest waiting rank at once, the others 2 s later."""
     rank, size = mpi_rank_size()
     positions = {**others, rank: flight.position()}
     waiting = sorted(positions)
-    if rank != waiting[0] and waited < abort + ABORT_DEFER_S:
+    if rank != waiting[0] and waited < abort + 2.0:
         return
     absent = [r for r in range(size) if r not in waiting]
     flight.dump(f"ended the job after {abort:g} s in {what}", temporary=True)

@@ -17,8 +17,6 @@ from xpnn.runtime.threads import affinity, core_share, cpu_quota, quota_cores
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE")
 _LAUNCHER_VARS += ("OMPI_COMM_WORLD_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
 _LAUNCHER_VARS += ("PALS_RANKID", "ALPS_APP_PE")
-_LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-_SRUN_TASKS_VAR = "SLURM_STEP_NUM_TASKS"  # how many tasks srun started in this job step
 _CONTROL: Any = None  # a duplicate of COMM_WORLD for failure agreement
 _starting = {"in_init": False}  # read by the stop watch thread while MPI_Init blocks
 LIBMPI_NAMES = ("libmpi", "libimpi", "libmpich")  # MPICH, Open MPI, Intel MPI's file names
@@ -115,7 +113,7 @@ def library_name(library_version: str) -> str:
 def check_launcher_size(size: int, env: Mapping[str, str], library_version: str) -> None:
     """Refuse N launched processes that MPI sees fewer of: each would train alone."""
     library = library_name(library_version)
-    for var in _LAUNCHER_SIZE_VARS:
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
         try:
             launched = int(env.get(var, ""))
         except ValueError:
@@ -129,10 +127,10 @@ def check_launcher_size(size: int, env: Mapping[str, str], library_version: str)
             )
         return  # the MPI launcher's own count settles it
     # mpiexec inside an allocation starts its proxies with srun: one task a node, not a rank
-    tasks = env.get(_SRUN_TASKS_VAR, "")
+    tasks = env.get("SLURM_STEP_NUM_TASKS", "")  # how many tasks srun started in this job step
     if "SLURM_STEP_ID" in env and tasks.isdigit() and int(tasks) > size:
         raise UserError(
-            f"srun started {tasks} tasks ({_SRUN_TASKS_VAR}={tasks}) but MPI sees {size}: "
+            f"srun started {tasks} tasks (SLURM_STEP_NUM_TASKS={tasks}) but MPI sees {size}: "
             f"srun gave them no process-management interface that {library!r} speaks; use "
             "srun --mpi=pmi2 (MPICH, the mpich wheel) or --mpi=pmix (Open MPI), or mpiexec "
             "inside the allocation"
