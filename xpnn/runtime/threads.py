@@ -1,7 +1,5 @@
 """Threads inside one rank: R ranks on C cores run C // R each, never oversubscribing them."""
 
-from __future__ import annotations
-
 import contextlib
 import math
 import os
