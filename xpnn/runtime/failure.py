@@ -201,28 +201,14 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         if stopped:  # a second signal (Slurm's time limit sends two) only wakes stop_when_stuck
             _handle((signal.SIGINT, *STOP_SIGNALS), lambda *_: None)
         flight.dump(f"failed: {message}")
-        if size > 1 and stopped and stopped_together():
+        if size > 1 and stopped and stall.stopped_together():
             if rank == 0:  # every rank was told (mpiexec passes signals on): one line for all
                 say(f"xpnn: {message}")
             sys.stdout.flush()
-            stopped_together()  # leave once rank 0 said it: the launcher may end it on an exit
+            stall.stopped_together()  # leave once rank 0 said it: the launcher may end it on exit
             os._exit(code)  # no MPI_Abort: nothing more to stop, and no launcher banner
         return _fail(rank, size, message, code)
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
-
-
-def _done_within(request: Any, seconds: float, nap: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not request.Test():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(nap)
-    return True
-
-
-def stopped_together() -> bool:
-    comm = stall.watch_comm()  # did every rank hear of the stop too, within a second?
-    return comm is not None and _done_within(comm.Ibarrier(), 1.0, 0.002)
 
 
 def agree_timeout() -> float:
@@ -254,7 +240,7 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     req = control_comm().Iallgather([array("i", [code]), MPI.INT32_T], [codes, MPI.INT32_T])
     if code == 0:
         stall.wait(req, "the agreement that setup succeeded")
-    elif not _done_within(req, agree_timeout(), 0.005):  # some rank is stuck inside fn
+    elif not stall.done_within(req, agree_timeout(), 0.005):  # some rank is stuck inside fn
         kind, code, message = outcome  # type: ignore[misc]
         if message:
             say(f"rank {rank}: {message}")

@@ -40,8 +40,18 @@ def attach(watch_comm: Any) -> None:
     _state["comm"] = watch_comm
 
 
-def watch_comm() -> Any:
-    return _state["comm"]
+def stopped_together() -> bool:
+    comm = _state["comm"]  # did every rank hear of the stop too, within a second?
+    return comm is not None and done_within(comm.Ibarrier(), 1.0, 0.002)
+
+
+def done_within(request: Any, seconds: float, nap: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(nap)
+    return True
 
 
 def at_step(step: int) -> None:
