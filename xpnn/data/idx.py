@@ -73,13 +73,6 @@ def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
     return out
 
 
-def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """``n`` bytes that the file's size says are there, into one buffer."""
-    out = bytearray(n)
-    got = stream.readinto(out)  # a buffered reader reads until it is full or the file ends
-    return out if got == n else out[:got]
-
-
 def _check_payload(
     source: str, dims: tuple[int, ...], dtype: np.dtype, actual: int, more: bool = False
 ) -> None:
@@ -109,9 +102,9 @@ def _header_and_payload(
     if size is not None:
         _check_payload(source, dims, dtype, size - header_len)
     try:
-        if len(payload) < expected:
-            read = _read_growing if size is None else _read_known
-            payload += read(stream, expected - len(payload))
+        if len(payload) < expected:  # read at once only what the file's size says is there
+            more = expected - len(payload)
+            payload += _read_growing(stream, more) if size is None else stream.read(more)
     except MemoryError:
         raise MemoryError(f"{source}: {_shape_str(dims)} values, {expected:,} bytes") from None
     rest = len(_read_growing(stream, TRAILING_COUNTED))  # none left after a short payload
