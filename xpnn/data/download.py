@@ -192,14 +192,6 @@ def cached(target: Path, sha256: str) -> bool:
     )
 
 
-def _not_a_directory(path: Path) -> Path | None:
-    """``path`` or the first of its parents that is there but is no directory."""
-    with contextlib.suppress(OSError):
-        there = next((p for p in (path, *path.parents) if p.exists()), None)
-        return there if there is not None and not there.is_dir() else None
-    return None
-
-
 def fetch(
     filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30
 ) -> Path:
@@ -217,8 +209,10 @@ def fetch(
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        blocker = _not_a_directory(cache_dir)
-        why = f"{blocker} is not a directory" if blocker else exc.strerror or str(exc)
+        why = exc.strerror or str(exc)
+        with contextlib.suppress(OSError):  # unless it or a parent is there but no directory
+            there = next((p for p in (cache_dir, *cache_dir.parents) if p.exists()), None)
+            why = f"{there} is not a directory" if there and not there.is_dir() else why
         raise UserError(f"{cache_dir}: cannot use as download cache: {why}") from None
     if not mirrors:
         raise UserError(f"{target}: not in the cache and no download mirrors are configured")
