@@ -96,8 +96,7 @@ class Dataset:
 
     def stored_rows(self, samples: np.ndarray) -> np.ndarray:
         """The rows of ``x_train`` / ``y_train`` that hold these training samples."""
-        stored = self.n_train // self.train_repeats
-        return samples % stored if self.train_repeats > 1 else samples
+        return samples % (self.n_train // self.train_repeats) if self.train_repeats > 1 else samples
 
 
 def load_dataset(

@@ -142,19 +142,18 @@ def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | No
     except OSError as exc:
         why = f"cannot write to download cache: {exc.strerror}"
         raise UserError(f"{target.parent}: {why}") from None
-    tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as dest:
             got = _download_to(url, dest, timeout)
         if got != sha256.lower():
             return f"sha256 mismatch (got {got[:12]}..., expected {sha256[:12]}...)"
-        os.replace(tmp, target)
+        os.replace(tmp_name, target)
         return None
     except (OSError, http.client.HTTPException, ValueError) as exc:
         return _describe(exc, timeout)
     finally:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp_name)
 
 
 def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:

@@ -247,8 +247,7 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
         abort_job(code)
     if not any(codes):
         return result
-    outcomes = control_comm().allgather(outcome)
-    failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
+    failed = [(r, o) for r, o in enumerate(control_comm().allgather(outcome)) if o is not None]
     first_rank, first = min(failed, key=lambda item: _SEVERITY.index(item[1][0]))
     kind, code, message = first
     if rank == 0 and message:
