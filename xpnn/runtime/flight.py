@@ -31,9 +31,7 @@ class Record:
         self.seq, self.op, self.nbytes, self.peer, self.group = seq, op, nbytes, peer, group
         self.bucket, self.microbatch = _tags["bucket"], _tags["microbatch"]
         self.step, self.start = _tags["step"], _now()
-        self.posted: float | None = None  # when the non-blocking call returned
-        self.wait: float | None = None
-        self.end: float | None = None
+        self.posted = self.wait = self.end = None  # times once seen (posted: the call returned)
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
