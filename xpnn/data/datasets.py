@@ -23,16 +23,14 @@ NUM_CLASSES = 10
 DATASETS = ("mnist", "fashion-mnist", "synthetic", *TEXT_DATASETS)
 TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
 
-# role -> file name, alike for MNIST and Fashion-MNIST
-FILES = {
+FILES = {  # role -> file name, alike for MNIST and Fashion-MNIST
     "train_images": "train-images-idx3-ubyte.gz",
     "train_labels": "train-labels-idx1-ubyte.gz",
     "test_images": "t10k-images-idx3-ubyte.gz",
     "test_labels": "t10k-labels-idx1-ubyte.gz",
 }
 
-# SHA-256 of the gzip files, in FILES' order
-SHA256 = {
+SHA256 = {  # of the gzip files, in FILES' order
     name: dict(zip(FILES.values(), hashes, strict=True))
     for name, hashes in {
         "mnist": (
