@@ -29,8 +29,7 @@ class BadTransfer(OSError):
 
 def default_cache_dir() -> Path:
     """$XPNN_DATA_HOME, else $XDG_CACHE_HOME/xpnn (if absolute, as XDG asks), else ~/.cache/xpnn."""
-    home = os.environ.get("XPNN_DATA_HOME")
-    if home:
+    if home := os.environ.get("XPNN_DATA_HOME"):
         expanded = os.path.expanduser(home)  # Path.expanduser raises for ~nosuchuser
         if expanded.startswith("~"):
             user = expanded[1:].split("/", 1)[0] or "the current user"
@@ -176,8 +175,7 @@ def cached(target: Path, sha256: str) -> bool:
     """Whether ``target`` holds the file of ``sha256``; another file there is a UserError."""
     expected = sha256.lower()
     for _ in range(3):
-        hashed = _hash_cached(target)
-        if hashed is None:
+        if (hashed := _hash_cached(target)) is None:
             return False
         got, info = hashed
         if got == expected:
@@ -220,8 +218,7 @@ def fetch(
     for mirror in mirrors:
         url = mirror.rstrip("/") + "/" + filename
         log.info("downloading %s", url)
-        why = _try_mirror(url, sha256, target, timeout)
-        if why is None:
+        if (why := _try_mirror(url, sha256, target, timeout)) is None:
             return target
         failures.append(f"{url}: {why}")
     if cached(target, sha256):  # another rank's download landed meanwhile

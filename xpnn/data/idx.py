@@ -65,10 +65,7 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
 def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
     """Up to ``n`` bytes, the buffer growing with what arrives, not to what a header claims."""
     out = bytearray()
-    while len(out) < n:
-        chunk = stream.read(min(CHUNK, n - len(out)))
-        if not chunk:
-            break
+    while len(out) < n and (chunk := stream.read(min(CHUNK, n - len(out)))):
         out += chunk
     return out
 

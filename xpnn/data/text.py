@@ -32,8 +32,7 @@ class Vocabulary:
 
     def encode(self, text: str) -> np.ndarray:
         index = {c: i for i, c in enumerate(self.chars)}
-        unknown = sorted(set(text) - index.keys())
-        if unknown:
+        if unknown := sorted(set(text) - index.keys()):
             raise UserError(f"text: characters outside the vocabulary: {''.join(unknown)[:20]!r}")
         return np.fromiter((index[c] for c in text), dtype=np.int32, count=len(text))
 

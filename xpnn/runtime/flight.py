@@ -82,8 +82,7 @@ def waiting(record: Record) -> None:
 def done(record: Record) -> None:
     record.end = _now()  # after ``waiting``, which set ``wait``
     _state["current"] = None
-    tracer = phases.tracer()
-    if tracer is not None:
+    if (tracer := phases.tracer()) is not None:
         tracer.operation(record)
 
 

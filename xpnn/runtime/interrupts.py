@@ -34,8 +34,7 @@ def catch_early_interrupts() -> None:
         if _signal.getsignal(signum) != _signal.SIG_IGN:
             _signal.signal(signum, _handler)
     _state["installed"] = True
-    mark = os.environ.get("XPNN_HANDLER_MARK")  # for the tests: the handler is in place now
-    if mark:
+    if mark := os.environ.get("XPNN_HANDLER_MARK"):  # for the tests: the handler is in place now
         with open(f"{mark}.{launcher_rank() or 0}", "w") as fh:
             fh.write(str(os.getpid()))  # whom to signal
 

@@ -49,8 +49,7 @@ def _refusal(param: str, path: str | os.PathLike, fd: int) -> UserError:
 
 def _stale_without_flock(fd: int) -> bool:
     """Without ``flock`` (some NFS): the holder is gone if it ran here and its pid is dead."""
-    who = _holder(fd)
-    if not who:
+    if not (who := _holder(fd)):
         return True
     pid = who.get("pid")
     return who.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid)
@@ -71,8 +70,7 @@ def _hold(path: Path, param: str, named: str | os.PathLike) -> Path:
     if key in _held:
         return path
     for _ in range(100):  # another job removed the file between its open and its lock
-        fd = _locked(param, named, path)
-        if fd is not None:
+        if (fd := _locked(param, named, path)) is not None:
             break
     else:
         raise UserError(f"`{param}` {named}: {path.name} keeps being replaced")

@@ -111,8 +111,7 @@ def threads_per_rank(
             raise UserError(f"`threads` {override}: must be a whole number >= 1")
         return override
     if cores is None:
-        allocated = allocated_cpus(local_size)
-        if allocated is not None:
+        if (allocated := allocated_cpus(local_size)) is not None:
             own = share if share is not None else max(1, node_cores() // local_size)
             return max(1, min(allocated, own))
         if share is not None:

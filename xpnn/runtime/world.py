@@ -197,8 +197,7 @@ def _init_thread(MPI: Any) -> None:
     """``MPI_Init_thread`` without Python's lock, so the stop watch can end a rank left waiting."""
     import ctypes
 
-    lib = loaded_libmpi("MPI_Init_thread")
-    if lib is None:
+    if (lib := loaded_libmpi("MPI_Init_thread")) is None:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         return
     level, provided = ctypes.c_int(MPI.THREAD_MULTIPLE), ctypes.c_int()
@@ -213,8 +212,7 @@ def _init_thread(MPI: Any) -> None:
 
 def init_world(env: Mapping[str, str] | None = None) -> World:
     """Rank, size and node-local rank/size, asked of MPI (the environment only starts it)."""
-    hint = launched_by_mpi(env)
-    if hint is None:
+    if (hint := launched_by_mpi(env)) is None:
         return World(rank=0, size=1, local_rank=0, local_size=1, mpi_comm=None)
     env = os.environ if env is None else env
     MPI, library = _start_mpi(hint, env)
