@@ -54,8 +54,7 @@ def default_cache_dir() -> Path:
 
 def mirrors_from(env: str, defaults: tuple[str, ...]) -> list[str]:
     """The comma-separated mirrors in ``$env`` (a local or institutional one), else ``defaults``."""
-    listed = [m.strip() for m in os.environ.get(env, "").split(",") if m.strip()]
-    return listed or list(defaults)
+    return [m.strip() for m in os.environ.get(env, "").split(",") if m.strip()] or list(defaults)
 
 
 def _digest(path: Path) -> tuple[str, os.stat_result]:

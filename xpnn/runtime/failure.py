@@ -251,6 +251,5 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     first_rank, first = min(failed, key=lambda item: _SEVERITY.index(item[1][0]))
     kind, code, message = first
     if rank == 0 and message:
-        same = all(o == first for _, o in failed)
-        say(said_once(first_rank, message, len(failed), size, same))
+        say(said_once(first_rank, message, len(failed), size, all(o == first for _, o in failed)))
     raise CollectiveExit(code)
