@@ -146,8 +146,7 @@ def dump(reason: str, temporary: bool = False) -> str | None:
             directory = _state["temp"]
         if directory is None:
             return None
-        doc = {"rank": _state["rank"], "reason": reason, "clock": "time.perf_counter seconds"}
-        doc["now"] = now
+        doc = dict(rank=_state["rank"], reason=reason, clock="time.perf_counter seconds", now=now)
         doc["waiting_in"] = current.as_dict() if current is not None else None
         doc["operations"] = [r.as_dict() for r in _ring]
         path = os.path.join(directory, f"flight-rank{_state['rank']}.json")
