@@ -108,12 +108,9 @@ def load_text(
     name: str, data_dir: str | os.PathLike | None, block: int, download: bool
 ) -> tuple[TextWindows, np.ndarray, np.ndarray, Vocabulary]:
     """(training windows, validation inputs and labels, vocabulary) of a text set."""
-    if name == "tinyshakespeare":
-        path = shakespeare_path(data_dir, download)
-    elif data_dir is None:
+    if name != "tinyshakespeare" and data_dir is None:
         raise UserError("`dataset` text: needs `data_dir`, the UTF-8 file to train on")
-    else:
-        path = Path(data_dir)
+    path = shakespeare_path(data_dir, download) if name == "tinyshakespeare" else Path(data_dir)
     text = read_text(path)
     vocab = Vocabulary("".join(sorted(set(text))))
     ids = vocab.encode(text)
