@@ -10,7 +10,7 @@ _MODULES = {
     "world": "World init_world launch_rank library_name",
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names.split()}
-__all__ = list(_WHERE)
+__all__ = [*_WHERE, "flight"]  # the module imports itself
 
 
 def __getattr__(name: str) -> object:
