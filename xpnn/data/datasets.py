@@ -271,10 +271,8 @@ def _synthetic_split(
         stop = min(start + chunk, n)
         part = rng.standard_normal((stop - start, *x.shape[1:]), dtype=np.float32)
         part *= np.float32(noise)
-        scale = brightness[start:stop].reshape(-1, *([1] * (x.ndim - 1)))
-        part += prototypes[y[start:stop]] * scale
-        np.clip(part, 0.0, 1.0, out=part)
-        x[start:stop] = part
+        part += prototypes[y[start:stop]] * brightness[start:stop].reshape(-1, *[1] * (x.ndim - 1))
+        np.clip(part, 0.0, 1.0, out=x[start:stop])
     return x, y
 
 
