@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from xpnn.runtime import threads
-from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
+from xpnn.runtime.threads import cpu_quota, quota_cores
 
 
 def tree(root: Path, proc_cgroup: str, files: dict[str, str]) -> str:

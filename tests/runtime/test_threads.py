@@ -12,8 +12,14 @@ import pytest
 from conftest import ROOT, mpiexec_path
 
 from xpnn.errors import UserError
-from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
-from xpnn.runtime.threads import allocated_cpus, core_share, node_cores, threads_per_rank
+from xpnn.runtime.threads import (
+    allocated_cpus,
+    core_share,
+    cpu_quota,
+    node_cores,
+    quota_cores,
+    threads_per_rank,
+)
 
 
 @pytest.mark.parametrize(

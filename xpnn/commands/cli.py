@@ -15,8 +15,8 @@ from xpnn.record.plot import main as plot_main
 from xpnn.record.timeline import main as trace_main
 from xpnn.run import launch
 from xpnn.runtime import failure, launcher_pipe, startup
+from xpnn.runtime.abort import imported_mpi
 from xpnn.runtime.interrupts import hand_over
-from xpnn.runtime.mpi_state import imported_mpi
 from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank, launched_by_mpi
 from xpnn.train.requeue import CheckpointOnSignal
 

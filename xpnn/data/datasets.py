@@ -22,18 +22,15 @@ from xpnn.record.digest import arrays_digest
 NUM_CLASSES = 10
 DATASETS = ("mnist", "fashion-mnist", "synthetic", *TEXT_DATASETS)
 TITLES = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}
-KNOWN_MOST_BYTES = 32 << 20  # the largest file in SHA256 has 26 MB: larger ones are not hashed
 
-# role -> file name, alike for MNIST and Fashion-MNIST
-FILES = {
+FILES = {  # role -> file name, alike for MNIST and Fashion-MNIST
     "train_images": "train-images-idx3-ubyte.gz",
     "train_labels": "train-labels-idx1-ubyte.gz",
     "test_images": "t10k-images-idx3-ubyte.gz",
     "test_labels": "t10k-labels-idx1-ubyte.gz",
 }
 
-# SHA-256 of the gzip files, in FILES' order
-SHA256 = {
+SHA256 = {  # of the gzip files, in FILES' order
     name: dict(zip(FILES.values(), hashes, strict=True))
     for name, hashes in {
         "mnist": (
@@ -97,8 +94,7 @@ class Dataset:
 
     def stored_rows(self, samples: np.ndarray) -> np.ndarray:
         """The rows of ``x_train`` / ``y_train`` that hold these training samples."""
-        stored = self.n_train // self.train_repeats
-        return samples % stored if self.train_repeats > 1 else samples
+        return samples % (self.n_train // self.train_repeats) if self.train_repeats > 1 else samples
 
 
 def load_dataset(
@@ -198,7 +194,7 @@ def _check_known_files(name: str, found: dict[str, Path]) -> None:
     for role, path in found.items():
         digest = None
         with contextlib.suppress(OSError, NotAFile):  # reading it will say what is wrong
-            if path.stat().st_size <= KNOWN_MOST_BYTES:
+            if path.stat().st_size <= 32 << 20:  # SHA256's largest has 26 MB: no larger is hashed
                 digest = sha256_file(path)
         known = next(((d, f) for d, t in SHA256.items() for f, h in t.items() if h == digest), None)
         if known is None or known == (name, FILES[role]):
@@ -275,10 +271,8 @@ def _synthetic_split(
         stop = min(start + chunk, n)
         part = rng.standard_normal((stop - start, *x.shape[1:]), dtype=np.float32)
         part *= np.float32(noise)
-        scale = brightness[start:stop].reshape(-1, *([1] * (x.ndim - 1)))
-        part += prototypes[y[start:stop]] * scale
-        np.clip(part, 0.0, 1.0, out=part)
-        x[start:stop] = part
+        part += prototypes[y[start:stop]] * brightness[start:stop].reshape(-1, *[1] * (x.ndim - 1))
+        np.clip(part, 0.0, 1.0, out=x[start:stop])
     return x, y
 
 

@@ -29,8 +29,7 @@ class BadTransfer(OSError):
 
 def default_cache_dir() -> Path:
     """$XPNN_DATA_HOME, else $XDG_CACHE_HOME/xpnn (if absolute, as XDG asks), else ~/.cache/xpnn."""
-    home = os.environ.get("XPNN_DATA_HOME")
-    if home:
+    if home := os.environ.get("XPNN_DATA_HOME"):
         expanded = os.path.expanduser(home)  # Path.expanduser raises for ~nosuchuser
         if expanded.startswith("~"):
             user = expanded[1:].split("/", 1)[0] or "the current user"
@@ -55,8 +54,7 @@ def default_cache_dir() -> Path:
 
 def mirrors_from(env: str, defaults: tuple[str, ...]) -> list[str]:
     """The comma-separated mirrors in ``$env`` (a local or institutional one), else ``defaults``."""
-    listed = [m.strip() for m in os.environ.get(env, "").split(",") if m.strip()]
-    return listed or list(defaults)
+    return [m.strip() for m in os.environ.get(env, "").split(",") if m.strip()] or list(defaults)
 
 
 def _digest(path: Path) -> tuple[str, os.stat_result]:
@@ -142,19 +140,18 @@ def _try_mirror(url: str, sha256: str, target: Path, timeout: float) -> str | No
     except OSError as exc:
         why = f"cannot write to download cache: {exc.strerror}"
         raise UserError(f"{target.parent}: {why}") from None
-    tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as dest:
             got = _download_to(url, dest, timeout)
         if got != sha256.lower():
             return f"sha256 mismatch (got {got[:12]}..., expected {sha256[:12]}...)"
-        os.replace(tmp, target)
+        os.replace(tmp_name, target)
         return None
     except (OSError, http.client.HTTPException, ValueError) as exc:
         return _describe(exc, timeout)
     finally:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp_name)
 
 
 def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
@@ -167,7 +164,7 @@ def _hash_cached(target: Path) -> tuple[str, os.stat_result] | None:
         why = f"in the download cache but a symbolic link to {os.readlink(target)}, which does "
         why += "not exist; remove or fix it"
     except NotAFile as exc:
-        why = f"in the download cache but {exc.kind}, not a file; remove it"
+        why = f"in the download cache but {exc}, not a file; remove it"
     except OSError as exc:
         why = f"cannot read the cached download: {exc.strerror or exc}"
     raise UserError(f"{target}: {why}")
@@ -177,8 +174,7 @@ def cached(target: Path, sha256: str) -> bool:
     """Whether ``target`` holds the file of ``sha256``; another file there is a UserError."""
     expected = sha256.lower()
     for _ in range(3):
-        hashed = _hash_cached(target)
-        if hashed is None:
+        if (hashed := _hash_cached(target)) is None:
             return False
         got, info = hashed
         if got == expected:
@@ -190,14 +186,6 @@ def cached(target: Path, sha256: str) -> bool:
         f"{target}: the cached file's SHA-256 is {got[:12]}..., not the expected "
         f"{expected[:12]}...; remove or replace it"
     )
-
-
-def _not_a_directory(path: Path) -> Path | None:
-    """``path`` or the first of its parents that is there but is no directory."""
-    with contextlib.suppress(OSError):
-        there = next((p for p in (path, *path.parents) if p.exists()), None)
-        return there if there is not None and not there.is_dir() else None
-    return None
 
 
 def fetch(
@@ -217,8 +205,10 @@ def fetch(
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        blocker = _not_a_directory(cache_dir)
-        why = f"{blocker} is not a directory" if blocker else exc.strerror or str(exc)
+        why = exc.strerror or str(exc)
+        with contextlib.suppress(OSError):  # unless it or a parent is there but no directory
+            there = next((p for p in (cache_dir, *cache_dir.parents) if p.exists()), None)
+            why = f"{there} is not a directory" if there and not there.is_dir() else why
         raise UserError(f"{cache_dir}: cannot use as download cache: {why}") from None
     if not mirrors:
         raise UserError(f"{target}: not in the cache and no download mirrors are configured")
@@ -227,8 +217,7 @@ def fetch(
     for mirror in mirrors:
         url = mirror.rstrip("/") + "/" + filename
         log.info("downloading %s", url)
-        why = _try_mirror(url, sha256, target, timeout)
-        if why is None:
+        if (why := _try_mirror(url, sha256, target, timeout)) is None:
             return target
         failures.append(f"{url}: {why}")
     if cached(target, sha256):  # another rank's download landed meanwhile

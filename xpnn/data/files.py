@@ -14,9 +14,7 @@ _KINDS = (
 
 
 class NotAFile(Exception):
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind)
-        self.kind = kind
+    """What is there instead (``a directory``, ``a named pipe``, ...)."""
 
 
 def open_regular(path: str | os.PathLike) -> tuple[int, os.stat_result]:
@@ -47,9 +45,7 @@ def memory_bytes() -> int | None:
 
 
 class TooLarge(Exception):
-    def __init__(self, size: int) -> None:
-        super().__init__(f"{size:,} bytes")
-        self.size = size
+    """``1,234 bytes``: the file's size, more than a reader may take."""
 
 
 def read_regular(path: str | os.PathLike, most: int | None) -> bytes:
@@ -57,10 +53,10 @@ def read_regular(path: str | os.PathLike, most: int | None) -> bytes:
     fd, info = open_regular(path)
     with os.fdopen(fd, "rb") as fh:
         if most is not None and info.st_size > most:
-            raise TooLarge(info.st_size)
+            raise TooLarge(f"{info.st_size:,} bytes")
         data = fh.read(most + 1 if most is not None else -1)
     if most is not None and len(data) > most:  # grew since: read no further
-        raise TooLarge(len(data))
+        raise TooLarge(f"{len(data):,} bytes")
     return data
 
 

@@ -15,7 +15,7 @@ from xpnn.errors import UserError
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_NDIM = 4
 CHUNK = 1 << 22  # what is read (and, gzip, decompressed) at a time
-TRAILING_COUNTED = 1 << 24  # gzip: trailing bytes counted one by one up to this many
+TRAILING_COUNTED = 1 << 24  # trailing bytes read and counted up to this many
 
 TYPE_CODES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
@@ -65,36 +65,9 @@ def parse_idx_header(data: bytes, source: str = "<bytes>") -> tuple[np.dtype, tu
 def _read_growing(stream: io.BufferedIOBase, n: int) -> bytearray:
     """Up to ``n`` bytes, the buffer growing with what arrives, not to what a header claims."""
     out = bytearray()
-    while len(out) < n:
-        chunk = stream.read(min(CHUNK, n - len(out)))
-        if not chunk:
-            break
+    while len(out) < n and (chunk := stream.read(min(CHUNK, n - len(out)))):
         out += chunk
     return out
-
-
-def _read_known(stream: io.BufferedIOBase, n: int) -> bytearray:
-    """``n`` bytes that the file's size says are there, into one buffer."""
-    out = bytearray(n)
-    got = 0
-    with memoryview(out) as view:
-        while got < n:
-            k = stream.readinto(view[got : got + CHUNK])
-            if not k:
-                break
-            got += k
-    return out if got == n else out[:got]
-
-
-def _count_rest(stream: io.BufferedIOBase, most: int) -> tuple[int, bool]:
-    """(the bytes left, counted unkept up to about ``most``, whether it stopped there)."""
-    count = 0
-    while count < most:
-        chunk = stream.read(CHUNK)
-        if not chunk:
-            return count, False
-        count += len(chunk)
-    return count, True
 
 
 def _check_payload(
@@ -126,13 +99,13 @@ def _header_and_payload(
     if size is not None:
         _check_payload(source, dims, dtype, size - header_len)
     try:
-        if len(payload) < expected:
-            read = _read_growing if size is None else _read_known
-            payload += read(stream, expected - len(payload))
+        if len(payload) < expected:  # read at once only what the file's size says is there
+            more = expected - len(payload)
+            payload += _read_growing(stream, more) if size is None else stream.read(more)
     except MemoryError:
         raise MemoryError(f"{source}: {_shape_str(dims)} values, {expected:,} bytes") from None
-    rest, more = _count_rest(stream, TRAILING_COUNTED)  # none left after a short payload
-    _check_payload(source, dims, dtype, len(payload) + rest, more)
+    rest = len(_read_growing(stream, TRAILING_COUNTED))  # none left after a short payload
+    _check_payload(source, dims, dtype, len(payload) + rest, rest == TRAILING_COUNTED)
     return dtype, dims, payload
 
 
@@ -165,7 +138,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     except FileNotFoundError:
         raise _fail(source, "no such file") from None
     except NotAFile as exc:
-        raise _fail(source, f"cannot read: {exc.kind}, not a file") from None
+        raise _fail(source, f"cannot read: {exc}, not a file") from None
     except OSError as exc:  # the disk failed mid-read, too
         raise _fail(source, f"cannot read: {exc.strerror or exc}") from None
     array = np.frombuffer(payload, dtype=dtype, count=math.prod(dims))

@@ -13,10 +13,8 @@ from xpnn.data.files import NotAFile, TooLarge, memory_bytes, read_regular
 from xpnn.errors import UserError
 
 TEXT_DATASETS = ("tinyshakespeare", "text")
-TRAIN_FRACTION = 0.9  # the rest validates in consecutive windows
 TEXT_WINDOWS = 32 * 500  # windows an epoch: 500 steps of batch 32
 TEXT_BYTES_PER_CHAR = 16  # the bytes, their str, the ids and the split's copies
-WINDOW_SALT = 0x7E47  # keys the window starts apart from every other draw of the seed
 
 SHAKESPEARE_FILE = "input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -34,8 +32,7 @@ class Vocabulary:
 
     def encode(self, text: str) -> np.ndarray:
         index = {c: i for i, c in enumerate(self.chars)}
-        unknown = sorted(set(text) - index.keys())
-        if unknown:
+        if unknown := sorted(set(text) - index.keys()):
             raise UserError(f"text: characters outside the vocabulary: {''.join(unknown)[:20]!r}")
         return np.fromiter((index[c] for c in text), dtype=np.int32, count=len(text))
 
@@ -67,10 +64,9 @@ def read_text(path: str | os.PathLike) -> str:
     try:
         return read_regular(path, have // TEXT_BYTES_PER_CHAR if have else None).decode("utf-8")
     except NotAFile as exc:
-        why = f"{exc.kind}, not a file"
+        why = f"{exc}, not a file"
     except TooLarge as exc:
-        why = f"{exc.size:,} bytes of text need more than this machine's memory (its characters "
-        why += "become 8-byte ids)"
+        why = f"{exc} of text need more than this machine's memory (each character an 8-byte id)"
     except UnicodeDecodeError as exc:
         why = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
     except OSError as exc:
@@ -97,7 +93,7 @@ class TextWindows:
     def starts(self, seed: int, step: int, samples: np.ndarray) -> np.ndarray:
         """The window starts of ``samples`` at ``step``, each a hash of (seed, step, sample)."""
         key = np.zeros(1, dtype=np.uint64)
-        for word in (seed, WINDOW_SALT, step):
+        for word in (seed, 0x7E47, step):  # 0x7E47: apart from every other draw of the seed
             key = _mix(key ^ np.uint64(int(word) % 2**64))
         drawn = _mix(key ^ np.asarray(samples, dtype=np.int64).astype(np.uint64))
         limit = len(self.stream) - self.block  # each window and its labels fit in the text
@@ -112,16 +108,13 @@ def load_text(
     name: str, data_dir: str | os.PathLike | None, block: int, download: bool
 ) -> tuple[TextWindows, np.ndarray, np.ndarray, Vocabulary]:
     """(training windows, validation inputs and labels, vocabulary) of a text set."""
-    if name == "tinyshakespeare":
-        path = shakespeare_path(data_dir, download)
-    elif data_dir is None:
+    if name != "tinyshakespeare" and data_dir is None:
         raise UserError("`dataset` text: needs `data_dir`, the UTF-8 file to train on")
-    else:
-        path = Path(data_dir)
+    path = shakespeare_path(data_dir, download) if name == "tinyshakespeare" else Path(data_dir)
     text = read_text(path)
     vocab = Vocabulary("".join(sorted(set(text))))
     ids = vocab.encode(text)
-    cut = int(len(ids) * TRAIN_FRACTION)
+    cut = int(len(ids) * 0.9)  # the rest validates in consecutive windows
     train, held = ids[:cut], ids[cut:]
     if len(train) <= block or len(held) <= block:
         raise UserError(

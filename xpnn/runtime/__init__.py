@@ -1,5 +1,4 @@
-"""The process: its place in the job, threads per rank, failing and stalling ranks, Ctrl-C. Names
-load on first use: ``interrupts`` runs before anything else is imported."""
+"""The process: rank, threads, failures, stalls, Ctrl-C; lazy names, so interrupts imports first."""
 
 import importlib
 
@@ -7,16 +6,14 @@ _MODULES = {
     "failure": "CollectiveExit agree_on_user_errors run_guarded stopped_from_outside",
     "memory": "peak_rss_mb",
     "stall": "wait_polled",
-    "threads": "HANDOFF apply_threads node_cores set_handoff threads_per_rank",
+    "threads": "HANDOFF apply_threads cpu_quota node_cores set_handoff threads_per_rank",
     "world": "World init_world launch_rank library_name",
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names.split()}
-__all__ = [*_WHERE, "flight"]
+__all__ = [*_WHERE, "flight"]  # the module imports itself
 
 
 def __getattr__(name: str) -> object:
-    if name == "flight":
-        return importlib.import_module("xpnn.runtime.flight")
     if name not in _WHERE:
         raise AttributeError(f"module 'xpnn.runtime' has no attribute {name!r}")
     module = importlib.import_module(f"xpnn.runtime.{_WHERE[name]}")

@@ -1,9 +1,9 @@
-"""A rank's last words and the end of the job (apart from ``failure``, which uses ``stall``)."""
+"""A rank's last line and the job's end; whether MPI runs, asked from any thread, importing none."""
 
 import sys
 import time
+from typing import Any
 
-ABORT_GRACE_S = 0.3
 SAID: list[str] = []  # the last line ``say`` wrote: a failed run's reason, for ``RunFailed``
 
 
@@ -11,7 +11,7 @@ def abort_job(code: int) -> None:
     """Flush, pause so hydra forwards the line (it drops what is still piped), MPI_Abort."""
     sys.stdout.flush()
     sys.stderr.flush()
-    time.sleep(ABORT_GRACE_S)
+    time.sleep(0.3)
     from mpi4py import MPI
 
     MPI.COMM_WORLD.Abort(code)
@@ -27,3 +27,19 @@ def say(line: str) -> None:
     if sys.stderr is not None:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
+
+
+def imported_mpi() -> Any:
+    """``mpi4py.MPI`` once fully imported, never importing it (half-imported it lacks functions)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or getattr(getattr(mpi, "__spec__", None), "_initializing", False):
+        return None
+    return mpi if hasattr(mpi, "Is_finalized") else None
+
+
+def mpi_rank_size() -> tuple[int, int]:
+    """This process's rank and the job's size while MPI runs, else (0, 1)."""
+    mpi = imported_mpi()
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return 0, 1
+    return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()

@@ -14,18 +14,14 @@ from typing import Any, TypeVar
 
 from xpnn.errors import UserError, user_message
 from xpnn.runtime import flight, stall
-from xpnn.runtime.abort import abort_job, prefix, say
+from xpnn.runtime.abort import abort_job, imported_mpi, mpi_rank_size, prefix, say
 from xpnn.runtime.interrupts import CODES, hand_over, pending_signal
-from xpnn.runtime.mpi_state import imported_mpi, mpi_rank_size
 from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
 
 T = TypeVar("T")
-SIGPIPE_EXIT = 141  # 128 + SIGPIPE
 STOP_SIGNALS = tuple(signum for signum in CODES if signum != signal.SIGINT)
 STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop by itself
 MOST_SECONDS = 86400.0  # 1e308 would overflow the watch thread's sleep
-INIT_GRACE_S = 2.0  # after a signal, how long a rank may still wait in MPI_Init for others
-STOP_TOGETHER_S = 1.0  # how long an interrupted rank waits to hear all others were too
 _SEVERITY = ("bug", "user", "exit")  # the failure a failed setup's line names first
 
 
@@ -67,11 +63,7 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 class Terminated(BaseException):
-    """A stop signal arrived: stop as on Ctrl-C."""
-
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
-        super().__init__(signum)
-        self.signum = signum
+    """A stop signal arrived (its number the one argument): stop as on Ctrl-C."""
 
 
 def _raise_terminated(signum: int, _frame: Any) -> None:
@@ -137,12 +129,12 @@ def stop_when_stuck(grace: float) -> None:
 
 
 def left_in_init(what: str, code: int, grace: float) -> None:
-    """End this rank after ``INIT_GRACE_S`` in ``MPI_Init`` past a signal (others may not come)."""
+    """End this rank 2 s into ``MPI_Init`` past a signal: the others may never come."""
     deadline, inside_since = time.monotonic() + grace, None
     while (now := time.monotonic()) < deadline:
         if in_mpi_init():
             inside_since = inside_since or now
-            if now - inside_since >= INIT_GRACE_S:
+            if now - inside_since >= 2.0:
                 say(
                     f"rank {launch_rank()}: {what} while waiting in MPI_Init for the job's "
                     "other ranks, which have not all started: ending this rank"
@@ -168,9 +160,9 @@ def stopped_from_outside(exc: BaseException) -> tuple[str, int] | None:
     """(what to say, exit code) for a run stopped from outside (``| head``, a signal)."""
     if isinstance(exc, BrokenPipeError):
         silence_stdout()
-        return "stdout was closed (broken pipe): stopped", SIGPIPE_EXIT
+        return "stdout was closed (broken pipe): stopped", 128 + signal.SIGPIPE
     if isinstance(exc, Terminated):
-        return CODES[exc.signum]
+        return CODES[exc.args[0]]
     if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or mpiexec passing it on
         return CODES[signal.SIGINT]
     return None
@@ -209,28 +201,14 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         if stopped:  # a second signal (Slurm's time limit sends two) only wakes stop_when_stuck
             _handle((signal.SIGINT, *STOP_SIGNALS), lambda *_: None)
         flight.dump(f"failed: {message}")
-        if size > 1 and stopped and stopped_together():
+        if size > 1 and stopped and stall.stopped_together():
             if rank == 0:  # every rank was told (mpiexec passes signals on): one line for all
                 say(f"xpnn: {message}")
             sys.stdout.flush()
-            stopped_together()  # leave once rank 0 said it: the launcher may end it on an exit
+            stall.stopped_together()  # leave once rank 0 said it: the launcher may end it on exit
             os._exit(code)  # no MPI_Abort: nothing more to stop, and no launcher banner
         return _fail(rank, size, message, code)
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
-
-
-def _done_within(request: Any, seconds: float, nap: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not request.Test():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(nap)
-    return True
-
-
-def stopped_together(within: float = STOP_TOGETHER_S) -> bool:
-    comm = stall.watch_comm()
-    return comm is not None and _done_within(comm.Ibarrier(), within, 0.002)
 
 
 def agree_timeout() -> float:
@@ -262,18 +240,16 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     req = control_comm().Iallgather([array("i", [code]), MPI.INT32_T], [codes, MPI.INT32_T])
     if code == 0:
         stall.wait(req, "the agreement that setup succeeded")
-    elif not _done_within(req, agree_timeout(), 0.005):  # some rank is stuck inside fn
+    elif not stall.done_within(req, agree_timeout(), 0.005):  # some rank is stuck inside fn
         kind, code, message = outcome  # type: ignore[misc]
         if message:
             say(f"rank {rank}: {message}")
         abort_job(code)
     if not any(codes):
         return result
-    outcomes = control_comm().allgather(outcome)
-    failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
+    failed = [(r, o) for r, o in enumerate(control_comm().allgather(outcome)) if o is not None]
     first_rank, first = min(failed, key=lambda item: _SEVERITY.index(item[1][0]))
     kind, code, message = first
     if rank == 0 and message:
-        same = all(o == first for _, o in failed)
-        say(said_once(first_rank, message, len(failed), size, same))
+        say(said_once(first_rank, message, len(failed), size, all(o == first for _, o in failed)))
     raise CollectiveExit(code)

@@ -12,28 +12,26 @@ from typing import Any
 
 from xpnn.record import phases
 from xpnn.record.files import replace_whole
-from xpnn.runtime.mpi_state import mpi_rank_size
+from xpnn.runtime.abort import mpi_rank_size
 
 RING = 512  # operations kept per rank: a few steps of a pipeline's sends and receives
 _ring: "deque[Record]" = deque(maxlen=RING)
 _tags: dict[str, Any] = {"bucket": None, "microbatch": None, "step": None}
 _state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "temp": None}
 _now = time.perf_counter
+_POSITION = ("group", "seq", "op", "nbytes", "peer", "bucket", "microbatch", "step")  # ``position``
 
 
 class Record:
     """One operation; ``end`` is None until it is seen to finish."""
 
-    __slots__ = ("seq", "op", "nbytes", "peer", "bucket", "microbatch", "step", "start")
-    __slots__ += ("posted", "wait", "end", "group")
+    __slots__ = (*_POSITION, "start", "posted", "wait", "end")
 
     def __init__(self, seq: int, op: str, nbytes: int, peer: int | None, group: str) -> None:
         self.seq, self.op, self.nbytes, self.peer, self.group = seq, op, nbytes, peer, group
         self.bucket, self.microbatch = _tags["bucket"], _tags["microbatch"]
         self.step, self.start = _tags["step"], _now()
-        self.posted: float | None = None  # when the non-blocking call returned
-        self.wait: float | None = None
-        self.end: float | None = None
+        self.posted = self.wait = self.end = None  # times once seen (posted: the call returned)
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -82,12 +80,9 @@ def waiting(record: Record) -> None:
 
 
 def done(record: Record) -> None:
-    record.end = _now()
-    if record.wait is None:
-        record.wait = record.end
+    record.end = _now()  # after ``waiting``, which set ``wait``
     _state["current"] = None
-    tracer = phases.tracer()
-    if tracer is not None:
+    if (tracer := phases.tracer()) is not None:
         tracer.operation(record)
 
 
@@ -110,14 +105,12 @@ class Tracked:
         record.posted = _now()
 
     def wait(self) -> None:
-        record = self.record
-        if record is None:
-            self.handle.wait()
-            return
-        waiting(record)
+        record, self.record = self.record, None  # a second wait records nothing
+        if record is not None:
+            waiting(record)
         self.handle.wait()
-        done(record)
-        self.record = None
+        if record is not None:
+            done(record)
 
 
 def clear() -> None:
@@ -153,8 +146,7 @@ def dump(reason: str, temporary: bool = False) -> str | None:
             directory = _state["temp"]
         if directory is None:
             return None
-        doc = {"rank": _state["rank"], "reason": reason, "clock": "time.perf_counter seconds"}
-        doc["now"] = now
+        doc = dict(rank=_state["rank"], reason=reason, clock="time.perf_counter seconds", now=now)
         doc["waiting_in"] = current.as_dict() if current is not None else None
         doc["operations"] = [r.as_dict() for r in _ring]
         path = os.path.join(directory, f"flight-rank{_state['rank']}.json")
@@ -168,8 +160,7 @@ def dump(reason: str, temporary: bool = False) -> str | None:
 def position() -> dict[str, Any] | None:
     """Where this rank waits, small enough for a note to the others; None when it does not."""
     record = _state["current"]
-    keys = ("group", "seq", "op", "nbytes", "peer", "bucket", "microbatch", "step")
-    return None if record is None else {key: getattr(record, key) for key in keys}
+    return None if record is None else {key: getattr(record, key) for key in _POSITION}
 
 
 def describe(

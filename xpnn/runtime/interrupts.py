@@ -7,13 +7,11 @@ import os
 _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 # end a run as Ctrl-C does, exit 128 + number: Slurm's time limit and scancel (TERM), a closed
 # terminal or ssh connection (HUP), Ctrl-\\ (QUIT), a CPU-time limit (XCPU)
-STOP_NAMES = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU")
 CODES = {_signal.SIGINT: ("interrupted", 130)}  # signal -> (what to say, exit code)
-for _name in STOP_NAMES:
+for _name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU"):
     if hasattr(_signal, _name):
         CODES[getattr(_signal, _name)] = (f"terminated ({_name})", 128 + getattr(_signal, _name))
 _state: dict = {"installed": False, "pending": None, "requested": set()}
-_REQUEST_SIGNALS = ("USR1", "USR2")  # requeue.SIGNALS, without importing it
 
 
 def launcher_rank() -> int | None:
@@ -36,21 +34,20 @@ def catch_early_interrupts() -> None:
         if _signal.getsignal(signum) != _signal.SIG_IGN:
             _signal.signal(signum, _handler)
     _state["installed"] = True
-    mark = os.environ.get("XPNN_HANDLER_MARK")  # for the tests: the handler is in place now
-    if mark:
+    if mark := os.environ.get("XPNN_HANDLER_MARK"):  # for the tests: the handler is in place now
         with open(f"{mark}.{launcher_rank() or 0}", "w") as fh:
             fh.write(str(os.getpid()))  # whom to signal
 
 
 def catch_early_checkpoint_signal(argv: list[str]) -> None:
-    """Note ``--checkpoint-signal USR1`` from the start: by default it would end the rank."""
+    """Note ``--checkpoint-signal`` USR1 or USR2 (requeue.SIGNALS) early: else they end the rank."""
     name = None
     for i, word in enumerate(argv):
         if word == "--checkpoint-signal" and i + 1 < len(argv):
             name = argv[i + 1]
         elif word.startswith("--checkpoint-signal="):
             name = word.partition("=")[2]
-    signum = getattr(_signal, f"SIG{name}", None) if name in _REQUEST_SIGNALS else None
+    signum = getattr(_signal, f"SIG{name}", None) if name in ("USR1", "USR2") else None
     if signum is not None and _signal.getsignal(signum) != _signal.SIG_IGN:
         _signal.signal(signum, lambda signum, _frame: _state["requested"].add(signum))
 

@@ -6,8 +6,6 @@ import os
 import stat
 import sys
 
-HYDRA_PROXY = "hydra_pmi_proxy"  # the process hydra starts on each node; the ranks' parent
-LAUNCHERS = ("mpiexec", "mpiexec.hydra", "mpirun")
 # hydra options that change what a rank's output becomes: with any of them, leave it to hydra
 OUTPUT_OPTIONS = ("-l", "-prepend-rank", "-prepend-pattern", "-outfile-pattern", "-ordered-output")
 
@@ -20,13 +18,13 @@ def _proc(pid: int, what: str) -> str:
 
 def launcher_stdout(proc: str = "/proc") -> str | None:
     """``/proc/PID/fd/1`` of this rank's hydra ``mpiexec`` where it is a pipe, else None."""
-    proxy = os.getppid()
+    proxy = os.getppid()  # the rank's parent: the proxy hydra starts on each node
     try:  # the proxy's parent
         launcher = int(_proc(proxy, "stat").rsplit(")", 1)[1].split()[1])
     except (ValueError, IndexError):
         return None
     names = (_proc(proxy, "comm").strip(), _proc(launcher, "comm").strip())
-    if names[0] != HYDRA_PROXY or names[1] not in LAUNCHERS:
+    if names[0] != "hydra_pmi_proxy" or names[1] not in ("mpiexec", "mpiexec.hydra", "mpirun"):
         return None
     if any(arg.startswith(OUTPUT_OPTIONS) for arg in _proc(launcher, "cmdline").split("\0")[1:]):
         return None

@@ -32,28 +32,24 @@ def _holder(fd: int) -> dict | None:
     return who if isinstance(who, dict) else None
 
 
-def holder_words(who: dict | None) -> str:
-    if who is None:
-        return "another job (its lock file names no holder)"
-    job = f"job {who['job_id']}, " if who.get("job_id") else ""
-    started, since = who.get("started"), ""
-    if isinstance(started, int | float):
-        since = time.strftime(", running since %Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
-    return f"{job}pid {who.get('pid', '?')} on {who.get('host', '?')}{since}"
-
-
 def _refusal(param: str, path: str | os.PathLike, fd: int) -> UserError:
     where, what, other = _WHAT[param]
+    who, holder = _holder(fd), "another job (its lock file names no holder)"
+    if who is not None:
+        job = f"job {who['job_id']}, " if who.get("job_id") else ""
+        started, since = who.get("started"), ""
+        if isinstance(started, int | float):
+            since = time.strftime(", running since %Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+        holder = f"{job}pid {who.get('pid', '?')} on {who.get('host', '?')}{since}"
     return UserError(
-        f"`{param}` {path}: in use by {holder_words(_holder(fd))}; two jobs {where} would "
+        f"`{param}` {path}: in use by {holder}; two jobs {where} would "
         f"overwrite each other's {what}: wait for it to end, stop it, or give another {other}"
     )
 
 
 def _stale_without_flock(fd: int) -> bool:
     """Without ``flock`` (some NFS): the holder is gone if it ran here and its pid is dead."""
-    who = _holder(fd)
-    if not who:
+    if not (who := _holder(fd)):
         return True
     pid = who.get("pid")
     return who.get("host") == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid)
@@ -74,8 +70,7 @@ def _hold(path: Path, param: str, named: str | os.PathLike) -> Path:
     if key in _held:
         return path
     for _ in range(100):  # another job removed the file between its open and its lock
-        fd = _locked(param, named, path)
-        if fd is not None:
+        if (fd := _locked(param, named, path)) is not None:
             break
     else:
         raise UserError(f"`{param}` {named}: {path.name} keeps being replaced")

@@ -1,5 +1,4 @@
-"""Files MPICH leaves when a job never finalizes (its node segment in /dev/shm, hydra's topology
-file in /tmp), unlinked once every rank of the node has passed ``MPI_Init`` and mapped them."""
+"""What MPICH leaves if a job never finalizes (/dev/shm, /tmp), unlinked once the node mapped it."""
 
 import contextlib
 import glob
@@ -9,7 +8,6 @@ import time
 HYDRA_TOPOLOGY_PREFIX = "/tmp/hydra_hwloc_xmlfile_"  # MPICH hydra's name (MPL_mkstemp)
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI keep node-shared segments on Linux
 MPICH_PREFIX = "mpich_shm_"
-STALE_AFTER_S = 60.0  # a live job maps its segment and holds its topology file all along
 
 
 def _unlink(paths: list[str]) -> list[str]:
@@ -76,8 +74,8 @@ def files_in_use() -> set[str]:
     return used
 
 
-def remove_stale(min_age: float = STALE_AFTER_S, shm_dir: str = SHM_DIR) -> list[str]:
-    """Remove this user's unused MPICH files older than ``min_age`` s; the paths removed."""
+def remove_stale(min_age: float = 60.0, shm_dir: str = SHM_DIR) -> list[str]:
+    """Remove this user's MPICH files ``min_age`` s old that no process uses (a live job's does)."""
     if not os.path.isdir("/proc"):
         return []
     starts = (os.path.join(glob.escape(shm_dir), MPICH_PREFIX), glob.escape(HYDRA_TOPOLOGY_PREFIX))

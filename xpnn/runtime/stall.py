@@ -8,8 +8,7 @@ from itertools import accumulate
 from typing import Any
 
 from xpnn.runtime import flight
-from xpnn.runtime.abort import abort_job, prefix, say
-from xpnn.runtime.mpi_state import mpi_rank_size
+from xpnn.runtime.abort import abort_job, mpi_rank_size, prefix, say
 
 SPIN_S = 0.0005  # polls at full speed first: small exchanges end within this
 YIELD_S = 0.25  # then polls yielding the core, no naps: MPI moves a message only when polled
@@ -18,12 +17,10 @@ NAP_GROWS_AFTER_S = 1.0  # then a wait is most likely for a rank that is not the
 MAX_NAP_S = 0.005  # the longest sleep between polls
 STALL_WARN_S = 60.0  # as Horovod's stall inspector
 STALL_EXIT = 124  # a job ended because a rank stopped answering (as GNU timeout's code)
-ABORT_DEFER_S = 2.0  # a waiting rank that is not the lowest waits this much longer
 _NOTE_TAG = 77
 
-_limits = {"warn": STALL_WARN_S, "abort": 0.0}
-_where: dict[str, Any] = {"phase": "setup", "step": None, "bucket": None}
-_state: dict[str, Any] = {"comm": None, "sent": []}
+_state: dict[str, Any] = {"warn": STALL_WARN_S, "abort": 0.0, "comm": None, "sent": []}
+_state.update(phase="setup", step=None, bucket=None)  # where this rank is: ``where``
 
 
 def set_limits(stall_warn: float = STALL_WARN_S, stall_abort: float = 0.0) -> None:
@@ -31,11 +28,11 @@ def set_limits(stall_warn: float = STALL_WARN_S, stall_abort: float = 0.0) -> No
     for name, value in (("stall_warn", stall_warn), ("stall_abort", stall_abort)):
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name}: must be a finite number of seconds >= 0, got {value!r}")
-    _limits["warn"], _limits["abort"] = float(stall_warn), float(stall_abort)
+    _state["warn"], _state["abort"] = float(stall_warn), float(stall_abort)
 
 
 def limits() -> tuple[float, float]:
-    return _limits["warn"], _limits["abort"]
+    return _state["warn"], _state["abort"]
 
 
 def attach(watch_comm: Any) -> None:
@@ -43,30 +40,40 @@ def attach(watch_comm: Any) -> None:
     _state["comm"] = watch_comm
 
 
-def watch_comm() -> Any:
-    return _state["comm"]
+def stopped_together() -> bool:
+    comm = _state["comm"]  # did every rank hear of the stop too, within a second?
+    return comm is not None and done_within(comm.Ibarrier(), 1.0, 0.002)
+
+
+def done_within(request: Any, seconds: float, nap: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(nap)
+    return True
 
 
 def at_step(step: int) -> None:
-    _where.update(phase="training step", step=step, bucket=None)
+    _state.update(phase="training step", step=step, bucket=None)
     flight.at_step(step)
 
 
 def in_phase(phase: str) -> None:
-    _where.update(phase=phase, bucket=None)
+    _state.update(phase=phase, bucket=None)
 
 
 def in_bucket(index: int, count: int) -> None:
-    _where["bucket"] = (index, count)
+    _state["bucket"] = (index, count)
 
 
 def where() -> str:
     """``training step 12, gradient bucket 2 of 3``."""
-    text = _where["phase"]
-    if _where["step"] is not None and text == "training step":
-        text += f" {_where['step']}"
-    if _where["bucket"] is not None:
-        index, count = _where["bucket"]
+    text = _state["phase"]
+    if _state["step"] is not None and text == "training step":
+        text += f" {_state['step']}"
+    if _state["bucket"] is not None:
+        index, count = _state["bucket"]
         text += f", gradient bucket {index + 1} of {count}"
     return text
 
@@ -101,7 +108,7 @@ def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
 
 
 def _wait_long(request: Any, what: str, start: float) -> None:
-    warn, abort, comm = _limits["warn"], _limits["abort"], _state["comm"]
+    warn, abort, comm = _state["warn"], _state["abort"], _state["comm"]
     warned = announced = False
     waiting: dict[int, Any] = {}  # rank -> where it waits (``flight.position``)
     while True:
@@ -130,11 +137,11 @@ def _wait_long(request: Any, what: str, start: float) -> None:
 
 
 def _maybe_abort(what: str, waited: float, abort: float, others: dict[int, Any]) -> None:
-    """End the job: the lowest waiting rank at once, the others ``ABORT_DEFER_S`` later."""
+    """End the job: the lowest waiting rank at once, the others 2 s later."""
     rank, size = mpi_rank_size()
     positions = {**others, rank: flight.position()}
     waiting = sorted(positions)
-    if rank != waiting[0] and waited < abort + ABORT_DEFER_S:
+    if rank != waiting[0] and waited < abort + 2.0:
         return
     absent = [r for r in range(size) if r not in waiting]
     flight.dump(f"ended the job after {abort:g} s in {what}", temporary=True)

@@ -1,13 +1,13 @@
 """Threads inside one rank: R ranks on C cores run C // R each, never oversubscribing them."""
 
-from __future__ import annotations
-
+import contextlib
+import math
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
+from pathlib import Path
 
 from xpnn.errors import UserError
-from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
 
 REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, and their values
 # OpenBLAS's idle workers spin 2^28 cycles (0.1 s) by default, on the cores Numba's team needs
@@ -15,6 +15,53 @@ REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, 
 # (docs/benchmarks.md, "The hand-off"). Read as the library loads: set before NumPy is imported.
 HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "16"}
 HANDOFF_IN_FORCE: dict[str, str] = {}  # what ``set_handoff`` found or set before NumPy loaded
+
+
+def _v2_limit(folder: Path) -> float | None:
+    """cgroup v2's ``cpu.max``: ``max 100000`` (none) or ``50000 100000`` (half a CPU)."""
+    quota, _, period = (folder / "cpu.max").read_text().partition(" ")
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _v1_limit(folder: Path) -> float | None:
+    """cgroup v1's ``cpu.cfs_quota_us`` (-1: none) over ``cpu.cfs_period_us``."""
+    quota = int((folder / "cpu.cfs_quota_us").read_text())
+    return None if quota < 0 else quota / int((folder / "cpu.cfs_period_us").read_text())
+
+
+def _limits(mount: Path, path: str, read: Callable[[Path], float | None]) -> list[float]:
+    """The quotas on cgroup ``path`` and its ancestors (in a container: the mount point's own)."""
+    folder = mount / path.lstrip("/")
+    folders = [folder, *folder.parents] if folder.is_dir() else [mount]
+    found = []
+    for f in (f for f in folders if f.is_relative_to(mount)):
+        with contextlib.suppress(OSError, ValueError, ZeroDivisionError):  # no file, or no number
+            found.append(read(f))
+    return [limit for limit in found if limit is not None]
+
+
+def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """The tightest cgroup CPU quota (``docker --cpus``, unseen by affinity), in CPUs; else None."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:  # v2: one tree, the mount point itself
+            limits += _limits(Path(root), path, _v2_limit)
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own tree
+            mount = Path(root, "cpu")
+            mount = mount if mount.is_dir() else Path(root, controllers)
+            limits += _limits(mount, path, _v1_limit)
+    return min(limits) if limits else None
+
+
+def quota_cores(quota: float | None) -> int | None:
+    """Whole cores a quota is worth, rounded up (1.5 CPUs keep two threads busy)."""
+    return None if quota is None else max(1, math.ceil(quota - 1e-9))
 
 
 def affinity() -> frozenset[int]:
@@ -64,8 +111,7 @@ def threads_per_rank(
             raise UserError(f"`threads` {override}: must be a whole number >= 1")
         return override
     if cores is None:
-        allocated = allocated_cpus(local_size)
-        if allocated is not None:
+        if (allocated := allocated_cpus(local_size)) is not None:
             own = share if share is not None else max(1, node_cores() // local_size)
             return max(1, min(allocated, own))
         if share is not None:
@@ -75,11 +121,9 @@ def threads_per_rank(
 
 
 def apply_threads(n: int) -> dict:
-    """Limit BLAS, OpenMP and Numba to ``n`` threads, noting the variables it overrode."""
+    """BLAS, OpenMP and Numba held to ``n`` threads (``set_threads`` checks it), overrides noted."""
     from xpnn.backends.threads import THREAD_VARS, set_threads  # not before NumPy may load
 
-    if n < 1:
-        raise UserError(f"`threads` {n}: must be a whole number >= 1")
     REPLACED_ENV.clear()
     REPLACED_ENV.update(
         {var: os.environ[var] for var in THREAD_VARS if os.environ.get(var, str(n)) != str(n)}

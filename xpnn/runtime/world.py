@@ -10,18 +10,14 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.runtime import segments, stall
-from xpnn.runtime.cpu_quota import cpu_quota, quota_cores
 from xpnn.runtime.interrupts import launcher_rank
-from xpnn.runtime.threads import affinity, core_share
+from xpnn.runtime.threads import affinity, core_share, cpu_quota, quota_cores
 
 # set by MPICH/Hydra, Intel MPI, Open MPI, PMIx, MVAPICH, Cray PALS/ALPS launchers
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE")
 _LAUNCHER_VARS += ("OMPI_COMM_WORLD_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
 _LAUNCHER_VARS += ("PALS_RANKID", "ALPS_APP_PE")
-_LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-_SRUN_TASKS_VAR = "SLURM_STEP_NUM_TASKS"  # how many tasks srun started in this job step
 _CONTROL: Any = None  # a duplicate of COMM_WORLD for failure agreement
-QUIET_UCX = ("UCX_DEBUG_SIGNO", "0")  # UCX (the mpich wheel's) prints pages on SIGHUP otherwise
 _starting = {"in_init": False}  # read by the stop watch thread while MPI_Init blocks
 LIBMPI_NAMES = ("libmpi", "libimpi", "libmpich")  # MPICH, Open MPI, Intel MPI's file names
 
@@ -117,7 +113,7 @@ def library_name(library_version: str) -> str:
 def check_launcher_size(size: int, env: Mapping[str, str], library_version: str) -> None:
     """Refuse N launched processes that MPI sees fewer of: each would train alone."""
     library = library_name(library_version)
-    for var in _LAUNCHER_SIZE_VARS:
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
         try:
             launched = int(env.get(var, ""))
         except ValueError:
@@ -131,10 +127,10 @@ def check_launcher_size(size: int, env: Mapping[str, str], library_version: str)
             )
         return  # the MPI launcher's own count settles it
     # mpiexec inside an allocation starts its proxies with srun: one task a node, not a rank
-    tasks = env.get(_SRUN_TASKS_VAR, "")
+    tasks = env.get("SLURM_STEP_NUM_TASKS", "")  # how many tasks srun started in this job step
     if "SLURM_STEP_ID" in env and tasks.isdigit() and int(tasks) > size:
         raise UserError(
-            f"srun started {tasks} tasks ({_SRUN_TASKS_VAR}={tasks}) but MPI sees {size}: "
+            f"srun started {tasks} tasks (SLURM_STEP_NUM_TASKS={tasks}) but MPI sees {size}: "
             f"srun gave them no process-management interface that {library!r} speaks; use "
             "srun --mpi=pmi2 (MPICH, the mpich wheel) or --mpi=pmix (Open MPI), or mpiexec "
             "inside the allocation"
@@ -157,7 +153,7 @@ def check_pmix(env: Mapping[str, str], library_version: str) -> None:
 
 def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
     """Start MPI; the module and its library's version, asked before a fatal ``MPI_Init``."""
-    os.environ.setdefault(*QUIET_UCX)
+    os.environ.setdefault("UCX_DEBUG_SIGNO", "0")  # the mpich wheel's UCX: no pages on SIGHUP
     try:
         import mpi4py
 
@@ -201,8 +197,7 @@ def _init_thread(MPI: Any) -> None:
     """``MPI_Init_thread`` without Python's lock, so the stop watch can end a rank left waiting."""
     import ctypes
 
-    lib = loaded_libmpi("MPI_Init_thread")
-    if lib is None:
+    if (lib := loaded_libmpi("MPI_Init_thread")) is None:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         return
     level, provided = ctypes.c_int(MPI.THREAD_MULTIPLE), ctypes.c_int()
@@ -217,8 +212,7 @@ def _init_thread(MPI: Any) -> None:
 
 def init_world(env: Mapping[str, str] | None = None) -> World:
     """Rank, size and node-local rank/size, asked of MPI (the environment only starts it)."""
-    hint = launched_by_mpi(env)
-    if hint is None:
+    if (hint := launched_by_mpi(env)) is None:
         return World(rank=0, size=1, local_rank=0, local_size=1, mpi_comm=None)
     env = os.environ if env is None else env
     MPI, library = _start_mpi(hint, env)
