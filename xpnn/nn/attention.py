@@ -1,5 +1,4 @@
-"""Causal multi-head self-attention and the transformer's feed-forward block, as composites
-of Dense layers that declare how tensor parallelism splits them (``Layer.tensor_pairs``)."""
+"""Self-attention and the feed-forward block: Dense composites that declare ``tensor_pairs``."""
 
 from __future__ import annotations
 
@@ -12,10 +11,7 @@ from xpnn.nn.layer import Array, Context, check_int
 
 
 class CausalSelfAttention(Chain):
-    """(B, T, D) -> (B, T, D): ``qkv`` (Dense D -> 3D) makes each head's query, key and value,
-    position ``i`` attends to positions ``<= i`` (``Kernels.causal_attention``), ``proj`` (Dense
-    D -> D) mixes the heads. ``qkv``'s output columns are ordered (head, q/k/v, head dim), so a
-    rank holding heads ``[lo:hi]`` holds one contiguous slice of them (Megatron's layout)."""
+    """(B, T, D) -> (B, T, D), position ``i`` attending to ``<= i``; ``proj`` mixes the heads."""
 
     def __init__(self, embed: int, heads: int) -> None:
         self.embed = check_int("CausalSelfAttention", "embed", embed)
@@ -25,6 +21,7 @@ class CausalSelfAttention(Chain):
                 f"CausalSelfAttention: embed {embed} is not a multiple of heads {heads}"
             )
         self.head_dim = embed // heads
+        # qkv's columns: (head, q/k/v, head dim), so that a range of heads is one slice (Megatron)
         super().__init__({"qkv": Dense(3 * embed), "proj": Dense(embed)})
         self.tensor_pairs = (("qkv", "proj", 3 * self.head_dim, self.head_dim),)
 
@@ -75,8 +72,7 @@ class CausalSelfAttention(Chain):
 
 
 class FeedForward(Chain):
-    """``down(GELU(up(x)))``: Dense D -> ``hidden`` with the tanh GELU fused into its bias pass,
-    Dense ``hidden`` -> D; split column- then row-parallel under tensor parallelism."""
+    """``down(GELU(up(x)))``, GELU fused in ``up``'s bias pass; split by columns, then rows."""
 
     tensor_pairs = (("up", "down", 1, 1),)
 

@@ -1,5 +1,4 @@
-"""Composite layers: named sublayers whose parameters the composite declares as its own under
-nested names (``attn.qkv.W``), so they live in the model's flat buffer and checkpoints."""
+"""Composites: sublayers' parameters declared as their own (``attn.qkv.W``), in the flat buffer."""
 
 from __future__ import annotations
 

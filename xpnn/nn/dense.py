@@ -8,8 +8,7 @@ from xpnn.record.phases import WGRAD
 
 
 class Dense(Layer):
-    """``y = act(x @ W + b)``; the activation is fused so one kernel touches ``z`` once (the
-    tanh GELU, ``"gelu"``, keeps ``z + b`` and its ``tanh`` for the backward)."""
+    """``y = act(x @ W + b)``, the activation fused so that one kernel touches ``z`` once."""
 
     tensor_split = "dense"
 

@@ -4,8 +4,7 @@ from xpnn.nn.layer import Array, Context, Layer
 
 
 class Dropout(Layer):
-    """Train mode: zero each element with probability ``p``, scale the rest by ``1/(1-p)``;
-    eval mode: the identity. ``salt`` tells apart several Dropout layers of one model."""
+    """Zeroes each element with probability ``p`` in training; ``salt`` tells two Dropouts apart."""
 
     def __init__(self, p: float = 0.5, salt: int = 0) -> None:
         super().__init__()

@@ -39,8 +39,7 @@ class Embedding(Layer):
 
 
 class PositionEmbedding(Layer):
-    """``y = x + W[:T]`` on (B, T, D) inputs, ``W`` (``max_len``, D); T may be shorter than
-    ``max_len`` (generation's first steps)."""
+    """``y = x + W[:T]`` on (B, T, D) inputs; T below ``max_len`` in generation's first steps."""
 
     def __init__(self, max_len: int) -> None:
         super().__init__()
