@@ -78,8 +78,12 @@ def launch(
 ) -> int:
     """``run`` as the command line's exit code, every rank stopping with one code."""
     stall.set_limits(spec.stall_warn, spec.stall_abort)  # the setup's waits too
-    # a typo in these would hide a failure: said once MPI is up, by every rank together
-    problem = _problem(failure.stop_grace) or _problem(failure.agree_timeout)
+    problem = None  # a typo in these would hide a failure: said once MPI is up, by all together
+    for check in (failure.stop_grace, failure.agree_timeout):
+        try:
+            check()
+        except UserError as exc:
+            problem = problem or user_message(exc)
     # before MPI_Init: a signal while a rank waits there for another ends it too
     failure.stop_when_stuck(failure.STOP_GRACE_S if problem else failure.stop_grace())
     world = init_world()
@@ -87,7 +91,6 @@ def launch(
     out = {} if outcome is None else outcome
 
     def job() -> int:
-
         startup.agree_to_start(world, "train", problem)  # first: a rank may have failed already
         if problem:
             raise UserError(problem)
@@ -121,14 +124,6 @@ def launch(
         return 0
 
     return failure.run_guarded(world, job)
-
-
-def _problem(check: Callable[[], Any]) -> str | None:
-    try:
-        check()
-    except UserError as exc:
-        return user_message(exc)
-    return None
 
 
 def build_run(
@@ -176,8 +171,7 @@ def build_run(
     def trainer() -> Trainer:
         outputs = ("metrics", "save", "checkpoint_dir", "keep_checkpoints", "progress")
         own = run_callbacks(say, world.rank == 0, **{n: getattr(spec, n) for n in outputs})
-        every = [*own, *callbacks]
-        built = Trainer(model, data, backend, groups.world, cfg, say, groups, callbacks=every)
+        built = Trainer(model, data, backend, groups.world, cfg, say, groups, [*own, *callbacks])
         start(built, spec.checkpoint_dir, spec.resume)  # last: a resume loads into it
         built.cfg.plan = plan.resolved(groups.name, built.update.name)
         built.cfg.facts.plan = built.cfg.plan.record()  # every metrics line says it
@@ -267,9 +261,11 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
     check_text_model(spec, data)
     name, shape, classes = model_name(spec.model), data.input_shape, data.num_classes
-    gpt = gpt_settings(spec)
+    gpt = {n: getattr(spec, n) for n in GPT_DEFAULTS}
     model = make_model(spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt)
-    check_network(spec, data)
+    params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt)  # too large: refused
+    item, states = np.dtype(spec.dtype).itemsize, len(OPTIMIZERS[spec.optimizer].state_names)
+    check_network_fits(network_named(spec, "`model`"), params, item, states)  # before it is built
     try:
         model = plan.apply(model, shape, backend, spec.seed, world.rank, spec.model)
     except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
@@ -297,7 +293,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         said |= {"microbatches": plan.microbatches, "pipeline_schedule": plan.schedule}
         said |= {"recompute": plan.recompute, "tensor_ranks": plan.tensor_parts}
     if spec.model == "gpt":  # what its checkpoint must say to be sampled from and resumed
-        said |= {**gpt_settings(spec), "vocab": data.vocab.chars}
+        said |= {**gpt, "vocab": data.vocab.chars}
     facts = RunFacts(said, threads=threads, replicas=plan.replicas)  # each a share of a batch
     cfg = _train_config(spec, plan.replicas, data.n_train, facts)
     cfg.plan = plan
@@ -305,21 +301,9 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     return backend, data, model, cfg, plan
 
 
-def check_network(spec: RunSpec, data: Any) -> None:
-    """A preset network too large for this machine, refused before it is built."""
-    shape, classes = data.input_shape, data.num_classes
-    params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt_settings(spec))
-    size, states = np.dtype(spec.dtype).itemsize, len(OPTIMIZERS[spec.optimizer].state_names)
-    check_network_fits(network_named(spec, "`model`"), params, size, states)
-
-
 def network_named(spec: RunSpec, model: str) -> str:
     """How a message names the network: the MLP by its sizes, another by ``model``."""
     return f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else model
-
-
-def gpt_settings(spec: RunSpec) -> dict[str, int]:
-    return {name: getattr(spec, name) for name in GPT_DEFAULTS}
 
 
 def check_text_model(spec: RunSpec, data: Any) -> None:
@@ -416,8 +400,7 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
 
 def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[str, str]]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
-    unset = [name for name, value in settings.DEFAULTS.items() if value is None]
-    given = {name for name in unset if getattr(spec, name) is not None}
+    given = settings.given_settings(spec)
     found: list[tuple[str, str]] = []
 
     def unused(names: Collection[str], ignored: bool, why: str) -> None:
