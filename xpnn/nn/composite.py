@@ -9,30 +9,23 @@ from typing import Any
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 
 
-def _named(layers: Mapping[str, Layer] | Sequence[Layer], owner: str) -> dict[str, Layer]:
-    """``layers`` by name: a mapping's keys, or a sequence's positions ("0", "1", ...)."""
-    if isinstance(layers, Mapping):
-        items = dict(layers)
-    else:
-        items = {str(i): layer for i, layer in enumerate(layers)}
-    if not items:
-        raise ValueError(f"{owner}: needs at least one layer")
-    for name, layer in items.items():
-        if not isinstance(name, str) or not name or "." in name:
-            raise ValueError(
-                f"{owner}: sublayer names must be non-empty strings without '.', got {name!r}"
-            )
-        if not isinstance(layer, Layer):
-            raise TypeError(f"{owner}: sublayer {name!r} must be a Layer, got {layer!r}")
-    return items
-
-
 class Chain(Layer):
     """Sublayers in order; a subclass may run them its own way, keeping nested parameters."""
 
     def __init__(self, layers: Mapping[str, Layer] | Sequence[Layer]) -> None:
+        """Named by a mapping's keys, or by a sequence's positions ("0", "1", ...)."""
         super().__init__()
-        self.children = _named(layers, type(self).__name__)
+        owner, seq = type(self).__name__, not isinstance(layers, Mapping)
+        self.children = {str(i): x for i, x in enumerate(layers)} if seq else dict(layers)
+        if not self.children:
+            raise ValueError(f"{owner}: needs at least one layer")
+        for name, layer in self.children.items():
+            if not isinstance(name, str) or not name or "." in name:
+                raise ValueError(
+                    f"{owner}: sublayer names must be non-empty strings without '.', got {name!r}"
+                )
+            if not isinstance(layer, Layer):
+                raise TypeError(f"{owner}: sublayer {name!r} must be a Layer, got {layer!r}")
 
     def build(self, in_shape: tuple[int, ...], backend: Any, rng: Any) -> tuple[int, ...]:
         self.initial = {}  # a rebuild declares every nested parameter again
