@@ -321,12 +321,11 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
         raise UserError("`loss`: `model` gpt trains with softmax_cross_entropy at every position")
 
 
-def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -> list[str]:
+def summary(trainer: Any, asked: str, node_sizes: tuple[int, ...]) -> list[str]:
     """What rank 0 says before training; ``asked``: the backend as given (``auto`` is said)."""
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
     threads = describe_threads(cfg.facts.record())
-    size = trainer.comm.size
-    ranks = describe_ranks(size, node_sizes) if sum(node_sizes) == size else f"{size} rank(s)"
+    ranks = describe_ranks(trainer.comm.size, node_sizes)
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
     chosen = trainer.backend.describe()
     if asked == "auto":  # "numba (cpu, float32)" -> "numba (auto, cpu, float32)"
