@@ -108,7 +108,7 @@ class Setting:
     flag: str = ""  # default: --name-with-dashes
     shown: str = ""  # the default as the docs say it (default: the value, or ``fill``)
     fill: Any = None  # what None stands for: a value, or a function of the spec
-    per_rank: bool = False  # may differ between ranks (a node's data copy, rank 0's files)
+    per_rank: bool = False  # may differ between ranks: a node's data copy, rank 0's files, cores
 
     def said_default(self, default: Any) -> str:
         if self.shown:
@@ -466,7 +466,6 @@ class RunSpec:
 
 SETTINGS: dict[str, Setting] = {f.name: f.metadata["setting"] for f in dataclasses.fields(RunSpec)}
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunSpec)}
-# What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
 PER_RANK = tuple(name for name, s in SETTINGS.items() if s.per_rank)
 
 
