@@ -422,10 +422,8 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
     each_epoch = "without `steps`: each epoch ends with an evaluation"
     unused(["eval_every"], spec.steps is None, each_epoch)
     unused(["step_epochs"], spec.schedule != "step", f"with `schedule` {spec.schedule}")
-    if plan.shard_optimizer and plan.replicas == 1:
-        found.append(
-            ("`shard_optimizer`", "with one data-parallel rank: there is nothing to shard")
-        )
+    alone = "with one data-parallel rank: there is nothing to shard"
+    unused(["shard_optimizer"], plan.replicas == 1, alone)
     unused(["model_ranks"], not plan.spread, "with `parallel` data: every rank holds the network")
     where, byte_buckets = f"with comm {data.name} on {data.size} rank(s)", uses_byte_buckets(data)
     if "bucket_mb" in given and data.size == 1 and plan.spread:
