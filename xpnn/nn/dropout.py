@@ -6,6 +6,8 @@ from xpnn.nn.layer import Array, Context, Layer
 class Dropout(Layer):
     """Zeroes each element with probability ``p`` in training; ``salt`` tells two Dropouts apart."""
 
+    shown = ("p",)
+
     def __init__(self, p: float = 0.5, salt: int = 0) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
@@ -34,6 +36,3 @@ class Dropout(Layer):
         if not need_dx:
             return None
         return dy if self.mask is None else dy * self.mask
-
-    def __repr__(self) -> str:
-        return f"Dropout({self.p})"

@@ -11,6 +11,8 @@ EMBEDDING_STD = 0.02  # GPT-2's initial scale for token and position vectors
 class Embedding(Layer):
     """Integer ids (any shape) -> rows of ``W`` (``vocab``, ``dim``); ids have no gradient."""
 
+    shown = ("vocab", "dim")
+
     def __init__(self, vocab: int, dim: int) -> None:
         super().__init__()
         self.vocab = check_int("Embedding", "vocab", vocab)
@@ -34,12 +36,11 @@ class Embedding(Layer):
         self.kernels.embedding_grad(self.ids, dy, self.grads["W"])
         return None
 
-    def __repr__(self) -> str:
-        return f"Embedding({self.vocab}, {self.dim})"
-
 
 class PositionEmbedding(Layer):
     """``y = x + W[:T]`` on (B, T, D) inputs; T below ``max_len`` in generation's first steps."""
+
+    shown = ("max_len",)
 
     def __init__(self, max_len: int) -> None:
         super().__init__()
@@ -63,6 +64,3 @@ class PositionEmbedding(Layer):
         grad[...] = 0
         grad[: self.length, :] = self.xp.sum(dy, axis=0)
         return dy if need_dx else None
-
-    def __repr__(self) -> str:
-        return f"PositionEmbedding({self.max_len})"

@@ -37,6 +37,3 @@ class LayerNorm(Layer):
         self.grads["gamma"][...] = dgamma
         self.grads["beta"][...] = dbeta
         return dx
-
-    def __repr__(self) -> str:
-        return "LayerNorm()"
