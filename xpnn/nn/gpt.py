@@ -50,8 +50,7 @@ def gpt(
     block: int = GPT_DEFAULTS["block"],
 ) -> Sequential:
     """Ids (N, block) -> logits (N, block, vocab); each block a layer: pipeline stages cut there."""
-    check_int("gpt", "vocab", vocab)
-    check_int("gpt", "layers", layers)
+    check_int("gpt", "layers", layers)  # vocab: Embedding checks it
     seq = [Embedding(vocab, embed), PositionEmbedding(check_int("gpt", "block", block))]
     seq += [transformer_block(embed, heads) for _ in range(layers)]
     seq += [LayerNorm(), Dense(vocab)]
