@@ -354,31 +354,24 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     notes += [f"{name} has no effect {why}" for name, why in ignored]
     if spec.precision != "fp32" and spec.backend == "numba" and trainer.backend.name == "numpy":
         notes.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
-    if cfg.plan.pipelined:
-        # a batch is cut into at most one micro-batch per sample: more are never run
-        batch = min(cfg.batch_size, n_train or cfg.batch_size)
-        batch = -(-batch // spec.accumulate)  # what one micro-step of `accumulate` takes
-        replicas = cfg.facts.replicas or 1
-        share = -(-batch // replicas)  # the largest share of a batch a replica gets
-        if spec.microbatches is not None and spec.microbatches > share:
-            whose = "each replica's share of a batch" if replicas > 1 else "a batch"
-            runs = "a step runs"
-            if spec.accumulate > 1:
-                whose, runs = f"{whose}'s micro-step (`accumulate`)", "each micro-step runs"
-            notes.append(
-                f"`microbatches` {spec.microbatches} is more than the {share} sample(s) of "
-                f"{whose}: {runs} at most {share} micro-batch(es), of one sample each"
-            )
-        if spec.recompute and min(spec.microbatches or settings.MICROBATCHES, share) == 1:
-            notes.append(
-                "`recompute` has no effect with one micro-batch a step: its activations are "
-                "still held when its backward pass comes, so none are computed again"
-            )
+    # a pipeline cuts a batch into at most one micro-batch per sample: more are never run
+    rows = -(-min(cfg.batch_size, n_train or cfg.batch_size) // spec.accumulate)  # a micro-step's
+    replicas, pipelined, micro = cfg.facts.replicas or 1, cfg.plan.pipelined, spec.microbatches
+    rows = -(-rows // replicas)  # the largest share of a batch a replica gets
+    whose = "each replica's share of a batch" if replicas > 1 else "a batch"
+    whose += "'s micro-step (`accumulate`)" if spec.accumulate > 1 else ""
+    runs = "each micro-step runs" if spec.accumulate > 1 else "a step runs"
     batch = "per_rank_batch" if spec.per_rank_batch is not None else "batch_size"
     threads, share = cfg.facts.threads, world.cores or node_cores()
     env = ", ".join(f"{var}={value}" for var, value in REPLACED_ENV.items())
     slower = "take turns, which is slower"
     said = {
+        f"`microbatches` {micro} is more than the {rows} sample(s) of {whose}: {runs} at most "
+        f"{rows} micro-batch(es), of one sample each": pipelined and (micro or 0) > rows,
+        "`recompute` has no effect with one micro-batch a step: its activations are still held "
+        "when its backward pass comes, so none are computed again": (
+            pipelined and spec.recompute and min(micro or settings.MICROBATCHES, rows) == 1
+        ),
         f"`{batch}` makes a global batch of {cfg.batch_size}, more than the {n_train} training "
         "samples: every step takes the whole set (full-batch)": (
             cfg.batch_size > n_train and spec.batch_size != "full"
