@@ -21,6 +21,7 @@ class CausalSelfAttention(Chain):
                 f"CausalSelfAttention: embed {embed} is not a multiple of heads {heads}"
             )
         self.head_dim = embed // heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)  # of the scores q k^T
         # qkv's columns: (head, q/k/v, head dim), so that a range of heads is one slice (Megatron)
         super().__init__({"qkv": Dense(3 * embed), "proj": Dense(embed)})
         self.tensor_pairs = (("qkv", "proj", 3 * self.head_dim, self.head_dim),)
@@ -42,12 +43,9 @@ class CausalSelfAttention(Chain):
         split = xp.reshape(qkv, (b, t, heads, 3, self.head_dim))
         q, k, v = (split[:, :, :, i, :] for i in range(3))
         self.q, self.k, self.v = (xp.permute_dims(a, (0, 2, 1, 3)) for a in (q, k, v))
-        merged = xp.empty((b, t, heads * self.head_dim), dtype=qkv.dtype)
-        heads_view = xp.reshape(merged, (b, t, heads, self.head_dim))  # the heads side by side
-        scale = 1.0 / math.sqrt(self.head_dim)
-        _, self.p = self.kernels.causal_attention(
-            self.q, self.k, self.v, scale, out=xp.permute_dims(heads_view, (0, 2, 1, 3))
-        )
+        merged = xp.empty((b, t, heads * self.head_dim), dtype=qkv.dtype)  # heads side by side
+        out = xp.permute_dims(xp.reshape(merged, (b, t, heads, self.head_dim)), (0, 2, 1, 3))
+        _, self.p = self.kernels.causal_attention(self.q, self.k, self.v, self.scale, out=out)
         return self.children["proj"].forward(merged, ctx)
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
@@ -56,14 +54,9 @@ class CausalSelfAttention(Chain):
         b, heads, t, hd = self.q.shape
         dout = xp.permute_dims(xp.reshape(dmerged, (b, t, heads, hd)), (0, 2, 1, 3))
         dqkv = xp.empty((b, t, heads, 3, hd), dtype=dout.dtype)  # qkv's column layout
+        out = tuple(xp.permute_dims(dqkv[:, :, :, i, :], (0, 2, 1, 3)) for i in range(3))
         self.kernels.causal_attention_backward(
-            dout,
-            self.q,
-            self.k,
-            self.v,
-            self.p,
-            1.0 / math.sqrt(hd),
-            out=tuple(xp.permute_dims(dqkv[:, :, :, i, :], (0, 2, 1, 3)) for i in range(3)),
+            dout, self.q, self.k, self.v, self.p, self.scale, out=out
         )
         return self.children["qkv"].backward(xp.reshape(dqkv, (b, t, 3 * heads * hd)), need_dx)
 
