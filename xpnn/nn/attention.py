@@ -14,12 +14,11 @@ class CausalSelfAttention(Chain):
     """(B, T, D) -> (B, T, D), position ``i`` attending to ``<= i``; ``proj`` mixes the heads."""
 
     def __init__(self, embed: int, heads: int) -> None:
-        self.embed = check_int("CausalSelfAttention", "embed", embed)
-        self.heads = check_int("CausalSelfAttention", "heads", heads)
+        owner = "CausalSelfAttention"
+        self.embed = check_int(owner, "embed", embed)
+        self.heads = check_int(owner, "heads", heads)
         if embed % heads:
-            raise ValueError(
-                f"CausalSelfAttention: embed {embed} is not a multiple of heads {heads}"
-            )
+            raise ValueError(f"{owner}: embed {embed} is not a multiple of heads {heads}")
         self.head_dim = embed // heads
         self.scale = 1.0 / math.sqrt(self.head_dim)  # of the scores q k^T
         # qkv's columns: (head, q/k/v, head dim), so that a range of heads is one slice (Megatron)

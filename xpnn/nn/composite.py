@@ -21,9 +21,8 @@ class Chain(Layer):
             raise ValueError(f"{owner}: needs at least one layer")
         for name, layer in self.children.items():
             if not isinstance(name, str) or not name or "." in name:
-                raise ValueError(
-                    f"{owner}: sublayer names must be non-empty strings without '.', got {name!r}"
-                )
+                why = "sublayer names must be non-empty strings without '.'"
+                raise ValueError(f"{owner}: {why}, got {name!r}")
             if not isinstance(layer, Layer):
                 raise TypeError(f"{owner}: sublayer {name!r} must be a Layer, got {layer!r}")
 
@@ -82,10 +81,8 @@ class Residual(Chain):
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
         out = super().setup(in_shape, rng)
         if tuple(out) != tuple(in_shape):
-            raise ValueError(
-                f"Residual: its layers map {tuple(in_shape)} to {tuple(out)}; "
-                "y = x + f(x) needs the same shape"
-            )
+            why = "y = x + f(x) needs the same shape"
+            raise ValueError(f"Residual: its layers map {tuple(in_shape)} to {tuple(out)}; {why}")
         return out
 
     def forward(self, x: Array, ctx: Context) -> Array:

@@ -32,9 +32,8 @@ class Dense(Layer):
         """``x`` checked, as rows of features (leading axes merged), in the parameters' dtype."""
         features = self.params["W"].shape[0]
         if x.ndim < 2 or x.shape[-1] != features:
-            raise ValueError(
-                f"Dense built for {features} input features, got batch shape {tuple(x.shape)}"
-            )
+            got = f"got batch shape {tuple(x.shape)}"
+            raise ValueError(f"Dense built for {features} input features, {got}")
         if x.ndim > 2:
             x = self.xp.reshape(x, (math.prod(x.shape[:-1]), features))
         if x.dtype != self.params["W"].dtype:

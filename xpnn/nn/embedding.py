@@ -48,10 +48,8 @@ class PositionEmbedding(Layer):
 
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
         if len(in_shape) != 2 or in_shape[0] > self.max_len:
-            raise ValueError(
-                f"PositionEmbedding({self.max_len}) expects (T, D) inputs with T <= "
-                f"{self.max_len}, got shape {in_shape}"
-            )
+            want = f"(T, D) inputs with T <= {self.max_len}"
+            raise ValueError(f"{self!r} expects {want}, got shape {in_shape}")
         self.add_param("W", rng.standard_normal((self.max_len, in_shape[1])) * EMBEDDING_STD)
         return in_shape
 
