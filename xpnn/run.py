@@ -78,7 +78,8 @@ def launch(
 ) -> int:
     """``run`` as the command line's exit code, every rank stopping with one code."""
     stall.set_limits(spec.stall_warn, spec.stall_abort)  # the setup's waits too
-    problem = None  # a typo in these would hide a failure: said once MPI is up, by all together
+    # a typo in these would hide a failure: said once MPI is up, by every rank together
+    problem: str | None = None
     for check in (failure.stop_grace, failure.agree_timeout):
         try:
             check()
