@@ -6,7 +6,7 @@ from xpnn.nn.layer import Array, Context, Layer
 class Dropout(Layer):
     """Zeroes each element with probability ``p`` in training; ``salt`` tells two Dropouts apart."""
 
-    shown = ("p",)
+    repr_attrs = ("p",)
 
     def __init__(self, p: float = 0.5, salt: int = 0) -> None:
         super().__init__()

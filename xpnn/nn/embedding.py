@@ -11,7 +11,7 @@ EMBEDDING_STD = 0.02  # GPT-2's initial scale for token and position vectors
 class Embedding(Layer):
     """Integer ids (any shape) -> rows of ``W`` (``vocab``, ``dim``); ids have no gradient."""
 
-    shown = ("vocab", "dim")
+    repr_attrs = ("vocab", "dim")
 
     def __init__(self, vocab: int, dim: int) -> None:
         super().__init__()
@@ -40,7 +40,7 @@ class Embedding(Layer):
 class PositionEmbedding(Layer):
     """``y = x + W[:T]`` on (B, T, D) inputs; T below ``max_len`` in generation's first steps."""
 
-    shown = ("max_len",)
+    repr_attrs = ("max_len",)
 
     def __init__(self, max_len: int) -> None:
         super().__init__()
