@@ -266,11 +266,12 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     model = make_model(spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt)
     params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt)  # too large: refused
     item, states = np.dtype(spec.dtype).itemsize, len(OPTIMIZERS[spec.optimizer].state_names)
-    check_network_fits(network_named(spec, "`model`"), params, item, states)  # before it is built
+    sizes = f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else None
+    check_network_fits(sizes or "`model`", params, item, states)  # before it is built
     try:
         model = plan.apply(model, shape, backend, spec.seed, world.rank, spec.model)
     except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
-        what = network_named(spec, f"`model` {name}")
+        what = sizes or f"`model` {name}"  # the MLP by its sizes
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     except (ValueError, TypeError, IndexError) as exc:  # a user's model that does not fit
         if spec.model in ("mlp", "cnn", "gpt"):
@@ -300,11 +301,6 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     cfg.plan = plan
     facts.global_batch = cfg.batch_size
     return backend, data, model, cfg, plan
-
-
-def network_named(spec: RunSpec, model: str) -> str:
-    """How a message names the network: the MLP by its sizes, another by ``model``."""
-    return f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else model
 
 
 def check_text_model(spec: RunSpec, data: Any) -> None:
