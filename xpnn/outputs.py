@@ -20,8 +20,7 @@ from xpnn.train.resume import no_checkpoint
 def _takes_files(param: str, path: str, directory: Path) -> None:
     """A throwaway file proves ``directory`` can be written, before the training, not after."""
     try:
-        with tempfile.TemporaryFile(dir=directory):
-            pass
+        tempfile.TemporaryFile(dir=directory).close()
     except OSError as exc:
         why = f"cannot create files in {directory} ({exc.strerror})"
         raise UserError(f"`{param}` {path}: {why}") from None

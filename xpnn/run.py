@@ -79,7 +79,12 @@ def launch(
     """``run`` as the command line's exit code, every rank stopping with one code."""
     stall.set_limits(spec.stall_warn, spec.stall_abort)  # the setup's waits too
     # a typo in these would hide a failure: said once MPI is up, by every rank together
-    problem = _problem(failure.stop_grace) or _problem(failure.agree_timeout)
+    problem: str | None = None
+    for check in (failure.stop_grace, failure.agree_timeout):
+        try:
+            check()
+        except UserError as exc:
+            problem = problem or user_message(exc)
     # before MPI_Init: a signal while a rank waits there for another ends it too
     failure.stop_when_stuck(failure.STOP_GRACE_S if problem else failure.stop_grace())
     world = init_world()
@@ -87,7 +92,6 @@ def launch(
     out = {} if outcome is None else outcome
 
     def job() -> int:
-
         startup.agree_to_start(world, "train", problem)  # first: a rank may have failed already
         if problem:
             raise UserError(problem)
@@ -121,14 +125,6 @@ def launch(
         return 0
 
     return failure.run_guarded(world, job)
-
-
-def _problem(check: Callable[[], Any]) -> str | None:
-    try:
-        check()
-    except UserError as exc:
-        return user_message(exc)
-    return None
 
 
 def build_run(
@@ -176,8 +172,7 @@ def build_run(
     def trainer() -> Trainer:
         outputs = ("metrics", "save", "checkpoint_dir", "keep_checkpoints", "progress")
         own = run_callbacks(say, world.rank == 0, **{n: getattr(spec, n) for n in outputs})
-        every = [*own, *callbacks]
-        built = Trainer(model, data, backend, groups.world, cfg, say, groups, callbacks=every)
+        built = Trainer(model, data, backend, groups.world, cfg, say, groups, [*own, *callbacks])
         start(built, spec.checkpoint_dir, spec.resume)  # last: a resume loads into it
         built.cfg.plan = plan.resolved(groups.name, built.update.name)
         built.cfg.facts.plan = built.cfg.plan.record()  # every metrics line says it
@@ -267,13 +262,16 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         raise UserError(f"{what}: the data set does not fit in memory ({exc})") from None
     check_text_model(spec, data)
     name, shape, classes = model_name(spec.model), data.input_shape, data.num_classes
-    gpt = gpt_settings(spec)
+    gpt = {n: getattr(spec, n) for n in GPT_DEFAULTS}
     model = make_model(spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt)
-    check_network(spec, data)
+    params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt)  # too large: refused
+    item, states = np.dtype(spec.dtype).itemsize, len(OPTIMIZERS[spec.optimizer].state_names)
+    sizes = f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else None
+    check_network_fits(sizes or "`model`", params, item, states)  # before it is built
     try:
         model = plan.apply(model, shape, backend, spec.seed, world.rank, spec.model)
     except MemoryError as exc:  # hidden=(99999999999,): NumPy says how much it wanted
-        what = network_named(spec, f"`model` {name}")
+        what = sizes or f"`model` {name}"  # the MLP by its sizes
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     except (ValueError, TypeError, IndexError) as exc:  # a user's model that does not fit
         if spec.model in ("mlp", "cnn", "gpt"):
@@ -297,29 +295,12 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         said |= {"microbatches": plan.microbatches, "pipeline_schedule": plan.schedule}
         said |= {"recompute": plan.recompute, "tensor_ranks": plan.tensor_parts}
     if spec.model == "gpt":  # what its checkpoint must say to be sampled from and resumed
-        said |= {**gpt_settings(spec), "vocab": data.vocab.chars}
+        said |= {**gpt, "vocab": data.vocab.chars}
     facts = RunFacts(said, threads=threads, replicas=plan.replicas)  # each a share of a batch
     cfg = _train_config(spec, plan.replicas, data.n_train, facts)
     cfg.plan = plan
     facts.global_batch = cfg.batch_size
     return backend, data, model, cfg, plan
-
-
-def check_network(spec: RunSpec, data: Any) -> None:
-    """A preset network too large for this machine, refused before it is built."""
-    shape, classes = data.input_shape, data.num_classes
-    params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt_settings(spec))
-    size, states = np.dtype(spec.dtype).itemsize, len(OPTIMIZERS[spec.optimizer].state_names)
-    check_network_fits(network_named(spec, "`model`"), params, size, states)
-
-
-def network_named(spec: RunSpec, model: str) -> str:
-    """How a message names the network: the MLP by its sizes, another by ``model``."""
-    return f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else model
-
-
-def gpt_settings(spec: RunSpec) -> dict[str, int]:
-    return {name: getattr(spec, name) for name in GPT_DEFAULTS}
 
 
 def check_text_model(spec: RunSpec, data: Any) -> None:
@@ -337,12 +318,11 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
         raise UserError("`loss`: `model` gpt trains with softmax_cross_entropy at every position")
 
 
-def summary(trainer: Any, asked: str = "", node_sizes: tuple[int, ...] = (1,)) -> list[str]:
+def summary(trainer: Any, asked: str, node_sizes: tuple[int, ...]) -> list[str]:
     """What rank 0 says before training; ``asked``: the backend as given (``auto`` is said)."""
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
     threads = describe_threads(cfg.facts.record())
-    size = trainer.comm.size
-    ranks = describe_ranks(size, node_sizes) if sum(node_sizes) == size else f"{size} rank(s)"
+    ranks = describe_ranks(trainer.comm.size, node_sizes)
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
     chosen = trainer.backend.describe()
     if asked == "auto":  # "numba (cpu, float32)" -> "numba (auto, cpu, float32)"
@@ -371,31 +351,24 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     notes += [f"{name} has no effect {why}" for name, why in ignored]
     if spec.precision != "fp32" and spec.backend == "numba" and trainer.backend.name == "numpy":
         notes.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
-    if cfg.plan.pipelined:
-        # a batch is cut into at most one micro-batch per sample: more are never run
-        batch = min(cfg.batch_size, n_train or cfg.batch_size)
-        batch = -(-batch // spec.accumulate)  # what one micro-step of `accumulate` takes
-        replicas = cfg.facts.replicas or 1
-        share = -(-batch // replicas)  # the largest share of a batch a replica gets
-        if spec.microbatches is not None and spec.microbatches > share:
-            whose = "each replica's share of a batch" if replicas > 1 else "a batch"
-            runs = "a step runs"
-            if spec.accumulate > 1:
-                whose, runs = f"{whose}'s micro-step (`accumulate`)", "each micro-step runs"
-            notes.append(
-                f"`microbatches` {spec.microbatches} is more than the {share} sample(s) of "
-                f"{whose}: {runs} at most {share} micro-batch(es), of one sample each"
-            )
-        if spec.recompute and min(spec.microbatches or settings.MICROBATCHES, share) == 1:
-            notes.append(
-                "`recompute` has no effect with one micro-batch a step: its activations are "
-                "still held when its backward pass comes, so none are computed again"
-            )
+    # a pipeline cuts a batch into at most one micro-batch per sample: more are never run
+    rows = -(-min(cfg.batch_size, n_train or cfg.batch_size) // spec.accumulate)  # a micro-step's
+    replicas, pipelined, micro = cfg.facts.replicas or 1, cfg.plan.pipelined, spec.microbatches
+    rows = -(-rows // replicas)  # the largest share of a batch a replica gets
+    whose = "each replica's share of a batch" if replicas > 1 else "a batch"
+    whose += "'s micro-step (`accumulate`)" if spec.accumulate > 1 else ""
+    runs = "each micro-step runs" if spec.accumulate > 1 else "a step runs"
     batch = "per_rank_batch" if spec.per_rank_batch is not None else "batch_size"
     threads, share = cfg.facts.threads, world.cores or node_cores()
     env = ", ".join(f"{var}={value}" for var, value in REPLACED_ENV.items())
     slower = "take turns, which is slower"
     said = {
+        f"`microbatches` {micro} is more than the {rows} sample(s) of {whose}: {runs} at most "
+        f"{rows} micro-batch(es), of one sample each": pipelined and (micro or 0) > rows,
+        "`recompute` has no effect with one micro-batch a step: its activations are still held "
+        "when its backward pass comes, so none are computed again": (
+            pipelined and spec.recompute and min(micro or settings.MICROBATCHES, rows) == 1
+        ),
         f"`{batch}` makes a global batch of {cfg.batch_size}, more than the {n_train} training "
         "samples: every step takes the whole set (full-batch)": (
             cfg.batch_size > n_train and spec.batch_size != "full"
@@ -416,8 +389,7 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
 
 def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[str, str]]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
-    unset = [name for name, value in settings.DEFAULTS.items() if value is None]
-    given = {name for name in unset if getattr(spec, name) is not None}
+    given = settings.given_settings(spec)
     found: list[tuple[str, str]] = []
 
     def unused(names: Collection[str], ignored: bool, why: str) -> None:
@@ -440,10 +412,8 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
     each_epoch = "without `steps`: each epoch ends with an evaluation"
     unused(["eval_every"], spec.steps is None, each_epoch)
     unused(["step_epochs"], spec.schedule != "step", f"with `schedule` {spec.schedule}")
-    if plan.shard_optimizer and plan.replicas == 1:
-        found.append(
-            ("`shard_optimizer`", "with one data-parallel rank: there is nothing to shard")
-        )
+    alone = "with one data-parallel rank: there is nothing to shard"
+    unused(["shard_optimizer"], plan.replicas == 1, alone)
     unused(["model_ranks"], not plan.spread, "with `parallel` data: every rank holds the network")
     where, byte_buckets = f"with comm {data.name} on {data.size} rank(s)", uses_byte_buckets(data)
     if "bucket_mb" in given and data.size == 1 and plan.spread:

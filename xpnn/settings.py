@@ -34,8 +34,6 @@ from xpnn.train.precision import PRECISIONS
 
 BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
 MICROBATCHES = 4  # GPipe's default for parallel="pipeline"
-SYNTHETIC_SIZE = 6000  # dataset "synthetic"'s samples when synthetic_size is not given
-LR_SCALINGS = ("none", "linear")  # linear: lr times the replicas
 MOST = 2**31 - 1  # counts and sizes past this are typos, and past NumPy's or C's int types
 
 
@@ -110,7 +108,7 @@ class Setting:
     flag: str = ""  # default: --name-with-dashes
     shown: str = ""  # the default as the docs say it (default: the value, or ``fill``)
     fill: Any = None  # what None stands for: a value, or a function of the spec
-    per_rank: bool = False  # may differ between ranks (a node's data copy, rank 0's files)
+    per_rank: bool = False  # may differ between ranks: a node's data copy, rank 0's files, cores
 
     def said_default(self, default: Any) -> str:
         if self.shown:
@@ -244,7 +242,7 @@ class RunSpec:
         "started](getting-started.md#data-offline-and-online). ``tinyshakespeare``: the directory "
         "holding ``input.txt`` (or the file); ``text``: the file."
     )
-    synthetic_size: int | None = DATA(None, rule=COUNT, metavar="N", fill=SYNTHETIC_SIZE)(
+    synthetic_size: int | None = DATA(None, rule=COUNT, metavar="N", fill=6000)(
         "Training samples of ``--dataset synthetic``."
     )
     replicate: int = DATA(1, rule=COUNT, metavar="K")(
@@ -261,7 +259,7 @@ class RunSpec:
         "Makes the global batch B × replicas (weak scaling). Not together with ``--batch-size``."
     )
     lr: float = TRAINING(1e-3, rule=POSITIVE, metavar="X")("Learning rate.")
-    lr_scaling: str = TRAINING("none", choices=LR_SCALINGS)(
+    lr_scaling: str = TRAINING("none", choices=("none", "linear"))(
         "``linear`` multiplies ``--lr`` by the number of replicas (Goyal et al., 2017)."
     )
     steps: int | None = TRAINING(None, rule=COUNT, metavar="N")(
@@ -468,7 +466,6 @@ class RunSpec:
 
 SETTINGS: dict[str, Setting] = {f.name: f.metadata["setting"] for f in dataclasses.fields(RunSpec)}
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunSpec)}
-# What may differ between ranks: a node's own data copy, what rank 0 alone writes or shows, cores.
 PER_RANK = tuple(name for name, s in SETTINGS.items() if s.per_rank)
 
 

@@ -40,6 +40,4 @@ class GELU(Layer):
         return y
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
-        if not need_dx:
-            return None
-        return self.kernels.gelu_backward(dy, self.x, self.t)
+        return self.kernels.gelu_backward(dy, self.x, self.t) if need_dx else None

@@ -1,5 +1,4 @@
-"""Causal multi-head self-attention and the transformer's feed-forward block, as composites
-of Dense layers that declare how tensor parallelism splits them (``Layer.tensor_pairs``)."""
+"""Self-attention and the feed-forward block: Dense composites that declare ``tensor_pairs``."""
 
 from __future__ import annotations
 
@@ -12,19 +11,17 @@ from xpnn.nn.layer import Array, Context, check_int
 
 
 class CausalSelfAttention(Chain):
-    """(B, T, D) -> (B, T, D): ``qkv`` (Dense D -> 3D) makes each head's query, key and value,
-    position ``i`` attends to positions ``<= i`` (``Kernels.causal_attention``), ``proj`` (Dense
-    D -> D) mixes the heads. ``qkv``'s output columns are ordered (head, q/k/v, head dim), so a
-    rank holding heads ``[lo:hi]`` holds one contiguous slice of them (Megatron's layout)."""
+    """(B, T, D) -> (B, T, D), position ``i`` attending to ``<= i``; ``proj`` mixes the heads."""
 
     def __init__(self, embed: int, heads: int) -> None:
-        self.embed = check_int("CausalSelfAttention", "embed", embed)
-        self.heads = check_int("CausalSelfAttention", "heads", heads)
+        owner = "CausalSelfAttention"
+        self.embed = check_int(owner, "embed", embed)
+        self.heads = check_int(owner, "heads", heads)
         if embed % heads:
-            raise ValueError(
-                f"CausalSelfAttention: embed {embed} is not a multiple of heads {heads}"
-            )
+            raise ValueError(f"{owner}: embed {embed} is not a multiple of heads {heads}")
         self.head_dim = embed // heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)  # of the scores q k^T
+        # qkv's columns: (head, q/k/v, head dim), so that a range of heads is one slice (Megatron)
         super().__init__({"qkv": Dense(3 * embed), "proj": Dense(embed)})
         self.tensor_pairs = (("qkv", "proj", 3 * self.head_dim, self.head_dim),)
 
@@ -45,12 +42,9 @@ class CausalSelfAttention(Chain):
         split = xp.reshape(qkv, (b, t, heads, 3, self.head_dim))
         q, k, v = (split[:, :, :, i, :] for i in range(3))
         self.q, self.k, self.v = (xp.permute_dims(a, (0, 2, 1, 3)) for a in (q, k, v))
-        merged = xp.empty((b, t, heads * self.head_dim), dtype=qkv.dtype)
-        heads_view = xp.reshape(merged, (b, t, heads, self.head_dim))  # the heads side by side
-        scale = 1.0 / math.sqrt(self.head_dim)
-        _, self.p = self.kernels.causal_attention(
-            self.q, self.k, self.v, scale, out=xp.permute_dims(heads_view, (0, 2, 1, 3))
-        )
+        merged = xp.empty((b, t, heads * self.head_dim), dtype=qkv.dtype)  # heads side by side
+        out = xp.permute_dims(xp.reshape(merged, (b, t, heads, self.head_dim)), (0, 2, 1, 3))
+        _, self.p = self.kernels.causal_attention(self.q, self.k, self.v, self.scale, out=out)
         return self.children["proj"].forward(merged, ctx)
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
@@ -59,14 +53,9 @@ class CausalSelfAttention(Chain):
         b, heads, t, hd = self.q.shape
         dout = xp.permute_dims(xp.reshape(dmerged, (b, t, heads, hd)), (0, 2, 1, 3))
         dqkv = xp.empty((b, t, heads, 3, hd), dtype=dout.dtype)  # qkv's column layout
+        out = tuple(xp.permute_dims(dqkv[:, :, :, i, :], (0, 2, 1, 3)) for i in range(3))
         self.kernels.causal_attention_backward(
-            dout,
-            self.q,
-            self.k,
-            self.v,
-            self.p,
-            1.0 / math.sqrt(hd),
-            out=tuple(xp.permute_dims(dqkv[:, :, :, i, :], (0, 2, 1, 3)) for i in range(3)),
+            dout, self.q, self.k, self.v, self.p, self.scale, out=out
         )
         return self.children["qkv"].backward(xp.reshape(dqkv, (b, t, 3 * heads * hd)), need_dx)
 
@@ -75,8 +64,7 @@ class CausalSelfAttention(Chain):
 
 
 class FeedForward(Chain):
-    """``down(GELU(up(x)))``: Dense D -> ``hidden`` with the tanh GELU fused into its bias pass,
-    Dense ``hidden`` -> D; split column- then row-parallel under tensor parallelism."""
+    """``down(GELU(up(x)))``, GELU fused in ``up``'s bias pass; split by columns, then rows."""
 
     tensor_pairs = (("up", "down", 1, 1),)
 

@@ -1,5 +1,4 @@
-"""Composite layers: named sublayers whose parameters the composite declares as its own under
-nested names (``attn.qkv.W``), so they live in the model's flat buffer and checkpoints."""
+"""Composites: sublayers' parameters declared as their own (``attn.qkv.W``), in the flat buffer."""
 
 from __future__ import annotations
 
@@ -10,30 +9,22 @@ from typing import Any
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 
 
-def _named(layers: Mapping[str, Layer] | Sequence[Layer], owner: str) -> dict[str, Layer]:
-    """``layers`` by name: a mapping's keys, or a sequence's positions ("0", "1", ...)."""
-    if isinstance(layers, Mapping):
-        items = dict(layers)
-    else:
-        items = {str(i): layer for i, layer in enumerate(layers)}
-    if not items:
-        raise ValueError(f"{owner}: needs at least one layer")
-    for name, layer in items.items():
-        if not isinstance(name, str) or not name or "." in name:
-            raise ValueError(
-                f"{owner}: sublayer names must be non-empty strings without '.', got {name!r}"
-            )
-        if not isinstance(layer, Layer):
-            raise TypeError(f"{owner}: sublayer {name!r} must be a Layer, got {layer!r}")
-    return items
-
-
 class Chain(Layer):
     """Sublayers in order; a subclass may run them its own way, keeping nested parameters."""
 
     def __init__(self, layers: Mapping[str, Layer] | Sequence[Layer]) -> None:
+        """Named by a mapping's keys, or by a sequence's positions ("0", "1", ...)."""
         super().__init__()
-        self.children = _named(layers, type(self).__name__)
+        owner, seq = type(self).__name__, not isinstance(layers, Mapping)
+        self.children = {str(i): x for i, x in enumerate(layers)} if seq else dict(layers)
+        if not self.children:
+            raise ValueError(f"{owner}: needs at least one layer")
+        for name, layer in self.children.items():
+            if not isinstance(name, str) or not name or "." in name:
+                why = "sublayer names must be non-empty strings without '.'"
+                raise ValueError(f"{owner}: {why}, got {name!r}")
+            if not isinstance(layer, Layer):
+                raise TypeError(f"{owner}: sublayer {name!r} must be a Layer, got {layer!r}")
 
     def build(self, in_shape: tuple[int, ...], backend: Any, rng: Any) -> tuple[int, ...]:
         self.initial = {}  # a rebuild declares every nested parameter again
@@ -90,10 +81,8 @@ class Residual(Chain):
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
         out = super().setup(in_shape, rng)
         if tuple(out) != tuple(in_shape):
-            raise ValueError(
-                f"Residual: its layers map {tuple(in_shape)} to {tuple(out)}; "
-                "y = x + f(x) needs the same shape"
-            )
+            why = "y = x + f(x) needs the same shape"
+            raise ValueError(f"Residual: its layers map {tuple(in_shape)} to {tuple(out)}; {why}")
         return out
 
     def forward(self, x: Array, ctx: Context) -> Array:

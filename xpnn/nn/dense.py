@@ -8,8 +8,7 @@ from xpnn.record.phases import WGRAD
 
 
 class Dense(Layer):
-    """``y = act(x @ W + b)``; the activation is fused so one kernel touches ``z`` once (the
-    tanh GELU, ``"gelu"``, keeps ``z + b`` and its ``tanh`` for the backward)."""
+    """``y = act(x @ W + b)``, the activation fused so that one kernel touches ``z`` once."""
 
     tensor_split = "dense"
 
@@ -33,9 +32,8 @@ class Dense(Layer):
         """``x`` checked, as rows of features (leading axes merged), in the parameters' dtype."""
         features = self.params["W"].shape[0]
         if x.ndim < 2 or x.shape[-1] != features:
-            raise ValueError(
-                f"Dense built for {features} input features, got batch shape {tuple(x.shape)}"
-            )
+            got = f"got batch shape {tuple(x.shape)}"
+            raise ValueError(f"Dense built for {features} input features, {got}")
         if x.ndim > 2:
             x = self.xp.reshape(x, (math.prod(x.shape[:-1]), features))
         if x.dtype != self.params["W"].dtype:

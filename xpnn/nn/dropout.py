@@ -4,8 +4,9 @@ from xpnn.nn.layer import Array, Context, Layer
 
 
 class Dropout(Layer):
-    """Train mode: zero each element with probability ``p``, scale the rest by ``1/(1-p)``;
-    eval mode: the identity. ``salt`` tells apart several Dropout layers of one model."""
+    """Zeroes each element with probability ``p`` in training; ``salt`` tells two Dropouts apart."""
+
+    repr_attrs = ("p",)
 
     def __init__(self, p: float = 0.5, salt: int = 0) -> None:
         super().__init__()
@@ -35,6 +36,3 @@ class Dropout(Layer):
         if not need_dx:
             return None
         return dy if self.mask is None else dy * self.mask
-
-    def __repr__(self) -> str:
-        return f"Dropout({self.p})"

@@ -11,6 +11,8 @@ EMBEDDING_STD = 0.02  # GPT-2's initial scale for token and position vectors
 class Embedding(Layer):
     """Integer ids (any shape) -> rows of ``W`` (``vocab``, ``dim``); ids have no gradient."""
 
+    repr_attrs = ("vocab", "dim")
+
     def __init__(self, vocab: int, dim: int) -> None:
         super().__init__()
         self.vocab = check_int("Embedding", "vocab", vocab)
@@ -34,13 +36,11 @@ class Embedding(Layer):
         self.kernels.embedding_grad(self.ids, dy, self.grads["W"])
         return None
 
-    def __repr__(self) -> str:
-        return f"Embedding({self.vocab}, {self.dim})"
-
 
 class PositionEmbedding(Layer):
-    """``y = x + W[:T]`` on (B, T, D) inputs, ``W`` (``max_len``, D); T may be shorter than
-    ``max_len`` (generation's first steps)."""
+    """``y = x + W[:T]`` on (B, T, D) inputs; T below ``max_len`` in generation's first steps."""
+
+    repr_attrs = ("max_len",)
 
     def __init__(self, max_len: int) -> None:
         super().__init__()
@@ -48,10 +48,8 @@ class PositionEmbedding(Layer):
 
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
         if len(in_shape) != 2 or in_shape[0] > self.max_len:
-            raise ValueError(
-                f"PositionEmbedding({self.max_len}) expects (T, D) inputs with T <= "
-                f"{self.max_len}, got shape {in_shape}"
-            )
+            want = f"(T, D) inputs with T <= {self.max_len}"
+            raise ValueError(f"{self!r} expects {want}, got shape {in_shape}")
         self.add_param("W", rng.standard_normal((self.max_len, in_shape[1])) * EMBEDDING_STD)
         return in_shape
 
@@ -64,6 +62,3 @@ class PositionEmbedding(Layer):
         grad[...] = 0
         grad[: self.length, :] = self.xp.sum(dy, axis=0)
         return dy if need_dx else None
-
-    def __repr__(self) -> str:
-        return f"PositionEmbedding({self.max_len})"

@@ -1,5 +1,4 @@
-"""A character-level GPT: token and position embeddings, pre-LayerNorm transformer blocks, a
-final LayerNorm and a vocabulary head, trained with softmax cross-entropy at every position."""
+"""A character-level GPT: embeddings, pre-LayerNorm transformer blocks, a LayerNorm, a head."""
 
 from typing import Any
 
@@ -15,8 +14,7 @@ GPT_DEFAULTS = {"layers": 4, "heads": 4, "embed": 128, "block": 64}
 
 
 class SequenceCrossEntropy:
-    """Softmax cross-entropy at every position of (N, T, V) logits against (N, T) labels, each
-    sample's loss its mean over positions: the trainer's mean is nats per token."""
+    """Softmax cross-entropy at each of T positions, a sample's loss their mean: nats per token."""
 
     name = "sequence_cross_entropy"
 
@@ -29,8 +27,7 @@ class SequenceCrossEntropy:
 
 
 class TransformerBlock(Chain):
-    """Pre-LayerNorm: ``x + attn(ln(x))``, then ``x + ff(ln(x))`` with a 4x wider hidden layer
-    (parameters ``attn.ln.*``, ``attn.sa.{qkv,proj}.*``, ``mlp.ln.*``, ``mlp.ff.{up,down}.*``)."""
+    """Pre-LayerNorm: ``x + attn(ln(x))``, then ``x + ff(ln(x))`` with a 4x wider hidden layer."""
 
     def __init__(self, embed: int, heads: int) -> None:
         attn = Residual({"ln": LayerNorm(), "sa": CausalSelfAttention(embed, heads)})
@@ -52,10 +49,8 @@ def gpt(
     embed: int = GPT_DEFAULTS["embed"],
     block: int = GPT_DEFAULTS["block"],
 ) -> Sequential:
-    """Token ids (N, ``block``) -> next-token logits (N, ``block``, ``vocab``). Each block is
-    one top-level layer (``layer2`` .. ``layer{layers+1}``): pipeline stages cut between them."""
-    check_int("gpt", "vocab", vocab)
-    check_int("gpt", "layers", layers)
+    """Ids (N, block) -> logits (N, block, vocab); each block a layer: pipeline stages cut there."""
+    check_int("gpt", "layers", layers)  # vocab: Embedding checks it
     seq = [Embedding(vocab, embed), PositionEmbedding(check_int("gpt", "block", block))]
     seq += [transformer_block(embed, heads) for _ in range(layers)]
     seq += [LayerNorm(), Dense(vocab)]

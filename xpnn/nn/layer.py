@@ -61,6 +61,7 @@ class Layer:
     tensor_split: ClassVar[str] = "none"
     # Megatron (column, row, column_group, row_group) Dense sublayers, cut in groups (q, k, v)
     tensor_pairs: tuple[tuple[str, str, int, int], ...] = ()
+    repr_attrs: ClassVar[tuple[str, ...]] = ()  # what ``repr`` says: ``Dropout(0.5)``
 
     def __init__(self) -> None:
         self.params: dict[str, Array] = {}
@@ -113,4 +114,4 @@ class Layer:
         return math.prod(out_shape[1:])
 
     def __repr__(self) -> str:
-        return type(self).__name__ + "()"
+        return f"{type(self).__name__}({', '.join(str(getattr(self, a)) for a in self.repr_attrs)})"

@@ -67,10 +67,8 @@ def model_name(model: Any) -> str:
 def load_factory(where: str) -> Callable[[tuple[int, ...], int], Any]:
     source, sep, name = where.rpartition(":")
     if not sep or not source or not name.isidentifier():
-        raise UserError(
-            f"`model` {where}: expected {', '.join(MODELS)}, FILE.py:FUNCTION or "
-            "package.module:FUNCTION"
-        )
+        forms = f"{', '.join(MODELS)}, FILE.py:FUNCTION or package.module:FUNCTION"
+        raise UserError(f"`model` {where}: expected {forms}")
     if source.endswith(".py"):
         path = Path(source)
         if not path.is_file():

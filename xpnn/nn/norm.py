@@ -22,12 +22,10 @@ class LayerNorm(Layer):
         return in_shape
 
     def forward(self, x: Array, ctx: Context) -> Array:
-        gamma = self.params["gamma"]
+        gamma, beta = self.params["gamma"], self.params["beta"]
         if x.dtype != gamma.dtype:
             x = self.xp.asarray(x, dtype=gamma.dtype)
-        y, self.xhat, self.inv_std = self.kernels.layer_norm(
-            x, gamma, self.params["beta"], self.eps
-        )
+        y, self.xhat, self.inv_std = self.kernels.layer_norm(x, gamma, beta, self.eps)
         return y
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
@@ -37,6 +35,3 @@ class LayerNorm(Layer):
         self.grads["gamma"][...] = dgamma
         self.grads["beta"][...] = dbeta
         return dx
-
-    def __repr__(self) -> str:
-        return "LayerNorm()"

@@ -138,11 +138,9 @@ class Sequential:
     def _is_users(self, layer: Layer) -> bool:
         """Whether ``layer`` is (or holds) a layer not from xpnn: its calls are checked."""
         known = self.__dict__.setdefault("_users", {})
-        found = known.get(id(layer))
-        if found is None:
-            library = (type(x).__module__.startswith("xpnn.") for x in layer.walk())
-            found = known[id(layer)] = not all(library)
-        return found
+        if id(layer) not in known:
+            known[id(layer)] = not all(type(x).__module__.startswith("xpnn.") for x in layer.walk())
+        return known[id(layer)]
 
     def _batch_shape(self, a: Any, at: int) -> tuple[int, ...] | None:
         """(batch, *the per-sample shape of layer ``at``'s input), where known."""
