@@ -487,6 +487,23 @@ class Kernels:
                 dx[sl] = routed if stride >= size else dx[sl] + routed
         return dx
 
+    def conv_relu_pool_pays(self) -> bool:
+        """Whether ``conv_relu_pool`` beats the ReLU pass and the pool's apart: never here."""
+        return False
+
+    def conv_relu_pool(self, yc: Array, b: Array, shape: tuple[int, ...]) -> tuple[Array, Array]:
+        """``maxpool2d_forward(conv_output(yc, b, shape, "relu"), 2, 2)``: (pooled, idx), the
+        same values and argmaxes; ``shape`` (N, C_out, OH, OW), OH and OW even."""
+        return self.maxpool2d_forward(self.conv_output(yc, b, shape, "relu"), 2, 2)
+
+    def conv_relu_pool_grad(
+        self, dy: Array, y: Array, idx: Array, shape: tuple[int, ...], out: Array | None = None
+    ) -> tuple[Array, Array]:
+        """``conv_output_grad``'s (dL/dz into ``out``, dL/db) of ``conv_relu_pool`` from the
+        pooled dy, ``y`` and ``idx``: only an argmax passes a gradient, where ReLU's is y > 0."""
+        dy = self.activation_grad(dy, y, "relu")
+        return self.conv_output_grad(self.maxpool2d_backward(dy, idx, shape, 2, 2), out)
+
     def _low32(self, h: Array) -> Array:
         return h if self.HASH_DTYPE == "uint32" else h & MASK32
 

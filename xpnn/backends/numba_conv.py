@@ -4,6 +4,8 @@ planes ``dx[n, c]`` (no races), enough for every thread even when C = 1."""
 
 from __future__ import annotations
 
+import math
+
 import numba as nb
 import numpy as np
 from numba import prange
@@ -400,6 +402,74 @@ def maxpool2x2_backward(dy, idx, dx, chunks):  # pragma: no cover - compiled
     return dx
 
 
+@nb.njit(**JIT)
+def _relu_pool_task(row, bc, yf, idf, ci, c, ph, pw, zero):  # pragma: no cover - compiled
+    """Channel ``ci`` of ``conv_relu_pool2x2``: ``row`` its GEMM row, ``yf``/``idf`` flat."""
+    owu, one, two = U(2 * pw), U(1), U(2)
+    pp, p = U(ph * pw), U(4 * ph * pw)
+    for b in range(U(yf.shape[0]) // (U(c) * pp)):
+        src, dst = b * p, (b * U(c) + U(ci)) * pp
+        for r in range(U(ph)):
+            top, o = src + r * two * owu, dst + r * U(pw)
+            for q in range(U(pw)):
+                t = top + q * two
+                a0, a1 = row[t] + bc, row[t + one] + bc
+                a2, a3 = row[t + owu] + bc, row[t + owu + one] + bc
+                best, k = a0, 0  # the first maximum, the first NaN: as ``maxpool2x2``
+                if not (a1 <= best) and best == best:
+                    best, k = a1, 1
+                if not (a2 <= best) and best == best:
+                    best, k = a2, 2
+                if not (a3 <= best) and best == best:
+                    best, k = a3, 3
+                # every ReLU'd value 0 (NaN stays): the pool over them picks the first
+                yf[o + q] = zero if best <= 0 else best
+                idf[o + q] = 0 if best <= 0 else k
+
+
+@parallel_twin
+def conv_relu_pool2x2(yc, bias, y, idx, zero):  # pragma: no cover - compiled
+    """y[n, c] = 2x2 max-pool of relu(yc[c, n*P:(n+1)*P] + bias[c]) as (2*PH, 2*PW) planes,
+    taken before the ReLU (the bias is constant and the ReLU monotone: the same values)."""
+    _, c, ph, pw = y.shape
+    yf, idf = y.reshape(-1), idx.reshape(-1)
+    for ci in prange(c):
+        _relu_pool_task(yc[U(ci)], bias[U(ci)], yf, idf, ci, c, ph, pw, zero)
+    return y, idx
+
+
+@nb.njit(**JIT)
+def _unpool_relu_task(dyf, yf, idf, row, ci, c, ph, pw, zero):  # pragma: no cover - compiled
+    """Channel ``ci`` of ``conv_relu_pool2x2_grad``: its row of dL/dz from the flat pooled,
+    a row of the plane at a time (each written once, in order)."""
+    owu, one, two = U(2 * pw), U(1), U(2)
+    pp, p = U(ph * pw), U(4 * ph * pw)
+    for b in range(U(row.shape[0]) // p):
+        dst, src = b * p, (b * U(c) + U(ci)) * pp
+        for r in range(U(ph)):
+            o = src + r * U(pw)
+            for di in range(two):
+                d, k0 = dst + (r * two + di) * owu, di * two
+                for q in range(U(pw)):
+                    g = dyf[o + q] if yf[o + q] > 0 else zero
+                    k = U(idf[o + q])
+                    row[d + q * two] = g if k == k0 else zero
+                    row[d + q * two + one] = g if k == k0 + one else zero
+
+
+@parallel_twin
+def conv_relu_pool2x2_grad(dy, y, idx, out, db, zero):  # pragma: no cover - compiled
+    """out[c, n*P:(n+1)*P] = dL/dz of ``conv_relu_pool2x2`` from the pooled dy, and db[c] the
+    sum of out's row c (as ``conv_output_grad`` sums it: the same bits)."""
+    _, c, ph, pw = dy.shape
+    dyf, yf, idf = dy.reshape(-1), y.reshape(-1), idx.reshape(-1)
+    for ci in prange(c):
+        row = out[U(ci)]
+        _unpool_relu_task(dyf, yf, idf, row, ci, c, ph, pw, zero)
+        db[U(ci)] = _sum(row) if row.shape[0] > 0 else zero
+    return out, db
+
+
 @parallel_twin
 def dropout_mask(ids, base, threshold, scale, out):  # pragma: no cover - compiled
     n, f = out.shape
@@ -605,3 +675,23 @@ def _sample_col2im(dcols, b, kh, kw, stride, pad, oh, ow, dx):  # pragma: no cov
                     else:
                         for q in range(cnt):
                             dst[first + q * su] += row[o + q]
+
+
+class FusedPool:
+    """``Kernels.conv_relu_pool`` and its gradient in one pass each, for ``NumbaKernels``."""
+
+    def conv_relu_pool_pays(self) -> bool:
+        return True
+
+    def conv_relu_pool(self, yc, b, shape):  # noqa: ANN001, ANN201
+        n, c, oh, ow = shape
+        y = np.empty((n, c, oh // 2, ow // 2), dtype=yc.dtype)
+        idx = np.empty(y.shape, dtype=np.uint8)
+        return conv_relu_pool2x2(np.ascontiguousarray(yc), b, y, idx, yc.dtype.type(0))
+
+    def conv_relu_pool_grad(self, dy, y, idx, shape, out=None):  # noqa: ANN001, ANN201
+        n, c = dy.shape[:2]
+        if out is None:
+            out = np.empty((c, n * math.prod(shape[2:])), dtype=dy.dtype)
+        dy, db, zero = np.ascontiguousarray(dy), np.empty(c, dtype=dy.dtype), dy.dtype.type(0)
+        return conv_relu_pool2x2_grad(dy, y, idx, out, db, zero)
