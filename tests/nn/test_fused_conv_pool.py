@@ -31,24 +31,56 @@ def _step(fuse, dtype, batch=6, seed=3):
 def test_the_fused_cnn_step_equals_the_separate_layers_bit_for_bit(dtype):
     fused, loss, grads = _step(True, dtype)
     apart, loss_apart, grads_apart = _step(False, dtype)
-    assert [layer.fused for layer in fused.layers if isinstance(layer, ConvPool)] == [
-        False,  # the first convolution runs directly: not fused
-        True,
-        True,
+    convs = [layer for layer in fused.layers if isinstance(layer, ConvPool)]
+    assert [(layer.fused, layer.conv.direct()) for layer in convs] == [
+        (True, True),  # the first convolution runs directly, pooled plane by plane
+        (True, False),
+        (True, False),
     ]
     assert not any(isinstance(layer, ConvPool) for layer in apart.layers)
     assert loss == loss_apart
     np.testing.assert_array_equal(grads, grads_apart)
     assert np.count_nonzero(grads[320:1472]) > 1000  # the second convolution learned
     assert fused.size == apart.size == 690590
-    assert fused.summary().count("(fused)") == 2
+    assert fused.summary().count("(fused)") == 3
     assert fused.summary().replace(" (fused)", "") == apart.summary()
 
 
-def test_fused_layer_matches_finite_differences_float64():
-    layer = ConvPool(Conv2D(4, 3, activation="relu"), MaxPool2D(2))
-    check_layer(layer, (3, 9, 8), backend="numba", atol=1e-6)  # the pool reads 6x6 of 7x6
-    assert layer.fused and layer.conv.used_hw == (6, 6)
+@pytest.mark.parametrize(
+    "channels, padding, read",
+    [(3, 0, (6, 6)), (1, 1, (8, 10))],  # im2col; direct (9 taps)
+)
+def test_fused_layer_matches_finite_differences_float64(channels, padding, read):
+    layer = ConvPool(Conv2D(4, 3, padding=padding, activation="relu"), MaxPool2D(2))
+    check_layer(layer, (channels, 9, 8 + 2 * padding), backend="numba", atol=1e-6)
+    assert layer.fused and layer.conv.used_hw == read  # of 7x6 and 9x10: what the pool reads
+    assert layer.conv.direct() == (channels == 1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_direct_fused_kernels_equal_the_direct_convolution_and_pool(dtype):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 1, 11, 10)).astype(dtype)
+    w = rng.standard_normal((6, 1, 3, 3)).astype(dtype)
+    b = np.linspace(-1, 1, 6).astype(dtype)
+    generic, numba = NumpyKernels(np), get_backend("numba", dtype).kernels
+    y_full = numba.conv_direct(x, w, b, 1, 1, (10, 10), "relu")
+    y, idx = generic.maxpool2d_forward(y_full, 2, 2)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    dz = generic.maxpool2d_backward(dy, idx, y_full.shape, 2, 2)
+    want_dw = np.empty_like(w)
+    want_db, want_dx = numba.conv_direct_backward(dz, x, y_full, w, 1, 1, "relu", want_dw, True)
+    tight = {"rtol": 1e-5 if dtype == "float32" else 1e-12, "atol": 1e-6}
+    for k in (generic, numba):  # the generic one by im2col and a GEMM: within round-off
+        got, got_idx = k.conv_direct_relu_pool(x, w, b, 1, 1, (10, 10))
+        np.testing.assert_allclose(got, y, **(tight if k is generic else {"rtol": 0}))
+        np.testing.assert_array_equal(got_idx, idx)
+        dw = np.empty_like(w)
+        db, dx = k.conv_direct_relu_pool_backward(dy, x, y, idx, w, 1, 1, dw, True)
+        np.testing.assert_allclose(dw, want_dw, **tight)
+        np.testing.assert_allclose(db, want_db, **tight)
+        np.testing.assert_allclose(dx, want_dx, **tight)
+    assert np.count_nonzero(want_dx) > 0
 
 
 def _kernels_pair(ties):

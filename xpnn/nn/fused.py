@@ -14,6 +14,7 @@ from typing import Any
 from xpnn.nn.conv import Conv2D
 from xpnn.nn.layer import Array, Context, Layer
 from xpnn.nn.pool import MaxPool2D
+from xpnn.record.phases import WGRAD
 
 
 class ConvPool(Layer):
@@ -31,13 +32,13 @@ class ConvPool(Layer):
         out = self.pool.build(shape, self.backend, rng)
         self.extent = self.pool.extent_read(shape)  # OH, OW: twice the pool's
         self.conv.limit_output(*self.extent)
-        self.fusable = self.kernels.conv_relu_pool_pays() and not self.conv.direct()
+        self.fusable = self.kernels.conv_relu_pool_pays()
         return out
 
     @property
     def fused(self) -> bool:
-        """Whether the fused kernels run (not for a direct convolution, nor where the
-        convolution was made to compute outputs the pool does not read)."""
+        """Whether the fused kernels run (not where the convolution was made to compute
+        outputs the pool does not read)."""
         return self.fusable and self.conv.used_hw == self.extent
 
     def bind(self, name: str, param: Array, grad: Array) -> None:
@@ -55,17 +56,29 @@ class ConvPool(Layer):
         conv = self.conv
         if not self.fused:
             return self.pool.forward(conv.forward(x, ctx), ctx)
-        gemm = conv.products(conv.checked(x))
+        x, w, b = conv.checked(x), conv.params["W"], conv.params["b"]
         self.shape = (x.shape[0], conv.out_channels, *conv.used_hw)
-        self.y, self.idx = self.kernels.conv_relu_pool(gemm, conv.params["b"], self.shape)
+        if conv.direct():
+            conv.x = x  # the backward reads it
+            geometry = (conv.stride, conv.padding, conv.used_hw)
+            self.y, self.idx = self.kernels.conv_direct_relu_pool(x, w, b, *geometry)
+        else:
+            self.y, self.idx = self.kernels.conv_relu_pool(conv.products(x), b, self.shape)
         return self.y
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         if not self.fused:
             return self.conv.backward(self.pool.backward(dy), need_dx)
         k, conv = self.kernels, self.conv
-        dyc, db = k.conv_relu_pool_grad(dy, self.y, self.idx, self.shape, conv.gemm)
-        return conv.products_backward(dyc, db, need_dx)
+        if conv.x is None:
+            dyc, db = k.conv_relu_pool_grad(dy, self.y, self.idx, self.shape, conv.gemm)
+            return conv.products_backward(dyc, db, need_dx)
+        with WGRAD:  # as ``Conv2D``'s direct backward
+            w, dw, geometry = conv.params["W"], conv.grads["W"], (conv.stride, conv.padding)
+            pooled = (dy, conv.x, self.y, self.idx)
+            db, dx = k.conv_direct_relu_pool_backward(*pooled, w, *geometry, dw, need_dx)
+        conv.grads["b"][...] = db
+        return dx
 
     def replica(self) -> ConvPool:
         twin = copy.copy(self)  # the same parameter views; each layer its own forward state
