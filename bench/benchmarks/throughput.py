@@ -211,10 +211,20 @@ def sweep(
         config |= {"torch_device": device if "torch" in named else None}
         config |= {"sides": list(named)} if len(named) > 2 else {}
         noise = {"foreign_cores": foreign, "redone_noisy": redone, "load_avg": [load, load_avg()]}
-        r = record(NAME, config, _all_samples(by_side), machine)
+        r = record(NAME, config, _all_samples(by_side) | _peaks(named), machine)
         r["info"] = info | noise | {"workers": {w.label: w.info for w in pair}}
         out.append(r)
         print(f"  {args.model} {backend} batch {batch}: " + _line(r), flush=True)
+    return out
+
+
+def _peaks(named: dict[str, Worker]) -> dict[str, list[float]]:
+    """The xpnn and torch workers' peak resident memory (MiB) after the epochs, and xpnn's
+    over torch's: each side's process holds the same data, its library and its training."""
+    peaks = {side: named[side].call("peak_rss_mb") for side in ("xpnn", "torch") if side in named}
+    out = {f"{side}_peak_rss_mb": [mb] for side, mb in peaks.items() if mb is not None}
+    if len(out) == 2:
+        out["peak_rss_xpnn_over_torch"] = [peaks["xpnn"] / peaks["torch"]]
     return out
 
 
@@ -343,6 +353,9 @@ def _extra_workers(
 
 
 EXTRA_HEADS = {
+    "xpnn_peak_rss_mb": "xpnn peak MiB",
+    "torch_peak_rss_mb": "torch peak MiB",
+    "peak_rss_xpnn_over_torch": "peak memory, xpnn:torch",
     "xpnn_graph_samples_per_s": "xpnn graph samples/s",
     "torch_compiled_samples_per_s": "torch compiled samples/s",
     "graph_over_torch": "graph/torch",

@@ -90,6 +90,25 @@ def test_the_torch_side_runs_exactly_when_pytorch_is_importable(tmp_path: Path) 
         assert "torch comparison skipped: PyTorch is not importable" in proc.stdout
 
 
+def test_each_sides_peak_memory_and_their_ratio_are_recorded_and_tabled(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    torch = [] if HAS_TORCH else ["--no-torch"]
+    args = ["--model", "cnn", "--backends", "numba", "--batches", "4", *TINY.split(), *torch]
+    proc = bench([*args, "--repeats", "1", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "throughput")
+    m = r["metrics"]
+    assert 50 < m["xpnn_peak_rss_mb"]["median"] < 4096  # a process with NumPy and Numba loaded
+    assert "| xpnn peak MiB |" in proc.stdout
+    if HAS_TORCH:
+        t = m["torch_peak_rss_mb"]["median"]
+        assert 50 < t < 4096 and "| torch peak MiB | peak memory, xpnn:torch |" in proc.stdout
+        ratio = m["peak_rss_xpnn_over_torch"]["median"]
+        assert ratio == pytest.approx(m["xpnn_peak_rss_mb"]["median"] / t)
+    else:
+        assert "torch_peak_rss_mb" not in m and "peak_rss_xpnn_over_torch" not in m
+
+
 def test_the_torch_backend_runs_beside_the_same_network_in_torch_nn(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     proc = bench(["--backends", "torch", "--batches", "4", *TINY.split(), "--out", str(out)])
