@@ -620,6 +620,13 @@ def conv_direct(x, w2, b, kh, kw, stride, pad, y, chunks, code):  # pragma: no c
     return y
 
 
+@nb.njit(**JIT)
+def _pool_plane(plane, yf, idf, dst, ph, pw, zero):  # pragma: no cover - compiled
+    """A ReLU'd plane pooled, as a call: inlined in the ``prange``, 1.46 against 1.28 ms for
+    the CNN's first convolution (1 thread)."""
+    _relu_pool_plane(plane, U(0), zero, yf, idf, dst, ph, pw, zero)
+
+
 @parallel_twin
 def conv_direct_relu_pool(  # pragma: no cover - compiled
     x, w2, b, kh, kw, stride, pad, y, idx, chunks, zero
@@ -640,7 +647,7 @@ def conv_direct_relu_pool(  # pragma: no cover - compiled
             for ou in range(U(co)):
                 _direct_plane(plane, cols, w2[ou], b[ou], 1)
                 dst = (U(bi) * U(co) + ou) * pp
-                _relu_pool_plane(plane, U(0), zero, yf, idf, dst, ph, pw, zero)
+                _pool_plane(plane, yf, idf, dst, ph, pw, zero)
     return y, idx
 
 
