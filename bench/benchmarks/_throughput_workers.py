@@ -234,7 +234,7 @@ class Service:
 
     def peak_rss_mb(self) -> float | None:
         """This worker's peak resident memory so far (MiB): its library, data and training."""
-        from xpnn.runtime.memory import peak_rss_mb
+        from xpnn.runtime import peak_rss_mb
 
         return peak_rss_mb()
 

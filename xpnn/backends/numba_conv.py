@@ -773,20 +773,20 @@ class FusedPool:
     def conv_relu_pool_pays(self) -> bool:
         return True
 
-    def conv_relu_pool(self, yc, b, shape):  # noqa: ANN001, ANN201
+    def conv_relu_pool(self, yc, b, shape):
         n, c, oh, ow = shape
         y = np.empty((n, c, oh // 2, ow // 2), dtype=yc.dtype)
         idx = np.empty(y.shape, dtype=np.uint8)
         return conv_relu_pool2x2(np.ascontiguousarray(yc), b, y, idx, yc.dtype.type(0))
 
-    def conv_relu_pool_grad(self, dy, y, idx, shape, out=None):  # noqa: ANN001, ANN201
+    def conv_relu_pool_grad(self, dy, y, idx, shape, out=None):
         n, c = dy.shape[:2]
         if out is None:
             out = np.empty((c, n * math.prod(shape[2:])), dtype=dy.dtype)
         dy, db, zero = np.ascontiguousarray(dy), np.empty(c, dtype=dy.dtype), dy.dtype.type(0)
         return conv_relu_pool2x2_grad(dy, y, idx, out, db, zero, _direct_tasks(c))
 
-    def conv_direct_relu_pool(self, x, w, b, stride, padding, out_hw):  # noqa: ANN001, ANN201
+    def conv_direct_relu_pool(self, x, w, b, stride, padding, out_hw):
         x, (c_out, _, kh, kw) = np.ascontiguousarray(x), w.shape
         y = np.empty((x.shape[0], c_out, out_hw[0] // 2, out_hw[1] // 2), dtype=x.dtype)
         idx, w2 = np.empty(y.shape, dtype=np.uint8), np.ascontiguousarray(w).reshape(c_out, -1)
@@ -794,23 +794,9 @@ class FusedPool:
         chunks, zero = _direct_tasks(x.shape[0]), x.dtype.type(0)
         return conv_direct_relu_pool(x, w2, b, *geometry, y, idx, chunks, zero)
 
-    def conv_direct_relu_pool_backward(  # noqa: ANN201
-        self,
-        dy,
-        x,
-        y,
-        idx,
-        w,
-        stride,
-        padding,
-        dw,
-        need_dx,  # noqa: ANN001
-    ):
-        dy, (c_out, _, kh, kw), chunks = (
-            np.ascontiguousarray(dy),
-            w.shape,
-            _direct_tasks(x.shape[0]),
-        )
+    def conv_direct_relu_pool_backward(self, dy, x, y, idx, w, stride, padding, dw, need_dx):
+        dy, (c_out, _, kh, kw) = np.ascontiguousarray(dy), w.shape
+        chunks = _direct_tasks(x.shape[0])
         pdw = np.zeros((chunks, c_out, dw.size // c_out), dtype=dy.dtype)
         pdb = np.zeros((chunks, c_out), dtype=dy.dtype)
         dx = np.empty(x.shape if need_dx else (0, *x.shape[1:]), dtype=dy.dtype)
