@@ -8,7 +8,7 @@ from xpnn.backends import get_backend
 from xpnn.backends.numpy_kernels import NumpyKernels
 from xpnn.nn import Context, Sequential, cnn
 from xpnn.nn.conv import Conv2D
-from xpnn.nn.fused import ConvPool
+from xpnn.nn.fused import Conv2DPool
 from xpnn.nn.pool import MaxPool2D
 from xpnn.testing import check_layer
 from xpnn.train.checkpoint import save_checkpoint
@@ -31,13 +31,13 @@ def _step(fuse, dtype, batch=6, seed=3):
 def test_the_fused_cnn_step_equals_the_separate_layers_bit_for_bit(dtype):
     fused, loss, grads = _step(True, dtype)
     apart, loss_apart, grads_apart = _step(False, dtype)
-    convs = [layer for layer in fused.layers if isinstance(layer, ConvPool)]
+    convs = [layer for layer in fused.layers if isinstance(layer, Conv2DPool)]
     assert [(layer.fused, layer.conv.direct()) for layer in convs] == [
         (True, True),  # the first convolution runs directly, pooled plane by plane
         (True, False),
         (True, False),
     ]
-    assert not any(isinstance(layer, ConvPool) for layer in apart.layers)
+    assert not any(isinstance(layer, Conv2DPool) for layer in apart.layers)
     assert loss == loss_apart
     np.testing.assert_array_equal(grads, grads_apart)
     assert np.count_nonzero(grads[320:1472]) > 1000  # the second convolution learned
@@ -51,7 +51,7 @@ def test_the_fused_cnn_step_equals_the_separate_layers_bit_for_bit(dtype):
     [(3, 0, (6, 6)), (1, 1, (8, 10))],  # im2col; direct (9 taps)
 )
 def test_fused_layer_matches_finite_differences_float64(channels, padding, read):
-    layer = ConvPool(Conv2D(4, 3, padding=padding, activation="relu"), MaxPool2D(2))
+    layer = Conv2DPool(Conv2D(4, 3, padding=padding, activation="relu"), MaxPool2D(2))
     check_layer(layer, (channels, 9, 8 + 2 * padding), backend="numba", atol=1e-6)
     assert layer.fused and layer.conv.used_hw == read  # of 7x6 and 9x10: what the pool reads
     assert layer.conv.direct() == (channels == 1)
@@ -139,7 +139,7 @@ def test_a_checkpoint_of_the_fused_cnn_loads_into_the_separate_layers_and_back(t
 def test_fusing_is_the_users_to_switch_off_and_only_where_the_kernels_pay():
     layers = [Conv2D(4, 3, activation="relu"), MaxPool2D(2), Conv2D(2, 3), MaxPool2D(2)]
     model = Sequential(list(layers)).build((5, 12, 12), get_backend("numba"), 0)
-    assert [type(layer).__name__ for layer in model.layers] == ["ConvPool", "Conv2D", "MaxPool2D"]
+    assert [type(layer).__name__ for layer in model.layers] == ["Conv2DPool", "Conv2D", "MaxPool2D"]
     assert model.layers[0].conv is layers[0] and model.layers[0].fused
     off = Sequential(list(layers), fuse=False).build((5, 12, 12), get_backend("numba"), 0)
     assert off.layers == layers

@@ -17,7 +17,7 @@ from xpnn.nn.pool import MaxPool2D
 from xpnn.record.phases import WGRAD
 
 
-class ConvPool(Layer):
+class Conv2DPool(Layer):
     """``MaxPool2D(2)(Conv2D(..., activation="relu")(x))``, fused where the kernels allow."""
 
     def __init__(self, conv: Conv2D, pool: MaxPool2D) -> None:
@@ -80,7 +80,7 @@ class ConvPool(Layer):
         conv.grads["b"][...] = db
         return dx
 
-    def replica(self) -> ConvPool:
+    def replica(self) -> Conv2DPool:
         twin = copy.copy(self)  # the same parameter views; each layer its own forward state
         twin.conv, twin.pool = self.conv.replica(), self.pool.replica()
         twin.children = {"conv": twin.conv, "pool": twin.pool}
@@ -92,17 +92,17 @@ class ConvPool(Layer):
 
 def fuse_conv_pool(layers: list[Layer], kernels: Any, fuse: bool = True) -> list[Layer]:
     """``layers`` with each ``Conv2D(relu)`` and the ``MaxPool2D(2)`` right after it as one
-    ``ConvPool`` where ``kernels`` fuse them; without ``fuse``, every ``ConvPool`` taken apart."""
+    ``Conv2DPool`` where ``kernels`` fuse them; without ``fuse``, each taken apart again."""
     out: list[Layer] = []
     for layer in layers:
-        if type(layer) is ConvPool and not fuse:
+        if type(layer) is Conv2DPool and not fuse:
             out += [layer.conv, layer.pool]
             continue
         conv = out[-1] if out else None
         pair = fuse and kernels.conv_relu_pool_pays() and type(conv) is Conv2D
         pair = pair and conv.activation == "relu"
         if pair and type(layer) is MaxPool2D and layer.size == layer.stride == 2:
-            out[-1] = ConvPool(conv, layer)
+            out[-1] = Conv2DPool(conv, layer)
         else:
             out.append(layer)
     return out

@@ -68,7 +68,7 @@ class Sequential:
 
     def __init__(self, layers: list[Layer], loss: Any = None, fuse: bool = True) -> None:
         self.layers = layers
-        self.fuse = fuse  # each ReLU convolution and its 2x2 pool as one layer (``ConvPool``)
+        self.fuse = fuse  # each ReLU convolution and its 2x2 pool as one layer (``Conv2DPool``)
         if loss is None or isinstance(loss, str):  # a name or class of ``LOSSES``, or a callable
             if loss not in (None, *LOSSES):
                 raise ValueError(f"unknown loss {loss!r} (choose {', '.join(LOSSES)})")
