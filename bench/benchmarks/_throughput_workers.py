@@ -232,6 +232,12 @@ class Service:
     def epoch(self, steps: int) -> float:
         return self.trainer.epoch(steps, self.batches)
 
+    def peak_rss_mb(self) -> float | None:
+        """This worker's peak resident memory so far (MiB): its library, data and training."""
+        from xpnn.runtime import peak_rss_mb
+
+        return peak_rss_mb()
+
     def cli_data(self, samples: int, seed: int) -> None:
         """The CLI's synthetic training set, for ``cli_epoch``."""
         from xpnn.data import load_dataset

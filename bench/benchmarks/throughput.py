@@ -213,9 +213,17 @@ def sweep(
         noise = {"foreign_cores": foreign, "redone_noisy": redone, "load_avg": [load, load_avg()]}
         r = record(NAME, config, _all_samples(by_side), machine)
         r["info"] = info | noise | {"workers": {w.label: w.info for w in pair}}
+        r["info"]["peak_rss_mb"] = _peaks(named)
         out.append(r)
         print(f"  {args.model} {backend} batch {batch}: " + _line(r), flush=True)
     return out
+
+
+def _peaks(named: dict[str, Worker]) -> dict[str, float]:
+    """The xpnn and torch workers' peak resident memory (MiB) after the epochs: each side's
+    process holds the same data, its library and its training."""
+    peaks = {side: named[side].call("peak_rss_mb") for side in ("xpnn", "torch") if side in named}
+    return {side: mb for side, mb in peaks.items() if mb is not None}
 
 
 def _native_device(backend: str, args: argparse.Namespace) -> str:
@@ -351,20 +359,34 @@ EXTRA_HEADS = {
 }
 
 
+def _peak_cells(r: dict[str, Any], sides: list[str]) -> list[str]:
+    """A record's workers' peak memory (MiB) for ``sides``, and xpnn's over torch's."""
+    got = r.get("info", {}).get("peak_rss_mb", {})
+    cells = [f"{got[side]:,.0f}" if side in got else "–" for side in sides]
+    if len(sides) > 1:
+        both = "xpnn" in got and "torch" in got
+        cells.append(f"{got['xpnn'] / got['torch']:.2f}" if both else "–")
+    return cells
+
+
 def table(records: list[dict[str, Any]]) -> str:
     rows = []
     extras = [m for m in EXTRA_HEADS if any(m in r["metrics"] for r in records)]
+    seen = [side for r in records for side in r.get("info", {}).get("peak_rss_mb", {})]
+    peaks = [side for side in ("xpnn", "torch") if side in seen]
     for r in records:
         c = r["config"]
         backend = c["backend"] + (" (vs cuda)" if c.get("torch_device") == "cuda" else "")
         if c["loop"] == "cli":
             backend = f"{c['backend']} CLI, {c['ranks']} ranks × 1 thread"
         metrics = ("xpnn_samples_per_s", "torch_samples_per_s", "xpnn_over_torch", *extras)
-        rows.append(
-            [c["model"], backend, c["batch"], c["threads"], *(spread(r, m) for m in metrics)]
-        )
+        row = [c["model"], backend, c["batch"], c["threads"], *(spread(r, m) for m in metrics)]
+        rows.append(row + _peak_cells(r, peaks))
     heads = ["model", "backend", "batch", "threads", "xpnn samples/s", "torch samples/s"]
     heads += ["xpnn/torch", *(EXTRA_HEADS[m] for m in extras)]
+    heads += [f"{side} peak MiB" for side in peaks] + (
+        ["peak, xpnn:torch"] if len(peaks) > 1 else []
+    )
     text = markdown_table(heads, rows)
     for c in [r["config"] for r in records if r["config"]["loop"] == "cli"][:1]:
         text += f"\n\nCLI row: `mpiexec -n {c['ranks']} python -m xpnn`, synthetic data"

@@ -90,6 +90,24 @@ def test_the_torch_side_runs_exactly_when_pytorch_is_importable(tmp_path: Path) 
         assert "torch comparison skipped: PyTorch is not importable" in proc.stdout
 
 
+def test_each_sides_peak_memory_and_their_ratio_are_recorded_and_tabled(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    torch = [] if HAS_TORCH else ["--no-torch"]
+    args = ["--model", "cnn", "--backends", "numba", "--batches", "4", *TINY.split(), *torch]
+    proc = bench([*args, "--repeats", "1", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    (r,) = read_records(out, "throughput")
+    peaks = r["info"]["peak_rss_mb"]
+    assert 50 < peaks["xpnn"] < 4096  # a process with NumPy and Numba loaded
+    assert "| xpnn peak MiB |" in proc.stdout and "xpnn_peak" not in str(r["metrics"])
+    if HAS_TORCH:
+        assert 50 < peaks["torch"] < 4096
+        ratio = f"| {peaks['xpnn'] / peaks['torch']:.2f} |"
+        assert "| torch peak MiB | peak, xpnn:torch |" in proc.stdout and ratio in proc.stdout
+    else:
+        assert "torch" not in peaks and "torch peak MiB" not in proc.stdout
+
+
 def test_the_torch_backend_runs_beside_the_same_network_in_torch_nn(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     proc = bench(["--backends", "torch", "--batches", "4", *TINY.split(), "--out", str(out)])

@@ -15,7 +15,9 @@ from test_composite import BACKENDS, CASES, backend_of, fd_check, random_params
 import xpnn.nn
 from xpnn.nn import Chain, Dense, LayerNorm, Sequential
 from xpnn.nn.conv import Conv2D
+from xpnn.nn.fused import Conv2DPool
 from xpnn.nn.layer import Layer
+from xpnn.nn.pool import MaxPool2D
 from xpnn.testing import check_layer
 
 
@@ -36,6 +38,11 @@ MORE_CASES = {
         )
         for act in ("identity", "relu", "tanh")
     },
+    "conv_relu_pool": (
+        lambda: [Conv2DPool(Conv2D(3, 3, activation="relu"), MaxPool2D(2))],
+        (2, 7, 6),
+        lambda: _normal(2, 2, 7, 6),
+    ),
     "chain": (
         lambda: [Chain({"norm": LayerNorm(), "dense": Dense(3, "sigmoid")})],
         (2, 5),

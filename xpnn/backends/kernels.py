@@ -487,6 +487,48 @@ class Kernels:
                 dx[sl] = routed if stride >= size else dx[sl] + routed
         return dx
 
+    def conv_relu_pool_pays(self) -> bool:
+        """Whether ``conv_relu_pool`` beats the ReLU pass and the pool's apart: never here."""
+        return False
+
+    def conv_relu_pool(self, yc: Array, b: Array, shape: tuple[int, ...]) -> tuple[Array, Array]:
+        """``maxpool2d_forward(conv_output(yc, b, shape, "relu"), 2, 2)``: (pooled, idx), the
+        same values and argmaxes; ``shape`` (N, C_out, OH, OW), OH and OW even."""
+        return self.maxpool2d_forward(self.conv_output(yc, b, shape, "relu"), 2, 2)
+
+    def conv_relu_pool_grad(
+        self, dy: Array, y: Array, idx: Array, shape: tuple[int, ...], out: Array | None = None
+    ) -> tuple[Array, Array]:
+        """``conv_output_grad``'s (dL/dz into ``out``, dL/db) of ``conv_relu_pool`` from the
+        pooled dy, ``y`` and ``idx``: only an argmax passes a gradient, where ReLU's is y > 0."""
+        dy = self.activation_grad(dy, y, "relu")
+        return self.conv_output_grad(self.maxpool2d_backward(dy, idx, shape, 2, 2), out)
+
+    def conv_direct_relu_pool(
+        self, x: Array, w: Array, b: Array, stride: int, padding: int, out_hw: tuple[int, int]
+    ) -> tuple[Array, Array]:
+        """``conv_relu_pool`` of ``conv_direct``'s ReLU output (``out_hw`` even): (pooled, idx)."""
+        y = self.conv_direct(x, w, b, stride, padding, out_hw, "relu")
+        return self.maxpool2d_forward(y, 2, 2)
+
+    def conv_direct_relu_pool_backward(
+        self,
+        dy: Array,
+        x: Array,
+        y: Array,
+        idx: Array,
+        w: Array,
+        stride: int,
+        padding: int,
+        dw: Array,
+        need_dx: bool,
+    ) -> tuple[Array, Array | None]:
+        """``conv_direct_backward``'s (dL/db, dL/dx or None) of ``conv_direct_relu_pool`` from
+        the pooled dy, ``y`` and ``idx``; dL/dW into ``dw``."""
+        shape = (dy.shape[0], dy.shape[1], 2 * dy.shape[2], 2 * dy.shape[3])
+        dz = self.maxpool2d_backward(self.activation_grad(dy, y, "relu"), idx, shape, 2, 2)
+        return self.conv_direct_backward(dz, x, None, w, stride, padding, "identity", dw, need_dx)
+
     def _low32(self, h: Array) -> Array:
         return h if self.HASH_DTYPE == "uint32" else h & MASK32
 

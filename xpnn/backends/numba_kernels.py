@@ -179,7 +179,7 @@ def _tasks(n: int, c: int) -> int:
     return max(1, min(n, math.ceil(want / max(c, 1))))
 
 
-class NumbaKernels(NumpyKernels):
+class NumbaKernels(conv.FusedPool, NumpyKernels):
     """NumPy's kernels with the memory-bound ones replaced by fused, threaded Numba loops."""
 
     def bias_act(self, z, b, act):

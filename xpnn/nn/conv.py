@@ -107,7 +107,8 @@ class Conv2D(Layer):
         w = self.grads["W"] if grads else self.params["W"]
         return self.xp.reshape(w, (self.out_channels, -1))
 
-    def forward(self, x: Array, ctx: Context) -> Array:
+    def checked(self, x: Array) -> Array:
+        """``x`` in the weights' dtype; a shape not built for refused."""
         if tuple(x.shape[1:]) != self.in_shape or x.ndim != 4:
             # the kernels index by the built geometry: another would overrun or silently crop
             raise ValueError(
@@ -115,21 +116,34 @@ class Conv2D(Layer):
             )
         if x.dtype != self.params["W"].dtype:  # uint8 images, or float64 into a float32 net:
             x = self.xp.asarray(x, dtype=self.params["W"].dtype)  # the weights' dtype, as Dense
-        k = self.kernels
-        if k.conv_direct_pays(self.in_shape[0], self.kh, self.kw, self.stride):
+        return x
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        x, k = self.checked(x), self.kernels
+        if self.direct():
             w, b = self.params["W"], self.params["b"]
             y = k.conv_direct(x, w, b, self.stride, self.padding, self.used_hw, self.activation)
             self.x = x  # the backward reads it; no columns are kept
         else:
-            self.x = None
-            cols, gemm = self._scratch(x.shape[0], x.dtype)
-            k.im2col(x, self.kh, self.kw, self.stride, self.padding, cols, self.used_hw)
-            k.matmul_into(self._w2(), cols, gemm)
-            self.x_shape, self.cols, self.gemm = tuple(x.shape), cols, gemm
+            gemm = self.products(x)
             shape = (x.shape[0], self.out_channels, *self.used_hw)
             y = k.conv_output(gemm, self.params["b"], shape, self.activation)
         self.y = y if self.activation != "identity" else None
         return y
+
+    def direct(self) -> bool:
+        """Whether the forward runs ``Kernels.conv_direct`` (no columns, no GEMM result)."""
+        return self.kernels.conv_direct_pays(self.in_shape[0], self.kh, self.kw, self.stride)
+
+    def products(self, x: Array) -> Array:
+        """im2col and the GEMM: the (C_out, N*OH*OW) result before the bias, kept as scratch
+        for the backward's dL/dz (a fused layer after it reads it as it likes)."""
+        self.x = None
+        cols, gemm = self._scratch(x.shape[0], x.dtype)
+        self.kernels.im2col(x, self.kh, self.kw, self.stride, self.padding, cols, self.used_hw)
+        self.kernels.matmul_into(self._w2(), cols, gemm)
+        self.x_shape, self.cols, self.gemm = tuple(x.shape), cols, gemm
+        return gemm
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         k = self.kernels
@@ -141,6 +155,11 @@ class Conv2D(Layer):
             self.grads["b"][...] = db
             return dx
         dyc, db = k.conv_output_grad(dy, self.gemm, self.y, self.activation)
+        return self.products_backward(dyc, db, need_dx)
+
+    def products_backward(self, dyc: Array, db: Array, need_dx: bool) -> Array | None:
+        """The gradients from dL/dz as (C_out, N*OH*OW) (in ``products``' scratch) and dL/db."""
+        k = self.kernels
         self.grads["b"][...] = db
         gw = self._w2(grads=True)
         with WGRAD:

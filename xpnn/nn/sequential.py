@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.nn.fused import fuse_conv_pool
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
 from xpnn.nn.model import Ready
@@ -65,8 +66,9 @@ class Sequential:
 
     train_rows = 0  # the largest batch ``loss_and_grads`` has seen (``evaluate`` slices by it)
 
-    def __init__(self, layers: list[Layer], loss: Any = None) -> None:
+    def __init__(self, layers: list[Layer], loss: Any = None, fuse: bool = True) -> None:
         self.layers = layers
+        self.fuse = fuse  # each ReLU convolution and its 2x2 pool as one layer (``Conv2DPool``)
         if loss is None or isinstance(loss, str):  # a name or class of ``LOSSES``, or a callable
             if loss not in (None, *LOSSES):
                 raise ValueError(f"unknown loss {loss!r} (choose {', '.join(LOSSES)})")
@@ -78,6 +80,8 @@ class Sequential:
         self.loss = loss
 
     def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
+        if (layers := fuse_conv_pool(self.layers, backend.kernels, self.fuse)) != self.layers:
+            self.layers = layers
         return self.setup(input_shape, backend, seed).place()
 
     def setup(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Sequential:
