@@ -8,7 +8,7 @@ from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.planner.machine import Machine, cache_path, cached, save
 from xpnn.planner.models import as_run, work_of
 from xpnn.planner.work import ModelWork
-from xpnn.train.checkpoint import _json_meta, latest_checkpoint, meta_entry
+from xpnn.train.checkpoint import _json_meta, latest_checkpoint, read_npz
 
 AUTO = "auto"
 CHOSEN = ("parallel", "threads", "batch_threads")  # the settings ``auto`` may stand for
@@ -31,7 +31,7 @@ def stored_choice(directory: str | None) -> dict[str, Any] | None:
     if (path := latest_checkpoint(directory) if directory else None) is None:
         return None
     try:
-        settings = _json_meta(path, meta_entry(path, "settings"), "settings")
+        settings = _json_meta(path, read_npz(path), "settings")
     except UserError:
         return None  # the resume itself says what is wrong with the file
     chosen = settings.get(AUTO)
