@@ -4,8 +4,6 @@ planes ``dx[n, c]`` (no races), enough for every thread even when C = 1."""
 
 from __future__ import annotations
 
-import math
-
 import numba as nb
 import numpy as np
 from numba import prange
@@ -765,48 +763,3 @@ def _sample_col2im(dcols, b, kh, kw, stride, pad, oh, ow, dx):  # pragma: no cov
                     else:
                         for q in range(cnt):
                             dst[first + q * su] += row[o + q]
-
-
-class FusedPool:
-    """``Kernels.conv_relu_pool`` and its gradient in one pass each, for ``NumbaKernels``."""
-
-    def conv_relu_pool_pays(self) -> bool:
-        return True
-
-    def conv_relu_pool(self, yc, b, shape):
-        n, c, oh, ow = shape
-        y = np.empty((n, c, oh // 2, ow // 2), dtype=yc.dtype)
-        idx = np.empty(y.shape, dtype=np.uint8)
-        return conv_relu_pool2x2(np.ascontiguousarray(yc), b, y, idx, yc.dtype.type(0))
-
-    def conv_relu_pool_grad(self, dy, y, idx, shape, out=None):
-        n, c = dy.shape[:2]
-        if out is None:
-            out = np.empty((c, n * math.prod(shape[2:])), dtype=dy.dtype)
-        dy, db, zero = np.ascontiguousarray(dy), np.empty(c, dtype=dy.dtype), dy.dtype.type(0)
-        return conv_relu_pool2x2_grad(dy, y, idx, out, db, zero, _direct_tasks(c))
-
-    def conv_direct_relu_pool(self, x, w, b, stride, padding, out_hw):
-        x, (c_out, _, kh, kw) = np.ascontiguousarray(x), w.shape
-        y = np.empty((x.shape[0], c_out, out_hw[0] // 2, out_hw[1] // 2), dtype=x.dtype)
-        idx, w2 = np.empty(y.shape, dtype=np.uint8), np.ascontiguousarray(w).reshape(c_out, -1)
-        geometry = (kh, kw, stride, padding)
-        chunks, zero = _direct_tasks(x.shape[0]), x.dtype.type(0)
-        return conv_direct_relu_pool(x, w2, b, *geometry, y, idx, chunks, zero)
-
-    def conv_direct_relu_pool_backward(self, dy, x, y, idx, w, stride, padding, dw, need_dx):
-        dy, (c_out, _, kh, kw) = np.ascontiguousarray(dy), w.shape
-        chunks = _direct_tasks(x.shape[0])
-        pdw = np.zeros((chunks, c_out, dw.size // c_out), dtype=dy.dtype)
-        pdb = np.zeros((chunks, c_out), dtype=dy.dtype)
-        dx = np.empty(x.shape if need_dx else (0, *x.shape[1:]), dtype=dy.dtype)
-        w2, geometry = np.ascontiguousarray(w).reshape(c_out, -1), (kh, kw, stride, padding)
-        zero = dy.dtype.type(0)
-        conv_direct_relu_pool_backward(dy, x, y, idx, w2, *geometry, dx, pdw, pdb, zero)
-        np.sum(pdw, axis=0, out=dw.reshape(c_out, -1))
-        return pdb.sum(axis=0), (dx if need_dx else None)
-
-
-def _direct_tasks(n: int) -> int:
-    """Tasks over ``n`` samples or channels: a few per thread (``_tasks(n, 1)``)."""
-    return max(1, min(n, 4 * nb.get_num_threads()))

@@ -179,8 +179,44 @@ def _tasks(n: int, c: int) -> int:
     return max(1, min(n, math.ceil(want / max(c, 1))))
 
 
-class NumbaKernels(conv.FusedPool, NumpyKernels):
+class NumbaKernels(NumpyKernels):
     """NumPy's kernels with the memory-bound ones replaced by fused, threaded Numba loops."""
+
+    def conv_relu_pool_pays(self) -> bool:
+        return True
+
+    def conv_relu_pool(self, yc, b, shape):
+        n, c, oh, ow = shape
+        y = np.empty((n, c, oh // 2, ow // 2), dtype=yc.dtype)
+        idx = np.empty(y.shape, dtype=np.uint8)
+        return conv.conv_relu_pool2x2(np.ascontiguousarray(yc), b, y, idx, yc.dtype.type(0))
+
+    def conv_relu_pool_grad(self, dy, y, idx, shape, out=None):
+        n, c = dy.shape[:2]
+        if out is None:
+            out = np.empty((c, n * math.prod(shape[2:])), dtype=dy.dtype)
+        dy, db, zero = np.ascontiguousarray(dy), np.empty(c, dtype=dy.dtype), dy.dtype.type(0)
+        return conv.conv_relu_pool2x2_grad(dy, y, idx, out, db, zero, _tasks(c, 1))
+
+    def conv_direct_relu_pool(self, x, w, b, stride, padding, out_hw):
+        x, (c_out, _, kh, kw) = np.ascontiguousarray(x), w.shape
+        y = np.empty((x.shape[0], c_out, out_hw[0] // 2, out_hw[1] // 2), dtype=x.dtype)
+        idx, w2 = np.empty(y.shape, dtype=np.uint8), np.ascontiguousarray(w).reshape(c_out, -1)
+        geometry = (kh, kw, stride, padding)
+        chunks, zero = _tasks(x.shape[0], 1), x.dtype.type(0)
+        return conv.conv_direct_relu_pool(x, w2, b, *geometry, y, idx, chunks, zero)
+
+    def conv_direct_relu_pool_backward(self, dy, x, y, idx, w, stride, padding, dw, need_dx):
+        dy, (c_out, _, kh, kw) = np.ascontiguousarray(dy), w.shape
+        chunks = _tasks(x.shape[0], 1)
+        pdw = np.zeros((chunks, c_out, dw.size // c_out), dtype=dy.dtype)
+        pdb = np.zeros((chunks, c_out), dtype=dy.dtype)
+        dx = np.empty(x.shape if need_dx else (0, *x.shape[1:]), dtype=dy.dtype)
+        w2, geometry = np.ascontiguousarray(w).reshape(c_out, -1), (kh, kw, stride, padding)
+        zero = dy.dtype.type(0)
+        conv.conv_direct_relu_pool_backward(dy, x, y, idx, w2, *geometry, dx, pdw, pdb, zero)
+        np.sum(pdw, axis=0, out=dw.reshape(c_out, -1))
+        return pdb.sum(axis=0), (dx if need_dx else None)
 
     def bias_act(self, z, b, act):
         return _bias_act(z, b, ACT_CODE[act])
