@@ -1,22 +1,63 @@
 """A run's whole layout in one frozen object (torchtitan's ``ParallelDims``), checked once."""
 
-from __future__ import annotations
-
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from xpnn.errors import UserError
 from xpnn.nn.sequential import Sequential
 from xpnn.parallel.comm import MpiHostCommunicator, make_communicator
+from xpnn.parallel.comm.base import Communicator, SelfCommunicator
 from xpnn.parallel.model import shared
-from xpnn.parallel.model.layout import Groups, Place
 from xpnn.parallel.model.pipeline import build_stage
 from xpnn.parallel.model.tensor import split_layers
 from xpnn.parallel.update import base, node_shared, sharded
 
 MODES = ("data", "tensor", "pipeline")  # how the ranks share the work (``--parallel``)
 NODE_SHARES = ("auto", "gradients", "activations")  # mpi-shm: what a node's ranks share
+
+
+@dataclass(frozen=True)
+class Place:
+    model_ranks: int  # ranks that hold one replica between them (1 under data parallelism)
+    replicas: int  # replicas of the network: the ranks that split each batch
+    index: int  # this rank's place within its replica: its slice or its stage
+    replica: int  # which replica this rank belongs to: its share of each batch
+
+
+@dataclass
+class Groups:
+    """The communicators of one rank: its whole job, its replica and its data-parallel peers."""
+
+    world: Communicator  # every rank: barriers, the parameter digest, a pipeline's metrics
+    model: Communicator  # this rank's replica: split layers and pipeline stages talk here
+    data: Communicator  # the same place in every replica: they split batches, sum gradients
+
+    @classmethod
+    def of(cls, comm: Communicator, spread: bool = False) -> Self:
+        # the 1-D layouts: ``comm`` is the data group, or (``spread``) the model group
+        alone = SelfCommunicator()
+        return cls(comm, comm, alone) if spread else cls(comm, alone, comm)
+
+    @property
+    def name(self) -> str:
+        if isinstance(self.data, SelfCommunicator):
+            return self.model.name
+        if isinstance(self.model, SelfCommunicator):
+            return self.data.name
+        return f"{self.model.name} (model) + {self.data.name} (data)"
+
+    @property
+    def fallback_reason(self) -> str | None:
+        return self._reasons("fallback_reason")
+
+    @property
+    def auto_fallback(self) -> str | None:
+        return self._reasons("auto_fallback")
+
+    def _reasons(self, kind: str) -> str | None:
+        reasons = [getattr(c, kind, None) for c in (self.model, self.data)]
+        return "; ".join(r for r in dict.fromkeys(reasons) if r) or None
 
 
 @dataclass(frozen=True)
@@ -53,7 +94,7 @@ class Plan:
         return self.mode != "data"
 
     @classmethod
-    def build(cls, spec: Any, world: Any, threads: int | None = None) -> Plan:
+    def build(cls, spec: Any, world: Any, threads: int | None = None) -> Self:
         """The plan of ``spec`` (a resolved ``RunSpec``) on ``world``, or a refusal naming it."""
         model_ranks = 1 if spec.parallel == "data" else (spec.model_ranks or world.size)
         if model_ranks > world.size:
@@ -95,7 +136,7 @@ class Plan:
             ranks_per_node=per_node,
         )
 
-    def place(self, rank: int) -> Any:
+    def place(self, rank: int) -> Place:
         # a replica's ranks are consecutive
         k = self.model_ranks
         return Place(k, self.replicas, rank % k, rank // k)
@@ -127,7 +168,7 @@ class Plan:
         """Stage s part p is its replica's rank s * parts + p."""
         return self.place(rank).index % self.tensor_parts
 
-    def settled(self, stage: Any) -> Plan:
+    def settled(self, stage: Any) -> Self:
         """The plan as a pipeline stage settled its micro-batches."""
         if not self.pipelined:
             return self
@@ -183,7 +224,7 @@ class Plan:
         rows = shared.share_gradients(model, comm)
         return node_shared.SharedUpdate(model, comm, make_optimizer, rows, deferred, wire)
 
-    def resolved(self, transport: str, update: str) -> Plan:
+    def resolved(self, transport: str, update: str) -> Self:
         """The plan as built: the live transport and the update scheme."""
         return dataclasses.replace(self, comm=transport, update=update)
 

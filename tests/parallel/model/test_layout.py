@@ -25,8 +25,7 @@ from conftest import (
 
 from xpnn.errors import UserError
 from xpnn.parallel.comm import SelfCommunicator
-from xpnn.parallel.model.layout import Groups, Place
-from xpnn.parallel.plan import Plan
+from xpnn.parallel.plan import Groups, Place, Plan
 from xpnn.run import RunSpec, resolve
 
 

@@ -1,11 +1,9 @@
 """Node-shared memory: a node's ranks map arrays they share; ``cross`` joins the nodes."""
 
-from __future__ import annotations
-
 import contextlib
 import math
 import os
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -68,7 +66,7 @@ class ShmCommunicator(MpiHostCommunicator):
         self._windows: list[Any] = []
 
     @classmethod
-    def create(cls, mpi_comm: Any) -> ShmCommunicator:
+    def create(cls, mpi_comm: Any) -> Self:
         """Collective; refused on every rank where nodes hold different numbers of ranks."""
         from mpi4py import MPI
 

@@ -1,7 +1,5 @@
 """Pipeline parallelism: stage s of layers of about equal cost on rank s, in micro-batches."""
 
-from __future__ import annotations
-
 import functools
 import itertools
 import math
@@ -91,7 +89,7 @@ def numbered(method: Callable[..., Any]) -> Callable[..., Any]:
     """A stage's ``method``, a user's layer's error naming its place in the whole network."""
 
     @functools.wraps(method)
-    def run(stage: PipelineStage, *args: Any, **kw: Any) -> Any:
+    def run(stage: "PipelineStage", *args: Any, **kw: Any) -> Any:
         try:
             return method(stage, *args, **kw)
         except LayerError as exc:

@@ -1,7 +1,5 @@
 """The gradient exchange in a narrower float (``grad_dtype``); float16 times the loss scale."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +38,7 @@ class GradWire:
             wide *= 1.0 / factor  # a power of two: exact
         grads[...] = wide
 
-    def start(self, comm: Any, grads: Array) -> WireHandle:
+    def start(self, comm: Any, grads: Array) -> "WireHandle":
         buf, factor = self.pack(grads)
         handle = comm.iallreduce_sum16_(buf, self.dtype) if self.narrow else comm.iallreduce_(buf)
         return WireHandle(handle, self, buf, factor, grads)
