@@ -32,6 +32,13 @@ class Groups:
     world: Communicator  # every rank: barriers, the parameter digest, a pipeline's metrics
     model: Communicator  # this rank's replica: split layers and pipeline stages talk here
     data: Communicator  # the same place in every replica: they split batches, sum gradients
+    fallback_reason: str | None = dataclasses.field(init=False)  # the model's and data's, once
+    auto_fallback: str | None = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        for kind in ("fallback_reason", "auto_fallback"):
+            reasons = [getattr(c, kind, None) for c in (self.model, self.data)]
+            setattr(self, kind, "; ".join(r for r in dict.fromkeys(reasons) if r) or None)
 
     @classmethod
     def of(cls, comm: Communicator, spread: bool = False) -> Self:
@@ -46,18 +53,6 @@ class Groups:
         if isinstance(self.model, SelfCommunicator):
             return self.data.name
         return f"{self.model.name} (model) + {self.data.name} (data)"
-
-    @property
-    def fallback_reason(self) -> str | None:
-        return self._reasons("fallback_reason")
-
-    @property
-    def auto_fallback(self) -> str | None:
-        return self._reasons("auto_fallback")
-
-    def _reasons(self, kind: str) -> str | None:
-        reasons = [getattr(c, kind, None) for c in (self.model, self.data)]
-        return "; ".join(r for r in dict.fromkeys(reasons) if r) or None
 
 
 @dataclass(frozen=True)

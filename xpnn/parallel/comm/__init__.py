@@ -37,13 +37,9 @@ def make_communicator(
         raise UserError(f"`comm` self: only for a single process, this job has {world.size}")
     if kind == "self" or world.mpi_comm is None or (world.size == 1 and kind == "auto"):
         return SelfCommunicator()
-    if not is_gpu:
-        return _cpu_communicator(world, kind, shares_params, library)
-    return make_gpu_communicator(world, kind, arrays_of(library))
-
-
-def _cpu_communicator(world: World, kind: str, shares: bool, library: str) -> Communicator:
-    if not shares or kind == "mpi-host":
+    if is_gpu:
+        return make_gpu_communicator(world, kind, arrays_of(library))
+    if not shares_params or kind == "mpi-host":
         return MpiHostCommunicator(world.mpi_comm, arrays_of(library))
     reason = f"node-shared memory holds NumPy arrays, not {library}'s"  # ``auto`` only
     if library == "numpy":

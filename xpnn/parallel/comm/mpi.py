@@ -2,7 +2,6 @@
 
 import functools
 import sys
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,67 +28,57 @@ class MpiHandle:
             self._req = self._buf = None
 
 
-@dataclass(slots=True)
-class _PinnedSlot:
-    """A pinned host buffer and the event that ends its last host-to-device copy."""
-
-    host: np.ndarray
-    event: Any = None
-
-
 class _PinnedPool:
     """Pinned host buffers per (size, dtype), reused once their copy back to the device is done."""
 
     def __init__(self, arrays: Arrays) -> None:
         self._arrays = arrays
-        self._free: dict[tuple[int, np.dtype], list[_PinnedSlot]] = {}
+        self._free: dict[tuple[int, np.dtype], list[tuple[np.ndarray, Any]]] = {}  # (host, event)
         self.allocated = 0
 
-    def slot_for(self, dev: Any) -> _PinnedSlot:
+    def host_for(self, dev: Any) -> np.ndarray:
         size, dtype = dev.shape[0], self._arrays.host_dtype(dev)  # ``dev``: flat
         free = self._free.get((size, dtype))
         if not free:
             self.allocated += 1
-            return _PinnedSlot(self._arrays.empty_pinned(size, dtype))
-        slot = free.pop()
-        if slot.event is not None:
-            slot.event.synchronize()
-            slot.event = None
-        return slot
+            return self._arrays.empty_pinned(size, dtype)
+        host, event = free.pop()
+        if event is not None:  # the end of its last host-to-device copy
+            event.synchronize()
+        return host
 
-    def release(self, slot: _PinnedSlot) -> None:
-        self._free.setdefault((slot.host.size, slot.host.dtype), []).append(slot)
+    def release(self, host: np.ndarray, event: Any = None) -> None:
+        self._free.setdefault((host.size, host.dtype), []).append((host, event))
 
-    def copy_out(self, dev: Any) -> _PinnedSlot:
-        slot = self.slot_for(dev)
+    def copy_out(self, dev: Any) -> np.ndarray:
+        host = self.host_for(dev)
         with phases.span("device to host", phases.COPIES):
-            self._arrays.copy_out(dev, slot.host)
-        return slot
+            self._arrays.copy_out(dev, host)
+        return host
 
-    def copy_back(self, dev: Any, slot: _PinnedSlot) -> None:
+    def copy_back(self, dev: Any, host: np.ndarray) -> None:
         with phases.span("host to device (queued)", phases.COPIES):
-            slot.event = self._arrays.copy_back(dev, slot.host)
-        self.release(slot)
+            self.release(host, self._arrays.copy_back(dev, host))
 
 
 class _StagedHandle(MpiHandle):
-    """A request on a pinned copy of ``dev``, copied back at ``wait`` (``dev`` None: a send)."""
+    """A request on pinned ``host``, copied back to ``dev`` at ``wait`` (``dev`` None: a send)."""
 
-    __slots__ = ("_dev", "_slot", "_pool")
+    __slots__ = ("_dev", "_host", "_pool")
 
-    def __init__(self, req: Any, dev: Any, slot: _PinnedSlot, pool: _PinnedPool, what: str) -> None:
+    def __init__(self, req: Any, dev: Any, host: np.ndarray, pool: _PinnedPool, what: str) -> None:
         super().__init__(req, None, what)
-        self._dev, self._slot, self._pool = dev, slot, pool
+        self._dev, self._host, self._pool = dev, host, pool
 
     def wait(self) -> None:
         if self._req is None:
             return
         super().wait()
         if self._dev is None:
-            self._pool.release(self._slot)
+            self._pool.release(self._host)
         else:
-            self._pool.copy_back(self._dev, self._slot)
-        self._dev = self._slot = None
+            self._pool.copy_back(self._dev, self._host)
+        self._dev = self._host = None
 
 
 class MpiHostCommunicator(Communicator):
@@ -160,8 +149,8 @@ class MpiHostCommunicator(Communicator):
         dev = self._arrays.flat(buf)
         if not dev.shape[0]:
             return flight.Tracked(DONE, record)
-        slot = self._pool.copy_out(dev)
-        staged = _StagedHandle(post(slot.host, starts, counts), dev, slot, self._pool, what)
+        host = self._pool.copy_out(dev)
+        staged = _StagedHandle(post(host, starts, counts), dev, host, self._pool, what)
         return flight.Tracked(staged, record)
 
     def _reduce_pieces(self, host: np.ndarray, starts: list[int], counts: list[int]) -> Any:
@@ -189,20 +178,20 @@ class MpiHostCommunicator(Communicator):
         dev = self._arrays.flat(buf)
         if not dev.shape[0]:
             return DONE
-        slot = self._pool.copy_out(dev)
-        req = self.mpi_comm.Iallreduce(self._in_place, slot.host, mop)
-        return _StagedHandle(req, dev, slot, self._pool, "an allreduce")
+        host = self._pool.copy_out(dev)
+        req = self.mpi_comm.Iallreduce(self._in_place, host, mop)
+        return _StagedHandle(req, dev, host, self._pool, "an allreduce")
 
     def _device_bcast(self, buf: Any, root: int) -> None:
         dev = self._arrays.flat(buf)
         if not dev.shape[0]:
             return
-        slot = self._pool.copy_out(dev) if self.rank == root else self._pool.slot_for(dev)
-        stall.wait(self.mpi_comm.Ibcast(slot.host, root=root), "a broadcast")
+        host = self._pool.copy_out(dev) if self.rank == root else self._pool.host_for(dev)
+        stall.wait(self.mpi_comm.Ibcast(host, root=root), "a broadcast")
         if self.rank == root:
-            self._pool.release(slot)
+            self._pool.release(host)
         else:
-            self._pool.copy_back(dev, slot)
+            self._pool.copy_back(dev, host)
 
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
         self._count(buf)
@@ -221,16 +210,16 @@ class MpiHostCommunicator(Communicator):
                 stall.wait(self.mpi_comm.Irecv(buf, source=source, tag=tag), what)
 
     def _device_isend(self, buf: Any, dest: int, tag: int) -> Handle:
-        slot = self._pool.copy_out(self._arrays.flat(buf))
-        req = self.mpi_comm.Isend(slot.host, dest=dest, tag=tag)
-        return _StagedHandle(req, None, slot, self._pool, "a send")
+        host = self._pool.copy_out(self._arrays.flat(buf))
+        req = self.mpi_comm.Isend(host, dest=dest, tag=tag)
+        return _StagedHandle(req, None, host, self._pool, "a send")
 
     def _device_recv(self, buf: Any, source: int, tag: int) -> None:
         dev = self._arrays.flat(buf)
-        slot = self._pool.slot_for(dev)
+        host = self._pool.host_for(dev)
         what = f"a receive from rank {source}"
-        stall.wait(self.mpi_comm.Irecv(slot.host, source=source, tag=tag), what)
-        self._pool.copy_back(dev, slot)
+        stall.wait(self.mpi_comm.Irecv(host, source=source, tag=tag), what)
+        self._pool.copy_back(dev, host)
 
     def allgather_obj(self, obj: Any, what: str = "a barrier before gathering") -> list:
         return stall.allgather(self.mpi_comm, obj, what)

@@ -52,9 +52,8 @@ class BatchThreads:
         model, n = self.model, labels.shape[0]
         if n < 2:  # nothing to share out
             return model.loss_and_grads(x, labels, ctx, scale, on_grads_ready)
-        ids = ctx.sample_ids
-        if ids is None:
-            ids = model.backend.xp.arange(n, dtype=model.backend.xp.int64)
+        xp = model.backend.xp
+        ids = xp.arange(n, dtype=xp.int64) if ctx.sample_ids is None else ctx.sample_ids
 
         def run(who: Any, lo: int, hi: int) -> tuple[Any, Any]:
             sub = dataclasses.replace(ctx, sample_ids=ids[lo:hi])
