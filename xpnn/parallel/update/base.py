@@ -28,6 +28,11 @@ def layer_buckets(offsets: list[int], n: int, min_size: int) -> list[tuple[int, 
     return bounds
 
 
+def uses_byte_buckets(comm: Any) -> bool:
+    """Whether ``Plan.make_update`` cuts gradients into ``bucket_bytes`` buckets, not at layers."""
+    return comm.size > 1 and not comm.node_memory
+
+
 class BucketCursor:
     """Walks one step's buckets (last range first) as backward finishes them."""
 
