@@ -1,8 +1,10 @@
 """A run's whole layout in one frozen object (torchtitan's ``ParallelDims``), checked once."""
 
+from __future__ import annotations
+
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.nn.sequential import Sequential
@@ -41,7 +43,7 @@ class Groups:
             setattr(self, kind, "; ".join(r for r in dict.fromkeys(reasons) if r) or None)
 
     @classmethod
-    def of(cls, comm: Communicator, spread: bool = False) -> Self:
+    def of(cls, comm: Communicator, spread: bool = False) -> Groups:
         # the 1-D layouts: ``comm`` is the data group, or (``spread``) the model group
         alone = SelfCommunicator()
         return cls(comm, comm, alone) if spread else cls(comm, alone, comm)
@@ -89,7 +91,7 @@ class Plan:
         return self.mode != "data"
 
     @classmethod
-    def build(cls, spec: Any, world: Any, threads: int | None = None) -> Self:
+    def build(cls, spec: Any, world: Any, threads: int | None = None) -> Plan:
         """The plan of ``spec`` (a resolved ``RunSpec``) on ``world``, or a refusal naming it."""
         model_ranks = 1 if spec.parallel == "data" else (spec.model_ranks or world.size)
         if model_ranks > world.size:
@@ -163,7 +165,7 @@ class Plan:
         """Stage s part p is its replica's rank s * parts + p."""
         return self.place(rank).index % self.tensor_parts
 
-    def settled(self, stage: Any) -> Self:
+    def settled(self, stage: Any) -> Plan:
         """The plan as a pipeline stage settled its micro-batches."""
         if not self.pipelined:
             return self
@@ -219,7 +221,7 @@ class Plan:
         rows = shared.share_gradients(model, comm)
         return node_shared.SharedUpdate(model, comm, make_optimizer, rows, deferred, wire)
 
-    def resolved(self, transport: str, update: str) -> Self:
+    def resolved(self, transport: str, update: str) -> Plan:
         """The plan as built: the live transport and the update scheme."""
         return dataclasses.replace(self, comm=transport, update=update)
 

@@ -11,14 +11,14 @@ import torch
 
 from tests.parallel.comm.test_comm import run_script
 from xpnn.backends import get_backend
-from xpnn.parallel.comm.arrays import CUPY, TORCH, arrays_of
+from xpnn.parallel.comm.mpi import CUPY, TORCH, arrays_of
 
 MOVES = """
 import sys
 import torch
 from xpnn.backends import get_backend
 from xpnn.parallel.comm import make_communicator
-from xpnn.parallel.comm.arrays import TorchArrays
+from xpnn.parallel.comm.mpi import TorchArrays
 from xpnn.runtime import init_world, run_guarded
 
 STAGED = {staged}

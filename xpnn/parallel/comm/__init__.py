@@ -3,10 +3,9 @@
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.parallel.comm.arrays import arrays_of
 from xpnn.parallel.comm.base import Communicator, SelfCommunicator
 from xpnn.parallel.comm.cuda import make_gpu_communicator
-from xpnn.parallel.comm.mpi import MpiHostCommunicator
+from xpnn.parallel.comm.mpi import MpiHostCommunicator, arrays_of
 from xpnn.parallel.comm.shm import ShmCommunicator, forced_ranks_per_node
 from xpnn.runtime.world import World
 

@@ -73,6 +73,9 @@ class Communicator:
         check_counts(buf, counts, self.size)
         return DONE
 
+    def allgather_(self, buf: Any, counts: list[int]) -> None:
+        self.iallgather_(buf, counts).wait()
+
     def barrier(self) -> None:
         pass
 

@@ -7,14 +7,13 @@ from typing import Any
 import numpy as np
 
 from xpnn.errors import user_message
-from xpnn.parallel.comm.arrays import CUPY, TORCH, Arrays
 from xpnn.parallel.comm.base import DONE, Communicator, Handle
 from xpnn.parallel.comm.cuda_aware import (
     CudaAwareness,
     detect_cuda_aware,
     nonblocking_device_collectives,
 )
-from xpnn.parallel.comm.mpi import MpiHandle, MpiHostCommunicator
+from xpnn.parallel.comm.mpi import CUPY, TORCH, Arrays, MpiHandle, MpiHostCommunicator
 from xpnn.parallel.comm.narrow import check_narrow
 from xpnn.runtime import flight
 from xpnn.runtime.world import World

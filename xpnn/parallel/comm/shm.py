@@ -3,7 +3,7 @@
 import contextlib
 import math
 import os
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +66,7 @@ class ShmCommunicator(MpiHostCommunicator):
         self._windows: list[Any] = []
 
     @classmethod
-    def create(cls, mpi_comm: Any) -> Self:
+    def create(cls, mpi_comm: Any) -> "ShmCommunicator":
         """Collective; refused on every rank where nodes hold different numbers of ranks."""
         from mpi4py import MPI
 

@@ -15,11 +15,6 @@ def param_layers(model: Any) -> list[Any]:
     return [layer for layer in model.layers if layer.initial]
 
 
-def can_share_activations(model: Any) -> bool:
-    """Whether every layer with parameters is exactly a Dense, of a plain ``Sequential``."""
-    return type(model) is Sequential and all(type(lay) is Dense for lay in param_layers(model))
-
-
 def row_align(units: int) -> int:
     """The fewest rows of ``W`` that start a share on a cache line."""
     return ALIGN // math.gcd(units, ALIGN)

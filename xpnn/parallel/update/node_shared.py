@@ -3,14 +3,14 @@
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.nn.dense import Dense
+from xpnn.nn.sequential import Sequential
 from xpnn.parallel.comm.shm import share_bounds
-from xpnn.parallel.model.shared import SharedDense, can_share_activations, param_layers
+from xpnn.parallel.model.shared import SharedDense, param_layers
 from xpnn.parallel.update.base import LayerwiseUpdate
 
 
 class NodeSharedUpdate(LayerwiseUpdate):
-    """The schemes with one copy of the parameters a node."""
-
     def __init__(self, model: Any, comm: Any, deferred: bool, wire: Any) -> None:
         super().__init__(model, comm, deferred)
         self.wire = wire  # the gradients cross nodes in a narrower float (``wire.GradWire``)
@@ -77,7 +77,7 @@ def shares_activations(model: Any, batch_size: int, node_share: str) -> bool:
     """As asked, or (``auto``) when allowed and fewer values than a rank's gradient row."""
     if node_share == "gradients":
         return False
-    if not can_share_activations(model):
+    if not (type(model) is Sequential and all(type(lay) is Dense for lay in param_layers(model))):
         if node_share == "activations":
             kinds = sorted({type(layer).__name__ for layer in param_layers(model)} - {"Dense"})
             what = ", ".join(kinds) or type(model).__name__

@@ -108,6 +108,6 @@ class ShardedUpdate(BucketedUpdate):
         for name, shard in self.optimizer.inner.state.items():
             whole = xp.zeros((self.model.size,), dtype=shard.dtype)
             whole[lo:hi] = shard
-            self.comm.iallgather_(whole, self.counts).wait()
+            self.comm.allgather_(whole, self.counts)
             out[name] = whole
         return out
