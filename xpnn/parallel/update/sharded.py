@@ -1,5 +1,6 @@
 """The optimizer state sharded over the data-parallel ranks (ZeRO stage 1)."""
 
+import functools
 from typing import Any
 
 from xpnn.data.batches import shard_bounds as share_bounds
@@ -23,7 +24,6 @@ class ShardedOptimizer:
 
     def __init__(self, inner: Any, n: int, bounds: tuple[int, int]) -> None:
         self.inner, self.n, self.bounds = inner, n, bounds
-        self._whole: dict[str, Array] | None = None
 
     def __getattr__(self, name: str) -> Any:  # what this class does not say: the shard's
         return getattr(self.inner, name)
@@ -36,21 +36,17 @@ class ShardedOptimizer:
     def step_count(self, value: int) -> None:  # a resume sets it
         self.inner.step_count = value
 
-    @property
+    @functools.cached_property
     def state(self) -> dict[str, Array]:
-        if self._whole is None:
-            xp, dtype = self.inner.kernels.xp, self.inner.params.dtype
-            self._whole = {name: xp.zeros((self.n,), dtype=dtype) for name in self.inner.state}
-        return self._whole
+        xp, dtype = self.inner.kernels.xp, self.inner.params.dtype
+        return {name: xp.zeros((self.n,), dtype=dtype) for name in self.inner.state}
 
     def take_loaded(self) -> None:
         """Keep this rank's shard of a loaded ``state``, free the rest."""
-        if self._whole is None:
-            return
-        lo, hi = self.bounds
-        for name, buf in self.inner.state.items():
-            buf[...] = self._whole[name][lo:hi]
-        self._whole = None
+        if (whole := vars(self).pop("state", None)) is not None:  # cached: a checkpoint loaded it
+            lo, hi = self.bounds
+            for name, buf in self.inner.state.items():
+                buf[...] = whole[name][lo:hi]
 
 
 class ShardedUpdate(BucketedUpdate):
