@@ -160,18 +160,19 @@ class _PinnedPool:
             event.synchronize()
         return host
 
-    def release(self, host: np.ndarray, event: Any = None) -> None:
-        self._free.setdefault((host.size, host.dtype), []).append((host, event))
-
     def copy_out(self, dev: Any) -> np.ndarray:
         host = self.host_for(dev)
         with phases.span("device to host", phases.COPIES):
             self._arrays.copy_out(dev, host)
         return host
 
-    def copy_back(self, dev: Any, host: np.ndarray) -> None:
-        with phases.span("host to device (queued)", phases.COPIES):
-            self.release(host, self._arrays.copy_back(dev, host))
+    def give_back(self, host: np.ndarray, dev: Any = None) -> None:
+        """``host`` back to the pool, copied into ``dev`` first (None: a send, a broadcast root)."""
+        event = None
+        if dev is not None:
+            with phases.span("host to device (queued)", phases.COPIES):
+                event = self._arrays.copy_back(dev, host)
+        self._free.setdefault((host.size, host.dtype), []).append((host, event))
 
 
 class _StagedHandle(MpiHandle):
@@ -187,10 +188,7 @@ class _StagedHandle(MpiHandle):
         if self._req is None:
             return
         super().wait()
-        if self._dev is None:
-            self._pool.release(self._host)
-        else:
-            self._pool.copy_back(self._dev, self._host)
+        self._pool.give_back(self._host, self._dev)
         self._dev = self._host = None
 
 
@@ -301,10 +299,7 @@ class MpiHostCommunicator(Communicator):
             return
         host = self._pool.copy_out(dev) if self.rank == root else self._pool.host_for(dev)
         stall.wait(self.mpi_comm.Ibcast(host, root=root), "a broadcast")
-        if self.rank == root:
-            self._pool.release(host)
-        else:
-            self._pool.copy_back(dev, host)
+        self._pool.give_back(host, None if self.rank == root else dev)
 
     def isend(self, buf: Any, dest: int, tag: int = 0) -> Handle:
         self._count(buf)
@@ -332,7 +327,7 @@ class MpiHostCommunicator(Communicator):
         host = self._pool.host_for(dev)
         what = f"a receive from rank {source}"
         stall.wait(self.mpi_comm.Irecv(host, source=source, tag=tag), what)
-        self._pool.copy_back(dev, host)
+        self._pool.give_back(host, dev)
 
     def allgather_obj(self, obj: Any, what: str = "a barrier before gathering") -> list:
         return stall.allgather(self.mpi_comm, obj, what)
