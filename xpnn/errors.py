@@ -1,7 +1,5 @@
 """User errors, which name settings in backticks (`` `batch_size` ``): the CLI says flags."""
 
-from __future__ import annotations
-
 import functools
 import re
 from collections.abc import Callable, Iterator

@@ -1,7 +1,5 @@
 """The files a run writes, checked before it trains: a bad place fails at the start."""
 
-from __future__ import annotations
-
 import glob
 import os
 import stat

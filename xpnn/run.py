@@ -1,7 +1,5 @@
 """A run from its choices: ``build_run`` assembles a ``Trainer``, ``run`` the whole job."""
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import sys

@@ -1,7 +1,5 @@
 """Every setting of a run declared once, as a ``RunSpec`` field; parser, checks, docs read them."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 from collections.abc import Callable, Collection

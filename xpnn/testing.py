@@ -1,7 +1,5 @@
 """Checks for your own layers: ``check_layer`` compares ``backward`` with finite differences."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 
 import numpy as np

@@ -1,7 +1,5 @@
 """Self-attention and the feed-forward block: Dense composites that declare ``tensor_pairs``."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 

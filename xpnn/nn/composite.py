@@ -1,7 +1,5 @@
 """Composites: sublayers' parameters declared as their own (``attn.qkv.W``), in the flat buffer."""
 
-from __future__ import annotations
-
 import copy
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -65,7 +63,7 @@ class Chain(Layer):
             dy = children[i].backward(dy, need_dx=need_dx or i > 0)
         return dy
 
-    def replica(self) -> Chain:
+    def replica(self) -> "Chain":
         twin = copy.copy(self)  # the same parameter views; each sublayer its own forward state
         twin.children = {name: child.replica() for name, child in self.children.items()}
         return twin

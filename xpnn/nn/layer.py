@@ -1,7 +1,5 @@
 """Layers declare parameters on the host, placed as views of one flat buffer; backward assigns."""
 
-from __future__ import annotations
-
 import copy
 import math
 import numbers
@@ -85,14 +83,14 @@ class Layer:
         self.params[name] = param
         self.grads[name] = grad
 
-    def walk(self) -> Iterator[Layer]:
+    def walk(self) -> Iterator["Layer"]:
         """This layer and every layer inside it (a composite's sublayers, depth first)."""
         yield self
 
     def forward(self, x: Array, ctx: Context) -> Array:
         raise NotImplementedError
 
-    def replica(self) -> Layer:
+    def replica(self) -> "Layer":
         """A twin sharing the parameters and gradients, with its own forward state."""
         return copy.copy(self)
 

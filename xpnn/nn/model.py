@@ -1,7 +1,5 @@
 """What runs ask of a model (``Model``), and strategies that swap layers (``LayeredModel``)."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,7 +20,7 @@ class Model(Protocol):
     layer_offsets: list[int]  # where backward may report ``grads[offset:]`` final ([0]: at end)
 
     # draw the initial weights from ``seed`` and place them in the flat buffers
-    def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> Model: ...
+    def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> "Model": ...
     # move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None: ...
     # forward, loss and backward: (loss sum, correct count); ``grads`` assigned, scaled
