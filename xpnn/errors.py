@@ -37,11 +37,12 @@ def user_message(text: object) -> str:
 
 
 @contextmanager
-def path_problems(param: str, path: object) -> Iterator[None]:
+def path_problems(param: str, path: object, doing: str = "") -> Iterator[None]:
     """An ``OSError`` on a path the user gave (a full disk, a closed directory) is theirs."""
     try:
         yield
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
         reason = exc.strerror or type(exc).__name__
-        raise UserError(f"`{param}` {path}: {reason}{where}", param) from None
+        said = f"{doing} ({reason})" if doing else f"{reason}{where}"  # ``doing``: what failed
+        raise UserError(f"`{param}` {path}: {said}", param) from None
