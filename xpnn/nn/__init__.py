@@ -1,7 +1,6 @@
 """Layers, losses and models, written once against ``backend.xp``."""
 
 from xpnn.nn.activations import GELU, ReLU, Sigmoid, Tanh
-from xpnn.nn.composite import Chain, Residual
 from xpnn.nn.conv import Conv2D
 from xpnn.nn.dense import Dense
 from xpnn.nn.dropout import Dropout
@@ -17,7 +16,7 @@ from xpnn.nn.gpt import (
     gpt,
     transformer_block,
 )
-from xpnn.nn.layer import Context, Layer
+from xpnn.nn.layer import Chain, Context, Layer, Residual
 from xpnn.nn.losses import SigmoidBinaryCrossEntropy, SoftmaxCrossEntropy
 from xpnn.nn.model import Model
 from xpnn.nn.models import build_model, cnn, mlp

@@ -3,9 +3,8 @@
 import math
 from typing import Any
 
-from xpnn.nn.composite import Chain, Residual
 from xpnn.nn.dense import Dense
-from xpnn.nn.layer import Array, Context, Layer, check_int
+from xpnn.nn.layer import Array, Chain, Context, Layer, Residual, check_int
 from xpnn.nn.sequential import Sequential
 
 GPT_DEFAULTS = {"layers": 4, "heads": 4, "embed": 128, "block": 64}
