@@ -1,10 +1,9 @@
 """Layers, losses and models, written once against ``backend.xp``."""
 
-from xpnn.nn.activations import GELU, ReLU, Sigmoid, Tanh
+from xpnn.nn.activations import GELU, Flatten, ReLU, Sigmoid, Tanh
 from xpnn.nn.conv import Conv2D
 from xpnn.nn.dense import Dense
 from xpnn.nn.dropout import Dropout
-from xpnn.nn.flatten import Flatten
 from xpnn.nn.gpt import (
     CausalSelfAttention,
     Embedding,

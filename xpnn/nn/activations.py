@@ -1,4 +1,6 @@
-"""Stand-alone activation layers (Dense fuses its own; convolutions and GELU use these)."""
+"""Layers without parameters: activations (Dense fuses its own; convolutions use these), Flatten."""
+
+import math
 
 from xpnn.nn.layer import Array, Context, Layer
 
@@ -41,3 +43,19 @@ class GELU(Layer):
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         return self.kernels.gelu_backward(dy, self.x, self.t) if need_dx else None
+
+
+class Flatten(Layer):
+    """``(N, *shape) -> (N, prod(shape))``."""
+
+    tensor_split = "replicate"
+
+    def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
+        self.in_shape = in_shape
+        return (math.prod(in_shape),)
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        return self.xp.reshape(x, (x.shape[0], math.prod(self.in_shape)))  # -1: not at 0 rows
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        return self.xp.reshape(dy, (dy.shape[0], *self.in_shape)) if need_dx else None

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.nn.activations import Flatten
 from xpnn.nn.conv import Conv2D
 from xpnn.nn.dense import Dense
 from xpnn.nn.dropout import Dropout
-from xpnn.nn.flatten import Flatten
 from xpnn.nn.gpt import gpt
 from xpnn.nn.model import check_model
 from xpnn.nn.pool import MaxPool2D
