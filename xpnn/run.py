@@ -15,8 +15,7 @@ from xpnn.data import load_dataset
 from xpnn.data.datasets import check_same_data
 from xpnn.errors import UserError, user_message
 from xpnn.nn.gpt import GPT_DEFAULTS
-from xpnn.nn.model import LayeredModel, check_model
-from xpnn.nn.models import check_fits, make_model, model_name
+from xpnn.nn.models import LayeredModel, check_fits, check_model, make_model, model_name
 from xpnn.outputs import check_paths
 from xpnn.parallel.model.batch_threads import check_batch_threads
 from xpnn.parallel.model.whole import is_spread, portion, whole_size

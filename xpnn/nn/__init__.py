@@ -17,8 +17,7 @@ from xpnn.nn.gpt import (
 )
 from xpnn.nn.layer import Chain, Context, Layer, Residual
 from xpnn.nn.losses import SigmoidBinaryCrossEntropy, SoftmaxCrossEntropy
-from xpnn.nn.model import Model
-from xpnn.nn.models import build_model, cnn, mlp
+from xpnn.nn.models import Model, build_model, cnn, mlp
 from xpnn.nn.pool import MaxPool2D
 from xpnn.nn.sequential import LayerError, Sequential
 

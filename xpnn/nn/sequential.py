@@ -12,8 +12,9 @@ from xpnn.errors import UserError
 from xpnn.nn.fused import fuse_conv_pool
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
-from xpnn.nn.model import Ready
 from xpnn.record.phases import FORWARD, layer_span, span
+
+Ready = Callable[[int], None] | None  # on_grads_ready(offset): ``grads[offset:]`` is final
 
 
 def adding(acc: Array, grads: Array, on_grads_ready: Ready) -> Callable[[int], None]:

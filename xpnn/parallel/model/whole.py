@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.nn.layer import Chain
-from xpnn.nn.model import LayeredModel
+from xpnn.nn.models import LayeredModel
 from xpnn.parallel.model.tensor import SplitDense
 
 
