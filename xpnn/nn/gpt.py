@@ -116,10 +116,7 @@ class CausalSelfAttention(Chain):
 
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
         if len(in_shape) != 2 or in_shape[1] != self.embed:
-            raise ValueError(
-                f"CausalSelfAttention({self.embed}) expects (T, {self.embed}) inputs, "
-                f"got shape {in_shape}"
-            )
+            raise ValueError(f"{self!r} expects (T, {self.embed}) inputs, got shape {in_shape}")
         self.build_child("qkv", in_shape, rng)
         return self.build_child("proj", in_shape, rng)  # it reads the heads' merged outputs
 
