@@ -15,7 +15,7 @@ from xpnn.data import load_dataset
 from xpnn.data.datasets import check_same_data
 from xpnn.errors import UserError, user_message
 from xpnn.nn.gpt import GPT_DEFAULTS
-from xpnn.nn.models import LayeredModel, check_fits, check_model, make_model, model_name
+from xpnn.nn.models import MODELS, LayeredModel, build_model, check_fits, check_model, model_name
 from xpnn.outputs import check_paths
 from xpnn.parallel.model.batch_threads import check_batch_threads
 from xpnn.parallel.model.whole import is_spread, portion, whole_size
@@ -260,7 +260,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     check_text_model(spec, data)
     name, shape, classes = model_name(spec.model), data.input_shape, data.num_classes
     gpt = {n: getattr(spec, n) for n in GPT_DEFAULTS}
-    model = make_model(spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt)
+    model = build_model(spec.model, spec.hidden, spec.activation, classes, spec.loss, shape, gpt)
     params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt)  # too large: refused
     item, states = np.dtype(spec.dtype).itemsize, len(OPTIMIZERS[spec.optimizer].state_names)
     sizes = f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else None
@@ -271,7 +271,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         what = sizes or f"`model` {name}"  # the MLP by its sizes
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     except (ValueError, TypeError, IndexError) as exc:  # a user's model that does not fit
-        if spec.model in ("mlp", "cnn", "gpt"):
+        if spec.model in MODELS:
             raise
         raise UserError(f"`model` {name}: {type(exc).__name__}: {exc}") from exc
     check_model(model, name, built=True)

@@ -96,20 +96,6 @@ def cnn(
     return Sequential(layers, loss)
 
 
-def build_model(
-    name: str,
-    hidden: tuple[int, ...] = HIDDEN,
-    activation: str = "relu",
-    num_classes: int = 10,
-    loss: str = "softmax_cross_entropy",
-) -> Sequential:
-    if name == "mlp":
-        return mlp(hidden, activation, num_classes, loss)
-    if name == "cnn":
-        return cnn(num_classes, loss=loss)
-    raise UserError(f"`model`: unknown model {name!r} (choose {', '.join(MODELS)})")
-
-
 def model_name(model: Any) -> str:
     """How a run's ``model`` is shown and compared between ranks: a preset, path or name."""
     return model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)
@@ -166,22 +152,24 @@ def _import(where: str, load: Callable[[], Any]) -> Any:
         raise UserError(f"`model` {where}: {said}") from None
 
 
-def make_model(
+def build_model(
     model: Any,
-    input_shape: tuple[int, ...],
-    num_classes: int,
     hidden: tuple[int, ...] = HIDDEN,
     activation: str = "relu",
+    num_classes: int = 10,
     loss: str = "softmax_cross_entropy",
+    input_shape: tuple[int, ...] = (1, 28, 28),
     gpt_sizes: dict[str, int] | None = None,
 ) -> Sequential:
     """The unbuilt model a run's ``model`` names, makes or is (``num_classes``: gpt's vocab)."""
+    if model == "mlp":
+        return mlp(hidden, activation, num_classes, loss)
+    if model == "cnn":
+        if tuple(input_shape) != (1, 28, 28):
+            raise UserError(f"`model` cnn: needs 1x28x28 images, the data has {input_shape}")
+        return cnn(num_classes, loss=loss)
     if model == "gpt":
         return gpt(num_classes, **(gpt_sizes or {}))
-    if isinstance(model, str) and model in MODELS:
-        if model == "cnn" and tuple(input_shape) != (1, 28, 28):
-            raise UserError(f"`model` cnn: needs 1x28x28 images, the data has {input_shape}")
-        return build_model(model, hidden, activation, num_classes, loss)
     what = model_name(model)
     if isinstance(model, str):
         model = load_factory(model)
