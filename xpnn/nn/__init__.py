@@ -1,8 +1,7 @@
 """Layers, losses and models, written once against ``backend.xp``."""
 
-from xpnn.nn.activations import GELU, Flatten, ReLU, Sigmoid, Tanh
 from xpnn.nn.conv import Conv2D
-from xpnn.nn.dense import Dense
+from xpnn.nn.dense import GELU, Dense, Flatten, ReLU, Sigmoid, Tanh
 from xpnn.nn.dropout import Dropout
 from xpnn.nn.gpt import (
     CausalSelfAttention,

@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from xpnn.errors import UserError
-from xpnn.nn.activations import Flatten
 from xpnn.nn.conv import Conv2D
-from xpnn.nn.dense import Dense
+from xpnn.nn.dense import Dense, Flatten
 from xpnn.nn.dropout import Dropout
 from xpnn.nn.gpt import gpt
 from xpnn.nn.layer import Array, Context, Layer
