@@ -344,8 +344,7 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     """Worth a word, not an error: a fallback transport, settings ignored or probably a slip."""
     groups, cfg, n_train = trainer.groups, trainer.cfg, trainer.data.n_train
     notes = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
-    ignored = ineffective_settings(spec, groups, trainer.cfg.plan)
-    notes += [f"{name} has no effect {why}" for name, why in ignored]
+    notes += ineffective_settings(spec, groups, trainer.cfg.plan)
     if spec.precision != "fp32" and spec.backend == "numba" and trainer.backend.name == "numpy":
         notes.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
     # a pipeline cuts a batch into at most one micro-batch per sample: more are never run
@@ -384,13 +383,13 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     return notes + [note for note, wanted in said.items() if wanted]
 
 
-def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[str, str]]:
+def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[str]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
     given = settings.given_settings(spec)
-    found: list[tuple[str, str]] = []
+    found: list[str] = []
 
     def unused(names: Collection[str], ignored: bool, why: str) -> None:
-        found.extend((f"`{name}`", why) for name in names if name in given and ignored)
+        found.extend(f"`{name}` has no effect {why}" for name in names if name in given and ignored)
 
     model, data = f"with `model` {model_name(spec.model)}", groups.data
     synthetic = spec.dataset == "synthetic"
@@ -398,7 +397,7 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
     unused(["data_dir"], synthetic, "with `dataset` synthetic: its samples are generated")
     unused(["synthetic_size"], not synthetic, f"with `dataset` {spec.dataset}")
     if spec.comm not in ("auto", "self") and groups.world.size == 1:
-        found.append((f"`comm` {spec.comm}", "on 1 rank: there is nothing to exchange"))
+        found.append(f"`comm` {spec.comm} has no effect on 1 rank: there is nothing to exchange")
     unused(["hidden", "activation"], spec.model != "mlp", model)
     unused(["layers", "heads", "embed", "block"], spec.model != "gpt", model)
     pipeline = ["microbatches", "pipeline_schedule", "recompute", "tensor_ranks"]
@@ -413,8 +412,8 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
     unused(["shard_optimizer"], plan.replicas == 1, alone)
     unused(["model_ranks"], not plan.spread, "with `parallel` data: every rank holds the network")
     where, byte_buckets = f"with comm {data.name} on {data.size} rank(s)", uses_byte_buckets(data)
-    if "bucket_mb" in given and data.size == 1 and plan.spread:
-        found.append(("`bucket_mb`", f"with `parallel` {plan.mode}: no gradients are exchanged"))
+    if data.size == 1 and plan.spread:
+        unused(["bucket_mb"], True, f"with `parallel` {plan.mode}: no gradients are exchanged")
     else:
         unused(["bucket_mb"], not byte_buckets, f"{where}: the update's buckets are cut at layers")
     unshared = data.size == 1 or byte_buckets
