@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections.abc import Callable
 from functools import partial
@@ -113,14 +114,11 @@ class Sequential:
 
     def _bind(self, params: Array, grads: Array) -> None:
         self.params, self.grads = params, grads
-        self.layer_offsets: list[int] = []
-        offset = 0
-        for layer in self.layers:
-            self.layer_offsets.append(offset)
-            for name, (_, shp) in layer.initial.items():  # a dotted name binds a sublayer's
-                layer.bind(name, self._view(params, offset, shp), self._view(grads, offset, shp))
-                offset += math.prod(shp)
-        self.size = offset
+        views, grad_views = self.named_views(params), self.named_views(grads)
+        for key, layer, name in self.param_names():  # a dotted name binds a sublayer's
+            layer.bind(name, views[key], grad_views[key])
+        sizes = [sum(math.prod(shape) for _, shape in x.initial.values()) for x in self.layers]
+        *self.layer_offsets, self.size = itertools.accumulate(sizes, initial=0)
 
     def attach(self, comm: Any) -> None:
         for layer in (inner for top in self.layers for inner in top.walk()):
@@ -213,7 +211,7 @@ class Sequential:
     def named_views(self, flat: Array) -> dict[str, Array]:
         views, offset = {}, 0
         for key, layer, name in self.param_names():
-            shape = tuple(layer.params[name].shape)
+            shape = layer.initial[name][1]  # as bound: the flat buffers' one layout
             views[key] = self._view(flat, offset, shape)
             offset += math.prod(shape)
         return views
