@@ -9,9 +9,7 @@ PARAM = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")  # a parameter's name as m
 
 
 class UserError(Exception):
-    """A mistake the user can fix; ``param`` defaults to the first one the message names."""
-
-    exit_code = 2
+    """A mistake the user can fix (exit 2); ``param`` defaults to the first the message names."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)

@@ -27,7 +27,7 @@ from xpnn.planner.auto import AUTO, CHOSEN
 from xpnn.runtime.stall import STALL_WARN_S
 from xpnn.train.checkpoint import KEEP_CHECKPOINTS
 from xpnn.train.graph import CUDA_GRAPH
-from xpnn.train.optim import HYPER_PARAMETERS, OPTIMIZERS, SCHEDULES
+from xpnn.train.optim import HYPER_PARAMETERS, HYPERS, OPTIMIZERS, SCHEDULES
 from xpnn.train.precision import PRECISIONS
 
 BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
@@ -517,7 +517,7 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
     optimizer = spec.optimizer if "optimizer" in given else GPT_RECIPE["optimizer"]
     schedule = spec.schedule if "schedule" in given else GPT_RECIPE["schedule"]
     takes = HYPER_PARAMETERS[optimizer]
-    applies = {name: name in takes for name in ("betas", "eps", "weight_decay")}
+    applies = {name: name in takes for name in HYPERS}
     applies |= {"warmup_steps": "warmup_epochs" not in given, "min_lr": schedule == "cosine"}
     applies["batch_size"] = "per_rank_batch" not in given
     fill = {k: v for k, v in GPT_RECIPE.items() if applies.get(k, True) and k not in given}
