@@ -110,10 +110,8 @@ def load_factory(where: str) -> Callable[[tuple[int, ...], int], Any]:
         if not path.is_file():
             raise UserError(f"`model` {where}: no file {source}")
         module_name = f"xpnn_user_model_{path.stem}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise UserError(f"`model` {where}: {source} cannot be imported as Python")
-        module = importlib.util.module_from_spec(spec)
+        spec = importlib.util.spec_from_file_location(module_name, path)  # .py: never None
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         sys.modules[module_name] = module  # dataclasses and pickling look the module up
         _import(where, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
     else:
