@@ -97,8 +97,7 @@ def launch(
         failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
         trainer = build_run(spec, world, callbacks, log=say, given=given)
         if world.rank == 0:
-            nodes = world.node_sizes if world.size > 1 else (1,)
-            for line in summary(trainer, spec.backend, nodes):
+            for line in summary(trainer, spec.backend, world):
                 say(f"xpnn: {line}")
             preset = settings.gpt_preset(spec, given)[0]  # notes on a preset's settings too
             for line in notes(preset, trainer, world):
@@ -315,11 +314,11 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
         raise UserError("`loss`: `model` gpt trains with softmax_cross_entropy at every position")
 
 
-def summary(trainer: Any, asked: str, node_sizes: tuple[int, ...]) -> list[str]:
+def summary(trainer: Any, asked: str, world: Any) -> list[str]:
     """What rank 0 says before training; ``asked``: the backend as given (``auto`` is said)."""
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
     threads = describe_threads(cfg.facts.record())
-    ranks = describe_ranks(trainer.comm.size, node_sizes)
+    ranks = describe_ranks(trainer.comm.size, world.node_sizes if world.size > 1 else (1,))
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
     chosen = trainer.backend.describe()
     if asked == "auto":  # "numba (cpu, float32)" -> "numba (auto, cpu, float32)"

@@ -17,9 +17,8 @@ from xpnn.nn.layer import is_int
 from xpnn.nn.losses import LOSSES
 from xpnn.nn.models import HIDDEN, MLP_ACTIVATIONS
 from xpnn.parallel.comm import KINDS
+from xpnn.parallel.model import pipeline
 from xpnn.parallel.model.batch_threads import CPU_BACKENDS
-from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE
-from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from xpnn.parallel.plan import MODES, NODE_SHARES, check
 from xpnn.parallel.update import DEFAULT_BUCKET_MB
 from xpnn.parallel.update.wire import GRAD_DTYPES
@@ -392,7 +391,7 @@ class RunSpec:
         "Pipeline: micro-batches per global batch."
     )
     pipeline_schedule: str | None = PARALLEL(
-        None, choices=tuple(PIPELINE_SCHEDULES), fill=DEFAULT_SCHEDULE
+        None, choices=tuple(pipeline.SCHEDULES), fill=pipeline.DEFAULT_SCHEDULE
     )(
         "Pipeline: all forwards then all backwards (``gpipe``), or a forward and a backward in "
         "turn, holding at most S − s micro-batches' activations (``1f1b``)."
