@@ -134,11 +134,8 @@ def build_run(
     spec, preset = agree_on_user_errors(world, lambda: resolve(spec, given))
     chosen = None
     if auto.wanted(spec):  # chosen once, by rank 0, for every rank
-        resolved, sizes = spec, (world.size, world.local_size)
-        mine = agree_on_user_errors(
-            world,
-            lambda: auto.resolve_auto(resolved, *sizes, node_cores()) if world.rank == 0 else None,
-        )
+        pick = functools.partial(auto.resolve_auto, spec, world.size, world.local_size)
+        mine = agree_on_user_errors(world, lambda: pick(node_cores()) if world.rank == 0 else None)
         chosen, line = world.allgather_obj(mine, "the sharing of what auto chose")[0]
         if world.rank == 0:
             say(f"xpnn: {line}")

@@ -106,8 +106,6 @@ class Sequential:
         return self
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
-        if params.shape != (self.size,) or grads.shape != (self.size,):
-            raise ValueError(f"adopt: buffers must have shape ({self.size},)")
         if copy:
             params[...] = self.params
         self._bind(params, grads)
