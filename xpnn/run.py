@@ -275,8 +275,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         what = f"`model` {name}: `batch_threads` and `precision`"
         raise UserError(f"{what} run the layers of an xpnn.nn.Sequential; this model has none")
     if isinstance(model, LayeredModel) and portion(model).scores:  # it holds the output
-        labels = tuple(data.y_test.shape[1:])
-        check_fits(model, name, labels, classes)
+        check_fits(model, name, tuple(data.y_test.shape[1:]), classes)
     check_batch_threads(spec.batch_threads, threads, backend.name)
     plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
     said = {n: getattr(spec, n) for n in ("dataset", "dtype", "precision", "loss", "grad_dtype")}
@@ -325,8 +324,7 @@ def summary(trainer: Any, asked: str, world: Any) -> list[str]:
         line += f" on rank 0 of {whole_size(model):,}, {cfg.plan.mode} parallel"
         if groups.data.size > 1:
             line += f" over {groups.model.size} ranks x {groups.data.size} replicas"
-    preset = cfg.facts.preset or {}
-    preset = ", ".join(f"`{name}` {settings.said(value)}" for name, value in preset.items())
+    preset = ", ".join(f"`{n}` {settings.said(v)}" for n, v in (cfg.facts.preset or {}).items())
     said = [f"the gpt recipe for the settings not given: {preset}"] if preset else []
     setup = (
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "

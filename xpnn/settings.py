@@ -515,8 +515,7 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
     given = given_settings(spec, given)
     optimizer = spec.optimizer if "optimizer" in given else GPT_RECIPE["optimizer"]
     schedule = spec.schedule if "schedule" in given else GPT_RECIPE["schedule"]
-    takes = HYPER_PARAMETERS[optimizer]
-    applies = {name: name in takes for name in HYPERS}
+    applies = {name: name in HYPER_PARAMETERS[optimizer] for name in HYPERS}
     applies |= {"warmup_steps": "warmup_epochs" not in given, "min_lr": schedule == "cosine"}
     applies["batch_size"] = "per_rank_batch" not in given
     fill = {k: v for k, v in GPT_RECIPE.items() if applies.get(k, True) and k not in given}
