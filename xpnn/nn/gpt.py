@@ -63,8 +63,7 @@ class Embedding(Layer):
         if ids.dtype != xp.int64:  # ids may arrive as floats from a generic batch path
             ids = xp.astype(ids, xp.int64)
         self.ids, self.shape = ids, tuple(x.shape)
-        rows = xp.take(self.params["W"], ids, axis=0)
-        return xp.reshape(rows, (*self.shape, self.dim))
+        return xp.reshape(xp.take(self.params["W"], ids, axis=0), (*self.shape, self.dim))
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         dy = self.xp.reshape(dy, (self.ids.shape[0], self.dim))
