@@ -16,7 +16,6 @@ from xpnn.nn.pool import MaxPool2D
 from xpnn.nn.sequential import Ready, Sequential
 
 
-@runtime_checkable
 class Model(Protocol):
     """A built network whose parameters and gradients are two flat buffers of ``size``."""
 
