@@ -103,10 +103,8 @@ class Tanh(Activation):
     kind = "tanh"
 
 
-class GELU(Layer):
+class GELU(Activation):
     """``y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, the tanh form GPT-2 uses."""
-
-    tensor_split = "elementwise"
 
     def forward(self, x: Array, ctx: Context) -> Array:
         self.x = x
