@@ -22,9 +22,7 @@ class Dense(Layer):
     def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
         if len(in_shape) < 1:
             raise ValueError(f"Dense expects inputs with a feature axis, got shape {in_shape}")
-        fan_in = in_shape[-1]
-        shape = (fan_in, self.units)
-        self.add_param("W", for_activation(rng, shape, fan_in, self.units, self.activation))
+        self.add_param("W", for_activation(rng, in_shape[-1], self.units, self.activation))
         self.add_param("b", 0.0, (self.units,))
         return (*in_shape[:-1], self.units)
 

@@ -29,12 +29,12 @@ def he_normal(rng: Any, shape: tuple[int, ...], fan_in: int) -> Any:
     return rng.standard_normal(shape) * math.sqrt(2.0 / fan_in)
 
 
-def for_activation(rng: Any, shape: tuple[int, ...], fan_in: int, fan_out: int, act: str) -> Any:
+def for_activation(rng: Any, fan_in: int, fan_out: int, act: str) -> Any:
     """He normal for ReLU; else Glorot & Bengio's (2010) uniform, for symmetric activations."""
     if act == "relu":
-        return he_normal(rng, shape, fan_in)
+        return he_normal(rng, (fan_in, fan_out), fan_in)
     limit = math.sqrt(6.0 / (fan_in + fan_out))
-    return rng.uniform(-limit, limit, size=shape)
+    return rng.uniform(-limit, limit, size=(fan_in, fan_out))
 
 
 def copy_array(xp: Any, a: Array) -> Array:
