@@ -177,8 +177,7 @@ class Chain(Layer):
         return twin
 
     def __repr__(self) -> str:
-        inner = " -> ".join(repr(child) for child in self.children.values())
-        return f"{type(self).__name__}({inner})"
+        return f"{type(self).__name__}({' -> '.join(map(repr, self.children.values()))})"
 
 
 class Residual(Chain):
