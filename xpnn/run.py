@@ -313,7 +313,6 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
 def summary(trainer: Any, asked: str, world: Any) -> list[str]:
     """What rank 0 says before training; ``asked``: the backend as given (``auto`` is said)."""
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
-    threads = describe_threads(cfg.facts.record())
     ranks = describe_ranks(trainer.comm.size, world.node_sizes if world.size > 1 else (1,))
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
     chosen = trainer.backend.describe()
@@ -329,7 +328,7 @@ def summary(trainer: Any, asked: str, world: Any) -> list[str]:
     setup = (
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
         f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {chosen}, "
-        f"comm {groups.name}{note}, {ranks} x {threads}"
+        f"comm {groups.name}{note}, {ranks} x {describe_threads(cfg.facts.record())}"
     )
     return [*said, line, setup, cfg.plan.header()]
 
