@@ -122,9 +122,6 @@ class Sequential:
         for layer in (inner for top in self.layers for inner in top.walk()):
             layer.attach(comm)
 
-    def _view(self, flat: Array, offset: int, shape: tuple[int, ...]) -> Array:
-        return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
-
     def forward(self, x: Array, ctx: Context) -> Array:
         with FORWARD:
             for i, layer in enumerate(self.layers):
@@ -210,7 +207,7 @@ class Sequential:
         views, offset = {}, 0
         for key, layer, name in self.param_names():
             shape = layer.initial[name][1]  # as bound: the flat buffers' one layout
-            views[key] = self._view(flat, offset, shape)
+            views[key] = self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
             offset += math.prod(shape)
         return views
 
