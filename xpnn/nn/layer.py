@@ -137,10 +137,9 @@ class Chain(Layer):
         return super().build(in_shape, backend, rng)
 
     def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
-        shape = in_shape
         for name in self.children:
-            shape = self.build_child(name, shape, rng)
-        return shape
+            in_shape = self.build_child(name, in_shape, rng)
+        return in_shape
 
     def build_child(self, name: str, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
         """Build sublayer ``name`` on this layer's backend; declare its parameters as ours."""
