@@ -145,8 +145,7 @@ class Chain(Layer):
         """Build sublayer ``name`` on this layer's backend; declare its parameters as ours."""
         child = self.children[name]
         out = child.build(in_shape, self.backend, rng)
-        for key, value in child.initial.items():
-            self.initial[f"{name}.{key}"] = value
+        self.initial |= {f"{name}.{key}": value for key, value in child.initial.items()}
         return out
 
     def bind(self, name: str, param: Array, grad: Array) -> None:
