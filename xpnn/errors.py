@@ -13,8 +13,7 @@ class UserError(Exception):
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        found = PARAM.search(message)
-        self.param = param or (found[1] if found else None)
+        self.param = param or (found[1] if (found := PARAM.search(message)) else None)
 
 
 _wordings: list[Callable[[str], str]] = []
