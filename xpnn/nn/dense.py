@@ -76,10 +76,9 @@ class Dense(Layer):
 
 
 class Activation(Layer):
-    """Elementwise nonlinearity; backward uses the output, which all of ours allow."""
+    """Elementwise nonlinearity ``kind``; backward uses the output, which all of ours allow."""
 
     tensor_split = "elementwise"
-    kind = "identity"
 
     def forward(self, x: Array, ctx: Context) -> Array:
         self.y = self.kernels.activation(x, self.kind)

@@ -67,8 +67,7 @@ class Embedding(Layer):
 
     def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
         dy = self.xp.reshape(dy, (self.ids.shape[0], self.dim))
-        self.kernels.embedding_grad(self.ids, dy, self.grads["W"])
-        return None
+        self.kernels.embedding_grad(self.ids, dy, self.grads["W"])  # ids have no gradient
 
 
 class PositionEmbedding(Layer):
