@@ -7,7 +7,7 @@ import pytest
 from conftest import assert_one_line_user_error, run_xpnn, train_and_load
 
 from xpnn.nn import Model
-from xpnn.nn.model import BUILT, METHODS
+from xpnn.nn.models import BUILT, METHODS
 
 SOFTMAX = '''
 import numpy as np

@@ -14,8 +14,7 @@ def run() -> int:
     except Exception as exc:  # noqa: BLE001 - a broken import, maybe on one rank: say it
         from xpnn.runtime.startup import failed_import
 
-        words = sys.argv[1:2]
-        return failed_import(exc, words[0] if words and words[0] == "info" else "train")
+        return failed_import(exc, "info" if sys.argv[1:2] == ["info"] else "train")
 
     code = main()
     if code in (130, 143, 129, 131, 152):  # stopped by a signal, said and handled

@@ -1,7 +1,5 @@
 """User errors, which name settings in backticks (`` `batch_size` ``): the CLI says flags."""
 
-from __future__ import annotations
-
 import functools
 import re
 from collections.abc import Callable, Iterator
@@ -11,14 +9,11 @@ PARAM = re.compile(r"(?<!`)`([a-z][a-z0-9_]*)`(?!`)")  # a parameter's name as m
 
 
 class UserError(Exception):
-    """A mistake the user can fix; ``param`` defaults to the first one the message names."""
-
-    exit_code = 2
+    """A mistake the user can fix (exit 2); ``param`` defaults to the first the message names."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        found = PARAM.search(message)
-        self.param = param or (found[1] if found else None)
+        self.param = param or (found[1] if (found := PARAM.search(message)) else None)
 
 
 _wordings: list[Callable[[str], str]] = []
@@ -39,11 +34,12 @@ def user_message(text: object) -> str:
 
 
 @contextmanager
-def path_problems(param: str, path: object) -> Iterator[None]:
+def path_problems(param: str, path: object, doing: str = "") -> Iterator[None]:
     """An ``OSError`` on a path the user gave (a full disk, a closed directory) is theirs."""
     try:
         yield
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
         reason = exc.strerror or type(exc).__name__
-        raise UserError(f"`{param}` {path}: {reason}{where}", param) from None
+        said = f"{doing} ({reason})" if doing else f"{reason}{where}"  # ``doing``: what failed
+        raise UserError(f"`{param}` {path}: {said}", param) from None

@@ -1,7 +1,5 @@
 """The files a run writes, checked before it trains: a bad place fails at the start."""
 
-from __future__ import annotations
-
 import glob
 import os
 import stat
@@ -19,11 +17,8 @@ from xpnn.train.resume import no_checkpoint
 
 def _takes_files(param: str, path: str, directory: Path) -> None:
     """A throwaway file proves ``directory`` can be written, before the training, not after."""
-    try:
+    with path_problems(param, path, f"cannot create files in {directory}"):
         tempfile.TemporaryFile(dir=directory).close()
-    except OSError as exc:
-        why = f"cannot create files in {directory} ({exc.strerror})"
-        raise UserError(f"`{param}` {path}: {why}") from None
 
 
 def _writable_file(
@@ -60,10 +55,8 @@ def _writable_file(
         with path_problems(param, path):
             remove_unfinished(parent, glob.escape(Path(path).name))
     if appended and there is not None:  # a read-only file in a writable directory
-        try:
+        with path_problems(param, path, "cannot write to it"):
             os.close(open_to_write(path, os.O_APPEND))
-        except OSError as exc:
-            raise UserError(f"{at}: cannot write to it ({exc.strerror})") from None
 
 
 def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
@@ -77,11 +70,8 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
             raise UserError(no_checkpoint(path))
         if not writer:
             return
-    try:
+    with path_problems("checkpoint_dir", path, "cannot create the directory"):
         Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        why = f"cannot create the directory ({exc.strerror})"
-        raise UserError(f"`checkpoint_dir` {path}: {why}") from None
     _takes_files("checkpoint_dir", path, Path(path))
     with path_problems("checkpoint_dir", path):
         lock.hold(path)  # first: what is in the directory is this job's only once it is held

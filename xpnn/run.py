@@ -1,7 +1,5 @@
 """A run from its choices: ``build_run`` assembles a ``Trainer``, ``run`` the whole job."""
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import sys
@@ -17,8 +15,7 @@ from xpnn.data import load_dataset
 from xpnn.data.datasets import check_same_data
 from xpnn.errors import UserError, user_message
 from xpnn.nn.gpt import GPT_DEFAULTS
-from xpnn.nn.model import LayeredModel, check_model
-from xpnn.nn.models import check_fits, make_model, model_name
+from xpnn.nn.models import MODELS, LayeredModel, build_model, check_fits, check_model, model_name
 from xpnn.outputs import check_paths
 from xpnn.parallel.model.batch_threads import check_batch_threads
 from xpnn.parallel.model.whole import is_spread, portion, whole_size
@@ -100,8 +97,7 @@ def launch(
         failure.agree_on_user_errors(world, lambda: check_paths(spec, writer=world.rank == 0))
         trainer = build_run(spec, world, callbacks, log=say, given=given)
         if world.rank == 0:
-            nodes = world.node_sizes if world.size > 1 else (1,)
-            for line in summary(trainer, spec.backend, nodes):
+            for line in summary(trainer, spec.backend, world):
                 say(f"xpnn: {line}")
             preset = settings.gpt_preset(spec, given)[0]  # notes on a preset's settings too
             for line in notes(preset, trainer, world):
@@ -138,11 +134,8 @@ def build_run(
     spec, preset = agree_on_user_errors(world, lambda: resolve(spec, given))
     chosen = None
     if auto.wanted(spec):  # chosen once, by rank 0, for every rank
-        resolved, sizes = spec, (world.size, world.local_size)
-        mine = agree_on_user_errors(
-            world,
-            lambda: auto.resolve_auto(resolved, *sizes, node_cores()) if world.rank == 0 else None,
-        )
+        pick = functools.partial(auto.resolve_auto, spec, world.size, world.local_size)
+        mine = agree_on_user_errors(world, lambda: pick(node_cores()) if world.rank == 0 else None)
         chosen, line = world.allgather_obj(mine, "the sharing of what auto chose")[0]
         if world.rank == 0:
             say(f"xpnn: {line}")
@@ -263,7 +256,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
     check_text_model(spec, data)
     name, shape, classes = model_name(spec.model), data.input_shape, data.num_classes
     gpt = {n: getattr(spec, n) for n in GPT_DEFAULTS}
-    model = make_model(spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt)
+    model = build_model(spec.model, spec.hidden, spec.activation, classes, spec.loss, shape, gpt)
     params = preset_parameters(spec.model, shape, classes, spec.hidden, gpt)  # too large: refused
     item, states = np.dtype(spec.dtype).itemsize, len(OPTIMIZERS[spec.optimizer].state_names)
     sizes = f"`hidden` {','.join(map(str, spec.hidden))}" if spec.model == "mlp" else None
@@ -274,7 +267,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         what = sizes or f"`model` {name}"  # the MLP by its sizes
         raise UserError(f"{what}: the network does not fit in memory ({exc})") from None
     except (ValueError, TypeError, IndexError) as exc:  # a user's model that does not fit
-        if spec.model in ("mlp", "cnn", "gpt"):
+        if spec.model in MODELS:
             raise
         raise UserError(f"`model` {name}: {type(exc).__name__}: {exc}") from exc
     check_model(model, name, built=True)
@@ -282,8 +275,7 @@ def _setup(spec: RunSpec, world: Any) -> tuple:
         what = f"`model` {name}: `batch_threads` and `precision`"
         raise UserError(f"{what} run the layers of an xpnn.nn.Sequential; this model has none")
     if isinstance(model, LayeredModel) and portion(model).scores:  # it holds the output
-        labels = tuple(data.y_test.shape[1:])
-        check_fits(model, name, labels, classes)
+        check_fits(model, name, tuple(data.y_test.shape[1:]), classes)
     check_batch_threads(spec.batch_threads, threads, backend.name)
     plan = plan.settled(model)  # a pipeline's micro-batches, as its stage settled them
     said = {n: getattr(spec, n) for n in ("dataset", "dtype", "precision", "loss", "grad_dtype")}
@@ -318,11 +310,10 @@ def check_text_model(spec: RunSpec, data: Any) -> None:
         raise UserError("`loss`: `model` gpt trains with softmax_cross_entropy at every position")
 
 
-def summary(trainer: Any, asked: str, node_sizes: tuple[int, ...]) -> list[str]:
+def summary(trainer: Any, asked: str, world: Any) -> list[str]:
     """What rank 0 says before training; ``asked``: the backend as given (``auto`` is said)."""
     groups, cfg, data, model = trainer.groups, trainer.cfg, trainer.data, trainer.model
-    threads = describe_threads(cfg.facts.record())
-    ranks = describe_ranks(trainer.comm.size, node_sizes)
+    ranks = describe_ranks(trainer.comm.size, world.node_sizes if world.size > 1 else (1,))
     note = f" ({groups.fallback_reason})" if groups.fallback_reason else ""
     chosen = trainer.backend.describe()
     if asked == "auto":  # "numba (cpu, float32)" -> "numba (auto, cpu, float32)"
@@ -332,13 +323,12 @@ def summary(trainer: Any, asked: str, node_sizes: tuple[int, ...]) -> list[str]:
         line += f" on rank 0 of {whole_size(model):,}, {cfg.plan.mode} parallel"
         if groups.data.size > 1:
             line += f" over {groups.model.size} ranks x {groups.data.size} replicas"
-    preset = cfg.facts.preset or {}
-    preset = ", ".join(f"`{name}` {settings.said(value)}" for name, value in preset.items())
+    preset = ", ".join(f"`{n}` {settings.said(v)}" for n, v in (cfg.facts.preset or {}).items())
     said = [f"the gpt recipe for the settings not given: {preset}"] if preset else []
     setup = (
         f"{data.name} {data.n_train} train / {data.x_test.shape[0]} test, global batch "
         f"{cfg.batch_size}, {cfg.optimizer} lr {cfg.lr:g}, backend {chosen}, "
-        f"comm {groups.name}{note}, {ranks} x {threads}"
+        f"comm {groups.name}{note}, {ranks} x {describe_threads(cfg.facts.record())}"
     )
     return [*said, line, setup, cfg.plan.header()]
 
@@ -347,8 +337,7 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     """Worth a word, not an error: a fallback transport, settings ignored or probably a slip."""
     groups, cfg, n_train = trainer.groups, trainer.cfg, trainer.data.n_train
     notes = [f"comm {groups.name}: {groups.auto_fallback}"] if groups.auto_fallback else []
-    ignored = ineffective_settings(spec, groups, trainer.cfg.plan)
-    notes += [f"{name} has no effect {why}" for name, why in ignored]
+    notes += ineffective_settings(spec, groups, trainer.cfg.plan)
     if spec.precision != "fp32" and spec.backend == "numba" and trainer.backend.name == "numpy":
         notes.append(f"`precision` {spec.precision}: NumPy's kernels run it (Numba's: fp32, fp64)")
     # a pipeline cuts a batch into at most one micro-batch per sample: more are never run
@@ -387,13 +376,13 @@ def notes(spec: RunSpec, trainer: Any, world: Any) -> list[str]:
     return notes + [note for note, wanted in said.items() if wanted]
 
 
-def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[str, str]]:
+def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[str]:
     """Settings given that this run ignores, and why: said, not silently dropped."""
     given = settings.given_settings(spec)
-    found: list[tuple[str, str]] = []
+    found: list[str] = []
 
     def unused(names: Collection[str], ignored: bool, why: str) -> None:
-        found.extend((f"`{name}`", why) for name in names if name in given and ignored)
+        found.extend(f"`{name}` has no effect {why}" for name in names if name in given and ignored)
 
     model, data = f"with `model` {model_name(spec.model)}", groups.data
     synthetic = spec.dataset == "synthetic"
@@ -401,7 +390,7 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
     unused(["data_dir"], synthetic, "with `dataset` synthetic: its samples are generated")
     unused(["synthetic_size"], not synthetic, f"with `dataset` {spec.dataset}")
     if spec.comm not in ("auto", "self") and groups.world.size == 1:
-        found.append((f"`comm` {spec.comm}", "on 1 rank: there is nothing to exchange"))
+        found.append(f"`comm` {spec.comm} has no effect on 1 rank: there is nothing to exchange")
     unused(["hidden", "activation"], spec.model != "mlp", model)
     unused(["layers", "heads", "embed", "block"], spec.model != "gpt", model)
     pipeline = ["microbatches", "pipeline_schedule", "recompute", "tensor_ranks"]
@@ -416,8 +405,8 @@ def ineffective_settings(spec: RunSpec, groups: Any, plan: Any) -> list[tuple[st
     unused(["shard_optimizer"], plan.replicas == 1, alone)
     unused(["model_ranks"], not plan.spread, "with `parallel` data: every rank holds the network")
     where, byte_buckets = f"with comm {data.name} on {data.size} rank(s)", uses_byte_buckets(data)
-    if "bucket_mb" in given and data.size == 1 and plan.spread:
-        found.append(("`bucket_mb`", f"with `parallel` {plan.mode}: no gradients are exchanged"))
+    if data.size == 1 and plan.spread:
+        unused(["bucket_mb"], True, f"with `parallel` {plan.mode}: no gradients are exchanged")
     else:
         unused(["bucket_mb"], not byte_buckets, f"{where}: the update's buckets are cut at layers")
     unshared = data.size == 1 or byte_buckets

@@ -1,7 +1,5 @@
 """Every setting of a run declared once, as a ``RunSpec`` field; parser, checks, docs read them."""
 
-from __future__ import annotations
-
 import dataclasses
 import math
 from collections.abc import Callable, Collection
@@ -19,9 +17,8 @@ from xpnn.nn.layer import is_int
 from xpnn.nn.losses import LOSSES
 from xpnn.nn.models import HIDDEN, MLP_ACTIVATIONS
 from xpnn.parallel.comm import KINDS
+from xpnn.parallel.model import pipeline
 from xpnn.parallel.model.batch_threads import CPU_BACKENDS
-from xpnn.parallel.model.pipeline import DEFAULT_SCHEDULE
-from xpnn.parallel.model.pipeline import SCHEDULES as PIPELINE_SCHEDULES
 from xpnn.parallel.plan import MODES, NODE_SHARES, check
 from xpnn.parallel.update import DEFAULT_BUCKET_MB
 from xpnn.parallel.update.wire import GRAD_DTYPES
@@ -29,7 +26,7 @@ from xpnn.planner.auto import AUTO, CHOSEN
 from xpnn.runtime.stall import STALL_WARN_S
 from xpnn.train.checkpoint import KEEP_CHECKPOINTS
 from xpnn.train.graph import CUDA_GRAPH
-from xpnn.train.optim import HYPER_PARAMETERS, OPTIMIZERS, SCHEDULES
+from xpnn.train.optim import HYPER_PARAMETERS, HYPERS, OPTIMIZERS, SCHEDULES
 from xpnn.train.precision import PRECISIONS
 
 BATCH = 128  # the global batch when neither batch_size nor per_rank_batch is given
@@ -394,7 +391,7 @@ class RunSpec:
         "Pipeline: micro-batches per global batch."
     )
     pipeline_schedule: str | None = PARALLEL(
-        None, choices=tuple(PIPELINE_SCHEDULES), fill=DEFAULT_SCHEDULE
+        None, choices=tuple(pipeline.SCHEDULES), fill=pipeline.DEFAULT_SCHEDULE
     )(
         "Pipeline: all forwards then all backwards (``gpipe``), or a forward and a backward in "
         "turn, holding at most S − s micro-batches' activations (``1f1b``)."
@@ -518,8 +515,7 @@ def gpt_preset(spec: Any, given: Collection[str] | None = None) -> tuple[Any, di
     given = given_settings(spec, given)
     optimizer = spec.optimizer if "optimizer" in given else GPT_RECIPE["optimizer"]
     schedule = spec.schedule if "schedule" in given else GPT_RECIPE["schedule"]
-    takes = HYPER_PARAMETERS[optimizer]
-    applies = {name: name in takes for name in ("betas", "eps", "weight_decay")}
+    applies = {name: name in HYPER_PARAMETERS[optimizer] for name in HYPERS}
     applies |= {"warmup_steps": "warmup_epochs" not in given, "min_lr": schedule == "cosine"}
     applies["batch_size"] = "per_rank_batch" not in given
     fill = {k: v for k, v in GPT_RECIPE.items() if applies.get(k, True) and k not in given}

@@ -1,19 +1,22 @@
 """Layers, losses and models, written once against ``backend.xp``."""
 
-from xpnn.nn.activations import GELU, ReLU, Sigmoid, Tanh
-from xpnn.nn.attention import CausalSelfAttention, FeedForward
-from xpnn.nn.composite import Chain, Residual
 from xpnn.nn.conv import Conv2D
-from xpnn.nn.dense import Dense
+from xpnn.nn.dense import GELU, Dense, Flatten, ReLU, Sigmoid, Tanh
 from xpnn.nn.dropout import Dropout
-from xpnn.nn.embedding import Embedding, PositionEmbedding
-from xpnn.nn.flatten import Flatten
-from xpnn.nn.gpt import SequenceCrossEntropy, TransformerBlock, gpt, transformer_block
-from xpnn.nn.layer import Context, Layer
+from xpnn.nn.gpt import (
+    CausalSelfAttention,
+    Embedding,
+    FeedForward,
+    LayerNorm,
+    PositionEmbedding,
+    SequenceCrossEntropy,
+    TransformerBlock,
+    gpt,
+    transformer_block,
+)
+from xpnn.nn.layer import Chain, Context, Layer, Residual
 from xpnn.nn.losses import SigmoidBinaryCrossEntropy, SoftmaxCrossEntropy
-from xpnn.nn.model import Model
-from xpnn.nn.models import build_model, cnn, mlp
-from xpnn.nn.norm import LayerNorm
+from xpnn.nn.models import Model, build_model, cnn, mlp
 from xpnn.nn.pool import MaxPool2D
 from xpnn.nn.sequential import LayerError, Sequential
 

@@ -1,4 +1,4 @@
-"""Fully connected layer with a fused bias + activation."""
+"""Dense (bias and activation fused), the activations as layers of their own, and Flatten."""
 
 import math
 
@@ -22,9 +22,7 @@ class Dense(Layer):
     def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
         if len(in_shape) < 1:
             raise ValueError(f"Dense expects inputs with a feature axis, got shape {in_shape}")
-        fan_in = in_shape[-1]
-        shape = (fan_in, self.units)
-        self.add_param("W", for_activation(rng, shape, fan_in, self.units, self.activation))
+        self.add_param("W", for_activation(rng, in_shape[-1], self.units, self.activation))
         self.add_param("b", 0.0, (self.units,))
         return (*in_shape[:-1], self.units)
 
@@ -75,3 +73,56 @@ class Dense(Layer):
 
     def __repr__(self) -> str:
         return f"Dense({self.units}, {self.activation})"
+
+
+class Activation(Layer):
+    """Elementwise nonlinearity ``kind``; backward uses the output, which all of ours allow."""
+
+    tensor_split = "elementwise"
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        self.y = self.kernels.activation(x, self.kind)
+        return self.y
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        return self.kernels.activation_grad(dy, self.y, self.kind) if need_dx else None
+
+
+class ReLU(Activation):
+    kind = "relu"
+
+
+class Sigmoid(Activation):
+    kind = "sigmoid"
+
+
+class Tanh(Activation):
+    kind = "tanh"
+
+
+class GELU(Activation):
+    """``y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, the tanh form GPT-2 uses."""
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        self.x = x
+        y, self.t = self.kernels.gelu(x)
+        return y
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        return self.kernels.gelu_backward(dy, self.x, self.t) if need_dx else None
+
+
+class Flatten(Layer):
+    """``(N, *shape) -> (N, prod(shape))``."""
+
+    tensor_split = "replicate"
+
+    def setup(self, in_shape: tuple[int, ...], rng) -> tuple[int, ...]:  # noqa: ANN001
+        self.in_shape = in_shape
+        return (math.prod(in_shape),)
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        return self.xp.reshape(x, (x.shape[0], math.prod(self.in_shape)))  # -1: not at 0 rows
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        return self.xp.reshape(dy, (dy.shape[0], *self.in_shape)) if need_dx else None

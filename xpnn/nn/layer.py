@@ -1,11 +1,9 @@
-"""Layers declare parameters on the host, placed as views of one flat buffer; backward assigns."""
-
-from __future__ import annotations
+"""Layers and composites: host-declared parameters, views of one flat buffer; backward assigns."""
 
 import copy
 import math
 import numbers
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,12 +29,12 @@ def he_normal(rng: Any, shape: tuple[int, ...], fan_in: int) -> Any:
     return rng.standard_normal(shape) * math.sqrt(2.0 / fan_in)
 
 
-def for_activation(rng: Any, shape: tuple[int, ...], fan_in: int, fan_out: int, act: str) -> Any:
+def for_activation(rng: Any, fan_in: int, fan_out: int, act: str) -> Any:
     """He normal for ReLU; else Glorot & Bengio's (2010) uniform, for symmetric activations."""
     if act == "relu":
-        return he_normal(rng, shape, fan_in)
+        return he_normal(rng, (fan_in, fan_out), fan_in)
     limit = math.sqrt(6.0 / (fan_in + fan_out))
-    return rng.uniform(-limit, limit, size=shape)
+    return rng.uniform(-limit, limit, size=(fan_in, fan_out))
 
 
 def copy_array(xp: Any, a: Array) -> Array:
@@ -85,14 +83,14 @@ class Layer:
         self.params[name] = param
         self.grads[name] = grad
 
-    def walk(self) -> Iterator[Layer]:
+    def walk(self) -> Iterator["Layer"]:
         """This layer and every layer inside it (a composite's sublayers, depth first)."""
         yield self
 
     def forward(self, x: Array, ctx: Context) -> Array:
         raise NotImplementedError
 
-    def replica(self) -> Layer:
+    def replica(self) -> "Layer":
         """A twin sharing the parameters and gradients, with its own forward state."""
         return copy.copy(self)
 
@@ -115,3 +113,85 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(str(getattr(self, a)) for a in self.repr_attrs)})"
+
+
+class Chain(Layer):
+    """Sublayers in order; a subclass may run them its own way, keeping nested parameters."""
+
+    def __init__(self, layers: Mapping[str, Layer] | Sequence[Layer]) -> None:
+        """Named by a mapping's keys, or by a sequence's positions ("0", "1", ...)."""
+        super().__init__()
+        owner, seq = type(self).__name__, not isinstance(layers, Mapping)
+        self.children = {str(i): x for i, x in enumerate(layers)} if seq else dict(layers)
+        if not self.children:
+            raise ValueError(f"{owner}: needs at least one layer")
+        for name, layer in self.children.items():
+            if not isinstance(name, str) or not name or "." in name:
+                why = "sublayer names must be non-empty strings without '.'"
+                raise ValueError(f"{owner}: {why}, got {name!r}")
+            if not isinstance(layer, Layer):
+                raise TypeError(f"{owner}: sublayer {name!r} must be a Layer, got {layer!r}")
+
+    def build(self, in_shape: tuple[int, ...], backend: Any, rng: Any) -> tuple[int, ...]:
+        self.initial = {}  # a rebuild declares every nested parameter again
+        return super().build(in_shape, backend, rng)
+
+    def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        for name in self.children:
+            in_shape = self.build_child(name, in_shape, rng)
+        return in_shape
+
+    def build_child(self, name: str, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        """Build sublayer ``name`` on this layer's backend; declare its parameters as ours."""
+        child = self.children[name]
+        out = child.build(in_shape, self.backend, rng)
+        self.initial |= {f"{name}.{key}": value for key, value in child.initial.items()}
+        return out
+
+    def bind(self, name: str, param: Array, grad: Array) -> None:
+        super().bind(name, param, grad)
+        child, _, rest = name.partition(".")
+        self.children[child].bind(rest, param, grad)
+
+    def walk(self) -> Iterator[Layer]:
+        yield self
+        for child in self.children.values():
+            yield from child.walk()
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        for child in self.children.values():
+            x = child.forward(x, ctx)
+        return x
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        children = list(self.children.values())
+        for i in range(len(children) - 1, -1, -1):
+            dy = children[i].backward(dy, need_dx=need_dx or i > 0)
+        return dy
+
+    def replica(self) -> "Chain":
+        twin = copy.copy(self)  # the same parameter views; each sublayer its own forward state
+        twin.children = {name: child.replica() for name, child in self.children.items()}
+        return twin
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({' -> '.join(map(repr, self.children.values()))})"
+
+
+class Residual(Chain):
+    """``y = x + f(x)``, ``f`` the sublayers in order; its output shape must be its input's."""
+
+    def setup(self, in_shape: tuple[int, ...], rng: Any) -> tuple[int, ...]:
+        out = super().setup(in_shape, rng)
+        if tuple(out) != tuple(in_shape):
+            why = "y = x + f(x) needs the same shape"
+            raise ValueError(f"Residual: its layers map {tuple(in_shape)} to {tuple(out)}; {why}")
+        return out
+
+    def forward(self, x: Array, ctx: Context) -> Array:
+        return x + super().forward(x, ctx)
+
+    def backward(self, dy: Array, need_dx: bool = True) -> Array | None:
+        # the sublayers' fused kernels may write over their dy: f gets a copy
+        inner = super().backward(copy_array(self.xp, dy), need_dx)
+        return dy + inner if need_dx else None

@@ -1,20 +1,69 @@
-"""Models by name: the presets, or a user's factory ``FILE.py:FUNCTION`` or ``module:FUNCTION``."""
+"""What a model is (``Model``), and models by name: presets, a user's ``FILE.py:FUNCTION``."""
 
 import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from xpnn.errors import UserError
 from xpnn.nn.conv import Conv2D
-from xpnn.nn.dense import Dense
+from xpnn.nn.dense import Dense, Flatten
 from xpnn.nn.dropout import Dropout
-from xpnn.nn.flatten import Flatten
 from xpnn.nn.gpt import gpt
-from xpnn.nn.model import check_model
+from xpnn.nn.layer import Array, Context, Layer
 from xpnn.nn.pool import MaxPool2D
-from xpnn.nn.sequential import Sequential
+from xpnn.nn.sequential import Ready, Sequential
+
+
+class Model(Protocol):
+    """A built network whose parameters and gradients are two flat buffers of ``size``."""
+
+    params: Array  # every parameter, one flat buffer on the backend
+    grads: Array  # their gradients, laid out as ``params``
+    size: int  # the parameters this rank holds
+    backend: Any  # where the buffers live (``xp``, ``kernels``, ``to_host``)
+    layer_offsets: list[int]  # where backward may report ``grads[offset:]`` final ([0]: at end)
+
+    # draw the initial weights from ``seed`` and place them in the flat buffers
+    def build(self, input_shape: tuple[int, ...], backend: Any, seed: int) -> "Model": ...
+    # move the parameters into ``params`` (copied if ``copy``), the gradients to ``grads``
+    def adopt(self, params: Array, grads: Array, copy: bool = True) -> None: ...
+    # forward, loss and backward: (loss sum, correct count); ``grads`` assigned, scaled
+    def loss_and_grads(
+        self, x: Array, labels: Array, ctx: Context, scale: float, on_grads_ready: Ready = None
+    ) -> tuple[Array, Array]: ...
+    # (loss sum, correct count) in evaluation mode
+    def evaluate(self, x: Array, labels: Array) -> tuple[Array, Array]: ...
+    # stable names -> views of ``flat``, a buffer laid out as ``params``: what is saved
+    def named_views(self, flat: Array) -> dict[str, Array]: ...
+    def summary(self) -> str: ...  # one line: the network and its parameter count
+
+
+METHODS = tuple(name for name, v in vars(Model).items() if callable(v) and name[0] != "_")
+BUILT = tuple(Model.__annotations__)  # the attributes ``build`` sets
+
+
+def check_model(model: Any, what: str, built: bool = False) -> None:
+    """Refuse `model` ``what`` lacking a method of the protocol, or (``built``) an attribute."""
+    has = hasattr if built else lambda m, name: callable(getattr(m, name, None))
+    missing = ", ".join(name for name in (BUILT if built else METHODS) if not has(model, name))
+    if missing:
+        kind = f"gave {type(model).__name__}, not an xpnn.nn.Sequential nor an xpnn.nn.Model"
+        raise UserError(f"`model` {what}: {'built' if built else kind}: it lacks {missing}")
+
+
+@runtime_checkable
+class LayeredModel(Protocol):
+    """What a ``Model`` of layers in order offers the strategies that swap or stage them."""
+
+    layers: list[Layer]  # in order, each with its named parameters and gradients
+    output_shape: tuple[int, ...]  # a sample's logits
+
+    def attach(self, comm: Any) -> None: ...  # the communicator of the ranks holding it
+    # (stable name, layer, the layer's own name) for every parameter, in order
+    def param_names(self) -> list[tuple[str, Layer, str]]: ...
+
 
 MODELS = ("mlp", "cnn", "gpt")
 HIDDEN = (512, 256)  # the MLP's default hidden layers
@@ -45,20 +94,6 @@ def cnn(
     return Sequential(layers, loss)
 
 
-def build_model(
-    name: str,
-    hidden: tuple[int, ...] = HIDDEN,
-    activation: str = "relu",
-    num_classes: int = 10,
-    loss: str = "softmax_cross_entropy",
-) -> Sequential:
-    if name == "mlp":
-        return mlp(hidden, activation, num_classes, loss)
-    if name == "cnn":
-        return cnn(num_classes, loss=loss)
-    raise UserError(f"`model`: unknown model {name!r} (choose {', '.join(MODELS)})")
-
-
 def model_name(model: Any) -> str:
     """How a run's ``model`` is shown and compared between ranks: a preset, path or name."""
     return model if isinstance(model, str) else getattr(model, "__qualname__", type(model).__name__)
@@ -74,10 +109,8 @@ def load_factory(where: str) -> Callable[[tuple[int, ...], int], Any]:
         if not path.is_file():
             raise UserError(f"`model` {where}: no file {source}")
         module_name = f"xpnn_user_model_{path.stem}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise UserError(f"`model` {where}: {source} cannot be imported as Python")
-        module = importlib.util.module_from_spec(spec)
+        spec = importlib.util.spec_from_file_location(module_name, path)  # .py: never None
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         sys.modules[module_name] = module  # dataclasses and pickling look the module up
         _import(where, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
     else:
@@ -115,22 +148,24 @@ def _import(where: str, load: Callable[[], Any]) -> Any:
         raise UserError(f"`model` {where}: {said}") from None
 
 
-def make_model(
+def build_model(
     model: Any,
-    input_shape: tuple[int, ...],
-    num_classes: int,
     hidden: tuple[int, ...] = HIDDEN,
     activation: str = "relu",
+    num_classes: int = 10,
     loss: str = "softmax_cross_entropy",
+    input_shape: tuple[int, ...] = (1, 28, 28),
     gpt_sizes: dict[str, int] | None = None,
 ) -> Sequential:
     """The unbuilt model a run's ``model`` names, makes or is (``num_classes``: gpt's vocab)."""
+    if model == "mlp":
+        return mlp(hidden, activation, num_classes, loss)
+    if model == "cnn":
+        if tuple(input_shape) != (1, 28, 28):
+            raise UserError(f"`model` cnn: needs 1x28x28 images, the data has {input_shape}")
+        return cnn(num_classes, loss=loss)
     if model == "gpt":
         return gpt(num_classes, **(gpt_sizes or {}))
-    if isinstance(model, str) and model in MODELS:
-        if model == "cnn" and tuple(input_shape) != (1, 28, 28):
-            raise UserError(f"`model` cnn: needs 1x28x28 images, the data has {input_shape}")
-        return build_model(model, hidden, activation, num_classes, loss)
     what = model_name(model)
     if isinstance(model, str):
         model = load_factory(model)

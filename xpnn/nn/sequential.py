@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections.abc import Callable
 from functools import partial
@@ -12,8 +13,9 @@ from xpnn.errors import UserError
 from xpnn.nn.fused import fuse_conv_pool
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
-from xpnn.nn.model import Ready
 from xpnn.record.phases import FORWARD, layer_span, span
+
+Ready = Callable[[int], None] | None  # on_grads_ready(offset): ``grads[offset:]`` is final
 
 
 def adding(acc: Array, grads: Array, on_grads_ready: Ready) -> Callable[[int], None]:
@@ -104,29 +106,21 @@ class Sequential:
         return self
 
     def adopt(self, params: Array, grads: Array, copy: bool = True) -> None:
-        if params.shape != (self.size,) or grads.shape != (self.size,):
-            raise ValueError(f"adopt: buffers must have shape ({self.size},)")
         if copy:
             params[...] = self.params
         self._bind(params, grads)
 
     def _bind(self, params: Array, grads: Array) -> None:
         self.params, self.grads = params, grads
-        self.layer_offsets: list[int] = []
-        offset = 0
-        for layer in self.layers:
-            self.layer_offsets.append(offset)
-            for name, (_, shp) in layer.initial.items():  # a dotted name binds a sublayer's
-                layer.bind(name, self._view(params, offset, shp), self._view(grads, offset, shp))
-                offset += math.prod(shp)
-        self.size = offset
+        views, grad_views = self.named_views(params), self.named_views(grads)
+        for key, layer, name in self.param_names():  # a dotted name binds a sublayer's
+            layer.bind(name, views[key], grad_views[key])
+        sizes = [sum(math.prod(shape) for _, shape in x.initial.values()) for x in self.layers]
+        *self.layer_offsets, self.size = itertools.accumulate(sizes, initial=0)
 
     def attach(self, comm: Any) -> None:
         for layer in (inner for top in self.layers for inner in top.walk()):
             layer.attach(comm)
-
-    def _view(self, flat: Array, offset: int, shape: tuple[int, ...]) -> Array:
-        return self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
 
     def forward(self, x: Array, ctx: Context) -> Array:
         with FORWARD:
@@ -212,8 +206,8 @@ class Sequential:
     def named_views(self, flat: Array) -> dict[str, Array]:
         views, offset = {}, 0
         for key, layer, name in self.param_names():
-            shape = tuple(layer.params[name].shape)
-            views[key] = self._view(flat, offset, shape)
+            shape = layer.initial[name][1]  # as bound: the flat buffers' one layout
+            views[key] = self.xp.reshape(flat[offset : offset + math.prod(shape)], shape)
             offset += math.prod(shape)
         return views
 

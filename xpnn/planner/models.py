@@ -17,13 +17,13 @@ REST_BATCHES = (32, 128)  # enough rows to be the batch's, yet quick; two for th
 
 def _model(spec: Any) -> tuple[Any, tuple[int, ...], int]:
     from xpnn.data.text import TEXT_DATASETS
-    from xpnn.nn.models import make_model
+    from xpnn.nn.models import build_model
 
     text = spec.dataset in TEXT_DATASETS
     shape, classes = ((spec.block,), TEXT_VOCAB) if text else ((1, 28, 28), 10)
     sizes = {name: getattr(spec, name) for name in GPT_DEFAULTS}
-    model = make_model(
-        spec.model, shape, classes, spec.hidden, spec.activation, spec.loss, gpt_sizes=sizes
+    model = build_model(
+        spec.model, spec.hidden, spec.activation, classes, spec.loss, shape, gpt_sizes=sizes
     )
     return model, shape, classes
 

@@ -160,10 +160,10 @@ def test_micro_batch_gradients_sum_to_the_whole_batch_gradient(microbatches, sch
     ctx = Context(train=True, step=5, seed=1, sample_ids=np.arange(23))
 
     def network():
+        from xpnn.nn import Flatten
         from xpnn.nn.conv import Conv2D
         from xpnn.nn.dense import Dense
         from xpnn.nn.dropout import Dropout
-        from xpnn.nn.flatten import Flatten
         from xpnn.nn.sequential import Sequential
 
         return Sequential([Conv2D(3, 3, activation="relu"), Flatten(), Dropout(0.3), Dense(10)])
@@ -194,9 +194,9 @@ def test_a_context_without_step_or_sample_ids_draws_the_whole_batch_masks(recomp
     """A hand-written loop passes ``Context(train=True)``: the micro-batches took batch
     positions 0.. each (so their masks differed from the whole batch's), and every step drew
     the same masks."""
+    from xpnn.nn import Flatten
     from xpnn.nn.dense import Dense
     from xpnn.nn.dropout import Dropout
-    from xpnn.nn.flatten import Flatten
     from xpnn.nn.sequential import Sequential
 
     def network():

@@ -14,9 +14,8 @@ from conftest import (
 
 from xpnn.backends import get_backend
 from xpnn.errors import UserError
-from xpnn.nn import build_model
+from xpnn.nn import Flatten, build_model
 from xpnn.nn.dense import Dense
-from xpnn.nn.flatten import Flatten
 from xpnn.parallel.comm import SelfCommunicator
 from xpnn.parallel.model.tensor import ColumnDense, RowDense, split_layers
 from xpnn.parallel.model.whole import whole_size

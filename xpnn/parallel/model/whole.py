@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.nn.composite import Chain
-from xpnn.nn.model import LayeredModel
+from xpnn.nn.layer import Chain
+from xpnn.nn.models import LayeredModel
 from xpnn.parallel.model.tensor import SplitDense
 
 
