@@ -1,7 +1,5 @@
 """Writing never through another user's link: ``O_NOFOLLOW`` opens, whole files renamed over."""
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import os

@@ -1,7 +1,5 @@
 """Named phases of a step (``with WGRAD:``) a listener may time; with none, a mark costs a test."""
 
-from __future__ import annotations
-
 import threading
 from collections.abc import Callable
 from contextlib import nullcontext

@@ -1,7 +1,5 @@
 """``python -m xpnn plot METRICS.jsonl [more.jsonl ...] [-o FILE.png]``: training curves."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys

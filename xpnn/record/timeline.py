@@ -1,7 +1,5 @@
 """``python -m xpnn trace DIR``: the ranks' traces on rank 0's clock, and where a step goes."""
 
-from __future__ import annotations
-
 import glob
 import json
 import math

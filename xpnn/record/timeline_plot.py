@@ -1,7 +1,5 @@
 """A merged trace drawn with matplotlib (``trace --png``): each rank's lanes, the last steps."""
 
-from __future__ import annotations
-
 import io
 from typing import Any
 

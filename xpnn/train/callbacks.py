@@ -1,7 +1,5 @@
 """The callbacks a run is made of besides its loop, on every rank (a writer checks ``is_root``)."""
 
-from __future__ import annotations
-
 import math
 import os
 import sys
@@ -179,7 +177,7 @@ class FaultInjection(Callback):
         raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
 
     @classmethod
-    def from_env(cls) -> FaultInjection | None:
+    def from_env(cls) -> "FaultInjection | None":
         if not (spec := os.environ.get(cls.VARIABLE)):
             return None
         try:

@@ -1,7 +1,5 @@
 """Checkpoints: ``.npz`` files of the whole network, resumed on other ranks or layouts."""
 
-from __future__ import annotations
-
 import errno
 import json
 import os

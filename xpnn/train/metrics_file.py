@@ -1,7 +1,5 @@
 """The ``metrics`` file: whole JSON lines, each record once after a resume, no other file."""
 
-from __future__ import annotations
-
 import json
 import os
 import stat

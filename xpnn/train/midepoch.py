@@ -1,7 +1,5 @@
 """Checkpoints between two records (``--checkpoint-signal``), the running sums saved too."""
 
-from __future__ import annotations
-
 import math
 import time
 from typing import Any

@@ -1,7 +1,5 @@
 """Optimizers over the model's flat buffers (state in the same layout), and schedules."""
 
-from __future__ import annotations
-
 import itertools
 import math
 import numbers

@@ -1,7 +1,5 @@
 """Checkpoint-and-exit on a signal (Slurm's ``--signal``), agreed at a step's end, for a requeue."""
 
-from __future__ import annotations
-
 import math
 import signal
 from typing import Any

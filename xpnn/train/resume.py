@@ -1,7 +1,5 @@
 """Where a run starts: ``checkpoint_dir`` locked; with ``resume``, its latest checkpoint read."""
 
-from __future__ import annotations
-
 import os
 from typing import TYPE_CHECKING
 
@@ -13,7 +11,7 @@ if TYPE_CHECKING:
     from xpnn.train.trainer import Trainer
 
 
-def start(trainer: Trainer, directory: str | None, resume: bool | str) -> None:
+def start(trainer: "Trainer", directory: str | None, resume: bool | str) -> None:
     """Sets ``trainer.start_epoch`` and ``resume_note``; a misfit is every rank's UserError."""
     if not directory:
         return

@@ -1,7 +1,5 @@
 """Each rank's ``trace-rank{N}.json`` of a window of steps: Chrome trace events, for Perfetto."""
 
-from __future__ import annotations
-
 import importlib
 import json
 import os
@@ -58,7 +56,7 @@ def device_events(backend: Any) -> _CudaEvents | None:
 class _Span:
     __slots__ = ("trace", "name", "lane", "start", "device")
 
-    def __init__(self, trace: Trace, name: str, lane: int) -> None:
+    def __init__(self, trace: "Trace", name: str, lane: int) -> None:
         self.trace, self.name, self.lane = trace, name, lane
 
     def __enter__(self) -> None:
