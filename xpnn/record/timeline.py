@@ -11,8 +11,7 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.record.files import check_output, read_regular, replace_whole
-from xpnn.record.plot import OneLineParser
-from xpnn.record.timeline_plot import draw  # which imports matplotlib only when drawing
+from xpnn.record.plot import OneLineParser, draw_timeline  # matplotlib only when drawing
 
 Interval = tuple[float, float]
 FLIGHT_LANE = 90  # the flight recorder's operations, beside the trace's own lanes
@@ -280,7 +279,7 @@ def main(argv: list[str]) -> int:
             if not any(e.get("cat") == "step" for e in merged["traceEvents"]):
                 raise UserError("trace --png: no traced steps to draw (flight records only)")
             try:
-                draw(merged, args.png)
+                draw_timeline(merged, args.png)
             except ImportError:
                 raise UserError("trace --png: needs matplotlib (pip install matplotlib)") from None
             except OSError as exc:
