@@ -118,7 +118,6 @@ class Optimizer:
 
     state_names: tuple[str, ...] = ()
     hyper_parameters: tuple[str, ...] = ()  # the settings it takes (``make_optimizer``'s keywords)
-    clip: GradClip | None = None
     scalar_names: tuple[str, ...] = ("lr",)  # what ``step_scalars`` gives the kernels
     device_scalars: dict[str, Array] | None = None  # the kernels' numbers in a replayed step
 
@@ -134,6 +133,7 @@ class Optimizer:
         schedule: Schedule,
         parts: list[slice] | None = None,
         zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
+        clip: GradClip | None = None,
     ) -> None:
         rows = grads if isinstance(grads, tuple) else (grads,)
         if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
@@ -153,6 +153,8 @@ class Optimizer:
         zeros = zeros or (lambda shape, dtype: kernels.xp.zeros(shape, dtype=dtype))
         self.state = {name: zeros(params.shape, params.dtype) for name in self.state_names}
         self.parts = [slice(None)] if parts is None else list(parts)
+        self.clip, n, skip = clip, params.shape[0], clip.skip if clip else []
+        self._counted = [[s for s, out in pieces(part, n, skip) if not out] for part in self.parts]
 
         def views(part: slice) -> tuple[Array, Any, dict[str, Array]]:
             g = tuple(row[part] for row in rows) if len(rows) > 1 else rows[0][part]
@@ -177,12 +179,6 @@ class Optimizer:
     def add_post_step_hook(self, hook: Hook) -> None:
         """``hook(optimizer)`` at ``end_step`` of an applied step (the parameters updated)."""
         self._post_hooks.append(hook)
-
-    def set_clip(self, clip: GradClip | None) -> None:
-        self.clip = clip
-        n = self.params.shape[0]
-        skip = clip.skip if clip else []
-        self._counted = [[s for s, out in pieces(part, n, skip) if not out] for part in self.parts]
 
     def start_step(self) -> float:
         """The next step's learning rate (a recorded step's recorder has done ``advance``)."""
@@ -378,7 +374,5 @@ def make_optimizer(
     given = {key: value for key, value in hyper.items() if value is not None}
     if unknown := [key for key in given if key not in kind.hyper_parameters]:
         raise OptimArgError(f"`{unknown[0]}`: not a hyper-parameter of `optimizer` {name}")
-    args = (params, grads, kernels, schedule, parts, zeros)
-    optimizer = kind(*args, **kind.keywords(given, matrices))
-    optimizer.set_clip(clip)
-    return optimizer
+    args = (params, grads, kernels, schedule, parts, zeros, clip)
+    return kind(*args, **kind.keywords(given, matrices))
