@@ -1,7 +1,5 @@
 """The training loop, the same for 1 or N ranks: their gradients sum to the 1-rank one."""
 
-from __future__ import annotations
-
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -67,22 +65,6 @@ class TrainConfig:
         return getattr(self.spec, name)
 
 
-class Callback:
-    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them."""
-
-    def on_train_begin(self, trainer: Trainer) -> None: ...  # a resume's: before the epochs left
-    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...  # from 0, in its span
-    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...  # of the run, from 0
-    def on_step_end(self, trainer: Trainer, step: int) -> None: ...  # the next step's parameters
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # docs/cli.md
-    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # by ``eval_every``
-    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # or diverged
-
-
-def overrides(callback: Callback, event: str) -> bool:
-    return getattr(type(callback), event) is not getattr(Callback, event)
-
-
 class TrainingDiverged(RuntimeError):
     """The loss stopped being finite in ``epoch`` (from 1): raised on every rank together."""
 
@@ -111,7 +93,7 @@ class Trainer:
         cfg: TrainConfig,
         log: Callable[[str], None] | None = None,
         groups: Groups | None = None,
-        callbacks: Sequence[Callback] = (),
+        callbacks: Sequence["Callback"] = (),
     ) -> None:
         self.model, self.data, self.backend, self.comm, self.cfg = model, data, backend, comm, cfg
         self.xp = backend.xp
@@ -433,3 +415,19 @@ class Trainer:
         if cfg.facts.auto is not None:  # a resume keeps it (xpnn.planner.auto.stored_choice)
             settings["auto"] = cfg.facts.auto
         return settings
+
+
+class Callback:
+    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them."""
+
+    def on_train_begin(self, trainer: Trainer) -> None: ...  # a resume's: before the epochs left
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...  # from 0, in its span
+    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...  # of the run, from 0
+    def on_step_end(self, trainer: Trainer, step: int) -> None: ...  # the next step's parameters
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # docs/cli.md
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # by ``eval_every``
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # or diverged
+
+
+def overrides(callback: Callback, event: str) -> bool:
+    return getattr(type(callback), event) is not getattr(Callback, event)
