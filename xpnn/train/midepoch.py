@@ -38,9 +38,9 @@ def write_checkpoint(
 class EpochProgress:
     """The running sums of the span under way: a checkpoint saves them, its resume restores."""
 
-    def __init__(self, restored: dict[str, Any] | None = None, epoch: int = -1) -> None:
-        self.restored, self.restored_epoch = restored, epoch
-        self.span: dict[str, Any] | None = None  # the span under way
+    restored: dict[str, Any] | None = None  # a resumed checkpoint's, until its span opens
+    restored_epoch = -1  # the epoch whose span they carry on (by epochs)
+    span: dict[str, Any] | None = None  # the span under way
 
     def open(self, trainer: Trainer, span: dict[str, Any], epoch: int) -> dict[str, Any]:
         """``span``, just begun, carried on from the resumed checkpoint's where it was written."""

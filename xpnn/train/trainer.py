@@ -156,7 +156,7 @@ class Trainer:
         self.callbacks: list[Callback] = list(callbacks)
         self._step_begin = [c for c in self.callbacks if overrides(c, "on_step_begin")]
         self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
-        self.start_epoch = 0  # a resume (``xpnn.train.resume.start``) sets where the run starts
+        self.start_epoch = 0  # a resume (``xpnn.train.checkpoint.start``) sets where the run starts
         self.resume_note: str | None = None  # ... and what it says when the run starts
         self.progress = midepoch.EpochProgress()  # ... and a mid-epoch checkpoint's sums
         self.final_params: dict[str, np.ndarray] = {}  # the whole model's, once the run is done
