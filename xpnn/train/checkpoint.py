@@ -213,10 +213,9 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
     """Restore this rank's part of ``trainer``'s run from ``path``: (epochs, steps, its JSON)."""
     model, optimizer, arrays = trainer.model, trainer.optimizer, read_npz(path)
     if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
-        raise UserError(
-            f"{path}: written by an older xpnn (one flat buffer per optimizer state, before "
-            "checkpoints named the state per parameter); resume it with that version"
-        )
+        why = "one flat buffer per optimizer state, before checkpoints named the state per"
+        why = f"{path}: written by an older xpnn ({why} parameter)"
+        raise UserError(f"{why}; resume it with that version")
     epoch, step = _same_run(path, arrays, trainer)
     targets = [("", "parameter", "", model.named_views(model.params))]
     targets += [
