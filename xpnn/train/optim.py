@@ -20,6 +20,14 @@ class OptimArgError(UserError, ValueError):
     """A bad optimizer or schedule argument: ``UserError`` for the CLI, ``ValueError`` for code."""
 
 
+def _real(value: Any, said: str, positive: bool = False, below: float = math.inf) -> float:
+    """``value`` as a float: a real number from 0 (above it if ``positive``) to below ``below``."""
+    real = isinstance(value, numbers.Real)
+    if not (real and (value > 0 if positive else value >= 0) and value < below):
+        raise OptimArgError(f"{said}, got {value!r}")
+    return float(value)
+
+
 SCHEDULES = ("constant", "step", "cosine")
 
 
@@ -82,8 +90,7 @@ class GradClip:
     skip: Ranges = field(default_factory=list)  # the ranges another rank counts
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_norm, numbers.Real) and 0 < self.max_norm < math.inf):
-            raise OptimArgError(f"`clip_norm`: must be positive, got {self.max_norm!r}")
+        _real(self.max_norm, "`clip_norm`: must be positive", positive=True)
 
 
 def pieces(part: slice, n: int, ranges: Ranges) -> list[tuple[slice, bool]]:
@@ -249,12 +256,6 @@ class Optimizer:
         return lr
 
 
-def _check_rate(owner: str, name: str, value: float) -> float:
-    if not (isinstance(value, numbers.Real) and 0.0 <= value < 1.0):
-        raise OptimArgError(f"{owner}: {name} must be in [0, 1), got {value!r}")
-    return float(value)
-
-
 class SGD(Optimizer):
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
         self.kernels.sgd_update(p, g, self._scalar("lr", lr))
@@ -269,7 +270,7 @@ class Momentum(Optimizer):
         return {"mu": hyper["momentum"]} if "momentum" in hyper else {}
 
     def __init__(self, *args: Any, mu: float = 0.9) -> None:
-        self.mu = _check_rate("Momentum", "mu", mu)
+        self.mu = _real(mu, "Momentum: mu must be in [0, 1)", below=1.0)
         super().__init__(*args)
 
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
@@ -294,11 +295,9 @@ class Adam(Optimizer):
     def __init__(
         self, *args: Any, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8
     ) -> None:
-        self.beta1 = _check_rate("Adam", "beta1", beta1)
-        self.beta2 = _check_rate("Adam", "beta2", beta2)
-        if not (isinstance(eps, numbers.Real) and 0.0 < eps < math.inf):
-            raise OptimArgError(f"Adam: eps must be positive, got {eps!r}")
-        self.eps = float(eps)
+        self.beta1 = _real(beta1, "Adam: beta1 must be in [0, 1)", below=1.0)
+        self.beta2 = _real(beta2, "Adam: beta2 must be in [0, 1)", below=1.0)
+        self.eps = _real(eps, "Adam: eps must be positive", positive=True)
         super().__init__(*args)
 
     def update(
@@ -331,9 +330,7 @@ class AdamW(Adam):
     def __init__(
         self, *args: Any, weight_decay: float = 0.01, matrices: Ranges | None = None, **adam: Any
     ) -> None:
-        if not (isinstance(weight_decay, numbers.Real) and 0.0 <= weight_decay < math.inf):
-            raise OptimArgError(f"`weight_decay`: must be >= 0, got {weight_decay!r}")
-        self.weight_decay = float(weight_decay)
+        self.weight_decay = _real(weight_decay, "`weight_decay`: must be >= 0")
         super().__init__(*args, **adam)
         n = self.params.shape[0]
         ranges = [(0, n)] if matrices is None else matrices
