@@ -210,7 +210,7 @@ class PhaseTimer(Callback):
         self.steps: list[dict[str, float]] = []
         self.trainer: Trainer | None = None  # the trainer that ran, once training began
         self._current: dict[str, float] | None = None
-        self._open: dict[str, tuple[int, float]] = {}  # phase -> (depth, start)
+        self._open: dict[str, float] = {}  # phase -> its start
         self._sync: Any = lambda: None
         self._t0 = 0.0
 
@@ -237,17 +237,11 @@ class PhaseTimer(Callback):
     def _mark(self, name: str, entering: bool) -> None:
         if self._current is None:  # outside a step: evaluation
             return
-        depth, start = self._open.get(name, (0, 0.0))
+        self._sync()
         if entering:
-            if depth == 0:
-                self._sync()
-                start = time.perf_counter()
-            self._open[name] = (depth + 1, start)
-            return
-        if depth == 1:
-            self._sync()
-            self._current[name] += time.perf_counter() - start
-        self._open[name] = (depth - 1, start)
+            self._open[name] = time.perf_counter()
+        elif name in self._open:
+            self._current[name] += time.perf_counter() - self._open.pop(name)
 
 
 REQUEUE_EXIT = 75  # sysexits.h's EX_TEMPFAIL: "a temporary failure; try again"

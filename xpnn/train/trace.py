@@ -78,7 +78,7 @@ class Trace(Callback):
         self.active = False
         self.written: str | None = None
         self._previous: Any = None
-        self._open: dict[str, list[float]] = {}  # phase -> start times (they nest)
+        self._open: dict[str, float] = {}  # phase -> its start
         self._slots: list[float] = []  # the end of the last operation on each comm lane
         self._events: _CudaEvents | None = None
         self.device: list[tuple[str, Any, Any]] = []  # a span's device events: (name, start, end)
@@ -157,13 +157,10 @@ class Trace(Callback):
     def _phase(self, name: str, entering: bool) -> None:
         if self._previous is not None:
             self._previous(name, entering)
-        starts = self._open.setdefault(name, [])
         if entering:
-            starts.append(_now())
-        elif starts:
-            start = starts.pop()
-            if not starts:  # the outermost of a nested phase
-                self.add(name, "phase", phases.COMPUTE, start, _now())
+            self._open[name] = _now()
+        elif name in self._open:  # (not one entered before it listened)
+            self.add(name, "phase", phases.COMPUTE, self._open.pop(name), _now())
 
     def add(
         self, name: str, cat: str, lane: int, start: float, end: float, args: Any = None
