@@ -212,7 +212,6 @@ class PhaseTimer(Callback):
         self._current: dict[str, float] | None = None
         self._open: dict[str, float] = {}  # phase -> its start
         self._sync: Any = lambda: None
-        self._t0 = 0.0
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self.trainer = trainer
@@ -261,7 +260,6 @@ class CheckpointOnSignal(Callback):
         self.at_record = False  # agreed where a record and its checkpoint follow: they will do
         self.mpi: Any = None  # the ranks' own communicator for the question
         self.mine, self.anyone = np.zeros(1), np.zeros(1)
-        self.request: Any = None
         signal.signal(self.signum, self._note)  # now: its default action ends the process
 
     def _note(self, signum: int, frame: Any) -> None:

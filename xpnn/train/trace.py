@@ -77,12 +77,9 @@ class Trace(Callback):
         self.events: list[tuple] = []  # (name, cat, lane, start s, end s, args)
         self.active = False
         self.written: str | None = None
-        self._previous: Any = None
         self._open: dict[str, float] = {}  # phase -> its start
         self._slots: list[float] = []  # the end of the last operation on each comm lane
-        self._events: _CudaEvents | None = None
         self.device: list[tuple[str, Any, Any]] = []  # a span's device events: (name, start, end)
-        self._step_start = 0.0
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self.rank, self.steps_per_epoch = trainer.comm.rank, trainer.steps_per_epoch
