@@ -11,11 +11,9 @@ from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
 from xpnn.runtime import stall
 from xpnn.train import checkpoint
 
-Trainer = Any  # not ``xpnn.train.trainer.Trainer``: the trainer imports this module
-
 
 def write_checkpoint(
-    trainer: Trainer, directory: str, keep: int, epoch: int, partial: dict | None = None
+    trainer: Any, directory: str, keep: int, epoch: int, partial: dict | None = None
 ) -> None:
     """The whole network and optimizer state, gathered (collective), written by rank 0."""
     model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
@@ -42,7 +40,7 @@ class EpochProgress:
     restored_epoch = -1  # the epoch whose span they carry on (by epochs)
     span: dict[str, Any] | None = None  # the span under way
 
-    def open(self, trainer: Trainer, span: dict[str, Any], epoch: int) -> dict[str, Any]:
+    def open(self, trainer: Any, span: dict[str, Any], epoch: int) -> dict[str, Any]:
         """``span``, just begun, carried on from the resumed checkpoint's where it was written."""
         restored = self.restored
         if restored is not None and (trainer.cfg.steps is not None or epoch == self.restored_epoch):
@@ -62,7 +60,7 @@ class EpochProgress:
         self.span = span
         return span
 
-    def snapshot(self, trainer: Trainer) -> dict[str, Any]:
+    def snapshot(self, trainer: Any) -> dict[str, Any]:
         """What a checkpoint written now must hold of the span under way (collective)."""
         kind, span = "epoch" if trainer.cfg.steps is None else "steps", self.span
         if span is None:  # a checkpoint right after an evaluation: nothing under way

@@ -285,7 +285,7 @@ class Adam(Optimizer):
 
     @classmethod
     def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
-        out = {"eps": hyper["eps"]} if "eps" in hyper else {}
+        out = {k: v for k, v in hyper.items() if k != "betas"}  # eps (AdamW's weight_decay)
         if "betas" in hyper:
             if len(hyper["betas"]) != 2:
                 raise OptimArgError(f"`betas`: expected two rates, got {hyper['betas']!r}")
@@ -324,8 +324,7 @@ class AdamW(Adam):
 
     @classmethod
     def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
-        out = super().keywords(hyper, matrices) | {"matrices": matrices}
-        return out | ({"weight_decay": hyper["weight_decay"]} if "weight_decay" in hyper else {})
+        return super().keywords(hyper, matrices) | {"matrices": matrices}
 
     def __init__(
         self, *args: Any, weight_decay: float = 0.01, matrices: Ranges | None = None, **adam: Any
