@@ -144,10 +144,9 @@ class Trainer:
         self.update = cfg.plan.make_update(*args, **kw)
         self._acc: Any = None  # the earlier micro-steps' gradients, summed (accumulate > 1)
         self.optimizer = self.update.optimizer
-        self.precision: Precision | None = None
-        if cfg.precision != "fp32":
-            scale = self.loss_scale if cfg.precision == "fp16" else None
-            self.precision = Precision(model, self.optimizer, cfg.precision, scale)
+        scale = self.loss_scale if cfg.precision == "fp16" else None
+        mixed = cfg.precision != "fp32"
+        self.precision = Precision(model, self.optimizer, cfg.precision, scale) if mixed else None
         if self.loss_scale is not None:  # an overflow skips the step, on every rank
             self.optimizer.add_skip_rule(overflow_skip(model, self.xp, self.loss_scale, total))
         # the passes: the model's own, or its twins' over threads each taking part of a batch
