@@ -14,11 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from xpnn.data.files import memory_bytes
 from xpnn.errors import UserError, path_problems
 from xpnn.parallel.model.whole import own_piece, whole_shapes, whole_size
 from xpnn.record.files import whole_file
 from xpnn.record.timeline import number, numbers
 from xpnn.runtime import lock
+from xpnn.runtime.segments import files_in_use
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
@@ -77,8 +79,6 @@ def remove_unfinished(
     """Delete the ``.tmp`` files ``whole_file`` left of ``name`` that no process holds open."""
     found = sorted(Path(directory).glob(f"{name}.*.tmp"))
     if left := [path for path in found if TEMPORARY_NAME.fullmatch(path.name)]:
-        from xpnn.runtime.segments import files_in_use
-
         used = files_in_use()
         left = [path for path in left if str(path.resolve()) not in used]
     for path in left:
@@ -123,9 +123,6 @@ MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a lat
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every array of ``path``, never unpickling, nor reading a device, a pipe or past memory."""
-
-    from xpnn.data.files import memory_bytes
-
     info = os.stat(path)  # FileNotFoundError is the caller's to word
     if not stat.S_ISREG(info.st_mode):
         raise damaged(path, "not a regular file", "not an xpnn checkpoint")
