@@ -40,9 +40,11 @@ class EpochProgress:
     restored_epoch = -1  # the epoch whose span they carry on (by epochs)
     span: dict[str, Any] | None = None  # the span under way
 
-    def open(self, trainer: Any, span: dict[str, Any], epoch: int) -> dict[str, Any]:
-        """``span``, just begun, carried on from the resumed checkpoint's where it was written."""
-        restored = self.restored
+    def open(self, trainer: Any, t0: float, epoch: int) -> dict[str, Any]:
+        """Sums of steps begun at ``t0``, on from the resumed checkpoint's where it was written."""
+        xp, restored = trainer.xp, self.restored
+        span = {"t0": t0, "sent": -trainer.bytes_sent(), "samples": 0, "steps": 0}
+        span |= {k: xp.zeros((), dtype=xp.float64) for k in ("loss", "correct")}
         if restored is not None and (trainer.cfg.steps is not None or epoch == self.restored_epoch):
             self.restored, rows, rank = None, restored["sums"], trainer.metrics_comm.rank
             loss, correct = 0.0, 0.0  # this rank's: its own in the same layout, else rank 0's all

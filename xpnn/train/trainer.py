@@ -327,7 +327,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 for callback in () if by_steps else self.callbacks:  # in the epoch's timed span
                     callback.on_epoch_begin(self, epoch)
-                span = self.progress.open(self, self._span(t0), epoch)
+                span = self.progress.open(self, t0, epoch)
             if step >= done:
                 self._train_step(batches[index], step, span)
             else:  # trained before the resumed checkpoint, its sums restored
@@ -340,14 +340,9 @@ class Trainer:
                 span = None
         return seconds, trained, test_loss, test_acc
 
-    def _span(self, t0: float) -> dict[str, Any]:
-        """Empty running sums of steps begun at ``t0``, loss and correct on the device."""
-        sums = {k: self.xp.zeros((), dtype=self.xp.float64) for k in ("loss", "correct")}
-        return {"t0": t0, "sent": -self.bytes_sent(), "samples": 0, "steps": 0} | sums
-
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
         """Epoch ``epoch``'s steps left, unrecorded (bench/within_job.py): its sums, on device."""
-        sums = self.progress.open(self, self._span(time.perf_counter()), epoch)  # or a resume's
+        sums = self.progress.open(self, time.perf_counter(), epoch)  # or a resume's
         first = epoch * self.steps_per_epoch
         for step in range(max(first, self.batches_done()), first + len(batches)):
             self._train_step(batches[step - first], step, sums)
