@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.errors import UserError, path_problems
+from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
 from xpnn.record import phases
 from xpnn.record.files import open_to_write
 from xpnn.runtime import stall
@@ -17,8 +18,8 @@ from xpnn.runtime.failure import CollectiveExit
 from xpnn.runtime.interrupts import checkpoint_requested
 from xpnn.runtime.threads import describe_threads
 from xpnn.train import metrics_file
-from xpnn.train.checkpoint import KEEP_CHECKPOINTS, atomic_savez
-from xpnn.train.midepoch import partial_of, write_checkpoint
+from xpnn.train.checkpoint import KEEP_CHECKPOINTS, atomic_savez, prune_checkpoints, save_checkpoint
+from xpnn.train.midepoch import partial_of
 from xpnn.train.trainer import Callback, Trainer, finite
 
 
@@ -113,6 +114,27 @@ class ProgressBar(Callback):
         self.bar = None
 
     on_train_end = on_epoch_end
+
+
+def write_checkpoint(
+    trainer: Any, directory: str, keep: int, epoch: int, partial: dict | None = None
+) -> None:
+    """The whole network and optimizer state, gathered (collective), written by rank 0."""
+    model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
+    states = trainer.update.whole_state()  # every data-parallel rank: a sharded one gathers
+    if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
+        return
+    stall.in_phase(f"the checkpoint at step {optimizer.step_count}")
+    params = whole_params(model, comm)
+    state = {n: whole_arrays(model, comm, model.named_views(b)) for n, b in states.items()}
+    if trainer.is_root:
+        scale = trainer.loss_scale.state() if trainer.loss_scale else None
+        said = dict(settings=trainer.settings(), identity=trainer.identity(), loss_scale=scale)
+        step, seed = optimizer.step_count, trainer.cfg.seed
+        with path_problems("checkpoint_dir", directory):
+            args = (directory, params, state, epoch, step, seed, trainer.data.name)
+            save_checkpoint(*args, **said, partial=partial)
+            prune_checkpoints(directory, keep)  # only once the new one is whole
 
 
 class Checkpoints(Callback):

@@ -1,4 +1,4 @@
-"""Checkpoints between two records (``--checkpoint-signal``), the running sums saved too."""
+"""The running sums of the span under way: a checkpoint between two records saves them too."""
 
 import math
 import time
@@ -6,31 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.errors import path_problems
-from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
-from xpnn.runtime import stall
 from xpnn.train import checkpoint
-
-
-def write_checkpoint(
-    trainer: Any, directory: str, keep: int, epoch: int, partial: dict | None = None
-) -> None:
-    """The whole network and optimizer state, gathered (collective), written by rank 0."""
-    model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
-    states = trainer.update.whole_state()  # every data-parallel rank: a sharded one gathers
-    if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
-        return
-    stall.in_phase(f"the checkpoint at step {optimizer.step_count}")
-    params = whole_params(model, comm)
-    state = {n: whole_arrays(model, comm, model.named_views(b)) for n, b in states.items()}
-    if trainer.is_root:
-        scale = trainer.loss_scale.state() if trainer.loss_scale else None
-        said = dict(settings=trainer.settings(), identity=trainer.identity(), loss_scale=scale)
-        step, seed = optimizer.step_count, trainer.cfg.seed
-        with path_problems("checkpoint_dir", directory):
-            args = (directory, params, state, epoch, step, seed, trainer.data.name)
-            checkpoint.save_checkpoint(*args, **said, partial=partial)
-            checkpoint.prune_checkpoints(directory, keep)  # only once the new one is whole
 
 
 class EpochProgress:
