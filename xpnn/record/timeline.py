@@ -229,7 +229,7 @@ def summarize(merged: dict[str, Any], info: dict[int, dict[str, Any]]) -> list[d
     return rows
 
 
-def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
+def table(rows: list[dict[str, Any]], info: dict[int, dict[str, Any]]) -> list[str]:
     head = ["rank", "steps", "step ms", "compute", "communication", "waiting", "hidden"]
     pipeline = any(r["bubble"] is not None for r in rows)
     head += (["bubble", "(p-1)/(m+p-1)"] if pipeline else []) + ["clock offset"]
@@ -242,7 +242,7 @@ def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
             cells.append(f"{f'{r[key] / n:.2f} ({share:.0%})':>13}")
         shares = ("hidden", "bubble", "schedule_bubble") if pipeline else ("hidden",)
         cells += [f"{'–' if r[k] is None else format(r[k], '.0%'):>13}" for k in shares]
-        cells.append(f"{offsets.get(r['rank'], 0.0):>10.1f} us")
+        cells.append(f"{info.get(r['rank'], {}).get('clock_offset_us', 0.0):>10.1f} us")
         lines.append("  ".join(cells))
     return lines
 
@@ -294,7 +294,5 @@ def main(argv: list[str]) -> int:
         print(f"no trace-rank0.json in {args.directory}: {why}")
     if rows:
         print("per step, ms (share of the step); hidden: communication overlapped by compute")
-        offsets = {r: i.get("clock_offset_us", 0.0) for r, i in info.items()}
-        for line in table(rows, offsets):
-            print(line)
+        print("\n".join(table(rows, info)))
     return 0
