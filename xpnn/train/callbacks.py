@@ -233,12 +233,10 @@ class PhaseTimer(Callback):
         self.trainer: Trainer | None = None  # the trainer that ran, once training began
         self._current: dict[str, float] | None = None
         self._open: dict[str, float] = {}  # phase -> its start
-        self._sync: Any = lambda: None
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        if trainer.backend.is_gpu:
-            self._sync = trainer.backend.synchronize
+        self.trainer, backend = trainer, trainer.backend
+        self._sync = backend.synchronize if backend.is_gpu else lambda: None
         phases.listen(self._mark)
 
     def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
