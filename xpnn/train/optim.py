@@ -55,8 +55,7 @@ class Schedule:
             raise OptimArgError(f"Schedule: warmup_steps and total_steps must be >= 0, got {got}")
         if self.step_size < 1:
             raise OptimArgError(f"Schedule: step_size must be >= 1, got {self.step_size}")
-        if not self.gamma > 0 or not math.isfinite(self.gamma):
-            raise OptimArgError(f"Schedule: gamma must be positive, got {self.gamma}")
+        _real(self.gamma, "Schedule: gamma must be positive", positive=True)
         if not (0.0 <= self.min_lr <= self.base_lr):  # also refuses nan
             why = f"`min_lr`: must be from 0 to `lr` ({self.base_lr:g}), got {self.min_lr!r}"
             raise OptimArgError(why)
