@@ -310,9 +310,7 @@ class Trainer:
         # by epochs, a resumed epoch's record sums its steps before the checkpoint too
         first = done if by_steps else self.start_epoch * spe
         end = self.total_steps
-        seconds, trained, test_loss, test_acc = 0.0, 0, float("nan"), float("nan")
-        if first >= end:  # resumed with nothing left to train: the result is still said
-            test_loss, test_acc = self.evaluate()
+        seconds, trained, record = 0.0, 0, None
         batches: list[np.ndarray] = []
         span: dict[str, Any] | None = None
         for step in range(first, end):
@@ -336,9 +334,10 @@ class Trainer:
             if (step + 1) % self.record_every == 0 or step + 1 == end:
                 record = self._record(span, step + 1)
                 seconds, trained = seconds + record["seconds"], trained + span["samples"]
-                test_loss, test_acc = record["test_loss"], record["test_acc"]
                 span = None
-        return seconds, trained, test_loss, test_acc
+        if record is None:  # resumed with nothing left to train: the result is still said
+            return seconds, trained, *self.evaluate()
+        return seconds, trained, record["test_loss"], record["test_acc"]
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
         """Epoch ``epoch``'s steps left, unrecorded (bench/within_job.py): its sums, on device."""
