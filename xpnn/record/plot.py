@@ -1,5 +1,5 @@
-"""``python -m xpnn plot METRICS.jsonl [more.jsonl ...] [-o FILE.png]``: training curves;
-and the merged timeline of ``trace --png``, each rank's lanes over the last steps."""
+"""``python -m xpnn plot METRICS.jsonl [more.jsonl ...] [-o FILE.png]``: training curves.
+Also the merged timeline of ``trace --png``: each rank's lanes over the last steps."""
 
 import argparse
 import io
