@@ -10,9 +10,8 @@ from typing import Any
 from xpnn.errors import UserError, path_problems
 from xpnn.record.files import open_to_write, same_file
 from xpnn.runtime import lock
-from xpnn.train.checkpoint import CHECKPOINT_NAME, refuse_other_runs, remove_unfinished
+from xpnn.train.checkpoint import CHECKPOINT_NAME, no_resume, refuse_other_runs, remove_unfinished
 from xpnn.train.metrics_file import check_metrics_file
-from xpnn.train.resume import no_checkpoint
 
 
 def _takes_files(param: str, path: str, directory: Path) -> None:
@@ -67,7 +66,7 @@ def _checkpoint_dir(path: str | None, writer: bool, resume: bool | str) -> None:
         if Path(path).exists() and not Path(path).is_dir():
             raise UserError(f"`checkpoint_dir` {path}: exists and is not a directory")
         if resume is True and not Path(path).exists():  # a typo: not made, then refused
-            raise UserError(no_checkpoint(path))
+            raise UserError(no_resume(path))
         if not writer:
             return
     with path_problems("checkpoint_dir", path, "cannot create the directory"):

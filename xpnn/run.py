@@ -39,8 +39,8 @@ from xpnn.runtime.world import describe_ranks, init_world
 from xpnn.settings import BATCH, RunSpec
 from xpnn.train import RunFacts, TrainConfig, Trainer, TrainingDiverged
 from xpnn.train.callbacks import run_callbacks
+from xpnn.train.checkpoint import start
 from xpnn.train.optim import HYPER_PARAMETERS, HYPERS, OPTIMIZERS
-from xpnn.train.resume import start
 from xpnn.train.trace import observers
 
 Say = Callable[[str], None] | None  # where rank 0's lines go (default: print)

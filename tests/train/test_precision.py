@@ -13,9 +13,8 @@ from conftest import assert_one_line_user_error, run_xpnn, train_and_load
 
 from xpnn.run import RunSpec, build_run
 from xpnn.runtime.world import init_world
-from xpnn.train.callbacks import Callback
+from xpnn.train.callbacks import REQUEUE_EXIT, Callback, CheckpointOnSignal
 from xpnn.train.precision import LossScale
-from xpnn.train.requeue import REQUEUE_EXIT, CheckpointOnSignal
 
 RUN = [
     "--dataset", "synthetic", "--synthetic-size", "600", "--epochs", "2", "--batch-size", "60",

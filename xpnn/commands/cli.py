@@ -18,7 +18,7 @@ from xpnn.runtime import failure, launcher_pipe, startup
 from xpnn.runtime.abort import imported_mpi
 from xpnn.runtime.interrupts import hand_over
 from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank, launched_by_mpi
-from xpnn.train.requeue import CheckpointOnSignal
+from xpnn.train.callbacks import CheckpointOnSignal
 
 __all__ = ["main"]
 

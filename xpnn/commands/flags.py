@@ -12,7 +12,7 @@ from xpnn.planner.auto import AUTO, CHOSEN
 from xpnn.record.timeline import parse_steps
 from xpnn.run import RunSpec
 from xpnn.settings import DEFAULTS, MOST, OUTPUTS, RATE, SETTINGS, Setting
-from xpnn.train.requeue import SIGNALS
+from xpnn.train.callbacks import SIGNALS
 
 __all__ = ["FLAGS", "ArgError", "build_info_parser", "build_parser", "flag_words", "to_spec"]
 __all__ += ["settings_tables", "typed_settings"]

@@ -1,7 +1,5 @@
 """One SHA-256 over several arrays: ranks compare it to prove they hold the same values."""
 
-from __future__ import annotations
-
 import hashlib
 from collections.abc import Iterable
 

@@ -1,7 +1,5 @@
 """Writing never through another user's link: ``O_NOFOLLOW`` opens, whole files renamed over."""
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import os
@@ -14,7 +12,6 @@ from typing import BinaryIO
 from xpnn.errors import UserError
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def planted(path: str | os.PathLike, why: str) -> OSError:
@@ -26,7 +23,7 @@ def open_to_write(path: str | os.PathLike, flags: int = 0, mode: int = 0o666) ->
     """A write descriptor on ``path``, never through another user's link, nor onto a pipe."""
     flags |= os.O_WRONLY | _CLOEXEC | os.O_NONBLOCK
     try:
-        fd = os.open(path, flags | _NOFOLLOW, mode)
+        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), mode)
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise

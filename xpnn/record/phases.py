@@ -1,7 +1,5 @@
 """Named phases of a step (``with WGRAD:``) a listener may time; with none, a mark costs a test."""
 
-from __future__ import annotations
-
 import threading
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -23,22 +21,26 @@ def _heard() -> bool:
 
 
 class Phase:
-    """A context manager marking one phase; re-entrant, nesting is the listener's to handle."""
+    """A context manager marking one phase; re-entrant: a listener hears the outermost only."""
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "depth")
 
     def __init__(self, name: str) -> None:
-        self.name = name
+        self.name, self.depth = name, 0  # the entries heard and not yet left
 
     def __enter__(self) -> None:
         listener = _listener[0]
         if listener is not None and _heard():
-            listener(self.name, True)
+            self.depth += 1
+            if self.depth == 1:
+                listener(self.name, True)
 
     def __exit__(self, *exc: Any) -> None:
         listener = _listener[0]
         if listener is not None and _heard():
-            listener(self.name, False)
+            self.depth -= 1
+            if self.depth == 0:
+                listener(self.name, False)
 
 
 FORWARD = Phase("forward")  # the model's forward pass

@@ -1,7 +1,5 @@
 """``python -m xpnn trace DIR``: the ranks' traces on rank 0's clock, and where a step goes."""
 
-from __future__ import annotations
-
 import glob
 import json
 import math
@@ -13,8 +11,7 @@ from typing import Any
 
 from xpnn.errors import UserError
 from xpnn.record.files import check_output, read_regular, replace_whole
-from xpnn.record.plot import OneLineParser
-from xpnn.record.timeline_plot import draw  # which imports matplotlib only when drawing
+from xpnn.record.plot import OneLineParser, draw_timeline  # matplotlib only when drawing
 
 Interval = tuple[float, float]
 FLIGHT_LANE = 90  # the flight recorder's operations, beside the trace's own lanes
@@ -232,7 +229,7 @@ def summarize(merged: dict[str, Any], info: dict[int, dict[str, Any]]) -> list[d
     return rows
 
 
-def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
+def table(rows: list[dict[str, Any]], info: dict[int, dict[str, Any]]) -> list[str]:
     head = ["rank", "steps", "step ms", "compute", "communication", "waiting", "hidden"]
     pipeline = any(r["bubble"] is not None for r in rows)
     head += (["bubble", "(p-1)/(m+p-1)"] if pipeline else []) + ["clock offset"]
@@ -245,7 +242,7 @@ def table(rows: list[dict[str, Any]], offsets: dict[int, float]) -> list[str]:
             cells.append(f"{f'{r[key] / n:.2f} ({share:.0%})':>13}")
         shares = ("hidden", "bubble", "schedule_bubble") if pipeline else ("hidden",)
         cells += [f"{'–' if r[k] is None else format(r[k], '.0%'):>13}" for k in shares]
-        cells.append(f"{offsets.get(r['rank'], 0.0):>10.1f} us")
+        cells.append(f"{info.get(r['rank'], {}).get('clock_offset_us', 0.0):>10.1f} us")
         lines.append("  ".join(cells))
     return lines
 
@@ -282,7 +279,7 @@ def main(argv: list[str]) -> int:
             if not any(e.get("cat") == "step" for e in merged["traceEvents"]):
                 raise UserError("trace --png: no traced steps to draw (flight records only)")
             try:
-                draw(merged, args.png)
+                draw_timeline(merged, args.png)
             except ImportError:
                 raise UserError("trace --png: needs matplotlib (pip install matplotlib)") from None
             except OSError as exc:
@@ -297,7 +294,5 @@ def main(argv: list[str]) -> int:
         print(f"no trace-rank0.json in {args.directory}: {why}")
     if rows:
         print("per step, ms (share of the step); hidden: communication overlapped by compute")
-        offsets = {r: i.get("clock_offset_us", 0.0) for r, i in info.items()}
-        for line in table(rows, offsets):
-            print(line)
+        print("\n".join(table(rows, info)))
     return 0

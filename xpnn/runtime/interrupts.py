@@ -40,7 +40,7 @@ def catch_early_interrupts() -> None:
 
 
 def catch_early_checkpoint_signal(argv: list[str]) -> None:
-    """Note ``--checkpoint-signal`` USR1 or USR2 (requeue.SIGNALS) early: else they end the rank."""
+    """Note ``--checkpoint-signal`` USR1 or USR2 (``SIGNALS``) early: else they end the rank."""
     name = None
     for i, word in enumerate(argv):
         if word == "--checkpoint-signal" and i + 1 < len(argv):

@@ -1,20 +1,25 @@
 """The callbacks a run is made of besides its loop, on every rank (a writer checks ``is_root``)."""
 
-from __future__ import annotations
-
 import math
 import os
+import signal
 import sys
 import time
 from typing import Any
 
+import numpy as np
+
 from xpnn.errors import UserError, path_problems
+from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
 from xpnn.record import phases
 from xpnn.record.files import open_to_write
+from xpnn.runtime import stall
+from xpnn.runtime.failure import CollectiveExit
+from xpnn.runtime.interrupts import checkpoint_requested
 from xpnn.runtime.threads import describe_threads
 from xpnn.train import metrics_file
-from xpnn.train.checkpoint import KEEP_CHECKPOINTS, atomic_savez
-from xpnn.train.midepoch import partial_of, write_checkpoint
+from xpnn.train.checkpoint import KEEP_CHECKPOINTS, atomic_savez, prune_checkpoints, save_checkpoint
+from xpnn.train.midepoch import partial_of
 from xpnn.train.trainer import Callback, Trainer, finite
 
 
@@ -111,6 +116,27 @@ class ProgressBar(Callback):
     on_train_end = on_epoch_end
 
 
+def write_checkpoint(
+    trainer: Any, directory: str, keep: int, epoch: int, partial: dict | None = None
+) -> None:
+    """The whole network and optimizer state, gathered (collective), written by rank 0."""
+    model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
+    states = trainer.update.whole_state()  # every data-parallel rank: a sharded one gathers
+    if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
+        return
+    stall.in_phase(f"the checkpoint at step {optimizer.step_count}")
+    params = whole_params(model, comm)
+    state = {n: whole_arrays(model, comm, model.named_views(b)) for n, b in states.items()}
+    if trainer.is_root:
+        scale = trainer.loss_scale.state() if trainer.loss_scale else None
+        said = dict(settings=trainer.settings(), identity=trainer.identity(), loss_scale=scale)
+        step, seed = optimizer.step_count, trainer.cfg.seed
+        with path_problems("checkpoint_dir", directory):
+            args = (directory, params, state, epoch, step, seed, trainer.data.name)
+            save_checkpoint(*args, **said, partial=partial)
+            prune_checkpoints(directory, keep)  # only once the new one is whole
+
+
 class Checkpoints(Callback):
     """After every record rank 0 writes the whole network and optimizer state (gathered)."""
 
@@ -179,7 +205,7 @@ class FaultInjection(Callback):
         raise RuntimeError(f"injected failure at step {step} (XPNN_FAIL_AT)")
 
     @classmethod
-    def from_env(cls) -> FaultInjection | None:
+    def from_env(cls) -> "FaultInjection | None":
         if not (spec := os.environ.get(cls.VARIABLE)):
             return None
         try:
@@ -206,14 +232,11 @@ class PhaseTimer(Callback):
         self.steps: list[dict[str, float]] = []
         self.trainer: Trainer | None = None  # the trainer that ran, once training began
         self._current: dict[str, float] | None = None
-        self._open: dict[str, tuple[int, float]] = {}  # phase -> (depth, start)
-        self._sync: Any = lambda: None
-        self._t0 = 0.0
+        self._open: dict[str, float] = {}  # phase -> its start
 
     def on_train_begin(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        if trainer.backend.is_gpu:
-            self._sync = trainer.backend.synchronize
+        self.trainer, backend = trainer, trainer.backend
+        self._sync = backend.synchronize if backend.is_gpu else lambda: None
         phases.listen(self._mark)
 
     def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
@@ -233,14 +256,85 @@ class PhaseTimer(Callback):
     def _mark(self, name: str, entering: bool) -> None:
         if self._current is None:  # outside a step: evaluation
             return
-        depth, start = self._open.get(name, (0, 0.0))
+        self._sync()
         if entering:
-            if depth == 0:
-                self._sync()
-                start = time.perf_counter()
-            self._open[name] = (depth + 1, start)
+            self._open[name] = time.perf_counter()
+        elif name in self._open:
+            self._current[name] += time.perf_counter() - self._open.pop(name)
+
+
+REQUEUE_EXIT = 75  # sysexits.h's EX_TEMPFAIL: "a temporary failure; try again"
+SIGNALS = ("USR1", "USR2")
+
+
+class CheckpointOnSignal(Callback):
+    """On ``SIG<name>``, end the run at the end of a step, with its checkpoint written."""
+
+    def __init__(self, name: str, checkpoint_dir: str | None) -> None:
+        if name not in SIGNALS:
+            raise UserError(f"`checkpoint_signal` {name}: choose one of {', '.join(SIGNALS)}")
+        if not checkpoint_dir:
+            raise UserError(f"`checkpoint_signal` {name}: needs `checkpoint_dir`")
+        self.signum, self.directory = getattr(signal, f"SIG{name}"), checkpoint_dir
+        self.asked = checkpoint_requested(self.signum)  # before this: xpnn.__main__'s note
+        self.at_record = False  # agreed where a record and its checkpoint follow: they will do
+        self.mpi: Any = None  # the ranks' own communicator for the question
+        self.mine, self.anyone = np.zeros(1), np.zeros(1)
+        signal.signal(self.signum, self._note)  # now: its default action ends the process
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.asked = True  # acted on where every rank can agree: the end of a step
+
+    def on_train_begin(self, trainer: Trainer) -> None:
+        world = getattr(trainer.comm, "mpi_comm", None)
+        if world is not None and trainer.comm.size > 1:  # collective: every rank is here
+            self.mpi = world.Dup()
+
+    def on_step_begin(self, trainer: Trainer, step: int) -> None:
+        if self.mpi is not None:  # answered while the step runs: it costs the step nothing
+            self.mine[0] = float(self.asked)
+            self.request = self.mpi.Iallreduce(self.mine, self.anyone)
+
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        if self.mpi is not None:
+            stall.wait(self.request, "the agreement on a checkpoint request")
+            agreed = self.anyone[0] > 0
+        elif trainer.comm.size > 1:  # a communicator without MPI's own: a blocking exchange
+            agreed = trainer.comm.allreduce_host([float(self.asked)])[0] > 0
+        else:
+            agreed = self.asked
+        cfg, made, per_epoch = trainer.cfg, step + 1, trainer.steps_per_epoch
+        if not agreed or self.at_record or made == cfg.steps:  # (the run ends with this step)
             return
-        if depth == 1:
-            self._sync()
-            self._current[name] += time.perf_counter() - start
-        self._open[name] = (depth - 1, start)
+        if made % trainer.record_every == 0:
+            self.at_record = True  # a record and its checkpoint follow
+            return
+        partial = trainer.progress.snapshot(trainer)
+        what = f"checkpoint at step {made}"
+        if cfg.steps is None:
+            what += f" ({made % per_epoch} of epoch {made // per_epoch + 1}'s {per_epoch} steps)"
+        if not all(math.isfinite(x) for row in partial["sums"] for x in row):
+            return  # diverging: the record says so, and no checkpoint is written
+        write_checkpoint(trainer, self.directory, cfg.keep_checkpoints, made // per_epoch, partial)
+        self._stop(trainer, what)
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        # after the Checkpoints callback (the run's own come first): the record is saved
+        if self.at_record and finite(record):
+            by_steps = record["event"] == "eval"
+            at = f"at step {record['step']}" if by_steps else f"of epoch {record['epoch']}"
+            self._stop(trainer, f"checkpoint {at}")
+
+    on_eval = on_epoch_end
+
+    def _stop(self, trainer: Trainer, what: str) -> None:
+        if trainer.is_root:
+            name = signal.Signals(self.signum).name
+            stop = f"stopping with exit {REQUEUE_EXIT} (continue with `resume`)"
+            trainer.log(f"xpnn: {name}: {what} written; {stop}")
+        raise CollectiveExit(REQUEUE_EXIT)
+
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.mpi is not None:
+            self.mpi.Free()
+            self.mpi = None

@@ -1,6 +1,5 @@
-"""Checkpoints: ``.npz`` files of the whole network, resumed on other ranks or layouts."""
-
-from __future__ import annotations
+"""Checkpoints: ``.npz`` files of the whole network, resumed on other ranks or layouts; where a
+run starts: its checkpoint directory locked, its latest checkpoint read with ``resume``."""
 
 import errno
 import json
@@ -15,10 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.errors import UserError
+from xpnn.data.files import memory_bytes
+from xpnn.errors import UserError, path_problems
 from xpnn.parallel.model.whole import own_piece, whole_shapes, whole_size
 from xpnn.record.files import whole_file
 from xpnn.record.timeline import number, numbers
+from xpnn.runtime import lock
+from xpnn.runtime.segments import files_in_use
 
 
 def atomic_savez(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
@@ -77,8 +79,6 @@ def remove_unfinished(
     """Delete the ``.tmp`` files ``whole_file`` left of ``name`` that no process holds open."""
     found = sorted(Path(directory).glob(f"{name}.*.tmp"))
     if left := [path for path in found if TEMPORARY_NAME.fullmatch(path.name)]:
-        from xpnn.runtime.segments import files_in_use
-
         used = files_in_use()
         left = [path for path in left if str(path.resolve()) not in used]
     for path in left:
@@ -123,9 +123,6 @@ MOST_EPOCHS = 2**31 - 1  # the most ``--epochs`` takes: a run never writes a lat
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every array of ``path``, never unpickling, nor reading a device, a pipe or past memory."""
-
-    from xpnn.data.files import memory_bytes
-
     info = os.stat(path)  # FileNotFoundError is the caller's to word
     if not stat.S_ISREG(info.st_mode):
         raise damaged(path, "not a regular file", "not an xpnn checkpoint")
@@ -213,10 +210,9 @@ def load_checkpoint(path: Path, trainer: Any) -> tuple[int, int, dict[str, Any]]
     """Restore this rank's part of ``trainer``'s run from ``path``: (epochs, steps, its JSON)."""
     model, optimizer, arrays = trainer.model, trainer.optimizer, read_npz(path)
     if any(key.count(".") == 1 for key in arrays if key.startswith("optim.")):
-        raise UserError(
-            f"{path}: written by an older xpnn (one flat buffer per optimizer state, before "
-            "checkpoints named the state per parameter); resume it with that version"
-        )
+        why = "one flat buffer per optimizer state, before checkpoints named the state per"
+        why = f"{path}: written by an older xpnn ({why} parameter)"
+        raise UserError(f"{why}; resume it with that version")
     epoch, step = _same_run(path, arrays, trainer)
     targets = [("", "parameter", "", model.named_views(model.params))]
     targets += [
@@ -298,3 +294,62 @@ def checked_meta(path: Any, arrays: dict[str, np.ndarray], name: str) -> dict | 
         if key not in checks or not checks[key](value.get(key)):
             raise damaged(path, f"meta.{name}'s {key} is {value.get(key)!r}")
     return value
+
+
+def start(trainer: Any, directory: str | None, resume: bool | str) -> None:
+    """Sets ``trainer.start_epoch`` and ``resume_note``; a misfit is every rank's UserError."""
+    if not directory:
+        return
+    if trainer.is_root:  # one job a directory (the command line took it first)
+        with path_problems("checkpoint_dir", directory):
+            os.makedirs(directory, exist_ok=True)
+            lock.hold(directory)
+    if not resume:  # the command line checked it before
+        with path_problems("checkpoint_dir", directory):
+            refuse_other_runs(directory)
+        return
+    cfg = trainer.cfg
+    path = latest_checkpoint(directory)
+    # A directory on each node's own disk would resume ranks from different epochs.
+    seen = trainer.comm.allgather_obj(path.name if path else None)
+    if len(set(seen)) > 1:
+        found = ", ".join(f"rank {r}: {name or 'none'}" for r, name in enumerate(seen))
+        why = "every rank must see the same directory (a file system shared by all nodes)"
+        where = f"`checkpoint_dir` {directory}: the ranks find different latest checkpoints"
+        raise UserError(f"{where} ({found}); {why}")
+    if path is None and resume != "auto":
+        raise UserError(no_resume(directory))
+    if path is None:
+        trainer.resume_note = f"resume: no checkpoint in {directory}, starting afresh"
+        return
+    try:
+        epoch, step, said = load_checkpoint(path, trainer)
+    except DamagedCheckpoint as exc:  # the one before it may be whole: say so
+        if older := checkpoints(directory)[-2:-1]:
+            why = f"{older[0].name}, remains: move this one away to resume from it"
+            raise DamagedCheckpoint(f"{exc}; the one before it, {why}") from None
+        raise
+    done, scale = "", trainer.loss_scale
+    if scale is not None:  # this run scales: the checkpoint's scale, or a fresh one
+        if (stored := said["loss_scale"]) is None:
+            done = f"; the loss scale starts at {scale.scale:g} (the checkpoint has none)"
+        else:
+            scale.restore(stored)
+    if cfg.steps is not None:  # training by steps: its count is what is reached
+        done += f"; `steps` {cfg.steps} reached, nothing to train" if step >= cfg.steps else ""
+    elif epoch >= cfg.epochs:
+        done += f"; `epochs` {cfg.epochs} reached, nothing to train"
+    now, before = trainer.settings(), said["settings"]  # what both runs name, changed:
+    changed = [f"`{k}` {v} -> {now[k]}" for k, v in sorted(before.items()) if now.get(k, v) != v]
+    since = f"; changed since: {', '.join(changed)}" if changed else ""
+    trainer.resume_note = f"resume: {path} (epoch {epoch}, step {step}){since}{done}"
+    trainer.start_epoch, per_epoch = epoch, trainer.steps_per_epoch
+    partial = said["partial"]  # a mid-epoch checkpoint's sums, of this run's kind
+    if partial is not None and partial["kind"] == ("epoch" if cfg.steps is None else "steps"):
+        progress = trainer.progress  # the span under way carries on from the checkpoint's sums
+        progress.restored, progress.restored_epoch = partial, trainer.batches_done() // per_epoch
+
+
+def no_resume(directory: str | os.PathLike) -> str:
+    hint = "check the directory, or give `resume` auto to start afresh where there is none"
+    return f"`checkpoint_dir` {directory}: no checkpoint to resume from; {hint}"

@@ -1,7 +1,5 @@
 """The step replayed as a CUDA graph (``cuda_graph``): inputs, numbers, exchange on the host."""
 
-from __future__ import annotations
-
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +32,7 @@ def graph_unavailable(trainer: Any) -> str | None:
     return found if found is not None else next((why for refused, why in refusals if refused), None)
 
 
-def graph_step(trainer: Any) -> GraphStep | None:
+def graph_step(trainer: Any) -> "GraphStep | None":
     """The replayed step for ``cuda_graph``: ``auto`` where it applies, ``on`` or refused."""
     if trainer.cfg.cuda_graph == "off":
         return None

@@ -1,7 +1,5 @@
 """The ``metrics`` file: whole JSON lines, each record once after a resume, no other file."""
 
-from __future__ import annotations
-
 import json
 import os
 import stat
@@ -15,16 +13,16 @@ EVENTS = ("epoch", "eval", "done", "diverged")  # the "event" of every line xpnn
 FIRST_LINE_BYTES = 1 << 16  # a record is a few hundred bytes; a longer first line is not one
 
 
-def _parsed(line: bytes | str) -> dict[str, Any] | None:
+def _parsed(line: bytes | str) -> dict[str, Any]:  # {}: no JSON object
     try:
         record = json.loads(line)
     except (ValueError, UnicodeDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def is_record(line: bytes | str) -> bool:
-    return (_parsed(line) or {}).get("event") in EVENTS
+    return _parsed(line).get("event") in EVENTS
 
 
 def check_metrics_file(path: str | os.PathLike) -> None:
@@ -80,8 +78,7 @@ def last_event(path: str | os.PathLike) -> str | None:
 
 
 def _after(line: bytes, epoch: int, step: int | None = None) -> bool:
-    if (record := _parsed(line)) is None:
-        return False
+    record = _parsed(line)
     key = "epoch" if step is None else "step"  # a done record counts them: "epochs", "steps"
     number = record.get(key + "s" if record.get("event") == "done" else key)
     return isinstance(number, int) and number > (epoch if step is None else step)

@@ -1,6 +1,4 @@
-"""Checkpoints between two records (``--checkpoint-signal``), the running sums saved too."""
-
-from __future__ import annotations
+"""The running sums of the span under way: a checkpoint between two records saves them too."""
 
 import math
 import time
@@ -8,45 +6,21 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.errors import path_problems
-from xpnn.parallel.model.whole import is_spread, whole_arrays, whole_params
-from xpnn.runtime import stall
 from xpnn.train import checkpoint
-
-Trainer = Any  # not ``xpnn.train.trainer.Trainer``: the trainer imports this module
-
-
-def write_checkpoint(
-    trainer: Trainer, directory: str, keep: int, epoch: int, partial: dict | None = None
-) -> None:
-    """The whole network and optimizer state, gathered (collective), written by rank 0."""
-    model, optimizer, comm = trainer.model, trainer.optimizer, trainer.model_comm
-    states = trainer.update.whole_state()  # every data-parallel rank: a sharded one gathers
-    if trainer.data_comm.rank != 0 or not (trainer.is_root or is_spread(model)):
-        return
-    stall.in_phase(f"the checkpoint at step {optimizer.step_count}")
-    params = whole_params(model, comm)
-    state = {n: whole_arrays(model, comm, model.named_views(b)) for n, b in states.items()}
-    if trainer.is_root:
-        scale = trainer.loss_scale.state() if trainer.loss_scale else None
-        said = dict(settings=trainer.settings(), identity=trainer.identity(), loss_scale=scale)
-        step, seed = optimizer.step_count, trainer.cfg.seed
-        with path_problems("checkpoint_dir", directory):
-            args = (directory, params, state, epoch, step, seed, trainer.data.name)
-            checkpoint.save_checkpoint(*args, **said, partial=partial)
-            checkpoint.prune_checkpoints(directory, keep)  # only once the new one is whole
 
 
 class EpochProgress:
     """The running sums of the span under way: a checkpoint saves them, its resume restores."""
 
-    def __init__(self, restored: dict[str, Any] | None = None, epoch: int = -1) -> None:
-        self.restored, self.restored_epoch = restored, epoch
-        self.span: dict[str, Any] | None = None  # the span under way
+    restored: dict[str, Any] | None = None  # a resumed checkpoint's, until its span opens
+    restored_epoch = -1  # the epoch whose span they carry on (by epochs)
+    span: dict[str, Any] | None = None  # the span under way
 
-    def open(self, trainer: Trainer, span: dict[str, Any], epoch: int) -> dict[str, Any]:
-        """``span``, just begun, carried on from the resumed checkpoint's where it was written."""
-        restored = self.restored
+    def open(self, trainer: Any, t0: float, epoch: int) -> dict[str, Any]:
+        """Sums of steps begun at ``t0``, on from the resumed checkpoint's where it was written."""
+        xp, restored = trainer.xp, self.restored
+        span = {"t0": t0, "sent": -trainer.bytes_sent(), "samples": 0, "steps": 0}
+        span |= {k: xp.zeros((), dtype=xp.float64) for k in ("loss", "correct")}
         if restored is not None and (trainer.cfg.steps is not None or epoch == self.restored_epoch):
             self.restored, rows, rank = None, restored["sums"], trainer.metrics_comm.rank
             loss, correct = 0.0, 0.0  # this rank's: its own in the same layout, else rank 0's all
@@ -64,7 +38,7 @@ class EpochProgress:
         self.span = span
         return span
 
-    def snapshot(self, trainer: Trainer) -> dict[str, Any]:
+    def snapshot(self, trainer: Any) -> dict[str, Any]:
         """What a checkpoint written now must hold of the span under way (collective)."""
         kind, span = "epoch" if trainer.cfg.steps is None else "steps", self.span
         if span is None:  # a checkpoint right after an evaluation: nothing under way

@@ -1,7 +1,5 @@
 """Optimizers over the model's flat buffers (state in the same layout), and schedules."""
 
-from __future__ import annotations
-
 import itertools
 import math
 import numbers
@@ -20,6 +18,14 @@ Array = Any
 
 class OptimArgError(UserError, ValueError):
     """A bad optimizer or schedule argument: ``UserError`` for the CLI, ``ValueError`` for code."""
+
+
+def _real(value: Any, said: str, positive: bool = False, below: float = math.inf) -> float:
+    """``value`` as a float: a real number from 0 (above it if ``positive``) to below ``below``."""
+    real = isinstance(value, numbers.Real)
+    if not (real and (value > 0 if positive else value >= 0) and value < below):
+        raise OptimArgError(f"{said}, got {value!r}")
+    return float(value)
 
 
 SCHEDULES = ("constant", "step", "cosine")
@@ -49,8 +55,7 @@ class Schedule:
             raise OptimArgError(f"Schedule: warmup_steps and total_steps must be >= 0, got {got}")
         if self.step_size < 1:
             raise OptimArgError(f"Schedule: step_size must be >= 1, got {self.step_size}")
-        if not self.gamma > 0 or not math.isfinite(self.gamma):
-            raise OptimArgError(f"Schedule: gamma must be positive, got {self.gamma}")
+        _real(self.gamma, "Schedule: gamma must be positive", positive=True)
         if not (0.0 <= self.min_lr <= self.base_lr):  # also refuses nan
             why = f"`min_lr`: must be from 0 to `lr` ({self.base_lr:g}), got {self.min_lr!r}"
             raise OptimArgError(why)
@@ -84,8 +89,7 @@ class GradClip:
     skip: Ranges = field(default_factory=list)  # the ranges another rank counts
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_norm, numbers.Real) and 0 < self.max_norm < math.inf):
-            raise OptimArgError(f"`clip_norm`: must be positive, got {self.max_norm!r}")
+        _real(self.max_norm, "`clip_norm`: must be positive", positive=True)
 
 
 def pieces(part: slice, n: int, ranges: Ranges) -> list[tuple[slice, bool]]:
@@ -120,7 +124,6 @@ class Optimizer:
 
     state_names: tuple[str, ...] = ()
     hyper_parameters: tuple[str, ...] = ()  # the settings it takes (``make_optimizer``'s keywords)
-    clip: GradClip | None = None
     scalar_names: tuple[str, ...] = ("lr",)  # what ``step_scalars`` gives the kernels
     device_scalars: dict[str, Array] | None = None  # the kernels' numbers in a replayed step
 
@@ -136,6 +139,7 @@ class Optimizer:
         schedule: Schedule,
         parts: list[slice] | None = None,
         zeros: Callable[[tuple[int, ...], Any], Array] | None = None,
+        clip: GradClip | None = None,
     ) -> None:
         rows = grads if isinstance(grads, tuple) else (grads,)
         if getattr(params, "dtype", None) is None or not dtype_is(params.dtype, "real floating"):
@@ -155,6 +159,8 @@ class Optimizer:
         zeros = zeros or (lambda shape, dtype: kernels.xp.zeros(shape, dtype=dtype))
         self.state = {name: zeros(params.shape, params.dtype) for name in self.state_names}
         self.parts = [slice(None)] if parts is None else list(parts)
+        self.clip, n, skip = clip, params.shape[0], clip.skip if clip else []
+        self._counted = [[s for s, out in pieces(part, n, skip) if not out] for part in self.parts]
 
         def views(part: slice) -> tuple[Array, Any, dict[str, Array]]:
             g = tuple(row[part] for row in rows) if len(rows) > 1 else rows[0][part]
@@ -179,12 +185,6 @@ class Optimizer:
     def add_post_step_hook(self, hook: Hook) -> None:
         """``hook(optimizer)`` at ``end_step`` of an applied step (the parameters updated)."""
         self._post_hooks.append(hook)
-
-    def set_clip(self, clip: GradClip | None) -> None:
-        self.clip = clip
-        n = self.params.shape[0]
-        skip = clip.skip if clip else []
-        self._counted = [[s for s, out in pieces(part, n, skip) if not out] for part in self.parts]
 
     def start_step(self) -> float:
         """The next step's learning rate (a recorded step's recorder has done ``advance``)."""
@@ -255,12 +255,6 @@ class Optimizer:
         return lr
 
 
-def _check_rate(owner: str, name: str, value: float) -> float:
-    if not (isinstance(value, numbers.Real) and 0.0 <= value < 1.0):
-        raise OptimArgError(f"{owner}: {name} must be in [0, 1), got {value!r}")
-    return float(value)
-
-
 class SGD(Optimizer):
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
         self.kernels.sgd_update(p, g, self._scalar("lr", lr))
@@ -275,7 +269,7 @@ class Momentum(Optimizer):
         return {"mu": hyper["momentum"]} if "momentum" in hyper else {}
 
     def __init__(self, *args: Any, mu: float = 0.9) -> None:
-        self.mu = _check_rate("Momentum", "mu", mu)
+        self.mu = _real(mu, "Momentum: mu must be in [0, 1)", below=1.0)
         super().__init__(*args)
 
     def update(self, p: Array, g: Array, state: dict[str, Array], lr: float) -> None:
@@ -290,7 +284,7 @@ class Adam(Optimizer):
 
     @classmethod
     def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
-        out = {"eps": hyper["eps"]} if "eps" in hyper else {}
+        out = {k: v for k, v in hyper.items() if k != "betas"}  # eps (AdamW's weight_decay)
         if "betas" in hyper:
             if len(hyper["betas"]) != 2:
                 raise OptimArgError(f"`betas`: expected two rates, got {hyper['betas']!r}")
@@ -300,11 +294,9 @@ class Adam(Optimizer):
     def __init__(
         self, *args: Any, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8
     ) -> None:
-        self.beta1 = _check_rate("Adam", "beta1", beta1)
-        self.beta2 = _check_rate("Adam", "beta2", beta2)
-        if not (isinstance(eps, numbers.Real) and 0.0 < eps < math.inf):
-            raise OptimArgError(f"Adam: eps must be positive, got {eps!r}")
-        self.eps = float(eps)
+        self.beta1 = _real(beta1, "Adam: beta1 must be in [0, 1)", below=1.0)
+        self.beta2 = _real(beta2, "Adam: beta2 must be in [0, 1)", below=1.0)
+        self.eps = _real(eps, "Adam: eps must be positive", positive=True)
         super().__init__(*args)
 
     def update(
@@ -331,15 +323,12 @@ class AdamW(Adam):
 
     @classmethod
     def keywords(cls, hyper: dict[str, Any], matrices: Ranges | None) -> dict[str, Any]:
-        out = super().keywords(hyper, matrices) | {"matrices": matrices}
-        return out | ({"weight_decay": hyper["weight_decay"]} if "weight_decay" in hyper else {})
+        return super().keywords(hyper, matrices) | {"matrices": matrices}
 
     def __init__(
         self, *args: Any, weight_decay: float = 0.01, matrices: Ranges | None = None, **adam: Any
     ) -> None:
-        if not (isinstance(weight_decay, numbers.Real) and 0.0 <= weight_decay < math.inf):
-            raise OptimArgError(f"`weight_decay`: must be >= 0, got {weight_decay!r}")
-        self.weight_decay = float(weight_decay)
+        self.weight_decay = _real(weight_decay, "`weight_decay`: must be >= 0")
         super().__init__(*args, **adam)
         n = self.params.shape[0]
         ranges = [(0, n)] if matrices is None else matrices
@@ -380,7 +369,5 @@ def make_optimizer(
     given = {key: value for key, value in hyper.items() if value is not None}
     if unknown := [key for key in given if key not in kind.hyper_parameters]:
         raise OptimArgError(f"`{unknown[0]}`: not a hyper-parameter of `optimizer` {name}")
-    args = (params, grads, kernels, schedule, parts, zeros)
-    optimizer = kind(*args, **kind.keywords(given, matrices))
-    optimizer.set_clip(clip)
-    return optimizer
+    args = (params, grads, kernels, schedule, parts, zeros, clip)
+    return kind(*args, **kind.keywords(given, matrices))

@@ -1,7 +1,5 @@
 """Mixed precision: fp32 master copy and state, bf16/fp16 passes, fp16 loss scaling."""
 
-from __future__ import annotations
-
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator
@@ -64,7 +62,7 @@ def overflow_skip(
 class WideLoss:
     """``loss`` in the master precision (a low softmax loses small probabilities), scaled."""
 
-    of: Precision
+    of: "Precision"
 
     def __call__(self, kernels: Any, logits: Array, labels: Array, scale: float) -> Any:
         p = self.of

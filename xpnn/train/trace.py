@@ -1,7 +1,5 @@
 """Each rank's ``trace-rank{N}.json`` of a window of steps: Chrome trace events, for Perfetto."""
 
-from __future__ import annotations
-
 import importlib
 import json
 import os
@@ -58,7 +56,7 @@ def device_events(backend: Any) -> _CudaEvents | None:
 class _Span:
     __slots__ = ("trace", "name", "lane", "start", "device")
 
-    def __init__(self, trace: Trace, name: str, lane: int) -> None:
+    def __init__(self, trace: "Trace", name: str, lane: int) -> None:
         self.trace, self.name, self.lane = trace, name, lane
 
     def __enter__(self) -> None:
@@ -79,12 +77,9 @@ class Trace(Callback):
         self.events: list[tuple] = []  # (name, cat, lane, start s, end s, args)
         self.active = False
         self.written: str | None = None
-        self._previous: Any = None
-        self._open: dict[str, list[float]] = {}  # phase -> start times (they nest)
+        self._open: dict[str, float] = {}  # phase -> its start
         self._slots: list[float] = []  # the end of the last operation on each comm lane
-        self._events: _CudaEvents | None = None
         self.device: list[tuple[str, Any, Any]] = []  # a span's device events: (name, start, end)
-        self._step_start = 0.0
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self.rank, self.steps_per_epoch = trainer.comm.rank, trainer.steps_per_epoch
@@ -159,13 +154,10 @@ class Trace(Callback):
     def _phase(self, name: str, entering: bool) -> None:
         if self._previous is not None:
             self._previous(name, entering)
-        starts = self._open.setdefault(name, [])
         if entering:
-            starts.append(_now())
-        elif starts:
-            start = starts.pop()
-            if not starts:  # the outermost of a nested phase
-                self.add(name, "phase", phases.COMPUTE, start, _now())
+            self._open[name] = _now()
+        elif name in self._open:  # (not one entered before it listened)
+            self.add(name, "phase", phases.COMPUTE, self._open.pop(name), _now())
 
     def add(
         self, name: str, cat: str, lane: int, start: float, end: float, args: Any = None

@@ -1,7 +1,5 @@
 """The training loop, the same for 1 or N ranks: their gradients sum to the 1-rank one."""
 
-from __future__ import annotations
-
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -66,22 +64,6 @@ class TrainConfig:
         return getattr(self.spec, name)
 
 
-class Callback:
-    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them."""
-
-    def on_train_begin(self, trainer: Trainer) -> None: ...  # a resume's: before the epochs left
-    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...  # from 0, in its span
-    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...  # of the run, from 0
-    def on_step_end(self, trainer: Trainer, step: int) -> None: ...  # the next step's parameters
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # docs/cli.md
-    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # by ``eval_every``
-    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # or diverged
-
-
-def overrides(callback: Callback, event: str) -> bool:
-    return getattr(type(callback), event) is not getattr(Callback, event)
-
-
 class TrainingDiverged(RuntimeError):
     """The loss stopped being finite in ``epoch`` (from 1): raised on every rank together."""
 
@@ -110,7 +92,7 @@ class Trainer:
         cfg: TrainConfig,
         log: Callable[[str], None] | None = None,
         groups: Groups | None = None,
-        callbacks: Sequence[Callback] = (),
+        callbacks: Sequence["Callback"] = (),
     ) -> None:
         self.model, self.data, self.backend, self.comm, self.cfg = model, data, backend, comm, cfg
         self.xp = backend.xp
@@ -161,10 +143,9 @@ class Trainer:
         self.update = cfg.plan.make_update(*args, **kw)
         self._acc: Any = None  # the earlier micro-steps' gradients, summed (accumulate > 1)
         self.optimizer = self.update.optimizer
-        self.precision: Precision | None = None
-        if cfg.precision != "fp32":
-            scale = self.loss_scale if cfg.precision == "fp16" else None
-            self.precision = Precision(model, self.optimizer, cfg.precision, scale)
+        scale = self.loss_scale if cfg.precision == "fp16" else None
+        mixed = cfg.precision != "fp32"
+        self.precision = Precision(model, self.optimizer, cfg.precision, scale) if mixed else None
         if self.loss_scale is not None:  # an overflow skips the step, on every rank
             self.optimizer.add_skip_rule(overflow_skip(model, self.xp, self.loss_scale, total))
         # the passes: the model's own, or its twins' over threads each taking part of a batch
@@ -173,7 +154,7 @@ class Trainer:
         self.callbacks: list[Callback] = list(callbacks)
         self._step_begin = [c for c in self.callbacks if overrides(c, "on_step_begin")]
         self._step_end = [c for c in self.callbacks if overrides(c, "on_step_end")]
-        self.start_epoch = 0  # a resume (``xpnn.train.resume.start``) sets where the run starts
+        self.start_epoch = 0  # a resume (``xpnn.train.checkpoint.start``) sets where the run starts
         self.resume_note: str | None = None  # ... and what it says when the run starts
         self.progress = midepoch.EpochProgress()  # ... and a mid-epoch checkpoint's sums
         self.final_params: dict[str, np.ndarray] = {}  # the whole model's, once the run is done
@@ -328,9 +309,7 @@ class Trainer:
         # by epochs, a resumed epoch's record sums its steps before the checkpoint too
         first = done if by_steps else self.start_epoch * spe
         end = self.total_steps
-        seconds, trained, test_loss, test_acc = 0.0, 0, float("nan"), float("nan")
-        if first >= end:  # resumed with nothing left to train: the result is still said
-            test_loss, test_acc = self.evaluate()
+        seconds, trained, record = 0.0, 0, None
         batches: list[np.ndarray] = []
         span: dict[str, Any] | None = None
         for step in range(first, end):
@@ -345,7 +324,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 for callback in () if by_steps else self.callbacks:  # in the epoch's timed span
                     callback.on_epoch_begin(self, epoch)
-                span = self.progress.open(self, self._span(t0), epoch)
+                span = self.progress.open(self, t0, epoch)
             if step >= done:
                 self._train_step(batches[index], step, span)
             else:  # trained before the resumed checkpoint, its sums restored
@@ -354,18 +333,14 @@ class Trainer:
             if (step + 1) % self.record_every == 0 or step + 1 == end:
                 record = self._record(span, step + 1)
                 seconds, trained = seconds + record["seconds"], trained + span["samples"]
-                test_loss, test_acc = record["test_loss"], record["test_acc"]
                 span = None
-        return seconds, trained, test_loss, test_acc
-
-    def _span(self, t0: float) -> dict[str, Any]:
-        """Empty running sums of steps begun at ``t0``, loss and correct on the device."""
-        sums = {k: self.xp.zeros((), dtype=self.xp.float64) for k in ("loss", "correct")}
-        return {"t0": t0, "sent": -self.bytes_sent(), "samples": 0, "steps": 0} | sums
+        if record is None:  # resumed with nothing left to train: the result is still said
+            return seconds, trained, *self.evaluate()
+        return seconds, trained, record["test_loss"], record["test_acc"]
 
     def train_epoch(self, epoch: int, batches: list[np.ndarray]) -> tuple[Any, Any]:
         """Epoch ``epoch``'s steps left, unrecorded (bench/within_job.py): its sums, on device."""
-        sums = self.progress.open(self, self._span(time.perf_counter()), epoch)  # or a resume's
+        sums = self.progress.open(self, time.perf_counter(), epoch)  # or a resume's
         first = epoch * self.steps_per_epoch
         for step in range(max(first, self.batches_done()), first + len(batches)):
             self._train_step(batches[step - first], step, sums)
@@ -432,3 +407,19 @@ class Trainer:
         if cfg.facts.auto is not None:  # a resume keeps it (xpnn.planner.auto.stored_choice)
             settings["auto"] = cfg.facts.auto
         return settings
+
+
+class Callback:
+    """The ``Trainer``'s events on every rank; step events go only to callbacks overriding them."""
+
+    def on_train_begin(self, trainer: Trainer) -> None: ...  # a resume's: before the epochs left
+    def on_epoch_begin(self, trainer: Trainer, epoch: int) -> None: ...  # from 0, in its span
+    def on_step_begin(self, trainer: Trainer, step: int) -> None: ...  # of the run, from 0
+    def on_step_end(self, trainer: Trainer, step: int) -> None: ...  # the next step's parameters
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # docs/cli.md
+    def on_eval(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # by ``eval_every``
+    def on_train_end(self, trainer: Trainer, record: dict[str, Any]) -> None: ...  # or diverged
+
+
+def overrides(callback: Callback, event: str) -> bool:
+    return getattr(type(callback), event) is not getattr(Callback, event)
