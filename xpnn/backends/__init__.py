@@ -1,7 +1,5 @@
 """Backends, one per array library; ``get_backend`` is the only way the rest of xpnn gets one."""
 
-from __future__ import annotations
-
 import ctypes
 import glob
 import importlib.util

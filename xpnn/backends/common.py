@@ -1,7 +1,5 @@
 """What every backend's kernels share: label checks, convolution geometry, the dropout hash."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 

@@ -1,7 +1,5 @@
 """CuPy arrays on one NVIDIA GPU, with fused CUDA kernels; CuPy is imported only when asked for."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 from collections.abc import Callable

@@ -1,8 +1,6 @@
 """``CupyKernels``' convolution, pooling and dropout kernels: one thread per output element;
 col2im and the max-pool backward gather in NumPy's (i, j) order: no atomics, deterministic."""
 
-from __future__ import annotations
-
 from functools import cache
 from typing import Any
 

@@ -1,7 +1,5 @@
 """CuPy kernels: the Numba backend's fusions as CUDA kernels, built lazily on first use."""
 
-from __future__ import annotations
-
 from functools import cache
 from typing import Any
 

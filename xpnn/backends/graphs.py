@@ -1,7 +1,5 @@
 """A replayed (captured) step's per-step values, in device memory where its graph reads them."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any
 

@@ -11,8 +11,6 @@ No kernel synchronises or copies to the host. Layouts are the same on every back
 * Optimizer updates work in place on flat buffers and zero subnormal state (``flush_subnormal``).
 """
 
-from __future__ import annotations
-
 import math
 from types import ModuleType
 from typing import Any

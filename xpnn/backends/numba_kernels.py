@@ -2,8 +2,6 @@
 stay with BLAS. Why the OpenMP wait policy is passive and each kernel has a serial twin:
 docs/decisions/numba-wait-policy.md."""
 
-from __future__ import annotations
-
 import functools
 import math
 import os

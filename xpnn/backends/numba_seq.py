@@ -1,8 +1,6 @@
 """Numba kernel bodies of sequence models, compiled in ``numba_kernels``: the causal softmax and
 its backward, layer normalisation, the GELU, a bias gradient's column sums, a scatter-add."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 

@@ -1,7 +1,5 @@
 """NumPy's kernels: ``out=`` writes, stride tricks, host checks (reused by ``CupyKernels``)."""
 
-from __future__ import annotations
-
 from functools import cache
 from typing import Any
 

@@ -1,7 +1,5 @@
 """BLAS, OpenMP and Numba held to one thread count per process (else each takes every core)."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import sys

@@ -1,7 +1,5 @@
 """PyTorch tensors (``array_api_compat.torch``) on any device it reaches, imported when asked."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np

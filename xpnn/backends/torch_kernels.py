@@ -1,7 +1,5 @@
 """PyTorch's kernels: the dropout hash in int64 (no uint32 arithmetic), writes in place."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import torch
