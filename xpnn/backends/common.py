@@ -1,4 +1,4 @@
-"""What every backend's kernels share: label checks, convolution geometry, the dropout hash."""
+"""What every backend's kernels share: dtype kinds, convolution geometry, the dropout hash."""
 
 import math
 from typing import Any
@@ -14,22 +14,6 @@ def dtype_is(dtype: Any, kind: str) -> bool:
     letters, name = _KINDS[kind]
     letter = getattr(dtype, "kind", None)
     return name in str(dtype) if letter is None else letter in letters
-
-
-def check_labels(logits: Array, labels: Array) -> None:
-    """One integer class index per row of ``logits`` ((N, 1) would broadcast); metadata only."""
-    shape = getattr(labels, "shape", None)
-    dtype = getattr(labels, "dtype", None)
-    if shape is None or dtype is None:
-        raise ValueError(f"labels must be an integer array, got {type(labels).__name__}")
-    n = logits.shape[0]
-    if len(shape) != 1 or shape[0] != n:
-        raise ValueError(
-            f"labels must be a 1-D integer array of length {n} (one class index per row of "
-            f"logits of shape {tuple(logits.shape)}), got shape {tuple(shape)}"
-        )
-    if not dtype_is(dtype, "integral"):
-        raise ValueError(f"labels must be class indices of an integer dtype, got {dtype}")
 
 
 # -- the dropout hash: murmur3's 32-bit finaliser, chained over the keys ---------------------

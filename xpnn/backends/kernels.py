@@ -22,7 +22,6 @@ from xpnn.backends.common import (
     GOLDEN,
     MASK32,
     OutHW,
-    check_labels,
     conv_out_hw,
     dropout_threshold,
     dtype_is,
@@ -40,7 +39,6 @@ GELU_A = 0.044715
 
 
 def _written(value: Array, out: Array | None) -> Array:
-    """``value``, or ``out`` with ``value`` written into it when an ``out`` is given."""
     if out is None:
         return value
     out[...] = value
@@ -111,8 +109,20 @@ class Kernels:
         return xp.reshape(xp.take_along_axis(logits, idx, axis=1), (-1,))
 
     def check_labels(self, logits: Array, labels: Array) -> None:
-        """Shape and dtype only: no pass over the values, no device sync (host kernels add it)."""
-        check_labels(logits, labels)
+        """One integer class index per row of ``logits`` ((N, 1) would broadcast): shape and dtype
+        only, no pass over the values, no device sync (host kernels add it)."""
+        shape = getattr(labels, "shape", None)
+        dtype = getattr(labels, "dtype", None)
+        if shape is None or dtype is None:
+            raise ValueError(f"labels must be an integer array, got {type(labels).__name__}")
+        n = logits.shape[0]
+        if len(shape) != 1 or shape[0] != n:
+            raise ValueError(
+                f"labels must be a 1-D integer array of length {n} (one class index per row of "
+                f"logits of shape {tuple(logits.shape)}), got shape {tuple(shape)}"
+            )
+        if not dtype_is(dtype, "integral"):
+            raise ValueError(f"labels must be class indices of an integer dtype, got {dtype}")
 
     def softmax_cross_entropy(
         self, logits: Array, labels: Array, scale: float
@@ -144,20 +154,18 @@ class Kernels:
         return loss, (self.activation(logits, "sigmoid") - t) * scale
 
     def count_correct(self, logits: Array, labels: Array) -> Array:
-        """Samples whose top logit is the label; (N, T, K) logits of sequences count each
-        sample's fraction of positions right (so the mean over samples is per position)."""
+        """Samples whose top logit is the label; of (N, T, K) sequences, each one's fraction."""
         xp = self.xp
         if logits.ndim > 2:
             positions = math.prod(labels.shape[1:])
             hits = xp.astype(xp.argmax(logits, axis=-1) == labels, xp.float64)
             return xp.sum(hits) / positions
-        check_labels(logits, labels)  # the shape (a column broadcasts); it indexes nothing
+        Kernels.check_labels(self, logits, labels)  # no range check: it indexes nothing
         # float64, as for sequences: a step adds it to float sums (exact below 2**53)
         return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.float64))
 
     def embedding_grad(self, ids: Array, dy: Array, out: Array) -> Array:
-        """An embedding's gradient ``out[ids[i]] += dy[i]`` from zero; the array API has no
-        scatter-add: a one-hot product here."""
+        """``out[ids[i]] += dy[i]`` from zero as a one-hot product: the array API has no scatter."""
         onehot = self.one_hot(ids, out.shape[0], dy.dtype)
         return self.matmul_into(self.xp.permute_dims(onehot, (1, 0)), dy, out)
 
@@ -182,8 +190,7 @@ class Kernels:
         return self.bias_act_backward(self.gelu_backward(dy, x, t), x, "identity")
 
     def layer_norm(self, x: Array, gamma: Array, beta: Array, eps: float) -> tuple[Array, ...]:
-        """LayerNorm over the last axis: ``(gamma xhat + beta, xhat, inv_std)``, the last two
-        kept for the backward."""
+        """LayerNorm of the last axis: ``(gamma xhat + beta, xhat, inv_std)``, the last two kept."""
         xp = self.xp
         centred = x - xp.mean(x, axis=-1, keepdims=True)
         inv_std = 1.0 / xp.sqrt(xp.mean(centred * centred, axis=-1, keepdims=True) + eps)
@@ -205,8 +212,7 @@ class Kernels:
         return (g - mean_g - xhat * mean_gx) * inv_std, dgamma, dbeta
 
     def causal_softmax(self, scores: Array) -> Array:
-        """Softmax over the last axis of (..., T, T) attention scores where query ``i`` sees
-        keys ``j <= i``: the masked entries get probability exactly 0."""
+        """Softmax of (..., T, T) scores over the keys ``j <= i`` of query ``i``; the rest 0."""
         xp = self.xp
         t = scores.shape[-1]
         pos = xp.arange(t)
@@ -222,10 +228,8 @@ class Kernels:
     def causal_attention(
         self, q: Array, k: Array, v: Array, scale: float, out: Array | None = None
     ) -> tuple[Array, Array]:
-        """Causal scaled dot-product attention of (B, heads, T, head dim) queries, keys and
-        values: ``(out, p)``, ``p = causal_softmax(q k^T scale)`` (kept for the backward) and
-        ``out = p v``, written into ``out`` when given (a view of the caller's layout spares
-        it a copy)."""
+        """(B, heads, T, head dim) attention: ``(p v, p)``, ``p = causal_softmax(q k^T scale)``;
+        ``p v`` into ``out`` when given (a view of the caller's layout spares it a copy)."""
         xp = self.xp
         p = self.causal_softmax(xp.matmul(q, xp.permute_dims(k, (0, 1, 3, 2))) * scale)
         return _written(xp.matmul(p, v), out), p
@@ -240,8 +244,7 @@ class Kernels:
         scale: float,
         out: tuple[Array, Array, Array] | None = None,
     ) -> tuple[Array, Array, Array]:
-        """``(dq, dk, dv)`` of ``causal_attention`` from dL/dout, written into ``out``'s three
-        arrays when given."""
+        """``(dq, dk, dv)`` of ``causal_attention`` from dL/dout, into ``out``'s when given."""
         xp = self.xp
         dv = xp.matmul(xp.permute_dims(p, (0, 1, 3, 2)), dout)
         dp = xp.matmul(dout, xp.permute_dims(v, (0, 1, 3, 2)))
@@ -423,8 +426,7 @@ class Kernels:
         out_hw: tuple[int, int],
         act: str,
     ) -> Array:
-        """``act(conv(x, w) + b)`` -> (N, C_out, *out_hw), keeping no columns for the backward
-        (it reads ``x``)."""
+        """``act(conv(x, w) + b)`` -> (N, C_out, *out_hw); no columns kept: the backward reads x."""
         xp = self.xp
         c_out, _, kh, kw = w.shape
         cols = self.im2col(x, kh, kw, stride, padding, out_hw=out_hw)
@@ -443,8 +445,7 @@ class Kernels:
         dw: Array,
         need_dx: bool,
     ) -> tuple[Array, Array | None]:
-        """``(dL/db, dL/dx or None)`` of ``conv_direct`` from dL/dy, its input ``x`` and output
-        ``y``; dL/dW is written into ``dw`` (the gradient buffer's view)."""
+        """``(dL/db, dL/dx or None)`` of ``conv_direct`` from dL/dy, ``x``, ``y``; dL/dW into dw."""
         xp = self.xp
         c_out, _, kh, kw = w.shape
         out_hw = tuple(dy.shape[2:])
@@ -490,15 +491,13 @@ class Kernels:
         return False
 
     def conv_relu_pool(self, yc: Array, b: Array, shape: tuple[int, ...]) -> tuple[Array, Array]:
-        """``maxpool2d_forward(conv_output(yc, b, shape, "relu"), 2, 2)``: (pooled, idx), the
-        same values and argmaxes; ``shape`` (N, C_out, OH, OW), OH and OW even."""
+        """The ReLU ``conv_output`` 2x2-pooled: (pooled, idx); ``shape``'s OH and OW even."""
         return self.maxpool2d_forward(self.conv_output(yc, b, shape, "relu"), 2, 2)
 
     def conv_relu_pool_grad(
         self, dy: Array, y: Array, idx: Array, shape: tuple[int, ...], out: Array | None = None
     ) -> tuple[Array, Array]:
-        """``conv_output_grad``'s (dL/dz into ``out``, dL/db) of ``conv_relu_pool`` from the
-        pooled dy, ``y`` and ``idx``: only an argmax passes a gradient, where ReLU's is y > 0."""
+        """``conv_output_grad``'s pair for ``conv_relu_pool`` from the pooled dy, ``y``, ``idx``."""
         dy = self.activation_grad(dy, y, "relu")
         return self.conv_output_grad(self.maxpool2d_backward(dy, idx, shape, 2, 2), out)
 
@@ -521,8 +520,7 @@ class Kernels:
         dw: Array,
         need_dx: bool,
     ) -> tuple[Array, Array | None]:
-        """``conv_direct_backward``'s (dL/db, dL/dx or None) of ``conv_direct_relu_pool`` from
-        the pooled dy, ``y`` and ``idx``; dL/dW into ``dw``."""
+        """``conv_direct_backward``'s pair for ``conv_direct_relu_pool`` from pooled dy, y, idx."""
         shape = (dy.shape[0], dy.shape[1], 2 * dy.shape[2], 2 * dy.shape[3])
         dz = self.maxpool2d_backward(self.activation_grad(dy, y, "relu"), idx, shape, 2, 2)
         return self.conv_direct_backward(dz, x, None, w, stride, padding, "identity", dw, need_dx)

@@ -131,38 +131,30 @@ class NumpyKernels(Kernels):
         return out, out.sum(axis=1)
 
     def maxpool2d_forward(self, x, size, stride):
-        n, c = x.shape[:2]
+        if stride != size:
+            return super().maxpool2d_forward(x, size, stride)
         oh, ow = conv_out_hw(x.shape, size, size, stride, 0)
-        if stride == size:
-            # disjoint windows: max/compare over the strided views (an argmax: ~10x slower)
-            views = [
-                x[:, :, window(i, oh, stride), window(j, ow, stride)]
-                for i in range(size)
-                for j in range(size)
-            ]
-            y = views[0].copy()
-            for v in views[1:]:
-                np.maximum(y, v, out=y)
-            itype = np.uint8 if size <= 16 else np.int32
-            idx = np.zeros(y.shape, dtype=itype)
-            found = views[0] == y
-            for k in range(1, size * size):  # the first maximum wins ties
-                hit = views[k] == y
-                hit &= ~found
-                found |= hit
-                idx += hit.astype(itype) * itype(k)  # (masked writes are ~10x slower)
-            nan = y != y  # a NaN window: no view equals y; point at its first NaN
-            if nan.any():
-                for k in range(size * size - 1, -1, -1):
-                    idx[nan & (views[k] != views[k])] = k
-            return y, idx
-        sn, sc, sh, sw = x.strides
-        view = np.lib.stride_tricks.as_strided(
-            x, shape=(n, c, oh, ow, size, size), strides=(sn, sc, sh * stride, sw * stride, sh, sw)
-        )
-        win = view.reshape(n, c, oh, ow, size * size)
-        idx = win.argmax(axis=-1)
-        y = np.take_along_axis(win, idx[..., None], axis=-1)[..., 0]
+        # disjoint windows: max/compare over the strided views (an argmax: ~10x slower)
+        views = [
+            x[:, :, window(i, oh, stride), window(j, ow, stride)]
+            for i in range(size)
+            for j in range(size)
+        ]
+        y = views[0].copy()
+        for v in views[1:]:
+            np.maximum(y, v, out=y)
+        itype = np.uint8 if size <= 16 else np.int32
+        idx = np.zeros(y.shape, dtype=itype)
+        found = views[0] == y
+        for k in range(1, size * size):  # the first maximum wins ties
+            hit = views[k] == y
+            hit &= ~found
+            found |= hit
+            idx += hit.astype(itype) * itype(k)  # (masked writes are ~10x slower)
+        nan = y != y  # a NaN window: no view equals y; point at its first NaN
+        if nan.any():
+            for k in range(size * size - 1, -1, -1):
+                idx[nan & (views[k] != views[k])] = k
         return y, idx
 
     def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
