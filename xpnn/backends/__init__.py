@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends.base import Backend
+from xpnn.backends.common import StepScalars
 from xpnn.backends.cupy_backend import CupyBackend, import_cupy
-from xpnn.backends.graphs import StepScalars
 from xpnn.backends.numpy_kernels import NumpyKernels
 from xpnn.backends.torch_backend import TorchBackend, import_torch, resolve_device
 from xpnn.errors import UserError

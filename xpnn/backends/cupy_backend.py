@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends.base import Backend
-from xpnn.backends.graphs import CaptureFailed
+from xpnn.backends.common import CaptureFailed
 from xpnn.errors import UserError
 
 

@@ -6,8 +6,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.backends import cupy_conv as conv
-from xpnn.backends.common import conv_out_hw, dropout_threshold, mask_rows
-from xpnn.backends.graphs import host_or_device, step_key
+from xpnn.backends.common import conv_out_hw, dropout_threshold, host_or_device, mask_rows, step_key
 from xpnn.backends.kernels import Kernels
 from xpnn.backends.numpy_kernels import NumpyKernels
 

@@ -26,9 +26,9 @@ from xpnn.backends.common import (
     dropout_threshold,
     dtype_is,
     mask_rows,
+    step_key,
     window,
 )
-from xpnn.backends.graphs import step_key
 
 Array = Any
 __all__ = ["ACTIVATIONS", "Kernels", "dtype_is"]
