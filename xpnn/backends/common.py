@@ -71,8 +71,11 @@ def conv_out_hw(
     return int(out_hw[0]), int(out_hw[1])
 
 
-def window(start: int, count: int, stride: int) -> slice:
-    return slice(start, start + stride * (count - 1) + 1, stride)
+def taps(kh: int, kw: int, oh: int, ow: int, stride: int) -> list[tuple[slice, slice]]:
+    """Each kernel tap's (rows, columns) of the (padded) input, the taps in (i, j) order."""
+    rows = [slice(i, i + stride * (oh - 1) + 1, stride) for i in range(kh)]
+    cols = [slice(j, j + stride * (ow - 1) + 1, stride) for j in range(kw)]
+    return [(r, q) for r in rows for q in cols]
 
 
 class CaptureFailed(RuntimeError):

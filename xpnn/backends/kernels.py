@@ -27,7 +27,7 @@ from xpnn.backends.common import (
     dtype_is,
     mask_rows,
     step_key,
-    window,
+    taps,
 )
 
 Array = Any
@@ -356,11 +356,7 @@ class Kernels:
         n, c, h, w = x.shape
         oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
         xpad = self._padded(x, padding)
-        parts = [
-            xpad[:, :, window(i, oh, stride), window(j, ow, stride)]
-            for i in range(kh)
-            for j in range(kw)
-        ]
+        parts = [xpad[:, :, r, q] for r, q in taps(kh, kw, oh, ow, stride)]
         stacked = xp.stack(parts, axis=2)  # (N, C, kh*kw, OH, OW)
         cols = xp.reshape(xp.permute_dims(stacked, (1, 2, 0, 3, 4)), (c * kh * kw, n * oh * ow))
         return _written(cols, out)
@@ -379,12 +375,10 @@ class Kernels:
         xp = self.xp
         n, c, h, w = x_shape
         oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
-        d = xp.permute_dims(xp.reshape(cols, (c, kh, kw, n, oh, ow)), (3, 0, 1, 2, 4, 5))
+        d = xp.permute_dims(xp.reshape(cols, (c, kh * kw, n, oh, ow)), (2, 0, 1, 3, 4))
         dx = xp.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=cols.dtype)
-        for i in range(kh):
-            for j in range(kw):
-                sl = (slice(None), slice(None), window(i, oh, stride), window(j, ow, stride))
-                dx[sl] = dx[sl] + d[:, :, i, j, :, :]
+        for k, (r, q) in enumerate(taps(kh, kw, oh, ow, stride)):
+            dx[:, :, r, q] = dx[:, :, r, q] + d[:, :, k, :, :]
         if padding:
             dx = dx[:, :, padding : padding + h, padding : padding + w]
         return dx
@@ -461,11 +455,7 @@ class Kernels:
     def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
         xp = self.xp
         oh, ow = conv_out_hw(x.shape, size, size, stride, 0)
-        parts = [
-            x[:, :, window(i, oh, stride), window(j, ow, stride)]
-            for i in range(size)
-            for j in range(size)
-        ]
+        parts = [x[:, :, r, q] for r, q in taps(size, size, oh, ow, stride)]
         # (N, C, OH, OW, size*size): a reduction along the contiguous last axis (PyTorch's
         # argmax over a leading axis of 4 took 3.4x as long)
         stacked = xp.stack(parts, axis=-1)
@@ -478,12 +468,10 @@ class Kernels:
         oh, ow = dy.shape[2:]
         dx = xp.zeros(tuple(x_shape), dtype=dy.dtype)
         zero = xp.zeros_like(dy)
-        for i in range(size):
-            for j in range(size):
-                sl = (slice(None), slice(None), window(i, oh, stride), window(j, ow, stride))
-                routed = xp.where(idx == i * size + j, dy, zero)
-                # windows that do not overlap: each element is written once, not added to
-                dx[sl] = routed if stride >= size else dx[sl] + routed
+        for k, (r, q) in enumerate(taps(size, size, oh, ow, stride)):
+            routed = xp.where(idx == k, dy, zero)
+            # windows that do not overlap: each element is written once, not added to
+            dx[:, :, r, q] = routed if stride >= size else dx[:, :, r, q] + routed
         return dx
 
     def conv_relu_pool_pays(self) -> bool:
@@ -536,15 +524,6 @@ class Kernels:
         h = self._low32(h * FMIX_M2)
         return h ^ (h >> 16)
 
-    def _sample_keys(self, base: int, sample_ids: Array) -> Array:
-        xp = self.xp
-        ids = xp.astype(xp.asarray(sample_ids), xp.int64)
-        hashed = getattr(xp, self.HASH_DTYPE)
-        lo = xp.astype(ids & MASK32, hashed)
-        hi = xp.astype((ids >> 32) & MASK32, hashed)
-        s = self._fmix32(self._fmix32(lo + GOLDEN) ^ base)
-        return self._fmix32(self._fmix32(hi + GOLDEN) ^ s)
-
     def dropout_mask(
         self,
         shape: tuple[int, ...],
@@ -556,10 +535,13 @@ class Kernels:
         salt: int = 0,
     ) -> Array:
         """(N, ...) mask of 0 and 1/(1-p); sample n's part depends only on its id (see top)."""
-        xp = self.xp
+        xp, hashed = self.xp, getattr(self.xp, self.HASH_DTYPE)
         n, f = mask_rows(shape, sample_ids)
-        keys = self._sample_keys(step_key(seed, step, salt), sample_ids)
-        elems = self._fmix32(xp.arange(f, dtype=getattr(xp, self.HASH_DTYPE)) + GOLDEN)
+        ids = xp.astype(xp.asarray(sample_ids), xp.int64)  # each 32-bit half mixed in turn
+        lo, hi = xp.astype(ids & MASK32, hashed), xp.astype((ids >> 32) & MASK32, hashed)
+        keys = self._fmix32(self._fmix32(lo + GOLDEN) ^ step_key(seed, step, salt))
+        keys = self._fmix32(self._fmix32(hi + GOLDEN) ^ keys)
+        elems = self._fmix32(xp.arange(f, dtype=hashed) + GOLDEN)
         h = self._fmix32(xp.reshape(keys, (n, 1)) ^ xp.reshape(elems, (1, f)))
         keep = xp.astype(h >= dropout_threshold(p), dtype)
         return xp.reshape(keep * (1.0 / (1.0 - p)), tuple(shape))

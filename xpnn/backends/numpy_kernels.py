@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.backends.common import conv_out_hw, window
+from xpnn.backends.common import conv_out_hw, taps
 from xpnn.backends.kernels import GELU_A, GELU_C, Array, Kernels
 
 
@@ -105,12 +105,11 @@ class NumpyKernels(Kernels):
     def col2im(self, cols, x_shape, kh, kw, stride, padding, out_hw=None):
         n, c, h, w = x_shape
         oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
-        d = cols.reshape(c, kh, kw, n, oh, ow)
+        d = cols.reshape(c, kh * kw, n, oh, ow)
         # accumulate in cols' (C, N, ...) order (contiguous reads), transpose once at the end
         acc = np.zeros((c, n, h + 2 * padding, w + 2 * padding), dtype=cols.dtype)
-        for i in range(kh):
-            for j in range(kw):
-                acc[:, :, window(i, oh, stride), window(j, ow, stride)] += d[:, i, j]
+        for k, (r, q) in enumerate(taps(kh, kw, oh, ow, stride)):
+            acc[:, :, r, q] += d[:, k]
         dx = np.empty((n, c, h, w), dtype=cols.dtype)
         dx[...] = acc[:, :, padding : padding + h, padding : padding + w].transpose(1, 0, 2, 3)
         return dx
@@ -135,11 +134,7 @@ class NumpyKernels(Kernels):
             return super().maxpool2d_forward(x, size, stride)
         oh, ow = conv_out_hw(x.shape, size, size, stride, 0)
         # disjoint windows: max/compare over the strided views (an argmax: ~10x slower)
-        views = [
-            x[:, :, window(i, oh, stride), window(j, ow, stride)]
-            for i in range(size)
-            for j in range(size)
-        ]
+        views = [x[:, :, r, q] for r, q in taps(size, size, oh, ow, stride)]
         y = views[0].copy()
         for v in views[1:]:
             np.maximum(y, v, out=y)
@@ -160,11 +155,10 @@ class NumpyKernels(Kernels):
     def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
         oh, ow = dy.shape[2:]
         dx = np.zeros(tuple(x_shape), dtype=dy.dtype)
-        for i in range(size):
-            for j in range(size):
-                view = dx[:, :, window(i, oh, stride), window(j, ow, stride)]
-                if stride >= size:  # windows do not overlap: write, do not add
-                    np.multiply(dy, idx == i * size + j, out=view)
-                else:
-                    view += np.where(idx == i * size + j, dy, 0)
+        for k, (r, q) in enumerate(taps(size, size, oh, ow, stride)):
+            view = dx[:, :, r, q]
+            if stride >= size:  # windows do not overlap: write, do not add
+                np.multiply(dy, idx == k, out=view)
+            else:
+                view += np.where(idx == k, dy, 0)
         return dx
