@@ -107,7 +107,11 @@ def accelerator_possible() -> bool:
 
 def set_threads(n: int | None = None) -> dict:
     """Limit BLAS/OpenMP and Numba (by environment unless imported: 0.5 s) to ``n`` threads."""
-    n = default_threads() if n is None else n
+    if n is None:  # the cores this process may run on (its affinity mask: cgroups, taskset)
+        try:
+            n = max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            n = os.cpu_count() or 1
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise UserError(f"`threads` {n}: must be a whole number >= 1")
     os.environ["OMP_NUM_THREADS"] = str(n)
@@ -134,14 +138,6 @@ def set_threads(n: int | None = None) -> dict:
 def threads_set() -> int | None:
     """The count ``set_threads`` gave this process, or None."""
     return _APPLIED.get("threads")
-
-
-def default_threads() -> int:
-    """The cores this process may run on (its affinity mask: cgroups, taskset, binding)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 __all__ = ["Backend", "BACKENDS", "get_backend", "availability", "gpu_unavailable_reason"]

@@ -312,15 +312,13 @@ class CupyKernels(Kernels):
         oh, ow, geom = self._geometry(x.shape, kh, kw, stride, padding, out_hw)
         if out is None:
             out = cp.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
-        elementwise(*_IM2COL)(x, *geom, out)
-        return out
+        return elementwise(*_IM2COL)(x, *geom, out)
 
     def col2im(self, cols, x_shape, kh, kw, stride, padding, out_hw=None):
         cp = self.xp
         _, _, geom = self._geometry(x_shape, kh, kw, stride, padding, out_hw)
         dx = cp.empty(tuple(x_shape), dtype=cols.dtype)
-        elementwise(*_COL2IM)(cp.ascontiguousarray(cols), *geom, dx)
-        return dx
+        return elementwise(*_COL2IM)(cp.ascontiguousarray(cols), *geom, dx)
 
     def maxpool2d_forward(self, x, size, stride):
         cp = self.xp
@@ -329,8 +327,7 @@ class CupyKernels(Kernels):
         oh, ow = conv_out_hw(x.shape, size, size, stride, 0)
         y = cp.empty((n, c, oh, ow), dtype=x.dtype)
         idx = cp.empty((n, c, oh, ow), dtype=cp.int32)
-        elementwise(*_MAXPOOL)(x, *_i32(h, w, oh, ow, size, stride), y, idx)
-        return y, idx
+        return elementwise(*_MAXPOOL)(x, *_i32(h, w, oh, ow, size, stride), y, idx)  # (y, idx)
 
     def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
         cp = self.xp
