@@ -455,10 +455,9 @@ class Kernels:
     def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
         xp = self.xp
         oh, ow = conv_out_hw(x.shape, size, size, stride, 0)
-        parts = [x[:, :, r, q] for r, q in taps(size, size, oh, ow, stride)]
         # (N, C, OH, OW, size*size): a reduction along the contiguous last axis (PyTorch's
         # argmax over a leading axis of 4 took 3.4x as long)
-        stacked = xp.stack(parts, axis=-1)
+        stacked = xp.stack([x[:, :, r, q] for r, q in taps(size, size, oh, ow, stride)], axis=-1)
         return xp.max(stacked, axis=-1), xp.argmax(stacked, axis=-1)
 
     def maxpool2d_backward(
