@@ -154,7 +154,7 @@ class Kernels:
         return loss, (self.activation(logits, "sigmoid") - t) * scale
 
     def count_correct(self, logits: Array, labels: Array) -> Array:
-        """Samples whose top logit is the label; of (N, T, K) sequences, each one's fraction."""
+        """Samples whose top logit is the label; an (N, T, K) sequence adds its fraction right."""
         xp = self.xp
         if logits.ndim > 2:
             positions = math.prod(labels.shape[1:])
