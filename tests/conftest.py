@@ -226,7 +226,7 @@ def _thread_variables_put_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """A test that runs xpnn in this process sets ``OMP_NUM_THREADS`` and the like
     (``apply_threads``); the processes later tests start would inherit them, and take them
     for the user's (``xpnn: note: OMP_NUM_THREADS=1 in the environment ...``)."""
-    from xpnn.backends.threads import THREAD_VARS
+    from xpnn.backends import THREAD_VARS
 
     for var in THREAD_VARS:
         if var in os.environ:

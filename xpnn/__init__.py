@@ -5,6 +5,6 @@ __version__ = "0.1.0"
 
 def set_threads(n: int | None = None) -> dict:
     """Hold BLAS's, OpenMP's and Numba's threads to ``n`` (default: the cores), as ranks do."""
-    from xpnn.backends.threads import set_threads as limit
+    from xpnn.backends import set_threads as limit
 
     return limit(n)

@@ -12,7 +12,7 @@ from xpnn.backends.cupy_kernels import CupyKernels
 from xpnn.backends.kernels import Kernels
 from xpnn.backends.numba_kernels import NumbaKernels
 from xpnn.backends.numpy_kernels import NumpyKernels
-from xpnn.backends.torch_kernels import TorchKernels
+from xpnn.backends.torch_backend import TorchKernels
 
 CLASSES = {"numpy": NumpyKernels, "numba": NumbaKernels, "cupy": CupyKernels}
 CLASSES["torch"] = TorchKernels

@@ -9,10 +9,10 @@ import sys
 import pytest
 from conftest import ROOT
 
-from xpnn.backends.threads import THREAD_VARS
+from xpnn.backends import THREAD_VARS
 
 REPORT = (
-    "import json, numba, xpnn.backends.threads as t; from threadpoolctl import threadpool_info; "
+    "import json, numba, xpnn.backends as t; from threadpoolctl import threadpool_info; "
     "print(json.dumps({'set': t.threads_set(), 'numba': numba.get_num_threads(), "
     "'pools': sorted({i['num_threads'] for i in threadpool_info()})}))"
 )

@@ -12,8 +12,7 @@ from test_conv import LAYERS, _layer_run
 
 from xpnn.backends import availability, get_backend
 from xpnn.backends.kernels import Kernels
-from xpnn.backends.torch_backend import resolve_device, visible_devices
-from xpnn.backends.torch_kernels import TorchKernels
+from xpnn.backends.torch_backend import TorchKernels, resolve_device, visible_devices
 from xpnn.errors import UserError
 from xpnn.nn import Context, Dense, Flatten, ReLU, Sequential, Sigmoid, Tanh, mlp
 from xpnn.nn.conv import Conv2D

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 cupy = cupy_or_skip()
 
 from xpnn.backends import get_backend  # noqa: E402
-from xpnn.backends.graphs import CaptureFailed, StepScalars  # noqa: E402
+from xpnn.backends.common import CaptureFailed, StepScalars  # noqa: E402
 
 # 1,280 samples in batches of 128: 10 full batches an epoch, no partial one
 RUN = ["--backend", "cupy", "--dataset", "synthetic", "--epochs", "2", "--no-progress"]

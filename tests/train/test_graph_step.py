@@ -15,8 +15,7 @@ from conftest import ROOT, mpiexec_path
 from graph_standin import standin
 
 from xpnn.backends import get_backend
-from xpnn.backends.common import dropout_base_key
-from xpnn.backends.graphs import CaptureFailed, StepScalars, step_key
+from xpnn.backends.common import CaptureFailed, StepScalars, dropout_base_key, step_key
 from xpnn.data import load_dataset
 from xpnn.errors import UserError
 from xpnn.nn import build_model
@@ -215,7 +214,7 @@ def test_two_replicas_exchange_between_the_replays_and_train_as_eager(tmp_path, 
 
 
 def test_a_kernels_scalar_is_converted_unless_it_is_a_device_value():
-    from xpnn.backends.graphs import host_or_device
+    from xpnn.backends.common import host_or_device
 
     f32 = np.dtype(np.float32)
     for number in (0.5, 2, np.float64(0.25), np.uint32(3)):  # numbers, NumPy's scalars

@@ -1,21 +1,20 @@
 """Backends, one per array library; ``get_backend`` is the only way the rest of xpnn gets one."""
 
-from __future__ import annotations
-
+import contextlib
 import ctypes
 import glob
 import importlib.util
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from xpnn.backends.base import Backend
+from xpnn.backends.common import StepScalars
 from xpnn.backends.cupy_backend import CupyBackend, import_cupy
-from xpnn.backends.graphs import StepScalars
 from xpnn.backends.numpy_kernels import NumpyKernels
-from xpnn.backends.threads import THREAD_VARS, set_threads, threads_set
 from xpnn.backends.torch_backend import TorchBackend, import_torch, resolve_device
 from xpnn.errors import UserError
 
@@ -23,7 +22,10 @@ BACKENDS = ("numpy", "numba", "cupy", "torch", "auto")
 THRESHOLDS = (-3, -1)  # glibc's mallopt M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (malloc.h)
 KEPT_BYTES = 256 << 20  # blocks up to this size come from the heap; this much free is kept
 USER_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
-_kept = False  # ``keep_freed_arrays`` ran in this process
+# What users export to limit threads; threadpoolctl's limits and Numba's count override them
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+# what this process set: the thread count and threadpoolctl's limits keeping it, freed arrays kept
+_APPLIED: dict[str, Any] = {}
 
 
 def get_backend(
@@ -53,10 +55,9 @@ def get_backend(
 
 def keep_freed_arrays() -> bool:
     """Raise glibc's mmap and trim thresholds once (docs/decisions/host-malloc.md); True if so."""
-    global _kept
-    if _kept or any(var in os.environ for var in USER_VARS):
+    if "kept" in _APPLIED or any(var in os.environ for var in USER_VARS):
         return False
-    _kept = True
+    _APPLIED["kept"] = True
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError, TypeError):  # no C library by that name (Windows)
@@ -102,6 +103,41 @@ def accelerator_possible() -> bool:
     if not sys.platform.startswith("linux"):
         return True
     return any(glob.glob(pattern) for pattern in ("/dev/nvidia*", "/dev/kfd", "/dev/dri/renderD*"))
+
+
+def set_threads(n: int | None = None) -> dict:
+    """Limit BLAS/OpenMP and Numba (by environment unless imported: 0.5 s) to ``n`` threads."""
+    if n is None:  # the cores this process may run on (its affinity mask: cgroups, taskset)
+        try:
+            n = max(1, len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            n = os.cpu_count() or 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise UserError(f"`threads` {n}: must be a whole number >= 1")
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    if "numba" in sys.modules:
+        import numba
+
+        numba_threads = min(n, numba.config.NUMBA_NUM_THREADS)
+        numba.set_num_threads(numba_threads)
+    else:
+        os.environ["NUMBA_NUM_THREADS"] = str(n)
+        numba_threads = n
+    # after Numba: starting its threading layer may load an OpenMP runtime to limit as well
+    blas: list[dict] = []
+    with contextlib.suppress(ImportError):
+        from threadpoolctl import threadpool_info, threadpool_limits
+
+        _APPLIED["limiter"] = threadpool_limits(limits=n)
+        keys = {"lib": "internal_api", "api": "user_api", "threads": "num_threads"}
+        blas = [{k: pool.get(v) for k, v in keys.items()} for pool in threadpool_info()]
+    _APPLIED["threads"] = n
+    return {"threads": n, "blas": blas, "numba": numba_threads}
+
+
+def threads_set() -> int | None:
+    """The count ``set_threads`` gave this process, or None."""
+    return _APPLIED.get("threads")
 
 
 __all__ = ["Backend", "BACKENDS", "get_backend", "availability", "gpu_unavailable_reason"]

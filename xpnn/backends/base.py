@@ -1,7 +1,5 @@
 """The Backend: all that is array-library specific, so network code never imports numpy or cupy."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any

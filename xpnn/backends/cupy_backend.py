@@ -1,16 +1,14 @@
 """CuPy arrays on one NVIDIA GPU, with fused CUDA kernels; CuPy is imported only when asked for."""
 
-from __future__ import annotations
-
 import contextlib
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from xpnn.backends.base import Backend
-from xpnn.backends.graphs import CaptureFailed
+from xpnn.backends.common import CaptureFailed
+from xpnn.backends.cupy_kernels import CupyKernels
 from xpnn.errors import UserError
 
 
@@ -47,8 +45,6 @@ class CupyBackend(Backend):
         name = cupy.cuda.runtime.getDeviceProperties(self.device_id)["name"]
         name = name.decode() if isinstance(name, bytes) else name
         self.device = f"cuda:{self.device_id} ({name})"
-        from xpnn.backends.cupy_kernels import CupyKernels
-
         super().__init__(cupy, CupyKernels(cupy), dtype)
 
     def synchronize(self) -> None:
@@ -76,9 +72,8 @@ class CupyBackend(Backend):
                 why = str(exc).splitlines()[0] if str(exc) else ""
                 raise CaptureFailed(f"{type(exc).__name__}: {why}") from exc
             graph = stream.end_capture()
-        return functools.partial(_launch, graph, stream, pool)
 
+        def replay(kept: tuple = (stream, pool)) -> None:  # the graph outlives neither
+            graph.launch()
 
-def _launch(graph: Any, *kept: Any) -> None:
-    """Replay ``graph``; ``kept``: what it must outlive (its stream and memory pool)."""
-    graph.launch()
+        return replay

@@ -11,8 +11,6 @@ No kernel synchronises or copies to the host. Layouts are the same on every back
 * Optimizer updates work in place on flat buffers and zero subnormal state (``flush_subnormal``).
 """
 
-from __future__ import annotations
-
 import math
 from types import ModuleType
 from typing import Any
@@ -24,14 +22,13 @@ from xpnn.backends.common import (
     GOLDEN,
     MASK32,
     OutHW,
-    check_labels,
     conv_out_hw,
     dropout_threshold,
     dtype_is,
     mask_rows,
-    window,
+    step_key,
+    taps,
 )
-from xpnn.backends.graphs import step_key
 
 Array = Any
 __all__ = ["ACTIVATIONS", "Kernels", "dtype_is"]
@@ -42,7 +39,6 @@ GELU_A = 0.044715
 
 
 def _written(value: Array, out: Array | None) -> Array:
-    """``value``, or ``out`` with ``value`` written into it when an ``out`` is given."""
     if out is None:
         return value
     out[...] = value
@@ -113,8 +109,20 @@ class Kernels:
         return xp.reshape(xp.take_along_axis(logits, idx, axis=1), (-1,))
 
     def check_labels(self, logits: Array, labels: Array) -> None:
-        """Shape and dtype only: no pass over the values, no device sync (host kernels add it)."""
-        check_labels(logits, labels)
+        """One integer class index per row of ``logits`` ((N, 1) would broadcast): shape and dtype
+        only, no pass over the values, no device sync (host kernels add it)."""
+        shape = getattr(labels, "shape", None)
+        dtype = getattr(labels, "dtype", None)
+        if shape is None or dtype is None:
+            raise ValueError(f"labels must be an integer array, got {type(labels).__name__}")
+        n = logits.shape[0]
+        if len(shape) != 1 or shape[0] != n:
+            raise ValueError(
+                f"labels must be a 1-D integer array of length {n} (one class index per row of "
+                f"logits of shape {tuple(logits.shape)}), got shape {tuple(shape)}"
+            )
+        if not dtype_is(dtype, "integral"):
+            raise ValueError(f"labels must be class indices of an integer dtype, got {dtype}")
 
     def softmax_cross_entropy(
         self, logits: Array, labels: Array, scale: float
@@ -146,20 +154,18 @@ class Kernels:
         return loss, (self.activation(logits, "sigmoid") - t) * scale
 
     def count_correct(self, logits: Array, labels: Array) -> Array:
-        """Samples whose top logit is the label; (N, T, K) logits of sequences count each
-        sample's fraction of positions right (so the mean over samples is per position)."""
+        """Samples whose top logit is the label; an (N, T, K) sequence adds its fraction right."""
         xp = self.xp
         if logits.ndim > 2:
             positions = math.prod(labels.shape[1:])
             hits = xp.astype(xp.argmax(logits, axis=-1) == labels, xp.float64)
             return xp.sum(hits) / positions
-        check_labels(logits, labels)  # the shape (a column broadcasts); it indexes nothing
+        Kernels.check_labels(self, logits, labels)  # no range check: it indexes nothing
         # float64, as for sequences: a step adds it to float sums (exact below 2**53)
         return xp.sum(xp.astype(xp.argmax(logits, axis=1) == labels, xp.float64))
 
     def embedding_grad(self, ids: Array, dy: Array, out: Array) -> Array:
-        """An embedding's gradient ``out[ids[i]] += dy[i]`` from zero; the array API has no
-        scatter-add: a one-hot product here."""
+        """``out[ids[i]] += dy[i]`` from zero as a one-hot product: the array API has no scatter."""
         onehot = self.one_hot(ids, out.shape[0], dy.dtype)
         return self.matmul_into(self.xp.permute_dims(onehot, (1, 0)), dy, out)
 
@@ -184,8 +190,7 @@ class Kernels:
         return self.bias_act_backward(self.gelu_backward(dy, x, t), x, "identity")
 
     def layer_norm(self, x: Array, gamma: Array, beta: Array, eps: float) -> tuple[Array, ...]:
-        """LayerNorm over the last axis: ``(gamma xhat + beta, xhat, inv_std)``, the last two
-        kept for the backward."""
+        """LayerNorm of the last axis: ``(gamma xhat + beta, xhat, inv_std)``, the last two kept."""
         xp = self.xp
         centred = x - xp.mean(x, axis=-1, keepdims=True)
         inv_std = 1.0 / xp.sqrt(xp.mean(centred * centred, axis=-1, keepdims=True) + eps)
@@ -207,8 +212,7 @@ class Kernels:
         return (g - mean_g - xhat * mean_gx) * inv_std, dgamma, dbeta
 
     def causal_softmax(self, scores: Array) -> Array:
-        """Softmax over the last axis of (..., T, T) attention scores where query ``i`` sees
-        keys ``j <= i``: the masked entries get probability exactly 0."""
+        """Softmax of (..., T, T) scores over the keys ``j <= i`` of query ``i``; the rest 0."""
         xp = self.xp
         t = scores.shape[-1]
         pos = xp.arange(t)
@@ -224,10 +228,8 @@ class Kernels:
     def causal_attention(
         self, q: Array, k: Array, v: Array, scale: float, out: Array | None = None
     ) -> tuple[Array, Array]:
-        """Causal scaled dot-product attention of (B, heads, T, head dim) queries, keys and
-        values: ``(out, p)``, ``p = causal_softmax(q k^T scale)`` (kept for the backward) and
-        ``out = p v``, written into ``out`` when given (a view of the caller's layout spares
-        it a copy)."""
+        """(B, heads, T, head dim) attention: ``(p v, p)``, ``p = causal_softmax(q k^T scale)``;
+        ``p v`` into ``out`` when given (a view of the caller's layout spares it a copy)."""
         xp = self.xp
         p = self.causal_softmax(xp.matmul(q, xp.permute_dims(k, (0, 1, 3, 2))) * scale)
         return _written(xp.matmul(p, v), out), p
@@ -242,8 +244,7 @@ class Kernels:
         scale: float,
         out: tuple[Array, Array, Array] | None = None,
     ) -> tuple[Array, Array, Array]:
-        """``(dq, dk, dv)`` of ``causal_attention`` from dL/dout, written into ``out``'s three
-        arrays when given."""
+        """``(dq, dk, dv)`` of ``causal_attention`` from dL/dout, into ``out``'s when given."""
         xp = self.xp
         dv = xp.matmul(xp.permute_dims(p, (0, 1, 3, 2)), dout)
         dp = xp.matmul(dout, xp.permute_dims(v, (0, 1, 3, 2)))
@@ -355,11 +356,7 @@ class Kernels:
         n, c, h, w = x.shape
         oh, ow = conv_out_hw(x.shape, kh, kw, stride, padding, out_hw)
         xpad = self._padded(x, padding)
-        parts = [
-            xpad[:, :, window(i, oh, stride), window(j, ow, stride)]
-            for i in range(kh)
-            for j in range(kw)
-        ]
+        parts = [xpad[:, :, r, q] for r, q in taps(kh, kw, oh, ow, stride)]
         stacked = xp.stack(parts, axis=2)  # (N, C, kh*kw, OH, OW)
         cols = xp.reshape(xp.permute_dims(stacked, (1, 2, 0, 3, 4)), (c * kh * kw, n * oh * ow))
         return _written(cols, out)
@@ -378,12 +375,10 @@ class Kernels:
         xp = self.xp
         n, c, h, w = x_shape
         oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
-        d = xp.permute_dims(xp.reshape(cols, (c, kh, kw, n, oh, ow)), (3, 0, 1, 2, 4, 5))
+        d = xp.permute_dims(xp.reshape(cols, (c, kh * kw, n, oh, ow)), (2, 0, 1, 3, 4))
         dx = xp.zeros((n, c, h + 2 * padding, w + 2 * padding), dtype=cols.dtype)
-        for i in range(kh):
-            for j in range(kw):
-                sl = (slice(None), slice(None), window(i, oh, stride), window(j, ow, stride))
-                dx[sl] = dx[sl] + d[:, :, i, j, :, :]
+        for k, (r, q) in enumerate(taps(kh, kw, oh, ow, stride)):
+            dx[:, :, r, q] = dx[:, :, r, q] + d[:, :, k, :, :]
         if padding:
             dx = dx[:, :, padding : padding + h, padding : padding + w]
         return dx
@@ -425,8 +420,7 @@ class Kernels:
         out_hw: tuple[int, int],
         act: str,
     ) -> Array:
-        """``act(conv(x, w) + b)`` -> (N, C_out, *out_hw), keeping no columns for the backward
-        (it reads ``x``)."""
+        """``act(conv(x, w) + b)`` -> (N, C_out, *out_hw); no columns kept: the backward reads x."""
         xp = self.xp
         c_out, _, kh, kw = w.shape
         cols = self.im2col(x, kh, kw, stride, padding, out_hw=out_hw)
@@ -445,8 +439,7 @@ class Kernels:
         dw: Array,
         need_dx: bool,
     ) -> tuple[Array, Array | None]:
-        """``(dL/db, dL/dx or None)`` of ``conv_direct`` from dL/dy, its input ``x`` and output
-        ``y``; dL/dW is written into ``dw`` (the gradient buffer's view)."""
+        """``(dL/db, dL/dx or None)`` of ``conv_direct`` from dL/dy, ``x``, ``y``; dL/dW into dw."""
         xp = self.xp
         c_out, _, kh, kw = w.shape
         out_hw = tuple(dy.shape[2:])
@@ -462,14 +455,9 @@ class Kernels:
     def maxpool2d_forward(self, x: Array, size: int, stride: int) -> tuple[Array, Array]:
         xp = self.xp
         oh, ow = conv_out_hw(x.shape, size, size, stride, 0)
-        parts = [
-            x[:, :, window(i, oh, stride), window(j, ow, stride)]
-            for i in range(size)
-            for j in range(size)
-        ]
         # (N, C, OH, OW, size*size): a reduction along the contiguous last axis (PyTorch's
         # argmax over a leading axis of 4 took 3.4x as long)
-        stacked = xp.stack(parts, axis=-1)
+        stacked = xp.stack([x[:, :, r, q] for r, q in taps(size, size, oh, ow, stride)], axis=-1)
         return xp.max(stacked, axis=-1), xp.argmax(stacked, axis=-1)
 
     def maxpool2d_backward(
@@ -479,12 +467,10 @@ class Kernels:
         oh, ow = dy.shape[2:]
         dx = xp.zeros(tuple(x_shape), dtype=dy.dtype)
         zero = xp.zeros_like(dy)
-        for i in range(size):
-            for j in range(size):
-                sl = (slice(None), slice(None), window(i, oh, stride), window(j, ow, stride))
-                routed = xp.where(idx == i * size + j, dy, zero)
-                # windows that do not overlap: each element is written once, not added to
-                dx[sl] = routed if stride >= size else dx[sl] + routed
+        for k, (r, q) in enumerate(taps(size, size, oh, ow, stride)):
+            routed = xp.where(idx == k, dy, zero)
+            # windows that do not overlap: each element is written once, not added to
+            dx[:, :, r, q] = routed if stride >= size else dx[:, :, r, q] + routed
         return dx
 
     def conv_relu_pool_pays(self) -> bool:
@@ -492,15 +478,13 @@ class Kernels:
         return False
 
     def conv_relu_pool(self, yc: Array, b: Array, shape: tuple[int, ...]) -> tuple[Array, Array]:
-        """``maxpool2d_forward(conv_output(yc, b, shape, "relu"), 2, 2)``: (pooled, idx), the
-        same values and argmaxes; ``shape`` (N, C_out, OH, OW), OH and OW even."""
+        """The ReLU ``conv_output`` 2x2-pooled: (pooled, idx); ``shape``'s OH and OW even."""
         return self.maxpool2d_forward(self.conv_output(yc, b, shape, "relu"), 2, 2)
 
     def conv_relu_pool_grad(
         self, dy: Array, y: Array, idx: Array, shape: tuple[int, ...], out: Array | None = None
     ) -> tuple[Array, Array]:
-        """``conv_output_grad``'s (dL/dz into ``out``, dL/db) of ``conv_relu_pool`` from the
-        pooled dy, ``y`` and ``idx``: only an argmax passes a gradient, where ReLU's is y > 0."""
+        """``conv_output_grad``'s pair for ``conv_relu_pool`` from the pooled dy, ``y``, ``idx``."""
         dy = self.activation_grad(dy, y, "relu")
         return self.conv_output_grad(self.maxpool2d_backward(dy, idx, shape, 2, 2), out)
 
@@ -523,8 +507,7 @@ class Kernels:
         dw: Array,
         need_dx: bool,
     ) -> tuple[Array, Array | None]:
-        """``conv_direct_backward``'s (dL/db, dL/dx or None) of ``conv_direct_relu_pool`` from
-        the pooled dy, ``y`` and ``idx``; dL/dW into ``dw``."""
+        """``conv_direct_backward``'s pair for ``conv_direct_relu_pool`` from pooled dy, y, idx."""
         shape = (dy.shape[0], dy.shape[1], 2 * dy.shape[2], 2 * dy.shape[3])
         dz = self.maxpool2d_backward(self.activation_grad(dy, y, "relu"), idx, shape, 2, 2)
         return self.conv_direct_backward(dz, x, None, w, stride, padding, "identity", dw, need_dx)
@@ -540,15 +523,6 @@ class Kernels:
         h = self._low32(h * FMIX_M2)
         return h ^ (h >> 16)
 
-    def _sample_keys(self, base: int, sample_ids: Array) -> Array:
-        xp = self.xp
-        ids = xp.astype(xp.asarray(sample_ids), xp.int64)
-        hashed = getattr(xp, self.HASH_DTYPE)
-        lo = xp.astype(ids & MASK32, hashed)
-        hi = xp.astype((ids >> 32) & MASK32, hashed)
-        s = self._fmix32(self._fmix32(lo + GOLDEN) ^ base)
-        return self._fmix32(self._fmix32(hi + GOLDEN) ^ s)
-
     def dropout_mask(
         self,
         shape: tuple[int, ...],
@@ -560,10 +534,13 @@ class Kernels:
         salt: int = 0,
     ) -> Array:
         """(N, ...) mask of 0 and 1/(1-p); sample n's part depends only on its id (see top)."""
-        xp = self.xp
+        xp, hashed = self.xp, getattr(self.xp, self.HASH_DTYPE)
         n, f = mask_rows(shape, sample_ids)
-        keys = self._sample_keys(step_key(seed, step, salt), sample_ids)
-        elems = self._fmix32(xp.arange(f, dtype=getattr(xp, self.HASH_DTYPE)) + GOLDEN)
+        ids = xp.astype(xp.asarray(sample_ids), xp.int64)  # each 32-bit half mixed in turn
+        lo, hi = xp.astype(ids & MASK32, hashed), xp.astype((ids >> 32) & MASK32, hashed)
+        keys = self._fmix32(self._fmix32(lo + GOLDEN) ^ step_key(seed, step, salt))
+        keys = self._fmix32(self._fmix32(hi + GOLDEN) ^ keys)
+        elems = self._fmix32(xp.arange(f, dtype=hashed) + GOLDEN)
         h = self._fmix32(xp.reshape(keys, (n, 1)) ^ xp.reshape(elems, (1, f)))
         keep = xp.astype(h >= dropout_threshold(p), dtype)
         return xp.reshape(keep * (1.0 / (1.0 - p)), tuple(shape))

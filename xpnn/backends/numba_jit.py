@@ -1,7 +1,5 @@
 """How every Numba kernel is compiled, and the activations they share."""
 
-from __future__ import annotations
-
 import functools
 import math
 import types

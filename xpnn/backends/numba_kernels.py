@@ -2,8 +2,6 @@
 stay with BLAS. Why the OpenMP wait policy is passive and each kernel has a serial twin:
 docs/decisions/numba-wait-policy.md."""
 
-from __future__ import annotations
-
 import functools
 import math
 import os
@@ -202,9 +200,8 @@ class NumbaKernels(NumpyKernels):
         x, (c_out, _, kh, kw) = np.ascontiguousarray(x), w.shape
         y = np.empty((x.shape[0], c_out, out_hw[0] // 2, out_hw[1] // 2), dtype=x.dtype)
         idx, w2 = np.empty(y.shape, dtype=np.uint8), np.ascontiguousarray(w).reshape(c_out, -1)
-        geometry = (kh, kw, stride, padding)
         chunks, zero = _tasks(x.shape[0], 1), x.dtype.type(0)
-        return conv.conv_direct_relu_pool(x, w2, b, *geometry, y, idx, chunks, zero)
+        return conv.conv_direct_relu_pool(x, w2, b, kh, kw, stride, padding, y, idx, chunks, zero)
 
     def conv_direct_relu_pool_backward(self, dy, x, y, idx, w, stride, padding, dw, need_dx):
         dy, (c_out, _, kh, kw) = np.ascontiguousarray(dy), w.shape
@@ -405,10 +402,7 @@ class NumbaKernels(NumpyKernels):
         p = np.matmul(q, k.swapaxes(-1, -2))  # a view: BLAS reads it as is
         rows = p.reshape(-1, t, t)
         _causal_softmax_into(rows, rows, scale)  # the scale applied in the same pass
-        if out is None:
-            return np.matmul(p, v), p
-        np.matmul(p, v, out=out)
-        return out, p
+        return np.matmul(p, v, out=out), p
 
     def causal_attention_backward(self, dout, q, k, v, p, scale, out=None):
         t = p.shape[-1]

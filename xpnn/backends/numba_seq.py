@@ -1,8 +1,6 @@
 """Numba kernel bodies of sequence models, compiled in ``numba_kernels``: the causal softmax and
 its backward, layer normalisation, the GELU, a bias gradient's column sums, a scatter-add."""
 
-from __future__ import annotations
-
 import math
 from typing import Any
 
@@ -14,10 +12,9 @@ from xpnn.backends.numba_jit import JIT
 
 
 def causal_shift_pack(s, pk, scale, ninf):  # pragma: no cover - compiled
-    """``z[j] - max(z[:i+1])`` (``j <= i``, else -inf) of ``z = s * scale`` (N, T, T), packed
-    for NumPy's SIMD ``exp`` to take the seen half alone: ``min(T, g + 8)`` values a row of a
-    group of 8 ``[g, g + 8)``. Loops over 1-D rows: 3-D indexing kept LLVM from vectorising
-    (3x slower)."""
+    """``z[j] - max(z[:i+1])`` (``j <= i``, else -inf) of ``z = s * scale`` (N, T, T), packed for
+    NumPy's SIMD ``exp`` to take the seen half alone: ``min(T, g + 8)`` values a row of a group of
+    8. Loops over 1-D rows: 3-D indexing kept LLVM from vectorising (3x slower)."""
     n, t, _ = s.shape
     o = 0
     for b in range(n):

@@ -1,13 +1,11 @@
 """NumPy's kernels: ``out=`` writes, stride tricks, host checks (reused by ``CupyKernels``)."""
 
-from __future__ import annotations
-
 from functools import cache
 from typing import Any
 
 import numpy as np
 
-from xpnn.backends.common import conv_out_hw, window
+from xpnn.backends.common import conv_out_hw, taps
 from xpnn.backends.kernels import GELU_A, GELU_C, Array, Kernels
 
 
@@ -107,12 +105,11 @@ class NumpyKernels(Kernels):
     def col2im(self, cols, x_shape, kh, kw, stride, padding, out_hw=None):
         n, c, h, w = x_shape
         oh, ow = conv_out_hw(x_shape, kh, kw, stride, padding, out_hw)
-        d = cols.reshape(c, kh, kw, n, oh, ow)
+        d = cols.reshape(c, kh * kw, n, oh, ow)
         # accumulate in cols' (C, N, ...) order (contiguous reads), transpose once at the end
         acc = np.zeros((c, n, h + 2 * padding, w + 2 * padding), dtype=cols.dtype)
-        for i in range(kh):
-            for j in range(kw):
-                acc[:, :, window(i, oh, stride), window(j, ow, stride)] += d[:, i, j]
+        for k, (r, q) in enumerate(taps(kh, kw, oh, ow, stride)):
+            acc[:, :, r, q] += d[:, k]
         dx = np.empty((n, c, h, w), dtype=cols.dtype)
         dx[...] = acc[:, :, padding : padding + h, padding : padding + w].transpose(1, 0, 2, 3)
         return dx
@@ -133,48 +130,35 @@ class NumpyKernels(Kernels):
         return out, out.sum(axis=1)
 
     def maxpool2d_forward(self, x, size, stride):
-        n, c = x.shape[:2]
+        if stride != size:
+            return super().maxpool2d_forward(x, size, stride)
         oh, ow = conv_out_hw(x.shape, size, size, stride, 0)
-        if stride == size:
-            # disjoint windows: max/compare over the strided views (an argmax: ~10x slower)
-            views = [
-                x[:, :, window(i, oh, stride), window(j, ow, stride)]
-                for i in range(size)
-                for j in range(size)
-            ]
-            y = views[0].copy()
-            for v in views[1:]:
-                np.maximum(y, v, out=y)
-            itype = np.uint8 if size <= 16 else np.int32
-            idx = np.zeros(y.shape, dtype=itype)
-            found = views[0] == y
-            for k in range(1, size * size):  # the first maximum wins ties
-                hit = views[k] == y
-                hit &= ~found
-                found |= hit
-                idx += hit.astype(itype) * itype(k)  # (masked writes are ~10x slower)
-            nan = y != y  # a NaN window: no view equals y; point at its first NaN
-            if nan.any():
-                for k in range(size * size - 1, -1, -1):
-                    idx[nan & (views[k] != views[k])] = k
-            return y, idx
-        sn, sc, sh, sw = x.strides
-        view = np.lib.stride_tricks.as_strided(
-            x, shape=(n, c, oh, ow, size, size), strides=(sn, sc, sh * stride, sw * stride, sh, sw)
-        )
-        win = view.reshape(n, c, oh, ow, size * size)
-        idx = win.argmax(axis=-1)
-        y = np.take_along_axis(win, idx[..., None], axis=-1)[..., 0]
+        # disjoint windows: max/compare over the strided views (an argmax: ~10x slower)
+        views = [x[:, :, r, q] for r, q in taps(size, size, oh, ow, stride)]
+        y = views[0].copy()
+        for v in views[1:]:
+            np.maximum(y, v, out=y)
+        itype = np.uint8 if size <= 16 else np.int32
+        idx = np.zeros(y.shape, dtype=itype)
+        found = views[0] == y
+        for k in range(1, size * size):  # the first maximum wins ties
+            hit = views[k] == y
+            hit &= ~found
+            found |= hit
+            idx += hit.astype(itype) * itype(k)  # (masked writes are ~10x slower)
+        nan = y != y  # a NaN window: no view equals y; point at its first NaN
+        if nan.any():
+            for k in range(size * size - 1, -1, -1):
+                idx[nan & (views[k] != views[k])] = k
         return y, idx
 
     def maxpool2d_backward(self, dy, idx, x_shape, size, stride):
         oh, ow = dy.shape[2:]
         dx = np.zeros(tuple(x_shape), dtype=dy.dtype)
-        for i in range(size):
-            for j in range(size):
-                view = dx[:, :, window(i, oh, stride), window(j, ow, stride)]
-                if stride >= size:  # windows do not overlap: write, do not add
-                    np.multiply(dy, idx == i * size + j, out=view)
-                else:
-                    view += np.where(idx == i * size + j, dy, 0)
+        for k, (r, q) in enumerate(taps(size, size, oh, ow, stride)):
+            view = dx[:, :, r, q]
+            if stride >= size:  # windows do not overlap: write, do not add
+                np.multiply(dy, idx == k, out=view)
+            else:
+                view += np.where(idx == k, dy, 0)
         return dx

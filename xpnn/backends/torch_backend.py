@@ -1,12 +1,11 @@
 """PyTorch tensors (``array_api_compat.torch``) on any device it reaches, imported when asked."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np
 
 from xpnn.backends.base import Backend
+from xpnn.backends.kernels import Array, Kernels
 from xpnn.errors import UserError
 
 ACCELERATORS = ("cuda", "xpu", "mps")  # what ``auto`` tries, in this order, before the CPU
@@ -93,8 +92,6 @@ class TorchBackend(Backend):
             if dev.type in ("cuda", "xpu"):
                 getattr(torch, dev.type).set_device(dev)
             torch.set_default_device(dev)
-        from xpnn.backends.torch_kernels import TorchKernels
-
         super().__init__(xp, TorchKernels(xp), dtype)
 
     def synchronize(self) -> None:
@@ -109,3 +106,58 @@ class TorchBackend(Backend):
     def to_host(self, a: Any) -> np.ndarray:
         """A tensor -> NumPy: a view of a CPU tensor (as NumPy's backend returns), else a copy."""
         return a.detach().cpu().numpy() if isinstance(a, self.torch.Tensor) else np.asarray(a)
+
+
+class TorchKernels(Kernels):
+    """The array-API reference, writing into existing tensors; the dropout hash in int64."""
+
+    HASH_DTYPE = "int64"
+
+    def __init__(self, xp: Any) -> None:
+        super().__init__(xp)
+        self.torch = import_torch()[0]  # not imported with xpnn: it costs a second or more
+        self._scratch_of: dict[tuple, Array] = {}
+
+    def _scratch(self, like: Array, dtype: Any = None) -> Array:
+        """A tensor of ``like``'s shape, shared by every update of that size: no allocation."""
+        key = (like.numel(), dtype or like.dtype, like.device)
+        if key not in self._scratch_of:
+            self._scratch_of[key] = self.torch.empty(key[0], dtype=key[1], device=key[2])
+        return self._scratch_of[key].view(like.shape)
+
+    def matmul_into(self, a: Array, b: Array, out: Array) -> Array:
+        return self.torch.matmul(a, b, out=out)
+
+    def bias_act(self, z: Array, b: Array, act: str) -> Array:
+        z += b
+        if act == "relu":
+            return z.relu_()  # NaN stays NaN, as the generic kernel keeps it
+        if act == "tanh":
+            return z.tanh_()
+        return self.activation(z, act)
+
+    def flush_subnormal(self, x: Array) -> None:
+        magnitude, tiny = self._scratch(x), self._scratch(x, self.torch.bool)
+        self.torch.abs(x, out=magnitude)
+        self.torch.lt(magnitude, self.torch.finfo(x.dtype).smallest_normal, out=tiny)
+        x.masked_fill_(tiny, 0)  # NaN compares false: kept, as infinity is
+
+    def sgd_update(self, p: Array, g: Array, lr: float) -> None:
+        p.sub_(self.torch.mul(g, lr, out=self._scratch(p)))
+
+    def momentum_update(self, p: Array, g: Array, v: Array, lr: float, mu: float) -> None:
+        v.mul_(mu).add_(g)
+        self.flush_subnormal(v)
+        p.sub_(self.torch.mul(v, lr, out=self._scratch(p)))
+
+    def adam_step(self, p, g, m, v, lr_c1, beta1, beta2, eps, c2, decay=1.0):
+        """The generic formula, operation for operation (the same bits), in one scratch tensor."""
+        t = self._scratch(p)
+        if decay != 1.0:
+            p.mul_(decay)
+        m.mul_(beta1).add_(self.torch.mul(g, 1 - beta1, out=t))
+        self.flush_subnormal(m)
+        v.mul_(beta2).add_(self.torch.mul(g, g, out=t).mul_(1 - beta2))
+        self.flush_subnormal(v)
+        self.torch.div(v, c2, out=t).sqrt_().add_(eps)
+        p.sub_(self.torch.div(m, t, out=t).mul_(lr_c1))

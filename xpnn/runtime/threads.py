@@ -122,7 +122,7 @@ def threads_per_rank(
 
 def apply_threads(n: int) -> dict:
     """BLAS, OpenMP and Numba held to ``n`` threads (``set_threads`` checks it), overrides noted."""
-    from xpnn.backends.threads import THREAD_VARS, set_threads  # not before NumPy may load
+    from xpnn.backends import THREAD_VARS, set_threads  # not before NumPy may load
 
     REPLACED_ENV.clear()
     REPLACED_ENV.update(

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.backends.graphs import CaptureFailed, StepScalars
+from xpnn.backends.common import CaptureFailed, StepScalars
 from xpnn.data import shard
 from xpnn.errors import UserError
 from xpnn.nn.layer import Context
