@@ -12,7 +12,7 @@ def run() -> int:
     try:
         from xpnn.commands.cli import main
     except Exception as exc:  # noqa: BLE001 - a broken import, maybe on one rank: say it
-        from xpnn.runtime.startup import failed_import
+        from xpnn.runtime.failure import failed_import
 
         words = sys.argv[1:2]
         return failed_import(exc, words[0] if words and words[0] == "info" else "train")

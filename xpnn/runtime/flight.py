@@ -12,7 +12,7 @@ from typing import Any
 
 from xpnn.record import phases
 from xpnn.record.files import replace_whole
-from xpnn.runtime.abort import mpi_rank_size
+from xpnn.runtime.interrupts import mpi_rank_size
 
 RING = 512  # operations kept per rank: a few steps of a pipeline's sends and receives
 _ring: "deque[Record]" = deque(maxlen=RING)

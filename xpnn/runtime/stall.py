@@ -8,7 +8,7 @@ from itertools import accumulate
 from typing import Any
 
 from xpnn.runtime import flight
-from xpnn.runtime.abort import abort_job, mpi_rank_size, prefix, say
+from xpnn.runtime.interrupts import abort_job, mpi_rank_size, prefix, say
 
 SPIN_S = 0.0005  # polls at full speed first: small exchanges end within this
 YIELD_S = 0.25  # then polls yielding the core, no naps: MPI moves a message only when polled
