@@ -14,7 +14,7 @@ from xpnn.errors import UserError, user_message, worded
 from xpnn.record.plot import main as plot_main
 from xpnn.record.timeline import main as trace_main
 from xpnn.run import launch
-from xpnn.runtime import failure, launcher_pipe
+from xpnn.runtime import failure, segments
 from xpnn.runtime.interrupts import hand_over, imported_mpi
 from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank, launched_by_mpi
 from xpnn.train.requeue import CheckpointOnSignal
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
         print(f"xpnn {xpnn_version()}")
         return 0
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
-    launcher_pipe.write_stdout_into_launchers_pipe()  # `mpiexec ... | head`: see the module
+    segments.write_stdout_into_launchers_pipe()  # `mpiexec ... | head`: see the module
     parser = flags.build_info_parser() if command == "info" else flags.build_parser()
     try:
         args = parser.parse_args(argv)
