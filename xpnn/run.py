@@ -29,13 +29,14 @@ from xpnn.planner import auto
 from xpnn.runtime import failure, stall
 from xpnn.runtime.failure import agree_on_user_errors
 from xpnn.runtime.interrupts import SAID
-from xpnn.runtime.memory import check_network_fits, preset_parameters
 from xpnn.runtime.threads import (
     HANDOFF_IN_FORCE,
     REPLACED_ENV,
     apply_threads,
+    check_network_fits,
     describe_threads,
     node_cores,
+    preset_parameters,
     threads_per_rank,
 )
 from xpnn.runtime.world import describe_ranks, init_world
