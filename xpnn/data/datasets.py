@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from xpnn.data.batches import check_int
-from xpnn.data.download import cached_file, default_cache_dir, mirrors_from, sha256_file
+from xpnn.data.download import default_cache_dir, fetch, mirrors_from, sha256_file
 from xpnn.data.files import NotAFile
 from xpnn.data.files import memory_bytes as _memory_bytes
 from xpnn.data.idx import IdxError, read_idx, read_idx_pair
@@ -217,7 +217,7 @@ def find_files(name: str, data_dir: str | os.PathLike | None, download: bool) ->
     cache, hashes, mirrors = default_cache_dir() / name, SHA256[name], mirrors_for(name)
     holding = f"DIR holding the {name} files"
     return {
-        role: cached_file(fn, hashes[fn], mirrors, cache, download, holding)
+        role: fetch(fn, hashes[fn], mirrors, cache, download=download, holding=holding)
         for role, fn in FILES.items()
     }
 
