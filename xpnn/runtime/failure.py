@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from xpnn.errors import UserError, user_message
 from xpnn.runtime import flight, interrupts, stall
 from xpnn.runtime.interrupts import CODES, Terminated, abort_job, handle, prefix, say
-from xpnn.runtime.world import control_comm, in_mpi_init, init_world, launch_rank, launched_by_mpi
+from xpnn.runtime.world import STARTING, control_comm, init_world, launch_rank, launched_by_mpi
 
 T = TypeVar("T")
 STOP_SIGNALS = tuple(signum for signum in CODES if signum != signal.SIGINT)
@@ -90,7 +90,7 @@ def stop_when_stuck(grace: float) -> None:
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    if (pending := interrupts.pending_signal()) is not None:  # noted during the imports
+    if (pending := interrupts.STATE["pending"]) is not None:  # noted during the imports
         os.write(write_end, bytes([pending]))  # MPI_Init may never return
 
     def watch() -> None:
@@ -117,7 +117,7 @@ def left_in_init(what: str, code: int, grace: float) -> None:
     """End this rank 2 s into ``MPI_Init`` past a signal: the others may never come."""
     deadline, inside_since = time.monotonic() + grace, None
     while (now := time.monotonic()) < deadline:
-        if in_mpi_init():
+        if STARTING["in_init"]:
             inside_since = inside_since or now
             if now - inside_since >= 2.0:
                 say(

@@ -17,7 +17,8 @@ CODES = {_signal.SIGINT: ("interrupted", 130)}  # signal -> (what to say, exit c
 for _name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU"):
     if hasattr(_signal, _name):
         CODES[getattr(_signal, _name)] = (f"terminated ({_name})", 128 + getattr(_signal, _name))
-_state: dict = {"installed": False, "pending": None, "requested": set()}
+# pending: a stop signal noted under a launcher, for ``hand_over`` (and the stop watch) to act on
+STATE: dict = {"installed": False, "pending": None, "requested": set()}
 SAID: list[str] = []  # the last line ``say`` wrote: a failed run's reason, for ``RunFailed``
 
 
@@ -47,14 +48,14 @@ def _handler(signum: int, _frame: object) -> None:
         what, code = CODES[signum]
         os.write(2, f"xpnn: {what}\n".encode())
         os._exit(code)
-    if _state["pending"] is None:
-        _state["pending"] = signum
+    if STATE["pending"] is None:
+        STATE["pending"] = signum
 
 
 def catch_early_interrupts() -> None:
     """Handle SIGINT and SIGTERM until ``hand_over``; one the parent left ignored stays so."""
     handle(CODES, _handler)
-    _state["installed"] = True
+    STATE["installed"] = True
     if mark := os.environ.get("XPNN_HANDLER_MARK"):  # for the tests: the handler is in place now
         with open(f"{mark}.{launcher_rank() or 0}", "w") as fh:
             fh.write(str(os.getpid()))  # whom to signal
@@ -69,24 +70,24 @@ def catch_early_checkpoint_signal(argv: list[str]) -> None:
         elif word.startswith("--checkpoint-signal="):
             name = word.partition("=")[2]
     if name in ("USR1", "USR2") and hasattr(_signal, f"SIG{name}"):
-        handle([getattr(_signal, f"SIG{name}")], lambda num, _: _state["requested"].add(num))
+        handle([getattr(_signal, f"SIG{name}")], lambda num, _: STATE["requested"].add(num))
 
 
 def checkpoint_requested(signum: int) -> bool:
     """Whether ``signum`` arrived while ``catch_early_checkpoint_signal``'s handler held it."""
-    return signum in _state["requested"]
+    return signum in STATE["requested"]
 
 
 def hand_over() -> None:
     """SIGINT raises ``KeyboardInterrupt`` again, SIGTERM ``Terminated``; a pending one now."""
-    if not _state["installed"]:
+    if not STATE["installed"]:
         return
-    _state["installed"] = False
+    STATE["installed"] = False
     for signum in CODES:
         if _signal.getsignal(signum) is _handler:
             interrupt = signum == _signal.SIGINT
             _signal.signal(signum, _signal.default_int_handler if interrupt else raise_terminated)
-    pending, _state["pending"] = _state["pending"], None
+    pending, STATE["pending"] = STATE["pending"], None
     if pending == _signal.SIGINT:
         raise KeyboardInterrupt
     if pending is not None:
@@ -98,10 +99,6 @@ def forget_handled_interrupt() -> None:
     import ctypes
 
     ctypes.pythonapi.PyRun_SimpleString(b"pass")
-
-
-def pending_signal() -> int | None:
-    return _state["pending"]
 
 
 def abort_job(code: int) -> None:
