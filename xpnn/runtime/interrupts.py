@@ -17,7 +17,8 @@ CODES = {_signal.SIGINT: ("interrupted", 130)}  # signal -> (what to say, exit c
 for _name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU"):
     if hasattr(_signal, _name):
         CODES[getattr(_signal, _name)] = (f"terminated ({_name})", 128 + getattr(_signal, _name))
-# pending: a stop signal noted under a launcher, for ``hand_over`` (and the stop watch) to act on
+# pending: a stop signal noted under a launcher, for ``hand_over`` (and the stop watch) to act on;
+# requested: the checkpoint signals that arrived while ``catch_early_checkpoint_signal`` held them
 STATE: dict = {"installed": False, "pending": None, "requested": set()}
 SAID: list[str] = []  # the last line ``say`` wrote: a failed run's reason, for ``RunFailed``
 
@@ -71,11 +72,6 @@ def catch_early_checkpoint_signal(argv: list[str]) -> None:
             name = word.partition("=")[2]
     if name in ("USR1", "USR2") and hasattr(_signal, f"SIG{name}"):
         handle([getattr(_signal, f"SIG{name}")], lambda num, _: STATE["requested"].add(num))
-
-
-def checkpoint_requested(signum: int) -> bool:
-    """Whether ``signum`` arrived while ``catch_early_checkpoint_signal``'s handler held it."""
-    return signum in STATE["requested"]
 
 
 def hand_over() -> None:
