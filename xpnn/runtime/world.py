@@ -218,7 +218,7 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     comm = world.Dup()
     if _CONTROL is None:
         _CONTROL = world.Dup()
-        stall.attach(world.Dup())  # stall notes and the agreement to stop on a signal
+        stall.STATE["comm"] = world.Dup()  # stall notes and the agreement to stop on a signal
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
     try:
         local_rank, local_size = local.Get_rank(), local.Get_size()
