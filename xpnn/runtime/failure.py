@@ -20,7 +20,6 @@ from xpnn.runtime.interrupts import CODES, Terminated, abort_job, handle, prefix
 from xpnn.runtime.world import STARTING, control_comm, init_world, launch_rank, launched_by_mpi
 
 T = TypeVar("T")
-STOP_SIGNALS = tuple(signum for signum in CODES if signum != signal.SIGINT)
 STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop by itself
 MOST_SECONDS = 86400.0  # 1e308 would overflow the watch thread's sleep
 _SEVERITY = ("bug", "user", "exit")  # the failure a failed setup's line names first
@@ -65,7 +64,7 @@ def _exit_code(exc: SystemExit) -> int:
 
 def terminate_on_sigterm() -> None:
     """Raise ``Terminated`` on stop signals (the command line's choice: a library keeps its own)."""
-    handle(STOP_SIGNALS, interrupts.raise_terminated)
+    handle([signum for signum in CODES if signum != signal.SIGINT], interrupts.raise_terminated)
 
 
 def stop_grace() -> float:
