@@ -24,11 +24,9 @@ LIBMPI_NAMES = ("libmpi", "libimpi", "libmpich")  # MPICH, Open MPI, Intel MPI's
 
 def control_comm() -> Any:
     """``failure``'s own communicator, which no collective of the run uses."""
-    if _CONTROL is not None:
-        return _CONTROL
     from mpi4py import MPI
 
-    return MPI.COMM_WORLD
+    return MPI.COMM_WORLD if _CONTROL is None else _CONTROL
 
 
 class LaunchMismatch(UserError):
