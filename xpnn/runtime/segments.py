@@ -9,17 +9,13 @@ import stat
 import sys
 import time
 
+from xpnn.runtime.threads import proc_text
+
 HYDRA_TOPOLOGY_PREFIX = "/tmp/hydra_hwloc_xmlfile_"  # MPICH hydra's name (MPL_mkstemp)
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI keep node-shared segments on Linux
 MPICH_PREFIX = "mpich_shm_"
 # hydra options that change what a rank's output becomes: with any of them, leave it to hydra
 OUTPUT_OPTIONS = ("-l", "-prepend-rank", "-prepend-pattern", "-outfile-pattern", "-ordered-output")
-
-
-def _text(path: str) -> str:
-    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as fh:
-        return fh.read()
-    return ""  # gone, another user's, or not Linux
 
 
 def _unlink(paths: list[str]) -> list[str]:
@@ -39,7 +35,7 @@ def _mapped(maps: str) -> list[str]:
 
 def mapped_files(maps_path: str = "/proc/self/maps") -> list[str]:
     """The files a ``/proc/PID/maps`` names; none where unreadable."""
-    return _mapped(_text(maps_path))
+    return _mapped(proc_text(maps_path))
 
 
 def _held(fd_dir: str) -> list[str]:
@@ -60,7 +56,7 @@ def mpich_segments(maps: str, shm_dir: str = SHM_DIR) -> list[str]:
 
 def unlink_mpich_segments(maps_path: str = "/proc/self/maps", shm_dir: str = SHM_DIR) -> list[str]:
     """Unlink the MPICH segments this process maps (after a collective over the node)."""
-    return _unlink(mpich_segments(_text(maps_path), shm_dir))
+    return _unlink(mpich_segments(proc_text(maps_path), shm_dir))
 
 
 def hydra_topology_files(fd_dir: str) -> list[str]:
@@ -102,13 +98,13 @@ def launcher_stdout(proc: str = "/proc") -> str | None:
     """``/proc/PID/fd/1`` of this rank's hydra ``mpiexec`` where it is a pipe, else None."""
     proxy = os.getppid()  # the rank's parent: the proxy hydra starts on each node
     try:  # the proxy's parent
-        launcher = int(_text(f"/proc/{proxy}/stat").rsplit(")", 1)[1].split()[1])
+        launcher = int(proc_text(f"/proc/{proxy}/stat").rsplit(")", 1)[1].split()[1])
     except (ValueError, IndexError):
         return None
-    names = (_text(f"/proc/{proxy}/comm").strip(), _text(f"/proc/{launcher}/comm").strip())
+    names = (proc_text(f"/proc/{proxy}/comm").strip(), proc_text(f"/proc/{launcher}/comm").strip())
     if names[0] != "hydra_pmi_proxy" or names[1] not in ("mpiexec", "mpiexec.hydra", "mpirun"):
         return None
-    cmdline = _text(f"/proc/{launcher}/cmdline").split("\0")[1:]
+    cmdline = proc_text(f"/proc/{launcher}/cmdline").split("\0")[1:]
     if any(arg.startswith(OUTPUT_OPTIONS) for arg in cmdline):
         return None
     path = f"{proc}/{launcher}/fd/1"

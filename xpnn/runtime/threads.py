@@ -18,6 +18,13 @@ HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "16"}
 HANDOFF_IN_FORCE: dict[str, str] = {}  # what ``set_handoff`` found or set before NumPy loaded
 
 
+def proc_text(path: str) -> str:
+    """A small /proc or /sys file's text; empty where unreadable."""
+    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+    return ""  # gone, another user's, or not Linux
+
+
 def _v2_limit(folder: Path) -> float | None:
     """cgroup v2's ``cpu.max``: ``max 100000`` (none) or ``50000 100000`` (half a CPU)."""
     quota, _, period = (folder / "cpu.max").read_text().partition(" ")
@@ -43,12 +50,8 @@ def _limits(mount: Path, path: str, read: Callable[[Path], float | None]) -> lis
 
 def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
     """The tightest cgroup CPU quota (``docker --cpus``, unseen by affinity), in CPUs; else None."""
-    try:
-        lines = Path(proc_cgroup).read_text().splitlines()
-    except OSError:
-        return None
     limits: list[float] = []
-    for line in lines:
+    for line in proc_text(proc_cgroup).splitlines():
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hierarchy == "0" and not controllers:  # v2: one tree, the mount point itself
@@ -175,10 +178,9 @@ def describe_threads(record: dict) -> str:
 
 def peak_rss_mb() -> float | None:
     """Peak resident memory in MiB (or None): VmHWM, as ``ru_maxrss`` survives fork and exec."""
-    with contextlib.suppress(OSError), open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)  # kB
+    for line in proc_text("/proc/self/status").splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)  # kB
     try:
         import resource
     except ImportError:  # Windows
