@@ -12,7 +12,7 @@ from conftest import TINY_FLOAT64_RUN, assert_one_line_user_error, run_xpnn
 
 from xpnn.data import text
 from xpnn.errors import UserError
-from xpnn.runtime import memory
+from xpnn.runtime import threads as memory
 
 GPT = ["--model", "gpt", "--dataset", "text", "--layers", "1", "--heads", "2", "--embed", "8",
        "--block", "6", "--steps", "1", "--threads", "1", "--no-progress"]  # fmt: skip

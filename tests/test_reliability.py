@@ -372,7 +372,7 @@ def test_sighup_to_mpiexec_during_the_final_save_leaves_neither_file_nor_tmp(tmp
 def test_a_rank_writes_into_hydras_stdout_pipe_unless_hydra_changes_the_output():
     """Under ``mpiexec`` writing into a pipe, a rank finds that pipe; with ``-l`` (hydra
     prefixes each line with its rank) or into a file, it leaves its output to hydra."""
-    probe = "from xpnn.runtime.launcher_pipe import launcher_stdout as f; print(f())"
+    probe = "from xpnn.runtime.segments import launcher_stdout as f; print(f())"
     for options, piped in (([], True), (["-l"], False)):
         proc = subprocess.run([mpiexec_path(), *options, "-n", "1", sys.executable, "-c", probe],
                               capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip

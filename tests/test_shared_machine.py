@@ -144,6 +144,6 @@ def test_xpnn_writes_and_locks_only_through_the_safe_openers():
          str(root), "--include=*.py"],
         capture_output=True, text=True,
     ).stdout.splitlines()  # fmt: skip
-    allowed = ("xpnn/record/files.py", "xpnn/runtime/lock.py", "interrupts.py", "launcher_pipe.py",
+    allowed = ("xpnn/record/files.py", "xpnn/runtime/lock.py", "interrupts.py", "segments.py",
                "failure.py", "checkpoint.py", "idx.py", "plot.py", "fdopen(")  # fmt: skip
     assert [line for line in found if not any(a in line for a in allowed)] == []

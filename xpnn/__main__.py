@@ -12,7 +12,7 @@ def run() -> int:
     try:
         from xpnn.commands.cli import main
     except Exception as exc:  # noqa: BLE001 - a broken import, maybe on one rank: say it
-        from xpnn.runtime.startup import failed_import
+        from xpnn.runtime.failure import failed_import
 
         return failed_import(exc, "info" if sys.argv[1:2] == ["info"] else "train")
 

@@ -23,16 +23,17 @@ from xpnn.parallel.plan import Plan
 from xpnn.parallel.update import uses_byte_buckets
 from xpnn.parallel.update.wire import sends_gradients
 from xpnn.planner import auto
-from xpnn.runtime import failure, stall, startup
-from xpnn.runtime.abort import SAID
+from xpnn.runtime import failure, stall
 from xpnn.runtime.failure import agree_on_user_errors
-from xpnn.runtime.memory import check_network_fits, preset_parameters
+from xpnn.runtime.interrupts import SAID
 from xpnn.runtime.threads import (
     HANDOFF_IN_FORCE,
     REPLACED_ENV,
     apply_threads,
+    check_network_fits,
     describe_threads,
     node_cores,
+    preset_parameters,
     threads_per_rank,
 )
 from xpnn.runtime.world import describe_ranks, init_world
@@ -89,7 +90,7 @@ def launch(
     out = {} if outcome is None else outcome
 
     def job() -> int:
-        startup.agree_to_start(world, "train", problem)  # first: a rank may have failed already
+        failure.agree_to_start(world, "train", problem)  # first: a rank may have failed already
         if problem:
             raise UserError(problem)
         say = log or (lambda line: print(line, flush=True))

@@ -8,7 +8,7 @@ import types
 from importlib.machinery import ModuleSpec
 
 from xpnn.runtime import failure
-from xpnn.runtime.abort import imported_mpi, mpi_rank_size
+from xpnn.runtime.interrupts import imported_mpi, mpi_rank_size
 
 
 def half_imported() -> types.ModuleType:

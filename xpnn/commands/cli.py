@@ -14,9 +14,8 @@ from xpnn.errors import UserError, user_message, worded
 from xpnn.record.plot import main as plot_main
 from xpnn.record.timeline import main as trace_main
 from xpnn.run import launch
-from xpnn.runtime import failure, launcher_pipe, startup
-from xpnn.runtime.abort import imported_mpi
-from xpnn.runtime.interrupts import hand_over
+from xpnn.runtime import failure, segments
+from xpnn.runtime.interrupts import hand_over, imported_mpi
 from xpnn.runtime.world import LaunchMismatch, init_world, launch_rank, launched_by_mpi
 from xpnn.train.callbacks import CheckpointOnSignal
 
@@ -60,12 +59,12 @@ def _start_up_failure(command: str, line: str) -> int:
     except UserError as exc:  # MPI does not start on this rank: ask the launcher to end it
         for said in dict.fromkeys((line, user_message(exc))):
             failure.say(f"rank {launch_rank()}: {failure.one_line(said)}")
-        startup.abort_launch()
+        failure.abort_launch()
         return 2
     if world.size == 1:
         failure.say(f"xpnn: {line}")
         return 2
-    return failure.run_guarded(world, lambda: startup.agree_to_start(world, command, line))
+    return failure.run_guarded(world, lambda: failure.agree_to_start(world, command, line))
 
 
 def _info(as_json: bool) -> int:
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
         print(f"xpnn {xpnn_version()}")
         return 0
     command = argv.pop(0) if argv and argv[0] in ("train", "info") else "train"
-    launcher_pipe.write_stdout_into_launchers_pipe()  # `mpiexec ... | head`: see the module
+    segments.write_stdout_into_launchers_pipe()  # `mpiexec ... | head`: see the module
     parser = flags.build_info_parser() if command == "info" else flags.build_parser()
     try:
         args = parser.parse_args(argv)
@@ -107,11 +106,11 @@ def main(argv: list[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
     except SystemExit as exc:  # -h: printed; an MPMD line's other ranks must hear of it
         if exc.code not in (0, None):
             raise
-        return startup.help_given(command)
+        return failure.help_given(command)
     with worded(flags.flag_words):  # every message printed from here names flags
         try:
             if command == "info":
-                hand_over(failure.Terminated)  # no run_guarded: Ctrl-C is for the except below
+                hand_over()  # no run_guarded: Ctrl-C is for the except below
                 return _info(args.json)
             if args.checkpoint_signal:  # before MPI_Init: the signal's default action would end it
                 on_signal = CheckpointOnSignal(args.checkpoint_signal, args.checkpoint_dir)

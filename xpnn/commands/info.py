@@ -21,7 +21,7 @@ def xpnn_version() -> str:
 def collect() -> dict:
     from xpnn.backends import availability
     from xpnn.runtime import cpu_quota
-    from xpnn.runtime.startup import agree_to_start
+    from xpnn.runtime.failure import agree_to_start
     from xpnn.runtime.threads import HANDOFF_IN_FORCE, affinity, node_cores, threads_per_rank
     from xpnn.runtime.world import init_world
 

@@ -1,7 +1,6 @@
 """Data: IDX files, datasets (mnist, fashion-mnist, synthetic, text), downloads, sharding."""
 
-from xpnn.data.batches import epoch_order, global_batches, shard
-from xpnn.data.datasets import Dataset, find_files, load_dataset
+from xpnn.data.datasets import Dataset, epoch_order, find_files, global_batches, load_dataset, shard
 from xpnn.data.download import default_cache_dir, fetch
 from xpnn.data.idx import IdxError, parse_idx_header, read_idx, read_idx_pair, write_idx
 from xpnn.data.text import shakespeare_path

@@ -1,4 +1,5 @@
-"""Datasets by name (MNIST, Fashion-MNIST, synthetic, text): float32 inputs, int64 labels."""
+"""Datasets by name (MNIST, Fashion-MNIST, synthetic, text): float32 inputs, int64 labels; the
+per-epoch shuffles drawn from (seed, epoch) alike on every rank, and per-rank shards."""
 
 import contextlib
 import math
@@ -10,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.data.batches import check_int
-from xpnn.data.download import cached_file, default_cache_dir, mirrors_from, sha256_file
+from xpnn.data.download import default_cache_dir, fetch, mirrors_from, sha256_file
 from xpnn.data.files import NotAFile
 from xpnn.data.files import memory_bytes as _memory_bytes
 from xpnn.data.idx import IdxError, read_idx, read_idx_pair
@@ -47,6 +47,43 @@ SHA256 = {  # of the gzip files, in FILES' order
         ),
     }.items()
 }
+
+
+def check_int(name: str, value: int, least: int) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+        raise UserError(f"`{name}`: must be an integer >= {least}, got {value!r}")
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The permutation of ``range(n)`` for this epoch, identical on every rank."""
+    check_int("seed", seed, 0)  # ``np.random.default_rng`` takes only non-negative integers
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def global_batches(
+    n: int, batch_size: int, seed: int, epoch: int, drop_last: bool = False
+) -> list[np.ndarray]:
+    """This epoch's global batches as index arrays; the last may be short unless dropped."""
+    check_int("batch_size", batch_size, 1)
+    order = epoch_order(n, seed, epoch)
+    batches = [order[start : start + batch_size] for start in range(0, n, batch_size)]
+    if drop_last and batches and len(batches[-1]) < batch_size:
+        batches.pop()
+    return batches
+
+
+def shard_bounds(length: int, rank: int, size: int) -> tuple[int, int]:
+    """[start, stop) of ``rank``'s contiguous share; the first ``length % size`` get one extra."""
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"shard: need 0 <= rank < size, got rank={rank}, size={size}")
+    base, extra = divmod(length, size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def shard(batch_idx: np.ndarray, rank: int, size: int) -> np.ndarray:
+    """This rank's contiguous slice of a global batch (``np.array_split``'s); it may be empty."""
+    return batch_idx[slice(*shard_bounds(len(batch_idx), rank, size))]
 
 
 @dataclass(frozen=True)
@@ -217,7 +254,7 @@ def find_files(name: str, data_dir: str | os.PathLike | None, download: bool) ->
     cache, hashes, mirrors = default_cache_dir() / name, SHA256[name], mirrors_for(name)
     holding = f"DIR holding the {name} files"
     return {
-        role: cached_file(fn, hashes[fn], mirrors, cache, download, holding)
+        role: fetch(fn, hashes[fn], mirrors, cache, download=download, holding=holding)
         for role, fn in FILES.items()
     }
 

@@ -189,13 +189,18 @@ def cached(target: Path, sha256: str) -> bool:
 
 
 def fetch(
-    filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30
-) -> Path:
-    """``cache_dir/filename`` holding the file of ``sha256``, cached or from the first mirror."""
+    filename: str, sha256: str, mirrors: list[str], cache_dir: Path, *, timeout: float = 30,
+    download: bool = True, holding: str = "",
+) -> Path:  # fmt: skip
+    """``cache_dir/filename`` holding the file of ``sha256``, cached or from the first mirror
+    (not ``download``: a ``UserError`` naming `data_dir` ``holding`` it)."""
     cache_dir = Path(cache_dir)
     target = cache_dir / filename
-    if cached(target, sha256):
+    if cached(target, sha256):  # another file there: a UserError of its own
         return target
+    if not download:
+        off = f"not in the download cache and downloading is off (pass `data_dir` {holding})"
+        raise UserError(f"{target}: {off}")
     home = Path(os.environ.get("HOME") or ".")
     if not home.exists() and home in (cache_dir, *cache_dir.parents):  # it would make a home
         raise UserError(
@@ -227,17 +232,3 @@ def fetch(
         f"could not download {filename} into {cache_dir}: {why}; offline, pass `data_dir` "
         f"holding {filename}"
     )
-
-
-def cached_file(
-    filename: str, sha256: str, mirrors: list[str], cache_dir: Path, download: bool, holding: str
-) -> Path:
-    """``fetch`` when ``download``, else the cached copy or a ``UserError`` naming `data_dir`."""
-    if download:
-        return fetch(filename, sha256, mirrors, cache_dir)
-    path = cache_dir / filename
-    if not cached(path, sha256):  # another file there: a UserError of its own
-        raise UserError(
-            f"{path}: not in the download cache and downloading is off (pass `data_dir` {holding})"
-        )
-    return path

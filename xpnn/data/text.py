@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.data.download import cached_file, default_cache_dir, mirrors_from, sha256_file
+from xpnn.data.download import default_cache_dir, fetch, mirrors_from, sha256_file
 from xpnn.data.files import NotAFile, TooLarge, memory_bytes, read_regular
 from xpnn.errors import UserError
 
@@ -56,7 +56,9 @@ def shakespeare_path(data_dir: str | os.PathLike | None, download: bool = True) 
         return path
     mirrors = mirrors_from(SHAKESPEARE_MIRRORS_ENV, SHAKESPEARE_MIRRORS)
     cache, holding = default_cache_dir() / "tinyshakespeare", f"holding {SHAKESPEARE_FILE}"
-    return cached_file(SHAKESPEARE_FILE, SHAKESPEARE_SHA256, mirrors, cache, download, holding)
+    return fetch(
+        SHAKESPEARE_FILE, SHAKESPEARE_SHA256, mirrors, cache, download=download, holding=holding
+    )
 
 
 def read_text(path: str | os.PathLike) -> str:

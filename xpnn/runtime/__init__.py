@@ -4,9 +4,9 @@ import importlib
 
 _MODULES = {
     "failure": "CollectiveExit agree_on_user_errors run_guarded stopped_from_outside",
-    "memory": "peak_rss_mb",
     "stall": "wait_polled",
-    "threads": "HANDOFF apply_threads cpu_quota node_cores set_handoff threads_per_rank",
+    "threads": "HANDOFF apply_threads cpu_quota node_cores peak_rss_mb set_handoff"
+    " threads_per_rank",
     "world": "World init_world launch_rank library_name",
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names.split()}

@@ -1,9 +1,11 @@
-"""Failing well on many ranks: one line, the right exit code, MPI_Abort so that no rank hangs."""
+"""Failing well on many ranks: one line, the right exit code, MPI_Abort so that no rank hangs;
+a start-up failing on some ranks ends the job at once (over MPI, else through the launcher)."""
 
 import contextlib
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -13,13 +15,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from xpnn.errors import UserError, user_message
-from xpnn.runtime import flight, stall
-from xpnn.runtime.abort import abort_job, imported_mpi, mpi_rank_size, prefix, say
-from xpnn.runtime.interrupts import CODES, hand_over, pending_signal
-from xpnn.runtime.world import control_comm, in_mpi_init, launch_rank
+from xpnn.runtime import flight, interrupts, stall
+from xpnn.runtime.interrupts import CODES, Terminated, abort_job, handle, prefix, say
+from xpnn.runtime.world import STARTING, control_comm, init_world, launch_rank, launched_by_mpi
 
 T = TypeVar("T")
-STOP_SIGNALS = tuple(signum for signum in CODES if signum != signal.SIGINT)
 STOP_GRACE_S = 10.0  # after SIGTERM or Ctrl-C, how long a rank may take to stop by itself
 MOST_SECONDS = 86400.0  # 1e308 would overflow the watch thread's sleep
 _SEVERITY = ("bug", "user", "exit")  # the failure a failed setup's line names first
@@ -62,25 +62,9 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-class Terminated(BaseException):
-    """A stop signal arrived (its number the one argument): stop as on Ctrl-C."""
-
-
-def _raise_terminated(signum: int, _frame: Any) -> None:
-    raise Terminated(signum)
-
-
-def _handle(signums: tuple[int, ...], handler: Any) -> None:
-    """``handler`` for each signal not ignored (nohup's SIGHUP stays so), on the main thread."""
-    with contextlib.suppress(ValueError):
-        for signum in signums:
-            if signal.getsignal(signum) != signal.SIG_IGN:
-                signal.signal(signum, handler)
-
-
 def terminate_on_sigterm() -> None:
     """Raise ``Terminated`` on stop signals (the command line's choice: a library keeps its own)."""
-    _handle(STOP_SIGNALS, _raise_terminated)
+    handle([signum for signum in CODES if signum != signal.SIGINT], interrupts.raise_terminated)
 
 
 def stop_grace() -> float:
@@ -105,8 +89,8 @@ def stop_when_stuck(grace: float) -> None:
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    if pending_signal() is not None:  # noted during the imports: MPI_Init may never return
-        os.write(write_end, bytes([pending_signal()]))
+    if (pending := interrupts.STATE["pending"]) is not None:  # noted during the imports
+        os.write(write_end, bytes([pending]))  # MPI_Init may never return
 
     def watch() -> None:
         signum = 0
@@ -115,14 +99,14 @@ def stop_when_stuck(grace: float) -> None:
         what, code = CODES[signum]
         left_in_init(what, code, grace)
         time.sleep(grace)
-        rank, size = mpi_rank_size()
+        rank, size = interrupts.mpi_rank_size()
         say(
             f"{prefix(rank, size)}{what}, and still not stopped after {grace:g} s (blocked in a "
             "call that does not return, such as MPI waiting for a rank that does not answer): "
             "ending the job"
         )
         if size > 1:
-            imported_mpi().COMM_WORLD.Abort(code)
+            interrupts.imported_mpi().COMM_WORLD.Abort(code)
         os._exit(code)
 
     threading.Thread(target=watch, name="xpnn-stop-watch", daemon=True).start()
@@ -132,7 +116,7 @@ def left_in_init(what: str, code: int, grace: float) -> None:
     """End this rank 2 s into ``MPI_Init`` past a signal: the others may never come."""
     deadline, inside_since = time.monotonic() + grace, None
     while (now := time.monotonic()) < deadline:
-        if in_mpi_init():
+        if STARTING["in_init"]:
             inside_since = inside_since or now
             if now - inside_since >= 2.0:
                 say(
@@ -146,7 +130,7 @@ def left_in_init(what: str, code: int, grace: float) -> None:
 
 
 def _mpi_started() -> bool:
-    mpi = imported_mpi()
+    mpi = interrupts.imported_mpi()
     return mpi is not None and mpi.Is_initialized()
 
 
@@ -179,12 +163,12 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
     """``fn()``'s outcome as an exit code; a failure said in one line and MPI_Aborted."""
     rank, size = _rank_size(world_or_comm)
     try:
-        hand_over(Terminated)  # a signal noted while MPI started is raised here
+        interrupts.hand_over()  # a signal noted while MPI started is raised here
         result = fn()
     except CollectiveExit as exc:
         # a launcher's SIGTERM to ranks still in MPI_Finalize (srun --kill-on-bad-exit) must
         # not make it 143; Python's exit keeps only an SIG_IGN
-        _handle((signal.SIGTERM,), signal.SIG_IGN)
+        handle([signal.SIGTERM], int(signal.SIG_IGN))
         return _exit_code(exc)
     except SystemExit as exc:
         code = _exit_code(exc)
@@ -199,7 +183,7 @@ def run_guarded(world_or_comm: Any, fn: Callable[[], Any]) -> int:
         message, code = stopped_from_outside(exc) or (describe(exc), 1)
         stopped = isinstance(exc, KeyboardInterrupt | Terminated)
         if stopped:  # a second signal (Slurm's time limit sends two) only wakes stop_when_stuck
-            _handle((signal.SIGINT, *STOP_SIGNALS), lambda *_: None)
+            handle(CODES, lambda *_: None)
         flight.dump(f"failed: {message}")
         if size > 1 and stopped and stall.stopped_together():
             if rank == 0:  # every rank was told (mpiexec passes signals on): one line for all
@@ -253,3 +237,73 @@ def agree_on_user_errors(world_or_comm: Any, fn: Callable[[], T]) -> T:
     if rank == 0 and message:
         say(said_once(first_rank, message, len(failed), size, all(o == first for _, o in failed)))
     raise CollectiveExit(code)
+
+
+START_UP_EXIT = 2  # a start-up problem is the user's to fix
+
+
+def agree_to_start(world: Any, command: str, problem: str | None = None) -> None:
+    """End every rank with exit 2 if a rank had a start-up ``problem`` or runs another command."""
+    if world.size == 1:
+        return
+    everyone = stall.allgather(world.mpi_comm, (command, problem), "the start-up agreement")
+    failed = [(rank, said) for rank, (_, said) in enumerate(everyone) if said]
+    commands = [c for c, _ in everyone]
+    if failed:
+        (first_rank, first), same = failed[0], all(said == failed[0][1] for _, said in failed)
+        line = said_once(first_rank, first, len(failed), world.size, same)
+    elif len(set(commands)) > 1:
+        other = next(r for r, c in enumerate(commands) if c != commands[0])
+        line = (
+            f"xpnn: rank {other} runs {commands[other]!r}, rank 0 {commands[0]!r}: every "
+            "rank of a job must run the same command"
+        )
+    else:
+        return
+    if world.rank == 0:
+        say(line)
+    raise CollectiveExit(START_UP_EXIT)
+
+
+def failed_import(exc: BaseException, command: str) -> int:
+    """xpnn's own import failed (a broken install, a planted ``numpy.py``): every rank hears."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return _agree(command, one_line(f"cannot start: {type(exc).__name__}: {exc}{where}"), 1)
+
+
+def help_given(command: str) -> int:
+    """``-h`` printed help: under a launcher, agree with the others (an MPMD line) first."""
+    return _agree(f"{command} --help", None, 0)
+
+
+def _agree(command: str, line: str | None, code: int) -> int:
+    """``agree_to_start`` under a launcher; ``line``, a start-up problem, said alone otherwise."""
+    try:
+        world = init_world() if launched_by_mpi() is not None else None
+    except Exception as failed:  # noqa: BLE001 - no MPI to reach the others: end the job
+        if line:
+            say(f"rank {launch_rank()}: {line}; {one_line(str(failed))}")
+        abort_launch(code)
+        return code
+    if world is None or world.size == 1:
+        if line:
+            say(f"xpnn: {line}")
+        return code
+    return run_guarded(world, lambda: agree_to_start(world, command, line))
+
+
+def abort_launch(code: int = START_UP_EXIT) -> bool:
+    """Ask hydra over PMI-1 to end a job whose rank cannot start MPI; whether it was sent."""
+    fd = os.environ.get("PMI_FD", "")
+    if not fd.isdigit():
+        return False
+    try:
+        with socket.socket(fileno=int(fd)) as pmi:
+            pmi.settimeout(5)
+            pmi.sendall(b"cmd=init pmi_version=1 pmi_subversion=1\n")
+            pmi.recv(1024)  # the launcher's answer: it now takes commands
+            pmi.sendall(f"cmd=abort exitcode={code}\n".encode())
+    except OSError:
+        return False
+    return True

@@ -12,11 +12,11 @@ from typing import Any
 
 from xpnn.record import phases
 from xpnn.record.files import replace_whole
-from xpnn.runtime.abort import mpi_rank_size
+from xpnn.runtime.interrupts import mpi_rank_size
 
 RING = 512  # operations kept per rank: a few steps of a pipeline's sends and receives
 _ring: "deque[Record]" = deque(maxlen=RING)
-_tags: dict[str, Any] = {"bucket": None, "microbatch": None, "step": None}
+TAGS: dict[str, Any] = {"bucket": None, "microbatch": None, "step": None}  # of the next posts
 _state: dict[str, Any] = {"current": None, "dir": None, "rank": 0, "temp": None}
 _now = time.perf_counter
 _POSITION = ("group", "seq", "op", "nbytes", "peer", "bucket", "microbatch", "step")  # ``position``
@@ -29,8 +29,8 @@ class Record:
 
     def __init__(self, seq: int, op: str, nbytes: int, peer: int | None, group: str) -> None:
         self.seq, self.op, self.nbytes, self.peer, self.group = seq, op, nbytes, peer, group
-        self.bucket, self.microbatch = _tags["bucket"], _tags["microbatch"]
-        self.step, self.start = _tags["step"], _now()
+        self.bucket, self.microbatch = TAGS["bucket"], TAGS["microbatch"]
+        self.step, self.start = TAGS["step"], _now()
         self.posted = self.wait = self.end = None  # times once seen (posted: the call returned)
 
     def as_dict(self) -> dict[str, Any]:
@@ -53,13 +53,9 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def at_step(step: int | None) -> None:
-    _tags["step"] = step
-
-
 def tag(bucket: int | None = None, microbatch: int | None = None) -> None:
     """What the operations posted from here on belong to."""
-    _tags["bucket"], _tags["microbatch"] = bucket, microbatch
+    TAGS["bucket"], TAGS["microbatch"] = bucket, microbatch
 
 
 def post(comm: Any, op: str, nbytes: int = 0, peer: int | None = None) -> Record:

@@ -1,13 +1,21 @@
-"""What MPICH leaves if a job never finalizes (/dev/shm, /tmp), unlinked once the node mapped it."""
+"""Hydra and MPICH through /proc: what a job leaves if it never finalizes (/dev/shm, /tmp),
+unlinked once the node mapped it; ``mpiexec ... | head``: hydra dies by SIGPIPE and kills every
+rank, so a rank on its node writes its stdout straight into that pipe and meets it closed itself."""
 
 import contextlib
 import glob
 import os
+import stat
+import sys
 import time
+
+from xpnn.runtime.threads import proc_text
 
 HYDRA_TOPOLOGY_PREFIX = "/tmp/hydra_hwloc_xmlfile_"  # MPICH hydra's name (MPL_mkstemp)
 SHM_DIR = "/dev/shm"  # where MPICH and Open MPI keep node-shared segments on Linux
 MPICH_PREFIX = "mpich_shm_"
+# hydra options that change what a rank's output becomes: with any of them, leave it to hydra
+OUTPUT_OPTIONS = ("-l", "-prepend-rank", "-prepend-pattern", "-outfile-pattern", "-ordered-output")
 
 
 def _unlink(paths: list[str]) -> list[str]:
@@ -27,9 +35,7 @@ def _mapped(maps: str) -> list[str]:
 
 def mapped_files(maps_path: str = "/proc/self/maps") -> list[str]:
     """The files a ``/proc/PID/maps`` names; none where unreadable."""
-    with contextlib.suppress(OSError), open(maps_path, encoding="utf-8", errors="replace") as fh:
-        return _mapped(fh.read())
-    return []  # gone, another user's, or not Linux
+    return _mapped(proc_text(maps_path))
 
 
 def _held(fd_dir: str) -> list[str]:
@@ -43,17 +49,14 @@ def _held(fd_dir: str) -> list[str]:
 
 def mpich_segments(maps: str, shm_dir: str = SHM_DIR) -> list[str]:
     """The MPICH segment files that a ``/proc/PID/maps`` text shows mapped and still named."""
-    return _segments(_mapped(maps), shm_dir)
-
-
-def _segments(mapped: list[str], shm_dir: str) -> list[str]:
+    mapped = _mapped(maps)
     found = (p for p in mapped if os.path.split(p)[0] == shm_dir and not p.endswith(" (deleted)"))
     return list(dict.fromkeys(p for p in found if os.path.basename(p).startswith(MPICH_PREFIX)))
 
 
 def unlink_mpich_segments(maps_path: str = "/proc/self/maps", shm_dir: str = SHM_DIR) -> list[str]:
     """Unlink the MPICH segments this process maps (after a collective over the node)."""
-    return _unlink(_segments(mapped_files(maps_path), shm_dir))
+    return _unlink(mpich_segments(proc_text(maps_path), shm_dir))
 
 
 def hydra_topology_files(fd_dir: str) -> list[str]:
@@ -89,3 +92,42 @@ def remove_stale(min_age: float = 60.0, shm_dir: str = SHM_DIR) -> list[str]:
         return []
     used = files_in_use()
     return _unlink([path for path in old if path not in used])
+
+
+def launcher_stdout(proc: str = "/proc") -> str | None:
+    """``/proc/PID/fd/1`` of this rank's hydra ``mpiexec`` where it is a pipe, else None."""
+    proxy = os.getppid()  # the rank's parent: the proxy hydra starts on each node
+    try:  # the proxy's parent
+        launcher = int(proc_text(f"/proc/{proxy}/stat").rsplit(")", 1)[1].split()[1])
+    except (ValueError, IndexError):
+        return None
+    names = (proc_text(f"/proc/{proxy}/comm").strip(), proc_text(f"/proc/{launcher}/comm").strip())
+    if names[0] != "hydra_pmi_proxy" or names[1] not in ("mpiexec", "mpiexec.hydra", "mpirun"):
+        return None
+    cmdline = proc_text(f"/proc/{launcher}/cmdline").split("\0")[1:]
+    if any(arg.startswith(OUTPUT_OPTIONS) for arg in cmdline):
+        return None
+    path = f"{proc}/{launcher}/fd/1"
+    with contextlib.suppress(OSError):  # a pipe only: a file opened anew would be written from 0
+        return path if stat.S_ISFIFO(os.stat(path).st_mode) else None
+    return None
+
+
+def write_stdout_into_launchers_pipe() -> bool:
+    """Point stdout at the launcher's stdout pipe; whether it did."""
+    path = launcher_stdout() if "PMI_RANK" in os.environ else None  # set by hydra
+    if path is None:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # its reader has gone already, or /proc is closed to us
+        return False
+    os.set_blocking(fd, True)  # O_NONBLOCK only so that the open cannot wait for a reader
+    try:
+        sys.stdout.flush()
+        os.dup2(fd, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    finally:
+        os.close(fd)
+    return True

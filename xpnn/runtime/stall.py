@@ -8,7 +8,7 @@ from itertools import accumulate
 from typing import Any
 
 from xpnn.runtime import flight
-from xpnn.runtime.abort import abort_job, mpi_rank_size, prefix, say
+from xpnn.runtime.interrupts import abort_job, mpi_rank_size, prefix, say
 
 SPIN_S = 0.0005  # polls at full speed first: small exchanges end within this
 YIELD_S = 0.25  # then polls yielding the core, no naps: MPI moves a message only when polled
@@ -19,8 +19,9 @@ STALL_WARN_S = 60.0  # as Horovod's stall inspector
 STALL_EXIT = 124  # a job ended because a rank stopped answering (as GNU timeout's code)
 _NOTE_TAG = 77
 
-_state: dict[str, Any] = {"warn": STALL_WARN_S, "abort": 0.0, "comm": None, "sent": []}
-_state.update(phase="setup", step=None, bucket=None)  # where this rank is: ``where``
+# comm: a communicator used for nothing else, of waiting ranks' notes and of stopping (init_world)
+STATE: dict[str, Any] = {"warn": STALL_WARN_S, "abort": 0.0, "comm": None, "sent": []}
+STATE.update(phase="setup", step=None, bucket=None)  # where this rank is: ``where``
 
 
 def set_limits(stall_warn: float = STALL_WARN_S, stall_abort: float = 0.0) -> None:
@@ -28,20 +29,15 @@ def set_limits(stall_warn: float = STALL_WARN_S, stall_abort: float = 0.0) -> No
     for name, value in (("stall_warn", stall_warn), ("stall_abort", stall_abort)):
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
             raise ValueError(f"{name}: must be a finite number of seconds >= 0, got {value!r}")
-    _state["warn"], _state["abort"] = float(stall_warn), float(stall_abort)
+    STATE["warn"], STATE["abort"] = float(stall_warn), float(stall_abort)
 
 
 def limits() -> tuple[float, float]:
-    return _state["warn"], _state["abort"]
-
-
-def attach(watch_comm: Any) -> None:
-    """The communicator, used for nothing else, of waiting ranks' notes and of stopping."""
-    _state["comm"] = watch_comm
+    return STATE["warn"], STATE["abort"]
 
 
 def stopped_together() -> bool:
-    comm = _state["comm"]  # did every rank hear of the stop too, within a second?
+    comm = STATE["comm"]  # did every rank hear of the stop too, within a second?
     return comm is not None and done_within(comm.Ibarrier(), 1.0, 0.002)
 
 
@@ -55,25 +51,25 @@ def done_within(request: Any, seconds: float, nap: float) -> bool:
 
 
 def at_step(step: int) -> None:
-    _state.update(phase="training step", step=step, bucket=None)
-    flight.at_step(step)
+    STATE.update(phase="training step", step=step, bucket=None)
+    flight.TAGS["step"] = step
 
 
 def in_phase(phase: str) -> None:
-    _state.update(phase=phase, bucket=None)
+    STATE.update(phase=phase, bucket=None)
 
 
 def in_bucket(index: int, count: int) -> None:
-    _state["bucket"] = (index, count)
+    STATE["bucket"] = (index, count)
 
 
 def where() -> str:
     """``training step 12, gradient bucket 2 of 3``."""
-    text = _state["phase"]
-    if _state["step"] is not None and text == "training step":
-        text += f" {_state['step']}"
-    if _state["bucket"] is not None:
-        index, count = _state["bucket"]
+    text = STATE["phase"]
+    if STATE["step"] is not None and text == "training step":
+        text += f" {STATE['step']}"
+    if STATE["bucket"] is not None:
+        index, count = STATE["bucket"]
         text += f", gradient bucket {index + 1} of {count}"
     return text
 
@@ -108,7 +104,7 @@ def allgather(mpi_comm: Any, obj: Any, what: str) -> list:
 
 
 def _wait_long(request: Any, what: str, start: float) -> None:
-    warn, abort, comm = _state["warn"], _state["abort"], _state["comm"]
+    warn, abort, comm = STATE["warn"], STATE["abort"], STATE["comm"]
     warned = announced = False
     waiting: dict[int, Any] = {}  # rank -> where it waits (``flight.position``)
     while True:
@@ -125,7 +121,7 @@ def _wait_long(request: Any, what: str, start: float) -> None:
                 if comm is not None:  # tell every other rank that this one waits, and where
                     note, others = (comm.Get_rank(), flight.position()), range(comm.Get_size())
                     sent = [comm.isend(note, dest=r, tag=_NOTE_TAG) for r in others if r != note[0]]
-                    _state["sent"] += sent  # small: sent eagerly, also to a rank that is stopped
+                    STATE["sent"] += sent  # small: sent eagerly, also to a rank that is stopped
             while comm is not None and comm.iprobe(tag=_NOTE_TAG):
                 sender, position = comm.recv(tag=_NOTE_TAG)
                 waiting[int(sender)] = position

@@ -1,4 +1,5 @@
-"""Threads inside one rank: R ranks on C cores run C // R each, never oversubscribing them."""
+"""A rank's share of the machine: R ranks on C cores run C // R threads each, never
+oversubscribing them; its peak memory, and whether a network can fit at all."""
 
 import contextlib
 import math
@@ -15,6 +16,13 @@ REPLACED_ENV: dict[str, str] = {}  # the last apply_threads: those it overrode, 
 # (docs/benchmarks.md, "The hand-off"). Read as the library loads: set before NumPy is imported.
 HANDOFF = {"OPENBLAS_THREAD_TIMEOUT": "16"}
 HANDOFF_IN_FORCE: dict[str, str] = {}  # what ``set_handoff`` found or set before NumPy loaded
+
+
+def proc_text(path: str) -> str:
+    """A small /proc or /sys file's text; empty where unreadable."""
+    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read()
+    return ""  # gone, another user's, or not Linux
 
 
 def _v2_limit(folder: Path) -> float | None:
@@ -42,12 +50,8 @@ def _limits(mount: Path, path: str, read: Callable[[Path], float | None]) -> lis
 
 def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
     """The tightest cgroup CPU quota (``docker --cpus``, unseen by affinity), in CPUs; else None."""
-    try:
-        lines = Path(proc_cgroup).read_text().splitlines()
-    except OSError:
-        return None
     limits: list[float] = []
-    for line in lines:
+    for line in proc_text(proc_cgroup).splitlines():
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hierarchy == "0" and not controllers:  # v2: one tree, the mount point itself
@@ -170,3 +174,46 @@ def describe_threads(record: dict) -> str:
     else:
         said = f"{min(per_rank)}-{max(per_rank)} thread(s) (differing by rank)"
     return said + (f" ({describe_handoff(handoff)})" if handoff and max(per_rank) > 1 else "")
+
+
+def peak_rss_mb() -> float | None:
+    """Peak resident memory in MiB (or None): VmHWM, as ``ru_maxrss`` survives fork and exec."""
+    for line in proc_text("/proc/self/status").splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)  # kB
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (2**20 if sys.platform == "darwin" else 2**10), 1)  # bytes / KiB
+
+
+def preset_parameters(
+    model: object, input_shape: tuple[int, ...], classes: int, hidden: tuple[int, ...],
+    gpt_sizes: dict[str, int],
+) -> int | None:  # fmt: skip
+    """A preset network's parameters before it is built (``gpt``: its blocks' 12 x embed**2)."""
+    if model == "mlp":
+        widths = [math.prod(input_shape), *hidden, classes]
+        return sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
+    if model == "gpt":
+        embed, block, layers = (gpt_sizes[k] for k in ("embed", "block", "layers"))
+        return embed * (2 * classes + block) + layers * 12 * embed * embed
+    return None
+
+
+def check_network_fits(what: str, params: int | None, itemsize: int, states: int) -> None:
+    """Refuse a network beyond memory and swap now: allocated lazily it meets the OOM killer."""
+    from xpnn.data.files import memory_bytes
+
+    have = memory_bytes()
+    if params is None or have is None:
+        return
+    need = params * itemsize * (2 + states)
+    if need > have:
+        raise UserError(
+            f"{what}: the network does not fit in memory: its {params:,} parameters need "
+            f"{need / 2**30:,.1f} GiB with their gradients and the optimizer's state, more than "
+            f"this machine's {have / 2**30:,.1f} GiB of memory and swap"
+        )

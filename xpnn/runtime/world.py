@@ -18,17 +18,15 @@ _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE")
 _LAUNCHER_VARS += ("OMPI_COMM_WORLD_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
 _LAUNCHER_VARS += ("PALS_RANKID", "ALPS_APP_PE")
 _CONTROL: Any = None  # a duplicate of COMM_WORLD for failure agreement
-_starting = {"in_init": False}  # read by the stop watch thread while MPI_Init blocks
+STARTING = {"in_init": False}  # read by the stop watch thread while MPI_Init blocks
 LIBMPI_NAMES = ("libmpi", "libimpi", "libmpich")  # MPICH, Open MPI, Intel MPI's file names
 
 
 def control_comm() -> Any:
     """``failure``'s own communicator, which no collective of the run uses."""
-    if _CONTROL is not None:
-        return _CONTROL
     from mpi4py import MPI
 
-    return MPI.COMM_WORLD
+    return MPI.COMM_WORLD if _CONTROL is None else _CONTROL
 
 
 class LaunchMismatch(UserError):
@@ -172,10 +170,6 @@ def _start_mpi(hint: str, env: Mapping[str, str]) -> tuple[Any, str]:
     return MPI, library
 
 
-def in_mpi_init() -> bool:
-    return _starting["in_init"]
-
-
 def loaded_libmpi(symbol: str = "MPI_Get_version") -> Any:
     """The loaded MPI library with ``symbol`` (mpi4py >= 4.1 loads it RTLD_LOCAL), loading none."""
     import ctypes
@@ -201,11 +195,11 @@ def _init_thread(MPI: Any) -> None:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         return
     level, provided = ctypes.c_int(MPI.THREAD_MULTIPLE), ctypes.c_int()
-    _starting["in_init"] = True
+    STARTING["in_init"] = True
     try:
         code = lib.MPI_Init_thread(None, None, level, ctypes.byref(provided))
     finally:
-        _starting["in_init"] = False
+        STARTING["in_init"] = False
     if code != 0:
         raise UserError(f"MPI_Init_thread failed (MPI error {code})")
 
@@ -222,7 +216,7 @@ def init_world(env: Mapping[str, str] | None = None) -> World:
     comm = world.Dup()
     if _CONTROL is None:
         _CONTROL = world.Dup()
-        stall.attach(world.Dup())  # stall notes and the agreement to stop on a signal
+        stall.STATE["comm"] = world.Dup()  # stall notes and the agreement to stop on a signal
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
     try:
         local_rank, local_size = local.Get_rank(), local.Get_size()

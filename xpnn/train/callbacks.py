@@ -15,7 +15,7 @@ from xpnn.record import phases
 from xpnn.record.files import open_to_write
 from xpnn.runtime import stall
 from xpnn.runtime.failure import CollectiveExit
-from xpnn.runtime.interrupts import checkpoint_requested
+from xpnn.runtime.interrupts import STATE
 from xpnn.runtime.threads import describe_threads
 from xpnn.train import metrics_file
 from xpnn.train.checkpoint import KEEP_CHECKPOINTS, atomic_savez, prune_checkpoints, save_checkpoint
@@ -276,7 +276,7 @@ class CheckpointOnSignal(Callback):
         if not checkpoint_dir:
             raise UserError(f"`checkpoint_signal` {name}: needs `checkpoint_dir`")
         self.signum, self.directory = getattr(signal, f"SIG{name}"), checkpoint_dir
-        self.asked = checkpoint_requested(self.signum)  # before this: xpnn.__main__'s note
+        self.asked = self.signum in STATE["requested"]  # before this: xpnn.__main__'s note
         self.at_record = False  # agreed where a record and its checkpoint follow: they will do
         self.mpi: Any = None  # the ranks' own communicator for the question
         self.mine, self.anyone = np.zeros(1), np.zeros(1)

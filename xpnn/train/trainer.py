@@ -18,7 +18,7 @@ from xpnn.parallel.plan import Groups, Plan
 from xpnn.parallel.update.wire import make_wire, sends_gradients
 from xpnn.record.digest import arrays_digest
 from xpnn.runtime import stall
-from xpnn.runtime.memory import peak_rss_mb
+from xpnn.runtime.threads import peak_rss_mb
 from xpnn.train import midepoch
 from xpnn.train.graph import GraphStep, graph_step
 from xpnn.train.optim import HYPERS, GradClip, Schedule, make_optimizer, matrix_ranges

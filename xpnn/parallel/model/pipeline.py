@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from xpnn.data.batches import shard_bounds
+from xpnn.data.datasets import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.layer import Array, Context, Layer
 from xpnn.nn.sequential import LayerError, Sequential, adding

@@ -3,7 +3,7 @@
 import math
 from typing import Any
 
-from xpnn.data.batches import shard_bounds
+from xpnn.data.datasets import shard_bounds
 from xpnn.nn.dense import Dense
 from xpnn.nn.layer import Array, Context
 from xpnn.nn.sequential import Sequential

@@ -4,7 +4,7 @@ from typing import Any
 
 import numpy as np
 
-from xpnn.data.batches import shard_bounds
+from xpnn.data.datasets import shard_bounds
 from xpnn.errors import UserError
 from xpnn.nn.dense import Dense
 from xpnn.nn.layer import Array, Context, Layer

@@ -3,7 +3,7 @@
 import functools
 from typing import Any
 
-from xpnn.data.batches import shard_bounds as share_bounds
+from xpnn.data.datasets import shard_bounds as share_bounds
 from xpnn.parallel.update.base import BucketedUpdate, GradientBuckets, MakeOptimizer, layer_buckets
 
 Array = Any
