@@ -303,7 +303,7 @@ def test_a_calibration_without_a_network_prices_the_stated_default():
 
 
 def test_explain_names_the_oversubscribed_ranks_waits_at_each_synchronization():
-    from xpnn.commands.explain import verdict
+    from xpnn.commands.plan import verdict
 
     machine, work = RoundMachine(cores=2), mlp_work()
     p = predict(machine, work, Layout(8, 1, "data", comm="auto"), 128)
