@@ -17,7 +17,7 @@ from xpnn.nn.layer import is_int
 from xpnn.planner.auto import layouts, node_layouts
 from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.planner.machine import Machine, cache_path, cached, load, mpiexec_path, save
-from xpnn.planner.models import as_run, work_of
+from xpnn.planner.work import as_run, work_of
 from xpnn.record.plot import read_epochs
 from xpnn.record.timeline import merge, summarize
 from xpnn.run import BATCH, resolve

@@ -6,8 +6,7 @@ from typing import Any
 from xpnn.errors import UserError
 from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.planner.machine import Machine, cache_path, cached, save
-from xpnn.planner.models import as_run, work_of
-from xpnn.planner.work import ModelWork
+from xpnn.planner.work import ModelWork, as_run, work_of
 from xpnn.train.checkpoint import _json_meta, latest_checkpoint, read_npz
 
 AUTO = "auto"
