@@ -5,8 +5,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from xpnn.parallel.update.base import MIN_LAYER_BUCKET, layer_buckets
 from xpnn.planner.machine import Machine
 from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, LayerWork, ModelWork
+from xpnn.train.optim import OPTIMIZERS
 
 TIMES = (*PHASES, "elementwise")
 BUCKET_BYTES = 4 << 20  # a data-parallel step's gradient bucket, as priced
@@ -14,8 +16,6 @@ BUCKET_BYTES = 4 << 20  # a data-parallel step's gradient bucket, as priced
 
 def optimizer_states(name: str) -> int:
     """Buffers of the parameters' size the optimizer keeps (Adam: 2), from its registry."""
-    from xpnn.train.optim import OPTIMIZERS
-
     return len(OPTIMIZERS[name].state_names) if name in OPTIMIZERS else 2
 
 
@@ -237,8 +237,6 @@ def network_allreduce(machine: Machine, nodes: int, nbytes: float, messages: int
 
 def param_buckets(work: ModelWork) -> int:
     """How many buckets a node-shared update cuts the parameters into (the update's own cut)."""
-    from xpnn.parallel.update.base import MIN_LAYER_BUCKET, layer_buckets
-
     sizes = [layer.params for layer in work.layers if layer.params]
     offsets = [0, *itertools.accumulate(sizes)][:-1]
     return len(layer_buckets(offsets, work.params, MIN_LAYER_BUCKET))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from xpnn.errors import UserError
 from xpnn.record.files import replace_whole
@@ -41,8 +42,6 @@ def cpu_model() -> str:
 
 
 def blas() -> str:
-    from threadpoolctl import threadpool_info
-
     for pool in threadpool_info():
         if pool.get("user_api") == "blas":
             return f"{pool.get('internal_api')} {pool.get('version')} {pool.get('architecture')}"
@@ -146,8 +145,6 @@ class Machine:
                 if transposed in self.gemm:
                     return self.gemm[transposed]
                 return self._scaled_gemm(m, k, n, count, threads, dtype)
-            from threadpoolctl import threadpool_limits
-
             lead = (count,) if count > 1 else ()  # a batch of products
             rng = np.random.default_rng(0)
             a, b = (rng.standard_normal((*lead, *s)).astype(dtype) for s in ((m, k), (k, n)))

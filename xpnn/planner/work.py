@@ -7,7 +7,14 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from xpnn.backends import get_backend
+from xpnn.data.text import TEXT_DATASETS
 from xpnn.nn.gpt import GPT_DEFAULTS
+from xpnn.nn.layer import Context
+from xpnn.nn.models import make_model
 from xpnn.planner.machine import Machine, median_time
 
 FORWARD, WGRAD, DGRAD = "forward", "wgrad", "dgrad"
@@ -147,9 +154,6 @@ REST_BATCHES = (32, 128)  # enough rows to be the batch's, yet quick; two for th
 
 
 def _model(spec: Any) -> tuple[Any, tuple[int, ...], int]:
-    from xpnn.data.text import TEXT_DATASETS
-    from xpnn.nn.models import make_model
-
     text = spec.dataset in TEXT_DATASETS
     shape, classes = ((spec.block,), TEXT_VOCAB) if text else ((1, 28, 28), 10)
     sizes = {name: getattr(spec, name) for name in GPT_DEFAULTS}
@@ -161,8 +165,6 @@ def _model(spec: Any) -> tuple[Any, tuple[int, ...], int]:
 
 def work_of(spec: Any, machine: Machine | None = None, threads: tuple[int, ...] = ()) -> ModelWork:
     """``spec``'s per-sample work; with ``machine``, its rest at each of ``threads`` (kept)."""
-    from xpnn.backends import get_backend
-
     model, shape, classes = _model(spec)
     work = model_work(model, shape, get_backend("numpy", spec.dtype), spec.seed)
     if machine is None or not threads:
@@ -212,10 +214,6 @@ def fit_rest(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 def time_step(model: Any, inputs: Any, labels: Any, threads: int) -> float:
     """Median seconds of one forward and backward of ``model`` (built) on ``threads`` threads."""
-    from threadpoolctl import threadpool_limits
-
-    from xpnn.nn.layer import Context
-
     numba = sys.modules.get("numba")  # its threads, where the backend uses them
     before = numba.get_num_threads() if numba else None
     ctx = Context(train=True, step=0)
@@ -244,8 +242,6 @@ def measure_rest(
     batches: tuple[int, ...] = REST_BATCHES,
 ) -> tuple[float, float]:
     """(seconds a step, seconds a sample) of ``model``'s (built) step beyond its products."""
-    import numpy as np
-
     rng = np.random.default_rng(0)
     backend = model.backend
     points = []
