@@ -175,6 +175,7 @@ def predict(
     pred = Prediction(layout, samples=batch, tokens_per_sample=work.tokens_per_sample)
     pred.slowdown = machine.slowdown(local * t)
     grads_bytes = work.params * itemsize
+    share = r  # the ranks a parameter's update is divided among: a tensor part's, a stage's
     if layout.parallel == "data" or r == 1:
         phases = compute_times(machine, work, math.ceil(batch / (r * k)), t // k, dtype)
         if k > 1:  # the twins' gradients summed by the main thread
@@ -182,10 +183,9 @@ def predict(
         backward = phases[WGRAD] + phases[DGRAD]
         if layout.node_shared and not shard_optimizer:
             comm, last = _node_shared(machine, work, batch, dtype, node_share, pred)
-            pred.optimizer += optimizer_time(machine, work.params / local, optimizer, t, dtype)
+            share = local
         else:
-            params_updated = work.params / (r if shard_optimizer else 1)
-            pred.optimizer = optimizer_time(machine, params_updated, optimizer, t, dtype)
+            share = r if shard_optimizer else 1
             comm, last = _data_comm(machine, layout, grads_bytes, shard_optimizer)
             pred.syncs = math.ceil(grads_bytes / BUCKET_BYTES) + 1 if r > 1 else 0
         pred.comm_exposed = last + max(0.0, comm - last - backward)
@@ -196,7 +196,6 @@ def predict(
         cut |= {id(layer) for layer in work.layers if layer.name.endswith(".heads")}
         per_layer = layer_times(machine, work, batch, t, dtype, lambda x: r if id(x) in cut else 1)
         phases = {name: sum(p[name] for p in per_layer) for name in TIMES}
-        pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
         sizes = tensor_allreduces(work, batch, itemsize)
         for nbytes in sizes:
             pred.comm_exposed += machine.collective("allreduce", local, nbytes)
@@ -214,8 +213,8 @@ def predict(
         act_bytes = micro * max(forward, default=1) * max(1, work.tokens_per_sample) * itemsize
         pred.comm_exposed = 2 * (m + r - 1) * _stage_send(machine, layout, act_bytes)
         pred.syncs = 2 * (m + r - 1)
-        pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
         batch_rank = micro if layout.schedule == "1f1b" else batch
+    pred.optimizer += optimizer_time(machine, work.params / share, optimizer, t, dtype)
     alone = sum(phases[name] for name in TIMES) + pred.optimizer
     if pred.syncs:  # each rank's compute alone between two of its synchronizations
         pred.sync_wait = pred.syncs * machine.sync_wait(local * t, alone / pred.syncs)
