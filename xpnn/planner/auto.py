@@ -142,6 +142,3 @@ def resolve_auto(spec: Any, ranks: int, local_ranks: int, node_cores: int) -> tu
         if free < node_cores:
             line += f" (the machine is busy: planned for {free} of its {node_cores} cores)"
     return chosen, line.format(" ".join(f"--{n.replace('_', '-')} {chosen[n]}" for n in CHOSEN))
-
-
-__all__ = ["AUTO", "choose", "free_cores", "layouts", "resolve_auto", "stored_choice", "wanted"]
