@@ -134,11 +134,6 @@ def compute_times(
     return out
 
 
-def optimizer_time(machine: Machine, params: float, optimizer: str, threads: int, dtype: str):
-    """Each parameter and its gradient read, the parameter written, each state read and written."""
-    return (3 + 2 * optimizer_states(optimizer)) * params / machine.values_per_s(threads, dtype)
-
-
 def memory(
     work: ModelWork, layout: Layout, batch: int, optimizer: str, itemsize: int, shard: bool = False
 ) -> dict[str, float]:
@@ -214,7 +209,9 @@ def predict(
         pred.comm_exposed = 2 * (m + r - 1) * _stage_send(machine, layout, act_bytes)
         pred.syncs = 2 * (m + r - 1)
         batch_rank = micro if layout.schedule == "1f1b" else batch
-    pred.optimizer += optimizer_time(machine, work.params / share, optimizer, t, dtype)
+    # each parameter and its gradient read, the parameter written, each state read and written
+    values = (3 + 2 * optimizer_states(optimizer)) * (work.params / share)
+    pred.optimizer += values / machine.values_per_s(t, dtype)
     alone = sum(phases[name] for name in TIMES) + pred.optimizer
     if pred.syncs:  # each rank's compute alone between two of its synchronizations
         pred.sync_wait = pred.syncs * machine.sync_wait(local * t, alone / pred.syncs)
