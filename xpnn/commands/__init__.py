@@ -1,4 +1,4 @@
-"""Subcommands of ``python -m xpnn`` reading a run's flags: ``plan``, ``explain``, ``calibrate``."""
+"""The command line: ``python -m xpnn``, its flags and subcommands; the planner's prediction."""
 
 from xpnn.commands.plan import predict_run
 
