@@ -510,7 +510,7 @@ def test_auto_without_an_accelerator_takes_numba_without_importing_torch():
 
 
 def test_version_and_info_say_the_version():
-    from xpnn.commands.info import xpnn_version
+    from xpnn.commands.cli import xpnn_version
 
     proc = run_xpnn(["--version"])
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"xpnn {xpnn_version()}\n", "")
@@ -523,7 +523,7 @@ def test_the_version_falls_back_to_the_packages(monkeypatch):
     import importlib.metadata
 
     import xpnn
-    from xpnn.commands.info import xpnn_version
+    from xpnn.commands.cli import xpnn_version
 
     def absent(name):
         raise importlib.metadata.PackageNotFoundError(name)

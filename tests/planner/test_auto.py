@@ -39,7 +39,7 @@ def test_the_choice_is_the_predicted_fastest_and_refuses_nothing_valid():
     spec, _ = resolve(RunSpec(hidden=(32,), parallel="auto", threads="auto", batch_threads="auto"))
     chosen, pred = auto.choose(spec, ranks=2, cores=1, machine=RoundMachine(cores=2))
     from xpnn.planner.cost import Layout, predict
-    from xpnn.planner.models import work_of
+    from xpnn.planner.work import work_of
 
     work = work_of(spec)
     steps = [

@@ -167,7 +167,7 @@ def test_the_layouts_offered_are_the_ones_the_strategies_accept():
 
 def test_the_rest_measured_on_the_model_prices_its_passes_per_sample():
     from xpnn.planner.cost import compute_times
-    from xpnn.planner.models import measure_rest
+    from xpnn.planner.work import measure_rest
 
     machine, work = RoundMachine(), mlp_work((64,))
     bandwidth = compute_times(machine, work, 32, 1, "float32")["elementwise"]
@@ -184,7 +184,7 @@ def test_the_rest_measured_on_the_model_prices_its_passes_per_sample():
 
 
 def test_the_rest_is_a_cost_per_step_and_one_per_sample_through_two_batches():
-    from xpnn.planner.models import fit_rest
+    from xpnn.planner.work import fit_rest
 
     # 2 ms + 0.1 ms a sample: 5.2 ms at 32, 14.8 ms at 128
     assert fit_rest([(32, 5.2e-3), (128, 14.8e-3)]) == pytest.approx((2e-3, 1e-4))
@@ -303,7 +303,7 @@ def test_a_calibration_without_a_network_prices_the_stated_default():
 
 
 def test_explain_names_the_oversubscribed_ranks_waits_at_each_synchronization():
-    from xpnn.commands.explain import verdict
+    from xpnn.commands.plan import verdict
 
     machine, work = RoundMachine(cores=2), mlp_work()
     p = predict(machine, work, Layout(8, 1, "data", comm="auto"), 128)
@@ -315,7 +315,7 @@ def test_explain_names_the_oversubscribed_ranks_waits_at_each_synchronization():
 def test_auto_is_priced_as_the_transport_the_backend_takes():
     from types import SimpleNamespace
 
-    from xpnn.planner.models import as_run
+    from xpnn.planner.work import as_run
 
     layout = Layout(2, 1, "data", comm="auto")
     assert as_run(SimpleNamespace(backend="numba"), layout).node_shared

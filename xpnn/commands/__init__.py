@@ -1,5 +1,5 @@
-"""Subcommands of ``python -m xpnn`` reading a run's flags: ``plan``, ``explain``, ``calibrate``."""
+"""The command line: ``python -m xpnn``, its flags and subcommands; the planner's prediction."""
 
-from xpnn.commands.inputs import predict_run
+from xpnn.commands.plan import predict_run
 
 __all__ = ["predict_run"]

@@ -14,9 +14,6 @@ from xpnn.run import RunSpec
 from xpnn.settings import DEFAULTS, MOST, OUTPUTS, RATE, SETTINGS, Setting
 from xpnn.train.callbacks import SIGNALS
 
-__all__ = ["FLAGS", "ArgError", "build_info_parser", "build_parser", "flag_words", "to_spec"]
-__all__ += ["settings_tables", "typed_settings"]
-
 # The command line's own: its exit code 75 is a requeue's cue
 CHECKPOINT_SIGNAL = OUTPUTS(None, choices=SIGNALS, metavar="USR1")(
     "On this signal (``USR1`` or ``USR2``; under hydra's ``mpiexec``, ``USR1``: it passes SIGUSR2 "

@@ -16,16 +16,32 @@ from xpnn.train import checkpoint
 from xpnn.train.checkpoint import damaged
 
 
-def model_from_checkpoint(path: str, backend_name: str = "numpy") -> tuple[Any, str]:
+def model_from_checkpoint(path: str | Path, backend_name: str = "numpy") -> tuple[Any, str]:
     """(the GPT of checkpoint ``path`` or a directory's latest, its vocabulary); damage refused."""
-    if Path(path).is_dir():
+    if (path := Path(path)).is_dir():
         if (latest := checkpoint.latest_checkpoint(path)) is None:
             raise UserError(f"{path}: a directory without checkpoints")
-        path = str(latest)
+        path = latest
     try:
-        return _built(Path(path), checkpoint.read_npz(path), backend_name)
+        arrays = checkpoint.read_npz(path)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
+    sizes, vocab = _gpt_identity(path, arrays)
+    if (first := arrays.get("layer0.W")) is None or first.dtype.kind != "f":
+        raise damaged(path, "layer0.W missing or not floating point")
+    backend = get_backend(backend_name, str(first.dtype))
+    model = gpt(len(vocab), **sizes).build((sizes["block"],), backend, 0)
+    params = model.named_params()
+    for name, view in params.items():
+        if (stored := arrays.get(name)) is None or stored.shape != tuple(view.shape):
+            why = f"parameter {name} missing or of another shape than meta.identity's sizes make"
+            raise damaged(path, why)
+        if stored.dtype.kind != "f":
+            raise damaged(path, f"{name} holds {stored.dtype} values, not floating point")
+    checkpoint.check_finite(path, {name: arrays[name] for name in params})
+    for name, view in params.items():
+        view[...] = backend.asarray(arrays[name], dtype=view.dtype)
+    return model, vocab
 
 
 def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], str]:
@@ -49,26 +65,6 @@ def _gpt_identity(path: Path, arrays: dict[str, Any]) -> tuple[dict[str, int], s
         why += f"{stored:,} values the file holds, or `heads` does not divide `embed`"
         raise damaged(path, why)
     return sizes, vocab
-
-
-def _built(path: Path, arrays: dict[str, Any], backend_name: str) -> tuple[Any, str]:
-    """(the GPT of the file's sizes with its parameters, each checked; its vocabulary)."""
-    sizes, vocab = _gpt_identity(path, arrays)
-    if (first := arrays.get("layer0.W")) is None or first.dtype.kind != "f":
-        raise damaged(path, "layer0.W missing or not floating point")
-    backend = get_backend(backend_name, str(first.dtype))
-    model = gpt(len(vocab), **sizes).build((sizes["block"],), backend, 0)
-    params = model.named_params()
-    for name, view in params.items():
-        if (stored := arrays.get(name)) is None or stored.shape != tuple(view.shape):
-            why = f"parameter {name} missing or of another shape than meta.identity's sizes make"
-            raise damaged(path, why)
-        if stored.dtype.kind != "f":
-            raise damaged(path, f"{name} holds {stored.dtype} values, not floating point")
-    checkpoint.check_finite(path, {name: arrays[name] for name in params})
-    for name, view in params.items():
-        view[...] = backend.asarray(arrays[name], dtype=view.dtype)
-    return model, vocab
 
 
 def sample(

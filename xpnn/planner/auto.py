@@ -4,10 +4,11 @@ import dataclasses
 from typing import Any
 
 from xpnn.errors import UserError
+from xpnn.parallel.model.tensor import split_layers
+from xpnn.parallel.plan import check
 from xpnn.planner.cost import Layout, Prediction, predict
 from xpnn.planner.machine import Machine, cache_path, cached, save
-from xpnn.planner.models import as_run, work_of
-from xpnn.planner.work import ModelWork
+from xpnn.planner.work import ModelWork, as_run, work_of
 from xpnn.train.checkpoint import _json_meta, latest_checkpoint, read_npz
 
 AUTO = "auto"
@@ -42,8 +43,6 @@ def stored_choice(directory: str | None) -> dict[str, Any] | None:
 
 def tensor_fits(work: ModelWork, parts: int) -> bool:
     """Whether tensor parallelism's own split accepts the model over ``parts`` ranks."""
-    from xpnn.parallel.model.tensor import split_layers
-
     try:
         split_layers(work.top_layers, 0, parts)
     except (UserError, ValueError):
@@ -100,8 +99,6 @@ def choose(
     spec: Any, ranks: int, cores: int, machine: Machine | None = None
 ) -> tuple[dict[str, Any], Prediction]:
     """The candidate predicted fastest for ``spec`` (resolved but for its ``auto`` settings)."""
-    from xpnn.parallel.plan import check
-
     machine = machine or cached(cores)[0]
     options = candidates(spec, ranks, cores)
     threads = {t for o in options for t in (o["threads"] // o["batch_threads"], o["threads"])}
@@ -145,6 +142,3 @@ def resolve_auto(spec: Any, ranks: int, local_ranks: int, node_cores: int) -> tu
         if free < node_cores:
             line += f" (the machine is busy: planned for {free} of its {node_cores} cores)"
     return chosen, line.format(" ".join(f"--{n.replace('_', '-')} {chosen[n]}" for n in CHOSEN))
-
-
-__all__ = ["AUTO", "choose", "free_cores", "layouts", "resolve_auto", "stored_choice", "wanted"]

@@ -5,8 +5,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from xpnn.parallel.update.base import MIN_LAYER_BUCKET, layer_buckets
 from xpnn.planner.machine import Machine
 from xpnn.planner.work import DGRAD, FORWARD, PHASES, WGRAD, LayerWork, ModelWork
+from xpnn.train.optim import OPTIMIZERS
 
 TIMES = (*PHASES, "elementwise")
 BUCKET_BYTES = 4 << 20  # a data-parallel step's gradient bucket, as priced
@@ -14,8 +16,6 @@ BUCKET_BYTES = 4 << 20  # a data-parallel step's gradient bucket, as priced
 
 def optimizer_states(name: str) -> int:
     """Buffers of the parameters' size the optimizer keeps (Adam: 2), from its registry."""
-    from xpnn.train.optim import OPTIMIZERS
-
     return len(OPTIMIZERS[name].state_names) if name in OPTIMIZERS else 2
 
 
@@ -134,11 +134,6 @@ def compute_times(
     return out
 
 
-def optimizer_time(machine: Machine, params: float, optimizer: str, threads: int, dtype: str):
-    """Each parameter and its gradient read, the parameter written, each state read and written."""
-    return (3 + 2 * optimizer_states(optimizer)) * params / machine.values_per_s(threads, dtype)
-
-
 def memory(
     work: ModelWork, layout: Layout, batch: int, optimizer: str, itemsize: int, shard: bool = False
 ) -> dict[str, float]:
@@ -175,6 +170,7 @@ def predict(
     pred = Prediction(layout, samples=batch, tokens_per_sample=work.tokens_per_sample)
     pred.slowdown = machine.slowdown(local * t)
     grads_bytes = work.params * itemsize
+    share = r  # the ranks a parameter's update is divided among: a tensor part's, a stage's
     if layout.parallel == "data" or r == 1:
         phases = compute_times(machine, work, math.ceil(batch / (r * k)), t // k, dtype)
         if k > 1:  # the twins' gradients summed by the main thread
@@ -182,10 +178,9 @@ def predict(
         backward = phases[WGRAD] + phases[DGRAD]
         if layout.node_shared and not shard_optimizer:
             comm, last = _node_shared(machine, work, batch, dtype, node_share, pred)
-            pred.optimizer += optimizer_time(machine, work.params / local, optimizer, t, dtype)
+            share = local
         else:
-            params_updated = work.params / (r if shard_optimizer else 1)
-            pred.optimizer = optimizer_time(machine, params_updated, optimizer, t, dtype)
+            share = r if shard_optimizer else 1
             comm, last = _data_comm(machine, layout, grads_bytes, shard_optimizer)
             pred.syncs = math.ceil(grads_bytes / BUCKET_BYTES) + 1 if r > 1 else 0
         pred.comm_exposed = last + max(0.0, comm - last - backward)
@@ -196,7 +191,6 @@ def predict(
         cut |= {id(layer) for layer in work.layers if layer.name.endswith(".heads")}
         per_layer = layer_times(machine, work, batch, t, dtype, lambda x: r if id(x) in cut else 1)
         phases = {name: sum(p[name] for p in per_layer) for name in TIMES}
-        pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
         sizes = tensor_allreduces(work, batch, itemsize)
         for nbytes in sizes:
             pred.comm_exposed += machine.collective("allreduce", local, nbytes)
@@ -214,8 +208,10 @@ def predict(
         act_bytes = micro * max(forward, default=1) * max(1, work.tokens_per_sample) * itemsize
         pred.comm_exposed = 2 * (m + r - 1) * _stage_send(machine, layout, act_bytes)
         pred.syncs = 2 * (m + r - 1)
-        pred.optimizer = optimizer_time(machine, work.params / r, optimizer, t, dtype)
         batch_rank = micro if layout.schedule == "1f1b" else batch
+    # each parameter and its gradient read, the parameter written, each state read and written
+    values = (3 + 2 * optimizer_states(optimizer)) * (work.params / share)
+    pred.optimizer += values / machine.values_per_s(t, dtype)
     alone = sum(phases[name] for name in TIMES) + pred.optimizer
     if pred.syncs:  # each rank's compute alone between two of its synchronizations
         pred.sync_wait = pred.syncs * machine.sync_wait(local * t, alone / pred.syncs)
@@ -237,8 +233,6 @@ def network_allreduce(machine: Machine, nodes: int, nbytes: float, messages: int
 
 def param_buckets(work: ModelWork) -> int:
     """How many buckets a node-shared update cuts the parameters into (the update's own cut)."""
-    from xpnn.parallel.update.base import MIN_LAYER_BUCKET, layer_buckets
-
     sizes = [layer.params for layer in work.layers if layer.params]
     offsets = [0, *itertools.accumulate(sizes)][:-1]
     return len(layer_buckets(offsets, work.params, MIN_LAYER_BUCKET))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from xpnn.errors import UserError
 from xpnn.record.files import replace_whole
@@ -41,8 +42,6 @@ def cpu_model() -> str:
 
 
 def blas() -> str:
-    from threadpoolctl import threadpool_info
-
     for pool in threadpool_info():
         if pool.get("user_api") == "blas":
             return f"{pool.get('internal_api')} {pool.get('version')} {pool.get('architecture')}"
@@ -99,37 +98,6 @@ class Machine:
         """A short name for what this calibration holds: a record names the one it used."""
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
-    @classmethod
-    def from_json(cls, data: Any, source: str) -> "Machine":
-        if not isinstance(data, dict) or data.get("version") != VERSION:
-            raise UserError(f"{source}: not an xpnn calibration (version {VERSION})")
-
-        def floats(name: str) -> dict[str, float]:
-            return {str(k): float(v) for k, v in dict(data.get(name, {})).items()}
-
-        try:
-            key = dict(data["key"])
-            cores = int(key["cores"])
-            gemm, bandwidth, crowding, rest, network = map(floats, FLOAT_TABLES)
-            comm = {
-                str(r): {str(op): [float(a), float(b)] for op, (a, b) in dict(ops).items()}
-                for r, ops in dict(data.get("comm", {})).items()
-            }
-            shared = {str(r): [float(a), float(b)] for r, (a, b) in data.get("shared", {}).items()}
-            phases = {
-                str(r): [[float(w), float(t)] for w, t in points]
-                for r, points in data.get("phases", {}).items()
-            }
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"{source}: damaged calibration ({exc})") from None
-        if cores < 1 or any(v <= 0 for v in (*gemm.values(), *bandwidth.values())):
-            raise UserError(f"{source}: damaged calibration (a time or a core count <= 0)")
-        if any(v < 0 for v in rest.values()):
-            raise UserError(f"{source}: damaged calibration (a negative time)")
-        if network and (set(network) != {"alpha", "beta"} or min(network.values()) < 0):
-            raise UserError(f"{source}: damaged calibration (network: alpha and beta, >= 0)")
-        return cls(key, gemm, bandwidth, comm, crowding, shared, phases, rest, network)
-
     def network_cost(self) -> tuple[float, float]:
         """(alpha s, beta s per byte) between nodes: the calibration's, else ``DEFAULT_NETWORK``."""
         return (self.network["alpha"], self.network["beta"]) if self.network else DEFAULT_NETWORK
@@ -146,8 +114,6 @@ class Machine:
                 if transposed in self.gemm:
                     return self.gemm[transposed]
                 return self._scaled_gemm(m, k, n, count, threads, dtype)
-            from threadpoolctl import threadpool_limits
-
             lead = (count,) if count > 1 else ()  # a batch of products
             rng = np.random.default_rng(0)
             a, b = (rng.standard_normal((*lead, *s)).astype(dtype) for s in ((m, k), (k, n)))
@@ -293,7 +259,34 @@ def load(path: Path | str) -> Machine:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise UserError(f"{path}: not JSON") from None
-    return Machine.from_json(data, str(path))
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise UserError(f"{path}: not an xpnn calibration (version {VERSION})")
+
+    def floats(name: str) -> dict[str, float]:
+        return {str(k): float(v) for k, v in dict(data.get(name, {})).items()}
+
+    try:
+        key = dict(data["key"])
+        cores = int(key["cores"])
+        gemm, bandwidth, crowding, rest, network = map(floats, FLOAT_TABLES)
+        comm = {
+            str(r): {str(op): [float(a), float(b)] for op, (a, b) in dict(ops).items()}
+            for r, ops in dict(data.get("comm", {})).items()
+        }
+        shared = {str(r): [float(a), float(b)] for r, (a, b) in data.get("shared", {}).items()}
+        phases = {
+            str(r): [[float(w), float(t)] for w, t in points]
+            for r, points in data.get("phases", {}).items()
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{path}: damaged calibration ({exc})") from None
+    if cores < 1 or any(v <= 0 for v in (*gemm.values(), *bandwidth.values())):
+        raise UserError(f"{path}: damaged calibration (a time or a core count <= 0)")
+    if any(v < 0 for v in rest.values()):
+        raise UserError(f"{path}: damaged calibration (a negative time)")
+    if network and (set(network) != {"alpha", "beta"} or min(network.values()) < 0):
+        raise UserError(f"{path}: damaged calibration (network: alpha and beta, >= 0)")
+    return Machine(key, gemm, bandwidth, comm, crowding, shared, phases, rest, network)
 
 
 def save(machine: Machine, path: Path) -> None:
