@@ -100,6 +100,8 @@ class Sequential:
     def place(self) -> Sequential:
         initial = [v for layer in self.layers for v in layer.initial.values()]
         params = self.backend.asarray(self.backend.pack_host(initial))
+        for layer in (inner for top in self.layers for inner in top.walk()):
+            layer.initial = {n: (None, shape) for n, (_, shape) in layer.initial.items()}
         self._bind(params, self.xp.zeros_like(params))
         return self
 
