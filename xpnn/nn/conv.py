@@ -1,8 +1,6 @@
 """2-D convolution (NCHW) as im2col + one GEMM per layer, with reused column buffers, or as
 the backend's direct kernel where that pays (few input channels: ``Kernels.conv_direct_pays``)."""
 
-from __future__ import annotations
-
 import math
 
 from xpnn.backends.kernels import ACTIVATIONS
@@ -90,7 +88,7 @@ class Conv2D(Layer):
         pairs = zip(self._buffers, rows, strict=True)
         return tuple(xp.reshape(b[: r * p], (r, p)) for b, r in pairs)
 
-    def replica(self) -> Conv2D:
+    def replica(self) -> "Conv2D":
         twin = super().replica()
         twin._buffers = None  # backward reads the columns forward left in them
         twin._dwt_buf = None  # twins may run at once (batch threads): scratch of its own

@@ -5,8 +5,6 @@ ReLU monotone: the same values), so the full-size activation is never written; t
 writes the convolution's dL/dz straight from the pooled gradient. The two layers are kept
 inside it, so parameters, their names, checkpoints and the parameter count are theirs."""
 
-from __future__ import annotations
-
 import copy
 from collections.abc import Iterator
 from typing import Any
@@ -80,7 +78,7 @@ class Conv2DPool(Layer):
         conv.grads["b"][...] = db
         return dx
 
-    def replica(self) -> Conv2DPool:
+    def replica(self) -> "Conv2DPool":
         twin = copy.copy(self)  # the same parameter views; each layer its own forward state
         twin.conv, twin.pool = self.conv.replica(), self.pool.replica()
         twin.children = {"conv": twin.conv, "pool": twin.pool}
