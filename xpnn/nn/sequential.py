@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.nn.fused import fuse_conv_pool
+from xpnn.nn.conv import fuse_conv_pool
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
 from xpnn.nn.model import Ready
