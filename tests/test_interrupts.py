@@ -70,10 +70,12 @@ def test_ctrl_c_at_any_instant_is_one_line_and_exit_130(tmp_path, ranks):
         try:
             _, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
-            # hydra takes a Ctrl-C that comes before it has started the ranks ("Sending
-            # Ctrl-C to processes as requested") and the ranks never get it; a user presses
-            # Ctrl-C again, which then reaches them
-            assert ranks > 1 and not in_place, f"SIGINT at {delay} s: running 10 s later"
+            # a Ctrl-C before the handler is in place can be lost: hydra takes one that comes
+            # before it has started the ranks ("Sending Ctrl-C to processes as requested") and
+            # the ranks never get it; Python's own start-up drops one raised in importlib's
+            # module-lock callback or in a .pth line that site runs (below). A user presses
+            # Ctrl-C again, which then reaches the handler
+            assert not in_place, f"SIGINT at {delay} s: running 10 s later"
             lost = True
             proc.send_signal(signal.SIGINT)
             try:
@@ -83,6 +85,9 @@ def test_ctrl_c_at_any_instant_is_one_line_and_exit_130(tmp_path, ranks):
                 _, err = proc.communicate()
                 pytest.fail(f"SIGINT at {delay} s, and again: still running 30 s later: {err}")
         seconds = time.monotonic() - start
+        if lost and ranks == 1:  # Python said it dropped the KeyboardInterrupt
+            dropped = ("Exception ignored in", "Error processing line")
+            assert "KeyboardInterrupt" in err and any(d in err for d in dropped), (delay, err)
         exact = proc.returncode == 130 and err.splitlines() == ["xpnn: interrupted"]
         # a rank held inside a blocking MPI call when the signal came does not join the
         # others' agreement to stop within its second: they then end the job through

@@ -2,12 +2,14 @@
 
 import sys
 
-from xpnn.runtime import interrupts, threads
+from xpnn.runtime import interrupts
 
 
 def run() -> int:
     interrupts.catch_early_checkpoint_signal(sys.argv[1:])  # first: XPNN_HANDLER_MARK marks both in
     interrupts.catch_early_interrupts()
+    from xpnn.runtime import threads  # after the handler: a Ctrl-C in its imports is handled
+
     threads.set_handoff()  # before NumPy and Numba load: they read it once
     try:
         from xpnn.commands.cli import main

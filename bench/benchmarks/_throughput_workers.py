@@ -226,6 +226,8 @@ class Service:
         fold on some CPUs), so every timed epoch covers the same steps of a run; and one model
         instance can run 30% faster or slower than the next (memory placement), an offset that
         alternating cannot cancel but fresh ones average."""
+        if not self.cfg.get("compile"):  # the old model freed first: the peak is one model's
+            self.trainer = None
         self.trainer = self._make()
         return self.trainer.epoch(warmup, self.batches)
 

@@ -1,4 +1,4 @@
-"""A ReLU convolution and its 2x2 pool as one layer (``xpnn.nn.fused``): the same values,
+"""A ReLU convolution and its 2x2 pool as one layer (``xpnn.nn.conv.Conv2DPool``): the same values,
 argmaxes, gradients and checkpoints as the two layers apart; finite differences through it."""
 
 import numpy as np
@@ -7,8 +7,7 @@ import pytest
 from xpnn.backends import get_backend
 from xpnn.backends.numpy_kernels import NumpyKernels
 from xpnn.nn import Context, Sequential, cnn
-from xpnn.nn.conv import Conv2D
-from xpnn.nn.fused import Conv2DPool
+from xpnn.nn.conv import Conv2D, Conv2DPool
 from xpnn.nn.pool import MaxPool2D
 from xpnn.testing import check_layer
 from xpnn.train.checkpoint import save_checkpoint

@@ -14,8 +14,7 @@ from test_composite import BACKENDS, CASES, backend_of, fd_check, random_params
 
 import xpnn.nn
 from xpnn.nn import Chain, Dense, LayerNorm, Sequential
-from xpnn.nn.conv import Conv2D
-from xpnn.nn.fused import Conv2DPool
+from xpnn.nn.conv import Conv2D, Conv2DPool
 from xpnn.nn.layer import Layer
 from xpnn.nn.pool import MaxPool2D
 from xpnn.testing import check_layer

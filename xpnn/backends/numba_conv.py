@@ -2,8 +2,6 @@
 im2col/col2im run as (channel, batch-chunk) tasks, each owning whole rows of ``cols`` and whole
 planes ``dx[n, c]`` (no races), enough for every thread even when C = 1."""
 
-from __future__ import annotations
-
 import numba as nb
 import numpy as np
 from numba import prange

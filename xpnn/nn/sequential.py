@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any
 
 from xpnn.errors import UserError
-from xpnn.nn.fused import fuse_conv_pool
+from xpnn.nn.conv import fuse_conv_pool
 from xpnn.nn.layer import Array, Context, Layer, copy_array
 from xpnn.nn.losses import LOSSES, SoftmaxCrossEntropy
 from xpnn.record.phases import FORWARD, layer_span, span
@@ -102,6 +102,8 @@ class Sequential:
     def place(self) -> Sequential:
         initial = [v for layer in self.layers for v in layer.initial.values()]
         params = self.backend.asarray(self.backend.pack_host(initial))
+        for layer in (inner for top in self.layers for inner in top.walk()):
+            layer.initial = {n: (None, shape) for n, (_, shape) in layer.initial.items()}
         self._bind(params, self.xp.zeros_like(params))
         return self
 
