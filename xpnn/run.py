@@ -17,11 +17,11 @@ from xpnn.errors import UserError, user_message
 from xpnn.nn.gpt import GPT_DEFAULTS
 from xpnn.nn.models import MODELS, LayeredModel, build_model, check_fits, check_model, model_name
 from xpnn.outputs import check_paths
+from xpnn.parallel.comm.narrow import sends_gradients
 from xpnn.parallel.model.batch_threads import check_batch_threads
 from xpnn.parallel.model.whole import is_spread, portion, whole_size
 from xpnn.parallel.plan import Plan
 from xpnn.parallel.update import uses_byte_buckets
-from xpnn.parallel.update.wire import sends_gradients
 from xpnn.planner import auto
 from xpnn.runtime import failure, stall
 from xpnn.runtime.failure import agree_on_user_errors

@@ -17,11 +17,11 @@ from xpnn.nn.layer import is_int
 from xpnn.nn.losses import LOSSES
 from xpnn.nn.models import HIDDEN, MLP_ACTIVATIONS
 from xpnn.parallel.comm import KINDS
+from xpnn.parallel.comm.narrow import GRAD_DTYPES
 from xpnn.parallel.model import pipeline
 from xpnn.parallel.model.batch_threads import CPU_BACKENDS
 from xpnn.parallel.plan import MODES, NODE_SHARES, check
 from xpnn.parallel.update import DEFAULT_BUCKET_MB
-from xpnn.parallel.update.wire import GRAD_DTYPES
 from xpnn.planner.auto import AUTO, CHOSEN
 from xpnn.runtime.stall import STALL_WARN_S
 from xpnn.train.checkpoint import KEEP_CHECKPOINTS

@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT, assert_one_line_user_error, mpiexec_path, run_xpnn, train_and_load
 
 from xpnn.parallel.comm.narrow import (
+    GradWire,
     _sum_into,
     bfloat16_bits,
     bfloat16_values,
@@ -20,7 +21,6 @@ from xpnn.parallel.comm.narrow import (
     to_bits,
 )
 from xpnn.parallel.model.whole import whole_params
-from xpnn.parallel.update.wire import GradWire
 from xpnn.run import RunSpec, build_run
 from xpnn.runtime.world import init_world
 

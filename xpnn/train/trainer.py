@@ -12,10 +12,10 @@ from xpnn.data import Dataset, global_batches, shard
 from xpnn.data.text import text_metrics
 from xpnn.nn.layer import Context
 from xpnn.nn.sequential import adding
+from xpnn.parallel.comm.narrow import make_wire, sends_gradients
 from xpnn.parallel.model.batch_threads import BatchThreads
 from xpnn.parallel.model.whole import portion, replicated_ranges, whole_params, whole_size
 from xpnn.parallel.plan import Groups, Plan
-from xpnn.parallel.update.wire import make_wire, sends_gradients
 from xpnn.record.digest import arrays_digest
 from xpnn.runtime import stall
 from xpnn.runtime.threads import peak_rss_mb
