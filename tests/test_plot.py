@@ -39,6 +39,18 @@ def test_two_runs_side_by_side_make_one_png(tmp_path):
     assert image.shape[1] > 2 * image.shape[0]  # three panels side by side
 
 
+def test_an_output_that_is_a_link_is_replaced_not_written_through(tmp_path):
+    a = metrics_file(tmp_path / "a.jsonl", 1)
+    target = tmp_path / "elsewhere.png"
+    target.write_bytes(b"not to be touched")
+    out = tmp_path / "curves.png"
+    out.symlink_to(target)
+    proc = plot(a, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert target.read_bytes() == b"not to be touched"
+    assert not out.is_symlink() and out.read_bytes().startswith(b"\x89PNG")
+
+
 def test_a_file_without_epochs_is_one_line_exit_2(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"event": "done"}\n')

@@ -115,8 +115,10 @@ def draw(paths: list[Path], out: Path) -> Path:
             ax.text(0.5, 0.5, f"no {title} in the file(s)", ha="center", va="center",
                     transform=ax.transAxes, fontsize=9, color="0.4")  # fmt: skip
     fig.tight_layout()
-    fig.savefig(out, dpi=100, format="png")
+    image = io.BytesIO()
+    fig.savefig(image, dpi=100, format="png")
     plt.close(fig)
+    replace_whole(out, image.getvalue())  # whole or not at all, never through a link
     return out
 
 
