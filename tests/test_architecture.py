@@ -115,10 +115,10 @@ def test_a_reach_into_a_module_is_found(tmp_path):
 
 
 def test_the_training_loop_imports_nothing_that_extends_it():
-    """The trainer keeps the loop: the callbacks, the resume and the run's assembly import it,
-    never the reverse, not even for annotations (which the import contracts leave out)."""
-    extends = {"xpnn.train.callbacks", "xpnn.train.resume", "xpnn.train.requeue"}
-    extends |= {"xpnn.train.trace", "xpnn.run", "xpnn.train.checkpoint"}
+    """The trainer keeps the loop: the callbacks, the checkpoints and resumes, the trace and the
+    run's assembly import it, never the reverse, not even for annotations (which the import
+    contracts leave out)."""
+    extends = {"xpnn.train.callbacks", "xpnn.train.trace", "xpnn.run", "xpnn.train.checkpoint"}
     imported = set()
     for module, names, _ in xpnn_imports(ROOT / "xpnn" / "train" / "trainer.py"):
         imported |= {f"xpnn.{name}" for name in names} if module == "xpnn" else {module}
