@@ -80,6 +80,7 @@ class Trace(Callback):
         self._open: dict[str, float] = {}  # phase -> its start
         self._slots: list[float] = []  # the end of the last operation on each comm lane
         self.device: list[tuple[str, Any, Any]] = []  # a span's device events: (name, start, end)
+        self._events: _CudaEvents | None = None  # a span outside a run (bench trace_cost) has none
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self.rank, self.steps_per_epoch = trainer.comm.rank, trainer.steps_per_epoch
