@@ -117,6 +117,14 @@ def test_one_process_traces_layers_loss_and_update(tmp_path, capsys):
     assert min(e["ts"] for e in merged["traceEvents"] if "ts" in e) == 0
 
 
+def test_a_short_steps_run_traces_the_window_its_own_length_gives(tmp_path):
+    """``--steps`` sets the run's length, whatever ``--epochs`` says: 5 steps trace all 5."""
+    run = [*ARGS, "--steps", "5", "--epochs", "40", "--trace", str(tmp_path)]
+    assert cli.main(run) == 0
+    steps = [e["name"] for e in _spans(_trace(tmp_path / "trace-rank0.json"), 0, "step")]
+    assert steps == [f"step {i}" for i in range(*default_window(5))]
+
+
 def test_trace_of_an_empty_directory_is_one_line(tmp_path, capsys):
     assert timeline.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -84,7 +84,7 @@ class Trace(Callback):
 
     def on_train_begin(self, trainer: Trainer) -> None:
         self.rank, self.steps_per_epoch = trainer.comm.rank, trainer.steps_per_epoch
-        self.window = self.steps or default_window(trainer.cfg.epochs * self.steps_per_epoch)
+        self.window = self.steps or default_window(trainer.total_steps)
         clock = []  # this rank's clock entering and leaving the same barriers as the others
         for _ in range(CLOCK_ROUNDS):
             entered = _now()
