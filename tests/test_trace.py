@@ -125,6 +125,24 @@ def test_a_short_steps_run_traces_the_window_its_own_length_gives(tmp_path):
     assert steps == [f"step {i}" for i in range(*default_window(5))]
 
 
+def test_a_phase_is_heard_whole_by_a_listener_that_comes_after_another_left_inside_it():
+    """Nested entries reach a listener once; one that stops listening inside a phase does not
+    leave the next listener deaf to it."""
+    heard = []
+    phases.listen(lambda name, entering: heard.append((name, entering)))
+    try:
+        with phases.WGRAD:
+            with phases.WGRAD:
+                pass
+            phases.listen(None)
+        phases.listen(lambda name, entering: heard.append((name, entering)))
+        with phases.WGRAD:
+            pass
+    finally:
+        phases.listen(None)
+    assert heard == [("wgrad", True), ("wgrad", True), ("wgrad", False)]
+
+
 def test_trace_of_an_empty_directory_is_one_line(tmp_path, capsys):
     assert timeline.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -36,10 +36,11 @@ class Phase:
                 listener(self.name, True)
 
     def __exit__(self, *exc: Any) -> None:
-        listener = _listener[0]
-        if listener is not None and _heard():
+        # counted down whether or not a listener is still there: one that leaves mid-phase
+        # must not leave the count up for the next (which would then never hear this phase)
+        if self.depth and _heard():
             self.depth -= 1
-            if self.depth == 0:
+            if self.depth == 0 and (listener := _listener[0]) is not None:
                 listener(self.name, False)
 
 
